@@ -1,0 +1,67 @@
+/**
+ * Runs the compiled dist/kvedge (what users run) as a subprocess. `npm test` builds it
+ * first; a bare `bun test` after editing src/ fails loudly instead of testing a stale
+ * binary.
+ */
+import { readdirSync, statSync } from "node:fs";
+import { join } from "node:path";
+
+export const ROOT = join(import.meta.dir, "..", "..");
+export const KVEDGE_BIN = join(ROOT, "dist", "kvedge");
+
+function newestSource(dir: string): number {
+  let newest = 0;
+  for (const entry of readdirSync(dir, { withFileTypes: true })) {
+    const path = join(dir, entry.name);
+    newest = Math.max(newest, entry.isDirectory() ? newestSource(path) : statSync(path).mtimeMs);
+  }
+  return newest;
+}
+
+let checked = false;
+
+/** Path of a dist/kvedge at least as new as src/ and native/. */
+export function kvedgeBinary(): string {
+  if (!checked) {
+    let built = 0;
+    try {
+      built = statSync(KVEDGE_BIN).mtimeMs;
+    } catch {
+      throw new Error(`${KVEDGE_BIN} is missing: run 'npm test' (or 'bun build.ts --host') first`);
+    }
+    const sources = Math.max(newestSource(join(ROOT, "src")), statSync(join(ROOT, "native", "kvedge.c")).mtimeMs);
+    if (sources > built) throw new Error(`${KVEDGE_BIN} is older than src/: run 'npm test' (or 'bun build.ts --host')`);
+    checked = true;
+  }
+  return KVEDGE_BIN;
+}
+
+export interface RunResult {
+  readonly code: number;
+  readonly stdout: string;
+  readonly stderr: string;
+}
+
+export interface RunOptions {
+  readonly stdin?: string;
+  readonly cwd?: string;
+  readonly env?: Record<string, string>;
+  readonly binary?: string;
+}
+
+/** Runs `kvedge ...args` to completion. */
+export async function runKvedge(args: readonly string[], options: RunOptions = {}): Promise<RunResult> {
+  const child = Bun.spawn([options.binary ?? kvedgeBinary(), ...args], {
+    cwd: options.cwd ?? ROOT,
+    env: options.env ?? { ...process.env, KVEDGE_NATIVE: "" },
+    stdin: options.stdin === undefined ? "ignore" : new TextEncoder().encode(options.stdin),
+    stdout: "pipe",
+    stderr: "pipe",
+  });
+  const [stdout, stderr, code] = await Promise.all([
+    new Response(child.stdout).text(),
+    new Response(child.stderr).text(),
+    child.exited,
+  ]);
+  return { code, stdout, stderr };
+}
