@@ -1,0 +1,154 @@
+/**
+ * HTTP plumbing shared by every endpoint: one error type that becomes a JSON
+ * `{"error": "..."}` response with the right status, bounded body reading (JSON or
+ * MessagePack), content negotiation, and validation of the fields requests carry
+ * (token ids, 64-bit ids and hashes as decimal strings).
+ */
+import { Packr } from "msgpackr";
+import { U64_MAX } from "../util/u64";
+
+/** An error a client caused; `status` is what it gets, `message` what it reads. */
+export class HttpError extends Error {
+  override readonly name = "HttpError";
+  constructor(readonly status: number, message: string) {
+    super(message);
+  }
+}
+
+export const MSGPACK = "application/msgpack";
+
+// Integers above 2^53 would lose precision as numbers; ids travel as strings anyway.
+const packr = new Packr({ useRecords: false, int64AsType: "bigint", mapsAsObjects: true });
+
+/** Reads a request body of at most `limitBytes`, as JSON or (by Content-Type) MessagePack. */
+export async function readBody(request: Request, limitBytes: number): Promise<unknown> {
+  const declared = request.headers.get("content-length");
+  if (declared !== null && Number(declared) > limitBytes) {
+    throw new HttpError(413, `request body of ${declared} bytes is over the limit of ${limitBytes}`);
+  }
+  const bytes = await readLimited(request, limitBytes);
+  if (bytes.length === 0) throw new HttpError(400, "request body is empty");
+  const type = request.headers.get("content-type") ?? "";
+  if (type.startsWith(MSGPACK)) {
+    try {
+      return packr.unpack(bytes);
+    } catch (error) {
+      throw new HttpError(400, `malformed MessagePack body: ${(error as Error).message}`);
+    }
+  }
+  try {
+    return JSON.parse(new TextDecoder().decode(bytes));
+  } catch (error) {
+    throw new HttpError(400, `malformed JSON body: ${(error as Error).message}`);
+  }
+}
+
+async function readLimited(request: Request, limitBytes: number): Promise<Uint8Array> {
+  if (request.body === null) return new Uint8Array(0);
+  const chunks: Uint8Array[] = [];
+  let total = 0;
+  for await (const chunk of request.body) {
+    total += chunk.byteLength;
+    if (total > limitBytes) throw new HttpError(413, `request body is over the limit of ${limitBytes} bytes`);
+    chunks.push(chunk);
+  }
+  if (chunks.length === 1) return chunks[0]!;
+  const joined = new Uint8Array(total);
+  let offset = 0;
+  for (const chunk of chunks) {
+    joined.set(chunk, offset);
+    offset += chunk.byteLength;
+  }
+  return joined;
+}
+
+function wantsMsgpack(request: Request): boolean {
+  return (request.headers.get("accept") ?? "").includes(MSGPACK);
+}
+
+const bigintAsString = (_key: string, value: unknown): unknown =>
+  typeof value === "bigint" ? value.toString() : value;
+
+/** A JSON response, or MessagePack when the client's Accept header asks for it. */
+export function reply(request: Request | null, status: number, body: unknown): Response {
+  if (request !== null && wantsMsgpack(request)) {
+    return new Response(packr.pack(body), { status, headers: { "content-type": MSGPACK } });
+  }
+  return new Response(JSON.stringify(body, bigintAsString), {
+    status,
+    headers: { "content-type": "application/json" },
+  });
+}
+
+export function errorReply(request: Request | null, error: HttpError): Response {
+  return reply(request, error.status, { error: error.message });
+}
+
+// ---- Field validation: every message names the field and what it must be. ----
+
+export function asObject(value: unknown, what = "request body"): Record<string, unknown> {
+  if (typeof value !== "object" || value === null || Array.isArray(value)) {
+    throw new HttpError(400, `${what} must be a JSON object`);
+  }
+  return value as Record<string, unknown>;
+}
+
+const TOKEN_LIMIT = 2 ** 32;
+/** A request longer than this many tokens is refused (8 MiB of body holds fewer anyway). */
+export const TOKENS_MAX = 4_000_000;
+
+/** `token_ids`: integers in [0, 2^32). */
+export function tokenIds(body: Record<string, unknown>, field = "token_ids"): Uint32Array {
+  const value = body[field];
+  if (!Array.isArray(value)) throw new HttpError(400, `${field} must be an array of integers`);
+  if (value.length > TOKENS_MAX) throw new HttpError(413, `${field} has over ${TOKENS_MAX} tokens`);
+  const tokens = new Uint32Array(value.length);
+  for (let i = 0; i < value.length; i++) {
+    const token = value[i];
+    if (typeof token !== "number" || !Number.isInteger(token) || token < 0 || token >= TOKEN_LIMIT) {
+      throw new HttpError(400, `${field}[${i}] must be an integer in [0, 2^32), got ${JSON.stringify(token)}`);
+    }
+    tokens[i] = token;
+  }
+  return tokens;
+}
+
+/** A u64 given as a decimal string (or a number below 2^53, or a MessagePack integer). */
+export function u64Field(value: unknown, field: string): bigint {
+  if (typeof value === "string" && /^(0|[1-9][0-9]{0,19})$/.test(value)) {
+    const big = BigInt(value);
+    if (big <= U64_MAX) return big;
+  } else if (typeof value === "number" && Number.isSafeInteger(value) && value >= 0) {
+    return BigInt(value);
+  } else if (typeof value === "bigint" && value >= 0n && value <= U64_MAX) {
+    return value;
+  }
+  throw new HttpError(400, `${field} must be an unsigned 64-bit integer as a decimal string`);
+}
+
+export function optionalString(body: Record<string, unknown>, field: string, maxLength = 1024): string | null {
+  const value = body[field];
+  if (value === undefined || value === null) return null;
+  if (typeof value !== "string") throw new HttpError(400, `${field} must be a string`);
+  if (value.length > maxLength) throw new HttpError(400, `${field} is longer than ${maxLength} characters`);
+  return value;
+}
+
+export function optionalNumber(
+  body: Record<string, unknown>, field: string, min: number, max: number,
+): number | null {
+  const value = body[field];
+  if (value === undefined || value === null) return null;
+  if (typeof value !== "number" || !Number.isFinite(value) || value < min || value > max) {
+    throw new HttpError(400, `${field} must be a number in [${min}, ${max}]`);
+  }
+  return value;
+}
+
+export function optionalInt(
+  body: Record<string, unknown>, field: string, min: number, max: number,
+): number | null {
+  const value = optionalNumber(body, field, min, max);
+  if (value !== null && !Number.isInteger(value)) throw new HttpError(400, `${field} must be an integer`);
+  return value;
+}
