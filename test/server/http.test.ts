@@ -1,0 +1,119 @@
+// Goal: request plumbing over a real Bun.serve on loopback — body limits (declared
+// and streamed) give 413 JSON, malformed JSON/msgpack give 400 naming the problem,
+// msgpack is accepted and returned on request, and field validation names the field.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { pack, unpack } from "msgpackr";
+import {
+  asObject, errorReply, HttpError, MSGPACK, optionalInt, optionalString, readBody, reply, tokenIds, u64Field,
+} from "../../src/server/http";
+
+const LIMIT = 1024;
+let server: ReturnType<typeof Bun.serve>;
+let base = "";
+
+beforeAll(() => {
+  server = Bun.serve({
+    hostname: "127.0.0.1",
+    port: 0,
+    maxRequestBodySize: LIMIT * 16,
+    async fetch(request) {
+      try {
+        const body = asObject(await readBody(request, LIMIT));
+        const tokens = tokenIds(body);
+        return reply(request, 200, {
+          tokens: Array.from(tokens),
+          worker: body.worker_id === undefined ? null : u64Field(body.worker_id, "worker_id"),
+          lora: optionalString(body, "lora_name"),
+          n: optionalInt(body, "n", 0, 10),
+        });
+      } catch (error) {
+        if (error instanceof HttpError) return errorReply(request, error);
+        throw error;
+      }
+    },
+  });
+  base = `http://127.0.0.1:${server.port}`;
+});
+
+afterAll(() => server.stop(true));
+
+const errorOf = async (response: Response): Promise<string> => ((await response.json()) as { error: string }).error;
+
+const post = (body: string | Uint8Array, headers: Record<string, string> = {}) =>
+  fetch(base, { method: "POST", body, headers: { "content-type": "application/json", ...headers } });
+
+describe("bodies", () => {
+  test("a JSON body round-trips; u64 ids come back as decimal strings", async () => {
+    const response = await post(JSON.stringify({ token_ids: [1, 2, 4294967295], worker_id: "18446744073709551615" }));
+    expect(response.status).toBe(200);
+    expect(await response.json()).toEqual({
+      tokens: [1, 2, 4294967295], worker: "18446744073709551615", lora: null, n: null,
+    });
+  });
+
+  test("MessagePack in and out", async () => {
+    const response = await post(pack({ token_ids: [7, 8], worker_id: 18446744073709551615n, n: 3 }), {
+      "content-type": MSGPACK, accept: MSGPACK,
+    });
+    expect(response.headers.get("content-type")).toBe(MSGPACK);
+    expect(unpack(new Uint8Array(await response.arrayBuffer()))).toEqual({
+      tokens: [7, 8], worker: 18446744073709551615n, lora: null, n: 3,
+    });
+  });
+
+  test("a declared body over the limit is 413 with a JSON error", async () => {
+    const response = await post(JSON.stringify({ token_ids: Array(600).fill(1) }));
+    expect(response.status).toBe(413);
+    expect(await errorOf(response)).toContain("over the limit of 1024");
+  });
+
+  test("a streamed (chunked) body over the limit is 413 too", async () => {
+    const stream = new ReadableStream({
+      start(controller) {
+        for (let i = 0; i < 8; i++) controller.enqueue(new TextEncoder().encode(" ".repeat(300)));
+        controller.close();
+      },
+    });
+    const response = await fetch(base, { method: "POST", body: stream, duplex: "half" } as RequestInit);
+    expect(response.status).toBe(413);
+    expect(await errorOf(response)).toContain("over the limit");
+  });
+
+  test.each([
+    ["{", "malformed JSON body"],
+    ["", "request body is empty"],
+    ["[1,2]", "request body must be a JSON object"],
+    ["null", "request body must be a JSON object"],
+  ])("body %p → 400 %p", async (body, message) => {
+    const response = await post(body);
+    expect(response.status).toBe(400);
+    expect(await errorOf(response)).toContain(message);
+  });
+
+  test("malformed MessagePack → 400", async () => {
+    const response = await post(new Uint8Array([0xdc, 0xff]), { "content-type": MSGPACK });
+    expect(response.status).toBe(400);
+    expect(await errorOf(response)).toContain("malformed MessagePack body");
+  });
+});
+
+describe("fields", () => {
+  test.each([
+    [{ token_ids: "1 2" }, "token_ids must be an array of integers"],
+    [{ token_ids: [1, -1] }, "token_ids[1] must be an integer in [0, 2^32), got -1"],
+    [{ token_ids: [4294967296] }, "token_ids[0] must be an integer in [0, 2^32)"],
+    [{ token_ids: [1.5] }, "token_ids[0] must be an integer"],
+    [{ token_ids: ["1"] }, "token_ids[0] must be an integer"],
+    [{ token_ids: [1], worker_id: "18446744073709551616" }, "worker_id must be an unsigned 64-bit integer"],
+    [{ token_ids: [1], worker_id: "-1" }, "worker_id must be an unsigned 64-bit integer"],
+    [{ token_ids: [1], worker_id: 2 ** 60 }, "worker_id must be an unsigned 64-bit integer"],
+    [{ token_ids: [1], worker_id: "007" }, "worker_id must be an unsigned 64-bit integer"],
+    [{ token_ids: [1], lora_name: 5 }, "lora_name must be a string"],
+    [{ token_ids: [1], n: 11 }, "n must be a number in [0, 10]"],
+    [{ token_ids: [1], n: 1.5 }, "n must be an integer"],
+  ])("%p → 400 %p", async (body, message) => {
+    const response = await post(JSON.stringify(body));
+    expect(response.status).toBe(400);
+    expect(await errorOf(response)).toContain(message);
+  });
+});
