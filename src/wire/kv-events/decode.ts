@@ -39,30 +39,31 @@ import {
 import { isUtf8 } from "./strings";
 
 // ---- Status codes (stable: counters and logs use the names) ----
+// `truncated` also covers a length or count that claims more bytes than are left: the
+// two cannot be told apart, and either way nothing is allocated for it.
 
 export const DECODE_OK = 0;
 export const E_TRUNCATED = 1;
 export const E_TRAILING_BYTES = 2;
-export const E_BAD_LENGTH = 3;
-export const E_BAD_MSGPACK = 4;
-export const E_BAD_BATCH = 5;
-export const E_BAD_EVENT = 6;
-export const E_BAD_HASH = 7;
-export const E_BAD_TOKENS = 8;
-export const E_BAD_FIELD = 9;
-export const E_MISSING_FIELD = 10;
-export const E_DUPLICATE_KEY = 11;
-export const E_BAD_STRING = 12;
-export const E_TOO_LARGE = 13;
-export const E_TOO_MANY_EVENTS = 14;
-export const E_TOO_MANY_BLOCKS = 15;
-export const E_TOO_MANY_TOKENS = 16;
-export const E_TOO_DEEP = 17;
-export const E_STRING_TOO_LONG = 18;
+export const E_BAD_MSGPACK = 3;
+export const E_BAD_BATCH = 4;
+export const E_BAD_EVENT = 5;
+export const E_BAD_HASH = 6;
+export const E_BAD_TOKENS = 7;
+export const E_BAD_FIELD = 8;
+export const E_MISSING_FIELD = 9;
+export const E_DUPLICATE_KEY = 10;
+export const E_BAD_STRING = 11;
+export const E_TOO_LARGE = 12;
+export const E_TOO_MANY_EVENTS = 13;
+export const E_TOO_MANY_BLOCKS = 14;
+export const E_TOO_MANY_TOKENS = 15;
+export const E_TOO_DEEP = 16;
+export const E_STRING_TOO_LONG = 17;
 
 /** Index = status code. */
 export const DECODE_ERROR_KINDS = [
-  "ok", "truncated", "trailing_bytes", "bad_length", "bad_msgpack", "bad_batch", "bad_event",
+  "ok", "truncated", "trailing_bytes", "bad_msgpack", "bad_batch", "bad_event",
   "bad_hash", "bad_tokens", "bad_field", "missing_field", "duplicate_key", "bad_string",
   "too_large", "too_many_events", "too_many_blocks", "too_many_tokens", "too_deep",
   "string_too_long",
@@ -882,7 +883,7 @@ function arrayHeader(): number {
     size = 5;
   } else return NOT_THIS;
   if (count > end - pos - size) {
-    fail(E_BAD_LENGTH);
+    fail(E_TRUNCATED);
     return FAILED;
   }
   pos += size;
@@ -911,7 +912,7 @@ function mapHeader(): number {
     size = 5;
   } else return NOT_THIS;
   if (2 * count > end - pos - size) {
-    fail(E_BAD_LENGTH);
+    fail(E_TRUNCATED);
     return FAILED;
   }
   pos += size;
@@ -944,7 +945,7 @@ function strHeader(): number {
     size = 5;
   } else return NOT_THIS;
   if (length > end - pos - size) {
-    fail(E_BAD_LENGTH);
+    fail(E_TRUNCATED);
     return FAILED;
   }
   pos += size;
@@ -976,7 +977,7 @@ function binHeader(): number {
     size = 5;
   } else return NOT_THIS;
   if (length > end - pos - size) {
-    fail(E_BAD_LENGTH);
+    fail(E_TRUNCATED);
     return FAILED;
   }
   pos += size;
