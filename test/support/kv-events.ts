@@ -133,12 +133,23 @@ export function referenceDecode(payload: Uint8Array, limits: DecodeLimits = DEFA
   } catch (error) {
     return { ok: false, msgpackrThrew: true, reason: String(error) };
   }
+  // msgpackr turns some extension types, records and the byte 0xc1 into objects of its
+  // own (and may read their payload its own way): not plain msgpack, no reference.
+  if (!isPlainMsgpack(value)) return { ok: false, msgpackrThrew: true, reason: "msgpackr extension object" };
   try {
     return { ok: true, batch: new Converter(limits).batch(value) };
   } catch (error) {
     if (error instanceof Reject) return { ok: false, msgpackrThrew: false, reason: error.message };
     throw error;
   }
+}
+
+function isPlainMsgpack(value: unknown): boolean {
+  if (value === null || typeof value !== "object") return true;
+  if (value instanceof Uint8Array) return true;
+  if (Array.isArray(value)) return value.every(isPlainMsgpack);
+  if (value instanceof Map) return [...value].every(([key, item]) => isPlainMsgpack(key) && isPlainMsgpack(item));
+  return false;
 }
 
 const reject = (reason: string): never => {
