@@ -260,7 +260,7 @@ class Converter {
         return null;
       }
       kind = tag;
-      const known = KNOWN_KEYS[kind];
+      const known: readonly string[] = KNOWN_KEYS[kind];
       for (const [key, item] of value) {
         if (typeof key === "string" && known.includes(key)) {
           if (key !== "type") fields.set(key, item);
