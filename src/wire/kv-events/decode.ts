@@ -428,25 +428,40 @@ function readBlockHashes(): void {
   if (out.hashCount + count > limits.blocksMax) return fail(E_TOO_MANY_BLOCKS);
   out.ensureHashes(count);
   const hashes = out.hashes;
+  const bytes = src;
   const first = out.hashCount;
   let at = 2 * first;
+  // Hot loop: the common encodings read in place (locals, one bounds check each);
+  // anything else, or the last few bytes of the payload, takes readHashSlow.
   for (let i = 0; i < count; i++, at += 2) {
-    if (pos >= end) return fail(E_TRUNCATED);
-    const byte = src[pos]!;
-    if (byte < 0x80) {
-      hashes[at] = 0;
-      hashes[at + 1] = byte;
-      pos++;
-    } else if (byte === 0xcf || byte === 0xd3) {
-      if (pos + 9 > end) return fail(E_TRUNCATED);
-      hashes[at] = u32(pos + 1);
-      hashes[at + 1] = u32(pos + 5);
-      pos += 9;
-    } else {
-      if (!readHashSlow()) return;
-      hashes[at] = intHi;
-      hashes[at + 1] = intLo;
+    const p = pos;
+    if (p + 41 <= end) {
+      const byte = bytes[p]!;
+      if (byte === 0xcf || byte === 0xd3) {
+        hashes[at] = ((bytes[p + 1]! << 24) | (bytes[p + 2]! << 16) | (bytes[p + 3]! << 8) | bytes[p + 4]!) >>> 0;
+        hashes[at + 1] = ((bytes[p + 5]! << 24) | (bytes[p + 6]! << 16) | (bytes[p + 7]! << 8) | bytes[p + 8]!) >>> 0;
+        pos = p + 9;
+        continue;
+      }
+      if (byte < 0x80) {
+        hashes[at] = 0;
+        hashes[at + 1] = byte;
+        pos = p + 1;
+        continue;
+      }
+      if (byte === 0xc4 && bytes[p + 1] === 32) {
+        // A SHA-256 digest: its last 8 bytes, big-endian.
+        const q = p + 26;
+        hashes[at] = ((bytes[q]! << 24) | (bytes[q + 1]! << 16) | (bytes[q + 2]! << 8) | bytes[q + 3]!) >>> 0;
+        hashes[at + 1] = ((bytes[q + 4]! << 24) | (bytes[q + 5]! << 16) | (bytes[q + 6]! << 8) | bytes[q + 7]!) >>> 0;
+        pos = p + 34;
+        continue;
+      }
     }
+    if (pos >= end) return fail(E_TRUNCATED);
+    if (!readHashSlow()) return;
+    hashes[at] = intHi;
+    hashes[at + 1] = intLo;
   }
   out.hashStart[eventIndex] = first;
   out.hashLength[eventIndex] = count;
@@ -498,14 +513,33 @@ function readTokenIds(): void {
   if (out.tokenCount + count > limits.tokensMax) return fail(E_TOO_MANY_TOKENS);
   out.ensureTokens(count);
   const tokens = out.tokens;
+  const bytes = src;
   const first = out.tokenCount;
+  // Hot loop, as for hashes: token ids are mostly uint32/uint16/fixint.
   for (let i = 0; i < count; i++) {
-    if (pos >= end) return fail(E_TRUNCATED);
-    const byte = src[pos]!;
-    if (byte < 0x80) {
-      tokens[first + i] = byte;
-      pos++;
-      continue;
+    const p = pos;
+    if (p + 5 <= end) {
+      const byte = bytes[p]!;
+      if (byte === 0xce) {
+        tokens[first + i] = ((bytes[p + 1]! << 24) | (bytes[p + 2]! << 16) | (bytes[p + 3]! << 8) | bytes[p + 4]!) >>> 0;
+        pos = p + 5;
+        continue;
+      }
+      if (byte < 0x80) {
+        tokens[first + i] = byte;
+        pos = p + 1;
+        continue;
+      }
+      if (byte === 0xcd) {
+        tokens[first + i] = (bytes[p + 1]! << 8) | bytes[p + 2]!;
+        pos = p + 3;
+        continue;
+      }
+      if (byte === 0xcc) {
+        tokens[first + i] = bytes[p + 1]!;
+        pos = p + 2;
+        continue;
+      }
     }
     const token = readU32();
     if (token < 0) return fail(E_BAD_TOKENS);
