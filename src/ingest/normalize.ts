@@ -1,0 +1,427 @@
+/**
+ * KV-event normalization (reference §1.4): turns decoded engine batches of one event
+ * stream (one worker, usually one dp rank) into index operations with kvedge's own
+ * local block hashes.
+ *
+ * Per event, in the reference's order:
+ * 1. ownership: an event that names an owner (`"kvcr"` or any other) is filtered;
+ *    (Ignored events never get here: the decoder skips and counts unknown tags);
+ * 2. locality: absent or `LOCAL` is kept, anything else filtered;
+ * 3. medium -> tier: GPU/DEVICE (or none) = device; CPU, CPU_PINNED, CPU_TIER1 =
+ *    host_pinned; CPU_TIER2, DISK, NVME, STORAGE = disk; EXTERNAL, NETWORK, REMOTE,
+ *    SHARED = external; other = filtered. Only the device tier is applied for now;
+ *    the others are counted (disk and external skip the steps below, as in Dynamo);
+ * 4. attention group: learn (dp rank, group) -> kind from stores carrying both; keep
+ *    only main attention (full, MLA, sink-full); an unlearned group only if 0;
+ * 5. cache namespace: a store without a salt inherits its parent's (ambiguous parent
+ *    -> filtered), a store with one records it for its blocks; removes and clears
+ *    forget (NamespaceTable);
+ * 6. conversion of a store: a hash repeated within the event (parent included) ->
+ *    rejected whole (`self_reference`); block_size != the index block size -> rejected
+ *    whole (`block_size_mismatch`; Dynamo stops at the first mismatching block, but
+ *    every block of an event has the event's one block_size, so that is the whole
+ *    event); blocks from the first one carrying multimodal identifiers on ->
+ *    rejected (`multimodal_unsupported`: kvedge's hashing does not mix MM hashes in
+ *    yet, and indexing wrong hashes would be worse than a miss); blocks whose
+ *    tokens run past `token_ids` -> rejected (`tokens_short`). The blocks kept are a
+ *    prefix of the event's chain and get local hashes from src/hash (LoRA name and
+ *    salt in the seed, Eagle windows).
+ *
+ * A batch is normalized whole into scratch arrays before the sink sees any of it.
+ */
+import { blockCount, blockSeed, hashBlocks } from "../hash";
+import { OnceLog, silentLogger, type Logger } from "../util/log";
+import {
+  DECODE_ERROR_KINDS, DECODE_OK, DecodedBatch, decodeKvBatch, EVENT_CLEARED, EVENT_REMOVED, EVENT_STORED,
+  FLAG_EAGLE, FLAG_GROUP, FLAG_PARENT, NO_STRING, type DecodeErrorKind,
+} from "../wire/kv-events";
+import { AMBIGUOUS, NamespaceTable } from "./namespace";
+
+/** Where normalized operations go (the index adapter). Arrays are valid during the call only. */
+export interface KvEventSink {
+  /**
+   * Blocks stored in chain order after the parent (if any). Block i's external hash
+   * is external[2(start+i)], external[2(start+i)+1] (hi, lo); its local hash is at
+   * the same place in `local`.
+   */
+  stored(
+    workerId: bigint, dpRank: number, hasParent: boolean, parentHi: number, parentLo: number,
+    external: Uint32Array, local: Uint32Array, start: number, count: number,
+  ): void;
+  /** Blocks removed; hashes at external[2(start+i)], external[2(start+i)+1]. */
+  removed(workerId: bigint, dpRank: number, external: Uint32Array, start: number, count: number): void;
+  /** Every block of (worker, dp rank) is gone. */
+  cleared(workerId: bigint, dpRank: number): void;
+}
+
+export const TIERS = ["device", "host_pinned", "disk", "external"] as const;
+export type Tier = (typeof TIERS)[number];
+const DEVICE = 0;
+const HOST_PINNED = 1;
+
+export const REJECT_REASONS = [
+  "ownership", "locality", "unknown_medium", "attention_group", "namespace_ambiguous", "self_reference",
+  "block_size_mismatch", "multimodal_unsupported", "tokens_short",
+] as const;
+export type RejectReason = (typeof REJECT_REASONS)[number];
+
+const zeros = <K extends string>(keys: readonly K[]) =>
+  Object.fromEntries(keys.map((key) => [key, 0])) as Record<K, number>;
+
+/** Plain numbers for the metrics layer. */
+export class NormalizeCounters {
+  batches = 0;
+  batchesDropped = 0;
+  decodeErrors = zeros<DecodeErrorKind>(DECODE_ERROR_KINDS.slice(1) as DecodeErrorKind[]);
+  events = { stored: 0, removed: 0, cleared: 0 };
+  unknownTags = 0;
+  unknownFields = 0;
+  eventsByTier = zeros(TIERS);
+  blocksByTier = zeros(TIERS);
+  /** Events with at least one block rejected for the reason (filtered events: all blocks). */
+  rejectedEvents = zeros(REJECT_REASONS);
+  rejectedBlocks = zeros(REJECT_REASONS);
+  appliedStoredBlocks = 0;
+  appliedRemovedBlocks = 0;
+  appliedClears = 0;
+}
+
+export interface NormalizerOptions {
+  readonly workerId: bigint;
+  /** The stream's configured rank; a batch's own dp rank overrides it. */
+  readonly dpRank: number;
+  /** The index block size; stores of another block size are rejected. */
+  readonly blockSize: number;
+  readonly sink: KvEventSink;
+  readonly log?: Logger;
+  /** Bound on remembered salted blocks (past it, new ones are not remembered, counted). */
+  readonly namespaceEntriesMax?: number;
+  /** Decode scratch for `ingest`; one per thread is enough (shared by default). */
+  readonly decoded?: DecodedBatch;
+}
+
+const MAIN_ATTENTION = new Set(["full_attention", "mla_attention", "sink_full_attention"]);
+const MEDIUM_TIERS: Record<string, number> = {
+  GPU: 0, DEVICE: 0,
+  CPU: 1, CPU_PINNED: 1, CPU_TIER1: 1,
+  CPU_TIER2: 2, DISK: 2, NVME: 2, STORAGE: 2,
+  EXTERNAL: 3, NETWORK: 3, REMOTE: 3, SHARED: 3,
+};
+const UNKNOWN_MEDIUM = -1;
+/** Learned attention groups kept per stream (group ids are few; this bounds a hostile peer). */
+const GROUPS_MAX = 1024;
+/** Up to this many hashes, the repeat check compares pairs directly. */
+const PAIRWISE_MAX = 16;
+
+const OP_STORED = 1;
+const OP_REMOVED = 2;
+const OP_CLEARED = 3;
+
+let sharedDecoded: DecodedBatch | null = null;
+
+export class KvEventNormalizer {
+  readonly counters = new NormalizeCounters();
+  private readonly workerId: bigint;
+  private readonly dpRank: number;
+  private readonly blockSize: number;
+  private readonly sink: KvEventSink;
+  private readonly onceLog: OnceLog;
+  private readonly decoded: DecodedBatch;
+  private readonly namespaces: NamespaceTable;
+  /** (dp rank, group) -> is main attention. */
+  private readonly groups = new Map<number, boolean>();
+  private readonly tierOfMedium = new Map<string, number>();
+
+  // The normalized batch: ops (kind, event, block count) and the local hashes,
+  // indexed like the decoded batch's external hashes.
+  private opKind = new Uint8Array(64);
+  private opEvent = new Uint32Array(64);
+  private opCount = new Uint32Array(64);
+  private ops = 0;
+  private local = new Uint32Array(2048);
+  private seenStamp = new Uint32Array(0);
+  private seenHi = new Uint32Array(0);
+  private seenLo = new Uint32Array(0);
+  private stamp = 0;
+
+  constructor(options: NormalizerOptions) {
+    if (!(options.blockSize > 0)) throw new RangeError("blockSize must be positive");
+    this.workerId = options.workerId;
+    this.dpRank = options.dpRank;
+    this.blockSize = options.blockSize;
+    this.sink = options.sink;
+    this.onceLog = new OnceLog((options.log ?? silentLogger).child({ component: "kv-normalize", worker: options.workerId }));
+    this.decoded = options.decoded ?? (sharedDecoded ??= new DecodedBatch());
+    this.namespaces = new NamespaceTable(options.namespaceEntriesMax ?? 1 << 20);
+  }
+
+  /** Salted blocks remembered now, and bytes held for them. */
+  get namespaceEntries(): number {
+    return this.namespaces.size;
+  }
+
+  get namespaceBytes(): number {
+    return this.namespaces.bytes;
+  }
+
+  /** Decodes one payload and applies it. Returns false if the batch was dropped (counted, logged once per kind). */
+  ingest(payload: Uint8Array): boolean {
+    const status = decodeKvBatch(payload, this.decoded);
+    if (status !== DECODE_OK) {
+      const kind = DECODE_ERROR_KINDS[status] as DecodeErrorKind;
+      this.counters.batches++;
+      this.counters.batchesDropped++;
+      this.counters.decodeErrors[kind]++;
+      this.onceLog.report(`decode:${kind}`, "dropped a KV-event batch that does not decode", {
+        error: kind, offset: this.decoded.errorOffset, bytes: payload.length,
+        head: Buffer.from(payload.subarray(0, 64)).toString("hex"),
+      });
+      return false;
+    }
+    this.normalize(this.decoded);
+    return true;
+  }
+
+  /** Normalizes a decoded batch whole, then hands it to the sink. */
+  normalize(batch: DecodedBatch): void {
+    const counters = this.counters;
+    counters.batches++;
+    counters.unknownTags += batch.unknownTags;
+    counters.unknownFields += batch.unknownFields;
+    const dpRank = batch.hasDpRank ? batch.dpRank : this.dpRank;
+    this.ops = 0;
+    if (this.local.length < 2 * batch.hashCount) this.local = new Uint32Array(grownSize(this.local.length, 2 * batch.hashCount));
+    for (let e = 0; e < batch.eventCount; e++) this.event(batch, e, dpRank);
+    this.emit(batch, dpRank);
+  }
+
+  /** Forgets what was learned from the stream (call when the engine restarted). */
+  reset(): void {
+    this.namespaces.clear();
+    this.groups.clear();
+  }
+
+  private event(batch: DecodedBatch, e: number, dpRank: number): void {
+    const kind = batch.kind[e]!;
+    const blocks = batch.hashLength[e]!;
+    if (kind === EVENT_STORED) this.counters.events.stored++;
+    else if (kind === EVENT_REMOVED) this.counters.events.removed++;
+    else this.counters.events.cleared++;
+    if (batch.ownership[e] !== NO_STRING) return this.reject("ownership", blocks);
+    const locality = batch.locality[e]!;
+    if (locality !== NO_STRING && batch.strings.get(locality).toUpperCase() !== "LOCAL") {
+      return this.reject("locality", blocks);
+    }
+    const tier = kind === EVENT_CLEARED ? DEVICE : this.tierOf(batch.string(batch.medium[e]!));
+    if (tier === UNKNOWN_MEDIUM) {
+      this.onceLog.report("unknown_medium", "filtered KV events of an unknown medium", { medium: batch.string(batch.medium[e]!) });
+      return this.reject("unknown_medium", blocks);
+    }
+    this.counters.eventsByTier[TIERS[tier]!]++;
+    this.counters.blocksByTier[TIERS[tier]!] += blocks;
+    if (tier > HOST_PINNED) return;
+    if (kind !== EVENT_CLEARED && !this.mainAttention(batch, e, dpRank)) return this.reject("attention_group", blocks);
+    let namespace: string | null = null;
+    if (kind === EVENT_STORED) {
+      namespace = this.propagateNamespace(batch, e, dpRank);
+      if (namespace === AMBIGUOUS) return this.reject("namespace_ambiguous", blocks);
+    } else if (kind === EVENT_REMOVED) {
+      const start = batch.hashStart[e]!;
+      for (let i = start; i < start + blocks; i++) this.namespaces.forget(dpRank, batch.hashes[2 * i]!, batch.hashes[2 * i + 1]!);
+    } else this.namespaces.forgetRank(dpRank);
+    if (tier !== DEVICE) return;
+    if (kind === EVENT_STORED) this.convertStored(batch, e, namespace);
+    else if (kind === EVENT_REMOVED) {
+      if (blocks > 0) this.pushOp(OP_REMOVED, e, blocks);
+    } else this.pushOp(OP_CLEARED, e, 0);
+  }
+
+  private reject(reason: RejectReason, blocks: number): void {
+    this.counters.rejectedEvents[reason]++;
+    this.counters.rejectedBlocks[reason] += blocks;
+  }
+
+  private tierOf(medium: string | null): number {
+    if (medium === null || medium === "") return DEVICE;
+    let tier = this.tierOfMedium.get(medium);
+    if (tier === undefined) {
+      tier = MEDIUM_TIERS[medium.toUpperCase()] ?? UNKNOWN_MEDIUM;
+      if (this.tierOfMedium.size < GROUPS_MAX) this.tierOfMedium.set(medium, tier);
+    }
+    return tier;
+  }
+
+  private mainAttention(batch: DecodedBatch, e: number, dpRank: number): boolean {
+    const flags = batch.flags[e]!;
+    const kindId = batch.specKind[e]!;
+    const hasGroup = (flags & FLAG_GROUP) !== 0;
+    const key = dpRank * 0x1_0000_0000 + batch.groupIdx[e]!;
+    if (kindId !== NO_STRING) {
+      const main = MAIN_ATTENTION.has(batch.strings.get(kindId));
+      if (hasGroup && batch.kind[e] === EVENT_STORED && (this.groups.has(key) || this.groups.size < GROUPS_MAX)) {
+        this.groups.set(key, main);
+      }
+      return main;
+    }
+    if (!hasGroup) return true;
+    const learned = this.groups.get(key);
+    return learned === undefined ? batch.groupIdx[e] === 0 : learned;
+  }
+
+  /** The store's namespace (own salt, else the parent's), recorded for its blocks; AMBIGUOUS filters it. */
+  private propagateNamespace(batch: DecodedBatch, e: number, dpRank: number): string | null {
+    const salt = batch.string(batch.cacheSalt[e]!);
+    let namespace = salt === "" ? null : salt;
+    if (namespace === null && (batch.flags[e]! & FLAG_PARENT) !== 0) {
+      namespace = this.namespaces.get(dpRank, batch.parentHi[e]!, batch.parentLo[e]!) ?? null;
+      if (namespace === AMBIGUOUS) return AMBIGUOUS;
+    }
+    if (namespace !== null) {
+      const start = batch.hashStart[e]!;
+      for (let i = start; i < start + batch.hashLength[e]!; i++) {
+        this.namespaces.record(dpRank, batch.hashes[2 * i]!, batch.hashes[2 * i + 1]!, namespace);
+      }
+    }
+    return namespace;
+  }
+
+  private convertStored(batch: DecodedBatch, e: number, namespace: string | null): void {
+    const blocks = batch.hashLength[e]!;
+    if (blocks === 0) return;
+    if (this.repeatsHash(batch, e)) return this.reject("self_reference", blocks);
+    const blockSize = batch.blockSize[e]!;
+    if (blockSize !== this.blockSize) {
+      this.onceLog.report("block_size_mismatch", "rejected KV stores of another block size than the index's", {
+        event_block_size: blockSize, index_block_size: this.blockSize,
+      });
+      return this.reject("block_size_mismatch", blocks);
+    }
+    let usable = blocks;
+    const mmBlock = batch.mmBlock[e]!;
+    if (mmBlock >= 0 && mmBlock < usable) {
+      this.onceLog.report("multimodal_unsupported", "rejected KV blocks with multimodal content (hashing does not include MM hashes yet)", {
+        blocks: usable - mmBlock,
+      });
+      this.reject("multimodal_unsupported", usable - mmBlock);
+      usable = mmBlock;
+    }
+    const eagle = (batch.flags[e]! & FLAG_EAGLE) !== 0;
+    const available = blockCount(batch.tokenLength[e]!, blockSize, eagle);
+    if (available < usable) {
+      this.onceLog.report("tokens_short", "rejected KV blocks whose token ids run short", {
+        blocks: usable, tokens: batch.tokenLength[e]!, block_size: blockSize,
+      });
+      this.reject("tokens_short", usable - available);
+      usable = available;
+    }
+    if (usable === 0) return;
+    const tokenStart = batch.tokenStart[e]!;
+    const tokenEnd = tokenStart + usable * blockSize + (eagle ? 1 : 0);
+    const seed = blockSeed(batch.string(batch.loraName[e]!), namespace);
+    const start = batch.hashStart[e]!;
+    const written = hashBlocks(
+      batch.tokens.subarray(tokenStart, tokenEnd), blockSize, seed, this.local.subarray(2 * start), eagle,
+    );
+    if (written !== usable) throw new Error(`hashed ${written} blocks, expected ${usable}`);
+    this.pushOp(OP_STORED, e, usable);
+  }
+
+  /** Whether a hash repeats within the store, the parent included (Dynamo turns these into no-ops). */
+  private repeatsHash(batch: DecodedBatch, e: number): boolean {
+    const start = batch.hashStart[e]!;
+    const count = batch.hashLength[e]!;
+    const hashes = batch.hashes;
+    const hasParent = (batch.flags[e]! & FLAG_PARENT) !== 0;
+    const parentHi = batch.parentHi[e]!;
+    const parentLo = batch.parentLo[e]!;
+    if (count <= PAIRWISE_MAX) {
+      for (let i = start; i < start + count; i++) {
+        const hi = hashes[2 * i]!;
+        const lo = hashes[2 * i + 1]!;
+        if (hasParent && hi === parentHi && lo === parentLo) return true;
+        for (let j = i + 1; j < start + count; j++) if (hashes[2 * j + 1] === lo && hashes[2 * j] === hi) return true;
+      }
+      return false;
+    }
+    // A generation-stamped open-addressing set, sized for count + 1 at load <= 1/2.
+    let capacity = this.seenStamp.length;
+    if (capacity < 2 * (count + 1)) {
+      capacity = grownSize(Math.max(capacity, 64), 2 * (count + 1));
+      this.seenStamp = new Uint32Array(capacity);
+      this.seenHi = new Uint32Array(capacity);
+      this.seenLo = new Uint32Array(capacity);
+      this.stamp = 0;
+    }
+    this.stamp = (this.stamp + 1) >>> 0;
+    if (this.stamp === 0) {
+      this.seenStamp.fill(0);
+      this.stamp = 1;
+    }
+    if (hasParent) this.addSeen(parentHi, parentLo);
+    for (let i = start; i < start + count; i++) if (!this.addSeen(hashes[2 * i]!, hashes[2 * i + 1]!)) return true;
+    return false;
+  }
+
+  /** Adds a hash to the current set; false if it was there. */
+  private addSeen(hi: number, lo: number): boolean {
+    const mask = this.seenStamp.length - 1;
+    let slot = Math.imul(lo ^ Math.imul(hi, 0x9e3779b1), 0x85ebca6b) >>> 0 & mask;
+    for (let probe = 0; probe <= mask; probe++) {
+      if (this.seenStamp[slot] !== this.stamp) {
+        this.seenStamp[slot] = this.stamp;
+        this.seenHi[slot] = hi;
+        this.seenLo[slot] = lo;
+        return true;
+      }
+      if (this.seenLo[slot] === lo && this.seenHi[slot] === hi) return false;
+      slot = (slot + 1) & mask;
+    }
+    throw new Error("repeat-check set full (sizing invariant broken)");
+  }
+
+  private pushOp(kind: number, event: number, count: number): void {
+    if (this.ops === this.opKind.length) {
+      const capacity = this.ops * 2;
+      this.opKind = copyInto(this.opKind, new Uint8Array(capacity));
+      this.opEvent = copyInto(this.opEvent, new Uint32Array(capacity));
+      this.opCount = copyInto(this.opCount, new Uint32Array(capacity));
+    }
+    this.opKind[this.ops] = kind;
+    this.opEvent[this.ops] = event;
+    this.opCount[this.ops] = count;
+    this.ops++;
+  }
+
+  private emit(batch: DecodedBatch, dpRank: number): void {
+    const { sink, workerId, counters } = this;
+    for (let op = 0; op < this.ops; op++) {
+      const e = this.opEvent[op]!;
+      const count = this.opCount[op]!;
+      switch (this.opKind[op]) {
+        case OP_STORED:
+          sink.stored(workerId, dpRank, (batch.flags[e]! & FLAG_PARENT) !== 0, batch.parentHi[e]!, batch.parentLo[e]!,
+            batch.hashes, this.local, batch.hashStart[e]!, count);
+          counters.appliedStoredBlocks += count;
+          break;
+        case OP_REMOVED:
+          sink.removed(workerId, dpRank, batch.hashes, batch.hashStart[e]!, count);
+          counters.appliedRemovedBlocks += count;
+          break;
+        default:
+          sink.cleared(workerId, dpRank);
+          counters.appliedClears++;
+      }
+    }
+  }
+}
+
+function grownSize(current: number, needed: number): number {
+  let size = Math.max(current, 1);
+  while (size < needed) size *= 2;
+  return size;
+}
+
+function copyInto<T extends Uint8Array | Uint32Array>(from: T, to: T): T {
+  to.set(from);
+  return to;
+}

@@ -1,0 +1,249 @@
+// Goal: the normalizer applies exactly what the reference's rules keep (ownership,
+// locality, medium -> tier, attention groups, namespace propagation, conversion
+// rejects), with local hashes equal to src/hash's for the same tokens, LoRA name,
+// salt and Eagle windows; everything else is counted; a bad batch reaches the sink
+// not at all. Method: real encoded batches through ingest() into a recording sink.
+import { describe, expect, test } from "bun:test";
+import { hashTokens } from "../../src/hash";
+import { KvEventNormalizer, type KvEventSink, type NormalizerOptions } from "../../src/ingest/normalize";
+import { NamespaceTable } from "../../src/ingest/namespace";
+import { encodeKvBatch, type KvBatch, type KvBlockStored, type KvEvent } from "../../src/wire/kv-events";
+import { u64 } from "../../src/util/u64";
+import { memoryLogger } from "../../src/util/log";
+
+type Op =
+  | { op: "stored"; worker: bigint; rank: number; parent: bigint | null; external: bigint[]; local: bigint[] }
+  | { op: "removed"; worker: bigint; rank: number; external: bigint[] }
+  | { op: "cleared"; worker: bigint; rank: number };
+
+function recorder(): KvEventSink & { ops: Op[] } {
+  const ops: Op[] = [];
+  const pairs = (words: Uint32Array, start: number, count: number) =>
+    Array.from({ length: count }, (_, i) => u64(words[2 * (start + i)]!, words[2 * (start + i) + 1]!));
+  return {
+    ops,
+    stored(worker, rank, hasParent, parentHi, parentLo, external, local, start, count) {
+      ops.push({
+        op: "stored", worker, rank, parent: hasParent ? u64(parentHi, parentLo) : null,
+        external: pairs(external, start, count), local: pairs(local, start, count),
+      });
+    },
+    removed(worker, rank, external, start, count) {
+      ops.push({ op: "removed", worker, rank, external: pairs(external, start, count) });
+    },
+    cleared(worker, rank) {
+      ops.push({ op: "cleared", worker, rank });
+    },
+  };
+}
+
+function setup(options: Partial<NormalizerOptions> = {}) {
+  const sink = recorder();
+  const normalizer = new KvEventNormalizer({ workerId: 7n, dpRank: 0, blockSize: 4, sink, ...options });
+  const send = (events: KvEvent[], dpRank: number | null = null, form: "array" | "map" = "array") =>
+    normalizer.ingest(encodeKvBatch({ ts: 1, events, dpRank }, { form }));
+  return { sink, normalizer, send };
+}
+
+const TOKENS = Array.from({ length: 12 }, (_, i) => i + 1);
+
+function store(hashes: bigint[], parent: bigint | null, extra: Partial<KvBlockStored> = {}): KvBlockStored {
+  return {
+    type: "BlockStored", blockHashes: hashes, parentBlockHash: parent, tokenIds: TOKENS.slice(0, 4 * hashes.length),
+    blockSize: 4, loraId: null, medium: "GPU", loraName: null, ...extra,
+  };
+}
+
+describe("conversion to index operations", () => {
+  test("store, remove and clear with local hashes from src/hash; the batch's dp rank wins", () => {
+    const { sink, send } = setup();
+    expect(send([store([101n, 102n, 103n], 100n), { type: "BlockRemoved", blockHashes: [103n], medium: "GPU" }, { type: "AllBlocksCleared" }], 3)).toBe(true);
+    expect(sink.ops).toEqual([
+      { op: "stored", worker: 7n, rank: 3, parent: 100n, external: [101n, 102n, 103n], local: hashTokens(TOKENS, 4).local },
+      { op: "removed", worker: 7n, rank: 3, external: [103n] },
+      { op: "cleared", worker: 7n, rank: 3 },
+    ]);
+  });
+
+  test("the known-answer vector [1,2,3,4] and the configured rank when the batch has none", () => {
+    const { sink, send } = setup();
+    send([store([1n], null)]);
+    expect(sink.ops).toEqual([{ op: "stored", worker: 7n, rank: 0, parent: null, external: [1n], local: [14643705804678351452n] }]);
+  });
+
+  test("LoRA name and Eagle windows reach the hash", () => {
+    const { sink, send } = setup();
+    const pairs = TOKENS.slice(0, 8).map((token) => [token, token + 1] as const);
+    send([store([1n, 2n], null, { loraName: "my-lora", tokenIds: pairs })], null, "map");
+    const op = sink.ops[0]!;
+    expect(op.op === "stored" && op.local).toEqual(hashTokens(TOKENS.slice(0, 9), 4, { loraName: "my-lora", eagle: true }).local);
+  });
+
+  test("a repeated hash (parent included) rejects the store whole", () => {
+    const { sink, normalizer, send } = setup();
+    send([store([5n, 6n], 6n), store([8n, 9n, 8n], null)]);
+    const many = Array.from({ length: 40 }, (_, i) => BigInt(i + 1000));
+    send([store([...many, 1000n], null, { tokenIds: Array.from({ length: 4 * 41 }, (_, i) => i) })]);
+    expect(sink.ops).toEqual([]);
+    expect(normalizer.counters.rejectedEvents.self_reference).toBe(3);
+    expect(normalizer.counters.rejectedBlocks.self_reference).toBe(2 + 3 + 41);
+  });
+
+  test("another block size rejects the whole event, logged once", () => {
+    const records = memoryLogger();
+    const { sink, normalizer, send } = setup({ log: records });
+    send([store([1n, 2n], null, { blockSize: 2 })]);
+    send([store([3n], null, { blockSize: 16 })]);
+    expect(sink.ops).toEqual([]);
+    expect(normalizer.counters.rejectedBlocks.block_size_mismatch).toBe(3);
+    expect(records.records.filter((record) => record.fields.kind === "block_size_mismatch")).toHaveLength(1);
+  });
+
+  test("tokens running short keep the complete blocks before them", () => {
+    const { sink, normalizer, send } = setup();
+    send([store([1n, 2n, 3n], null, { tokenIds: TOKENS.slice(0, 9) })]);
+    expect(sink.ops).toEqual([{ op: "stored", worker: 7n, rank: 0, parent: null, external: [1n, 2n], local: hashTokens(TOKENS.slice(0, 8), 4).local }]);
+    expect(normalizer.counters.rejectedBlocks.tokens_short).toBe(1);
+  });
+
+  test("blocks from the first multimodal one on are rejected, the prefix kept", () => {
+    const { sink, normalizer, send } = setup();
+    const mm = "ab".repeat(32);
+    send([store([1n, 2n, 3n], null, { extraKeys: [null, [mm], null] }), store([4n], null, { extraKeys: [[[mm, 0]]] })]);
+    expect(sink.ops).toEqual([{ op: "stored", worker: 7n, rank: 0, parent: null, external: [1n], local: hashTokens(TOKENS.slice(0, 4), 4).local }]);
+    expect(normalizer.counters.rejectedBlocks.multimodal_unsupported).toBe(3);
+  });
+});
+
+describe("filters, in the reference's order", () => {
+  test("ownership and locality", () => {
+    const { sink, normalizer, send } = setup();
+    send([
+      store([1n], null, { ownership: "kvcr" }), store([2n], null, { ownership: "someone" }),
+      store([3n], null, { locality: "REMOTE" }), store([4n], null, { locality: "local" }),
+      { type: "AllBlocksCleared", ownership: "kvcr" },
+    ]);
+    expect(sink.ops.map((op) => op.op === "stored" && op.external)).toEqual([[4n]]);
+    expect(normalizer.counters.rejectedEvents.ownership).toBe(3);
+    expect(normalizer.counters.rejectedEvents.locality).toBe(1);
+  });
+
+  test("medium -> tier: only the device tier is applied, the others counted", () => {
+    const { sink, normalizer, send } = setup();
+    send([
+      store([1n], null, { medium: "GPU" }), store([2n], null, { medium: null }), store([3n], null, { medium: "" }),
+      store([4n], null, { medium: "CPU" }), store([5n, 6n], null, { medium: "cpu_tier2" }),
+      store([7n], null, { medium: "SHARED" }), store([8n], null, { medium: "FLOPPY" }),
+      { type: "BlockRemoved", blockHashes: [4n], medium: "CPU" },
+    ]);
+    expect(sink.ops.map((op) => op.op === "stored" && op.external)).toEqual([[1n], [2n], [3n]]);
+    expect(normalizer.counters.eventsByTier).toEqual({ device: 3, host_pinned: 2, disk: 1, external: 1 });
+    expect(normalizer.counters.blocksByTier).toEqual({ device: 3, host_pinned: 2, disk: 2, external: 1 });
+    expect(normalizer.counters.rejectedEvents.unknown_medium).toBe(1);
+  });
+
+  test("attention groups: learned kinds filter later events without a kind", () => {
+    const { sink, normalizer, send } = setup();
+    send([
+      store([1n], null, { groupIdx: 1, kvCacheSpecKind: "sliding_window" }),
+      store([2n], null, { groupIdx: 0, kvCacheSpecKind: "full_attention" }),
+      { type: "BlockRemoved", blockHashes: [1n], groupIdx: 1 },
+      { type: "BlockRemoved", blockHashes: [2n], groupIdx: 0 },
+      store([3n], null, { groupIdx: 2 }),
+      store([4n], null, { groupIdx: 0 }),
+    ], 1);
+    expect(sink.ops.map((op) => [op.op, op.op === "cleared" ? [] : op.external])).toEqual([
+      ["stored", [2n]], ["removed", [2n]], ["stored", [4n]],
+    ]);
+    expect(normalizer.counters.rejectedEvents.attention_group).toBe(3);
+    // Learned per dp rank: rank 2 has not learned group 1, which is then not 0: filtered.
+    send([{ type: "BlockRemoved", blockHashes: [1n], groupIdx: 1 }], 2);
+    expect(normalizer.counters.rejectedEvents.attention_group).toBe(4);
+  });
+});
+
+describe("cache namespace propagation", () => {
+  test("a child inherits its parent's salt; removal and clear forget it", () => {
+    const { sink, normalizer, send } = setup();
+    send([
+      store([1n], null, { extraKeys: [["tenant-a"]] }),
+      store([2n], 1n, { tokenIds: TOKENS.slice(4, 8) }),
+    ]);
+    const salted = (tokens: number[]) => hashTokens(tokens, 4, { cacheSalt: "tenant-a" }).local;
+    expect(sink.ops.map((op) => op.op === "stored" && op.local)).toEqual([salted(TOKENS.slice(0, 4)), salted(TOKENS.slice(4, 8))]);
+    expect(normalizer.namespaceEntries).toBe(2);
+    send([{ type: "BlockRemoved", blockHashes: [2n], medium: "GPU" }]);
+    expect(normalizer.namespaceEntries).toBe(1);
+    send([{ type: "AllBlocksCleared" }]);
+    expect(normalizer.namespaceEntries).toBe(0);
+    // Joining mid-chain: the parent is unknown, so the unsalted reading applies.
+    send([store([3n], 1n)]);
+    const last = sink.ops[sink.ops.length - 1]!;
+    expect(last.op === "stored" && last.local).toEqual(hashTokens(TOKENS.slice(0, 4), 4).local);
+  });
+
+  test("a hash stored under two salts becomes ambiguous: its children are filtered", () => {
+    const { sink, normalizer, send } = setup();
+    send([
+      store([1n], null, { cacheSalt: "a" }), store([1n], null, { cacheSalt: "b" }),
+      store([2n], 1n), { type: "BlockRemoved", blockHashes: [1n] },
+    ], null, "map");
+    expect(sink.ops.filter((op) => op.op === "stored")).toHaveLength(2);
+    expect(normalizer.counters.rejectedEvents.namespace_ambiguous).toBe(1);
+    // The ambiguous entry survives the removal; a clear of the rank forgets it.
+    expect(normalizer.namespaceEntries).toBe(1);
+    send([{ type: "AllBlocksCleared" }]);
+    expect(normalizer.namespaceEntries).toBe(0);
+  });
+
+  test("the namespace table returns its memory after churn", () => {
+    const table = new NamespaceTable(1 << 20);
+    const empty = table.bytes;
+    for (let round = 0; round < 3; round++) {
+      for (let i = 0; i < 10_000; i++) table.record(round % 2, i, i * 7, "tenant");
+      expect(table.size).toBe(10_000);
+      for (let i = 0; i < 10_000; i++) {
+        expect(table.get(round % 2, i, i * 7)).toBe("tenant");
+        table.forget(round % 2, i, i * 7);
+      }
+      expect(table.size).toBe(0);
+      expect(table.bytes).toBe(empty);
+    }
+  });
+
+  test("past its bound the table refuses new entries and counts them", () => {
+    const table = new NamespaceTable(2);
+    for (let i = 0; i < 5; i++) table.record(0, 0, i, "s");
+    expect(table.size).toBe(2);
+    expect(table.refused).toBe(3);
+  });
+});
+
+describe("bad input", () => {
+  test("a batch that does not decode reaches the sink not at all; the next one applies", () => {
+    const records = memoryLogger();
+    const { sink, normalizer, send } = setup({ log: records });
+    const good = encodeKvBatch({ ts: 1, events: [store([1n, 2n], null)] }, { form: "array" });
+    const bad = good.slice();
+    bad[bad.length - 2] = 0xc1; // inside the last event: the first event decoded fine, but the batch is refused whole
+    expect(normalizer.ingest(bad)).toBe(false);
+    expect(normalizer.ingest(bad)).toBe(false);
+    expect(sink.ops).toEqual([]);
+    expect(normalizer.counters.batchesDropped).toBe(2);
+    expect(Object.entries(normalizer.counters.decodeErrors).filter(([, count]) => count > 0)).toHaveLength(1);
+    expect(records.records.filter((record) => record.level === "warn")).toHaveLength(1);
+    expect(send([store([1n], null)])).toBe(true);
+    expect(sink.ops).toHaveLength(1);
+  });
+
+  test("counters add up", () => {
+    const { normalizer, send } = setup();
+    const batch: KvBatch = { ts: 1, events: [store([1n], null), { type: "BlockRemoved", blockHashes: [1n] }, { type: "AllBlocksCleared" }] };
+    send([...batch.events]);
+    expect(normalizer.counters.events).toEqual({ stored: 1, removed: 1, cleared: 1 });
+    expect(normalizer.counters.appliedStoredBlocks).toBe(1);
+    expect(normalizer.counters.appliedRemovedBlocks).toBe(1);
+    expect(normalizer.counters.appliedClears).toBe(1);
+    expect(normalizer.counters.batches).toBe(1);
+  });
+});
