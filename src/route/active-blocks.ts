@@ -1,52 +1,57 @@
 /**
- * The blocks of in-flight requests, per worker, refcounted: which sequence hashes
- * (Dynamo's chained block hashes, src/hash `chainHashes`) each worker's active
- * requests cover, and how many of its requests cover each one.
+ * The blocks of in-flight requests, per worker: which sequence hashes (Dynamo's
+ * chained block hashes, src/hash `chainHashes`) each worker's active requests cover.
  *
  * It answers two questions on the routing hot path:
- *  - how many distinct blocks a worker has active (its decode load), kept by the
- *    caller from the counts `add` and `remove` return;
+ *  - how many distinct blocks a worker has active (its decode load): `add` and
+ *    `removeEnding` return how many blocks a request adds to or frees from its worker;
  *  - for a new request, how deep its prefix is already active on each worker
  *    (`sharedDepths`), so the cost charges only the blocks a worker would add.
  *
- * Layout: one open-addressing table (linear probing, backward-shift deletion) keyed by
- * (hash hi, hash lo, slot) over a pool of nodes. A *hash node* (slot = SLOT_NONE) holds
- * how many workers have the hash active and heads a doubly linked list of *owner nodes*,
- * one per (hash, worker), each holding its refcount. So adding or removing a request
- * costs O(1) per block however many workers share the block, and the owners of a hash
- * can be listed without a scan of all workers.
+ * Why a trie: a sequence hash names its whole prefix, so a worker's active blocks form
+ * a prefix tree (one node per (hash, worker)). A request holds one reference, on the
+ * node of its last block; a node lives while it has requests ending on it or children.
+ * Admission jumps to the deepest node the worker already has (binary search: nodes on
+ * a chain are present up to some depth and absent after) and appends the rest;
+ * removal deletes upward from the leaf while nodes are empty. Both cost the blocks the
+ * request adds or frees, not the length of a shared system prompt.
  *
- * Why depths are cheap: a sequence hash names its whole prefix, so a worker that has
- * block i of a chain active also has blocks 0..i-1 active. The owner count along a
- * request's chain is therefore non-increasing, and `sharedDepths` only visits the
- * positions where it drops (found by binary search), not every block.
+ * Why global hash nodes: per sequence hash, a *hash node* counts the workers holding
+ * it and heads a doubly linked list of their trie nodes. The count along a request's
+ * chain never rises (a worker holding block i holds 0..i-1), so `sharedDepths` visits
+ * only the positions where it drops (binary search), listing owners there.
  *
- * Memory: the table and pool grow by doubling and shrink (with compaction) when an
- * eighth full, so capacity follows what is active now; `clear` goes back to the
- * initial size. `nodeCount`/`hashCount` expose exact counts for tests.
+ * Layout: one open-addressing table (linear probing, backward-shift deletion) of
+ * (hash hi, hash lo, slot) -> node id, interleaved 4 words per bucket; one node pool,
+ * 8 words per node. One probe or node access is one cache line. Table and pool grow by
+ * doubling and shrink (compacting the pool) when an eighth full: capacity follows what
+ * is active now; `clear` returns to the initial size.
  */
 
-const SLOT_NONE = 0xffff_ffff;
+const SLOT_NONE = -1;
 /** Smallest table; the pool holds half as many nodes (the table stays at most half full). */
 const TABLE_CAPACITY_MIN = 1024;
+const BUCKET_WORDS = 4; // hi, lo, slot, node (0 = empty)
+const NODE_WORDS = 8;
+// Fields of every node.
+const SLOT = 0; // worker slot, or SLOT_NONE for a hash node
+const COUNT = 1; // hash node: workers holding it; trie node: requests ending on it
+const LINK = 2; // hash node: first owner; trie node: next owner of the same hash; free list
+// Hash node fields.
+const HASH_HI = 3;
+const HASH_LO = 4;
+// Trie node fields.
+const PREV = 3; // previous owner of the same hash (0 = first)
+const PARENT = 4; // the node of the previous block on the same worker (0 = first block)
+const CHILDREN = 5;
+const HASH = 6; // its hash node
 
 export class ActiveBlocks {
   private capacity = 0;
   private mask = 0;
-  // Table buckets. tableNode 0 marks an empty bucket.
-  private tableHi = new Uint32Array(0);
-  private tableLo = new Uint32Array(0);
-  private tableSlot = new Uint32Array(0);
-  private tableNode = new Uint32Array(0);
-  // Node pool (id 0 is null). For a hash node: count = owners, link = first owner.
-  // For an owner node: count = refs, link = next owner, prev = previous owner,
-  // parent = its hash node, slot = the worker.
-  private poolCount = new Uint32Array(0);
-  private poolLink = new Uint32Array(0);
-  private poolPrev = new Uint32Array(0);
-  private poolParent = new Uint32Array(0);
-  private poolSlot = new Uint32Array(0);
-  private nodeTop = 1;
+  private table = new Int32Array(0);
+  private pool = new Int32Array(0);
+  private nodeTop = 1; // id 0 is null
   private freeHead = 0;
   private live = 0;
   private hashes = 0;
@@ -55,7 +60,7 @@ export class ActiveBlocks {
     this.resize(TABLE_CAPACITY_MIN);
   }
 
-  /** Live nodes: distinct hashes plus (hash, worker) owners. */
+  /** Live nodes: distinct hashes plus (hash, worker) trie nodes. */
   get nodeCount(): number {
     return this.live;
   }
@@ -72,78 +77,61 @@ export class ActiveBlocks {
 
   /** Bytes held by the table and the pool. */
   get bytes(): number {
-    return this.capacity * 16 + ((this.capacity >>> 1) + 1) * 20;
+    return this.table.byteLength + this.pool.byteLength;
   }
 
   /**
-   * Adds one request's chain (`count` (hi, lo) pairs) to `slot`. Returns how many of
-   * the hashes were not active on `slot` before (its distinct-block increase).
+   * Adds a request's chain (`count` (hi, lo) pairs) to `slot`. Returns how many blocks
+   * were not active on `slot` before (its distinct-block increase). The request is
+   * removed later by `removeEnding` with its last pair.
    */
   add(slot: number, chain: Uint32Array, count: number): number {
     assertSlot(slot);
     if (chain.length < 2 * count) throw new RangeError(`chain holds ${chain.length} words, needs ${2 * count}`);
-    let added = 0;
-    for (let i = 0; i < count; i++) {
-      if ((this.live + 2) * 2 > this.capacity) this.resize(this.capacity * 2);
-      const hi = chain[2 * i]!;
-      const lo = chain[2 * i + 1]!;
-      const ownerAt = this.find(hi, lo, slot);
-      const existing = this.tableNode[ownerAt]!;
+    if (count === 0) return 0;
+    const depth = this.depthOn(slot, chain, count);
+    // Room for a trie node and a hash node per new block, before taking node ids
+    // (a resize renumbers them).
+    let capacity = this.capacity;
+    while ((this.live + 2 * (count - depth)) * 2 > capacity) capacity *= 2;
+    if (capacity !== this.capacity) this.resize(capacity);
+    let parent = depth === 0 ? 0 : this.nodeOf((chain[2 * depth - 2]! | 0), (chain[2 * depth - 1]! | 0), slot);
+    let created = 0;
+    for (let i = depth; i < count; i++) {
+      const hi = (chain[2 * i]! | 0);
+      const lo = (chain[2 * i + 1]! | 0);
+      const at = this.bucketOf(hi, lo, slot);
+      const existing = this.table[at * BUCKET_WORDS + 3]!;
       if (existing !== 0) {
-        this.poolCount[existing]!++;
+        // Only after a 64-bit hash collision broke prefix order: keep the structure consistent.
+        parent = existing;
         continue;
       }
-      const hashAt = this.find(hi, lo, SLOT_NONE);
-      let hashNode = this.tableNode[hashAt]!;
-      if (hashNode === 0) {
-        hashNode = this.allocate(0, SLOT_NONE);
-        this.put(hashAt, hi, lo, SLOT_NONE, hashNode);
-        this.hashes++;
-      }
-      // The hash insert may have taken the owner's bucket: probe again.
-      const owner = this.allocate(1, slot);
-      this.put(this.find(hi, lo, slot), hi, lo, slot, owner);
-      const head = this.poolLink[hashNode]!;
-      this.poolParent[owner] = hashNode;
-      this.poolLink[owner] = head;
-      this.poolPrev[owner] = 0;
-      if (head !== 0) this.poolPrev[head] = owner;
-      this.poolLink[hashNode] = owner;
-      this.poolCount[hashNode]!++;
-      added++;
+      parent = this.createNode(hi, lo, slot, parent, at);
+      created++;
     }
-    return added;
+    this.pool[parent * NODE_WORDS + COUNT]!++;
+    return created;
   }
 
   /**
-   * Removes one request's chain from `slot` (exactly what `add` was given). Returns
-   * how many hashes are no longer active on `slot`. Removing what was never added is
-   * a bug in the caller and throws.
+   * Removes one request added to `slot` whose chain ended with (hi, lo). Returns how
+   * many blocks are no longer active on `slot`. Removing what was never added is a bug
+   * in the caller and throws before changing anything.
    */
-  remove(slot: number, chain: Uint32Array, count: number): number {
+  removeEnding(slot: number, hi: number, lo: number): number {
     assertSlot(slot);
-    if (chain.length < 2 * count) throw new RangeError(`chain holds ${chain.length} words, needs ${2 * count}`);
+    const pool = this.pool;
+    let node = this.nodeOf(hi | 0, lo | 0, slot);
+    if (node === 0 || pool[node * NODE_WORDS + COUNT] === 0) throw new Error(`no request on slot ${slot} ends at this block`);
+    pool[node * NODE_WORDS + COUNT]!--;
     let removed = 0;
-    for (let i = 0; i < count; i++) {
-      const hi = chain[2 * i]!;
-      const lo = chain[2 * i + 1]!;
-      const ownerAt = this.find(hi, lo, slot);
-      const owner = this.tableNode[ownerAt]!;
-      if (owner === 0) throw new Error(`active block ${i} of the chain is not held by slot ${slot}`);
-      if (--this.poolCount[owner]! > 0) continue;
-      const hashNode = this.poolParent[owner]!;
-      const prev = this.poolPrev[owner]!;
-      const next = this.poolLink[owner]!;
-      if (prev === 0) this.poolLink[hashNode] = next;
-      else this.poolLink[prev] = next;
-      if (next !== 0) this.poolPrev[next] = prev;
-      this.erase(ownerAt);
-      this.release(owner);
-      if (--this.poolCount[hashNode]! === 0) {
-        this.erase(this.find(hi, lo, SLOT_NONE));
-        this.release(hashNode);
-        this.hashes--;
-      }
+    // Bounded by the chain length: each step moves to the parent.
+    while (node !== 0 && pool[node * NODE_WORDS + COUNT] === 0 && pool[node * NODE_WORDS + CHILDREN] === 0) {
+      const parent = pool[node * NODE_WORDS + PARENT]!;
+      this.deleteNode(node);
+      if (parent !== 0) pool[parent * NODE_WORDS + CHILDREN]!--;
+      node = parent;
       removed++;
     }
     if (this.live * 8 < this.capacity && this.capacity > TABLE_CAPACITY_MIN) this.resize(this.capacity >>> 1);
@@ -159,6 +147,7 @@ export class ActiveBlocks {
     if (count === 0 || this.hashes === 0) return;
     const rootOwners = this.ownersAt(chain, 0);
     if (rootOwners === 0) return;
+    const pool = this.pool;
     // End of the active prefix: the first position with no owner (counts never rise).
     let low = 1;
     let high = count;
@@ -171,13 +160,11 @@ export class ActiveBlocks {
     // every owner not yet given a depth ends there. Each step strictly lowers `at`.
     let at = low - 1;
     while (at >= 0) {
-      const hashNode = this.hashNodeAt(chain, at);
-      const owners = this.poolCount[hashNode]!;
-      let node = this.poolLink[hashNode]!;
-      while (node !== 0) {
-        const slot = this.poolSlot[node]!;
+      const hashNode = this.nodeOf((chain[2 * at]! | 0), (chain[2 * at + 1]! | 0), SLOT_NONE);
+      const owners = pool[hashNode * NODE_WORDS + COUNT]!;
+      for (let node = pool[hashNode * NODE_WORDS + LINK]!; node !== 0; node = pool[node * NODE_WORDS + LINK]!) {
+        const slot = pool[node * NODE_WORDS + SLOT]!;
         if (depthBySlot[slot] === 0) depthBySlot[slot] = at + 1;
-        node = this.poolLink[node]!;
       }
       if (owners >= rootOwners) break;
       // First position whose owner count is at most this run's: the run starts there.
@@ -192,16 +179,6 @@ export class ActiveBlocks {
     }
   }
 
-  /** The hash node of block `index` of `chain` (0 when no worker has it active). */
-  private hashNodeAt(chain: Uint32Array, index: number): number {
-    return this.tableNode[this.find(chain[2 * index]!, chain[2 * index + 1]!, SLOT_NONE)]!;
-  }
-
-  /** How many workers have block `index` of `chain` active (pool count 0 is 0). */
-  private ownersAt(chain: Uint32Array, index: number): number {
-    return this.poolCount[this.hashNodeAt(chain, index)]!;
-  }
-
   /** Drops everything and returns to the initial capacity. */
   clear(): void {
     this.live = 0;
@@ -211,155 +188,254 @@ export class ActiveBlocks {
   }
 
   /**
-   * O(N) consistency check (tests, KVEDGE_VERIFY): every node is in the table once,
-   * list links are mutual, owner counts match list lengths, and the live count matches.
-   * Returns per-slot distinct block counts so callers can compare their own counters.
+   * O(N) consistency check (tests, KVEDGE_VERIFY): every node is in the table once and
+   * reachable by probing, owner lists are mutual and match their counts, child counts
+   * match parent links, and no trie node is empty. Returns distinct blocks per slot.
    */
   verify(): Map<number, number> {
+    const pool = this.pool;
     const perSlot = new Map<number, number>();
+    const children = new Map<number, number>();
     let seen = 0;
     let hashNodes = 0;
     for (let at = 0; at < this.capacity; at++) {
-      const node = this.tableNode[at]!;
+      const b = at * BUCKET_WORDS;
+      const node = this.table[b + 3]!;
       if (node === 0) continue;
       seen++;
-      const slot = this.tableSlot[at]!;
-      check(this.poolSlot[node] === slot, "node slot differs from its key");
-      check(this.find(this.tableHi[at]!, this.tableLo[at]!, slot) === at, "bucket not reachable by probing");
+      const n = node * NODE_WORDS;
+      const slot = this.table[b + 2]!;
+      check(pool[n + SLOT] === slot, "node slot differs from its key");
+      check(this.bucketOf(this.table[b]!, this.table[b + 1]!, slot) === at, "bucket not reachable by probing");
       if (slot !== SLOT_NONE) {
-        check(this.poolCount[node]! > 0, "owner with zero refs");
+        const hashNode = pool[n + HASH]! * NODE_WORDS;
+        check(pool[hashNode + HASH_HI] === this.table[b] && pool[hashNode + HASH_LO] === this.table[b + 1], "wrong hash node");
+        check(pool[n + COUNT]! > 0 || pool[n + CHILDREN]! > 0, "empty trie node kept");
+        const parent = pool[n + PARENT]!;
+        if (parent !== 0) children.set(parent, (children.get(parent) ?? 0) + 1);
         perSlot.set(slot, (perSlot.get(slot) ?? 0) + 1);
         continue;
       }
       hashNodes++;
+      check(pool[n + HASH_HI] === this.table[b] && pool[n + HASH_LO] === this.table[b + 1], "hash node key differs");
       let length = 0;
       let prev = 0;
-      for (let owner = this.poolLink[node]!; owner !== 0; owner = this.poolLink[owner]!) {
-        check(this.poolPrev[owner] === prev, "broken prev link");
-        check(this.poolParent[owner] === node, "owner points at another hash");
+      for (let owner = pool[n + LINK]!; owner !== 0; owner = pool[owner * NODE_WORDS + LINK]!) {
+        check(pool[owner * NODE_WORDS + PREV] === prev, "broken prev link");
+        check(pool[owner * NODE_WORDS + HASH] === node, "owner points at another hash");
         check(length++ < this.capacity, "owner list cycles");
         prev = owner;
       }
-      check(length === this.poolCount[node] && length > 0, "owner count differs from list length");
+      check(length === pool[n + COUNT] && length > 0, "owner count differs from list length");
+    }
+    for (let at = 0; at < this.capacity; at++) {
+      const node = this.table[at * BUCKET_WORDS + 3]!;
+      if (node === 0 || this.table[at * BUCKET_WORDS + 2] === SLOT_NONE) continue;
+      check((children.get(node) ?? 0) === pool[node * NODE_WORDS + CHILDREN], "child count differs from parent links");
     }
     check(seen === this.live, `table holds ${seen} nodes, live count is ${this.live}`);
     check(hashNodes === this.hashes, "hash node count is off");
     return perSlot;
   }
 
+  /** How many leading blocks of `chain` have a node on `slot` (binary search: present, then absent). */
+  private depthOn(slot: number, chain: Uint32Array, count: number): number {
+    let low = 0;
+    let high = count;
+    while (low < high) {
+      const mid = (low + high) >>> 1;
+      if (this.nodeOf((chain[2 * mid]! | 0), (chain[2 * mid + 1]! | 0), slot) !== 0) low = mid + 1;
+      else high = mid;
+    }
+    return low;
+  }
+
+  /** How many workers have block `index` of `chain` active. */
+  private ownersAt(chain: Uint32Array, index: number): number {
+    const node = this.nodeOf((chain[2 * index]! | 0), (chain[2 * index + 1]! | 0), SLOT_NONE);
+    return node === 0 ? 0 : this.pool[node * NODE_WORDS + COUNT]!;
+  }
+
+  /** Creates the node of (hi, lo) on `slot`; `at` is the empty bucket its key probes to. */
+  private createNode(hi: number, lo: number, slot: number, parent: number, at: number): number {
+    const pool = this.pool;
+    const hashAt = this.bucketOf(hi, lo, SLOT_NONE);
+    let hashNode = this.table[hashAt * BUCKET_WORDS + 3]!;
+    if (hashNode === 0) {
+      hashNode = this.allocate(SLOT_NONE);
+      pool[hashNode * NODE_WORDS + HASH_HI] = hi;
+      pool[hashNode * NODE_WORDS + HASH_LO] = lo;
+      this.put(hashAt, hi, lo, SLOT_NONE, hashNode);
+      this.hashes++;
+      // Filling another empty bucket cannot move the first empty one on this key's
+      // probe path, unless it was that very bucket.
+      if (hashAt === at) at = this.bucketOf(hi, lo, slot);
+    }
+    const node = this.allocate(slot);
+    const n = node * NODE_WORDS;
+    const head = pool[hashNode * NODE_WORDS + LINK]!;
+    pool[n + LINK] = head;
+    pool[n + PARENT] = parent;
+    pool[n + HASH] = hashNode;
+    if (head !== 0) pool[head * NODE_WORDS + PREV] = node;
+    pool[hashNode * NODE_WORDS + LINK] = node;
+    pool[hashNode * NODE_WORDS + COUNT]!++;
+    if (parent !== 0) pool[parent * NODE_WORDS + CHILDREN]!++;
+    this.put(at, hi, lo, slot, node);
+    return node;
+  }
+
+  private deleteNode(node: number): void {
+    const pool = this.pool;
+    const n = node * NODE_WORDS;
+    const hashNode = pool[n + HASH]!;
+    const h = hashNode * NODE_WORDS;
+    const hi = pool[h + HASH_HI]!;
+    const lo = pool[h + HASH_LO]!;
+    const prev = pool[n + PREV]!;
+    const next = pool[n + LINK]!;
+    if (prev === 0) pool[h + LINK] = next;
+    else pool[prev * NODE_WORDS + LINK] = next;
+    if (next !== 0) pool[next * NODE_WORDS + PREV] = prev;
+    this.erase(this.bucketOf(hi, lo, pool[n + SLOT]!));
+    this.release(node);
+    if (--pool[h + COUNT]! === 0) {
+      this.erase(this.bucketOf(hi, lo, SLOT_NONE));
+      this.release(hashNode);
+      this.hashes--;
+    }
+  }
+
+  /** The node stored under (hi, lo, slot), or 0. */
+  private nodeOf(hi: number, lo: number, slot: number): number {
+    return this.table[this.bucketOf(hi, lo, slot) * BUCKET_WORDS + 3]!;
+  }
+
   /** Bucket holding (hi, lo, slot), or the empty bucket where it would go. */
-  private find(hi: number, lo: number, slot: number): number {
-    let at = mix(hi, lo, slot) & this.mask;
+  private bucketOf(hi: number, lo: number, slot: number): number {
+    const table = this.table;
+    let at = home(hi, lo, slot, this.mask);
     // Bounded: the table is at most half full, so an empty bucket is always reached.
     for (let probes = 0; probes <= this.mask; probes++) {
-      if (this.tableNode[at] === 0) return at;
-      if (this.tableLo[at] === lo && this.tableHi[at] === hi && this.tableSlot[at] === slot) return at;
+      const b = at * BUCKET_WORDS;
+      if (table[b + 3] === 0) return at;
+      if (table[b + 1] === lo && table[b] === hi && table[b + 2] === slot) return at;
       at = (at + 1) & this.mask;
     }
     throw new Error("active-block table has no empty bucket");
   }
 
   private put(at: number, hi: number, lo: number, slot: number, node: number): void {
-    this.tableHi[at] = hi;
-    this.tableLo[at] = lo;
-    this.tableSlot[at] = slot;
-    this.tableNode[at] = node;
+    const b = at * BUCKET_WORDS;
+    this.table[b] = hi;
+    this.table[b + 1] = lo;
+    this.table[b + 2] = slot;
+    this.table[b + 3] = node;
   }
 
   /** Backward-shift deletion: later entries of the probe run move up into the hole. */
   private erase(hole: number): void {
+    const table = this.table;
     let at = hole;
     for (let probes = 0; probes <= this.mask; probes++) {
       at = (at + 1) & this.mask;
-      const node = this.tableNode[at]!;
-      if (node === 0) break;
-      const home = mix(this.tableHi[at]!, this.tableLo[at]!, this.tableSlot[at]!) & this.mask;
-      // Move the entry if its home is not cyclically within (hole, at].
-      const stays = hole <= at ? home > hole && home <= at : home > hole || home <= at;
+      const b = at * BUCKET_WORDS;
+      if (table[b + 3] === 0) break;
+      const wanted = home(table[b]!, table[b + 1]!, table[b + 2]!, this.mask);
+      // The entry stays if its home is cyclically within (hole, at].
+      const stays = hole <= at ? wanted > hole && wanted <= at : wanted > hole || wanted <= at;
       if (stays) continue;
-      this.put(hole, this.tableHi[at]!, this.tableLo[at]!, this.tableSlot[at]!, node);
+      const h = hole * BUCKET_WORDS;
+      table[h] = table[b]!;
+      table[h + 1] = table[b + 1]!;
+      table[h + 2] = table[b + 2]!;
+      table[h + 3] = table[b + 3]!;
       hole = at;
     }
-    this.tableNode[hole] = 0;
+    table[hole * BUCKET_WORDS + 3] = 0;
   }
 
-  private allocate(count: number, slot: number): number {
+  private allocate(slot: number): number {
     let node = this.freeHead;
-    if (node !== 0) this.freeHead = this.poolLink[node]!;
+    if (node !== 0) this.freeHead = this.pool[node * NODE_WORDS + LINK]!;
     else node = this.nodeTop++;
-    this.poolCount[node] = count;
-    this.poolLink[node] = 0;
-    this.poolPrev[node] = 0;
-    this.poolParent[node] = 0;
-    this.poolSlot[node] = slot;
+    const n = node * NODE_WORDS;
+    const pool = this.pool;
+    pool[n + SLOT] = slot;
+    pool[n + COUNT] = 0;
+    pool[n + LINK] = 0;
+    pool[n + 3] = 0;
+    pool[n + 4] = 0;
+    pool[n + 5] = 0;
+    pool[n + 6] = 0;
     this.live++;
     return node;
   }
 
   private release(node: number): void {
-    this.poolCount[node] = 0;
-    this.poolLink[node] = this.freeHead;
+    this.pool[node * NODE_WORDS + LINK] = this.freeHead;
     this.freeHead = node;
     this.live--;
   }
 
   /**
-   * The one allocation site: new table and pool of `capacity` buckets, live nodes
-   * renumbered densely from 1 (so a shrink also compacts the pool).
+   * The one allocation site: a new table of `capacity` buckets and a pool of half as
+   * many nodes, live nodes renumbered densely from 1 (so a shrink also compacts).
    */
   private resize(capacity: number): void {
     if (capacity < TABLE_CAPACITY_MIN || (capacity & (capacity - 1)) !== 0) throw new Error(`bad capacity ${capacity}`);
-    const old = {
-      capacity: this.capacity, hi: this.tableHi, lo: this.tableLo, slot: this.tableSlot, node: this.tableNode,
-      count: this.poolCount, link: this.poolLink, prev: this.poolPrev, parent: this.poolParent,
-    };
     const poolSize = (capacity >>> 1) + 1;
     if (this.live + 1 > poolSize) throw new Error(`capacity ${capacity} cannot hold ${this.live} nodes`);
+    const oldCapacity = this.capacity;
+    const oldTable = this.table;
+    const oldPool = this.pool;
     this.capacity = capacity;
     this.mask = capacity - 1;
-    this.tableHi = new Uint32Array(capacity);
-    this.tableLo = new Uint32Array(capacity);
-    this.tableSlot = new Uint32Array(capacity);
-    this.tableNode = new Uint32Array(capacity);
-    this.poolCount = new Uint32Array(poolSize);
-    this.poolLink = new Uint32Array(poolSize);
-    this.poolPrev = new Uint32Array(poolSize);
-    this.poolParent = new Uint32Array(poolSize);
-    this.poolSlot = new Uint32Array(poolSize);
+    this.table = new Int32Array(capacity * BUCKET_WORDS);
+    this.pool = new Int32Array(poolSize * NODE_WORDS);
     this.freeHead = 0;
     this.nodeTop = 1;
-    if (old.capacity === 0) return;
-    const renumber = new Uint32Array(old.count.length);
-    for (let at = 0; at < old.capacity; at++) {
-      const node = old.node[at]!;
+    if (oldCapacity === 0) return;
+    const renumber = new Int32Array(oldPool.length / NODE_WORDS);
+    for (let at = 0; at < oldCapacity; at++) {
+      const b = at * BUCKET_WORDS;
+      const node = oldTable[b + 3]!;
       if (node === 0) continue;
       const fresh = this.nodeTop++;
       renumber[node] = fresh;
-      this.put(this.find(old.hi[at]!, old.lo[at]!, old.slot[at]!), old.hi[at]!, old.lo[at]!, old.slot[at]!, fresh);
-      this.poolSlot[fresh] = old.slot[at]!;
+      this.put(this.bucketOf(oldTable[b]!, oldTable[b + 1]!, oldTable[b + 2]!), oldTable[b]!, oldTable[b + 1]!,
+        oldTable[b + 2]!, fresh);
     }
-    for (let node = 1; node < old.count.length; node++) {
+    const pool = this.pool;
+    for (let node = 1; node < renumber.length; node++) {
       const fresh = renumber[node]!;
       if (fresh === 0) continue;
-      this.poolCount[fresh] = old.count[node]!;
-      this.poolLink[fresh] = renumber[old.link[node]!]!;
-      this.poolPrev[fresh] = renumber[old.prev[node]!]!;
-      this.poolParent[fresh] = renumber[old.parent[node]!]!;
+      const from = node * NODE_WORDS;
+      const to = fresh * NODE_WORDS;
+      pool.set(oldPool.subarray(from, from + NODE_WORDS), to);
+      pool[to + LINK] = renumber[oldPool[from + LINK]!]!;
+      if (oldPool[from + SLOT] === SLOT_NONE) continue;
+      pool[to + PREV] = renumber[oldPool[from + PREV]!]!;
+      pool[to + PARENT] = renumber[oldPool[from + PARENT]!]!;
+      pool[to + HASH] = renumber[oldPool[from + HASH]!]!;
     }
   }
 }
 
-/** Bucket hash of (hi, lo, slot). Sequence hashes are XXH3 outputs; mixing in the slot
- * keeps a hash's owner entries from clustering on one probe run. */
-function mix(hi: number, lo: number, slot: number): number {
+/**
+ * Home bucket of (hi, lo, slot). Sequence hashes are XXH3 outputs, but the table must
+ * not degrade on poorly mixed input either; mixing in the slot keeps one hash's owner
+ * entries from sharing a probe run.
+ */
+function home(hi: number, lo: number, slot: number, mask: number): number {
   let h = Math.imul(lo ^ Math.imul(hi, 0x9e37_79b1), 0x85eb_ca6b) ^ Math.imul(slot + 1, 0xc2b2_ae35);
   h ^= h >>> 15;
   h = Math.imul(h, 0x2c1b_3c6d);
-  return (h ^ (h >>> 12)) >>> 0;
+  return (h ^ (h >>> 12)) & mask;
 }
 
 function assertSlot(slot: number): void {
-  if (!(slot >= 0 && slot < SLOT_NONE && Number.isInteger(slot))) throw new RangeError(`bad worker slot ${slot}`);
+  if (!(slot >= 0 && slot <= 0x7fff_ffff && Number.isInteger(slot))) throw new RangeError(`bad worker slot ${slot}`);
 }
 
 function check(condition: boolean, message: string): void {

@@ -42,8 +42,9 @@ type Ending = "already_done" | "expired" | "worker_removed";
 interface ActiveRequest {
   readonly id: string;
   readonly slot: number;
-  /** The prompt's sequence hashes, (hi, lo) pairs, owned by this record. */
-  readonly chain: Uint32Array;
+  /** The prompt's last sequence hash (its node in the active-block trie), if it has blocks. */
+  readonly lastHi: number;
+  readonly lastLo: number;
   readonly blocks: number;
   /** Uncached prompt tokens still charged to the worker; 0 once prefill is done. */
   prefillTokens: number;
@@ -111,7 +112,14 @@ export class LoadTracker {
   private readonly slotByWorker = new Map<bigint, Map<number, number>>();
 
   private readonly requests = new Map<string, ActiveRequest>();
-  private readonly finished = new Map<string, { ending: Ending; atMs: number }>();
+  // Recently finished ids, oldest first, in a ring; `finished` maps an id to its ring
+  // position (an id reused later has a newer position; the stale one is skipped).
+  private readonly finished = new Map<string, number>();
+  private readonly finishedIds: string[] = new Array(FINISHED_REMEMBERED_MAX).fill("");
+  private readonly finishedEndings: Ending[] = new Array(FINISHED_REMEMBERED_MAX).fill("already_done");
+  private readonly finishedAtMs = new Float64Array(FINISHED_REMEMBERED_MAX);
+  private finishedHead = 0; // position of the oldest entry (a running count, not wrapped)
+  private finishedTail = 0;
   private readonly now: () => number;
   private readonly sweepIntervalMs: number;
   private lastSweepMs: number;
@@ -247,8 +255,9 @@ export class LoadTracker {
   }
 
   /**
-   * Records a request routed to `slot`. `chain` holds `blocks` sequence hashes and is
-   * copied. `cachedTokens` is what the worker is expected to hold of the prompt.
+   * Records a request routed to `slot`. `chain` holds `blocks` sequence hashes (only
+   * read here, the caller may reuse it). `cachedTokens` is what the worker is expected
+   * to hold of the prompt.
    */
   admit(
     requestId: string, slot: number, chain: Uint32Array, blocks: number,
@@ -259,14 +268,21 @@ export class LoadTracker {
     check(blocks * this.blockSize <= promptTokens, "more blocks than prompt tokens");
     const prefillTokens = Math.max(0, promptTokens - cachedTokens);
     const outputBlocks = this.trackOutputBlocks ? Math.ceil(expectedOutputTokens / this.blockSize) : 0;
-    const own = chain.slice(0, 2 * blocks);
     const request: ActiveRequest = {
-      id: requestId, slot, chain: own, blocks, prefillTokens, outputBlocks, touchedMs: this.now(),
+      id: requestId,
+      slot,
+      lastHi: blocks === 0 ? 0 : chain[2 * blocks - 2]!,
+      lastLo: blocks === 0 ? 0 : chain[2 * blocks - 1]!,
+      blocks,
+      prefillTokens,
+      outputBlocks,
+      touchedMs: this.now(),
     };
+    const added = this.blocks.add(slot, chain, blocks);
     this.requests.set(requestId, request);
     this.finished.delete(requestId);
     this.activePrefillTokens[slot]! += prefillTokens;
-    this.activeDecodeBlocks[slot]! += this.blocks.add(slot, own, blocks) + outputBlocks;
+    this.activeDecodeBlocks[slot]! += added + outputBlocks;
     this.activeRequests[slot]!++;
     this.routedTotal[slot]!++;
     this.counters.admitted++;
@@ -312,9 +328,9 @@ export class LoadTracker {
       this.release(request, "expired");
       expired++;
     }
-    for (const [id, ending] of this.finished) {
-      if (now - ending.atMs < this.requestTtlMs) break;
-      this.finished.delete(id);
+    while (this.finishedHead < this.finishedTail) {
+      if (now - this.finishedAtMs[this.finishedHead % FINISHED_REMEMBERED_MAX]! < this.requestTtlMs) break;
+      this.forgetOldest();
     }
     this.counters.expired += expired;
     return expired;
@@ -344,22 +360,38 @@ export class LoadTracker {
   }
 
   private ended(requestId: string): LifecycleResult {
-    const ending = this.finished.get(requestId);
-    if (ending !== undefined) return ending.ending;
+    const position = this.finished.get(requestId);
+    if (position !== undefined) return this.finishedEndings[position % FINISHED_REMEMBERED_MAX]!;
     this.counters.unknown++;
     return "unknown";
+  }
+
+  private remember(requestId: string, ending: Ending): void {
+    if (this.finishedTail - this.finishedHead === FINISHED_REMEMBERED_MAX) this.forgetOldest();
+    const position = this.finishedTail++;
+    const at = position % FINISHED_REMEMBERED_MAX;
+    this.finishedIds[at] = requestId;
+    this.finishedEndings[at] = ending;
+    this.finishedAtMs[at] = this.now();
+    this.finished.set(requestId, position);
+  }
+
+  private forgetOldest(): void {
+    const position = this.finishedHead++;
+    const at = position % FINISHED_REMEMBERED_MAX;
+    const id = this.finishedIds[at]!;
+    if (this.finished.get(id) === position) this.finished.delete(id);
+    this.finishedIds[at] = "";
   }
 
   private release(request: ActiveRequest, ending: Ending): void {
     const slot = request.slot;
     this.requests.delete(request.id);
     this.activePrefillTokens[slot]! -= request.prefillTokens;
-    this.activeDecodeBlocks[slot]! -= this.blocks.remove(slot, request.chain, request.blocks) + request.outputBlocks;
+    const freed = request.blocks === 0 ? 0 : this.blocks.removeEnding(slot, request.lastHi, request.lastLo);
+    this.activeDecodeBlocks[slot]! -= freed + request.outputBlocks;
     this.activeRequests[slot]!--;
-    if (this.finished.size >= FINISHED_REMEMBERED_MAX) {
-      this.finished.delete(this.finished.keys().next().value!);
-    }
-    this.finished.set(request.id, { ending, atMs: this.now() });
+    this.remember(request.id, ending);
   }
 
   private assertLive(slot: number): void {

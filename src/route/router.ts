@@ -19,8 +19,8 @@
  * spread by load and random ties; a hot worker's growing load outweighs its cache.
  *
  * Hot path: one pass over the live slots reading per-slot typed arrays; the only
- * allocations per decision are the result object, the request's id and its copy of
- * the chain (kept by the load tracker).
+ * allocations per decision are the result object, the request's id and its record in
+ * the load tracker.
  */
 import { LoadTracker, type LoadTrackerOptions, REQUEST_ID_LENGTH_MAX } from "./load";
 

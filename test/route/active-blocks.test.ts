@@ -1,7 +1,7 @@
-// Goal: the active-block table counts exactly what a naive model counts (distinct
-// blocks per worker, refcounted) and finds the same shared-prefix depths, through
-// random churn that forces it to grow, shrink and compact; memory goes back to the
-// initial size when everything is removed.
+// Goal: the active-block tries count exactly what a naive model counts (distinct
+// blocks per worker, each block refcounted by the requests covering it) and find the
+// same shared-prefix depths, through random churn that forces the table to grow,
+// shrink and compact; memory goes back to the initial size when everything is removed.
 // Method: random add/remove of request chains built from shared prefix families,
 // compared after every step with a Map-based model; verify() checks the internal links.
 import { describe, expect, test } from "bun:test";
@@ -24,6 +24,11 @@ function chainOf(words: readonly number[]): Uint32Array {
 }
 
 const key = (chain: Uint32Array, i: number) => `${chain[2 * i]}:${chain[2 * i + 1]}`;
+
+/** Removes the request whose chain is `chain` (by its last block, as the tracker does). */
+function removeChain(blocks: ActiveBlocks, slot: number, chain: Uint32Array, count: number): number {
+  return blocks.removeEnding(slot, chain[2 * count - 2]!, chain[2 * count - 1]!);
+}
 
 class Model {
   readonly refs = new Map<number, Map<string, number>>();
@@ -76,9 +81,9 @@ describe("ActiveBlocks", () => {
     expect(blocks.add(1, b, 3)).toBe(3); // another worker counts its own
     expect(blocks.hashCount).toBe(5);
     expect(blocks.ownerCount).toBe(8);
-    expect(blocks.remove(0, a, 4)).toBe(2); // [1, 2] still held by b on slot 0
-    expect(blocks.remove(0, b, 3)).toBe(3);
-    expect(blocks.remove(1, b, 3)).toBe(3);
+    expect(removeChain(blocks, 0, a, 4)).toBe(2); // [1, 2] still held by b on slot 0
+    expect(removeChain(blocks, 0, b, 3)).toBe(3);
+    expect(removeChain(blocks, 1, b, 3)).toBe(3);
     expect(blocks.nodeCount).toBe(0);
     blocks.verify();
   });
@@ -98,10 +103,26 @@ describe("ActiveBlocks", () => {
     expect(depth.every((d) => d === 0)).toBe(true);
   });
 
+  test("a request that is a prefix of another keeps its blocks until both are gone", () => {
+    const blocks = new ActiveBlocks();
+    const long = chainOf([1, 2, 3]);
+    const short = chainOf([1, 2]);
+    expect(blocks.add(0, long, 3)).toBe(3);
+    expect(blocks.add(0, short, 2)).toBe(0);
+    expect(removeChain(blocks, 0, long, 3)).toBe(1);
+    expect(blocks.ownerCount).toBe(2);
+    expect(blocks.add(0, long, 3)).toBe(1);
+    expect(removeChain(blocks, 0, short, 2)).toBe(0);
+    expect(removeChain(blocks, 0, long, 3)).toBe(3);
+    expect(blocks.nodeCount).toBe(0);
+  });
+
   test("removing what was never added throws and changes nothing", () => {
     const blocks = new ActiveBlocks();
-    blocks.add(0, chainOf([1, 2]), 2);
-    expect(() => blocks.remove(1, chainOf([1, 2]), 2)).toThrow(/not held by slot 1/);
+    const chain = chainOf([1, 2]);
+    blocks.add(0, chain, 2);
+    expect(() => removeChain(blocks, 1, chain, 2)).toThrow(/no request on slot 1/);
+    expect(() => removeChain(blocks, 0, chain, 1)).toThrow(/no request on slot 0/); // [1] is not a request's end
     expect(blocks.ownerCount).toBe(2);
     blocks.verify();
   });
@@ -132,7 +153,7 @@ describe("ActiveBlocks", () => {
         const { slot, chain, count } = active[index]!;
         active[index] = active[active.length - 1]!;
         active.pop();
-        expect(blocks.remove(slot, chain, count)).toBe(model.remove(slot, chain, count));
+        expect(count === 0 ? 0 : removeChain(blocks, slot, chain, count)).toBe(model.remove(slot, chain, count));
       }
       peakBytes = Math.max(peakBytes, blocks.bytes);
       if (step % 100 === 0) {
@@ -147,7 +168,7 @@ describe("ActiveBlocks", () => {
     }
     while (active.length > 0) {
       const { slot, chain, count } = active.pop()!;
-      blocks.remove(slot, chain, count);
+      if (count > 0) removeChain(blocks, slot, chain, count);
     }
     expect(peakBytes).toBeGreaterThan(initialBytes * 8);
     expect(blocks.nodeCount).toBe(0);
