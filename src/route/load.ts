@@ -257,11 +257,13 @@ export class LoadTracker {
   /**
    * Records a request routed to `slot`. `chain` holds `blocks` sequence hashes (only
    * read here, the caller may reuse it). `cachedTokens` is what the worker is expected
-   * to hold of the prompt.
+   * to hold of the prompt. `sharedDepth`/`sharedNode`: what `blocks.sharedDepths` just
+   * found for this chain on `slot`, if known (see ActiveBlocks.add).
    */
   admit(
     requestId: string, slot: number, chain: Uint32Array, blocks: number,
     promptTokens: number, cachedTokens: number, expectedOutputTokens: number,
+    sharedDepth = -1, sharedNode = 0,
   ): void {
     this.assertLive(slot);
     check(!this.requests.has(requestId), "request admitted twice");
@@ -278,7 +280,7 @@ export class LoadTracker {
       outputBlocks,
       touchedMs: this.now(),
     };
-    const added = this.blocks.add(slot, chain, blocks);
+    const added = this.blocks.add(slot, chain, blocks, sharedDepth, sharedNode);
     this.requests.set(requestId, request);
     this.finished.delete(requestId);
     this.activePrefillTokens[slot]! += prefillTokens;

@@ -187,7 +187,7 @@ export function registerRouterMetrics(registry: MetricsRegistry, router: Router)
     name: "kvedge_route_tracked_blocks",
     help: "(block, worker) pairs held by active requests, as tracked for the decode cost.",
     type: "gauge",
-    collect: (emit) => emit(load.blocks.ownerCount),
+    collect: (emit) => emit(load.blocks.nodeCount),
   });
   registerSamples(registry, {
     name: "kvedge_route_tracker_bytes",

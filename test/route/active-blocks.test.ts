@@ -80,7 +80,7 @@ describe("ActiveBlocks", () => {
     expect(blocks.add(0, b, 3)).toBe(1); // shares [1, 2]
     expect(blocks.add(1, b, 3)).toBe(3); // another worker counts its own
     expect(blocks.hashCount).toBe(5);
-    expect(blocks.ownerCount).toBe(8);
+    expect(blocks.nodeCount).toBe(8);
     expect(removeChain(blocks, 0, a, 4)).toBe(2); // [1, 2] still held by b on slot 0
     expect(removeChain(blocks, 0, b, 3)).toBe(3);
     expect(removeChain(blocks, 1, b, 3)).toBe(3);
@@ -96,10 +96,10 @@ describe("ActiveBlocks", () => {
     blocks.add(4, chainOf([6, 2, 3]), 3); // different first block: shares nothing
     const depth = new Uint32Array(10);
     const query = chainOf([1, 2, 3, 4, 77, 78]);
-    blocks.sharedDepths(query, 6, depth);
+    blocks.sharedDepths(query, 6, depth, new Int32Array(10));
     expect(Array.from(depth)).toEqual([0, 0, 0, 4, 0, 0, 0, 3, 0, 1]);
     depth.fill(0);
-    blocks.sharedDepths(query, 0, depth);
+    blocks.sharedDepths(query, 0, depth, new Int32Array(10));
     expect(depth.every((d) => d === 0)).toBe(true);
   });
 
@@ -110,11 +110,38 @@ describe("ActiveBlocks", () => {
     expect(blocks.add(0, long, 3)).toBe(3);
     expect(blocks.add(0, short, 2)).toBe(0);
     expect(removeChain(blocks, 0, long, 3)).toBe(1);
-    expect(blocks.ownerCount).toBe(2);
+    expect(blocks.nodeCount).toBe(2);
     expect(blocks.add(0, long, 3)).toBe(1);
     expect(removeChain(blocks, 0, short, 2)).toBe(0);
     expect(removeChain(blocks, 0, long, 3)).toBe(3);
     expect(blocks.nodeCount).toBe(0);
+  });
+
+  test("the depth and node found by sharedDepths are valid hints for add; wrong hints throw", () => {
+    const random = prng(3);
+    const hinted = new ActiveBlocks();
+    const searched = new ActiveBlocks();
+    const prefix = Array.from({ length: 20 }, (_, i) => i);
+    const depth = new Uint32Array(8);
+    const node = new Int32Array(8);
+    for (let i = 0; i < 400; i++) {
+      const words = [...prefix.slice(0, random() % 21), ...Array.from({ length: random() % 5 }, () => 100 + random())];
+      const chain = chainOf(words);
+      const slot = random() % 8;
+      depth.fill(0);
+      hinted.sharedDepths(chain, words.length, depth, node);
+      const shared = depth[slot]!;
+      expect(hinted.add(slot, chain, words.length, shared, shared === 0 ? 0 : node[slot]!))
+        .toBe(searched.add(slot, chain, words.length));
+    }
+    expect(Object.fromEntries(hinted.verify())).toEqual(Object.fromEntries(searched.verify()));
+    const chain = chainOf([0, 1, 2]);
+    depth.fill(0);
+    hinted.sharedDepths(chain, 3, depth, node);
+    const holder = depth.findIndex((d) => d > 0);
+    const other = (holder + 1) % 8;
+    expect(() => hinted.add(other, chain, 3, depth[holder]!, node[holder]!)).toThrow(/node hint/);
+    expect(() => hinted.add(holder, chain, 3, 0, node[holder]!)).toThrow(/bad depth hint/);
   });
 
   test("removing what was never added throws and changes nothing", () => {
@@ -123,7 +150,7 @@ describe("ActiveBlocks", () => {
     blocks.add(0, chain, 2);
     expect(() => removeChain(blocks, 1, chain, 2)).toThrow(/no request on slot 1/);
     expect(() => removeChain(blocks, 0, chain, 1)).toThrow(/no request on slot 0/); // [1] is not a request's end
-    expect(blocks.ownerCount).toBe(2);
+    expect(blocks.nodeCount).toBe(2);
     blocks.verify();
   });
 
@@ -162,7 +189,7 @@ describe("ActiveBlocks", () => {
         const family = families[random() % families.length]!;
         const query = chainOf([...family, 5, 6, 7]);
         const depth = new Uint32Array(16);
-        blocks.sharedDepths(query, family.length + 3, depth);
+        blocks.sharedDepths(query, family.length + 3, depth, new Int32Array(16));
         for (let slot = 0; slot < 16; slot++) expect(depth[slot]).toBe(model.depth(slot, query, family.length + 3));
       }
     }
@@ -189,7 +216,7 @@ describe("ActiveBlocks", () => {
     }
     const query = chainOf([...prefix, 1, 2]);
     const depth = new Uint32Array(300);
-    blocks.sharedDepths(query, 66, depth);
+    blocks.sharedDepths(query, 66, depth, new Int32Array(300));
     for (let slot = 0; slot < 300; slot++) expect(depth[slot]).toBe(model.depth(slot, query, 66));
     blocks.clear();
     expect(blocks.nodeCount).toBe(0);
