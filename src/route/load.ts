@@ -27,6 +27,8 @@ export const REQUEST_ID_LENGTH_MAX = 256;
 /** Finished requests remembered so a repeated done/prefill_done is answered as such. */
 export const FINISHED_REMEMBERED_MAX = 65_536;
 export const DEFAULT_REQUEST_TTL_MS = 300_000;
+/** O(N) self-checks after every change (tests, debugging): KVEDGE_VERIFY=1. */
+const VERIFY = process.env.KVEDGE_VERIFY === "1";
 /** Sweeps run at most this often (and at least every tenth of the TTL). */
 const SWEEP_INTERVAL_MAX_MS = 30_000;
 
@@ -288,6 +290,7 @@ export class LoadTracker {
     this.activeRequests[slot]!++;
     this.routedTotal[slot]!++;
     this.counters.admitted++;
+    if (VERIFY) this.verify();
   }
 
   /** The request's prefill finished: its prompt tokens stop counting. Idempotent. */
@@ -394,6 +397,7 @@ export class LoadTracker {
     this.activeDecodeBlocks[slot]! -= freed + request.outputBlocks;
     this.activeRequests[slot]!--;
     this.remember(request.id, ending);
+    if (VERIFY) this.verify();
   }
 
   private assertLive(slot: number): void {

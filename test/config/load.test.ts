@@ -298,7 +298,7 @@ describe("workers", () => {
 });
 
 describe("example file, rendering and docs", () => {
-  test("examples/kvedge.toml loads; its values are the documented defaults", async () => {
+  test("examples/kvedge.toml loads; its values are the documented defaults", () => {
     const loaded = loadConfig({ env: {}, flags: new Map([["config", [EXAMPLE]]]) });
     expect({ ...loaded.config, workers: [] as Config["workers"] }).toEqual(DEFAULTS);
     expect(loaded.config.workers).toEqual([

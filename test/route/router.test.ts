@@ -8,7 +8,7 @@ import { describe, expect, test } from "bun:test";
 import { prng } from "../../bench/lib";
 import { DEFAULT_SEED } from "../../src/hash";
 import {
-  type Overlaps, promptHashes, type RouteDecision, RouteError, type RouteRequest, Router, type RouterOptions,
+  type Overlaps, overlapsOf, promptHashes, type RouteDecision, RouteError, type RouteRequest, Router, type RouterOptions,
 } from "../../src/route";
 
 const BS = 4;
@@ -123,6 +123,22 @@ describe("cost model", () => {
     const zero = routerWith(1, { weights: { degradedOverlapWeight: 0 } });
     zero.load.setDegraded(0, true);
     expect(zero.route(request(R, { candidatesMax: 1 }), overlaps([[0, 4]])).cost).toBe(4.5 + 4);
+  });
+
+  test("overlapsOf maps (worker_id, dp_rank) scores to slots and skips unknown workers", () => {
+    const router = routerWith(3);
+    const big = 2n ** 64n - 1n;
+    router.load.addWorker(big, 5);
+    const input = overlapsOf(router.load, [
+      { workerId: big, dpRank: 5, blocks: 3 }, { workerId: 101n, dpRank: 0, blocks: 2 }, { workerId: 101n, dpRank: 1, blocks: 4 },
+    ]);
+    expect(input.count).toBe(2);
+    expect(Array.from(input.slots).slice(0, 2)).toEqual([3, 1]);
+    expect(Array.from(input.blocks).slice(0, 2)).toEqual([3, 2]);
+    expect(input.unknown).toBe(1);
+    const decision = router.route(request(R, { candidatesMax: 4 }), input);
+    expect(decision.workerId).toBe(big);
+    expect(decision.dpRank).toBe(5);
   });
 
   test("overlaps of unknown slots are ignored and overlaps are clamped to the prompt", () => {
