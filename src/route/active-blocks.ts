@@ -4,437 +4,312 @@
  *
  * It answers two questions on the routing hot path:
  *  - how many distinct blocks a worker has active (its decode load): `add` and
- *    `removeEnding` return how many blocks a request adds to or frees from its worker;
+ *    `remove` return how many blocks a request adds to or frees from its worker;
  *  - for a new request, how deep its prefix is already active on each worker
  *    (`sharedDepths`), so the cost charges only the blocks a worker would add.
  *
- * Why a trie: a sequence hash names its whole prefix, so a worker's active blocks form
- * a prefix tree, one *node* per (hash, worker). A request holds one reference, on the
- * node of its last block; a node lives while requests end on it or it has children.
- * Admission starts below the deepest node the worker already has and appends the
- * rest; removal deletes upward from the leaf while nodes are empty. Both cost the
- * blocks the request adds or frees, not the length of a shared system prompt.
+ * Structure: one radix tree of the chains of all active requests. A node is an edge,
+ * a run of consecutive blocks (hashes in a Uint32Array) that every request reaching it
+ * shares, and counts, per worker, the active requests that pass through it. A worker
+ * holds a node's blocks while its count there is above 0, so its distinct active
+ * blocks are the summed edge lengths of the nodes it holds. Edges split where
+ * requests diverge or end, and merge back when a node is left with one child and no
+ * request ending on it, so a node has either requests ending on it or at least two
+ * children (or none: a leaf).
  *
- * Why per-hash entries: the table maps a hash to how many workers hold it and the head
- * of a doubly linked list of their nodes. The count along a request's chain never rises
- * (a worker holding block i holds 0..i-1), so `sharedDepths` visits only the positions
- * where it drops (binary search) and lists the owners there. A block held by one worker
- * (the common case: a request's own tail) costs one table entry and one node.
+ * Cost: a request touches the few nodes on its path (a shared system prompt is one
+ * node, the request's own tail another), comparing hashes sequentially along edges;
+ * no per-block table entry exists. Depths for all workers come from one walk down the
+ * query's path and one pass over the holders of the nodes on it.
  *
- * Layout: an open-addressing table (linear probing, backward-shift deletion), 4 words
- * per bucket (hi, lo, owners, first node), and a pool of 8-word nodes: one probe or
- * node access is one cache line. Node ids are stable while the pool grows; the pool is
- * compacted (renumbered) only when it shrinks, inside `removeEnding`. Table and pool
- * grow by doubling and shrink when an eighth full, so memory follows what is active
- * now; `clear` returns to the initial size.
- *
- * A 64-bit collision between two different prefixes could make a worker's chain look
- * held past its real depth; the structure stays consistent (every link is maintained
- * by these operations), only that worker's depth for that request would be off.
+ * A request's leaf node is kept by the caller (`ChainHolder.leaf`) to remove it later;
+ * node objects are never reused, so a handle stays valid until its request is removed.
  */
 
-/** Smallest table (buckets) and pool (nodes). */
-const TABLE_CAPACITY_MIN = 1024;
-const POOL_CAPACITY_MIN = 512;
-const BUCKET_WORDS = 4;
-const KEY_HI = 0;
-const KEY_LO = 1;
-const OWNERS = 2; // workers holding the hash; 0 marks an empty bucket
-const FIRST = 3; // first node of the owner list
-const NODE_WORDS = 8;
-const SLOT = 0; // the worker; -1 on a free node
-const REQUESTS = 1; // requests ending on this node
-const NEXT = 2; // next owner of the same hash (free list link on a free node)
-const PREV = 3; // previous owner of the same hash (0 = first)
-const PARENT = 4; // the node of the previous block on the same worker (0 = first block)
-const CHILDREN = 5;
-const HI = 6;
-const LO = 7;
+export interface ChainHolder {
+  /** Set by `add`: the node where the request's chain ends (null for an empty chain). */
+  leaf: ActiveNode | null;
+}
 
-export class ActiveBlocks {
-  private capacity = 0;
-  private mask = 0;
-  private table = new Int32Array(0);
-  private pool = new Int32Array(NODE_WORDS * POOL_CAPACITY_MIN);
-  private nodeTop = 1; // id 0 is null
-  private freeHead = 0;
-  private nodes = 0;
-  private hashes = 0;
+export class ActiveNode {
+  /** (hi, lo) pairs of the edge's blocks. */
+  edge: Uint32Array;
+  /** Chain position of the edge's first block. */
+  start: number;
+  parent: ActiveNode | null;
+  /** Children by the lo word of their first block (`sameLo` chains the rare collisions). */
+  readonly children = new Map<number, ActiveNode>();
+  sameLo: ActiveNode | null = null;
+  /** Active requests passing through this node, per worker slot. */
+  readonly holders = new Map<number, number>();
+  /** Sum of `holders`' counts. */
+  total = 0;
+  /** Requests whose chain ends at this node's last block. */
+  ending = 0;
 
-  constructor() {
-    this.resizeTable(TABLE_CAPACITY_MIN);
+  constructor(edge: Uint32Array, start: number, parent: ActiveNode | null) {
+    this.edge = edge;
+    this.start = start;
+    this.parent = parent;
   }
 
-  /** Live (hash, worker) nodes: the sum over workers of their distinct active blocks. */
+  get length(): number {
+    return this.edge.length >>> 1;
+  }
+}
+
+export class ActiveBlocks {
+  private readonly root = new ActiveNode(new Uint32Array(0), 0, null);
+  private nodes = 0;
+  private words = 0;
+
+  /** Live nodes (edges) over all active chains. */
   get nodeCount(): number {
     return this.nodes;
   }
 
-  /** Distinct active hashes over all workers. */
-  get hashCount(): number {
-    return this.hashes;
+  /** Blocks stored in edges (each distinct prefix position once, however many workers hold it). */
+  get blockCount(): number {
+    return this.words >>> 1;
   }
 
-  /** Bytes held by the table and the pool. */
+  /** Approximate bytes held: edge words plus a per-node overhead. */
   get bytes(): number {
-    return this.table.byteLength + this.pool.byteLength;
+    return this.words * 4 + this.nodes * 160;
   }
 
   /**
-   * Adds a request's chain (`count` (hi, lo) pairs) to `slot`. Returns how many blocks
-   * were not active on `slot` before (its distinct-block increase). The request is
-   * removed later by `removeEnding` with its last pair.
-   *
-   * `depth` and `node` may pass what `sharedDepths` just found for this chain and slot
-   * (how many leading blocks the slot holds and the node of the last of them), which
-   * saves searching again; the default searches.
+   * Adds a request's chain (`count` (hi, lo) pairs) to `slot`, storing its leaf in
+   * `holder`. Returns how many blocks were not active on `slot` before.
    */
-  add(slot: number, chain: Uint32Array, count: number, depth = -1, node = 0): number {
+  add(slot: number, chain: Uint32Array, count: number, holder: ChainHolder): number {
     assertSlot(slot);
     if (chain.length < 2 * count) throw new RangeError(`chain holds ${chain.length} words, needs ${2 * count}`);
+    holder.leaf = null;
     if (count === 0) return 0;
-    let parent = node;
-    if (depth < 0) {
-      depth = this.depthOn(slot, chain, count);
-      parent = depth === 0 ? 0 : this.nodeOf(chain[2 * depth - 2]! | 0, chain[2 * depth - 1]! | 0, slot);
-    } else {
-      check(depth <= count && (depth === 0) === (parent === 0), "bad depth hint");
-      check(depth === 0 || (this.pool[parent * NODE_WORDS + SLOT] === slot
-        && this.pool[parent * NODE_WORDS + HI] === (chain[2 * depth - 2]! | 0)
-        && this.pool[parent * NODE_WORDS + LO] === (chain[2 * depth - 1]! | 0)), "node hint is not the slot's node of the block");
-    }
-    const added = count - depth;
-    // Room first: growing moves buckets but never renumbers nodes.
-    let capacity = this.capacity;
-    while ((this.hashes + added) * 2 > capacity) capacity *= 2;
-    if (capacity !== this.capacity) this.resizeTable(capacity);
-    this.reservePool(added);
-    const table = this.table;
-    const pool = this.pool;
-    for (let i = depth; i < count; i++) {
-      const hi = chain[2 * i]! | 0;
-      const lo = chain[2 * i + 1]! | 0;
-      const b = this.bucketOf(hi, lo) * BUCKET_WORDS;
-      const fresh = this.allocate(slot, hi, lo, parent);
-      if (table[b + OWNERS] === 0) {
-        table[b + KEY_HI] = hi;
-        table[b + KEY_LO] = lo;
-        table[b + OWNERS] = 1;
-        this.hashes++;
-      } else {
-        const head = table[b + FIRST]!;
-        pool[fresh * NODE_WORDS + NEXT] = head;
-        pool[head * NODE_WORDS + PREV] = fresh;
-        table[b + OWNERS]!++;
+    let node = this.root;
+    let at = 0;
+    // Walk down while the chain follows existing edges; bounded by `count` blocks.
+    while (at < count) {
+      const child = this.childAt(node, chain, at);
+      if (child === null) break;
+      const matched = matchEdge(child, chain, at, count);
+      if (matched < child.length) {
+        node = this.split(child, matched);
+        at += matched;
+        break;
       }
-      table[b + FIRST] = fresh;
-      if (parent !== 0) pool[parent * NODE_WORDS + CHILDREN]!++;
-      parent = fresh;
+      node = child;
+      at += matched;
     }
-    pool[parent * NODE_WORDS + REQUESTS]!++;
+    if (at < count) {
+      const leaf = new ActiveNode(chain.slice(2 * at, 2 * count), at, node);
+      this.link(node, leaf);
+      this.nodes++;
+      this.words += leaf.edge.length;
+      node = leaf;
+    }
+    node.ending++;
+    holder.leaf = node;
+    // Count the request on its whole path.
+    let added = 0;
+    for (let n: ActiveNode = node; n !== this.root; n = n.parent!) {
+      const held = n.holders.get(slot) ?? 0;
+      if (held === 0) added += n.length;
+      n.holders.set(slot, held + 1);
+      n.total++;
+    }
     return added;
   }
 
   /**
-   * Removes one request added to `slot` whose chain ended with (hi, lo). Returns how
-   * many blocks are no longer active on `slot`. Removing what was never added is a bug
-   * in the caller and throws before changing anything.
+   * Removes the request added to `slot` with `holder`. Returns how many blocks are no
+   * longer active on `slot`. Removing what was not added is a bug and throws.
    */
-  removeEnding(slot: number, hi: number, lo: number): number {
-    assertSlot(slot);
-    const pool = this.pool;
-    let node = this.nodeOf(hi | 0, lo | 0, slot);
-    if (node === 0 || pool[node * NODE_WORDS + REQUESTS] === 0) throw new Error(`no request on slot ${slot} ends at this block`);
-    pool[node * NODE_WORDS + REQUESTS]!--;
+  remove(slot: number, holder: ChainHolder): number {
+    const leaf = holder.leaf;
+    if (leaf === null) return 0;
+    if (leaf.ending === 0 || !((leaf.holders.get(slot) ?? 0) > 0)) throw new Error(`no request on slot ${slot} ends at this node`);
+    holder.leaf = null;
+    leaf.ending--;
     let removed = 0;
-    // Bounded by the chain length: each step moves to the parent.
-    while (node !== 0) {
-      const n = node * NODE_WORDS;
-      if (pool[n + REQUESTS] !== 0 || pool[n + CHILDREN] !== 0) break;
-      const parent = pool[n + PARENT]!;
-      this.unlink(node);
-      if (parent !== 0) pool[parent * NODE_WORDS + CHILDREN]!--;
-      node = parent;
-      removed++;
+    for (let n: ActiveNode = leaf; n !== this.root; n = n.parent!) {
+      const held = n.holders.get(slot)!;
+      if (held === 1) {
+        n.holders.delete(slot);
+        removed += n.length;
+      } else {
+        n.holders.set(slot, held - 1);
+      }
+      n.total--;
     }
-    if (this.hashes * 8 < this.capacity && this.capacity > TABLE_CAPACITY_MIN) this.resizeTable(this.capacity >>> 1);
-    if (this.nodes * 8 < this.pool.length / NODE_WORDS && this.pool.length > NODE_WORDS * POOL_CAPACITY_MIN) this.compactPool();
+    // Drop the nodes no request passes through any more (a suffix of the path).
+    let node = leaf;
+    while (node !== this.root && node.total === 0) {
+      const parent = node.parent!;
+      this.unlink(parent, node);
+      this.nodes--;
+      this.words -= node.edge.length;
+      node.parent = null;
+      node = parent;
+    }
+    if (node !== this.root && node.ending === 0 && node.children.size === 1) this.mergeIntoChild(node);
     return removed;
   }
 
   /**
    * For each worker slot holding a prefix of `chain`, writes into `depthBySlot[slot]`
-   * how many leading blocks it holds and into `nodeBySlot[slot]` its node of the last
-   * of them (the hints `add` takes). Slots holding none are left untouched: the caller
-   * zeroes `depthBySlot` first.
+   * how many leading blocks it holds. Slots holding none are left untouched: the caller
+   * zeroes the array first.
    */
-  sharedDepths(chain: Uint32Array, count: number, depthBySlot: Uint32Array, nodeBySlot: Int32Array): void {
-    if (count === 0 || this.hashes === 0) return;
-    const rootOwners = this.ownersAt(chain, 0);
-    if (rootOwners === 0) return;
-    const pool = this.pool;
-    // End of the held prefix: the first position with no owner (counts never rise).
-    let low = 1;
-    let high = count;
-    while (low < high) {
-      const mid = (low + high) >>> 1;
-      if (this.ownersAt(chain, mid) === 0) high = mid;
-      else low = mid + 1;
+  sharedDepths(chain: Uint32Array, count: number, depthBySlot: Uint32Array): void {
+    const path = this.path;
+    const depths = this.pathDepths;
+    let length = 0;
+    let node = this.root;
+    let at = 0;
+    while (at < count) {
+      const child = this.childAt(node, chain, at);
+      if (child === null) break;
+      const matched = matchEdge(child, chain, at, count);
+      path[length] = child;
+      depths[length++] = at + matched;
+      if (matched < child.length) break;
+      node = child;
+      at += matched;
     }
-    // Walk down the staircase: at the last position of each run of equal owner counts,
-    // every owner not yet given a depth ends there. Each step strictly lowers `at`.
-    let at = low - 1;
-    while (at >= 0) {
-      const b = this.bucketOf(chain[2 * at]! | 0, chain[2 * at + 1]! | 0) * BUCKET_WORDS;
-      const owners = this.table[b + OWNERS]!;
-      for (let node = this.table[b + FIRST]!; node !== 0; node = pool[node * NODE_WORDS + NEXT]!) {
-        const slot = pool[node * NODE_WORDS + SLOT]!;
-        if (depthBySlot[slot] !== 0) continue;
-        depthBySlot[slot] = at + 1;
-        nodeBySlot[slot] = node;
+    // Holders only shrink going down, so the deepest node a worker holds gives its depth.
+    for (let i = length - 1; i >= 0; i--) {
+      const depth = depths[i]!;
+      for (const slot of path[i]!.holders.keys()) {
+        if (depthBySlot[slot] === 0) depthBySlot[slot] = depth;
       }
-      if (owners >= rootOwners) break;
-      // First position whose owner count is at most this run's: the run starts there.
-      low = 0;
-      high = at;
-      while (low < high) {
-        const mid = (low + high) >>> 1;
-        if (this.ownersAt(chain, mid) <= owners) high = mid;
-        else low = mid + 1;
-      }
-      at = low - 1;
+      path[i] = this.root; // drop the reference
     }
   }
 
-  /** Drops everything and returns to the initial size. */
+  private readonly path: ActiveNode[] = [];
+  private readonly pathDepths: number[] = [];
+
+  /** Drops everything. */
   clear(): void {
+    this.root.children.clear();
     this.nodes = 0;
-    this.hashes = 0;
-    this.capacity = 0;
-    this.resizeTable(TABLE_CAPACITY_MIN);
-    this.pool = new Int32Array(NODE_WORDS * POOL_CAPACITY_MIN);
-    this.nodeTop = 1;
-    this.freeHead = 0;
+    this.words = 0;
   }
 
   /**
-   * O(N) consistency check (tests, KVEDGE_VERIFY): every hash entry is reachable by
-   * probing and its owner list is mutual, has its count of distinct workers and only
-   * nodes of that hash; every live node is on exactly one list; child counts match
-   * parent links; no node is empty. Returns distinct blocks per slot.
+   * O(N) consistency check (tests, KVEDGE_VERIFY): positions and links agree, every
+   * node's count equals the requests ending on it plus its children's counts (also per
+   * worker, as an upper bound), no node is empty or mergeable. Returns distinct blocks
+   * per slot.
    */
   verify(): Map<number, number> {
-    const pool = this.pool;
     const perSlot = new Map<number, number>();
-    const children = new Map<number, number>();
-    let listed = 0;
-    let hashes = 0;
-    for (let at = 0; at < this.capacity; at++) {
-      const b = at * BUCKET_WORDS;
-      const owners = this.table[b + OWNERS]!;
-      if (owners === 0) continue;
-      hashes++;
-      const hi = this.table[b + KEY_HI]!;
-      const lo = this.table[b + KEY_LO]!;
-      check(this.bucketOf(hi, lo) === at, "bucket not reachable by probing");
-      const slots = new Set<number>();
-      let prev = 0;
-      for (let node = this.table[b + FIRST]!; node !== 0; node = pool[node * NODE_WORDS + NEXT]!) {
-        const n = node * NODE_WORDS;
-        check(node < this.nodeTop && pool[n + SLOT]! >= 0, "free node on an owner list");
-        check(pool[n + PREV] === prev, "broken prev link");
-        check(pool[n + HI] === hi && pool[n + LO] === lo, "node of another hash on the list");
-        check(pool[n + REQUESTS]! > 0 || pool[n + CHILDREN]! > 0, "empty node kept");
-        check(!slots.has(pool[n + SLOT]!), "two nodes of one worker for one hash");
-        check(listed++ < this.nodeTop, "owner list cycles");
-        slots.add(pool[n + SLOT]!);
-        perSlot.set(pool[n + SLOT]!, (perSlot.get(pool[n + SLOT]!) ?? 0) + 1);
-        const parent = pool[n + PARENT]!;
-        if (parent !== 0) {
-          check(pool[parent * NODE_WORDS + SLOT] === pool[n + SLOT], "parent on another worker");
-          children.set(parent, (children.get(parent) ?? 0) + 1);
+    let nodes = 0;
+    let words = 0;
+    const visit = (node: ActiveNode): void => {
+      let childTotal = 0;
+      for (const [key, first] of node.children) {
+        for (let child: ActiveNode | null = first; child !== null; child = child.sameLo) {
+          check(child.parent === node, "child's parent link");
+          check(child.edge[1] === key, "child under the wrong key");
+          check(child.start === node.start + node.length, "child position");
+          check(child.length > 0 && child.total > 0, "empty node kept");
+          check(child.ending > 0 || child.children.size !== 1, "mergeable node kept");
+          let sum = 0;
+          for (const [slot, held] of child.holders) {
+            check(held > 0, "zero holder count kept");
+            check(node === this.root || (node.holders.get(slot) ?? 0) >= held, "worker holds a node but not its parent");
+            perSlot.set(slot, (perSlot.get(slot) ?? 0) + child.length);
+            sum += held;
+          }
+          check(sum === child.total, "holder counts differ from the total");
+          nodes++;
+          words += child.edge.length;
+          childTotal += child.total;
+          visit(child);
         }
-        prev = node;
       }
-      check(slots.size === owners, "owner count differs from the list");
-    }
-    check(hashes === this.hashes, `table holds ${hashes} hashes, count is ${this.hashes}`);
-    check(listed === this.nodes, `lists hold ${listed} nodes, count is ${this.nodes}`);
-    for (let node = 1; node < this.nodeTop; node++) {
-      if (pool[node * NODE_WORDS + SLOT]! < 0) continue;
-      check((children.get(node) ?? 0) === pool[node * NODE_WORDS + CHILDREN], "child count differs from parent links");
-    }
+      if (node !== this.root) check(node.total === node.ending + childTotal, "total differs from endings plus children");
+    };
+    visit(this.root);
+    check(nodes === this.nodes && words === this.words, "node or word count is off");
     return perSlot;
   }
 
-  /** How many leading blocks of `chain` have a node on `slot` (present, then absent: binary search). */
-  private depthOn(slot: number, chain: Uint32Array, count: number): number {
-    let low = 0;
-    let high = count;
-    while (low < high) {
-      const mid = (low + high) >>> 1;
-      if (this.nodeOf(chain[2 * mid]! | 0, chain[2 * mid + 1]! | 0, slot) !== 0) low = mid + 1;
-      else high = mid;
+  /** The child of `node` whose edge starts with block `at` of `chain`, or null. */
+  private childAt(node: ActiveNode, chain: Uint32Array, at: number): ActiveNode | null {
+    const hi = chain[2 * at]!;
+    let child = node.children.get(chain[2 * at + 1]!) ?? null;
+    while (child !== null && child.edge[0] !== hi) child = child.sameLo;
+    return child;
+  }
+
+  private link(parent: ActiveNode, child: ActiveNode): void {
+    const key = child.edge[1]!;
+    child.sameLo = parent.children.get(key) ?? null;
+    parent.children.set(key, child);
+  }
+
+  private unlink(parent: ActiveNode, child: ActiveNode): void {
+    const key = child.edge[1]!;
+    let first = parent.children.get(key)!;
+    if (first === child) {
+      if (child.sameLo === null) parent.children.delete(key);
+      else parent.children.set(key, child.sameLo);
+    } else {
+      while (first.sameLo !== child) first = first.sameLo!;
+      first.sameLo = child.sameLo;
     }
-    return low;
+    child.sameLo = null;
   }
 
-  /** How many workers hold block `index` of `chain`. */
-  private ownersAt(chain: Uint32Array, index: number): number {
-    return this.table[this.bucketOf(chain[2 * index]! | 0, chain[2 * index + 1]! | 0) * BUCKET_WORDS + OWNERS]!;
-  }
-
-  /** The node of (hi, lo) on `slot`, or 0: a walk of the hash's owner list. */
-  private nodeOf(hi: number, lo: number, slot: number): number {
-    const pool = this.pool;
-    const b = this.bucketOf(hi, lo) * BUCKET_WORDS;
-    let node = this.table[b + OWNERS] === 0 ? 0 : this.table[b + FIRST]!;
-    // Bounded: a list holds at most one node per worker.
-    while (node !== 0 && pool[node * NODE_WORDS + SLOT] !== slot) node = pool[node * NODE_WORDS + NEXT]!;
-    return node;
-  }
-
-  /** Takes a node off its hash's owner list (erasing the hash when it was the last) and frees it. */
-  private unlink(node: number): void {
-    const pool = this.pool;
-    const table = this.table;
-    const n = node * NODE_WORDS;
-    const at = this.bucketOf(pool[n + HI]!, pool[n + LO]!);
-    const b = at * BUCKET_WORDS;
-    const prev = pool[n + PREV]!;
-    const next = pool[n + NEXT]!;
-    if (prev === 0) table[b + FIRST] = next;
-    else pool[prev * NODE_WORDS + NEXT] = next;
-    if (next !== 0) pool[next * NODE_WORDS + PREV] = prev;
-    if (--table[b + OWNERS]! === 0) {
-      this.erase(at);
-      this.hashes--;
-    }
-    pool[n + SLOT] = -1;
-    pool[n + NEXT] = this.freeHead;
-    this.freeHead = node;
-    this.nodes--;
-  }
-
-  /** Bucket holding (hi, lo), or the empty bucket where it would go. */
-  private bucketOf(hi: number, lo: number): number {
-    const table = this.table;
-    const mask = this.mask;
-    let at = home(hi, lo, mask);
-    // Bounded: the table is at most half full, so an empty bucket is always reached.
-    for (let probes = 0; probes <= mask; probes++) {
-      const b = at * BUCKET_WORDS;
-      if (table[b + OWNERS] === 0 || (table[b + KEY_LO] === lo && table[b + KEY_HI] === hi)) return at;
-      at = (at + 1) & mask;
-    }
-    throw new Error("active-block table has no empty bucket");
-  }
-
-  /** Backward-shift deletion: later entries of the probe run move up into the hole. */
-  private erase(hole: number): void {
-    const table = this.table;
-    const mask = this.mask;
-    let at = hole;
-    for (let probes = 0; probes <= mask; probes++) {
-      at = (at + 1) & mask;
-      const b = at * BUCKET_WORDS;
-      if (table[b + OWNERS] === 0) break;
-      const wanted = home(table[b + KEY_HI]!, table[b + KEY_LO]!, mask);
-      // The entry stays if its home is cyclically within (hole, at].
-      if (hole <= at ? wanted > hole && wanted <= at : wanted > hole || wanted <= at) continue;
-      const h = hole * BUCKET_WORDS;
-      table[h + KEY_HI] = table[b + KEY_HI]!;
-      table[h + KEY_LO] = table[b + KEY_LO]!;
-      table[h + OWNERS] = table[b + OWNERS]!;
-      table[h + FIRST] = table[b + FIRST]!;
-      hole = at;
-    }
-    table[hole * BUCKET_WORDS + OWNERS] = 0;
-    table[hole * BUCKET_WORDS + FIRST] = 0;
-  }
-
-  private allocate(slot: number, hi: number, lo: number, parent: number): number {
-    let node = this.freeHead;
-    const pool = this.pool;
-    if (node !== 0) this.freeHead = pool[node * NODE_WORDS + NEXT]!;
-    else node = this.nodeTop++;
-    const n = node * NODE_WORDS;
-    pool[n + SLOT] = slot;
-    pool[n + REQUESTS] = 0;
-    pool[n + NEXT] = 0;
-    pool[n + PREV] = 0;
-    pool[n + PARENT] = parent;
-    pool[n + CHILDREN] = 0;
-    pool[n + HI] = hi;
-    pool[n + LO] = lo;
+  /**
+   * Splits `node` after its first `blocks` blocks: a new node takes the prefix and
+   * `node` keeps the suffix (so handles to `node` stay valid). Returns the new node.
+   */
+  private split(node: ActiveNode, blocks: number): ActiveNode {
+    const parent = node.parent!;
+    const prefix = new ActiveNode(node.edge.slice(0, 2 * blocks), node.start, parent);
+    this.unlink(parent, node);
+    this.link(parent, prefix);
+    for (const [slot, held] of node.holders) prefix.holders.set(slot, held);
+    prefix.total = node.total;
+    node.edge = node.edge.slice(2 * blocks);
+    node.start += blocks;
+    node.parent = prefix;
+    this.link(prefix, node);
     this.nodes++;
-    return node;
+    return prefix;
   }
 
-  /** Grows the pool (keeping node ids) so `extra` more nodes fit: free ones first, then the tail. */
-  private reservePool(extra: number): void {
-    const fromTail = extra - (this.nodeTop - 1 - this.nodes);
-    let capacity = this.pool.length / NODE_WORDS;
-    if (fromTail <= 0 || this.nodeTop + fromTail <= capacity) return;
-    while (capacity < this.nodeTop + fromTail) capacity *= 2;
-    const pool = new Int32Array(capacity * NODE_WORDS);
-    pool.set(this.pool);
-    this.pool = pool;
-  }
-
-  /** Renumbers live nodes densely from 1 into a pool of a quarter of the size. */
-  private compactPool(): void {
-    const old = this.pool;
-    const oldTop = this.nodeTop;
-    const renumber = new Int32Array(oldTop);
-    let top = 1;
-    for (let node = 1; node < oldTop; node++) if (old[node * NODE_WORDS + SLOT]! >= 0) renumber[node] = top++;
-    let capacity = old.length / NODE_WORDS;
-    while (capacity > POOL_CAPACITY_MIN && top * 4 <= capacity) capacity >>>= 1;
-    const pool = new Int32Array(capacity * NODE_WORDS);
-    for (let node = 1; node < oldTop; node++) {
-      const fresh = renumber[node]!;
-      if (fresh === 0) continue;
-      const from = node * NODE_WORDS;
-      const to = fresh * NODE_WORDS;
-      pool.set(old.subarray(from, from + NODE_WORDS), to);
-      pool[to + NEXT] = renumber[old[from + NEXT]!]!;
-      pool[to + PREV] = renumber[old[from + PREV]!]!;
-      pool[to + PARENT] = renumber[old[from + PARENT]!]!;
-    }
-    for (let b = 0; b < this.table.length; b += BUCKET_WORDS) {
-      if (this.table[b + OWNERS] !== 0) this.table[b + FIRST] = renumber[this.table[b + FIRST]!]!;
-    }
-    this.pool = pool;
-    this.nodeTop = top;
-    this.freeHead = 0;
-  }
-
-  /** The table's one allocation site: rehashes every entry into `capacity` buckets. */
-  private resizeTable(capacity: number): void {
-    if (capacity < TABLE_CAPACITY_MIN || (capacity & (capacity - 1)) !== 0) throw new Error(`bad capacity ${capacity}`);
-    if (this.hashes * 2 > capacity) throw new Error(`capacity ${capacity} cannot hold ${this.hashes} hashes`);
-    const old = this.table;
-    this.capacity = capacity;
-    this.mask = capacity - 1;
-    this.table = new Int32Array(capacity * BUCKET_WORDS);
-    for (let b = 0; b < old.length; b += BUCKET_WORDS) {
-      if (old[b + OWNERS] === 0) continue;
-      const to = this.bucketOf(old[b + KEY_HI]!, old[b + KEY_LO]!) * BUCKET_WORDS;
-      this.table.set(old.subarray(b, b + BUCKET_WORDS), to);
-    }
+  /** `node` has one child and no request ending on it: the child absorbs its edge. */
+  private mergeIntoChild(node: ActiveNode): void {
+    const child = node.children.values().next().value!;
+    check(child.sameLo === null, "merge with two children");
+    const parent = node.parent!;
+    const edge = new Uint32Array(node.edge.length + child.edge.length);
+    edge.set(node.edge);
+    edge.set(child.edge, node.edge.length);
+    this.unlink(parent, node);
+    node.children.clear();
+    child.edge = edge;
+    child.start = node.start;
+    child.parent = parent;
+    this.link(parent, child);
+    node.parent = null;
+    this.nodes--;
   }
 }
 
-/**
- * Home bucket of (hi, lo). Sequence hashes are XXH3 outputs, but the table must not
- * degrade on poorly mixed input either.
- */
-function home(hi: number, lo: number, mask: number): number {
-  let h = Math.imul(lo ^ Math.imul(hi, 0x9e37_79b1), 0x85eb_ca6b);
-  h ^= h >>> 15;
-  h = Math.imul(h, 0x2c1b_3c6d);
-  return (h ^ (h >>> 12)) & mask;
+/** How many blocks of `node`'s edge equal `chain` from block `at` on (at most `count - at`). */
+function matchEdge(node: ActiveNode, chain: Uint32Array, at: number, count: number): number {
+  const edge = node.edge;
+  const limit = Math.min(edge.length >>> 1, count - at);
+  let i = 0;
+  while (i < limit && edge[2 * i + 1] === chain[2 * (at + i) + 1] && edge[2 * i] === chain[2 * (at + i)]) i++;
+  return i;
 }
 
 function assertSlot(slot: number): void {

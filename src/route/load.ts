@@ -18,7 +18,7 @@
  * due (`sweepIfDue`), which the router calls on every decision and readers (metrics,
  * status) call before reading: no timer per request, no timer at all.
  */
-import { ActiveBlocks } from "./active-blocks";
+import { ActiveBlocks, type ActiveNode, type ChainHolder } from "./active-blocks";
 
 /** Slots are u16 in the index; the router uses the same bound. */
 export const WORKERS_MAX = 65_535;
@@ -41,12 +41,11 @@ export type LifecycleResult = "ok" | "already_done" | "expired" | "worker_remove
 
 type Ending = "already_done" | "expired" | "worker_removed";
 
-interface ActiveRequest {
+interface ActiveRequest extends ChainHolder {
   readonly id: string;
   readonly slot: number;
-  /** The prompt's last sequence hash (its node in the active-block trie), if it has blocks. */
-  readonly lastHi: number;
-  readonly lastLo: number;
+  /** Where the prompt's chain ends in the active-block tree (null without blocks). */
+  leaf: ActiveNode | null;
   readonly blocks: number;
   /** Uncached prompt tokens still charged to the worker; 0 once prefill is done. */
   prefillTokens: number;
@@ -259,13 +258,11 @@ export class LoadTracker {
   /**
    * Records a request routed to `slot`. `chain` holds `blocks` sequence hashes (only
    * read here, the caller may reuse it). `cachedTokens` is what the worker is expected
-   * to hold of the prompt. `sharedDepth`/`sharedNode`: what `blocks.sharedDepths` just
-   * found for this chain on `slot`, if known (see ActiveBlocks.add).
+   * to hold of the prompt.
    */
   admit(
     requestId: string, slot: number, chain: Uint32Array, blocks: number,
     promptTokens: number, cachedTokens: number, expectedOutputTokens: number,
-    sharedDepth = -1, sharedNode = 0,
   ): void {
     this.assertLive(slot);
     check(!this.requests.has(requestId), "request admitted twice");
@@ -275,14 +272,13 @@ export class LoadTracker {
     const request: ActiveRequest = {
       id: requestId,
       slot,
-      lastHi: blocks === 0 ? 0 : chain[2 * blocks - 2]!,
-      lastLo: blocks === 0 ? 0 : chain[2 * blocks - 1]!,
+      leaf: null,
       blocks,
       prefillTokens,
       outputBlocks,
       touchedMs: this.now(),
     };
-    const added = this.blocks.add(slot, chain, blocks, sharedDepth, sharedNode);
+    const added = this.blocks.add(slot, chain, blocks, request);
     this.requests.set(requestId, request);
     this.finished.delete(requestId);
     this.activePrefillTokens[slot]! += prefillTokens;
@@ -393,7 +389,7 @@ export class LoadTracker {
     const slot = request.slot;
     this.requests.delete(request.id);
     this.activePrefillTokens[slot]! -= request.prefillTokens;
-    const freed = request.blocks === 0 ? 0 : this.blocks.removeEnding(slot, request.lastHi, request.lastLo);
+    const freed = this.blocks.remove(slot, request);
     this.activeDecodeBlocks[slot]! -= freed + request.outputBlocks;
     this.activeRequests[slot]!--;
     this.remember(request.id, ending);

@@ -126,7 +126,6 @@ export class Router {
   // Scratch, by slot, reused by every decision.
   private overlapBySlot = new Float64Array(0);
   private depthBySlot = new Uint32Array(0);
-  private nodeBySlot = new Int32Array(0);
   private costBySlot = new Float64Array(0);
 
   constructor(options: RouterOptions) {
@@ -214,8 +213,7 @@ export class Router {
     const held = load.degraded[best] === 1 ? overlap[best]! * degradedWeight : overlap[best]!;
     const cachedTokens = Math.min(tokenCount, Math.round(held * blockSize));
     const candidates = request.candidatesMax ? this.candidates(request.candidatesMax) : [];
-    const shared = depth[best]!;
-    load.admit(requestId, best, request.chain, blockCount, tokenCount, cachedTokens, expected, shared, shared === 0 ? 0 : this.nodeBySlot[best]!);
+    load.admit(requestId, best, request.chain, blockCount, tokenCount, cachedTokens, expected);
     return {
       requestId,
       slot: best,
@@ -233,7 +231,6 @@ export class Router {
     if (this.overlapBySlot.length < capacity) {
       this.overlapBySlot = new Float64Array(capacity);
       this.depthBySlot = new Uint32Array(capacity);
-      this.nodeBySlot = new Int32Array(capacity);
       this.costBySlot = new Float64Array(capacity);
     }
     this.overlapBySlot.fill(0, 0, capacity);
@@ -245,7 +242,7 @@ export class Router {
       const blocks = Math.min(blockCount, overlaps.blocks[i]!);
       if (blocks > this.overlapBySlot[slot]!) this.overlapBySlot[slot] = blocks;
     }
-    this.load.blocks.sharedDepths(chain, blockCount, this.depthBySlot, this.nodeBySlot);
+    this.load.blocks.sharedDepths(chain, blockCount, this.depthBySlot);
   }
 
   /** Softmax sample over the live slots' costs (reference §5.3). */

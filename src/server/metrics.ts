@@ -185,13 +185,13 @@ export function registerRouterMetrics(registry: MetricsRegistry, router: Router)
   });
   registerSamples(registry, {
     name: "kvedge_route_tracked_blocks",
-    help: "(block, worker) pairs held by active requests, as tracked for the decode cost.",
+    help: "Distinct prefix blocks of active requests (each position once, however many workers hold it).",
     type: "gauge",
-    collect: (emit) => emit(load.blocks.nodeCount),
+    collect: (emit) => emit(load.blocks.blockCount),
   });
   registerSamples(registry, {
     name: "kvedge_route_tracker_bytes",
-    help: "Memory of the active-block table of the load tracker.",
+    help: "Approximate memory of the load tracker's tree of active request chains.",
     type: "gauge",
     collect: (emit) => emit(load.blocks.bytes),
   });

@@ -1,11 +1,11 @@
-// Goal: the active-block tries count exactly what a naive model counts (distinct
-// blocks per worker, each block refcounted by the requests covering it) and find the
-// same shared-prefix depths, through random churn that forces the table to grow,
-// shrink and compact; memory goes back to the initial size when everything is removed.
+// Goal: the tree of active chains counts exactly what a naive model counts (distinct
+// blocks per worker, each block refcounted by the requests covering it) and finds the
+// same shared-prefix depths, through random churn with splits and merges; it stays
+// compressed, and holds nothing once every request is removed.
 // Method: random add/remove of request chains built from shared prefix families,
-// compared after every step with a Map-based model; verify() checks the internal links.
+// compared after every step with a Map-based model; verify() checks the structure.
 import { describe, expect, test } from "bun:test";
-import { ActiveBlocks } from "../../src/route";
+import { ActiveBlocks, type ChainHolder } from "../../src/route";
 import { prng } from "../../bench/lib";
 
 /** A chain of (hi, lo) words; equal prefixes give equal words, like sequence hashes. */
@@ -25,10 +25,7 @@ function chainOf(words: readonly number[]): Uint32Array {
 
 const key = (chain: Uint32Array, i: number) => `${chain[2 * i]}:${chain[2 * i + 1]}`;
 
-/** Removes the request whose chain is `chain` (by its last block, as the tracker does). */
-function removeChain(blocks: ActiveBlocks, slot: number, chain: Uint32Array, count: number): number {
-  return blocks.removeEnding(slot, chain[2 * count - 2]!, chain[2 * count - 1]!);
-}
+const holder = (): ChainHolder => ({ leaf: null });
 
 class Model {
   readonly refs = new Map<number, Map<string, number>>();
@@ -72,96 +69,97 @@ class Model {
 }
 
 describe("ActiveBlocks", () => {
-  test("counts distinct blocks per worker and refcounts shared ones", () => {
+  test("counts distinct blocks per worker; blocks shared by requests count once", () => {
     const blocks = new ActiveBlocks();
-    const a = chainOf([1, 2, 3, 4]);
-    const b = chainOf([1, 2, 9]);
-    expect(blocks.add(0, a, 4)).toBe(4);
-    expect(blocks.add(0, b, 3)).toBe(1); // shares [1, 2]
-    expect(blocks.add(1, b, 3)).toBe(3); // another worker counts its own
-    expect(blocks.hashCount).toBe(5);
-    expect(blocks.nodeCount).toBe(8);
-    expect(removeChain(blocks, 0, a, 4)).toBe(2); // [1, 2] still held by b on slot 0
-    expect(removeChain(blocks, 0, b, 3)).toBe(3);
-    expect(removeChain(blocks, 1, b, 3)).toBe(3);
+    const a = holder();
+    const b = holder();
+    const c = holder();
+    expect(blocks.add(0, chainOf([1, 2, 3, 4]), 4, a)).toBe(4);
+    expect(blocks.add(0, chainOf([1, 2, 9]), 3, b)).toBe(1); // shares [1, 2]
+    expect(blocks.add(1, chainOf([1, 2, 9]), 3, c)).toBe(3); // another worker counts its own
+    expect(blocks.blockCount).toBe(5);
+    expect(blocks.nodeCount).toBe(3); // [1 2] -> [3 4], [9]
+    expect(blocks.remove(0, a)).toBe(2); // [1, 2] still held by b on worker 0
+    expect(blocks.remove(0, b)).toBe(3);
+    expect(blocks.remove(1, c)).toBe(3);
     expect(blocks.nodeCount).toBe(0);
+    expect(blocks.blockCount).toBe(0);
     blocks.verify();
   });
 
   test("shared depths: per worker, the longest active prefix of the chain", () => {
     const blocks = new ActiveBlocks();
-    blocks.add(3, chainOf([1, 2, 3, 4, 5]), 5);
-    blocks.add(7, chainOf([1, 2, 3]), 3);
-    blocks.add(9, chainOf([1, 8]), 2);
-    blocks.add(4, chainOf([6, 2, 3]), 3); // different first block: shares nothing
+    blocks.add(3, chainOf([1, 2, 3, 4, 5]), 5, holder());
+    blocks.add(7, chainOf([1, 2, 3]), 3, holder());
+    blocks.add(9, chainOf([1, 8]), 2, holder());
+    blocks.add(4, chainOf([6, 2, 3]), 3, holder()); // different first block: shares nothing
     const depth = new Uint32Array(10);
     const query = chainOf([1, 2, 3, 4, 77, 78]);
-    blocks.sharedDepths(query, 6, depth, new Int32Array(10));
+    blocks.sharedDepths(query, 6, depth);
     expect(Array.from(depth)).toEqual([0, 0, 0, 4, 0, 0, 0, 3, 0, 1]);
     depth.fill(0);
-    blocks.sharedDepths(query, 0, depth, new Int32Array(10));
+    blocks.sharedDepths(query, 2, depth); // a query shorter than the edges
+    expect(Array.from(depth)).toEqual([0, 0, 0, 2, 0, 0, 0, 2, 0, 1]);
+    depth.fill(0);
+    blocks.sharedDepths(query, 0, depth);
     expect(depth.every((d) => d === 0)).toBe(true);
   });
 
-  test("a request that is a prefix of another keeps its blocks until both are gone", () => {
+  test("a request that is a prefix of another splits the edge; removing it merges back", () => {
     const blocks = new ActiveBlocks();
-    const long = chainOf([1, 2, 3]);
-    const short = chainOf([1, 2]);
-    expect(blocks.add(0, long, 3)).toBe(3);
-    expect(blocks.add(0, short, 2)).toBe(0);
-    expect(removeChain(blocks, 0, long, 3)).toBe(1);
+    const long = holder();
+    const short = holder();
+    expect(blocks.add(0, chainOf([1, 2, 3]), 3, long)).toBe(3);
+    expect(blocks.add(0, chainOf([1, 2]), 2, short)).toBe(0);
     expect(blocks.nodeCount).toBe(2);
-    expect(blocks.add(0, long, 3)).toBe(1);
-    expect(removeChain(blocks, 0, short, 2)).toBe(0);
-    expect(removeChain(blocks, 0, long, 3)).toBe(3);
+    expect(blocks.remove(0, short)).toBe(0);
+    expect(blocks.nodeCount).toBe(1); // merged again
+    const again = holder();
+    expect(blocks.add(0, chainOf([1, 2]), 2, again)).toBe(0);
+    expect(blocks.remove(0, long)).toBe(1); // block 3 freed, [1 2] still held
+    expect(blocks.remove(0, again)).toBe(2);
     expect(blocks.nodeCount).toBe(0);
-  });
-
-  test("the depth and node found by sharedDepths are valid hints for add; wrong hints throw", () => {
-    const random = prng(3);
-    const hinted = new ActiveBlocks();
-    const searched = new ActiveBlocks();
-    const prefix = Array.from({ length: 20 }, (_, i) => i);
-    const depth = new Uint32Array(8);
-    const node = new Int32Array(8);
-    for (let i = 0; i < 400; i++) {
-      const words = [...prefix.slice(0, random() % 21), ...Array.from({ length: random() % 5 }, () => 100 + random())];
-      const chain = chainOf(words);
-      const slot = random() % 8;
-      depth.fill(0);
-      hinted.sharedDepths(chain, words.length, depth, node);
-      const shared = depth[slot]!;
-      expect(hinted.add(slot, chain, words.length, shared, shared === 0 ? 0 : node[slot]!))
-        .toBe(searched.add(slot, chain, words.length));
-    }
-    expect(Object.fromEntries(hinted.verify())).toEqual(Object.fromEntries(searched.verify()));
-    const chain = chainOf([0, 1, 2]);
-    depth.fill(0);
-    hinted.sharedDepths(chain, 3, depth, node);
-    const holder = depth.findIndex((d) => d > 0);
-    const other = (holder + 1) % 8;
-    expect(() => hinted.add(other, chain, 3, depth[holder]!, node[holder]!)).toThrow(/node hint/);
-    expect(() => hinted.add(holder, chain, 3, 0, node[holder]!)).toThrow(/bad depth hint/);
-  });
-
-  test("removing what was never added throws and changes nothing", () => {
-    const blocks = new ActiveBlocks();
-    const chain = chainOf([1, 2]);
-    blocks.add(0, chain, 2);
-    expect(() => removeChain(blocks, 1, chain, 2)).toThrow(/no request on slot 1/);
-    expect(() => removeChain(blocks, 0, chain, 1)).toThrow(/no request on slot 0/); // [1] is not a request's end
-    expect(blocks.nodeCount).toBe(2);
     blocks.verify();
   });
 
-  test("random churn matches the model; memory returns to the initial size", () => {
+  test("stays compressed: a shared prefix with many tails, then one tail left", () => {
+    const blocks = new ActiveBlocks();
+    const prefix = Array.from({ length: 50 }, (_, i) => i);
+    const holders = Array.from({ length: 100 }, () => holder());
+    holders.forEach((h, i) => blocks.add(0, chainOf([...prefix, 1000 + i, 2000 + i]), 52, h));
+    expect(blocks.nodeCount).toBe(101);
+    expect(blocks.blockCount).toBe(50 + 200);
+    for (const h of holders.slice(1)) blocks.remove(0, h);
+    expect(blocks.nodeCount).toBe(1);
+    expect(blocks.blockCount).toBe(52);
+    blocks.verify();
+  });
+
+  test("removing a request twice throws; an empty chain is a no-op", () => {
+    const blocks = new ActiveBlocks();
+    const h = holder();
+    blocks.add(0, chainOf([1, 2]), 2, h);
+    const copy = { ...h };
+    blocks.remove(0, h);
+    expect(h.leaf).toBeNull();
+    expect(() => blocks.remove(0, copy)).toThrow(/no request on slot 0/);
+    const other = holder();
+    blocks.add(1, chainOf([1, 2]), 2, other);
+    expect(() => blocks.remove(2, other)).toThrow(/no request on slot 2/);
+    const empty = holder();
+    expect(blocks.add(0, new Uint32Array(0), 0, empty)).toBe(0);
+    expect(blocks.remove(0, empty)).toBe(0);
+    expect(blocks.nodeCount).toBe(1);
+    blocks.verify();
+  });
+
+  test("random churn matches the model; nothing is left at the end", () => {
     const random = prng(7);
     const blocks = new ActiveBlocks();
     const model = new Model();
-    const initialBytes = blocks.bytes;
-    const active: { slot: number; chain: Uint32Array; count: number }[] = [];
+    const active: { slot: number; chain: Uint32Array; count: number; h: ChainHolder }[] = [];
     const families = Array.from({ length: 12 }, (_, f) => Array.from({ length: 3 + (f % 5) * 6 }, (_, i) => f * 1000 + i));
-    let peakBytes = 0;
+    let peakNodes = 0;
     for (let step = 0; step < 6000; step++) {
       // Grow for the first half, then drain.
       const adding = step < 3000 ? random() % 3 !== 0 : random() % 3 === 0;
@@ -170,37 +168,38 @@ describe("ActiveBlocks", () => {
         const shared = random() % (family.length + 1);
         const words = family.slice(0, shared);
         const tail = random() % 40;
-        for (let i = 0; i < tail; i++) words.push(1_000_000 + random());
+        for (let i = 0; i < tail; i++) words.push(1_000_000 + (random() % 64)); // tails also collide
         const slot = random() % 16;
         const chain = chainOf(words);
-        expect(blocks.add(slot, chain, words.length)).toBe(model.add(slot, chain, words.length));
-        active.push({ slot, chain, count: words.length });
+        const h = holder();
+        expect(blocks.add(slot, chain, words.length, h)).toBe(model.add(slot, chain, words.length));
+        active.push({ slot, chain, count: words.length, h });
       } else {
         const index = random() % active.length;
-        const { slot, chain, count } = active[index]!;
+        const { slot, chain, count, h } = active[index]!;
         active[index] = active[active.length - 1]!;
         active.pop();
-        expect(count === 0 ? 0 : removeChain(blocks, slot, chain, count)).toBe(model.remove(slot, chain, count));
+        expect(blocks.remove(slot, h)).toBe(model.remove(slot, chain, count));
       }
-      peakBytes = Math.max(peakBytes, blocks.bytes);
+      peakNodes = Math.max(peakNodes, blocks.nodeCount);
       if (step % 100 === 0) {
         const perSlot = blocks.verify();
         for (let slot = 0; slot < 16; slot++) expect(perSlot.get(slot) ?? 0).toBe(model.refs.get(slot)?.size ?? 0);
         const family = families[random() % families.length]!;
         const query = chainOf([...family, 5, 6, 7]);
         const depth = new Uint32Array(16);
-        blocks.sharedDepths(query, family.length + 3, depth, new Int32Array(16));
+        blocks.sharedDepths(query, family.length + 3, depth);
         for (let slot = 0; slot < 16; slot++) expect(depth[slot]).toBe(model.depth(slot, query, family.length + 3));
       }
     }
     while (active.length > 0) {
-      const { slot, chain, count } = active.pop()!;
-      if (count > 0) removeChain(blocks, slot, chain, count);
+      const { slot, h } = active.pop()!;
+      blocks.remove(slot, h);
     }
-    expect(peakBytes).toBeGreaterThan(initialBytes * 8);
+    expect(peakNodes).toBeGreaterThan(500);
     expect(blocks.nodeCount).toBe(0);
-    expect(blocks.hashCount).toBe(0);
-    expect(blocks.bytes).toBe(initialBytes);
+    expect(blocks.blockCount).toBe(0);
+    expect(blocks.bytes).toBe(0);
     blocks.verify();
   });
 
@@ -211,13 +210,14 @@ describe("ActiveBlocks", () => {
     for (let slot = 0; slot < 300; slot++) {
       const words = [...prefix.slice(0, slot % 65), 9000 + slot];
       const chain = chainOf(words);
-      blocks.add(slot, chain, words.length);
+      blocks.add(slot, chain, words.length, holder());
       model.add(slot, chain, words.length);
     }
     const query = chainOf([...prefix, 1, 2]);
     const depth = new Uint32Array(300);
-    blocks.sharedDepths(query, 66, depth, new Int32Array(300));
+    blocks.sharedDepths(query, 66, depth);
     for (let slot = 0; slot < 300; slot++) expect(depth[slot]).toBe(model.depth(slot, query, 66));
+    blocks.verify();
     blocks.clear();
     expect(blocks.nodeCount).toBe(0);
   });

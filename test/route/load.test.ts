@@ -225,7 +225,8 @@ describe("worker removal", () => {
     expect(load.done("a1")).toBe("worker_removed");
     expect(load.counters.droppedWithWorker).toBe(2);
     expect(load.activeRequestCount).toBe(1);
-    expect(load.blocks.nodeCount).toBe(2);
+    expect(load.blocks.blockCount).toBe(2);
+    expect(load.activeDecodeBlocks[b]).toBe(2);
     const again = load.addWorker(1n, 0);
     expect(again).toBe(a);
     expect(load.activeRequests[again]).toBe(0);
