@@ -153,7 +153,10 @@ export class ActiveBlocks {
       node.parent = null;
       node = parent;
     }
-    if (node !== this.root && node.ending === 0 && node.children.size === 1) this.mergeIntoChild(node);
+    if (node !== this.root && node.ending === 0) {
+      const child = onlyChild(node);
+      if (child !== null) this.mergeIntoChild(node, child);
+    }
     return removed;
   }
 
@@ -216,7 +219,7 @@ export class ActiveBlocks {
           check(child.edge[1] === key, "child under the wrong key");
           check(child.start === node.start + node.length, "child position");
           check(child.length > 0 && child.total > 0, "empty node kept");
-          check(child.ending > 0 || child.children.size !== 1, "mergeable node kept");
+          check(child.ending > 0 || onlyChild(child) === null, "mergeable node kept");
           let sum = 0;
           for (const [slot, held] of child.holders) {
             check(held > 0, "zero holder count kept");
@@ -285,9 +288,7 @@ export class ActiveBlocks {
   }
 
   /** `node` has one child and no request ending on it: the child absorbs its edge. */
-  private mergeIntoChild(node: ActiveNode): void {
-    const child = node.children.values().next().value!;
-    check(child.sameLo === null, "merge with two children");
+  private mergeIntoChild(node: ActiveNode, child: ActiveNode): void {
     const parent = node.parent!;
     const edge = new Uint32Array(node.edge.length + child.edge.length);
     edge.set(node.edge);
@@ -301,6 +302,13 @@ export class ActiveBlocks {
     node.parent = null;
     this.nodes--;
   }
+}
+
+/** The node's child if it has exactly one, else null. */
+function onlyChild(node: ActiveNode): ActiveNode | null {
+  if (node.children.size !== 1) return null;
+  const child = node.children.values().next().value!;
+  return child.sameLo === null ? child : null;
 }
 
 /** How many blocks of `node`'s edge equal `chain` from block `at` on (at most `count - at`). */

@@ -13,10 +13,10 @@
  * lookups). Slots are reused after removal; removal first drops the worker's requests,
  * so nothing can refer to a reused slot.
  *
- * Expiry is one coarse sweep: requests sit in a Map in order of their last touch, so a
- * sweep pops expired ones from the front and stops at the first live one. It runs when
- * due (`sweepIfDue`), which the router calls on every decision and readers (metrics,
- * status) call before reading: no timer per request, no timer at all.
+ * Expiry is one coarse sweep over all active requests, run when due (`sweepIfDue`:
+ * once per min(30 s, TTL / 10)), which the router calls on every
+ * decision and readers (metrics, status) call before reading: no timer per request, no
+ * timer at all. A sweep costs O(active requests), a few milliseconds at 100k.
  */
 import { ActiveBlocks, type ActiveNode, type ChainHolder } from "./active-blocks";
 
@@ -297,10 +297,7 @@ export class LoadTracker {
       this.activePrefillTokens[request.slot]! -= request.prefillTokens;
       request.prefillTokens = 0;
     }
-    // Still alive: move it to the back of the expiry order.
     request.touchedMs = this.now();
-    this.requests.delete(requestId);
-    this.requests.set(requestId, request);
     this.counters.prefillDone++;
     return "ok";
   }
@@ -325,7 +322,7 @@ export class LoadTracker {
     this.lastSweepMs = now;
     let expired = 0;
     for (const request of this.requests.values()) {
-      if (now - request.touchedMs < this.requestTtlMs) break;
+      if (now - request.touchedMs < this.requestTtlMs) continue;
       this.release(request, "expired");
       expired++;
     }

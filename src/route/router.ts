@@ -172,42 +172,23 @@ export class Router {
     const decay = this.weights.overlapScoreCreditDecay;
     const requestWeight = this.weights.decodeActiveRequestWeight;
     const degradedWeight = this.weights.degradedOverlapWeight;
-    const requestBlocks = Math.ceil(tokenCount / blockSize);
+    // The decay term's constant part; 0 = no decay (the default).
+    const decayScale = decay > 0 && tokenCount > 0 ? decay / (blockSize * Math.ceil(tokenCount / blockSize)) : 0;
     let minPrefill = 0;
-    if (decay > 0) {
+    if (decayScale > 0) {
       minPrefill = Infinity;
       for (let i = 0; i < liveCount; i++) minPrefill = Math.min(minPrefill, prefill[slots[i]!]!);
     }
-
-    const argmin = temperature === 0;
-    let best = -1;
-    let bestCost = Infinity;
-    let ties = 0;
-    let minCost = Infinity;
-    let maxCost = -Infinity;
     for (let i = 0; i < liveCount; i++) {
       const slot = slots[i]!;
       const slotPrefill = prefill[slot]!;
-      const held = degraded[slot] === 1 ? overlap[slot]! * degradedWeight : overlap[slot]!;
-      const decayFactor = decay > 0 && requestBlocks > 0
-        ? 1 / (1 + (decay * ((slotPrefill - minPrefill) / blockSize)) / requestBlocks)
-        : 1;
-      const prefillCost = scale * Math.max(0, (slotPrefill + tokenCount) / blockSize - credit * decayFactor * held);
-      const cost = prefillCost + decode[slot]! + (blockCount - depth[slot]!) + requestWeight * active[slot]!;
-      costs[slot] = cost;
-      if (cost < minCost) minCost = cost;
-      if (cost > maxCost) maxCost = cost;
-      if (!argmin) continue;
-      // Reservoir sampling over exact ties: the k-th tie replaces the pick with probability 1/k.
-      if (cost < bestCost) {
-        best = slot;
-        bestCost = cost;
-        ties = 1;
-      } else if (cost === bestCost && this.random() * ++ties < 1) {
-        best = slot;
-      }
+      let held = overlap[slot]!;
+      if (degraded[slot] === 1) held *= degradedWeight;
+      if (decayScale > 0) held /= 1 + decayScale * (slotPrefill - minPrefill);
+      const prefillCost = scale * Math.max(0, (slotPrefill + tokenCount) / blockSize - credit * held);
+      costs[slot] = prefillCost + decode[slot]! + (blockCount - depth[slot]!) + requestWeight * active[slot]!;
     }
-    if (!argmin) best = this.sample(temperature, minCost, maxCost);
+    const best = temperature === 0 ? this.cheapest() : this.sample(temperature);
     if (best < 0) throw new Error("routing found no candidate (a cost is NaN)");
 
     const held = load.degraded[best] === 1 ? overlap[best]! * degradedWeight : overlap[best]!;
@@ -245,11 +226,41 @@ export class Router {
     this.load.blocks.sharedDepths(chain, blockCount, this.depthBySlot);
   }
 
-  /** Softmax sample over the live slots' costs (reference §5.3). */
-  private sample(temperature: number, minCost: number, maxCost: number): number {
+  /** The lowest cost; exact ties broken uniformly (reservoir sampling: the k-th tie replaces the pick with probability 1/k). */
+  private cheapest(): number {
     const slots = this.load.liveSlots;
     const liveCount = this.load.liveCount;
     const costs = this.costBySlot;
+    let best = -1;
+    let bestCost = Infinity;
+    let ties = 0;
+    for (let i = 0; i < liveCount; i++) {
+      const slot = slots[i]!;
+      const cost = costs[slot]!;
+      if (cost < bestCost) {
+        best = slot;
+        bestCost = cost;
+        ties = 1;
+      } else if (cost === bestCost && this.random() * ++ties < 1) {
+        best = slot;
+      }
+    }
+    return best;
+  }
+
+  /** Softmax sample over the live slots' costs (reference §5.3). */
+  private sample(temperature: number): number {
+    const slots = this.load.liveSlots;
+    const liveCount = this.load.liveCount;
+    const costs = this.costBySlot;
+    let minCost = Infinity;
+    let maxCost = -Infinity;
+    for (let i = 0; i < liveCount; i++) {
+      const cost = costs[slots[i]!]!;
+      if (cost < minCost) minCost = cost;
+      if (cost > maxCost) maxCost = cost;
+    }
+    if (Number.isNaN(minCost + maxCost)) return -1;
     const u = this.random();
     if (minCost === maxCost) return slots[Math.min(liveCount - 1, Math.floor(u * liveCount))]!;
     // An infinite range is first scaled down by the largest magnitude.

@@ -135,6 +135,28 @@ describe("ActiveBlocks", () => {
     blocks.verify();
   });
 
+  test("blocks whose hashes share the low word are kept apart", () => {
+    const blocks = new ActiveBlocks();
+    // Root children keyed by the low word 5: (1, 5) and (2, 5); under (1, 5) again two.
+    const a = Uint32Array.of(1, 5, 7, 9);
+    const b = Uint32Array.of(2, 5, 7, 9);
+    const c = Uint32Array.of(1, 5, 8, 9);
+    const [ha, hb, hc] = [holder(), holder(), holder()];
+    expect(blocks.add(0, a, 2, ha)).toBe(2);
+    expect(blocks.add(0, b, 2, hb)).toBe(2);
+    expect(blocks.add(0, c, 2, hc)).toBe(1); // shares (1, 5) with a
+    blocks.verify();
+    const depth = new Uint32Array(2);
+    blocks.sharedDepths(Uint32Array.of(2, 5, 8, 9), 2, depth);
+    expect(depth[0]).toBe(1);
+    expect(blocks.remove(0, hc)).toBe(1); // (1, 5) is left with one child: merged
+    expect(blocks.nodeCount).toBe(2);
+    blocks.verify();
+    expect(blocks.remove(0, ha)).toBe(2);
+    expect(blocks.remove(0, hb)).toBe(2);
+    expect(blocks.nodeCount).toBe(0);
+  });
+
   test("removing a request twice throws; an empty chain is a no-op", () => {
     const blocks = new ActiveBlocks();
     const h = holder();
