@@ -45,6 +45,24 @@ function renderWorker(worker: WorkerEntry, note: string): string[] {
   return lines;
 }
 
+/**
+ * Help lines for every config flag (for `kvedge serve --help`): flag, placeholder,
+ * meaning, environment variable and default.
+ */
+export function flagHelp(): string {
+  const rows: [string, string][] = [
+    [`--${CONFIG_FLAG} FILE`, `TOML config file [${envName(CONFIG_FLAG)}]`],
+    [`--${WORKERS_FLAG} LIST`, `engines: ID[:DP]=ENDPOINT[;replay=ENDPOINT][;topic=T],... (repeatable) [${envName(WORKERS_FLAG)}]`],
+  ];
+  for (const s of SETTINGS) {
+    const flag = typeof s.default === "boolean" ? `--[no-]${s.flag}` : `--${s.flag} ${s.type.placeholder}`;
+    const fallback = s.default === null ? "" : `, default ${s.type.toToml(s.default)}`;
+    rows.push([flag, `${s.help} [${envName(s.flag)}${fallback}]`]);
+  }
+  const width = Math.max(...rows.map(([flag]) => flag.length));
+  return rows.map(([flag, text]) => `  ${flag.padEnd(width)}  ${text}\n`).join("");
+}
+
 /** A Markdown table of every setting: key, flag, environment variable, type, default, meaning. */
 export function settingsTable(): string {
   const rows = [

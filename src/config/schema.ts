@@ -79,7 +79,7 @@ function setting<T>(spec: Setting<T>): Setting {
 
 export const SETTINGS: readonly Setting[] = [
   setting({
-    key: "server.host", flag: "host", type: text("a host name or IP address", (v) => HOST.test(v)), default: "127.0.0.1",
+    key: "server.host", flag: "host", type: text("a host name or IP address", "HOST", (v) => HOST.test(v)), default: "127.0.0.1",
     help: "Address the HTTP server listens on (0.0.0.0 or :: for all interfaces).",
   }),
   setting({
@@ -87,7 +87,7 @@ export const SETTINGS: readonly Setting[] = [
     help: "HTTP port (0 picks a free one).",
   }),
   setting({
-    key: "server.admin_token", flag: "admin-token", type: text("printable ASCII without spaces", (v) => TOKEN.test(v)),
+    key: "server.admin_token", flag: "admin-token", type: text("printable ASCII without spaces", "TOKEN", (v) => TOKEN.test(v)),
     default: null, optional: true, secret: true,
     help: "Bearer token required by admin endpoints (adding/removing workers); unset = admin endpoints refused.",
   }),

@@ -12,6 +12,8 @@ export class ValueProblem extends Error {
 export interface ValueType<T> {
   /** For docs and errors: "an integer in [0, 65535]", "one of auto|json|pretty". */
   readonly description: string;
+  /** The value's placeholder in flag help: "N", "auto|json|pretty" ("" for booleans). */
+  readonly placeholder: string;
   fromToml(value: unknown): T;
   fromText(text: string): T;
   /** The value as a TOML literal. */
@@ -51,6 +53,7 @@ export function integer(min: number, max: number): ValueType<number> {
   };
   return {
     description,
+    placeholder: "N",
     fromToml(value) {
       if (typeof value === "bigint") throw new ValueProblem(`must be ${description}, got ${value}`);
       if (typeof value !== "number") throw new ValueProblem(`must be ${description}, got ${tomlKind(value)}`);
@@ -71,6 +74,7 @@ export function decimal(min: number, max: number): ValueType<number> {
   };
   return {
     description,
+    placeholder: "X",
     fromToml(value) {
       if (typeof value !== "number") throw new ValueProblem(`must be ${description}, got ${tomlKind(value)}`);
       return check(value, value);
@@ -85,6 +89,7 @@ const FALSE_TEXT = new Set(["false", "0", "no", "off"]);
 
 export const boolean: ValueType<boolean> = {
   description: "a boolean",
+  placeholder: "",
   fromToml(value) {
     if (typeof value !== "boolean") throw new ValueProblem(`must be true or false, got ${tomlKind(value)}`);
     return value;
@@ -106,6 +111,7 @@ export function oneOf<const T extends string>(values: readonly T[]): ValueType<T
   };
   return {
     description,
+    placeholder: values.join("|"),
     fromToml(value) {
       if (typeof value !== "string") throw new ValueProblem(`must be ${description}, got ${tomlKind(value)}`);
       return check(value);
@@ -116,13 +122,14 @@ export function oneOf<const T extends string>(values: readonly T[]): ValueType<T
 }
 
 /** A string checked by `valid`; `description` says what it must be. */
-export function text(description: string, valid: (value: string) => boolean): ValueType<string> {
+export function text(description: string, placeholder: string, valid: (value: string) => boolean): ValueType<string> {
   const check = (value: string): string => {
     if (!valid(value)) throw new ValueProblem(`must be ${description}, got ${shown(value)}`);
     return value;
   };
   return {
     description,
+    placeholder,
     fromToml(value) {
       if (typeof value !== "string") throw new ValueProblem(`must be ${description}, got ${tomlKind(value)}`);
       return check(value);
@@ -141,6 +148,7 @@ export const CPU_INDEX_MAX = 8191;
  */
 export const cpuList: ValueType<number[]> = {
   description: 'a CPU list such as "0-3,8"',
+  placeholder: "LIST",
   fromToml(value) {
     if (typeof value === "string") return parseCpuList(value);
     if (Array.isArray(value)) {

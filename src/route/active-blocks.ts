@@ -211,7 +211,10 @@ export class ActiveBlocks {
     const perSlot = new Map<number, number>();
     let nodes = 0;
     let words = 0;
-    const visit = (node: ActiveNode): void => {
+    // Iterative (a chain of nested request ends can be thousands of nodes deep).
+    const stack: ActiveNode[] = [this.root];
+    while (stack.length > 0) {
+      const node = stack.pop()!;
       let childTotal = 0;
       for (const [key, first] of node.children) {
         for (let child: ActiveNode | null = first; child !== null; child = child.sameLo) {
@@ -231,12 +234,11 @@ export class ActiveBlocks {
           nodes++;
           words += child.edge.length;
           childTotal += child.total;
-          visit(child);
+          stack.push(child);
         }
       }
       if (node !== this.root) check(node.total === node.ending + childTotal, "total differs from endings plus children");
-    };
-    visit(this.root);
+    }
     check(nodes === this.nodes && words === this.words, "node or word count is off");
     return perSlot;
   }

@@ -7,8 +7,8 @@ import { describe, expect, test } from "bun:test";
 import { join } from "node:path";
 import { parseFlags } from "../../src/cli/args";
 import {
-  type Config, ConfigError, configFlagSpecs, type LoadedConfig, loadConfig, parseConfigText, renderConfig, SETTINGS,
-  settingsTable,
+  type Config, ConfigError, configFlagSpecs, flagHelp, type LoadedConfig, loadConfig, parseConfigText, renderConfig,
+  SETTINGS, settingsTable,
 } from "../../src/config";
 
 const EXAMPLE = join(import.meta.dir, "..", "..", "examples", "kvedge.toml");
@@ -323,6 +323,19 @@ describe("example file, rendering and docs", () => {
     const defaults = renderConfig(load({}));
     expect(parseConfigText(defaults, "defaults.toml").workers).toBeNull();
     expect(defaults).toContain("# numa_node is not set");
+  });
+
+  test("flag help lists every flag the specs accept, with its variable and default", () => {
+    const help = flagHelp();
+    const specs = configFlagSpecs();
+    for (const name of Object.keys(specs)) {
+      const shown = name.startsWith("no-") ? `--[no-]${name.slice(3)}` : specs[name]!.kind === "boolean" ? `--[no-]${name}` : `--${name} `;
+      expect(help).toContain(shown);
+    }
+    expect(help).toContain("  --port N ");
+    expect(help).toContain("[KVEDGE_PORT, default 8080]");
+    expect(help).toContain("--log-format auto|json|pretty");
+    expect(help).toContain("[KVEDGE_ADMIN_TOKEN]");
   });
 
   test("the settings table lists every key with its flag and environment variable", () => {
