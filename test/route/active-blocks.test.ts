@@ -225,6 +225,26 @@ describe("ActiveBlocks", () => {
     blocks.verify();
   });
 
+  test("thousands of nested request ends (each a prefix of the next), removed in random order", () => {
+    const blocks = new ActiveBlocks();
+    const words = Array.from({ length: 3000 }, (_, i) => i);
+    const full = chainOf(words);
+    const holders = words.map((_, i) => {
+      const h = holder();
+      blocks.add(0, full, i + 1, h);
+      return h;
+    });
+    expect(blocks.nodeCount).toBe(3000);
+    expect(blocks.blockCount).toBe(3000);
+    blocks.verify();
+    const random = prng(5);
+    const order = words.map((i) => i).sort(() => (random() & 1) - 0.5);
+    let freed = 0;
+    for (const i of order) freed += blocks.remove(0, holders[i]!);
+    expect(freed).toBe(3000);
+    expect(blocks.nodeCount).toBe(0);
+  });
+
   test("depths with many workers sharing a prefix at different depths", () => {
     const blocks = new ActiveBlocks();
     const model = new Model();
