@@ -261,14 +261,16 @@ export class Router {
       if (cost > maxCost) maxCost = cost;
     }
     if (Number.isNaN(minCost + maxCost)) return -1;
-    const u = this.random();
-    if (minCost === maxCost) return slots[Math.min(liveCount - 1, Math.floor(u * liveCount))]!;
-    // An infinite range is first scaled down by the largest magnitude.
+    // Equal costs: every weight is 1 (uniform). An infinite range is first scaled down
+    // by the largest magnitude.
+    const uniform = minCost === maxCost;
     const magnitude = Number.isFinite(maxCost - minCost) ? 1 : Math.max(Math.abs(minCost), Math.abs(maxCost));
     const low = minCost / magnitude;
-    const scale = -1 / ((maxCost / magnitude - low) * temperature);
+    const scale = uniform ? 0 : -1 / ((maxCost / magnitude - low) * temperature);
     let sum = 0;
     for (let i = 0; i < liveCount; i++) sum += Math.exp((costs[slots[i]!]! / magnitude - low) * scale);
+    // The first index whose cumulative probability reaches u.
+    const u = this.random();
     let cumulative = 0;
     for (let i = 0; i < liveCount; i++) {
       const slot = slots[i]!;

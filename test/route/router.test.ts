@@ -183,7 +183,8 @@ describe("selection", () => {
     expect(pick(0.7312)).toBe(1);
     const uniform = (u: number) => routerWith(4, { random: () => u, weights: { temperature: 2 } })
       .route(request(R3()), overlaps([])).slot;
-    expect([0, 0.2499, 0.25, 0.5, 0.9999].map(uniform)).toEqual([0, 0, 1, 2, 3]);
+    // The first index whose cumulative probability (k + 1) / 4 reaches u.
+    expect([0, 0.25, 0.2501, 0.5, 0.7501, 0.9999].map(uniform)).toEqual([0, 0, 1, 1, 3, 3]);
   });
 
   test("softmax sampling frequencies match the distribution (T = 0.5, 3 workers)", () => {
