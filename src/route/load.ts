@@ -29,7 +29,7 @@ export const FINISHED_REMEMBERED_MAX = 65_536;
 export const DEFAULT_REQUEST_TTL_MS = 300_000;
 /** O(N) self-checks after every change (tests, debugging): KVEDGE_VERIFY=1. */
 const VERIFY = process.env.KVEDGE_VERIFY === "1";
-/** Sweeps run at most this often (and at least every tenth of the TTL). */
+/** The sweep interval is min(this, TTL / 10). */
 const SWEEP_INTERVAL_MAX_MS = 30_000;
 
 /**
@@ -91,10 +91,11 @@ export class LoadTracker {
   readonly requestTtlMs: number;
   readonly trackOutputBlocks: boolean;
   readonly counters: LoadCounters = { admitted: 0, prefillDone: 0, done: 0, expired: 0, droppedWithWorker: 0, unknown: 0 };
-  /** Active blocks of every worker, keyed by sequence hash. */
+  /** The chains of active requests: distinct blocks and shared depths per worker. */
   readonly blocks = new ActiveBlocks();
 
-  // Per slot. Length = slotCapacity; only live slots are meaningful.
+  // Per slot, read directly by the routing loop (callers must not write them).
+  // Length = slotCapacity; only live slots are meaningful.
   activePrefillTokens = new Float64Array(0);
   /** Distinct active prompt blocks plus expected output blocks (when tracked). */
   activeDecodeBlocks = new Float64Array(0);
