@@ -1,0 +1,97 @@
+/**
+ * Routing decisions per second at 8, 64 and 256 workers, in steady state.
+ *
+ * Workload (seeded, identical in every process): block size 16; 16 shared prefixes
+ * ("system prompts") of 32-128 blocks; each request is one prefix plus a unique tail
+ * of 8-64 blocks and a ragged end. The index's answer is simulated: each prefix is
+ * fully cached on 1/8 of the workers (at least one) and partly on two more. Every
+ * worker carries about 16 active requests: each iteration routes one request, marks
+ * the prefill of a request routed W*8 iterations earlier as done, and finishes the one
+ * routed W*16 iterations earlier.
+ *
+ * Timed region: one iteration = `Router.route` (cost of every worker, shared-depth
+ * lookup, admission with a copy of the chain) + `prefillDone` + `done`.
+ * Outside it: token generation and hashing (the server hashes for the index anyway),
+ * building the overlap lists.
+ *
+ *   bun bench/route.bench.ts [--json]
+ */
+import { bench, do_not_optimize, group, run } from "mitata";
+import { DEFAULT_SEED } from "../src/hash";
+import { type Overlaps, promptHashes, type RouteRequest, Router } from "../src/route";
+import { formatRate, prng, provenance } from "./lib";
+
+const BLOCK_SIZE = 16;
+const WORKER_COUNTS = [8, 64, 256];
+const POOL = 8192;
+const ACTIVE_PER_WORKER = 16;
+const json = process.argv.includes("--json");
+
+const random = prng(42);
+const between = (low: number, high: number) => low + (random() % (high - low + 1));
+const prefixes = Array.from({ length: 16 }, () => Uint32Array.from({ length: between(32, 128) * BLOCK_SIZE }, random));
+const requests: { request: RouteRequest; family: number }[] = [];
+for (let i = 0; i < POOL; i++) {
+  const family = random() % prefixes.length;
+  const prefix = prefixes[family]!;
+  const tokens = new Uint32Array(prefix.length + between(8, 64) * BLOCK_SIZE + (random() % BLOCK_SIZE));
+  tokens.set(prefix);
+  for (let t = prefix.length; t < tokens.length; t++) tokens[t] = random();
+  const hashes = promptHashes(tokens, BLOCK_SIZE, DEFAULT_SEED);
+  requests.push({ request: { chain: hashes.chain, blockCount: hashes.blockCount, tokenCount: tokens.length }, family });
+}
+
+function scenario(workers: number): () => void {
+  const router = new Router({ blockSize: BLOCK_SIZE, random: () => random() / 2 ** 32 });
+  for (let w = 0; w < workers; w++) router.load.addWorker(BigInt(1_000_000 + w), 0);
+  // Per family: the workers holding its prefix, and how deep.
+  const holders = prefixes.map((prefix) => {
+    const full = Math.max(1, workers >> 3);
+    const slots = new Int32Array(full + 2);
+    const blocks = new Float64Array(full + 2);
+    const start = random() % workers;
+    for (let k = 0; k < full + 2; k++) {
+      slots[k] = (start + k * 7) % workers;
+      blocks[k] = k < full ? prefix.length / BLOCK_SIZE : between(1, prefix.length / BLOCK_SIZE);
+    }
+    return { count: Math.min(workers, full + 2), slots, blocks } satisfies Overlaps;
+  });
+  const window = workers * ACTIVE_PER_WORKER;
+  const ids: string[] = new Array(window);
+  let next = 0;
+  const cycle = () => {
+    const { request, family } = requests[next % POOL]!;
+    const decision = router.route(request, holders[family]!);
+    const at = next % window;
+    const half = (next + (window >> 1)) % window;
+    if (ids[half] !== undefined) router.load.prefillDone(ids[half]!);
+    if (ids[at] !== undefined) router.load.done(ids[at]!);
+    ids[at] = decision.requestId;
+    next++;
+  };
+  for (let i = 0; i < window * 2; i++) cycle(); // reach steady state
+  return cycle;
+}
+
+for (const workers of WORKER_COUNTS) {
+  const cycle = scenario(workers);
+  group(`${workers} workers`, () => {
+    bench(`route W=${workers}`, () => do_not_optimize(cycle()));
+  });
+}
+
+const result = await run({ format: json ? "quiet" : "mitata" });
+const rows = WORKER_COUNTS.map((workers) => {
+  const stats = result.benchmarks.flatMap((trial) => trial.runs).find((entry) => entry.name === `route W=${workers}`)!.stats!;
+  return { workers, decisions_per_sec: 1e9 / stats.p50, p50_ns: stats.p50, p99_ns: stats.p99 };
+});
+
+if (json) {
+  process.stdout.write(`${JSON.stringify({ bench: "route", provenance: provenance(), rows })}\n`);
+} else {
+  console.log("\nworkers | decisions/s (route + prefill_done + done) | p50     | p99");
+  for (const row of rows) {
+    console.log(`${String(row.workers).padStart(7)} | ${formatRate(row.decisions_per_sec).padEnd(41)} | `
+      + `${(row.p50_ns / 1000).toFixed(2)} µs | ${(row.p99_ns / 1000).toFixed(2)} µs`);
+  }
+}

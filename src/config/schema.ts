@@ -1,0 +1,192 @@
+/**
+ * Every kvedge setting, once: its key in the TOML file, its flag, its environment
+ * variable, its type, default and help.
+ *
+ * Naming rule: the TOML key is `<section>.<name>`; the flag is `--<flag>`; the
+ * environment variable is `KVEDGE_` + the flag in upper case with `-` as `_`
+ * (`--admin-token` -> `KVEDGE_ADMIN_TOKEN`). Precedence: defaults < file < environment
+ * < flags. The `[[workers]]` list is the exception to "one value per key": a list from
+ * a higher source replaces the whole list from a lower one.
+ */
+import type { WorkerEntry } from "./workers";
+import { boolean, cpuList, decimal, integer, oneOf, text, type ValueType } from "./values";
+
+export const LOG_LEVELS = ["debug", "info", "warn", "error"] as const;
+export const LOG_FORMATS = ["auto", "json", "pretty"] as const;
+export const INDEX_BACKENDS = ["crtc"] as const;
+
+/** The resolved configuration; field names are the TOML keys. */
+export interface Config {
+  readonly server: {
+    readonly host: string;
+    readonly port: number;
+    readonly admin_token: string | null;
+    readonly body_limit_bytes: number;
+    readonly log_level: (typeof LOG_LEVELS)[number];
+    readonly log_format: (typeof LOG_FORMATS)[number];
+  };
+  readonly index: {
+    readonly block_size: number;
+    readonly backend: (typeof INDEX_BACKENDS)[number];
+  };
+  readonly route: {
+    readonly overlap_score_credit: number;
+    readonly overlap_score_credit_decay: number;
+    readonly prefill_load_scale: number;
+    readonly decode_active_request_weight: number;
+    readonly temperature: number;
+    readonly degraded_overlap_weight: number;
+    readonly request_ttl_secs: number;
+    readonly track_output_blocks: boolean;
+  };
+  readonly ingest: {
+    readonly max_message_bytes: number;
+    readonly heartbeat_interval_ms: number;
+    readonly heartbeat_timeout_ms: number;
+    readonly reconnect_min_ms: number;
+    readonly reconnect_max_ms: number;
+    readonly replay_timeout_ms: number;
+  };
+  readonly runtime: {
+    readonly cpus: readonly number[] | null;
+    readonly numa_node: number | null;
+  };
+  readonly workers: readonly WorkerEntry[];
+}
+
+export interface Setting<T = unknown> {
+  /** `section.name` in the TOML file. */
+  readonly key: string;
+  /** The long flag, without `--`. */
+  readonly flag: string;
+  readonly type: ValueType<T>;
+  /** null = unset (only for optional settings). */
+  readonly default: T | null;
+  readonly optional?: boolean;
+  /** Never printed (rendered as "set" / "not set"). */
+  readonly secret?: boolean;
+  readonly help: string;
+}
+
+const MIB = 1024 * 1024;
+const HOST = /^[A-Za-z0-9._:-]+$/;
+const TOKEN = /^[\x21-\x7e]+$/;
+const HOUR_MS = 3_600_000;
+
+function setting<T>(spec: Setting<T>): Setting {
+  return spec as Setting;
+}
+
+export const SETTINGS: readonly Setting[] = [
+  setting({
+    key: "server.host", flag: "host", type: text("a host name or IP address", "HOST", (v) => HOST.test(v)), default: "127.0.0.1",
+    help: "Address the HTTP server listens on (0.0.0.0 or :: for all interfaces).",
+  }),
+  setting({
+    key: "server.port", flag: "port", type: integer(0, 65_535), default: 8080,
+    help: "HTTP port (0 picks a free one).",
+  }),
+  setting({
+    key: "server.admin_token", flag: "admin-token", type: text("printable ASCII without spaces", "TOKEN", (v) => TOKEN.test(v)),
+    default: null, optional: true, secret: true,
+    help: "Bearer token required by admin endpoints (adding/removing workers); unset = admin endpoints refused.",
+  }),
+  setting({
+    key: "server.body_limit_bytes", flag: "body-limit-bytes", type: integer(1024, 1024 * MIB), default: 8 * MIB,
+    help: "Largest HTTP request body accepted.",
+  }),
+  setting({
+    key: "server.log_level", flag: "log-level", type: oneOf(LOG_LEVELS), default: "info",
+    help: "Least severe log level written.",
+  }),
+  setting({
+    key: "server.log_format", flag: "log-format", type: oneOf(LOG_FORMATS), default: "auto",
+    help: "Log lines as JSON, or compact text; auto = text on a terminal, JSON otherwise.",
+  }),
+  setting({
+    key: "index.block_size", flag: "block-size", type: integer(1, 65_536), default: 16,
+    help: "Tokens per KV block; must equal the engines' block (page) size.",
+  }),
+  setting({
+    key: "index.backend", flag: "index-backend", type: oneOf(INDEX_BACKENDS), default: "crtc",
+    help: "Index data structure (crtc: compressed radix tree).",
+  }),
+  setting({
+    key: "route.overlap_score_credit", flag: "overlap-score-credit", type: decimal(0, 1e6), default: 1,
+    help: "Prefill blocks credited per block a worker already holds.",
+  }),
+  setting({
+    key: "route.overlap_score_credit_decay", flag: "overlap-score-credit-decay", type: decimal(0, 1e6), default: 0,
+    help: "Shrinks the credit of workers with more queued prefill than the least busy one (0 = off).",
+  }),
+  setting({
+    key: "route.prefill_load_scale", flag: "prefill-load-scale", type: decimal(0, 1e6), default: 1,
+    help: "Weight of prefill blocks (after the overlap credit) against decode blocks.",
+  }),
+  setting({
+    key: "route.decode_active_request_weight", flag: "decode-active-request-weight", type: decimal(0, 1e6), default: 0,
+    help: "Extra cost, in blocks, per request active on a worker.",
+  }),
+  setting({
+    key: "route.temperature", flag: "router-temperature", type: decimal(0, 100), default: 0,
+    help: "0 = lowest cost wins (random among ties); > 0 = softmax over normalized costs.",
+  }),
+  setting({
+    key: "route.degraded_overlap_weight", flag: "degraded-overlap-weight", type: decimal(0, 1), default: 0.5,
+    help: "Factor on the overlap of a worker whose events were lost without replay.",
+  }),
+  setting({
+    key: "route.request_ttl_secs", flag: "request-ttl-secs", type: decimal(0.01, 604_800), default: 300,
+    help: "A routed request with no lifecycle call for this long stops counting as load.",
+  }),
+  setting({
+    key: "route.track_output_blocks", flag: "track-output-blocks", type: boolean, default: false,
+    help: "Count each request's expected_output_tokens as decode blocks until done.",
+  }),
+  setting({
+    key: "ingest.max_message_bytes", flag: "max-message-bytes", type: integer(4096, 1024 * MIB), default: 16 * MIB,
+    help: "Largest ZMQ message accepted from an engine; larger ones are counted and skipped.",
+  }),
+  setting({
+    key: "ingest.heartbeat_interval_ms", flag: "heartbeat-interval-ms", type: integer(0, HOUR_MS), default: 5000,
+    help: "ZMTP PING interval on engine connections (0 = off).",
+  }),
+  setting({
+    key: "ingest.heartbeat_timeout_ms", flag: "heartbeat-timeout-ms", type: integer(1, HOUR_MS), default: 15_000,
+    help: "A connection silent for this long is dropped and reconnected.",
+  }),
+  setting({
+    key: "ingest.reconnect_min_ms", flag: "reconnect-min-ms", type: integer(1, HOUR_MS), default: 100,
+    help: "First reconnect delay; doubles up to reconnect_max_ms.",
+  }),
+  setting({
+    key: "ingest.reconnect_max_ms", flag: "reconnect-max-ms", type: integer(1, HOUR_MS), default: 5000,
+    help: "Longest reconnect delay.",
+  }),
+  setting({
+    key: "ingest.replay_timeout_ms", flag: "replay-timeout-ms", type: integer(1, HOUR_MS), default: 5000,
+    help: "How long to wait for each replay reply before giving up and marking the worker degraded.",
+  }),
+  setting({
+    key: "runtime.cpus", flag: "cpus", type: cpuList, default: null, optional: true,
+    help: 'CPUs to pin kvedge\'s threads to, e.g. "0-3,8" (unset = no pinning).',
+  }),
+  setting({
+    key: "runtime.numa_node", flag: "numa-node", type: integer(0, 1023), default: null, optional: true,
+    help: "NUMA node to allocate memory on (unset = the kernel's default policy).",
+  }),
+];
+
+/** `[[workers]]` entries; `--workers` / KVEDGE_WORKERS in the compact form. */
+export const WORKERS_FLAG = "workers";
+/** The config file path; KVEDGE_CONFIG in the environment. */
+export const CONFIG_FLAG = "config";
+
+export const SECTIONS = [...new Set(SETTINGS.map((s) => s.key.split(".")[0]!))];
+
+export function envName(flag: string): string {
+  return `KVEDGE_${flag.toUpperCase().replaceAll("-", "_")}`;
+}
+
+/** KVEDGE_* variables read by other parts of kvedge, not settings. */
+export const OTHER_ENV = new Set(["KVEDGE_NATIVE", "KVEDGE_VERIFY"]);

@@ -1,0 +1,10 @@
+export { ActiveBlocks, type ActiveNode, type ChainHolder } from "./active-blocks";
+export { overlapsOf, type PromptHashes, promptHashes, type WorkerOverlap } from "./input";
+export {
+  DEFAULT_REQUEST_TTL_MS, FINISHED_REMEMBERED_MAX, type LifecycleResult, type LoadCounters, LoadTracker,
+  type LoadTrackerOptions, REQUEST_ID_LENGTH_MAX, type WorkerLoad, WORKERS_MAX,
+} from "./load";
+export {
+  type Candidate, DEFAULT_ROUTE_WEIGHTS, NO_OVERLAPS, type Overlaps, type RouteDecision, RouteError,
+  type RouteErrorCode, type RouteRequest, Router, type RouterOptions, type RouteWeights,
+} from "./router";

@@ -1,0 +1,52 @@
+/**
+ * Adapters from what the server and the index have to what the router takes.
+ */
+import { blockCount, chainHashes, hashBlocks, type Seed } from "../hash";
+import type { LoadTracker } from "./load";
+import type { Overlaps } from "./router";
+
+/** One worker's overlap as an index reports it at the API edge. */
+export interface WorkerOverlap {
+  readonly workerId: bigint;
+  readonly dpRank: number;
+  readonly blocks: number;
+}
+
+/**
+ * Overlaps keyed by router slot, from per-worker scores. Workers the router does not
+ * know are skipped and counted in `unknown` (the index may still hold blocks of a
+ * worker that was just removed).
+ */
+export function overlapsOf(load: LoadTracker, scores: readonly WorkerOverlap[]): Overlaps & { unknown: number } {
+  const slots = new Int32Array(scores.length);
+  const blocks = new Float64Array(scores.length);
+  let count = 0;
+  let unknown = 0;
+  for (const score of scores) {
+    const slot = load.slotOf(score.workerId, score.dpRank);
+    if (slot < 0) {
+      unknown++;
+      continue;
+    }
+    slots[count] = slot;
+    blocks[count++] = score.blocks;
+  }
+  return { count, slots, blocks, unknown };
+}
+
+/** A prompt's block hashes: local ones (what the index matches) and the sequence chain (what load tracking keys on). */
+export interface PromptHashes {
+  readonly blockCount: number;
+  /** Local block hashes, (hi, lo) pairs. */
+  readonly local: Uint32Array;
+  /** Sequence hashes, (hi, lo) pairs. */
+  readonly chain: Uint32Array;
+}
+
+export function promptHashes(tokens: Uint32Array, blockSize: number, seed: Seed): PromptHashes {
+  const local = new Uint32Array(2 * blockCount(tokens.length, blockSize));
+  const count = hashBlocks(tokens, blockSize, seed, local);
+  const chain = new Uint32Array(2 * count);
+  chainHashes(local, count, chain);
+  return { blockCount: count, local, chain };
+}

@@ -1,0 +1,422 @@
+/**
+ * Load tracking: the workers the router may choose from, and what each one is busy
+ * with, from the requests routed to it (Dynamo's ActiveSequences, reference §5.4).
+ *
+ * A request's lifecycle is routed -> prefill done -> done. From admission until its
+ * prefill is done it adds its uncached prompt tokens (isl - cached, never below 0) to
+ * the worker's active prefill tokens; until done its prompt blocks (sequence hashes)
+ * count among the worker's distinct active blocks (refcounted, so blocks shared by
+ * several requests count once), plus its expected output blocks when output tracking
+ * is on. A request never finished expires `requestTtlMs` after its last lifecycle call.
+ *
+ * Workers live in dense slots (per-slot typed arrays, read by the routing loop without
+ * lookups). Slots are reused after removal; removal first drops the worker's requests,
+ * so nothing can refer to a reused slot.
+ *
+ * Expiry is one coarse sweep over all active requests, run when due (`sweepIfDue`:
+ * once per min(30 s, TTL / 10)), which the router calls on every
+ * decision and readers (metrics, status) call before reading: no timer per request, no
+ * timer at all. A sweep costs O(active requests), a few milliseconds at 100k.
+ */
+import { ActiveBlocks, type ActiveNode, type ChainHolder } from "./active-blocks";
+
+/** Slots are u16 in the index; the router uses the same bound. */
+export const WORKERS_MAX = 65_535;
+/** Client-supplied request ids longer than this are refused. */
+export const REQUEST_ID_LENGTH_MAX = 256;
+/** Finished requests remembered so a repeated done/prefill_done is answered as such. */
+export const FINISHED_REMEMBERED_MAX = 65_536;
+export const DEFAULT_REQUEST_TTL_MS = 300_000;
+/** O(N) self-checks after every change (tests, debugging): KVEDGE_VERIFY=1. */
+const VERIFY = process.env.KVEDGE_VERIFY === "1";
+/** The sweep interval is min(this, TTL / 10). */
+const SWEEP_INTERVAL_MAX_MS = 30_000;
+
+/**
+ * What a lifecycle call found: `ok` (applied, or prefill already marked done),
+ * `already_done`, `expired` (dropped by the TTL), `worker_removed` (its worker left),
+ * or `unknown` (never seen, or forgotten: the server answers 404).
+ */
+export type LifecycleResult = "ok" | "already_done" | "expired" | "worker_removed" | "unknown";
+
+type Ending = "already_done" | "expired" | "worker_removed";
+
+interface ActiveRequest extends ChainHolder {
+  readonly id: string;
+  readonly slot: number;
+  /** Where the prompt's chain ends in the active-block tree (null without blocks). */
+  leaf: ActiveNode | null;
+  readonly blocks: number;
+  /** Uncached prompt tokens still charged to the worker; 0 once prefill is done. */
+  prefillTokens: number;
+  readonly outputBlocks: number;
+  touchedMs: number;
+}
+
+export interface LoadTrackerOptions {
+  readonly blockSize: number;
+  /** Requests never finished expire this long after their last lifecycle call. */
+  readonly requestTtlMs?: number;
+  /** Count each request's expected output blocks as decode load (Dynamo's default: off). */
+  readonly trackOutputBlocks?: boolean;
+  /** Monotonic milliseconds; injectable for tests. */
+  readonly now?: () => number;
+}
+
+/** One worker's load, for metrics and the status page. */
+export interface WorkerLoad {
+  readonly slot: number;
+  readonly workerId: bigint;
+  readonly dpRank: number;
+  readonly degraded: boolean;
+  readonly activeRequests: number;
+  readonly activePrefillTokens: number;
+  readonly activeDecodeBlocks: number;
+  readonly routedTotal: number;
+}
+
+/** Totals since start, as plain fields for the metrics layer. */
+export interface LoadCounters {
+  admitted: number;
+  prefillDone: number;
+  done: number;
+  expired: number;
+  droppedWithWorker: number;
+  /** Lifecycle calls for ids never seen or already forgotten. */
+  unknown: number;
+}
+
+export class LoadTracker {
+  readonly blockSize: number;
+  readonly requestTtlMs: number;
+  readonly trackOutputBlocks: boolean;
+  readonly counters: LoadCounters = { admitted: 0, prefillDone: 0, done: 0, expired: 0, droppedWithWorker: 0, unknown: 0 };
+  /** The chains of active requests: distinct blocks and shared depths per worker. */
+  readonly blocks = new ActiveBlocks();
+
+  // Per slot, read directly by the routing loop (callers must not write them).
+  // Length = slotCapacity; only live slots are meaningful.
+  activePrefillTokens = new Float64Array(0);
+  /** Distinct active prompt blocks plus expected output blocks (when tracked). */
+  activeDecodeBlocks = new Float64Array(0);
+  activeRequests = new Uint32Array(0);
+  routedTotal = new Float64Array(0);
+  degraded = new Uint8Array(0);
+  live = new Uint8Array(0);
+  dpRanks = new Uint32Array(0);
+  private workerIds: bigint[] = [];
+  /** Live slots, densely packed (the routing loop's candidate list). */
+  liveSlots = new Int32Array(0);
+  liveCount = 0;
+  private livePosition = new Int32Array(0);
+  private freeSlots: number[] = [];
+  private slotTop = 0;
+  private readonly slotByWorker = new Map<bigint, Map<number, number>>();
+
+  private readonly requests = new Map<string, ActiveRequest>();
+  // Recently finished ids, oldest first, in a ring; `finished` maps an id to its ring
+  // position (an id reused later has a newer position; the stale one is skipped).
+  private readonly finished = new Map<string, number>();
+  private readonly finishedIds: string[] = new Array(FINISHED_REMEMBERED_MAX).fill("");
+  private readonly finishedEndings: Ending[] = new Array(FINISHED_REMEMBERED_MAX).fill("already_done");
+  private readonly finishedAtMs = new Float64Array(FINISHED_REMEMBERED_MAX);
+  private finishedHead = 0; // position of the oldest entry (a running count, not wrapped)
+  private finishedTail = 0;
+  private readonly now: () => number;
+  private readonly sweepIntervalMs: number;
+  private lastSweepMs: number;
+  private readonly idPrefix = `r${crypto.getRandomValues(new Uint32Array(1))[0]!.toString(36)}`;
+  private idCounter = 0;
+
+  constructor(options: LoadTrackerOptions) {
+    if (!Number.isInteger(options.blockSize) || options.blockSize < 1) throw new RangeError(`bad block size ${options.blockSize}`);
+    this.blockSize = options.blockSize;
+    this.requestTtlMs = options.requestTtlMs ?? DEFAULT_REQUEST_TTL_MS;
+    if (!(this.requestTtlMs > 0)) throw new RangeError(`bad request TTL ${this.requestTtlMs}`);
+    this.trackOutputBlocks = options.trackOutputBlocks ?? false;
+    this.now = options.now ?? (() => performance.now());
+    this.sweepIntervalMs = Math.min(SWEEP_INTERVAL_MAX_MS, this.requestTtlMs / 10);
+    this.lastSweepMs = this.now();
+    this.growSlots(8);
+  }
+
+  // ---- Workers ----
+
+  /** Slots allocated so far (per-slot arrays are at least this long). */
+  get slotCapacity(): number {
+    return this.live.length;
+  }
+
+  /** The worker's slot, or -1. */
+  slotOf(workerId: bigint, dpRank: number): number {
+    return this.slotByWorker.get(workerId)?.get(dpRank) ?? -1;
+  }
+
+  workerIdOf(slot: number): bigint {
+    this.assertLive(slot);
+    return this.workerIds[slot]!;
+  }
+
+  /** Adds a worker (idempotent: a known one keeps its slot and load). Returns its slot. */
+  addWorker(workerId: bigint, dpRank: number): number {
+    if (workerId < 0n || workerId >= 1n << 64n) throw new RangeError(`worker id ${workerId} is not a u64`);
+    if (!Number.isInteger(dpRank) || dpRank < 0 || dpRank > 0xffff_ffff) throw new RangeError(`dp rank ${dpRank} is not a u32`);
+    const known = this.slotOf(workerId, dpRank);
+    if (known >= 0) return known;
+    if (this.liveCount >= WORKERS_MAX) throw new RangeError(`more than ${WORKERS_MAX} workers`);
+    let slot = this.freeSlots.pop();
+    if (slot === undefined) {
+      slot = this.slotTop++;
+      if (slot >= this.slotCapacity) this.growSlots(this.slotCapacity * 2);
+    }
+    this.workerIds[slot] = workerId;
+    this.dpRanks[slot] = dpRank;
+    this.live[slot] = 1;
+    this.livePosition[slot] = this.liveCount;
+    this.liveSlots[this.liveCount++] = slot;
+    let ranks = this.slotByWorker.get(workerId);
+    if (ranks === undefined) this.slotByWorker.set(workerId, (ranks = new Map()));
+    ranks.set(dpRank, slot);
+    return slot;
+  }
+
+  /** Removes a worker and drops its requests. Returns false if it was not known. */
+  removeWorker(workerId: bigint, dpRank: number): boolean {
+    const slot = this.slotOf(workerId, dpRank);
+    if (slot < 0) return false;
+    if (this.activeRequests[slot]! > 0) {
+      for (const request of this.requests.values()) {
+        if (request.slot !== slot) continue;
+        this.release(request, "worker_removed");
+        this.counters.droppedWithWorker++;
+      }
+    }
+    check(this.activeRequests[slot] === 0 && this.activePrefillTokens[slot] === 0, "load left on a removed worker");
+    check(this.activeDecodeBlocks[slot] === 0, "blocks left on a removed worker");
+    const ranks = this.slotByWorker.get(workerId)!;
+    ranks.delete(dpRank);
+    if (ranks.size === 0) this.slotByWorker.delete(workerId);
+    const position = this.livePosition[slot]!;
+    const last = this.liveSlots[--this.liveCount]!;
+    this.liveSlots[position] = last;
+    this.livePosition[last] = position;
+    this.live[slot] = 0;
+    this.degraded[slot] = 0;
+    this.routedTotal[slot] = 0;
+    this.workerIds[slot] = 0n;
+    this.freeSlots.push(slot);
+    return true;
+  }
+
+  /**
+   * Marks a worker degraded (its event source lost events it could not replay, so
+   * its overlap is only partly trusted) or healthy again.
+   */
+  setDegraded(slot: number, degraded: boolean): void {
+    this.assertLive(slot);
+    this.degraded[slot] = degraded ? 1 : 0;
+  }
+
+  /** Every live worker's load (allocates: for scrapes and status, not the hot path). */
+  workers(): WorkerLoad[] {
+    const rows: WorkerLoad[] = [];
+    for (let i = 0; i < this.liveCount; i++) {
+      const slot = this.liveSlots[i]!;
+      rows.push({
+        slot,
+        workerId: this.workerIds[slot]!,
+        dpRank: this.dpRanks[slot]!,
+        degraded: this.degraded[slot] === 1,
+        activeRequests: this.activeRequests[slot]!,
+        activePrefillTokens: this.activePrefillTokens[slot]!,
+        activeDecodeBlocks: this.activeDecodeBlocks[slot]!,
+        routedTotal: this.routedTotal[slot]!,
+      });
+    }
+    return rows;
+  }
+
+  // ---- Requests ----
+
+  /** Requests routed and not yet done, expired or dropped. */
+  get activeRequestCount(): number {
+    return this.requests.size;
+  }
+
+  isActive(requestId: string): boolean {
+    return this.requests.has(requestId);
+  }
+
+  /** A fresh request id, unique among active requests (a per-process prefix + counter). */
+  newRequestId(): string {
+    for (let attempts = 0; attempts < 16; attempts++) {
+      const id = `${this.idPrefix}-${++this.idCounter}`;
+      if (!this.requests.has(id)) return id;
+    }
+    throw new Error("could not generate a free request id");
+  }
+
+  /**
+   * Records a request routed to `slot`. `chain` holds `blocks` sequence hashes (only
+   * read here, the caller may reuse it). `cachedTokens` is what the worker is expected
+   * to hold of the prompt.
+   */
+  admit(
+    requestId: string, slot: number, chain: Uint32Array, blocks: number,
+    promptTokens: number, cachedTokens: number, expectedOutputTokens: number,
+  ): void {
+    this.assertLive(slot);
+    check(!this.requests.has(requestId), "request admitted twice");
+    check(blocks * this.blockSize <= promptTokens, "more blocks than prompt tokens");
+    const prefillTokens = Math.max(0, promptTokens - cachedTokens);
+    const outputBlocks = this.trackOutputBlocks ? Math.ceil(expectedOutputTokens / this.blockSize) : 0;
+    const request: ActiveRequest = {
+      id: requestId,
+      slot,
+      leaf: null,
+      blocks,
+      prefillTokens,
+      outputBlocks,
+      touchedMs: this.now(),
+    };
+    const added = this.blocks.add(slot, chain, blocks, request);
+    this.requests.set(requestId, request);
+    this.finished.delete(requestId);
+    this.activePrefillTokens[slot]! += prefillTokens;
+    this.activeDecodeBlocks[slot]! += added + outputBlocks;
+    this.activeRequests[slot]!++;
+    this.routedTotal[slot]!++;
+    this.counters.admitted++;
+    if (VERIFY) this.verify();
+  }
+
+  /** The request's prefill finished: its prompt tokens stop counting. Idempotent. */
+  prefillDone(requestId: string): LifecycleResult {
+    const request = this.requests.get(requestId);
+    if (request === undefined) return this.ended(requestId);
+    if (request.prefillTokens > 0) {
+      this.activePrefillTokens[request.slot]! -= request.prefillTokens;
+      request.prefillTokens = 0;
+    }
+    request.touchedMs = this.now();
+    this.counters.prefillDone++;
+    return "ok";
+  }
+
+  /** The request finished: all its load is released. A repeat answers `already_done`. */
+  done(requestId: string): LifecycleResult {
+    const request = this.requests.get(requestId);
+    if (request === undefined) return this.ended(requestId);
+    this.release(request, "already_done");
+    this.counters.done++;
+    return "ok";
+  }
+
+  /** Runs the expiry sweep if one is due. Cheap when not. */
+  sweepIfDue(): void {
+    const now = this.now();
+    if (now - this.lastSweepMs >= this.sweepIntervalMs) this.sweep(now);
+  }
+
+  /** Expires every request idle for the TTL or longer. Returns how many. */
+  sweep(now = this.now()): number {
+    this.lastSweepMs = now;
+    let expired = 0;
+    for (const request of this.requests.values()) {
+      if (now - request.touchedMs < this.requestTtlMs) continue;
+      this.release(request, "expired");
+      expired++;
+    }
+    while (this.finishedHead < this.finishedTail) {
+      if (now - this.finishedAtMs[this.finishedHead % FINISHED_REMEMBERED_MAX]! < this.requestTtlMs) break;
+      this.forgetOldest();
+    }
+    this.counters.expired += expired;
+    return expired;
+  }
+
+  /**
+   * O(N) consistency check (tests, KVEDGE_VERIFY): per-slot counters equal sums over
+   * active requests, and the block table agrees with the decode counters.
+   */
+  verify(): void {
+    const perSlot = this.blocks.verify();
+    const requests = new Uint32Array(this.slotCapacity);
+    const prefill = new Float64Array(this.slotCapacity);
+    const output = new Float64Array(this.slotCapacity);
+    for (const request of this.requests.values()) {
+      check(this.live[request.slot] === 1, "request on a dead slot");
+      requests[request.slot]!++;
+      prefill[request.slot]! += request.prefillTokens;
+      output[request.slot]! += request.outputBlocks;
+    }
+    for (let slot = 0; slot < this.slotCapacity; slot++) {
+      check(requests[slot] === this.activeRequests[slot], `slot ${slot} active request count`);
+      check(prefill[slot] === this.activePrefillTokens[slot], `slot ${slot} prefill tokens`);
+      check((perSlot.get(slot) ?? 0) + output[slot]! === this.activeDecodeBlocks[slot], `slot ${slot} decode blocks`);
+    }
+    check(this.finished.size <= FINISHED_REMEMBERED_MAX, "too many finished ids remembered");
+  }
+
+  private ended(requestId: string): LifecycleResult {
+    const position = this.finished.get(requestId);
+    if (position !== undefined) return this.finishedEndings[position % FINISHED_REMEMBERED_MAX]!;
+    this.counters.unknown++;
+    return "unknown";
+  }
+
+  private remember(requestId: string, ending: Ending): void {
+    if (this.finishedTail - this.finishedHead === FINISHED_REMEMBERED_MAX) this.forgetOldest();
+    const position = this.finishedTail++;
+    const at = position % FINISHED_REMEMBERED_MAX;
+    this.finishedIds[at] = requestId;
+    this.finishedEndings[at] = ending;
+    this.finishedAtMs[at] = this.now();
+    this.finished.set(requestId, position);
+  }
+
+  private forgetOldest(): void {
+    const position = this.finishedHead++;
+    const at = position % FINISHED_REMEMBERED_MAX;
+    const id = this.finishedIds[at]!;
+    if (this.finished.get(id) === position) this.finished.delete(id);
+    this.finishedIds[at] = "";
+  }
+
+  private release(request: ActiveRequest, ending: Ending): void {
+    const slot = request.slot;
+    this.requests.delete(request.id);
+    this.activePrefillTokens[slot]! -= request.prefillTokens;
+    const freed = this.blocks.remove(slot, request);
+    this.activeDecodeBlocks[slot]! -= freed + request.outputBlocks;
+    this.activeRequests[slot]!--;
+    this.remember(request.id, ending);
+    if (VERIFY) this.verify();
+  }
+
+  private assertLive(slot: number): void {
+    if (!(slot >= 0 && slot < this.slotCapacity && this.live[slot] === 1)) throw new RangeError(`no worker in slot ${slot}`);
+  }
+
+  /** The one allocation site for per-slot arrays. */
+  private growSlots(capacity: number): void {
+    const grow = <T extends Float64Array | Uint32Array | Uint8Array | Int32Array>(old: T, make: (n: number) => T): T => {
+      const fresh = make(capacity);
+      fresh.set(old);
+      return fresh;
+    };
+    this.activePrefillTokens = grow(this.activePrefillTokens, (n) => new Float64Array(n));
+    this.activeDecodeBlocks = grow(this.activeDecodeBlocks, (n) => new Float64Array(n));
+    this.activeRequests = grow(this.activeRequests, (n) => new Uint32Array(n));
+    this.routedTotal = grow(this.routedTotal, (n) => new Float64Array(n));
+    this.degraded = grow(this.degraded, (n) => new Uint8Array(n));
+    this.live = grow(this.live, (n) => new Uint8Array(n));
+    this.dpRanks = grow(this.dpRanks, (n) => new Uint32Array(n));
+    this.liveSlots = grow(this.liveSlots, (n) => new Int32Array(n));
+    this.livePosition = grow(this.livePosition, (n) => new Int32Array(n));
+  }
+}
+
+function check(condition: boolean, message: string): void {
+  if (!condition) throw new Error(`load tracker: ${message}`);
+}

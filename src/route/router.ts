@@ -1,0 +1,321 @@
+/**
+ * Worker selection: Dynamo's cost model (reference §5.2, device tier) and its
+ * selection rule (§5.3), over every known worker.
+ *
+ * For a request of `isl` prompt tokens, `n` complete blocks, block size `bs`, and a
+ * candidate worker w:
+ *
+ *   raw_prefill  = (active_prefill_tokens[w] + isl) / bs
+ *   decay        = 1 / (1 + d * ((active_prefill_tokens[w] - min_w') / bs) / ceil(isl / bs))
+ *                  when overlap_score_credit_decay d > 0, else 1
+ *   overlap      = device overlap blocks[w] * (degraded[w] ? degraded_overlap_weight : 1)
+ *   prefill_cost = prefill_load_scale * max(0, raw_prefill - overlap_score_credit * decay * overlap)
+ *   decode       = active_decode_blocks[w] + (n - blocks of the prompt already active on w)
+ *   cost         = prefill_cost + decode + decode_active_request_weight * active_requests[w]
+ *
+ * Temperature 0 picks the lowest cost, ties broken uniformly at random (reservoir
+ * sampling); T > 0 samples softmax(-(c - min) / ((max - min) * T)), uniform when all
+ * costs are equal. Workers with no overlap are candidates like any other, so misses
+ * spread by load and random ties; a hot worker's growing load outweighs its cache.
+ *
+ * Hot path: one pass over the live slots reading per-slot typed arrays; the only
+ * allocations per decision are the result object, the request's id and its record in
+ * the load tracker.
+ */
+import { LoadTracker, type LoadTrackerOptions, REQUEST_ID_LENGTH_MAX } from "./load";
+
+export interface RouteWeights {
+  /** Credit, in blocks of prefill, per block the worker already holds. */
+  readonly overlapScoreCredit: number;
+  /** Shrinks the credit of workers with more queued prefill than the least busy one. */
+  readonly overlapScoreCreditDecay: number;
+  /** Weight of the (credited) prefill blocks against decode blocks. */
+  readonly prefillLoadScale: number;
+  /** Cost per active request, in blocks. */
+  readonly decodeActiveRequestWeight: number;
+  /** 0 = argmin with random ties; > 0 = softmax over normalized costs. */
+  readonly temperature: number;
+  /** Factor on a degraded worker's overlap (0 = ignore it, 1 = trust it fully). */
+  readonly degradedOverlapWeight: number;
+}
+
+/** Dynamo's defaults (reference §5.6), plus kvedge's degraded-worker discount. */
+export const DEFAULT_ROUTE_WEIGHTS: RouteWeights = {
+  overlapScoreCredit: 1,
+  overlapScoreCreditDecay: 0,
+  prefillLoadScale: 1,
+  decodeActiveRequestWeight: 0,
+  temperature: 0,
+  degradedOverlapWeight: 0.5,
+};
+
+export interface RouterOptions extends LoadTrackerOptions {
+  readonly weights?: Partial<RouteWeights>;
+  /** Uniform in [0, 1); injectable for tests. */
+  readonly random?: () => number;
+}
+
+/**
+ * The index's answer for one request: per worker holding a prefix of it, the number
+ * of leading blocks held. `slots` are router slots (`LoadTracker.slotOf`); entries for
+ * slots no longer live are ignored, workers not listed have overlap 0.
+ */
+export interface Overlaps {
+  readonly count: number;
+  readonly slots: ArrayLike<number>;
+  readonly blocks: ArrayLike<number>;
+}
+
+export const NO_OVERLAPS: Overlaps = { count: 0, slots: [], blocks: [] };
+
+export interface RouteRequest {
+  /** Sequence hashes of the prompt's complete blocks, (hi, lo) pairs (src/hash chainHashes). */
+  readonly chain: Uint32Array;
+  readonly blockCount: number;
+  /** Prompt length in tokens (isl), including a trailing partial block. */
+  readonly tokenCount: number;
+  /** Client's id; one is generated when absent. Must not be active already. */
+  readonly requestId?: string | null;
+  readonly expectedOutputTokens?: number | null;
+  /** Per-request overrides of the configured weights. */
+  readonly overlapScoreCredit?: number | null;
+  readonly prefillLoadScale?: number | null;
+  readonly temperature?: number | null;
+  /** Return up to this many candidates, lowest cost first (default 0: none). */
+  readonly candidatesMax?: number;
+}
+
+export interface Candidate {
+  readonly workerId: bigint;
+  readonly dpRank: number;
+  /** Blocks the index says the worker holds (before any degraded discount). */
+  readonly overlapBlocks: number;
+  readonly cost: number;
+  readonly degraded: boolean;
+  readonly activePrefillTokens: number;
+  readonly activeDecodeBlocks: number;
+  readonly activeRequests: number;
+}
+
+export interface RouteDecision {
+  readonly requestId: string;
+  readonly slot: number;
+  readonly workerId: bigint;
+  readonly dpRank: number;
+  readonly overlapBlocks: number;
+  readonly cost: number;
+  readonly candidates: readonly Candidate[];
+}
+
+export type RouteErrorCode = "no_workers" | "duplicate_request" | "bad_request";
+
+/** A request the router refuses; `code` tells the server which status to answer. */
+export class RouteError extends Error {
+  override readonly name = "RouteError";
+  constructor(readonly code: RouteErrorCode, message: string) {
+    super(message);
+  }
+}
+
+const EXPECTED_OUTPUT_TOKENS_MAX = 2 ** 31;
+
+export class Router {
+  readonly load: LoadTracker;
+  readonly weights: RouteWeights;
+  private readonly random: () => number;
+  // Scratch, by slot, reused by every decision.
+  private overlapBySlot = new Float64Array(0);
+  private depthBySlot = new Uint32Array(0);
+  private costBySlot = new Float64Array(0);
+
+  constructor(options: RouterOptions) {
+    this.load = new LoadTracker(options);
+    this.weights = { ...DEFAULT_ROUTE_WEIGHTS, ...options.weights };
+    checkWeights(this.weights);
+    this.random = options.random ?? Math.random;
+  }
+
+  /** Picks a worker for the request and records it as that worker's load. */
+  route(request: RouteRequest, overlaps: Overlaps): RouteDecision {
+    const load = this.load;
+    const blockCount = request.blockCount;
+    const tokenCount = request.tokenCount;
+    const blockSize = load.blockSize;
+    if (!Number.isInteger(blockCount) || blockCount < 0 || request.chain.length < 2 * blockCount) {
+      throw new RouteError("bad_request", `block count ${blockCount} does not fit the chain`);
+    }
+    if (!Number.isInteger(tokenCount) || tokenCount < blockCount * blockSize) {
+      throw new RouteError("bad_request", `token count ${tokenCount} is less than ${blockCount} blocks`);
+    }
+    const expected = request.expectedOutputTokens ?? 0;
+    if (!Number.isInteger(expected) || expected < 0 || expected > EXPECTED_OUTPUT_TOKENS_MAX) {
+      throw new RouteError("bad_request", `expected_output_tokens must be an integer in [0, 2^31], got ${expected}`);
+    }
+    const credit = override(request.overlapScoreCredit, this.weights.overlapScoreCredit, "overlap_score_credit");
+    const scale = override(request.prefillLoadScale, this.weights.prefillLoadScale, "prefill_load_scale");
+    const temperature = override(request.temperature, this.weights.temperature, "temperature");
+    const requestId = this.requestIdOf(request.requestId);
+
+    load.sweepIfDue();
+    const liveCount = load.liveCount;
+    if (liveCount === 0) throw new RouteError("no_workers", "no workers to route to");
+    this.prepare(request.chain, blockCount, overlaps);
+
+    const slots = load.liveSlots;
+    const prefill = load.activePrefillTokens;
+    const decode = load.activeDecodeBlocks;
+    const active = load.activeRequests;
+    const degraded = load.degraded;
+    const overlap = this.overlapBySlot;
+    const depth = this.depthBySlot;
+    const costs = this.costBySlot;
+    const decay = this.weights.overlapScoreCreditDecay;
+    const requestWeight = this.weights.decodeActiveRequestWeight;
+    const degradedWeight = this.weights.degradedOverlapWeight;
+    // The decay term's constant part; 0 = no decay (the default).
+    const decayScale = decay > 0 && tokenCount > 0 ? decay / (blockSize * Math.ceil(tokenCount / blockSize)) : 0;
+    let minPrefill = 0;
+    if (decayScale > 0) {
+      minPrefill = Infinity;
+      for (let i = 0; i < liveCount; i++) minPrefill = Math.min(minPrefill, prefill[slots[i]!]!);
+    }
+    for (let i = 0; i < liveCount; i++) {
+      const slot = slots[i]!;
+      const slotPrefill = prefill[slot]!;
+      let held = overlap[slot]!;
+      if (degraded[slot] === 1) held *= degradedWeight;
+      if (decayScale > 0) held /= 1 + decayScale * (slotPrefill - minPrefill);
+      const prefillCost = scale * Math.max(0, (slotPrefill + tokenCount) / blockSize - credit * held);
+      costs[slot] = prefillCost + decode[slot]! + (blockCount - depth[slot]!) + requestWeight * active[slot]!;
+    }
+    const best = temperature === 0 ? this.cheapest() : this.sample(temperature);
+    if (best < 0) throw new Error("routing found no candidate (a cost is NaN)");
+
+    const held = load.degraded[best] === 1 ? overlap[best]! * degradedWeight : overlap[best]!;
+    const cachedTokens = Math.min(tokenCount, Math.round(held * blockSize));
+    const candidates = request.candidatesMax ? this.candidates(request.candidatesMax) : [];
+    load.admit(requestId, best, request.chain, blockCount, tokenCount, cachedTokens, expected);
+    return {
+      requestId,
+      slot: best,
+      workerId: load.workerIdOf(best),
+      dpRank: load.dpRanks[best]!,
+      overlapBlocks: overlap[best]!,
+      cost: costs[best]!,
+      candidates,
+    };
+  }
+
+  /** Fills the per-slot overlap and shared-depth scratch for this request. */
+  private prepare(chain: Uint32Array, blockCount: number, overlaps: Overlaps): void {
+    const capacity = this.load.slotCapacity;
+    if (this.overlapBySlot.length < capacity) {
+      this.overlapBySlot = new Float64Array(capacity);
+      this.depthBySlot = new Uint32Array(capacity);
+      this.costBySlot = new Float64Array(capacity);
+    }
+    this.overlapBySlot.fill(0, 0, capacity);
+    this.depthBySlot.fill(0, 0, capacity);
+    const live = this.load.live;
+    for (let i = 0; i < overlaps.count; i++) {
+      const slot = overlaps.slots[i]!;
+      if (!(slot >= 0 && slot < capacity && live[slot] === 1)) continue;
+      const blocks = Math.min(blockCount, overlaps.blocks[i]!);
+      if (blocks > this.overlapBySlot[slot]!) this.overlapBySlot[slot] = blocks;
+    }
+    this.load.blocks.sharedDepths(chain, blockCount, this.depthBySlot);
+  }
+
+  /** The lowest cost; exact ties broken uniformly (reservoir sampling: the k-th tie replaces the pick with probability 1/k). */
+  private cheapest(): number {
+    const slots = this.load.liveSlots;
+    const liveCount = this.load.liveCount;
+    const costs = this.costBySlot;
+    let best = -1;
+    let bestCost = Infinity;
+    let ties = 0;
+    for (let i = 0; i < liveCount; i++) {
+      const slot = slots[i]!;
+      const cost = costs[slot]!;
+      if (cost < bestCost) {
+        best = slot;
+        bestCost = cost;
+        ties = 1;
+      } else if (cost === bestCost && this.random() * ++ties < 1) {
+        best = slot;
+      }
+    }
+    return best;
+  }
+
+  /** Softmax sample over the live slots' costs (reference §5.3). */
+  private sample(temperature: number): number {
+    const slots = this.load.liveSlots;
+    const liveCount = this.load.liveCount;
+    const costs = this.costBySlot;
+    let minCost = Infinity;
+    let maxCost = -Infinity;
+    for (let i = 0; i < liveCount; i++) {
+      const cost = costs[slots[i]!]!;
+      if (cost < minCost) minCost = cost;
+      if (cost > maxCost) maxCost = cost;
+    }
+    if (Number.isNaN(minCost + maxCost)) return -1;
+    // Equal costs: every weight is 1 (uniform). An infinite range is first scaled down
+    // by the largest magnitude.
+    const uniform = minCost === maxCost;
+    const magnitude = Number.isFinite(maxCost - minCost) ? 1 : Math.max(Math.abs(minCost), Math.abs(maxCost));
+    const low = minCost / magnitude;
+    const scale = uniform ? 0 : -1 / ((maxCost / magnitude - low) * temperature);
+    let sum = 0;
+    for (let i = 0; i < liveCount; i++) sum += Math.exp((costs[slots[i]!]! / magnitude - low) * scale);
+    // The first index whose cumulative probability reaches u.
+    const u = this.random();
+    let cumulative = 0;
+    for (let i = 0; i < liveCount; i++) {
+      const slot = slots[i]!;
+      cumulative += Math.exp((costs[slot]! / magnitude - low) * scale) / sum;
+      if (u <= cumulative) return slot;
+    }
+    return slots[liveCount - 1]!;
+  }
+
+  /** The lowest-cost candidates of the decision being made, cheapest first. */
+  private candidates(max: number): Candidate[] {
+    const load = this.load;
+    const order = Array.from(load.liveSlots.subarray(0, load.liveCount));
+    order.sort((a, b) => this.costBySlot[a]! - this.costBySlot[b]!);
+    return order.slice(0, Math.max(0, max)).map((slot) => ({
+      workerId: load.workerIdOf(slot),
+      dpRank: load.dpRanks[slot]!,
+      overlapBlocks: this.overlapBySlot[slot]!,
+      cost: this.costBySlot[slot]!,
+      degraded: load.degraded[slot] === 1,
+      activePrefillTokens: load.activePrefillTokens[slot]!,
+      activeDecodeBlocks: load.activeDecodeBlocks[slot]!,
+      activeRequests: load.activeRequests[slot]!,
+    }));
+  }
+
+  private requestIdOf(requestId: string | null | undefined): string {
+    if (requestId === undefined || requestId === null) return this.load.newRequestId();
+    if (requestId.length === 0 || requestId.length > REQUEST_ID_LENGTH_MAX) {
+      throw new RouteError("bad_request", `request_id must be 1 to ${REQUEST_ID_LENGTH_MAX} characters`);
+    }
+    if (this.load.isActive(requestId)) throw new RouteError("duplicate_request", `request ${requestId} is already active`);
+    return requestId;
+  }
+}
+
+function override(value: number | null | undefined, fallback: number, name: string): number {
+  if (value === undefined || value === null) return fallback;
+  if (!Number.isFinite(value) || value < 0) throw new RouteError("bad_request", `${name} must be a finite number >= 0, got ${value}`);
+  return value;
+}
+
+function checkWeights(weights: RouteWeights): void {
+  for (const [name, value] of Object.entries(weights)) {
+    if (!Number.isFinite(value) || value < 0) throw new RangeError(`route weight ${name} must be a finite number >= 0`);
+  }
+  if (weights.degradedOverlapWeight > 1) throw new RangeError("route weight degradedOverlapWeight must be at most 1");
+}

@@ -1,0 +1,238 @@
+// Goal: the request lifecycle (routed -> prefill done -> done) moves exactly the load
+// Dynamo's ActiveSequences would; repeated and unknown calls are told apart; requests
+// never finished expire after the TTL in one sweep; removing a worker drops its
+// requests; every path gives memory back.
+// Method: a LoadTracker with a fake clock, requests admitted directly with real
+// sequence hashes (src/hash), counters and verify() checked after each step.
+import { describe, expect, test } from "bun:test";
+import { DEFAULT_SEED } from "../../src/hash";
+import { FINISHED_REMEMBERED_MAX, LoadTracker, promptHashes } from "../../src/route";
+
+const BS = 4;
+
+function prompt(...tokens: number[]) {
+  return promptHashes(Uint32Array.from(tokens), BS, DEFAULT_SEED);
+}
+
+function tracker(options: { ttlMs?: number; trackOutputBlocks?: boolean } = {}) {
+  let nowMs = 1000;
+  const load = new LoadTracker({
+    blockSize: BS,
+    requestTtlMs: options.ttlMs ?? 300_000,
+    trackOutputBlocks: options.trackOutputBlocks ?? false,
+    now: () => nowMs,
+  });
+  return { load, advance: (ms: number) => (nowMs += ms) };
+}
+
+describe("workers", () => {
+  test("slots are dense, idempotent to add, reused after removal", () => {
+    const { load } = tracker();
+    const a = load.addWorker(10n, 0);
+    const b = load.addWorker(10n, 1);
+    const c = load.addWorker(2n ** 64n - 1n, 0);
+    expect([a, b, c]).toEqual([0, 1, 2]);
+    expect(load.addWorker(10n, 1)).toBe(b);
+    expect(load.slotOf(2n ** 64n - 1n, 0)).toBe(c);
+    expect(load.slotOf(10n, 2)).toBe(-1);
+    expect(load.removeWorker(10n, 1)).toBe(true);
+    expect(load.removeWorker(10n, 1)).toBe(false);
+    expect(load.liveCount).toBe(2);
+    expect(load.addWorker(11n, 0)).toBe(b);
+    expect(load.workers().map((w) => [w.workerId, w.dpRank])).toEqual([[10n, 0], [2n ** 64n - 1n, 0], [11n, 0]]);
+  });
+
+  test("rejects ids that are not u64 and ranks that are not u32", () => {
+    const { load } = tracker();
+    expect(() => load.addWorker(-1n, 0)).toThrow(/u64/);
+    expect(() => load.addWorker(2n ** 64n, 0)).toThrow(/u64/);
+    expect(() => load.addWorker(1n, -1)).toThrow(/u32/);
+    expect(() => load.addWorker(1n, 0.5)).toThrow(/u32/);
+  });
+
+  test("grows past its initial slot capacity", () => {
+    const { load } = tracker();
+    for (let i = 0; i < 300; i++) expect(load.addWorker(BigInt(i), 0)).toBe(i);
+    expect(load.slotCapacity).toBeGreaterThanOrEqual(300);
+    expect(load.liveCount).toBe(300);
+  });
+});
+
+describe("request lifecycle", () => {
+  test("prefill tokens until prefill_done, blocks until done", () => {
+    const { load } = tracker();
+    const w = load.addWorker(1n, 0);
+    const p = prompt(1, 2, 3, 4, 5, 6, 7, 8, 9, 10); // 2 complete blocks, 10 tokens
+    load.admit("a", w, p.chain, p.blockCount, 10, 4, 0); // 4 tokens cached
+    expect(load.activePrefillTokens[w]).toBe(6);
+    expect(load.activeDecodeBlocks[w]).toBe(2);
+    expect(load.activeRequests[w]).toBe(1);
+    expect(load.prefillDone("a")).toBe("ok");
+    expect(load.prefillDone("a")).toBe("ok"); // idempotent
+    expect(load.activePrefillTokens[w]).toBe(0);
+    expect(load.activeDecodeBlocks[w]).toBe(2);
+    expect(load.done("a")).toBe("ok");
+    expect(load.activeDecodeBlocks[w]).toBe(0);
+    expect(load.activeRequests[w]).toBe(0);
+    expect(load.routedTotal[w]).toBe(1);
+    load.verify();
+  });
+
+  test("cached tokens beyond the prompt never make prefill load negative", () => {
+    const { load } = tracker();
+    const w = load.addWorker(1n, 0);
+    const p = prompt(1, 2, 3, 4);
+    load.admit("a", w, p.chain, 1, 4, 400, 0);
+    expect(load.activePrefillTokens[w]).toBe(0);
+  });
+
+  test("shared prompt blocks count once per worker", () => {
+    const { load } = tracker();
+    const w = load.addWorker(1n, 0);
+    const p1 = prompt(1, 2, 3, 4, 5, 6, 7, 8);
+    const p2 = prompt(1, 2, 3, 4, 9, 9, 9, 9, 7, 7, 7, 7);
+    load.admit("a", w, p1.chain, 2, 8, 0, 0);
+    load.admit("b", w, p2.chain, 3, 12, 0, 0);
+    expect(load.activeDecodeBlocks[w]).toBe(4);
+    load.done("a");
+    expect(load.activeDecodeBlocks[w]).toBe(3);
+    load.done("b");
+    expect(load.activeDecodeBlocks[w]).toBe(0);
+    expect(load.blocks.nodeCount).toBe(0);
+  });
+
+  test("repeated, late and unknown calls are told apart", () => {
+    const { load } = tracker();
+    const w = load.addWorker(1n, 0);
+    const p = prompt(1, 2, 3, 4);
+    load.admit("a", w, p.chain, 1, 4, 0, 0);
+    expect(load.done("a")).toBe("ok");
+    expect(load.done("a")).toBe("already_done");
+    expect(load.prefillDone("a")).toBe("already_done");
+    expect(load.done("never")).toBe("unknown");
+    expect(load.prefillDone("never")).toBe("unknown");
+    expect(load.counters).toEqual({ admitted: 1, prefillDone: 0, done: 1, expired: 0, droppedWithWorker: 0, unknown: 2 });
+  });
+
+  test("the chain is copied: the caller may reuse its buffer", () => {
+    const { load } = tracker();
+    const w = load.addWorker(1n, 0);
+    const p = prompt(1, 2, 3, 4, 5, 6, 7, 8);
+    load.admit("a", w, p.chain, 2, 8, 0, 0);
+    p.chain.fill(0);
+    expect(load.done("a")).toBe("ok");
+    expect(load.blocks.nodeCount).toBe(0);
+    load.verify();
+  });
+
+  test("expected output blocks count as decode load only when tracking is on", () => {
+    for (const trackOutputBlocks of [false, true]) {
+      const { load } = tracker({ trackOutputBlocks });
+      const w = load.addWorker(1n, 0);
+      const p = prompt(1, 2, 3, 4);
+      load.admit("a", w, p.chain, 1, 4, 0, 9); // 9 tokens = 3 blocks of 4
+      expect(load.activeDecodeBlocks[w]).toBe(trackOutputBlocks ? 4 : 1);
+      load.verify();
+      load.done("a");
+      expect(load.activeDecodeBlocks[w]).toBe(0);
+    }
+  });
+
+  test("generated ids are unique among active requests", () => {
+    const { load } = tracker();
+    const ids = new Set(Array.from({ length: 1000 }, () => load.newRequestId()));
+    expect(ids.size).toBe(1000);
+  });
+
+  test("the memory of finished ids is bounded", () => {
+    const { load } = tracker();
+    const w = load.addWorker(1n, 0);
+    const p = prompt(1, 2, 3, 4);
+    for (let i = 0; i < FINISHED_REMEMBERED_MAX + 10; i++) {
+      load.admit(`r${i}`, w, p.chain, 1, 4, 0, 0);
+      load.done(`r${i}`);
+    }
+    expect(load.done("r0")).toBe("unknown"); // forgotten, oldest first
+    expect(load.done(`r${FINISHED_REMEMBERED_MAX + 9}`)).toBe("already_done");
+    load.verify();
+  });
+});
+
+describe("expiry", () => {
+  test("one sweep expires requests idle for the TTL; prefill_done keeps a request alive", () => {
+    const { load, advance } = tracker({ ttlMs: 10_000 });
+    const w = load.addWorker(1n, 0);
+    const p = prompt(1, 2, 3, 4);
+    load.admit("old", w, p.chain, 1, 4, 0, 0);
+    advance(4000);
+    load.admit("young", w, p.chain, 1, 4, 0, 0);
+    load.admit("refreshed", w, p.chain, 1, 4, 0, 0);
+    advance(4000);
+    load.prefillDone("old"); // touched at 8 s: now the newest
+    advance(4000); // 12 s: "young" and "refreshed" idle for 8 s, "old" for 4 s
+    expect(load.sweep()).toBe(0);
+    advance(2001); // young/refreshed idle 10.001 s
+    expect(load.sweep()).toBe(2);
+    expect(load.isActive("old")).toBe(true);
+    expect(load.done("young")).toBe("expired");
+    expect(load.activeRequests[w]).toBe(1);
+    expect(load.counters.expired).toBe(2);
+    advance(10_000);
+    load.sweepIfDue();
+    expect(load.activeRequestCount).toBe(0);
+    expect(load.blocks.nodeCount).toBe(0);
+    load.verify();
+  });
+
+  test("sweepIfDue sweeps at most once per interval (TTL / 10)", () => {
+    const { load, advance } = tracker({ ttlMs: 10_000 });
+    const w = load.addWorker(1n, 0);
+    const p = prompt(1, 2, 3, 4);
+    load.admit("a", w, p.chain, 1, 4, 0, 0);
+    advance(9999);
+    load.sweepIfDue(); // due (9.999 s since start): sweeps, nothing to expire yet
+    expect(load.activeRequestCount).toBe(1);
+    advance(999); // "a" idle 10.998 s, but the last sweep was 0.999 s ago
+    load.sweepIfDue();
+    expect(load.activeRequestCount).toBe(1);
+    advance(1);
+    load.sweepIfDue();
+    expect(load.activeRequestCount).toBe(0);
+  });
+
+  test("finished ids are forgotten after the TTL", () => {
+    const { load, advance } = tracker({ ttlMs: 1000 });
+    const w = load.addWorker(1n, 0);
+    const p = prompt(1, 2, 3, 4);
+    load.admit("a", w, p.chain, 1, 4, 0, 0);
+    load.done("a");
+    advance(1000);
+    load.sweep();
+    expect(load.done("a")).toBe("unknown");
+  });
+});
+
+describe("worker removal", () => {
+  test("drops the worker's requests and all their load, leaves others alone", () => {
+    const { load } = tracker();
+    const a = load.addWorker(1n, 0);
+    const b = load.addWorker(2n, 0);
+    const p = prompt(1, 2, 3, 4, 5, 6, 7, 8);
+    load.admit("a1", a, p.chain, 2, 8, 0, 0);
+    load.admit("a2", a, p.chain, 2, 8, 0, 0);
+    load.admit("b1", b, p.chain, 2, 8, 0, 0);
+    expect(load.removeWorker(1n, 0)).toBe(true);
+    expect(load.done("a1")).toBe("worker_removed");
+    expect(load.counters.droppedWithWorker).toBe(2);
+    expect(load.activeRequestCount).toBe(1);
+    expect(load.blocks.blockCount).toBe(2);
+    expect(load.activeDecodeBlocks[b]).toBe(2);
+    const again = load.addWorker(1n, 0);
+    expect(again).toBe(a);
+    expect(load.activeRequests[again]).toBe(0);
+    expect(load.routedTotal[again]).toBe(0);
+    load.verify();
+    load.done("b1");
+    expect(load.blocks.nodeCount).toBe(0);
+  });
+});
