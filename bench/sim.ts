@@ -71,7 +71,8 @@ interface Row extends SimResult {
 
 const rows: Row[] = [];
 const pct = (x: number): string => `${(100 * x).toFixed(1)}%`;
-const line = (cells: (string | number)[]): string => cells.map((cell, i) => String(cell).padStart(i === 0 ? 15 : 11)).join(" ");
+const line = (cells: (string | number)[]): string =>
+  cells.map((cell, i) => String(cell).padStart(i === 0 ? 15 : 11)).join(" ");
 if (!values.json) {
   process.stdout.write(`${line(["policy", "requests", "capacity", "time scale", "hit rate", "prefill M", "TTFT p50",
     "TTFT p99", "spread", "rejected", "wall ms"])}\n`);
@@ -105,7 +106,9 @@ for (const timeScale of numbers(values["time-scale"])) {
 }
 const document = {
   bench: "sim",
-  provenance: { ...provenance(), trace: tracePath, trace_sha256: createHash("sha256").update(traceBytes).digest("hex") },
+  provenance: {
+    ...provenance(), trace: tracePath, trace_sha256: createHash("sha256").update(traceBytes).digest("hex"),
+  },
   settings: { workers, seed, time, speedup },
   rows,
 };

@@ -205,7 +205,7 @@ class ApproxPrefix implements RoutingPolicy {
     } else {
       const matchedBlocks = this.match(query.path, query.promptBlocks);
       const rate = (matchedBlocks * this.blockSize) / query.promptLength;
-      worker = rate > config.cacheThreshold ? this.mostRecentHolder(query.path, matchedBlocks)
+      worker = matchedBlocks > 0 && rate > config.cacheThreshold ? this.mostRecentHolder(query.path, matchedBlocks)
         : argminFirst(this.treeTokens, this.workers);
     }
     this.insert(worker, query.path, query.promptBlocks);

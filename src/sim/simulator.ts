@@ -247,7 +247,8 @@ function report(
     throw new Error(`${trace.count} requests, ${state.completed} completed, ${state.rejected} rejected`);
   }
   if (cachedTokens + prefillTokens !== promptTokens) {
-    throw new Error(`prompt tokens not conserved: ${cachedTokens} cached + ${prefillTokens} computed ≠ ${promptTokens}`);
+    throw new Error(`prompt tokens not conserved: ${cachedTokens} cached + ${prefillTokens} computed`
+      + ` ≠ ${promptTokens}`);
   }
   const sorted = Float64Array.from(ttft).sort();
   const meanPrefill = prefillTokens / engines.length;

@@ -216,11 +216,15 @@ export function transformTrace(trace: Trace, transform: TraceTransform): Trace {
   const copies = transform.duplicationFactor ?? 1;
   const timeScale = transform.timeScale ?? 1;
   const limit = Math.min(transform.requests ?? trace.count * copies, trace.count * copies);
-  if (!Number.isSafeInteger(factor) || factor < 1) throw new TraceError(0, `length factor must be an integer ≥ 1, got ${factor}`);
+  if (!Number.isSafeInteger(factor) || factor < 1) {
+    throw new TraceError(0, `length factor must be an integer ≥ 1, got ${factor}`);
+  }
   if (!Number.isSafeInteger(copies) || copies < 1) {
     throw new TraceError(0, `duplication factor must be an integer ≥ 1, got ${copies}`);
   }
-  if (!Number.isFinite(timeScale) || timeScale <= 0) throw new TraceError(0, `time scale must be > 0, got ${timeScale}`);
+  if (!Number.isFinite(timeScale) || timeScale <= 0) {
+    throw new TraceError(0, `time scale must be > 0, got ${timeScale}`);
+  }
   if (!Number.isSafeInteger(limit) || limit < 1) throw new TraceError(0, `request count must be ≥ 1, got ${limit}`);
   let maxId = 0;
   for (let i = 0; i < trace.hashIds.length; i++) maxId = Math.max(maxId, trace.hashIds[i]!);
@@ -228,6 +232,9 @@ export function transformTrace(trace: Trace, transform: TraceTransform): Trace {
   if (span * copies - 1 > ID_MAX) {
     throw new TraceError(0, `ids overflow u32 with length factor ${factor} and duplication ${copies}`);
   }
+  let longest = 0;
+  for (let i = 0; i < trace.count; i++) longest = Math.max(longest, trace.inputLength[i]!);
+  if (longest * factor > ID_MAX) throw new TraceError(0, `prompts overflow u32 with length factor ${factor}`);
   // Copies of one request stay adjacent, so truncation keeps whole time ranges.
   const requests: RawRequest[] = [];
   for (let i = 0; i < trace.count && requests.length < limit; i++) {

@@ -36,7 +36,9 @@ describe("simulate", () => {
   test("requests larger than an engine's cache are rejected and counted, the rest still run", () => {
     const trace = transformTrace(conversation, { requests: 200 });
     let large = 0;
-    for (let i = 0; i < trace.count; i++) if (Math.ceil((trace.inputLength[i]! + trace.outputLength[i]!) / 16) > 1024) large++;
+    for (let i = 0; i < trace.count; i++) {
+      if (Math.ceil((trace.inputLength[i]! + trace.outputLength[i]!) / 16) > 1024) large++;
+    }
     expect(large).toBeGreaterThan(0);
     const result = simulate(trace, { policy: "kv_aware_model", workers: 2, capacityBlocks: 1024, verify: true });
     expect(result.rejected).toBe(large);
@@ -79,7 +81,9 @@ describe("simulate", () => {
         }
       }
     };
-    const result = simulate(trace, { policy: "kv_aware_model", workers: 3, capacityBlocks: 2048, onBatch, verify: true });
+    const result = simulate(trace, {
+      policy: "kv_aware_model", workers: 3, capacityBlocks: 2048, onBatch, verify: true,
+    });
     expect(result.evicted_blocks).toBeGreaterThan(0);
     expect(batches).toBeGreaterThan(150);
     expect([0, 1, 2].map((worker) => models.get(worker)!.size)).toEqual(result.worker_cached_blocks);

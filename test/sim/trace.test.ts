@@ -44,7 +44,10 @@ describe("parseTrace", () => {
 
   test("accepts the aliases input_tokens, output_tokens, created_time; ignores unknown fields", () => {
     const trace = parseTrace(lines(
-      { created_time: 7, input_tokens: 100, output_tokens: 2, hash_ids: [3], priority: 1, request_id: "x", extra: true },
+      {
+        created_time: 7, input_tokens: 100, output_tokens: 2, hash_ids: [3], priority: 1, request_id: "x",
+        extra: true,
+      },
     ));
     expect(trace.arrivalMs[0]).toBe(7);
     expect(trace.inputLength[0]).toBe(100);
