@@ -1,0 +1,498 @@
+/**
+ * The KV cache of one mock engine, as vLLM's prefix-caching block manager behaves
+ * when seen from outside (its KV events).
+ *
+ * - A fixed pool of `capacityBlocks` slots of `blockSize` tokens.
+ * - A full block is named by the engine's own chained hash (an "external" hash, as
+ *   vLLM's): ext[i] = XXH3(ext[i−1] ‖ content[i], 1337) with content[i] = XXH3 of the
+ *   block's tokens under a per-engine random 64-bit seed (vLLM's random NONE_HASH /
+ *   PYTHONHASHSEED). It is deliberately not kvedge's local hash, so the router's
+ *   dual-key design is exercised.
+ * - A sequence reuses the blocks of its longest cached prefix (at most
+ *   ⌊(prompt−1)/blockSize⌋ blocks: vLLM always computes the last prompt token).
+ * - Running sequences pin their blocks (reference counts). A block whose count drops
+ *   to 0 joins the free queue; a sequence frees its blocks in reverse order, so its
+ *   tail is evicted first (vLLM does the same). Allocation takes the head of the free
+ *   queue — the least recently used block — and evicts it if it is cached.
+ * - Newly computed full blocks are registered when `commit` says so (end of prefill,
+ *   end of decode). If a block's hash is already cached (a concurrent sequence
+ *   computed the same prefix first), the sequence adopts the cached copy and frees its
+ *   own: each hash is cached at most once, so the event stream is a clean set history,
+ *   and a sequence pins every block it has committed, so the parent of every
+ *   BlockStored is cached when the event is emitted. (vLLM may instead keep and
+ *   announce such duplicates; Dynamo's publisher dedups them.)
+ * - Events are plain objects in vLLM's field order, collected until `takeEvents()`
+ *   (the engine takes them once per scheduler step, which makes one batch).
+ *
+ * Slots live in typed arrays allocated once in the constructor; cached slots are found
+ * through a PairTable keyed by the full 64-bit hash, sized so it never grows.
+ */
+import { blockCount, chainHashes, DEFAULT_SEED, hashBlocks, type Seed } from "../hash";
+import { u64 } from "../util/u64";
+import { PairTable } from "./pair-table";
+
+export interface BlockStoredEvent {
+  readonly type: "BlockStored";
+  readonly block_hashes: bigint[];
+  readonly parent_block_hash: bigint | null;
+  readonly token_ids: number[];
+  readonly block_size: number;
+  readonly lora_name: null;
+  readonly medium: "GPU";
+}
+
+export interface BlockRemovedEvent {
+  readonly type: "BlockRemoved";
+  readonly block_hashes: bigint[];
+  readonly medium: "GPU";
+}
+
+export interface AllBlocksClearedEvent {
+  readonly type: "AllBlocksCleared";
+}
+
+export type KvEvent = BlockStoredEvent | BlockRemovedEvent | AllBlocksClearedEvent;
+
+/** One scheduler step's events (vLLM's KVEventBatch): `ts` in seconds. */
+export interface KvEventBatch {
+  readonly ts: number;
+  readonly events: KvEvent[];
+}
+
+/** A cached block as introspection reports it. */
+export interface CachedBlock {
+  /** The engine's external hash. */
+  readonly hash: bigint;
+  /** External hash of the block before it in its sequence (null at position 0). */
+  readonly parent: bigint | null;
+  /** Block index in its sequence (0 = first block of a prompt). */
+  readonly position: number;
+  /** kvedge's sequence hash of the block (Dynamo's chain over local hashes): its token path. */
+  readonly path: bigint;
+  readonly tokens: Uint32Array;
+}
+
+/**
+ * A token sequence as this engine sees it: tokens, and for every full block its
+ * external hash and kvedge path hash, as (hi, lo) pairs.
+ */
+export interface CacheSequence {
+  readonly tokens: Uint32Array;
+  readonly promptLength: number;
+  /** Full blocks of `tokens`. */
+  readonly fullBlocks: number;
+  readonly ext: Uint32Array;
+  readonly path: Uint32Array;
+  /** Slots held while allocated (length = blocks of tokens, partial tail included). */
+  slots: Int32Array | null;
+  /** Leading blocks reused from the cache at allocation. */
+  hitBlocks: number;
+  /** Blocks [0, committedBlocks) are cached (hit, registered or adopted) and pinned. */
+  committedBlocks: number;
+}
+
+export interface EngineCacheOptions {
+  readonly capacityBlocks: number;
+  /** Tokens per block (vLLM's default is 16). */
+  readonly blockSize?: number;
+  /** The engine's hash seed (random per engine, like vLLM's per-process seed). */
+  readonly hashSeed: bigint;
+  /** Collect KV events (off in the fast virtual-time simulator when nobody listens). */
+  readonly recordEvents?: boolean;
+}
+
+export const DEFAULT_BLOCK_SIZE = 16;
+/** Capacity bound: slot indexes are i32 and the token pool is one typed array. */
+export const CAPACITY_BLOCKS_MAX = 1 << 24;
+
+const NONE = -1;
+
+/** Counters the metrics layer (and tests) read. */
+export interface EngineCacheCounters {
+  /** Prompt blocks looked up at allocation, and how many were cache hits. */
+  lookupBlocks: number;
+  hitBlocks: number;
+  storedBlocks: number;
+  evictedBlocks: number;
+  /** Computed blocks whose hash was already cached (the cached copy was adopted). */
+  duplicateBlocks: number;
+  clears: number;
+}
+
+export class EngineCache {
+  readonly capacityBlocks: number;
+  readonly blockSize: number;
+  readonly recordEvents: boolean;
+  readonly counters: EngineCacheCounters = {
+    lookupBlocks: 0, hitBlocks: 0, storedBlocks: 0, evictedBlocks: 0, duplicateBlocks: 0, clears: 0,
+  };
+
+  private readonly seed: Seed;
+  // Per slot.
+  private readonly extHi: Uint32Array;
+  private readonly extLo: Uint32Array;
+  private readonly parentHi: Uint32Array;
+  private readonly parentLo: Uint32Array;
+  private readonly pathHi: Uint32Array;
+  private readonly pathLo: Uint32Array;
+  private readonly position: Int32Array;
+  private readonly refs: Uint32Array;
+  private readonly cached: Uint8Array;
+  private readonly prev: Int32Array;
+  private readonly next: Int32Array;
+  private readonly queued: Uint8Array;
+  private readonly tokenPool: Uint32Array;
+  // Free queue: refcount-0 slots, least recently used at the head.
+  private head = NONE;
+  private tail = NONE;
+  private freeCount = 0;
+  private cachedCount = 0;
+  /** Cached slots by external hash. */
+  private table: PairTable;
+  private events: KvEvent[] = [];
+  private readonly scratch: { content: Uint32Array; ext: Uint32Array };
+
+  constructor(options: EngineCacheOptions) {
+    const capacity = options.capacityBlocks;
+    const blockSize = options.blockSize ?? DEFAULT_BLOCK_SIZE;
+    if (!Number.isSafeInteger(capacity) || capacity < 1 || capacity > CAPACITY_BLOCKS_MAX) {
+      throw new RangeError(`capacityBlocks must be an integer in [1, ${CAPACITY_BLOCKS_MAX}], got ${capacity}`);
+    }
+    if (!Number.isSafeInteger(blockSize) || blockSize < 1 || blockSize > 4096) {
+      throw new RangeError(`blockSize must be an integer in [1, 4096], got ${blockSize}`);
+    }
+    this.capacityBlocks = capacity;
+    this.blockSize = blockSize;
+    this.recordEvents = options.recordEvents ?? true;
+    const seed = BigInt.asUintN(64, options.hashSeed);
+    this.seed = { value: seed, hi: Number(seed >> 32n), lo: Number(seed & 0xffff_ffffn) };
+    this.extHi = new Uint32Array(capacity);
+    this.extLo = new Uint32Array(capacity);
+    this.parentHi = new Uint32Array(capacity);
+    this.parentLo = new Uint32Array(capacity);
+    this.pathHi = new Uint32Array(capacity);
+    this.pathLo = new Uint32Array(capacity);
+    this.position = new Int32Array(capacity);
+    this.refs = new Uint32Array(capacity);
+    this.cached = new Uint8Array(capacity);
+    this.prev = new Int32Array(capacity);
+    this.next = new Int32Array(capacity);
+    this.queued = new Uint8Array(capacity);
+    this.tokenPool = new Uint32Array(capacity * blockSize);
+    for (let slot = 0; slot < capacity; slot++) this.enqueue(slot);
+    // Holds at most `capacity` entries at load ≤ 1/2: twice as many buckets never grow.
+    this.table = new PairTable(2 * capacity);
+    this.scratch = { content: new Uint32Array(0), ext: new Uint32Array(0) };
+  }
+
+  /** Slots not pinned by any sequence (cached or not). */
+  get freeBlocks(): number {
+    return this.freeCount;
+  }
+
+  /** Slots pinned by running sequences. */
+  get usedBlocks(): number {
+    return this.capacityBlocks - this.freeCount;
+  }
+
+  /** Blocks currently in the prefix cache (pinned or evictable). */
+  get cachedBlocks(): number {
+    return this.cachedCount;
+  }
+
+  /** Blocks a sequence of `tokenCount` tokens occupies (its partial tail included). */
+  blocksFor(tokenCount: number): number {
+    return Math.ceil(tokenCount / this.blockSize);
+  }
+
+  /** Hashes `tokens` (prompt, then any output) for this engine. */
+  prepare(tokens: Uint32Array, promptLength: number): CacheSequence {
+    if (!Number.isSafeInteger(promptLength) || promptLength < 1 || promptLength > tokens.length) {
+      throw new RangeError(`promptLength ${promptLength} outside [1, ${tokens.length}]`);
+    }
+    const fullBlocks = blockCount(tokens.length, this.blockSize);
+    const ext = new Uint32Array(2 * fullBlocks);
+    const path = new Uint32Array(2 * fullBlocks);
+    hashBlocks(tokens, this.blockSize, this.seed, ext);
+    chainHashes(ext, fullBlocks, ext);
+    hashBlocks(tokens, this.blockSize, DEFAULT_SEED, path);
+    chainHashes(path, fullBlocks, path);
+    return { tokens, promptLength, fullBlocks, ext, path, slots: null, hitBlocks: 0, committedBlocks: 0 };
+  }
+
+  /**
+   * Longest cached prefix of a prompt, in blocks, without touching anything (what a
+   * router with exact knowledge of this engine would see).
+   */
+  cachedPrefixBlocks(tokens: Uint32Array, promptLength: number): number {
+    const limit = this.reusableBlocks(promptLength);
+    if (limit === 0) return 0;
+    let { content, ext } = this.scratch;
+    if (ext.length < 2 * limit) {
+      content = new Uint32Array(4 * limit);
+      ext = new Uint32Array(4 * limit);
+      this.scratch.content = content;
+      this.scratch.ext = ext;
+    }
+    const prompt = tokens.subarray(0, limit * this.blockSize);
+    hashBlocks(prompt, this.blockSize, this.seed, content);
+    chainHashes(content, limit, ext);
+    return this.matchPrefix(ext, limit);
+  }
+
+  /** Cached prefix of a prepared sequence, in blocks (no side effects). */
+  sequencePrefixBlocks(sequence: CacheSequence): number {
+    return this.matchPrefix(sequence.ext, this.reusableBlocks(sequence.promptLength));
+  }
+
+  /**
+   * Pins the cached prefix and allocates the rest of the sequence (prompt and output),
+   * evicting least recently used free blocks. Returns false, changing nothing, when
+   * there are not enough free blocks (the caller queues the sequence).
+   */
+  allocate(sequence: CacheSequence): boolean {
+    if (sequence.slots !== null) throw new Error("sequence is already allocated");
+    const total = this.blocksFor(sequence.tokens.length);
+    if (total > this.capacityBlocks) return false;
+    const hit = this.sequencePrefixBlocks(sequence);
+    let hitFree = 0;
+    for (let i = 0; i < hit; i++) if (this.refs[this.slotOf(sequence.ext, i)]! === 0) hitFree++;
+    if (this.freeCount - hitFree < total - hit) return false;
+    const slots = new Int32Array(total);
+    for (let i = 0; i < hit; i++) {
+      const slot = this.slotOf(sequence.ext, i);
+      if (this.refs[slot] === 0) this.dequeue(slot);
+      this.refs[slot]!++;
+      slots[i] = slot;
+    }
+    let removed: bigint[] | null = null;
+    for (let i = hit; i < total; i++) {
+      const slot = this.head;
+      this.dequeue(slot);
+      if (this.cached[slot] === 1) {
+        const hash = this.evict(slot);
+        if (this.recordEvents) (removed ??= []).push(hash);
+      }
+      this.refs[slot] = 1;
+      slots[i] = slot;
+    }
+    if (removed !== null) this.events.push({ type: "BlockRemoved", block_hashes: removed, medium: "GPU" });
+    this.counters.lookupBlocks += this.reusableBlocks(sequence.promptLength);
+    this.counters.hitBlocks += hit;
+    sequence.slots = slots;
+    sequence.hitBlocks = hit;
+    sequence.committedBlocks = hit;
+    return true;
+  }
+
+  /**
+   * Registers the sequence's computed full blocks below `tokenCount` tokens in the
+   * prefix cache and announces them (BlockStored, chained to the block before).
+   */
+  commit(sequence: CacheSequence, tokenCount: number): void {
+    const slots = sequence.slots;
+    if (slots === null) throw new Error("commit of a sequence that is not allocated");
+    const upTo = Math.min(Math.floor(tokenCount / this.blockSize), sequence.fullBlocks);
+    let runStart = -1;
+    for (let i = sequence.committedBlocks; i < upTo; i++) {
+      if (this.register(sequence, i, slots)) {
+        if (runStart < 0) runStart = i;
+      } else if (runStart >= 0) {
+        this.announce(sequence, runStart, i);
+        runStart = -1;
+      }
+    }
+    if (runStart >= 0) this.announce(sequence, runStart, upTo);
+    if (upTo > sequence.committedBlocks) sequence.committedBlocks = upTo;
+  }
+
+  /** Unpins the sequence's blocks, tail first, so its tail is evicted first. */
+  release(sequence: CacheSequence): void {
+    const slots = sequence.slots;
+    if (slots === null) throw new Error("release of a sequence that is not allocated");
+    for (let i = slots.length - 1; i >= 0; i--) {
+      const slot = slots[i]!;
+      if (this.refs[slot] === 0) throw new Error(`slot ${slot} released twice`);
+      if (--this.refs[slot]! === 0) this.enqueue(slot);
+    }
+    sequence.slots = null;
+  }
+
+  /**
+   * Drops every cached block (vLLM's reset_prefix_cache) and announces
+   * AllBlocksCleared. Like vLLM, refuses (returns false) while sequences hold blocks.
+   */
+  reset(): boolean {
+    if (this.freeCount !== this.capacityBlocks) return false;
+    for (let slot = this.head; slot !== NONE; slot = this.next[slot]!) this.cached[slot] = 0;
+    this.table = new PairTable(2 * this.capacityBlocks);
+    this.cachedCount = 0;
+    this.counters.clears++;
+    if (this.recordEvents) this.events.push({ type: "AllBlocksCleared" });
+    return true;
+  }
+
+  /** The events since the last call, in order (one scheduler step's batch). */
+  takeEvents(): KvEvent[] {
+    const events = this.events;
+    this.events = [];
+    return events;
+  }
+
+  /** Every cached block (introspection for tests that compare a router's index). */
+  snapshot(): CachedBlock[] {
+    const blocks: CachedBlock[] = [];
+    const size = this.blockSize;
+    for (let slot = 0; slot < this.capacityBlocks; slot++) {
+      if (this.cached[slot] !== 1) continue;
+      const position = this.position[slot]!;
+      blocks.push({
+        hash: u64(this.extHi[slot]!, this.extLo[slot]!),
+        parent: position === 0 ? null : u64(this.parentHi[slot]!, this.parentLo[slot]!),
+        position,
+        path: u64(this.pathHi[slot]!, this.pathLo[slot]!),
+        tokens: this.tokenPool.slice(slot * size, (slot + 1) * size),
+      });
+    }
+    return blocks;
+  }
+
+  /** O(capacity) consistency check of every invariant; throws on the first violation. */
+  verify(): void {
+    let queued = 0;
+    let previous = NONE;
+    for (let slot = this.head; slot !== NONE; slot = this.next[slot]!) {
+      if (++queued > this.capacityBlocks) throw new Error("free queue has a cycle");
+      if (this.prev[slot] !== previous) throw new Error(`free queue link broken at slot ${slot}`);
+      if (this.queued[slot] !== 1 || this.refs[slot] !== 0) throw new Error(`slot ${slot} queued but pinned`);
+      previous = slot;
+    }
+    if (previous !== this.tail) throw new Error("free queue tail mismatch");
+    if (queued !== this.freeCount) throw new Error(`free count ${this.freeCount}, queue holds ${queued}`);
+    let cached = 0;
+    for (let slot = 0; slot < this.capacityBlocks; slot++) {
+      if ((this.refs[slot] === 0) !== (this.queued[slot] === 1)) throw new Error(`slot ${slot}: refs vs queue`);
+      if (this.cached[slot] !== 1) continue;
+      cached++;
+      if (this.lookup(this.extHi[slot]!, this.extLo[slot]!) !== slot) {
+        throw new Error(`cached slot ${slot} missing from the hash table`);
+      }
+    }
+    this.table.forEach((hi, lo, slot) => {
+      if (this.cached[slot] !== 1) throw new Error(`hash table names uncached slot ${slot}`);
+      if (this.extHi[slot] !== hi || this.extLo[slot] !== lo) throw new Error(`slot ${slot} holds another hash`);
+    });
+    if (cached !== this.cachedCount || cached !== this.table.size) {
+      throw new Error(`cached ${cached}, count ${this.cachedCount}, table ${this.table.size}`);
+    }
+  }
+
+  // ---- internals ----
+
+  /** Prompt blocks a sequence may reuse: vLLM always computes the last prompt token. */
+  private reusableBlocks(promptLength: number): number {
+    return Math.floor((promptLength - 1) / this.blockSize);
+  }
+
+  private matchPrefix(ext: Uint32Array, limit: number): number {
+    for (let i = 0; i < limit; i++) if (this.lookup(ext[2 * i]!, ext[2 * i + 1]!) === NONE) return i;
+    return limit;
+  }
+
+  /** The slot caching external hash (hi, lo), or NONE. */
+  private lookup(hi: number, lo: number): number {
+    return this.table.get(hi, lo);
+  }
+
+  private slotOf(ext: Uint32Array, i: number): number {
+    const slot = this.lookup(ext[2 * i]!, ext[2 * i + 1]!);
+    if (slot === NONE) throw new Error(`block ${i} vanished from the cache`);
+    return slot;
+  }
+
+  /**
+   * Caches block i of the sequence in its slot and returns true; or, if the hash is
+   * already cached, swaps the sequence onto that copy, frees its own slot and returns
+   * false (nothing to announce).
+   */
+  private register(sequence: CacheSequence, i: number, slots: Int32Array): boolean {
+    const hi = sequence.ext[2 * i]!;
+    const lo = sequence.ext[2 * i + 1]!;
+    const slot = slots[i]!;
+    const existing = this.lookup(hi, lo);
+    if (existing !== NONE) {
+      this.counters.duplicateBlocks++;
+      if (this.refs[existing] === 0) this.dequeue(existing);
+      this.refs[existing]!++;
+      slots[i] = existing;
+      if (--this.refs[slot]! === 0) this.enqueue(slot);
+      return false;
+    }
+    this.extHi[slot] = hi;
+    this.extLo[slot] = lo;
+    this.table.set(hi, lo, slot);
+    this.cached[slot] = 1;
+    this.cachedCount++;
+    this.parentHi[slot] = i > 0 ? sequence.ext[2 * i - 2]! : 0;
+    this.parentLo[slot] = i > 0 ? sequence.ext[2 * i - 1]! : 0;
+    this.pathHi[slot] = sequence.path[2 * i]!;
+    this.pathLo[slot] = sequence.path[2 * i + 1]!;
+    this.position[slot] = i;
+    const size = this.blockSize;
+    const tokens = sequence.tokens;
+    const pool = this.tokenPool;
+    for (let t = 0, from = i * size, to = slot * size; t < size; t++) pool[to + t] = tokens[from + t]!;
+    this.counters.storedBlocks++;
+    return true;
+  }
+
+  /** One BlockStored for blocks [from, to) of the sequence. */
+  private announce(sequence: CacheSequence, from: number, to: number): void {
+    if (!this.recordEvents) return;
+    const ext = sequence.ext;
+    const hashes: bigint[] = [];
+    for (let i = from; i < to; i++) hashes.push(u64(ext[2 * i]!, ext[2 * i + 1]!));
+    this.events.push({
+      type: "BlockStored",
+      block_hashes: hashes,
+      parent_block_hash: from === 0 ? null : u64(ext[2 * from - 2]!, ext[2 * from - 1]!),
+      token_ids: Array.from(sequence.tokens.subarray(from * this.blockSize, to * this.blockSize)),
+      block_size: this.blockSize,
+      lora_name: null,
+      medium: "GPU",
+    });
+  }
+
+  /** Drops a free slot's cached block; returns its hash (for BlockRemoved). */
+  private evict(slot: number): bigint {
+    const hi = this.extHi[slot]!;
+    const lo = this.extLo[slot]!;
+    this.table.delete(hi, lo);
+    this.cached[slot] = 0;
+    this.cachedCount--;
+    this.counters.evictedBlocks++;
+    return this.recordEvents ? u64(hi, lo) : 0n;
+  }
+
+  private enqueue(slot: number): void {
+    this.prev[slot] = this.tail;
+    this.next[slot] = NONE;
+    if (this.tail === NONE) this.head = slot;
+    else this.next[this.tail] = slot;
+    this.tail = slot;
+    this.queued[slot] = 1;
+    this.freeCount++;
+  }
+
+  private dequeue(slot: number): void {
+    if (this.queued[slot] !== 1) throw new Error(`slot ${slot} is not in the free queue`);
+    const before = this.prev[slot]!;
+    const after = this.next[slot]!;
+    if (before === NONE) this.head = after;
+    else this.next[before] = after;
+    if (after === NONE) this.tail = before;
+    else this.prev[after] = before;
+    this.queued[slot] = 0;
+    this.freeCount--;
+  }
+}

@@ -1,0 +1,417 @@
+/**
+ * Routing policies the simulator compares. Each sees what its real counterpart sees:
+ *
+ * - `round_robin`, `random` (seeded): nothing.
+ * - `least_loaded`: its own count of in-flight requests per worker (routed, not
+ *   finished); ties broken at random, so no worker is favoured.
+ * - `approx_prefix`: SGLang / SMG `cache_aware`, which learns only from its own
+ *   decisions (an approximate radix tree per worker, never told about evictions);
+ *   defaults are SMG's command-line defaults (see ApproxPrefixConfig).
+ * - `kv_aware_model`: a stand-in for kvedge's router: each engine's true cache contents
+ *   (what an exact event-fed index holds, without event lag) and Dynamo's cost model
+ *   (reference §5.2) over the router's own load bookkeeping.
+ *
+ * The simulator calls `route` on arrival, `prefillDone` at the first token and
+ * `finished` at the end, which is the request lifecycle a router is told about.
+ */
+import { PairTable } from "./pair-table";
+import { createRng, randomInt, type Rng } from "./random";
+
+export const POLICY_NAMES = ["kv_aware_model", "round_robin", "random", "least_loaded", "approx_prefix"] as const;
+export type PolicyName = (typeof POLICY_NAMES)[number];
+
+export function isPolicyName(value: string): value is PolicyName {
+  return (POLICY_NAMES as readonly string[]).includes(value);
+}
+
+/** What a router knows about a request when it routes it. */
+export interface RouteQuery {
+  readonly id: number;
+  readonly promptLength: number;
+  /** kvedge sequence hashes of the full prompt blocks, (hi, lo) pairs: computed from tokens. */
+  readonly path: Uint32Array;
+  readonly promptBlocks: number;
+  /** Prompt tokens are [0, promptLength). */
+  readonly tokens: Uint32Array;
+}
+
+export interface RoutingPolicy {
+  readonly name: PolicyName;
+  /** Picks a worker for the request and records the decision. */
+  route(query: RouteQuery, nowMs: number): number;
+  prefillDone(id: number, nowMs: number): void;
+  finished(id: number, nowMs: number): void;
+}
+
+/** A worker's true cached prefix of a prompt, in blocks (the simulator asks the engine). */
+export type CacheProbe = (worker: number, query: RouteQuery) => number;
+
+/** In-flight requests per worker, as the router counts them. */
+class InFlight {
+  readonly perWorker: Int32Array;
+  private readonly workerOf = new Map<number, number>();
+
+  constructor(workers: number) {
+    this.perWorker = new Int32Array(workers);
+  }
+
+  add(id: number, worker: number): void {
+    if (this.workerOf.has(id)) throw new Error(`request ${id} routed twice`);
+    this.workerOf.set(id, worker);
+    this.perWorker[worker]!++;
+  }
+
+  /** Forgets a finished request; returns its worker. */
+  remove(id: number): number {
+    const worker = this.workerOf.get(id);
+    if (worker === undefined) throw new Error(`request ${id} finished but was never routed`);
+    this.workerOf.delete(id);
+    this.perWorker[worker]!--;
+    return worker;
+  }
+}
+
+/** argmin of `values` over [0, n), ties broken uniformly at random (reservoir sampling). */
+function argminRandomTies(values: ArrayLike<number>, n: number, rng: Rng): number {
+  let best = 0;
+  let ties = 1;
+  for (let w = 1; w < n; w++) {
+    const value = values[w]!;
+    if (value < values[best]!) {
+      best = w;
+      ties = 1;
+    } else if (value === values[best]! && rng() * ++ties < 1) {
+      best = w;
+    }
+  }
+  return best;
+}
+
+/** argmin of `values` over [0, n), the first on ties (what `min_by_key` does). */
+function argminFirst(values: ArrayLike<number>, n: number): number {
+  let best = 0;
+  for (let w = 1; w < n; w++) if (values[w]! < values[best]!) best = w;
+  return best;
+}
+
+class RoundRobin implements RoutingPolicy {
+  readonly name = "round_robin";
+  private next = 0;
+  constructor(private readonly workers: number) {}
+  route(): number {
+    const worker = this.next;
+    this.next = (this.next + 1) % this.workers;
+    return worker;
+  }
+  prefillDone(): void {}
+  finished(): void {}
+}
+
+class RandomPolicy implements RoutingPolicy {
+  readonly name = "random";
+  constructor(private readonly workers: number, private readonly rng: Rng) {}
+  route(): number {
+    return randomInt(this.rng, this.workers);
+  }
+  prefillDone(): void {}
+  finished(): void {}
+}
+
+class LeastLoaded implements RoutingPolicy {
+  readonly name = "least_loaded";
+  private readonly inFlight: InFlight;
+  constructor(private readonly workers: number, private readonly rng: Rng) {
+    this.inFlight = new InFlight(workers);
+  }
+  route(query: RouteQuery): number {
+    const worker = argminRandomTies(this.inFlight.perWorker, this.workers, this.rng);
+    this.inFlight.add(query.id, worker);
+    return worker;
+  }
+  prefillDone(): void {}
+  finished(id: number): void {
+    this.inFlight.remove(id);
+  }
+}
+
+/**
+ * SGLang / SMG `cache_aware` (sgl-router `policies/cache_aware.rs`), on a token tree:
+ *
+ * 1. Imbalanced (max load − min load > balanceAbs AND max > balanceRel × min, load =
+ *    in-flight requests at this router): the least loaded worker (first on ties).
+ * 2. Else the longest prefix any worker's tree holds; if matched / prompt tokens >
+ *    cacheThreshold, the worker holding it (the most recently used one on ties; SGLang
+ *    takes an arbitrary map entry), else the worker with the smallest tree.
+ * 3. The prompt is inserted into the chosen worker's tree, either way.
+ * 4. Every evictionInterval, a tree larger than maxTreeTokens drops least recently
+ *    used leaves until it fits.
+ *
+ * The tree here is a per-worker map from block path hash (16-token pages, as SGLang's
+ * gRPC token tree) to a last-use tick; a path is touched leaf first with increasing
+ * ticks, so ancestors are always more recent than descendants and removing the oldest
+ * ticks removes leaves first, as SGLang's leaf LRU does.
+ */
+export interface ApproxPrefixConfig {
+  readonly cacheThreshold: number;
+  readonly balanceAbsThreshold: number;
+  readonly balanceRelThreshold: number;
+  readonly evictionIntervalMs: number;
+  readonly maxTreeTokens: number;
+}
+
+/** SMG's command-line defaults (`smg --policy cache_aware`, sglang_router.launch_router). */
+export const DEFAULT_APPROX_PREFIX: ApproxPrefixConfig = {
+  cacheThreshold: 0.3,
+  balanceAbsThreshold: 64,
+  balanceRelThreshold: 1.5,
+  evictionIntervalMs: 120_000,
+  maxTreeTokens: 2 ** 26,
+};
+
+class ApproxPrefix implements RoutingPolicy {
+  readonly name = "approx_prefix";
+  private readonly inFlight: InFlight;
+  private readonly trees: PairTable[] = [];
+  private readonly treeTokens: Float64Array;
+  private tick = 0;
+  private nextEvictionMs: number;
+  private holders: number[] = [];
+  private survivors: number[] = [];
+
+  constructor(
+    private readonly workers: number,
+    private readonly blockSize: number,
+    private readonly config: ApproxPrefixConfig,
+  ) {
+    this.inFlight = new InFlight(workers);
+    for (let w = 0; w < workers; w++) this.trees.push(new PairTable());
+    this.treeTokens = new Float64Array(workers);
+    this.nextEvictionMs = config.evictionIntervalMs;
+  }
+
+  route(query: RouteQuery, nowMs: number): number {
+    this.evictDue(nowMs);
+    const loads = this.inFlight.perWorker;
+    let max = loads[0]!;
+    let min = loads[0]!;
+    for (let w = 1; w < this.workers; w++) {
+      max = Math.max(max, loads[w]!);
+      min = Math.min(min, loads[w]!);
+    }
+    const config = this.config;
+    let worker: number;
+    if (max - min > config.balanceAbsThreshold && max > config.balanceRelThreshold * min) {
+      worker = argminFirst(loads, this.workers);
+    } else {
+      const matchedBlocks = this.match(query.path, query.promptBlocks);
+      const rate = (matchedBlocks * this.blockSize) / query.promptLength;
+      worker = matchedBlocks > 0 && rate > config.cacheThreshold ? this.mostRecentHolder(query.path, matchedBlocks)
+        : argminFirst(this.treeTokens, this.workers);
+    }
+    this.insert(worker, query.path, query.promptBlocks);
+    this.inFlight.add(query.id, worker);
+    return worker;
+  }
+
+  prefillDone(): void {}
+
+  finished(id: number): void {
+    this.inFlight.remove(id);
+  }
+
+  /** Tree entries of a worker (tests check the bound). */
+  treeBlocks(worker: number): number {
+    return this.trees[worker]!.size;
+  }
+
+  /** Longest prefix, in blocks, that some worker's tree holds; leaves the holders in `holders`. */
+  private match(path: Uint32Array, blocks: number): number {
+    let holders = this.holders;
+    holders.length = 0;
+    if (blocks === 0) return 0;
+    for (let w = 0; w < this.workers; w++) if (this.trees[w]!.has(path[0]!, path[1]!)) holders.push(w);
+    let depth = holders.length > 0 ? 1 : 0;
+    let survivors = this.survivors;
+    while (depth < blocks && holders.length > 0) {
+      const hi = path[2 * depth]!;
+      const lo = path[2 * depth + 1]!;
+      survivors.length = 0;
+      for (const w of holders) if (this.trees[w]!.has(hi, lo)) survivors.push(w);
+      if (survivors.length === 0) break;
+      [holders, survivors] = [survivors, holders];
+      depth++;
+    }
+    this.holders = holders;
+    this.survivors = survivors;
+    return depth;
+  }
+
+  private mostRecentHolder(path: Uint32Array, depth: number): number {
+    const hi = path[2 * depth - 2]!;
+    const lo = path[2 * depth - 1]!;
+    let best = this.holders[0]!;
+    for (const w of this.holders) if (this.trees[w]!.get(hi, lo) > this.trees[best]!.get(hi, lo)) best = w;
+    return best;
+  }
+
+  private insert(worker: number, path: Uint32Array, blocks: number): void {
+    const tree = this.trees[worker]!;
+    for (let i = blocks - 1; i >= 0; i--) {
+      if (tree.set(path[2 * i]!, path[2 * i + 1]!, this.nextTick())) this.treeTokens[worker]! += this.blockSize;
+    }
+  }
+
+  private evictDue(nowMs: number): void {
+    if (nowMs < this.nextEvictionMs) return;
+    this.nextEvictionMs = nowMs + this.config.evictionIntervalMs;
+    const limitBlocks = Math.floor(this.config.maxTreeTokens / this.blockSize);
+    for (let w = 0; w < this.workers; w++) {
+      const tree = this.trees[w]!;
+      const excess = tree.size - limitBlocks;
+      if (excess <= 0) continue;
+      // Ticks are unique, so the `excess` oldest entries are those at or below the
+      // excess-th smallest tick.
+      const ticks = new Float64Array(tree.size);
+      let n = 0;
+      tree.forEach((_hi, _lo, tick) => {
+        ticks[n++] = tick;
+      });
+      ticks.sort();
+      const cutoff = ticks[excess - 1]!;
+      const doomed: number[] = [];
+      tree.forEach((hi, lo, tick) => {
+        if (tick <= cutoff) doomed.push(hi, lo);
+      });
+      for (let i = 0; i < doomed.length; i += 2) tree.delete(doomed[i]!, doomed[i + 1]!);
+      this.treeTokens[w] = tree.size * this.blockSize;
+    }
+  }
+
+  private nextTick(): number {
+    if (this.tick === 0xffff_ffff) throw new Error("approx_prefix tick counter exhausted");
+    return ++this.tick;
+  }
+}
+
+/**
+ * Dynamo's default worker selector (reference §5.2) on exact cache knowledge:
+ *
+ *   cost(w) = prefillLoadScale · max(0, (activePrefillTokens[w] + isl) / bs
+ *                                         − overlapCredit · overlapBlocks[w])
+ *           + activeBlocks[w] + (promptBlocks − prefix of the prompt already active on w)
+ *
+ * argmin, ties uniformly at random. activePrefillTokens counts each routed request's
+ * uncached tokens until its first token; activeBlocks counts distinct prompt blocks of
+ * requests routed to w and not finished.
+ */
+export interface KvAwareConfig {
+  readonly overlapCredit: number;
+  readonly prefillLoadScale: number;
+}
+
+export const DEFAULT_KV_AWARE: KvAwareConfig = { overlapCredit: 1, prefillLoadScale: 1 };
+
+interface KvRouted {
+  readonly worker: number;
+  readonly path: Uint32Array;
+  readonly blocks: number;
+  prefillTokens: number;
+}
+
+class KvAwareModel implements RoutingPolicy {
+  readonly name = "kv_aware_model";
+  private readonly activePrefillTokens: Float64Array;
+  private readonly activeBlocks: PairTable[] = [];
+  private readonly routed = new Map<number, KvRouted>();
+  private readonly overlap: Float64Array;
+  private readonly cost: Float64Array;
+
+  constructor(
+    private readonly workers: number,
+    private readonly blockSize: number,
+    private readonly probe: CacheProbe,
+    private readonly config: KvAwareConfig,
+    private readonly rng: Rng,
+  ) {
+    this.activePrefillTokens = new Float64Array(workers);
+    for (let w = 0; w < workers; w++) this.activeBlocks.push(new PairTable());
+    this.overlap = new Float64Array(workers);
+    this.cost = new Float64Array(workers);
+  }
+
+  route(query: RouteQuery): number {
+    const bs = this.blockSize;
+    const { overlapCredit, prefillLoadScale } = this.config;
+    for (let w = 0; w < this.workers; w++) {
+      const overlap = this.probe(w, query);
+      this.overlap[w] = overlap;
+      const raw = (this.activePrefillTokens[w]! + query.promptLength) / bs;
+      const prefill = prefillLoadScale * Math.max(0, raw - overlapCredit * overlap);
+      const active = this.activeBlocks[w]!;
+      const decode = active.size + query.promptBlocks - activePrefix(active, query.path, query.promptBlocks);
+      this.cost[w] = prefill + decode;
+    }
+    const worker = argminRandomTies(this.cost, this.workers, this.rng);
+    const prefillTokens = Math.max(0, query.promptLength - this.overlap[worker]! * bs);
+    this.activePrefillTokens[worker]! += prefillTokens;
+    const active = this.activeBlocks[worker]!;
+    const path = query.path;
+    for (let i = 0; i < query.promptBlocks; i++) active.adjust(path[2 * i]!, path[2 * i + 1]!, 1);
+    if (this.routed.has(query.id)) throw new Error(`request ${query.id} routed twice`);
+    this.routed.set(query.id, { worker, path: query.path, blocks: query.promptBlocks, prefillTokens });
+    return worker;
+  }
+
+  prefillDone(id: number): void {
+    const entry = this.routed.get(id);
+    if (entry === undefined) throw new Error(`prefill of request ${id} that was never routed`);
+    this.activePrefillTokens[entry.worker]! -= entry.prefillTokens;
+    entry.prefillTokens = 0;
+  }
+
+  finished(id: number): void {
+    const entry = this.routed.get(id);
+    if (entry === undefined) throw new Error(`request ${id} finished but was never routed`);
+    this.routed.delete(id);
+    this.activePrefillTokens[entry.worker]! -= entry.prefillTokens;
+    const active = this.activeBlocks[entry.worker]!;
+    const path = entry.path;
+    for (let i = 0; i < entry.blocks; i++) active.adjust(path[2 * i]!, path[2 * i + 1]!, -1);
+  }
+}
+
+/** Leading prompt blocks already held by requests active on a worker. */
+function activePrefix(active: PairTable, path: Uint32Array, blocks: number): number {
+  let i = 0;
+  while (i < blocks && active.has(path[2 * i]!, path[2 * i + 1]!)) i++;
+  return i;
+}
+
+export interface PolicyOptions {
+  readonly workers: number;
+  readonly blockSize: number;
+  readonly seed: number;
+  /** Needed by kv_aware_model only. */
+  readonly probe?: CacheProbe;
+  readonly approxPrefix?: ApproxPrefixConfig;
+  readonly kvAware?: KvAwareConfig;
+}
+
+export function createPolicy(name: PolicyName, options: PolicyOptions): RoutingPolicy {
+  const { workers, blockSize } = options;
+  const rng = createRng(options.seed ^ 0x5eed_0001);
+  switch (name) {
+    case "round_robin":
+      return new RoundRobin(workers);
+    case "random":
+      return new RandomPolicy(workers, rng);
+    case "least_loaded":
+      return new LeastLoaded(workers, rng);
+    case "approx_prefix":
+      return new ApproxPrefix(workers, blockSize, options.approxPrefix ?? DEFAULT_APPROX_PREFIX);
+    case "kv_aware_model": {
+      if (options.probe === undefined) throw new Error("kv_aware_model needs a cache probe");
+      return new KvAwareModel(workers, blockSize, options.probe, options.kvAware ?? DEFAULT_KV_AWARE, rng);
+    }
+  }
+}

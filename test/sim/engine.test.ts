@@ -1,0 +1,256 @@
+// Goal: the mock engine's scheduler and time model (hand-worked timelines: prefill,
+// decode, queueing for KV blocks, rejection), and that its KV event stream, applied in
+// order to a clean-room model of a consumer, equals the engine's real cache contents
+// after every batch of a randomized workload.
+import { describe, expect, test } from "bun:test";
+import { EngineCache, type KvEvent, type KvEventBatch } from "../../src/sim/engine-cache";
+import { MockEngine, type EngineRequest } from "../../src/sim/engine";
+import { createRng, randomInt } from "../../src/sim/random";
+import { decodeMs, prefillMs, type TimeModel } from "../../src/sim/time-model";
+import { hashTokens } from "../../src/hash";
+
+const BS = 4;
+/** 1 prompt token per ms, 10 ms per output token: timelines are easy to work by hand. */
+const TIME: TimeModel = { prefillTokensPerSecond: 1000, decodeMsPerToken: 10 };
+
+interface Log {
+  ttft: Map<number, number>;
+  cached: Map<number, number>;
+  finished: Map<number, number>;
+}
+
+function engineOf(capacityBlocks: number, time = TIME): { engine: MockEngine; log: Log } {
+  const log: Log = { ttft: new Map(), cached: new Map(), finished: new Map() };
+  const cache = new EngineCache({ capacityBlocks, blockSize: BS, hashSeed: 99n });
+  const engine = new MockEngine(0, cache, time, {
+    prefillDone: (request, nowMs, cachedTokens) => {
+      log.ttft.set(request.id, nowMs);
+      log.cached.set(request.id, cachedTokens);
+    },
+    finished: (request, nowMs) => log.finished.set(request.id, nowMs),
+  });
+  return { engine, log };
+}
+
+function request(id: number, prompt: number[], outputLength: number): EngineRequest {
+  const tokens = Uint32Array.from([...prompt, ...Array.from({ length: outputLength }, (_, i) => 9000 + 100 * id + i)]);
+  return { id, tokens, promptLength: prompt.length };
+}
+
+function runUntilIdle(engine: MockEngine): void {
+  for (let steps = 0; engine.nextEventMs() < Infinity; steps++) {
+    if (steps > 10_000) throw new Error("engine did not settle");
+    engine.step();
+  }
+}
+
+const range = (from: number, count: number): number[] => Array.from({ length: count }, (_, i) => from + i);
+
+describe("time model", () => {
+  test("prefill scales with uncached tokens, decode with output tokens after the first", () => {
+    expect(prefillMs({ prefillTokensPerSecond: 15_000, decodeMsPerToken: 30 }, 15_000)).toBe(1000);
+    expect(decodeMs({ prefillTokensPerSecond: 15_000, decodeMsPerToken: 30 }, 11)).toBe(300);
+    expect(decodeMs(TIME, 1)).toBe(0);
+    expect(decodeMs(TIME, 0)).toBe(0);
+  });
+});
+
+describe("MockEngine timeline", () => {
+  test("one request: TTFT = prefill time, finish = TTFT + decode of the remaining tokens", () => {
+    const { engine, log } = engineOf(16);
+    expect(engine.submit(request(0, range(1, 16), 4), 0)).toBe(true);
+    expect(engine.nextEventMs()).toBe(16);
+    runUntilIdle(engine);
+    expect(log.ttft.get(0)).toBe(16);
+    expect(log.finished.get(0)).toBe(16 + 30);
+    expect(engine.idle).toBe(true);
+  });
+
+  test("a cached prefix shortens prefill by exactly the reused tokens", () => {
+    const { engine, log } = engineOf(16);
+    engine.submit(request(0, range(1, 16), 1), 0);
+    runUntilIdle(engine);
+    engine.submit(request(1, [...range(1, 12), 77, 78, 79, 80, 81], 1), 100);
+    runUntilIdle(engine);
+    expect(log.cached.get(1)).toBe(12);
+    expect(log.ttft.get(1)! - 100).toBe(17 - 12);
+    expect(engine.counters.cachedTokens).toBe(12);
+    expect(engine.counters.computedTokens).toBe(16 + 5);
+  });
+
+  test("prefill is serialized: the second request waits for the first's prefill", () => {
+    const { engine, log } = engineOf(64);
+    engine.submit(request(0, range(1, 20), 1), 0);
+    engine.submit(request(1, range(100, 10), 1), 5);
+    runUntilIdle(engine);
+    expect(log.ttft.get(0)).toBe(20);
+    expect(log.ttft.get(1)).toBe(30); // waits 15 ms, then 10 ms of prefill
+  });
+
+  test("a request whose blocks do not fit waits for a finish, then runs (TTFT includes the wait)", () => {
+    const { engine, log } = engineOf(6);
+    engine.submit(request(0, range(1, 16), 4), 0); // 5 blocks, done at 16 + 30
+    engine.submit(request(1, range(100, 8), 1), 1); // 3 blocks: only 1 free until request 0 ends
+    expect(engine.waitingCount).toBe(1);
+    runUntilIdle(engine);
+    expect(log.finished.get(0)).toBe(46);
+    expect(log.ttft.get(1)).toBe(46 + 8);
+    expect(engine.counters.blockedAdmissions).toBe(1);
+    expect(engine.cache.freeBlocks).toBe(6);
+  });
+
+  test("the head of the queue blocks those behind it (FCFS)", () => {
+    const { engine, log } = engineOf(6);
+    engine.submit(request(0, range(1, 16), 4), 0); // holds 5 blocks until 46
+    engine.submit(request(1, range(100, 8), 1), 1); // needs 3: waits
+    engine.submit(request(2, range(200, 3), 1), 2); // needs 1 and would fit, but queues behind 1
+    runUntilIdle(engine);
+    expect(log.ttft.get(1)).toBe(54);
+    expect(log.ttft.get(2)).toBe(57);
+  });
+
+  test("a request larger than the whole cache is rejected at submit", () => {
+    const { engine } = engineOf(4);
+    expect(engine.submit(request(0, range(1, 17), 1), 0)).toBe(false);
+    expect(engine.counters.rejected).toBe(1);
+    expect(engine.idle).toBe(true);
+  });
+
+  test("batches: one per step, stamped with the step's time in seconds", () => {
+    const { engine } = engineOf(16);
+    engine.submit(request(0, range(1, 8), 1), 0);
+    expect(engine.takeBatch(0)).toBeNull(); // admission into an empty cache evicts nothing
+    const at = engine.step();
+    const batch = engine.takeBatch(at);
+    expect(batch?.ts).toBe(0.008);
+    expect(batch?.events.map((event) => event.type)).toEqual(["BlockStored"]);
+  });
+});
+
+// ---- The event stream as a consumer sees it ----
+
+interface ModelBlock {
+  parent: bigint | null;
+  tokens: number[];
+  /** kvedge's path hash, derived by the consumer from the parent's path and the tokens. */
+  path: bigint;
+  position: number;
+}
+
+/** A clean-room consumer: applies events to a map of cached blocks, checking each against the stream so far. */
+class ConsumerModel {
+  readonly blocks = new Map<bigint, ModelBlock>();
+
+  apply(event: KvEvent): void {
+    if (event.type === "AllBlocksCleared") {
+      this.blocks.clear();
+      return;
+    }
+    if (event.type === "BlockRemoved") {
+      for (const hash of event.block_hashes) {
+        if (!this.blocks.delete(hash)) throw new Error(`removal of unknown block ${hash}`);
+      }
+      return;
+    }
+    expect(event.block_size).toBe(BS);
+    expect(event.token_ids.length).toBe(event.block_hashes.length * BS);
+    let parent = event.parent_block_hash;
+    const parentBlock = parent === null ? null : this.blocks.get(parent);
+    if (parentBlock === undefined) throw new Error(`store with unknown parent ${parent}`);
+    // Recompute the path hashes through hashTokens on (parent path, tokens) by chaining.
+    let path = parentBlock?.path ?? null;
+    let position = parentBlock === null ? 0 : parentBlock.position + 1;
+    event.block_hashes.forEach((hash, i) => {
+      if (this.blocks.has(hash)) throw new Error(`duplicate store of ${hash}`);
+      const tokens = event.token_ids.slice(i * BS, (i + 1) * BS);
+      const local = hashTokens(tokens, BS).local[0]!;
+      path = path === null ? local : chain(path, local);
+      this.blocks.set(hash, { parent, tokens, path, position });
+      parent = hash;
+      position++;
+    });
+  }
+}
+
+function chain(previous: bigint, local: bigint): bigint {
+  const pair = new DataView(new ArrayBuffer(16));
+  pair.setBigUint64(0, previous, true);
+  pair.setBigUint64(8, local, true);
+  return BigInt(Bun.hash.xxHash3(new Uint8Array(pair.buffer), 1337n));
+}
+
+function expectModelEqualsEngine(model: ConsumerModel, cache: EngineCache): void {
+  const actual = cache.snapshot();
+  expect(model.blocks.size).toBe(actual.length);
+  for (const block of actual) {
+    const seen = model.blocks.get(block.hash);
+    if (seen === undefined) throw new Error(`engine caches ${block.hash}, the stream never said so`);
+    expect(seen.parent).toBe(block.parent);
+    expect(seen.tokens).toEqual(Array.from(block.tokens));
+    expect(seen.path).toBe(block.path);
+    expect(seen.position).toBe(block.position);
+  }
+}
+
+describe("MockEngine event stream", () => {
+  test("randomized workload: after every batch the consumer's view equals the real cache", () => {
+    for (const seed of [1, 2, 3]) {
+      const rng = createRng(seed);
+      const cache = new EngineCache({ capacityBlocks: 48, blockSize: BS, hashSeed: BigInt(seed) * 0x9e37_79b9n });
+      const model = new ConsumerModel();
+      let batches = 0;
+      const apply = (batch: KvEventBatch | null): void => {
+        if (batch === null) return;
+        batches++;
+        for (const event of batch.events) model.apply(event);
+        expectModelEqualsEngine(model, cache);
+      };
+      const engine = new MockEngine(0, cache, TIME, { prefillDone() {}, finished() {} });
+      // Prompts share prefixes: a few "system prompts" of 0–3 blocks, then random turns.
+      const prefixes = [[], range(1, 4), range(1, 12), range(50, 8)];
+      const prompts: number[][] = [];
+      let now = 0;
+      for (let id = 0; id < 400; id++) {
+        now += randomInt(rng, 6);
+        while (engine.nextEventMs() <= now) {
+          const at = engine.step();
+          apply(engine.takeBatch(at));
+        }
+        if (id % 97 === 96) {
+          runUntilIdle(engine);
+          apply(engine.takeBatch(now));
+          if (engine.cache.reset()) apply(engine.takeBatch(now));
+        }
+        // Some requests repeat an earlier prompt exactly (block-aligned ones then recompute
+        // their cached last block: the duplicate path).
+        let prompt = [...prefixes[randomInt(rng, prefixes.length)]!];
+        for (let n = 1 + randomInt(rng, 14); n > 0; n--) prompt.push(randomInt(rng, 6));
+        if (prompts.length > 0 && randomInt(rng, 4) === 0) prompt = prompts[randomInt(rng, prompts.length)]!;
+        prompts.push(prompt);
+        engine.submit(request(id, prompt, randomInt(rng, 9)), now);
+        apply(engine.takeBatch(now));
+      }
+      while (engine.nextEventMs() < Infinity) apply(engine.takeBatch(engine.step()));
+      cache.verify();
+      expect(cache.freeBlocks).toBe(48);
+      expect(batches).toBeGreaterThan(100);
+      expect(cache.counters.evictedBlocks).toBeGreaterThan(0);
+      expect(cache.counters.hitBlocks).toBeGreaterThan(0);
+      expect(cache.counters.duplicateBlocks).toBeGreaterThan(0);
+      expect(cache.counters.clears).toBeGreaterThan(0);
+    }
+  });
+
+  test("a consumer that drops removals diverges (the check above can fail)", () => {
+    const cache = new EngineCache({ capacityBlocks: 4, blockSize: BS, hashSeed: 5n });
+    const engine = new MockEngine(0, cache, TIME, { prefillDone() {}, finished() {} });
+    const model = new ConsumerModel();
+    for (let id = 0; id < 4; id++) {
+      engine.submit(request(id, range(100 * id, 8), 1), 10 * id);
+      runUntilIdle(engine);
+      for (const event of cache.takeEvents()) if (event.type !== "BlockRemoved") model.apply(event);
+    }
+    expect(cache.counters.evictedBlocks).toBeGreaterThan(0);
+    expect(() => expectModelEqualsEngine(model, cache)).toThrow();
+  });
+});
