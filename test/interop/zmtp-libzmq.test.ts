@@ -3,12 +3,15 @@
 // filtering, vLLM's DEALER/ROUTER replay exchange, multi-frame and large messages, peer
 // restarts and heartbeats. Method: each test starts test/interop/peer.mjs with a role,
 // drives it over stdin and compares what it prints with what we sent or received.
-import { afterEach, describe, expect, test } from "bun:test";
+import { afterEach, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { DealerSocket, PubSocket, RouterSocket, SubSocket, type PeerInfo, type ZmtpSocket } from "../../src/wire/zmtp";
 import { describeMessage, NodePeer, seqBytes, str, text, until } from "./libzmq";
+
+// Subprocesses and real sockets on a shared, loaded machine: be generous.
+setDefaultTimeout(30_000);
 
 const cleanups: (() => unknown)[] = [];
 afterEach(async () => {

@@ -94,9 +94,10 @@ export abstract class ZmtpSocket implements ConnectionHost {
       data: (socket: BunSocket, chunk: Uint8Array) => socket.data.conn?.onData(chunk),
       drain: (socket: BunSocket) => socket.data.conn?.onDrain(),
       close: (socket: BunSocket, error?: Error) => socket.data.conn?.onClose(error),
+      // Bun calls this when a handler threw; ours catch everything, so this is a bug.
       error: (socket: BunSocket, error: Error) => {
         this.log.error("zmtp socket handler error", { error: String(error) });
-        socket.data.conn?.onClose(error);
+        socket.data.conn?.close(`internal error: ${String(error)}`, null);
       },
       open: (socket: BunSocket) => this.opened(socket),
       connectError: (socket: BunSocket, error: Error) => this.connectFailed(socket.data.dialer!, error),
