@@ -18,6 +18,7 @@ import {
 } from "./codec";
 import { COMMAND_FRAME, FrameDecoder, MESSAGE_FRAME, NEED_MORE } from "./decoder";
 import type { ZmtpCounters } from "./counters";
+import { FrameList } from "./frames";
 import { type FatalKind, type IgnoredKind, ZmtpError } from "./errors";
 import type { ResolvedOptions } from "./options";
 import { Outbox, type WriteTarget } from "./outbox";
@@ -76,8 +77,8 @@ export interface ConnectionHost {
   /** Last check before ACTIVE (ROUTER: identity); returns a reason to refuse, or null. */
   admit(conn: Connection): FatalKind | null;
   attached(conn: Connection): void;
-  /** A complete message; `frames` and the views in it are valid until this returns. */
-  deliver(conn: Connection, frames: Uint8Array[]): void;
+  /** A complete message; `frames` (and what it points to) is valid until this returns. */
+  deliver(conn: Connection, frames: FrameList): void;
   /** SUBSCRIBE (true) / CANCEL (false); `prefix` is a transient view. */
   subscription(conn: Connection, prefix: Uint8Array, subscribe: boolean): void;
   closed(conn: Connection, reason: string, wasActive: boolean, kind: FatalKind | "heartbeat" | "handshake_timeout" | null): void;
@@ -101,7 +102,7 @@ export class Connection {
 
   private state: number = HANDSHAKE;
   private readonly decoder: FrameDecoder;
-  private readonly frames: Uint8Array[] = [];
+  private readonly frames = new FrameList();
   private readonly openedAt: number;
   /** Set by every data event; the tick folds it into lastHeardAt (no clock read per chunk). */
   private heard = false;
@@ -177,11 +178,11 @@ export class Connection {
         if (kind === MESSAGE_FRAME) {
           if (this.state !== ACTIVE) throw new ZmtpError("unexpected_frame", "message frame before the handshake completed");
           const frames = this.frames;
-          frames.push(decoder.frame);
+          frames.add(decoder.frameBuffer, decoder.frameStart, decoder.frameEnd);
           if (decoder.more) continue;
-          this.host.counters.framesIn += frames.length;
+          this.host.counters.framesIn += frames.count;
           this.host.deliver(this, frames);
-          frames.length = 0;
+          frames.clear();
           if (this.isClosed) return;
         } else if (kind === NEED_MORE) {
           return;
@@ -193,7 +194,7 @@ export class Connection {
         }
       }
     } catch (error) {
-      this.frames.length = 0;
+      this.frames.clear();
       if (ZmtpError.is(error)) {
         this.fail(error.kind, error.message);
       } else {

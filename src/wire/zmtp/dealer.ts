@@ -5,12 +5,15 @@
  * libzmq's connect-side pipe does.
  */
 import type { Connection } from "./connection";
+import type { FrameList } from "./frames";
 import type { ZmtpOptions } from "./options";
 import { ZmtpSocket } from "./socket";
-import type { MessageListener } from "./sub";
+import type { FramesListener, MessageListener } from "./sub";
 
 export class DealerSocket extends ZmtpSocket {
+  /** Called for each message unless `onFrames` is set (lifetimes as for SubSocket). */
   onMessage: MessageListener = () => {};
+  onFrames: FramesListener | null = null;
   private readonly waiting: Uint8Array[][] = [];
   private next = 0;
 
@@ -47,10 +50,11 @@ export class DealerSocket extends ZmtpSocket {
     return this.waiting.length;
   }
 
-  override deliver(conn: Connection, frames: Uint8Array[]): void {
+  override deliver(conn: Connection, frames: FrameList): void {
     this.counters.messagesIn++;
     try {
-      this.onMessage(frames, conn.peer);
+      if (this.onFrames !== null) this.onFrames(frames, conn.peer);
+      else this.onMessage(frames.views(), conn.peer);
     } catch (error) {
       this.callbackFailed(error);
     }

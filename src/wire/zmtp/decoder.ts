@@ -5,10 +5,12 @@
  * normal and never an error; only malformed input throws a `ZmtpError` (stable `code`),
  * after which the decoder is dead (the connection must be dropped).
  *
- * Zero-copy: a frame that lies wholly inside the current chunk is returned as a
- * `subarray` view of it; a frame spanning chunks is reassembled into a buffer of exactly
- * its size. Either way `frame` is valid until the caller's callback returns; keep a copy
- * to hold it longer. A declared size is checked against the message bound BEFORE any
+ * Zero-copy: a frame is reported as a location, bytes [frameStart, frameEnd) of
+ * `frameBuffer`: the current chunk when the frame lies wholly inside it, else a
+ * per-connection reassembly arena (frames spanning chunks are copied there; the arena is
+ * reused from the next message on, and frames over ARENA_RETAIN_BYTES get a buffer of
+ * their own). So a frame is valid until the message it belongs to has been handled:
+ * copy it to keep it. A declared size is checked against the message bound BEFORE any
  * buffer is allocated for it.
  */
 import { ZmtpError } from "./errors";
@@ -28,14 +30,19 @@ const S_HEADER = 1;
 const S_BODY = 2;
 const S_FAILED = 3;
 
-const EMPTY = new Uint8Array(0);
+const EMPTY: Uint8Array = new Uint8Array(0);
+/** The reassembly arena grows up to this and is kept; larger frames get their own buffer. */
+export const ARENA_RETAIN_BYTES = 256 * 1024;
+const ARENA_BYTES_MIN = 4096;
 const NULL_MECHANISM = [0x4e, 0x55, 0x4c, 0x4c]; // "NULL"
 const MECHANISM_AT = 12;
 const MECHANISM_BYTES = 20;
 
 export class FrameDecoder {
-  /** Body of the frame `next()` just returned (see lifetime above). */
-  frame: Uint8Array = EMPTY;
+  /** Where the frame `next()` just returned lives (see lifetime above). */
+  frameBuffer: Uint8Array = EMPTY;
+  frameStart = 0;
+  frameEnd = 0;
   /** Whether the returned message frame has MORE set. */
   more = false;
   /** Peer's minor version, known once GREETING was returned. */
@@ -50,10 +57,14 @@ export class FrameDecoder {
   /** Bytes gathered in `scratch` (greeting or a header split across chunks). */
   private have = 0;
   private readonly scratch = new Uint8Array(GREETING_BYTES);
-  /** A frame body being reassembled across chunks. */
+  /** A frame body being reassembled across chunks: body[bodyStart, bodyStart + bodySize). */
   private body: Uint8Array = EMPTY;
+  private bodyStart = 0;
+  private bodySize = 0;
   private bodyFilled = 0;
   private bodyFlags = 0;
+  private arena: Uint8Array = EMPTY;
+  private arenaUsed = 0;
   /** Bytes and frames of the message in progress (its frames before the current one). */
   private messageBytes = 0;
   private messageFrames = 0;
@@ -70,6 +81,11 @@ export class FrameDecoder {
     this.pos = 0;
     this.end = chunk.length;
     this.consumed += chunk.length;
+  }
+
+  /** The frame `next()` just returned, as a view (allocates; hot paths use the location). */
+  get frame(): Uint8Array {
+    return this.frameBuffer.subarray(this.frameStart, this.frameEnd);
   }
 
   /** Bytes held for an incomplete greeting, header or body. */
@@ -117,36 +133,61 @@ export class FrameDecoder {
       }
       if (this.messageFrames >= this.maxFramesPerMessage) this.fail("too_many_frames", `more than ${this.maxFramesPerMessage} frames`);
     }
+    // The previous message was handled before next() was called again: reuse its arena.
+    if ((flags & FLAG_COMMAND) === 0 && this.messageFrames === 0) this.arenaUsed = 0;
     const stop = start + size;
     if (stop <= this.end) {
-      this.frame = this.buf.subarray(start, stop);
+      this.frameBuffer = this.buf;
+      this.frameStart = start;
+      this.frameEnd = stop;
       this.pos = stop;
       return this.emit(flags);
     }
     // Spans chunks: the size passed the bound above, so this allocation is bounded.
-    const body = new Uint8Array(size);
-    body.set(this.buf.subarray(start, this.end));
-    this.body = body;
-    this.bodyFilled = this.end - start;
+    this.reserveBody(size);
+    const available = this.end - start;
+    this.body.set(this.buf.subarray(start, this.end), this.bodyStart);
+    this.bodyFilled = available;
     this.bodyFlags = flags;
     this.pos = this.end;
     this.state = S_BODY;
     return NEED_MORE;
   }
 
+  /** Room for a spanning body: in the arena, or its own buffer when over the retain size. */
+  private reserveBody(size: number): void {
+    this.bodySize = size;
+    if (size > ARENA_RETAIN_BYTES) {
+      this.body = new Uint8Array(size);
+      this.bodyStart = 0;
+      return;
+    }
+    if (this.arenaUsed + size > this.arena.length) {
+      // Earlier frames of this message stay in the old arena (still referenced); start anew.
+      const length = Math.min(ARENA_RETAIN_BYTES, Math.max(ARENA_BYTES_MIN, 2 * this.arena.length, size));
+      this.arena = new Uint8Array(length);
+      this.arenaUsed = 0;
+    }
+    this.body = this.arena;
+    this.bodyStart = this.arenaUsed;
+    this.arenaUsed += size;
+  }
+
   private continueBody(): number {
     const body = this.body;
-    const wanted = body.length - this.bodyFilled;
+    const wanted = this.bodySize - this.bodyFilled;
     const available = this.end - this.pos;
     if (available < wanted) {
-      body.set(this.buf.subarray(this.pos, this.end), this.bodyFilled);
+      body.set(this.buf.subarray(this.pos, this.end), this.bodyStart + this.bodyFilled);
       this.bodyFilled += available;
       this.pos = this.end;
       return NEED_MORE;
     }
-    body.set(this.buf.subarray(this.pos, this.pos + wanted), this.bodyFilled);
+    body.set(this.buf.subarray(this.pos, this.pos + wanted), this.bodyStart + this.bodyFilled);
     this.pos += wanted;
-    this.frame = body;
+    this.frameBuffer = body;
+    this.frameStart = this.bodyStart;
+    this.frameEnd = this.bodyStart + this.bodySize;
     this.body = EMPTY;
     this.bodyFilled = 0;
     this.state = S_HEADER;
@@ -160,7 +201,7 @@ export class FrameDecoder {
     }
     if ((flags & FLAG_MORE) !== 0) {
       this.more = true;
-      this.messageBytes += this.frame.length;
+      this.messageBytes += this.frameEnd - this.frameStart;
       this.messageFrames++;
     } else {
       this.more = false;

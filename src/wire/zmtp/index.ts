@@ -3,7 +3,8 @@
  * security. See README.md beside this file for the contract (lifetimes, bounds, counters).
  */
 export { PubSocket } from "./pub";
-export { SubSocket, type MessageListener } from "./sub";
+export { SubSocket, type FramesListener, type MessageListener } from "./sub";
+export { FrameList } from "./frames";
 export { DealerSocket } from "./dealer";
 export { RouterSocket, type RoutedMessageListener } from "./router";
 export { ZmtpSocket, type PeerListener } from "./socket";

@@ -4,9 +4,9 @@
  *
  * - Small frames are copied into a staging buffer that is written when full or at the
  *   end of the current tick (one `write` per batch, not per message).
- * - A frame body at least as large as the staging buffer is written straight from the
- *   caller's buffer when nothing is queued (zero-copy); whatever the kernel does not take
- *   is copied, so the caller may reuse its buffers as soon as `send` returns.
+ * - A frame body of DIRECT_BYTES_MIN or more is written straight from the caller's
+ *   buffer when nothing is queued (zero-copy); whatever the kernel does not take is
+ *   copied, so the caller may reuse its buffers as soon as `send` returns.
  * - While the kernel is full, sealed buffers wait in `backlog` and go out on `drain`.
  *
  * `queuedMessages` counts messages whose last byte has not been handed to the kernel;
@@ -21,6 +21,10 @@ export interface WriteTarget {
 }
 
 export const STAGE_BYTES = 128 * 1024;
+/** Bodies from this size on skip the stage (a syscall costs less than copying them). */
+export const DIRECT_BYTES_MIN = 16 * 1024;
+/** Stage buffers kept for reuse after the backlog they held was written. */
+const SPARE_STAGES_MAX = 4;
 
 export class Outbox {
   queuedMessages = 0;
@@ -29,12 +33,15 @@ export class Outbox {
   /** Set when the target returned -1 (closed); later writes are discarded. */
   dead = false;
 
-  private stage = new Uint8Array(STAGE_BYTES);
+  private stage: Uint8Array = new Uint8Array(STAGE_BYTES);
   private stageLength = 0;
   private stageMessages = 0;
   private readonly backlog: Uint8Array[] = [];
   private readonly backlogMessages: number[] = [];
+  /** For backlog entries cut from a stage buffer: that buffer, to recycle once written. */
+  private readonly backlogStages: (Uint8Array | null)[] = [];
   private backlogHead = 0;
+  private readonly spareStages: Uint8Array[] = [];
   private flushScheduled = false;
   private readonly flushTask = (): void => {
     this.flushScheduled = false;
@@ -87,11 +94,15 @@ export class Outbox {
         return;
       }
       this.queuedMessages -= this.backlogMessages[this.backlogHead]!;
+      const stage = this.backlogStages[this.backlogHead]!;
+      if (stage !== null && this.spareStages.length < SPARE_STAGES_MAX) this.spareStages.push(stage);
       backlog[this.backlogHead] = EMPTY;
+      this.backlogStages[this.backlogHead] = null;
       this.backlogHead++;
     }
     backlog.length = 0;
     this.backlogMessages.length = 0;
+    this.backlogStages.length = 0;
     this.backlogHead = 0;
     this.blocked = false;
     this.sealStage();
@@ -103,6 +114,8 @@ export class Outbox {
     this.dead = true;
     this.backlog.length = 0;
     this.backlogMessages.length = 0;
+    this.backlogStages.length = 0;
+    this.spareStages.length = 0;
     this.backlogHead = 0;
     this.stageLength = 0;
     this.stageMessages = 0;
@@ -112,7 +125,7 @@ export class Outbox {
   private frame(body: Uint8Array, flags: number): void {
     const size = body.length;
     const header = frameHeaderBytes(size);
-    if (size < STAGE_BYTES) {
+    if (size < DIRECT_BYTES_MIN) {
       this.reserve(header + size);
       const at = this.stageLength;
       writeFrameHeader(this.stage, at, flags, size);
@@ -166,7 +179,8 @@ export class Outbox {
       this.backlog.push(this.stage.subarray(0, length));
     }
     this.backlogMessages.push(messages);
-    this.stage = new Uint8Array(STAGE_BYTES);
+    this.backlogStages.push(this.stage);
+    this.stage = this.spareStages.pop() ?? new Uint8Array(STAGE_BYTES);
     this.stageLength = 0;
   }
 
@@ -175,6 +189,7 @@ export class Outbox {
     this.blocked = true;
     this.backlog.push(body.slice(from));
     this.backlogMessages.push(0);
+    this.backlogStages.push(null);
   }
 
   private write(bytes: Uint8Array): number {

@@ -5,6 +5,7 @@
  * the message (counted in hwmDrops), like libzmq: a PUB never blocks.
  */
 import type { Connection } from "./connection";
+import type { FrameList } from "./frames";
 import { SUBSCRIPTIONS_PER_PEER_MAX, type ZmtpOptions } from "./options";
 import { ZmtpSocket } from "./socket";
 import { PrefixSet } from "./subscriptions";
@@ -51,9 +52,9 @@ export class PubSocket extends ZmtpSocket {
     subscriptions.add(prefix, false);
   }
 
-  override deliver(conn: Connection, frames: Uint8Array[]): void {
-    const first = frames[0]!;
-    if (frames.length === 1 && first.length > 0 && first[0]! <= 1) {
+  override deliver(conn: Connection, frames: FrameList): void {
+    const first = frames.count === 1 ? frames.frame(0) : null;
+    if (first !== null && first.length > 0 && first[0]! <= 1) {
       this.subscription(conn, first.subarray(1), first[0] === 1);
       return;
     }

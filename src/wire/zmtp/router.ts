@@ -5,6 +5,7 @@
  * without ROUTER_HANDOVER). Messages to an unknown identity are dropped and counted.
  */
 import type { Connection, PeerInfo } from "./connection";
+import type { FrameList } from "./frames";
 import type { FatalKind } from "./errors";
 import type { ZmtpOptions } from "./options";
 import { ZmtpSocket } from "./socket";
@@ -47,10 +48,10 @@ export class RouterSocket extends ZmtpSocket {
     return null;
   }
 
-  override deliver(conn: Connection, frames: Uint8Array[]): void {
+  override deliver(conn: Connection, frames: FrameList): void {
     this.counters.messagesIn++;
     try {
-      this.onMessage(conn.peer.routingId, frames, conn.peer);
+      this.onMessage(conn.peer.routingId, frames.views(), conn.peer);
     } catch (error) {
       this.callbackFailed(error);
     }

@@ -9,6 +9,7 @@ import { OnceLog, type Logger } from "../../util/log";
 import { readyFrame } from "./codec";
 import { Connection, type ConnectionHost, type PeerEvent, type PeerInfo } from "./connection";
 import { newCounters, type ZmtpCounters } from "./counters";
+import type { FrameList } from "./frames";
 import { parseEndpoint, formatTcp, type Endpoint } from "./endpoint";
 import type { FatalKind, IgnoredKind } from "./errors";
 import { resolveOptions, type ResolvedOptions, type ZmtpOptions } from "./options";
@@ -217,7 +218,7 @@ export abstract class ZmtpSocket implements ConnectionHost {
     this.emit("connected", conn, "handshake complete");
   }
 
-  abstract deliver(conn: Connection, frames: Uint8Array[]): void;
+  abstract deliver(conn: Connection, frames: FrameList): void;
 
   subscription(conn: Connection, _prefix: Uint8Array, subscribe: boolean): void {
     this.protocolError(conn, "unexpected_command", `${subscribe ? "SUBSCRIBE" : "CANCEL"} sent to a ${this.socketType} socket`);

@@ -6,19 +6,25 @@
  */
 import { cancelFrame, subscribeFrame, subscriptionMessage } from "./codec";
 import type { Connection, PeerInfo } from "./connection";
+import type { FrameList } from "./frames";
 import type { ZmtpOptions } from "./options";
 import { ZmtpSocket } from "./socket";
 import { PrefixSet, toBytes } from "./subscriptions";
 
 /**
- * A received message. `frames` and every view in it are valid only until the callback
- * returns (frames may be views into the receive chunk, and the array is reused): copy
- * what you keep.
+ * A received message as views. `frames` and every view in it are valid only until the
+ * callback returns (views into the receive chunk or a reused arena; the array is reused
+ * too): copy what you keep.
  */
 export type MessageListener = (frames: readonly Uint8Array[], peer: PeerInfo) => void;
+/** A received message as frame locations (no allocation); same lifetime as above. */
+export type FramesListener = (frames: FrameList, peer: PeerInfo) => void;
 
 export class SubSocket extends ZmtpSocket {
+  /** Called for each message unless `onFrames` is set. */
   onMessage: MessageListener = () => {};
+  /** The allocation-free alternative to `onMessage`; when set, `onMessage` is not called. */
+  onFrames: FramesListener | null = null;
   private readonly subscriptions = new PrefixSet();
 
   constructor(options: ZmtpOptions = {}) {
@@ -40,14 +46,15 @@ export class SubSocket extends ZmtpSocket {
     for (const conn of this.active) sendSubscription(conn, bytes, false);
   }
 
-  override deliver(conn: Connection, frames: Uint8Array[]): void {
-    if (!this.subscriptions.matches(frames[0]!)) {
+  override deliver(conn: Connection, frames: FrameList): void {
+    if (!this.subscriptions.matchesFrame(frames, 0)) {
       this.counters.messagesFiltered++;
       return;
     }
     this.counters.messagesIn++;
     try {
-      this.onMessage(frames, conn.peer);
+      if (this.onFrames !== null) this.onFrames(frames, conn.peer);
+      else this.onMessage(frames.views(), conn.peer);
     } catch (error) {
       this.callbackFailed(error);
     }

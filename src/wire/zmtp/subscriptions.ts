@@ -3,6 +3,7 @@
  * them (the empty prefix matches everything). Subscriptions are few (vLLM uses one
  * topic), so matching is a linear scan with an all-match shortcut.
  */
+import type { FrameList } from "./frames";
 
 export class PrefixSet {
   /** prefix (latin1 key) -> how many times it was added */
@@ -59,6 +60,14 @@ export class PrefixSet {
       while (j < prefix.length && prefix[j] === topic[j]) j++;
       if (j === prefix.length) return true;
     }
+    return false;
+  }
+
+  /** Whether frame `index` of a received message matches. */
+  matchesFrame(frames: FrameList, index: number): boolean {
+    if (this.matchAll) return true;
+    const prefixes = this.prefixes;
+    for (let i = 0; i < prefixes.length; i++) if (frames.startsWith(index, prefixes[i]!)) return true;
     return false;
   }
 
