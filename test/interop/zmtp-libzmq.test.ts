@@ -50,6 +50,7 @@ function collectingSub(options: ConstructorParameters<typeof SubSocket>[0] = {})
 
 /** libzmq PUB drops until our subscription reaches it: publish probes until one arrives. */
 async function primeFromLibzmq(pub: NodePeer, got: Received[], topic = "probe"): Promise<void> {
+  got.length = 0; // only a probe that arrives from now on proves the subscription
   const deadline = performance.now() + 10_000;
   while (!got.some((m) => str(m.frames[0]!) === topic)) {
     if (performance.now() > deadline) throw new Error("no probe from libzmq PUB within 10 s");

@@ -64,6 +64,7 @@ async function pubSubPair(endpoint: string, subOptions = {}, pubOptions = {}) {
 
 /** Sends probes until the SUB has one (its subscription reached the PUB), then forgets them. */
 async function prime(pub: PubSocket, got: Uint8Array[][], topic = "probe"): Promise<void> {
+  got.length = 0;
   await until(() => {
     pub.send([enc(topic)]);
     return got.length > 0;
@@ -275,7 +276,7 @@ describe("bounds and misbehaving peers", () => {
     expect(got.map((m) => str(m[0]!))).toEqual(["small"]);
     expect(sub.counters.protocolErrors.oversize).toBe(1);
     expect(log.records.filter((r) => r.fields.kind === "oversize")).toHaveLength(1);
-    await prime(pub, got);
+    await prime(pub, got); // succeeds only over the new connection
     pub.send([enc("after"), new Uint8Array(900)]);
     await until(() => got.length === 1, "message after reconnect");
     expect(events.filter((e) => e === "connected")).toHaveLength(2);

@@ -25,6 +25,8 @@ import { Outbox, type WriteTarget } from "./outbox";
 import type { PrefixSet } from "./subscriptions";
 
 export type PeerEvent = "connected" | "disconnected" | "handshake_failed";
+/** Why a connection closed, for counters: a protocol error kind, a deadline, or null (normal). */
+export type CloseKind = FatalKind | "heartbeat" | "handshake_timeout" | null;
 
 /** What we know about the other end of one connection. */
 export interface PeerInfo {
@@ -81,7 +83,7 @@ export interface ConnectionHost {
   deliver(conn: Connection, frames: FrameList): void;
   /** SUBSCRIBE (true) / CANCEL (false); `prefix` is a transient view. */
   subscription(conn: Connection, prefix: Uint8Array, subscribe: boolean): void;
-  closed(conn: Connection, reason: string, wasActive: boolean, kind: FatalKind | "heartbeat" | "handshake_timeout" | null): void;
+  closed(conn: Connection, reason: string, wasActive: boolean, kind: CloseKind): void;
   /** The outgoing queue emptied (for flushed()). */
   idle(conn: Connection): void;
 }
@@ -216,7 +218,7 @@ export class Connection {
   }
 
   /** Closes on our initiative; `kind` says why (for counters), null for a normal close. */
-  close(reason: string, kind: FatalKind | "heartbeat" | "handshake_timeout" | null): void {
+  close(reason: string, kind: CloseKind): void {
     if (this.state === CLOSED) return;
     // finish() first: Bun runs the close handler synchronously inside end().
     this.finish(reason, kind);
@@ -264,7 +266,7 @@ export class Connection {
     }
   }
 
-  private finish(reason: string, kind: FatalKind | "heartbeat" | "handshake_timeout" | null): void {
+  private finish(reason: string, kind: CloseKind): void {
     const wasActive = this.state === ACTIVE;
     this.state = CLOSED;
     this.outbox.discard();

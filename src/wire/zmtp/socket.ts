@@ -7,7 +7,7 @@ import { lstatSync, unlinkSync } from "node:fs";
 import type { Socket, SocketHandler, SocketListener } from "bun";
 import { OnceLog, type Logger } from "../../util/log";
 import { readyFrame } from "./codec";
-import { Connection, type ConnectionHost, type PeerEvent, type PeerInfo } from "./connection";
+import { type CloseKind, Connection, type ConnectionHost, type PeerEvent, type PeerInfo } from "./connection";
 import { newCounters, type ZmtpCounters } from "./counters";
 import type { FrameList } from "./frames";
 import { parseEndpoint, formatTcp, type Endpoint } from "./endpoint";
@@ -224,7 +224,7 @@ export abstract class ZmtpSocket implements ConnectionHost {
     this.protocolError(conn, "unexpected_command", `${subscribe ? "SUBSCRIBE" : "CANCEL"} sent to a ${this.socketType} socket`);
   }
 
-  closed(conn: Connection, reason: string, wasActive: boolean, kind: FatalKind | "heartbeat" | "handshake_timeout" | null): void {
+  closed(conn: Connection, reason: string, wasActive: boolean, kind: CloseKind): void {
     this.connections.delete(conn);
     const bound = this.boundOf.get(conn);
     bound?.connections.delete(conn);
