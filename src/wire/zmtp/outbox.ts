@@ -175,6 +175,12 @@ export class Outbox {
       }
       this.blocked = true;
       this.backlog.push(this.stage.subarray(Math.max(written, 0), length));
+    } else if (length === 0) {
+      // Only message ends (their last bytes went out with a large body): keep the stage.
+      this.backlog.push(EMPTY);
+      this.backlogMessages.push(messages);
+      this.backlogStages.push(null);
+      return;
     } else {
       this.backlog.push(this.stage.subarray(0, length));
     }
@@ -210,4 +216,4 @@ export class Outbox {
   }
 }
 
-const EMPTY = new Uint8Array(0);
+const EMPTY: Uint8Array = new Uint8Array(0);
