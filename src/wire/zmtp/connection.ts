@@ -76,6 +76,8 @@ export interface ConnectionHost {
   readonly readyFrame: Uint8Array;
   /** Counts and logs (once per kind) a protocol error. */
   protocolError(conn: Connection, kind: FatalKind | IgnoredKind, message: string): void;
+  /** A bug of ours surfaced while handling this connection (counted, logged). */
+  internalError(conn: Connection, error: unknown): void;
   /** Last check before ACTIVE (ROUTER: identity); returns a reason to refuse, or null. */
   admit(conn: Connection): FatalKind | null;
   attached(conn: Connection): void;
@@ -201,7 +203,7 @@ export class Connection {
         this.fail(error.kind, error.message);
       } else {
         // A bug of ours, not the peer's: drop this connection, keep the process.
-        this.host.protocolError(this, "bad_command", `internal error: ${String(error)}`);
+        this.host.internalError(this, error);
         this.close(`internal error: ${String(error)}`, null);
       }
     }

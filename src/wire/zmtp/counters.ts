@@ -43,6 +43,8 @@ export interface ZmtpCounters {
   messagesFiltered: number;
   /** Exceptions thrown by the application's onMessage / onPeer callbacks (caught, logged once). */
   callbackErrors: number;
+  /** Bugs of ours caught while handling a connection (that connection was dropped). */
+  internalErrors: number;
   /** Protocol errors by kind; `protocolErrorsTotal` is their sum. */
   protocolErrorsTotal: number;
   protocolErrors: Record<ProtocolErrorKind, number>;
@@ -76,6 +78,7 @@ export function newCounters(): ZmtpCounters {
     unroutable: 0,
     messagesFiltered: 0,
     callbackErrors: 0,
+    internalErrors: 0,
     protocolErrorsTotal: 0,
     protocolErrors,
   };

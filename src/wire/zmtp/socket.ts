@@ -97,8 +97,10 @@ export abstract class ZmtpSocket implements ConnectionHost {
       close: (socket: BunSocket, error?: Error) => socket.data.conn?.onClose(error),
       // Bun calls this when a handler threw; ours catch everything, so this is a bug.
       error: (socket: BunSocket, error: Error) => {
-        this.log.error("zmtp socket handler error", { error: String(error) });
-        socket.data.conn?.close(`internal error: ${String(error)}`, null);
+        const conn = socket.data.conn;
+        if (conn === null) return;
+        this.internalError(conn, error);
+        conn.close(`internal error: ${String(error)}`, null);
       },
       open: (socket: BunSocket) => this.opened(socket),
       connectError: (socket: BunSocket, error: Error) => this.connectFailed(socket.data.dialer!, error),
@@ -195,6 +197,11 @@ export abstract class ZmtpSocket implements ConnectionHost {
       endpoint: conn.peer.endpoint,
       remote: conn.peer.remoteAddress,
     });
+  }
+
+  internalError(conn: Connection, error: unknown): void {
+    this.counters.internalErrors++;
+    this.log.error("zmtp internal error; connection dropped", { connection: conn.id, error: String(error) });
   }
 
   admit(_conn: Connection): FatalKind | null {
