@@ -104,6 +104,33 @@ describe("PUB -> SUB", () => {
     });
   }
 
+  test("onFrames: frame locations without views; copies survive later messages", async () => {
+    const { pub, sub, got, bound } = await pubSubPair("tcp://127.0.0.1:0");
+    sub.subscribe("");
+    sub.connect(bound);
+    await prime(pub, got);
+    const kept: Uint8Array[][] = [];
+    const sizes: number[][] = [];
+    sub.onFrames = (frames) => {
+      sizes.push(Array.from({ length: frames.count }, (_, i) => frames.end(i) - frames.start(i)));
+      expect(frames.startsWith(0, enc("kv"))).toBe(true);
+      expect(frames.size(1)).toBe(frames.frame(1).length);
+      expect(() => frames.buffer(frames.count)).toThrow(RangeError);
+      kept.push(frames.copy());
+    };
+    const big = new Uint8Array(600_000).map((_, i) => i & 0xff); // spans receive chunks
+    for (let i = 0; i < 20; i++) pub.send([enc(`kv${i}`), Uint8Array.of(i), i % 5 === 0 ? big : new Uint8Array(i)]);
+    await until(() => kept.length + sub.counters.callbackErrors >= 20, "20 messages");
+    expect(sub.counters.callbackErrors).toBe(0); // the expects inside the callback held
+    expect(got).toHaveLength(0); // onMessage is not called while onFrames is set
+    for (let i = 0; i < 20; i++) {
+      expect(str(kept[i]![0]!)).toBe(`kv${i}`);
+      expect(kept[i]![1]![0]).toBe(i);
+      expect(sizes[i]).toEqual([i < 10 ? 3 : 4, 1, i % 5 === 0 ? big.length : i]);
+      if (i % 5 === 0) expect(Buffer.from(kept[i]![2]!).equals(Buffer.from(big))).toBe(true);
+    }
+  });
+
   test("a SUB that connects before the PUB exists retries with backoff, then receives", async () => {
     const probe = new PubSocket();
     const bound = await probe.bind("tcp://127.0.0.1:0");
@@ -432,6 +459,32 @@ describe("lifecycle", () => {
     expect(() => again.connect("tcp://127.0.0.1:1")).not.toThrow();
     await again.close();
     expect(() => again.connect("tcp://127.0.0.1:1")).toThrow("closed");
+  });
+
+  test("churn: peers come and go 100 times; every table returns to empty", async () => {
+    const router = track(new RouterSocket());
+    const endpoint = await router.bind("tcp://127.0.0.1:0");
+    const sub = track(new SubSocket({ reconnectMinMs: 10 }));
+    for (let i = 0; i < 100; i++) {
+      // Identities repeat every 10 rounds: each must have been released by then.
+      const dealer = new DealerSocket(i % 2 === 0 ? { routingId: enc(`d${i % 10}`) } : {});
+      dealer.connect(endpoint);
+      const pub = new PubSocket();
+      const pubEndpoint = await pub.bind("tcp://127.0.0.1:0");
+      sub.connect(pubEndpoint);
+      await until(() => router.peers.length === 1 && pub.peers.length === 1, "both connected");
+      await dealer.close();
+      await until(() => router.peers.length === 0, "router saw the dealer leave");
+      if (i % 2 === 0) sub.disconnect(pubEndpoint); // we leave first...
+      await pub.close();
+      if (i % 2 === 1) sub.disconnect(pubEndpoint); // ...or they do (the SUB was redialing)
+    }
+    await until(() => router.sizes.connections === 0 && sub.sizes.connections === 0, "all closed");
+    expect(router.sizes).toEqual({ connections: 0, active: 0, dialers: 0, bound: 1, links: 0, routes: 0 });
+    expect(sub.sizes).toEqual({ connections: 0, active: 0, dialers: 0, bound: 0, links: 0, routes: 0 });
+    expect(router.counters.handshakes).toBe(100);
+    expect(router.counters.protocolErrors.duplicate_identity).toBe(0);
+    expect(router.counters.connectionsActive + sub.counters.connectionsActive).toBe(0);
   });
 
   test("flushed() resolves once everything was handed to the kernel", async () => {

@@ -57,6 +57,10 @@ export class RouterSocket extends ZmtpSocket {
     }
   }
 
+  protected override routeCount(): number {
+    return this.byIdentity.size;
+  }
+
   protected override peerAttached(conn: Connection): void {
     this.byIdentity.set(identityKey(conn.peer.routingId), conn);
   }

@@ -186,6 +186,23 @@ export abstract class ZmtpSocket implements ConnectionHost {
     return this.active.map((conn) => conn.peer);
   }
 
+  /** Sizes of the internal bookkeeping, for tests that check churn gives everything back. */
+  get sizes(): { connections: number; active: number; dialers: number; bound: number; links: number; routes: number } {
+    return {
+      connections: this.connections.size,
+      active: this.active.length,
+      dialers: this.dialers.size,
+      bound: this.bound.size,
+      links: this.dialerOf.size + this.boundOf.size,
+      routes: this.routeCount(),
+    };
+  }
+
+  /** Entries a role keeps per peer (ROUTER: identities). */
+  protected routeCount(): number {
+    return 0;
+  }
+
   // ---- ConnectionHost -------------------------------------------------------------
 
   protocolError(conn: Connection, kind: FatalKind | IgnoredKind, message: string): void {
