@@ -111,7 +111,9 @@ describe("PUB -> SUB", () => {
     await prime(pub, got);
     const kept: Uint8Array[][] = [];
     const sizes: number[][] = [];
+    let heldWhileReceiving = 0;
     sub.onFrames = (frames) => {
+      heldWhileReceiving = Math.max(heldWhileReceiving, sub.sizes.receiveBytes);
       sizes.push(Array.from({ length: frames.count }, (_, i) => frames.end(i) - frames.start(i)));
       expect(frames.startsWith(0, enc("kv"))).toBe(true);
       expect(frames.size(1)).toBe(frames.frame(1).length);
@@ -129,6 +131,10 @@ describe("PUB -> SUB", () => {
       expect(sizes[i]).toEqual([i < 10 ? 3 : 4, 1, i % 5 === 0 ? big.length : i]);
       if (i % 5 === 0) expect(Buffer.from(kept[i]![2]!).equals(Buffer.from(big))).toBe(true);
     }
+    // Once quiet, the connection lets go of its receive chunk and reassembly arena.
+    expect(heldWhileReceiving).toBeGreaterThan(0);
+    await until(() => sub.sizes.receiveBytes === 0, "receive buffers released", 5_000);
+    expect(sub.peers).toHaveLength(1);
   });
 
   test("a SUB that connects before the PUB exists retries with backoff, then receives", async () => {
@@ -480,8 +486,8 @@ describe("lifecycle", () => {
       if (i % 2 === 1) sub.disconnect(pubEndpoint); // ...or they do (the SUB was redialing)
     }
     await until(() => router.sizes.connections === 0 && sub.sizes.connections === 0, "all closed");
-    expect(router.sizes).toEqual({ connections: 0, active: 0, dialers: 0, bound: 1, links: 0, routes: 0 });
-    expect(sub.sizes).toEqual({ connections: 0, active: 0, dialers: 0, bound: 0, links: 0, routes: 0 });
+    expect(router.sizes).toEqual({ connections: 0, active: 0, dialers: 0, bound: 1, links: 0, routes: 0, receiveBytes: 0 });
+    expect(sub.sizes).toEqual({ connections: 0, active: 0, dialers: 0, bound: 0, links: 0, routes: 0, receiveBytes: 0 });
     expect(router.counters.handshakes).toBe(100);
     expect(router.counters.protocolErrors.duplicate_identity).toBe(0);
     expect(router.counters.connectionsActive + sub.counters.connectionsActive).toBe(0);

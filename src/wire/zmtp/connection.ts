@@ -148,6 +148,11 @@ export class Connection {
     return this.state === ACTIVE;
   }
 
+  /** Receive memory held (see FrameDecoder.retainedBytes). */
+  get retainedBytes(): number {
+    return this.decoder.retainedBytes;
+  }
+
   get isClosed(): boolean {
     return this.state === CLOSED;
   }
@@ -246,6 +251,8 @@ export class Connection {
       this.heard = false;
       this.lastHeardAt = now;
       this.pingDeadline = 0;
+    } else {
+      this.decoder.trim(); // quiet for a tick: let go of receive buffers
     }
     const options = this.host.options;
     if (this.state === HANDSHAKE) {

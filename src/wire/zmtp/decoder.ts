@@ -88,6 +88,29 @@ export class FrameDecoder {
     return this.frameBuffer.subarray(this.frameStart, this.frameEnd);
   }
 
+  /**
+   * Drops references an idle connection does not need: the consumed chunk (up to 512 KiB
+   * from Bun) and, between messages, the reassembly arena. Called from the connection's
+   * tick when nothing arrived, so idle peers hold no receive memory.
+   */
+  trim(): void {
+    if (this.pos === this.end) {
+      this.buf = EMPTY;
+      this.pos = 0;
+      this.end = 0;
+    }
+    this.frameBuffer = EMPTY;
+    if (this.state !== S_BODY && this.messageFrames === 0) {
+      this.arena = EMPTY;
+      this.arenaUsed = 0;
+    }
+  }
+
+  /** Bytes of receive memory this decoder keeps alive (chunk, arena, a large body). */
+  get retainedBytes(): number {
+    return this.buf.length + this.arena.length + (this.body === this.arena ? 0 : this.body.length);
+  }
+
   /** Bytes held for an incomplete greeting, header or body. */
   get pending(): number {
     return this.state === S_BODY ? this.bodyFilled : this.have;

@@ -187,8 +187,19 @@ export abstract class ZmtpSocket implements ConnectionHost {
   }
 
   /** Sizes of the internal bookkeeping, for tests that check churn gives everything back. */
-  get sizes(): { connections: number; active: number; dialers: number; bound: number; links: number; routes: number } {
+  get sizes(): {
+    connections: number;
+    active: number;
+    dialers: number;
+    bound: number;
+    links: number;
+    routes: number;
+    receiveBytes: number;
+  } {
+    let receiveBytes = 0;
+    for (const conn of this.connections) receiveBytes += conn.retainedBytes;
     return {
+      receiveBytes,
       connections: this.connections.size,
       active: this.active.length,
       dialers: this.dialers.size,
