@@ -14,3 +14,8 @@ export function assert(condition: boolean, message: string): asserts condition {
 
 /** Whether `verify()` runs after every mutation unless an index says otherwise. */
 export const VERIFY_BY_DEFAULT = process.env.KVEDGE_VERIFY === "1";
+
+/** Throws IndexInvariantError; for hot paths: `if (bad) fail("...")` keeps the check inline. */
+export function fail(message: string): never {
+  throw new IndexInvariantError(message);
+}

@@ -4,28 +4,21 @@
  * (hi, lo, value) triples; value 0 marks an empty slot; deletion shifts the following
  * run back (no tombstones), so probe lengths never degrade under churn.
  *
- * Capacity is not a power of two: the home slot is a multiply-shift of a mixed hash,
- * and the table grows by 1.5x (load between 1/2 and 3/4 after growth) and shrinks
- * below 1/5, so bytes per entry stay near 12 / 0.62 instead of doubling's swings.
+ * The capacity is a power of two (the home slot is the top bits of a multiplicative
+ * hash); it doubles above 3/4 load and halves below 3/16. Measured on Bun: masking
+ * is about 2.5x faster per operation than a multiply-shift range reduction over an
+ * arbitrary capacity, which would have saved about 2 bytes per entry on average.
+ *
+ * Keys are u32 words as read from a Uint32Array (callers normalize with `>>> 0`).
  */
-import { assert } from "./assert";
+import { assert, fail } from "./assert";
 
 const STRIDE = 3;
-const CAPACITY_MIN = 16;
-const LOAD_MAX = 0.75;
-const LOAD_SHRINK = 0.2;
-const GROWTH = 1.5;
-const TWO_POW_32 = 4294967296;
+const BITS_MIN = 4;
 
-/** Mixes a u64 (hi, lo) into a well-spread u32 (murmur3's finalizer). */
-export function mixHash(hi: number, lo: number): number {
-  let h = (lo ^ Math.imul(hi, 0x9e3779b1)) >>> 0;
-  h ^= h >>> 16;
-  h = Math.imul(h, 0x85ebca6b);
-  h ^= h >>> 13;
-  h = Math.imul(h, 0xc2b2ae35);
-  h ^= h >>> 16;
-  return h >>> 0;
+/** The home slot of (hi, lo) among 2^(32 - shift) slots. */
+export function homeSlot(hi: number, lo: number, shift: number): number {
+  return Math.imul(lo ^ Math.imul(hi, 0x85ebca6b), 0x9e3779b1) >>> shift;
 }
 
 export class ExternalLookup {
@@ -34,53 +27,46 @@ export class ExternalLookup {
   count = 0;
   /** After find(): the entry's slot if found, else the empty slot an insert would take. */
   probeSlot = 0;
-  private limit: number;
+  private mask: number;
+  private shift: number;
+  private grow: number;
+  private shrink: number;
 
-  constructor(capacity = CAPACITY_MIN) {
-    this.capacity = capacity;
-    this.limit = Math.floor(capacity * LOAD_MAX);
-    this.table = new Uint32Array(capacity * STRIDE);
-  }
-
-  private home(hi: number, lo: number): number {
-    return Math.floor(mixHash(hi, lo) * this.capacity / TWO_POW_32);
+  constructor(bits = BITS_MIN) {
+    this.capacity = 1 << bits;
+    this.mask = this.capacity - 1;
+    this.shift = 32 - bits;
+    this.grow = (this.capacity * 3) >> 2;
+    this.shrink = bits > BITS_MIN ? (this.capacity * 3) >> 4 : -1;
+    this.table = new Uint32Array(this.capacity * STRIDE);
   }
 
   /** The value stored for (hi, lo), or 0. Sets probeSlot. */
   find(hi: number, lo: number): number {
     const table = this.table;
-    const capacity = this.capacity;
-    let slot = this.home(hi, lo);
-    // Bounded: the load limit keeps at least one empty slot.
-    for (let probes = 0; probes < capacity; probes++) {
+    const mask = this.mask;
+    let slot = homeSlot(hi, lo, this.shift);
+    // Bounded: the load limit keeps empty slots, so the probe ends within the table.
+    for (;;) {
       const at = slot * STRIDE;
       const value = table[at + 2]!;
-      if (value === 0) {
-        this.probeSlot = slot;
-        return 0;
-      }
-      if (table[at] === hi && table[at + 1] === lo) {
+      if (value === 0 || (table[at + 1] === lo && table[at] === hi)) {
         this.probeSlot = slot;
         return value;
       }
-      if (++slot === capacity) slot = 0;
+      slot = (slot + 1) & mask;
     }
-    throw new Error("lookup table has no empty slot");
   }
 
   /** Inserts (hi, lo) -> value; find(hi, lo) must have just returned 0. */
   insertAtProbe(hi: number, lo: number, value: number): void {
-    assert(value !== 0, "lookup value must be non-zero");
-    if (this.count + 1 > this.limit) {
-      this.resize(Math.ceil(this.capacity * GROWTH));
-      assert(this.find(hi, lo) === 0, "lookup insert of a present key");
-    }
+    const table = this.table;
     const at = this.probeSlot * STRIDE;
-    assert(this.table[at + 2] === 0, "lookup insert into a used slot");
-    this.table[at] = hi;
-    this.table[at + 1] = lo;
-    this.table[at + 2] = value;
-    this.count++;
+    if (value === 0 || table[at + 2] !== 0) fail("lookup insert without a free probe slot");
+    table[at] = hi;
+    table[at + 1] = lo;
+    table[at + 2] = value;
+    if (++this.count > this.grow) this.resize(this.shift - 1);
   }
 
   /** Sets (hi, lo) -> value, inserting or overwriting. */
@@ -99,17 +85,18 @@ export class ExternalLookup {
   /** Removes the entry find() just found, shifting its probe run back. */
   removeAtProbe(): void {
     const table = this.table;
-    const capacity = this.capacity;
+    const mask = this.mask;
+    const shift = this.shift;
     let hole = this.probeSlot;
-    assert(table[hole * STRIDE + 2] !== 0, "lookup remove of an empty slot");
+    if (table[hole * STRIDE + 2] === 0) fail("lookup remove of an empty slot");
     let slot = hole;
-    for (let probes = 0; probes < capacity; probes++) {
-      if (++slot === capacity) slot = 0;
+    for (;;) {
+      slot = (slot + 1) & mask;
       const at = slot * STRIDE;
       if (table[at + 2] === 0) break;
-      const home = this.home(table[at]!, table[at + 1]!);
+      const home = homeSlot(table[at]!, table[at + 1]!, shift);
       // The entry may move into the hole only if the hole lies on its probe path.
-      if ((hole - home + capacity) % capacity < (slot - home + capacity) % capacity) {
+      if (((hole - home) & mask) < ((slot - home) & mask)) {
         const to = hole * STRIDE;
         table[to] = table[at]!;
         table[to + 1] = table[at + 1]!;
@@ -121,44 +108,40 @@ export class ExternalLookup {
     table[to] = 0;
     table[to + 1] = 0;
     table[to + 2] = 0;
-    this.count--;
-    if (this.capacity > CAPACITY_MIN && this.count < this.capacity * LOAD_SHRINK) {
-      this.resize(Math.max(CAPACITY_MIN, Math.ceil(this.count * 2)));
-    }
+    if (--this.count < this.shrink) this.resize(this.shift + 1);
   }
 
   /** Drops every entry and returns to the minimum size. */
   clear(): void {
     this.count = 0;
-    if (this.capacity === CAPACITY_MIN) {
-      this.table.fill(0);
-      return;
-    }
-    this.capacity = CAPACITY_MIN;
-    this.limit = Math.floor(CAPACITY_MIN * LOAD_MAX);
-    this.table = new Uint32Array(CAPACITY_MIN * STRIDE);
+    if (this.capacity === 1 << BITS_MIN) this.table.fill(0);
+    else this.resize(32 - BITS_MIN);
   }
 
   bytes(): number {
     return this.table.byteLength;
   }
 
-  private resize(capacity: number): void {
-    assert(capacity * LOAD_MAX >= this.count, "lookup resize below its count");
+  private resize(shift: number): void {
     const old = this.table;
-    const oldCapacity = this.capacity;
-    this.table = new Uint32Array(capacity * STRIDE);
-    this.capacity = capacity;
-    this.limit = Math.floor(capacity * LOAD_MAX);
-    const table = this.table;
-    for (let i = 0; i < oldCapacity; i++) {
-      const from = i * STRIDE;
+    const bits = 32 - shift;
+    this.capacity = 1 << bits;
+    this.mask = this.capacity - 1;
+    this.shift = shift;
+    this.grow = (this.capacity * 3) >> 2;
+    this.shrink = bits > BITS_MIN ? (this.capacity * 3) >> 4 : -1;
+    assert(this.count <= this.grow, "lookup resized below its count");
+    const table = new Uint32Array(this.capacity * STRIDE);
+    this.table = table;
+    if (this.count === 0) return;
+    const mask = this.mask;
+    for (let from = 0; from < old.length; from += STRIDE) {
       const value = old[from + 2]!;
       if (value === 0) continue;
       const hi = old[from]!;
       const lo = old[from + 1]!;
-      let slot = this.home(hi, lo);
-      while (table[slot * STRIDE + 2] !== 0) if (++slot === capacity) slot = 0;
+      let slot = homeSlot(hi, lo, shift);
+      while (table[slot * STRIDE + 2] !== 0) slot = (slot + 1) & mask;
       const at = slot * STRIDE;
       table[at] = hi;
       table[at + 1] = lo;

@@ -10,7 +10,7 @@
  * full and at least half of it is free space, it is compacted (lists are referenced
  * only from `a`, so they can move) instead of grown. Order within a list is arbitrary.
  */
-import { assert } from "./assert";
+import { assert, fail } from "./assert";
 
 const CLASS_MAX = 17; // 131,072 entries: more than the 65,536 slots that exist
 const ARENA_WORDS_MIN = 1024;
@@ -66,7 +66,7 @@ export class OwnerLists {
 
   /** Sets the value (> 0) of `slot` in `record`, adding the slot if absent. */
   set(record: number, slot: number, value: number): void {
-    assert(value > 0, "owner value must be positive");
+    if (value <= 0) fail("owner value must be positive");
     const count = this.count[record]!;
     if (count === 0) {
       this.count[record] = 1;

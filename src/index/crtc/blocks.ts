@@ -12,7 +12,7 @@
  * A free run keeps its bookkeeping in its own first id: node = FREE_TAG + order,
  * hi = next free run of that order, lo = previous (0 = none).
  */
-import { assert } from "../assert";
+import { assert, fail } from "../assert";
 
 export const FREE_TAG = 0xffff_ff00;
 const ORDER_MIN = 10;
@@ -44,7 +44,7 @@ export class BlockPool {
 
   /** A run of 2^order ids; returns its first id. */
   allocate(order: number): number {
-    assert(order >= 0 && order < ORDER_MAX, "run order out of range");
+    if (order < 0 || order >= ORDER_MAX) fail("run order out of range");
     let j = order;
     while (j <= this.order && this.freeHead[j] === 0) j++;
     while (j > this.order) {
@@ -65,8 +65,8 @@ export class BlockPool {
 
   /** Returns the run [start, start + 2^order) to the pool, merging buddies. */
   free(start: number, order: number): void {
-    assert(start !== 0 && start % 2 ** order === 0, "freeing a misaligned run");
-    assert(this.node[start]! < FREE_TAG, "double free of a block run");
+    if (start === 0 || (start & (2 ** order - 1)) !== 0) fail("freeing a misaligned run");
+    if (this.node[start]! >= FREE_TAG) fail("double free of a block run");
     this.allocated -= 2 ** order;
     while (order < this.order) {
       const buddy = start ^ (2 ** order);

@@ -3,7 +3,7 @@
  * This class resolves workers and routes each event to store.ts / remove.ts /
  * match.ts; the tree's shape lives in tree.ts.
  */
-import { assert, VERIFY_BY_DEFAULT } from "../assert";
+import { assert, fail, VERIFY_BY_DEFAULT } from "../assert";
 import { type DumpSource, dumpEvents } from "../dump";
 import type { IndexOp } from "../ops";
 import {
@@ -38,7 +38,7 @@ export class CrtcIndex implements KvIndex {
     workerId: bigint, dpRank: number, hasParent: boolean, parentHi: number, parentLo: number,
     external: Uint32Array, local: Uint32Array, count: number, first = 0,
   ): StoreStatus {
-    assert(external.length >= 2 * (first + count) && local.length >= 2 * (first + count), "stored arrays too short");
+    if (external.length < 2 * (first + count) || local.length < 2 * (first + count)) fail("stored arrays too short");
     let slot = this.slots.find(workerId, dpRank);
     let node = ROOT;
     let pos = 0;
@@ -63,7 +63,7 @@ export class CrtcIndex implements KvIndex {
   }
 
   applyRemoved(workerId: bigint, dpRank: number, external: Uint32Array, count: number, first = 0): number {
-    assert(external.length >= 2 * (first + count), "removed array too short");
+    if (external.length < 2 * (first + count)) fail("removed array too short");
     this.counters.removedEvents++;
     const slot = this.slots.find(workerId, dpRank);
     const unknown = slot < 0
@@ -97,7 +97,7 @@ export class CrtcIndex implements KvIndex {
   }
 
   findMatches(local: Uint32Array, count: number, out: MatchResult): void {
-    assert(local.length >= 2 * count, "query array too short");
+    if (local.length < 2 * count) fail("query array too short");
     const slots = this.slots.highWater;
     out.ensure(slots);
     this.matchScratch.ensure(slots);

@@ -4,7 +4,7 @@
  * one block, so `len === 0` marks a free id; free ids chain through `parent`.
  * Owner lists (coverage) are records of the same ids in an OwnerLists, grown here.
  */
-import { assert } from "../assert";
+import { assert, fail } from "../assert";
 import type { OwnerLists } from "../owners";
 
 export const NULL_NODE = 0;
@@ -77,10 +77,8 @@ export class NodePool {
   }
 
   free(id: number): void {
-    assert(id > ROOT && id < this.next, "freeing a node id out of range");
-    assert(this.len[id]! > 0, "double free of a node");
-    assert(this.kids[id] === 0, "freeing a node that has children");
-    assert(this.owners.count[id] === 0, "freeing a node that has owners");
+    if (id <= ROOT || id >= this.next || this.len[id] === 0) fail("freeing a node id that is not live");
+    if (this.kids[id] !== 0 || this.owners.count[id] !== 0) fail("freeing a node that has children or owners");
     this.len[id] = 0;
     this.start[id] = 0;
     this.spare[id] = 0;

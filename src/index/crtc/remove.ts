@@ -6,7 +6,7 @@
  * the start of each held run that follows a gap. The descendants stay held (and count
  * again once the hole is stored again). Every path ends in `reclaim`.
  */
-import { assert } from "../assert";
+import { fail } from "../assert";
 import type { ExternalLookup } from "../lookup";
 import type { CrtcTree } from "./tree";
 
@@ -41,13 +41,15 @@ export function removeHashes(
       unknown++;
       continue;
     }
-    const node = tree.blocks.node[block]!;
+    // Read the arrays per group: removeGroup may split nodes and grow the pools.
+    const blockNode = tree.blocks.node;
+    const node = blockNode[block]!;
     const start = tree.nodes.start[node]!;
     positions[0] = block - start;
     let group = 1;
     while (i < end) {
       const next = lookup.find(external[2 * i]!, external[2 * i + 1]!);
-      if (next === 0 || tree.blocks.node[next] !== node) break;
+      if (next === 0 || blockNode[next] !== node) break;
       lookup.removeAtProbe();
       positions[group++] = next - start;
       i++;
@@ -61,9 +63,8 @@ export function removeHashes(
 function removeGroup(tree: CrtcTree, node: number, slot: number, positions: Uint32Array, count: number): void {
   const owners = tree.owners;
   const held = owners.get(node, slot);
-  assert(held > 0, "removing blocks of a node the worker does not own");
   sortPrefix(positions, count);
-  assert(positions[count - 1]! < held, "removing a block past the worker's holding");
+  if (held === 0 || positions[count - 1]! >= held) fail("removing a block the worker does not hold");
   if (positions[0] === held - count) {
     // The tail of the holding: the prefix just gets shorter.
     if (held === count) owners.remove(node, slot);

@@ -7,14 +7,24 @@
  * keeps pos <= held: it enters a node at 0 or just after a held parent block, and each
  * step either finds the block already held (pos < held) or takes it (pos == held).
  */
-import { assert } from "../assert";
+import { fail } from "../assert";
 import type { ExternalLookup } from "../lookup";
 import type { IndexCounters } from "../types";
 import { ROOT } from "./nodes";
 import type { CrtcTree } from "./tree";
 
-/** Runs started to continue a leaf (decode appends) reserve at least 2^3 ids. */
+/** Runs started to continue a full leaf (decode appends) reserve at least 2^3 ids. */
 const CONTINUATION_ORDER_MIN = 3;
+
+/**
+ * The run order for a new leaf of `blocks` blocks: room for at least a quarter more
+ * (and one more), so the appends that follow a prefill (decode, one block at a time)
+ * usually land in place instead of starting a node each.
+ */
+function leafOrder(blocks: number, continuation: boolean): number {
+  const order = ceilLog2(blocks + Math.max(1, blocks >> 2));
+  return continuation && order < CONTINUATION_ORDER_MIN ? CONTINUATION_ORDER_MIN : order;
+}
 
 function ceilLog2(n: number): number {
   return n <= 1 ? 0 : 32 - Math.clz32(n - 1);
@@ -51,7 +61,7 @@ export function storeChain(
           }
           duplicate++;
         } else {
-          assert(pos === held, "store walk passed a block the worker does not hold");
+          if (pos !== held) fail("store walk passed a block the worker does not hold");
           if (found !== 0) {
             conflict = true;
             break;
@@ -72,7 +82,7 @@ export function storeChain(
       continue;
     }
     // At the end of the edge: the slot holds all of it (or this is the root).
-    assert(node === ROOT || held === len, "store reached an edge end it does not hold");
+    if (held !== len && node !== ROOT) fail("store reached an edge end it does not hold");
     if (held !== heldBefore) {
       owners.set(node, slot, held);
       heldBefore = held;
@@ -160,8 +170,7 @@ function startChild(
   external: Uint32Array, local: Uint32Array, from: number, end: number, continuation: boolean,
 ): number {
   const want = end - from;
-  let order = ceilLog2(want);
-  if (continuation && order < CONTINUATION_ORDER_MIN) order = CONTINUATION_ORDER_MIN;
+  const order = leafOrder(want, continuation);
   const start = tree.blocks.allocate(order); // may grow the block arrays: read them after
   const blocks = tree.blocks;
   let placed = 0;

@@ -43,7 +43,8 @@ export class CrtcTree {
     nodes.len[node] = nodes.len[node]! - at;
     nodes.parent[node] = prefix;
     this.children.insert(prefix, blocks.hi[start + at]!, blocks.lo[start + at]!, node);
-    blocks.node.fill(prefix, start, start + at);
+    const blockNode = blocks.node;
+    for (let block = start; block < start + at; block++) blockNode[block] = prefix;
 
     const owners = this.owners;
     const count = owners.count[node]!;
@@ -73,7 +74,8 @@ export class CrtcTree {
     nodes.spare[node] = 2 ** order - len;
     nodes.kids[node] = 0;
     nodes.runOrder[node] = order;
-    this.blocks.node.fill(node, start, start + len);
+    const blockNode = this.blocks.node;
+    for (let block = start; block < start + len; block++) blockNode[block] = node;
     this.children.insert(parent, this.blocks.hi[start]!, this.blocks.lo[start]!, node);
     nodes.kids[parent]!++;
     this.edgeBlocks += len;
@@ -113,7 +115,8 @@ export class CrtcTree {
     const nodes = this.nodes;
     const start = nodes.start[node]!;
     const old = nodes.len[node]!;
-    this.blocks.node.fill(0, start + len, start + old);
+    const blockNode = this.blocks.node;
+    for (let block = start + len; block < start + old; block++) blockNode[block] = 0;
     nodes.len[node] = len;
     nodes.spare[node] = nodes.spare[node]! + old - len;
     this.edgeBlocks -= old - len;
@@ -129,7 +132,8 @@ export class CrtcTree {
     const start = nodes.start[node]!;
     const len = nodes.len[node]!;
     const total = len + nodes.spare[node]!;
-    this.blocks.node.fill(0, start, start + len);
+    const blockNode = this.blocks.node;
+    for (let block = start; block < start + len; block++) blockNode[block] = 0;
     this.edgeBlocks -= len;
     const order = nodes.runOrder[node]!;
     if (order !== NOT_RUN_HEAD) {
