@@ -5,9 +5,12 @@
  *
  * Ids are handed out in runs of 2^order consecutive ids by a buddy allocator, so an
  * edge is a contiguous id range (position = id - edge start) that can grow in place
- * into the rest of its run, and freed runs merge with their buddies. The pool is
- * 2^k ids; it doubles when no run is big enough (the new upper half becomes one free
- * run) and halves when its upper three quarters are free. Id 0 is reserved (null).
+ * into the rest of its run, and freed runs merge with their buddies. Up to 2^17 ids
+ * the pool is one buddy tree that doubles when no run is big enough and halves when
+ * its upper three quarters are free; beyond that it is a row of 2^17-id chunks (each
+ * its own buddy tree), grown by a quarter at a time and trimmed when free chunks pile
+ * up at its end, so reserved ids stay within about 25% of the ids in use instead of
+ * doubling's 100%. Runs are at most one chunk (RUN_ORDER_MAX). Id 0 is reserved.
  *
  * A free run keeps its bookkeeping in its own first id: node = FREE_TAG + order,
  * hi = next free run of that order, lo = previous (0 = none).
@@ -15,20 +18,23 @@
 import { assert, fail } from "../assert";
 
 export const FREE_TAG = 0xffff_ff00;
+/** Largest run: 2^17 ids (a chunk). Longer edges are split over several nodes. */
+export const RUN_ORDER_MAX = 17;
+const CHUNK = 2 ** RUN_ORDER_MAX;
 const ORDER_MIN = 10;
-const ORDER_MAX = 31;
 
 export class BlockPool {
   hi: Uint32Array;
   lo: Uint32Array;
   node: Uint32Array;
-  order: number;
+  /** Largest buddy order in the pool: log2(capacity) up to RUN_ORDER_MAX. */
+  private topOrder: number;
   /** Ids in allocated runs (used or spare), including the reserved id 0. */
   allocated = 0;
-  private readonly freeHead = new Uint32Array(ORDER_MAX + 1);
+  private readonly freeHead = new Uint32Array(RUN_ORDER_MAX + 1);
 
   constructor(order = ORDER_MIN) {
-    this.order = order;
+    this.topOrder = order;
     const size = 2 ** order;
     this.hi = new Uint32Array(size);
     this.lo = new Uint32Array(size);
@@ -44,13 +50,13 @@ export class BlockPool {
 
   /** A run of 2^order ids; returns its first id. */
   allocate(order: number): number {
-    if (order < 0 || order >= ORDER_MAX) fail("run order out of range");
+    if (order < 0 || order > RUN_ORDER_MAX) fail("run order out of range");
     let j = order;
-    while (j <= this.order && this.freeHead[j] === 0) j++;
-    while (j > this.order) {
+    while (j <= this.topOrder && this.freeHead[j] === 0) j++;
+    while (j > this.topOrder) {
       this.grow();
       j = order;
-      while (j <= this.order && this.freeHead[j] === 0) j++;
+      while (j <= this.topOrder && this.freeHead[j] === 0) j++;
     }
     const start = this.freeHead[j]!;
     this.unlink(start, j);
@@ -68,7 +74,7 @@ export class BlockPool {
     if (start === 0 || (start & (2 ** order - 1)) !== 0) fail("freeing a misaligned run");
     if (this.node[start]! >= FREE_TAG) fail("double free of a block run");
     this.allocated -= 2 ** order;
-    while (order < this.order) {
+    while (order < this.topOrder) {
       const buddy = start ^ (2 ** order);
       if (this.node[buddy] !== FREE_TAG + order) break;
       this.unlink(buddy, order);
@@ -80,11 +86,6 @@ export class BlockPool {
     this.maybeShrink();
   }
 
-  /** Whether [start, start + 2^order) is a free run head (for verify). */
-  isFreeRun(start: number, order: number): boolean {
-    return this.node[start] === FREE_TAG + order;
-  }
-
   bytes(): number {
     return this.hi.byteLength + this.lo.byteLength + this.node.byteLength;
   }
@@ -92,13 +93,14 @@ export class BlockPool {
   /** Walks the free lists; returns the number of free ids (verify). */
   freeIds(): number {
     let total = 0;
-    for (let order = 0; order <= this.order; order++) {
+    for (let order = 0; order <= this.topOrder; order++) {
       let previous = 0;
       let bound = this.capacity;
       for (let run = this.freeHead[order]!; run !== 0; run = this.hi[run]!) {
         assert(bound-- > 0, "block free list cycles");
         assert(this.node[run] === FREE_TAG + order, "free run head lost its tag");
         assert(this.lo[run] === previous, "free run back link broken");
+        assert(run + 2 ** order <= this.capacity, "free run past the pool");
         previous = run;
         total += 2 ** order;
       }
@@ -123,25 +125,45 @@ export class BlockPool {
     if (next !== 0) this.lo[next] = previous;
   }
 
-  /** Doubles the pool; the new upper half is one free run. */
+  /** Doubles a small pool (the new half is one free run), else adds chunks. */
   private grow(): void {
-    assert(this.order < ORDER_MAX, "block pool exhausted (2^31 ids)");
-    const half = this.capacity;
-    this.resize(half * 2);
-    this.push(half, this.order);
-    this.order++;
+    const old = this.capacity;
+    if (old < CHUNK) {
+      this.resize(old * 2);
+      this.push(old, this.topOrder);
+      this.topOrder++;
+      return;
+    }
+    const chunks = Math.max(1, Math.floor(old / CHUNK / 4));
+    assert(old + chunks * CHUNK <= 2 ** 31, "block pool exhausted (2^31 ids)");
+    this.resize(old + chunks * CHUNK);
+    for (let chunk = old; chunk < this.capacity; chunk += CHUNK) this.push(chunk, RUN_ORDER_MAX);
   }
 
-  /** Halves the pool while its upper three quarters are free (hysteresis against regrowth). */
+  /**
+   * Gives memory back. A small pool halves while its upper three quarters are free; a
+   * chunked one drops free chunks at its end, keeping one, once they are a quarter of
+   * the pool (hysteresis against regrowing at once).
+   */
   private maybeShrink(): void {
-    while (this.order > ORDER_MIN) {
-      const half = 2 ** (this.order - 1);
-      const quarter = half / 2;
-      if (this.node[half] !== FREE_TAG + this.order - 1 || this.node[quarter] !== FREE_TAG + this.order - 2) return;
-      this.unlink(half, this.order - 1);
-      this.order--;
-      this.resize(half);
+    if (this.capacity <= CHUNK) {
+      while (this.topOrder > ORDER_MIN) {
+        const half = 2 ** (this.topOrder - 1);
+        const quarter = half / 2;
+        if (this.node[half] !== FREE_TAG + this.topOrder - 1 || this.node[quarter] !== FREE_TAG + this.topOrder - 2) return;
+        this.unlink(half, this.topOrder - 1);
+        this.topOrder--;
+        this.resize(half);
+      }
+      return;
     }
+    const chunks = this.capacity / CHUNK;
+    let free = 0;
+    while (free < chunks - 1 && this.node[this.capacity - (free + 1) * CHUNK] === FREE_TAG + RUN_ORDER_MAX) free++;
+    if (free < 2 || free - 1 < chunks / 4) return;
+    const keep = this.capacity - (free - 1) * CHUNK;
+    for (let chunk = keep; chunk < this.capacity; chunk += CHUNK) this.unlink(chunk, RUN_ORDER_MAX);
+    this.resize(keep);
   }
 
   private resize(size: number): void {

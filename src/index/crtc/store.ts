@@ -10,6 +10,7 @@
 import { fail } from "../assert";
 import type { ExternalLookup } from "../lookup";
 import type { IndexCounters } from "../types";
+import { RUN_ORDER_MAX } from "./blocks";
 import { ROOT } from "./nodes";
 import type { CrtcTree } from "./tree";
 
@@ -22,9 +23,12 @@ const CONTINUATION_ORDER_MIN = 3;
  * usually land in place instead of starting a node each.
  */
 function leafOrder(blocks: number, continuation: boolean): number {
-  const order = ceilLog2(blocks + Math.max(1, blocks >> 2));
+  const order = Math.min(RUN_ORDER_MAX, ceilLog2(blocks + Math.max(1, blocks >> 2)));
   return continuation && order < CONTINUATION_ORDER_MIN ? CONTINUATION_ORDER_MIN : order;
 }
+
+/** Most blocks one new node takes (one run); longer chains continue in child nodes. */
+const NODE_BLOCKS_MAX = 2 ** RUN_ORDER_MAX;
 
 function ceilLog2(n: number): number {
   return n <= 1 ? 0 : 32 - Math.clz32(n - 1);
@@ -105,8 +109,8 @@ export function storeChain(
       held = nodes.len[node]!;
       pos = held;
     } else {
-      wanted = remaining;
-      const fresh = startChild(tree, node, lookup, external, local, i, end, leaf);
+      wanted = Math.min(remaining, NODE_BLOCKS_MAX);
+      const fresh = startChild(tree, node, lookup, external, local, i, i + wanted, leaf);
       placed = fresh === 0 ? 0 : nodes.len[fresh]!;
       if (fresh !== 0) {
         owners.set(fresh, slot, placed);
