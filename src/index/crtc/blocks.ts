@@ -6,11 +6,11 @@
  * Ids are handed out in runs of 2^order consecutive ids by a buddy allocator, so an
  * edge is a contiguous id range (position = id - edge start) that can grow in place
  * into the rest of its run, and freed runs merge with their buddies. Up to 2^17 ids
- * the pool is one buddy tree that doubles when no run is big enough and halves when
- * its upper three quarters are free; beyond that it is a row of 2^17-id chunks (each
- * its own buddy tree), grown by a quarter at a time and trimmed when free chunks pile
- * up at its end, so reserved ids stay within about 25% of the ids in use instead of
- * doubling's 100%. Runs are at most one chunk (RUN_ORDER_MAX). Id 0 is reserved.
+ * the pool is one buddy tree that doubles when no run is big enough; beyond that it is
+ * a row of 2^17-id chunks (each its own buddy tree) grown by a quarter at a time, so
+ * reserved ids stay within about 25% of the ids in use instead of doubling's 100%. It
+ * shrinks (trailing free chunks, then halving) once at most half of what would remain
+ * is in use. Runs are at most one chunk (RUN_ORDER_MAX). Id 0 is reserved.
  *
  * A free run keeps its bookkeeping in its own first id: node = FREE_TAG + order,
  * hi = next free run of that order, lo = previous (0 = none).
@@ -71,7 +71,7 @@ export class BlockPool {
 
   /** Returns the run [start, start + 2^order) to the pool, merging buddies. */
   free(start: number, order: number): void {
-    if (start === 0 || (start & (2 ** order - 1)) !== 0) fail("freeing a misaligned run");
+    if (start === 0 || (start & (2 ** order - 1)) !== 0 || start + 2 ** order > this.capacity) fail("freeing a run outside the pool");
     if (this.node[start]! >= FREE_TAG) fail("double free of a block run");
     this.allocated -= 2 ** order;
     while (order < this.topOrder) {
@@ -141,29 +141,24 @@ export class BlockPool {
   }
 
   /**
-   * Gives memory back. A small pool halves while its upper three quarters are free; a
-   * chunked one drops free chunks at its end, keeping one, once they are a quarter of
-   * the pool (hysteresis against regrowing at once).
+   * Gives memory back once at most half of what would remain is in use (hysteresis:
+   * the pool grows only when full): trailing free chunks go one by one, then a small
+   * pool halves while its upper half is one free run.
    */
   private maybeShrink(): void {
-    if (this.capacity <= CHUNK) {
-      while (this.topOrder > ORDER_MIN) {
-        const half = 2 ** (this.topOrder - 1);
-        const quarter = half / 2;
-        if (this.node[half] !== FREE_TAG + this.topOrder - 1 || this.node[quarter] !== FREE_TAG + this.topOrder - 2) return;
-        this.unlink(half, this.topOrder - 1);
-        this.topOrder--;
-        this.resize(half);
-      }
-      return;
+    while (this.capacity > CHUNK) {
+      const last = this.capacity - CHUNK;
+      if (this.node[last] !== FREE_TAG + RUN_ORDER_MAX || this.allocated > last / 2) return;
+      this.unlink(last, RUN_ORDER_MAX);
+      this.resize(last);
     }
-    const chunks = this.capacity / CHUNK;
-    let free = 0;
-    while (free < chunks - 1 && this.node[this.capacity - (free + 1) * CHUNK] === FREE_TAG + RUN_ORDER_MAX) free++;
-    if (free < 2 || free - 1 < chunks / 4) return;
-    const keep = this.capacity - (free - 1) * CHUNK;
-    for (let chunk = keep; chunk < this.capacity; chunk += CHUNK) this.unlink(chunk, RUN_ORDER_MAX);
-    this.resize(keep);
+    while (this.topOrder > ORDER_MIN) {
+      const half = 2 ** (this.topOrder - 1);
+      if (this.node[half] !== FREE_TAG + this.topOrder - 1 || this.allocated > half / 2) return;
+      this.unlink(half, this.topOrder - 1);
+      this.topOrder--;
+      this.resize(half);
+    }
   }
 
   private resize(size: number): void {

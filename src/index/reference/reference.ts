@@ -223,9 +223,16 @@ export class ReferenceIndex implements KvIndex {
     return lines.sort();
   }
 
-  /** Whether the worker holds the block at `path` (for stream generators). */
+  /** The worker's held blocks, path -> external hash (for stream generators and tests). */
   heldPaths(workerId: bigint, dpRank: number): ReadonlyMap<string, bigint> {
     return this.worker(workerId, dpRank)?.held ?? new Map();
+  }
+
+  /** Every present worker's handle and held blocks (for tests). */
+  heldByHandle(): Map<number, ReadonlyMap<string, bigint>> {
+    const result = new Map<number, ReadonlyMap<string, bigint>>();
+    for (const worker of this.byKey.values()) result.set(worker.handle, worker.held);
+    return result;
   }
 
   dump(): IndexOp[] {
