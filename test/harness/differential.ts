@@ -82,8 +82,9 @@ export function replay(
     if (options.trace) process.stderr.write(`  match ${query.join(",")}: ${got}\n`);
     return want === got ? null : { step, message: `findMatches(${query.join(",")}): want [${want}] got [${got}]` };
   };
+  let step = 0;
   try {
-    for (let step = 0; step < stream.ops.length; step++) {
+    for (; step < stream.ops.length; step++) {
       const op = stream.ops[step]!;
       if (options.trace) process.stderr.write(`step ${step}: ${applyLine(op)}\n`);
       const want = applyHarnessOp(oracle, op);
@@ -103,15 +104,15 @@ export function replay(
         if (divergence !== null) return divergence;
       }
     }
-    const last = stream.ops.length;
     for (const query of queries) {
-      const divergence = compareQuery(last, query);
+      const divergence = compareQuery(step, query);
       if (divergence !== null) return divergence;
     }
     if (options.finalChecks ?? true) return finalChecks(stream, backend, oracle, subject, indexOptions);
   } catch (error) {
     const message = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
-    return { step: -1, message: `threw ${message}` };
+    const where = step < stream.ops.length ? "" : " (end-of-stream checks)";
+    return { step, message: `threw ${message}${where}` };
   }
   return null;
 }
