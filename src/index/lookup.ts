@@ -150,7 +150,9 @@ export class ExternalLookup {
   private shrunkCapacity(): number {
     if (this.capacity <= SMALL_CAPACITY_MAX) return this.capacity / 2;
     const capacity = Math.ceil(this.count / LARGE_LOAD_TARGET);
-    return capacity <= SMALL_CAPACITY_MAX ? SMALL_CAPACITY_MAX : capacity;
+    if (capacity > SMALL_CAPACITY_MAX) return capacity;
+    // Small tables stay at most half full; until the count allows that, stay large.
+    return this.count <= SMALL_CAPACITY_MAX >> 1 ? SMALL_CAPACITY_MAX : SMALL_CAPACITY_MAX + 1;
   }
 
   /** Sets capacity and thresholds; returns an empty table of that size. */
