@@ -99,12 +99,15 @@ export class ExternalLookup {
     return value;
   }
 
-  /** Removes the entry find() just found, shifting its probe run back. */
+  /**
+   * Removes the entry find() just found (it must have returned non-zero), shifting its
+   * probe run back. Unchecked on purpose: a check here measured 25% of a store+remove
+   * cycle on Bun, and both callers have just seen the entry.
+   */
   removeAtProbe(): void {
     const table = this.table;
     const capacity = this.capacity;
     let hole = this.probeSlot;
-    if (table[hole * STRIDE + 2] === 0) fail("lookup remove of an empty slot");
     let slot = hole;
     for (;;) {
       if (++slot === capacity) slot = 0;
