@@ -83,27 +83,34 @@ export function findMatches(
     } else {
       const keep = scratch.nextTick();
       const left = keep + 1;
+      let stayed = 0;
       for (let k = 0; k < ownerCount; k++) {
         const slot = inline ? offset : words[offset + 2 * k]!;
         if (stamp[slot] !== activeTick) continue;
         const held = inline ? owners.b[node]! : words[offset + 2 * k + 1]!;
         if (held === len) {
           stamp[slot] = keep;
+          stayed++;
         } else {
           stamp[slot] = left;
           outWorkers[scored] = slot;
           outBlocks[scored++] = depth + (held < matched ? held : matched);
         }
       }
-      let kept = 0;
-      for (let k = 0; k < activeCount; k++) {
-        const slot = active[k]!;
-        const mark = stamp[slot];
-        if (mark === keep) {
-          active[kept++] = slot;
-        } else if (mark !== left) {
-          outWorkers[scored] = slot;
-          outBlocks[scored++] = depth;
+      let kept = activeCount;
+      if (stayed !== activeCount) {
+        // Some active slots do not hold this whole edge: they leave (scored above if
+        // they hold a prefix of it, else here, at the edge's start).
+        kept = 0;
+        for (let k = 0; k < activeCount; k++) {
+          const slot = active[k]!;
+          const mark = stamp[slot];
+          if (mark === keep) {
+            active[kept++] = slot;
+          } else if (mark !== left) {
+            outWorkers[scored] = slot;
+            outBlocks[scored++] = depth;
+          }
         }
       }
       activeCount = kept;

@@ -351,25 +351,36 @@ export class PositionalIndex implements KvIndex {
       if (entry === 0) break;
       const keep = this.nextTick();
       const ownerCount = owners.count[entry]!;
+      let stayed = 0;
       if (ownerCount === 1) {
         const slot = owners.a[entry]!;
-        if (stamp[slot] === activeTick) stamp[slot] = keep;
+        if (stamp[slot] === activeTick) {
+          stamp[slot] = keep;
+          stayed = 1;
+        }
       } else {
         const words = owners.words;
         const offset = owners.a[entry]!;
         for (let k = 0; k < ownerCount; k++) {
           const slot = words[offset + 2 * k]!;
-          if (stamp[slot] === activeTick) stamp[slot] = keep;
+          if (stamp[slot] === activeTick) {
+            stamp[slot] = keep;
+            stayed++;
+          }
         }
       }
-      let kept = 0;
-      for (let k = 0; k < activeCount; k++) {
-        const slot = active[k]!;
-        if (stamp[slot] === keep) {
-          active[kept++] = slot;
-        } else {
-          out.workers[scored] = slot;
-          out.blocks[scored++] = depth;
+      let kept = activeCount;
+      if (stayed !== activeCount) {
+        // Some active slots do not hold this block: they stop here.
+        kept = 0;
+        for (let k = 0; k < activeCount; k++) {
+          const slot = active[k]!;
+          if (stamp[slot] === keep) {
+            active[kept++] = slot;
+          } else {
+            out.workers[scored] = slot;
+            out.blocks[scored++] = depth;
+          }
         }
       }
       activeCount = kept;
