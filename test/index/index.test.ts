@@ -30,6 +30,13 @@ describe("stored events", () => {
     expect(scores(index, [1, 2, 3])).toEqual({ "1/0": 1 });
   });
 
+  forEach("an empty stored event changes nothing and gives no slot", (backend) => {
+    const index = fresh(backend);
+    expect(store(index, 1, null, [])).toBe(StoreStatus.Ok);
+    expect(store(index, 1, 5n, [])).toBe(StoreStatus.ParentNotFound);
+    expect(index.stats()).toMatchObject({ workers: 0, blocks: 0 });
+  });
+
   forEach("re-storing held blocks is a no-op, counted as duplicates", (backend) => {
     const index = fresh(backend);
     store(index, 1, null, [1, 2, 3]);

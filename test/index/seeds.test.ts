@@ -5,6 +5,9 @@
 // worker sets are still intersected. Method: small event sequences with verify() after
 // every event, checking scores and exact stats.
 import { describe, expect, test } from "bun:test";
+import { heapStats } from "bun:jsc";
+import { createIndex } from "../../src/index/index";
+import { pairs } from "../harness/streams";
 import { BACKENDS, ext, fresh, freshBytes, remove, scores, store } from "./helpers";
 
 const forEach = (name: string, body: (backend: (typeof BACKENDS)[number]) => void) => {
@@ -136,6 +139,34 @@ describe("seed 001: release unowned radix branches after eviction", () => {
     expect(scores(index, [...prompt, 100])).toEqual({ "1/0": 16 });
     index.verify();
   });
+});
+
+test("seed 001 churn retains no JS objects (crtc, 100,000 cycles)", () => {
+  // Goal: the hot path allocates nothing that survives a cycle. Method: full GC and
+  // heapStats() before and after; typed arrays only grow when the index grows.
+  const index = createIndex("crtc", 16);
+  const prompt = pairs(Array.from({ length: 16 }, (_, i) => BigInt(i + 1)));
+  index.applyStored(1n, 0, false, 0, 0, prompt, prompt, 16);
+  const external = new Uint32Array(16);
+  const local = new Uint32Array(16);
+  const cycle = (n: number): void => {
+    for (let i = 0; i < 8; i++) {
+      external[2 * i] = 0x1000 + n;
+      external[2 * i + 1] = i;
+      local[2 * i] = 0x1000 + n;
+      local[2 * i + 1] = i + 100;
+    }
+    index.applyStored(1n, 0, true, 0, 16, external, local, 8);
+    index.applyRemoved(1n, 0, external, 8);
+  };
+  for (let n = 0; n < 1_000; n++) cycle(n & 1);
+  Bun.gc(true);
+  const before = heapStats().objectCount;
+  for (let n = 2; n < 100_002; n++) cycle(n);
+  Bun.gc(true);
+  expect(heapStats().objectCount - before).toBeLessThan(200);
+  expect(index.stats().blocks).toBe(16);
+  expect(index.counters.hashConflicts).toBe(0);
 });
 
 describe("seed 004: remove emptied positional entries", () => {
