@@ -16,7 +16,7 @@
  * (default 100,000) pairs: it is the test oracle, not a contender.
  *
  *   bun bench/index.bench.ts [--backend crtc|positional|reference ...] [--pairs N]
- *       [--sticky P] [--json]
+ *       [--workers N] [--sticky P] [--json]
  */
 import { bench, do_not_optimize, group, run } from "mitata";
 import { createIndex } from "../src/index/index";
@@ -39,7 +39,7 @@ for (const backend of backends) if (!BACKEND_NAMES.includes(backend)) throw new 
 const pairs = Number(argument("--pairs") ?? 1_000_000);
 const referencePairs = Number(argument("--reference-pairs") ?? 100_000);
 const sticky = Number(argument("--sticky") ?? 0.8);
-const WORKERS = 64;
+const WORKERS = Number(argument("--workers") ?? 64);
 const QUERY_BLOCKS = 128;
 const CHAIN_BLOCKS = 32;
 

@@ -5,7 +5,7 @@
  * run back (no tombstones), so probe lengths never degrade under churn.
  *
  * Sizing trades speed for bytes per entry (12 bytes / load):
- * - small tables (up to 4,096 slots, 48 KiB) have a power-of-two capacity, pick the
+ * - small tables (up to 1,024 slots, 12 KiB) have a power-of-two capacity, pick the
  *   home slot with a shift and double above 1/2 load: short probe runs and cheap home
  *   slots (on Bun a multiply-shift range reduction costs about 1.4x), where the bytes
  *   do not matter;
@@ -20,7 +20,7 @@ import { assert, fail } from "./assert";
 
 const STRIDE = 3;
 const SMALL_BITS_MIN = 4;
-const SMALL_BITS_MAX = 12;
+const SMALL_BITS_MAX = 10;
 const SMALL_CAPACITY_MAX = 1 << SMALL_BITS_MAX;
 const LARGE_LOAD_MAX = 0.8;
 const LARGE_LOAD_MIN = 0.4;
