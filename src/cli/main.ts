@@ -7,6 +7,7 @@
 import packageJson from "../../package.json";
 import { usingNativeHash } from "../hash";
 import { nativeUnavailableReason } from "../hash/native";
+import { applyCommand } from "./apply";
 import { UsageError } from "./args";
 import type { Command } from "./command";
 import { hashCommand } from "./hash";
@@ -14,7 +15,7 @@ import { hashCommand } from "./hash";
 export const VERSION: string = packageJson.version;
 
 /** Only commands that really work are listed here. */
-const commands: readonly Command[] = [hashCommand];
+const commands: readonly Command[] = [hashCommand, applyCommand];
 
 function mainHelp(): string {
   const width = Math.max(...commands.map((command) => command.name.length));

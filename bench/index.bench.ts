@@ -1,0 +1,165 @@
+/**
+ * Index microbenches on a large index: the workload of bench/workload.ts (64 workers,
+ * about 1M held (block, worker) pairs, shared system prompts, multi-turn
+ * conversations mostly sticky to a home worker), per backend:
+ *
+ * - build: every stored event applied once, ns per block (one timed pass, includes
+ *   pool and table growth);
+ * - bytes per held pair: stats().bytes / stats().blocks after the build;
+ * - findMatches on a 128-block prompt (rotating over 1,024 real prompts; mitata p50);
+ * - store + remove of a 32-block chain under a block the worker holds (the next turn
+ *   of a conversation, then its eviction), and from the root: ns per block op (p50 of
+ *   one store + one remove, divided by 64). Hashes are unique per iteration.
+ *
+ * Timed regions: the index calls only. Outside: workload generation (seeded), query
+ * and event arrays (prebuilt, reused). The reference backend runs at --reference-pairs
+ * (default 100,000) pairs: it is the test oracle, not a contender.
+ *
+ *   bun bench/index.bench.ts [--backend crtc|positional|reference ...] [--pairs N]
+ *       [--workers N] [--sticky P] [--json]
+ */
+import { bench, do_not_optimize, group, run } from "mitata";
+import { createIndex } from "../src/index/index";
+import { BACKEND_NAMES, type BackendName, type KvIndex, MatchResult } from "../src/index/types";
+import { provenance } from "./lib";
+import { buildWorkload, type Workload } from "./workload";
+
+function argument(name: string): string | undefined {
+  const at = process.argv.indexOf(name);
+  return at < 0 ? undefined : process.argv[at + 1];
+}
+
+const json = process.argv.includes("--json");
+const backends: BackendName[] = [];
+for (let i = 0; i < process.argv.length; i++) {
+  if (process.argv[i] === "--backend") backends.push(process.argv[i + 1] as BackendName);
+}
+if (backends.length === 0) backends.push("crtc", "positional", "reference");
+for (const backend of backends) if (!BACKEND_NAMES.includes(backend)) throw new Error(`unknown backend ${backend}`);
+const pairs = Number(argument("--pairs") ?? 1_000_000);
+const referencePairs = Number(argument("--reference-pairs") ?? 100_000);
+const sticky = Number(argument("--sticky") ?? 0.8);
+const WORKERS = Number(argument("--workers") ?? 64);
+const QUERY_BLOCKS = 128;
+const CHAIN_BLOCKS = 32;
+
+interface Built {
+  readonly backend: BackendName;
+  readonly index: KvIndex;
+  readonly workload: Workload;
+  readonly buildNsPerBlock: number;
+  readonly bytesPerPair: number;
+  readonly pairs: number;
+  readonly nodes: number;
+}
+
+const workloads = new Map<number, Workload>();
+function workloadOf(target: number): Workload {
+  let workload = workloads.get(target);
+  if (workload === undefined) {
+    workload = buildWorkload({ workers: WORKERS, targetPairs: target, sticky, seed: 7 });
+    workloads.set(target, workload);
+  }
+  return workload;
+}
+
+function build(backend: BackendName): Built {
+  const workload = workloadOf(backend === "reference" ? referencePairs : pairs);
+  const index = createIndex(backend, 16, { verify: false });
+  const started = performance.now();
+  for (const event of workload.events) {
+    index.applyStored(BigInt(event.worker), 0, event.hasParent, event.parentHi, event.parentLo, event.external, event.local, event.count);
+  }
+  const elapsed = performance.now() - started;
+  const stats = index.stats();
+  return {
+    backend,
+    index,
+    workload,
+    buildNsPerBlock: (elapsed * 1e6) / workload.pairs,
+    bytesPerPair: stats.bytes / stats.blocks,
+    pairs: stats.blocks,
+    nodes: stats.nodes,
+  };
+}
+
+/** Per worker: the external hash (pair) of the last block it stored, a block it holds. */
+function heldTails(workload: Workload): Uint32Array {
+  const tails = new Uint32Array(2 * WORKERS);
+  for (const event of workload.events) {
+    tails[2 * event.worker] = event.external[2 * (event.count - 1)]!;
+    tails[2 * event.worker + 1] = event.external[2 * (event.count - 1) + 1]!;
+  }
+  return tails;
+}
+
+const builds = backends.map(build);
+
+for (const built of builds) {
+  const { index, workload, backend } = built;
+  const queries = workload.prompts.filter((prompt) => prompt.length >= 2 * QUERY_BLOCKS).slice(-1024)
+    .map((prompt) => prompt.slice(0, 2 * QUERY_BLOCKS));
+  const out = new MatchResult();
+  const tails = heldTails(workload);
+  const external = new Uint32Array(2 * CHAIN_BLOCKS);
+  const local = new Uint32Array(2 * CHAIN_BLOCKS);
+  let serial = 0;
+  const chain = (): number => {
+    serial++;
+    for (let i = 0; i < CHAIN_BLOCKS; i++) {
+      external[2 * i] = 0xe000_0000 | (serial >>> 12);
+      external[2 * i + 1] = ((serial & 0xfff) << 20) | i;
+      local[2 * i] = 0xd000_0000 | (serial >>> 12);
+      local[2 * i + 1] = ((serial & 0xfff) << 20) | i;
+    }
+    return serial % WORKERS;
+  };
+  group(backend, () => {
+    let q = 0;
+    bench(`${backend} findMatches ${QUERY_BLOCKS} blocks`, () => {
+      const query = queries[q++ % queries.length]!;
+      index.findMatches(query, QUERY_BLOCKS, out);
+      do_not_optimize(out.count);
+    });
+    bench(`${backend} store+remove ${CHAIN_BLOCKS} blocks under a held block`, () => {
+      const worker = chain();
+      index.applyStored(BigInt(worker), 0, true, tails[2 * worker]!, tails[2 * worker + 1]!, external, local, CHAIN_BLOCKS);
+      do_not_optimize(index.applyRemoved(BigInt(worker), 0, external, CHAIN_BLOCKS));
+    });
+    bench(`${backend} store+remove ${CHAIN_BLOCKS} blocks from the root`, () => {
+      const worker = chain();
+      index.applyStored(BigInt(worker), 0, false, 0, 0, external, local, CHAIN_BLOCKS);
+      do_not_optimize(index.applyRemoved(BigInt(worker), 0, external, CHAIN_BLOCKS));
+    });
+  });
+}
+
+const result = await run({ format: json ? "quiet" : "mitata" });
+const p50 = (name: string): number => result.benchmarks.flatMap((trial) => trial.runs)
+  .find((entry) => entry.name === name)!.stats!.p50;
+const rows = builds.map((built) => {
+  const { backend } = built;
+  const stats = built.index.stats();
+  if (stats.blocks !== built.pairs) throw new Error(`${backend}: the benches changed the index`);
+  return {
+    backend,
+    pairs: built.pairs,
+    distinct_blocks: built.workload.distinctBlocks,
+    nodes: built.nodes,
+    bytes_per_pair: Number(built.bytesPerPair.toFixed(2)),
+    build_ns_per_block: Number(built.buildNsPerBlock.toFixed(1)),
+    find_matches_128_ns: Math.round(p50(`${backend} findMatches ${QUERY_BLOCKS} blocks`)),
+    under_held_ns_per_block_op: Number((p50(`${backend} store+remove ${CHAIN_BLOCKS} blocks under a held block`) / (2 * CHAIN_BLOCKS)).toFixed(1)),
+    from_root_ns_per_block_op: Number((p50(`${backend} store+remove ${CHAIN_BLOCKS} blocks from the root`) / (2 * CHAIN_BLOCKS)).toFixed(1)),
+  };
+});
+if (json) {
+  process.stdout.write(`${JSON.stringify({ bench: "index", workers: WORKERS, sticky, provenance: provenance(), rows })}\n`);
+} else {
+  console.log("\nbackend    | pairs     | bytes/pair | build ns/block | findMatches(128) | store+remove ns/block op (held parent, root)");
+  for (const row of rows) {
+    console.log(`${row.backend.padEnd(10)} | ${String(row.pairs).padEnd(9)} | ${String(row.bytes_per_pair).padEnd(10)} | `
+      + `${String(row.build_ns_per_block).padEnd(14)} | ${`${row.find_matches_128_ns} ns`.padEnd(16)} | `
+      + `${row.under_held_ns_per_block_op}, ${row.from_root_ns_per_block_op}`);
+  }
+}

@@ -1,0 +1,131 @@
+/**
+ * The node pool, structure of arrays. Node ids are u32 indexes; 0 is null and 1 is
+ * the root (empty edge, never freed). A live non-root node has an edge of at least
+ * one block, so `len === 0` marks a free id; free ids chain through `parent`.
+ * Owner lists (coverage) are records of the same ids in an OwnerLists, grown here.
+ */
+import { assert, fail } from "../assert";
+import type { OwnerLists } from "../owners";
+
+export const NULL_NODE = 0;
+export const ROOT = 1;
+/** runOrder of a node that does not start its block run (a split suffix). */
+export const NOT_RUN_HEAD = 255;
+const CAPACITY_MIN = 64;
+
+export class NodePool {
+  /** Parent node; for a free id, the next free id. */
+  parent: Uint32Array;
+  /** First block id of the edge. */
+  start: Uint32Array;
+  /** Blocks in the edge. */
+  len: Uint32Array;
+  /** Unused ids of the block run right after the edge (room to grow in place). */
+  spare: Uint32Array;
+  /** Number of children. */
+  kids: Uint32Array;
+  /** Order of the block run this node starts, or NOT_RUN_HEAD. */
+  runOrder: Uint8Array;
+  /** Live nodes, the root excluded. */
+  live = 0;
+  private next = 2;
+  private freeHead = NULL_NODE;
+  private readonly owners: OwnerLists;
+
+  constructor(owners: OwnerLists) {
+    this.owners = owners;
+    this.parent = new Uint32Array(CAPACITY_MIN);
+    this.start = new Uint32Array(CAPACITY_MIN);
+    this.len = new Uint32Array(CAPACITY_MIN);
+    this.spare = new Uint32Array(CAPACITY_MIN);
+    this.kids = new Uint32Array(CAPACITY_MIN);
+    this.runOrder = new Uint8Array(CAPACITY_MIN);
+    this.runOrder[ROOT] = NOT_RUN_HEAD;
+    owners.ensureRecords(CAPACITY_MIN);
+  }
+
+  /** Back to the initial size once the tree is empty (memory returns to baseline). */
+  reset(): void {
+    assert(this.live === 0 && this.kids[ROOT] === 0, "node pool reset while nodes are live");
+    this.parent = new Uint32Array(CAPACITY_MIN);
+    this.start = new Uint32Array(CAPACITY_MIN);
+    this.len = new Uint32Array(CAPACITY_MIN);
+    this.spare = new Uint32Array(CAPACITY_MIN);
+    this.kids = new Uint32Array(CAPACITY_MIN);
+    this.runOrder = new Uint8Array(CAPACITY_MIN);
+    this.runOrder[ROOT] = NOT_RUN_HEAD;
+    this.next = 2;
+    this.freeHead = NULL_NODE;
+    this.owners.resetAll(CAPACITY_MIN);
+  }
+
+  get capacity(): number {
+    return this.parent.length;
+  }
+
+  /** A fresh node id; the caller sets every field (len >= 1). */
+  allocate(): number {
+    let id = this.freeHead;
+    if (id !== NULL_NODE) {
+      this.freeHead = this.parent[id]!;
+    } else {
+      if (this.next === this.capacity) this.grow();
+      id = this.next++;
+    }
+    this.live++;
+    return id;
+  }
+
+  free(id: number): void {
+    if (id <= ROOT || id >= this.next || this.len[id] === 0) fail("freeing a node id that is not live");
+    if (this.kids[id] !== 0 || this.owners.count[id] !== 0) fail("freeing a node that has children or owners");
+    this.len[id] = 0;
+    this.start[id] = 0;
+    this.spare[id] = 0;
+    this.parent[id] = this.freeHead;
+    this.freeHead = id;
+    this.live--;
+  }
+
+  isLive(id: number): boolean {
+    return id === ROOT || (id > ROOT && id < this.next && this.len[id]! > 0);
+  }
+
+  /** Ids ever handed out (live or free) are below this. */
+  get highWater(): number {
+    return this.next;
+  }
+
+  /** Walks the free list; returns its length (verify). */
+  freeCount(): number {
+    let count = 0;
+    for (let id = this.freeHead; id !== NULL_NODE; id = this.parent[id]!) {
+      assert(count++ < this.next, "node free list cycles");
+      assert(this.len[id] === 0, "free node has an edge");
+    }
+    return count;
+  }
+
+  bytes(): number {
+    return 5 * this.parent.byteLength + this.runOrder.byteLength;
+  }
+
+  private grow(): void {
+    const size = this.capacity * 2;
+    this.parent = grownU32(this.parent, size);
+    this.start = grownU32(this.start, size);
+    this.len = grownU32(this.len, size);
+    this.spare = grownU32(this.spare, size);
+    this.kids = grownU32(this.kids, size);
+    const runOrder = new Uint8Array(size);
+    runOrder.set(this.runOrder);
+    this.runOrder = runOrder;
+    this.owners.ensureRecords(size);
+  }
+}
+
+function grownU32(array: Uint32Array, size: number): Uint32Array {
+  const next = new Uint32Array(size);
+  next.set(array);
+  return next;
+}

@@ -1,0 +1,172 @@
+/**
+ * The compressed radix tree's shape: pools plus the structural operations every
+ * event path shares (split, new child, reclaim). README.md states the invariants.
+ */
+import { assert } from "../assert";
+import { OwnerLists } from "../owners";
+import { BlockPool } from "./blocks";
+import { LinkTable } from "../link-table";
+import { NOT_RUN_HEAD, NodePool, ROOT } from "./nodes";
+
+export class CrtcTree {
+  readonly owners = new OwnerLists(64);
+  readonly nodes = new NodePool(this.owners);
+  readonly blocks = new BlockPool();
+  readonly children = new LinkTable();
+  /** Blocks in live edges. */
+  edgeBlocks = 0;
+  private pairs = new Uint32Array(64);
+
+  /**
+   * Splits `node` at edge position `at` (0 < at < len). A new node takes the prefix
+   * and the parent's link; `node` keeps the suffix (and its children, so nothing below
+   * is re-keyed). Returns the prefix node. Owners holding >= at blocks hold all of the
+   * prefix; the suffix keeps what they held past `at`.
+   */
+  split(node: number, at: number): number {
+    const nodes = this.nodes;
+    assert(node !== ROOT, "splitting the root");
+    assert(at > 0 && at < nodes.len[node]!, "split position outside the edge");
+    const prefix = nodes.allocate(); // may grow the node arrays: read them after
+    const parent = nodes.parent[node]!;
+    const start = nodes.start[node]!;
+    const blocks = this.blocks;
+    nodes.parent[prefix] = parent;
+    nodes.start[prefix] = start;
+    nodes.len[prefix] = at;
+    nodes.spare[prefix] = 0;
+    nodes.kids[prefix] = 1;
+    nodes.runOrder[prefix] = nodes.runOrder[node]!;
+    nodes.runOrder[node] = NOT_RUN_HEAD;
+    this.children.replace(parent, blocks.hi[start]!, blocks.lo[start]!, node, prefix);
+    nodes.start[node] = start + at;
+    nodes.len[node] = nodes.len[node]! - at;
+    nodes.parent[node] = prefix;
+    this.children.insert(prefix, blocks.hi[start + at]!, blocks.lo[start + at]!, node);
+    const blockNode = blocks.node;
+    for (let block = start; block < start + at; block++) blockNode[block] = prefix;
+
+    const owners = this.owners;
+    const count = owners.count[node]!;
+    if (this.pairs.length < 2 * count) this.pairs = new Uint32Array(4 * count);
+    const pairs = this.pairs;
+    pairs.set(owners.snapshot(node).subarray(0, 2 * count));
+    owners.reset(node);
+    for (let i = 0; i < 2 * count; i += 2) {
+      const slot = pairs[i]!;
+      const held = pairs[i + 1]!;
+      owners.set(prefix, slot, held < at ? held : at);
+      if (held > at) owners.set(node, slot, held - at);
+    }
+    return prefix;
+  }
+
+  /**
+   * Links a new child of `parent` over blocks [start, start+len) of a fresh run of
+   * 2^order ids (the caller allocated the run and wrote the blocks' hashes).
+   */
+  attachChild(parent: number, start: number, len: number, order: number): number {
+    const node = this.nodes.allocate();
+    const nodes = this.nodes;
+    nodes.parent[node] = parent;
+    nodes.start[node] = start;
+    nodes.len[node] = len;
+    nodes.spare[node] = 2 ** order - len;
+    nodes.kids[node] = 0;
+    nodes.runOrder[node] = order;
+    const blockNode = this.blocks.node;
+    for (let block = start; block < start + len; block++) blockNode[block] = node;
+    this.children.insert(parent, this.blocks.hi[start]!, this.blocks.lo[start]!, node);
+    nodes.kids[parent]!++;
+    this.edgeBlocks += len;
+    return node;
+  }
+
+  /**
+   * Gives back what `node` no longer needs, cascading upward: a leaf whose owners all
+   * stop short of its tail is truncated to the longest holder; a leaf with no owners is
+   * unlinked (identity-checked) and freed, and its parent is examined next.
+   */
+  reclaim(node: number): void {
+    const nodes = this.nodes;
+    // Bounded by the depth of the tree: each round moves one node up.
+    while (node !== ROOT) {
+      if (nodes.kids[node] !== 0) return;
+      const len = nodes.len[node]!;
+      const held = this.owners.max(node);
+      if (held === len) return;
+      if (held > 0) {
+        this.truncate(node, held);
+        return;
+      }
+      const parent = nodes.parent[node]!;
+      const start = nodes.start[node]!;
+      this.children.remove(parent, this.blocks.hi[start]!, this.blocks.lo[start]!, node);
+      nodes.kids[parent]!--;
+      this.releaseEdge(node, parent);
+      nodes.free(node);
+      node = parent;
+    }
+    if (nodes.live === 0 && nodes.highWater > 2) nodes.reset();
+  }
+
+  /** Shortens a leaf's edge to `len` blocks; the tail becomes spare room. */
+  private truncate(node: number, len: number): void {
+    const nodes = this.nodes;
+    const start = nodes.start[node]!;
+    const old = nodes.len[node]!;
+    const blockNode = this.blocks.node;
+    for (let block = start + len; block < start + old; block++) blockNode[block] = 0;
+    nodes.len[node] = len;
+    nodes.spare[node] = nodes.spare[node]! + old - len;
+    this.edgeBlocks -= old - len;
+  }
+
+  /**
+   * Frees a dying node's blocks: a run head frees its whole run (its suffix pieces died
+   * first, since each is a descendant); a suffix piece hands its ids back to the piece
+   * before it in the run, which is always its parent.
+   */
+  private releaseEdge(node: number, parent: number): void {
+    const nodes = this.nodes;
+    const start = nodes.start[node]!;
+    const len = nodes.len[node]!;
+    const total = len + nodes.spare[node]!;
+    const blockNode = this.blocks.node;
+    for (let block = start; block < start + len; block++) blockNode[block] = 0;
+    this.edgeBlocks -= len;
+    const order = nodes.runOrder[node]!;
+    if (order !== NOT_RUN_HEAD) {
+      assert(total === 2 ** order, "run head does not own its whole run");
+      nodes.runOrder[node] = NOT_RUN_HEAD;
+      this.blocks.free(start, order);
+      return;
+    }
+    assert(parent !== ROOT, "a suffix piece hangs off the root");
+    assert(nodes.start[parent]! + nodes.len[parent]! === start, "suffix piece not adjacent to its parent");
+    assert(nodes.spare[parent] === 0, "a piece with spare room is not the last of its run");
+    nodes.spare[parent] = total;
+  }
+
+  /** parent -> children, from one scan of the child table (dump and verify only). */
+  childLists(): Map<number, number[]> {
+    const lists = new Map<number, number[]>();
+    const table = this.children.table;
+    for (let at = 0; at < table.length; at += 4) {
+      const child = table[at + 3]!;
+      if (child === 0) continue;
+      const parent = table[at]!;
+      let list = lists.get(parent);
+      if (list === undefined) {
+        list = [];
+        lists.set(parent, list);
+      }
+      list.push(child);
+    }
+    return lists;
+  }
+
+  bytes(): number {
+    return this.blocks.bytes() + this.nodes.bytes() + this.children.bytes() + this.owners.bytes();
+  }
+}

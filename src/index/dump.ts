@@ -1,0 +1,164 @@
+/**
+ * dump(): the events that rebuild an equal index (same workers, same held blocks under
+ * the same external hashes) when applied in order to a fresh one. Shared by every
+ * backend: a backend lists its blocks (parents before children) and each worker's
+ * (external hash, block) pairs; this file turns them into stored/removed events.
+ *
+ * Per worker, held blocks are emitted in depth-first order of the tree, chained into
+ * one stored event while each block's parent is the previous block. A held block whose
+ * parent the worker does not hold (a descendant kept across a mid-chain removal) is
+ * stored through the missing blocks under placeholder hashes, which a removed event
+ * then drops: the worker ends up holding exactly the original blocks. Placeholders
+ * count down from 2^64 - 1 and skip every hash the worker holds, so they cannot
+ * collide with a real block of that worker (and other workers' hashes do not matter:
+ * lookups are per worker). A worker present with no blocks is recreated the same way.
+ */
+import type { IndexOp, RemovedOp, StoredOp } from "./ops";
+import { u64, u64String } from "../util/u64";
+
+export interface DumpSource {
+  /** Block keys are integers in [0, blockKeyLimit). */
+  readonly blockKeyLimit: number;
+  /** Visits every block, each after its parent (parent -1 = the root). */
+  forEachBlock(visit: (key: number, parent: number, hi: number, lo: number) => void): void;
+  /** Visits every present worker with its held blocks: external hashes (pairs) and keys. */
+  forEachWorker(
+    visit: (workerId: bigint, dpRank: number, external: Uint32Array, keys: Uint32Array, count: number) => void,
+  ): void;
+}
+
+const ROOT_KEY = -1;
+
+export function dumpEvents(source: DumpSource, blockSize: number): IndexOp[] {
+  const limit = source.blockKeyLimit;
+  const parentOf = new Int32Array(limit);
+  const hiOf = new Uint32Array(limit);
+  const loOf = new Uint32Array(limit);
+  const firstChild = new Int32Array(limit + 1).fill(-1); // index `limit` is the root
+  const nextSibling = new Int32Array(limit).fill(-1);
+  source.forEachBlock((key, parent, hi, lo) => {
+    parentOf[key] = parent;
+    hiOf[key] = hi;
+    loOf[key] = lo;
+    const slot = parent === ROOT_KEY ? limit : parent;
+    nextSibling[key] = firstChild[slot]!;
+    firstChild[slot] = key;
+  });
+  const rank = preorderRanks(firstChild, nextSibling, limit);
+
+  const events: IndexOp[] = [];
+  const heldStamp = new Uint32Array(limit);
+  const extHi = new Uint32Array(limit);
+  const extLo = new Uint32Array(limit);
+  let stamp = 0;
+  source.forEachWorker((workerIdBig, dpRank, external, keys, count) => {
+    stamp++;
+    const workerId = workerIdBig.toString();
+    const order: number[] = [];
+    for (let i = 0; i < count; i++) {
+      const key = keys[i]!;
+      heldStamp[key] = stamp;
+      extHi[key] = external[2 * i]!;
+      extLo[key] = external[2 * i + 1]!;
+      order.push(key);
+    }
+    order.sort((x, y) => rank[x]! - rank[y]!);
+    const placeholders = new Placeholders(external, count);
+    const hashOf = (key: number): string => u64String(extHi[key]!, extLo[key]!);
+    const localOf = (key: number): string => u64String(hiOf[key]!, loOf[key]!);
+    let open: StoredOp | null = null;
+    let openLast = ROOT_KEY - 1;
+    for (const key of order) {
+      const parent = parentOf[key]!;
+      if (open !== null && parent === openLast) {
+        open.block_hashes.push(hashOf(key));
+        open.local_hashes!.push(localOf(key));
+        openLast = key;
+        continue;
+      }
+      if (parent === ROOT_KEY || heldStamp[parent] === stamp) {
+        open = stored(workerId, dpRank, parent === ROOT_KEY ? null : hashOf(parent), blockSize);
+        open.block_hashes.push(hashOf(key));
+        open.local_hashes!.push(localOf(key));
+        events.push(open);
+        openLast = key;
+        continue;
+      }
+      // A held block below blocks this worker does not hold: store through them.
+      const missing: number[] = [];
+      let ancestor = parent;
+      while (ancestor !== ROOT_KEY && heldStamp[ancestor] !== stamp) {
+        missing.push(ancestor);
+        ancestor = parentOf[ancestor]!;
+      }
+      missing.reverse();
+      const event = stored(workerId, dpRank, ancestor === ROOT_KEY ? null : hashOf(ancestor), blockSize);
+      const removed: RemovedOp = { op: "removed", worker_id: workerId, dp_rank: dpRank, block_hashes: [] };
+      for (const hole of missing) {
+        const placeholder = placeholders.next();
+        event.block_hashes.push(placeholder);
+        event.local_hashes!.push(localOf(hole));
+        removed.block_hashes.push(placeholder);
+      }
+      event.block_hashes.push(hashOf(key));
+      event.local_hashes!.push(localOf(key));
+      events.push(event, removed);
+      open = null;
+    }
+    if (count === 0) {
+      // Present but empty: store one placeholder block and drop it again.
+      const placeholder = placeholders.next();
+      const event = stored(workerId, dpRank, null, blockSize);
+      event.block_hashes.push(placeholder);
+      event.local_hashes!.push("0");
+      events.push(event, { op: "removed", worker_id: workerId, dp_rank: dpRank, block_hashes: [placeholder] });
+    }
+  });
+  return events;
+}
+
+function stored(workerId: string, dpRank: number, parent: string | null, blockSize: number): StoredOp {
+  return {
+    op: "stored",
+    worker_id: workerId,
+    dp_rank: dpRank,
+    parent_block_hash: parent,
+    block_hashes: [],
+    local_hashes: [],
+    block_size: blockSize,
+  };
+}
+
+/** Ranks of every key in a depth-first pre-order walk from the root. */
+function preorderRanks(firstChild: Int32Array, nextSibling: Int32Array, limit: number): Uint32Array {
+  const rank = new Uint32Array(limit);
+  const stack: number[] = [];
+  for (let key = firstChild[limit]!; key !== -1; key = nextSibling[key]!) stack.push(key);
+  let next = 0;
+  while (stack.length > 0) {
+    const key = stack.pop()!;
+    rank[key] = next++;
+    for (let child = firstChild[key]!; child !== -1; child = nextSibling[child]!) stack.push(child);
+  }
+  return rank;
+}
+
+/** Hashes no held block of one worker uses, counting down from 2^64 - 1. */
+class Placeholders {
+  private held: Set<bigint> | null = null;
+  private value = (1n << 64n) - 1n;
+
+  constructor(private readonly external: Uint32Array, private readonly count: number) {}
+
+  next(): string {
+    if (this.held === null) {
+      // Built on first use: most workers need no placeholder.
+      this.held = new Set();
+      for (let i = 0; i < this.count; i++) this.held.add(u64(this.external[2 * i]!, this.external[2 * i + 1]!));
+    }
+    while (this.held.has(this.value)) this.value--;
+    const text = this.value.toString();
+    this.value--;
+    return text;
+  }
+}

@@ -1,0 +1,132 @@
+/**
+ * A map from (u32, u64 as hi/lo) to a non-zero u32, in one open-addressing table:
+ * linear probing over (key, hi, lo, value) quads, value 0 = empty, backward-shift
+ * deletion, the same sizing rules as the external lookups (power of two, doubles above
+ * 3/4 load, halves below 3/16).
+ *
+ * The crtc keeps every parent -> child link of its tree here, keyed by (parent node,
+ * local hash of the child's first block): no per-node map, and a node can keep its id
+ * on a split (its children need no re-keying). The positional backend keys its entries
+ * by (position, chain hash).
+ */
+import { fail } from "./assert";
+
+const STRIDE = 4;
+const BITS_MIN = 6;
+
+/** The home slot of (key, hi, lo) among 2^(32 - shift) slots. */
+function homeSlot(key: number, hi: number, lo: number, shift: number): number {
+  return Math.imul(lo ^ Math.imul(hi, 0x85ebca6b) ^ Math.imul(key, 0xc2b2ae35), 0x9e3779b1) >>> shift;
+}
+
+export class LinkTable {
+  table: Uint32Array;
+  capacity: number;
+  count = 0;
+  private mask: number;
+  private shift: number;
+  private grow: number;
+  private shrink: number;
+  private probeSlot = 0;
+
+  constructor(bits = BITS_MIN) {
+    this.capacity = 1 << bits;
+    this.mask = this.capacity - 1;
+    this.shift = 32 - bits;
+    this.grow = (this.capacity * 3) >> 2;
+    this.shrink = -1;
+    this.table = new Uint32Array(this.capacity * STRIDE);
+  }
+
+  /** The value of (key, hi, lo), or 0. */
+  find(key: number, hi: number, lo: number): number {
+    const table = this.table;
+    const mask = this.mask;
+    let slot = homeSlot(key, hi, lo, this.shift);
+    // Bounded: the load limit keeps empty slots, so the probe ends within the table.
+    for (;;) {
+      const at = slot * STRIDE;
+      const value = table[at + 3]!;
+      if (value === 0 || (table[at + 2] === lo && table[at + 1] === hi && table[at] === key)) {
+        this.probeSlot = slot;
+        return value;
+      }
+      slot = (slot + 1) & mask;
+    }
+  }
+
+  /** Adds (key, hi, lo) -> value; the key must be absent. */
+  insert(key: number, hi: number, lo: number, value: number): void {
+    if (value === 0 || this.find(key, hi, lo) !== 0) fail("link to the null value or link already present");
+    const table = this.table;
+    const at = this.probeSlot * STRIDE;
+    table[at] = key;
+    table[at + 1] = hi;
+    table[at + 2] = lo;
+    table[at + 3] = value;
+    if (++this.count > this.grow) this.resize(this.shift - 1);
+  }
+
+  /** Re-points (key, hi, lo) from `from` to `to` (identity-checked). */
+  replace(key: number, hi: number, lo: number, from: number, to: number): void {
+    if (this.find(key, hi, lo) !== from) fail("link replaced under a different value");
+    this.table[this.probeSlot * STRIDE + 3] = to;
+  }
+
+  /**
+   * Unlinks (key, hi, lo) if it still names `value`. A mismatch means a replacement
+   * took that key (for the tree: a split's new prefix, a re-created branch); it must
+   * survive, and with a single writer it can only be a bug, so it asserts.
+   */
+  remove(key: number, hi: number, lo: number, value: number): void {
+    if (this.find(key, hi, lo) !== value) fail("unlinking a key that names another value");
+    const table = this.table;
+    const mask = this.mask;
+    const shift = this.shift;
+    let hole = this.probeSlot;
+    let slot = hole;
+    for (;;) {
+      slot = (slot + 1) & mask;
+      const at = slot * STRIDE;
+      if (table[at + 3] === 0) break;
+      const home = homeSlot(table[at]!, table[at + 1]!, table[at + 2]!, shift);
+      if (((hole - home) & mask) < ((slot - home) & mask)) {
+        const to = hole * STRIDE;
+        table[to] = table[at]!;
+        table[to + 1] = table[at + 1]!;
+        table[to + 2] = table[at + 2]!;
+        table[to + 3] = table[at + 3]!;
+        hole = slot;
+      }
+    }
+    const to = hole * STRIDE;
+    table[to] = 0;
+    table[to + 1] = 0;
+    table[to + 2] = 0;
+    table[to + 3] = 0;
+    if (--this.count < this.shrink) this.resize(this.shift + 1);
+  }
+
+  bytes(): number {
+    return this.table.byteLength;
+  }
+
+  private resize(shift: number): void {
+    const old = this.table;
+    const bits = 32 - shift;
+    this.capacity = 1 << bits;
+    this.mask = this.capacity - 1;
+    this.shift = shift;
+    this.grow = (this.capacity * 3) >> 2;
+    this.shrink = bits > BITS_MIN ? (this.capacity * 3) >> 4 : -1;
+    const table = new Uint32Array(this.capacity * STRIDE);
+    this.table = table;
+    const mask = this.mask;
+    for (let from = 0; from < old.length; from += STRIDE) {
+      if (old[from + 3] === 0) continue;
+      let slot = homeSlot(old[from]!, old[from + 1]!, old[from + 2]!, shift);
+      while (table[slot * STRIDE + 3] !== 0) slot = (slot + 1) & mask;
+      table.set(old.subarray(from, from + STRIDE), slot * STRIDE);
+    }
+  }
+}

@@ -1,0 +1,73 @@
+/**
+ * The `kvedge apply` operations as JSON objects (README.md in this folder documents
+ * the format). 64-bit ids and hashes are unsigned decimal strings.
+ */
+
+export interface StoredOp {
+  op: "stored";
+  worker_id: string;
+  dp_rank: number;
+  parent_block_hash: string | null;
+  block_hashes: string[];
+  /** Either token_ids (hashed by kvedge) or local_hashes (what dump() emits). */
+  token_ids?: number[];
+  local_hashes?: string[];
+  block_size?: number;
+  lora_name?: string | null;
+  cache_salt?: string | null;
+}
+
+export interface RemovedOp {
+  op: "removed";
+  worker_id: string;
+  dp_rank: number;
+  block_hashes: string[];
+}
+
+export interface ClearedOp {
+  op: "cleared";
+  worker_id: string;
+  dp_rank: number;
+}
+
+export interface RemoveWorkerOp {
+  op: "remove_worker";
+  worker_id: string;
+}
+
+export interface MatchOp {
+  op: "match";
+  token_ids?: number[];
+  local_hashes?: string[];
+  lora_name?: string | null;
+  cache_salt?: string | null;
+}
+
+export interface StatsOp {
+  op: "stats";
+}
+
+/** Operations that change an index (what dump() emits). */
+export type IndexOp = StoredOp | RemovedOp | ClearedOp | RemoveWorkerOp;
+export type ApplyOp = IndexOp | MatchOp | StatsOp;
+
+export interface MatchScore {
+  worker_id: string;
+  dp_rank: number;
+  blocks: number;
+}
+
+export interface MatchOutput {
+  op: "match";
+  scores: MatchScore[];
+}
+
+export interface StatsOutput {
+  op: "stats";
+  workers: number;
+  blocks: number;
+  nodes: number;
+  lookup_entries: number;
+  rejected: number;
+  bytes: number;
+}

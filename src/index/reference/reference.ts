@@ -1,0 +1,292 @@
+/**
+ * The reference backend: the event semantics written as plainly as possible, with
+ * Maps and strings, for obviousness over speed. It is the oracle of the differential
+ * tests; nothing here is shared with the other backends except the interface.
+ *
+ * A block is its path: the local hashes from the root, joined into a string key.
+ * Each (worker_id, dp_rank) has `lookup` (its external hash -> path) and `held`
+ * (path -> its external hash), the two directions of one bijection.
+ */
+import { dumpEvents } from "../dump";
+import type { IndexOp } from "../ops";
+import {
+  countRejection, type IndexCounters, type IndexOptions, type IndexStats, type KvIndex, type MatchResult,
+  newCounters, rejectCounts, StoreStatus, type WorkerInfo,
+} from "../types";
+import { SLOT_LIMIT } from "../workers";
+import { u64 } from "../../util/u64";
+
+interface Worker {
+  readonly workerId: bigint;
+  readonly dpRank: number;
+  readonly handle: number;
+  readonly lookup: Map<bigint, string>;
+  readonly held: Map<string, bigint>;
+}
+
+const ROOT_PATH = "";
+
+function childPath(parent: string, local: bigint): string {
+  return `${parent}/${local}`;
+}
+
+/** The local hash of a path's last block. */
+function lastLocal(path: string): bigint {
+  return BigInt(path.slice(path.lastIndexOf("/") + 1));
+}
+
+function parentPath(path: string): string {
+  return path.slice(0, path.lastIndexOf("/"));
+}
+
+export class ReferenceIndex implements KvIndex {
+  readonly backend = "reference" as const;
+  readonly blockSize: number;
+  readonly counters: IndexCounters = newCounters();
+  private readonly maxWorkers: number;
+  private readonly byKey = new Map<string, Worker>();
+  /** handle -> worker; handles are never reused. */
+  private readonly byHandle: (Worker | undefined)[] = [];
+  /** path -> how many workers hold it (its size is the number of distinct held blocks). */
+  private readonly holders = new Map<string, number>();
+
+  constructor(blockSize: number, options: IndexOptions = {}) {
+    this.blockSize = blockSize;
+    this.maxWorkers = options.maxWorkers ?? SLOT_LIMIT;
+  }
+
+  private worker(workerId: bigint, dpRank: number): Worker | undefined {
+    return this.byKey.get(`${workerId}/${dpRank}`);
+  }
+
+  applyStored(
+    workerId: bigint, dpRank: number, hasParent: boolean, parentHi: number, parentLo: number,
+    external: Uint32Array, local: Uint32Array, count: number, first = 0,
+  ): StoreStatus {
+    let worker = this.worker(workerId, dpRank);
+    let path = ROOT_PATH;
+    if (hasParent) {
+      const parent = worker?.lookup.get(u64(parentHi, parentLo));
+      if (parent === undefined) return this.reject(StoreStatus.ParentNotFound);
+      path = parent;
+    }
+    if (count === 0) {
+      this.counters.storedEvents++;
+      return StoreStatus.Ok;
+    }
+    if (worker === undefined) {
+      if (this.byKey.size >= this.maxWorkers) return this.reject(StoreStatus.CapacityExhausted);
+      worker = { workerId, dpRank, handle: this.byHandle.length, lookup: new Map(), held: new Map() };
+      this.byKey.set(`${workerId}/${dpRank}`, worker);
+      this.byHandle.push(worker);
+    }
+    this.counters.storedEvents++;
+    for (let i = first; i < first + count; i++) {
+      const hash = u64(external[2 * i]!, external[2 * i + 1]!);
+      path = childPath(path, u64(local[2 * i]!, local[2 * i + 1]!));
+      const named = worker.lookup.get(hash);
+      if (named === path) {
+        this.counters.blocksDuplicate++;
+        continue;
+      }
+      if (named !== undefined || worker.held.has(path)) {
+        // The hash names another block, or this block has another name: the producer
+        // broke the engine-hash invariant. Keep what came before, drop the rest.
+        this.counters.hashConflicts++;
+        break;
+      }
+      worker.lookup.set(hash, path);
+      worker.held.set(path, hash);
+      this.hold(path, 1);
+      this.counters.blocksStored++;
+    }
+    return StoreStatus.Ok;
+  }
+
+  applyRemoved(workerId: bigint, dpRank: number, external: Uint32Array, count: number, first = 0): number {
+    this.counters.removedEvents++;
+    const worker = this.worker(workerId, dpRank);
+    let unknown = 0;
+    for (let i = first; i < first + count; i++) {
+      const hash = u64(external[2 * i]!, external[2 * i + 1]!);
+      const path = worker?.lookup.get(hash);
+      if (worker === undefined || path === undefined) {
+        unknown++;
+        continue;
+      }
+      worker.lookup.delete(hash);
+      worker.held.delete(path);
+      this.hold(path, -1);
+    }
+    this.counters.blocksUnknown += unknown;
+    this.counters.blocksRemoved += count - unknown;
+    return unknown;
+  }
+
+  applyCleared(workerId: bigint, dpRank: number): void {
+    this.counters.clearedEvents++;
+    const worker = this.worker(workerId, dpRank);
+    if (worker === undefined) return;
+    this.counters.blocksRemoved += worker.held.size;
+    for (const path of worker.held.keys()) this.hold(path, -1);
+    worker.lookup.clear();
+    worker.held.clear();
+  }
+
+  private hold(path: string, delta: number): void {
+    const holders = (this.holders.get(path) ?? 0) + delta;
+    if (holders === 0) this.holders.delete(path);
+    else this.holders.set(path, holders);
+  }
+
+  removeWorker(workerId: bigint): void {
+    this.counters.workersRemoved++;
+    for (const [key, worker] of this.byKey) {
+      if (worker.workerId !== workerId) continue;
+      this.counters.blocksRemoved += worker.held.size;
+      for (const path of worker.held.keys()) this.hold(path, -1);
+      this.byKey.delete(key);
+      this.byHandle[worker.handle] = undefined;
+    }
+  }
+
+  countRejected(status: StoreStatus): void {
+    countRejection(this.counters, status);
+  }
+
+  findMatches(local: Uint32Array, count: number, out: MatchResult): void {
+    const prefixes: string[] = [];
+    let path = ROOT_PATH;
+    for (let i = 0; i < count; i++) {
+      path = childPath(path, u64(local[2 * i]!, local[2 * i + 1]!));
+      prefixes.push(path);
+    }
+    out.count = 0;
+    out.ensure(this.byKey.size);
+    for (const worker of this.byKey.values()) {
+      let blocks = 0;
+      while (blocks < count && worker.held.has(prefixes[blocks]!)) blocks++;
+      if (blocks === 0) continue;
+      out.workers[out.count] = worker.handle;
+      out.blocks[out.count] = blocks;
+      out.count++;
+    }
+  }
+
+  workerIdOf(handle: number): bigint {
+    return this.live(handle).workerId;
+  }
+
+  dpRankOf(handle: number): number {
+    return this.live(handle).dpRank;
+  }
+
+  private live(handle: number): Worker {
+    const worker = this.byHandle[handle];
+    if (worker === undefined) throw new RangeError(`no worker with handle ${handle}`);
+    return worker;
+  }
+
+  stats(): IndexStats {
+    let blocks = 0;
+    let lookupEntries = 0;
+    for (const worker of this.byKey.values()) {
+      blocks += worker.held.size;
+      lookupEntries += worker.lookup.size;
+    }
+    return {
+      workers: this.byKey.size,
+      blocks,
+      nodes: this.holders.size,
+      edgeWords: 0,
+      lookupEntries,
+      rejected: rejectCounts(this.counters),
+      bytes: 0,
+    };
+  }
+
+  workers(): WorkerInfo[] {
+    return [...this.byKey.values()].map((worker) => ({
+      workerId: worker.workerId,
+      dpRank: worker.dpRank,
+      blocks: worker.held.size,
+    }));
+  }
+
+  /** Each worker's blocks as "external hash -> path" lines, sorted (tests compare these). */
+  canonical(): string[] {
+    const lines: string[] = [];
+    for (const worker of this.byKey.values()) {
+      lines.push(`${worker.workerId}/${worker.dpRank} present`);
+      for (const [hash, path] of worker.lookup) lines.push(`${worker.workerId}/${worker.dpRank} ${hash} -> ${path}`);
+    }
+    return lines.sort();
+  }
+
+  /** The worker's held blocks, path -> external hash (for stream generators and tests). */
+  heldPaths(workerId: bigint, dpRank: number): ReadonlyMap<string, bigint> {
+    return this.worker(workerId, dpRank)?.held ?? new Map();
+  }
+
+  /** Every present worker's handle and held blocks (for tests). */
+  heldByHandle(): Map<number, ReadonlyMap<string, bigint>> {
+    const result = new Map<number, ReadonlyMap<string, bigint>>();
+    for (const worker of this.byKey.values()) result.set(worker.handle, worker.held);
+    return result;
+  }
+
+  dump(): IndexOp[] {
+    // Keys for every held path and all its ancestors (holes need their local hashes).
+    const keys = new Map<string, number>();
+    const add = (path: string): number => {
+      let key = keys.get(path);
+      if (key === undefined) {
+        const parent = parentPath(path);
+        if (parent !== ROOT_PATH) add(parent);
+        key = keys.size;
+        keys.set(path, key);
+      }
+      return key;
+    };
+    for (const worker of this.byKey.values()) for (const path of worker.held.keys()) add(path);
+    const workers = [...this.byKey.values()];
+    return dumpEvents({
+      blockKeyLimit: keys.size,
+      forEachBlock(visit) {
+        // Map order is insertion order, and add() inserts a path after its parent.
+        for (const [path, key] of keys) {
+          const parent = parentPath(path);
+          const local = lastLocal(path);
+          visit(key, parent === ROOT_PATH ? -1 : keys.get(parent)!, Number(local >> 32n), Number(local & 0xffff_ffffn));
+        }
+      },
+      forEachWorker(visit) {
+        for (const worker of workers) {
+          const external = new Uint32Array(2 * worker.held.size);
+          const blockKeys = new Uint32Array(worker.held.size);
+          let n = 0;
+          for (const [path, hash] of worker.held) {
+            external[2 * n] = Number(hash >> 32n);
+            external[2 * n + 1] = Number(hash & 0xffff_ffffn);
+            blockKeys[n++] = keys.get(path)!;
+          }
+          visit(worker.workerId, worker.dpRank, external, blockKeys, n);
+        }
+      },
+    }, this.blockSize);
+  }
+
+  verify(): void {
+    for (const worker of this.byKey.values()) {
+      if (worker.lookup.size !== worker.held.size) throw new Error("reference: lookup and held sizes differ");
+      for (const [hash, path] of worker.lookup) {
+        if (worker.held.get(path) !== hash) throw new Error("reference: lookup and held disagree");
+      }
+    }
+  }
+
+  private reject(status: StoreStatus): StoreStatus {
+    countRejection(this.counters, status);
+    return status;
+  }
+}

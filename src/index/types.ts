@@ -1,0 +1,187 @@
+/**
+ * The contract every index backend meets (README.md in this folder states the
+ * semantics in full). Hot-path methods take numbers and typed arrays: 64-bit hashes
+ * are (hi, lo) u32 pairs, `count` is in blocks and `first` is the index of the
+ * event's first block in those arrays. Worker ids are bigints at event granularity.
+ */
+import type { IndexOp } from "./ops";
+
+export type BackendName = "crtc" | "positional" | "reference";
+export const BACKEND_NAMES: readonly BackendName[] = ["crtc", "positional", "reference"];
+
+/** What became of a stored event. Rejected events change nothing (and are counted). */
+export const StoreStatus = {
+  Ok: 0,
+  /** The parent is not a block this worker holds. */
+  ParentNotFound: 1,
+  /** The event's block size is not the index's (checked by the apply layer / ingest). */
+  BlockSizeMismatch: 2,
+  /** A new worker needs a slot and every slot is taken. */
+  CapacityExhausted: 3,
+  /** The event contradicts itself (e.g. token count vs block count). */
+  Invalid: 4,
+} as const;
+export type StoreStatus = (typeof StoreStatus)[keyof typeof StoreStatus];
+
+/** Plain numeric counters, read by the metrics layer. Only ever increase. */
+export interface IndexCounters {
+  /** Stored events applied (not rejected). */
+  storedEvents: number;
+  removedEvents: number;
+  clearedEvents: number;
+  workersRemoved: number;
+  /** (block, worker) pairs that became held. */
+  blocksStored: number;
+  /** (block, worker) pairs that stopped being held (removed, cleared, remove_worker). */
+  blocksRemoved: number;
+  /** Stored blocks the worker already held under the same hash (no-ops). */
+  blocksDuplicate: number;
+  /** Removed hashes the worker did not hold (skipped). */
+  blocksUnknown: number;
+  /**
+   * Stored events cut short because the producer broke the engine-hash invariant:
+   * a hash already naming another of the worker's blocks, or a block the worker
+   * already holds under another hash. The event applies up to that block.
+   */
+  hashConflicts: number;
+  rejectedParentNotFound: number;
+  rejectedBlockSizeMismatch: number;
+  rejectedCapacity: number;
+  rejectedInvalid: number;
+}
+
+export function newCounters(): IndexCounters {
+  return {
+    storedEvents: 0,
+    removedEvents: 0,
+    clearedEvents: 0,
+    workersRemoved: 0,
+    blocksStored: 0,
+    blocksRemoved: 0,
+    blocksDuplicate: 0,
+    blocksUnknown: 0,
+    hashConflicts: 0,
+    rejectedParentNotFound: 0,
+    rejectedBlockSizeMismatch: 0,
+    rejectedCapacity: 0,
+    rejectedInvalid: 0,
+  };
+}
+
+/** Adds one rejection of `status` (not Ok) to `counters`. */
+export function countRejection(counters: IndexCounters, status: StoreStatus): void {
+  switch (status) {
+    case StoreStatus.ParentNotFound: counters.rejectedParentNotFound++; break;
+    case StoreStatus.BlockSizeMismatch: counters.rejectedBlockSizeMismatch++; break;
+    case StoreStatus.CapacityExhausted: counters.rejectedCapacity++; break;
+    case StoreStatus.Invalid: counters.rejectedInvalid++; break;
+    default: throw new RangeError(`not a rejection: ${status}`);
+  }
+}
+
+export interface RejectCounts {
+  total: number;
+  parentNotFound: number;
+  blockSizeMismatch: number;
+  capacity: number;
+  invalid: number;
+}
+
+export function rejectCounts(counters: IndexCounters): RejectCounts {
+  const parentNotFound = counters.rejectedParentNotFound;
+  const blockSizeMismatch = counters.rejectedBlockSizeMismatch;
+  const capacity = counters.rejectedCapacity;
+  const invalid = counters.rejectedInvalid;
+  return { total: parentNotFound + blockSizeMismatch + capacity + invalid, parentNotFound, blockSizeMismatch, capacity, invalid };
+}
+
+/** Exact sizes of an index right now (README.md of each backend defines its terms). */
+export interface IndexStats {
+  /** (worker_id, dp_rank) pairs present. */
+  workers: number;
+  /** Held (block, worker) pairs. */
+  blocks: number;
+  /** Tree nodes without the root (crtc), index entries (positional), distinct held blocks (reference). */
+  nodes: number;
+  /** u32 words of local hashes in live edges (crtc), in live entries (positional); 0 for reference. */
+  edgeWords: number;
+  /** Entries in the per-worker external-hash lookups (equals `blocks`: one name per held block). */
+  lookupEntries: number;
+  rejected: RejectCounts;
+  /** Bytes of typed arrays reserved (0 for reference, which uses plain Maps). */
+  bytes: number;
+}
+
+export interface WorkerInfo {
+  workerId: bigint;
+  dpRank: number;
+  /** Blocks this (worker, dp rank) holds. */
+  blocks: number;
+}
+
+/**
+ * A reusable result for `findMatches`: `count` entries of (worker handle, matched
+ * blocks), in no particular order, zero scores omitted. Handles are valid until the
+ * next mutating call; read them with `workerIdOf` / `dpRankOf`.
+ */
+export class MatchResult {
+  count = 0;
+  workers: Uint32Array;
+  blocks: Uint32Array;
+
+  constructor(capacity = 64) {
+    this.workers = new Uint32Array(capacity);
+    this.blocks = new Uint32Array(capacity);
+  }
+
+  /** Makes room for `capacity` entries (allocates only when it grows). */
+  ensure(capacity: number): void {
+    if (this.workers.length >= capacity) return;
+    let size = this.workers.length * 2;
+    while (size < capacity) size *= 2;
+    this.workers = new Uint32Array(size);
+    this.blocks = new Uint32Array(size);
+  }
+}
+
+export interface IndexOptions {
+  /** Most (worker_id, dp_rank) pairs present at once (1..65536, default 65536). */
+  maxWorkers?: number;
+  /** Run the O(N) `verify()` after every mutation (default: KVEDGE_VERIFY=1). */
+  verify?: boolean;
+}
+
+export interface KvIndex {
+  readonly backend: BackendName;
+  readonly blockSize: number;
+  readonly counters: IndexCounters;
+
+  /**
+   * Applies a stored event: blocks `first .. first+count` of `external` / `local`
+   * (pairs), placed under the parent (`hasParent` false = the root).
+   */
+  applyStored(
+    workerId: bigint, dpRank: number, hasParent: boolean, parentHi: number, parentLo: number,
+    external: Uint32Array, local: Uint32Array, count: number, first?: number,
+  ): StoreStatus;
+  /** Applies a removed event; returns how many hashes were unknown (skipped). */
+  applyRemoved(workerId: bigint, dpRank: number, external: Uint32Array, count: number, first?: number): number;
+  /** The worker holds nothing (it stays present). */
+  applyCleared(workerId: bigint, dpRank: number): void;
+  /** Every dp rank of the worker goes, as if cleared, and its slots are freed. */
+  removeWorker(workerId: bigint): void;
+  /** Counts an event rejected before it reached the index (block size, invalid). */
+  countRejected(status: StoreStatus): void;
+
+  /** For each worker, the largest k such that it holds every block of `local[0..k)`. */
+  findMatches(local: Uint32Array, count: number, out: MatchResult): void;
+  workerIdOf(handle: number): bigint;
+  dpRankOf(handle: number): number;
+
+  stats(): IndexStats;
+  workers(): WorkerInfo[];
+  /** Events (kvedge apply format) that rebuild an equal index in a fresh one. */
+  dump(): IndexOp[];
+  /** O(N) check of every internal invariant; throws IndexInvariantError. */
+  verify(): void;
+}

@@ -1,0 +1,71 @@
+/**
+ * Registers the differential suite for one backend (one line per backend in
+ * test/index/differential.test.ts). Seeds run in batches so each bun test stays well
+ * under its timeout; every batch reports each diverging seed with its shrunk repro.
+ *
+ *   KVEDGE_SEED=17 bun test test/index/differential.test.ts      one seed, verify on
+ *   KVEDGE_SEED=17 KVEDGE_TRACE=1 bun test ...                   ... and trace it
+ *   KVEDGE_SEEDS=20000 KVEDGE_STEPS=400 bun test ...             a longer run
+ *   KVEDGE_SOAK=1 bun test test/index/differential.test.ts       soak defaults
+ */
+import { describe, expect, test } from "bun:test";
+import { checkSeed, type HarnessBackend, knobs, type ReplayOptions } from "./differential";
+import type { StreamOptions } from "./streams";
+
+const BATCH = 150;
+
+interface Variant {
+  readonly name: string;
+  /** Share of KVEDGE_SEEDS this variant runs. */
+  readonly share: number;
+  /** Offset so variants draw different seeds. */
+  readonly seedBase: number;
+  readonly stream: Omit<StreamOptions, "steps">;
+  readonly replay: ReplayOptions;
+}
+
+const VARIANTS: readonly Variant[] = [
+  { name: "event streams", share: 1, seedBase: 0, stream: {}, replay: {} },
+  { name: "streams that break the engine-hash invariant", share: 0.25, seedBase: 1_000_000, stream: { conflicts: true }, replay: {} },
+  { name: "three worker slots (capacity rejects)", share: 0.2, seedBase: 2_000_000, stream: { maxWorkers: 3 }, replay: {} },
+  { name: "verify() after every event", share: 0.1, seedBase: 3_000_000, stream: { conflicts: true }, replay: { verify: true } },
+];
+
+function runSeeds(backend: HarnessBackend, variant: Variant, from: number, to: number): void {
+  const reports: string[] = [];
+  for (let seed = from; seed < to; seed++) {
+    const report = checkSeed(seed, backend, { ...variant.stream, steps: knobs.steps }, {
+      ...variant.replay,
+      verify: variant.replay.verify || knobs.verifyAll,
+    });
+    if (report !== null) reports.push(report);
+    if (reports.length >= 3) break;
+  }
+  expect(reports.join("\n\n")).toBe("");
+}
+
+export function differentialSuite(backend: HarnessBackend): void {
+  describe(`${backend.name} against the reference`, () => {
+    if (knobs.seed !== null) {
+      const seed = knobs.seed;
+      test(`seed ${seed}`, () => {
+        for (const variant of VARIANTS) {
+          const report = checkSeed(seed, backend, { ...variant.stream, steps: knobs.steps }, {
+            ...variant.replay, verify: true, trace: knobs.trace,
+          });
+          expect(report ?? "").toBe("");
+        }
+      });
+      return;
+    }
+    for (const variant of VARIANTS) {
+      const seeds = Math.max(1, Math.round(knobs.seeds * variant.share));
+      for (let from = 0; from < seeds; from += BATCH) {
+        const to = Math.min(seeds, from + BATCH);
+        test(`${variant.name}: seeds ${variant.seedBase + from}..${variant.seedBase + to - 1}`, () => {
+          runSeeds(backend, variant, variant.seedBase + from, variant.seedBase + to);
+        });
+      }
+    }
+  });
+}

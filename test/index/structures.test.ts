@@ -1,0 +1,199 @@
+// Goal: the typed-array building blocks behave like the plain models they replace, at
+// every size (growth, shrinking, compaction, chunking), and give memory back.
+// Method: seeded random operation sequences checked against Maps and Sets, and
+// sentinel-filled pools (an id handed out twice, or lost, shows up as a broken sentinel).
+import { describe, expect, test } from "bun:test";
+import { IndexInvariantError } from "../../src/index/assert";
+import { BlockPool, RUN_ORDER_MAX } from "../../src/index/crtc/blocks";
+import { LinkTable } from "../../src/index/link-table";
+import { ExternalLookup } from "../../src/index/lookup";
+import { OwnerLists } from "../../src/index/owners";
+import { Random } from "../harness/streams";
+
+describe("ExternalLookup", () => {
+  test("matches a Map through growth into the large regime and back, with backward-shift deletes", () => {
+    const random = new Random(11);
+    const lookup = new ExternalLookup();
+    const model = new Map<string, number>();
+    const keys: [number, number][] = [];
+    const freshBytes = lookup.bytes();
+    // Grow to ~20k entries (large tables start above 1,024 slots), then drain.
+    for (let step = 0; step < 60_000; step++) {
+      const growing = step < 30_000;
+      if (keys.length === 0 || (growing ? random.chance(0.8) : random.chance(0.1))) {
+        // Small keys collide in the low words; random ones spread.
+        const hi = random.chance(0.5) ? random.int(4) : Math.floor(random.next() * 2 ** 32);
+        const lo = random.chance(0.5) ? random.int(5000) : Math.floor(random.next() * 2 ** 32);
+        const key = `${hi}:${lo}`;
+        if (model.has(key)) continue;
+        const value = 1 + random.int(2 ** 31);
+        expect(lookup.find(hi, lo)).toBe(0);
+        lookup.insertAtProbe(hi, lo, value);
+        model.set(key, value);
+        keys.push([hi, lo]);
+      } else {
+        const at = random.int(keys.length);
+        const [hi, lo] = keys[at]!;
+        keys[at] = keys[keys.length - 1]!;
+        keys.pop();
+        expect(lookup.remove(hi, lo)).toBe(model.get(`${hi}:${lo}`)!);
+        model.delete(`${hi}:${lo}`);
+      }
+      if (step % 5_000 === 0 || step === 29_999) {
+        expect(lookup.count).toBe(model.size);
+        for (const [hi, lo] of keys) expect(lookup.find(hi, lo)).toBe(model.get(`${hi}:${lo}`)!);
+        // Load stays within the sizing rules (small: <= 3/4; large: 2/5..4/5).
+        expect(lookup.count / lookup.capacity).toBeLessThanOrEqual(0.8);
+        if (lookup.capacity > 1024) expect(lookup.count / lookup.capacity).toBeGreaterThanOrEqual(0.4);
+      }
+      if (step === 29_999) expect(lookup.capacity).toBeGreaterThan(4096);
+    }
+    for (const [hi, lo] of keys) expect(lookup.remove(hi, lo)).toBe(model.get(`${hi}:${lo}`)!);
+    expect(lookup.count).toBe(0);
+    expect(lookup.bytes()).toBe(freshBytes);
+  });
+
+  test("remove of an absent key changes nothing; clear resets", () => {
+    const lookup = new ExternalLookup();
+    lookup.set(1, 2, 3);
+    expect(lookup.remove(1, 3)).toBe(0);
+    expect(lookup.count).toBe(1);
+    lookup.clear();
+    expect(lookup.find(1, 2)).toBe(0);
+    expect(() => {
+      lookup.find(5, 5);
+      lookup.insertAtProbe(5, 5, 0);
+    }).toThrow(IndexInvariantError);
+  });
+});
+
+describe("LinkTable", () => {
+  test("matches a Map; unlinking a key that names another value is refused", () => {
+    const random = new Random(5);
+    const table = new LinkTable();
+    const model = new Map<string, number>();
+    const keys: [number, number, number][] = [];
+    for (let step = 0; step < 20_000; step++) {
+      if (keys.length === 0 || (step < 10_000 ? random.chance(0.75) : random.chance(0.2))) {
+        const key = random.int(64);
+        const hi = random.int(3);
+        const lo = random.int(1000);
+        const name = `${key}:${hi}:${lo}`;
+        if (model.has(name)) continue;
+        const value = 1 + random.int(1e9);
+        table.insert(key, hi, lo, value);
+        model.set(name, value);
+        keys.push([key, hi, lo]);
+      } else {
+        const at = random.int(keys.length);
+        const [key, hi, lo] = keys[at]!;
+        keys[at] = keys[keys.length - 1]!;
+        keys.pop();
+        const value = model.get(`${key}:${hi}:${lo}`)!;
+        expect(() => table.remove(key, hi, lo, value + 1)).toThrow(IndexInvariantError);
+        table.remove(key, hi, lo, value);
+        model.delete(`${key}:${hi}:${lo}`);
+      }
+    }
+    expect(table.count).toBe(model.size);
+    for (const [key, hi, lo] of keys) expect(table.find(key, hi, lo)).toBe(model.get(`${key}:${hi}:${lo}`)!);
+    table.insert(99, 1, 2, 3);
+    expect(() => table.insert(99, 1, 2, 7)).toThrow(IndexInvariantError);
+  });
+});
+
+describe("OwnerLists", () => {
+  test("matches a model through list growth, shrinking, inline single owners and compaction", () => {
+    const random = new Random(3);
+    const records = 300;
+    const owners = new OwnerLists(records);
+    const model: Map<number, number>[] = Array.from({ length: records }, () => new Map());
+    for (let step = 0; step < 60_000; step++) {
+      const record = random.int(records);
+      const slot = random.int(random.chance(0.5) ? 4 : 200);
+      if (random.chance(step < 30_000 ? 0.6 : 0.3)) {
+        const value = 1 + random.int(1000);
+        owners.set(record, slot, value);
+        model[record]!.set(slot, value);
+      } else {
+        expect(owners.remove(record, slot)).toBe(model[record]!.delete(slot));
+      }
+      if (step % 997 === 0) {
+        for (let r = 0; r < records; r++) {
+          expect(owners.count[r]).toBe(model[r]!.size);
+          let max = 0;
+          for (const [s, v] of model[r]!) {
+            expect(owners.get(r, s)).toBe(v);
+            max = Math.max(max, v);
+          }
+          expect(owners.max(r)).toBe(max);
+        }
+      }
+    }
+    for (let r = 0; r < records; r++) owners.reset(r);
+    expect(owners.liveArenaWords()).toBe(0);
+  });
+});
+
+describe("BlockPool (buddy allocator)", () => {
+  test("sentinel-checked runs: no id is handed out twice, every id comes back, the pool shrinks", () => {
+    const random = new Random(9);
+    const pool = new BlockPool();
+    const initial = pool.bytes();
+    const live: [number, number, number][] = []; // start, order, sentinel
+    let sentinel = 1;
+    const check = (): void => {
+      for (const [start, order, mark] of live) {
+        for (let id = start; id < start + 2 ** order; id++) expect(pool.node[id]).toBe(mark);
+      }
+    };
+    for (let phase = 0; phase < 4; phase++) {
+      const allocating = phase % 2 === 0;
+      for (let step = 0; step < 3_000; step++) {
+        if (live.length === 0 || random.chance(allocating ? 0.7 : 0.3)) {
+          const order = random.chance(0.05) ? 10 + random.int(4) : random.int(6);
+          const start = pool.allocate(order);
+          for (let id = start; id < start + 2 ** order; id++) {
+            expect(pool.node[id]).toBeLessThan(0xffff_ff00); // not inside a free run
+            pool.node[id] = sentinel;
+          }
+          live.push([start, order, sentinel++]);
+        } else {
+          const [start, order, mark] = live.splice(random.int(live.length), 1)[0]!;
+          for (let id = start; id < start + 2 ** order; id++) expect(pool.node[id]).toBe(mark);
+          for (let id = start; id < start + 2 ** order; id++) pool.node[id] = 0;
+          pool.free(start, order);
+        }
+      }
+      check();
+      expect(pool.freeIds() + pool.allocated).toBe(pool.capacity);
+    }
+    for (const [start, order] of live.splice(0)) {
+      for (let id = start; id < start + 2 ** order; id++) pool.node[id] = 0;
+      pool.free(start, order);
+    }
+    expect(pool.allocated).toBe(1); // the reserved id 0
+    expect(pool.bytes()).toBe(initial);
+  });
+
+  test("beyond one chunk the pool grows by chunks and trims free chunks at its end", () => {
+    const pool = new BlockPool();
+    const chunk = 2 ** RUN_ORDER_MAX;
+    const runs: number[] = [];
+    for (let i = 0; i < 9; i++) runs.push(pool.allocate(RUN_ORDER_MAX));
+    expect(pool.capacity % chunk).toBe(0);
+    expect(pool.capacity).toBeLessThanOrEqual(12 * chunk); // not a power of two past 2^17
+    expect(() => pool.allocate(RUN_ORDER_MAX + 1)).toThrow(IndexInvariantError);
+    for (const start of runs.splice(1)) pool.free(start, RUN_ORDER_MAX);
+    expect(pool.capacity).toBeLessThanOrEqual(3 * chunk);
+    pool.free(runs[0]!, RUN_ORDER_MAX);
+    expect(pool.allocated).toBe(1);
+    expect(pool.capacity).toBe(1024);
+    expect(() => pool.free(runs[0]!, RUN_ORDER_MAX)).toThrow(IndexInvariantError); // outside the pool now
+    const kept = pool.allocate(3);
+    const freed = pool.allocate(3); // its buddy stays allocated, so it cannot merge away
+    pool.free(freed, 3);
+    expect(() => pool.free(freed, 3)).toThrow(IndexInvariantError);
+    pool.free(kept, 3);
+  });
+});
