@@ -11,11 +11,12 @@ import { applyCommand } from "./apply";
 import { UsageError } from "./args";
 import type { Command } from "./command";
 import { hashCommand } from "./hash";
+import { serveCommand } from "./serve";
 
 export const VERSION: string = packageJson.version;
 
 /** Only commands that really work are listed here. */
-const commands: readonly Command[] = [hashCommand, applyCommand];
+const commands: readonly Command[] = [serveCommand, applyCommand, hashCommand];
 
 function mainHelp(): string {
   const width = Math.max(...commands.map((command) => command.name.length));

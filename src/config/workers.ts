@@ -6,7 +6,9 @@
  *
  * e.g. `1=tcp://10.0.0.5:5557;replay=tcp://10.0.0.5:5558,2:1=ipc:///run/engine2.sock`.
  * Endpoints are where kvedge connects: `tcp://HOST:PORT` (HOST a name, an IPv4
- * address or a bracketed IPv6 address) or `ipc:///ABSOLUTE/PATH`.
+ * address or a bracketed IPv6 address) or `ipc:///ABSOLUTE/PATH`. An engine endpoint
+ * may instead be `tcp://*:PORT`: kvedge binds it and the engine connects (vLLM's
+ * "connect" mode); a replay endpoint is always connected to.
  */
 import { parseU64 } from "../util/u64";
 import { shown, tomlKind, ValueProblem } from "./values";
@@ -31,9 +33,17 @@ const IPC_PATH_BYTES_MAX = 107;
 const HOST_NAME = /^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*$/;
 const IPV6 = /^[0-9A-Fa-f:.]+$/;
 
-/** Checks an endpoint; throws a ValueProblem that completes "<key> ...". */
-export function checkEndpoint(endpoint: string): string {
+/**
+ * Checks an endpoint; throws a ValueProblem that completes "<key> ...". With
+ * `bindable`, `tcp://*:PORT` (bind on every interface) is accepted too.
+ */
+export function checkEndpoint(endpoint: string, bindable = false): string {
   const scheme = /^([a-z][a-z0-9+.-]*):\/\//i.exec(endpoint)?.[1];
+  if (bindable && /^tcp:\/\/\*:[0-9]+$/.test(endpoint)) {
+    const port = Number(endpoint.slice("tcp://*:".length));
+    if (!(port >= 1 && port <= 65_535)) throw new ValueProblem(`has a bad port ${port} in ${shown(endpoint)} (1-65535)`);
+    return endpoint;
+  }
   if (scheme === "tcp") {
     const match = /^tcp:\/\/(\[[^\]]*\]|[^:/]*):([0-9]+)$/.exec(endpoint);
     if (match === null) throw new ValueProblem(`must be tcp://HOST:PORT, got ${shown(endpoint)}`);
@@ -114,7 +124,7 @@ export function workersFromToml(value: unknown, suggest: (key: string, among: re
     return {
       worker_id: field("worker_id", workerId),
       dp_rank: fields.dp_rank === undefined ? 0 : field("dp_rank", dpRank),
-      endpoint: field("endpoint", (v) => checkEndpoint(text(v))),
+      endpoint: field("endpoint", (v) => checkEndpoint(text(v), true)),
       replay_endpoint: fields.replay_endpoint === undefined ? null : field("replay_endpoint", (v) => checkEndpoint(text(v))),
       topic: fields.topic === undefined ? "" : field("topic", text),
     } satisfies WorkerEntry;
@@ -156,7 +166,7 @@ export function workersFromText(value: string, origin: string): WorkerEntry[] {
     return {
       worker_id: wrap("worker_id", () => workerId(idText)),
       dp_rank: rankText === undefined ? 0 : wrap("dp_rank", () => dpRank(/^\d+$/.test(rankText) ? Number(rankText) : rankText)),
-      endpoint: wrap("endpoint", () => checkEndpoint(endpoint!)),
+      endpoint: wrap("endpoint", () => checkEndpoint(endpoint!, true)),
       replay_endpoint: replay,
       topic,
     } satisfies WorkerEntry;

@@ -12,6 +12,7 @@
  */
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from "prom-client";
 import type { Router } from "../route";
+import type { KvRouterService } from "./service";
 
 export type MetricsRegistry = Registry;
 
@@ -195,4 +196,111 @@ export function registerRouterMetrics(registry: MetricsRegistry, router: Router)
     type: "gauge",
     collect: (emit) => emit(load.blocks.bytes),
   });
+}
+
+/**
+ * Index and ingest metrics: what the index holds and how events got there, per engine
+ * source (labels worker_id, dp_rank of the configured source). A removed worker's
+ * series disappear with it.
+ */
+export function registerServiceMetrics(registry: MetricsRegistry, service: KvRouterService): void {
+  const index = service.index;
+  const counter = (name: string, help: string, labelNames: readonly string[], collect: SampleSource["collect"]) =>
+    registerSamples(registry, { name, help, type: "counter", labelNames, collect });
+  const gauge = (name: string, help: string, labelNames: readonly string[], collect: SampleSource["collect"]) =>
+    registerSamples(registry, { name, help, type: "gauge", labelNames, collect });
+
+  counter("kvedge_index_events_total", "Events applied to the index, by type and status.", ["type", "status"], (emit) => {
+    const c = index.counters;
+    emit(c.storedEvents, { type: "stored", status: "ok" });
+    emit(c.rejectedParentNotFound, { type: "stored", status: "parent_not_found" });
+    emit(c.rejectedBlockSizeMismatch, { type: "stored", status: "block_size_mismatch" });
+    emit(c.rejectedCapacity, { type: "stored", status: "capacity_exhausted" });
+    emit(c.rejectedInvalid, { type: "stored", status: "invalid" });
+    emit(c.removedEvents, { type: "removed", status: "ok" });
+    emit(c.clearedEvents, { type: "cleared", status: "ok" });
+    emit(c.workersRemoved, { type: "remove_worker", status: "ok" });
+  });
+  counter("kvedge_index_blocks_total", "(block, worker) pairs by what happened: stored, removed, duplicate (already held), "
+    + "unknown (removal of a block not held), hash_conflict (producer broke the one-hash-per-block rule).", ["op"], (emit) => {
+    const c = index.counters;
+    emit(c.blocksStored, { op: "stored" });
+    emit(c.blocksRemoved, { op: "removed" });
+    emit(c.blocksDuplicate, { op: "duplicate" });
+    emit(c.blocksUnknown, { op: "unknown" });
+    emit(c.hashConflicts, { op: "hash_conflict" });
+  });
+  gauge("kvedge_index_size", "Index size now: held (block, worker) pairs, tree nodes, lookup entries, workers.", ["what"], (emit) => {
+    const stats = index.stats();
+    emit(stats.blocks, { what: "blocks" });
+    emit(stats.nodes, { what: "nodes" });
+    emit(stats.lookupEntries, { what: "lookup_entries" });
+    emit(stats.workers, { what: "workers" });
+  });
+  gauge("kvedge_index_bytes", "Bytes of typed arrays the index has reserved.", [], (emit) => emit(index.stats().bytes));
+  gauge("kvedge_worker_blocks", "Blocks the index says the worker holds.", ["worker_id", "dp_rank"], (emit) => {
+    for (const info of index.workers()) emit(info.blocks, { worker_id: info.workerId.toString(), dp_rank: String(info.dpRank) });
+  });
+
+  // Per source: labels of the configured (worker, dp rank).
+  const perSource = (name: string, help: string, type: "counter" | "gauge", extra: readonly string[],
+    read: (source: KvRouterService["engineSources"][number], emit: (value: number, labels?: Labels) => void) => void) =>
+    registerSamples(registry, {
+      name, help, type, labelNames: ["worker_id", "dp_rank", ...extra],
+      collect(emit) {
+        for (const source of service.engineSources) {
+          const base = { worker_id: source.config.workerId.toString(), dp_rank: String(source.config.dpRank) };
+          read(source, (value, labels) => emit(value, labels === undefined ? base : { ...base, ...labels }));
+        }
+      },
+    });
+  perSource("kvedge_ingest_bytes_total", "Bytes received from the engine's publisher (ZMTP, all frames).", "counter", [],
+    (source, emit) => emit(source.socketCounters.sub.bytesIn));
+  perSource("kvedge_ingest_batches_total", "Event batches by outcome: applied, replayed (applied from a replay), duplicate, "
+    + "malformed (dropped).", "counter", ["status"], (source, emit) => {
+    const c = source.sequencer.counters;
+    emit(c.applied, { status: "applied" });
+    emit(c.replayed, { status: "replayed" });
+    emit(c.duplicates, { status: "duplicate" });
+    emit(c.malformed, { status: "malformed" });
+  });
+  perSource("kvedge_ingest_events_total", "Events decoded, by type.", "counter", ["type"], (source, emit) => {
+    const events = source.normalizer.counters.events;
+    emit(events.stored, { type: "stored" });
+    emit(events.removed, { type: "removed" });
+    emit(events.cleared, { type: "cleared" });
+  });
+  perSource("kvedge_ingest_decode_errors_total", "Batches dropped as malformed, by kind.", "counter", ["kind"], (source, emit) => {
+    for (const [kind, value] of Object.entries(source.normalizer.counters.decodeErrors)) emit(value, { kind });
+  });
+  perSource("kvedge_ingest_rejected_blocks_total", "Blocks not indexed, by reason.", "counter", ["reason"], (source, emit) => {
+    for (const [reason, value] of Object.entries(source.normalizer.counters.rejectedBlocks)) emit(value, { reason });
+  });
+  perSource("kvedge_ingest_tier_blocks_total", "Blocks in stored/removed events by storage tier (only device is indexed).",
+    "counter", ["tier"], (source, emit) => {
+      for (const [tier, value] of Object.entries(source.normalizer.counters.blocksByTier)) emit(value, { tier });
+    });
+  perSource("kvedge_ingest_gaps_total", "Sequence gaps seen.", "counter", [], (source, emit) => emit(source.sequencer.counters.gaps));
+  perSource("kvedge_ingest_lost_batches_total", "Batches lost for good (no replay, replay failed or too short).", "counter", [],
+    (source, emit) => emit(source.sequencer.counters.lost));
+  perSource("kvedge_ingest_replays_total", "Replay requests by outcome.", "counter", ["result"], (source, emit) => {
+    const c = source.sequencer.counters;
+    emit(c.replaysRequested, { result: "requested" });
+    emit(c.replaysCompleted, { result: "completed" });
+    emit(c.replaysFailed, { result: "failed" });
+  });
+  perSource("kvedge_ingest_resets_total", "Engine restarts detected (the worker's blocks were cleared).", "counter", [],
+    (source, emit) => emit(source.sequencer.counters.restarts));
+  perSource("kvedge_ingest_reconnects_total", "Re-dials of the engine's publisher.", "counter", [],
+    (source, emit) => emit(source.socketCounters.sub.reconnects));
+  perSource("kvedge_ingest_protocol_errors_total", "ZMTP protocol errors and malformed messages, by kind.", "counter", ["kind"],
+    (source, emit) => {
+      for (const [kind, value] of Object.entries(source.socketCounters.sub.protocolErrors)) emit(value, { kind });
+      emit(source.counters.malformedMessages, { kind: "malformed_message" });
+      emit(source.counters.malformedReplayReplies, { kind: "malformed_replay_reply" });
+    });
+  perSource("kvedge_ingest_connected", "1 while the engine's publisher is connected.", "gauge", [],
+    (source, emit) => emit(source.state === "connected" ? 1 : 0));
+  perSource("kvedge_ingest_last_seq", "Last applied batch sequence number (-1 before the first).", "gauge", [],
+    (source, emit) => emit(source.sequencer.lastSeq));
 }

@@ -246,7 +246,8 @@ describe("workers", () => {
       [entry('worker_id = 2\nendpoint = "http://a:1"'), `[[workers]] entry 2: endpoint has scheme 'http' in "http://a:1": only tcp://HOST:PORT and ipc:///PATH are valid`],
       [entry('worker_id = 2\nendpoint = "a:1"'), `[[workers]] entry 2: endpoint has no scheme in "a:1": only tcp://HOST:PORT and ipc:///PATH are valid`],
       [entry('worker_id = 2\nendpoint = "tcp://a"'), '[[workers]] entry 2: endpoint must be tcp://HOST:PORT, got "tcp://a"'],
-      [entry('worker_id = 2\nendpoint = "tcp://*:5557"'), '[[workers]] entry 2: endpoint has a bad host "*" in "tcp://*:5557"'],
+      [entry('worker_id = 2\nendpoint = "tcp://a:1"\nreplay_endpoint = "tcp://*:5558"'), '[[workers]] entry 2: replay_endpoint has a bad host "*" in "tcp://*:5558"'],
+      [entry('worker_id = 2\nendpoint = "tcp://*:0"'), '[[workers]] entry 2: endpoint has a bad port 0 in "tcp://*:0" (1-65535)'],
       [entry('worker_id = 2\nendpoint = "tcp://a:70000"'), '[[workers]] entry 2: endpoint has a bad port 70000 in "tcp://a:70000" (1-65535)'],
       [entry('worker_id = 2\nendpoint = "ipc://rel/path"'), '[[workers]] entry 2: endpoint must be ipc:///ABSOLUTE/PATH, got "ipc://rel/path"'],
       [entry(`worker_id = 2\nendpoint = "ipc:///${"x".repeat(120)}"`), "[[workers]] entry 2: endpoint has a socket path longer than 107 bytes"],
@@ -254,6 +255,11 @@ describe("workers", () => {
       ["workers = 3\n", "workers: must be an array of tables ([[workers]]), got an integer"],
     ];
     for (const [file, message] of cases) expect(refusal({ file }).startsWith(`config file kvedge.toml: ${message}`)).toBe(true);
+  });
+
+  test("an engine endpoint tcp://*:PORT is accepted (kvedge binds, the engine connects)", () => {
+    const loaded = loadConfig({ flags: new Map([["workers", ["9=tcp://*:5557"]]]), env: {} });
+    expect(loaded.config.workers.map((w) => w.endpoint)).toEqual(["tcp://*:5557"]);
   });
 
   test("--workers compact form: ranks, replay and topic options, several flags", () => {

@@ -39,6 +39,13 @@ export class PubSocket extends ZmtpSocket {
     return ok;
   }
 
+  /** Peers holding at least one subscription (a publisher may wait for its first subscriber). */
+  get subscribedPeers(): number {
+    let count = 0;
+    for (const conn of this.active) if (conn.subscriptions!.size > 0) count++;
+    return count;
+  }
+
   override subscription(conn: Connection, prefix: Uint8Array, subscribe: boolean): void {
     const subscriptions = conn.subscriptions!;
     if (!subscribe) {

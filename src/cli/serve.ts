@@ -1,0 +1,95 @@
+import { ConfigError, configFlagSpecs, flagHelp, loadConfig, renderConfig } from "../config";
+import { numaNodeCpus, pinProcess } from "../runtime/affinity";
+import { startApp } from "../server/app";
+import { createMetricsRegistry, registerRouterMetrics, registerServiceMetrics } from "../server/metrics";
+import { KvRouterService } from "../server/service";
+import { createLogger } from "../util/log";
+import { flagBool, parseFlags, UsageError } from "./args";
+import { type Command, HELP_FLAG } from "./command";
+
+const flags = {
+  ...HELP_FLAG,
+  ...configFlagSpecs(),
+  "print-config": { kind: "boolean" },
+} as const;
+
+/** How long in-flight requests get to finish after SIGINT/SIGTERM. */
+const SHUTDOWN_GRACE_MS = 3_000;
+
+export const serveCommand: Command = {
+  name: "serve",
+  summary: "run the router: subscribe to engines, keep the index, answer routing requests over HTTP",
+  flags,
+  help: `Usage: kvedge serve [--config FILE] [--workers LIST] [options]
+
+Subscribes to every engine's KV-event publisher (ZeroMQ), keeps the global index of
+cached blocks, and serves the HTTP/WebSocket API (POST /v1/route, /v1/match, …) on
+--host:--port. Settings come from defaults, then the TOML file, then KVEDGE_*
+environment variables, then flags; an invalid setting stops the start with one line
+naming it. Logs are JSON lines on stderr (pretty on a terminal). SIGINT/SIGTERM stop
+it gracefully.
+
+Options:
+${flagHelp()}  --print-config         print the resolved settings and where each came from, then exit
+  -h, --help             show this help
+
+Example:
+  kvedge serve --workers "1=tcp://10.0.0.5:5557;replay=tcp://10.0.0.5:5558,2=tcp://10.0.0.6:5557"
+`,
+  async run(argv) {
+    const parsed = parseFlags(argv, flags);
+    if (parsed.positionals.length > 0) throw new UsageError(`unexpected argument '${parsed.positionals[0]}'`);
+    let loaded;
+    try {
+      loaded = loadConfig({ flags: parsed.flags });
+    } catch (error) {
+      if (error instanceof ConfigError) {
+        process.stderr.write(`kvedge serve: ${error.message}\n`);
+        return 2;
+      }
+      throw error;
+    }
+    if (flagBool(parsed, "print-config")) {
+      process.stdout.write(renderConfig(loaded));
+      return 0;
+    }
+    const { config } = loaded;
+    const format = config.server.log_format === "auto" ? undefined : config.server.log_format;
+    const log = createLogger({ level: config.server.log_level, ...(format === undefined ? {} : { format }) });
+    for (const warning of loaded.warnings) log.warn(warning);
+
+    const cpus = config.runtime.cpus ?? (config.runtime.numa_node === null ? null : numaNodeCpus(config.runtime.numa_node));
+    if (cpus !== null) {
+      const threads = pinProcess(cpus);
+      log.info("pinned to CPUs", { cpus: cpus.join(","), threads });
+    }
+
+    const service = new KvRouterService({ config, log });
+    const registry = createMetricsRegistry();
+    registerRouterMetrics(registry, service.router);
+    registerServiceMetrics(registry, service);
+    const app = startApp({
+      host: config.server.host,
+      port: config.server.port,
+      bodyLimitBytes: config.server.body_limit_bytes,
+      adminToken: config.server.admin_token,
+      service,
+      registry,
+      log: log.child({ component: "http" }),
+    });
+    await service.start();
+    log.info("listening", {
+      url: app.url, block_size: config.index.block_size, backend: config.index.backend, workers: config.workers.length,
+    });
+
+    const signal = await new Promise<string>((resolve) => {
+      process.once("SIGINT", () => resolve("SIGINT"));
+      process.once("SIGTERM", () => resolve("SIGTERM"));
+    });
+    log.info("shutting down", { signal });
+    await app.stop(SHUTDOWN_GRACE_MS);
+    await service.stop();
+    log.info("stopped");
+    return 0;
+  },
+};

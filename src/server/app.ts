@@ -1,0 +1,173 @@
+/**
+ * The HTTP and WebSocket server (Bun.serve): routes to the API operations, JSON or
+ * MessagePack, admin auth, metrics per request, errors as `{"error": "..."}`.
+ */
+import type { Server } from "bun";
+import { timingSafeEqual } from "node:crypto";
+import type { Logger } from "../util/log";
+import { addWorkerOp, lifecycleOp, matchOp, removeWorkerOp, routeOp, workersOp } from "./api";
+import { errorReply, HttpError, readBody, reply } from "./http";
+import { type MetricsRegistry, ServerMetrics } from "./metrics";
+import type { KvRouterService } from "./service";
+import { statusPage } from "./status";
+import { type WsData, websocketHandlers } from "./ws";
+
+export interface AppOptions {
+  readonly host: string;
+  readonly port: number;
+  readonly bodyLimitBytes: number;
+  readonly adminToken: string | null;
+  readonly service: KvRouterService;
+  readonly registry: MetricsRegistry;
+  readonly log: Logger;
+}
+
+type Handler = (request: Request, params: Record<string, string>) => Promise<Response> | Response;
+
+/** Path template → method → handler. Templates are also the metrics' route label. */
+type RouteTable = Record<string, Partial<Record<string, Handler>>>;
+
+export interface App {
+  readonly server: Server<WsData>;
+  readonly url: string;
+  /** Stops accepting, lets in-flight requests finish (up to `graceMs`), closes the rest. */
+  stop(graceMs: number): Promise<void>;
+}
+
+export function startApp(options: AppOptions): App {
+  const { service, log } = options;
+  const metrics = new ServerMetrics(options.registry);
+  const limit = options.bodyLimitBytes;
+  const adminToken = options.adminToken === null ? null : Buffer.from(options.adminToken);
+
+  const requireAdmin = (request: Request): void => {
+    if (adminToken === null) return;
+    const header = request.headers.get("authorization") ?? "";
+    const given = Buffer.from(header.startsWith("Bearer ") ? header.slice(7) : "");
+    if (given.length !== adminToken.length || !timingSafeEqual(given, adminToken)) {
+      throw new HttpError(401, "this endpoint needs Authorization: Bearer <admin token>");
+    }
+  };
+
+  const table: RouteTable = {
+    "/v1/match": { POST: async (request) => reply(request, 200, matchOp(service, await readBody(request, limit))) },
+    "/v1/route": {
+      POST: async (request) => {
+        const body = await readBody(request, limit);
+        const started = performance.now();
+        const result = routeOp(service, body);
+        metrics.observeRouteDecision((performance.now() - started) / 1000);
+        return reply(request, 200, result);
+      },
+    },
+    "/v1/requests/:id/prefill_done": {
+      POST: (request, params) => reply(request, 200, lifecycleOp(service, params.id!, "prefill_done")),
+    },
+    "/v1/requests/:id/done": { POST: (request, params) => reply(request, 200, lifecycleOp(service, params.id!, "done")) },
+    "/v1/workers": {
+      GET: (request) => reply(request, 200, workersOp(service)),
+      POST: async (request) => {
+        requireAdmin(request);
+        return reply(request, 201, await addWorkerOp(service, await readBody(request, limit)));
+      },
+    },
+    "/v1/workers/:id": {
+      DELETE: async (request, params) => {
+        requireAdmin(request);
+        return reply(request, 200, await removeWorkerOp(service, params.id!));
+      },
+    },
+    "/v1/dump": {
+      GET: () => {
+        const lines = service.index.dump().map((op) => JSON.stringify(op)).join("\n");
+        return new Response(lines.length === 0 ? "" : `${lines}\n`, { headers: { "content-type": "application/x-ndjson" } });
+      },
+    },
+    "/healthz": { GET: (request) => reply(request, 200, { status: "ok" }) },
+    "/readyz": {
+      GET: (request) => {
+        const readiness = service.readiness();
+        return reply(request, readiness.ready ? 200 : 503, { ready: readiness.ready, sources: readiness.states });
+      },
+    },
+    "/metrics": {
+      GET: async () => new Response(await options.registry.metrics(), { headers: { "content-type": options.registry.contentType } }),
+    },
+    "/": { GET: () => new Response(statusPage(), { headers: { "content-type": "text/html; charset=utf-8" } }) },
+  };
+
+  const wrap = (template: string, handler: Handler) => async (request: Request & { params?: Record<string, string> }) => {
+    const started = performance.now();
+    let response: Response;
+    try {
+      response = await handler(request, request.params ?? {});
+    } catch (error) {
+      response = failure(request, error, log);
+    }
+    metrics.observeHttp(template, response.status, (performance.now() - started) / 1000);
+    return response;
+  };
+
+  const routes: Record<string, Record<string, (request: Request) => Promise<Response>>> = {};
+  for (const [template, methods] of Object.entries(table)) {
+    routes[template] = {};
+    for (const [method, handler] of Object.entries(methods)) routes[template]![method] = wrap(metricsLabel(template), handler!);
+  }
+  const matchers = Object.keys(table).map((template) => ({
+    template,
+    pattern: new RegExp(`^${template.replace(/:[a-z]+/g, "[^/]+")}$`),
+  }));
+
+  const server = Bun.serve<WsData>({
+    hostname: options.host,
+    port: options.port,
+    // Bun's own limit is a backstop; readBody enforces ours with a JSON 413.
+    maxRequestBodySize: limit + 1024 * 1024,
+    routes: routes as never,
+    fetch(request, server) {
+      const path = new URL(request.url).pathname;
+      if (path === "/v1/ws") {
+        if (request.method !== "GET") return errorReply(request, new HttpError(405, "use GET with Upgrade: websocket"));
+        if (server.upgrade(request, { data: { inflight: 0 } })) return undefined as unknown as Response;
+        return errorReply(request, new HttpError(400, "expected a WebSocket upgrade"));
+      }
+      const known = matchers.find((matcher) => matcher.pattern.test(path));
+      if (known !== undefined) {
+        const allowed = Object.keys(table[known.template]!).join(", ");
+        const response = errorReply(request, new HttpError(405, `${request.method} is not allowed on ${known.template}; use ${allowed}`));
+        response.headers.set("allow", allowed);
+        metrics.observeHttp(metricsLabel(known.template), 405, 0);
+        return response;
+      }
+      metrics.observeHttp("unknown", 404, 0);
+      return errorReply(request, new HttpError(404, `no such endpoint: ${path}`));
+    },
+    websocket: websocketHandlers(service, log, metrics),
+    error(error) {
+      log.error("unhandled server error", { error: error.message });
+      return errorReply(null, new HttpError(500, "internal error"));
+    },
+  });
+
+  return {
+    server,
+    url: `http://${options.host.includes(":") ? `[${options.host}]` : options.host}:${server.port}`,
+    async stop(graceMs) {
+      const closing = server.stop(false);
+      const deadline = new Promise<void>((resolve) => setTimeout(resolve, graceMs).unref());
+      await Promise.race([closing, deadline]);
+      await server.stop(true);
+    },
+  };
+}
+
+/** ":id" → "{id}", the label form the metrics use. */
+function metricsLabel(template: string): string {
+  return template.replace(/:([a-z]+)/g, "{$1}");
+}
+
+function failure(request: Request, error: unknown, log: Logger): Response {
+  if (error instanceof HttpError) return errorReply(request, error);
+  log.error("request failed", { error: error instanceof Error ? error.stack ?? error.message : String(error) });
+  return errorReply(request, new HttpError(500, "internal error"));
+}

@@ -1,0 +1,319 @@
+/**
+ * The router service: the index, the request router, and the engine sources that feed
+ * the index, behind the operations the HTTP and WebSocket APIs expose. Data flows one
+ * way: sources -> index; requests -> (hash, index match, route) -> decision.
+ */
+import type { Config } from "../config";
+import type { WorkerEntry } from "../config/workers";
+import { blockSeed } from "../hash";
+import type { KvIndex } from "../index";
+import { createIndex, MatchResult } from "../index";
+import type { KvEventSink } from "../ingest/normalize";
+import { EngineSource, type SourceState } from "../ingest/source";
+import { promptHashes, type RouteDecision, Router, type Overlaps } from "../route";
+import type { LifecycleResult } from "../route/load";
+import type { Logger } from "../util/log";
+import type { ZmtpOptions } from "../wire/zmtp";
+import { HttpError } from "./http";
+
+export interface MatchScore {
+  readonly workerId: bigint;
+  readonly dpRank: number;
+  readonly blocks: number;
+}
+
+export interface RouteInput {
+  readonly tokens: Uint32Array;
+  readonly requestId: string | null;
+  readonly loraName: string | null;
+  readonly cacheSalt: string | null;
+  readonly expectedOutputTokens: number | null;
+  readonly overlapScoreCredit: number | null;
+  readonly prefillLoadScale: number | null;
+  readonly temperature: number | null;
+}
+
+export interface WorkerView {
+  readonly workerId: bigint;
+  readonly dpRank: number;
+  /** Null for workers known only from events (another dp rank of a configured engine). */
+  readonly endpoint: string | null;
+  readonly replayEndpoint: string | null;
+  readonly topic: string | null;
+  readonly state: SourceState | "unmanaged";
+  readonly degraded: boolean;
+  readonly blocks: number;
+  readonly activeRequests: number;
+  readonly activePrefillTokens: number;
+  readonly activeDecodeBlocks: number;
+  readonly routedTotal: number;
+  readonly lastSeq: number;
+  readonly lostBatches: number;
+}
+
+export interface ServiceOptions {
+  readonly config: Config;
+  readonly log: Logger;
+  /** For tests: a fixed random source for tie-breaks and softmax. */
+  readonly random?: () => number;
+}
+
+const sourceKey = (workerId: bigint, dpRank: number): string => `${workerId}:${dpRank}`;
+
+export class KvRouterService {
+  readonly index: KvIndex;
+  readonly router: Router;
+  readonly blockSize: number;
+  private readonly sources = new Map<string, EngineSource>();
+  private readonly matches = new MatchResult(64);
+  private overlapSlots = new Int32Array(64);
+  private overlapBlocks = new Float64Array(64);
+  private readonly sink: KvEventSink;
+  private readonly zmtp: ZmtpOptions;
+  private readonly log: Logger;
+  private stopped = false;
+
+  constructor(private readonly options: ServiceOptions) {
+    const { config } = options;
+    this.log = options.log;
+    this.blockSize = config.index.block_size;
+    this.index = createIndex(config.index.backend, this.blockSize);
+    this.router = new Router({
+      blockSize: this.blockSize,
+      requestTtlMs: config.route.request_ttl_secs * 1000,
+      trackOutputBlocks: config.route.track_output_blocks,
+      weights: {
+        overlapScoreCredit: config.route.overlap_score_credit,
+        overlapScoreCreditDecay: config.route.overlap_score_credit_decay,
+        prefillLoadScale: config.route.prefill_load_scale,
+        decodeActiveRequestWeight: config.route.decode_active_request_weight,
+        temperature: config.route.temperature,
+        degradedOverlapWeight: config.route.degraded_overlap_weight,
+      },
+      ...(options.random === undefined ? {} : { random: options.random }),
+    });
+    this.zmtp = {
+      maxMessageBytes: config.ingest.max_message_bytes,
+      heartbeatIntervalMs: config.ingest.heartbeat_interval_ms,
+      heartbeatTimeoutMs: config.ingest.heartbeat_timeout_ms,
+      reconnectMinMs: config.ingest.reconnect_min_ms,
+      reconnectMaxMs: config.ingest.reconnect_max_ms,
+    };
+    const index = this.index;
+    this.sink = {
+      stored: (workerId, dpRank, hasParent, parentHi, parentLo, external, local, start, count) => {
+        this.ensureRoutable(workerId, dpRank);
+        index.applyStored(workerId, dpRank, hasParent, parentHi, parentLo, external, local, count, start);
+      },
+      removed: (workerId, dpRank, external, start, count) => {
+        index.applyRemoved(workerId, dpRank, external, count, start);
+      },
+      cleared: (workerId, dpRank) => index.applyCleared(workerId, dpRank),
+    };
+  }
+
+  /** Starts a source for every configured worker (connections complete in the background). */
+  async start(): Promise<void> {
+    for (const entry of this.options.config.workers) await this.addWorker(entry);
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    await Promise.all([...this.sources.values()].map((source) => source.stop()));
+    this.sources.clear();
+  }
+
+  // ---- Matching and routing ----
+
+  /** Local block hashes of a prompt, as the index keys them. */
+  hash(tokens: Uint32Array, loraName: string | null, cacheSalt: string | null) {
+    return promptHashes(tokens, this.blockSize, blockSeed(loraName, cacheSalt));
+  }
+
+  /** Per-worker matched prefix length in blocks, sorted as `kvedge apply` sorts. */
+  match(local: Uint32Array, count: number): MatchScore[] {
+    this.matches.ensure(this.index.stats().workers);
+    this.index.findMatches(local, count, this.matches);
+    const scores: MatchScore[] = [];
+    for (let i = 0; i < this.matches.count; i++) {
+      const handle = this.matches.workers[i]!;
+      scores.push({
+        workerId: this.index.workerIdOf(handle),
+        dpRank: this.index.dpRankOf(handle),
+        blocks: this.matches.blocks[i]!,
+      });
+    }
+    return scores.sort((a, b) => b.blocks - a.blocks
+      || (a.workerId < b.workerId ? -1 : a.workerId > b.workerId ? 1 : 0)
+      || a.dpRank - b.dpRank);
+  }
+
+  route(input: RouteInput, candidatesMax: number): { decision: RouteDecision; queryBlocks: number } {
+    const prompt = this.hash(input.tokens, input.loraName, input.cacheSalt);
+    const overlaps = this.overlaps(prompt.local, prompt.blockCount);
+    const decision = this.router.route({
+      chain: prompt.chain,
+      blockCount: prompt.blockCount,
+      tokenCount: input.tokens.length,
+      requestId: input.requestId,
+      expectedOutputTokens: input.expectedOutputTokens,
+      overlapScoreCredit: input.overlapScoreCredit,
+      prefillLoadScale: input.prefillLoadScale,
+      temperature: input.temperature,
+      candidatesMax,
+    }, overlaps);
+    return { decision, queryBlocks: prompt.blockCount };
+  }
+
+  prefillDone(requestId: string): LifecycleResult {
+    return this.router.load.prefillDone(requestId);
+  }
+
+  done(requestId: string): LifecycleResult {
+    return this.router.load.done(requestId);
+  }
+
+  /** The index's matches as router slots (workers the router does not know are skipped). */
+  private overlaps(local: Uint32Array, count: number): Overlaps {
+    const index = this.index;
+    const matches = this.matches;
+    matches.ensure(index.stats().workers);
+    index.findMatches(local, count, matches);
+    if (this.overlapSlots.length < matches.count) {
+      this.overlapSlots = new Int32Array(matches.workers.length);
+      this.overlapBlocks = new Float64Array(matches.workers.length);
+    }
+    let n = 0;
+    for (let i = 0; i < matches.count; i++) {
+      const handle = matches.workers[i]!;
+      const slot = this.router.load.slotOf(index.workerIdOf(handle), index.dpRankOf(handle));
+      if (slot < 0) continue;
+      this.overlapSlots[n] = slot;
+      this.overlapBlocks[n++] = matches.blocks[i]!;
+    }
+    return { count: n, slots: this.overlapSlots, blocks: this.overlapBlocks };
+  }
+
+  // ---- Workers ----
+
+  /** Adds an engine and starts listening to it. 409 if (worker, dp rank) is already there. */
+  async addWorker(entry: WorkerEntry): Promise<void> {
+    if (this.stopped) throw new HttpError(503, "the service is shutting down");
+    const key = sourceKey(entry.worker_id, entry.dp_rank);
+    if (this.sources.has(key)) {
+      throw new HttpError(409, `worker ${entry.worker_id} dp_rank ${entry.dp_rank} already exists`);
+    }
+    const source = new EngineSource({
+      workerId: entry.worker_id,
+      dpRank: entry.dp_rank,
+      endpoint: entry.endpoint,
+      replayEndpoint: entry.replay_endpoint,
+      topic: entry.topic,
+    }, {
+      blockSize: this.blockSize,
+      sink: this.sink,
+      log: this.log.child({ component: "ingest" }),
+      zmtp: this.zmtp,
+      sequencer: { replayTimeoutMs: this.options.config.ingest.replay_timeout_ms },
+      onChange: (changed) => this.trustChanged(changed),
+    });
+    this.sources.set(key, source);
+    this.ensureRoutable(entry.worker_id, entry.dp_rank);
+    this.trustChanged(source);
+    try {
+      const endpoint = await source.start();
+      this.log.info("worker added", { worker_id: entry.worker_id, dp_rank: entry.dp_rank, endpoint });
+    } catch (error) {
+      this.sources.delete(key);
+      this.router.load.removeWorker(entry.worker_id, entry.dp_rank);
+      await source.stop();
+      throw new HttpError(400, `cannot listen to ${entry.endpoint}: ${(error as Error).message}`);
+    }
+  }
+
+  /** Removes every dp rank of a worker: stops its sources, purges its blocks and load. */
+  async removeWorker(workerId: bigint): Promise<boolean> {
+    const stopping: Promise<void>[] = [];
+    let found = false;
+    for (const [key, source] of this.sources) {
+      if (source.config.workerId !== workerId) continue;
+      found = true;
+      this.sources.delete(key);
+      stopping.push(source.stop());
+    }
+    await Promise.all(stopping);
+    for (const load of this.router.load.workers()) {
+      if (load.workerId !== workerId) continue;
+      found = true;
+      this.router.load.removeWorker(workerId, load.dpRank);
+    }
+    if (this.index.workers().some((info) => info.workerId === workerId)) found = true;
+    this.index.removeWorker(workerId);
+    if (found) this.log.info("worker removed", { worker_id: workerId });
+    return found;
+  }
+
+  workers(): WorkerView[] {
+    const blocks = new Map<string, number>();
+    for (const info of this.index.workers()) blocks.set(sourceKey(info.workerId, info.dpRank), info.blocks);
+    const views: WorkerView[] = [];
+    for (const load of this.router.load.workers()) {
+      const key = sourceKey(load.workerId, load.dpRank);
+      const source = this.sources.get(key) ?? this.sourceOfWorker(load.workerId, load.dpRank);
+      views.push({
+        workerId: load.workerId,
+        dpRank: load.dpRank,
+        endpoint: source?.config.endpoint ?? null,
+        replayEndpoint: source?.config.replayEndpoint ?? null,
+        topic: source?.config.topic ?? null,
+        state: source?.state ?? "unmanaged",
+        degraded: load.degraded,
+        blocks: blocks.get(key) ?? 0,
+        activeRequests: load.activeRequests,
+        activePrefillTokens: load.activePrefillTokens,
+        activeDecodeBlocks: load.activeDecodeBlocks,
+        routedTotal: load.routedTotal,
+        lastSeq: source?.sequencer.lastSeq ?? -1,
+        lostBatches: source?.sequencer.counters.lost ?? 0,
+      });
+    }
+    return views.sort((a, b) => (a.workerId < b.workerId ? -1 : a.workerId > b.workerId ? 1 : a.dpRank - b.dpRank));
+  }
+
+  /** Every source, for metrics and readiness. */
+  get engineSources(): readonly EngineSource[] {
+    return [...this.sources.values()];
+  }
+
+  /** Ready when every configured source has connected at least once. */
+  readiness(): { ready: boolean; states: Record<SourceState, number> } {
+    const states: Record<SourceState, number> = { connecting: 0, connected: 0, disconnected: 0, stopped: 0 };
+    for (const source of this.sources.values()) states[source.state]++;
+    return { ready: !this.stopped && states.connecting === 0, states };
+  }
+
+  /** A worker seen in events (e.g. a batch's own dp rank) becomes a routing candidate. */
+  private ensureRoutable(workerId: bigint, dpRank: number): void {
+    if (this.router.load.slotOf(workerId, dpRank) >= 0) return;
+    const slot = this.router.load.addWorker(workerId, dpRank);
+    const source = this.sourceOfWorker(workerId, dpRank);
+    if (source !== undefined) this.router.load.setDegraded(slot, source.degraded);
+  }
+
+  /** The source publishing for (worker, dp rank): its own, or the worker's source that reported that rank. */
+  private sourceOfWorker(workerId: bigint, dpRank: number): EngineSource | undefined {
+    const own = this.sources.get(sourceKey(workerId, dpRank));
+    if (own !== undefined) return own;
+    for (const source of this.sources.values()) {
+      if (source.config.workerId === workerId && source.ranks.includes(dpRank)) return source;
+    }
+    return undefined;
+  }
+
+  private trustChanged(source: EngineSource): void {
+    for (const dpRank of source.ranks) {
+      const slot = this.router.load.slotOf(source.config.workerId, dpRank);
+      if (slot >= 0) this.router.load.setDegraded(slot, source.degraded);
+    }
+  }
+}

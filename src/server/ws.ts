@@ -1,0 +1,114 @@
+/**
+ * `/v1/ws`: the API for high-rate gateways. One connection carries many requests,
+ * each tagged with the client's `id`; answers carry the same `id` and may be matched
+ * out of order. A frame holds one request object or an array of them (a batch, answered
+ * with an array in one frame). Text frames are JSON; binary frames are MessagePack and
+ * get MessagePack answers.
+ *
+ *   → {"id": 7, "op": "route", "token_ids": [...], "request_id"?: "...", ...}
+ *   ← {"id": 7, "status": 200, "result": {...same body as POST /v1/route...}}
+ *   ← {"id": 8, "status": 404, "error": "unknown request \"x\""}
+ *
+ * Ops: route, match, prefill_done, done (the last two take "request_id").
+ */
+import type { ServerWebSocket, WebSocketHandler } from "bun";
+import { Packr } from "msgpackr";
+import type { Logger } from "../util/log";
+import { lifecycleOp, matchOp, routeOp } from "./api";
+import { HttpError } from "./http";
+import type { ServerMetrics } from "./metrics";
+import type { KvRouterService } from "./service";
+
+export interface WsData {
+  inflight: number;
+}
+
+/** Largest frame a client may send; a batch of requests fits easily. */
+export const WS_FRAME_BYTES_MAX = 16 * 1024 * 1024;
+/** Most requests in one batch frame. */
+export const WS_BATCH_MAX = 4096;
+
+const packr = new Packr({ useRecords: false, int64AsType: "bigint", mapsAsObjects: true });
+
+interface Answer {
+  id: unknown;
+  status: number;
+  result?: unknown;
+  error?: string;
+}
+
+export function websocketHandlers(
+  service: KvRouterService, log: Logger, metrics: ServerMetrics,
+): WebSocketHandler<WsData> {
+  const answer = (request: unknown): Answer => {
+    const started = performance.now();
+    let id: unknown = null;
+    let op = "invalid";
+    let response: Answer;
+    try {
+      if (typeof request !== "object" || request === null || Array.isArray(request)) {
+        throw new HttpError(400, "each request must be an object with an id and an op");
+      }
+      const body = request as Record<string, unknown>;
+      id = body.id ?? null;
+      op = typeof body.op === "string" ? body.op : "invalid";
+      response = { id, status: 200, result: run(service, op, body) };
+    } catch (error) {
+      if (!(error instanceof HttpError)) {
+        log.error("websocket request failed", { error: error instanceof Error ? error.stack ?? error.message : String(error) });
+      }
+      const status = error instanceof HttpError ? error.status : 500;
+      response = { id, status, error: error instanceof HttpError ? error.message : "internal error" };
+    }
+    metrics.observeHttp(`/v1/ws ${KNOWN_OPS.has(op) ? op : "invalid"}`, response.status, (performance.now() - started) / 1000);
+    return response;
+  };
+
+  return {
+    maxPayloadLength: WS_FRAME_BYTES_MAX,
+    backpressureLimit: 64 * 1024 * 1024,
+    closeOnBackpressureLimit: true,
+    idleTimeout: 300,
+    message(ws: ServerWebSocket<WsData>, message: string | Buffer) {
+      const binary = typeof message !== "string";
+      let parsed: unknown;
+      try {
+        parsed = binary ? packr.unpack(message) : JSON.parse(message);
+      } catch (error) {
+        send(ws, binary, { id: null, status: 400, error: `malformed ${binary ? "MessagePack" : "JSON"}: ${(error as Error).message}` });
+        return;
+      }
+      if (Array.isArray(parsed)) {
+        if (parsed.length > WS_BATCH_MAX) {
+          send(ws, binary, { id: null, status: 413, error: `a batch holds at most ${WS_BATCH_MAX} requests` });
+          return;
+        }
+        send(ws, binary, parsed.map(answer));
+      } else {
+        send(ws, binary, answer(parsed));
+      }
+    },
+  };
+}
+
+const KNOWN_OPS = new Set(["route", "match", "prefill_done", "done"]);
+
+function run(service: KvRouterService, op: string, body: Record<string, unknown>): unknown {
+  switch (op) {
+    case "route": return routeOp(service, body);
+    case "match": return matchOp(service, body);
+    case "prefill_done":
+    case "done": {
+      const requestId = body.request_id;
+      if (typeof requestId !== "string") throw new HttpError(400, "request_id must be a string");
+      return lifecycleOp(service, requestId, op);
+    }
+    default: throw new HttpError(400, `unknown op ${JSON.stringify(op)}: use route, match, prefill_done or done`);
+  }
+}
+
+const bigintAsString = (_key: string, value: unknown): unknown => (typeof value === "bigint" ? value.toString() : value);
+
+function send(ws: ServerWebSocket<WsData>, binary: boolean, payload: unknown): void {
+  ws.send(binary ? packr.pack(payload) : JSON.stringify(payload, bigintAsString));
+}
