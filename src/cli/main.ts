@@ -9,6 +9,7 @@ import { usingNativeHash } from "../hash";
 import { nativeUnavailableReason } from "../hash/native";
 import { applyCommand } from "./apply";
 import { UsageError } from "./args";
+import { captureCommand } from "./capture";
 import type { Command } from "./command";
 import { hashCommand } from "./hash";
 import { serveCommand } from "./serve";
@@ -16,7 +17,7 @@ import { serveCommand } from "./serve";
 export const VERSION: string = packageJson.version;
 
 /** Only commands that really work are listed here. */
-const commands: readonly Command[] = [serveCommand, applyCommand, hashCommand];
+const commands: readonly Command[] = [serveCommand, captureCommand, applyCommand, hashCommand];
 
 function mainHelp(): string {
   const width = Math.max(...commands.map((command) => command.name.length));

@@ -54,6 +54,17 @@ export interface KvEventSink {
   cleared(workerId: bigint, dpRank: number): void;
 }
 
+/**
+ * Sees every stored and removed operation the normalizer hands to the sink, with the
+ * decoded event it came from (`kvedge capture` writes them out). `count` is the number
+ * of leading blocks of event `event` that were applied; `cacheSalt` the effective salt
+ * (the event's own, or inherited from its parent). Valid during the call only.
+ */
+export interface KvEventTap {
+  stored(batch: DecodedBatch, event: number, count: number, dpRank: number, cacheSalt: string | null): void;
+  removed(batch: DecodedBatch, event: number, count: number, dpRank: number): void;
+}
+
 export const TIERS = ["device", "host_pinned", "disk", "external"] as const;
 export type Tier = (typeof TIERS)[number];
 const DEVICE = 0;
@@ -98,6 +109,7 @@ export interface NormalizerOptions {
   readonly namespaceEntriesMax?: number;
   /** Decode scratch for `ingest`; one per thread is enough (shared by default). */
   readonly decoded?: DecodedBatch;
+  readonly tap?: KvEventTap;
 }
 
 const MAIN_ATTENTION = new Set(["full_attention", "mla_attention", "sink_full_attention"]);
@@ -125,6 +137,7 @@ export class KvEventNormalizer {
   private readonly dpRank: number;
   private readonly blockSize: number;
   private readonly sink: KvEventSink;
+  private readonly tap: KvEventTap | null;
   private readonly onceLog: OnceLog;
   private readonly decoded: DecodedBatch;
   private readonly namespaces: NamespaceTable;
@@ -137,6 +150,8 @@ export class KvEventNormalizer {
   private opKind = new Uint8Array(64);
   private opEvent = new Uint32Array(64);
   private opCount = new Uint32Array(64);
+  /** The effective cache salt of each stored op (for the tap). */
+  private readonly opSalt: (string | null)[] = [];
   private ops = 0;
   private local = new Uint32Array(2048);
   private seenStamp = new Uint32Array(0);
@@ -150,6 +165,7 @@ export class KvEventNormalizer {
     this.dpRank = options.dpRank;
     this.blockSize = options.blockSize;
     this.sink = options.sink;
+    this.tap = options.tap ?? null;
     this.onceLog = new OnceLog((options.log ?? silentLogger).child({ component: "kv-normalize", worker: options.workerId }));
     this.decoded = options.decoded ?? (sharedDecoded ??= new DecodedBatch());
     this.namespaces = new NamespaceTable(options.namespaceEntriesMax ?? 1 << 20);
@@ -323,6 +339,7 @@ export class KvEventNormalizer {
       batch.tokens.subarray(tokenStart, tokenEnd), blockSize, seed, this.local.subarray(2 * start), eagle,
     );
     if (written !== usable) throw new Error(`hashed ${written} blocks, expected ${usable}`);
+    this.opSalt[this.ops] = namespace;
     this.pushOp(OP_STORED, e, usable);
   }
 
@@ -401,10 +418,12 @@ export class KvEventNormalizer {
         case OP_STORED:
           sink.stored(workerId, dpRank, (batch.flags[e]! & FLAG_PARENT) !== 0, batch.parentHi[e]!, batch.parentLo[e]!,
             batch.hashes, this.local, batch.hashStart[e]!, count);
+          this.tap?.stored(batch, e, count, dpRank, this.opSalt[op]!);
           counters.appliedStoredBlocks += count;
           break;
         case OP_REMOVED:
           sink.removed(workerId, dpRank, batch.hashes, batch.hashStart[e]!, count);
+          this.tap?.removed(batch, e, count, dpRank);
           counters.appliedRemovedBlocks += count;
           break;
         default:

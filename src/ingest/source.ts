@@ -13,7 +13,7 @@
 import type { Logger } from "../util/log";
 import { OnceLog } from "../util/log";
 import { DealerSocket, type FrameList, type PeerInfo, SubSocket, type ZmtpOptions } from "../wire/zmtp";
-import { type KvEventSink, KvEventNormalizer } from "./normalize";
+import { type KvEventSink, type KvEventTap, KvEventNormalizer } from "./normalize";
 import { Sequencer, type SequencerEvent, type SequencerOptions } from "./sequencer";
 
 export interface SourceConfig {
@@ -31,6 +31,8 @@ export interface SourceOptions {
   /** The index block size; stores of another size are rejected. */
   readonly blockSize: number;
   readonly sink: KvEventSink;
+  /** Sees each applied operation with its decoded event (capture). */
+  readonly tap?: KvEventTap;
   readonly log: Logger;
   readonly zmtp?: ZmtpOptions;
   readonly sequencer?: Partial<SequencerOptions>;
@@ -115,6 +117,7 @@ export class EngineSource {
     };
     this.normalizer = new KvEventNormalizer({
       workerId: config.workerId, dpRank: config.dpRank, blockSize: options.blockSize, sink: tracking, log: this.log,
+      ...(options.tap === undefined ? {} : { tap: options.tap }),
     });
     this.sequencer = new Sequencer({
       apply: (_seq, payload) => this.normalizer.ingest(payload),

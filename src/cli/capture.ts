@@ -1,0 +1,190 @@
+import type { FileSink } from "bun";
+import { checkEndpoint } from "../config";
+import { hashTokens } from "../hash";
+import type { KvEventSink, KvEventTap } from "../ingest/normalize";
+import { EngineSource } from "../ingest/source";
+import { createLogger } from "../util/log";
+import { parseU64, u64String } from "../util/u64";
+import { type DecodedBatch, FLAG_EAGLE, FLAG_PARENT } from "../wire/kv-events";
+import { flagInt, flagNumber, flagString, parseFlags, UsageError } from "./args";
+import { type Command, HELP_FLAG } from "./command";
+import { BLOCK_SIZE_MAX } from "./hash";
+
+const flags = {
+  ...HELP_FLAG,
+  endpoint: { kind: "string" },
+  "replay-endpoint": { kind: "string" },
+  "worker-id": { kind: "string" },
+  "dp-rank": { kind: "string" },
+  topic: { kind: "string" },
+  "block-size": { kind: "string" },
+  count: { kind: "string" },
+  duration: { kind: "string" },
+  out: { kind: "string" },
+} as const;
+
+const DP_RANK_MAX = 0xffff_ffff;
+
+export const captureCommand: Command = {
+  name: "capture",
+  summary: "record an engine's KV events as JSON lines that `kvedge apply` replays",
+  flags,
+  help: `Usage: kvedge capture --endpoint URL [--replay-endpoint URL] [--worker-id ID] [--dp-rank R]
+                      [--topic T] [--block-size N] [--count N] [--duration S] [--out FILE]
+
+The "tcpdump for KV events": subscribes to one engine's KV-event publisher, decodes,
+sequences (replaying gaps from --replay-endpoint, clearing on an engine restart) and
+normalizes its events exactly as \`kvedge serve\` does, and writes the ones kvedge would
+index as JSON lines in the format \`kvedge apply\` reads:
+
+  {"op":"stored","worker_id":"7","dp_rank":0,"parent_block_hash":"123","block_hashes":[...],
+   "token_ids":[...],"block_size":16,"lora_name":null,"cache_salt":null}
+  {"op":"removed",...}  {"op":"cleared",...}
+
+Replay a capture offline with \`kvedge apply --block-size N FILE\` and ask it "match"
+questions to see what the router saw. Events kvedge would not index (other tiers,
+another block size, filtered groups, ...) are counted in the summary, not written.
+Stops after --count events, after --duration seconds, or on Ctrl-C; then prints a
+summary (batches, events, gaps, replays, decode errors) on stderr.
+
+Options:
+  --endpoint URL         the engine's PUB socket: tcp://HOST:PORT (connect), tcp://*:PORT (bind), ipc:///PATH
+  --replay-endpoint URL  the engine's replay ROUTER socket (vLLM's replay_endpoint)
+  --worker-id ID         worker id written into the events (default 0)
+  --dp-rank R            dp rank when batches carry none (default 0)
+  --topic T              subscription prefix (default "": everything)
+  --block-size N         the router's block size; stores of another size are counted (default 16)
+  --count N              stop after N events written
+  --duration S           stop after S seconds
+  --out FILE             write to FILE instead of stdout
+  -h, --help             show this help
+`,
+  async run(argv) {
+    const parsed = parseFlags(argv, flags);
+    if (parsed.positionals.length > 0) throw new UsageError(`unexpected argument '${parsed.positionals[0]}'`);
+    const endpoint = flagString(parsed, "endpoint");
+    if (endpoint === undefined) throw new UsageError("--endpoint is required");
+    const replayEndpoint = flagString(parsed, "replay-endpoint") ?? null;
+    for (const [name, value, bindable] of [["--endpoint", endpoint, true], ["--replay-endpoint", replayEndpoint, false]] as const) {
+      if (value === null) continue;
+      try {
+        checkEndpoint(value, bindable);
+      } catch (error) {
+        throw new UsageError(`${name} ${(error as Error).message}`);
+      }
+    }
+    const workerIdText = flagString(parsed, "worker-id") ?? "0";
+    const workerId = parseU64(workerIdText);
+    if (workerId === null) throw new UsageError(`--worker-id must be an unsigned 64-bit integer, got '${workerIdText}'`);
+    const dpRank = flagInt(parsed, "dp-rank", 0, 0, DP_RANK_MAX);
+    const blockSize = flagInt(parsed, "block-size", 16, 1, BLOCK_SIZE_MAX);
+    const countMax = flagInt(parsed, "count", Number.MAX_SAFE_INTEGER, 1, Number.MAX_SAFE_INTEGER);
+    const durationS = flagNumber(parsed, "duration", 0, 0, 365 * 86_400);
+    const outPath = flagString(parsed, "out");
+    const out: FileSink = outPath === undefined || outPath === "-" ? Bun.stdout.writer() : Bun.file(outPath).writer();
+
+    const log = createLogger({ level: "warn" });
+    const worker = workerId.toString();
+    let written = 0;
+    const kinds = { stored: 0, removed: 0, cleared: 0 };
+    let finish: () => void = () => {};
+    const finished = new Promise<void>((resolve) => {
+      finish = resolve;
+    });
+    const line = (op: Record<string, unknown>): void => {
+      if (written >= countMax) return;
+      out.write(`${JSON.stringify(op)}\n`);
+      written++;
+      if (written >= countMax) finish();
+    };
+    const tap: KvEventTap = {
+      stored(batch, event, count, rank, cacheSalt) {
+        kinds.stored++;
+        line(storedOp(batch, event, count, worker, rank, cacheSalt));
+      },
+      removed(batch, event, count, rank) {
+        kinds.removed++;
+        line({ op: "removed", worker_id: worker, dp_rank: rank, block_hashes: hashList(batch, event, count) });
+      },
+    };
+    // The index is not needed: the tap writes stores and removals; clears (from the
+    // wire or an engine restart) come through here.
+    const sink: KvEventSink = {
+      stored: () => {},
+      removed: () => {},
+      cleared: (_workerId, rank) => {
+        kinds.cleared++;
+        line({ op: "cleared", worker_id: worker, dp_rank: rank });
+      },
+    };
+    const source = new EngineSource(
+      { workerId, dpRank, endpoint, replayEndpoint, topic: flagString(parsed, "topic") ?? "" },
+      { blockSize, sink, tap, log },
+    );
+    await source.start();
+    const timer = durationS > 0 ? setTimeout(finish, durationS * 1000) : null;
+    process.once("SIGINT", finish);
+    process.once("SIGTERM", finish);
+    await finished;
+    if (timer !== null) clearTimeout(timer);
+    await source.stop();
+    await out.flush();
+    if (outPath !== undefined && outPath !== "-") await out.end();
+    process.stderr.write(summary(source, written, kinds));
+    return 0;
+  },
+};
+
+function hashList(batch: DecodedBatch, event: number, count: number): string[] {
+  const hashes: string[] = [];
+  const start = batch.hashStart[event]!;
+  for (let i = start; i < start + count; i++) hashes.push(u64String(batch.hashes[2 * i]!, batch.hashes[2 * i + 1]!));
+  return hashes;
+}
+
+function storedOp(
+  batch: DecodedBatch, event: number, count: number, worker: string, dpRank: number, cacheSalt: string | null,
+): Record<string, unknown> {
+  const flags = batch.flags[event]!;
+  const blockSize = batch.blockSize[event]!;
+  const eagle = (flags & FLAG_EAGLE) !== 0;
+  const tokenStart = batch.tokenStart[event]!;
+  const tokens = Array.from(batch.tokens.subarray(tokenStart, tokenStart + count * blockSize + (eagle ? 1 : 0)));
+  const op: Record<string, unknown> = {
+    op: "stored",
+    worker_id: worker,
+    dp_rank: dpRank,
+    parent_block_hash: (flags & FLAG_PARENT) !== 0 ? u64String(batch.parentHi[event]!, batch.parentLo[event]!) : null,
+    block_hashes: hashList(batch, event, count),
+  };
+  if (eagle) {
+    // `kvedge apply` hashes plain windows; Eagle windows overlap by a token, so the
+    // tokens go in an informational field (apply ignores it) and apply is handed the
+    // local hashes kvedge computed.
+    op.eagle_token_ids = tokens;
+    op.local_hashes = eagleLocalHashes(tokens, blockSize, batch.string(batch.loraName[event]!), cacheSalt);
+  } else {
+    op.token_ids = tokens;
+  }
+  op.block_size = blockSize;
+  op.lora_name = batch.string(batch.loraName[event]!);
+  op.cache_salt = cacheSalt;
+  return op;
+}
+
+function eagleLocalHashes(tokens: number[], blockSize: number, lora: string | null, salt: string | null): string[] {
+  return hashTokens(tokens, blockSize, { loraName: lora, cacheSalt: salt, eagle: true }).local.map(String);
+}
+
+function summary(source: EngineSource, written: number, kinds: { stored: number; removed: number; cleared: number }): string {
+  const seq = source.sequencer.counters;
+  const norm = source.normalizer.counters;
+  const nonzero = (record: Record<string, number>): string =>
+    Object.entries(record).filter(([, value]) => value > 0).map(([key, value]) => `${key}=${value}`).join(" ") || "none";
+  return `kvedge capture: ${norm.batches} batches (${seq.replayed} replayed, ${seq.duplicates} duplicate, `
+    + `${norm.batchesDropped} malformed); ${written} events written (${kinds.stored} stored, ${kinds.removed} removed, `
+    + `${kinds.cleared} cleared); gaps ${seq.gaps}, replays ${seq.replaysRequested} (${seq.replaysFailed} failed), `
+    + `lost batches ${seq.lost}, engine restarts ${seq.restarts}\n`
+    + `kvedge capture: decode errors: ${nonzero(norm.decodeErrors)}; not indexed: ${nonzero(norm.rejectedBlocks)} blocks; `
+    + `other tiers: ${nonzero({ host_pinned: norm.blocksByTier.host_pinned, disk: norm.blocksByTier.disk, external: norm.blocksByTier.external })} blocks\n`;
+}
