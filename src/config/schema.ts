@@ -13,7 +13,7 @@ import { boolean, cpuList, decimal, integer, oneOf, text, type ValueType } from 
 
 export const LOG_LEVELS = ["debug", "info", "warn", "error"] as const;
 export const LOG_FORMATS = ["auto", "json", "pretty"] as const;
-export const INDEX_BACKENDS = ["crtc"] as const;
+export const INDEX_BACKENDS = ["crtc", "positional", "reference"] as const;
 
 /** The resolved configuration; field names are the TOML keys. */
 export interface Config {
@@ -89,7 +89,7 @@ export const SETTINGS: readonly Setting[] = [
   setting({
     key: "server.admin_token", flag: "admin-token", type: text("printable ASCII without spaces", "TOKEN", (v) => TOKEN.test(v)),
     default: null, optional: true, secret: true,
-    help: "Bearer token required by admin endpoints (adding/removing workers); unset = admin endpoints refused.",
+    help: "Bearer token required to add or remove workers over HTTP; unset = no token needed (keep the default loopback bind then).",
   }),
   setting({
     key: "server.body_limit_bytes", flag: "body-limit-bytes", type: integer(1024, 1024 * MIB), default: 8 * MIB,
@@ -109,7 +109,7 @@ export const SETTINGS: readonly Setting[] = [
   }),
   setting({
     key: "index.backend", flag: "index-backend", type: oneOf(INDEX_BACKENDS), default: "crtc",
-    help: "Index data structure (crtc: compressed radix tree).",
+    help: "Index data structure: crtc (compressed radix tree), positional ((position, hash) map), reference (the simple test oracle).",
   }),
   setting({
     key: "route.overlap_score_credit", flag: "overlap-score-credit", type: decimal(0, 1e6), default: 1,
@@ -173,7 +173,7 @@ export const SETTINGS: readonly Setting[] = [
   }),
   setting({
     key: "runtime.numa_node", flag: "numa-node", type: integer(0, 1023), default: null, optional: true,
-    help: "NUMA node to allocate memory on (unset = the kernel's default policy).",
+    help: "Pin to this NUMA node's CPUs (memory follows: pages are allocated on the node that first touches them); runtime.cpus wins if both are set.",
   }),
 ];
 
