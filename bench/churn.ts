@@ -4,7 +4,8 @@
  * cycle stores a unique 8-block suffix under them and removes it again. 5,000 warm-up
  * cycles reuse two suffixes, then --cycles unique suffixes run. Every cycle checks the
  * held-block count is back to 16; checkpoints (every 2^16 cycles) also check the prompt
- * still matches in full and the last suffix is gone. RSS is read from /proc/self after
+ * still matches in full and the last suffix is gone. Besides the overall rate, the JSON
+ * gives the fastest 2^16-cycle stretch (the machine's other jobs slow the rest). RSS is read from /proc/self after
  * a forced GC, after warm-up and at the end.
  *
  * The warm-up is --warmup cycles (default 200,000, not 5,000): Bun's JIT is still
@@ -111,9 +112,18 @@ checkpoint(warmupCycles);
 const rssAfterWarmup = settledRss();
 
 const started = performance.now();
+// The fastest stretch between checkpoints: on a shared host, what the code does when
+// nothing else runs.
+let stretchStart = started;
+let bestStretch = 0;
 for (let n = 0; n < cycles; n++) {
   cycle(2 + n);
-  if ((n & CHECKPOINT_MASK) === 0) checkpoint(n);
+  if ((n & CHECKPOINT_MASK) === CHECKPOINT_MASK) {
+    const now = performance.now();
+    bestStretch = Math.max(bestStretch, (CHECKPOINT_MASK + 1) / ((now - stretchStart) / 1000));
+    checkpoint(n);
+    stretchStart = performance.now();
+  }
 }
 checkpoint(cycles);
 const seconds = (performance.now() - started) / 1000;
@@ -124,6 +134,7 @@ const result = {
   cycles,
   warmup_cycles: warmupCycles,
   cycles_per_sec: Math.round(cycles / seconds),
+  best_stretch_cycles_per_sec: Math.round(bestStretch),
   rss_after_warmup_mb: rssAfterWarmup / 1e6,
   rss_after_mb: rssAfter / 1e6,
   rss_added_mb: (rssAfter - rssAfterWarmup) / 1e6,

@@ -158,7 +158,8 @@ export interface KvIndex {
 
   /**
    * Applies a stored event: blocks `first .. first+count` of `external` / `local`
-   * (pairs), placed under the parent (`hasParent` false = the root).
+   * (pairs), placed under the parent (`hasParent` false = the root). `parentHi` and
+   * `parentLo` are the parent's external hash words (signed or unsigned 32-bit).
    */
   applyStored(
     workerId: bigint, dpRank: number, hasParent: boolean, parentHi: number, parentLo: number,

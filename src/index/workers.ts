@@ -3,8 +3,9 @@
  * stores gets the most recently freed slot, else the next fresh one; slots are u16
  * (at most 65,536), so they stay dense. A slot owns its external-hash lookup.
  * It is freed only by `release`, which callers invoke after every coverage entry
- * naming the slot is gone (remove_worker clears first), so a recycled slot never
- * inherits state. The generation counts recycles, for callers that keep handles.
+ * naming the slot is gone (remove_worker clears first): nothing names a freed slot, so
+ * a recycled one inherits nothing and needs no generation. Match results name slots
+ * only until the next mutating call.
  *
  * Worker resolution happens once per event: a one-entry cache catches runs of events
  * from the same worker, else one Map probe on the bigint id.
@@ -21,7 +22,6 @@ export class WorkerSlots {
   live = 0;
   readonly workerId: bigint[] = [];
   dpRank: Uint32Array;
-  generation: Uint32Array;
   readonly lookup: (ExternalLookup | null)[] = [];
   private readonly byWorker = new Map<bigint, number[]>();
   private readonly free: number[] = [];
@@ -35,7 +35,6 @@ export class WorkerSlots {
     }
     this.maxSlots = maxSlots;
     this.dpRank = new Uint32Array(16);
-    this.generation = new Uint32Array(16);
   }
 
   /** The slot of (workerId, dpRank), or -1. */
@@ -101,7 +100,6 @@ export class WorkerSlots {
     }
     if (ranks.length === 0) this.byWorker.delete(workerId);
     this.lookup[slot] = null;
-    this.generation[slot]!++;
     this.free.push(slot);
     this.live--;
     this.cachedId = -1n;
@@ -116,7 +114,6 @@ export class WorkerSlots {
     this.workerId.length = 0;
     this.lookup.length = 0;
     this.dpRank = new Uint32Array(16);
-    this.generation = new Uint32Array(16);
   }
 
   isLive(slot: number): boolean {
@@ -131,7 +128,7 @@ export class WorkerSlots {
   }
 
   bytes(): number {
-    let total = this.dpRank.byteLength + this.generation.byteLength;
+    let total = this.dpRank.byteLength;
     for (let slot = 0; slot < this.highWater; slot++) total += this.lookup[slot]?.bytes() ?? 0;
     return total;
   }
@@ -141,8 +138,5 @@ export class WorkerSlots {
     const dpRank = new Uint32Array(size);
     dpRank.set(this.dpRank);
     this.dpRank = dpRank;
-    const generation = new Uint32Array(size);
-    generation.set(this.generation);
-    this.generation = generation;
   }
 }

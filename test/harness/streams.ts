@@ -36,6 +36,8 @@ export interface StreamOptions {
   conflicts?: boolean;
   /** Most workers present at once (the index's capacity); streams may ask for more. */
   maxWorkers?: number;
+  /** 8..40 worker ids instead of 1..4 (long owner lists on shared blocks). */
+  manyWorkers?: boolean;
 }
 
 const MASK64 = (1n << 64n) - 1n;
@@ -103,7 +105,7 @@ export function generateStream(seed: number, options: StreamOptions): Stream {
     for (const block of local) keys.push((key += `/${block}`));
     return { local, keys };
   });
-  const workers = makeWorkers(random);
+  const workers = makeWorkers(random, options.manyWorkers ?? false);
   const oracle = new ReferenceIndex(1, { maxWorkers: options.maxWorkers ?? 65_536 });
   const ops: HarnessOp[] = [];
   const cache = new Map<string, bigint>();
@@ -149,8 +151,8 @@ function makeDocuments(random: Random, alphabet: readonly bigint[]): bigint[][] 
   return docs;
 }
 
-function makeWorkers(random: Random): WorkerSpec[] {
-  const ids = 1 + random.int(4);
+function makeWorkers(random: Random, many: boolean): WorkerSpec[] {
+  const ids = many ? 8 + random.int(33) : 1 + random.int(4);
   const engines = [random.u64(), random.u64()];
   const workers: WorkerSpec[] = [];
   for (let w = 0; w < ids; w++) {

@@ -28,6 +28,7 @@ const VARIANTS: readonly Variant[] = [
   { name: "event streams", share: 1, seedBase: 0, stream: {}, replay: {} },
   { name: "streams that break the engine-hash invariant", share: 0.25, seedBase: 1_000_000, stream: { conflicts: true }, replay: {} },
   { name: "three worker slots (capacity rejects)", share: 0.2, seedBase: 2_000_000, stream: { maxWorkers: 3 }, replay: {} },
+  { name: "8 to 40 workers (long owner lists)", share: 0.2, seedBase: 4_000_000, stream: { manyWorkers: true }, replay: {} },
   { name: "verify() after every event", share: 0.1, seedBase: 3_000_000, stream: { conflicts: true }, replay: { verify: true } },
 ];
 

@@ -71,6 +71,14 @@ describe("stored events", () => {
     expect(index.dpRankOf(out.workers[0]!)).toBe(4_000_000_000);
   });
 
+  forEach("parent words may come as signed or unsigned 32-bit numbers", (backend) => {
+    const index = fresh(backend);
+    const parent = 0xffff_fffe_8000_0001n;
+    index.applyStored(1n, 0, false, 0, 0, pairs([parent]), pairs([1n]), 1);
+    expect(index.applyStored(1n, 0, true, 0xffff_fffe | 0, 0x8000_0001 | 0, pairs([5n]), pairs([2n]), 1)).toBe(StoreStatus.Ok);
+    expect(scores(index, [1, 2])).toEqual({ "1/0": 2 });
+  });
+
   forEach("the same content after different prefixes stays apart", (backend) => {
     const index = fresh(backend);
     store(index, 1, null, [1, 7, 7], [11n, 12n, 13n]);

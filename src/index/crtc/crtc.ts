@@ -43,7 +43,7 @@ export class CrtcIndex implements KvIndex {
     let node = ROOT;
     let pos = 0;
     if (hasParent) {
-      const parent = slot < 0 ? 0 : this.slots.lookup[slot]!.find(parentHi, parentLo);
+      const parent = slot < 0 ? 0 : this.slots.lookup[slot]!.find(parentHi >>> 0, parentLo >>> 0);
       if (parent === 0) return this.reject(StoreStatus.ParentNotFound);
       node = this.tree.blocks.node[parent]!;
       pos = parent - this.tree.nodes.start[node]! + 1;

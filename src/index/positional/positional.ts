@@ -152,7 +152,7 @@ export class PositionalIndex implements KvIndex {
     let slot = this.slots.find(workerId, dpRank);
     let parent = NO_PARENT;
     if (hasParent) {
-      parent = slot < 0 ? 0 : this.slots.lookup[slot]!.find(parentHi, parentLo);
+      parent = slot < 0 ? 0 : this.slots.lookup[slot]!.find(parentHi >>> 0, parentLo >>> 0);
       if (parent === 0) return this.reject(StoreStatus.ParentNotFound);
     }
     if (count === 0) {
