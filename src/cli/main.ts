@@ -10,13 +10,14 @@ import { nativeUnavailableReason } from "../hash/native";
 import { applyCommand } from "./apply";
 import { UsageError } from "./args";
 import type { Command } from "./command";
+import { demoCommand } from "./demo";
 import { hashCommand } from "./hash";
 import { serveCommand } from "./serve";
 
 export const VERSION: string = packageJson.version;
 
 /** Only commands that really work are listed here. */
-const commands: readonly Command[] = [serveCommand, applyCommand, hashCommand];
+const commands: readonly Command[] = [serveCommand, demoCommand, applyCommand, hashCommand];
 
 function mainHelp(): string {
   const width = Math.max(...commands.map((command) => command.name.length));
