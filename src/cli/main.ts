@@ -12,12 +12,16 @@ import { UsageError } from "./args";
 import type { Command } from "./command";
 import { demoCommand } from "./demo";
 import { hashCommand } from "./hash";
+import { mockEngineCommand } from "./mock-engine";
+import { replayCommand } from "./replay";
 import { serveCommand } from "./serve";
 
 export const VERSION: string = packageJson.version;
 
 /** Only commands that really work are listed here. */
-const commands: readonly Command[] = [serveCommand, demoCommand, applyCommand, hashCommand];
+const commands: readonly Command[] = [
+  serveCommand, demoCommand, replayCommand, mockEngineCommand, applyCommand, hashCommand,
+];
 
 function mainHelp(): string {
   const width = Math.max(...commands.map((command) => command.name.length));
