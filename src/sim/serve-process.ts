@@ -13,6 +13,25 @@ export function kvedgeCommand(): string[] {
   return compiled ? [process.execPath] : [process.execPath, join(import.meta.dir, "..", "cli", "main.ts")];
 }
 
+/** Children still running: killed if this process is stopped by a signal or exits. */
+const children = new Set<Subprocess>();
+let handlersInstalled = false;
+
+function installHandlers(): void {
+  if (handlersInstalled) return;
+  handlersInstalled = true;
+  const killAll = (): void => {
+    for (const child of children) child.kill("SIGTERM");
+  };
+  process.on("exit", killAll);
+  for (const [signal, code] of [["SIGINT", 130], ["SIGTERM", 143]] as const) {
+    process.once(signal, () => {
+      killAll();
+      process.exit(code);
+    });
+  }
+}
+
 /** Log lines kept for error messages. */
 const TAIL_LINES = 40;
 
@@ -38,6 +57,9 @@ export async function startServeChild(options: ServeChildOptions): Promise<Serve
     [...command, "serve", "--port", "0", "--log-format", "json", ...options.args],
     { stdin: "ignore", stdout: "ignore", stderr: "pipe", env: { ...process.env, KVEDGE_NATIVE: process.env.KVEDGE_NATIVE ?? "" } },
   );
+  installHandlers();
+  children.add(proc);
+  void proc.exited.then(() => children.delete(proc));
   const lines: string[] = [];
   const listener: { resolve: ((url: string) => void) | null } = { resolve: null };
   const url = new Promise<string>((resolve) => {

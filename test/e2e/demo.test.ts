@@ -4,7 +4,8 @@
 // more cache than round robin on the conversation trace. Plus the text table and
 // usage errors.
 import { describe, expect, test } from "bun:test";
-import { runKvedge } from "../support/kvedge";
+import { join } from "node:path";
+import { ROOT, runKvedge } from "../support/kvedge";
 
 type Json = Record<string, any>;
 const POLICIES = ["kv_aware", "round_robin", "random", "least_loaded", "approx_prefix"];
@@ -46,6 +47,17 @@ describe("kvedge demo", () => {
     expect(Object.keys(demo.gains)).toEqual(POLICIES.slice(1));
     expect(typeof demo.gains.round_robin.prefill_tokens_saved_pct).toBe("number");
     expect(demo.config).toMatchObject({ requests: 500, workers: 4, capacity_blocks: 32_768, block_size: 16 });
+  });
+
+  test("from source under Bun, the demo starts kvedge serve from source too", async () => {
+    const child = Bun.spawn([process.execPath, join(ROOT, "src", "cli", "main.ts"), "demo", "--requests", "60", "--workers", "2",
+      "--policies", "kv_aware", "--speedup", "200", "--no-pin", "--json"], { cwd: ROOT, stdout: "pipe", stderr: "pipe" });
+    const [stdout, stderr, code] = await Promise.all([new Response(child.stdout).text(), new Response(child.stderr).text(), child.exited]);
+    expect(stderr).toBe("");
+    expect(code).toBe(0);
+    const demo = JSON.parse(stdout) as Json;
+    expect(demo.router.decisions).toBe(60);
+    expect(demo.router.index_matches_engines).toBe(true);
   });
 
   test("the text table (in-process policies only: no serve needed)", async () => {
