@@ -312,7 +312,7 @@ async function routerSide(
 }
 
 /** Per worker (decimal id), the external block hashes an index dump leaves held. */
-export function heldByWorker(dump: string): Map<string, Set<string>> {
+function heldByWorker(dump: string): Map<string, Set<string>> {
   const held = new Map<string, Set<string>>();
   for (const line of dump.split("\n")) {
     if (line === "") continue;

@@ -9,7 +9,7 @@ import { join } from "node:path";
 
 /** The argv that starts `kvedge` the way this process was started. */
 export function kvedgeCommand(): string[] {
-  const compiled = import.meta.path.startsWith("/$bunfs/") || import.meta.path.startsWith("B:/~BUN/");
+  const compiled = import.meta.path.startsWith("/$bunfs/");
   return compiled ? [process.execPath] : [process.execPath, join(import.meta.dir, "..", "cli", "main.ts")];
 }
 
@@ -55,7 +55,7 @@ export async function startServeChild(options: ServeChildOptions): Promise<Serve
   const command = options.command ?? kvedgeCommand();
   const proc: Subprocess<"ignore", "ignore", "pipe"> = Bun.spawn(
     [...command, "serve", "--port", "0", "--log-format", "json", ...options.args],
-    { stdin: "ignore", stdout: "ignore", stderr: "pipe", env: { ...process.env, KVEDGE_NATIVE: process.env.KVEDGE_NATIVE ?? "" } },
+    { stdin: "ignore", stdout: "ignore", stderr: "pipe" },
   );
   installHandlers();
   children.add(proc);

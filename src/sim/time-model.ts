@@ -69,9 +69,10 @@ export function soloDurations(
   for (let left = Math.max(1, promptTokens - cachedTokens); left > 0; left -= model.maxBatchedTokens) {
     ttftMs += stepMs(model, Math.min(left, model.maxBatchedTokens), 0);
   }
-  let decodeMs = 0;
-  // Decode step j reads the prompt and the j tokens generated so far.
-  for (let j = 1; j < outputTokens; j++) decodeMs += stepMs(model, 0, promptTokens + j);
+  // Decode steps j = 1 … n−1 each read the prompt and the j tokens generated so far.
+  const steps = Math.max(0, outputTokens - 1);
+  const kvTokens = steps * promptTokens + (steps * (steps + 1)) / 2;
+  const decodeMs = steps * model.stepBaseMs + (model.kvReadMsPerMillionTokens * kvTokens) / 1e6;
   return { ttftMs, decodeMs };
 }
 
