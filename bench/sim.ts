@@ -5,7 +5,8 @@
  *
  *   bun bench/sim.ts [--requests 2000,12031] [--capacity 16384,65536] [--workers 8]
  *                    [--policies kv_aware_model,round_robin,...] [--time-scale 1]
- *                    [--prefill-tps 15000] [--decode-ms 30] [--seed 42] [--speedup 60]
+ *                    [--prefill-tps 15000] [--step-base-ms 5] [--kv-read-ms 39]
+ *                    [--max-batched-tokens 8192] [--seed 42] [--speedup 60]
  *                    [--overlap-credit 1] [--prefill-scale 1] [--trace FILE] [--json]
  *
  * Comma lists sweep: every combination of time scale, requests, capacity, overlap
@@ -34,7 +35,9 @@ const { values } = parseArgs({
     policies: { type: "string", default: POLICY_NAMES.join(",") },
     "time-scale": { type: "string", default: "1" },
     "prefill-tps": { type: "string", default: String(DEFAULT_TIME_MODEL.prefillTokensPerSecond) },
-    "decode-ms": { type: "string", default: String(DEFAULT_TIME_MODEL.decodeMsPerToken) },
+    "step-base-ms": { type: "string", default: String(DEFAULT_TIME_MODEL.stepBaseMs) },
+    "kv-read-ms": { type: "string", default: String(DEFAULT_TIME_MODEL.kvReadMsPerMillionTokens) },
+    "max-batched-tokens": { type: "string", default: String(DEFAULT_TIME_MODEL.maxBatchedTokens) },
     seed: { type: "string", default: "42" },
     "overlap-credit": { type: "string", default: "1" },
     "prefill-scale": { type: "string", default: "1" },
@@ -56,7 +59,13 @@ const policies = values.policies.split(",").map((name) => {
 const tracePath = values.trace ?? conversationTracePath;
 const traceBytes = readFileSync(tracePath);
 const fullTrace = parseTrace(traceBytes.toString("utf8"));
-const time = { prefillTokensPerSecond: Number(values["prefill-tps"]), decodeMsPerToken: Number(values["decode-ms"]) };
+const time = {
+  ...DEFAULT_TIME_MODEL,
+  prefillTokensPerSecond: Number(values["prefill-tps"]),
+  stepBaseMs: Number(values["step-base-ms"]),
+  kvReadMsPerMillionTokens: Number(values["kv-read-ms"]),
+  maxBatchedTokens: Number(values["max-batched-tokens"]),
+};
 const speedup = Number(values.speedup);
 const workers = Number(values.workers);
 const seed = Number(values.seed);
@@ -75,7 +84,7 @@ const line = (cells: (string | number)[]): string =>
   cells.map((cell, i) => String(cell).padStart(i === 0 ? 15 : 11)).join(" ");
 if (!values.json) {
   process.stdout.write(`${line(["policy", "requests", "capacity", "time scale", "hit rate", "prefill M", "TTFT p50",
-    "TTFT p99", "spread", "rejected", "wall ms"])}\n`);
+    "TTFT p99", "TPOT p50", "TPOT p99", "spread", "rejected", "wall ms"])}\n`);
 }
 for (const timeScale of numbers(values["time-scale"])) {
   for (const requests of numbers(values.requests)) {
@@ -98,7 +107,7 @@ for (const timeScale of numbers(values["time-scale"])) {
           const name = variants.length > 1 ? `kv ${kvAware.overlapCredit}/${kvAware.prefillLoadScale}` : policy;
           process.stdout.write(`${line([name, trace.count, capacity, timeScale, pct(row.hit_rate),
             (row.prefill_tokens / 1e6).toFixed(2), row.ttft_p50_ms.toFixed(0), row.ttft_p99_ms.toFixed(0),
-            row.load_spread.toFixed(2), row.rejected, row.wall_ms])}\n`);
+            row.tpot_p50_ms.toFixed(1), row.tpot_p99_ms.toFixed(1), row.load_spread.toFixed(2), row.rejected, row.wall_ms])}\n`);
         }
       }
     }

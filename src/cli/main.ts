@@ -11,13 +11,18 @@ import { applyCommand } from "./apply";
 import { UsageError } from "./args";
 import { captureCommand } from "./capture";
 import type { Command } from "./command";
+import { demoCommand } from "./demo";
 import { hashCommand } from "./hash";
+import { mockEngineCommand } from "./mock-engine";
+import { replayCommand } from "./replay";
 import { serveCommand } from "./serve";
 
 export const VERSION: string = packageJson.version;
 
 /** Only commands that really work are listed here. */
-const commands: readonly Command[] = [serveCommand, captureCommand, applyCommand, hashCommand];
+const commands: readonly Command[] = [
+  demoCommand, serveCommand, captureCommand, applyCommand, hashCommand, replayCommand, mockEngineCommand,
+];
 
 function mainHelp(): string {
   const width = Math.max(...commands.map((command) => command.name.length));

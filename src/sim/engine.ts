@@ -1,18 +1,29 @@
 /**
- * A mock inference engine: a KV cache (./engine-cache.ts) plus a scheduler that follows
- * the time model (./time-model.ts). Clock-agnostic: the caller passes "now" in model
- * ms and calls `step()` whenever `nextEventMs()` is due, so the same engine runs in
- * the virtual-time simulator and, in real time, behind a ZMQ publisher.
+ * A mock inference engine: a KV cache (./engine-cache.ts) run by vLLM V1's scheduler
+ * loop (continuous batching, chunked prefill, FCFS) with step durations from the time
+ * model (./time-model.ts). Clock-agnostic: the caller passes "now" in model ms and
+ * calls `step()` whenever `nextEventMs()` is due, so the same engine runs in the
+ * virtual-time simulator and, in real time, behind a ZMQ publisher.
  *
- * Request life: submit → waiting (FIFO) → admitted when the prefill server is free
- * and its blocks fit (prefix lookup, pin, allocate prompt + output blocks, evicting
- * LRU) → prefill done (prompt blocks cached, BlockStored; first token) → decode →
- * finished (output blocks cached, all blocks unpinned). The head of the queue blocks
- * those behind it when its blocks do not fit (vLLM's FCFS does the same). A request
- * larger than the whole cache is rejected at submit.
+ * A step is planned when it starts and takes effect when it ends:
+ *
+ * - start: every running request gets its tokens in admission order (a decoding one
+ *   1, a prefilling one the next chunk of its uncached prompt) until the step's budget
+ *   is spent; then queued requests are admitted FCFS while budget and `maxRunning`
+ *   allow. Admission looks up the longest cached prefix, pins it and allocates blocks
+ *   for the rest of the prompt and the whole output (evicting LRU); if they do not fit,
+ *   the head waits and blocks those behind it (vLLM's FCFS does the same).
+ * - end (start + step_ms): prefilled full blocks are cached (BlockStored), requests
+ *   whose prompt is complete get their first token (`prefillDone`), decoding requests
+ *   get one token each, full output blocks are cached, finished requests release their
+ *   blocks (`finished`); the next step starts at once if anything is left.
+ *
+ * A request submitted while a step runs joins at the next step's start; one submitted
+ * to an idle engine starts a step at once. A request larger than the whole cache is
+ * rejected at submit.
  */
 import { EngineCache, type CacheSequence, type KvEventBatch } from "./engine-cache";
-import { decodeMs, prefillMs, type TimeModel } from "./time-model";
+import { stepMs, type TimeModel } from "./time-model";
 
 export interface EngineRequest {
   readonly id: number;
@@ -22,16 +33,20 @@ export interface EngineRequest {
 }
 
 export interface EngineListener {
-  /** First token: prefill of the request's uncached prompt tokens is done. */
+  /** First token: the request's last prompt token was computed in the step ending now. */
   prefillDone(request: EngineRequest, nowMs: number, cachedTokens: number): void;
   finished(request: EngineRequest, nowMs: number): void;
 }
 
-interface Running {
+interface Active {
   readonly request: EngineRequest;
   readonly sequence: CacheSequence;
-  readonly endMs: number;
-  readonly order: number;
+  readonly cachedTokens: number;
+  /** Prompt tokens whose KV exists (cached prefix + computed chunks). */
+  promptDone: number;
+  generated: number;
+  /** Tokens scheduled in the step in flight (0: not in it). */
+  scheduled: number;
 }
 
 interface Waiting {
@@ -47,29 +62,32 @@ export interface EngineCounters {
   /** Prompt tokens served from cache / computed by prefill. */
   cachedTokens: number;
   computedTokens: number;
-  /** Model ms the prefill server was busy. */
-  prefillBusyMs: number;
-  /** Admission attempts that found too few free blocks. */
+  decodeTokens: number;
+  steps: number;
+  /** Model ms spent in steps. */
+  busyMs: number;
+  /** Steps whose queue head found too few free blocks. */
   blockedAdmissions: number;
   waitingPeak: number;
+  runningPeak: number;
 }
 
 export class MockEngine {
   readonly index: number;
   readonly cache: EngineCache;
   readonly counters: EngineCounters = {
-    submitted: 0, rejected: 0, finished: 0, cachedTokens: 0, computedTokens: 0, prefillBusyMs: 0,
-    blockedAdmissions: 0, waitingPeak: 0,
+    submitted: 0, rejected: 0, finished: 0, cachedTokens: 0, computedTokens: 0, decodeTokens: 0, steps: 0,
+    busyMs: 0, blockedAdmissions: 0, waitingPeak: 0, runningPeak: 0,
   };
 
   private readonly time: TimeModel;
   private readonly listener: EngineListener;
   private waiting: Waiting[] = [];
   private waitingHead = 0;
-  private prefilling: Running | null = null;
-  /** Decoding requests, a binary min-heap on (endMs, order). */
-  private readonly decoding: Running[] = [];
-  private order = 0;
+  /** Admitted, unfinished requests in admission order. */
+  private running: Active[] = [];
+  /** End of the step in flight, or Infinity when idle. */
+  private stepEndMs = Infinity;
 
   constructor(index: number, cache: EngineCache, time: TimeModel, listener: EngineListener) {
     this.index = index;
@@ -84,11 +102,11 @@ export class MockEngine {
 
   /** Requests admitted and not finished (prefilling or decoding). */
   get runningCount(): number {
-    return this.decoding.length + (this.prefilling === null ? 0 : 1);
+    return this.running.length;
   }
 
   get idle(): boolean {
-    return this.waitingCount === 0 && this.runningCount === 0;
+    return this.stepEndMs === Infinity;
   }
 
   /** Queues a request; false (rejected) if it could never fit in the cache. */
@@ -100,28 +118,23 @@ export class MockEngine {
     }
     this.waiting.push({ request, sequence: null });
     this.counters.waitingPeak = Math.max(this.counters.waitingPeak, this.waitingCount);
-    if (this.prefilling === null) this.admit(nowMs);
+    if (this.stepEndMs === Infinity) this.startStep(nowMs);
     return true;
   }
 
-  /** When the next internal event is due (Infinity when none is pending). */
+  /** When the step in flight ends (Infinity when idle). */
   nextEventMs(): number {
-    const decodeEnd = this.decoding.length > 0 ? this.decoding[0]!.endMs : Infinity;
-    const prefillEnd = this.prefilling === null ? Infinity : this.prefilling.endMs;
-    return Math.min(decodeEnd, prefillEnd);
+    return this.stepEndMs;
   }
 
-  /** Processes the next internal event (a finish before a prefill end at equal times). */
+  /** Ends the step in flight and starts the next one if there is work; returns the time. */
   step(): number {
-    const decodeEnd = this.decoding.length > 0 ? this.decoding[0]!.endMs : Infinity;
-    const prefillEnd = this.prefilling === null ? Infinity : this.prefilling.endMs;
-    if (decodeEnd === Infinity && prefillEnd === Infinity) throw new Error(`engine ${this.index} has nothing to do`);
-    if (decodeEnd <= prefillEnd) {
-      this.finish(this.popDecoding());
-      return decodeEnd;
-    }
-    this.endPrefill(this.prefilling!);
-    return prefillEnd;
+    const now = this.stepEndMs;
+    if (now === Infinity) throw new Error(`engine ${this.index} has nothing to do`);
+    this.endStep(now);
+    if (this.running.length > 0 || this.waitingCount > 0) this.startStep(now);
+    else this.stepEndMs = Infinity;
+    return now;
   }
 
   /** The KV events since the last call as one batch stamped `nowMs`, or null. */
@@ -130,43 +143,95 @@ export class MockEngine {
     return events.length === 0 ? null : { ts: nowMs / 1000, events };
   }
 
-  private admit(nowMs: number): void {
-    if (this.waitingCount === 0) return;
+  private startStep(nowMs: number): void {
+    const time = this.time;
+    let budget = time.maxBatchedTokens;
+    let prefillTokens = 0;
+    let kvTokens = 0;
+    const running = this.running;
+    for (let i = 0; i < running.length && budget > 0; i++) {
+      const active = running[i]!;
+      const left = active.request.promptLength - active.promptDone;
+      if (left > 0) {
+        const chunk = Math.min(left, budget);
+        active.scheduled = chunk;
+        prefillTokens += chunk;
+        budget -= chunk;
+      } else {
+        active.scheduled = 1;
+        kvTokens += active.promptDone + active.generated;
+        budget--;
+      }
+    }
+    while (budget > 0 && running.length < time.maxRunning && this.waitingCount > 0) {
+      const active = this.admit();
+      if (active === null) break;
+      const chunk = Math.min(active.request.promptLength - active.promptDone, budget);
+      active.scheduled = chunk;
+      prefillTokens += chunk;
+      budget -= chunk;
+    }
+    const duration = stepMs(time, prefillTokens, kvTokens);
+    this.counters.steps++;
+    this.counters.busyMs += duration;
+    this.counters.computedTokens += prefillTokens;
+    this.counters.runningPeak = Math.max(this.counters.runningPeak, running.length);
+    this.stepEndMs = nowMs + duration;
+  }
+
+  /** Admits the head of the queue, or returns null if its blocks do not fit. */
+  private admit(): Active | null {
     const head = this.waiting[this.waitingHead]!;
     const request = head.request;
     head.sequence ??= this.cache.prepare(request.tokens, request.promptLength);
     const sequence = head.sequence;
     if (!this.cache.allocate(sequence)) {
       this.counters.blockedAdmissions++;
-      return;
+      return null;
     }
     this.shiftWaiting();
     const cachedTokens = sequence.hitBlocks * this.cache.blockSize;
-    const computed = request.promptLength - cachedTokens;
-    const duration = prefillMs(this.time, computed);
     this.counters.cachedTokens += cachedTokens;
-    this.counters.computedTokens += computed;
-    this.counters.prefillBusyMs += duration;
-    this.prefilling = { request, sequence, endMs: nowMs + duration, order: this.order++ };
+    const active: Active = { request, sequence, cachedTokens, promptDone: cachedTokens, generated: 0, scheduled: 0 };
+    this.running.push(active);
+    return active;
   }
 
-  private endPrefill(running: Running): void {
-    this.prefilling = null;
-    const { request, sequence, endMs } = running;
-    this.cache.commit(sequence, request.promptLength);
-    this.listener.prefillDone(request, endMs, sequence.hitBlocks * this.cache.blockSize);
+  private endStep(nowMs: number): void {
+    const running = this.running;
+    let kept = 0;
+    for (let i = 0; i < running.length; i++) {
+      const active = running[i]!;
+      if (active.scheduled > 0 && this.advance(active, nowMs)) continue;
+      running[kept++] = active;
+    }
+    running.length = kept;
+  }
+
+  /** Applies the step's tokens to one request; true if it finished. */
+  private advance(active: Active, nowMs: number): boolean {
+    const { request, sequence } = active;
     const outputLength = request.tokens.length - request.promptLength;
-    this.pushDecoding({ request, sequence, endMs: endMs + decodeMs(this.time, outputLength), order: this.order++ });
-    this.admit(endMs);
-  }
-
-  private finish(running: Running): void {
-    const { request, sequence, endMs } = running;
-    this.cache.commit(sequence, request.tokens.length);
+    const tokens = active.scheduled;
+    active.scheduled = 0;
+    if (active.promptDone < request.promptLength) {
+      active.promptDone += tokens;
+      this.cache.commit(sequence, active.promptDone);
+      if (active.promptDone < request.promptLength) return false;
+      // The step that computes the last prompt token samples the first output token.
+      active.generated = Math.min(1, outputLength);
+      this.counters.decodeTokens += active.generated;
+      this.listener.prefillDone(request, nowMs, active.cachedTokens);
+    } else {
+      active.generated++;
+      this.counters.decodeTokens++;
+    }
+    this.cache.commit(sequence, request.promptLength + active.generated);
+    if (active.generated < outputLength) return false;
     this.cache.release(sequence);
     this.counters.finished++;
-    this.listener.finished(request, endMs);
-    if (this.prefilling === null) this.admit(endMs);
+    this.listener.finished(request, nowMs);
+    return true;
   }
 
   private shiftWaiting(): void {
@@ -176,40 +241,4 @@ export class MockEngine {
       this.waitingHead = 0;
     }
   }
-
-  private pushDecoding(entry: Running): void {
-    const heap = this.decoding;
-    let i = heap.length;
-    heap.push(entry);
-    while (i > 0) {
-      const parent = (i - 1) >> 1;
-      if (!before(heap[i]!, heap[parent]!)) break;
-      [heap[i], heap[parent]] = [heap[parent]!, heap[i]!];
-      i = parent;
-    }
-  }
-
-  private popDecoding(): Running {
-    const heap = this.decoding;
-    const top = heap[0]!;
-    const last = heap.pop()!;
-    if (heap.length > 0) {
-      heap[0] = last;
-      for (let i = 0; ;) {
-        const left = 2 * i + 1;
-        const right = left + 1;
-        let smallest = i;
-        if (left < heap.length && before(heap[left]!, heap[smallest]!)) smallest = left;
-        if (right < heap.length && before(heap[right]!, heap[smallest]!)) smallest = right;
-        if (smallest === i) break;
-        [heap[i], heap[smallest]] = [heap[smallest]!, heap[i]!];
-        i = smallest;
-      }
-    }
-    return top;
-  }
-}
-
-function before(a: Running, b: Running): boolean {
-  return a.endMs < b.endMs || (a.endMs === b.endMs && a.order < b.order);
 }

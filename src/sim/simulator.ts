@@ -1,26 +1,19 @@
 /**
  * Discrete-event replay of a trace over N mock engines under one routing policy, in
  * virtual time: deterministic for a given seed, and as fast as the cache bookkeeping
- * allows (no clock, no sockets).
+ * allows (no clock, no sockets). What is reported is described in ./outcome.ts.
  *
- * Order of events: at equal times, engine events (finishes, then prefill ends; engines
- * in index order) come before arrivals, so a router sees every completion that
- * happened up to the instant it routes.
- *
- * Reported per run:
- * - hit_rate = prompt tokens served from cache / prompt tokens (admitted requests);
- * - prefill_tokens = prompt tokens computed (the work routing tries to save);
- * - TTFT p50 / p99 / mean in model ms (arrival → first token: queueing + prefill);
- * - load_spread = max / mean over workers of prefill tokens computed (1 = perfectly
- *   even work; 8 with 8 workers = one worker did everything);
- * - per-worker requests and prefill tokens, evictions, rejections, makespan.
+ * Order of events: at equal times, engine step ends (engines in index order) come
+ * before arrivals, so a router sees every completion that happened up to the instant
+ * it routes. The real-time replay (./realtime.ts) keeps the same order.
  */
 import { blockCount, chainHashes, DEFAULT_SEED, hashBlocks } from "../hash";
 import { DEFAULT_BLOCK_SIZE, EngineCache, type KvEventBatch } from "./engine-cache";
-import { MockEngine, type EngineRequest } from "./engine";
+import { MockEngine } from "./engine";
 import {
   createPolicy, type ApproxPrefixConfig, type KvAwareConfig, type PolicyName, type RouteQuery,
 } from "./policies";
+import { RunRecorder, percentile, type PolicyReport } from "./outcome";
 import { createRng, randomU64 } from "./random";
 import { DEFAULT_TIME_MODEL, checkTimeModel, type TimeModel } from "./time-model";
 import { DEFAULT_VOCAB_SIZE, writeOutputTokens, writePromptTokens } from "./tokens";
@@ -49,47 +42,10 @@ export const DEFAULT_SEED_VALUE = 42;
 /** Bound on engines (policies scan every worker per request). */
 export const WORKERS_MAX = 4096;
 
-export interface SimResult {
-  readonly policy: PolicyName;
-  readonly workers: number;
-  readonly capacity_blocks: number;
-  readonly requests: number;
-  readonly completed: number;
-  /** Requests larger than an engine's whole cache. */
-  readonly rejected: number;
-  readonly prompt_tokens: number;
-  readonly cached_tokens: number;
-  readonly hit_rate: number;
-  readonly prefill_tokens: number;
-  readonly ttft_p50_ms: number;
-  readonly ttft_p99_ms: number;
-  readonly ttft_mean_ms: number;
-  readonly load_spread: number;
-  readonly worker_requests: number[];
-  readonly worker_prefill_tokens: number[];
-  /** Blocks in each engine's prefix cache at the end. */
-  readonly worker_cached_blocks: number[];
-  readonly evicted_blocks: number;
-  /** Admission attempts that waited for free KV blocks. */
-  readonly blocked_admissions: number;
-  /** Model ms from the first arrival to the last finish. */
-  readonly makespan_ms: number;
-}
+/** One policy's replay: see ./outcome.ts. */
+export type SimResult = PolicyReport;
 
-interface SimState {
-  readonly trace: Trace;
-  readonly ttftMs: Float64Array;
-  readonly workerOf: Int32Array;
-  completed: number;
-  rejected: number;
-}
-
-/** Nearest-rank percentile of sorted values (NaN when empty). */
-export function percentile(sorted: Float64Array, p: number): number {
-  if (sorted.length === 0) return Number.NaN;
-  const rank = Math.ceil(p * sorted.length);
-  return sorted[Math.min(sorted.length, Math.max(1, rank)) - 1]!;
-}
+export { percentile };
 
 /** Prompt ‖ output tokens of trace request i. */
 export function requestTokens(trace: Trace, i: number, vocabSize: number): Uint32Array {
@@ -100,7 +56,8 @@ export function requestTokens(trace: Trace, i: number, vocabSize: number): Uint3
   return tokens;
 }
 
-function routeQuery(id: number, tokens: Uint32Array, promptLength: number, blockSize: number): RouteQuery {
+/** What a router is given for request `id`: its prompt and the prompt's kvedge path hashes. */
+export function routeQuery(id: number, tokens: Uint32Array, promptLength: number, blockSize: number): RouteQuery {
   const prompt = tokens.subarray(0, promptLength);
   const promptBlocks = blockCount(promptLength, blockSize);
   const path = new Uint32Array(2 * promptBlocks);
@@ -127,31 +84,21 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
   const seed = options.seed ?? DEFAULT_SEED_VALUE;
   const vocabSize = options.vocabSize ?? DEFAULT_VOCAB_SIZE;
   const onBatch = options.onBatch;
-  const state: SimState = {
-    trace, ttftMs: new Float64Array(trace.count).fill(Number.NaN), workerOf: new Int32Array(trace.count).fill(-1),
-    completed: 0, rejected: 0,
-  };
-  const seeds = createRng(seed);
   const engines: MockEngine[] = [];
   const policy = createPolicy(options.policy, {
     workers, blockSize, seed, approxPrefix: options.approxPrefix, kvAware: options.kvAware,
     probe: (worker, query) => engines[worker]!.cache.cachedPrefixBlocks(query.tokens, query.promptLength),
   });
-  const listener = {
-    prefillDone(request: EngineRequest, nowMs: number): void {
-      state.ttftMs[request.id] = nowMs - trace.arrivalMs[request.id]!;
-      policy.prefillDone(request.id, nowMs);
-    },
-    finished(request: EngineRequest, nowMs: number): void {
-      state.completed++;
-      policy.finished(request.id, nowMs);
-    },
-  };
+  const recorder = new RunRecorder(trace, {
+    prefillDone: (request, nowMs) => policy.prefillDone(request.id, nowMs),
+    finished: (request, nowMs) => policy.finished(request.id, nowMs),
+  });
+  const seeds = engineSeeds(seed, workers);
   for (let w = 0; w < workers; w++) {
     const cache = new EngineCache({
-      capacityBlocks: capacity, blockSize, hashSeed: randomU64(seeds), recordEvents: onBatch !== undefined,
+      capacityBlocks: capacity, blockSize, hashSeed: seeds[w]!, recordEvents: onBatch !== undefined,
     });
-    engines.push(new MockEngine(w, cache, time, listener));
+    engines.push(new MockEngine(w, cache, time, recorder.listener));
   }
   const flush = (worker: number, nowMs: number): void => {
     if (onBatch === undefined) return;
@@ -159,7 +106,6 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
     if (batch !== null) onBatch(worker, batch);
   };
 
-  let lastMs = trace.count > 0 ? trace.arrivalMs[0]! : 0;
   for (let next = 0; ;) {
     let engineIndex = -1;
     let engineMs = Infinity;
@@ -172,106 +118,41 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
     }
     const arrivalMs = next < trace.count ? trace.arrivalMs[next]! : Infinity;
     if (engineIndex >= 0 && engineMs <= arrivalMs) {
-      lastMs = engines[engineIndex]!.step();
-      flush(engineIndex, lastMs);
+      flush(engineIndex, engines[engineIndex]!.step());
     } else if (next < trace.count) {
-      arrive(state, next, arrivalMs, { engines, policy, blockSize, vocabSize });
-      flush(state.workerOf[next]!, arrivalMs);
-      lastMs = Math.max(lastMs, arrivalMs);
+      const tokens = requestTokens(trace, next, vocabSize);
+      const query = routeQuery(next, tokens, trace.inputLength[next]!, blockSize);
+      const worker = policy.route(query, arrivalMs);
+      if (!Number.isInteger(worker) || worker < 0 || worker >= workers) {
+        throw new Error(`policy ${policy.name} chose worker ${worker}`);
+      }
+      submit(engines[worker]!, recorder, query, worker, arrivalMs, () => policy.finished(next, arrivalMs));
+      flush(worker, arrivalMs);
       next++;
     } else {
       break;
     }
   }
-  return report(state, engines, options.policy, capacity, lastMs, options.verify ?? process.env.KVEDGE_VERIFY === "1");
+  return recorder.report(options.policy, engines, options.verify ?? process.env.KVEDGE_VERIFY === "1");
 }
 
-interface ArriveContext {
-  readonly engines: readonly MockEngine[];
-  readonly policy: ReturnType<typeof createPolicy>;
-  readonly blockSize: number;
-  readonly vocabSize: number;
+/** Per-engine hash seeds, the same for every run with the same seed. */
+export function engineSeeds(seed: number, workers: number): bigint[] {
+  const rng = createRng(seed);
+  return Array.from({ length: workers }, () => randomU64(rng));
 }
 
-function arrive(state: SimState, i: number, nowMs: number, context: ArriveContext): void {
-  const { trace } = state;
-  const tokens = requestTokens(trace, i, context.vocabSize);
-  const promptLength = trace.inputLength[i]!;
-  const query = routeQuery(i, tokens, promptLength, context.blockSize);
-  const worker = context.policy.route(query, nowMs);
-  if (!Number.isInteger(worker) || worker < 0 || worker >= context.engines.length) {
-    throw new Error(`policy ${context.policy.name} chose worker ${worker}`);
+/**
+ * Hands a routed request to its engine and records the decision; a request the engine
+ * rejects (larger than its cache) is counted and `onReject` tells the router it ended.
+ */
+export function submit(
+  engine: MockEngine, recorder: RunRecorder, query: RouteQuery, worker: number, nowMs: number,
+  onReject: () => void,
+): void {
+  recorder.routed(query.id, worker);
+  if (!engine.submit({ id: query.id, tokens: query.tokens, promptLength: query.promptLength }, nowMs)) {
+    recorder.rejectedAt(nowMs);
+    onReject();
   }
-  state.workerOf[i] = worker;
-  if (!context.engines[worker]!.submit({ id: i, tokens, promptLength }, nowMs)) {
-    state.rejected++;
-    context.policy.finished(i, nowMs);
-  }
-}
-
-function report(
-  state: SimState, engines: readonly MockEngine[], policy: PolicyName, capacity: number, lastMs: number,
-  verify: boolean,
-): SimResult {
-  const { trace } = state;
-  let promptTokens = 0;
-  let cachedTokens = 0;
-  let prefillTokens = 0;
-  let evicted = 0;
-  let blocked = 0;
-  const workerRequests: number[] = [];
-  const workerPrefill: number[] = [];
-  const workerCached: number[] = [];
-  for (const engine of engines) {
-    if (!engine.idle) throw new Error(`engine ${engine.index} still has work at the end`);
-    if (engine.cache.freeBlocks !== engine.cache.capacityBlocks) {
-      throw new Error(`engine ${engine.index} leaks ${engine.cache.usedBlocks} pinned blocks`);
-    }
-    if (verify) engine.cache.verify();
-    const c = engine.counters;
-    cachedTokens += c.cachedTokens;
-    prefillTokens += c.computedTokens;
-    evicted += engine.cache.counters.evictedBlocks;
-    blocked += c.blockedAdmissions;
-    workerRequests.push(c.submitted - c.rejected);
-    workerPrefill.push(c.computedTokens);
-    workerCached.push(engine.cache.cachedBlocks);
-  }
-  const ttft: number[] = [];
-  for (let i = 0; i < trace.count; i++) {
-    if (Number.isNaN(state.ttftMs[i]!)) continue;
-    ttft.push(state.ttftMs[i]!);
-    promptTokens += trace.inputLength[i]!;
-  }
-  if (state.completed + state.rejected !== trace.count) {
-    throw new Error(`${trace.count} requests, ${state.completed} completed, ${state.rejected} rejected`);
-  }
-  if (cachedTokens + prefillTokens !== promptTokens) {
-    throw new Error(`prompt tokens not conserved: ${cachedTokens} cached + ${prefillTokens} computed`
-      + ` ≠ ${promptTokens}`);
-  }
-  const sorted = Float64Array.from(ttft).sort();
-  const meanPrefill = prefillTokens / engines.length;
-  return {
-    policy,
-    workers: engines.length,
-    capacity_blocks: capacity,
-    requests: trace.count,
-    completed: state.completed,
-    rejected: state.rejected,
-    prompt_tokens: promptTokens,
-    cached_tokens: cachedTokens,
-    hit_rate: promptTokens === 0 ? 0 : cachedTokens / promptTokens,
-    prefill_tokens: prefillTokens,
-    ttft_p50_ms: percentile(sorted, 0.5),
-    ttft_p99_ms: percentile(sorted, 0.99),
-    ttft_mean_ms: ttft.length === 0 ? Number.NaN : ttft.reduce((a, b) => a + b, 0) / ttft.length,
-    load_spread: meanPrefill === 0 ? 1 : Math.max(...workerPrefill) / meanPrefill,
-    worker_requests: workerRequests,
-    worker_prefill_tokens: workerPrefill,
-    worker_cached_blocks: workerCached,
-    evicted_blocks: evicted,
-    blocked_admissions: blocked,
-    makespan_ms: trace.count === 0 ? 0 : lastMs - trace.arrivalMs[0]!,
-  };
 }

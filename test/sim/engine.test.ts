@@ -1,17 +1,24 @@
-// Goal: the mock engine's scheduler and time model (hand-worked timelines: prefill,
-// decode, queueing for KV blocks, rejection), and that its KV event stream, applied in
+// Goal: the mock engine's scheduler and time model (hand-worked timelines: chunked
+// prefill, decode batching, KV-read cost, queueing for KV blocks, FCFS, rejection), and that its KV event stream, applied in
 // order to a clean-room model of a consumer, equals the engine's real cache contents
 // after every batch of a randomized workload.
 import { describe, expect, test } from "bun:test";
 import { EngineCache, type KvEvent, type KvEventBatch } from "../../src/sim/engine-cache";
 import { MockEngine, type EngineRequest } from "../../src/sim/engine";
 import { createRng, randomInt } from "../../src/sim/random";
-import { decodeMs, prefillMs, type TimeModel } from "../../src/sim/time-model";
+import {
+  checkTimeModel, DEFAULT_TIME_MODEL, soloDurations, stepMs, type TimeModel,
+} from "../../src/sim/time-model";
 import { hashTokens } from "../../src/hash";
 
 const BS = 4;
-/** 1 prompt token per ms, 10 ms per output token: timelines are easy to work by hand. */
-const TIME: TimeModel = { prefillTokensPerSecond: 1000, decodeMsPerToken: 10 };
+/**
+ * 1 ms per step + 1 ms per prefilled token, 8 tokens per step, no KV-read cost:
+ * timelines are easy to work by hand.
+ */
+const TIME: TimeModel = {
+  stepBaseMs: 1, prefillTokensPerSecond: 1000, kvReadMsPerMillionTokens: 0, maxBatchedTokens: 8, maxRunning: 4,
+};
 
 interface Log {
   ttft: Map<number, number>;
@@ -37,33 +44,72 @@ function request(id: number, prompt: number[], outputLength: number): EngineRequ
   return { id, tokens, promptLength: prompt.length };
 }
 
-function runUntilIdle(engine: MockEngine): void {
-  for (let steps = 0; engine.nextEventMs() < Infinity; steps++) {
+function runUntil(engine: MockEngine, untilMs = Infinity): void {
+  for (let steps = 0; engine.nextEventMs() <= untilMs && engine.nextEventMs() < Infinity; steps++) {
     if (steps > 10_000) throw new Error("engine did not settle");
     engine.step();
   }
 }
 
+const runUntilIdle = (engine: MockEngine): void => runUntil(engine);
+
 const range = (from: number, count: number): number[] => Array.from({ length: count }, (_, i) => from + i);
 
 describe("time model", () => {
-  test("prefill scales with uncached tokens, decode with output tokens after the first", () => {
-    expect(prefillMs({ prefillTokensPerSecond: 15_000, decodeMsPerToken: 30 }, 15_000)).toBe(1000);
-    expect(decodeMs({ prefillTokensPerSecond: 15_000, decodeMsPerToken: 30 }, 11)).toBe(300);
-    expect(decodeMs(TIME, 1)).toBe(0);
-    expect(decodeMs(TIME, 0)).toBe(0);
+  test("a step costs its base, its prefill tokens and the KV its decodes read", () => {
+    expect(stepMs(DEFAULT_TIME_MODEL, 0, 0)).toBe(5);
+    expect(stepMs(DEFAULT_TIME_MODEL, 15_000, 0)).toBe(1005);
+    // A full 512k-token cache read by the decode batch: about 20 ms on top of the base.
+    expect(stepMs(DEFAULT_TIME_MODEL, 0, 524_288)).toBeCloseTo(5 + 20.4, 1);
+    expect(stepMs(TIME, 8, 0)).toBe(9);
+  });
+
+  test("solo durations: prefill in chunks of the step budget, one decode step per token after the first", () => {
+    expect(soloDurations(TIME, 16, 0, 4)).toEqual({ ttftMs: 18, decodeMs: 3 });
+    expect(soloDurations(TIME, 16, 12, 1)).toEqual({ ttftMs: 5, decodeMs: 0 });
+    const kv: TimeModel = { ...TIME, stepBaseMs: 0, kvReadMsPerMillionTokens: 1e6 };
+    expect(soloDurations(kv, 4, 0, 3)).toEqual({ ttftMs: 4, decodeMs: 5 + 6 });
+  });
+
+  test("bad constants are refused with the field named", () => {
+    expect(() => checkTimeModel({ ...TIME, prefillTokensPerSecond: 0 })).toThrow("prefillTokensPerSecond");
+    expect(() => checkTimeModel({ ...TIME, maxBatchedTokens: 0.5 })).toThrow("maxBatchedTokens");
+    expect(() => checkTimeModel({ ...TIME, stepBaseMs: 0, kvReadMsPerMillionTokens: 0 })).toThrow("both be 0");
   });
 });
 
-describe("MockEngine timeline", () => {
-  test("one request: TTFT = prefill time, finish = TTFT + decode of the remaining tokens", () => {
+describe("MockEngine timeline (continuous batching, chunked prefill)", () => {
+  test("one request: prefill in two 8-token chunks, then one step per output token", () => {
     const { engine, log } = engineOf(16);
     expect(engine.submit(request(0, range(1, 16), 4), 0)).toBe(true);
-    expect(engine.nextEventMs()).toBe(16);
+    expect(engine.nextEventMs()).toBe(9); // 1 + 8 prefill tokens
     runUntilIdle(engine);
-    expect(log.ttft.get(0)).toBe(16);
-    expect(log.finished.get(0)).toBe(16 + 30);
+    expect(log.ttft.get(0)).toBe(18);
+    expect(log.finished.get(0)).toBe(21); // 3 decode steps of 1 ms
     expect(engine.idle).toBe(true);
+    expect(engine.counters.steps).toBe(5);
+    expect(engine.counters.decodeTokens).toBe(4);
+  });
+
+  test("decode steps slow down with the KV their batch reads", () => {
+    const kv: TimeModel = { ...TIME, stepBaseMs: 0, kvReadMsPerMillionTokens: 1e6 }; // 1 ms per context token
+    const { engine, log } = engineOf(16, kv);
+    engine.submit(request(0, range(1, 4), 3), 0);
+    runUntilIdle(engine);
+    expect(log.ttft.get(0)).toBe(4);
+    expect(log.finished.get(0)).toBe(4 + 5 + 6); // contexts of 5, then 6 tokens
+  });
+
+  test("a request arriving mid-step joins the next step and shares its budget with running ones", () => {
+    const { engine, log } = engineOf(64);
+    engine.submit(request(0, range(1, 12), 2), 0); // step [0, 9): 8 of its 12 tokens
+    engine.submit(request(1, range(100, 6), 1), 1); // waits for the step at 9
+    runUntilIdle(engine);
+    // Step [9, 18): request 0's last 4 tokens + request 1's first 4 (budget 8).
+    expect(log.ttft.get(0)).toBe(18);
+    // Step [18, 21): request 0 decodes 1 token, request 1 prefills its last 2.
+    expect(log.ttft.get(1)).toBe(21);
+    expect(log.finished.get(0)).toBe(21);
   });
 
   test("a cached prefix shortens prefill by exactly the reused tokens", () => {
@@ -73,40 +119,49 @@ describe("MockEngine timeline", () => {
     engine.submit(request(1, [...range(1, 12), 77, 78, 79, 80, 81], 1), 100);
     runUntilIdle(engine);
     expect(log.cached.get(1)).toBe(12);
-    expect(log.ttft.get(1)! - 100).toBe(17 - 12);
+    expect(log.ttft.get(1)! - 100).toBe(1 + 5);
     expect(engine.counters.cachedTokens).toBe(12);
     expect(engine.counters.computedTokens).toBe(16 + 5);
   });
 
-  test("prefill is serialized: the second request waits for the first's prefill", () => {
+  test("blocks become cached chunk by chunk, so a request can reuse a prefix still being computed", () => {
     const { engine, log } = engineOf(64);
-    engine.submit(request(0, range(1, 20), 1), 0);
-    engine.submit(request(1, range(100, 10), 1), 5);
+    engine.submit(request(0, range(1, 16), 1), 0); // first chunk (2 blocks) cached at 9
+    runUntil(engine, 9);
+    engine.submit(request(1, [...range(1, 8), 50], 1), 9);
     runUntilIdle(engine);
-    expect(log.ttft.get(0)).toBe(20);
-    expect(log.ttft.get(1)).toBe(30); // waits 15 ms, then 10 ms of prefill
+    expect(log.cached.get(1)).toBe(8);
   });
 
   test("a request whose blocks do not fit waits for a finish, then runs (TTFT includes the wait)", () => {
     const { engine, log } = engineOf(6);
-    engine.submit(request(0, range(1, 16), 4), 0); // 5 blocks, done at 16 + 30
-    engine.submit(request(1, range(100, 8), 1), 1); // 3 blocks: only 1 free until request 0 ends
-    expect(engine.waitingCount).toBe(1);
+    engine.submit(request(0, range(1, 16), 4), 0); // 5 blocks until it finishes at 21
+    engine.submit(request(1, range(100, 8), 1), 1); // 3 blocks: only 1 free until then
     runUntilIdle(engine);
-    expect(log.finished.get(0)).toBe(46);
-    expect(log.ttft.get(1)).toBe(46 + 8);
-    expect(engine.counters.blockedAdmissions).toBe(1);
+    expect(log.finished.get(0)).toBe(21);
+    expect(log.ttft.get(1)).toBe(21 + 9);
+    // The steps at 18, 19 and 20 had budget left and found no room (the one at 9 had none).
+    expect(engine.counters.blockedAdmissions).toBe(3);
     expect(engine.cache.freeBlocks).toBe(6);
   });
 
   test("the head of the queue blocks those behind it (FCFS)", () => {
     const { engine, log } = engineOf(6);
-    engine.submit(request(0, range(1, 16), 4), 0); // holds 5 blocks until 46
-    engine.submit(request(1, range(100, 8), 1), 1); // needs 3: waits
+    engine.submit(request(0, range(1, 16), 4), 0); // holds 5 blocks until 21
+    engine.submit(request(1, range(100, 8), 1), 1); // needs 3: waits; runs [21, 30)
     engine.submit(request(2, range(200, 3), 1), 2); // needs 1 and would fit, but queues behind 1
     runUntilIdle(engine);
-    expect(log.ttft.get(1)).toBe(54);
-    expect(log.ttft.get(2)).toBe(57);
+    expect(log.ttft.get(1)).toBe(30);
+    expect(log.ttft.get(2)).toBe(34); // the step at 21 had no budget left: [30, 34)
+  });
+
+  test("at most maxRunning requests run; the next is admitted when one finishes", () => {
+    const { engine, log } = engineOf(64, { ...TIME, maxRunning: 1 });
+    engine.submit(request(0, range(1, 4), 3), 0); // [0, 5) prefill, decodes end at 6, 7
+    engine.submit(request(1, range(100, 4), 1), 0);
+    runUntilIdle(engine);
+    expect(log.finished.get(0)).toBe(7);
+    expect(log.ttft.get(1)).toBe(12);
   });
 
   test("a request larger than the whole cache is rejected at submit", () => {
@@ -116,13 +171,13 @@ describe("MockEngine timeline", () => {
     expect(engine.idle).toBe(true);
   });
 
-  test("batches: one per step, stamped with the step's time in seconds", () => {
+  test("batches: one per step, stamped with the step's end in seconds", () => {
     const { engine } = engineOf(16);
     engine.submit(request(0, range(1, 8), 1), 0);
     expect(engine.takeBatch(0)).toBeNull(); // admission into an empty cache evicts nothing
     const at = engine.step();
     const batch = engine.takeBatch(at);
-    expect(batch?.ts).toBe(0.008);
+    expect(batch?.ts).toBe(0.009);
     expect(batch?.events.map((event) => event.type)).toEqual(["BlockStored"]);
   });
 });

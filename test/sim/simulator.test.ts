@@ -8,6 +8,7 @@ import type { KvEventBatch } from "../../src/sim/engine-cache";
 import { loadConversationTrace } from "../../src/sim/embedded-trace";
 import { POLICY_NAMES } from "../../src/sim/policies";
 import { percentile, simulate } from "../../src/sim/simulator";
+import { DEFAULT_TIME_MODEL } from "../../src/sim/time-model";
 import { transformTrace, type Trace } from "../../src/sim/trace";
 
 let conversation: Trace;
@@ -100,7 +101,7 @@ describe("simulate", () => {
   test("bad options fail before running", () => {
     const trace = transformTrace(conversation, { requests: 5 });
     expect(() => simulate(trace, { policy: "round_robin", workers: 0 })).toThrow("workers");
-    expect(() => simulate(trace, { policy: "round_robin", time: { prefillTokensPerSecond: 0, decodeMsPerToken: 1 } }))
+    expect(() => simulate(trace, { policy: "round_robin", time: { ...DEFAULT_TIME_MODEL, prefillTokensPerSecond: 0 } }))
       .toThrow("prefillTokensPerSecond");
   });
 });

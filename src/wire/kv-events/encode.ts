@@ -215,6 +215,7 @@ function writeField(writer: Writer, [, value, write]: Field): void {
 }
 
 const textEncoder = new TextEncoder();
+const UINT_CODES = [0xcc, 0xcd, 0xce] as const;
 
 /** A growable msgpack writer with msgspec's choice of encodings. */
 class Writer {
@@ -272,6 +273,13 @@ class Writer {
   }
 
   int(value: number | bigint): void {
+    // Fast path for token ids and other small non-negative numbers: same bytes, no BigInt.
+    if (typeof value === "number" && value >= 0 && value < 0x1_0000_0000 && Number.isInteger(value)) {
+      this.room(5);
+      if (value < 0x80) this.buffer[this.length++] = value;
+      else this.sized(value, UINT_CODES);
+      return;
+    }
     const big = BigInt(value);
     if (big < -(1n << 63n) || big >= 1n << 64n) throw new RangeError(`${big} does not fit in 64 bits`);
     this.room(9);

@@ -1,0 +1,256 @@
+import { availableParallelism } from "node:os";
+import { getAffinity, pinProcess } from "../runtime/affinity";
+import { DEFAULT_DEMO_POLICIES, type DemoPolicy, type DemoResult, isDemoPolicy, runDemo } from "../sim/demo";
+import { loadConversationTrace } from "../sim/embedded-trace";
+import { CAPACITY_BLOCKS_MAX } from "../sim/engine-cache";
+import { WORKERS_MAX } from "../sim/simulator";
+import { DEFAULT_TIME_MODEL, type TimeModel } from "../sim/time-model";
+import { DEFAULT_VOCAB_SIZE } from "../sim/tokens";
+import { parseTrace, type Trace, TraceError, traceStats, transformTrace } from "../sim/trace";
+import { flagBool, flagInt, flagNumber, flagString, type Parsed, parseFlags, UsageError } from "./args";
+import { type Command, HELP_FLAG } from "./command";
+
+/** Flags of the engine time model, shared by demo, replay and mock-engine. */
+export const TIME_MODEL_FLAGS = {
+  "prefill-tps": { kind: "string" },
+  "step-base-ms": { kind: "string" },
+  "kv-read-ms": { kind: "string" },
+  "max-batched-tokens": { kind: "string" },
+  "max-running": { kind: "string" },
+} as const;
+
+export const TIME_MODEL_HELP = `Engine model (every constant; defaults: an ~8B model on one H100):
+  --prefill-tps N        prompt tokens prefilled per second (${DEFAULT_TIME_MODEL.prefillTokensPerSecond})
+  --step-base-ms MS      fixed cost of a scheduler step, the weights read (${DEFAULT_TIME_MODEL.stepBaseMs})
+  --kv-read-ms MS        step time to read the KV of 1M context tokens (${DEFAULT_TIME_MODEL.kvReadMsPerMillionTokens})
+  --max-batched-tokens N tokens per step (${DEFAULT_TIME_MODEL.maxBatchedTokens})
+  --max-running N        requests running at once (${DEFAULT_TIME_MODEL.maxRunning})
+`;
+
+export function timeModelOf(parsed: Parsed): TimeModel {
+  const d = DEFAULT_TIME_MODEL;
+  const model: TimeModel = {
+    prefillTokensPerSecond: flagNumber(parsed, "prefill-tps", d.prefillTokensPerSecond, 1, 1e9),
+    stepBaseMs: flagNumber(parsed, "step-base-ms", d.stepBaseMs, 0, 60_000),
+    kvReadMsPerMillionTokens: flagNumber(parsed, "kv-read-ms", d.kvReadMsPerMillionTokens, 0, 1e6),
+    maxBatchedTokens: flagInt(parsed, "max-batched-tokens", d.maxBatchedTokens, 1, 1 << 24),
+    maxRunning: flagInt(parsed, "max-running", d.maxRunning, 1, 1 << 20),
+  };
+  if (model.stepBaseMs === 0 && model.kvReadMsPerMillionTokens === 0) {
+    throw new UsageError("--step-base-ms and --kv-read-ms cannot both be 0 (a decode step would take no time)");
+  }
+  return model;
+}
+
+/** The trace in FILE (Mooncake JSONL), or the embedded conversation trace. */
+export async function loadTrace(path: string | undefined): Promise<{ trace: Trace; name: string }> {
+  if (path === undefined) return { trace: await loadConversationTrace(), name: "the Mooncake conversation trace" };
+  const file = Bun.file(path);
+  if (!(await file.exists())) throw new UsageError(`--trace ${path}: no such file`);
+  try {
+    return { trace: parseTrace(await file.text()), name: path };
+  } catch (error) {
+    if (error instanceof TraceError) throw new UsageError(`--trace ${path}: ${error.message}`);
+    throw error;
+  }
+}
+
+const flags = {
+  ...HELP_FLAG,
+  ...TIME_MODEL_FLAGS,
+  requests: { kind: "string" },
+  workers: { kind: "string" },
+  "capacity-blocks": { kind: "string" },
+  "block-size": { kind: "string" },
+  trace: { kind: "string" },
+  speedup: { kind: "string" },
+  "time-scale": { kind: "string" },
+  policies: { kind: "string" },
+  seed: { kind: "string" },
+  json: { kind: "boolean" },
+  "map-form": { kind: "boolean" },
+  "realtime-baselines": { kind: "boolean" },
+  "no-pin": { kind: "boolean" },
+} as const;
+
+export const DEMO_DEFAULTS = {
+  requests: 2000,
+  workers: 8,
+  capacityBlocks: 32_768,
+  blockSize: 16,
+  speedup: 10,
+  timeScale: 0.5,
+  seed: 42,
+} as const;
+
+export const demoCommand: Command = {
+  name: "demo",
+  summary: "show what KV-aware routing buys: mock engines + kvedge serve vs. the usual routers, on a real trace",
+  flags,
+  help: `Usage: kvedge demo [options]
+
+Starts ${DEMO_DEFAULTS.workers} mock engines in this process (vLLM-like KV caches that publish real
+vLLM KV events over ZeroMQ) and one kvedge serve, replays a Mooncake trace through
+kvedge's routing API in scaled real time, then replays the same trace with the
+routers people use instead (round robin, random, least loaded, and SGLang-style
+approximate prefix routing). Prints, per policy, the prefix-cache hit rate, prefill
+tokens computed, modeled TTFT and TPOT, and per-worker load spread, and what
+kv-aware routing gained. A progress bar shows on a terminal (stderr).
+
+Options:
+  --requests N           requests from the start of the trace (${DEMO_DEFAULTS.requests})
+  --workers N            mock engines (${DEMO_DEFAULTS.workers})
+  --capacity-blocks N    KV capacity of each engine, in blocks (${DEMO_DEFAULTS.capacityBlocks}: ~80 GB for an 8B model)
+  --block-size N         tokens per KV block (${DEMO_DEFAULTS.blockSize})
+  --trace FILE           a Mooncake-format JSONL trace (default: the embedded conversation trace)
+  --time-scale F         multiply arrival times by F (${DEMO_DEFAULTS.timeScale}: twice the trace's request rate)
+  --speedup X            model seconds per wall second in the kvedge replay (${DEMO_DEFAULTS.speedup})
+  --policies LIST        comma list of ${["kv_aware", "round_robin", "random", "least_loaded", "approx_prefix", "kv_aware_model"].join(", ")}
+                         (default: all but kv_aware_model, kvedge's cost model in-process with exact knowledge)
+  --seed S               seed of engine hash seeds and randomized policies (${DEMO_DEFAULTS.seed})
+  --map-form             engines encode events as maps (vLLM 0.24+) instead of arrays
+  --realtime-baselines   replay the baselines in real time too (same results, more wall time)
+  --no-pin               do not pin kvedge serve and this process to separate CPUs
+  --json                 print one JSON object on stdout instead of the table
+${TIME_MODEL_HELP}  -h, --help             show this help
+`,
+  async run(argv) {
+    const parsed = parseFlags(argv, flags);
+    if (parsed.positionals.length > 0) throw new UsageError(`unexpected argument '${parsed.positionals[0]}'`);
+    const requests = flagInt(parsed, "requests", DEMO_DEFAULTS.requests, 1, 50_000_000);
+    const workers = flagInt(parsed, "workers", DEMO_DEFAULTS.workers, 1, WORKERS_MAX);
+    const capacityBlocks = flagInt(parsed, "capacity-blocks", DEMO_DEFAULTS.capacityBlocks, 1, CAPACITY_BLOCKS_MAX);
+    const blockSize = flagInt(parsed, "block-size", DEMO_DEFAULTS.blockSize, 1, 4096);
+    const speedup = flagNumber(parsed, "speedup", DEMO_DEFAULTS.speedup, 0.01, 1e6);
+    const timeScale = flagNumber(parsed, "time-scale", DEMO_DEFAULTS.timeScale, 1e-6, 1e6);
+    const seed = flagInt(parsed, "seed", DEMO_DEFAULTS.seed, 0, 0xffff_ffff);
+    const time = timeModelOf(parsed);
+    const json = flagBool(parsed, "json");
+    const policies = policiesOf(flagString(parsed, "policies"));
+    const loaded = await loadTrace(flagString(parsed, "trace"));
+    const trace = transformTrace(loaded.trace, { requests, timeScale });
+
+    const serveArgs: string[] = [];
+    if (!flagBool(parsed, "no-pin") && policies.includes("kv_aware")) serveArgs.push(...pinning());
+    const tty = process.stderr.isTTY === true;
+    let shown = 0;
+    const progress = (line: string): void => {
+      if (tty) {
+        process.stderr.write(line === "" ? "\r\x1b[2K" : `\r\x1b[2K${line.slice(0, (process.stderr.columns ?? 100) - 1)}`);
+      } else if (line !== "" && !line.includes("[")) {
+        // Without a terminal: phase announcements only, no bar.
+        if (shown++ < 1000) process.stderr.write(`${line}\n`);
+      }
+    };
+    const result = await runDemo({
+      trace, workers, capacityBlocks, blockSize, speedup, policies, seed, time, vocabSize: DEFAULT_VOCAB_SIZE,
+      form: flagBool(parsed, "map-form") ? "map" : "array", realtimeBaselines: flagBool(parsed, "realtime-baselines"),
+      serveArgs, progress: json && !tty ? null : progress,
+    });
+    const config = {
+      trace: loaded.name, requests: trace.count, workers, capacity_blocks: capacityBlocks, block_size: blockSize,
+      time_scale: timeScale, speedup, seed, time_model: time, trace_span_s: traceStats(trace).spanMs / 1000,
+    };
+    if (json) process.stdout.write(`${JSON.stringify({ ...result, config })}\n`);
+    else process.stdout.write(renderDemo(result, config));
+    return 0;
+  },
+};
+
+function policiesOf(text: string | undefined): DemoPolicy[] {
+  if (text === undefined) return [...DEFAULT_DEMO_POLICIES];
+  const names = text.split(",").map((name) => name.trim()).filter((name) => name !== "");
+  if (names.length === 0) throw new UsageError("--policies needs at least one policy");
+  for (const name of names) {
+    if (!isDemoPolicy(name)) {
+      throw new UsageError(`--policies: unknown policy '${name}' (known: kv_aware, round_robin, random, least_loaded, approx_prefix, kv_aware_model)`);
+    }
+  }
+  return [...new Set(names)] as DemoPolicy[];
+}
+
+/**
+ * kvedge serve on the last CPU this process may use, the demo on the others, when
+ * there are at least two: the router and the engines then do not compete for a core.
+ */
+function pinning(): string[] {
+  let cpus: number[];
+  try {
+    cpus = getAffinity();
+  } catch {
+    return [];
+  }
+  if (cpus.length < 2 || availableParallelism() < 2) return [];
+  const serveCpu = cpus[cpus.length - 1]!;
+  try {
+    pinProcess(cpus.slice(0, -1));
+  } catch {
+    return [];
+  }
+  return ["--cpus", String(serveCpu)];
+}
+
+interface DemoConfig {
+  readonly trace: string;
+  readonly requests: number;
+  readonly workers: number;
+  readonly capacity_blocks: number;
+  readonly block_size: number;
+  readonly time_scale: number;
+  readonly speedup: number;
+  readonly trace_span_s: number;
+}
+
+const int = (value: number): string => Math.round(value).toLocaleString("en-US");
+const percent = (value: number): string => `${(100 * value).toFixed(1)}%`;
+const ms = (value: number): string => (value >= 10_000 ? `${(value / 1000).toFixed(1)} s` : `${int(value)} ms`);
+const signed = (value: number, digits = 0): string => `${value > 0 ? "+" : value < 0 ? "−" : "±"}${Math.abs(value).toFixed(digits)}`;
+
+export function renderDemo(result: DemoResult, config: DemoConfig): string {
+  const out: string[] = [];
+  const rate = config.time_scale === 1 ? "at its own request rate" : `at ${(1 / config.time_scale).toFixed(2).replace(/\.?0+$/, "")}× its request rate`;
+  out.push(`kvedge demo: ${config.workers} mock engines × ${int(config.capacity_blocks)} KV blocks of ${config.block_size} tokens;`
+    + ` ${int(config.requests)} requests of ${config.trace} ${rate} (${int(config.trace_span_s)} s of arrivals).`);
+  out.push("");
+  const header = ["policy", "hit rate", "prefill tokens", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "load spread"];
+  const rows = Object.entries(result.policies).map(([name, r]) => [
+    name, percent(r.hit_rate), `${(r.prefill_tokens / 1e6).toFixed(2)} M`, ms(r.ttft_p50_ms), ms(r.ttft_p99_ms),
+    `${r.tpot_p50_ms.toFixed(1)} ms`, `${r.tpot_p99_ms.toFixed(0)} ms`, r.load_spread.toFixed(2),
+  ]);
+  const widths = header.map((title, i) => Math.max(title.length, ...rows.map((row) => row[i]!.length)));
+  const format = (cells: string[]): string =>
+    cells.map((cell, i) => (i === 0 ? cell.padEnd(widths[i]!) : cell.padStart(widths[i]!))).join("  ");
+  out.push(format(header));
+  for (const row of rows) out.push(format(row));
+  const rejected = Object.entries(result.policies).filter(([, r]) => r.rejected > 0);
+  for (const [name, r] of rejected) out.push(`  (${name}: ${r.rejected} requests larger than an engine's cache were rejected)`);
+  out.push("");
+  const gains = Object.entries(result.gains);
+  if (gains.length > 0) {
+    const kvName = result.policies.kv_aware !== undefined ? "kv_aware (kvedge)" : "kv_aware_model";
+    out.push(`Gains of ${kvName}:`);
+    for (const [name, gain] of gains) {
+      out.push(`  vs ${name.padEnd(14)} ${signed(-gain.prefill_tokens_saved_pct, 1)}% prefill tokens,`
+        + ` hit rate ${signed(gain.hit_rate_points, 1)} points, TTFT p50 ${signed(gain.ttft_p50_change_pct)}%,`
+        + ` p99 ${signed(gain.ttft_p99_change_pct)}%`);
+    }
+    out.push("");
+  }
+  const router = result.router;
+  if (router !== null) {
+    out.push(`kvedge: ${int(router.decisions)} routing decisions, latency p50 ${router.route_latency_p50_ms.toFixed(2)} ms,`
+      + ` p99 ${router.route_latency_p99_ms.toFixed(2)} ms (client-measured, WebSocket on loopback);`
+      + ` predicted hit rate ${percent(router.predicted_hit_rate)}.`);
+    out.push(`  ${int(router.batches_published)} KV event batches published, ${int(router.batches_applied)} applied`
+      + ` (${int(router.batches_replayed)} recovered by replay, ${int(router.batches_lost)} lost, ${int(router.gaps)} gaps);`
+      + ` ${router.degraded_workers} degraded workers; ${router.lifecycle_errors} failed lifecycle calls.`);
+    out.push(`  Index vs engines at the end: ${router.index_matches_engines ? "identical" : "DIFFERENT"}`
+      + ` (${int(router.index_blocks)} blocks indexed, ${int(router.engine_cached_blocks)} cached).`);
+    out.push("");
+  }
+  const modes = new Set(Object.values(result.policies).map((r) => r.mode));
+  out.push(`Times are modeled (engine schedule in model time, not wall clock); runs: ${[...modes].join("; ")}.`);
+  const kv = result.policies.kv_aware;
+  out.push(`Took ${result.wall_s.toFixed(0)} s${kv === undefined || router === null ? "" : ` (kvedge replay ${kv.wall_s.toFixed(0)} s at ×${router.achieved_speedup.toFixed(1)})`}.`);
+  return `${out.join("\n")}\n`;
+}

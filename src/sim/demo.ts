@@ -1,0 +1,347 @@
+/**
+ * `kvedge demo`: what KV-aware routing buys, measured on one machine.
+ *
+ * 1. kv_aware: N networked mock engines in this process and one real `kvedge serve`
+ *    child subscribed to them (with replay endpoints). The trace is replayed in scaled
+ *    real time: each request is routed through kvedge's WebSocket API, submitted to the
+ *    chosen engine, and kvedge hears prefill_done / done when the engine model says so.
+ *    kvedge learns what each engine caches only from its KV events (ZMQ).
+ * 2. Baselines (round_robin, random, least_loaded, approx_prefix; kv_aware_model on
+ *    request): the same trace over fresh engines with the same seeds, routed in-process.
+ *    By default in virtual time: an in-process router makes a real-time replay
+ *    reproduce the virtual one exactly (test/sim/realtime.test.ts), so waiting for the
+ *    wall clock would only cost time. `realtimeBaselines` replays them in real time.
+ *
+ * Every policy is measured by the same code (./outcome.ts) from the engines' modeled
+ * schedule. Router-side numbers for kv_aware come from the client (route latency) and
+ * from kvedge itself (/v1/workers, /metrics, and /v1/dump compared with the engines'
+ * real cache contents at the end).
+ */
+import { kvedgeRouter, KvedgeClient } from "./kvedge-client";
+import { NetworkedEngine } from "./networked-engine";
+import { percentile, type PolicyReport } from "./outcome";
+import { createPolicy, type PolicyName } from "./policies";
+import { policyClient, replayRealtime, type RealtimeProgress } from "./realtime";
+import { startServeChild, type ServeChild } from "./serve-process";
+import { engineSeeds, simulate } from "./simulator";
+import type { TimeModel } from "./time-model";
+import type { Trace } from "./trace";
+
+export const DEMO_POLICIES = ["kv_aware", "round_robin", "random", "least_loaded", "approx_prefix", "kv_aware_model"] as const;
+export type DemoPolicy = (typeof DEMO_POLICIES)[number];
+export const DEFAULT_DEMO_POLICIES: readonly DemoPolicy[] = ["kv_aware", "round_robin", "random", "least_loaded", "approx_prefix"];
+
+export function isDemoPolicy(name: string): name is DemoPolicy {
+  return (DEMO_POLICIES as readonly string[]).includes(name);
+}
+
+export interface DemoOptions {
+  /** The trace to replay (already cut to the requests and time scale wanted). */
+  readonly trace: Trace;
+  readonly workers: number;
+  readonly capacityBlocks: number;
+  readonly blockSize: number;
+  readonly speedup: number;
+  readonly policies: readonly DemoPolicy[];
+  readonly seed: number;
+  readonly time: TimeModel;
+  readonly vocabSize: number;
+  readonly form: "array" | "map";
+  readonly realtimeBaselines: boolean;
+  /** Extra `kvedge serve` arguments (e.g. --cpus). */
+  readonly serveArgs: readonly string[];
+  /** How to start kvedge (default: this executable). */
+  readonly kvedgeCommand?: readonly string[];
+  /** Progress lines ("" when a phase ends); null: silent. */
+  readonly progress: ((line: string) => void) | null;
+}
+
+export interface DemoPolicyResult extends PolicyReport {
+  /** How the policy was run: through kvedge, or in-process in virtual / real time. */
+  readonly mode: "kvedge" | "in-process, virtual time" | "in-process, real time";
+  readonly wall_s: number;
+}
+
+export interface RouterReport {
+  readonly decisions: number;
+  /** Client-measured: WebSocket send → answer, ms. */
+  readonly route_latency_p50_ms: number;
+  readonly route_latency_p99_ms: number;
+  /** Σ overlap_blocks × block size / Σ prompt tokens: the hit rate kvedge expected. */
+  readonly predicted_hit_rate: number;
+  readonly batches_published: number;
+  /** Bytes of msgpack payload the engines published. */
+  readonly event_bytes_published: number;
+  readonly batches_applied: number;
+  readonly batches_replayed: number;
+  readonly batches_lost: number;
+  readonly gaps: number;
+  readonly degraded_workers: number;
+  readonly lifecycle_calls: number;
+  readonly lifecycle_errors: number;
+  /** Blocks kvedge's index holds / the engines cache, at the end. */
+  readonly index_blocks: number;
+  readonly engine_cached_blocks: number;
+  /** Every worker's indexed block hashes equal its engine's cached ones at the end. */
+  readonly index_matches_engines: boolean;
+  /** Model span / wall time of the kvedge replay. */
+  readonly achieved_speedup: number;
+}
+
+export interface Gain {
+  readonly prefill_tokens_saved_pct: number;
+  readonly hit_rate_points: number;
+  readonly ttft_p50_change_pct: number;
+  readonly ttft_p99_change_pct: number;
+}
+
+export interface DemoResult {
+  readonly policies: Record<string, DemoPolicyResult>;
+  readonly router: RouterReport | null;
+  /** The kv-aware row against each baseline (negative TTFT change = faster). */
+  readonly gains: Record<string, Gain>;
+  readonly wall_s: number;
+}
+
+/** Runs every requested policy and collects the results. */
+export async function runDemo(options: DemoOptions): Promise<DemoResult> {
+  const started = performance.now();
+  const policies: Record<string, DemoPolicyResult> = {};
+  let router: RouterReport | null = null;
+  for (const policy of options.policies) {
+    // Each run leaves ~100 MB of short-lived token arrays; collect them before the next
+    // so peak memory is one run's, not the sum of all.
+    Bun.gc(true);
+    const phaseStarted = performance.now();
+    if (policy === "kv_aware") {
+      const run = await runKvedge(options);
+      policies[policy] = { ...run.report, mode: "kvedge", wall_s: (performance.now() - phaseStarted) / 1000 };
+      router = run.router;
+    } else if (options.realtimeBaselines) {
+      const report = await runInProcessRealtime(policy, options);
+      policies[policy] = { ...report, mode: "in-process, real time", wall_s: (performance.now() - phaseStarted) / 1000 };
+    } else {
+      options.progress?.(`${policy}: replaying in virtual time…`);
+      const report = simulate(options.trace, {
+        policy, workers: options.workers, capacityBlocks: options.capacityBlocks, blockSize: options.blockSize,
+        time: options.time, seed: options.seed, vocabSize: options.vocabSize,
+      });
+      policies[policy] = { ...report, mode: "in-process, virtual time", wall_s: (performance.now() - phaseStarted) / 1000 };
+      options.progress?.("");
+    }
+  }
+  return { policies, router, gains: gainsOf(policies), wall_s: (performance.now() - started) / 1000 };
+}
+
+/** The kv-aware row (kvedge, else the in-process model) against every other policy. */
+export function gainsOf(policies: Record<string, PolicyReport>): Record<string, Gain> {
+  const kv = policies.kv_aware ?? policies.kv_aware_model;
+  if (kv === undefined) return {};
+  const gains: Record<string, Gain> = {};
+  for (const [name, other] of Object.entries(policies)) {
+    if (other === kv || name.startsWith("kv_aware")) continue;
+    gains[name] = {
+      prefill_tokens_saved_pct: pct(other.prefill_tokens - kv.prefill_tokens, other.prefill_tokens),
+      hit_rate_points: 100 * (kv.hit_rate - other.hit_rate),
+      ttft_p50_change_pct: pct(kv.ttft_p50_ms - other.ttft_p50_ms, other.ttft_p50_ms),
+      ttft_p99_change_pct: pct(kv.ttft_p99_ms - other.ttft_p99_ms, other.ttft_p99_ms),
+    };
+  }
+  return gains;
+}
+
+const pct = (part: number, whole: number): number => (whole === 0 ? 0 : (100 * part) / whole);
+
+async function startEngines(options: DemoOptions, withReplay: boolean): Promise<NetworkedEngine[]> {
+  const seeds = engineSeeds(options.seed, options.workers);
+  const engines: NetworkedEngine[] = [];
+  try {
+    for (let w = 0; w < options.workers; w++) {
+      engines.push(await new NetworkedEngine({
+        index: w, capacityBlocks: options.capacityBlocks, blockSize: options.blockSize, hashSeed: seeds[w]!,
+        time: options.time, endpoint: "tcp://127.0.0.1:0", replayEndpoint: withReplay ? "tcp://127.0.0.1:0" : null,
+        form: options.form,
+      }).start());
+    }
+  } catch (error) {
+    await Promise.all(engines.map((engine) => engine.close()));
+    throw error;
+  }
+  return engines;
+}
+
+function progressLine(name: string, progress: RealtimeProgress, startedMs: number): string {
+  const width = 24;
+  const fraction = progress.total === 0 ? 1 : progress.routed / progress.total;
+  const filled = Math.round(fraction * width);
+  const wall = (performance.now() - startedMs) / 1000;
+  const speed = wall > 0 ? progress.modelMs / 1000 / wall : 0;
+  return `${name.padEnd(14)} [${"#".repeat(filled)}${".".repeat(width - filled)}] ${progress.routed}/${progress.total} requests`
+    + `  model ${clock(progress.modelMs)}/${clock(progress.spanMs)}  ×${speed.toFixed(1)}  ${wall.toFixed(0)} s`;
+}
+
+function clock(ms: number): string {
+  const seconds = Math.max(0, Math.floor(ms / 1000));
+  return `${Math.floor(seconds / 60)}:${String(seconds % 60).padStart(2, "0")}`;
+}
+
+async function runKvedge(options: DemoOptions): Promise<{ report: PolicyReport; router: RouterReport }> {
+  const engines = await startEngines(options, true);
+  let serve: ServeChild | null = null;
+  let client: KvedgeClient | null = null;
+  try {
+    options.progress?.("kv_aware: starting kvedge serve…");
+    const workerIds = engines.map((_, w) => String(w));
+    const workers = engines.map((engine, w) => `${w}=${engine.endpoint};replay=${engine.replayEndpoint}`).join(",");
+    serve = await startServeChild({
+      args: ["--workers", workers, "--block-size", String(options.blockSize), "--log-level", "info", ...options.serveArgs],
+      ...(options.kvedgeCommand === undefined ? {} : { command: options.kvedgeCommand }),
+    });
+    await waitReady(serve.url, engines);
+    client = await KvedgeClient.connect(serve.url);
+    const { router, stats } = kvedgeRouter(client, workerIds, options.trace.count, "demo-");
+    const startedMs = performance.now();
+    const run = await replayRealtime("kv_aware", {
+      trace: options.trace, engines, router, speedup: options.speedup, blockSize: options.blockSize,
+      vocabSize: options.vocabSize,
+      ...(options.progress === null ? {} : { progress: (p: RealtimeProgress) => options.progress!(progressLine("kv_aware", p, startedMs)) }),
+    });
+    options.progress?.("");
+    await client.settle();
+    const routerReport = await routerSide(serve.url, engines, workerIds, client, stats, options.blockSize);
+    return { report: run.report, router: { ...routerReport, achieved_speedup: run.achievedSpeedup } };
+  } catch (error) {
+    if (serve !== null) {
+      const tail = serve.tail().slice(-10).join("\n");
+      if (tail !== "") (error as Error).message += `\nkvedge serve's last log lines:\n${tail}`;
+    }
+    throw error;
+  } finally {
+    client?.close();
+    await serve?.stop();
+    await Promise.all(engines.map((engine) => engine.close()));
+  }
+}
+
+/** Waits for /readyz and for every engine to see its subscriber (nothing published is lost). */
+async function waitReady(url: string, engines: readonly NetworkedEngine[], timeoutMs = 20_000): Promise<void> {
+  const deadline = performance.now() + timeoutMs;
+  for (;;) {
+    const ready = await fetch(`${url}/readyz`).then((response) => response.ok, () => false);
+    if (ready && engines.every((engine) => engine.subscribers > 0)) return;
+    if (performance.now() > deadline) throw new Error(`kvedge serve was not ready within ${timeoutMs} ms`);
+    await Bun.sleep(20);
+  }
+}
+
+interface WorkerJson {
+  readonly worker_id: string;
+  readonly degraded: boolean;
+  readonly blocks: number;
+  readonly last_seq: number;
+  readonly lost_batches: number;
+}
+
+async function getJson<T>(url: string): Promise<T> {
+  const response = await fetch(url);
+  if (!response.ok) throw new Error(`GET ${url}: HTTP ${response.status}`);
+  return await response.json() as T;
+}
+
+/** Sums a Prometheus counter's samples whose labels contain `match`. */
+function metricSum(text: string, name: string, match = ""): number {
+  let sum = 0;
+  for (const line of text.split("\n")) {
+    if (!line.startsWith(`${name}{`) && !line.startsWith(`${name} `)) continue;
+    if (!line.includes(match)) continue;
+    sum += Number(line.slice(line.lastIndexOf(" ") + 1));
+  }
+  return sum;
+}
+
+async function routerSide(
+  url: string, engines: readonly NetworkedEngine[], workerIds: readonly string[], client: KvedgeClient,
+  stats: ReturnType<typeof kvedgeRouter>["stats"], blockSize: number,
+): Promise<Omit<RouterReport, "achieved_speedup">> {
+  // Let kvedge catch up with the last batches before comparing.
+  const deadline = performance.now() + 10_000;
+  let workers: WorkerJson[] = [];
+  for (;;) {
+    workers = (await getJson<{ workers: WorkerJson[] }>(`${url}/v1/workers`)).workers;
+    const caughtUp = engines.every((engine, w) =>
+      workers.find((view) => view.worker_id === workerIds[w])?.last_seq === engine.lastSeq);
+    if (caughtUp || performance.now() > deadline) break;
+    await Bun.sleep(20);
+  }
+  const metrics = await (await fetch(`${url}/metrics`)).text();
+  const dump = await (await fetch(`${url}/v1/dump`)).text();
+  const held = heldByWorker(dump);
+  let matches = true;
+  let engineBlocks = 0;
+  for (let w = 0; w < engines.length; w++) {
+    const snapshot = engines[w]!.engine.cache.snapshot();
+    engineBlocks += snapshot.length;
+    const indexed = held.get(workerIds[w]!) ?? new Set<string>();
+    if (indexed.size !== snapshot.length || !snapshot.every((block) => indexed.has(block.hash.toString()))) matches = false;
+  }
+  let overlapTokens = 0;
+  let promptTokens = 0;
+  for (let i = 0; i < stats.overlapBlocks.length; i++) {
+    overlapTokens += stats.overlapBlocks[i]! * blockSize;
+    promptTokens += stats.promptTokens[i]!;
+  }
+  const latencies = Float64Array.from(stats.latencyMs.filter((value) => !Number.isNaN(value))).sort();
+  return {
+    decisions: latencies.length,
+    route_latency_p50_ms: percentile(latencies, 0.5),
+    route_latency_p99_ms: percentile(latencies, 0.99),
+    predicted_hit_rate: promptTokens === 0 ? 0 : overlapTokens / promptTokens,
+    batches_published: engines.reduce((sum, engine) => sum + engine.counters.batches, 0),
+    event_bytes_published: engines.reduce((sum, engine) => sum + engine.counters.bytes, 0),
+    batches_applied: metricSum(metrics, "kvedge_ingest_batches_total", 'status="applied"'),
+    batches_replayed: metricSum(metrics, "kvedge_ingest_batches_total", 'status="replayed"'),
+    batches_lost: workers.reduce((sum, view) => sum + view.lost_batches, 0),
+    gaps: metricSum(metrics, "kvedge_ingest_gaps_total"),
+    degraded_workers: workers.filter((view) => view.degraded).length,
+    lifecycle_calls: client.counters.lifecycleCalls,
+    lifecycle_errors: client.counters.lifecycleErrors,
+    index_blocks: workers.reduce((sum, view) => sum + view.blocks, 0),
+    engine_cached_blocks: engineBlocks,
+    index_matches_engines: matches,
+  };
+}
+
+/** Per worker (decimal id), the external block hashes an index dump leaves held. */
+function heldByWorker(dump: string): Map<string, Set<string>> {
+  const held = new Map<string, Set<string>>();
+  for (const line of dump.split("\n")) {
+    if (line === "") continue;
+    const op = JSON.parse(line) as { op: string; worker_id: string; block_hashes?: string[] };
+    let set = held.get(op.worker_id);
+    if (set === undefined) held.set(op.worker_id, (set = new Set()));
+    if (op.op === "stored") for (const hash of op.block_hashes ?? []) set.add(hash);
+    else if (op.op === "removed") for (const hash of op.block_hashes ?? []) set.delete(hash);
+    else if (op.op === "cleared") set.clear();
+  }
+  return held;
+}
+
+async function runInProcessRealtime(policy: Exclude<DemoPolicy, "kv_aware">, options: DemoOptions): Promise<PolicyReport> {
+  const engines = await startEngines(options, false);
+  try {
+    const routing = createPolicy(policy as PolicyName, {
+      workers: options.workers, blockSize: options.blockSize, seed: options.seed,
+      probe: (worker, query) => engines[worker]!.engine.cache.cachedPrefixBlocks(query.tokens, query.promptLength),
+    });
+    const startedMs = performance.now();
+    const run = await replayRealtime(policy, {
+      trace: options.trace, engines, router: policyClient(routing), speedup: options.speedup,
+      blockSize: options.blockSize, vocabSize: options.vocabSize,
+      ...(options.progress === null ? {} : { progress: (p: RealtimeProgress) => options.progress!(progressLine(policy, p, startedMs)) }),
+    });
+    options.progress?.("");
+    return run.report;
+  } finally {
+    await Promise.all(engines.map((engine) => engine.close()));
+  }
+}

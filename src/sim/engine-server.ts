@@ -1,0 +1,208 @@
+/**
+ * A standalone mock engine: a NetworkedEngine run in real time by a Pacer, taking
+ * requests over a small HTTP API (`kvedge mock-engine`), so `kvedge replay` (or any
+ * client) can drive a fleet of them like real engines.
+ *
+ *   POST /v1/generate {"request_id"?: "...", "token_ids": [...], "max_tokens": N, "stream"?: bool}
+ *     → when done: {"request_id", "prompt_tokens", "cached_tokens", "output_tokens",
+ *                   "ttft_ms", "e2e_ms"}            (model ms from arrival)
+ *     → with "stream": true, NDJSON: {"event":"first_token", "request_id", "ttft_ms",
+ *       "cached_tokens"} at the first token, then {"event":"done", …the fields above}.
+ *     The engine generates exactly max_tokens synthetic tokens (unique per request).
+ *     413 if prompt + max_tokens can never fit in the engine's cache.
+ *   POST /v1/reset   vLLM's reset_prefix_cache: AllBlocksCleared (409 while requests run)
+ *   GET  /v1/stats   engine, cache and publisher counters
+ *   GET  /healthz
+ *
+ * Requests arrive at the engine's current model time (model ms = wall ms × speedup
+ * since start); TTFT and e2e come from the engine model, not from the wall clock.
+ */
+import type { Server } from "bun";
+import {
+  asObject, errorReply, HttpError, optionalInt, optionalString, readBody, reply, tokenIds,
+} from "../server/http";
+import type { Logger } from "../util/log";
+import type { EngineRequest } from "./engine";
+import type { NetworkedEngine } from "./networked-engine";
+import { Pacer } from "./pacer";
+import { writeOutputTokens } from "./tokens";
+
+export interface EngineServerOptions {
+  readonly networked: NetworkedEngine;
+  readonly speedup: number;
+  readonly host: string;
+  readonly port: number;
+  readonly vocabSize: number;
+  readonly log: Logger;
+  readonly bodyLimitBytes?: number;
+}
+
+/** Most output tokens one request may ask for. */
+export const MAX_TOKENS_MAX = 1 << 20;
+/** Most requests in the engine at once (running + queued); beyond it: 503. */
+export const IN_FLIGHT_MAX = 100_000;
+const BODY_LIMIT_BYTES = 64 * 1024 * 1024;
+
+interface InFlight {
+  readonly requestId: string;
+  readonly arrivalMs: number;
+  readonly promptTokens: number;
+  readonly outputTokens: number;
+  cachedTokens: number;
+  firstTokenMs: number;
+  finishMs: number;
+  onFirstToken: (() => void) | null;
+  resolveDone: () => void;
+}
+
+export class EngineServer {
+  private readonly pacer: Pacer;
+  private readonly inFlight = new Map<number, InFlight>();
+  private nextId = 0;
+  private server: Server<undefined> | null = null;
+  readonly counters = { requests: 0, completed: 0, rejected: 0 };
+
+  constructor(private readonly options: EngineServerOptions) {
+    const networked = options.networked;
+    this.pacer = new Pacer([networked], options.speedup);
+    networked.listener = {
+      prefillDone: (request: EngineRequest, nowMs: number, cachedTokens: number) => {
+        const entry = this.inFlight.get(request.id);
+        if (entry === undefined) return;
+        entry.cachedTokens = cachedTokens;
+        entry.firstTokenMs = nowMs;
+        entry.onFirstToken?.();
+      },
+      finished: (request: EngineRequest, nowMs: number) => {
+        const entry = this.inFlight.get(request.id);
+        if (entry === undefined) return;
+        entry.finishMs = nowMs;
+        this.inFlight.delete(request.id);
+        this.counters.completed++;
+        entry.resolveDone();
+      },
+    };
+  }
+
+  /** Starts the clock and the HTTP server; resolves with its URL. */
+  start(): string {
+    this.pacer.start(0);
+    const limit = this.options.bodyLimitBytes ?? BODY_LIMIT_BYTES;
+    const wrap = (handler: (request: Request) => Promise<Response> | Response) => async (request: Request) => {
+      try {
+        return await handler(request);
+      } catch (error) {
+        if (error instanceof HttpError) return errorReply(request, error);
+        this.options.log.error("request failed", { error: error instanceof Error ? error.stack ?? error.message : String(error) });
+        return errorReply(request, new HttpError(500, "internal error"));
+      }
+    };
+    this.server = Bun.serve({
+      hostname: this.options.host,
+      port: this.options.port,
+      maxRequestBodySize: limit + 1024 * 1024,
+      routes: {
+        "/v1/generate": { POST: wrap(async (request) => await this.generate(request, await readBody(request, limit))) },
+        "/v1/reset": { POST: wrap((request) => this.reset(request)) },
+        "/v1/stats": { GET: wrap((request) => reply(request, 200, this.stats())) },
+        "/healthz": { GET: wrap((request) => reply(request, 200, { status: "ok" })) },
+      },
+      fetch: (request) => errorReply(request, new HttpError(404, `no such endpoint: ${new URL(request.url).pathname}`)),
+    });
+    const host = this.options.host.includes(":") ? `[${this.options.host}]` : this.options.host;
+    return `http://${host}:${this.server.port}`;
+  }
+
+  async stop(): Promise<void> {
+    this.pacer.stop();
+    await this.server?.stop(true);
+    this.server = null;
+  }
+
+  stats() {
+    const { networked } = this.options;
+    const engine = networked.engine;
+    return {
+      model_ms: this.pacer.modelNow(),
+      speedup: this.pacer.speedup,
+      requests: this.counters,
+      engine: { ...engine.counters, running: engine.runningCount, waiting: engine.waitingCount },
+      cache: {
+        ...engine.cache.counters, capacity_blocks: engine.cache.capacityBlocks, block_size: engine.cache.blockSize,
+        cached_blocks: engine.cache.cachedBlocks, used_blocks: engine.cache.usedBlocks,
+      },
+      publisher: { ...networked.counters, last_seq: networked.lastSeq, subscribers: networked.subscribers },
+    };
+  }
+
+  private async generate(request: Request, raw: unknown): Promise<Response> {
+    const body = asObject(raw);
+    const prompt = tokenIds(body);
+    if (prompt.length === 0) throw new HttpError(400, "token_ids must not be empty");
+    const maxTokens = optionalInt(body, "max_tokens", 1, MAX_TOKENS_MAX);
+    if (maxTokens === null) throw new HttpError(400, `max_tokens is required (an integer in [1, ${MAX_TOKENS_MAX}])`);
+    const requestId = optionalString(body, "request_id") ?? `req-${this.nextId}`;
+    const stream = body.stream === true;
+    if (body.stream !== undefined && typeof body.stream !== "boolean") throw new HttpError(400, "stream must be a boolean");
+    if (this.inFlight.size >= IN_FLIGHT_MAX) throw new HttpError(503, `the engine holds ${IN_FLIGHT_MAX} requests already`);
+
+    const engine = this.options.networked.engine;
+    const blocks = engine.cache.blocksFor(prompt.length + maxTokens);
+    if (blocks > engine.cache.capacityBlocks) {
+      this.counters.rejected++;
+      throw new HttpError(413, `prompt + max_tokens need ${blocks} KV blocks; the engine has ${engine.cache.capacityBlocks}`);
+    }
+    const id = this.nextId++;
+    const tokens = new Uint32Array(prompt.length + maxTokens);
+    tokens.set(prompt);
+    writeOutputTokens(id, maxTokens, this.options.vocabSize, tokens, prompt.length);
+    this.pacer.advance();
+    const arrivalMs = this.pacer.modelNow();
+    let resolveDone!: () => void;
+    const done = new Promise<void>((resolve) => {
+      resolveDone = resolve;
+    });
+    const entry: InFlight = {
+      requestId, arrivalMs, promptTokens: prompt.length, outputTokens: maxTokens, cachedTokens: 0,
+      firstTokenMs: Number.NaN, finishMs: Number.NaN, onFirstToken: null, resolveDone,
+    };
+    this.inFlight.set(id, entry);
+    this.counters.requests++;
+    if (!engine.submit({ id, tokens, promptLength: prompt.length }, arrivalMs)) {
+      throw new Error("the engine rejected a request that fits its cache"); // checked above
+    }
+    this.options.networked.publish();
+    this.pacer.kick();
+    const summary = () => ({
+      request_id: requestId, prompt_tokens: entry.promptTokens, cached_tokens: entry.cachedTokens,
+      output_tokens: entry.outputTokens, ttft_ms: entry.firstTokenMs - arrivalMs, e2e_ms: entry.finishMs - arrivalMs,
+    });
+    if (!stream) {
+      await done;
+      return reply(request, 200, summary());
+    }
+    const encoder = new TextEncoder();
+    const lines = new ReadableStream<Uint8Array>({
+      start: (controller) => {
+        const line = (value: unknown) => controller.enqueue(encoder.encode(`${JSON.stringify(value)}\n`));
+        const first = () => line({
+          event: "first_token", request_id: requestId, ttft_ms: entry.firstTokenMs - arrivalMs, cached_tokens: entry.cachedTokens,
+        });
+        if (Number.isNaN(entry.firstTokenMs)) entry.onFirstToken = first;
+        else first();
+        void done.then(() => {
+          line({ event: "done", ...summary() });
+          controller.close();
+        });
+      },
+    });
+    return new Response(lines, { headers: { "content-type": "application/x-ndjson" } });
+  }
+
+  private reset(request: Request): Response {
+    if (!this.options.networked.reset()) {
+      throw new HttpError(409, "requests are running or queued: the prefix cache cannot be reset now");
+    }
+    return reply(request, 200, { status: "cleared", seq: this.options.networked.lastSeq });
+  }
+}

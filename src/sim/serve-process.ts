@@ -1,0 +1,117 @@
+/**
+ * Runs `kvedge serve` as a child process of this same executable: the compiled binary
+ * runs `<binary> serve …`; from source under Bun, `<bun> src/cli/main.ts serve …`.
+ * Waits for its "listening" log line (JSON logs on stderr) and keeps the last lines for
+ * error messages.
+ */
+import type { Subprocess } from "bun";
+import { join } from "node:path";
+
+/** The argv that starts `kvedge` the way this process was started. */
+export function kvedgeCommand(): string[] {
+  const compiled = import.meta.path.startsWith("/$bunfs/");
+  return compiled ? [process.execPath] : [process.execPath, join(import.meta.dir, "..", "cli", "main.ts")];
+}
+
+/** Children still running: killed if this process is stopped by a signal or exits. */
+const children = new Set<Subprocess>();
+let handlersInstalled = false;
+
+function installHandlers(): void {
+  if (handlersInstalled) return;
+  handlersInstalled = true;
+  const killAll = (): void => {
+    for (const child of children) child.kill("SIGTERM");
+  };
+  process.on("exit", killAll);
+  for (const [signal, code] of [["SIGINT", 130], ["SIGTERM", 143]] as const) {
+    process.once(signal, () => {
+      killAll();
+      process.exit(code);
+    });
+  }
+}
+
+/** Log lines kept for error messages. */
+const TAIL_LINES = 40;
+
+export interface ServeChild {
+  readonly url: string;
+  readonly pid: number;
+  /** The last log lines (JSON text), oldest first. */
+  tail(): string[];
+  /** SIGTERM, then SIGKILL after `graceMs`; resolves with the exit code. */
+  stop(graceMs?: number): Promise<number>;
+}
+
+export interface ServeChildOptions {
+  /** Arguments after `serve`. `--port 0 --log-format json` are added. */
+  readonly args: readonly string[];
+  readonly command?: readonly string[];
+  readonly startTimeoutMs?: number;
+}
+
+export async function startServeChild(options: ServeChildOptions): Promise<ServeChild> {
+  const command = options.command ?? kvedgeCommand();
+  const proc: Subprocess<"ignore", "ignore", "pipe"> = Bun.spawn(
+    [...command, "serve", "--port", "0", "--log-format", "json", ...options.args],
+    { stdin: "ignore", stdout: "ignore", stderr: "pipe" },
+  );
+  installHandlers();
+  children.add(proc);
+  void proc.exited.then(() => children.delete(proc));
+  const lines: string[] = [];
+  const listener: { resolve: ((url: string) => void) | null } = { resolve: null };
+  const url = new Promise<string>((resolve) => {
+    listener.resolve = resolve;
+  });
+  void (async () => {
+    const decoder = new TextDecoder();
+    let pending = "";
+    for await (const chunk of proc.stderr) {
+      pending += decoder.decode(chunk, { stream: true });
+      for (let newline = pending.indexOf("\n"); newline >= 0; newline = pending.indexOf("\n")) {
+        const line = pending.slice(0, newline);
+        pending = pending.slice(newline + 1);
+        lines.push(line);
+        if (lines.length > TAIL_LINES) lines.shift();
+        if (listener.resolve !== null && line.includes('"listening"')) {
+          try {
+            const record = JSON.parse(line) as Record<string, unknown>;
+            if (record.msg === "listening" && typeof record.url === "string") {
+              listener.resolve(record.url);
+              listener.resolve = null;
+            }
+          } catch {
+            // Not a JSON log line: kept in the tail only.
+          }
+        }
+      }
+    }
+  })();
+  const timeoutMs = options.startTimeoutMs ?? 30_000;
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const failed = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`kvedge serve did not listen within ${timeoutMs} ms`)), timeoutMs);
+    void proc.exited.then((code) => reject(new Error(`kvedge serve exited with code ${code} before listening`)));
+  });
+  failed.catch(() => {}); // it loses the race when serve starts; later exits are not errors here
+  const stop = async (graceMs = 5_000): Promise<number> => {
+    if (proc.exitCode !== null || proc.signalCode !== null) return proc.exitCode ?? 1;
+    proc.kill("SIGTERM");
+    const killer = setTimeout(() => proc.kill("SIGKILL"), graceMs);
+    const code = await proc.exited;
+    clearTimeout(killer);
+    return code;
+  };
+  try {
+    const address = await Promise.race([url, failed]);
+    return { url: address, pid: proc.pid, tail: () => [...lines], stop };
+  } catch (error) {
+    await stop(1_000);
+    const detail = lines.slice(-10).join("\n");
+    throw new Error(`${(error as Error).message}${detail === "" ? "" : `; its last log lines:\n${detail}`}`);
+  } finally {
+    clearTimeout(timer);
+  }
+}

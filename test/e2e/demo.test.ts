@@ -1,0 +1,82 @@
+// Goal: a short `kvedge demo` run (the compiled binary, which starts its own
+// `kvedge serve` child) prints one JSON object of the documented shape, kvedge's index
+// equals the engines' caches at the end, and KV-aware routing through kvedge reuses
+// more cache than round robin on the conversation trace. Plus the text table and
+// usage errors.
+import { describe, expect, test } from "bun:test";
+import { join } from "node:path";
+import { ROOT, runKvedge } from "../support/kvedge";
+
+type Json = Record<string, any>;
+const POLICIES = ["kv_aware", "round_robin", "random", "least_loaded", "approx_prefix"];
+
+describe("kvedge demo", () => {
+  test("--json: the shape, the router's numbers, and kv_aware beats round_robin on hit rate", async () => {
+    // 800 requests over 8 engines: early in the trace, where fewer requests or engines
+    // leave so little reuse that the comparison would hinge on tie-breaks.
+    const result = await runKvedge(["demo", "--requests", "800", "--workers", "8", "--time-scale", "1", "--speedup", "150",
+      "--no-pin", "--json"]);
+    expect(result.code).toBe(0);
+    const lines = result.stdout.trim().split("\n");
+    expect(lines).toHaveLength(1);
+    const demo = JSON.parse(lines[0]!) as Json;
+    expect(Object.keys(demo.policies)).toEqual(POLICIES);
+    for (const name of POLICIES) {
+      const policy = demo.policies[name];
+      for (const field of ["hit_rate", "prefill_tokens", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "load_spread"]) {
+        expect(typeof policy[field]).toBe("number");
+        expect(Number.isFinite(policy[field])).toBe(true);
+      }
+      expect(policy.hit_rate).toBeGreaterThanOrEqual(0);
+      expect(policy.hit_rate).toBeLessThanOrEqual(1);
+      expect(policy.ttft_p99_ms).toBeGreaterThanOrEqual(policy.ttft_p50_ms);
+      expect(policy.completed + policy.rejected).toBe(800);
+      expect(policy.cached_tokens + policy.prefill_tokens).toBe(policy.prompt_tokens);
+      expect(policy.worker_requests).toHaveLength(8);
+    }
+    // Every policy saw the same requests.
+    expect(new Set(POLICIES.map((name) => demo.policies[name].prompt_tokens + demo.policies[name].rejected)).size).toBe(1);
+    expect(demo.policies.kv_aware.mode).toBe("kvedge");
+    expect(demo.policies.kv_aware.hit_rate).toBeGreaterThan(demo.policies.round_robin.hit_rate);
+    expect(demo.policies.kv_aware.prefill_tokens).toBeLessThan(demo.policies.round_robin.prefill_tokens);
+    const router = demo.router;
+    expect(router.decisions).toBe(800);
+    expect(router.index_matches_engines).toBe(true);
+    expect(router.batches_lost).toBe(0);
+    expect(router.batches_applied + router.batches_replayed).toBe(router.batches_published);
+    expect(router.lifecycle_errors).toBe(0);
+    expect(router.route_latency_p99_ms).toBeGreaterThanOrEqual(router.route_latency_p50_ms);
+    expect(Object.keys(demo.gains)).toEqual(POLICIES.slice(1));
+    expect(typeof demo.gains.round_robin.prefill_tokens_saved_pct).toBe("number");
+    expect(demo.config).toMatchObject({ requests: 800, workers: 8, capacity_blocks: 32_768, block_size: 16 });
+  });
+
+  test("from source under Bun, the demo starts kvedge serve from source too", async () => {
+    const child = Bun.spawn([process.execPath, join(ROOT, "src", "cli", "main.ts"), "demo", "--requests", "60", "--workers", "2",
+      "--policies", "kv_aware", "--speedup", "200", "--no-pin", "--json"], { cwd: ROOT, stdout: "pipe", stderr: "pipe" });
+    const [stdout, stderr, code] = await Promise.all([new Response(child.stdout).text(), new Response(child.stderr).text(), child.exited]);
+    expect(stderr).toBe("");
+    expect(code).toBe(0);
+    const demo = JSON.parse(stdout) as Json;
+    expect(demo.router.decisions).toBe(60);
+    expect(demo.router.index_matches_engines).toBe(true);
+  });
+
+  test("the text table (in-process policies only: no serve needed)", async () => {
+    const result = await runKvedge(["demo", "--requests", "200", "--workers", "4", "--policies", "kv_aware_model,round_robin"]);
+    expect(result.code).toBe(0);
+    expect(result.stdout).toContain("policy");
+    expect(result.stdout).toMatch(/kv_aware_model +\d+\.\d%/);
+    expect(result.stdout).toContain("Gains of kv_aware_model:");
+    expect(result.stdout).toContain("vs round_robin");
+    expect(result.stdout).not.toContain("\x1b"); // no progress bar without a terminal
+  });
+
+  test("usage errors are one line, exit 2", async () => {
+    for (const args of [["--policies", "fastest"], ["--workers", "0"], ["--trace", "/no/such/file"], ["--speedup", "fast"], ["extra"]]) {
+      const result = await runKvedge(["demo", ...args]);
+      expect(result.code).toBe(2);
+      expect(result.stderr.trim().split("\n")).toHaveLength(1);
+    }
+  });
+});
