@@ -273,3 +273,27 @@ describe("lifecycle of the process", () => {
     expect(file.stderr).toContain("/nonexistent/kvedge.toml");
   });
 });
+
+describe("a kvedge that starts after its engine", () => {
+  test("recovers what the engine published before it subscribed, through replay from 0", async () => {
+    const engine = await new TestEngine({ replay: true }).start();
+    // Published before any subscriber exists: lost on the wire, kept in the replay ring.
+    engine.publish([stored([1n, 2n], TOKENS.slice(0, 8), BS)]);
+    engine.publish([stored([3n], TOKENS.slice(8, 12), BS, 2n)]);
+    engine.publish([removed([3n])]);
+    const serve = await startServe(["--block-size", String(BS), "--workers", `1=${engine.endpoint};replay=${engine.replayEndpoint}`]);
+    try {
+      await engine.waitForSubscriber();
+      engine.publish([stored([4n], [9, 9, 9, 9], BS)]); // seq 3: a gap from 0
+      const worker = await eventually(async () => {
+        const w = await workerOf(serve, "1");
+        return w?.last_seq === 3 ? w : undefined;
+      }, 10_000, "replayed history");
+      expect(worker).toMatchObject({ blocks: 3, degraded: false, lost_batches: 0 });
+      expect(await scores(serve)).toEqual([{ worker_id: "1", dp_rank: 0, blocks: 2 }]);
+    } finally {
+      await serve.stop();
+      await engine.stop();
+    }
+  });
+});
