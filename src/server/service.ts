@@ -132,7 +132,6 @@ export class KvRouterService {
 
   /** Per-worker matched prefix length in blocks, sorted as `kvedge apply` sorts. */
   match(local: Uint32Array, count: number): MatchScore[] {
-    this.matches.ensure(this.index.stats().workers);
     this.index.findMatches(local, count, this.matches);
     const scores: MatchScore[] = [];
     for (let i = 0; i < this.matches.count; i++) {
@@ -177,7 +176,6 @@ export class KvRouterService {
   private overlaps(local: Uint32Array, count: number): Overlaps {
     const index = this.index;
     const matches = this.matches;
-    matches.ensure(index.stats().workers);
     index.findMatches(local, count, matches);
     if (this.overlapSlots.length < matches.count) {
       this.overlapSlots = new Int32Array(matches.workers.length);

@@ -15,8 +15,9 @@ import type { ServerWebSocket, WebSocketHandler } from "bun";
 import { Packr } from "msgpackr";
 import type { Logger } from "../util/log";
 import { lifecycleOp, matchOp, routeOp } from "./api";
-import { HttpError } from "./http";
+import { HttpError, toJson } from "./http";
 import type { ServerMetrics } from "./metrics";
+import { parseRequestJson } from "./request-json";
 import type { KvRouterService } from "./service";
 
 export interface WsData {
@@ -73,7 +74,7 @@ export function websocketHandlers(
       const binary = typeof message !== "string";
       let parsed: unknown;
       try {
-        parsed = binary ? packr.unpack(message) : JSON.parse(message);
+        parsed = binary ? packr.unpack(message) : parseRequestJson(message);
       } catch (error) {
         send(ws, binary, { id: null, status: 400, error: `malformed ${binary ? "MessagePack" : "JSON"}: ${(error as Error).message}` });
         return;
@@ -107,8 +108,6 @@ function run(service: KvRouterService, op: string, body: Record<string, unknown>
   }
 }
 
-const bigintAsString = (_key: string, value: unknown): unknown => (typeof value === "bigint" ? value.toString() : value);
-
 function send(ws: ServerWebSocket<WsData>, binary: boolean, payload: unknown): void {
-  ws.send(binary ? packr.pack(payload) : JSON.stringify(payload, bigintAsString));
+  ws.send(binary ? packr.pack(payload) : toJson(payload));
 }
