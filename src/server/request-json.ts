@@ -48,8 +48,6 @@ const CLOSE_BRACKET = 0x5d;
 const ZERO = 0x30;
 const NINE = 0x39;
 const U32_MAX = 0xffff_ffff;
-/** Digits of 4294967295. */
-const TOKEN_DIGITS_MAX = 10;
 
 // The scanner's state: the text and the position, shared by the functions below (one
 // request is scanned at a time; nothing here is re-entered).
@@ -58,11 +56,7 @@ let at = 0;
 let scratch = new Uint32Array(4096);
 
 function skipSpace(): void {
-  for (;;) {
-    const c = text.charCodeAt(at);
-    if (c !== SPACE && c !== LF && c !== CR && c !== TAB) return;
-    at++;
-  }
+  while (isSpace(text.charCodeAt(at))) at++;
 }
 
 /** The top level: an object, or an array of objects. Undefined = use JSON.parse. */
@@ -162,42 +156,56 @@ function scanObject(): Record<string, unknown> | undefined {
 
 /** `[` integer (`,` integer)* `]` with plain decimal integers in [0, 2^32); undefined otherwise. */
 function scanTokens(): Uint32Array | undefined {
-  if (text.charCodeAt(at) !== OPEN_BRACKET) return undefined;
-  at++;
-  skipSpace();
-  let count = 0;
-  if (text.charCodeAt(at) === CLOSE_BRACKET) {
-    at++;
+  // Locals, not the module's `text`/`at`: this loop runs once per character.
+  const source = text;
+  let i = at;
+  let out = scratch;
+  if (source.charCodeAt(i) !== OPEN_BRACKET) return undefined;
+  let c = source.charCodeAt(++i);
+  while (isSpace(c)) c = source.charCodeAt(++i);
+  if (c === CLOSE_BRACKET) {
+    at = i + 1;
     return new Uint32Array(0);
   }
+  let count = 0;
   for (;;) {
-    let c = text.charCodeAt(at);
-    if (c < ZERO || c > NINE) return undefined;
-    const digitsStart = at;
-    let value = 0;
-    do {
-      value = value * 10 + (c - ZERO);
-      c = text.charCodeAt(++at);
-    } while (c >= ZERO && c <= NINE);
-    const digits = at - digitsStart;
-    // A leading zero (JSON forbids it), or more digits than a u32 has: JSON.parse decides.
-    if (digits > TOKEN_DIGITS_MAX || (digits > 1 && text.charCodeAt(digitsStart) === ZERO) || value > U32_MAX) return undefined;
-    if (count === TOKENS_MAX) return undefined;
-    if (count === scratch.length) {
-      const grown = new Uint32Array(scratch.length * 2);
-      grown.set(scratch);
-      scratch = grown;
+    let value = c - ZERO;
+    if (value === 0) {
+      c = source.charCodeAt(++i);
+      if (c >= ZERO && c <= NINE) return undefined; // a leading zero: JSON.parse decides
+    } else {
+      if (!(value >= 1 && value <= 9)) return undefined;
+      c = source.charCodeAt(++i);
+      while (c >= ZERO && c <= NINE) {
+        value = value * 10 + (c - ZERO);
+        c = source.charCodeAt(++i);
+      }
+      // Also catches any number of extra digits (the value only grows).
+      if (value > U32_MAX) return undefined;
     }
-    scratch[count++] = value;
-    if (c === SPACE || c === LF || c === CR || c === TAB) {
-      skipSpace();
-      c = text.charCodeAt(at);
+    if (count === out.length) {
+      if (count === TOKENS_MAX) return undefined;
+      const grown = new Uint32Array(Math.min(TOKENS_MAX, out.length * 2));
+      grown.set(out);
+      scratch = out = grown;
     }
-    at++;
-    if (c === CLOSE_BRACKET) return scratch.slice(0, count);
-    if (c !== COMMA) return undefined;
-    skipSpace();
+    out[count++] = value;
+    if (c !== COMMA) {
+      while (isSpace(c)) c = source.charCodeAt(++i);
+      if (c === CLOSE_BRACKET) {
+        at = i + 1;
+        return out.slice(0, count);
+      }
+      if (c !== COMMA) return undefined;
+    }
+    c = source.charCodeAt(++i);
+    while (isSpace(c)) c = source.charCodeAt(++i);
   }
+}
+
+/** JSON whitespace (all four are at most 0x20; NaN, past the end, is not). */
+function isSpace(c: number): boolean {
+  return c <= SPACE && (c === SPACE || c === LF || c === CR || c === TAB);
 }
 
 /**

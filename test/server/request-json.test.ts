@@ -94,7 +94,8 @@ describe("fast path", () => {
 
 describe("everything else is JSON.parse's answer", () => {
   test.each([
-    '{"token_ids":[-1]}', '{"token_ids":[1.5]}', '{"token_ids":[1e3]}', '{"token_ids":[1E3]}', '{"token_ids":[01]}',
+    '{"token_ids":[00]}', '{"token_ids":[0 , 0 ]}', '{"token_ids":[ ]}', '{"token_ids":[0x1]}', '{"token_ids":[1]]}',
+    '{"token_ids":[123456789012345678901234567890]}', '{"token_ids":[4294967295,4294967295]}', '{"token_ids":[-1]}', '{"token_ids":[1.5]}', '{"token_ids":[1e3]}', '{"token_ids":[1E3]}', '{"token_ids":[01]}',
     '{"token_ids":[4294967296]}', '{"token_ids":[99999999999]}', '{"token_ids":["1"]}', '{"token_ids":[null]}',
     '{"token_ids":[1,]}', '{"token_ids":[,1]}', '{"token_ids":[1 2]}', '{"token_ids":[1],"token_ids":[2]}',
     '{"token_ids":"1 2"}', '{"token_ids":null}', '{"token_ids":{}}', '{"token\\u005fids":[1]}', '{"token_ids":[1]',
