@@ -61,7 +61,7 @@ export function websocketHandlers(
       const status = error instanceof HttpError ? error.status : 500;
       response = { id, status, error: error instanceof HttpError ? error.message : "internal error" };
     }
-    metrics.observeHttp(`/v1/ws ${KNOWN_OPS.has(op) ? op : "invalid"}`, response.status, (performance.now() - started) / 1000);
+    metrics.observeHttp(OP_LABELS.get(op) ?? "/v1/ws invalid", response.status, (performance.now() - started) / 1000);
     return response;
   };
 
@@ -92,7 +92,8 @@ export function websocketHandlers(
   };
 }
 
-const KNOWN_OPS = new Set(["route", "match", "prefill_done", "done"]);
+/** The metrics' route label of each op. */
+const OP_LABELS = new Map(["route", "match", "prefill_done", "done"].map((op) => [op, `/v1/ws ${op}`]));
 
 function run(service: KvRouterService, op: string, body: Record<string, unknown>): unknown {
   switch (op) {
