@@ -231,7 +231,7 @@ async function oneRun(run: number, list: Scenario[]): Promise<RunRecord> {
         seed: SEED, fleetWorkers: WORKERS, fleetPairs: TARGET_PAIRS, uniqueBase: uniqueBase++, serverPid: serve.proc.pid,
       });
       record.results[scenario.name] = result;
-      if (!json) console.error(`  ${scenario.name}: ${formatResult(result)}`, process.env.BENCH_DEBUG ? result : "");
+      if (!json) console.error(`  ${scenario.name}: ${formatResult(result)}`);
       // Let the TTL expire this scenario's requests before the next one starts.
       await Bun.sleep(REQUEST_TTL_SECS * 1000 + 500);
     }
@@ -289,6 +289,7 @@ const rows = list.map((scenario) => {
   };
 });
 const setup = {
+  binary: profileDir === undefined ? BINARY : "bun src/cli/main.ts (profiling)",
   workers: WORKERS,
   pairs: records[0]!.pairs,
   blockSize: 16,

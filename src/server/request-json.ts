@@ -14,10 +14,11 @@
  *
  * Why the result equals JSON.parse's: the text outside `token_ids` is re-parsed by
  * JSON.parse verbatim (members in their order, `token_ids` as a placeholder, so keys
- * keep JSON.parse's order and a duplicate key still ends with the last value); the scanner itself only checks the separators between members and the
- * integers, and gives up on anything it does not fully understand. A top-level member
- * text that is not valid JSON makes that JSON.parse throw, and the whole text then goes
- * to JSON.parse for the error.
+ * keep JSON.parse's order and a duplicate key still ends with the last value); the
+ * scanner itself only checks the separators between members and the integers, and
+ * gives up on anything it does not fully understand. A member text that is not valid
+ * JSON makes that JSON.parse throw, and the whole text then goes to JSON.parse for the
+ * error.
  */
 /** A request longer than this many tokens is refused (8 MiB of body holds fewer anyway). */
 export const TOKENS_MAX = 4_000_000;
