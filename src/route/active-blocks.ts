@@ -31,6 +31,94 @@ export interface ChainHolder {
   leaf: ActiveNode | null;
 }
 
+/** Holders past this many are found through a Map instead of a scan. */
+const HOLDERS_SCAN_MAX = 16;
+
+/**
+ * Per worker slot, how many active requests pass through a node. Slots and counts sit
+ * in two packed arrays, because every routing decision iterates the holders of the
+ * nodes on its path; a slot is found by a scan while there are few, else through a Map
+ * of positions. Removal moves the last holder into the gap (order is not kept).
+ */
+export class Holders {
+  readonly slots: number[] = [];
+  readonly counts: number[] = [];
+  private positions: Map<number, number> | null = null;
+
+  get size(): number {
+    return this.slots.length;
+  }
+
+  /** Requests of `slot` passing through (0 if none). */
+  count(slot: number): number {
+    const at = this.find(slot);
+    return at < 0 ? 0 : this.counts[at]!;
+  }
+
+  /** Counts one more request of `slot`; true if the slot did not hold the node before. */
+  add(slot: number): boolean {
+    const at = this.find(slot);
+    if (at >= 0) {
+      this.counts[at]!++;
+      return false;
+    }
+    this.slots.push(slot);
+    this.counts.push(1);
+    if (this.positions !== null) this.positions.set(slot, this.slots.length - 1);
+    else if (this.slots.length > HOLDERS_SCAN_MAX) {
+      this.positions = new Map();
+      for (let i = 0; i < this.slots.length; i++) this.positions.set(this.slots[i]!, i);
+    }
+    return true;
+  }
+
+  /** Counts one request of `slot` less (it must hold the node); true if it no longer does. */
+  remove(slot: number): boolean {
+    const at = this.find(slot);
+    if (at < 0) throw new Error(`active blocks: slot ${slot} does not hold the node`);
+    if (--this.counts[at]! > 0) return false;
+    const last = this.slots.length - 1;
+    if (at !== last) {
+      this.slots[at] = this.slots[last]!;
+      this.counts[at] = this.counts[last]!;
+      this.positions?.set(this.slots[at]!, at);
+    }
+    this.slots.pop();
+    this.counts.pop();
+    if (this.positions !== null) {
+      this.positions.delete(slot);
+      // Back to scanning well below the switch point, so a size near it does not flap.
+      if (this.slots.length <= HOLDERS_SCAN_MAX / 2) this.positions = null;
+    }
+    return true;
+  }
+
+  copyFrom(other: Holders): void {
+    for (let i = 0; i < other.size; i++) {
+      this.slots.push(other.slots[i]!);
+      this.counts.push(other.counts[i]!);
+    }
+    if (other.positions !== null) this.positions = new Map(other.positions);
+  }
+
+  /** O(size) check: distinct slots, and the positions Map (if any) agrees. */
+  verify(): void {
+    const seen = new Set(this.slots);
+    check(seen.size === this.slots.length && this.counts.length === this.slots.length, "holder slots repeat or counts misaligned");
+    if (this.positions !== null) {
+      check(this.positions.size === this.slots.length, "holder positions size");
+      for (let i = 0; i < this.slots.length; i++) check(this.positions.get(this.slots[i]!) === i, "holder position");
+    }
+  }
+
+  private find(slot: number): number {
+    if (this.positions !== null) return this.positions.get(slot) ?? -1;
+    const slots = this.slots;
+    for (let i = 0; i < slots.length; i++) if (slots[i] === slot) return i;
+    return -1;
+  }
+}
+
 export class ActiveNode {
   /** (hi, lo) pairs of the edge's blocks. */
   edge: Uint32Array;
@@ -41,7 +129,7 @@ export class ActiveNode {
   readonly children = new Map<number, ActiveNode>();
   sameLo: ActiveNode | null = null;
   /** Active requests passing through this node, per worker slot. */
-  readonly holders = new Map<number, number>();
+  readonly holders = new Holders();
   /** Sum of `holders`' counts. */
   total = 0;
   /** Requests whose chain ends at this node's last block. */
@@ -114,9 +202,7 @@ export class ActiveBlocks {
     // Count the request on its whole path.
     let added = 0;
     for (let n: ActiveNode = node; n !== this.root; n = n.parent!) {
-      const held = n.holders.get(slot) ?? 0;
-      if (held === 0) added += n.length;
-      n.holders.set(slot, held + 1);
+      if (n.holders.add(slot)) added += n.length;
       n.total++;
     }
     return added;
@@ -129,18 +215,12 @@ export class ActiveBlocks {
   remove(slot: number, holder: ChainHolder): number {
     const leaf = holder.leaf;
     if (leaf === null) return 0;
-    if (leaf.ending === 0 || !((leaf.holders.get(slot) ?? 0) > 0)) throw new Error(`no request on slot ${slot} ends at this node`);
+    if (leaf.ending === 0 || !(leaf.holders.count(slot) > 0)) throw new Error(`no request on slot ${slot} ends at this node`);
     holder.leaf = null;
     leaf.ending--;
     let removed = 0;
     for (let n: ActiveNode = leaf; n !== this.root; n = n.parent!) {
-      const held = n.holders.get(slot)!;
-      if (held === 1) {
-        n.holders.delete(slot);
-        removed += n.length;
-      } else {
-        n.holders.set(slot, held - 1);
-      }
+      if (n.holders.remove(slot)) removed += n.length;
       n.total--;
     }
     // Drop the nodes no request passes through any more (a suffix of the path).
@@ -181,14 +261,25 @@ export class ActiveBlocks {
       node = child;
       at += matched;
     }
-    // Holders only shrink going down, so the deepest node a worker holds gives its depth.
-    for (let i = length - 1; i >= 0; i--) {
+    // Holders only shrink going down, so the deepest node a worker holds gives its depth,
+    // and the first node's holders are every worker with a depth: once that many have
+    // one, the shallower nodes (often a hot prefix split many times, each part held by
+    // every worker) have nothing left to give. Depths are >= 1, so 0 means "not yet".
+    const workers = length > 0 ? path[0]!.holders.size : 0;
+    let assigned = 0;
+    for (let i = length - 1; i >= 0 && assigned < workers; i--) {
       const depth = depths[i]!;
-      for (const slot of path[i]!.holders.keys()) {
-        if (depthBySlot[slot] === 0) depthBySlot[slot] = depth;
+      const holders = path[i]!.holders;
+      const slots = holders.slots;
+      for (let h = 0; h < holders.size; h++) {
+        const slot = slots[h]!;
+        if (depthBySlot[slot] === 0) {
+          depthBySlot[slot] = depth;
+          assigned++;
+        }
       }
-      path[i] = this.root; // drop the reference
     }
+    for (let i = 0; i < length; i++) path[i] = this.root; // drop the references
   }
 
   private readonly path: ActiveNode[] = [];
@@ -224,9 +315,12 @@ export class ActiveBlocks {
           check(child.length > 0 && child.total > 0, "empty node kept");
           check(child.ending > 0 || onlyChild(child) === null, "mergeable node kept");
           let sum = 0;
-          for (const [slot, held] of child.holders) {
+          child.holders.verify();
+          for (let h = 0; h < child.holders.size; h++) {
+            const slot = child.holders.slots[h]!;
+            const held = child.holders.counts[h]!;
             check(held > 0, "zero holder count kept");
-            check(node === this.root || (node.holders.get(slot) ?? 0) >= held, "worker holds a node but not its parent");
+            check(node === this.root || node.holders.count(slot) >= held, "worker holds a node but not its parent");
             perSlot.set(slot, (perSlot.get(slot) ?? 0) + child.length);
             sum += held;
           }
@@ -279,7 +373,7 @@ export class ActiveBlocks {
     const prefix = new ActiveNode(node.edge.slice(0, 2 * blocks), node.start, parent);
     this.unlink(parent, node);
     this.link(parent, prefix);
-    for (const [slot, held] of node.holders) prefix.holders.set(slot, held);
+    prefix.holders.copyFrom(node.holders);
     prefix.total = node.total;
     node.edge = node.edge.slice(2 * blocks);
     node.start += blocks;

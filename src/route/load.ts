@@ -108,6 +108,8 @@ export class LoadTracker {
   /** Live slots, densely packed (the routing loop's candidate list). */
   liveSlots = new Int32Array(0);
   liveCount = 0;
+  /** Counts additions and removals of workers: a cached slotOf is valid while it stays the same. */
+  workersVersion = 0;
   private livePosition = new Int32Array(0);
   private freeSlots: number[] = [];
   private slotTop = 0;
@@ -177,6 +179,7 @@ export class LoadTracker {
     let ranks = this.slotByWorker.get(workerId);
     if (ranks === undefined) this.slotByWorker.set(workerId, (ranks = new Map()));
     ranks.set(dpRank, slot);
+    this.workersVersion++;
     return slot;
   }
 
@@ -205,6 +208,7 @@ export class LoadTracker {
     this.routedTotal[slot] = 0;
     this.workerIds[slot] = 0n;
     this.freeSlots.push(slot);
+    this.workersVersion++;
     return true;
   }
 

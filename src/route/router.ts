@@ -127,6 +127,7 @@ export class Router {
   private overlapBySlot = new Float64Array(0);
   private depthBySlot = new Uint32Array(0);
   private costBySlot = new Float64Array(0);
+  private order = new Int32Array(0);
 
   constructor(options: RouterOptions) {
     this.load = new LoadTracker(options);
@@ -280,21 +281,46 @@ export class Router {
     return slots[liveCount - 1]!;
   }
 
-  /** The lowest-cost candidates of the decision being made, cheapest first. */
+  /**
+   * The lowest-cost candidates of the decision being made, cheapest first; equal costs
+   * keep the live-slot order (a stable sort's order). Insertion into a list of at most
+   * `max`: the list is short, so this beats sorting every worker.
+   */
   private candidates(max: number): Candidate[] {
     const load = this.load;
-    const order = Array.from(load.liveSlots.subarray(0, load.liveCount));
-    order.sort((a, b) => this.costBySlot[a]! - this.costBySlot[b]!);
-    return order.slice(0, Math.max(0, max)).map((slot) => ({
-      workerId: load.workerIdOf(slot),
-      dpRank: load.dpRanks[slot]!,
-      overlapBlocks: this.overlapBySlot[slot]!,
-      cost: this.costBySlot[slot]!,
-      degraded: load.degraded[slot] === 1,
-      activePrefillTokens: load.activePrefillTokens[slot]!,
-      activeDecodeBlocks: load.activeDecodeBlocks[slot]!,
-      activeRequests: load.activeRequests[slot]!,
-    }));
+    const slots = load.liveSlots;
+    const liveCount = load.liveCount;
+    const costs = this.costBySlot;
+    const limit = Math.min(Math.max(0, max), liveCount);
+    if (this.order.length < limit) this.order = new Int32Array(load.slotCapacity);
+    const order = this.order;
+    let size = 0;
+    for (let i = 0; i < liveCount && limit > 0; i++) {
+      const slot = slots[i]!;
+      const cost = costs[slot]!;
+      if (size === limit && !(cost < costs[order[size - 1]!]!)) continue;
+      let at = size < limit ? size++ : size - 1;
+      while (at > 0 && cost < costs[order[at - 1]!]!) {
+        order[at] = order[at - 1]!;
+        at--;
+      }
+      order[at] = slot;
+    }
+    const list: Candidate[] = [];
+    for (let i = 0; i < size; i++) {
+      const slot = order[i]!;
+      list.push({
+        workerId: load.workerIdOf(slot),
+        dpRank: load.dpRanks[slot]!,
+        overlapBlocks: this.overlapBySlot[slot]!,
+        cost: costs[slot]!,
+        degraded: load.degraded[slot] === 1,
+        activePrefillTokens: load.activePrefillTokens[slot]!,
+        activeDecodeBlocks: load.activeDecodeBlocks[slot]!,
+        activeRequests: load.activeRequests[slot]!,
+      });
+    }
+    return list;
   }
 
   private requestIdOf(requestId: string | null | undefined): string {

@@ -10,7 +10,7 @@
  * Names follow Prometheus conventions: `kvedge_` prefix, `_total` for counters,
  * base units in the name (`_seconds`, `_bytes`).
  */
-import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from "prom-client";
+import { collectDefaultMetrics, Counter, Gauge, Registry } from "prom-client";
 import type { Router } from "../route";
 import type { KvRouterService } from "./service";
 
@@ -99,27 +99,128 @@ const ROUTE_BUCKETS_SECONDS = [
   0.000_001, 0.000_002_5, 0.000_005, 0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.01,
 ];
 
+/** One label set of a FastHistogram: per-bucket (not cumulative) counts, sum and count. */
+export interface HistogramSeries {
+  readonly labels: Labels;
+  readonly counts: Float64Array;
+  sum: number;
+  count: number;
+  /** False after a registry reset until the next observation brings the series back. */
+  listed: boolean;
+}
+
+/**
+ * A Prometheus histogram kept in plain numbers, for the per-request latencies: an
+ * observation is a bucket search and three additions on a series the caller holds
+ * (prom-client's Histogram hashes and validates the label set on every observation,
+ * which showed in request profiles). Registered with a prom-client registry, it renders
+ * exactly as a prom-client Histogram of the same name, buckets and labels: same series
+ * order, cumulative `_bucket` lines with `le`, then `+Inf`, `_sum`, `_count`.
+ */
+export class FastHistogram {
+  readonly type = "histogram";
+  readonly aggregator = "sum";
+  private readonly listed: HistogramSeries[] = [];
+
+  constructor(
+    readonly name: string,
+    readonly help: string,
+    private readonly buckets: readonly number[],
+    registry: MetricsRegistry,
+  ) {
+    registry.registerMetric(this as never);
+  }
+
+  /** A new series (the caller keeps it; call once per label set). */
+  series(labels: Labels): HistogramSeries {
+    const series: HistogramSeries = { labels, counts: new Float64Array(this.buckets.length), sum: 0, count: 0, listed: true };
+    this.listed.push(series);
+    return series;
+  }
+
+  observe(series: HistogramSeries, value: number): void {
+    if (!Number.isFinite(value)) throw new TypeError(`Value is not a valid number: ${value}`);
+    const buckets = this.buckets;
+    for (let i = 0; i < buckets.length; i++) {
+      if (value <= buckets[i]!) {
+        series.counts[i]!++;
+        break;
+      }
+    }
+    series.sum += value;
+    series.count++;
+    if (!series.listed) {
+      series.listed = true;
+      this.listed.push(series);
+    }
+  }
+
+  /** What prom-client's registry renders (Histogram.getForPromString's shape). */
+  getForPromString() {
+    const bucketName = `${this.name}_bucket`;
+    const values: { labels: Labels; sharedLabels: Labels; value: number; metricName: string; exemplar?: null }[] = [];
+    for (const series of this.listed) {
+      let cumulative = 0;
+      for (let i = 0; i < this.buckets.length; i++) {
+        cumulative += series.counts[i]!;
+        values.push({ labels: { le: this.buckets[i]! as never }, sharedLabels: series.labels, value: cumulative, metricName: bucketName, exemplar: null });
+      }
+      values.push({ labels: { le: "+Inf" }, sharedLabels: series.labels, value: series.count, metricName: bucketName, exemplar: null });
+      values.push({ labels: {}, sharedLabels: series.labels, value: series.sum, metricName: `${this.name}_sum` });
+      values.push({ labels: {}, sharedLabels: series.labels, value: series.count, metricName: `${this.name}_count` });
+    }
+    return { name: this.name, help: this.help, type: this.type, values, aggregator: this.aggregator };
+  }
+
+  /** prom-client's `get()`: the same values with the series labels merged in. */
+  get() {
+    const data = this.getForPromString();
+    return {
+      ...data,
+      values: data.values.map(({ sharedLabels, labels, ...rest }) => ({ ...rest, labels: { ...labels, ...sharedLabels } })),
+    };
+  }
+
+  /** As prom-client's reset: every series goes (and zeroes); observing one brings it back. */
+  reset(): void {
+    for (const series of this.listed) {
+      series.counts.fill(0);
+      series.sum = 0;
+      series.count = 0;
+      series.listed = false;
+    }
+    this.listed.length = 0;
+  }
+}
+
+interface RouteSeries {
+  readonly label: string;
+  readonly byStatus: Map<number, HistogramSeries>;
+}
+
 /** Latency histograms the server observes directly. */
 export class ServerMetrics {
-  private readonly http: Histogram<"route" | "status">;
-  private readonly httpChildren = new Map<string, Histogram.Internal<"route" | "status">>();
-  private readonly httpRoutes = new Set<string>();
-  private readonly routeDecision: Histogram;
+  private readonly http: FastHistogram;
+  /** Series of each route label (at most HTTP_ROUTE_LABELS_MAX), by status code. */
+  private readonly routes = new Map<string, RouteSeries>();
+  private readonly other: RouteSeries = { label: "other", byStatus: new Map() };
+  private readonly routeDecision: FastHistogram;
+  private readonly routeDecisionSeries: HistogramSeries;
 
   constructor(registry: MetricsRegistry) {
-    this.http = new Histogram({
-      name: "kvedge_http_request_duration_seconds",
-      help: "HTTP request handling time, by route template and status code.",
-      labelNames: ["route", "status"],
-      buckets: HTTP_BUCKETS_SECONDS,
-      registers: [registry],
-    });
-    this.routeDecision = new Histogram({
-      name: "kvedge_route_decision_duration_seconds",
-      help: "Time to choose a worker for one request (cost of every worker, load bookkeeping).",
-      buckets: ROUTE_BUCKETS_SECONDS,
-      registers: [registry],
-    });
+    this.http = new FastHistogram(
+      "kvedge_http_request_duration_seconds",
+      "HTTP request handling time, by route template and status code.",
+      HTTP_BUCKETS_SECONDS,
+      registry,
+    );
+    this.routeDecision = new FastHistogram(
+      "kvedge_route_decision_duration_seconds",
+      "Time to choose a worker for one request (cost of every worker, load bookkeeping).",
+      ROUTE_BUCKETS_SECONDS,
+      registry,
+    );
+    this.routeDecisionSeries = this.routeDecision.series({});
   }
 
   /**
@@ -127,22 +228,24 @@ export class ServerMetrics {
    * never the raw path; past HTTP_ROUTE_LABELS_MAX distinct values it becomes "other".
    */
   observeHttp(route: string, status: number, seconds: number): void {
-    let label = route;
-    if (!this.httpRoutes.has(label)) {
-      if (this.httpRoutes.size >= HTTP_ROUTE_LABELS_MAX) label = "other";
-      else this.httpRoutes.add(label);
+    let entry = this.routes.get(route);
+    if (entry === undefined) {
+      if (this.routes.size >= HTTP_ROUTE_LABELS_MAX) entry = this.other;
+      else {
+        entry = route === "other" ? this.other : { label: route, byStatus: new Map() };
+        this.routes.set(route, entry);
+      }
     }
-    const key = `${status} ${label}`;
-    let child = this.httpChildren.get(key);
-    if (child === undefined) {
-      child = this.http.labels(label, String(status));
-      this.httpChildren.set(key, child);
+    let series = entry.byStatus.get(status);
+    if (series === undefined) {
+      series = this.http.series({ route: entry.label, status: String(status) });
+      entry.byStatus.set(status, series);
     }
-    child.observe(seconds);
+    this.http.observe(series, seconds);
   }
 
   observeRouteDecision(seconds: number): void {
-    this.routeDecision.observe(seconds);
+    this.routeDecision.observe(this.routeDecisionSeries, seconds);
   }
 }
 

@@ -58,6 +58,9 @@ export interface ServiceOptions {
   readonly random?: () => number;
 }
 
+/** slotByHandle: not resolved yet. */
+const UNKNOWN_SLOT = -2;
+
 const sourceKey = (workerId: bigint, dpRank: number): string => `${workerId}:${dpRank}`;
 
 export class KvRouterService {
@@ -68,6 +71,11 @@ export class KvRouterService {
   private readonly matches = new MatchResult(64);
   private overlapSlots = new Int32Array(64);
   private overlapBlocks = new Float64Array(64);
+  private slotByHandle = new Int32Array(0);
+  private slotsVersion = -1;
+  private slotsIndexVersion = -1;
+  /** Counts index.removeWorker calls (the only way index handles get recycled). */
+  private indexWorkersVersion = 0;
   private readonly sink: KvEventSink;
   private readonly zmtp: ZmtpOptions;
   private readonly log: Logger;
@@ -132,7 +140,6 @@ export class KvRouterService {
 
   /** Per-worker matched prefix length in blocks, sorted as `kvedge apply` sorts. */
   match(local: Uint32Array, count: number): MatchScore[] {
-    this.matches.ensure(this.index.stats().workers);
     this.index.findMatches(local, count, this.matches);
     const scores: MatchScore[] = [];
     for (let i = 0; i < this.matches.count; i++) {
@@ -175,23 +182,47 @@ export class KvRouterService {
 
   /** The index's matches as router slots (workers the router does not know are skipped). */
   private overlaps(local: Uint32Array, count: number): Overlaps {
-    const index = this.index;
     const matches = this.matches;
-    matches.ensure(index.stats().workers);
-    index.findMatches(local, count, matches);
+    this.index.findMatches(local, count, matches);
     if (this.overlapSlots.length < matches.count) {
       this.overlapSlots = new Int32Array(matches.workers.length);
       this.overlapBlocks = new Float64Array(matches.workers.length);
     }
     let n = 0;
     for (let i = 0; i < matches.count; i++) {
-      const handle = matches.workers[i]!;
-      const slot = this.router.load.slotOf(index.workerIdOf(handle), index.dpRankOf(handle));
+      const slot = this.routerSlotOf(matches.workers[i]!);
       if (slot < 0) continue;
       this.overlapSlots[n] = slot;
       this.overlapBlocks[n++] = matches.blocks[i]!;
     }
     return { count: n, slots: this.overlapSlots, blocks: this.overlapBlocks };
+  }
+
+  /**
+   * The router slot of an index worker handle, or -1, remembered per handle: resolving
+   * the bigint id per matched worker and request is a noticeable part of a decision.
+   * Index handles are recycled only by `index.removeWorker` (this.removeWorker) and
+   * router slots change only with the router's workers, so the memory is dropped when
+   * either happens.
+   */
+  private routerSlotOf(handle: number): number {
+    const load = this.router.load;
+    if (this.slotsVersion !== load.workersVersion || this.slotsIndexVersion !== this.indexWorkersVersion) {
+      this.slotByHandle.fill(UNKNOWN_SLOT);
+      this.slotsVersion = load.workersVersion;
+      this.slotsIndexVersion = this.indexWorkersVersion;
+    }
+    if (handle >= this.slotByHandle.length) {
+      const grown = new Int32Array(Math.max(64, 2 * handle + 2)).fill(UNKNOWN_SLOT);
+      grown.set(this.slotByHandle);
+      this.slotByHandle = grown;
+    }
+    let slot = this.slotByHandle[handle]!;
+    if (slot === UNKNOWN_SLOT) {
+      slot = load.slotOf(this.index.workerIdOf(handle), this.index.dpRankOf(handle));
+      this.slotByHandle[handle] = slot;
+    }
+    return slot;
   }
 
   // ---- Workers ----
@@ -249,6 +280,7 @@ export class KvRouterService {
     }
     if (this.index.workers().some((info) => info.workerId === workerId)) found = true;
     this.index.removeWorker(workerId);
+    this.indexWorkersVersion++;
     if (found) this.log.info("worker removed", { worker_id: workerId });
     return found;
   }

@@ -15,8 +15,9 @@ import type { ServerWebSocket, WebSocketHandler } from "bun";
 import { Packr } from "msgpackr";
 import type { Logger } from "../util/log";
 import { lifecycleOp, matchOp, routeOp } from "./api";
-import { HttpError } from "./http";
+import { HttpError, toJson } from "./http";
 import type { ServerMetrics } from "./metrics";
+import { parseRequestJson } from "./request-json";
 import type { KvRouterService } from "./service";
 
 export interface WsData {
@@ -60,7 +61,7 @@ export function websocketHandlers(
       const status = error instanceof HttpError ? error.status : 500;
       response = { id, status, error: error instanceof HttpError ? error.message : "internal error" };
     }
-    metrics.observeHttp(`/v1/ws ${KNOWN_OPS.has(op) ? op : "invalid"}`, response.status, (performance.now() - started) / 1000);
+    metrics.observeHttp(OP_LABELS.get(op) ?? "/v1/ws invalid", response.status, (performance.now() - started) / 1000);
     return response;
   };
 
@@ -73,7 +74,7 @@ export function websocketHandlers(
       const binary = typeof message !== "string";
       let parsed: unknown;
       try {
-        parsed = binary ? packr.unpack(message) : JSON.parse(message);
+        parsed = binary ? packr.unpack(message) : parseRequestJson(message);
       } catch (error) {
         send(ws, binary, { id: null, status: 400, error: `malformed ${binary ? "MessagePack" : "JSON"}: ${(error as Error).message}` });
         return;
@@ -91,7 +92,8 @@ export function websocketHandlers(
   };
 }
 
-const KNOWN_OPS = new Set(["route", "match", "prefill_done", "done"]);
+/** The metrics' route label of each op. */
+const OP_LABELS = new Map(["route", "match", "prefill_done", "done"].map((op) => [op, `/v1/ws ${op}`]));
 
 function run(service: KvRouterService, op: string, body: Record<string, unknown>): unknown {
   switch (op) {
@@ -107,8 +109,6 @@ function run(service: KvRouterService, op: string, body: Record<string, unknown>
   }
 }
 
-const bigintAsString = (_key: string, value: unknown): unknown => (typeof value === "bigint" ? value.toString() : value);
-
 function send(ws: ServerWebSocket<WsData>, binary: boolean, payload: unknown): void {
-  ws.send(binary ? packr.pack(payload) : JSON.stringify(payload, bigintAsString));
+  ws.send(binary ? packr.pack(payload) : toJson(payload));
 }

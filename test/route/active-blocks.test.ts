@@ -175,7 +175,8 @@ describe("ActiveBlocks", () => {
     blocks.verify();
   });
 
-  test("random churn matches the model; nothing is left at the end", () => {
+  // 40 workers: nodes held by more than 16 switch holder lookup to a Map and back.
+  test.each([16, 40])("random churn over %p workers matches the model; nothing is left at the end", (workers) => {
     const random = prng(7);
     const blocks = new ActiveBlocks();
     const model = new Model();
@@ -191,7 +192,7 @@ describe("ActiveBlocks", () => {
         const words = family.slice(0, shared);
         const tail = random() % 40;
         for (let i = 0; i < tail; i++) words.push(1_000_000 + (random() % 64)); // tails also collide
-        const slot = random() % 16;
+        const slot = random() % workers;
         const chain = chainOf(words);
         const h = holder();
         expect(blocks.add(slot, chain, words.length, h)).toBe(model.add(slot, chain, words.length));
@@ -206,12 +207,12 @@ describe("ActiveBlocks", () => {
       peakNodes = Math.max(peakNodes, blocks.nodeCount);
       if (step % 100 === 0) {
         const perSlot = blocks.verify();
-        for (let slot = 0; slot < 16; slot++) expect(perSlot.get(slot) ?? 0).toBe(model.refs.get(slot)?.size ?? 0);
+        for (let slot = 0; slot < workers; slot++) expect(perSlot.get(slot) ?? 0).toBe(model.refs.get(slot)?.size ?? 0);
         const family = families[random() % families.length]!;
         const query = chainOf([...family, 5, 6, 7]);
-        const depth = new Uint32Array(16);
+        const depth = new Uint32Array(workers);
         blocks.sharedDepths(query, family.length + 3, depth);
-        for (let slot = 0; slot < 16; slot++) expect(depth[slot]).toBe(model.depth(slot, query, family.length + 3));
+        for (let slot = 0; slot < workers; slot++) expect(depth[slot]).toBe(model.depth(slot, query, family.length + 3));
       }
     }
     while (active.length > 0) {

@@ -369,3 +369,28 @@ describe("randomized run against a reference cost computation", () => {
     }
   });
 });
+
+describe("candidates", () => {
+  test("the k cheapest are the first k of a stable sort by cost over the live slots, ties included", () => {
+    const random = seeded(11);
+    // 40 workers with coarse loads, so many costs tie; a removed and re-added worker
+    // makes the live-slot order differ from the slot order.
+    const router = routerWith(40, { random });
+    router.load.removeWorker(105n, 0);
+    router.load.addWorker(205n, 0);
+    for (let step = 0; step < 300; step++) {
+      const tokens = range(8 + 4 * Math.floor(random() * 6), 1000 * Math.floor(random() * 5));
+      const hits = overlaps([[Math.floor(random() * 40), Math.floor(random() * 3)]]);
+      const all = router.route(request(tokens, { candidatesMax: 64, requestId: `all-${step}` }), hits);
+      router.load.done(all.requestId);
+      const liveOrder = Array.from(router.load.liveSlots.subarray(0, router.load.liveCount));
+      const slotOf = (c: { workerId: bigint; dpRank: number }) => router.load.slotOf(c.workerId, c.dpRank);
+      const expected = [...all.candidates].sort((a, b) => a.cost - b.cost || liveOrder.indexOf(slotOf(a)) - liveOrder.indexOf(slotOf(b)));
+      expect(all.candidates.map(slotOf)).toEqual(expected.map(slotOf));
+      const k = 1 + Math.floor(random() * 6);
+      const some = router.route(request(tokens, { candidatesMax: k, requestId: `some-${step}` }), hits);
+      expect(some.candidates.map(slotOf)).toEqual(all.candidates.slice(0, k).map(slotOf));
+      if (random() < 0.5) router.load.done(some.requestId);
+    }
+  });
+});

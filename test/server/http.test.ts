@@ -90,6 +90,27 @@ describe("bodies", () => {
     expect(await errorOf(response)).toContain(message);
   });
 
+  test("a UTF-8 BOM before the JSON is skipped; a body of only a BOM is malformed, not empty", async () => {
+    const bom = [0xef, 0xbb, 0xbf];
+    const ok = await post(new Uint8Array([...bom, ...new TextEncoder().encode('{"token_ids":[3]}')]));
+    expect(await ok.json()).toEqual({ tokens: [3], worker: null, lora: null, n: null });
+    const only = await post(new Uint8Array(bom));
+    expect(only.status).toBe(400);
+    expect(await errorOf(only)).toContain("malformed JSON body");
+  });
+
+  test("a chunked JSON body (no Content-Length) is read and parsed the same way", async () => {
+    const stream = new ReadableStream({
+      start(controller) {
+        controller.enqueue(new TextEncoder().encode('{"token_ids":[1,'));
+        controller.enqueue(new TextEncoder().encode('2],"n":4}'));
+        controller.close();
+      },
+    });
+    const response = await fetch(base, { method: "POST", body: stream, duplex: "half" } as RequestInit);
+    expect(await response.json()).toEqual({ tokens: [1, 2], worker: null, lora: null, n: 4 });
+  });
+
   test("malformed MessagePack → 400", async () => {
     const response = await post(new Uint8Array([0xdc, 0xff]), { "content-type": MSGPACK });
     expect(response.status).toBe(400);

@@ -8,8 +8,9 @@
 import { describe, expect, test } from "bun:test";
 import { DEFAULT_SEED } from "../../src/hash";
 import { promptHashes, Router } from "../../src/route";
+import { Histogram, Registry } from "prom-client";
 import {
-  createMetricsRegistry, HTTP_ROUTE_LABELS_MAX, registerRouterMetrics, registerSamples, ServerMetrics,
+  createMetricsRegistry, FastHistogram, HTTP_ROUTE_LABELS_MAX, registerRouterMetrics, registerSamples, ServerMetrics,
 } from "../../src/server/metrics";
 
 interface Sample {
@@ -185,6 +186,42 @@ describe("server histograms", () => {
     const decision = families.get("kvedge_route_decision_duration_seconds")!;
     expect(decision.samples.find((s) => s.labels.le === "0.000005")!.value).toBe(1);
     expect(decision.samples.find((s) => s.labels.le === "0.0000025")!.value).toBe(0);
+  });
+});
+
+describe("FastHistogram", () => {
+  test("renders exactly as prom-client's Histogram (text and JSON), also across a reset", async () => {
+    const buckets = [0.000_001, 0.000_005, 0.0001, 0.001, 0.25, 1];
+    const theirs = new Registry();
+    const ours = new Registry();
+    const labeled = new Histogram({ name: "t_labeled_seconds", help: "Labeled \\ help.", labelNames: ["route", "status"], buckets, registers: [theirs] });
+    const plain = new Histogram({ name: "t_plain_seconds", help: "Plain.", buckets, registers: [theirs] });
+    const fastLabeled = new FastHistogram("t_labeled_seconds", "Labeled \\ help.", buckets, ours);
+    const fastPlain = new FastHistogram("t_plain_seconds", "Plain.", buckets, ours);
+    const plainSeries = fastPlain.series({});
+    const series = new Map<string, ReturnType<FastHistogram["series"]>>();
+    const observe = (route: string, status: number, value: number) => {
+      labeled.labels(route, String(status)).observe(value);
+      const key = `${route} ${status}`;
+      if (!series.has(key)) series.set(key, fastLabeled.series({ route, status: String(status) }));
+      fastLabeled.observe(series.get(key)!, value);
+      plain.observe(value);
+      fastPlain.observe(plainSeries, value);
+    };
+    const same = async () => {
+      expect(await ours.metrics()).toBe(await theirs.metrics());
+      expect(await ours.getMetricsAsJSON()).toEqual(await theirs.getMetricsAsJSON());
+    };
+    await same(); // before any observation: the unlabeled series only
+    const values = [0, 0.000_001, 0.000_001_1, 0.000_005, 0.0003, 0.001, 0.3, 1, 7, 0.1 + 0.2];
+    values.forEach((value, i) => observe(i % 3 === 0 ? "/v1/route" : 'we"ird\\route', 200 + (i % 2) * 204, value));
+    await same();
+    theirs.resetMetrics();
+    ours.resetMetrics();
+    await same();
+    observe("/v1/route", 200, 0.002);
+    await same();
+    expect(() => fastPlain.observe(plainSeries, Number.NaN)).toThrow(TypeError);
   });
 });
 

@@ -1,0 +1,434 @@
+/**
+ * The load generator of the serving benchmark: one process per measurement, started
+ * by bench/http.ts with a JSON spec, printing one JSON result line.
+ *
+ *   bun bench/http-load.ts '<LoadSpec as JSON>'
+ *
+ * Transports:
+ * - `http`: keep-alive HTTP/1.1 over raw TCP (Bun.connect), one request in flight per
+ *   connection (no pipelining), `POST /v1/route` with a JSON body. A purpose-built
+ *   client, so that the generator spends as little of the shared CPU as it can.
+ * - `ws`: Bun's WebSocket client on `/v1/ws`, text frames; `batch` 1 sends one request
+ *   per frame, otherwise frames of `batch` requests (answered with one array frame).
+ *
+ * Modes:
+ * - `closed`: every connection keeps `window` frames in flight (HTTP: 1 request); the
+ *   result is the completion rate, the maximum throughput at that concurrency.
+ * - `open`: frames are scheduled at fixed intervals (`rate` requests/s, so a frame every
+ *   batch / rate s) whatever the answers do; latency is measured from the scheduled
+ *   time, so queueing in the generator or the server is counted (no coordinated
+ *   omission). HTTP requests wait for a free connection in a FIFO, counted the same way.
+ *
+ * Prompts: a pool of prompts of `promptTokens` tokens (bench/http-workload.ts
+ * buildPrompt: mostly a cached system prompt + document, then unique blocks); each
+ * request also rewrites its last block (16 six-digit tokens from a per-request counter),
+ * so no two requests are the same. Request bodies are built once per pool entry as
+ * bytes (HTTP) or strings (WS) and patched in place.
+ *
+ * Requests carry no request_id: the server generates one, and the orchestrator runs
+ * the server with a short --request-ttl-secs so unfinished requests expire.
+ */
+import { readFileSync } from "node:fs";
+import type { Socket } from "bun";
+import { prng } from "./lib";
+import { BLOCK_SIZE, buildFleet, buildPrompt, mix } from "./http-workload";
+
+export interface LoadSpec {
+  readonly host: string;
+  readonly port: number;
+  readonly transport: "http" | "ws";
+  /** Requests per WebSocket frame (1 = one request per frame); HTTP: 1. */
+  readonly batch: number;
+  readonly mode: "closed" | "open";
+  /** Open loop: requests per second offered. */
+  readonly rate: number;
+  readonly connections: number;
+  /** Closed loop: frames in flight per connection (HTTP: 1). */
+  readonly window: number;
+  readonly promptTokens: number;
+  readonly poolSize: number;
+  /** Candidates each route answer lists (the API's `candidates`). */
+  readonly candidates: number;
+  readonly warmupMs: number;
+  readonly durationMs: number;
+  readonly seed: number;
+  readonly fleetWorkers: number;
+  readonly fleetPairs: number;
+  /** Distinguishes the unique blocks of this measurement from earlier ones. */
+  readonly uniqueBase: number;
+  /** The server's pid, to read its CPU time from /proc. */
+  readonly serverPid: number;
+}
+
+export interface LoadResult {
+  /** Requests answered 200 within the measured window. */
+  readonly completed: number;
+  readonly errors: number;
+  readonly seconds: number;
+  readonly routesPerSecond: number;
+  /** Latency percentiles in ms (open loop: from the scheduled time). */
+  readonly p50Ms: number;
+  readonly p99Ms: number;
+  readonly p999Ms: number;
+  readonly maxMs: number;
+  /** CPU seconds per wall second over the measured window. */
+  readonly serverCpu: number;
+  readonly generatorCpu: number;
+  /** Open loop: requests still unanswered when the drain timeout ran out. */
+  readonly unanswered: number;
+  readonly sampleError?: string;
+}
+
+const DRAIN_MS = 3_000;
+const LAST_BLOCK_DIGITS = 6;
+
+/** CPU seconds (user + system) of a process, from /proc/PID/stat. */
+export function processCpuSeconds(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  return (Number(fields[11]) + Number(fields[12])) / 100; // utime, stime in clock ticks (USER_HZ = 100)
+}
+
+/** Writes the 6-digit tokens of a request's last block (100000..127999) into `out` at `at`. */
+function writeLastBlock(out: Uint8Array, at: number, counter: number): void {
+  for (let i = 0; i < BLOCK_SIZE; i++) {
+    let token = 100_000 + (mix(0x4c415354, counter, i) % 28_000);
+    for (let d = LAST_BLOCK_DIGITS - 1; d >= 0; d--) {
+      out[at + i * (LAST_BLOCK_DIGITS + 1) + d] = 48 + (token % 10);
+      token = Math.floor(token / 10);
+    }
+  }
+}
+
+/** Pool entries: the JSON of token_ids up to the last block, which each request fills in. */
+function promptPool(spec: LoadSpec): string[] {
+  const fleet = buildFleet(spec.seed, spec.fleetWorkers, spec.fleetPairs);
+  const random = prng(spec.seed ^ 0x6c6f6164 ^ spec.promptTokens);
+  const pool: string[] = [];
+  for (let i = 0; i < spec.poolSize; i++) {
+    const { tokens } = buildPrompt(fleet, random, spec.promptTokens / BLOCK_SIZE, spec.uniqueBase + i);
+    pool.push(`[${tokens.subarray(0, tokens.length - BLOCK_SIZE).join(",")},`);
+  }
+  return pool;
+}
+
+const LAST_BLOCK_TEMPLATE = `${Array.from({ length: BLOCK_SIZE }, () => "100000").join(",")}]`;
+
+class Latencies {
+  values = new Float64Array(1 << 16);
+  count = 0;
+  add(ms: number): void {
+    if (this.count === this.values.length) {
+      const grown = new Float64Array(this.values.length * 2);
+      grown.set(this.values);
+      this.values = grown;
+    }
+    this.values[this.count++] = ms;
+  }
+  percentile(sorted: Float64Array, p: number): number {
+    if (sorted.length === 0) return NaN;
+    return sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))]!;
+  }
+}
+
+async function run(spec: LoadSpec): Promise<LoadResult> {
+  const pool = promptPool(spec);
+  const latencies = new Latencies();
+  let counter = spec.uniqueBase * 1_000_000;
+  let errors = 0;
+  let sampleError: string | undefined;
+  let completedInWindow = 0;
+  const start = performance.now() + 200;
+  const windowStart = start + spec.warmupMs;
+  const windowEnd = windowStart + spec.durationMs;
+  interface CpuMark { server: number; generator: number; at: number }
+  let cpuMarks = null as CpuMark | null;
+  let cpuEnd = null as CpuMark | null;
+  const generatorCpu = () => { const u = process.cpuUsage(); return (u.user + u.system) / 1e6; };
+
+  // A request (or frame) counts if it was scheduled/sent inside the window.
+  const record = (sentAt: number, now: number, ok: number, failed: number, error?: string) => {
+    if (sentAt < windowStart || sentAt >= windowEnd) return;
+    errors += failed;
+    if (failed > 0 && sampleError === undefined) sampleError = error;
+    for (let i = 0; i < ok; i++) latencies.add(now - sentAt);
+    if (now < windowEnd) completedInWindow += ok;
+  };
+
+  const markCpu = () => {
+    const now = performance.now();
+    if (cpuMarks === null && now >= windowStart) cpuMarks = { server: processCpuSeconds(spec.serverPid), generator: generatorCpu(), at: now };
+    if (cpuEnd === null && now >= windowEnd) cpuEnd = { server: processCpuSeconds(spec.serverPid), generator: generatorCpu(), at: now };
+  };
+
+  const senders = spec.transport === "http" ? await httpSenders(spec, pool, () => counter++, record) : await wsSenders(spec, pool, () => counter, (n) => { counter += n; }, record);
+
+  const frameRequests = spec.transport === "http" ? 1 : spec.batch;
+  let inflight = 0;
+  const done = () => { inflight--; };
+
+  if (spec.mode === "closed") {
+    // Every connection keeps `window` frames in flight until the window ends.
+    await new Promise<void>((resolve) => {
+      const each = (sender: Sender) => {
+        const loop = () => {
+          if (performance.now() >= windowEnd) {
+            done();
+            if (inflight === 0) resolve();
+            return;
+          }
+          sender.send(performance.now(), loop);
+        };
+        return loop;
+      };
+      const delay = Math.max(0, start - performance.now());
+      setTimeout(() => {
+        for (const sender of senders) for (let k = 0; k < spec.window; k++) {
+          inflight++;
+          each(sender)();
+        }
+      }, delay);
+      const timer = setInterval(() => {
+        markCpu();
+        if (cpuEnd !== null) clearInterval(timer);
+      }, 5);
+    });
+  } else {
+    const interval = (1000 * frameRequests) / spec.rate;
+    let scheduled = 0;
+    let next = 0;
+    const queue: number[] = [];
+    const idle: Sender[] = spec.transport === "http" ? [...senders] : [];
+    const dispatch = (at: number) => {
+      if (spec.transport === "ws") {
+        const sender = senders[next++ % senders.length]!;
+        inflight++;
+        sender.send(at, done);
+        return;
+      }
+      queue.push(at);
+      pump();
+    };
+    const pump = () => {
+      while (queue.length > 0 && idle.length > 0) {
+        const sender = idle.pop()!;
+        const at = queue.shift()!;
+        inflight++;
+        sender.send(at, () => {
+          inflight--;
+          idle.push(sender);
+          pump();
+        });
+      }
+    };
+    await new Promise<void>((resolve) => {
+      const timer = setInterval(() => {
+        const now = performance.now();
+        markCpu();
+        const limit = Math.min(now, windowEnd);
+        while (start + scheduled * interval <= limit) dispatch(start + scheduled++ * interval);
+        if (now >= windowEnd && cpuEnd !== null) {
+          clearInterval(timer);
+          resolve();
+        }
+      }, 1);
+    });
+  }
+  while (cpuEnd === null) {
+    await Bun.sleep(1);
+    markCpu();
+  }
+  // Drain what is still in flight (bounded).
+  const drainUntil = performance.now() + DRAIN_MS;
+  while (inflight > 0 && performance.now() < drainUntil) await Bun.sleep(5);
+  for (const sender of senders) sender.close();
+  const marks = cpuMarks!;
+  const end = cpuEnd!;
+  const sorted = latencies.values.slice(0, latencies.count).sort();
+  const seconds = spec.durationMs / 1000;
+  return {
+    completed: completedInWindow,
+    errors,
+    seconds,
+    routesPerSecond: completedInWindow / seconds,
+    p50Ms: latencies.percentile(sorted, 0.5),
+    p99Ms: latencies.percentile(sorted, 0.99),
+    p999Ms: latencies.percentile(sorted, 0.999),
+    maxMs: sorted.length === 0 ? NaN : sorted[sorted.length - 1]!,
+    serverCpu: (end.server - marks.server) / ((end.at - marks.at) / 1000),
+    generatorCpu: (end.generator - marks.generator) / ((end.at - marks.at) / 1000),
+    unanswered: inflight * frameRequests,
+    ...(sampleError === undefined ? {} : { sampleError }),
+  };
+}
+
+interface Sender {
+  /** Sends one frame (HTTP: one request), stamped `at`; calls `then` once it is answered. */
+  send(at: number, then: () => void): void;
+  close(): void;
+}
+
+type Record = (sentAt: number, now: number, ok: number, failed: number, error?: string) => void;
+
+// ---- HTTP: keep-alive over raw TCP -------------------------------------------------------
+
+const CRLFCRLF = new Uint8Array([13, 10, 13, 10]);
+
+function indexOfBytes(haystack: Uint8Array, needle: Uint8Array, from: number, to: number): number {
+  outer: for (let i = from; i + needle.length <= to; i++) {
+    for (let j = 0; j < needle.length; j++) if (haystack[i + j] !== needle[j]) continue outer;
+    return i;
+  }
+  return -1;
+}
+
+async function httpSenders(spec: LoadSpec, pool: string[], nextCounter: () => number, record: Record): Promise<Sender[]> {
+  const encoder = new TextEncoder();
+  const requests = pool.map((prefix) => {
+    const body = `{"candidates":${spec.candidates},"token_ids":${prefix}${LAST_BLOCK_TEMPLATE}}`;
+    const head = `POST /v1/route HTTP/1.1\r\nHost: ${spec.host}\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n`;
+    const bytes = encoder.encode(head + body);
+    return { bytes, lastBlockAt: bytes.length - LAST_BLOCK_TEMPLATE.length - 1 };
+  });
+  let poolNext = 0;
+  const senders: Sender[] = [];
+  for (let c = 0; c < spec.connections; c++) {
+    let buffer = new Uint8Array(64 * 1024);
+    let filled = 0;
+    let pending: Uint8Array | null = null;
+    let sentAt = 0;
+    let then: (() => void) | null = null;
+    let closing = false;
+    const socket: Socket = await Bun.connect({
+      hostname: spec.host,
+      port: spec.port,
+      socket: {
+        data(_socket, chunk) {
+          if (filled + chunk.length > buffer.length) {
+            const grown = new Uint8Array(Math.max(buffer.length * 2, filled + chunk.length));
+            grown.set(buffer.subarray(0, filled));
+            buffer = grown;
+          }
+          buffer.set(chunk, filled);
+          filled += chunk.length;
+          const headEnd = indexOfBytes(buffer, CRLFCRLF, 0, filled);
+          if (headEnd < 0) return;
+          const head = Buffer.from(buffer.buffer, buffer.byteOffset, headEnd).toString("latin1");
+          const length = /\r\ncontent-length: *(\d+)/i.exec(head);
+          if (length === null) throw new Error(`response without content-length: ${head}`);
+          const total = headEnd + 4 + Number(length[1]);
+          if (filled < total) return;
+          if (filled > total) throw new Error("more bytes than one response (the server answered twice?)");
+          const status = Number(head.slice(9, 12));
+          const now = performance.now();
+          if (status === 200) record(sentAt, now, 1, 0);
+          else record(sentAt, now, 0, 1, `${status} ${Buffer.from(buffer.subarray(headEnd + 4, total)).toString()}`);
+          filled = 0;
+          const callback = then!;
+          then = null;
+          callback();
+        },
+        drain(socket) {
+          if (pending === null) return;
+          const written = socket.write(pending);
+          pending = written === pending.length ? null : pending.subarray(written);
+        },
+        close() {
+          if (then !== null && !closing) throw new Error("the server closed a connection with a request in flight");
+        },
+      },
+    });
+    senders.push({
+      send(at, callback) {
+        if (then !== null) throw new Error("one request at a time per connection");
+        const request = requests[poolNext++ % requests.length]!;
+        writeLastBlock(request.bytes, request.lastBlockAt, nextCounter());
+        sentAt = at;
+        then = callback;
+        const written = socket.write(request.bytes);
+        if (written < request.bytes.length) pending = request.bytes.slice(written);
+      },
+      close() {
+        closing = true;
+        socket.end();
+      },
+    });
+  }
+  return senders;
+}
+
+// ---- WebSocket --------------------------------------------------------------------------
+
+async function wsSenders(
+  spec: LoadSpec, pool: string[], counterNow: () => number, advance: (n: number) => void, record: Record,
+): Promise<Sender[]> {
+  let poolNext = 0;
+  const senders: Sender[] = [];
+  const scratch = new Uint8Array(LAST_BLOCK_TEMPLATE.length);
+  const decoder = new TextDecoder();
+  scratch.set(new TextEncoder().encode(LAST_BLOCK_TEMPLATE));
+  const lastBlock = (counter: number) => {
+    writeLastBlock(scratch, 0, counter);
+    return decoder.decode(scratch);
+  };
+  const url = `ws://${spec.host}:${spec.port}/v1/ws`;
+  for (let c = 0; c < spec.connections; c++) {
+    const ws = new WebSocket(url);
+    await new Promise<void>((resolve, reject) => {
+      ws.onopen = () => resolve();
+      ws.onerror = () => reject(new Error(`cannot open ${url}`));
+    });
+    // The server answers a connection's frames in order.
+    const sentAts: number[] = [];
+    const callbacks: (() => void)[] = [];
+    let head = 0;
+    let id = 0;
+    let closing = false;
+    ws.onmessage = (event) => {
+      const text = event.data as string;
+      const now = performance.now();
+      let ok = 0;
+      for (let at = text.indexOf('"status":200'); at >= 0; at = text.indexOf('"status":200', at + 12)) ok++;
+      const failed = spec.batch - ok;
+      record(sentAts[head]!, now, ok, failed, failed > 0 ? text.slice(0, 300) : undefined);
+      const callback = callbacks[head]!;
+      head++;
+      if (head > 1024) {
+        sentAts.splice(0, head);
+        callbacks.splice(0, head);
+        head = 0;
+      }
+      callback();
+    };
+    ws.onclose = () => {
+      if (head < callbacks.length && !closing) throw new Error("the server closed a WebSocket with requests in flight");
+    };
+    senders.push({
+      send(at, then) {
+        const base = counterNow();
+        advance(spec.batch);
+        let frame = spec.batch === 1 ? "" : "[";
+        for (let k = 0; k < spec.batch; k++) {
+          if (k > 0) frame += ",";
+          frame += `{"id":${id++},"op":"route","candidates":${spec.candidates},"token_ids":${pool[poolNext++ % pool.length]!}${lastBlock(base + k)}}`;
+        }
+        if (spec.batch !== 1) frame += "]";
+        sentAts.push(at);
+        callbacks.push(then);
+        ws.send(frame);
+      },
+      close() {
+        closing = true;
+        ws.close();
+      },
+    });
+  }
+  return senders;
+}
+
+if (import.meta.main) {
+  const spec = JSON.parse(process.argv[2]!) as LoadSpec;
+  const result = await run(spec);
+  process.stdout.write(`${JSON.stringify(result)}\n`);
+  process.exit(0);
+}
