@@ -10,6 +10,8 @@
  *   client, so that the generator spends as little of the shared CPU as it can.
  * - `ws`: Bun's WebSocket client on `/v1/ws`, text frames; `batch` 1 sends one request
  *   per frame, otherwise frames of `batch` requests (answered with one array frame).
+ *   With `binary`, MessagePack binary frames with `token_ids` as a `bin` of
+ *   little-endian u32s (the form for high-rate gateways), answered in MessagePack.
  *
  * Modes:
  * - `closed`: every connection keeps `window` frames in flight (HTTP: 1 request); the
@@ -30,6 +32,7 @@
  */
 import { readFileSync } from "node:fs";
 import type { Socket } from "bun";
+import { pack, unpack } from "msgpackr";
 import { prng } from "./lib";
 import { BLOCK_SIZE, buildFleet, buildPrompt, mix } from "./http-workload";
 
@@ -39,6 +42,8 @@ export interface LoadSpec {
   readonly transport: "http" | "ws";
   /** Requests per WebSocket frame (1 = one request per frame); HTTP: 1. */
   readonly batch: number;
+  /** WebSocket: MessagePack binary frames, token_ids as bytes (else JSON text frames). */
+  readonly binary?: boolean;
   readonly mode: "closed" | "open";
   /** Open loop: requests per second offered. */
   readonly rate: number;
@@ -100,14 +105,27 @@ function writeLastBlock(out: Uint8Array, at: number, counter: number): void {
   }
 }
 
-/** Pool entries: the JSON of token_ids up to the last block, which each request fills in. */
-function promptPool(spec: LoadSpec): string[] {
+/** The tokens `writeLastBlock` writes as digits, into `out` (the last block of a prompt). */
+function lastBlockTokens(out: Uint32Array, counter: number): void {
+  const at = out.length - BLOCK_SIZE;
+  for (let i = 0; i < BLOCK_SIZE; i++) out[at + i] = 100_000 + (mix(0x4c415354, counter, i) % 28_000);
+}
+
+interface Pool {
+  /** The JSON of token_ids up to the last block, which each request fills in. */
+  readonly json: string[];
+  /** The whole prompts (binary frames overwrite the last block per request). */
+  readonly tokens: Uint32Array[];
+}
+
+function promptPool(spec: LoadSpec): Pool {
   const fleet = buildFleet(spec.seed, spec.fleetWorkers, spec.fleetPairs);
   const random = prng(spec.seed ^ 0x6c6f6164 ^ spec.promptTokens);
-  const pool: string[] = [];
+  const pool: Pool = { json: [], tokens: [] };
   for (let i = 0; i < spec.poolSize; i++) {
     const { tokens } = buildPrompt(fleet, random, spec.promptTokens / BLOCK_SIZE, spec.uniqueBase + i);
-    pool.push(`[${tokens.subarray(0, tokens.length - BLOCK_SIZE).join(",")},`);
+    pool.json.push(`[${tokens.subarray(0, tokens.length - BLOCK_SIZE).join(",")},`);
+    pool.tokens.push(tokens);
   }
   return pool;
 }
@@ -161,7 +179,7 @@ async function run(spec: LoadSpec): Promise<LoadResult> {
     if (cpuEnd === null && now >= windowEnd) cpuEnd = { server: processCpuSeconds(spec.serverPid), generator: generatorCpu(), at: now };
   };
 
-  const senders = spec.transport === "http" ? await httpSenders(spec, pool, () => counter++, record) : await wsSenders(spec, pool, () => counter, (n) => { counter += n; }, record);
+  const senders = spec.transport === "http" ? await httpSenders(spec, pool.json, () => counter++, record) : await wsSenders(spec, pool, () => counter, (n) => { counter += n; }, record);
 
   const frameRequests = spec.transport === "http" ? 1 : spec.batch;
   let inflight = 0;
@@ -360,7 +378,7 @@ async function httpSenders(spec: LoadSpec, pool: string[], nextCounter: () => nu
 // ---- WebSocket --------------------------------------------------------------------------
 
 async function wsSenders(
-  spec: LoadSpec, pool: string[], counterNow: () => number, advance: (n: number) => void, record: Record,
+  spec: LoadSpec, pool: Pool, counterNow: () => number, advance: (n: number) => void, record: Record,
 ): Promise<Sender[]> {
   let poolNext = 0;
   const senders: Sender[] = [];
@@ -372,8 +390,22 @@ async function wsSenders(
     return decoder.decode(scratch);
   };
   const url = `ws://${spec.host}:${spec.port}/v1/ws`;
+  // MessagePack: an answer's `"status": 200` is these bytes (fixstr "status", uint8 200).
+  const statusOk = Buffer.from([0xa6, ...Buffer.from("status"), 0xcc, 200]);
+  const countOk = (data: unknown): { ok: number; text: string } => {
+    if (typeof data === "string") {
+      let ok = 0;
+      for (let at = data.indexOf('"status":200'); at >= 0; at = data.indexOf('"status":200', at + 12)) ok++;
+      return { ok, text: data };
+    }
+    const bytes = Buffer.from(data as ArrayBuffer);
+    let ok = 0;
+    for (let at = bytes.indexOf(statusOk); at >= 0; at = bytes.indexOf(statusOk, at + statusOk.length)) ok++;
+    return { ok, text: ok === spec.batch ? "" : JSON.stringify(unpack(bytes), (_k, v) => (typeof v === "bigint" ? String(v) : v)) };
+  };
   for (let c = 0; c < spec.connections; c++) {
     const ws = new WebSocket(url);
+    ws.binaryType = "arraybuffer";
     await new Promise<void>((resolve, reject) => {
       ws.onopen = () => resolve();
       ws.onerror = () => reject(new Error(`cannot open ${url}`));
@@ -385,10 +417,8 @@ async function wsSenders(
     let id = 0;
     let closing = false;
     ws.onmessage = (event) => {
-      const text = event.data as string;
       const now = performance.now();
-      let ok = 0;
-      for (let at = text.indexOf('"status":200'); at >= 0; at = text.indexOf('"status":200', at + 12)) ok++;
+      const { ok, text } = countOk(event.data);
       const failed = spec.batch - ok;
       record(sentAts[head]!, now, ok, failed, failed > 0 ? text.slice(0, 300) : undefined);
       const callback = callbacks[head]!;
@@ -407,14 +437,24 @@ async function wsSenders(
       send(at, then) {
         const base = counterNow();
         advance(spec.batch);
+        sentAts.push(at);
+        callbacks.push(then);
+        if (spec.binary) {
+          const requests = [];
+          for (let k = 0; k < spec.batch; k++) {
+            const tokens = pool.tokens[poolNext++ % pool.tokens.length]!;
+            lastBlockTokens(tokens, base + k);
+            requests.push({ id: id++, op: "route", candidates: spec.candidates, token_ids: new Uint8Array(tokens.buffer, tokens.byteOffset, tokens.byteLength) });
+          }
+          ws.send(pack(spec.batch === 1 ? requests[0] : requests));
+          return;
+        }
         let frame = spec.batch === 1 ? "" : "[";
         for (let k = 0; k < spec.batch; k++) {
           if (k > 0) frame += ",";
-          frame += `{"id":${id++},"op":"route","candidates":${spec.candidates},"token_ids":${pool[poolNext++ % pool.length]!}${lastBlock(base + k)}}`;
+          frame += `{"id":${id++},"op":"route","candidates":${spec.candidates},"token_ids":${pool.json[poolNext++ % pool.json.length]!}${lastBlock(base + k)}}`;
         }
         if (spec.batch !== 1) frame += "]";
-        sentAts.push(at);
-        callbacks.push(then);
         ws.send(frame);
       },
       close() {

@@ -22,7 +22,8 @@
  *
  * Scenarios: closed loop (maximum throughput at a fixed concurrency) and open loop
  * (fixed offered rate, latency from the scheduled send time) for HTTP, WebSocket with
- * one request per frame, and WebSocket frames of 16 and 64 requests. Every number is
+ * one request per frame, WebSocket frames of 16 and 64 requests, and WebSocket binary
+ * (MessagePack, token_ids as little-endian u32 bytes) with 1 and 16 per frame. Every number is
  * the median over the runs. `--binary PATH` benchmarks another build of kvedge (e.g. an
  * older commit, for before/after). `--profile DIR` runs the server from source under
  * `bun --cpu-prof` and leaves the profile in DIR (for finding hot spots, not for numbers).
@@ -59,6 +60,7 @@ interface Scenario {
   readonly name: string;
   readonly transport: "http" | "ws";
   readonly batch: number;
+  readonly binary: boolean;
   readonly mode: "closed" | "open";
   readonly rate: number;
   readonly connections: number;
@@ -77,11 +79,13 @@ function scenarios(): Scenario[] {
       { label: "WS 1/frame", transport: "ws", batch: 1, closed: { connections: 4, window: 32 }, open: { connections: 4 } },
       { label: "WS 16/frame", transport: "ws", batch: 16, closed: { connections: 4, window: 4 }, open: { connections: 4 } },
       { label: "WS 64/frame", transport: "ws", batch: 64, closed: { connections: 2, window: 2 }, open: { connections: 4 } },
+      { label: "WS binary 1/frame", transport: "ws", batch: 1, binary: true, closed: { connections: 4, window: 32 }, open: { connections: 4 } },
+      { label: "WS binary 16/frame", transport: "ws", batch: 16, binary: true, closed: { connections: 4, window: 4 }, open: { connections: 4 } },
     ] as const;
     for (const shape of shapes) {
       list.push({
         name: `${shape.label}, ${promptTokens} tokens, closed loop`,
-        transport: shape.transport, batch: shape.batch, mode: "closed", rate: 0,
+        transport: shape.transport, batch: shape.batch, binary: "binary" in shape, mode: "closed", rate: 0,
         connections: shape.closed.connections, window: shape.closed.window, promptTokens,
       });
       // Half the goal rate only with 1,024 tokens: at 4,096 the generator itself cannot build
@@ -90,7 +94,7 @@ function scenarios(): Scenario[] {
       for (const rate of rates) {
         list.push({
           name: `${shape.label}, ${promptTokens} tokens, open loop ${rate / 1000}k/s`,
-          transport: shape.transport, batch: shape.batch, mode: "open", rate,
+          transport: shape.transport, batch: shape.batch, binary: "binary" in shape, mode: "open", rate,
           connections: shape.open.connections, window: 1, promptTokens,
         });
       }
@@ -224,7 +228,7 @@ async function oneRun(run: number, list: Scenario[]): Promise<RunRecord> {
     let uniqueBase = run * 1000;
     for (const scenario of list) {
       const result = await runLoad({
-        host: serve.host, port: serve.port, transport: scenario.transport, batch: scenario.batch, mode: scenario.mode,
+        host: serve.host, port: serve.port, transport: scenario.transport, batch: scenario.batch, binary: scenario.binary, mode: scenario.mode,
         rate: scenario.rate, connections: scenario.connections, window: scenario.window, promptTokens: scenario.promptTokens,
         poolSize: scenario.promptTokens === 1024 ? 4096 : 1024, candidates: CANDIDATES,
         warmupMs: quick ? 500 : 1_000, durationMs: quick ? 2_000 : 4_000,
@@ -271,6 +275,7 @@ const rows = list.map((scenario) => {
     scenario: scenario.name,
     transport: scenario.transport,
     batch: scenario.batch,
+    binary: scenario.binary,
     mode: scenario.mode,
     offeredRate: scenario.mode === "open" ? scenario.rate : null,
     promptTokens: scenario.promptTokens,

@@ -1,7 +1,7 @@
 /**
  * Parsing a route request body: JSON.parse + `tokenIds` (the array checked and copied
  * into a Uint32Array), against `parseRequestJson`, which reads token_ids straight into
- * a Uint32Array. Bodies of 1,024 and 4,096 tokens in a 128k vocabulary, plus a few
+ * a Uint32Array (its digits read in JavaScript, or natively). Bodies of 1,024 and 4,096 tokens in a 128k vocabulary, plus a few
  * other fields, as bench/http.ts sends them.
  *
  *   bun bench/request-json.bench.ts [--json]
@@ -20,11 +20,14 @@ const bodies = [1024, 4096].map((tokens) => ({
 
 for (const body of bodies) {
   const reference = tokenIds(asObject(JSON.parse(body.text)));
-  const ours = tokenIds(asObject(parseRequestJson(body.text)));
-  if (reference.length !== ours.length || reference.some((token, i) => token !== ours[i])) throw new Error("parsers disagree");
+  for (const scanner of ["js", "native"] as const) {
+    const ours = tokenIds(asObject(parseRequestJson(body.text, scanner)));
+    if (reference.length !== ours.length || reference.some((token, i) => token !== ours[i])) throw new Error(`parsers disagree (${scanner})`);
+  }
   group(`${body.tokens} tokens (${body.text.length} bytes)`, () => {
     bench(`JSON.parse + tokenIds ${body.tokens}`, () => do_not_optimize(tokenIds(asObject(JSON.parse(body.text)))));
-    bench(`parseRequestJson ${body.tokens}`, () => do_not_optimize(tokenIds(asObject(parseRequestJson(body.text)))));
+    bench(`parseRequestJson js ${body.tokens}`, () => do_not_optimize(tokenIds(asObject(parseRequestJson(body.text, "js")))));
+    bench(`parseRequestJson native ${body.tokens}`, () => do_not_optimize(tokenIds(asObject(parseRequestJson(body.text, "native")))));
   });
 }
 

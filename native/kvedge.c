@@ -3,8 +3,9 @@
  *
  * Only what measures faster than the TypeScript path lives here: hashing a whole
  * token array into per-block XXH3-64 words in one call (one FFI crossing per
- * batch instead of one BigInt per block). Every function has a pure fallback in
- * src/hash/, and tests compare the two.
+ * batch instead of one BigInt per block), and reading a JSON array of token ids
+ * from bytes. Every function has a pure fallback (src/hash/, src/server/
+ * request-json.ts), and tests compare the two.
  *
  * 64-bit results are written as (hi, lo) u32 pairs so JavaScript reads them from
  * a Uint32Array without BigInt.
@@ -15,8 +16,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
-#define KV_ABI_VERSION 1u
+#define KV_ABI_VERSION 2u
 
 uint32_t kv_abi_version(void) { return KV_ABI_VERSION; }
 
@@ -58,4 +60,166 @@ void kv_chain_hashes(const uint32_t* local, uint32_t count, uint32_t* out) {
     prev = XXH3_64bits_withSeed(pair, sizeof pair, 1337);
     kv_put(out, i, prev);
   }
+}
+
+/*
+ * A JSON array of token ids at bytes[start] (on its '['): plain decimal integers in
+ * [0, 2^32) (no sign, fraction, exponent or leading zero), JSON whitespace around
+ * them. Writes them to `out` (at most `max`) and the position after the ']' to
+ * `end[0]`; returns the count, or -1 for anything else (past `length` included) —
+ * the caller then uses its general parser. Accepts exactly what scanTokens in
+ * src/server/request-json.ts accepts.
+ *
+ * Two readers of the same grammar. `kv_scan_plain` reads byte by byte and handles
+ * everything. `kv_scan_compact` handles the compact form, `[` d+ (`,` d+)* `]` with
+ * nothing else before the `]`, without a branch per byte: per 64-byte block it builds
+ * bitmaps of digits and separators (SSE2, 16 bytes at a time), then walks the
+ * separators; each integer's digits are converted with one 8-byte load and a SWAR
+ * multiply-add. A byte-by-byte loop spends most of its time on the mispredicted exit
+ * of each integer's digit loop; here nothing depends on the previous integer but the
+ * separator bitmap. On anything outside the compact form it gives up and the plain
+ * reader decides.
+ */
+static inline int kv_is_space(uint8_t c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+
+static int32_t kv_scan_plain(const uint8_t* bytes, uint32_t length, uint32_t start, uint32_t* out,
+                             uint32_t max, uint32_t* end) {
+  const uint8_t* p = bytes + start;
+  const uint8_t* const stop = bytes + length;
+  if (p >= stop || *p != '[') return -1;
+  p++;
+  while (p < stop && kv_is_space(*p)) p++;
+  if (p >= stop) return -1;
+  if (*p == ']') {
+    end[0] = (uint32_t)(p + 1 - bytes);
+    return 0;
+  }
+  uint32_t count = 0;
+  for (;;) {
+    if (p >= stop) return -1;
+    uint32_t d = (uint32_t)*p - '0';
+    if (d > 9) return -1;
+    uint64_t value = d;
+    p++;
+    if (d == 0) {
+      if (p < stop && (uint32_t)*p - '0' <= 9) return -1; /* leading zero */
+    } else {
+      /* At most 10 digits fit below 2^32; an 11th means too large. */
+      const uint8_t* limit = stop - p > 9 ? p + 9 : stop;
+      while (p < limit && (d = (uint32_t)*p - '0') <= 9) {
+        value = value * 10 + d;
+        p++;
+      }
+      if (value > 0xffffffffu || (p < stop && (uint32_t)*p - '0' <= 9)) return -1;
+    }
+    if (count == max) return -1;
+    out[count++] = (uint32_t)value;
+    /* The separator: ',' at once, else whitespace then ',' or ']'. */
+    if (p >= stop) return -1;
+    if (*p != ',') {
+      while (p < stop && kv_is_space(*p)) p++;
+      if (p >= stop) return -1;
+      if (*p == ']') {
+        end[0] = (uint32_t)(p + 1 - bytes);
+        return (int32_t)count;
+      }
+      if (*p != ',') return -1;
+    }
+    p++;
+    while (p < stop && kv_is_space(*p)) p++;
+  }
+}
+
+#define KV_ONES 0x0101010101010101ull
+#define KV_HIGHS 0x8080808080808080ull
+
+static inline uint64_t kv_load64(const uint8_t* p) {
+  uint64_t v;
+  memcpy(&v, p, 8); /* little-endian host: byte 0 is the low byte */
+  return v;
+}
+
+/* The value of the `n` (1..8) digits that end just before p[8], most significant first. */
+static inline uint32_t kv_digits_before(const uint8_t* p, unsigned n) {
+  uint64_t x = kv_load64(p) & (~0ull << (8 * (8 - n))) & (KV_ONES * 0x0f); /* zeros lead */
+  x = (x * 2561) >> 8;
+  x = ((x & 0x00ff00ff00ff00ffull) * 6553601) >> 16;
+  return (uint32_t)(((x & 0x0000ffff0000ffffull) * 42949672960001ull) >> 32);
+}
+
+#ifdef __SSE2__
+#include <emmintrin.h>
+/* The compact form only; -2 = not compact (the plain reader decides), else as above. */
+static int32_t kv_scan_compact(const uint8_t* bytes, uint32_t length, uint32_t start, uint32_t* out,
+                               uint32_t max, uint32_t* end) {
+  /* Blocks start at the first integer; the bytes before it are '[' and at least 7 of
+     the request's own (or the scan is not worth it), so every 8-byte load ending at a
+     separator stays inside the buffer. */
+  const uint32_t first = start + 1;
+  if (first < 8 || length - first < 64) return -2;
+  uint32_t count = 0;
+  uint32_t token = first; /* where the current integer starts */
+  uint8_t tail[64];
+  for (uint32_t block = first; block < length; block += 64) {
+    const uint8_t* b = bytes + block;
+    if (length - block < 64) {
+      /* The last bytes, padded with zeros (neither digit nor separator). */
+      memset(tail, 0, sizeof tail);
+      memcpy(tail, b, length - block);
+      b = tail;
+    }
+    uint64_t digits = 0, commas = 0, closes = 0;
+    for (unsigned w = 0; w < 4; w++) {
+      const __m128i v = _mm_loadu_si128((const __m128i*)(b + 16 * w));
+      const __m128i offset = _mm_sub_epi8(v, _mm_set1_epi8('0'));
+      const __m128i digit = _mm_cmpeq_epi8(_mm_max_epu8(offset, _mm_set1_epi8(9)), _mm_set1_epi8(9));
+      digits |= (uint64_t)(uint16_t)_mm_movemask_epi8(digit) << (16 * w);
+      commas |= (uint64_t)(uint16_t)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(','))) << (16 * w);
+      closes |= (uint64_t)(uint16_t)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(']'))) << (16 * w);
+    }
+    /* Up to the first ']': only digits and commas, or this is not the compact form. */
+    const uint64_t before_close = closes == 0 ? ~0ull : (closes & -closes) - 1;
+    if (~(digits | commas) & before_close) return -2;
+    uint64_t separators = (commas & before_close) | (closes & -closes);
+    /* The block's separator positions, 4 at a time (a few written past the end). */
+    const uint32_t found = (uint32_t)__builtin_popcountll(separators);
+    if (found > max - count) return -2;
+    uint32_t at[68];
+    for (uint32_t i = 0; i < found; i += 4) {
+      for (uint32_t k = 0; k < 4; k++) {
+        at[i + k] = block + (uint32_t)__builtin_ctzll(separators | (1ull << 63));
+        separators &= separators - 1;
+      }
+    }
+    /* Integers of 1-8 digits without a leading zero; anything else is left to the
+       plain reader (flagged, not branched on). */
+    uint32_t odd = 0;
+    for (uint32_t i = 0; i < found; i++) {
+      const uint32_t n = at[i] - token;
+      odd |= (n - 1 > 7) | ((n > 1) & (bytes[token] == '0'));
+      out[count++] = kv_digits_before(bytes + at[i] - 8, n < 8 ? n : 8);
+      token = at[i] + 1;
+    }
+    if (odd) return -2;
+    if (closes != 0) {
+      end[0] = block + (uint32_t)__builtin_ctzll(closes) + 1;
+      return (int32_t)count;
+    }
+  }
+  return -2;
+}
+#else
+/* Without SSE2 (the arm64 build), the plain reader does all the work. */
+static int32_t kv_scan_compact(const uint8_t* bytes, uint32_t length, uint32_t start, uint32_t* out,
+                               uint32_t max, uint32_t* end) {
+  (void)bytes, (void)length, (void)start, (void)out, (void)max, (void)end;
+  return -2;
+}
+#endif
+
+int32_t kv_scan_tokens(const uint8_t* bytes, uint32_t length, uint32_t start, uint32_t* out,
+                       uint32_t max, uint32_t* end) {
+  if (start >= length || bytes[start] != '[') return -1;
+  const int32_t compact = kv_scan_compact(bytes, length, start, out, max, end);
+  return compact != -2 ? compact : kv_scan_plain(bytes, length, start, out, max, end);
 }

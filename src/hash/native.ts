@@ -1,15 +1,17 @@
 /**
- * Loads the native fast paths (native/kvedge.c) through bun:ffi.
+ * Loads the native fast paths (native/kvedge.c) through bun:ffi: block hashing
+ * (`nativeHash`, used by src/hash) and the token-id scanner (`nativeTokens`, used by
+ * src/server/request-json.ts).
  *
  * build.ts compiles the library before tests and before `bun build --compile`, which
  * embeds it in dist/kvedge. If it is missing, empty (no C compiler), of another ABI
- * version, or KVEDGE_NATIVE=0 is set, `nativeHash` is null and callers use the
- * pure fallback.
+ * version, or KVEDGE_NATIVE=0 is set, both are null and callers use the pure
+ * fallbacks.
  */
 import { dlopen, FFIType } from "bun:ffi";
 import libraryPath from "../../native/build/libkvedge.so" with { type: "file" };
 
-const ABI_VERSION = 1;
+const ABI_VERSION = 2;
 
 const symbols = {
   kv_abi_version: { args: [], returns: FFIType.u32 },
@@ -18,6 +20,10 @@ const symbols = {
     returns: FFIType.u32,
   },
   kv_chain_hashes: { args: [FFIType.ptr, FFIType.u32, FFIType.ptr], returns: FFIType.void },
+  kv_scan_tokens: {
+    args: [FFIType.ptr, FFIType.u32, FFIType.u32, FFIType.ptr, FFIType.u32, FFIType.ptr],
+    returns: FFIType.i32,
+  },
 } as const;
 
 export interface NativeHash {
@@ -28,10 +34,19 @@ export interface NativeHash {
   chainHashes(local: Uint32Array, count: number, out: Uint32Array): void;
 }
 
+export interface NativeTokens {
+  /**
+   * The JSON array of plain decimal u32 integers at `bytes[start]` (its `[`) into `out`
+   * (at most `max`), the position after its `]` into `end[0]`: returns the count, or -1
+   * for anything else (the caller's general parser decides).
+   */
+  scanTokens(bytes: Uint8Array, length: number, start: number, out: Uint32Array, max: number, end: Uint32Array): number;
+}
+
 /** Why the native library is not in use, or null when it is. */
 export let nativeUnavailableReason: string | null = null;
 
-function load(): NativeHash | null {
+function load(): { hash: NativeHash; tokens: NativeTokens } | null {
   if (process.env.KVEDGE_NATIVE === "0") {
     nativeUnavailableReason = "disabled by KVEDGE_NATIVE=0";
     return null;
@@ -46,10 +61,16 @@ function load(): NativeHash | null {
     }
     const hashBlocks = lib.symbols.kv_hash_blocks;
     const chainHashes = lib.symbols.kv_chain_hashes;
+    const scanTokens = lib.symbols.kv_scan_tokens;
     return {
-      hashBlocks: (tokens, tokenCount, stride, window, seedHi, seedLo, out) =>
-        hashBlocks(tokens, tokenCount, stride, window, seedHi, seedLo, out),
-      chainHashes: (local, count, out) => chainHashes(local, count, out),
+      hash: {
+        hashBlocks: (tokens, tokenCount, stride, window, seedHi, seedLo, out) =>
+          hashBlocks(tokens, tokenCount, stride, window, seedHi, seedLo, out),
+        chainHashes: (local, count, out) => chainHashes(local, count, out),
+      },
+      tokens: {
+        scanTokens: (bytes, length, start, out, max, end) => scanTokens(bytes, length, start, out, max, end),
+      },
     };
   } catch (error) {
     nativeUnavailableReason = `cannot load ${libraryPath}: ${(error as Error).message}`;
@@ -57,4 +78,6 @@ function load(): NativeHash | null {
   }
 }
 
-export const nativeHash: NativeHash | null = load();
+const loaded = load();
+export const nativeHash: NativeHash | null = loaded?.hash ?? null;
+export const nativeTokens: NativeTokens | null = loaded?.tokens ?? null;

@@ -128,10 +128,14 @@ export function asObject(value: unknown, what = "request body"): Record<string, 
 
 const TOKEN_LIMIT = 2 ** 32;
 
-/** `token_ids`: integers in [0, 2^32). */
+/**
+ * `token_ids`: integers in [0, 2^32), as an array (JSON, MessagePack), or in a
+ * MessagePack body as `bin` bytes: little-endian u32, 4 bytes per token.
+ */
 export function tokenIds(body: Record<string, unknown>, field = "token_ids"): Uint32Array {
   const value = body[field];
   if (value instanceof ScannedTokens) return value.tokens;
+  if (value instanceof Uint8Array) return tokenBytes(value, field);
   if (!Array.isArray(value)) throw new HttpError(400, `${field} must be an array of integers`);
   if (value.length > TOKENS_MAX) throw new HttpError(413, `${field} has over ${TOKENS_MAX} tokens`);
   const tokens = new Uint32Array(value.length);
@@ -143,6 +147,24 @@ export function tokenIds(body: Record<string, unknown>, field = "token_ids"): Ui
     tokens[i] = token;
   }
   return tokens;
+}
+
+/**
+ * Token ids sent as bytes (a MessagePack `bin`): viewed in place when 4-byte aligned,
+ * else copied once; no per-token work either way (every u32 is a valid token id).
+ * kvedge runs only on little-endian hosts (x64, arm64), so the view reads them right.
+ */
+function tokenBytes(bytes: Uint8Array, field: string): Uint32Array {
+  if (bytes.byteLength % 4 !== 0) {
+    throw new HttpError(400, `${field} as bytes must be little-endian u32s (a multiple of 4 bytes), got ${bytes.byteLength} bytes`);
+  }
+  const count = bytes.byteLength / 4;
+  if (count > TOKENS_MAX) throw new HttpError(413, `${field} has over ${TOKENS_MAX} tokens`);
+  if (bytes.byteOffset % 4 === 0) return new Uint32Array(bytes.buffer, bytes.byteOffset, count);
+  // (Not bytes.slice(): on a Buffer that is a view too.)
+  const copy = new Uint32Array(count);
+  new Uint8Array(copy.buffer).set(bytes);
+  return copy;
 }
 
 /** A u64 given as a decimal string (or a number below 2^53, or a MessagePack integer). */

@@ -19,7 +19,16 @@
  * gives up on anything it does not fully understand. A member text that is not valid
  * JSON makes that JSON.parse throw, and the whole text then goes to JSON.parse for the
  * error.
+ *
+ * The integers themselves are read by native code (native/kvedge.c kv_scan_tokens,
+ * under 1 ns per byte) when the library is loaded and the text is ASCII (so character
+ * and byte positions agree): the text is encoded into a scratch buffer once, which
+ * costs far less than reading the digits in JavaScript. The native scanner accepts
+ * exactly what the JavaScript one below accepts (tests compare the two), and either
+ * way anything not accepted goes to JSON.parse.
  */
+import { nativeTokens } from "../hash/native";
+
 /** A request longer than this many tokens is refused (8 MiB of body holds fewer anyway). */
 export const TOKENS_MAX = 4_000_000;
 
@@ -28,9 +37,17 @@ export class ScannedTokens {
   constructor(readonly tokens: Uint32Array) {}
 }
 
-/** JSON.parse's result for `text`, with `token_ids` arrays of request objects as ScannedTokens. Throws as JSON.parse does. */
-export function parseRequestJson(text: string): unknown {
-  const fast = scanTop(text);
+/** Who reads the digits of `token_ids`: native code (when loaded) or JavaScript. */
+export type TokenScanner = "native" | "js";
+
+export const defaultTokenScanner: TokenScanner = nativeTokens === null ? "js" : "native";
+
+/**
+ * JSON.parse's result for `text`, with `token_ids` arrays of request objects as
+ * ScannedTokens. Throws as JSON.parse does. (`scanner`: tests and benches compare the two.)
+ */
+export function parseRequestJson(text: string, scanner: TokenScanner = defaultTokenScanner): unknown {
+  const fast = scanTop(text, scanner === "native" && nativeTokens !== null);
   return fast === undefined ? JSON.parse(text) : fast;
 }
 
@@ -55,15 +72,23 @@ const U32_MAX = 0xffff_ffff;
 let text = "";
 let at = 0;
 let scratch = new Uint32Array(4096);
+/** Native scanning: wanted for this text; `bytesReady`: `bytes` holds the text (ASCII). */
+let native = false;
+let bytesReady = false;
+let bytes = new Uint8Array(16384);
+const nativeEnd = new Uint32Array(1);
+const encoder = new TextEncoder();
 
 function skipSpace(): void {
   while (isSpace(text.charCodeAt(at))) at++;
 }
 
 /** The top level: an object, or an array of objects. Undefined = use JSON.parse. */
-function scanTop(source: string): unknown {
+function scanTop(source: string, useNative: boolean): unknown {
   text = source;
   at = 0;
+  native = useNative;
+  bytesReady = false;
   try {
     skipSpace();
     const first = text.charCodeAt(at);
@@ -127,7 +152,7 @@ function scanObject(): Record<string, unknown> | undefined {
     skipSpace();
     if (isTokens) {
       if (tokens !== null) return undefined;
-      const scanned = scanTokens();
+      const scanned = native ? scanTokensNative() : scanTokens();
       if (scanned === undefined) return undefined;
       tokens = scanned;
       // A placeholder keeps the key where JSON.parse would put it.
@@ -153,6 +178,33 @@ function scanObject(): Record<string, unknown> | undefined {
   }
   if (tokens !== null) object.token_ids = new ScannedTokens(tokens);
   return object;
+}
+
+/**
+ * scanTokens in native code. The text is encoded once per parse (on its first
+ * token_ids); if it is not all ASCII, byte and character positions differ and the
+ * JavaScript scanner takes over.
+ */
+function scanTokensNative(): Uint32Array | undefined {
+  const length = text.length;
+  if (!bytesReady) {
+    if (bytes.length < length) bytes = new Uint8Array(Math.max(length, 2 * bytes.length));
+    const { read, written } = encoder.encodeInto(text, bytes);
+    if (read !== length || written !== length) {
+      native = false;
+      return scanTokens();
+    }
+    bytesReady = true;
+  }
+  // `[` and n integers take at least 2n characters: room for every one the text can
+  // hold, so the native side stops at TOKENS_MAX exactly as scanTokens does (the
+  // bound it gets is also the buffer's size, for memory safety).
+  const room = Math.min(TOKENS_MAX, ((length - at) >>> 1) + 1);
+  if (scratch.length < room) scratch = new Uint32Array(Math.min(TOKENS_MAX, Math.max(room, 2 * scratch.length)));
+  const count = nativeTokens!.scanTokens(bytes, length, at, scratch, Math.min(TOKENS_MAX, scratch.length), nativeEnd);
+  if (count < 0) return undefined;
+  at = nativeEnd[0]!;
+  return scratch.slice(0, count);
 }
 
 /** `[` integer (`,` integer)* `]` with plain decimal integers in [0, 2^32); undefined otherwise. */

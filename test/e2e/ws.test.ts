@@ -94,6 +94,16 @@ describe("/v1/ws", () => {
     expect(answer).toEqual({ id: 9, status: 200, result: { block_size: BS, query_blocks: 2, scores: [{ worker_id: "1", dp_rank: 0, blocks: 2 }] } });
   });
 
+  test("MessagePack token_ids as bin (little-endian u32s) route like the array form", async () => {
+    const tokens = new Uint32Array([1, 2, 3, 4, 5, 6, 7, 8, 9]);
+    const routed = await client.ask({ id: 10, op: "route", token_ids: new Uint8Array(tokens.buffer), request_id: "b1" }, true);
+    expect(routed).toMatchObject({ id: 10, status: 200, result: { request_id: "b1", worker_id: "1", query_blocks: 2, overlap_blocks: 2 } });
+    expect(await client.ask({ id: 11, op: "done", request_id: "b1" }, true)).toMatchObject({ id: 11, status: 200 });
+    const bad = await client.ask([{ id: 12, op: "match", token_ids: new Uint8Array(5) }, { id: 13, op: "match", token_ids: new Uint8Array(tokens.buffer, 0, 16) }], true);
+    expect(bad[0]).toMatchObject({ id: 12, status: 400, error: "token_ids as bytes must be little-endian u32s (a multiple of 4 bytes), got 5 bytes" });
+    expect(bad[1]).toEqual({ id: 13, status: 200, result: { block_size: BS, query_blocks: 1, scores: [{ worker_id: "1", dp_rank: 0, blocks: 1 }] } });
+  });
+
   test("malformed frames are answered with an error and the connection stays open", async () => {
     const answer = await client.ask("{not json");
     expect(answer).toMatchObject({ id: null, status: 400 });

@@ -61,6 +61,29 @@ describe("bodies", () => {
     });
   });
 
+  test("MessagePack token_ids as bin: little-endian u32s, aligned or not, same tokens as an array", async () => {
+    const tokens = [0, 1, 65_536, 4_294_967_295, 128_000];
+    const words = new Uint32Array(tokens);
+    // Keys of different lengths put the bin at different offsets of the body.
+    for (const key of ["a", "ab", "abc", "abcd"]) {
+      const response = await post(pack({ [key]: 1, token_ids: new Uint8Array(words.buffer) }), { "content-type": MSGPACK });
+      expect(response.status).toBe(200);
+      expect(((await response.json()) as { tokens: number[] }).tokens).toEqual(tokens);
+    }
+    const direct = tokenIds({ token_ids: new Uint8Array(new Uint8Array([9, 1, 0, 0, 0, 2, 0, 0, 0]).buffer, 1, 8) }); // misaligned: copied
+    expect(Array.from(direct)).toEqual([1, 2]);
+    // A Buffer (what msgpackr decodes to) whose slice() would be a view, not a copy.
+    const buffer = Buffer.from([9, 9, 9, 1, 0, 0, 0, 2, 0, 0, 0]).subarray(3);
+    expect(Array.from(tokenIds({ token_ids: buffer }))).toEqual([1, 2]);
+  });
+
+  test("MessagePack token_ids bytes that are not whole u32s → 400", async () => {
+    const response = await post(pack({ token_ids: new Uint8Array(6) }), { "content-type": MSGPACK });
+    expect(response.status).toBe(400);
+    expect(await errorOf(response)).toBe("token_ids as bytes must be little-endian u32s (a multiple of 4 bytes), got 6 bytes");
+    expect(Array.from(tokenIds({ token_ids: new Uint8Array(0) }))).toEqual([]);
+  });
+
   test("a declared body over the limit is 413 with a JSON error", async () => {
     const response = await post(JSON.stringify({ token_ids: Array(600).fill(1) }));
     expect(response.status).toBe(413);
