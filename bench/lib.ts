@@ -30,15 +30,7 @@ export function provenance(): Provenance {
 }
 
 /** xorshift32: the same data in every process for a given seed. */
-export function prng(seed: number): () => number {
-  let state = seed >>> 0 || 0x9e3779b9;
-  return () => {
-    state ^= state << 13;
-    state ^= state >>> 17;
-    state ^= state << 5;
-    return state >>> 0;
-  };
-}
+export { xorshift32 as prng } from "../src/util/random";
 
 export function median(values: readonly number[]): number {
   const sorted = [...values].sort((a, b) => a - b);

@@ -6,6 +6,7 @@ import {
   hashBlocks, hashTokens, usingNativeHash,
 } from "../src/hash";
 import { nativeUnavailableReason } from "../src/hash/native";
+import { xorshift32 } from "../src/util/random";
 import { u64 } from "../src/util/u64";
 
 describe("known-answer vectors", () => {
@@ -87,14 +88,8 @@ describe("block counting", () => {
 });
 
 describe("native path equals the fallback", () => {
-  // Seeded xorshift so failures reproduce.
-  let state = 0x9e3779b9;
-  const next = (): number => {
-    state ^= state << 13;
-    state ^= state >>> 17;
-    state ^= state << 5;
-    return state >>> 0;
-  };
+  // Seeded so failures reproduce.
+  const next = xorshift32(0x9e3779b9);
 
   test("random token arrays, block sizes, seeds and Eagle windows", () => {
     const seeds = [DEFAULT_SEED, blockSeed("a"), blockSeed("lora-x", "salt-y"), blockSeed(null, "z")];

@@ -494,15 +494,7 @@ function expectedEvent(event: KvEvent): EventSnapshot {
 
 // ---- Seeded generator of valid batches ----
 
-export function xorshift(seed: number): () => number {
-  let state = seed >>> 0 || 0x9e3779b9;
-  return () => {
-    state ^= state << 13;
-    state ^= state >>> 17;
-    state ^= state << 5;
-    return state >>> 0;
-  };
-}
+export { xorshift32 as xorshift } from "../../src/util/random";
 
 export interface RandomBatchOptions {
   readonly form: "array" | "map";
