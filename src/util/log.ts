@@ -28,10 +28,6 @@ export interface LoggerOptions {
   readonly now?: () => Date;
 }
 
-export function isLevel(value: string): value is Level {
-  return value in LEVEL_RANK;
-}
-
 // bigint is not JSON; 64-bit ids and hashes are logged as decimal strings.
 const replacer = (_key: string, value: unknown): unknown => (typeof value === "bigint" ? value.toString() : value);
 

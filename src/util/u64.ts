@@ -45,8 +45,3 @@ export function parseU64(value: unknown): bigint | null {
   if (typeof value === "bigint") return value >= 0n && value <= U64_MAX ? value : null;
   return null;
 }
-
-/** Reinterprets a signed i64 (as engines may send hashes) as u64. */
-export function i64ToU64(value: bigint): bigint {
-  return BigInt.asUintN(64, value);
-}
