@@ -125,8 +125,11 @@ export class ActiveNode {
   /** Chain position of the edge's first block. */
   start: number;
   parent: ActiveNode | null;
-  /** Children by the lo word of their first block (`sameLo` chains the rare collisions). */
-  readonly children = new Map<number, ActiveNode>();
+  /**
+   * Children by the lo word of their first block (`sameLo` chains the rare collisions);
+   * null until the first child (most nodes are a request's own tail, a leaf).
+   */
+  children: Map<number, ActiveNode> | null = null;
   sameLo: ActiveNode | null = null;
   /** Active requests passing through this node, per worker slot. */
   readonly holders = new Holders();
@@ -287,7 +290,7 @@ export class ActiveBlocks {
 
   /** Drops everything. */
   clear(): void {
-    this.root.children.clear();
+    this.root.children = null;
     this.nodes = 0;
     this.words = 0;
   }
@@ -307,7 +310,8 @@ export class ActiveBlocks {
     while (stack.length > 0) {
       const node = stack.pop()!;
       let childTotal = 0;
-      for (const [key, first] of node.children) {
+      check(node.children === null || node.children.size > 0, "empty children map kept");
+      for (const [key, first] of node.children ?? []) {
         for (let child: ActiveNode | null = first; child !== null; child = child.sameLo) {
           check(child.parent === node, "child's parent link");
           check(child.edge[1] === key, "child under the wrong key");
@@ -340,6 +344,7 @@ export class ActiveBlocks {
   /** The child of `node` whose edge starts with block `at` of `chain`, or null. */
   private childAt(node: ActiveNode, chain: Uint32Array, at: number): ActiveNode | null {
     const hi = chain[2 * at]!;
+    if (node.children === null) return null;
     let child = node.children.get(chain[2 * at + 1]!) ?? null;
     while (child !== null && child.edge[0] !== hi) child = child.sameLo;
     return child;
@@ -347,16 +352,19 @@ export class ActiveBlocks {
 
   private link(parent: ActiveNode, child: ActiveNode): void {
     const key = child.edge[1]!;
+    parent.children ??= new Map();
     child.sameLo = parent.children.get(key) ?? null;
     parent.children.set(key, child);
   }
 
   private unlink(parent: ActiveNode, child: ActiveNode): void {
     const key = child.edge[1]!;
-    let first = parent.children.get(key)!;
+    const children = parent.children!;
+    let first = children.get(key)!;
     if (first === child) {
-      if (child.sameLo === null) parent.children.delete(key);
-      else parent.children.set(key, child.sameLo);
+      if (child.sameLo !== null) children.set(key, child.sameLo);
+      else if (children.size === 1) parent.children = null;
+      else children.delete(key);
     } else {
       while (first.sameLo !== child) first = first.sameLo!;
       first.sameLo = child.sameLo;
@@ -390,7 +398,7 @@ export class ActiveBlocks {
     edge.set(node.edge);
     edge.set(child.edge, node.edge.length);
     this.unlink(parent, node);
-    node.children.clear();
+    node.children = null;
     child.edge = edge;
     child.start = node.start;
     child.parent = parent;
@@ -402,7 +410,7 @@ export class ActiveBlocks {
 
 /** The node's child if it has exactly one, else null. */
 function onlyChild(node: ActiveNode): ActiveNode | null {
-  if (node.children.size !== 1) return null;
+  if (node.children === null || node.children.size !== 1) return null;
   const child = node.children.values().next().value!;
   return child.sameLo === null ? child : null;
 }

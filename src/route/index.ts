@@ -1,5 +1,5 @@
 export { ActiveBlocks, type ActiveNode, type ChainHolder } from "./active-blocks";
-export { overlapsOf, type PromptHashes, promptHashes, type WorkerOverlap } from "./input";
+export { overlapsOf, PromptHasher, type PromptHashes, promptHashes, type WorkerOverlap } from "./input";
 export {
   DEFAULT_REQUEST_TTL_MS, FINISHED_REMEMBERED_MAX, type LifecycleResult, type LoadCounters, LoadTracker,
   type LoadTrackerOptions, REQUEST_ID_LENGTH_MAX, type WorkerLoad, WORKERS_MAX,

@@ -43,6 +43,27 @@ export interface PromptHashes {
   readonly chain: Uint32Array;
 }
 
+/**
+ * `promptHashes` into buffers reused by every call, for the serving hot path: the
+ * result (and its arrays, which may be longer than 2 × blockCount words) is valid
+ * until the next call.
+ */
+export class PromptHasher {
+  private local = new Uint32Array(2 * 1024);
+  private chain = new Uint32Array(2 * 1024);
+
+  hash(tokens: Uint32Array, blockSize: number, seed: Seed): PromptHashes {
+    const words = 2 * blockCount(tokens.length, blockSize);
+    if (this.local.length < words) {
+      this.local = new Uint32Array(Math.max(words, 2 * this.local.length));
+      this.chain = new Uint32Array(this.local.length);
+    }
+    const count = hashBlocks(tokens, blockSize, seed, this.local);
+    chainHashes(this.local, count, this.chain);
+    return { blockCount: count, local: this.local, chain: this.chain };
+  }
+}
+
 export function promptHashes(tokens: Uint32Array, blockSize: number, seed: Seed): PromptHashes {
   const local = new Uint32Array(2 * blockCount(tokens.length, blockSize));
   const count = hashBlocks(tokens, blockSize, seed, local);

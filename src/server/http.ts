@@ -4,8 +4,9 @@
  * MessagePack), content negotiation, and validation of the fields requests carry
  * (token ids, 64-bit ids and hashes as decimal strings).
  */
-import { Packr } from "msgpackr";
+import { Unpackr } from "msgpackr";
 import { U64_MAX } from "../util/u64";
+import { MsgpackWriter, type MsgpackValue } from "../wire/msgpack";
 import { parseRequestJson, ScannedTokens, TOKENS_MAX } from "./request-json";
 
 export { TOKENS_MAX };
@@ -21,7 +22,8 @@ export class HttpError extends Error {
 export const MSGPACK = "application/msgpack";
 
 // Integers above 2^53 would lose precision as numbers; ids travel as strings anyway.
-const packr = new Packr({ useRecords: false, int64AsType: "bigint", mapsAsObjects: true });
+const unpackr = new Unpackr({ int64AsType: "bigint", mapsAsObjects: true });
+const writer = new MsgpackWriter();
 
 /** Reads a request body of at most `limitBytes`, as JSON or (by Content-Type) MessagePack. */
 export async function readBody(request: Request, limitBytes: number): Promise<unknown> {
@@ -41,7 +43,7 @@ export async function readBody(request: Request, limitBytes: number): Promise<un
   if (bytes.length === 0) throw new HttpError(400, "request body is empty");
   if (msgpack) {
     try {
-      return packr.unpack(bytes);
+      return unpackr.unpack(bytes);
     } catch (error) {
       throw new HttpError(400, `malformed MessagePack body: ${(error as Error).message}`);
     }
@@ -105,7 +107,10 @@ export function toJson(body: unknown): string {
 /** A JSON response, or MessagePack when the client's Accept header asks for it. */
 export function reply(request: Request | null, status: number, body: unknown): Response {
   if (request !== null && wantsMsgpack(request)) {
-    return new Response(packr.pack(body), { status, headers: { "content-type": MSGPACK } });
+    writer.reset();
+    writer.value(body as MsgpackValue);
+    // A copy: the Response may read its body after the writer moved on.
+    return new Response(writer.finish(), { status, headers: { "content-type": MSGPACK } });
   }
   return new Response(toJson(body), {
     status,
@@ -150,9 +155,11 @@ export function tokenIds(body: Record<string, unknown>, field = "token_ids"): Ui
 }
 
 /**
- * Token ids sent as bytes (a MessagePack `bin`): viewed in place when 4-byte aligned,
- * else copied once; no per-token work either way (every u32 is a valid token id).
- * kvedge runs only on little-endian hosts (x64, arm64), so the view reads them right.
+ * Token ids sent as bytes (a MessagePack `bin`): copied into a scratch array reused by
+ * every call, so there is no per-token work and no allocation. (Viewing the bytes in
+ * place would need the message's ArrayBuffer, which Bun materializes at a cost well
+ * above the copy.) The result is valid until the next call: callers hash it at once.
+ * kvedge runs only on little-endian hosts (x64, arm64), so the copy reads them right.
  */
 function tokenBytes(bytes: Uint8Array, field: string): Uint32Array {
   if (bytes.byteLength % 4 !== 0) {
@@ -160,12 +167,16 @@ function tokenBytes(bytes: Uint8Array, field: string): Uint32Array {
   }
   const count = bytes.byteLength / 4;
   if (count > TOKENS_MAX) throw new HttpError(413, `${field} has over ${TOKENS_MAX} tokens`);
-  if (bytes.byteOffset % 4 === 0) return new Uint32Array(bytes.buffer, bytes.byteOffset, count);
-  // (Not bytes.slice(): on a Buffer that is a view too.)
-  const copy = new Uint32Array(count);
-  new Uint8Array(copy.buffer).set(bytes);
-  return copy;
+  if (tokenScratch.length < count) {
+    tokenScratch = new Uint32Array(Math.max(count, 2 * tokenScratch.length));
+    tokenScratchBytes = new Uint8Array(tokenScratch.buffer);
+  }
+  tokenScratchBytes.set(bytes);
+  return tokenScratch.subarray(0, count);
 }
+
+let tokenScratch = new Uint32Array(8192);
+let tokenScratchBytes = new Uint8Array(tokenScratch.buffer);
 
 /** A u64 given as a decimal string (or a number below 2^53, or a MessagePack integer). */
 export function u64Field(value: unknown, field: string): bigint {

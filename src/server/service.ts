@@ -10,7 +10,7 @@ import type { KvIndex } from "../index";
 import { createIndex, MatchResult } from "../index";
 import type { KvEventSink } from "../ingest/normalize";
 import { EngineSource, type SourceState } from "../ingest/source";
-import { promptHashes, type RouteDecision, Router, type Overlaps } from "../route";
+import { PromptHasher, type RouteDecision, Router, type Overlaps } from "../route";
 import type { LifecycleResult } from "../route/load";
 import type { Logger } from "../util/log";
 import type { ZmtpOptions } from "../wire/zmtp";
@@ -69,6 +69,7 @@ export class KvRouterService {
   readonly blockSize: number;
   private readonly sources = new Map<string, EngineSource>();
   private readonly matches = new MatchResult(64);
+  private readonly hasher = new PromptHasher();
   private overlapSlots = new Int32Array(64);
   private overlapBlocks = new Float64Array(64);
   private slotByHandle = new Int32Array(0);
@@ -133,9 +134,9 @@ export class KvRouterService {
 
   // ---- Matching and routing ----
 
-  /** Local block hashes of a prompt, as the index keys them. */
+  /** A prompt's local block hashes (as the index keys them) and chain; valid until the next call. */
   hash(tokens: Uint32Array, loraName: string | null, cacheSalt: string | null) {
-    return promptHashes(tokens, this.blockSize, blockSeed(loraName, cacheSalt));
+    return this.hasher.hash(tokens, this.blockSize, blockSeed(loraName, cacheSalt));
   }
 
   /** Per-worker matched prefix length in blocks, sorted as `kvedge apply` sorts. */

@@ -20,8 +20,9 @@
  * sent as `Content-Type: application/msgpack`.
  */
 import type { ServerWebSocket, WebSocketHandler } from "bun";
-import { Packr } from "msgpackr";
+import { Unpackr } from "msgpackr";
 import type { Logger } from "../util/log";
+import { MsgpackWriter, type MsgpackValue } from "../wire/msgpack";
 import { lifecycleOp, matchOp, routeOp } from "./api";
 import { HttpError, toJson } from "./http";
 import type { ServerMetrics } from "./metrics";
@@ -37,7 +38,9 @@ export const WS_FRAME_BYTES_MAX = 16 * 1024 * 1024;
 /** Most requests in one batch frame. */
 export const WS_BATCH_MAX = 4096;
 
-const packr = new Packr({ useRecords: false, int64AsType: "bigint", mapsAsObjects: true });
+const unpackr = new Unpackr({ int64AsType: "bigint", mapsAsObjects: true });
+/** Answers are written here and sent at once (send copies the bytes out). */
+const writer = new MsgpackWriter(64 * 1024);
 
 interface Answer {
   id: unknown;
@@ -85,7 +88,7 @@ export function websocketHandlers(
       const binary = typeof message !== "string";
       let parsed: unknown;
       try {
-        parsed = binary ? packr.unpack(message) : parseRequestJson(message);
+        parsed = binary ? unpackr.unpack(message) : parseRequestJson(message);
       } catch (error) {
         send(ws, binary, { id: null, status: 400, error: `malformed ${binary ? "MessagePack" : "JSON"}: ${(error as Error).message}` });
         return;
@@ -121,5 +124,11 @@ function run(service: KvRouterService, op: string, body: Record<string, unknown>
 }
 
 function send(ws: ServerWebSocket<WsData>, binary: boolean, payload: unknown): void {
-  ws.send(binary ? packr.pack(payload) : toJson(payload));
+  if (!binary) {
+    ws.send(toJson(payload));
+    return;
+  }
+  writer.reset();
+  writer.value(payload as MsgpackValue);
+  ws.send(writer.written());
 }

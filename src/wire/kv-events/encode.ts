@@ -9,9 +9,11 @@
  * array form and default-valued fields in the map form; the tag comes first.
  *
  * msgpackr cannot produce these bytes (it writes integral floats as ints and every
- * bigint as int64), so this is a small dedicated writer. msgpackr stays the
- * independent reference decoder in the tests.
+ * bigint as int64), so this uses kvedge's own writer (src/wire/msgpack.ts). msgpackr
+ * stays the independent reference decoder in the tests.
  */
+
+import { MsgpackWriter } from "../msgpack";
 
 /** A block hash: an int (u64, or a negative i64 as some producers send), or raw digest bytes. */
 export type KvHash = bigint | Uint8Array;
@@ -82,7 +84,7 @@ export interface EncodeOptions {
 }
 
 export function encodeKvBatch(batch: KvBatch, options: EncodeOptions): Uint8Array {
-  const writer = new Writer();
+  const writer = new MsgpackWriter();
   const events = (): void => {
     writer.arrayHeader(batch.events.length);
     for (const event of batch.events) writeEvent(writer, event, options.form);
@@ -107,21 +109,21 @@ export function encodeKvBatch(batch: KvBatch, options: EncodeOptions): Uint8Arra
   return writer.finish();
 }
 
-type Field = readonly [name: string, value: unknown, write: (writer: Writer, value: never) => void];
+type Field = readonly [name: string, value: unknown, write: (writer: MsgpackWriter, value: never) => void];
 
-const writeHash = (writer: Writer, hash: KvHash): void => {
+const writeHash = (writer: MsgpackWriter, hash: KvHash): void => {
   if (typeof hash === "bigint") writer.int(hash);
   else writer.bytes(hash);
 };
-const writeHashes = (writer: Writer, hashes: readonly KvHash[]): void => {
+const writeHashes = (writer: MsgpackWriter, hashes: readonly KvHash[]): void => {
   writer.arrayHeader(hashes.length);
   for (const hash of hashes) writeHash(writer, hash);
 };
-const writeOptionalHash = (writer: Writer, hash: KvHash | null): void => {
+const writeOptionalHash = (writer: MsgpackWriter, hash: KvHash | null): void => {
   if (hash === null) writer.nil();
   else writeHash(writer, hash);
 };
-const writeTokens = (writer: Writer, tokens: KvBlockStored["tokenIds"]): void => {
+const writeTokens = (writer: MsgpackWriter, tokens: KvBlockStored["tokenIds"]): void => {
   writer.arrayHeader(tokens.length);
   for (const token of tokens) {
     if (typeof token === "number") writer.int(token);
@@ -132,15 +134,15 @@ const writeTokens = (writer: Writer, tokens: KvBlockStored["tokenIds"]): void =>
     }
   }
 };
-const writeOptionalInt = (writer: Writer, value: number | null): void => {
+const writeOptionalInt = (writer: MsgpackWriter, value: number | null): void => {
   if (value === null) writer.nil();
   else writer.int(value);
 };
-const writeOptionalString = (writer: Writer, value: string | null): void => {
+const writeOptionalString = (writer: MsgpackWriter, value: string | null): void => {
   if (value === null) writer.nil();
   else writer.string(value);
 };
-const writeAny = (writer: Writer, value: KvValue): void => writer.value(value);
+const writeAny = (writer: MsgpackWriter, value: KvValue): void => writer.value(value);
 
 /** The fields of an event in declaration order, and how many of them are required. */
 function fieldsOf(event: KvEvent, form: "array" | "map"): { fields: Field[]; required: number } {
@@ -188,7 +190,7 @@ function fieldsOf(event: KvEvent, form: "array" | "map"): { fields: Field[]; req
   }
 }
 
-function writeEvent(writer: Writer, event: KvEvent, form: "array" | "map"): void {
+function writeEvent(writer: MsgpackWriter, event: KvEvent, form: "array" | "map"): void {
   const { fields, required } = fieldsOf(event, form);
   const present = (value: unknown) => value !== undefined && value !== null;
   if (form === "array") {
@@ -209,159 +211,7 @@ function writeEvent(writer: Writer, event: KvEvent, form: "array" | "map"): void
   }
 }
 
-function writeField(writer: Writer, [, value, write]: Field): void {
+function writeField(writer: MsgpackWriter, [, value, write]: Field): void {
   if (value === undefined || value === null) writer.nil();
   else write(writer, value as never);
-}
-
-const textEncoder = new TextEncoder();
-const UINT_CODES = [0xcc, 0xcd, 0xce] as const;
-
-/** A growable msgpack writer with msgspec's choice of encodings. */
-class Writer {
-  private buffer = new Uint8Array(256);
-  private view = new DataView(this.buffer.buffer);
-  private length = 0;
-
-  finish(): Uint8Array {
-    return this.buffer.slice(0, this.length);
-  }
-
-  private room(bytes: number): void {
-    if (this.length + bytes <= this.buffer.length) return;
-    let capacity = this.buffer.length * 2;
-    while (capacity < this.length + bytes) capacity *= 2;
-    const grown = new Uint8Array(capacity);
-    grown.set(this.buffer.subarray(0, this.length));
-    this.buffer = grown;
-    this.view = new DataView(grown.buffer);
-  }
-
-  private byte(value: number): void {
-    this.room(1);
-    this.buffer[this.length++] = value;
-  }
-
-  private header(value: number, fix: number, fixMax: number, codes: readonly number[]): void {
-    if (value <= fixMax) return this.byte(fix | value);
-    this.sized(value, codes);
-  }
-
-  /** `codes`: the 8-, 16- and 32-bit forms (0 where the type has none). */
-  private sized(value: number, codes: readonly number[]): void {
-    this.room(5);
-    if (value < 0x100 && codes[0] !== 0) {
-      this.buffer[this.length++] = codes[0]!;
-      this.buffer[this.length++] = value;
-    } else if (value < 0x1_0000) {
-      this.buffer[this.length++] = codes[1]!;
-      this.view.setUint16(this.length, value);
-      this.length += 2;
-    } else {
-      this.buffer[this.length++] = codes[2]!;
-      this.view.setUint32(this.length, value);
-      this.length += 4;
-    }
-  }
-
-  nil(): void {
-    this.byte(0xc0);
-  }
-
-  bool(value: boolean): void {
-    this.byte(value ? 0xc3 : 0xc2);
-  }
-
-  int(value: number | bigint): void {
-    // Fast path for token ids and other small non-negative numbers: same bytes, no BigInt.
-    if (typeof value === "number" && value >= 0 && value < 0x1_0000_0000 && Number.isInteger(value)) {
-      this.room(5);
-      if (value < 0x80) this.buffer[this.length++] = value;
-      else this.sized(value, UINT_CODES);
-      return;
-    }
-    const big = BigInt(value);
-    if (big < -(1n << 63n) || big >= 1n << 64n) throw new RangeError(`${big} does not fit in 64 bits`);
-    this.room(9);
-    if (big >= 0n) {
-      if (big < 0x80n) this.buffer[this.length++] = Number(big);
-      else if (big < 0x1_0000_0000n) this.sized(Number(big), [0xcc, 0xcd, 0xce]);
-      else {
-        this.buffer[this.length++] = 0xcf;
-        this.view.setBigUint64(this.length, big);
-        this.length += 8;
-      }
-    } else if (big >= -32n) this.buffer[this.length++] = Number(big) & 0xff;
-    else if (big >= -0x80n) {
-      this.buffer[this.length++] = 0xd0;
-      this.view.setInt8(this.length++, Number(big));
-    } else if (big >= -0x8000n) {
-      this.buffer[this.length++] = 0xd1;
-      this.view.setInt16(this.length, Number(big));
-      this.length += 2;
-    } else if (big >= -0x8000_0000n) {
-      this.buffer[this.length++] = 0xd2;
-      this.view.setInt32(this.length, Number(big));
-      this.length += 4;
-    } else {
-      this.buffer[this.length++] = 0xd3;
-      this.view.setBigInt64(this.length, big);
-      this.length += 8;
-    }
-  }
-
-  float64(value: number): void {
-    this.room(9);
-    this.buffer[this.length++] = 0xcb;
-    this.view.setFloat64(this.length, value);
-    this.length += 8;
-  }
-
-  string(value: string): void {
-    const bytes = textEncoder.encode(value);
-    this.header(bytes.length, 0xa0, 31, [0xd9, 0xda, 0xdb]);
-    this.raw(bytes);
-  }
-
-  bytes(value: Uint8Array): void {
-    this.sized(value.length, [0xc4, 0xc5, 0xc6]);
-    this.raw(value);
-  }
-
-  arrayHeader(count: number): void {
-    this.header(count, 0x90, 15, [0, 0xdc, 0xdd]);
-  }
-
-  mapHeader(count: number): void {
-    this.header(count, 0x80, 15, [0, 0xde, 0xdf]);
-  }
-
-  private raw(bytes: Uint8Array): void {
-    this.room(bytes.length);
-    this.buffer.set(bytes, this.length);
-    this.length += bytes.length;
-  }
-
-  /** Any value: integral numbers as ints, other numbers as float64. */
-  value(value: KvValue): void {
-    if (value === null) this.nil();
-    else if (typeof value === "boolean") this.bool(value);
-    else if (typeof value === "bigint") this.int(value);
-    else if (typeof value === "number") {
-      if (Number.isSafeInteger(value)) this.int(value);
-      else this.float64(value);
-    } else if (typeof value === "string") this.string(value);
-    else if (value instanceof Uint8Array) this.bytes(value);
-    else if (Array.isArray(value)) {
-      this.arrayHeader(value.length);
-      for (const item of value as readonly KvValue[]) this.value(item);
-    } else {
-      const entries = Object.entries(value);
-      this.mapHeader(entries.length);
-      for (const [key, item] of entries) {
-        this.string(key);
-        this.value(item);
-      }
-    }
-  }
 }
