@@ -105,6 +105,8 @@ export class LoadTracker {
   live = new Uint8Array(0);
   dpRanks = new Uint32Array(0);
   private workerIds: bigint[] = [];
+  /** The ids as decimal text, as answers carry them (a bigint's toString per answer adds up). */
+  private workerIdTexts: string[] = [];
   /** Live slots, densely packed (the routing loop's candidate list). */
   liveSlots = new Int32Array(0);
   liveCount = 0;
@@ -159,6 +161,12 @@ export class LoadTracker {
     return this.workerIds[slot]!;
   }
 
+  /** `workerIdOf` as a decimal string. */
+  workerIdTextOf(slot: number): string {
+    this.assertLive(slot);
+    return this.workerIdTexts[slot]!;
+  }
+
   /** Adds a worker (idempotent: a known one keeps its slot and load). Returns its slot. */
   addWorker(workerId: bigint, dpRank: number): number {
     if (workerId < 0n || workerId >= 1n << 64n) throw new RangeError(`worker id ${workerId} is not a u64`);
@@ -172,6 +180,7 @@ export class LoadTracker {
       if (slot >= this.slotCapacity) this.growSlots(this.slotCapacity * 2);
     }
     this.workerIds[slot] = workerId;
+    this.workerIdTexts[slot] = workerId.toString();
     this.dpRanks[slot] = dpRank;
     this.live[slot] = 1;
     this.livePosition[slot] = this.liveCount;
@@ -207,6 +216,7 @@ export class LoadTracker {
     this.degraded[slot] = 0;
     this.routedTotal[slot] = 0;
     this.workerIds[slot] = 0n;
+    this.workerIdTexts[slot] = "";
     this.freeSlots.push(slot);
     this.workersVersion++;
     return true;

@@ -86,6 +86,8 @@ export interface RouteRequest {
 }
 
 export interface Candidate {
+  /** The worker's router slot (LoadTracker). */
+  readonly slot: number;
   readonly workerId: bigint;
   readonly dpRank: number;
   /** Blocks the index says the worker holds (before any degraded discount). */
@@ -310,6 +312,7 @@ export class Router {
     for (let i = 0; i < size; i++) {
       const slot = order[i]!;
       list.push({
+        slot,
         workerId: load.workerIdOf(slot),
         dpRank: load.dpRanks[slot]!,
         overlapBlocks: this.overlapBySlot[slot]!,

@@ -6,7 +6,7 @@
 import type { WorkerEntry } from "../config/workers";
 import { checkEndpoint } from "../config";
 import { RouteError, type Candidate } from "../route";
-import type { LifecycleResult } from "../route/load";
+import type { LifecycleResult, LoadTracker } from "../route/load";
 import { REQUEST_ID_LENGTH_MAX } from "../route/load";
 import {
   asObject, HttpError, optionalInt, optionalNumber, optionalString, tokenIds, u64Field,
@@ -47,8 +47,8 @@ export function matchOp(service: KvRouterService, raw: unknown) {
   return { block_size: service.blockSize, query_blocks: count, scores: service.match(local, count).map(scoreJson) };
 }
 
-const candidateJson = (candidate: Candidate) => ({
-  worker_id: candidate.workerId.toString(),
+const candidateJson = (load: LoadTracker, candidate: Candidate) => ({
+  worker_id: load.workerIdTextOf(candidate.slot),
   dp_rank: candidate.dpRank,
   overlap_blocks: candidate.overlapBlocks,
   cost: candidate.cost,
@@ -76,14 +76,17 @@ export function routeOp(service: KvRouterService, raw: unknown) {
   const candidatesMax = optionalInt(body, "candidates", 0, CANDIDATES_MAX) ?? CANDIDATES_MAX;
   try {
     const { decision, queryBlocks } = service.route(input, candidatesMax);
+    const load = service.router.load;
+    const candidates = [];
+    for (const candidate of decision.candidates) candidates.push(candidateJson(load, candidate));
     return {
       request_id: decision.requestId,
-      worker_id: decision.workerId.toString(),
+      worker_id: load.workerIdTextOf(decision.slot),
       dp_rank: decision.dpRank,
       query_blocks: queryBlocks,
       overlap_blocks: decision.overlapBlocks,
       cost: decision.cost,
-      candidates: decision.candidates.map(candidateJson),
+      candidates,
     };
   } catch (error) {
     if (!(error instanceof RouteError)) throw error;
