@@ -22,8 +22,8 @@
 import type { ServerWebSocket, WebSocketHandler } from "bun";
 import { Unpackr } from "msgpackr";
 import type { Logger } from "../util/log";
-import { MsgpackWriter, type MsgpackValue } from "../wire/msgpack";
-import { lifecycleOp, matchOp, routeOp } from "./api";
+import { encodeMsgpack, MsgpackWriter, type MsgpackValue } from "../wire/msgpack";
+import { lifecycleOp, matchOp, type RouteResult, routeOp, writeRouteResult } from "./api";
 import { HttpError, toJson } from "./http";
 import type { ServerMetrics } from "./metrics";
 import { parseRequestJson } from "./request-json";
@@ -41,6 +41,9 @@ export const WS_BATCH_MAX = 4096;
 const unpackr = new Unpackr({ int64AsType: "bigint", mapsAsObjects: true });
 /** Answers are written here and sent at once (send copies the bytes out). */
 const writer = new MsgpackWriter(64 * 1024);
+const ID_KEY = encodeMsgpack("id");
+const STATUS_KEY = encodeMsgpack("status");
+const RESULT_KEY = encodeMsgpack("result");
 
 interface Answer {
   id: unknown;
@@ -52,7 +55,8 @@ interface Answer {
 export function websocketHandlers(
   service: KvRouterService, log: Logger, metrics: ServerMetrics,
 ): WebSocketHandler<WsData> {
-  const answer = (request: unknown): Answer => {
+  /** Answers one request: returns the answer, or with `out`, writes it there as MessagePack. */
+  const answer = (request: unknown, out: MsgpackWriter | null): Answer | null => {
     const started = performance.now();
     let id: unknown = null;
     let op = "invalid";
@@ -73,7 +77,19 @@ export function websocketHandlers(
       response = { id, status, error: error instanceof HttpError ? error.message : "internal error" };
     }
     metrics.observeHttp(OP_LABELS.get(op) ?? "/v1/ws invalid", response.status, (performance.now() - started) / 1000);
-    return response;
+    if (out === null) return response;
+    if (op === "route" && response.status === 200) {
+      out.mapHeader(3);
+      out.encoded(ID_KEY);
+      out.value(id as MsgpackValue);
+      out.encoded(STATUS_KEY);
+      out.number(200);
+      out.encoded(RESULT_KEY);
+      writeRouteResult(out, response.result as RouteResult);
+    } else {
+      out.value(response as unknown as MsgpackValue);
+    }
+    return null;
   };
 
   return {
@@ -93,15 +109,23 @@ export function websocketHandlers(
         send(ws, binary, { id: null, status: 400, error: `malformed ${binary ? "MessagePack" : "JSON"}: ${(error as Error).message}` });
         return;
       }
-      if (Array.isArray(parsed)) {
-        if (parsed.length > WS_BATCH_MAX) {
-          send(ws, binary, { id: null, status: 413, error: `a batch holds at most ${WS_BATCH_MAX} requests` });
-          return;
-        }
-        send(ws, binary, parsed.map(answer));
-      } else {
-        send(ws, binary, answer(parsed));
+      if (Array.isArray(parsed) && parsed.length > WS_BATCH_MAX) {
+        send(ws, binary, { id: null, status: 413, error: `a batch holds at most ${WS_BATCH_MAX} requests` });
+        return;
       }
+      if (!binary) {
+        ws.send(toJson(Array.isArray(parsed) ? parsed.map((request) => answer(request, null)) : answer(parsed, null)));
+        return;
+      }
+      // MessagePack answers are written as they are made, into one reused buffer.
+      writer.reset();
+      if (Array.isArray(parsed)) {
+        writer.arrayHeader(parsed.length);
+        for (const request of parsed) answer(request, writer);
+      } else {
+        answer(parsed, writer);
+      }
+      ws.send(writer.written());
     },
   };
 }

@@ -27,6 +27,16 @@ const MAP_CODES = [0, 0xde, 0xdf] as const;
 /** Strings up to this many characters are tried as ASCII, one byte per character. */
 const ASCII_FAST_MAX = 64;
 const textEncoder = new TextEncoder();
+/** A double and its bytes, for writing float64s without a DataView call. */
+const FLOAT = new Float64Array(1);
+const FLOAT_BYTES = new Uint8Array(FLOAT.buffer);
+
+/** One value's MessagePack (for constants written often, such as map keys). */
+export function encodeMsgpack(value: MsgpackValue): Uint8Array {
+  const writer = new MsgpackWriter(16);
+  writer.value(value);
+  return writer.finish();
+}
 
 export class MsgpackWriter {
   private buffer: Uint8Array;
@@ -66,9 +76,7 @@ export class MsgpackWriter {
   int(value: number | bigint): void {
     // Fast path for token ids, counts and other small non-negative numbers: no BigInt.
     if (typeof value === "number" && value >= 0 && value < 0x1_0000_0000 && Number.isInteger(value)) {
-      this.room(5);
-      if (value < 0x80) this.buffer[this.length++] = value;
-      else this.sized(value, UINT_CODES);
+      this.uint32(value);
       return;
     }
     const big = BigInt(value);
@@ -103,15 +111,43 @@ export class MsgpackWriter {
 
   float64(value: number): void {
     this.room(9);
-    this.buffer[this.length++] = 0xcb;
-    this.view.setFloat64(this.length, value);
-    this.length += 8;
+    const buffer = this.buffer;
+    let at = this.length;
+    buffer[at++] = 0xcb;
+    // Big-endian: the host's (little-endian) bytes of the double, last first.
+    FLOAT[0] = value;
+    for (let i = 7; i >= 0; i--) buffer[at++] = FLOAT_BYTES[i]!;
+    this.length = at;
   }
 
   /** A number: safe integers as ints, anything else (fractions, NaN, huge) as float64. */
   number(value: number): void {
-    if (Number.isSafeInteger(value)) this.int(value);
+    if (value >= 0 && value < 0x1_0000_0000 && Math.floor(value) === value) this.uint32(value);
+    else if (Number.isSafeInteger(value)) this.int(value);
     else this.float64(value);
+  }
+
+  /** An integer in [0, 2^32) in its smallest form. */
+  private uint32(value: number): void {
+    this.room(5);
+    const buffer = this.buffer;
+    let at = this.length;
+    if (value < 0x80) buffer[at++] = value;
+    else if (value < 0x100) {
+      buffer[at++] = 0xcc;
+      buffer[at++] = value;
+    } else if (value < 0x1_0000) {
+      buffer[at++] = 0xcd;
+      buffer[at++] = value >>> 8;
+      buffer[at++] = value & 0xff;
+    } else {
+      buffer[at++] = 0xce;
+      buffer[at++] = value >>> 24;
+      buffer[at++] = (value >>> 16) & 0xff;
+      buffer[at++] = (value >>> 8) & 0xff;
+      buffer[at++] = value & 0xff;
+    }
+    this.length = at;
   }
 
   string(value: string): void {
@@ -141,6 +177,16 @@ export class MsgpackWriter {
     const bytes = textEncoder.encode(value);
     this.header(bytes.length, 0xa0, 31, STR_CODES);
     this.raw(bytes);
+  }
+
+  /** Bytes that are MessagePack already (e.g. a map key encoded once with `encode`). */
+  encoded(bytes: Uint8Array): void {
+    this.room(bytes.length);
+    const buffer = this.buffer;
+    let at = this.length;
+    // Keys are a few bytes: a loop beats a native set() call at this size.
+    for (let i = 0; i < bytes.length; i++) buffer[at++] = bytes[i]!;
+    this.length = at;
   }
 
   bytes(value: Uint8Array): void {
@@ -202,18 +248,23 @@ export class MsgpackWriter {
   /** `codes`: the 8-, 16- and 32-bit forms (0 where the type has none). */
   private sized(value: number, codes: readonly number[]): void {
     this.room(5);
+    const buffer = this.buffer;
+    let at = this.length;
     if (value < 0x100 && codes[0] !== 0) {
-      this.buffer[this.length++] = codes[0]!;
-      this.buffer[this.length++] = value;
+      buffer[at++] = codes[0]!;
+      buffer[at++] = value;
     } else if (value < 0x1_0000) {
-      this.buffer[this.length++] = codes[1]!;
-      this.view.setUint16(this.length, value);
-      this.length += 2;
+      buffer[at++] = codes[1]!;
+      buffer[at++] = value >>> 8;
+      buffer[at++] = value & 0xff;
     } else {
-      this.buffer[this.length++] = codes[2]!;
-      this.view.setUint32(this.length, value);
-      this.length += 4;
+      buffer[at++] = codes[2]!;
+      buffer[at++] = value >>> 24;
+      buffer[at++] = (value >>> 16) & 0xff;
+      buffer[at++] = (value >>> 8) & 0xff;
+      buffer[at++] = value & 0xff;
     }
+    this.length = at;
   }
 
   private raw(bytes: Uint8Array): void {

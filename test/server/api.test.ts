@@ -1,0 +1,37 @@
+import { describe, expect, test } from "bun:test";
+import { Unpackr } from "msgpackr";
+import { loadConfig } from "../../src/config";
+import { routeOp, writeRouteResult } from "../../src/server/api";
+import { KvRouterService } from "../../src/server/service";
+import { silentLogger } from "../../src/util/log";
+import { xorshift32 } from "../../src/util/random";
+import { MsgpackWriter } from "../../src/wire/msgpack";
+
+describe("writeRouteResult", () => {
+  test("writes exactly the bytes of the generic writer, for every kind of route result", () => {
+    const service = new KvRouterService({ config: loadConfig({ env: {} }).config, log: silentLogger, random: () => 0.5 });
+    const load = service.router.load;
+    const ids = [1n, 7n, 300n, 70_000n, 2n ** 32n + 5n, 2n ** 64n - 1n];
+    for (const [i, id] of ids.entries()) load.addWorker(id, i % 3);
+    load.setDegraded(load.slotOf(300n, 2), true);
+    const random = xorshift32(11);
+    const generic = new MsgpackWriter();
+    const special = new MsgpackWriter();
+    const unpackr = new Unpackr({ int64AsType: "bigint", mapsAsObjects: true });
+    for (let i = 0; i < 200; i++) {
+      const tokens = Array.from({ length: random() % 300 }, () => random() % 50);
+      const body: Record<string, unknown> = {
+        token_ids: tokens, candidates: random() % 8, expected_output_tokens: random() % 1000,
+        ...(i % 3 === 0 ? { request_id: `req-${i}-${"é".repeat(i % 2)}` } : {}),
+        ...(i % 5 === 0 ? { temperature: 0.7, prefill_load_scale: 1.25 } : {}),
+      };
+      const result = routeOp(service, body);
+      generic.reset();
+      generic.value(result);
+      special.reset();
+      writeRouteResult(special, result);
+      expect(Buffer.from(special.written()).toString("hex")).toBe(Buffer.from(generic.written()).toString("hex"));
+      expect(unpackr.unpack(special.finish())).toEqual(result);
+    }
+  });
+});
