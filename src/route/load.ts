@@ -117,6 +117,10 @@ export class LoadTracker {
   private slotTop = 0;
   private readonly slotByWorker = new Map<bigint, Map<number, number>>();
 
+  /**
+   * Active requests in the order they were last touched (admitted or prefill_done):
+   * a touch re-inserts, so the expiry sweep stops at the first one still fresh.
+   */
   private readonly requests = new Map<string, ActiveRequest>();
   // Recently finished ids, oldest first, in a ring; `finished` maps an id to its ring
   // position (an id reused later has a newer position; the stale one is skipped).
@@ -313,6 +317,8 @@ export class LoadTracker {
       request.prefillTokens = 0;
     }
     request.touchedMs = this.now();
+    this.requests.delete(requestId);
+    this.requests.set(requestId, request);
     this.counters.prefillDone++;
     return "ok";
   }
@@ -336,8 +342,9 @@ export class LoadTracker {
   sweep(now = this.now()): number {
     this.lastSweepMs = now;
     let expired = 0;
+    // Oldest touch first (the clock is monotonic): the first fresh request ends the sweep.
     for (const request of this.requests.values()) {
-      if (now - request.touchedMs < this.requestTtlMs) continue;
+      if (now - request.touchedMs < this.requestTtlMs) break;
       this.release(request, "expired");
       expired++;
     }

@@ -184,6 +184,44 @@ describe("expiry", () => {
     load.verify();
   });
 
+  test("randomized touches: a sweep expires exactly the requests idle for the TTL (against a plain model)", () => {
+    const { load, advance } = tracker({ ttlMs: 1000 });
+    const w = load.addWorker(1n, 0);
+    const p = prompt(1, 2, 3, 4, 5, 6, 7, 8);
+    const touched = new Map<string, number>(); // the model: id -> last touch
+    let now = 1000;
+    let seed = 12345;
+    const random = () => ((seed = (seed * 1_103_515_245 + 12_345) >>> 0) / 2 ** 32);
+    for (let step = 0; step < 3000; step++) {
+      const r = random();
+      if (r < 0.4) {
+        const id = `q${step}`;
+        load.admit(id, w, p.chain, 2, 8, 0, 0);
+        touched.set(id, now);
+      } else if (r < 0.7 && touched.size > 0) {
+        const ids = [...touched.keys()];
+        const id = ids[Math.floor(random() * ids.length)]!;
+        expect(load.prefillDone(id)).toBe("ok");
+        touched.set(id, now);
+      } else if (r < 0.8 && touched.size > 0) {
+        const id = [...touched.keys()][0]!;
+        expect(load.done(id)).toBe("ok");
+        touched.delete(id);
+      } else if (r < 0.95) {
+        const ms = Math.floor(random() * 300);
+        advance(ms);
+        now += ms;
+      } else {
+        const expected = [...touched].filter(([, at]) => now - at >= 1000).map(([id]) => id);
+        expect(load.sweep()).toBe(expected.length);
+        for (const id of expected) touched.delete(id);
+        expect(load.activeRequestCount).toBe(touched.size);
+        for (const id of touched.keys()) expect(load.isActive(id)).toBe(true);
+      }
+    }
+    load.verify();
+  });
+
   test("sweepIfDue sweeps at most once per interval (TTL / 10)", () => {
     const { load, advance } = tracker({ ttlMs: 10_000 });
     const w = load.addWorker(1n, 0);
