@@ -9,164 +9,145 @@
  *    (`sharedDepths`), so the cost charges only the blocks a worker would add.
  *
  * Structure: one radix tree of the chains of all active requests. A node is an edge,
- * a run of consecutive blocks (hashes in a Uint32Array) that every request reaching it
- * shares, and counts, per worker, the active requests that pass through it. A worker
- * holds a node's blocks while its count there is above 0, so its distinct active
- * blocks are the summed edge lengths of the nodes it holds. Edges split where
- * requests diverge or end, and merge back when a node is left with one child and no
- * request ending on it, so a node has either requests ending on it or at least two
- * children (or none: a leaf).
+ * a run of consecutive blocks that every request reaching it shares, and counts, per
+ * worker, the active requests that pass through it. A worker holds a node's blocks
+ * while its count there is above 0, so its distinct active blocks are the summed edge
+ * lengths of the nodes it holds. Edges split where requests diverge or end, and merge
+ * back when a node is left with one child and no request ending on it, so a node has
+ * either requests ending on it or at least two children (or none: a leaf).
+ *
+ * Layout: typed arrays, no object per node. Every routing decision walks a path of
+ * this tree and every admission and expiry updates one, so it is laid out for few
+ * cache misses (an object tree cost ~7 µs per route in `kvedge serve`, most of it
+ * pointer chasing):
+ *  - node records of NODE_WORDS int32s (parent, position, edge, holders, counts,
+ *    sibling links) in one array, so a node is one cache line;
+ *  - edges ((hi, lo) words) and holder lists ((slot, count) pairs sorted by slot) in
+ *    two arenas with power-of-two size classes and a free list per class;
+ *  - children found through one open-addressing table keyed by (parent, first block).
+ * Node ids are recycled; a request keeps its leaf's id (`ChainHolder.leaf`) until it is
+ * removed. Once the tree is empty every array goes back to its initial size.
  *
  * Cost: a request touches the few nodes on its path (a shared system prompt is one
- * node, the request's own tail another), comparing hashes sequentially along edges;
- * no per-block table entry exists. Depths for all workers come from one walk down the
- * query's path and one pass over the holders of the nodes on it.
- *
- * A request's leaf node is kept by the caller (`ChainHolder.leaf`) to remove it later;
- * node objects are never reused, so a handle stays valid until its request is removed.
+ * node, the request's own tail another), comparing hashes along edges; no per-block
+ * entry exists. Depths for all workers come from one walk down the query's path and
+ * one pass over the holders of the nodes on it.
  */
 
 export interface ChainHolder {
   /** Set by `add`: the node where the request's chain ends (null for an empty chain). */
-  leaf: ActiveNode | null;
+  leaf: number | null;
 }
 
-/** Holders past this many are found through a Map instead of a scan. */
+// Node record fields (int32 offsets within a record).
+const PARENT = 0; // -1 = free record
+const START = 1; // chain position of the edge's first block
+const LENGTH = 2; // blocks in the edge
+const EDGE = 3; // edge arena offset (words)
+const TOTAL = 4; // active requests passing through
+const ENDING = 5; // active requests whose chain ends at the edge's last block
+const HOLDERS = 6; // holder arena offset (words), -1 = none
+const HOLDER_SIZE = 7; // slots holding the node
+const HOLDER_CLASS = 8; // log2 of the holder list's capacity in words
+const FIRST_CHILD = 9; // -1 = none
+const NEXT_SIBLING = 10;
+const PREV_SIBLING = 11;
+const CHILD_COUNT = 12;
+const NODE_WORDS = 16; // 64 bytes
+
+const ROOT = 0;
+const NONE = -1;
+/** Holder lists up to this size are searched linearly, longer ones by bisection. */
 const HOLDERS_SCAN_MAX = 16;
+const INITIAL_NODES = 64;
+const INITIAL_ARENA_WORDS = 1024;
+const INITIAL_TABLE_ENTRIES = 64;
 
 /**
- * Per worker slot, how many active requests pass through a node. Slots and counts sit
- * in two packed arrays, because every routing decision iterates the holders of the
- * nodes on its path; a slot is found by a scan while there are few, else through a Map
- * of positions. Removal moves the last holder into the gap (order is not kept).
+ * Blocks of 2^k words carved from one growable Uint32Array, a free list per k (a free
+ * block's first word links to the next, 0xffffffff = end).
  */
-export class Holders {
-  readonly slots: number[] = [];
-  readonly counts: number[] = [];
-  private positions: Map<number, number> | null = null;
+class Arena {
+  words: Uint32Array;
+  /** Words in blocks handed out and not freed. */
+  live = 0;
+  private top = 0;
+  private readonly free = new Int32Array(32).fill(NONE);
 
-  get size(): number {
-    return this.slots.length;
+  constructor(private readonly initialWords: number) {
+    this.words = new Uint32Array(initialWords);
   }
 
-  /** Requests of `slot` passing through (0 if none). */
-  count(slot: number): number {
-    const at = this.find(slot);
-    return at < 0 ? 0 : this.counts[at]!;
+  allocate(order: number): number {
+    const head = this.free[order]!;
+    this.live += 1 << order;
+    if (head !== NONE) {
+      const next = this.words[head]!;
+      this.free[order] = next === 0xffff_ffff ? NONE : next;
+      return head;
+    }
+    const at = this.top;
+    this.top += 1 << order;
+    if (this.top > this.words.length) {
+      let capacity = this.words.length * 2;
+      while (capacity < this.top) capacity *= 2;
+      const grown = new Uint32Array(capacity);
+      grown.set(this.words.subarray(0, at));
+      this.words = grown;
+    }
+    return at;
   }
 
-  /** Counts one more request of `slot`; true if the slot did not hold the node before. */
-  add(slot: number): boolean {
-    const at = this.find(slot);
-    if (at >= 0) {
-      this.counts[at]!++;
-      return false;
-    }
-    this.slots.push(slot);
-    this.counts.push(1);
-    if (this.positions !== null) this.positions.set(slot, this.slots.length - 1);
-    else if (this.slots.length > HOLDERS_SCAN_MAX) {
-      this.positions = new Map();
-      for (let i = 0; i < this.slots.length; i++) this.positions.set(this.slots[i]!, i);
-    }
-    return true;
+  release(at: number, order: number): void {
+    const head = this.free[order]!;
+    this.words[at] = head === NONE ? 0xffff_ffff : head;
+    this.free[order] = at;
+    this.live -= 1 << order;
   }
 
-  /** Counts one request of `slot` less (it must hold the node); true if it no longer does. */
-  remove(slot: number): boolean {
-    const at = this.find(slot);
-    if (at < 0) throw new Error(`active blocks: slot ${slot} does not hold the node`);
-    if (--this.counts[at]! > 0) return false;
-    const last = this.slots.length - 1;
-    if (at !== last) {
-      this.slots[at] = this.slots[last]!;
-      this.counts[at] = this.counts[last]!;
-      this.positions?.set(this.slots[at]!, at);
-    }
-    this.slots.pop();
-    this.counts.pop();
-    if (this.positions !== null) {
-      this.positions.delete(slot);
-      // Back to scanning well below the switch point, so a size near it does not flap.
-      if (this.slots.length <= HOLDERS_SCAN_MAX / 2) this.positions = null;
-    }
-    return true;
-  }
-
-  copyFrom(other: Holders): void {
-    for (let i = 0; i < other.size; i++) {
-      this.slots.push(other.slots[i]!);
-      this.counts.push(other.counts[i]!);
-    }
-    if (other.positions !== null) this.positions = new Map(other.positions);
-  }
-
-  /** O(size) check: distinct slots, and the positions Map (if any) agrees. */
-  verify(): void {
-    const seen = new Set(this.slots);
-    check(seen.size === this.slots.length && this.counts.length === this.slots.length, "holder slots repeat or counts misaligned");
-    if (this.positions !== null) {
-      check(this.positions.size === this.slots.length, "holder positions size");
-      for (let i = 0; i < this.slots.length; i++) check(this.positions.get(this.slots[i]!) === i, "holder position");
-    }
-  }
-
-  private find(slot: number): number {
-    if (this.positions !== null) return this.positions.get(slot) ?? -1;
-    const slots = this.slots;
-    for (let i = 0; i < slots.length; i++) if (slots[i] === slot) return i;
-    return -1;
+  reset(): void {
+    this.words = new Uint32Array(this.initialWords);
+    this.top = 0;
+    this.live = 0;
+    this.free.fill(NONE);
   }
 }
 
-export class ActiveNode {
-  /** (hi, lo) pairs of the edge's blocks. */
-  edge: Uint32Array;
-  /** Chain position of the edge's first block. */
-  start: number;
-  parent: ActiveNode | null;
-  /**
-   * Children by the lo word of their first block (`sameLo` chains the rare collisions);
-   * null until the first child (most nodes are a request's own tail, a leaf).
-   */
-  children: Map<number, ActiveNode> | null = null;
-  sameLo: ActiveNode | null = null;
-  /** Active requests passing through this node, per worker slot. */
-  readonly holders = new Holders();
-  /** Sum of `holders`' counts. */
-  total = 0;
-  /** Requests whose chain ends at this node's last block. */
-  ending = 0;
-
-  constructor(edge: Uint32Array, start: number, parent: ActiveNode | null) {
-    this.edge = edge;
-    this.start = start;
-    this.parent = parent;
-  }
-
-  get length(): number {
-    return this.edge.length >>> 1;
-  }
-}
+/** The size class holding `words` words: the smallest k with 2^k >= words. */
+const orderOf = (words: number): number => (words <= 1 ? 0 : 32 - Math.clz32(words - 1));
 
 export class ActiveBlocks {
-  private readonly root = new ActiveNode(new Uint32Array(0), 0, null);
-  private nodes = 0;
-  private words = 0;
+  private nodes = new Int32Array(INITIAL_NODES * NODE_WORDS);
+  private nodeTop = 1; // record 0 is the root
+  private freeNode = NONE; // free records, linked through NEXT_SIBLING
+  private liveNodes = 0; // excluding the root
+  private edgeWords = 0; // words in live edges (2 per block)
+  private readonly edges = new Arena(INITIAL_ARENA_WORDS);
+  private readonly holders = new Arena(INITIAL_ARENA_WORDS);
+  // Children: (parent + 1, first block lo, first block hi, child) per entry, 0 = empty.
+  private table = new Int32Array(4 * INITIAL_TABLE_ENTRIES);
+  private tableCount = 0;
+  // sharedDepths scratch: the query's path and the depth reached at each node.
+  private path = new Int32Array(64);
+  private pathDepths = new Int32Array(64);
+
+  constructor() {
+    this.initRoot();
+  }
 
   /** Live nodes (edges) over all active chains. */
   get nodeCount(): number {
-    return this.nodes;
+    return this.liveNodes;
   }
 
   /** Blocks stored in edges (each distinct prefix position once, however many workers hold it). */
   get blockCount(): number {
-    return this.words >>> 1;
+    return this.edgeWords >>> 1;
   }
 
-  /** Approximate bytes held: edge words plus a per-node overhead. */
+  /** Bytes in use: node records, edge and holder words, child table entries (0 when empty). */
   get bytes(): number {
-    return this.words * 4 + this.nodes * 160;
+    return this.liveNodes * NODE_WORDS * 4 + (this.edges.live + this.holders.live) * 4 + this.tableCount * 16;
   }
 
   /**
@@ -178,14 +159,14 @@ export class ActiveBlocks {
     if (chain.length < 2 * count) throw new RangeError(`chain holds ${chain.length} words, needs ${2 * count}`);
     holder.leaf = null;
     if (count === 0) return 0;
-    let node = this.root;
+    let node = ROOT;
     let at = 0;
     // Walk down while the chain follows existing edges; bounded by `count` blocks.
     while (at < count) {
-      const child = this.childAt(node, chain, at);
-      if (child === null) break;
-      const matched = matchEdge(child, chain, at, count);
-      if (matched < child.length) {
+      const child = this.childAt(node, chain[2 * at + 1]!, chain[2 * at]!);
+      if (child === NONE) break;
+      const matched = this.matchEdge(child, chain, at, count);
+      if (matched < this.nodes[child * NODE_WORDS + LENGTH]!) {
         node = this.split(child, matched);
         at += matched;
         break;
@@ -194,19 +175,19 @@ export class ActiveBlocks {
       at += matched;
     }
     if (at < count) {
-      const leaf = new ActiveNode(chain.slice(2 * at, 2 * count), at, node);
+      const leaf = this.newNode(node, at, count - at);
+      this.edges.words.set(chain.subarray(2 * at, 2 * count), this.nodes[leaf * NODE_WORDS + EDGE]!);
       this.link(node, leaf);
-      this.nodes++;
-      this.words += leaf.edge.length;
       node = leaf;
     }
-    node.ending++;
+    const nodes = this.nodes;
+    nodes[node * NODE_WORDS + ENDING]!++;
     holder.leaf = node;
     // Count the request on its whole path.
     let added = 0;
-    for (let n: ActiveNode = node; n !== this.root; n = n.parent!) {
-      if (n.holders.add(slot)) added += n.length;
-      n.total++;
+    for (let n = node; n !== ROOT; n = nodes[n * NODE_WORDS + PARENT]!) {
+      if (this.holderAdd(n, slot)) added += nodes[n * NODE_WORDS + LENGTH]!;
+      nodes[n * NODE_WORDS + TOTAL]!++;
     }
     return added;
   }
@@ -218,28 +199,30 @@ export class ActiveBlocks {
   remove(slot: number, holder: ChainHolder): number {
     const leaf = holder.leaf;
     if (leaf === null) return 0;
-    if (leaf.ending === 0 || !(leaf.holders.count(slot) > 0)) throw new Error(`no request on slot ${slot} ends at this node`);
+    const nodes = this.nodes;
+    const live = leaf > ROOT && leaf < this.nodeTop && nodes[leaf * NODE_WORDS + PARENT] !== NONE;
+    if (!live || nodes[leaf * NODE_WORDS + ENDING] === 0 || this.holderIndex(leaf, slot) < 0) {
+      throw new Error(`no request on slot ${slot} ends at this node`);
+    }
     holder.leaf = null;
-    leaf.ending--;
+    nodes[leaf * NODE_WORDS + ENDING]!--;
     let removed = 0;
-    for (let n: ActiveNode = leaf; n !== this.root; n = n.parent!) {
-      if (n.holders.remove(slot)) removed += n.length;
-      n.total--;
+    for (let n = leaf; n !== ROOT; n = nodes[n * NODE_WORDS + PARENT]!) {
+      if (this.holderRemove(n, slot)) removed += nodes[n * NODE_WORDS + LENGTH]!;
+      nodes[n * NODE_WORDS + TOTAL]!--;
     }
     // Drop the nodes no request passes through any more (a suffix of the path).
     let node = leaf;
-    while (node !== this.root && node.total === 0) {
-      const parent = node.parent!;
+    while (node !== ROOT && nodes[node * NODE_WORDS + TOTAL] === 0) {
+      const parent = nodes[node * NODE_WORDS + PARENT]!;
       this.unlink(parent, node);
-      this.nodes--;
-      this.words -= node.edge.length;
-      node.parent = null;
+      this.freeRecord(node);
       node = parent;
     }
-    if (node !== this.root && node.ending === 0) {
-      const child = onlyChild(node);
-      if (child !== null) this.mergeIntoChild(node, child);
+    if (node !== ROOT && nodes[node * NODE_WORDS + ENDING] === 0 && nodes[node * NODE_WORDS + CHILD_COUNT] === 1) {
+      this.mergeIntoChild(node, nodes[node * NODE_WORDS + FIRST_CHILD]!);
     }
+    if (this.liveNodes === 0) this.clear(); // give the arrays back
     return removed;
   }
 
@@ -249,18 +232,18 @@ export class ActiveBlocks {
    * zeroes the array first.
    */
   sharedDepths(chain: Uint32Array, count: number, depthBySlot: Uint32Array): void {
-    const path = this.path;
-    const depths = this.pathDepths;
+    const nodes = this.nodes;
     let length = 0;
-    let node = this.root;
+    let node = ROOT;
     let at = 0;
     while (at < count) {
-      const child = this.childAt(node, chain, at);
-      if (child === null) break;
-      const matched = matchEdge(child, chain, at, count);
-      path[length] = child;
-      depths[length++] = at + matched;
-      if (matched < child.length) break;
+      const child = this.childAt(node, chain[2 * at + 1]!, chain[2 * at]!);
+      if (child === NONE) break;
+      const matched = this.matchEdge(child, chain, at, count);
+      if (length === this.path.length) this.growPath();
+      this.path[length] = child;
+      this.pathDepths[length++] = at + matched;
+      if (matched < nodes[child * NODE_WORDS + LENGTH]!) break;
       node = child;
       at += matched;
     }
@@ -268,160 +251,419 @@ export class ActiveBlocks {
     // and the first node's holders are every worker with a depth: once that many have
     // one, the shallower nodes (often a hot prefix split many times, each part held by
     // every worker) have nothing left to give. Depths are >= 1, so 0 means "not yet".
-    const workers = length > 0 ? path[0]!.holders.size : 0;
+    const workers = length > 0 ? nodes[this.path[0]! * NODE_WORDS + HOLDER_SIZE]! : 0;
+    const words = this.holders.words;
     let assigned = 0;
     for (let i = length - 1; i >= 0 && assigned < workers; i--) {
-      const depth = depths[i]!;
-      const holders = path[i]!.holders;
-      const slots = holders.slots;
-      for (let h = 0; h < holders.size; h++) {
-        const slot = slots[h]!;
+      const depth = this.pathDepths[i]!;
+      const record = this.path[i]! * NODE_WORDS;
+      const first = nodes[record + HOLDERS]!;
+      const end = first + 2 * nodes[record + HOLDER_SIZE]!;
+      for (let h = first; h < end; h += 2) {
+        const slot = words[h]!;
         if (depthBySlot[slot] === 0) {
           depthBySlot[slot] = depth;
           assigned++;
         }
       }
     }
-    for (let i = 0; i < length; i++) path[i] = this.root; // drop the references
   }
 
-  private readonly path: ActiveNode[] = [];
-  private readonly pathDepths: number[] = [];
-
-  /** Drops everything. */
+  /** Drops everything (and gives the arrays back). */
   clear(): void {
-    this.root.children = null;
-    this.nodes = 0;
-    this.words = 0;
+    this.nodes = new Int32Array(INITIAL_NODES * NODE_WORDS);
+    this.nodeTop = 1;
+    this.freeNode = NONE;
+    this.liveNodes = 0;
+    this.edgeWords = 0;
+    this.edges.reset();
+    this.holders.reset();
+    this.table = new Int32Array(4 * INITIAL_TABLE_ENTRIES);
+    this.tableCount = 0;
+    this.initRoot();
   }
 
   /**
    * O(N) consistency check (tests, KVEDGE_VERIFY): positions and links agree, every
    * node's count equals the requests ending on it plus its children's counts (also per
-   * worker, as an upper bound), no node is empty or mergeable. Returns distinct blocks
-   * per slot.
+   * worker, as an upper bound), holder lists are sorted and positive, no node is empty
+   * or mergeable, the child table finds every child and nothing else. Returns distinct
+   * blocks per slot.
    */
   verify(): Map<number, number> {
+    const nodes = this.nodes;
+    const words = this.holders.words;
     const perSlot = new Map<number, number>();
-    let nodes = 0;
-    let words = 0;
+    let liveNodes = 0;
+    let edgeWords = 0;
+    let holderWords = 0;
+    let edgeArenaWords = 0;
     // Iterative (a chain of nested request ends can be thousands of nodes deep).
-    const stack: ActiveNode[] = [this.root];
+    const stack: number[] = [ROOT];
     while (stack.length > 0) {
       const node = stack.pop()!;
+      const record = node * NODE_WORDS;
       let childTotal = 0;
-      check(node.children === null || node.children.size > 0, "empty children map kept");
-      for (const [key, first] of node.children ?? []) {
-        for (let child: ActiveNode | null = first; child !== null; child = child.sameLo) {
-          check(child.parent === node, "child's parent link");
-          check(child.edge[1] === key, "child under the wrong key");
-          check(child.start === node.start + node.length, "child position");
-          check(child.length > 0 && child.total > 0, "empty node kept");
-          check(child.ending > 0 || onlyChild(child) === null, "mergeable node kept");
-          let sum = 0;
-          child.holders.verify();
-          for (let h = 0; h < child.holders.size; h++) {
-            const slot = child.holders.slots[h]!;
-            const held = child.holders.counts[h]!;
-            check(held > 0, "zero holder count kept");
-            check(node === this.root || node.holders.count(slot) >= held, "worker holds a node but not its parent");
-            perSlot.set(slot, (perSlot.get(slot) ?? 0) + child.length);
-            sum += held;
-          }
-          check(sum === child.total, "holder counts differ from the total");
-          nodes++;
-          words += child.edge.length;
-          childTotal += child.total;
-          stack.push(child);
+      let children = 0;
+      let previous = NONE;
+      for (let child = nodes[record + FIRST_CHILD]!; child !== NONE; child = nodes[child * NODE_WORDS + NEXT_SIBLING]!) {
+        const c = child * NODE_WORDS;
+        children++;
+        check(nodes[c + PREV_SIBLING] === previous, "sibling links");
+        previous = child;
+        check(nodes[c + PARENT] === node, "child's parent link");
+        check(nodes[c + START] === nodes[record + START]! + nodes[record + LENGTH]!, "child position");
+        check(nodes[c + LENGTH]! > 0 && nodes[c + TOTAL]! > 0, "empty node kept");
+        check(nodes[c + ENDING]! > 0 || nodes[c + CHILD_COUNT] !== 1, "mergeable node kept");
+        const edge = nodes[c + EDGE]!;
+        check(this.childAt(node, this.edges.words[edge + 1]!, this.edges.words[edge]!) === child, "child table misses a child");
+        const size = nodes[c + HOLDER_SIZE]!;
+        const start = nodes[c + HOLDERS]!;
+        check(size > 0 && 2 * size <= 1 << nodes[c + HOLDER_CLASS]!, "holder list size");
+        let sum = 0;
+        for (let h = 0; h < size; h++) {
+          const slot = words[start + 2 * h]!;
+          const held = words[start + 2 * h + 1]!;
+          check(held > 0, "zero holder count kept");
+          check(h === 0 || words[start + 2 * h - 2]! < slot, "holder slots unsorted or repeated");
+          check(node === ROOT || this.holderCount(node, slot) >= held, "worker holds a node but not its parent");
+          perSlot.set(slot, (perSlot.get(slot) ?? 0) + nodes[c + LENGTH]!);
+          sum += held;
         }
+        check(sum === nodes[c + TOTAL], "holder counts differ from the total");
+        liveNodes++;
+        edgeWords += 2 * nodes[c + LENGTH]!;
+        edgeArenaWords += 1 << orderOf(2 * nodes[c + LENGTH]!);
+        holderWords += 1 << nodes[c + HOLDER_CLASS]!;
+        childTotal += nodes[c + TOTAL]!;
+        stack.push(child);
       }
-      if (node !== this.root) check(node.total === node.ending + childTotal, "total differs from endings plus children");
+      check(children === nodes[record + CHILD_COUNT], "child count");
+      if (node !== ROOT) check(nodes[record + TOTAL] === nodes[record + ENDING]! + childTotal, "total differs from endings plus children");
     }
-    check(nodes === this.nodes && words === this.words, "node or word count is off");
+    check(liveNodes === this.liveNodes && edgeWords === this.edgeWords, "node or word count is off");
+    check(this.tableCount === liveNodes, "child table holds entries for no node");
+    check(this.edges.live === edgeArenaWords && this.holders.live === holderWords, "arena words leaked");
     return perSlot;
   }
 
-  /** The child of `node` whose edge starts with block `at` of `chain`, or null. */
-  private childAt(node: ActiveNode, chain: Uint32Array, at: number): ActiveNode | null {
-    const hi = chain[2 * at]!;
-    if (node.children === null) return null;
-    let child = node.children.get(chain[2 * at + 1]!) ?? null;
-    while (child !== null && child.edge[0] !== hi) child = child.sameLo;
-    return child;
+  // ---- nodes ----
+
+  private initRoot(): void {
+    const nodes = this.nodes;
+    nodes[PARENT] = NONE;
+    nodes[HOLDERS] = NONE;
+    nodes[FIRST_CHILD] = NONE;
+    nodes[NEXT_SIBLING] = NONE;
+    nodes[PREV_SIBLING] = NONE;
   }
 
-  private link(parent: ActiveNode, child: ActiveNode): void {
-    const key = child.edge[1]!;
-    parent.children ??= new Map();
-    child.sameLo = parent.children.get(key) ?? null;
-    parent.children.set(key, child);
-  }
-
-  private unlink(parent: ActiveNode, child: ActiveNode): void {
-    const key = child.edge[1]!;
-    const children = parent.children!;
-    let first = children.get(key)!;
-    if (first === child) {
-      if (child.sameLo !== null) children.set(key, child.sameLo);
-      else if (children.size === 1) parent.children = null;
-      else children.delete(key);
-    } else {
-      while (first.sameLo !== child) first = first.sameLo!;
-      first.sameLo = child.sameLo;
+  /** A record for an edge of `length` blocks at chain position `start` (edge words not written). */
+  private newNode(parent: number, start: number, length: number): number {
+    let node = this.freeNode;
+    if (node !== NONE) this.freeNode = this.nodes[node * NODE_WORDS + NEXT_SIBLING]!;
+    else {
+      node = this.nodeTop++;
+      if (this.nodeTop * NODE_WORDS > this.nodes.length) {
+        const grown = new Int32Array(this.nodes.length * 2);
+        grown.set(this.nodes);
+        this.nodes = grown;
+      }
     }
-    child.sameLo = null;
+    const r = node * NODE_WORDS;
+    const nodes = this.nodes;
+    nodes[r + PARENT] = parent;
+    nodes[r + START] = start;
+    nodes[r + LENGTH] = length;
+    nodes[r + EDGE] = this.edges.allocate(orderOf(2 * length));
+    nodes[r + TOTAL] = 0;
+    nodes[r + ENDING] = 0;
+    nodes[r + HOLDERS] = NONE;
+    nodes[r + HOLDER_SIZE] = 0;
+    nodes[r + HOLDER_CLASS] = 0;
+    nodes[r + FIRST_CHILD] = NONE;
+    nodes[r + NEXT_SIBLING] = NONE;
+    nodes[r + PREV_SIBLING] = NONE;
+    nodes[r + CHILD_COUNT] = 0;
+    this.liveNodes++;
+    this.edgeWords += 2 * length;
+    return node;
+  }
+
+  private freeRecord(node: number): void {
+    const r = node * NODE_WORDS;
+    const nodes = this.nodes;
+    this.edges.release(nodes[r + EDGE]!, orderOf(2 * nodes[r + LENGTH]!));
+    if (nodes[r + HOLDERS] !== NONE) this.holders.release(nodes[r + HOLDERS]!, nodes[r + HOLDER_CLASS]!);
+    this.edgeWords -= 2 * nodes[r + LENGTH]!;
+    this.liveNodes--;
+    nodes[r + PARENT] = NONE;
+    nodes[r + NEXT_SIBLING] = this.freeNode;
+    this.freeNode = node;
+  }
+
+  /** How many blocks of `node`'s edge equal `chain` from block `at` on (at most `count - at`). */
+  private matchEdge(node: number, chain: Uint32Array, at: number, count: number): number {
+    const r = node * NODE_WORDS;
+    const words = this.edges.words;
+    const edge = this.nodes[r + EDGE]!;
+    const limit = Math.min(this.nodes[r + LENGTH]!, count - at);
+    let i = 0;
+    while (i < limit && words[edge + 2 * i + 1] === chain[2 * (at + i) + 1] && words[edge + 2 * i] === chain[2 * (at + i)]) i++;
+    return i;
   }
 
   /**
    * Splits `node` after its first `blocks` blocks: a new node takes the prefix and
-   * `node` keeps the suffix (so handles to `node` stay valid). Returns the new node.
+   * `node` keeps the suffix (so requests ending at `node` keep their handle). Returns
+   * the new node.
    */
-  private split(node: ActiveNode, blocks: number): ActiveNode {
-    const parent = node.parent!;
-    const prefix = new ActiveNode(node.edge.slice(0, 2 * blocks), node.start, parent);
+  private split(node: number, blocks: number): number {
+    const r = node * NODE_WORDS;
+    const parent = this.nodes[r + PARENT]!;
+    const length = this.nodes[r + LENGTH]!;
+    const oldEdge = this.nodes[r + EDGE]!;
     this.unlink(parent, node);
+    const prefix = this.newNode(parent, this.nodes[r + START]!, blocks); // may grow this.nodes
+    const nodes = this.nodes;
+    const p = prefix * NODE_WORDS;
+    const words = this.edges.words;
+    words.copyWithin(nodes[p + EDGE]!, oldEdge, oldEdge + 2 * blocks);
+    // The suffix moves to a block of its own size class.
+    const suffixEdge = this.edges.allocate(orderOf(2 * (length - blocks)));
+    const grownWords = this.edges.words;
+    grownWords.copyWithin(suffixEdge, oldEdge + 2 * blocks, oldEdge + 2 * length);
+    this.edges.release(oldEdge, orderOf(2 * length));
+    this.edgeWords -= 2 * blocks; // the prefix's words were counted twice by newNode
+    nodes[r + EDGE] = suffixEdge;
+    nodes[r + START] += blocks;
+    nodes[r + LENGTH] = length - blocks;
+    nodes[r + PARENT] = prefix;
+    nodes[p + TOTAL] = nodes[r + TOTAL]!;
+    this.copyHolders(node, prefix);
     this.link(parent, prefix);
-    prefix.holders.copyFrom(node.holders);
-    prefix.total = node.total;
-    node.edge = node.edge.slice(2 * blocks);
-    node.start += blocks;
-    node.parent = prefix;
     this.link(prefix, node);
-    this.nodes++;
     return prefix;
   }
 
   /** `node` has one child and no request ending on it: the child absorbs its edge. */
-  private mergeIntoChild(node: ActiveNode, child: ActiveNode): void {
-    const parent = node.parent!;
-    const edge = new Uint32Array(node.edge.length + child.edge.length);
-    edge.set(node.edge);
-    edge.set(child.edge, node.edge.length);
+  private mergeIntoChild(node: number, child: number): void {
+    const nodes = this.nodes;
+    const r = node * NODE_WORDS;
+    const c = child * NODE_WORDS;
+    const parent = nodes[r + PARENT]!;
+    const nodeLength = nodes[r + LENGTH]!;
+    const childLength = nodes[c + LENGTH]!;
+    this.unlink(node, child);
     this.unlink(parent, node);
-    node.children = null;
-    child.edge = edge;
-    child.start = node.start;
-    child.parent = parent;
+    const merged = this.edges.allocate(orderOf(2 * (nodeLength + childLength)));
+    const words = this.edges.words;
+    words.copyWithin(merged, nodes[r + EDGE]!, nodes[r + EDGE]! + 2 * nodeLength);
+    words.copyWithin(merged + 2 * nodeLength, nodes[c + EDGE]!, nodes[c + EDGE]! + 2 * childLength);
+    this.edges.release(nodes[c + EDGE]!, orderOf(2 * childLength));
+    nodes[c + EDGE] = merged;
+    nodes[c + START] = nodes[r + START]!;
+    nodes[c + LENGTH] = nodeLength + childLength;
+    nodes[c + PARENT] = parent;
+    this.edgeWords += 2 * nodeLength; // freeRecord takes the node's words off again
+    this.freeRecord(node);
     this.link(parent, child);
-    node.parent = null;
-    this.nodes--;
+  }
+
+  private growPath(): void {
+    const path = new Int32Array(this.path.length * 2);
+    path.set(this.path);
+    this.path = path;
+    const depths = new Int32Array(this.pathDepths.length * 2);
+    depths.set(this.pathDepths);
+    this.pathDepths = depths;
+  }
+
+  // ---- children: sibling lists, and a table from (parent, first block) to the child ----
+
+  private link(parent: number, child: number): void {
+    const nodes = this.nodes;
+    const c = child * NODE_WORDS;
+    const p = parent * NODE_WORDS;
+    const edge = nodes[c + EDGE]!;
+    this.tableInsert(parent, this.edges.words[edge + 1]!, this.edges.words[edge]!, child);
+    const first = nodes[p + FIRST_CHILD]!;
+    nodes[c + NEXT_SIBLING] = first;
+    nodes[c + PREV_SIBLING] = NONE;
+    if (first !== NONE) nodes[first * NODE_WORDS + PREV_SIBLING] = child;
+    nodes[p + FIRST_CHILD] = child;
+    nodes[p + CHILD_COUNT]!++;
+  }
+
+  private unlink(parent: number, child: number): void {
+    const nodes = this.nodes;
+    const c = child * NODE_WORDS;
+    const edge = nodes[c + EDGE]!;
+    this.tableDelete(parent, this.edges.words[edge + 1]!, this.edges.words[edge]!);
+    const next = nodes[c + NEXT_SIBLING]!;
+    const previous = nodes[c + PREV_SIBLING]!;
+    if (previous === NONE) nodes[parent * NODE_WORDS + FIRST_CHILD] = next;
+    else nodes[previous * NODE_WORDS + NEXT_SIBLING] = next;
+    if (next !== NONE) nodes[next * NODE_WORDS + PREV_SIBLING] = previous;
+    nodes[c + NEXT_SIBLING] = NONE;
+    nodes[c + PREV_SIBLING] = NONE;
+    nodes[parent * NODE_WORDS + CHILD_COUNT]!--;
+  }
+
+  /** The child of `parent` whose edge starts with block (hi, lo), or NONE. */
+  private childAt(parent: number, lo: number, hi: number): number {
+    const table = this.table;
+    const mask = (table.length >>> 2) - 1;
+    const key = parent + 1;
+    const loBits = lo | 0;
+    const hiBits = hi | 0;
+    for (let i = hashOf(parent, loBits) & mask; ; i = (i + 1) & mask) {
+      const at = 4 * i;
+      const entry = table[at]!;
+      if (entry === 0) return NONE;
+      if (entry === key && table[at + 1] === loBits && table[at + 2] === hiBits) return table[at + 3]!;
+    }
+  }
+
+  private tableInsert(parent: number, lo: number, hi: number, child: number): void {
+    if (2 * (this.tableCount + 1) > this.table.length >>> 2) this.growTable();
+    const table = this.table;
+    const mask = (table.length >>> 2) - 1;
+    let i = hashOf(parent, lo | 0) & mask;
+    while (table[4 * i] !== 0) i = (i + 1) & mask;
+    table[4 * i] = parent + 1;
+    table[4 * i + 1] = lo | 0;
+    table[4 * i + 2] = hi | 0;
+    table[4 * i + 3] = child;
+    this.tableCount++;
+  }
+
+  /** Removes the entry (it must exist), shifting later entries of its probe run back. */
+  private tableDelete(parent: number, lo: number, hi: number): void {
+    const table = this.table;
+    const mask = (table.length >>> 2) - 1;
+    const key = parent + 1;
+    let i = hashOf(parent, lo | 0) & mask;
+    while (!(table[4 * i] === key && table[4 * i + 1] === (lo | 0) && table[4 * i + 2] === (hi | 0))) {
+      if (table[4 * i] === 0) throw new Error("active blocks: child table misses an entry");
+      i = (i + 1) & mask;
+    }
+    // Backward-shift deletion: move up every later entry whose home is not in (i, j].
+    for (let j = (i + 1) & mask; table[4 * j] !== 0; j = (j + 1) & mask) {
+      const home = hashOf(table[4 * j]! - 1, table[4 * j + 1]!) & mask;
+      if (((j - home) & mask) >= ((j - i) & mask)) {
+        table.copyWithin(4 * i, 4 * j, 4 * j + 4);
+        i = j;
+      }
+    }
+    table.fill(0, 4 * i, 4 * i + 4);
+    this.tableCount--;
+  }
+
+  private growTable(): void {
+    const old = this.table;
+    this.table = new Int32Array(old.length * 2);
+    this.tableCount = 0;
+    for (let at = 0; at < old.length; at += 4) {
+      if (old[at] !== 0) this.tableInsert(old[at]! - 1, old[at + 1]!, old[at + 2]!, old[at + 3]!);
+    }
+  }
+
+  // ---- holder lists: (slot, count) pairs sorted by slot ----
+
+  /** Index (pairs) of `slot` in the node's list, or -(insertion point) - 1. */
+  private holderIndex(node: number, slot: number): number {
+    const r = node * NODE_WORDS;
+    const size = this.nodes[r + HOLDER_SIZE]!;
+    const first = this.nodes[r + HOLDERS]!;
+    const words = this.holders.words;
+    let low = 0;
+    let high = size;
+    if (size <= HOLDERS_SCAN_MAX) {
+      while (low < size && words[first + 2 * low]! < slot) low++;
+    } else {
+      while (low < high) {
+        const middle = (low + high) >>> 1;
+        if (words[first + 2 * middle]! < slot) low = middle + 1;
+        else high = middle;
+      }
+    }
+    return low < size && words[first + 2 * low] === slot ? low : -low - 1;
+  }
+
+  private holderCount(node: number, slot: number): number {
+    const at = this.holderIndex(node, slot);
+    return at < 0 ? 0 : this.holders.words[this.nodes[node * NODE_WORDS + HOLDERS]! + 2 * at + 1]!;
+  }
+
+  /** Counts one more request of `slot`; true if the slot did not hold the node before. */
+  private holderAdd(node: number, slot: number): boolean {
+    const at = this.holderIndex(node, slot);
+    const r = node * NODE_WORDS;
+    if (at >= 0) {
+      this.holders.words[this.nodes[r + HOLDERS]! + 2 * at + 1]!++;
+      return false;
+    }
+    const insert = -at - 1;
+    const size = this.nodes[r + HOLDER_SIZE]!;
+    if (this.nodes[r + HOLDERS] === NONE || 2 * (size + 1) > 1 << this.nodes[r + HOLDER_CLASS]!) {
+      this.resizeHolders(node, orderOf(2 * (size + 1)));
+    }
+    const first = this.nodes[r + HOLDERS]!;
+    const words = this.holders.words;
+    words.copyWithin(first + 2 * insert + 2, first + 2 * insert, first + 2 * size);
+    words[first + 2 * insert] = slot;
+    words[first + 2 * insert + 1] = 1;
+    this.nodes[r + HOLDER_SIZE] = size + 1;
+    return true;
+  }
+
+  /** Counts one request of `slot` less (it must hold the node); true if it no longer does. */
+  private holderRemove(node: number, slot: number): boolean {
+    const at = this.holderIndex(node, slot);
+    if (at < 0) throw new Error(`active blocks: slot ${slot} does not hold the node`);
+    const r = node * NODE_WORDS;
+    const first = this.nodes[r + HOLDERS]!;
+    const words = this.holders.words;
+    if (--words[first + 2 * at + 1]! > 0) return false;
+    const size = this.nodes[r + HOLDER_SIZE]! - 1;
+    words.copyWithin(first + 2 * at, first + 2 * at + 2, first + 2 * size + 2);
+    this.nodes[r + HOLDER_SIZE] = size;
+    // Shrink a list at a quarter of its capacity, so a list once long gives memory back.
+    const order = this.nodes[r + HOLDER_CLASS]!;
+    if (size > 0 && order > 2 && 8 * size <= 1 << order) this.resizeHolders(node, order - 1);
+    return true;
+  }
+
+  /** Moves the node's holder list to a block of 2^order words. */
+  private resizeHolders(node: number, order: number): void {
+    const r = node * NODE_WORDS;
+    const fresh = this.holders.allocate(order);
+    const old = this.nodes[r + HOLDERS]!;
+    if (old !== NONE) {
+      this.holders.words.copyWithin(fresh, old, old + 2 * this.nodes[r + HOLDER_SIZE]!);
+      this.holders.release(old, this.nodes[r + HOLDER_CLASS]!);
+    }
+    this.nodes[r + HOLDERS] = fresh;
+    this.nodes[r + HOLDER_CLASS] = order;
+  }
+
+  /** Gives `to` (with no holders yet) a copy of `from`'s holder list. */
+  private copyHolders(from: number, to: number): void {
+    const f = from * NODE_WORDS;
+    const size = this.nodes[f + HOLDER_SIZE]!;
+    this.resizeHolders(to, this.nodes[f + HOLDER_CLASS]!);
+    const first = this.nodes[f + HOLDERS]!;
+    this.holders.words.copyWithin(this.nodes[to * NODE_WORDS + HOLDERS]!, first, first + 2 * size);
+    this.nodes[to * NODE_WORDS + HOLDER_SIZE] = size;
   }
 }
 
-/** The node's child if it has exactly one, else null. */
-function onlyChild(node: ActiveNode): ActiveNode | null {
-  if (node.children === null || node.children.size !== 1) return null;
-  const child = node.children.values().next().value!;
-  return child.sameLo === null ? child : null;
-}
-
-/** How many blocks of `node`'s edge equal `chain` from block `at` on (at most `count - at`). */
-function matchEdge(node: ActiveNode, chain: Uint32Array, at: number, count: number): number {
-  const edge = node.edge;
-  const limit = Math.min(edge.length >>> 1, count - at);
-  let i = 0;
-  while (i < limit && edge[2 * i + 1] === chain[2 * (at + i) + 1] && edge[2 * i] === chain[2 * (at + i)]) i++;
-  return i;
+/** Table slot hash of (parent, first block's lo word). */
+function hashOf(parent: number, lo: number): number {
+  let h = Math.imul(lo ^ Math.imul(parent, 0x9e37_79b1), 0x85eb_ca6b);
+  h ^= h >>> 15;
+  return Math.imul(h, 0xc2b2_ae35) ^ (h >>> 13);
 }
 
 function assertSlot(slot: number): void {

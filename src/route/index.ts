@@ -1,4 +1,4 @@
-export { ActiveBlocks, type ActiveNode, type ChainHolder } from "./active-blocks";
+export { ActiveBlocks, type ChainHolder } from "./active-blocks";
 export { overlapsOf, PromptHasher, type PromptHashes, promptHashes, type WorkerOverlap } from "./input";
 export {
   DEFAULT_REQUEST_TTL_MS, FINISHED_REMEMBERED_MAX, type LifecycleResult, type LoadCounters, LoadTracker,

@@ -18,7 +18,7 @@
  * decision and readers (metrics, status) call before reading: no timer per request, no
  * timer at all. A sweep costs O(active requests), a few milliseconds at 100k.
  */
-import { ActiveBlocks, type ActiveNode, type ChainHolder } from "./active-blocks";
+import { ActiveBlocks, type ChainHolder } from "./active-blocks";
 
 /** Slots are u16 in the index; the router uses the same bound. */
 export const WORKERS_MAX = 65_535;
@@ -45,7 +45,7 @@ interface ActiveRequest extends ChainHolder {
   readonly id: string;
   readonly slot: number;
   /** Where the prompt's chain ends in the active-block tree (null without blocks). */
-  leaf: ActiveNode | null;
+  leaf: number | null;
   readonly blocks: number;
   /** Uncached prompt tokens still charged to the worker; 0 once prefill is done. */
   prefillTokens: number;

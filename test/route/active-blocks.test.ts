@@ -175,7 +175,7 @@ describe("ActiveBlocks", () => {
     blocks.verify();
   });
 
-  // 40 workers: nodes held by more than 16 switch holder lookup to a Map and back.
+  // 40 workers: holder lists longer than 16 are searched by bisection, and shrink again.
   test.each([16, 40])("random churn over %p workers matches the model; nothing is left at the end", (workers) => {
     const random = prng(7);
     const blocks = new ActiveBlocks();
