@@ -127,9 +127,18 @@ export class ActiveBlocks {
   // Children: (parent + 1, first block lo, first block hi, child) per entry, 0 = empty.
   private table = new Int32Array(4 * INITIAL_TABLE_ENTRIES);
   private tableCount = 0;
-  // sharedDepths scratch: the query's path and the depth reached at each node.
+  // sharedDepths scratch: the query's path and the depth reached at each node. `add`
+  // reuses the walk when nothing changed since and its chain ends with the same block
+  // (a sequence hash names its whole prefix): routing walks a request's path just
+  // before admitting it.
   private path = new Int32Array(64);
   private pathDepths = new Int32Array(64);
+  private pathLength = 0;
+  private pathCount = -1; // the walked chain's block count, -1 = no walk to reuse
+  private pathHi = 0;
+  private pathLo = 0;
+  private pathVersion = 0;
+  private version = 0; // counts changes to the tree
 
   constructor() {
     this.initRoot();
@@ -159,20 +168,34 @@ export class ActiveBlocks {
     if (chain.length < 2 * count) throw new RangeError(`chain holds ${chain.length} words, needs ${2 * count}`);
     holder.leaf = null;
     if (count === 0) return 0;
+    const reuse = this.pathVersion === this.version && this.pathCount === count
+      && this.pathHi === chain[2 * count - 2] && this.pathLo === chain[2 * count - 1];
+    this.version++;
     let node = ROOT;
     let at = 0;
-    // Walk down while the chain follows existing edges; bounded by `count` blocks.
-    while (at < count) {
-      const child = this.childAt(node, chain[2 * at + 1]!, chain[2 * at]!);
-      if (child === NONE) break;
-      const matched = this.matchEdge(child, chain, at, count);
-      if (matched < this.nodes[child * NODE_WORDS + LENGTH]!) {
-        node = this.split(child, matched);
-        at += matched;
-        break;
+    if (reuse) {
+      // The chain sharedDepths just walked: start where that walk ended.
+      const length = this.pathLength;
+      if (length > 0) {
+        const last = this.path[length - 1]!;
+        const start = this.nodes[last * NODE_WORDS + START]!;
+        at = this.pathDepths[length - 1]!;
+        node = at < start + this.nodes[last * NODE_WORDS + LENGTH]! ? this.split(last, at - start) : last;
       }
-      node = child;
-      at += matched;
+    } else {
+      // Walk down while the chain follows existing edges; bounded by `count` blocks.
+      while (at < count) {
+        const child = this.childAt(node, chain[2 * at + 1]!, chain[2 * at]!);
+        if (child === NONE) break;
+        const matched = this.matchEdge(child, chain, at, count);
+        if (matched < this.nodes[child * NODE_WORDS + LENGTH]!) {
+          node = this.split(child, matched);
+          at += matched;
+          break;
+        }
+        node = child;
+        at += matched;
+      }
     }
     if (at < count) {
       const leaf = this.newNode(node, at, count - at);
@@ -205,6 +228,7 @@ export class ActiveBlocks {
       throw new Error(`no request on slot ${slot} ends at this node`);
     }
     holder.leaf = null;
+    this.version++;
     nodes[leaf * NODE_WORDS + ENDING]!--;
     let removed = 0;
     for (let n = leaf; n !== ROOT; n = nodes[n * NODE_WORDS + PARENT]!) {
@@ -247,6 +271,11 @@ export class ActiveBlocks {
       node = child;
       at += matched;
     }
+    this.pathLength = length;
+    this.pathVersion = this.version;
+    this.pathCount = count;
+    this.pathHi = count > 0 ? chain[2 * count - 2]! : 0;
+    this.pathLo = count > 0 ? chain[2 * count - 1]! : 0;
     // Holders only shrink going down, so the deepest node a worker holds gives its depth,
     // and the first node's holders are every worker with a depth: once that many have
     // one, the shallower nodes (often a hot prefix split many times, each part held by
@@ -280,6 +309,7 @@ export class ActiveBlocks {
     this.holders.reset();
     this.table = new Int32Array(4 * INITIAL_TABLE_ENTRIES);
     this.tableCount = 0;
+    this.version++;
     this.initRoot();
   }
 

@@ -195,6 +195,21 @@ describe("ActiveBlocks", () => {
         const slot = random() % workers;
         const chain = chainOf(words);
         const h = holder();
+        // Like the router: usually the depths of this very chain first (add then reuses
+        // that walk), sometimes of another chain (it must not).
+        const walk = random() % 3;
+        if (walk > 0) {
+          const query = walk === 1 ? chain : chainOf([...words.slice(0, words.length >> 1), 77]);
+          const queryCount = walk === 1 ? words.length : (words.length >> 1) + 1;
+          const depth = new Uint32Array(workers);
+          blocks.sharedDepths(query, queryCount, depth);
+          for (let s = 0; s < workers; s++) expect(depth[s]).toBe(model.depth(s, query, queryCount));
+          if (random() % 8 === 0 && active.length > 0) {
+            // A change in between: the walk is stale and must not be reused.
+            const other = active.pop()!;
+            expect(blocks.remove(other.slot, other.h)).toBe(model.remove(other.slot, other.chain, other.count));
+          }
+        }
         expect(blocks.add(slot, chain, words.length, h)).toBe(model.add(slot, chain, words.length));
         active.push({ slot, chain, count: words.length, h });
       } else {
