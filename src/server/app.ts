@@ -6,10 +6,11 @@ import type { Server } from "bun";
 import { timingSafeEqual } from "node:crypto";
 import type { Logger } from "../util/log";
 import { addWorkerOp, lifecycleOp, matchOp, removeWorkerOp, routeOp, workersOp } from "./api";
-import { errorReply, HttpError, readBody, reply } from "./http";
+import { errorReply, HttpError, parseBody, readBody, receiveBody, reply } from "./http";
 import { type MetricsRegistry, ServerMetrics } from "./metrics";
 import type { KvRouterService } from "./service";
 import { statusPage } from "./status";
+import { TurnBatch } from "./turn";
 import { type WsData, websocketHandlers } from "./ws";
 
 export interface AppOptions {
@@ -49,21 +50,34 @@ export function startApp(options: AppOptions): App {
     }
   };
 
+  // Matching, routing and lifecycle calls (HTTP and WebSocket) run in turn batches.
+  const batch = new TurnBatch(log);
+
   const table: RouteTable = {
-    "/v1/match": { POST: async (request) => reply(request, 200, matchOp(service, await readBody(request, limit))) },
+    "/v1/match": {
+      POST: async (request) => {
+        const body = await receiveBody(request, limit);
+        return batch.run(() => reply(request, 200, matchOp(service, parseBody(body))));
+      },
+    },
     "/v1/route": {
       POST: async (request) => {
-        const body = await readBody(request, limit);
-        const started = performance.now();
-        const result = routeOp(service, body);
-        metrics.observeRouteDecision((performance.now() - started) / 1000);
-        return reply(request, 200, result);
+        const body = await receiveBody(request, limit);
+        return batch.run(() => {
+          const parsed = parseBody(body);
+          const started = performance.now();
+          const result = routeOp(service, parsed);
+          metrics.observeRouteDecision((performance.now() - started) / 1000);
+          return reply(request, 200, result);
+        });
       },
     },
     "/v1/requests/:id/prefill_done": {
-      POST: (request, params) => reply(request, 200, lifecycleOp(service, params.id!, "prefill_done")),
+      POST: (request, params) => batch.run(() => reply(request, 200, lifecycleOp(service, params.id!, "prefill_done"))),
     },
-    "/v1/requests/:id/done": { POST: (request, params) => reply(request, 200, lifecycleOp(service, params.id!, "done")) },
+    "/v1/requests/:id/done": {
+      POST: (request, params) => batch.run(() => reply(request, 200, lifecycleOp(service, params.id!, "done"))),
+    },
     "/v1/workers": {
       GET: (request) => reply(request, 200, workersOp(service)),
       POST: async (request) => {
@@ -142,7 +156,7 @@ export function startApp(options: AppOptions): App {
       metrics.observeHttp("unknown", 404, 0);
       return errorReply(request, new HttpError(404, `no such endpoint: ${path}`));
     },
-    websocket: websocketHandlers(service, log, metrics),
+    websocket: websocketHandlers(service, log, metrics, batch),
     error(error) {
       log.error("unhandled server error", { error: error.message });
       return errorReply(null, new HttpError(500, "internal error"));

@@ -27,6 +27,17 @@ const writer = new MsgpackWriter();
 
 /** Reads a request body of at most `limitBytes`, as JSON or (by Content-Type) MessagePack. */
 export async function readBody(request: Request, limitBytes: number): Promise<unknown> {
+  return parseBody(await receiveBody(request, limitBytes));
+}
+
+/** A request body as received: JSON text, or MessagePack bytes. */
+export type ReceivedBody = { readonly json: string } | { readonly msgpack: Uint8Array };
+
+/**
+ * Receives a body of at most `limitBytes` without parsing it (`parseBody` does), so
+ * the hot endpoints can parse in their turn batch (./turn.ts).
+ */
+export async function receiveBody(request: Request, limitBytes: number): Promise<ReceivedBody> {
   const declared = request.headers.get("content-length");
   if (declared !== null && Number(declared) > limitBytes) {
     throw new HttpError(413, `request body of ${declared} bytes is over the limit of ${limitBytes}`);
@@ -38,18 +49,20 @@ export async function readBody(request: Request, limitBytes: number): Promise<un
     // a BOM decodes to "" but is not empty.
     const text = await request.text();
     if (text.length === 0 && !(Number(declared) > 0)) throw new HttpError(400, "request body is empty");
-    return parseJson(text);
+    return { json: text };
   }
   const bytes = await readLimited(request, limitBytes, declared !== null);
   if (bytes.length === 0) throw new HttpError(400, "request body is empty");
-  if (msgpack) {
-    try {
-      return unpackr.unpack(bytes);
-    } catch (error) {
-      throw new HttpError(400, `malformed MessagePack body: ${(error as Error).message}`);
-    }
+  return msgpack ? { msgpack: bytes } : { json: utf8.decode(bytes) };
+}
+
+export function parseBody(body: ReceivedBody): unknown {
+  if ("json" in body) return parseJson(body.json);
+  try {
+    return unpackr.unpack(body.msgpack);
+  } catch (error) {
+    throw new HttpError(400, `malformed MessagePack body: ${(error as Error).message}`);
   }
-  return parseJson(utf8.decode(bytes));
 }
 
 function parseJson(text: string): unknown {

@@ -28,6 +28,7 @@ import { HttpError, toJson } from "./http";
 import type { ServerMetrics } from "./metrics";
 import { parseRequestJson } from "./request-json";
 import type { KvRouterService } from "./service";
+import type { TurnBatch } from "./turn";
 
 export interface WsData {
   inflight: number;
@@ -53,7 +54,7 @@ interface Answer {
 }
 
 export function websocketHandlers(
-  service: KvRouterService, log: Logger, metrics: ServerMetrics,
+  service: KvRouterService, log: Logger, metrics: ServerMetrics, batch: TurnBatch,
 ): WebSocketHandler<WsData> {
   /** Answers one request: returns the answer, or with `out`, writes it there as MessagePack. */
   const answer = (request: unknown, out: MsgpackWriter | null): Answer | null => {
@@ -101,33 +102,39 @@ export function websocketHandlers(
     closeOnBackpressureLimit: true,
     idleTimeout: 300,
     message(ws: ServerWebSocket<WsData>, message: string | Buffer) {
-      const binary = typeof message !== "string";
-      let parsed: unknown;
-      try {
-        parsed = binary ? unpackr.unpack(message) : parseRequestJson(message);
-      } catch (error) {
-        send(ws, binary, { id: null, status: 400, error: `malformed ${binary ? "MessagePack" : "JSON"}: ${(error as Error).message}` });
-        return;
-      }
-      if (Array.isArray(parsed) && parsed.length > WS_BATCH_MAX) {
-        send(ws, binary, { id: null, status: 413, error: `a batch holds at most ${WS_BATCH_MAX} requests` });
-        return;
-      }
-      if (!binary) {
-        ws.send(toJson(Array.isArray(parsed) ? parsed.map((request) => answer(request, null)) : answer(parsed, null)));
-        return;
-      }
-      // MessagePack answers are written as they are made, into one reused buffer.
-      writer.reset();
-      if (Array.isArray(parsed)) {
-        writer.arrayHeader(parsed.length);
-        for (const request of parsed) answer(request, writer);
-      } else {
-        answer(parsed, writer);
-      }
-      ws.send(writer.written());
+      // Answered at once (./turn.ts says why), after the HTTP requests that came first.
+      batch.drain();
+      frame(ws, message);
     },
   };
+
+  function frame(ws: ServerWebSocket<WsData>, message: string | Buffer): void {
+    const binary = typeof message !== "string";
+    let parsed: unknown;
+    try {
+      parsed = binary ? unpackr.unpack(message) : parseRequestJson(message);
+    } catch (error) {
+      send(ws, binary, { id: null, status: 400, error: `malformed ${binary ? "MessagePack" : "JSON"}: ${(error as Error).message}` });
+      return;
+    }
+    if (Array.isArray(parsed) && parsed.length > WS_BATCH_MAX) {
+      send(ws, binary, { id: null, status: 413, error: `a batch holds at most ${WS_BATCH_MAX} requests` });
+      return;
+    }
+    if (!binary) {
+      ws.send(toJson(Array.isArray(parsed) ? parsed.map((request) => answer(request, null)) : answer(parsed, null)));
+      return;
+    }
+    // MessagePack answers are written as they are made, into one reused buffer.
+    writer.reset();
+    if (Array.isArray(parsed)) {
+      writer.arrayHeader(parsed.length);
+      for (const request of parsed) answer(request, writer);
+    } else {
+      answer(parsed, writer);
+    }
+    ws.send(writer.written());
+  }
 }
 
 /** The metrics' route label of each op. */
