@@ -28,9 +28,13 @@
  * Node ids are recycled; a request keeps its leaf's id (`ChainHolder.leaf`) until it is
  * removed. Once the tree is empty every array goes back to its initial size.
  *
+ * Blocks are sequence hashes, which name their whole prefix: two chains equal at block
+ * i are equal up to i. An edge is therefore matched by comparing its last block (and,
+ * where the chains diverge inside it, by bisection), not block by block.
+ *
  * Cost: a request touches the few nodes on its path (a shared system prompt is one
- * node, the request's own tail another), comparing hashes along edges; no per-block
- * entry exists. Depths for all workers come from one walk down the query's path and
+ * node, the request's own tail another), one comparison or a bisection per edge; no
+ * per-block entry exists. Depths for all workers come from one walk down the query's path and
  * one pass over the holders of the nodes on it.
  */
 
@@ -438,9 +442,18 @@ export class ActiveBlocks {
     const words = this.edges.words;
     const edge = this.nodes[r + EDGE]!;
     const limit = Math.min(this.nodes[r + LENGTH]!, count - at);
-    let i = 0;
-    while (i < limit && words[edge + 2 * i + 1] === chain[2 * (at + i) + 1] && words[edge + 2 * i] === chain[2 * (at + i)]) i++;
-    return i;
+    // Sequence hashes: equal at block i means equal up to i. So one comparison at the
+    // end settles the usual case, and a divergence is found by bisection (block 0
+    // matched already: the child was found by it).
+    if (sameBlock(words, edge, chain, at, limit - 1)) return limit;
+    let low = 1;
+    let high = limit - 1; // the first block known to differ
+    while (low < high) {
+      const middle = (low + high) >>> 1;
+      if (sameBlock(words, edge, chain, at, middle)) low = middle + 1;
+      else high = middle;
+    }
+    return low;
   }
 
   /**
@@ -687,6 +700,11 @@ export class ActiveBlocks {
     this.holders.words.copyWithin(this.nodes[to * NODE_WORDS + HOLDERS]!, first, first + 2 * size);
     this.nodes[to * NODE_WORDS + HOLDER_SIZE] = size;
   }
+}
+
+/** Whether block `i` of the edge at `edge` equals block `at + i` of `chain`. */
+function sameBlock(words: Uint32Array, edge: number, chain: Uint32Array, at: number, i: number): boolean {
+  return words[edge + 2 * i + 1] === chain[2 * (at + i) + 1] && words[edge + 2 * i] === chain[2 * (at + i)];
 }
 
 /** Table slot hash of (parent, first block's lo word). */
