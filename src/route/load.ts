@@ -13,10 +13,12 @@
  * lookups). Slots are reused after removal; removal first drops the worker's requests,
  * so nothing can refer to a reused slot.
  *
- * Expiry is one coarse sweep over all active requests, run when due (`sweepIfDue`:
- * once per min(30 s, TTL / 10)), which the router calls on every
- * decision and readers (metrics, status) call before reading: no timer per request, no
- * timer at all. A sweep costs O(active requests), a few milliseconds at 100k.
+ * Expiry needs no timer: requests are kept in the order they were last touched, so the
+ * due ones are always at the front. Every routing decision expires the due ones there
+ * (`expireDue`, at most EXPIRE_PER_DECISION per call), so expiry is spread over routing
+ * instead of stalling it in bursts (a periodic sweep of a gateway that relies on the
+ * TTL would release a whole interval's requests at once); readers (metrics, status)
+ * `sweep` everything due before reading. Either costs O(expired + 1).
  */
 import { ActiveBlocks, type ChainHolder } from "./active-blocks";
 
@@ -29,8 +31,8 @@ export const FINISHED_REMEMBERED_MAX = 65_536;
 export const DEFAULT_REQUEST_TTL_MS = 300_000;
 /** O(N) self-checks after every change (tests, debugging): KVEDGE_VERIFY=1. */
 const VERIFY = process.env.KVEDGE_VERIFY === "1";
-/** The sweep interval is min(this, TTL / 10). */
-const SWEEP_INTERVAL_MAX_MS = 30_000;
+/** Most requests a routing decision expires (a backlog after an idle spell drains over a few). */
+export const EXPIRE_PER_DECISION = 64;
 
 /**
  * What a lifecycle call found: `ok` (applied, or prefill already marked done),
@@ -51,6 +53,9 @@ interface ActiveRequest extends ChainHolder {
   prefillTokens: number;
   readonly outputBlocks: number;
   touchedMs: number;
+  /** Neighbours in the touch order (LoadTracker.oldest ... newest). */
+  older: ActiveRequest | null;
+  newer: ActiveRequest | null;
 }
 
 export interface LoadTrackerOptions {
@@ -117,11 +122,12 @@ export class LoadTracker {
   private slotTop = 0;
   private readonly slotByWorker = new Map<bigint, Map<number, number>>();
 
-  /**
-   * Active requests in the order they were last touched (admitted or prefill_done):
-   * a touch re-inserts, so the expiry sweep stops at the first one still fresh.
-   */
   private readonly requests = new Map<string, ActiveRequest>();
+  // The same requests as a list in the order they were last touched (admission or
+  // prefill_done moves one to the newest end), so the due ones are at the oldest end.
+  // A list, not the Map's order: JSC walks deleted Map entries when an iteration starts.
+  private oldest: ActiveRequest | null = null;
+  private newest: ActiveRequest | null = null;
   // Recently finished ids, oldest first, in a ring; `finished` maps an id to its ring
   // position (an id reused later has a newer position; the stale one is skipped).
   private readonly finished = new Map<string, number>();
@@ -131,8 +137,6 @@ export class LoadTracker {
   private finishedHead = 0; // position of the oldest entry (a running count, not wrapped)
   private finishedTail = 0;
   private readonly now: () => number;
-  private readonly sweepIntervalMs: number;
-  private lastSweepMs: number;
   private readonly idPrefix = `r${crypto.getRandomValues(new Uint32Array(1))[0]!.toString(36)}`;
   private idCounter = 0;
 
@@ -143,8 +147,6 @@ export class LoadTracker {
     if (!(this.requestTtlMs > 0)) throw new RangeError(`bad request TTL ${this.requestTtlMs}`);
     this.trackOutputBlocks = options.trackOutputBlocks ?? false;
     this.now = options.now ?? (() => performance.now());
-    this.sweepIntervalMs = Math.min(SWEEP_INTERVAL_MAX_MS, this.requestTtlMs / 10);
-    this.lastSweepMs = this.now();
     this.growSlots(8);
   }
 
@@ -296,9 +298,12 @@ export class LoadTracker {
       prefillTokens,
       outputBlocks,
       touchedMs: this.now(),
+      older: null,
+      newer: null,
     };
     const added = this.blocks.add(slot, chain, blocks, request);
     this.requests.set(requestId, request);
+    this.append(request);
     this.finished.delete(requestId);
     this.activePrefillTokens[slot]! += prefillTokens;
     this.activeDecodeBlocks[slot]! += added + outputBlocks;
@@ -317,8 +322,8 @@ export class LoadTracker {
       request.prefillTokens = 0;
     }
     request.touchedMs = this.now();
-    this.requests.delete(requestId);
-    this.requests.set(requestId, request);
+    this.unlink(request);
+    this.append(request);
     this.counters.prefillDone++;
     return "ok";
   }
@@ -332,23 +337,23 @@ export class LoadTracker {
     return "ok";
   }
 
-  /** Runs the expiry sweep if one is due. Cheap when not. */
-  sweepIfDue(): void {
-    const now = this.now();
-    if (now - this.lastSweepMs >= this.sweepIntervalMs) this.sweep(now);
+  /** The routing path's expiry: the due requests at the front, at most EXPIRE_PER_DECISION. */
+  expireDue(): void {
+    this.sweep(this.now(), EXPIRE_PER_DECISION);
   }
 
-  /** Expires every request idle for the TTL or longer. Returns how many. */
-  sweep(now = this.now()): number {
-    this.lastSweepMs = now;
+  /**
+   * Expires requests idle for the TTL or longer, oldest first, at most `max`; forgets
+   * finished ids as old (as many). Returns how many requests expired.
+   */
+  sweep(now = this.now(), max = Infinity): number {
     let expired = 0;
     // Oldest touch first (the clock is monotonic): the first fresh request ends the sweep.
-    for (const request of this.requests.values()) {
-      if (now - request.touchedMs < this.requestTtlMs) break;
-      this.release(request, "expired");
+    while (expired < max && this.oldest !== null && now - this.oldest.touchedMs >= this.requestTtlMs) {
+      this.release(this.oldest, "expired");
       expired++;
     }
-    while (this.finishedHead < this.finishedTail) {
+    for (let forgotten = 0; forgotten < max && this.finishedHead < this.finishedTail; forgotten++) {
       if (now - this.finishedAtMs[this.finishedHead % FINISHED_REMEMBERED_MAX]! < this.requestTtlMs) break;
       this.forgetOldest();
     }
@@ -358,7 +363,8 @@ export class LoadTracker {
 
   /**
    * O(N) consistency check (tests, KVEDGE_VERIFY): per-slot counters equal sums over
-   * active requests, and the block table agrees with the decode counters.
+   * active requests, the block table agrees with the decode counters, and the touch
+   * list holds exactly the active requests, oldest first.
    */
   verify(): void {
     const perSlot = this.blocks.verify();
@@ -377,6 +383,14 @@ export class LoadTracker {
       check((perSlot.get(slot) ?? 0) + output[slot]! === this.activeDecodeBlocks[slot], `slot ${slot} decode blocks`);
     }
     check(this.finished.size <= FINISHED_REMEMBERED_MAX, "too many finished ids remembered");
+    let listed = 0;
+    for (let request = this.oldest; request !== null; request = request.newer) {
+      check(this.requests.get(request.id) === request, "touch list holds a request the map does not");
+      check(request.newer === null ? this.newest === request : request.newer.older === request, "touch list links");
+      check(request.newer === null || request.touchedMs <= request.newer.touchedMs, "touch list out of order");
+      listed++;
+    }
+    check(listed === this.requests.size, "touch list and map differ in size");
   }
 
   private ended(requestId: string): LifecycleResult {
@@ -407,12 +421,30 @@ export class LoadTracker {
   private release(request: ActiveRequest, ending: Ending): void {
     const slot = request.slot;
     this.requests.delete(request.id);
+    this.unlink(request);
     this.activePrefillTokens[slot]! -= request.prefillTokens;
     const freed = this.blocks.remove(slot, request);
     this.activeDecodeBlocks[slot]! -= freed + request.outputBlocks;
     this.activeRequests[slot]!--;
     this.remember(request.id, ending);
     if (VERIFY) this.verify();
+  }
+
+  private append(request: ActiveRequest): void {
+    request.older = this.newest;
+    request.newer = null;
+    if (this.newest === null) this.oldest = request;
+    else this.newest.newer = request;
+    this.newest = request;
+  }
+
+  private unlink(request: ActiveRequest): void {
+    if (request.older === null) this.oldest = request.newer;
+    else request.older.newer = request.newer;
+    if (request.newer === null) this.newest = request.older;
+    else request.newer.older = request.older;
+    request.older = null;
+    request.newer = null;
   }
 
   private assertLive(slot: number): void {

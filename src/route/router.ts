@@ -159,7 +159,7 @@ export class Router {
     const temperature = override(request.temperature, this.weights.temperature, "temperature");
     const requestId = this.requestIdOf(request.requestId);
 
-    load.sweepIfDue();
+    load.expireDue();
     const liveCount = load.liveCount;
     if (liveCount === 0) throw new RouteError("no_workers", "no workers to route to");
     this.prepare(request.chain, blockCount, overlaps);

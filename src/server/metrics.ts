@@ -260,7 +260,7 @@ export function registerRouterMetrics(registry: MetricsRegistry, router: Router)
     registerSamples(registry, {
       name, help, type, labelNames: workerLabels,
       collect(emit) {
-        load.sweepIfDue();
+        load.sweep();
         for (const w of load.workers()) emit(read(w), { worker_id: w.workerId.toString(), dp_rank: String(w.dpRank) });
       },
     });

@@ -6,7 +6,7 @@
 // sequence hashes (src/hash), counters and verify() checked after each step.
 import { describe, expect, test } from "bun:test";
 import { DEFAULT_SEED } from "../../src/hash";
-import { FINISHED_REMEMBERED_MAX, LoadTracker, promptHashes } from "../../src/route";
+import { EXPIRE_PER_DECISION, FINISHED_REMEMBERED_MAX, LoadTracker, promptHashes } from "../../src/route";
 
 const BS = 4;
 
@@ -178,7 +178,7 @@ describe("expiry", () => {
     expect(load.activeRequests[w]).toBe(1);
     expect(load.counters.expired).toBe(2);
     advance(10_000);
-    load.sweepIfDue();
+    load.expireDue();
     expect(load.activeRequestCount).toBe(0);
     expect(load.blocks.nodeCount).toBe(0);
     load.verify();
@@ -222,20 +222,27 @@ describe("expiry", () => {
     load.verify();
   });
 
-  test("sweepIfDue sweeps at most once per interval (TTL / 10)", () => {
+  test("expireDue releases at most EXPIRE_PER_DECISION due requests per call, oldest first", () => {
     const { load, advance } = tracker({ ttlMs: 10_000 });
     const w = load.addWorker(1n, 0);
     const p = prompt(1, 2, 3, 4);
-    load.admit("a", w, p.chain, 1, 4, 0, 0);
+    const total = 2 * EXPIRE_PER_DECISION + 5;
+    for (let i = 0; i < total; i++) load.admit(`r${i}`, w, p.chain, 1, 4, 0, 0);
     advance(9999);
-    load.sweepIfDue(); // due (9.999 s since start): sweeps, nothing to expire yet
-    expect(load.activeRequestCount).toBe(1);
-    advance(999); // "a" idle 10.998 s, but the last sweep was 0.999 s ago
-    load.sweepIfDue();
-    expect(load.activeRequestCount).toBe(1);
+    load.expireDue(); // nothing due yet
+    expect(load.activeRequestCount).toBe(total);
+    load.admit("fresh", w, p.chain, 1, 4, 0, 0);
     advance(1);
-    load.sweepIfDue();
-    expect(load.activeRequestCount).toBe(0);
+    load.expireDue();
+    expect(load.activeRequestCount).toBe(total + 1 - EXPIRE_PER_DECISION);
+    expect(load.isActive("r0")).toBe(false);
+    expect(load.isActive(`r${EXPIRE_PER_DECISION}`)).toBe(true); // the next ones wait for the next call
+    load.expireDue();
+    load.expireDue();
+    expect(load.activeRequestCount).toBe(1);
+    expect(load.isActive("fresh")).toBe(true);
+    expect(load.counters.expired).toBe(total);
+    load.verify();
   });
 
   test("finished ids are forgotten after the TTL", () => {
