@@ -50,7 +50,8 @@ export function startApp(options: AppOptions): App {
     }
   };
 
-  // Matching, routing and lifecycle calls (HTTP and WebSocket) run in turn batches.
+  // HTTP match, route and lifecycle calls run in turn batches (./turn.ts says why);
+  // WebSocket frames drain the batch, then run inline.
   const batch = new TurnBatch(log);
 
   const table: RouteTable = {
@@ -142,7 +143,7 @@ export function startApp(options: AppOptions): App {
       const path = new URL(request.url).pathname;
       if (path === "/v1/ws") {
         if (request.method !== "GET") return errorReply(request, new HttpError(405, "use GET with Upgrade: websocket"));
-        if (server.upgrade(request, { data: { inflight: 0 } })) return undefined as unknown as Response;
+        if (server.upgrade(request, { data: undefined })) return undefined as unknown as Response;
         return errorReply(request, new HttpError(400, "expected a WebSocket upgrade"));
       }
       const known = matchers.find((matcher) => matcher.pattern.test(path));

@@ -30,9 +30,8 @@ import { parseRequestJson } from "./request-json";
 import type { KvRouterService } from "./service";
 import type { TurnBatch } from "./turn";
 
-export interface WsData {
-  inflight: number;
-}
+/** Connections carry no per-connection state. */
+export type WsData = undefined;
 
 /** Largest frame a client may send; a batch of requests fits easily. */
 export const WS_FRAME_BYTES_MAX = 16 * 1024 * 1024;
