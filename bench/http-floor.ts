@@ -71,7 +71,8 @@ if (process.argv[2] === "--serve") {
     if (!json) {
       console.log(`${scenario.name}: ${(result.routesPerSecond / 1000).toFixed(1)}k/s, p50 ${result.p50Ms.toFixed(2)} ms, `
         + `p99 ${result.p99Ms.toFixed(2)} ms, server CPU ${(100 * result.serverCpu).toFixed(0)} % `
-        + `(${((1e6 * result.serverCpu) / result.routesPerSecond).toFixed(1)} µs/request), generator CPU ${(100 * result.generatorCpu).toFixed(0)} %`);
+        + `(${((1e6 * result.serverCpu) / result.routesPerSecond).toFixed(1)} µs/request), generator CPU ${(100 * result.generatorCpu).toFixed(0)} %`
+        + (result.sendLagP99Ms === null ? "" : `, send lag p99 ${result.sendLagP99Ms.toFixed(2)} ms`));
     }
   }
   if (json) console.log(JSON.stringify({ bench: "http-floor", provenance: provenance(), rows }));

@@ -20,6 +20,8 @@
  *   batch / rate s) whatever the answers do; latency is measured from the scheduled
  *   time, so queueing in the generator or the server is counted (no coordinated
  *   omission). HTTP requests wait for a free connection in a FIFO, counted the same way.
+ *   Near a send the generator polls instead of sleeping (timers tick every ~1.1 ms), so
+ *   its CPU reads ~100 % in this mode whatever the rate.
  *
  * Prompts: a pool of prompts of `promptTokens` tokens (bench/http-workload.ts
  * buildPrompt: mostly a cached system prompt + document, then unique blocks); each
@@ -81,6 +83,9 @@ export interface LoadResult {
   readonly generatorCpu: number;
   /** Open loop: requests still unanswered when the drain timeout ran out. */
   readonly unanswered: number;
+  /** Open loop: p99 of how late frames left the generator after their scheduled time
+   * (the generator's own share of the latency). */
+  readonly sendLagP99Ms: number | null;
   readonly sampleError?: string;
 }
 
@@ -152,6 +157,7 @@ class Latencies {
 async function run(spec: LoadSpec): Promise<LoadResult> {
   const pool = promptPool(spec);
   const latencies = new Latencies();
+  const lags = new Latencies(); // open loop: send time - scheduled time
   let counter = spec.uniqueBase * 1_000_000;
   let errors = 0;
   let sampleError: string | undefined;
@@ -218,6 +224,7 @@ async function run(spec: LoadSpec): Promise<LoadResult> {
     const queue: number[] = [];
     const idle: Sender[] = spec.transport === "http" ? [...senders] : [];
     const dispatch = (at: number) => {
+      if (at >= windowStart && at < windowEnd) lags.add(performance.now() - at);
       if (spec.transport === "ws") {
         const sender = senders[next++ % senders.length]!;
         inflight++;
@@ -239,17 +246,25 @@ async function run(spec: LoadSpec): Promise<LoadResult> {
         });
       }
     };
+    // Timers fire every ~1.1 ms at best, which would add up to a tick of waiting to
+    // every request (it is counted from the scheduled time): within 2 ms of the next
+    // send the pacer polls with setImmediate (I/O still runs between polls) instead.
     await new Promise<void>((resolve) => {
-      const timer = setInterval(() => {
+      let cpuMarkedAt = 0;
+      const pace = () => {
         const now = performance.now();
-        markCpu();
+        if (now - cpuMarkedAt >= 5) {
+          markCpu();
+          cpuMarkedAt = now;
+        }
         const limit = Math.min(now, windowEnd);
         while (start + scheduled * interval <= limit) dispatch(start + scheduled++ * interval);
-        if (now >= windowEnd && cpuEnd !== null) {
-          clearInterval(timer);
-          resolve();
-        }
-      }, 1);
+        if (now >= windowEnd && cpuEnd !== null) return resolve();
+        const wait = start + scheduled * interval - performance.now();
+        if (wait > 2) setTimeout(pace, wait - 1.5);
+        else setImmediate(pace);
+      };
+      pace();
     });
   }
   while (cpuEnd === null) {
@@ -276,6 +291,7 @@ async function run(spec: LoadSpec): Promise<LoadResult> {
     serverCpu: (end.server - marks.server) / ((end.at - marks.at) / 1000),
     generatorCpu: (end.generator - marks.generator) / ((end.at - marks.at) / 1000),
     unanswered: inflight * frameRequests,
+    sendLagP99Ms: spec.mode === "open" ? lags.percentile(lags.values.slice(0, lags.count).sort(), 0.99) : null,
     ...(sampleError === undefined ? {} : { sampleError }),
   };
 }
