@@ -56,22 +56,16 @@ export function startApp(options: AppOptions): App {
 
   const table: RouteTable = {
     "/v1/match": {
-      POST: async (request) => {
-        const body = await receiveBody(request, limit);
-        return batch.run(() => reply(request, 200, matchOp(service, parseBody(body))));
-      },
+      POST: (request) => receiveBody(request, limit).then((body) => batch.run(() => reply(request, 200, matchOp(service, parseBody(body))))),
     },
     "/v1/route": {
-      POST: async (request) => {
-        const body = await receiveBody(request, limit);
-        return batch.run(() => {
-          const parsed = parseBody(body);
-          const started = performance.now();
-          const result = routeOp(service, parsed);
-          metrics.observeRouteDecision((performance.now() - started) / 1000);
-          return reply(request, 200, result);
-        });
-      },
+      POST: (request) => receiveBody(request, limit).then((body) => batch.run(() => {
+        const parsed = parseBody(body);
+        const started = performance.now();
+        const result = routeOp(service, parsed);
+        metrics.observeRouteDecision((performance.now() - started) / 1000);
+        return reply(request, 200, result);
+      })),
     },
     "/v1/requests/:id/prefill_done": {
       POST: (request, params) => batch.run(() => reply(request, 200, lifecycleOp(service, params.id!, "prefill_done"))),
@@ -111,19 +105,25 @@ export function startApp(options: AppOptions): App {
     "/": { GET: () => new Response(statusPage(), { headers: { "content-type": "text/html; charset=utf-8" } }) },
   };
 
-  const wrap = (template: string, handler: Handler) => async (request: Request & { params?: Record<string, string> }) => {
+  // Times every response and turns errors into JSON ones. Promise callbacks rather
+  // than async/await: one promise fewer per request on the hot endpoints.
+  const wrap = (template: string, handler: Handler) => (request: Request & { params?: Record<string, string> }) => {
     const started = performance.now();
-    let response: Response;
+    const finish = (response: Response): Response => {
+      metrics.observeHttp(template, response.status, (performance.now() - started) / 1000);
+      return response;
+    };
+    let pending: Response | Promise<Response>;
     try {
-      response = await handler(request, request.params ?? {});
+      pending = handler(request, request.params ?? {});
     } catch (error) {
-      response = failure(request, error, log);
+      pending = failure(request, error, log);
     }
-    metrics.observeHttp(template, response.status, (performance.now() - started) / 1000);
-    return response;
+    if (pending instanceof Response) return finish(pending);
+    return pending.then(finish, (error: unknown) => finish(failure(request, error, log)));
   };
 
-  const routes: Record<string, Record<string, (request: Request) => Promise<Response>>> = {};
+  const routes: Record<string, Record<string, (request: Request) => Promise<Response> | Response>> = {};
   for (const [template, methods] of Object.entries(table)) {
     routes[template] = {};
     for (const [method, handler] of Object.entries(methods)) routes[template]![method] = wrap(metricsLabel(template), handler!);
