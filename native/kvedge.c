@@ -181,24 +181,19 @@ static int32_t kv_scan_compact(const uint8_t* bytes, uint32_t length, uint32_t s
     const uint64_t before_close = closes == 0 ? ~0ull : (closes & -closes) - 1;
     if (~(digits | commas) & before_close) return -2;
     uint64_t separators = (commas & before_close) | (closes & -closes);
-    /* The block's separator positions, 4 at a time (a few written past the end). */
     const uint32_t found = (uint32_t)__builtin_popcountll(separators);
     if (found > max - count) return -2;
-    uint32_t at[68];
-    for (uint32_t i = 0; i < found; i += 4) {
-      for (uint32_t k = 0; k < 4; k++) {
-        at[i + k] = block + (uint32_t)__builtin_ctzll(separators | (1ull << 63));
-        separators &= separators - 1;
-      }
-    }
-    /* Integers of 1-8 digits without a leading zero; anything else is left to the
-       plain reader (flagged, not branched on). */
+    /* Each separator ends an integer, read straight off the mask. Integers of 1-8
+       digits without a leading zero; anything else is left to the plain reader
+       (flagged, not branched on). */
     uint32_t odd = 0;
-    for (uint32_t i = 0; i < found; i++) {
-      const uint32_t n = at[i] - token;
+    while (separators != 0) {
+      const uint32_t at = block + (uint32_t)__builtin_ctzll(separators);
+      separators &= separators - 1;
+      const uint32_t n = at - token;
       odd |= (n - 1 > 7) | ((n > 1) & (bytes[token] == '0'));
-      out[count++] = kv_digits_before(bytes + at[i] - 8, n < 8 ? n : 8);
-      token = at[i] + 1;
+      out[count++] = kv_digits_before(bytes + at - 8, n - 1 < 8 ? n : 8);
+      token = at + 1;
     }
     if (odd) return -2;
     if (closes != 0) {
