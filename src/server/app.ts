@@ -56,11 +56,11 @@ export function startApp(options: AppOptions): App {
 
   const table: RouteTable = {
     "/v1/match": {
-      POST: (request) => receiveBody(request, limit).then((body) => batch.run(() => reply(request, 200, matchOp(service, parseBody(body))))),
+      POST: (request) => receiveBody(request, limit).then((body) => batch.run(() => reply(request, 200, matchOp(service, parseBody(body, true))))),
     },
     "/v1/route": {
       POST: (request) => receiveBody(request, limit).then((body) => batch.run(() => {
-        const parsed = parseBody(body);
+        const parsed = parseBody(body, true); // tokens hashed before the next parse
         const started = performance.now();
         const result = routeOp(service, parsed);
         metrics.observeRouteDecision((performance.now() - started) / 1000);

@@ -7,7 +7,7 @@
 import { Unpackr } from "msgpackr";
 import { U64_MAX } from "../util/u64";
 import { MsgpackWriter, type MsgpackValue } from "../wire/msgpack";
-import { parseRequestJson, ScannedTokens, TOKENS_MAX } from "./request-json";
+import { defaultTokenScanner, parseRequestJson, ScannedTokens, TOKENS_MAX } from "./request-json";
 
 export { TOKENS_MAX };
 
@@ -59,8 +59,12 @@ export function receiveBody(request: Request, limitBytes: number): Promise<Recei
   });
 }
 
-export function parseBody(body: ReceivedBody): unknown {
-  if ("json" in body) return parseJson(body.json);
+/**
+ * A received body, parsed. `transient`: JSON token arrays may be views that the next
+ * parse reuses (parseRequestJson), for callers that hash them at once.
+ */
+export function parseBody(body: ReceivedBody, transient = false): unknown {
+  if ("json" in body) return parseJson(body.json, transient);
   try {
     return unpackr.unpack(body.msgpack);
   } catch (error) {
@@ -68,9 +72,9 @@ export function parseBody(body: ReceivedBody): unknown {
   }
 }
 
-function parseJson(text: string): unknown {
+function parseJson(text: string, transient: boolean): unknown {
   try {
-    return parseRequestJson(text);
+    return parseRequestJson(text, defaultTokenScanner, transient);
   } catch (error) {
     throw new HttpError(400, `malformed JSON body: ${(error as Error).message}`);
   }

@@ -26,7 +26,7 @@ import { encodeMsgpack, MsgpackWriter, type MsgpackValue } from "../wire/msgpack
 import { lifecycleOp, matchOp, type RouteResult, routeOp, writeRouteResult } from "./api";
 import { HttpError, toJson } from "./http";
 import type { ServerMetrics } from "./metrics";
-import { parseRequestJson } from "./request-json";
+import { defaultTokenScanner, parseRequestJson } from "./request-json";
 import type { KvRouterService } from "./service";
 import type { TurnBatch } from "./turn";
 
@@ -111,7 +111,7 @@ export function websocketHandlers(
     const binary = typeof message !== "string";
     let parsed: unknown;
     try {
-      parsed = binary ? unpackr.unpack(message) : parseRequestJson(message);
+      parsed = binary ? unpackr.unpack(message) : parseRequestJson(message, defaultTokenScanner, true);
     } catch (error) {
       send(ws, binary, { id: null, status: 400, error: `malformed ${binary ? "MessagePack" : "JSON"}: ${(error as Error).message}` });
       return;

@@ -14,9 +14,9 @@ test("the native scanner is the default when the native library is loaded", () =
   expect(defaultTokenScanner).toBe(usingNativeHash ? "native" : "js");
 });
 
-for (const scanner of ["js", "native"] as const satisfies TokenScanner[]) {
-  const parseRequestJson = (text: string) => parseWith(text, scanner);
-  describe(`${scanner} scanner`, () => {
+for (const [scanner, transient] of [["js", false], ["native", false], ["js", true], ["native", true]] as const) {
+  const parseRequestJson = (text: string) => parseWith(text, scanner satisfies TokenScanner, transient);
+  describe(`${scanner} scanner${transient ? ", transient token arrays" : ""}`, () => {
 
   /** The value with every ScannedTokens turned back into the plain array JSON.parse makes. */
   function plain(value: unknown): unknown {
@@ -211,3 +211,21 @@ for (const scanner of ["js", "native"] as const satisfies TokenScanner[]) {
     });
   });
 }
+
+describe("transient token arrays", () => {
+  const prompt = (n: number, from: number) => Array.from({ length: n }, (_, i) => from + i);
+  for (const scanner of ["js", "native"] as const satisfies TokenScanner[]) {
+    test(`${scanner}: a batch's arrays are distinct and right, copies outlive later parses`, () => {
+      const batch = [prompt(5, 100), prompt(3000, 7), prompt(9000, 1_000_000)]; // the later ones outgrow the buffer
+      const text = JSON.stringify(batch.map((tokens, id) => ({ id, token_ids: tokens })));
+      const views = (parseWith(text, scanner, true) as { token_ids: ScannedTokens }[]).map((item) => item.token_ids.tokens);
+      expect(views.map((tokens) => Array.from(tokens))).toEqual(batch);
+      const copy = (parseWith(text, scanner, false) as { token_ids: ScannedTokens }[])[0]!.token_ids.tokens;
+      // Views are only good until the next parse (the buffer is reused); copies stay.
+      parseWith(JSON.stringify({ token_ids: prompt(5, 4_000_000) }), scanner, true);
+      expect(Array.from(copy)).toEqual(batch[0]!);
+      parseWith(JSON.stringify({ token_ids: prompt(5, 9) }), scanner, false);
+      expect(Array.from(copy)).toEqual(batch[0]!);
+    });
+  }
+});
