@@ -76,6 +76,8 @@ const U32_MAX = 0xffff_ffff;
 // request is scanned at a time; nothing here is re-entered).
 let text = "";
 let at = 0;
+/** The most token ids (and 4x that in bytes) the scanner's buffers keep between requests. */
+const SCRATCH_KEPT = 1 << 20;
 /** Where scanned token ids go; a transient parse leaves them there (from offset 0 up to `scratchUsed`). */
 let scratch = new Uint32Array(4096);
 let scratchUsed = 0;
@@ -86,6 +88,11 @@ let bytesReady = false;
 let bytes = new Uint8Array(16384);
 const nativeEnd = new Uint32Array(1);
 const encoder = new TextEncoder();
+
+/** Bytes the scanner's buffers hold now (tests: they shrink back after a huge request). */
+export function scannerBufferBytes(): number {
+  return scratch.byteLength + bytes.byteLength;
+}
 
 function skipSpace(): void {
   while (isSpace(text.charCodeAt(at))) at++;
@@ -99,6 +106,9 @@ function scanTop(source: string, useNative: boolean, transient: boolean): unknow
   bytesReady = false;
   transientTokens = transient;
   scratchUsed = 0;
+  // A huge request grew the buffers; the next one gives them back.
+  if (scratch.length > SCRATCH_KEPT) scratch = new Uint32Array(4096);
+  if (bytes.length > 4 * SCRATCH_KEPT) bytes = new Uint8Array(16384);
   try {
     skipSpace();
     const first = text.charCodeAt(at);

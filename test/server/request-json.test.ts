@@ -7,7 +7,7 @@ import { describe, expect, test } from "bun:test";
 import { usingNativeHash } from "../../src/hash";
 import { tokenIds } from "../../src/server/http";
 import {
-  defaultTokenScanner, parseRequestJson as parseWith, ScannedTokens, type TokenScanner, TOKENS_MAX,
+  defaultTokenScanner, parseRequestJson as parseWith, ScannedTokens, scannerBufferBytes, type TokenScanner, TOKENS_MAX,
 } from "../../src/server/request-json";
 
 test("the native scanner is the default when the native library is loaded", () => {
@@ -228,4 +228,15 @@ describe("transient token arrays", () => {
       expect(Array.from(copy)).toEqual(batch[0]!);
     });
   }
+});
+
+test("the scanner's buffers shrink back after a huge request", () => {
+  parseWith(JSON.stringify({ token_ids: [1, 2, 3] }), defaultTokenScanner, true);
+  const small = scannerBufferBytes();
+  const huge = `{"token_ids":[${Array.from({ length: 1_500_000 }, (_, i) => i % 100_000).join(",")}]}`;
+  const parsed = parseWith(huge, defaultTokenScanner, true) as { token_ids: ScannedTokens };
+  expect(parsed.token_ids.tokens.length).toBe(1_500_000);
+  expect(scannerBufferBytes()).toBeGreaterThan(4 * 1_500_000);
+  parseWith(JSON.stringify({ token_ids: [1, 2, 3] }), defaultTokenScanner, true);
+  expect(scannerBufferBytes()).toBeLessThanOrEqual(small);
 });
