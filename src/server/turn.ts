@@ -33,19 +33,6 @@ export class TurnBatch {
     return this.queue.length - this.head;
   }
 
-  /** Runs `work` in the current turn's batch; settles with its result or error. */
-  run<T>(work: () => T): Promise<T> {
-    return new Promise<T>((resolve, reject) => {
-      this.post(() => {
-        try {
-          resolve(work());
-        } catch (error) {
-          reject(error);
-        }
-      });
-    });
-  }
-
   /** Runs `work` in the current turn's batch. It should not throw (an error is logged). */
   post(work: () => void): void {
     this.queue.push(work);
