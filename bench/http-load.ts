@@ -7,7 +7,8 @@
  * Transports:
  * - `http`: keep-alive HTTP/1.1 over raw TCP (Bun.connect), one request in flight per
  *   connection (no pipelining), `POST /v1/route` with a JSON body. A purpose-built
- *   client, so that the generator spends as little of the shared CPU as it can.
+ *   client, so that the generator spends as little of the shared CPU as it can. With
+ *   `binary`, MessagePack bodies (`token_ids` as a `bin`) and MessagePack answers.
  * - `ws`: Bun's WebSocket client on `/v1/ws`, text frames; `batch` 1 sends one request
  *   per frame, otherwise frames of `batch` requests (answered with one array frame).
  *   With `binary`, MessagePack binary frames with `token_ids` as a `bin` of
@@ -44,7 +45,7 @@ export interface LoadSpec {
   readonly transport: "http" | "ws";
   /** Requests per WebSocket frame (1 = one request per frame); HTTP: 1. */
   readonly batch: number;
-  /** WebSocket: MessagePack binary frames, token_ids as bytes (else JSON text frames). */
+  /** MessagePack (WebSocket binary frames, HTTP bodies and answers), token_ids as bytes; else JSON. */
   readonly binary?: boolean;
   readonly mode: "closed" | "open";
   /** Open loop: requests per second offered. */
@@ -185,7 +186,7 @@ async function run(spec: LoadSpec): Promise<LoadResult> {
     if (cpuEnd === null && now >= windowEnd) cpuEnd = { server: processCpuSeconds(spec.serverPid), generator: generatorCpu(), at: now };
   };
 
-  const senders = spec.transport === "http" ? await httpSenders(spec, pool.json, () => counter++, record) : await wsSenders(spec, pool, () => counter, (n) => { counter += n; }, record);
+  const senders = spec.transport === "http" ? await httpSenders(spec, pool, () => counter++, record) : await wsSenders(spec, pool, () => counter, (n) => { counter += n; }, record);
 
   const frameRequests = spec.transport === "http" ? 1 : spec.batch;
   let inflight = 0;
@@ -316,14 +317,28 @@ function indexOfBytes(haystack: Uint8Array, needle: Uint8Array, from: number, to
   return -1;
 }
 
-async function httpSenders(spec: LoadSpec, pool: string[], nextCounter: () => number, record: Record): Promise<Sender[]> {
+async function httpSenders(spec: LoadSpec, pool: Pool, nextCounter: () => number, record: Record): Promise<Sender[]> {
   const encoder = new TextEncoder();
-  const requests = pool.map((prefix) => {
-    const body = `{"candidates":${spec.candidates},"token_ids":${prefix}${LAST_BLOCK_TEMPLATE}}`;
-    const head = `POST /v1/route HTTP/1.1\r\nHost: ${spec.host}\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n`;
-    const bytes = encoder.encode(head + body);
-    return { bytes, lastBlockAt: bytes.length - LAST_BLOCK_TEMPLATE.length - 1 };
-  });
+  const headOf = (type: string, length: number) =>
+    `POST /v1/route HTTP/1.1\r\nHost: ${spec.host}\r\nContent-Type: ${type}\r\nAccept: ${type}\r\nContent-Length: ${length}\r\n\r\n`;
+  // Each request's last block is rewritten in place: digits in JSON, u32s in MessagePack
+  // (token_ids is the body's last member, so its bytes end the request).
+  const requests = spec.binary
+    ? pool.tokens.map((tokens) => {
+      const body = pack({ candidates: spec.candidates, token_ids: new Uint8Array(tokens.buffer, tokens.byteOffset, tokens.byteLength) });
+      const head = encoder.encode(headOf("application/msgpack", body.length));
+      const bytes = new Uint8Array(head.length + body.length);
+      bytes.set(head);
+      bytes.set(body, head.length);
+      return { bytes, lastBlockAt: bytes.length - 4 * BLOCK_SIZE };
+    })
+    : pool.json.map((prefix) => {
+      const body = `{"candidates":${spec.candidates},"token_ids":${prefix}${LAST_BLOCK_TEMPLATE}}`;
+      const bytes = encoder.encode(headOf("application/json", body.length) + body);
+      return { bytes, lastBlockAt: bytes.length - LAST_BLOCK_TEMPLATE.length - 1 };
+    });
+  const lastBlock = new Uint32Array(BLOCK_SIZE);
+  const lastBlockBytes = new Uint8Array(lastBlock.buffer);
   let poolNext = 0;
   const senders: Sender[] = [];
   for (let c = 0; c < spec.connections; c++) {
@@ -376,7 +391,12 @@ async function httpSenders(spec: LoadSpec, pool: string[], nextCounter: () => nu
       send(at, callback) {
         if (then !== null) throw new Error("one request at a time per connection");
         const request = requests[poolNext++ % requests.length]!;
-        writeLastBlock(request.bytes, request.lastBlockAt, nextCounter());
+        if (spec.binary) {
+          lastBlockTokens(lastBlock, nextCounter());
+          request.bytes.set(lastBlockBytes, request.lastBlockAt);
+        } else {
+          writeLastBlock(request.bytes, request.lastBlockAt, nextCounter());
+        }
         sentAt = at;
         then = callback;
         const written = socket.write(request.bytes);

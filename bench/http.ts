@@ -22,9 +22,10 @@
  *
  * Scenarios: closed loop (maximum throughput at a fixed concurrency) and open loop
  * (fixed offered rate, latency from the scheduled send time; "send lag" is how late
- * the generator itself sent, its share of that latency) for HTTP, WebSocket with
- * one request per frame, WebSocket frames of 16 and 64 requests, and WebSocket binary
- * (MessagePack, token_ids as little-endian u32 bytes) with 1 and 16 per frame. Every number is
+ * the generator itself sent, its share of that latency) for HTTP with JSON and with
+ * MessagePack bodies, WebSocket with one request per frame, WebSocket frames of 16 and
+ * 64 requests, and WebSocket binary (MessagePack; in both MessagePack forms token_ids
+ * are little-endian u32 bytes) with 1 and 16 per frame. Every number is
  * the median over the runs. `--binary PATH` benchmarks another build of kvedge (e.g. an
  * older commit, for before/after). `--profile DIR` runs the server from source under
  * `bun --cpu-prof` and leaves the profile in DIR (for finding hot spots, not for numbers).
@@ -77,6 +78,7 @@ function scenarios(): Scenario[] {
   for (const promptTokens of [1024, 4096]) {
     const shapes = [
       { label: "HTTP", transport: "http", batch: 1, closed: { connections: 32, window: 1 }, open: { connections: 64 } },
+      { label: "HTTP msgpack", transport: "http", batch: 1, binary: true, closed: { connections: 32, window: 1 }, open: { connections: 64 } },
       { label: "WS 1/frame", transport: "ws", batch: 1, closed: { connections: 4, window: 32 }, open: { connections: 4 } },
       { label: "WS 16/frame", transport: "ws", batch: 16, closed: { connections: 4, window: 4 }, open: { connections: 4 } },
       { label: "WS 64/frame", transport: "ws", batch: 64, closed: { connections: 2, window: 2 }, open: { connections: 4 } },
