@@ -14,58 +14,20 @@
  *   bun bench/serve-path.bench.ts [--json]
  */
 import { bench, do_not_optimize, run } from "mitata";
-import { loadConfig } from "../src/config";
-import { blockSeed, hashBlocks } from "../src/hash";
 import { routeOp } from "../src/server/api";
 import { toJson } from "../src/server/http";
 import { createMetricsRegistry, ServerMetrics } from "../src/server/metrics";
 import { defaultTokenScanner, parseRequestJson } from "../src/server/request-json";
-import { KvRouterService } from "../src/server/service";
-import { silentLogger } from "../src/util/log";
-import { BLOCK_SIZE, blockTokens, buildFleet, buildPrompt, externalHash, KIND_DOCUMENT, KIND_SYSTEM, KIND_TAIL } from "./http-workload";
+import { BLOCK_SIZE, buildPrompt } from "./http-workload";
 import { prng, provenance, rssBytes } from "./lib";
+import { FLEET_SEED as SEED, fleetService } from "./serve-fleet";
 
 const json = process.argv.includes("--json");
-const SEED = 20_261_129;
-const WORKERS = 64;
 const ACTIVE = 4096;
 const POOL = 2048;
 
-const fleet = buildFleet(SEED, WORKERS, 1_050_000);
-const service = new KvRouterService({ config: loadConfig({ env: {} }).config, log: silentLogger });
-const seed = blockSeed(null, null);
-for (let w = 0; w < WORKERS; w++) {
-  const workerId = BigInt(w + 1);
-  service.router.load.addWorker(workerId, 0);
-  const systems = new Set<number>();
-  for (const sequence of fleet.sequences[w]!) {
-    const system = fleet.documentSystem[sequence.document]!;
-    const blocks: [number, number, number][] = [];
-    let parent: bigint | null = null;
-    if (systems.has(system)) parent = externalHash(w, KIND_SYSTEM, system, fleet.systemBlocks[system]! - 1);
-    else {
-      systems.add(system);
-      for (let i = 0; i < fleet.systemBlocks[system]!; i++) blocks.push([KIND_SYSTEM, system, i]);
-    }
-    for (let i = 0; i < fleet.documentBlocks[sequence.document]!; i++) blocks.push([KIND_DOCUMENT, sequence.document, i]);
-    for (let i = 0; i < sequence.tailBlocks; i++) blocks.push([KIND_TAIL, sequence.tail, i]);
-    const tokens = new Uint32Array(blocks.length * BLOCK_SIZE);
-    const external = new Uint32Array(2 * blocks.length);
-    blocks.forEach(([kind, id, position], b) => {
-      blockTokens(kind, id, position, tokens, b * BLOCK_SIZE);
-      const hash = externalHash(w, kind, id, position);
-      external[2 * b] = Number(hash >> 32n);
-      external[2 * b + 1] = Number(hash & 0xffff_ffffn);
-    });
-    const local = new Uint32Array(2 * blocks.length);
-    hashBlocks(tokens, BLOCK_SIZE, seed, local);
-    const parentHi = parent === null ? 0 : Number(parent >> 32n);
-    const parentLo = parent === null ? 0 : Number(parent & 0xffff_ffffn);
-    service.index.applyStored(workerId, 0, parent !== null, parentHi, parentLo, external, local, blocks.length);
-  }
-}
+const { service, fleet } = fleetService();
 const pairs = service.index.stats().blocks;
-if (pairs !== fleet.pairs) throw new Error(`indexed ${pairs} pairs, expected ${fleet.pairs}`);
 
 const metrics = new ServerMetrics(createMetricsRegistry());
 const random = prng(SEED);

@@ -13,6 +13,12 @@
  * lookups). Slots are reused after removal; removal first drops the worker's requests,
  * so nothing can refer to a reused slot.
  *
+ * Finished ids are remembered (so a repeated done or prefill_done is answered as such)
+ * by a 64-bit hash of the id in typed arrays, not as strings: a Map of 65k strings that
+ * every request writes to is rescanned by each young-generation collection, which made
+ * those pauses several times longer (bench/serve-pauses.bench.ts). Two ids equal in 64
+ * bits would share an ending (odds about 65k / 2^64 per unknown id).
+ *
  * Expiry needs no timer: requests are kept in the order they were last touched, so the
  * due ones are always at the front. Every routing decision expires the due ones there
  * (`expireDue`, at most EXPIRE_PER_DECISION per call), so expiry is spread over routing
@@ -42,9 +48,14 @@ export const EXPIRE_PER_DECISION = 64;
 export type LifecycleResult = "ok" | "already_done" | "expired" | "worker_removed" | "unknown";
 
 type Ending = "already_done" | "expired" | "worker_removed";
+/** Endings as stored in the finished ring (a byte per entry). */
+const ENDINGS: readonly Ending[] = ["already_done", "expired", "worker_removed"];
 
 interface ActiveRequest extends ChainHolder {
   readonly id: string;
+  /** `idKey(id)` and `idCheck(id)`, computed once at admission. */
+  readonly key: number;
+  readonly check: number;
   readonly slot: number;
   /** Where the prompt's chain ends in the active-block tree (null without blocks). */
   leaf: number | null;
@@ -128,11 +139,15 @@ export class LoadTracker {
   // A list, not the Map's order: JSC walks deleted Map entries when an iteration starts.
   private oldest: ActiveRequest | null = null;
   private newest: ActiveRequest | null = null;
-  // Recently finished ids, oldest first, in a ring; `finished` maps an id to its ring
-  // position (an id reused later has a newer position; the stale one is skipped).
-  private readonly finished = new Map<string, number>();
-  private readonly finishedIds: string[] = new Array(FINISHED_REMEMBERED_MAX).fill("");
-  private readonly finishedEndings: Ending[] = new Array(FINISHED_REMEMBERED_MAX).fill("already_done");
+  // Recently finished ids, oldest first, in a ring of typed arrays; `finished` maps an
+  // id's key (53 bits of its hash) to its ring position (an id reused later has a newer
+  // position; the stale one is skipped), the ring holds the other 11 bits as a check.
+  // Numbers only: storing a number into the Map or the arrays gives the collector nothing
+  // to rescan.
+  private readonly finished = new Map<number, number>();
+  private readonly finishedKeys = new Float64Array(FINISHED_REMEMBERED_MAX);
+  private readonly finishedChecks = new Uint16Array(FINISHED_REMEMBERED_MAX);
+  private readonly finishedEndings = new Uint8Array(FINISHED_REMEMBERED_MAX);
   private readonly finishedAtMs = new Float64Array(FINISHED_REMEMBERED_MAX);
   private finishedHead = 0; // position of the oldest entry (a running count, not wrapped)
   private finishedTail = 0;
@@ -290,8 +305,11 @@ export class LoadTracker {
     check(blocks * this.blockSize <= promptTokens, "more blocks than prompt tokens");
     const prefillTokens = Math.max(0, promptTokens - cachedTokens);
     const outputBlocks = this.trackOutputBlocks ? Math.ceil(expectedOutputTokens / this.blockSize) : 0;
+    const hash = idHash(requestId);
     const request: ActiveRequest = {
       id: requestId,
+      key: hashKey(hash),
+      check: hashCheck(hash),
       slot,
       leaf: null,
       blocks,
@@ -304,7 +322,8 @@ export class LoadTracker {
     const added = this.blocks.add(slot, chain, blocks, request);
     this.requests.set(requestId, request);
     this.append(request);
-    this.finished.delete(requestId);
+    const position = this.finishedPosition(request.key, request.check);
+    if (position >= 0) this.finished.delete(request.key);
     this.activePrefillTokens[slot]! += prefillTokens;
     this.activeDecodeBlocks[slot]! += added + outputBlocks;
     this.activeRequests[slot]!++;
@@ -394,28 +413,35 @@ export class LoadTracker {
   }
 
   private ended(requestId: string): LifecycleResult {
-    const position = this.finished.get(requestId);
-    if (position !== undefined) return this.finishedEndings[position % FINISHED_REMEMBERED_MAX]!;
+    const hash = idHash(requestId);
+    const position = this.finishedPosition(hashKey(hash), hashCheck(hash));
+    if (position >= 0) return ENDINGS[this.finishedEndings[position % FINISHED_REMEMBERED_MAX]!]!;
     this.counters.unknown++;
     return "unknown";
   }
 
-  private remember(requestId: string, ending: Ending): void {
+  /** The ring position of a remembered finished id, or -1. */
+  private finishedPosition(key: number, check: number): number {
+    const position = this.finished.get(key);
+    if (position === undefined || this.finishedChecks[position % FINISHED_REMEMBERED_MAX] !== check) return -1;
+    return position;
+  }
+
+  private remember(request: ActiveRequest, ending: Ending): void {
     if (this.finishedTail - this.finishedHead === FINISHED_REMEMBERED_MAX) this.forgetOldest();
     const position = this.finishedTail++;
     const at = position % FINISHED_REMEMBERED_MAX;
-    this.finishedIds[at] = requestId;
-    this.finishedEndings[at] = ending;
+    this.finishedKeys[at] = request.key;
+    this.finishedChecks[at] = request.check;
+    this.finishedEndings[at] = ENDINGS.indexOf(ending);
     this.finishedAtMs[at] = this.now();
-    this.finished.set(requestId, position);
+    this.finished.set(request.key, position);
   }
 
   private forgetOldest(): void {
     const position = this.finishedHead++;
-    const at = position % FINISHED_REMEMBERED_MAX;
-    const id = this.finishedIds[at]!;
-    if (this.finished.get(id) === position) this.finished.delete(id);
-    this.finishedIds[at] = "";
+    const key = this.finishedKeys[position % FINISHED_REMEMBERED_MAX]!;
+    if (this.finished.get(key) === position) this.finished.delete(key);
   }
 
   private release(request: ActiveRequest, ending: Ending): void {
@@ -426,7 +452,7 @@ export class LoadTracker {
     const freed = this.blocks.remove(slot, request);
     this.activeDecodeBlocks[slot]! -= freed + request.outputBlocks;
     this.activeRequests[slot]!--;
-    this.remember(request.id, ending);
+    this.remember(request, ending);
     if (VERIFY) this.verify();
   }
 
@@ -468,6 +494,39 @@ export class LoadTracker {
     this.liveSlots = grow(this.liveSlots, (n) => new Int32Array(n));
     this.livePosition = grow(this.livePosition, (n) => new Int32Array(n));
   }
+}
+
+/**
+ * A 64-bit hash of an id's UTF-16 code units as two 32-bit lanes (murmur-style steps,
+ * each finished with murmur3's fmix32), returned as hi * 2^32 + lo split by `hashKey`
+ * (the high 53 bits, a Map key that stays a number) and `hashCheck` (the low 11 bits).
+ */
+function idHash(id: string): { hi: number; lo: number } {
+  let a = 0x9747b28c ^ id.length;
+  let b = 0x3c6ef372;
+  for (let i = 0; i < id.length; i++) {
+    const c = id.charCodeAt(i);
+    a = Math.imul(a ^ c, 0x5bd1e995);
+    a ^= a >>> 15;
+    b = Math.imul(b + c, 0x27d4eb2f) ^ (b >>> 17);
+  }
+  return { hi: fmix32(a), lo: fmix32(b ^ a) };
+}
+
+function hashKey(hash: { hi: number; lo: number }): number {
+  return hash.hi * 2 ** 21 + (hash.lo >>> 11);
+}
+
+function hashCheck(hash: { hi: number; lo: number }): number {
+  return hash.lo & 0x7ff;
+}
+
+function fmix32(h: number): number {
+  h ^= h >>> 16;
+  h = Math.imul(h, 0x85ebca6b);
+  h ^= h >>> 13;
+  h = Math.imul(h, 0xc2b2ae35);
+  return (h ^ (h >>> 16)) >>> 0;
 }
 
 function check(condition: boolean, message: string): void {

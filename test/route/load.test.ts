@@ -156,6 +156,35 @@ describe("request lifecycle", () => {
     expect(load.done(`r${FINISHED_REMEMBERED_MAX + 9}`)).toBe("already_done");
     load.verify();
   });
+
+  test("remembered finished ids (kept as 64-bit hashes) answer only for themselves", () => {
+    const { load } = tracker();
+    const w = load.addWorker(1n, 0);
+    const p = prompt(1, 2, 3, 4);
+    // Ids a gateway might send: near-identical counters, UUIDs, and ids differing in one character.
+    const ids = Array.from({ length: FINISHED_REMEMBERED_MAX }, (_, i) =>
+      i % 3 === 0 ? `req-${i}` : i % 3 === 1 ? `chatcmpl-${crypto.randomUUID()}` : `x${"a".repeat(i % 50)}${String.fromCharCode(97 + (i % 26))}${i}`);
+    ids.forEach((id, i) => {
+      load.admit(id, w, p.chain, 1, 4, 0, 0);
+      if (i % 2 === 0) load.done(id);
+      else load.removeWorker(1n, 0) && load.addWorker(1n, 0);
+    });
+    for (const [i, id] of ids.entries()) expect(load.done(id)).toBe(i % 2 === 0 ? "already_done" : "worker_removed");
+    // Never-seen ids (including each remembered id with one character changed) stay unknown.
+    let unknown = 0;
+    for (let i = 0; i < 50_000; i++) {
+      const id = i % 2 === 0 ? `req-${FINISHED_REMEMBERED_MAX + i}` : `${ids[i]!.slice(0, -1)}~`;
+      if (load.done(id) === "unknown") unknown++;
+    }
+    expect(unknown).toBe(50_000);
+    // Admitting a finished id again makes it active; its memory as finished is dropped.
+    load.addWorker(1n, 0);
+    load.admit(ids[0]!, w, p.chain, 1, 4, 0, 0);
+    expect(load.prefillDone(ids[0]!)).toBe("ok");
+    expect(load.done(ids[0]!)).toBe("ok");
+    expect(load.done(ids[0]!)).toBe("already_done");
+    load.verify();
+  });
 });
 
 describe("expiry", () => {
