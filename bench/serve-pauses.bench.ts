@@ -52,7 +52,8 @@ interface RunResult {
 
 async function oneRun(): Promise<RunResult> {
   const { service, fleet } = fleetService({ KVEDGE_REQUEST_TTL_SECS: "0.5" });
-  const handlers = websocketHandlers(service, silentLogger, new ServerMetrics(createMetricsRegistry()), new TurnBatch(silentLogger));
+  const onMessage = websocketHandlers(service, silentLogger, new ServerMetrics(createMetricsRegistry()), new TurnBatch(silentLogger)).message;
+  if (onMessage === undefined) throw new Error("the WebSocket handlers have no message handler");
   const random = prng(FLEET_SEED ^ 0x70617573);
   // Frames as a gateway sends them; every request's last block is its own.
   const frames = Array.from({ length: FRAMES }, (_, f) => pack(Array.from({ length: PER_FRAME }, (_, k) => {
@@ -73,7 +74,7 @@ async function oneRun(): Promise<RunResult> {
     const poll = () => {
       for (let at = start + due * interval; at <= performance.now() && at < end; at = start + ++due * interval) {
         // A fresh buffer per frame, as the runtime hands each message to the handler.
-        handlers.message(socket, Buffer.from(frames[due % FRAMES]!));
+        onMessage(socket, Buffer.from(frames[due % FRAMES]!));
         if (at >= measureFrom) latencies.push(performance.now() - at);
       }
       if (start + due * interval >= end) resolve();
