@@ -33,7 +33,9 @@
  * Requests carry no request_id: the server generates one, and the orchestrator runs
  * the server with a short --request-ttl-secs so unfinished requests expire.
  */
-import { readFileSync } from "node:fs";
+import { mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import type { Socket } from "bun";
 import { pack, unpack } from "msgpackr";
 import { prng } from "./lib";
@@ -66,6 +68,9 @@ export interface LoadSpec {
   readonly uniqueBase: number;
   /** The server's pid, to read its CPU time from /proc. */
   readonly serverPid: number;
+  /** Open loop: "c" sends with bench/loadgen/open-loop.c (no GC, sleeps between sends)
+   * instead of this process; HTTP and binary WebSocket only. Default "bun". */
+  readonly generator?: "bun" | "c";
 }
 
 export interface LoadResult {
@@ -317,13 +322,14 @@ function indexOfBytes(haystack: Uint8Array, needle: Uint8Array, from: number, to
   return -1;
 }
 
-async function httpSenders(spec: LoadSpec, pool: Pool, nextCounter: () => number, record: Record): Promise<Sender[]> {
+/** Whole HTTP requests (head and body) per pool entry, and where each one's last block starts. */
+function httpRequests(spec: LoadSpec, pool: Pool): { bytes: Uint8Array; lastBlockAt: number }[] {
   const encoder = new TextEncoder();
   const headOf = (type: string, length: number) =>
     `POST /v1/route HTTP/1.1\r\nHost: ${spec.host}\r\nContent-Type: ${type}\r\nAccept: ${type}\r\nContent-Length: ${length}\r\n\r\n`;
   // Each request's last block is rewritten in place: digits in JSON, u32s in MessagePack
   // (token_ids is the body's last member, so its bytes end the request).
-  const requests = spec.binary
+  return spec.binary
     ? pool.tokens.map((tokens) => {
       const body = pack({ candidates: spec.candidates, token_ids: new Uint8Array(tokens.buffer, tokens.byteOffset, tokens.byteLength) });
       const head = encoder.encode(headOf("application/msgpack", body.length));
@@ -337,6 +343,10 @@ async function httpSenders(spec: LoadSpec, pool: Pool, nextCounter: () => number
       const bytes = encoder.encode(headOf("application/json", body.length) + body);
       return { bytes, lastBlockAt: bytes.length - LAST_BLOCK_TEMPLATE.length - 1 };
     });
+}
+
+async function httpSenders(spec: LoadSpec, pool: Pool, nextCounter: () => number, record: Record): Promise<Sender[]> {
+  const requests = httpRequests(spec, pool);
   const lastBlock = new Uint32Array(BLOCK_SIZE);
   const lastBlockBytes = new Uint8Array(lastBlock.buffer);
   let poolNext = 0;
@@ -502,9 +512,85 @@ async function wsSenders(
   return senders;
 }
 
+// ---- the C open-loop generator ------------------------------------------------------------
+
+const LOADGEN_SOURCE = join(import.meta.dir, "loadgen", "open-loop.c");
+const LOADGEN_BINARY = join(import.meta.dir, "loadgen", "build", "open-loop");
+
+/** Compiles bench/loadgen/open-loop.c with the system C compiler when its binary is missing or older. */
+function openLoopBinary(): string {
+  let fresh = false;
+  try {
+    fresh = statSync(LOADGEN_BINARY).mtimeMs >= statSync(LOADGEN_SOURCE).mtimeMs;
+  } catch {}
+  if (!fresh) {
+    mkdirSync(join(import.meta.dir, "loadgen", "build"), { recursive: true });
+    const cc = Bun.spawnSync([process.env.CC ?? "cc", "-O2", "-Wall", "-o", LOADGEN_BINARY, LOADGEN_SOURCE], { stderr: "pipe" });
+    if (cc.exitCode !== 0) throw new Error(`cannot compile ${LOADGEN_SOURCE}: ${cc.stderr.toString()}`);
+  }
+  return LOADGEN_BINARY;
+}
+
+/**
+ * The payloads open-loop.c sends, in its file format: HTTP requests, or binary
+ * WebSocket frames of `batch` requests (a MessagePack array written as its header and
+ * the packed requests, so each request's token bytes end its element).
+ */
+function openLoopPayloads(spec: LoadSpec, pool: Pool): Uint8Array {
+  const entries: { bytes: Uint8Array; patches: number[] }[] = [];
+  if (spec.transport === "http") {
+    for (const request of httpRequests(spec, pool)) entries.push({ bytes: request.bytes, patches: [request.lastBlockAt] });
+  } else {
+    if (!spec.binary) throw new Error("the C generator sends binary WebSocket frames only");
+    for (let f = 0; f < pool.tokens.length; f++) {
+      // One request per frame is the request itself; more are a fixarray or array16 header first.
+      const header = spec.batch === 1 ? [] : spec.batch < 16 ? [0x90 | spec.batch] : [0xdc, spec.batch >> 8, spec.batch & 0xff];
+      const parts: Uint8Array[] = [new Uint8Array(header)];
+      const patches: number[] = [];
+      let length = parts[0]!.length;
+      for (let k = 0; k < spec.batch; k++) {
+        const tokens = pool.tokens[(f + k) % pool.tokens.length]!;
+        const element = pack({ id: k, op: "route", candidates: spec.candidates, token_ids: new Uint8Array(tokens.buffer, tokens.byteOffset, tokens.byteLength) });
+        length += element.length;
+        patches.push(length - 4 * BLOCK_SIZE);
+        parts.push(element);
+      }
+      entries.push({ bytes: Buffer.concat(parts), patches });
+    }
+  }
+  const size = 4 + entries.reduce((sum, e) => sum + 8 + 4 * e.patches.length + e.bytes.length, 0);
+  const out = Buffer.alloc(size);
+  let at = out.writeUInt32LE(entries.length, 0);
+  for (const entry of entries) {
+    at = out.writeUInt32LE(entry.bytes.length, at);
+    at = out.writeUInt32LE(entry.patches.length, at);
+    for (const patch of entry.patches) at = out.writeUInt32LE(patch, at);
+    out.set(entry.bytes, at);
+    at += entry.bytes.length;
+  }
+  return out;
+}
+
+async function runOpenLoopC(spec: LoadSpec): Promise<LoadResult> {
+  const binary = openLoopBinary();
+  const path = join(tmpdir(), `kvedge-open-loop-${process.pid}.bin`);
+  writeFileSync(path, openLoopPayloads(spec, promptPool(spec)));
+  const frameRequests = spec.transport === "http" ? 1 : spec.batch;
+  const proc = Bun.spawn([
+    binary, path, spec.host, String(spec.port), spec.transport, String(spec.rate), String(frameRequests),
+    String(spec.connections), String(spec.warmupMs), String(spec.durationMs), String(spec.serverPid), spec.binary ? "u32" : "json",
+  ], { stdout: "pipe", stderr: "inherit" });
+  const text = await new Response(proc.stdout).text();
+  const status = await proc.exited;
+  rmSync(path, { force: true });
+  if (status !== 0) throw new Error("bench/loadgen/open-loop failed");
+  const result = JSON.parse(text.trim().split("\n").pop()!) as LoadResult;
+  return { ...result, ...(result.errors > 0 ? { sampleError: "answers without status 200 (the C generator does not keep their text)" } : {}) };
+}
+
 if (import.meta.main) {
   const spec = JSON.parse(process.argv[2]!) as LoadSpec;
-  const result = await run(spec);
+  const result = spec.mode === "open" && spec.generator === "c" ? await runOpenLoopC(spec) : await run(spec);
   process.stdout.write(`${JSON.stringify(result)}\n`);
   process.exit(0);
 }

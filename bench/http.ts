@@ -3,7 +3,7 @@
  * (block, worker) pairs over 64 workers, driven by a separate load-generator process
  * over keep-alive HTTP and WebSocket.
  *
- *   bun bench/http.ts [--json] [--quick] [--runs N] [--only SUBSTRING] [--binary PATH] [--profile DIR]
+ *   bun bench/http.ts [--json] [--quick] [--runs N] [--only SUBSTRING] [--binary PATH] [--profile DIR] [--generator c]
  *
  * Every run starts fresh processes:
  * 1. the fleet (bench/http-fleet.ts): 64 ZMTP PUB sockets publishing the stored events
@@ -29,6 +29,10 @@
  * the median over the runs. `--binary PATH` benchmarks another build of kvedge (e.g. an
  * older commit, for before/after). `--profile DIR` runs the server from source under
  * `bun --cpu-prof` and leaves the profile in DIR (for finding hot spots, not for numbers).
+ * `--generator c` sends the open-loop HTTP and binary WebSocket scenarios from
+ * bench/loadgen/open-loop.c (compiled with the system C compiler on first use): no
+ * garbage collector and no polling, so the generator's own pauses and CPU stay out of
+ * the server's tail as far as this machine allows.
  */
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
@@ -57,6 +61,7 @@ const json = argv.includes("--json");
 const runs = Number(flag("--runs") ?? (quick ? 1 : 3));
 const only = flag("--only");
 const profileDir = flag("--profile");
+const generator = flag("--generator") === "c" ? "c" : "bun";
 
 interface Scenario {
   readonly name: string;
@@ -236,6 +241,7 @@ async function oneRun(run: number, list: Scenario[]): Promise<RunRecord> {
         poolSize: scenario.promptTokens === 1024 ? 4096 : 1024, candidates: CANDIDATES,
         warmupMs: quick ? 500 : 1_000, durationMs: quick ? 2_000 : 4_000,
         seed: SEED, fleetWorkers: WORKERS, fleetPairs: TARGET_PAIRS, uniqueBase: uniqueBase++, serverPid: serve.proc.pid,
+        generator: scenario.mode === "open" && (scenario.transport === "http" || scenario.binary) ? generator : "bun",
       });
       record.results[scenario.name] = result;
       if (!json) console.error(`  ${scenario.name}: ${formatResult(result)}`);
