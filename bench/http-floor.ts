@@ -3,19 +3,21 @@
  * bench/http.ts against a Bun server that does no work (fixed answers), so a number of
  * `kvedge serve` can be read against what Bun and the generator cost alone.
  *
- *   bun bench/http-floor.ts [--json]
+ *   bun bench/http-floor.ts [--json] [--generator c]
  *
  * Scenarios: HTTP closed loop (32 connections) without reading the body and reading it
  * with text() and bytes(); HTTP open loop at 12.5k/s (half the HTTP goal); WebSocket
  * binary frames of 16 closed loop (4 x 4) and open loop at 25k/s (half the WS goal).
  * The no-op server answers each frame with 16 fixed answers and each HTTP request with
- * a fixed route answer. Each scenario gets a fresh server process.
+ * a fixed route answer. Each scenario gets a fresh server process. `--generator c`: the
+ * open-loop scenarios are sent by bench/loadgen/open-loop.c, as in bench/http.ts.
  */
 import { join } from "node:path";
 import type { LoadResult, LoadSpec } from "./http-load";
 import { provenance } from "./lib";
 
 const json = process.argv.includes("--json");
+const generator = process.argv.includes("--generator") && process.argv[process.argv.indexOf("--generator") + 1] === "c" ? "c" : "bun";
 
 if (process.argv[2] === "--serve") {
   // The no-op server: `--serve none|text|bytes`.
@@ -59,7 +61,7 @@ if (process.argv[2] === "--serve") {
     const spec: LoadSpec = {
       host: "127.0.0.1", port, transport: "http", batch: 1, mode: "closed", rate: 0, connections: 32, window: 1,
       promptTokens: 1024, poolSize: 4096, candidates: 4, warmupMs: 1_000, durationMs: 4_000, seed: 20_261_129,
-      fleetWorkers: 64, fleetPairs: 1_050_000, uniqueBase: 0, serverPid: server.pid, ...scenario.spec,
+      fleetWorkers: 64, fleetPairs: 1_050_000, uniqueBase: 0, serverPid: server.pid, generator, ...scenario.spec,
     };
     const load = Bun.spawn([process.execPath, join(import.meta.dir, "http-load.ts"), JSON.stringify(spec)], { stdout: "pipe", stderr: "inherit" });
     const text = await new Response(load.stdout).text();
