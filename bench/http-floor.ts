@@ -3,21 +3,22 @@
  * bench/http.ts against a Bun server that does no work (fixed answers), so a number of
  * `kvedge serve` can be read against what Bun and the generator cost alone.
  *
- *   bun bench/http-floor.ts [--json] [--generator c]
+ *   bun bench/http-floor.ts [--json] [--generator c|bun]
  *
  * Scenarios: HTTP closed loop (32 connections) without reading the body and reading it
  * with text() and bytes(); HTTP open loop at 12.5k/s (half the HTTP goal); WebSocket
  * binary frames of 16 closed loop (4 x 4) and open loop at 25k/s (half the WS goal).
  * The no-op server answers each frame with 16 fixed answers and each HTTP request with
- * a fixed route answer. Each scenario gets a fresh server process. `--generator c`: the
- * open-loop scenarios are sent by bench/loadgen/open-loop.c, as in bench/http.ts.
+ * a fixed route answer. Each scenario gets a fresh server process. The open-loop
+ * scenarios are sent by bench/loadgen/open-loop.c unless `--generator bun`, as in bench/http.ts.
  */
 import { join } from "node:path";
-import type { LoadResult, LoadSpec } from "./http-load";
+import { type LoadResult, type LoadSpec, openLoopGenerator } from "./http-load";
 import { provenance } from "./lib";
 
 const json = process.argv.includes("--json");
-const generator = process.argv.includes("--generator") && process.argv[process.argv.indexOf("--generator") + 1] === "c" ? "c" : "bun";
+const generatorAt = process.argv.indexOf("--generator");
+const generator = openLoopGenerator(generatorAt >= 0 ? process.argv[generatorAt + 1] : undefined);
 
 if (process.argv[2] === "--serve") {
   // The no-op server: `--serve none|text|bytes`.
@@ -77,5 +78,5 @@ if (process.argv[2] === "--serve") {
         + (result.sendLagP99Ms === null ? "" : `, send lag p99 ${result.sendLagP99Ms.toFixed(2)} ms`));
     }
   }
-  if (json) console.log(JSON.stringify({ bench: "http-floor", provenance: provenance(), rows }));
+  if (json) console.log(JSON.stringify({ bench: "http-floor", provenance: provenance(), openLoopGenerator: generator, rows }));
 }

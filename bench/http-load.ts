@@ -69,7 +69,7 @@ export interface LoadSpec {
   /** The server's pid, to read its CPU time from /proc. */
   readonly serverPid: number;
   /** Open loop: "c" sends with bench/loadgen/open-loop.c (no GC, sleeps between sends)
-   * instead of this process; HTTP and binary WebSocket only. Default "bun". */
+   * instead of this process; HTTP and binary WebSocket only. Absent: this process. */
   readonly generator?: "bun" | "c";
 }
 
@@ -516,6 +516,23 @@ async function wsSenders(
 
 const LOADGEN_SOURCE = join(import.meta.dir, "loadgen", "open-loop.c");
 const LOADGEN_BINARY = join(import.meta.dir, "loadgen", "build", "open-loop");
+
+/**
+ * The generator for open-loop scenarios: "c" (the default) when bench/loadgen/open-loop.c
+ * compiles, else "bun" with a note on stderr; asking for "c" without a compiler fails.
+ */
+export function openLoopGenerator(requested: string | undefined): "bun" | "c" {
+  if (requested !== undefined && requested !== "bun" && requested !== "c") throw new Error(`--generator must be bun or c, got ${requested}`);
+  if (requested === "bun") return "bun";
+  try {
+    openLoopBinary();
+    return "c";
+  } catch (error) {
+    if (requested === "c") throw error;
+    console.error(`open-loop scenarios use the Bun generator: ${(error as Error).message}`);
+    return "bun";
+  }
+}
 
 /** Compiles bench/loadgen/open-loop.c with the system C compiler when its binary is missing or older. */
 function openLoopBinary(): string {

@@ -3,7 +3,7 @@
  * (block, worker) pairs over 64 workers, driven by a separate load-generator process
  * over keep-alive HTTP and WebSocket.
  *
- *   bun bench/http.ts [--json] [--quick] [--runs N] [--only SUBSTRING] [--binary PATH] [--profile DIR] [--generator c]
+ *   bun bench/http.ts [--json] [--quick] [--runs N] [--only SUBSTRING] [--binary PATH] [--profile DIR] [--generator c|bun]
  *
  * Every run starts fresh processes:
  * 1. the fleet (bench/http-fleet.ts): 64 ZMTP PUB sockets publishing the stored events
@@ -29,15 +29,16 @@
  * the median over the runs. `--binary PATH` benchmarks another build of kvedge (e.g. an
  * older commit, for before/after). `--profile DIR` runs the server from source under
  * `bun --cpu-prof` and leaves the profile in DIR (for finding hot spots, not for numbers).
- * `--generator c` sends the open-loop HTTP and binary WebSocket scenarios from
- * bench/loadgen/open-loop.c (compiled with the system C compiler on first use): no
- * garbage collector and no polling, so the generator's own pauses and CPU stay out of
- * the server's tail as far as this machine allows.
+ * The open-loop HTTP and binary WebSocket scenarios are sent by bench/loadgen/open-loop.c
+ * (compiled with the system C compiler on first use): no garbage collector and no
+ * polling, so the generator's own pauses and CPU stay out of the server's tail as far as
+ * this machine allows. `--generator bun` sends them from bench/http-load.ts instead (as
+ * every other scenario is), which is also the fallback without a C compiler.
  */
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Subprocess } from "bun";
-import type { LoadResult, LoadSpec } from "./http-load";
+import { type LoadResult, type LoadSpec, openLoopGenerator } from "./http-load";
 import { median, provenance } from "./lib";
 
 const ROOT = join(import.meta.dir, "..");
@@ -61,7 +62,7 @@ const json = argv.includes("--json");
 const runs = Number(flag("--runs") ?? (quick ? 1 : 3));
 const only = flag("--only");
 const profileDir = flag("--profile");
-const generator = flag("--generator") === "c" ? "c" : "bun";
+const generator = openLoopGenerator(flag("--generator"));
 
 interface Scenario {
   readonly name: string;
@@ -310,6 +311,7 @@ const setup = {
   blockSize: 16,
   requestTtlSecs: REQUEST_TTL_SECS,
   candidates: CANDIDATES,
+  openLoopGenerator: generator,
   indexSeconds: med((r) => r.indexSeconds),
   serveRssBytes: med((r) => r.serveRssBytes),
   indexBytes: med((r) => r.indexBytes),
@@ -321,7 +323,7 @@ if (json) {
 } else {
   console.log(`\nkvedge serve, ${setup.pairs} (block, worker) pairs over ${WORKERS} workers, median of ${records.length} run(s)`);
   console.log(`index ready in ${setup.indexSeconds.toFixed(1)} s; serve RSS ${(setup.serveRssBytes / 2 ** 20).toFixed(0)} MiB; `
-    + `kvedge_index_bytes ${(setup.indexBytes / 2 ** 20).toFixed(1)} MiB\n`);
+    + `kvedge_index_bytes ${(setup.indexBytes / 2 ** 20).toFixed(1)} MiB; open-loop HTTP and binary WS sent by the ${generator === "c" ? "C" : "Bun"} generator\n`);
   console.log("| scenario | routes/s | p50 ms | p99 ms | p99.9 ms | send lag p99 ms | serve CPU | serve CPU µs/route | generator CPU |");
   console.log("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
   for (const row of rows) {
