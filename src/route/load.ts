@@ -27,6 +27,7 @@
  * `sweep` everything due before reading. Either costs O(expired + 1).
  */
 import { ActiveBlocks, type ChainHolder } from "./active-blocks";
+import { KeyTable } from "./key-table";
 
 /** Slots are u16 in the index; the router uses the same bound. */
 export const WORKERS_MAX = 65_535;
@@ -140,11 +141,11 @@ export class LoadTracker {
   private oldest: ActiveRequest | null = null;
   private newest: ActiveRequest | null = null;
   // Recently finished ids, oldest first, in a ring of typed arrays; `finished` maps an
-  // id's key (53 bits of its hash) to its ring position (an id reused later has a newer
-  // position; the stale one is skipped), the ring holds the other 11 bits as a check.
-  // Numbers only: storing a number into the Map or the arrays gives the collector nothing
-  // to rescan.
-  private readonly finished = new Map<number, number>();
+  // id's key (53 bits of its hash) to its index in the ring (an id finished again later
+  // points to its newer index), the ring holds the other 11 bits as a check.
+  // Numbers only, in typed arrays: the collector has nothing to rescan, and the table
+  // never stalls to rebuild itself under churn as a Map does (./key-table.ts).
+  private readonly finished = new KeyTable();
   private readonly finishedKeys = new Float64Array(FINISHED_REMEMBERED_MAX);
   private readonly finishedChecks = new Uint16Array(FINISHED_REMEMBERED_MAX);
   private readonly finishedEndings = new Uint8Array(FINISHED_REMEMBERED_MAX);
@@ -322,8 +323,7 @@ export class LoadTracker {
     const added = this.blocks.add(slot, chain, blocks, request);
     this.requests.set(requestId, request);
     this.append(request);
-    const position = this.finishedPosition(request.key, request.check);
-    if (position >= 0) this.finished.delete(request.key);
+    if (this.finishedAt(request.key, request.check) >= 0) this.finished.delete(request.key);
     this.activePrefillTokens[slot]! += prefillTokens;
     this.activeDecodeBlocks[slot]! += added + outputBlocks;
     this.activeRequests[slot]!++;
@@ -414,17 +414,16 @@ export class LoadTracker {
 
   private ended(requestId: string): LifecycleResult {
     const hash = idHash(requestId);
-    const position = this.finishedPosition(hashKey(hash), hashCheck(hash));
-    if (position >= 0) return ENDINGS[this.finishedEndings[position % FINISHED_REMEMBERED_MAX]!]!;
+    const at = this.finishedAt(hashKey(hash), hashCheck(hash));
+    if (at >= 0) return ENDINGS[this.finishedEndings[at]!]!;
     this.counters.unknown++;
     return "unknown";
   }
 
-  /** The ring position of a remembered finished id, or -1. */
-  private finishedPosition(key: number, check: number): number {
-    const position = this.finished.get(key);
-    if (position === undefined || this.finishedChecks[position % FINISHED_REMEMBERED_MAX] !== check) return -1;
-    return position;
+  /** Where in the ring a remembered finished id is, or -1. */
+  private finishedAt(key: number, check: number): number {
+    const at = this.finished.get(key);
+    return at >= 0 && this.finishedChecks[at] === check ? at : -1;
   }
 
   private remember(request: ActiveRequest, ending: Ending): void {
@@ -435,13 +434,15 @@ export class LoadTracker {
     this.finishedChecks[at] = request.check;
     this.finishedEndings[at] = ENDINGS.indexOf(ending);
     this.finishedAtMs[at] = this.now();
-    this.finished.set(request.key, position);
+    // The table holds ring indices: the entry at `at` is forgotten before `at` is
+    // reused, so an index found there is never a later entry's.
+    this.finished.set(request.key, at);
   }
 
   private forgetOldest(): void {
-    const position = this.finishedHead++;
-    const key = this.finishedKeys[position % FINISHED_REMEMBERED_MAX]!;
-    if (this.finished.get(key) === position) this.finished.delete(key);
+    const at = this.finishedHead++ % FINISHED_REMEMBERED_MAX;
+    const key = this.finishedKeys[at]!;
+    if (this.finished.get(key) === at) this.finished.delete(key);
   }
 
   private release(request: ActiveRequest, ending: Ending): void {
