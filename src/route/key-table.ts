@@ -5,8 +5,8 @@
  *
  * Why not a Map: JSC's Map leaves deleted entries behind and rebuilds its table when
  * they pile up, which under steady churn (an entry in, an entry out) stalls one
- * operation in every few tens of thousands: ~2 ms at 12.5k entries, ~5 ms at 65k. The
- * routing thread cannot afford those. This table only rebuilds when it grows or shrinks
+ * operation in every few tens of thousands, ~5 ms at 65k entries
+ * (bench/lifecycle-stalls.bench.ts). This table only rebuilds when it grows or shrinks
  * by a factor of 4.
  */
 const EMPTY = -1;
