@@ -16,6 +16,12 @@ import { encodeMsgpack, type MsgpackWriter } from "../wire/msgpack";
 
 /** Most candidates a route response lists. */
 export const CANDIDATES_MAX = 64;
+/**
+ * Candidates listed when the request does not say: the pick and a few fallbacks. The
+ * full list is for debugging; as a default it made every answer ~10 KB and the route
+ * ~4x the CPU (44 µs against 10 µs at 64 workers, parse excluded).
+ */
+export const CANDIDATES_DEFAULT = 4;
 const OUTPUT_TOKENS_MAX = 1 << 24;
 const DP_RANK_MAX = 0xffff_ffff;
 const TOPIC_LENGTH_MAX = 1024;
@@ -76,7 +82,7 @@ export function routeOp(service: KvRouterService, raw: unknown) {
     prefillLoadScale: optionalNumber(body, "prefill_load_scale", 0, 1e6),
     temperature: optionalNumber(body, "temperature", 0, 100),
   };
-  const candidatesMax = optionalInt(body, "candidates", 0, CANDIDATES_MAX) ?? CANDIDATES_MAX;
+  const candidatesMax = optionalInt(body, "candidates", 0, CANDIDATES_MAX) ?? CANDIDATES_DEFAULT;
   try {
     const { decision, queryBlocks } = service.route(input, candidatesMax);
     const load = service.router.load;

@@ -1,7 +1,7 @@
 import { describe, expect, test } from "bun:test";
 import { Unpackr } from "msgpackr";
 import { loadConfig } from "../../src/config";
-import { routeOp, writeRouteResult } from "../../src/server/api";
+import { CANDIDATES_DEFAULT, CANDIDATES_MAX, routeOp, writeRouteResult } from "../../src/server/api";
 import { KvRouterService } from "../../src/server/service";
 import { silentLogger } from "../../src/util/log";
 import { xorshift32 } from "../../src/util/random";
@@ -33,5 +33,26 @@ describe("writeRouteResult", () => {
       expect(Buffer.from(special.written()).toString("hex")).toBe(Buffer.from(generic.written()).toString("hex"));
       expect(unpackr.unpack(special.finish())).toEqual(result);
     }
+  });
+});
+
+describe("routeOp candidates", () => {
+  test("lists the CANDIDATES_DEFAULT cheapest workers unless asked, cheapest first; up to CANDIDATES_MAX when asked", () => {
+    const service = new KvRouterService({ config: loadConfig({ env: {} }).config, log: silentLogger, random: () => 0.5 });
+    const load = service.router.load;
+    for (let w = 1; w <= 70; w++) load.addWorker(BigInt(w), 0);
+    const costsOf = (result: ReturnType<typeof routeOp>) => result.candidates.map((c) => c.cost);
+    const sorted = (costs: number[]) => [...costs].sort((a, b) => a - b);
+    // Load some workers first so that costs differ.
+    for (let i = 0; i < 20; i++) routeOp(service, { token_ids: Array.from({ length: 64 + 16 * i }, (_, t) => t + 1000 * i) });
+    const byDefault = routeOp(service, { token_ids: Array.from({ length: 48 }, (_, t) => t) });
+    expect(byDefault.candidates).toHaveLength(CANDIDATES_DEFAULT);
+    expect(costsOf(byDefault)).toEqual(sorted(costsOf(byDefault)));
+    expect(byDefault.candidates[0]!.worker_id).toBe(byDefault.worker_id);
+    expect(routeOp(service, { token_ids: [1, 2, 3], candidates: 0 }).candidates).toEqual([]);
+    const all = routeOp(service, { token_ids: [1, 2, 3], candidates: CANDIDATES_MAX });
+    expect(all.candidates).toHaveLength(CANDIDATES_MAX);
+    expect(costsOf(all)).toEqual(sorted(costsOf(all)));
+    expect(() => routeOp(service, { token_ids: [1, 2, 3], candidates: CANDIDATES_MAX + 1 })).toThrow(/candidates/);
   });
 });
