@@ -40,6 +40,8 @@ export const DEFAULT_REQUEST_TTL_MS = 300_000;
 const VERIFY = process.env.KVEDGE_VERIFY === "1";
 /** Most requests a routing decision expires (a backlog after an idle spell drains over a few). */
 export const EXPIRE_PER_DECISION = 64;
+const NO_RECORD = -1;
+const INITIAL_RECORDS = 64;
 
 /**
  * What a lifecycle call found: `ok` (applied, or prefill already marked done),
@@ -51,24 +53,6 @@ export type LifecycleResult = "ok" | "already_done" | "expired" | "worker_remove
 type Ending = "already_done" | "expired" | "worker_removed";
 /** Endings as stored in the finished ring (a byte per entry). */
 const ENDINGS: readonly Ending[] = ["already_done", "expired", "worker_removed"];
-
-interface ActiveRequest extends ChainHolder {
-  readonly id: string;
-  /** `hashKey` and `hashCheck` of the id's hash, computed once at admission. */
-  readonly key: number;
-  readonly check: number;
-  readonly slot: number;
-  /** Where the prompt's chain ends in the active-block tree (null without blocks). */
-  leaf: number | null;
-  readonly blocks: number;
-  /** Uncached prompt tokens still charged to the worker; 0 once prefill is done. */
-  prefillTokens: number;
-  readonly outputBlocks: number;
-  touchedMs: number;
-  /** Neighbours in the touch order (LoadTracker.oldest ... newest). */
-  older: ActiveRequest | null;
-  newer: ActiveRequest | null;
-}
 
 export interface LoadTrackerOptions {
   readonly blockSize: number;
@@ -134,12 +118,32 @@ export class LoadTracker {
   private slotTop = 0;
   private readonly slotByWorker = new Map<bigint, Map<number, number>>();
 
-  private readonly requests = new Map<string, ActiveRequest>();
+  // Active requests are records in typed arrays (per record: worker slot, -1 = free;
+  // leaf in the active-block tree, -1 = no blocks; prompt blocks; prefill tokens still
+  // charged; output blocks; last touch; the id's key and check), not an object each: a
+  // collection marks a chain of young objects one by one (bench/RESULTS.md, round 5).
+  // `requests` maps an id to its record; freed records are reused.
+  private readonly requests = new Map<string, number>();
+  private recordIds: string[] = [];
+  private recordSlot = new Int32Array(0);
+  private recordLeaf = new Int32Array(0);
+  private recordBlocks = new Int32Array(0);
+  private recordPrefill = new Float64Array(0);
+  private recordOutput = new Float64Array(0);
+  private recordTouched = new Float64Array(0);
+  private recordKey = new Float64Array(0);
+  private recordCheck = new Uint16Array(0);
   // The same requests as a list in the order they were last touched (admission or
   // prefill_done moves one to the newest end), so the due ones are at the oldest end.
   // A list, not the Map's order: JSC walks deleted Map entries when an iteration starts.
-  private oldest: ActiveRequest | null = null;
-  private newest: ActiveRequest | null = null;
+  private recordOlder = new Int32Array(0);
+  private recordNewer = new Int32Array(0);
+  private oldest = NO_RECORD;
+  private newest = NO_RECORD;
+  private recordTop = 0;
+  private freeRecords: number[] = [];
+  /** Carries a leaf to and from the active-block tree (one object, reused). */
+  private readonly holder: ChainHolder = { leaf: null };
   // Recently finished ids, oldest first, in a ring of typed arrays; `finished` maps an
   // id's key (53 bits of its hash) to its index in the ring (an id finished again later
   // points to its newer index), the ring holds the other 11 bits as a check.
@@ -219,9 +223,9 @@ export class LoadTracker {
     const slot = this.slotOf(workerId, dpRank);
     if (slot < 0) return false;
     if (this.activeRequests[slot]! > 0) {
-      for (const request of this.requests.values()) {
-        if (request.slot !== slot) continue;
-        this.release(request, "worker_removed");
+      for (let record = 0; record < this.recordTop; record++) {
+        if (this.recordSlot[record] !== slot) continue;
+        this.release(record, "worker_removed");
         this.counters.droppedWithWorker++;
       }
     }
@@ -279,6 +283,11 @@ export class LoadTracker {
     return this.requests.size;
   }
 
+  /** Request records allocated (0 once no request is active: the arrays go back). */
+  get recordCapacity(): number {
+    return this.recordSlot.length;
+  }
+
   isActive(requestId: string): boolean {
     return this.requests.has(requestId);
   }
@@ -307,23 +316,22 @@ export class LoadTracker {
     const prefillTokens = Math.max(0, promptTokens - cachedTokens);
     const outputBlocks = this.trackOutputBlocks ? Math.ceil(expectedOutputTokens / this.blockSize) : 0;
     const hash = idHash(requestId);
-    const request: ActiveRequest = {
-      id: requestId,
-      key: hashKey(hash),
-      check: hashCheck(hash),
-      slot,
-      leaf: null,
-      blocks,
-      prefillTokens,
-      outputBlocks,
-      touchedMs: this.now(),
-      older: null,
-      newer: null,
-    };
-    const added = this.blocks.add(slot, chain, blocks, request);
-    this.requests.set(requestId, request);
-    this.append(request);
-    if (this.finishedAt(request.key, request.check) >= 0) this.finished.delete(request.key);
+    const key = hashKey(hash);
+    const idCheck = hashCheck(hash);
+    const added = this.blocks.add(slot, chain, blocks, this.holder);
+    const record = this.newRecord(); // after anything that can throw: a record is live once taken
+    this.recordIds[record] = requestId;
+    this.recordSlot[record] = slot;
+    this.recordLeaf[record] = this.holder.leaf ?? -1;
+    this.recordBlocks[record] = blocks;
+    this.recordPrefill[record] = prefillTokens;
+    this.recordOutput[record] = outputBlocks;
+    this.recordTouched[record] = this.now();
+    this.recordKey[record] = key;
+    this.recordCheck[record] = idCheck;
+    this.requests.set(requestId, record);
+    this.append(record);
+    if (this.finishedAt(key, idCheck) >= 0) this.finished.delete(key);
     this.activePrefillTokens[slot]! += prefillTokens;
     this.activeDecodeBlocks[slot]! += added + outputBlocks;
     this.activeRequests[slot]!++;
@@ -334,24 +342,24 @@ export class LoadTracker {
 
   /** The request's prefill finished: its prompt tokens stop counting. Idempotent. */
   prefillDone(requestId: string): LifecycleResult {
-    const request = this.requests.get(requestId);
-    if (request === undefined) return this.ended(requestId);
-    if (request.prefillTokens > 0) {
-      this.activePrefillTokens[request.slot]! -= request.prefillTokens;
-      request.prefillTokens = 0;
+    const record = this.requests.get(requestId);
+    if (record === undefined) return this.ended(requestId);
+    if (this.recordPrefill[record]! > 0) {
+      this.activePrefillTokens[this.recordSlot[record]!]! -= this.recordPrefill[record]!;
+      this.recordPrefill[record] = 0;
     }
-    request.touchedMs = this.now();
-    this.unlink(request);
-    this.append(request);
+    this.recordTouched[record] = this.now();
+    this.unlink(record);
+    this.append(record);
     this.counters.prefillDone++;
     return "ok";
   }
 
   /** The request finished: all its load is released. A repeat answers `already_done`. */
   done(requestId: string): LifecycleResult {
-    const request = this.requests.get(requestId);
-    if (request === undefined) return this.ended(requestId);
-    this.release(request, "already_done");
+    const record = this.requests.get(requestId);
+    if (record === undefined) return this.ended(requestId);
+    this.release(record, "already_done");
     this.counters.done++;
     return "ok";
   }
@@ -368,7 +376,7 @@ export class LoadTracker {
   sweep(now = this.now(), max = Infinity): number {
     let expired = 0;
     // Oldest touch first (the clock is monotonic): the first fresh request ends the sweep.
-    while (expired < max && this.oldest !== null && now - this.oldest.touchedMs >= this.requestTtlMs) {
+    while (expired < max && this.oldest !== NO_RECORD && now - this.recordTouched[this.oldest]! >= this.requestTtlMs) {
       this.release(this.oldest, "expired");
       expired++;
     }
@@ -390,12 +398,19 @@ export class LoadTracker {
     const requests = new Uint32Array(this.slotCapacity);
     const prefill = new Float64Array(this.slotCapacity);
     const output = new Float64Array(this.slotCapacity);
-    for (const request of this.requests.values()) {
-      check(this.live[request.slot] === 1, "request on a dead slot");
-      requests[request.slot]!++;
-      prefill[request.slot]! += request.prefillTokens;
-      output[request.slot]! += request.outputBlocks;
+    let live = 0;
+    for (let record = 0; record < this.recordTop; record++) {
+      const slot = this.recordSlot[record]!;
+      if (slot === NO_RECORD) continue;
+      live++;
+      check(this.live[slot] === 1, "request on a dead slot");
+      check(this.requests.get(this.recordIds[record]!) === record, "a record the id map does not point to");
+      requests[slot]!++;
+      prefill[slot]! += this.recordPrefill[record]!;
+      output[slot]! += this.recordOutput[record]!;
     }
+    check(live === this.requests.size, "records and id map differ in size");
+    check(live + this.freeRecords.length === this.recordTop, "records leaked");
     for (let slot = 0; slot < this.slotCapacity; slot++) {
       check(requests[slot] === this.activeRequests[slot], `slot ${slot} active request count`);
       check(prefill[slot] === this.activePrefillTokens[slot], `slot ${slot} prefill tokens`);
@@ -403,10 +418,12 @@ export class LoadTracker {
     }
     check(this.finished.size <= FINISHED_REMEMBERED_MAX, "too many finished ids remembered");
     let listed = 0;
-    for (let request = this.oldest; request !== null; request = request.newer) {
-      check(this.requests.get(request.id) === request, "touch list holds a request the map does not");
-      check(request.newer === null ? this.newest === request : request.newer.older === request, "touch list links");
-      check(request.newer === null || request.touchedMs <= request.newer.touchedMs, "touch list out of order");
+    for (let record = this.oldest; record !== NO_RECORD; record = this.recordNewer[record]!) {
+      const newer = this.recordNewer[record]!;
+      check(this.recordSlot[record] !== NO_RECORD, "touch list holds a free record");
+      check(newer === NO_RECORD ? this.newest === record : this.recordOlder[newer] === record, "touch list links");
+      check(newer === NO_RECORD || this.recordTouched[record]! <= this.recordTouched[newer]!, "touch list out of order");
+      check(listed <= this.requests.size, "touch list loops");
       listed++;
     }
     check(listed === this.requests.size, "touch list and map differ in size");
@@ -426,17 +443,18 @@ export class LoadTracker {
     return at >= 0 && this.finishedChecks[at] === check ? at : -1;
   }
 
-  private remember(request: ActiveRequest, ending: Ending): void {
+  private remember(record: number, ending: Ending): void {
     if (this.finishedTail - this.finishedHead === FINISHED_REMEMBERED_MAX) this.forgetOldest();
     const position = this.finishedTail++;
     const at = position % FINISHED_REMEMBERED_MAX;
-    this.finishedKeys[at] = request.key;
-    this.finishedChecks[at] = request.check;
+    const key = this.recordKey[record]!;
+    this.finishedKeys[at] = key;
+    this.finishedChecks[at] = this.recordCheck[record]!;
     this.finishedEndings[at] = ENDINGS.indexOf(ending);
     this.finishedAtMs[at] = this.now();
     // The table holds ring indices: the entry at `at` is forgotten before `at` is
     // reused, so an index found there is never a later entry's.
-    this.finished.set(request.key, at);
+    this.finished.set(key, at);
   }
 
   private forgetOldest(): void {
@@ -445,33 +463,78 @@ export class LoadTracker {
     if (this.finished.get(key) === at) this.finished.delete(key);
   }
 
-  private release(request: ActiveRequest, ending: Ending): void {
-    const slot = request.slot;
-    this.requests.delete(request.id);
-    this.unlink(request);
-    this.activePrefillTokens[slot]! -= request.prefillTokens;
-    const freed = this.blocks.remove(slot, request);
-    this.activeDecodeBlocks[slot]! -= freed + request.outputBlocks;
+  private release(record: number, ending: Ending): void {
+    const slot = this.recordSlot[record]!;
+    this.requests.delete(this.recordIds[record]!);
+    this.unlink(record);
+    this.activePrefillTokens[slot]! -= this.recordPrefill[record]!;
+    const leaf = this.recordLeaf[record]!;
+    this.holder.leaf = leaf < 0 ? null : leaf;
+    const freed = this.blocks.remove(slot, this.holder);
+    this.activeDecodeBlocks[slot]! -= freed + this.recordOutput[record]!;
     this.activeRequests[slot]!--;
-    this.remember(request, ending);
+    this.remember(record, ending);
+    this.freeRecord(record);
     if (VERIFY) this.verify();
   }
 
-  private append(request: ActiveRequest): void {
-    request.older = this.newest;
-    request.newer = null;
-    if (this.newest === null) this.oldest = request;
-    else this.newest.newer = request;
-    this.newest = request;
+  private append(record: number): void {
+    this.recordOlder[record] = this.newest;
+    this.recordNewer[record] = NO_RECORD;
+    if (this.newest === NO_RECORD) this.oldest = record;
+    else this.recordNewer[this.newest] = record;
+    this.newest = record;
   }
 
-  private unlink(request: ActiveRequest): void {
-    if (request.older === null) this.oldest = request.newer;
-    else request.older.newer = request.newer;
-    if (request.newer === null) this.newest = request.older;
-    else request.newer.older = request.older;
-    request.older = null;
-    request.newer = null;
+  private unlink(record: number): void {
+    const older = this.recordOlder[record]!;
+    const newer = this.recordNewer[record]!;
+    if (older === NO_RECORD) this.oldest = newer;
+    else this.recordNewer[older] = newer;
+    if (newer === NO_RECORD) this.newest = older;
+    else this.recordOlder[newer] = older;
+    this.recordOlder[record] = NO_RECORD;
+    this.recordNewer[record] = NO_RECORD;
+  }
+
+  private newRecord(): number {
+    const reused = this.freeRecords.pop();
+    if (reused !== undefined) return reused;
+    const record = this.recordTop++;
+    if (record >= this.recordSlot.length) this.growRecords(Math.max(INITIAL_RECORDS, 2 * this.recordSlot.length));
+    return record;
+  }
+
+  /** Frees a record; once no request is active, every record array goes back (memory after a burst). */
+  private freeRecord(record: number): void {
+    this.recordSlot[record] = NO_RECORD;
+    this.recordIds[record] = "";
+    this.freeRecords.push(record);
+    if (this.requests.size === 0) {
+      this.recordTop = 0;
+      this.freeRecords = [];
+      this.growRecords(0);
+    }
+  }
+
+  /** The one allocation site for record arrays: `capacity` records, the live ones kept. */
+  private growRecords(capacity: number): void {
+    const resize = <T extends Float64Array | Int32Array | Uint16Array>(old: T, make: (n: number) => T): T => {
+      const fresh = make(capacity);
+      fresh.set(old.subarray(0, Math.min(capacity, old.length)));
+      return fresh;
+    };
+    this.recordSlot = resize(this.recordSlot, (n) => new Int32Array(n));
+    this.recordLeaf = resize(this.recordLeaf, (n) => new Int32Array(n));
+    this.recordBlocks = resize(this.recordBlocks, (n) => new Int32Array(n));
+    this.recordPrefill = resize(this.recordPrefill, (n) => new Float64Array(n));
+    this.recordOutput = resize(this.recordOutput, (n) => new Float64Array(n));
+    this.recordTouched = resize(this.recordTouched, (n) => new Float64Array(n));
+    this.recordKey = resize(this.recordKey, (n) => new Float64Array(n));
+    this.recordCheck = resize(this.recordCheck, (n) => new Uint16Array(n));
+    this.recordOlder = resize(this.recordOlder, (n) => new Int32Array(n));
+    this.recordNewer = resize(this.recordNewer, (n) => new Int32Array(n));
+    if (capacity === 0) this.recordIds = [];
   }
 
   private assertLive(slot: number): void {

@@ -144,6 +144,31 @@ describe("request lifecycle", () => {
     expect(ids.size).toBe(1000);
   });
 
+  test("request records are reused under churn and all given back once none is active", () => {
+    const { load } = tracker();
+    const w = load.addWorker(1n, 0);
+    const v = load.addWorker(2n, 0);
+    const p = prompt(1, 2, 3, 4, 5, 6, 7, 8);
+    expect(load.recordCapacity).toBe(0);
+    for (let i = 0; i < 1000; i++) load.admit(`a${i}`, i % 2 === 0 ? w : v, p.chain, 2, 8, 0, 0);
+    const burst = load.recordCapacity;
+    expect(burst).toBeGreaterThanOrEqual(1000);
+    // Steady churn at 1000 active: no new records.
+    for (let i = 0; i < 5000; i++) {
+      expect(load.done(`a${i}`)).toBe("ok");
+      load.admit(`a${i + 1000}`, i % 2 === 0 ? w : v, p.chain, 2, 8, 0, 0);
+    }
+    expect(load.recordCapacity).toBe(burst);
+    load.verify();
+    load.removeWorker(2n, 0); // half of them, through worker removal
+    expect(load.activeRequestCount).toBe(500);
+    for (let i = 5000; i < 6000; i += 2) expect(load.done(`a${i}`)).toBe("ok");
+    expect(load.activeRequestCount).toBe(0);
+    expect(load.recordCapacity).toBe(0);
+    expect(load.blocks.nodeCount).toBe(0);
+    load.verify();
+  });
+
   test("the memory of finished ids is bounded", () => {
     const { load } = tracker();
     const w = load.addWorker(1n, 0);
