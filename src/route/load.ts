@@ -519,11 +519,7 @@ export class LoadTracker {
 
   /** The one allocation site for record arrays: `capacity` records, the live ones kept. */
   private growRecords(capacity: number): void {
-    const resize = <T extends Float64Array | Int32Array | Uint16Array>(old: T, make: (n: number) => T): T => {
-      const fresh = make(capacity);
-      fresh.set(old.subarray(0, Math.min(capacity, old.length)));
-      return fresh;
-    };
+    const resize = <T extends TypedArray>(old: T, make: (n: number) => T) => resized(old, capacity, make);
     this.recordSlot = resize(this.recordSlot, (n) => new Int32Array(n));
     this.recordLeaf = resize(this.recordLeaf, (n) => new Int32Array(n));
     this.recordBlocks = resize(this.recordBlocks, (n) => new Int32Array(n));
@@ -543,11 +539,7 @@ export class LoadTracker {
 
   /** The one allocation site for per-slot arrays. */
   private growSlots(capacity: number): void {
-    const grow = <T extends Float64Array | Uint32Array | Uint8Array | Int32Array>(old: T, make: (n: number) => T): T => {
-      const fresh = make(capacity);
-      fresh.set(old);
-      return fresh;
-    };
+    const grow = <T extends TypedArray>(old: T, make: (n: number) => T) => resized(old, capacity, make);
     this.activePrefillTokens = grow(this.activePrefillTokens, (n) => new Float64Array(n));
     this.activeDecodeBlocks = grow(this.activeDecodeBlocks, (n) => new Float64Array(n));
     this.activeRequests = grow(this.activeRequests, (n) => new Uint32Array(n));
@@ -591,6 +583,15 @@ function fmix32(h: number): number {
   h ^= h >>> 13;
   h = Math.imul(h, 0xc2b2ae35);
   return (h ^ (h >>> 16)) >>> 0;
+}
+
+type TypedArray = Float64Array | Uint32Array | Int32Array | Uint16Array | Uint8Array;
+
+/** A new array of `capacity` elements holding the first ones of `old`. */
+function resized<T extends TypedArray>(old: T, capacity: number, make: (n: number) => T): T {
+  const fresh = make(capacity);
+  fresh.set(old.subarray(0, Math.min(capacity, old.length)));
+  return fresh;
 }
 
 function check(condition: boolean, message: string): void {
