@@ -109,8 +109,10 @@ class Arena {
     this.live -= 1 << order;
   }
 
+  /** Empties the arena; the words go back only if it grew (reused as they are otherwise). */
   reset(): void {
-    this.words = new Uint32Array(this.initialWords);
+    if (this.words.length > this.initialWords) this.words = new Uint32Array(this.initialWords);
+    else this.words.fill(0, 0, this.top);
     this.top = 0;
     this.live = 0;
     this.free.fill(NONE);
@@ -161,6 +163,11 @@ export class ActiveBlocks {
   /** Bytes in use: node records, edge and holder words, child table entries (0 when empty). */
   get bytes(): number {
     return this.liveNodes * NODE_WORDS * 4 + (this.edges.live + this.holders.live) * 4 + this.tableCount * 16;
+  }
+
+  /** Bytes of the arrays themselves, used or not (tests: bursts give them back). */
+  get reservedBytes(): number {
+    return this.nodes.byteLength + this.edges.words.byteLength + this.holders.words.byteLength + this.table.byteLength;
   }
 
   /**
@@ -302,16 +309,23 @@ export class ActiveBlocks {
     }
   }
 
-  /** Drops everything (and gives the arrays back). */
+  /**
+   * Drops everything and gives back the arrays that grew. Arrays still at their first
+   * size are zeroed and kept: a router whose requests often all finish (a quiet fleet,
+   * a gateway that calls done at once) empties the tree at every request, and fresh
+   * arrays each time made every young collection several times slower.
+   */
   clear(): void {
-    this.nodes = new Int32Array(INITIAL_NODES * NODE_WORDS);
+    if (this.nodes.length > INITIAL_NODES * NODE_WORDS) this.nodes = new Int32Array(INITIAL_NODES * NODE_WORDS);
+    else this.nodes.fill(0, 0, this.nodeTop * NODE_WORDS);
     this.nodeTop = 1;
     this.freeNode = NONE;
     this.liveNodes = 0;
     this.edgeWords = 0;
     this.edges.reset();
     this.holders.reset();
-    this.table = new Int32Array(4 * INITIAL_TABLE_ENTRIES);
+    if (this.table.length > 4 * INITIAL_TABLE_ENTRIES) this.table = new Int32Array(4 * INITIAL_TABLE_ENTRIES);
+    else this.table.fill(0);
     this.tableCount = 0;
     this.version++;
     this.initRoot();

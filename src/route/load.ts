@@ -41,7 +41,8 @@ const VERIFY = process.env.KVEDGE_VERIFY === "1";
 /** Most requests a routing decision expires (a backlog after an idle spell drains over a few). */
 export const EXPIRE_PER_DECISION = 64;
 const NO_RECORD = -1;
-const INITIAL_RECORDS = 64;
+/** Records allocated at first, and kept when no request is active. */
+export const INITIAL_RECORDS = 64;
 
 /**
  * What a lifecycle call found: `ok` (applied, or prefill already marked done),
@@ -505,15 +506,19 @@ export class LoadTracker {
     return record;
   }
 
-  /** Frees a record; once no request is active, every record array goes back (memory after a burst). */
+  /**
+   * Frees a record. Once no request is active, record arrays that grew past their first
+   * size go back (memory after a burst); first-size ones are kept, so a router that
+   * empties at every request does not allocate at every request.
+   */
   private freeRecord(record: number): void {
     this.recordSlot[record] = NO_RECORD;
     this.recordIds[record] = "";
     this.freeRecords.push(record);
     if (this.requests.size === 0) {
       this.recordTop = 0;
-      this.freeRecords = [];
-      this.growRecords(0);
+      this.freeRecords.length = 0;
+      if (this.recordSlot.length > INITIAL_RECORDS) this.growRecords(INITIAL_RECORDS);
     }
   }
 
@@ -530,7 +535,7 @@ export class LoadTracker {
     this.recordCheck = resize(this.recordCheck, (n) => new Uint16Array(n));
     this.recordOlder = resize(this.recordOlder, (n) => new Int32Array(n));
     this.recordNewer = resize(this.recordNewer, (n) => new Int32Array(n));
-    if (capacity === 0) this.recordIds = [];
+    if (capacity < this.recordIds.length) this.recordIds = []; // shrinks only with no request active
   }
 
   private assertLive(slot: number): void {
