@@ -3,7 +3,9 @@
  * when the tracker's own tables rebuild. Each step admits a request (client-given id,
  * 4 blocks) and finishes the one admitted `active` steps earlier, so the tracker holds
  * `active` requests and remembers the last 65,536 finished ids (the default TTL keeps
- * them), as a gateway that calls done does at a steady rate.
+ * them), as a gateway that calls done does at a steady rate. With `active` 0 each
+ * request is done right after it is admitted, so the tracker empties at every step (a
+ * gateway calling done at once, or a quiet fleet).
  *
  * Reported per configuration: the median step, the slowest, and how many steps took
  * over 0.5 ms, over 1,000,000 steps after 200,000 of warm-up. Collections also stop a
@@ -33,6 +35,19 @@ function measure(active: number): { medianUs: number; maxMs: number; over05Ms: n
   return { medianUs: 1000 * times[STEPS >> 1]!, maxMs: times[STEPS - 1]!, over05Ms: times.filter((t) => t > 0.5).length };
 }
 
-const rows = [1_000, 12_500].map((active) => ({ active, ...measure(active) }));
+// Each configuration in a fresh process: one's garbage (1.2M id strings) must not
+// land as a full collection in the next one's steps.
+const activeAt = process.argv.indexOf("--active");
+if (activeAt >= 0) {
+  console.log(JSON.stringify(measure(Number(process.argv[activeAt + 1]))));
+  process.exit(0);
+}
+const rows = [];
+for (const active of [0, 1_000, 12_500]) {
+  const child = Bun.spawn([process.execPath, import.meta.path, "--active", String(active)], { stdout: "pipe", stderr: "inherit" });
+  const text = await new Response(child.stdout).text();
+  if ((await child.exited) !== 0) throw new Error(`the run with ${active} active failed`);
+  rows.push({ active, ...(JSON.parse(text) as ReturnType<typeof measure>) });
+}
 if (process.argv.includes("--json")) console.log(JSON.stringify({ bench: "lifecycle-stalls", provenance: provenance(), rows }));
 else for (const r of rows) console.log(`${r.active} active: median ${r.medianUs.toFixed(2)} µs, slowest ${r.maxMs.toFixed(2)} ms, ${r.over05Ms} steps over 0.5 ms of ${STEPS}`);
