@@ -37,6 +37,7 @@ export interface Config {
     readonly temperature: number;
     readonly degraded_overlap_weight: number;
     readonly request_ttl_secs: number;
+    readonly max_active_requests: number;
     readonly track_output_blocks: boolean;
   };
   readonly ingest: {
@@ -138,6 +139,10 @@ export const SETTINGS: readonly Setting[] = [
   setting({
     key: "route.request_ttl_secs", flag: "request-ttl-secs", type: decimal(0.01, 604_800), default: 300,
     help: "A routed request with no lifecycle call for this long stops counting as load.",
+  }),
+  setting({
+    key: "route.max_active_requests", flag: "max-active-requests", type: integer(1, 100_000_000), default: 1_000_000,
+    help: "Most requests counted as load at once; past it the least recently touched one stops counting (evicted).",
   }),
   setting({
     key: "route.track_output_blocks", flag: "track-output-blocks", type: boolean, default: false,

@@ -1,7 +1,7 @@
 export { ActiveBlocks, type ChainHolder } from "./active-blocks";
 export { overlapsOf, PromptHasher, type PromptHashes, promptHashes, type WorkerOverlap } from "./input";
 export {
-  DEFAULT_REQUEST_TTL_MS, EXPIRE_PER_DECISION, FINISHED_REMEMBERED_MAX, INITIAL_RECORDS, type LifecycleResult, type LoadCounters, LoadTracker,
+  DEFAULT_MAX_ACTIVE_REQUESTS, DEFAULT_REQUEST_TTL_MS, EXPIRE_PER_DECISION, FINISHED_REMEMBERED_MAX, INITIAL_RECORDS, type LifecycleResult, type LoadCounters, LoadTracker,
   type LoadTrackerOptions, REQUEST_ID_LENGTH_MAX, type WorkerLoad, WORKERS_MAX,
 } from "./load";
 export {

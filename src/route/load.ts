@@ -36,6 +36,13 @@ export const REQUEST_ID_LENGTH_MAX = 256;
 /** Finished requests remembered so a repeated done/prefill_done is answered as such. */
 export const FINISHED_REMEMBERED_MAX = 65_536;
 export const DEFAULT_REQUEST_TTL_MS = 300_000;
+/**
+ * Most requests counted as load at once. A gateway that never calls done keeps its
+ * requests until the TTL, rate x TTL of them: 7.5M at 25k/s and 300 s, at ~0.7 KB of
+ * RSS each for 1,024-token prompts with half their blocks unique (measured at 400k).
+ * Past this many, admitting one evicts the least recently touched.
+ */
+export const DEFAULT_MAX_ACTIVE_REQUESTS = 1_000_000;
 /** O(N) self-checks after every change (tests, debugging): KVEDGE_VERIFY=1. */
 const VERIFY = process.env.KVEDGE_VERIFY === "1";
 /** Most requests a routing decision expires (a backlog after an idle spell drains over a few). */
@@ -47,13 +54,14 @@ export const INITIAL_RECORDS = 64;
 /**
  * What a lifecycle call found: `ok` (applied, or prefill already marked done),
  * `already_done`, `expired` (dropped by the TTL), `worker_removed` (its worker left),
- * or `unknown` (never seen, or forgotten: the server answers 404).
+ * `evicted` (dropped to admit another past the active-request limit), or `unknown`
+ * (never seen, or forgotten: the server answers 404).
  */
-export type LifecycleResult = "ok" | "already_done" | "expired" | "worker_removed" | "unknown";
+export type LifecycleResult = "ok" | "already_done" | "expired" | "worker_removed" | "evicted" | "unknown";
 
-type Ending = "already_done" | "expired" | "worker_removed";
+type Ending = "already_done" | "expired" | "worker_removed" | "evicted";
 /** Endings as stored in the finished ring (a byte per entry). */
-const ENDINGS: readonly Ending[] = ["already_done", "expired", "worker_removed"];
+const ENDINGS: readonly Ending[] = ["already_done", "expired", "worker_removed", "evicted"];
 
 export interface LoadTrackerOptions {
   readonly blockSize: number;
@@ -61,6 +69,8 @@ export interface LoadTrackerOptions {
   readonly requestTtlMs?: number;
   /** Count each request's expected output blocks as decode load (Dynamo's default: off). */
   readonly trackOutputBlocks?: boolean;
+  /** Most active requests; admitting past it evicts the least recently touched. */
+  readonly maxActiveRequests?: number;
   /** Monotonic milliseconds; injectable for tests. */
   readonly now?: () => number;
 }
@@ -83,6 +93,8 @@ export interface LoadCounters {
   prefillDone: number;
   done: number;
   expired: number;
+  /** Dropped to admit a request past the active-request limit. */
+  evicted: number;
   droppedWithWorker: number;
   /** Lifecycle calls for ids never seen or already forgotten. */
   unknown: number;
@@ -92,7 +104,8 @@ export class LoadTracker {
   readonly blockSize: number;
   readonly requestTtlMs: number;
   readonly trackOutputBlocks: boolean;
-  readonly counters: LoadCounters = { admitted: 0, prefillDone: 0, done: 0, expired: 0, droppedWithWorker: 0, unknown: 0 };
+  readonly maxActiveRequests: number;
+  readonly counters: LoadCounters = { admitted: 0, prefillDone: 0, done: 0, expired: 0, evicted: 0, droppedWithWorker: 0, unknown: 0 };
   /** The chains of active requests: distinct blocks and shared depths per worker. */
   readonly blocks = new ActiveBlocks();
 
@@ -167,6 +180,10 @@ export class LoadTracker {
     this.requestTtlMs = options.requestTtlMs ?? DEFAULT_REQUEST_TTL_MS;
     if (!(this.requestTtlMs > 0)) throw new RangeError(`bad request TTL ${this.requestTtlMs}`);
     this.trackOutputBlocks = options.trackOutputBlocks ?? false;
+    this.maxActiveRequests = options.maxActiveRequests ?? DEFAULT_MAX_ACTIVE_REQUESTS;
+    if (!Number.isInteger(this.maxActiveRequests) || this.maxActiveRequests < 1) {
+      throw new RangeError(`bad active request limit ${this.maxActiveRequests}`);
+    }
     this.now = options.now ?? (() => performance.now());
     this.growSlots(8);
   }
@@ -314,6 +331,11 @@ export class LoadTracker {
     this.assertLive(slot);
     check(!this.requests.has(requestId), "request admitted twice");
     check(blocks * this.blockSize <= promptTokens, "more blocks than prompt tokens");
+    if (this.requests.size >= this.maxActiveRequests) {
+      // Before the new request's blocks go in: release uses the same holder.
+      this.release(this.oldest, "evicted");
+      this.counters.evicted++;
+    }
     const prefillTokens = Math.max(0, promptTokens - cachedTokens);
     const outputBlocks = this.trackOutputBlocks ? Math.ceil(expectedOutputTokens / this.blockSize) : 0;
     const hash = idHash(requestId);

@@ -274,7 +274,7 @@ export function registerRouterMetrics(registry: MetricsRegistry, router: Router)
     (w) => (w.degraded ? 1 : 0));
   registerSamples(registry, {
     name: "kvedge_request_lifecycle_total",
-    help: "Request lifecycle events: admitted, prefill_done, done, expired (TTL), dropped_with_worker, unknown (call for an unknown id).",
+    help: "Request lifecycle events: admitted, prefill_done, done, expired (TTL), evicted (over the active-request limit), dropped_with_worker, unknown (call for an unknown id).",
     type: "counter",
     labelNames: ["event"],
     collect(emit) {
@@ -283,6 +283,7 @@ export function registerRouterMetrics(registry: MetricsRegistry, router: Router)
       emit(c.prefillDone, { event: "prefill_done" });
       emit(c.done, { event: "done" });
       emit(c.expired, { event: "expired" });
+      emit(c.evicted, { event: "evicted" });
       emit(c.droppedWithWorker, { event: "dropped_with_worker" });
       emit(c.unknown, { event: "unknown" });
     },

@@ -90,6 +90,7 @@ export class KvRouterService {
     this.router = new Router({
       blockSize: this.blockSize,
       requestTtlMs: config.route.request_ttl_secs * 1000,
+      maxActiveRequests: config.route.max_active_requests,
       trackOutputBlocks: config.route.track_output_blocks,
       weights: {
         overlapScoreCredit: config.route.overlap_score_credit,

@@ -20,7 +20,8 @@ const DEFAULTS: Config = {
   index: { block_size: 16, backend: "crtc" },
   route: {
     overlap_score_credit: 1, overlap_score_credit_decay: 0, prefill_load_scale: 1, decode_active_request_weight: 0,
-    temperature: 0, degraded_overlap_weight: 0.5, request_ttl_secs: 300, track_output_blocks: false,
+    temperature: 0, degraded_overlap_weight: 0.5, request_ttl_secs: 300, max_active_requests: 1_000_000,
+    track_output_blocks: false,
   },
   ingest: {
     max_message_bytes: 16_777_216, heartbeat_interval_ms: 5000, heartbeat_timeout_ms: 15_000, reconnect_min_ms: 100,
@@ -122,7 +123,8 @@ describe("defaults and precedence", () => {
       "route.overlap_score_credit": ["2", "2"], "route.overlap_score_credit_decay": ["0.5", ".5"],
       "route.prefill_load_scale": ["3.0", "3e0"], "route.decode_active_request_weight": ["1.5", "1.5"],
       "route.temperature": ["0.7", "0.7"], "route.degraded_overlap_weight": ["0.25", "0.25"],
-      "route.request_ttl_secs": ["60", "60"], "route.track_output_blocks": ["true", "true"],
+      "route.request_ttl_secs": ["60", "60"], "route.max_active_requests": ["5000", "5_000"],
+      "route.track_output_blocks": ["true", "true"],
       "ingest.max_message_bytes": ["65536", "65536"], "ingest.heartbeat_interval_ms": ["1000", "1000"],
       "ingest.heartbeat_timeout_ms": ["30000", "30_000"], "ingest.reconnect_min_ms": ["50", "50"],
       "ingest.reconnect_max_ms": ["800", "800"], "ingest.replay_timeout_ms": ["250", "250"],

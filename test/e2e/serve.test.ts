@@ -246,6 +246,25 @@ describe("admin auth", () => {
   });
 });
 
+describe("the active-request limit", () => {
+  test("past it, the least recently touched request stops counting and is reported evicted", async () => {
+    const engine = await new TestEngine().start();
+    const serve = await startServe(["--block-size", String(BS), "--workers", `1=${engine.endpoint}`, "--max-active-requests", "2"]);
+    try {
+      await engine.waitForSubscriber();
+      for (const id of ["r1", "r2", "r3"]) expect((await post(`${serve.url}/v1/route`, { token_ids: TOKENS, request_id: id }))[0]).toBe(200);
+      expect((await workerOf(serve, "1"))!.active_requests).toBe(2);
+      expect(await post(`${serve.url}/v1/requests/r1/done`, {})).toEqual([200, { request_id: "r1", status: "evicted" }]);
+      expect(await post(`${serve.url}/v1/requests/r3/done`, {})).toEqual([200, { request_id: "r3", status: "ok" }]);
+      const metrics = await (await fetch(`${serve.url}/metrics`)).text();
+      expect(metrics).toContain('kvedge_request_lifecycle_total{event="evicted"} 1');
+    } finally {
+      await serve.stop();
+      await engine.stop();
+    }
+  });
+});
+
 describe("lifecycle of the process", () => {
   const running: ServeProcess[] = [];
   afterEach(async () => {

@@ -14,12 +14,13 @@ function prompt(...tokens: number[]) {
   return promptHashes(Uint32Array.from(tokens), BS, DEFAULT_SEED);
 }
 
-function tracker(options: { ttlMs?: number; trackOutputBlocks?: boolean } = {}) {
+function tracker(options: { ttlMs?: number; trackOutputBlocks?: boolean; maxActive?: number } = {}) {
   let nowMs = 1000;
   const load = new LoadTracker({
     blockSize: BS,
     requestTtlMs: options.ttlMs ?? 300_000,
     trackOutputBlocks: options.trackOutputBlocks ?? false,
+    maxActiveRequests: options.maxActive,
     now: () => nowMs,
   });
   return { load, advance: (ms: number) => (nowMs += ms) };
@@ -111,7 +112,7 @@ describe("request lifecycle", () => {
     expect(load.prefillDone("a")).toBe("already_done");
     expect(load.done("never")).toBe("unknown");
     expect(load.prefillDone("never")).toBe("unknown");
-    expect(load.counters).toEqual({ admitted: 1, prefillDone: 0, done: 1, expired: 0, droppedWithWorker: 0, unknown: 2 });
+    expect(load.counters).toEqual({ admitted: 1, prefillDone: 0, done: 1, expired: 0, evicted: 0, droppedWithWorker: 0, unknown: 2 });
   });
 
   test("the chain is copied: the caller may reuse its buffer", () => {
@@ -168,6 +169,38 @@ describe("request lifecycle", () => {
     expect(load.blocks.nodeCount).toBe(0);
     expect(load.blocks.reservedBytes).toBe(new ActiveBlocks().reservedBytes);
     load.verify();
+  });
+
+  test("past the active-request limit the least recently touched request is evicted", () => {
+    const { load, advance } = tracker({ maxActive: 3 });
+    const w = load.addWorker(1n, 0);
+    const v = load.addWorker(2n, 0);
+    const p = prompt(1, 2, 3, 4, 5, 6, 7, 8);
+    load.admit("a", w, p.chain, 2, 8, 0, 0);
+    advance(1);
+    load.admit("b", v, p.chain, 2, 8, 0, 0);
+    advance(1);
+    load.admit("c", w, p.chain, 2, 8, 0, 0);
+    advance(1);
+    expect(load.prefillDone("a")).toBe("ok"); // touched: "b" is now the oldest
+    load.admit("d", v, p.chain, 2, 8, 0, 0);
+    expect(load.activeRequestCount).toBe(3);
+    expect(load.isActive("b")).toBe(false);
+    expect(load.done("b")).toBe("evicted");
+    expect(load.prefillDone("b")).toBe("evicted");
+    expect(load.counters.evicted).toBe(1);
+    expect([load.activeRequests[w], load.activeRequests[v]]).toEqual([2, 1]);
+    load.verify();
+    // Churn far past the limit: never more than 3 active, and nothing left behind.
+    for (let i = 0; i < 1000; i++) load.admit(`x${i}`, i % 2 === 0 ? w : v, p.chain, 2, 8, 0, 0);
+    expect(load.activeRequestCount).toBe(3);
+    expect(load.counters.evicted).toBe(1001);
+    for (const id of ["x997", "x998", "x999"]) expect(load.done(id)).toBe("ok");
+    expect(load.activeRequestCount).toBe(0);
+    expect(load.blocks.nodeCount).toBe(0);
+    expect(load.recordCapacity).toBe(INITIAL_RECORDS);
+    load.verify();
+    expect(() => tracker({ maxActive: 0 })).toThrow(RangeError);
   });
 
   test("a tracker that empties at every request reuses its arrays instead of allocating", () => {
