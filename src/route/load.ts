@@ -73,6 +73,8 @@ export interface LoadTrackerOptions {
   readonly maxActiveRequests?: number;
   /** Monotonic milliseconds; injectable for tests. */
   readonly now?: () => number;
+  /** The 64-bit hash of request ids; injectable for tests (to make keys collide). */
+  readonly idHash?: (id: string) => { hi: number; lo: number };
 }
 
 /** One worker's load, for metrics and the status page. */
@@ -136,9 +138,17 @@ export class LoadTracker {
   // leaf in the active-block tree, -1 = no blocks; prompt blocks; prefill tokens still
   // charged; output blocks; last touch; the id's key and check), not an object each: a
   // collection marks a chain of young objects one by one (bench/RESULTS.md, round 5).
-  // `requests` maps an id to its record; freed records are reused.
-  private readonly requests = new Map<string, number>();
+  // Freed records are reused.
+  //
+  // Ids find their record through `byKey`, the id's 53-bit hash key -> the first record
+  // with that key, the rest chained through `recordSameKey` and told apart by comparing
+  // the ids themselves (exact, however rare two equal keys are). Not a Map<string,
+  // number>: at 12.5k active requests under churn a Map made each young collection about
+  // twice as long (bench/RESULTS.md, round 6).
+  private readonly byKey = new KeyTable();
+  private activeCount = 0;
   private recordIds: string[] = [];
+  private recordSameKey = new Int32Array(0);
   private recordSlot = new Int32Array(0);
   private recordLeaf = new Int32Array(0);
   private recordBlocks = new Int32Array(0);
@@ -171,6 +181,7 @@ export class LoadTracker {
   private finishedHead = 0; // position of the oldest entry (a running count, not wrapped)
   private finishedTail = 0;
   private readonly now: () => number;
+  private readonly idHash: (id: string) => { hi: number; lo: number };
   private readonly idPrefix = `r${crypto.getRandomValues(new Uint32Array(1))[0]!.toString(36)}`;
   private idCounter = 0;
 
@@ -185,6 +196,7 @@ export class LoadTracker {
       throw new RangeError(`bad active request limit ${this.maxActiveRequests}`);
     }
     this.now = options.now ?? (() => performance.now());
+    this.idHash = options.idHash ?? idHash;
     this.growSlots(8);
   }
 
@@ -298,7 +310,7 @@ export class LoadTracker {
 
   /** Requests routed and not yet done, expired or dropped. */
   get activeRequestCount(): number {
-    return this.requests.size;
+    return this.activeCount;
   }
 
   /** Request records allocated (0 once no request is active: the arrays go back). */
@@ -307,14 +319,14 @@ export class LoadTracker {
   }
 
   isActive(requestId: string): boolean {
-    return this.requests.has(requestId);
+    return this.recordOf(requestId, hashKey(this.idHash(requestId))) !== NO_RECORD;
   }
 
   /** A fresh request id, unique among active requests (a per-process prefix + counter). */
   newRequestId(): string {
     for (let attempts = 0; attempts < 16; attempts++) {
       const id = `${this.idPrefix}-${++this.idCounter}`;
-      if (!this.requests.has(id)) return id;
+      if (!this.isActive(id)) return id;
     }
     throw new Error("could not generate a free request id");
   }
@@ -329,18 +341,18 @@ export class LoadTracker {
     promptTokens: number, cachedTokens: number, expectedOutputTokens: number,
   ): void {
     this.assertLive(slot);
-    check(!this.requests.has(requestId), "request admitted twice");
+    const hash = this.idHash(requestId);
+    const key = hashKey(hash);
+    const idCheck = hashCheck(hash);
+    check(this.recordOf(requestId, key) === NO_RECORD, "request admitted twice");
     check(blocks * this.blockSize <= promptTokens, "more blocks than prompt tokens");
-    if (this.requests.size >= this.maxActiveRequests) {
+    if (this.activeCount >= this.maxActiveRequests) {
       // Before the new request's blocks go in: release uses the same holder.
       this.release(this.oldest, "evicted");
       this.counters.evicted++;
     }
     const prefillTokens = Math.max(0, promptTokens - cachedTokens);
     const outputBlocks = this.trackOutputBlocks ? Math.ceil(expectedOutputTokens / this.blockSize) : 0;
-    const hash = idHash(requestId);
-    const key = hashKey(hash);
-    const idCheck = hashCheck(hash);
     const added = this.blocks.add(slot, chain, blocks, this.holder);
     const record = this.newRecord(); // after anything that can throw: a record is live once taken
     this.recordIds[record] = requestId;
@@ -352,7 +364,10 @@ export class LoadTracker {
     this.recordTouched[record] = this.now();
     this.recordKey[record] = key;
     this.recordCheck[record] = idCheck;
-    this.requests.set(requestId, record);
+    const first = this.byKey.get(key);
+    this.recordSameKey[record] = first < 0 ? NO_RECORD : first;
+    this.byKey.set(key, record);
+    this.activeCount++;
     this.append(record);
     if (this.finishedAt(key, idCheck) >= 0) this.finished.delete(key);
     this.activePrefillTokens[slot]! += prefillTokens;
@@ -365,8 +380,9 @@ export class LoadTracker {
 
   /** The request's prefill finished: its prompt tokens stop counting. Idempotent. */
   prefillDone(requestId: string): LifecycleResult {
-    const record = this.requests.get(requestId);
-    if (record === undefined) return this.ended(requestId);
+    const hash = this.idHash(requestId);
+    const record = this.recordOf(requestId, hashKey(hash));
+    if (record === NO_RECORD) return this.ended(hash);
     if (this.recordPrefill[record]! > 0) {
       this.activePrefillTokens[this.recordSlot[record]!]! -= this.recordPrefill[record]!;
       this.recordPrefill[record] = 0;
@@ -380,8 +396,9 @@ export class LoadTracker {
 
   /** The request finished: all its load is released. A repeat answers `already_done`. */
   done(requestId: string): LifecycleResult {
-    const record = this.requests.get(requestId);
-    if (record === undefined) return this.ended(requestId);
+    const hash = this.idHash(requestId);
+    const record = this.recordOf(requestId, hashKey(hash));
+    if (record === NO_RECORD) return this.ended(hash);
     this.release(record, "already_done");
     this.counters.done++;
     return "ok";
@@ -427,12 +444,21 @@ export class LoadTracker {
       if (slot === NO_RECORD) continue;
       live++;
       check(this.live[slot] === 1, "request on a dead slot");
-      check(this.requests.get(this.recordIds[record]!) === record, "a record the id map does not point to");
+      const id = this.recordIds[record]!;
+      check(this.recordKey[record] === hashKey(this.idHash(id)), "a record's key is not its id's");
+      check(this.recordOf(id, this.recordKey[record]!) === record, "an id does not find its record");
       requests[slot]!++;
       prefill[slot]! += this.recordPrefill[record]!;
       output[slot]! += this.recordOutput[record]!;
     }
-    check(live === this.requests.size, "records and id map differ in size");
+    check(live === this.activeCount, "records and the active count differ");
+    let chained = 0;
+    for (let record = 0; record < this.recordTop; record++) {
+      if (this.recordSlot[record] !== NO_RECORD && this.byKey.get(this.recordKey[record]!) === record) {
+        for (let r = record; r !== NO_RECORD; r = this.recordSameKey[r]!) chained++;
+      }
+    }
+    check(chained === live && this.byKey.size <= live, "the key table and its chains do not hold exactly the active requests");
     check(live + this.freeRecords.length === this.recordTop, "records leaked");
     for (let slot = 0; slot < this.slotCapacity; slot++) {
       check(requests[slot] === this.activeRequests[slot], `slot ${slot} active request count`);
@@ -446,14 +472,36 @@ export class LoadTracker {
       check(this.recordSlot[record] !== NO_RECORD, "touch list holds a free record");
       check(newer === NO_RECORD ? this.newest === record : this.recordOlder[newer] === record, "touch list links");
       check(newer === NO_RECORD || this.recordTouched[record]! <= this.recordTouched[newer]!, "touch list out of order");
-      check(listed <= this.requests.size, "touch list loops");
+      check(listed <= this.activeCount, "touch list loops");
       listed++;
     }
-    check(listed === this.requests.size, "touch list and map differ in size");
+    check(listed === this.activeCount, "touch list and active count differ");
   }
 
-  private ended(requestId: string): LifecycleResult {
-    const hash = idHash(requestId);
+  /** The active request's record, or NO_RECORD (`key`: the id's hashKey). */
+  private recordOf(requestId: string, key: number): number {
+    let record = this.byKey.get(key);
+    while (record >= 0 && this.recordIds[record] !== requestId) record = this.recordSameKey[record]!;
+    return record < 0 ? NO_RECORD : record;
+  }
+
+  /** Takes the record out of the key table (and its key's chain). */
+  private unindex(record: number): void {
+    const key = this.recordKey[record]!;
+    const next = this.recordSameKey[record]!;
+    const first = this.byKey.get(key);
+    if (first === record) {
+      if (next === NO_RECORD) this.byKey.delete(key);
+      else this.byKey.set(key, next);
+    } else {
+      let before = first;
+      while (this.recordSameKey[before] !== record) before = this.recordSameKey[before]!;
+      this.recordSameKey[before] = next;
+    }
+    this.activeCount--;
+  }
+
+  private ended(hash: { hi: number; lo: number }): LifecycleResult {
     const at = this.finishedAt(hashKey(hash), hashCheck(hash));
     if (at >= 0) return ENDINGS[this.finishedEndings[at]!]!;
     this.counters.unknown++;
@@ -488,7 +536,7 @@ export class LoadTracker {
 
   private release(record: number, ending: Ending): void {
     const slot = this.recordSlot[record]!;
-    this.requests.delete(this.recordIds[record]!);
+    this.unindex(record);
     this.unlink(record);
     this.activePrefillTokens[slot]! -= this.recordPrefill[record]!;
     const leaf = this.recordLeaf[record]!;
@@ -537,7 +585,7 @@ export class LoadTracker {
     this.recordSlot[record] = NO_RECORD;
     this.recordIds[record] = "";
     this.freeRecords.push(record);
-    if (this.requests.size === 0) {
+    if (this.activeCount === 0) {
       this.recordTop = 0;
       this.freeRecords.length = 0;
       if (this.recordSlot.length > INITIAL_RECORDS) this.growRecords(INITIAL_RECORDS);
@@ -555,6 +603,7 @@ export class LoadTracker {
     this.recordTouched = resize(this.recordTouched, (n) => new Float64Array(n));
     this.recordKey = resize(this.recordKey, (n) => new Float64Array(n));
     this.recordCheck = resize(this.recordCheck, (n) => new Uint16Array(n));
+    this.recordSameKey = resize(this.recordSameKey, (n) => new Int32Array(n));
     this.recordOlder = resize(this.recordOlder, (n) => new Int32Array(n));
     this.recordNewer = resize(this.recordNewer, (n) => new Int32Array(n));
     if (capacity < this.recordIds.length) this.recordIds = []; // shrinks only with no request active

@@ -5,6 +5,7 @@
 // Method: a LoadTracker with a fake clock, requests admitted directly with real
 // sequence hashes (src/hash), counters and verify() checked after each step.
 import { describe, expect, test } from "bun:test";
+import { prng } from "../../bench/lib";
 import { DEFAULT_SEED } from "../../src/hash";
 import { ActiveBlocks, EXPIRE_PER_DECISION, FINISHED_REMEMBERED_MAX, INITIAL_RECORDS, LoadTracker, promptHashes } from "../../src/route";
 
@@ -201,6 +202,37 @@ describe("request lifecycle", () => {
     expect(load.recordCapacity).toBe(INITIAL_RECORDS);
     load.verify();
     expect(() => tracker({ maxActive: 0 })).toThrow(RangeError);
+  });
+
+  test("ids whose keys collide are still told apart, in any order of removal", () => {
+    // A hash that gives every id one of two keys: chains of many requests per key.
+    const load = new LoadTracker({ blockSize: BS, idHash: (id) => ({ hi: 0, lo: (id.length % 2) << 11 }) });
+    const w = load.addWorker(1n, 0);
+    const p = prompt(1, 2, 3, 4);
+    const random = prng(11);
+    const active = new Set<string>();
+    let next = 0;
+    for (let step = 0; step < 3000; step++) {
+      if (active.size === 0 || random() % 3 !== 0) {
+        const id = `q${next++}`;
+        load.admit(id, w, p.chain, 1, 4, 0, 0);
+        active.add(id);
+      } else {
+        const ids = [...active];
+        const id = ids[random() % ids.length]!;
+        expect(random() % 2 === 0 ? load.done(id) : (load.prefillDone(id), load.done(id))).toBe("ok");
+        active.delete(id);
+      }
+      if (step % 100 === 0) {
+        load.verify();
+        for (const id of active) expect(load.isActive(id)).toBe(true);
+        expect(load.activeRequestCount).toBe(active.size);
+      }
+    }
+    expect(() => load.admit([...active][0]!, w, p.chain, 1, 4, 0, 0)).toThrow("admitted twice");
+    for (const id of active) expect(load.done(id)).toBe("ok");
+    expect(load.activeRequestCount).toBe(0);
+    load.verify();
   });
 
   test("a tracker that empties at every request reuses its arrays instead of allocating", () => {
