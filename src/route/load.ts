@@ -159,7 +159,7 @@ export class LoadTracker {
   private recordCheck = new Uint16Array(0);
   // The same requests as a list in the order they were last touched (admission or
   // prefill_done moves one to the newest end), so the due ones are at the oldest end.
-  // A list, not the Map's order: JSC walks deleted Map entries when an iteration starts.
+  // A list, not a Map's insertion order: JSC walks deleted Map entries when an iteration starts.
   private recordOlder = new Int32Array(0);
   private recordNewer = new Int32Array(0);
   private oldest = NO_RECORD;
@@ -313,7 +313,7 @@ export class LoadTracker {
     return this.activeCount;
   }
 
-  /** Request records allocated (0 once no request is active: the arrays go back). */
+  /** Request records allocated (0 before the first request, INITIAL_RECORDS once none is active after a burst). */
   get recordCapacity(): number {
     return this.recordSlot.length;
   }
@@ -631,7 +631,7 @@ export class LoadTracker {
 /**
  * A 64-bit hash of an id's UTF-16 code units as two 32-bit lanes (murmur-style steps,
  * each finished with murmur3's fmix32), returned as hi * 2^32 + lo split by `hashKey`
- * (the high 53 bits, a Map key that stays a number) and `hashCheck` (the low 11 bits).
+ * (the high 53 bits, a table key that stays a number) and `hashCheck` (the low 11 bits).
  */
 function idHash(id: string): { hi: number; lo: number } {
   let a = 0x9747b28c ^ id.length;
