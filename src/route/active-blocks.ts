@@ -37,6 +37,7 @@
  * per-block entry exists. Depths for all workers come from one walk down the query's path and
  * one pass over the holders of the nodes on it.
  */
+import { Arena, orderOf } from "./arena";
 
 export interface ChainHolder {
   /** Set by `add`: the node where the request's chain ends (null for an empty chain). */
@@ -66,61 +67,6 @@ const HOLDERS_SCAN_MAX = 16;
 const INITIAL_NODES = 64;
 const INITIAL_ARENA_WORDS = 1024;
 const INITIAL_TABLE_ENTRIES = 64;
-
-/**
- * Blocks of 2^k words carved from one growable Uint32Array, a free list per k (a free
- * block's first word links to the next, 0xffffffff = end).
- */
-class Arena {
-  words: Uint32Array;
-  /** Words in blocks handed out and not freed. */
-  live = 0;
-  private top = 0;
-  private readonly free = new Int32Array(32).fill(NONE);
-
-  constructor(private readonly initialWords: number) {
-    this.words = new Uint32Array(initialWords);
-  }
-
-  allocate(order: number): number {
-    const head = this.free[order]!;
-    this.live += 1 << order;
-    if (head !== NONE) {
-      const next = this.words[head]!;
-      this.free[order] = next === 0xffff_ffff ? NONE : next;
-      return head;
-    }
-    const at = this.top;
-    this.top += 1 << order;
-    if (this.top > this.words.length) {
-      let capacity = this.words.length * 2;
-      while (capacity < this.top) capacity *= 2;
-      const grown = new Uint32Array(capacity);
-      grown.set(this.words.subarray(0, at));
-      this.words = grown;
-    }
-    return at;
-  }
-
-  release(at: number, order: number): void {
-    const head = this.free[order]!;
-    this.words[at] = head === NONE ? 0xffff_ffff : head;
-    this.free[order] = at;
-    this.live -= 1 << order;
-  }
-
-  /** Empties the arena; the words go back only if it grew (reused as they are otherwise). */
-  reset(): void {
-    if (this.words.length > this.initialWords) this.words = new Uint32Array(this.initialWords);
-    else this.words.fill(0, 0, this.top);
-    this.top = 0;
-    this.live = 0;
-    this.free.fill(NONE);
-  }
-}
-
-/** The size class holding `words` words: the smallest k with 2^k >= words. */
-const orderOf = (words: number): number => (words <= 1 ? 0 : 32 - Math.clz32(words - 1));
 
 export class ActiveBlocks {
   private nodes = new Int32Array(INITIAL_NODES * NODE_WORDS);

@@ -27,6 +27,7 @@
  * `sweep` everything due before reading. Either costs O(expired + 1).
  */
 import { ActiveBlocks, type ChainHolder } from "./active-blocks";
+import { Arena, orderOf } from "./arena";
 import { KeyTable } from "./key-table";
 
 /** Slots are u16 in the index; the router uses the same bound. */
@@ -48,6 +49,8 @@ const VERIFY = process.env.KVEDGE_VERIFY === "1";
 /** Most requests a routing decision expires (a backlog after an idle spell drains over a few). */
 export const EXPIRE_PER_DECISION = 64;
 const NO_RECORD = -1;
+/** Words of the id arena at first (two UTF-16 code units per word). */
+const INITIAL_ID_WORDS = 1024;
 /** Records allocated at first, and kept when no request is active. */
 export const INITIAL_RECORDS = 64;
 
@@ -142,12 +145,15 @@ export class LoadTracker {
   //
   // Ids find their record through `byKey`, the id's 53-bit hash key -> the first record
   // with that key, the rest chained through `recordSameKey` and told apart by comparing
-  // the ids themselves (exact, however rare two equal keys are). Not a Map<string,
-  // number>: at 12.5k active requests under churn a Map made each young collection about
-  // twice as long (bench/RESULTS.md, round 6).
+  // the ids themselves (exact, however rare two equal keys are). The ids are kept as
+  // UTF-16 code units in `idArena` (`recordIdAt`, `recordIdLength`), not as strings.
+  // Neither a Map<string, number> nor an array of the id strings: churned by every
+  // request, each made young collections longer (bench/RESULTS.md, round 6).
   private readonly byKey = new KeyTable();
   private activeCount = 0;
-  private recordIds: string[] = [];
+  private readonly idArena = new Arena(INITIAL_ID_WORDS);
+  private recordIdAt = new Int32Array(0);
+  private recordIdLength = new Int32Array(0);
   private recordSameKey = new Int32Array(0);
   private recordSlot = new Int32Array(0);
   private recordLeaf = new Int32Array(0);
@@ -318,6 +324,11 @@ export class LoadTracker {
     return this.recordSlot.length;
   }
 
+  /** Bytes of the arena holding the active ids (tests: a burst gives them back). */
+  get idArenaBytes(): number {
+    return this.idArena.words.byteLength;
+  }
+
   isActive(requestId: string): boolean {
     return this.recordOf(requestId, hashKey(this.idHash(requestId))) !== NO_RECORD;
   }
@@ -355,7 +366,7 @@ export class LoadTracker {
     const outputBlocks = this.trackOutputBlocks ? Math.ceil(expectedOutputTokens / this.blockSize) : 0;
     const added = this.blocks.add(slot, chain, blocks, this.holder);
     const record = this.newRecord(); // after anything that can throw: a record is live once taken
-    this.recordIds[record] = requestId;
+    this.storeId(record, requestId);
     this.recordSlot[record] = slot;
     this.recordLeaf[record] = this.holder.leaf ?? -1;
     this.recordBlocks[record] = blocks;
@@ -439,12 +450,14 @@ export class LoadTracker {
     const prefill = new Float64Array(this.slotCapacity);
     const output = new Float64Array(this.slotCapacity);
     let live = 0;
+    let idWords = 0;
     for (let record = 0; record < this.recordTop; record++) {
       const slot = this.recordSlot[record]!;
       if (slot === NO_RECORD) continue;
       live++;
       check(this.live[slot] === 1, "request on a dead slot");
-      const id = this.recordIds[record]!;
+      const id = this.idOf(record);
+      idWords += 1 << orderOf(wordsOf(id.length));
       check(this.recordKey[record] === hashKey(this.idHash(id)), "a record's key is not its id's");
       check(this.recordOf(id, this.recordKey[record]!) === record, "an id does not find its record");
       requests[slot]!++;
@@ -452,6 +465,7 @@ export class LoadTracker {
       output[slot]! += this.recordOutput[record]!;
     }
     check(live === this.activeCount, "records and the active count differ");
+    check(this.idArena.live === idWords, "id arena words leaked");
     let chained = 0;
     for (let record = 0; record < this.recordTop; record++) {
       if (this.recordSlot[record] !== NO_RECORD && this.byKey.get(this.recordKey[record]!) === record) {
@@ -481,8 +495,41 @@ export class LoadTracker {
   /** The active request's record, or NO_RECORD (`key`: the id's hashKey). */
   private recordOf(requestId: string, key: number): number {
     let record = this.byKey.get(key);
-    while (record >= 0 && this.recordIds[record] !== requestId) record = this.recordSameKey[record]!;
+    while (record >= 0 && !this.idIs(record, requestId)) record = this.recordSameKey[record]!;
     return record < 0 ? NO_RECORD : record;
+  }
+
+  /** Copies the id's code units into the arena, two per word. */
+  private storeId(record: number, id: string): void {
+    const count = id.length;
+    const at = this.idArena.allocate(orderOf(wordsOf(count)));
+    const words = this.idArena.words;
+    for (let i = 0; i < count; i += 2) words[at + (i >>> 1)] = id.charCodeAt(i) | ((i + 1 < count ? id.charCodeAt(i + 1) : 0) << 16);
+    this.recordIdAt[record] = at;
+    this.recordIdLength[record] = count;
+  }
+
+  /** Whether the record's id is `id`. */
+  private idIs(record: number, id: string): boolean {
+    const count = this.recordIdLength[record]!;
+    if (id.length !== count) return false;
+    const words = this.idArena.words;
+    const at = this.recordIdAt[record]!;
+    for (let i = 0; i < count; i += 2) {
+      const word = words[at + (i >>> 1)]!;
+      if ((word & 0xffff) !== id.charCodeAt(i)) return false;
+      if (i + 1 < count && word >>> 16 !== id.charCodeAt(i + 1)) return false;
+    }
+    return true;
+  }
+
+  /** The record's id as a string (verify). */
+  private idOf(record: number): string {
+    const words = this.idArena.words;
+    const at = this.recordIdAt[record]!;
+    let id = "";
+    for (let i = 0; i < this.recordIdLength[record]!; i++) id += String.fromCharCode((words[at + (i >>> 1)]! >>> (16 * (i & 1))) & 0xffff);
+    return id;
   }
 
   /** Takes the record out of the key table (and its key's chain). */
@@ -499,6 +546,7 @@ export class LoadTracker {
       this.recordSameKey[before] = next;
     }
     this.activeCount--;
+    this.idArena.release(this.recordIdAt[record]!, orderOf(wordsOf(this.recordIdLength[record]!)));
   }
 
   private ended(hash: { hi: number; lo: number }): LifecycleResult {
@@ -583,11 +631,11 @@ export class LoadTracker {
    */
   private freeRecord(record: number): void {
     this.recordSlot[record] = NO_RECORD;
-    this.recordIds[record] = "";
     this.freeRecords.push(record);
     if (this.activeCount === 0) {
       this.recordTop = 0;
       this.freeRecords.length = 0;
+      this.idArena.reset();
       if (this.recordSlot.length > INITIAL_RECORDS) this.growRecords(INITIAL_RECORDS);
     }
   }
@@ -604,9 +652,10 @@ export class LoadTracker {
     this.recordKey = resize(this.recordKey, (n) => new Float64Array(n));
     this.recordCheck = resize(this.recordCheck, (n) => new Uint16Array(n));
     this.recordSameKey = resize(this.recordSameKey, (n) => new Int32Array(n));
+    this.recordIdAt = resize(this.recordIdAt, (n) => new Int32Array(n));
+    this.recordIdLength = resize(this.recordIdLength, (n) => new Int32Array(n));
     this.recordOlder = resize(this.recordOlder, (n) => new Int32Array(n));
     this.recordNewer = resize(this.recordNewer, (n) => new Int32Array(n));
-    if (capacity < this.recordIds.length) this.recordIds = []; // shrinks only with no request active
   }
 
   private assertLive(slot: number): void {
@@ -668,6 +717,11 @@ function resized<T extends TypedArray>(old: T, capacity: number, make: (n: numbe
   const fresh = make(capacity);
   fresh.set(old.subarray(0, Math.min(capacity, old.length)));
   return fresh;
+}
+
+/** Arena words that hold `units` UTF-16 code units. */
+function wordsOf(units: number): number {
+  return (units + 1) >>> 1;
 }
 
 function check(condition: boolean, message: string): void {

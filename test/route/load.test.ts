@@ -167,6 +167,7 @@ describe("request lifecycle", () => {
     for (let i = 5000; i < 6000; i += 2) expect(load.done(`a${i}`)).toBe("ok");
     expect(load.activeRequestCount).toBe(0);
     expect(load.recordCapacity).toBe(INITIAL_RECORDS);
+    expect(load.idArenaBytes).toBe(tracker().load.idArenaBytes);
     expect(load.blocks.nodeCount).toBe(0);
     expect(load.blocks.reservedBytes).toBe(new ActiveBlocks().reservedBytes);
     load.verify();
@@ -214,7 +215,8 @@ describe("request lifecycle", () => {
     let next = 0;
     for (let step = 0; step < 3000; step++) {
       if (active.size === 0 || random() % 3 !== 0) {
-        const id = `q${next++}`;
+        // Lengths odd and even, and code units above 0xff (ids are kept as UTF-16 units).
+        const id = `q${next++}${"é€".repeat(next % 3)}${"x".repeat(next % 40)}`;
         load.admit(id, w, p.chain, 1, 4, 0, 0);
         active.add(id);
       } else {
