@@ -19,8 +19,9 @@
  * spread by load and random ties; a hot worker's growing load outweighs its cache.
  *
  * Hot path: one pass over the live slots reading per-slot typed arrays; the only
- * allocations per decision are the result object, the request's id and its record in
- * the load tracker.
+ * allocations per decision are the result object and the request's id (the candidates
+ * go into a CandidateList the caller may reuse, the request's record into the load
+ * tracker's arrays).
  */
 import { LoadTracker, type LoadTrackerOptions, REQUEST_ID_LENGTH_MAX } from "./load";
 
@@ -106,7 +107,62 @@ export interface RouteDecision {
   readonly dpRank: number;
   readonly overlapBlocks: number;
   readonly cost: number;
-  readonly candidates: readonly Candidate[];
+  readonly candidates: CandidateList;
+}
+
+/**
+ * The cheapest candidates of one decision, cheapest first, in columns: no object per
+ * candidate, so the WebSocket path writes them straight into its answer. Router.route
+ * fills the list it is given (a fresh one by default); a caller that passes the same
+ * list every time reads it before its next decision. Load figures are as they were
+ * before the request was admitted.
+ */
+export class CandidateList {
+  count = 0;
+  slots = new Int32Array(0);
+  /** Entries past `count` are left from earlier decisions. */
+  readonly workerIds: bigint[] = [];
+  dpRanks = new Uint32Array(0);
+  overlapBlocks = new Float64Array(0);
+  costs = new Float64Array(0);
+  degraded = new Uint8Array(0);
+  activePrefillTokens = new Float64Array(0);
+  activeDecodeBlocks = new Float64Array(0);
+  activeRequests = new Uint32Array(0);
+
+  /** Candidate `i` as an object (JSON answers, tests). */
+  at(i: number): Candidate {
+    if (!(Number.isInteger(i) && i >= 0 && i < this.count)) throw new RangeError(`no candidate ${i} of ${this.count}`);
+    return {
+      slot: this.slots[i]!,
+      workerId: this.workerIds[i]!,
+      dpRank: this.dpRanks[i]!,
+      overlapBlocks: this.overlapBlocks[i]!,
+      cost: this.costs[i]!,
+      degraded: this.degraded[i] === 1,
+      activePrefillTokens: this.activePrefillTokens[i]!,
+      activeDecodeBlocks: this.activeDecodeBlocks[i]!,
+      activeRequests: this.activeRequests[i]!,
+    };
+  }
+
+  toArray(): Candidate[] {
+    return Array.from({ length: this.count }, (_, i) => this.at(i));
+  }
+
+  /** Empties the list and makes room for `capacity` candidates. */
+  reset(capacity: number): void {
+    this.count = 0;
+    if (this.slots.length >= capacity) return;
+    this.slots = new Int32Array(capacity);
+    this.dpRanks = new Uint32Array(capacity);
+    this.overlapBlocks = new Float64Array(capacity);
+    this.costs = new Float64Array(capacity);
+    this.degraded = new Uint8Array(capacity);
+    this.activePrefillTokens = new Float64Array(capacity);
+    this.activeDecodeBlocks = new Float64Array(capacity);
+    this.activeRequests = new Uint32Array(capacity);
+  }
 }
 
 export type RouteErrorCode = "no_workers" | "duplicate_request" | "bad_request";
@@ -138,8 +194,11 @@ export class Router {
     this.random = options.random ?? Math.random;
   }
 
-  /** Picks a worker for the request and records it as that worker's load. */
-  route(request: RouteRequest, overlaps: Overlaps): RouteDecision {
+  /**
+   * Picks a worker for the request and records it as that worker's load. The
+   * `request.candidatesMax` cheapest workers are listed in `candidates`.
+   */
+  route(request: RouteRequest, overlaps: Overlaps, candidates: CandidateList = new CandidateList()): RouteDecision {
     const load = this.load;
     const blockCount = request.blockCount;
     const tokenCount = request.tokenCount;
@@ -196,7 +255,7 @@ export class Router {
 
     const held = load.degraded[best] === 1 ? overlap[best]! * degradedWeight : overlap[best]!;
     const cachedTokens = Math.min(tokenCount, Math.round(held * blockSize));
-    const candidates = request.candidatesMax ? this.candidates(request.candidatesMax) : [];
+    this.listCandidates(request.candidatesMax ?? 0, candidates);
     load.admit(requestId, best, request.chain, blockCount, tokenCount, cachedTokens, expected);
     return {
       requestId,
@@ -288,7 +347,7 @@ export class Router {
    * keep the live-slot order (a stable sort's order). Insertion into a list of at most
    * `max`: the list is short, so this beats sorting every worker.
    */
-  private candidates(max: number): Candidate[] {
+  private listCandidates(max: number, list: CandidateList): void {
     const load = this.load;
     const slots = load.liveSlots;
     const liveCount = load.liveCount;
@@ -308,22 +367,20 @@ export class Router {
       }
       order[at] = slot;
     }
-    const list: Candidate[] = [];
+    list.reset(size);
     for (let i = 0; i < size; i++) {
       const slot = order[i]!;
-      list.push({
-        slot,
-        workerId: load.workerIdOf(slot),
-        dpRank: load.dpRanks[slot]!,
-        overlapBlocks: this.overlapBySlot[slot]!,
-        cost: costs[slot]!,
-        degraded: load.degraded[slot] === 1,
-        activePrefillTokens: load.activePrefillTokens[slot]!,
-        activeDecodeBlocks: load.activeDecodeBlocks[slot]!,
-        activeRequests: load.activeRequests[slot]!,
-      });
+      list.slots[i] = slot;
+      list.workerIds[i] = load.workerIdOf(slot);
+      list.dpRanks[i] = load.dpRanks[slot]!;
+      list.overlapBlocks[i] = this.overlapBySlot[slot]!;
+      list.costs[i] = costs[slot]!;
+      list.degraded[i] = load.degraded[slot]!;
+      list.activePrefillTokens[i] = load.activePrefillTokens[slot]!;
+      list.activeDecodeBlocks[i] = load.activeDecodeBlocks[slot]!;
+      list.activeRequests[i] = load.activeRequests[slot]!;
     }
-    return list;
+    list.count = size;
   }
 
   private requestIdOf(requestId: string | null | undefined): string {

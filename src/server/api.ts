@@ -5,7 +5,7 @@
  */
 import type { WorkerEntry } from "../config/workers";
 import { checkEndpoint } from "../config";
-import { RouteError, type Candidate } from "../route";
+import { RouteError, type RouteDecision } from "../route";
 import type { LifecycleResult, LoadTracker } from "../route/load";
 import { REQUEST_ID_LENGTH_MAX } from "../route/load";
 import {
@@ -54,21 +54,15 @@ export function matchOp(service: KvRouterService, raw: unknown) {
   return { block_size: service.blockSize, query_blocks: count, scores: service.match(local, count).map(scoreJson) };
 }
 
-const candidateJson = (load: LoadTracker, candidate: Candidate) => ({
-  worker_id: load.workerIdTextOf(candidate.slot),
-  dp_rank: candidate.dpRank,
-  overlap_blocks: candidate.overlapBlocks,
-  cost: candidate.cost,
-  degraded: candidate.degraded,
-  active_prefill_tokens: candidate.activePrefillTokens,
-  active_decode_blocks: candidate.activeDecodeBlocks,
-  active_requests: candidate.activeRequests,
-});
+/** A routing decision and its prompt's length in blocks: what a route answer is made of. */
+export interface RouteOutcome {
+  /** Its candidates are the service's reused list: valid until the next route. */
+  readonly decision: RouteDecision;
+  readonly queryBlocks: number;
+}
 
-export type RouteResult = ReturnType<typeof routeOp>;
-
-/** POST /v1/route: picks a worker and records the request as its load. */
-export function routeOp(service: KvRouterService, raw: unknown) {
+/** Parses a route request, picks a worker and records the request as its load. */
+export function decideRoute(service: KvRouterService, raw: unknown): RouteOutcome {
   const body = asObject(raw);
   const requestId = optionalString(body, "request_id", REQUEST_ID_LENGTH_MAX);
   if (requestId === "") throw new HttpError(400, "request_id must not be empty");
@@ -84,24 +78,44 @@ export function routeOp(service: KvRouterService, raw: unknown) {
   };
   const candidatesMax = optionalInt(body, "candidates", 0, CANDIDATES_MAX) ?? CANDIDATES_DEFAULT;
   try {
-    const { decision, queryBlocks } = service.route(input, candidatesMax);
-    const load = service.router.load;
-    const candidates = [];
-    for (const candidate of decision.candidates) candidates.push(candidateJson(load, candidate));
-    return {
-      request_id: decision.requestId,
-      worker_id: load.workerIdTextOf(decision.slot),
-      dp_rank: decision.dpRank,
-      query_blocks: queryBlocks,
-      overlap_blocks: decision.overlapBlocks,
-      cost: decision.cost,
-      candidates,
-    };
+    return service.route(input, candidatesMax);
   } catch (error) {
     if (!(error instanceof RouteError)) throw error;
     const status = error.code === "no_workers" ? 503 : error.code === "duplicate_request" ? 409 : 400;
     throw new HttpError(status, error.message);
   }
+}
+
+/** The answer to a route, as the object JSON and generic MessagePack answers carry. */
+export function routeAnswer(load: LoadTracker, { decision, queryBlocks }: RouteOutcome) {
+  const list = decision.candidates;
+  const candidates = [];
+  for (let i = 0; i < list.count; i++) {
+    candidates.push({
+      worker_id: load.workerIdTextOf(list.slots[i]!),
+      dp_rank: list.dpRanks[i]!,
+      overlap_blocks: list.overlapBlocks[i]!,
+      cost: list.costs[i]!,
+      degraded: list.degraded[i] === 1,
+      active_prefill_tokens: list.activePrefillTokens[i]!,
+      active_decode_blocks: list.activeDecodeBlocks[i]!,
+      active_requests: list.activeRequests[i]!,
+    });
+  }
+  return {
+    request_id: decision.requestId,
+    worker_id: load.workerIdTextOf(decision.slot),
+    dp_rank: decision.dpRank,
+    query_blocks: queryBlocks,
+    overlap_blocks: decision.overlapBlocks,
+    cost: decision.cost,
+    candidates,
+  };
+}
+
+/** POST /v1/route: picks a worker and records the request as its load. */
+export function routeOp(service: KvRouterService, raw: unknown) {
+  return routeAnswer(service.router.load, decideRoute(service, raw));
 }
 
 /** POST /v1/requests/{id}/prefill_done and /done: idempotent; unknown id → 404. */
@@ -179,43 +193,45 @@ const K = {
 };
 
 /**
- * A route result as MessagePack, the same map `writer.value(result)` writes, field by
- * field with keys encoded once: the answer of every WebSocket route, where the generic
- * walk over the objects was one of the largest costs.
+ * A route answer as MessagePack, the same map `writer.value(routeAnswer(...))` writes,
+ * straight from the decision with keys encoded once: the answer of every binary
+ * WebSocket route, where building the answer's objects and walking them were among the
+ * largest costs (and most of the garbage) per route.
  */
-export function writeRouteResult(writer: MsgpackWriter, result: RouteResult): void {
+export function writeRouteAnswer(writer: MsgpackWriter, load: LoadTracker, { decision, queryBlocks }: RouteOutcome): void {
   writer.mapHeader(7);
   writer.encoded(K.request_id);
-  writer.string(result.request_id);
+  writer.string(decision.requestId);
   writer.encoded(K.worker_id);
-  writer.string(result.worker_id);
+  writer.string(load.workerIdTextOf(decision.slot));
   writer.encoded(K.dp_rank);
-  writer.number(result.dp_rank);
+  writer.number(decision.dpRank);
   writer.encoded(K.query_blocks);
-  writer.number(result.query_blocks);
+  writer.number(queryBlocks);
   writer.encoded(K.overlap_blocks);
-  writer.number(result.overlap_blocks);
+  writer.number(decision.overlapBlocks);
   writer.encoded(K.cost);
-  writer.number(result.cost);
+  writer.number(decision.cost);
   writer.encoded(K.candidates);
-  writer.arrayHeader(result.candidates.length);
-  for (const candidate of result.candidates) {
+  const list = decision.candidates;
+  writer.arrayHeader(list.count);
+  for (let i = 0; i < list.count; i++) {
     writer.mapHeader(8);
     writer.encoded(K.worker_id);
-    writer.string(candidate.worker_id);
+    writer.string(load.workerIdTextOf(list.slots[i]!));
     writer.encoded(K.dp_rank);
-    writer.number(candidate.dp_rank);
+    writer.number(list.dpRanks[i]!);
     writer.encoded(K.overlap_blocks);
-    writer.number(candidate.overlap_blocks);
+    writer.number(list.overlapBlocks[i]!);
     writer.encoded(K.cost);
-    writer.number(candidate.cost);
+    writer.number(list.costs[i]!);
     writer.encoded(K.degraded);
-    writer.bool(candidate.degraded);
+    writer.bool(list.degraded[i] === 1);
     writer.encoded(K.active_prefill_tokens);
-    writer.number(candidate.active_prefill_tokens);
+    writer.number(list.activePrefillTokens[i]!);
     writer.encoded(K.active_decode_blocks);
-    writer.number(candidate.active_decode_blocks);
+    writer.number(list.activeDecodeBlocks[i]!);
     writer.encoded(K.active_requests);
-    writer.number(candidate.active_requests);
+    writer.number(list.activeRequests[i]!);
   }
 }

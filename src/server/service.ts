@@ -10,7 +10,7 @@ import type { KvIndex } from "../index";
 import { createIndex, MatchResult } from "../index";
 import type { KvEventSink } from "../ingest/normalize";
 import { EngineSource, type SourceState } from "../ingest/source";
-import { PromptHasher, type RouteDecision, Router, type Overlaps } from "../route";
+import { CandidateList, PromptHasher, type RouteDecision, Router, type Overlaps } from "../route";
 import type { LifecycleResult } from "../route/load";
 import type { Logger } from "../util/log";
 import type { ZmtpOptions } from "../wire/zmtp";
@@ -70,6 +70,7 @@ export class KvRouterService {
   private readonly sources = new Map<string, EngineSource>();
   private readonly matches = new MatchResult(64);
   private readonly hasher = new PromptHasher();
+  private readonly candidates = new CandidateList();
   private overlapSlots = new Int32Array(64);
   private overlapBlocks = new Float64Array(64);
   private slotByHandle = new Int32Array(0);
@@ -157,6 +158,7 @@ export class KvRouterService {
       || a.dpRank - b.dpRank);
   }
 
+  /** Picks a worker; the decision's candidates are valid until the next call. */
   route(input: RouteInput, candidatesMax: number): { decision: RouteDecision; queryBlocks: number } {
     const prompt = this.hash(input.tokens, input.loraName, input.cacheSalt);
     const overlaps = this.overlaps(prompt.local, prompt.blockCount);
@@ -170,7 +172,7 @@ export class KvRouterService {
       prefillLoadScale: input.prefillLoadScale,
       temperature: input.temperature,
       candidatesMax,
-    }, overlaps);
+    }, overlaps, this.candidates);
     return { decision, queryBlocks: prompt.blockCount };
   }
 

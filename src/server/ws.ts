@@ -23,7 +23,7 @@ import type { ServerWebSocket, WebSocketHandler } from "bun";
 import { Unpackr } from "msgpackr";
 import type { Logger } from "../util/log";
 import { encodeMsgpack, MsgpackWriter, type MsgpackValue } from "../wire/msgpack";
-import { lifecycleOp, matchOp, type RouteResult, routeOp, writeRouteResult } from "./api";
+import { decideRoute, lifecycleOp, matchOp, routeOp, writeRouteAnswer } from "./api";
 import { HttpError, toJson } from "./http";
 import type { ServerMetrics } from "./metrics";
 import { defaultTokenScanner, parseRequestJson } from "./request-json";
@@ -55,12 +55,15 @@ interface Answer {
 export function websocketHandlers(
   service: KvRouterService, log: Logger, metrics: ServerMetrics, batch: TurnBatch,
 ): WebSocketHandler<WsData> {
-  /** Answers one request: returns the answer, or with `out`, writes it there as MessagePack. */
+  /**
+   * Answers one request: returns the answer, or with `out`, writes it there as
+   * MessagePack (a route's answer straight from the decision, with no objects made).
+   */
   const answer = (request: unknown, out: MsgpackWriter | null): Answer | null => {
     const started = performance.now();
     let id: unknown = null;
     let op = "invalid";
-    let response: Answer;
+    let response: Answer | null = null;
     try {
       if (typeof request !== "object" || request === null || Array.isArray(request)) {
         throw new HttpError(400, "each request must be an object with an id and an op");
@@ -68,7 +71,18 @@ export function websocketHandlers(
       const body = request as Record<string, unknown>;
       id = body.id ?? null;
       op = typeof body.op === "string" ? body.op : "invalid";
-      response = { id, status: 200, result: run(service, op, body) };
+      if (out !== null && op === "route") {
+        const outcome = decideRoute(service, body);
+        out.mapHeader(3);
+        out.encoded(ID_KEY);
+        out.value(id as MsgpackValue);
+        out.encoded(STATUS_KEY);
+        out.number(200);
+        out.encoded(RESULT_KEY);
+        writeRouteAnswer(out, service.router.load, outcome);
+      } else {
+        response = { id, status: 200, result: run(service, op, body) };
+      }
     } catch (error) {
       if (!(error instanceof HttpError)) {
         log.error("websocket request failed", { error: error instanceof Error ? error.stack ?? error.message : String(error) });
@@ -76,19 +90,9 @@ export function websocketHandlers(
       const status = error instanceof HttpError ? error.status : 500;
       response = { id, status, error: error instanceof HttpError ? error.message : "internal error" };
     }
-    metrics.observeHttp(OP_LABELS.get(op) ?? "/v1/ws invalid", response.status, (performance.now() - started) / 1000);
-    if (out === null) return response;
-    if (op === "route" && response.status === 200) {
-      out.mapHeader(3);
-      out.encoded(ID_KEY);
-      out.value(id as MsgpackValue);
-      out.encoded(STATUS_KEY);
-      out.number(200);
-      out.encoded(RESULT_KEY);
-      writeRouteResult(out, response.result as RouteResult);
-    } else {
-      out.value(response as unknown as MsgpackValue);
-    }
+    metrics.observeHttp(OP_LABELS.get(op) ?? "/v1/ws invalid", response === null ? 200 : response.status, (performance.now() - started) / 1000);
+    if (out === null || response === null) return response;
+    out.value(response as unknown as MsgpackValue);
     return null;
   };
 

@@ -11,7 +11,7 @@
  * of a WebSocket route. This writer reuses one buffer, writes ASCII strings without a
  * TextEncoder call, and has the pieces (`mapHeader`, `encoded` keys, `number`, ...)
  * for writing a known shape field by field, as the route answer does
- * (src/server/api.ts `writeRouteResult`). msgpackr stays the reader, and the
+ * (src/server/api.ts `writeRouteAnswer`). msgpackr stays the reader, and the
  * independent reference the tests decode with.
  */
 

@@ -8,7 +8,7 @@ import { describe, expect, test } from "bun:test";
 import { prng } from "../../bench/lib";
 import { DEFAULT_SEED } from "../../src/hash";
 import {
-  type Overlaps, overlapsOf, promptHashes, type RouteDecision, RouteError, type RouteRequest, Router, type RouterOptions,
+  CandidateList, type Overlaps, overlapsOf, promptHashes, type RouteDecision, RouteError, type RouteRequest, Router, type RouterOptions,
 } from "../../src/route";
 
 const BS = 4;
@@ -49,7 +49,7 @@ describe("cost model", () => {
   }
   const R = range(18);
   const costsOf = (decision: RouteDecision) =>
-    Object.fromEntries(decision.candidates.map((c) => [Number(c.workerId) - 100, c.cost]));
+    Object.fromEntries(decision.candidates.toArray().map((c) => [Number(c.workerId) - 100, c.cost]));
 
   test("defaults: prefill blocks minus credited overlap, plus new decode blocks", () => {
     const router = scenario();
@@ -63,8 +63,8 @@ describe("cost model", () => {
     expect(decision.workerId).toBe(100n);
     expect(decision.overlapBlocks).toBe(3);
     expect(decision.cost).toBe(5.5);
-    expect(decision.candidates.map((c) => c.cost)).toEqual([5.5, 6.5, 8.5]);
-    expect(decision.candidates[1]).toMatchObject({ workerId: 102n, overlapBlocks: 4, degraded: true });
+    expect(decision.candidates.toArray().map((c) => c.cost)).toEqual([5.5, 6.5, 8.5]);
+    expect(decision.candidates.at(1)).toMatchObject({ workerId: 102n, overlapBlocks: 4, degraded: true });
     // Admission: 18 - 3 * 4 cached = 6 prefill tokens, 4 new blocks.
     expect(router.load.activePrefillTokens[0]).toBe(6);
     expect(router.load.activeDecodeBlocks[0]).toBe(4);
@@ -145,7 +145,7 @@ describe("cost model", () => {
     const router = routerWith(2);
     router.load.removeWorker(101n, 0);
     const decision = router.route(request(R, { candidatesMax: 5 }), overlaps([[1, 4], [7, 4], [-1, 4], [0, 50]]));
-    expect(decision.candidates).toHaveLength(1);
+    expect(decision.candidates.count).toBe(1);
     expect(decision.overlapBlocks).toBe(4);
   });
 });
@@ -343,9 +343,9 @@ describe("randomized run against a reference cost computation", () => {
         const prefill = Math.max(0, (prefillOf[i]! + tokens.length) / BS - decay * held);
         return { slot: w.slot, cost: prefill + distinct + output + (keys.length - depth) + 0.25 * active[i]!.length, held };
       });
-      expect(decision.candidates).toHaveLength(live.length);
+      expect(decision.candidates.count).toBe(live.length);
       const bySlot = new Map(expected.map((e) => [e.slot, e]));
-      for (const c of decision.candidates) {
+      for (const c of decision.candidates.toArray()) {
         const slot = router.load.slotOf(c.workerId, c.dpRank);
         expect(c.cost).toBeCloseTo(bySlot.get(slot)!.cost, 9);
       }
@@ -385,12 +385,41 @@ describe("candidates", () => {
       router.load.done(all.requestId);
       const liveOrder = Array.from(router.load.liveSlots.subarray(0, router.load.liveCount));
       const slotOf = (c: { workerId: bigint; dpRank: number }) => router.load.slotOf(c.workerId, c.dpRank);
-      const expected = [...all.candidates].sort((a, b) => a.cost - b.cost || liveOrder.indexOf(slotOf(a)) - liveOrder.indexOf(slotOf(b)));
-      expect(all.candidates.map(slotOf)).toEqual(expected.map(slotOf));
+      const expected = all.candidates.toArray().sort((a, b) => a.cost - b.cost || liveOrder.indexOf(slotOf(a)) - liveOrder.indexOf(slotOf(b)));
+      expect(all.candidates.toArray().map(slotOf)).toEqual(expected.map(slotOf));
       const k = 1 + Math.floor(random() * 6);
       const some = router.route(request(tokens, { candidatesMax: k, requestId: `some-${step}` }), hits);
-      expect(some.candidates.map(slotOf)).toEqual(all.candidates.slice(0, k).map(slotOf));
+      expect(some.candidates.toArray().map(slotOf)).toEqual(all.candidates.toArray().slice(0, k).map(slotOf));
       if (random() < 0.5) router.load.done(some.requestId);
     }
+  });
+
+  test("a list reused for every decision holds exactly what a fresh list would, and the load before admission", () => {
+    // Two routers fed the same requests and tie-breaks: one fills a fresh list per
+    // decision, the other one list, reused (as the service does). Counts go up and down.
+    const fresh = routerWith(12, { random: seeded(5) });
+    const reusing = routerWith(12, { random: seeded(5) });
+    const list = new CandidateList();
+    const random = seeded(6);
+    for (let step = 0; step < 200; step++) {
+      const tokens = range(4 + Math.floor(random() * 40), 1000 * Math.floor(random() * 4));
+      const hits = overlaps([[Math.floor(random() * 12), Math.floor(random() * 4)]]);
+      const req = request(tokens, { candidatesMax: Math.floor(random() * 14), requestId: `r-${step}` });
+      const before = fresh.load.workers();
+      const a = fresh.route(req, hits);
+      const b = reusing.route(req, hits, list);
+      expect(b.candidates).toBe(list);
+      expect(list.count).toBe(Math.min(req.candidatesMax!, 12));
+      expect(list.toArray()).toEqual(a.candidates.toArray());
+      for (const c of list.toArray()) {
+        const load = before.find((w) => w.slot === c.slot)!;
+        expect([c.activeRequests, c.activePrefillTokens, c.activeDecodeBlocks]).toEqual([load.activeRequests, load.activePrefillTokens, load.activeDecodeBlocks]);
+      }
+      if (random() < 0.6) {
+        fresh.load.done(a.requestId);
+        reusing.load.done(b.requestId);
+      }
+    }
+    expect(() => list.at(list.count)).toThrow(RangeError);
   });
 });

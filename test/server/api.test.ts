@@ -1,14 +1,14 @@
 import { describe, expect, test } from "bun:test";
 import { Unpackr } from "msgpackr";
 import { loadConfig } from "../../src/config";
-import { CANDIDATES_DEFAULT, CANDIDATES_MAX, routeOp, writeRouteResult } from "../../src/server/api";
+import { CANDIDATES_DEFAULT, CANDIDATES_MAX, decideRoute, routeAnswer, routeOp, writeRouteAnswer } from "../../src/server/api";
 import { KvRouterService } from "../../src/server/service";
 import { silentLogger } from "../../src/util/log";
 import { xorshift32 } from "../../src/util/random";
 import { MsgpackWriter } from "../../src/wire/msgpack";
 
-describe("writeRouteResult", () => {
-  test("writes exactly the bytes of the generic writer, for every kind of route result", () => {
+describe("writeRouteAnswer", () => {
+  test("writes exactly the bytes of the generic writer on the answer object, for every kind of route", () => {
     const service = new KvRouterService({ config: loadConfig({ env: {} }).config, log: silentLogger, random: () => 0.5 });
     const load = service.router.load;
     const ids = [1n, 7n, 300n, 70_000n, 2n ** 32n + 5n, 2n ** 64n - 1n];
@@ -25,11 +25,12 @@ describe("writeRouteResult", () => {
         ...(i % 3 === 0 ? { request_id: `req-${i}-${"é".repeat(i % 2)}` } : {}),
         ...(i % 5 === 0 ? { temperature: 0.7, prefill_load_scale: 1.25 } : {}),
       };
-      const result = routeOp(service, body);
+      const outcome = decideRoute(service, body);
+      const result = routeAnswer(load, outcome);
       generic.reset();
       generic.value(result);
       special.reset();
-      writeRouteResult(special, result);
+      writeRouteAnswer(special, load, outcome);
       expect(Buffer.from(special.written()).toString("hex")).toBe(Buffer.from(generic.written()).toString("hex"));
       expect(unpackr.unpack(special.finish())).toEqual(result);
     }
