@@ -161,7 +161,8 @@ const TOKEN_LIMIT = 2 ** 32;
 export function tokenIds(body: Record<string, unknown>, field = "token_ids"): Uint32Array {
   const value = body[field];
   if (value instanceof ScannedTokens) return value.tokens;
-  if (value instanceof Uint8Array) return tokenBytes(value, field);
+  if (value instanceof BinRef) return tokenBytes(value.source, value.start, value.end, field);
+  if (value instanceof Uint8Array) return tokenBytes(value, 0, value.length, field);
   if (!Array.isArray(value)) throw new HttpError(400, `${field} must be an array of integers`);
   if (value.length > TOKENS_MAX) throw new HttpError(413, `${field} has over ${TOKENS_MAX} tokens`);
   const tokens = new Uint32Array(value.length);
@@ -182,18 +183,32 @@ export function tokenIds(body: Record<string, unknown>, field = "token_ids"): Ui
  * above the copy.) The result is valid until the next call: callers hash it at once.
  * kvedge runs only on little-endian hosts (x64, arm64), so the copy reads them right.
  */
-function tokenBytes(bytes: Uint8Array, field: string): Uint32Array {
-  if (bytes.byteLength % 4 !== 0) {
-    throw new HttpError(400, `${field} as bytes must be little-endian u32s (a multiple of 4 bytes), got ${bytes.byteLength} bytes`);
+function tokenBytes(bytes: Uint8Array, start: number, end: number, field: string): Uint32Array {
+  const length = end - start;
+  if (length % 4 !== 0) {
+    throw new HttpError(400, `${field} as bytes must be little-endian u32s (a multiple of 4 bytes), got ${length} bytes`);
   }
-  const count = bytes.byteLength / 4;
+  const count = length / 4;
   if (count > TOKENS_MAX) throw new HttpError(413, `${field} has over ${TOKENS_MAX} tokens`);
   if (tokenScratch.length < count) {
     tokenScratch = new Uint32Array(Math.max(count, 2 * tokenScratch.length));
     tokenScratchBytes = new Uint8Array(tokenScratch.buffer);
   }
-  tokenScratchBytes.set(bytes);
+  // A Buffer (a WebSocket frame) copies natively; other byte arrays through a view.
+  if (Buffer.isBuffer(bytes)) bytes.copy(tokenScratchBytes, 0, start, end);
+  else tokenScratchBytes.set(start === 0 && end === bytes.length ? bytes : bytes.subarray(start, end));
   return tokenScratch.subarray(0, count);
+}
+
+/**
+ * `token_ids` bytes still inside the frame they came in (src/server/ws-frame.ts):
+ * `tokenIds` copies them out without a view of the frame. One instance is refilled
+ * per request.
+ */
+export class BinRef {
+  source: Uint8Array = new Uint8Array(0);
+  start = 0;
+  end = 0;
 }
 
 let tokenScratch = new Uint32Array(8192);

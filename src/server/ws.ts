@@ -29,6 +29,7 @@ import type { ServerMetrics } from "./metrics";
 import { defaultTokenScanner, parseRequestJson } from "./request-json";
 import type { KvRouterService } from "./service";
 import type { TurnBatch } from "./turn";
+import { FrameReader } from "./ws-frame";
 
 /** Connections carry no per-connection state. */
 export type WsData = undefined;
@@ -39,6 +40,8 @@ export const WS_FRAME_BYTES_MAX = 16 * 1024 * 1024;
 export const WS_BATCH_MAX = 4096;
 
 const unpackr = new Unpackr({ int64AsType: "bigint", mapsAsObjects: true });
+/** Reads the usual binary frames without msgpackr (./ws-frame.ts); the rest go to unpackr. */
+const frameReader = new FrameReader(WS_BATCH_MAX);
 /** Answers are written here and sent at once (send copies the bytes out). */
 const writer = new MsgpackWriter(64 * 1024);
 const ID_KEY = encodeMsgpack("id");
@@ -113,6 +116,13 @@ export function websocketHandlers(
 
   function frame(ws: ServerWebSocket<WsData>, message: string | Buffer): void {
     const binary = typeof message !== "string";
+    if (binary && frameReader.read(message)) {
+      writer.reset();
+      if (frameReader.isBatch) writer.arrayHeader(frameReader.count);
+      for (let i = 0; i < frameReader.count; i++) answer(frameReader.request(i), writer);
+      ws.send(writer.written());
+      return;
+    }
     let parsed: unknown;
     try {
       parsed = binary ? unpackr.unpack(message) : parseRequestJson(message, defaultTokenScanner, true);

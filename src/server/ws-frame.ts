@@ -1,0 +1,220 @@
+/**
+ * Binary `/v1/ws` frames read without the generic MessagePack decoder, for the frames
+ * high-rate gateways send: one request map, or an array of them, with the request
+ * fields as keys and, as values, nil, booleans, integers up to 32 bits, float64, ASCII
+ * strings, and `token_ids` as `bin`. Nothing is allocated per request: one body object
+ * is refilled for each, and its `token_ids` is a BinRef into the frame, which
+ * `tokenIds` copies out (no view of the frame, no DataView, no object per request:
+ * msgpackr made those for every frame, and they lengthened the young collections).
+ *
+ * Anything else (other keys or types, 64-bit integers, float32, non-ASCII strings,
+ * nesting, an empty or oversized batch, truncated or trailing bytes) makes `read`
+ * return false, and the frame goes to msgpackr as before: for every frame this reader
+ * takes, the bodies are the ones msgpackr would give (a differential test holds them
+ * to it), so the answers cannot differ.
+ */
+import { BinRef } from "./http";
+
+/** The keys a request body may have here; any other key sends the frame to msgpackr. */
+const KEYS = [
+  "id", "op", "token_ids", "request_id", "lora_name", "cache_salt", "expected_output_tokens",
+  "overlap_score_credit", "prefill_load_scale", "temperature", "candidates",
+] as const;
+type Key = (typeof KEYS)[number];
+/** Strings read without building them: keys, and the ops as values. */
+const KNOWN = [...KEYS, "route", "match", "done", "prefill_done"].map((text) => ({ text, bytes: Buffer.from(text, "ascii") }));
+
+/** One request body, refilled by `FrameReader.request`. */
+export type FrameBody = Record<Key, unknown>;
+
+export class FrameReader {
+  private source: Uint8Array = new Uint8Array(0);
+  /** Offset of each request's map header, from the last successful `read`. */
+  private starts = new Int32Array(64);
+  private requests = 0;
+  private batch = false;
+  private readonly body = Object.fromEntries(KEYS.map((key) => [key, undefined])) as FrameBody;
+  private readonly tokens = new BinRef();
+  // Big-endian float64 bytes are reversed into these to be read as a number.
+  private readonly floatBytes = new Uint8Array(8);
+  private readonly float = new Float64Array(this.floatBytes.buffer);
+  // Set by `value` when the walk hits something this reader does not take.
+  private failed = false;
+  private at = 0;
+
+  constructor(private readonly batchMax: number) {}
+
+  /** Requests in the frame last read. */
+  get count(): number {
+    return this.requests;
+  }
+
+  /** Whether the frame last read was an array of requests (answered with an array). */
+  get isBatch(): boolean {
+    return this.batch;
+  }
+
+  /** Checks the whole frame; false: not one this reader takes (decode it with msgpackr). */
+  read(frame: Uint8Array): boolean {
+    this.source = frame;
+    this.requests = 0;
+    this.failed = false;
+    this.at = 0;
+    const end = frame.length;
+    if (end === 0) return false;
+    const head = frame[0]!;
+    let count = 1;
+    this.batch = (head & 0xf0) === 0x90 || head === 0xdc || head === 0xdd;
+    if (this.batch) {
+      count = this.collectionLength(0x90);
+      if (this.failed || count === 0 || count > this.batchMax) return false;
+    }
+    if (this.starts.length < count) this.starts = new Int32Array(Math.max(count, 2 * this.starts.length));
+    for (let i = 0; i < count; i++) {
+      this.starts[i] = this.at;
+      this.walkMap(null);
+      if (this.failed) return false;
+    }
+    if (this.at !== end) return false;
+    this.requests = count;
+    return true;
+  }
+
+  /** Request `i` of the frame last read, as a body: the same object each time, refilled. */
+  request(i: number): FrameBody {
+    if (!(i >= 0 && i < this.requests)) throw new RangeError(`no request ${i} of ${this.requests}`);
+    const body = this.body;
+    for (const key of KEYS) body[key] = undefined;
+    this.at = this.starts[i]!;
+    this.walkMap(body);
+    return body;
+  }
+
+  /** Walks one request map from `at`, filling `body` when given. */
+  private walkMap(body: FrameBody | null): void {
+    const entries = this.collectionLength(0x80);
+    for (let e = 0; e < entries && !this.failed; e++) {
+      const key = this.asciiString();
+      if (this.failed || !Object.hasOwn(this.body, key)) {
+        this.failed = true;
+        return;
+      }
+      const value = key === "token_ids" ? this.bin(body !== null) : this.scalar();
+      if (body !== null) body[key as Key] = value;
+    }
+  }
+
+  /** A map or array header (`fix` is 0x80 or 0x90): its length; anything else fails. */
+  private collectionLength(fix: number): number {
+    const source = this.source;
+    if (this.at >= source.length) return this.fail();
+    const head = source[this.at++]!;
+    if ((head & 0xf0) === fix) return head & 0x0f;
+    const wide16 = fix === 0x80 ? 0xde : 0xdc;
+    if (head === wide16) return this.uint(2);
+    if (head === wide16 + 1) return this.uint(4);
+    return this.fail();
+  }
+
+  /** A nil, boolean, integer up to 32 bits, float64 or ASCII string. */
+  private scalar(): unknown {
+    const source = this.source;
+    if (this.at >= source.length) return this.fail();
+    const head = source[this.at]!;
+    if (head <= 0x7f) {
+      this.at++;
+      return head;
+    }
+    if (head >= 0xe0) {
+      this.at++;
+      return head - 0x100;
+    }
+    if ((head & 0xe0) === 0xa0 || head === 0xd9 || head === 0xda || head === 0xdb) return this.asciiString();
+    this.at++;
+    switch (head) {
+      case 0xc0: return null;
+      case 0xc2: return false;
+      case 0xc3: return true;
+      case 0xcc: return this.uint(1);
+      case 0xcd: return this.uint(2);
+      case 0xce: return this.uint(4);
+      case 0xd0: return (this.uint(1) << 24) >> 24;
+      case 0xd1: return (this.uint(2) << 16) >> 16;
+      case 0xd2: return this.uint(4) | 0;
+      case 0xcb: {
+        if (this.at + 8 > source.length) return this.fail();
+        for (let i = 0; i < 8; i++) this.floatBytes[7 - i] = source[this.at + i]!;
+        this.at += 8;
+        return this.float[0];
+      }
+      default: return this.fail();
+    }
+  }
+
+  /** A string of ASCII bytes only (others decode differently across decoders: fail). */
+  private asciiString(): string {
+    const source = this.source;
+    if (this.at >= source.length) return this.fail();
+    const head = source[this.at++]!;
+    let length: number;
+    if ((head & 0xe0) === 0xa0) length = head & 0x1f;
+    else if (head === 0xd9) length = this.uint(1);
+    else if (head === 0xda) length = this.uint(2);
+    else if (head === 0xdb) length = this.uint(4);
+    else return this.fail();
+    const start = this.at;
+    const end = start + length;
+    if (this.failed || end > source.length) return this.fail();
+    this.at = end;
+    for (const known of KNOWN) {
+      if (known.bytes.length === length && equalBytes(known.bytes, source, start)) return known.text;
+    }
+    let text = "";
+    for (let i = start; i < end; i++) {
+      const byte = source[i]!;
+      if (byte >= 0x80) return this.fail();
+      text += String.fromCharCode(byte);
+    }
+    return text;
+  }
+
+  /** A `bin`: a BinRef into the frame when `keep`, else only checked. */
+  private bin(keep: boolean): BinRef | null {
+    const source = this.source;
+    if (this.at >= source.length) return this.fail();
+    const head = source[this.at++]!;
+    let length: number;
+    if (head === 0xc4) length = this.uint(1);
+    else if (head === 0xc5) length = this.uint(2);
+    else if (head === 0xc6) length = this.uint(4);
+    else return this.fail();
+    const start = this.at;
+    if (this.failed || start + length > source.length) return this.fail();
+    this.at = start + length;
+    if (!keep) return null;
+    this.tokens.source = source;
+    this.tokens.start = start;
+    this.tokens.end = start + length;
+    return this.tokens;
+  }
+
+  /** A big-endian unsigned integer of `bytes` bytes. */
+  private uint(bytes: number): number {
+    const source = this.source;
+    if (this.at + bytes > source.length) return this.fail();
+    let value = 0;
+    for (let i = 0; i < bytes; i++) value = value * 256 + source[this.at++]!;
+    return value;
+  }
+
+  private fail(): never {
+    this.failed = true;
+    // Callers check `failed`; the value returned is never used.
+    return undefined as never;
+  }
+}
+
+function equalBytes(known: Uint8Array, source: Uint8Array, start: number): boolean {
+  for (let i = 0; i < known.length; i++) if (known[i] !== source[start + i]) return false;
+  return true;
+}
