@@ -14,7 +14,7 @@
  * For high rates, send binary frames with `token_ids` as a MessagePack `bin` of
  * little-endian u32s (4 bytes per token) instead of an array: the server copies them
  * in one step, with no per-token work (the array form, and JSON text, cost a parse per
- * token). Any length that is not a multiple of 4 bytes is a 400. With msgpackr,
+ * token), and reads such frames without a generic decoder (./ws-frame.ts). Any length that is not a multiple of 4 bytes is a 400. With msgpackr,
  * `pack({id, op: "route", token_ids: new Uint8Array(tokens.buffer, tokens.byteOffset,
  * tokens.byteLength)})` for a Uint32Array `tokens`. The same form works in HTTP bodies
  * sent as `Content-Type: application/msgpack`.
