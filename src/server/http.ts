@@ -8,6 +8,7 @@ import { Unpackr } from "msgpackr";
 import { U64_MAX } from "../util/u64";
 import { MsgpackWriter, type MsgpackValue } from "../wire/msgpack";
 import { defaultTokenScanner, parseRequestJson, ScannedTokens, TOKENS_MAX } from "./request-json";
+import { BinRef, MsgpackRequestReader } from "./request-msgpack";
 
 export { TOKENS_MAX };
 
@@ -65,6 +66,8 @@ export function receiveBody(request: Request, limitBytes: number): Promise<Recei
  */
 export function parseBody(body: ReceivedBody, transient = false): unknown {
   if ("json" in body) return parseJson(body.json, transient);
+  // One request map of the usual shape: read into the reader's refilled body.
+  if (transient && bodyReader.read(body.msgpack) && !bodyReader.isBatch) return bodyReader.request(0);
   try {
     return unpackr.unpack(body.msgpack);
   } catch (error) {
@@ -81,6 +84,7 @@ function parseJson(text: string, transient: boolean): unknown {
 }
 
 const utf8 = new TextDecoder();
+const bodyReader = new MsgpackRequestReader(1);
 
 async function readLimited(request: Request, limitBytes: number, declared: boolean): Promise<Uint8Array> {
   if (request.body === null) return new Uint8Array(0);
@@ -198,17 +202,6 @@ function tokenBytes(bytes: Uint8Array, start: number, end: number, field: string
   if (Buffer.isBuffer(bytes)) bytes.copy(tokenScratchBytes, 0, start, end);
   else tokenScratchBytes.set(start === 0 && end === bytes.length ? bytes : bytes.subarray(start, end));
   return tokenScratch.subarray(0, count);
-}
-
-/**
- * `token_ids` bytes still inside the frame they came in (src/server/ws-frame.ts):
- * `tokenIds` copies them out without a view of the frame. One instance is refilled
- * per request.
- */
-export class BinRef {
-  source: Uint8Array = new Uint8Array(0);
-  start = 0;
-  end = 0;
 }
 
 let tokenScratch = new Uint32Array(8192);

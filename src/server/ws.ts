@@ -14,8 +14,9 @@
  * For high rates, send binary frames with `token_ids` as a MessagePack `bin` of
  * little-endian u32s (4 bytes per token) instead of an array: the server copies them
  * in one step, with no per-token work (the array form, and JSON text, cost a parse per
- * token), and reads such frames without a generic decoder (./ws-frame.ts). Any length that is not a multiple of 4 bytes is a 400. With msgpackr,
- * `pack({id, op: "route", token_ids: new Uint8Array(tokens.buffer, tokens.byteOffset,
+ * token), and reads such frames without a generic decoder (./request-msgpack.ts). Any
+ * length that is not a multiple of 4 bytes is a 400. With msgpackr, `pack({id, op:
+ * "route", token_ids: new Uint8Array(tokens.buffer, tokens.byteOffset,
  * tokens.byteLength)})` for a Uint32Array `tokens`. The same form works in HTTP bodies
  * sent as `Content-Type: application/msgpack`.
  */
@@ -29,7 +30,7 @@ import type { ServerMetrics } from "./metrics";
 import { defaultTokenScanner, parseRequestJson } from "./request-json";
 import type { KvRouterService } from "./service";
 import type { TurnBatch } from "./turn";
-import { FrameReader } from "./ws-frame";
+import { MsgpackRequestReader } from "./request-msgpack";
 
 /** Connections carry no per-connection state. */
 export type WsData = undefined;
@@ -40,8 +41,8 @@ export const WS_FRAME_BYTES_MAX = 16 * 1024 * 1024;
 export const WS_BATCH_MAX = 4096;
 
 const unpackr = new Unpackr({ int64AsType: "bigint", mapsAsObjects: true });
-/** Reads the usual binary frames without msgpackr (./ws-frame.ts); the rest go to unpackr. */
-const frameReader = new FrameReader(WS_BATCH_MAX);
+/** Reads the usual binary frames without msgpackr (./request-msgpack.ts); the rest go to unpackr. */
+const frameReader = new MsgpackRequestReader(WS_BATCH_MAX);
 /** Answers are written here and sent at once (send copies the bytes out). */
 const writer = new MsgpackWriter(64 * 1024);
 const ID_KEY = encodeMsgpack("id");

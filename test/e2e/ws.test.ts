@@ -104,6 +104,26 @@ describe("/v1/ws", () => {
     expect(bad[1]).toEqual({ id: 13, status: 200, result: { block_size: BS, query_blocks: 1, scores: [{ worker_id: "1", dp_rank: 0, blocks: 1 }] } });
   });
 
+  test("HTTP MessagePack bodies with token_ids as bin route and match like the JSON ones", async () => {
+    const tokens = new Uint32Array([1, 2, 3, 4, 5, 6, 7, 8, 9]);
+    const post = async (path: string, body: unknown) => {
+      const response = await fetch(`${serve.url}${path}`, {
+        method: "POST", body: pack(body), headers: { "content-type": "application/msgpack", accept: "application/msgpack" },
+      });
+      return { status: response.status, body: unpack(new Uint8Array(await response.arrayBuffer())) as Json };
+    };
+    const routed = await post("/v1/route", { token_ids: new Uint8Array(tokens.buffer), request_id: "h1", candidates: 1 });
+    expect(routed.status).toBe(200);
+    expect(routed.body).toMatchObject({ request_id: "h1", worker_id: "1", query_blocks: 2, overlap_blocks: 2 });
+    expect(routed.body.candidates).toHaveLength(1);
+    expect((await post("/v1/route", { token_ids: new Uint8Array(tokens.buffer), request_id: "h1" })).status).toBe(409);
+    expect((await fetch(`${serve.url}/v1/requests/h1/done`, { method: "POST" })).status).toBe(200);
+    const matched = await post("/v1/match", { token_ids: new Uint8Array(tokens.buffer, 0, 16) });
+    expect(matched).toEqual({ status: 200, body: { block_size: BS, query_blocks: 1, scores: [{ worker_id: "1", dp_rank: 0, blocks: 1 }] } });
+    const bad = await post("/v1/route", { token_ids: new Uint8Array(6) });
+    expect(bad).toEqual({ status: 400, body: { error: "token_ids as bytes must be little-endian u32s (a multiple of 4 bytes), got 6 bytes" } });
+  });
+
   test("malformed frames are answered with an error and the connection stays open", async () => {
     const answer = await client.ask("{not json");
     expect(answer).toMatchObject({ id: null, status: 400 });

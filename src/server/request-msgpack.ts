@@ -1,21 +1,31 @@
 /**
- * Binary `/v1/ws` frames read without the generic MessagePack decoder, for the frames
- * high-rate gateways send: one request map, or an array of them, with the request
- * fields as keys and, as values, nil, booleans, integers up to 32 bits, float64, ASCII
- * strings, and `token_ids` as `bin`. Nothing is allocated per request: one body object
- * is refilled for each, and its `token_ids` is a BinRef into the frame, which
- * `tokenIds` copies out (no view of the frame, no DataView, no object per request:
- * msgpackr made those for every frame, and they lengthened the young collections).
+ * MessagePack requests read without the generic decoder, for the shape high-rate
+ * clients send: binary `/v1/ws` frames (one request map, or an array of them) and
+ * `application/msgpack` HTTP bodies (one map), with the request fields as keys and, as
+ * values, nil, booleans, integers up to 32 bits, float64, ASCII strings, and
+ * `token_ids` as `bin`. Nothing is allocated per request: one body object is refilled
+ * for each, and its `token_ids` is a BinRef into the message, which `tokenIds` copies
+ * out (no view of the message, no DataView, no object per request: msgpackr made those
+ * for every message, and they lengthened the young collections).
  *
  * Anything else (other keys or types, 64-bit integers, float32, non-ASCII strings,
  * nesting, an empty or oversized batch, truncated or trailing bytes) makes `read`
- * return false, and the frame goes to msgpackr as before: for every frame this reader
- * takes, the bodies are the ones msgpackr would give (a differential test holds them
- * to it), so the answers cannot differ.
+ * return false, and the message goes to msgpackr as before: for every message this
+ * reader takes, the bodies are the ones msgpackr would give (a differential test holds
+ * them to it), so the answers cannot differ.
  */
-import { BinRef } from "./http";
 
-/** The keys a request body may have here; any other key sends the frame to msgpackr. */
+/**
+ * `token_ids` bytes still inside the message they came in: `tokenIds` copies them out
+ * without a view of the message. The reader refills one instance per request.
+ */
+export class BinRef {
+  source: Uint8Array = new Uint8Array(0);
+  start = 0;
+  end = 0;
+}
+
+/** The keys a request body may have here; any other key sends the message to msgpackr. */
 const KEYS = [
   "id", "op", "token_ids", "request_id", "lora_name", "cache_salt", "expected_output_tokens",
   "overlap_score_credit", "prefill_load_scale", "temperature", "candidates",
@@ -24,10 +34,10 @@ type Key = (typeof KEYS)[number];
 /** Strings read without building them: keys, and the ops as values. */
 const KNOWN = [...KEYS, "route", "match", "done", "prefill_done"].map((text) => ({ text, bytes: Buffer.from(text, "ascii") }));
 
-/** One request body, refilled by `FrameReader.request`. */
+/** One request body, refilled by `MsgpackRequestReader.request`. */
 export type FrameBody = Record<Key, unknown>;
 
-export class FrameReader {
+export class MsgpackRequestReader {
   private source: Uint8Array = new Uint8Array(0);
   /** Offset of each request's map header, from the last successful `read`. */
   private starts = new Int32Array(64);
@@ -44,25 +54,25 @@ export class FrameReader {
 
   constructor(private readonly batchMax: number) {}
 
-  /** Requests in the frame last read. */
+  /** Requests in the message last read. */
   get count(): number {
     return this.requests;
   }
 
-  /** Whether the frame last read was an array of requests (answered with an array). */
+  /** Whether the message last read was an array of requests (answered with an array). */
   get isBatch(): boolean {
     return this.batch;
   }
 
-  /** Checks the whole frame; false: not one this reader takes (decode it with msgpackr). */
-  read(frame: Uint8Array): boolean {
-    this.source = frame;
+  /** Checks the whole message; false: not one this reader takes (decode it with msgpackr). */
+  read(message: Uint8Array): boolean {
+    this.source = message;
     this.requests = 0;
     this.failed = false;
     this.at = 0;
-    const end = frame.length;
+    const end = message.length;
     if (end === 0) return false;
-    const head = frame[0]!;
+    const head = message[0]!;
     let count = 1;
     this.batch = (head & 0xf0) === 0x90 || head === 0xdc || head === 0xdd;
     if (this.batch) {
@@ -80,7 +90,7 @@ export class FrameReader {
     return true;
   }
 
-  /** Request `i` of the frame last read, as a body: the same object each time, refilled. */
+  /** Request `i` of the message last read, as a body: the same object each time, refilled. */
   request(i: number): FrameBody {
     if (!(i >= 0 && i < this.requests)) throw new RangeError(`no request ${i} of ${this.requests}`);
     const body = this.body;
@@ -178,7 +188,7 @@ export class FrameReader {
     return text;
   }
 
-  /** A `bin`: a BinRef into the frame when `keep`, else only checked. */
+  /** A `bin`: a BinRef into the message when `keep`, else only checked. */
   private bin(keep: boolean): BinRef | null {
     const source = this.source;
     if (this.at >= source.length) return this.fail();

@@ -1,7 +1,7 @@
 import { describe, expect, test } from "bun:test";
 import { pack, Unpackr } from "msgpackr";
-import { BinRef, HttpError, tokenIds } from "../../src/server/http";
-import { FrameReader } from "../../src/server/ws-frame";
+import { HttpError, parseBody, tokenIds } from "../../src/server/http";
+import { BinRef, MsgpackRequestReader } from "../../src/server/request-msgpack";
 import { xorshift32 } from "../../src/util/random";
 
 const unpackr = new Unpackr({ int64AsType: "bigint", mapsAsObjects: true });
@@ -132,10 +132,10 @@ function plain(body: Record<string, unknown>): Record<string, unknown> {
   return result;
 }
 
-describe("FrameReader", () => {
+describe("MsgpackRequestReader", () => {
   test("every frame it takes reads as msgpackr reads it; every prefix and every trailing byte is declined", () => {
     const random = xorshift32(41);
-    const reader = new FrameReader(4096);
+    const reader = new MsgpackRequestReader(4096);
     let taken = 0;
     let declined = 0;
     for (let n = 0; n < 4000; n++) {
@@ -169,7 +169,7 @@ describe("FrameReader", () => {
   });
 
   test("takes the frames gateways send: msgpackr's own encoding of route batches with token_ids as bytes", () => {
-    const reader = new FrameReader(4096);
+    const reader = new MsgpackRequestReader(4096);
     const tokens = Uint32Array.from({ length: 1024 }, (_, i) => i * 7919);
     const bytes = new Uint8Array(tokens.buffer);
     const batch = Array.from({ length: 16 }, (_, id) => ({ id, op: "route", candidates: 4, token_ids: bytes, request_id: `r-${id}` }));
@@ -182,11 +182,11 @@ describe("FrameReader", () => {
     expect(reader.isBatch).toBe(false);
     expect(() => reader.request(1)).toThrow(RangeError);
     // Over the batch limit: declined, so the msgpackr path answers 413 as before.
-    expect(new FrameReader(2).read(pack(batch.slice(0, 3)))).toBe(false);
+    expect(new MsgpackRequestReader(2).read(pack(batch.slice(0, 3)))).toBe(false);
   });
 
   test("token_ids copied out of a Buffer or a plain byte array, and checked as before", () => {
-    const reader = new FrameReader(16);
+    const reader = new MsgpackRequestReader(16);
     const tokens = Uint32Array.of(5, 0, 0xffff_ffff, 70_000);
     for (const wrap of [(b: Uint8Array) => Buffer.from(b), (b: Uint8Array) => b]) {
       expect(reader.read(wrap(pack({ op: "route", token_ids: new Uint8Array(tokens.buffer) })))).toBe(true);
@@ -195,5 +195,19 @@ describe("FrameReader", () => {
       expect(() => tokenIds(reader.request(0))).toThrow(HttpError);
       expect(() => tokenIds(reader.request(0))).toThrow("multiple of 4 bytes), got 3 bytes");
     }
+  });
+
+  test("HTTP bodies: one request map of the usual shape is read here, anything else by msgpackr, with the same result", () => {
+    const tokens = new Uint8Array(Uint32Array.of(1, 2, 3, 4).buffer);
+    const usual = pack({ token_ids: tokens, candidates: 2, request_id: "h-1" });
+    const viaReader = parseBody({ msgpack: usual }, true) as Record<string, unknown>;
+    expect(viaReader.token_ids).toBeInstanceOf(BinRef);
+    expect(Array.from(tokenIds(viaReader))).toEqual([1, 2, 3, 4]);
+    expect(plain(viaReader)).toEqual({ ...(unpackr.unpack(usual) as object), token_ids: Uint8Array.from(tokens) });
+    // Not transient (the body is kept), a batch, or another shape: msgpackr, as before.
+    expect(parseBody({ msgpack: usual }, false)).toEqual(unpackr.unpack(usual));
+    expect(parseBody({ msgpack: pack([{ token_ids: tokens }]) }, true)).toEqual([{ token_ids: Uint8Array.from(tokens) }]);
+    const other = pack({ local_hashes: ["1", "2"] });
+    expect(parseBody({ msgpack: other }, true)).toEqual({ local_hashes: ["1", "2"] });
   });
 });
