@@ -110,6 +110,11 @@ export interface RouteDecision {
   readonly candidates: CandidateList;
 }
 
+const NO_I32 = new Int32Array(0);
+const NO_U32 = new Uint32Array(0);
+const NO_F64 = new Float64Array(0);
+const NO_U8 = new Uint8Array(0);
+
 /**
  * The cheapest candidates of one decision, cheapest first, in columns: no object per
  * candidate, so the WebSocket path writes them straight into its answer. Router.route
@@ -119,16 +124,17 @@ export interface RouteDecision {
  */
 export class CandidateList {
   count = 0;
-  slots = new Int32Array(0);
+  // Empty until the first candidates: a list per decision costs one object, not nine.
+  slots = NO_I32;
   /** Entries past `count` are left from earlier decisions. */
   readonly workerIds: bigint[] = [];
-  dpRanks = new Uint32Array(0);
-  overlapBlocks = new Float64Array(0);
-  costs = new Float64Array(0);
-  degraded = new Uint8Array(0);
-  activePrefillTokens = new Float64Array(0);
-  activeDecodeBlocks = new Float64Array(0);
-  activeRequests = new Uint32Array(0);
+  dpRanks = NO_U32;
+  overlapBlocks = NO_F64;
+  costs = NO_F64;
+  degraded = NO_U8;
+  activePrefillTokens = NO_F64;
+  activeDecodeBlocks = NO_F64;
+  activeRequests = NO_U32;
 
   /** Candidate `i` as an object (JSON answers, tests). */
   at(i: number): Candidate {
@@ -176,6 +182,8 @@ export class RouteError extends Error {
 }
 
 const EXPECTED_OUTPUT_TOKENS_MAX = 2 ** 31;
+/** Never filled: listCandidates(0, ...) only sets its count to 0. */
+const NO_CANDIDATES = new CandidateList();
 
 export class Router {
   readonly load: LoadTracker;
@@ -196,9 +204,10 @@ export class Router {
 
   /**
    * Picks a worker for the request and records it as that worker's load. The
-   * `request.candidatesMax` cheapest workers are listed in `candidates`.
+   * `request.candidatesMax` cheapest workers are listed in `out` (a list the caller
+   * reuses) or, without it, in a list of the decision's own.
    */
-  route(request: RouteRequest, overlaps: Overlaps, candidates: CandidateList = new CandidateList()): RouteDecision {
+  route(request: RouteRequest, overlaps: Overlaps, out?: CandidateList): RouteDecision {
     const load = this.load;
     const blockCount = request.blockCount;
     const tokenCount = request.tokenCount;
@@ -255,7 +264,10 @@ export class Router {
 
     const held = load.degraded[best] === 1 ? overlap[best]! * degradedWeight : overlap[best]!;
     const cachedTokens = Math.min(tokenCount, Math.round(held * blockSize));
-    this.listCandidates(request.candidatesMax ?? 0, candidates);
+    const max = request.candidatesMax ?? 0;
+    // No list given: a fresh one, or with no candidates asked for, the shared empty one.
+    const candidates = out ?? (max > 0 ? new CandidateList() : NO_CANDIDATES);
+    this.listCandidates(max, candidates);
     load.admit(requestId, best, request.chain, blockCount, tokenCount, cachedTokens, expected);
     return {
       requestId,
