@@ -9,7 +9,7 @@
  * for every message, and they lengthened the young collections).
  *
  * Anything else (other keys or types, 64-bit integers, float32, non-ASCII strings,
- * nesting, an empty or oversized batch, truncated or trailing bytes) makes `read`
+ * nesting, an oversized batch, truncated or trailing bytes) makes `read`
  * return false, and the message goes to msgpackr as before: for every message this
  * reader takes, the bodies are the ones msgpackr would give (a differential test holds
  * them to it), so the answers cannot differ.
@@ -35,7 +35,10 @@ type Key = (typeof KEYS)[number];
 const KNOWN = [...KEYS, "route", "match", "done", "prefill_done"].map((text) => ({ text, bytes: Buffer.from(text, "ascii") }));
 
 /** One request body, refilled by `MsgpackRequestReader.request`. */
-export type FrameBody = Record<Key, unknown>;
+export type RequestBody = Record<Key, unknown>;
+
+/** Thrown inside the walk at the first thing this reader does not take; `read` catches it. */
+const DECLINE = Object.freeze({ declined: true });
 
 export class MsgpackRequestReader {
   private source: Uint8Array = new Uint8Array(0);
@@ -43,13 +46,11 @@ export class MsgpackRequestReader {
   private starts = new Int32Array(64);
   private requests = 0;
   private batch = false;
-  private readonly body = Object.fromEntries(KEYS.map((key) => [key, undefined])) as FrameBody;
+  private readonly body = Object.fromEntries(KEYS.map((key) => [key, undefined])) as RequestBody;
   private readonly tokens = new BinRef();
   // Big-endian float64 bytes are reversed into these to be read as a number.
   private readonly floatBytes = new Uint8Array(8);
   private readonly float = new Float64Array(this.floatBytes.buffer);
-  // Set by `value` when the walk hits something this reader does not take.
-  private failed = false;
   private at = 0;
 
   constructor(private readonly batchMax: number) {}
@@ -68,47 +69,47 @@ export class MsgpackRequestReader {
   read(message: Uint8Array): boolean {
     this.source = message;
     this.requests = 0;
-    this.failed = false;
     this.at = 0;
-    const end = message.length;
-    if (end === 0) return false;
+    if (message.length === 0) return false;
     const head = message[0]!;
-    let count = 1;
     this.batch = (head & 0xf0) === 0x90 || head === 0xdc || head === 0xdd;
-    if (this.batch) {
-      count = this.collectionLength(0x90);
-      if (this.failed || count === 0 || count > this.batchMax) return false;
+    try {
+      const count = this.batch ? this.collectionLength(0x90) : 1;
+      if (count > this.batchMax) return false;
+      if (this.starts.length < count) this.starts = new Int32Array(Math.max(count, 2 * this.starts.length));
+      for (let i = 0; i < count; i++) {
+        this.starts[i] = this.at;
+        this.walkMap(null);
+      }
+      if (this.at !== message.length) return false;
+      this.requests = count;
+      return true;
+    } catch (error) {
+      if (error === DECLINE) return false;
+      throw error;
     }
-    if (this.starts.length < count) this.starts = new Int32Array(Math.max(count, 2 * this.starts.length));
-    for (let i = 0; i < count; i++) {
-      this.starts[i] = this.at;
-      this.walkMap(null);
-      if (this.failed) return false;
-    }
-    if (this.at !== end) return false;
-    this.requests = count;
-    return true;
   }
 
   /** Request `i` of the message last read, as a body: the same object each time, refilled. */
-  request(i: number): FrameBody {
+  request(i: number): RequestBody {
     if (!(i >= 0 && i < this.requests)) throw new RangeError(`no request ${i} of ${this.requests}`);
     const body = this.body;
     for (const key of KEYS) body[key] = undefined;
     this.at = this.starts[i]!;
-    this.walkMap(body);
+    try {
+      this.walkMap(body);
+    } catch (error) {
+      throw error === DECLINE ? new Error("the message changed after it was read") : error;
+    }
     return body;
   }
 
   /** Walks one request map from `at`, filling `body` when given. */
-  private walkMap(body: FrameBody | null): void {
+  private walkMap(body: RequestBody | null): void {
     const entries = this.collectionLength(0x80);
-    for (let e = 0; e < entries && !this.failed; e++) {
+    for (let e = 0; e < entries; e++) {
       const key = this.asciiString();
-      if (this.failed || !Object.hasOwn(this.body, key)) {
-        this.failed = true;
-        return;
-      }
+      if (!Object.hasOwn(this.body, key)) throw DECLINE;
       const value = key === "token_ids" ? this.bin(body !== null) : this.scalar();
       if (body !== null) body[key as Key] = value;
     }
@@ -117,19 +118,19 @@ export class MsgpackRequestReader {
   /** A map or array header (`fix` is 0x80 or 0x90): its length; anything else fails. */
   private collectionLength(fix: number): number {
     const source = this.source;
-    if (this.at >= source.length) return this.fail();
+    if (this.at >= source.length) throw DECLINE;
     const head = source[this.at++]!;
     if ((head & 0xf0) === fix) return head & 0x0f;
     const wide16 = fix === 0x80 ? 0xde : 0xdc;
     if (head === wide16) return this.uint(2);
     if (head === wide16 + 1) return this.uint(4);
-    return this.fail();
+    throw DECLINE;
   }
 
   /** A nil, boolean, integer up to 32 bits, float64 or ASCII string. */
   private scalar(): unknown {
     const source = this.source;
-    if (this.at >= source.length) return this.fail();
+    if (this.at >= source.length) throw DECLINE;
     const head = source[this.at]!;
     if (head <= 0x7f) {
       this.at++;
@@ -152,29 +153,29 @@ export class MsgpackRequestReader {
       case 0xd1: return (this.uint(2) << 16) >> 16;
       case 0xd2: return this.uint(4) | 0;
       case 0xcb: {
-        if (this.at + 8 > source.length) return this.fail();
+        if (this.at + 8 > source.length) throw DECLINE;
         for (let i = 0; i < 8; i++) this.floatBytes[7 - i] = source[this.at + i]!;
         this.at += 8;
         return this.float[0];
       }
-      default: return this.fail();
+      default: throw DECLINE;
     }
   }
 
   /** A string of ASCII bytes only (others decode differently across decoders: fail). */
   private asciiString(): string {
     const source = this.source;
-    if (this.at >= source.length) return this.fail();
+    if (this.at >= source.length) throw DECLINE;
     const head = source[this.at++]!;
     let length: number;
     if ((head & 0xe0) === 0xa0) length = head & 0x1f;
     else if (head === 0xd9) length = this.uint(1);
     else if (head === 0xda) length = this.uint(2);
     else if (head === 0xdb) length = this.uint(4);
-    else return this.fail();
+    else throw DECLINE;
     const start = this.at;
     const end = start + length;
-    if (this.failed || end > source.length) return this.fail();
+    if (end > source.length) throw DECLINE;
     this.at = end;
     for (const known of KNOWN) {
       if (known.bytes.length === length && equalBytes(known.bytes, source, start)) return known.text;
@@ -182,7 +183,7 @@ export class MsgpackRequestReader {
     let text = "";
     for (let i = start; i < end; i++) {
       const byte = source[i]!;
-      if (byte >= 0x80) return this.fail();
+      if (byte >= 0x80) throw DECLINE;
       text += String.fromCharCode(byte);
     }
     return text;
@@ -191,15 +192,15 @@ export class MsgpackRequestReader {
   /** A `bin`: a BinRef into the message when `keep`, else only checked. */
   private bin(keep: boolean): BinRef | null {
     const source = this.source;
-    if (this.at >= source.length) return this.fail();
+    if (this.at >= source.length) throw DECLINE;
     const head = source[this.at++]!;
     let length: number;
     if (head === 0xc4) length = this.uint(1);
     else if (head === 0xc5) length = this.uint(2);
     else if (head === 0xc6) length = this.uint(4);
-    else return this.fail();
+    else throw DECLINE;
     const start = this.at;
-    if (this.failed || start + length > source.length) return this.fail();
+    if (start + length > source.length) throw DECLINE;
     this.at = start + length;
     if (!keep) return null;
     this.tokens.source = source;
@@ -211,17 +212,12 @@ export class MsgpackRequestReader {
   /** A big-endian unsigned integer of `bytes` bytes. */
   private uint(bytes: number): number {
     const source = this.source;
-    if (this.at + bytes > source.length) return this.fail();
+    if (this.at + bytes > source.length) throw DECLINE;
     let value = 0;
     for (let i = 0; i < bytes; i++) value = value * 256 + source[this.at++]!;
     return value;
   }
 
-  private fail(): never {
-    this.failed = true;
-    // Callers check `failed`; the value returned is never used.
-    return undefined as never;
-  }
 }
 
 function equalBytes(known: Uint8Array, source: Uint8Array, start: number): boolean {
