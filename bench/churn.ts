@@ -26,25 +26,26 @@ import { storeChain } from "../src/index/crtc/store";
 import { removeHashes } from "../src/index/crtc/remove";
 import { createIndex } from "../src/index/index";
 import { BACKEND_NAMES, type BackendName, MatchResult, StoreStatus } from "../src/index/types";
-import { provenance, rssBytes } from "./lib";
+import { benchFlags, provenance, rssBytes } from "./lib";
 
 const PROMPT_BLOCKS = 16;
 const SUFFIX_BLOCKS = 8;
 const CHECKPOINT_MASK = 0xffff;
 const WORKER = 1n;
 
-function argument(name: string): string | undefined {
-  const at = process.argv.indexOf(name);
-  return at < 0 ? undefined : process.argv[at + 1];
-}
-
-const backend = (argument("--backend") ?? "crtc") as BackendName;
+const flags = benchFlags("bun bench/churn.ts [--backend crtc|positional|reference] [--cycles N] [--warmup N] [--json]", {
+  backend: { type: "string" },
+  cycles: { type: "string" },
+  warmup: { type: "string" },
+  json: { type: "boolean" },
+});
+const backend = (flags.backend ?? "crtc") as BackendName;
 if (!BACKEND_NAMES.includes(backend)) throw new Error(`--backend must be one of ${BACKEND_NAMES.join(", ")}`);
-const cycles = Number(argument("--cycles") ?? 1_000_000);
+const cycles = Number(flags.cycles ?? 1_000_000);
 if (!Number.isSafeInteger(cycles) || cycles < 1) throw new Error("--cycles must be a positive integer");
-const json = process.argv.includes("--json");
+const json = flags.json === true;
 
-const warmupCycles = Number(argument("--warmup") ?? 200_000);
+const warmupCycles = Number(flags.warmup ?? 200_000);
 if (!Number.isSafeInteger(warmupCycles) || warmupCycles < 2 || warmupCycles % 2 !== 0) {
   throw new Error("--warmup must be an even integer >= 2");
 }

@@ -17,10 +17,10 @@ import { Unpackr } from "msgpackr";
 import {
   DECODE_OK, DecodedBatch, decodeKvBatch, encodeKvBatch, EVENT_STORED, FLAG_PARENT, NO_STRING, type KvBatch,
 } from "../src/wire/kv-events";
-import { formatRate, prng, provenance } from "./lib";
+import { benchFlags, formatRate, prng, provenance } from "./lib";
 
 const EVENTS = 32;
-const json = process.argv.includes("--json");
+const json = benchFlags("bun bench/decode.bench.ts [--json]", { json: { type: "boolean" } }).json === true;
 
 interface Scenario {
   readonly name: string;

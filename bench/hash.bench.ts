@@ -11,11 +11,11 @@
  */
 import { bench, do_not_optimize, group, run } from "mitata";
 import { DEFAULT_SEED, hashBlocks, usingNativeHash } from "../src/hash";
-import { formatRate, prng, provenance } from "./lib";
+import { benchFlags, formatRate, prng, provenance } from "./lib";
 
 const BLOCKS = 4096;
 const BLOCK_SIZES = [1, 16, 128];
-const json = process.argv.includes("--json");
+const json = benchFlags("bun bench/hash.bench.ts [--json]", { json: { type: "boolean" } }).json === true;
 
 if (!usingNativeHash) throw new Error("native library not loaded: run `bun build.ts --native` first");
 

@@ -14,15 +14,19 @@
  */
 import { join } from "node:path";
 import { type LoadResult, type LoadSpec, openLoopGenerator } from "./http-load";
-import { provenance } from "./lib";
+import { benchFlags, killWithBench, provenance } from "./lib";
 
-const json = process.argv.includes("--json");
-const generatorAt = process.argv.indexOf("--generator");
-const generator = openLoopGenerator(generatorAt >= 0 ? process.argv[generatorAt + 1] : undefined);
+// `--serve none|text|bytes`: this file as the no-op server, in its own process.
+const flags = benchFlags("bun bench/http-floor.ts [--json] [--generator c|bun]", {
+  json: { type: "boolean" },
+  generator: { type: "string" },
+  serve: { type: "string" },
+});
+const json = flags.json === true;
+const generator = openLoopGenerator(flags.generator);
 
-if (process.argv[2] === "--serve") {
-  // The no-op server: `--serve none|text|bytes`.
-  const mode = process.argv[3];
+if (flags.serve !== undefined) {
+  const mode = flags.serve;
   const { pack } = await import("msgpackr");
   const answer = JSON.stringify({ request_id: "r-1", worker_id: "7", dp_rank: 0, query_blocks: 64, overlap_blocks: 60, cost: 12.5, candidates: [] });
   const frame = pack(Array.from({ length: 16 }, (_, id) => ({ id, status: 200, result: { request_id: "r-1", worker_id: "7" } })));
@@ -55,7 +59,7 @@ if (process.argv[2] === "--serve") {
   ];
   const rows: { scenario: string; result: LoadResult }[] = [];
   for (const scenario of scenarios) {
-    const server = Bun.spawn([process.execPath, import.meta.path, "--serve", scenario.mode], { stdout: "pipe", stderr: "inherit" });
+    const server = killWithBench(Bun.spawn([process.execPath, import.meta.path, "--serve", scenario.mode], { stdout: "pipe", stderr: "inherit" }));
     const reader = server.stdout.getReader();
     const { value } = await reader.read();
     const { port } = JSON.parse(new TextDecoder().decode(value).split("\n")[0]!) as { port: number };
@@ -64,7 +68,7 @@ if (process.argv[2] === "--serve") {
       promptTokens: 1024, poolSize: 4096, candidates: 4, warmupMs: 1_000, durationMs: 4_000, seed: 20_261_129,
       fleetWorkers: 64, fleetPairs: 1_050_000, uniqueBase: 0, serverPid: server.pid, generator, ...scenario.spec,
     };
-    const load = Bun.spawn([process.execPath, join(import.meta.dir, "http-load.ts"), JSON.stringify(spec)], { stdout: "pipe", stderr: "inherit" });
+    const load = killWithBench(Bun.spawn([process.execPath, join(import.meta.dir, "http-load.ts"), JSON.stringify(spec)], { stdout: "pipe", stderr: "inherit" }));
     const text = await new Response(load.stdout).text();
     await load.exited;
     server.kill();

@@ -38,7 +38,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { Socket } from "bun";
 import { pack, unpack } from "msgpackr";
-import { prng } from "./lib";
+import { killWithBench, prng } from "./lib";
 import { BLOCK_SIZE, buildFleet, buildPrompt, mix } from "./http-workload";
 
 export interface LoadSpec {
@@ -593,10 +593,10 @@ async function runOpenLoopC(spec: LoadSpec): Promise<LoadResult> {
   const path = join(tmpdir(), `kvedge-open-loop-${process.pid}.bin`);
   writeFileSync(path, openLoopPayloads(spec, promptPool(spec)));
   const frameRequests = spec.transport === "http" ? 1 : spec.batch;
-  const proc = Bun.spawn([
+  const proc = killWithBench(Bun.spawn([
     binary, path, spec.host, String(spec.port), spec.transport, String(spec.rate), String(frameRequests),
     String(spec.connections), String(spec.warmupMs), String(spec.durationMs), String(spec.serverPid), spec.binary ? "u32" : "json",
-  ], { stdout: "pipe", stderr: "inherit" });
+  ], { stdout: "pipe", stderr: "inherit" }));
   const text = await new Response(proc.stdout).text();
   const status = await proc.exited;
   rmSync(path, { force: true });

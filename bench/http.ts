@@ -41,15 +41,19 @@ import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Subprocess } from "bun";
 import { type LoadResult, type LoadSpec, openLoopGenerator } from "./http-load";
-import { median, provenance } from "./lib";
+import { benchFlags, killWithBench, median, provenance } from "./lib";
 
 const ROOT = join(import.meta.dir, "..");
-const argv = process.argv.slice(2);
-const flag = (name: string): string | undefined => {
-  const at = argv.indexOf(name);
-  return at >= 0 ? argv[at + 1] : undefined;
-};
-const BINARY = flag("--binary") ?? join(ROOT, "dist", "kvedge");
+const flags = benchFlags("bun bench/http.ts [--json] [--quick] [--runs N] [--only SUBSTRING] [--binary PATH] [--profile DIR] [--generator c|bun]", {
+  json: { type: "boolean" },
+  quick: { type: "boolean" },
+  runs: { type: "string" },
+  only: { type: "string" },
+  binary: { type: "string" },
+  profile: { type: "string" },
+  generator: { type: "string" },
+});
+const BINARY = flags.binary ?? join(ROOT, "dist", "kvedge");
 const SEED = 20_261_129;
 const WORKERS = 64;
 const TARGET_PAIRS = 1_050_000;
@@ -59,12 +63,13 @@ const CANDIDATES = 4;
 const GOAL = { http: 25_000, ws: 50_000 } as const;
 const P99_GOAL_MS = 2;
 
-const quick = argv.includes("--quick");
-const json = argv.includes("--json");
-const runs = Number(flag("--runs") ?? (quick ? 1 : 3));
-const only = flag("--only");
-const profileDir = flag("--profile");
-const generator = openLoopGenerator(flag("--generator"));
+const quick = flags.quick === true;
+const json = flags.json === true;
+const runs = Number(flags.runs ?? (quick ? 1 : 3));
+if (!(Number.isInteger(runs) && runs >= 1)) throw new Error("--runs must be a positive integer");
+const only = flags.only;
+const profileDir = flags.profile;
+const generator = openLoopGenerator(flags.generator);
 
 interface Scenario {
   readonly name: string;
@@ -166,9 +171,9 @@ interface Fleet {
 }
 
 async function startFleet(): Promise<Fleet> {
-  const proc = Bun.spawn([process.execPath, join(import.meta.dir, "http-fleet.ts"), String(SEED), String(WORKERS), String(TARGET_PAIRS)], {
+  const proc = killWithBench(Bun.spawn([process.execPath, join(import.meta.dir, "http-fleet.ts"), String(SEED), String(WORKERS), String(TARGET_PAIRS)], {
     stdin: "pipe", stdout: "pipe", stderr: "inherit",
-  });
+  }));
   const { line } = await readLine(proc.stdout);
   return { proc, ...JSON.parse(line) };
 }
@@ -187,7 +192,7 @@ async function startServe(fleet: Fleet): Promise<Serve> {
   const command = profileDir === undefined
     ? [BINARY, ...args]
     : [process.execPath, "--cpu-prof", "--cpu-prof-interval=250", `--cpu-prof-dir=${profileDir}`, join(ROOT, "src", "cli", "main.ts"), ...args];
-  const proc = Bun.spawn(command, { stdin: "ignore", stdout: "ignore", stderr: "pipe" });
+  const proc = killWithBench(Bun.spawn(command, { stdin: "ignore", stdout: "ignore", stderr: "pipe" }));
   const reader = proc.stderr.getReader();
   const decoder = new TextDecoder();
   let text = "";
@@ -233,9 +238,9 @@ async function indexBytes(serve: Serve): Promise<number> {
 }
 
 async function runLoad(spec: LoadSpec): Promise<LoadResult> {
-  const proc = Bun.spawn([process.execPath, join(import.meta.dir, "http-load.ts"), JSON.stringify(spec)], {
+  const proc = killWithBench(Bun.spawn([process.execPath, join(import.meta.dir, "http-load.ts"), JSON.stringify(spec)], {
     stdout: "pipe", stderr: "inherit",
-  });
+  }));
   const text = await new Response(proc.stdout).text();
   if ((await proc.exited) !== 0) throw new Error(`load generator failed (${spec.transport} ${spec.mode})`);
   return JSON.parse(text.trim().split("\n").pop()!);

@@ -21,25 +21,24 @@
 import { bench, do_not_optimize, group, run } from "mitata";
 import { createIndex } from "../src/index/index";
 import { BACKEND_NAMES, type BackendName, type KvIndex, MatchResult } from "../src/index/types";
-import { provenance } from "./lib";
+import { benchFlags, provenance } from "./lib";
 import { buildWorkload, type Workload } from "./workload";
 
-function argument(name: string): string | undefined {
-  const at = process.argv.indexOf(name);
-  return at < 0 ? undefined : process.argv[at + 1];
-}
-
-const json = process.argv.includes("--json");
-const backends: BackendName[] = [];
-for (let i = 0; i < process.argv.length; i++) {
-  if (process.argv[i] === "--backend") backends.push(process.argv[i + 1] as BackendName);
-}
-if (backends.length === 0) backends.push("crtc", "positional", "reference");
+const flags = benchFlags("bun bench/index.bench.ts [--backend crtc|positional|reference ...] [--pairs N] [--reference-pairs N] [--workers N] [--sticky P] [--json]", {
+  backend: { type: "string", multiple: true },
+  pairs: { type: "string" },
+  "reference-pairs": { type: "string" },
+  workers: { type: "string" },
+  sticky: { type: "string" },
+  json: { type: "boolean" },
+});
+const json = flags.json === true;
+const backends = (flags.backend ?? ["crtc", "positional", "reference"]) as BackendName[];
 for (const backend of backends) if (!BACKEND_NAMES.includes(backend)) throw new Error(`unknown backend ${backend}`);
-const pairs = Number(argument("--pairs") ?? 1_000_000);
-const referencePairs = Number(argument("--reference-pairs") ?? 100_000);
-const sticky = Number(argument("--sticky") ?? 0.8);
-const WORKERS = Number(argument("--workers") ?? 64);
+const pairs = Number(flags.pairs ?? 1_000_000);
+const referencePairs = Number(flags["reference-pairs"] ?? 100_000);
+const sticky = Number(flags.sticky ?? 0.8);
+const WORKERS = Number(flags.workers ?? 64);
 const QUERY_BLOCKS = 128;
 const CHAIN_BLOCKS = 32;
 

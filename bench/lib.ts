@@ -1,10 +1,13 @@
 /**
  * Shared bench helpers: provenance for every result (so a number can be traced to a
- * commit, runtime and machine), a seeded PRNG, and the median.
+ * commit, runtime and machine), a seeded PRNG, the median, strict flag parsing, and
+ * helper processes that do not outlive the bench.
  */
 import { readFileSync } from "node:fs";
 import { cpus } from "node:os";
 import { join } from "node:path";
+import { parseArgs } from "node:util";
+import type { Subprocess } from "bun";
 
 export interface Provenance {
   readonly date: string;
@@ -49,4 +52,52 @@ export function formatRate(perSecond: number): string {
   if (perSecond >= 1e6) return `${(perSecond / 1e6).toFixed(2)} M/s`;
   if (perSecond >= 1e3) return `${(perSecond / 1e3).toFixed(2)} k/s`;
   return `${perSecond.toFixed(0)} /s`;
+}
+
+type FlagSpec = { readonly type: "string" | "boolean"; readonly multiple?: boolean };
+
+/**
+ * A bench's flags, parsed strictly: `--help` prints `usage` and exits; an unknown flag
+ * or a flag without its value exits 2 naming it, instead of running a long bench on
+ * its defaults.
+ */
+export function benchFlags<const O extends Record<string, FlagSpec>>(usage: string, options: O, allowPositionals = false) {
+  const config = { args: process.argv.slice(2), options: { ...options, help: { type: "boolean" } } as const, strict: true, allowPositionals } as const;
+  let parsed: ReturnType<typeof parseArgs<typeof config>>;
+  try {
+    parsed = parseArgs(config);
+  } catch (error) {
+    console.error(`${(error as Error).message}\nusage: ${usage}`);
+    process.exit(2);
+  }
+  if ((parsed.values as { help?: boolean }).help === true) {
+    console.log(`usage: ${usage}`);
+    process.exit(0);
+  }
+  return { ...parsed.values, positionals: parsed.positionals };
+}
+
+const children = new Set<Subprocess>();
+
+/**
+ * Registers a bench's helper process (server, fleet, load generator) to be killed when
+ * the bench is interrupted or killed, instead of left running and loading the machine
+ * for whatever is measured next: `const server = killWithBench(Bun.spawn(...))`.
+ */
+export function killWithBench<P extends Subprocess>(child: P): P {
+  if (!handlersInstalled) installHandlers();
+  children.add(child);
+  void child.exited.then(() => children.delete(child));
+  return child;
+}
+
+let handlersInstalled = false;
+function installHandlers(): void {
+  handlersInstalled = true;
+  for (const [signal, code] of [["SIGINT", 130], ["SIGTERM", 143], ["SIGHUP", 129]] as const) {
+    process.on(signal, () => {
+      for (const child of children) child.kill("SIGTERM");
+      process.exit(code);
+    });
+  }
 }

@@ -14,7 +14,10 @@
  *   bun bench/lifecycle-stalls.bench.ts [--json]
  */
 import { LoadTracker } from "../src/route";
-import { provenance } from "./lib";
+import { benchFlags, killWithBench, provenance } from "./lib";
+
+// `--active N`: one configuration, in this process (the parent starts one per configuration).
+const flags = benchFlags("bun bench/lifecycle-stalls.bench.ts [--json]", { json: { type: "boolean" }, active: { type: "string" } });
 
 const STEPS = 1_000_000;
 const WARMUP = 200_000;
@@ -37,17 +40,16 @@ function measure(active: number): { medianUs: number; maxMs: number; over05Ms: n
 
 // Each configuration in a fresh process: one's garbage (1.2M id strings) must not
 // land as a full collection in the next one's steps.
-const activeAt = process.argv.indexOf("--active");
-if (activeAt >= 0) {
-  console.log(JSON.stringify(measure(Number(process.argv[activeAt + 1]))));
+if (flags.active !== undefined) {
+  console.log(JSON.stringify(measure(Number(flags.active))));
   process.exit(0);
 }
 const rows = [];
 for (const active of [0, 1_000, 12_500]) {
-  const child = Bun.spawn([process.execPath, import.meta.path, "--active", String(active)], { stdout: "pipe", stderr: "inherit" });
+  const child = killWithBench(Bun.spawn([process.execPath, import.meta.path, "--active", String(active)], { stdout: "pipe", stderr: "inherit" }));
   const text = await new Response(child.stdout).text();
   if ((await child.exited) !== 0) throw new Error(`the run with ${active} active failed`);
   rows.push({ active, ...(JSON.parse(text) as ReturnType<typeof measure>) });
 }
-if (process.argv.includes("--json")) console.log(JSON.stringify({ bench: "lifecycle-stalls", provenance: provenance(), rows }));
+if (flags.json === true) console.log(JSON.stringify({ bench: "lifecycle-stalls", provenance: provenance(), rows }));
 else for (const r of rows) console.log(`${r.active} active: median ${r.medianUs.toFixed(2)} µs, slowest ${r.maxMs.toFixed(2)} ms, ${r.over05Ms} steps over 0.5 ms of ${STEPS}`);

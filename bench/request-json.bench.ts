@@ -9,9 +9,9 @@
 import { bench, do_not_optimize, group, run } from "mitata";
 import { asObject, tokenIds } from "../src/server/http";
 import { parseRequestJson } from "../src/server/request-json";
-import { prng, provenance } from "./lib";
+import { benchFlags, prng, provenance } from "./lib";
 
-const json = process.argv.includes("--json");
+const json = benchFlags("bun bench/request-json.bench.ts [--json]", { json: { type: "boolean" } }).json === true;
 const random = prng(7);
 const bodies = [1024, 4096].map((tokens) => ({
   tokens,

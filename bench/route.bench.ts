@@ -19,13 +19,13 @@
 import { bench, do_not_optimize, group, run } from "mitata";
 import { DEFAULT_SEED } from "../src/hash";
 import { type Overlaps, promptHashes, type RouteRequest, Router } from "../src/route";
-import { formatRate, prng, provenance } from "./lib";
+import { benchFlags, formatRate, prng, provenance } from "./lib";
 
 const BLOCK_SIZE = 16;
 const WORKER_COUNTS = [8, 64, 256];
 const POOL = 8192;
 const ACTIVE_PER_WORKER = 16;
-const json = process.argv.includes("--json");
+const json = benchFlags("bun bench/route.bench.ts [--json]", { json: { type: "boolean" } }).json === true;
 
 const random = prng(42);
 const between = (low: number, high: number) => low + (random() % (high - low + 1));

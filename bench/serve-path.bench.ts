@@ -19,10 +19,10 @@ import { toJson } from "../src/server/http";
 import { createMetricsRegistry, ServerMetrics } from "../src/server/metrics";
 import { defaultTokenScanner, parseRequestJson } from "../src/server/request-json";
 import { BLOCK_SIZE, buildPrompt } from "./http-workload";
-import { prng, provenance, rssBytes } from "./lib";
+import { benchFlags, prng, provenance, rssBytes } from "./lib";
 import { FLEET_SEED as SEED, fleetService } from "./serve-fleet";
 
-const json = process.argv.includes("--json");
+const json = benchFlags("bun bench/serve-path.bench.ts [--json]", { json: { type: "boolean" } }).json === true;
 const ACTIVE = 4096;
 const POOL = 2048;
 

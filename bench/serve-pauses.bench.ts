@@ -29,22 +29,31 @@ import { TurnBatch } from "../src/server/turn";
 import { websocketHandlers, type WsData } from "../src/server/ws";
 import { silentLogger } from "../src/util/log";
 import { BLOCK_SIZE, buildPrompt, mix } from "./http-workload";
-import { median, prng, provenance } from "./lib";
+import { benchFlags, killWithBench, median, prng, provenance } from "./lib";
 import { FLEET_SEED, fleetService } from "./serve-fleet";
 
-const argv = process.argv.slice(2);
-const flag = (name: string, fallback: number): number => {
-  const at = argv.indexOf(name);
-  return at >= 0 ? Number(argv[at + 1]) : fallback;
+// `--one`: a single run, in this process (the parent starts one per run).
+const flags = benchFlags("bun bench/serve-pauses.bench.ts [--json] [--runs N] [--rate ROUTES_PER_S] [--seconds S] [--done-lag FRAMES]", {
+  json: { type: "boolean" },
+  runs: { type: "string" },
+  rate: { type: "string" },
+  seconds: { type: "string" },
+  "done-lag": { type: "string" },
+  one: { type: "boolean" },
+});
+const positive = (value: string | undefined, fallback: number, name: string): number => {
+  const number = Number(value ?? fallback);
+  if (!(number > 0 && Number.isFinite(number))) throw new Error(`${name} must be a positive number`);
+  return number;
 };
-const RATE = flag("--rate", 25_000);
-const SECONDS = flag("--seconds", 6);
-const RUNS = flag("--runs", 3);
+const RATE = positive(flags.rate, 25_000, "--rate");
+const SECONDS = positive(flags.seconds, 6, "--seconds");
+const RUNS = positive(flags.runs, 3, "--runs");
 const PER_FRAME = 16;
 const PROMPT_TOKENS = 1024;
 const FRAMES = 512;
 /** Frames between a request's route and its done; absent: never done (TTL). */
-const DONE_LAG = argv.includes("--done-lag") ? flag("--done-lag", 0) : null;
+const DONE_LAG = flags["done-lag"] === undefined ? null : Number(flags["done-lag"]);
 if (DONE_LAG !== null && !(Number.isInteger(DONE_LAG) && DONE_LAG >= 0 && DONE_LAG < FRAMES)) {
   throw new Error(`--done-lag must be an integer in [0, ${FRAMES})`);
 }
@@ -127,22 +136,22 @@ async function oneRun(): Promise<RunResult> {
   };
 }
 
-if (argv.includes("--one")) {
+if (flags.one === true) {
   console.log(JSON.stringify(await oneRun()));
 } else {
   const runs: RunResult[] = [];
   for (let i = 0; i < RUNS; i++) {
     const lag = DONE_LAG === null ? [] : ["--done-lag", String(DONE_LAG)];
-    const child = Bun.spawn([process.execPath, import.meta.path, "--one", "--rate", String(RATE), "--seconds", String(SECONDS), ...lag], {
+    const child = killWithBench(Bun.spawn([process.execPath, import.meta.path, "--one", "--rate", String(RATE), "--seconds", String(SECONDS), ...lag], {
       stdout: "pipe", stderr: "inherit",
-    });
+    }));
     const text = await new Response(child.stdout).text();
     if ((await child.exited) !== 0) throw new Error("a run failed");
     runs.push(JSON.parse(text.trim().split("\n").pop()!) as RunResult);
   }
   const of = (pick: (r: RunResult) => number) => median(runs.map(pick));
   const summary = { p50Ms: of((r) => r.p50Ms), p99Ms: of((r) => r.p99Ms), p999Ms: of((r) => r.p999Ms), maxMs: of((r) => r.maxMs), over2Ms: of((r) => r.over2Ms) };
-  if (argv.includes("--json")) {
+  if (flags.json === true) {
     console.log(JSON.stringify({ bench: "serve-pauses", provenance: provenance(), rate: RATE, perFrame: PER_FRAME, seconds: SECONDS, doneLag: DONE_LAG, summary, runs }));
   } else {
     const done = DONE_LAG === null ? "never done (TTL)" : DONE_LAG === 0 ? "each done at once" : `done ${DONE_LAG} frames later`;

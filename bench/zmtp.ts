@@ -16,7 +16,7 @@ import { join } from "node:path";
 import { bench, do_not_optimize, run as mitata } from "mitata";
 import { PubSocket, SubSocket } from "../src/wire/zmtp";
 import { FrameDecoder, NEED_MORE } from "../src/wire/zmtp/decoder";
-import { formatRate, median, provenance } from "./lib";
+import { benchFlags, formatRate, killWithBench, median, provenance } from "./lib";
 
 const ROOT = join(import.meta.dir, "..");
 const TOPIC = new TextEncoder().encode("kv@bench"); // vLLM-shaped: [topic, seq u64 BE, payload]
@@ -41,11 +41,16 @@ interface RunResult {
   readonly receiverCpu: number;
 }
 
-const argv = process.argv.slice(2);
-const flag = (name: string): string | undefined => {
-  const at = argv.indexOf(name);
-  return at >= 0 ? argv[at + 1] : undefined;
-};
+// `--role pub ENDPOINT COUNT SIZE FRAMES` and `--role recv --scenario JSON`: the
+// publisher and receiver processes, started by the parent run.
+const flags = benchFlags("bun bench/zmtp.ts [--runs 3] [--quick] [--only <scenario substring>] [--json]", {
+  runs: { type: "string" },
+  quick: { type: "boolean" },
+  only: { type: "string" },
+  json: { type: "boolean" },
+  role: { type: "string" },
+  scenario: { type: "string" },
+}, true);
 
 // ---- publisher processes --------------------------------------------------------------
 
@@ -137,8 +142,8 @@ async function receiver(scenario: Scenario): Promise<RunResult> {
   const args = [endpoint, String(scenario.count), String(scenario.size), String(scenario.frames)];
   const publisher =
     scenario.publisher === "ours"
-      ? Bun.spawn([process.execPath, import.meta.path, "--role", "pub", ...args], { stdout: "inherit", stderr: "inherit" })
-      : Bun.spawn(["node", "--input-type=module", "-e", LIBZMQ_PUBLISHER, ...args], { cwd: ROOT, stdout: "inherit", stderr: "inherit" });
+      ? killWithBench(Bun.spawn([process.execPath, import.meta.path, "--role", "pub", ...args], { stdout: "inherit", stderr: "inherit" }))
+      : killWithBench(Bun.spawn(["node", "--input-type=module", "-e", LIBZMQ_PUBLISHER, ...args], { cwd: ROOT, stdout: "inherit", stderr: "inherit" }));
   const failed = publisher.exited.then((code) => {
     if (code !== 0) throw new Error(`publisher exited with ${code}`);
     return new Promise<never>(() => {});
@@ -196,32 +201,34 @@ const SCENARIOS: Scenario[] = [
 ];
 
 async function main(): Promise<void> {
-  const role = flag("--role");
+  const role = flags.role;
   if (role === "pub") {
-    const [endpoint, count, size, frames] = argv.slice(argv.indexOf("pub") + 1);
+    const [endpoint, count, size, frames] = flags.positionals;
     await ourPublisher(endpoint!, Number(count), Number(size), Number(frames));
     return;
   }
   if (role === "recv") {
-    const result = await receiver(JSON.parse(flag("--scenario")!) as Scenario);
+    const result = await receiver(JSON.parse(flags.scenario!) as Scenario);
     console.log(JSON.stringify(result));
     return;
   }
-  const runs = Number(flag("--runs") ?? 3);
-  const quick = argv.includes("--quick");
-  const only = flag("--only");
-  const json = argv.includes("--json");
+  const runs = Number(flags.runs ?? 3);
+  const quick = flags.quick === true;
+  const only = flags.only;
+  const json = flags.json === true;
   const results: Record<string, unknown>[] = [];
   for (const base of SCENARIOS) {
     if (only !== undefined && !base.name.includes(only)) continue;
     const scenario = quick ? { ...base, count: Math.ceil(base.count / 10) } : base;
     const raw: RunResult[] = [];
     for (let i = 0; i < runs; i++) {
-      const child = Bun.spawnSync([process.execPath, import.meta.path, "--role", "recv", "--scenario", JSON.stringify(scenario)], {
-        stderr: "inherit",
-      });
-      if (child.exitCode !== 0) throw new Error(`${scenario.name}: receiver exited with ${child.exitCode}`);
-      raw.push(JSON.parse(child.stdout.toString().trim().split("\n").at(-1)!) as RunResult);
+      const child = killWithBench(Bun.spawn([process.execPath, import.meta.path, "--role", "recv", "--scenario", JSON.stringify(scenario)], {
+        stdout: "pipe", stderr: "inherit",
+      }));
+      const text = await new Response(child.stdout).text();
+      const status = await child.exited;
+      if (status !== 0) throw new Error(`${scenario.name}: receiver exited with ${status}`);
+      raw.push(JSON.parse(text.trim().split("\n").at(-1)!) as RunResult);
     }
     const row = {
       scenario: scenario.name,

@@ -6,7 +6,7 @@
 // compared after every step with a Map-based model; verify() checks the structure.
 import { describe, expect, test } from "bun:test";
 import { ActiveBlocks, type ChainHolder } from "../../src/route";
-import { prng } from "../../bench/lib";
+import { xorshift32 as prng } from "../../src/util/random";
 
 /** A chain of (hi, lo) words; equal prefixes give equal words, like sequence hashes. */
 function chainOf(words: readonly number[]): Uint32Array {

@@ -5,7 +5,7 @@
 // Method: a LoadTracker with a fake clock, requests admitted directly with real
 // sequence hashes (src/hash), counters and verify() checked after each step.
 import { describe, expect, test } from "bun:test";
-import { prng } from "../../bench/lib";
+import { xorshift32 as prng } from "../../src/util/random";
 import { DEFAULT_SEED } from "../../src/hash";
 import { ActiveBlocks, EXPIRE_PER_DECISION, FINISHED_REMEMBERED_MAX, INITIAL_RECORDS, LoadTracker, promptHashes } from "../../src/route";
 

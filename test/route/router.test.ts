@@ -5,7 +5,7 @@
 // Method: a Router with real sequence hashes, injected RNG and clock; a randomized
 // run compared with an independent reference computation of every candidate's cost.
 import { describe, expect, test } from "bun:test";
-import { prng } from "../../bench/lib";
+import { xorshift32 as prng } from "../../src/util/random";
 import { DEFAULT_SEED } from "../../src/hash";
 import {
   CandidateList, type Overlaps, overlapsOf, promptHashes, type RouteDecision, RouteError, type RouteRequest, Router, type RouterOptions,
