@@ -5,8 +5,8 @@
 import type { Server } from "bun";
 import { timingSafeEqual } from "node:crypto";
 import type { Logger } from "../util/log";
-import { addWorkerOp, lifecycleOp, matchOp, removeWorkerOp, routeOp, workersOp } from "./api";
-import { errorReply, HttpError, parseBody, readBody, receiveBody, reply, type ReceivedBody } from "./http";
+import { addWorkerOp, decideRoute, lifecycleOp, matchOp, removeWorkerOp, routeAnswer, workersOp, writeRouteAnswer } from "./api";
+import { errorReply, HttpError, msgpackReply, parseBody, readBody, receiveBody, reply, type ReceivedBody, wantsMsgpack } from "./http";
 import { type MetricsRegistry, ServerMetrics } from "./metrics";
 import type { KvRouterService } from "./service";
 import { statusPage } from "./status";
@@ -74,9 +74,12 @@ export function startApp(options: AppOptions): App {
         op: (request, _params, body) => {
           const parsed = parseBody(body!, true);
           const started = performance.now();
-          const result = routeOp(service, parsed);
+          const outcome = decideRoute(service, parsed);
           metrics.observeRouteDecision((performance.now() - started) / 1000);
-          return reply(request, 200, result);
+          const load = service.router.load;
+          return wantsMsgpack(request)
+            ? msgpackReply(200, (writer) => writeRouteAnswer(writer, load, outcome))
+            : reply(null, 200, routeAnswer(load, outcome));
         },
       },
     },

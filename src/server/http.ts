@@ -86,11 +86,14 @@ function parseJson(text: string, transient: boolean): unknown {
 const utf8 = new TextDecoder();
 const bodyReader = new MsgpackRequestReader(1);
 
-async function readLimited(request: Request, limitBytes: number, declared: boolean): Promise<Uint8Array> {
-  if (request.body === null) return new Uint8Array(0);
+function readLimited(request: Request, limitBytes: number, declared: boolean): Promise<Uint8Array> {
   // A declared length was checked against the limit already: the body at once, much
-  // cheaper than iterating the stream.
-  if (declared) return await request.bytes();
+  // cheaper than iterating the stream (and than touching request.body, which builds one).
+  return declared ? request.bytes() : readStream(request, limitBytes);
+}
+
+async function readStream(request: Request, limitBytes: number): Promise<Uint8Array> {
+  if (request.body === null) return new Uint8Array(0);
   const chunks: Uint8Array[] = [];
   let total = 0;
   for await (const chunk of request.body) {
@@ -108,7 +111,7 @@ async function readLimited(request: Request, limitBytes: number, declared: boole
   return joined;
 }
 
-function wantsMsgpack(request: Request): boolean {
+export function wantsMsgpack(request: Request): boolean {
   return (request.headers.get("accept") ?? "").includes(MSGPACK);
 }
 
@@ -131,16 +134,19 @@ export function toJson(body: unknown): string {
 
 /** A JSON response, or MessagePack when the client's Accept header asks for it. */
 export function reply(request: Request | null, status: number, body: unknown): Response {
-  if (request !== null && wantsMsgpack(request)) {
-    writer.reset();
-    writer.value(body as MsgpackValue);
-    // A copy: the Response may read its body after the writer moved on.
-    return new Response(writer.finish(), { status, headers: { "content-type": MSGPACK } });
-  }
+  if (request !== null && wantsMsgpack(request)) return msgpackReply(status, (out) => out.value(body as MsgpackValue));
   return new Response(toJson(body), {
     status,
     headers: { "content-type": "application/json" },
   });
+}
+
+/** A MessagePack response whose body `write` writes (for answers written without objects). */
+export function msgpackReply(status: number, write: (writer: MsgpackWriter) => void): Response {
+  writer.reset();
+  write(writer);
+  // A copy: the Response may read its body after the writer moved on.
+  return new Response(writer.finish(), { status, headers: { "content-type": MSGPACK } });
 }
 
 export function errorReply(request: Request | null, error: HttpError): Response {
