@@ -37,11 +37,11 @@
  * this machine allows. `--generator bun` sends them from bench/http-load.ts instead (as
  * every other scenario is), which is also the fallback without a C compiler.
  */
-import { existsSync, readFileSync } from "node:fs";
+import { existsSync } from "node:fs";
 import { join } from "node:path";
-import type { Subprocess } from "bun";
 import { type LoadResult, type LoadSpec, openLoopGenerator } from "./http-load";
 import { benchFlags, killWithBench, median, provenance } from "./lib";
+import { indexBytes, rssOf, startFleet, startServe, stopAll, waitIndexed } from "./serve-process";
 
 const ROOT = join(import.meta.dir, "..");
 const flags = benchFlags("bun bench/http.ts [--json] [--quick] [--runs N] [--only SUBSTRING] [--binary PATH] [--profile DIR] [--generator c|bun]", {
@@ -148,95 +148,6 @@ function warmUps(list: Scenario[]): Scenario[] {
 
 // ---- processes ----------------------------------------------------------------------------
 
-async function readLine(stream: ReadableStream<Uint8Array>, reader = stream.getReader()): Promise<{ line: string; reader: typeof reader }> {
-  const decoder = new TextDecoder();
-  let text = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) throw new Error(`stream ended before a line: ${text}`);
-    text += decoder.decode(value, { stream: true });
-    const newline = text.indexOf("\n");
-    if (newline >= 0) {
-      reader.releaseLock();
-      return { line: text.slice(0, newline), reader };
-    }
-  }
-}
-
-interface Fleet {
-  readonly proc: Subprocess<"pipe", "pipe", "inherit">;
-  readonly endpoints: string[];
-  readonly pairsPerWorker: number[];
-  readonly pairs: number;
-}
-
-async function startFleet(): Promise<Fleet> {
-  const proc = killWithBench(Bun.spawn([process.execPath, join(import.meta.dir, "http-fleet.ts"), String(SEED), String(WORKERS), String(TARGET_PAIRS)], {
-    stdin: "pipe", stdout: "pipe", stderr: "inherit",
-  }));
-  const { line } = await readLine(proc.stdout);
-  return { proc, ...JSON.parse(line) };
-}
-
-interface Serve {
-  readonly proc: Subprocess<"ignore", "ignore", "pipe">;
-  readonly host: string;
-  readonly port: number;
-  readonly url: string;
-}
-
-async function startServe(fleet: Fleet): Promise<Serve> {
-  const workers = fleet.endpoints.map((endpoint, w) => `${w + 1}=${endpoint}`).join(",");
-  const args = ["serve", "--port", "0", "--log-format", "json", "--log-level", "info",
-    "--request-ttl-secs", String(REQUEST_TTL_SECS), "--workers", workers];
-  const command = profileDir === undefined
-    ? [BINARY, ...args]
-    : [process.execPath, "--cpu-prof", "--cpu-prof-interval=250", `--cpu-prof-dir=${profileDir}`, join(ROOT, "src", "cli", "main.ts"), ...args];
-  const proc = killWithBench(Bun.spawn(command, { stdin: "ignore", stdout: "ignore", stderr: "pipe" }));
-  const reader = proc.stderr.getReader();
-  const decoder = new TextDecoder();
-  let text = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) throw new Error(`kvedge serve exited before listening: ${text}`);
-    text += decoder.decode(value, { stream: true });
-    const listening = text.split("\n").map((line) => { try { return JSON.parse(line); } catch { return null; } })
-      .find((line) => line?.msg === "listening");
-    if (listening !== undefined) {
-      const url = new URL(String(listening.url));
-      // Keep draining stderr so the server never blocks on a full pipe.
-      void (async () => { while (!(await reader.read()).done); })();
-      return { proc, host: url.hostname, port: Number(url.port), url: String(listening.url) };
-    }
-  }
-}
-
-async function waitIndexed(serve: Serve, fleet: Fleet, timeoutMs: number): Promise<number> {
-  const started = performance.now();
-  for (;;) {
-    const response = await fetch(`${serve.url}/v1/workers`);
-    const body = (await response.json()) as { workers: { worker_id: string; blocks: number }[] };
-    const blocks = new Map(body.workers.map((worker) => [Number(worker.worker_id), worker.blocks]));
-    if (fleet.pairsPerWorker.every((pairs, w) => blocks.get(w + 1) === pairs)) return (performance.now() - started) / 1000;
-    if (performance.now() - started > timeoutMs) {
-      const total = [...blocks.values()].reduce((a, b) => a + b, 0);
-      throw new Error(`indexed ${total} of ${fleet.pairs} pairs after ${timeoutMs} ms`);
-    }
-    await Bun.sleep(100);
-  }
-}
-
-function rssOf(pid: number): number {
-  const match = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, "utf8"));
-  return match === null ? 0 : Number(match[1]) * 1024;
-}
-
-async function indexBytes(serve: Serve): Promise<number> {
-  const text = await (await fetch(`${serve.url}/metrics`)).text();
-  const match = /^kvedge_index_bytes (\S+)$/m.exec(text);
-  return match === null ? NaN : Number(match[1]);
-}
-
 async function runLoad(spec: LoadSpec): Promise<LoadResult> {
   const proc = killWithBench(Bun.spawn([process.execPath, join(import.meta.dir, "http-load.ts"), JSON.stringify(spec)], {
     stdout: "pipe", stderr: "inherit",
@@ -257,8 +168,8 @@ interface RunRecord {
 }
 
 async function oneRun(run: number, list: Scenario[]): Promise<RunRecord> {
-  const fleet = await startFleet();
-  const serve = await startServe(fleet);
+  const fleet = await startFleet(SEED, WORKERS, TARGET_PAIRS);
+  const serve = await startServe(BINARY, fleet, ["--request-ttl-secs", String(REQUEST_TTL_SECS)], profileDir);
   try {
     const indexSeconds = await waitIndexed(serve, fleet, 180_000);
     const record: RunRecord = {
@@ -291,11 +202,7 @@ async function oneRun(run: number, list: Scenario[]): Promise<RunRecord> {
     }
     return record;
   } finally {
-    serve.proc.kill("SIGTERM");
-    await serve.proc.exited;
-    fleet.proc.stdin.end();
-    fleet.proc.kill("SIGTERM");
-    await fleet.proc.exited;
+    await stopAll(serve, fleet);
   }
 }
 

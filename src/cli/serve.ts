@@ -1,6 +1,7 @@
 import { ConfigError, configFlagSpecs, flagHelp, loadConfig, renderConfig } from "../config";
 import { numaNodeCpus, pinProcess } from "../runtime/affinity";
 import { startApp } from "../server/app";
+import { warmUp } from "../server/warmup";
 import { createMetricsRegistry, registerRouterMetrics, registerServiceMetrics } from "../server/metrics";
 import { KvRouterService } from "../server/service";
 import { createLogger } from "../util/log";
@@ -64,6 +65,13 @@ Example:
       log.info("pinned to CPUs", { cpus: cpus.join(","), threads });
     }
 
+    try {
+      const warm = warmUp(config, config.server.warmup_routes);
+      if (warm.routes > 0) log.info("warmed up", { routes: warm.routes, ms: Math.round(warm.ms) });
+    } catch (error) {
+      // Only an optimization: serve cold rather than not at all.
+      log.error("warm-up failed; serving without it", { error: error instanceof Error ? error.message : String(error) });
+    }
     const service = new KvRouterService({ config, log });
     const registry = createMetricsRegistry();
     registerRouterMetrics(registry, service.router);

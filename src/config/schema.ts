@@ -24,6 +24,7 @@ export interface Config {
     readonly body_limit_bytes: number;
     readonly log_level: (typeof LOG_LEVELS)[number];
     readonly log_format: (typeof LOG_FORMATS)[number];
+    readonly warmup_routes: number;
   };
   readonly index: {
     readonly block_size: number;
@@ -103,6 +104,10 @@ export const SETTINGS: readonly Setting[] = [
   setting({
     key: "server.log_format", flag: "log-format", type: oneOf(LOG_FORMATS), default: "auto",
     help: "Log lines as JSON, or compact text; auto = text on a terminal, JSON otherwise.",
+  }),
+  setting({
+    key: "server.warmup_routes", flag: "warmup-routes", type: integer(0, 1_000_000), default: 4096,
+    help: "Synthetic routes run on a scratch index before listening, so the first real ones do not wait for the JIT (0 = none).",
   }),
   setting({
     key: "index.block_size", flag: "block-size", type: integer(1, 65_536), default: 16,

@@ -16,6 +16,7 @@ const EXAMPLE = join(import.meta.dir, "..", "..", "examples", "kvedge.toml");
 const DEFAULTS: Config = {
   server: {
     host: "127.0.0.1", port: 8080, admin_token: null, body_limit_bytes: 8_388_608, log_level: "info", log_format: "auto",
+    warmup_routes: 4096,
   },
   index: { block_size: 16, backend: "crtc" },
   route: {
@@ -119,6 +120,7 @@ describe("defaults and precedence", () => {
     const sample: Record<string, [toml: string, text: string]> = {
       "server.host": ['"::"', "::"], "server.port": ["9", "9"], "server.admin_token": ['"s3cret-token"', "s3cret-token"],
       "server.body_limit_bytes": ["4096", "4_096"], "server.log_level": ['"warn"', "warn"], "server.log_format": ['"json"', "json"],
+      "server.warmup_routes": ["0", "0"],
       "index.block_size": ["128", "128"], "index.backend": ['"crtc"', "crtc"],
       "route.overlap_score_credit": ["2", "2"], "route.overlap_score_credit_decay": ["0.5", ".5"],
       "route.prefill_load_scale": ["3.0", "3e0"], "route.decode_active_request_weight": ["1.5", "1.5"],
