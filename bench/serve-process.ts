@@ -9,20 +9,30 @@ import { killWithBench } from "./lib";
 
 const ROOT = join(import.meta.dir, "..");
 
-async function readLine(stream: ReadableStream<Uint8Array>, reader = stream.getReader()): Promise<{ line: string; reader: typeof reader }> {
+/**
+ * Reads `reader` until a whole line that `wanted` accepts, and returns it; `what` names
+ * the line in the error if the stream ends first.
+ */
+async function lineWhere(reader: { read(): Promise<{ done: boolean; value?: Uint8Array }> }, wanted: (line: string) => boolean, what: string): Promise<string> {
   const decoder = new TextDecoder();
   let text = "";
   for (;;) {
     const { value, done } = await reader.read();
-    if (done) throw new Error(`stream ended before a line: ${text}`);
+    if (done) throw new Error(`the stream ended before ${what}: ${text}`);
     text += decoder.decode(value, { stream: true });
-    const newline = text.indexOf("\n");
-    if (newline >= 0) {
-      reader.releaseLock();
-      return { line: text.slice(0, newline), reader };
-    }
+    const lines = text.split("\n");
+    const found = lines.slice(0, -1).find(wanted);
+    if (found !== undefined) return found;
   }
 }
+
+const jsonOrNull = (line: string): { msg?: unknown; url?: unknown } | null => {
+  try {
+    return JSON.parse(line);
+  } catch {
+    return null;
+  }
+};
 
 export interface Fleet {
   readonly proc: Subprocess<"pipe", "pipe", "inherit">;
@@ -36,7 +46,7 @@ export async function startFleet(seed: number, workers: number, pairs: number): 
   const proc = killWithBench(Bun.spawn([process.execPath, join(import.meta.dir, "http-fleet.ts"), String(seed), String(workers), String(pairs)], {
     stdin: "pipe", stdout: "pipe", stderr: "inherit",
   }));
-  const { line } = await readLine(proc.stdout);
+  const line = await lineWhere(proc.stdout.getReader(), () => true, "the fleet's endpoints");
   return { proc, ...JSON.parse(line) };
 }
 
@@ -60,21 +70,11 @@ export async function startServe(binary: string, fleet: Fleet, extraArgs: string
     : [process.execPath, "--cpu-prof", "--cpu-prof-interval=250", `--cpu-prof-dir=${profileDir}`, join(ROOT, "src", "cli", "main.ts"), ...args];
   const proc = killWithBench(Bun.spawn(command, { stdin: "ignore", stdout: "ignore", stderr: "pipe" }));
   const reader = proc.stderr.getReader();
-  const decoder = new TextDecoder();
-  let text = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) throw new Error(`kvedge serve exited before listening: ${text}`);
-    text += decoder.decode(value, { stream: true });
-    const listening = text.split("\n").map((line) => { try { return JSON.parse(line); } catch { return null; } })
-      .find((line) => line?.msg === "listening");
-    if (listening !== undefined) {
-      const url = new URL(String(listening.url));
-      // Keep draining stderr so the server never blocks on a full pipe.
-      void (async () => { while (!(await reader.read()).done); })();
-      return { proc, host: url.hostname, port: Number(url.port), url: String(listening.url) };
-    }
-  }
+  const line = await lineWhere(reader, (l) => jsonOrNull(l)?.msg === "listening", "kvedge serve listened");
+  // Keep draining stderr so the server never blocks on a full pipe.
+  void (async () => { while (!(await reader.read()).done); })();
+  const url = new URL(String(jsonOrNull(line)!.url));
+  return { proc, host: url.hostname, port: Number(url.port), url: url.origin };
 }
 
 /** Waits until /v1/workers shows every worker of the fleet with all its blocks; seconds waited. */
