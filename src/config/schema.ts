@@ -199,4 +199,4 @@ export function envName(flag: string): string {
 }
 
 /** KVEDGE_* variables read by other parts of kvedge, not settings. */
-export const OTHER_ENV = new Set(["KVEDGE_NATIVE", "KVEDGE_VERIFY"]);
+export const OTHER_ENV = new Set(["KVEDGE_NATIVE", "KVEDGE_NATIVE_AVX2", "KVEDGE_VERIFY"]);

@@ -201,6 +201,22 @@ for (const [scanner, transient] of [["js", false], ["native", false], ["js", tru
       expect(fastPaths).toBeGreaterThan(1_000);
     });
 
+    test("an unusual integer at every offset of a 64-byte block", () => {
+      // Leading zeros, empty slots, 9-10 digits and values over 2^32 - 1 where the
+      // native block reader's masks meet: a block's first and last byte included.
+      // Blocks start at the first integer; its length (1-8 digits) and the 8-byte
+      // integers after it put the odd one at every offset of a block.
+      const odd = ["0", "01", "00", "007", "", "123456789", "4294967295", "4294967296", "12345678"];
+      for (let first = 1; first <= 8; first++) {
+        for (let at = 1; at < 24; at++) {
+          for (const value of odd) {
+            const tokens = Array.from({ length: 24 }, (_, i) => (i === at ? value : i === 0 ? "98765432".slice(0, first) : "1234567"));
+            expectSameAsJsonParse(`{"k":"x","token_ids":[${tokens.join(",")}]}`);
+          }
+        }
+      }
+    });
+
     test("an array ending at every position of a 64-byte block", () => {
       for (let length = 0; length < 200; length++) {
         const tokens = Array.from({ length }, (_, i) => (i * 7919) % 1_000_003);
@@ -240,3 +256,18 @@ test("the scanner's buffers shrink back after a huge request", () => {
   parseWith(JSON.stringify({ token_ids: [1, 2, 3] }), defaultTokenScanner, true);
   expect(scannerBufferBytes()).toBeLessThanOrEqual(small);
 });
+
+// This machine's CPU picks the native reader's AVX2 conversion; the SSE2 + scalar one
+// (CPUs without AVX2) is checked by running every native-scanner test above again
+// with it forced.
+test.skipIf(defaultTokenScanner !== "native")("the native scanner without AVX2 passes the same tests", () => {
+  const run = Bun.spawnSync([process.execPath, "test", import.meta.path, "-t", "^native scanner"], {
+    env: { ...process.env, KVEDGE_NATIVE_AVX2: "0" },
+    stdout: "pipe",
+    stderr: "pipe",
+  });
+  const report = run.stderr.toString();
+  expect(report).toMatch(/\n\s*[1-9]\d* pass\n/);
+  expect(report).toMatch(/\n\s*0 fail\n/);
+  expect(run.exitCode).toBe(0);
+}, 60_000);
