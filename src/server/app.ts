@@ -179,6 +179,9 @@ export function startApp(options: AppOptions): App {
   const server = Bun.serve<WsData>({
     hostname: options.host,
     port: options.port,
+    // Bun defaults to development mode unless NODE_ENV=production (even in a compiled
+    // binary): error pages with stack traces. Never for a server in front of a fleet.
+    development: false,
     // Bun's own limit is a backstop; readBody enforces ours with a JSON 413.
     maxRequestBodySize: limit + 1024 * 1024,
     routes: routes as never,
