@@ -100,6 +100,7 @@ export class EngineServer {
     this.server = Bun.serve({
       hostname: this.options.host,
       port: this.options.port,
+      development: false, // as kvedge serve (src/server/app.ts)
       maxRequestBodySize: limit + 1024 * 1024,
       routes: {
         "/v1/generate": { POST: wrap(async (request) => await this.generate(request, await readBody(request, limit))) },
