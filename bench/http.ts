@@ -28,7 +28,10 @@
  * MessagePack bodies, WebSocket with one request per frame, WebSocket frames of 16 and
  * 64 requests, and WebSocket binary (MessagePack; in both MessagePack forms token_ids
  * are little-endian u32 bytes) with 1 and 16 per frame. Every number is
- * the median over the runs. `--binary PATH` benchmarks another build of kvedge (e.g. an
+ * the median over the runs. For HTTP, the server's own mean time per routing decision
+ * (from its /metrics, around each load) splits its CPU per route into the decision and
+ * everything else (Bun's request handling, parsing, the answer). `--binary PATH`
+ * benchmarks another build of kvedge (e.g. an
  * older commit, for before/after). `--profile DIR` runs the server from source under
  * `bun --cpu-prof` and leaves the profile in DIR (for finding hot spots, not for numbers).
  * The open-loop HTTP and binary WebSocket scenarios are sent by bench/loadgen/open-loop.c
@@ -41,7 +44,7 @@ import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { type LoadResult, type LoadSpec, openLoopGenerator } from "./http-load";
 import { benchFlags, killWithBench, median, provenance } from "./lib";
-import { indexBytes, rssOf, startFleet, startServe, stopAll, waitIndexed } from "./serve-process";
+import { indexBytes, routeDecisions, rssOf, startFleet, startServe, stopAll, waitIndexed } from "./serve-process";
 
 const ROOT = join(import.meta.dir, "..");
 const flags = benchFlags("bun bench/http.ts [--json] [--quick] [--runs N] [--only SUBSTRING] [--binary PATH] [--profile DIR] [--generator c|bun]", {
@@ -159,12 +162,20 @@ async function runLoad(spec: LoadSpec): Promise<LoadResult> {
 
 // ---- one run --------------------------------------------------------------------------------
 
+/**
+ * A scenario's load result, plus the server's own mean time per routing decision
+ * (`kvedge_route_decision_duration_seconds`, HTTP /v1/route only; hashing, index match,
+ * cost of every worker, admission) over the load, warm-up included: the part of a
+ * route's CPU that is the decision, measured where it runs. Null without HTTP routes.
+ */
+type ScenarioResult = LoadResult & { readonly decisionUs: number | null };
+
 interface RunRecord {
   readonly indexSeconds: number;
   readonly pairs: number;
   readonly serveRssBytes: number;
   readonly indexBytes: number;
-  readonly results: Record<string, LoadResult>;
+  readonly results: Record<string, ScenarioResult>;
 }
 
 async function oneRun(run: number, list: Scenario[]): Promise<RunRecord> {
@@ -195,7 +206,11 @@ async function oneRun(run: number, list: Scenario[]): Promise<RunRecord> {
       await expire();
     }
     for (const scenario of list) {
-      const result = await load(scenario, quick ? 500 : 1_000, quick ? 2_000 : 4_000);
+      const before = await routeDecisions(serve);
+      const loaded = await load(scenario, quick ? 500 : 1_000, quick ? 2_000 : 4_000);
+      const after = await routeDecisions(serve);
+      const decisions = after.count - before.count;
+      const result = { ...loaded, decisionUs: decisions > 0 ? (1e6 * (after.seconds - before.seconds)) / decisions : null };
       record.results[scenario.name] = result;
       if (!json) console.error(`  ${scenario.name}: ${formatResult(result)}`);
       await expire();
@@ -209,9 +224,10 @@ async function oneRun(run: number, list: Scenario[]): Promise<RunRecord> {
 const fmtMs = (ms: number | null) => (ms === null || Number.isNaN(ms) ? "-" : ms < 10 ? ms.toFixed(2) : ms.toFixed(0));
 const fmtRate = (rate: number) => `${(rate / 1000).toFixed(1)}k`;
 
-function formatResult(r: LoadResult): string {
+function formatResult(r: LoadResult | ScenarioResult): string {
   return `${fmtRate(r.routesPerSecond)} routes/s, p50 ${fmtMs(r.p50Ms)} ms, p99 ${fmtMs(r.p99Ms)} ms, p99.9 ${fmtMs(r.p999Ms)} ms, `
     + `serve CPU ${(100 * r.serverCpu).toFixed(0)} % (${((1e6 * r.serverCpu) / r.routesPerSecond).toFixed(0)} µs/route), generator CPU ${(100 * r.generatorCpu).toFixed(0)} %`
+    + ("decisionUs" in r && r.decisionUs !== null ? `, decision ${r.decisionUs.toFixed(1)} µs` : "")
     + (r.errors > 0 ? `, ${r.errors} errors (${r.sampleError})` : "") + (r.unanswered > 0 ? `, ${r.unanswered} unanswered` : "");
 }
 
@@ -227,7 +243,7 @@ for (let run = 1; run <= runs; run++) records.push(await oneRun(run, list));
 
 const med = (pick: (record: RunRecord) => number) => median(records.map(pick));
 const rows = list.map((scenario) => {
-  const of = (pick: (r: LoadResult) => number) => median(records.map((record) => pick(record.results[scenario.name]!)));
+  const of = (pick: (r: ScenarioResult) => number) => median(records.map((record) => pick(record.results[scenario.name]!)));
   return {
     scenario: scenario.name,
     transport: scenario.transport,
@@ -246,6 +262,7 @@ const rows = list.map((scenario) => {
     serverCpu: of((r) => r.serverCpu),
     serverCpuUsPerRoute: of((r) => (r.routesPerSecond > 0 ? (1e6 * r.serverCpu) / r.routesPerSecond : NaN)),
     generatorCpu: of((r) => r.generatorCpu),
+    decisionUs: scenario.transport === "http" ? of((r) => r.decisionUs ?? NaN) : null,
     errors: records.reduce((sum, record) => sum + record.results[scenario.name]!.errors, 0),
     unanswered: records.reduce((sum, record) => sum + record.results[scenario.name]!.unanswered, 0),
     runs: records.map((record) => record.results[scenario.name]!),
@@ -271,10 +288,11 @@ if (json) {
   console.log(`\nkvedge serve, ${setup.pairs} (block, worker) pairs over ${WORKERS} workers, median of ${records.length} run(s)`);
   console.log(`index ready in ${setup.indexSeconds.toFixed(1)} s; serve RSS ${(setup.serveRssBytes / 2 ** 20).toFixed(0)} MiB; `
     + `kvedge_index_bytes ${(setup.indexBytes / 2 ** 20).toFixed(1)} MiB; open-loop HTTP and binary WS sent by the ${generator === "c" ? "C" : "Bun"} generator\n`);
-  console.log("| scenario | routes/s | p50 ms | p99 ms | p99.9 ms | send lag p99 ms | serve CPU | serve CPU µs/route | generator CPU |");
-  console.log("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+  console.log("| scenario | routes/s | p50 ms | p99 ms | p99.9 ms | send lag p99 ms | serve CPU | serve CPU µs/route | of it, decision µs | generator CPU |");
+  console.log("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
   for (const row of rows) {
     console.log(`| ${row.scenario} | ${fmtRate(row.routesPerSecond)} | ${fmtMs(row.p50Ms)} | ${fmtMs(row.p99Ms)} | ${fmtMs(row.p999Ms)} | ${fmtMs(row.sendLagP99Ms)} `
-      + `| ${(100 * row.serverCpu).toFixed(0)} % | ${row.serverCpuUsPerRoute.toFixed(0)} | ${(100 * row.generatorCpu).toFixed(0)} % |`);
+      + `| ${(100 * row.serverCpu).toFixed(0)} % | ${row.serverCpuUsPerRoute.toFixed(0)} | ${row.decisionUs === null ? "-" : row.decisionUs.toFixed(1)} `
+      + `| ${(100 * row.generatorCpu).toFixed(0)} % |`);
   }
 }

@@ -99,8 +99,25 @@ export function rssOf(pid: number): number {
 }
 
 export async function indexBytes(serve: Serve): Promise<number> {
-  const text = await (await fetch(`${serve.url}/metrics`)).text();
-  const match = /^kvedge_index_bytes (\S+)$/m.exec(text);
+  return metricValue(await metricsText(serve), "kvedge_index_bytes");
+}
+
+/** The server's routing decisions so far (HTTP /v1/route only): their count and total seconds. */
+export async function routeDecisions(serve: Serve): Promise<{ count: number; seconds: number }> {
+  const text = await metricsText(serve);
+  return {
+    count: metricValue(text, "kvedge_route_decision_duration_seconds_count"),
+    seconds: metricValue(text, "kvedge_route_decision_duration_seconds_sum"),
+  };
+}
+
+async function metricsText(serve: Serve): Promise<string> {
+  return await (await fetch(`${serve.url}/metrics`)).text();
+}
+
+/** An unlabelled sample's value in Prometheus text; NaN when it is missing. */
+function metricValue(text: string, name: string): number {
+  const match = new RegExp(`^${name} (\\S+)$`, "m").exec(text);
   return match === null ? NaN : Number(match[1]);
 }
 
