@@ -1,0 +1,76 @@
+/*
+ * Randomized check of kv_scan_tokens, built with AddressSanitizer and UBSan by
+ * test/native-scan-fuzz.test.ts: on random arrays of integers (1-11 digits, leading
+ * zeros, stray bytes, early ']', tight output bounds), the reader with its block path
+ * must return exactly what the byte-by-byte reader returns (count, values, end), and
+ * neither may touch a byte outside the input or the output bound. Each input is its
+ * own heap allocation of its exact size, so a read past it is caught.
+ *
+ *   cc -O1 -g -fsanitize=address,undefined native/fuzz-scan.c -o fuzz && ./fuzz [inputs] [seed]
+ *
+ * Prints "ok: ..." and exits 0, or prints the first input that differs and exits 1.
+ */
+#include "kvedge.c"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+static uint64_t state;
+
+static uint32_t below(uint32_t n) {
+  state ^= state << 13;
+  state ^= state >> 7;
+  state ^= state << 17;
+  return (uint32_t)(state % n);
+}
+
+int main(int argc, char** argv) {
+  const long inputs = argc > 1 ? atol(argv[1]) : 100000;
+  state = argc > 2 ? strtoull(argv[2], 0, 10) : 88172645463325252ull;
+  if (state == 0) state = 1;
+  long accepted = 0, by_blocks = 0;
+  for (long n = 0; n < inputs; n++) {
+    const uint32_t length = 8 + below(600);
+    uint8_t* bytes = malloc(length);
+    const uint32_t wanted = 7 + below(8);
+    const uint32_t start = wanted < length ? wanted : 0;
+    memset(bytes, 'x', start);
+    bytes[start] = '[';
+    const int clean = below(4) == 0; /* only integers and commas until the end */
+    for (uint32_t i = start + 1; i < length;) {
+      if (clean || below(100) < 70) {
+        const uint32_t digits = 1 + (below(10) < 8 ? below(7) : below(11));
+        for (uint32_t d = 0; d < digits && i < length; d++) {
+          bytes[i++] = (uint8_t)('0' + (d == 0 && below(20) != 0 ? 1 + below(9) : below(10)));
+        }
+        if (i < length) bytes[i++] = below(60) != 0 ? ',' : (below(2) != 0 ? ']' : ' ');
+      } else {
+        static const char stray[] = ",] \n0-.e\"x[";
+        bytes[i++] = (uint8_t)stray[below(sizeof stray - 1)];
+      }
+    }
+    if (below(3) == 0 && length - start > 1) bytes[start + 1 + below(length - start - 1)] = ']';
+    const uint32_t max = below(4) != 0 ? length : below(length + 1);
+    uint32_t* ours = malloc(4 * (size_t)max + 4);
+    uint32_t* plain = malloc(4 * (size_t)max + 4);
+    uint32_t* blocks = malloc(4 * (size_t)max + 4);
+    uint32_t ours_end = 0, plain_end = 0, blocks_end = 0;
+    const int32_t count = kv_scan_tokens(bytes, length, start, ours, max, &ours_end);
+    const int32_t expected = kv_scan_plain(bytes, length, start, plain, max, &plain_end);
+    if (kv_scan_compact(bytes, length, start, blocks, max, &blocks_end) >= 0) by_blocks++;
+    if (count != expected || (count >= 0 && (ours_end != plain_end || memcmp(ours, plain, 4 * (size_t)count) != 0))) {
+      printf("differs on input %ld: %d tokens (end %u), byte reader %d (end %u), start %u, max %u\n",
+             n, count, ours_end, expected, plain_end, start, max);
+      fwrite(bytes, 1, length, stdout);
+      printf("\n");
+      return 1;
+    }
+    if (count >= 0) accepted++;
+    free(ours);
+    free(plain);
+    free(blocks);
+    free(bytes);
+  }
+  printf("ok: %ld inputs, %ld read, %ld by the block path\n", inputs, accepted, by_blocks);
+  return 0;
+}
