@@ -48,6 +48,12 @@ export interface Config {
     readonly reconnect_min_ms: number;
     readonly reconnect_max_ms: number;
     readonly replay_timeout_ms: number;
+    readonly replay_deadline_ms: number;
+    readonly replay_buffer_bytes: number;
+  };
+  readonly state: {
+    readonly dir: string | null;
+    readonly snapshot_interval_secs: number;
   };
   readonly runtime: {
     readonly cpus: readonly number[] | null;
@@ -176,6 +182,23 @@ export const SETTINGS: readonly Setting[] = [
   setting({
     key: "ingest.replay_timeout_ms", flag: "replay-timeout-ms", type: integer(1, HOUR_MS), default: 5000,
     help: "How long to wait for each replay reply before giving up and marking the worker degraded.",
+  }),
+  setting({
+    key: "ingest.replay_deadline_ms", flag: "replay-deadline-ms", type: integer(1, HOUR_MS), default: 30_000,
+    help: "Longest a whole replay may take (however fast its replies come) before it is abandoned as failed.",
+  }),
+  setting({
+    key: "ingest.replay_buffer_bytes", flag: "replay-buffer-bytes", type: integer(64 * 1024, 16 * 1024 * MIB), default: 64 * MIB,
+    help: "Payload bytes one engine's source holds while a replay runs (live batches past it are dropped, then counted lost).",
+  }),
+  setting({
+    key: "state.dir", flag: "state-dir", type: text("a directory path", "DIR", (v) => v.length > 0 && !v.includes("\0")),
+    default: null, optional: true,
+    help: "Keep a snapshot of the index, sequence positions and active requests here; load it at start (warm restart).",
+  }),
+  setting({
+    key: "state.snapshot_interval_secs", flag: "snapshot-interval-secs", type: integer(1, 86_400), default: 60,
+    help: "Seconds between snapshots when state.dir is set (one is also written at SIGTERM/SIGINT).",
   }),
   setting({
     key: "runtime.cpus", flag: "cpus", type: cpuList, default: null, optional: true,

@@ -249,7 +249,11 @@ export class KvRouterService {
       sink: this.sink,
       log: this.log.child({ component: "ingest" }),
       zmtp: this.zmtp,
-      sequencer: { replayTimeoutMs: this.options.config.ingest.replay_timeout_ms },
+      sequencer: {
+        replayTimeoutMs: this.options.config.ingest.replay_timeout_ms,
+        replayDeadlineMs: this.options.config.ingest.replay_deadline_ms,
+        replayBufferBytes: this.options.config.ingest.replay_buffer_bytes,
+      },
       onChange: (changed) => this.trustChanged(changed),
     });
     this.sources.set(key, source);

@@ -26,8 +26,9 @@ const DEFAULTS: Config = {
   },
   ingest: {
     max_message_bytes: 16_777_216, heartbeat_interval_ms: 5000, heartbeat_timeout_ms: 15_000, reconnect_min_ms: 100,
-    reconnect_max_ms: 5000, replay_timeout_ms: 5000,
+    reconnect_max_ms: 5000, replay_timeout_ms: 5000, replay_deadline_ms: 30_000, replay_buffer_bytes: 67_108_864,
   },
+  state: { dir: null, snapshot_interval_secs: 60 },
   runtime: { cpus: null, numa_node: null },
   workers: [],
 };
@@ -130,6 +131,8 @@ describe("defaults and precedence", () => {
       "ingest.max_message_bytes": ["65536", "65536"], "ingest.heartbeat_interval_ms": ["1000", "1000"],
       "ingest.heartbeat_timeout_ms": ["30000", "30_000"], "ingest.reconnect_min_ms": ["50", "50"],
       "ingest.reconnect_max_ms": ["800", "800"], "ingest.replay_timeout_ms": ["250", "250"],
+      "ingest.replay_deadline_ms": ["9000", "9_000"], "ingest.replay_buffer_bytes": ["1048576", "1048576"],
+      "state.dir": ['"/var/lib/kvedge"', "/var/lib/kvedge"], "state.snapshot_interval_secs": ["5", "5"],
       "runtime.cpus": ['"2-3,0"', "0,2-3"], "runtime.numa_node": ["1", "1"],
     };
     expect(Object.keys(sample).sort()).toEqual(SETTINGS.map((s) => s.key).sort());
