@@ -248,10 +248,10 @@ export class Sequencer {
 
   /** The worker's state is known exactly again (an AllBlocksCleared was applied). */
   markExact(): void {
+    const was = this.isDegraded;
     this.awaitingFirst = false;
-    if (!this.degraded) return;
     this.degraded = false;
-    this.hooks.event?.("exact", { last: this.last });
+    if (was && !this.isDegraded) this.hooks.event?.("exact", { last: this.last });
   }
 
   /** Stops timers; held batches are dropped. */
@@ -264,7 +264,6 @@ export class Sequencer {
   // ---- Live path ----
 
   private firstAfterConnect(seq: number): void {
-    this.awaitingFirst = false;
     if (seq === 0) {
       // Batch 0 opens a new engine's stream: whatever it held before is gone.
       if (this.last !== NONE) this.restart(seq, "batch 0 after a reconnect");
@@ -277,6 +276,7 @@ export class Sequencer {
     }
     // Advancing past `last`: the same engine or a restarted one; no way to tell.
     this.markDegraded("reconnected without a replay endpoint");
+    this.awaitingFirst = false;
   }
 
   /** A jump past seqJumpMax is skipped once; a batch following it confirms the new position. */

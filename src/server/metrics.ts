@@ -387,7 +387,7 @@ export function registerServiceMetrics(registry: MetricsRegistry, service: KvRou
   perSource("kvedge_ingest_gaps_total", "Sequence gaps seen.", "counter", [], (source, emit) => emit(source.sequencer.counters.gaps));
   perSource("kvedge_ingest_lost_batches_total", "Batches lost for good (no replay, replay failed or too short).", "counter", [],
     (source, emit) => emit(source.sequencer.counters.lost));
-  perSource("kvedge_ingest_replays_total", "Replay requests by outcome.", "counter", ["result"], (source, emit) => {
+  perSource("kvedge_ingest_replays_total", "Replay requests (connect probes included) by outcome.", "counter", ["result"], (source, emit) => {
     const c = source.sequencer.counters;
     emit(c.replaysRequested, { result: "requested" });
     emit(c.replaysCompleted, { result: "completed" });
@@ -395,6 +395,15 @@ export function registerServiceMetrics(registry: MetricsRegistry, service: KvRou
   });
   perSource("kvedge_ingest_resets_total", "Engine restarts detected (the worker's blocks were cleared).", "counter", [],
     (source, emit) => emit(source.sequencer.counters.restarts));
+  perSource("kvedge_ingest_continuity_total", "What each connect probe (replay from 0) established: probe (asked), "
+    + "continued (same stream), rebuilt (cleared and rebuilt from a ring starting at 0); and stray (sequence jumps skipped).",
+    "counter", ["outcome"], (source, emit) => {
+      const c = source.sequencer.counters;
+      emit(c.probes, { outcome: "probe" });
+      emit(c.continued, { outcome: "continued" });
+      emit(c.rebuilds, { outcome: "rebuilt" });
+      emit(c.straySeqs, { outcome: "stray" });
+    });
   perSource("kvedge_ingest_reconnects_total", "Re-dials of the engine's publisher.", "counter", [],
     (source, emit) => emit(source.socketCounters.sub.reconnects));
   perSource("kvedge_ingest_protocol_errors_total", "ZMTP protocol errors and malformed messages, by kind.", "counter", ["kind"],

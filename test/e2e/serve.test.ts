@@ -147,7 +147,8 @@ describe("serve with two engines", () => {
     const text = await (await fetch(`${serve.url}/metrics`)).text();
     for (const series of [
       'kvedge_index_events_total{type="stored",status="ok"}',
-      'kvedge_ingest_replays_total{worker_id="1",dp_rank="0",result="completed"} 1',
+      'kvedge_ingest_replays_total{worker_id="1",dp_rank="0",result="completed"} 2',
+      'kvedge_ingest_continuity_total{worker_id="1",dp_rank="0",outcome="probe"} 1',
       'kvedge_ingest_resets_total{worker_id="1",dp_rank="0"} 1',
       'kvedge_ingest_lost_batches_total{worker_id="2",dp_rank="0"} 1',
       'kvedge_routed_requests_total{worker_id="1",dp_rank="0"}',

@@ -418,6 +418,8 @@ describe("continuity on (re)connect, without a replay endpoint", () => {
     expect(h.seq.isDegraded).toBe(true);
     h.seq.live(0, bytes(0));
     expect(h.seq.isDegraded).toBe(false);
+    // The change is announced (the router's view of the worker follows the events).
+    expect(h.events.slice(-1)).toEqual(["exact"]);
   });
 
   test("batch 0 after a reconnect is a restart: cleared, exact", () => {
