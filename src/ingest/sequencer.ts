@@ -140,6 +140,8 @@ export class Sequencer {
   private idleTimer: unknown = null;
   private deadlineTimer: unknown = null;
   private cooldownUntil = 0;
+  /** Highest live seq dropped at the byte cap during the current replay. */
+  private droppedUpTo = NONE;
   /** The sequence a stray batch would be followed by, if it was the stream's real position. */
   private strayNext = NONE;
   private readonly options: Required<SequencerOptions>;
@@ -415,6 +417,7 @@ export class Sequencer {
     if (this.heldBytes + payload.length > this.options.replayBufferBytes) {
       if (into === this.buffer) {
         this.counters.bufferDropped++;
+        if (seq > this.droppedUpTo) this.droppedUpTo = seq;
         return;
       }
       // Probe replies can't be dropped one by one (the rebuild would have a hole): give up.
@@ -458,6 +461,18 @@ export class Sequencer {
     } finally {
       this.draining = false;
     }
+    this.recoverDropped();
+  }
+
+  /** Live batches dropped at the byte cap that no later batch revealed: replay them, or count them lost. */
+  private recoverDropped(): void {
+    const upTo = this.droppedUpTo;
+    this.droppedUpTo = NONE;
+    if (upTo <= this.last || this.mode !== "idle") return;
+    if (this.tryGapReplay(this.last + 1)) return;
+    this.lose(upTo - this.last, "dropped at the replay buffer cap");
+    this.last = upTo;
+    this.lastPrint = NONE;
   }
 
   /** A new connection supersedes a replay in flight: its held live batches belong to the old one. */

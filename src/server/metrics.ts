@@ -404,6 +404,9 @@ export function registerServiceMetrics(registry: MetricsRegistry, service: KvRou
       emit(c.rebuilds, { outcome: "rebuilt" });
       emit(c.straySeqs, { outcome: "stray" });
     });
+  perSource("kvedge_ingest_replay_buffer_dropped_total", "Live batches dropped because the bytes held during a replay "
+    + "reached ingest.replay_buffer_bytes (then counted lost).", "counter", [],
+    (source, emit) => emit(source.sequencer.counters.bufferDropped));
   perSource("kvedge_ingest_reconnects_total", "Re-dials of the engine's publisher.", "counter", [],
     (source, emit) => emit(source.socketCounters.sub.reconnects));
   perSource("kvedge_ingest_protocol_errors_total", "ZMTP protocol errors and malformed messages, by kind.", "counter", ["kind"],
