@@ -175,9 +175,10 @@ export class Sequencer {
   }
 
   /** Starts from a saved position (warm restart): the next connect verifies it against the engine. */
-  restore(last: number, lastPrint: number): void {
+  restore(last: number, lastPrint: number, degraded: boolean): void {
     this.last = last;
     this.lastPrint = lastPrint;
+    this.degraded = degraded;
   }
 
   /**

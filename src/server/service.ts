@@ -12,6 +12,7 @@ import type { KvEventSink } from "../ingest/normalize";
 import { EngineSource, type SourceState } from "../ingest/source";
 import { CandidateList, PromptHasher, type RouteDecision, Router, type Overlaps } from "../route";
 import type { LifecycleResult } from "../route/load";
+import type { SourcePosition } from "../state/snapshot";
 import type { Logger } from "../util/log";
 import type { ZmtpOptions } from "../wire/zmtp";
 import { HttpError } from "./http";
@@ -61,13 +62,15 @@ export interface ServiceOptions {
 /** slotByHandle: not resolved yet. */
 const UNKNOWN_SLOT = -2;
 
-const sourceKey = (workerId: bigint, dpRank: number): string => `${workerId}:${dpRank}`;
+export const sourceKey = (workerId: bigint, dpRank: number): string => `${workerId}:${dpRank}`;
 
 export class KvRouterService {
   readonly index: KvIndex;
   readonly router: Router;
   readonly blockSize: number;
   private readonly sources = new Map<string, EngineSource>();
+  /** Saved source positions (warm restart), taken up by the sources as they are added. */
+  readonly restoredPositions = new Map<string, SourcePosition>();
   private readonly matches = new MatchResult(64);
   private readonly hasher = new PromptHasher();
   private readonly candidates = new CandidateList();
@@ -256,6 +259,8 @@ export class KvRouterService {
       },
       onChange: (changed) => this.trustChanged(changed),
     });
+    const saved = this.restoredPositions.get(key);
+    if (saved !== undefined) source.sequencer.restore(saved.lastSeq, saved.fingerprint, saved.degraded);
     this.sources.set(key, source);
     this.ensureRoutable(entry.worker_id, entry.dp_rank);
     this.trustChanged(source);

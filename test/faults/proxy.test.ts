@@ -39,7 +39,9 @@ class Proxy {
               },
               data: (upstream, chunk) => this.downstream(client, upstream, chunk),
               close: (upstream) => { this.open.delete(upstream); client.end(); },
-              error: () => client.end(),
+              error: () => {
+                client.end();
+              },
             },
           }).catch(() => client.end());
         },

@@ -3,7 +3,10 @@
 // never stale-but-exact. Real processes (`kvedge serve`, `kvedge mock-engine`) on
 // loopback; SIGKILL, so nothing gets to say goodbye.
 import { afterEach, describe, expect, test } from "bun:test";
-import type { ServeProcess } from "../support/serve";
+import { mkdtempSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { eventually, type ServeProcess } from "../support/serve";
 import {
   engineCache, expectEqualOrDegraded, expectExactAndEqual, generate, type MockEngineProcess, metric, prompts, restartEngine,
   serveFor, startMockEngine, stopEngine, subscribed, workerSpec, workerView,
@@ -124,5 +127,90 @@ describe("kvedge SIGKILL and restart, engines idle, no snapshot", () => {
     const second = await serve(a);
     const worker = await expectEqualOrDegraded(second, "1", a);
     expect(worker.degraded).toBe(true);
+  });
+});
+
+describe("kvedge restart with a snapshot (--state-dir)", () => {
+  const dirs: string[] = [];
+  afterEach(() => {
+    for (const dir of dirs.splice(0)) rmSync(dir, { recursive: true, force: true });
+  });
+
+  /** An engine whose replay ring (8 batches) no longer reaches back to seq 0. */
+  async function longRunningEngine(): Promise<MockEngineProcess> {
+    const started = await startMockEngine({ bufferSteps: 8 });
+    engines.push(started);
+    return started;
+  }
+
+  async function serveWithState(target: MockEngineProcess, dir: string | null): Promise<ServeProcess> {
+    const started = await serveFor([workerSpec(1, target)], dir === null ? [] : ["--state-dir", dir, "--snapshot-interval-secs", "1"]);
+    serves.push(started);
+    return started;
+  }
+
+  async function killServe(target: ServeProcess, signal: "SIGKILL" | "SIGTERM"): Promise<void> {
+    target.proc.kill(signal);
+    await target.proc.exited;
+    serves.splice(serves.indexOf(target), 1);
+  }
+
+  test("SIGTERM writes a snapshot; the next kvedge loads it and catches up by replay from the saved seq", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "kvedge-state-"));
+    dirs.push(dir);
+    const a = await longRunningEngine();
+    const first = await serveWithState(a, dir);
+    await subscribed(a);
+    await publishPast(a, 12, 20);
+    await expectExactAndEqual(first, "1", a);
+    await killServe(first, "SIGTERM");
+    // A little more while kvedge is down (less than the ring holds).
+    await generate(a, prompts(1, 2, 21));
+    const second = await serveWithState(a, dir);
+    await second.waitForLog((line) => line.msg === "snapshot loaded");
+    await expectExactAndEqual(second, "1", a);
+    expect(await metric(second.url, 'kvedge_ingest_continuity_total{worker_id="1",dp_rank="0",outcome="continued"}')).toBe(1);
+  });
+
+  test("SIGKILL: the last periodic snapshot is loaded and caught up", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "kvedge-state-"));
+    dirs.push(dir);
+    const a = await longRunningEngine();
+    const first = await serveWithState(a, dir);
+    await subscribed(a);
+    await publishPast(a, 12, 22);
+    await expectExactAndEqual(first, "1", a);
+    const synced = performance.now();
+    await eventually(() => (statSync(join(dir, "kvedge.snapshot"), { throwIfNoEntry: false })?.mtimeMs ?? 0) > performance.timeOrigin + synced
+      ? true : undefined, 10_000, "a snapshot after the index caught up");
+    await killServe(first, "SIGKILL");
+    const second = await serveWithState(a, dir);
+    await expectExactAndEqual(second, "1", a);
+  });
+
+  test("without the snapshot, the same situation leaves the worker degraded (the ring no longer starts at 0)", async () => {
+    const a = await longRunningEngine();
+    const first = await serveWithState(a, null);
+    await subscribed(a);
+    await publishPast(a, 12, 23);
+    await expectExactAndEqual(first, "1", a);
+    await killServe(first, "SIGKILL");
+    const second = await serveWithState(a, null);
+    const worker = await expectEqualOrDegraded(second, "1", a);
+    expect(worker.degraded).toBe(true);
+    expect(worker.lost_batches).toBeGreaterThan(0);
+  });
+
+  test("a corrupt snapshot is refused with one log line; kvedge starts empty and rebuilds what it can", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "kvedge-state-"));
+    dirs.push(dir);
+    writeFileSync(join(dir, "kvedge.snapshot"), "KVEDGE-SNAPSHOT\n\x01\x00\x00\x00garbage");
+    const a = await engine();
+    const kvedge = await serveWithState(a, dir);
+    const refused = await kvedge.waitForLog((line) => line.msg === "snapshot refused; starting empty");
+    expect(String(refused.reason)).toContain("truncated");
+    await subscribed(a);
+    await generate(a, prompts(2, 2, 24));
+    await expectExactAndEqual(kvedge, "1", a);
   });
 });

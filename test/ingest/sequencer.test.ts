@@ -319,7 +319,7 @@ describe("continuity on (re)connect, with a replay endpoint", () => {
 
   test("a ring that starts later but holds last continues when the fingerprint matches", () => {
     const h = harness();
-    h.seq.restore(10, fingerprintOf(10, 0));
+    h.seq.restore(10, fingerprintOf(10, 0), false);
     h.seq.connected();
     serve(h, ringOf(6, 12, 0));
     expect(h.applied).toEqual([11, 12]);
@@ -328,7 +328,7 @@ describe("continuity on (re)connect, with a replay endpoint", () => {
 
   test("a restarted engine whose ring no longer starts at 0: cleared, loss counted, degraded", () => {
     const h = harness();
-    h.seq.restore(10, fingerprintOf(10, 0));
+    h.seq.restore(10, fingerprintOf(10, 0), false);
     h.seq.connected();
     serve(h, ringOf(6, 12, 1));
     expect(h.resets).toHaveLength(1);
@@ -340,7 +340,7 @@ describe("continuity on (re)connect, with a replay endpoint", () => {
 
   test("a ring that ends before last: the engine restarted; rebuilt from its ring", () => {
     const h = harness();
-    h.seq.restore(10, fingerprintOf(10, 0));
+    h.seq.restore(10, fingerprintOf(10, 0), false);
     h.seq.connected();
     serve(h, ringOf(0, 3, 1));
     expect(h.seq.counters.restarts).toBe(1);
@@ -350,7 +350,7 @@ describe("continuity on (re)connect, with a replay endpoint", () => {
 
   test("a ring starting at last + 1 continues; one starting past it counts the gap", () => {
     const h = harness();
-    h.seq.restore(10, fingerprintOf(10, 0));
+    h.seq.restore(10, fingerprintOf(10, 0), false);
     h.seq.connected();
     serve(h, ringOf(11, 12, 0));
     expect(h.applied).toEqual([11, 12]);
@@ -378,7 +378,7 @@ describe("continuity on (re)connect, with a replay endpoint", () => {
 
   test("a probe that fails leaves the worker degraded; a held batch 0 then proves a fresh engine", () => {
     const h = harness();
-    h.seq.restore(10, fingerprintOf(10, 0));
+    h.seq.restore(10, fingerprintOf(10, 0), false);
     h.seq.connected();
     h.seq.live(0, bytes(0, 1));
     h.seq.live(1, bytes(1, 1));
@@ -391,7 +391,7 @@ describe("continuity on (re)connect, with a replay endpoint", () => {
 
   test("a probe that fails with no proof of a new stream: degraded, blocks kept", () => {
     const h = harness();
-    h.seq.restore(10, fingerprintOf(10, 0));
+    h.seq.restore(10, fingerprintOf(10, 0), false);
     h.seq.connected();
     h.seq.live(11, bytes(11));
     h.seq.replayFailed("refused");
