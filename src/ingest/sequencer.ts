@@ -17,8 +17,8 @@
  *                              apply the ring, count the loss, degraded
  *   connect, no replay         unknown (degraded) until a batch 0 or AllBlocksCleared
  *   live, seq = last + 1       apply
- *   live, seq <= last          duplicate (same connection), or the engine restarted
- *                              (seq went backwards): clear, start over
+ *   live, seq <= last          a duplicate (a replay can overtake live batches in flight;
+ *                              a restarted engine always comes on a new connection)
  *   live, seq > last + 1       gap: replay from last + 1 (hold live meanwhile), else loss
  *   live, seq > last + jumpMax a stray sequence number: skipped and counted, unless
  *                              the next batch confirms the new position
@@ -209,13 +209,10 @@ export class Sequencer {
       this.hold(this.buffer, seq, payload);
       return;
     }
-    if (this.awaitingFirst) {
-      this.firstAfterConnect(seq);
-    } else if (this.last !== NONE && seq < this.last) {
-      this.restart(seq, "sequence went backwards");
-    } else if (this.isStray(seq)) {
-      return;
-    }
+    // On one connection a lower seq is a late duplicate (a replay overtook it in flight):
+    // a restarted engine always comes on a new connection, which the connect rules judge.
+    if (this.awaitingFirst) this.firstAfterConnect(seq);
+    else if (seq > this.last && this.isStray(seq)) return;
     this.accept(seq, payload, false);
   }
 

@@ -226,30 +226,29 @@ describe("gaps without replay", () => {
   });
 });
 
-describe("engine restarts", () => {
-  test("sequence going backwards resets the worker and starts over", () => {
+describe("one live connection", () => {
+  test("a lower seq is a late duplicate, not a restart (a replay overtook it in flight)", () => {
+    const h = harness();
+    h.seq.live(0, bytes(0));
+    h.seq.live(3, bytes(3));
+    // The replay serves everything the engine has, past the live batch still in flight.
+    for (const seq of [1, 2, 3, 4, 5]) h.seq.replayBatch(seq, bytes(seq));
+    h.seq.replayEnd();
+    h.seq.live(4, bytes(4));
+    h.seq.live(6, bytes(6));
+    expect(h.resets).toEqual([]);
+    expect(h.applied).toEqual([0, 1, 2, 3, 4, 5, 6]);
+    expect(h.seq.counters.duplicates).toBe(2);
+    expect(h.seq.counters.restarts).toBe(0);
+  });
+
+  test("seq 0 again on the same connection is a duplicate too", () => {
     const h = harness();
     for (let i = 0; i < 4; i++) h.seq.live(i, bytes(i));
     h.seq.live(0, bytes(0));
-    expect(h.resets).toHaveLength(1);
-    expect(h.applied).toEqual([0, 1, 2, 3, 0]);
-    expect(h.seq.counters.restarts).toBe(1);
-    expect(h.seq.isDegraded).toBe(false);
+    expect(h.resets).toEqual([]);
+    expect(h.applied).toEqual([0, 1, 2, 3]);
   });
-
-  test("a restart seen mid-stream (first seq > 0) resets, then replays from 0", () => {
-    const h = harness();
-    for (let i = 0; i < 10; i++) h.seq.live(i, bytes(i));
-    h.seq.live(2, bytes(2));
-    expect(h.resets).toHaveLength(1);
-    expect(h.replays).toEqual([0]);
-    h.seq.replayBatch(0, bytes(0));
-    h.seq.replayBatch(1, bytes(1));
-    h.seq.replayBatch(2, bytes(2));
-    h.seq.replayEnd();
-    expect(h.applied.slice(10)).toEqual([0, 1, 2]);
-  });
-
 });
 
 /** Serves a replay from `ring` (the engine's kept batches) starting at `start`. */
