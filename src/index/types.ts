@@ -4,6 +4,7 @@
  * are (hi, lo) u32 pairs, `count` is in blocks and `first` is the index of the
  * event's first block in those arrays. Worker ids are bigints at event granularity.
  */
+import type { WorkerTable } from "../core/worker-table";
 import type { IndexOp } from "./ops";
 
 export type BackendName = "crtc" | "positional" | "reference";
@@ -145,8 +146,13 @@ export class MatchResult {
 }
 
 export interface IndexOptions {
-  /** Most (worker_id, dp_rank) pairs present at once (1..65536, default 65536). */
+  /** Most (worker_id, dp_rank) pairs present at once (1..65536, default 65536); ignored with `workers`. */
   maxWorkers?: number;
+  /**
+   * The worker numbering to share (the core's, so match results are router slots).
+   * Without it the index numbers its own workers.
+   */
+  workers?: WorkerTable;
   /** Run the O(N) `verify()` after every mutation (default: KVEDGE_VERIFY=1). */
   verify?: boolean;
 }

@@ -1,8 +1,8 @@
 /**
  * One engine event source: the KV-event stream of one publisher (one (worker, dp rank)
- * in vLLM terms), from the wire to the sink.
+ * in vLLM terms), from the wire to the writer (the index).
  *
- *   SUB socket ─ 3 frames [topic, seq (u64 BE), payload] ─▶ Sequencer ─▶ Normalizer ─▶ sink
+ *   SUB socket ─ 3 frames [topic, seq (u64 BE), payload] ─▶ Sequencer ─▶ Normalizer ─▶ source ─▶ writer
  *                                       ▲                 (gap)
  *   DEALER to the engine's replay ROUTER ┘  [empty, start] → [empty, (topic,) seq, payload]…, seq −1
  *
@@ -13,7 +13,7 @@
 import type { Logger } from "../util/log";
 import { OnceLog } from "../util/log";
 import { DealerSocket, type FrameList, type PeerInfo, SubSocket, type ZmtpOptions } from "../wire/zmtp";
-import { type KvEventSink, type KvEventTap, KvEventNormalizer } from "./normalize";
+import { type KvEventTap, type KvEventWriter, KvEventNormalizer } from "./normalize";
 import { Sequencer, type SequencerEvent, type SequencerOptions } from "./sequencer";
 
 export interface SourceConfig {
@@ -30,13 +30,14 @@ export interface SourceConfig {
 export interface SourceOptions {
   /** The index block size; stores of another size are rejected. */
   readonly blockSize: number;
-  readonly sink: KvEventSink;
+  /** Where the stream's operations go (the index). */
+  readonly writer: KvEventWriter;
   /** Sees each applied operation with its decoded event (capture). */
   readonly tap?: KvEventTap;
   readonly log: Logger;
   readonly zmtp?: ZmtpOptions;
   readonly sequencer?: Partial<SequencerOptions>;
-  /** Called when the source's state or trust changes (connected, degraded, ...). */
+  /** Called when the source's state, trust or dp ranks change (connected, degraded, a new rank, ...). */
   readonly onChange?: (source: EngineSource) => void;
 }
 
@@ -82,7 +83,12 @@ function seqFrame(seq: number): Uint8Array {
 
 const EMPTY = new Uint8Array(0);
 
-export class EngineSource {
+/**
+ * The source is the normalizer's writer: it notes each operation's dp rank (a new one
+ * is announced through onChange before its first operation is written) and that an
+ * AllBlocksCleared makes the state exact again, then writes on.
+ */
+export class EngineSource implements KvEventWriter {
   readonly counters = new SourceCounters();
   readonly sequencer: Sequencer;
   readonly normalizer: KvEventNormalizer;
@@ -98,25 +104,8 @@ export class EngineSource {
     this.log = options.log.child({ worker_id: config.workerId, dp_rank: config.dpRank });
     this.problems = new OnceLog(this.log);
     this.dpRanks.add(config.dpRank);
-    const sink = options.sink;
-    // Track which dp ranks the stream touches, and notice AllBlocksCleared (state exact again).
-    const tracking: KvEventSink = {
-      stored: (workerId, dpRank, hasParent, parentHi, parentLo, external, local, start, count) => {
-        this.dpRanks.add(dpRank);
-        sink.stored(workerId, dpRank, hasParent, parentHi, parentLo, external, local, start, count);
-      },
-      removed: (workerId, dpRank, external, start, count) => {
-        this.dpRanks.add(dpRank);
-        sink.removed(workerId, dpRank, external, start, count);
-      },
-      cleared: (workerId, dpRank) => {
-        this.dpRanks.add(dpRank);
-        sink.cleared(workerId, dpRank);
-        this.sequencer.markExact();
-      },
-    };
     this.normalizer = new KvEventNormalizer({
-      workerId: config.workerId, dpRank: config.dpRank, blockSize: options.blockSize, sink: tracking, log: this.log,
+      workerId: config.workerId, dpRank: config.dpRank, blockSize: options.blockSize, writer: this, log: this.log,
       ...(options.tap === undefined ? {} : { tap: options.tap }),
     });
     this.sequencer = new Sequencer({
@@ -129,6 +118,30 @@ export class EngineSource {
     this.sub = new SubSocket({ ...options.zmtp, logger: this.log });
     this.sub.onFrames = (frames) => this.live(frames);
     this.sub.onPeer = (event, peer) => this.peer(event, peer);
+  }
+
+  applyStored(
+    workerId: bigint, dpRank: number, hasParent: boolean, parentHi: number, parentLo: number,
+    external: Uint32Array, local: Uint32Array, count: number, first: number,
+  ): void {
+    if (!this.dpRanks.has(dpRank)) this.addRank(dpRank);
+    this.options.writer.applyStored(workerId, dpRank, hasParent, parentHi, parentLo, external, local, count, first);
+  }
+
+  applyRemoved(workerId: bigint, dpRank: number, external: Uint32Array, count: number, first: number): void {
+    if (!this.dpRanks.has(dpRank)) this.addRank(dpRank);
+    this.options.writer.applyRemoved(workerId, dpRank, external, count, first);
+  }
+
+  applyCleared(workerId: bigint, dpRank: number): void {
+    if (!this.dpRanks.has(dpRank)) this.addRank(dpRank);
+    this.options.writer.applyCleared(workerId, dpRank);
+    this.sequencer.markExact();
+  }
+
+  private addRank(dpRank: number): void {
+    this.dpRanks.add(dpRank);
+    this.options.onChange?.(this);
   }
 
   get state(): SourceState {
@@ -206,7 +219,7 @@ export class EngineSource {
   private reset(reason: string): void {
     this.log.warn("engine restarted: clearing its blocks", { reason });
     this.normalizer.reset();
-    for (const dpRank of this.dpRanks) this.options.sink.cleared(this.config.workerId, dpRank);
+    for (const dpRank of this.dpRanks) this.options.writer.applyCleared(this.config.workerId, dpRank);
   }
 
   private requestReplay(start: number): void {

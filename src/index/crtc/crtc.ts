@@ -3,7 +3,7 @@
  * This class resolves workers and routes each event to store.ts / remove.ts /
  * match.ts; the tree's shape lives in tree.ts.
  */
-import { assert, fail, VERIFY_BY_DEFAULT } from "../assert";
+import { fail, VERIFY_BY_DEFAULT } from "../assert";
 import { type DumpSource, dumpEvents } from "../dump";
 import type { IndexOp } from "../ops";
 import {
@@ -30,7 +30,7 @@ export class CrtcIndex implements KvIndex {
 
   constructor(blockSize: number, options: IndexOptions = {}) {
     this.blockSize = blockSize;
-    this.slots = new WorkerSlots(options.maxWorkers);
+    this.slots = new WorkerSlots(options.workers, options.maxWorkers);
     this.verifyEach = options.verify ?? VERIFY_BY_DEFAULT;
   }
 
@@ -105,13 +105,11 @@ export class CrtcIndex implements KvIndex {
   }
 
   workerIdOf(handle: number): bigint {
-    assert(this.slots.isLive(handle), "worker handle is not live");
-    return this.slots.workerId[handle]!;
+    return this.slots.workerIdOf(handle);
   }
 
   dpRankOf(handle: number): number {
-    assert(this.slots.isLive(handle), "worker handle is not live");
-    return this.slots.dpRank[handle]!;
+    return this.slots.dpRankOf(handle);
   }
 
   stats(): IndexStats {
@@ -128,12 +126,7 @@ export class CrtcIndex implements KvIndex {
   }
 
   workers(): WorkerInfo[] {
-    const list: WorkerInfo[] = [];
-    for (let slot = 0; slot < this.slots.highWater; slot++) {
-      const lookup = this.slots.lookup[slot];
-      if (lookup) list.push({ workerId: this.slots.workerId[slot]!, dpRank: this.slots.dpRank[slot]!, blocks: lookup.count });
-    }
-    return list;
+    return this.slots.workers();
   }
 
   dump(): IndexOp[] {
@@ -172,22 +165,7 @@ export class CrtcIndex implements KvIndex {
           for (const child of kids.get(node) ?? []) stack.push(child);
         }
       },
-      forEachWorker(visit) {
-        for (let slot = 0; slot < slots.highWater; slot++) {
-          const lookup = slots.lookup[slot];
-          if (!lookup) continue;
-          const external = new Uint32Array(2 * lookup.count);
-          const keys = new Uint32Array(lookup.count);
-          let n = 0;
-          for (let at = 0; at < lookup.table.length; at += 3) {
-            if (lookup.table[at + 2] === 0) continue;
-            external[2 * n] = lookup.table[at]!;
-            external[2 * n + 1] = lookup.table[at + 1]!;
-            keys[n++] = lookup.table[at + 2]!;
-          }
-          visit(slots.workerId[slot]!, slots.dpRank[slot]!, external, keys, n);
-        }
-      },
+      forEachWorker: slots.forEachWorker,
     };
   }
 }

@@ -13,6 +13,7 @@ import {
   countRejection, type IndexCounters, type IndexOptions, type IndexStats, type KvIndex, type MatchResult,
   newCounters, rejectCounts, StoreStatus, type WorkerInfo,
 } from "../types";
+import type { WorkerTable } from "../../core/worker-table";
 import { SLOT_LIMIT } from "../workers";
 import { u64 } from "../../util/u64";
 
@@ -45,7 +46,8 @@ export class ReferenceIndex implements KvIndex {
   readonly counters: IndexCounters = newCounters();
   private readonly maxWorkers: number;
   private readonly byKey = new Map<string, Worker>();
-  /** handle -> worker; handles are never reused. */
+  private readonly shared: WorkerTable | undefined;
+  /** handle -> worker; handles are never reused, except a shared table's slots. */
   private readonly byHandle: (Worker | undefined)[] = [];
   /** path -> how many workers hold it (its size is the number of distinct held blocks). */
   private readonly holders = new Map<string, number>();
@@ -53,6 +55,13 @@ export class ReferenceIndex implements KvIndex {
   constructor(blockSize: number, options: IndexOptions = {}) {
     this.blockSize = blockSize;
     this.maxWorkers = options.maxWorkers ?? SLOT_LIMIT;
+    this.shared = options.workers;
+  }
+
+  /** The shared table's slot (freed by its owner), else the next never-used handle; -1 when full. */
+  private newHandle(workerId: bigint, dpRank: number): number {
+    if (this.shared !== undefined) return this.shared.acquire(workerId, dpRank);
+    return this.byKey.size >= this.maxWorkers ? -1 : this.byHandle.length;
   }
 
   private worker(workerId: bigint, dpRank: number): Worker | undefined {
@@ -75,10 +84,11 @@ export class ReferenceIndex implements KvIndex {
       return StoreStatus.Ok;
     }
     if (worker === undefined) {
-      if (this.byKey.size >= this.maxWorkers) return this.reject(StoreStatus.CapacityExhausted);
-      worker = { workerId, dpRank, handle: this.byHandle.length, lookup: new Map(), held: new Map() };
+      const handle = this.newHandle(workerId, dpRank);
+      if (handle < 0) return this.reject(StoreStatus.CapacityExhausted);
+      worker = { workerId, dpRank, handle, lookup: new Map(), held: new Map() };
       this.byKey.set(`${workerId}/${dpRank}`, worker);
-      this.byHandle.push(worker);
+      this.byHandle[handle] = worker;
     }
     this.counters.storedEvents++;
     for (let i = first; i < first + count; i++) {
