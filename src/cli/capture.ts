@@ -1,6 +1,7 @@
 import type { FileSink } from "bun";
 import { checkEndpoint } from "../config";
 import { hashTokens } from "../hash";
+import { WorkerTable } from "../core/worker-table";
 import type { KvEventTap, KvEventWriter } from "../ingest/normalize";
 import { EngineSource } from "../ingest/source";
 import { createLogger } from "../util/log";
@@ -109,12 +110,14 @@ Options:
     };
     // The index is not needed: the tap writes stores and removals; clears (from the
     // wire or an engine restart) come through here.
+    const workerTable = new WorkerTable();
     const writer: KvEventWriter = {
-      applyStored: () => {},
-      applyRemoved: () => {},
-      applyCleared: (_workerId, rank) => {
+      workerTable,
+      storeAt: () => {},
+      removeAt: () => {},
+      clearAt: (slot) => {
         kinds.cleared++;
-        line({ op: "cleared", worker_id: worker, dp_rank: rank });
+        line({ op: "cleared", worker_id: worker, dp_rank: workerTable.dpRankOf(slot) });
       },
     };
     const source = new EngineSource(

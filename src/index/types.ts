@@ -161,6 +161,8 @@ export interface KvIndex {
   readonly backend: BackendName;
   readonly blockSize: number;
   readonly counters: IndexCounters;
+  /** The worker numbering: `findMatches` and the slot methods name workers by its slots. */
+  readonly workerTable: WorkerTable;
 
   /**
    * Applies a stored event: blocks `first .. first+count` of `external` / `local`
@@ -177,6 +179,17 @@ export interface KvIndex {
   applyCleared(workerId: bigint, dpRank: number): void;
   /** Every dp rank of the worker goes, as if cleared, and its slots are freed. */
   removeWorker(workerId: bigint): void;
+  /**
+   * The three events for a worker already resolved to its slot in `workerTable` (what
+   * ingest writes): slot -1 means the worker has no slot and cannot get one (the table
+   * is full). The methods above resolve the worker, then call these.
+   */
+  storeAt(
+    slot: number, hasParent: boolean, parentHi: number, parentLo: number,
+    external: Uint32Array, local: Uint32Array, count: number, first?: number,
+  ): StoreStatus;
+  removeAt(slot: number, external: Uint32Array, count: number, first?: number): number;
+  clearAt(slot: number): void;
   /** Counts an event rejected before it reached the index (block size, invalid). */
   countRejected(status: StoreStatus): void;
 

@@ -7,7 +7,7 @@
  * there too; an index given the core's table leaves that to the core.
  * Match results name slots (the table's) only until the next mutating call.
  */
-import { SLOT_LIMIT, WorkerTable } from "../core/worker-table";
+import { SLOT_LIMIT, type WorkerTable } from "../core/worker-table";
 import { assert } from "./assert";
 import type { DumpSource } from "./dump";
 import { ExternalLookup } from "./lookup";
@@ -16,35 +16,30 @@ import type { WorkerInfo } from "./types";
 export { SLOT_LIMIT };
 
 export class WorkerSlots {
-  readonly table: WorkerTable;
   /** Slots holding a lookup. */
   live = 0;
   readonly lookup: (ExternalLookup | null)[] = [];
-  private readonly ownsTable: boolean;
 
-  constructor(table: WorkerTable | undefined, maxSlots = SLOT_LIMIT) {
-    this.ownsTable = table === undefined;
-    this.table = table ?? new WorkerTable(maxSlots);
-  }
+  /** `ownsTable`: free a slot in the table too when its lookup goes. */
+  constructor(readonly table: WorkerTable, private readonly ownsTable: boolean) {}
 
   /** Slots handed out so far by the table; per-slot arrays are sized to this. */
   get highWater(): number {
     return this.table.highWater;
   }
 
-  /** The slot of (workerId, dpRank) if this index holds state for it, or -1. */
-  find(workerId: bigint, dpRank: number): number {
-    const slot = this.table.find(workerId, dpRank);
-    return slot >= 0 && this.lookup[slot] ? slot : -1;
+  /** The slot's lookup, or null when it holds no state here (or is -1: no slot). */
+  lookupOf(slot: number): ExternalLookup | null {
+    return slot < 0 ? null : this.lookup[slot] ?? null;
   }
 
-  /** A lookup for (workerId, dpRank), which `find` does not know; -1 when all slots are taken. */
-  create(workerId: bigint, dpRank: number): number {
-    const slot = this.table.acquire(workerId, dpRank);
-    if (slot < 0) return -1;
-    this.lookup[slot] = new ExternalLookup();
+  /** A lookup for a live table slot that has none. */
+  attach(slot: number): ExternalLookup {
+    assert(this.table.isLive(slot) && !this.lookup[slot], "attach to a free slot or twice");
+    const lookup = new ExternalLookup();
+    this.lookup[slot] = lookup;
     this.live++;
-    return slot;
+    return lookup;
   }
 
   /** Every slot of `workerId` this index holds state for. */

@@ -35,23 +35,27 @@ import {
   DECODE_ERROR_KINDS, DECODE_OK, DecodedBatch, decodeKvBatch, EVENT_CLEARED, EVENT_REMOVED, EVENT_STORED,
   FLAG_EAGLE, FLAG_GROUP, FLAG_PARENT, NO_STRING, type DecodeErrorKind,
 } from "../wire/kv-events";
+import type { WorkerTable } from "../core/worker-table";
 import { AMBIGUOUS, NamespaceTable } from "./namespace";
+import { RankSlots } from "./rank-slots";
 
 /**
- * Where normalized operations go: the index's apply methods, in their argument order
- * (`KvIndex` is one), or a stage in front of it. Block i of an operation has its
- * external hash at external[2(first+i)], external[2(first+i)+1] (hi, lo) and its local
- * hash at the same place in `local`. Arrays are valid during the call only.
+ * Where normalized operations go: the index's slot methods, in their argument order
+ * (`KvIndex` is one). `slot` is the (worker, dp rank)'s slot in `workerTable`, or -1
+ * when every slot is taken. Block i of an operation has its external hash at
+ * external[2(first+i)], external[2(first+i)+1] (hi, lo) and its local hash at the same
+ * place in `local`. Arrays are valid during the call only.
  */
 export interface KvEventWriter {
+  readonly workerTable: WorkerTable;
   /** Blocks stored in chain order after the parent (`hasParent` false = the root). */
-  applyStored(
-    workerId: bigint, dpRank: number, hasParent: boolean, parentHi: number, parentLo: number,
+  storeAt(
+    slot: number, hasParent: boolean, parentHi: number, parentLo: number,
     external: Uint32Array, local: Uint32Array, count: number, first: number,
   ): void;
-  applyRemoved(workerId: bigint, dpRank: number, external: Uint32Array, count: number, first: number): void;
-  /** Every block of (worker, dp rank) is gone. */
-  applyCleared(workerId: bigint, dpRank: number): void;
+  removeAt(slot: number, external: Uint32Array, count: number, first: number): void;
+  /** Every block of the slot's worker is gone. */
+  clearAt(slot: number): void;
 }
 
 /**
@@ -133,7 +137,8 @@ let sharedDecoded: DecodedBatch | null = null;
 
 export class KvEventNormalizer {
   readonly counters = new NormalizeCounters();
-  private readonly workerId: bigint;
+  /** The stream's dp ranks and their slots. */
+  readonly rankSlots: RankSlots;
   private readonly dpRank: number;
   private readonly blockSize: number;
   private readonly writer: KvEventWriter;
@@ -161,7 +166,7 @@ export class KvEventNormalizer {
 
   constructor(options: NormalizerOptions) {
     if (!(options.blockSize > 0)) throw new RangeError("blockSize must be positive");
-    this.workerId = options.workerId;
+    this.rankSlots = new RankSlots(options.writer.workerTable, options.workerId, options.dpRank);
     this.dpRank = options.dpRank;
     this.blockSize = options.blockSize;
     this.writer = options.writer;
@@ -410,24 +415,26 @@ export class KvEventNormalizer {
   }
 
   private emit(batch: DecodedBatch, dpRank: number): void {
-    const { writer, workerId, counters } = this;
+    if (this.ops === 0) return;
+    const { writer, counters } = this;
+    const slot = this.rankSlots.slotOf(dpRank);
     for (let op = 0; op < this.ops; op++) {
       const e = this.opEvent[op]!;
       const count = this.opCount[op]!;
       switch (this.opKind[op]) {
         case OP_STORED:
-          writer.applyStored(workerId, dpRank, (batch.flags[e]! & FLAG_PARENT) !== 0, batch.parentHi[e]!, batch.parentLo[e]!,
+          writer.storeAt(slot, (batch.flags[e]! & FLAG_PARENT) !== 0, batch.parentHi[e]!, batch.parentLo[e]!,
             batch.hashes, this.local, count, batch.hashStart[e]!);
           this.tap?.stored(batch, e, count, dpRank, this.opSalt[op]!);
           counters.appliedStoredBlocks += count;
           break;
         case OP_REMOVED:
-          writer.applyRemoved(workerId, dpRank, batch.hashes, count, batch.hashStart[e]!);
+          writer.removeAt(slot, batch.hashes, count, batch.hashStart[e]!);
           this.tap?.removed(batch, e, count, dpRank);
           counters.appliedRemovedBlocks += count;
           break;
         default:
-          writer.applyCleared(workerId, dpRank);
+          writer.clearAt(slot);
           counters.appliedClears++;
       }
     }

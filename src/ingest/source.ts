@@ -2,7 +2,7 @@
  * One engine event source: the KV-event stream of one publisher (one (worker, dp rank)
  * in vLLM terms), from the wire to the writer (the index).
  *
- *   SUB socket ─ 3 frames [topic, seq (u64 BE), payload] ─▶ Sequencer ─▶ Normalizer ─▶ source ─▶ writer
+ *   SUB socket ─ 3 frames [topic, seq (u64 BE), payload] ─▶ Sequencer ─▶ Normalizer ─▶ writer (index)
  *                                       ▲                 (gap)
  *   DEALER to the engine's replay ROUTER ┘  [empty, start] → [empty, (topic,) seq, payload]…, seq −1
  *
@@ -83,33 +83,25 @@ function seqFrame(seq: number): Uint8Array {
 
 const EMPTY = new Uint8Array(0);
 
-/**
- * The source is the normalizer's writer: it notes each operation's dp rank (a new one
- * is announced through onChange before its first operation is written) and that an
- * AllBlocksCleared makes the state exact again, then writes on.
- */
-export class EngineSource implements KvEventWriter {
+export class EngineSource {
   readonly counters = new SourceCounters();
   readonly sequencer: Sequencer;
   readonly normalizer: KvEventNormalizer;
   private stateNow: SourceState = "connecting";
   private readonly sub: SubSocket;
   private dealer: DealerSocket | null = null;
-  /** Dp ranks this publisher has written for: an engine restart clears them all. */
-  private readonly dpRanks = new Set<number>();
   private readonly log: Logger;
   private readonly problems: OnceLog;
 
   constructor(readonly config: SourceConfig, private readonly options: SourceOptions) {
     this.log = options.log.child({ worker_id: config.workerId, dp_rank: config.dpRank });
     this.problems = new OnceLog(this.log);
-    this.dpRanks.add(config.dpRank);
     this.normalizer = new KvEventNormalizer({
-      workerId: config.workerId, dpRank: config.dpRank, blockSize: options.blockSize, writer: this, log: this.log,
+      workerId: config.workerId, dpRank: config.dpRank, blockSize: options.blockSize, writer: options.writer, log: this.log,
       ...(options.tap === undefined ? {} : { tap: options.tap }),
     });
     this.sequencer = new Sequencer({
-      apply: (_seq, payload) => this.normalizer.ingest(payload),
+      apply: (_seq, payload) => this.apply(payload),
       reset: (reason) => this.reset(reason),
       requestReplay: config.replayEndpoint === null ? undefined : (start) => this.requestReplay(start),
       cancelReplay: () => this.dropDealer(),
@@ -118,30 +110,6 @@ export class EngineSource implements KvEventWriter {
     this.sub = new SubSocket({ ...options.zmtp, logger: this.log });
     this.sub.onFrames = (frames) => this.live(frames);
     this.sub.onPeer = (event, peer) => this.peer(event, peer);
-  }
-
-  applyStored(
-    workerId: bigint, dpRank: number, hasParent: boolean, parentHi: number, parentLo: number,
-    external: Uint32Array, local: Uint32Array, count: number, first: number,
-  ): void {
-    if (!this.dpRanks.has(dpRank)) this.addRank(dpRank);
-    this.options.writer.applyStored(workerId, dpRank, hasParent, parentHi, parentLo, external, local, count, first);
-  }
-
-  applyRemoved(workerId: bigint, dpRank: number, external: Uint32Array, count: number, first: number): void {
-    if (!this.dpRanks.has(dpRank)) this.addRank(dpRank);
-    this.options.writer.applyRemoved(workerId, dpRank, external, count, first);
-  }
-
-  applyCleared(workerId: bigint, dpRank: number): void {
-    if (!this.dpRanks.has(dpRank)) this.addRank(dpRank);
-    this.options.writer.applyCleared(workerId, dpRank);
-    this.sequencer.markExact();
-  }
-
-  private addRank(dpRank: number): void {
-    this.dpRanks.add(dpRank);
-    this.options.onChange?.(this);
   }
 
   get state(): SourceState {
@@ -153,9 +121,9 @@ export class EngineSource implements KvEventWriter {
     return this.sequencer.isDegraded || this.stateNow !== "connected";
   }
 
-  /** Dp ranks seen from this publisher (the configured one first). */
+  /** Dp ranks seen from this publisher (the configured one first): an engine restart clears them all. */
   get ranks(): number[] {
-    return [...this.dpRanks];
+    return [...this.normalizer.rankSlots.ranks];
   }
 
   /** Counters of the SUB socket (and of the replay DEALER, when one is open). */
@@ -216,10 +184,25 @@ export class EngineSource implements KvEventWriter {
     this.options.onChange?.(this);
   }
 
+  /**
+   * One sequenced batch to the index. After it: an AllBlocksCleared in it made the state
+   * exact again; a dp rank first seen in it is announced (its slot is already taken).
+   */
+  private apply(payload: Uint8Array): boolean {
+    const normalizer = this.normalizer;
+    const clears = normalizer.counters.appliedClears;
+    const ranks = normalizer.rankSlots.ranks.size;
+    const applied = normalizer.ingest(payload);
+    if (normalizer.counters.appliedClears !== clears) this.sequencer.markExact();
+    if (normalizer.rankSlots.ranks.size !== ranks) this.options.onChange?.(this);
+    return applied;
+  }
+
   private reset(reason: string): void {
     this.log.warn("engine restarted: clearing its blocks", { reason });
     this.normalizer.reset();
-    for (const dpRank of this.dpRanks) this.options.writer.applyCleared(this.config.workerId, dpRank);
+    const rankSlots = this.normalizer.rankSlots;
+    for (const dpRank of rankSlots.ranks) this.options.writer.clearAt(rankSlots.slotOf(dpRank));
   }
 
   private requestReplay(start: number): void {

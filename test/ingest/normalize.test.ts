@@ -5,6 +5,7 @@
 // not at all. Method: real encoded batches through ingest() into a recording sink.
 import { describe, expect, test } from "bun:test";
 import { hashTokens } from "../../src/hash";
+import { WorkerTable } from "../../src/core/worker-table";
 import { KvEventNormalizer, type KvEventWriter, type NormalizerOptions } from "../../src/ingest/normalize";
 import { NamespaceTable } from "../../src/ingest/namespace";
 import { encodeKvBatch, type KvBatch, type KvBlockStored, type KvEvent } from "../../src/wire/kv-events";
@@ -18,21 +19,24 @@ type Op =
 
 function recorder(): KvEventWriter & { ops: Op[] } {
   const ops: Op[] = [];
+  const workerTable = new WorkerTable();
   const pairs = (words: Uint32Array, start: number, count: number) =>
     Array.from({ length: count }, (_, i) => u64(words[2 * (start + i)]!, words[2 * (start + i) + 1]!));
+  const worker = (slot: number) => ({ worker: workerTable.workerIdOf(slot), rank: workerTable.dpRankOf(slot) });
   return {
     ops,
-    applyStored(worker, rank, hasParent, parentHi, parentLo, external, local, count, start) {
+    workerTable,
+    storeAt(slot, hasParent, parentHi, parentLo, external, local, count, start) {
       ops.push({
-        op: "stored", worker, rank, parent: hasParent ? u64(parentHi, parentLo) : null,
+        op: "stored", ...worker(slot), parent: hasParent ? u64(parentHi, parentLo) : null,
         external: pairs(external, start, count), local: pairs(local, start, count),
       });
     },
-    applyRemoved(worker, rank, external, count, start) {
-      ops.push({ op: "removed", worker, rank, external: pairs(external, start, count) });
+    removeAt(slot, external, count, start) {
+      ops.push({ op: "removed", ...worker(slot), external: pairs(external, start, count) });
     },
-    applyCleared(worker, rank) {
-      ops.push({ op: "cleared", worker, rank });
+    clearAt(slot) {
+      ops.push({ op: "cleared", ...worker(slot) });
     },
   };
 }
