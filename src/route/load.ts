@@ -31,7 +31,10 @@
  */
 import { ActiveBlocks, type ChainHolder } from "./active-blocks";
 import { Arena, orderOf } from "./arena";
+import { type Ending, FINISHED_REMEMBERED_MAX, FinishedRing } from "./finished";
 import { KeyTable } from "./key-table";
+
+export { FINISHED_REMEMBERED_MAX };
 import { WorkerTable } from "../core/worker-table";
 import { assert, VERIFY } from "../util/verify";
 
@@ -39,8 +42,6 @@ import { assert, VERIFY } from "../util/verify";
 export const WORKERS_MAX = 65_535;
 /** Client-supplied request ids longer than this are refused. */
 export const REQUEST_ID_LENGTH_MAX = 256;
-/** Finished requests remembered so a repeated done/prefill_done is answered as such. */
-export const FINISHED_REMEMBERED_MAX = 65_536;
 export const DEFAULT_REQUEST_TTL_MS = 300_000;
 /**
  * Most requests counted as load at once. A gateway that never calls done keeps its
@@ -65,9 +66,6 @@ export const INITIAL_RECORDS = 64;
  */
 export type LifecycleResult = "ok" | "already_done" | "expired" | "worker_removed" | "evicted" | "unknown";
 
-type Ending = "already_done" | "expired" | "worker_removed" | "evicted";
-/** Endings as stored in the finished ring (a byte per entry). */
-const ENDINGS: readonly Ending[] = ["already_done", "expired", "worker_removed", "evicted"];
 
 export interface LoadTrackerOptions {
   readonly blockSize: number;
@@ -167,18 +165,8 @@ export class LoadTracker {
   private freeRecords: number[] = [];
   /** Carries a leaf to and from the active-block tree (one object, reused). */
   private readonly holder: ChainHolder = { leaf: null };
-  // Recently finished ids, oldest first, in a ring of typed arrays; `finished` maps an
-  // id's key (53 bits of its hash) to its index in the ring (an id finished again later
-  // points to its newer index), the ring holds the other 11 bits as a check.
-  // Numbers only, in typed arrays: the collector has nothing to rescan, and the table
-  // never stalls to rebuild itself under churn as a Map does (./key-table.ts).
-  private readonly finished = new KeyTable();
-  private readonly finishedKeys = new Float64Array(FINISHED_REMEMBERED_MAX);
-  private readonly finishedChecks = new Uint16Array(FINISHED_REMEMBERED_MAX);
-  private readonly finishedEndings = new Uint8Array(FINISHED_REMEMBERED_MAX);
-  private readonly finishedAtMs = new Float64Array(FINISHED_REMEMBERED_MAX);
-  private finishedHead = 0; // position of the oldest entry (a running count, not wrapped)
-  private finishedTail = 0;
+  /** Recently finished ids and how they ended (./finished.ts). */
+  private readonly finished = new FinishedRing();
   private readonly now: () => number;
   private readonly idHash: (id: string) => { hi: number; lo: number };
   private readonly idPrefix = `r${crypto.getRandomValues(new Uint32Array(1))[0]!.toString(36)}`;
@@ -378,7 +366,7 @@ export class LoadTracker {
     this.byKey.set(key, record);
     this.activeCount++;
     this.append(record);
-    if (this.finishedAt(key, idCheck) >= 0) this.finished.delete(key);
+    this.finished.forget(key, idCheck);
     this.activePrefillTokens[slot]! += prefillTokens;
     this.activeDecodeBlocks[slot]! += added + outputBlocks;
     this.activeRequests[slot]!++;
@@ -429,10 +417,7 @@ export class LoadTracker {
       this.release(this.oldest, "expired");
       expired++;
     }
-    for (let forgotten = 0; forgotten < max && this.finishedHead < this.finishedTail; forgotten++) {
-      if (now - this.finishedAtMs[this.finishedHead % FINISHED_REMEMBERED_MAX]! < this.requestTtlMs) break;
-      this.forgetOldest();
-    }
+    this.finished.forgetOlderThan(now, this.requestTtlMs, max);
     this.counters.expired += expired;
     return expired;
   }
@@ -548,36 +533,10 @@ export class LoadTracker {
   }
 
   private ended(hash: { hi: number; lo: number }): LifecycleResult {
-    const at = this.finishedAt(hashKey(hash), hashCheck(hash));
-    if (at >= 0) return ENDINGS[this.finishedEndings[at]!]!;
+    const ending = this.finished.endingOf(hashKey(hash), hashCheck(hash));
+    if (ending !== null) return ending;
     this.counters.unknown++;
     return "unknown";
-  }
-
-  /** Where in the ring a remembered finished id is, or -1. */
-  private finishedAt(key: number, check: number): number {
-    const at = this.finished.get(key);
-    return at >= 0 && this.finishedChecks[at] === check ? at : -1;
-  }
-
-  private remember(record: number, ending: Ending): void {
-    if (this.finishedTail - this.finishedHead === FINISHED_REMEMBERED_MAX) this.forgetOldest();
-    const position = this.finishedTail++;
-    const at = position % FINISHED_REMEMBERED_MAX;
-    const key = this.recordKey[record]!;
-    this.finishedKeys[at] = key;
-    this.finishedChecks[at] = this.recordCheck[record]!;
-    this.finishedEndings[at] = ENDINGS.indexOf(ending);
-    this.finishedAtMs[at] = this.now();
-    // The table holds ring indices: the entry at `at` is forgotten before `at` is
-    // reused, so an index found there is never a later entry's.
-    this.finished.set(key, at);
-  }
-
-  private forgetOldest(): void {
-    const at = this.finishedHead++ % FINISHED_REMEMBERED_MAX;
-    const key = this.finishedKeys[at]!;
-    if (this.finished.get(key) === at) this.finished.delete(key);
   }
 
   private release(record: number, ending: Ending): void {
@@ -590,7 +549,7 @@ export class LoadTracker {
     const freed = this.blocks.remove(slot, this.holder);
     this.activeDecodeBlocks[slot]! -= freed + this.recordOutput[record]!;
     this.activeRequests[slot]!--;
-    this.remember(record, ending);
+    this.finished.remember(this.recordKey[record]!, this.recordCheck[record]!, ending, this.now());
     this.freeRecord(record);
     if (VERIFY) this.verify();
   }

@@ -9,7 +9,7 @@ import { type ErrorCode, KvedgeError } from "../core/errors";
 import { U64_MAX } from "../util/u64";
 import { MsgpackWriter, type MsgpackValue } from "../wire/msgpack";
 import { defaultTokenScanner, parseRequestJson, ScannedTokens, TOKENS_MAX } from "./request-json";
-import { BinRef, MsgpackRequestReader } from "./request-msgpack";
+import { BinRef, MsgpackRequestReader } from "../wire/request-msgpack";
 
 export { TOKENS_MAX };
 

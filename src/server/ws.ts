@@ -30,7 +30,7 @@ import type { ServerMetrics } from "./metrics";
 import { defaultTokenScanner, parseRequestJson } from "./request-json";
 import type { KvedgeCore } from "../core/core";
 import type { TurnBatch } from "./turn";
-import { MsgpackRequestReader } from "./request-msgpack";
+import { MsgpackRequestReader } from "../wire/request-msgpack";
 
 /** Connections carry no per-connection state. */
 export type WsData = undefined;
