@@ -4,13 +4,13 @@
  * gives back, and the writer that runs every `state.snapshot_interval_secs` and at
  * shutdown.
  */
-import type { KvRouterService } from "../server/service";
-import { sourceKey } from "../server/service";
+import type { KvedgeCore } from "../core/core";
+import { positionKey } from "../core/core";
 import type { Logger } from "../util/log";
 import { forEachOp, readSnapshotFile, type Snapshot, SnapshotError, encodeOps, writeSnapshotFile } from "./snapshot";
 
 /** The service's state now, consistent (taken in one synchronous step). */
-export function takeSnapshot(service: KvRouterService): Snapshot {
+export function takeSnapshot(service: KvedgeCore): Snapshot {
   const { words, workerIds } = encodeOps(service.index.dump());
   return {
     blockSize: service.blockSize,
@@ -33,7 +33,7 @@ export function takeSnapshot(service: KvRouterService): Snapshot {
  * connect probe then continues from them, or rebuilds). Any problem: one log line,
  * nothing loaded.
  */
-export function loadSnapshot(service: KvRouterService, dir: string, configured: readonly bigint[], log: Logger): boolean {
+export function loadSnapshot(service: KvedgeCore, dir: string, configured: readonly bigint[], log: Logger): boolean {
   let snapshot: Snapshot | null;
   const started = performance.now();
   try {
@@ -64,7 +64,7 @@ export function loadSnapshot(service: KvRouterService, dir: string, configured: 
     return false;
   }
   for (const position of snapshot.positions) {
-    if (keep.has(position.workerId)) service.restoredPositions.set(sourceKey(position.workerId, position.dpRank), position);
+    if (keep.has(position.workerId)) service.restoredPositions.set(positionKey(position.workerId, position.dpRank), position);
   }
   log.info("snapshot loaded", {
     dir, created_at: snapshot.createdAt, blocks: index.stats().blocks, sources: service.restoredPositions.size,
@@ -74,7 +74,7 @@ export function loadSnapshot(service: KvRouterService, dir: string, configured: 
 }
 
 /** Writes a snapshot now; logs and returns false on failure (the previous file stays). */
-export function saveSnapshot(service: KvRouterService, dir: string, log: Logger): boolean {
+export function saveSnapshot(service: KvedgeCore, dir: string, log: Logger): boolean {
   const started = performance.now();
   try {
     const bytes = writeSnapshotFile(dir, takeSnapshot(service));
