@@ -194,7 +194,7 @@ export const SETTINGS: readonly Setting[] = [
   setting({
     key: "state.dir", flag: "state-dir", type: text("a directory path", "DIR", (v) => v.length > 0 && !v.includes("\0")),
     default: null, optional: true,
-    help: "Keep a snapshot of the index, sequence positions and active requests here; load it at start (warm restart).",
+    help: "Keep a snapshot of the index and of each engine stream's position here; load it at start (warm restart).",
   }),
   setting({
     key: "state.snapshot_interval_secs", flag: "snapshot-interval-secs", type: integer(1, 86_400), default: 60,
