@@ -410,6 +410,28 @@ describe("continuity on (re)connect, with a replay endpoint", () => {
   });
 });
 
+describe("continuity: bounds and saved positions", () => {
+  test("probe replies awaiting the fingerprint are byte-capped: over the cap the probe fails, nothing half-applied", () => {
+    const h = harness({ bufferMax: 2 }); // 4 bytes: two 2-byte batches
+    h.seq.restore(10, fingerprintOf(10, 0), false);
+    h.seq.connected();
+    for (const seq of [0, 1, 2]) h.seq.replayBatch(seq, bytes(seq));
+    expect(h.seq.counters.replaysFailed).toBe(1);
+    expect(h.applied).toEqual([]);
+    expect(h.resets).toEqual([]);
+    expect(h.seq.isDegraded).toBe(true);
+  });
+
+  test("a position restored as degraded stays degraded when the probe only continues it", () => {
+    const h = harness();
+    h.seq.restore(10, fingerprintOf(10, 0), true);
+    h.seq.connected();
+    serve(h, ringOf(5, 12, 0));
+    expect(h.applied).toEqual([11, 12]);
+    expect(h.seq.isDegraded).toBe(true);
+  });
+});
+
 describe("continuity on (re)connect, without a replay endpoint", () => {
   test("after a connect the worker is degraded until batch 0 (a fresh engine) arrives (case 3)", () => {
     const h = harness({ replay: false });
