@@ -35,12 +35,23 @@ const CONCURRENCY = 4;
 const BIN = join(import.meta.dir, "..", "dist", "kvedge");
 type Json = Record<string, any>;
 
+/** Every process started here, killed when this one exits however it exits (a crash included). */
+const spawned: Subprocess[] = [];
+process.on("exit", () => {
+  for (const child of spawned) if (child.exitCode === null) child.kill("SIGKILL");
+});
+
 interface Engine {
   proc: Subprocess<"ignore", "pipe", "pipe">;
   endpoint: string;
   replay: string;
   http: string;
   httpPort: number;
+}
+
+function track<P extends Subprocess>(child: P): P {
+  spawned.push(child);
+  return killWithBench(child);
 }
 
 async function firstLine(proc: Subprocess<"ignore", "pipe", "pipe">): Promise<Json> {
@@ -57,7 +68,7 @@ async function firstLine(proc: Subprocess<"ignore", "pipe", "pipe">): Promise<Js
 
 async function startEngine(previous?: Engine): Promise<Engine> {
   for (let attempt = 0; ; attempt++) {
-    const proc = killWithBench(Bun.spawn([BIN, "mock-engine", "--capacity-blocks", "600", "--speedup", "10",
+    const proc = track(Bun.spawn([BIN, "mock-engine", "--capacity-blocks", "600", "--speedup", "10",
       "--endpoint", previous?.endpoint ?? "tcp://127.0.0.1:0", "--replay-endpoint", previous?.replay ?? "tcp://127.0.0.1:0",
       "--http-port", String(previous?.httpPort ?? 0), "--drop-rate", DROP_RATE], { stdin: "ignore", stdout: "pipe", stderr: "pipe" }));
     void new Response(proc.stderr).text();
@@ -91,7 +102,7 @@ const random = () => ((state = (Math.imul(state, 1103515245) + 12345) >>> 0) / 2
 const engines: Engine[] = [];
 for (let i = 0; i < ENGINES; i++) engines.push(await startEngine());
 const workers = engines.map((e, i) => `${i + 1}=${e.endpoint};replay=${e.replay}`).join(",");
-const serve = killWithBench(Bun.spawn([BIN, "serve", "--port", "0", "--warmup-routes", "0", "--log-format", "json",
+const serve = track(Bun.spawn([BIN, "serve", "--port", "0", "--warmup-routes", "0", "--log-format", "json",
   "--reconnect-min-ms", "50", "--reconnect-max-ms", "500", "--workers", workers], { stdin: "ignore", stdout: "pipe", stderr: "pipe" }));
 let url = "";
 {
