@@ -40,6 +40,12 @@ async function serve(target: MockEngineProcess, reconnectMs?: number[]): Promise
   return started;
 }
 
+async function killServe(target: ServeProcess, signal: "SIGKILL" | "SIGTERM"): Promise<void> {
+  target.proc.kill(signal);
+  await target.proc.exited;
+  serves.splice(serves.indexOf(target), 1);
+}
+
 /** Publishes on the engine until its last seq passes `seq`. */
 async function publishPast(target: MockEngineProcess, seq: number, salt: number): Promise<void> {
   for (let round = 0; (await engineCache(target)).lastSeq <= seq; round++) {
@@ -103,28 +109,24 @@ describe("engine SIGKILL and restart", () => {
 });
 
 describe("kvedge SIGKILL and restart, engines idle, no snapshot", () => {
-  test("with replay: the new kvedge rebuilds each worker from its engine's ring (case 3)", async () => {
-    const a = await engine();
+  /** An idle engine with blocks, and a second kvedge started after the first was SIGKILLed. */
+  async function kvedgeRestarted(replay: boolean, salt: number): Promise<{ a: MockEngineProcess; second: ServeProcess }> {
+    const a = await engine(replay);
     const first = await serve(a);
-    await generate(a, prompts(8, 4, 8));
+    await generate(a, prompts(8, 4, salt));
     await expectExactAndEqual(first, "1", a);
-    first.proc.kill("SIGKILL");
-    await first.proc.exited;
-    serves.splice(serves.indexOf(first), 1);
-    const second = await serve(a);
+    await killServe(first, "SIGKILL");
+    return { a, second: await serve(a) };
+  }
+
+  test("with replay: the new kvedge rebuilds each worker from its engine's ring (case 3)", async () => {
+    const { a, second } = await kvedgeRestarted(true, 8);
     await expectExactAndEqual(second, "1", a);
     expect((await workerView(second.url, "1"))!.blocks).toBeGreaterThan(0);
   });
 
   test("without replay: the new kvedge says the worker is degraded, not `exact` with 0 blocks (case 3)", async () => {
-    const a = await engine(false);
-    const first = await serve(a);
-    await generate(a, prompts(8, 4, 9));
-    await expectExactAndEqual(first, "1", a);
-    first.proc.kill("SIGKILL");
-    await first.proc.exited;
-    serves.splice(serves.indexOf(first), 1);
-    const second = await serve(a);
+    const { a, second } = await kvedgeRestarted(false, 9);
     const worker = await expectEqualOrDegraded(second, "1", a);
     expect(worker.degraded).toBe(true);
   });
@@ -149,20 +151,25 @@ describe("kvedge restart with a snapshot (--state-dir)", () => {
     return started;
   }
 
-  async function killServe(target: ServeProcess, signal: "SIGKILL" | "SIGTERM"): Promise<void> {
-    target.proc.kill(signal);
-    await target.proc.exited;
-    serves.splice(serves.indexOf(target), 1);
-  }
-
-  test("SIGTERM writes a snapshot; the next kvedge loads it and catches up by replay from the saved seq", async () => {
+  function stateDir(): string {
     const dir = mkdtempSync(join(tmpdir(), "kvedge-state-"));
     dirs.push(dir);
+    return dir;
+  }
+
+  /** An engine past its ring's reach back to 0, and a kvedge (keeping state in `dir`) exact on it. */
+  async function caughtUp(dir: string | null, salt: number): Promise<{ a: MockEngineProcess; first: ServeProcess }> {
     const a = await longRunningEngine();
     const first = await serveWithState(a, dir);
     await subscribed(a);
-    await publishPast(a, 12, 20);
+    await publishPast(a, 12, salt);
     await expectExactAndEqual(first, "1", a);
+    return { a, first };
+  }
+
+  test("SIGTERM writes a snapshot; the next kvedge loads it and catches up by replay from the saved seq", async () => {
+    const dir = stateDir();
+    const { a, first } = await caughtUp(dir, 20);
     await killServe(first, "SIGTERM");
     // A little more while kvedge is down (less than the ring holds).
     await generate(a, prompts(1, 2, 21));
@@ -173,13 +180,8 @@ describe("kvedge restart with a snapshot (--state-dir)", () => {
   });
 
   test("SIGKILL: the last periodic snapshot is loaded and caught up", async () => {
-    const dir = mkdtempSync(join(tmpdir(), "kvedge-state-"));
-    dirs.push(dir);
-    const a = await longRunningEngine();
-    const first = await serveWithState(a, dir);
-    await subscribed(a);
-    await publishPast(a, 12, 22);
-    await expectExactAndEqual(first, "1", a);
+    const dir = stateDir();
+    const { a, first } = await caughtUp(dir, 22);
     const synced = performance.now();
     await eventually(() => (statSync(join(dir, "kvedge.snapshot"), { throwIfNoEntry: false })?.mtimeMs ?? 0) > performance.timeOrigin + synced
       ? true : undefined, 10_000, "a snapshot after the index caught up");
@@ -189,11 +191,7 @@ describe("kvedge restart with a snapshot (--state-dir)", () => {
   });
 
   test("without the snapshot, the same situation leaves the worker degraded (the ring no longer starts at 0)", async () => {
-    const a = await longRunningEngine();
-    const first = await serveWithState(a, null);
-    await subscribed(a);
-    await publishPast(a, 12, 23);
-    await expectExactAndEqual(first, "1", a);
+    const { a, first } = await caughtUp(null, 23);
     await killServe(first, "SIGKILL");
     const second = await serveWithState(a, null);
     const worker = await expectEqualOrDegraded(second, "1", a);
@@ -202,8 +200,7 @@ describe("kvedge restart with a snapshot (--state-dir)", () => {
   });
 
   test("a corrupt snapshot is refused with one log line; kvedge starts empty and rebuilds what it can", async () => {
-    const dir = mkdtempSync(join(tmpdir(), "kvedge-state-"));
-    dirs.push(dir);
+    const dir = stateDir();
     writeFileSync(join(dir, "kvedge.snapshot"), "KVEDGE-SNAPSHOT\n\x01\x00\x00\x00garbage");
     const a = await engine();
     const kvedge = await serveWithState(a, dir);
