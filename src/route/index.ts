@@ -8,3 +8,6 @@ export {
   type Candidate, CandidateList, DEFAULT_ROUTE_WEIGHTS, NO_OVERLAPS, type Overlaps, type RouteDecision, RouteError,
   type RouteErrorCode, type RouteRequest, Router, type RouterOptions, type RouteWeights,
 } from "./router";
+export {
+  DEFAULT_TTFT_SETTINGS, type EngineTimeModel, ROUTE_POLICIES, type RoutePolicy, type TtftSettings,
+} from "./ttft";

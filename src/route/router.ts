@@ -24,6 +24,9 @@
  * tracker's arrays).
  */
 import { LoadTracker, type LoadTrackerOptions, REQUEST_ID_LENGTH_MAX } from "./load";
+import {
+  checkTtftSettings, DEFAULT_TTFT_SETTINGS, predictTtft, type RoutePolicy, TtftParts, type TtftSettings,
+} from "./ttft";
 
 export interface RouteWeights {
   /** Credit, in blocks of prefill, per block the worker already holds. */
@@ -51,7 +54,11 @@ export const DEFAULT_ROUTE_WEIGHTS: RouteWeights = {
 };
 
 export interface RouterOptions extends LoadTrackerOptions {
+  /** "ttft" (predicted time to first token, ./ttft.ts) or "dynamo" (the weights below); default "dynamo". */
+  readonly policy?: RoutePolicy;
   readonly weights?: Partial<RouteWeights>;
+  /** The engine time model behind predicted TTFTs (every policy reports them). */
+  readonly ttft?: Partial<TtftSettings>;
   /** Uniform in [0, 1); injectable for tests. */
   readonly random?: () => number;
 }
@@ -98,6 +105,14 @@ export interface Candidate {
   readonly activePrefillTokens: number;
   readonly activeDecodeBlocks: number;
   readonly activeRequests: number;
+  /** Predicted time to first token on this worker (ms) = queue + prefill + steps. */
+  readonly predictedTtftMs: number;
+  /** Prefill already routed to the worker, ahead of this request (ms). */
+  readonly queueMs: number;
+  /** This request's uncached prefill (ms). */
+  readonly prefillMs: number;
+  /** Per-step overhead (weights and decode KV reads) over the steps until its first token (ms). */
+  readonly stepsMs: number;
 }
 
 export interface RouteDecision {
@@ -107,6 +122,8 @@ export interface RouteDecision {
   readonly dpRank: number;
   readonly overlapBlocks: number;
   readonly cost: number;
+  /** The chosen worker's predicted time to first token (ms). */
+  readonly predictedTtftMs: number;
   readonly candidates: CandidateList;
 }
 
@@ -135,6 +152,10 @@ export class CandidateList {
   activePrefillTokens = NO_F64;
   activeDecodeBlocks = NO_F64;
   activeRequests = NO_U32;
+  predictedTtftMs = NO_F64;
+  queueMs = NO_F64;
+  prefillMs = NO_F64;
+  stepsMs = NO_F64;
 
   /** Candidate `i` as an object (JSON answers, tests). */
   at(i: number): Candidate {
@@ -149,6 +170,10 @@ export class CandidateList {
       activePrefillTokens: this.activePrefillTokens[i]!,
       activeDecodeBlocks: this.activeDecodeBlocks[i]!,
       activeRequests: this.activeRequests[i]!,
+      predictedTtftMs: this.predictedTtftMs[i]!,
+      queueMs: this.queueMs[i]!,
+      prefillMs: this.prefillMs[i]!,
+      stepsMs: this.stepsMs[i]!,
     };
   }
 
@@ -168,6 +193,10 @@ export class CandidateList {
     this.activePrefillTokens = new Float64Array(capacity);
     this.activeDecodeBlocks = new Float64Array(capacity);
     this.activeRequests = new Uint32Array(capacity);
+    this.predictedTtftMs = new Float64Array(capacity);
+    this.queueMs = new Float64Array(capacity);
+    this.prefillMs = new Float64Array(capacity);
+    this.stepsMs = new Float64Array(capacity);
   }
 }
 
@@ -188,17 +217,24 @@ const NO_CANDIDATES = new CandidateList();
 export class Router {
   readonly load: LoadTracker;
   readonly weights: RouteWeights;
+  readonly policy: RoutePolicy;
+  readonly ttft: TtftSettings;
   private readonly random: () => number;
   // Scratch, by slot, reused by every decision.
   private overlapBySlot = new Float64Array(0);
   private depthBySlot = new Uint32Array(0);
   private costBySlot = new Float64Array(0);
+  private ttftBySlot = new Float64Array(0);
+  private readonly parts = new TtftParts();
   private order = new Int32Array(0);
 
   constructor(options: RouterOptions) {
     this.load = new LoadTracker(options);
     this.weights = { ...DEFAULT_ROUTE_WEIGHTS, ...options.weights };
     checkWeights(this.weights);
+    this.policy = options.policy ?? "dynamo";
+    this.ttft = { ...DEFAULT_TTFT_SETTINGS, ...options.ttft };
+    checkTtftSettings(this.ttft);
     this.random = options.random ?? Math.random;
   }
 
@@ -250,11 +286,25 @@ export class Router {
       minPrefill = Infinity;
       for (let i = 0; i < liveCount; i++) minPrefill = Math.min(minPrefill, prefill[slots[i]!]!);
     }
+    const ttft = this.ttft;
+    const parts = this.parts;
+    const predicted = this.ttftBySlot;
+    const prefillPerMs = ttft.prefillTokensPerSecond / 1000;
+    const timeCost = this.policy === "ttft";
     for (let i = 0; i < liveCount; i++) {
       const slot = slots[i]!;
       const slotPrefill = prefill[slot]!;
-      let held = overlap[slot]!;
-      if (degraded[slot] === 1) held *= degradedWeight;
+      const trusted = degraded[slot] === 1 ? overlap[slot]! * degradedWeight : overlap[slot]!;
+      const cached = Math.min(tokenCount, trusted * blockSize);
+      predicted[slot] = predictTtft(
+        ttft, parts, slot, tokenCount, cached, slotPrefill, active[slot]!, decode[slot]!, blockSize,
+        prefillPerMs, ttft.stepBaseMs,
+      );
+      if (timeCost) {
+        costs[slot] = predicted[slot]! + ttft.recomputeWeight * parts.prefillMs[slot]!;
+        continue;
+      }
+      let held = trusted;
       if (decayScale > 0) held /= 1 + decayScale * (slotPrefill - minPrefill);
       const prefillCost = scale * Math.max(0, (slotPrefill + tokenCount) / blockSize - credit * held);
       costs[slot] = prefillCost + decode[slot]! + (blockCount - depth[slot]!) + requestWeight * active[slot]!;
@@ -276,6 +326,7 @@ export class Router {
       dpRank: load.dpRanks[best]!,
       overlapBlocks: overlap[best]!,
       cost: costs[best]!,
+      predictedTtftMs: this.ttftBySlot[best]!,
       candidates,
     };
   }
@@ -287,6 +338,8 @@ export class Router {
       this.overlapBySlot = new Float64Array(capacity);
       this.depthBySlot = new Uint32Array(capacity);
       this.costBySlot = new Float64Array(capacity);
+      this.ttftBySlot = new Float64Array(capacity);
+      this.parts.ensure(capacity);
     }
     this.overlapBySlot.fill(0, 0, capacity);
     this.depthBySlot.fill(0, 0, capacity);
@@ -391,6 +444,10 @@ export class Router {
       list.activePrefillTokens[i] = load.activePrefillTokens[slot]!;
       list.activeDecodeBlocks[i] = load.activeDecodeBlocks[slot]!;
       list.activeRequests[i] = load.activeRequests[slot]!;
+      list.predictedTtftMs[i] = this.ttftBySlot[slot]!;
+      list.queueMs[i] = this.parts.queueMs[slot]!;
+      list.prefillMs[i] = this.parts.prefillMs[slot]!;
+      list.stepsMs[i] = this.parts.stepsMs[slot]!;
     }
     list.count = size;
   }

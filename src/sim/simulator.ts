@@ -86,7 +86,7 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
   const onBatch = options.onBatch;
   const engines: MockEngine[] = [];
   const policy = createPolicy(options.policy, {
-    workers, blockSize, seed, approxPrefix: options.approxPrefix, kvAware: options.kvAware,
+    workers, blockSize, seed, approxPrefix: options.approxPrefix, kvAware: options.kvAware, time,
     probe: (worker, query) => engines[worker]!.cache.cachedPrefixBlocks(query.tokens, query.promptLength),
   });
   const recorder = new RunRecorder(trace, {
