@@ -93,6 +93,14 @@ export class KvRouterService {
       requestTtlMs: config.route.request_ttl_secs * 1000,
       maxActiveRequests: config.route.max_active_requests,
       trackOutputBlocks: config.route.track_output_blocks,
+      policy: config.route.policy,
+      ttft: {
+        prefillTokensPerSecond: config.route.prefill_tokens_per_sec,
+        stepBaseMs: config.route.step_base_ms,
+        kvReadMsPerMillionTokens: config.route.kv_read_ms_per_million_tokens,
+        maxBatchedTokens: config.route.max_batched_tokens,
+        recomputeWeight: config.route.recompute_weight,
+      },
       weights: {
         overlapScoreCredit: config.route.overlap_score_credit,
         overlapScoreCreditDecay: config.route.overlap_score_credit_decay,
