@@ -7,7 +7,8 @@
  *                    [--policies kv_aware_model,round_robin,...] [--time-scale 1]
  *                    [--prefill-tps 15000] [--step-base-ms 5] [--kv-read-ms 39]
  *                    [--max-batched-tokens 8192] [--seed 42] [--speedup 60]
- *                    [--route-policy ttft,dynamo] [--recompute-weight 1]
+ *                    [--route-policy ttft,dynamo] [--recompute-weight 12] [--calibrate off,on]
+ *                    [--router-prefill-tps N] [--router-step-base-ms MS]
  *                    [--overlap-credit 1] [--prefill-scale 1] [--start 0] [--trace FILE] [--json]
  *
  * Comma lists sweep: every combination of time scale, requests, capacity, and for
@@ -47,6 +48,9 @@ const { values } = parseArgs({
     "route-policy": { type: "string", default: "ttft,dynamo" },
     "recompute-weight": { type: "string", default: String(DEFAULT_TTFT_SETTINGS.recomputeWeight) },
     start: { type: "string", default: "0" },
+    calibrate: { type: "string", default: "off" },
+    "router-prefill-tps": { type: "string" },
+    "router-step-base-ms": { type: "string" },
     speedup: { type: "string", default: "60" },
     trace: { type: "string" },
     json: { type: "boolean", default: false },
@@ -74,6 +78,15 @@ const time = {
 };
 const speedup = Number(values.speedup);
 const start = Number(values.start);
+const calibrations = values.calibrate.split(",").map((text) => {
+  if (text !== "on" && text !== "off") throw new Error(`--calibrate takes on, off or on,off; got '${text}'`);
+  return text === "on";
+});
+// What kv_aware_model's router assumes of the engines (default: their true constants).
+const routerConstants = {
+  ...(values["router-prefill-tps"] === undefined ? {} : { prefillTokensPerSecond: numbers(values["router-prefill-tps"])[0]! }),
+  ...(values["router-step-base-ms"] === undefined ? {} : { stepBaseMs: numbers(values["router-step-base-ms"])[0]! }),
+};
 const routePolicies = values["route-policy"].split(",").map((name) => {
   if (!(ROUTE_POLICIES as readonly string[]).includes(name)) throw new Error(`unknown route policy '${name}'`);
   return name as RoutePolicy;
@@ -88,9 +101,10 @@ function kvVariants(): { name: string; config: KvAwareConfig }[] {
       name: `kv dynamo ${overlapScoreCredit}/${prefillLoadScale}`,
       config: { policy, weights: { overlapScoreCredit, prefillLoadScale } },
     })))
-    : numbers(values["recompute-weight"], true).map((recomputeWeight) => ({
-      name: `kv ttft ${recomputeWeight}`, config: { policy, ttft: { recomputeWeight } },
-    })));
+    : numbers(values["recompute-weight"], true).flatMap((recomputeWeight) => calibrations.map((calibrate) => ({
+      name: `kv ttft ${recomputeWeight}${calibrate ? " cal" : ""}`,
+      config: { policy, calibrate, ttft: { recomputeWeight, ...routerConstants } },
+    }))));
 }
 
 interface Row extends SimResult {

@@ -38,6 +38,7 @@ export interface Config {
     readonly kv_read_ms_per_million_tokens: number;
     readonly max_batched_tokens: number;
     readonly recompute_weight: number;
+    readonly calibrate: boolean;
     readonly overlap_score_credit: number;
     readonly overlap_score_credit_decay: number;
     readonly prefill_load_scale: number;
@@ -150,6 +151,10 @@ export const SETTINGS: readonly Setting[] = [
   setting({
     key: "route.recompute_weight", flag: "recompute-weight", type: decimal(0, 1e6), default: DEFAULT_TTFT_SETTINGS.recomputeWeight,
     help: "ttft policy: cost per ms of prefill a choice adds (what leaving the worker holding a prefix costs).",
+  }),
+  setting({
+    key: "route.calibrate", flag: "calibrate", type: boolean, default: false,
+    help: "Learn each worker's prefill speed from its route -> prefill_done timings (shown in /v1/workers and /metrics).",
   }),
   setting({
     key: "route.overlap_score_credit", flag: "overlap-score-credit", type: decimal(0, 1e6), default: 1,

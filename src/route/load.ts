@@ -130,6 +130,8 @@ export class LoadTracker {
   /** Live slots, densely packed (the routing loop's candidate list). */
   liveSlots = new Int32Array(0);
   liveCount = 0;
+  /** Told the first prefill_done of each request (its record, slot, and ms since admission): calibration. */
+  prefillObserver: ((record: number, slot: number, elapsedMs: number) => void) | null = null;
   /** Counts additions and removals of workers: a cached slotOf is valid while it stays the same. */
   workersVersion = 0;
   private livePosition = new Int32Array(0);
@@ -350,7 +352,7 @@ export class LoadTracker {
   admit(
     requestId: string, slot: number, chain: Uint32Array, blocks: number,
     promptTokens: number, cachedTokens: number, expectedOutputTokens: number,
-  ): void {
+  ): number {
     this.assertLive(slot);
     const hash = this.idHash(requestId);
     const key = hashKey(hash);
@@ -387,6 +389,7 @@ export class LoadTracker {
     this.routedTotal[slot]!++;
     this.counters.admitted++;
     if (VERIFY) this.verify();
+    return record;
   }
 
   /** The request's prefill finished: its prompt tokens stop counting. Idempotent. */
@@ -394,11 +397,14 @@ export class LoadTracker {
     const hash = this.idHash(requestId);
     const record = this.recordOf(requestId, hashKey(hash));
     if (record === NO_RECORD) return this.ended(hash);
+    const now = this.now();
     if (this.recordPrefill[record]! > 0) {
       this.activePrefillTokens[this.recordSlot[record]!]! -= this.recordPrefill[record]!;
       this.recordPrefill[record] = 0;
+      // Until now the record was last touched when it was admitted.
+      this.prefillObserver?.(record, this.recordSlot[record]!, now - this.recordTouched[record]!);
     }
-    this.recordTouched[record] = this.now();
+    this.recordTouched[record] = now;
     this.unlink(record);
     this.append(record);
     this.counters.prefillDone++;

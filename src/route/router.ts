@@ -24,8 +24,10 @@
  * tracker's arrays).
  */
 import { LoadTracker, type LoadTrackerOptions, REQUEST_ID_LENGTH_MAX } from "./load";
+import { Calibration } from "./calibration";
 import {
-  checkTtftSettings, DEFAULT_TTFT_SETTINGS, predictTtft, type RoutePolicy, TtftParts, type TtftSettings,
+  checkTtftSettings, DEFAULT_TTFT_SETTINGS, kvReadMs, ownPrefillTokens, predictTtft, type RoutePolicy, stepsUntilFirstToken,
+  TtftParts, type TtftSettings,
 } from "./ttft";
 
 export interface RouteWeights {
@@ -59,6 +61,8 @@ export interface RouterOptions extends LoadTrackerOptions {
   readonly weights?: Partial<RouteWeights>;
   /** The engine time model behind predicted TTFTs (every policy reports them). */
   readonly ttft?: Partial<TtftSettings>;
+  /** Learn each worker's prefill speed and step cost from its lifecycle timings (./calibration.ts). */
+  readonly calibrate?: boolean;
   /** Uniform in [0, 1); injectable for tests. */
   readonly random?: () => number;
 }
@@ -219,6 +223,8 @@ export class Router {
   readonly weights: RouteWeights;
   readonly policy: RoutePolicy;
   readonly ttft: TtftSettings;
+  /** Null when calibration is off: every worker is predicted with the configured constants. */
+  readonly calibration: Calibration | null;
   private readonly random: () => number;
   // Scratch, by slot, reused by every decision.
   private overlapBySlot = new Float64Array(0);
@@ -226,6 +232,7 @@ export class Router {
   private costBySlot = new Float64Array(0);
   private ttftBySlot = new Float64Array(0);
   private readonly parts = new TtftParts();
+  private readonly features = { tokens: 0, steps: 0, kvMs: 0 };
   private order = new Int32Array(0);
 
   constructor(options: RouterOptions) {
@@ -235,6 +242,9 @@ export class Router {
     this.policy = options.policy ?? "dynamo";
     this.ttft = { ...DEFAULT_TTFT_SETTINGS, ...options.ttft };
     checkTtftSettings(this.ttft);
+    this.calibration = options.calibrate === true ? new Calibration(this.ttft.prefillTokensPerSecond, this.ttft.stepBaseMs) : null;
+    const calibration = this.calibration;
+    if (calibration !== null) this.load.prefillObserver = (record, slot, elapsedMs) => calibration.observe(record, slot, elapsedMs);
     this.random = options.random ?? Math.random;
   }
 
@@ -289,6 +299,8 @@ export class Router {
     const ttft = this.ttft;
     const parts = this.parts;
     const predicted = this.ttftBySlot;
+    const calibration = this.calibration;
+    calibration?.sync(load);
     const prefillPerMs = ttft.prefillTokensPerSecond / 1000;
     const timeCost = this.policy === "ttft";
     for (let i = 0; i < liveCount; i++) {
@@ -298,7 +310,8 @@ export class Router {
       const cached = Math.min(tokenCount, trusted * blockSize);
       predicted[slot] = predictTtft(
         ttft, parts, slot, tokenCount, cached, slotPrefill, active[slot]!, decode[slot]!, blockSize,
-        prefillPerMs, ttft.stepBaseMs,
+        calibration === null ? prefillPerMs : calibration.prefillPerMs[slot]!,
+        calibration === null ? ttft.stepBaseMs : calibration.stepBaseMs[slot]!,
       );
       if (timeCost) {
         costs[slot] = predicted[slot]! + ttft.recomputeWeight * parts.prefillMs[slot]!;
@@ -318,7 +331,9 @@ export class Router {
     // No list given: a fresh one, or with no candidates asked for, the shared empty one.
     const candidates = out ?? (max > 0 ? new CandidateList() : NO_CANDIDATES);
     this.listCandidates(max, candidates);
-    load.admit(requestId, best, request.chain, blockCount, tokenCount, cachedTokens, expected);
+    if (calibration !== null) this.noteFeatures(best, tokenCount, cachedTokens);
+    const record = load.admit(requestId, best, request.chain, blockCount, tokenCount, cachedTokens, expected);
+    if (calibration !== null) calibration.admitted(record, this.features.tokens, this.features.steps, this.features.kvMs, load.recordCapacity);
     return {
       requestId,
       slot: best,
@@ -329,6 +344,16 @@ export class Router {
       predictedTtftMs: this.ttftBySlot[best]!,
       candidates,
     };
+  }
+
+  /** What the chosen worker's predicted TTFT was made of, for calibration (before admission changes the load). */
+  private noteFeatures(slot: number, tokenCount: number, cachedTokens: number): void {
+    const load = this.load;
+    const tokens = load.activePrefillTokens[slot]! + ownPrefillTokens(tokenCount, cachedTokens);
+    const steps = stepsUntilFirstToken(this.ttft, tokens, load.activeRequests[slot]!);
+    this.features.tokens = tokens;
+    this.features.steps = steps;
+    this.features.kvMs = steps * kvReadMs(this.ttft, load.activeDecodeBlocks[slot]!, load.blockSize);
   }
 
   /** Fills the per-slot overlap and shared-depth scratch for this request. */

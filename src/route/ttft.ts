@@ -84,10 +84,9 @@ export function predictTtft(
   aheadTokens: number, activeRequests: number, activeBlocks: number, blockSize: number,
   prefillPerMs: number, stepBaseMs: number,
 ): number {
-  const own = Math.max(1, tokenCount - cachedTokens);
-  const budget = Math.max(1, settings.maxBatchedTokens - activeRequests);
-  const steps = Math.ceil((aheadTokens + own) / budget);
-  const stepMs = stepBaseMs + (settings.kvReadMsPerMillionTokens * activeBlocks * blockSize) / 1e6;
+  const own = ownPrefillTokens(tokenCount, cachedTokens);
+  const steps = stepsUntilFirstToken(settings, aheadTokens + own, activeRequests);
+  const stepMs = stepBaseMs + kvReadMs(settings, activeBlocks, blockSize);
   const queueMs = aheadTokens / prefillPerMs;
   const prefillMs = own / prefillPerMs;
   const stepsMs = steps * stepMs;
@@ -95,4 +94,19 @@ export function predictTtft(
   parts.prefillMs[slot] = prefillMs;
   parts.stepsMs[slot] = stepsMs;
   return queueMs + prefillMs + stepsMs;
+}
+
+/** Prompt tokens the engine computes: vLLM always computes at least the last one. */
+export function ownPrefillTokens(tokenCount: number, cachedTokens: number): number {
+  return Math.max(1, tokenCount - cachedTokens);
+}
+
+/** Scheduler steps until `tokens` of prefill are done, one budget token per running request taken by decode. */
+export function stepsUntilFirstToken(settings: EngineTimeModel, tokens: number, activeRequests: number): number {
+  return Math.ceil(tokens / Math.max(1, settings.maxBatchedTokens - activeRequests));
+}
+
+/** Per-step time to read the KV of a worker's active blocks, ms. */
+export function kvReadMs(settings: EngineTimeModel, activeBlocks: number, blockSize: number): number {
+  return (settings.kvReadMsPerMillionTokens * activeBlocks * blockSize) / 1e6;
 }

@@ -151,6 +151,9 @@ export function workersOp(service: KvRouterService) {
       routed_total: view.routedTotal,
       last_seq: view.lastSeq,
       lost_batches: view.lostBatches,
+      prefill_tokens_per_sec: view.times.prefillTokensPerSecond,
+      step_base_ms: view.times.stepBaseMs,
+      calibration_samples: view.times.samples,
     })),
   };
 }

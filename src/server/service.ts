@@ -49,6 +49,15 @@ export interface WorkerView {
   readonly routedTotal: number;
   readonly lastSeq: number;
   readonly lostBatches: number;
+  readonly times: WorkerTimes;
+}
+
+export interface WorkerTimes {
+  readonly prefillTokensPerSecond: number;
+  readonly stepBaseMs: number;
+  /** Lifecycle timings learned from (0 when not calibrating). */
+  readonly samples: number;
+  readonly learned: boolean;
 }
 
 export interface ServiceOptions {
@@ -94,6 +103,7 @@ export class KvRouterService {
       maxActiveRequests: config.route.max_active_requests,
       trackOutputBlocks: config.route.track_output_blocks,
       policy: config.route.policy,
+      calibrate: config.route.calibrate,
       ttft: {
         prefillTokensPerSecond: config.route.prefill_tokens_per_sec,
         stepBaseMs: config.route.step_base_ms,
@@ -297,6 +307,15 @@ export class KvRouterService {
     return found;
   }
 
+  /** The engine time model the router uses for a worker: learned when calibrating, else configured. */
+  timesOf(slot: number): WorkerTimes {
+    const router = this.router;
+    const learned = router.calibration?.learned(slot);
+    return learned === undefined
+      ? { prefillTokensPerSecond: router.ttft.prefillTokensPerSecond, stepBaseMs: router.ttft.stepBaseMs, samples: 0, learned: false }
+      : { ...learned, learned: true };
+  }
+
   workers(): WorkerView[] {
     const blocks = new Map<string, number>();
     for (const info of this.index.workers()) blocks.set(sourceKey(info.workerId, info.dpRank), info.blocks);
@@ -319,6 +338,7 @@ export class KvRouterService {
         routedTotal: load.routedTotal,
         lastSeq: source?.sequencer.lastSeq ?? -1,
         lostBatches: source?.sequencer.counters.lost ?? 0,
+        times: this.timesOf(load.slot),
       });
     }
     return views.sort((a, b) => (a.workerId < b.workerId ? -1 : a.workerId > b.workerId ? 1 : a.dpRank - b.dpRank));

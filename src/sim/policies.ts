@@ -303,6 +303,8 @@ export interface KvAwareConfig {
   readonly policy: RoutePolicy;
   readonly weights?: Partial<RouteWeights>;
   readonly ttft?: Partial<TtftSettings>;
+  /** Learn each engine's prefill speed and step cost from lifecycle timings. */
+  readonly calibrate?: boolean;
 }
 
 export const DEFAULT_KV_AWARE: KvAwareConfig = { policy: "ttft" };
@@ -310,7 +312,7 @@ export const DEFAULT_KV_AWARE: KvAwareConfig = { policy: "ttft" };
 /** Longer than any replay: requests end by `done`, never by expiry. */
 const SIM_REQUEST_TTL_MS = 1e15;
 
-class KvAwareModel implements RoutingPolicy {
+export class KvAwareModel implements RoutingPolicy {
   readonly name = "kv_aware_model";
   readonly router: Router;
   private nowMs = 0;
@@ -320,7 +322,7 @@ class KvAwareModel implements RoutingPolicy {
   constructor(workers: number, blockSize: number, private readonly probe: CacheProbe, config: KvAwareConfig, rng: Rng) {
     this.router = new Router({
       blockSize, requestTtlMs: SIM_REQUEST_TTL_MS, now: () => this.nowMs, random: rng,
-      policy: config.policy, ...(config.weights === undefined ? {} : { weights: config.weights }),
+      policy: config.policy, calibrate: config.calibrate === true, ...(config.weights === undefined ? {} : { weights: config.weights }),
       ...(config.ttft === undefined ? {} : { ttft: config.ttft }),
     });
     this.slots = new Int32Array(workers);
