@@ -24,7 +24,7 @@
  * tracker's arrays).
  */
 import { LoadTracker, type LoadTrackerOptions, REQUEST_ID_LENGTH_MAX } from "./load";
-import { Calibration } from "./calibration";
+import { Calibration, type LearnedTimes } from "./calibration";
 import {
   checkTtftSettings, DEFAULT_TTFT_SETTINGS, kvReadMs, ownPrefillTokens, predictTtft, type RoutePolicy, stepsUntilFirstToken,
   TtftParts, type TtftSettings,
@@ -344,6 +344,13 @@ export class Router {
       predictedTtftMs: this.ttftBySlot[best]!,
       candidates,
     };
+  }
+
+  /** A worker's learned engine times (null when calibration is off). */
+  learnedTimes(slot: number): LearnedTimes | null {
+    if (this.calibration === null) return null;
+    this.calibration.sync(this.load);
+    return this.calibration.learned(slot);
   }
 
   /** What the chosen worker's predicted TTFT was made of, for calibration (before admission changes the load). */

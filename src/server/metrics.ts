@@ -270,7 +270,7 @@ export function registerRouterMetrics(registry: MetricsRegistry, router: Router)
     (w) => w.activePrefillTokens);
   perWorker("kvedge_worker_active_decode_blocks", "Distinct KV blocks of the worker's active requests (plus expected output blocks if tracked).",
     "gauge", (w) => w.activeDecodeBlocks);
-  const times = (slot: number) => router.calibration?.learned(slot);
+  const times = (slot: number) => router.learnedTimes(slot);
   perWorker("kvedge_worker_prefill_tokens_per_second", "Prefill speed the router predicts the worker with (learned when route.calibrate is on).",
     "gauge", (w) => times(w.slot)?.prefillTokensPerSecond ?? router.ttft.prefillTokensPerSecond);
   perWorker("kvedge_worker_step_base_ms", "Scheduler step base cost the router predicts the worker with, ms (learned when route.calibrate is on).",

@@ -310,8 +310,8 @@ export class KvRouterService {
   /** The engine time model the router uses for a worker: learned when calibrating, else configured. */
   timesOf(slot: number): WorkerTimes {
     const router = this.router;
-    const learned = router.calibration?.learned(slot);
-    return learned === undefined
+    const learned = router.learnedTimes(slot);
+    return learned === null
       ? { prefillTokensPerSecond: router.ttft.prefillTokensPerSecond, stepBaseMs: router.ttft.stepBaseMs, samples: 0, learned: false }
       : { ...learned, learned: true };
   }
