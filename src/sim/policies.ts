@@ -7,9 +7,9 @@
  * - `approx_prefix`: SGLang / SMG `cache_aware`, which learns only from its own
  *   decisions (an approximate radix tree per worker, never told about evictions);
  *   defaults are SMG's command-line defaults (see ApproxPrefixConfig).
- * - `kv_aware_model`: a stand-in for kvedge's router: each engine's true cache contents
- *   (what an exact event-fed index holds, without event lag) and Dynamo's cost model
- *   (reference §5.2) over the router's own load bookkeeping.
+ * - `kv_aware_model`: kvedge's real router (src/route) told each engine's true cache
+ *   contents (what an exact event-fed index holds, without event lag), deciding by its
+ *   route policy (ttft by default, or Dynamo's cost) over its own load bookkeeping.
  *
  * The simulator calls `route` on arrival, `prefillDone` at the first token and
  * `finished` at the end, which is the request lifecycle a router is told about.
