@@ -42,8 +42,8 @@ export class Calibration {
   // Per slot: ms per 1000 prefill tokens, and step base ms.
   private a = new Float64Array(0);
   private b = new Float64Array(0);
-  private workerOfSlot: (bigint | null)[] = [];
-  private workersVersion = -1;
+  /** The worker table's generation of each slot when it was last reset. */
+  private generationOfSlot = new Float64Array(0);
   // Per active-request record: what its TTFT was predicted from.
   private recordTokens = new Float64Array(0);
   private recordSteps = new Float64Array(0);
@@ -56,18 +56,17 @@ export class Calibration {
     this.b0 = stepBaseMs;
   }
 
-  /** Resets slots whose worker changed since the last call (cheap when none did). */
+  /** Resets slots given to a new worker since the last call (the worker table's generation changed). */
   sync(load: LoadTracker): void {
-    if (load.workersVersion === this.workersVersion) return;
-    this.workersVersion = load.workersVersion;
     const capacity = load.slotCapacity;
     if (this.a.length < capacity) this.grow(capacity);
-    for (let slot = 0; slot < capacity; slot++) {
-      const worker = load.live[slot] === 1 ? load.workerIdOf(slot) * 65_536n + BigInt(load.dpRanks[slot]!) : null;
-      if (worker !== this.workerOfSlot[slot]) {
-        this.workerOfSlot[slot] = worker;
-        this.reset(slot);
-      }
+    const generation = load.table.generation;
+    const slots = load.liveSlots;
+    for (let i = 0; i < load.liveCount; i++) {
+      const slot = slots[i]!;
+      if (this.generationOfSlot[slot] === generation[slot]) continue;
+      this.generationOfSlot[slot] = generation[slot]!;
+      this.reset(slot);
     }
   }
 
@@ -132,6 +131,9 @@ export class Calibration {
     this.samples = copy(this.samples);
     this.a = copy(this.a);
     this.b = copy(this.b);
+    const seen = this.generationOfSlot.length;
+    this.generationOfSlot = copy(this.generationOfSlot);
+    this.generationOfSlot.fill(-1, seen); // never reset yet
   }
 
   private resizeRecords(capacity: number): void {
