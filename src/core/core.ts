@@ -53,6 +53,15 @@ export interface WorkerView {
   readonly routedTotal: number;
   readonly lastSeq: number;
   readonly lostBatches: number;
+  readonly times: WorkerTimes;
+}
+
+export interface WorkerTimes {
+  readonly prefillTokensPerSecond: number;
+  readonly stepBaseMs: number;
+  /** Lifecycle timings learned from (0 when not calibrating). */
+  readonly samples: number;
+  readonly learned: boolean;
 }
 
 export interface CoreOptions {
@@ -95,6 +104,15 @@ export class KvedgeCore {
       requestTtlMs: config.route.request_ttl_secs * 1000,
       maxActiveRequests: config.route.max_active_requests,
       trackOutputBlocks: config.route.track_output_blocks,
+      policy: config.route.policy,
+      calibrate: config.route.calibrate,
+      ttft: {
+        prefillTokensPerSecond: config.route.prefill_tokens_per_sec,
+        stepBaseMs: config.route.step_base_ms,
+        kvReadMsPerMillionTokens: config.route.kv_read_ms_per_million_tokens,
+        maxBatchedTokens: config.route.max_batched_tokens,
+        recomputeWeight: config.route.recompute_weight,
+      },
       weights: {
         overlapScoreCredit: config.route.overlap_score_credit,
         overlapScoreCreditDecay: config.route.overlap_score_credit_decay,
@@ -252,6 +270,15 @@ export class KvedgeCore {
     return found;
   }
 
+  /** The engine time model the router uses for a worker: learned when calibrating, else configured. */
+  timesOf(slot: number): WorkerTimes {
+    const router = this.router;
+    const learned = router.learnedTimes(slot);
+    return learned === null
+      ? { prefillTokensPerSecond: router.ttft.prefillTokensPerSecond, stepBaseMs: router.ttft.stepBaseMs, samples: 0, learned: false }
+      : { ...learned, learned: true };
+  }
+
   workers(): WorkerView[] {
     const blocks = new Map<number, number>();
     for (const info of this.index.workers()) blocks.set(this.workerTable.find(info.workerId, info.dpRank), info.blocks);
@@ -273,6 +300,7 @@ export class KvedgeCore {
         routedTotal: load.routedTotal,
         lastSeq: source?.sequencer.lastSeq ?? -1,
         lostBatches: source?.sequencer.counters.lost ?? 0,
+        times: this.timesOf(load.slot),
       });
     }
     return views.sort((a, b) => (a.workerId < b.workerId ? -1 : a.workerId > b.workerId ? 1 : a.dpRank - b.dpRank));

@@ -270,6 +270,13 @@ export function registerRouterMetrics(registry: MetricsRegistry, router: Router)
     (w) => w.activePrefillTokens);
   perWorker("kvedge_worker_active_decode_blocks", "Distinct KV blocks of the worker's active requests (plus expected output blocks if tracked).",
     "gauge", (w) => w.activeDecodeBlocks);
+  const times = (slot: number) => router.learnedTimes(slot);
+  perWorker("kvedge_worker_prefill_tokens_per_second", "Prefill speed the router predicts the worker with (learned when route.calibrate is on).",
+    "gauge", (w) => times(w.slot)?.prefillTokensPerSecond ?? router.ttft.prefillTokensPerSecond);
+  perWorker("kvedge_worker_step_base_ms", "Scheduler step base cost the router predicts the worker with, ms (learned when route.calibrate is on).",
+    "gauge", (w) => times(w.slot)?.stepBaseMs ?? router.ttft.stepBaseMs);
+  perWorker("kvedge_worker_calibration_samples", "Lifecycle timings the worker's time model was learned from.", "gauge",
+    (w) => times(w.slot)?.samples ?? 0);
   perWorker("kvedge_worker_degraded", "1 if the worker lost events it could not replay (its overlap is discounted).", "gauge",
     (w) => (w.degraded ? 1 : 0));
   registerSamples(registry, {
