@@ -10,10 +10,13 @@
  *                    [--route-policy ttft,dynamo] [--recompute-weight 12] [--calibrate off,on]
  *                    [--router-prefill-tps N] [--router-step-base-ms MS]
  *                    [--overlap-credit 1] [--prefill-scale 1] [--start 0] [--trace FILE] [--json]
+ *                    [--admission off,hold,reject] [--admission-bound-ms 2000] [--max-hold-ms 30000]
+ *                    [--admission-prefill-weight 4]
  *
  * Comma lists sweep: every combination of time scale, requests, capacity, and for
  * kv_aware_model its router's policy and weights (recompute weight for ttft, overlap
- * credit and prefill scale for dynamo). --start skips the trace's first N requests.
+ * credit and prefill scale for dynamo, admission mode, bound and order for ttft).
+ * --start skips the trace's first N requests.
  *
  * Timed region: one `simulate()` call per row (token synthesis, hashing, every
  * engine's cache bookkeeping and the policy); parsing the trace is outside it.
@@ -26,6 +29,7 @@ import { readFileSync } from "node:fs";
 import { provenance } from "./lib";
 import { conversationTracePath } from "../src/sim/embedded-trace";
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES, type RoutePolicy } from "../src/route";
+import { ADMISSION_MODES, type AdmissionMode, type AdmissionSettings, DEFAULT_ADMISSION } from "../src/route/admission";
 import { DEFAULT_KV_AWARE, isPolicyName, type KvAwareConfig, POLICY_NAMES, type PolicyName } from "../src/sim/policies";
 import { simulate, type SimResult } from "../src/sim/simulator";
 import { DEFAULT_TIME_MODEL } from "../src/sim/time-model";
@@ -54,6 +58,10 @@ const { values } = parseArgs({
     speedup: { type: "string", default: "60" },
     trace: { type: "string" },
     json: { type: "boolean", default: false },
+    admission: { type: "string", default: "off" },
+    "admission-bound-ms": { type: "string", default: String(DEFAULT_ADMISSION.boundMs) },
+    "max-hold-ms": { type: "string", default: String(DEFAULT_ADMISSION.maxHoldMs) },
+    "admission-prefill-weight": { type: "string", default: String(DEFAULT_ADMISSION.prefillWeight) },
   },
 });
 
@@ -101,10 +109,24 @@ function kvVariants(): { name: string; config: KvAwareConfig }[] {
       name: `kv dynamo ${overlapScoreCredit}/${prefillLoadScale}`,
       config: { policy, weights: { overlapScoreCredit, prefillLoadScale } },
     })))
-    : numbers(values["recompute-weight"], true).flatMap((recomputeWeight) => calibrations.map((calibrate) => ({
-      name: `kv ttft ${recomputeWeight}${calibrate ? " cal" : ""}`,
-      config: { policy, calibrate, ttft: { recomputeWeight, ...routerConstants } },
-    }))));
+    : numbers(values["recompute-weight"], true).flatMap((recomputeWeight) => calibrations.flatMap((calibrate) => admissions().map(({ label, admission }) => ({
+      name: `kv ttft ${recomputeWeight}${calibrate ? " cal" : ""}${label}`,
+      config: { policy, calibrate, ttft: { recomputeWeight, ...routerConstants }, admission },
+    })))));
+}
+
+/** Admission settings to sweep: every mode, and for hold and reject every bound, longest hold and prefill weight. */
+function admissions(): { label: string; admission: Partial<AdmissionSettings> }[] {
+  return values.admission.split(",").flatMap((text): { label: string; admission: Partial<AdmissionSettings> }[] => {
+    if (!(ADMISSION_MODES as readonly string[]).includes(text)) throw new Error(`--admission takes ${ADMISSION_MODES.join(", ")}; got '${text}'`);
+    const mode = text as AdmissionMode;
+    if (mode === "off") return [{ label: "", admission: { mode } }];
+    return numbers(values["admission-bound-ms"], true).flatMap((boundMs) => numbers(values["max-hold-ms"], true).flatMap((maxHoldMs) =>
+      numbers(values["admission-prefill-weight"], true).map((prefillWeight) => ({
+        label: ` ${mode} ${boundMs}/${maxHoldMs}/${prefillWeight}`,
+        admission: { mode, boundMs, maxHoldMs, prefillWeight },
+      }))));
+  });
 }
 
 interface Row extends SimResult {
@@ -118,7 +140,7 @@ interface Row extends SimResult {
 const rows: Row[] = [];
 const pct = (x: number): string => `${(100 * x).toFixed(1)}%`;
 const line = (cells: (string | number)[]): string =>
-  cells.map((cell, i) => String(cell).padStart(i === 0 ? 15 : 11)).join(" ");
+  cells.map((cell, i) => String(cell).padStart(i === 0 ? 28 : 11)).join(" ");
 if (!values.json) {
   process.stdout.write(`${line(["policy", "requests", "capacity", "time scale", "hit rate", "prefill M", "TTFT p50",
     "TTFT p99", "TPOT p50", "TPOT p99", "spread", "rejected", "wall ms"])}\n`);

@@ -245,6 +245,53 @@ export class Router {
    * reuses) or, without it, in a list of the decision's own.
    */
   route(request: RouteRequest, overlaps: Overlaps, out?: CandidateList): RouteDecision {
+    const best = this.evaluate(request, overlaps);
+    const requestId = this.requestIdOf(request.requestId);
+    const load = this.load;
+    const tokenCount = request.tokenCount;
+    const overlap = this.overlapBySlot;
+    const held = load.degraded[best] === 1 ? overlap[best]! * this.weights.degradedOverlapWeight : overlap[best]!;
+    const cachedTokens = Math.min(tokenCount, Math.round(held * load.blockSize));
+    const max = request.candidatesMax ?? 0;
+    // No list given: a fresh one, or with no candidates asked for, the shared empty one.
+    const candidates = out ?? (max > 0 ? new CandidateList() : NO_CANDIDATES);
+    this.listCandidates(max, candidates);
+    const calibration = this.calibration;
+    if (calibration !== null) this.noteFeatures(best, tokenCount, cachedTokens);
+    const record = load.admit(requestId, best, request.chain, request.blockCount, tokenCount, cachedTokens, request.expectedOutputTokens ?? 0);
+    if (calibration !== null) calibration.admitted(record, this.features.tokens, this.features.steps, this.features.kvMs, load.recordCapacity);
+    return {
+      requestId,
+      slot: best,
+      workerId: load.workerIdOf(best),
+      dpRank: load.dpRanks[best]!,
+      overlapBlocks: overlap[best]!,
+      cost: this.costBySlot[best]!,
+      predictedTtftMs: this.ttftBySlot[best]!,
+      candidates,
+    };
+  }
+
+  /**
+   * What admission asks before routing (./admission.ts): the shortest predicted wait
+   * over the workers (predicted TTFT less the request's own prefill there: the part
+   * holding it can shorten), and its own prefill on the worker it would be routed to
+   * now. Nothing is recorded.
+   */
+  assess(request: RouteRequest, overlaps: Overlaps): { waitMs: number; prefillMs: number } {
+    const best = this.evaluate(request, overlaps);
+    const slots = this.load.liveSlots;
+    const prefillMs = this.parts.prefillMs;
+    let waitMs = Infinity;
+    for (let i = 0; i < this.load.liveCount; i++) {
+      const slot = slots[i]!;
+      waitMs = Math.min(waitMs, this.ttftBySlot[slot]! - prefillMs[slot]!);
+    }
+    return { waitMs, prefillMs: prefillMs[best]! };
+  }
+
+  /** Validates the request, fills every live worker's cost and predicted TTFT, and returns the chosen slot. */
+  private evaluate(request: RouteRequest, overlaps: Overlaps): number {
     const load = this.load;
     const blockCount = request.blockCount;
     const tokenCount = request.tokenCount;
@@ -262,7 +309,6 @@ export class Router {
     const credit = override(request.overlapScoreCredit, this.weights.overlapScoreCredit, "overlap_score_credit");
     const scale = override(request.prefillLoadScale, this.weights.prefillLoadScale, "prefill_load_scale");
     const temperature = override(request.temperature, this.weights.temperature, "temperature");
-    const requestId = this.requestIdOf(request.requestId);
 
     load.expireDue();
     load.syncSlots();
@@ -316,26 +362,7 @@ export class Router {
     }
     const best = temperature === 0 ? this.cheapest() : this.sample(temperature);
     if (best < 0) throw new Error("routing found no candidate (a cost is NaN)");
-
-    const held = load.degraded[best] === 1 ? overlap[best]! * degradedWeight : overlap[best]!;
-    const cachedTokens = Math.min(tokenCount, Math.round(held * blockSize));
-    const max = request.candidatesMax ?? 0;
-    // No list given: a fresh one, or with no candidates asked for, the shared empty one.
-    const candidates = out ?? (max > 0 ? new CandidateList() : NO_CANDIDATES);
-    this.listCandidates(max, candidates);
-    if (calibration !== null) this.noteFeatures(best, tokenCount, cachedTokens);
-    const record = load.admit(requestId, best, request.chain, blockCount, tokenCount, cachedTokens, expected);
-    if (calibration !== null) calibration.admitted(record, this.features.tokens, this.features.steps, this.features.kvMs, load.recordCapacity);
-    return {
-      requestId,
-      slot: best,
-      workerId: load.workerIdOf(best),
-      dpRank: load.dpRanks[best]!,
-      overlapBlocks: overlap[best]!,
-      cost: costs[best]!,
-      predictedTtftMs: this.ttftBySlot[best]!,
-      candidates,
-    };
+    return best;
   }
 
   /** A worker's learned engine times (null when calibration is off). */

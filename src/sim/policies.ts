@@ -14,7 +14,8 @@
  * The simulator calls `route` on arrival, `prefillDone` at the first token and
  * `finished` at the end, which is the request lifecycle a router is told about.
  */
-import { type EngineTimeModel, Router, type RoutePolicy, type RouteWeights, type TtftSettings } from "../route";
+import { type EngineTimeModel, type Overlaps, Router, type RoutePolicy, type RouteWeights, type TtftSettings } from "../route";
+import { Admission, type AdmissionSettings } from "../route/admission";
 import { PairTable } from "./pair-table";
 import { createRng, randomInt, type Rng } from "./random";
 
@@ -38,10 +39,22 @@ export interface RouteQuery {
 
 export interface RoutingPolicy {
   readonly name: PolicyName;
-  /** Picks a worker for the request and records the decision. */
+  /** Picks a worker for the request and records the decision; -1 = held or rejected (see `takeAnswers`). */
   route(query: RouteQuery, nowMs: number): number;
   prefillDone(id: number, nowMs: number): void;
   finished(id: number, nowMs: number): void;
+  /** Held requests answered since the last call (worker -1 = rejected); admission only. */
+  takeAnswers?(): HeldAnswer[];
+  /** When a held request reaches the longest hold (Infinity: none held). */
+  nextDueMs?(): number;
+  /** Answers what is due at `nowMs`. */
+  advance?(nowMs: number): void;
+}
+
+/** A held request's answer. */
+export interface HeldAnswer {
+  readonly query: RouteQuery;
+  readonly worker: number;
 }
 
 /** A worker's true cached prefix of a prompt, in blocks (the simulator asks the engine). */
@@ -305,6 +318,8 @@ export interface KvAwareConfig {
   readonly ttft?: Partial<TtftSettings>;
   /** Learn each engine's prefill speed and step cost from lifecycle timings. */
   readonly calibrate?: boolean;
+  /** Hold or reject requests at saturation (src/route/admission.ts); off by default. */
+  readonly admission?: Partial<AdmissionSettings>;
 }
 
 export const DEFAULT_KV_AWARE: KvAwareConfig = { policy: "ttft" };
@@ -315,9 +330,12 @@ const SIM_REQUEST_TTL_MS = 1e15;
 export class KvAwareModel implements RoutingPolicy {
   readonly name = "kv_aware_model";
   readonly router: Router;
+  /** Null when admission is off. */
+  readonly admission: Admission<RouteQuery> | null;
   private nowMs = 0;
   private readonly slots: Int32Array;
   private readonly overlaps: { count: number; slots: Int32Array; blocks: Float64Array };
+  private answers: HeldAnswer[] = [];
 
   constructor(workers: number, blockSize: number, private readonly probe: CacheProbe, config: KvAwareConfig, rng: Rng) {
     this.router = new Router({
@@ -328,26 +346,74 @@ export class KvAwareModel implements RoutingPolicy {
     this.slots = new Int32Array(workers);
     for (let w = 0; w < workers; w++) this.slots[w] = this.router.load.addWorker(BigInt(w), 0);
     this.overlaps = { count: workers, slots: this.slots, blocks: new Float64Array(workers) };
+    const admission = config.admission === undefined || config.admission.mode === undefined || config.admission.mode === "off"
+      ? null
+      : new Admission<RouteQuery>(config.admission, {
+        waitMs: (query) => this.router.assess(this.request(query), this.probed(query)).waitMs,
+        route: (query) => this.answer(query, this.decide(query)),
+        reject: (query) => this.answer(query, -1),
+      }, () => this.nowMs);
+    this.admission = admission;
   }
 
   route(query: RouteQuery, nowMs: number): number {
     this.nowMs = nowMs;
-    const blocks = this.overlaps.blocks;
-    for (let w = 0; w < this.slots.length; w++) blocks[w] = this.probe(w, query);
-    const decision = this.router.route({
-      chain: query.path, blockCount: query.promptBlocks, tokenCount: query.promptLength, requestId: String(query.id),
-    }, this.overlaps);
-    return Number(decision.workerId);
+    if (this.admission === null) return this.decide(query);
+    const { waitMs, prefillMs } = this.router.assess(this.request(query), this.probed(query));
+    this.admission.submit(query, waitMs, prefillMs);
+    // Routed at once: its answer is this call's, not a held one's.
+    const last = this.answers[this.answers.length - 1];
+    if (last !== undefined && last.query === query && last.worker >= 0) {
+      this.answers.pop();
+      return last.worker;
+    }
+    return -1;
   }
 
   prefillDone(id: number, nowMs: number): void {
     this.nowMs = nowMs;
     if (this.router.load.prefillDone(String(id)) !== "ok") throw new Error(`prefill of request ${id} that was never routed`);
+    this.admission?.release();
   }
 
   finished(id: number, nowMs: number): void {
     this.nowMs = nowMs;
     if (this.router.load.done(String(id)) !== "ok") throw new Error(`request ${id} finished but was never routed`);
+    this.admission?.release();
+  }
+
+  takeAnswers(): HeldAnswer[] {
+    const answers = this.answers;
+    if (answers.length > 0) this.answers = [];
+    return answers;
+  }
+
+  nextDueMs(): number {
+    return this.admission === null ? Infinity : this.admission.nextDueMs();
+  }
+
+  advance(nowMs: number): void {
+    this.nowMs = nowMs;
+    this.admission?.release();
+  }
+
+  private answer(query: RouteQuery, worker: number): void {
+    this.answers.push({ query, worker });
+  }
+
+  private decide(query: RouteQuery): number {
+    return Number(this.router.route(this.request(query), this.probed(query)).workerId);
+  }
+
+  private request(query: RouteQuery) {
+    return { chain: query.path, blockCount: query.promptBlocks, tokenCount: query.promptLength, requestId: String(query.id) };
+  }
+
+  /** Each engine's true cached prefix of the query, as an exact lag-free index reports it. */
+  private probed(query: RouteQuery): Overlaps {
+    const blocks = this.overlaps.blocks;
+    for (let w = 0; w < this.slots.length; w++) blocks[w] = this.probe(w, query);
+    return this.overlaps;
   }
 }
 

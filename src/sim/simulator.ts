@@ -109,6 +109,20 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
     if (batch !== null) onBatch(worker, batch);
   };
 
+  // Held requests (admission) answered by a step's lifecycle calls or by the longest hold.
+  const dispatch = (nowMs: number): void => {
+    const answers = policy.takeAnswers?.();
+    if (answers === undefined) return;
+    for (const { query, worker } of answers) {
+      if (worker < 0) {
+        recorder.rejectedAt(nowMs);
+        continue;
+      }
+      checkWorker(policy, worker, workers);
+      submit(engines[worker]!, recorder, query, worker, nowMs, () => policy.finished(query.id, nowMs));
+      flush(worker, nowMs);
+    }
+  };
   for (let next = 0; ;) {
     let engineIndex = -1;
     let engineMs = Infinity;
@@ -120,17 +134,24 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
       }
     }
     const arrivalMs = next < trace.count ? trace.arrivalMs[next]! : Infinity;
-    if (engineIndex >= 0 && engineMs <= arrivalMs) {
-      flush(engineIndex, engines[engineIndex]!.step());
+    const heldMs = policy.nextDueMs?.() ?? Infinity;
+    if (heldMs <= engineMs && heldMs <= arrivalMs && heldMs < Infinity) {
+      policy.advance!(heldMs);
+      dispatch(heldMs);
+    } else if (engineIndex >= 0 && engineMs <= arrivalMs) {
+      const nowMs = engines[engineIndex]!.step();
+      flush(engineIndex, nowMs);
+      dispatch(nowMs);
     } else if (next < trace.count) {
       const tokens = requestTokens(trace, next, vocabSize);
       const query = routeQuery(next, tokens, trace.inputLength[next]!, blockSize);
       const worker = policy.route(query, arrivalMs);
-      if (!Number.isInteger(worker) || worker < 0 || worker >= workers) {
-        throw new Error(`policy ${policy.name} chose worker ${worker}`);
+      if (worker >= 0) {
+        checkWorker(policy, worker, workers);
+        submit(engines[worker]!, recorder, query, worker, arrivalMs, () => policy.finished(query.id, arrivalMs));
+        flush(worker, arrivalMs);
       }
-      submit(engines[worker]!, recorder, query, worker, arrivalMs, () => policy.finished(next, arrivalMs));
-      flush(worker, arrivalMs);
+      dispatch(arrivalMs);
       next++;
     } else {
       break;
@@ -138,6 +159,10 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
   }
   options.onFinish?.(policy);
   return recorder.report(options.policy, engines, options.verify ?? VERIFY);
+}
+
+function checkWorker(policy: RoutingPolicy, worker: number, workers: number): void {
+  if (!Number.isInteger(worker) || worker < 0 || worker >= workers) throw new Error(`policy ${policy.name} chose worker ${worker}`);
 }
 
 /** Per-engine hash seeds, the same for every run with the same seed. */
