@@ -8,6 +8,7 @@
  * < flags. The `[[workers]]` list is the exception to "one value per key": a list from
  * a higher source replaces the whole list from a lower one.
  */
+import { ADMISSION_MODES, DEFAULT_ADMISSION } from "../route/admission";
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES } from "../route/ttft";
 import type { WorkerEntry } from "./workers";
 import { boolean, cpuList, decimal, integer, oneOf, text, type ValueType } from "./values";
@@ -48,6 +49,11 @@ export interface Config {
     readonly request_ttl_secs: number;
     readonly max_active_requests: number;
     readonly track_output_blocks: boolean;
+    readonly admission: (typeof ADMISSION_MODES)[number];
+    readonly admission_bound_ms: number;
+    readonly admission_max_hold_ms: number;
+    readonly admission_max_held: number;
+    readonly admission_prefill_weight: number;
   };
   readonly ingest: {
     readonly max_message_bytes: number;
@@ -197,6 +203,26 @@ export const SETTINGS: readonly Setting[] = [
   setting({
     key: "route.track_output_blocks", flag: "track-output-blocks", type: boolean, default: false,
     help: "Count each request's expected_output_tokens as decode blocks until done.",
+  }),
+  setting({
+    key: "route.admission", flag: "admission", type: oneOf(ADMISSION_MODES), default: DEFAULT_ADMISSION.mode,
+    help: "When every worker's predicted wait is past the bound: off (route anyway), hold (answer when a worker frees, shortest prefill first), reject (hold, then 429 past the longest hold).",
+  }),
+  setting({
+    key: "route.admission_bound_ms", flag: "admission-bound-ms", type: decimal(0, 3_600_000), default: DEFAULT_ADMISSION.boundMs,
+    help: "Admission: a call is held while every worker's predicted wait for it (predicted TTFT less its own prefill) is above this, ms.",
+  }),
+  setting({
+    key: "route.admission_max_hold_ms", flag: "admission-max-hold-ms", type: decimal(0, 3_600_000), default: DEFAULT_ADMISSION.maxHoldMs,
+    help: "Admission: longest a call is held, ms; then it is routed anyway (hold) or answered 429 (reject).",
+  }),
+  setting({
+    key: "route.admission_max_held", flag: "admission-max-held", type: integer(1, 1_000_000), default: DEFAULT_ADMISSION.maxHeld,
+    help: "Admission: most calls held at once; one more is answered 429.",
+  }),
+  setting({
+    key: "route.admission_prefill_weight", flag: "admission-prefill-weight", type: decimal(0, 1e6), default: DEFAULT_ADMISSION.prefillWeight,
+    help: "Admission order: ms of waiting one ms of predicted prefill is worth (0 = arrival order; higher = shorter prompts first).",
   }),
   setting({
     key: "ingest.max_message_bytes", flag: "max-message-bytes", type: integer(4096, 1024 * MIB), default: 16 * MIB,

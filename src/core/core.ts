@@ -13,6 +13,7 @@ import type { KvIndex } from "../index";
 import { createIndex, MatchResult } from "../index";
 import { EngineSource, type SourceState } from "../ingest/source";
 import { CandidateList, PromptHasher, type RouteDecision, Router } from "../route";
+import { Admission } from "../route/admission";
 import type { LifecycleResult } from "../route/load";
 import type { SourcePosition } from "../state/snapshot";
 import type { Logger } from "../util/log";
@@ -36,6 +37,25 @@ export interface RouteInput {
   readonly prefillLoadScale: number | null;
   readonly temperature: number | null;
 }
+
+/** A route decision and its prompt's length in blocks; the candidates are valid until the next route. */
+export interface RouteOutcome {
+  readonly decision: RouteDecision;
+  readonly queryBlocks: number;
+}
+
+/** A route call as admission holds it: what to route, and how the transport answers it. */
+export interface RouteCall {
+  readonly input: RouteInput;
+  readonly candidatesMax: number;
+  /** Called once, synchronously with the decision (its candidates are reused by the next route). */
+  answer(outcome: RouteOutcome): void;
+  /** Called once instead of `answer`: 429 past admission's bounds, or the route's own refusal. */
+  fail(error: unknown): void;
+}
+
+/** How often held calls are looked at when no lifecycle call arrives (expiries free workers too). */
+const HELD_POLL_MS = 100;
 
 export interface WorkerView {
   readonly workerId: bigint;
@@ -89,6 +109,9 @@ export class KvedgeCore {
   private readonly matches = new MatchResult(64);
   private readonly hasher = new PromptHasher();
   private readonly candidates = new CandidateList();
+  /** Route calls held at saturation (route.admission; src/route/admission.ts). */
+  readonly admission: Admission<RouteCall>;
+  private heldTimer: ReturnType<typeof setTimeout> | null = null;
   private readonly zmtp: ZmtpOptions;
   private readonly log: Logger;
   private stopped = false;
@@ -123,6 +146,17 @@ export class KvedgeCore {
       },
       ...(options.random === undefined ? {} : { random: options.random }),
     });
+    this.admission = new Admission<RouteCall>({
+      mode: config.route.admission,
+      boundMs: config.route.admission_bound_ms,
+      maxHoldMs: config.route.admission_max_hold_ms,
+      maxHeld: config.route.admission_max_held,
+      prefillWeight: config.route.admission_prefill_weight,
+    }, {
+      waitMs: (call) => this.heldWaitMs(call),
+      route: (call) => this.answerCall(call),
+      reject: (call, retryAfterSecs, reason) => call.fail(new KvedgeError("overloaded", reason, retryAfterSecs)),
+    }, () => performance.now());
     this.zmtp = {
       maxMessageBytes: config.ingest.max_message_bytes,
       heartbeatIntervalMs: config.ingest.heartbeat_interval_ms,
@@ -139,6 +173,9 @@ export class KvedgeCore {
 
   async stop(): Promise<void> {
     this.stopped = true;
+    if (this.heldTimer !== null) clearTimeout(this.heldTimer);
+    this.heldTimer = null;
+    for (const call of this.admission.takeAll()) call.fail(new KvedgeError("shutting_down", "the service is shutting down"));
     await Promise.all([...this.sources].map((source) => source.stop()));
     this.sources.clear();
     this.ownSource = [];
@@ -168,14 +205,52 @@ export class KvedgeCore {
       || a.dpRank - b.dpRank);
   }
 
-  /** Picks a worker; the decision's candidates are valid until the next call. */
-  route(input: RouteInput, candidatesMax: number): { decision: RouteDecision; queryBlocks: number } {
+  /** Picks a worker now, whatever admission says; the decision's candidates are valid until the next call. */
+  route(input: RouteInput, candidatesMax: number): RouteOutcome {
+    const { request, overlaps, blockCount } = this.routeRequest(input, candidatesMax);
+    return { decision: this.router.route(request, overlaps, this.candidates), queryBlocks: blockCount };
+  }
+
+  /**
+   * A route call through admission: answered now, or held (returns its handle for
+   * `dropHeld`) and answered when a worker frees, or refused. Bad input throws here.
+   */
+  submitRoute(call: RouteCall): number {
+    if (!this.admission.enabled) {
+      this.answerCall(call);
+      return -1;
+    }
+    const { request, overlaps } = this.routeRequest(call.input, 0);
+    const { waitMs, prefillMs } = this.router.assess(request, overlaps);
+    const handle = this.admission.submit(call, waitMs, prefillMs);
+    if (handle >= 0) this.pollHeld();
+    return handle;
+  }
+
+  /** A held call whose client went away: never answered. */
+  dropHeld(handle: number, call: RouteCall): void {
+    this.admission.drop(handle, call);
+  }
+
+  prefillDone(requestId: string): LifecycleResult {
+    const result = this.router.load.prefillDone(requestId);
+    this.admission.release();
+    return result;
+  }
+
+  done(requestId: string): LifecycleResult {
+    const result = this.router.load.done(requestId);
+    this.admission.release();
+    return result;
+  }
+
+  private routeRequest(input: RouteInput, candidatesMax: number) {
     const prompt = this.hash(input.tokens, input.loraName, input.cacheSalt);
     const matches = this.matches;
     this.index.findMatches(prompt.local, prompt.blockCount, matches);
     // Index slots are router slots: the matches are the router's overlaps as they are.
     const overlaps = { count: matches.count, slots: matches.workers, blocks: matches.blocks };
-    const decision = this.router.route({
+    const request = {
       chain: prompt.chain,
       blockCount: prompt.blockCount,
       tokenCount: input.tokens.length,
@@ -185,16 +260,40 @@ export class KvedgeCore {
       prefillLoadScale: input.prefillLoadScale,
       temperature: input.temperature,
       candidatesMax,
-    }, overlaps, this.candidates);
-    return { decision, queryBlocks: prompt.blockCount };
+    };
+    return { request, overlaps, blockCount: prompt.blockCount };
   }
 
-  prefillDone(requestId: string): LifecycleResult {
-    return this.router.load.prefillDone(requestId);
+  private answerCall(call: RouteCall): void {
+    let outcome: RouteOutcome;
+    try {
+      outcome = this.route(call.input, call.candidatesMax);
+    } catch (error) {
+      call.fail(error);
+      return;
+    }
+    call.answer(outcome);
   }
 
-  done(requestId: string): LifecycleResult {
-    return this.router.load.done(requestId);
+  /** A held call's shortest predicted wait now; one that cannot be assessed (no workers left) goes to be refused by its route. */
+  private heldWaitMs(call: RouteCall): number {
+    try {
+      const { request, overlaps } = this.routeRequest(call.input, 0);
+      return this.router.assess(request, overlaps).waitMs;
+    } catch {
+      return -Infinity;
+    }
+  }
+
+  /** While calls are held, releases what is due at least every HELD_POLL_MS (longest hold, expiries). */
+  private pollHeld(): void {
+    if (this.heldTimer !== null || this.admission.held === 0) return;
+    const delay = Math.max(0, Math.min(HELD_POLL_MS, this.admission.nextDueMs() - performance.now()));
+    this.heldTimer = setTimeout(() => {
+      this.heldTimer = null;
+      this.admission.release();
+      this.pollHeld();
+    }, delay);
   }
 
   /** A slot's worker id as decimal text (route answers carry it). */

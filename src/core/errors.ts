@@ -11,11 +11,13 @@ export type ErrorCode =
   | "worker_exists"
   | "unknown_worker"
   | "cannot_listen"
-  | "shutting_down";
+  | "shutting_down"
+  | "overloaded";
 
 export class KvedgeError extends Error {
   override readonly name = "KvedgeError";
-  constructor(readonly code: ErrorCode, message: string) {
+  /** `retryAfterSecs`: when to try again (an overloaded refusal's Retry-After). */
+  constructor(readonly code: ErrorCode, message: string, readonly retryAfterSecs: number | null = null) {
     super(message);
   }
 }

@@ -37,7 +37,7 @@ export interface AdmissionSettings {
 }
 
 export const DEFAULT_ADMISSION: AdmissionSettings = {
-  mode: "off", boundMs: 2000, maxHoldMs: 30_000, maxHeld: 4096, prefillWeight: 4,
+  mode: "off", boundMs: 200, maxHoldMs: 10_000, maxHeld: 4096, prefillWeight: 4,
 };
 
 /** What admission needs from whoever holds the calls. */
@@ -112,8 +112,8 @@ export class Admission<T> {
   }
 
   /** Forgets a held call (its client went away). False if it is not held (answered already). */
-  drop(handle: number): boolean {
-    if (!(handle >= 0 && handle < this.calls.length && this.calls[handle] !== undefined)) return false;
+  drop(handle: number, call: T): boolean {
+    if (!(handle >= 0 && handle < this.calls.length && this.calls[handle] === call)) return false;
     this.take(handle);
     this.counts.dropped++;
     return true;
@@ -138,6 +138,13 @@ export class Admission<T> {
     } finally {
       this.releasing = false;
     }
+  }
+
+  /** Removes and returns every held call (shutting down). */
+  takeAll(): T[] {
+    const calls: T[] = [];
+    while (this.size > 0) calls.push(this.take(this.heap[0]!));
+    return calls;
   }
 
   /** When the oldest held call reaches the longest hold (Infinity when none is held). */

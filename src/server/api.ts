@@ -7,13 +7,12 @@
 import type { WorkerEntry } from "../config/workers";
 import { checkEndpoint } from "../config";
 import { KvedgeError } from "../core/errors";
-import type { RouteDecision } from "../route";
 import type { LifecycleResult } from "../route/load";
 import { REQUEST_ID_LENGTH_MAX } from "../route/load";
 import {
   asObject, HttpError, optionalInt, optionalNumber, optionalString, tokenIds, u64Field,
 } from "./http";
-import type { KvedgeCore, MatchScore } from "../core/core";
+import type { KvedgeCore, MatchScore, RouteCall, RouteInput, RouteOutcome } from "../core/core";
 import { encodeMsgpack, type MsgpackWriter } from "../wire/msgpack";
 
 /** Most candidates a route response lists. */
@@ -56,15 +55,14 @@ export function matchOp(service: KvedgeCore, raw: unknown) {
   return { block_size: service.blockSize, query_blocks: count, scores: service.match(local, count).map(scoreJson) };
 }
 
-/** A routing decision and its prompt's length in blocks: what a route answer is made of. */
-export interface RouteOutcome {
-  /** Its candidates are the service's reused list: valid until the next route. */
-  readonly decision: RouteDecision;
-  readonly queryBlocks: number;
+/** A parsed route request: what the core routes. */
+export interface ParsedRoute {
+  readonly input: RouteInput;
+  readonly candidatesMax: number;
 }
 
-/** Parses a route request, picks a worker and records the request as its load. */
-export function decideRoute(service: KvedgeCore, raw: unknown): RouteOutcome {
+/** Parses a route request (400 on bad fields). */
+export function parseRoute(raw: unknown): ParsedRoute {
   const body = asObject(raw);
   const requestId = optionalString(body, "request_id", REQUEST_ID_LENGTH_MAX);
   if (requestId === "") throw new HttpError(400, "request_id must not be empty");
@@ -79,7 +77,28 @@ export function decideRoute(service: KvedgeCore, raw: unknown): RouteOutcome {
     temperature: optionalNumber(body, "temperature", 0, 100),
   };
   const candidatesMax = optionalInt(body, "candidates", 0, CANDIDATES_MAX) ?? CANDIDATES_DEFAULT;
+  return { input, candidatesMax };
+}
+
+/** Parses a route request, picks a worker now and records the request as its load. */
+export function decideRoute(service: KvedgeCore, raw: unknown): RouteOutcome {
+  const { input, candidatesMax } = parseRoute(raw);
   return service.route(input, candidatesMax);
+}
+
+/**
+ * A route through admission (route.admission): `answer` or `fail` is called once, now
+ * or when a held call is released; returns a handle to drop the call by if it is held
+ * (its client went away), else -1. With admission on, the tokens are copied: a held
+ * call outlives the parser's transient arrays.
+ */
+export function submitRoute(
+  service: KvedgeCore, raw: unknown, answer: (outcome: RouteOutcome) => void, fail: (error: unknown) => void,
+): { handle: number; call: RouteCall } {
+  const { input, candidatesMax } = parseRoute(raw);
+  const kept = service.admission.enabled ? { ...input, tokens: input.tokens.slice() } : input;
+  const call: RouteCall = { input: kept, candidatesMax, answer, fail };
+  return { handle: service.submitRoute(call), call };
 }
 
 /** The answer to a route, as the object JSON and generic MessagePack answers carry. */

@@ -5,13 +5,16 @@
 import type { Server } from "bun";
 import { timingSafeEqual } from "node:crypto";
 import type { Logger } from "../util/log";
-import { addWorkerOp, decideRoute, lifecycleOp, matchOp, removeWorkerOp, routeAnswer, workersOp, writeRouteAnswer } from "./api";
+import {
+  addWorkerOp, decideRoute, lifecycleOp, matchOp, removeWorkerOp, routeAnswer, submitRoute, workersOp, writeRouteAnswer,
+} from "./api";
+import type { RouteOutcome } from "../core/core";
 import { clientError, errorReply, HttpError, msgpackReply, parseBody, readBody, receiveBody, reply, type ReceivedBody, wantsMsgpack } from "./http";
 import { type MetricsRegistry, ServerMetrics } from "./metrics";
 import type { KvedgeCore } from "../core/core";
 import { statusPage } from "./status";
 import { TurnBatch } from "./turn";
-import { type WsData, websocketHandlers } from "./ws";
+import { newWsData, type WsData, websocketHandlers } from "./ws";
 
 export interface AppOptions {
   readonly host: string;
@@ -27,11 +30,12 @@ type Handler = (request: Request, params: Record<string, string>) => Promise<Res
 
 /**
  * A hot endpoint run in the turn batch (./turn.ts), once its body (if it reads one) has
- * arrived. It answers synchronously; errors become JSON responses.
+ * arrived. It answers synchronously (or, a route held by admission, later); errors
+ * become JSON responses.
  */
 interface Batched {
   readonly readsBody: boolean;
-  readonly op: (request: Request, params: Record<string, string>, body: ReceivedBody | null) => Response;
+  readonly op: (request: Request, params: Record<string, string>, body: ReceivedBody | null) => Response | Promise<Response>;
 }
 
 /** Path template → method → handler. Templates are also the metrics' route label. */
@@ -73,12 +77,11 @@ export function startApp(options: AppOptions): App {
         readsBody: true,
         op: (request, _params, body) => {
           const parsed = parseBody(body!, true);
+          if (service.admission.enabled) return admittedRoute(request, parsed);
           const started = performance.now();
           const outcome = decideRoute(service, parsed);
           metrics.observeRouteDecision((performance.now() - started) / 1000);
-          return wantsMsgpack(request)
-            ? msgpackReply(200, (writer) => writeRouteAnswer(writer, service, outcome))
-            : reply(null, 200, routeAnswer(service, outcome));
+          return routeReply(request, outcome);
         },
       },
     },
@@ -120,6 +123,22 @@ export function startApp(options: AppOptions): App {
     "/": { GET: () => new Response(statusPage(), { headers: { "content-type": "text/html; charset=utf-8" } }) },
   };
 
+  const routeReply = (request: Request, outcome: RouteOutcome): Response => wantsMsgpack(request)
+    ? msgpackReply(200, (writer) => writeRouteAnswer(writer, service, outcome))
+    : reply(null, 200, routeAnswer(service, outcome));
+
+  /** A route through admission: answered now or, held, when a worker frees; a client that goes away is dropped from the queue. */
+  const admittedRoute = (request: Request, parsed: unknown): Promise<Response> => {
+    let resolve!: (response: Response) => void;
+    const answered = new Promise<Response>((settle) => {
+      resolve = settle;
+    });
+    const { handle, call } = submitRoute(service, parsed, (outcome) => resolve(routeReply(request, outcome)),
+      (error) => resolve(failure(request, error, log)));
+    if (handle >= 0) request.signal.addEventListener("abort", () => service.dropHeld(handle, call), { once: true });
+    return answered;
+  };
+
   // Both wrappers time every response and turn errors into JSON ones.
   type BunRequest = Request & { params?: Record<string, string> };
 
@@ -134,13 +153,14 @@ export function startApp(options: AppOptions): App {
         resolve(response);
       };
       const run = (body: ReceivedBody | null): void => batch.post(() => {
-        let response: Response;
+        let response: Response | Promise<Response>;
         try {
           response = op(request, params, body);
         } catch (error) {
           response = failure(request, error, log);
         }
-        finish(response);
+        if (response instanceof Response) finish(response);
+        else void response.then(finish);
       });
       if (!readsBody) run(null);
       else receiveBody(request, limit).then(run, (error: unknown) => finish(failure(request, error, log)));
@@ -188,7 +208,7 @@ export function startApp(options: AppOptions): App {
       const path = new URL(request.url).pathname;
       if (path === "/v1/ws") {
         if (request.method !== "GET") return errorReply(request, new HttpError(405, "use GET with Upgrade: websocket"));
-        if (server.upgrade(request, { data: undefined })) return undefined as unknown as Response;
+        if (server.upgrade(request, { data: newWsData() })) return undefined as unknown as Response;
         return errorReply(request, new HttpError(400, "expected a WebSocket upgrade"));
       }
       const known = matchers.find((matcher) => matcher.pattern.test(path));

@@ -16,7 +16,7 @@ export { TOKENS_MAX };
 /** An error a client caused; `status` is what it gets, `message` what it reads. */
 export class HttpError extends Error {
   override readonly name = "HttpError";
-  constructor(readonly status: number, message: string) {
+  constructor(readonly status: number, message: string, readonly retryAfterSecs: number | null = null) {
     super(message);
   }
 }
@@ -31,12 +31,13 @@ export const STATUS_OF: Readonly<Record<ErrorCode, number>> = {
   worker_exists: 409,
   no_workers: 503,
   shutting_down: 503,
+  overloaded: 429,
 };
 
 /** The client's error as an HttpError (a domain error gets its code's status); null for a bug. */
 export function clientError(error: unknown): HttpError | null {
   if (error instanceof HttpError) return error;
-  if (error instanceof KvedgeError) return new HttpError(STATUS_OF[error.code], error.message);
+  if (error instanceof KvedgeError) return new HttpError(STATUS_OF[error.code], error.message, error.retryAfterSecs);
   return null;
 }
 
@@ -170,7 +171,9 @@ export function msgpackReply(status: number, write: (writer: MsgpackWriter) => v
 }
 
 export function errorReply(request: Request | null, error: HttpError): Response {
-  return reply(request, error.status, { error: error.message });
+  const response = reply(request, error.status, { error: error.message });
+  if (error.retryAfterSecs !== null) response.headers.set("retry-after", String(error.retryAfterSecs));
+  return response;
 }
 
 // ---- Field validation: every message names the field and what it must be. ----

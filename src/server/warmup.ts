@@ -41,7 +41,8 @@ export interface WarmupResult {
 export function warmUp(config: Config, routes: number): WarmupResult {
   const started = performance.now();
   if (routes <= 0) return { routes: 0, ms: 0 };
-  const service = new KvedgeCore({ config: { ...config, workers: [] }, log: silentLogger });
+  // Admission off: a scratch route must be answered in its frame.
+  const service = new KvedgeCore({ config: { ...config, workers: [], route: { ...config.route, admission: "off" } }, log: silentLogger });
   const random = xorshift32(0x5741524d);
   const token = () => random() % VOCABULARY;
 

@@ -11,6 +11,10 @@
  *
  * Ops: route, match, prefill_done, done (the last two take "request_id").
  *
+ * With admission on (route.admission), a route held at saturation is answered later,
+ * in a frame of its own (in a batch, the answer array leaves it out); a 429 answer
+ * carries "retry_after" (seconds). A connection that closes drops its held routes.
+ *
  * For high rates, send binary frames with `token_ids` as a MessagePack `bin` of
  * little-endian u32s (4 bytes per token) instead of an array: the server copies them
  * in one step, with no per-token work (the array form, and JSON text, cost a parse per
@@ -24,16 +28,20 @@ import type { ServerWebSocket, WebSocketHandler } from "bun";
 import { Unpackr } from "msgpackr";
 import type { Logger } from "../util/log";
 import { encodeMsgpack, MsgpackWriter, type MsgpackValue } from "../wire/msgpack";
-import { decideRoute, lifecycleOp, matchOp, routeOp, writeRouteAnswer } from "./api";
+import { decideRoute, lifecycleOp, matchOp, routeAnswer, routeOp, submitRoute, writeRouteAnswer } from "./api";
 import { clientError, HttpError, toJson } from "./http";
 import type { ServerMetrics } from "./metrics";
 import { defaultTokenScanner, parseRequestJson } from "./request-json";
-import type { KvedgeCore } from "../core/core";
+import type { KvedgeCore, RouteCall, RouteOutcome } from "../core/core";
 import type { TurnBatch } from "./turn";
 import { MsgpackRequestReader } from "../wire/request-msgpack";
 
-/** Connections carry no per-connection state. */
-export type WsData = undefined;
+/** Per connection: its routes held by admission (call -> handle), dropped when it closes. */
+export interface WsData {
+  readonly held: Map<RouteCall, number>;
+}
+
+export const newWsData = (): WsData => ({ held: new Map() });
 
 /** Largest frame a client may send; a batch of requests fits easily. */
 export const WS_FRAME_BYTES_MAX = 16 * 1024 * 1024;
@@ -45,6 +53,8 @@ const unpackr = new Unpackr({ int64AsType: "bigint", mapsAsObjects: true });
 const frameReader = new MsgpackRequestReader(WS_BATCH_MAX);
 /** Answers are written here and sent at once (send copies the bytes out). */
 const writer = new MsgpackWriter(64 * 1024);
+/** Held routes' answers: released from inside another frame's op, while `writer` is in use. */
+const heldWriter = new MsgpackWriter(16 * 1024);
 const ID_KEY = encodeMsgpack("id");
 const STATUS_KEY = encodeMsgpack("status");
 const RESULT_KEY = encodeMsgpack("result");
@@ -54,6 +64,24 @@ interface Answer {
   status: number;
   result?: unknown;
   error?: string;
+  retry_after?: number;
+}
+
+/** A held route's answer, sent in a frame of its own. */
+function sendLater(ws: ServerWebSocket<WsData>, binary: boolean, service: KvedgeCore, id: unknown, outcome: RouteOutcome): void {
+  if (!binary) {
+    ws.send(toJson({ id, status: 200, result: routeAnswer(service, outcome) }));
+    return;
+  }
+  heldWriter.reset();
+  heldWriter.mapHeader(3);
+  heldWriter.encoded(ID_KEY);
+  heldWriter.value(id as MsgpackValue);
+  heldWriter.encoded(STATUS_KEY);
+  heldWriter.number(200);
+  heldWriter.encoded(RESULT_KEY);
+  writeRouteAnswer(heldWriter, service, outcome);
+  ws.send(heldWriter.written());
 }
 
 export function websocketHandlers(
@@ -62,8 +90,9 @@ export function websocketHandlers(
   /**
    * Answers one request: returns the answer, or with `out`, writes it there as
    * MessagePack (a route's answer straight from the decision, with no objects made).
+   * Null: written to `out`, or a route held by admission (answered later by `sendLater`).
    */
-  const answer = (request: unknown, out: MsgpackWriter | null): Answer | null => {
+  const answer = (ws: ServerWebSocket<WsData>, binary: boolean, request: unknown, out: MsgpackWriter | null): Answer | null => {
     const started = performance.now();
     let id: unknown = null;
     let op = "invalid";
@@ -75,7 +104,9 @@ export function websocketHandlers(
       const body = request as Record<string, unknown>;
       id = body.id ?? null;
       op = typeof body.op === "string" ? body.op : "invalid";
-      if (out !== null && op === "route") {
+      if (op === "route" && service.admission.enabled) {
+        response = admitted(ws, binary, id, body);
+      } else if (out !== null && op === "route") {
         const outcome = decideRoute(service, body);
         out.mapHeader(3);
         out.encoded(ID_KEY);
@@ -88,15 +119,38 @@ export function websocketHandlers(
         response = { id, status: 200, result: run(service, op, body) };
       }
     } catch (error) {
-      const client = clientError(error);
-      if (client === null) {
-        log.error("websocket request failed", { error: error instanceof Error ? error.stack ?? error.message : String(error) });
-      }
-      response = { id, status: client?.status ?? 500, error: client?.message ?? "internal error" };
+      response = errorAnswer(id, error);
     }
     metrics.observeHttp(OP_LABELS.get(op) ?? "/v1/ws invalid", response === null ? 200 : response.status, (performance.now() - started) / 1000);
     if (out === null || response === null) return response;
     out.value(response as unknown as MsgpackValue);
+    return null;
+  };
+
+  const errorAnswer = (id: unknown, error: unknown): Answer => {
+    const client = clientError(error);
+    if (client === null) {
+      log.error("websocket request failed", { error: error instanceof Error ? error.stack ?? error.message : String(error) });
+    }
+    const answer: Answer = { id, status: client?.status ?? 500, error: client?.message ?? "internal error" };
+    if (client?.retryAfterSecs != null) answer.retry_after = client.retryAfterSecs;
+    return answer;
+  };
+
+  /** A route through admission: its answer now, or null when held (sent later in its own frame). */
+  const admitted = (ws: ServerWebSocket<WsData>, binary: boolean, id: unknown, body: Record<string, unknown>): Answer | null => {
+    let now: Answer | null = null;
+    let held = false;
+    const { handle, call } = submitRoute(service, body, (outcome) => {
+      if (!held) now = { id, status: 200, result: routeAnswer(service, outcome) };
+      else if (ws.data.held.delete(call)) sendLater(ws, binary, service, id, outcome);
+    }, (error) => {
+      if (!held) now = errorAnswer(id, error);
+      else if (ws.data.held.delete(call)) sendAnswer(ws, binary, errorAnswer(id, error), heldWriter);
+    });
+    if (handle < 0) return now;
+    held = true;
+    ws.data.held.set(call, handle);
     return null;
   };
 
@@ -113,14 +167,25 @@ export function websocketHandlers(
       batch.drain();
       frame(ws, message);
     },
+    close(ws: ServerWebSocket<WsData>) {
+      for (const [call, handle] of ws.data.held) service.dropHeld(handle, call);
+      ws.data.held.clear();
+    },
   };
 
   function frame(ws: ServerWebSocket<WsData>, message: string | Buffer): void {
     const binary = typeof message !== "string";
+    // With admission on, answers are objects: a held route leaves its place out of the frame.
+    const objects = service.admission.enabled;
     if (binary && frameReader.read(message)) {
+      if (objects) {
+        const answers = Array.from({ length: frameReader.count }, (_, i) => answer(ws, binary, frameReader.request(i), null));
+        sendAnswers(ws, binary, frameReader.isBatch, answers);
+        return;
+      }
       writer.reset();
       if (frameReader.isBatch) writer.arrayHeader(frameReader.count);
-      for (let i = 0; i < frameReader.count; i++) answer(frameReader.request(i), writer);
+      for (let i = 0; i < frameReader.count; i++) answer(ws, binary, frameReader.request(i), writer);
       ws.send(writer.written());
       return;
     }
@@ -135,20 +200,28 @@ export function websocketHandlers(
       send(ws, binary, { id: null, status: 413, error: `a batch holds at most ${WS_BATCH_MAX} requests` });
       return;
     }
-    if (!binary) {
-      ws.send(toJson(Array.isArray(parsed) ? parsed.map((request) => answer(request, null)) : answer(parsed, null)));
+    if (!binary || objects) {
+      const requests: unknown[] = Array.isArray(parsed) ? parsed : [parsed];
+      sendAnswers(ws, binary, Array.isArray(parsed), requests.map((request) => answer(ws, binary, request, null)));
       return;
     }
     // MessagePack answers are written as they are made, into one reused buffer.
     writer.reset();
     if (Array.isArray(parsed)) {
       writer.arrayHeader(parsed.length);
-      for (const request of parsed) answer(request, writer);
+      for (const request of parsed) answer(ws, binary, request, writer);
     } else {
-      answer(parsed, writer);
+      answer(ws, binary, parsed, writer);
     }
     ws.send(writer.written());
   }
+}
+
+/** A frame's answers, held routes left out (nothing is sent when every one was held). */
+function sendAnswers(ws: ServerWebSocket<WsData>, binary: boolean, batched: boolean, answers: (Answer | null)[]): void {
+  const ready = answers.filter((answer) => answer !== null);
+  if (ready.length === 0 && answers.length > 0) return;
+  sendAnswer(ws, binary, batched ? ready : ready[0], writer);
 }
 
 /** The metrics' route label of each op. */
@@ -169,11 +242,15 @@ function run(service: KvedgeCore, op: string, body: Record<string, unknown>): un
 }
 
 function send(ws: ServerWebSocket<WsData>, binary: boolean, payload: unknown): void {
+  sendAnswer(ws, binary, payload, writer);
+}
+
+function sendAnswer(ws: ServerWebSocket<WsData>, binary: boolean, payload: unknown, into: MsgpackWriter): void {
   if (!binary) {
     ws.send(toJson(payload));
     return;
   }
-  writer.reset();
-  writer.value(payload as MsgpackValue);
-  ws.send(writer.written());
+  into.reset();
+  into.value(payload as MsgpackValue);
+  ws.send(into.written());
 }

@@ -24,7 +24,8 @@ const DEFAULTS: Config = {
     max_batched_tokens: 8192, recompute_weight: 12, calibrate: false,
     overlap_score_credit: 1, overlap_score_credit_decay: 0, prefill_load_scale: 1, decode_active_request_weight: 0,
     temperature: 0, degraded_overlap_weight: 0.5, request_ttl_secs: 300, max_active_requests: 1_000_000,
-    track_output_blocks: false,
+    track_output_blocks: false, admission: "off", admission_bound_ms: 200, admission_max_hold_ms: 10_000,
+    admission_max_held: 4096, admission_prefill_weight: 4,
   },
   ingest: {
     max_message_bytes: 16_777_216, heartbeat_interval_ms: 5000, heartbeat_timeout_ms: 15_000, reconnect_min_ms: 100,

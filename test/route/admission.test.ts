@@ -148,21 +148,22 @@ describe("Admission", () => {
     const b = { name: "b", wait: 500 };
     const handleA = admission.submit(a, 500, 10);
     const handleB = admission.submit(b, 500, 20);
-    expect(admission.drop(handleA)).toBe(true);
-    expect(admission.drop(handleA)).toBe(false);
+    expect(admission.drop(handleA, a)).toBe(true);
+    expect(admission.drop(handleA, a)).toBe(false);
     a.wait = b.wait = 0;
     admission.release();
     expect(routed).toEqual(["b"]);
-    expect(admission.drop(handleB)).toBe(false);
+    expect(admission.drop(handleB, b)).toBe(false);
     expect(admission.counts.dropped).toBe(1);
   });
 
   test("memory goes back to 0 once nothing is held", () => {
     const { admission } = rig({ maxHeld: 1000 });
-    const handles = Array.from({ length: 700 }, (_, i) => admission.submit({ name: String(i), wait: 500 }, 500, i));
+    const calls = Array.from({ length: 700 }, (_, i) => ({ name: String(i), wait: 500 }));
+    const handles = calls.map((call, i) => admission.submit(call, 500, i));
     expect(admission.held).toBe(700);
     expect(admission.capacity).toBe(700);
-    for (const handle of handles) admission.drop(handle);
+    handles.forEach((handle, i) => admission.drop(handle, calls[i]!));
     expect(admission.held).toBe(0);
     expect(admission.capacity).toBe(0);
   });
@@ -186,7 +187,7 @@ describe("Admission", () => {
       } else if (op < 8 && heldCalls.size > 0) {
         const names = [...heldCalls.keys()];
         const name = names[randomInt(rng, names.length)]!;
-        expect(admission.drop(handleOf.get(name)!)).toBe(true);
+        expect(admission.drop(handleOf.get(name)!, heldCalls.get(name)!)).toBe(true);
         heldCalls.delete(name);
       } else if (heldCalls.size > 0) {
         // Free enough for the k first calls in key order, exactly.
