@@ -321,6 +321,18 @@ export function registerServiceMetrics(registry: MetricsRegistry, service: Kvedg
   const gauge = (name: string, help: string, labelNames: readonly string[], collect: SampleSource["collect"]) =>
     registerSamples(registry, { name, help, type: "gauge", labelNames, collect });
 
+  const admission = service.admission;
+  gauge("kvedge_admission_held", "Route calls held by admission now (route.admission).", [], (emit) => emit(admission.held));
+  counter("kvedge_admission_total", "Route calls through admission: routed at once, held, released when a worker freed, routed past the longest hold, rejected (429), dropped (client gone while held).",
+    ["outcome"], (emit) => {
+      const c = admission.counts;
+      emit(c.immediate, { outcome: "immediate" });
+      emit(c.held, { outcome: "held" });
+      emit(c.released, { outcome: "released" });
+      emit(c.overdue, { outcome: "overdue" });
+      emit(c.rejected, { outcome: "rejected" });
+      emit(c.dropped, { outcome: "dropped" });
+    });
   counter("kvedge_index_events_total", "Events applied to the index, by type and status.", ["type", "status"], (emit) => {
     const c = index.counters;
     emit(c.storedEvents, { type: "stored", status: "ok" });
