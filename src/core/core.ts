@@ -220,6 +220,10 @@ export class KvedgeCore {
       this.answerCall(call);
       return -1;
     }
+    const requestId = call.input.requestId;
+    if (requestId !== null && this.router.load.isActive(requestId)) {
+      throw new KvedgeError("duplicate_request", `request ${requestId} is already active`);
+    }
     const { request, overlaps } = this.routeRequest(call.input, 0);
     const { waitMs, prefillMs } = this.router.assess(request, overlaps);
     const handle = this.admission.submit(call, waitMs, prefillMs);

@@ -96,4 +96,21 @@ describe("serve with admission hold", () => {
     expect(frames[1]).toMatchObject({ id: 8, status: 200 });
     ws.close();
   });
+
+  test("closing a /v1/ws connection drops its held routes", async () => {
+    expect((await post("/v1/route", { request_id: "ws-big", token_ids: LONG })).status).toBe(200);
+    const ws = new WebSocket(`${serve.url.replace("http", "ws")}/v1/ws`);
+    await new Promise((resolve, reject) => {
+      ws.onopen = resolve;
+      ws.onerror = reject;
+    });
+    const dropped = await metric('kvedge_admission_total{outcome="dropped"}');
+    ws.send(JSON.stringify({ id: 1, op: "route", request_id: "ws-gone", token_ids: SHORT }));
+    await heldIs(1);
+    ws.close();
+    await heldIs(0);
+    expect(await metric('kvedge_admission_total{outcome="dropped"}')).toBe(dropped + 1);
+    expect((await post("/v1/requests/ws-big/done", {})).status).toBe(200);
+    expect((await post("/v1/requests/ws-gone/done", {})).status).toBe(404);
+  });
 });
