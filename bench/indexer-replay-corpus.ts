@@ -45,7 +45,7 @@ class Slab<T extends Uint8Array | Uint32Array> {
   constructor(private readonly make: (n: number) => T, private readonly chunkSize: number) {}
 
   /** Copies `data` in; returns its (chunk, offset) packed as chunk * chunkSize + offset. */
-  push(data: T): number {
+  push(data: ArrayLike<number>): number {
     if (data.length > this.chunkSize) throw new RangeError(`item of ${data.length} over the slab chunk ${this.chunkSize}`);
     if (this.chunks.length === 0 || this.used + data.length > this.chunkSize) {
       this.chunks.push(this.make(this.chunkSize));

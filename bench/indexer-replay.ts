@@ -61,7 +61,7 @@ function intFlag(name: string, value: string | undefined, fallback: number, min 
 
 const routeThreads = intFlag("route-threads", flags["route-threads"], 0, 0);
 if (routeThreads !== 0) {
-  console.error("--route-threads: only 0 (one thread for events and lookups) is built yet");
+  console.error("--route-threads: only 0 (one thread for events and lookups) is built; more threads are not built yet");
   process.exit(2);
 }
 const blockSize = intFlag("block-size", flags["block-size"], 16);
@@ -183,6 +183,8 @@ interface Run {
   readonly lastFinished: number;
   readonly completed: number;
   readonly busyWriteNs: number;
+  /** CPU seconds (user + system) the process used during the replay. */
+  readonly cpuS: number;
 }
 
 function replay(corpus: Corpus): Run {
@@ -199,6 +201,7 @@ function replay(corpus: Corpus): Run {
   const { index, matches } = pipeline;
   const spinNs = config.spinUs * 1000;
   const maxNs = config.windowMs * 1e6 + config.maxDrainS * 1e9;
+  const cpuBefore = process.cpuUsage();
   const origin = Bun.nanoseconds() + 20e6;
   let now = 0;
   while (completed < n) {
@@ -233,10 +236,11 @@ function replay(corpus: Corpus): Run {
     }
     if (now > maxNs) break;
   }
+  const cpu = process.cpuUsage(cpuBefore);
   let lastFinished = 0;
   for (let i = 0; i < n; i++) if (finished[i]! > lastFinished) lastFinished = finished[i]!;
   return {
-    pipeline, accepted, started, finished, service, completed, busyWriteNs, lastFinished,
+    pipeline, accepted, started, finished, service, completed, busyWriteNs, lastFinished, cpuS: (cpu.user + cpu.system) / 1e6,
     lastAccepted: next === 0 ? 0 : accepted[next - 1]!,
   };
 }
@@ -316,7 +320,7 @@ function summarize(corpus: Corpus, run: Run, traceSha: string, prepS: number) {
     bytes_per_pair: stats.blocks === 0 ? 0 : Number((stats.bytes / stats.blocks).toFixed(1)),
     config: {
       ...config, requests: t.requests, requests_skipped: t.requestsSkipped, query_blocks: t.queryBlocks,
-      total_block_ops: corpus.totalBlockOps, ops: corpus.count, span_s: spanS, prep_s: Number(prepS.toFixed(1)),
+      total_block_ops: corpus.totalBlockOps, ops: corpus.count, span_s: spanS, replay_cpu_s: Number(run.cpuS.toFixed(3)), prep_s: Number(prepS.toFixed(1)),
       payload_mb: Math.round(t.payloadBytes / 2 ** 20), query_token_mb: Math.round(t.queryTokenBytes / 2 ** 20),
       index: { blocks: stats.blocks, nodes: stats.nodes, bytes: stats.bytes },
       failure_reasons: reasons,
@@ -332,7 +336,7 @@ function printReport(r: Report): void {
   const d = (x: Distribution) => `p50 ${us(x.p50_ns)} / p99 ${us(x.p99_ns)} / p999 ${us(x.p999_ns)} / max ${us(x.max_ns)} us`;
   console.log(`indexer replay: ${r.config.requests} requests, ${r.config.workers} workers, block size ${r.config.blockSize}, ${r.config.cadence} cadence, window ${r.config.windowMs} ms`);
   console.log(`  block ops ${r.config.total_block_ops} (queries ${r.config.query_blocks}, stored ${r.update.stored_blocks}, removed ${r.update.removed_blocks}); prep ${r.config.prep_s} s`);
-  console.log(`  achieved ${(r.achieved_block_ops_per_s / 1e6).toFixed(2)} M block ops/s, offered ${(r.offered_block_ops_per_s / 1e6).toFixed(2)} M/s; span ${r.config.span_s.toFixed(3)} s, drain ${r.drain_s.toFixed(3)} s`);
+  console.log(`  achieved ${(r.achieved_block_ops_per_s / 1e6).toFixed(2)} M block ops/s, offered ${(r.offered_block_ops_per_s / 1e6).toFixed(2)} M/s; span ${r.config.span_s.toFixed(3)} s (CPU ${r.config.replay_cpu_s} s), drain ${r.drain_s.toFixed(3)} s`);
   console.log(`  writes ${(r.update.write_blocks_per_s / 1e6).toFixed(2)} M blocks/s (${(r.update.write_blocks_per_busy_s / 1e6).toFixed(2)} M per busy second)`);
   console.log(`  lookup service ${d(r.lookup.service)}`);
   console.log(`  lookup queue wait ${d(r.lookup.queue_wait)}`);
