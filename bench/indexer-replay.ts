@@ -12,7 +12,7 @@
  * before the next batch (queries wait at most one batch, as in `kvedge serve`,
  * whose event loop takes requests between socket reads). A batch goes through the
  * path `kvedge serve` uses: Sequencer -> KvEventNormalizer (decode, filters, local
- * hashes) -> the index writer; a query through the routes' matching path: the
+ * hashes) -> the index as its writer; a query through the routes' matching path: the
  * prompt's tokens hashed (PromptHasher) and `findMatches`. `lookup.service` is the
  * `findMatches` call (Dynamo's "the lookup itself", on hashes); the hashing is in
  * `sched_to_finish`. Sleep to the next deadline, then spin.
@@ -27,7 +27,7 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { DEFAULT_SEED } from "../src/hash";
 import { createIndex, MatchResult, type KvIndex } from "../src/index";
-import { KvEventNormalizer, type KvEventSink } from "../src/ingest/normalize";
+import { KvEventNormalizer } from "../src/ingest/normalize";
 import { Sequencer } from "../src/ingest/sequencer";
 import { PromptHasher } from "../src/route";
 import { parseTrace, transformTrace } from "../src/sim/trace";
@@ -124,19 +124,10 @@ class Pipeline {
   private readonly nextSeq: Uint32Array;
 
   constructor(workers: number, firstWorkerId: number) {
+    // The index is the normalizer's writer, as in `kvedge serve` (src/core/core.ts).
     const index = (this.index = createIndex("crtc", config.blockSize));
-    // The writer `kvedge serve` wires (src/server/service.ts), minus router bookkeeping.
-    const sink: KvEventSink = {
-      stored: (workerId, dpRank, hasParent, parentHi, parentLo, external, local, start, count) => {
-        index.applyStored(workerId, dpRank, hasParent, parentHi, parentLo, external, local, count, start);
-      },
-      removed: (workerId, dpRank, external, start, count) => {
-        index.applyRemoved(workerId, dpRank, external, count, start);
-      },
-      cleared: (workerId, dpRank) => index.applyCleared(workerId, dpRank),
-    };
     for (let w = 0; w < workers; w++) {
-      const normalizer = new KvEventNormalizer({ workerId: BigInt(firstWorkerId + w), dpRank: 0, blockSize: config.blockSize, sink });
+      const normalizer = new KvEventNormalizer({ workerId: BigInt(firstWorkerId + w), dpRank: 0, blockSize: config.blockSize, writer: index });
       this.normalizers.push(normalizer);
       this.sequencers.push(new Sequencer({
         apply: (_seq, payload) => normalizer.ingest(payload),
