@@ -32,7 +32,7 @@ import { Sequencer } from "../src/ingest/sequencer";
 import { PromptHasher } from "../src/route";
 import { parseTrace, transformTrace } from "../src/sim/trace";
 import { benchFlags, provenance } from "./lib";
-import { buildCorpus, OP_QUERY, type Cadence, type Corpus } from "./indexer-replay-corpus";
+import { buildCorpus, OP_BATCH, OP_QUERY, type Cadence, type Corpus } from "./indexer-replay-corpus";
 
 const usage = `bun bench/indexer-replay.ts [--trace FILE] [--length-factor F] [--duplication K]
   [--workers N] [--engine-blocks B] [--block-size S] [--cadence vllm|sglang] [--prefill-chunk T]
@@ -300,8 +300,8 @@ function summarize(corpus: Corpus, run: Run, traceSha: string, prepS: number) {
       sched_to_finish: distribution(select(corpus, OP_QUERY, (i) => run.finished[i]! - corpus.deadline[i]!)),
     },
     update: {
-      accepted_to_finished: distribution(select(corpus, 1, (i) => run.finished[i]! - run.accepted[i]!)),
-      sched_to_finish: distribution(select(corpus, 1, (i) => run.finished[i]! - corpus.deadline[i]!)),
+      accepted_to_finished: distribution(select(corpus, OP_BATCH, (i) => run.finished[i]! - run.accepted[i]!)),
+      sched_to_finish: distribution(select(corpus, OP_BATCH, (i) => run.finished[i]! - corpus.deadline[i]!)),
       write_blocks_per_s: Math.round(writeBlocks / spanS),
       write_blocks_per_busy_s: Math.round(writeBlocks / (run.busyWriteNs / 1e9)),
       batches: t.batches, stored_events: t.storedEvents, removed_events: t.removedEvents,
