@@ -133,7 +133,7 @@ class Pipeline {
         apply: (_seq, payload) => normalizer.ingest(payload),
         reset: () => { throw new Error("sequence went backwards in the replay"); },
       }));
-      this.sequencers[w]!.connected(1);
+      this.sequencers[w]!.connected();
     }
     this.nextSeq = new Uint32Array(workers);
   }
@@ -266,7 +266,8 @@ function failures(corpus: Corpus, run: Run): string[] {
     dropped += counters.batchesDropped;
     for (const count of Object.values(counters.rejectedEvents)) rejected += count;
     const sequencer = pipeline.sequencers[w]!;
-    lost += sequencer.counters.lost;
+    // A worker that never published stays unknown (degraded) in `kvedge serve` too.
+    lost += sequencer.counters.lost + (sequencer.isDegraded && corpus.workerBatches[w]! > 0 ? 1 : 0);
     if (run.completed === corpus.count && sequencer.lastSeq !== corpus.workerBatches[w]! - 1) lost++;
     if (run.completed === corpus.count && (blocksOf.get(BigInt(w + 1)) ?? 0) !== corpus.engineBlocks[w]) wrong++;
   }
@@ -276,7 +277,7 @@ function failures(corpus: Corpus, run: Run): string[] {
   if (dropped > 0) reasons.push(`${dropped} batches dropped by the decoder`);
   if (rejected > 0) reasons.push(`${rejected} events or blocks rejected`);
   if (unknown > 0) reasons.push(`${unknown} removals of unknown blocks`);
-  if (lost > 0) reasons.push(`${lost} workers with batches lost or out of order`);
+  if (lost > 0) reasons.push(`${lost} workers with batches lost, out of order or degraded`);
   if (wrong > 0) reasons.push(`${wrong} workers whose index blocks differ from their engine's cache`);
   return reasons;
 }

@@ -15,7 +15,7 @@ afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 function bench(args: string[]) {
   const child = Bun.spawnSync([process.execPath, join(root, "bench", "indexer-replay.ts"), "--trace", trace,
-    "--workers", "4", "--engine-blocks", "2048", "--quiescence-ms", "0", "--warmup-ops", "50", ...args], {
+    "--workers", "4", "--quiescence-ms", "0", "--warmup-ops", "50", ...args], {
     stdout: "pipe", stderr: "pipe",
   });
   return { code: child.exitCode, stdout: child.stdout.toString(), stderr: child.stderr.toString() };
@@ -24,7 +24,7 @@ function bench(args: string[]) {
 const DISTRIBUTION = ["max_ns", "p50_ns", "p999_ns", "p99_ns"];
 
 describe("indexer replay bench", () => {
-  for (const [cell, args] of [["page size 16, vLLM cadence", ["--block-size", "16"]], ["page size 1, SGLang cadence", ["--block-size", "1"]]] as const) {
+  for (const [cell, args] of [["page size 16, vLLM cadence", ["--block-size", "16", "--engine-blocks", "2048"]], ["page size 1, SGLang cadence", ["--block-size", "1", "--engine-blocks", "32768"]]] as const) {
     test(`${cell}: one JSON line with the contract's fields, valid`, () => {
       const result = bench([...args, "--window-ms", "2000", "--json"]);
       expect(result.stderr).toBe("");
