@@ -1,4 +1,5 @@
 import { availableParallelism } from "node:os";
+import { ADMISSION_MODES, type AdmissionMode } from "../route/admission";
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES, type RoutePolicy } from "../route/ttft";
 import { getAffinity, pinProcess } from "../runtime/affinity";
 import { DEFAULT_DEMO_POLICIES, type DemoPolicy, type DemoResult, isDemoPolicy, runDemo } from "../sim/demo";
@@ -75,6 +76,7 @@ const flags = {
   start: { kind: "string" },
   "route-policy": { kind: "string" },
   "recompute-weight": { kind: "string" },
+  admission: { kind: "string" },
   "no-pin": { kind: "boolean" },
 } as const;
 
@@ -120,6 +122,7 @@ Options:
   --realtime-baselines   replay the baselines in real time too (same results, more wall time)
   --route-policy P       kv_aware's route policy: ttft (default) or dynamo
   --recompute-weight W   kv_aware's recompute weight under ttft (${DEFAULT_TTFT_SETTINGS.recomputeWeight})
+  --admission MODE       with --virtual: kv_aware's admission at saturation, off (default), hold or reject
   --no-pin               do not pin kvedge serve and this process to separate CPUs
   --json                 print one JSON object on stdout instead of the table
 ${TIME_MODEL_HELP}  -h, --help             show this help
@@ -132,6 +135,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     const virtual = flagBool(parsed, "virtual");
     const routePolicy = routePolicyOf(flagString(parsed, "route-policy"));
     const recomputeWeight = flagNumber(parsed, "recompute-weight", DEFAULT_TTFT_SETTINGS.recomputeWeight, 0, 1e6);
+    const admission = admissionOf(flagString(parsed, "admission"), virtual);
     const workers = flagInt(parsed, "workers", DEMO_DEFAULTS.workers, 1, WORKERS_MAX);
     const capacityBlocks = flagInt(parsed, "capacity-blocks", DEMO_DEFAULTS.capacityBlocks, 1, CAPACITY_BLOCKS_MAX);
     const blockSize = flagInt(parsed, "block-size", DEMO_DEFAULTS.blockSize, 1, 4096);
@@ -167,10 +171,10 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       trace, workers, capacityBlocks, blockSize, speedup, policies, seed, time, vocabSize: DEFAULT_VOCAB_SIZE,
       form: flagBool(parsed, "map-form") ? "map" : "array", realtimeBaselines: flagBool(parsed, "realtime-baselines"),
       serveArgs, progress: json && !tty ? null : progress, virtual,
-      kvAware: { policy: routePolicy, ttft: { recomputeWeight } },
+      kvAware: { policy: routePolicy, ttft: { recomputeWeight }, admission: { mode: admission } },
     });
     const config = {
-      trace: loaded.name, start, requests: trace.count, virtual, route_policy: routePolicy, recompute_weight: recomputeWeight, workers, capacity_blocks: capacityBlocks, block_size: blockSize,
+      trace: loaded.name, start, requests: trace.count, virtual, route_policy: routePolicy, recompute_weight: recomputeWeight, admission, workers, capacity_blocks: capacityBlocks, block_size: blockSize,
       time_scale: timeScale, speedup, seed, time_model: time, trace_span_s: traceStats(trace).spanMs / 1000,
     };
     if (json) process.stdout.write(`${JSON.stringify({ ...result, config })}\n`);
@@ -178,6 +182,19 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     return 0;
   },
 };
+
+/**
+ * Virtual time only: the real-time replay holds its engines at the next unanswered
+ * arrival, so a route held until a request ahead is done would wait for the longest hold.
+ */
+function admissionOf(text: string | undefined, virtual: boolean): AdmissionMode {
+  if (text === undefined) return "off";
+  if (!(ADMISSION_MODES as readonly string[]).includes(text)) {
+    throw new UsageError(`--admission: unknown mode '${text}' (known: ${ADMISSION_MODES.join(", ")})`);
+  }
+  if (text !== "off" && !virtual) throw new UsageError("--admission needs --virtual");
+  return text as AdmissionMode;
+}
 
 function routePolicyOf(text: string | undefined): RoutePolicy {
   if (text === undefined) return "ttft";
