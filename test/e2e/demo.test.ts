@@ -92,7 +92,8 @@ describe("kvedge demo", () => {
   });
 
   test("usage errors are one line, exit 2", async () => {
-    for (const args of [["--policies", "fastest"], ["--route-policy", "fastest"], ["--virtual", "--start", "99999999"], ["--workers", "0"], ["--trace", "/no/such/file"], ["--speedup", "fast"], ["extra"]]) {
+    for (const args of [["--policies", "fastest"], ["--route-policy", "fastest"], ["--virtual", "--start", "99999999"], ["--workers", "0"], ["--trace", "/no/such/file"], ["--speedup", "fast"], ["extra"],
+      ["--admission", "hold"], ["--virtual", "--admission", "sometimes"]]) {
       const result = await runKvedge(["demo", ...args]);
       expect(result.code).toBe(2);
       expect(result.stderr.trim().split("\n")).toHaveLength(1);
