@@ -105,7 +105,7 @@ export class Admission<T> {
     if (s.maxHoldMs === 0 || this.size >= s.maxHeld) {
       if (s.mode === "hold" && s.maxHoldMs === 0) return this.routeNow(call);
       this.counts.rejected++;
-      this.port.reject(call, this.retryAfterSecs(waitMs), this.size >= s.maxHeld ? `${s.maxHeld} calls are held already` : "every worker is past the TTFT bound");
+      this.port.reject(call, this.retryAfterSecs(waitMs), this.size >= s.maxHeld ? `${s.maxHeld} calls are held already` : "every worker is past the wait bound");
       return -1;
     }
     return this.hold(call, prefillMs);
@@ -147,31 +147,30 @@ export class Admission<T> {
     return calls;
   }
 
-  /** When the oldest held call reaches the longest hold (Infinity when none is held). */
+  /** When the oldest held call reaches the longest hold (Infinity when none is held); O(held). */
   nextDueMs(): number {
     let oldest = Infinity;
     for (let i = 0; i < this.size; i++) oldest = Math.min(oldest, this.since[this.heap[i]!]!);
     return oldest + this.settings.maxHoldMs;
   }
 
+  /** Answers, oldest first, every call held for the longest hold: one pass to find them, then each taken. */
   private releaseOverdue(): void {
     const now = this.now();
     const maxHold = this.settings.maxHoldMs;
-    for (let i = 0; i < this.size;) {
-      const slot = this.heap[i]!;
-      // The same sum as nextDueMs, so a release at that time finds the call due.
-      if (this.since[slot]! + maxHold > now) {
-        i++;
-        continue;
-      }
-      const call = this.take(slot);
-      i = 0; // the heap moved; the scan restarts (overdue calls are few per release)
+    const due: number[] = [];
+    // The same sum as nextDueMs, so a release at that time finds the call due.
+    for (let i = 0; i < this.size; i++) if (this.since[this.heap[i]!]! + maxHold <= now) due.push(this.heap[i]!);
+    if (due.length === 0) return;
+    due.sort((a, b) => this.serial[a]! - this.serial[b]!);
+    const calls = due.map((slot) => this.take(slot));
+    for (const call of calls) {
       if (this.settings.mode === "hold") {
         this.counts.overdue++;
         this.port.route(call);
       } else {
         this.counts.rejected++;
-        this.port.reject(call, this.retryAfterSecs(this.port.waitMs(call)), `held ${this.settings.maxHoldMs} ms without a worker under the TTFT bound`);
+        this.port.reject(call, this.retryAfterSecs(this.port.waitMs(call)), `held ${maxHold} ms without a worker under the wait bound`);
       }
     }
   }

@@ -123,13 +123,13 @@ describe("Admission", () => {
     advance(1000);
     admission.release();
     expect(routed).toEqual([]);
-    expect(rejected).toEqual([{ name: "a", retryAfter: 4, reason: "held 1000 ms without a worker under the TTFT bound" }]);
+    expect(rejected).toEqual([{ name: "a", retryAfter: 4, reason: "held 1000 ms without a worker under the wait bound" }]);
   });
 
   test("reject mode with no hold rejects at once; hold mode with no hold routes at once", () => {
     const reject = rig({ mode: "reject", maxHoldMs: 0 });
     reject.admission.submit({ name: "a", wait: 150 }, 150, 10);
-    expect(reject.rejected).toEqual([{ name: "a", retryAfter: 1, reason: "every worker is past the TTFT bound" }]);
+    expect(reject.rejected).toEqual([{ name: "a", retryAfter: 1, reason: "every worker is past the wait bound" }]);
     const hold = rig({ mode: "hold", maxHoldMs: 0 });
     hold.admission.submit({ name: "a", wait: 150 }, 150, 10);
     expect(hold.routed).toEqual(["a"]);
