@@ -1,0 +1,65 @@
+// Goal: the core's route calls through admission (transport-free): routed at once
+// under the bound, held over it and released by prefill_done, by done, or by the
+// expiry of the request ahead (the hold poll); a duplicate id is refused at once;
+// shutting down answers every held call; nothing stays held.
+import { describe, expect, test } from "bun:test";
+import { loadConfig } from "../../src/config";
+import { KvedgeCore, type RouteCall, type RouteInput } from "../../src/core/core";
+import { KvedgeError } from "../../src/core/errors";
+import { silentLogger } from "../../src/util/log";
+
+const input = (requestId: string, length: number): RouteInput => ({
+  tokens: Uint32Array.from({ length }, (_, i) => i + 1), requestId, loraName: null, cacheSalt: null,
+  expectedOutputTokens: null, overlapScoreCredit: null, prefillLoadScale: null, temperature: null,
+});
+
+function core(env: Record<string, string> = {}) {
+  const config = loadConfig({ env: { KVEDGE_ADMISSION: "hold", KVEDGE_ADMISSION_BOUND_MS: "200", ...env } }).config;
+  const service = new KvedgeCore({ config, log: silentLogger, random: () => 0.5 });
+  service.router.load.addWorker(1n, 0);
+  const answers: string[] = [];
+  const call = (id: string, length: number): RouteCall => ({
+    input: input(id, length), candidatesMax: 0,
+    answer: (outcome) => answers.push(`${outcome.decision.requestId}:ok`),
+    fail: (error) => answers.push(`${id}:${error instanceof KvedgeError ? error.code : String(error)}`),
+  });
+  return { service, answers, call };
+}
+
+describe("KvedgeCore admission", () => {
+  test("held behind a long prefill; prefill_done of the one ahead releases it", () => {
+    const { service, answers, call } = core();
+    expect(service.submitRoute(call("ahead", 6000))).toBe(-1);
+    expect(answers).toEqual(["ahead:ok"]);
+    const held = call("held", 8);
+    expect(service.submitRoute(held)).toBeGreaterThanOrEqual(0);
+    expect(service.admission.held).toBe(1);
+    expect(() => service.submitRoute(call("ahead", 8))).toThrow("already active");
+    expect(service.prefillDone("ahead")).toBe("ok");
+    expect(answers).toEqual(["ahead:ok", "held:ok"]);
+    expect(service.admission.held).toBe(0);
+  });
+
+  test("the expiry of the request ahead releases a held call at the next poll", async () => {
+    const { service, answers, call } = core({ KVEDGE_REQUEST_TTL_SECS: "0.05" });
+    service.submitRoute(call("ahead", 6000));
+    service.submitRoute(call("held", 8));
+    expect(answers).toEqual(["ahead:ok"]);
+    const deadline = performance.now() + 5000;
+    while (answers.length < 2 && performance.now() < deadline) await Bun.sleep(20);
+    expect(answers).toEqual(["ahead:ok", "held:ok"]);
+    expect(service.router.load.counters.expired).toBeGreaterThanOrEqual(1);
+    await service.stop();
+  });
+
+  test("stopping answers every held call with shutting_down", async () => {
+    const { service, answers, call } = core();
+    service.submitRoute(call("ahead", 6000));
+    service.submitRoute(call("a", 8));
+    service.submitRoute(call("b", 16));
+    await service.stop();
+    expect(answers).toEqual(["ahead:ok", "a:shutting_down", "b:shutting_down"]);
+    expect(service.admission.held).toBe(0);
+    expect(service.admission.capacity).toBe(0);
+  });
+});
