@@ -74,14 +74,19 @@ function sendLater(ws: ServerWebSocket<WsData>, binary: boolean, service: Kvedge
     return;
   }
   heldWriter.reset();
-  heldWriter.mapHeader(3);
-  heldWriter.encoded(ID_KEY);
-  heldWriter.value(id as MsgpackValue);
-  heldWriter.encoded(STATUS_KEY);
-  heldWriter.number(200);
-  heldWriter.encoded(RESULT_KEY);
-  writeRouteAnswer(heldWriter, service, outcome);
+  writeRouteFrame(heldWriter, service, id, outcome);
   ws.send(heldWriter.written());
+}
+
+/** `{id, status: 200, result}` for a route, the result written straight from the decision. */
+function writeRouteFrame(out: MsgpackWriter, service: KvedgeCore, id: unknown, outcome: RouteOutcome): void {
+  out.mapHeader(3);
+  out.encoded(ID_KEY);
+  out.value(id as MsgpackValue);
+  out.encoded(STATUS_KEY);
+  out.number(200);
+  out.encoded(RESULT_KEY);
+  writeRouteAnswer(out, service, outcome);
 }
 
 export function websocketHandlers(
@@ -107,14 +112,7 @@ export function websocketHandlers(
       if (op === "route" && service.admission.enabled) {
         response = admitted(ws, binary, id, body);
       } else if (out !== null && op === "route") {
-        const outcome = decideRoute(service, body);
-        out.mapHeader(3);
-        out.encoded(ID_KEY);
-        out.value(id as MsgpackValue);
-        out.encoded(STATUS_KEY);
-        out.number(200);
-        out.encoded(RESULT_KEY);
-        writeRouteAnswer(out, service, outcome);
+        writeRouteFrame(out, service, id, decideRoute(service, body));
       } else {
         response = { id, status: 200, result: run(service, op, body) };
       }
