@@ -179,11 +179,16 @@ export function tokenIds(body: Record<string, unknown>, field = "token_ids"): Ui
   for (let i = 0; i < value.length; i++) {
     const token = value[i];
     if (typeof token !== "number" || !Number.isInteger(token) || token < 0 || token >= TOKEN_LIMIT) {
-      throw new HttpError(400, `${field}[${i}] must be an integer in [0, 2^32), got ${JSON.stringify(token)}`);
+      throw new HttpError(400, `${field}[${i}] must be an integer in [0, 2^32), got ${describeValue(token)}`);
     }
     tokens[i] = token;
   }
   return tokens;
+}
+
+/** A value for an error message: MessagePack integers past 2^53 arrive as bigints, which JSON.stringify refuses. */
+function describeValue(value: unknown): string {
+  return typeof value === "bigint" ? value.toString() : JSON.stringify(value) ?? String(value);
 }
 
 /**
