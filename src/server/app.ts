@@ -6,6 +6,7 @@ import type { Server } from "bun";
 import { timingSafeEqual } from "node:crypto";
 import type { Logger } from "../util/log";
 import { addWorkerOp, decideRoute, lifecycleOp, matchOp, removeWorkerOp, routeAnswer, workersOp, writeRouteAnswer } from "./api";
+import { RequestGuard } from "./guard";
 import { errorReply, HttpError, msgpackReply, parseBody, readBody, receiveBody, reply, type ReceivedBody, wantsMsgpack } from "./http";
 import { type MetricsRegistry, ServerMetrics } from "./metrics";
 import type { KvRouterService } from "./service";
@@ -49,6 +50,7 @@ export function startApp(options: AppOptions): App {
   const metrics = new ServerMetrics(options.registry);
   const limit = options.bodyLimitBytes;
   const adminToken = options.adminToken === null ? null : Buffer.from(options.adminToken);
+  const guard = new RequestGuard(options.host);
 
   const requireAdmin = (request: Request): void => {
     if (adminToken === null) return;
@@ -143,6 +145,12 @@ export function startApp(options: AppOptions): App {
         }
         finish(response);
       });
+      try {
+        guard.check(request, true);
+      } catch (error) {
+        finish(failure(request, error, log));
+        return;
+      }
       if (!readsBody) run(null);
       else receiveBody(request, limit).then(run, (error: unknown) => finish(failure(request, error, log)));
     });
@@ -156,6 +164,7 @@ export function startApp(options: AppOptions): App {
     };
     let pending: Response | Promise<Response>;
     try {
+      guard.check(request, request.method !== "GET" && request.method !== "HEAD");
       pending = handler(request, request.params ?? {});
     } catch (error) {
       pending = failure(request, error, log);
@@ -189,6 +198,12 @@ export function startApp(options: AppOptions): App {
       const path = new URL(request.url).pathname;
       if (path === "/v1/ws") {
         if (request.method !== "GET") return errorReply(request, new HttpError(405, "use GET with Upgrade: websocket"));
+        // CORS does not cover WebSocket handshakes: a page elsewhere could open one.
+        try {
+          guard.check(request, true);
+        } catch (error) {
+          return failure(request, error, log);
+        }
         if (server.upgrade(request, { data: undefined })) return undefined as unknown as Response;
         return errorReply(request, new HttpError(400, "expected a WebSocket upgrade"));
       }

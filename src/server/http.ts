@@ -21,6 +21,14 @@ export class HttpError extends Error {
 }
 
 export const MSGPACK = "application/msgpack";
+const JSON_TYPE = "application/json";
+
+/** 415 unless the request declares a JSON or MessagePack body (./guard.ts says why). */
+export function checkBodyType(request: Request): void {
+  const type = (request.headers.get("content-type") ?? "").split(";", 1)[0]!.trim().toLowerCase();
+  if (type === JSON_TYPE || type === MSGPACK) return;
+  throw new HttpError(415, `send the body as Content-Type: ${JSON_TYPE} or ${MSGPACK}${type === "" ? "" : `, not ${type}`}`);
+}
 
 // Integers above 2^53 would lose precision as numbers; ids travel as strings anyway.
 const unpackr = new Unpackr({ int64AsType: "bigint", mapsAsObjects: true });
@@ -36,9 +44,15 @@ export type ReceivedBody = { readonly json: string } | { readonly msgpack: Uint8
 
 /**
  * Receives a body of at most `limitBytes` without parsing it (`parseBody` does), so
- * the hot endpoints can parse in their turn batch (./turn.ts).
+ * the hot endpoints can parse in their turn batch (./turn.ts). Only JSON and
+ * MessagePack bodies are accepted (415 otherwise).
  */
 export function receiveBody(request: Request, limitBytes: number): Promise<ReceivedBody> {
+  try {
+    checkBodyType(request);
+  } catch (error) {
+    return Promise.reject(error);
+  }
   const declared = request.headers.get("content-length");
   if (declared !== null && Number(declared) > limitBytes) {
     return Promise.reject(new HttpError(413, `request body of ${declared} bytes is over the limit of ${limitBytes}`));

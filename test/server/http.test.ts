@@ -97,7 +97,7 @@ describe("bodies", () => {
         controller.close();
       },
     });
-    const response = await fetch(base, { method: "POST", body: stream, duplex: "half" } as RequestInit);
+    const response = await fetch(base, { method: "POST", body: stream, duplex: "half", headers: { "content-type": "application/json" } } as RequestInit);
     expect(response.status).toBe(413);
     expect(await errorOf(response)).toContain("over the limit");
   });
@@ -130,7 +130,7 @@ describe("bodies", () => {
         controller.close();
       },
     });
-    const response = await fetch(base, { method: "POST", body: stream, duplex: "half" } as RequestInit);
+    const response = await fetch(base, { method: "POST", body: stream, duplex: "half", headers: { "content-type": "application/json" } } as RequestInit);
     expect(await response.json()).toEqual({ tokens: [1, 2], worker: null, lora: null, n: 4 });
   });
 

@@ -1,0 +1,112 @@
+// Goal: the HTTP edges a browser or a careless client reaches. Bodies must say they are
+// JSON or MessagePack (415); a page on another origin (Origin, Sec-Fetch-Site) or a
+// DNS-rebound name (Host) cannot change state; /v1/dump streams, and needs the admin
+// token when one is set. Over a real Bun.serve on loopback.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { loadConfig } from "../../src/config";
+import { type App, startApp } from "../../src/server/app";
+import { createMetricsRegistry } from "../../src/server/metrics";
+import { KvRouterService } from "../../src/server/service";
+import { silentLogger } from "../../src/util/log";
+
+const TOKEN = "s3cret";
+let service: KvRouterService;
+let app: App;
+let base = "";
+
+beforeAll(() => {
+  service = new KvRouterService({ config: loadConfig({ env: {} }).config, log: silentLogger, random: () => 0.5 });
+  app = startApp({
+    host: "127.0.0.1", port: 0, bodyLimitBytes: 1 << 20, adminToken: TOKEN, service,
+    registry: createMetricsRegistry(), log: silentLogger,
+  });
+  base = app.url;
+});
+
+afterAll(async () => {
+  await app.stop(100);
+  await service.stop();
+});
+
+const JSON_TYPE = { "content-type": "application/json" };
+const admin = { authorization: `Bearer ${TOKEN}` };
+const routeBody = JSON.stringify({ token_ids: [1, 2, 3, 4] });
+const errorOf = async (response: Response): Promise<string> => ((await response.json()) as { error: string }).error;
+
+describe("body types", () => {
+  test.each([
+    ["text/plain", "not text/plain"],
+    ["application/x-www-form-urlencoded", "not application/x-www-form-urlencoded"],
+    [null, "send the body as Content-Type: application/json or application/msgpack"],
+  ])("a %p body → 415 on every endpoint that reads one", async (type, message) => {
+    for (const path of ["/v1/route", "/v1/match", "/v1/workers"]) {
+      const headers: Record<string, string> = { ...admin };
+      if (type !== null) headers["content-type"] = type;
+      // A Blob body: fetch adds no Content-Type of its own.
+      const response = await fetch(`${base}${path}`, { method: "POST", body: new Blob([routeBody]), headers });
+      expect(response.status).toBe(415);
+      expect(await errorOf(response)).toContain(message);
+    }
+    expect(service.workers()).toEqual([]);
+  });
+
+  test("application/json with parameters, in any case, is accepted", async () => {
+    const response = await fetch(`${base}/v1/match`, {
+      method: "POST", body: routeBody, headers: { "content-type": "Application/JSON; charset=utf-8" },
+    });
+    expect(response.status).toBe(200);
+  });
+});
+
+describe("cross-origin requests", () => {
+  const addWorker = (headers: Record<string, string>) => fetch(`${base}/v1/workers`, {
+    method: "POST",
+    body: JSON.stringify({ worker_id: "5", endpoint: "tcp://127.0.0.1:1" }),
+    headers: { ...JSON_TYPE, ...admin, ...headers },
+  });
+
+  test.each([
+    [{ origin: "http://evil.example" }, "Origin http://evil.example is not this server"],
+    [{ origin: "null" }, "Origin null is not this server"],
+    [{ "sec-fetch-site": "cross-site" }, "Sec-Fetch-Site: cross-site"],
+    [{ "sec-fetch-site": "same-site" }, "Sec-Fetch-Site: same-site"],
+  ])("%p → 403, nothing changes", async (headers, message) => {
+    for (const response of [
+      await addWorker(headers),
+      await fetch(`${base}/v1/route`, { method: "POST", body: routeBody, headers: { ...JSON_TYPE, ...headers } }),
+      await fetch(`${base}/v1/requests/x/done`, { method: "POST", headers }),
+      await fetch(`${base}/v1/workers/5`, { method: "DELETE", headers: { ...admin, ...headers } }),
+    ]) {
+      expect(response.status).toBe(403);
+      expect(await errorOf(response)).toContain(message);
+    }
+    expect(service.workers()).toEqual([]);
+    expect(service.router.load.activeRequestCount).toBe(0);
+  });
+
+  test("a loopback server refuses other Host names (DNS rebinding), reads included", async () => {
+    for (const host of ["evil.example", "evil.example:80", "10.0.0.1"]) {
+      const response = await fetch(`${base}/v1/workers`, { headers: { host } });
+      expect(response.status).toBe(403);
+      expect(await errorOf(response)).toContain("not a loopback name");
+    }
+    for (const host of ["localhost", `127.0.0.1:${app.server.port}`, "[::1]:9"]) {
+      expect((await fetch(`${base}/v1/workers`, { headers: { host } })).status).toBe(200);
+    }
+  });
+
+  test("a WebSocket upgrade from another origin is refused", async () => {
+    const response = await fetch(`${base}/v1/ws`, {
+      headers: { upgrade: "websocket", connection: "Upgrade", "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ==", "sec-websocket-version": "13", origin: "http://evil.example" },
+    });
+    expect(response.status).toBe(403);
+  });
+
+  test("same-origin browser requests and non-browser clients pass", async () => {
+    const origin = `http://127.0.0.1:${app.server.port}`;
+    const ok = await addWorker({ origin, "sec-fetch-site": "same-origin" });
+    expect(ok.status).toBe(201);
+    const removed = await fetch(`${base}/v1/workers/5`, { method: "DELETE", headers: admin });
+    expect(removed.status).toBe(200);
+  });
+});
