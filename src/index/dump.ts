@@ -21,7 +21,10 @@ export interface DumpSource {
   readonly blockKeyLimit: number;
   /** Visits every block, each after its parent (parent -1 = the root). */
   forEachBlock(visit: (key: number, parent: number, hi: number, lo: number) => void): void;
-  /** Visits every present worker with its held blocks: external hashes (pairs) and keys. */
+  /**
+   * Visits every present worker with its held blocks: external hashes (pairs) and keys,
+   * in arrays of its own that the index does not touch again.
+   */
   forEachWorker(
     visit: (workerId: bigint, dpRank: number, external: Uint32Array, keys: Uint32Array, count: number) => void,
   ): void;
@@ -29,7 +32,19 @@ export interface DumpSource {
 
 const ROOT_KEY = -1;
 
+/** Longest stored event a dump writes; a longer chain continues in the next event. */
+export const DUMP_CHAIN_BLOCKS_MAX = 4096;
+
 export function dumpEvents(source: DumpSource, blockSize: number): IndexOp[] {
+  return [...lazyDumpEvents(source, blockSize)];
+}
+
+/**
+ * The same events, built as they are read: the index is copied at the call (so the
+ * events describe that instant however the index changes after), and each event costs
+ * only its own work, so a caller can spread a large dump over many turns.
+ */
+export function lazyDumpEvents(source: DumpSource, blockSize: number): IterableIterator<IndexOp> {
   const limit = source.blockKeyLimit;
   const parentOf = new Int32Array(limit);
   const hiOf = new Uint32Array(limit);
@@ -45,13 +60,35 @@ export function dumpEvents(source: DumpSource, blockSize: number): IndexOp[] {
     firstChild[slot] = key;
   });
   const rank = preorderRanks(firstChild, nextSibling, limit);
+  // forEachWorker hands out fresh arrays: keeping them is the copy of the held pairs.
+  const workers: HeldBlocks[] = [];
+  source.forEachWorker((workerId, dpRank, external, keys, count) => workers.push({ workerId, dpRank, external, keys, count }));
+  return workerEvents({ parentOf, hiOf, loOf, rank, limit }, workers, blockSize);
+}
 
-  const events: IndexOp[] = [];
+interface HeldBlocks {
+  readonly workerId: bigint;
+  readonly dpRank: number;
+  readonly external: Uint32Array;
+  readonly keys: Uint32Array;
+  readonly count: number;
+}
+
+interface BlockTable {
+  readonly parentOf: Int32Array;
+  readonly hiOf: Uint32Array;
+  readonly loOf: Uint32Array;
+  readonly rank: Uint32Array;
+  readonly limit: number;
+}
+
+function* workerEvents(blocks: BlockTable, workers: HeldBlocks[], blockSize: number): Generator<IndexOp> {
+  const { parentOf, hiOf, loOf, rank, limit } = blocks;
   const heldStamp = new Uint32Array(limit);
   const extHi = new Uint32Array(limit);
   const extLo = new Uint32Array(limit);
   let stamp = 0;
-  source.forEachWorker((workerIdBig, dpRank, external, keys, count) => {
+  for (const { workerId: workerIdBig, dpRank, external, keys, count } of workers) {
     stamp++;
     const workerId = workerIdBig.toString();
     const order: number[] = [];
@@ -66,21 +103,23 @@ export function dumpEvents(source: DumpSource, blockSize: number): IndexOp[] {
     const placeholders = new Placeholders(external, count);
     const hashOf = (key: number): string => u64String(extHi[key]!, extLo[key]!);
     const localOf = (key: number): string => u64String(hiOf[key]!, loOf[key]!);
+    // The stored event being extended while each block's parent is the previous one.
     let open: StoredOp | null = null;
     let openLast = ROOT_KEY - 1;
     for (const key of order) {
       const parent = parentOf[key]!;
-      if (open !== null && parent === openLast) {
+      if (open !== null && parent === openLast && open.block_hashes.length < DUMP_CHAIN_BLOCKS_MAX) {
         open.block_hashes.push(hashOf(key));
         open.local_hashes!.push(localOf(key));
         openLast = key;
         continue;
       }
+      if (open !== null) yield open;
+      open = null;
       if (parent === ROOT_KEY || heldStamp[parent] === stamp) {
         open = stored(workerId, dpRank, parent === ROOT_KEY ? null : hashOf(parent), blockSize);
         open.block_hashes.push(hashOf(key));
         open.local_hashes!.push(localOf(key));
-        events.push(open);
         openLast = key;
         continue;
       }
@@ -102,19 +141,20 @@ export function dumpEvents(source: DumpSource, blockSize: number): IndexOp[] {
       }
       event.block_hashes.push(hashOf(key));
       event.local_hashes!.push(localOf(key));
-      events.push(event, removed);
-      open = null;
+      yield event;
+      yield removed;
     }
+    if (open !== null) yield open;
     if (count === 0) {
       // Present but empty: store one placeholder block and drop it again.
       const placeholder = placeholders.next();
       const event = stored(workerId, dpRank, null, blockSize);
       event.block_hashes.push(placeholder);
       event.local_hashes!.push("0");
-      events.push(event, { op: "removed", worker_id: workerId, dp_rank: dpRank, block_hashes: [placeholder] });
+      yield event;
+      yield { op: "removed", worker_id: workerId, dp_rank: dpRank, block_hashes: [placeholder] };
     }
-  });
-  return events;
+  }
 }
 
 function stored(workerId: string, dpRank: number, parent: string | null, blockSize: number): StoredOp {

@@ -183,6 +183,11 @@ export interface KvIndex {
   workers(): WorkerInfo[];
   /** Events (kvedge apply format) that rebuild an equal index in a fresh one. */
   dump(): IndexOp[];
+  /**
+   * The same events, built as they are read (the index is copied at the call): for
+   * writing a large dump in slices without holding it all.
+   */
+  dumpLazy(): IterableIterator<IndexOp>;
   /** O(N) check of every internal invariant; throws IndexInvariantError. */
   verify(): void;
 }

@@ -6,6 +6,7 @@ import type { Server } from "bun";
 import { timingSafeEqual } from "node:crypto";
 import type { Logger } from "../util/log";
 import { addWorkerOp, decideRoute, lifecycleOp, matchOp, removeWorkerOp, routeAnswer, workersOp, writeRouteAnswer } from "./api";
+import { DumpWriter } from "./dump-stream";
 import { RequestGuard } from "./guard";
 import { errorReply, HttpError, msgpackReply, parseBody, readBody, receiveBody, reply, type ReceivedBody, wantsMsgpack } from "./http";
 import { type MetricsRegistry, ServerMetrics } from "./metrics";
@@ -51,6 +52,7 @@ export function startApp(options: AppOptions): App {
   const limit = options.bodyLimitBytes;
   const adminToken = options.adminToken === null ? null : Buffer.from(options.adminToken);
   const guard = new RequestGuard(options.host);
+  const dumps = new DumpWriter();
 
   const requireAdmin = (request: Request): void => {
     if (adminToken === null) return;
@@ -105,9 +107,9 @@ export function startApp(options: AppOptions): App {
       },
     },
     "/v1/dump": {
-      GET: () => {
-        const lines = service.index.dump().map((op) => JSON.stringify(op)).join("\n");
-        return new Response(lines.length === 0 ? "" : `${lines}\n`, { headers: { "content-type": "application/x-ndjson" } });
+      GET: (request) => {
+        requireAdmin(request);
+        return dumps.response(() => service.index.dumpLazy());
       },
     },
     "/healthz": { GET: (request) => reply(request, 200, { status: "ok" }) },

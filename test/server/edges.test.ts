@@ -110,3 +110,49 @@ describe("cross-origin requests", () => {
     expect(removed.status).toBe(200);
   });
 });
+
+describe("/v1/dump", () => {
+  test("needs the admin token when one is set", async () => {
+    expect((await fetch(`${base}/v1/dump`)).status).toBe(401);
+    expect((await fetch(`${base}/v1/dump`, { headers: { authorization: "Bearer wrong" } })).status).toBe(401);
+    expect((await fetch(`${base}/v1/dump`, { headers: admin })).status).toBe(200);
+  });
+
+  test("streams in slices a turn apart: other requests are answered while it runs; one dump at a time", async () => {
+    // ~40k blocks: a dump of several MB, far more than one slice.
+    const index = service.index;
+    const external = new Uint32Array(2 * 64);
+    const local = new Uint32Array(2 * 64);
+    for (let chain = 0; chain < 640; chain++) {
+      for (let i = 0; i < 64; i++) {
+        external[2 * i + 1] = chain * 64 + i + 1;
+        local[2 * i] = chain + 1;
+        local[2 * i + 1] = i + 1;
+      }
+      index.applyStored(7n, 0, false, 0, 0, external, local, 64, 0);
+    }
+    const expected = index.dump().map((op) => JSON.stringify(op)).join("\n") + "\n";
+    const response = await fetch(`${base}/v1/dump`, { headers: admin });
+    expect(response.headers.get("content-type")).toBe("application/x-ndjson");
+    const busy = await fetch(`${base}/v1/dump`, { headers: admin });
+    expect(busy.status).toBe(503);
+    const reader = response.body!.getReader();
+    const first = await reader.read();
+    // The dump has started and is not finished: a match is answered in between.
+    const match = await fetch(`${base}/v1/workers`);
+    expect(match.status).toBe(200);
+    let text = new TextDecoder().decode(first.value!);
+    let chunks = 1;
+    for (;;) {
+      const next = await reader.read();
+      if (next.done) break;
+      text += new TextDecoder().decode(next.value);
+      chunks++;
+    }
+    expect(chunks).toBeGreaterThan(4);
+    expect(text).toBe(expected);
+    // Done: the next dump may start.
+    expect((await fetch(`${base}/v1/dump`, { headers: admin })).status).toBe(200);
+    index.removeWorker(7n);
+  });
+});

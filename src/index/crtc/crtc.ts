@@ -4,7 +4,7 @@
  * match.ts; the tree's shape lives in tree.ts.
  */
 import { assert, fail, VERIFY_BY_DEFAULT } from "../assert";
-import { type DumpSource, dumpEvents } from "../dump";
+import { type DumpSource, lazyDumpEvents } from "../dump";
 import type { IndexOp } from "../ops";
 import {
   countRejection, type IndexCounters, type IndexOptions, type IndexStats, type KvIndex, type MatchResult,
@@ -137,7 +137,11 @@ export class CrtcIndex implements KvIndex {
   }
 
   dump(): IndexOp[] {
-    return dumpEvents(this.dumpSource(), this.blockSize);
+    return [...this.dumpLazy()];
+  }
+
+  dumpLazy(): IterableIterator<IndexOp> {
+    return lazyDumpEvents(this.dumpSource(), this.blockSize);
   }
 
   verify(): void {

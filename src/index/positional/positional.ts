@@ -12,7 +12,7 @@
  */
 import { chainHashes } from "../../hash";
 import { assert, VERIFY_BY_DEFAULT } from "../assert";
-import { type DumpSource, dumpEvents } from "../dump";
+import { type DumpSource, lazyDumpEvents } from "../dump";
 import { LinkTable } from "../link-table";
 import type { ExternalLookup } from "../lookup";
 import type { IndexOp } from "../ops";
@@ -445,6 +445,10 @@ export class PositionalIndex implements KvIndex {
   }
 
   dump(): IndexOp[] {
+    return [...this.dumpLazy()];
+  }
+
+  dumpLazy(): IterableIterator<IndexOp> {
     const entries = this.entries;
     const slots = this.slots;
     const source: DumpSource = {
@@ -475,7 +479,7 @@ export class PositionalIndex implements KvIndex {
         }
       },
     };
-    return dumpEvents(source, this.blockSize);
+    return lazyDumpEvents(source, this.blockSize);
   }
 
   /** O(N): entries vs index vs parents vs owners vs lookups. */

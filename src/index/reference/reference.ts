@@ -7,7 +7,7 @@
  * Each (worker_id, dp_rank) has `lookup` (its external hash -> path) and `held`
  * (path -> its external hash), the two directions of one bijection.
  */
-import { dumpEvents } from "../dump";
+import { lazyDumpEvents } from "../dump";
 import type { IndexOp } from "../ops";
 import {
   countRejection, type IndexCounters, type IndexOptions, type IndexStats, type KvIndex, type MatchResult,
@@ -236,6 +236,10 @@ export class ReferenceIndex implements KvIndex {
   }
 
   dump(): IndexOp[] {
+    return [...this.dumpLazy()];
+  }
+
+  dumpLazy(): IterableIterator<IndexOp> {
     // Keys for every held path and all its ancestors (holes need their local hashes).
     const keys = new Map<string, number>();
     const add = (path: string): number => {
@@ -250,7 +254,7 @@ export class ReferenceIndex implements KvIndex {
     };
     for (const worker of this.byKey.values()) for (const path of worker.held.keys()) add(path);
     const workers = [...this.byKey.values()];
-    return dumpEvents({
+    return lazyDumpEvents({
       blockKeyLimit: keys.size,
       forEachBlock(visit) {
         // Map order is insertion order, and add() inserts a path after its parent.
