@@ -45,6 +45,7 @@ export interface Config {
     readonly max_message_bytes: number;
     readonly heartbeat_interval_ms: number;
     readonly heartbeat_timeout_ms: number;
+    readonly frame_timeout_ms: number;
     readonly reconnect_min_ms: number;
     readonly reconnect_max_ms: number;
     readonly replay_timeout_ms: number;
@@ -155,7 +156,7 @@ export const SETTINGS: readonly Setting[] = [
   }),
   setting({
     key: "ingest.max_message_bytes", flag: "max-message-bytes", type: integer(4096, 1024 * MIB), default: 16 * MIB,
-    help: "Largest ZMQ message accepted from an engine; larger ones are counted and skipped.",
+    help: "Largest ZMQ message accepted from an engine; a larger one is read past without being held, counted and skipped (the connection stays; the lost batch is a sequence gap, replayed if the engine has a replay endpoint).",
   }),
   setting({
     key: "ingest.heartbeat_interval_ms", flag: "heartbeat-interval-ms", type: integer(0, HOUR_MS), default: 5000,
@@ -164,6 +165,10 @@ export const SETTINGS: readonly Setting[] = [
   setting({
     key: "ingest.heartbeat_timeout_ms", flag: "heartbeat-timeout-ms", type: integer(1, HOUR_MS), default: 15_000,
     help: "A connection silent for this long is dropped and reconnected.",
+  }),
+  setting({
+    key: "ingest.frame_timeout_ms", flag: "frame-timeout-ms", type: integer(1, HOUR_MS), default: 10_000,
+    help: "A ZMQ frame (or multi-frame message) begun and not finished within this time drops the connection (a trickling peer), which is then reconnected.",
   }),
   setting({
     key: "ingest.reconnect_min_ms", flag: "reconnect-min-ms", type: integer(1, HOUR_MS), default: 100,

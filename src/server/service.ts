@@ -107,6 +107,7 @@ export class KvRouterService {
       maxMessageBytes: config.ingest.max_message_bytes,
       heartbeatIntervalMs: config.ingest.heartbeat_interval_ms,
       heartbeatTimeoutMs: config.ingest.heartbeat_timeout_ms,
+      frameTimeoutMs: config.ingest.frame_timeout_ms,
       reconnectMinMs: config.ingest.reconnect_min_ms,
       reconnectMaxMs: config.ingest.reconnect_max_ms,
     };

@@ -25,7 +25,7 @@ const DEFAULTS: Config = {
     track_output_blocks: false,
   },
   ingest: {
-    max_message_bytes: 16_777_216, heartbeat_interval_ms: 5000, heartbeat_timeout_ms: 15_000, reconnect_min_ms: 100,
+    max_message_bytes: 16_777_216, heartbeat_interval_ms: 5000, heartbeat_timeout_ms: 15_000, frame_timeout_ms: 10_000, reconnect_min_ms: 100,
     reconnect_max_ms: 5000, replay_timeout_ms: 5000,
   },
   runtime: { cpus: null, numa_node: null },

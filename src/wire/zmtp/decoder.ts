@@ -11,7 +11,8 @@
  * reused from the next message on, and frames over ARENA_RETAIN_BYTES get a buffer of
  * their own). So a frame is valid until the message it belongs to has been handled:
  * copy it to keep it. A declared size is checked against the message bound BEFORE any
- * buffer is allocated for it.
+ * buffer is allocated for it: a message over the bound is read past as it streams in,
+ * never held, and reported as SKIPPED_MESSAGE, so the connection lives on.
  */
 import { ZmtpError } from "./errors";
 import { FLAG_COMMAND, FLAG_LONG, FLAG_MORE, FLAGS_KNOWN, GREETING_BYTES } from "./codec";
@@ -24,11 +25,18 @@ export const GREETING = 0;
 export const MESSAGE_FRAME = 1;
 /** A command frame: `frame` is its body (name length, name, data). */
 export const COMMAND_FRAME = 2;
+/**
+ * A message over maxMessageBytes was read to its end and thrown away (`skippedBytes`
+ * says how much of it): its earlier frames, already returned, belong to no message.
+ */
+export const SKIPPED_MESSAGE = 3;
 
 const S_GREETING = 0;
 const S_HEADER = 1;
 const S_BODY = 2;
 const S_FAILED = 3;
+/** Reading past the body of a frame of an oversize message. */
+const S_DISCARD = 4;
 
 const EMPTY: Uint8Array = new Uint8Array(0);
 /** The reassembly arena grows up to this and is kept; larger frames get their own buffer. */
@@ -49,6 +57,10 @@ export class FrameDecoder {
   minor = -1;
   /** Bytes fed so far (for diagnostics). */
   consumed = 0;
+  /** The size of the message SKIPPED_MESSAGE just reported (its frames' bodies). */
+  skippedBytes = 0;
+  /** Frames (message, command, skipped) read to their end so far. */
+  framesEnded = 0;
 
   private buf: Uint8Array = EMPTY;
   private pos = 0;
@@ -68,6 +80,11 @@ export class FrameDecoder {
   /** Bytes and frames of the message in progress (its frames before the current one). */
   private messageBytes = 0;
   private messageFrames = 0;
+  /** The message in progress is over the bound: its frames are read past, not kept. */
+  private skipping = false;
+  /** Body bytes of the current skipped frame still to read past, and whether frames follow it. */
+  private discardLeft = 0;
+  private discardMore = false;
 
   constructor(
     private readonly maxMessageBytes: number,
@@ -116,6 +133,14 @@ export class FrameDecoder {
     return this.state === S_BODY ? this.bodyFilled : this.have;
   }
 
+  /**
+   * Whether a frame or a message has begun and not ended: with `framesEnded`, what
+   * tells a peer stalled mid-frame from one that is slow but moving.
+   */
+  get midFrame(): boolean {
+    return this.state === S_BODY || this.state === S_DISCARD || this.have > 0 || this.messageFrames > 0;
+  }
+
   next(): number {
     const state = this.state;
     if (state === S_HEADER) {
@@ -134,6 +159,7 @@ export class FrameDecoder {
       return this.slowHeader();
     }
     if (state === S_BODY) return this.continueBody();
+    if (state === S_DISCARD) return this.continueDiscard();
     if (state === S_GREETING) return this.readGreeting();
     throw new ZmtpError("bad_flags", "decoder used after a protocol error");
   }
@@ -151,10 +177,8 @@ export class FrameDecoder {
       if ((flags & FLAG_MORE) !== 0) this.fail("bad_flags", "command frame with MORE");
       if (size > COMMAND_BYTES_MAX) this.fail("oversize", `command of ${size} bytes (max ${COMMAND_BYTES_MAX})`);
     } else {
-      if (size > this.maxMessageBytes - this.messageBytes) {
-        this.fail("oversize", `frame of ${size} bytes after ${this.messageBytes} in this message (max ${this.maxMessageBytes})`);
-      }
       if (this.messageFrames >= this.maxFramesPerMessage) this.fail("too_many_frames", `more than ${this.maxFramesPerMessage} frames`);
+      if (this.skipping || size > this.maxMessageBytes - this.messageBytes) return this.beginDiscard(flags, size, start);
     }
     // The previous message was handled before next() was called again: reuse its arena.
     if ((flags & FLAG_COMMAND) === 0 && this.messageFrames === 0) this.arenaUsed = 0;
@@ -175,6 +199,33 @@ export class FrameDecoder {
     this.pos = this.end;
     this.state = S_BODY;
     return NEED_MORE;
+  }
+
+  /** Reads past a frame of an oversize message (this one, or an earlier one, made it so). */
+  private beginDiscard(flags: number, size: number, start: number): number {
+    this.skipping = true;
+    this.messageBytes += size;
+    this.messageFrames++;
+    this.discardMore = (flags & FLAG_MORE) !== 0;
+    this.discardLeft = size;
+    this.pos = start;
+    this.state = S_DISCARD;
+    return this.continueDiscard();
+  }
+
+  private continueDiscard(): number {
+    const taken = Math.min(this.discardLeft, this.end - this.pos);
+    this.pos += taken;
+    this.discardLeft -= taken;
+    if (this.discardLeft > 0) return NEED_MORE;
+    this.framesEnded++;
+    this.state = S_HEADER;
+    if (this.discardMore) return this.next();
+    this.skippedBytes = this.messageBytes;
+    this.skipping = false;
+    this.messageBytes = 0;
+    this.messageFrames = 0;
+    return SKIPPED_MESSAGE;
   }
 
   /** Room for a spanning body: in the arena, or its own buffer when over the retain size. */
@@ -218,6 +269,7 @@ export class FrameDecoder {
   }
 
   private emit(flags: number): number {
+    this.framesEnded++;
     if ((flags & FLAG_COMMAND) !== 0) {
       this.more = false;
       return COMMAND_FRAME;
