@@ -29,6 +29,7 @@ export interface Config {
   readonly index: {
     readonly block_size: number;
     readonly backend: (typeof INDEX_BACKENDS)[number];
+    readonly memory_budget_bytes: number | null;
   };
   readonly route: {
     readonly overlap_score_credit: number;
@@ -117,6 +118,11 @@ export const SETTINGS: readonly Setting[] = [
   setting({
     key: "index.backend", flag: "index-backend", type: oneOf(INDEX_BACKENDS), default: "crtc",
     help: "Index data structure: crtc (compressed radix tree), positional ((position, hash) map), reference (the simple test oracle).",
+  }),
+  setting({
+    key: "index.memory_budget_bytes", flag: "index-memory-budget-bytes", type: integer(1024 * 1024, Number.MAX_SAFE_INTEGER),
+    default: null, optional: true,
+    help: "Index memory past which new stores are refused (counted; the worker is degraded until the engine clears its cache or restarts); unset = half the machine's or cgroup's memory.",
   }),
   setting({
     key: "route.overlap_score_credit", flag: "overlap-score-credit", type: decimal(0, 1e6), default: 1,

@@ -55,6 +55,8 @@ export class SourceCounters {
   malformedReplayReplies = 0;
   connects = 0;
   disconnects = 0;
+  /** Batches whose applying threw (e.g. out of memory): counted lost, worker degraded. */
+  applyErrors = 0;
 }
 
 const SEQ_BYTES = 8;
@@ -120,7 +122,7 @@ export class EngineSource {
       ...(options.tap === undefined ? {} : { tap: options.tap }),
     });
     this.sequencer = new Sequencer({
-      apply: (_seq, payload) => this.normalizer.ingest(payload),
+      apply: (_seq, payload) => this.apply(payload),
       reset: (reason) => this.reset(reason),
       requestReplay: config.replayEndpoint === null ? undefined : (start) => this.requestReplay(start),
       cancelReplay: () => this.dropDealer(),
@@ -179,6 +181,23 @@ export class EngineSource {
       return;
     }
     this.sequencer.live(seq, frames.frame(2));
+  }
+
+  /**
+   * Applies one batch. An exception (an allocation that failed, a bug) may leave the
+   * batch half applied: it is caught here, counted, and reported as a lost batch, so
+   * the worker is degraded and the process goes on serving.
+   */
+  private apply(payload: Uint8Array): boolean {
+    try {
+      return this.normalizer.ingest(payload);
+    } catch (error) {
+      this.counters.applyErrors++;
+      this.problems.report("apply_error", "applying a batch failed: it counts as lost", {
+        error: error instanceof Error ? error.message : String(error),
+      });
+      return false;
+    }
   }
 
   private malformed(kind: string, message: string): void {

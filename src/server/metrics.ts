@@ -342,6 +342,11 @@ export function registerServiceMetrics(registry: MetricsRegistry, service: KvRou
     emit(stats.workers, { what: "workers" });
   });
   gauge("kvedge_index_bytes", "Bytes of typed arrays the index has reserved.", [], (emit) => emit(index.stats().bytes));
+  gauge("kvedge_index_memory_budget_bytes", "Index bytes past which new stores are refused.", [], (emit) => emit(service.budget.budgetBytes));
+  counter("kvedge_index_budget_refused_total", "Stored events, and their blocks, refused at the index memory budget.", ["what"], (emit) => {
+    emit(service.budget.refusedEvents, { what: "events" });
+    emit(service.budget.refusedBlocks, { what: "blocks" });
+  });
   gauge("kvedge_worker_blocks", "Blocks the index says the worker holds.", ["worker_id", "dp_rank"], (emit) => {
     for (const info of index.workers()) emit(info.blocks, { worker_id: info.workerId.toString(), dp_rank: String(info.dpRank) });
   });
@@ -402,6 +407,9 @@ export function registerServiceMetrics(registry: MetricsRegistry, service: KvRou
       for (const [kind, value] of Object.entries(source.socketCounters.sub.protocolErrors)) emit(value, { kind });
       emit(source.counters.malformedMessages, { kind: "malformed_message" });
       emit(source.counters.malformedReplayReplies, { kind: "malformed_replay_reply" });
+      emit(source.counters.applyErrors, { kind: "apply_error" });
+      emit(source.socketCounters.sub.oversizeSkipped, { kind: "oversize_skipped" });
+      emit(source.socketCounters.sub.frameTimeouts, { kind: "frame_timeout" });
     });
   perSource("kvedge_ingest_connected", "1 while the engine's publisher is connected.", "gauge", [],
     (source, emit) => emit(source.state === "connected" ? 1 : 0));

@@ -8,6 +8,7 @@ import type { WorkerEntry } from "../config/workers";
 import { blockSeed } from "../hash";
 import type { KvIndex } from "../index";
 import { createIndex, MatchResult } from "../index";
+import { defaultIndexBudgetBytes, IndexBudget } from "../index/budget";
 import type { KvEventSink } from "../ingest/normalize";
 import { EngineSource, type SourceState } from "../ingest/source";
 import { CandidateList, PromptHasher, type RouteDecision, Router, type Overlaps } from "../route";
@@ -67,6 +68,9 @@ export class KvRouterService {
   readonly index: KvIndex;
   readonly router: Router;
   readonly blockSize: number;
+  readonly budget: IndexBudget;
+  /** Workers with stores refused at the budget: degraded until their cache is cleared. */
+  private readonly incomplete = new Set<string>();
   private readonly sources = new Map<string, EngineSource>();
   private readonly matches = new MatchResult(64);
   private readonly hasher = new PromptHasher();
@@ -88,6 +92,7 @@ export class KvRouterService {
     this.log = options.log;
     this.blockSize = config.index.block_size;
     this.index = createIndex(config.index.backend, this.blockSize);
+    this.budget = new IndexBudget(this.index, config.index.memory_budget_bytes ?? defaultIndexBudgetBytes());
     this.router = new Router({
       blockSize: this.blockSize,
       requestTtlMs: config.route.request_ttl_secs * 1000,
@@ -115,12 +120,17 @@ export class KvRouterService {
     this.sink = {
       stored: (workerId, dpRank, hasParent, parentHi, parentLo, external, local, start, count) => {
         this.ensureRoutable(workerId, dpRank);
+        if (!this.budget.admits()) return this.refuseStore(workerId, dpRank, count);
         index.applyStored(workerId, dpRank, hasParent, parentHi, parentLo, external, local, count, start);
       },
       removed: (workerId, dpRank, external, start, count) => {
         index.applyRemoved(workerId, dpRank, external, count, start);
       },
-      cleared: (workerId, dpRank) => index.applyCleared(workerId, dpRank),
+      cleared: (workerId, dpRank) => {
+        index.applyCleared(workerId, dpRank);
+        // Holding nothing is known exactly: refused stores no longer matter.
+        if (this.incomplete.delete(sourceKey(workerId, dpRank))) this.refreshDegraded(workerId, dpRank);
+      },
     };
   }
 
@@ -285,6 +295,7 @@ export class KvRouterService {
     }
     if (this.index.workers().some((info) => info.workerId === workerId)) found = true;
     this.index.removeWorker(workerId);
+    for (const key of this.incomplete) if (key.startsWith(`${workerId}:`)) this.incomplete.delete(key);
     this.indexWorkersVersion++;
     if (found) this.log.info("worker removed", { worker_id: workerId });
     return found;
@@ -332,9 +343,27 @@ export class KvRouterService {
   /** A worker seen in events (e.g. a batch's own dp rank) becomes a routing candidate. */
   private ensureRoutable(workerId: bigint, dpRank: number): void {
     if (this.router.load.slotOf(workerId, dpRank) >= 0) return;
-    const slot = this.router.load.addWorker(workerId, dpRank);
+    this.router.load.addWorker(workerId, dpRank);
+    this.refreshDegraded(workerId, dpRank);
+  }
+
+  /** A store refused at the memory budget: the worker now holds more than the index says. */
+  private refuseStore(workerId: bigint, dpRank: number, blocks: number): void {
+    this.budget.refuse(blocks);
+    const key = sourceKey(workerId, dpRank);
+    if (this.incomplete.has(key)) return;
+    this.incomplete.add(key);
+    this.log.warn("index memory budget reached: stores refused, worker degraded", {
+      worker_id: workerId, dp_rank: dpRank, budget_bytes: this.budget.budgetBytes,
+    });
+    this.refreshDegraded(workerId, dpRank);
+  }
+
+  private refreshDegraded(workerId: bigint, dpRank: number): void {
+    const slot = this.router.load.slotOf(workerId, dpRank);
+    if (slot < 0) return;
     const source = this.sourceOfWorker(workerId, dpRank);
-    if (source !== undefined) this.router.load.setDegraded(slot, source.degraded);
+    this.router.load.setDegraded(slot, (source?.degraded ?? false) || this.incomplete.has(sourceKey(workerId, dpRank)));
   }
 
   /** The source publishing for (worker, dp rank): its own, or the worker's source that reported that rank. */
@@ -348,9 +377,6 @@ export class KvRouterService {
   }
 
   private trustChanged(source: EngineSource): void {
-    for (const dpRank of source.ranks) {
-      const slot = this.router.load.slotOf(source.config.workerId, dpRank);
-      if (slot >= 0) this.router.load.setDegraded(slot, source.degraded);
-    }
+    for (const dpRank of source.ranks) this.refreshDegraded(source.config.workerId, dpRank);
   }
 }

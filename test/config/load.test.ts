@@ -18,7 +18,7 @@ const DEFAULTS: Config = {
     host: "127.0.0.1", port: 8080, admin_token: null, body_limit_bytes: 8_388_608, log_level: "info", log_format: "auto",
     warmup_routes: 4096,
   },
-  index: { block_size: 16, backend: "crtc" },
+  index: { block_size: 16, backend: "crtc", memory_budget_bytes: null },
   route: {
     overlap_score_credit: 1, overlap_score_credit_decay: 0, prefill_load_scale: 1, decode_active_request_weight: 0,
     temperature: 0, degraded_overlap_weight: 0.5, request_ttl_secs: 300, max_active_requests: 1_000_000,
