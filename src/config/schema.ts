@@ -22,6 +22,7 @@ export interface Config {
     readonly port: number;
     readonly admin_token: string | null;
     readonly body_limit_bytes: number;
+    readonly buffer_budget_bytes: number;
     readonly log_level: (typeof LOG_LEVELS)[number];
     readonly log_format: (typeof LOG_FORMATS)[number];
     readonly warmup_routes: number;
@@ -98,6 +99,10 @@ export const SETTINGS: readonly Setting[] = [
   setting({
     key: "server.body_limit_bytes", flag: "body-limit-bytes", type: integer(1024, 1024 * MIB), default: 8 * MIB,
     help: "Largest HTTP request body accepted.",
+  }),
+  setting({
+    key: "server.buffer_budget_bytes", flag: "buffer-budget-bytes", type: integer(MIB, 1024 * 1024 * MIB), default: 1024 * MIB,
+    help: "Bytes the whole process may hold for unfinished transfers (HTTP bodies being received, WebSocket send queues, large ZMQ frames being reassembled); past it new ones are refused: 503, WebSocket close 1013, ZMQ connection dropped and redialed.",
   }),
   setting({
     key: "server.log_level", flag: "log-level", type: oneOf(LOG_LEVELS), default: "info",

@@ -206,7 +206,7 @@ export function startApp(options: AppOptions): App {
         } catch (error) {
           return failure(request, error, log);
         }
-        if (server.upgrade(request, { data: undefined })) return undefined as unknown as Response;
+        if (server.upgrade(request, { data: { held: 0 } })) return undefined as unknown as Response;
         return errorReply(request, new HttpError(400, "expected a WebSocket upgrade"));
       }
       const known = matchers.find((matcher) => matcher.pattern.test(path));

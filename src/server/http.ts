@@ -5,6 +5,7 @@
  * (token ids, 64-bit ids and hashes as decimal strings).
  */
 import { Unpackr } from "msgpackr";
+import { bufferBudget } from "../util/buffer-budget";
 import { U64_MAX } from "../util/u64";
 import { MsgpackWriter, type MsgpackValue } from "../wire/msgpack";
 import { defaultTokenScanner, parseRequestJson, ScannedTokens, TOKENS_MAX } from "./request-json";
@@ -57,6 +58,14 @@ export function receiveBody(request: Request, limitBytes: number): Promise<Recei
   if (declared !== null && Number(declared) > limitBytes) {
     return Promise.reject(new HttpError(413, `request body of ${declared} bytes is over the limit of ${limitBytes}`));
   }
+  // A declared body is held from now until it has arrived (a streamed one, chunk by
+  // chunk in readStream): in the process-wide budget of buffered bytes.
+  const held = declared === null ? 0 : Number(declared) || 0;
+  if (held > 0 && !bufferBudget.take(held)) return Promise.reject(overBudget());
+  const failed = (error: unknown): never => {
+    bufferBudget.give(held);
+    throw error;
+  };
   const msgpack = (request.headers.get("content-type") ?? "").startsWith(MSGPACK);
   if (declared !== null && !msgpack) {
     // JSON of a declared (and checked) length: the body as text in one step, the
@@ -64,14 +73,20 @@ export function receiveBody(request: Request, limitBytes: number): Promise<Recei
     // a BOM decodes to "" but is not empty. Not an async function: on the hot path
     // every promise and await counts.
     return request.text().then((text) => {
-      if (text.length === 0 && !(Number(declared) > 0)) throw new HttpError(400, "request body is empty");
+      bufferBudget.give(held);
+      if (text.length === 0 && !(held > 0)) throw new HttpError(400, "request body is empty");
       return { json: text };
-    });
+    }, failed);
   }
   return readLimited(request, limitBytes, declared !== null).then((bytes) => {
+    bufferBudget.give(held);
     if (bytes.length === 0) throw new HttpError(400, "request body is empty");
     return msgpack ? { msgpack: bytes } : { json: utf8.decode(bytes) };
-  });
+  }, failed);
+}
+
+function overBudget(): HttpError {
+  return new HttpError(503, `kvedge holds its limit of ${bufferBudget.limitBytes} bytes of unfinished requests and replies; try again`);
 }
 
 /**
@@ -110,10 +125,15 @@ async function readStream(request: Request, limitBytes: number): Promise<Uint8Ar
   if (request.body === null) return new Uint8Array(0);
   const chunks: Uint8Array[] = [];
   let total = 0;
-  for await (const chunk of request.body) {
-    total += chunk.byteLength;
-    if (total > limitBytes) throw new HttpError(413, `request body is over the limit of ${limitBytes} bytes`);
-    chunks.push(chunk);
+  try {
+    for await (const chunk of request.body) {
+      if (total + chunk.byteLength > limitBytes) throw new HttpError(413, `request body is over the limit of ${limitBytes} bytes`);
+      if (!bufferBudget.take(chunk.byteLength)) throw overBudget();
+      total += chunk.byteLength;
+      chunks.push(chunk);
+    }
+  } finally {
+    bufferBudget.give(total);
   }
   if (chunks.length === 1) return chunks[0]!;
   const joined = new Uint8Array(total);

@@ -10,6 +10,7 @@
  * Names follow Prometheus conventions: `kvedge_` prefix, `_total` for counters,
  * base units in the name (`_seconds`, `_bytes`).
  */
+import { bufferBudget } from "../util/buffer-budget";
 import { collectDefaultMetrics, Counter, Gauge, Registry } from "prom-client";
 import type { Router } from "../route";
 import type { KvRouterService } from "./service";
@@ -342,6 +343,13 @@ export function registerServiceMetrics(registry: MetricsRegistry, service: KvRou
     emit(stats.workers, { what: "workers" });
   });
   gauge("kvedge_index_bytes", "Bytes of typed arrays the index has reserved.", [], (emit) => emit(index.stats().bytes));
+  gauge("kvedge_buffered_bytes", "Bytes held for unfinished transfers (HTTP bodies, WebSocket send queues, large ZMQ frames), and the budget.",
+    ["what"], (emit) => {
+      emit(bufferBudget.held, { what: "held" });
+      emit(bufferBudget.limitBytes, { what: "budget" });
+    });
+  counter("kvedge_buffer_budget_refused_total", "Transfers refused because the buffered-bytes budget was reached.", [],
+    (emit) => emit(bufferBudget.refused));
   gauge("kvedge_index_memory_budget_bytes", "Index bytes past which new stores are refused.", [], (emit) => emit(service.budget.budgetBytes));
   counter("kvedge_index_budget_refused_total", "Stored events, and their blocks, refused at the index memory budget.", ["what"], (emit) => {
     emit(service.budget.refusedEvents, { what: "events" });

@@ -15,7 +15,7 @@ const EXAMPLE = join(import.meta.dir, "..", "..", "examples", "kvedge.toml");
 
 const DEFAULTS: Config = {
   server: {
-    host: "127.0.0.1", port: 8080, admin_token: null, body_limit_bytes: 8_388_608, log_level: "info", log_format: "auto",
+    host: "127.0.0.1", port: 8080, admin_token: null, body_limit_bytes: 8_388_608, buffer_budget_bytes: 1_073_741_824, log_level: "info", log_format: "auto",
     warmup_routes: 4096,
   },
   index: { block_size: 16, backend: "crtc", memory_budget_bytes: null },

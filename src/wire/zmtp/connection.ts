@@ -312,6 +312,7 @@ export class Connection {
   private finish(reason: string, kind: CloseKind): void {
     const wasActive = this.state === ACTIVE;
     this.state = CLOSED;
+    this.decoder.releaseBody();
     this.outbox.discard();
     this.host.closed(this, reason, wasActive, kind);
   }

@@ -14,6 +14,7 @@
  * buffer is allocated for it: a message over the bound is read past as it streams in,
  * never held, and reported as SKIPPED_MESSAGE, so the connection lives on.
  */
+import { bufferBudget } from "../../util/buffer-budget";
 import { ZmtpError } from "./errors";
 import { FLAG_COMMAND, FLAG_LONG, FLAG_MORE, FLAGS_KNOWN, GREETING_BYTES } from "./codec";
 import { COMMAND_BYTES_MAX } from "./options";
@@ -75,6 +76,8 @@ export class FrameDecoder {
   private bodySize = 0;
   private bodyFilled = 0;
   private bodyFlags = 0;
+  /** Bytes of the process-wide buffer budget taken for `body` (a frame over the arena size). */
+  private bodyHeld = 0;
   private arena: Uint8Array = EMPTY;
   private arenaUsed = 0;
   /** Bytes and frames of the message in progress (its frames before the current one). */
@@ -164,7 +167,14 @@ export class FrameDecoder {
     throw new ZmtpError("bad_flags", "decoder used after a protocol error");
   }
 
+  /** Gives back the budget a large body holds (it completed, or the connection ended). */
+  releaseBody(): void {
+    bufferBudget.give(this.bodyHeld);
+    this.bodyHeld = 0;
+  }
+
   private fail(kind: ZmtpError["kind"], message: string): never {
+    this.releaseBody();
     this.state = S_FAILED;
     this.pos = this.end;
     throw new ZmtpError(kind, message);
@@ -232,6 +242,9 @@ export class FrameDecoder {
   private reserveBody(size: number): void {
     this.bodySize = size;
     if (size > ARENA_RETAIN_BYTES) {
+      // Many peers each mid-way through a large frame add up: held in the process budget.
+      if (!bufferBudget.take(size)) this.fail("buffer_budget", `no room for a frame of ${size} bytes in the process's buffer budget`);
+      this.bodyHeld = size;
       this.body = new Uint8Array(size);
       this.bodyStart = 0;
       return;
@@ -262,6 +275,7 @@ export class FrameDecoder {
     this.frameBuffer = body;
     this.frameStart = this.bodyStart;
     this.frameEnd = this.bodyStart + this.bodySize;
+    this.releaseBody();
     this.body = EMPTY;
     this.bodyFilled = 0;
     this.state = S_HEADER;
