@@ -156,3 +156,40 @@ describe("/v1/dump", () => {
     index.removeWorker(7n);
   });
 });
+
+describe("methods", () => {
+  /** Sends a raw request line; resolves with what came back ("" if the connection closed with nothing). */
+  const raw = (line: string): Promise<string> => new Promise((resolve) => {
+    let got = "";
+    const done = () => resolve(got);
+    Bun.connect({
+      hostname: "127.0.0.1", port: app.server.port!,
+      socket: {
+        open: (socket) => void socket.write(`${line}\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n`),
+        data: (socket, chunk) => {
+          got += Buffer.from(chunk).toString("latin1");
+          if (got.includes("\r\n\r\n")) socket.end();
+        },
+        close: done,
+        error: done,
+      },
+    });
+  });
+
+  test.each(["PUT /v1/route", "PATCH /v1/workers", "OPTIONS /v1/workers", "DELETE /v1/dump", "POST /healthz"])(
+    "%p: a method the endpoint does not take → 405 with Allow",
+    async (line) => {
+      const answer = await raw(`${line} HTTP/1.1`);
+      expect(answer).toStartWith("HTTP/1.1 405");
+      expect(answer).toMatch(/\r\nallow: [A-Z, ]+\r\n/i);
+    },
+  );
+
+  // Bun's HTTP parser (uWebSockets, strict method validation) refuses a method it does
+  // not know, or one in lower case, before any handler runs: it closes the connection
+  // without a response. kvedge cannot answer those with 405; it keeps serving.
+  test.each(["FOO /v1/workers", "get /v1/workers"])("%p: closed by Bun's parser with no response; serving goes on", async (line) => {
+    expect(await raw(`${line} HTTP/1.1`)).toBe("");
+    expect((await fetch(`${base}/v1/workers`)).status).toBe(200);
+  });
+});
