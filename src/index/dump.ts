@@ -34,36 +34,46 @@ const ROOT_KEY = -1;
 
 /** Longest stored event a dump writes; a longer chain continues in the next event. */
 export const DUMP_CHAIN_BLOCKS_MAX = 4096;
+/** Keys handled between two pauses (null steps) of the preparation. */
+const STEP_KEYS = 65_536;
+const NOT_A_BLOCK = -2;
+
+/** A dump's events, or null: a step of work done without an event (a reader may pause there). */
+export type DumpStep = IndexOp | null;
 
 export function dumpEvents(source: DumpSource, blockSize: number): IndexOp[] {
-  return [...lazyDumpEvents(source, blockSize)];
+  return collectDump(lazyDumpEvents(source, blockSize));
+}
+
+export function collectDump(steps: Iterable<DumpStep>): IndexOp[] {
+  const events: IndexOp[] = [];
+  for (const step of steps) if (step !== null) events.push(step);
+  return events;
 }
 
 /**
- * The same events, built as they are read: the index is copied at the call (so the
- * events describe that instant however the index changes after), and each event costs
- * only its own work, so a caller can spread a large dump over many turns.
+ * The same events, built as they are read: only the copy of the index is made at the
+ * call (so the events describe that instant however the index changes after); ordering
+ * the blocks and writing each event happen as the steps are read, so a caller can
+ * spread a large dump over many turns.
  */
-export function lazyDumpEvents(source: DumpSource, blockSize: number): IterableIterator<IndexOp> {
+export function lazyDumpEvents(source: DumpSource, blockSize: number): IterableIterator<DumpStep> {
   const limit = source.blockKeyLimit;
-  const parentOf = new Int32Array(limit);
+  const parentOf = new Int32Array(limit).fill(NOT_A_BLOCK);
   const hiOf = new Uint32Array(limit);
   const loOf = new Uint32Array(limit);
-  const firstChild = new Int32Array(limit + 1).fill(-1); // index `limit` is the root
-  const nextSibling = new Int32Array(limit).fill(-1);
+  const visited = new Int32Array(limit);
+  let blocks = 0;
   source.forEachBlock((key, parent, hi, lo) => {
     parentOf[key] = parent;
     hiOf[key] = hi;
     loOf[key] = lo;
-    const slot = parent === ROOT_KEY ? limit : parent;
-    nextSibling[key] = firstChild[slot]!;
-    firstChild[slot] = key;
+    visited[blocks++] = key;
   });
-  const rank = preorderRanks(firstChild, nextSibling, limit);
   // forEachWorker hands out fresh arrays: keeping them is the copy of the held pairs.
   const workers: HeldBlocks[] = [];
   source.forEachWorker((workerId, dpRank, external, keys, count) => workers.push({ workerId, dpRank, external, keys, count }));
-  return workerEvents({ parentOf, hiOf, loOf, rank, limit }, workers, blockSize);
+  return dumpSteps({ parentOf, hiOf, loOf, visited: visited.subarray(0, blocks), limit }, workers, blockSize);
 }
 
 interface HeldBlocks {
@@ -74,16 +84,18 @@ interface HeldBlocks {
   readonly count: number;
 }
 
-interface BlockTable {
+interface BlockCopy {
   readonly parentOf: Int32Array;
   readonly hiOf: Uint32Array;
   readonly loOf: Uint32Array;
-  readonly rank: Uint32Array;
+  /** Block keys in the order forEachBlock visited them (parents first). */
+  readonly visited: Int32Array;
   readonly limit: number;
 }
 
-function* workerEvents(blocks: BlockTable, workers: HeldBlocks[], blockSize: number): Generator<IndexOp> {
-  const { parentOf, hiOf, loOf, rank, limit } = blocks;
+function* dumpSteps(copy: BlockCopy, workers: HeldBlocks[], blockSize: number): Generator<DumpStep> {
+  const { parentOf, hiOf, loOf, limit } = copy;
+  const order = yield* preorder(copy);
   const heldStamp = new Uint32Array(limit);
   const extHi = new Uint32Array(limit);
   const extLo = new Uint32Array(limit);
@@ -91,22 +103,24 @@ function* workerEvents(blocks: BlockTable, workers: HeldBlocks[], blockSize: num
   for (const { workerId: workerIdBig, dpRank, external, keys, count } of workers) {
     stamp++;
     const workerId = workerIdBig.toString();
-    const order: number[] = [];
+    const held = new Uint32Array(count);
     for (let i = 0; i < count; i++) {
       const key = keys[i]!;
       heldStamp[key] = stamp;
       extHi[key] = external[2 * i]!;
       extLo[key] = external[2 * i + 1]!;
-      order.push(key);
+      held[i] = order.rank[key]!;
     }
-    order.sort((x, y) => rank[x]! - rank[y]!);
+    held.sort(); // numeric, native: by pre-order rank
+    for (let i = 0; i < count; i++) held[i] = order.keyAt[held[i]!]!;
+    yield null;
     const placeholders = new Placeholders(external, count);
     const hashOf = (key: number): string => u64String(extHi[key]!, extLo[key]!);
     const localOf = (key: number): string => u64String(hiOf[key]!, loOf[key]!);
     // The stored event being extended while each block's parent is the previous one.
     let open: StoredOp | null = null;
     let openLast = ROOT_KEY - 1;
-    for (const key of order) {
+    for (const key of held) {
       const parent = parentOf[key]!;
       if (open !== null && parent === openLast && open.block_hashes.length < DUMP_CHAIN_BLOCKS_MAX) {
         open.block_hashes.push(hashOf(key));
@@ -169,18 +183,36 @@ function stored(workerId: string, dpRank: number, parent: string | null, blockSi
   };
 }
 
-/** Ranks of every key in a depth-first pre-order walk from the root. */
-function preorderRanks(firstChild: Int32Array, nextSibling: Int32Array, limit: number): Uint32Array {
-  const rank = new Uint32Array(limit);
-  const stack: number[] = [];
-  for (let key = firstChild[limit]!; key !== -1; key = nextSibling[key]!) stack.push(key);
-  let next = 0;
-  while (stack.length > 0) {
-    const key = stack.pop()!;
-    rank[key] = next++;
-    for (let child = firstChild[key]!; child !== -1; child = nextSibling[child]!) stack.push(child);
+/**
+ * Every block's rank in a depth-first pre-order walk from the root, and the block at
+ * each rank, in steps of STEP_KEYS keys (a null step between them).
+ */
+function* preorder(copy: BlockCopy): Generator<null, { rank: Uint32Array; keyAt: Int32Array }> {
+  const { parentOf, visited, limit } = copy;
+  const firstChild = new Int32Array(limit + 1).fill(-1); // index `limit` is the root
+  const nextSibling = new Int32Array(limit).fill(-1);
+  for (let i = 0; i < visited.length; i++) {
+    const key = visited[i]!;
+    const parent = parentOf[key]!;
+    const slot = parent === ROOT_KEY ? limit : parent;
+    nextSibling[key] = firstChild[slot]!;
+    firstChild[slot] = key;
+    if (i % STEP_KEYS === STEP_KEYS - 1) yield null;
   }
-  return rank;
+  const rank = new Uint32Array(limit);
+  const keyAt = new Int32Array(visited.length);
+  const stack = new Int32Array(visited.length);
+  let top = 0;
+  for (let key = firstChild[limit]!; key !== -1; key = nextSibling[key]!) stack[top++] = key;
+  let next = 0;
+  while (top > 0) {
+    const key = stack[--top]!;
+    keyAt[next] = key;
+    rank[key] = next++;
+    for (let child = firstChild[key]!; child !== -1; child = nextSibling[child]!) stack[top++] = child;
+    if (next % STEP_KEYS === 0) yield null;
+  }
+  return { rank, keyAt };
 }
 
 /** Hashes no held block of one worker uses, counting down from 2^64 - 1. */

@@ -8,8 +8,9 @@
 import type { IndexOp } from "../index";
 import { HttpError } from "./http";
 
-/** Text written per slice: ~1 ms of work. */
+/** A slice ends at this much text, or after this much time (the index copy at the start excepted). */
 export const DUMP_SLICE_BYTES = 64 * 1024;
+const DUMP_SLICE_MS = 2;
 
 const utf8 = new TextEncoder();
 const nextTurn = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
@@ -18,10 +19,10 @@ export class DumpWriter {
   private running = false;
 
   /** A streamed dump of `events()`, or 503 while another dump is being written. */
-  response(events: () => IterableIterator<IndexOp>): Response {
+  response(events: () => IterableIterator<IndexOp | null>): Response {
     if (this.running) throw new HttpError(503, "a dump is being written already; try again when it is done");
     this.running = true;
-    let source: IterableIterator<IndexOp>;
+    let source: IterableIterator<IndexOp | null>;
     try {
       source = events();
     } catch (error) {
@@ -33,18 +34,22 @@ export class DumpWriter {
     };
     const stream = new ReadableStream<Uint8Array>({
       pull: async (controller) => {
-        await nextTurn();
         let text = "";
-        for (;;) {
-          const next = source.next();
-          if (next.done === true) {
-            if (text.length > 0) controller.enqueue(utf8.encode(text));
-            controller.close();
-            done();
-            return;
+        // A stream's pull must enqueue or end: slices without text (preparation) repeat.
+        while (text.length === 0) {
+          await nextTurn();
+          const started = performance.now();
+          for (;;) {
+            const next = source.next();
+            if (next.done === true) {
+              if (text.length > 0) controller.enqueue(utf8.encode(text));
+              controller.close();
+              done();
+              return;
+            }
+            if (next.value !== null) text += `${JSON.stringify(next.value)}\n`;
+            if (text.length >= DUMP_SLICE_BYTES || performance.now() - started >= DUMP_SLICE_MS) break;
           }
-          text += `${JSON.stringify(next.value)}\n`;
-          if (text.length >= DUMP_SLICE_BYTES) break;
         }
         controller.enqueue(utf8.encode(text));
       },

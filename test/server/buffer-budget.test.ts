@@ -69,7 +69,7 @@ const routeHead = (length: number) =>
 
 describe("HTTP bodies", () => {
   test("half-sent bodies hold their declared size; past the budget new bodies get 503; all of it comes back", async () => {
-    const half = [];
+    const half: Awaited<ReturnType<typeof rawHttp>>[] = [];
     for (let i = 0; i < 2; i++) {
       const client = await rawHttp();
       client.socket.write(routeHead(400_000) + '{"token_ids":[');

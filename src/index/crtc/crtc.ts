@@ -4,7 +4,7 @@
  * match.ts; the tree's shape lives in tree.ts.
  */
 import { assert, fail, VERIFY_BY_DEFAULT } from "../assert";
-import { type DumpSource, lazyDumpEvents } from "../dump";
+import { type DumpSource, collectDump, type DumpStep, lazyDumpEvents } from "../dump";
 import type { IndexOp } from "../ops";
 import {
   countRejection, type IndexCounters, type IndexOptions, type IndexStats, type KvIndex, type MatchResult,
@@ -137,10 +137,10 @@ export class CrtcIndex implements KvIndex {
   }
 
   dump(): IndexOp[] {
-    return [...this.dumpLazy()];
+    return collectDump(this.dumpLazy());
   }
 
-  dumpLazy(): IterableIterator<IndexOp> {
+  dumpLazy(): IterableIterator<DumpStep> {
     return lazyDumpEvents(this.dumpSource(), this.blockSize);
   }
 

@@ -12,7 +12,7 @@
  */
 import { chainHashes } from "../../hash";
 import { assert, VERIFY_BY_DEFAULT } from "../assert";
-import { type DumpSource, lazyDumpEvents } from "../dump";
+import { type DumpSource, collectDump, type DumpStep, lazyDumpEvents } from "../dump";
 import { LinkTable } from "../link-table";
 import type { ExternalLookup } from "../lookup";
 import type { IndexOp } from "../ops";
@@ -445,10 +445,10 @@ export class PositionalIndex implements KvIndex {
   }
 
   dump(): IndexOp[] {
-    return [...this.dumpLazy()];
+    return collectDump(this.dumpLazy());
   }
 
-  dumpLazy(): IterableIterator<IndexOp> {
+  dumpLazy(): IterableIterator<DumpStep> {
     const entries = this.entries;
     const slots = this.slots;
     const source: DumpSource = {

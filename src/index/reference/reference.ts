@@ -7,7 +7,7 @@
  * Each (worker_id, dp_rank) has `lookup` (its external hash -> path) and `held`
  * (path -> its external hash), the two directions of one bijection.
  */
-import { lazyDumpEvents } from "../dump";
+import { collectDump, type DumpStep, lazyDumpEvents } from "../dump";
 import type { IndexOp } from "../ops";
 import {
   countRejection, type IndexCounters, type IndexOptions, type IndexStats, type KvIndex, type MatchResult,
@@ -236,10 +236,10 @@ export class ReferenceIndex implements KvIndex {
   }
 
   dump(): IndexOp[] {
-    return [...this.dumpLazy()];
+    return collectDump(this.dumpLazy());
   }
 
-  dumpLazy(): IterableIterator<IndexOp> {
+  dumpLazy(): IterableIterator<DumpStep> {
     // Keys for every held path and all its ancestors (holes need their local hashes).
     const keys = new Map<string, number>();
     const add = (path: string): number => {
