@@ -120,8 +120,9 @@ describe("defaults and precedence", () => {
     const sample: Record<string, [toml: string, text: string]> = {
       "server.host": ['"::"', "::"], "server.port": ["9", "9"], "server.admin_token": ['"s3cret-token"', "s3cret-token"],
       "server.body_limit_bytes": ["4096", "4_096"], "server.log_level": ['"warn"', "warn"], "server.log_format": ['"json"', "json"],
-      "server.warmup_routes": ["0", "0"],
+      "server.warmup_routes": ["0", "0"], "server.buffer_budget_bytes": ["2097152", "2_097_152"],
       "index.block_size": ["128", "128"], "index.backend": ['"crtc"', "crtc"],
+      "index.memory_budget_bytes": ["8388608", "8_388_608"], "ingest.frame_timeout_ms": ["2500", "2500"],
       "route.overlap_score_credit": ["2", "2"], "route.overlap_score_credit_decay": ["0.5", ".5"],
       "route.prefill_load_scale": ["3.0", "3e0"], "route.decode_active_request_weight": ["1.5", "1.5"],
       "route.temperature": ["0.7", "0.7"], "route.degraded_overlap_weight": ["0.25", "0.25"],
