@@ -7,6 +7,7 @@ import type { KvEventSink } from "../../src/ingest/normalize";
 import { EngineSource } from "../../src/ingest/source";
 import { silentLogger } from "../../src/util/log";
 import { stored, TestEngine } from "../support/engine";
+import { eventually } from "../support/serve";
 
 const BS = 4;
 const cleanups: (() => Promise<void> | void)[] = [];
@@ -14,13 +15,8 @@ afterEach(async () => {
   for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
 });
 
-async function until(condition: () => boolean, what: string, timeoutMs = 10_000): Promise<void> {
-  const deadline = performance.now() + timeoutMs;
-  while (!condition()) {
-    if (performance.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await Bun.sleep(5);
-  }
-}
+const until = (condition: () => boolean, what: string, timeoutMs = 10_000) =>
+  eventually(() => condition() || undefined, timeoutMs, what);
 
 test("an oversize batch is skipped without dropping the connection; the loss is counted and the worker degraded", async () => {
   const engine = await new TestEngine({ replay: true }).start();

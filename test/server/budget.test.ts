@@ -9,6 +9,7 @@ import { loadConfig } from "../../src/config";
 import { KvRouterService } from "../../src/server/service";
 import { silentLogger } from "../../src/util/log";
 import { cleared, stored, TestEngine } from "../support/engine";
+import { eventually } from "../support/serve";
 
 const BS = 4;
 const BUDGET = 1 << 20;
@@ -17,13 +18,8 @@ afterEach(async () => {
   for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
 });
 
-async function until(condition: () => boolean, what: string, timeoutMs = 15_000): Promise<void> {
-  const deadline = performance.now() + timeoutMs;
-  while (!condition()) {
-    if (performance.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await Bun.sleep(5);
-  }
-}
+const until = (condition: () => boolean, what: string, timeoutMs = 15_000) =>
+  eventually(() => condition() || undefined, timeoutMs, what);
 
 async function serviceWithEngine(env: Record<string, string>) {
   const engine = await new TestEngine().start();

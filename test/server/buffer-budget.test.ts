@@ -12,6 +12,7 @@ import { bufferBudget } from "../../src/util/buffer-budget";
 import { silentLogger } from "../../src/util/log";
 import { SubSocket } from "../../src/wire/zmtp";
 import { concat, greetingBytes, RawPeer, readyBytes } from "../wire/zmtp-raw";
+import { eventually } from "../support/serve";
 
 const LIMIT = 1 << 20;
 let service: KvRouterService;
@@ -39,13 +40,8 @@ afterEach(async () => {
   for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
 });
 
-async function until(condition: () => boolean, what: string, timeoutMs = 10_000): Promise<void> {
-  const deadline = performance.now() + timeoutMs;
-  while (!condition()) {
-    if (performance.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await Bun.sleep(5);
-  }
-}
+const until = (condition: () => boolean, what: string, timeoutMs = 10_000) =>
+  eventually(() => condition() || undefined, timeoutMs, what);
 
 /** A raw HTTP client: writes what it is told, collects what comes back. */
 function rawHttp(): Promise<{ socket: NetSocket; received: () => string; closed: () => boolean }> {
