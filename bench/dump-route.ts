@@ -10,7 +10,7 @@
 import { loadConfig } from "../src/config";
 import { startApp } from "../src/server/app";
 import { createMetricsRegistry } from "../src/server/metrics";
-import { KvRouterService } from "../src/server/service";
+import { KvedgeCore } from "../src/core/core";
 import { silentLogger } from "../src/util/log";
 
 const args = process.argv.slice(2);
@@ -29,7 +29,7 @@ else await main();
 
 async function server(): Promise<void> {
   const config = loadConfig({ env: {} }).config;
-  const service = new KvRouterService({ config, log: silentLogger, random: Math.random });
+  const service = new KvedgeCore({ config, log: silentLogger, random: Math.random });
   const index = service.index;
   const external = new Uint32Array(2 * CHAIN);
   const local = new Uint32Array(2 * CHAIN);

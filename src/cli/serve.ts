@@ -4,7 +4,7 @@ import { startApp } from "../server/app";
 import { bufferBudget } from "../util/buffer-budget";
 import { warmUp } from "../server/warmup";
 import { createMetricsRegistry, registerRouterMetrics, registerServiceMetrics } from "../server/metrics";
-import { KvRouterService } from "../server/service";
+import { KvedgeCore } from "../core/core";
 import { createLogger } from "../util/log";
 import { flagBool, parseFlags, UsageError } from "./args";
 import { type Command, HELP_FLAG } from "./command";
@@ -74,7 +74,7 @@ Example:
       log.error("warm-up failed; serving without it", { error: error instanceof Error ? error.message : String(error) });
     }
     bufferBudget.limitBytes = config.server.buffer_budget_bytes;
-    const service = new KvRouterService({ config, log });
+    const service = new KvedgeCore({ config, log });
     const registry = createMetricsRegistry();
     registerRouterMetrics(registry, service.router);
     registerServiceMetrics(registry, service);

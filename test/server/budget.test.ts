@@ -6,7 +6,7 @@
 // Real engine (PUB/ROUTER) on loopback, real service.
 import { afterEach, expect, test } from "bun:test";
 import { loadConfig } from "../../src/config";
-import { KvRouterService } from "../../src/server/service";
+import { KvedgeCore } from "../../src/core/core";
 import { silentLogger } from "../../src/util/log";
 import { cleared, stored, TestEngine } from "../support/engine";
 import { eventually } from "../support/serve";
@@ -25,7 +25,7 @@ async function serviceWithEngine(env: Record<string, string>) {
   const engine = await new TestEngine().start();
   cleanups.push(() => engine.stop());
   const config = loadConfig({ env: { KVEDGE_BLOCK_SIZE: String(BS), ...env } }).config;
-  const service = new KvRouterService({ config, log: silentLogger, random: () => 0.5 });
+  const service = new KvedgeCore({ config, log: silentLogger, random: () => 0.5 });
   cleanups.push(() => service.stop());
   await service.addWorker({ worker_id: 1n, dp_rank: 0, endpoint: engine.endpoint, replay_endpoint: null, topic: "" });
   await engine.waitForSubscriber();
@@ -78,14 +78,15 @@ test("past the budget, stores are refused and counted, the worker degraded; a cl
 test("an exception while applying a batch is counted as a lost batch, the worker degraded; the stream goes on", async () => {
   const { engine, service } = await serviceWithEngine({});
   const index = service.index;
-  const applyStored = index.applyStored.bind(index);
+  // An allocation failing inside the index, as a RangeError from a typed array would.
+  const storeAt = index.storeAt.bind(index);
   let failNext = true;
-  index.applyStored = (...args: Parameters<typeof applyStored>) => {
+  index.storeAt = (...args: Parameters<typeof storeAt>) => {
     if (failNext) {
       failNext = false;
       throw new RangeError("Out of memory");
     }
-    return applyStored(...args);
+    return storeAt(...args);
   };
   const source = service.engineSources[0]!;
   engine.publish([stored([1n], [1, 2, 3, 4], BS)]);

@@ -7,7 +7,7 @@ import { connect, type Socket as NetSocket } from "node:net";
 import { loadConfig } from "../../src/config";
 import { type App, startApp } from "../../src/server/app";
 import { createMetricsRegistry } from "../../src/server/metrics";
-import { KvRouterService } from "../../src/server/service";
+import { KvedgeCore } from "../../src/core/core";
 import { bufferBudget } from "../../src/util/buffer-budget";
 import { silentLogger } from "../../src/util/log";
 import { SubSocket } from "../../src/wire/zmtp";
@@ -15,14 +15,14 @@ import { concat, greetingBytes, RawPeer, readyBytes } from "../wire/zmtp-raw";
 import { eventually } from "../support/serve";
 
 const LIMIT = 1 << 20;
-let service: KvRouterService;
+let service: KvedgeCore;
 let app: App;
 let port = 0;
 const saved = bufferBudget.limitBytes;
 
 beforeAll(() => {
   bufferBudget.limitBytes = LIMIT;
-  service = new KvRouterService({ config: loadConfig({ env: {} }).config, log: silentLogger, random: () => 0.5 });
+  service = new KvedgeCore({ config: loadConfig({ env: {} }).config, log: silentLogger, random: () => 0.5 });
   app = startApp({
     host: "127.0.0.1", port: 0, bodyLimitBytes: 8 << 20, adminToken: null, service, registry: createMetricsRegistry(), log: silentLogger,
   });

@@ -6,16 +6,16 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { loadConfig } from "../../src/config";
 import { type App, startApp } from "../../src/server/app";
 import { createMetricsRegistry } from "../../src/server/metrics";
-import { KvRouterService } from "../../src/server/service";
+import { KvedgeCore } from "../../src/core/core";
 import { silentLogger } from "../../src/util/log";
 
 const TOKEN = "s3cret";
-let service: KvRouterService;
+let service: KvedgeCore;
 let app: App;
 let base = "";
 
 beforeAll(() => {
-  service = new KvRouterService({ config: loadConfig({ env: {} }).config, log: silentLogger, random: () => 0.5 });
+  service = new KvedgeCore({ config: loadConfig({ env: {} }).config, log: silentLogger, random: () => 0.5 });
   app = startApp({
     host: "127.0.0.1", port: 0, bodyLimitBytes: 1 << 20, adminToken: TOKEN, service,
     registry: createMetricsRegistry(), log: silentLogger,

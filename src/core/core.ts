@@ -1,0 +1,356 @@
+/**
+ * The core: the worker table, the index, the request router and the engine sources
+ * that feed the index, behind the operations the HTTP and WebSocket APIs expose, with
+ * no transport in it (README.md in this folder). Data flows one way: sources -> index;
+ * requests -> (hash, index match, route) -> decision. Index and router share one
+ * worker numbering (WorkerTable), so a match result is a router slot as it is.
+ * Refusals are KvedgeErrors with codes; the server maps them to statuses.
+ */
+import type { Config } from "../config";
+import type { WorkerEntry } from "../config/workers";
+import { blockSeed } from "../hash";
+import type { KvIndex } from "../index";
+import { createIndex, MatchResult } from "../index";
+import { defaultIndexBudgetBytes, IndexBudget } from "../index/budget";
+import type { KvEventWriter } from "../ingest/normalize";
+import { EngineSource, type SourceState } from "../ingest/source";
+import { CandidateList, PromptHasher, type RouteDecision, Router } from "../route";
+import type { LifecycleResult } from "../route/load";
+import type { Logger } from "../util/log";
+import type { ZmtpOptions } from "../wire/zmtp";
+import { KvedgeError } from "./errors";
+import { WorkerTable } from "./worker-table";
+
+export interface MatchScore {
+  readonly workerId: bigint;
+  readonly dpRank: number;
+  readonly blocks: number;
+}
+
+export interface RouteInput {
+  readonly tokens: Uint32Array;
+  readonly requestId: string | null;
+  readonly loraName: string | null;
+  readonly cacheSalt: string | null;
+  readonly expectedOutputTokens: number | null;
+  readonly overlapScoreCredit: number | null;
+  readonly prefillLoadScale: number | null;
+  readonly temperature: number | null;
+}
+
+export interface WorkerView {
+  readonly workerId: bigint;
+  readonly dpRank: number;
+  /** Null for workers known only from events (another dp rank of a configured engine). */
+  readonly endpoint: string | null;
+  readonly replayEndpoint: string | null;
+  readonly topic: string | null;
+  readonly state: SourceState | "unmanaged";
+  readonly degraded: boolean;
+  readonly blocks: number;
+  readonly activeRequests: number;
+  readonly activePrefillTokens: number;
+  readonly activeDecodeBlocks: number;
+  readonly routedTotal: number;
+  readonly lastSeq: number;
+  readonly lostBatches: number;
+}
+
+export interface CoreOptions {
+  readonly config: Config;
+  readonly log: Logger;
+  /** For tests: a fixed random source for tie-breaks and softmax. */
+  readonly random?: () => number;
+}
+
+export class KvedgeCore {
+  /** The one worker numbering, shared by the index and the router. */
+  readonly workerTable = new WorkerTable();
+  readonly index: KvIndex;
+  readonly router: Router;
+  readonly blockSize: number;
+  readonly budget: IndexBudget;
+  /** Slots with stores refused at the budget: degraded until their worker's cache is cleared. */
+  private readonly incomplete = new Set<number>();
+  /** What sources write to: the index, behind the memory budget. */
+  private readonly writer: KvEventWriter;
+  /** Every source, configured or added. */
+  private readonly sources = new Set<EngineSource>();
+  /** Per slot: the source configured for exactly that (worker, dp rank), if any. */
+  private ownSource: (EngineSource | undefined)[] = [];
+  private readonly matches = new MatchResult(64);
+  private readonly hasher = new PromptHasher();
+  private readonly candidates = new CandidateList();
+  private readonly zmtp: ZmtpOptions;
+  private readonly log: Logger;
+  private stopped = false;
+
+  constructor(private readonly options: CoreOptions) {
+    const { config } = options;
+    this.log = options.log;
+    this.blockSize = config.index.block_size;
+    this.index = createIndex(config.index.backend, this.blockSize, { workers: this.workerTable });
+    this.budget = new IndexBudget(this.index, config.index.memory_budget_bytes ?? defaultIndexBudgetBytes());
+    this.writer = this.budgetedWriter();
+    this.router = new Router({
+      workers: this.workerTable,
+      blockSize: this.blockSize,
+      requestTtlMs: config.route.request_ttl_secs * 1000,
+      maxActiveRequests: config.route.max_active_requests,
+      trackOutputBlocks: config.route.track_output_blocks,
+      weights: {
+        overlapScoreCredit: config.route.overlap_score_credit,
+        overlapScoreCreditDecay: config.route.overlap_score_credit_decay,
+        prefillLoadScale: config.route.prefill_load_scale,
+        decodeActiveRequestWeight: config.route.decode_active_request_weight,
+        temperature: config.route.temperature,
+        degradedOverlapWeight: config.route.degraded_overlap_weight,
+      },
+      ...(options.random === undefined ? {} : { random: options.random }),
+    });
+    this.zmtp = {
+      maxMessageBytes: config.ingest.max_message_bytes,
+      heartbeatIntervalMs: config.ingest.heartbeat_interval_ms,
+      heartbeatTimeoutMs: config.ingest.heartbeat_timeout_ms,
+      frameTimeoutMs: config.ingest.frame_timeout_ms,
+      reconnectMinMs: config.ingest.reconnect_min_ms,
+      reconnectMaxMs: config.ingest.reconnect_max_ms,
+    };
+  }
+
+  /** Starts a source for every configured worker (connections complete in the background). */
+  async start(): Promise<void> {
+    for (const entry of this.options.config.workers) await this.addWorker(entry);
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    await Promise.all([...this.sources].map((source) => source.stop()));
+    this.sources.clear();
+    this.ownSource = [];
+  }
+
+  // ---- Matching and routing ----
+
+  /** A prompt's local block hashes (as the index keys them) and chain; valid until the next call. */
+  hash(tokens: Uint32Array, loraName: string | null, cacheSalt: string | null) {
+    return this.hasher.hash(tokens, this.blockSize, blockSeed(loraName, cacheSalt));
+  }
+
+  /** Per-worker matched prefix length in blocks, sorted as `kvedge apply` sorts. */
+  match(local: Uint32Array, count: number): MatchScore[] {
+    this.index.findMatches(local, count, this.matches);
+    const scores: MatchScore[] = [];
+    for (let i = 0; i < this.matches.count; i++) {
+      const slot = this.matches.workers[i]!;
+      scores.push({
+        workerId: this.workerTable.workerIdOf(slot),
+        dpRank: this.workerTable.dpRankOf(slot),
+        blocks: this.matches.blocks[i]!,
+      });
+    }
+    return scores.sort((a, b) => b.blocks - a.blocks
+      || (a.workerId < b.workerId ? -1 : a.workerId > b.workerId ? 1 : 0)
+      || a.dpRank - b.dpRank);
+  }
+
+  /** Picks a worker; the decision's candidates are valid until the next call. */
+  route(input: RouteInput, candidatesMax: number): { decision: RouteDecision; queryBlocks: number } {
+    const prompt = this.hash(input.tokens, input.loraName, input.cacheSalt);
+    const matches = this.matches;
+    this.index.findMatches(prompt.local, prompt.blockCount, matches);
+    // Index slots are router slots: the matches are the router's overlaps as they are.
+    const overlaps = { count: matches.count, slots: matches.workers, blocks: matches.blocks };
+    const decision = this.router.route({
+      chain: prompt.chain,
+      blockCount: prompt.blockCount,
+      tokenCount: input.tokens.length,
+      requestId: input.requestId,
+      expectedOutputTokens: input.expectedOutputTokens,
+      overlapScoreCredit: input.overlapScoreCredit,
+      prefillLoadScale: input.prefillLoadScale,
+      temperature: input.temperature,
+      candidatesMax,
+    }, overlaps, this.candidates);
+    return { decision, queryBlocks: prompt.blockCount };
+  }
+
+  prefillDone(requestId: string): LifecycleResult {
+    return this.router.load.prefillDone(requestId);
+  }
+
+  done(requestId: string): LifecycleResult {
+    return this.router.load.done(requestId);
+  }
+
+  /** A slot's worker id as decimal text (route answers carry it). */
+  workerIdTextOf(slot: number): string {
+    return this.workerTable.workerIdTextOf(slot);
+  }
+
+  // ---- Workers ----
+
+  /** Adds an engine and starts listening to it; `worker_exists` if (worker, dp rank) already has a source. */
+  async addWorker(entry: WorkerEntry): Promise<void> {
+    if (this.stopped) throw new KvedgeError("shutting_down", "the service is shutting down");
+    const table = this.workerTable;
+    const known = table.find(entry.worker_id, entry.dp_rank);
+    if (known >= 0 && this.ownSource[known] !== undefined) {
+      throw new KvedgeError("worker_exists", `worker ${entry.worker_id} dp_rank ${entry.dp_rank} already exists`);
+    }
+    const source = new EngineSource({
+      workerId: entry.worker_id,
+      dpRank: entry.dp_rank,
+      endpoint: entry.endpoint,
+      replayEndpoint: entry.replay_endpoint,
+      topic: entry.topic,
+    }, {
+      blockSize: this.blockSize,
+      writer: this.writer,
+      log: this.log.child({ component: "ingest" }),
+      zmtp: this.zmtp,
+      sequencer: { replayTimeoutMs: this.options.config.ingest.replay_timeout_ms },
+      onChange: (changed) => this.sourceChanged(changed),
+    });
+    const slot = this.router.load.addWorker(entry.worker_id, entry.dp_rank);
+    this.sources.add(source);
+    this.ownSource[slot] = source;
+    this.sourceChanged(source);
+    try {
+      const endpoint = await source.start();
+      this.log.info("worker added", { worker_id: entry.worker_id, dp_rank: entry.dp_rank, endpoint });
+    } catch (error) {
+      this.sources.delete(source);
+      this.ownSource[slot] = undefined;
+      // A slot this call took holds nothing yet; one that was there (another source's rank) stays.
+      if (known < 0) this.router.load.removeWorker(entry.worker_id, entry.dp_rank);
+      await source.stop();
+      throw new KvedgeError("cannot_listen", `cannot listen to ${entry.endpoint}: ${(error as Error).message}`);
+    }
+  }
+
+  /** Removes every dp rank of a worker: stops its sources, purges its blocks and load, frees its slots. */
+  async removeWorker(workerId: bigint): Promise<boolean> {
+    const stopping: Promise<void>[] = [];
+    for (const source of this.sources) {
+      if (source.config.workerId !== workerId) continue;
+      this.sources.delete(source);
+      stopping.push(source.stop());
+    }
+    await Promise.all(stopping);
+    const slots = this.workerTable.slotsOf(workerId);
+    // The index lets go of the slots first: a slot is freed only once nothing names it.
+    this.index.removeWorker(workerId);
+    for (const slot of slots) {
+      this.ownSource[slot] = undefined;
+      this.incomplete.delete(slot);
+      this.router.load.removeWorker(workerId, this.workerTable.dpRankOf(slot));
+    }
+    const found = slots.length > 0 || stopping.length > 0;
+    if (found) this.log.info("worker removed", { worker_id: workerId });
+    return found;
+  }
+
+  workers(): WorkerView[] {
+    const blocks = new Map<number, number>();
+    for (const info of this.index.workers()) blocks.set(this.workerTable.find(info.workerId, info.dpRank), info.blocks);
+    const views: WorkerView[] = [];
+    for (const load of this.router.load.workers()) {
+      const source = this.sourceOf(load.slot);
+      views.push({
+        workerId: load.workerId,
+        dpRank: load.dpRank,
+        endpoint: source?.config.endpoint ?? null,
+        replayEndpoint: source?.config.replayEndpoint ?? null,
+        topic: source?.config.topic ?? null,
+        state: source?.state ?? "unmanaged",
+        degraded: load.degraded,
+        blocks: blocks.get(load.slot) ?? 0,
+        activeRequests: load.activeRequests,
+        activePrefillTokens: load.activePrefillTokens,
+        activeDecodeBlocks: load.activeDecodeBlocks,
+        routedTotal: load.routedTotal,
+        lastSeq: source?.sequencer.lastSeq ?? -1,
+        lostBatches: source?.sequencer.counters.lost ?? 0,
+      });
+    }
+    return views.sort((a, b) => (a.workerId < b.workerId ? -1 : a.workerId > b.workerId ? 1 : a.dpRank - b.dpRank));
+  }
+
+  /** Every source, for metrics and readiness. */
+  get engineSources(): readonly EngineSource[] {
+    return [...this.sources];
+  }
+
+  /** Ready when every configured source has connected at least once. */
+  readiness(): { ready: boolean; states: Record<SourceState, number> } {
+    const states: Record<SourceState, number> = { connecting: 0, connected: 0, disconnected: 0, stopped: 0 };
+    for (const source of this.sources) states[source.state]++;
+    return { ready: !this.stopped && states.connecting === 0, states };
+  }
+
+  /** The source publishing a slot: its own, or the worker's source that reported that rank. */
+  private sourceOf(slot: number): EngineSource | undefined {
+    const own = this.ownSource[slot];
+    if (own !== undefined) return own;
+    const workerId = this.workerTable.workerIdOf(slot);
+    const dpRank = this.workerTable.dpRankOf(slot);
+    for (const source of this.sources) {
+      if (source.config.workerId === workerId && source.ranks.includes(dpRank)) return source;
+    }
+    return undefined;
+  }
+
+  /**
+   * A source's state, trust or ranks changed: each of its ranks is a routing candidate
+   * (a rank first seen in its events gets its slot here, before its first operation
+   * is written) with the source's trust.
+   */
+  private sourceChanged(source: EngineSource): void {
+    for (const dpRank of source.ranks) {
+      const slot = this.router.load.addWorker(source.config.workerId, dpRank);
+      this.router.load.setDegraded(slot, source.degraded || this.incomplete.has(slot));
+    }
+  }
+
+  /**
+   * The index as sources write to it, with the memory budget in front of stores: a
+   * refused store leaves the worker holding more than the index says (degraded) until
+   * its cache is cleared. Removals and clears always go through.
+   */
+  private budgetedWriter(): KvEventWriter {
+    const index = this.index;
+    const budget = this.budget;
+    return {
+      workerTable: this.workerTable,
+      storeAt: (slot, hasParent, parentHi, parentLo, external, local, count, first) => {
+        // A slot of -1 (the table is full) is the index's to refuse and count.
+        if (slot < 0 || budget.admits()) index.storeAt(slot, hasParent, parentHi, parentLo, external, local, count, first);
+        else this.refuseStore(slot, count);
+      },
+      removeAt: (slot, external, count, first) => index.removeAt(slot, external, count, first),
+      clearAt: (slot) => {
+        index.clearAt(slot);
+        // Holding nothing is known exactly: refused stores no longer matter.
+        if (this.incomplete.delete(slot)) this.refreshDegraded(slot);
+      },
+    };
+  }
+
+  private refuseStore(slot: number, blocks: number): void {
+    this.budget.refuse(blocks);
+    if (this.incomplete.has(slot)) return;
+    this.incomplete.add(slot);
+    this.log.warn("index memory budget reached: stores refused, worker degraded", {
+      worker_id: this.workerTable.workerIdOf(slot), dp_rank: this.workerTable.dpRankOf(slot), budget_bytes: this.budget.budgetBytes,
+    });
+    this.refreshDegraded(slot);
+  }
+
+  private refreshDegraded(slot: number): void {
+    const source = this.sourceOf(slot);
+    const workerId = this.workerTable.workerIdOf(slot);
+    const loadSlot = this.router.load.slotOf(workerId, this.workerTable.dpRankOf(slot));
+    if (loadSlot >= 0) this.router.load.setDegraded(loadSlot, (source?.degraded ?? false) || this.incomplete.has(slot));
+  }
+}
