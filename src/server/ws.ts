@@ -26,6 +26,7 @@
  */
 import type { ServerWebSocket, WebSocketHandler } from "bun";
 import { Unpackr } from "msgpackr";
+import { bufferBudget } from "../util/buffer-budget";
 import type { Logger } from "../util/log";
 import { encodeMsgpack, MsgpackWriter, type MsgpackValue } from "../wire/msgpack";
 import { decideRoute, lifecycleOp, matchOp, routeAnswer, routeOp, submitRoute, writeRouteAnswer } from "./api";
@@ -36,12 +37,16 @@ import type { KvedgeCore, RouteCall, RouteOutcome } from "../core/core";
 import type { TurnBatch } from "./turn";
 import { MsgpackRequestReader } from "../wire/request-msgpack";
 
-/** Per connection: its routes held by admission (call -> handle), dropped when it closes. */
+/**
+ * Per connection: bytes of its send queue counted in the process-wide buffer budget,
+ * and its routes held by admission (call -> handle), dropped when it closes.
+ */
 export interface WsData {
-  readonly held: Map<RouteCall, number>;
+  held: number;
+  readonly heldRoutes: Map<RouteCall, number>;
 }
 
-export const newWsData = (): WsData => ({ held: new Map() });
+export const newWsData = (): WsData => ({ held: 0, heldRoutes: new Map() });
 
 /** Largest frame a client may send; a batch of requests fits easily. */
 export const WS_FRAME_BYTES_MAX = 16 * 1024 * 1024;
@@ -70,12 +75,12 @@ interface Answer {
 /** A held route's answer, sent in a frame of its own. */
 function sendLater(ws: ServerWebSocket<WsData>, binary: boolean, service: KvedgeCore, id: unknown, outcome: RouteOutcome): void {
   if (!binary) {
-    ws.send(toJson({ id, status: 200, result: routeAnswer(service, outcome) }));
+    deliver(ws, toJson({ id, status: 200, result: routeAnswer(service, outcome) }));
     return;
   }
   heldWriter.reset();
   writeRouteFrame(heldWriter, service, id, outcome);
-  ws.send(heldWriter.written());
+  deliver(ws, heldWriter.written());
 }
 
 /** `{id, status: 200, result}` for a route, the result written straight from the decision. */
@@ -141,14 +146,14 @@ export function websocketHandlers(
     let held = false;
     const { handle, call } = submitRoute(service, body, (outcome) => {
       if (!held) now = { id, status: 200, result: routeAnswer(service, outcome) };
-      else if (ws.data.held.delete(call)) sendLater(ws, binary, service, id, outcome);
+      else if (ws.data.heldRoutes.delete(call)) sendLater(ws, binary, service, id, outcome);
     }, (error) => {
       if (!held) now = errorAnswer(id, error);
-      else if (ws.data.held.delete(call)) sendAnswer(ws, binary, errorAnswer(id, error), heldWriter);
+      else if (ws.data.heldRoutes.delete(call)) sendAnswer(ws, binary, errorAnswer(id, error), heldWriter);
     });
     if (handle < 0) return now;
     held = true;
-    ws.data.held.set(call, handle);
+    ws.data.heldRoutes.set(call, handle);
     return null;
   };
 
@@ -160,14 +165,19 @@ export function websocketHandlers(
     backpressureLimit: 64 * 1024 * 1024,
     closeOnBackpressureLimit: true,
     idleTimeout: 300,
+    // A client that does not read grows its send queue: counted in the process-wide
+    // budget; past it the connection is closed (1013, try again later).
+    drain: account,
+    close(ws: ServerWebSocket<WsData>) {
+      bufferBudget.give(ws.data.held);
+      ws.data.held = 0;
+      for (const [call, handle] of ws.data.heldRoutes) service.dropHeld(handle, call);
+      ws.data.heldRoutes.clear();
+    },
     message(ws: ServerWebSocket<WsData>, message: string | Buffer) {
       // Answered at once (./turn.ts says why), after the HTTP requests that came first.
       batch.drain();
       frame(ws, message);
-    },
-    close(ws: ServerWebSocket<WsData>) {
-      for (const [call, handle] of ws.data.held) service.dropHeld(handle, call);
-      ws.data.held.clear();
     },
   };
 
@@ -184,7 +194,7 @@ export function websocketHandlers(
       writer.reset();
       if (frameReader.isBatch) writer.arrayHeader(frameReader.count);
       for (let i = 0; i < frameReader.count; i++) answer(ws, binary, frameReader.request(i), writer);
-      ws.send(writer.written());
+      deliver(ws, writer.written());
       return;
     }
     let parsed: unknown;
@@ -211,7 +221,7 @@ export function websocketHandlers(
     } else {
       answer(ws, binary, parsed, writer);
     }
-    ws.send(writer.written());
+    deliver(ws, writer.written());
   }
 }
 
@@ -220,6 +230,23 @@ function sendAnswers(ws: ServerWebSocket<WsData>, binary: boolean, batched: bool
   const ready = answers.filter((answer) => answer !== null);
   if (ready.length === 0 && answers.length > 0) return;
   sendAnswer(ws, binary, batched ? ready : ready[0], writer);
+}
+
+/** Sends; a send that queued (backpressure, -1) is counted in the buffer budget. */
+function deliver(ws: ServerWebSocket<WsData>, payload: string | Uint8Array): void {
+  if (ws.send(payload) === -1) account(ws);
+}
+
+function account(ws: ServerWebSocket<WsData>): void {
+  const data = ws.data;
+  const queued = ws.getBufferedAmount();
+  const grown = queued - data.held;
+  if (grown <= 0 || bufferBudget.take(grown)) {
+    if (grown < 0) bufferBudget.give(-grown);
+    data.held = queued;
+    return;
+  }
+  ws.close(1013, "kvedge holds its limit of buffered bytes; try again later");
 }
 
 /** The metrics' route label of each op. */
@@ -245,10 +272,10 @@ function send(ws: ServerWebSocket<WsData>, binary: boolean, payload: unknown): v
 
 function sendAnswer(ws: ServerWebSocket<WsData>, binary: boolean, payload: unknown, into: MsgpackWriter): void {
   if (!binary) {
-    ws.send(toJson(payload));
+    deliver(ws, toJson(payload));
     return;
   }
   into.reset();
   into.value(payload as MsgpackValue);
-  ws.send(into.written());
+  deliver(ws, into.written());
 }
