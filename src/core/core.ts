@@ -16,6 +16,7 @@ import type { KvEventWriter } from "../ingest/normalize";
 import { EngineSource, type SourceState } from "../ingest/source";
 import { CandidateList, PromptHasher, type RouteDecision, Router } from "../route";
 import { Admission } from "../route/admission";
+import { bufferBudget } from "../util/buffer-budget";
 import type { LifecycleResult } from "../route/load";
 import type { SourcePosition } from "../state/snapshot";
 import type { Logger } from "../util/log";
@@ -119,6 +120,8 @@ export class KvedgeCore {
   /** Route calls held at saturation (route.admission; src/route/admission.ts). */
   readonly admission: Admission<RouteCall>;
   private heldTimer: ReturnType<typeof setTimeout> | null = null;
+  /** Held calls, whose token bytes are counted in the process-wide buffer budget until answered. */
+  private readonly heldCalls = new Set<RouteCall>();
   private readonly zmtp: ZmtpOptions;
   private readonly log: Logger;
   private stopped = false;
@@ -163,8 +166,14 @@ export class KvedgeCore {
       prefillWeight: config.route.admission_prefill_weight,
     }, {
       waitMs: (call) => this.heldWaitMs(call),
-      route: (call) => this.answerCall(call),
-      reject: (call, retryAfterSecs, reason) => call.fail(new KvedgeError("overloaded", reason, retryAfterSecs)),
+      route: (call) => {
+        this.unhold(call);
+        this.answerCall(call);
+      },
+      reject: (call, retryAfterSecs, reason) => {
+        this.unhold(call);
+        call.fail(new KvedgeError("overloaded", reason, retryAfterSecs));
+      },
     }, () => performance.now());
     this.zmtp = {
       maxMessageBytes: config.ingest.max_message_bytes,
@@ -185,7 +194,10 @@ export class KvedgeCore {
     this.stopped = true;
     if (this.heldTimer !== null) clearTimeout(this.heldTimer);
     this.heldTimer = null;
-    for (const call of this.admission.takeAll()) call.fail(new KvedgeError("shutting_down", "the service is shutting down"));
+    for (const call of this.admission.takeAll()) {
+      this.unhold(call);
+      call.fail(new KvedgeError("shutting_down", "the service is shutting down"));
+    }
     await Promise.all([...this.sources].map((source) => source.stop()));
     this.sources.clear();
     this.ownSource = [];
@@ -237,13 +249,24 @@ export class KvedgeCore {
     const { request, overlaps } = this.routeRequest(call.input, 0);
     const { waitMs, prefillMs } = this.router.assess(request, overlaps);
     const handle = this.admission.submit(call, waitMs, prefillMs);
-    if (handle >= 0) this.pollHeld();
+    if (handle < 0) return handle;
+    if (!bufferBudget.take(call.input.tokens.byteLength)) {
+      this.admission.drop(handle, call);
+      throw new KvedgeError("overloaded", `kvedge holds its limit of ${bufferBudget.limitBytes} bytes of unfinished requests; try again`, 1);
+    }
+    this.heldCalls.add(call);
+    this.pollHeld();
     return handle;
   }
 
   /** A held call whose client went away: never answered. */
   dropHeld(handle: number, call: RouteCall): void {
-    this.admission.drop(handle, call);
+    if (this.admission.drop(handle, call)) this.unhold(call);
+  }
+
+  /** Gives a held call's bytes back to the buffer budget (once). */
+  private unhold(call: RouteCall): void {
+    if (this.heldCalls.delete(call)) bufferBudget.give(call.input.tokens.byteLength);
   }
 
   prefillDone(requestId: string): LifecycleResult {

@@ -1,11 +1,13 @@
 // Goal: the core's route calls through admission (transport-free): routed at once
 // under the bound, held over it and released by prefill_done, by done, or by the
 // expiry of the request ahead (the hold poll); a duplicate id is refused at once;
-// shutting down answers every held call; nothing stays held.
+// a held call's tokens count in the process-wide buffer budget until it is answered
+// (over it: 429); shutting down answers every held call; nothing stays held.
 import { describe, expect, test } from "bun:test";
 import { loadConfig } from "../../src/config";
 import { KvedgeCore, type RouteCall, type RouteInput } from "../../src/core/core";
 import { KvedgeError } from "../../src/core/errors";
+import { bufferBudget } from "../../src/util/buffer-budget";
 import { silentLogger } from "../../src/util/log";
 
 const input = (requestId: string, length: number): RouteInput => ({
@@ -32,12 +34,29 @@ describe("KvedgeCore admission", () => {
     expect(service.submitRoute(call("ahead", 6000))).toBe(-1);
     expect(answers).toEqual(["ahead:ok"]);
     const held = call("held", 8);
+    const before = bufferBudget.held;
     expect(service.submitRoute(held)).toBeGreaterThanOrEqual(0);
     expect(service.admission.held).toBe(1);
+    expect(bufferBudget.held).toBe(before + 32); // its 8 tokens count in the process-wide budget while held
     expect(() => service.submitRoute(call("ahead", 8))).toThrow("already active");
     expect(service.prefillDone("ahead")).toBe("ok");
     expect(answers).toEqual(["ahead:ok", "held:ok"]);
     expect(service.admission.held).toBe(0);
+    expect(bufferBudget.held).toBe(before);
+  });
+
+  test("a held call over the process-wide buffer budget is refused with 429", () => {
+    const { service, answers, call } = core();
+    service.submitRoute(call("ahead", 6000));
+    const limit = bufferBudget.limitBytes;
+    bufferBudget.limitBytes = bufferBudget.held + 16;
+    try {
+      expect(() => service.submitRoute(call("big", 8))).toThrow("bytes of unfinished requests");
+    } finally {
+      bufferBudget.limitBytes = limit;
+    }
+    expect(service.admission.held).toBe(0);
+    expect(answers).toEqual(["ahead:ok"]);
   });
 
   test("the expiry of the request ahead releases a held call at the next poll", async () => {
@@ -54,11 +73,13 @@ describe("KvedgeCore admission", () => {
 
   test("stopping answers every held call with shutting_down", async () => {
     const { service, answers, call } = core();
+    const before = bufferBudget.held;
     service.submitRoute(call("ahead", 6000));
     service.submitRoute(call("a", 8));
     service.submitRoute(call("b", 16));
     await service.stop();
     expect(answers).toEqual(["ahead:ok", "a:shutting_down", "b:shutting_down"]);
+    expect(bufferBudget.held).toBe(before);
     expect(service.admission.held).toBe(0);
     expect(service.admission.capacity).toBe(0);
   });
