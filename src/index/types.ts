@@ -5,6 +5,7 @@
  * event's first block in those arrays. Worker ids are bigints at event granularity.
  */
 import type { WorkerTable } from "../core/worker-table";
+import type { DumpSource } from "./dump";
 import type { IndexOp } from "./ops";
 
 export type BackendName = "crtc" | "positional" | "reference";
@@ -202,6 +203,8 @@ export interface KvIndex {
   workers(): WorkerInfo[];
   /** Events (kvedge apply format) that rebuild an equal index in a fresh one. */
   dump(): IndexOp[];
+  /** The backend's walk of its blocks and workers (what `dump()` and snapshot packing read). */
+  dumpSource(): DumpSource;
   /** O(N) check of every internal invariant; throws IndexInvariantError. */
   verify(): void;
 }

@@ -1,22 +1,60 @@
 /**
  * Warm restart glue between the router service and its snapshot file: what goes into
- * a snapshot (the index, each source's sequence position and trust), what a loaded one
- * gives back, and the writer that runs every `state.snapshot_interval_secs` and at
- * shutdown.
+ * a snapshot (the index, each source's sequence position and trust, the active
+ * requests), what a loaded one gives back, and the writer that runs every
+ * `state.snapshot_interval_secs` and at shutdown.
+ *
+ * The periodic write does not stall routing: the index is copied into flat typed
+ * arrays in one synchronous step (src/index/pack.ts `captureIndex`, with the positions
+ * and active requests taken at the same moment, so all of it is one consistent view),
+ * then packed `SLICE_BLOCKS` blocks at a time between turns of the event loop, and the
+ * file is written with asynchronous I/O. At shutdown it is written in one go.
  */
+import { open, rename, mkdir } from "node:fs/promises";
+import { join } from "node:path";
 import type { KvedgeCore } from "../core/core";
 import { positionKey } from "../core/core";
+import { captureIndex, IndexPacker } from "../index/pack";
 import type { Logger } from "../util/log";
-import { forEachOp, readSnapshotFile, type Snapshot, SnapshotError, encodeOps, writeSnapshotFile } from "./snapshot";
+import {
+  encodeSnapshot, forEachOp, putActive, readSnapshotFile, type Snapshot, SNAPSHOT_FILE, SnapshotError, type SourcePosition,
+  writeSnapshotFile,
+} from "./snapshot";
 
-/** The service's state now, consistent (taken in one synchronous step). */
-export function takeSnapshot(service: KvedgeCore): Snapshot {
-  const { words, workerIds } = encodeOps(service.index.dump());
+/** Blocks packed per turn of the event loop (about 1-3 ms each on this kind of machine). */
+export const SLICE_BLOCKS = 20_000;
+
+/** A snapshot being taken: the consistent copy, packed on demand. */
+interface Taking {
+  readonly packer: IndexPacker;
+  readonly workerIds: bigint[];
+  readonly active: Uint32Array;
+  readonly positions: SourcePosition[];
+  readonly createdAt: string;
+}
+
+/** Copies everything a snapshot holds, now, in one synchronous step. */
+function begin(service: KvedgeCore): Taking {
+  const capture = captureIndex(service.index.dumpSource());
+  const workerIds = [...capture.workerIds];
+  const refs = new Map(workerIds.map((id, ref) => [id, ref]));
+  const load = service.router.load;
+  const out = { words: new Uint32Array(1024) };
+  let at = 0;
+  load.forEachActive((slot, id, prefill, output, idleMs, chain, blocks) => {
+    const workerId = load.workerIdOf(slot);
+    let ref = refs.get(workerId);
+    if (ref === undefined) {
+      refs.set(workerId, ref = workerIds.length);
+      workerIds.push(workerId);
+    }
+    at = putActive(out, at, ref, load.dpRanks[slot]!, id, prefill, output, idleMs, chain, blocks);
+  });
   return {
-    blockSize: service.blockSize,
-    createdAt: new Date().toISOString(),
+    packer: new IndexPacker(capture),
     workerIds,
-    words,
+    active: out.words.subarray(0, at),
+    createdAt: new Date().toISOString(),
     positions: service.engineSources.map((source) => ({
       workerId: source.config.workerId,
       dpRank: source.config.dpRank,
@@ -27,13 +65,49 @@ export function takeSnapshot(service: KvedgeCore): Snapshot {
   };
 }
 
+function finish(taking: Taking, blockSize: number): Snapshot {
+  const index = taking.packer.words();
+  const words = new Uint32Array(index.length + taking.active.length);
+  words.set(index);
+  words.set(taking.active, index.length);
+  return { blockSize, createdAt: taking.createdAt, positions: taking.positions, workerIds: taking.workerIds, words };
+}
+
+/** The service's state now, consistent, packed in one synchronous step (shutdown, tests). */
+export function takeSnapshot(service: KvedgeCore): Snapshot {
+  const taking = begin(service);
+  taking.packer.step(Infinity);
+  return finish(taking, service.blockSize);
+}
+
+/** The same snapshot as `takeSnapshot`, packed in slices that yield to the event loop in between. */
+export async function takeSnapshotSliced(service: KvedgeCore, sliceBlocks = SLICE_BLOCKS): Promise<Snapshot> {
+  const taking = begin(service);
+  while (!taking.packer.step(sliceBlocks)) await new Promise((resolve) => setImmediate(resolve));
+  return finish(taking, service.blockSize);
+}
+
+/** An active request read from a snapshot, waiting for its worker's slot. */
+export interface SavedRequest {
+  readonly workerId: bigint;
+  readonly dpRank: number;
+  readonly id: string;
+  readonly prefillTokens: number;
+  readonly outputBlocks: number;
+  /** Idle at the snapshot plus the time since it was written. */
+  readonly idleMs: number;
+  readonly chain: Uint32Array;
+  readonly blocks: number;
+}
+
 /**
  * Loads the snapshot in `dir` into a service that has not started: the blocks of the
  * configured workers go into the index, their positions wait for their sources (whose
- * connect probe then continues from them, or rebuilds). Any problem: one log line,
- * nothing loaded.
+ * connect probe then continues from them, or rebuilds). Returns the saved active
+ * requests of those workers (for `restoreRequests` once the workers are added), or
+ * null when nothing was loaded. Any problem: one log line, nothing loaded.
  */
-export function loadSnapshot(service: KvedgeCore, dir: string, configured: readonly bigint[], log: Logger): boolean {
+export function loadSnapshot(service: KvedgeCore, dir: string, configured: readonly bigint[], log: Logger): SavedRequest[] | null {
   let snapshot: Snapshot | null;
   const started = performance.now();
   try {
@@ -41,14 +115,16 @@ export function loadSnapshot(service: KvedgeCore, dir: string, configured: reado
   } catch (error) {
     const reason = error instanceof SnapshotError ? error.message : (error as Error).message;
     log.warn("snapshot refused; starting empty", { dir, reason });
-    return false;
+    return null;
   }
   if (snapshot === null) {
     log.info("no snapshot; starting empty", { dir });
-    return false;
+    return null;
   }
   const keep = new Set(configured);
   const index = service.index;
+  const sinceWritten = Math.max(0, Date.now() - Date.parse(snapshot.createdAt)) || 0;
+  const requests: SavedRequest[] = [];
   try {
     forEachOp(snapshot, {
       stored: (workerId, dpRank, hasParent, parentHi, parentLo, external, local, count) => {
@@ -57,23 +133,44 @@ export function loadSnapshot(service: KvedgeCore, dir: string, configured: reado
       removed: (workerId, dpRank, external, count) => {
         if (keep.has(workerId)) index.applyRemoved(workerId, dpRank, external, count);
       },
+      active: (workerId, dpRank, id, prefillTokens, outputBlocks, idleMs, chain, blocks) => {
+        if (!keep.has(workerId)) return;
+        requests.push({ workerId, dpRank, id, prefillTokens, outputBlocks, idleMs: idleMs + sinceWritten, chain: chain.slice(), blocks });
+      },
     });
   } catch (error) {
     for (const workerId of keep) index.removeWorker(workerId);
     log.warn("snapshot refused; starting empty", { dir, reason: (error as Error).message });
-    return false;
+    return null;
   }
   for (const position of snapshot.positions) {
     if (keep.has(position.workerId)) service.restoredPositions.set(positionKey(position.workerId, position.dpRank), position);
   }
   log.info("snapshot loaded", {
     dir, created_at: snapshot.createdAt, blocks: index.stats().blocks, sources: service.restoredPositions.size,
-    ms: Math.round(performance.now() - started),
+    active_requests: requests.length, ms: Math.round(performance.now() - started),
   });
-  return true;
+  return requests;
 }
 
-/** Writes a snapshot now; logs and returns false on failure (the previous file stays). */
+/**
+ * Puts saved active requests back into the load tracker (after the workers were added):
+ * their load counts again until they finish or the rest of their TTL runs out. Ones
+ * past the TTL, or whose worker is gone, are dropped (counted in the log line).
+ */
+export function restoreRequests(service: KvedgeCore, requests: readonly SavedRequest[], log: Logger): number {
+  const load = service.router.load;
+  let restored = 0;
+  for (const request of requests) {
+    const slot = load.slotOf(request.workerId, request.dpRank);
+    if (slot < 0 || load.live[slot] !== 1) continue;
+    if (load.restore(request.id, slot, request.chain, request.blocks, request.prefillTokens, request.outputBlocks, request.idleMs)) restored++;
+  }
+  log.info("active requests restored", { restored, dropped: requests.length - restored });
+  return restored;
+}
+
+/** Writes a snapshot now, in one go (shutdown); logs and returns false on failure (the previous file stays). */
 export function saveSnapshot(service: KvedgeCore, dir: string, log: Logger): boolean {
   const started = performance.now();
   try {
@@ -83,5 +180,55 @@ export function saveSnapshot(service: KvedgeCore, dir: string, log: Logger): boo
   } catch (error) {
     log.error("snapshot write failed", { dir, error: (error as Error).message });
     return false;
+  }
+}
+
+/**
+ * The periodic write: packed in slices, written with asynchronous I/O (temp file,
+ * fsync, rename, directory fsync). One at a time: a tick while one runs is skipped.
+ */
+export class PeriodicSnapshots {
+  private running: Promise<boolean> | null = null;
+
+  constructor(private readonly service: KvedgeCore, private readonly dir: string, private readonly log: Logger) {}
+
+  /** Starts a write unless one is running; resolves true once the file is in place. */
+  tick(): Promise<boolean> {
+    this.running ??= this.write().finally(() => { this.running = null; });
+    return this.running;
+  }
+
+  /** Waits for a running write (shutdown, before the final one). */
+  async idle(): Promise<void> {
+    await this.running;
+  }
+
+  private async write(): Promise<boolean> {
+    const started = performance.now();
+    try {
+      const bytes = encodeSnapshot(await takeSnapshotSliced(this.service));
+      await mkdir(this.dir, { recursive: true });
+      const path = join(this.dir, SNAPSHOT_FILE);
+      const temp = `${path}.tmp-${process.pid}`;
+      const file = await open(temp, "w", 0o600);
+      try {
+        await file.writeFile(bytes);
+        await file.sync();
+      } finally {
+        await file.close();
+      }
+      await rename(temp, path);
+      const dirHandle = await open(this.dir, "r");
+      try {
+        await dirHandle.sync();
+      } finally {
+        await dirHandle.close();
+      }
+      this.log.debug("snapshot written", { dir: this.dir, bytes: bytes.length, ms: Math.round(performance.now() - started) });
+      return true;
+    } catch (error) {
+      this.log.error("snapshot write failed", { dir: this.dir, error: (error as Error).message });
+      return false;
+    }
   }
 }

@@ -7,9 +7,10 @@ import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync }
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createIndex } from "../../src/index";
+import { packIndex } from "../../src/index/pack";
 import { BACKEND_NAMES, MatchResult } from "../../src/index/types";
 import {
-  decodeSnapshot, encodeOps, encodeSnapshot, forEachOp, readSnapshotFile, type Snapshot, SNAPSHOT_FILE, SnapshotError,
+  decodeSnapshot, encodeSnapshot, forEachOp, readSnapshotFile, type Snapshot, SNAPSHOT_FILE, SnapshotError,
   writeSnapshotFile,
 } from "../../src/state/snapshot";
 import { applyHarnessOp, generateStream, pairs } from "../harness/streams";
@@ -26,9 +27,9 @@ function tempDir(): string {
 }
 
 function snapshotOf(index: ReturnType<typeof createIndex>): Snapshot {
-  const { words, workerIds } = encodeOps(index.dump());
+  const { words, workerIds } = packIndex(index.dumpSource());
   return {
-    blockSize: index.blockSize, createdAt: "2026-01-01T00:00:00Z", workerIds, words,
+    blockSize: index.blockSize, createdAt: "2026-01-01T00:00:00Z", workerIds: [...workerIds], words,
     positions: [{ workerId: 7n, dpRank: 0, lastSeq: 41, fingerprint: 12345, degraded: false }],
   };
 }

@@ -139,7 +139,7 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
     return status;
   }
 
-  private dumpSource(): DumpSource {
+  dumpSource(): DumpSource {
     const tree = this.tree;
     const slots = this.slots;
     return {

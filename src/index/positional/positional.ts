@@ -433,9 +433,13 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
   }
 
   dump(): IndexOp[] {
+    return dumpEvents(this.dumpSource(), this.blockSize);
+  }
+
+  dumpSource(): DumpSource {
     const entries = this.entries;
     const slots = this.slots;
-    const source: DumpSource = {
+    return {
       blockKeyLimit: entries.highWater,
       forEachBlock(visit) {
         const live: number[] = [];
@@ -448,7 +452,6 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
       },
       forEachWorker: slots.forEachWorker,
     };
-    return dumpEvents(source, this.blockSize);
   }
 
   /** O(N): entries vs index vs parents vs owners vs lookups. */
