@@ -7,10 +7,11 @@ import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync }
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createIndex } from "../../src/index";
-import { packIndex } from "../../src/index/pack";
+import { captureIndex, IndexPacker, packIndex } from "../../src/index/pack";
+import { LoadTracker } from "../../src/route/load";
 import { BACKEND_NAMES, MatchResult } from "../../src/index/types";
 import {
-  decodeSnapshot, encodeSnapshot, forEachOp, readSnapshotFile, type Snapshot, SNAPSHOT_FILE, SnapshotError,
+  decodeSnapshot, encodeSnapshot, forEachOp, putActive, readSnapshotFile, type Snapshot, SNAPSHOT_FILE, SnapshotError,
   writeSnapshotFile,
 } from "../../src/state/snapshot";
 import { applyHarnessOp, generateStream, pairs } from "../harness/streams";
@@ -132,5 +133,93 @@ describe("atomic write", () => {
     expect(() => writeSnapshotFile(dir, snapshotOf(createIndex("crtc", 1)))).toThrow();
     expect(readFileSync(join(dir, SNAPSHOT_FILE))).toEqual(before);
     expect(existsSync(join(dir, SNAPSHOT_FILE))).toBe(true);
+  });
+});
+
+describe("typed packing", () => {
+  for (const backend of BACKEND_NAMES) {
+    test.each([11, 12, 13])(`${backend}: stream %p packed in slices equals packed at once; restored into every backend equals the reference`, (seed) => {
+      const stream = generateStream(seed, { steps: 300 });
+      const index = createIndex(backend, 1);
+      const reference = createIndex("reference", 1);
+      for (const op of stream.ops) {
+        applyHarnessOp(index, op);
+        applyHarnessOp(reference, op);
+      }
+      const whole = packIndex(index.dumpSource()).words;
+      for (const slice of [1, 7]) {
+        const packer = new IndexPacker(captureIndex(index.dumpSource()));
+        let steps = 0;
+        while (!packer.step(slice)) steps++;
+        expect(packer.words()).toEqual(whole);
+        if (index.stats().blocks > 8) expect(steps).toBeGreaterThan(0);
+      }
+      const snapshot = decodeSnapshot(encodeSnapshot(snapshotOf(index)));
+      for (const target of BACKEND_NAMES) {
+        const restored = restoreInto(snapshot, target);
+        const sorted = (i: typeof index) => i.workers().map((w) => `${w.workerId}/${w.dpRank}=${w.blocks}`).sort();
+        expect(sorted(restored)).toEqual(sorted(reference));
+        for (const query of stream.queries) expect(scores(restored, query)).toBe(scores(reference, query));
+        if (target === backend) {
+          // Held pairs and lookups exact; a rebuilt crtc tree may have fewer splits than one with a history.
+          const [counts, original] = [restored.stats(), index.stats()];
+          expect([counts.workers, counts.blocks, counts.lookupEntries]).toEqual([original.workers, original.blocks, original.lookupEntries]);
+          expect(counts.nodes).toBeLessThanOrEqual(original.nodes);
+        }
+      }
+    });
+  }
+
+  test("a malformed active request is refused before anything is applied", () => {
+    const words = new Uint32Array([3, 0, 0, 5, 0, 0, 0, 1, 0x620061]);
+    expect(() => decodeSnapshot(encodeSnapshot({ blockSize: 1, createdAt: "x", workerIds: [1n], positions: [], words }))).toThrow("runs past the end");
+  });
+});
+
+describe("active requests", () => {
+  test("saved with their worker, id, state and load; restored equal; past the TTL dropped", () => {
+    let now = 1_000;
+    const options = { blockSize: 4, requestTtlMs: 10_000, now: () => now };
+    const source = new LoadTracker(options);
+    const a = source.addWorker(1n, 0);
+    const b = source.addWorker(2n, 3);
+    const chain = new Uint32Array([1, 1, 1, 2, 1, 3]);
+    source.admit("req-a", a, chain, 3, 20, 4, 8);
+    source.admit("req-b", b, chain, 2, 12, 0, 0);
+    now += 6_000;
+    source.admit("req-c ünï", a, new Uint32Array([9, 9]), 1, 4, 0, 0);
+    source.prefillDone("req-c ünï");
+    const out = { words: new Uint32Array(4) };
+    let at = 0;
+    source.forEachActive((slot, id, prefill, output, idle, c, blocks) => {
+      at = putActive(out, at, slot === a ? 0 : 1, source.dpRanks[slot]!, id, prefill, output, idle, c, blocks);
+    });
+    const snapshot = decodeSnapshot(encodeSnapshot({ blockSize: 4, createdAt: "x", workerIds: [1n, 2n], positions: [], words: out.words.subarray(0, at) }));
+    const restore = (elapsed: number) => {
+      const target = new LoadTracker(options);
+      target.addWorker(1n, 0);
+      target.addWorker(2n, 3);
+      forEachOp(snapshot, {
+        stored: () => {}, removed: () => {},
+        active: (workerId, dpRank, id, prefill, output, idle, c, blocks) => {
+          target.restore(id, target.slotOf(workerId, dpRank), c, blocks, prefill, output, idle + elapsed);
+        },
+      });
+      target.verify();
+      return target;
+    };
+    const same = restore(0);
+    const view = (t: LoadTracker) => t.workers().map(({ routedTotal: _, ...w }) => w);
+    expect(view(same)).toEqual(view(source));
+    expect(same.isActive("req-c ünï")).toBe(true);
+    // 5 s later: req-a and req-b (idle 6 s) are past the 10 s TTL, req-c (idle 0) is not.
+    const later = restore(5_000);
+    expect(later.activeRequestCount).toBe(1);
+    expect(later.isActive("req-c ünï")).toBe(true);
+    now += 4_000;
+    expect(later.sweep()).toBe(0);
+    now += 1_000;
+    expect(later.sweep()).toBe(1);
+    expect(later.activeRequestCount).toBe(0);
   });
 });
