@@ -24,14 +24,14 @@ export const OP_STORED = 1;
 export const OP_REMOVED = 2;
 const ROOT_KEY = -1;
 
-/** A consistent copy of an index: the block tree, in pre-order ranks, and each worker's held blocks. */
+/** A consistent copy of an index: the block tree (parent, local hash, child links) and each worker's held blocks. */
 export interface IndexCapture {
   readonly parentOf: Int32Array;
   readonly hiOf: Uint32Array;
   readonly loOf: Uint32Array;
-  /** Pre-order rank of each block key, and the key at each rank. */
-  readonly rank: Uint32Array;
-  readonly keyAtRank: Uint32Array;
+  /** First child of each key, `firstChild[limit]` the root's; -1 = none. */
+  readonly firstChild: Int32Array;
+  readonly nextSibling: Int32Array;
   readonly workers: readonly CapturedWorker[];
   /** Distinct worker ids; a worker ref in the words indexes this list. */
   readonly workerIds: readonly bigint[];
@@ -60,7 +60,6 @@ export function captureIndex(source: DumpSource): IndexCapture {
     nextSibling[key] = firstChild[slot]!;
     firstChild[slot] = key;
   });
-  const { rank, keyAtRank } = preorder(firstChild, nextSibling, limit);
   const workers: CapturedWorker[] = [];
   const workerIds: bigint[] = [];
   const refs = new Map<bigint, number>();
@@ -73,11 +72,12 @@ export function captureIndex(source: DumpSource): IndexCapture {
     }
     workers.push({ ref, dpRank, external, keys, count });
   });
-  return { parentOf, hiOf, loOf, rank, keyAtRank, workers, workerIds };
+  return { parentOf, hiOf, loOf, firstChild, nextSibling, workers, workerIds };
 }
 
 /** Ranks of every key in a depth-first pre-order walk from the root (unvisited keys: rank 0, never read). */
-function preorder(firstChild: Int32Array, nextSibling: Int32Array, limit: number) {
+function preorder(firstChild: Int32Array, nextSibling: Int32Array) {
+  const limit = nextSibling.length;
   const rank = new Uint32Array(limit);
   const keyAtRank = new Uint32Array(limit);
   const stack = new Int32Array(limit);
@@ -109,6 +109,10 @@ export class IndexPacker {
   private openCountAt = -1;
   private openLast = ROOT_KEY - 1;
   private placeholders: Placeholders | null = null;
+  /** Pre-order rank of each block key and the key at each rank (the first step computes them). */
+  private rank = new Uint32Array(0);
+  private keyAtRank = new Uint32Array(0);
+  private ranked = false;
 
   constructor(private readonly capture: IndexCapture) {
     const limit = capture.parentOf.length;
@@ -117,13 +121,19 @@ export class IndexPacker {
     this.extLo = new Uint32Array(limit);
     let pairs = 0;
     for (const worker of capture.workers) pairs += worker.count;
-    this.out = new Uint32Array(4 * pairs + 16);
+    // Room for every pair plus a header per 14 blocks: long chains never regrow (a regrow is one big copy).
+    this.out = new Uint32Array(4 * pairs + (pairs >>> 1) + 64);
   }
 
-  /** Packs about `budget` blocks; true when everything is packed. */
+  /** Packs about `budget` blocks (the first step also ranks the tree); true when everything is packed. */
   step(budget: number): boolean {
     const workers = this.capture.workers;
     let done = 0;
+    if (!this.ranked) {
+      ({ rank: this.rank, keyAtRank: this.keyAtRank } = preorder(this.capture.firstChild, this.capture.nextSibling));
+      this.ranked = true;
+      done += this.rank.length >>> 3;
+    }
     while (this.worker < workers.length && done < budget) {
       const worker = workers[this.worker]!;
       if (this.order === null) {
@@ -132,7 +142,7 @@ export class IndexPacker {
       }
       const order = this.order!;
       const end = Math.min(order.length, this.next + Math.max(1, budget - done));
-      for (let i = this.next; i < end; i++) this.emit(worker, this.capture.keyAtRank[order[i]!]!);
+      for (let i = this.next; i < end; i++) this.emit(worker, this.keyAtRank[order[i]!]!);
       done += end - this.next;
       this.next = end;
       if (this.next === order.length) this.finish(worker);
@@ -153,7 +163,7 @@ export class IndexPacker {
       this.heldStamp[key] = stamp;
       this.extHi[key] = worker.external[2 * i]!;
       this.extLo[key] = worker.external[2 * i + 1]!;
-      order[i] = this.capture.rank[key]!;
+      order[i] = this.rank[key]!;
     }
     order.sort();
     this.order = order;

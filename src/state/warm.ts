@@ -83,7 +83,8 @@ export function takeSnapshot(service: KvedgeCore): Snapshot {
 /** The same snapshot as `takeSnapshot`, packed in slices that yield to the event loop in between. */
 export async function takeSnapshotSliced(service: KvedgeCore, sliceBlocks = SLICE_BLOCKS): Promise<Snapshot> {
   const taking = begin(service);
-  while (!taking.packer.step(sliceBlocks)) await new Promise((resolve) => setImmediate(resolve));
+  const turn = () => new Promise((resolve) => setImmediate(resolve));
+  do await turn(); while (!taking.packer.step(sliceBlocks));
   return finish(taking, service.blockSize);
 }
 
