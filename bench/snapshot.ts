@@ -69,6 +69,16 @@ function time<T>(phase: string, run: () => T, rows: Record<string, number>[]): T
   return result;
 }
 
+async function timeAsync<T>(phase: string, run: () => Promise<T>, rows: Record<string, number>[]): Promise<T> {
+  Bun.gc(true);
+  const started = performance.now();
+  const result = await run();
+  const ms = performance.now() - started;
+  Bun.gc(true);
+  rows.push({ [phase]: ms, rss_mb: rssBytes() / 2 ** 20 });
+  return result;
+}
+
 const rows: Record<string, number>[] = [];
 const index = build();
 const held = index.stats().blocks;
@@ -80,7 +90,7 @@ try {
     packer.step(Infinity);
     return { blockSize: BLOCK_SIZE, createdAt: new Date().toISOString(), positions: [], workerIds: [...capture.workerIds], words: packer.words() };
   }, rows);
-  const bytes = time("write_ms", () => writeSnapshotFile(dir, snapshot), rows);
+  const bytes = await timeAsync("write_ms", () => writeSnapshotFile(dir, snapshot), rows);
   const loaded = time("read_check_ms", () => readSnapshotFile(dir, BLOCK_SIZE)!, rows);
   const restored = createIndex("crtc", BLOCK_SIZE);
   time("apply_ms", () => forEachOp(loaded, {

@@ -105,7 +105,7 @@ Example:
     await app.stop(SHUTDOWN_GRACE_MS);
     if (snapshots !== null) clearInterval(snapshots);
     await periodic?.idle();
-    if (stateDir !== null && saveSnapshot(service, stateDir, stateLog)) log.info("snapshot written", { dir: stateDir });
+    if (stateDir !== null && await saveSnapshot(service, stateDir, stateLog)) log.info("snapshot written", { dir: stateDir });
     await service.stop();
     log.info("stopped");
     return 0;

@@ -24,7 +24,8 @@
  * checks size, magic, version, checksum and block size before anything is applied; a
  * file that fails any check is refused whole (one log line) and kvedge starts empty.
  */
-import { closeSync, existsSync, fsyncSync, mkdirSync, openSync, readFileSync, renameSync, writeSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
+import { mkdir, open, rename } from "node:fs/promises";
 import { join } from "node:path";
 import { OP_REMOVED, OP_STORED } from "../index/pack";
 
@@ -216,25 +217,28 @@ export function decodeSnapshot(bytes: Uint8Array): Snapshot {
   return snapshot;
 }
 
-/** Writes atomically: temp file, fsync, rename, fsync of the directory. Returns the bytes written. */
-export function writeSnapshotFile(dir: string, snapshot: Snapshot): number {
-  mkdirSync(dir, { recursive: true });
+/**
+ * Writes atomically: temp file, fsync, rename, fsync of the directory (asynchronous I/O:
+ * routing goes on meanwhile). Resolves to the bytes written.
+ */
+export async function writeSnapshotFile(dir: string, snapshot: Snapshot): Promise<number> {
+  await mkdir(dir, { recursive: true });
   const bytes = encodeSnapshot(snapshot);
   const path = join(dir, SNAPSHOT_FILE);
   const temp = `${path}.tmp-${process.pid}`;
-  const fd = openSync(temp, "w", 0o600);
+  const file = await open(temp, "w", 0o600);
   try {
-    for (let at = 0; at < bytes.length;) at += writeSync(fd, bytes, at, bytes.length - at);
-    fsyncSync(fd);
+    await file.writeFile(bytes);
+    await file.sync();
   } finally {
-    closeSync(fd);
+    await file.close();
   }
-  renameSync(temp, path);
-  const dirFd = openSync(dir, "r");
+  await rename(temp, path);
+  const directory = await open(dir, "r");
   try {
-    fsyncSync(dirFd);
+    await directory.sync();
   } finally {
-    closeSync(dirFd);
+    await directory.close();
   }
   return bytes.length;
 }

@@ -10,15 +10,12 @@
  * then packed `SLICE_BLOCKS` blocks at a time between turns of the event loop, and the
  * file is written with asynchronous I/O. At shutdown it is written in one go.
  */
-import { open, rename, mkdir } from "node:fs/promises";
-import { join } from "node:path";
 import type { KvedgeCore } from "../core/core";
 import { positionKey } from "../core/core";
 import { captureIndex, IndexPacker } from "../index/pack";
 import type { Logger } from "../util/log";
 import {
-  encodeSnapshot, forEachOp, putActive, readSnapshotFile, type Snapshot, SNAPSHOT_FILE, SnapshotError, type SourcePosition,
-  writeSnapshotFile,
+  forEachOp, putActive, readSnapshotFile, type Snapshot, SnapshotError, type SourcePosition, writeSnapshotFile,
 } from "./snapshot";
 
 /** Blocks packed per turn of the event loop (about 1-3 ms each on this kind of machine). */
@@ -171,23 +168,12 @@ export function restoreRequests(service: KvedgeCore, requests: readonly SavedReq
   return restored;
 }
 
-/** Writes a snapshot now, in one go (shutdown); logs and returns false on failure (the previous file stays). */
-export function saveSnapshot(service: KvedgeCore, dir: string, log: Logger): boolean {
-  const started = performance.now();
-  try {
-    const bytes = writeSnapshotFile(dir, takeSnapshot(service));
-    log.debug("snapshot written", { dir, bytes, ms: Math.round(performance.now() - started) });
-    return true;
-  } catch (error) {
-    log.error("snapshot write failed", { dir, error: (error as Error).message });
-    return false;
-  }
+/** Writes a snapshot now, packed in one go (shutdown); logs and resolves false on failure (the previous file stays). */
+export function saveSnapshot(service: KvedgeCore, dir: string, log: Logger): Promise<boolean> {
+  return write(() => Promise.resolve(takeSnapshot(service)), dir, log);
 }
 
-/**
- * The periodic write: packed in slices, written with asynchronous I/O (temp file,
- * fsync, rename, directory fsync). One at a time: a tick while one runs is skipped.
- */
+/** The periodic write: packed in slices. One at a time: a tick while one runs is skipped. */
 export class PeriodicSnapshots {
   private running: Promise<boolean> | null = null;
 
@@ -195,7 +181,7 @@ export class PeriodicSnapshots {
 
   /** Starts a write unless one is running; resolves true once the file is in place. */
   tick(): Promise<boolean> {
-    this.running ??= this.write().finally(() => { this.running = null; });
+    this.running ??= write(() => takeSnapshotSliced(this.service), this.dir, this.log).finally(() => { this.running = null; });
     return this.running;
   }
 
@@ -203,33 +189,16 @@ export class PeriodicSnapshots {
   async idle(): Promise<void> {
     await this.running;
   }
+}
 
-  private async write(): Promise<boolean> {
-    const started = performance.now();
-    try {
-      const bytes = encodeSnapshot(await takeSnapshotSliced(this.service));
-      await mkdir(this.dir, { recursive: true });
-      const path = join(this.dir, SNAPSHOT_FILE);
-      const temp = `${path}.tmp-${process.pid}`;
-      const file = await open(temp, "w", 0o600);
-      try {
-        await file.writeFile(bytes);
-        await file.sync();
-      } finally {
-        await file.close();
-      }
-      await rename(temp, path);
-      const dirHandle = await open(this.dir, "r");
-      try {
-        await dirHandle.sync();
-      } finally {
-        await dirHandle.close();
-      }
-      this.log.debug("snapshot written", { dir: this.dir, bytes: bytes.length, ms: Math.round(performance.now() - started) });
-      return true;
-    } catch (error) {
-      this.log.error("snapshot write failed", { dir: this.dir, error: (error as Error).message });
-      return false;
-    }
+async function write(take: () => Promise<Snapshot>, dir: string, log: Logger): Promise<boolean> {
+  const started = performance.now();
+  try {
+    const bytes = await writeSnapshotFile(dir, await take());
+    log.debug("snapshot written", { dir, bytes, ms: Math.round(performance.now() - started) });
+    return true;
+  } catch (error) {
+    log.error("snapshot write failed", { dir, error: (error as Error).message });
+    return false;
   }
 }

@@ -98,9 +98,9 @@ describe("refusals", () => {
     expect(() => decodeSnapshot(bytes)).toThrow("version 99");
   });
 
-  test("another block size is refused", () => {
+  test("another block size is refused", async () => {
     const dir = tempDir();
-    writeSnapshotFile(dir, snapshotOf(createIndex("crtc", 16)));
+    await writeSnapshotFile(dir, snapshotOf(createIndex("crtc", 16)));
     expect(() => readSnapshotFile(dir, 32)).toThrow("block size 16");
     expect(readSnapshotFile(dir, 16)).not.toBeNull();
   });
@@ -112,25 +112,25 @@ describe("refusals", () => {
 });
 
 describe("atomic write", () => {
-  test("writes, replaces, leaves no temp file; a missing file reads as none", () => {
+  test("writes, replaces, leaves no temp file; a missing file reads as none", async () => {
     const dir = tempDir();
     expect(readSnapshotFile(dir, 1)).toBeNull();
     const index = createIndex("crtc", 1);
     for (const op of generateStream(3, { steps: 100 }).ops) applyHarnessOp(index, op);
-    const first = writeSnapshotFile(dir, snapshotOf(index));
+    const first = await writeSnapshotFile(dir, snapshotOf(index));
     expect(readFileSync(join(dir, SNAPSHOT_FILE)).length).toBe(first);
-    writeSnapshotFile(dir, snapshotOf(createIndex("crtc", 1)));
+    await writeSnapshotFile(dir, snapshotOf(createIndex("crtc", 1)));
     expect(readdirSync(dir)).toEqual([SNAPSHOT_FILE]);
     expect(readSnapshotFile(dir, 1)!.words.length).toBe(0);
   });
 
-  test("a failed write keeps the previous snapshot", () => {
+  test("a failed write keeps the previous snapshot", async () => {
     const dir = tempDir();
-    writeSnapshotFile(dir, snapshotOf(createIndex("crtc", 1)));
+    await writeSnapshotFile(dir, snapshotOf(createIndex("crtc", 1)));
     const before = readFileSync(join(dir, SNAPSHOT_FILE));
     // A directory where the temp file should go makes the write fail.
     mkdirSync(join(dir, `${SNAPSHOT_FILE}.tmp-${process.pid}`));
-    expect(() => writeSnapshotFile(dir, snapshotOf(createIndex("crtc", 1)))).toThrow();
+    await expect(writeSnapshotFile(dir, snapshotOf(createIndex("crtc", 1)))).rejects.toThrow();
     expect(readFileSync(join(dir, SNAPSHOT_FILE))).toEqual(before);
     expect(existsSync(join(dir, SNAPSHOT_FILE))).toBe(true);
   });
