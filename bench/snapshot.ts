@@ -5,7 +5,7 @@
  * their blocks with every other worker (a common system prompt), half are its own.
  *
  * Phases, each timed alone (one process, after a forced GC):
- *   capture      the synchronous copy of the index into flat typed arrays (blocks the event loop)
+ *   freeze       the synchronous copy of the index (crtc: a memcpy of its arrays; blocks the event loop)
  *   pack         the copy into snapshot words, all at once (the periodic write runs it in slices)
  *   write        encode the file, write, fsync, rename, directory fsync
  *   read         read the file, check size, magic, version, checksum and every operation
@@ -23,7 +23,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createIndex } from "../src/index/index";
 import { MatchResult } from "../src/index/types";
-import { captureIndex, IndexPacker } from "../src/index/pack";
+import { IndexPacker } from "../src/index/pack";
 import { forEachOp, readSnapshotFile, type Snapshot, writeSnapshotFile } from "../src/state/snapshot";
 import { SLICE_BLOCKS } from "../src/state/warm";
 import { benchFlags, provenance, rssBytes } from "./lib";
@@ -84,11 +84,11 @@ const index = build();
 const held = index.stats().blocks;
 const dir = flags.dir ?? mkdtempSync(join(tmpdir(), "kvedge-snapshot-bench-"));
 try {
-  const capture = time("capture_ms", () => captureIndex(index.dumpSource()), rows);
+  const frozen = time("freeze_ms", () => index.freeze(), rows);
   const snapshot: Snapshot = time("pack_ms", () => {
-    const packer = new IndexPacker(capture);
-    packer.step(Infinity);
-    return { blockSize: BLOCK_SIZE, createdAt: new Date().toISOString(), positions: [], workerIds: [...capture.workerIds], words: packer.words() };
+    const packer = new IndexPacker(frozen);
+    while (!packer.step(Infinity));
+    return { blockSize: BLOCK_SIZE, createdAt: new Date().toISOString(), positions: [], workerIds: [...packer.workerIds], words: packer.words() };
   }, rows);
   const bytes = await timeAsync("write_ms", () => writeSnapshotFile(dir, snapshot), rows);
   const loaded = time("read_check_ms", () => readSnapshotFile(dir, BLOCK_SIZE)!, rows);
@@ -101,7 +101,7 @@ try {
   const equal = view(restored) === view(index) && restored.stats().blocks === held;
   const idle = await routeDelays(async () => { await Bun.sleep(1000); });
   const during = await routeDelays(async () => {
-    const packer = new IndexPacker(captureIndex(index.dumpSource()));
+    const packer = new IndexPacker(index.freeze());
     const turn = () => new Promise((resolve) => setImmediate(resolve));
     do await turn(); while (!packer.step(SLICE_BLOCKS));
   });

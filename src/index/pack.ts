@@ -12,10 +12,12 @@
  * event then drops; a present worker with no blocks is stored and emptied again.
  *
  * Two phases, so a periodic snapshot need not stall the event loop:
- *   captureIndex  one synchronous O(blocks) walk copying the index into flat typed
- *                 arrays (the consistent view; nothing of the index is read after it);
- *   IndexPacker   turns the copy into words, `step(budget)` at a time (a worker's sort
- *                 is one step; its emission is split by the budget).
+ *   freeze        `KvIndex.freeze()`: one synchronous copy, the consistent view (crtc:
+ *                 a memcpy of its arrays; the others: their block walk, `freezeByWalk`);
+ *                 nothing of the index is read after it;
+ *   IndexPacker   turns the copy into words, `step(budget)` at a time: linking the
+ *                 copied tree in slices of units, ranking it (one step), then each
+ *                 worker (its sort is one step, its emission split by the budget).
  */
 import type { DumpSource } from "./dump";
 import { u64 } from "../util/u64";
@@ -24,17 +26,94 @@ export const OP_STORED = 1;
 export const OP_REMOVED = 2;
 const ROOT_KEY = -1;
 
-/** A consistent copy of an index: the block tree (parent, local hash, child links) and each worker's held blocks. */
-export interface IndexCapture {
+/**
+ * A copy of an index taken in one synchronous step (crtc: memcpy of its arrays), read
+ * later in slices. Blocks are walked in units (crtc: tree nodes), in any order, each
+ * block with its parent key (-1 = the root); workers as in DumpSource.
+ */
+export interface FrozenIndex {
+  readonly blockKeyLimit: number;
+  readonly units: number;
+  forEachBlockIn(from: number, to: number, visit: (key: number, parent: number, hi: number, lo: number) => void): void;
+  forEachWorker: DumpSource["forEachWorker"];
+}
+
+/** A FrozenIndex from any backend's DumpSource: its whole block walk is the copy (one synchronous step). */
+export function freezeByWalk(source: DumpSource): FrozenIndex {
+  const limit = source.blockKeyLimit;
+  const parentOf = new Int32Array(limit);
+  const hiOf = new Uint32Array(limit);
+  const loOf = new Uint32Array(limit);
+  const present = new Uint8Array(limit);
+  source.forEachBlock((key, parent, hi, lo) => {
+    parentOf[key] = parent;
+    hiOf[key] = hi;
+    loOf[key] = lo;
+    present[key] = 1;
+  });
+  const workers: [bigint, number, Uint32Array, Uint32Array, number][] = [];
+  source.forEachWorker((workerId, dpRank, external, keys, count) => workers.push([workerId, dpRank, external, keys, count]));
+  return {
+    blockKeyLimit: limit,
+    units: limit,
+    forEachBlockIn(from, to, visit) {
+      for (let key = from; key < to; key++) if (present[key] === 1) visit(key, parentOf[key]!, hiOf[key]!, loOf[key]!);
+    },
+    forEachWorker(visit) {
+      for (const worker of workers) visit(...worker);
+    },
+  };
+}
+
+/** The frozen copy as the packer reads it: the block tree (parent, local hash, child links) and each worker's blocks. */
+class Capture {
   readonly parentOf: Int32Array;
   readonly hiOf: Uint32Array;
   readonly loOf: Uint32Array;
   /** First child of each key, `firstChild[limit]` the root's; -1 = none. */
   readonly firstChild: Int32Array;
   readonly nextSibling: Int32Array;
-  readonly workers: readonly CapturedWorker[];
+  readonly workers: CapturedWorker[] = [];
   /** Distinct worker ids; a worker ref in the words indexes this list. */
-  readonly workerIds: readonly bigint[];
+  readonly workerIds: bigint[] = [];
+  private unit = 0;
+  private readonly link: (key: number, parent: number, hi: number, lo: number) => void;
+
+  constructor(private readonly frozen: FrozenIndex) {
+    const limit = frozen.blockKeyLimit;
+    this.parentOf = new Int32Array(limit);
+    this.hiOf = new Uint32Array(limit);
+    this.loOf = new Uint32Array(limit);
+    this.firstChild = new Int32Array(limit + 1).fill(-1); // index `limit` is the root
+    this.nextSibling = new Int32Array(limit).fill(-1);
+    const { parentOf, hiOf, loOf, firstChild, nextSibling } = this;
+    this.link = (key, parent, hi, lo) => {
+      parentOf[key] = parent;
+      hiOf[key] = hi;
+      loOf[key] = lo;
+      const slot = parent === ROOT_KEY ? limit : parent;
+      nextSibling[key] = firstChild[slot]!;
+      firstChild[slot] = key;
+    };
+  }
+
+  /** Links about `budget` units of blocks; true once every block and worker is in. */
+  step(budget: number): boolean {
+    const to = Math.min(this.frozen.units, this.unit + Math.max(1, budget));
+    this.frozen.forEachBlockIn(this.unit, to, this.link);
+    this.unit = to;
+    if (this.unit < this.frozen.units) return false;
+    const refs = new Map<bigint, number>();
+    this.frozen.forEachWorker((workerId, dpRank, external, keys, count) => {
+      let ref = refs.get(workerId);
+      if (ref === undefined) {
+        refs.set(workerId, ref = this.workerIds.length);
+        this.workerIds.push(workerId);
+      }
+      this.workers.push({ ref, dpRank, external, keys, count });
+    });
+    return true;
+  }
 }
 
 interface CapturedWorker {
@@ -43,36 +122,6 @@ interface CapturedWorker {
   readonly external: Uint32Array;
   readonly keys: Uint32Array;
   readonly count: number;
-}
-
-export function captureIndex(source: DumpSource): IndexCapture {
-  const limit = source.blockKeyLimit;
-  const parentOf = new Int32Array(limit);
-  const hiOf = new Uint32Array(limit);
-  const loOf = new Uint32Array(limit);
-  const firstChild = new Int32Array(limit + 1).fill(-1); // index `limit` is the root
-  const nextSibling = new Int32Array(limit).fill(-1);
-  source.forEachBlock((key, parent, hi, lo) => {
-    parentOf[key] = parent;
-    hiOf[key] = hi;
-    loOf[key] = lo;
-    const slot = parent === ROOT_KEY ? limit : parent;
-    nextSibling[key] = firstChild[slot]!;
-    firstChild[slot] = key;
-  });
-  const workers: CapturedWorker[] = [];
-  const workerIds: bigint[] = [];
-  const refs = new Map<bigint, number>();
-  // forEachWorker hands over fresh arrays per worker: keeping them is the copy.
-  source.forEachWorker((workerId, dpRank, external, keys, count) => {
-    let ref = refs.get(workerId);
-    if (ref === undefined) {
-      refs.set(workerId, ref = workerIds.length);
-      workerIds.push(workerId);
-    }
-    workers.push({ ref, dpRank, external, keys, count });
-  });
-  return { parentOf, hiOf, loOf, firstChild, nextSibling, workers, workerIds };
 }
 
 /** Ranks of every key in a depth-first pre-order walk from the root (unvisited keys: rank 0, never read). */
@@ -93,18 +142,20 @@ function preorder(firstChild: Int32Array, nextSibling: Int32Array) {
   return { rank, keyAtRank };
 }
 
-/** Packs a capture into words, in steps; `words()` once `step` returns true. */
+/** Packs a frozen index into words, in steps; `words()` once `step` returns true. */
 export class IndexPacker {
-  private out: Uint32Array;
+  private readonly capture: Capture;
+  private captured = false;
+  private out = new Uint32Array(0);
   private at = 0;
   private worker = 0;
   /** The current worker's held keys' ranks, sorted (null: not started). */
   private order: Uint32Array | null = null;
   private next = 0;
   /** Per key: stamp of the worker holding it, and its external hash under that worker. */
-  private readonly heldStamp: Uint32Array;
-  private readonly extHi: Uint32Array;
-  private readonly extLo: Uint32Array;
+  private heldStamp = new Uint32Array(0);
+  private extHi = new Uint32Array(0);
+  private extLo = new Uint32Array(0);
   /** Word index of the open stored event's count, and its last key (chaining). */
   private openCountAt = -1;
   private openLast = ROOT_KEY - 1;
@@ -114,19 +165,25 @@ export class IndexPacker {
   private keyAtRank = new Uint32Array(0);
   private ranked = false;
 
-  constructor(private readonly capture: IndexCapture) {
-    const limit = capture.parentOf.length;
-    this.heldStamp = new Uint32Array(limit);
-    this.extHi = new Uint32Array(limit);
-    this.extLo = new Uint32Array(limit);
-    let pairs = 0;
-    for (const worker of capture.workers) pairs += worker.count;
-    // Room for every pair plus a header per 14 blocks: long chains never regrow (a regrow is one big copy).
-    this.out = new Uint32Array(4 * pairs + (pairs >>> 1) + 64);
+  constructor(frozen: FrozenIndex) {
+    this.capture = new Capture(frozen);
   }
 
-  /** Packs about `budget` blocks (the first step also ranks the tree); true when everything is packed. */
+  /** Worker ids by ref (complete once `step` returned true). */
+  get workerIds(): readonly bigint[] {
+    return this.capture.workerIds;
+  }
+
+  /**
+   * Does about `budget` blocks of work (linking the copied tree, ranking it, packing a
+   * worker's blocks); true when everything is packed.
+   */
   step(budget: number): boolean {
+    if (!this.captured) {
+      this.captured = this.capture.step(budget);
+      if (this.captured) this.allocate();
+      return false;
+    }
     const workers = this.capture.workers;
     let done = 0;
     if (!this.ranked) {
@@ -148,6 +205,17 @@ export class IndexPacker {
       if (this.next === order.length) this.finish(worker);
     }
     return this.worker === workers.length;
+  }
+
+  private allocate(): void {
+    const limit = this.capture.parentOf.length;
+    this.heldStamp = new Uint32Array(limit);
+    this.extHi = new Uint32Array(limit);
+    this.extLo = new Uint32Array(limit);
+    let pairs = 0;
+    for (const worker of this.capture.workers) pairs += worker.count;
+    // Room for every pair plus a header per 14 blocks: long chains never regrow (a regrow is one big copy).
+    this.out = new Uint32Array(4 * pairs + (pairs >>> 1) + 64);
   }
 
   /** The packed words (a view; valid once `step` returned true). */
@@ -283,12 +351,11 @@ export class IndexPacker {
   }
 }
 
-/** Packs the whole capture at once (shutdown, tests). */
-export function packIndex(source: DumpSource): { words: Uint32Array; workerIds: readonly bigint[] } {
-  const capture = captureIndex(source);
-  const packer = new IndexPacker(capture);
-  packer.step(Infinity);
-  return { words: packer.words(), workerIds: capture.workerIds };
+/** Packs a frozen index at once (shutdown, tests). */
+export function packIndex(frozen: FrozenIndex): { words: Uint32Array; workerIds: readonly bigint[] } {
+  const packer = new IndexPacker(frozen);
+  while (!packer.step(Infinity));
+  return { words: packer.words(), workerIds: packer.workerIds };
 }
 
 /** Hashes no held block of one worker uses, counting down from 2^64 - 1 (built on first use: most workers need none). */

@@ -6,6 +6,7 @@
  */
 import type { WorkerTable } from "../core/worker-table";
 import type { DumpSource } from "./dump";
+import type { FrozenIndex } from "./pack";
 import type { IndexOp } from "./ops";
 
 export type BackendName = "crtc" | "positional" | "reference";
@@ -205,6 +206,8 @@ export interface KvIndex {
   dump(): IndexOp[];
   /** The backend's walk of its blocks and workers (what `dump()` and snapshot packing read). */
   dumpSource(): DumpSource;
+  /** A copy of the index, taken now in one step, for packing later in slices (snapshots). */
+  freeze(): FrozenIndex;
   /** O(N) check of every internal invariant; throws IndexInvariantError. */
   verify(): void;
 }

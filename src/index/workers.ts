@@ -97,20 +97,28 @@ export class WorkerSlots {
   }
 
   /** The dump's worker walk: each slot's (external hash, block key) pairs. */
-  readonly forEachWorker: DumpSource["forEachWorker"] = (visit) => {
+  readonly forEachWorker: DumpSource["forEachWorker"] = (visit) => this.frozenWorkers()(visit);
+
+  /** The same walk over copies of the lookups taken now (memcpy), to run later. */
+  frozenWorkers(): DumpSource["forEachWorker"] {
+    const copies: [bigint, number, Uint32Array, number][] = [];
     for (let slot = 0; slot < this.lookup.length; slot++) {
       const lookup = this.lookup[slot];
-      if (!lookup) continue;
-      const external = new Uint32Array(2 * lookup.count);
-      const keys = new Uint32Array(lookup.count);
-      let n = 0;
-      for (let at = 0; at < lookup.table.length; at += 3) {
-        if (lookup.table[at + 2] === 0) continue;
-        external[2 * n] = lookup.table[at]!;
-        external[2 * n + 1] = lookup.table[at + 1]!;
-        keys[n++] = lookup.table[at + 2]!;
-      }
-      visit(this.table.workerIdOf(slot), this.table.dpRankOf(slot), external, keys, n);
+      if (lookup) copies.push([this.table.workerIdOf(slot), this.table.dpRankOf(slot), lookup.table.slice(), lookup.count]);
     }
-  };
+    return (visit) => {
+      for (const [workerId, dpRank, table, count] of copies) {
+        const external = new Uint32Array(2 * count);
+        const keys = new Uint32Array(count);
+        let n = 0;
+        for (let at = 0; at < table.length; at += 3) {
+          if (table[at + 2] === 0) continue;
+          external[2 * n] = table[at]!;
+          external[2 * n + 1] = table[at + 1]!;
+          keys[n++] = table[at + 2]!;
+        }
+        visit(workerId, dpRank, external, keys, n);
+      }
+    };
+  }
 }

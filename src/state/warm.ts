@@ -12,7 +12,7 @@
  */
 import type { KvedgeCore } from "../core/core";
 import { positionKey } from "../core/core";
-import { captureIndex, IndexPacker } from "../index/pack";
+import { IndexPacker } from "../index/pack";
 import type { Logger } from "../util/log";
 import {
   forEachOp, putActive, readSnapshotFile, type Snapshot, SnapshotError, type SourcePosition, writeSnapshotFile,
@@ -24,7 +24,8 @@ export const SLICE_BLOCKS = 20_000;
 /** A snapshot being taken: the consistent copy, packed on demand. */
 interface Taking {
   readonly packer: IndexPacker;
-  readonly workerIds: bigint[];
+  /** Worker ids by active-request ref (renumbered after the index's at the end). */
+  readonly activeIds: bigint[];
   readonly active: Uint32Array;
   readonly positions: SourcePosition[];
   readonly createdAt: string;
@@ -32,9 +33,10 @@ interface Taking {
 
 /** Copies everything a snapshot holds, now, in one synchronous step. */
 function begin(service: KvedgeCore): Taking {
-  const capture = captureIndex(service.index.dumpSource());
-  const workerIds = [...capture.workerIds];
-  const refs = new Map(workerIds.map((id, ref) => [id, ref]));
+  const packer = new IndexPacker(service.index.freeze());
+  // Refs of the active requests' workers follow the index's (known once packed).
+  const activeIds: bigint[] = [];
+  const refs = new Map<bigint, number>();
   const load = service.router.load;
   const out = { words: new Uint32Array(1024) };
   let at = 0;
@@ -42,14 +44,14 @@ function begin(service: KvedgeCore): Taking {
     const workerId = load.workerIdOf(slot);
     let ref = refs.get(workerId);
     if (ref === undefined) {
-      refs.set(workerId, ref = workerIds.length);
-      workerIds.push(workerId);
+      refs.set(workerId, ref = activeIds.length);
+      activeIds.push(workerId);
     }
     at = putActive(out, at, ref, load.dpRanks[slot]!, id, prefill, output, idleMs, chain, blocks);
   });
   return {
-    packer: new IndexPacker(capture),
-    workerIds,
+    packer,
+    activeIds,
     active: out.words.subarray(0, at),
     createdAt: new Date().toISOString(),
     positions: service.engineSources.map((source) => ({
@@ -63,17 +65,28 @@ function begin(service: KvedgeCore): Taking {
 }
 
 function finish(taking: Taking, blockSize: number): Snapshot {
+  const workerIds = [...taking.packer.workerIds];
+  const refs = new Map(workerIds.map((id, ref) => [id, ref]));
+  const renumber = taking.activeIds.map((id) => {
+    let ref = refs.get(id);
+    if (ref === undefined) {
+      refs.set(id, ref = workerIds.length);
+      workerIds.push(id);
+    }
+    return ref;
+  });
   const index = taking.packer.words();
   const words = new Uint32Array(index.length + taking.active.length);
   words.set(index);
   words.set(taking.active, index.length);
-  return { blockSize, createdAt: taking.createdAt, positions: taking.positions, workerIds: taking.workerIds, words };
+  forEachActiveRef(words, index.length, (at) => { words[at] = renumber[words[at]!]!; });
+  return { blockSize, createdAt: taking.createdAt, positions: taking.positions, workerIds, words };
 }
 
 /** The service's state now, consistent, packed in one synchronous step (shutdown, tests). */
 export function takeSnapshot(service: KvedgeCore): Snapshot {
   const taking = begin(service);
-  taking.packer.step(Infinity);
+  while (!taking.packer.step(Infinity));
   return finish(taking, service.blockSize);
 }
 
@@ -200,5 +213,13 @@ async function write(take: () => Promise<Snapshot>, dir: string, log: Logger): P
   } catch (error) {
     log.error("snapshot write failed", { dir, error: (error as Error).message });
     return false;
+  }
+}
+
+/** Calls `visit` with the word index of each active request's worker ref, from `at` (operations 3 only). */
+function forEachActiveRef(words: Uint32Array, at: number, visit: (refAt: number) => void): void {
+  while (at < words.length) {
+    visit(at + 1);
+    at += 8 + ((words[at + 3]! + 1) >>> 1) + 2 * words[at + 7]!;
   }
 }

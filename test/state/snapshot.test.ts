@@ -7,7 +7,7 @@ import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync }
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createIndex } from "../../src/index";
-import { captureIndex, IndexPacker, packIndex } from "../../src/index/pack";
+import { IndexPacker, packIndex } from "../../src/index/pack";
 import { LoadTracker } from "../../src/route/load";
 import { BACKEND_NAMES, MatchResult } from "../../src/index/types";
 import {
@@ -28,7 +28,7 @@ function tempDir(): string {
 }
 
 function snapshotOf(index: ReturnType<typeof createIndex>): Snapshot {
-  const { words, workerIds } = packIndex(index.dumpSource());
+  const { words, workerIds } = packIndex(index.freeze());
   return {
     blockSize: index.blockSize, createdAt: "2026-01-01T00:00:00Z", workerIds: [...workerIds], words,
     positions: [{ workerId: 7n, dpRank: 0, lastSeq: 41, fingerprint: 12345, degraded: false }],
@@ -146,9 +146,9 @@ describe("typed packing", () => {
         applyHarnessOp(index, op);
         applyHarnessOp(reference, op);
       }
-      const whole = packIndex(index.dumpSource()).words;
+      const whole = packIndex(index.freeze()).words;
       for (const slice of [1, 7]) {
-        const packer = new IndexPacker(captureIndex(index.dumpSource()));
+        const packer = new IndexPacker(index.freeze());
         let steps = 0;
         while (!packer.step(slice)) steps++;
         expect(packer.words()).toEqual(whole);
@@ -169,6 +169,23 @@ describe("typed packing", () => {
       }
     });
   }
+
+  test.each(BACKEND_NAMES)("%s: a frozen copy packs the index as it was when frozen, whatever is applied after", (backend) => {
+    const stream = generateStream(21, { steps: 400 });
+    const index = createIndex(backend, 1);
+    const half = Math.floor(stream.ops.length / 2);
+    for (const op of stream.ops.slice(0, half)) applyHarnessOp(index, op);
+    const expected = packIndex(index.freeze()).words;
+    const packer = new IndexPacker(index.freeze());
+    let turns = 0;
+    for (const op of stream.ops.slice(half)) {
+      applyHarnessOp(index, op); // the index moves on between slices
+      if (turns++ % 5 === 0) packer.step(3);
+    }
+    for (const info of index.workers()) index.removeWorker(info.workerId);
+    while (!packer.step(3));
+    expect(packer.words()).toEqual(expected);
+  });
 
   test("a malformed active request is refused before anything is applied", () => {
     const words = new Uint32Array([3, 0, 0, 5, 0, 0, 0, 1, 0x620061]);

@@ -13,6 +13,7 @@
 import { chainHashes } from "../../hash";
 import { assert, VERIFY_BY_DEFAULT } from "../assert";
 import { type DumpSource, dumpEvents } from "../dump";
+import { type FrozenIndex, freezeByWalk } from "../pack";
 import { LinkTable } from "../link-table";
 import type { ExternalLookup } from "../lookup";
 import type { IndexOp } from "../ops";
@@ -434,6 +435,10 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
 
   dump(): IndexOp[] {
     return dumpEvents(this.dumpSource(), this.blockSize);
+  }
+
+  freeze(): FrozenIndex {
+    return freezeByWalk(this.dumpSource());
   }
 
   dumpSource(): DumpSource {

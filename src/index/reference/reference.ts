@@ -8,6 +8,7 @@
  * (path -> its external hash), the two directions of one bijection.
  */
 import { type DumpSource, dumpEvents } from "../dump";
+import { type FrozenIndex, freezeByWalk } from "../pack";
 import type { IndexOp } from "../ops";
 import {
   countRejection, type IndexOptions, type IndexStats, type KvIndex, type MatchResult,
@@ -234,6 +235,10 @@ export class ReferenceIndex extends SlotIndex implements KvIndex {
 
   dump(): IndexOp[] {
     return dumpEvents(this.dumpSource(), this.blockSize);
+  }
+
+  freeze(): FrozenIndex {
+    return freezeByWalk(this.dumpSource());
   }
 
   dumpSource(): DumpSource {
