@@ -34,8 +34,16 @@ const ROOT_KEY = -1;
 export interface FrozenIndex {
   readonly blockKeyLimit: number;
   readonly units: number;
-  forEachBlockIn(from: number, to: number, visit: (key: number, parent: number, hi: number, lo: number) => void): void;
-  forEachWorker: DumpSource["forEachWorker"];
+  /** Visits the blocks of units from `from` on until at least `budget` blocks (or the end); returns the next unit. */
+  forEachBlockFrom(from: number, budget: number, visit: (key: number, parent: number, hi: number, lo: number) => void): number;
+  /** Present workers; `held()` reads one's blocks out of the copy (a step of its own). */
+  readonly workers: readonly FrozenWorker[];
+}
+
+export interface FrozenWorker {
+  readonly workerId: bigint;
+  readonly dpRank: number;
+  held(): { external: Uint32Array; keys: Uint32Array; count: number };
 }
 
 /** A FrozenIndex from any backend's DumpSource: its whole block walk is the copy (one synchronous step). */
@@ -51,17 +59,17 @@ export function freezeByWalk(source: DumpSource): FrozenIndex {
     loOf[key] = lo;
     present[key] = 1;
   });
-  const workers: [bigint, number, Uint32Array, Uint32Array, number][] = [];
-  source.forEachWorker((workerId, dpRank, external, keys, count) => workers.push([workerId, dpRank, external, keys, count]));
+  const workers: FrozenWorker[] = [];
+  source.forEachWorker((workerId, dpRank, external, keys, count) => workers.push({ workerId, dpRank, held: () => ({ external, keys, count }) }));
   return {
     blockKeyLimit: limit,
     units: limit,
-    forEachBlockIn(from, to, visit) {
+    forEachBlockFrom(from, budget, visit) {
+      const to = Math.min(limit, from + budget);
       for (let key = from; key < to; key++) if (present[key] === 1) visit(key, parentOf[key]!, hiOf[key]!, loOf[key]!);
+      return to;
     },
-    forEachWorker(visit) {
-      for (const worker of workers) visit(...worker);
-    },
+    workers,
   };
 }
 
@@ -77,6 +85,8 @@ class Capture {
   /** Distinct worker ids; a worker ref in the words indexes this list. */
   readonly workerIds: bigint[] = [];
   private unit = 0;
+  private worker = 0;
+  private readonly refs = new Map<bigint, number>();
   private readonly link: (key: number, parent: number, hi: number, lo: number) => void;
 
   constructor(private readonly frozen: FrozenIndex) {
@@ -99,20 +109,21 @@ class Capture {
 
   /** Links about `budget` units of blocks; true once every block and worker is in. */
   step(budget: number): boolean {
-    const to = Math.min(this.frozen.units, this.unit + Math.max(1, budget));
-    this.frozen.forEachBlockIn(this.unit, to, this.link);
-    this.unit = to;
+    this.unit = this.frozen.forEachBlockFrom(this.unit, Math.max(1, budget), this.link);
     if (this.unit < this.frozen.units) return false;
-    const refs = new Map<bigint, number>();
-    this.frozen.forEachWorker((workerId, dpRank, external, keys, count) => {
-      let ref = refs.get(workerId);
+    // Then the workers, about `budget` blocks' worth per step.
+    for (let done = 0; this.worker < this.frozen.workers.length && done < budget; this.worker++) {
+      const { workerId, dpRank } = this.frozen.workers[this.worker]!;
+      const { external, keys, count } = this.frozen.workers[this.worker]!.held();
+      let ref = this.refs.get(workerId);
       if (ref === undefined) {
-        refs.set(workerId, ref = this.workerIds.length);
+        this.refs.set(workerId, ref = this.workerIds.length);
         this.workerIds.push(workerId);
       }
       this.workers.push({ ref, dpRank, external, keys, count });
-    });
-    return true;
+      done += count;
+    }
+    return this.worker === this.frozen.workers.length;
   }
 }
 
@@ -124,28 +135,40 @@ interface CapturedWorker {
   readonly count: number;
 }
 
-/** Ranks of every key in a depth-first pre-order walk from the root (unvisited keys: rank 0, never read). */
-function preorder(firstChild: Int32Array, nextSibling: Int32Array) {
-  const limit = nextSibling.length;
-  const rank = new Uint32Array(limit);
-  const keyAtRank = new Uint32Array(limit);
-  const stack = new Int32Array(limit);
-  let top = 0;
-  for (let key = firstChild[limit]!; key !== -1; key = nextSibling[key]!) stack[top++] = key;
-  let next = 0;
-  while (top > 0) {
-    const key = stack[--top]!;
-    keyAtRank[next] = key;
-    rank[key] = next++;
-    for (let child = firstChild[key]!; child !== -1; child = nextSibling[child]!) stack[top++] = child;
+/** Ranks of every key in a depth-first pre-order walk from the root, in steps (unvisited keys: rank 0, never read). */
+class Preorder {
+  readonly rank: Uint32Array;
+  readonly keyAtRank: Uint32Array;
+  private readonly stack: Int32Array;
+  private top = 0;
+  private next = 0;
+
+  constructor(private readonly firstChild: Int32Array, private readonly nextSibling: Int32Array) {
+    const limit = nextSibling.length;
+    this.rank = new Uint32Array(limit);
+    this.keyAtRank = new Uint32Array(limit);
+    this.stack = new Int32Array(limit);
+    for (let key = firstChild[limit]!; key !== -1; key = nextSibling[key]!) this.stack[this.top++] = key;
   }
-  return { rank, keyAtRank };
+
+  /** Ranks about `budget` keys; true when done. */
+  step(budget: number): boolean {
+    const { firstChild, nextSibling, stack, rank, keyAtRank } = this;
+    for (let n = 0; n < budget && this.top > 0; n++) {
+      const key = stack[--this.top]!;
+      keyAtRank[this.next] = key;
+      rank[key] = this.next++;
+      for (let child = firstChild[key]!; child !== -1; child = nextSibling[child]!) stack[this.top++] = child;
+    }
+    return this.top === 0;
+  }
 }
 
 /** Packs a frozen index into words, in steps; `words()` once `step` returns true. */
 export class IndexPacker {
-  private readonly capture: Capture;
+  private capture: Capture | null = null;
   private captured = false;
+  private preorder: Preorder | null = null;
   private out = new Uint32Array(0);
   private at = 0;
   private worker = 0;
@@ -160,18 +183,16 @@ export class IndexPacker {
   private openCountAt = -1;
   private openLast = ROOT_KEY - 1;
   private placeholders: Placeholders | null = null;
-  /** Pre-order rank of each block key and the key at each rank (the first step computes them). */
-  private rank = new Uint32Array(0);
-  private keyAtRank = new Uint32Array(0);
+  /** Pre-order rank of each block key and the key at each rank. */
+  private rank: Uint32Array = new Uint32Array(0);
+  private keyAtRank: Uint32Array = new Uint32Array(0);
   private ranked = false;
 
-  constructor(frozen: FrozenIndex) {
-    this.capture = new Capture(frozen);
-  }
+  constructor(private readonly frozen: FrozenIndex) {}
 
   /** Worker ids by ref (complete once `step` returned true). */
   get workerIds(): readonly bigint[] {
-    return this.capture.workerIds;
+    return this.capture?.workerIds ?? [];
   }
 
   /**
@@ -179,18 +200,28 @@ export class IndexPacker {
    * worker's blocks); true when everything is packed.
    */
   step(budget: number): boolean {
-    if (!this.captured) {
-      this.captured = this.capture.step(budget);
-      if (this.captured) this.allocate();
+    // Phases, each its own steps: allocate the copy's links, link, allocate the output, rank, pack.
+    if (this.capture === null) {
+      this.capture = new Capture(this.frozen);
       return false;
     }
-    const workers = this.capture.workers;
-    let done = 0;
-    if (!this.ranked) {
-      ({ rank: this.rank, keyAtRank: this.keyAtRank } = preorder(this.capture.firstChild, this.capture.nextSibling));
-      this.ranked = true;
-      done += this.rank.length >>> 3;
+    if (!this.captured) {
+      this.captured = this.capture.step(budget);
+      return false;
     }
+    if (this.preorder === null) {
+      this.allocate();
+      this.preorder = new Preorder(this.capture.firstChild, this.capture.nextSibling);
+      return false;
+    }
+    if (!this.ranked) {
+      this.ranked = this.preorder.step(4 * budget);
+      ({ rank: this.rank, keyAtRank: this.keyAtRank } = this.preorder);
+      return false;
+    }
+    const capture = this.capture;
+    const workers = capture.workers;
+    let done = 0;
     while (this.worker < workers.length && done < budget) {
       const worker = workers[this.worker]!;
       if (this.order === null) {
@@ -208,12 +239,13 @@ export class IndexPacker {
   }
 
   private allocate(): void {
-    const limit = this.capture.parentOf.length;
+    const capture = this.capture!;
+    const limit = capture.parentOf.length;
     this.heldStamp = new Uint32Array(limit);
     this.extHi = new Uint32Array(limit);
     this.extLo = new Uint32Array(limit);
     let pairs = 0;
-    for (const worker of this.capture.workers) pairs += worker.count;
+    for (const worker of capture.workers) pairs += worker.count;
     // Room for every pair plus a header per 14 blocks: long chains never regrow (a regrow is one big copy).
     this.out = new Uint32Array(4 * pairs + (pairs >>> 1) + 64);
   }
@@ -256,7 +288,7 @@ export class IndexPacker {
   }
 
   private emit(worker: CapturedWorker, key: number): void {
-    const { parentOf, hiOf, loOf } = this.capture;
+    const { parentOf, hiOf, loOf } = this.capture!;
     const stamp = this.worker + 1;
     const parent = parentOf[key]!;
     if (this.openCountAt >= 0 && parent === this.openLast) {
@@ -297,7 +329,7 @@ export class IndexPacker {
    */
   private appendToOpen(key: number): void {
     this.put(this.extHi[key]!, this.extLo[key]!);
-    this.put(this.capture.hiOf[key]!, this.capture.loOf[key]!);
+    this.put(this.capture!.hiOf[key]!, this.capture!.loOf[key]!);
     this.out[this.openCountAt]!++;
     this.openLast = key;
   }

@@ -10,6 +10,7 @@
 import { SLOT_LIMIT, type WorkerTable } from "../core/worker-table";
 import { assert } from "./assert";
 import type { DumpSource } from "./dump";
+import type { FrozenWorker } from "./pack";
 import { ExternalLookup } from "./lookup";
 import type { WorkerInfo } from "./types";
 
@@ -97,28 +98,37 @@ export class WorkerSlots {
   }
 
   /** The dump's worker walk: each slot's (external hash, block key) pairs. */
-  readonly forEachWorker: DumpSource["forEachWorker"] = (visit) => this.frozenWorkers()(visit);
+  readonly forEachWorker: DumpSource["forEachWorker"] = (visit) => {
+    for (const worker of this.frozenWorkers()) {
+      const { external, keys, count } = worker.held();
+      visit(worker.workerId, worker.dpRank, external, keys, count);
+    }
+  };
 
-  /** The same walk over copies of the lookups taken now (memcpy), to run later. */
-  frozenWorkers(): DumpSource["forEachWorker"] {
-    const copies: [bigint, number, Uint32Array, number][] = [];
+  /** Every present slot over a copy of its lookup taken now (memcpy), read later. */
+  frozenWorkers(): FrozenWorker[] {
+    const frozen: FrozenWorker[] = [];
     for (let slot = 0; slot < this.lookup.length; slot++) {
       const lookup = this.lookup[slot];
-      if (lookup) copies.push([this.table.workerIdOf(slot), this.table.dpRankOf(slot), lookup.table.slice(), lookup.count]);
+      if (!lookup) continue;
+      const table = lookup.table.slice();
+      const count = lookup.count;
+      frozen.push({ workerId: this.table.workerIdOf(slot), dpRank: this.table.dpRankOf(slot), held: () => heldOf(table, count) });
     }
-    return (visit) => {
-      for (const [workerId, dpRank, table, count] of copies) {
-        const external = new Uint32Array(2 * count);
-        const keys = new Uint32Array(count);
-        let n = 0;
-        for (let at = 0; at < table.length; at += 3) {
-          if (table[at + 2] === 0) continue;
-          external[2 * n] = table[at]!;
-          external[2 * n + 1] = table[at + 1]!;
-          keys[n++] = table[at + 2]!;
-        }
-        visit(workerId, dpRank, external, keys, n);
-      }
-    };
+    return frozen;
   }
+}
+
+/** A lookup table's (external hash, block key) pairs. */
+function heldOf(table: Uint32Array, count: number): { external: Uint32Array; keys: Uint32Array; count: number } {
+  const external = new Uint32Array(2 * count);
+  const keys = new Uint32Array(count);
+  let n = 0;
+  for (let at = 0; at < table.length; at += 3) {
+    if (table[at + 2] === 0) continue;
+    external[2 * n] = table[at]!;
+    external[2 * n + 1] = table[at + 1]!;
+    keys[n++] = table[at + 2]!;
+  }
+  return { external, keys, count: n };
 }

@@ -152,8 +152,9 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
     return {
       blockKeyLimit: hi.length,
       units: top,
-      forEachBlockIn(from, to, visit) {
-        for (let node = Math.max(from, ROOT + 1); node < to; node++) {
+      forEachBlockFrom(from, budget, visit) {
+        let node = Math.max(from, ROOT + 1);
+        for (let visited = 0; node < top && visited < budget; node++) {
           const n = len[node]!;
           if (n === 0) continue; // a free id
           const first = start[node]!;
@@ -163,9 +164,11 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
             visit(block, previous, hi[block]!, lo[block]!);
             previous = block;
           }
+          visited += n;
         }
+        return node;
       },
-      forEachWorker: this.slots.frozenWorkers(),
+      workers: this.slots.frozenWorkers(),
     };
   }
 
