@@ -4,11 +4,12 @@
  * requests), what a loaded one gives back, and the writer that runs every
  * `state.snapshot_interval_secs` and at shutdown.
  *
- * The periodic write does not stall routing: the index is copied into flat typed
- * arrays in one synchronous step (src/index/pack.ts `captureIndex`, with the positions
- * and active requests taken at the same moment, so all of it is one consistent view),
- * then packed `SLICE_BLOCKS` blocks at a time between turns of the event loop, and the
- * file is written with asynchronous I/O. At shutdown it is written in one go.
+ * The periodic write does not stall routing for the pack: the index is copied in one
+ * synchronous step (`KvIndex.freeze()`, crtc: a memcpy of its arrays), with the
+ * positions and active requests taken at the same moment, so all of it is one
+ * consistent view; the copy is then packed `SLICE_BLOCKS` blocks at a time between
+ * turns of the event loop (src/index/pack.ts), and the file is written with
+ * asynchronous I/O. At shutdown it is packed in one go.
  */
 import type { KvedgeCore } from "../core/core";
 import { positionKey } from "../core/core";
@@ -18,7 +19,7 @@ import {
   forEachOp, putActive, readSnapshotFile, type Snapshot, SnapshotError, type SourcePosition, writeSnapshotFile,
 } from "./snapshot";
 
-/** Blocks packed per turn of the event loop (about 1-3 ms each on this kind of machine). */
+/** Blocks of work per turn of the event loop (a few ms each on a shared 2-core machine). */
 export const SLICE_BLOCKS = 20_000;
 
 /** A snapshot being taken: the consistent copy, packed on demand. */
