@@ -107,7 +107,7 @@ class Capture {
     };
   }
 
-  /** Links about `budget` units of blocks; true once every block and worker is in. */
+  /** Links about `budget` blocks, then reads workers (about `budget` blocks' worth per step); true once all are in. */
   step(budget: number): boolean {
     this.unit = this.frozen.forEachBlockFrom(this.unit, Math.max(1, budget), this.link);
     if (this.unit < this.frozen.units) return false;

@@ -5,7 +5,6 @@
  * event's first block in those arrays. Worker ids are bigints at event granularity.
  */
 import type { WorkerTable } from "../core/worker-table";
-import type { DumpSource } from "./dump";
 import type { FrozenIndex } from "./pack";
 import type { IndexOp } from "./ops";
 
@@ -204,8 +203,6 @@ export interface KvIndex {
   workers(): WorkerInfo[];
   /** Events (kvedge apply format) that rebuild an equal index in a fresh one. */
   dump(): IndexOp[];
-  /** The backend's walk of its blocks and workers (what `dump()` and snapshot packing read). */
-  dumpSource(): DumpSource;
   /** A copy of the index, taken now in one step, for packing later in slices (snapshots). */
   freeze(): FrozenIndex;
   /** O(N) check of every internal invariant; throws IndexInvariantError. */

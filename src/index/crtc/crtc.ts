@@ -172,7 +172,7 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
     };
   }
 
-  dumpSource(): DumpSource {
+  private dumpSource(): DumpSource {
     const tree = this.tree;
     const slots = this.slots;
     return {

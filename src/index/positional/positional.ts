@@ -441,7 +441,7 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
     return freezeByWalk(this.dumpSource());
   }
 
-  dumpSource(): DumpSource {
+  private dumpSource(): DumpSource {
     const entries = this.entries;
     const slots = this.slots;
     return {

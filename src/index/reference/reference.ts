@@ -241,7 +241,7 @@ export class ReferenceIndex extends SlotIndex implements KvIndex {
     return freezeByWalk(this.dumpSource());
   }
 
-  dumpSource(): DumpSource {
+  private dumpSource(): DumpSource {
     // Keys for every held path and all its ancestors (holes need their local hashes).
     const keys = new Map<string, number>();
     const add = (path: string): number => {
