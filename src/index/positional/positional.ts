@@ -12,7 +12,7 @@
  */
 import { chainHashes } from "../../hash";
 import { assert, VERIFY_BY_DEFAULT } from "../assert";
-import { type DumpSource, dumpEvents } from "../dump";
+import { type DumpSource, collectDump, type DumpStep, lazyDumpEvents } from "../dump";
 import { type FrozenIndex, freezeByWalk } from "../pack";
 import { LinkTable } from "../link-table";
 import type { ExternalLookup } from "../lookup";
@@ -434,7 +434,11 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
   }
 
   dump(): IndexOp[] {
-    return dumpEvents(this.dumpSource(), this.blockSize);
+    return collectDump(this.dumpLazy());
+  }
+
+  dumpLazy(): IterableIterator<DumpStep> {
+    return lazyDumpEvents(this.dumpSource(), this.blockSize);
   }
 
   freeze(): FrozenIndex {

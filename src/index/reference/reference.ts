@@ -7,7 +7,7 @@
  * Each (worker_id, dp_rank) has `lookup` (its external hash -> path) and `held`
  * (path -> its external hash), the two directions of one bijection.
  */
-import { type DumpSource, dumpEvents } from "../dump";
+import { type DumpSource, collectDump, type DumpStep, lazyDumpEvents } from "../dump";
 import { type FrozenIndex, freezeByWalk } from "../pack";
 import type { IndexOp } from "../ops";
 import {
@@ -234,7 +234,11 @@ export class ReferenceIndex extends SlotIndex implements KvIndex {
   }
 
   dump(): IndexOp[] {
-    return dumpEvents(this.dumpSource(), this.blockSize);
+    return collectDump(this.dumpLazy());
+  }
+
+  dumpLazy(): IterableIterator<DumpStep> {
+    return lazyDumpEvents(this.dumpSource(), this.blockSize);
   }
 
   freeze(): FrozenIndex {
