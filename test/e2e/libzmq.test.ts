@@ -7,7 +7,8 @@ import { encodeKvBatch, type KvEvent } from "../../src/wire/kv-events";
 import { NodePeer } from "../interop/libzmq";
 import { stored } from "../support/engine";
 import { kvedgeBinary } from "../support/kvedge";
-import { eventually, type ServeProcess, startServe } from "../support/serve";
+import { type ServeProcess, startServe } from "../support/serve";
+import { eventually } from "../support/wait";
 
 const BS = 4;
 type Json = Record<string, any>;

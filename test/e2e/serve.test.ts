@@ -7,7 +7,8 @@ import { afterAll, afterEach, beforeAll, describe, expect, test } from "bun:test
 import { hashTokens } from "../../src/hash";
 import { cleared, removed, stored, TestEngine } from "../support/engine";
 import { runKvedge } from "../support/kvedge";
-import { eventually, type ServeProcess, startServe } from "../support/serve";
+import { type ServeProcess, startServe } from "../support/serve";
+import { eventually } from "../support/wait";
 
 const BS = 4;
 const TOKENS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];

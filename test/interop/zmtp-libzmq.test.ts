@@ -8,7 +8,8 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { DealerSocket, PubSocket, RouterSocket, SubSocket, type PeerInfo, type ZmtpSocket } from "../../src/wire/zmtp";
-import { describeMessage, NodePeer, seqBytes, str, text, until } from "./libzmq";
+import { until } from "../support/wait";
+import { describeMessage, NodePeer, seqBytes, str, text } from "./libzmq";
 
 // Subprocesses and real sockets on a shared, loaded machine: be generous.
 setDefaultTimeout(30_000);
@@ -51,24 +52,22 @@ function collectingSub(options: ConstructorParameters<typeof SubSocket>[0] = {})
 /** libzmq PUB drops until our subscription reaches it: publish probes until one arrives. */
 async function primeFromLibzmq(pub: NodePeer, got: Received[], topic = "probe"): Promise<void> {
   got.length = 0; // only a probe that arrives from now on proves the subscription
-  const deadline = performance.now() + 10_000;
-  while (!got.some((m) => str(m.frames[0]!) === topic)) {
-    if (performance.now() > deadline) throw new Error("no probe from libzmq PUB within 10 s");
-    pub.send([text(topic)]);
-    await Bun.sleep(50);
-  }
+  await until(() => {
+    if (got.some((m) => str(m.frames[0]!) === topic)) return true;
+    pub.send([text(topic)]); // not yet subscribed: probe again
+    return false;
+  }, "a probe from the libzmq PUB");
   got.length = 0;
 }
 
 /** Our PUB to a libzmq SUB: send probes until the SUB prints one. */
 async function primeToLibzmq(pub: PubSocket, sub: NodePeer, topic: string): Promise<void> {
   const probe = describeMessage([text(topic)]);
-  const deadline = performance.now() + 10_000;
-  while (!sub.messages.includes(probe)) {
-    if (performance.now() > deadline) throw new Error("libzmq SUB printed no probe within 10 s");
-    pub.send([text(topic)]);
-    await Bun.sleep(50);
-  }
+  await until(() => {
+    if (sub.messages.includes(probe)) return true;
+    pub.send([text(topic)]); // not yet subscribed: probe again
+    return false;
+  }, "the libzmq SUB to print a probe");
 }
 
 const vllmMessage = (topic: string, seq: number, payload: Uint8Array): Uint8Array[] => [text(topic), seqBytes(BigInt(seq)), payload];

@@ -74,19 +74,3 @@ export async function startServe(args: readonly string[], env: Record<string, st
     },
   };
 }
-
-/** Polls `check` until it returns a value that is not undefined (or times out). */
-export async function eventually<T>(check: () => Promise<T | undefined> | T | undefined, timeoutMs = 10_000, what = "condition"): Promise<T> {
-  const deadline = performance.now() + timeoutMs;
-  let last: unknown;
-  while (performance.now() < deadline) {
-    try {
-      const value = await check();
-      if (value !== undefined) return value;
-    } catch (error) {
-      last = error;
-    }
-    await Bun.sleep(20);
-  }
-  throw new Error(`timed out waiting for ${what}${last === undefined ? "" : `: ${(last as Error).message}`}`);
-}
