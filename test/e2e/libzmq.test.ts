@@ -42,7 +42,6 @@ async function sendFirst(peer: NodePeer, serve: ServeProcess, payload: Uint8Arra
   await eventually(async () => {
     if ((await lastSeq(serve)) >= 0) return true;
     peer.send([new Uint8Array(0), seqFrame(0), payload]);
-    await Bun.sleep(50);
     return undefined;
   }, 15_000, "first batch through libzmq");
 }
