@@ -24,7 +24,7 @@ function installHandlers(): void {
     for (const child of children) child.kill("SIGTERM");
   };
   process.on("exit", killAll);
-  for (const [signal, code] of [["SIGINT", 130], ["SIGTERM", 143]] as const) {
+  for (const [signal, code] of [["SIGINT", 130], ["SIGTERM", 143], ["SIGHUP", 129]] as const) {
     process.once(signal, () => {
       killAll();
       process.exit(code);
@@ -40,8 +40,10 @@ export interface ServeChild {
   readonly pid: number;
   /** The last log lines (JSON text), oldest first. */
   tail(): string[];
-  /** SIGTERM, then SIGKILL after `graceMs`; resolves with the exit code. */
-  stop(graceMs?: number): Promise<number>;
+  /** `signal` (SIGTERM), then SIGKILL after `graceMs`; resolves with the exit code. */
+  stop(graceMs?: number, signal?: "SIGTERM" | "SIGINT"): Promise<number>;
+  /** Sends a signal and returns at once. */
+  kill(signal: NodeJS.Signals): void;
 }
 
 export interface ServeChildOptions {
@@ -49,13 +51,17 @@ export interface ServeChildOptions {
   readonly args: readonly string[];
   readonly command?: readonly string[];
   readonly startTimeoutMs?: number;
+  /** The child's environment (default: this process's). */
+  readonly env?: Record<string, string>;
+  /** Called with every log line (stderr), in order. */
+  readonly onLine?: (line: string) => void;
 }
 
 export async function startServeChild(options: ServeChildOptions): Promise<ServeChild> {
   const command = options.command ?? kvedgeCommand();
   const proc: Subprocess<"ignore", "ignore", "pipe"> = Bun.spawn(
     [...command, "serve", "--port", "0", "--log-format", "json", ...options.args],
-    { stdin: "ignore", stdout: "ignore", stderr: "pipe" },
+    { stdin: "ignore", stdout: "ignore", stderr: "pipe", ...(options.env ? { env: options.env } : {}) },
   );
   installHandlers();
   children.add(proc);
@@ -75,6 +81,7 @@ export async function startServeChild(options: ServeChildOptions): Promise<Serve
         pending = pending.slice(newline + 1);
         lines.push(line);
         if (lines.length > TAIL_LINES) lines.shift();
+        options.onLine?.(line);
         if (listener.resolve !== null && line.includes('"listening"')) {
           try {
             const record = JSON.parse(line) as Record<string, unknown>;
@@ -96,9 +103,9 @@ export async function startServeChild(options: ServeChildOptions): Promise<Serve
     void proc.exited.then((code) => reject(new Error(`kvedge serve exited with code ${code} before listening`)));
   });
   failed.catch(() => {}); // it loses the race when serve starts; later exits are not errors here
-  const stop = async (graceMs = 5_000): Promise<number> => {
+  const stop = async (graceMs = 5_000, signal: "SIGTERM" | "SIGINT" = "SIGTERM"): Promise<number> => {
     if (proc.exitCode !== null || proc.signalCode !== null) return proc.exitCode ?? 1;
-    proc.kill("SIGTERM");
+    proc.kill(signal);
     const killer = setTimeout(() => proc.kill("SIGKILL"), graceMs);
     const code = await proc.exited;
     clearTimeout(killer);
@@ -106,7 +113,7 @@ export async function startServeChild(options: ServeChildOptions): Promise<Serve
   };
   try {
     const address = await Promise.race([url, failed]);
-    return { url: address, pid: proc.pid, tail: () => [...lines], stop };
+    return { url: address, pid: proc.pid, tail: () => [...lines], stop, kill: (signal) => proc.kill(signal) };
   } catch (error) {
     await stop(1_000);
     const detail = lines.slice(-10).join("\n");

@@ -271,7 +271,7 @@ describe("the active-request limit", () => {
 describe("lifecycle of the process", () => {
   const running: ServeProcess[] = [];
   afterEach(async () => {
-    for (const serve of running.splice(0)) serve.proc.kill("SIGKILL");
+    for (const serve of running.splice(0)) serve.kill("SIGKILL");
   });
 
   test.each(["SIGTERM", "SIGINT"] as const)("%s stops it cleanly with exit 0", async (signal) => {

@@ -80,7 +80,7 @@ export function measureSource(file: string, text: string, out: Measured): void {
   const hot = HOT_PATHS.some((prefix) => file.startsWith(prefix));
   if (!file.startsWith("src/") && !file.startsWith("scripts/")) return;
   const ast = parse(text, { sourceType: "module", plugins: ["typescript"] });
-  walkAst(ast.program, [], (node, names) => {
+  walkAst(ast.program as unknown as Node, [], (node, names) => {
     const length = isFunction(node) ? node.loc!.end.line - node.loc!.start.line + 1 : 0;
     if (length > MAX_FUNCTION_LINES) {
       out.longFunctions[uniqueKey(out.longFunctions, `${file}: ${names.join(".")}`)] = length;
