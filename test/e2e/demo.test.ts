@@ -53,7 +53,7 @@ describe("kvedge demo", () => {
     expect(demo.config).toMatchObject({ requests: 800, workers: 8, capacity_blocks: 32_768, block_size: 16 });
   });
 
-  test("KV-aware routing beats round robin on hit rate and prefill tokens (deterministic model)", async () => {
+  test("KV-aware routing beats round robin on hit rate and prefill (deterministic model)", async () => {
     // 800 requests over 8 engines: early in the trace, where fewer requests or engines
     // leave so little reuse that the comparison would hinge on tie-breaks.
     const result = await runKvedge(["demo", "--requests", "800", "--workers", "8", "--time-scale", "1",
@@ -61,7 +61,8 @@ describe("kvedge demo", () => {
     expect(result.code).toBe(0);
     const { policies } = JSON.parse(result.stdout) as Json;
     expect(policies.kv_aware_model.hit_rate).toBeGreaterThan(policies.round_robin.hit_rate);
-    expect(policies.kv_aware_model.prefill_tokens).toBeLessThan(policies.round_robin.prefill_tokens);
+    const { kv_aware_model: kvAware, round_robin: roundRobin } = policies;
+    expect(kvAware.prefill_tokens).toBeLessThan(roundRobin.prefill_tokens);
   });
 
   test("from source under Bun, the demo starts kvedge serve from source too", async () => {
