@@ -1,6 +1,8 @@
 /**
  * Cheap O(1) assertions, always on. Messages are constant strings so a passing
  * assert costs one branch; `verify()` walks (O(N)) are separate and gated.
+ *
+ * See docs/decisions.md#hot-path-checks.
  */
 
 /** A broken internal invariant of an index: a bug, never bad input. */
