@@ -3,7 +3,7 @@ import { numaNodeCpus, pinProcess } from "../runtime/affinity";
 import { startApp } from "../server/app";
 import { warmUp } from "../server/warmup";
 import { createMetricsRegistry, registerRouterMetrics, registerServiceMetrics } from "../server/metrics";
-import { KvRouterService } from "../server/service";
+import { KvedgeCore } from "../core/core";
 import { createLogger } from "../util/log";
 import { flagBool, parseFlags, UsageError } from "./args";
 import { type Command, HELP_FLAG } from "./command";
@@ -72,7 +72,7 @@ Example:
       // Only an optimization: serve cold rather than not at all.
       log.error("warm-up failed; serving without it", { error: error instanceof Error ? error.message : String(error) });
     }
-    const service = new KvRouterService({ config, log });
+    const service = new KvedgeCore({ config, log });
     const registry = createMetricsRegistry();
     registerRouterMetrics(registry, service.router);
     registerServiceMetrics(registry, service);
