@@ -62,6 +62,7 @@ HTTP API (times in model ms):
           when done; with "stream": true, NDJSON lines {"event":"first_token",...} then {"event":"done",...}
   POST /v1/reset    reset the prefix cache (AllBlocksCleared); 409 while requests run
   GET  /v1/stats    counters
+  GET  /v1/cache    cached blocks (external hashes) and the last published seq
   GET  /healthz
 `,
   async run(argv) {

@@ -14,6 +14,7 @@ import { createIndex, MatchResult } from "../index";
 import { EngineSource, type SourceState } from "../ingest/source";
 import { CandidateList, PromptHasher, type RouteDecision, Router } from "../route";
 import type { LifecycleResult } from "../route/load";
+import type { SourcePosition } from "../state/snapshot";
 import type { Logger } from "../util/log";
 import type { ZmtpOptions } from "../wire/zmtp";
 import { KvedgeError } from "./errors";
@@ -52,6 +53,15 @@ export interface WorkerView {
   readonly routedTotal: number;
   readonly lastSeq: number;
   readonly lostBatches: number;
+  readonly times: WorkerTimes;
+}
+
+export interface WorkerTimes {
+  readonly prefillTokensPerSecond: number;
+  readonly stepBaseMs: number;
+  /** Lifecycle timings learned from (0 when not calibrating). */
+  readonly samples: number;
+  readonly learned: boolean;
 }
 
 export interface CoreOptions {
@@ -60,6 +70,9 @@ export interface CoreOptions {
   /** For tests: a fixed random source for tie-breaks and softmax. */
   readonly random?: () => number;
 }
+
+/** Key of a (worker, dp rank) in `restoredPositions`. */
+export const positionKey = (workerId: bigint, dpRank: number): string => `${workerId}:${dpRank}`;
 
 export class KvedgeCore {
   /** The one worker numbering, shared by the index and the router. */
@@ -71,6 +84,8 @@ export class KvedgeCore {
   private readonly sources = new Set<EngineSource>();
   /** Per slot: the source configured for exactly that (worker, dp rank), if any. */
   private ownSource: (EngineSource | undefined)[] = [];
+  /** Saved source positions (warm restart) by positionKey, taken up by the sources as they are added. */
+  readonly restoredPositions = new Map<string, SourcePosition>();
   private readonly matches = new MatchResult(64);
   private readonly hasher = new PromptHasher();
   private readonly candidates = new CandidateList();
@@ -89,6 +104,15 @@ export class KvedgeCore {
       requestTtlMs: config.route.request_ttl_secs * 1000,
       maxActiveRequests: config.route.max_active_requests,
       trackOutputBlocks: config.route.track_output_blocks,
+      policy: config.route.policy,
+      calibrate: config.route.calibrate,
+      ttft: {
+        prefillTokensPerSecond: config.route.prefill_tokens_per_sec,
+        stepBaseMs: config.route.step_base_ms,
+        kvReadMsPerMillionTokens: config.route.kv_read_ms_per_million_tokens,
+        maxBatchedTokens: config.route.max_batched_tokens,
+        recomputeWeight: config.route.recompute_weight,
+      },
       weights: {
         overlapScoreCredit: config.route.overlap_score_credit,
         overlapScoreCreditDecay: config.route.overlap_score_credit_decay,
@@ -199,9 +223,15 @@ export class KvedgeCore {
       writer: this.index,
       log: this.log.child({ component: "ingest" }),
       zmtp: this.zmtp,
-      sequencer: { replayTimeoutMs: this.options.config.ingest.replay_timeout_ms },
+      sequencer: {
+        replayTimeoutMs: this.options.config.ingest.replay_timeout_ms,
+        replayDeadlineMs: this.options.config.ingest.replay_deadline_ms,
+        replayBufferBytes: this.options.config.ingest.replay_buffer_bytes,
+      },
       onChange: (changed) => this.sourceChanged(changed),
     });
+    const saved = this.restoredPositions.get(positionKey(entry.worker_id, entry.dp_rank));
+    if (saved !== undefined) source.sequencer.restore(saved.lastSeq, saved.fingerprint, saved.degraded);
     const slot = this.router.load.addWorker(entry.worker_id, entry.dp_rank);
     this.sources.add(source);
     this.ownSource[slot] = source;
@@ -240,6 +270,15 @@ export class KvedgeCore {
     return found;
   }
 
+  /** The engine time model the router uses for a worker: learned when calibrating, else configured. */
+  timesOf(slot: number): WorkerTimes {
+    const router = this.router;
+    const learned = router.learnedTimes(slot);
+    return learned === null
+      ? { prefillTokensPerSecond: router.ttft.prefillTokensPerSecond, stepBaseMs: router.ttft.stepBaseMs, samples: 0, learned: false }
+      : { ...learned, learned: true };
+  }
+
   workers(): WorkerView[] {
     const blocks = new Map<number, number>();
     for (const info of this.index.workers()) blocks.set(this.workerTable.find(info.workerId, info.dpRank), info.blocks);
@@ -261,6 +300,7 @@ export class KvedgeCore {
         routedTotal: load.routedTotal,
         lastSeq: source?.sequencer.lastSeq ?? -1,
         lostBatches: source?.sequencer.counters.lost ?? 0,
+        times: this.timesOf(load.slot),
       });
     }
     return views.sort((a, b) => (a.workerId < b.workerId ? -1 : a.workerId > b.workerId ? 1 : a.dpRank - b.dpRank));

@@ -20,14 +20,17 @@ const DEFAULTS: Config = {
   },
   index: { block_size: 16, backend: "crtc" },
   route: {
+    policy: "ttft", prefill_tokens_per_sec: 15_000, step_base_ms: 5, kv_read_ms_per_million_tokens: 39,
+    max_batched_tokens: 8192, recompute_weight: 12, calibrate: false,
     overlap_score_credit: 1, overlap_score_credit_decay: 0, prefill_load_scale: 1, decode_active_request_weight: 0,
     temperature: 0, degraded_overlap_weight: 0.5, request_ttl_secs: 300, max_active_requests: 1_000_000,
     track_output_blocks: false,
   },
   ingest: {
     max_message_bytes: 16_777_216, heartbeat_interval_ms: 5000, heartbeat_timeout_ms: 15_000, reconnect_min_ms: 100,
-    reconnect_max_ms: 5000, replay_timeout_ms: 5000,
+    reconnect_max_ms: 5000, replay_timeout_ms: 5000, replay_deadline_ms: 30_000, replay_buffer_bytes: 67_108_864,
   },
+  state: { dir: null, snapshot_interval_secs: 60 },
   runtime: { cpus: null, numa_node: null },
   workers: [],
 };
@@ -122,6 +125,9 @@ describe("defaults and precedence", () => {
       "server.body_limit_bytes": ["4096", "4_096"], "server.log_level": ['"warn"', "warn"], "server.log_format": ['"json"', "json"],
       "server.warmup_routes": ["0", "0"],
       "index.block_size": ["128", "128"], "index.backend": ['"crtc"', "crtc"],
+      "route.policy": ['"dynamo"', "dynamo"], "route.prefill_tokens_per_sec": ["20000", "2e4"],
+      "route.step_base_ms": ["7.5", "7.5"], "route.kv_read_ms_per_million_tokens": ["80", "80"],
+      "route.max_batched_tokens": ["2048", "2_048"], "route.recompute_weight": ["3", "3"], "route.calibrate": ["true", "true"],
       "route.overlap_score_credit": ["2", "2"], "route.overlap_score_credit_decay": ["0.5", ".5"],
       "route.prefill_load_scale": ["3.0", "3e0"], "route.decode_active_request_weight": ["1.5", "1.5"],
       "route.temperature": ["0.7", "0.7"], "route.degraded_overlap_weight": ["0.25", "0.25"],
@@ -130,6 +136,8 @@ describe("defaults and precedence", () => {
       "ingest.max_message_bytes": ["65536", "65536"], "ingest.heartbeat_interval_ms": ["1000", "1000"],
       "ingest.heartbeat_timeout_ms": ["30000", "30_000"], "ingest.reconnect_min_ms": ["50", "50"],
       "ingest.reconnect_max_ms": ["800", "800"], "ingest.replay_timeout_ms": ["250", "250"],
+      "ingest.replay_deadline_ms": ["9000", "9_000"], "ingest.replay_buffer_bytes": ["1048576", "1048576"],
+      "state.dir": ['"/var/lib/kvedge"', "/var/lib/kvedge"], "state.snapshot_interval_secs": ["5", "5"],
       "runtime.cpus": ['"2-3,0"', "0,2-3"], "runtime.numa_node": ["1", "1"],
     };
     expect(Object.keys(sample).sort()).toEqual(SETTINGS.map((s) => s.key).sort());
