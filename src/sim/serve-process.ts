@@ -46,6 +46,8 @@ export interface ServeChild {
   stop(graceMs?: number, signal?: StopSignal): Promise<number>;
   /** Sends a signal and returns at once. */
   kill(signal: NodeJS.Signals): void;
+  /** Resolves with the exit code when the process has exited. */
+  readonly exited: Promise<number>;
 }
 
 export interface ServeChildOptions {
@@ -107,7 +109,7 @@ export async function startServeChild(options: ServeChildOptions): Promise<Serve
   try {
     const address = await Promise.race([url, failed]);
     const kill = (signal: NodeJS.Signals) => proc.kill(signal);
-    return { url: address, pid: proc.pid, tail: () => [...lines], stop, kill };
+    return { url: address, pid: proc.pid, tail: () => [...lines], stop, kill, exited: proc.exited };
   } catch (error) {
     await stop(1_000);
     const detail = lines.slice(-10).join("\n");

@@ -16,6 +16,8 @@ export interface ServeProcess {
   stop(signal?: "SIGTERM" | "SIGINT"): Promise<number>;
   /** Sends a signal and returns at once. */
   kill(signal: NodeJS.Signals): void;
+  /** Resolves with the exit code when the process has exited. */
+  readonly exited: Promise<number>;
   /** Waits until a log line satisfies `predicate`. */
   waitForLog(predicate: (line: LogLine) => boolean, timeoutMs?: number): Promise<LogLine>;
 }
@@ -62,5 +64,6 @@ export async function startServe(args: readonly string[], env: Record<string, st
     waitForLog,
     stop: (signal = "SIGTERM") => child.stop(20_000, signal),
     kill: (signal) => child.kill(signal),
+    exited: child.exited,
   };
 }
