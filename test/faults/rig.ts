@@ -68,7 +68,8 @@ export async function restartEngine(engine: MockEngineProcess): Promise<MockEngi
   engine.proc.kill("SIGKILL");
   await engine.proc.exited;
   // The old sockets' ports may take a moment to free up: a failed start is "not yet".
-  return await eventually(() => startMockEngine(engine.spec), 10_000, "the engine to restart on its addresses");
+  const restart = () => startMockEngine(engine.spec);
+  return await eventually(restart, 10_000, "the engine to restart on its addresses");
 }
 
 export async function stopEngine(engine: MockEngineProcess): Promise<void> {
