@@ -9,7 +9,7 @@
  *
  * See docs/decisions.md#exact-oracle.
  */
-import { dumpEvents } from "../dump";
+import { collectDump, type DumpStep, lazyDumpEvents } from "../dump";
 import type { IndexOp } from "../ops";
 import {
   countRejection, type IndexOptions, type IndexStats, type KvIndex, type MatchResult,
@@ -235,6 +235,10 @@ export class ReferenceIndex extends SlotIndex implements KvIndex {
   }
 
   dump(): IndexOp[] {
+    return collectDump(this.dumpLazy());
+  }
+
+  dumpLazy(): IterableIterator<DumpStep> {
     // Keys for every held path and all its ancestors (holes need their local hashes).
     const keys = new Map<string, number>();
     const add = (path: string): number => {
@@ -249,7 +253,7 @@ export class ReferenceIndex extends SlotIndex implements KvIndex {
     };
     for (const worker of this.byKey.values()) for (const path of worker.held.keys()) add(path);
     const workers = [...this.byKey.values()];
-    return dumpEvents({
+    return lazyDumpEvents({
       blockKeyLimit: keys.size,
       forEachBlock(visit) {
         // Map order is insertion order, and add() inserts a path after its parent.
