@@ -6,7 +6,8 @@
 // read from /metrics.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { TestEngine } from "../support/engine";
-import { eventually, type ServeProcess, startServe } from "../support/serve";
+import { type ServeProcess, startServe } from "../support/serve";
+import { eventually, until } from "../support/wait";
 
 type Json = Record<string, any>;
 // 6,000 prompt tokens at the default 15,000 tokens/s: 400 ms of queued prefill, past the 200 ms bound.
@@ -24,7 +25,7 @@ describe("serve with admission hold", () => {
     const found = text.split("\n").find((l) => l.startsWith(`${line} `));
     return found === undefined ? Number.NaN : Number(found.slice(line.length + 1));
   };
-  const heldIs = (count: number) => eventually(async () => ((await metric("kvedge_admission_held")) === count ? true : undefined), 10_000, `${count} held`);
+  const heldIs = (count: number) => until(async () => (await metric("kvedge_admission_held")) === count, `${count} held`);
 
   beforeAll(async () => {
     engine = await new TestEngine().start();
