@@ -17,7 +17,11 @@ export type ErrorCode =
 export class KvedgeError extends Error {
   override readonly name = "KvedgeError";
   /** `retryAfterSecs`: when to try again (an overloaded refusal's Retry-After). */
-  constructor(readonly code: ErrorCode, message: string, readonly retryAfterSecs: number | null = null) {
+  constructor(
+    readonly code: ErrorCode,
+    message: string,
+    readonly retryAfterSecs: number | null = null,
+  ) {
     super(message);
   }
 }

@@ -51,16 +51,25 @@ export interface AdmissionPort<T> {
 }
 
 export function checkAdmissionSettings(settings: AdmissionSettings): void {
-  if (!(ADMISSION_MODES as readonly string[]).includes(settings.mode)) throw new RangeError(`admission mode must be one of ${ADMISSION_MODES.join(", ")}`);
-  for (const name of ["boundMs", "maxHoldMs", "prefillWeight"] as const) {
-    if (!(Number.isFinite(settings[name]) && settings[name] >= 0)) throw new RangeError(`admission ${name} must be a finite number >= 0`);
+  if (!(ADMISSION_MODES as readonly string[]).includes(settings.mode)) {
+    throw new RangeError(`admission mode must be one of ${ADMISSION_MODES.join(", ")}`);
   }
-  if (!(Number.isInteger(settings.maxHeld) && settings.maxHeld >= 1)) throw new RangeError("admission maxHeld must be an integer >= 1");
+  for (const name of ["boundMs", "maxHoldMs", "prefillWeight"] as const) {
+    if (!(Number.isFinite(settings[name]) && settings[name] >= 0)) {
+      throw new RangeError(`admission ${name} must be a finite number >= 0`);
+    }
+  }
+  if (!(Number.isInteger(settings.maxHeld) && settings.maxHeld >= 1)) {
+    throw new RangeError("admission maxHeld must be an integer >= 1");
+  }
 }
 
 export class Admission<T> {
   readonly settings: AdmissionSettings;
-  /** Calls routed at once, held, released by a freed worker, routed past the longest hold, rejected, dropped while held. */
+  /**
+   * Calls routed at once, held, released by a freed worker, routed past the longest
+   * hold, rejected, dropped while held.
+   */
   readonly counts = { immediate: 0, held: 0, released: 0, overdue: 0, rejected: 0, dropped: 0 };
   private calls: (T | undefined)[] = [];
   private key = new Float64Array(0);
@@ -74,7 +83,11 @@ export class Admission<T> {
   private free: number[] = [];
   private releasing = false;
 
-  constructor(settings: Partial<AdmissionSettings>, private readonly port: AdmissionPort<T>, private readonly now: () => number) {
+  constructor(
+    settings: Partial<AdmissionSettings>,
+    private readonly port: AdmissionPort<T>,
+    private readonly now: () => number,
+  ) {
     this.settings = { ...DEFAULT_ADMISSION, ...settings };
     checkAdmissionSettings(this.settings);
   }
@@ -105,7 +118,11 @@ export class Admission<T> {
     if (s.maxHoldMs === 0 || this.size >= s.maxHeld) {
       if (s.mode === "hold" && s.maxHoldMs === 0) return this.routeNow(call);
       this.counts.rejected++;
-      this.port.reject(call, this.retryAfterSecs(waitMs), this.size >= s.maxHeld ? `${s.maxHeld} calls are held already` : "every worker is past the wait bound");
+      const full = this.size >= s.maxHeld;
+      const reason = full
+        ? `${s.maxHeld} calls are held already`
+        : "every worker is past the wait bound";
+      this.port.reject(call, this.retryAfterSecs(waitMs), reason);
       return -1;
     }
     return this.hold(call, prefillMs);
@@ -154,13 +171,15 @@ export class Admission<T> {
     return oldest + this.settings.maxHoldMs;
   }
 
-  /** Answers, oldest first, every call held for the longest hold: one pass to find them, then each taken. */
+  /** Answers, oldest first, every call held for the longest hold (one pass finds them). */
   private releaseOverdue(): void {
     const now = this.now();
     const maxHold = this.settings.maxHoldMs;
     const due: number[] = [];
     // The same sum as nextDueMs, so a release at that time finds the call due.
-    for (let i = 0; i < this.size; i++) if (this.since[this.heap[i]!]! + maxHold <= now) due.push(this.heap[i]!);
+    for (let i = 0; i < this.size; i++) {
+      if (this.since[this.heap[i]!]! + maxHold <= now) due.push(this.heap[i]!);
+    }
     if (due.length === 0) return;
     due.sort((a, b) => this.serial[a]! - this.serial[b]!);
     const calls = due.map((slot) => this.take(slot));
@@ -170,7 +189,8 @@ export class Admission<T> {
         this.port.route(call);
       } else {
         this.counts.rejected++;
-        this.port.reject(call, this.retryAfterSecs(this.port.waitMs(call)), `held ${maxHold} ms without a worker under the wait bound`);
+        const reason = `held ${maxHold} ms without a worker under the wait bound`;
+        this.port.reject(call, this.retryAfterSecs(this.port.waitMs(call)), reason);
       }
     }
   }

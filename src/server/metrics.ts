@@ -323,18 +323,7 @@ export function registerServiceMetrics(registry: MetricsRegistry, service: Kvedg
   const gauge = (name: string, help: string, labelNames: readonly string[], collect: SampleSource["collect"]) =>
     registerSamples(registry, { name, help, type: "gauge", labelNames, collect });
 
-  const admission = service.admission;
-  gauge("kvedge_admission_held", "Route calls held by admission now (route.admission).", [], (emit) => emit(admission.held));
-  counter("kvedge_admission_total", "Route calls through admission: routed at once, held, released when a worker freed, routed past the longest hold, rejected (429), dropped (client gone while held).",
-    ["outcome"], (emit) => {
-      const c = admission.counts;
-      emit(c.immediate, { outcome: "immediate" });
-      emit(c.held, { outcome: "held" });
-      emit(c.released, { outcome: "released" });
-      emit(c.overdue, { outcome: "overdue" });
-      emit(c.rejected, { outcome: "rejected" });
-      emit(c.dropped, { outcome: "dropped" });
-    });
+  registerAdmissionMetrics(registry, service.admission);
   counter("kvedge_index_events_total", "Events applied to the index, by type and status.", ["type", "status"], (emit) => {
     const c = index.counters;
     emit(c.storedEvents, { type: "stored", status: "ok" });
@@ -455,4 +444,28 @@ export function registerServiceMetrics(registry: MetricsRegistry, service: Kvedg
     (source, emit) => emit(source.state === "connected" ? 1 : 0));
   perSource("kvedge_ingest_last_seq", "Last applied batch sequence number (-1 before the first).", "gauge", [],
     (source, emit) => emit(source.sequencer.lastSeq));
+}
+
+/** Admission at saturation (route.admission): calls held now, and what happened to each. */
+function registerAdmissionMetrics(registry: MetricsRegistry, admission: KvedgeCore["admission"]): void {
+  registerSamples(registry, {
+    name: "kvedge_admission_held", help: "Route calls held by admission now (route.admission).",
+    type: "gauge", labelNames: [], collect: (emit) => emit(admission.held),
+  });
+  registerSamples(registry, {
+    name: "kvedge_admission_total",
+    help: "Route calls through admission: routed at once, held, released when a worker freed, "
+      + "routed past the longest hold, rejected (429), dropped (client gone while held).",
+    type: "counter",
+    labelNames: ["outcome"],
+    collect(emit) {
+      const c = admission.counts;
+      emit(c.immediate, { outcome: "immediate" });
+      emit(c.held, { outcome: "held" });
+      emit(c.released, { outcome: "released" });
+      emit(c.overdue, { outcome: "overdue" });
+      emit(c.rejected, { outcome: "rejected" });
+      emit(c.dropped, { outcome: "dropped" });
+    },
+  });
 }

@@ -110,19 +110,7 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
   };
 
   // Held requests (admission) answered by a step's lifecycle calls or by the longest hold.
-  const dispatch = (nowMs: number): void => {
-    const answers = policy.takeAnswers?.();
-    if (answers === undefined) return;
-    for (const { query, worker } of answers) {
-      if (worker < 0) {
-        recorder.rejectedAt(nowMs);
-        continue;
-      }
-      checkWorker(policy, worker, workers);
-      submit(engines[worker]!, recorder, query, worker, nowMs, () => policy.finished(query.id, nowMs));
-      flush(worker, nowMs);
-    }
-  };
+  const dispatch = (nowMs: number): void => dispatchHeld(policy, engines, recorder, nowMs, flush);
   for (let next = 0; ;) {
     let engineIndex = -1;
     let engineMs = Infinity;
@@ -159,6 +147,22 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
   }
   options.onFinish?.(policy);
   return recorder.report(options.policy, engines, options.verify ?? VERIFY);
+}
+
+/** Submits the held requests the policy answered (worker -1: refused) at `nowMs`. */
+function dispatchHeld(
+  policy: RoutingPolicy, engines: MockEngine[], recorder: RunRecorder, nowMs: number,
+  flush: (worker: number, nowMs: number) => void,
+): void {
+  for (const { query, worker } of policy.takeAnswers?.() ?? []) {
+    if (worker < 0) {
+      recorder.rejectedAt(nowMs);
+      continue;
+    }
+    checkWorker(policy, worker, engines.length);
+    submit(engines[worker]!, recorder, query, worker, nowMs, () => policy.finished(query.id, nowMs));
+    flush(worker, nowMs);
+  }
 }
 
 function checkWorker(policy: RoutingPolicy, worker: number, workers: number): void {
