@@ -5,6 +5,7 @@
  */
 import type { WorkerEntry } from "../config/workers";
 import { checkEndpoint } from "../config";
+import { checkHttpEndpoint } from "../config/workers";
 import { RouteError, type RouteDecision } from "../route";
 import type { LifecycleResult, LoadTracker } from "../route/load";
 import { REQUEST_ID_LENGTH_MAX } from "../route/load";
@@ -146,14 +147,32 @@ export function workersOp(service: KvRouterService) {
       routed_total: view.routedTotal,
       last_seq: view.lastSeq,
       lost_batches: view.lostBatches,
+      http_endpoint: view.httpEndpoint,
+      observed_hits: {
+        answers: view.observed.answers,
+        answers_without_usage: view.observed.answersWithoutUsage,
+        predicted_cached_tokens: view.observed.predictedTokens,
+        observed_cached_tokens: view.observed.observedTokens,
+        recent_ratio: view.observed.recentRatio,
+        suspect: view.observed.suspect,
+      },
     })),
   };
 }
 
-/** POST /v1/workers: `{"worker_id","dp_rank"?,"endpoint","replay_endpoint"?,"topic"?}`. */
+function httpEndpointOf(value: string | null): string | null {
+  if (value === null) return null;
+  try {
+    return checkHttpEndpoint(value);
+  } catch (error) {
+    throw new HttpError(400, `http_endpoint ${(error as Error).message}`);
+  }
+}
+
+/** POST /v1/workers: `{"worker_id","dp_rank"?,"endpoint","replay_endpoint"?,"topic"?,"http_endpoint"?}`. */
 export async function addWorkerOp(service: KvRouterService, raw: unknown) {
   const body = asObject(raw);
-  const known = new Set(["worker_id", "dp_rank", "endpoint", "replay_endpoint", "topic"]);
+  const known = new Set(["worker_id", "dp_rank", "endpoint", "replay_endpoint", "topic", "http_endpoint"]);
   for (const key of Object.keys(body)) if (!known.has(key)) throw new HttpError(400, `unknown field ${key}`);
   const endpointOf = (field: string, bindable: boolean): string | null => {
     const value = optionalString(body, field);
@@ -172,6 +191,7 @@ export async function addWorkerOp(service: KvRouterService, raw: unknown) {
     endpoint,
     replay_endpoint: endpointOf("replay_endpoint", false),
     topic: optionalString(body, "topic", TOPIC_LENGTH_MAX) ?? "",
+    http_endpoint: httpEndpointOf(optionalString(body, "http_endpoint")),
   };
   await service.addWorker(entry);
   return { worker_id: entry.worker_id.toString(), dp_rank: entry.dp_rank, endpoint, status: "added" };

@@ -12,6 +12,7 @@ import type { KvEventSink } from "../ingest/normalize";
 import { EngineSource, type SourceState } from "../ingest/source";
 import { CandidateList, PromptHasher, type RouteDecision, Router, type Overlaps } from "../route";
 import type { LifecycleResult } from "../route/load";
+import { ObservedHits, type ObservedHitsView } from "../proxy/observed-hits";
 import type { Logger } from "../util/log";
 import type { ZmtpOptions } from "../wire/zmtp";
 import { HttpError } from "./http";
@@ -49,6 +50,9 @@ export interface WorkerView {
   readonly routedTotal: number;
   readonly lastSeq: number;
   readonly lostBatches: number;
+  /** The engine's OpenAI-compatible server (where the proxy forwards), if configured. */
+  readonly httpEndpoint: string | null;
+  readonly observed: ObservedHitsView;
 }
 
 export interface ServiceOptions {
@@ -68,6 +72,9 @@ export class KvRouterService {
   readonly router: Router;
   readonly blockSize: number;
   private readonly sources = new Map<string, EngineSource>();
+  /** Predicted vs observed cached tokens per worker (fed by the proxy); a persistent gap is distrusted like lost events. */
+  readonly observedHits: ObservedHits;
+  private readonly httpEndpoints = new Map<string, string>();
   private readonly matches = new MatchResult(64);
   private readonly hasher = new PromptHasher();
   private readonly candidates = new CandidateList();
@@ -110,6 +117,15 @@ export class KvRouterService {
       reconnectMinMs: config.ingest.reconnect_min_ms,
       reconnectMaxMs: config.ingest.reconnect_max_ms,
     };
+    this.observedHits = new ObservedHits({
+      floor: config.proxy.observed_hit_floor,
+      window: config.proxy.observed_window,
+      log: this.log.child({ component: "observed-hits" }),
+      onChange: (workerId, dpRank) => {
+        const slot = this.router.load.slotOf(workerId, dpRank);
+        if (slot >= 0) this.router.load.setDegraded(slot, this.distrusted(workerId, dpRank));
+      },
+    });
     const index = this.index;
     this.sink = {
       stored: (workerId, dpRank, hasParent, parentHi, parentLo, external, local, start, count) => {
@@ -253,6 +269,7 @@ export class KvRouterService {
       onChange: (changed) => this.trustChanged(changed),
     });
     this.sources.set(key, source);
+    if (entry.http_endpoint != null) this.httpEndpoints.set(key, entry.http_endpoint);
     this.ensureRoutable(entry.worker_id, entry.dp_rank);
     this.trustChanged(source);
     try {
@@ -260,6 +277,7 @@ export class KvRouterService {
       this.log.info("worker added", { worker_id: entry.worker_id, dp_rank: entry.dp_rank, endpoint });
     } catch (error) {
       this.sources.delete(key);
+      this.httpEndpoints.delete(key);
       this.router.load.removeWorker(entry.worker_id, entry.dp_rank);
       await source.stop();
       throw new HttpError(400, `cannot listen to ${entry.endpoint}: ${(error as Error).message}`);
@@ -274,6 +292,7 @@ export class KvRouterService {
       if (source.config.workerId !== workerId) continue;
       found = true;
       this.sources.delete(key);
+      this.httpEndpoints.delete(key);
       stopping.push(source.stop());
     }
     await Promise.all(stopping);
@@ -285,6 +304,7 @@ export class KvRouterService {
     if (this.index.workers().some((info) => info.workerId === workerId)) found = true;
     this.index.removeWorker(workerId);
     this.indexWorkersVersion++;
+    this.observedHits.remove(workerId);
     if (found) this.log.info("worker removed", { worker_id: workerId });
     return found;
   }
@@ -311,9 +331,23 @@ export class KvRouterService {
         routedTotal: load.routedTotal,
         lastSeq: source?.sequencer.lastSeq ?? -1,
         lostBatches: source?.sequencer.counters.lost ?? 0,
+        httpEndpoint: this.httpEndpointOf(load.workerId, load.dpRank),
+        observed: this.observedHits.view(load.workerId, load.dpRank),
       });
     }
     return views.sort((a, b) => (a.workerId < b.workerId ? -1 : a.workerId > b.workerId ? 1 : a.dpRank - b.dpRank));
+  }
+
+  /**
+   * Where the proxy sends a request for (worker, dp rank): its own http_endpoint, else
+   * that of another rank of the same engine (one server fronts all its ranks).
+   */
+  httpEndpointOf(workerId: bigint, dpRank: number): string | null {
+    const own = this.httpEndpoints.get(sourceKey(workerId, dpRank));
+    if (own !== undefined) return own;
+    const prefix = `${workerId}:`;
+    for (const [key, endpoint] of this.httpEndpoints) if (key.startsWith(prefix)) return endpoint;
+    return null;
   }
 
   /** Every source, for metrics and readiness. */
@@ -332,8 +366,12 @@ export class KvRouterService {
   private ensureRoutable(workerId: bigint, dpRank: number): void {
     if (this.router.load.slotOf(workerId, dpRank) >= 0) return;
     const slot = this.router.load.addWorker(workerId, dpRank);
-    const source = this.sourceOfWorker(workerId, dpRank);
-    if (source !== undefined) this.router.load.setDegraded(slot, source.degraded);
+    this.router.load.setDegraded(slot, this.distrusted(workerId, dpRank));
+  }
+
+  /** Whether the router should discount the worker's overlap: events lost, or hits observed persistently below predicted. */
+  private distrusted(workerId: bigint, dpRank: number): boolean {
+    return this.sourceOfWorker(workerId, dpRank)?.degraded === true || this.observedHits.isSuspect(workerId, dpRank);
   }
 
   /** The source publishing for (worker, dp rank): its own, or the worker's source that reported that rank. */
@@ -349,7 +387,7 @@ export class KvRouterService {
   private trustChanged(source: EngineSource): void {
     for (const dpRank of source.ranks) {
       const slot = this.router.load.slotOf(source.config.workerId, dpRank);
-      if (slot >= 0) this.router.load.setDegraded(slot, source.degraded);
+      if (slot >= 0) this.router.load.setDegraded(slot, this.distrusted(source.config.workerId, dpRank));
     }
   }
 }
