@@ -11,6 +11,8 @@ import { type MetricsRegistry, ServerMetrics } from "./metrics";
 import type { KvRouterService } from "./service";
 import { statusPage } from "./status";
 import { TurnBatch } from "./turn";
+import { CHAT_PATH, COMPLETIONS_PATH, type OpenAiPath } from "../proxy/openai";
+import type { OpenAiProxy } from "../proxy/proxy";
 import { type WsData, websocketHandlers } from "./ws";
 
 export interface AppOptions {
@@ -21,6 +23,8 @@ export interface AppOptions {
   readonly service: KvRouterService;
   readonly registry: MetricsRegistry;
   readonly log: Logger;
+  /** `serve --proxy`: the OpenAI-compatible endpoints. */
+  readonly proxy?: OpenAiProxy | null;
 }
 
 type Handler = (request: Request, params: Record<string, string>) => Promise<Response> | Response;
@@ -120,6 +124,17 @@ export function startApp(options: AppOptions): App {
     },
     "/": { GET: () => new Response(statusPage(), { headers: { "content-type": "text/html; charset=utf-8" } }) },
   };
+  const proxy = options.proxy ?? null;
+  if (proxy !== null) {
+    // An answer may take longer than Bun's idle timeout to start (a long prompt, a queue).
+    const proxied = (path: OpenAiPath): Handler => (request) => {
+      server.timeout(request, 0);
+      return proxy.handle(request, path);
+    };
+    table[COMPLETIONS_PATH] = { POST: proxied(COMPLETIONS_PATH) };
+    table[CHAT_PATH] = { POST: proxied(CHAT_PATH) };
+    table["/v1/models"] = { GET: (request) => proxy.models(request) };
+  }
 
   // Both wrappers time every response and turn errors into JSON ones.
   type BunRequest = Request & { params?: Record<string, string> };

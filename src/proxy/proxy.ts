@@ -1,0 +1,382 @@
+/**
+ * `kvedge serve --proxy`: an OpenAI-compatible front for the fleet. Per request:
+ *
+ *   tokenize (the model's tokenizer and chat template, ./openai.ts) -> route (the real
+ *   router; the request becomes the chosen worker's load) -> forward the client's body
+ *   to the worker's http_endpoint -> stream the answer back as it comes.
+ *
+ * The proxy drives the request's lifecycle itself: prefill_done at the answer's first
+ * byte, done when it ends, when the client goes away, or when the engine fails. A
+ * worker that cannot be reached (connection refused, reset before any answer) is
+ * skipped for the next candidate, the request's load moving with it. The answer's
+ * `usage.prompt_tokens_details.cached_tokens` is compared with the prediction
+ * (./observed-hits.ts). For that, a streamed request that does not ask for usage gets
+ * `stream_options.include_usage` added, and the usage-only chunk it then receives is
+ * not passed on: the client sees the stream it asked for.
+ */
+import { RouteError } from "../route";
+import { HttpError, receiveBody, reply } from "../server/http";
+import type { KvRouterService } from "../server/service";
+import type { Logger } from "../util/log";
+import {
+  cachedTokensOf, COMPLETIONS_PATH, includesUsage, isStream, maxTokensOf, type OpenAiPath, promptTokens,
+} from "./openai";
+import type { PromptTokenizer } from "./tokenizer";
+
+export interface ProxyOptions {
+  readonly service: KvRouterService;
+  readonly tokenizer: PromptTokenizer | null;
+  readonly model: string;
+  readonly forwardTokenIds: boolean;
+  readonly bodyLimitBytes: number;
+  readonly log: Logger;
+}
+
+/** Workers tried per request: the pick, then the next cheapest candidates. */
+export const ATTEMPTS_MAX = 3;
+/** An SSE event longer than this without its blank line is passed on unparsed. */
+const EVENT_BYTES_MAX = 1 << 20;
+
+export interface ProxyCounters {
+  requests: number;
+  /** Answers relayed to the end (any status the engine gave). */
+  completed: number;
+  /** Client went away before the answer ended. */
+  clientAborts: number;
+  /** The engine failed mid-answer. */
+  engineErrors: number;
+  /** A worker could not be reached and the next candidate was tried. */
+  failovers: number;
+  /** No candidate could be reached (502) or none has an http_endpoint. */
+  unreachable: number;
+  /** Refused before routing (bad request, tokenizer). */
+  rejected: number;
+}
+
+interface Target {
+  readonly slot: number;
+  readonly workerId: bigint;
+  readonly dpRank: number;
+  readonly overlapBlocks: number;
+}
+
+export class OpenAiProxy {
+  readonly counters: ProxyCounters = {
+    requests: 0, completed: 0, clientAborts: 0, engineErrors: 0, failovers: 0, unreachable: 0, rejected: 0,
+  };
+  private readonly created = Math.floor(Date.now() / 1000);
+
+  constructor(private readonly options: ProxyOptions) {}
+
+  get model(): string {
+    return this.options.model;
+  }
+
+  /** GET /v1/models: the one model this proxy serves. */
+  models(request: Request): Response {
+    return reply(request, 200, {
+      object: "list",
+      data: [{ id: this.options.model, object: "model", created: this.created, owned_by: "kvedge" }],
+    });
+  }
+
+  /** POST /v1/completions and /v1/chat/completions. */
+  async handle(request: Request, path: OpenAiPath): Promise<Response> {
+    this.counters.requests++;
+    let parsed: Parsed;
+    try {
+      parsed = await this.parse(request, path);
+    } catch (error) {
+      this.counters.rejected++;
+      throw error;
+    }
+    const { service } = this.options;
+    let decision;
+    try {
+      decision = service.route({
+        tokens: parsed.tokens, requestId: null, loraName: null, cacheSalt: parsed.cacheSalt,
+        expectedOutputTokens: parsed.maxTokens, overlapScoreCredit: null, prefillLoadScale: null, temperature: null,
+      }, ATTEMPTS_MAX + 1).decision;
+    } catch (error) {
+      if (error instanceof RouteError) throw new HttpError(error.code === "no_workers" ? 503 : 400, error.message);
+      throw error;
+    }
+    const targets = targetsOf(decision);
+    const requestId = decision.requestId;
+    const lifecycle = new Lifecycle(service, requestId);
+    let admittedOn = targets[0]!;
+    try {
+      for (let attempt = 0; attempt < targets.length && attempt < ATTEMPTS_MAX; attempt++) {
+        const target = targets[attempt]!;
+        const endpoint = service.httpEndpointOf(target.workerId, target.dpRank);
+        if (endpoint === null) continue;
+        if (target !== admittedOn) {
+          this.move(requestId, parsed, target);
+          admittedOn = target;
+        }
+        const upstream = await this.forward(endpoint, path, parsed, target, request.signal);
+        if (upstream === null) {
+          this.counters.failovers++;
+          continue;
+        }
+        return this.relay(upstream, parsed, target, lifecycle, request.signal);
+      }
+    } catch (error) {
+      lifecycle.done();
+      throw error;
+    }
+    lifecycle.done();
+    this.counters.unreachable++;
+    const tried = targets.slice(0, ATTEMPTS_MAX).map((t) => t.workerId.toString()).join(", ");
+    throw new HttpError(502, `no engine could be reached for this request (workers tried: ${tried}; each needs an http_endpoint)`);
+  }
+
+  private async parse(request: Request, path: OpenAiPath): Promise<Parsed> {
+    const received = await receiveBody(request, this.options.bodyLimitBytes);
+    if (!("json" in received)) throw new HttpError(415, "the OpenAI API takes JSON bodies");
+    let body: Record<string, unknown>;
+    try {
+      const value: unknown = JSON.parse(received.json);
+      if (value === null || typeof value !== "object" || Array.isArray(value)) throw new Error("not a JSON object");
+      body = value as Record<string, unknown>;
+    } catch (error) {
+      throw new HttpError(400, `malformed JSON body: ${(error as Error).message}`);
+    }
+    if (body.model !== undefined && body.model !== this.options.model) {
+      throw new HttpError(404, `The model \`${String(body.model)}\` does not exist (this proxy serves ${this.options.model}).`);
+    }
+    const stream = isStream(body);
+    const maxTokens = maxTokensOf(body);
+    const salt = body.cache_salt;
+    if (salt !== undefined && salt !== null && typeof salt !== "string") throw new HttpError(400, "cache_salt must be a string");
+    const tokens = await promptTokens(this.options.tokenizer, path, body);
+    if (tokens.length === 0) throw new HttpError(400, "the prompt has no tokens");
+    const stripUsage = stream && !includesUsage(body);
+    const rewrite = stripUsage || (this.options.forwardTokenIds && path === COMPLETIONS_PATH);
+    let forwarded = received.json;
+    if (rewrite) {
+      const copy: Record<string, unknown> = { ...body };
+      if (stripUsage) copy.stream_options = { ...(body.stream_options as object | undefined), include_usage: true };
+      if (this.options.forwardTokenIds && path === COMPLETIONS_PATH) copy.prompt = Array.from(tokens);
+      forwarded = JSON.stringify(copy);
+    }
+    return { tokens, stream, stripUsage, maxTokens, cacheSalt: typeof salt === "string" ? salt : null, forwarded };
+  }
+
+  /** The request's load goes from the worker it was admitted on to `target`. */
+  private move(requestId: string, parsed: Parsed, target: Target): void {
+    const { service } = this.options;
+    const load = service.router.load;
+    load.done(requestId);
+    const prompt = service.hash(parsed.tokens, null, parsed.cacheSalt);
+    load.admit(requestId, target.slot, prompt.chain, prompt.blockCount, parsed.tokens.length,
+      target.overlapBlocks * service.blockSize, parsed.maxTokens);
+  }
+
+  /** The engine's response, or null if it could not be reached (the caller tries the next one). */
+  private async forward(endpoint: string, path: OpenAiPath, parsed: Parsed, target: Target, client: AbortSignal): Promise<Response | null> {
+    const headers: Record<string, string> = { "content-type": "application/json", accept: parsed.stream ? "text/event-stream" : "application/json" };
+    // vLLM's data-parallel servers take the rank to run on from this header.
+    if (target.dpRank !== 0) headers["x-data-parallel-rank"] = String(target.dpRank);
+    try {
+      return await fetch(`${endpoint}${path}`, { method: "POST", headers, body: parsed.forwarded, signal: client });
+    } catch (error) {
+      if (client.aborted) throw new HttpError(499, "the client closed the request");
+      this.options.log.warn("engine unreachable; trying the next candidate", {
+        worker_id: target.workerId, dp_rank: target.dpRank, endpoint, error: (error as Error).message,
+      });
+      return null;
+    }
+  }
+
+  private relay(upstream: Response, parsed: Parsed, target: Target, lifecycle: Lifecycle, client: AbortSignal): Response {
+    const { service } = this.options;
+    const promptTokens = parsed.tokens.length;
+    const predicted = Math.min(target.overlapBlocks * service.blockSize, Math.floor((promptTokens - 1) / service.blockSize) * service.blockSize);
+    const observe = (cached: number | null): void => {
+      if (upstream.ok) service.observedHits.record(target.workerId, target.dpRank, predicted, cached);
+    };
+    const headers = new Headers({ "content-type": upstream.headers.get("content-type") ?? "application/json" });
+    headers.set("x-kvedge-worker-id", target.workerId.toString());
+    headers.set("x-kvedge-dp-rank", String(target.dpRank));
+    headers.set("x-kvedge-request-id", lifecycle.requestId);
+    if (upstream.body === null) {
+      lifecycle.done();
+      this.counters.completed++;
+      return new Response(null, { status: upstream.status, headers });
+    }
+    const reader = upstream.body.getReader();
+    const events = parsed.stream && upstream.ok ? new SseScanner(parsed.stripUsage) : null;
+    const whole: Uint8Array[] = [];
+    let wholeBytes = 0;
+    const counters = this.counters;
+    const log = this.options.log;
+    let ended = false;
+    const end = (): void => {
+      ended = true;
+      lifecycle.done();
+    };
+    const body = new ReadableStream<Uint8Array>({
+      pull: async (controller) => {
+        let chunk: Awaited<ReturnType<typeof reader.read>>;
+        try {
+          chunk = await reader.read();
+        } catch (error) {
+          if (ended) return;
+          end();
+          if (client.aborted) {
+            counters.clientAborts++;
+            return;
+          }
+          counters.engineErrors++;
+          log.warn("the engine's answer broke off", { worker_id: target.workerId, error: (error as Error).message });
+          controller.error(error);
+          return;
+        }
+        if (chunk.done) {
+          if (events !== null) {
+            const rest = events.flush();
+            if (rest.length > 0) controller.enqueue(rest);
+            observe(events.cachedTokens);
+          } else if (upstream.ok) {
+            observe(cachedTokensOfJson(whole, wholeBytes));
+          }
+          end();
+          counters.completed++;
+          controller.close();
+          return;
+        }
+        lifecycle.prefillDone();
+        if (events !== null) {
+          const out = events.push(chunk.value);
+          if (out.length > 0) controller.enqueue(out);
+        } else {
+          if (upstream.ok && wholeBytes < EVENT_BYTES_MAX) {
+            whole.push(chunk.value);
+            wholeBytes += chunk.value.length;
+          }
+          controller.enqueue(chunk.value);
+        }
+      },
+      cancel: async () => {
+        if (!ended) {
+          counters.clientAborts++;
+          end();
+        }
+        await reader.cancel().catch(() => {});
+      },
+    });
+    return new Response(body, { status: upstream.status, headers });
+  }
+}
+
+interface Parsed {
+  readonly tokens: Uint32Array;
+  readonly stream: boolean;
+  /** Usage was added to the forwarded request and must not reach the client. */
+  readonly stripUsage: boolean;
+  readonly maxTokens: number;
+  readonly cacheSalt: string | null;
+  /** The body sent to the engine: the client's, or a rewrite of it. */
+  readonly forwarded: string;
+}
+
+/** The decision's pick, then its other candidates cheapest first (copied: the list is reused). */
+function targetsOf(decision: import("../route").RouteDecision): Target[] {
+  const targets: Target[] = [{ slot: decision.slot, workerId: decision.workerId, dpRank: decision.dpRank, overlapBlocks: decision.overlapBlocks }];
+  const list = decision.candidates;
+  for (let i = 0; i < list.count; i++) {
+    if (list.slots[i] === decision.slot) continue;
+    const candidate = list.at(i);
+    targets.push({ slot: candidate.slot, workerId: candidate.workerId, dpRank: candidate.dpRank, overlapBlocks: candidate.overlapBlocks });
+  }
+  return targets;
+}
+
+/** prefill_done once, done once: a proxied request's load ends exactly once, whatever ends it. */
+class Lifecycle {
+  private prefilled = false;
+  private finished = false;
+
+  constructor(private readonly service: KvRouterService, readonly requestId: string) {}
+
+  prefillDone(): void {
+    if (this.prefilled || this.finished) return;
+    this.prefilled = true;
+    this.service.prefillDone(this.requestId);
+  }
+
+  done(): void {
+    if (this.finished) return;
+    this.finished = true;
+    this.service.done(this.requestId);
+  }
+}
+
+const utf8 = new TextDecoder();
+const encoder = new TextEncoder();
+
+function cachedTokensOfJson(chunks: Uint8Array[], bytes: number): number | null {
+  if (bytes >= EVENT_BYTES_MAX) return null;
+  try {
+    return cachedTokensOf(JSON.parse(utf8.decode(Buffer.concat(chunks))));
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * Reads a Server-Sent Events stream as it passes: remembers the last `cached_tokens`
+ * seen in a usage and, with `stripUsage`, drops the usage-only chunks (`"choices": []`)
+ * the proxy asked for on the client's behalf. Everything else passes byte for byte,
+ * re-cut at event boundaries.
+ */
+export class SseScanner {
+  cachedTokens: number | null = null;
+  private pending = "";
+  private readonly decoder = new TextDecoder();
+
+  constructor(private readonly stripUsage: boolean) {}
+
+  push(chunk: Uint8Array): Uint8Array {
+    this.pending += this.decoder.decode(chunk, { stream: true });
+    let out = "";
+    let start = 0;
+    for (let end = this.pending.indexOf("\n\n"); end >= 0; end = this.pending.indexOf("\n\n", start)) {
+      const event = this.pending.slice(start, end + 2);
+      start = end + 2;
+      if (!this.dropped(event)) out += event;
+    }
+    this.pending = this.pending.slice(start);
+    if (this.pending.length > EVENT_BYTES_MAX) {
+      out += this.pending;
+      this.pending = "";
+    }
+    return out.length === 0 ? EMPTY : encoder.encode(out);
+  }
+
+  /** What is left at the end of the stream (an unterminated last event). */
+  flush(): Uint8Array {
+    const rest = this.pending + this.decoder.decode();
+    this.pending = "";
+    if (rest.length === 0 || this.dropped(rest)) return EMPTY;
+    return encoder.encode(rest);
+  }
+
+  private dropped(event: string): boolean {
+    if (!event.includes('"usage"')) return false;
+    const data = event.startsWith("data: ") ? event.slice(6).trim() : null;
+    if (data === null || data === "[DONE]") return false;
+    let chunk: { choices?: unknown } | null;
+    try {
+      chunk = JSON.parse(data) as { choices?: unknown } | null;
+    } catch {
+      return false;
+    }
+    const cached = cachedTokensOf(chunk);
+    if (cached !== null) this.cachedTokens = cached;
+    return this.stripUsage && Array.isArray(chunk?.choices) && chunk.choices.length === 0;
+  }
+}
+
+const EMPTY = new Uint8Array(0);
