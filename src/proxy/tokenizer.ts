@@ -25,11 +25,13 @@ let binding: Binding | null = null;
 
 /**
  * The bindings' own index.js requires every platform's addon it can find (and the
- * compiled binary would embed them all); this one file is what a Linux x64 build
- * needs. build.ts swaps in the arm64 one for that target.
+ * compiled binary would embed them all); Linux needs one of these two. build.ts
+ * resolves both to its target's, so a binary embeds one.
  */
 function loadBinding(): Binding {
-  binding ??= require("tokenizers/tokenizers.linux-x64-gnu.node") as Binding;
+  binding ??= (process.arch === "arm64"
+    ? require("tokenizers/tokenizers.linux-arm64-gnu.node")
+    : require("tokenizers/tokenizers.linux-x64-gnu.node")) as Binding;
   return binding;
 }
 
