@@ -13,6 +13,11 @@
  * the midpoint of floor and 1 clears it. Answers without `cached_tokens` are counted
  * and judge nothing (the engine may not report it: vLLM needs
  * --enable-prompt-tokens-details).
+ *
+ * The other way round, an engine that serves far more from its cache than the router
+ * predicted (under half, over every answer) is what a tokenizer or chat-template
+ * mismatch looks like: the index holds the engine's tokens, the router queries with
+ * others. That is logged and shown (`underPredicted`); discounting would not help.
  */
 import type { Logger } from "../util/log";
 
@@ -35,6 +40,8 @@ export interface ObservedHitsView {
   /** Weighted observed / predicted over the recent answers that predicted a hit; null before any. */
   readonly recentRatio: number | null;
   readonly suspect: boolean;
+  /** The engine serves persistently more than predicted: likely not the engine's tokens. */
+  readonly underPredicted: boolean;
 }
 
 interface WorkerHits {
@@ -46,10 +53,14 @@ interface WorkerHits {
   weightedPredicted: number;
   weightedObserved: number;
   suspect: boolean;
+  /** Over every answer with usage: weighted predicted and (uncapped) observed. */
+  allPredicted: number;
+  allObserved: number;
+  underPredicted: boolean;
 }
 
 const EMPTY: ObservedHitsView = {
-  answers: 0, answersWithoutUsage: 0, predictedTokens: 0, observedTokens: 0, recentRatio: null, suspect: false,
+  answers: 0, answersWithoutUsage: 0, predictedTokens: 0, observedTokens: 0, recentRatio: null, suspect: false, underPredicted: false,
 };
 
 const keyOf = (workerId: bigint, dpRank: number): string => `${workerId}:${dpRank}`;
@@ -67,7 +78,10 @@ export class ObservedHits {
     const key = keyOf(workerId, dpRank);
     let hits = this.workers.get(key);
     if (hits === undefined) {
-      hits = { answers: 0, withoutUsage: 0, predicted: 0, observed: 0, judged: 0, weightedPredicted: 0, weightedObserved: 0, suspect: false };
+      hits = {
+        answers: 0, withoutUsage: 0, predicted: 0, observed: 0, judged: 0, weightedPredicted: 0, weightedObserved: 0, suspect: false,
+        allPredicted: 0, allObserved: 0, underPredicted: false,
+      };
       this.workers.set(key, hits);
     }
     hits.answers++;
@@ -80,6 +94,9 @@ export class ObservedHits {
     }
     hits.predicted += predicted;
     hits.observed += observed;
+    hits.allPredicted = hits.allPredicted * this.decay + predicted;
+    hits.allObserved = hits.allObserved * this.decay + observed;
+    this.checkUnderPredicted(workerId, dpRank, hits);
     if (predicted <= 0) return;
     hits.judged++;
     hits.weightedPredicted = hits.weightedPredicted * this.decay + predicted;
@@ -97,6 +114,7 @@ export class ObservedHits {
       observedTokens: hits.observed,
       recentRatio: hits.weightedPredicted > 0 ? hits.weightedObserved / hits.weightedPredicted : null,
       suspect: hits.suspect,
+      underPredicted: hits.underPredicted,
     };
   }
 
@@ -113,6 +131,18 @@ export class ObservedHits {
   /** Workers tracked (for tests of bounded state). */
   get size(): number {
     return this.workers.size;
+  }
+
+  private checkUnderPredicted(workerId: bigint, dpRank: number, hits: WorkerHits): void {
+    if (hits.answers - hits.withoutUsage < this.options.window) return;
+    const under = hits.allObserved > 0 && hits.allPredicted < hits.allObserved / 2;
+    if (under === hits.underPredicted) return;
+    hits.underPredicted = under;
+    if (!under) return;
+    this.options.log.warn("the engine serves far more from its cache than the router predicted: the router's tokens are likely not"
+      + " the engine's (check proxy.tokenizer and the chat template against the engine's model)", {
+      worker_id: workerId, dp_rank: dpRank, predicted_tokens: hits.predicted, observed_tokens: hits.observed,
+    });
   }
 
   private judge(workerId: bigint, dpRank: number, hits: WorkerHits): void {

@@ -155,6 +155,7 @@ export function workersOp(service: KvRouterService) {
         observed_cached_tokens: view.observed.observedTokens,
         recent_ratio: view.observed.recentRatio,
         suspect: view.observed.suspect,
+        under_predicted: view.observed.underPredicted,
       },
     })),
   };

@@ -1,0 +1,84 @@
+// Goal: through `kvedge serve --proxy`, an engine whose answers report far fewer cached
+// tokens than its KV events promise (here: a front that zeroes cached_tokens, as an
+// engine with prefix caching off but events on would) is flagged: /v1/workers shows it
+// suspect and degraded, the reason is logged, and the honest worker is left alone.
+import { afterAll, beforeAll, expect, test } from "bun:test";
+import type { Server } from "bun";
+import { EngineServer } from "../../src/sim/engine-server";
+import { NetworkedEngine } from "../../src/sim/networked-engine";
+import { silentLogger } from "../../src/util/log";
+import { until } from "../sim/fleet-rig";
+import { startServe, type ServeProcess } from "../support/serve";
+
+type Json = Record<string, any>;
+const engines: { networked: NetworkedEngine; server: EngineServer }[] = [];
+let liar: Server<undefined>;
+let serve: ServeProcess;
+
+beforeAll(async () => {
+  const https: string[] = [];
+  const workers: string[] = [];
+  for (let i = 0; i < 2; i++) {
+    const networked = new NetworkedEngine({ index: i, capacityBlocks: 4096, blockSize: 16, hashSeed: BigInt(7 + i), endpoint: "tcp://127.0.0.1:0", log: silentLogger });
+    await networked.start();
+    const server = new EngineServer({ networked, speedup: 50, host: "127.0.0.1", port: 0, vocabSize: 1000, log: silentLogger });
+    https.push(server.start());
+    engines.push({ networked, server });
+    workers.push(`${i + 1}=${networked.endpoint}`);
+  }
+  liar = Bun.serve({
+    hostname: "127.0.0.1", port: 0,
+    async fetch(request) {
+      const answer = await fetch(`${https[0]}${new URL(request.url).pathname}`, { method: "POST", body: await request.text() });
+      const body = (await answer.json()) as Json;
+      if (body.usage !== undefined) body.usage.prompt_tokens_details.cached_tokens = 0;
+      return Response.json(body, { status: answer.status });
+    },
+  });
+  workers[0] += `;http=http://127.0.0.1:${liar.port}`;
+  workers[1] += `;http=${https[1]}`;
+  serve = await startServe(["--proxy", "--workers", workers.join(","), "--observed-window", "4"]);
+  await until(async () => (await workersOf()).every((w) => w.state === "connected"), "kvedge to connect to both engines");
+});
+
+afterAll(async () => {
+  await serve?.stop();
+  await liar?.stop(true);
+  for (const engine of engines) {
+    await engine.server.stop();
+    await engine.networked.close();
+  }
+});
+
+const workersOf = async (): Promise<Json[]> => ((await (await fetch(`${serve.url}/v1/workers`)).json()) as Json).workers as Json[];
+
+test("a worker whose answers show persistently fewer hits than predicted is flagged and discounted", async () => {
+  const complete = async (prompt: number[]): Promise<string> => {
+    const response = await fetch(`${serve.url}/v1/completions`, { method: "POST", body: JSON.stringify({ prompt, max_tokens: 1 }) });
+    expect(response.status).toBe(200);
+    await response.arrayBuffer();
+    return response.headers.get("x-kvedge-worker-id")!;
+  };
+  const liarJudged = async () => (await workersOf()).find((w) => w.worker_id === "1")!.observed_hits;
+  for (let conversation = 0; (await liarJudged()).predicted_cached_tokens < 6 * 64 && conversation < 40; conversation++) {
+    const prompt = Array.from({ length: 80 }, (_, i) => 1 + conversation * 1000 + i);
+    await complete(prompt);
+    // Wait for the engine's events, then repeat: the router predicts a hit on the holder.
+    await until(async () => {
+      const response = await fetch(`${serve.url}/v1/match`, { method: "POST", body: JSON.stringify({ token_ids: prompt }) });
+      return (((await response.json()) as Json).scores as Json[]).length > 0;
+    }, "the prompt to be indexed");
+    await complete(prompt);
+  }
+  const [lying, honest] = await workersOf();
+  expect(lying!.observed_hits).toMatchObject({ suspect: true, observed_cached_tokens: 0 });
+  expect(lying!.observed_hits.answers).toBeGreaterThanOrEqual(4);
+  expect(lying!.degraded).toBe(true);
+  expect(honest!.observed_hits.suspect).toBe(false);
+  expect(honest!.degraded).toBe(false);
+  const line = await serve.waitForLog((l) => String(l.msg).includes("fall persistently below the predicted ones"));
+  expect(line.worker_id).toBe("1");
+  expect(line.observed_ratio).toBe(0);
+  const metrics = await (await fetch(`${serve.url}/metrics`)).text();
+  expect(metrics).toContain('kvedge_worker_hits_suspect{worker_id="1",dp_rank="0"} 1');
+});
