@@ -19,6 +19,7 @@
  */
 import { kvedgeRouter, KvedgeClient } from "./kvedge-client";
 import { NetworkedEngine } from "./networked-engine";
+import { type ProxyReport, runProxyReplay } from "./proxy-replay";
 import { percentile, type PolicyReport } from "./outcome";
 import { createPolicy, type PolicyName } from "./policies";
 import { policyClient, replayRealtime, type RealtimeProgress } from "./realtime";
@@ -54,6 +55,8 @@ export interface DemoOptions {
   readonly kvedgeCommand?: readonly string[];
   /** Progress lines ("" when a phase ends); null: silent. */
   readonly progress: ((line: string) => void) | null;
+  /** kv_aware through `kvedge serve --proxy` (OpenAI API) instead of the routing API (./proxy-replay.ts). */
+  readonly proxy?: boolean;
 }
 
 export interface DemoPolicyResult extends PolicyReport {
@@ -98,6 +101,8 @@ export interface Gain {
 export interface DemoResult {
   readonly policies: Record<string, DemoPolicyResult>;
   readonly router: RouterReport | null;
+  /** With `proxy`: what the proxied run saw. */
+  readonly proxy: ProxyReport | null;
   /** The kv-aware row against each baseline (negative TTFT change = faster). */
   readonly gains: Record<string, Gain>;
   readonly wall_s: number;
@@ -108,12 +113,17 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
   const started = performance.now();
   const policies: Record<string, DemoPolicyResult> = {};
   let router: RouterReport | null = null;
+  let proxy: ProxyReport | null = null;
   for (const policy of options.policies) {
     // Each run leaves ~100 MB of short-lived token arrays; collect them before the next
     // so peak memory is one run's, not the sum of all.
     Bun.gc(true);
     const phaseStarted = performance.now();
-    if (policy === "kv_aware") {
+    if (policy === "kv_aware" && options.proxy === true) {
+      const run = await runProxyReplay(options);
+      policies[policy] = { ...run.report, mode: "kvedge", wall_s: (performance.now() - phaseStarted) / 1000 };
+      proxy = run.proxy;
+    } else if (policy === "kv_aware") {
       const run = await runKvedge(options);
       policies[policy] = { ...run.report, mode: "kvedge", wall_s: (performance.now() - phaseStarted) / 1000 };
       router = run.router;
@@ -130,7 +140,7 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
       options.progress?.("");
     }
   }
-  return { policies, router, gains: gainsOf(policies), wall_s: (performance.now() - started) / 1000 };
+  return { policies, router, proxy, gains: gainsOf(policies), wall_s: (performance.now() - started) / 1000 };
 }
 
 /** The kv-aware row (kvedge, else the in-process model) against every other policy. */
@@ -224,7 +234,7 @@ async function runKvedge(options: DemoOptions): Promise<{ report: PolicyReport; 
 }
 
 /** Waits for /readyz and for every engine to see its subscriber (nothing published is lost). */
-async function waitReady(url: string, engines: readonly NetworkedEngine[], timeoutMs = 20_000): Promise<void> {
+export async function waitReady(url: string, engines: readonly NetworkedEngine[], timeoutMs = 20_000): Promise<void> {
   const deadline = performance.now() + timeoutMs;
   for (;;) {
     const ready = await fetch(`${url}/readyz`).then((response) => response.ok, () => false);

@@ -10,6 +10,8 @@
  * really served. The generated tokens are synthetic; their text is " t<id>" per token.
  * A streamed answer sends its first chunk at the first token (model time) and the rest
  * when the request finishes: the engine model reports those two moments only.
+ * Answers carry the modeled times too, outside the OpenAI fields:
+ * `"kvedge_mock": {"ttft_ms", "e2e_ms"}` (model ms from arrival) next to `usage`.
  */
 import { asObject, HttpError, reply } from "../server/http";
 import {
@@ -58,7 +60,7 @@ export class EngineOpenAi {
       const choice = chat
         ? { index: 0, message: { role: "assistant", content: text }, logprobs: null, finish_reason: "length" }
         : { index: 0, text, logprobs: null, finish_reason: "length", stop_reason: null };
-      return reply(request, 200, { ...head, choices: [choice], usage: usageOf(submitted) });
+      return reply(request, 200, { ...head, choices: [choice], usage: usageOf(submitted), kvedge_mock: timesOf(submitted) });
     }
     return this.streamed(submitted, { ...head, object: chat ? "chat.completion.chunk" : "text_completion" }, chat, includesUsage(body));
   }
@@ -83,7 +85,7 @@ export class EngineOpenAi {
           for (let i = 1; i < output.length; i++) {
             send(sseEvent({ ...head, choices: [choice(textOf(output, i, i + 1), i === output.length - 1 ? "length" : null)] }));
           }
-          if (usage) send(sseEvent({ ...head, choices: [], usage: usageOf(submitted) }));
+          if (usage) send(sseEvent({ ...head, choices: [], usage: usageOf(submitted), kvedge_mock: timesOf(submitted) }));
           send(SSE_DONE);
           if (open) controller.close();
           open = false;
@@ -102,6 +104,10 @@ function textOf(output: Uint32Array, from: number, to: number): string {
   let text = "";
   for (let i = from; i < to; i++) text += tokenText(output[i]!);
   return text;
+}
+
+function timesOf(submitted: Submitted) {
+  return { ttft_ms: submitted.ttftMs, e2e_ms: submitted.e2eMs };
 }
 
 function usageOf(submitted: Submitted) {
