@@ -8,8 +8,12 @@ import { runKvedge } from "../support/kvedge";
 
 type Json = Record<string, any>;
 
+// Speedup 40: fast enough for a test, slow enough that this machine keeps up. Far past
+// what it keeps up with (e.g. 150 on a shared 2-core VM), requests reach the engines
+// late in model time, the engines evict what kvedge predicted, and the observed-hit
+// check rightly flags some of them.
 test("demo --proxy: kv_aware through the OpenAI proxy, checked against round robin", async () => {
-  const result = await runKvedge(["demo", "--proxy", "--requests", "800", "--workers", "8", "--time-scale", "1", "--speedup", "150",
+  const result = await runKvedge(["demo", "--proxy", "--requests", "800", "--workers", "8", "--time-scale", "1", "--speedup", "40",
     "--policies", "kv_aware,round_robin", "--no-pin", "--json"]);
   expect(result.code).toBe(0);
   const demo = JSON.parse(result.stdout.trim()) as Json;
