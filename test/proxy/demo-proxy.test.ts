@@ -28,4 +28,4 @@ test("demo --proxy: kv_aware through the OpenAI proxy, checked against round rob
   // Between routing and admission an engine may evict a little; never more hits than predicted by much.
   expect(Math.abs(proxy.observed_hit_rate - proxy.predicted_hit_rate)).toBeLessThan(0.02);
   expect(proxy.ttfb_p99_ms).toBeGreaterThanOrEqual(proxy.ttfb_p50_ms);
-});
+}, 60_000);
