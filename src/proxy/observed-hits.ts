@@ -35,6 +35,8 @@ export interface ObservedHitsView {
   /** Answers recorded (with usage or not). */
   readonly answers: number;
   readonly answersWithoutUsage: number;
+  /** Prompt tokens of the answers with usage. */
+  readonly promptTokens: number;
   readonly predictedTokens: number;
   readonly observedTokens: number;
   /** Weighted observed / predicted over the recent answers that predicted a hit; null before any. */
@@ -47,6 +49,7 @@ export interface ObservedHitsView {
 interface WorkerHits {
   answers: number;
   withoutUsage: number;
+  prompt: number;
   predicted: number;
   observed: number;
   judged: number;
@@ -60,7 +63,7 @@ interface WorkerHits {
 }
 
 const EMPTY: ObservedHitsView = {
-  answers: 0, answersWithoutUsage: 0, predictedTokens: 0, observedTokens: 0, recentRatio: null, suspect: false, underPredicted: false,
+  answers: 0, answersWithoutUsage: 0, promptTokens: 0, predictedTokens: 0, observedTokens: 0, recentRatio: null, suspect: false, underPredicted: false,
 };
 
 const keyOf = (workerId: bigint, dpRank: number): string => `${workerId}:${dpRank}`;
@@ -73,13 +76,13 @@ export class ObservedHits {
     this.decay = 1 - 1 / options.window;
   }
 
-  /** One answer: the tokens predicted cached at routing, and the engine's count (null: not reported). */
-  record(workerId: bigint, dpRank: number, predicted: number, observed: number | null): void {
+  /** One answer: its prompt's tokens, those predicted cached at routing, and the engine's count (null: not reported). */
+  record(workerId: bigint, dpRank: number, prompt: number, predicted: number, observed: number | null): void {
     const key = keyOf(workerId, dpRank);
     let hits = this.workers.get(key);
     if (hits === undefined) {
       hits = {
-        answers: 0, withoutUsage: 0, predicted: 0, observed: 0, judged: 0, weightedPredicted: 0, weightedObserved: 0, suspect: false,
+        answers: 0, withoutUsage: 0, prompt: 0, predicted: 0, observed: 0, judged: 0, weightedPredicted: 0, weightedObserved: 0, suspect: false,
         allPredicted: 0, allObserved: 0, underPredicted: false,
       };
       this.workers.set(key, hits);
@@ -92,6 +95,7 @@ export class ObservedHits {
       }
       return;
     }
+    hits.prompt += prompt;
     hits.predicted += predicted;
     hits.observed += observed;
     hits.allPredicted = hits.allPredicted * this.decay + predicted;
@@ -110,6 +114,7 @@ export class ObservedHits {
     return {
       answers: hits.answers,
       answersWithoutUsage: hits.withoutUsage,
+      promptTokens: hits.prompt,
       predictedTokens: hits.predicted,
       observedTokens: hits.observed,
       recentRatio: hits.weightedPredicted > 0 ? hits.weightedObserved / hits.weightedPredicted : null,

@@ -194,7 +194,7 @@ export class OpenAiProxy {
     const promptTokens = parsed.tokens.length;
     const predicted = Math.min(target.overlapBlocks * service.blockSize, Math.floor((promptTokens - 1) / service.blockSize) * service.blockSize);
     const observe = (cached: number | null): void => {
-      if (upstream.ok) service.observedHits.record(target.workerId, target.dpRank, predicted, cached);
+      if (upstream.ok) service.observedHits.record(target.workerId, target.dpRank, promptTokens, predicted, cached);
     };
     const headers = new Headers({ "content-type": upstream.headers.get("content-type") ?? "application/json" });
     headers.set("x-kvedge-worker-id", target.workerId.toString());

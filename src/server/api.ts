@@ -151,6 +151,7 @@ export function workersOp(service: KvRouterService) {
       observed_hits: {
         answers: view.observed.answers,
         answers_without_usage: view.observed.answersWithoutUsage,
+        prompt_tokens: view.observed.promptTokens,
         predicted_cached_tokens: view.observed.predictedTokens,
         observed_cached_tokens: view.observed.observedTokens,
         recent_ratio: view.observed.recentRatio,

@@ -9,7 +9,7 @@ import { addWorkerOp, decideRoute, lifecycleOp, matchOp, removeWorkerOp, routeAn
 import { errorReply, HttpError, msgpackReply, parseBody, readBody, receiveBody, reply, type ReceivedBody, wantsMsgpack } from "./http";
 import { type MetricsRegistry, ServerMetrics } from "./metrics";
 import type { KvRouterService } from "./service";
-import { statusPage } from "./status";
+import { statusOp, statusPage } from "./status";
 import { TurnBatch } from "./turn";
 import { CHAT_PATH, COMPLETIONS_PATH, type OpenAiPath } from "../proxy/openai";
 import type { OpenAiProxy } from "../proxy/proxy";
@@ -112,6 +112,7 @@ export function startApp(options: AppOptions): App {
         return new Response(lines.length === 0 ? "" : `${lines}\n`, { headers: { "content-type": "application/x-ndjson" } });
       },
     },
+    "/v1/status": { GET: (request) => reply(request, 200, statusOp(service)) },
     "/healthz": { GET: (request) => reply(request, 200, { status: "ok" }) },
     "/readyz": {
       GET: (request) => {

@@ -75,6 +75,8 @@ export class KvRouterService {
   /** Predicted vs observed cached tokens per worker (fed by the proxy); a persistent gap is distrusted like lost events. */
   readonly observedHits: ObservedHits;
   private readonly httpEndpoints = new Map<string, string>();
+  /** Over every decision: prompt tokens, and those the chosen worker was predicted to hold (the status page's hit rate). */
+  readonly routeTotals = { decisions: 0, promptTokens: 0, predictedCachedTokens: 0 };
   private readonly matches = new MatchResult(64);
   private readonly hasher = new PromptHasher();
   private readonly candidates = new CandidateList();
@@ -189,6 +191,10 @@ export class KvRouterService {
       temperature: input.temperature,
       candidatesMax,
     }, overlaps, this.candidates);
+    const totals = this.routeTotals;
+    totals.decisions++;
+    totals.promptTokens += input.tokens.length;
+    totals.predictedCachedTokens += Math.min(decision.overlapBlocks, prompt.blockCount) * this.blockSize;
     return { decision, queryBlocks: prompt.blockCount };
   }
 

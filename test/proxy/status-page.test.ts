@@ -1,0 +1,137 @@
+// Goal: the status page, loaded in real headless Chromium against a running `kvedge
+// serve --proxy` with live traffic, shows what is happening: the workers, routes/s,
+// predicted and observed hit-rate lines, events/s, per-worker cached blocks and load as
+// bars, and a worker whose observed hits fall short as distrusted (red bar, alert,
+// table). The page loads nothing but its own server's URLs. A screenshot is written.
+import { afterAll, beforeAll, expect, test } from "bun:test";
+import type { Server } from "bun";
+import { existsSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { EngineServer } from "../../src/sim/engine-server";
+import { NetworkedEngine } from "../../src/sim/networked-engine";
+import { silentLogger } from "../../src/util/log";
+import { until } from "../sim/fleet-rig";
+import { Browser, CHROMIUM } from "../support/chromium";
+import { startServe, type ServeProcess } from "../support/serve";
+
+type Json = Record<string, any>;
+const SCREENSHOT = join(tmpdir(), "kvedge-status-page.png");
+const engines: { networked: NetworkedEngine; server: EngineServer }[] = [];
+let liar: Server<undefined>;
+let serve: ServeProcess;
+let browser: Browser | null = null;
+
+beforeAll(async () => {
+  const https: string[] = [];
+  const workers: string[] = [];
+  for (let i = 0; i < 3; i++) {
+    const networked = new NetworkedEngine({ index: i, capacityBlocks: 4096, blockSize: 16, hashSeed: BigInt(30 + i), endpoint: "tcp://127.0.0.1:0", log: silentLogger });
+    await networked.start();
+    const server = new EngineServer({ networked, speedup: 50, host: "127.0.0.1", port: 0, vocabSize: 1000, log: silentLogger });
+    https.push(server.start());
+    engines.push({ networked, server });
+    workers.push(`${i + 1}=${networked.endpoint}`);
+  }
+  // Worker 1's answers report no cached tokens: the page must show it distrusted.
+  liar = Bun.serve({
+    hostname: "127.0.0.1", port: 0,
+    async fetch(request) {
+      const answer = await fetch(`${https[0]}${new URL(request.url).pathname}`, { method: "POST", body: await request.text() });
+      const body = (await answer.json()) as Json;
+      if (body.usage !== undefined) body.usage.prompt_tokens_details.cached_tokens = 0;
+      return Response.json(body, { status: answer.status });
+    },
+  });
+  workers[0] += `;http=http://127.0.0.1:${liar.port}`;
+  for (let i = 1; i < 3; i++) workers[i] += `;http=${https[i]}`;
+  serve = await startServe(["--proxy", "--workers", workers.join(","), "--observed-window", "2"]);
+});
+
+afterAll(async () => {
+  await browser?.close();
+  await serve?.stop();
+  await liar?.stop(true);
+  for (const engine of engines) {
+    await engine.server.stop();
+    await engine.networked.close();
+  }
+});
+
+const complete = async (prompt: number[]) => {
+  const response = await fetch(`${serve.url}/v1/completions`, { method: "POST", body: JSON.stringify({ prompt, max_tokens: 2 }) });
+  await response.arrayBuffer();
+  return response.headers.get("x-kvedge-worker-id");
+};
+const promptOf = (n: number) => Array.from({ length: 96 }, (_, i) => 1 + n * 1000 + i);
+
+/** Repeats conversations until worker 1 is flagged; every prompt is sent twice (a miss, then a predicted hit). */
+async function traffic(until1Flagged: boolean, rounds: number, first = 0): Promise<void> {
+  for (let n = first; n < first + rounds; n++) {
+    const prompt = promptOf(n);
+    await complete(prompt);
+    await until(async () => {
+      const response = await fetch(`${serve.url}/v1/match`, { method: "POST", body: JSON.stringify({ token_ids: prompt }) });
+      return (((await response.json()) as Json).scores as Json[]).length > 0;
+    }, "the prompt to be indexed");
+    await complete(prompt);
+    if (until1Flagged) {
+      const workers = ((await (await fetch(`${serve.url}/v1/workers`)).json()) as Json).workers as Json[];
+      if (workers[0]!.observed_hits.suspect === true) return;
+    }
+  }
+}
+
+test("the status page in headless Chromium shows the fleet, the rates and the distrusted worker", async () => {
+  expect(existsSync(CHROMIUM) ? "chromium installed" : `${CHROMIUM} missing (apt-get install chromium)`).toBe("chromium installed");
+  await traffic(true, 40);
+  browser = await Browser.launch();
+  await browser.open(`${serve.url}/`);
+  // Traffic while the page polls, so its rates are not zero.
+  let round = 0;
+  let stop = false;
+  const background = (async () => {
+    while (!stop && round < 5000) await traffic(false, 1, 500 + round++);
+  })();
+  await browser.waitFor("Number(document.body.dataset.polls) >= 6", "six polls of /v1/status");
+  stop = true;
+  await background;
+  const page = await browser.evaluate<Json>(`({
+    summary: document.getElementById("summary").textContent,
+    rows: [...document.querySelectorAll("#workers tr")].map((tr) => [...tr.children].map((td) => td.textContent)),
+    routesNow: document.getElementById("routes-now").textContent,
+    hitsNow: document.getElementById("hits-now").textContent,
+    routeLine: document.querySelectorAll("#chart-routes polyline.routes").length,
+    predictedLine: document.querySelectorAll("#chart-hits polyline.predicted").length,
+    observedLine: document.querySelectorAll("#chart-hits polyline.observed").length,
+    eventLine: document.querySelectorAll("#chart-events polyline.events").length,
+    blockBars: [...document.querySelectorAll("#chart-blocks rect.bar")].map((r) => [r.dataset.worker, r.getAttribute("fill"), Number(r.getAttribute("height"))]),
+    loadBars: document.querySelectorAll("#chart-load rect.bar").length,
+    alerts: [...document.querySelectorAll("#alerts .alert")].map((a) => a.textContent),
+    resources: performance.getEntriesByType("resource").map((e) => e.name),
+  })`);
+  expect(page.summary).toContain("3 workers");
+  expect(page.summary).toContain("1 degraded");
+  expect(page.rows).toHaveLength(3);
+  expect(page.rows.map((row: string[]) => row[0])).toEqual(["1", "2", "3"]);
+  expect(page.rows[0][4]).toBe("hits suspect");
+  expect(page.rows[1][4]).toBe("exact");
+  expect(page.rows.every((row: string[]) => row[3] === "connected")).toBe(true);
+  expect(page.routesNow).toMatch(/\/s$/);
+  expect(page.hitsNow).toMatch(/^predicted \d+\.\d% · observed \d+\.\d% \(since start\)$/);
+  expect(page.routeLine).toBe(1);
+  expect(page.predictedLine).toBe(1);
+  expect(page.observedLine).toBe(1);
+  expect(page.eventLine).toBe(1);
+  expect(page.blockBars.map((bar: [string, string, number]) => [bar[0], bar[1]])).toEqual([["1", "#dc2626"], ["2", "#2563eb"], ["3", "#2563eb"]]);
+  expect(page.blockBars.some((bar: [string, string, number]) => bar[2] > 0)).toBe(true);
+  expect(page.loadBars).toBe(3);
+  expect(page.alerts.some((text: string) => text.startsWith("worker 1: observed hits far below predicted"))).toBe(true);
+  // No external assets: every resource the page loaded is its own server's.
+  expect(page.resources.length).toBeGreaterThan(0);
+  expect(page.resources.every((url: string) => url.startsWith(serve.url))).toBe(true);
+  const png = await browser.screenshot();
+  expect([...png.subarray(1, 4)].map((c) => String.fromCharCode(c)).join("")).toBe("PNG");
+  expect(png.length).toBeGreaterThan(20_000);
+  writeFileSync(SCREENSHOT, png);
+}, 60_000);
