@@ -18,6 +18,8 @@ export function registerObservedHitsMetrics(registry: MetricsRegistry, service: 
         }
       },
     });
+  perWorker("kvedge_observed_prompt_tokens_total", "Prompt tokens of the proxied answers that carried usage (the hit rates' denominator).",
+    "counter", (view) => view.observed.promptTokens);
   perWorker("kvedge_predicted_cached_tokens_total", "Prompt tokens the router predicted the worker would serve from its cache, over answers with usage.",
     "counter", (view) => view.observed.predictedTokens);
   perWorker("kvedge_observed_cached_tokens_total", "Prompt tokens the worker's answers reported cached (usage.prompt_tokens_details.cached_tokens).",

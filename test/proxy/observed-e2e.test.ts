@@ -4,10 +4,12 @@
 // suspect and degraded, the reason is logged, and the honest worker is left alone.
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import type { Server } from "bun";
+import { join } from "node:path";
 import { EngineServer } from "../../src/sim/engine-server";
 import { NetworkedEngine } from "../../src/sim/networked-engine";
 import { silentLogger } from "../../src/util/log";
 import { until } from "../sim/fleet-rig";
+import { ROOT } from "../support/kvedge";
 import { startServe, type ServeProcess } from "../support/serve";
 
 type Json = Record<string, any>;
@@ -81,4 +83,16 @@ test("a worker whose answers show persistently fewer hits than predicted is flag
   expect(line.observed_ratio).toBe(0);
   const metrics = await (await fetch(`${serve.url}/metrics`)).text();
   expect(metrics).toContain('kvedge_worker_hits_suspect{worker_id="1",dp_rank="0"} 1');
+});
+
+test("every metric the example Grafana dashboard queries is one kvedge serve --proxy exports", async () => {
+  const dashboard = (await Bun.file(join(ROOT, "examples", "grafana-dashboard.json")).json()) as Json;
+  const names = new Set<string>();
+  for (const panel of dashboard.panels as Json[]) {
+    for (const target of panel.targets as Json[]) for (const name of String(target.expr).match(/kvedge_[a-z_]+/g) ?? []) names.add(name);
+  }
+  expect(names.size).toBeGreaterThan(8);
+  const metrics = await (await fetch(`${serve.url}/metrics`)).text();
+  const exported = new Set([...metrics.matchAll(/^# TYPE (kvedge_[a-z_]+) /gm)].map((match) => match[1]!));
+  expect([...names].filter((name) => !exported.has(name))).toEqual([]);
 });
