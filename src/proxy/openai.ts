@@ -51,9 +51,11 @@ export function chatMessages(body: Record<string, unknown>): ChatMessage[] {
     if (message === null || typeof message !== "object" || Array.isArray(message)) {
       throw new HttpError(400, `messages[${i}] must be an object`);
     }
-    const entry = message as Record<string, unknown>;
+    // A copy: the client's body may be forwarded as it is, re-serialized.
+    const entry = { ...(message as Record<string, unknown>) };
     if (typeof entry.role !== "string") throw new HttpError(400, `messages[${i}].role must be a string`);
     const content = entry.content;
+    if (Array.isArray(entry.tool_calls)) entry.tool_calls = entry.tool_calls.map((call: unknown, j) => toolCall(call, `messages[${i}].tool_calls[${j}]`));
     if (content === undefined || content === null || typeof content === "string") return { ...entry, content: content ?? "" };
     if (!Array.isArray(content)) throw new HttpError(400, `messages[${i}].content must be a string or an array of parts`);
     const texts = content.map((part: unknown, j) => {
@@ -65,6 +67,25 @@ export function chatMessages(body: Record<string, unknown>): ChatMessage[] {
     });
     return { ...entry, content: texts.join("\n") };
   });
+}
+
+/**
+ * A tool call as templates get it from vLLM: `function.arguments` parsed from its JSON
+ * string into an object ({} when empty), as vLLM does before rendering.
+ */
+function toolCall(call: unknown, where: string): unknown {
+  const fn = (call as { function?: { arguments?: unknown } } | null)?.function;
+  if (fn === undefined || fn === null || typeof fn !== "object") return call;
+  let args = fn.arguments;
+  if (args === undefined || args === null || args === "") args = {};
+  else if (typeof args === "string") {
+    try {
+      args = JSON.parse(args);
+    } catch {
+      throw new HttpError(400, `${where}.function.arguments is not valid JSON`);
+    }
+  }
+  return { ...(call as object), function: { ...fn, arguments: args } };
 }
 
 /**

@@ -11,6 +11,7 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { Tokenizer as JsTokenizer } from "@huggingface/tokenizers";
 import { createRng, randomInt, type Rng } from "../../src/sim/random";
+import { chatMessages } from "../../src/proxy/openai";
 import { loadTokenizer } from "../../src/proxy/tokenizer";
 import { LLAMA3_DIR, QWEN3_DIR } from "../support/tokenizers";
 
@@ -122,8 +123,26 @@ const CONVERSATIONS: { messages: Record<string, unknown>[]; tools?: unknown }[] 
     ],
   },
   { messages: [{ role: "user", content: "Weather in Paris?" }], tools: TOOLS },
+  {
+    messages: chatMessages({ messages: [
+      { role: "user", content: "Weather in Paris?" },
+      { role: "assistant", content: "", tool_calls: [{ id: "c1", type: "function", function: { name: "get_weather", arguments: '{"city": "Paris"}' } }] },
+      { role: "tool", tool_call_id: "c1", content: '{"temp_c": 21}' },
+    ] }),
+    tools: TOOLS,
+  },
   { messages: [{ role: "user", content: "日本語で答えて 😀" }, { role: "assistant", content: "はい" }, { role: "user", content: "ありがとう" }] },
 ];
+
+test("tool calls reach the template as vLLM passes them: arguments parsed from JSON", () => {
+  const [message] = chatMessages({ messages: [{ role: "assistant", tool_calls: [
+    { function: { name: "f", arguments: '{"a": [1, 2]}' } }, { function: { name: "g", arguments: "" } },
+  ] }] });
+  expect(message!.tool_calls).toEqual([{ function: { name: "f", arguments: { a: [1, 2] } } }, { function: { name: "g", arguments: {} } }]);
+  expect(message!.content).toBe("");
+  expect(() => chatMessages({ messages: [{ role: "assistant", tool_calls: [{ function: { name: "f", arguments: "{" } }] }] }))
+    .toThrow("messages[0].tool_calls[0].function.arguments is not valid JSON");
+});
 
 describe("chat template parity with transformers' jinja2", () => {
   const python = Bun.spawnSync(["python3", "-c", "import jinja2"]);
