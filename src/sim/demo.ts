@@ -23,7 +23,7 @@ import { type ProxyReport, runProxyReplay } from "./proxy-replay";
 import { percentile, type PolicyReport } from "./outcome";
 import { createPolicy, type PolicyName } from "./policies";
 import { policyClient, replayRealtime, type RealtimeProgress } from "./realtime";
-import { startServeChild, type ServeChild } from "./serve-process";
+import { startServeChild, type ServeChild, withServeTail } from "./serve-process";
 import { engineSeeds, simulate } from "./simulator";
 import type { TimeModel } from "./time-model";
 import type { Trace } from "./trace";
@@ -221,11 +221,7 @@ async function runKvedge(options: DemoOptions): Promise<{ report: PolicyReport; 
     const routerReport = await routerSide(serve.url, engines, workerIds, client, stats, options.blockSize);
     return { report: run.report, router: { ...routerReport, achieved_speedup: run.achievedSpeedup } };
   } catch (error) {
-    if (serve !== null) {
-      const tail = serve.tail().slice(-10).join("\n");
-      if (tail !== "") (error as Error).message += `\nkvedge serve's last log lines:\n${tail}`;
-    }
-    throw error;
+    throw withServeTail(error, serve);
   } finally {
     client?.close();
     await serve?.stop();

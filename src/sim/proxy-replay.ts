@@ -14,7 +14,7 @@ import { type DemoOptions, waitReady } from "./demo";
 import { EngineServer } from "./engine-server";
 import { NetworkedEngine } from "./networked-engine";
 import { percentile, type PolicyReport, RunRecorder } from "./outcome";
-import { startServeChild, type ServeChild } from "./serve-process";
+import { startServeChild, type ServeChild, withServeTail } from "./serve-process";
 import { engineSeeds, requestTokens } from "./simulator";
 import { silentLogger } from "../util/log";
 
@@ -180,11 +180,7 @@ export async function runProxyReplay(options: DemoOptions): Promise<{ report: Po
       },
     };
   } catch (error) {
-    if (serve !== null) {
-      const tail = serve.tail().slice(-10).join("\n");
-      if (tail !== "") (error as Error).message += `\nkvedge serve's last log lines:\n${tail}`;
-    }
-    throw error;
+    throw withServeTail(error, serve);
   } finally {
     await serve?.stop();
     await stopFleet(fleet);

@@ -115,3 +115,10 @@ export async function startServeChild(options: ServeChildOptions): Promise<Serve
     clearTimeout(timer);
   }
 }
+
+/** `error` with the serve child's last log lines appended (what a failed run needs to be understood). */
+export function withServeTail(error: unknown, serve: ServeChild | null): unknown {
+  const tail = serve?.tail().slice(-10).join("\n") ?? "";
+  if (tail !== "" && error instanceof Error) error.message += `\nkvedge serve's last log lines:\n${tail}`;
+  return error;
+}

@@ -5,40 +5,23 @@
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import type { Server } from "bun";
 import { join } from "node:path";
-import { EngineServer } from "../../src/sim/engine-server";
-import { NetworkedEngine } from "../../src/sim/networked-engine";
-import { silentLogger } from "../../src/util/log";
 import { until } from "../sim/fleet-rig";
 import { ROOT } from "../support/kvedge";
+import { type MockEngine, startMockEngines, stopMockEngines, zeroCachedTokensFront } from "../support/mock-fleet";
 import { startServe, type ServeProcess } from "../support/serve";
 
 type Json = Record<string, any>;
-const engines: { networked: NetworkedEngine; server: EngineServer }[] = [];
+let engines: MockEngine[] = [];
 let liar: Server<undefined>;
 let serve: ServeProcess;
 
 beforeAll(async () => {
-  const https: string[] = [];
-  const workers: string[] = [];
-  for (let i = 0; i < 2; i++) {
-    const networked = new NetworkedEngine({ index: i, capacityBlocks: 4096, blockSize: 16, hashSeed: BigInt(7 + i), endpoint: "tcp://127.0.0.1:0", log: silentLogger });
-    await networked.start();
-    const server = new EngineServer({ networked, speedup: 50, host: "127.0.0.1", port: 0, vocabSize: 1000, log: silentLogger });
-    https.push(server.start());
-    engines.push({ networked, server });
-    workers.push(`${i + 1}=${networked.endpoint}`);
-  }
-  liar = Bun.serve({
-    hostname: "127.0.0.1", port: 0,
-    async fetch(request) {
-      const answer = await fetch(`${https[0]}${new URL(request.url).pathname}`, { method: "POST", body: await request.text() });
-      const body = (await answer.json()) as Json;
-      if (body.usage !== undefined) body.usage.prompt_tokens_details.cached_tokens = 0;
-      return Response.json(body, { status: answer.status });
-    },
-  });
-  workers[0] += `;http=http://127.0.0.1:${liar.port}`;
-  workers[1] += `;http=${https[1]}`;
+  engines = await startMockEngines(2, { speedup: 50, seed: 7 });
+  liar = zeroCachedTokensFront(engines[0]!.http);
+  const workers = [
+    `1=${engines[0]!.networked.endpoint};http=http://127.0.0.1:${liar.port}`,
+    `2=${engines[1]!.networked.endpoint};http=${engines[1]!.http}`,
+  ];
   serve = await startServe(["--proxy", "--workers", workers.join(","), "--observed-window", "4"]);
   await until(async () => (await workersOf()).every((w) => w.state === "connected"), "kvedge to connect to both engines");
 });
@@ -46,10 +29,7 @@ beforeAll(async () => {
 afterAll(async () => {
   await serve?.stop();
   await liar?.stop(true);
-  for (const engine of engines) {
-    await engine.server.stop();
-    await engine.networked.close();
-  }
+  await stopMockEngines(engines);
 });
 
 const workersOf = async (): Promise<Json[]> => ((await (await fetch(`${serve.url}/v1/workers`)).json()) as Json).workers as Json[];

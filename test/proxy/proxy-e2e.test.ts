@@ -6,36 +6,23 @@
 // failures. A tokenizer that does not load stops the start with one line.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { loadTokenizer, type PromptTokenizer } from "../../src/proxy/tokenizer";
-import { EngineServer } from "../../src/sim/engine-server";
-import { NetworkedEngine } from "../../src/sim/networked-engine";
-import { silentLogger } from "../../src/util/log";
 import { until } from "../sim/fleet-rig";
 import { kvedgeBinary } from "../support/kvedge";
+import { type MockEngine, startMockEngines, stopMockEngines } from "../support/mock-fleet";
 import { startServe, type ServeProcess } from "../support/serve";
 import { sseData } from "../support/sse";
 import { QWEN3_DIR } from "../support/tokenizers";
 
 type Json = Record<string, any>;
 const WORKERS = 3;
-const engines: { networked: NetworkedEngine; server: EngineServer; http: string }[] = [];
+let engines: MockEngine[] = [];
 let serve: ServeProcess;
 let tokenizer: PromptTokenizer;
 
 beforeAll(async () => {
   tokenizer = loadTokenizer(QWEN3_DIR);
-  const workers: string[] = [];
-  for (let i = 0; i < WORKERS; i++) {
-    const networked = new NetworkedEngine({
-      index: i, capacityBlocks: 4096, blockSize: 16, hashSeed: BigInt(100 + i), endpoint: "tcp://127.0.0.1:0", log: silentLogger,
-    });
-    await networked.start();
-    const server = new EngineServer({
-      networked, speedup: 20, host: "127.0.0.1", port: 0, vocabSize: 1000, log: silentLogger, openAi: { tokenizer, model: "qwen3" },
-    });
-    const http = server.start();
-    engines.push({ networked, server, http });
-    workers.push(`${i + 1}=${networked.endpoint};http=${http}`);
-  }
+  engines = await startMockEngines(WORKERS, { speedup: 20, seed: 100, tokenizer, model: "qwen3" });
+  const workers = engines.map((engine, i) => `${i + 1}=${engine.networked.endpoint};http=${engine.http}`);
   serve = await startServe(["--proxy", "--tokenizer", QWEN3_DIR, "--model", "qwen3", "--workers", workers.join(","),
     "--observed-window", "4"]);
   await until(async () => (await workersOf()).every((w) => w.state === "connected"), "kvedge to connect to every engine");
@@ -43,10 +30,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await serve?.stop();
-  for (const engine of engines) {
-    await engine.server.stop();
-    await engine.networked.close();
-  }
+  await stopMockEngines(engines);
 });
 
 const workersOf = async (): Promise<Json[]> => ((await (await fetch(`${serve.url}/v1/workers`)).json()) as Json).workers as Json[];

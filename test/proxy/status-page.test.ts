@@ -8,43 +8,23 @@ import type { Server } from "bun";
 import { existsSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { EngineServer } from "../../src/sim/engine-server";
-import { NetworkedEngine } from "../../src/sim/networked-engine";
-import { silentLogger } from "../../src/util/log";
 import { until } from "../sim/fleet-rig";
 import { Browser, CHROMIUM } from "../support/chromium";
+import { type MockEngine, startMockEngines, stopMockEngines, zeroCachedTokensFront } from "../support/mock-fleet";
 import { startServe, type ServeProcess } from "../support/serve";
 
 type Json = Record<string, any>;
 const SCREENSHOT = join(tmpdir(), "kvedge-status-page.png");
-const engines: { networked: NetworkedEngine; server: EngineServer }[] = [];
+let engines: MockEngine[] = [];
 let liar: Server<undefined>;
 let serve: ServeProcess;
 let browser: Browser | null = null;
 
 beforeAll(async () => {
-  const https: string[] = [];
-  const workers: string[] = [];
-  for (let i = 0; i < 3; i++) {
-    const networked = new NetworkedEngine({ index: i, capacityBlocks: 4096, blockSize: 16, hashSeed: BigInt(30 + i), endpoint: "tcp://127.0.0.1:0", log: silentLogger });
-    await networked.start();
-    const server = new EngineServer({ networked, speedup: 50, host: "127.0.0.1", port: 0, vocabSize: 1000, log: silentLogger });
-    https.push(server.start());
-    engines.push({ networked, server });
-    workers.push(`${i + 1}=${networked.endpoint}`);
-  }
+  engines = await startMockEngines(3, { speedup: 50, seed: 30 });
   // Worker 1's answers report no cached tokens: the page must show it distrusted.
-  liar = Bun.serve({
-    hostname: "127.0.0.1", port: 0,
-    async fetch(request) {
-      const answer = await fetch(`${https[0]}${new URL(request.url).pathname}`, { method: "POST", body: await request.text() });
-      const body = (await answer.json()) as Json;
-      if (body.usage !== undefined) body.usage.prompt_tokens_details.cached_tokens = 0;
-      return Response.json(body, { status: answer.status });
-    },
-  });
-  workers[0] += `;http=http://127.0.0.1:${liar.port}`;
-  for (let i = 1; i < 3; i++) workers[i] += `;http=${https[i]}`;
+  liar = zeroCachedTokensFront(engines[0]!.http);
+  const workers = engines.map((engine, i) => `${i + 1}=${engine.networked.endpoint};http=${i === 0 ? `http://127.0.0.1:${liar.port}` : engine.http}`);
   serve = await startServe(["--proxy", "--workers", workers.join(","), "--observed-window", "2"]);
 });
 
@@ -52,10 +32,7 @@ afterAll(async () => {
   await browser?.close();
   await serve?.stop();
   await liar?.stop(true);
-  for (const engine of engines) {
-    await engine.server.stop();
-    await engine.networked.close();
-  }
+  await stopMockEngines(engines);
 });
 
 const complete = async (prompt: number[]) => {
