@@ -7,7 +7,7 @@ import type { Server } from "bun";
 import { join } from "node:path";
 import { until } from "../sim/fleet-rig";
 import { ROOT } from "../support/kvedge";
-import { type MockEngine, startMockEngines, stopMockEngines, zeroCachedTokensFront } from "../support/mock-fleet";
+import { type MockEngine, missThenHit, startMockEngines, stopMockEngines, zeroCachedTokensFront } from "../support/mock-fleet";
 import { startServe, type ServeProcess } from "../support/serve";
 
 type Json = Record<string, any>;
@@ -35,22 +35,9 @@ afterAll(async () => {
 const workersOf = async (): Promise<Json[]> => ((await (await fetch(`${serve.url}/v1/workers`)).json()) as Json).workers as Json[];
 
 test("a worker whose answers show persistently fewer hits than predicted is flagged and discounted", async () => {
-  const complete = async (prompt: number[]): Promise<string> => {
-    const response = await fetch(`${serve.url}/v1/completions`, { method: "POST", body: JSON.stringify({ prompt, max_tokens: 1 }) });
-    expect(response.status).toBe(200);
-    await response.arrayBuffer();
-    return response.headers.get("x-kvedge-worker-id")!;
-  };
   const liarJudged = async () => (await workersOf()).find((w) => w.worker_id === "1")!.observed_hits;
   for (let conversation = 0; (await liarJudged()).predicted_cached_tokens < 6 * 64 && conversation < 40; conversation++) {
-    const prompt = Array.from({ length: 80 }, (_, i) => 1 + conversation * 1000 + i);
-    await complete(prompt);
-    // Wait for the engine's events, then repeat: the router predicts a hit on the holder.
-    await until(async () => {
-      const response = await fetch(`${serve.url}/v1/match`, { method: "POST", body: JSON.stringify({ token_ids: prompt }) });
-      return (((await response.json()) as Json).scores as Json[]).length > 0;
-    }, "the prompt to be indexed");
-    await complete(prompt);
+    await missThenHit(serve.url, Array.from({ length: 80 }, (_, i) => 1 + conversation * 1000 + i));
   }
   const [lying, honest] = await workersOf();
   expect(lying!.observed_hits).toMatchObject({ suspect: true, observed_cached_tokens: 0 });

@@ -8,9 +8,8 @@ import type { Server } from "bun";
 import { existsSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { until } from "../sim/fleet-rig";
 import { Browser, CHROMIUM } from "../support/chromium";
-import { type MockEngine, startMockEngines, stopMockEngines, zeroCachedTokensFront } from "../support/mock-fleet";
+import { type MockEngine, missThenHit, startMockEngines, stopMockEngines, zeroCachedTokensFront } from "../support/mock-fleet";
 import { startServe, type ServeProcess } from "../support/serve";
 
 type Json = Record<string, any>;
@@ -35,24 +34,13 @@ afterAll(async () => {
   await stopMockEngines(engines);
 });
 
-const complete = async (prompt: number[]) => {
-  const response = await fetch(`${serve.url}/v1/completions`, { method: "POST", body: JSON.stringify({ prompt, max_tokens: 2 }) });
-  await response.arrayBuffer();
-  return response.headers.get("x-kvedge-worker-id");
-};
 const promptOf = (n: number) => Array.from({ length: 96 }, (_, i) => 1 + n * 1000 + i);
 
-/** Repeats conversations until worker 1 is flagged; every prompt is sent twice (a miss, then a predicted hit). */
-async function traffic(until1Flagged: boolean, rounds: number, first = 0): Promise<void> {
+/** Conversations of a miss and a predicted hit each; with `untilFlagged`, until worker 1 is flagged. */
+async function traffic(untilFlagged: boolean, rounds: number, first = 0): Promise<void> {
   for (let n = first; n < first + rounds; n++) {
-    const prompt = promptOf(n);
-    await complete(prompt);
-    await until(async () => {
-      const response = await fetch(`${serve.url}/v1/match`, { method: "POST", body: JSON.stringify({ token_ids: prompt }) });
-      return (((await response.json()) as Json).scores as Json[]).length > 0;
-    }, "the prompt to be indexed");
-    await complete(prompt);
-    if (until1Flagged) {
+    await missThenHit(serve.url, promptOf(n));
+    if (untilFlagged) {
       const workers = ((await (await fetch(`${serve.url}/v1/workers`)).json()) as Json).workers as Json[];
       if (workers[0]!.observed_hits.suspect === true) return;
     }

@@ -59,3 +59,26 @@ export function zeroCachedTokensFront(target: string): Server<undefined> {
     },
   });
 }
+
+/**
+ * Sends a token-id prompt through `kvedge serve --proxy` twice: a miss, then, once the
+ * engine's events have reached the index, a request kvedge predicts a hit for.
+ * Returns the workers that answered.
+ */
+export async function missThenHit(serveUrl: string, prompt: number[]): Promise<[string, string]> {
+  const complete = async (): Promise<string> => {
+    const response = await fetch(`${serveUrl}/v1/completions`, { method: "POST", body: JSON.stringify({ prompt, max_tokens: 1 }) });
+    if (response.status !== 200) throw new Error(`proxied completion: HTTP ${response.status} ${await response.text()}`);
+    await response.arrayBuffer();
+    return response.headers.get("x-kvedge-worker-id")!;
+  };
+  const first = await complete();
+  const deadline = performance.now() + 10_000;
+  for (;;) {
+    const response = await fetch(`${serveUrl}/v1/match`, { method: "POST", body: JSON.stringify({ token_ids: prompt }) });
+    if ((((await response.json()) as { scores: unknown[] }).scores).length > 0) break;
+    if (performance.now() > deadline) throw new Error("timed out waiting for the prompt to be indexed");
+    await Bun.sleep(5);
+  }
+  return [first, await complete()];
+}
