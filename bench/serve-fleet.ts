@@ -1,11 +1,11 @@
 /**
  * The fleet of the serving benchmark (bench/http-workload.ts: 64 workers, ≥ 1M
- * (block, worker) pairs) applied straight to a KvRouterService in this process, for
+ * (block, worker) pairs) applied straight to a KvedgeCore in this process, for
  * the in-process benches of the serve path (no engines, no sockets).
  */
 import { loadConfig } from "../src/config";
 import { blockSeed, hashBlocks } from "../src/hash";
-import { KvRouterService } from "../src/server/service";
+import { KvedgeCore } from "../src/core/core";
 import { silentLogger } from "../src/util/log";
 import { BLOCK_SIZE, blockTokens, buildFleet, externalHash, type Fleet, KIND_DOCUMENT, KIND_SYSTEM, KIND_TAIL } from "./http-workload";
 
@@ -14,9 +14,9 @@ export const FLEET_WORKERS = 64;
 export const FLEET_PAIRS = 1_050_000;
 
 /** A service holding the benchmark fleet's blocks; `env` sets KVEDGE_* settings. */
-export function fleetService(env: Record<string, string> = {}): { service: KvRouterService; fleet: Fleet } {
+export function fleetService(env: Record<string, string> = {}): { service: KvedgeCore; fleet: Fleet } {
   const fleet = buildFleet(FLEET_SEED, FLEET_WORKERS, FLEET_PAIRS);
-  const service = new KvRouterService({ config: loadConfig({ env }).config, log: silentLogger });
+  const service = new KvedgeCore({ config: loadConfig({ env }).config, log: silentLogger });
   const seed = blockSeed(null, null);
   for (let w = 0; w < FLEET_WORKERS; w++) {
     const workerId = BigInt(w + 1);

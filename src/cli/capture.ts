@@ -1,7 +1,8 @@
 import type { FileSink } from "bun";
 import { checkEndpoint } from "../config";
 import { hashTokens } from "../hash";
-import type { KvEventSink, KvEventTap } from "../ingest/normalize";
+import { WorkerTable } from "../core/worker-table";
+import type { KvEventTap, KvEventWriter } from "../ingest/normalize";
 import { EngineSource } from "../ingest/source";
 import { createLogger } from "../util/log";
 import { parseU64, u64String } from "../util/u64";
@@ -109,17 +110,19 @@ Options:
     };
     // The index is not needed: the tap writes stores and removals; clears (from the
     // wire or an engine restart) come through here.
-    const sink: KvEventSink = {
-      stored: () => {},
-      removed: () => {},
-      cleared: (_workerId, rank) => {
+    const workerTable = new WorkerTable();
+    const writer: KvEventWriter = {
+      workerTable,
+      storeAt: () => {},
+      removeAt: () => {},
+      clearAt: (slot) => {
         kinds.cleared++;
-        line({ op: "cleared", worker_id: worker, dp_rank: rank });
+        line({ op: "cleared", worker_id: worker, dp_rank: workerTable.dpRankOf(slot) });
       },
     };
     const source = new EngineSource(
       { workerId, dpRank, endpoint, replayEndpoint, topic: flagString(parsed, "topic") ?? "" },
-      { blockSize, sink, tap, log },
+      { blockSize, writer, tap, log },
     );
     await source.start();
     const timer = durationS > 0 ? setTimeout(finish, durationS * 1000) : null;

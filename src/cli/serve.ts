@@ -3,7 +3,7 @@ import { numaNodeCpus, pinProcess } from "../runtime/affinity";
 import { startApp } from "../server/app";
 import { warmUp } from "../server/warmup";
 import { createMetricsRegistry, registerRouterMetrics, registerServiceMetrics } from "../server/metrics";
-import { KvRouterService } from "../server/service";
+import { KvedgeCore } from "../core/core";
 import { registerObservedHitsMetrics, registerProxyMetrics } from "../proxy/metrics";
 import { OpenAiProxy } from "../proxy/proxy";
 import { loadTokenizer, type PromptTokenizer, TokenizerError } from "../proxy/tokenizer";
@@ -88,7 +88,7 @@ Example:
       // Only an optimization: serve cold rather than not at all.
       log.error("warm-up failed; serving without it", { error: error instanceof Error ? error.message : String(error) });
     }
-    const service = new KvRouterService({ config, log });
+    const service = new KvedgeCore({ config, log });
     let proxy: OpenAiProxy | null = null;
     if (config.proxy.enabled) {
       const model = config.proxy.model ?? tokenizer?.model ?? "default";

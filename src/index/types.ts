@@ -4,6 +4,7 @@
  * are (hi, lo) u32 pairs, `count` is in blocks and `first` is the index of the
  * event's first block in those arrays. Worker ids are bigints at event granularity.
  */
+import type { WorkerTable } from "../core/worker-table";
 import type { IndexOp } from "./ops";
 
 export type BackendName = "crtc" | "positional" | "reference";
@@ -145,8 +146,13 @@ export class MatchResult {
 }
 
 export interface IndexOptions {
-  /** Most (worker_id, dp_rank) pairs present at once (1..65536, default 65536). */
+  /** Most (worker_id, dp_rank) pairs present at once (1..65536, default 65536); ignored with `workers`. */
   maxWorkers?: number;
+  /**
+   * The worker numbering to share (the core's, so match results are router slots).
+   * Without it the index numbers its own workers.
+   */
+  workers?: WorkerTable;
   /** Run the O(N) `verify()` after every mutation (default: KVEDGE_VERIFY=1). */
   verify?: boolean;
 }
@@ -155,6 +161,8 @@ export interface KvIndex {
   readonly backend: BackendName;
   readonly blockSize: number;
   readonly counters: IndexCounters;
+  /** The worker numbering: `findMatches` and the slot methods name workers by its slots. */
+  readonly workerTable: WorkerTable;
 
   /**
    * Applies a stored event: blocks `first .. first+count` of `external` / `local`
@@ -171,6 +179,17 @@ export interface KvIndex {
   applyCleared(workerId: bigint, dpRank: number): void;
   /** Every dp rank of the worker goes, as if cleared, and its slots are freed. */
   removeWorker(workerId: bigint): void;
+  /**
+   * The three events for a worker already resolved to its slot in `workerTable` (what
+   * ingest writes): slot -1 means the worker has no slot and cannot get one (the table
+   * is full). The methods above resolve the worker, then call these.
+   */
+  storeAt(
+    slot: number, hasParent: boolean, parentHi: number, parentLo: number,
+    external: Uint32Array, local: Uint32Array, count: number, first?: number,
+  ): StoreStatus;
+  removeAt(slot: number, external: Uint32Array, count: number, first?: number): number;
+  clearAt(slot: number): void;
   /** Counts an event rejected before it reached the index (block size, invalid). */
   countRejected(status: StoreStatus): void;
 

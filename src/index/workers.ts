@@ -1,142 +1,116 @@
 /**
- * Dense worker slots for the typed-array backends. Each (worker_id, dp_rank) that
- * stores gets the most recently freed slot, else the next fresh one; slots are u16
- * (at most 65,536), so they stay dense. A slot owns its external-hash lookup.
- * It is freed only by `release`, which callers invoke after every coverage entry
- * naming the slot is gone (remove_worker clears first): nothing names a freed slot, so
- * a recycled one inherits nothing and needs no generation. Match results name slots
- * only until the next mutating call.
- *
- * Worker resolution happens once per event: a one-entry cache catches runs of events
- * from the same worker, else one Map probe on the bigint id.
+ * Per-slot state of the typed-array backends over the shared worker numbering
+ * (src/core/worker-table.ts): each slot that stores gets its own external-hash lookup.
+ * A slot's lookup is dropped only by `release`, which callers invoke after every
+ * coverage entry naming the slot is gone (remove_worker clears first), so a slot taken
+ * again inherits nothing. An index built without a table owns one and frees the slot
+ * there too; an index given the core's table leaves that to the core.
+ * Match results name slots (the table's) only until the next mutating call.
  */
+import { SLOT_LIMIT, type WorkerTable } from "../core/worker-table";
 import { assert } from "./assert";
+import type { DumpSource } from "./dump";
 import { ExternalLookup } from "./lookup";
+import type { WorkerInfo } from "./types";
 
-export const SLOT_LIMIT = 65_536;
+export { SLOT_LIMIT };
 
 export class WorkerSlots {
-  readonly maxSlots: number;
-  /** Slots handed out so far (live or free); arrays are sized to this. */
-  highWater = 0;
+  /** Slots holding a lookup. */
   live = 0;
-  readonly workerId: bigint[] = [];
-  dpRank: Uint32Array;
   readonly lookup: (ExternalLookup | null)[] = [];
-  private readonly byWorker = new Map<bigint, number[]>();
-  private readonly free: number[] = [];
-  private cachedId = -1n;
-  private cachedRank = -1;
-  private cachedSlot = -1;
 
-  constructor(maxSlots = SLOT_LIMIT) {
-    if (!Number.isInteger(maxSlots) || maxSlots < 1 || maxSlots > SLOT_LIMIT) {
-      throw new RangeError(`maxWorkers must be an integer in [1, ${SLOT_LIMIT}], got ${maxSlots}`);
-    }
-    this.maxSlots = maxSlots;
-    this.dpRank = new Uint32Array(16);
+  /** `ownsTable`: free a slot in the table too when its lookup goes. */
+  constructor(readonly table: WorkerTable, private readonly ownsTable: boolean) {}
+
+  /** Slots handed out so far by the table; per-slot arrays are sized to this. */
+  get highWater(): number {
+    return this.table.highWater;
   }
 
-  /** The slot of (workerId, dpRank), or -1. */
-  find(workerId: bigint, dpRank: number): number {
-    if (workerId === this.cachedId && dpRank === this.cachedRank) return this.cachedSlot;
-    const ranks = this.byWorker.get(workerId);
-    if (ranks === undefined) return -1;
-    for (let i = 0; i < ranks.length; i += 2) {
-      if (ranks[i] === dpRank) {
-        const slot = ranks[i + 1]!;
-        this.cachedId = workerId;
-        this.cachedRank = dpRank;
-        this.cachedSlot = slot;
-        return slot;
-      }
-    }
-    return -1;
+  /** The slot's lookup, or null when it holds no state here (or is -1: no slot). */
+  lookupOf(slot: number): ExternalLookup | null {
+    return slot < 0 ? null : this.lookup[slot] ?? null;
   }
 
-  /** A new slot for (workerId, dpRank), which must be absent; -1 when all are taken. */
-  create(workerId: bigint, dpRank: number): number {
-    let slot: number;
-    if (this.free.length > 0) {
-      slot = this.free.pop()!;
-    } else {
-      if (this.highWater === this.maxSlots) return -1;
-      slot = this.highWater++;
-      if (slot >= this.dpRank.length) this.growArrays();
-    }
-    this.workerId[slot] = workerId;
-    this.dpRank[slot] = dpRank;
-    this.lookup[slot] = new ExternalLookup();
-    let ranks = this.byWorker.get(workerId);
-    if (ranks === undefined) {
-      ranks = [];
-      this.byWorker.set(workerId, ranks);
-    }
-    ranks.push(dpRank, slot);
+  /** A lookup for a live table slot that has none. */
+  attach(slot: number): ExternalLookup {
+    assert(this.table.isLive(slot) && !this.lookup[slot], "attach to a free slot or twice");
+    const lookup = new ExternalLookup();
+    this.lookup[slot] = lookup;
     this.live++;
-    return slot;
+    return lookup;
   }
 
-  /** Every slot of `workerId` (a copy). */
+  /** Every slot of `workerId` this index holds state for. */
   slotsOf(workerId: bigint): number[] {
-    const ranks = this.byWorker.get(workerId);
-    const slots: number[] = [];
-    if (ranks !== undefined) for (let i = 1; i < ranks.length; i += 2) slots.push(ranks[i]!);
-    return slots;
+    return this.table.slotsOf(workerId).filter((slot) => this.lookup[slot]);
   }
 
-  /** Frees a slot whose state is already gone (its lookup must be empty). */
+  /** Drops a slot whose state is already gone (its lookup must be empty). */
   release(slot: number): void {
     const lookup = this.lookup[slot];
     assert(lookup !== null && lookup !== undefined, "release of a free slot");
     assert(lookup.count === 0, "release of a slot that still holds blocks");
-    const workerId = this.workerId[slot]!;
-    const ranks = this.byWorker.get(workerId)!;
-    for (let i = 0; i < ranks.length; i += 2) {
-      if (ranks[i + 1] === slot) {
-        ranks.splice(i, 2);
-        break;
-      }
-    }
-    if (ranks.length === 0) this.byWorker.delete(workerId);
     this.lookup[slot] = null;
-    this.free.push(slot);
     this.live--;
-    this.cachedId = -1n;
-    this.cachedSlot = -1;
-    if (this.live === 0) this.reset();
-  }
-
-  /** With no worker left, back to the initial size (slot numbering restarts at 0). */
-  private reset(): void {
-    this.highWater = 0;
-    this.free.length = 0;
-    this.workerId.length = 0;
-    this.lookup.length = 0;
-    this.dpRank = new Uint32Array(16);
+    if (this.ownsTable) this.table.release(slot);
+    if (this.live === 0) this.lookup.length = 0;
   }
 
   isLive(slot: number): boolean {
     return slot < this.highWater && this.lookup[slot] !== null && this.lookup[slot] !== undefined;
   }
 
+  workerIdOf(slot: number): bigint {
+    assert(this.isLive(slot), "worker handle is not live");
+    return this.table.workerIdOf(slot);
+  }
+
+  dpRankOf(slot: number): number {
+    assert(this.isLive(slot), "worker handle is not live");
+    return this.table.dpRankOf(slot);
+  }
+
   /** Total entries over every slot's lookup. */
   lookupEntries(): number {
     let total = 0;
-    for (let slot = 0; slot < this.highWater; slot++) total += this.lookup[slot]?.count ?? 0;
+    for (let slot = 0; slot < this.lookup.length; slot++) total += this.lookup[slot]?.count ?? 0;
     return total;
   }
 
+  /** Bytes of the lookups (and of the table when this index owns it). */
   bytes(): number {
-    let total = this.dpRank.byteLength;
-    for (let slot = 0; slot < this.highWater; slot++) total += this.lookup[slot]?.bytes() ?? 0;
+    let total = this.ownsTable ? this.table.bytes() : 0;
+    for (let slot = 0; slot < this.lookup.length; slot++) total += this.lookup[slot]?.bytes() ?? 0;
     return total;
   }
 
-  private growArrays(): void {
-    const size = Math.min(this.dpRank.length * 2, SLOT_LIMIT);
-    const dpRank = new Uint32Array(size);
-    dpRank.set(this.dpRank);
-    this.dpRank = dpRank;
+  /** Every slot holding state, with its block count. */
+  workers(): WorkerInfo[] {
+    const list: WorkerInfo[] = [];
+    for (let slot = 0; slot < this.lookup.length; slot++) {
+      const lookup = this.lookup[slot];
+      if (lookup) list.push({ workerId: this.table.workerIdOf(slot), dpRank: this.table.dpRankOf(slot), blocks: lookup.count });
+    }
+    return list;
   }
+
+  /** The dump's worker walk: each slot's (external hash, block key) pairs. */
+  readonly forEachWorker: DumpSource["forEachWorker"] = (visit) => {
+    for (let slot = 0; slot < this.lookup.length; slot++) {
+      const lookup = this.lookup[slot];
+      if (!lookup) continue;
+      const external = new Uint32Array(2 * lookup.count);
+      const keys = new Uint32Array(lookup.count);
+      let n = 0;
+      for (let at = 0; at < lookup.table.length; at += 3) {
+        if (lookup.table[at + 2] === 0) continue;
+        external[2 * n] = lookup.table[at]!;
+        external[2 * n + 1] = lookup.table[at + 1]!;
+        keys[n++] = lookup.table[at + 2]!;
+      }
+      visit(this.table.workerIdOf(slot), this.table.dpRankOf(slot), external, keys, n);
+    }
+  };
 }

@@ -27,7 +27,7 @@
  *    prefix of the event's chain and get local hashes from src/hash (LoRA name and
  *    salt in the seed, Eagle windows).
  *
- * A batch is normalized whole into scratch arrays before the sink sees any of it.
+ * A batch is normalized whole into scratch arrays before the writer sees any of it.
  */
 import { blockCount, blockSeed, hashBlocks } from "../hash";
 import { OnceLog, silentLogger, type Logger } from "../util/log";
@@ -35,27 +35,31 @@ import {
   DECODE_ERROR_KINDS, DECODE_OK, DecodedBatch, decodeKvBatch, EVENT_CLEARED, EVENT_REMOVED, EVENT_STORED,
   FLAG_EAGLE, FLAG_GROUP, FLAG_PARENT, NO_STRING, type DecodeErrorKind,
 } from "../wire/kv-events";
+import type { WorkerTable } from "../core/worker-table";
 import { AMBIGUOUS, NamespaceTable } from "./namespace";
+import { RankSlots } from "./rank-slots";
 
-/** Where normalized operations go (the index adapter). Arrays are valid during the call only. */
-export interface KvEventSink {
-  /**
-   * Blocks stored in chain order after the parent (if any). Block i's external hash
-   * is external[2(start+i)], external[2(start+i)+1] (hi, lo); its local hash is at
-   * the same place in `local`.
-   */
-  stored(
-    workerId: bigint, dpRank: number, hasParent: boolean, parentHi: number, parentLo: number,
-    external: Uint32Array, local: Uint32Array, start: number, count: number,
+/**
+ * Where normalized operations go: the index's slot methods, in their argument order
+ * (`KvIndex` is one). `slot` is the (worker, dp rank)'s slot in `workerTable`, or -1
+ * when every slot is taken. Block i of an operation has its external hash at
+ * external[2(first+i)], external[2(first+i)+1] (hi, lo) and its local hash at the same
+ * place in `local`. Arrays are valid during the call only.
+ */
+export interface KvEventWriter {
+  readonly workerTable: WorkerTable;
+  /** Blocks stored in chain order after the parent (`hasParent` false = the root). */
+  storeAt(
+    slot: number, hasParent: boolean, parentHi: number, parentLo: number,
+    external: Uint32Array, local: Uint32Array, count: number, first: number,
   ): void;
-  /** Blocks removed; hashes at external[2(start+i)], external[2(start+i)+1]. */
-  removed(workerId: bigint, dpRank: number, external: Uint32Array, start: number, count: number): void;
-  /** Every block of (worker, dp rank) is gone. */
-  cleared(workerId: bigint, dpRank: number): void;
+  removeAt(slot: number, external: Uint32Array, count: number, first: number): void;
+  /** Every block of the slot's worker is gone. */
+  clearAt(slot: number): void;
 }
 
 /**
- * Sees every stored and removed operation the normalizer hands to the sink, with the
+ * Sees every stored and removed operation the normalizer hands to the writer, with the
  * decoded event it came from (`kvedge capture` writes them out). `count` is the number
  * of leading blocks of event `event` that were applied; `cacheSalt` the effective salt
  * (the event's own, or inherited from its parent). Valid during the call only.
@@ -103,7 +107,7 @@ export interface NormalizerOptions {
   readonly dpRank: number;
   /** The index block size; stores of another block size are rejected. */
   readonly blockSize: number;
-  readonly sink: KvEventSink;
+  readonly writer: KvEventWriter;
   readonly log?: Logger;
   /** Bound on remembered salted blocks (past it, new ones are not remembered, counted). */
   readonly namespaceEntriesMax?: number;
@@ -133,10 +137,11 @@ let sharedDecoded: DecodedBatch | null = null;
 
 export class KvEventNormalizer {
   readonly counters = new NormalizeCounters();
-  private readonly workerId: bigint;
+  /** The stream's dp ranks and their slots. */
+  readonly rankSlots: RankSlots;
   private readonly dpRank: number;
   private readonly blockSize: number;
-  private readonly sink: KvEventSink;
+  private readonly writer: KvEventWriter;
   private readonly tap: KvEventTap | null;
   private readonly onceLog: OnceLog;
   private readonly decoded: DecodedBatch;
@@ -161,10 +166,10 @@ export class KvEventNormalizer {
 
   constructor(options: NormalizerOptions) {
     if (!(options.blockSize > 0)) throw new RangeError("blockSize must be positive");
-    this.workerId = options.workerId;
+    this.rankSlots = new RankSlots(options.writer.workerTable, options.workerId, options.dpRank);
     this.dpRank = options.dpRank;
     this.blockSize = options.blockSize;
-    this.sink = options.sink;
+    this.writer = options.writer;
     this.tap = options.tap ?? null;
     this.onceLog = new OnceLog((options.log ?? silentLogger).child({ component: "kv-normalize", worker: options.workerId }));
     this.decoded = options.decoded ?? (sharedDecoded ??= new DecodedBatch());
@@ -198,7 +203,7 @@ export class KvEventNormalizer {
     return true;
   }
 
-  /** Normalizes a decoded batch whole, then hands it to the sink. */
+  /** Normalizes a decoded batch whole, then hands it to the writer. */
   normalize(batch: DecodedBatch): void {
     const counters = this.counters;
     counters.batches++;
@@ -410,24 +415,26 @@ export class KvEventNormalizer {
   }
 
   private emit(batch: DecodedBatch, dpRank: number): void {
-    const { sink, workerId, counters } = this;
+    if (this.ops === 0) return;
+    const { writer, counters } = this;
+    const slot = this.rankSlots.slotOf(dpRank);
     for (let op = 0; op < this.ops; op++) {
       const e = this.opEvent[op]!;
       const count = this.opCount[op]!;
       switch (this.opKind[op]) {
         case OP_STORED:
-          sink.stored(workerId, dpRank, (batch.flags[e]! & FLAG_PARENT) !== 0, batch.parentHi[e]!, batch.parentLo[e]!,
-            batch.hashes, this.local, batch.hashStart[e]!, count);
+          writer.storeAt(slot, (batch.flags[e]! & FLAG_PARENT) !== 0, batch.parentHi[e]!, batch.parentLo[e]!,
+            batch.hashes, this.local, count, batch.hashStart[e]!);
           this.tap?.stored(batch, e, count, dpRank, this.opSalt[op]!);
           counters.appliedStoredBlocks += count;
           break;
         case OP_REMOVED:
-          sink.removed(workerId, dpRank, batch.hashes, batch.hashStart[e]!, count);
+          writer.removeAt(slot, batch.hashes, count, batch.hashStart[e]!);
           this.tap?.removed(batch, e, count, dpRank);
           counters.appliedRemovedBlocks += count;
           break;
         default:
-          sink.cleared(workerId, dpRank);
+          writer.clearAt(slot);
           counters.appliedClears++;
       }
     }

@@ -1,8 +1,8 @@
 /**
  * One engine event source: the KV-event stream of one publisher (one (worker, dp rank)
- * in vLLM terms), from the wire to the sink.
+ * in vLLM terms), from the wire to the writer (the index).
  *
- *   SUB socket ─ 3 frames [topic, seq (u64 BE), payload] ─▶ Sequencer ─▶ Normalizer ─▶ sink
+ *   SUB socket ─ 3 frames [topic, seq (u64 BE), payload] ─▶ Sequencer ─▶ Normalizer ─▶ writer (index)
  *                                       ▲                 (gap)
  *   DEALER to the engine's replay ROUTER ┘  [empty, start] → [empty, (topic,) seq, payload]…, seq −1
  *
@@ -13,7 +13,7 @@
 import type { Logger } from "../util/log";
 import { OnceLog } from "../util/log";
 import { DealerSocket, type FrameList, type PeerInfo, SubSocket, type ZmtpOptions } from "../wire/zmtp";
-import { type KvEventSink, type KvEventTap, KvEventNormalizer } from "./normalize";
+import { type KvEventTap, type KvEventWriter, KvEventNormalizer } from "./normalize";
 import { Sequencer, type SequencerEvent, type SequencerOptions } from "./sequencer";
 
 export interface SourceConfig {
@@ -30,13 +30,14 @@ export interface SourceConfig {
 export interface SourceOptions {
   /** The index block size; stores of another size are rejected. */
   readonly blockSize: number;
-  readonly sink: KvEventSink;
+  /** Where the stream's operations go (the index). */
+  readonly writer: KvEventWriter;
   /** Sees each applied operation with its decoded event (capture). */
   readonly tap?: KvEventTap;
   readonly log: Logger;
   readonly zmtp?: ZmtpOptions;
   readonly sequencer?: Partial<SequencerOptions>;
-  /** Called when the source's state or trust changes (connected, degraded, ...). */
+  /** Called when the source's state, trust or dp ranks change (connected, degraded, a new rank, ...). */
   readonly onChange?: (source: EngineSource) => void;
 }
 
@@ -89,38 +90,18 @@ export class EngineSource {
   private stateNow: SourceState = "connecting";
   private readonly sub: SubSocket;
   private dealer: DealerSocket | null = null;
-  /** Dp ranks this publisher has written for: an engine restart clears them all. */
-  private readonly dpRanks = new Set<number>();
   private readonly log: Logger;
   private readonly problems: OnceLog;
 
   constructor(readonly config: SourceConfig, private readonly options: SourceOptions) {
     this.log = options.log.child({ worker_id: config.workerId, dp_rank: config.dpRank });
     this.problems = new OnceLog(this.log);
-    this.dpRanks.add(config.dpRank);
-    const sink = options.sink;
-    // Track which dp ranks the stream touches, and notice AllBlocksCleared (state exact again).
-    const tracking: KvEventSink = {
-      stored: (workerId, dpRank, hasParent, parentHi, parentLo, external, local, start, count) => {
-        this.dpRanks.add(dpRank);
-        sink.stored(workerId, dpRank, hasParent, parentHi, parentLo, external, local, start, count);
-      },
-      removed: (workerId, dpRank, external, start, count) => {
-        this.dpRanks.add(dpRank);
-        sink.removed(workerId, dpRank, external, start, count);
-      },
-      cleared: (workerId, dpRank) => {
-        this.dpRanks.add(dpRank);
-        sink.cleared(workerId, dpRank);
-        this.sequencer.markExact();
-      },
-    };
     this.normalizer = new KvEventNormalizer({
-      workerId: config.workerId, dpRank: config.dpRank, blockSize: options.blockSize, sink: tracking, log: this.log,
+      workerId: config.workerId, dpRank: config.dpRank, blockSize: options.blockSize, writer: options.writer, log: this.log,
       ...(options.tap === undefined ? {} : { tap: options.tap }),
     });
     this.sequencer = new Sequencer({
-      apply: (_seq, payload) => this.normalizer.ingest(payload),
+      apply: (_seq, payload) => this.apply(payload),
       reset: (reason) => this.reset(reason),
       requestReplay: config.replayEndpoint === null ? undefined : (start) => this.requestReplay(start),
       cancelReplay: () => this.dropDealer(),
@@ -140,9 +121,9 @@ export class EngineSource {
     return this.sequencer.isDegraded || this.stateNow !== "connected";
   }
 
-  /** Dp ranks seen from this publisher (the configured one first). */
+  /** Dp ranks seen from this publisher (the configured one first): an engine restart clears them all. */
   get ranks(): number[] {
-    return [...this.dpRanks];
+    return [...this.normalizer.rankSlots.ranks];
   }
 
   /** Counters of the SUB socket (and of the replay DEALER, when one is open). */
@@ -203,10 +184,25 @@ export class EngineSource {
     this.options.onChange?.(this);
   }
 
+  /**
+   * One sequenced batch to the index. After it: an AllBlocksCleared in it made the state
+   * exact again; a dp rank first seen in it is announced (its slot is already taken).
+   */
+  private apply(payload: Uint8Array): boolean {
+    const normalizer = this.normalizer;
+    const clears = normalizer.counters.appliedClears;
+    const ranks = normalizer.rankSlots.ranks.size;
+    const applied = normalizer.ingest(payload);
+    if (normalizer.counters.appliedClears !== clears) this.sequencer.markExact();
+    if (normalizer.rankSlots.ranks.size !== ranks) this.options.onChange?.(this);
+    return applied;
+  }
+
   private reset(reason: string): void {
     this.log.warn("engine restarted: clearing its blocks", { reason });
     this.normalizer.reset();
-    for (const dpRank of this.dpRanks) this.options.sink.cleared(this.config.workerId, dpRank);
+    const rankSlots = this.normalizer.rankSlots;
+    for (const dpRank of rankSlots.ranks) this.options.writer.clearAt(rankSlots.slotOf(dpRank));
   }
 
   private requestReplay(start: number): void {

@@ -4,11 +4,11 @@
  * router's predicted hits that the engines really served.
  */
 import { type MetricsRegistry, registerSamples } from "../server/metrics";
-import type { KvRouterService } from "../server/service";
+import type { KvedgeCore } from "../core/core";
 import type { OpenAiProxy } from "./proxy";
 
-export function registerObservedHitsMetrics(registry: MetricsRegistry, service: KvRouterService): void {
-  const perWorker = (name: string, help: string, type: "counter" | "gauge", read: (view: ReturnType<KvRouterService["workers"]>[number]) => number | null) =>
+export function registerObservedHitsMetrics(registry: MetricsRegistry, service: KvedgeCore): void {
+  const perWorker = (name: string, help: string, type: "counter" | "gauge", read: (view: ReturnType<KvedgeCore["workers"]>[number]) => number | null) =>
     registerSamples(registry, {
       name, help, type, labelNames: ["worker_id", "dp_rank"],
       collect(emit) {

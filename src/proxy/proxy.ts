@@ -14,9 +14,8 @@
  * `stream_options.include_usage` added, and the usage-only chunk it then receives is
  * not passed on: the client sees the stream it asked for.
  */
-import { RouteError } from "../route";
 import { HttpError, receiveBody, reply } from "../server/http";
-import type { KvRouterService } from "../server/service";
+import type { KvedgeCore } from "../core/core";
 import type { Logger } from "../util/log";
 import {
   cachedTokensOf, COMPLETIONS_PATH, includesUsage, isStream, maxTokensOf, type OpenAiPath, promptTokens,
@@ -24,7 +23,7 @@ import {
 import type { PromptTokenizer } from "./tokenizer";
 
 export interface ProxyOptions {
-  readonly service: KvRouterService;
+  readonly service: KvedgeCore;
   readonly tokenizer: PromptTokenizer | null;
   readonly model: string;
   readonly forwardTokenIds: boolean;
@@ -91,16 +90,11 @@ export class OpenAiProxy {
       throw error;
     }
     const { service } = this.options;
-    let decision;
-    try {
-      decision = service.route({
-        tokens: parsed.tokens, requestId: null, loraName: null, cacheSalt: parsed.cacheSalt,
-        expectedOutputTokens: parsed.maxTokens, overlapScoreCredit: null, prefillLoadScale: null, temperature: null,
-      }, ATTEMPTS_MAX + 1).decision;
-    } catch (error) {
-      if (error instanceof RouteError) throw new HttpError(error.code === "no_workers" ? 503 : 400, error.message);
-      throw error;
-    }
+    // A refusal (no workers) is a KvedgeError: the server answers it with its status.
+    const decision = service.route({
+      tokens: parsed.tokens, requestId: null, loraName: null, cacheSalt: parsed.cacheSalt,
+      expectedOutputTokens: parsed.maxTokens, overlapScoreCredit: null, prefillLoadScale: null, temperature: null,
+    }, ATTEMPTS_MAX + 1).decision;
     const targets = targetsOf(decision);
     const requestId = decision.requestId;
     const lifecycle = new Lifecycle(service, requestId);
@@ -298,7 +292,7 @@ class Lifecycle {
   private prefilled = false;
   private finished = false;
 
-  constructor(private readonly service: KvRouterService, readonly requestId: string) {}
+  constructor(private readonly service: KvedgeCore, readonly requestId: string) {}
 
   prefillDone(): void {
     if (this.prefilled || this.finished) return;

@@ -37,6 +37,7 @@
  * per-block entry exists. Depths for all workers come from one walk down the query's path and
  * one pass over the holders of the nodes on it.
  */
+import { assert } from "../util/verify";
 import { Arena, orderOf } from "./arena";
 
 export interface ChainHolder {
@@ -303,28 +304,28 @@ export class ActiveBlocks {
       for (let child = nodes[record + FIRST_CHILD]!; child !== NONE; child = nodes[child * NODE_WORDS + NEXT_SIBLING]!) {
         const c = child * NODE_WORDS;
         children++;
-        check(nodes[c + PREV_SIBLING] === previous, "sibling links");
+        assert(nodes[c + PREV_SIBLING] === previous, "sibling links");
         previous = child;
-        check(nodes[c + PARENT] === node, "child's parent link");
-        check(nodes[c + START] === nodes[record + START]! + nodes[record + LENGTH]!, "child position");
-        check(nodes[c + LENGTH]! > 0 && nodes[c + TOTAL]! > 0, "empty node kept");
-        check(nodes[c + ENDING]! > 0 || nodes[c + CHILD_COUNT] !== 1, "mergeable node kept");
+        assert(nodes[c + PARENT] === node, "child's parent link");
+        assert(nodes[c + START] === nodes[record + START]! + nodes[record + LENGTH]!, "child position");
+        assert(nodes[c + LENGTH]! > 0 && nodes[c + TOTAL]! > 0, "empty node kept");
+        assert(nodes[c + ENDING]! > 0 || nodes[c + CHILD_COUNT] !== 1, "mergeable node kept");
         const edge = nodes[c + EDGE]!;
-        check(this.childAt(node, this.edges.words[edge + 1]!, this.edges.words[edge]!) === child, "child table misses a child");
+        assert(this.childAt(node, this.edges.words[edge + 1]!, this.edges.words[edge]!) === child, "child table misses a child");
         const size = nodes[c + HOLDER_SIZE]!;
         const start = nodes[c + HOLDERS]!;
-        check(size > 0 && 2 * size <= 1 << nodes[c + HOLDER_CLASS]!, "holder list size");
+        assert(size > 0 && 2 * size <= 1 << nodes[c + HOLDER_CLASS]!, "holder list size");
         let sum = 0;
         for (let h = 0; h < size; h++) {
           const slot = words[start + 2 * h]!;
           const held = words[start + 2 * h + 1]!;
-          check(held > 0, "zero holder count kept");
-          check(h === 0 || words[start + 2 * h - 2]! < slot, "holder slots unsorted or repeated");
-          check(node === ROOT || this.holderCount(node, slot) >= held, "worker holds a node but not its parent");
+          assert(held > 0, "zero holder count kept");
+          assert(h === 0 || words[start + 2 * h - 2]! < slot, "holder slots unsorted or repeated");
+          assert(node === ROOT || this.holderCount(node, slot) >= held, "worker holds a node but not its parent");
           perSlot.set(slot, (perSlot.get(slot) ?? 0) + nodes[c + LENGTH]!);
           sum += held;
         }
-        check(sum === nodes[c + TOTAL], "holder counts differ from the total");
+        assert(sum === nodes[c + TOTAL], "holder counts differ from the total");
         liveNodes++;
         edgeWords += 2 * nodes[c + LENGTH]!;
         edgeArenaWords += 1 << orderOf(2 * nodes[c + LENGTH]!);
@@ -332,12 +333,12 @@ export class ActiveBlocks {
         childTotal += nodes[c + TOTAL]!;
         stack.push(child);
       }
-      check(children === nodes[record + CHILD_COUNT], "child count");
-      if (node !== ROOT) check(nodes[record + TOTAL] === nodes[record + ENDING]! + childTotal, "total differs from endings plus children");
+      assert(children === nodes[record + CHILD_COUNT], "child count");
+      if (node !== ROOT) assert(nodes[record + TOTAL] === nodes[record + ENDING]! + childTotal, "total differs from endings plus children");
     }
-    check(liveNodes === this.liveNodes && edgeWords === this.edgeWords, "node or word count is off");
-    check(this.tableCount === liveNodes, "child table holds entries for no node");
-    check(this.edges.live === edgeArenaWords && this.holders.live === holderWords, "arena words leaked");
+    assert(liveNodes === this.liveNodes && edgeWords === this.edgeWords, "node or word count is off");
+    assert(this.tableCount === liveNodes, "child table holds entries for no node");
+    assert(this.edges.live === edgeArenaWords && this.holders.live === holderWords, "arena words leaked");
     return perSlot;
   }
 
@@ -678,6 +679,3 @@ function assertSlot(slot: number): void {
   if (!(slot >= 0 && slot <= 0x7fff_ffff && Number.isInteger(slot))) throw new RangeError(`bad worker slot ${slot}`);
 }
 
-function check(condition: boolean, message: string): void {
-  if (!condition) throw new Error(`active blocks: ${message}`);
-}

@@ -9,9 +9,12 @@
  * several requests count once), plus its expected output blocks when output tracking
  * is on. A request never finished expires `requestTtlMs` after its last lifecycle call.
  *
- * Workers live in dense slots (per-slot typed arrays, read by the routing loop without
- * lookups). Slots are reused after removal; removal first drops the worker's requests,
- * so nothing can refer to a reused slot.
+ * Workers are the slots of a WorkerTable (src/core/worker-table.ts; the core's, shared
+ * with the index, or one of the tracker's own). Every live slot of the table is a
+ * routing candidate. Load lives in per-slot typed arrays, read by the routing loop
+ * without lookups, grown to the table's capacity by `syncSlots`. A slot is released
+ * only after its requests are dropped and its arrays zeroed (`removeWorker`), so a
+ * reused slot inherits nothing.
  *
  * Finished ids are remembered (so a repeated done or prefill_done is answered as such)
  * by a 64-bit hash of the id in typed arrays, not as strings: a Map of 65k strings that
@@ -28,14 +31,17 @@
  */
 import { ActiveBlocks, type ChainHolder } from "./active-blocks";
 import { Arena, orderOf } from "./arena";
+import { type Ending, FINISHED_REMEMBERED_MAX, FinishedRing } from "./finished";
 import { KeyTable } from "./key-table";
+
+export { FINISHED_REMEMBERED_MAX };
+import { WorkerTable } from "../core/worker-table";
+import { assert, VERIFY } from "../util/verify";
 
 /** Slots are u16 in the index; the router uses the same bound. */
 export const WORKERS_MAX = 65_535;
 /** Client-supplied request ids longer than this are refused. */
 export const REQUEST_ID_LENGTH_MAX = 256;
-/** Finished requests remembered so a repeated done/prefill_done is answered as such. */
-export const FINISHED_REMEMBERED_MAX = 65_536;
 export const DEFAULT_REQUEST_TTL_MS = 300_000;
 /**
  * Most requests counted as load at once. A gateway that never calls done keeps its
@@ -44,8 +50,6 @@ export const DEFAULT_REQUEST_TTL_MS = 300_000;
  * Past this many, admitting one evicts the least recently touched.
  */
 export const DEFAULT_MAX_ACTIVE_REQUESTS = 1_000_000;
-/** O(N) self-checks after every change (tests, debugging): KVEDGE_VERIFY=1. */
-const VERIFY = process.env.KVEDGE_VERIFY === "1";
 /** Most requests a routing decision expires (a backlog after an idle spell drains over a few). */
 export const EXPIRE_PER_DECISION = 64;
 const NO_RECORD = -1;
@@ -62,9 +66,6 @@ export const INITIAL_RECORDS = 64;
  */
 export type LifecycleResult = "ok" | "already_done" | "expired" | "worker_removed" | "evicted" | "unknown";
 
-type Ending = "already_done" | "expired" | "worker_removed" | "evicted";
-/** Endings as stored in the finished ring (a byte per entry). */
-const ENDINGS: readonly Ending[] = ["already_done", "expired", "worker_removed", "evicted"];
 
 export interface LoadTrackerOptions {
   readonly blockSize: number;
@@ -78,6 +79,8 @@ export interface LoadTrackerOptions {
   readonly now?: () => number;
   /** The 64-bit hash of request ids; injectable for tests (to make keys collide). */
   readonly idHash?: (id: string) => { hi: number; lo: number };
+  /** The worker numbering to share (the core's); without it the tracker numbers its own. */
+  readonly workers?: WorkerTable;
 }
 
 /** One worker's load, for metrics and the status page. */
@@ -122,20 +125,8 @@ export class LoadTracker {
   activeRequests = new Uint32Array(0);
   routedTotal = new Float64Array(0);
   degraded = new Uint8Array(0);
-  live = new Uint8Array(0);
-  dpRanks = new Uint32Array(0);
-  private workerIds: bigint[] = [];
-  /** The ids as decimal text, as answers carry them (a bigint's toString per answer adds up). */
-  private workerIdTexts: string[] = [];
-  /** Live slots, densely packed (the routing loop's candidate list). */
-  liveSlots = new Int32Array(0);
-  liveCount = 0;
-  /** Counts additions and removals of workers: a cached slotOf is valid while it stays the same. */
-  workersVersion = 0;
-  private livePosition = new Int32Array(0);
-  private freeSlots: number[] = [];
-  private slotTop = 0;
-  private readonly slotByWorker = new Map<bigint, Map<number, number>>();
+  /** The worker numbering: which slots are live, and who they are. */
+  readonly table: WorkerTable;
 
   // Active requests are records in typed arrays (per record: worker slot, -1 = free;
   // leaf in the active-block tree, -1 = no blocks; prompt blocks; prefill tokens still
@@ -174,18 +165,8 @@ export class LoadTracker {
   private freeRecords: number[] = [];
   /** Carries a leaf to and from the active-block tree (one object, reused). */
   private readonly holder: ChainHolder = { leaf: null };
-  // Recently finished ids, oldest first, in a ring of typed arrays; `finished` maps an
-  // id's key (53 bits of its hash) to its index in the ring (an id finished again later
-  // points to its newer index), the ring holds the other 11 bits as a check.
-  // Numbers only, in typed arrays: the collector has nothing to rescan, and the table
-  // never stalls to rebuild itself under churn as a Map does (./key-table.ts).
-  private readonly finished = new KeyTable();
-  private readonly finishedKeys = new Float64Array(FINISHED_REMEMBERED_MAX);
-  private readonly finishedChecks = new Uint16Array(FINISHED_REMEMBERED_MAX);
-  private readonly finishedEndings = new Uint8Array(FINISHED_REMEMBERED_MAX);
-  private readonly finishedAtMs = new Float64Array(FINISHED_REMEMBERED_MAX);
-  private finishedHead = 0; // position of the oldest entry (a running count, not wrapped)
-  private finishedTail = 0;
+  /** Recently finished ids and how they ended (./finished.ts). */
+  private readonly finished = new FinishedRing();
   private readonly now: () => number;
   private readonly idHash: (id: string) => { hi: number; lo: number };
   private readonly idPrefix = `r${crypto.getRandomValues(new Uint32Array(1))[0]!.toString(36)}`;
@@ -203,30 +184,52 @@ export class LoadTracker {
     }
     this.now = options.now ?? (() => performance.now());
     this.idHash = options.idHash ?? idHash;
-    this.growSlots(8);
+    this.table = options.workers ?? new WorkerTable();
+    this.growSlots(Math.max(8, this.table.capacity));
   }
 
   // ---- Workers ----
 
-  /** Slots allocated so far (per-slot arrays are at least this long). */
+  /** Length of the per-slot arrays (call `syncSlots` first when the table may have grown). */
   get slotCapacity(): number {
-    return this.live.length;
+    return this.degraded.length;
+  }
+
+  /** Grows the per-slot arrays to the table's capacity (slots the index added since). */
+  syncSlots(): void {
+    if (this.degraded.length < this.table.capacity) this.growSlots(this.table.capacity);
+  }
+
+  /** Per slot: 1 when a worker holds it. */
+  get live(): Uint8Array {
+    return this.table.live;
+  }
+
+  /** The live slots, densely packed (the routing loop's candidate list). */
+  get liveSlots(): Int32Array {
+    return this.table.liveSlots;
+  }
+
+  get liveCount(): number {
+    return this.table.liveCount;
+  }
+
+  get dpRanks(): Uint32Array {
+    return this.table.dpRanks;
   }
 
   /** The worker's slot, or -1. */
   slotOf(workerId: bigint, dpRank: number): number {
-    return this.slotByWorker.get(workerId)?.get(dpRank) ?? -1;
+    return this.table.find(workerId, dpRank);
   }
 
   workerIdOf(slot: number): bigint {
-    this.assertLive(slot);
-    return this.workerIds[slot]!;
+    return this.table.workerIdOf(slot);
   }
 
   /** `workerIdOf` as a decimal string. */
   workerIdTextOf(slot: number): string {
-    this.assertLive(slot);
-    return this.workerIdTexts[slot]!;
+    return this.table.workerIdTextOf(slot);
   }
 
   /** Adds a worker (idempotent: a known one keeps its slot and load). Returns its slot. */
@@ -236,28 +239,20 @@ export class LoadTracker {
     const known = this.slotOf(workerId, dpRank);
     if (known >= 0) return known;
     if (this.liveCount >= WORKERS_MAX) throw new RangeError(`more than ${WORKERS_MAX} workers`);
-    let slot = this.freeSlots.pop();
-    if (slot === undefined) {
-      slot = this.slotTop++;
-      if (slot >= this.slotCapacity) this.growSlots(this.slotCapacity * 2);
-    }
-    this.workerIds[slot] = workerId;
-    this.workerIdTexts[slot] = workerId.toString();
-    this.dpRanks[slot] = dpRank;
-    this.live[slot] = 1;
-    this.livePosition[slot] = this.liveCount;
-    this.liveSlots[this.liveCount++] = slot;
-    let ranks = this.slotByWorker.get(workerId);
-    if (ranks === undefined) this.slotByWorker.set(workerId, (ranks = new Map()));
-    ranks.set(dpRank, slot);
-    this.workersVersion++;
+    const slot = this.table.acquire(workerId, dpRank);
+    if (slot < 0) throw new RangeError(`more than ${this.table.maxSlots} workers`);
+    this.syncSlots();
     return slot;
   }
 
-  /** Removes a worker and drops its requests. Returns false if it was not known. */
+  /**
+   * Removes a worker: drops its requests, zeroes its load and releases its slot in the
+   * table (whose other holders, the index, must hold nothing of it). False if unknown.
+   */
   removeWorker(workerId: bigint, dpRank: number): boolean {
     const slot = this.slotOf(workerId, dpRank);
     if (slot < 0) return false;
+    this.syncSlots();
     if (this.activeRequests[slot]! > 0) {
       for (let record = 0; record < this.recordTop; record++) {
         if (this.recordSlot[record] !== slot) continue;
@@ -265,22 +260,11 @@ export class LoadTracker {
         this.counters.droppedWithWorker++;
       }
     }
-    check(this.activeRequests[slot] === 0 && this.activePrefillTokens[slot] === 0, "load left on a removed worker");
-    check(this.activeDecodeBlocks[slot] === 0, "blocks left on a removed worker");
-    const ranks = this.slotByWorker.get(workerId)!;
-    ranks.delete(dpRank);
-    if (ranks.size === 0) this.slotByWorker.delete(workerId);
-    const position = this.livePosition[slot]!;
-    const last = this.liveSlots[--this.liveCount]!;
-    this.liveSlots[position] = last;
-    this.livePosition[last] = position;
-    this.live[slot] = 0;
+    assert(this.activeRequests[slot] === 0 && this.activePrefillTokens[slot] === 0, "load left on a removed worker");
+    assert(this.activeDecodeBlocks[slot] === 0, "blocks left on a removed worker");
     this.degraded[slot] = 0;
     this.routedTotal[slot] = 0;
-    this.workerIds[slot] = 0n;
-    this.workerIdTexts[slot] = "";
-    this.freeSlots.push(slot);
-    this.workersVersion++;
+    this.table.release(slot);
     return true;
   }
 
@@ -290,17 +274,19 @@ export class LoadTracker {
    */
   setDegraded(slot: number, degraded: boolean): void {
     this.assertLive(slot);
+    this.syncSlots();
     this.degraded[slot] = degraded ? 1 : 0;
   }
 
   /** Every live worker's load (allocates: for scrapes and status, not the hot path). */
   workers(): WorkerLoad[] {
+    this.syncSlots();
     const rows: WorkerLoad[] = [];
     for (let i = 0; i < this.liveCount; i++) {
       const slot = this.liveSlots[i]!;
       rows.push({
         slot,
-        workerId: this.workerIds[slot]!,
+        workerId: this.table.workerIdOf(slot),
         dpRank: this.dpRanks[slot]!,
         degraded: this.degraded[slot] === 1,
         activeRequests: this.activeRequests[slot]!,
@@ -355,8 +341,8 @@ export class LoadTracker {
     const hash = this.idHash(requestId);
     const key = hashKey(hash);
     const idCheck = hashCheck(hash);
-    check(this.recordOf(requestId, key) === NO_RECORD, "request admitted twice");
-    check(blocks * this.blockSize <= promptTokens, "more blocks than prompt tokens");
+    assert(this.recordOf(requestId, key) === NO_RECORD, "request admitted twice");
+    assert(blocks * this.blockSize <= promptTokens, "more blocks than prompt tokens");
     if (this.activeCount >= this.maxActiveRequests) {
       // Before the new request's blocks go in: release uses the same holder.
       this.release(this.oldest, "evicted");
@@ -380,7 +366,7 @@ export class LoadTracker {
     this.byKey.set(key, record);
     this.activeCount++;
     this.append(record);
-    if (this.finishedAt(key, idCheck) >= 0) this.finished.delete(key);
+    this.finished.forget(key, idCheck);
     this.activePrefillTokens[slot]! += prefillTokens;
     this.activeDecodeBlocks[slot]! += added + outputBlocks;
     this.activeRequests[slot]!++;
@@ -431,10 +417,7 @@ export class LoadTracker {
       this.release(this.oldest, "expired");
       expired++;
     }
-    for (let forgotten = 0; forgotten < max && this.finishedHead < this.finishedTail; forgotten++) {
-      if (now - this.finishedAtMs[this.finishedHead % FINISHED_REMEMBERED_MAX]! < this.requestTtlMs) break;
-      this.forgetOldest();
-    }
+    this.finished.forgetOlderThan(now, this.requestTtlMs, max);
     this.counters.expired += expired;
     return expired;
   }
@@ -455,41 +438,41 @@ export class LoadTracker {
       const slot = this.recordSlot[record]!;
       if (slot === NO_RECORD) continue;
       live++;
-      check(this.live[slot] === 1, "request on a dead slot");
+      assert(this.live[slot] === 1, "request on a dead slot");
       const id = this.idOf(record);
       idWords += 1 << orderOf(wordsOf(id.length));
-      check(this.recordKey[record] === hashKey(this.idHash(id)), "a record's key is not its id's");
-      check(this.recordOf(id, this.recordKey[record]!) === record, "an id does not find its record");
+      assert(this.recordKey[record] === hashKey(this.idHash(id)), "a record's key is not its id's");
+      assert(this.recordOf(id, this.recordKey[record]!) === record, "an id does not find its record");
       requests[slot]!++;
       prefill[slot]! += this.recordPrefill[record]!;
       output[slot]! += this.recordOutput[record]!;
     }
-    check(live === this.activeCount, "records and the active count differ");
-    check(this.idArena.live === idWords, "id arena words leaked");
+    assert(live === this.activeCount, "records and the active count differ");
+    assert(this.idArena.live === idWords, "id arena words leaked");
     let chained = 0;
     for (let record = 0; record < this.recordTop; record++) {
       if (this.recordSlot[record] !== NO_RECORD && this.byKey.get(this.recordKey[record]!) === record) {
         for (let r = record; r !== NO_RECORD; r = this.recordSameKey[r]!) chained++;
       }
     }
-    check(chained === live && this.byKey.size <= live, "the key table and its chains do not hold exactly the active requests");
-    check(live + this.freeRecords.length === this.recordTop, "records leaked");
+    assert(chained === live && this.byKey.size <= live, "the key table and its chains do not hold exactly the active requests");
+    assert(live + this.freeRecords.length === this.recordTop, "records leaked");
     for (let slot = 0; slot < this.slotCapacity; slot++) {
-      check(requests[slot] === this.activeRequests[slot], `slot ${slot} active request count`);
-      check(prefill[slot] === this.activePrefillTokens[slot], `slot ${slot} prefill tokens`);
-      check((perSlot.get(slot) ?? 0) + output[slot]! === this.activeDecodeBlocks[slot], `slot ${slot} decode blocks`);
+      assert(requests[slot] === this.activeRequests[slot], `slot ${slot} active request count`);
+      assert(prefill[slot] === this.activePrefillTokens[slot], `slot ${slot} prefill tokens`);
+      assert((perSlot.get(slot) ?? 0) + output[slot]! === this.activeDecodeBlocks[slot], `slot ${slot} decode blocks`);
     }
-    check(this.finished.size <= FINISHED_REMEMBERED_MAX, "too many finished ids remembered");
+    assert(this.finished.size <= FINISHED_REMEMBERED_MAX, "too many finished ids remembered");
     let listed = 0;
     for (let record = this.oldest; record !== NO_RECORD; record = this.recordNewer[record]!) {
       const newer = this.recordNewer[record]!;
-      check(this.recordSlot[record] !== NO_RECORD, "touch list holds a free record");
-      check(newer === NO_RECORD ? this.newest === record : this.recordOlder[newer] === record, "touch list links");
-      check(newer === NO_RECORD || this.recordTouched[record]! <= this.recordTouched[newer]!, "touch list out of order");
-      check(listed <= this.activeCount, "touch list loops");
+      assert(this.recordSlot[record] !== NO_RECORD, "touch list holds a free record");
+      assert(newer === NO_RECORD ? this.newest === record : this.recordOlder[newer] === record, "touch list links");
+      assert(newer === NO_RECORD || this.recordTouched[record]! <= this.recordTouched[newer]!, "touch list out of order");
+      assert(listed <= this.activeCount, "touch list loops");
       listed++;
     }
-    check(listed === this.activeCount, "touch list and active count differ");
+    assert(listed === this.activeCount, "touch list and active count differ");
   }
 
   /** The active request's record, or NO_RECORD (`key`: the id's hashKey). */
@@ -550,36 +533,10 @@ export class LoadTracker {
   }
 
   private ended(hash: { hi: number; lo: number }): LifecycleResult {
-    const at = this.finishedAt(hashKey(hash), hashCheck(hash));
-    if (at >= 0) return ENDINGS[this.finishedEndings[at]!]!;
+    const ending = this.finished.endingOf(hashKey(hash), hashCheck(hash));
+    if (ending !== null) return ending;
     this.counters.unknown++;
     return "unknown";
-  }
-
-  /** Where in the ring a remembered finished id is, or -1. */
-  private finishedAt(key: number, check: number): number {
-    const at = this.finished.get(key);
-    return at >= 0 && this.finishedChecks[at] === check ? at : -1;
-  }
-
-  private remember(record: number, ending: Ending): void {
-    if (this.finishedTail - this.finishedHead === FINISHED_REMEMBERED_MAX) this.forgetOldest();
-    const position = this.finishedTail++;
-    const at = position % FINISHED_REMEMBERED_MAX;
-    const key = this.recordKey[record]!;
-    this.finishedKeys[at] = key;
-    this.finishedChecks[at] = this.recordCheck[record]!;
-    this.finishedEndings[at] = ENDINGS.indexOf(ending);
-    this.finishedAtMs[at] = this.now();
-    // The table holds ring indices: the entry at `at` is forgotten before `at` is
-    // reused, so an index found there is never a later entry's.
-    this.finished.set(key, at);
-  }
-
-  private forgetOldest(): void {
-    const at = this.finishedHead++ % FINISHED_REMEMBERED_MAX;
-    const key = this.finishedKeys[at]!;
-    if (this.finished.get(key) === at) this.finished.delete(key);
   }
 
   private release(record: number, ending: Ending): void {
@@ -592,7 +549,7 @@ export class LoadTracker {
     const freed = this.blocks.remove(slot, this.holder);
     this.activeDecodeBlocks[slot]! -= freed + this.recordOutput[record]!;
     this.activeRequests[slot]!--;
-    this.remember(record, ending);
+    this.finished.remember(this.recordKey[record]!, this.recordCheck[record]!, ending, this.now());
     this.freeRecord(record);
     if (VERIFY) this.verify();
   }
@@ -659,7 +616,7 @@ export class LoadTracker {
   }
 
   private assertLive(slot: number): void {
-    if (!(slot >= 0 && slot < this.slotCapacity && this.live[slot] === 1)) throw new RangeError(`no worker in slot ${slot}`);
+    if (!this.table.isLive(slot)) throw new RangeError(`no worker in slot ${slot}`);
   }
 
   /** The one allocation site for per-slot arrays. */
@@ -670,10 +627,6 @@ export class LoadTracker {
     this.activeRequests = grow(this.activeRequests, (n) => new Uint32Array(n));
     this.routedTotal = grow(this.routedTotal, (n) => new Float64Array(n));
     this.degraded = grow(this.degraded, (n) => new Uint8Array(n));
-    this.live = grow(this.live, (n) => new Uint8Array(n));
-    this.dpRanks = grow(this.dpRanks, (n) => new Uint32Array(n));
-    this.liveSlots = grow(this.liveSlots, (n) => new Int32Array(n));
-    this.livePosition = grow(this.livePosition, (n) => new Int32Array(n));
   }
 }
 
@@ -724,6 +677,3 @@ function wordsOf(units: number): number {
   return (units + 1) >>> 1;
 }
 
-function check(condition: boolean, message: string): void {
-  if (!condition) throw new Error(`load tracker: ${message}`);
-}

@@ -23,6 +23,7 @@
  * go into a CandidateList the caller may reuse, the request's record into the load
  * tracker's arrays).
  */
+import { KvedgeError } from "../core/errors";
 import { LoadTracker, type LoadTrackerOptions, REQUEST_ID_LENGTH_MAX } from "./load";
 
 export interface RouteWeights {
@@ -171,16 +172,6 @@ export class CandidateList {
   }
 }
 
-export type RouteErrorCode = "no_workers" | "duplicate_request" | "bad_request";
-
-/** A request the router refuses; `code` tells the server which status to answer. */
-export class RouteError extends Error {
-  override readonly name = "RouteError";
-  constructor(readonly code: RouteErrorCode, message: string) {
-    super(message);
-  }
-}
-
 const EXPECTED_OUTPUT_TOKENS_MAX = 2 ** 31;
 /** Never filled: listCandidates(0, ...) only sets its count to 0. */
 const NO_CANDIDATES = new CandidateList();
@@ -213,14 +204,14 @@ export class Router {
     const tokenCount = request.tokenCount;
     const blockSize = load.blockSize;
     if (!Number.isInteger(blockCount) || blockCount < 0 || request.chain.length < 2 * blockCount) {
-      throw new RouteError("bad_request", `block count ${blockCount} does not fit the chain`);
+      throw new KvedgeError("bad_request", `block count ${blockCount} does not fit the chain`);
     }
     if (!Number.isInteger(tokenCount) || tokenCount < blockCount * blockSize) {
-      throw new RouteError("bad_request", `token count ${tokenCount} is less than ${blockCount} blocks`);
+      throw new KvedgeError("bad_request", `token count ${tokenCount} is less than ${blockCount} blocks`);
     }
     const expected = request.expectedOutputTokens ?? 0;
     if (!Number.isInteger(expected) || expected < 0 || expected > EXPECTED_OUTPUT_TOKENS_MAX) {
-      throw new RouteError("bad_request", `expected_output_tokens must be an integer in [0, 2^31], got ${expected}`);
+      throw new KvedgeError("bad_request", `expected_output_tokens must be an integer in [0, 2^31], got ${expected}`);
     }
     const credit = override(request.overlapScoreCredit, this.weights.overlapScoreCredit, "overlap_score_credit");
     const scale = override(request.prefillLoadScale, this.weights.prefillLoadScale, "prefill_load_scale");
@@ -228,8 +219,9 @@ export class Router {
     const requestId = this.requestIdOf(request.requestId);
 
     load.expireDue();
+    load.syncSlots();
     const liveCount = load.liveCount;
-    if (liveCount === 0) throw new RouteError("no_workers", "no workers to route to");
+    if (liveCount === 0) throw new KvedgeError("no_workers", "no workers to route to");
     this.prepare(request.chain, blockCount, overlaps);
 
     const slots = load.liveSlots;
@@ -398,16 +390,16 @@ export class Router {
   private requestIdOf(requestId: string | null | undefined): string {
     if (requestId === undefined || requestId === null) return this.load.newRequestId();
     if (requestId.length === 0 || requestId.length > REQUEST_ID_LENGTH_MAX) {
-      throw new RouteError("bad_request", `request_id must be 1 to ${REQUEST_ID_LENGTH_MAX} characters`);
+      throw new KvedgeError("bad_request", `request_id must be 1 to ${REQUEST_ID_LENGTH_MAX} characters`);
     }
-    if (this.load.isActive(requestId)) throw new RouteError("duplicate_request", `request ${requestId} is already active`);
+    if (this.load.isActive(requestId)) throw new KvedgeError("duplicate_request", `request ${requestId} is already active`);
     return requestId;
   }
 }
 
 function override(value: number | null | undefined, fallback: number, name: string): number {
   if (value === undefined || value === null) return fallback;
-  if (!Number.isFinite(value) || value < 0) throw new RouteError("bad_request", `${name} must be a finite number >= 0, got ${value}`);
+  if (!Number.isFinite(value) || value < 0) throw new KvedgeError("bad_request", `${name} must be a finite number >= 0, got ${value}`);
   return value;
 }
 

@@ -1,18 +1,20 @@
 /**
- * The API operations, independent of transport: each takes a parsed request body and
- * returns the response body (or throws HttpError). HTTP (app.ts) and the WebSocket
+ * The API operations, independent of transport: each takes a parsed request body,
+ * calls the core and returns the response body (or throws HttpError for a malformed
+ * request, the core's KvedgeError for a refused one). HTTP (app.ts) and the WebSocket
  * endpoint (ws.ts) both call these, so the two APIs cannot drift apart.
  */
 import type { WorkerEntry } from "../config/workers";
 import { checkEndpoint } from "../config";
 import { checkHttpEndpoint } from "../config/workers";
-import { RouteError, type RouteDecision } from "../route";
-import type { LifecycleResult, LoadTracker } from "../route/load";
+import { KvedgeError } from "../core/errors";
+import type { RouteDecision } from "../route";
+import type { LifecycleResult } from "../route/load";
 import { REQUEST_ID_LENGTH_MAX } from "../route/load";
 import {
   asObject, HttpError, optionalInt, optionalNumber, optionalString, tokenIds, u64Field,
 } from "./http";
-import type { KvRouterService, MatchScore } from "./service";
+import type { KvedgeCore, MatchScore } from "../core/core";
 import { encodeMsgpack, type MsgpackWriter } from "../wire/msgpack";
 
 /** Most candidates a route response lists. */
@@ -32,7 +34,7 @@ const scoreJson = (score: MatchScore) => ({
 });
 
 /** POST /v1/match: `{"token_ids":[…], "lora_name"?, "cache_salt"?}` or `{"local_hashes":["…"]}`. */
-export function matchOp(service: KvRouterService, raw: unknown) {
+export function matchOp(service: KvedgeCore, raw: unknown) {
   const body = asObject(raw);
   let local: Uint32Array;
   let count: number;
@@ -63,7 +65,7 @@ export interface RouteOutcome {
 }
 
 /** Parses a route request, picks a worker and records the request as its load. */
-export function decideRoute(service: KvRouterService, raw: unknown): RouteOutcome {
+export function decideRoute(service: KvedgeCore, raw: unknown): RouteOutcome {
   const body = asObject(raw);
   const requestId = optionalString(body, "request_id", REQUEST_ID_LENGTH_MAX);
   if (requestId === "") throw new HttpError(400, "request_id must not be empty");
@@ -78,22 +80,16 @@ export function decideRoute(service: KvRouterService, raw: unknown): RouteOutcom
     temperature: optionalNumber(body, "temperature", 0, 100),
   };
   const candidatesMax = optionalInt(body, "candidates", 0, CANDIDATES_MAX) ?? CANDIDATES_DEFAULT;
-  try {
-    return service.route(input, candidatesMax);
-  } catch (error) {
-    if (!(error instanceof RouteError)) throw error;
-    const status = error.code === "no_workers" ? 503 : error.code === "duplicate_request" ? 409 : 400;
-    throw new HttpError(status, error.message);
-  }
+  return service.route(input, candidatesMax);
 }
 
 /** The answer to a route, as the object JSON and generic MessagePack answers carry. */
-export function routeAnswer(load: LoadTracker, { decision, queryBlocks }: RouteOutcome) {
+export function routeAnswer(core: KvedgeCore, { decision, queryBlocks }: RouteOutcome) {
   const list = decision.candidates;
   const candidates = [];
   for (let i = 0; i < list.count; i++) {
     candidates.push({
-      worker_id: load.workerIdTextOf(list.slots[i]!),
+      worker_id: core.workerIdTextOf(list.slots[i]!),
       dp_rank: list.dpRanks[i]!,
       overlap_blocks: list.overlapBlocks[i]!,
       cost: list.costs[i]!,
@@ -105,7 +101,7 @@ export function routeAnswer(load: LoadTracker, { decision, queryBlocks }: RouteO
   }
   return {
     request_id: decision.requestId,
-    worker_id: load.workerIdTextOf(decision.slot),
+    worker_id: core.workerIdTextOf(decision.slot),
     dp_rank: decision.dpRank,
     query_blocks: queryBlocks,
     overlap_blocks: decision.overlapBlocks,
@@ -115,21 +111,21 @@ export function routeAnswer(load: LoadTracker, { decision, queryBlocks }: RouteO
 }
 
 /** POST /v1/route: picks a worker and records the request as its load. */
-export function routeOp(service: KvRouterService, raw: unknown) {
-  return routeAnswer(service.router.load, decideRoute(service, raw));
+export function routeOp(service: KvedgeCore, raw: unknown) {
+  return routeAnswer(service, decideRoute(service, raw));
 }
 
 /** POST /v1/requests/{id}/prefill_done and /done: idempotent; unknown id → 404. */
-export function lifecycleOp(service: KvRouterService, requestId: string, step: "prefill_done" | "done") {
+export function lifecycleOp(service: KvedgeCore, requestId: string, step: "prefill_done" | "done") {
   if (requestId.length === 0 || requestId.length > REQUEST_ID_LENGTH_MAX) {
     throw new HttpError(400, `request id must be 1 to ${REQUEST_ID_LENGTH_MAX} characters`);
   }
   const result: LifecycleResult = step === "done" ? service.done(requestId) : service.prefillDone(requestId);
-  if (result === "unknown") throw new HttpError(404, `unknown request ${JSON.stringify(requestId)}`);
+  if (result === "unknown") throw new KvedgeError("unknown_request", `unknown request ${JSON.stringify(requestId)}`);
   return { request_id: requestId, status: result };
 }
 
-export function workersOp(service: KvRouterService) {
+export function workersOp(service: KvedgeCore) {
   return {
     block_size: service.blockSize,
     workers: service.workers().map((view) => ({
@@ -172,7 +168,7 @@ function httpEndpointOf(value: string | null): string | null {
 }
 
 /** POST /v1/workers: `{"worker_id","dp_rank"?,"endpoint","replay_endpoint"?,"topic"?,"http_endpoint"?}`. */
-export async function addWorkerOp(service: KvRouterService, raw: unknown) {
+export async function addWorkerOp(service: KvedgeCore, raw: unknown) {
   const body = asObject(raw);
   const known = new Set(["worker_id", "dp_rank", "endpoint", "replay_endpoint", "topic", "http_endpoint"]);
   for (const key of Object.keys(body)) if (!known.has(key)) throw new HttpError(400, `unknown field ${key}`);
@@ -200,9 +196,9 @@ export async function addWorkerOp(service: KvRouterService, raw: unknown) {
 }
 
 /** DELETE /v1/workers/{id}: stops its sources and purges its blocks; 404 if unknown. */
-export async function removeWorkerOp(service: KvRouterService, id: string) {
+export async function removeWorkerOp(service: KvedgeCore, id: string) {
   const workerId = u64Field(id, "worker id");
-  if (!(await service.removeWorker(workerId))) throw new HttpError(404, `unknown worker ${id}`);
+  if (!(await service.removeWorker(workerId))) throw new KvedgeError("unknown_worker", `unknown worker ${id}`);
   return { worker_id: id, status: "removed" };
 }
 
@@ -220,12 +216,12 @@ const K = {
  * WebSocket route, where building the answer's objects and walking them were among the
  * largest costs (and most of the garbage) per route.
  */
-export function writeRouteAnswer(writer: MsgpackWriter, load: LoadTracker, { decision, queryBlocks }: RouteOutcome): void {
+export function writeRouteAnswer(writer: MsgpackWriter, core: KvedgeCore, { decision, queryBlocks }: RouteOutcome): void {
   writer.mapHeader(7);
   writer.encoded(K.request_id);
   writer.string(decision.requestId);
   writer.encoded(K.worker_id);
-  writer.string(load.workerIdTextOf(decision.slot));
+  writer.string(core.workerIdTextOf(decision.slot));
   writer.encoded(K.dp_rank);
   writer.number(decision.dpRank);
   writer.encoded(K.query_blocks);
@@ -240,7 +236,7 @@ export function writeRouteAnswer(writer: MsgpackWriter, load: LoadTracker, { dec
   for (let i = 0; i < list.count; i++) {
     writer.mapHeader(8);
     writer.encoded(K.worker_id);
-    writer.string(load.workerIdTextOf(list.slots[i]!));
+    writer.string(core.workerIdTextOf(list.slots[i]!));
     writer.encoded(K.dp_rank);
     writer.number(list.dpRanks[i]!);
     writer.encoded(K.overlap_blocks);

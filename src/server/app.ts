@@ -6,9 +6,9 @@ import type { Server } from "bun";
 import { timingSafeEqual } from "node:crypto";
 import type { Logger } from "../util/log";
 import { addWorkerOp, decideRoute, lifecycleOp, matchOp, removeWorkerOp, routeAnswer, workersOp, writeRouteAnswer } from "./api";
-import { errorReply, HttpError, msgpackReply, parseBody, readBody, receiveBody, reply, type ReceivedBody, wantsMsgpack } from "./http";
+import { clientError, errorReply, HttpError, msgpackReply, parseBody, readBody, receiveBody, reply, type ReceivedBody, wantsMsgpack } from "./http";
 import { type MetricsRegistry, ServerMetrics } from "./metrics";
-import type { KvRouterService } from "./service";
+import type { KvedgeCore } from "../core/core";
 import { statusOp, statusPage } from "./status";
 import { TurnBatch } from "./turn";
 import { CHAT_PATH, COMPLETIONS_PATH, type OpenAiPath } from "../proxy/openai";
@@ -20,7 +20,7 @@ export interface AppOptions {
   readonly port: number;
   readonly bodyLimitBytes: number;
   readonly adminToken: string | null;
-  readonly service: KvRouterService;
+  readonly service: KvedgeCore;
   readonly registry: MetricsRegistry;
   readonly log: Logger;
   /** `serve --proxy`: the OpenAI-compatible endpoints. */
@@ -80,10 +80,9 @@ export function startApp(options: AppOptions): App {
           const started = performance.now();
           const outcome = decideRoute(service, parsed);
           metrics.observeRouteDecision((performance.now() - started) / 1000);
-          const load = service.router.load;
           return wantsMsgpack(request)
-            ? msgpackReply(200, (writer) => writeRouteAnswer(writer, load, outcome))
-            : reply(null, 200, routeAnswer(load, outcome));
+            ? msgpackReply(200, (writer) => writeRouteAnswer(writer, service, outcome))
+            : reply(null, 200, routeAnswer(service, outcome));
         },
       },
     },
@@ -244,7 +243,8 @@ function metricsLabel(template: string): string {
 }
 
 function failure(request: Request, error: unknown, log: Logger): Response {
-  if (error instanceof HttpError) return errorReply(request, error);
+  const client = clientError(error);
+  if (client !== null) return errorReply(request, client);
   log.error("request failed", { error: error instanceof Error ? error.stack ?? error.message : String(error) });
   return errorReply(request, new HttpError(500, "internal error"));
 }

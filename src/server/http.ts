@@ -5,10 +5,11 @@
  * (token ids, 64-bit ids and hashes as decimal strings).
  */
 import { Unpackr } from "msgpackr";
+import { type ErrorCode, KvedgeError } from "../core/errors";
 import { U64_MAX } from "../util/u64";
 import { MsgpackWriter, type MsgpackValue } from "../wire/msgpack";
 import { defaultTokenScanner, parseRequestJson, ScannedTokens, TOKENS_MAX } from "./request-json";
-import { BinRef, MsgpackRequestReader } from "./request-msgpack";
+import { BinRef, MsgpackRequestReader } from "../wire/request-msgpack";
 
 export { TOKENS_MAX };
 
@@ -18,6 +19,25 @@ export class HttpError extends Error {
   constructor(readonly status: number, message: string) {
     super(message);
   }
+}
+
+/** The HTTP status of each domain error code: the one place codes become statuses. */
+export const STATUS_OF: Readonly<Record<ErrorCode, number>> = {
+  bad_request: 400,
+  cannot_listen: 400,
+  unknown_request: 404,
+  unknown_worker: 404,
+  duplicate_request: 409,
+  worker_exists: 409,
+  no_workers: 503,
+  shutting_down: 503,
+};
+
+/** The client's error as an HttpError (a domain error gets its code's status); null for a bug. */
+export function clientError(error: unknown): HttpError | null {
+  if (error instanceof HttpError) return error;
+  if (error instanceof KvedgeError) return new HttpError(STATUS_OF[error.code], error.message);
+  return null;
 }
 
 export const MSGPACK = "application/msgpack";

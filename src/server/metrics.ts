@@ -12,7 +12,7 @@
  */
 import { collectDefaultMetrics, Counter, Gauge, Registry } from "prom-client";
 import type { Router } from "../route";
-import type { KvRouterService } from "./service";
+import type { KvedgeCore } from "../core/core";
 
 export type MetricsRegistry = Registry;
 
@@ -307,7 +307,7 @@ export function registerRouterMetrics(registry: MetricsRegistry, router: Router)
  * source (labels worker_id, dp_rank of the configured source). A removed worker's
  * series disappear with it.
  */
-export function registerServiceMetrics(registry: MetricsRegistry, service: KvRouterService): void {
+export function registerServiceMetrics(registry: MetricsRegistry, service: KvedgeCore): void {
   const index = service.index;
   const counter = (name: string, help: string, labelNames: readonly string[], collect: SampleSource["collect"]) =>
     registerSamples(registry, { name, help, type: "counter", labelNames, collect });
@@ -348,7 +348,7 @@ export function registerServiceMetrics(registry: MetricsRegistry, service: KvRou
 
   // Per source: labels of the configured (worker, dp rank).
   const perSource = (name: string, help: string, type: "counter" | "gauge", extra: readonly string[],
-    read: (source: KvRouterService["engineSources"][number], emit: (value: number, labels?: Labels) => void) => void) =>
+    read: (source: KvedgeCore["engineSources"][number], emit: (value: number, labels?: Labels) => void) => void) =>
     registerSamples(registry, {
       name, help, type, labelNames: ["worker_id", "dp_rank", ...extra],
       collect(emit) {

@@ -6,10 +6,10 @@
  * events/s, each worker's cached blocks and load, and which workers are distrusted.
  */
 import { workersOp } from "./api";
-import type { KvRouterService } from "./service";
+import type { KvedgeCore } from "../core/core";
 
 /** GET /v1/status: cumulative counters (the page turns them into rates) and the workers. */
-export function statusOp(service: KvRouterService) {
+export function statusOp(service: KvedgeCore) {
   const index = service.index.counters;
   const routes = service.routeTotals;
   const workers = workersOp(service).workers;

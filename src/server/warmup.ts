@@ -21,7 +21,7 @@ import { xorshift32 } from "../util/random";
 import { decideRoute, lifecycleOp, routeAnswer, writeRouteAnswer } from "./api";
 import { msgpackReply, parseBody, reply } from "./http";
 import { ServerMetrics } from "./metrics";
-import { KvRouterService } from "./service";
+import { KvedgeCore } from "../core/core";
 import { TurnBatch } from "./turn";
 import { type WsData, websocketHandlers } from "./ws";
 
@@ -41,7 +41,7 @@ export interface WarmupResult {
 export function warmUp(config: Config, routes: number): WarmupResult {
   const started = performance.now();
   if (routes <= 0) return { routes: 0, ms: 0 };
-  const service = new KvRouterService({ config: { ...config, workers: [] }, log: silentLogger });
+  const service = new KvedgeCore({ config: { ...config, workers: [] }, log: silentLogger });
   const random = xorshift32(0x5741524d);
   const token = () => random() % VOCABULARY;
 
@@ -100,14 +100,14 @@ export function warmUp(config: Config, routes: number): WarmupResult {
         break;
       case 2: { // an HTTP JSON body, answered as /v1/route answers it
         const outcome = decideRoute(service, parseBody({ json: JSON.stringify({ request_id: id(0), token_ids: [...prompt()] }) }, true));
-        reply(null, 200, routeAnswer(service.router.load, outcome));
+        reply(null, 200, routeAnswer(service, outcome));
         lifecycleOp(service, id(0), "done");
         routed++;
         break;
       }
       default: { // an HTTP MessagePack body
         const outcome = decideRoute(service, parseBody({ msgpack: pack({ request_id: id(0), token_ids: bin(prompt()) }) }, true));
-        msgpackReply(200, (writer) => writeRouteAnswer(writer, service.router.load, outcome));
+        msgpackReply(200, (writer) => writeRouteAnswer(writer, service, outcome));
         lifecycleOp(service, id(0), "done");
         routed++;
       }

@@ -25,12 +25,12 @@ import { Unpackr } from "msgpackr";
 import type { Logger } from "../util/log";
 import { encodeMsgpack, MsgpackWriter, type MsgpackValue } from "../wire/msgpack";
 import { decideRoute, lifecycleOp, matchOp, routeOp, writeRouteAnswer } from "./api";
-import { HttpError, toJson } from "./http";
+import { clientError, HttpError, toJson } from "./http";
 import type { ServerMetrics } from "./metrics";
 import { defaultTokenScanner, parseRequestJson } from "./request-json";
-import type { KvRouterService } from "./service";
+import type { KvedgeCore } from "../core/core";
 import type { TurnBatch } from "./turn";
-import { MsgpackRequestReader } from "./request-msgpack";
+import { MsgpackRequestReader } from "../wire/request-msgpack";
 
 /** Connections carry no per-connection state. */
 export type WsData = undefined;
@@ -57,7 +57,7 @@ interface Answer {
 }
 
 export function websocketHandlers(
-  service: KvRouterService, log: Logger, metrics: ServerMetrics, batch: TurnBatch,
+  service: KvedgeCore, log: Logger, metrics: ServerMetrics, batch: TurnBatch,
 ): WebSocketHandler<WsData> {
   /**
    * Answers one request: returns the answer, or with `out`, writes it there as
@@ -83,16 +83,16 @@ export function websocketHandlers(
         out.encoded(STATUS_KEY);
         out.number(200);
         out.encoded(RESULT_KEY);
-        writeRouteAnswer(out, service.router.load, outcome);
+        writeRouteAnswer(out, service, outcome);
       } else {
         response = { id, status: 200, result: run(service, op, body) };
       }
     } catch (error) {
-      if (!(error instanceof HttpError)) {
+      const client = clientError(error);
+      if (client === null) {
         log.error("websocket request failed", { error: error instanceof Error ? error.stack ?? error.message : String(error) });
       }
-      const status = error instanceof HttpError ? error.status : 500;
-      response = { id, status, error: error instanceof HttpError ? error.message : "internal error" };
+      response = { id, status: client?.status ?? 500, error: client?.message ?? "internal error" };
     }
     metrics.observeHttp(OP_LABELS.get(op) ?? "/v1/ws invalid", response === null ? 200 : response.status, (performance.now() - started) / 1000);
     if (out === null || response === null) return response;
@@ -154,7 +154,7 @@ export function websocketHandlers(
 /** The metrics' route label of each op. */
 const OP_LABELS = new Map(["route", "match", "prefill_done", "done"].map((op) => [op, `/v1/ws ${op}`]));
 
-function run(service: KvRouterService, op: string, body: Record<string, unknown>): unknown {
+function run(service: KvedgeCore, op: string, body: Record<string, unknown>): unknown {
   switch (op) {
     case "route": return routeOp(service, body);
     case "match": return matchOp(service, body);

@@ -18,6 +18,7 @@ import { createRng, randomU64 } from "./random";
 import { DEFAULT_TIME_MODEL, checkTimeModel, type TimeModel } from "./time-model";
 import { DEFAULT_VOCAB_SIZE, writeOutputTokens, writePromptTokens } from "./tokens";
 import { requestIds, type Trace } from "./trace";
+import { VERIFY } from "../util/verify";
 
 export interface SimOptions {
   readonly policy: PolicyName;
@@ -133,7 +134,7 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
       break;
     }
   }
-  return recorder.report(options.policy, engines, options.verify ?? process.env.KVEDGE_VERIFY === "1");
+  return recorder.report(options.policy, engines, options.verify ?? VERIFY);
 }
 
 /** Per-engine hash seeds, the same for every run with the same seed. */

@@ -5,7 +5,6 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import type { Subprocess } from "bun";
 import { createIndex, MatchResult } from "../../src/index";
-import type { KvEventSink } from "../../src/ingest/normalize";
 import { EngineSource } from "../../src/ingest/source";
 import { promptHashes } from "../../src/route";
 import { DEFAULT_SEED } from "../../src/hash";
@@ -46,13 +45,8 @@ beforeAll(async () => {
   }
   reader.releaseLock();
   info = JSON.parse(text.split("\n")[0]!) as Json;
-  const sink: KvEventSink = {
-    stored: (w, d, hasParent, ph, pl, external, local, start, count) => index.applyStored(w, d, hasParent, ph, pl, external, local, count, start),
-    removed: (w, d, external, start, count) => index.applyRemoved(w, d, external, count, start),
-    cleared: (w, d) => index.applyCleared(w, d),
-  };
   source = new EngineSource({ workerId: 1n, dpRank: 0, endpoint: info.endpoint, replayEndpoint: info.replay_endpoint, topic: "" },
-    { blockSize: 16, sink, log: silentLogger });
+    { blockSize: 16, writer: index, log: silentLogger });
   await source.start();
   await until(async () => (await stats()).publisher.subscribers === 1, "the engine to see our subscription");
 });

@@ -5,7 +5,8 @@
 // not at all. Method: real encoded batches through ingest() into a recording sink.
 import { describe, expect, test } from "bun:test";
 import { hashTokens } from "../../src/hash";
-import { KvEventNormalizer, type KvEventSink, type NormalizerOptions } from "../../src/ingest/normalize";
+import { WorkerTable } from "../../src/core/worker-table";
+import { KvEventNormalizer, type KvEventWriter, type NormalizerOptions } from "../../src/ingest/normalize";
 import { NamespaceTable } from "../../src/ingest/namespace";
 import { encodeKvBatch, type KvBatch, type KvBlockStored, type KvEvent } from "../../src/wire/kv-events";
 import { u64 } from "../../src/util/u64";
@@ -16,30 +17,33 @@ type Op =
   | { op: "removed"; worker: bigint; rank: number; external: bigint[] }
   | { op: "cleared"; worker: bigint; rank: number };
 
-function recorder(): KvEventSink & { ops: Op[] } {
+function recorder(): KvEventWriter & { ops: Op[] } {
   const ops: Op[] = [];
+  const workerTable = new WorkerTable();
   const pairs = (words: Uint32Array, start: number, count: number) =>
     Array.from({ length: count }, (_, i) => u64(words[2 * (start + i)]!, words[2 * (start + i) + 1]!));
+  const worker = (slot: number) => ({ worker: workerTable.workerIdOf(slot), rank: workerTable.dpRankOf(slot) });
   return {
     ops,
-    stored(worker, rank, hasParent, parentHi, parentLo, external, local, start, count) {
+    workerTable,
+    storeAt(slot, hasParent, parentHi, parentLo, external, local, count, start) {
       ops.push({
-        op: "stored", worker, rank, parent: hasParent ? u64(parentHi, parentLo) : null,
+        op: "stored", ...worker(slot), parent: hasParent ? u64(parentHi, parentLo) : null,
         external: pairs(external, start, count), local: pairs(local, start, count),
       });
     },
-    removed(worker, rank, external, start, count) {
-      ops.push({ op: "removed", worker, rank, external: pairs(external, start, count) });
+    removeAt(slot, external, count, start) {
+      ops.push({ op: "removed", ...worker(slot), external: pairs(external, start, count) });
     },
-    cleared(worker, rank) {
-      ops.push({ op: "cleared", worker, rank });
+    clearAt(slot) {
+      ops.push({ op: "cleared", ...worker(slot) });
     },
   };
 }
 
 function setup(options: Partial<NormalizerOptions> = {}) {
   const sink = recorder();
-  const normalizer = new KvEventNormalizer({ workerId: 7n, dpRank: 0, blockSize: 4, sink, ...options });
+  const normalizer = new KvEventNormalizer({ workerId: 7n, dpRank: 0, blockSize: 4, writer: sink, ...options });
   const send = (events: KvEvent[], dpRank: number | null = null, form: "array" | "map" = "array") =>
     normalizer.ingest(encodeKvBatch({ ts: 1, events, dpRank }, { form }));
   return { sink, normalizer, send };

@@ -7,8 +7,9 @@
 import { describe, expect, test } from "bun:test";
 import { xorshift32 as prng } from "../../src/util/random";
 import { DEFAULT_SEED } from "../../src/hash";
+import { KvedgeError } from "../../src/core/errors";
 import {
-  CandidateList, type Overlaps, overlapsOf, promptHashes, type RouteDecision, RouteError, type RouteRequest, Router, type RouterOptions,
+  CandidateList, type Overlaps, overlapsOf, promptHashes, type RouteDecision, type RouteRequest, Router, type RouterOptions,
 } from "../../src/route";
 
 const BS = 4;
@@ -227,14 +228,14 @@ describe("selection", () => {
 
   test("errors: no workers, duplicate id, bad overrides, bad shapes", () => {
     const empty = new Router({ blockSize: BS });
-    expect(() => empty.route(request(R3()), overlaps([]))).toThrow(RouteError);
+    expect(() => empty.route(request(R3()), overlaps([]))).toThrow(KvedgeError);
     const router = routerWith(1);
     router.route(request(R3(), { requestId: "x" }), overlaps([]));
     const code = (f: () => unknown) => {
       try {
         f();
       } catch (error) {
-        return error instanceof RouteError ? error.code : String(error);
+        return error instanceof KvedgeError ? error.code : String(error);
       }
       return "no error";
     };

@@ -2,14 +2,14 @@ import { describe, expect, test } from "bun:test";
 import { Unpackr } from "msgpackr";
 import { loadConfig } from "../../src/config";
 import { CANDIDATES_DEFAULT, CANDIDATES_MAX, decideRoute, routeAnswer, routeOp, writeRouteAnswer } from "../../src/server/api";
-import { KvRouterService } from "../../src/server/service";
+import { KvedgeCore } from "../../src/core/core";
 import { silentLogger } from "../../src/util/log";
 import { xorshift32 } from "../../src/util/random";
 import { MsgpackWriter } from "../../src/wire/msgpack";
 
 describe("writeRouteAnswer", () => {
   test("writes exactly the bytes of the generic writer on the answer object, for every kind of route", () => {
-    const service = new KvRouterService({ config: loadConfig({ env: {} }).config, log: silentLogger, random: () => 0.5 });
+    const service = new KvedgeCore({ config: loadConfig({ env: {} }).config, log: silentLogger, random: () => 0.5 });
     const load = service.router.load;
     const ids = [1n, 7n, 300n, 70_000n, 2n ** 32n + 5n, 2n ** 64n - 1n];
     for (const [i, id] of ids.entries()) load.addWorker(id, i % 3);
@@ -26,11 +26,11 @@ describe("writeRouteAnswer", () => {
         ...(i % 5 === 0 ? { temperature: 0.7, prefill_load_scale: 1.25 } : {}),
       };
       const outcome = decideRoute(service, body);
-      const result = routeAnswer(load, outcome);
+      const result = routeAnswer(service, outcome);
       generic.reset();
       generic.value(result);
       special.reset();
-      writeRouteAnswer(special, load, outcome);
+      writeRouteAnswer(special, service, outcome);
       expect(Buffer.from(special.written()).toString("hex")).toBe(Buffer.from(generic.written()).toString("hex"));
       expect(unpackr.unpack(special.finish())).toEqual(result);
     }
@@ -39,7 +39,7 @@ describe("writeRouteAnswer", () => {
 
 describe("routeOp candidates", () => {
   test("lists the CANDIDATES_DEFAULT cheapest workers unless asked, cheapest first; up to CANDIDATES_MAX when asked", () => {
-    const service = new KvRouterService({ config: loadConfig({ env: {} }).config, log: silentLogger, random: () => 0.5 });
+    const service = new KvedgeCore({ config: loadConfig({ env: {} }).config, log: silentLogger, random: () => 0.5 });
     const load = service.router.load;
     for (let w = 1; w <= 70; w++) load.addWorker(BigInt(w), 0);
     const costsOf = (result: ReturnType<typeof routeOp>) => result.candidates.map((c) => c.cost);

@@ -3,14 +3,14 @@
 import { describe, expect, test } from "bun:test";
 import { loadConfig } from "../../src/config";
 import { routeOp } from "../../src/server/api";
-import { KvRouterService } from "../../src/server/service";
+import { KvedgeCore } from "../../src/core/core";
 import { warmUp } from "../../src/server/warmup";
 import { silentLogger } from "../../src/util/log";
 import { xorshift32 } from "../../src/util/random";
 
 /** A service with 6 workers holding overlapping prefixes, and 300 route bodies for it. */
 function fleet() {
-  const service = new KvRouterService({ config: loadConfig({ env: {} }).config, log: silentLogger, random: xorshift32(5) });
+  const service = new KvedgeCore({ config: loadConfig({ env: {} }).config, log: silentLogger, random: xorshift32(5) });
   const random = xorshift32(99);
   const shared = Array.from({ length: 64 }, () => random() % 1000);
   for (let w = 1; w <= 6; w++) {
@@ -27,7 +27,7 @@ function fleet() {
   return { service, bodies };
 }
 
-const answers = (service: KvRouterService, bodies: object[]) =>
+const answers = (service: KvedgeCore, bodies: object[]) =>
   bodies.map((body) => {
     const { request_id: _id, ...answer } = routeOp(service, body);
     return answer;

@@ -5,7 +5,6 @@
 // recovered through the engine's replay ROUTER, and across a prefix-cache reset.
 import { afterEach, beforeAll, describe, expect, test } from "bun:test";
 import { createIndex } from "../../src/index";
-import type { KvEventSink } from "../../src/ingest/normalize";
 import { EngineSource } from "../../src/ingest/source";
 import { silentLogger } from "../../src/util/log";
 import { DealerSocket } from "../../src/wire/zmtp";
@@ -48,15 +47,9 @@ async function startEngines(specs: readonly EngineSpec[], capacityBlocks: number
 /** Our ingest path (SUB → sequencer → normalizer, replay over DEALER) into one index. */
 function subscribe(engines: readonly NetworkedEngine[]) {
   const index = createIndex("crtc", 16);
-  const sink: KvEventSink = {
-    stored: (workerId, dpRank, hasParent, parentHi, parentLo, external, local, start, count) =>
-      index.applyStored(workerId, dpRank, hasParent, parentHi, parentLo, external, local, count, start),
-    removed: (workerId, dpRank, external, start, count) => index.applyRemoved(workerId, dpRank, external, count, start),
-    cleared: (workerId, dpRank) => index.applyCleared(workerId, dpRank),
-  };
   const sources = engines.map((engine, w) => new EngineSource(
     { workerId: BigInt(w), dpRank: 0, endpoint: engine.endpoint, replayEndpoint: engine.replayEndpoint, topic: "" },
-    { blockSize: 16, sink, log: silentLogger },
+    { blockSize: 16, writer: index, log: silentLogger },
   ));
   for (const source of sources) cleanup.push(() => source.stop());
   return { index, sources };

@@ -3,13 +3,14 @@
  * This class resolves workers and routes each event to store.ts / remove.ts /
  * match.ts; the tree's shape lives in tree.ts.
  */
-import { assert, fail, VERIFY_BY_DEFAULT } from "../assert";
+import { fail, VERIFY_BY_DEFAULT } from "../assert";
 import { type DumpSource, dumpEvents } from "../dump";
 import type { IndexOp } from "../ops";
 import {
-  countRejection, type IndexCounters, type IndexOptions, type IndexStats, type KvIndex, type MatchResult,
-  newCounters, rejectCounts, StoreStatus, type WorkerInfo,
+  countRejection, type IndexOptions, type IndexStats, type KvIndex, type MatchResult,
+  rejectCounts, StoreStatus, type WorkerInfo,
 } from "../types";
+import { SlotIndex } from "../slot-index";
 import { WorkerSlots } from "../workers";
 import { findMatches, MatchScratch } from "./match";
 import { ROOT } from "./nodes";
@@ -18,10 +19,9 @@ import { storeChain } from "./store";
 import { CrtcTree } from "./tree";
 import { verifyTree } from "./verify";
 
-export class CrtcIndex implements KvIndex {
+export class CrtcIndex extends SlotIndex implements KvIndex {
   readonly backend = "crtc" as const;
   readonly blockSize: number;
-  readonly counters: IndexCounters = newCounters();
   readonly tree = new CrtcTree();
   readonly slots: WorkerSlots;
   private readonly verifyEach: boolean;
@@ -29,21 +29,22 @@ export class CrtcIndex implements KvIndex {
   private readonly removeScratch = new RemoveScratch();
 
   constructor(blockSize: number, options: IndexOptions = {}) {
+    super(options);
     this.blockSize = blockSize;
-    this.slots = new WorkerSlots(options.maxWorkers);
+    this.slots = new WorkerSlots(this.workerTable, this.ownsWorkers);
     this.verifyEach = options.verify ?? VERIFY_BY_DEFAULT;
   }
 
-  applyStored(
-    workerId: bigint, dpRank: number, hasParent: boolean, parentHi: number, parentLo: number,
+  storeAt(
+    slot: number, hasParent: boolean, parentHi: number, parentLo: number,
     external: Uint32Array, local: Uint32Array, count: number, first = 0,
   ): StoreStatus {
     if (external.length < 2 * (first + count) || local.length < 2 * (first + count)) fail("stored arrays too short");
-    let slot = this.slots.find(workerId, dpRank);
+    let lookup = this.slots.lookupOf(slot);
     let node = ROOT;
     let pos = 0;
     if (hasParent) {
-      const parent = slot < 0 ? 0 : this.slots.lookup[slot]!.find(parentHi >>> 0, parentLo >>> 0);
+      const parent = lookup === null ? 0 : lookup.find(parentHi >>> 0, parentLo >>> 0);
       if (parent === 0) return this.reject(StoreStatus.ParentNotFound);
       node = this.tree.blocks.node[parent]!;
       pos = parent - this.tree.nodes.start[node]! + 1;
@@ -52,34 +53,34 @@ export class CrtcIndex implements KvIndex {
       this.counters.storedEvents++;
       return StoreStatus.Ok;
     }
-    if (slot < 0) {
-      slot = this.slots.create(workerId, dpRank);
+    if (lookup === null) {
       if (slot < 0) return this.reject(StoreStatus.CapacityExhausted);
+      lookup = this.slots.attach(slot);
     }
-    storeChain(this.tree, slot, this.slots.lookup[slot]!, node, pos, external, local, first, count, this.counters);
+    storeChain(this.tree, slot, lookup, node, pos, external, local, first, count, this.counters);
     this.counters.storedEvents++;
     if (this.verifyEach) this.verify();
     return StoreStatus.Ok;
   }
 
-  applyRemoved(workerId: bigint, dpRank: number, external: Uint32Array, count: number, first = 0): number {
+  removeAt(slot: number, external: Uint32Array, count: number, first = 0): number {
     if (external.length < 2 * (first + count)) fail("removed array too short");
     this.counters.removedEvents++;
-    const slot = this.slots.find(workerId, dpRank);
-    const unknown = slot < 0
+    const lookup = this.slots.lookupOf(slot);
+    const unknown = lookup === null
       ? count
-      : removeHashes(this.tree, slot, this.slots.lookup[slot]!, external, first, count, this.removeScratch);
+      : removeHashes(this.tree, slot, lookup, external, first, count, this.removeScratch);
     this.counters.blocksUnknown += unknown;
     this.counters.blocksRemoved += count - unknown;
     if (this.verifyEach) this.verify();
     return unknown;
   }
 
-  applyCleared(workerId: bigint, dpRank: number): void {
+  clearAt(slot: number): void {
     this.counters.clearedEvents++;
-    const slot = this.slots.find(workerId, dpRank);
-    if (slot < 0) return;
-    this.counters.blocksRemoved += clearSlot(this.tree, slot, this.slots.lookup[slot]!, this.removeScratch);
+    const lookup = this.slots.lookupOf(slot);
+    if (lookup === null) return;
+    this.counters.blocksRemoved += clearSlot(this.tree, slot, lookup, this.removeScratch);
     if (this.verifyEach) this.verify();
   }
 
@@ -92,10 +93,6 @@ export class CrtcIndex implements KvIndex {
     if (this.verifyEach) this.verify();
   }
 
-  countRejected(status: StoreStatus): void {
-    countRejection(this.counters, status);
-  }
-
   findMatches(local: Uint32Array, count: number, out: MatchResult): void {
     if (local.length < 2 * count) fail("query array too short");
     const slots = this.slots.highWater;
@@ -105,13 +102,11 @@ export class CrtcIndex implements KvIndex {
   }
 
   workerIdOf(handle: number): bigint {
-    assert(this.slots.isLive(handle), "worker handle is not live");
-    return this.slots.workerId[handle]!;
+    return this.slots.workerIdOf(handle);
   }
 
   dpRankOf(handle: number): number {
-    assert(this.slots.isLive(handle), "worker handle is not live");
-    return this.slots.dpRank[handle]!;
+    return this.slots.dpRankOf(handle);
   }
 
   stats(): IndexStats {
@@ -128,12 +123,7 @@ export class CrtcIndex implements KvIndex {
   }
 
   workers(): WorkerInfo[] {
-    const list: WorkerInfo[] = [];
-    for (let slot = 0; slot < this.slots.highWater; slot++) {
-      const lookup = this.slots.lookup[slot];
-      if (lookup) list.push({ workerId: this.slots.workerId[slot]!, dpRank: this.slots.dpRank[slot]!, blocks: lookup.count });
-    }
-    return list;
+    return this.slots.workers();
   }
 
   dump(): IndexOp[] {
@@ -172,22 +162,7 @@ export class CrtcIndex implements KvIndex {
           for (const child of kids.get(node) ?? []) stack.push(child);
         }
       },
-      forEachWorker(visit) {
-        for (let slot = 0; slot < slots.highWater; slot++) {
-          const lookup = slots.lookup[slot];
-          if (!lookup) continue;
-          const external = new Uint32Array(2 * lookup.count);
-          const keys = new Uint32Array(lookup.count);
-          let n = 0;
-          for (let at = 0; at < lookup.table.length; at += 3) {
-            if (lookup.table[at + 2] === 0) continue;
-            external[2 * n] = lookup.table[at]!;
-            external[2 * n + 1] = lookup.table[at + 1]!;
-            keys[n++] = lookup.table[at + 2]!;
-          }
-          visit(slots.workerId[slot]!, slots.dpRank[slot]!, external, keys, n);
-        }
-      },
+      forEachWorker: slots.forEachWorker,
     };
   }
 }

@@ -18,9 +18,10 @@ import type { ExternalLookup } from "../lookup";
 import type { IndexOp } from "../ops";
 import { OwnerLists } from "../owners";
 import {
-  countRejection, type IndexCounters, type IndexOptions, type IndexStats, type KvIndex, type MatchResult,
-  newCounters, rejectCounts, StoreStatus, type WorkerInfo,
+  countRejection, type IndexOptions, type IndexStats, type KvIndex, type MatchResult,
+  rejectCounts, StoreStatus, type WorkerInfo,
 } from "../types";
+import { SlotIndex } from "../slot-index";
 import { WorkerSlots } from "../workers";
 
 const CAPACITY_MIN = 64;
@@ -122,10 +123,9 @@ class EntryPool {
   }
 }
 
-export class PositionalIndex implements KvIndex {
+export class PositionalIndex extends SlotIndex implements KvIndex {
   readonly backend = "positional" as const;
   readonly blockSize: number;
-  readonly counters: IndexCounters = newCounters();
   readonly slots: WorkerSlots;
   readonly owners = new OwnerLists(CAPACITY_MIN);
   readonly entries = new EntryPool(this.owners);
@@ -139,32 +139,33 @@ export class PositionalIndex implements KvIndex {
   private touched = new Uint32Array(64);
 
   constructor(blockSize: number, options: IndexOptions = {}) {
+    super(options);
     this.blockSize = blockSize;
-    this.slots = new WorkerSlots(options.maxWorkers);
+    this.slots = new WorkerSlots(this.workerTable, this.ownsWorkers);
     this.verifyEach = options.verify ?? VERIFY_BY_DEFAULT;
   }
 
-  applyStored(
-    workerId: bigint, dpRank: number, hasParent: boolean, parentHi: number, parentLo: number,
+  storeAt(
+    slot: number, hasParent: boolean, parentHi: number, parentLo: number,
     external: Uint32Array, local: Uint32Array, count: number, first = 0,
   ): StoreStatus {
     assert(external.length >= 2 * (first + count) && local.length >= 2 * (first + count), "stored arrays too short");
-    let slot = this.slots.find(workerId, dpRank);
+    let lookup = this.slots.lookupOf(slot);
     let parent = NO_PARENT;
     if (hasParent) {
-      parent = slot < 0 ? 0 : this.slots.lookup[slot]!.find(parentHi >>> 0, parentLo >>> 0);
+      parent = lookup === null ? 0 : lookup.find(parentHi >>> 0, parentLo >>> 0);
       if (parent === 0) return this.reject(StoreStatus.ParentNotFound);
     }
     if (count === 0) {
       this.counters.storedEvents++;
       return StoreStatus.Ok;
     }
-    if (slot < 0) {
-      slot = this.slots.create(workerId, dpRank);
+    if (lookup === null) {
       if (slot < 0) return this.reject(StoreStatus.CapacityExhausted);
+      lookup = this.slots.attach(slot);
     }
     this.counters.storedEvents++;
-    this.storeChain(slot, this.slots.lookup[slot]!, parent, external, local, first, count);
+    this.storeChain(slot, lookup, parent, external, local, first, count);
     if (this.verifyEach) this.verify();
     return StoreStatus.Ok;
   }
@@ -255,15 +256,14 @@ export class PositionalIndex implements KvIndex {
     if (entries.live === 0 && entries.highWater > 1) entries.reset();
   }
 
-  applyRemoved(workerId: bigint, dpRank: number, external: Uint32Array, count: number, first = 0): number {
+  removeAt(slot: number, external: Uint32Array, count: number, first = 0): number {
     assert(external.length >= 2 * (first + count), "removed array too short");
     this.counters.removedEvents++;
-    const slot = this.slots.find(workerId, dpRank);
+    const lookup = this.slots.lookupOf(slot);
     let unknown = 0;
-    if (slot < 0) {
+    if (lookup === null) {
       unknown = count;
     } else {
-      const lookup = this.slots.lookup[slot]!;
       for (let i = first; i < first + count; i++) {
         const entry = lookup.remove(external[2 * i]!, external[2 * i + 1]!);
         if (entry === 0) {
@@ -295,10 +295,9 @@ export class PositionalIndex implements KvIndex {
     for (let j = 0; j < count; j++) if (this.entries.isLive(touched[j]!)) this.reclaim(touched[j]!);
   }
 
-  applyCleared(workerId: bigint, dpRank: number): void {
+  clearAt(slot: number): void {
     this.counters.clearedEvents++;
-    const slot = this.slots.find(workerId, dpRank);
-    if (slot < 0) return;
+    if (this.slots.lookupOf(slot) === null) return;
     this.clearSlot(slot);
     if (this.verifyEach) this.verify();
   }
@@ -310,10 +309,6 @@ export class PositionalIndex implements KvIndex {
       this.slots.release(slot);
     }
     if (this.verifyEach) this.verify();
-  }
-
-  countRejected(status: StoreStatus): void {
-    countRejection(this.counters, status);
   }
 
   findMatches(local: Uint32Array, count: number, out: MatchResult): void {
@@ -413,13 +408,11 @@ export class PositionalIndex implements KvIndex {
   }
 
   workerIdOf(handle: number): bigint {
-    assert(this.slots.isLive(handle), "worker handle is not live");
-    return this.slots.workerId[handle]!;
+    return this.slots.workerIdOf(handle);
   }
 
   dpRankOf(handle: number): number {
-    assert(this.slots.isLive(handle), "worker handle is not live");
-    return this.slots.dpRank[handle]!;
+    return this.slots.dpRankOf(handle);
   }
 
   stats(): IndexStats {
@@ -436,12 +429,7 @@ export class PositionalIndex implements KvIndex {
   }
 
   workers(): WorkerInfo[] {
-    const list: WorkerInfo[] = [];
-    for (let slot = 0; slot < this.slots.highWater; slot++) {
-      const lookup = this.slots.lookup[slot];
-      if (lookup) list.push({ workerId: this.slots.workerId[slot]!, dpRank: this.slots.dpRank[slot]!, blocks: lookup.count });
-    }
-    return list;
+    return this.slots.workers();
   }
 
   dump(): IndexOp[] {
@@ -458,22 +446,7 @@ export class PositionalIndex implements KvIndex {
           visit(id, parent === NO_PARENT ? -1 : parent, entries.localHi[id]!, entries.localLo[id]!);
         }
       },
-      forEachWorker(visit) {
-        for (let slot = 0; slot < slots.highWater; slot++) {
-          const lookup = slots.lookup[slot];
-          if (!lookup) continue;
-          const external = new Uint32Array(2 * lookup.count);
-          const keys = new Uint32Array(lookup.count);
-          let n = 0;
-          for (let at = 0; at < lookup.table.length; at += 3) {
-            if (lookup.table[at + 2] === 0) continue;
-            external[2 * n] = lookup.table[at]!;
-            external[2 * n + 1] = lookup.table[at + 1]!;
-            keys[n++] = lookup.table[at + 2]!;
-          }
-          visit(slots.workerId[slot]!, slots.dpRank[slot]!, external, keys, n);
-        }
-      },
+      forEachWorker: slots.forEachWorker,
     };
     return dumpEvents(source, this.blockSize);
   }

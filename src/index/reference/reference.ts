@@ -10,10 +10,10 @@
 import { dumpEvents } from "../dump";
 import type { IndexOp } from "../ops";
 import {
-  countRejection, type IndexCounters, type IndexOptions, type IndexStats, type KvIndex, type MatchResult,
-  newCounters, rejectCounts, StoreStatus, type WorkerInfo,
+  countRejection, type IndexOptions, type IndexStats, type KvIndex, type MatchResult,
+  rejectCounts, StoreStatus, type WorkerInfo,
 } from "../types";
-import { SLOT_LIMIT } from "../workers";
+import { SlotIndex } from "../slot-index";
 import { u64 } from "../../util/u64";
 
 interface Worker {
@@ -39,31 +39,29 @@ function parentPath(path: string): string {
   return path.slice(0, path.lastIndexOf("/"));
 }
 
-export class ReferenceIndex implements KvIndex {
+export class ReferenceIndex extends SlotIndex implements KvIndex {
   readonly backend = "reference" as const;
   readonly blockSize: number;
-  readonly counters: IndexCounters = newCounters();
-  private readonly maxWorkers: number;
   private readonly byKey = new Map<string, Worker>();
-  /** handle -> worker; handles are never reused. */
+  /** slot -> worker (its handle is its slot in the worker table). */
   private readonly byHandle: (Worker | undefined)[] = [];
   /** path -> how many workers hold it (its size is the number of distinct held blocks). */
   private readonly holders = new Map<string, number>();
 
   constructor(blockSize: number, options: IndexOptions = {}) {
+    super(options);
     this.blockSize = blockSize;
-    this.maxWorkers = options.maxWorkers ?? SLOT_LIMIT;
   }
 
   private worker(workerId: bigint, dpRank: number): Worker | undefined {
     return this.byKey.get(`${workerId}/${dpRank}`);
   }
 
-  applyStored(
-    workerId: bigint, dpRank: number, hasParent: boolean, parentHi: number, parentLo: number,
+  storeAt(
+    slot: number, hasParent: boolean, parentHi: number, parentLo: number,
     external: Uint32Array, local: Uint32Array, count: number, first = 0,
   ): StoreStatus {
-    let worker = this.worker(workerId, dpRank);
+    let worker = slot < 0 ? undefined : this.byHandle[slot];
     let path = ROOT_PATH;
     if (hasParent) {
       const parent = worker?.lookup.get(u64(parentHi, parentLo));
@@ -75,10 +73,12 @@ export class ReferenceIndex implements KvIndex {
       return StoreStatus.Ok;
     }
     if (worker === undefined) {
-      if (this.byKey.size >= this.maxWorkers) return this.reject(StoreStatus.CapacityExhausted);
-      worker = { workerId, dpRank, handle: this.byHandle.length, lookup: new Map(), held: new Map() };
+      if (slot < 0) return this.reject(StoreStatus.CapacityExhausted);
+      const workerId = this.workerTable.workerIdOf(slot);
+      const dpRank = this.workerTable.dpRankOf(slot);
+      worker = { workerId, dpRank, handle: slot, lookup: new Map(), held: new Map() };
       this.byKey.set(`${workerId}/${dpRank}`, worker);
-      this.byHandle.push(worker);
+      this.byHandle[slot] = worker;
     }
     this.counters.storedEvents++;
     for (let i = first; i < first + count; i++) {
@@ -103,9 +103,9 @@ export class ReferenceIndex implements KvIndex {
     return StoreStatus.Ok;
   }
 
-  applyRemoved(workerId: bigint, dpRank: number, external: Uint32Array, count: number, first = 0): number {
+  removeAt(slot: number, external: Uint32Array, count: number, first = 0): number {
     this.counters.removedEvents++;
-    const worker = this.worker(workerId, dpRank);
+    const worker = slot < 0 ? undefined : this.byHandle[slot];
     let unknown = 0;
     for (let i = first; i < first + count; i++) {
       const hash = u64(external[2 * i]!, external[2 * i + 1]!);
@@ -123,9 +123,9 @@ export class ReferenceIndex implements KvIndex {
     return unknown;
   }
 
-  applyCleared(workerId: bigint, dpRank: number): void {
+  clearAt(slot: number): void {
     this.counters.clearedEvents++;
-    const worker = this.worker(workerId, dpRank);
+    const worker = slot < 0 ? undefined : this.byHandle[slot];
     if (worker === undefined) return;
     this.counters.blocksRemoved += worker.held.size;
     for (const path of worker.held.keys()) this.hold(path, -1);
@@ -147,11 +147,8 @@ export class ReferenceIndex implements KvIndex {
       for (const path of worker.held.keys()) this.hold(path, -1);
       this.byKey.delete(key);
       this.byHandle[worker.handle] = undefined;
+      if (this.ownsWorkers) this.workerTable.release(worker.handle);
     }
-  }
-
-  countRejected(status: StoreStatus): void {
-    countRejection(this.counters, status);
   }
 
   findMatches(local: Uint32Array, count: number, out: MatchResult): void {

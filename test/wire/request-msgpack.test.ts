@@ -1,7 +1,7 @@
 import { describe, expect, test } from "bun:test";
 import { pack, Unpackr } from "msgpackr";
 import { HttpError, parseBody, tokenIds } from "../../src/server/http";
-import { BinRef, MsgpackRequestReader } from "../../src/server/request-msgpack";
+import { BinRef, MsgpackRequestReader } from "../../src/wire/request-msgpack";
 import { xorshift32 } from "../../src/util/random";
 
 const unpackr = new Unpackr({ int64AsType: "bigint", mapsAsObjects: true });

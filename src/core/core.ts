@@ -1,21 +1,24 @@
 /**
- * The router service: the index, the request router, and the engine sources that feed
- * the index, behind the operations the HTTP and WebSocket APIs expose. Data flows one
- * way: sources -> index; requests -> (hash, index match, route) -> decision.
+ * The core: the worker table, the index, the request router and the engine sources
+ * that feed the index, behind the operations the HTTP and WebSocket APIs expose, with
+ * no transport in it (README.md in this folder). Data flows one way: sources -> index;
+ * requests -> (hash, index match, route) -> decision. Index and router share one
+ * worker numbering (WorkerTable), so a match result is a router slot as it is.
+ * Refusals are KvedgeErrors with codes; the server maps them to statuses.
  */
 import type { Config } from "../config";
 import type { WorkerEntry } from "../config/workers";
 import { blockSeed } from "../hash";
 import type { KvIndex } from "../index";
 import { createIndex, MatchResult } from "../index";
-import type { KvEventSink } from "../ingest/normalize";
 import { EngineSource, type SourceState } from "../ingest/source";
-import { CandidateList, PromptHasher, type RouteDecision, Router, type Overlaps } from "../route";
+import { CandidateList, PromptHasher, type RouteDecision, Router } from "../route";
 import type { LifecycleResult } from "../route/load";
 import { ObservedHits, type ObservedHitsView } from "../proxy/observed-hits";
 import type { Logger } from "../util/log";
 import type { ZmtpOptions } from "../wire/zmtp";
-import { HttpError } from "./http";
+import { KvedgeError } from "./errors";
+import { WorkerTable } from "./worker-table";
 
 export interface MatchScore {
   readonly workerId: bigint;
@@ -55,49 +58,45 @@ export interface WorkerView {
   readonly observed: ObservedHitsView;
 }
 
-export interface ServiceOptions {
+export interface CoreOptions {
   readonly config: Config;
   readonly log: Logger;
   /** For tests: a fixed random source for tie-breaks and softmax. */
   readonly random?: () => number;
 }
 
-/** slotByHandle: not resolved yet. */
-const UNKNOWN_SLOT = -2;
+const httpKey = (workerId: bigint, dpRank: number): string => `${workerId}:${dpRank}`;
 
-const sourceKey = (workerId: bigint, dpRank: number): string => `${workerId}:${dpRank}`;
-
-export class KvRouterService {
+export class KvedgeCore {
+  /** The one worker numbering, shared by the index and the router. */
+  readonly workerTable = new WorkerTable();
   readonly index: KvIndex;
   readonly router: Router;
   readonly blockSize: number;
-  private readonly sources = new Map<string, EngineSource>();
+  /** Every source, configured or added. */
+  private readonly sources = new Set<EngineSource>();
+  /** Per slot: the source configured for exactly that (worker, dp rank), if any. */
+  private ownSource: (EngineSource | undefined)[] = [];
   /** Predicted vs observed cached tokens per worker (fed by the proxy); a persistent gap is distrusted like lost events. */
   readonly observedHits: ObservedHits;
+  /** Per (worker, dp rank) key: the engine's OpenAI server, where the proxy forwards. */
   private readonly httpEndpoints = new Map<string, string>();
   /** Over every decision: prompt tokens, and those the chosen worker was predicted to hold (the status page's hit rate). */
   readonly routeTotals = { decisions: 0, promptTokens: 0, predictedCachedTokens: 0 };
   private readonly matches = new MatchResult(64);
   private readonly hasher = new PromptHasher();
   private readonly candidates = new CandidateList();
-  private overlapSlots = new Int32Array(64);
-  private overlapBlocks = new Float64Array(64);
-  private slotByHandle = new Int32Array(0);
-  private slotsVersion = -1;
-  private slotsIndexVersion = -1;
-  /** Counts index.removeWorker calls (the only way index handles get recycled). */
-  private indexWorkersVersion = 0;
-  private readonly sink: KvEventSink;
   private readonly zmtp: ZmtpOptions;
   private readonly log: Logger;
   private stopped = false;
 
-  constructor(private readonly options: ServiceOptions) {
+  constructor(private readonly options: CoreOptions) {
     const { config } = options;
     this.log = options.log;
     this.blockSize = config.index.block_size;
-    this.index = createIndex(config.index.backend, this.blockSize);
+    this.index = createIndex(config.index.backend, this.blockSize, { workers: this.workerTable });
     this.router = new Router({
+      workers: this.workerTable,
       blockSize: this.blockSize,
       requestTtlMs: config.route.request_ttl_secs * 1000,
       maxActiveRequests: config.route.max_active_requests,
@@ -125,20 +124,9 @@ export class KvRouterService {
       log: this.log.child({ component: "observed-hits" }),
       onChange: (workerId, dpRank) => {
         const slot = this.router.load.slotOf(workerId, dpRank);
-        if (slot >= 0) this.router.load.setDegraded(slot, this.distrusted(workerId, dpRank));
+        if (slot >= 0) this.router.load.setDegraded(slot, this.distrusted(slot));
       },
     });
-    const index = this.index;
-    this.sink = {
-      stored: (workerId, dpRank, hasParent, parentHi, parentLo, external, local, start, count) => {
-        this.ensureRoutable(workerId, dpRank);
-        index.applyStored(workerId, dpRank, hasParent, parentHi, parentLo, external, local, count, start);
-      },
-      removed: (workerId, dpRank, external, start, count) => {
-        index.applyRemoved(workerId, dpRank, external, count, start);
-      },
-      cleared: (workerId, dpRank) => index.applyCleared(workerId, dpRank),
-    };
   }
 
   /** Starts a source for every configured worker (connections complete in the background). */
@@ -148,8 +136,9 @@ export class KvRouterService {
 
   async stop(): Promise<void> {
     this.stopped = true;
-    await Promise.all([...this.sources.values()].map((source) => source.stop()));
+    await Promise.all([...this.sources].map((source) => source.stop()));
     this.sources.clear();
+    this.ownSource = [];
   }
 
   // ---- Matching and routing ----
@@ -164,10 +153,10 @@ export class KvRouterService {
     this.index.findMatches(local, count, this.matches);
     const scores: MatchScore[] = [];
     for (let i = 0; i < this.matches.count; i++) {
-      const handle = this.matches.workers[i]!;
+      const slot = this.matches.workers[i]!;
       scores.push({
-        workerId: this.index.workerIdOf(handle),
-        dpRank: this.index.dpRankOf(handle),
+        workerId: this.workerTable.workerIdOf(slot),
+        dpRank: this.workerTable.dpRankOf(slot),
         blocks: this.matches.blocks[i]!,
       });
     }
@@ -179,7 +168,10 @@ export class KvRouterService {
   /** Picks a worker; the decision's candidates are valid until the next call. */
   route(input: RouteInput, candidatesMax: number): { decision: RouteDecision; queryBlocks: number } {
     const prompt = this.hash(input.tokens, input.loraName, input.cacheSalt);
-    const overlaps = this.overlaps(prompt.local, prompt.blockCount);
+    const matches = this.matches;
+    this.index.findMatches(prompt.local, prompt.blockCount, matches);
+    // Index slots are router slots: the matches are the router's overlaps as they are.
+    const overlaps = { count: matches.count, slots: matches.workers, blocks: matches.blocks };
     const decision = this.router.route({
       chain: prompt.chain,
       blockCount: prompt.blockCount,
@@ -206,59 +198,20 @@ export class KvRouterService {
     return this.router.load.done(requestId);
   }
 
-  /** The index's matches as router slots (workers the router does not know are skipped). */
-  private overlaps(local: Uint32Array, count: number): Overlaps {
-    const matches = this.matches;
-    this.index.findMatches(local, count, matches);
-    if (this.overlapSlots.length < matches.count) {
-      this.overlapSlots = new Int32Array(matches.workers.length);
-      this.overlapBlocks = new Float64Array(matches.workers.length);
-    }
-    let n = 0;
-    for (let i = 0; i < matches.count; i++) {
-      const slot = this.routerSlotOf(matches.workers[i]!);
-      if (slot < 0) continue;
-      this.overlapSlots[n] = slot;
-      this.overlapBlocks[n++] = matches.blocks[i]!;
-    }
-    return { count: n, slots: this.overlapSlots, blocks: this.overlapBlocks };
-  }
-
-  /**
-   * The router slot of an index worker handle, or -1, remembered per handle: resolving
-   * the bigint id per matched worker and request is a noticeable part of a decision.
-   * Index handles are recycled only by `index.removeWorker` (this.removeWorker) and
-   * router slots change only with the router's workers, so the memory is dropped when
-   * either happens.
-   */
-  private routerSlotOf(handle: number): number {
-    const load = this.router.load;
-    if (this.slotsVersion !== load.workersVersion || this.slotsIndexVersion !== this.indexWorkersVersion) {
-      this.slotByHandle.fill(UNKNOWN_SLOT);
-      this.slotsVersion = load.workersVersion;
-      this.slotsIndexVersion = this.indexWorkersVersion;
-    }
-    if (handle >= this.slotByHandle.length) {
-      const grown = new Int32Array(Math.max(64, 2 * handle + 2)).fill(UNKNOWN_SLOT);
-      grown.set(this.slotByHandle);
-      this.slotByHandle = grown;
-    }
-    let slot = this.slotByHandle[handle]!;
-    if (slot === UNKNOWN_SLOT) {
-      slot = load.slotOf(this.index.workerIdOf(handle), this.index.dpRankOf(handle));
-      this.slotByHandle[handle] = slot;
-    }
-    return slot;
+  /** A slot's worker id as decimal text (route answers carry it). */
+  workerIdTextOf(slot: number): string {
+    return this.workerTable.workerIdTextOf(slot);
   }
 
   // ---- Workers ----
 
-  /** Adds an engine and starts listening to it. 409 if (worker, dp rank) is already there. */
+  /** Adds an engine and starts listening to it; `worker_exists` if (worker, dp rank) already has a source. */
   async addWorker(entry: WorkerEntry): Promise<void> {
-    if (this.stopped) throw new HttpError(503, "the service is shutting down");
-    const key = sourceKey(entry.worker_id, entry.dp_rank);
-    if (this.sources.has(key)) {
-      throw new HttpError(409, `worker ${entry.worker_id} dp_rank ${entry.dp_rank} already exists`);
+    if (this.stopped) throw new KvedgeError("shutting_down", "the service is shutting down");
+    const table = this.workerTable;
+    const known = table.find(entry.worker_id, entry.dp_rank);
+    if (known >= 0 && this.ownSource[known] !== undefined) {
+      throw new KvedgeError("worker_exists", `worker ${entry.worker_id} dp_rank ${entry.dp_rank} already exists`);
     }
     const source = new EngineSource({
       workerId: entry.worker_id,
@@ -268,60 +221,60 @@ export class KvRouterService {
       topic: entry.topic,
     }, {
       blockSize: this.blockSize,
-      sink: this.sink,
+      writer: this.index,
       log: this.log.child({ component: "ingest" }),
       zmtp: this.zmtp,
       sequencer: { replayTimeoutMs: this.options.config.ingest.replay_timeout_ms },
-      onChange: (changed) => this.trustChanged(changed),
+      onChange: (changed) => this.sourceChanged(changed),
     });
-    this.sources.set(key, source);
-    if (entry.http_endpoint != null) this.httpEndpoints.set(key, entry.http_endpoint);
-    this.ensureRoutable(entry.worker_id, entry.dp_rank);
-    this.trustChanged(source);
+    const slot = this.router.load.addWorker(entry.worker_id, entry.dp_rank);
+    this.sources.add(source);
+    this.ownSource[slot] = source;
+    if (entry.http_endpoint != null) this.httpEndpoints.set(httpKey(entry.worker_id, entry.dp_rank), entry.http_endpoint);
+    this.sourceChanged(source);
     try {
       const endpoint = await source.start();
       this.log.info("worker added", { worker_id: entry.worker_id, dp_rank: entry.dp_rank, endpoint });
     } catch (error) {
-      this.sources.delete(key);
-      this.httpEndpoints.delete(key);
-      this.router.load.removeWorker(entry.worker_id, entry.dp_rank);
+      this.sources.delete(source);
+      this.ownSource[slot] = undefined;
+      this.httpEndpoints.delete(httpKey(entry.worker_id, entry.dp_rank));
+      // A slot this call took holds nothing yet; one that was there (another source's rank) stays.
+      if (known < 0) this.router.load.removeWorker(entry.worker_id, entry.dp_rank);
       await source.stop();
-      throw new HttpError(400, `cannot listen to ${entry.endpoint}: ${(error as Error).message}`);
+      throw new KvedgeError("cannot_listen", `cannot listen to ${entry.endpoint}: ${(error as Error).message}`);
     }
   }
 
-  /** Removes every dp rank of a worker: stops its sources, purges its blocks and load. */
+  /** Removes every dp rank of a worker: stops its sources, purges its blocks and load, frees its slots. */
   async removeWorker(workerId: bigint): Promise<boolean> {
     const stopping: Promise<void>[] = [];
-    let found = false;
-    for (const [key, source] of this.sources) {
+    for (const source of this.sources) {
       if (source.config.workerId !== workerId) continue;
-      found = true;
-      this.sources.delete(key);
-      this.httpEndpoints.delete(key);
+      this.sources.delete(source);
+      this.httpEndpoints.delete(httpKey(workerId, source.config.dpRank));
       stopping.push(source.stop());
     }
     await Promise.all(stopping);
-    for (const load of this.router.load.workers()) {
-      if (load.workerId !== workerId) continue;
-      found = true;
-      this.router.load.removeWorker(workerId, load.dpRank);
-    }
-    if (this.index.workers().some((info) => info.workerId === workerId)) found = true;
+    const slots = this.workerTable.slotsOf(workerId);
+    // The index lets go of the slots first: a slot is freed only once nothing names it.
     this.index.removeWorker(workerId);
-    this.indexWorkersVersion++;
+    for (const slot of slots) {
+      this.ownSource[slot] = undefined;
+      this.router.load.removeWorker(workerId, this.workerTable.dpRankOf(slot));
+    }
     this.observedHits.remove(workerId);
+    const found = slots.length > 0 || stopping.length > 0;
     if (found) this.log.info("worker removed", { worker_id: workerId });
     return found;
   }
 
   workers(): WorkerView[] {
-    const blocks = new Map<string, number>();
-    for (const info of this.index.workers()) blocks.set(sourceKey(info.workerId, info.dpRank), info.blocks);
+    const blocks = new Map<number, number>();
+    for (const info of this.index.workers()) blocks.set(this.workerTable.find(info.workerId, info.dpRank), info.blocks);
     const views: WorkerView[] = [];
     for (const load of this.router.load.workers()) {
-      const key = sourceKey(load.workerId, load.dpRank);
-      const source = this.sources.get(key) ?? this.sourceOfWorker(load.workerId, load.dpRank);
+      const source = this.sourceOf(load.slot);
       views.push({
         workerId: load.workerId,
         dpRank: load.dpRank,
@@ -330,7 +283,7 @@ export class KvRouterService {
         topic: source?.config.topic ?? null,
         state: source?.state ?? "unmanaged",
         degraded: load.degraded,
-        blocks: blocks.get(key) ?? 0,
+        blocks: blocks.get(load.slot) ?? 0,
         activeRequests: load.activeRequests,
         activePrefillTokens: load.activePrefillTokens,
         activeDecodeBlocks: load.activeDecodeBlocks,
@@ -349,7 +302,7 @@ export class KvRouterService {
    * that of another rank of the same engine (one server fronts all its ranks).
    */
   httpEndpointOf(workerId: bigint, dpRank: number): string | null {
-    const own = this.httpEndpoints.get(sourceKey(workerId, dpRank));
+    const own = this.httpEndpoints.get(httpKey(workerId, dpRank));
     if (own !== undefined) return own;
     const prefix = `${workerId}:`;
     for (const [key, endpoint] of this.httpEndpoints) if (key.startsWith(prefix)) return endpoint;
@@ -358,42 +311,43 @@ export class KvRouterService {
 
   /** Every source, for metrics and readiness. */
   get engineSources(): readonly EngineSource[] {
-    return [...this.sources.values()];
+    return [...this.sources];
   }
 
   /** Ready when every configured source has connected at least once. */
   readiness(): { ready: boolean; states: Record<SourceState, number> } {
     const states: Record<SourceState, number> = { connecting: 0, connected: 0, disconnected: 0, stopped: 0 };
-    for (const source of this.sources.values()) states[source.state]++;
+    for (const source of this.sources) states[source.state]++;
     return { ready: !this.stopped && states.connecting === 0, states };
   }
 
-  /** A worker seen in events (e.g. a batch's own dp rank) becomes a routing candidate. */
-  private ensureRoutable(workerId: bigint, dpRank: number): void {
-    if (this.router.load.slotOf(workerId, dpRank) >= 0) return;
-    const slot = this.router.load.addWorker(workerId, dpRank);
-    this.router.load.setDegraded(slot, this.distrusted(workerId, dpRank));
+  /** Whether the router should discount a slot's overlap: events lost, or hits observed persistently below predicted. */
+  private distrusted(slot: number): boolean {
+    return this.sourceOf(slot)?.degraded === true
+      || this.observedHits.isSuspect(this.workerTable.workerIdOf(slot), this.workerTable.dpRankOf(slot));
   }
 
-  /** Whether the router should discount the worker's overlap: events lost, or hits observed persistently below predicted. */
-  private distrusted(workerId: bigint, dpRank: number): boolean {
-    return this.sourceOfWorker(workerId, dpRank)?.degraded === true || this.observedHits.isSuspect(workerId, dpRank);
-  }
-
-  /** The source publishing for (worker, dp rank): its own, or the worker's source that reported that rank. */
-  private sourceOfWorker(workerId: bigint, dpRank: number): EngineSource | undefined {
-    const own = this.sources.get(sourceKey(workerId, dpRank));
+  /** The source publishing a slot: its own, or the worker's source that reported that rank. */
+  private sourceOf(slot: number): EngineSource | undefined {
+    const own = this.ownSource[slot];
     if (own !== undefined) return own;
-    for (const source of this.sources.values()) {
+    const workerId = this.workerTable.workerIdOf(slot);
+    const dpRank = this.workerTable.dpRankOf(slot);
+    for (const source of this.sources) {
       if (source.config.workerId === workerId && source.ranks.includes(dpRank)) return source;
     }
     return undefined;
   }
 
-  private trustChanged(source: EngineSource): void {
+  /**
+   * A source's state, trust or ranks changed: each of its ranks is a routing candidate
+   * (a rank first seen in its events gets its slot here, before its first operation
+   * is written) with the source's trust.
+   */
+  private sourceChanged(source: EngineSource): void {
     for (const dpRank of source.ranks) {
-      const slot = this.router.load.slotOf(source.config.workerId, dpRank);
-      if (slot >= 0) this.router.load.setDegraded(slot, this.distrusted(source.config.workerId, dpRank));
+      const slot = this.router.load.addWorker(source.config.workerId, dpRank);
+      this.router.load.setDegraded(slot, this.distrusted(slot));
     }
   }
 }

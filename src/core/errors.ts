@@ -1,0 +1,21 @@
+/**
+ * Domain errors: what a caller did that the core refuses, with a stable code. A leaf
+ * module (any layer may throw these); the transports map codes to their statuses in
+ * one table (src/server/http.ts, STATUS_OF).
+ */
+export type ErrorCode =
+  | "bad_request"
+  | "no_workers"
+  | "duplicate_request"
+  | "unknown_request"
+  | "worker_exists"
+  | "unknown_worker"
+  | "cannot_listen"
+  | "shutting_down";
+
+export class KvedgeError extends Error {
+  override readonly name = "KvedgeError";
+  constructor(readonly code: ErrorCode, message: string) {
+    super(message);
+  }
+}

@@ -1,0 +1,50 @@
+/**
+ * The part of every backend that names workers: the (worker_id, dp_rank) methods of
+ * KvIndex, each resolving the worker's slot in the worker table once and passing it
+ * to the backend's slot methods. A slot is taken only by a stored event that will
+ * hold blocks (no parent, at least one block), so rejected events leave no slot
+ * behind; slot -1 tells the backend the worker has none (and could not get one).
+ */
+import { WorkerTable } from "../core/worker-table";
+import { countRejection, type IndexCounters, type IndexOptions, newCounters, type StoreStatus } from "./types";
+
+export abstract class SlotIndex {
+  readonly counters: IndexCounters = newCounters();
+  /** The worker numbering this index's slots are in (shared, or its own). */
+  readonly workerTable: WorkerTable;
+  /** Whether this index numbers its own workers (then it also frees their slots). */
+  protected readonly ownsWorkers: boolean;
+
+  constructor(options: IndexOptions) {
+    this.ownsWorkers = options.workers === undefined;
+    this.workerTable = options.workers ?? new WorkerTable(options.maxWorkers);
+  }
+
+  abstract storeAt(
+    slot: number, hasParent: boolean, parentHi: number, parentLo: number,
+    external: Uint32Array, local: Uint32Array, count: number, first?: number,
+  ): StoreStatus;
+  abstract removeAt(slot: number, external: Uint32Array, count: number, first?: number): number;
+  abstract clearAt(slot: number): void;
+
+  applyStored(
+    workerId: bigint, dpRank: number, hasParent: boolean, parentHi: number, parentLo: number,
+    external: Uint32Array, local: Uint32Array, count: number, first = 0,
+  ): StoreStatus {
+    let slot = this.workerTable.find(workerId, dpRank);
+    if (slot < 0 && !hasParent && count > 0) slot = this.workerTable.acquire(workerId, dpRank);
+    return this.storeAt(slot, hasParent, parentHi, parentLo, external, local, count, first);
+  }
+
+  applyRemoved(workerId: bigint, dpRank: number, external: Uint32Array, count: number, first = 0): number {
+    return this.removeAt(this.workerTable.find(workerId, dpRank), external, count, first);
+  }
+
+  applyCleared(workerId: bigint, dpRank: number): void {
+    this.clearAt(this.workerTable.find(workerId, dpRank));
+  }
+
+  countRejected(status: StoreStatus): void {
+    countRejection(this.counters, status);
+  }
+}
