@@ -23,7 +23,8 @@ beforeAll(async () => {
     `2=${engines[1]!.networked.endpoint};http=${engines[1]!.http}`,
   ];
   serve = await startServe(["--proxy", "--workers", workers.join(","), "--observed-window", "4"]);
-  await until(async () => (await workersOf()).every((w) => w.state === "connected"), "kvedge to connect to both engines");
+  // Connected is not yet subscribed: events published before the subscription arrives are lost.
+  await until(() => engines.every((engine) => engine.networked.subscribers > 0), "kvedge to subscribe to every engine");
 });
 
 afterAll(async () => {

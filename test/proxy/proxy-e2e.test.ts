@@ -25,7 +25,8 @@ beforeAll(async () => {
   const workers = engines.map((engine, i) => `${i + 1}=${engine.networked.endpoint};http=${engine.http}`);
   serve = await startServe(["--proxy", "--tokenizer", QWEN3_DIR, "--model", "qwen3", "--workers", workers.join(","),
     "--observed-window", "4"]);
-  await until(async () => (await workersOf()).every((w) => w.state === "connected"), "kvedge to connect to every engine");
+  // Connected is not yet subscribed: events published before the subscription arrives are lost.
+  await until(() => engines.every((engine) => engine.networked.subscribers > 0), "kvedge to subscribe to every engine");
 });
 
 afterAll(async () => {

@@ -8,6 +8,7 @@ import type { Server } from "bun";
 import { existsSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { until } from "../sim/fleet-rig";
 import { Browser, CHROMIUM } from "../support/chromium";
 import { type MockEngine, missThenHit, startMockEngines, stopMockEngines, zeroCachedTokensFront } from "../support/mock-fleet";
 import { startServe, type ServeProcess } from "../support/serve";
@@ -25,6 +26,8 @@ beforeAll(async () => {
   liar = zeroCachedTokensFront(engines[0]!.http);
   const workers = engines.map((engine, i) => `${i + 1}=${engine.networked.endpoint};http=${i === 0 ? `http://127.0.0.1:${liar.port}` : engine.http}`);
   serve = await startServe(["--proxy", "--workers", workers.join(","), "--observed-window", "2"]);
+  // Events published before kvedge subscribes are lost (no replay endpoint here).
+  await until(() => engines.every((engine) => engine.networked.subscribers > 0), "kvedge to subscribe to every engine");
 });
 
 afterAll(async () => {
