@@ -126,7 +126,7 @@ export function startApp(options: AppOptions): App {
   };
   const proxy = options.proxy ?? null;
   if (proxy !== null) {
-    // An answer may take longer than Bun's idle timeout to start (a long prompt, a queue).
+    // A streamed answer may pause longer than Bun's idle timeout (a long prefill, a queue).
     const proxied = (path: OpenAiPath): Handler => (request) => {
       server.timeout(request, 0);
       return proxy.handle(request, path);
