@@ -111,6 +111,12 @@ export class EngineServer {
       tokenizer: this.options.openAi?.tokenizer ?? null, model: this.options.openAi?.model ?? "mock",
     });
     const limit = this.options.bodyLimitBytes ?? BODY_LIMIT_BYTES;
+    // A streamed answer pauses from its first token to the request's end (the model
+    // reports those two moments), longer than Bun's idle timeout at low speedups.
+    const untimed = (request: Request): Request => {
+      this.server?.timeout(request, 0);
+      return request;
+    };
     const wrap = (handler: (request: Request) => Promise<Response> | Response) => async (request: Request) => {
       try {
         return await handler(request);
@@ -127,8 +133,8 @@ export class EngineServer {
       maxRequestBodySize: limit + 1024 * 1024,
       routes: {
         "/v1/generate": { POST: wrap(async (request) => await this.generate(request, await readBody(request, limit))) },
-        [COMPLETIONS_PATH]: { POST: wrap(async (request) => await openAi.complete(request, COMPLETIONS_PATH, await readBody(request, limit))) },
-        [CHAT_PATH]: { POST: wrap(async (request) => await openAi.complete(request, CHAT_PATH, await readBody(request, limit))) },
+        [COMPLETIONS_PATH]: { POST: wrap(async (request) => await openAi.complete(untimed(request), COMPLETIONS_PATH, await readBody(request, limit))) },
+        [CHAT_PATH]: { POST: wrap(async (request) => await openAi.complete(untimed(request), CHAT_PATH, await readBody(request, limit))) },
         "/v1/models": { GET: wrap((request) => openAi.models(request)) },
         "/v1/reset": { POST: wrap((request) => this.reset(request)) },
         "/v1/stats": { GET: wrap((request) => reply(request, 200, this.stats())) },
