@@ -32,7 +32,7 @@ export interface ProxyOptions {
 }
 
 /** Workers tried per request: the pick, then the next cheapest candidates. */
-export const ATTEMPTS_MAX = 3;
+const ATTEMPTS_MAX = 3;
 /** An SSE event longer than this without its blank line is passed on unparsed. */
 const EVENT_BYTES_MAX = 1 << 20;
 
@@ -66,10 +66,6 @@ export class OpenAiProxy {
   private readonly created = Math.floor(Date.now() / 1000);
 
   constructor(private readonly options: ProxyOptions) {}
-
-  get model(): string {
-    return this.options.model;
-  }
 
   /** GET /v1/models: the one model this proxy serves. */
   models(request: Request): Response {
@@ -325,7 +321,7 @@ function cachedTokensOfJson(chunks: Uint8Array[], bytes: number): number | null 
  * the proxy asked for on the client's behalf. Everything else passes byte for byte,
  * re-cut at event boundaries.
  */
-export class SseScanner {
+class SseScanner {
   cachedTokens: number | null = null;
   private pending = "";
   private readonly decoder = new TextDecoder();
