@@ -182,82 +182,19 @@ export class OpenAiProxy {
   private relay(upstream: Response, parsed: Parsed, target: Target, lifecycle: Lifecycle, client: AbortSignal): Response {
     const { service } = this.options;
     const promptTokens = parsed.tokens.length;
-    const predicted = Math.min(target.overlapBlocks * service.blockSize, Math.floor((promptTokens - 1) / service.blockSize) * service.blockSize);
-    const observe = (cached: number | null): void => {
-      if (upstream.ok) service.observedHits.record(target.workerId, target.dpRank, promptTokens, predicted, cached);
-    };
+    const reusable = Math.floor((promptTokens - 1) / service.blockSize) * service.blockSize;
+    const predicted = Math.min(target.overlapBlocks * service.blockSize, reusable);
     const headers = new Headers({ "content-type": upstream.headers.get("content-type") ?? "application/json" });
     headers.set("x-kvedge-worker-id", target.workerId.toString());
     headers.set("x-kvedge-dp-rank", String(target.dpRank));
     headers.set("x-kvedge-request-id", lifecycle.requestId);
-    if (upstream.body === null) {
-      lifecycle.done();
-      this.counters.completed++;
-      return new Response(null, { status: upstream.status, headers });
-    }
-    const reader = upstream.body.getReader();
-    const events = parsed.stream && upstream.ok ? new SseScanner(parsed.stripUsage) : null;
-    const whole: Uint8Array[] = [];
-    let wholeBytes = 0;
-    const counters = this.counters;
-    const log = this.options.log;
-    let ended = false;
-    const end = (): void => {
-      ended = true;
-      lifecycle.done();
+    const observe = (cached: number | null): void => {
+      service.observedHits.record(target.workerId, target.dpRank, promptTokens, predicted, cached);
     };
-    const body = new ReadableStream<Uint8Array>({
-      pull: async (controller) => {
-        let chunk: Awaited<ReturnType<typeof reader.read>>;
-        try {
-          chunk = await reader.read();
-        } catch (error) {
-          if (ended) return;
-          end();
-          if (client.aborted) {
-            counters.clientAborts++;
-            return;
-          }
-          counters.engineErrors++;
-          log.warn("the engine's answer broke off", { worker_id: target.workerId, error: (error as Error).message });
-          controller.error(error);
-          return;
-        }
-        if (chunk.done) {
-          if (events !== null) {
-            const rest = events.flush();
-            if (rest.length > 0) controller.enqueue(rest);
-            observe(events.cachedTokens);
-          } else if (upstream.ok) {
-            observe(cachedTokensOfJson(whole, wholeBytes));
-          }
-          end();
-          counters.completed++;
-          controller.close();
-          return;
-        }
-        lifecycle.prefillDone();
-        if (events !== null) {
-          const out = events.push(chunk.value);
-          if (out.length > 0) controller.enqueue(out);
-        } else {
-          if (upstream.ok && wholeBytes < EVENT_BYTES_MAX) {
-            whole.push(chunk.value);
-            wholeBytes += chunk.value.length;
-          }
-          controller.enqueue(chunk.value);
-        }
-      },
-      cancel: async () => {
-        if (!ended) {
-          counters.clientAborts++;
-          end();
-        }
-        await reader.cancel().catch(() => {});
-      },
-    });
-    return new Response(body, { status: upstream.status, headers });
+    const relay = new Relay(upstream, parsed.stream, parsed.stripUsage, lifecycle, client, this.counters, observe, this.options.log, target);
+    return new Response(relay.body, { status: upstream.status, headers });
   }
+
 }
 
 interface Parsed {
@@ -281,6 +218,116 @@ function targetsOf(decision: import("../route").RouteDecision): Target[] {
     targets.push({ slot: candidate.slot, workerId: candidate.workerId, dpRank: candidate.dpRank, overlapBlocks: candidate.overlapBlocks });
   }
   return targets;
+}
+
+/**
+ * One engine answer on its way to the client: passed on as it comes (SSE re-cut at
+ * event boundaries), its usage read on the way, the request's lifecycle ended exactly
+ * once whatever ends the answer.
+ */
+/** What the relay reads of the engine's body (fetch's default reader). */
+interface UpstreamReader {
+  read(): Promise<{ done: true; value?: undefined } | { done: false; value: Uint8Array }>;
+  cancel(): Promise<void>;
+}
+
+class Relay {
+  readonly body: ReadableStream<Uint8Array> | null;
+  private readonly reader: UpstreamReader | null;
+  private readonly events: SseScanner | null;
+  /** A plain answer's bytes, kept (up to EVENT_BYTES_MAX) to read its usage at the end. */
+  private readonly whole: Uint8Array[] = [];
+  private wholeBytes = 0;
+  private ended = false;
+
+  constructor(
+    private readonly upstream: Response,
+    stream: boolean,
+    stripUsage: boolean,
+    private readonly lifecycle: Lifecycle,
+    private readonly client: AbortSignal,
+    private readonly counters: ProxyCounters,
+    private readonly observe: (cached: number | null) => void,
+    private readonly log: Logger,
+    private readonly target: Target,
+  ) {
+    this.events = stream && upstream.ok ? new SseScanner(stripUsage) : null;
+    this.reader = (upstream.body?.getReader() ?? null) as UpstreamReader | null;
+    if (this.reader === null) {
+      this.end();
+      counters.completed++;
+      this.body = null;
+      return;
+    }
+    this.body = new ReadableStream<Uint8Array>({
+      pull: (controller) => this.pull(controller),
+      cancel: () => this.cancel(),
+    });
+  }
+
+  private async pull(controller: ReadableStreamDefaultController<Uint8Array>): Promise<void> {
+    let chunk: Awaited<ReturnType<UpstreamReader["read"]>>;
+    try {
+      chunk = await this.reader!.read();
+    } catch (error) {
+      this.broke(controller, error as Error);
+      return;
+    }
+    if (chunk.done) {
+      this.finished(controller);
+      return;
+    }
+    this.lifecycle.prefillDone();
+    if (this.events !== null) {
+      const out = this.events.push(chunk.value);
+      if (out.length > 0) controller.enqueue(out);
+      return;
+    }
+    if (this.upstream.ok && this.wholeBytes < EVENT_BYTES_MAX) {
+      this.whole.push(chunk.value);
+      this.wholeBytes += chunk.value.length;
+    }
+    controller.enqueue(chunk.value);
+  }
+
+  private finished(controller: ReadableStreamDefaultController<Uint8Array>): void {
+    if (this.events !== null) {
+      const rest = this.events.flush();
+      if (rest.length > 0) controller.enqueue(rest);
+      this.observe(this.events.cachedTokens);
+    } else if (this.upstream.ok) {
+      this.observe(cachedTokensOfJson(this.whole, this.wholeBytes));
+    }
+    this.end();
+    this.counters.completed++;
+    controller.close();
+  }
+
+  /** The upstream read failed: the client left (its signal aborted the fetch), or the engine did. */
+  private broke(controller: ReadableStreamDefaultController<Uint8Array>, error: Error): void {
+    if (this.ended) return;
+    this.end();
+    if (this.client.aborted) {
+      this.counters.clientAborts++;
+      return;
+    }
+    this.counters.engineErrors++;
+    this.log.warn("the engine's answer broke off", { worker_id: this.target.workerId, error: error.message });
+    controller.error(error);
+  }
+
+  private async cancel(): Promise<void> {
+    if (!this.ended) {
+      this.counters.clientAborts++;
+      this.end();
+    }
+    await this.reader!.cancel().catch(() => {});
+  }
+
+  private end(): void {
+    this.ended = true;
+    this.lifecycle.done();
+  }
 }
 
 /** prefill_done once, done once: a proxied request's load ends exactly once, whatever ends it. */
