@@ -7,10 +7,13 @@
  *                    [--policies kv_aware_model,round_robin,...] [--time-scale 1]
  *                    [--prefill-tps 15000] [--step-base-ms 5] [--kv-read-ms 39]
  *                    [--max-batched-tokens 8192] [--seed 42] [--speedup 60]
- *                    [--overlap-credit 1] [--prefill-scale 1] [--trace FILE] [--json]
+ *                    [--route-policy ttft,dynamo] [--recompute-weight 12] [--calibrate off,on]
+ *                    [--router-prefill-tps N] [--router-step-base-ms MS]
+ *                    [--overlap-credit 1] [--prefill-scale 1] [--start 0] [--trace FILE] [--json]
  *
- * Comma lists sweep: every combination of time scale, requests, capacity, overlap
- * credit and prefill scale (the last two only change kv_aware_model).
+ * Comma lists sweep: every combination of time scale, requests, capacity, and for
+ * kv_aware_model its router's policy and weights (recompute weight for ttft, overlap
+ * credit and prefill scale for dynamo). --start skips the trace's first N requests.
  *
  * Timed region: one `simulate()` call per row (token synthesis, hashing, every
  * engine's cache bookkeeping and the policy); parsing the trace is outside it.
@@ -22,7 +25,8 @@ import { createHash } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { provenance } from "./lib";
 import { conversationTracePath } from "../src/sim/embedded-trace";
-import { DEFAULT_KV_AWARE, isPolicyName, POLICY_NAMES, type PolicyName } from "../src/sim/policies";
+import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES, type RoutePolicy } from "../src/route";
+import { DEFAULT_KV_AWARE, isPolicyName, type KvAwareConfig, POLICY_NAMES, type PolicyName } from "../src/sim/policies";
 import { simulate, type SimResult } from "../src/sim/simulator";
 import { DEFAULT_TIME_MODEL } from "../src/sim/time-model";
 import { parseTrace, transformTrace } from "../src/sim/trace";
@@ -41,15 +45,21 @@ const { values } = parseArgs({
     seed: { type: "string", default: "42" },
     "overlap-credit": { type: "string", default: "1" },
     "prefill-scale": { type: "string", default: "1" },
+    "route-policy": { type: "string", default: "ttft,dynamo" },
+    "recompute-weight": { type: "string", default: String(DEFAULT_TTFT_SETTINGS.recomputeWeight) },
+    start: { type: "string", default: "0" },
+    calibrate: { type: "string", default: "off" },
+    "router-prefill-tps": { type: "string" },
+    "router-step-base-ms": { type: "string" },
     speedup: { type: "string", default: "60" },
     trace: { type: "string" },
     json: { type: "boolean", default: false },
   },
 });
 
-const numbers = (text: string): number[] => text.split(",").map((part) => {
+const numbers = (text: string, zeroOk = false): number[] => text.split(",").map((part) => {
   const value = Number(part);
-  if (!Number.isFinite(value) || value <= 0) throw new Error(`bad number '${part}'`);
+  if (!Number.isFinite(value) || value < 0 || (value === 0 && !zeroOk)) throw new Error(`bad number '${part}'`);
   return value;
 });
 const policies = values.policies.split(",").map((name) => {
@@ -67,13 +77,40 @@ const time = {
   maxBatchedTokens: Number(values["max-batched-tokens"]),
 };
 const speedup = Number(values.speedup);
+const start = Number(values.start);
+const calibrations = values.calibrate.split(",").map((text) => {
+  if (text !== "on" && text !== "off") throw new Error(`--calibrate takes on, off or on,off; got '${text}'`);
+  return text === "on";
+});
+// What kv_aware_model's router assumes of the engines (default: their true constants).
+const routerConstants = {
+  ...(values["router-prefill-tps"] === undefined ? {} : { prefillTokensPerSecond: numbers(values["router-prefill-tps"])[0]! }),
+  ...(values["router-step-base-ms"] === undefined ? {} : { stepBaseMs: numbers(values["router-step-base-ms"])[0]! }),
+};
+const routePolicies = values["route-policy"].split(",").map((name) => {
+  if (!(ROUTE_POLICIES as readonly string[]).includes(name)) throw new Error(`unknown route policy '${name}'`);
+  return name as RoutePolicy;
+});
 const workers = Number(values.workers);
 const seed = Number(values.seed);
 
+/** kv_aware_model's router settings to sweep: every route policy, then its own weights. */
+function kvVariants(): { name: string; config: KvAwareConfig }[] {
+  return routePolicies.flatMap((policy): { name: string; config: KvAwareConfig }[] => policy === "dynamo"
+    ? numbers(values["overlap-credit"]).flatMap((overlapScoreCredit) => numbers(values["prefill-scale"]).map((prefillLoadScale) => ({
+      name: `kv dynamo ${overlapScoreCredit}/${prefillLoadScale}`,
+      config: { policy, weights: { overlapScoreCredit, prefillLoadScale } },
+    })))
+    : numbers(values["recompute-weight"], true).flatMap((recomputeWeight) => calibrations.map((calibrate) => ({
+      name: `kv ttft ${recomputeWeight}${calibrate ? " cal" : ""}`,
+      config: { policy, calibrate, ttft: { recomputeWeight, ...routerConstants } },
+    }))));
+}
+
 interface Row extends SimResult {
   readonly time_scale: number;
-  readonly overlap_credit: number;
-  readonly prefill_scale: number;
+  readonly start: number;
+  readonly kv_aware: KvAwareConfig;
   readonly wall_ms: number;
   readonly replay_s_at_speedup: number;
 }
@@ -88,23 +125,18 @@ if (!values.json) {
 }
 for (const timeScale of numbers(values["time-scale"])) {
   for (const requests of numbers(values.requests)) {
-    const trace = transformTrace(fullTrace, { requests, timeScale });
+    const trace = transformTrace(fullTrace, { start, requests, timeScale });
     for (const capacity of numbers(values.capacity)) {
       for (const policy of policies) {
-        const variants = policy === "kv_aware_model"
-          ? numbers(values["overlap-credit"]).flatMap((overlapCredit) =>
-            numbers(values["prefill-scale"]).map((prefillLoadScale) => ({ overlapCredit, prefillLoadScale })))
-          : [DEFAULT_KV_AWARE];
-        for (const kvAware of variants) {
+        const variants = policy === "kv_aware_model" ? kvVariants() : [{ name: policy, config: DEFAULT_KV_AWARE }];
+        for (const { name, config: kvAware } of variants) {
           const started = performance.now();
           const result = simulate(trace, { policy, workers, capacityBlocks: capacity, time, seed, kvAware });
           const wall = performance.now() - started;
-          const row = { ...result, time_scale: timeScale, overlap_credit: kvAware.overlapCredit,
-            prefill_scale: kvAware.prefillLoadScale, wall_ms: Math.round(wall),
+          const row = { ...result, policy: name, time_scale: timeScale, start, kv_aware: kvAware, wall_ms: Math.round(wall),
             replay_s_at_speedup: result.makespan_ms / speedup / 1000 };
           rows.push(row);
           if (values.json) continue;
-          const name = variants.length > 1 ? `kv ${kvAware.overlapCredit}/${kvAware.prefillLoadScale}` : policy;
           process.stdout.write(`${line([name, trace.count, capacity, timeScale, pct(row.hit_rate),
             (row.prefill_tokens / 1e6).toFixed(2), row.ttft_p50_ms.toFixed(0), row.ttft_p99_ms.toFixed(0),
             row.tpot_p50_ms.toFixed(1), row.tpot_p99_ms.toFixed(1), row.load_spread.toFixed(2), row.rejected, row.wall_ms])}\n`);

@@ -1,4 +1,5 @@
 import { availableParallelism } from "node:os";
+import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES, type RoutePolicy } from "../route/ttft";
 import { getAffinity, pinProcess } from "../runtime/affinity";
 import { DEFAULT_DEMO_POLICIES, type DemoPolicy, type DemoResult, isDemoPolicy, runDemo } from "../sim/demo";
 import { loadConversationTrace } from "../sim/embedded-trace";
@@ -70,6 +71,10 @@ const flags = {
   json: { kind: "boolean" },
   "map-form": { kind: "boolean" },
   "realtime-baselines": { kind: "boolean" },
+  virtual: { kind: "boolean" },
+  start: { kind: "string" },
+  "route-policy": { kind: "string" },
+  "recompute-weight": { kind: "string" },
   "no-pin": { kind: "boolean" },
   proxy: { kind: "boolean" },
 } as const;
@@ -99,7 +104,10 @@ tokens computed, modeled TTFT and TPOT, and per-worker load spread, and what
 kv-aware routing gained. A progress bar shows on a terminal (stderr).
 
 Options:
-  --requests N           requests from the start of the trace (${DEMO_DEFAULTS.requests})
+  --virtual              run every policy in virtual time, kv_aware as kvedge's router in-process
+                         (told each engine's true cache): deterministic, no kvedge serve, no waiting
+  --start N              skip the trace's first N requests (0)
+  --requests N           requests to replay (${DEMO_DEFAULTS.requests})
   --workers N            mock engines (${DEMO_DEFAULTS.workers})
   --capacity-blocks N    KV capacity of each engine, in blocks (${DEMO_DEFAULTS.capacityBlocks}: ~80 GB for an 8B model)
   --block-size N         tokens per KV block (${DEMO_DEFAULTS.blockSize})
@@ -111,6 +119,8 @@ Options:
   --seed S               seed of engine hash seeds and randomized policies (${DEMO_DEFAULTS.seed})
   --map-form             engines encode events as maps (vLLM 0.24+) instead of arrays
   --realtime-baselines   replay the baselines in real time too (same results, more wall time)
+  --route-policy P       kv_aware's route policy: ttft (default) or dynamo
+  --recompute-weight W   kv_aware's recompute weight under ttft (${DEFAULT_TTFT_SETTINGS.recomputeWeight})
   --no-pin               do not pin kvedge serve and this process to separate CPUs
   --proxy                run kv_aware through kvedge serve --proxy: OpenAI /v1/completions
                          requests to kvedge, which routes, forwards to the engines' OpenAI API
@@ -122,6 +132,10 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     const parsed = parseFlags(argv, flags);
     if (parsed.positionals.length > 0) throw new UsageError(`unexpected argument '${parsed.positionals[0]}'`);
     const requests = flagInt(parsed, "requests", DEMO_DEFAULTS.requests, 1, 50_000_000);
+    const start = flagInt(parsed, "start", 0, 0, 50_000_000);
+    const virtual = flagBool(parsed, "virtual");
+    const routePolicy = routePolicyOf(flagString(parsed, "route-policy"));
+    const recomputeWeight = flagNumber(parsed, "recompute-weight", DEFAULT_TTFT_SETTINGS.recomputeWeight, 0, 1e6);
     const workers = flagInt(parsed, "workers", DEMO_DEFAULTS.workers, 1, WORKERS_MAX);
     const capacityBlocks = flagInt(parsed, "capacity-blocks", DEMO_DEFAULTS.capacityBlocks, 1, CAPACITY_BLOCKS_MAX);
     const blockSize = flagInt(parsed, "block-size", DEMO_DEFAULTS.blockSize, 1, 4096);
@@ -132,10 +146,17 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     const json = flagBool(parsed, "json");
     const policies = policiesOf(flagString(parsed, "policies"));
     const loaded = await loadTrace(flagString(parsed, "trace"));
-    const trace = transformTrace(loaded.trace, { requests, timeScale });
+    if (start >= loaded.trace.count) throw new UsageError(`--start ${start}: the trace has ${loaded.trace.count} requests`);
+    const trace = transformTrace(loaded.trace, { start, requests, timeScale });
 
-    const serveArgs: string[] = [];
-    if (!flagBool(parsed, "no-pin") && policies.includes("kv_aware")) serveArgs.push(...pinning());
+    // kvedge serve is told the engines' constants, as an operator would configure it.
+    const serveArgs: string[] = [
+      "--route-policy", routePolicy, "--recompute-weight", String(recomputeWeight),
+      "--prefill-tokens-per-sec", String(time.prefillTokensPerSecond), "--step-base-ms", String(time.stepBaseMs),
+      "--kv-read-ms-per-million-tokens", String(time.kvReadMsPerMillionTokens),
+      "--max-batched-tokens", String(time.maxBatchedTokens),
+    ];
+    if (!virtual && !flagBool(parsed, "no-pin") && policies.includes("kv_aware")) serveArgs.push(...pinning());
     const tty = process.stderr.isTTY === true;
     let shown = 0;
     const progress = (line: string): void => {
@@ -149,10 +170,11 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     const result = await runDemo({
       trace, workers, capacityBlocks, blockSize, speedup, policies, seed, time, vocabSize: DEFAULT_VOCAB_SIZE,
       form: flagBool(parsed, "map-form") ? "map" : "array", realtimeBaselines: flagBool(parsed, "realtime-baselines"),
-      serveArgs, progress: json && !tty ? null : progress, proxy: flagBool(parsed, "proxy"),
+      serveArgs, progress: json && !tty ? null : progress, virtual, proxy: flagBool(parsed, "proxy"),
+      kvAware: { policy: routePolicy, ttft: { recomputeWeight } },
     });
     const config = {
-      trace: loaded.name, requests: trace.count, workers, capacity_blocks: capacityBlocks, block_size: blockSize,
+      trace: loaded.name, start, requests: trace.count, virtual, route_policy: routePolicy, recompute_weight: recomputeWeight, workers, capacity_blocks: capacityBlocks, block_size: blockSize,
       time_scale: timeScale, speedup, seed, time_model: time, trace_span_s: traceStats(trace).spanMs / 1000,
     };
     if (json) process.stdout.write(`${JSON.stringify({ ...result, config })}\n`);
@@ -160,6 +182,14 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     return 0;
   },
 };
+
+function routePolicyOf(text: string | undefined): RoutePolicy {
+  if (text === undefined) return "ttft";
+  if (!(ROUTE_POLICIES as readonly string[]).includes(text)) {
+    throw new UsageError(`--route-policy: unknown policy '${text}' (known: ${ROUTE_POLICIES.join(", ")})`);
+  }
+  return text as RoutePolicy;
+}
 
 function policiesOf(text: string | undefined): DemoPolicy[] {
   if (text === undefined) return [...DEFAULT_DEMO_POLICIES];
@@ -196,6 +226,7 @@ function pinning(): string[] {
 
 interface DemoConfig {
   readonly trace: string;
+  readonly start: number;
   readonly requests: number;
   readonly workers: number;
   readonly capacity_blocks: number;
@@ -214,7 +245,7 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
   const out: string[] = [];
   const rate = config.time_scale === 1 ? "at its own request rate" : `at ${(1 / config.time_scale).toFixed(2).replace(/\.?0+$/, "")}× its request rate`;
   out.push(`kvedge demo: ${config.workers} mock engines × ${int(config.capacity_blocks)} KV blocks of ${config.block_size} tokens;`
-    + ` ${int(config.requests)} requests of ${config.trace} ${rate} (${int(config.trace_span_s)} s of arrivals).`);
+    + ` ${int(config.requests)} requests of ${config.trace}${config.start > 0 ? ` from request ${int(config.start)}` : ""} ${rate} (${int(config.trace_span_s)} s of arrivals).`);
   out.push("");
   const header = ["policy", "hit rate", "prefill tokens", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "load spread"];
   const rows = Object.entries(result.policies).map(([name, r]) => [
@@ -231,7 +262,8 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
   out.push("");
   const gains = Object.entries(result.gains);
   if (gains.length > 0) {
-    const kvName = result.policies.kv_aware !== undefined ? "kv_aware (kvedge)" : "kv_aware_model";
+    const kv = result.policies.kv_aware;
+    const kvName = kv === undefined ? "kv_aware_model" : kv.mode === "kvedge" ? "kv_aware (kvedge)" : "kv_aware (kvedge's router, in-process)";
     out.push(`Gains of ${kvName}:`);
     for (const [name, gain] of gains) {
       out.push(`  vs ${name.padEnd(14)} ${signed(-gain.prefill_tokens_saved_pct, 1)}% prefill tokens,`

@@ -70,6 +70,7 @@ HTTP API (times in model ms):
        usage.prompt_tokens_details.cached_tokens from the engine's prefix cache
   POST /v1/reset    reset the prefix cache (AllBlocksCleared); 409 while requests run
   GET  /v1/stats    counters
+  GET  /v1/cache    cached blocks (external hashes) and the last published seq
   GET  /healthz
 `,
   async run(argv) {

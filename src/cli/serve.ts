@@ -7,6 +7,7 @@ import { KvedgeCore } from "../core/core";
 import { registerObservedHitsMetrics, registerProxyMetrics } from "../proxy/metrics";
 import { OpenAiProxy } from "../proxy/proxy";
 import { loadTokenizer, type PromptTokenizer, TokenizerError } from "../proxy/tokenizer";
+import { loadSnapshot, saveSnapshot } from "../state/warm";
 import { createLogger } from "../util/log";
 import { flagBool, parseFlags, UsageError } from "./args";
 import { type Command, HELP_FLAG } from "./command";
@@ -115,7 +116,12 @@ Example:
       log: log.child({ component: "http" }),
       proxy,
     });
+    const stateDir = config.state.dir;
+    const stateLog = log.child({ component: "state" });
+    if (stateDir !== null) loadSnapshot(service, stateDir, config.workers.map((worker) => worker.worker_id), stateLog);
     await service.start();
+    const snapshots = stateDir === null ? null
+      : setInterval(() => saveSnapshot(service, stateDir, stateLog), config.state.snapshot_interval_secs * 1000);
     log.info("listening", {
       url: app.url, block_size: config.index.block_size, backend: config.index.backend, workers: config.workers.length,
     });
@@ -126,6 +132,8 @@ Example:
     });
     log.info("shutting down", { signal });
     await app.stop(SHUTDOWN_GRACE_MS);
+    if (snapshots !== null) clearInterval(snapshots);
+    if (stateDir !== null && saveSnapshot(service, stateDir, stateLog)) log.info("snapshot written", { dir: stateDir });
     await service.stop();
     log.info("stopped");
     return 0;

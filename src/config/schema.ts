@@ -8,6 +8,7 @@
  * < flags. The `[[workers]]` list is the exception to "one value per key": a list from
  * a higher source replaces the whole list from a lower one.
  */
+import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES } from "../route/ttft";
 import type { WorkerEntry } from "./workers";
 import { boolean, cpuList, decimal, integer, oneOf, text, type ValueType } from "./values";
 
@@ -31,6 +32,13 @@ export interface Config {
     readonly backend: (typeof INDEX_BACKENDS)[number];
   };
   readonly route: {
+    readonly policy: (typeof ROUTE_POLICIES)[number];
+    readonly prefill_tokens_per_sec: number;
+    readonly step_base_ms: number;
+    readonly kv_read_ms_per_million_tokens: number;
+    readonly max_batched_tokens: number;
+    readonly recompute_weight: number;
+    readonly calibrate: boolean;
     readonly overlap_score_credit: number;
     readonly overlap_score_credit_decay: number;
     readonly prefill_load_scale: number;
@@ -48,6 +56,12 @@ export interface Config {
     readonly reconnect_min_ms: number;
     readonly reconnect_max_ms: number;
     readonly replay_timeout_ms: number;
+    readonly replay_deadline_ms: number;
+    readonly replay_buffer_bytes: number;
+  };
+  readonly state: {
+    readonly dir: string | null;
+    readonly snapshot_interval_secs: number;
   };
   readonly proxy: {
     readonly enabled: boolean;
@@ -126,6 +140,37 @@ export const SETTINGS: readonly Setting[] = [
     help: "Index data structure: crtc (compressed radix tree), positional ((position, hash) map), reference (the simple test oracle).",
   }),
   setting({
+    key: "route.policy", flag: "route-policy", type: oneOf(ROUTE_POLICIES), default: "ttft",
+    help: "ttft: lowest predicted time to first token plus the recompute charge; dynamo: Dynamo's block cost (the weights below).",
+  }),
+  setting({
+    key: "route.prefill_tokens_per_sec", flag: "prefill-tokens-per-sec", type: decimal(1, 1e9),
+    default: DEFAULT_TTFT_SETTINGS.prefillTokensPerSecond,
+    help: "Engine time model: prompt tokens an engine prefills per second.",
+  }),
+  setting({
+    key: "route.step_base_ms", flag: "step-base-ms", type: decimal(0, 60_000), default: DEFAULT_TTFT_SETTINGS.stepBaseMs,
+    help: "Engine time model: fixed cost of one scheduler step (reading the weights), ms.",
+  }),
+  setting({
+    key: "route.kv_read_ms_per_million_tokens", flag: "kv-read-ms-per-million-tokens", type: decimal(0, 1e6),
+    default: DEFAULT_TTFT_SETTINGS.kvReadMsPerMillionTokens,
+    help: "Engine time model: step time to read the KV of one million active context tokens, ms.",
+  }),
+  setting({
+    key: "route.max_batched_tokens", flag: "max-batched-tokens", type: integer(1, 1 << 24),
+    default: DEFAULT_TTFT_SETTINGS.maxBatchedTokens,
+    help: "Engine time model: tokens per scheduler step (vLLM max_num_batched_tokens).",
+  }),
+  setting({
+    key: "route.recompute_weight", flag: "recompute-weight", type: decimal(0, 1e6), default: DEFAULT_TTFT_SETTINGS.recomputeWeight,
+    help: "ttft policy: cost per ms of prefill a choice adds (what leaving the worker holding a prefix costs).",
+  }),
+  setting({
+    key: "route.calibrate", flag: "calibrate", type: boolean, default: false,
+    help: "Learn each worker's prefill speed from its route -> prefill_done timings (shown in /v1/workers and /metrics).",
+  }),
+  setting({
     key: "route.overlap_score_credit", flag: "overlap-score-credit", type: decimal(0, 1e6), default: 1,
     help: "Prefill blocks credited per block a worker already holds.",
   }),
@@ -184,6 +229,23 @@ export const SETTINGS: readonly Setting[] = [
   setting({
     key: "ingest.replay_timeout_ms", flag: "replay-timeout-ms", type: integer(1, HOUR_MS), default: 5000,
     help: "How long to wait for each replay reply before giving up and marking the worker degraded.",
+  }),
+  setting({
+    key: "ingest.replay_deadline_ms", flag: "replay-deadline-ms", type: integer(1, HOUR_MS), default: 30_000,
+    help: "Longest a whole replay may take (however fast its replies come) before it is abandoned as failed.",
+  }),
+  setting({
+    key: "ingest.replay_buffer_bytes", flag: "replay-buffer-bytes", type: integer(64 * 1024, 16 * 1024 * MIB), default: 64 * MIB,
+    help: "Payload bytes one engine's source holds while a replay runs (live batches past it are dropped, then counted lost).",
+  }),
+  setting({
+    key: "state.dir", flag: "state-dir", type: text("a directory path", "DIR", (v) => v.length > 0 && !v.includes("\0")),
+    default: null, optional: true,
+    help: "Keep a snapshot of the index and of each engine stream's position here; load it at start (warm restart).",
+  }),
+  setting({
+    key: "state.snapshot_interval_secs", flag: "snapshot-interval-secs", type: integer(1, 86_400), default: 60,
+    help: "Seconds between snapshots when state.dir is set (one is also written at SIGTERM/SIGINT).",
   }),
   setting({
     key: "proxy.enabled", flag: "proxy", type: boolean, default: false,

@@ -15,6 +15,7 @@ import { EngineSource, type SourceState } from "../ingest/source";
 import { CandidateList, PromptHasher, type RouteDecision, Router } from "../route";
 import type { LifecycleResult } from "../route/load";
 import { ObservedHits, type ObservedHitsView } from "../proxy/observed-hits";
+import type { SourcePosition } from "../state/snapshot";
 import type { Logger } from "../util/log";
 import type { ZmtpOptions } from "../wire/zmtp";
 import { KvedgeError } from "./errors";
@@ -56,6 +57,15 @@ export interface WorkerView {
   /** The engine's OpenAI-compatible server (where the proxy forwards), if configured. */
   readonly httpEndpoint: string | null;
   readonly observed: ObservedHitsView;
+  readonly times: WorkerTimes;
+}
+
+export interface WorkerTimes {
+  readonly prefillTokensPerSecond: number;
+  readonly stepBaseMs: number;
+  /** Lifecycle timings learned from (0 when not calibrating). */
+  readonly samples: number;
+  readonly learned: boolean;
 }
 
 export interface CoreOptions {
@@ -65,7 +75,8 @@ export interface CoreOptions {
   readonly random?: () => number;
 }
 
-const httpKey = (workerId: bigint, dpRank: number): string => `${workerId}:${dpRank}`;
+/** Key of a (worker, dp rank) in `restoredPositions`. */
+export const positionKey = (workerId: bigint, dpRank: number): string => `${workerId}:${dpRank}`;
 
 export class KvedgeCore {
   /** The one worker numbering, shared by the index and the router. */
@@ -83,6 +94,8 @@ export class KvedgeCore {
   private readonly httpEndpoints = new Map<string, string>();
   /** Over every decision: prompt tokens, and those the chosen worker was predicted to hold (the status page's hit rate). */
   readonly routeTotals = { decisions: 0, promptTokens: 0, predictedCachedTokens: 0 };
+  /** Saved source positions (warm restart) by positionKey, taken up by the sources as they are added. */
+  readonly restoredPositions = new Map<string, SourcePosition>();
   private readonly matches = new MatchResult(64);
   private readonly hasher = new PromptHasher();
   private readonly candidates = new CandidateList();
@@ -101,6 +114,15 @@ export class KvedgeCore {
       requestTtlMs: config.route.request_ttl_secs * 1000,
       maxActiveRequests: config.route.max_active_requests,
       trackOutputBlocks: config.route.track_output_blocks,
+      policy: config.route.policy,
+      calibrate: config.route.calibrate,
+      ttft: {
+        prefillTokensPerSecond: config.route.prefill_tokens_per_sec,
+        stepBaseMs: config.route.step_base_ms,
+        kvReadMsPerMillionTokens: config.route.kv_read_ms_per_million_tokens,
+        maxBatchedTokens: config.route.max_batched_tokens,
+        recomputeWeight: config.route.recompute_weight,
+      },
       weights: {
         overlapScoreCredit: config.route.overlap_score_credit,
         overlapScoreCreditDecay: config.route.overlap_score_credit_decay,
@@ -224,13 +246,19 @@ export class KvedgeCore {
       writer: this.index,
       log: this.log.child({ component: "ingest" }),
       zmtp: this.zmtp,
-      sequencer: { replayTimeoutMs: this.options.config.ingest.replay_timeout_ms },
+      sequencer: {
+        replayTimeoutMs: this.options.config.ingest.replay_timeout_ms,
+        replayDeadlineMs: this.options.config.ingest.replay_deadline_ms,
+        replayBufferBytes: this.options.config.ingest.replay_buffer_bytes,
+      },
       onChange: (changed) => this.sourceChanged(changed),
     });
+    const saved = this.restoredPositions.get(positionKey(entry.worker_id, entry.dp_rank));
+    if (saved !== undefined) source.sequencer.restore(saved.lastSeq, saved.fingerprint, saved.degraded);
     const slot = this.router.load.addWorker(entry.worker_id, entry.dp_rank);
     this.sources.add(source);
     this.ownSource[slot] = source;
-    if (entry.http_endpoint != null) this.httpEndpoints.set(httpKey(entry.worker_id, entry.dp_rank), entry.http_endpoint);
+    if (entry.http_endpoint != null) this.httpEndpoints.set(positionKey(entry.worker_id, entry.dp_rank), entry.http_endpoint);
     this.sourceChanged(source);
     try {
       const endpoint = await source.start();
@@ -238,7 +266,7 @@ export class KvedgeCore {
     } catch (error) {
       this.sources.delete(source);
       this.ownSource[slot] = undefined;
-      this.httpEndpoints.delete(httpKey(entry.worker_id, entry.dp_rank));
+      this.httpEndpoints.delete(positionKey(entry.worker_id, entry.dp_rank));
       // A slot this call took holds nothing yet; one that was there (another source's rank) stays.
       if (known < 0) this.router.load.removeWorker(entry.worker_id, entry.dp_rank);
       await source.stop();
@@ -252,7 +280,7 @@ export class KvedgeCore {
     for (const source of this.sources) {
       if (source.config.workerId !== workerId) continue;
       this.sources.delete(source);
-      this.httpEndpoints.delete(httpKey(workerId, source.config.dpRank));
+      this.httpEndpoints.delete(positionKey(workerId, source.config.dpRank));
       stopping.push(source.stop());
     }
     await Promise.all(stopping);
@@ -267,6 +295,15 @@ export class KvedgeCore {
     const found = slots.length > 0 || stopping.length > 0;
     if (found) this.log.info("worker removed", { worker_id: workerId });
     return found;
+  }
+
+  /** The engine time model the router uses for a worker: learned when calibrating, else configured. */
+  timesOf(slot: number): WorkerTimes {
+    const router = this.router;
+    const learned = router.learnedTimes(slot);
+    return learned === null
+      ? { prefillTokensPerSecond: router.ttft.prefillTokensPerSecond, stepBaseMs: router.ttft.stepBaseMs, samples: 0, learned: false }
+      : { ...learned, learned: true };
   }
 
   workers(): WorkerView[] {
@@ -292,6 +329,7 @@ export class KvedgeCore {
         lostBatches: source?.sequencer.counters.lost ?? 0,
         httpEndpoint: this.httpEndpointOf(load.workerId, load.dpRank),
         observed: this.observedHits.view(load.workerId, load.dpRank),
+        times: this.timesOf(load.slot),
       });
     }
     return views.sort((a, b) => (a.workerId < b.workerId ? -1 : a.workerId > b.workerId ? 1 : a.dpRank - b.dpRank));
@@ -302,7 +340,7 @@ export class KvedgeCore {
    * that of another rank of the same engine (one server fronts all its ranks).
    */
   httpEndpointOf(workerId: bigint, dpRank: number): string | null {
-    const own = this.httpEndpoints.get(httpKey(workerId, dpRank));
+    const own = this.httpEndpoints.get(positionKey(workerId, dpRank));
     if (own !== undefined) return own;
     const prefix = `${workerId}:`;
     for (const [key, endpoint] of this.httpEndpoints) if (key.startsWith(prefix)) return endpoint;

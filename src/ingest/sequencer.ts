@@ -1,23 +1,31 @@
 /**
- * Per-source sequencing of KV-event batches: one sequencer per engine publisher
- * (one (worker, dp rank) stream with its own sequence counter).
+ * Per-source sequencing and continuity of KV-event batches: one sequencer per engine
+ * publisher (one (worker, dp rank) stream with its own sequence counter from 0).
  *
- * Every batch carries the publisher's sequence number, starting at 0 when the engine
- * starts. The sequencer applies batches in order exactly once:
+ * Sequence numbers alone cannot tell a restarted engine from the old one (a new
+ * engine can publish past the old `last`), so on every (re)connection the sequencer
+ * first establishes what the engine holds (a *probe*), and only then calls the
+ * worker exact. The states and transitions are in ./README.md; in short:
  *
- *   seq = last + 1          apply
- *   seq = last              duplicate: skip
- *   seq < last, or seq ≤ last on a new connection
- *                           the engine restarted: reset the worker, start over
- *   seq > last + 1 (a gap)  ask the engine's replay endpoint for last+1.., buffer live
- *                           batches meanwhile, apply the replay then the buffer in
- *                           order; without replay (or if it fails or starts late)
- *                           count the lost batches and mark the source degraded
+ *   connect, replay endpoint   probe: ask the replay ring from 0, hold live batches
+ *     empty ring               the engine holds nothing: clear, exact
+ *     ring holds `last` with the fingerprint of the batch we applied as `last`
+ *                              same stream: apply what follows, trust unchanged
+ *     ring starts at 0         rebuild: clear, apply the whole ring, exact
+ *     ring starts at last + 1  contiguous: continue
+ *     otherwise                the early history is gone: (clear if proven restarted)
+ *                              apply the ring, count the loss, degraded
+ *   connect, no replay         unknown (degraded) until a batch 0 or AllBlocksCleared
+ *   live, seq = last + 1       apply
+ *   live, seq <= last          a duplicate (a replay can overtake live batches in flight;
+ *                              a restarted engine always comes on a new connection)
+ *   live, seq > last + 1       gap: replay from last + 1 (hold live meanwhile), else loss
+ *   live, seq > last + jumpMax a stray sequence number: skipped and counted, unless
+ *                              the next batch confirms the new position
  *
- * A source that starts listening mid-stream sees its first seq > 0 as a gap from 0.
- * "Degraded" means the index may be missing or keeping blocks of this worker; it
- * clears when the worker's state becomes known again (a reset or an applied
- * AllBlocksCleared, reported through `markExact`).
+ * Replays have an idle timeout, an overall deadline and a byte cap on what they hold;
+ * any of them ending a replay counts as a failure (degraded, losses counted).
+ * "Degraded" means the index may be missing or keeping blocks of this worker.
  *
  * Transport-free: the caller feeds live and replayed batches in and performs the
  * replay request; timers are injectable for tests.
@@ -30,7 +38,7 @@ export interface SequencerHooks {
    * dropped (its events are then lost: the source becomes degraded).
    */
   apply(seq: number, payload: Uint8Array, replayed: boolean): boolean;
-  /** The engine restarted: forget everything this source published. */
+  /** Forget everything this source published (the engine restarted, or a rebuild begins). */
   reset(reason: string): void;
   /** Sends a replay request for batches from `start` on; absent when no replay endpoint. */
   requestReplay?: (start: number) => void;
@@ -41,15 +49,20 @@ export interface SequencerHooks {
 }
 
 export type SequencerEvent =
-  | "gap" | "loss" | "restart" | "replay_started" | "replay_done" | "replay_failed" | "degraded" | "exact";
+  | "gap" | "loss" | "restart" | "rebuild" | "continued" | "replay_started" | "replay_done" | "replay_failed"
+  | "stray_seq" | "degraded" | "exact";
 
 export interface SequencerOptions {
   /** Give up on a replay when no reply arrives for this long. */
   readonly replayTimeoutMs: number;
+  /** Give up on a replay that has not ended this long after it was asked for. */
+  readonly replayDeadlineMs: number;
   /** After a failed replay, don't ask again for this long (gaps meanwhile are losses). */
   readonly replayCooldownMs: number;
-  /** Live batches buffered while a replay runs; beyond this they are dropped (then counted lost). */
-  readonly replayBufferMax: number;
+  /** Payload bytes held while a replay runs (live batches, and probe replies awaiting a decision). */
+  readonly replayBufferBytes: number;
+  /** A forward jump larger than this is a stray sequence number until the next batch confirms it. */
+  readonly seqJumpMax: number;
   readonly now?: () => number;
   readonly setTimer?: (callback: () => void, ms: number) => unknown;
   readonly clearTimer?: (timer: unknown) => void;
@@ -57,8 +70,10 @@ export interface SequencerOptions {
 
 export const SEQUENCER_DEFAULTS: SequencerOptions = {
   replayTimeoutMs: 2_000,
+  replayDeadlineMs: 30_000,
   replayCooldownMs: 30_000,
-  replayBufferMax: 100_000,
+  replayBufferBytes: 64 * 1024 * 1024,
+  seqJumpMax: 1 << 20,
 };
 
 /** Counters for the metrics layer. Batches, not events. */
@@ -69,30 +84,66 @@ export class SequencerCounters {
   gaps = 0;
   lost = 0;
   malformed = 0;
+  /** Engine restarts detected (a new stream proven: sequence backwards, fingerprint mismatch, empty ring). */
   restarts = 0;
+  /** Workers rebuilt from a replay ring that starts at 0. */
+  rebuilds = 0;
+  /** Probes that proved the old stream continues. */
+  continued = 0;
+  /** Connection probes asked for (replay from 0 at connect). */
+  probes = 0;
   replaysRequested = 0;
   replaysCompleted = 0;
   replaysFailed = 0;
+  /** Batches skipped for an implausible sequence jump. */
+  straySeqs = 0;
   bufferedMax = 0;
+  bufferedBytesMax = 0;
   bufferDropped = 0;
 }
 
 const NONE = -1;
 
+/** A cheap identity of a batch's bytes: the replay ring serves the very bytes published live. */
+export function fingerprint(payload: Uint8Array): number {
+  return Bun.hash.xxHash32(payload) >>> 0;
+}
+
+type Mode = "idle" | "gap" | "probe";
+/** How a probe's replies are used once the first one arrives. */
+type ProbePlan = "undecided" | "verify" | "apply";
+
+interface Held {
+  readonly seq: number;
+  readonly payload: Uint8Array;
+}
+
 export class Sequencer {
   readonly counters = new SequencerCounters();
   /** Last applied (or accounted-for) sequence number; -1 before the first batch. */
   private last = NONE;
-  private connection = NONE;
-  private reconnected = false;
+  /** Fingerprint of batch `last` as applied; NONE when not known. */
+  private lastPrint = NONE;
   private degraded = false;
+  /** After a connect without a probe: trust is unknown until a batch 0 or a clear. */
+  private awaitingFirst = false;
+  private mode: Mode = "idle";
   /** Live batches held while a replay runs, in arrival order. */
-  private buffer: { seq: number; payload: Uint8Array }[] = [];
-  private replaying = false;
+  private buffer: Held[] = [];
+  /** Probe replies at or before `last`, held until the fingerprint of `last` decides. */
+  private probeHeld: Held[] = [];
+  private heldBytes = 0;
+  private probePlan: ProbePlan = "undecided";
+  private probeFirst = NONE;
   /** Applying the buffer after a replay: a gap left now is a loss, not a reason to ask again. */
   private draining = false;
-  private replayTimer: unknown = null;
+  private idleTimer: unknown = null;
+  private deadlineTimer: unknown = null;
   private cooldownUntil = 0;
+  /** Highest live seq dropped at the byte cap during the current replay. */
+  private droppedUpTo = NONE;
+  /** The sequence a stray batch would be followed by, if it was the stream's real position. */
+  private strayNext = NONE;
   private readonly options: Required<SequencerOptions>;
 
   constructor(private readonly hooks: SequencerHooks, options: Partial<SequencerOptions> = {}) {
@@ -109,18 +160,44 @@ export class Sequencer {
     return this.last;
   }
 
+  /** Fingerprint of the last applied batch (-1 if unknown); saved in snapshots. */
+  get lastFingerprint(): number {
+    return this.lastPrint;
+  }
+
+  /** Lost events, or the engine's state not established yet (connect probe running, or no replay). */
   get isDegraded(): boolean {
-    return this.degraded;
+    return this.degraded || this.awaitingFirst || this.mode === "probe";
   }
 
   get isReplaying(): boolean {
-    return this.replaying;
+    return this.mode !== "idle";
   }
 
-  /** A (re)connection to the publisher; `id` changes with every new TCP/IPC connection. */
-  connected(id: number): void {
-    if (this.connection !== NONE && id !== this.connection) this.reconnected = true;
-    this.connection = id;
+  /** Starts from a saved position (warm restart): the next connect verifies it against the engine. */
+  restore(last: number, lastPrint: number, degraded: boolean): void {
+    this.last = last;
+    this.lastPrint = lastPrint;
+    this.degraded = degraded;
+  }
+
+  /**
+   * A (re)connection to the publisher. What the engine holds is unknown until a
+   * probe (replay from 0) establishes it, or, without replay, until a batch 0 or a clear.
+   */
+  connected(): void {
+    this.abandonReplay();
+    this.strayNext = NONE;
+    if (this.hooks.requestReplay === undefined) {
+      this.awaitingFirst = true;
+      this.hooks.event?.("degraded", { reason: "connected without a replay endpoint: state unknown until batch 0 or a clear" });
+      return;
+    }
+    this.awaitingFirst = false;
+    this.counters.probes++;
+    this.probePlan = "undecided";
+    this.probeFirst = NONE;
+    this.startReplay("probe", 0);
   }
 
   /**
@@ -128,56 +205,95 @@ export class Sequencer {
    * return, or copied if it has to wait for a replay.
    */
   live(seq: number, payload: Uint8Array): void {
-    const reconnected = this.reconnected;
-    this.reconnected = false;
-    if (this.last !== NONE && (seq < this.last || (reconnected && seq <= this.last))) {
-      this.restart(seq, reconnected ? "sequence did not advance after a reconnect" : "sequence went backwards");
-    }
-    if (this.replaying) {
-      this.hold(seq, payload);
+    if (this.mode !== "idle") {
+      this.hold(this.buffer, seq, payload);
       return;
     }
+    // On one connection a lower seq is a late duplicate (a replay overtook it in flight):
+    // a restarted engine always comes on a new connection, which the connect rules judge.
+    if (this.awaitingFirst) this.firstAfterConnect(seq);
+    else if (seq > this.last && this.isStray(seq)) return;
     this.accept(seq, payload, false);
   }
 
   /** One batch of a replay in progress. */
   replayBatch(seq: number, payload: Uint8Array): void {
-    if (!this.replaying) return;
-    this.armReplayTimer();
-    this.accept(seq, payload, true);
+    if (this.mode === "idle") return;
+    this.armIdleTimer();
+    if (this.mode === "probe") this.probeBatch(seq, payload);
+    else this.accept(seq, payload, true);
   }
 
   /** The replay's end marker arrived: apply what was buffered. */
   replayEnd(): void {
-    if (!this.replaying) return;
+    if (this.mode === "idle") return;
+    if (this.mode === "probe") this.probeEnd();
     this.counters.replaysCompleted++;
-    this.finishReplay();
+    this.finishReplay(false);
     this.hooks.event?.("replay_done", { last: this.last });
   }
 
-  /** The replay could not be done (transport error); timeouts are detected here. */
+  /** The replay could not be done (transport error, malformed reply); timeouts are detected here. */
   replayFailed(reason: string): void {
-    if (!this.replaying) return;
+    if (this.mode === "idle") return;
     this.counters.replaysFailed++;
     this.cooldownUntil = this.options.now() + this.options.replayCooldownMs;
     this.hooks.cancelReplay?.();
     this.hooks.event?.("replay_failed", { reason, last: this.last });
-    this.finishReplay();
+    const probe = this.mode === "probe";
+    if (probe) this.markDegraded(`connect probe failed (${reason}): state unknown`);
+    // A failed probe leaves the engine unknown, as a connect without replay does.
+    this.finishReplay(probe);
   }
 
   /** The worker's state is known exactly again (an AllBlocksCleared was applied). */
   markExact(): void {
-    if (!this.degraded) return;
+    const was = this.isDegraded;
+    this.awaitingFirst = false;
     this.degraded = false;
-    this.hooks.event?.("exact", { last: this.last });
+    if (was && !this.isDegraded) this.hooks.event?.("exact", { last: this.last });
   }
 
-  /** Stops timers; buffered batches are dropped. */
+  /** Stops timers; held batches are dropped. */
   close(): void {
-    if (this.replayTimer !== null) this.options.clearTimer(this.replayTimer);
-    this.replayTimer = null;
-    this.replaying = false;
-    this.buffer = [];
+    this.clearTimers();
+    this.mode = "idle";
+    this.dropHeld();
+  }
+
+  // ---- Live path ----
+
+  private firstAfterConnect(seq: number): void {
+    if (seq === 0) {
+      // Batch 0 opens a new engine's stream: whatever it held before is gone.
+      if (this.last !== NONE) this.restart(seq, "batch 0 after a reconnect");
+      else this.markExact();
+      return;
+    }
+    if (this.last !== NONE && seq <= this.last) {
+      this.restart(seq, "sequence did not advance after a reconnect");
+      return;
+    }
+    // Advancing past `last`: the same engine or a restarted one; no way to tell.
+    this.markDegraded("reconnected without a replay endpoint");
+    this.awaitingFirst = false;
+  }
+
+  /** A jump past seqJumpMax is skipped once; a batch following it confirms the new position. */
+  private isStray(seq: number): boolean {
+    if (this.last === NONE || seq - this.last <= this.options.seqJumpMax) {
+      this.strayNext = NONE;
+      return false;
+    }
+    if (seq === this.strayNext) {
+      this.strayNext = NONE;
+      return false;
+    }
+    this.strayNext = seq + 1;
+    this.counters.straySeqs++;
+    this.hooks.event?.("stray_seq", { last: this.last, got: seq });
+    this.lose(1, "stray sequence number");
+    return true;
   }
 
   private accept(seq: number, payload: Uint8Array, replayed: boolean): void {
@@ -189,13 +305,18 @@ export class Sequencer {
     if (seq > expected) {
       this.counters.gaps++;
       this.hooks.event?.("gap", { expected, got: seq });
-      if (!replayed && this.tryReplay(expected)) {
-        this.hold(seq, payload);
+      if (!replayed && this.tryGapReplay(expected)) {
+        this.hold(this.buffer, seq, payload);
         return;
       }
       this.lose(seq - expected, replayed ? "replay started after the gap" : "no replay");
     }
+    this.applyBatch(seq, payload, replayed);
+  }
+
+  private applyBatch(seq: number, payload: Uint8Array, replayed: boolean): void {
     this.last = seq;
+    this.lastPrint = fingerprint(payload);
     if (!this.hooks.apply(seq, payload, replayed)) {
       this.counters.malformed++;
       this.lose(1, "malformed batch");
@@ -205,67 +326,201 @@ export class Sequencer {
     else this.counters.applied++;
   }
 
-  private tryReplay(start: number): boolean {
+  // ---- Replays ----
+
+  private tryGapReplay(start: number): boolean {
     if (this.hooks.requestReplay === undefined || this.draining) return false;
     if (this.options.now() < this.cooldownUntil) return false;
-    this.replaying = true;
-    this.counters.replaysRequested++;
-    this.armReplayTimer();
-    this.hooks.event?.("replay_started", { start });
-    this.hooks.requestReplay(start);
+    this.startReplay("gap", start);
     return true;
   }
 
-  private hold(seq: number, payload: Uint8Array): void {
-    if (this.buffer.length >= this.options.replayBufferMax) {
-      this.counters.bufferDropped++;
-      return;
-    }
-    this.buffer.push({ seq, payload: payload.slice() });
-    if (this.buffer.length > this.counters.bufferedMax) this.counters.bufferedMax = this.buffer.length;
+  private startReplay(mode: Mode, start: number): void {
+    this.mode = mode;
+    this.counters.replaysRequested++;
+    this.armIdleTimer();
+    this.deadlineTimer = this.options.setTimer(() => {
+      this.deadlineTimer = null;
+      this.replayFailed("deadline");
+    }, this.options.replayDeadlineMs);
+    this.hooks.event?.("replay_started", { start, kind: mode });
+    this.hooks.requestReplay!(start);
   }
 
-  private finishReplay(): void {
-    if (this.replayTimer !== null) this.options.clearTimer(this.replayTimer);
-    this.replayTimer = null;
-    this.replaying = false;
-    const held = this.buffer;
-    this.buffer = [];
+  /** A probe reply: decide from the first one (and `last`'s fingerprint) how to use the ring. */
+  private probeBatch(seq: number, payload: Uint8Array): void {
+    if (this.probePlan === "apply") {
+      this.accept(seq, payload, true);
+      return;
+    }
+    if (this.probePlan === "undecided") {
+      this.probeFirst = seq;
+      if (this.last !== NONE && seq <= this.last) this.probePlan = "verify";
+      else return this.decide(seq === 0 ? "rebuild" : seq === this.last + 1 ? "continue" : "late", seq, payload);
+    }
+    // Verifying: hold replies up to `last`, whose fingerprint says same stream or not.
+    if (seq < this.last) {
+      this.hold(this.probeHeld, seq, payload);
+      return;
+    }
+    if (seq === this.last && fingerprint(payload) === this.lastPrint && !(this.degraded && this.probeFirst === 0)) {
+      this.dropHeld(this.probeHeld);
+      this.decide("continue", seq, payload);
+      return;
+    }
+    if (seq === this.last && fingerprint(payload) === this.lastPrint) this.decide("rebuild", seq, payload);
+    else this.decide(this.probeFirst === 0 ? "restart_rebuild" : "restart_late", seq, payload);
+  }
+
+  /** The probe's end marker: an empty ring, or a ring that ended before reaching `last`. */
+  private probeEnd(): void {
+    if (this.probePlan === "apply") return;
+    if (this.probePlan === "undecided") {
+      // Nothing in the ring: the engine has published nothing since it started, so it holds nothing.
+      if (this.last !== NONE) this.restart(NONE, "the engine's replay ring is empty");
+      this.markExact();
+      return;
+    }
+    this.decide(this.probeFirst === 0 ? "restart_rebuild" : "restart_late", NONE, null);
+  }
+
+  private decide(
+    outcome: "continue" | "rebuild" | "late" | "restart_rebuild" | "restart_late", seq: number, payload: Uint8Array | null,
+  ): void {
+    this.probePlan = "apply";
+    const held = this.takeHeld(this.probeHeld);
+    if (outcome === "continue") {
+      this.counters.continued++;
+      this.hooks.event?.("continued", { last: this.last, first: this.probeFirst });
+    } else if (outcome === "rebuild" || outcome === "restart_rebuild") {
+      // Forget the worker (a restart does that itself), then apply the whole ring.
+      if (outcome === "restart_rebuild") this.restart(this.probeFirst, "the replay ring differs from what was applied");
+      else this.hooks.reset("rebuilding from the engine's replay ring");
+      this.counters.rebuilds++;
+      this.hooks.event?.("rebuild", { last: this.last });
+      this.last = NONE;
+      this.lastPrint = NONE;
+      this.markExact();
+    } else if (outcome === "restart_late") {
+      this.restart(this.probeFirst, "the replay ring differs from what was applied");
+      this.last = this.probeFirst - 1;
+      this.lose(this.probeFirst, "restarted engine's replay ring starts late");
+    }
+    // "late": a ring starting past last + 1; accept() counts the gap as lost.
+    for (const batch of held) this.accept(batch.seq, batch.payload, true);
+    if (payload !== null) this.accept(seq, payload, true);
+  }
+
+  private hold(into: Held[], seq: number, payload: Uint8Array): void {
+    if (this.heldBytes + payload.length > this.options.replayBufferBytes) {
+      if (into === this.buffer) {
+        this.counters.bufferDropped++;
+        if (seq > this.droppedUpTo) this.droppedUpTo = seq;
+        return;
+      }
+      // Probe replies can't be dropped one by one (the rebuild would have a hole): give up.
+      this.replayFailed("replay buffer full");
+      return;
+    }
+    into.push({ seq, payload: payload.slice() });
+    this.heldBytes += payload.length;
+    const count = this.buffer.length + this.probeHeld.length;
+    if (count > this.counters.bufferedMax) this.counters.bufferedMax = count;
+    if (this.heldBytes > this.counters.bufferedBytesMax) this.counters.bufferedBytesMax = this.heldBytes;
+  }
+
+  private takeHeld(from: Held[]): Held[] {
+    const held = from.splice(0);
+    for (const batch of held) this.heldBytes -= batch.payload.length;
+    return held;
+  }
+
+  private dropHeld(from?: Held[]): void {
+    if (from === undefined) {
+      this.buffer = [];
+      this.probeHeld = [];
+      this.heldBytes = 0;
+    } else this.takeHeld(from);
+  }
+
+  /** Applies the live batches held meanwhile; after a failed probe they go through the connect rules. */
+  private finishReplay(unknown: boolean): void {
+    this.clearTimers();
+    this.mode = "idle";
+    this.dropHeld(this.probeHeld);
+    const held = this.takeHeld(this.buffer);
+    this.awaitingFirst = unknown;
     this.draining = true;
     try {
-      for (const batch of held) this.accept(batch.seq, batch.payload, false);
+      for (const batch of held) {
+        if (this.awaitingFirst) this.live(batch.seq, batch.payload);
+        else this.accept(batch.seq, batch.payload, false);
+      }
     } finally {
       this.draining = false;
     }
+    this.recoverDropped();
   }
 
-  private armReplayTimer(): void {
-    if (this.replayTimer !== null) this.options.clearTimer(this.replayTimer);
-    this.replayTimer = this.options.setTimer(() => {
-      this.replayTimer = null;
+  /** Live batches dropped at the byte cap that no later batch revealed: replay them, or count them lost. */
+  private recoverDropped(): void {
+    const upTo = this.droppedUpTo;
+    this.droppedUpTo = NONE;
+    if (upTo <= this.last || this.mode !== "idle") return;
+    if (this.tryGapReplay(this.last + 1)) return;
+    this.lose(upTo - this.last, "dropped at the replay buffer cap");
+    this.last = upTo;
+    this.lastPrint = NONE;
+  }
+
+  /** A new connection supersedes a replay in flight: its held live batches belong to the old one. */
+  private abandonReplay(): void {
+    if (this.mode === "idle") return;
+    this.hooks.cancelReplay?.();
+    this.close();
+  }
+
+  private armIdleTimer(): void {
+    if (this.idleTimer !== null) this.options.clearTimer(this.idleTimer);
+    this.idleTimer = this.options.setTimer(() => {
+      this.idleTimer = null;
       this.replayFailed("timeout");
     }, this.options.replayTimeoutMs);
   }
 
+  private clearTimers(): void {
+    if (this.idleTimer !== null) this.options.clearTimer(this.idleTimer);
+    if (this.deadlineTimer !== null) this.options.clearTimer(this.deadlineTimer);
+    this.idleTimer = null;
+    this.deadlineTimer = null;
+  }
+
+  // ---- Trust ----
+
   private lose(batches: number, reason: string): void {
     this.counters.lost += batches;
     this.hooks.event?.("loss", { batches, reason });
-    if (!this.degraded) {
-      this.degraded = true;
-      this.hooks.event?.("degraded", { reason });
-    }
+    this.markDegraded(reason);
   }
 
+  private markDegraded(reason: string): void {
+    if (this.degraded) return;
+    this.degraded = true;
+    this.hooks.event?.("degraded", { reason });
+  }
+
+  /** A new stream is proven: forget the old one. `seq` is what proved it (for the log). */
   private restart(seq: number, reason: string): void {
     this.counters.restarts++;
     this.hooks.event?.("restart", { reason, last: this.last, got: seq });
-    if (this.replaying) {
+    if (this.mode === "gap") {
       this.hooks.cancelReplay?.();
       this.close();
     }
     this.last = NONE;
+    this.lastPrint = NONE;
     this.hooks.reset(reason);
-    // The restarted engine's cache starts empty, which is what we now hold.
+    // The restarted engine's cache started empty, which is what we now hold.
     this.markExact();
   }
 }

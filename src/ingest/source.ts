@@ -171,9 +171,10 @@ export class EngineSource {
     if (this.stateNow === "stopped") return;
     if (event === "connected") {
       this.counters.connects++;
-      this.sequencer.connected(peer.id);
       this.stateNow = "connected";
       this.log.info("publisher connected", { endpoint: peer.endpoint, remote: peer.remoteAddress, connection: peer.id });
+      // What the engine holds is unknown until the sequencer's connect probe (or batch 0) says.
+      this.sequencer.connected();
     } else if (event === "disconnected") {
       this.counters.disconnects++;
       if (this.sub.peers.length === 0) this.stateNow = "disconnected";
@@ -199,19 +200,22 @@ export class EngineSource {
   }
 
   private reset(reason: string): void {
-    this.log.warn("engine restarted: clearing its blocks", { reason });
+    this.log.info("clearing the worker's blocks", { reason });
     this.normalizer.reset();
     const rankSlots = this.normalizer.rankSlots;
     for (const dpRank of rankSlots.ranks) this.options.writer.clearAt(rankSlots.slotOf(dpRank));
   }
 
+  /** Each replay gets its own DEALER connection, so replies of an earlier one cannot be mistaken. */
   private requestReplay(start: number): void {
-    if (this.dealer === null) {
-      this.dealer = new DealerSocket({ ...this.options.zmtp, logger: this.log });
-      this.dealer.onFrames = (frames) => this.replayReply(frames);
-      this.dealer.connect(this.config.replayEndpoint!);
-    }
-    this.dealer.send([EMPTY, seqFrame(start)]);
+    this.dropDealer();
+    const dealer = new DealerSocket({ ...this.options.zmtp, logger: this.log });
+    this.dealer = dealer;
+    dealer.onFrames = (frames) => {
+      if (this.dealer === dealer) this.replayReply(frames);
+    };
+    dealer.connect(this.config.replayEndpoint!);
+    dealer.send([EMPTY, seqFrame(start)]);
   }
 
   private replayReply(frames: FrameList): void {
@@ -237,8 +241,9 @@ export class EngineSource {
   }
 
   private sequencerEvent(kind: SequencerEvent, fields: Record<string, number | string>): void {
-    if (kind === "gap" || kind === "replay_started" || kind === "replay_done") this.log.info(kind, fields);
+    if (kind === "gap" || kind === "replay_started" || kind === "replay_done" || kind === "continued") this.log.info(kind, fields);
     else this.log.warn(kind, fields);
-    if (kind === "degraded" || kind === "exact") this.options.onChange?.(this);
+    if (kind === "degraded" || kind === "exact" || kind === "replay_started" || kind === "replay_done"
+      || kind === "replay_failed") this.options.onChange?.(this);
   }
 }

@@ -127,6 +127,8 @@ export class LoadTracker {
   degraded = new Uint8Array(0);
   /** The worker numbering: which slots are live, and who they are. */
   readonly table: WorkerTable;
+  /** Told the first prefill_done of each request (its record, slot, and ms since admission): calibration. */
+  prefillObserver: ((record: number, slot: number, elapsedMs: number) => void) | null = null;
 
   // Active requests are records in typed arrays (per record: worker slot, -1 = free;
   // leaf in the active-block tree, -1 = no blocks; prompt blocks; prefill tokens still
@@ -336,7 +338,7 @@ export class LoadTracker {
   admit(
     requestId: string, slot: number, chain: Uint32Array, blocks: number,
     promptTokens: number, cachedTokens: number, expectedOutputTokens: number,
-  ): void {
+  ): number {
     this.assertLive(slot);
     const hash = this.idHash(requestId);
     const key = hashKey(hash);
@@ -373,6 +375,7 @@ export class LoadTracker {
     this.routedTotal[slot]!++;
     this.counters.admitted++;
     if (VERIFY) this.verify();
+    return record;
   }
 
   /** The request's prefill finished: its prompt tokens stop counting. Idempotent. */
@@ -380,11 +383,14 @@ export class LoadTracker {
     const hash = this.idHash(requestId);
     const record = this.recordOf(requestId, hashKey(hash));
     if (record === NO_RECORD) return this.ended(hash);
+    const now = this.now();
     if (this.recordPrefill[record]! > 0) {
       this.activePrefillTokens[this.recordSlot[record]!]! -= this.recordPrefill[record]!;
       this.recordPrefill[record] = 0;
+      // Until now the record was last touched when it was admitted.
+      this.prefillObserver?.(record, this.recordSlot[record]!, now - this.recordTouched[record]!);
     }
-    this.recordTouched[record] = this.now();
+    this.recordTouched[record] = now;
     this.unlink(record);
     this.append(record);
     this.counters.prefillDone++;

@@ -25,6 +25,11 @@
  */
 import { KvedgeError } from "../core/errors";
 import { LoadTracker, type LoadTrackerOptions, REQUEST_ID_LENGTH_MAX } from "./load";
+import { Calibration, type LearnedTimes } from "./calibration";
+import {
+  checkTtftSettings, DEFAULT_TTFT_SETTINGS, kvReadMs, ownPrefillTokens, predictTtft, type RoutePolicy, stepsUntilFirstToken,
+  TtftParts, type TtftSettings,
+} from "./ttft";
 
 export interface RouteWeights {
   /** Credit, in blocks of prefill, per block the worker already holds. */
@@ -52,7 +57,13 @@ export const DEFAULT_ROUTE_WEIGHTS: RouteWeights = {
 };
 
 export interface RouterOptions extends LoadTrackerOptions {
+  /** "ttft" (predicted time to first token, ./ttft.ts) or "dynamo" (the weights below); default "dynamo". */
+  readonly policy?: RoutePolicy;
   readonly weights?: Partial<RouteWeights>;
+  /** The engine time model behind predicted TTFTs (every policy reports them). */
+  readonly ttft?: Partial<TtftSettings>;
+  /** Learn each worker's prefill speed and step cost from its lifecycle timings (./calibration.ts). */
+  readonly calibrate?: boolean;
   /** Uniform in [0, 1); injectable for tests. */
   readonly random?: () => number;
 }
@@ -99,6 +110,14 @@ export interface Candidate {
   readonly activePrefillTokens: number;
   readonly activeDecodeBlocks: number;
   readonly activeRequests: number;
+  /** Predicted time to first token on this worker (ms) = queue + prefill + steps. */
+  readonly predictedTtftMs: number;
+  /** Prefill already routed to the worker, ahead of this request (ms). */
+  readonly queueMs: number;
+  /** This request's uncached prefill (ms). */
+  readonly prefillMs: number;
+  /** Per-step overhead (weights and decode KV reads) over the steps until its first token (ms). */
+  readonly stepsMs: number;
 }
 
 export interface RouteDecision {
@@ -108,6 +127,8 @@ export interface RouteDecision {
   readonly dpRank: number;
   readonly overlapBlocks: number;
   readonly cost: number;
+  /** The chosen worker's predicted time to first token (ms). */
+  readonly predictedTtftMs: number;
   readonly candidates: CandidateList;
 }
 
@@ -136,6 +157,10 @@ export class CandidateList {
   activePrefillTokens = NO_F64;
   activeDecodeBlocks = NO_F64;
   activeRequests = NO_U32;
+  predictedTtftMs = NO_F64;
+  queueMs = NO_F64;
+  prefillMs = NO_F64;
+  stepsMs = NO_F64;
 
   /** Candidate `i` as an object (JSON answers, tests). */
   at(i: number): Candidate {
@@ -150,6 +175,10 @@ export class CandidateList {
       activePrefillTokens: this.activePrefillTokens[i]!,
       activeDecodeBlocks: this.activeDecodeBlocks[i]!,
       activeRequests: this.activeRequests[i]!,
+      predictedTtftMs: this.predictedTtftMs[i]!,
+      queueMs: this.queueMs[i]!,
+      prefillMs: this.prefillMs[i]!,
+      stepsMs: this.stepsMs[i]!,
     };
   }
 
@@ -169,6 +198,10 @@ export class CandidateList {
     this.activePrefillTokens = new Float64Array(capacity);
     this.activeDecodeBlocks = new Float64Array(capacity);
     this.activeRequests = new Uint32Array(capacity);
+    this.predictedTtftMs = new Float64Array(capacity);
+    this.queueMs = new Float64Array(capacity);
+    this.prefillMs = new Float64Array(capacity);
+    this.stepsMs = new Float64Array(capacity);
   }
 }
 
@@ -179,17 +212,30 @@ const NO_CANDIDATES = new CandidateList();
 export class Router {
   readonly load: LoadTracker;
   readonly weights: RouteWeights;
+  readonly policy: RoutePolicy;
+  readonly ttft: TtftSettings;
+  /** Null when calibration is off: every worker is predicted with the configured constants. */
+  readonly calibration: Calibration | null;
   private readonly random: () => number;
   // Scratch, by slot, reused by every decision.
   private overlapBySlot = new Float64Array(0);
   private depthBySlot = new Uint32Array(0);
   private costBySlot = new Float64Array(0);
+  private ttftBySlot = new Float64Array(0);
+  private readonly parts = new TtftParts();
+  private readonly features = { tokens: 0, steps: 0, kvMs: 0 };
   private order = new Int32Array(0);
 
   constructor(options: RouterOptions) {
     this.load = new LoadTracker(options);
     this.weights = { ...DEFAULT_ROUTE_WEIGHTS, ...options.weights };
     checkWeights(this.weights);
+    this.policy = options.policy ?? "dynamo";
+    this.ttft = { ...DEFAULT_TTFT_SETTINGS, ...options.ttft };
+    checkTtftSettings(this.ttft);
+    this.calibration = options.calibrate === true ? new Calibration(this.ttft.prefillTokensPerSecond, this.ttft.stepBaseMs) : null;
+    const calibration = this.calibration;
+    if (calibration !== null) this.load.prefillObserver = (record, slot, elapsedMs) => calibration.observe(record, slot, elapsedMs);
     this.random = options.random ?? Math.random;
   }
 
@@ -242,11 +288,28 @@ export class Router {
       minPrefill = Infinity;
       for (let i = 0; i < liveCount; i++) minPrefill = Math.min(minPrefill, prefill[slots[i]!]!);
     }
+    const ttft = this.ttft;
+    const parts = this.parts;
+    const predicted = this.ttftBySlot;
+    const calibration = this.calibration;
+    calibration?.sync(load);
+    const prefillPerMs = ttft.prefillTokensPerSecond / 1000;
+    const timeCost = this.policy === "ttft";
     for (let i = 0; i < liveCount; i++) {
       const slot = slots[i]!;
       const slotPrefill = prefill[slot]!;
-      let held = overlap[slot]!;
-      if (degraded[slot] === 1) held *= degradedWeight;
+      const trusted = degraded[slot] === 1 ? overlap[slot]! * degradedWeight : overlap[slot]!;
+      const cached = Math.min(tokenCount, trusted * blockSize);
+      predicted[slot] = predictTtft(
+        ttft, parts, slot, tokenCount, cached, slotPrefill, active[slot]!, decode[slot]!, blockSize,
+        calibration === null ? prefillPerMs : calibration.prefillPerMs[slot]!,
+        calibration === null ? ttft.stepBaseMs : calibration.stepBaseMs[slot]!,
+      );
+      if (timeCost) {
+        costs[slot] = predicted[slot]! + ttft.recomputeWeight * parts.prefillMs[slot]!;
+        continue;
+      }
+      let held = trusted;
       if (decayScale > 0) held /= 1 + decayScale * (slotPrefill - minPrefill);
       const prefillCost = scale * Math.max(0, (slotPrefill + tokenCount) / blockSize - credit * held);
       costs[slot] = prefillCost + decode[slot]! + (blockCount - depth[slot]!) + requestWeight * active[slot]!;
@@ -260,7 +323,9 @@ export class Router {
     // No list given: a fresh one, or with no candidates asked for, the shared empty one.
     const candidates = out ?? (max > 0 ? new CandidateList() : NO_CANDIDATES);
     this.listCandidates(max, candidates);
-    load.admit(requestId, best, request.chain, blockCount, tokenCount, cachedTokens, expected);
+    if (calibration !== null) this.noteFeatures(best, tokenCount, cachedTokens);
+    const record = load.admit(requestId, best, request.chain, blockCount, tokenCount, cachedTokens, expected);
+    if (calibration !== null) calibration.admitted(record, this.features.tokens, this.features.steps, this.features.kvMs, load.recordCapacity);
     return {
       requestId,
       slot: best,
@@ -268,8 +333,26 @@ export class Router {
       dpRank: load.dpRanks[best]!,
       overlapBlocks: overlap[best]!,
       cost: costs[best]!,
+      predictedTtftMs: this.ttftBySlot[best]!,
       candidates,
     };
+  }
+
+  /** A worker's learned engine times (null when calibration is off). */
+  learnedTimes(slot: number): LearnedTimes | null {
+    if (this.calibration === null) return null;
+    this.calibration.sync(this.load);
+    return this.calibration.learned(slot);
+  }
+
+  /** What the chosen worker's predicted TTFT was made of, for calibration (before admission changes the load). */
+  private noteFeatures(slot: number, tokenCount: number, cachedTokens: number): void {
+    const load = this.load;
+    const tokens = load.activePrefillTokens[slot]! + ownPrefillTokens(tokenCount, cachedTokens);
+    const steps = stepsUntilFirstToken(this.ttft, tokens, load.activeRequests[slot]!);
+    this.features.tokens = tokens;
+    this.features.steps = steps;
+    this.features.kvMs = steps * kvReadMs(this.ttft, load.activeDecodeBlocks[slot]!, load.blockSize);
   }
 
   /** Fills the per-slot overlap and shared-depth scratch for this request. */
@@ -279,6 +362,8 @@ export class Router {
       this.overlapBySlot = new Float64Array(capacity);
       this.depthBySlot = new Uint32Array(capacity);
       this.costBySlot = new Float64Array(capacity);
+      this.ttftBySlot = new Float64Array(capacity);
+      this.parts.ensure(capacity);
     }
     this.overlapBySlot.fill(0, 0, capacity);
     this.depthBySlot.fill(0, 0, capacity);
@@ -383,6 +468,10 @@ export class Router {
       list.activePrefillTokens[i] = load.activePrefillTokens[slot]!;
       list.activeDecodeBlocks[i] = load.activeDecodeBlocks[slot]!;
       list.activeRequests[i] = load.activeRequests[slot]!;
+      list.predictedTtftMs[i] = this.ttftBySlot[slot]!;
+      list.queueMs[i] = this.parts.queueMs[slot]!;
+      list.prefillMs[i] = this.parts.prefillMs[slot]!;
+      list.stepsMs[i] = this.parts.stepsMs[slot]!;
     }
     list.count = size;
   }

@@ -97,6 +97,10 @@ export function routeAnswer(core: KvedgeCore, { decision, queryBlocks }: RouteOu
       active_prefill_tokens: list.activePrefillTokens[i]!,
       active_decode_blocks: list.activeDecodeBlocks[i]!,
       active_requests: list.activeRequests[i]!,
+      predicted_ttft_ms: list.predictedTtftMs[i]!,
+      queue_ms: list.queueMs[i]!,
+      prefill_ms: list.prefillMs[i]!,
+      steps_ms: list.stepsMs[i]!,
     });
   }
   return {
@@ -106,6 +110,7 @@ export function routeAnswer(core: KvedgeCore, { decision, queryBlocks }: RouteOu
     query_blocks: queryBlocks,
     overlap_blocks: decision.overlapBlocks,
     cost: decision.cost,
+    predicted_ttft_ms: decision.predictedTtftMs,
     candidates,
   };
 }
@@ -154,6 +159,9 @@ export function workersOp(service: KvedgeCore) {
         suspect: view.observed.suspect,
         under_predicted: view.observed.underPredicted,
       },
+      prefill_tokens_per_sec: view.times.prefillTokensPerSecond,
+      step_base_ms: view.times.stepBaseMs,
+      calibration_samples: view.times.samples,
     })),
   };
 }
@@ -207,7 +215,8 @@ const K = {
   request_id: key("request_id"), worker_id: key("worker_id"), dp_rank: key("dp_rank"), query_blocks: key("query_blocks"),
   overlap_blocks: key("overlap_blocks"), cost: key("cost"), candidates: key("candidates"), degraded: key("degraded"),
   active_prefill_tokens: key("active_prefill_tokens"), active_decode_blocks: key("active_decode_blocks"),
-  active_requests: key("active_requests"),
+  active_requests: key("active_requests"), predicted_ttft_ms: key("predicted_ttft_ms"), queue_ms: key("queue_ms"),
+  prefill_ms: key("prefill_ms"), steps_ms: key("steps_ms"),
 };
 
 /**
@@ -217,7 +226,7 @@ const K = {
  * largest costs (and most of the garbage) per route.
  */
 export function writeRouteAnswer(writer: MsgpackWriter, core: KvedgeCore, { decision, queryBlocks }: RouteOutcome): void {
-  writer.mapHeader(7);
+  writer.mapHeader(8);
   writer.encoded(K.request_id);
   writer.string(decision.requestId);
   writer.encoded(K.worker_id);
@@ -230,11 +239,13 @@ export function writeRouteAnswer(writer: MsgpackWriter, core: KvedgeCore, { deci
   writer.number(decision.overlapBlocks);
   writer.encoded(K.cost);
   writer.number(decision.cost);
+  writer.encoded(K.predicted_ttft_ms);
+  writer.number(decision.predictedTtftMs);
   writer.encoded(K.candidates);
   const list = decision.candidates;
   writer.arrayHeader(list.count);
   for (let i = 0; i < list.count; i++) {
-    writer.mapHeader(8);
+    writer.mapHeader(12);
     writer.encoded(K.worker_id);
     writer.string(core.workerIdTextOf(list.slots[i]!));
     writer.encoded(K.dp_rank);
@@ -251,5 +262,13 @@ export function writeRouteAnswer(writer: MsgpackWriter, core: KvedgeCore, { deci
     writer.number(list.activeDecodeBlocks[i]!);
     writer.encoded(K.active_requests);
     writer.number(list.activeRequests[i]!);
+    writer.encoded(K.predicted_ttft_ms);
+    writer.number(list.predictedTtftMs[i]!);
+    writer.encoded(K.queue_ms);
+    writer.number(list.queueMs[i]!);
+    writer.encoded(K.prefill_ms);
+    writer.number(list.prefillMs[i]!);
+    writer.encoded(K.steps_ms);
+    writer.number(list.stepsMs[i]!);
   }
 }

@@ -270,6 +270,13 @@ export function registerRouterMetrics(registry: MetricsRegistry, router: Router)
     (w) => w.activePrefillTokens);
   perWorker("kvedge_worker_active_decode_blocks", "Distinct KV blocks of the worker's active requests (plus expected output blocks if tracked).",
     "gauge", (w) => w.activeDecodeBlocks);
+  const times = (slot: number) => router.learnedTimes(slot);
+  perWorker("kvedge_worker_prefill_tokens_per_second", "Prefill speed the router predicts the worker with (learned when route.calibrate is on).",
+    "gauge", (w) => times(w.slot)?.prefillTokensPerSecond ?? router.ttft.prefillTokensPerSecond);
+  perWorker("kvedge_worker_step_base_ms", "Scheduler step base cost the router predicts the worker with, ms (learned when route.calibrate is on).",
+    "gauge", (w) => times(w.slot)?.stepBaseMs ?? router.ttft.stepBaseMs);
+  perWorker("kvedge_worker_calibration_samples", "Lifecycle timings the worker's time model was learned from.", "gauge",
+    (w) => times(w.slot)?.samples ?? 0);
   perWorker("kvedge_worker_degraded", "1 if the worker lost events it could not replay (its overlap is discounted).", "gauge",
     (w) => (w.degraded ? 1 : 0));
   registerSamples(registry, {
@@ -387,7 +394,7 @@ export function registerServiceMetrics(registry: MetricsRegistry, service: Kvedg
   perSource("kvedge_ingest_gaps_total", "Sequence gaps seen.", "counter", [], (source, emit) => emit(source.sequencer.counters.gaps));
   perSource("kvedge_ingest_lost_batches_total", "Batches lost for good (no replay, replay failed or too short).", "counter", [],
     (source, emit) => emit(source.sequencer.counters.lost));
-  perSource("kvedge_ingest_replays_total", "Replay requests by outcome.", "counter", ["result"], (source, emit) => {
+  perSource("kvedge_ingest_replays_total", "Replay requests (connect probes included) by outcome.", "counter", ["result"], (source, emit) => {
     const c = source.sequencer.counters;
     emit(c.replaysRequested, { result: "requested" });
     emit(c.replaysCompleted, { result: "completed" });
@@ -395,6 +402,18 @@ export function registerServiceMetrics(registry: MetricsRegistry, service: Kvedg
   });
   perSource("kvedge_ingest_resets_total", "Engine restarts detected (the worker's blocks were cleared).", "counter", [],
     (source, emit) => emit(source.sequencer.counters.restarts));
+  perSource("kvedge_ingest_continuity_total", "What each connect probe (replay from 0) established: probe (asked), "
+    + "continued (same stream), rebuilt (cleared and rebuilt from a ring starting at 0); and stray (sequence jumps skipped).",
+    "counter", ["outcome"], (source, emit) => {
+      const c = source.sequencer.counters;
+      emit(c.probes, { outcome: "probe" });
+      emit(c.continued, { outcome: "continued" });
+      emit(c.rebuilds, { outcome: "rebuilt" });
+      emit(c.straySeqs, { outcome: "stray" });
+    });
+  perSource("kvedge_ingest_replay_buffer_dropped_total", "Live batches dropped because the bytes held during a replay "
+    + "reached ingest.replay_buffer_bytes (then counted lost).", "counter", [],
+    (source, emit) => emit(source.sequencer.counters.bufferDropped));
   perSource("kvedge_ingest_reconnects_total", "Re-dials of the engine's publisher.", "counter", [],
     (source, emit) => emit(source.socketCounters.sub.reconnects));
   perSource("kvedge_ingest_protocol_errors_total", "ZMTP protocol errors and malformed messages, by kind.", "counter", ["kind"],

@@ -21,7 +21,7 @@ import { kvedgeRouter, KvedgeClient } from "./kvedge-client";
 import { NetworkedEngine } from "./networked-engine";
 import { type ProxyReport, runProxyReplay } from "./proxy-replay";
 import { percentile, type PolicyReport } from "./outcome";
-import { createPolicy, type PolicyName } from "./policies";
+import { createPolicy, type KvAwareConfig, type PolicyName } from "./policies";
 import { policyClient, replayRealtime, type RealtimeProgress } from "./realtime";
 import { startServeChild, type ServeChild, withServeTail } from "./serve-process";
 import { engineSeeds, simulate } from "./simulator";
@@ -49,6 +49,13 @@ export interface DemoOptions {
   readonly vocabSize: number;
   readonly form: "array" | "map";
   readonly realtimeBaselines: boolean;
+  /**
+   * Everything in virtual time: kv_aware is kvedge's router in-process (the real
+   * `Router`, told each engine's true cache as its overlaps), no kvedge serve.
+   */
+  readonly virtual?: boolean;
+  /** kv_aware's router settings in virtual time (default: route policy ttft, the engines' constants). */
+  readonly kvAware?: KvAwareConfig;
   /** Extra `kvedge serve` arguments (e.g. --cpus). */
   readonly serveArgs: readonly string[];
   /** How to start kvedge (default: this executable). */
@@ -119,7 +126,16 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
     // so peak memory is one run's, not the sum of all.
     Bun.gc(true);
     const phaseStarted = performance.now();
-    if (policy === "kv_aware" && options.proxy === true) {
+    if (options.virtual === true) {
+      options.progress?.(`${policy}: replaying in virtual time…`);
+      const report = simulate(options.trace, {
+        policy: policy === "kv_aware" ? "kv_aware_model" : policy, workers: options.workers,
+        capacityBlocks: options.capacityBlocks, blockSize: options.blockSize, time: options.time, seed: options.seed,
+        vocabSize: options.vocabSize, ...(options.kvAware === undefined ? {} : { kvAware: options.kvAware }),
+      });
+      policies[policy] = { ...report, policy, mode: "in-process, virtual time", wall_s: (performance.now() - phaseStarted) / 1000 };
+      options.progress?.("");
+    } else if (policy === "kv_aware" && options.proxy === true) {
       const run = await runProxyReplay(options);
       policies[policy] = { ...run.report, mode: "kvedge", wall_s: (performance.now() - phaseStarted) / 1000 };
       proxy = run.proxy;

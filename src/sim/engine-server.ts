@@ -14,6 +14,8 @@
  *     with usage.prompt_tokens_details.cached_tokens from the cache (./engine-openai.ts)
  *   POST /v1/reset   vLLM's reset_prefix_cache: AllBlocksCleared (409 while requests run)
  *   GET  /v1/stats   engine, cache and publisher counters
+ *   GET  /v1/cache   every cached block's external hash (decimal), and the last published seq:
+ *                    the truth a router's index is compared with
  *   GET  /healthz
  *
  * Requests arrive at the engine's current model time (model ms = wall ms × speedup
@@ -138,6 +140,7 @@ export class EngineServer {
         "/v1/models": { GET: wrap((request) => openAi.models(request)) },
         "/v1/reset": { POST: wrap((request) => this.reset(request)) },
         "/v1/stats": { GET: wrap((request) => reply(request, 200, this.stats())) },
+        "/v1/cache": { GET: wrap((request) => reply(request, 200, this.cache())) },
         "/healthz": { GET: wrap((request) => reply(request, 200, { status: "ok" })) },
       },
       fetch: (request) => errorReply(request, new HttpError(404, `no such endpoint: ${new URL(request.url).pathname}`)),
@@ -165,6 +168,15 @@ export class EngineServer {
         cached_blocks: engine.cache.cachedBlocks, used_blocks: engine.cache.usedBlocks,
       },
       publisher: { ...networked.counters, last_seq: networked.lastSeq, subscribers: networked.subscribers },
+    };
+  }
+
+  /** The cached blocks by external hash, with the seq of the batch that last changed them. */
+  cache() {
+    const { networked } = this.options;
+    return {
+      last_seq: networked.lastSeq,
+      block_hashes: networked.engine.cache.snapshot().map((block) => block.hash.toString()),
     };
   }
 

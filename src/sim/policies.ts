@@ -7,13 +7,14 @@
  * - `approx_prefix`: SGLang / SMG `cache_aware`, which learns only from its own
  *   decisions (an approximate radix tree per worker, never told about evictions);
  *   defaults are SMG's command-line defaults (see ApproxPrefixConfig).
- * - `kv_aware_model`: a stand-in for kvedge's router: each engine's true cache contents
- *   (what an exact event-fed index holds, without event lag) and Dynamo's cost model
- *   (reference §5.2) over the router's own load bookkeeping.
+ * - `kv_aware_model`: kvedge's real router (src/route) told each engine's true cache
+ *   contents (what an exact event-fed index holds, without event lag), deciding by its
+ *   route policy (ttft by default, or Dynamo's cost) over its own load bookkeeping.
  *
  * The simulator calls `route` on arrival, `prefillDone` at the first token and
  * `finished` at the end, which is the request lifecycle a router is told about.
  */
+import { type EngineTimeModel, Router, type RoutePolicy, type RouteWeights, type TtftSettings } from "../route";
 import { PairTable } from "./pair-table";
 import { createRng, randomInt, type Rng } from "./random";
 
@@ -294,97 +295,60 @@ class ApproxPrefix implements RoutingPolicy {
 }
 
 /**
- * Dynamo's default worker selector (reference §5.2) on exact cache knowledge:
- *
- *   cost(w) = prefillLoadScale · max(0, (activePrefillTokens[w] + isl) / bs
- *                                         − overlapCredit · overlapBlocks[w])
- *           + activeBlocks[w] + (promptBlocks − prefix of the prompt already active on w)
- *
- * argmin, ties uniformly at random. activePrefillTokens counts each routed request's
- * uncached tokens until its first token; activeBlocks counts distinct prompt blocks of
- * requests routed to w and not finished.
+ * kvedge's router (src/route) in-process: the real `Router`, told each engine's true
+ * cached prefix as the overlaps an exact, lag-free index would report, and the
+ * request lifecycle at the engine's modeled moments, on the simulator's clock.
  */
 export interface KvAwareConfig {
-  readonly overlapCredit: number;
-  readonly prefillLoadScale: number;
+  readonly policy: RoutePolicy;
+  readonly weights?: Partial<RouteWeights>;
+  readonly ttft?: Partial<TtftSettings>;
+  /** Learn each engine's prefill speed and step cost from lifecycle timings. */
+  readonly calibrate?: boolean;
 }
 
-export const DEFAULT_KV_AWARE: KvAwareConfig = { overlapCredit: 1, prefillLoadScale: 1 };
+export const DEFAULT_KV_AWARE: KvAwareConfig = { policy: "ttft" };
 
-interface KvRouted {
-  readonly worker: number;
-  readonly path: Uint32Array;
-  readonly blocks: number;
-  prefillTokens: number;
-}
+/** Longer than any replay: requests end by `done`, never by expiry. */
+const SIM_REQUEST_TTL_MS = 1e15;
 
-class KvAwareModel implements RoutingPolicy {
+export class KvAwareModel implements RoutingPolicy {
   readonly name = "kv_aware_model";
-  private readonly activePrefillTokens: Float64Array;
-  private readonly activeBlocks: PairTable[] = [];
-  private readonly routed = new Map<number, KvRouted>();
-  private readonly overlap: Float64Array;
-  private readonly cost: Float64Array;
+  readonly router: Router;
+  private nowMs = 0;
+  private readonly slots: Int32Array;
+  private readonly overlaps: { count: number; slots: Int32Array; blocks: Float64Array };
 
-  constructor(
-    private readonly workers: number,
-    private readonly blockSize: number,
-    private readonly probe: CacheProbe,
-    private readonly config: KvAwareConfig,
-    private readonly rng: Rng,
-  ) {
-    this.activePrefillTokens = new Float64Array(workers);
-    for (let w = 0; w < workers; w++) this.activeBlocks.push(new PairTable());
-    this.overlap = new Float64Array(workers);
-    this.cost = new Float64Array(workers);
+  constructor(workers: number, blockSize: number, private readonly probe: CacheProbe, config: KvAwareConfig, rng: Rng) {
+    this.router = new Router({
+      blockSize, requestTtlMs: SIM_REQUEST_TTL_MS, now: () => this.nowMs, random: rng,
+      policy: config.policy, calibrate: config.calibrate === true, ...(config.weights === undefined ? {} : { weights: config.weights }),
+      ...(config.ttft === undefined ? {} : { ttft: config.ttft }),
+    });
+    this.slots = new Int32Array(workers);
+    for (let w = 0; w < workers; w++) this.slots[w] = this.router.load.addWorker(BigInt(w), 0);
+    this.overlaps = { count: workers, slots: this.slots, blocks: new Float64Array(workers) };
   }
 
-  route(query: RouteQuery): number {
-    const bs = this.blockSize;
-    const { overlapCredit, prefillLoadScale } = this.config;
-    for (let w = 0; w < this.workers; w++) {
-      const overlap = this.probe(w, query);
-      this.overlap[w] = overlap;
-      const raw = (this.activePrefillTokens[w]! + query.promptLength) / bs;
-      const prefill = prefillLoadScale * Math.max(0, raw - overlapCredit * overlap);
-      const active = this.activeBlocks[w]!;
-      const decode = active.size + query.promptBlocks - activePrefix(active, query.path, query.promptBlocks);
-      this.cost[w] = prefill + decode;
-    }
-    const worker = argminRandomTies(this.cost, this.workers, this.rng);
-    const prefillTokens = Math.max(0, query.promptLength - this.overlap[worker]! * bs);
-    this.activePrefillTokens[worker]! += prefillTokens;
-    const active = this.activeBlocks[worker]!;
-    const path = query.path;
-    for (let i = 0; i < query.promptBlocks; i++) active.adjust(path[2 * i]!, path[2 * i + 1]!, 1);
-    if (this.routed.has(query.id)) throw new Error(`request ${query.id} routed twice`);
-    this.routed.set(query.id, { worker, path: query.path, blocks: query.promptBlocks, prefillTokens });
-    return worker;
+  route(query: RouteQuery, nowMs: number): number {
+    this.nowMs = nowMs;
+    const blocks = this.overlaps.blocks;
+    for (let w = 0; w < this.slots.length; w++) blocks[w] = this.probe(w, query);
+    const decision = this.router.route({
+      chain: query.path, blockCount: query.promptBlocks, tokenCount: query.promptLength, requestId: String(query.id),
+    }, this.overlaps);
+    return Number(decision.workerId);
   }
 
-  prefillDone(id: number): void {
-    const entry = this.routed.get(id);
-    if (entry === undefined) throw new Error(`prefill of request ${id} that was never routed`);
-    this.activePrefillTokens[entry.worker]! -= entry.prefillTokens;
-    entry.prefillTokens = 0;
+  prefillDone(id: number, nowMs: number): void {
+    this.nowMs = nowMs;
+    if (this.router.load.prefillDone(String(id)) !== "ok") throw new Error(`prefill of request ${id} that was never routed`);
   }
 
-  finished(id: number): void {
-    const entry = this.routed.get(id);
-    if (entry === undefined) throw new Error(`request ${id} finished but was never routed`);
-    this.routed.delete(id);
-    this.activePrefillTokens[entry.worker]! -= entry.prefillTokens;
-    const active = this.activeBlocks[entry.worker]!;
-    const path = entry.path;
-    for (let i = 0; i < entry.blocks; i++) active.adjust(path[2 * i]!, path[2 * i + 1]!, -1);
+  finished(id: number, nowMs: number): void {
+    this.nowMs = nowMs;
+    if (this.router.load.done(String(id)) !== "ok") throw new Error(`request ${id} finished but was never routed`);
   }
-}
-
-/** Leading prompt blocks already held by requests active on a worker. */
-function activePrefix(active: PairTable, path: Uint32Array, blocks: number): number {
-  let i = 0;
-  while (i < blocks && active.has(path[2 * i]!, path[2 * i + 1]!)) i++;
-  return i;
 }
 
 export interface PolicyOptions {
@@ -395,6 +359,8 @@ export interface PolicyOptions {
   readonly probe?: CacheProbe;
   readonly approxPrefix?: ApproxPrefixConfig;
   readonly kvAware?: KvAwareConfig;
+  /** The engines' speed: what kv_aware_model's router assumes unless `kvAware.ttft` says otherwise. */
+  readonly time?: EngineTimeModel;
 }
 
 export function createPolicy(name: PolicyName, options: PolicyOptions): RoutingPolicy {
@@ -411,7 +377,16 @@ export function createPolicy(name: PolicyName, options: PolicyOptions): RoutingP
       return new ApproxPrefix(workers, blockSize, options.approxPrefix ?? DEFAULT_APPROX_PREFIX);
     case "kv_aware_model": {
       if (options.probe === undefined) throw new Error("kv_aware_model needs a cache probe");
-      return new KvAwareModel(workers, blockSize, options.probe, options.kvAware ?? DEFAULT_KV_AWARE, rng);
+      const config = options.kvAware ?? DEFAULT_KV_AWARE;
+      const ttft = { ...engineConstants(options.time), ...config.ttft };
+      return new KvAwareModel(workers, blockSize, options.probe, { ...config, ttft }, rng);
     }
   }
+}
+
+/** Only the constants a router's time model takes (a sim TimeModel has more). */
+function engineConstants(time: EngineTimeModel | undefined): Partial<EngineTimeModel> {
+  if (time === undefined) return {};
+  const { prefillTokensPerSecond, stepBaseMs, kvReadMsPerMillionTokens, maxBatchedTokens } = time;
+  return { prefillTokensPerSecond, stepBaseMs, kvReadMsPerMillionTokens, maxBatchedTokens };
 }

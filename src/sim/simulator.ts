@@ -11,7 +11,7 @@ import { blockCount, chainHashes, DEFAULT_SEED, hashBlocks } from "../hash";
 import { DEFAULT_BLOCK_SIZE, EngineCache, type KvEventBatch } from "./engine-cache";
 import { MockEngine } from "./engine";
 import {
-  createPolicy, type ApproxPrefixConfig, type KvAwareConfig, type PolicyName, type RouteQuery,
+  createPolicy, type ApproxPrefixConfig, type KvAwareConfig, type PolicyName, type RouteQuery, type RoutingPolicy,
 } from "./policies";
 import { RunRecorder, percentile, type PolicyReport } from "./outcome";
 import { createRng, randomU64 } from "./random";
@@ -33,6 +33,8 @@ export interface SimOptions {
   readonly kvAware?: KvAwareConfig;
   /** Receives every engine's KV event batches in order (off: events are not built). */
   readonly onBatch?: (worker: number, batch: KvEventBatch) => void;
+  /** Called with the policy once the replay ends (to read what it learned). */
+  readonly onFinish?: (policy: RoutingPolicy) => void;
   /** Run the O(capacity) cache consistency checks at the end (default: KVEDGE_VERIFY=1). */
   readonly verify?: boolean;
 }
@@ -87,7 +89,7 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
   const onBatch = options.onBatch;
   const engines: MockEngine[] = [];
   const policy = createPolicy(options.policy, {
-    workers, blockSize, seed, approxPrefix: options.approxPrefix, kvAware: options.kvAware,
+    workers, blockSize, seed, approxPrefix: options.approxPrefix, kvAware: options.kvAware, time,
     probe: (worker, query) => engines[worker]!.cache.cachedPrefixBlocks(query.tokens, query.promptLength),
   });
   const recorder = new RunRecorder(trace, {
@@ -134,6 +136,7 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
       break;
     }
   }
+  options.onFinish?.(policy);
   return recorder.report(options.policy, engines, options.verify ?? VERIFY);
 }
 

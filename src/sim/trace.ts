@@ -206,16 +206,22 @@ export interface TraceTransform {
   readonly duplicationFactor?: number;
   /** Multiplies arrival times (< 1 packs the trace tighter: more load). */
   readonly timeScale?: number;
-  /** Keep only the first N requests (after duplication). */
+  /** Skip the first N requests (after duplication); the rest arrive N requests' span earlier. */
+  readonly start?: number;
+  /** Keep only the first N requests (after duplication and the skip). */
   readonly requests?: number;
 }
 
-/** Applies Dynamo's trace transforms (F, then K, then time scale, then truncation). */
+/** Applies Dynamo's trace transforms (F, then K, then time scale, then the skip and truncation). */
 export function transformTrace(trace: Trace, transform: TraceTransform): Trace {
   const factor = transform.lengthFactor ?? 1;
   const copies = transform.duplicationFactor ?? 1;
   const timeScale = transform.timeScale ?? 1;
-  const limit = Math.min(transform.requests ?? trace.count * copies, trace.count * copies);
+  const start = transform.start ?? 0;
+  if (!Number.isSafeInteger(start) || start < 0 || start >= trace.count * copies) {
+    throw new TraceError(0, `start must be an integer in [0, ${trace.count * copies}), got ${start}`);
+  }
+  const limit = Math.min(transform.requests ?? trace.count * copies, trace.count * copies - start);
   if (!Number.isSafeInteger(factor) || factor < 1) {
     throw new TraceError(0, `length factor must be an integer ≥ 1, got ${factor}`);
   }
@@ -237,16 +243,23 @@ export function transformTrace(trace: Trace, transform: TraceTransform): Trace {
   if (longest * factor > ID_MAX) throw new TraceError(0, `prompts overflow u32 with length factor ${factor}`);
   // Copies of one request stay adjacent, so truncation keeps whole time ranges.
   const requests: RawRequest[] = [];
+  let skipped = 0;
+  let offsetMs = 0;
   for (let i = 0; i < trace.count && requests.length < limit; i++) {
     const ids = requestIds(trace, i);
     for (let c = 0; c < copies && requests.length < limit; c++) {
+      if (skipped < start) {
+        skipped++;
+        continue;
+      }
       const out = new Array<number>(ids.length * factor);
       for (let k = 0; k < ids.length; k++) {
         for (let j = 0; j < factor; j++) out[k * factor + j] = c * span + ids[k]! * factor + j;
       }
       const session = trace.sessions?.[i] ?? null;
+      if (requests.length === 0) offsetMs = trace.arrivalMs[i]! - trace.arrivalMs[0]!;
       requests.push({
-        arrivalMs: trace.arrivalMs[i]! * timeScale,
+        arrivalMs: (trace.arrivalMs[i]! - offsetMs) * timeScale,
         inputLength: trace.inputLength[i]! * factor,
         outputLength: trace.outputLength[i]!,
         ids: out,

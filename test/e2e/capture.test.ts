@@ -39,7 +39,7 @@ describe("kvedge capture", () => {
     expect(await proc.exited).toBe(0);
     const stderr = await new Response(proc.stderr).text();
     expect(stderr).toContain("5 events written (3 stored, 1 removed, 1 cleared)");
-    expect(stderr).toContain("gaps 1, replays 1 (0 failed)");
+    expect(stderr).toContain("gaps 1, replays 2 (0 failed)");
     expect(stderr).toContain("block_size_mismatch=1");
 
     const lines = readFileSync(out, "utf8").trim().split("\n").map((line) => JSON.parse(line));

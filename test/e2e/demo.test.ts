@@ -72,8 +72,27 @@ describe("kvedge demo", () => {
     expect(result.stdout).not.toContain("\x1b"); // no progress bar without a terminal
   });
 
+  test("--virtual: kv_aware is kvedge's router in-process, deterministic, the demo's JSON shape", async () => {
+    const args = ["demo", "--virtual", "--trace", join(ROOT, "data", "traces", "conversation_trace.jsonl"), "--start", "100",
+      "--requests", "150", "--workers", "4", "--time-scale", "0.5", "--json"];
+    const first = await runKvedge(args);
+    expect(first.code).toBe(0);
+    const demo = JSON.parse(first.stdout) as Json;
+    expect(demo.router).toBeNull();
+    expect(demo.config.start).toBe(100);
+    expect(demo.config.requests).toBe(150);
+    for (const name of ["kv_aware", "round_robin", "random", "least_loaded", "approx_prefix"]) {
+      const policy = demo.policies[name];
+      expect(policy.mode).toBe("in-process, virtual time");
+      for (const field of ["hit_rate", "prefill_tokens", "ttft_p50_ms", "ttft_p99_ms"]) expect(Number.isFinite(policy[field])).toBe(true);
+    }
+    const again = JSON.parse((await runKvedge(args)).stdout) as Json;
+    expect(again.policies.kv_aware.worker_requests).toEqual(demo.policies.kv_aware.worker_requests);
+    expect(again.policies.kv_aware.ttft_p99_ms).toBe(demo.policies.kv_aware.ttft_p99_ms);
+  });
+
   test("usage errors are one line, exit 2", async () => {
-    for (const args of [["--policies", "fastest"], ["--workers", "0"], ["--trace", "/no/such/file"], ["--speedup", "fast"], ["extra"]]) {
+    for (const args of [["--policies", "fastest"], ["--route-policy", "fastest"], ["--virtual", "--start", "99999999"], ["--workers", "0"], ["--trace", "/no/such/file"], ["--speedup", "fast"], ["extra"]]) {
       const result = await runKvedge(["demo", ...args]);
       expect(result.code).toBe(2);
       expect(result.stderr.trim().split("\n")).toHaveLength(1);

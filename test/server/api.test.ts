@@ -57,3 +57,20 @@ describe("routeOp candidates", () => {
     expect(() => routeOp(service, { token_ids: [1, 2, 3], candidates: CANDIDATES_MAX + 1 })).toThrow(/candidates/);
   });
 });
+
+describe("routeOp explanation", () => {
+  test("every candidate carries its predicted TTFT and parts; under the default policy they make its cost", () => {
+    const service = new KvedgeCore({ config: loadConfig({ env: {} }).config, log: silentLogger, random: () => 0.5 });
+    for (let w = 1; w <= 4; w++) service.router.load.addWorker(BigInt(w), 0);
+    for (let i = 0; i < 6; i++) routeOp(service, { token_ids: Array.from({ length: 500 + 100 * i }, (_, t) => t + 1000 * i) });
+    const answer = routeOp(service, { token_ids: Array.from({ length: 300 }, (_, t) => t), candidates: 4 });
+    expect(answer.candidates).toHaveLength(4);
+    for (const c of answer.candidates) {
+      expect(c.predicted_ttft_ms).toBeCloseTo(c.queue_ms + c.prefill_ms + c.steps_ms, 9);
+      expect(c.cost).toBeCloseTo(c.predicted_ttft_ms + 12 * c.prefill_ms, 9);
+      expect(c.prefill_ms).toBeCloseTo(300 / 15, 9); // nothing cached: 300 tokens at 15 per ms
+    }
+    expect(answer.predicted_ttft_ms).toBe(answer.candidates[0]!.predicted_ttft_ms);
+    expect(answer.candidates.some((c) => c.queue_ms > 0)).toBe(true);
+  });
+});

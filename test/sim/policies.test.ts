@@ -108,11 +108,12 @@ describe("approx_prefix (SGLang cache_aware)", () => {
   });
 });
 
-describe("kv_aware_model (Dynamo's cost on exact overlaps)", () => {
+describe("kv_aware_model with route policy dynamo (Dynamo's cost on exact overlaps, through the real Router)", () => {
+  const dynamo = { policy: "dynamo" } as const;
   test("hand-worked costs: overlap credit, then prefill and decode load", () => {
     const overlaps = new Map<number, number[]>([[0, [3, 0]], [1, [0, 0]], [2, [0, 0]]]);
     const policy = createPolicy("kv_aware_model", {
-      workers: 2, blockSize: BS, seed: 1, probe: (worker, q) => overlaps.get(q.id)![worker]!,
+      workers: 2, blockSize: BS, seed: 1, probe: (worker, q) => overlaps.get(q.id)![worker]!, kvAware: dynamo,
     });
     // Request 0 (16 tokens): w0 = max(0, 16/4 − 3) + (0 + 4) = 5; w1 = 4 + 4 = 8.
     expect(policy.route(query(0, [1, 2, 3, 4]), 0)).toBe(0);
@@ -124,7 +125,7 @@ describe("kv_aware_model (Dynamo's cost on exact overlaps)", () => {
   });
 
   test("prefill completion and finish release the load they added", () => {
-    const policy = createPolicy("kv_aware_model", { workers: 2, blockSize: BS, seed: 3, probe: () => 0 });
+    const policy = createPolicy("kv_aware_model", { workers: 2, blockSize: BS, seed: 3, probe: () => 0, kvAware: dynamo });
     const first = policy.route(query(0, [1, 2, 3, 4]), 0); // tie 8 vs 8: broken at random
     expect(policy.route(query(1, [5, 6, 7, 8]), 0)).toBe(1 - first); // (4+16)/4 + 8 = 13 vs 8
     policy.prefillDone(0, 1);

@@ -23,8 +23,8 @@ export interface TestEngineOptions {
 }
 
 export class TestEngine {
-  readonly pub = new PubSocket({ heartbeatIntervalMs: 1000 });
-  readonly router: RouterSocket | null;
+  pub = new PubSocket({ heartbeatIntervalMs: 1000 });
+  router: RouterSocket | null;
   endpoint = "";
   replayEndpoint: string | null = null;
   /** Next sequence number. */
@@ -57,10 +57,21 @@ export class TestEngine {
     return seq;
   }
 
-  /** The engine process restarted: sequence from 0, nothing to replay. */
-  restart(): void {
+  /**
+   * The engine process restarted: new sockets on the same addresses (subscribers see a
+   * new connection), sequence from 0, nothing to replay.
+   */
+  async restart(): Promise<void> {
+    await Promise.all([this.pub.close(), this.router?.close()]);
     this.seq = 0n;
     this.ring.length = 0;
+    this.pub = new PubSocket({ heartbeatIntervalMs: 1000 });
+    await this.pub.bind(this.endpoint);
+    if (this.router !== null) {
+      this.router = new RouterSocket();
+      await this.router.bind(this.replayEndpoint!);
+      this.router.onMessage = (identity, frames) => this.serveReplay(identity, frames);
+    }
   }
 
   /** Waits until a subscriber's subscription has reached the PUB (else messages are filtered out). */

@@ -1,0 +1,188 @@
+/**
+ * The fault suite's rig: real `kvedge mock-engine` and `kvedge serve` processes on
+ * loopback, and the comparison every fault test ends with: the blocks kvedge's index
+ * holds for a worker (from `GET /v1/dump`) against the blocks the engine really caches
+ * (`GET /v1/cache` of the mock engine).
+ */
+import { expect } from "bun:test";
+import type { Subprocess } from "bun";
+import { kvedgeBinary } from "../support/kvedge";
+import { eventually, type ServeProcess, startServe } from "../support/serve";
+
+export type Json = Record<string, any>;
+
+export interface MockEngineSpec {
+  /** PUB endpoint; default a free port on 127.0.0.1. */
+  readonly endpoint?: string;
+  /** Replay ROUTER endpoint; null: no replay; default a free port. */
+  readonly replayEndpoint?: string | null;
+  readonly httpPort?: number;
+  readonly bufferSteps?: number;
+  readonly capacityBlocks?: number;
+}
+
+export interface MockEngineProcess {
+  readonly endpoint: string;
+  readonly replayEndpoint: string | null;
+  readonly http: string;
+  readonly httpPort: number;
+  readonly proc: Subprocess<"ignore", "pipe", "pipe">;
+  /** The same engine's addresses, to start a fresh process in its place. */
+  readonly spec: MockEngineSpec;
+}
+
+/** Starts `kvedge mock-engine` (fast model clock) and waits for its address line. */
+export async function startMockEngine(spec: MockEngineSpec = {}): Promise<MockEngineProcess> {
+  const replay = spec.replayEndpoint === undefined ? "tcp://127.0.0.1:0" : spec.replayEndpoint;
+  const args = [
+    "mock-engine", "--endpoint", spec.endpoint ?? "tcp://127.0.0.1:0", "--capacity-blocks", String(spec.capacityBlocks ?? 400),
+    "--speedup", "200", "--http-port", String(spec.httpPort ?? 0),
+    ...(replay === null ? [] : ["--replay-endpoint", replay]),
+    ...(spec.bufferSteps === undefined ? [] : ["--buffer-steps", String(spec.bufferSteps)]),
+  ];
+  const proc = Bun.spawn([kvedgeBinary(), ...args], {
+    env: { PATH: process.env.PATH ?? "" }, stdin: "ignore", stdout: "pipe", stderr: "pipe",
+  });
+  void new Response(proc.stderr).text(); // drained so the engine never blocks on its logs
+  const reader = proc.stdout.getReader();
+  let text = "";
+  const deadline = performance.now() + 10_000;
+  while (!text.includes("\n")) {
+    if (performance.now() > deadline) throw new Error("mock engine did not print its addresses");
+    const { value, done } = await reader.read();
+    if (done) throw new Error(`mock engine exited before listening (code ${await proc.exited})`);
+    text += new TextDecoder().decode(value);
+  }
+  reader.releaseLock();
+  const line = JSON.parse(text.slice(0, text.indexOf("\n"))) as Json;
+  const httpPort = Number(new URL(line.http).port);
+  return {
+    endpoint: line.endpoint, replayEndpoint: line.replay_endpoint, http: line.http, httpPort, proc,
+    spec: { ...spec, endpoint: line.endpoint, replayEndpoint: line.replay_endpoint, httpPort },
+  };
+}
+
+/** SIGKILLs the engine and starts a new process on the same addresses (an engine restart). */
+export async function restartEngine(engine: MockEngineProcess): Promise<MockEngineProcess> {
+  engine.proc.kill("SIGKILL");
+  await engine.proc.exited;
+  let failure: unknown;
+  for (let attempt = 0; attempt < 20; attempt++) {
+    try {
+      return await startMockEngine(engine.spec);
+    } catch (error) {
+      failure = error; // the old sockets' ports may take a moment to free up
+      await Bun.sleep(100);
+    }
+  }
+  throw failure;
+}
+
+export async function stopEngine(engine: MockEngineProcess): Promise<void> {
+  engine.proc.kill("SIGKILL");
+  await engine.proc.exited;
+}
+
+/** The worker spec for `--workers`. */
+export function workerSpec(id: number, engine: MockEngineProcess): string {
+  return `${id}=${engine.endpoint}${engine.replayEndpoint === null ? "" : `;replay=${engine.replayEndpoint}`}`;
+}
+
+/** `kvedge serve` for the engines, with quick reconnects unless `reconnectMs` says otherwise. */
+export async function serveFor(engines: string[], extra: string[] = [], reconnectMs = [50, 200]): Promise<ServeProcess> {
+  return await startServe([
+    "--warmup-routes", "0", "--reconnect-min-ms", String(reconnectMs[0]), "--reconnect-max-ms", String(reconnectMs[1]),
+    "--workers", engines.join(","), ...extra,
+  ]);
+}
+
+/** Waits until `count` subscribers are attached to the engine's PUB (earlier batches would miss them). */
+export async function subscribed(engine: MockEngineProcess, count = 1): Promise<void> {
+  await eventually(async () => {
+    const stats = (await (await fetch(`${engine.http}/v1/stats`)).json()) as Json;
+    return stats.publisher.subscribers >= count ? true : undefined;
+  }, 15_000, "kvedge subscribed to the engine");
+}
+
+/** Distinct prompts of `blocks` full blocks of 16 tokens, the first `shared` blocks common to all. */
+export function prompts(count: number, blocks: number, salt: number, shared = 1): number[][] {
+  return Array.from({ length: count }, (_, i) => Array.from({ length: blocks * 16 }, (_, t) =>
+    t < shared * 16 ? 1 + t : 1000 + salt * 100_000 + i * 1000 + t));
+}
+
+/** Runs every prompt on the engine (a few output tokens each) and waits for all to finish. */
+export async function generate(engine: MockEngineProcess, all: number[][]): Promise<void> {
+  await Promise.all(all.map(async (tokens) => {
+    const response = await fetch(`${engine.http}/v1/generate`, {
+      method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ token_ids: tokens, max_tokens: 4 }),
+    });
+    if (response.status !== 200) throw new Error(`generate: ${response.status} ${await response.text()}`);
+    await response.arrayBuffer();
+  }));
+}
+
+/** What the engine really caches now. */
+export async function engineCache(engine: MockEngineProcess): Promise<{ lastSeq: number; blocks: Set<string> }> {
+  const body = (await (await fetch(`${engine.http}/v1/cache`)).json()) as Json;
+  return { lastSeq: body.last_seq, blocks: new Set(body.block_hashes as string[]) };
+}
+
+/** The blocks kvedge's index holds per worker, replaying its dump's stored/removed/cleared events. */
+export async function indexHeld(url: string): Promise<Map<string, Set<string>>> {
+  const text = await (await fetch(`${url}/v1/dump`)).text();
+  const held = new Map<string, Set<string>>();
+  for (const line of text.split("\n")) {
+    if (line.trim() === "") continue;
+    const op = JSON.parse(line) as Json;
+    let blocks = held.get(op.worker_id);
+    if (blocks === undefined) held.set(op.worker_id, blocks = new Set());
+    if (op.op === "stored") for (const hash of op.block_hashes) blocks.add(hash);
+    else if (op.op === "removed") for (const hash of op.block_hashes) blocks.delete(hash);
+    else if (op.op === "cleared") blocks.clear();
+  }
+  return held;
+}
+
+export async function workerView(url: string, id: string): Promise<Json | undefined> {
+  const body = (await (await fetch(`${url}/v1/workers`)).json()) as Json;
+  return (body.workers as Json[]).find((w) => w.worker_id === id);
+}
+
+const sorted = (set: Set<string> | undefined) => [...(set ?? [])].sort();
+
+/**
+ * Waits until the worker is connected, not degraded, and has applied the engine's last
+ * batch, then asserts its indexed blocks equal the engine's cache exactly.
+ */
+export async function expectExactAndEqual(serve: ServeProcess, id: string, engine: MockEngineProcess): Promise<void> {
+  const truth = await engineCache(engine);
+  await eventually(async () => {
+    const worker = await workerView(serve.url, id);
+    return worker?.state === "connected" && !worker.degraded && worker.last_seq === truth.lastSeq ? true : undefined;
+  }, 15_000, `worker ${id} exact at seq ${truth.lastSeq}`);
+  const held = await indexHeld(serve.url);
+  expect(sorted(held.get(id))).toEqual(sorted(truth.blocks));
+}
+
+/**
+ * Without a way to learn the engine's state, kvedge must say so: once it is connected
+ * again, the worker is degraded, or equal to the engine (never stale-but-exact).
+ */
+export async function expectEqualOrDegraded(serve: ServeProcess, id: string, engine: MockEngineProcess): Promise<Json> {
+  await subscribed(engine);
+  const truth = await engineCache(engine);
+  return await eventually(async () => {
+    const worker = await workerView(serve.url, id);
+    if (worker?.state !== "connected") return undefined;
+    if (worker.degraded) return worker;
+    const held = await indexHeld(serve.url);
+    return worker.last_seq === truth.lastSeq && sorted(held.get(id)).join() === sorted(truth.blocks).join() ? worker : undefined;
+  }, 15_000, `worker ${id} equal to its engine or degraded`);
+}
+
+/** Metric value of one series (first line starting with `series`), or NaN. */
+export async function metric(url: string, series: string): Promise<number> {
+  const text = await (await fetch(`${url}/metrics`)).text();
+  const line = text.split("\n").find((l) => l.startsWith(`${series} `));
+  return line === undefined ? Number.NaN : Number(line.slice(series.length + 1));
+}
