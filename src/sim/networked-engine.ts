@@ -75,7 +75,7 @@ function seqFrame(seq: number): Uint8Array {
 }
 
 /** The engine cache's events in the wire encoder's shape (field names as the encoder names them). */
-function toWire(event: KvEvent): WireEvent {
+export function toWireEvent(event: KvEvent): WireEvent {
   switch (event.type) {
     case "BlockStored":
       return {
@@ -170,7 +170,7 @@ export class NetworkedEngine {
   publish(): number {
     const events = this.engine.cache.takeEvents();
     if (events.length === 0) return -1;
-    const payload = encodeKvBatch({ ts: Date.now() / 1000, events: events.map(toWire) }, { form: this.form });
+    const payload = encodeKvBatch({ ts: Date.now() / 1000, events: events.map(toWireEvent) }, { form: this.form });
     const seq = this.nextSeq++;
     this.ring[seq % this.ring.length] = payload;
     this.counters.batches++;

@@ -515,35 +515,34 @@ function readTokenIds(): void {
   const tokens = out.tokens;
   const bytes = src;
   const first = out.tokenCount;
-  // Hot loop, as for hashes: token ids are mostly uint32/uint16/fixint.
-  for (let i = 0; i < count; i++) {
-    const p = pos;
-    if (p + 5 <= end) {
+  // Hot loop, as for hashes: token ids are mostly uint32/uint16/fixint. The cursor
+  // lives in a local (a module variable costs a memory round trip per access on JSC);
+  // the first value of another encoding, or the last few bytes, go the general way.
+  const stop = end;
+  let i = 0;
+  while (i < count) {
+    let p = pos;
+    for (; i < count && p + 5 <= stop; i++) {
       const byte = bytes[p]!;
-      if (byte === 0xce) {
-        tokens[first + i] = ((bytes[p + 1]! << 24) | (bytes[p + 2]! << 16) | (bytes[p + 3]! << 8) | bytes[p + 4]!) >>> 0;
-        pos = p + 5;
-        continue;
-      }
       if (byte < 0x80) {
         tokens[first + i] = byte;
-        pos = p + 1;
-        continue;
-      }
-      if (byte === 0xcd) {
+        p += 1;
+      } else if (byte === 0xce) {
+        tokens[first + i] = ((bytes[p + 1]! << 24) | (bytes[p + 2]! << 16) | (bytes[p + 3]! << 8) | bytes[p + 4]!) >>> 0;
+        p += 5;
+      } else if (byte === 0xcd) {
         tokens[first + i] = (bytes[p + 1]! << 8) | bytes[p + 2]!;
-        pos = p + 3;
-        continue;
-      }
-      if (byte === 0xcc) {
+        p += 3;
+      } else if (byte === 0xcc) {
         tokens[first + i] = bytes[p + 1]!;
-        pos = p + 2;
-        continue;
-      }
+        p += 2;
+      } else break;
     }
+    pos = p;
+    if (i === count) break;
     const token = readU32();
     if (token < 0) return fail(E_BAD_TOKENS);
-    tokens[first + i] = token;
+    tokens[first + i++] = token;
   }
   out.tokenStart[eventIndex] = first;
   out.tokenLength[eventIndex] = count;

@@ -1,0 +1,372 @@
+/**
+ * Mooncake indexer replay with Dynamo's method (lib/bench/kv_router, INDEXER_BENCH.md):
+ * a deadline-driven open-loop replay of engine KV events and routing queries into
+ * one index, timed from the first deadline to the last completion (drain included).
+ *
+ * Untimed (./indexer-replay-corpus.ts): trace -> transforms -> a mock vLLM-like
+ * engine per worker -> msgpack batches and queries, sorted by (deadline, queries
+ * first, worker). Then a warm-up on a throwaway index, a collection, a quiet pause.
+ *
+ * Timed, on one thread (`--route-threads 0`): at each turn every op whose deadline
+ * has passed is accepted (stamped) into its queue; an accepted query is served
+ * before the next batch (queries wait at most one batch, as in `kvedge serve`,
+ * whose event loop takes requests between socket reads). A batch goes through the
+ * path `kvedge serve` uses: Sequencer -> KvEventNormalizer (decode, filters, local
+ * hashes) -> the index as its writer; a query through the routes' matching path: the
+ * prompt's tokens hashed (PromptHasher) and `findMatches`. `lookup.service` is the
+ * `findMatches` call (Dynamo's "the lookup itself", on hashes); the hashing is in
+ * `sched_to_finish`. Sleep to the next deadline, then spin.
+ *
+ * Valid: every op accepted within 1.01 x the window, every batch applied in order
+ * (per-worker sequence numbers contiguous), nothing dropped, rejected or unknown,
+ * the drain finished, and at the end the index holds exactly each engine's cached
+ * block count. Kept up: done within 1.10 x the window.
+ */
+import { createHash } from "node:crypto";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import { DEFAULT_SEED } from "../src/hash";
+import { createIndex, MatchResult, type KvIndex } from "../src/index";
+import { KvEventNormalizer } from "../src/ingest/normalize";
+import { Sequencer } from "../src/ingest/sequencer";
+import { PromptHasher } from "../src/route";
+import { parseTrace, transformTrace } from "../src/sim/trace";
+import { benchFlags, provenance } from "./lib";
+import { buildCorpus, OP_BATCH, OP_QUERY, type Cadence, type Corpus } from "./indexer-replay-corpus";
+
+const usage = `bun bench/indexer-replay.ts [--trace FILE] [--length-factor F] [--duplication K]
+  [--workers N] [--engine-blocks B] [--block-size S] [--cadence vllm|sglang] [--prefill-chunk T]
+  [--window-ms MS] [--seed N] [--requests N] [--warmup-ops N] [--quiescence-ms MS] [--spin-us US]
+  [--max-drain-s S] [--route-threads 0] [--sweep [--sweep-min-ms MS --sweep-max-ms MS --sweep-steps N]] [--json]`;
+
+const flags = benchFlags(usage, {
+  trace: { type: "string" }, "length-factor": { type: "string" }, duplication: { type: "string" },
+  workers: { type: "string" }, "engine-blocks": { type: "string" }, "block-size": { type: "string" },
+  cadence: { type: "string" }, "prefill-chunk": { type: "string" }, "window-ms": { type: "string" },
+  seed: { type: "string" }, requests: { type: "string" }, "warmup-ops": { type: "string" },
+  "quiescence-ms": { type: "string" }, "spin-us": { type: "string" }, "max-drain-s": { type: "string" },
+  "route-threads": { type: "string" }, sweep: { type: "boolean" }, "sweep-min-ms": { type: "string" },
+  "sweep-max-ms": { type: "string" }, "sweep-steps": { type: "string" }, json: { type: "boolean" },
+});
+
+function intFlag(name: string, value: string | undefined, fallback: number, min = 1): number {
+  if (value === undefined) return fallback;
+  const n = Number(value);
+  if (!Number.isSafeInteger(n) || n < min) {
+    console.error(`--${name} must be an integer >= ${min}, got ${value}`);
+    process.exit(2);
+  }
+  return n;
+}
+
+const routeThreads = intFlag("route-threads", flags["route-threads"], 0, 0);
+if (routeThreads !== 0) {
+  console.error("--route-threads: only 0 (one thread for events and lookups) is built; more threads are not built yet");
+  process.exit(2);
+}
+const blockSize = intFlag("block-size", flags["block-size"], 16);
+const cadenceFlag = flags.cadence ?? (blockSize === 1 ? "sglang" : "vllm");
+if (cadenceFlag !== "vllm" && cadenceFlag !== "sglang") {
+  console.error(`--cadence must be vllm or sglang, got ${cadenceFlag}`);
+  process.exit(2);
+}
+const config = {
+  trace: flags.trace ?? join(import.meta.dir, "..", "data", "traces", "conversation_trace.jsonl"),
+  lengthFactor: intFlag("length-factor", flags["length-factor"], 1),
+  duplication: intFlag("duplication", flags.duplication, 1),
+  workers: intFlag("workers", flags.workers, 128),
+  // Dynamo's 16,384 blocks; below block size 16 the same tokens (16,384 x 16) per engine.
+  engineBlocks: intFlag("engine-blocks", flags["engine-blocks"], Math.max(16_384, Math.ceil(262_144 / blockSize))),
+  blockSize,
+  cadence: cadenceFlag as Cadence,
+  prefillChunk: intFlag("prefill-chunk", flags["prefill-chunk"], 2048),
+  windowMs: intFlag("window-ms", flags["window-ms"], 750),
+  seed: intFlag("seed", flags.seed, 42, 0),
+  requests: flags.requests === undefined ? undefined : intFlag("requests", flags.requests, 1),
+  warmupOps: intFlag("warmup-ops", flags["warmup-ops"], 20_000, 0),
+  quiescenceMs: intFlag("quiescence-ms", flags["quiescence-ms"], 1000, 0),
+  spinUs: intFlag("spin-us", flags["spin-us"], 100, 0),
+  maxDrainS: intFlag("max-drain-s", flags["max-drain-s"], 300),
+  routeThreads,
+};
+
+if (flags.sweep === true) await sweep();
+else await single();
+
+async function single(): Promise<void> {
+  const text = readFileSync(config.trace);
+  const traceSha = createHash("sha256").update(text).digest("hex");
+  const trace = transformTrace(parseTrace(text.toString("utf8")), {
+    lengthFactor: config.lengthFactor, duplicationFactor: config.duplication,
+    ...(config.requests === undefined ? {} : { requests: config.requests }),
+  });
+  const prepStart = performance.now();
+  const corpus = buildCorpus(trace, config);
+  const prepS = (performance.now() - prepStart) / 1000;
+  warmUp(corpus);
+  Bun.gc(true);
+  if (config.quiescenceMs > 0) Bun.sleepSync(config.quiescenceMs);
+  const run = replay(corpus);
+  const report = summarize(corpus, run, traceSha, prepS);
+  if (flags.json === true) console.log(JSON.stringify(report));
+  else printReport(report);
+}
+
+// ---- The path under test ----
+
+/** One index and, per worker, what `kvedge serve` keeps for an engine stream. */
+class Pipeline {
+  readonly index: KvIndex;
+  readonly sequencers: Sequencer[] = [];
+  readonly normalizers: KvEventNormalizer[] = [];
+  readonly matches = new MatchResult(256);
+  readonly hasher = new PromptHasher();
+  private readonly nextSeq: Uint32Array;
+
+  constructor(workers: number, firstWorkerId: number) {
+    // The index is the normalizer's writer, as in `kvedge serve` (src/core/core.ts).
+    const index = (this.index = createIndex("crtc", config.blockSize));
+    for (let w = 0; w < workers; w++) {
+      const normalizer = new KvEventNormalizer({ workerId: BigInt(firstWorkerId + w), dpRank: 0, blockSize: config.blockSize, writer: index });
+      this.normalizers.push(normalizer);
+      this.sequencers.push(new Sequencer({
+        apply: (_seq, payload) => normalizer.ingest(payload),
+        reset: () => { throw new Error("sequence went backwards in the replay"); },
+      }));
+      this.sequencers[w]!.connected();
+    }
+    this.nextSeq = new Uint32Array(workers);
+  }
+
+  batch(worker: number, payload: Uint8Array): void {
+    this.sequencers[worker]!.live(this.nextSeq[worker]!++, payload);
+  }
+
+  /** Hashes the prompt; returns the block count (findMatches is timed by the caller). */
+  hash(tokens: Uint32Array): { local: Uint32Array; count: number } {
+    const hashes = this.hasher.hash(tokens, config.blockSize, DEFAULT_SEED);
+    return { local: hashes.local, count: hashes.blockCount };
+  }
+}
+
+/** JIT warm-up of the same code on a throwaway index and other worker ids. */
+function warmUp(corpus: Corpus): void {
+  const pipeline = new Pipeline(config.workers, 1_000_000);
+  const limit = Math.min(config.warmupOps, corpus.count);
+  for (let i = 0; i < limit; i++) {
+    if (corpus.kind[i] === OP_QUERY) {
+      const { local, count } = pipeline.hash(corpus.tokens(i));
+      pipeline.index.findMatches(local, count, pipeline.matches);
+    } else pipeline.batch(corpus.worker[i]!, corpus.payload(i));
+  }
+}
+
+// ---- The timed replay ----
+
+interface Run {
+  readonly pipeline: Pipeline;
+  /** Per op, ns relative to the run start: accepted, started, finished; service for queries. */
+  readonly accepted: Float64Array;
+  readonly started: Float64Array;
+  readonly finished: Float64Array;
+  readonly service: Float64Array;
+  readonly lastAccepted: number;
+  readonly lastFinished: number;
+  readonly completed: number;
+  readonly busyWriteNs: number;
+  /** CPU seconds (user + system) the process used during the replay. */
+  readonly cpuS: number;
+}
+
+function replay(corpus: Corpus): Run {
+  const n = corpus.count;
+  const pipeline = new Pipeline(config.workers, 1);
+  const accepted = new Float64Array(n);
+  const started = new Float64Array(n);
+  const finished = new Float64Array(n);
+  const service = new Float64Array(n);
+  const queries = new Int32Array(n);
+  const batches = new Int32Array(n);
+  let qHead = 0, qTail = 0, bHead = 0, bTail = 0, next = 0, completed = 0, busyWriteNs = 0;
+  const { deadline, kind, worker } = corpus;
+  const { index, matches } = pipeline;
+  const spinNs = config.spinUs * 1000;
+  const maxNs = config.windowMs * 1e6 + config.maxDrainS * 1e9;
+  const cpuBefore = process.cpuUsage();
+  const origin = Bun.nanoseconds() + 20e6;
+  let now = 0;
+  while (completed < n) {
+    now = Bun.nanoseconds() - origin;
+    while (next < n && deadline[next]! <= now) {
+      accepted[next] = now;
+      if (kind[next] === OP_QUERY) queries[qTail++] = next;
+      else batches[bTail++] = next;
+      next++;
+    }
+    if (qHead < qTail) {
+      const i = queries[qHead++]!;
+      started[i] = now;
+      const { local, count } = pipeline.hash(corpus.tokens(i));
+      const before = Bun.nanoseconds();
+      index.findMatches(local, count, matches);
+      const after = Bun.nanoseconds();
+      service[i] = after - before;
+      finished[i] = after - origin;
+      completed++;
+    } else if (bHead < bTail) {
+      const i = batches[bHead++]!;
+      started[i] = now;
+      pipeline.batch(worker[i]!, corpus.payload(i));
+      finished[i] = Bun.nanoseconds() - origin;
+      busyWriteNs += finished[i]! - now;
+      completed++;
+    } else if (next < n) {
+      const wait = deadline[next]! - now;
+      if (wait > spinNs) Bun.sleepSync((wait - spinNs) / 1e6);
+      while (Bun.nanoseconds() - origin < deadline[next]!) { /* spin to the deadline */ }
+    }
+    if (now > maxNs) break;
+  }
+  const cpu = process.cpuUsage(cpuBefore);
+  let lastFinished = 0;
+  for (let i = 0; i < n; i++) if (finished[i]! > lastFinished) lastFinished = finished[i]!;
+  return {
+    pipeline, accepted, started, finished, service, completed, busyWriteNs, lastFinished, cpuS: (cpu.user + cpu.system) / 1e6,
+    lastAccepted: next === 0 ? 0 : accepted[next - 1]!,
+  };
+}
+
+// ---- Report ----
+
+interface Distribution { p50_ns: number; p99_ns: number; p999_ns: number; max_ns: number }
+
+function distribution(values: Float64Array): Distribution {
+  const sorted = values.slice().sort();
+  const at = (q: number) => (sorted.length === 0 ? 0 : Math.round(sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]!));
+  return { p50_ns: at(0.5), p99_ns: at(0.99), p999_ns: at(0.999), max_ns: sorted.length === 0 ? 0 : Math.round(sorted[sorted.length - 1]!) };
+}
+
+function select(corpus: Corpus, wanted: number, value: (i: number) => number): Float64Array {
+  const out: number[] = [];
+  for (let i = 0; i < corpus.count; i++) if ((corpus.kind[i] === OP_QUERY) === (wanted === OP_QUERY)) out.push(value(i));
+  return Float64Array.from(out);
+}
+
+function failures(corpus: Corpus, run: Run): string[] {
+  const reasons: string[] = [];
+  const windowNs = config.windowMs * 1e6;
+  if (run.completed !== corpus.count) reasons.push(`drain unfinished: ${corpus.count - run.completed} ops left after ${config.maxDrainS} s`);
+  if (run.lastAccepted > 1.01 * windowNs) reasons.push(`ops accepted late: last at ${(run.lastAccepted / 1e6).toFixed(1)} ms`);
+  const { pipeline } = run;
+  const blocksOf = new Map<bigint, number>();
+  for (const info of pipeline.index.workers()) blocksOf.set(info.workerId, info.blocks);
+  let dropped = 0, rejected = 0, unknown = 0, lost = 0, wrong = 0;
+  for (let w = 0; w < config.workers; w++) {
+    const counters = pipeline.normalizers[w]!.counters;
+    dropped += counters.batchesDropped;
+    for (const count of Object.values(counters.rejectedEvents)) rejected += count;
+    const sequencer = pipeline.sequencers[w]!;
+    // A worker that never published stays unknown (degraded) in `kvedge serve` too.
+    lost += sequencer.counters.lost + (sequencer.isDegraded && corpus.workerBatches[w]! > 0 ? 1 : 0);
+    if (run.completed === corpus.count && sequencer.lastSeq !== corpus.workerBatches[w]! - 1) lost++;
+    if (run.completed === corpus.count && (blocksOf.get(BigInt(w + 1)) ?? 0) !== corpus.engineBlocks[w]) wrong++;
+  }
+  const counters = pipeline.index.counters;
+  rejected += pipeline.index.stats().rejected.total + counters.hashConflicts;
+  unknown += counters.blocksUnknown;
+  if (dropped > 0) reasons.push(`${dropped} batches dropped by the decoder`);
+  if (rejected > 0) reasons.push(`${rejected} events or blocks rejected`);
+  if (unknown > 0) reasons.push(`${unknown} removals of unknown blocks`);
+  if (lost > 0) reasons.push(`${lost} workers with batches lost, out of order or degraded`);
+  if (wrong > 0) reasons.push(`${wrong} workers whose index blocks differ from their engine's cache`);
+  return reasons;
+}
+
+function summarize(corpus: Corpus, run: Run, traceSha: string, prepS: number) {
+  const t = corpus.totals;
+  const spanS = run.lastFinished / 1e9;
+  const reasons = failures(corpus, run);
+  const stats = run.pipeline.index.stats();
+  const writeBlocks = t.storedBlocks + t.removedBlocks;
+  const hwm = /VmHWM:\s+(\d+) kB/.exec(readFileSync("/proc/self/status", "utf8"));
+  return {
+    achieved_block_ops_per_s: Math.round(corpus.totalBlockOps / spanS),
+    offered_block_ops_per_s: Math.round(corpus.totalBlockOps / (config.windowMs / 1000)),
+    kept_up: reasons.length === 0 && run.lastFinished <= 1.1 * config.windowMs * 1e6,
+    valid: reasons.length === 0,
+    drain_s: Math.max(0, run.lastFinished - run.lastAccepted) / 1e9,
+    lookup: {
+      service: distribution(select(corpus, OP_QUERY, (i) => run.service[i]!)),
+      queue_wait: distribution(select(corpus, OP_QUERY, (i) => run.started[i]! - run.accepted[i]!)),
+      sched_to_finish: distribution(select(corpus, OP_QUERY, (i) => run.finished[i]! - corpus.deadline[i]!)),
+    },
+    update: {
+      accepted_to_finished: distribution(select(corpus, OP_BATCH, (i) => run.finished[i]! - run.accepted[i]!)),
+      sched_to_finish: distribution(select(corpus, OP_BATCH, (i) => run.finished[i]! - corpus.deadline[i]!)),
+      write_blocks_per_s: Math.round(writeBlocks / spanS),
+      write_blocks_per_busy_s: Math.round(writeBlocks / (run.busyWriteNs / 1e9)),
+      batches: t.batches, stored_events: t.storedEvents, removed_events: t.removedEvents,
+      stored_blocks: t.storedBlocks, removed_blocks: t.removedBlocks,
+    },
+    peak_rss_mb: hwm === null ? 0 : Math.round(Number(hwm[1]) / 1024),
+    bytes_per_pair: stats.blocks === 0 ? 0 : Number((stats.bytes / stats.blocks).toFixed(1)),
+    config: {
+      ...config, requests: t.requests, requests_skipped: t.requestsSkipped, query_blocks: t.queryBlocks,
+      total_block_ops: corpus.totalBlockOps, ops: corpus.count, span_s: spanS, replay_cpu_s: Number(run.cpuS.toFixed(3)),
+      // On a shared machine the wall clock also counts time the process was not running.
+      block_ops_per_cpu_s: Math.round(corpus.totalBlockOps / run.cpuS),
+      write_blocks_per_cpu_s: Math.round(writeBlocks / run.cpuS), prep_s: Number(prepS.toFixed(1)),
+      payload_mb: Math.round(t.payloadBytes / 2 ** 20), query_token_mb: Math.round(t.queryTokenBytes / 2 ** 20),
+      index: { blocks: stats.blocks, nodes: stats.nodes, bytes: stats.bytes },
+      failure_reasons: reasons,
+      provenance: { ...provenance(), trace_sha256: traceSha, command: process.argv.slice(2).join(" ") },
+    },
+  };
+}
+
+type Report = ReturnType<typeof summarize>;
+
+function printReport(r: Report): void {
+  const us = (ns: number) => (ns / 1000).toFixed(2);
+  const d = (x: Distribution) => `p50 ${us(x.p50_ns)} / p99 ${us(x.p99_ns)} / p999 ${us(x.p999_ns)} / max ${us(x.max_ns)} us`;
+  console.log(`indexer replay: ${r.config.requests} requests, ${r.config.workers} workers, block size ${r.config.blockSize}, ${r.config.cadence} cadence, window ${r.config.windowMs} ms`);
+  console.log(`  block ops ${r.config.total_block_ops} (queries ${r.config.query_blocks}, stored ${r.update.stored_blocks}, removed ${r.update.removed_blocks}); prep ${r.config.prep_s} s`);
+  console.log(`  achieved ${(r.achieved_block_ops_per_s / 1e6).toFixed(2)} M block ops/s, offered ${(r.offered_block_ops_per_s / 1e6).toFixed(2)} M/s; span ${r.config.span_s.toFixed(3)} s (CPU ${r.config.replay_cpu_s} s), drain ${r.drain_s.toFixed(3)} s`);
+  console.log(`  per CPU second of the replay: ${(r.config.block_ops_per_cpu_s / 1e6).toFixed(2)} M block ops, ${(r.config.write_blocks_per_cpu_s / 1e6).toFixed(2)} M writes`);
+  console.log(`  writes ${(r.update.write_blocks_per_s / 1e6).toFixed(2)} M blocks/s (${(r.update.write_blocks_per_busy_s / 1e6).toFixed(2)} M per busy second)`);
+  console.log(`  lookup service ${d(r.lookup.service)}`);
+  console.log(`  lookup queue wait ${d(r.lookup.queue_wait)}`);
+  console.log(`  lookup scheduled->finished ${d(r.lookup.sched_to_finish)}`);
+  console.log(`  update accepted->finished ${d(r.update.accepted_to_finished)}`);
+  console.log(`  valid ${r.valid}, kept up ${r.kept_up}${r.config.failure_reasons.length > 0 ? `: ${r.config.failure_reasons.join("; ")}` : ""}`);
+  console.log(`  index ${r.config.index.blocks} pairs, ${r.bytes_per_pair} bytes/pair; peak RSS ${r.peak_rss_mb} MB`);
+}
+
+// ---- Sweep: one fresh process per window ----
+
+async function sweep(): Promise<void> {
+  const min = intFlag("sweep-min-ms", flags["sweep-min-ms"], 750);
+  const max = intFlag("sweep-max-ms", flags["sweep-max-ms"], 24_000);
+  const steps = intFlag("sweep-steps", flags["sweep-steps"], 6, 2);
+  const passThrough = process.argv.slice(2).filter((arg, i, all) => {
+    const flag = arg.startsWith("--") ? arg : all[i - 1];
+    return !/^--(sweep|sweep-min-ms|sweep-max-ms|sweep-steps|window-ms|json)$/.test(flag ?? "");
+  });
+  const cells: { window_ms: number; report: Report }[] = [];
+  for (let s = 0; s < steps; s++) {
+    const windowMs = Math.round(min * (max / min) ** (s / (steps - 1)));
+    const child = Bun.spawnSync([process.execPath, import.meta.path, ...passThrough, "--window-ms", String(windowMs), "--json"], {
+      stdout: "pipe", stderr: "inherit",
+    });
+    if (child.exitCode !== 0) throw new Error(`sweep cell ${windowMs} ms exited ${child.exitCode}`);
+    const report = JSON.parse(child.stdout.toString().trim().split("\n").at(-1)!) as Report;
+    cells.push({ window_ms: windowMs, report });
+    if (flags.json !== true) {
+      console.log(`window ${windowMs} ms: achieved ${(report.achieved_block_ops_per_s / 1e6).toFixed(2)} M/s, kept up ${report.kept_up}, valid ${report.valid}, service p50 ${report.lookup.service.p50_ns} ns p99 ${report.lookup.service.p99_ns} ns`);
+    }
+  }
+  const keepUp = cells.find((cell) => cell.report.kept_up) ?? null;
+  const result = { keep_up_window_ms: keepUp?.window_ms ?? null, keep_up: keepUp?.report ?? null, cells };
+  if (flags.json === true) console.log(JSON.stringify(result));
+  else console.log(keepUp === null ? "no window kept up" : `shortest window that kept up: ${keepUp.window_ms} ms`);
+}

@@ -1,0 +1,67 @@
+// Goal: bench/indexer-replay.ts runs Dynamo's method end to end on a small trace and
+// reports exactly the fields of its JSON contract; a run whose index ends equal to the
+// engines' caches is valid. Speed is not asserted (benchmarks measure it).
+import { afterAll, describe, expect, test } from "bun:test";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+const root = join(import.meta.dir, "..", "..");
+const dir = mkdtempSync(join(tmpdir(), "kvedge-replay-"));
+const trace = join(dir, "trace.jsonl");
+const lines = readFileSync(join(root, "data", "traces", "conversation_trace.jsonl"), "utf8").split("\n");
+writeFileSync(trace, `${lines.slice(0, 60).join("\n")}\n`);
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+function bench(args: string[]) {
+  const child = Bun.spawnSync([process.execPath, join(root, "bench", "indexer-replay.ts"), "--trace", trace,
+    "--workers", "4", "--quiescence-ms", "0", "--warmup-ops", "50", ...args], {
+    stdout: "pipe", stderr: "pipe",
+  });
+  return { code: child.exitCode, stdout: child.stdout.toString(), stderr: child.stderr.toString() };
+}
+
+const DISTRIBUTION = ["max_ns", "p50_ns", "p999_ns", "p99_ns"];
+
+describe("indexer replay bench", () => {
+  for (const [cell, args] of [["page size 16, vLLM cadence", ["--block-size", "16", "--engine-blocks", "2048"]], ["page size 1, SGLang cadence", ["--block-size", "1", "--engine-blocks", "32768"]]] as const) {
+    test(`${cell}: one JSON line with the contract's fields, valid`, () => {
+      const result = bench([...args, "--window-ms", "2000", "--json"]);
+      expect(result.stderr).toBe("");
+      expect(result.code).toBe(0);
+      const outputLines = result.stdout.trim().split("\n");
+      expect(outputLines).toHaveLength(1);
+      const report = JSON.parse(outputLines[0]!);
+      expect(Object.keys(report).sort()).toEqual([
+        "achieved_block_ops_per_s", "bytes_per_pair", "config", "drain_s", "kept_up", "lookup",
+        "offered_block_ops_per_s", "peak_rss_mb", "update", "valid",
+      ]);
+      expect(Object.keys(report.lookup).sort()).toEqual(["queue_wait", "sched_to_finish", "service"]);
+      for (const key of ["queue_wait", "sched_to_finish", "service"]) expect(Object.keys(report.lookup[key]).sort()).toEqual(DISTRIBUTION);
+      expect(report.config.failure_reasons).toEqual([]);
+      expect(report.valid).toBe(true);
+      expect(report.config.blockSize).toBe(Number(args[1]));
+      expect(report.config.cadence).toBe(args[1] === "1" ? "sglang" : "vllm");
+      const { update, config } = report;
+      expect(update.stored_blocks).toBeGreaterThan(0);
+      expect(update.removed_blocks).toBeGreaterThan(0);
+      expect(config.total_block_ops).toBe(config.query_blocks + update.stored_blocks + update.removed_blocks);
+      expect(config.index.blocks).toBeGreaterThan(0);
+      expect(report.bytes_per_pair).toBeCloseTo(config.index.bytes / config.index.blocks, 1);
+      expect(config.provenance.trace_sha256).toMatch(/^[0-9a-f]{64}$/);
+      expect(typeof config.provenance.bun).toBe("string");
+    }, 60_000);
+  }
+
+  test("--route-threads other than 0 exits 2 saying it is not built", () => {
+    const result = bench(["--route-threads", "2"]);
+    expect(result.code).toBe(2);
+    expect(result.stderr).toContain("not built");
+  });
+
+  test("a bad flag value exits 2 naming it", () => {
+    const result = bench(["--block-size", "0"]);
+    expect(result.code).toBe(2);
+    expect(result.stderr).toContain("--block-size");
+  });
+});
