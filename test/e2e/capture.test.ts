@@ -29,6 +29,8 @@ describe("kvedge capture", () => {
     ], { stdout: "pipe", stderr: "pipe" });
     cleanups.push(() => proc.kill());
     await engine.waitForSubscriber();
+    // The connect probe must have seen the empty ring, or it would rebuild from what follows.
+    await engine.waitForReplayRequests(1);
 
     engine.publish([stored([1n, 2n], [1, 2, 3, 4, 5, 6, 7, 8], BS)]);
     engine.publish([stored([3n], [9, 10, 11, 12], BS, 2n)], true); // lost on the wire: replayed

@@ -29,6 +29,8 @@ export class TestEngine {
   replayEndpoint: string | null = null;
   /** Next sequence number. */
   seq = 0n;
+  /** Replay requests answered since start (a subscriber's connect probe is the first). */
+  replayRequests = 0;
   /** What a replay can serve: every batch published since the last restart. */
   private readonly ring: { seq: bigint; payload: Uint8Array }[] = [];
   private readonly topic: Uint8Array;
@@ -83,9 +85,21 @@ export class TestEngine {
     }
   }
 
+  /** Waits until `count` replay requests were answered (e.g. the router's connect probe). */
+  async waitForReplayRequests(count: number, timeoutMs = 10_000): Promise<void> {
+    const deadline = performance.now() + timeoutMs;
+    while (this.replayRequests < count) {
+      if (performance.now() > deadline) {
+        throw new Error(`the test engine answered ${this.replayRequests} of ${count} replay requests`);
+      }
+      await Bun.sleep(10);
+    }
+  }
+
   private serveReplay(identity: Uint8Array, frames: readonly Uint8Array[]): void {
     // DEALER request: [empty, start seq (8 bytes BE)].
     if (frames.length !== 2 || frames[1]!.length !== 8) return;
+    this.replayRequests++;
     const start = new DataView(frames[1]!.buffer, frames[1]!.byteOffset, 8).getBigUint64(0);
     for (const batch of this.ring) {
       if (batch.seq >= start) this.router!.send(identity, [EMPTY, this.topic, seqFrame(batch.seq), batch.payload]);
