@@ -1,6 +1,7 @@
 import { ConfigError, configFlagSpecs, flagHelp, loadConfig, renderConfig } from "../config";
 import { numaNodeCpus, pinProcess } from "../runtime/affinity";
 import { startApp } from "../server/app";
+import { bufferBudget } from "../util/buffer-budget";
 import { warmUp } from "../server/warmup";
 import { createMetricsRegistry, registerRouterMetrics, registerServiceMetrics } from "../server/metrics";
 import { KvedgeCore } from "../core/core";
@@ -89,6 +90,7 @@ Example:
       // Only an optimization: serve cold rather than not at all.
       log.error("warm-up failed; serving without it", { error: error instanceof Error ? error.message : String(error) });
     }
+    bufferBudget.limitBytes = config.server.buffer_budget_bytes;
     const service = new KvedgeCore({ config, log });
     let proxy: OpenAiProxy | null = null;
     if (config.proxy.enabled) {

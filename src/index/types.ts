@@ -202,6 +202,12 @@ export interface KvIndex {
   workers(): WorkerInfo[];
   /** Events (kvedge apply format) that rebuild an equal index in a fresh one. */
   dump(): IndexOp[];
+  /**
+   * The same events, built as they are read (the index is copied at the call), with
+   * null steps where work was done without an event: for writing a large dump in
+   * slices without holding it all or stalling.
+   */
+  dumpLazy(): IterableIterator<IndexOp | null>;
   /** O(N) check of every internal invariant; throws IndexInvariantError. */
   verify(): void;
 }

@@ -6,6 +6,8 @@ import type { Server } from "bun";
 import { timingSafeEqual } from "node:crypto";
 import type { Logger } from "../util/log";
 import { addWorkerOp, decideRoute, lifecycleOp, matchOp, removeWorkerOp, routeAnswer, workersOp, writeRouteAnswer } from "./api";
+import { DumpWriter } from "./dump-stream";
+import { RequestGuard } from "./guard";
 import { clientError, errorReply, HttpError, msgpackReply, parseBody, readBody, receiveBody, reply, type ReceivedBody, wantsMsgpack } from "./http";
 import { type MetricsRegistry, ServerMetrics } from "./metrics";
 import type { KvedgeCore } from "../core/core";
@@ -53,6 +55,8 @@ export function startApp(options: AppOptions): App {
   const metrics = new ServerMetrics(options.registry);
   const limit = options.bodyLimitBytes;
   const adminToken = options.adminToken === null ? null : Buffer.from(options.adminToken);
+  const guard = new RequestGuard(options.host);
+  const dumps = new DumpWriter();
 
   const requireAdmin = (request: Request): void => {
     if (adminToken === null) return;
@@ -106,9 +110,9 @@ export function startApp(options: AppOptions): App {
       },
     },
     "/v1/dump": {
-      GET: () => {
-        const lines = service.index.dump().map((op) => JSON.stringify(op)).join("\n");
-        return new Response(lines.length === 0 ? "" : `${lines}\n`, { headers: { "content-type": "application/x-ndjson" } });
+      GET: (request) => {
+        requireAdmin(request);
+        return dumps.response(() => service.index.dumpLazy());
       },
     },
     "/v1/status": { GET: (request) => reply(request, 200, statusOp(service)) },
@@ -158,6 +162,12 @@ export function startApp(options: AppOptions): App {
         }
         finish(response);
       });
+      try {
+        guard.check(request, true);
+      } catch (error) {
+        finish(failure(request, error, log));
+        return;
+      }
       if (!readsBody) run(null);
       else receiveBody(request, limit).then(run, (error: unknown) => finish(failure(request, error, log)));
     });
@@ -171,6 +181,7 @@ export function startApp(options: AppOptions): App {
     };
     let pending: Response | Promise<Response>;
     try {
+      guard.check(request, request.method !== "GET" && request.method !== "HEAD");
       pending = handler(request, request.params ?? {});
     } catch (error) {
       pending = failure(request, error, log);
@@ -204,7 +215,13 @@ export function startApp(options: AppOptions): App {
       const path = new URL(request.url).pathname;
       if (path === "/v1/ws") {
         if (request.method !== "GET") return errorReply(request, new HttpError(405, "use GET with Upgrade: websocket"));
-        if (server.upgrade(request, { data: undefined })) return undefined as unknown as Response;
+        // CORS does not cover WebSocket handshakes: a page elsewhere could open one.
+        try {
+          guard.check(request, true);
+        } catch (error) {
+          return failure(request, error, log);
+        }
+        if (server.upgrade(request, { data: { held: 0 } })) return undefined as unknown as Response;
         return errorReply(request, new HttpError(400, "expected a WebSocket upgrade"));
       }
       const known = matchers.find((matcher) => matcher.pattern.test(path));

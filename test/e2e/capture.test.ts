@@ -86,6 +86,15 @@ describe("kvedge capture", () => {
     expect(result.stderr).toContain("kvedge capture: 0 batches");
   });
 
+  test("a capture that never connected exits 1 and says so", async () => {
+    const closed = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
+    const port = closed.port;
+    closed.stop(true);
+    const result = await runKvedge(["capture", "--endpoint", `tcp://127.0.0.1:${port}`, "--duration", "0.3"]);
+    expect(result.code).toBe(1);
+    expect(result.stderr).toContain(`never connected to tcp://127.0.0.1:${port}`);
+  });
+
   test.each([
     [["capture"], "--endpoint is required"],
     [["capture", "--endpoint", "http://x:1"], "--endpoint has scheme 'http'"],

@@ -83,6 +83,7 @@ describe("kvedge mock-engine", () => {
   test("stream: a first_token line, then done", async () => {
     const response = await fetch(`${info.http}/v1/generate`, {
       method: "POST", body: JSON.stringify({ request_id: "s", token_ids: [5, 6, 7], max_tokens: 3, stream: true }),
+      headers: { "content-type": "application/json" },
     });
     expect(response.headers.get("content-type")).toContain("application/x-ndjson");
     const lines = (await response.text()).trim().split("\n").map((line) => JSON.parse(line) as Json);

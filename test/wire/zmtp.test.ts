@@ -295,7 +295,7 @@ describe("DEALER <-> ROUTER", () => {
 });
 
 describe("bounds and misbehaving peers", () => {
-  test("an oversize message drops the connection (counted, logged once); the SUB reconnects and goes on", async () => {
+  test("an oversize message is read past and skipped (counted, logged once); the connection goes on", async () => {
     const log = memoryLogger();
     const { pub, sub, got, bound } = await pubSubPair("tcp://127.0.0.1:0", { maxMessageBytes: 1000, logger: log, reconnectMinMs: 20 });
     const events: string[] = [];
@@ -304,15 +304,46 @@ describe("bounds and misbehaving peers", () => {
     sub.connect(bound);
     await prime(pub, got);
     pub.send([enc("small"), new Uint8Array(500)]);
-    pub.send([enc("big"), new Uint8Array(600), new Uint8Array(600)]);
-    await until(() => sub.counters.oversizeDisconnects === 1, "oversize disconnect");
-    expect(got.map((m) => str(m[0]!))).toEqual(["small"]);
-    expect(sub.counters.protocolErrors.oversize).toBe(1);
-    expect(log.records.filter((r) => r.fields.kind === "oversize")).toHaveLength(1);
-    await prime(pub, got); // succeeds only over the new connection
+    pub.send([enc("big"), new Uint8Array(600), new Uint8Array(600)]); // over in its second frame
+    pub.send([enc("huge"), new Uint8Array(1 << 20)]); // over in its first, spanning many chunks
     pub.send([enc("after"), new Uint8Array(900)]);
-    await until(() => got.length === 1, "message after reconnect");
-    expect(events.filter((e) => e === "connected")).toHaveLength(2);
+    await until(() => got.length === 2, "the messages around the skipped ones");
+    expect(got.map((m) => str(m[0]!))).toEqual(["small", "after"]);
+    expect(got[1]![1]!.length).toBe(900);
+    expect(sub.counters.oversizeSkipped).toBe(2);
+    expect(sub.counters.protocolErrorsTotal).toBe(0);
+    expect(log.records.filter((r) => r.fields.kind === "oversize_skipped")).toHaveLength(1);
+    expect(events).toEqual(["connected"]);
+    expect(sub.counters.disconnects).toBe(0);
+    expect(sub.sizes.receiveBytes).toBeLessThan(1 << 20);
+  });
+
+  test("a frame begun and not ended within frameTimeoutMs drops a trickling peer", async () => {
+    const sub = track(new SubSocket({ frameTimeoutMs: 300, heartbeatIntervalMs: 50, heartbeatTimeoutMs: 10_000 }));
+    sub.subscribe("");
+    const bound = await sub.bind("tcp://127.0.0.1:0");
+    const peer = track(await RawPeer.connect(bound));
+    await peer.write(concat(greetingBytes(), readyBytes({ "Socket-Type": "PUB" })));
+    await until(() => sub.peers.length === 1, "handshake");
+    // Whole messages, slowly: never a stall.
+    const got = collect(sub);
+    for (let i = 0; i < 4; i++) {
+      await peer.write(messageBytes([enc(`m${i}`)]));
+      await Bun.sleep(150);
+    }
+    expect(got).toHaveLength(4);
+    expect(peer.closed).toBe(false);
+    // One frame of 100 bytes, a byte every 50 ms: alive to the heartbeat, never complete.
+    await peer.write(Uint8Array.of(0x00, 100));
+    const start = performance.now();
+    for (let i = 0; i < 40 && !peer.closed; i++) {
+      await peer.write(Uint8Array.of(1));
+      await Bun.sleep(50);
+    }
+    expect(peer.closed).toBe(true);
+    expect(performance.now() - start).toBeLessThan(1_500);
+    expect(sub.counters.frameTimeouts).toBe(1);
+    expect(sub.counters.heartbeatTimeouts).toBe(0);
   });
 
   test("PUB high-water mark: a peer that stops reading loses messages (counted); others are unaffected", async () => {
@@ -338,6 +369,30 @@ describe("bounds and misbehaving peers", () => {
     expect(refused).toBeGreaterThan(0);
     expect(pub.counters.hwmDrops).toBe(refused);
     expect(got.length).toBe(2000);
+  });
+
+  test("a peer that completes READY and then refuses (ERROR, close) does not reset the reconnect backoff", async () => {
+    let accepts = 0;
+    const refusing = Bun.listen({
+      hostname: "127.0.0.1", port: 0,
+      socket: {
+        open(socket) {
+          accepts++;
+          socket.write(concat(greetingBytes(), readyBytes({ "Socket-Type": "PUB" }), commandBytes("ERROR", concat(Uint8Array.of(2), enc("no")))));
+          setTimeout(() => socket.end(), 5);
+        },
+        data() {},
+      },
+    });
+    cleanups.push(() => refusing.stop(true));
+    const sub = track(new SubSocket({ reconnectMinMs: 50, reconnectMaxMs: 60_000 }));
+    sub.subscribe("");
+    sub.connect(`tcp://127.0.0.1:${refusing.port}`);
+    await Bun.sleep(1_500);
+    // Doubling from 50 ms (jitter +-25%): 5 to 6 attempts fit in 1.5 s; a reset each time would be ~25.
+    expect(accepts).toBeGreaterThanOrEqual(3);
+    expect(accepts).toBeLessThanOrEqual(7);
+    expect(sub.counters.handshakes).toBe(accepts);
   });
 
   test("a peer that never greets is dropped at the handshake timeout", async () => {

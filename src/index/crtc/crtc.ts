@@ -4,7 +4,7 @@
  * match.ts; the tree's shape lives in tree.ts.
  */
 import { fail, VERIFY_BY_DEFAULT } from "../assert";
-import { type DumpSource, dumpEvents } from "../dump";
+import { type DumpSource, collectDump, type DumpStep, lazyDumpEvents } from "../dump";
 import type { IndexOp } from "../ops";
 import {
   countRejection, type IndexOptions, type IndexStats, type KvIndex, type MatchResult,
@@ -127,7 +127,11 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
   }
 
   dump(): IndexOp[] {
-    return dumpEvents(this.dumpSource(), this.blockSize);
+    return collectDump(this.dumpLazy());
+  }
+
+  dumpLazy(): IterableIterator<DumpStep> {
+    return lazyDumpEvents(this.dumpSource(), this.blockSize);
   }
 
   verify(): void {

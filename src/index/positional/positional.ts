@@ -12,7 +12,7 @@
  */
 import { chainHashes } from "../../hash";
 import { assert, VERIFY_BY_DEFAULT } from "../assert";
-import { type DumpSource, dumpEvents } from "../dump";
+import { type DumpSource, collectDump, type DumpStep, lazyDumpEvents } from "../dump";
 import { LinkTable } from "../link-table";
 import type { ExternalLookup } from "../lookup";
 import type { IndexOp } from "../ops";
@@ -433,6 +433,10 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
   }
 
   dump(): IndexOp[] {
+    return collectDump(this.dumpLazy());
+  }
+
+  dumpLazy(): IterableIterator<DumpStep> {
     const entries = this.entries;
     const slots = this.slots;
     const source: DumpSource = {
@@ -448,7 +452,7 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
       },
       forEachWorker: slots.forEachWorker,
     };
-    return dumpEvents(source, this.blockSize);
+    return lazyDumpEvents(source, this.blockSize);
   }
 
   /** O(N): entries vs index vs parents vs owners vs lookups. */

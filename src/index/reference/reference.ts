@@ -7,7 +7,7 @@
  * Each (worker_id, dp_rank) has `lookup` (its external hash -> path) and `held`
  * (path -> its external hash), the two directions of one bijection.
  */
-import { dumpEvents } from "../dump";
+import { collectDump, type DumpStep, lazyDumpEvents } from "../dump";
 import type { IndexOp } from "../ops";
 import {
   countRejection, type IndexOptions, type IndexStats, type KvIndex, type MatchResult,
@@ -233,6 +233,10 @@ export class ReferenceIndex extends SlotIndex implements KvIndex {
   }
 
   dump(): IndexOp[] {
+    return collectDump(this.dumpLazy());
+  }
+
+  dumpLazy(): IterableIterator<DumpStep> {
     // Keys for every held path and all its ancestors (holes need their local hashes).
     const keys = new Map<string, number>();
     const add = (path: string): number => {
@@ -247,7 +251,7 @@ export class ReferenceIndex extends SlotIndex implements KvIndex {
     };
     for (const worker of this.byKey.values()) for (const path of worker.held.keys()) add(path);
     const workers = [...this.byKey.values()];
-    return dumpEvents({
+    return lazyDumpEvents({
       blockKeyLimit: keys.size,
       forEachBlock(visit) {
         // Map order is insertion order, and add() inserts a path after its parent.
