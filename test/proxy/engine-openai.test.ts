@@ -98,7 +98,7 @@ describe("mock engine OpenAI API", () => {
     const [, second] = await post(`${url}/v1/completions`, { prompt: [ids], max_tokens: 2 });
     expect(second.usage.prompt_tokens_details.cached_tokens).toBe(Math.floor((ids.length - 1) / 16) * 16);
     const streamed = await sseData(await fetch(`${url}/v1/completions`, {
-      method: "POST", body: JSON.stringify({ prompt: ids, max_tokens: 2, stream: true }),
+      method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ prompt: ids, max_tokens: 2, stream: true }),
     }));
     expect(streamed).toHaveLength(3);
     expect(JSON.parse(streamed[1]!).choices[0].finish_reason).toBe("length");

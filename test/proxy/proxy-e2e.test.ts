@@ -47,7 +47,7 @@ async function indexed(messages: Json[]): Promise<void> {
   const tokens = await tokenizer.encode(tokenizer.renderChat(messages, { addGenerationPrompt: true }), false);
   const need = Math.floor((tokens.length - 1) / 16);
   await until(async () => {
-    const response = await fetch(`${serve.url}/v1/match`, { method: "POST", body: JSON.stringify({ token_ids: Array.from(tokens) }) });
+    const response = await fetch(`${serve.url}/v1/match`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ token_ids: Array.from(tokens) }) });
     const scores = ((await response.json()) as Json).scores as Json[];
     return scores.length > 0 && scores[0]!.blocks >= need;
   }, "the engine's KV events to reach the index");
@@ -112,7 +112,7 @@ describe("kvedge serve --proxy", () => {
 
   test("non-streamed completions pass through with usage; the load is released", async () => {
     const response = await fetch(`${serve.url}/v1/completions`, {
-      method: "POST", body: JSON.stringify({ prompt: "Once upon a time, in a land far away, there lived a router.", max_tokens: 3 }),
+      method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ prompt: "Once upon a time, in a land far away, there lived a router.", max_tokens: 3 }),
     });
     expect(response.status).toBe(200);
     const body = (await response.json()) as Json;
@@ -124,7 +124,7 @@ describe("kvedge serve --proxy", () => {
   test("a client that goes away mid-stream releases the request's load", async () => {
     const controller = new AbortController();
     const response = await fetch(`${serve.url}/v1/chat/completions`, {
-      method: "POST", signal: controller.signal,
+      method: "POST", headers: { "content-type": "application/json" }, signal: controller.signal,
       body: JSON.stringify({ messages: conversation(99), max_tokens: 3000, stream: true }),
     });
     const reader = response.body!.getReader();
@@ -143,7 +143,7 @@ describe("kvedge serve --proxy", () => {
       [{ messages: [{ role: "user", content: "x" }], max_tokens: -1 }, 400, "max_tokens"],
     ];
     for (const [body, status, message] of cases) {
-      const response = await fetch(`${serve.url}/v1/chat/completions`, { method: "POST", body: JSON.stringify(body) });
+      const response = await fetch(`${serve.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
       expect(response.status).toBe(status);
       expect(((await response.json()) as Json).error).toContain(message);
     }

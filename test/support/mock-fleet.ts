@@ -52,7 +52,7 @@ export function zeroCachedTokensFront(target: string): Server<undefined> {
   return Bun.serve({
     hostname: "127.0.0.1", port: 0,
     async fetch(request) {
-      const answer = await fetch(`${target}${new URL(request.url).pathname}`, { method: "POST", body: await request.text() });
+      const answer = await fetch(`${target}${new URL(request.url).pathname}`, { method: "POST", headers: { "content-type": "application/json" }, body: await request.text() });
       const body = (await answer.json()) as { usage?: { prompt_tokens_details: { cached_tokens: number } } };
       if (body.usage !== undefined) body.usage.prompt_tokens_details.cached_tokens = 0;
       return Response.json(body, { status: answer.status });
@@ -67,7 +67,7 @@ export function zeroCachedTokensFront(target: string): Server<undefined> {
  */
 export async function missThenHit(serveUrl: string, prompt: number[]): Promise<[string, string]> {
   const complete = async (): Promise<string> => {
-    const response = await fetch(`${serveUrl}/v1/completions`, { method: "POST", body: JSON.stringify({ prompt, max_tokens: 1 }) });
+    const response = await fetch(`${serveUrl}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ prompt, max_tokens: 1 }) });
     if (response.status !== 200) throw new Error(`proxied completion: HTTP ${response.status} ${await response.text()}`);
     await response.arrayBuffer();
     return response.headers.get("x-kvedge-worker-id")!;
@@ -75,7 +75,7 @@ export async function missThenHit(serveUrl: string, prompt: number[]): Promise<[
   const first = await complete();
   const deadline = performance.now() + 10_000;
   for (;;) {
-    const response = await fetch(`${serveUrl}/v1/match`, { method: "POST", body: JSON.stringify({ token_ids: prompt }) });
+    const response = await fetch(`${serveUrl}/v1/match`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ token_ids: prompt }) });
     if ((((await response.json()) as { scores: unknown[] }).scores).length > 0) break;
     if (performance.now() > deadline) throw new Error("timed out waiting for the prompt to be indexed");
     await Bun.sleep(5);
