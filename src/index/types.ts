@@ -5,6 +5,7 @@
  * event's first block in those arrays. Worker ids are bigints at event granularity.
  */
 import type { WorkerTable } from "../core/worker-table";
+import type { FrozenIndex } from "./pack";
 import type { IndexOp } from "./ops";
 
 export type BackendName = "crtc" | "positional" | "reference";
@@ -208,6 +209,8 @@ export interface KvIndex {
    * slices without holding it all or stalling.
    */
   dumpLazy(): IterableIterator<IndexOp | null>;
+  /** A copy of the index, taken now in one step, for packing later in slices (snapshots). */
+  freeze(): FrozenIndex;
   /** O(N) check of every internal invariant; throws IndexInvariantError. */
   verify(): void;
 }

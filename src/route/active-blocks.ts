@@ -117,6 +117,18 @@ export class ActiveBlocks {
     return this.nodes.byteLength + this.edges.words.byteLength + this.holders.words.byteLength + this.table.byteLength;
   }
 
+  /** Writes the chain ending at `leaf` (`count` blocks, as added) into `out` as (hi, lo) pairs. */
+  chainOf(leaf: number, count: number, out: Uint32Array): void {
+    const nodes = this.nodes;
+    const words = this.edges.words;
+    for (let node = leaf; node !== ROOT; node = nodes[node * NODE_WORDS + PARENT]!) {
+      const r = node * NODE_WORDS;
+      const start = nodes[r + START]!;
+      const length = Math.min(nodes[r + LENGTH]!, count - start);
+      if (length > 0) out.set(words.subarray(nodes[r + EDGE]!, nodes[r + EDGE]! + 2 * length), 2 * start);
+    }
+  }
+
   /**
    * Adds a request's chain (`count` (hi, lo) pairs) to `slot`, storing its leaf in
    * `holder`. Returns how many blocks were not active on `slot` before.
