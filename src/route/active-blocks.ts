@@ -36,6 +36,8 @@
  * node, the request's own tail another), one comparison or a bisection per edge; no
  * per-block entry exists. Depths for all workers come from one walk down the query's path and
  * one pass over the holders of the nodes on it.
+ *
+ * See docs/decisions.md#active-block-tree.
  */
 import { assert } from "../util/verify";
 import { Arena, orderOf } from "./arena";

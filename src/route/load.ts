@@ -133,15 +133,15 @@ export class LoadTracker {
   // Active requests are records in typed arrays (per record: worker slot, -1 = free;
   // leaf in the active-block tree, -1 = no blocks; prompt blocks; prefill tokens still
   // charged; output blocks; last touch; the id's key and check), not an object each: a
-  // collection marks a chain of young objects one by one (bench/RESULTS.md, round 5).
-  // Freed records are reused.
+  // collection marks a chain of young objects one by one. Freed records are reused.
+  // See docs/decisions.md#typed-array-records.
   //
   // Ids find their record through `byKey`, the id's 53-bit hash key -> the first record
   // with that key, the rest chained through `recordSameKey` and told apart by comparing
   // the ids themselves (exact, however rare two equal keys are). The ids are kept as
   // UTF-16 code units in `idArena` (`recordIdAt`, `recordIdLength`), not as strings.
   // Neither a Map<string, number> nor an array of the id strings: churned by every
-  // request, each made young collections longer (bench/RESULTS.md, round 6).
+  // request, each made young collections longer (the same decision).
   private readonly byKey = new KeyTable();
   private activeCount = 0;
   private readonly idArena = new Arena(INITIAL_ID_WORDS);

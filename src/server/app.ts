@@ -1,6 +1,7 @@
 /**
  * The HTTP and WebSocket server (Bun.serve): routes to the API operations, JSON or
- * MessagePack, admin auth, metrics per request, errors as `{"error": "..."}`.
+ * MessagePack, admin auth, metrics per request, errors as `{"error": "..."}`. It all
+ * runs on the process's one JavaScript thread: see docs/decisions.md#one-thread.
  */
 import type { Server } from "bun";
 import { timingSafeEqual } from "node:crypto";
@@ -207,7 +208,7 @@ export function startApp(options: AppOptions): App {
     port: options.port,
     // Bun defaults to development mode unless NODE_ENV=production (even in a compiled
     // binary): error pages with stack traces. Never for a server in front of a fleet.
-    development: false,
+    development: false, // see docs/decisions.md#bun-serve-production
     // Bun's own limit is a backstop; readBody enforces ours with a JSON 413.
     maxRequestBodySize: limit + 1024 * 1024,
     routes: routes as never,

@@ -140,6 +140,7 @@ const bodyReader = new MsgpackRequestReader(1);
 function readLimited(request: Request, limitBytes: number, declared: boolean): Promise<Uint8Array> {
   // A declared length was checked against the limit already: the body at once, much
   // cheaper than iterating the stream (and than touching request.body, which builds one).
+  // See docs/decisions.md#whole-bodies.
   return declared ? request.bytes() : readStream(request, limitBytes);
 }
 

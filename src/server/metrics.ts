@@ -118,6 +118,7 @@ export interface HistogramSeries {
  * exactly as a prom-client Histogram of the same name, buckets and labels: same series
  * order, cumulative `_bucket` lines with `le`, then `+Inf`, `_sum`, `_count`.
  */
+// See docs/decisions.md#fast-histograms.
 export class FastHistogram {
   readonly type = "histogram";
   readonly aggregator = "sum";

@@ -11,7 +11,7 @@ import { DEFAULT_SEED } from "../../src/hash";
 import { silentLogger } from "../../src/util/log";
 import { DealerSocket } from "../../src/wire/zmtp";
 import { kvedgeBinary } from "../support/kvedge";
-import { until } from "../sim/fleet-rig";
+import { until } from "../support/wait";
 
 type Json = Record<string, any>;
 let proc: Subprocess<"ignore", "pipe", "pipe">;

@@ -7,7 +7,8 @@ import { encodeKvBatch, type KvEvent } from "../../src/wire/kv-events";
 import { NodePeer } from "../interop/libzmq";
 import { stored } from "../support/engine";
 import { kvedgeBinary } from "../support/kvedge";
-import { eventually, type ServeProcess, startServe } from "../support/serve";
+import { type ServeProcess, startServe } from "../support/serve";
+import { eventually } from "../support/wait";
 
 const BS = 4;
 type Json = Record<string, any>;
@@ -41,7 +42,6 @@ async function sendFirst(peer: NodePeer, serve: ServeProcess, payload: Uint8Arra
   await eventually(async () => {
     if ((await lastSeq(serve)) >= 0) return true;
     peer.send([new Uint8Array(0), seqFrame(0), payload]);
-    await Bun.sleep(50);
     return undefined;
   }, 15_000, "first batch through libzmq");
 }

@@ -4,7 +4,7 @@
 // answers, and SIGTERM still stops it with exit 0.
 import { afterEach, expect, test } from "bun:test";
 import { kvedgeBinary } from "../support/kvedge";
-import { eventually } from "../support/serve";
+import { eventually } from "../support/wait";
 import { stored, TestEngine } from "../support/engine";
 
 const BS = 4;

@@ -4,7 +4,8 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { pack, unpack } from "msgpackr";
 import { stored, TestEngine } from "../support/engine";
-import { eventually, type ServeProcess, startServe } from "../support/serve";
+import { type ServeProcess, startServe } from "../support/serve";
+import { eventually } from "../support/wait";
 
 const BS = 4;
 type Json = Record<string, any>;

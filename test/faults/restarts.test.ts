@@ -6,7 +6,8 @@ import { afterEach, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { eventually, type ServeProcess } from "../support/serve";
+import { type ServeProcess } from "../support/serve";
+import { eventually } from "../support/wait";
 import {
   engineCache, expectEqualOrDegraded, expectExactAndEqual, generate, type MockEngineProcess, metric, prompts, restartEngine,
   serveFor, startMockEngine, stopEngine, subscribed, workerSpec, workerView,
@@ -41,8 +42,8 @@ async function serve(target: MockEngineProcess, reconnectMs?: number[]): Promise
 }
 
 async function killServe(target: ServeProcess, signal: "SIGKILL" | "SIGTERM"): Promise<void> {
-  target.proc.kill(signal);
-  await target.proc.exited;
+  target.kill(signal);
+  await target.exited;
   serves.splice(serves.indexOf(target), 1);
 }
 

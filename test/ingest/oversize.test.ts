@@ -7,7 +7,7 @@ import { createIndex } from "../../src/index";
 import { EngineSource } from "../../src/ingest/source";
 import { silentLogger } from "../../src/util/log";
 import { stored, TestEngine } from "../support/engine";
-import { eventually } from "../support/serve";
+import { eventually } from "../support/wait";
 
 const BS = 4;
 const cleanups: (() => Promise<void> | void)[] = [];

@@ -8,7 +8,7 @@ import type { Server } from "bun";
 import { loadTokenizer } from "../../src/proxy/tokenizer";
 import { NetworkedEngine } from "../../src/sim/networked-engine";
 import { silentLogger } from "../../src/util/log";
-import { until } from "../sim/fleet-rig";
+import { until } from "../support/wait";
 import { startServe, type ServeProcess } from "../support/serve";
 import { sseData } from "../support/sse";
 import { QWEN3_DIR } from "../support/tokenizers";

@@ -5,7 +5,7 @@
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import type { Server } from "bun";
 import { join } from "node:path";
-import { until } from "../sim/fleet-rig";
+import { until } from "../support/wait";
 import { ROOT } from "../support/kvedge";
 import { type MockEngine, missThenHit, startMockEngines, stopMockEngines, zeroCachedTokensFront } from "../support/mock-fleet";
 import { startServe, type ServeProcess } from "../support/serve";

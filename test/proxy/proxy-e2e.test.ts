@@ -6,7 +6,7 @@
 // failures. A tokenizer that does not load stops the start with one line.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { loadTokenizer, type PromptTokenizer } from "../../src/proxy/tokenizer";
-import { until } from "../sim/fleet-rig";
+import { until } from "../support/wait";
 import { kvedgeBinary } from "../support/kvedge";
 import { type MockEngine, startMockEngines, stopMockEngines } from "../support/mock-fleet";
 import { startServe, type ServeProcess } from "../support/serve";

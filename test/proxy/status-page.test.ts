@@ -8,7 +8,7 @@ import type { Server } from "bun";
 import { existsSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { until } from "../sim/fleet-rig";
+import { until } from "../support/wait";
 import { Browser, CHROMIUM } from "../support/chromium";
 import { type MockEngine, missThenHit, startMockEngines, stopMockEngines, zeroCachedTokensFront } from "../support/mock-fleet";
 import { startServe, type ServeProcess } from "../support/serve";

@@ -9,7 +9,7 @@ import { loadConfig } from "../../src/config";
 import { KvedgeCore } from "../../src/core/core";
 import { silentLogger } from "../../src/util/log";
 import { cleared, stored, TestEngine } from "../support/engine";
-import { eventually } from "../support/serve";
+import { eventually } from "../support/wait";
 
 const BS = 4;
 const BUDGET = 1 << 20;

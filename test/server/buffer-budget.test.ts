@@ -12,7 +12,7 @@ import { bufferBudget } from "../../src/util/buffer-budget";
 import { silentLogger } from "../../src/util/log";
 import { SubSocket } from "../../src/wire/zmtp";
 import { concat, greetingBytes, RawPeer, readyBytes } from "../wire/zmtp-raw";
-import { eventually } from "../support/serve";
+import { eventually } from "../support/wait";
 
 const LIMIT = 1 << 20;
 let service: KvedgeCore;

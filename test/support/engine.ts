@@ -6,6 +6,7 @@
  */
 import { encodeKvBatch, type KvBatch, type KvEvent } from "../../src/wire/kv-events";
 import { PubSocket, RouterSocket } from "../../src/wire/zmtp";
+import { until } from "./wait";
 
 const EMPTY = new Uint8Array(0);
 
@@ -78,22 +79,14 @@ export class TestEngine {
 
   /** Waits until a subscriber's subscription has reached the PUB (else messages are filtered out). */
   async waitForSubscriber(timeoutMs = 10_000): Promise<void> {
-    const deadline = performance.now() + timeoutMs;
-    while (this.pub.subscribedPeers === 0) {
-      if (performance.now() > deadline) throw new Error("no subscriber reached the test engine");
-      await Bun.sleep(10);
-    }
+    const subscribed = () => this.pub.subscribedPeers > 0;
+    await until(subscribed, "a subscriber to reach the test engine", timeoutMs);
   }
 
   /** Waits until `count` replay requests were answered (e.g. the router's connect probe). */
   async waitForReplayRequests(count: number, timeoutMs = 10_000): Promise<void> {
-    const deadline = performance.now() + timeoutMs;
-    while (this.replayRequests < count) {
-      if (performance.now() > deadline) {
-        throw new Error(`the test engine answered ${this.replayRequests} of ${count} replay requests`);
-      }
-      await Bun.sleep(10);
-    }
+    const answered = () => this.replayRequests >= count;
+    await until(answered, `the test engine to answer ${count} replay requests`, timeoutMs);
   }
 
   private serveReplay(identity: Uint8Array, frames: readonly Uint8Array[]): void {

@@ -6,6 +6,8 @@
  * A block is its path: the local hashes from the root, joined into a string key.
  * Each (worker_id, dp_rank) has `lookup` (its external hash -> path) and `held`
  * (path -> its external hash), the two directions of one bijection.
+ *
+ * See docs/decisions.md#exact-oracle.
  */
 import { type DumpSource, collectDump, type DumpStep, lazyDumpEvents } from "../dump";
 import { type FrozenIndex, freezeByWalk } from "../pack";
