@@ -145,7 +145,10 @@ test("tool calls reach the template as vLLM passes them: arguments parsed from J
 });
 
 describe("chat template parity with transformers' jinja2", () => {
-  const python = Bun.spawnSync(["python3", "-c", "import jinja2"]);
+  // The first Python with jinja2: the one on PATH, else Debian's (python3-jinja2).
+  const pythonBin = ["python3", "/usr/bin/python3"]
+    .find((bin) => Bun.spawnSync([bin, "-c", "import jinja2"]).exitCode === 0) ?? "python3";
+  const python = Bun.spawnSync([pythonBin, "-c", "import jinja2"]);
   for (const [name, dir] of TOKENIZERS) {
     test(`${name}: every conversation renders as vLLM renders it`, () => {
       expect(python.exitCode === 0 ? "jinja2 available" : "python3 with jinja2 missing (apt-get install python3-jinja2)").toBe("jinja2 available");
@@ -167,7 +170,7 @@ describe("chat template parity with transformers' jinja2", () => {
           ours.push(kvedge.renderChat(conversation.messages, { addGenerationPrompt, tools: conversation.tools }));
         }
       }
-      const result = Bun.spawnSync(["python3", "-c", PYTHON_RENDER], {
+      const result = Bun.spawnSync([pythonBin, "-c", PYTHON_RENDER], {
         stdin: new TextEncoder().encode(JSON.stringify({ template: config.chat_template, contexts })),
       });
       expect(result.stderr.toString()).toBe("");
