@@ -103,16 +103,15 @@ export class ExternalLookup {
   private place(slot: number, hi: number, lo: number, value: number): void {
     const table = this.table;
     const capacity = this.capacity;
-    let to = slot;
-    while (table[to * STRIDE + 2] !== 0) if (++to === capacity) to = 0;
-    // Short runs: a word loop beats copyWithin's call, and handles the wrap.
-    while (to !== slot) {
-      const from = to === 0 ? capacity - 1 : to - 1;
-      table[to * STRIDE] = table[from * STRIDE]!;
-      table[to * STRIDE + 1] = table[from * STRIDE + 1]!;
-      table[to * STRIDE + 2] = table[from * STRIDE + 2]!;
-      to = from;
+    let empty = slot;
+    while (table[empty * STRIDE + 2] !== 0) if (++empty === capacity) empty = 0;
+    if (empty < slot) {
+      // The run wraps: shift the part at the table's start, then carry the last entry over.
+      table.copyWithin(STRIDE, 0, empty * STRIDE);
+      table.copyWithin(0, (capacity - 1) * STRIDE, capacity * STRIDE);
+      empty = capacity - 1;
     }
+    table.copyWithin((slot + 1) * STRIDE, slot * STRIDE, empty * STRIDE);
     const at = slot * STRIDE;
     table[at] = hi;
     table[at + 1] = lo;
@@ -205,73 +204,13 @@ export class ExternalLookup {
     const table = this.sized(capacity);
     assert(this.count <= this.grow, "lookup resized below its count");
     this.table = table;
-    // Plain linear placement fills the same slots in any order; then each run is sorted
-    // by home slot, which is the ordered table (cheaper than ordered inserts one by one).
     for (let from = 0; from < old.length; from += STRIDE) {
       const value = old[from + 2]!;
       if (value === 0) continue;
       const hi = old[from]!;
       const lo = old[from + 1]!;
-      let slot = this.home(hi, lo);
-      while (table[slot * STRIDE + 2] !== 0) if (++slot === capacity) slot = 0;
-      const at = slot * STRIDE;
-      table[at] = hi;
-      table[at + 1] = lo;
-      table[at + 2] = value;
+      this.find(hi, lo);
+      this.place(this.probeSlot, hi, lo, value);
     }
-    this.sortRuns();
-  }
-
-  /** Insertion-sorts every run by its entries' home slots (runs are short at this load). */
-  private sortRuns(): void {
-    const table = this.table;
-    const capacity = this.capacity;
-    let start = 0;
-    while (table[start * STRIDE + 2] !== 0) start++;
-    // Visit every slot once, from just past an empty one, so no run is cut at the start.
-    for (let visited = 0; visited < capacity; ) {
-      let slot = start + 1 === capacity ? 0 : start + 1;
-      visited++;
-      if (table[slot * STRIDE + 2] === 0) {
-        start = slot;
-        continue;
-      }
-      const runStart = slot;
-      let length = 0;
-      while (table[slot * STRIDE + 2] !== 0) {
-        this.sortInto(runStart, length++);
-        if (++slot === capacity) slot = 0;
-        visited++;
-      }
-      start = slot;
-    }
-  }
-
-  /** Moves the run's entry at offset `length` back to its place among the sorted offsets before it. */
-  private sortInto(runStart: number, length: number): void {
-    const table = this.table;
-    const capacity = this.capacity;
-    const at = (runStart + length) % capacity;
-    const hi = table[at * STRIDE]!;
-    const lo = table[at * STRIDE + 1]!;
-    const value = table[at * STRIDE + 2]!;
-    let key = this.home(hi, lo) - runStart;
-    if (key < 0) key += capacity;
-    let offset = length;
-    while (offset > 0) {
-      const prev = (runStart + offset - 1) % capacity;
-      let prevKey = this.home(table[prev * STRIDE]!, table[prev * STRIDE + 1]!) - runStart;
-      if (prevKey < 0) prevKey += capacity;
-      if (prevKey <= key) break;
-      const to = ((runStart + offset) % capacity) * STRIDE;
-      table[to] = table[prev * STRIDE]!;
-      table[to + 1] = table[prev * STRIDE + 1]!;
-      table[to + 2] = table[prev * STRIDE + 2]!;
-      offset--;
-    }
-    const to = ((runStart + offset) % capacity) * STRIDE;
-    table[to] = hi;
-    table[to + 1] = lo;
-    table[to + 2] = value;
   }
 }
