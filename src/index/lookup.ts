@@ -1,13 +1,8 @@
 /**
  * One worker's map from its external block hash (u64 as hi, lo) to a non-zero u32
  * (the block it names). Open addressing with linear probing over one Uint32Array of
- * (hi, lo, value) triples; value 0 marks an empty slot. The table is kept ordered
- * (Robin Hood with linear probing, Amble and Knuth's ordered hashing): along a run,
- * entries sit in the order of their home slots, so a probe for an absent key stops at
- * the first entry whose home lies past its own (not at the run's end), an insert
- * shifts the rest of the run forward by one, and a removal shifts the following
- * entries back only up to the first one that sits at its home (no tombstones): probe
- * lengths never degrade under churn, and neither operation walks the whole run.
+ * (hi, lo, value) triples; value 0 marks an empty slot; deletion shifts the following
+ * run back (no tombstones), so probe lengths never degrade under churn.
  *
  * Sizing trades speed for bytes per entry (12 bytes / load):
  * - small tables (up to 1,024 slots, 12 KiB) have a power-of-two capacity, pick the
@@ -63,30 +58,18 @@ export class ExternalLookup {
     return this.shift !== 0 ? h >>> this.shift : (h * this.capacity * INV_2_POW_32) | 0;
   }
 
-  /** How far the entry at `slot` sits past its home slot. */
-  private distance(slot: number): number {
-    const at = slot * STRIDE;
-    const d = slot - this.home(this.table[at]!, this.table[at + 1]!);
-    return d < 0 ? d + this.capacity : d;
-  }
-
   /** The value stored for (hi, lo), or 0. Sets probeSlot. */
   find(hi: number, lo: number): number {
     const table = this.table;
     const capacity = this.capacity;
     let slot = this.home(hi, lo);
     // Bounded: the load limit keeps empty slots, so the probe ends within the table.
-    for (let probed = 0; ; probed++) {
+    for (;;) {
       const at = slot * STRIDE;
       const value = table[at + 2]!;
       if (value === 0 || (table[at + 1] === lo && table[at] === hi)) {
         this.probeSlot = slot;
         return value;
-      }
-      // An entry homed past (hi, lo)'s home: (hi, lo) would sit before it, so it is absent.
-      if (probed !== 0 && this.distance(slot) < probed) {
-        this.probeSlot = slot;
-        return 0;
       }
       if (++slot === capacity) slot = 0;
     }
@@ -94,28 +77,13 @@ export class ExternalLookup {
 
   /** Inserts (hi, lo) -> value; find(hi, lo) must have just returned 0. */
   insertAtProbe(hi: number, lo: number, value: number): void {
-    if (value === 0) fail("lookup insert of the null value");
-    this.place(this.probeSlot, hi, lo, value);
-    if (++this.count > this.grow) this.resize(this.grownCapacity());
-  }
-
-  /** Writes (hi, lo, value) at `slot`, shifting the entries from there to the next empty slot forward. */
-  private place(slot: number, hi: number, lo: number, value: number): void {
     const table = this.table;
-    const capacity = this.capacity;
-    let empty = slot;
-    while (table[empty * STRIDE + 2] !== 0) if (++empty === capacity) empty = 0;
-    if (empty < slot) {
-      // The run wraps: shift the part at the table's start, then carry the last entry over.
-      table.copyWithin(STRIDE, 0, empty * STRIDE);
-      table.copyWithin(0, (capacity - 1) * STRIDE, capacity * STRIDE);
-      empty = capacity - 1;
-    }
-    table.copyWithin((slot + 1) * STRIDE, slot * STRIDE, empty * STRIDE);
-    const at = slot * STRIDE;
+    const at = this.probeSlot * STRIDE;
+    if (value === 0 || table[at + 2] !== 0) fail("lookup insert without a free probe slot");
     table[at] = hi;
     table[at + 1] = lo;
     table[at + 2] = value;
+    if (++this.count > this.grow) this.resize(this.grownCapacity());
   }
 
   /** Sets (hi, lo) -> value, inserting or overwriting. */
@@ -132,24 +100,32 @@ export class ExternalLookup {
   }
 
   /**
-   * Removes the entry find() just found (it must have returned non-zero), shifting the
-   * following entries back up to the first one at its home. Unchecked on purpose: a
-   * check here measured 25% of a store+remove cycle on Bun, and both callers have just
-   * seen the entry.
+   * Removes the entry find() just found (it must have returned non-zero), shifting its
+   * probe run back. Unchecked on purpose: a check here measured 25% of a store+remove
+   * cycle on Bun, and both callers have just seen the entry.
    */
   removeAtProbe(): void {
     const table = this.table;
     const capacity = this.capacity;
     let hole = this.probeSlot;
+    let slot = hole;
     for (;;) {
-      const next = hole + 1 === capacity ? 0 : hole + 1;
-      if (table[next * STRIDE + 2] === 0 || this.distance(next) === 0) break;
-      const to = hole * STRIDE;
-      const at = next * STRIDE;
-      table[to] = table[at]!;
-      table[to + 1] = table[at + 1]!;
-      table[to + 2] = table[at + 2]!;
-      hole = next;
+      if (++slot === capacity) slot = 0;
+      const at = slot * STRIDE;
+      if (table[at + 2] === 0) break;
+      const home = this.home(table[at]!, table[at + 1]!);
+      // The entry may move into the hole only if the hole lies on its probe path.
+      let toHole = hole - home;
+      if (toHole < 0) toHole += capacity;
+      let toSlot = slot - home;
+      if (toSlot < 0) toSlot += capacity;
+      if (toHole < toSlot) {
+        const to = hole * STRIDE;
+        table[to] = table[at]!;
+        table[to + 1] = table[at + 1]!;
+        table[to + 2] = table[at + 2]!;
+        hole = slot;
+      }
     }
     const to = hole * STRIDE;
     table[to] = 0;
@@ -209,8 +185,12 @@ export class ExternalLookup {
       if (value === 0) continue;
       const hi = old[from]!;
       const lo = old[from + 1]!;
-      this.find(hi, lo);
-      this.place(this.probeSlot, hi, lo, value);
+      let slot = this.home(hi, lo);
+      while (table[slot * STRIDE + 2] !== 0) if (++slot === capacity) slot = 0;
+      const at = slot * STRIDE;
+      table[at] = hi;
+      table[at + 1] = lo;
+      table[at + 2] = value;
     }
   }
 }
