@@ -62,7 +62,7 @@ async function oneRun(run: number, extraArgs: string[]): Promise<RunResult> {
       socket.onerror = reject;
     });
     const roundTrips = new Float64Array(ROUTES);
-    const cpuBefore = processCpuSeconds(serve.proc.pid);
+    const cpuBefore = processCpuSeconds(serve.pid);
     await new Promise<void>((resolve, reject) => {
       let i = 0;
       let sentAt = 0;
@@ -79,7 +79,7 @@ async function oneRun(run: number, extraArgs: string[]): Promise<RunResult> {
       };
       send();
     });
-    const serverCpuMs = 1000 * (processCpuSeconds(serve.proc.pid) - cpuBefore);
+    const serverCpuMs = 1000 * (processCpuSeconds(serve.pid) - cpuBefore);
     socket.close();
     const medianUs = (from: number, to: number) => 1000 * median([...roundTrips.subarray(from, to)]);
     return { first100Us: medianUs(0, 100), next900Us: medianUs(100, 1_000), restUs: medianUs(1_000, ROUTES), serverCpuMs };

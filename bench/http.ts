@@ -184,7 +184,7 @@ async function oneRun(run: number, list: Scenario[]): Promise<RunRecord> {
   try {
     const indexSeconds = await waitIndexed(serve, fleet, 180_000);
     const record: RunRecord = {
-      indexSeconds, pairs: fleet.pairs, serveRssBytes: rssOf(serve.proc.pid), indexBytes: await indexBytes(serve), results: {},
+      indexSeconds, pairs: fleet.pairs, serveRssBytes: rssOf(serve.pid), indexBytes: await indexBytes(serve), results: {},
     };
     if (!json) {
       console.error(`run ${run}: ${fleet.pairs} pairs indexed in ${indexSeconds.toFixed(1)} s; serve RSS ${(record.serveRssBytes / 2 ** 20).toFixed(0)} MiB, `
@@ -195,7 +195,7 @@ async function oneRun(run: number, list: Scenario[]): Promise<RunRecord> {
       host: serve.host, port: serve.port, transport: scenario.transport, batch: scenario.batch, binary: scenario.binary, mode: scenario.mode,
       rate: scenario.rate, connections: scenario.connections, window: scenario.window, promptTokens: scenario.promptTokens,
       poolSize: scenario.promptTokens === 1024 ? 4096 : 1024, candidates: CANDIDATES, warmupMs, durationMs,
-      seed: SEED, fleetWorkers: WORKERS, fleetPairs: TARGET_PAIRS, uniqueBase: uniqueBase++, serverPid: serve.proc.pid,
+      seed: SEED, fleetWorkers: WORKERS, fleetPairs: TARGET_PAIRS, uniqueBase: uniqueBase++, serverPid: serve.pid,
       generator: scenario.mode === "open" && (scenario.transport === "http" || scenario.binary) ? generator : "bun",
     });
     // Let the TTL expire a load's requests before the next one starts.

@@ -2,6 +2,8 @@
  * Shared bench helpers: provenance for every result (so a number can be traced to a
  * commit, runtime and machine), a seeded PRNG, the median, strict flag parsing, and
  * helper processes that do not outlive the bench.
+ *
+ * See docs/decisions.md#bench-hygiene.
  */
 import { readFileSync } from "node:fs";
 import { cpus } from "node:os";

@@ -5,6 +5,7 @@
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Subprocess } from "bun";
+import { startServeChild } from "../src/sim/serve-process";
 import { killWithBench } from "./lib";
 
 const ROOT = join(import.meta.dir, "..");
@@ -26,14 +27,6 @@ async function lineWhere(reader: { read(): Promise<{ done: boolean; value?: Uint
   }
 }
 
-const jsonOrNull = (line: string): { msg?: unknown; url?: unknown } | null => {
-  try {
-    return JSON.parse(line);
-  } catch {
-    return null;
-  }
-};
-
 export interface Fleet {
   readonly proc: Subprocess<"pipe", "pipe", "inherit">;
   readonly endpoints: string[];
@@ -51,7 +44,9 @@ export async function startFleet(seed: number, workers: number, pairs: number): 
 }
 
 export interface Serve {
-  readonly proc: Subprocess<"ignore", "ignore", "pipe">;
+  readonly pid: number;
+  /** SIGTERM, and waits for the exit. */
+  stop(): Promise<number>;
   readonly host: string;
   readonly port: number;
   readonly url: string;
@@ -64,17 +59,16 @@ export interface Serve {
  */
 export async function startServe(binary: string, fleet: Fleet, extraArgs: string[], profileDir?: string): Promise<Serve> {
   const workers = fleet.endpoints.map((endpoint, w) => `${w + 1}=${endpoint}`).join(",");
-  const args = ["serve", "--port", "0", "--log-format", "json", "--log-level", "info", ...extraArgs, "--workers", workers];
-  const command = profileDir === undefined
-    ? [binary, ...args]
-    : [process.execPath, "--cpu-prof", "--cpu-prof-interval=250", `--cpu-prof-dir=${profileDir}`, join(ROOT, "src", "cli", "main.ts"), ...args];
-  const proc = killWithBench(Bun.spawn(command, { stdin: "ignore", stdout: "ignore", stderr: "pipe" }));
-  const reader = proc.stderr.getReader();
-  const line = await lineWhere(reader, (l) => jsonOrNull(l)?.msg === "listening", "kvedge serve listened");
-  // Keep draining stderr so the server never blocks on a full pipe.
-  void (async () => { while (!(await reader.read()).done); })();
-  const url = new URL(String(jsonOrNull(line)!.url));
-  return { proc, host: url.hostname, port: Number(url.port), url: url.origin };
+  const profile = [process.execPath, "--cpu-prof", "--cpu-prof-interval=250", `--cpu-prof-dir=${profileDir}`, join(ROOT, "src", "cli", "main.ts")];
+  // The demo's starter: it waits for the listening line, keeps draining the logs and
+  // stops the child when the bench is stopped.
+  const child = await startServeChild({
+    command: profileDir === undefined ? [binary] : profile,
+    args: ["--log-level", "info", ...extraArgs, "--workers", workers],
+    startTimeoutMs: 60_000,
+  });
+  const url = new URL(child.url);
+  return { pid: child.pid, stop: () => child.stop(), host: url.hostname, port: Number(url.port), url: url.origin };
 }
 
 /** Waits until /v1/workers shows every worker of the fleet with all its blocks; seconds waited. */
@@ -123,8 +117,7 @@ function metricValue(text: string, name: string): number {
 
 /** Stops the server (gracefully) and the fleet, and waits for both. */
 export async function stopAll(serve: Serve, fleet: Fleet): Promise<void> {
-  serve.proc.kill("SIGTERM");
-  await serve.proc.exited;
+  await serve.stop();
   fleet.proc.stdin.end();
   fleet.proc.kill("SIGTERM");
   await fleet.proc.exited;

@@ -46,7 +46,8 @@ Replay a capture offline with \`kvedge apply --block-size N FILE\` and ask it "m
 questions to see what the router saw. Events kvedge would not index (other tiers,
 another block size, filtered groups, ...) are counted in the summary, not written.
 Stops after --count events, after --duration seconds, or on Ctrl-C; then prints a
-summary (batches, events, gaps, replays, decode errors) on stderr.
+summary (batches, events, gaps, replays, decode errors) on stderr. Exits 1 if it never
+connected to a publisher.
 
 Options:
   --endpoint URL         the engine's PUB socket: tcp://HOST:PORT (connect), tcp://*:PORT (bind), ipc:///PATH
@@ -134,6 +135,11 @@ Options:
     await out.flush();
     if (outPath !== undefined && outPath !== "-") await out.end();
     process.stderr.write(summary(source, written, kinds));
+    // Nothing recorded because nothing was there is a failure, not an empty capture.
+    if (source.counters.connects === 0) {
+      process.stderr.write(`kvedge capture: never connected to ${endpoint}\n`);
+      return 1;
+    }
     return 0;
   },
 };

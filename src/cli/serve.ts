@@ -1,10 +1,11 @@
 import { ConfigError, configFlagSpecs, flagHelp, loadConfig, renderConfig } from "../config";
 import { numaNodeCpus, pinProcess } from "../runtime/affinity";
 import { startApp } from "../server/app";
+import { bufferBudget } from "../util/buffer-budget";
 import { warmUp } from "../server/warmup";
 import { createMetricsRegistry, registerRouterMetrics, registerServiceMetrics } from "../server/metrics";
 import { KvedgeCore } from "../core/core";
-import { loadSnapshot, saveSnapshot } from "../state/warm";
+import { loadSnapshot, PeriodicSnapshots, restoreRequests, saveSnapshot } from "../state/warm";
 import { createLogger } from "../util/log";
 import { flagBool, parseFlags, UsageError } from "./args";
 import { type Command, HELP_FLAG } from "./command";
@@ -73,6 +74,7 @@ Example:
       // Only an optimization: serve cold rather than not at all.
       log.error("warm-up failed; serving without it", { error: error instanceof Error ? error.message : String(error) });
     }
+    bufferBudget.limitBytes = config.server.buffer_budget_bytes;
     const service = new KvedgeCore({ config, log });
     const registry = createMetricsRegistry();
     registerRouterMetrics(registry, service.router);
@@ -88,10 +90,11 @@ Example:
     });
     const stateDir = config.state.dir;
     const stateLog = log.child({ component: "state" });
-    if (stateDir !== null) loadSnapshot(service, stateDir, config.workers.map((worker) => worker.worker_id), stateLog);
+    const saved = stateDir === null ? null : loadSnapshot(service, stateDir, config.workers.map((worker) => worker.worker_id), stateLog);
     await service.start();
-    const snapshots = stateDir === null ? null
-      : setInterval(() => saveSnapshot(service, stateDir, stateLog), config.state.snapshot_interval_secs * 1000);
+    if (saved !== null) restoreRequests(service, saved, stateLog);
+    const periodic = stateDir === null ? null : new PeriodicSnapshots(service, stateDir, stateLog);
+    const snapshots = periodic === null ? null : setInterval(() => void periodic.tick(), config.state.snapshot_interval_secs * 1000);
     log.info("listening", {
       url: app.url, block_size: config.index.block_size, backend: config.index.backend, workers: config.workers.length,
     });
@@ -103,7 +106,8 @@ Example:
     log.info("shutting down", { signal });
     await app.stop(SHUTDOWN_GRACE_MS);
     if (snapshots !== null) clearInterval(snapshots);
-    if (stateDir !== null && saveSnapshot(service, stateDir, stateLog)) log.info("snapshot written", { dir: stateDir });
+    await periodic?.idle();
+    if (stateDir !== null && await saveSnapshot(service, stateDir, stateLog)) log.info("snapshot written", { dir: stateDir });
     await service.stop();
     log.info("stopped");
     return 0;

@@ -1,5 +1,5 @@
 export { ConfigError, type ConfigSources, configFlagSpecs, type LoadedConfig, loadConfig, parseConfigText } from "./load";
-export { flagHelp, renderConfig, settingsTable } from "./render";
+export { configurationDoc, flagHelp, renderConfig, settingsTable } from "./render";
 export { type Config, CONFIG_FLAG, envName, SETTINGS, type Setting, WORKERS_FLAG } from "./schema";
 export { formatCpuList } from "./values";
 export { checkEndpoint, type WorkerEntry, workersFromText } from "./workers";

@@ -1,6 +1,7 @@
 /**
  * The configuration as text: the resolved settings as a TOML file (for
- * `kvedge serve --print-config`), and the table of all settings for the README.
+ * `kvedge serve --print-config`), and the reference of all settings that
+ * docs/configuration.md is generated from (`npm run docs:config`).
  */
 import type { LoadedConfig } from "./load";
 import { CONFIG_FLAG, envName, SECTIONS, SETTINGS, WORKERS_FLAG } from "./schema";
@@ -81,3 +82,30 @@ export function settingsTable(): string {
   rows.push(`| | \`--${CONFIG_FLAG}\` | \`${envName(CONFIG_FLAG)}\` | path | none | The TOML config file to read. |`);
   return `${rows.join("\n")}\n`;
 }
+
+/** docs/configuration.md: how settings are read, then the table of every setting. */
+export function configurationDoc(): string {
+  return `${CONFIGURATION_INTRO}\n${settingsTable()}\n${CONFIGURATION_OUTRO}`;
+}
+
+const CONFIGURATION_INTRO = `# Configuration
+
+<!-- Generated from src/config/schema.ts by \`npm run docs:config\`; edit the schema, not this file. -->
+
+\`kvedge serve\` reads defaults, then a TOML file (\`--config FILE\` or \`KVEDGE_CONFIG\`; a
+commented example is [\`examples/kvedge.toml\`](../examples/kvedge.toml)), then \`KVEDGE_*\`
+environment variables, then flags; each later source wins, and a \`[[workers]]\` list
+from a later source replaces the earlier one. Every setting's environment variable is
+\`KVEDGE_\` plus its flag name in upper case with \`-\` as \`_\`. An invalid value stops the
+start with one line naming the key and where the value came from; an unknown key in
+the file is refused with the closest valid one suggested. \`kvedge serve
+--print-config\` prints the resolved settings and the origin of each.
+`;
+
+const CONFIGURATION_OUTRO = `Workers added at run time through \`POST /v1/workers\` are not written back to the file.
+
+Other environment variables, read outside the settings: \`KVEDGE_NATIVE=0\` forces the
+pure-TypeScript fallbacks of the native library, \`KVEDGE_NATIVE_AVX2=0\` keeps the native
+token reader off its AVX2 path, and \`KVEDGE_VERIFY=1\` checks the index's invariants after
+every change (slow; see [developing.md](developing.md)).
+`;

@@ -23,6 +23,7 @@ export interface Config {
     readonly port: number;
     readonly admin_token: string | null;
     readonly body_limit_bytes: number;
+    readonly buffer_budget_bytes: number;
     readonly log_level: (typeof LOG_LEVELS)[number];
     readonly log_format: (typeof LOG_FORMATS)[number];
     readonly warmup_routes: number;
@@ -30,6 +31,7 @@ export interface Config {
   readonly index: {
     readonly block_size: number;
     readonly backend: (typeof INDEX_BACKENDS)[number];
+    readonly memory_budget_bytes: number | null;
   };
   readonly route: {
     readonly policy: (typeof ROUTE_POLICIES)[number];
@@ -53,6 +55,7 @@ export interface Config {
     readonly max_message_bytes: number;
     readonly heartbeat_interval_ms: number;
     readonly heartbeat_timeout_ms: number;
+    readonly frame_timeout_ms: number;
     readonly reconnect_min_ms: number;
     readonly reconnect_max_ms: number;
     readonly replay_timeout_ms: number;
@@ -112,6 +115,10 @@ export const SETTINGS: readonly Setting[] = [
     help: "Largest HTTP request body accepted.",
   }),
   setting({
+    key: "server.buffer_budget_bytes", flag: "buffer-budget-bytes", type: integer(MIB, 1024 * 1024 * MIB), default: 1024 * MIB,
+    help: "Bytes the whole process may hold for unfinished transfers (HTTP bodies being received, WebSocket send queues, large ZMQ frames being reassembled); past it new ones are refused: 503, WebSocket close 1013, ZMQ connection dropped and redialed.",
+  }),
+  setting({
     key: "server.log_level", flag: "log-level", type: oneOf(LOG_LEVELS), default: "info",
     help: "Least severe log level written.",
   }),
@@ -130,6 +137,11 @@ export const SETTINGS: readonly Setting[] = [
   setting({
     key: "index.backend", flag: "index-backend", type: oneOf(INDEX_BACKENDS), default: "crtc",
     help: "Index data structure: crtc (compressed radix tree), positional ((position, hash) map), reference (the simple test oracle).",
+  }),
+  setting({
+    key: "index.memory_budget_bytes", flag: "index-memory-budget-bytes", type: integer(1024 * 1024, Number.MAX_SAFE_INTEGER),
+    default: null, optional: true,
+    help: "Index memory past which new stores are refused (counted; the worker is degraded until the engine clears its cache or restarts); unset = half the machine's or cgroup's memory.",
   }),
   setting({
     key: "route.policy", flag: "route-policy", type: oneOf(ROUTE_POLICIES), default: "ttft",
@@ -200,7 +212,7 @@ export const SETTINGS: readonly Setting[] = [
   }),
   setting({
     key: "ingest.max_message_bytes", flag: "max-message-bytes", type: integer(4096, 1024 * MIB), default: 16 * MIB,
-    help: "Largest ZMQ message accepted from an engine; larger ones are counted and skipped.",
+    help: "Largest ZMQ message accepted from an engine; a larger one is read past without being held, counted and skipped (the connection stays; the lost batch is a sequence gap, replayed if the engine has a replay endpoint).",
   }),
   setting({
     key: "ingest.heartbeat_interval_ms", flag: "heartbeat-interval-ms", type: integer(0, HOUR_MS), default: 5000,
@@ -209,6 +221,10 @@ export const SETTINGS: readonly Setting[] = [
   setting({
     key: "ingest.heartbeat_timeout_ms", flag: "heartbeat-timeout-ms", type: integer(1, HOUR_MS), default: 15_000,
     help: "A connection silent for this long is dropped and reconnected.",
+  }),
+  setting({
+    key: "ingest.frame_timeout_ms", flag: "frame-timeout-ms", type: integer(1, HOUR_MS), default: 10_000,
+    help: "A ZMQ frame (or multi-frame message) begun and not finished within this time drops the connection (a trickling peer), which is then reconnected.",
   }),
   setting({
     key: "ingest.reconnect_min_ms", flag: "reconnect-min-ms", type: integer(1, HOUR_MS), default: 100,

@@ -11,6 +11,8 @@ import type { WorkerEntry } from "../config/workers";
 import { blockSeed } from "../hash";
 import type { KvIndex } from "../index";
 import { createIndex, MatchResult } from "../index";
+import { defaultIndexBudgetBytes, IndexBudget } from "../index/budget";
+import type { KvEventWriter } from "../ingest/normalize";
 import { EngineSource, type SourceState } from "../ingest/source";
 import { CandidateList, PromptHasher, type RouteDecision, Router } from "../route";
 import type { LifecycleResult } from "../route/load";
@@ -80,6 +82,11 @@ export class KvedgeCore {
   readonly index: KvIndex;
   readonly router: Router;
   readonly blockSize: number;
+  readonly budget: IndexBudget;
+  /** Slots with stores refused at the budget: degraded until their worker's cache is cleared. */
+  private readonly incomplete = new Set<number>();
+  /** What sources write to: the index, behind the memory budget. */
+  private readonly writer: KvEventWriter;
   /** Every source, configured or added. */
   private readonly sources = new Set<EngineSource>();
   /** Per slot: the source configured for exactly that (worker, dp rank), if any. */
@@ -98,6 +105,8 @@ export class KvedgeCore {
     this.log = options.log;
     this.blockSize = config.index.block_size;
     this.index = createIndex(config.index.backend, this.blockSize, { workers: this.workerTable });
+    this.budget = new IndexBudget(this.index, config.index.memory_budget_bytes ?? defaultIndexBudgetBytes());
+    this.writer = this.budgetedWriter();
     this.router = new Router({
       workers: this.workerTable,
       blockSize: this.blockSize,
@@ -127,6 +136,7 @@ export class KvedgeCore {
       maxMessageBytes: config.ingest.max_message_bytes,
       heartbeatIntervalMs: config.ingest.heartbeat_interval_ms,
       heartbeatTimeoutMs: config.ingest.heartbeat_timeout_ms,
+      frameTimeoutMs: config.ingest.frame_timeout_ms,
       reconnectMinMs: config.ingest.reconnect_min_ms,
       reconnectMaxMs: config.ingest.reconnect_max_ms,
     };
@@ -220,7 +230,7 @@ export class KvedgeCore {
       topic: entry.topic,
     }, {
       blockSize: this.blockSize,
-      writer: this.index,
+      writer: this.writer,
       log: this.log.child({ component: "ingest" }),
       zmtp: this.zmtp,
       sequencer: {
@@ -263,6 +273,7 @@ export class KvedgeCore {
     this.index.removeWorker(workerId);
     for (const slot of slots) {
       this.ownSource[slot] = undefined;
+      this.incomplete.delete(slot);
       this.router.load.removeWorker(workerId, this.workerTable.dpRankOf(slot));
     }
     const found = slots.length > 0 || stopping.length > 0;
@@ -338,7 +349,48 @@ export class KvedgeCore {
   private sourceChanged(source: EngineSource): void {
     for (const dpRank of source.ranks) {
       const slot = this.router.load.addWorker(source.config.workerId, dpRank);
-      this.router.load.setDegraded(slot, source.degraded);
+      this.router.load.setDegraded(slot, source.degraded || this.incomplete.has(slot));
     }
+  }
+
+  /**
+   * The index as sources write to it, with the memory budget in front of stores: a
+   * refused store leaves the worker holding more than the index says (degraded) until
+   * its cache is cleared. Removals and clears always go through.
+   */
+  private budgetedWriter(): KvEventWriter {
+    const index = this.index;
+    const budget = this.budget;
+    return {
+      workerTable: this.workerTable,
+      storeAt: (slot, hasParent, parentHi, parentLo, external, local, count, first) => {
+        // A slot of -1 (the table is full) is the index's to refuse and count.
+        if (slot < 0 || budget.admits()) index.storeAt(slot, hasParent, parentHi, parentLo, external, local, count, first);
+        else this.refuseStore(slot, count);
+      },
+      removeAt: (slot, external, count, first) => index.removeAt(slot, external, count, first),
+      clearAt: (slot) => {
+        index.clearAt(slot);
+        // Holding nothing is known exactly: refused stores no longer matter.
+        if (this.incomplete.delete(slot)) this.refreshDegraded(slot);
+      },
+    };
+  }
+
+  private refuseStore(slot: number, blocks: number): void {
+    this.budget.refuse(blocks);
+    if (this.incomplete.has(slot)) return;
+    this.incomplete.add(slot);
+    this.log.warn("index memory budget reached: stores refused, worker degraded", {
+      worker_id: this.workerTable.workerIdOf(slot), dp_rank: this.workerTable.dpRankOf(slot), budget_bytes: this.budget.budgetBytes,
+    });
+    this.refreshDegraded(slot);
+  }
+
+  private refreshDegraded(slot: number): void {
+    const source = this.sourceOf(slot);
+    const workerId = this.workerTable.workerIdOf(slot);
+    const loadSlot = this.router.load.slotOf(workerId, this.workerTable.dpRankOf(slot));
+    if (loadSlot >= 0) this.router.load.setDegraded(loadSlot, (source?.degraded ?? false) || this.incomplete.has(slot));
   }
 }

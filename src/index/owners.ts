@@ -252,6 +252,7 @@ export class OwnerLists {
   }
 }
 
+// See docs/decisions.md#plain-typed-arrays.
 function grown(array: Uint32Array, length: number): Uint32Array {
   const next = new Uint32Array(length);
   next.set(array.subarray(0, Math.min(array.length, length)));

@@ -10,6 +10,7 @@
 import { SLOT_LIMIT, type WorkerTable } from "../core/worker-table";
 import { assert } from "./assert";
 import type { DumpSource } from "./dump";
+import type { FrozenWorker } from "./pack";
 import { ExternalLookup } from "./lookup";
 import type { WorkerInfo } from "./types";
 
@@ -98,19 +99,36 @@ export class WorkerSlots {
 
   /** The dump's worker walk: each slot's (external hash, block key) pairs. */
   readonly forEachWorker: DumpSource["forEachWorker"] = (visit) => {
+    for (const worker of this.frozenWorkers()) {
+      const { external, keys, count } = worker.held();
+      visit(worker.workerId, worker.dpRank, external, keys, count);
+    }
+  };
+
+  /** Every present slot over a copy of its lookup taken now (memcpy), read later. */
+  frozenWorkers(): FrozenWorker[] {
+    const frozen: FrozenWorker[] = [];
     for (let slot = 0; slot < this.lookup.length; slot++) {
       const lookup = this.lookup[slot];
       if (!lookup) continue;
-      const external = new Uint32Array(2 * lookup.count);
-      const keys = new Uint32Array(lookup.count);
-      let n = 0;
-      for (let at = 0; at < lookup.table.length; at += 3) {
-        if (lookup.table[at + 2] === 0) continue;
-        external[2 * n] = lookup.table[at]!;
-        external[2 * n + 1] = lookup.table[at + 1]!;
-        keys[n++] = lookup.table[at + 2]!;
-      }
-      visit(this.table.workerIdOf(slot), this.table.dpRankOf(slot), external, keys, n);
+      const table = lookup.table.slice();
+      const count = lookup.count;
+      frozen.push({ workerId: this.table.workerIdOf(slot), dpRank: this.table.dpRankOf(slot), held: () => heldOf(table, count) });
     }
-  };
+    return frozen;
+  }
+}
+
+/** A lookup table's (external hash, block key) pairs. */
+function heldOf(table: Uint32Array, count: number): { external: Uint32Array; keys: Uint32Array; count: number } {
+  const external = new Uint32Array(2 * count);
+  const keys = new Uint32Array(count);
+  let n = 0;
+  for (let at = 0; at < table.length; at += 3) {
+    if (table[at + 2] === 0) continue;
+    external[2 * n] = table[at]!;
+    external[2 * n + 1] = table[at + 1]!;
+    keys[n++] = table[at + 2]!;
+  }
+  return { external, keys, count: n };
 }

@@ -28,6 +28,8 @@
  *    salt in the seed, Eagle windows).
  *
  * A batch is normalized whole into scratch arrays before the writer sees any of it.
+ *
+ * See docs/decisions.md#dual-keys.
  */
 import { blockCount, blockSeed, hashBlocks } from "../hash";
 import { OnceLog, silentLogger, type Logger } from "../util/log";

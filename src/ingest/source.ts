@@ -56,6 +56,8 @@ export class SourceCounters {
   malformedReplayReplies = 0;
   connects = 0;
   disconnects = 0;
+  /** Batches whose applying threw (e.g. out of memory): counted lost, worker degraded. */
+  applyErrors = 0;
 }
 
 const SEQ_BYTES = 8;
@@ -188,13 +190,25 @@ export class EngineSource {
   /**
    * One sequenced batch to the index. After it: an AllBlocksCleared in it made the state
    * exact again; a dp rank first seen in it is announced (its slot is already taken).
+   * An exception (an allocation that failed, a bug) may leave the batch half applied:
+   * it is caught, counted, and reported as a lost batch, so the worker is degraded and
+   * the process goes on serving.
    */
   private apply(payload: Uint8Array): boolean {
     const normalizer = this.normalizer;
     const clears = normalizer.counters.appliedClears;
     const ranks = normalizer.rankSlots.ranks.size;
-    const applied = normalizer.ingest(payload);
-    if (normalizer.counters.appliedClears !== clears) this.sequencer.markExact();
+    let applied: boolean;
+    try {
+      applied = normalizer.ingest(payload);
+    } catch (error) {
+      this.counters.applyErrors++;
+      this.problems.report("apply_error", "applying a batch failed: it counts as lost", {
+        error: error instanceof Error ? error.message : String(error),
+      });
+      applied = false;
+    }
+    if (applied && normalizer.counters.appliedClears !== clears) this.sequencer.markExact();
     if (normalizer.rankSlots.ranks.size !== ranks) this.options.onChange?.(this);
     return applied;
   }

@@ -36,6 +36,8 @@
  * node, the request's own tail another), one comparison or a bisection per edge; no
  * per-block entry exists. Depths for all workers come from one walk down the query's path and
  * one pass over the holders of the nodes on it.
+ *
+ * See docs/decisions.md#active-block-tree.
  */
 import { assert } from "../util/verify";
 import { Arena, orderOf } from "./arena";
@@ -115,6 +117,18 @@ export class ActiveBlocks {
   /** Bytes of the arrays themselves, used or not (tests: bursts give them back). */
   get reservedBytes(): number {
     return this.nodes.byteLength + this.edges.words.byteLength + this.holders.words.byteLength + this.table.byteLength;
+  }
+
+  /** Writes the chain ending at `leaf` (`count` blocks, as added) into `out` as (hi, lo) pairs. */
+  chainOf(leaf: number, count: number, out: Uint32Array): void {
+    const nodes = this.nodes;
+    const words = this.edges.words;
+    for (let node = leaf; node !== ROOT; node = nodes[node * NODE_WORDS + PARENT]!) {
+      const r = node * NODE_WORDS;
+      const start = nodes[r + START]!;
+      const length = Math.min(nodes[r + LENGTH]!, count - start);
+      if (length > 0) out.set(words.subarray(nodes[r + EDGE]!, nodes[r + EDGE]! + 2 * length), 2 * start);
+    }
   }
 
   /**

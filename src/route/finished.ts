@@ -4,7 +4,8 @@
  * maps an id's key (53 bits of its hash) to its index in the ring (an id finished again
  * later points to its newer index), the ring holds the other 11 bits as a check.
  * Numbers only, in typed arrays: the collector has nothing to rescan, and the table
- * never stalls to rebuild itself under churn as a Map does (./key-table.ts).
+ * never stalls to rebuild itself under churn as a Map does (./key-table.ts; see
+ * docs/decisions.md#typed-array-records).
  */
 import { KeyTable } from "./key-table";
 

@@ -8,6 +8,8 @@
  * operation in every few tens of thousands, ~5 ms at 65k entries
  * (bench/lifecycle-stalls.bench.ts). This table only rebuilds when it grows or shrinks
  * by a factor of 4.
+ *
+ * See docs/decisions.md#typed-array-records.
  */
 const EMPTY = -1;
 const INITIAL_CAPACITY = 64;

@@ -133,15 +133,15 @@ export class LoadTracker {
   // Active requests are records in typed arrays (per record: worker slot, -1 = free;
   // leaf in the active-block tree, -1 = no blocks; prompt blocks; prefill tokens still
   // charged; output blocks; last touch; the id's key and check), not an object each: a
-  // collection marks a chain of young objects one by one (bench/RESULTS.md, round 5).
-  // Freed records are reused.
+  // collection marks a chain of young objects one by one. Freed records are reused.
+  // See docs/decisions.md#typed-array-records.
   //
   // Ids find their record through `byKey`, the id's 53-bit hash key -> the first record
   // with that key, the rest chained through `recordSameKey` and told apart by comparing
   // the ids themselves (exact, however rare two equal keys are). The ids are kept as
   // UTF-16 code units in `idArena` (`recordIdAt`, `recordIdLength`), not as strings.
   // Neither a Map<string, number> nor an array of the id strings: churned by every
-  // request, each made young collections longer (bench/RESULTS.md, round 6).
+  // request, each made young collections longer (the same decision).
   private readonly byKey = new KeyTable();
   private activeCount = 0;
   private readonly idArena = new Arena(INITIAL_ID_WORDS);
@@ -352,6 +352,56 @@ export class LoadTracker {
     }
     const prefillTokens = Math.max(0, promptTokens - cachedTokens);
     const outputBlocks = this.trackOutputBlocks ? Math.ceil(expectedOutputTokens / this.blockSize) : 0;
+    const record = this.insert(requestId, key, idCheck, slot, chain, blocks, prefillTokens, outputBlocks, this.now());
+    this.routedTotal[slot]!++;
+    this.counters.admitted++;
+    if (VERIFY) this.verify();
+    return record;
+  }
+
+  /**
+   * Visits every active request, least recently touched first: its slot, id, prompt
+   * tokens still in prefill (0 once prefill is done), expected output blocks, time
+   * since its last lifecycle call, and its chain (valid during the call).
+   */
+  forEachActive(
+    visit: (slot: number, id: string, prefillTokens: number, outputBlocks: number, idleMs: number, chain: Uint32Array, blocks: number) => void,
+  ): void {
+    const now = this.now();
+    let chain = new Uint32Array(64);
+    for (let record = this.oldest; record !== NO_RECORD; record = this.recordNewer[record]!) {
+      const blocks = this.recordBlocks[record]!;
+      if (chain.length < 2 * blocks) chain = new Uint32Array(2 * blocks);
+      const leaf = this.recordLeaf[record]!;
+      if (leaf >= 0) this.blocks.chainOf(leaf, blocks, chain);
+      visit(this.recordSlot[record]!, this.idOf(record), this.recordPrefill[record]!, this.recordOutput[record]!,
+        now - this.recordTouched[record]!, chain, blocks);
+    }
+  }
+
+  /**
+   * Takes back an active request saved by a snapshot, idle for `idleMs` already: its
+   * load counts again on `slot` and it expires when the rest of its TTL runs out.
+   * Returns false (and changes nothing) when the TTL has passed, the id is already
+   * active or the tracker is full.
+   */
+  restore(
+    requestId: string, slot: number, chain: Uint32Array, blocks: number, prefillTokens: number, outputBlocks: number, idleMs: number,
+  ): boolean {
+    this.assertLive(slot);
+    const hash = this.idHash(requestId);
+    const key = hashKey(hash);
+    if (!(idleMs < this.requestTtlMs) || this.activeCount >= this.maxActiveRequests) return false;
+    if (this.recordOf(requestId, key) !== NO_RECORD || requestId.length > REQUEST_ID_LENGTH_MAX) return false;
+    this.insert(requestId, key, hashCheck(hash), slot, chain, blocks, prefillTokens, outputBlocks, this.now() - Math.max(0, idleMs));
+    if (VERIFY) this.verify();
+    return true;
+  }
+
+  private insert(
+    requestId: string, key: number, idCheck: number, slot: number, chain: Uint32Array, blocks: number,
+    prefillTokens: number, outputBlocks: number, touched: number,
+  ): number {
     const added = this.blocks.add(slot, chain, blocks, this.holder);
     const record = this.newRecord(); // after anything that can throw: a record is live once taken
     this.storeId(record, requestId);
@@ -360,22 +410,36 @@ export class LoadTracker {
     this.recordBlocks[record] = blocks;
     this.recordPrefill[record] = prefillTokens;
     this.recordOutput[record] = outputBlocks;
-    this.recordTouched[record] = this.now();
+    this.recordTouched[record] = touched;
     this.recordKey[record] = key;
     this.recordCheck[record] = idCheck;
     const first = this.byKey.get(key);
     this.recordSameKey[record] = first < 0 ? NO_RECORD : first;
     this.byKey.set(key, record);
     this.activeCount++;
-    this.append(record);
+    this.insertByTouch(record);
     this.finished.forget(key, idCheck);
     this.activePrefillTokens[slot]! += prefillTokens;
     this.activeDecodeBlocks[slot]! += added + outputBlocks;
     this.activeRequests[slot]!++;
-    this.routedTotal[slot]!++;
-    this.counters.admitted++;
-    if (VERIFY) this.verify();
     return record;
+  }
+
+  /** Links a record into the touch list in touch order (a new one goes last; a restored one behind newer ones). */
+  private insertByTouch(record: number): void {
+    const touched = this.recordTouched[record]!;
+    let after = this.newest;
+    while (after !== NO_RECORD && this.recordTouched[after]! > touched) after = this.recordOlder[after]!;
+    if (after === this.newest) {
+      this.append(record);
+      return;
+    }
+    const before = after === NO_RECORD ? this.oldest : this.recordNewer[after]!;
+    this.recordOlder[record] = after;
+    this.recordNewer[record] = before;
+    this.recordOlder[before] = record;
+    if (after === NO_RECORD) this.oldest = record;
+    else this.recordNewer[after] = record;
   }
 
   /** The request's prefill finished: its prompt tokens stop counting. Idempotent. */

@@ -23,6 +23,7 @@ export const CANDIDATES_MAX = 64;
  * full list is for debugging; as a default it made every answer ~10 KB and the route
  * ~4x the CPU (44 µs against 10 µs at 64 workers, parse excluded).
  */
+// See docs/decisions.md#four-candidates.
 export const CANDIDATES_DEFAULT = 4;
 const OUTPUT_TOKENS_MAX = 1 << 24;
 const DP_RANK_MAX = 0xffff_ffff;

@@ -1,11 +1,14 @@
 /**
  * The HTTP and WebSocket server (Bun.serve): routes to the API operations, JSON or
- * MessagePack, admin auth, metrics per request, errors as `{"error": "..."}`.
+ * MessagePack, admin auth, metrics per request, errors as `{"error": "..."}`. It all
+ * runs on the process's one JavaScript thread: see docs/decisions.md#one-thread.
  */
 import type { Server } from "bun";
 import { timingSafeEqual } from "node:crypto";
 import type { Logger } from "../util/log";
 import { addWorkerOp, decideRoute, lifecycleOp, matchOp, removeWorkerOp, routeAnswer, workersOp, writeRouteAnswer } from "./api";
+import { DumpWriter } from "./dump-stream";
+import { RequestGuard } from "./guard";
 import { clientError, errorReply, HttpError, msgpackReply, parseBody, readBody, receiveBody, reply, type ReceivedBody, wantsMsgpack } from "./http";
 import { type MetricsRegistry, ServerMetrics } from "./metrics";
 import type { KvedgeCore } from "../core/core";
@@ -49,6 +52,8 @@ export function startApp(options: AppOptions): App {
   const metrics = new ServerMetrics(options.registry);
   const limit = options.bodyLimitBytes;
   const adminToken = options.adminToken === null ? null : Buffer.from(options.adminToken);
+  const guard = new RequestGuard(options.host);
+  const dumps = new DumpWriter();
 
   const requireAdmin = (request: Request): void => {
     if (adminToken === null) return;
@@ -102,9 +107,9 @@ export function startApp(options: AppOptions): App {
       },
     },
     "/v1/dump": {
-      GET: () => {
-        const lines = service.index.dump().map((op) => JSON.stringify(op)).join("\n");
-        return new Response(lines.length === 0 ? "" : `${lines}\n`, { headers: { "content-type": "application/x-ndjson" } });
+      GET: (request) => {
+        requireAdmin(request);
+        return dumps.response(() => service.index.dumpLazy());
       },
     },
     "/healthz": { GET: (request) => reply(request, 200, { status: "ok" }) },
@@ -142,6 +147,12 @@ export function startApp(options: AppOptions): App {
         }
         finish(response);
       });
+      try {
+        guard.check(request, true);
+      } catch (error) {
+        finish(failure(request, error, log));
+        return;
+      }
       if (!readsBody) run(null);
       else receiveBody(request, limit).then(run, (error: unknown) => finish(failure(request, error, log)));
     });
@@ -155,6 +166,7 @@ export function startApp(options: AppOptions): App {
     };
     let pending: Response | Promise<Response>;
     try {
+      guard.check(request, request.method !== "GET" && request.method !== "HEAD");
       pending = handler(request, request.params ?? {});
     } catch (error) {
       pending = failure(request, error, log);
@@ -180,7 +192,7 @@ export function startApp(options: AppOptions): App {
     port: options.port,
     // Bun defaults to development mode unless NODE_ENV=production (even in a compiled
     // binary): error pages with stack traces. Never for a server in front of a fleet.
-    development: false,
+    development: false, // see docs/decisions.md#bun-serve-production
     // Bun's own limit is a backstop; readBody enforces ours with a JSON 413.
     maxRequestBodySize: limit + 1024 * 1024,
     routes: routes as never,
@@ -188,7 +200,13 @@ export function startApp(options: AppOptions): App {
       const path = new URL(request.url).pathname;
       if (path === "/v1/ws") {
         if (request.method !== "GET") return errorReply(request, new HttpError(405, "use GET with Upgrade: websocket"));
-        if (server.upgrade(request, { data: undefined })) return undefined as unknown as Response;
+        // CORS does not cover WebSocket handshakes: a page elsewhere could open one.
+        try {
+          guard.check(request, true);
+        } catch (error) {
+          return failure(request, error, log);
+        }
+        if (server.upgrade(request, { data: { held: 0 } })) return undefined as unknown as Response;
         return errorReply(request, new HttpError(400, "expected a WebSocket upgrade"));
       }
       const known = matchers.find((matcher) => matcher.pattern.test(path));

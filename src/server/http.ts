@@ -5,6 +5,7 @@
  * (token ids, 64-bit ids and hashes as decimal strings).
  */
 import { Unpackr } from "msgpackr";
+import { bufferBudget } from "../util/buffer-budget";
 import { type ErrorCode, KvedgeError } from "../core/errors";
 import { U64_MAX } from "../util/u64";
 import { MsgpackWriter, type MsgpackValue } from "../wire/msgpack";
@@ -41,6 +42,16 @@ export function clientError(error: unknown): HttpError | null {
 }
 
 export const MSGPACK = "application/msgpack";
+const JSON_TYPE = "application/json";
+
+/** 415 unless the request declares a JSON or MessagePack body (./guard.ts says why). */
+export function checkBodyType(request: Request): void {
+  const header = request.headers.get("content-type") ?? "";
+  if (header === JSON_TYPE || header === MSGPACK) return; // what clients send, checked without parsing
+  const type = header.split(";", 1)[0]!.trim().toLowerCase();
+  if (type === JSON_TYPE || type === MSGPACK) return;
+  throw new HttpError(415, `send the body as Content-Type: ${JSON_TYPE} or ${MSGPACK}${type === "" ? "" : `, not ${type}`}`);
+}
 
 // Integers above 2^53 would lose precision as numbers; ids travel as strings anyway.
 const unpackr = new Unpackr({ int64AsType: "bigint", mapsAsObjects: true });
@@ -56,13 +67,27 @@ export type ReceivedBody = { readonly json: string } | { readonly msgpack: Uint8
 
 /**
  * Receives a body of at most `limitBytes` without parsing it (`parseBody` does), so
- * the hot endpoints can parse in their turn batch (./turn.ts).
+ * the hot endpoints can parse in their turn batch (./turn.ts). Only JSON and
+ * MessagePack bodies are accepted (415 otherwise).
  */
 export function receiveBody(request: Request, limitBytes: number): Promise<ReceivedBody> {
+  try {
+    checkBodyType(request);
+  } catch (error) {
+    return Promise.reject(error);
+  }
   const declared = request.headers.get("content-length");
   if (declared !== null && Number(declared) > limitBytes) {
     return Promise.reject(new HttpError(413, `request body of ${declared} bytes is over the limit of ${limitBytes}`));
   }
+  // A declared body is held from now until it has arrived (a streamed one, chunk by
+  // chunk in readStream): in the process-wide budget of buffered bytes.
+  const held = declared === null ? 0 : Number(declared) || 0;
+  if (held > 0 && !bufferBudget.take(held)) return Promise.reject(overBudget());
+  const failed = (error: unknown): never => {
+    bufferBudget.give(held);
+    throw error;
+  };
   const msgpack = (request.headers.get("content-type") ?? "").startsWith(MSGPACK);
   if (declared !== null && !msgpack) {
     // JSON of a declared (and checked) length: the body as text in one step, the
@@ -70,14 +95,20 @@ export function receiveBody(request: Request, limitBytes: number): Promise<Recei
     // a BOM decodes to "" but is not empty. Not an async function: on the hot path
     // every promise and await counts.
     return request.text().then((text) => {
-      if (text.length === 0 && !(Number(declared) > 0)) throw new HttpError(400, "request body is empty");
+      bufferBudget.give(held);
+      if (text.length === 0 && !(held > 0)) throw new HttpError(400, "request body is empty");
       return { json: text };
-    });
+    }, failed);
   }
   return readLimited(request, limitBytes, declared !== null).then((bytes) => {
+    bufferBudget.give(held);
     if (bytes.length === 0) throw new HttpError(400, "request body is empty");
     return msgpack ? { msgpack: bytes } : { json: utf8.decode(bytes) };
-  });
+  }, failed);
+}
+
+function overBudget(): HttpError {
+  return new HttpError(503, `kvedge holds its limit of ${bufferBudget.limitBytes} bytes of unfinished requests and replies; try again`);
 }
 
 /**
@@ -109,6 +140,7 @@ const bodyReader = new MsgpackRequestReader(1);
 function readLimited(request: Request, limitBytes: number, declared: boolean): Promise<Uint8Array> {
   // A declared length was checked against the limit already: the body at once, much
   // cheaper than iterating the stream (and than touching request.body, which builds one).
+  // See docs/decisions.md#whole-bodies.
   return declared ? request.bytes() : readStream(request, limitBytes);
 }
 
@@ -116,10 +148,15 @@ async function readStream(request: Request, limitBytes: number): Promise<Uint8Ar
   if (request.body === null) return new Uint8Array(0);
   const chunks: Uint8Array[] = [];
   let total = 0;
-  for await (const chunk of request.body) {
-    total += chunk.byteLength;
-    if (total > limitBytes) throw new HttpError(413, `request body is over the limit of ${limitBytes} bytes`);
-    chunks.push(chunk);
+  try {
+    for await (const chunk of request.body) {
+      if (total + chunk.byteLength > limitBytes) throw new HttpError(413, `request body is over the limit of ${limitBytes} bytes`);
+      if (!bufferBudget.take(chunk.byteLength)) throw overBudget();
+      total += chunk.byteLength;
+      chunks.push(chunk);
+    }
+  } finally {
+    bufferBudget.give(total);
   }
   if (chunks.length === 1) return chunks[0]!;
   const joined = new Uint8Array(total);
@@ -199,11 +236,16 @@ export function tokenIds(body: Record<string, unknown>, field = "token_ids"): Ui
   for (let i = 0; i < value.length; i++) {
     const token = value[i];
     if (typeof token !== "number" || !Number.isInteger(token) || token < 0 || token >= TOKEN_LIMIT) {
-      throw new HttpError(400, `${field}[${i}] must be an integer in [0, 2^32), got ${JSON.stringify(token)}`);
+      throw new HttpError(400, `${field}[${i}] must be an integer in [0, 2^32), got ${describeValue(token)}`);
     }
     tokens[i] = token;
   }
   return tokens;
+}
+
+/** A value for an error message: MessagePack integers past 2^53 arrive as bigints, which JSON.stringify refuses. */
+function describeValue(value: unknown): string {
+  return typeof value === "bigint" ? value.toString() : JSON.stringify(value) ?? String(value);
 }
 
 /**

@@ -10,6 +10,7 @@
  * Names follow Prometheus conventions: `kvedge_` prefix, `_total` for counters,
  * base units in the name (`_seconds`, `_bytes`).
  */
+import { bufferBudget } from "../util/buffer-budget";
 import { collectDefaultMetrics, Counter, Gauge, Registry } from "prom-client";
 import type { Router } from "../route";
 import type { KvedgeCore } from "../core/core";
@@ -117,6 +118,7 @@ export interface HistogramSeries {
  * exactly as a prom-client Histogram of the same name, buckets and labels: same series
  * order, cumulative `_bucket` lines with `le`, then `+Inf`, `_sum`, `_count`.
  */
+// See docs/decisions.md#fast-histograms.
 export class FastHistogram {
   readonly type = "histogram";
   readonly aggregator = "sum";
@@ -349,6 +351,18 @@ export function registerServiceMetrics(registry: MetricsRegistry, service: Kvedg
     emit(stats.workers, { what: "workers" });
   });
   gauge("kvedge_index_bytes", "Bytes of typed arrays the index has reserved.", [], (emit) => emit(index.stats().bytes));
+  gauge("kvedge_buffered_bytes", "Bytes held for unfinished transfers (HTTP bodies, WebSocket send queues, large ZMQ frames), and the budget.",
+    ["what"], (emit) => {
+      emit(bufferBudget.held, { what: "held" });
+      emit(bufferBudget.limitBytes, { what: "budget" });
+    });
+  counter("kvedge_buffer_budget_refused_total", "Transfers refused because the buffered-bytes budget was reached.", [],
+    (emit) => emit(bufferBudget.refused));
+  gauge("kvedge_index_memory_budget_bytes", "Index bytes past which new stores are refused.", [], (emit) => emit(service.budget.budgetBytes));
+  counter("kvedge_index_budget_refused_total", "Stored events, and their blocks, refused at the index memory budget.", ["what"], (emit) => {
+    emit(service.budget.refusedEvents, { what: "events" });
+    emit(service.budget.refusedBlocks, { what: "blocks" });
+  });
   gauge("kvedge_worker_blocks", "Blocks the index says the worker holds.", ["worker_id", "dp_rank"], (emit) => {
     for (const info of index.workers()) emit(info.blocks, { worker_id: info.workerId.toString(), dp_rank: String(info.dpRank) });
   });
@@ -421,6 +435,9 @@ export function registerServiceMetrics(registry: MetricsRegistry, service: Kvedg
       for (const [kind, value] of Object.entries(source.socketCounters.sub.protocolErrors)) emit(value, { kind });
       emit(source.counters.malformedMessages, { kind: "malformed_message" });
       emit(source.counters.malformedReplayReplies, { kind: "malformed_replay_reply" });
+      emit(source.counters.applyErrors, { kind: "apply_error" });
+      emit(source.socketCounters.sub.oversizeSkipped, { kind: "oversize_skipped" });
+      emit(source.socketCounters.sub.frameTimeouts, { kind: "frame_timeout" });
     });
   perSource("kvedge_ingest_connected", "1 while the engine's publisher is connected.", "gauge", [],
     (source, emit) => emit(source.state === "connected" ? 1 : 0));

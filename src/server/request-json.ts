@@ -26,6 +26,8 @@
  * costs far less than reading the digits in JavaScript. The native scanner accepts
  * exactly what the JavaScript one below accepts (tests compare the two), and either
  * way anything not accepted goes to JSON.parse.
+ *
+ * See docs/decisions.md#native-token-reader.
  */
 import { nativeTokens } from "../hash/native";
 

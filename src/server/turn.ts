@@ -16,6 +16,8 @@
  * work still runs in arrival order across both transports (a `done` never overtakes
  * the `route` it follows). A batch runs at most BATCH_MAX items, then yields to I/O
  * (engine events included) before the next.
+ *
+ * See docs/decisions.md#turn-batches.
  */
 import type { Logger } from "../util/log";
 

@@ -3,7 +3,7 @@
  * than its steady state while the JIT compiles the hot path (measured in one process,
  * binary frames: ~50 µs for each of the first 100 routes, ~10 µs after 5,000), and at
  * high request rates that start builds a queue that takes a second or more to drain
- * (bench/RESULTS.md, round 7). So before
+ * (bench/JOURNAL.md, round 7; see docs/decisions.md#warm-up). So before
  * `kvedge serve` listens, it routes synthetic requests through the same code on a
  * scratch service of its own (own index, load tracker and metrics; nothing reaches the
  * real ones): binary and text WebSocket frames through the frame handler, JSON and

@@ -22,6 +22,7 @@
  */
 import type { ServerWebSocket, WebSocketHandler } from "bun";
 import { Unpackr } from "msgpackr";
+import { bufferBudget } from "../util/buffer-budget";
 import type { Logger } from "../util/log";
 import { encodeMsgpack, MsgpackWriter, type MsgpackValue } from "../wire/msgpack";
 import { decideRoute, lifecycleOp, matchOp, routeOp, writeRouteAnswer } from "./api";
@@ -32,8 +33,10 @@ import type { KvedgeCore } from "../core/core";
 import type { TurnBatch } from "./turn";
 import { MsgpackRequestReader } from "../wire/request-msgpack";
 
-/** Connections carry no per-connection state. */
-export type WsData = undefined;
+/** Per connection: bytes of its send queue counted in the process-wide buffer budget. */
+export interface WsData {
+  held: number;
+}
 
 /** Largest frame a client may send; a batch of requests fits easily. */
 export const WS_FRAME_BYTES_MAX = 16 * 1024 * 1024;
@@ -108,6 +111,13 @@ export function websocketHandlers(
     backpressureLimit: 64 * 1024 * 1024,
     closeOnBackpressureLimit: true,
     idleTimeout: 300,
+    // A client that does not read grows its send queue: counted in the process-wide
+    // budget; past it the connection is closed (1013, try again later).
+    drain: account,
+    close(ws: ServerWebSocket<WsData>) {
+      bufferBudget.give(ws.data.held);
+      ws.data.held = 0;
+    },
     message(ws: ServerWebSocket<WsData>, message: string | Buffer) {
       // Answered at once (./turn.ts says why), after the HTTP requests that came first.
       batch.drain();
@@ -121,7 +131,7 @@ export function websocketHandlers(
       writer.reset();
       if (frameReader.isBatch) writer.arrayHeader(frameReader.count);
       for (let i = 0; i < frameReader.count; i++) answer(frameReader.request(i), writer);
-      ws.send(writer.written());
+      deliver(ws, writer.written());
       return;
     }
     let parsed: unknown;
@@ -136,7 +146,7 @@ export function websocketHandlers(
       return;
     }
     if (!binary) {
-      ws.send(toJson(Array.isArray(parsed) ? parsed.map((request) => answer(request, null)) : answer(parsed, null)));
+      deliver(ws, toJson(Array.isArray(parsed) ? parsed.map((request) => answer(request, null)) : answer(parsed, null)));
       return;
     }
     // MessagePack answers are written as they are made, into one reused buffer.
@@ -147,8 +157,25 @@ export function websocketHandlers(
     } else {
       answer(parsed, writer);
     }
-    ws.send(writer.written());
+    deliver(ws, writer.written());
   }
+}
+
+/** Sends; a send that queued (backpressure, -1) is counted in the buffer budget. */
+function deliver(ws: ServerWebSocket<WsData>, payload: string | Uint8Array): void {
+  if (ws.send(payload) === -1) account(ws);
+}
+
+function account(ws: ServerWebSocket<WsData>): void {
+  const data = ws.data;
+  const queued = ws.getBufferedAmount();
+  const grown = queued - data.held;
+  if (grown <= 0 || bufferBudget.take(grown)) {
+    if (grown < 0) bufferBudget.give(-grown);
+    data.held = queued;
+    return;
+  }
+  ws.close(1013, "kvedge holds its limit of buffered bytes; try again later");
 }
 
 /** The metrics' route label of each op. */
@@ -170,10 +197,10 @@ function run(service: KvedgeCore, op: string, body: Record<string, unknown>): un
 
 function send(ws: ServerWebSocket<WsData>, binary: boolean, payload: unknown): void {
   if (!binary) {
-    ws.send(toJson(payload));
+    deliver(ws, toJson(payload));
     return;
   }
   writer.reset();
   writer.value(payload as MsgpackValue);
-  ws.send(writer.written());
+  deliver(ws, writer.written());
 }

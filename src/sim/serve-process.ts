@@ -24,7 +24,7 @@ function installHandlers(): void {
     for (const child of children) child.kill("SIGTERM");
   };
   process.on("exit", killAll);
-  for (const [signal, code] of [["SIGINT", 130], ["SIGTERM", 143]] as const) {
+  for (const [signal, code] of [["SIGINT", 130], ["SIGTERM", 143], ["SIGHUP", 129]] as const) {
     process.once(signal, () => {
       killAll();
       process.exit(code);
@@ -35,13 +35,19 @@ function installHandlers(): void {
 /** Log lines kept for error messages. */
 const TAIL_LINES = 40;
 
+type StopSignal = "SIGTERM" | "SIGINT";
+
 export interface ServeChild {
   readonly url: string;
   readonly pid: number;
   /** The last log lines (JSON text), oldest first. */
   tail(): string[];
-  /** SIGTERM, then SIGKILL after `graceMs`; resolves with the exit code. */
-  stop(graceMs?: number): Promise<number>;
+  /** `signal` (SIGTERM), then SIGKILL after `graceMs`; resolves with the exit code. */
+  stop(graceMs?: number, signal?: StopSignal): Promise<number>;
+  /** Sends a signal and returns at once. */
+  kill(signal: NodeJS.Signals): void;
+  /** Resolves with the exit code when the process has exited. */
+  readonly exited: Promise<number>;
 }
 
 export interface ServeChildOptions {
@@ -49,13 +55,17 @@ export interface ServeChildOptions {
   readonly args: readonly string[];
   readonly command?: readonly string[];
   readonly startTimeoutMs?: number;
+  /** The child's environment (default: this process's). */
+  readonly env?: Record<string, string>;
+  /** Called with every log line (stderr), in order. */
+  readonly onLine?: (line: string) => void;
 }
 
 export async function startServeChild(options: ServeChildOptions): Promise<ServeChild> {
   const command = options.command ?? kvedgeCommand();
   const proc: Subprocess<"ignore", "ignore", "pipe"> = Bun.spawn(
     [...command, "serve", "--port", "0", "--log-format", "json", ...options.args],
-    { stdin: "ignore", stdout: "ignore", stderr: "pipe" },
+    { stdin: "ignore", stdout: "ignore", stderr: "pipe", env: options.env ?? process.env },
   );
   installHandlers();
   children.add(proc);
@@ -65,30 +75,22 @@ export async function startServeChild(options: ServeChildOptions): Promise<Serve
   const url = new Promise<string>((resolve) => {
     listener.resolve = resolve;
   });
-  void (async () => {
-    const decoder = new TextDecoder();
-    let pending = "";
-    for await (const chunk of proc.stderr) {
-      pending += decoder.decode(chunk, { stream: true });
-      for (let newline = pending.indexOf("\n"); newline >= 0; newline = pending.indexOf("\n")) {
-        const line = pending.slice(0, newline);
-        pending = pending.slice(newline + 1);
-        lines.push(line);
-        if (lines.length > TAIL_LINES) lines.shift();
-        if (listener.resolve !== null && line.includes('"listening"')) {
-          try {
-            const record = JSON.parse(line) as Record<string, unknown>;
-            if (record.msg === "listening" && typeof record.url === "string") {
-              listener.resolve(record.url);
-              listener.resolve = null;
-            }
-          } catch {
-            // Not a JSON log line: kept in the tail only.
-          }
+  void forEachLine(proc.stderr, (line) => {
+    lines.push(line);
+    if (lines.length > TAIL_LINES) lines.shift();
+    options.onLine?.(line);
+    if (listener.resolve !== null && line.includes('"listening"')) {
+      try {
+        const record = JSON.parse(line) as Record<string, unknown>;
+        if (record.msg === "listening" && typeof record.url === "string") {
+          listener.resolve(record.url);
+          listener.resolve = null;
         }
+      } catch {
+        // Not a JSON log line: kept in the tail only.
       }
     }
-  })();
+  });
   const timeoutMs = options.startTimeoutMs ?? 30_000;
   let timer: ReturnType<typeof setTimeout> | undefined;
   const failed = new Promise<never>((_, reject) => {
@@ -96,9 +98,9 @@ export async function startServeChild(options: ServeChildOptions): Promise<Serve
     void proc.exited.then((code) => reject(new Error(`kvedge serve exited with code ${code} before listening`)));
   });
   failed.catch(() => {}); // it loses the race when serve starts; later exits are not errors here
-  const stop = async (graceMs = 5_000): Promise<number> => {
+  const stop = async (graceMs = 5_000, signal: StopSignal = "SIGTERM"): Promise<number> => {
     if (proc.exitCode !== null || proc.signalCode !== null) return proc.exitCode ?? 1;
-    proc.kill("SIGTERM");
+    proc.kill(signal);
     const killer = setTimeout(() => proc.kill("SIGKILL"), graceMs);
     const code = await proc.exited;
     clearTimeout(killer);
@@ -106,12 +108,26 @@ export async function startServeChild(options: ServeChildOptions): Promise<Serve
   };
   try {
     const address = await Promise.race([url, failed]);
-    return { url: address, pid: proc.pid, tail: () => [...lines], stop };
+    const kill = (signal: NodeJS.Signals) => proc.kill(signal);
+    return { url: address, pid: proc.pid, tail: () => [...lines], stop, kill, exited: proc.exited };
   } catch (error) {
     await stop(1_000);
     const detail = lines.slice(-10).join("\n");
     throw new Error(`${(error as Error).message}${detail === "" ? "" : `; its last log lines:\n${detail}`}`);
   } finally {
     clearTimeout(timer);
+  }
+}
+
+/** Calls `onLine` with every whole line of `stream`, in order, until it ends. */
+async function forEachLine(stream: ReadableStream<Uint8Array>, onLine: (line: string) => void) {
+  const decoder = new TextDecoder();
+  let pending = "";
+  for await (const chunk of stream) {
+    pending += decoder.decode(chunk, { stream: true });
+    for (let newline = pending.indexOf("\n"); newline >= 0; newline = pending.indexOf("\n")) {
+      onLine(pending.slice(0, newline));
+      pending = pending.slice(newline + 1);
+    }
   }
 }

@@ -7,30 +7,34 @@
  *
  *   magic "KVEDGE-SNAPSHOT\n" (16 bytes) · version u32 · header bytes u32 · words u32
  *   header: JSON, padded with spaces to a multiple of 4 bytes
- *   words: the index as operations (u32 each):
+ *   words: the index as operations, then the active requests (u32 each):
  *     1 (stored) · worker ref · dp rank · has parent · parent hi · parent lo · n · n × (ext hi, ext lo) · n × (local hi, local lo)
  *     2 (removed) · worker ref · dp rank · n · n × (ext hi, ext lo)
+ *     3 (active) · worker ref · dp rank · id length (UTF-16 units) · prefill tokens · output blocks · idle ms · n
+ *       · id (two units per word) · n × (chain hi, chain lo)
  *   checksum: XXH3-64 of every byte before it (8 bytes)
  *
- * The operations are the index's `dump()` (the events that rebuild an equal index), so
- * any backend writes and reads the same file. Worker refs index `header.worker_ids`.
+ * Operations 1 and 2 are the events of the index's `dump()`, packed straight from the
+ * backend by src/index/pack.ts, so any backend writes and reads the same file. Operation
+ * 3 is one active request of the load tracker (src/route/load.ts `forEachActive`).
+ * Worker refs index `header.worker_ids`.
  *
  * Writing: temp file in the same directory, fsync, rename over the old one, fsync of
  * the directory: a crash leaves the old snapshot or the new one, never a mix. Reading
  * checks size, magic, version, checksum and block size before anything is applied; a
  * file that fails any check is refused whole (one log line) and kvedge starts empty.
  */
-import { closeSync, existsSync, fsyncSync, mkdirSync, openSync, readFileSync, renameSync, writeSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
+import { mkdir, open, rename } from "node:fs/promises";
 import { join } from "node:path";
-import type { IndexOp } from "../index/ops";
+import { OP_REMOVED, OP_STORED } from "../index/pack";
 
 export const SNAPSHOT_VERSION = 1;
 export const SNAPSHOT_FILE = "kvedge.snapshot";
 const MAGIC = new TextEncoder().encode("KVEDGE-SNAPSHOT\n");
 const PREFIX_BYTES = MAGIC.length + 12;
 const CHECKSUM_BYTES = 8;
-const OP_STORED = 1;
-const OP_REMOVED = 2;
+export const OP_ACTIVE = 3;
 
 /** Where one engine source was when the snapshot was taken. */
 export interface SourcePosition {
@@ -47,7 +51,7 @@ export interface Snapshot {
   readonly createdAt: string;
   readonly positions: readonly SourcePosition[];
   readonly workerIds: readonly bigint[];
-  /** The index as operations (see the file comment). */
+  /** The index and the active requests as operations (see the file comment). */
   readonly words: Uint32Array;
 }
 
@@ -56,53 +60,32 @@ export interface SnapshotOpSink {
   stored(workerId: bigint, dpRank: number, hasParent: boolean, parentHi: number, parentLo: number,
     external: Uint32Array, local: Uint32Array, count: number): void;
   removed(workerId: bigint, dpRank: number, external: Uint32Array, count: number): void;
+  active?(workerId: bigint, dpRank: number, requestId: string, prefillTokens: number, outputBlocks: number, idleMs: number,
+    chain: Uint32Array, count: number): void;
 }
 
 export class SnapshotError extends Error {}
 
-/** Packs the index's dump operations into snapshot words. */
-export function encodeOps(ops: readonly IndexOp[]): { words: Uint32Array; workerIds: bigint[] } {
-  const refs = new Map<string, number>();
-  const workerIds: bigint[] = [];
-  let size = 0;
-  for (const op of ops) {
-    if (op.op === "stored") size += 7 + 4 * op.block_hashes.length;
-    else if (op.op === "removed") size += 4 + 2 * op.block_hashes.length;
+/** Appends one active request (operation 3) to `out` at `at`; returns the new end (grows `out.words`). */
+export function putActive(
+  out: { words: Uint32Array }, at: number, ref: number, dpRank: number, requestId: string,
+  prefillTokens: number, outputBlocks: number, idleMs: number, chain: Uint32Array, count: number,
+): number {
+  const idWords = (requestId.length + 1) >>> 1;
+  const size = 8 + idWords + 2 * count;
+  if (at + size > out.words.length) {
+    const grown = new Uint32Array(Math.max(2 * out.words.length, at + size));
+    grown.set(out.words.subarray(0, at));
+    out.words = grown;
   }
-  const words = new Uint32Array(size);
-  let at = 0;
-  const put64 = (text: string) => {
-    const value = BigInt(text);
-    words[at++] = Number(value >> 32n);
-    words[at++] = Number(value & 0xffff_ffffn);
-  };
-  for (const op of ops) {
-    if (op.op !== "stored" && op.op !== "removed") continue;
-    let ref = refs.get(op.worker_id);
-    if (ref === undefined) {
-      refs.set(op.worker_id, ref = workerIds.length);
-      workerIds.push(BigInt(op.worker_id));
-    }
-    const n = op.block_hashes.length;
-    if (op.op === "stored") {
-      words[at++] = OP_STORED;
-      words[at++] = ref;
-      words[at++] = op.dp_rank ?? 0;
-      words[at++] = op.parent_block_hash === null ? 0 : 1;
-      if (op.parent_block_hash === null) at += 2;
-      else put64(op.parent_block_hash);
-      words[at++] = n;
-      for (const hash of op.block_hashes) put64(hash);
-      for (const hash of op.local_hashes!) put64(hash);
-    } else {
-      words[at++] = OP_REMOVED;
-      words[at++] = ref;
-      words[at++] = op.dp_rank ?? 0;
-      words[at++] = n;
-      for (const hash of op.block_hashes) put64(hash);
-    }
+  const words = out.words;
+  words.set([OP_ACTIVE, ref, dpRank, requestId.length, prefillTokens, outputBlocks, Math.max(0, Math.round(idleMs)), count], at);
+  at += 8;
+  for (let i = 0; i < requestId.length; i += 2) {
+    words[at++] = requestId.charCodeAt(i) | (i + 1 < requestId.length ? requestId.charCodeAt(i + 1) << 16 : 0);
   }
-  return { words, workerIds };
+  words.set(chain.subarray(0, 2 * count), at);
+  return at + 2 * count;
 }
 
 /** Walks snapshot words; throws SnapshotError on any malformed operation (check before applying). */
@@ -148,6 +131,20 @@ export function forEachOp(snapshot: Snapshot, sink: SnapshotOpSink | null): void
         sink.removed(workerId, dpRank, external, n);
       }
       at += 2 * n;
+    } else if (kind === OP_ACTIVE) {
+      need(8);
+      const units = words[at + 3]!;
+      const n = words[at + 7]!;
+      const idWords = (units + 1) >>> 1;
+      const [prefill, output, idle] = [words[at + 4]!, words[at + 5]!, words[at + 6]!];
+      at += 8;
+      need(idWords + 2 * n);
+      if (sink?.active !== undefined) {
+        let id = "";
+        for (let i = 0; i < units; i++) id += String.fromCharCode((words[at + (i >>> 1)]! >>> (16 * (i & 1))) & 0xffff);
+        sink.active(workerId, dpRank, id, prefill, output, idle, words.subarray(at + idWords, at + idWords + 2 * n), n);
+      }
+      at += idWords + 2 * n;
     } else {
       throw new SnapshotError(`unknown operation ${kind} at word ${at}`);
     }
@@ -220,25 +217,28 @@ export function decodeSnapshot(bytes: Uint8Array): Snapshot {
   return snapshot;
 }
 
-/** Writes atomically: temp file, fsync, rename, fsync of the directory. Returns the bytes written. */
-export function writeSnapshotFile(dir: string, snapshot: Snapshot): number {
-  mkdirSync(dir, { recursive: true });
+/**
+ * Writes atomically: temp file, fsync, rename, fsync of the directory (asynchronous I/O:
+ * routing goes on meanwhile). Resolves to the bytes written.
+ */
+export async function writeSnapshotFile(dir: string, snapshot: Snapshot): Promise<number> {
+  await mkdir(dir, { recursive: true });
   const bytes = encodeSnapshot(snapshot);
   const path = join(dir, SNAPSHOT_FILE);
   const temp = `${path}.tmp-${process.pid}`;
-  const fd = openSync(temp, "w", 0o600);
+  const file = await open(temp, "w", 0o600);
   try {
-    for (let at = 0; at < bytes.length;) at += writeSync(fd, bytes, at, bytes.length - at);
-    fsyncSync(fd);
+    await file.writeFile(bytes);
+    await file.sync();
   } finally {
-    closeSync(fd);
+    await file.close();
   }
-  renameSync(temp, path);
-  const dirFd = openSync(dir, "r");
+  await rename(temp, path);
+  const directory = await open(dir, "r");
   try {
-    fsyncSync(dirFd);
+    await directory.sync();
   } finally {
-    closeSync(dirFd);
+    await directory.close();
   }
   return bytes.length;
 }

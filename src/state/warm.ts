@@ -1,22 +1,60 @@
 /**
  * Warm restart glue between the router service and its snapshot file: what goes into
- * a snapshot (the index, each source's sequence position and trust), what a loaded one
- * gives back, and the writer that runs every `state.snapshot_interval_secs` and at
- * shutdown.
+ * a snapshot (the index, each source's sequence position and trust, the active
+ * requests), what a loaded one gives back, and the writer that runs every
+ * `state.snapshot_interval_secs` and at shutdown.
+ *
+ * The periodic write does not stall routing for the pack: the index is copied in one
+ * synchronous step (`KvIndex.freeze()`, crtc: a memcpy of its arrays), with the
+ * positions and active requests taken at the same moment, so all of it is one
+ * consistent view; the copy is then packed `SLICE_BLOCKS` blocks at a time between
+ * turns of the event loop (src/index/pack.ts), and the file is written with
+ * asynchronous I/O. At shutdown it is packed in one go.
  */
 import type { KvedgeCore } from "../core/core";
 import { positionKey } from "../core/core";
+import { IndexPacker } from "../index/pack";
 import type { Logger } from "../util/log";
-import { forEachOp, readSnapshotFile, type Snapshot, SnapshotError, encodeOps, writeSnapshotFile } from "./snapshot";
+import {
+  forEachOp, putActive, readSnapshotFile, type Snapshot, SnapshotError, type SourcePosition, writeSnapshotFile,
+} from "./snapshot";
 
-/** The service's state now, consistent (taken in one synchronous step). */
-export function takeSnapshot(service: KvedgeCore): Snapshot {
-  const { words, workerIds } = encodeOps(service.index.dump());
+/** Blocks of work per turn of the event loop (a few ms each on a shared 2-core machine). */
+export const SLICE_BLOCKS = 20_000;
+
+/** A snapshot being taken: the consistent copy, packed on demand. */
+interface Taking {
+  readonly packer: IndexPacker;
+  /** Worker ids by active-request ref (renumbered after the index's at the end). */
+  readonly activeIds: bigint[];
+  readonly active: Uint32Array;
+  readonly positions: SourcePosition[];
+  readonly createdAt: string;
+}
+
+/** Copies everything a snapshot holds, now, in one synchronous step. */
+function begin(service: KvedgeCore): Taking {
+  const packer = new IndexPacker(service.index.freeze());
+  // Refs of the active requests' workers follow the index's (known once packed).
+  const activeIds: bigint[] = [];
+  const refs = new Map<bigint, number>();
+  const load = service.router.load;
+  const out = { words: new Uint32Array(1024) };
+  let at = 0;
+  load.forEachActive((slot, id, prefill, output, idleMs, chain, blocks) => {
+    const workerId = load.workerIdOf(slot);
+    let ref = refs.get(workerId);
+    if (ref === undefined) {
+      refs.set(workerId, ref = activeIds.length);
+      activeIds.push(workerId);
+    }
+    at = putActive(out, at, ref, load.dpRanks[slot]!, id, prefill, output, idleMs, chain, blocks);
+  });
   return {
-    blockSize: service.blockSize,
+    packer,
+    activeIds,
+    active: out.words.subarray(0, at),
     createdAt: new Date().toISOString(),
-    workerIds,
-    words,
     positions: service.engineSources.map((source) => ({
       workerId: source.config.workerId,
       dpRank: source.config.dpRank,
@@ -27,13 +65,61 @@ export function takeSnapshot(service: KvedgeCore): Snapshot {
   };
 }
 
+function finish(taking: Taking, blockSize: number): Snapshot {
+  const workerIds = [...taking.packer.workerIds];
+  const refs = new Map(workerIds.map((id, ref) => [id, ref]));
+  const renumber = taking.activeIds.map((id) => {
+    let ref = refs.get(id);
+    if (ref === undefined) {
+      refs.set(id, ref = workerIds.length);
+      workerIds.push(id);
+    }
+    return ref;
+  });
+  const index = taking.packer.words();
+  const words = new Uint32Array(index.length + taking.active.length);
+  words.set(index);
+  words.set(taking.active, index.length);
+  forEachActiveRef(words, index.length, (at) => { words[at] = renumber[words[at]!]!; });
+  return { blockSize, createdAt: taking.createdAt, positions: taking.positions, workerIds, words };
+}
+
+/** The service's state now, consistent, packed in one synchronous step (shutdown, tests). */
+export function takeSnapshot(service: KvedgeCore): Snapshot {
+  const taking = begin(service);
+  while (!taking.packer.step(Infinity));
+  return finish(taking, service.blockSize);
+}
+
+/** The same snapshot as `takeSnapshot`, packed in slices that yield to the event loop in between. */
+export async function takeSnapshotSliced(service: KvedgeCore, sliceBlocks = SLICE_BLOCKS): Promise<Snapshot> {
+  const taking = begin(service);
+  const turn = () => new Promise((resolve) => setImmediate(resolve));
+  do await turn(); while (!taking.packer.step(sliceBlocks));
+  return finish(taking, service.blockSize);
+}
+
+/** An active request read from a snapshot, waiting for its worker's slot. */
+export interface SavedRequest {
+  readonly workerId: bigint;
+  readonly dpRank: number;
+  readonly id: string;
+  readonly prefillTokens: number;
+  readonly outputBlocks: number;
+  /** Idle at the snapshot plus the time since it was written. */
+  readonly idleMs: number;
+  readonly chain: Uint32Array;
+  readonly blocks: number;
+}
+
 /**
  * Loads the snapshot in `dir` into a service that has not started: the blocks of the
  * configured workers go into the index, their positions wait for their sources (whose
- * connect probe then continues from them, or rebuilds). Any problem: one log line,
- * nothing loaded.
+ * connect probe then continues from them, or rebuilds). Returns the saved active
+ * requests of those workers (for `restoreRequests` once the workers are added), or
+ * null when nothing was loaded. Any problem: one log line, nothing loaded.
  */
-export function loadSnapshot(service: KvedgeCore, dir: string, configured: readonly bigint[], log: Logger): boolean {
+export function loadSnapshot(service: KvedgeCore, dir: string, configured: readonly bigint[], log: Logger): SavedRequest[] | null {
   let snapshot: Snapshot | null;
   const started = performance.now();
   try {
@@ -41,14 +127,16 @@ export function loadSnapshot(service: KvedgeCore, dir: string, configured: reado
   } catch (error) {
     const reason = error instanceof SnapshotError ? error.message : (error as Error).message;
     log.warn("snapshot refused; starting empty", { dir, reason });
-    return false;
+    return null;
   }
   if (snapshot === null) {
     log.info("no snapshot; starting empty", { dir });
-    return false;
+    return null;
   }
   const keep = new Set(configured);
   const index = service.index;
+  const sinceWritten = Math.max(0, Date.now() - Date.parse(snapshot.createdAt)) || 0;
+  const requests: SavedRequest[] = [];
   try {
     forEachOp(snapshot, {
       stored: (workerId, dpRank, hasParent, parentHi, parentLo, external, local, count) => {
@@ -57,31 +145,82 @@ export function loadSnapshot(service: KvedgeCore, dir: string, configured: reado
       removed: (workerId, dpRank, external, count) => {
         if (keep.has(workerId)) index.applyRemoved(workerId, dpRank, external, count);
       },
+      active: (workerId, dpRank, id, prefillTokens, outputBlocks, idleMs, chain, blocks) => {
+        if (!keep.has(workerId)) return;
+        requests.push({ workerId, dpRank, id, prefillTokens, outputBlocks, idleMs: idleMs + sinceWritten, chain: chain.slice(), blocks });
+      },
     });
   } catch (error) {
     for (const workerId of keep) index.removeWorker(workerId);
     log.warn("snapshot refused; starting empty", { dir, reason: (error as Error).message });
-    return false;
+    return null;
   }
   for (const position of snapshot.positions) {
     if (keep.has(position.workerId)) service.restoredPositions.set(positionKey(position.workerId, position.dpRank), position);
   }
   log.info("snapshot loaded", {
     dir, created_at: snapshot.createdAt, blocks: index.stats().blocks, sources: service.restoredPositions.size,
-    ms: Math.round(performance.now() - started),
+    active_requests: requests.length, ms: Math.round(performance.now() - started),
   });
-  return true;
+  return requests;
 }
 
-/** Writes a snapshot now; logs and returns false on failure (the previous file stays). */
-export function saveSnapshot(service: KvedgeCore, dir: string, log: Logger): boolean {
+/**
+ * Puts saved active requests back into the load tracker (after the workers were added):
+ * their load counts again until they finish or the rest of their TTL runs out. Ones
+ * past the TTL, or whose worker is gone, are dropped (counted in the log line).
+ */
+export function restoreRequests(service: KvedgeCore, requests: readonly SavedRequest[], log: Logger): number {
+  const load = service.router.load;
+  let restored = 0;
+  for (const request of requests) {
+    const slot = load.slotOf(request.workerId, request.dpRank);
+    if (slot < 0 || load.live[slot] !== 1) continue;
+    if (load.restore(request.id, slot, request.chain, request.blocks, request.prefillTokens, request.outputBlocks, request.idleMs)) restored++;
+  }
+  log.info("active requests restored", { restored, dropped: requests.length - restored });
+  return restored;
+}
+
+/** Writes a snapshot now, packed in one go (shutdown); logs and resolves false on failure (the previous file stays). */
+export function saveSnapshot(service: KvedgeCore, dir: string, log: Logger): Promise<boolean> {
+  return write(() => Promise.resolve(takeSnapshot(service)), dir, log);
+}
+
+/** The periodic write: packed in slices. One at a time: a tick while one runs is skipped. */
+export class PeriodicSnapshots {
+  private running: Promise<boolean> | null = null;
+
+  constructor(private readonly service: KvedgeCore, private readonly dir: string, private readonly log: Logger) {}
+
+  /** Starts a write unless one is running; resolves true once the file is in place. */
+  tick(): Promise<boolean> {
+    this.running ??= write(() => takeSnapshotSliced(this.service), this.dir, this.log).finally(() => { this.running = null; });
+    return this.running;
+  }
+
+  /** Waits for a running write (shutdown, before the final one). */
+  async idle(): Promise<void> {
+    await this.running;
+  }
+}
+
+async function write(take: () => Promise<Snapshot>, dir: string, log: Logger): Promise<boolean> {
   const started = performance.now();
   try {
-    const bytes = writeSnapshotFile(dir, takeSnapshot(service));
+    const bytes = await writeSnapshotFile(dir, await take());
     log.debug("snapshot written", { dir, bytes, ms: Math.round(performance.now() - started) });
     return true;
   } catch (error) {
     log.error("snapshot write failed", { dir, error: (error as Error).message });
     return false;
+  }
+}
+
+/** Calls `visit` with the word index of each active request's worker ref, from `at` (operations 3 only). */
+function forEachActiveRef(words: Uint32Array, at: number, visit: (refAt: number) => void): void {
+  while (at < words.length) {
+    visit(at + 1);
+    at += 8 + ((words[at + 3]! + 1) >>> 1) + 2 * words[at + 7]!;
   }
 }

@@ -2,6 +2,8 @@
  * Invariant checks shared by every module. `assert` is cheap and always on (messages
  * are constant strings, so a passing assert costs one branch); the O(N) `verify()`
  * walks run after every mutation only with KVEDGE_VERIFY=1, read here and nowhere else.
+ *
+ * See docs/decisions.md#hot-path-checks.
  */
 
 /** A broken internal invariant: a bug, never bad input. */

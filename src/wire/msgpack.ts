@@ -13,6 +13,8 @@
  * for writing a known shape field by field, as the route answer does
  * (src/server/api.ts `writeRouteAnswer`). msgpackr stays the reader, and the
  * independent reference the tests decode with.
+ *
+ * See docs/decisions.md#answers-from-decision.
  */
 
 /** Any value the writer takes. Object members that are `undefined` are left out, as JSON.stringify does. */

@@ -15,10 +15,10 @@ const EXAMPLE = join(import.meta.dir, "..", "..", "examples", "kvedge.toml");
 
 const DEFAULTS: Config = {
   server: {
-    host: "127.0.0.1", port: 8080, admin_token: null, body_limit_bytes: 8_388_608, log_level: "info", log_format: "auto",
+    host: "127.0.0.1", port: 8080, admin_token: null, body_limit_bytes: 8_388_608, buffer_budget_bytes: 1_073_741_824, log_level: "info", log_format: "auto",
     warmup_routes: 4096,
   },
-  index: { block_size: 16, backend: "crtc" },
+  index: { block_size: 16, backend: "crtc", memory_budget_bytes: null },
   route: {
     policy: "ttft", prefill_tokens_per_sec: 15_000, step_base_ms: 5, kv_read_ms_per_million_tokens: 39,
     max_batched_tokens: 8192, recompute_weight: 12, calibrate: false,
@@ -27,7 +27,7 @@ const DEFAULTS: Config = {
     track_output_blocks: false,
   },
   ingest: {
-    max_message_bytes: 16_777_216, heartbeat_interval_ms: 5000, heartbeat_timeout_ms: 15_000, reconnect_min_ms: 100,
+    max_message_bytes: 16_777_216, heartbeat_interval_ms: 5000, heartbeat_timeout_ms: 15_000, frame_timeout_ms: 10_000, reconnect_min_ms: 100,
     reconnect_max_ms: 5000, replay_timeout_ms: 5000, replay_deadline_ms: 30_000, replay_buffer_bytes: 67_108_864,
   },
   state: { dir: null, snapshot_interval_secs: 60 },
@@ -123,8 +123,9 @@ describe("defaults and precedence", () => {
     const sample: Record<string, [toml: string, text: string]> = {
       "server.host": ['"::"', "::"], "server.port": ["9", "9"], "server.admin_token": ['"s3cret-token"', "s3cret-token"],
       "server.body_limit_bytes": ["4096", "4_096"], "server.log_level": ['"warn"', "warn"], "server.log_format": ['"json"', "json"],
-      "server.warmup_routes": ["0", "0"],
+      "server.warmup_routes": ["0", "0"], "server.buffer_budget_bytes": ["2097152", "2_097_152"],
       "index.block_size": ["128", "128"], "index.backend": ['"crtc"', "crtc"],
+      "index.memory_budget_bytes": ["8388608", "8_388_608"], "ingest.frame_timeout_ms": ["2500", "2500"],
       "route.policy": ['"dynamo"', "dynamo"], "route.prefill_tokens_per_sec": ["20000", "2e4"],
       "route.step_base_ms": ["7.5", "7.5"], "route.kv_read_ms_per_million_tokens": ["80", "80"],
       "route.max_batched_tokens": ["2048", "2_048"], "route.recompute_weight": ["3", "3"], "route.calibrate": ["true", "true"],

@@ -29,6 +29,8 @@ describe("kvedge capture", () => {
     ], { stdout: "pipe", stderr: "pipe" });
     cleanups.push(() => proc.kill());
     await engine.waitForSubscriber();
+    // The connect probe must have seen the empty ring, or it would rebuild from what follows.
+    await engine.waitForReplayRequests(1);
 
     engine.publish([stored([1n, 2n], [1, 2, 3, 4, 5, 6, 7, 8], BS)]);
     engine.publish([stored([3n], [9, 10, 11, 12], BS, 2n)], true); // lost on the wire: replayed
@@ -82,6 +84,15 @@ describe("kvedge capture", () => {
     expect(result.code).toBe(0);
     expect(result.stdout).toBe("");
     expect(result.stderr).toContain("kvedge capture: 0 batches");
+  });
+
+  test("a capture that never connected exits 1 and says so", async () => {
+    const closed = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
+    const port = closed.port;
+    closed.stop(true);
+    const result = await runKvedge(["capture", "--endpoint", `tcp://127.0.0.1:${port}`, "--duration", "0.3"]);
+    expect(result.code).toBe(1);
+    expect(result.stderr).toContain(`never connected to tcp://127.0.0.1:${port}`);
   });
 
   test.each([

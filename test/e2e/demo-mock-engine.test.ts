@@ -11,7 +11,7 @@ import { DEFAULT_SEED } from "../../src/hash";
 import { silentLogger } from "../../src/util/log";
 import { DealerSocket } from "../../src/wire/zmtp";
 import { kvedgeBinary } from "../support/kvedge";
-import { until } from "../sim/fleet-rig";
+import { until } from "../support/wait";
 
 type Json = Record<string, any>;
 let proc: Subprocess<"ignore", "pipe", "pipe">;
@@ -83,6 +83,7 @@ describe("kvedge mock-engine", () => {
   test("stream: a first_token line, then done", async () => {
     const response = await fetch(`${info.http}/v1/generate`, {
       method: "POST", body: JSON.stringify({ request_id: "s", token_ids: [5, 6, 7], max_tokens: 3, stream: true }),
+      headers: { "content-type": "application/json" },
     });
     expect(response.headers.get("content-type")).toContain("application/x-ndjson");
     const lines = (await response.text()).trim().split("\n").map((line) => JSON.parse(line) as Json);

@@ -6,7 +6,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import type { Subprocess } from "bun";
 import { kvedgeBinary, runKvedge } from "../support/kvedge";
 import { type ServeProcess, startServe } from "../support/serve";
-import { until } from "../sim/fleet-rig";
+import { until } from "../support/wait";
 
 type Json = Record<string, any>;
 const engines: { proc: Subprocess<"ignore", "pipe", "ignore">; info: Json }[] = [];

@@ -13,7 +13,8 @@ import { DEFAULT_VOCAB_SIZE } from "../../src/sim/tokens";
 import { transformTrace, type Trace } from "../../src/sim/trace";
 import { runKvedge } from "../support/kvedge";
 import { type ServeProcess, startServe } from "../support/serve";
-import { cachedPaths, expectIndexEqualsEngines, until, VirtualRig } from "../sim/fleet-rig";
+import { cachedPaths, expectIndexEqualsEngines, VirtualRig } from "../sim/fleet-rig";
+import { until } from "../support/wait";
 
 const dropped = (seq: number): boolean => seq % 9 === 4;
 let trace: Trace;

@@ -7,7 +7,8 @@ import { encodeKvBatch, type KvEvent } from "../../src/wire/kv-events";
 import { NodePeer } from "../interop/libzmq";
 import { stored } from "../support/engine";
 import { kvedgeBinary } from "../support/kvedge";
-import { eventually, type ServeProcess, startServe } from "../support/serve";
+import { type ServeProcess, startServe } from "../support/serve";
+import { eventually } from "../support/wait";
 
 const BS = 4;
 type Json = Record<string, any>;
@@ -41,7 +42,6 @@ async function sendFirst(peer: NodePeer, serve: ServeProcess, payload: Uint8Arra
   await eventually(async () => {
     if ((await lastSeq(serve)) >= 0) return true;
     peer.send([new Uint8Array(0), seqFrame(0), payload]);
-    await Bun.sleep(50);
     return undefined;
   }, 15_000, "first batch through libzmq");
 }
@@ -60,7 +60,7 @@ describe("libzmq publishers", () => {
     await sendFirst(peer, serve, batch([stored([10n, 11n], [1, 2, 3, 4, 5, 6, 7, 8], BS)]));
     peer.send([new Uint8Array(0), seqFrame(1), batch([stored([12n], [9, 10, 11, 12], BS, 11n)])]);
     const scores = await eventually(async () => {
-      const response = await fetch(`${serve.url}/v1/match`, { method: "POST", body: JSON.stringify({ token_ids: [...Array(12).keys()].map((i) => i + 1) }) });
+      const response = await fetch(`${serve.url}/v1/match`, { method: "POST", body: JSON.stringify({ token_ids: [...Array(12).keys()].map((i) => i + 1) }), headers: { "content-type": "application/json" } });
       const body = (await response.json()) as Json;
       return body.scores[0]?.blocks === 3 ? body.scores : undefined;
     }, 10_000, "three blocks from libzmq");
@@ -76,7 +76,7 @@ describe("libzmq publishers", () => {
     const peer = await NodePeer.start({ role: "pub", connect: `tcp://127.0.0.1:${port}` });
     cleanups.push(() => peer.kill());
     await sendFirst(peer, serve, batch([stored([20n], [4, 3, 2, 1], BS)]));
-    const body = (await (await fetch(`${serve.url}/v1/match`, { method: "POST", body: JSON.stringify({ token_ids: [4, 3, 2, 1] }) })).json()) as Json;
+    const body = (await (await fetch(`${serve.url}/v1/match`, { method: "POST", body: JSON.stringify({ token_ids: [4, 3, 2, 1] }), headers: { "content-type": "application/json" } })).json()) as Json;
     expect(body.scores).toEqual([{ worker_id: "6", dp_rank: 0, blocks: 1 }]);
   });
 

@@ -4,7 +4,8 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { pack, unpack } from "msgpackr";
 import { stored, TestEngine } from "../support/engine";
-import { eventually, type ServeProcess, startServe } from "../support/serve";
+import { type ServeProcess, startServe } from "../support/serve";
+import { eventually } from "../support/wait";
 
 const BS = 4;
 type Json = Record<string, any>;
@@ -51,7 +52,7 @@ describe("/v1/ws", () => {
     await engine.waitForSubscriber();
     engine.publish([stored([11n, 12n], [1, 2, 3, 4, 5, 6, 7, 8], BS)]);
     await eventually(async () => {
-      const response = await fetch(`${serve.url}/v1/match`, { method: "POST", body: JSON.stringify({ token_ids: [1, 2, 3, 4] }) });
+      const response = await fetch(`${serve.url}/v1/match`, { method: "POST", body: JSON.stringify({ token_ids: [1, 2, 3, 4] }), headers: { "content-type": "application/json" } });
       return ((await response.json()) as Json).scores.length === 1 ? true : undefined;
     }, 10_000, "engine block indexed");
     client = await Client.open(serve.url);

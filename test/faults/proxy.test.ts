@@ -5,7 +5,8 @@
 // it missed.
 import { afterEach, describe, expect, test } from "bun:test";
 import type { Socket, TCPSocketListener } from "bun";
-import { eventually, type ServeProcess } from "../support/serve";
+import { type ServeProcess } from "../support/serve";
+import { eventually } from "../support/wait";
 import {
   expectExactAndEqual, generate, metric, type MockEngineProcess, prompts, serveFor, startMockEngine, stopEngine, subscribed,
 } from "./rig";

@@ -6,7 +6,8 @@ import { afterEach, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { eventually, type ServeProcess } from "../support/serve";
+import { type ServeProcess } from "../support/serve";
+import { eventually } from "../support/wait";
 import {
   engineCache, expectEqualOrDegraded, expectExactAndEqual, generate, type MockEngineProcess, metric, prompts, restartEngine,
   serveFor, startMockEngine, stopEngine, subscribed, workerSpec, workerView,
@@ -41,8 +42,8 @@ async function serve(target: MockEngineProcess, reconnectMs?: number[]): Promise
 }
 
 async function killServe(target: ServeProcess, signal: "SIGKILL" | "SIGTERM"): Promise<void> {
-  target.proc.kill(signal);
-  await target.proc.exited;
+  target.kill(signal);
+  await target.exited;
   serves.splice(serves.indexOf(target), 1);
 }
 
@@ -167,9 +168,23 @@ describe("kvedge restart with a snapshot (--state-dir)", () => {
     return { a, first };
   }
 
-  test("SIGTERM writes a snapshot; the next kvedge loads it and catches up by replay from the saved seq", async () => {
+  test("SIGTERM writes a snapshot; the next kvedge loads it and catches up by replay from the saved seq, active requests kept", async () => {
     const dir = stateDir();
     const { a, first } = await caughtUp(dir, 20);
+    const route = (id: string) => fetch(`${first.url}/v1/route`, {
+      method: "POST", headers: { "content-type": "application/json" },
+      body: JSON.stringify({ request_id: id, token_ids: Array.from({ length: 40 }, (_, i) => i + 1) }),
+    });
+    for (const id of ["kept-1", "kept-2", "done-3"]) expect((await route(id)).status).toBe(200);
+    expect((await fetch(`${first.url}/v1/requests/kept-2/prefill_done`, { method: "POST" })).status).toBe(200);
+    expect((await fetch(`${first.url}/v1/requests/done-3/done`, { method: "POST" })).status).toBe(200);
+    const loadOf = async (target: ServeProcess) => {
+      const { workers } = (await (await fetch(`${target.url}/v1/workers`)).json()) as { workers: Record<string, unknown>[] };
+      const { active_requests, active_prefill_tokens, active_decode_blocks } = workers[0]!;
+      return { active_requests, active_prefill_tokens, active_decode_blocks };
+    };
+    const before = await loadOf(first);
+    expect(before.active_requests).toBe(2);
     await killServe(first, "SIGTERM");
     // A little more while kvedge is down (less than the ring holds).
     await generate(a, prompts(1, 2, 21));
@@ -177,6 +192,9 @@ describe("kvedge restart with a snapshot (--state-dir)", () => {
     await second.waitForLog((line) => line.msg === "snapshot loaded");
     await expectExactAndEqual(second, "1", a);
     expect(await metric(second.url, 'kvedge_ingest_continuity_total{worker_id="1",dp_rank="0",outcome="continued"}')).toBe(1);
+    expect(await loadOf(second)).toEqual(before);
+    expect((await fetch(`${second.url}/v1/requests/kept-1/done`, { method: "POST" })).status).toBe(200);
+    expect((await loadOf(second)).active_requests).toBe(1);
   });
 
   test("SIGKILL: the last periodic snapshot is loaded and caught up", async () => {

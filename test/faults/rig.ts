@@ -7,7 +7,8 @@
 import { expect } from "bun:test";
 import type { Subprocess } from "bun";
 import { kvedgeBinary } from "../support/kvedge";
-import { eventually, type ServeProcess, startServe } from "../support/serve";
+import { type ServeProcess, startServe } from "../support/serve";
+import { eventually } from "../support/wait";
 
 export type Json = Record<string, any>;
 
@@ -66,16 +67,9 @@ export async function startMockEngine(spec: MockEngineSpec = {}): Promise<MockEn
 export async function restartEngine(engine: MockEngineProcess): Promise<MockEngineProcess> {
   engine.proc.kill("SIGKILL");
   await engine.proc.exited;
-  let failure: unknown;
-  for (let attempt = 0; attempt < 20; attempt++) {
-    try {
-      return await startMockEngine(engine.spec);
-    } catch (error) {
-      failure = error; // the old sockets' ports may take a moment to free up
-      await Bun.sleep(100);
-    }
-  }
-  throw failure;
+  // The old sockets' ports may take a moment to free up: a failed start is "not yet".
+  const restart = () => startMockEngine(engine.spec);
+  return await eventually(restart, 10_000, "the engine to restart on its addresses");
 }
 
 export async function stopEngine(engine: MockEngineProcess): Promise<void> {

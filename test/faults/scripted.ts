@@ -5,6 +5,7 @@
  */
 import { encodeKvBatch, type KvEvent } from "../../src/wire/kv-events";
 import { PubSocket, RouterSocket } from "../../src/wire/zmtp";
+import { until } from "../support/wait";
 
 export type ReplayMode = "good" | "silent" | "garbage" | "endless";
 
@@ -50,11 +51,8 @@ export class ScriptedEngine {
   }
 
   async waitForSubscriber(timeoutMs = 10_000): Promise<void> {
-    const deadline = performance.now() + timeoutMs;
-    while (this.pub.subscribedPeers === 0) {
-      if (performance.now() > deadline) throw new Error("no subscriber reached the scripted engine");
-      await Bun.sleep(10);
-    }
+    const subscribed = () => this.pub.subscribedPeers > 0;
+    await until(subscribed, "a subscriber to reach the scripted engine", timeoutMs);
   }
 
   private serve(identity: Uint8Array): void {

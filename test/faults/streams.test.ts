@@ -6,7 +6,8 @@
 import { afterEach, describe, expect, test } from "bun:test";
 import type { KvEvent } from "../../src/wire/kv-events";
 import { stored } from "../support/engine";
-import { eventually, type ServeProcess, startServe } from "../support/serve";
+import { type ServeProcess, startServe } from "../support/serve";
+import { eventually } from "../support/wait";
 import { indexHeld, metric, workerView } from "./rig";
 import { type ReplayMode, ScriptedEngine } from "./scripted";
 

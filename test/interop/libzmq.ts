@@ -138,11 +138,3 @@ export function seqBytes(seq: bigint): Uint8Array {
 export const text = (value: string): Uint8Array => new TextEncoder().encode(value);
 export const str = (bytes: Uint8Array): string => new TextDecoder().decode(bytes);
 
-/** Polls `condition` every 10 ms until true or `timeoutMs` passes (then throws `what`). */
-export async function until(condition: () => boolean, what: string, timeoutMs = 10_000): Promise<void> {
-  const deadline = performance.now() + timeoutMs;
-  while (!condition()) {
-    if (performance.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await Bun.sleep(10);
-  }
-}

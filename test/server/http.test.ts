@@ -97,7 +97,7 @@ describe("bodies", () => {
         controller.close();
       },
     });
-    const response = await fetch(base, { method: "POST", body: stream, duplex: "half" } as RequestInit);
+    const response = await fetch(base, { method: "POST", body: stream, duplex: "half", headers: { "content-type": "application/json" } } as RequestInit);
     expect(response.status).toBe(413);
     expect(await errorOf(response)).toContain("over the limit");
   });
@@ -130,8 +130,18 @@ describe("bodies", () => {
         controller.close();
       },
     });
-    const response = await fetch(base, { method: "POST", body: stream, duplex: "half" } as RequestInit);
+    const response = await fetch(base, { method: "POST", body: stream, duplex: "half", headers: { "content-type": "application/json" } } as RequestInit);
     expect(await response.json()).toEqual({ tokens: [1, 2], worker: null, lora: null, n: 4 });
+  });
+
+  test.each([
+    [2n ** 32n, "got 4294967296"],
+    [2n ** 64n - 1n, "got 18446744073709551615"],
+    [-(2n ** 40n), "got -1099511627776"],
+  ])("a MessagePack token %p (64-bit, read as a bigint) → 400 naming it", async (token, message) => {
+    const response = await post(pack({ token_ids: [1, token] }), { "content-type": MSGPACK });
+    expect(response.status).toBe(400);
+    expect(await errorOf(response)).toBe(`token_ids[1] must be an integer in [0, 2^32), ${message}`);
   });
 
   test("malformed MessagePack → 400", async () => {

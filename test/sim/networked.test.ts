@@ -12,7 +12,8 @@ import { loadConversationTrace } from "../../src/sim/embedded-trace";
 import { NetworkedEngine } from "../../src/sim/networked-engine";
 import { engineSeeds } from "../../src/sim/simulator";
 import { transformTrace, type Trace } from "../../src/sim/trace";
-import { expectIndexEqualsEngines, until, VirtualRig } from "./fleet-rig";
+import { until } from "../support/wait";
+import { expectIndexEqualsEngines, VirtualRig } from "./fleet-rig";
 
 let trace: Trace;
 const cleanup: (() => Promise<unknown>)[] = [];

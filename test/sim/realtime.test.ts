@@ -68,7 +68,8 @@ describe("replayRealtime", () => {
     const slow = {
       ...client,
       route: async (...args: Parameters<typeof client.route>) => {
-        await Bun.sleep(3); // ≈ 3 s of model time at this speed-up: far longer than many steps
+        // The slowness under test (not a wait): ≈ 3 s of model time at this speed-up.
+        await Bun.sleep(3);
         return client.route(...args);
       },
     };

@@ -7,9 +7,11 @@ import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync }
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createIndex } from "../../src/index";
+import { IndexPacker, packIndex } from "../../src/index/pack";
+import { LoadTracker } from "../../src/route/load";
 import { BACKEND_NAMES, MatchResult } from "../../src/index/types";
 import {
-  decodeSnapshot, encodeOps, encodeSnapshot, forEachOp, readSnapshotFile, type Snapshot, SNAPSHOT_FILE, SnapshotError,
+  decodeSnapshot, encodeSnapshot, forEachOp, putActive, readSnapshotFile, type Snapshot, SNAPSHOT_FILE, SnapshotError,
   writeSnapshotFile,
 } from "../../src/state/snapshot";
 import { applyHarnessOp, generateStream, pairs } from "../harness/streams";
@@ -26,9 +28,9 @@ function tempDir(): string {
 }
 
 function snapshotOf(index: ReturnType<typeof createIndex>): Snapshot {
-  const { words, workerIds } = encodeOps(index.dump());
+  const { words, workerIds } = packIndex(index.freeze());
   return {
-    blockSize: index.blockSize, createdAt: "2026-01-01T00:00:00Z", workerIds, words,
+    blockSize: index.blockSize, createdAt: "2026-01-01T00:00:00Z", workerIds: [...workerIds], words,
     positions: [{ workerId: 7n, dpRank: 0, lastSeq: 41, fingerprint: 12345, degraded: false }],
   };
 }
@@ -96,9 +98,9 @@ describe("refusals", () => {
     expect(() => decodeSnapshot(bytes)).toThrow("version 99");
   });
 
-  test("another block size is refused", () => {
+  test("another block size is refused", async () => {
     const dir = tempDir();
-    writeSnapshotFile(dir, snapshotOf(createIndex("crtc", 16)));
+    await writeSnapshotFile(dir, snapshotOf(createIndex("crtc", 16)));
     expect(() => readSnapshotFile(dir, 32)).toThrow("block size 16");
     expect(readSnapshotFile(dir, 16)).not.toBeNull();
   });
@@ -110,26 +112,131 @@ describe("refusals", () => {
 });
 
 describe("atomic write", () => {
-  test("writes, replaces, leaves no temp file; a missing file reads as none", () => {
+  test("writes, replaces, leaves no temp file; a missing file reads as none", async () => {
     const dir = tempDir();
     expect(readSnapshotFile(dir, 1)).toBeNull();
     const index = createIndex("crtc", 1);
     for (const op of generateStream(3, { steps: 100 }).ops) applyHarnessOp(index, op);
-    const first = writeSnapshotFile(dir, snapshotOf(index));
+    const first = await writeSnapshotFile(dir, snapshotOf(index));
     expect(readFileSync(join(dir, SNAPSHOT_FILE)).length).toBe(first);
-    writeSnapshotFile(dir, snapshotOf(createIndex("crtc", 1)));
+    await writeSnapshotFile(dir, snapshotOf(createIndex("crtc", 1)));
     expect(readdirSync(dir)).toEqual([SNAPSHOT_FILE]);
     expect(readSnapshotFile(dir, 1)!.words.length).toBe(0);
   });
 
-  test("a failed write keeps the previous snapshot", () => {
+  test("a failed write keeps the previous snapshot", async () => {
     const dir = tempDir();
-    writeSnapshotFile(dir, snapshotOf(createIndex("crtc", 1)));
+    await writeSnapshotFile(dir, snapshotOf(createIndex("crtc", 1)));
     const before = readFileSync(join(dir, SNAPSHOT_FILE));
     // A directory where the temp file should go makes the write fail.
     mkdirSync(join(dir, `${SNAPSHOT_FILE}.tmp-${process.pid}`));
-    expect(() => writeSnapshotFile(dir, snapshotOf(createIndex("crtc", 1)))).toThrow();
+    await expect(writeSnapshotFile(dir, snapshotOf(createIndex("crtc", 1)))).rejects.toThrow();
     expect(readFileSync(join(dir, SNAPSHOT_FILE))).toEqual(before);
     expect(existsSync(join(dir, SNAPSHOT_FILE))).toBe(true);
+  });
+});
+
+describe("typed packing", () => {
+  for (const backend of BACKEND_NAMES) {
+    test.each([11, 12, 13])(`${backend}: stream %p packed in slices equals packed at once; restored into every backend equals the reference`, (seed) => {
+      const stream = generateStream(seed, { steps: 300 });
+      const index = createIndex(backend, 1);
+      const reference = createIndex("reference", 1);
+      for (const op of stream.ops) {
+        applyHarnessOp(index, op);
+        applyHarnessOp(reference, op);
+      }
+      const whole = packIndex(index.freeze()).words;
+      for (const slice of [1, 7]) {
+        const packer = new IndexPacker(index.freeze());
+        let steps = 0;
+        while (!packer.step(slice)) steps++;
+        expect(packer.words()).toEqual(whole);
+        if (index.stats().blocks > 8) expect(steps).toBeGreaterThan(0);
+      }
+      const snapshot = decodeSnapshot(encodeSnapshot(snapshotOf(index)));
+      for (const target of BACKEND_NAMES) {
+        const restored = restoreInto(snapshot, target);
+        const sorted = (i: typeof index) => i.workers().map((w) => `${w.workerId}/${w.dpRank}=${w.blocks}`).sort();
+        expect(sorted(restored)).toEqual(sorted(reference));
+        for (const query of stream.queries) expect(scores(restored, query)).toBe(scores(reference, query));
+        if (target === backend) {
+          // Held pairs and lookups exact; a rebuilt crtc tree may have fewer splits than one with a history.
+          const [counts, original] = [restored.stats(), index.stats()];
+          expect([counts.workers, counts.blocks, counts.lookupEntries]).toEqual([original.workers, original.blocks, original.lookupEntries]);
+          expect(counts.nodes).toBeLessThanOrEqual(original.nodes);
+        }
+      }
+    });
+  }
+
+  test.each(BACKEND_NAMES)("%s: a frozen copy packs the index as it was when frozen, whatever is applied after", (backend) => {
+    const stream = generateStream(21, { steps: 400 });
+    const index = createIndex(backend, 1);
+    const half = Math.floor(stream.ops.length / 2);
+    for (const op of stream.ops.slice(0, half)) applyHarnessOp(index, op);
+    const expected = packIndex(index.freeze()).words;
+    const packer = new IndexPacker(index.freeze());
+    let turns = 0;
+    for (const op of stream.ops.slice(half)) {
+      applyHarnessOp(index, op); // the index moves on between slices
+      if (turns++ % 5 === 0) packer.step(3);
+    }
+    for (const info of index.workers()) index.removeWorker(info.workerId);
+    while (!packer.step(3));
+    expect(packer.words()).toEqual(expected);
+  });
+
+  test("a malformed active request is refused before anything is applied", () => {
+    const words = new Uint32Array([3, 0, 0, 5, 0, 0, 0, 1, 0x620061]);
+    expect(() => decodeSnapshot(encodeSnapshot({ blockSize: 1, createdAt: "x", workerIds: [1n], positions: [], words }))).toThrow("runs past the end");
+  });
+});
+
+describe("active requests", () => {
+  test("saved with their worker, id, state and load; restored equal; past the TTL dropped", () => {
+    let now = 1_000;
+    const options = { blockSize: 4, requestTtlMs: 10_000, now: () => now };
+    const source = new LoadTracker(options);
+    const a = source.addWorker(1n, 0);
+    const b = source.addWorker(2n, 3);
+    const chain = new Uint32Array([1, 1, 1, 2, 1, 3]);
+    source.admit("req-a", a, chain, 3, 20, 4, 8);
+    source.admit("req-b", b, chain, 2, 12, 0, 0);
+    now += 6_000;
+    source.admit("req-c ünï", a, new Uint32Array([9, 9]), 1, 4, 0, 0);
+    source.prefillDone("req-c ünï");
+    const out = { words: new Uint32Array(4) };
+    let at = 0;
+    source.forEachActive((slot, id, prefill, output, idle, c, blocks) => {
+      at = putActive(out, at, slot === a ? 0 : 1, source.dpRanks[slot]!, id, prefill, output, idle, c, blocks);
+    });
+    const snapshot = decodeSnapshot(encodeSnapshot({ blockSize: 4, createdAt: "x", workerIds: [1n, 2n], positions: [], words: out.words.subarray(0, at) }));
+    const restore = (elapsed: number) => {
+      const target = new LoadTracker(options);
+      target.addWorker(1n, 0);
+      target.addWorker(2n, 3);
+      forEachOp(snapshot, {
+        stored: () => {}, removed: () => {},
+        active: (workerId, dpRank, id, prefill, output, idle, c, blocks) => {
+          target.restore(id, target.slotOf(workerId, dpRank), c, blocks, prefill, output, idle + elapsed);
+        },
+      });
+      target.verify();
+      return target;
+    };
+    const same = restore(0);
+    const view = (t: LoadTracker) => t.workers().map(({ routedTotal: _, ...w }) => w);
+    expect(view(same)).toEqual(view(source));
+    expect(same.isActive("req-c ünï")).toBe(true);
+    // 5 s later: req-a and req-b (idle 6 s) are past the 10 s TTL, req-c (idle 0) is not.
+    const later = restore(5_000);
+    expect(later.activeRequestCount).toBe(1);
+    expect(later.isActive("req-c ünï")).toBe(true);
+    now += 4_000;
+    expect(later.sweep()).toBe(0);
+    now += 1_000;
+    expect(later.sweep()).toBe(1);
+    expect(later.activeRequestCount).toBe(0);
   });
 });

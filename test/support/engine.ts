@@ -6,6 +6,7 @@
  */
 import { encodeKvBatch, type KvBatch, type KvEvent } from "../../src/wire/kv-events";
 import { PubSocket, RouterSocket } from "../../src/wire/zmtp";
+import { until } from "./wait";
 
 const EMPTY = new Uint8Array(0);
 
@@ -29,6 +30,8 @@ export class TestEngine {
   replayEndpoint: string | null = null;
   /** Next sequence number. */
   seq = 0n;
+  /** Replay requests answered since start (a subscriber's connect probe is the first). */
+  replayRequests = 0;
   /** What a replay can serve: every batch published since the last restart. */
   private readonly ring: { seq: bigint; payload: Uint8Array }[] = [];
   private readonly topic: Uint8Array;
@@ -76,16 +79,20 @@ export class TestEngine {
 
   /** Waits until a subscriber's subscription has reached the PUB (else messages are filtered out). */
   async waitForSubscriber(timeoutMs = 10_000): Promise<void> {
-    const deadline = performance.now() + timeoutMs;
-    while (this.pub.subscribedPeers === 0) {
-      if (performance.now() > deadline) throw new Error("no subscriber reached the test engine");
-      await Bun.sleep(10);
-    }
+    const subscribed = () => this.pub.subscribedPeers > 0;
+    await until(subscribed, "a subscriber to reach the test engine", timeoutMs);
+  }
+
+  /** Waits until `count` replay requests were answered (e.g. the router's connect probe). */
+  async waitForReplayRequests(count: number, timeoutMs = 10_000): Promise<void> {
+    const answered = () => this.replayRequests >= count;
+    await until(answered, `the test engine to answer ${count} replay requests`, timeoutMs);
   }
 
   private serveReplay(identity: Uint8Array, frames: readonly Uint8Array[]): void {
     // DEALER request: [empty, start seq (8 bytes BE)].
     if (frames.length !== 2 || frames[1]!.length !== 8) return;
+    this.replayRequests++;
     const start = new DataView(frames[1]!.buffer, frames[1]!.byteOffset, 8).getBigUint64(0);
     for (const batch of this.ring) {
       if (batch.seq >= start) this.router!.send(identity, [EMPTY, this.topic, seqFrame(batch.seq), batch.payload]);

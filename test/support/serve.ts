@@ -1,92 +1,69 @@
 /**
  * Runs the compiled `kvedge serve` as a subprocess on loopback, waits until it
- * listens, and collects its JSON log lines.
+ * listens, and collects its JSON log lines. Starting and stopping are the demo's own
+ * (src/sim/serve-process.ts); this adds the parsed logs tests look into.
  */
-import type { Subprocess } from "bun";
+import { startServeChild } from "../../src/sim/serve-process";
 import { kvedgeBinary } from "./kvedge";
+
+type LogLine = Record<string, unknown>;
 
 export interface ServeProcess {
   readonly url: string;
-  readonly proc: Subprocess<"ignore", "pipe", "pipe">;
   /** Parsed JSON log lines so far. */
-  readonly logs: Record<string, unknown>[];
-  /** Sends SIGTERM and waits for the exit code. */
+  readonly logs: LogLine[];
+  /** Sends SIGTERM (or SIGINT) and waits for the exit code. */
   stop(signal?: "SIGTERM" | "SIGINT"): Promise<number>;
+  /** Sends a signal and returns at once. */
+  kill(signal: NodeJS.Signals): void;
+  /** Resolves with the exit code when the process has exited. */
+  readonly exited: Promise<number>;
   /** Waits until a log line satisfies `predicate`. */
-  waitForLog(predicate: (line: Record<string, unknown>) => boolean, timeoutMs?: number): Promise<Record<string, unknown>>;
+  waitForLog(predicate: (line: LogLine) => boolean, timeoutMs?: number): Promise<LogLine>;
 }
 
+interface Waiter {
+  readonly predicate: (line: LogLine) => boolean;
+  readonly resolve: (line: LogLine) => void;
+}
+
+/** `kvedge serve --port 0` with JSON debug logs, `args` after; `env` is all it sees. */
 export async function startServe(args: readonly string[], env: Record<string, string> = {}): Promise<ServeProcess> {
-  const proc = Bun.spawn([kvedgeBinary(), "serve", "--port", "0", "--log-format", "json", "--log-level", "debug", ...args], {
-    env: { PATH: process.env.PATH ?? "", ...env },
-    stdin: "ignore",
-    stdout: "pipe",
-    stderr: "pipe",
-  });
-  const logs: Record<string, unknown>[] = [];
-  const waiters: { predicate: (line: Record<string, unknown>) => boolean; resolve: (line: Record<string, unknown>) => void }[] = [];
-  let tail = "";
-  let exited = false;
-  void (async () => {
-    const decoder = new TextDecoder();
-    for await (const chunk of proc.stderr) {
-      tail += decoder.decode(chunk, { stream: true });
-      let newline;
-      while ((newline = tail.indexOf("\n")) >= 0) {
-        const text = tail.slice(0, newline);
-        tail = tail.slice(newline + 1);
-        let line: Record<string, unknown>;
-        try {
-          line = JSON.parse(text);
-        } catch {
-          line = { msg: text, unparsed: true };
-        }
-        logs.push(line);
-        for (let i = waiters.length - 1; i >= 0; i--) {
-          if (waiters[i]!.predicate(line)) waiters.splice(i, 1)[0]!.resolve(line);
-        }
-      }
+  const logs: LogLine[] = [];
+  const waiters: Waiter[] = [];
+  const onLine = (text: string): void => {
+    let line: LogLine;
+    try {
+      line = JSON.parse(text);
+    } catch {
+      line = { msg: text, unparsed: true };
     }
-    exited = true;
-  })();
-  const waitForLog = (predicate: (line: Record<string, unknown>) => boolean, timeoutMs = 10_000) =>
-    new Promise<Record<string, unknown>>((resolve, reject) => {
+    logs.push(line);
+    for (let i = waiters.length - 1; i >= 0; i--) {
+      if (waiters[i]!.predicate(line)) waiters.splice(i, 1)[0]!.resolve(line);
+    }
+  };
+  const child = await startServeChild({
+    command: [kvedgeBinary()],
+    args: ["--log-level", "debug", ...args],
+    env: { PATH: process.env.PATH ?? "", ...env },
+    onLine,
+  });
+  const waitForLog = (predicate: (line: LogLine) => boolean, timeoutMs = 10_000) =>
+    new Promise<LogLine>((resolve, reject) => {
       const seen = logs.find(predicate);
       if (seen !== undefined) return resolve(seen);
-      const timer = setTimeout(() => reject(new Error(`no such log line within ${timeoutMs} ms; logs: ${JSON.stringify(logs.slice(-20))}`)), timeoutMs);
+      const timer = setTimeout(() => {
+        reject(new Error(`no such log line within ${timeoutMs} ms; logs: ${JSON.stringify(logs.slice(-20))}`));
+      }, timeoutMs);
       waiters.push({ predicate, resolve: (line) => { clearTimeout(timer); resolve(line); } });
     });
-  let listening: Record<string, unknown>;
-  try {
-    listening = await waitForLog((line) => line.msg === "listening");
-  } catch (error) {
-    proc.kill();
-    throw new Error(`kvedge serve did not start (exited: ${exited}): ${(error as Error).message}`);
-  }
   return {
-    url: String(listening.url),
-    proc,
+    url: child.url,
     logs,
     waitForLog,
-    async stop(signal = "SIGTERM") {
-      proc.kill(signal);
-      return await proc.exited;
-    },
+    stop: (signal = "SIGTERM") => child.stop(20_000, signal),
+    kill: (signal) => child.kill(signal),
+    exited: child.exited,
   };
-}
-
-/** Polls `check` until it returns a value that is not undefined (or times out). */
-export async function eventually<T>(check: () => Promise<T | undefined> | T | undefined, timeoutMs = 10_000, what = "condition"): Promise<T> {
-  const deadline = performance.now() + timeoutMs;
-  let last: unknown;
-  while (performance.now() < deadline) {
-    try {
-      const value = await check();
-      if (value !== undefined) return value;
-    } catch (error) {
-      last = error;
-    }
-    await Bun.sleep(20);
-  }
-  throw new Error(`timed out waiting for ${what}${last === undefined ? "" : `: ${(last as Error).message}`}`);
 }

@@ -10,6 +10,7 @@ import { parseCommand, parseMetadata, parsePing } from "../../src/wire/zmtp/code
 import { COMMAND_FRAME, FrameDecoder, MESSAGE_FRAME, NEED_MORE } from "../../src/wire/zmtp/decoder";
 import { ZmtpError } from "../../src/wire/zmtp/errors";
 import { commandBytes, concat, enc, frameBytes, greetingBytes, messageBytes, RawPeer, readyBytes } from "./zmtp-raw";
+import { until } from "../support/wait";
 
 setDefaultTimeout(60_000);
 const SEED = Number(process.env.KVEDGE_SEED ?? 0x5eed) >>> 0;
@@ -164,12 +165,11 @@ describe("fuzzing over TCP", () => {
       new DataView(seq.buffer).setUint32(0, sent++);
       pub.send([enc("live"), seq]);
     };
-    const deadline = performance.now() + 10_000;
-    while (live.length === 0 && performance.now() < deadline) {
+    await until(() => {
+      if (live.length > 0) return true;
       publish();
-      await Bun.sleep(10);
-    }
-    expect(live.length).toBeGreaterThan(0);
+      return false;
+    }, "the live publisher's first message");
 
     const next = rng(SEED + 2);
     const valid = validStream();
@@ -181,16 +181,15 @@ describe("fuzzing over TCP", () => {
       const bytes = i % 4 === 0 ? new Uint8Array(next(300)).map(() => next(256)) : mutate(valid, next);
       await raw.write(bytes);
       publish();
-      if (i % 10 === 0) await Bun.sleep(1);
+      if (i % 10 === 0) await new Promise((resolve) => setImmediate(resolve)); // let the SUB read
     }
     // Most were dropped at their first bad byte; streams that are merely incomplete wait
     // for the handshake timeout, or (handshake done, then truncated) for us to hang up.
-    await Bun.sleep(500);
-    const droppedByUs = peers.filter((raw) => raw.closed).length;
+    const droppedByUs = () => peers.filter((raw) => raw.closed).length;
+    await until(() => droppedByUs() > count / 2, "most mutated streams to be dropped by the SUB");
     for (const raw of peers) raw.close();
-    const settle = performance.now() + 15_000;
-    while (sub.counters.handshakeFailures + sub.counters.disconnects < count && performance.now() < settle) await Bun.sleep(20);
-    expect(droppedByUs).toBeGreaterThan(count / 2);
+    const ended = () => sub.counters.handshakeFailures + sub.counters.disconnects;
+    await until(() => ended() >= count, "every raw peer's connection to end", 15_000);
     expect(sub.counters.handshakeFailures + sub.counters.disconnects).toBe(count);
     expect(sub.counters.protocolErrorsTotal).toBeGreaterThan(count / 2);
     expect(sub.counters.connectionsActive).toBe(1); // the live publisher only
@@ -198,16 +197,7 @@ describe("fuzzing over TCP", () => {
     // The live publisher never missed a message (one TCP stream: in order, none lost).
     const last = sent;
     publish();
-    await new Promise<void>((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error("live stream stalled")), 10_000);
-      const poll = setInterval(() => {
-        if (live.at(-1) === last) {
-          clearInterval(poll);
-          clearTimeout(timer);
-          resolve();
-        }
-      }, 5);
-    });
+    await until(() => live.at(-1) === last, "the live stream's last message");
     const first = live[0]!;
     expect(live).toEqual(Array.from({ length: last - first + 1 }, (_, i) => first + i));
 
@@ -216,11 +206,10 @@ describe("fuzzing over TCP", () => {
     late.connect(bound);
     const got: string[] = [];
     sub.onMessage = (frames) => got.push(new TextDecoder().decode(frames[0]!));
-    const lateDeadline = performance.now() + 10_000;
-    while (!got.includes("late") && performance.now() < lateDeadline) {
+    await until(() => {
+      if (got.includes("late")) return true;
       late.send([enc("late")]);
-      await Bun.sleep(10);
-    }
-    expect(got).toContain("late");
+      return false;
+    }, "a message from the late publisher");
   });
 });

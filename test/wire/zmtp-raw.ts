@@ -61,6 +61,8 @@ export function messageBytes(frames: Uint8Array[]): Uint8Array {
 export class RawPeer {
   received: Uint8Array = new Uint8Array(0);
   closed = false;
+  /** Resolves the pending write when the kernel buffer has room again. */
+  private onDrain: (() => void) | null = null;
   private constructor(private readonly socket: Socket<undefined>) {}
 
   static async connect(endpoint: string): Promise<RawPeer> {
@@ -73,7 +75,9 @@ export class RawPeer {
       },
       close: () => {
         if (peer !== null) peer.closed = true;
+        peer?.onDrain?.();
       },
+      drain: () => peer?.onDrain?.(),
       error: () => {},
     };
     const socket =
@@ -84,15 +88,16 @@ export class RawPeer {
     return peer;
   }
 
-  /** Writes everything (retrying on a full kernel buffer); false if the socket closed. */
+  /** Writes everything (waiting for room on a full kernel buffer); false if the socket closed. */
   async write(bytes: Uint8Array): Promise<boolean> {
     let at = 0;
     while (at < bytes.length) {
       const written = this.socket.write(bytes, at, bytes.length - at);
-      if (written < 0) return false;
+      if (written < 0 || this.closed) return false;
       at += written;
-      if (at < bytes.length) await Bun.sleep(1);
+      if (at < bytes.length) await new Promise<void>((resolve) => { this.onDrain = resolve; });
     }
+    this.onDrain = null;
     return true;
   }
 

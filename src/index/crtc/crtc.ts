@@ -4,7 +4,8 @@
  * match.ts; the tree's shape lives in tree.ts.
  */
 import { fail, VERIFY_BY_DEFAULT } from "../assert";
-import { type DumpSource, dumpEvents } from "../dump";
+import { type DumpSource, collectDump, type DumpStep, lazyDumpEvents } from "../dump";
+import type { FrozenIndex } from "../pack";
 import type { IndexOp } from "../ops";
 import {
   countRejection, type IndexOptions, type IndexStats, type KvIndex, type MatchResult,
@@ -127,7 +128,11 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
   }
 
   dump(): IndexOp[] {
-    return dumpEvents(this.dumpSource(), this.blockSize);
+    return collectDump(this.dumpLazy());
+  }
+
+  dumpLazy(): IterableIterator<DumpStep> {
+    return lazyDumpEvents(this.dumpSource(), this.blockSize);
   }
 
   verify(): void {
@@ -137,6 +142,38 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
   private reject(status: StoreStatus): StoreStatus {
     countRejection(this.counters, status);
     return status;
+  }
+
+  /** A memcpy of the node and block arrays and the lookups: the snapshot packer links blocks from it in slices of nodes. */
+  freeze(): FrozenIndex {
+    const nodes = this.tree.nodes;
+    const top = nodes.highWater;
+    const parent = nodes.parent.slice(0, top);
+    const start = nodes.start.slice(0, top);
+    const len = nodes.len.slice(0, top);
+    const hi = this.tree.blocks.hi.slice();
+    const lo = this.tree.blocks.lo.slice();
+    return {
+      blockKeyLimit: hi.length,
+      units: top,
+      forEachBlockFrom(from, budget, visit) {
+        let node = Math.max(from, ROOT + 1);
+        for (let visited = 0; node < top && visited < budget; node++) {
+          const n = len[node]!;
+          if (n === 0) continue; // a free id
+          const first = start[node]!;
+          const up = parent[node]!;
+          let previous = up === ROOT ? -1 : start[up]! + len[up]! - 1;
+          for (let block = first; block < first + n; block++) {
+            visit(block, previous, hi[block]!, lo[block]!);
+            previous = block;
+          }
+          visited += n;
+        }
+        return node;
+      },
+      workers: this.slots.frozenWorkers(),
+    };
   }
 
   private dumpSource(): DumpSource {

@@ -124,6 +124,7 @@ export class NodePool {
   }
 }
 
+// See docs/decisions.md#plain-typed-arrays.
 function grownU32(array: Uint32Array, size: number): Uint32Array {
   const next = new Uint32Array(size);
   next.set(array);

@@ -12,7 +12,8 @@
  */
 import { chainHashes } from "../../hash";
 import { assert, VERIFY_BY_DEFAULT } from "../assert";
-import { type DumpSource, dumpEvents } from "../dump";
+import { type DumpSource, collectDump, type DumpStep, lazyDumpEvents } from "../dump";
+import { type FrozenIndex, freezeByWalk } from "../pack";
 import { LinkTable } from "../link-table";
 import type { ExternalLookup } from "../lookup";
 import type { IndexOp } from "../ops";
@@ -433,9 +434,21 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
   }
 
   dump(): IndexOp[] {
+    return collectDump(this.dumpLazy());
+  }
+
+  dumpLazy(): IterableIterator<DumpStep> {
+    return lazyDumpEvents(this.dumpSource(), this.blockSize);
+  }
+
+  freeze(): FrozenIndex {
+    return freezeByWalk(this.dumpSource());
+  }
+
+  private dumpSource(): DumpSource {
     const entries = this.entries;
     const slots = this.slots;
-    const source: DumpSource = {
+    return {
       blockKeyLimit: entries.highWater,
       forEachBlock(visit) {
         const live: number[] = [];
@@ -448,7 +461,6 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
       },
       forEachWorker: slots.forEachWorker,
     };
-    return dumpEvents(source, this.blockSize);
   }
 
   /** O(N): entries vs index vs parents vs owners vs lookups. */

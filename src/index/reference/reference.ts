@@ -6,8 +6,11 @@
  * A block is its path: the local hashes from the root, joined into a string key.
  * Each (worker_id, dp_rank) has `lookup` (its external hash -> path) and `held`
  * (path -> its external hash), the two directions of one bijection.
+ *
+ * See docs/decisions.md#exact-oracle.
  */
-import { dumpEvents } from "../dump";
+import { type DumpSource, collectDump, type DumpStep, lazyDumpEvents } from "../dump";
+import { type FrozenIndex, freezeByWalk } from "../pack";
 import type { IndexOp } from "../ops";
 import {
   countRejection, type IndexOptions, type IndexStats, type KvIndex, type MatchResult,
@@ -233,6 +236,18 @@ export class ReferenceIndex extends SlotIndex implements KvIndex {
   }
 
   dump(): IndexOp[] {
+    return collectDump(this.dumpLazy());
+  }
+
+  dumpLazy(): IterableIterator<DumpStep> {
+    return lazyDumpEvents(this.dumpSource(), this.blockSize);
+  }
+
+  freeze(): FrozenIndex {
+    return freezeByWalk(this.dumpSource());
+  }
+
+  private dumpSource(): DumpSource {
     // Keys for every held path and all its ancestors (holes need their local hashes).
     const keys = new Map<string, number>();
     const add = (path: string): number => {
@@ -247,7 +262,7 @@ export class ReferenceIndex extends SlotIndex implements KvIndex {
     };
     for (const worker of this.byKey.values()) for (const path of worker.held.keys()) add(path);
     const workers = [...this.byKey.values()];
-    return dumpEvents({
+    return {
       blockKeyLimit: keys.size,
       forEachBlock(visit) {
         // Map order is insertion order, and add() inserts a path after its parent.
@@ -270,7 +285,7 @@ export class ReferenceIndex extends SlotIndex implements KvIndex {
           visit(worker.workerId, worker.dpRank, external, blockKeys, n);
         }
       },
-    }, this.blockSize);
+    };
   }
 
   verify(): void {

@@ -16,7 +16,7 @@ import {
   pingFrame,
   pongFrame,
 } from "./codec";
-import { COMMAND_FRAME, FrameDecoder, MESSAGE_FRAME, NEED_MORE } from "./decoder";
+import { COMMAND_FRAME, FrameDecoder, MESSAGE_FRAME, NEED_MORE, SKIPPED_MESSAGE } from "./decoder";
 import type { ZmtpCounters } from "./counters";
 import { FrameList } from "./frames";
 import { type FatalKind, type IgnoredKind, ZmtpError } from "./errors";
@@ -26,7 +26,7 @@ import type { PrefixSet } from "./subscriptions";
 
 export type PeerEvent = "connected" | "disconnected" | "handshake_failed";
 /** Why a connection closed, for counters: a protocol error kind, a deadline, or null (normal). */
-export type CloseKind = FatalKind | "heartbeat" | "handshake_timeout" | null;
+export type CloseKind = FatalKind | "heartbeat" | "handshake_timeout" | "frame_timeout" | null;
 
 /** What we know about the other end of one connection. */
 export interface PeerInfo {
@@ -83,6 +83,8 @@ export interface ConnectionHost {
   attached(conn: Connection): void;
   /** A complete message; `frames` (and what it points to) is valid until this returns. */
   deliver(conn: Connection, frames: FrameList): void;
+  /** A message over maxMessageBytes was read past and thrown away (the connection lives on). */
+  skipped(conn: Connection, bytes: number): void;
   /** SUBSCRIBE (true) / CANCEL (false); `prefix` is a transient view. */
   subscription(conn: Connection, prefix: Uint8Array, subscribe: boolean): void;
   closed(conn: Connection, reason: string, wasActive: boolean, kind: CloseKind): void;
@@ -103,6 +105,9 @@ export class Connection {
   readonly outbox: Outbox;
   /** PUB: this peer's subscriptions. */
   subscriptions: PrefixSet | null = null;
+  /** Messages delivered to the host, and when the handshake completed (0: not yet). */
+  delivered = 0;
+  activeSince = 0;
 
   private state: number = HANDSHAKE;
   private readonly decoder: FrameDecoder;
@@ -116,6 +121,9 @@ export class Connection {
   private pingDeadline = 0;
   /** The peer's announced TTL: silence longer than this drops the connection. */
   private remoteTtlMs = 0;
+  /** When a tick first saw the decoder mid-frame at `stalledAtFrame` frames ended (0: not). */
+  private stalledSince = 0;
+  private stalledAtFrame = -1;
 
   constructor(
     private readonly host: ConnectionHost,
@@ -190,11 +198,15 @@ export class Connection {
           frames.add(decoder.frameBuffer, decoder.frameStart, decoder.frameEnd);
           if (decoder.more) continue;
           this.host.counters.framesIn += frames.count;
+          this.delivered++;
           this.host.deliver(this, frames);
           frames.clear();
           if (this.isClosed) return;
         } else if (kind === NEED_MORE) {
           return;
+        } else if (kind === SKIPPED_MESSAGE) {
+          this.frames.clear();
+          this.host.skipped(this, decoder.skippedBytes);
         } else if (kind === COMMAND_FRAME) {
           this.command(decoder.frame);
           if (this.state === CLOSED) return;
@@ -259,6 +271,10 @@ export class Connection {
       if (now - this.openedAt >= options.handshakeTimeoutMs) this.close("handshake timed out", "handshake_timeout");
       return;
     }
+    if (this.frameStalled(now)) {
+      this.close(`a frame was not completed within ${options.frameTimeoutMs} ms`, "frame_timeout");
+      return;
+    }
     if (this.pingDeadline !== 0 && now >= this.pingDeadline) {
       this.close(`no traffic within ${options.heartbeatTimeoutMs} ms of a PING`, "heartbeat");
       return;
@@ -275,9 +291,28 @@ export class Connection {
     }
   }
 
+  /**
+   * A frame (or message) begun and not ended for frameTimeoutMs: a peer trickling bytes
+   * shows life to the heartbeat but never delivers, and holds its partial frame.
+   */
+  private frameStalled(now: number): boolean {
+    const decoder = this.decoder;
+    if (!decoder.midFrame) {
+      this.stalledSince = 0;
+      return false;
+    }
+    if (this.stalledSince === 0 || decoder.framesEnded !== this.stalledAtFrame) {
+      this.stalledSince = now;
+      this.stalledAtFrame = decoder.framesEnded;
+      return false;
+    }
+    return now - this.stalledSince >= this.host.options.frameTimeoutMs;
+  }
+
   private finish(reason: string, kind: CloseKind): void {
     const wasActive = this.state === ACTIVE;
     this.state = CLOSED;
+    this.decoder.releaseBody();
     this.outbox.discard();
     this.host.closed(this, reason, wasActive, kind);
   }
@@ -326,6 +361,7 @@ export class Connection {
     const refused = this.host.admit(this);
     if (refused !== null) throw new ZmtpError(refused, `peer refused (${refused})`);
     this.state = ACTIVE;
+    this.activeSince = performance.now();
     this.lastPingAt = this.lastHeardAt;
     this.host.attached(this);
   }

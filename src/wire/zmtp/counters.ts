@@ -33,8 +33,10 @@ export interface ZmtpCounters {
   /** PINGs sent, and connections dropped because the peer went silent (timeout or its TTL). */
   pingsSent: number;
   heartbeatTimeouts: number;
-  /** Connections dropped for declaring a frame or message over maxMessageBytes. */
-  oversizeDisconnects: number;
+  /** Messages over maxMessageBytes read past and skipped (the connection went on). */
+  oversizeSkipped: number;
+  /** Connections dropped because a frame, once begun, did not end within frameTimeoutMs. */
+  frameTimeouts: number;
   /** Messages dropped because a peer's send queue was at the high-water mark. */
   hwmDrops: number;
   /** Messages with no destination: PUB with no matching peer, ROUTER to an unknown identity. */
@@ -73,7 +75,8 @@ export function newCounters(): ZmtpCounters {
     reconnects: 0,
     pingsSent: 0,
     heartbeatTimeouts: 0,
-    oversizeDisconnects: 0,
+    oversizeSkipped: 0,
+    frameTimeouts: 0,
     hwmDrops: 0,
     unroutable: 0,
     messagesFiltered: 0,

@@ -11,8 +11,10 @@
  * reused from the next message on, and frames over ARENA_RETAIN_BYTES get a buffer of
  * their own). So a frame is valid until the message it belongs to has been handled:
  * copy it to keep it. A declared size is checked against the message bound BEFORE any
- * buffer is allocated for it.
+ * buffer is allocated for it: a message over the bound is read past as it streams in,
+ * never held, and reported as SKIPPED_MESSAGE, so the connection lives on.
  */
+import { bufferBudget } from "../../util/buffer-budget";
 import { ZmtpError } from "./errors";
 import { FLAG_COMMAND, FLAG_LONG, FLAG_MORE, FLAGS_KNOWN, GREETING_BYTES } from "./codec";
 import { COMMAND_BYTES_MAX } from "./options";
@@ -24,11 +26,18 @@ export const GREETING = 0;
 export const MESSAGE_FRAME = 1;
 /** A command frame: `frame` is its body (name length, name, data). */
 export const COMMAND_FRAME = 2;
+/**
+ * A message over maxMessageBytes was read to its end and thrown away (`skippedBytes`
+ * says how much of it): its earlier frames, already returned, belong to no message.
+ */
+export const SKIPPED_MESSAGE = 3;
 
 const S_GREETING = 0;
 const S_HEADER = 1;
 const S_BODY = 2;
 const S_FAILED = 3;
+/** Reading past the body of a frame of an oversize message. */
+const S_DISCARD = 4;
 
 const EMPTY: Uint8Array = new Uint8Array(0);
 /** The reassembly arena grows up to this and is kept; larger frames get their own buffer. */
@@ -49,6 +58,10 @@ export class FrameDecoder {
   minor = -1;
   /** Bytes fed so far (for diagnostics). */
   consumed = 0;
+  /** The size of the message SKIPPED_MESSAGE just reported (its frames' bodies). */
+  skippedBytes = 0;
+  /** Frames (message, command, skipped) read to their end so far. */
+  framesEnded = 0;
 
   private buf: Uint8Array = EMPTY;
   private pos = 0;
@@ -63,11 +76,18 @@ export class FrameDecoder {
   private bodySize = 0;
   private bodyFilled = 0;
   private bodyFlags = 0;
+  /** Bytes of the process-wide buffer budget taken for `body` (a frame over the arena size). */
+  private bodyHeld = 0;
   private arena: Uint8Array = EMPTY;
   private arenaUsed = 0;
   /** Bytes and frames of the message in progress (its frames before the current one). */
   private messageBytes = 0;
   private messageFrames = 0;
+  /** The message in progress is over the bound: its frames are read past, not kept. */
+  private skipping = false;
+  /** Body bytes of the current skipped frame still to read past, and whether frames follow it. */
+  private discardLeft = 0;
+  private discardMore = false;
 
   constructor(
     private readonly maxMessageBytes: number,
@@ -116,6 +136,14 @@ export class FrameDecoder {
     return this.state === S_BODY ? this.bodyFilled : this.have;
   }
 
+  /**
+   * Whether a frame or a message has begun and not ended: with `framesEnded`, what
+   * tells a peer stalled mid-frame from one that is slow but moving.
+   */
+  get midFrame(): boolean {
+    return this.state === S_BODY || this.state === S_DISCARD || this.have > 0 || this.messageFrames > 0;
+  }
+
   next(): number {
     const state = this.state;
     if (state === S_HEADER) {
@@ -134,11 +162,19 @@ export class FrameDecoder {
       return this.slowHeader();
     }
     if (state === S_BODY) return this.continueBody();
+    if (state === S_DISCARD) return this.continueDiscard();
     if (state === S_GREETING) return this.readGreeting();
     throw new ZmtpError("bad_flags", "decoder used after a protocol error");
   }
 
+  /** Gives back the budget a large body holds (it completed, or the connection ended). */
+  releaseBody(): void {
+    bufferBudget.give(this.bodyHeld);
+    this.bodyHeld = 0;
+  }
+
   private fail(kind: ZmtpError["kind"], message: string): never {
+    this.releaseBody();
     this.state = S_FAILED;
     this.pos = this.end;
     throw new ZmtpError(kind, message);
@@ -151,10 +187,8 @@ export class FrameDecoder {
       if ((flags & FLAG_MORE) !== 0) this.fail("bad_flags", "command frame with MORE");
       if (size > COMMAND_BYTES_MAX) this.fail("oversize", `command of ${size} bytes (max ${COMMAND_BYTES_MAX})`);
     } else {
-      if (size > this.maxMessageBytes - this.messageBytes) {
-        this.fail("oversize", `frame of ${size} bytes after ${this.messageBytes} in this message (max ${this.maxMessageBytes})`);
-      }
       if (this.messageFrames >= this.maxFramesPerMessage) this.fail("too_many_frames", `more than ${this.maxFramesPerMessage} frames`);
+      if (this.skipping || size > this.maxMessageBytes - this.messageBytes) return this.beginDiscard(flags, size, start);
     }
     // The previous message was handled before next() was called again: reuse its arena.
     if ((flags & FLAG_COMMAND) === 0 && this.messageFrames === 0) this.arenaUsed = 0;
@@ -177,10 +211,40 @@ export class FrameDecoder {
     return NEED_MORE;
   }
 
+  /** Reads past a frame of an oversize message (this one, or an earlier one, made it so). */
+  private beginDiscard(flags: number, size: number, start: number): number {
+    this.skipping = true;
+    this.messageBytes += size;
+    this.messageFrames++;
+    this.discardMore = (flags & FLAG_MORE) !== 0;
+    this.discardLeft = size;
+    this.pos = start;
+    this.state = S_DISCARD;
+    return this.continueDiscard();
+  }
+
+  private continueDiscard(): number {
+    const taken = Math.min(this.discardLeft, this.end - this.pos);
+    this.pos += taken;
+    this.discardLeft -= taken;
+    if (this.discardLeft > 0) return NEED_MORE;
+    this.framesEnded++;
+    this.state = S_HEADER;
+    if (this.discardMore) return this.next();
+    this.skippedBytes = this.messageBytes;
+    this.skipping = false;
+    this.messageBytes = 0;
+    this.messageFrames = 0;
+    return SKIPPED_MESSAGE;
+  }
+
   /** Room for a spanning body: in the arena, or its own buffer when over the retain size. */
   private reserveBody(size: number): void {
     this.bodySize = size;
     if (size > ARENA_RETAIN_BYTES) {
+      // Many peers each mid-way through a large frame add up: held in the process budget.
+      if (!bufferBudget.take(size)) this.fail("buffer_budget", `no room for a frame of ${size} bytes in the process's buffer budget`);
+      this.bodyHeld = size;
       this.body = new Uint8Array(size);
       this.bodyStart = 0;
       return;
@@ -211,6 +275,7 @@ export class FrameDecoder {
     this.frameBuffer = body;
     this.frameStart = this.bodyStart;
     this.frameEnd = this.bodyStart + this.bodySize;
+    this.releaseBody();
     this.body = EMPTY;
     this.bodyFilled = 0;
     this.state = S_HEADER;
@@ -218,6 +283,7 @@ export class FrameDecoder {
   }
 
   private emit(flags: number): number {
+    this.framesEnded++;
     if ((flags & FLAG_COMMAND) !== 0) {
       this.more = false;
       return COMMAND_FRAME;

@@ -11,6 +11,7 @@ export const FATAL_KINDS = [
   "bad_flags", // reserved flag bits set, or a command frame with MORE
   "oversize", // a frame or message over maxMessageBytes (or a command over COMMAND_BYTES_MAX)
   "too_many_frames", // a message with more than maxFramesPerMessage frames
+  "buffer_budget", // reassembling this frame would take the process past its buffered-bytes budget
   "bad_command", // a command whose body does not parse (name length, PING without TTL, ...)
   "bad_metadata", // READY properties that do not parse, or too many of them
   "unexpected_frame", // a message frame before the handshake finished, or a second READY

@@ -6,10 +6,11 @@ import { silentLogger } from "../../util/log";
 
 export interface ZmtpOptions {
   /**
-   * Largest message (sum of its frames) a peer may send; a larger declared frame drops the
-   * connection before anything is allocated. Default 16 MiB: a vLLM batch for a step of
-   * 256k scheduled tokens is about 1.5 MiB of msgpack, so this is ~10x headroom, while
-   * reassembly memory stays bounded by (peers mid-message) x 16 MiB.
+   * Largest message (sum of its frames) a peer may send; a larger one is read past as it
+   * streams in (nothing allocated for it), counted and skipped, and the connection goes
+   * on. Default 16 MiB: a vLLM batch for a step of 256k scheduled tokens is about 1.5 MiB
+   * of msgpack, so this is ~10x headroom, while reassembly memory stays bounded by
+   * (peers mid-message) x 16 MiB.
    */
   readonly maxMessageBytes?: number;
   /** Most frames in one message (empty frames cost 2 wire bytes each). Default 1024. */
@@ -25,6 +26,12 @@ export interface ZmtpOptions {
   readonly heartbeatTtlMs?: number;
   /** Drop a connection that has not finished greeting + READY in this time. Default 30,000 ms. */
   readonly handshakeTimeoutMs?: number;
+  /**
+   * Drop a connection whose frame (or multi-frame message), once begun, has not ended
+   * in this time: a trickling peer holds its partial frame while looking alive.
+   * Default 10,000 ms (16 MiB at 1.6 MB/s).
+   */
+  readonly frameTimeoutMs?: number;
   /** First reconnect delay; doubles per failed attempt (jittered). Default 100 ms. */
   readonly reconnectMinMs?: number;
   /** Largest reconnect delay. Default 5,000 ms. */
@@ -46,6 +53,7 @@ export interface ResolvedOptions {
   readonly heartbeatTimeoutMs: number;
   readonly heartbeatTtlMs: number;
   readonly handshakeTimeoutMs: number;
+  readonly frameTimeoutMs: number;
   readonly reconnectMinMs: number;
   readonly reconnectMaxMs: number;
   readonly hwm: number;
@@ -69,6 +77,7 @@ export const DEFAULTS = {
   heartbeatTimeoutMs: 15_000,
   heartbeatTtlMs: 15_000,
   handshakeTimeoutMs: 30_000,
+  frameTimeoutMs: 10_000,
   reconnectMinMs: 100,
   reconnectMaxMs: 5_000,
   hwm: 100_000,
@@ -99,6 +108,7 @@ export function resolveOptions(options: ZmtpOptions = {}): ResolvedOptions {
     // The wire field is u16 deciseconds.
     heartbeatTtlMs: int("heartbeatTtlMs", options.heartbeatTtlMs, DEFAULTS.heartbeatTtlMs, 0, 65_535 * 100),
     handshakeTimeoutMs: int("handshakeTimeoutMs", options.handshakeTimeoutMs, DEFAULTS.handshakeTimeoutMs, 1, MS_LIMIT),
+    frameTimeoutMs: int("frameTimeoutMs", options.frameTimeoutMs, DEFAULTS.frameTimeoutMs, 1, MS_LIMIT),
     reconnectMinMs,
     reconnectMaxMs,
     hwm: int("hwm", options.hwm, DEFAULTS.hwm, 1, 1 << 30),

@@ -31,7 +31,7 @@ type BunSocket = Socket<Link>;
 
 class Dialer {
   attempts = 0;
-  /** Consecutive attempts that did not reach a completed handshake (drives the backoff). */
+  /** Consecutive attempts that did not reach a lasting connection (drives the backoff). */
   failures = 0;
   timer: ReturnType<typeof setTimeout> | null = null;
   conn: Connection | null = null;
@@ -88,6 +88,7 @@ export abstract class ZmtpSocket implements ConnectionHost {
       o.heartbeatTimeoutMs,
       o.heartbeatTtlMs > 0 ? o.heartbeatTtlMs : Infinity,
       o.handshakeTimeoutMs,
+      o.frameTimeoutMs,
     );
     this.tickMs = Math.max(TICK_MS_MIN, Math.min(TICK_MS_MAX, Math.floor(shortest / 4)));
     this.handlers = {
@@ -219,8 +220,16 @@ export abstract class ZmtpSocket implements ConnectionHost {
   protocolError(conn: Connection, kind: FatalKind | IgnoredKind, message: string): void {
     this.counters.protocolErrors[kind]++;
     this.counters.protocolErrorsTotal++;
-    if (kind === "oversize") this.counters.oversizeDisconnects++;
     this.onceLog.report(kind, `zmtp protocol error: ${message}`, {
+      connection: conn.id,
+      endpoint: conn.peer.endpoint,
+      remote: conn.peer.remoteAddress,
+    });
+  }
+
+  skipped(conn: Connection, bytes: number): void {
+    this.counters.oversizeSkipped++;
+    this.onceLog.report("oversize_skipped", `zmtp message of ${bytes} bytes is over the limit of ${this.options.maxMessageBytes}: skipped`, {
       connection: conn.id,
       endpoint: conn.peer.endpoint,
       remote: conn.peer.remoteAddress,
@@ -240,8 +249,6 @@ export abstract class ZmtpSocket implements ConnectionHost {
     this.active.push(conn);
     this.counters.handshakes++;
     this.counters.connectionsActive++;
-    const dialer = this.dialerOf.get(conn);
-    if (dialer !== undefined) dialer.failures = 0;
     this.log.info("zmtp peer connected", {
       connection: conn.id,
       endpoint: conn.peer.endpoint,
@@ -266,6 +273,7 @@ export abstract class ZmtpSocket implements ConnectionHost {
     this.boundOf.delete(conn);
     if (kind === "heartbeat") this.counters.heartbeatTimeouts++;
     if (kind === "handshake_timeout") this.counters.handshakeTimeouts++;
+    if (kind === "frame_timeout") this.counters.frameTimeouts++;
     if (wasActive) {
       const index = this.active.indexOf(conn);
       if (index >= 0) this.active.splice(index, 1);
@@ -284,6 +292,10 @@ export abstract class ZmtpSocket implements ConnectionHost {
     if (dialer !== undefined) {
       dialer.conn = null;
       if (wasActive) dialer.previousId = conn.id;
+      // A peer that completes the handshake and then drops us (an ERROR after READY,
+      // a close) must not reset the backoff: only a connection that carried a message
+      // or lasted reconnectMaxMs did.
+      if (wasActive && (conn.delivered > 0 || performance.now() - conn.activeSince >= this.options.reconnectMaxMs)) dialer.failures = 0;
       else dialer.failures++;
       if (!dialer.stopped && !this.closing) this.scheduleDial(dialer);
     }

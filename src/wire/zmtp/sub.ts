@@ -23,6 +23,7 @@ export type FramesListener = (frames: FrameList, peer: PeerInfo) => void;
 export class SubSocket extends ZmtpSocket {
   /** Called for each message unless `onFrames` is set. */
   onMessage: MessageListener = () => {};
+  // See docs/decisions.md#frame-locations.
   /** The allocation-free alternative to `onMessage`; when set, `onMessage` is not called. */
   onFrames: FramesListener | null = null;
   private readonly subscriptions = new PrefixSet();

@@ -1,0 +1,64 @@
+/**
+ * What a web page in someone's browser must not be able to do to kvedge: browsers send
+ * "simple" cross-origin requests (a form, or fetch with a text/plain body) without asking
+ * first, and a DNS-rebound name reaches a loopback server as if it were same-origin. So:
+ *
+ * - a request body must say it is JSON or MessagePack (415 otherwise, ./http.ts
+ *   checkBodyType): neither type can be sent cross-origin without a CORS preflight,
+ *   which kvedge never answers;
+ * - a state-changing request (not GET/HEAD, and the WebSocket upgrade, which CORS does
+ *   not cover) whose `Origin` is not the server's own, or whose `Sec-Fetch-Site` says
+ *   another site sent it, is refused (403);
+ * - a server listening on loopback answers only Host names that are loopback (403
+ *   otherwise): a rebound name is not.
+ *
+ * Clients that are not browsers send no Origin or Sec-Fetch-Site and are unaffected.
+ */
+import { HttpError } from "./http";
+
+export class RequestGuard {
+  private readonly loopback: boolean;
+
+  constructor(listenHost: string) {
+    this.loopback = isLoopbackName(listenHost);
+  }
+
+  /** 403 for a request a browser could have been made to send from elsewhere. */
+  check(request: Request, changesState: boolean): void {
+    const headers = request.headers;
+    const host = headers.get("host") ?? "";
+    if (this.loopback && !isLoopbackName(hostName(host))) {
+      throw new HttpError(403, `Host ${JSON.stringify(host)} is not a loopback name; this server listens on loopback only`);
+    }
+    if (!changesState) return;
+    const site = headers.get("sec-fetch-site");
+    if (site !== null && site !== "same-origin" && site !== "none") {
+      throw new HttpError(403, `cross-origin requests are refused (Sec-Fetch-Site: ${site})`);
+    }
+    const origin = headers.get("origin");
+    if (origin !== null && originHost(origin) !== host.toLowerCase()) {
+      throw new HttpError(403, `cross-origin requests are refused (Origin ${origin} is not this server)`);
+    }
+  }
+}
+
+/** "host:port" of an Origin header, or "" when it names none ("null", garbage). */
+function originHost(origin: string): string {
+  try {
+    return new URL(origin).host.toLowerCase();
+  } catch {
+    return "";
+  }
+}
+
+/** The name part of a Host header: "[::1]:8080" -> "::1", "localhost:80" -> "localhost". */
+function hostName(host: string): string {
+  if (host.startsWith("[")) return host.slice(1, host.indexOf("]") >>> 0);
+  const colon = host.indexOf(":");
+  return colon < 0 ? host : host.slice(0, colon);
+}
+
+function isLoopbackName(name: string): boolean {
+  const lower = name.toLowerCase();
+  return lower === "localhost" || lower.endsWith(".localhost") || lower === "::1" || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(lower);
+}

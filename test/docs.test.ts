@@ -1,0 +1,53 @@
+// Goal: the documentation's pointers hold: every relative link in README.md, docs/ and
+// bench/*.md names a file that exists (and, for decisions.md, an entry that exists),
+// every `docs/decisions.md#...` named in the code is an entry, and the README stays a
+// newcomer's page (about 200 lines).
+import { describe, expect, test } from "bun:test";
+import { existsSync, readdirSync, readFileSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { codeFiles } from "./support/tidy";
+
+const ROOT = join(import.meta.dir, "..");
+const DOCS = ["README.md", "bench/RESULTS.md", "bench/JOURNAL.md",
+  ...readdirSync(join(ROOT, "docs")).map((name) => `docs/${name}`)];
+const DECISIONS = readFileSync(join(ROOT, "docs", "decisions.md"), "utf8");
+const ANCHORS = new Set([...DECISIONS.matchAll(/<a id="([a-z0-9-]+)"><\/a>/g)].map((m) => m[1]!));
+
+describe("documentation", () => {
+  test("relative links point at files that exist, and at decisions that exist", () => {
+    const broken: string[] = [];
+    let checked = 0;
+    for (const doc of DOCS) {
+      const text = readFileSync(join(ROOT, doc), "utf8");
+      for (const [, target] of text.matchAll(/\]\(([^)\s]+)\)/g)) {
+        if (/^[a-z]+:/.test(target!) || target!.startsWith("#")) continue;
+        checked++;
+        const [path, anchor] = target!.split("#");
+        const file = join(ROOT, dirname(doc), path!);
+        if (!existsSync(file)) broken.push(`${doc}: ${target}`);
+        else if (anchor && file.endsWith("decisions.md") && !ANCHORS.has(anchor)) {
+          broken.push(`${doc}: ${target}`);
+        }
+      }
+    }
+    expect(broken).toEqual([]);
+    expect(checked).toBeGreaterThan(40);
+  });
+
+  test("every decision the code points to exists", () => {
+    const missing: string[] = [];
+    for (const file of codeFiles(ROOT)) {
+      const text = readFileSync(join(ROOT, file), "utf8");
+      for (const [, anchor] of text.matchAll(/docs\/decisions\.md#([a-z0-9-]+)/g)) {
+        if (!ANCHORS.has(anchor!)) missing.push(`${file}: ${anchor}`);
+      }
+    }
+    expect(missing).toEqual([]);
+    expect(ANCHORS.size).toBeGreaterThan(10);
+  });
+
+  test("the README stays short", () => {
+    const lines = readFileSync(join(ROOT, "README.md"), "utf8").split("\n").length;
+    expect(lines).toBeLessThanOrEqual(220);
+  });
+});
