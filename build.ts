@@ -26,6 +26,8 @@ interface Target {
   readonly library: string;
   /** C compilers to try, in order. */
   readonly compilers: readonly string[];
+  /** The Hugging Face tokenizers addon for this target (src/proxy/tokenizer.ts requires one per arch). */
+  readonly tokenizersAddon: string;
 }
 
 const hostTarget: Target = {
@@ -33,6 +35,7 @@ const hostTarget: Target = {
   outfile: join(distDir, "kvedge"),
   library: join(nativeDir, "libkvedge.so"),
   compilers: [process.env.CC ?? "cc", "gcc", "clang"],
+  tokenizersAddon: join(root, "node_modules", "tokenizers", `tokenizers.linux-${process.arch === "arm64" ? "arm64" : "x64"}-gnu.node`),
 };
 
 const arm64Target: Target = {
@@ -40,6 +43,7 @@ const arm64Target: Target = {
   outfile: join(distDir, "kvedge-linux-arm64"),
   library: join(nativeDir, "libkvedge-linux-arm64.so"),
   compilers: ["aarch64-linux-gnu-gcc"],
+  tokenizersAddon: join(root, "node_modules", "tokenizers", "tokenizers.linux-arm64-gnu.node"),
 };
 
 function log(message: string): void {
@@ -83,6 +87,7 @@ async function compile(target: Target): Promise<boolean> {
       setup(build) {
         // src/hash/native.ts imports the host library; embed this target's instead.
         build.onResolve({ filter: /libkvedge\.so$/ }, () => ({ path: library }));
+        build.onResolve({ filter: /tokenizers\.linux-(x64|arm64)-gnu\.node$/ }, () => ({ path: target.tokenizersAddon }));
       },
     }],
   });

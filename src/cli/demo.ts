@@ -76,6 +76,7 @@ const flags = {
   "route-policy": { kind: "string" },
   "recompute-weight": { kind: "string" },
   "no-pin": { kind: "boolean" },
+  proxy: { kind: "boolean" },
 } as const;
 
 export const DEMO_DEFAULTS = {
@@ -121,6 +122,9 @@ Options:
   --route-policy P       kv_aware's route policy: ttft (default) or dynamo
   --recompute-weight W   kv_aware's recompute weight under ttft (${DEFAULT_TTFT_SETTINGS.recomputeWeight})
   --no-pin               do not pin kvedge serve and this process to separate CPUs
+  --proxy                run kv_aware through kvedge serve --proxy: OpenAI /v1/completions
+                         requests to kvedge, which routes, forwards to the engines' OpenAI API
+                         and drives each request's lifecycle from the answer
   --json                 print one JSON object on stdout instead of the table
 ${TIME_MODEL_HELP}  -h, --help             show this help
 `,
@@ -166,7 +170,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     const result = await runDemo({
       trace, workers, capacityBlocks, blockSize, speedup, policies, seed, time, vocabSize: DEFAULT_VOCAB_SIZE,
       form: flagBool(parsed, "map-form") ? "map" : "array", realtimeBaselines: flagBool(parsed, "realtime-baselines"),
-      serveArgs, progress: json && !tty ? null : progress, virtual,
+      serveArgs, progress: json && !tty ? null : progress, virtual, proxy: flagBool(parsed, "proxy"),
       kvAware: { policy: routePolicy, ttft: { recomputeWeight } },
     });
     const config = {
@@ -278,6 +282,14 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
       + ` ${router.degraded_workers} degraded workers; ${router.lifecycle_errors} failed lifecycle calls.`);
     out.push(`  Index vs engines at the end: ${router.index_matches_engines ? "identical" : "DIFFERENT"}`
       + ` (${int(router.index_blocks)} blocks indexed, ${int(router.engine_cached_blocks)} cached).`);
+    out.push("");
+  }
+  const proxy = result.proxy;
+  if (proxy !== null) {
+    out.push(`kvedge --proxy: ${int(proxy.requests)} OpenAI requests proxied (${proxy.failed} failed, ${proxy.failovers} failovers);`
+      + ` time to first byte p50 ${proxy.ttfb_p50_ms.toFixed(1)} ms, p99 ${proxy.ttfb_p99_ms.toFixed(1)} ms (wall, client-measured).`);
+    out.push(`  Hit rate predicted ${percent(proxy.predicted_hit_rate)}, observed in the answers' usage ${percent(proxy.observed_hit_rate)};`
+      + ` ${proxy.suspect_workers} workers flagged, ${proxy.degraded_workers} degraded; ${proxy.active_at_end} requests active at the end.`);
     out.push("");
   }
   const modes = new Set(Object.values(result.policies).map((r) => r.mode));

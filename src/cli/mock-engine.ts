@@ -4,6 +4,7 @@ import { CAPACITY_BLOCKS_MAX } from "../sim/engine-cache";
 import { BUFFER_STEPS_MAX, DEFAULT_BUFFER_STEPS, NetworkedEngine } from "../sim/networked-engine";
 import { createRng } from "../sim/random";
 import { DEFAULT_VOCAB_SIZE } from "../sim/tokens";
+import { loadTokenizer, type PromptTokenizer, TokenizerError } from "../proxy/tokenizer";
 import { createLogger } from "../util/log";
 import { parseU64 } from "../util/u64";
 import { flagBool, flagInt, flagNumber, flagString, parseFlags, UsageError } from "./args";
@@ -25,6 +26,8 @@ const flags = {
   "buffer-steps": { kind: "string" },
   "hash-seed": { kind: "string" },
   "drop-rate": { kind: "string" },
+  tokenizer: { kind: "string" },
+  model: { kind: "string" },
 } as const;
 
 export const mockEngineCommand: Command = {
@@ -55,11 +58,16 @@ Options:
   --hash-seed N          the engine's block-hash seed (default: random, like vLLM's)
   --drop-rate P          keep a fraction P of live messages off the wire (still replayable),
                          to exercise a subscriber's gap recovery (0)
+  --tokenizer DIR        the model's tokenizer.json + tokenizer_config.json, so the OpenAI API
+                         takes text prompts and chat messages (default: token-id prompts only)
+  --model NAME           the model name the OpenAI API serves (default: the tokenizer's, else "mock")
 ${TIME_MODEL_HELP}
 HTTP API (times in model ms):
   POST /v1/generate {"request_id"?, "token_ids": [...], "max_tokens": N, "stream"?: true}
        -> {"request_id","prompt_tokens","cached_tokens","output_tokens","ttft_ms","e2e_ms"}
           when done; with "stream": true, NDJSON lines {"event":"first_token",...} then {"event":"done",...}
+  POST /v1/completions, /v1/chat/completions (stream or not), GET /v1/models: OpenAI-compatible,
+       usage.prompt_tokens_details.cached_tokens from the engine's prefix cache
   POST /v1/reset    reset the prefix cache (AllBlocksCleared); 409 while requests run
   GET  /v1/stats    counters
   GET  /v1/cache    cached blocks (external hashes) and the last published seq
@@ -80,6 +88,17 @@ HTTP API (times in model ms):
     const hashSeed = seedText === undefined ? randomBytes(8).readBigUInt64BE() : parseU64(seedText);
     if (hashSeed === null) throw new UsageError(`--hash-seed must be an unsigned 64-bit integer, got '${seedText}'`);
     const time = timeModelOf(parsed);
+    const tokenizerDir = flagString(parsed, "tokenizer");
+    let tokenizer: PromptTokenizer | null = null;
+    if (tokenizerDir !== undefined) {
+      try {
+        tokenizer = loadTokenizer(tokenizerDir);
+      } catch (error) {
+        if (error instanceof TokenizerError) throw new UsageError(`--tokenizer: ${error.message}`);
+        throw error;
+      }
+    }
+    const model = flagString(parsed, "model") ?? tokenizer?.model ?? "mock";
     const log = createLogger();
     const drop = createRng(Number(hashSeed & 0xffff_ffffn));
     const networked = new NetworkedEngine({
@@ -99,6 +118,7 @@ HTTP API (times in model ms):
     const server = new EngineServer({
       networked, speedup, host: flagString(parsed, "http-host") ?? "127.0.0.1",
       port: flagInt(parsed, "http-port", 0, 0, 65_535), vocabSize: DEFAULT_VOCAB_SIZE, log,
+      openAi: { tokenizer, model },
     });
     let http: string;
     try {

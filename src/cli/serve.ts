@@ -5,6 +5,9 @@ import { bufferBudget } from "../util/buffer-budget";
 import { warmUp } from "../server/warmup";
 import { createMetricsRegistry, registerRouterMetrics, registerServiceMetrics } from "../server/metrics";
 import { KvedgeCore } from "../core/core";
+import { registerObservedHitsMetrics, registerProxyMetrics } from "../proxy/metrics";
+import { OpenAiProxy } from "../proxy/proxy";
+import { loadTokenizer, type PromptTokenizer, TokenizerError } from "../proxy/tokenizer";
 import { loadSnapshot, PeriodicSnapshots, restoreRequests, saveSnapshot } from "../state/warm";
 import { createLogger } from "../util/log";
 import { flagBool, parseFlags, UsageError } from "./args";
@@ -60,6 +63,19 @@ Example:
     const format = config.server.log_format === "auto" ? undefined : config.server.log_format;
     const log = createLogger({ level: config.server.log_level, ...(format === undefined ? {} : { format }) });
     for (const warning of loaded.warnings) log.warn(warning);
+    // Before anything slow: routing on other tokens than the engine's would give no hits, silently.
+    let tokenizer: PromptTokenizer | null = null;
+    if (config.proxy.enabled && config.proxy.tokenizer !== null) {
+      try {
+        tokenizer = loadTokenizer(config.proxy.tokenizer);
+      } catch (error) {
+        if (!(error instanceof TokenizerError)) throw error;
+        process.stderr.write(`kvedge serve: proxy.tokenizer: ${error.message}\n`);
+        return 2;
+      }
+    } else if (config.proxy.enabled) {
+      log.warn("proxy without a tokenizer: only /v1/completions with token-id prompts are accepted; text is refused (set proxy.tokenizer)");
+    }
 
     const cpus = config.runtime.cpus ?? (config.runtime.numa_node === null ? null : numaNodeCpus(config.runtime.numa_node));
     if (cpus !== null) {
@@ -76,9 +92,22 @@ Example:
     }
     bufferBudget.limitBytes = config.server.buffer_budget_bytes;
     const service = new KvedgeCore({ config, log });
+    let proxy: OpenAiProxy | null = null;
+    if (config.proxy.enabled) {
+      const model = config.proxy.model ?? tokenizer?.model ?? "default";
+      proxy = new OpenAiProxy({
+        service, tokenizer, model, forwardTokenIds: config.proxy.forward_token_ids,
+        bodyLimitBytes: config.server.body_limit_bytes, log: log.child({ component: "proxy" }),
+      });
+      const missing = config.workers.filter((worker) => worker.http_endpoint == null).map((worker) => worker.worker_id.toString());
+      if (missing.length > 0) log.warn("workers without an http_endpoint are never proxied to", { workers: missing.join(",") });
+      log.info("proxy enabled", { model, tokenizer: config.proxy.tokenizer, vocab_size: tokenizer?.vocabSize ?? null });
+    }
     const registry = createMetricsRegistry();
     registerRouterMetrics(registry, service.router);
     registerServiceMetrics(registry, service);
+    registerObservedHitsMetrics(registry, service);
+    if (proxy !== null) registerProxyMetrics(registry, proxy);
     const app = startApp({
       host: config.server.host,
       port: config.server.port,
@@ -87,6 +116,7 @@ Example:
       service,
       registry,
       log: log.child({ component: "http" }),
+      proxy,
     });
     const stateDir = config.state.dir;
     const stateLog = log.child({ component: "state" });

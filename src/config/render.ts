@@ -43,6 +43,7 @@ function renderWorker(worker: WorkerEntry, note: string): string[] {
   lines.push(`worker_id = "${worker.worker_id}"`, `dp_rank = ${worker.dp_rank}`, `endpoint = ${JSON.stringify(worker.endpoint)}`);
   if (worker.replay_endpoint !== null) lines.push(`replay_endpoint = ${JSON.stringify(worker.replay_endpoint)}`);
   if (worker.topic !== "") lines.push(`topic = ${JSON.stringify(worker.topic)}`);
+  if (worker.http_endpoint != null) lines.push(`http_endpoint = ${JSON.stringify(worker.http_endpoint)}`);
   return lines;
 }
 
@@ -77,8 +78,8 @@ export function settingsTable(): string {
     rows.push(`| \`${s.key}\` | ${flag} | \`${envName(s.flag)}\` | ${cell(s.type.description)} | ${cell(fallback)} | ${cell(s.help)} |`);
   }
   rows.push(`| \`[[workers]]\` | \`--${WORKERS_FLAG}\` | \`${envName(WORKERS_FLAG)}\` | list of engines | none | `
-    + "Engines to subscribe to: `worker_id`, `dp_rank` (0), `endpoint`, `replay_endpoint`, `topic` (\"\"). "
-    + "Compact form: `ID[:DP]=ENDPOINT[;replay=ENDPOINT][;topic=T],...` |");
+    + "Engines to subscribe to: `worker_id`, `dp_rank` (0), `endpoint`, `replay_endpoint`, `topic` (\"\"), `http_endpoint` (for --proxy). "
+    + "Compact form: `ID[:DP]=ENDPOINT[;replay=ENDPOINT][;topic=T][;http=URL],...` |");
   rows.push(`| | \`--${CONFIG_FLAG}\` | \`${envName(CONFIG_FLAG)}\` | path | none | The TOML config file to read. |`);
   return `${rows.join("\n")}\n`;
 }

@@ -66,6 +66,14 @@ export interface Config {
     readonly dir: string | null;
     readonly snapshot_interval_secs: number;
   };
+  readonly proxy: {
+    readonly enabled: boolean;
+    readonly tokenizer: string | null;
+    readonly model: string | null;
+    readonly forward_token_ids: boolean;
+    readonly observed_hit_floor: number;
+    readonly observed_window: number;
+  };
   readonly runtime: {
     readonly cpus: readonly number[] | null;
     readonly numa_node: number | null;
@@ -254,6 +262,30 @@ export const SETTINGS: readonly Setting[] = [
   setting({
     key: "state.snapshot_interval_secs", flag: "snapshot-interval-secs", type: integer(1, 86_400), default: 60,
     help: "Seconds between snapshots when state.dir is set (one is also written at SIGTERM/SIGINT).",
+  }),
+  setting({
+    key: "proxy.enabled", flag: "proxy", type: boolean, default: false,
+    help: "Serve OpenAI-compatible /v1/completions, /v1/chat/completions and /v1/models: tokenize, route, forward to the worker's http_endpoint.",
+  }),
+  setting({
+    key: "proxy.tokenizer", flag: "tokenizer", type: text("a directory", "DIR", (v) => v.length > 0), default: null, optional: true,
+    help: "Directory with the model's tokenizer.json and tokenizer_config.json (unset = only token-id prompts are proxied).",
+  }),
+  setting({
+    key: "proxy.model", flag: "model", type: text("a model name", "NAME", (v) => v.length > 0 && v.length <= 256), default: null, optional: true,
+    help: "Model name the proxy serves (unset = the tokenizer's name_or_path, else its directory name).",
+  }),
+  setting({
+    key: "proxy.forward_token_ids", flag: "forward-token-ids", type: boolean, default: false,
+    help: "Forward /v1/completions prompts as the token ids kvedge computed, so the engine does not tokenize again.",
+  }),
+  setting({
+    key: "proxy.observed_hit_floor", flag: "observed-hit-floor", type: decimal(0, 1), default: 0.5,
+    help: "A worker whose observed cached tokens stay below this fraction of the predicted ones is flagged, its overlap discounted like a degraded one (0 = never).",
+  }),
+  setting({
+    key: "proxy.observed_window", flag: "observed-window", type: integer(1, 1_000_000), default: 32,
+    help: "Answers (with a predicted hit) that the observed-hit check averages over; also the fewest it judges on.",
   }),
   setting({
     key: "runtime.cpus", flag: "cpus", type: cpuList, default: null, optional: true,

@@ -2,13 +2,14 @@
  * Engine workers in the configuration: `[[workers]]` tables in the file, or the
  * compact `--workers` / KVEDGE_WORKERS form
  *
- *   ID[:DP]=ENDPOINT[;replay=ENDPOINT][;topic=TOPIC],...
+ *   ID[:DP]=ENDPOINT[;replay=ENDPOINT][;topic=TOPIC][;http=URL],...
  *
  * e.g. `1=tcp://10.0.0.5:5557;replay=tcp://10.0.0.5:5558,2:1=ipc:///run/engine2.sock`.
  * Endpoints are where kvedge connects: `tcp://HOST:PORT` (HOST a name, an IPv4
  * address or a bracketed IPv6 address) or `ipc:///ABSOLUTE/PATH`. An engine endpoint
  * may instead be `tcp://*:PORT`: kvedge binds it and the engine connects (vLLM's
- * "connect" mode); a replay endpoint is always connected to.
+ * "connect" mode); a replay endpoint is always connected to. `http_endpoint` is the
+ * engine's OpenAI-compatible server (`http://HOST:PORT`), where `serve --proxy` forwards.
  */
 import { parseU64 } from "../util/u64";
 import { shown, tomlKind, ValueProblem } from "./values";
@@ -22,9 +23,11 @@ export interface WorkerEntry {
   readonly replay_endpoint: string | null;
   /** ZMQ subscription prefix; "" = everything. */
   readonly topic: string;
+  /** The engine's OpenAI-compatible HTTP server (the proxy forwards there), if given. */
+  readonly http_endpoint?: string | null;
 }
 
-export const WORKER_KEYS = ["worker_id", "dp_rank", "endpoint", "replay_endpoint", "topic"] as const;
+export const WORKER_KEYS = ["worker_id", "dp_rank", "endpoint", "replay_endpoint", "topic", "http_endpoint"] as const;
 /** A bound on entries from outside input (the config file or one flag). */
 export const WORKER_ENTRIES_MAX = 65_535;
 const DP_RANK_MAX = 0xffff_ffff;
@@ -65,6 +68,21 @@ export function checkEndpoint(endpoint: string, bindable = false): string {
   }
   const what = scheme === undefined ? "no scheme" : `scheme '${scheme}'`;
   throw new ValueProblem(`has ${what} in ${shown(endpoint)}: only tcp://HOST:PORT and ipc:///PATH are valid`);
+}
+
+/** Checks an engine's HTTP base URL: http(s)://HOST:PORT with no path; returns it without a trailing slash. */
+export function checkHttpEndpoint(value: string): string {
+  let url: URL;
+  try {
+    url = new URL(value);
+  } catch {
+    throw new ValueProblem(`must be http://HOST:PORT, got ${shown(value)}`);
+  }
+  if (url.protocol !== "http:" && url.protocol !== "https:") throw new ValueProblem(`must be http:// or https://, got ${shown(value)}`);
+  if (url.pathname !== "/" || url.search !== "" || url.hash !== "" || url.username !== "") {
+    throw new ValueProblem(`must be a base URL without path, query or user, got ${shown(value)}`);
+  }
+  return value.endsWith("/") ? value.slice(0, -1) : value;
 }
 
 function workerId(value: unknown): bigint {
@@ -127,6 +145,7 @@ export function workersFromToml(value: unknown, suggest: (key: string, among: re
       endpoint: field("endpoint", (v) => checkEndpoint(text(v), true)),
       replay_endpoint: fields.replay_endpoint === undefined ? null : field("replay_endpoint", (v) => checkEndpoint(text(v))),
       topic: fields.topic === undefined ? "" : field("topic", text),
+      ...(fields.http_endpoint === undefined ? {} : { http_endpoint: field("http_endpoint", (v) => checkHttpEndpoint(text(v))) }),
     } satisfies WorkerEntry;
   });
   checkDuplicates(entries, (index) => `[[workers]] entry ${index + 1}`);
@@ -149,19 +168,21 @@ export function workersFromText(value: string, origin: string): WorkerEntry[] {
       }
     };
     const equals = item.indexOf("=");
-    if (equals < 0) throw new WorkerProblem(where, null, "must be ID[:DP]=ENDPOINT[;replay=ENDPOINT][;topic=TOPIC]");
+    if (equals < 0) throw new WorkerProblem(where, null, "must be ID[:DP]=ENDPOINT[;replay=ENDPOINT][;topic=TOPIC][;http=URL]");
     const [idText, rankText, ...extra] = item.slice(0, equals).split(":");
     if (extra.length > 0) throw new WorkerProblem(where, null, "has more than one ':' before '='");
     const [endpoint, ...options] = item.slice(equals + 1).split(";");
     let replay: string | null = null;
     let topic = "";
+    let http: string | null = null;
     for (const option of options) {
       const at = option.indexOf("=");
       const name = at < 0 ? option : option.slice(0, at);
       const optionValue = at < 0 ? "" : option.slice(at + 1);
       if (name === "replay") replay = wrap("replay_endpoint", () => checkEndpoint(optionValue));
       else if (name === "topic") topic = optionValue;
-      else throw new WorkerProblem(where, null, `has an unknown option ${shown(name)} (valid: replay=, topic=)`);
+      else if (name === "http") http = wrap("http_endpoint", () => checkHttpEndpoint(optionValue));
+      else throw new WorkerProblem(where, null, `has an unknown option ${shown(name)} (valid: replay=, topic=, http=)`);
     }
     return {
       worker_id: wrap("worker_id", () => workerId(idText)),
@@ -169,6 +190,7 @@ export function workersFromText(value: string, origin: string): WorkerEntry[] {
       endpoint: wrap("endpoint", () => checkEndpoint(endpoint!, true)),
       replay_endpoint: replay,
       topic,
+      ...(http === null ? {} : { http_endpoint: http }),
     } satisfies WorkerEntry;
   });
   checkDuplicates(entries, (index) => `${origin} entry ${index + 1}`);

@@ -16,6 +16,7 @@ import type { KvEventWriter } from "../ingest/normalize";
 import { EngineSource, type SourceState } from "../ingest/source";
 import { CandidateList, PromptHasher, type RouteDecision, Router } from "../route";
 import type { LifecycleResult } from "../route/load";
+import { ObservedHits, type ObservedHitsView } from "../proxy/observed-hits";
 import type { SourcePosition } from "../state/snapshot";
 import type { Logger } from "../util/log";
 import type { ZmtpOptions } from "../wire/zmtp";
@@ -55,6 +56,9 @@ export interface WorkerView {
   readonly routedTotal: number;
   readonly lastSeq: number;
   readonly lostBatches: number;
+  /** The engine's OpenAI-compatible server (where the proxy forwards), if configured. */
+  readonly httpEndpoint: string | null;
+  readonly observed: ObservedHitsView;
   readonly times: WorkerTimes;
 }
 
@@ -91,6 +95,12 @@ export class KvedgeCore {
   private readonly sources = new Set<EngineSource>();
   /** Per slot: the source configured for exactly that (worker, dp rank), if any. */
   private ownSource: (EngineSource | undefined)[] = [];
+  /** Predicted vs observed cached tokens per worker (fed by the proxy); a persistent gap is distrusted like lost events. */
+  readonly observedHits: ObservedHits;
+  /** Per (worker, dp rank) key: the engine's OpenAI server, where the proxy forwards. */
+  private readonly httpEndpoints = new Map<string, string>();
+  /** Over every decision: prompt tokens, and those the chosen worker was predicted to hold (the status page's hit rate). */
+  readonly routeTotals = { decisions: 0, promptTokens: 0, predictedCachedTokens: 0 };
   /** Saved source positions (warm restart) by positionKey, taken up by the sources as they are added. */
   readonly restoredPositions = new Map<string, SourcePosition>();
   private readonly matches = new MatchResult(64);
@@ -140,6 +150,15 @@ export class KvedgeCore {
       reconnectMinMs: config.ingest.reconnect_min_ms,
       reconnectMaxMs: config.ingest.reconnect_max_ms,
     };
+    this.observedHits = new ObservedHits({
+      floor: config.proxy.observed_hit_floor,
+      window: config.proxy.observed_window,
+      log: this.log.child({ component: "observed-hits" }),
+      onChange: (workerId, dpRank) => {
+        const slot = this.router.load.slotOf(workerId, dpRank);
+        if (slot >= 0) this.router.load.setDegraded(slot, this.distrusted(slot));
+      },
+    });
   }
 
   /** Starts a source for every configured worker (connections complete in the background). */
@@ -196,6 +215,10 @@ export class KvedgeCore {
       temperature: input.temperature,
       candidatesMax,
     }, overlaps, this.candidates);
+    const totals = this.routeTotals;
+    totals.decisions++;
+    totals.promptTokens += input.tokens.length;
+    totals.predictedCachedTokens += Math.min(decision.overlapBlocks, prompt.blockCount) * this.blockSize;
     return { decision, queryBlocks: prompt.blockCount };
   }
 
@@ -245,6 +268,7 @@ export class KvedgeCore {
     const slot = this.router.load.addWorker(entry.worker_id, entry.dp_rank);
     this.sources.add(source);
     this.ownSource[slot] = source;
+    if (entry.http_endpoint != null) this.httpEndpoints.set(positionKey(entry.worker_id, entry.dp_rank), entry.http_endpoint);
     this.sourceChanged(source);
     try {
       const endpoint = await source.start();
@@ -252,6 +276,7 @@ export class KvedgeCore {
     } catch (error) {
       this.sources.delete(source);
       this.ownSource[slot] = undefined;
+      this.httpEndpoints.delete(positionKey(entry.worker_id, entry.dp_rank));
       // A slot this call took holds nothing yet; one that was there (another source's rank) stays.
       if (known < 0) this.router.load.removeWorker(entry.worker_id, entry.dp_rank);
       await source.stop();
@@ -265,6 +290,7 @@ export class KvedgeCore {
     for (const source of this.sources) {
       if (source.config.workerId !== workerId) continue;
       this.sources.delete(source);
+      this.httpEndpoints.delete(positionKey(workerId, source.config.dpRank));
       stopping.push(source.stop());
     }
     await Promise.all(stopping);
@@ -276,6 +302,7 @@ export class KvedgeCore {
       this.incomplete.delete(slot);
       this.router.load.removeWorker(workerId, this.workerTable.dpRankOf(slot));
     }
+    this.observedHits.remove(workerId);
     const found = slots.length > 0 || stopping.length > 0;
     if (found) this.log.info("worker removed", { worker_id: workerId });
     return found;
@@ -311,10 +338,24 @@ export class KvedgeCore {
         routedTotal: load.routedTotal,
         lastSeq: source?.sequencer.lastSeq ?? -1,
         lostBatches: source?.sequencer.counters.lost ?? 0,
+        httpEndpoint: this.httpEndpointOf(load.workerId, load.dpRank),
+        observed: this.observedHits.view(load.workerId, load.dpRank),
         times: this.timesOf(load.slot),
       });
     }
     return views.sort((a, b) => (a.workerId < b.workerId ? -1 : a.workerId > b.workerId ? 1 : a.dpRank - b.dpRank));
+  }
+
+  /**
+   * Where the proxy sends a request for (worker, dp rank): its own http_endpoint, else
+   * that of another rank of the same engine (one server fronts all its ranks).
+   */
+  httpEndpointOf(workerId: bigint, dpRank: number): string | null {
+    const own = this.httpEndpoints.get(positionKey(workerId, dpRank));
+    if (own !== undefined) return own;
+    const prefix = `${workerId}:`;
+    for (const [key, endpoint] of this.httpEndpoints) if (key.startsWith(prefix)) return endpoint;
+    return null;
   }
 
   /** Every source, for metrics and readiness. */
@@ -327,6 +368,15 @@ export class KvedgeCore {
     const states: Record<SourceState, number> = { connecting: 0, connected: 0, disconnected: 0, stopped: 0 };
     for (const source of this.sources) states[source.state]++;
     return { ready: !this.stopped && states.connecting === 0, states };
+  }
+
+  /**
+   * Whether the router should discount a slot's overlap: events lost, stores refused by
+   * the memory budget, or hits observed persistently below predicted.
+   */
+  private distrusted(slot: number): boolean {
+    return this.sourceOf(slot)?.degraded === true || this.incomplete.has(slot)
+      || this.observedHits.isSuspect(this.workerTable.workerIdOf(slot), this.workerTable.dpRankOf(slot));
   }
 
   /** The source publishing a slot: its own, or the worker's source that reported that rank. */
@@ -349,7 +399,7 @@ export class KvedgeCore {
   private sourceChanged(source: EngineSource): void {
     for (const dpRank of source.ranks) {
       const slot = this.router.load.addWorker(source.config.workerId, dpRank);
-      this.router.load.setDegraded(slot, source.degraded || this.incomplete.has(slot));
+      this.router.load.setDegraded(slot, this.distrusted(slot));
     }
   }
 
@@ -388,9 +438,8 @@ export class KvedgeCore {
   }
 
   private refreshDegraded(slot: number): void {
-    const source = this.sourceOf(slot);
     const workerId = this.workerTable.workerIdOf(slot);
     const loadSlot = this.router.load.slotOf(workerId, this.workerTable.dpRankOf(slot));
-    if (loadSlot >= 0) this.router.load.setDegraded(loadSlot, (source?.degraded ?? false) || this.incomplete.has(slot));
+    if (loadSlot >= 0) this.router.load.setDegraded(loadSlot, this.distrusted(slot));
   }
 }

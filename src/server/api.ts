@@ -6,6 +6,7 @@
  */
 import type { WorkerEntry } from "../config/workers";
 import { checkEndpoint } from "../config";
+import { checkHttpEndpoint } from "../config/workers";
 import { KvedgeError } from "../core/errors";
 import type { RouteDecision } from "../route";
 import type { LifecycleResult } from "../route/load";
@@ -148,6 +149,17 @@ export function workersOp(service: KvedgeCore) {
       routed_total: view.routedTotal,
       last_seq: view.lastSeq,
       lost_batches: view.lostBatches,
+      http_endpoint: view.httpEndpoint,
+      observed_hits: {
+        answers: view.observed.answers,
+        answers_without_usage: view.observed.answersWithoutUsage,
+        prompt_tokens: view.observed.promptTokens,
+        predicted_cached_tokens: view.observed.predictedTokens,
+        observed_cached_tokens: view.observed.observedTokens,
+        recent_ratio: view.observed.recentRatio,
+        suspect: view.observed.suspect,
+        under_predicted: view.observed.underPredicted,
+      },
       prefill_tokens_per_sec: view.times.prefillTokensPerSecond,
       step_base_ms: view.times.stepBaseMs,
       calibration_samples: view.times.samples,
@@ -155,10 +167,19 @@ export function workersOp(service: KvedgeCore) {
   };
 }
 
-/** POST /v1/workers: `{"worker_id","dp_rank"?,"endpoint","replay_endpoint"?,"topic"?}`. */
+function httpEndpointOf(value: string | null): string | null {
+  if (value === null) return null;
+  try {
+    return checkHttpEndpoint(value);
+  } catch (error) {
+    throw new HttpError(400, `http_endpoint ${(error as Error).message}`);
+  }
+}
+
+/** POST /v1/workers: `{"worker_id","dp_rank"?,"endpoint","replay_endpoint"?,"topic"?,"http_endpoint"?}`. */
 export async function addWorkerOp(service: KvedgeCore, raw: unknown) {
   const body = asObject(raw);
-  const known = new Set(["worker_id", "dp_rank", "endpoint", "replay_endpoint", "topic"]);
+  const known = new Set(["worker_id", "dp_rank", "endpoint", "replay_endpoint", "topic", "http_endpoint"]);
   for (const key of Object.keys(body)) if (!known.has(key)) throw new HttpError(400, `unknown field ${key}`);
   const endpointOf = (field: string, bindable: boolean): string | null => {
     const value = optionalString(body, field);
@@ -177,6 +198,7 @@ export async function addWorkerOp(service: KvedgeCore, raw: unknown) {
     endpoint,
     replay_endpoint: endpointOf("replay_endpoint", false),
     topic: optionalString(body, "topic", TOPIC_LENGTH_MAX) ?? "",
+    http_endpoint: httpEndpointOf(optionalString(body, "http_endpoint")),
   };
   await service.addWorker(entry);
   return { worker_id: entry.worker_id.toString(), dp_rank: entry.dp_rank, endpoint, status: "added" };

@@ -12,8 +12,10 @@ import { RequestGuard } from "./guard";
 import { clientError, errorReply, HttpError, msgpackReply, parseBody, readBody, receiveBody, reply, type ReceivedBody, wantsMsgpack } from "./http";
 import { type MetricsRegistry, ServerMetrics } from "./metrics";
 import type { KvedgeCore } from "../core/core";
-import { statusPage } from "./status";
+import { statusOp, statusPage } from "./status";
 import { TurnBatch } from "./turn";
+import { CHAT_PATH, COMPLETIONS_PATH, type OpenAiPath } from "../proxy/openai";
+import type { OpenAiProxy } from "../proxy/proxy";
 import { type WsData, websocketHandlers } from "./ws";
 
 export interface AppOptions {
@@ -24,6 +26,8 @@ export interface AppOptions {
   readonly service: KvedgeCore;
   readonly registry: MetricsRegistry;
   readonly log: Logger;
+  /** `serve --proxy`: the OpenAI-compatible endpoints. */
+  readonly proxy?: OpenAiProxy | null;
 }
 
 type Handler = (request: Request, params: Record<string, string>) => Promise<Response> | Response;
@@ -112,6 +116,7 @@ export function startApp(options: AppOptions): App {
         return dumps.response(() => service.index.dumpLazy());
       },
     },
+    "/v1/status": { GET: (request) => reply(request, 200, statusOp(service)) },
     "/healthz": { GET: (request) => reply(request, 200, { status: "ok" }) },
     "/readyz": {
       GET: (request) => {
@@ -124,6 +129,17 @@ export function startApp(options: AppOptions): App {
     },
     "/": { GET: () => new Response(statusPage(), { headers: { "content-type": "text/html; charset=utf-8" } }) },
   };
+  const proxy = options.proxy ?? null;
+  if (proxy !== null) {
+    // A streamed answer may pause longer than Bun's idle timeout (a long prefill, a queue).
+    const proxied = (path: OpenAiPath): Handler => (request) => {
+      server.timeout(request, 0);
+      return proxy.handle(request, path);
+    };
+    table[COMPLETIONS_PATH] = { POST: proxied(COMPLETIONS_PATH) };
+    table[CHAT_PATH] = { POST: proxied(CHAT_PATH) };
+    table["/v1/models"] = { GET: (request) => proxy.models(request) };
+  }
 
   // Both wrappers time every response and turn errors into JSON ones.
   type BunRequest = Request & { params?: Record<string, string> };

@@ -19,10 +19,11 @@
  */
 import { kvedgeRouter, KvedgeClient } from "./kvedge-client";
 import { NetworkedEngine } from "./networked-engine";
+import { type ProxyReport, runProxyReplay } from "./proxy-replay";
 import { percentile, type PolicyReport } from "./outcome";
 import { createPolicy, type KvAwareConfig, type PolicyName } from "./policies";
 import { policyClient, replayRealtime, type RealtimeProgress } from "./realtime";
-import { startServeChild, type ServeChild } from "./serve-process";
+import { startServeChild, type ServeChild, withServeTail } from "./serve-process";
 import { engineSeeds, simulate } from "./simulator";
 import type { TimeModel } from "./time-model";
 import type { Trace } from "./trace";
@@ -61,6 +62,8 @@ export interface DemoOptions {
   readonly kvedgeCommand?: readonly string[];
   /** Progress lines ("" when a phase ends); null: silent. */
   readonly progress: ((line: string) => void) | null;
+  /** kv_aware through `kvedge serve --proxy` (OpenAI API) instead of the routing API (./proxy-replay.ts). */
+  readonly proxy?: boolean;
 }
 
 export interface DemoPolicyResult extends PolicyReport {
@@ -105,6 +108,8 @@ export interface Gain {
 export interface DemoResult {
   readonly policies: Record<string, DemoPolicyResult>;
   readonly router: RouterReport | null;
+  /** With `proxy`: what the proxied run saw. */
+  readonly proxy: ProxyReport | null;
   /** The kv-aware row against each baseline (negative TTFT change = faster). */
   readonly gains: Record<string, Gain>;
   readonly wall_s: number;
@@ -115,6 +120,7 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
   const started = performance.now();
   const policies: Record<string, DemoPolicyResult> = {};
   let router: RouterReport | null = null;
+  let proxy: ProxyReport | null = null;
   for (const policy of options.policies) {
     // Each run leaves ~100 MB of short-lived token arrays; collect them before the next
     // so peak memory is one run's, not the sum of all.
@@ -129,6 +135,10 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
       });
       policies[policy] = { ...report, policy, mode: "in-process, virtual time", wall_s: (performance.now() - phaseStarted) / 1000 };
       options.progress?.("");
+    } else if (policy === "kv_aware" && options.proxy === true) {
+      const run = await runProxyReplay(options);
+      policies[policy] = { ...run.report, mode: "kvedge", wall_s: (performance.now() - phaseStarted) / 1000 };
+      proxy = run.proxy;
     } else if (policy === "kv_aware") {
       const run = await runKvedge(options);
       policies[policy] = { ...run.report, mode: "kvedge", wall_s: (performance.now() - phaseStarted) / 1000 };
@@ -146,7 +156,7 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
       options.progress?.("");
     }
   }
-  return { policies, router, gains: gainsOf(policies), wall_s: (performance.now() - started) / 1000 };
+  return { policies, router, proxy, gains: gainsOf(policies), wall_s: (performance.now() - started) / 1000 };
 }
 
 /** The kv-aware row (kvedge, else the in-process model) against every other policy. */
@@ -227,11 +237,7 @@ async function runKvedge(options: DemoOptions): Promise<{ report: PolicyReport; 
     const routerReport = await routerSide(serve.url, engines, workerIds, client, stats, options.blockSize);
     return { report: run.report, router: { ...routerReport, achieved_speedup: run.achievedSpeedup } };
   } catch (error) {
-    if (serve !== null) {
-      const tail = serve.tail().slice(-10).join("\n");
-      if (tail !== "") (error as Error).message += `\nkvedge serve's last log lines:\n${tail}`;
-    }
-    throw error;
+    throw withServeTail(error, serve);
   } finally {
     client?.close();
     await serve?.stop();
@@ -240,7 +246,7 @@ async function runKvedge(options: DemoOptions): Promise<{ report: PolicyReport; 
 }
 
 /** Waits for /readyz and for every engine to see its subscriber (nothing published is lost). */
-async function waitReady(url: string, engines: readonly NetworkedEngine[], timeoutMs = 20_000): Promise<void> {
+export async function waitReady(url: string, engines: readonly NetworkedEngine[], timeoutMs = 20_000): Promise<void> {
   const deadline = performance.now() + timeoutMs;
   for (;;) {
     const ready = await fetch(`${url}/readyz`).then((response) => response.ok, () => false);

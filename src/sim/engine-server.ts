@@ -10,6 +10,8 @@
  *       "cached_tokens"} at the first token, then {"event":"done", …the fields above}.
  *     The engine generates exactly max_tokens synthetic tokens (unique per request).
  *     413 if prompt + max_tokens can never fit in the engine's cache.
+ *   POST /v1/completions, /v1/chat/completions, GET /v1/models: OpenAI-compatible,
+ *     with usage.prompt_tokens_details.cached_tokens from the cache (./engine-openai.ts)
  *   POST /v1/reset   vLLM's reset_prefix_cache: AllBlocksCleared (409 while requests run)
  *   GET  /v1/stats   engine, cache and publisher counters
  *   GET  /v1/cache   every cached block's external hash (decimal), and the last published seq:
@@ -28,6 +30,8 @@ import type { EngineRequest } from "./engine";
 import type { NetworkedEngine } from "./networked-engine";
 import { Pacer } from "./pacer";
 import { writeOutputTokens } from "./tokens";
+import { CHAT_PATH, COMPLETIONS_PATH, MAX_TOKENS_MAX } from "../proxy/openai";
+import { EngineOpenAi, type OpenAiEngineOptions } from "./engine-openai";
 
 export interface EngineServerOptions {
   readonly networked: NetworkedEngine;
@@ -37,10 +41,11 @@ export interface EngineServerOptions {
   readonly vocabSize: number;
   readonly log: Logger;
   readonly bodyLimitBytes?: number;
+  /** The OpenAI-compatible API's tokenizer and model name (default: token-id prompts only, model "mock"). */
+  readonly openAi?: Partial<OpenAiEngineOptions>;
 }
 
-/** Most output tokens one request may ask for. */
-export const MAX_TOKENS_MAX = 1 << 20;
+export { MAX_TOKENS_MAX };
 /** Most requests in the engine at once (running + queued); beyond it: 503. */
 export const IN_FLIGHT_MAX = 100_000;
 const BODY_LIMIT_BYTES = 64 * 1024 * 1024;
@@ -53,8 +58,23 @@ interface InFlight {
   cachedTokens: number;
   firstTokenMs: number;
   finishMs: number;
-  onFirstToken: (() => void) | null;
-  resolveDone: () => void;
+  readonly onFirstToken: () => void;
+  readonly resolveDone: () => void;
+}
+
+/** A request in the engine, as `submit` returns it: its figures fill in as it runs (model ms). */
+export interface Submitted {
+  readonly requestId: string;
+  readonly promptTokens: number;
+  readonly outputTokens: number;
+  /** Prompt tokens served from the prefix cache (known at the first token). */
+  readonly cachedTokens: number;
+  readonly ttftMs: number;
+  readonly e2eMs: number;
+  /** The token ids the engine generates. */
+  readonly output: Uint32Array;
+  readonly firstToken: Promise<void>;
+  readonly done: Promise<void>;
 }
 
 export class EngineServer {
@@ -73,7 +93,7 @@ export class EngineServer {
         if (entry === undefined) return;
         entry.cachedTokens = cachedTokens;
         entry.firstTokenMs = nowMs;
-        entry.onFirstToken?.();
+        entry.onFirstToken();
       },
       finished: (request: EngineRequest, nowMs: number) => {
         const entry = this.inFlight.get(request.id);
@@ -89,7 +109,16 @@ export class EngineServer {
   /** Starts the clock and the HTTP server; resolves with its URL. */
   start(): string {
     this.pacer.start(0);
+    const openAi = new EngineOpenAi(this, {
+      tokenizer: this.options.openAi?.tokenizer ?? null, model: this.options.openAi?.model ?? "mock",
+    });
     const limit = this.options.bodyLimitBytes ?? BODY_LIMIT_BYTES;
+    // A streamed answer pauses from its first token to the request's end (the model
+    // reports those two moments), longer than Bun's idle timeout at low speedups.
+    const untimed = (request: Request): Request => {
+      this.server?.timeout(request, 0);
+      return request;
+    };
     const wrap = (handler: (request: Request) => Promise<Response> | Response) => async (request: Request) => {
       try {
         return await handler(request);
@@ -106,6 +135,9 @@ export class EngineServer {
       maxRequestBodySize: limit + 1024 * 1024,
       routes: {
         "/v1/generate": { POST: wrap(async (request) => await this.generate(request, await readBody(request, limit))) },
+        [COMPLETIONS_PATH]: { POST: wrap(async (request) => await openAi.complete(untimed(request), COMPLETIONS_PATH, await readBody(request, limit))) },
+        [CHAT_PATH]: { POST: wrap(async (request) => await openAi.complete(untimed(request), CHAT_PATH, await readBody(request, limit))) },
+        "/v1/models": { GET: wrap((request) => openAi.models(request)) },
         "/v1/reset": { POST: wrap((request) => this.reset(request)) },
         "/v1/stats": { GET: wrap((request) => reply(request, 200, this.stats())) },
         "/v1/cache": { GET: wrap((request) => reply(request, 200, this.cache())) },
@@ -151,14 +183,43 @@ export class EngineServer {
   private async generate(request: Request, raw: unknown): Promise<Response> {
     const body = asObject(raw);
     const prompt = tokenIds(body);
-    if (prompt.length === 0) throw new HttpError(400, "token_ids must not be empty");
     const maxTokens = optionalInt(body, "max_tokens", 1, MAX_TOKENS_MAX);
     if (maxTokens === null) throw new HttpError(400, `max_tokens is required (an integer in [1, ${MAX_TOKENS_MAX}])`);
-    const requestId = optionalString(body, "request_id") ?? `req-${this.nextId}`;
+    const requestId = optionalString(body, "request_id");
     const stream = body.stream === true;
     if (body.stream !== undefined && typeof body.stream !== "boolean") throw new HttpError(400, "stream must be a boolean");
-    if (this.inFlight.size >= IN_FLIGHT_MAX) throw new HttpError(503, `the engine holds ${IN_FLIGHT_MAX} requests already`);
+    const submitted = this.submit(prompt, maxTokens, requestId);
+    const summary = () => ({
+      request_id: submitted.requestId, prompt_tokens: submitted.promptTokens, cached_tokens: submitted.cachedTokens,
+      output_tokens: submitted.outputTokens, ttft_ms: submitted.ttftMs, e2e_ms: submitted.e2eMs,
+    });
+    if (!stream) {
+      await submitted.done;
+      return reply(request, 200, summary());
+    }
+    const encoder = new TextEncoder();
+    const lines = new ReadableStream<Uint8Array>({
+      start: (controller) => {
+        const line = (value: unknown) => controller.enqueue(encoder.encode(`${JSON.stringify(value)}\n`));
+        void submitted.firstToken.then(() => line({
+          event: "first_token", request_id: submitted.requestId, ttft_ms: submitted.ttftMs, cached_tokens: submitted.cachedTokens,
+        }));
+        void submitted.done.then(() => {
+          line({ event: "done", ...summary() });
+          controller.close();
+        });
+      },
+    });
+    return new Response(lines, { headers: { "content-type": "application/x-ndjson" } });
+  }
 
+  /**
+   * Puts a request into the engine at its current model time. 400 for an empty prompt,
+   * 413 if prompt + output can never fit in the cache, 503 when the engine is full.
+   */
+  submit(prompt: Uint32Array, maxTokens: number, requestId: string | null): Submitted {
+    if (prompt.length === 0) throw new HttpError(400, "the prompt must not be empty");
+    if (this.inFlight.size >= IN_FLIGHT_MAX) throw new HttpError(503, `the engine holds ${IN_FLIGHT_MAX} requests already`);
     const engine = this.options.networked.engine;
     const blocks = engine.cache.blocksFor(prompt.length + maxTokens);
     if (blocks > engine.cache.capacityBlocks) {
@@ -175,9 +236,13 @@ export class EngineServer {
     const done = new Promise<void>((resolve) => {
       resolveDone = resolve;
     });
+    let resolveFirst!: () => void;
+    const firstToken = new Promise<void>((resolve) => {
+      resolveFirst = resolve;
+    });
     const entry: InFlight = {
-      requestId, arrivalMs, promptTokens: prompt.length, outputTokens: maxTokens, cachedTokens: 0,
-      firstTokenMs: Number.NaN, finishMs: Number.NaN, onFirstToken: null, resolveDone,
+      requestId: requestId ?? `req-${id}`, arrivalMs, promptTokens: prompt.length, outputTokens: maxTokens, cachedTokens: 0,
+      firstTokenMs: Number.NaN, finishMs: Number.NaN, onFirstToken: resolveFirst, resolveDone,
     };
     this.inFlight.set(id, entry);
     this.counters.requests++;
@@ -186,30 +251,17 @@ export class EngineServer {
     }
     this.options.networked.publish();
     this.pacer.kick();
-    const summary = () => ({
-      request_id: requestId, prompt_tokens: entry.promptTokens, cached_tokens: entry.cachedTokens,
-      output_tokens: entry.outputTokens, ttft_ms: entry.firstTokenMs - arrivalMs, e2e_ms: entry.finishMs - arrivalMs,
-    });
-    if (!stream) {
-      await done;
-      return reply(request, 200, summary());
-    }
-    const encoder = new TextEncoder();
-    const lines = new ReadableStream<Uint8Array>({
-      start: (controller) => {
-        const line = (value: unknown) => controller.enqueue(encoder.encode(`${JSON.stringify(value)}\n`));
-        const first = () => line({
-          event: "first_token", request_id: requestId, ttft_ms: entry.firstTokenMs - arrivalMs, cached_tokens: entry.cachedTokens,
-        });
-        if (Number.isNaN(entry.firstTokenMs)) entry.onFirstToken = first;
-        else first();
-        void done.then(() => {
-          line({ event: "done", ...summary() });
-          controller.close();
-        });
-      },
-    });
-    return new Response(lines, { headers: { "content-type": "application/x-ndjson" } });
+    return {
+      get requestId() { return entry.requestId; },
+      get promptTokens() { return entry.promptTokens; },
+      get outputTokens() { return entry.outputTokens; },
+      get cachedTokens() { return entry.cachedTokens; },
+      get ttftMs() { return entry.firstTokenMs - arrivalMs; },
+      get e2eMs() { return entry.finishMs - arrivalMs; },
+      output: tokens.subarray(prompt.length),
+      firstToken,
+      done,
+    };
   }
 
   private reset(request: Request): Response {

@@ -119,6 +119,13 @@ export async function startServeChild(options: ServeChildOptions): Promise<Serve
   }
 }
 
+/** `error` with the serve child's last log lines appended (what a failed run needs to be understood). */
+export function withServeTail(error: unknown, serve: ServeChild | null): unknown {
+  const tail = serve?.tail().slice(-10).join("\n") ?? "";
+  if (tail !== "" && error instanceof Error) error.message += `\nkvedge serve's last log lines:\n${tail}`;
+  return error;
+}
+
 /** Calls `onLine` with every whole line of `stream`, in order, until it ends. */
 async function forEachLine(stream: ReadableStream<Uint8Array>, onLine: (line: string) => void) {
   const decoder = new TextDecoder();

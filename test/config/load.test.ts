@@ -30,6 +30,9 @@ const DEFAULTS: Config = {
     max_message_bytes: 16_777_216, heartbeat_interval_ms: 5000, heartbeat_timeout_ms: 15_000, frame_timeout_ms: 10_000, reconnect_min_ms: 100,
     reconnect_max_ms: 5000, replay_timeout_ms: 5000, replay_deadline_ms: 30_000, replay_buffer_bytes: 67_108_864,
   },
+  proxy: {
+    enabled: false, tokenizer: null, model: null, forward_token_ids: false, observed_hit_floor: 0.5, observed_window: 32,
+  },
   state: { dir: null, snapshot_interval_secs: 60 },
   runtime: { cpus: null, numa_node: null },
   workers: [],
@@ -140,6 +143,9 @@ describe("defaults and precedence", () => {
       "ingest.replay_deadline_ms": ["9000", "9_000"], "ingest.replay_buffer_bytes": ["1048576", "1048576"],
       "state.dir": ['"/var/lib/kvedge"', "/var/lib/kvedge"], "state.snapshot_interval_secs": ["5", "5"],
       "runtime.cpus": ['"2-3,0"', "0,2-3"], "runtime.numa_node": ["1", "1"],
+      "proxy.enabled": ["true", "true"], "proxy.tokenizer": ['"/models/qwen3"', "/models/qwen3"],
+      "proxy.model": ['"qwen3"', "qwen3"], "proxy.forward_token_ids": ["true", "true"],
+      "proxy.observed_hit_floor": ["0.25", "0.25"], "proxy.observed_window": ["8", "8"],
     };
     expect(Object.keys(sample).sort()).toEqual(SETTINGS.map((s) => s.key).sort());
     const get = (config: Config, key: string) => {
@@ -287,6 +293,15 @@ describe("workers", () => {
     expect(loaded.origins.get("workers")).toBe("--workers");
   });
 
+  test("http_endpoint: the engine's OpenAI server, in tables and as ;http=; bad ones refused", () => {
+    const file = '[[workers]]\nworker_id = 1\nendpoint = "tcp://h:1"\nhttp_endpoint = "http://h:8000/"\n';
+    expect(load({ file }).config.workers[0]!.http_endpoint).toBe("http://h:8000");
+    expect(load({ argv: ["--workers", "2=tcp://h:1;http=http://[::1]:8001"] }).config.workers[0]!.http_endpoint).toBe("http://[::1]:8001");
+    expect(refusal({ argv: ["--workers", "2=tcp://h:1;http=ftp://h:1"] })).toContain("http_endpoint must be http:// or https://");
+    expect(refusal({ argv: ["--workers", "2=tcp://h:1;http=http://h:1/v1"] })).toContain("http_endpoint must be a base URL without path");
+    expect(refusal({ argv: ["--workers", "2=tcp://h:1;http=h"] })).toContain("http_endpoint must be http://HOST:PORT");
+  });
+
   test("a list from a higher source replaces the lower one", () => {
     const file = '[[workers]]\nworker_id = 1\nendpoint = "tcp://file:1"\n';
     expect(load({ file }).config.workers.map((w) => w.endpoint)).toEqual(["tcp://file:1"]);
@@ -301,14 +316,14 @@ describe("workers", () => {
     );
     expect(refusal({ argv: ["--workers", "1:0=tcp://a:1,1:1=tcp://b:2,1=tcp://c:3"] })).toContain("repeats worker 1 dp_rank 0");
     expect(refusal({ argv: ["--workers", "tcp://a:1"] })).toBe(
-      '--workers entry 1 ("tcp://a:1"): must be ID[:DP]=ENDPOINT[;replay=ENDPOINT][;topic=TOPIC]',
+      '--workers entry 1 ("tcp://a:1"): must be ID[:DP]=ENDPOINT[;replay=ENDPOINT][;topic=TOPIC][;http=URL]',
     );
     expect(refusal({ argv: ["--workers", "x=tcp://a:1"] })).toBe(
       '--workers entry 1 ("x=tcp://a:1"): worker_id must be a u64: a decimal string, or an integer below 2^53, got "x"',
     );
     expect(refusal({ argv: ["--workers", "1:a=tcp://a:1"] })).toContain('dp_rank must be an integer in [0, 4294967295], got a string');
     expect(refusal({ argv: ["--workers", "1:2:3=tcp://a:1"] })).toContain("has more than one ':' before '='");
-    expect(refusal({ argv: ["--workers", "1=tcp://a:1;reply=tcp://a:2"] })).toContain('has an unknown option "reply" (valid: replay=, topic=)');
+    expect(refusal({ argv: ["--workers", "1=tcp://a:1;reply=tcp://a:2"] })).toContain('has an unknown option "reply" (valid: replay=, topic=, http=)');
     expect(refusal({ argv: ["--workers", "1=tcp://a:1;replay=udp://a:2"] })).toContain("replay_endpoint has scheme 'udp'");
     expect(refusal({ env: { KVEDGE_WORKERS: "1=zmq://a:1" } })).toBe(
       `KVEDGE_WORKERS entry 1 ("1=zmq://a:1"): endpoint has scheme 'zmq' in "zmq://a:1": only tcp://HOST:PORT and ipc:///PATH are valid`,

@@ -1,0 +1,85 @@
+// Goal: the observed-hit check flags a worker only when its engine persistently serves
+// less from its cache than predicted (after a full window), clears it with hysteresis,
+// ignores answers without usage and surplus hits, warns when the engine serves far more
+// than predicted (the signature of a tokenizer mismatch), and forgets removed workers.
+import { describe, expect, test } from "bun:test";
+import { ObservedHits } from "../../src/proxy/observed-hits";
+import { type LogRecord, memoryLogger } from "../../src/util/log";
+
+function rig(floor = 0.5, window = 8) {
+  const records: LogRecord[] = [];
+  const changes: [bigint, number, boolean][] = [];
+  const hits = new ObservedHits({ floor, window, log: memoryLogger(records), onChange: (w, d, s) => changes.push([w, d, s]) });
+  return { hits, records, changes };
+}
+
+describe("observed hits", () => {
+  test("a worker serving a fraction of the predicted hits is flagged after a window, with the reason logged", () => {
+    const { hits, records, changes } = rig();
+    for (let i = 0; i < 7; i++) hits.record(1n, 0, 1000, 160, 16);
+    expect(hits.isSuspect(1n, 0)).toBe(false); // not a full window yet
+    hits.record(1n, 0, 1000, 160, 16);
+    expect(hits.isSuspect(1n, 0)).toBe(true);
+    expect(changes).toEqual([[1n, 0, true]]);
+    expect(records.at(-1)!.message).toContain("fall persistently below the predicted ones");
+    expect(records.at(-1)!.fields.observed_ratio).toBe(0.1);
+    expect(hits.view(1n, 0)).toMatchObject({ answers: 8, predictedTokens: 1280, observedTokens: 128, suspect: true });
+    // Recovery needs the ratio back above (floor + 1) / 2, not just above the floor.
+    let steps = 0;
+    while (hits.isSuspect(1n, 0)) {
+      hits.record(1n, 0, 1000, 160, 160);
+      steps++;
+    }
+    const ratio = hits.view(1n, 0).recentRatio!;
+    expect(ratio).toBeGreaterThanOrEqual(0.75);
+    expect(steps).toBeGreaterThan(1);
+    expect(changes).toEqual([[1n, 0, true], [1n, 0, false]]);
+  });
+
+  test("good workers, surplus hits and answers without usage are never flagged", () => {
+    const { hits, changes, records } = rig();
+    for (let i = 0; i < 100; i++) {
+      hits.record(1n, 0, 1000, 160, 150); // evictions between routing and admission: a little less
+      hits.record(2n, 0, 1000, 32, 320); // a concurrent request cached more: capped, never hides misses
+      hits.record(3n, 0, 1000, 160, null); // the engine does not report cached tokens
+      hits.record(4n, 0, 1000, 0, 0); // nothing predicted: nothing to judge
+    }
+    expect(changes).toEqual([]);
+    expect(hits.view(3n, 0)).toMatchObject({ answers: 100, answersWithoutUsage: 100, predictedTokens: 0, recentRatio: null });
+    expect(records.filter((r) => r.message.includes("no usage.prompt_tokens_details")).length).toBe(1);
+    expect(hits.view(1n, 0).recentRatio!).toBeCloseTo(150 / 160, 6);
+  });
+
+  test("a mixed worker: the ratio weights tokens, so big misses count more than small hits", () => {
+    const { hits } = rig(0.5, 4);
+    for (let i = 0; i < 10; i++) {
+      hits.record(1n, 0, 1000, 16, 16);
+      hits.record(1n, 0, 1000, 1600, 0);
+    }
+    expect(hits.isSuspect(1n, 0)).toBe(true);
+  });
+
+  test("floor 0 disables flagging", () => {
+    const { hits, changes } = rig(0, 2);
+    for (let i = 0; i < 20; i++) hits.record(1n, 0, 1000, 160, 0);
+    expect(changes).toEqual([]);
+  });
+
+  test("hits far above the prediction warn of a tokenizer mismatch, without flagging", () => {
+    const { hits, records, changes } = rig(0.5, 4);
+    for (let i = 0; i < 6; i++) hits.record(1n, 0, 1000, 0, 480);
+    expect(hits.view(1n, 0).underPredicted).toBe(true);
+    expect(changes).toEqual([]);
+    expect(records.filter((r) => r.message.includes("router's tokens are likely not the engine's"))).toHaveLength(1);
+  });
+
+  test("removing a worker forgets every dp rank of it", () => {
+    const { hits } = rig();
+    hits.record(1n, 0, 1000, 16, 16);
+    hits.record(1n, 1, 1000, 16, 16);
+    hits.record(2n, 0, 1000, 16, 16);
+    hits.remove(1n);
+    expect(hits.size).toBe(1);
+    expect(hits.view(1n, 1).answers).toBe(0);
+  });
+});
