@@ -1,7 +1,8 @@
 /**
  * Loads the native fast paths (native/kvedge.c) through bun:ffi: block hashing
- * (`nativeHash`, used by src/hash) and the token-id scanner (`nativeTokens`, used by
- * src/server/request-json.ts).
+ * (`nativeHash`, used by src/hash), the JSON token-id scanner (`nativeTokens`, used by
+ * src/server/request-json.ts) and the msgpack token-id reader (`nativeMsgpackTokens`,
+ * used by src/wire/kv-events/decode.ts).
  *
  * build.ts compiles the library before tests and before `bun build --compile`, which
  * embeds it in dist/kvedge. If it is missing, empty (no C compiler), of another ABI
@@ -11,7 +12,7 @@
 import { dlopen, FFIType } from "bun:ffi";
 import libraryPath from "../../native/build/libkvedge.so" with { type: "file" };
 
-const ABI_VERSION = 2;
+const ABI_VERSION = 3;
 
 const symbols = {
   kv_abi_version: { args: [], returns: FFIType.u32 },
@@ -23,6 +24,10 @@ const symbols = {
   kv_scan_tokens: {
     args: [FFIType.ptr, FFIType.u32, FFIType.u32, FFIType.ptr, FFIType.u32, FFIType.ptr],
     returns: FFIType.i32,
+  },
+  kv_msgpack_u32s: {
+    args: [FFIType.ptr, FFIType.u32, FFIType.u32, FFIType.u32, FFIType.ptr, FFIType.u32, FFIType.ptr],
+    returns: FFIType.u32,
   },
 } as const;
 
@@ -43,10 +48,27 @@ export interface NativeTokens {
   scanTokens(bytes: Uint8Array, length: number, start: number, out: Uint32Array, max: number, end: Uint32Array): number;
 }
 
+export interface NativeMsgpackTokens {
+  /**
+   * Up to `count` msgpack elements at `bytes[start]`, each a positive fixint or a
+   * uint8/16/32, into `out` from index `at`; the position after the last one read into
+   * `end[0]`. Returns how many were read (fewer at any other encoding or past `length`).
+   */
+  readU32s(
+    bytes: Uint8Array, length: number, start: number, count: number, out: Uint32Array, at: number, end: Uint32Array,
+  ): number;
+}
+
 /** Why the native library is not in use, or null when it is. */
 export let nativeUnavailableReason: string | null = null;
 
-function load(): { hash: NativeHash; tokens: NativeTokens } | null {
+interface Loaded {
+  hash: NativeHash;
+  tokens: NativeTokens;
+  msgpackTokens: NativeMsgpackTokens;
+}
+
+function load(): Loaded | null {
   if (process.env.KVEDGE_NATIVE === "0") {
     nativeUnavailableReason = "disabled by KVEDGE_NATIVE=0";
     return null;
@@ -62,6 +84,7 @@ function load(): { hash: NativeHash; tokens: NativeTokens } | null {
     const hashBlocks = lib.symbols.kv_hash_blocks;
     const chainHashes = lib.symbols.kv_chain_hashes;
     const scanTokens = lib.symbols.kv_scan_tokens;
+    const readU32s = lib.symbols.kv_msgpack_u32s;
     return {
       hash: {
         hashBlocks: (tokens, tokenCount, stride, window, seedHi, seedLo, out) =>
@@ -70,6 +93,9 @@ function load(): { hash: NativeHash; tokens: NativeTokens } | null {
       },
       tokens: {
         scanTokens: (bytes, length, start, out, max, end) => scanTokens(bytes, length, start, out, max, end),
+      },
+      msgpackTokens: {
+        readU32s: (bytes, length, start, count, out, at, end) => readU32s(bytes, length, start, count, out, at, end),
       },
     };
   } catch (error) {
@@ -81,3 +107,4 @@ function load(): { hash: NativeHash; tokens: NativeTokens } | null {
 const loaded = load();
 export const nativeHash: NativeHash | null = loaded?.hash ?? null;
 export const nativeTokens: NativeTokens | null = loaded?.tokens ?? null;
+export const nativeMsgpackTokens: NativeMsgpackTokens | null = loaded?.msgpackTokens ?? null;

@@ -37,6 +37,7 @@ import {
   FLAG_WINDOW, NO_STRING, type DecodeLimits,
 } from "./batch";
 import { isUtf8 } from "./strings";
+import { nativeMsgpackTokens } from "../../hash/native";
 
 // ---- Status codes (stable: counters and logs use the names) ----
 // `truncated` also covers a length or count that claims more bytes than are left: the
@@ -76,6 +77,13 @@ const HASH_BYTES_MAX = 64;
 const SALT_CANDIDATES_MAX = 8;
 /** Tail items whose types decide between the current and the legacy layout. */
 const TAIL_SLOTS = 5;
+/**
+ * Token arrays of at least this many ids are read by the native reader (one FFI
+ * crossing, then ~1 ns an id; the loop below mispredicts its encoding branch on
+ * engines' mixed uint16 / uint32 ids); shorter ones stay here.
+ */
+const NATIVE_TOKENS_MIN = 8;
+const nativeEnd = new Uint32Array(1);
 
 // ---- Walker state ----
 
@@ -520,6 +528,10 @@ function readTokenIds(): void {
   // the first value of another encoding, or the last few bytes, go the general way.
   const stop = end;
   let i = 0;
+  if (nativeMsgpackTokens !== null && count >= NATIVE_TOKENS_MIN) {
+    i = nativeMsgpackTokens.readU32s(bytes, stop, pos, count, tokens, first, nativeEnd);
+    pos = nativeEnd[0]!;
+  }
   while (i < count) {
     let p = pos;
     for (; i < count && p + 5 <= stop; i++) {
