@@ -33,14 +33,23 @@ export function mixKey(hi: number, lo: number): number {
   return Math.imul(lo ^ Math.imul(hi, 0x85ebca6b), 0x9e3779b1) >>> 0;
 }
 
+/** The slot of mix `h`: its top bits (small tables, `shift` > 0), else h * capacity / 2^32. */
+function homeSlot(h: number, shift: number, scale: number): number {
+  return shift !== 0 ? h >>> shift : (h * scale) | 0;
+}
+
 export class ExternalLookup {
   table: Uint32Array;
   capacity: number;
   count = 0;
   /** After find(): the entry's slot if found, else the empty slot an insert would take. */
   probeSlot = 0;
+  /** What touch() read (kept so the loads are not optimized away). */
+  touched = 0;
   /** 32 - log2(capacity) for a small table; 0 for a large one. */
   private shift: number;
+  /** capacity / 2^32 (a large table's range reduction). */
+  private scale = 0;
   private grow: number;
   private shrink: number;
 
@@ -54,8 +63,7 @@ export class ExternalLookup {
 
   /** The home slot of (hi, lo). */
   private home(hi: number, lo: number): number {
-    const h = mixKey(hi, lo);
-    return this.shift !== 0 ? h >>> this.shift : (h * this.capacity * INV_2_POW_32) | 0;
+    return homeSlot(mixKey(hi, lo), this.shift, this.scale);
   }
 
   /** The value stored for (hi, lo), or 0. Sets probeSlot. */
@@ -92,6 +100,22 @@ export class ExternalLookup {
     else this.table[this.probeSlot * STRIDE + 2] = value;
   }
 
+  /**
+   * Reads the home slot of each key first..first+count of `keys` ((hi, lo) pairs), so
+   * that the finds that follow hit the cache: this loop's loads do not depend on each
+   * other and the core overlaps their misses, where a find's miss stalls its caller.
+   */
+  touch(keys: Uint32Array, first: number, count: number): void {
+    const table = this.table;
+    let sum = 0;
+    const shift = this.shift;
+    const scale = this.scale;
+    for (let i = first; i < first + count; i++) {
+      sum ^= table[homeSlot(mixKey(keys[2 * i]!, keys[2 * i + 1]!), shift, scale) * STRIDE + 2]!;
+    }
+    this.touched = sum;
+  }
+
   /** Removes (hi, lo); returns its value, or 0 if absent. */
   remove(hi: number, lo: number): number {
     const value = this.find(hi, lo);
@@ -107,13 +131,15 @@ export class ExternalLookup {
   removeAtProbe(): void {
     const table = this.table;
     const capacity = this.capacity;
+    const shift = this.shift;
+    const scale = this.scale;
     let hole = this.probeSlot;
     let slot = hole;
     for (;;) {
       if (++slot === capacity) slot = 0;
       const at = slot * STRIDE;
       if (table[at + 2] === 0) break;
-      const home = this.home(table[at]!, table[at + 1]!);
+      const home = homeSlot(mixKey(table[at]!, table[at + 1]!), shift, scale);
       // The entry may move into the hole only if the hole lies on its probe path.
       let toHole = hole - home;
       if (toHole < 0) toHole += capacity;
@@ -165,10 +191,12 @@ export class ExternalLookup {
       const bits = 31 - Math.clz32(capacity);
       assert(capacity === 1 << bits, "small lookup capacity must be a power of two");
       this.shift = 32 - bits;
+      this.scale = 0;
       this.grow = capacity >> 1;
       this.shrink = bits > SMALL_BITS_MIN ? capacity >> 3 : -1;
     } else {
       this.shift = 0;
+      this.scale = capacity * INV_2_POW_32;
       this.grow = Math.floor(capacity * LARGE_LOAD_MAX);
       this.shrink = Math.floor(capacity * LARGE_LOAD_MIN);
     }
@@ -180,12 +208,14 @@ export class ExternalLookup {
     const table = this.sized(capacity);
     assert(this.count <= this.grow, "lookup resized below its count");
     this.table = table;
+    const shift = this.shift;
+    const scale = this.scale;
     for (let from = 0; from < old.length; from += STRIDE) {
       const value = old[from + 2]!;
       if (value === 0) continue;
       const hi = old[from]!;
       const lo = old[from + 1]!;
-      let slot = this.home(hi, lo);
+      let slot = homeSlot(mixKey(hi, lo), shift, scale);
       while (table[slot * STRIDE + 2] !== 0) if (++slot === capacity) slot = 0;
       const at = slot * STRIDE;
       table[at] = hi;

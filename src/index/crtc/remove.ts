@@ -31,6 +31,7 @@ export function removeHashes(
   first: number, count: number, scratch: RemoveScratch,
 ): number {
   const positions = scratch.ensurePositions(count);
+  lookup.touch(external, first, count);
   let unknown = 0;
   let i = first;
   const end = first + count;
