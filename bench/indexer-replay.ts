@@ -170,6 +170,8 @@ interface Run {
   readonly started: Float64Array;
   readonly finished: Float64Array;
   readonly service: Float64Array;
+  /** Per query: the longest prefix any worker holds (blocks), read after the timer stops. */
+  readonly matched: Float64Array;
   readonly lastAccepted: number;
   readonly lastFinished: number;
   readonly completed: number;
@@ -185,6 +187,7 @@ function replay(corpus: Corpus): Run {
   const started = new Float64Array(n);
   const finished = new Float64Array(n);
   const service = new Float64Array(n);
+  const matched = new Float64Array(n);
   const queries = new Int32Array(n);
   const batches = new Int32Array(n);
   let qHead = 0, qTail = 0, bHead = 0, bTail = 0, next = 0, completed = 0, busyWriteNs = 0;
@@ -212,6 +215,7 @@ function replay(corpus: Corpus): Run {
       const after = Bun.nanoseconds();
       service[i] = after - before;
       finished[i] = after - origin;
+      matched[i] = longestMatch(matches);
       completed++;
     } else if (bHead < bTail) {
       const i = batches[bHead++]!;
@@ -231,19 +235,32 @@ function replay(corpus: Corpus): Run {
   let lastFinished = 0;
   for (let i = 0; i < n; i++) if (finished[i]! > lastFinished) lastFinished = finished[i]!;
   return {
-    pipeline, accepted, started, finished, service, completed, busyWriteNs, lastFinished, cpuS: (cpu.user + cpu.system) / 1e6,
+    pipeline, accepted, started, finished, service, matched, completed, busyWriteNs, lastFinished,
+    cpuS: (cpu.user + cpu.system) / 1e6,
     lastAccepted: next === 0 ? 0 : accepted[next - 1]!,
   };
+}
+
+function longestMatch(matches: MatchResult): number {
+  let longest = 0;
+  for (let k = 0; k < matches.count; k++) longest = Math.max(longest, matches.blocks[k]!);
+  return longest;
 }
 
 // ---- Report ----
 
 interface Distribution { p50_ns: number; p99_ns: number; p999_ns: number; max_ns: number }
+interface Quantiles { p50: number; p99: number; p999: number; max: number }
 
-function distribution(values: Float64Array): Distribution {
+function quantiles(values: Float64Array): Quantiles {
   const sorted = values.slice().sort();
   const at = (q: number) => (sorted.length === 0 ? 0 : Math.round(sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]!));
-  return { p50_ns: at(0.5), p99_ns: at(0.99), p999_ns: at(0.999), max_ns: sorted.length === 0 ? 0 : Math.round(sorted[sorted.length - 1]!) };
+  return { p50: at(0.5), p99: at(0.99), p999: at(0.999), max: sorted.length === 0 ? 0 : Math.round(sorted[sorted.length - 1]!) };
+}
+
+function distribution(values: Float64Array): Distribution {
+  const q = quantiles(values);
+  return { p50_ns: q.p50, p99_ns: q.p99, p999_ns: q.p999, max_ns: q.max };
 }
 
 function select(corpus: Corpus, wanted: number, value: (i: number) => number): Float64Array {
@@ -288,6 +305,7 @@ function summarize(corpus: Corpus, run: Run, traceSha: string, prepS: number) {
   const reasons = failures(corpus, run);
   const stats = run.pipeline.index.stats();
   const writeBlocks = t.storedBlocks + t.removedBlocks;
+  const matchedQueries = select(corpus, OP_QUERY, (i) => run.matched[i]!);
   const hwm = /VmHWM:\s+(\d+) kB/.exec(readFileSync("/proc/self/status", "utf8"));
   return {
     achieved_block_ops_per_s: Math.round(corpus.totalBlockOps / spanS),
@@ -299,6 +317,12 @@ function summarize(corpus: Corpus, run: Run, traceSha: string, prepS: number) {
       service: distribution(select(corpus, OP_QUERY, (i) => run.service[i]!)),
       queue_wait: distribution(select(corpus, OP_QUERY, (i) => run.started[i]! - run.accepted[i]!)),
       sched_to_finish: distribution(select(corpus, OP_QUERY, (i) => run.finished[i]! - corpus.deadline[i]!)),
+      // A lookup walks the matched prefix: its service time grows with this (page size 16
+      // makes a prompt 8x the blocks of Dynamo's 128-token blocks).
+      matched_blocks: quantiles(matchedQueries),
+      service_ns_per_matched_block: distribution(
+        select(corpus, OP_QUERY, (i) => run.service[i]! / run.matched[i]!).filter((_, k) => matchedQueries[k]! >= 16),
+      ),
     },
     update: {
       accepted_to_finished: distribution(select(corpus, OP_BATCH, (i) => run.finished[i]! - run.accepted[i]!)),
@@ -337,6 +361,10 @@ function printReport(r: Report): void {
   console.log(`  lookup service ${d(r.lookup.service)}`);
   console.log(`  lookup queue wait ${d(r.lookup.queue_wait)}`);
   console.log(`  lookup scheduled->finished ${d(r.lookup.sched_to_finish)}`);
+  const m = r.lookup.matched_blocks;
+  const per = r.lookup.service_ns_per_matched_block;
+  console.log(`  longest match per lookup: p50 ${m.p50} / p99 ${m.p99} / max ${m.max} blocks`);
+  console.log(`  lookup service per matched block (16+): p50 ${per.p50_ns} / p99 ${per.p99_ns} ns`);
   console.log(`  update accepted->finished ${d(r.update.accepted_to_finished)}`);
   console.log(`  valid ${r.valid}, kept up ${r.kept_up}${r.config.failure_reasons.length > 0 ? `: ${r.config.failure_reasons.join("; ")}` : ""}`);
   console.log(`  index ${r.config.index.blocks} pairs, ${r.bytes_per_pair} bytes/pair; peak RSS ${r.peak_rss_mb} MB`);

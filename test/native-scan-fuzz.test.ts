@@ -1,8 +1,8 @@
-// Goal: the native token reader (native/kvedge.c) is memory-safe and exact on input it
-// was not written for. native/fuzz-scan.c drives it with random arrays and compares it
-// with its own byte-by-byte reader; built here with AddressSanitizer and UBSan, so a
-// read or write outside the input or the output bound fails the test, on both the
-// AVX2 and the scalar conversion.
+// Goal: the native token readers (native/kvedge.c: JSON and msgpack) are memory-safe and
+// exact on input they were not written for. native/fuzz-scan.c drives them with random
+// arrays and compares each with a byte-by-byte reader; built here with AddressSanitizer
+// and UBSan, so a read or write outside the input or the output bound fails the test,
+// on both the AVX2 and the scalar conversion.
 import { expect, test } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -21,7 +21,9 @@ test.skipIf(compiler === undefined || process.arch !== "x64")("the native token 
     for (const [avx2, seed] of [["1", "1"], ["0", "2"]]) {
       const run = Bun.spawnSync([binary, "150000", seed!], { env: { ...process.env, KVEDGE_NATIVE_AVX2: avx2 }, stdout: "pipe", stderr: "pipe" });
       expect(run.stderr.toString()).toBe("");
-      expect(run.stdout.toString()).toMatch(/^ok: 150000 inputs, \d+ read, [1-9]\d* by the block path\n$/);
+      expect(run.stdout.toString()).toMatch(
+        /^ok: 150000 inputs, \d+ read, [1-9]\d* by the block path\nok: 150000 msgpack inputs, [1-9]\d* values read\n$/,
+      );
       expect(run.exitCode).toBe(0);
     }
   } finally {

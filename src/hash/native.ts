@@ -26,7 +26,9 @@ const symbols = {
     returns: FFIType.i32,
   },
   kv_msgpack_u32s: {
-    args: [FFIType.ptr, FFIType.u32, FFIType.u32, FFIType.u32, FFIType.ptr, FFIType.u32, FFIType.ptr],
+    args: [
+      FFIType.ptr, FFIType.u32, FFIType.u32, FFIType.u32, FFIType.ptr, FFIType.u32, FFIType.ptr,
+    ],
     returns: FFIType.u32,
   },
 } as const;
@@ -55,7 +57,8 @@ export interface NativeMsgpackTokens {
    * `end[0]`. Returns how many were read (fewer at any other encoding or past `length`).
    */
   readU32s(
-    bytes: Uint8Array, length: number, start: number, count: number, out: Uint32Array, at: number, end: Uint32Array,
+    bytes: Uint8Array, length: number, start: number, count: number,
+    out: Uint32Array, at: number, end: Uint32Array,
   ): number;
 }
 
@@ -95,7 +98,8 @@ function load(): Loaded | null {
         scanTokens: (bytes, length, start, out, max, end) => scanTokens(bytes, length, start, out, max, end),
       },
       msgpackTokens: {
-        readU32s: (bytes, length, start, count, out, at, end) => readU32s(bytes, length, start, count, out, at, end),
+        readU32s: (bytes, length, start, count, out, at, end) =>
+          readU32s(bytes, length, start, count, out, at, end),
       },
     };
   } catch (error) {

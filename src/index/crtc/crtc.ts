@@ -58,6 +58,7 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
       if (slot < 0) return this.reject(StoreStatus.CapacityExhausted);
       lookup = this.slots.attach(slot);
     }
+    lookup.touch(external, first, count);
     storeChain(this.tree, slot, lookup, node, pos, external, local, first, count, this.counters);
     this.counters.storedEvents++;
     if (this.verifyEach) this.verify();

@@ -43,7 +43,6 @@ export function storeChain(
   tree: CrtcTree, slot: number, lookup: ExternalLookup, node: number, pos: number,
   external: Uint32Array, local: Uint32Array, first: number, count: number, counters: IndexCounters,
 ): void {
-  lookup.touch(external, first, count);
   const nodes = tree.nodes;
   const owners = tree.owners;
   let held = node === ROOT ? 0 : owners.get(node, slot);
