@@ -104,6 +104,7 @@ export class ExternalLookup {
    * Reads the home slot of each key first..first+count of `keys` ((hi, lo) pairs), so
    * that the finds that follow hit the cache: this loop's loads do not depend on each
    * other and the core overlaps their misses, where a find's miss stalls its caller.
+   * See docs/decisions.md#lookup-memory-bound.
    */
   touch(keys: Uint32Array, first: number, count: number): void {
     const table = this.table;
