@@ -15,7 +15,7 @@
  * not passed on: the client sees the stream it asked for.
  */
 import { HttpError, receiveBody, reply } from "../server/http";
-import type { KvedgeCore } from "../core/core";
+import type { KvedgeCore, RouteInput } from "../core/core";
 import type { Logger } from "../util/log";
 import {
   cachedTokensOf, COMPLETIONS_PATH, includesUsage, isStream, maxTokensOf, type OpenAiPath, promptTokens,
@@ -87,10 +87,11 @@ export class OpenAiProxy {
     }
     const { service } = this.options;
     // A refusal (no workers) is a KvedgeError: the server answers it with its status.
-    const decision = service.route({
+    const input: RouteInput = {
       tokens: parsed.tokens, requestId: null, loraName: null, cacheSalt: parsed.cacheSalt,
       expectedOutputTokens: parsed.maxTokens, overlapScoreCredit: null, prefillLoadScale: null, temperature: null,
-    }, ATTEMPTS_MAX + 1).decision;
+    };
+    const decision = service.route(input, ATTEMPTS_MAX + 1).decision;
     const targets = targetsOf(decision);
     const requestId = decision.requestId;
     const lifecycle = new Lifecycle(service, requestId);
@@ -101,7 +102,8 @@ export class OpenAiProxy {
         const endpoint = service.httpEndpointOf(target.workerId, target.dpRank);
         if (endpoint === null) continue;
         if (target !== admittedOn) {
-          this.move(requestId, parsed, target);
+          // The load goes from the worker the request was admitted on to this one.
+          service.moveRequest(requestId, input, target.slot, target.overlapBlocks);
           admittedOn = target;
         }
         const upstream = await this.forward(endpoint, path, parsed, target, request.signal);
@@ -151,16 +153,6 @@ export class OpenAiProxy {
       forwarded = JSON.stringify(copy);
     }
     return { tokens, stream, stripUsage, maxTokens, cacheSalt: typeof salt === "string" ? salt : null, forwarded };
-  }
-
-  /** The request's load goes from the worker it was admitted on to `target`. */
-  private move(requestId: string, parsed: Parsed, target: Target): void {
-    const { service } = this.options;
-    const load = service.router.load;
-    load.done(requestId);
-    const prompt = service.hash(parsed.tokens, null, parsed.cacheSalt);
-    load.admit(requestId, target.slot, prompt.chain, prompt.blockCount, parsed.tokens.length,
-      target.overlapBlocks * service.blockSize, parsed.maxTokens);
   }
 
   /** The engine's response, or null if it could not be reached (the caller tries the next one). */
