@@ -22,7 +22,7 @@
  * Map's insertion order: JSC walks deleted Map entries when an iteration starts.
  */
 import { Arena, orderOf } from "./arena";
-import { KeyTable } from "./key-table";
+import { KeyTable } from "../util/tables";
 import { assert } from "../util/verify";
 
 export const NO_RECORD = -1;
