@@ -1,12 +1,13 @@
 /**
- * HTTP plumbing shared by every endpoint: one error type that becomes a JSON
- * `{"error": "..."}` response with the right status, bounded body reading (JSON or
- * MessagePack), content negotiation, and validation of the fields requests carry
- * (token ids, 64-bit ids and hashes as decimal strings).
+ * HTTP plumbing shared by kvedge's API (src/server), the proxy and the mock engines
+ * (src/sim): one error type that becomes a JSON `{"error": "..."}` response with the
+ * right status, bounded body reading (JSON or MessagePack), content negotiation, and
+ * validation of the fields requests carry (token ids, 64-bit ids and hashes as decimal
+ * strings). Transport plumbing only: which domain error gets which status is the
+ * server's (src/server/http.ts).
  */
 import { Unpackr } from "msgpackr";
 import { bufferBudget } from "../util/buffer-budget";
-import { type ErrorCode, KvedgeError } from "../core/errors";
 import { U64_MAX } from "../util/u64";
 import { MsgpackWriter, type MsgpackValue } from "../wire/msgpack";
 import { defaultTokenScanner, parseRequestJson, ScannedTokens, TOKENS_MAX } from "./request-json";
@@ -20,26 +21,6 @@ export class HttpError extends Error {
   constructor(readonly status: number, message: string, readonly retryAfterSecs: number | null = null) {
     super(message);
   }
-}
-
-/** The HTTP status of each domain error code: the one place codes become statuses. */
-export const STATUS_OF: Readonly<Record<ErrorCode, number>> = {
-  bad_request: 400,
-  cannot_listen: 400,
-  unknown_request: 404,
-  unknown_worker: 404,
-  duplicate_request: 409,
-  worker_exists: 409,
-  no_workers: 503,
-  shutting_down: 503,
-  overloaded: 429,
-};
-
-/** The client's error as an HttpError (a domain error gets its code's status); null for a bug. */
-export function clientError(error: unknown): HttpError | null {
-  if (error instanceof HttpError) return error;
-  if (error instanceof KvedgeError) return new HttpError(STATUS_OF[error.code], error.message, error.retryAfterSecs);
-  return null;
 }
 
 export const MSGPACK = "application/msgpack";

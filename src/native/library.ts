@@ -28,7 +28,7 @@ const kvedgeSymbols = {
   /**
    * (bytes, length, start, out, max, end): the JSON array of plain decimal u32 integers
    * at `bytes[start]` (its `[`) into `out` (at most `max`), the position after its `]`
-   * into `end[0]`; returns the count, or -1 for anything else (src/server/request-json.ts).
+   * into `end[0]`; returns the count, or -1 for anything else (src/http/request-json.ts).
    */
   kv_scan_tokens: {
     args: [FFIType.ptr, FFIType.u32, FFIType.u32, FFIType.ptr, FFIType.u32, FFIType.ptr],

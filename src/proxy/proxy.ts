@@ -14,7 +14,7 @@
  * `stream_options.include_usage` added, and the usage-only chunk it then receives is
  * not passed on: the client sees the stream it asked for.
  */
-import { HttpError, receiveBody, reply } from "../server/http";
+import { HttpError, receiveBody, reply } from "../http/http";
 import type { KvedgeCore, RouteInput } from "../core/core";
 import type { Logger } from "../util/log";
 import {

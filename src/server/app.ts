@@ -12,7 +12,10 @@ import {
 import type { RouteOutcome } from "../core/core";
 import { DumpWriter } from "./dump-stream";
 import { RequestGuard } from "./guard";
-import { clientError, errorReply, HttpError, msgpackReply, parseBody, readBody, receiveBody, reply, type ReceivedBody, wantsMsgpack } from "./http";
+import { clientError } from "./http";
+import {
+  errorReply, HttpError, msgpackReply, parseBody, readBody, receiveBody, reply, type ReceivedBody, wantsMsgpack,
+} from "../http/http";
 import { type MetricsRegistry, ServerMetrics } from "./metrics";
 import type { KvedgeCore } from "../core/core";
 import { statusOp, statusPage } from "./status";

@@ -8,8 +8,9 @@
  *   TripleTable  (u32 owner, hi, lo)                        -> int32 >= 0
  *
  * One mix (`mix`) places the keys of every table but KeyTable (whose keys are hash
- * bits already); one rule (`capacityFor`) grows and shrinks every table. test/util/tables.test.ts runs one conformance suite against each of them
- * (and against the index's own tables through adapters).
+ * bits already); one rule (`capacityFor`) grows and shrinks every table.
+ * test/util/tables.test.ts runs one conformance suite against each of them (and
+ * against the index's own tables through adapters).
  *
  * Why not a Map: JSC's Map leaves deleted entries behind and rebuilds its table when
  * they pile up, which under steady churn stalls one operation in every few tens of

@@ -5,7 +5,7 @@ import { describe, expect, test } from "bun:test";
 import { join } from "node:path";
 import { usingNativeHash } from "../../src/hash";
 import { libc, native, nativeUnavailableReason } from "../../src/native/library";
-import { defaultTokenScanner } from "../../src/server/request-json";
+import { defaultTokenScanner } from "../../src/http/request-json";
 
 const src = join(import.meta.dir, "..", "..", "src");
 
@@ -25,7 +25,7 @@ const at = (path: string): string => JSON.stringify(join(src, path));
 const childScript = `
   import { libc, native, nativeUnavailableReason } from ${at("native/library.ts")};
   import { DEFAULT_SEED, hashBlocks, usingNativeHash } from ${at("hash/index.ts")};
-  import { defaultTokenScanner, parseRequestJson } from ${at("server/request-json.ts")};
+  import { defaultTokenScanner, parseRequestJson } from ${at("http/request-json.ts")};
   import { getAffinity } from ${at("runtime/affinity.ts")};
   const out = new Uint32Array(4);
   const blocks = hashBlocks(Uint32Array.of(1, 2, 3, 4), 2, DEFAULT_SEED, out);
