@@ -271,7 +271,7 @@ export class PairTable {
   private removeAt(at: number): void {
     const entries = this.entries;
     const mask = this.mask;
-    let hole = at / PAIR_STRIDE;
+    let hole = at >>> 2; // PAIR_STRIDE words per entry
     for (let j = (hole + 1) & mask; entries[PAIR_STRIDE * j + 3] === 1; j = (j + 1) & mask) {
       const e = PAIR_STRIDE * j;
       if (movesBack(mix(entries[e]!, entries[e + 1]!) & mask, hole, j, mask)) {
@@ -299,6 +299,8 @@ export class PairTable {
 
 /** TripleTable entry: owner, hi, lo, value + 1 (0 = empty). */
 const TRIPLE_STRIDE = 4;
+/** Entry index to word offset and back: `<< 2`, `>>> 2` (integer shifts, not divisions). */
+const TRIPLE_SHIFT = 2;
 const TRIPLE_VALUE_MAX = 0x7fff_fffe;
 
 /**
@@ -334,7 +336,7 @@ export class TripleTable {
       this.entries[at + 3] = value + 1;
       return false;
     }
-    const capacity = this.entries.length / TRIPLE_STRIDE;
+    const capacity = this.entries.length >>> TRIPLE_SHIFT;
     if (2 * (this.count + 1) > capacity) {
       this.resize(capacityFor(this.count + 1, capacity, TABLE_CAPACITY_MIN));
     }
@@ -347,8 +349,8 @@ export class TripleTable {
     const at = this.find(owner | 0, hi | 0, lo | 0);
     if (at < 0) return false;
     const entries = this.entries;
-    const mask = entries.length / TRIPLE_STRIDE - 1;
-    let hole = at / TRIPLE_STRIDE;
+    const mask = (entries.length >>> TRIPLE_SHIFT) - 1;
+    let hole = at >>> TRIPLE_SHIFT;
     for (let j = (hole + 1) & mask; entries[TRIPLE_STRIDE * j + 3] !== 0; j = (j + 1) & mask) {
       const e = TRIPLE_STRIDE * j;
       if (movesBack(mix(entries[e]!, entries[e + 2]!) & mask, hole, j, mask)) {
@@ -375,7 +377,7 @@ export class TripleTable {
         this.insert(old[e]!, old[e + 1]!, old[e + 2]!, stored);
       }
     }
-    const capacity = this.entries.length / TRIPLE_STRIDE;
+    const capacity = this.entries.length >>> TRIPLE_SHIFT;
     if (capacityFor(this.count, capacity, TABLE_CAPACITY_MIN) !== capacity) {
       this.resize(capacityFor(this.count, capacity, TABLE_CAPACITY_MIN));
     }
@@ -394,7 +396,7 @@ export class TripleTable {
   /** Entry offset of the key (words as int32), or -1. */
   private find(owner: number, hi: number, lo: number): number {
     const entries = this.entries;
-    const mask = entries.length / TRIPLE_STRIDE - 1;
+    const mask = (entries.length >>> TRIPLE_SHIFT) - 1;
     for (let i = mix(owner, lo) & mask; ; i = (i + 1) & mask) {
       const e = TRIPLE_STRIDE * i;
       if (entries[e + 3] === 0) return -1;
@@ -405,7 +407,7 @@ export class TripleTable {
   /** Puts a new key's entry (stored = value + 1) in the first free bucket of its run. */
   private insert(owner: number, hi: number, lo: number, stored: number): void {
     const entries = this.entries;
-    const mask = entries.length / TRIPLE_STRIDE - 1;
+    const mask = (entries.length >>> TRIPLE_SHIFT) - 1;
     let i = mix(owner, lo) & mask;
     while (entries[TRIPLE_STRIDE * i + 3] !== 0) i = (i + 1) & mask;
     const e = TRIPLE_STRIDE * i;
