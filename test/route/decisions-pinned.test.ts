@@ -30,7 +30,8 @@ function digestOf(run: Run): string {
     weights: { temperature: run.temperature, degradedOverlapWeight: 0.5 }, trackOutputBlocks: true,
   });
   for (let w = 0; w < run.workers; w++) router.load.addWorker(BigInt(500 + w), w % 2);
-  const prefixes = Array.from({ length: 6 }, (_, f) => Uint32Array.from({ length: (4 + 6 * f) * BS }, () => next()));
+  const prefixes = Array.from({ length: 6 }, (_, f) =>
+    Uint32Array.from({ length: (4 + 6 * f) * BS }, () => next()));
   const hash = createHash("sha256");
   const bits = new Float64Array(1);
   const bytes = new Uint8Array(bits.buffer);
@@ -51,7 +52,8 @@ function digestOf(run: Run): string {
     const slots = Array.from({ length: count }, () => next() % run.workers);
     const blocks = slots.map(() => next() % (p.blockCount + 2));
     const decision = router.route({
-      chain: p.chain, blockCount: p.blockCount, tokenCount: tokens.length, candidatesMax: run.candidates,
+      chain: p.chain, blockCount: p.blockCount, tokenCount: tokens.length,
+      candidatesMax: run.candidates,
       expectedOutputTokens: next() % 3 === 0 ? next() % 512 : 0,
     }, { count, slots, blocks }, list);
     put(decision.slot);
@@ -60,12 +62,18 @@ function digestOf(run: Run): string {
     put(decision.overlapBlocks);
     const c = decision.candidates;
     for (let i = 0; i < c.count; i++) {
-      for (const value of [c.slots[i]!, c.costs[i]!, c.predictedTtftMs[i]!, c.queueMs[i]!, c.prefillMs[i]!,
-        c.stepsMs[i]!, c.overlapBlocks[i]!, c.activePrefillTokens[i]!, c.activeDecodeBlocks[i]!]) put(value);
+      const values = [c.slots[i]!, c.costs[i]!, c.predictedTtftMs[i]!, c.queueMs[i]!,
+        c.prefillMs[i]!, c.stepsMs[i]!, c.overlapBlocks[i]!, c.activePrefillTokens[i]!,
+        c.activeDecodeBlocks[i]!];
+      for (const value of values) put(value);
     }
     active.push(decision.requestId);
-    if (next() % 2 === 0 && active.length > 0) router.load.prefillDone(active[next() % active.length]!);
-    if (active.length > 8 * run.workers || next() % 4 === 0) router.load.done(active.splice(next() % active.length, 1)[0]!);
+    if (next() % 2 === 0 && active.length > 0) {
+      router.load.prefillDone(active[next() % active.length]!);
+    }
+    if (active.length > 8 * run.workers || next() % 4 === 0) {
+      router.load.done(active.splice(next() % active.length, 1)[0]!);
+    }
   }
   return hash.digest("hex").slice(0, 16);
 }
@@ -94,7 +102,8 @@ for (const policy of ["ttft", "dynamo"] as const) {
   }
   RUNS.push({ policy, workers: 16, candidates: 4, temperature: 0.5 });
 }
-const nameOf = (run: Run) => `${run.policy} W=${run.workers} k=${run.candidates} T=${run.temperature}`;
+const nameOf = (run: Run) =>
+  `${run.policy} W=${run.workers} k=${run.candidates} T=${run.temperature}`;
 
 describe("decisions are pinned", () => {
   if (process.env.KVEDGE_PRINT_PINNED === "1") {
