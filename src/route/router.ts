@@ -56,6 +56,12 @@ export const DEFAULT_ROUTE_WEIGHTS: RouteWeights = {
   degradedOverlapWeight: 0.5,
 };
 
+/** An engine's two speed constants that calibration learns. */
+export interface EngineTimes {
+  readonly prefillTokensPerSecond: number;
+  readonly stepBaseMs: number;
+}
+
 export interface RouterOptions extends LoadTrackerOptions {
   /** "ttft" (predicted time to first token, ./ttft.ts) or "dynamo" (the weights below); default "dynamo". */
   readonly policy?: RoutePolicy;
@@ -225,6 +231,8 @@ export class Router {
   private readonly parts = new TtftParts();
   private readonly features = { tokens: 0, steps: 0, kvMs: 0 };
   private order = new Int32Array(0);
+  /** Set only inside `cheapestUnder`: constants that replace the configured and learned ones. */
+  private uniformTimes: EngineTimes | null = null;
 
   constructor(options: RouterOptions) {
     this.load = new LoadTracker(options);
@@ -297,6 +305,33 @@ export class Router {
 
   /** Validates the request, fills every live worker's cost and predicted TTFT, and returns the chosen slot. */
   private evaluate(request: RouteRequest, overlaps: Overlaps): number {
+    return this.pick(this.fillCosts(request, overlaps));
+  }
+
+  /**
+   * The slots a router told these engine constants (the same for every worker, no
+   * calibration) would find cheapest now, exact ties included; nothing is recorded and
+   * no random number drawn. The virtual-time study compares calibrated decisions with
+   * those of the true constants through it.
+   */
+  cheapestUnder(request: RouteRequest, overlaps: Overlaps, times: EngineTimes): number[] {
+    this.uniformTimes = times;
+    try {
+      this.fillCosts(request, overlaps);
+    } finally {
+      this.uniformTimes = null;
+    }
+    const slots = this.load.liveSlots;
+    const costs = this.costBySlot;
+    let min = Infinity;
+    for (let i = 0; i < this.load.liveCount; i++) min = Math.min(min, costs[slots[i]!]!);
+    const cheapest: number[] = [];
+    for (let i = 0; i < this.load.liveCount; i++) if (costs[slots[i]!] === min) cheapest.push(slots[i]!);
+    return cheapest;
+  }
+
+  /** Validates the request and fills every live worker's cost; returns the temperature to pick by. */
+  private fillCosts(request: RouteRequest, overlaps: Overlaps): number {
     const load = this.load;
     const blockCount = request.blockCount;
     const tokenCount = request.tokenCount;
@@ -342,7 +377,7 @@ export class Router {
     this.calibration?.sync(load);
     if (this.policy === "ttft") {
       this.ttftCosts(tokenCount);
-      return this.pick(temperature);
+      return temperature;
     }
     for (let i = 0; i < liveCount; i++) {
       const slot = slots[i]!;
@@ -352,7 +387,7 @@ export class Router {
       const prefillCost = scale * Math.max(0, (slotPrefill + tokenCount) / blockSize - credit * held);
       costs[slot] = prefillCost + decode[slot]! + (blockCount - depth[slot]!) + requestWeight * active[slot]!;
     }
-    return this.pick(temperature);
+    return temperature;
   }
 
   private pick(temperature: number): number {
@@ -384,6 +419,7 @@ export class Router {
     const load = this.load;
     const ttft = this.ttft;
     const calibration = this.calibration;
+    const uniform = this.uniformTimes;
     const overlap = this.overlapBySlot[slot]!;
     const degradedWeight = this.weights.degradedOverlapWeight;
     const trusted = load.degraded[slot] === 1 ? overlap * degradedWeight : overlap;
@@ -391,8 +427,11 @@ export class Router {
     return predictTtft(
       ttft, this.parts, slot, tokenCount, cached, load.activePrefillTokens[slot]!,
       load.activeRequests[slot]!, load.activeDecodeBlocks[slot]!, load.blockSize,
-      calibration === null ? ttft.prefillTokensPerSecond / 1000 : calibration.prefillPerMs[slot]!,
-      calibration === null ? ttft.stepBaseMs : calibration.stepBaseMs[slot]!,
+      uniform !== null ? uniform.prefillTokensPerSecond / 1000
+        : calibration === null ? ttft.prefillTokensPerSecond / 1000
+        : calibration.prefillPerMs * calibration.speedFactor[slot]!,
+      uniform !== null ? uniform.stepBaseMs
+        : calibration === null ? ttft.stepBaseMs : calibration.stepBaseMs * calibration.stepFactor[slot]!,
     );
   }
 
