@@ -33,7 +33,8 @@ import { conversationTracePath } from "../src/sim/embedded-trace";
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES, type RoutePolicy } from "../src/route";
 import { ADMISSION_MODES, type AdmissionMode, type AdmissionSettings, DEFAULT_ADMISSION } from "../src/route/admission";
 import {
-  DEFAULT_KV_AWARE, isPolicyName, type KvAwareConfig, KvAwareModel, POLICY_NAMES, type PolicyName, type RoutingPolicy,
+  DEFAULT_KV_AWARE, isPolicyName, type KvAwareConfig, KvAwareModel, POLICY_NAMES, type PolicyName,
+  type RoutingPolicy,
 } from "../src/sim/policies";
 import { simulate, type SimResult } from "../src/sim/simulator";
 import { DEFAULT_TIME_MODEL } from "../src/sim/time-model";
@@ -105,6 +106,8 @@ const routePolicies = values["route-policy"].split(",").map((name) => {
   return name as RoutePolicy;
 });
 const agreementWindow = numbers(values.agreement, true)[0]!;
+const { prefillTokensPerSecond, stepBaseMs } = time;
+const trueTimes = { prefillTokensPerSecond, stepBaseMs };
 const workers = Number(values.workers);
 const seed = Number(values.seed);
 
@@ -119,7 +122,7 @@ function kvVariants(): { name: string; config: KvAwareConfig }[] {
       name: `kv ttft ${recomputeWeight}${calibrate ? " cal" : ""}${label}`,
       config: {
         policy, calibrate, ttft: { recomputeWeight, ...routerConstants }, admission,
-        ...(agreementWindow > 0 ? { reference: { prefillTokensPerSecond: time.prefillTokensPerSecond, stepBaseMs: time.stepBaseMs } } : {}),
+        ...(agreementWindow > 0 ? { reference: trueTimes } : {}),
       },
     })))));
 }
@@ -178,11 +181,14 @@ for (const timeScale of numbers(values["time-scale"])) {
           const onFinish = (finished: RoutingPolicy) => {
             if (finished instanceof KvAwareModel) agreed = finished.agreed;
           };
-          const result = simulate(trace, { policy, workers, capacityBlocks: capacity, time, seed, kvAware, onFinish });
+          const result = simulate(trace, {
+            policy, workers, capacityBlocks: capacity, time, seed, kvAware, onFinish,
+          });
           const wall = performance.now() - started;
           const agreement = agreed.length > 0 ? windowShares(agreed, agreementWindow) : undefined;
           const row = { ...result, policy: name, time_scale: timeScale, start, kv_aware: kvAware, wall_ms: Math.round(wall),
-            replay_s_at_speedup: result.makespan_ms / speedup / 1000, ...(agreement === undefined ? {} : { agreement }) };
+            replay_s_at_speedup: result.makespan_ms / speedup / 1000,
+            ...(agreement === undefined ? {} : { agreement }) };
           rows.push(row);
           if (values.json) continue;
           process.stdout.write(`${line([name, trace.count, capacity, timeScale, pct(row.hit_rate),
@@ -190,7 +196,9 @@ for (const timeScale of numbers(values["time-scale"])) {
             row.tpot_p50_ms.toFixed(1), row.tpot_p99_ms.toFixed(1), row.load_spread.toFixed(2), row.rejected, row.wall_ms])}\n`);
           if (agreement !== undefined) {
             const total = agreed.reduce((sum, flag) => sum + flag, 0) / agreed.length;
-            process.stdout.write(`${" ".repeat(29)}agreement per ${agreementWindow}: ${agreement.map(pct).join(" ")} (all ${pct(total)})\n`);
+            const shares = agreement.map(pct).join(" ");
+            const all = pct(total);
+            process.stdout.write(`${" ".repeat(29)}agreement per ${agreementWindow}: ${shares} (all ${all})\n`);
           }
         }
       }

@@ -273,7 +273,8 @@ export class KvedgeCore {
       throw new KvedgeError("duplicate_request", `request ${requestId} is already active`);
     }
     if (requestId !== null && this.heldIds.has(requestId)) {
-      throw new KvedgeError("duplicate_held_request", `request ${requestId} is already held, waiting for a worker`);
+      const message = `request ${requestId} is already held, waiting for a worker`;
+      throw new KvedgeError("duplicate_held_request", message);
     }
     const { request, overlaps } = this.routeRequest(call.input, 0);
     const { waitMs, prefillMs } = this.router.assess(request, overlaps);
@@ -289,9 +290,11 @@ export class KvedgeCore {
     return handle;
   }
 
-  /** A held call whose client went away: never answered. */
-  dropHeld(handle: number, call: RouteCall): void {
-    if (this.admission.drop(handle, call)) this.unhold(call);
+  /** A held call whose client went away: never answered. False if not held (answered already). */
+  dropHeld(handle: number, call: RouteCall): boolean {
+    if (!this.admission.drop(handle, call)) return false;
+    this.unhold(call);
+    return true;
   }
 
   /** Gives a held call's bytes back to the buffer budget (once). */

@@ -116,7 +116,8 @@ export class Calibration {
 
   /** Request `record` on `slot` got its first token `elapsedMs` after it was routed. */
   observe(record: number, slot: number, elapsedMs: number): void {
-    if (!(Number.isFinite(elapsedMs) && elapsedMs >= 0) || record >= this.recordTokens.length) return;
+    if (!(Number.isFinite(elapsedMs) && elapsedMs >= 0)) return;
+    if (record >= this.recordTokens.length) return;
     if (slot >= this.speedFactor.length) return;
     const x = this.recordTokens[record]! / 1000;
     const s = this.recordSteps[record]!;
@@ -131,11 +132,13 @@ export class Calibration {
     if (prefillMs >= PREFILL_SHARE * predicted) {
       const sample = (elapsedMs - stepsMs - kvMs) / x;
       this.a = clamp(towards(this.a, sample, this.aSamples++), this.a0);
-      this.aOwn[slot] = clamp(towards(this.aOwn[slot]!, sample, this.aOwnSamples[slot]!++), this.a0);
+      const own = towards(this.aOwn[slot]!, sample, this.aOwnSamples[slot]!++);
+      this.aOwn[slot] = clamp(own, this.a0);
     } else if (stepsMs >= STEP_SHARE * predicted && s > 0) {
       const sample = (elapsedMs - prefillMs - kvMs) / s;
       this.b = clamp(towards(this.b, sample, this.bSamples++), this.b0);
-      this.bOwn[slot] = clamp(towards(this.bOwn[slot]!, sample, this.bOwnSamples[slot]!++), this.b0);
+      const own = towards(this.bOwn[slot]!, sample, this.bOwnSamples[slot]!++);
+      this.bOwn[slot] = clamp(own, this.b0);
     } else {
       return;
     }

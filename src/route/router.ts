@@ -326,11 +326,13 @@ export class Router {
     let min = Infinity;
     for (let i = 0; i < this.load.liveCount; i++) min = Math.min(min, costs[slots[i]!]!);
     const cheapest: number[] = [];
-    for (let i = 0; i < this.load.liveCount; i++) if (costs[slots[i]!] === min) cheapest.push(slots[i]!);
+    for (let i = 0; i < this.load.liveCount; i++) {
+      if (costs[slots[i]!] === min) cheapest.push(slots[i]!);
+    }
     return cheapest;
   }
 
-  /** Validates the request and fills every live worker's cost; returns the temperature to pick by. */
+  /** Validates the request, fills every live worker's cost; returns the temperature to pick by. */
   private fillCosts(request: RouteRequest, overlaps: Overlaps): number {
     const load = this.load;
     const blockCount = request.blockCount;
@@ -431,7 +433,8 @@ export class Router {
         : calibration === null ? ttft.prefillTokensPerSecond / 1000
         : calibration.prefillPerMs * calibration.speedFactor[slot]!,
       uniform !== null ? uniform.stepBaseMs
-        : calibration === null ? ttft.stepBaseMs : calibration.stepBaseMs * calibration.stepFactor[slot]!,
+        : calibration === null ? ttft.stepBaseMs
+        : calibration.stepBaseMs * calibration.stepFactor[slot]!,
     );
   }
 

@@ -14,7 +14,10 @@
  * The simulator calls `route` on arrival, `prefillDone` at the first token and
  * `finished` at the end, which is the request lifecycle a router is told about.
  */
-import { type EngineTimeModel, type EngineTimes, type Overlaps, Router, type RoutePolicy, type RouteWeights, type TtftSettings } from "../route";
+import {
+  type EngineTimeModel, type EngineTimes, type Overlaps, Router, type RoutePolicy, type RouteWeights,
+  type TtftSettings,
+} from "../route";
 import { Admission, type AdmissionSettings } from "../route/admission";
 import { PairTable } from "./pair-table";
 import { createRng, randomInt, type Rng } from "./random";
@@ -342,7 +345,7 @@ export class KvAwareModel implements RoutingPolicy {
   private readonly overlaps: { count: number; slots: Int32Array; blocks: Float64Array };
   private answers: HeldAnswer[] = [];
   private readonly reference: EngineTimes | null;
-  /** Per decision, in decision order (with `reference`): 1 if the pick is cheapest under the true constants too. */
+  /** Per decision (with `reference`): 1 if the pick is cheapest under the true constants too. */
   readonly agreed: number[] = [];
 
   constructor(workers: number, blockSize: number, private readonly probe: CacheProbe, config: KvAwareConfig, rng: Rng) {
@@ -413,7 +416,9 @@ export class KvAwareModel implements RoutingPolicy {
   private decide(query: RouteQuery): number {
     const request = this.request(query);
     const overlaps = this.probed(query);
-    const truth = this.reference === null ? null : this.router.cheapestUnder(request, overlaps, this.reference);
+    const reference = this.reference;
+    const router = this.router;
+    const truth = reference === null ? null : router.cheapestUnder(request, overlaps, reference);
     const decision = this.router.route(request, overlaps);
     if (truth !== null) this.agreed.push(truth.includes(decision.slot) ? 1 : 0);
     return Number(decision.workerId);

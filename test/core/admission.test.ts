@@ -48,7 +48,7 @@ describe("KvedgeCore admission", () => {
     expect(bufferBudget.held).toBe(before);
   });
 
-  test("a second call with a held call's id is refused at submit; the id is free again once the first is answered", () => {
+  test("a held call's id is refused at submit; it is free again once the first is answered", () => {
     const { service, answers, call } = core();
     service.submitRoute(call("ahead", 6000));
     const first = call("twin", 8);
