@@ -14,18 +14,24 @@
  * Outside it: token generation and hashing (the server hashes for the index anyway),
  * building the overlap lists.
  *
- *   bun bench/route.bench.ts [--json]
+ *   bun bench/route.bench.ts [--policy dynamo|ttft] [--json]
  */
 import { bench, do_not_optimize, group, run } from "mitata";
 import { DEFAULT_SEED } from "../src/hash";
-import { type Overlaps, promptHashes, type RouteRequest, Router } from "../src/route";
+import { type Overlaps, promptHashes, ROUTE_POLICIES, type RoutePolicy, type RouteRequest, Router } from "../src/route";
 import { benchFlags, formatRate, prng, provenance } from "./lib";
 
 const BLOCK_SIZE = 16;
 const WORKER_COUNTS = [8, 64, 256];
 const POOL = 8192;
 const ACTIVE_PER_WORKER = 16;
-const json = benchFlags("bun bench/route.bench.ts [--json]", { json: { type: "boolean" } }).json === true;
+const flags = benchFlags("bun bench/route.bench.ts [--policy dynamo|ttft] [--json]", {
+  json: { type: "boolean" }, policy: { type: "string" },
+});
+const json = flags.json === true;
+// The router's own default (dynamo) unless asked: the rows stay comparable with older builds.
+const policy = (flags.policy ?? "dynamo") as RoutePolicy;
+if (!(ROUTE_POLICIES as readonly string[]).includes(policy)) throw new Error(`unknown policy '${policy}'`);
 
 const random = prng(42);
 const between = (low: number, high: number) => low + (random() % (high - low + 1));
@@ -42,7 +48,7 @@ for (let i = 0; i < POOL; i++) {
 }
 
 function scenario(workers: number): () => void {
-  const router = new Router({ blockSize: BLOCK_SIZE, random: () => random() / 2 ** 32 });
+  const router = new Router({ blockSize: BLOCK_SIZE, policy, random: () => random() / 2 ** 32 });
   for (let w = 0; w < workers; w++) router.load.addWorker(BigInt(1_000_000 + w), 0);
   // Per family: the workers holding its prefix, and how deep.
   const holders = prefixes.map((prefix) => {
@@ -87,7 +93,7 @@ const rows = WORKER_COUNTS.map((workers) => {
 });
 
 if (json) {
-  process.stdout.write(`${JSON.stringify({ bench: "route", provenance: provenance(), rows })}\n`);
+  process.stdout.write(`${JSON.stringify({ bench: "route", policy, provenance: provenance(), rows })}\n`);
 } else {
   console.log("\nworkers | decisions/s (route + prefill_done + done) | p50     | p99");
   for (const row of rows) {
