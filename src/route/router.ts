@@ -400,15 +400,38 @@ export class Router {
 
   /** The `ttft` cost of every live worker: predicted TTFT (and parts) + recompute charge. */
   private ttftCosts(tokenCount: number): void {
-    const slots = this.load.liveSlots;
+    const load = this.load;
+    const slots = load.liveSlots;
+    const prefill = load.activePrefillTokens;
+    const active = load.activeRequests;
+    const decode = load.activeDecodeBlocks;
+    const degraded = load.degraded;
+    const blockSize = load.blockSize;
+    const overlap = this.overlapBySlot;
+    const degradedWeight = this.weights.degradedOverlapWeight;
     const costs = this.costBySlot;
     const predicted = this.ttftBySlot;
-    const prefillMs = this.parts.prefillMs;
-    const weight = this.ttft.recomputeWeight;
-    for (let i = 0; i < this.load.liveCount; i++) {
+    const ttft = this.ttft;
+    const parts = this.parts;
+    const weight = ttft.recomputeWeight;
+    // What `predict` uses, hoisted out of the loop (the same arithmetic, so the same bits).
+    const times = this.uniformTimes ?? ttft;
+    const calibration = this.uniformTimes === null ? this.calibration : null;
+    const prefillPerMs = times.prefillTokensPerSecond / 1000;
+    const stepBaseMs = times.stepBaseMs;
+    const speedFactor = calibration?.speedFactor;
+    const stepFactor = calibration?.stepFactor;
+    for (let i = 0; i < load.liveCount; i++) {
       const slot = slots[i]!;
-      predicted[slot] = this.predict(slot, tokenCount);
-      costs[slot] = predicted[slot]! + weight * prefillMs[slot]!;
+      const trusted = degraded[slot] === 1 ? overlap[slot]! * degradedWeight : overlap[slot]!;
+      const cached = Math.min(tokenCount, trusted * blockSize);
+      predicted[slot] = predictTtft(
+        ttft, parts, slot, tokenCount, cached, prefill[slot]!, active[slot]!, decode[slot]!,
+        blockSize,
+        calibration === null ? prefillPerMs : calibration.prefillPerMs * speedFactor![slot]!,
+        calibration === null ? stepBaseMs : calibration.stepBaseMs * stepFactor![slot]!,
+      );
+      costs[slot] = predicted[slot]! + weight * parts.prefillMs[slot]!;
     }
   }
 
