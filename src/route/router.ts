@@ -303,7 +303,7 @@ export class Router {
     return { waitMs, prefillMs: prefillMs[best]! };
   }
 
-  /** Validates the request, fills every live worker's cost and predicted TTFT, and returns the chosen slot. */
+  /** Validates the request, fills every live worker's cost, and returns the chosen slot. */
   private evaluate(request: RouteRequest, overlaps: Overlaps): number {
     return this.pick(this.fillCosts(request, overlaps));
   }
