@@ -110,11 +110,14 @@ export class RequestRecords {
     return record;
   }
 
-  /** The record was touched at `now`: it moves to the newest end. */
+  /**
+   * The record was touched at `now`: it moves to the newest end, or behind records
+   * touched later when the caller's clock is not monotonic (the simulator's model time).
+   */
   touch(record: number, now: number): void {
     this.touched[record] = now;
     this.unlink(record);
-    this.append(record);
+    this.insertByTouch(record);
   }
 
   /**
