@@ -1,8 +1,9 @@
 /**
  * `kvedge serve --proxy`: an OpenAI-compatible front for the fleet. Per request:
  *
- *   tokenize (the model's tokenizer and chat template, ./openai.ts) -> route (the real
- *   router; the request becomes the chosen worker's load) -> forward the client's body
+ *   tokenize (the model's tokenizer and chat template, ./openai.ts) -> route through
+ *   admission (the real router, held or refused at saturation as /v1/route is; the
+ *   request becomes the chosen worker's load) -> forward the client's body
  *   to the worker's http_endpoint -> stream the answer back as it comes.
  *
  * The proxy drives the request's lifecycle itself: prefill_done at the answer's first
@@ -14,8 +15,8 @@
  * `stream_options.include_usage` added, and the usage-only chunk it then receives is
  * not passed on: the client sees the stream it asked for.
  */
-import { HttpError, receiveBody, reply } from "../server/http";
-import type { KvedgeCore } from "../core/core";
+import { HttpError, receiveBody, reply } from "../http/http";
+import type { KvedgeCore, RouteCall, RouteInput } from "../core/core";
 import type { Logger } from "../util/log";
 import {
   cachedTokensOf, COMPLETIONS_PATH, includesUsage, isStream, maxTokensOf, type OpenAiPath, promptTokens,
@@ -50,6 +51,8 @@ export interface ProxyCounters {
   unreachable: number;
   /** Refused before routing (bad request, tokenizer). */
   rejected: number;
+  /** Refused at routing: no workers, or admission's 429 (route.admission). */
+  refused: number;
 }
 
 interface Target {
@@ -62,6 +65,7 @@ interface Target {
 export class OpenAiProxy {
   readonly counters: ProxyCounters = {
     requests: 0, completed: 0, clientAborts: 0, engineErrors: 0, failovers: 0, unreachable: 0, rejected: 0,
+    refused: 0,
   };
   private readonly created = Math.floor(Date.now() / 1000);
 
@@ -86,13 +90,8 @@ export class OpenAiProxy {
       throw error;
     }
     const { service } = this.options;
-    // A refusal (no workers) is a KvedgeError: the server answers it with its status.
-    const decision = service.route({
-      tokens: parsed.tokens, requestId: null, loraName: null, cacheSalt: parsed.cacheSalt,
-      expectedOutputTokens: parsed.maxTokens, overlapScoreCredit: null, prefillLoadScale: null, temperature: null,
-    }, ATTEMPTS_MAX + 1).decision;
-    const targets = targetsOf(decision);
-    const requestId = decision.requestId;
+    // A refusal (no workers, admission's 429) is a KvedgeError: the server answers its status.
+    const { requestId, targets } = await this.admit(parsed, request.signal);
     const lifecycle = new Lifecycle(service, requestId);
     let admittedOn = targets[0]!;
     try {
@@ -101,7 +100,8 @@ export class OpenAiProxy {
         const endpoint = service.httpEndpointOf(target.workerId, target.dpRank);
         if (endpoint === null) continue;
         if (target !== admittedOn) {
-          this.move(requestId, parsed, target);
+          // The load goes from the worker the request was admitted on to this one.
+          service.moveRequest(requestId, routeInput(parsed), target.slot, target.overlapBlocks);
           admittedOn = target;
         }
         const upstream = await this.forward(endpoint, path, parsed, target, request.signal);
@@ -119,6 +119,36 @@ export class OpenAiProxy {
     this.counters.unreachable++;
     const tried = targets.slice(0, ATTEMPTS_MAX).map((t) => t.workerId.toString()).join(", ");
     throw new HttpError(502, `no engine could be reached for this request (workers tried: ${tried}; each needs an http_endpoint)`);
+  }
+
+  /**
+   * Routes the request through admission (route.admission), as POST /v1/route is: at
+   * once, or held until a worker frees (a client that goes away meanwhile is dropped
+   * from the queue, 499), or refused (429 with Retry-After).
+   */
+  private admit(parsed: Parsed, client: AbortSignal): Promise<Admitted> {
+    const { service } = this.options;
+    return new Promise((resolve, reject) => {
+      const call: RouteCall = {
+        input: routeInput(parsed),
+        candidatesMax: ATTEMPTS_MAX + 1,
+        // Synchronous with the decision: the candidate list is reused by the next route.
+        answer: ({ decision }) => {
+          resolve({ requestId: decision.requestId, targets: targetsOf(decision) });
+        },
+        fail: (error) => {
+          this.counters.refused++;
+          reject(error);
+        },
+      };
+      const handle = service.submitRoute(call);
+      if (handle < 0) return;
+      client.addEventListener("abort", () => {
+        if (!service.dropHeld(handle, call)) return; // answered already: the forward sees the abort
+        this.counters.clientAborts++;
+        reject(new HttpError(499, "the client closed the request while it was held for a worker"));
+      }, { once: true });
+    });
   }
 
   private async parse(request: Request, path: OpenAiPath): Promise<Parsed> {
@@ -153,16 +183,6 @@ export class OpenAiProxy {
     return { tokens, stream, stripUsage, maxTokens, cacheSalt: typeof salt === "string" ? salt : null, forwarded };
   }
 
-  /** The request's load goes from the worker it was admitted on to `target`. */
-  private move(requestId: string, parsed: Parsed, target: Target): void {
-    const { service } = this.options;
-    const load = service.router.load;
-    load.done(requestId);
-    const prompt = service.hash(parsed.tokens, null, parsed.cacheSalt);
-    load.admit(requestId, target.slot, prompt.chain, prompt.blockCount, parsed.tokens.length,
-      target.overlapBlocks * service.blockSize, parsed.maxTokens);
-  }
-
   /** The engine's response, or null if it could not be reached (the caller tries the next one). */
   private async forward(endpoint: string, path: OpenAiPath, parsed: Parsed, target: Target, client: AbortSignal): Promise<Response | null> {
     const headers: Record<string, string> = { "content-type": "application/json", accept: parsed.stream ? "text/event-stream" : "application/json" };
@@ -195,6 +215,21 @@ export class OpenAiProxy {
     return new Response(relay.body, { status: upstream.status, headers });
   }
 
+}
+
+/** A routed request: its id and the workers to try, the pick first. */
+interface Admitted {
+  readonly requestId: string;
+  readonly targets: Target[];
+}
+
+/** What the core routes a proxied request by. */
+function routeInput(parsed: Parsed): RouteInput {
+  return {
+    tokens: parsed.tokens, requestId: null, loraName: null, cacheSalt: parsed.cacheSalt,
+    expectedOutputTokens: parsed.maxTokens, overlapScoreCredit: null, prefillLoadScale: null,
+    temperature: null,
+  };
 }
 
 interface Parsed {

@@ -8,7 +8,7 @@
 // directly on exact-size inputs; and this file plus the other decoder suites run again
 // in a process without the native library.
 import { describe, expect, test } from "bun:test";
-import { nativeMsgpackTokens } from "../../src/hash/native";
+import { native } from "../../src/native/library";
 import { DECODE_OK, DecodedBatch, decodeKvBatch, E_TRUNCATED } from "../../src/wire/kv-events";
 import { xorshift } from "../support/kv-events";
 
@@ -134,8 +134,12 @@ function readOneByOne(bytes: Uint8Array, count: number): { values: number[]; end
   return { values, end: p };
 }
 
-describe.skipIf(nativeMsgpackTokens === null)("the native msgpack reader", () => {
-  const reader = nativeMsgpackTokens!;
+describe.skipIf(native === null)("the native msgpack reader", () => {
+  // Read at call time: this body runs (and is skipped) without the library too.
+  const read = (
+    bytes: Uint8Array, length: number, start: number, count: number,
+    out: Uint32Array, at: number, end: Uint32Array,
+  ) => native!.kv_msgpack_u32s(bytes, length, start, count, out, at, end);
 
   test("reads up to count values into out[at..], stopping at another encoding or the end", () => {
     const bytes = Uint8Array.from([
@@ -143,15 +147,15 @@ describe.skipIf(nativeMsgpackTokens === null)("the native msgpack reader", () =>
     ]);
     const out = new Uint32Array(8).fill(9);
     const end = new Uint32Array(1);
-    expect(reader.readU32s(bytes, bytes.length, 0, 8, out, 2, end)).toBe(4);
+    expect(read(bytes, bytes.length, 0, 8, out, 2, end)).toBe(4);
     expect(Array.from(out)).toEqual([9, 9, 5, 0xfe, 0x1234, 0xdeadbeef, 9, 9]);
     expect(end[0]).toBe(11);
-    expect(reader.readU32s(bytes, bytes.length, 1, 2, out, 0, end)).toBe(2);
+    expect(read(bytes, bytes.length, 1, 2, out, 0, end)).toBe(2);
     expect(end[0]).toBe(6);
     // A value cut by the end of the input is not read.
-    expect(reader.readU32s(bytes, 9, 0, 8, out, 0, end)).toBe(3);
+    expect(read(bytes, 9, 0, 8, out, 0, end)).toBe(3);
     expect(end[0]).toBe(6);
-    expect(reader.readU32s(bytes, bytes.length, 13, 4, out, 0, end)).toBe(0);
+    expect(read(bytes, bytes.length, 13, 4, out, 0, end)).toBe(0);
     expect(end[0]).toBe(13);
   });
 
@@ -164,7 +168,7 @@ describe.skipIf(nativeMsgpackTokens === null)("the native msgpack reader", () =>
       const bytes = Uint8Array.from(ids.flatMap((id, i) => encodeId(id, kinds[i]!)));
       const cut = bytes.subarray(0, next() % (bytes.length + 1)).slice();
       const { values: expected, end: p } = readOneByOne(cut, ids.length);
-      const got = reader.readU32s(cut, cut.length, 0, ids.length, out, 0, end);
+      const got = read(cut, cut.length, 0, ids.length, out, 0, end);
       expect(Array.from(out.subarray(0, got))).toEqual(expected);
       expect(end[0]).toBe(p);
     }
@@ -172,7 +176,7 @@ describe.skipIf(nativeMsgpackTokens === null)("the native msgpack reader", () =>
 });
 
 // The decoder suites again with the TypeScript loop reading every id.
-test.skipIf(nativeMsgpackTokens === null)("the decoder suites pass without native code", () => {
+test.skipIf(native === null)("the decoder suites pass without native code", () => {
   const suites = ["kv-events-tokens.test.ts", "kv-events.test.ts", "kv-events-fuzz.test.ts"]
     .map((file) => `${import.meta.dir}/${file}`);
   const run = Bun.spawnSync([process.execPath, "test", ...suites], {

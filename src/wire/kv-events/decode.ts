@@ -37,7 +37,7 @@ import {
   FLAG_WINDOW, NO_STRING, type DecodeLimits,
 } from "./batch";
 import { isUtf8 } from "./strings";
-import { nativeMsgpackTokens } from "../../hash/native";
+import { native } from "../../native/library";
 
 // ---- Status codes (stable: counters and logs use the names) ----
 // `truncated` also covers a length or count that claims more bytes than are left: the
@@ -528,8 +528,8 @@ function readTokenIds(): void {
   // the first value of another encoding, or the last few bytes, go the general way.
   const stop = end;
   let i = 0;
-  if (nativeMsgpackTokens !== null && count >= NATIVE_TOKENS_MIN) {
-    i = nativeMsgpackTokens.readU32s(bytes, stop, pos, count, tokens, first, nativeEnd);
+  if (native !== null && count >= NATIVE_TOKENS_MIN) {
+    i = native.kv_msgpack_u32s(bytes, stop, pos, count, tokens, first, nativeEnd);
     pos = nativeEnd[0]!;
   }
   while (i < count) {
