@@ -36,8 +36,14 @@ describe("indexer replay bench", () => {
         "achieved_block_ops_per_s", "bytes_per_pair", "config", "drain_s", "kept_up", "lookup",
         "offered_block_ops_per_s", "peak_rss_mb", "update", "valid",
       ]);
-      expect(Object.keys(report.lookup).sort()).toEqual(["queue_wait", "sched_to_finish", "service"]);
-      for (const key of ["queue_wait", "sched_to_finish", "service"]) expect(Object.keys(report.lookup[key]).sort()).toEqual(DISTRIBUTION);
+      const timed = ["queue_wait", "sched_to_finish", "service", "service_ns_per_matched_block"];
+      expect(Object.keys(report.lookup).sort()).toEqual([...timed, "matched_blocks"].sort());
+      for (const key of timed) expect(Object.keys(report.lookup[key]).sort()).toEqual(DISTRIBUTION);
+      // The longest match per lookup, in blocks: ordered quantiles, within the queries' blocks.
+      const matched = report.lookup.matched_blocks;
+      expect(Object.keys(matched).sort()).toEqual(["max", "p50", "p99", "p999"]);
+      expect(matched.p50 <= matched.p99 && matched.p99 <= matched.p999 && matched.p999 <= matched.max).toBe(true);
+      expect(matched.max).toBeLessThanOrEqual(report.config.query_blocks);
       // Issuing on time depends on the machine's load (a bench property, not asserted here);
       // every other reason (drain, losses, an index unequal to the engines) must be absent.
       const reasons: string[] = report.config.failure_reasons;
