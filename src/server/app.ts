@@ -116,7 +116,7 @@ export function startApp(options: AppOptions): App {
     "/v1/dump": {
       GET: (request) => {
         requireAdmin(request);
-        return dumps.response(() => service.index.dumpLazy());
+        return dumps.response(service.index, service.writes);
       },
     },
     "/v1/status": { GET: (request) => reply(request, 200, statusOp(service)) },

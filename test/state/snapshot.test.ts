@@ -7,7 +7,7 @@ import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync }
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createIndex } from "../../src/index";
-import { IndexPacker, packIndex } from "../../src/index/pack";
+import { freezeNow, IndexPacker, packIndex } from "../../src/index/pack";
 import { LoadTracker } from "../../src/route/load";
 import { BACKEND_NAMES, MatchResult } from "../../src/index/types";
 import {
@@ -28,7 +28,7 @@ function tempDir(): string {
 }
 
 function snapshotOf(index: ReturnType<typeof createIndex>): Snapshot {
-  const { words, workerIds } = packIndex(index.freeze());
+  const { words, workerIds } = packIndex(freezeNow(index.freeze()));
   return {
     blockSize: index.blockSize, createdAt: "2026-01-01T00:00:00Z", workerIds: [...workerIds], words,
     positions: [{ workerId: 7n, dpRank: 0, lastSeq: 41, fingerprint: 12345, degraded: false }],
@@ -146,9 +146,9 @@ describe("typed packing", () => {
         applyHarnessOp(index, op);
         applyHarnessOp(reference, op);
       }
-      const whole = packIndex(index.freeze()).words;
+      const whole = packIndex(freezeNow(index.freeze())).words;
       for (const slice of [1, 7]) {
-        const packer = new IndexPacker(index.freeze());
+        const packer = new IndexPacker(freezeNow(index.freeze()));
         let steps = 0;
         while (!packer.step(slice)) steps++;
         expect(packer.words()).toEqual(whole);
@@ -175,8 +175,8 @@ describe("typed packing", () => {
     const index = createIndex(backend, 1);
     const half = Math.floor(stream.ops.length / 2);
     for (const op of stream.ops.slice(0, half)) applyHarnessOp(index, op);
-    const expected = packIndex(index.freeze()).words;
-    const packer = new IndexPacker(index.freeze());
+    const expected = packIndex(freezeNow(index.freeze())).words;
+    const packer = new IndexPacker(freezeNow(index.freeze()));
     let turns = 0;
     for (const op of stream.ops.slice(half)) {
       applyHarnessOp(index, op); // the index moves on between slices
