@@ -108,6 +108,13 @@ Example:
     registerServiceMetrics(registry, service);
     registerObservedHitsMetrics(registry, service);
     if (proxy !== null) registerProxyMetrics(registry, proxy);
+    // The snapshot is loaded and every source started (catch-up begins) before the port
+    // opens: the first answer already routes on the saved index (docs/operations.md).
+    const stateDir = config.state.dir;
+    const stateLog = log.child({ component: "state" });
+    const saved = stateDir === null ? null : loadSnapshot(service, stateDir, config.workers.map((worker) => worker.worker_id), stateLog);
+    await service.start();
+    if (saved !== null) restoreRequests(service, saved, stateLog);
     const app = startApp({
       host: config.server.host,
       port: config.server.port,
@@ -118,11 +125,6 @@ Example:
       log: log.child({ component: "http" }),
       proxy,
     });
-    const stateDir = config.state.dir;
-    const stateLog = log.child({ component: "state" });
-    const saved = stateDir === null ? null : loadSnapshot(service, stateDir, config.workers.map((worker) => worker.worker_id), stateLog);
-    await service.start();
-    if (saved !== null) restoreRequests(service, saved, stateLog);
     const periodic = stateDir === null ? null : new PeriodicSnapshots(service, stateDir, stateLog);
     const snapshots = periodic === null ? null : setInterval(() => void periodic.tick(), config.state.snapshot_interval_secs * 1000);
     log.info("listening", {
