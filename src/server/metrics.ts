@@ -437,7 +437,7 @@ export function registerServiceMetrics(registry: MetricsRegistry, service: Kvedg
       emit(source.counters.malformedMessages, { kind: "malformed_message" });
       emit(source.counters.malformedReplayReplies, { kind: "malformed_replay_reply" });
       emit(source.counters.applyErrors, { kind: "apply_error" });
-      emit(source.socketCounters.sub.oversizeSkipped, { kind: "oversize_skipped" });
+      emit(source.sequencer.counters.oversize, { kind: "oversize_skipped" }); // live and replayed
       emit(source.socketCounters.sub.frameTimeouts, { kind: "frame_timeout" });
     });
   perSource("kvedge_ingest_connected", "1 while the engine's publisher is connected.", "gauge", [],
