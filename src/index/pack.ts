@@ -338,6 +338,13 @@ export class IndexPacker {
     return this.out.subarray(0, this.at);
   }
 
+  /** The packed words followed by `more` (a view; the output has room for it unless `more` is large: no copy of the words then). */
+  wordsWith(more: Uint32Array): Uint32Array {
+    this.reserve(more.length);
+    this.out.set(more, this.at);
+    return this.out.subarray(0, this.at + more.length);
+  }
+
   private begin(worker: CapturedWorker): void {
     this.order = new Uint32Array(worker.frozen.count);
     this.filled = 0;

@@ -188,10 +188,11 @@ export class PackJob {
     return this.packed;
   }
 
-  /** The packed words and the worker ids their refs name (once done). */
-  result(): { words: Uint32Array; workerIds: readonly bigint[] } {
+  /** The packed words (followed by `more`, see IndexPacker.wordsWith) and the worker ids their refs name (once done). */
+  result(more?: Uint32Array): { words: Uint32Array; workerIds: readonly bigint[] } {
     if (!this.packed) throw new Error("the pack is not complete");
-    return { words: this.packer!.words(), workerIds: this.packer!.workerIds };
+    const words = more === undefined ? this.packer!.words() : this.packer!.wordsWith(more);
+    return { words, workerIds: this.packer!.workerIds };
   }
 
   /** Stops early (a client went away): writes resume, the copy is dropped. */

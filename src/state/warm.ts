@@ -66,7 +66,8 @@ function begin(service: KvedgeCore): Taking {
 }
 
 function finish(taking: Taking, blockSize: number): Snapshot {
-  const packed = taking.job.result();
+  // The active requests go after the index's words, in the packer's output (no copy of the index).
+  const packed = taking.job.result(taking.active);
   const workerIds = [...packed.workerIds];
   const refs = new Map(workerIds.map((id, ref) => [id, ref]));
   const renumber = taking.activeIds.map((id) => {
@@ -77,11 +78,8 @@ function finish(taking: Taking, blockSize: number): Snapshot {
     }
     return ref;
   });
-  const index = packed.words;
-  const words = new Uint32Array(index.length + taking.active.length);
-  words.set(index);
-  words.set(taking.active, index.length);
-  forEachActiveRef(words, index.length, (at) => { words[at] = renumber[words[at]!]!; });
+  const words = packed.words;
+  forEachActiveRef(words, words.length - taking.active.length, (at) => { words[at] = renumber[words[at]!]!; });
   return { blockSize, createdAt: taking.createdAt, positions: taking.positions, workerIds, words };
 }
 

@@ -105,6 +105,23 @@ describe("refusals", () => {
     expect(readSnapshotFile(dir, 16)).not.toBeNull();
   });
 
+  test("the file written piece by piece is the in-memory encoding; a flipped byte in a late piece is caught", async () => {
+    // 3.2 MiB of words: four checksum pieces, the last one short.
+    const n = 200_000;
+    const words = new Uint32Array(7 + 4 * n);
+    words.set([1, 0, 0, 0, 0, 0, n]);
+    for (let i = 7; i < words.length; i++) words[i] = (i * 2654435761) >>> 0;
+    const snapshot: Snapshot = { blockSize: 1, createdAt: "x", workerIds: [1n], positions: [], words };
+    const dir = tempDir();
+    const written = await writeSnapshotFile(dir, snapshot);
+    const file = readFileSync(join(dir, SNAPSHOT_FILE));
+    expect(written).toBe(file.length);
+    expect(Buffer.from(encodeSnapshot(snapshot)).equals(file)).toBe(true);
+    expect(decodeSnapshot(file).words).toEqual(words);
+    file[file.length - 100]! ^= 1;
+    expect(() => decodeSnapshot(file)).toThrow("checksum mismatch");
+  });
+
   test("a malformed operation inside a well-checksummed file is refused before anything is applied", () => {
     const snapshot: Snapshot = { blockSize: 1, createdAt: "x", workerIds: [1n], positions: [], words: new Uint32Array([1, 0, 0, 0, 0, 0, 50]) };
     expect(() => decodeSnapshot(encodeSnapshot(snapshot))).toThrow("runs past the end");
