@@ -5,7 +5,7 @@
  * their blocks with every other worker (a common system prompt), half are its own.
  *
  * Phases, each timed alone (one process, after a forced GC):
- *   freeze       the copy of the index, all at once (the periodic write runs it in slices, writes paused)
+ *   freeze       the copy of the index, at once (the periodic write: in slices, writes paused)
  *   pack         the copy into snapshot words, all at once (the periodic write runs it in slices)
  *   write        encode the file, write, fsync, rename, directory fsync
  *   read         read the file, check size, magic, version, checksum and every operation
@@ -107,7 +107,8 @@ try {
     const turn = () => new Promise((resolve) => setImmediate(resolve));
     do await turn(); while (!job.step(SLICE_MS));
     const { words, workerIds } = job.result();
-    await writeSnapshotFile(dir, { blockSize: BLOCK_SIZE, createdAt: new Date().toISOString(), positions: [], workerIds: [...workerIds], words });
+    const createdAt = new Date().toISOString();
+    await writeSnapshotFile(dir, { blockSize: BLOCK_SIZE, createdAt, positions: [], workerIds: [...workerIds], words });
   });
   const result = {
     route_delay_ms: { idle, during_periodic_write: during },

@@ -108,12 +108,10 @@ Example:
     registerServiceMetrics(registry, service);
     registerObservedHitsMetrics(registry, service);
     if (proxy !== null) registerProxyMetrics(registry, proxy);
-    // The snapshot is loaded and every source started (catch-up begins) before the port
-    // opens: the first answer already routes on the saved index (docs/operations.md).
     const stateDir = config.state.dir;
     const stateLog = log.child({ component: "state" });
     const saved = stateDir === null ? null : loadSnapshot(service, stateDir, config.workers.map((worker) => worker.worker_id), stateLog);
-    await service.start();
+    await service.start(); // snapshot and sources before the port opens (docs/operations.md)
     if (saved !== null) restoreRequests(service, saved, stateLog);
     const app = startApp({
       host: config.server.host,

@@ -100,7 +100,7 @@ export interface CoreOptions {
 }
 
 /** Index writes held during a sliced copy before the copy is finished at once. */
-const HELD_WRITES_MAX_BYTES = 64 * 1024 * 1024;
+const HELD_WRITES_BYTES = 64 * 1024 * 1024;
 
 /** Key of a (worker, dp rank) in `restoredPositions`. */
 export const positionKey = (workerId: bigint, dpRank: number): string => `${workerId}:${dpRank}`;
@@ -148,8 +148,7 @@ export class KvedgeCore {
     this.blockSize = config.index.block_size;
     this.index = createIndex(config.index.backend, this.blockSize, { workers: this.workerTable });
     this.budget = new IndexBudget(this.index, config.index.memory_budget_bytes ?? defaultIndexBudgetBytes());
-    this.writes = new WritePause(this.index, HELD_WRITES_MAX_BYTES);
-    this.writer = this.budgetedWriter();
+    this.writer = this.budgetedWriter(this.writes = new WritePause(this.index, HELD_WRITES_BYTES));
     this.router = new Router({
       workers: this.workerTable,
       blockSize: this.blockSize,
@@ -543,8 +542,7 @@ export class KvedgeCore {
    * refused store leaves the worker holding more than the index says (degraded) until
    * its cache is cleared. Removals and clears always go through.
    */
-  private budgetedWriter(): KvEventWriter {
-    const writes = this.writes;
+  private budgetedWriter(writes: WritePause): KvEventWriter {
     const budget = this.budget;
     return {
       workerTable: this.workerTable,

@@ -53,7 +53,8 @@ export interface FrozenWorker {
    * `from + budget` of the worker's storage (crtc: its lookup table's slots); returns
    * the next unit, or -1 once every unit was read.
    */
-  readHeld(from: number, budget: number, visit: (extHi: number, extLo: number, key: number) => void): number;
+  readHeld(from: number, budget: number, visit: (extHi: number, extLo: number, key: number) => void)
+    : number;
 }
 
 /**
@@ -92,7 +93,9 @@ export class SlicedCopy {
   private array = 0;
   private at = 0;
 
-  constructor(private readonly sources: readonly Uint32Array[], private readonly lengths: readonly number[]) {
+  constructor(
+    private readonly sources: readonly Uint32Array[], private readonly lengths: readonly number[],
+  ) {
     // Zeroed pages come from the system lazily: allocating is cheap, the copy is the work.
     this.copies = lengths.map((length) => new Uint32Array(length));
   }
@@ -153,7 +156,7 @@ class Capture {
   readonly parentOf: Int32Array;
   readonly hiOf: Uint32Array;
   readonly loOf: Uint32Array;
-  /** First child of each key plus one, `firstChild[limit]` the root's; 0 = none (no fill needed). */
+  /** First child of each key plus one, `firstChild[limit]` the root's; 0 = none (no fill). */
   readonly firstChild: Uint32Array;
   /** Next sibling plus one; 0 = none. */
   readonly nextSibling: Uint32Array;
@@ -219,7 +222,9 @@ class Preorder {
     this.rank = new Uint32Array(limit);
     this.keyAtRank = new Uint32Array(limit);
     this.stack = new Int32Array(limit);
-    for (let child = firstChild[limit]!; child !== 0; child = nextSibling[child - 1]!) this.stack[this.top++] = child - 1;
+    for (let child = firstChild[limit]!; child !== 0; child = nextSibling[child - 1]!) {
+      this.stack[this.top++] = child - 1;
+    }
   }
 
   /** Ranks about `budget` keys; true when done. */
@@ -229,7 +234,9 @@ class Preorder {
       const key = stack[--this.top]!;
       keyAtRank[this.next] = key;
       rank[key] = this.next++;
-      for (let child = firstChild[key]!; child !== 0; child = nextSibling[child - 1]!) stack[this.top++] = child - 1;
+      for (let child = firstChild[key]!; child !== 0; child = nextSibling[child - 1]!) {
+        stack[this.top++] = child - 1;
+      }
     }
     return this.top === 0;
   }
@@ -338,7 +345,7 @@ export class IndexPacker {
     return this.out.subarray(0, this.at);
   }
 
-  /** The packed words followed by `more` (a view; the output has room for it unless `more` is large: no copy of the words then). */
+  /** The packed words followed by `more`, as a view (the output usually has room: no copy). */
   wordsWith(more: Uint32Array): Uint32Array {
     this.reserve(more.length);
     this.out.set(more, this.at);
@@ -355,11 +362,12 @@ export class IndexPacker {
     this.placeholders = null;
   }
 
-  /** Reads about `budget` units of the worker's held blocks: marks each, puts its rank in the order; returns the units read. */
+  /** Reads about `budget` units of the worker's held blocks into the order; returns the units read. */
   private fill(worker: CapturedWorker, budget: number): number {
     const from = this.cursor;
     this.cursor = worker.frozen.readHeld(from, budget, this.fillOne);
-    if (this.cursor < 0 && this.filled < this.order!.length) this.order = this.order!.subarray(0, this.filled);
+    const order = this.order!;
+    if (this.cursor < 0 && this.filled < order.length) this.order = order.subarray(0, this.filled);
     return this.cursor < 0 ? budget : this.cursor - from;
   }
 
@@ -481,7 +489,7 @@ export class IndexPacker {
   }
 }
 
-/** Below this many values a sort is one step (a native sort of 8K values: well under a millisecond). */
+/** Below this many values a sort is one step (a native sort of 8K values: well under 1 ms). */
 const RADIX_MIN = 8192;
 const DIGIT = 1 << 16;
 

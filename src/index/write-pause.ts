@@ -134,7 +134,8 @@ export class WritePause {
         const count = log[at + 5]!;
         const external = log.subarray(at + 6, at + 6 + 2 * count);
         const local = log.subarray(at + 6 + 2 * count, at + 6 + 4 * count);
-        index.storeAt(slot, log[at + 2] === 1, log[at + 3]!, log[at + 4]!, external, local, count, 0);
+        const hasParent = log[at + 2] === 1;
+        index.storeAt(slot, hasParent, log[at + 3]!, log[at + 4]!, external, local, count, 0);
         at += 6 + 4 * count;
       } else if (kind === REMOVE) {
         const count = log[at + 2]!;
@@ -164,7 +165,10 @@ export class PackJob {
   private packer: IndexPacker | null = null;
   private packed = false;
 
-  constructor(index: KvIndex, pause: WritePause, private readonly slices = { freezeWords: FREEZE_WORDS, packBlocks: PACK_BLOCKS }) {
+  constructor(
+    index: KvIndex, pause: WritePause,
+    private readonly slices = { freezeWords: FREEZE_WORDS, packBlocks: PACK_BLOCKS },
+  ) {
     this.freezing = index.freeze();
     this.release = pause.hold(() => this.finishFreeze());
   }
@@ -188,7 +192,7 @@ export class PackJob {
     return this.packed;
   }
 
-  /** The packed words (followed by `more`, see IndexPacker.wordsWith) and the worker ids their refs name (once done). */
+  /** The packed words (then `more`: IndexPacker.wordsWith) and the ids their refs name. */
   result(more?: Uint32Array): { words: Uint32Array; workerIds: readonly bigint[] } {
     if (!this.packed) throw new Error("the pack is not complete");
     const words = more === undefined ? this.packer!.words() : this.packer!.wordsWith(more);

@@ -97,7 +97,7 @@ export class SequencerCounters {
   replaysFailed = 0;
   /** Batches skipped for an implausible sequence jump. */
   straySeqs = 0;
-  /** Messages over the size limit skipped on the wire (live or replayed); each is a gap until replayed. */
+  /** Messages over the size limit skipped on the wire (live or replayed): each a gap to replay. */
   oversize = 0;
   bufferedMax = 0;
   bufferedBytesMax = 0;
@@ -322,8 +322,9 @@ export class Sequencer {
         this.hold(this.buffer, seq, payload);
         return;
       }
-      this.lose(seq - expected, this.oversizePending ? "a batch over ingest.max_message_bytes was skipped"
-        : replayed ? "replay started after the gap" : "no replay");
+      const reason = this.oversizePending ? "a batch over ingest.max_message_bytes was skipped"
+        : replayed ? "replay started after the gap" : "no replay";
+      this.lose(seq - expected, reason);
     }
     this.applyBatch(seq, payload, replayed);
   }

@@ -79,7 +79,8 @@ function finish(taking: Taking, blockSize: number): Snapshot {
     return ref;
   });
   const words = packed.words;
-  forEachActiveRef(words, words.length - taking.active.length, (at) => { words[at] = renumber[words[at]!]!; });
+  const from = words.length - taking.active.length;
+  forEachActiveRef(words, from, (at) => { words[at] = renumber[words[at]!]!; });
   return { blockSize, createdAt: taking.createdAt, positions: taking.positions, workerIds, words };
 }
 
@@ -90,11 +91,11 @@ export function takeSnapshot(service: KvedgeCore): Snapshot {
   return finish(taking, service.blockSize);
 }
 
-/** The same snapshot as `takeSnapshot`, copied and packed in slices that yield to the event loop in between. */
-export async function takeSnapshotSliced(service: KvedgeCore, sliceMs = SLICE_MS): Promise<Snapshot> {
+/** The same snapshot as `takeSnapshot`, copied and packed in slices with turns between them. */
+export async function takeSnapshotSliced(service: KvedgeCore, ms = SLICE_MS): Promise<Snapshot> {
   const taking = begin(service);
   const turn = () => new Promise((resolve) => setImmediate(resolve));
-  do await turn(); while (!taking.job.step(sliceMs));
+  do await turn(); while (!taking.job.step(ms));
   return finish(taking, service.blockSize);
 }
 

@@ -13,12 +13,15 @@ test("u64 decimal digits written from (hi, lo) words equal BigInt's", () => {
   const out = new Uint8Array(32);
   let state = 12345;
   const word = () => (state = (Math.imul(state, 1103515245) + 12345) >>> 0);
-  const edges: [number, number][] = [[0, 0], [0, 1], [0, 0xffff_ffff], [0x1f_ffff, 0xffff_ffff], [0x20_0000, 0],
-    [0xffff_ffff, 0xffff_ffff], [0xf423f, 0xffff_ffff], [0x3b9a_c9ff, 0x2710], [1_000_000, 999_999]];
+  const edges: [number, number][] = [
+    [0, 0], [0, 1], [0, 0xffff_ffff], [0x1f_ffff, 0xffff_ffff], [0x20_0000, 0],
+    [0xffff_ffff, 0xffff_ffff], [0xf423f, 0xffff_ffff], [0x3b9a_c9ff, 0x2710], [1_000_000, 999_999],
+  ];
   for (let i = 0; i < 5000; i++) edges.push([word() >>> (i % 32), word()]);
   for (const [hi, lo] of edges) {
     const end = writeU64(out, 0, hi, lo);
-    expect(new TextDecoder().decode(out.subarray(0, end))).toBe(((BigInt(hi) << 32n) | BigInt(lo)).toString());
+    const text = new TextDecoder().decode(out.subarray(0, end));
+    expect(text).toBe(((BigInt(hi) << 32n) | BigInt(lo)).toString());
   }
 });
 
@@ -34,7 +37,7 @@ function textOf(index: KvIndex, sliceBytes: number): { text: string; slices: num
   return { text, slices };
 }
 
-test("the text is dump()'s JSON: a 5,000-block chain in 4096-block events, a hole, big hashes; it restores", () => {
+test("the text is dump()'s JSON: a 5,000-block chain cut at 4096, a hole, big hashes", () => {
   const index = createIndex("crtc", 4);
   const oracle = new ReferenceIndex(4);
   const n = 5000;
@@ -51,7 +54,8 @@ test("the text is dump()'s JSON: a 5,000-block chain in 4096-block events, a hol
   }
   const events = index.dump();
   const chains = events.filter((e) => e.op === "stored" && e.worker_id === "18446744073709551615");
-  expect(chains.map((e) => (e.op === "stored" ? e.block_hashes.length : 0))).toEqual([DUMP_CHAIN_BLOCKS_MAX, n - DUMP_CHAIN_BLOCKS_MAX]);
+  const lengths = chains.map((e) => (e.op === "stored" ? e.block_hashes.length : 0));
+  expect(lengths).toEqual([DUMP_CHAIN_BLOCKS_MAX, n - DUMP_CHAIN_BLOCKS_MAX]);
   const { text, slices } = textOf(index, 4096);
   expect(slices).toBeGreaterThan(2); // whole events per slice: the two long ones each end one
   expect(text).toBe(events.map((e) => `${JSON.stringify(e)}\n`).join(""));

@@ -20,7 +20,7 @@ afterEach(async () => {
 const until = (condition: () => boolean, what: string, timeoutMs = 10_000) =>
   eventually(() => condition() || undefined, timeoutMs, what);
 
-test("an oversize batch (its replay oversize too) is skipped without dropping the connection; lost, degraded until a clear", async () => {
+test("an oversize batch, its replay too: skipped, connection kept; lost, degraded until a clear", async () => {
   const engine = await new TestEngine({ replay: true }).start();
   cleanups.push(() => engine.stop());
   const index = createIndex("crtc", BS);
@@ -51,8 +51,8 @@ test("an oversize batch (its replay oversize too) is skipped without dropping th
   expect(source.degraded).toBe(true);
   // The live copy and the replayed one were both skipped; the loss is put down to the size.
   expect(source.sequencer.counters.oversize).toBe(2);
-  expect(source.sequencer.counters.replaysCompleted).toBe(2); // the connect probe and the gap's replay
-  const losses = log.records.filter((record) => record.message === "loss").map((record) => record.fields.reason);
+  expect(source.sequencer.counters.replaysCompleted).toBe(2); // the connect probe, the gap's replay
+  const losses = log.records.filter((r) => r.message === "loss").map((r) => r.fields.reason);
   expect(losses).toEqual(["a batch over ingest.max_message_bytes was skipped"]);
 
   // Later batches apply, the worker stays degraded: the skipped batch's blocks are unknown.

@@ -105,13 +105,15 @@ describe("refusals", () => {
     expect(readSnapshotFile(dir, 16)).not.toBeNull();
   });
 
-  test("the file written piece by piece is the in-memory encoding; a flipped byte in a late piece is caught", async () => {
+  test("the file written in pieces is the in-memory encoding; a late flip is caught", async () => {
     // 3.2 MiB of words: four checksum pieces, the last one short.
     const n = 200_000;
     const words = new Uint32Array(7 + 4 * n);
     words.set([1, 0, 0, 0, 0, 0, n]);
     for (let i = 7; i < words.length; i++) words[i] = (i * 2654435761) >>> 0;
-    const snapshot: Snapshot = { blockSize: 1, createdAt: "x", workerIds: [1n], positions: [], words };
+    const snapshot: Snapshot = { blockSize: 1, createdAt: "x", workerIds: [1n], 
+      positions: [], words,
+    };
     const dir = tempDir();
     const written = await writeSnapshotFile(dir, snapshot);
     const file = readFileSync(join(dir, SNAPSHOT_FILE));

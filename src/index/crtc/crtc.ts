@@ -140,15 +140,15 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
     return status;
   }
 
-  /** A copy of the node and block arrays and the lookups, in slices: the packer links blocks from it in slices of nodes. */
+  /** A copy of the node and block arrays and the lookups, in slices (the packer reads it by nodes). */
   freeze(): FreezeJob {
     const nodes = this.tree.nodes;
     const top = nodes.highWater;
     const blocks = this.tree.blocks;
     const lookups = this.slots.presentLookups();
     const copy = new SlicedCopy(
-      [nodes.parent, nodes.start, nodes.len, blocks.hi, blocks.lo, ...lookups.map((entry) => entry.table)],
-      [top, top, top, blocks.hi.length, blocks.lo.length, ...lookups.map((entry) => entry.table.length)],
+      [nodes.parent, nodes.start, nodes.len, blocks.hi, blocks.lo, ...lookups.map((e) => e.table)],
+      [top, top, top, blocks.hi.length, blocks.lo.length, ...lookups.map((e) => e.table.length)],
     );
     let frozen: FrozenIndex | null = null;
     return {
@@ -158,8 +158,10 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
   }
 }
 
-/** The FrozenIndex over crtc's copied arrays (parent, start, len, hi, lo, then one lookup table per entry). */
-function frozenTree(top: number, copies: readonly Uint32Array[], lookups: readonly PresentLookup[]): FrozenIndex {
+/** The FrozenIndex over crtc's copied arrays (parent, start, len, hi, lo, then one lookup each). */
+function frozenTree(
+  top: number, copies: readonly Uint32Array[], lookups: readonly PresentLookup[],
+): FrozenIndex {
   const [parent, start, len, hi, lo] = copies as [Uint32Array, Uint32Array, Uint32Array, Uint32Array, Uint32Array];
   return {
     blockKeyLimit: hi.length,
@@ -187,7 +189,9 @@ function frozenTree(top: number, copies: readonly Uint32Array[], lookups: readon
         workerId, dpRank, count,
         readHeld(from, budget, visit) {
           const to = Math.min(slots, from + budget);
-          for (let at = 3 * from; at < 3 * to; at += 3) if (table[at + 2] !== 0) visit(table[at]!, table[at + 1]!, table[at + 2]!);
+          for (let at = 3 * from; at < 3 * to; at += 3) {
+            if (table[at + 2] !== 0) visit(table[at]!, table[at + 1]!, table[at + 2]!);
+          }
           return to === slots ? -1 : to;
         },
       };

@@ -55,7 +55,7 @@ export abstract class ZmtpSocket implements ConnectionHost {
   readonly readyFrame: Uint8Array;
   /** Peer lifecycle: connected (handshake done), disconnected, handshake_failed. */
   onPeer: PeerListener = () => {};
-  /** A message over maxMessageBytes was read past (its content, sequence number included, is unknown). */
+  /** A message over maxMessageBytes was read past (its content, seq included, is unknown). */
   onSkipped: (bytes: number) => void = () => {};
 
   protected readonly log: Logger;
