@@ -364,6 +364,11 @@ export function registerServiceMetrics(registry: MetricsRegistry, service: Kvedg
     emit(service.budget.refusedEvents, { what: "events" });
     emit(service.budget.refusedBlocks, { what: "blocks" });
   });
+  counter("kvedge_index_held_writes_total", "Index writes held while a dump or snapshot copied the index, "
+    + "and copies finished at once (a worker removed, or the held writes' bound).", ["what"], (emit) => {
+    emit(service.writes.counters.held, { what: "writes" });
+    emit(service.writes.counters.settled, { what: "settled" });
+  });
   gauge("kvedge_worker_blocks", "Blocks the index says the worker holds.", ["worker_id", "dp_rank"], (emit) => {
     for (const info of index.workers()) emit(info.blocks, { worker_id: info.workerId.toString(), dp_rank: String(info.dpRank) });
   });
