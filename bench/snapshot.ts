@@ -104,8 +104,7 @@ try {
   const idle = await routeDelays(async () => { await Bun.sleep(1000); });
   const during = await routeDelays(async () => {
     const job = new PackJob(index, new WritePause(index, 64 << 20));
-    const turn = () => new Promise((resolve) => setImmediate(resolve));
-    do await turn(); while (!job.step(SLICE_MS));
+    await job.run(SLICE_MS);
     const { words, workerIds } = job.result();
     const createdAt = new Date().toISOString();
     await writeSnapshotFile(dir, { blockSize: BLOCK_SIZE, createdAt, positions: [], workerIds: [...workerIds], words });

@@ -10,14 +10,13 @@
  */
 import { DumpText } from "../index/dump";
 import type { KvIndex } from "../index";
-import { PackJob, type WritePause } from "../index/write-pause";
+import { PackJob, type WritePause, yieldTurn } from "../index/write-pause";
 import { HttpError } from "./http";
 
 /** A slice ends at this much text, or after this much time. */
 export const DUMP_SLICE_BYTES = 64 * 1024;
 const DUMP_SLICE_MS = 1;
 
-const nextTurn = (): Promise<void> => new Promise((resolve) => setTimeout(resolve, 0));
 
 export class DumpWriter {
   private running = false;
@@ -33,14 +32,12 @@ export class DumpWriter {
       job.cancel();
     };
     const stream = new ReadableStream<Uint8Array>({
-      // A stream's pull must enqueue or end: slices without text (copy, pack) repeat.
+      // A stream's pull must enqueue or end: the copy and the pack run first, in slices.
       pull: async (controller) => {
+        await job.run(DUMP_SLICE_MS);
+        if (!job.done) return; // cancelled: the client went away
         for (;;) {
-          await nextTurn();
-          if (!job.done) {
-            job.step(DUMP_SLICE_MS);
-            continue;
-          }
+          await yieldTurn();
           if (text === null) {
             const { words, workerIds } = job.result();
             text = new DumpText(words, workerIds, index.blockSize, DUMP_SLICE_BYTES);

@@ -94,8 +94,7 @@ export function takeSnapshot(service: KvedgeCore): Snapshot {
 /** The same snapshot as `takeSnapshot`, copied and packed in slices with turns between them. */
 export async function takeSnapshotSliced(service: KvedgeCore, ms = SLICE_MS): Promise<Snapshot> {
   const taking = begin(service);
-  const turn = () => new Promise((resolve) => setImmediate(resolve));
-  do await turn(); while (!taking.job.step(ms));
+  await taking.job.run(ms);
   return finish(taking, service.blockSize);
 }
 
