@@ -270,6 +270,9 @@ export class IndexPacker {
   private rank: Uint32Array = new Uint32Array(0);
   private keyAtRank: Uint32Array = new Uint32Array(0);
   private ranked = false;
+  /** The arrays written at random keys, first touched in slices (page faults) before they are used. */
+  private touching: PageToucher | null = null;
+  private touched = false;
 
   constructor(private readonly frozen: FrozenIndex) {}
 
@@ -295,6 +298,11 @@ export class IndexPacker {
     if (this.preorder === null) {
       this.allocate();
       this.preorder = new Preorder(this.capture.firstChild, this.capture.nextSibling);
+      this.touching = new PageToucher([this.preorder.rank, this.heldStamp, this.extHi, this.extLo]);
+      return false;
+    }
+    if (!this.touched) {
+      this.touched = this.touching!.step(64 * budget);
       return false;
     }
     if (!this.ranked) {
@@ -486,6 +494,33 @@ export class IndexPacker {
   private placeholder(): [number, number] {
     this.placeholders ??= new Placeholders(this.order!, this.keyAtRank, this.extHi, this.extLo);
     return this.placeholders.next();
+  }
+}
+
+/**
+ * Writes every page of fresh arrays, a slice of words at a time. The arrays that are
+ * then written at random keys would otherwise take their page faults (a few µs each)
+ * thousands at a time in one step (40 ms for 16K keys at 10M pairs).
+ */
+class PageToucher {
+  private array = 0;
+  private at = 0;
+
+  constructor(private readonly arrays: readonly Uint32Array[]) {}
+
+  step(words: number): boolean {
+    for (let budget = Math.max(1, words); budget > 0 && this.array < this.arrays.length;) {
+      const array = this.arrays[this.array]!;
+      const end = Math.min(array.length, this.at + budget);
+      array.fill(0, this.at, end);
+      budget -= end - this.at;
+      this.at = end;
+      if (end === array.length) {
+        this.array++;
+        this.at = 0;
+      }
+    }
+    return this.array === this.arrays.length;
   }
 }
 
