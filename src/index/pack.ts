@@ -270,7 +270,7 @@ export class IndexPacker {
   private rank: Uint32Array = new Uint32Array(0);
   private keyAtRank: Uint32Array = new Uint32Array(0);
   private ranked = false;
-  /** The arrays written at random keys, first touched in slices (page faults) before they are used. */
+  /** Arrays written at random keys, first touched in slices (page faults) before use. */
   private touching: PageToucher | null = null;
   private touched = false;
 
