@@ -11,7 +11,7 @@
 import { DumpText } from "../index/dump";
 import type { KvIndex } from "../index";
 import { PackJob, type WritePause, yieldTurn } from "../index/write-pause";
-import { HttpError } from "./http";
+import { HttpError } from "../http/http";
 
 /** A slice ends at this much text, or after this much time. */
 export const DUMP_SLICE_BYTES = 64 * 1024;
