@@ -195,6 +195,8 @@ function merge(
   return {
     accepted, started, finished, service, lastAccepted, lastFinished, completed,
     busyWriteNs: writer.busyWriteNs, cpuS, writerCpuS: writer.writerCpuS,
-    lanes: lanes.map((lane) => ({ cpuS: lane.cpuS, queries: lane.accepted.length, stats: lane.stats })),
+    lanes: lanes.map((lane) => ({
+      cpuS: lane.cpuS, queries: lane.accepted.length, stats: lane.stats,
+    })),
   };
 }
