@@ -330,6 +330,8 @@ function summarize(corpus: Corpus, run: Run, traceSha: string, prepS: number) {
       service: distribution(select(corpus, OP_QUERY, (i) => run.service[i]!)),
       queue_wait: distribution(select(corpus, OP_QUERY, (i) => run.started[i]! - run.accepted[i]!)),
       sched_to_finish: distribution(select(corpus, OP_QUERY, (i) => run.finished[i]! - corpus.deadline[i]!)),
+      // Started -> finished minus the lookup: hashing the prompt (and the clock reads).
+      hash: distribution(select(corpus, OP_QUERY, (i) => run.finished[i]! - run.started[i]! - run.service[i]!)),
     },
     update: {
       accepted_to_finished: distribution(select(corpus, OP_BATCH, (i) => run.finished[i]! - run.accepted[i]!)),
