@@ -5,48 +5,16 @@
  * every query whose deadline passed, serve them in order): the prompt hashed
  * (PromptHasher), then `findMatches` on the shared index (timed as the service).
  * Times are ns from the run's origin on this thread's clock; the main thread gives the
- * origin in its clock and the two clocks' offset (their time origins).
+ * origin in its clock and the two clocks' offset (their time origins). Imported by
+ * nothing: it is a Worker's entry (its message handler would keep a main thread alive).
  */
-import {
-  attach, type SharedIndexDescriptor, type SharedIndexReader,
-} from "../src/index/crtc/shared";
+import { attach, type SharedIndexReader } from "../src/index/crtc/shared";
 import { DEFAULT_SEED } from "../src/hash";
 import { MatchResult } from "../src/index/types";
 import { PromptHasher } from "../src/route";
+import { type LaneResult, type LaneStart, pinThisThread, threadCpuS } from "./indexer-replay-lanes";
 
 declare const self: Worker;
-
-export interface LaneQueries {
-  /** Every query's tokens, back to back; query q is tokens[offsets[q], offsets[q + 1]). */
-  readonly tokens: Uint32Array;
-  readonly offsets: Uint32Array;
-  /** ns from the origin, ascending. */
-  readonly deadlines: Float64Array;
-}
-
-export interface LaneStart {
-  readonly lane: number;
-  readonly blockSize: number;
-  readonly spinNs: number;
-  readonly maxNs: number;
-  readonly warmLookups: number;
-  readonly warm: SharedIndexDescriptor;
-  readonly index: SharedIndexDescriptor;
-  readonly queries: LaneQueries;
-  /** Pin this thread to this CPU (taskset), or -1. */
-  readonly cpu: number;
-}
-
-export interface LaneResult {
-  readonly lane: number;
-  readonly accepted: Float64Array;
-  readonly started: Float64Array;
-  readonly finished: Float64Array;
-  readonly service: Float64Array;
-  readonly completed: number;
-  readonly cpuS: number;
-  readonly stats: Record<string, number>;
-}
 
 let go: (origin: number) => void = () => {};
 const started = new Promise<number>((resolve) => (go = resolve));
@@ -59,21 +27,6 @@ self.onmessage = (event: MessageEvent) => {
     go(message.origin - (performance.timeOrigin - message.mainTimeOrigin!) * 1e6);
   }
 };
-
-/** CPU seconds of this thread (user + system), from /proc (clock ticks of 10 ms). */
-export function threadCpuS(): number {
-  const stat = require("node:fs").readFileSync("/proc/thread-self/stat", "utf8") as string;
-  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-  return (Number(fields[11]) + Number(fields[12])) / 100;
-}
-
-/** Pins the calling thread (Linux: its tid from /proc/thread-self). */
-export function pinThisThread(cpu: number): void {
-  const tid = require("node:fs").readlinkSync("/proc/thread-self").split("/").at(-1)!;
-  const command = ["taskset", "-pc", String(cpu), tid];
-  const result = Bun.spawnSync(command, { stdout: "ignore", stderr: "pipe" });
-  if (result.exitCode !== 0) throw new Error(`${command.join(" ")}: ${result.stderr.toString()}`);
-}
 
 function prepare(start: LaneStart): void {
   if (start.cpu >= 0) pinThisThread(start.cpu);

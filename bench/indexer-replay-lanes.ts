@@ -6,9 +6,57 @@
  * waiting for the writer. Same clock and the same per-op stamps as the one-thread
  * replay, so the report is the same JSON.
  */
+import { readFileSync, readlinkSync } from "node:fs";
 import type { SharedIndexDescriptor } from "../src/index/crtc/shared";
 import { OP_QUERY, type Corpus } from "./indexer-replay-corpus";
-import { type LaneResult, type LaneStart, pinThisThread, threadCpuS } from "./indexer-replay-lane";
+
+export interface LaneQueries {
+  /** Every query's tokens, back to back; query q is tokens[offsets[q], offsets[q + 1]). */
+  readonly tokens: Uint32Array;
+  readonly offsets: Uint32Array;
+  /** ns from the origin, ascending. */
+  readonly deadlines: Float64Array;
+}
+
+export interface LaneStart {
+  readonly lane: number;
+  readonly blockSize: number;
+  readonly spinNs: number;
+  readonly maxNs: number;
+  readonly warmLookups: number;
+  readonly warm: SharedIndexDescriptor;
+  readonly index: SharedIndexDescriptor;
+  readonly queries: LaneQueries;
+  /** Pin this thread to this CPU (taskset), or -1. */
+  readonly cpu: number;
+}
+
+export interface LaneResult {
+  readonly lane: number;
+  readonly accepted: Float64Array;
+  readonly started: Float64Array;
+  readonly finished: Float64Array;
+  readonly service: Float64Array;
+  readonly completed: number;
+  readonly cpuS: number;
+  readonly stats: Record<string, number>;
+}
+
+/** CPU seconds of this thread (user + system), from /proc (clock ticks of 10 ms). */
+export function threadCpuS(): number {
+  const stat = readFileSync("/proc/thread-self/stat", "utf8");
+  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  return (Number(fields[11]) + Number(fields[12])) / 100;
+}
+
+/** Pins the calling thread (Linux: its tid from /proc/thread-self). */
+export function pinThisThread(cpu: number): void {
+  const tid = readlinkSync("/proc/thread-self").split("/").at(-1)!;
+  const command = ["taskset", "-pc", String(cpu), tid];
+  const result = Bun.spawnSync(command, { stdout: "ignore", stderr: "pipe" });
+  if (result.exitCode !== 0) throw new Error(`${command.join(" ")}: ${result.stderr.toString()}`);
+}
+
 
 export interface LanesOptions {
   readonly lanes: number;

@@ -277,6 +277,10 @@ function distribution(values: Float64Array): Distribution {
   return { p50_ns: at(0.5), p99_ns: at(0.99), p999_ns: at(0.999), max_ns: sorted.length === 0 ? 0 : Math.round(sorted[sorted.length - 1]!) };
 }
 
+function hashNs(run: Run, i: number): number {
+  return run.finished[i]! - run.started[i]! - run.service[i]!;
+}
+
 function select(corpus: Corpus, wanted: number, value: (i: number) => number): Float64Array {
   const out: number[] = [];
   for (let i = 0; i < corpus.count; i++) if ((corpus.kind[i] === OP_QUERY) === (wanted === OP_QUERY)) out.push(value(i));
@@ -331,7 +335,7 @@ function summarize(corpus: Corpus, run: Run, traceSha: string, prepS: number) {
       queue_wait: distribution(select(corpus, OP_QUERY, (i) => run.started[i]! - run.accepted[i]!)),
       sched_to_finish: distribution(select(corpus, OP_QUERY, (i) => run.finished[i]! - corpus.deadline[i]!)),
       // Started -> finished minus the lookup: hashing the prompt (and the clock reads).
-      hash: distribution(select(corpus, OP_QUERY, (i) => run.finished[i]! - run.started[i]! - run.service[i]!)),
+      hash: distribution(select(corpus, OP_QUERY, (i) => hashNs(run, i))),
     },
     update: {
       accepted_to_finished: distribution(select(corpus, OP_BATCH, (i) => run.finished[i]! - run.accepted[i]!)),
