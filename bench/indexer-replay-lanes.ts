@@ -88,6 +88,12 @@ export interface LanesRun {
   /** CPU seconds of the writer thread alone (10 ms ticks). */
   readonly writerCpuS: number;
   readonly lanes: LaneSummary[];
+  /**
+   * Per query (NaN for batches): scheduled -> finished if each lane had a core of its
+   * own: the lane's queue replayed on its measured per-query costs (hash + lookup,
+   * started -> finished) and the deadlines, with no time off the CPU between queries.
+   */
+  readonly ownCoreSchedToFinish: Float64Array;
 }
 
 /** Splits the corpus's queries over the lanes: round-robin in deadline order. */
@@ -240,8 +246,17 @@ function merge(
   }
   let lastFinished = 0;
   for (let i = 0; i < corpus.count; i++) lastFinished = Math.max(lastFinished, finished[i]!);
+  const ownCoreSchedToFinish = new Float64Array(corpus.count).fill(NaN);
+  for (const lane of lanes) {
+    let free = 0;
+    ops[lane.lane]!.forEach((i, k) => {
+      free = Math.max(free, corpus.deadline[i]!) + lane.finished[k]! - lane.started[k]!;
+      ownCoreSchedToFinish[i] = free - corpus.deadline[i]!;
+    });
+  }
   return {
     accepted, started, finished, service, lastAccepted, lastFinished, completed,
+    ownCoreSchedToFinish,
     busyWriteNs: writer.busyWriteNs, cpuS, writerCpuS: writer.writerCpuS,
     lanes: lanes.map((lane) => ({
       cpuS: lane.cpuS, queries: lane.accepted.length, stats: lane.stats,

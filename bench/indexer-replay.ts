@@ -188,7 +188,11 @@ async function replayOnLanes(corpus: Corpus): Promise<Run> {
     maxNs: config.windowMs * 1e6 + config.maxDrainS * 1e9,
     warmLookups: Math.min(config.warmupOps, 5000), pin: config.pinThreads,
   });
-  const threads = { writer_cpu_s: lanes.writerCpuS, lanes: lanes.lanes, writer: { ...shared.counters } };
+  const modeled = lanes.ownCoreSchedToFinish.filter((ns) => !Number.isNaN(ns));
+  const threads = {
+    writer_cpu_s: lanes.writerCpuS, lanes: lanes.lanes, writer: { ...shared.counters },
+    own_core_sched_to_finish: distribution(modeled),
+  };
   return { ...lanes, pipeline, threads };
 }
 
