@@ -45,8 +45,8 @@ if (memory === "shared") {
 }
 const buildCpu = process.cpuUsage();
 for (const event of workload.events) {
-  const { worker, hasParent, parentHi, parentLo, count } = event;
-  index.applyStored(BigInt(worker), 0, hasParent, parentHi, parentLo, event.external, event.local, count);
+  const { worker, hasParent, parentHi, parentLo, external: ext, local: loc, count } = event;
+  index.applyStored(BigInt(worker), 0, hasParent, parentHi, parentLo, ext, loc, count);
 }
 const buildNs = cpuNs(buildCpu) / workload.pairs;
 Bun.gc(true);
