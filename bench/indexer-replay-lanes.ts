@@ -90,8 +90,9 @@ export interface LanesRun {
   readonly lanes: LaneSummary[];
   /**
    * Per query (NaN for batches): scheduled -> finished if each lane had a core of its
-   * own: the lane's queue replayed on its measured per-query costs (hash + lookup,
-   * started -> finished) and the deadlines, with no time off the CPU between queries.
+   * own: the lane's queue replayed on the deadlines with its measured per-query costs
+   * (hash + lookup, started -> finished) clipped at their p90, which drops the time a
+   * shared host held the thread off the CPU mid-query (the p90 itself still has some).
    */
   readonly ownCoreSchedToFinish: Float64Array;
 }
@@ -248,9 +249,11 @@ function merge(
   for (let i = 0; i < corpus.count; i++) lastFinished = Math.max(lastFinished, finished[i]!);
   const ownCoreSchedToFinish = new Float64Array(corpus.count).fill(NaN);
   for (const lane of lanes) {
+    const costs = lane.finished.map((end, k) => end - lane.started[k]!);
+    const cap = costs.slice().sort()[Math.floor(0.9 * (costs.length - 1))] ?? 0;
     let free = 0;
     ops[lane.lane]!.forEach((i, k) => {
-      free = Math.max(free, corpus.deadline[i]!) + lane.finished[k]! - lane.started[k]!;
+      free = Math.max(free, corpus.deadline[i]!) + Math.min(costs[k]!, cap);
       ownCoreSchedToFinish[i] = free - corpus.deadline[i]!;
     });
   }
