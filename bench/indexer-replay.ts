@@ -188,10 +188,11 @@ async function replayOnLanes(corpus: Corpus): Promise<Run> {
     maxNs: config.windowMs * 1e6 + config.maxDrainS * 1e9,
     warmLookups: Math.min(config.warmupOps, 5000), pin: config.pinThreads,
   });
-  const modeled = lanes.ownCoreSchedToFinish.filter((ns) => !Number.isNaN(ns));
+  const modeled = (ns: Float64Array) => distribution(ns.filter((value) => !Number.isNaN(value)));
   const threads = {
     writer_cpu_s: lanes.writerCpuS, lanes: lanes.lanes, writer: { ...shared.counters },
-    own_core_sched_to_finish: distribution(modeled),
+    own_core_sched_to_finish: modeled(lanes.ownCoreSchedToFinish),
+    own_core_lookup_only_sched_to_finish: modeled(lanes.ownCoreLookupOnly),
   };
   return { ...lanes, pipeline, threads };
 }
