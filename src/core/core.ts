@@ -12,6 +12,7 @@ import { blockSeed } from "../hash";
 import type { KvIndex } from "../index";
 import { createIndex, MatchResult } from "../index";
 import { defaultIndexBudgetBytes, IndexBudget } from "../index/budget";
+import { WritePause } from "../index/write-pause";
 import type { KvEventWriter } from "../ingest/normalize";
 import { EngineSource, type SourceState } from "../ingest/source";
 import { CandidateList, PromptHasher, type RouteDecision, Router } from "../route";
@@ -98,6 +99,9 @@ export interface CoreOptions {
   readonly random?: () => number;
 }
 
+/** Index writes held during a sliced copy before the copy is finished at once. */
+const HELD_WRITES_BYTES = 64 * 1024 * 1024;
+
 /** Key of a (worker, dp rank) in `restoredPositions`. */
 export const positionKey = (workerId: bigint, dpRank: number): string => `${workerId}:${dpRank}`;
 
@@ -110,6 +114,8 @@ export class KvedgeCore {
   readonly budget: IndexBudget;
   /** Slots with stores refused at the budget: degraded until their worker's cache is cleared. */
   private readonly incomplete = new Set<number>();
+  /** Index writes, held while the index is copied in slices (GET /v1/dump, snapshots). */
+  readonly writes: WritePause;
   /** What sources write to: the index, behind the memory budget. */
   private readonly writer: KvEventWriter;
   /** Every source, configured or added. */
@@ -144,7 +150,7 @@ export class KvedgeCore {
     this.blockSize = config.index.block_size;
     this.index = createIndex(config.index.backend, this.blockSize, { workers: this.workerTable });
     this.budget = new IndexBudget(this.index, config.index.memory_budget_bytes ?? defaultIndexBudgetBytes());
-    this.writer = this.budgetedWriter();
+    this.writer = this.budgetedWriter(this.writes = new WritePause(this.index, HELD_WRITES_BYTES));
     this.router = new Router({
       workers: this.workerTable,
       blockSize: this.blockSize,
@@ -447,6 +453,7 @@ export class KvedgeCore {
     await Promise.all(stopping);
     const slots = this.workerTable.slotsOf(workerId);
     // The index lets go of the slots first: a slot is freed only once nothing names it.
+    this.writes.settle(); // a change that does not wait for a copy in progress
     this.index.removeWorker(workerId);
     for (const slot of slots) {
       this.ownSource[slot] = undefined;
@@ -559,19 +566,18 @@ export class KvedgeCore {
    * refused store leaves the worker holding more than the index says (degraded) until
    * its cache is cleared. Removals and clears always go through.
    */
-  private budgetedWriter(): KvEventWriter {
-    const index = this.index;
+  private budgetedWriter(writes: WritePause): KvEventWriter {
     const budget = this.budget;
     return {
       workerTable: this.workerTable,
       storeAt: (slot, hasParent, parentHi, parentLo, external, local, count, first) => {
         // A slot of -1 (the table is full) is the index's to refuse and count.
-        if (slot < 0 || budget.admits()) index.storeAt(slot, hasParent, parentHi, parentLo, external, local, count, first);
+        if (slot < 0 || budget.admits()) writes.storeAt(slot, hasParent, parentHi, parentLo, external, local, count, first);
         else this.refuseStore(slot, count);
       },
-      removeAt: (slot, external, count, first) => index.removeAt(slot, external, count, first),
+      removeAt: (slot, external, count, first) => writes.removeAt(slot, external, count, first),
       clearAt: (slot) => {
-        index.clearAt(slot);
+        writes.clearAt(slot);
         // Holding nothing is known exactly: refused stores no longer matter.
         if (this.incomplete.delete(slot)) this.refreshDegraded(slot);
       },

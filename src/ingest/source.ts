@@ -112,6 +112,7 @@ export class EngineSource {
     this.sub = new SubSocket({ ...options.zmtp, logger: this.log });
     this.sub.onFrames = (frames) => this.live(frames);
     this.sub.onPeer = (event, peer) => this.peer(event, peer);
+    this.sub.onSkipped = () => this.sequencer.skipped();
   }
 
   get state(): SourceState {
@@ -225,6 +226,7 @@ export class EngineSource {
     this.dropDealer();
     const dealer = new DealerSocket({ ...this.options.zmtp, logger: this.log });
     this.dealer = dealer;
+    dealer.onSkipped = () => this.sequencer.skipped();
     dealer.onFrames = (frames) => {
       if (this.dealer === dealer) this.replayReply(frames);
     };
