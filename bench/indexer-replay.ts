@@ -27,17 +27,21 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { DEFAULT_SEED } from "../src/hash";
 import { createIndex, MatchResult, type KvIndex } from "../src/index";
+import type { CrtcIndex } from "../src/index/crtc/crtc";
+import { createSharedIndex } from "../src/index/crtc/shared";
 import { KvEventNormalizer } from "../src/ingest/normalize";
 import { Sequencer } from "../src/ingest/sequencer";
 import { PromptHasher } from "../src/route";
 import { parseTrace, transformTrace } from "../src/sim/trace";
 import { benchFlags, provenance } from "./lib";
 import { buildCorpus, OP_BATCH, OP_QUERY, type Cadence, type Corpus } from "./indexer-replay-corpus";
+import { ownCoreModel, replayLanes } from "./indexer-replay-lanes";
 
 const usage = `bun bench/indexer-replay.ts [--trace FILE] [--length-factor F] [--duplication K]
   [--workers N] [--engine-blocks B] [--block-size S] [--cadence vllm|sglang] [--prefill-chunk T]
   [--window-ms MS] [--seed N] [--requests N] [--warmup-ops N] [--quiescence-ms MS] [--spin-us US]
-  [--max-drain-s S] [--route-threads 0] [--sweep [--sweep-min-ms MS --sweep-max-ms MS --sweep-steps N]] [--json]`;
+  [--max-drain-s S] [--route-threads N [--index-budget-mb MB] [--pin-threads]]
+  [--sweep [--sweep-min-ms MS --sweep-max-ms MS --sweep-steps N]] [--json]`;
 
 const flags = benchFlags(usage, {
   trace: { type: "string" }, "length-factor": { type: "string" }, duplication: { type: "string" },
@@ -47,6 +51,7 @@ const flags = benchFlags(usage, {
   "quiescence-ms": { type: "string" }, "spin-us": { type: "string" }, "max-drain-s": { type: "string" },
   "route-threads": { type: "string" }, sweep: { type: "boolean" }, "sweep-min-ms": { type: "string" },
   "sweep-max-ms": { type: "string" }, "sweep-steps": { type: "string" }, json: { type: "boolean" },
+  "index-budget-mb": { type: "string" }, "pin-threads": { type: "boolean" },
 });
 
 function intFlag(name: string, value: string | undefined, fallback: number, min = 1): number {
@@ -60,10 +65,6 @@ function intFlag(name: string, value: string | undefined, fallback: number, min 
 }
 
 const routeThreads = intFlag("route-threads", flags["route-threads"], 0, 0);
-if (routeThreads !== 0) {
-  console.error("--route-threads: only 0 (one thread for events and lookups) is built; more threads are not built yet");
-  process.exit(2);
-}
 const blockSize = intFlag("block-size", flags["block-size"], 16);
 const cadenceFlag = flags.cadence ?? (blockSize === 1 ? "sglang" : "vllm");
 if (cadenceFlag !== "vllm" && cadenceFlag !== "sglang") {
@@ -88,6 +89,9 @@ const config = {
   spinUs: intFlag("spin-us", flags["spin-us"], 100, 0),
   maxDrainS: intFlag("max-drain-s", flags["max-drain-s"], 300),
   routeThreads,
+  // --route-threads N: the shared index's budget (regions reserved, touched as used), pinning.
+  indexBudgetMb: intFlag("index-budget-mb", flags["index-budget-mb"], 4096),
+  pinThreads: flags["pin-threads"] === true,
 };
 
 if (flags.sweep === true) await sweep();
@@ -103,10 +107,7 @@ async function single(): Promise<void> {
   const prepStart = performance.now();
   const corpus = buildCorpus(trace, config);
   const prepS = (performance.now() - prepStart) / 1000;
-  warmUp(corpus);
-  Bun.gc(true);
-  if (config.quiescenceMs > 0) Bun.sleepSync(config.quiescenceMs);
-  const run = replay(corpus);
+  const run = config.routeThreads === 0 ? warmedReplay(corpus) : await replayOnLanes(corpus);
   const report = summarize(corpus, run, traceSha, prepS);
   if (flags.json === true) console.log(JSON.stringify(report));
   else printReport(report);
@@ -116,16 +117,18 @@ async function single(): Promise<void> {
 
 /** One index and, per worker, what `kvedge serve` keeps for an engine stream. */
 class Pipeline {
-  readonly index: KvIndex;
+  readonly index: CrtcIndex | KvIndex;
   readonly sequencers: Sequencer[] = [];
   readonly normalizers: KvEventNormalizer[] = [];
   readonly matches = new MatchResult(256);
   readonly hasher = new PromptHasher();
   private readonly nextSeq: Uint32Array;
 
-  constructor(workers: number, firstWorkerId: number) {
+  constructor(
+    workers: number, firstWorkerId: number, index: KvIndex = createIndex("crtc", config.blockSize),
+  ) {
     // The index is the normalizer's writer, as in `kvedge serve` (src/core/core.ts).
-    const index = (this.index = createIndex("crtc", config.blockSize));
+    this.index = index;
     for (let w = 0; w < workers; w++) {
       const normalizer = new KvEventNormalizer({ workerId: BigInt(firstWorkerId + w), dpRank: 0, blockSize: config.blockSize, writer: index });
       this.normalizers.push(normalizer);
@@ -150,8 +153,8 @@ class Pipeline {
 }
 
 /** JIT warm-up of the same code on a throwaway index and other worker ids. */
-function warmUp(corpus: Corpus): void {
-  const pipeline = new Pipeline(config.workers, 1_000_000);
+function warmUp(corpus: Corpus, index?: KvIndex): void {
+  const pipeline = new Pipeline(config.workers, 1_000_000, index);
   const limit = Math.min(config.warmupOps, corpus.count);
   for (let i = 0; i < limit; i++) {
     if (corpus.kind[i] === OP_QUERY) {
@@ -163,6 +166,41 @@ function warmUp(corpus: Corpus): void {
 
 // ---- The timed replay ----
 
+function warmedReplay(corpus: Corpus): Run {
+  warmUp(corpus);
+  Bun.gc(true);
+  if (config.quiescenceMs > 0) Bun.sleepSync(config.quiescenceMs);
+  return replay(corpus);
+}
+
+/** --route-threads N: this thread writes a shared index, N lanes look up (indexer-replay-lanes.ts). */
+async function replayOnLanes(corpus: Corpus): Promise<Run> {
+  const options = { budgetBytes: config.indexBudgetMb * 2 ** 20, maxReaders: config.routeThreads };
+  const warm = createSharedIndex(config.blockSize, options);
+  warmUp(corpus, warm.index);
+  const shared = createSharedIndex(config.blockSize, options);
+  const pipeline = new Pipeline(config.workers, 1, shared.index);
+  Bun.gc(true);
+  if (config.quiescenceMs > 0) Bun.sleepSync(config.quiescenceMs);
+  const batch = (worker: number, payload: Uint8Array) => pipeline.batch(worker, payload);
+  const lanes = await replayLanes(corpus, batch, warm.descriptor, shared.descriptor, {
+    lanes: config.routeThreads, blockSize: config.blockSize, spinNs: config.spinUs * 1000,
+    maxNs: config.windowMs * 1e6 + config.maxDrainS * 1e9,
+    warmLookups: Math.min(config.warmupOps, 5000), pin: config.pinThreads,
+  });
+  // Scheduled -> finished modeled for 1..64 lanes on cores of their own, from measured costs.
+  const modeled = (costs: Float64Array) => Object.fromEntries([1, 2, 4, 8, 16, 64].map((n) => {
+    const ns = ownCoreModel(corpus, costs, n).filter((value) => !Number.isNaN(value));
+    return [n, distribution(ns)];
+  }));
+  const threads = {
+    writer_cpu_s: lanes.writerCpuS, lanes: lanes.lanes, writer: { ...shared.counters },
+    own_core_sched_to_finish_by_lanes: modeled(lanes.queryCosts),
+    own_core_lookup_only_by_lanes: modeled(lanes.lookupCosts),
+  };
+  return { ...lanes, pipeline, threads };
+}
+
 interface Run {
   readonly pipeline: Pipeline;
   /** Per op, ns relative to the run start: accepted, started, finished; service for queries. */
@@ -170,14 +208,16 @@ interface Run {
   readonly started: Float64Array;
   readonly finished: Float64Array;
   readonly service: Float64Array;
-  /** Per query: the longest prefix any worker holds (blocks), read after the timer stops. */
-  readonly matched: Float64Array;
+  /** Per query: the longest prefix any worker holds, read after the timer (one thread only). */
+  readonly matched?: Float64Array;
   readonly lastAccepted: number;
   readonly lastFinished: number;
   readonly completed: number;
   readonly busyWriteNs: number;
   /** CPU seconds (user + system) the process used during the replay. */
   readonly cpuS: number;
+  /** --route-threads N: writer and lane CPU, reader and writer protocol counters. */
+  readonly threads?: unknown;
 }
 
 function replay(corpus: Corpus): Run {
@@ -263,6 +303,23 @@ function distribution(values: Float64Array): Distribution {
   return { p50_ns: q.p50, p99_ns: q.p99, p999_ns: q.p999, max_ns: q.max };
 }
 
+/**
+ * A lookup walks the matched prefix, so its service time grows with the longest match
+ * (page size 16 makes a prompt 8x the blocks of Dynamo's 128-token blocks).
+ */
+function matchDepth(corpus: Corpus, run: Run, matched: Float64Array) {
+  const deep = select(corpus, OP_QUERY, (i) => matched[i]!);
+  const perBlock = select(corpus, OP_QUERY, (i) => run.service[i]! / matched[i]!);
+  return {
+    matched_blocks: quantiles(deep),
+    service_ns_per_matched_block: distribution(perBlock.filter((_, k) => deep[k]! >= 16)),
+  };
+}
+
+function hashNs(run: Run, i: number): number {
+  return run.finished[i]! - run.started[i]! - run.service[i]!;
+}
+
 function select(corpus: Corpus, wanted: number, value: (i: number) => number): Float64Array {
   const out: number[] = [];
   for (let i = 0; i < corpus.count; i++) if ((corpus.kind[i] === OP_QUERY) === (wanted === OP_QUERY)) out.push(value(i));
@@ -305,7 +362,6 @@ function summarize(corpus: Corpus, run: Run, traceSha: string, prepS: number) {
   const reasons = failures(corpus, run);
   const stats = run.pipeline.index.stats();
   const writeBlocks = t.storedBlocks + t.removedBlocks;
-  const matchedQueries = select(corpus, OP_QUERY, (i) => run.matched[i]!);
   const hwm = /VmHWM:\s+(\d+) kB/.exec(readFileSync("/proc/self/status", "utf8"));
   return {
     achieved_block_ops_per_s: Math.round(corpus.totalBlockOps / spanS),
@@ -317,12 +373,9 @@ function summarize(corpus: Corpus, run: Run, traceSha: string, prepS: number) {
       service: distribution(select(corpus, OP_QUERY, (i) => run.service[i]!)),
       queue_wait: distribution(select(corpus, OP_QUERY, (i) => run.started[i]! - run.accepted[i]!)),
       sched_to_finish: distribution(select(corpus, OP_QUERY, (i) => run.finished[i]! - corpus.deadline[i]!)),
-      // A lookup walks the matched prefix: its service time grows with this (page size 16
-      // makes a prompt 8x the blocks of Dynamo's 128-token blocks).
-      matched_blocks: quantiles(matchedQueries),
-      service_ns_per_matched_block: distribution(
-        select(corpus, OP_QUERY, (i) => run.service[i]! / run.matched[i]!).filter((_, k) => matchedQueries[k]! >= 16),
-      ),
+      // Started -> finished minus the lookup: hashing the prompt (and the clock reads).
+      hash: distribution(select(corpus, OP_QUERY, (i) => hashNs(run, i))),
+      ...(run.matched === undefined ? {} : matchDepth(corpus, run, run.matched)),
     },
     update: {
       accepted_to_finished: distribution(select(corpus, OP_BATCH, (i) => run.finished[i]! - run.accepted[i]!)),
@@ -333,6 +386,7 @@ function summarize(corpus: Corpus, run: Run, traceSha: string, prepS: number) {
       stored_blocks: t.storedBlocks, removed_blocks: t.removedBlocks,
     },
     peak_rss_mb: hwm === null ? 0 : Math.round(Number(hwm[1]) / 1024),
+    ...(run.threads === undefined ? {} : { threads: run.threads }),
     bytes_per_pair: stats.blocks === 0 ? 0 : Number((stats.bytes / stats.blocks).toFixed(1)),
     config: {
       ...config, requests: t.requests, requests_skipped: t.requestsSkipped, query_blocks: t.queryBlocks,
@@ -363,8 +417,10 @@ function printReport(r: Report): void {
   console.log(`  lookup scheduled->finished ${d(r.lookup.sched_to_finish)}`);
   const m = r.lookup.matched_blocks;
   const per = r.lookup.service_ns_per_matched_block;
-  console.log(`  longest match per lookup: p50 ${m.p50} / p99 ${m.p99} / max ${m.max} blocks`);
-  console.log(`  lookup service per matched block (16+): p50 ${per.p50_ns} / p99 ${per.p99_ns} ns`);
+  if (m !== undefined && per !== undefined) {
+    console.log(`  longest match per lookup: p50 ${m.p50} / p99 ${m.p99} / max ${m.max} blocks`);
+    console.log(`  lookup service per matched block (16+): p50 ${per.p50_ns} / p99 ${per.p99_ns} ns`);
+  }
   console.log(`  update accepted->finished ${d(r.update.accepted_to_finished)}`);
   console.log(`  valid ${r.valid}, kept up ${r.kept_up}${r.config.failure_reasons.length > 0 ? `: ${r.config.failure_reasons.join("; ")}` : ""}`);
   console.log(`  index ${r.config.index.blocks} pairs, ${r.bytes_per_pair} bytes/pair; peak RSS ${r.peak_rss_mb} MB`);

@@ -22,6 +22,7 @@ function bench(args: string[]) {
 }
 
 const DISTRIBUTION = ["max_ns", "p50_ns", "p999_ns", "p99_ns"];
+const LOOKUP = ["hash", "queue_wait", "sched_to_finish", "service"];
 
 describe("indexer replay bench", () => {
   for (const [cell, args] of [["page size 16, vLLM cadence", ["--block-size", "16", "--engine-blocks", "2048"]], ["page size 1, SGLang cadence", ["--block-size", "1", "--engine-blocks", "32768"]]] as const) {
@@ -36,7 +37,7 @@ describe("indexer replay bench", () => {
         "achieved_block_ops_per_s", "bytes_per_pair", "config", "drain_s", "kept_up", "lookup",
         "offered_block_ops_per_s", "peak_rss_mb", "update", "valid",
       ]);
-      const timed = ["queue_wait", "sched_to_finish", "service", "service_ns_per_matched_block"];
+      const timed = [...LOOKUP, "service_ns_per_matched_block"].sort();
       expect(Object.keys(report.lookup).sort()).toEqual([...timed, "matched_blocks"].sort());
       for (const key of timed) expect(Object.keys(report.lookup[key]).sort()).toEqual(DISTRIBUTION);
       // The longest match per lookup, in blocks: ordered quantiles, within the queries' blocks.
@@ -62,11 +63,27 @@ describe("indexer replay bench", () => {
     }, 60_000);
   }
 
-  test("--route-threads other than 0 exits 2 saying it is not built", () => {
-    const result = bench(["--route-threads", "2"]);
-    expect(result.code).toBe(2);
-    expect(result.stderr).toContain("not built");
-  });
+  test("--route-threads 2: lanes on the shared index; the contract, plus threads", () => {
+    const result = bench(["--block-size", "16", "--engine-blocks", "2048", "--window-ms", "2000",
+      "--route-threads", "2", "--index-budget-mb", "64", "--json"]);
+    expect(result.stderr).toBe("");
+    expect(result.code).toBe(0);
+    const report = JSON.parse(result.stdout.trim());
+    expect(Object.keys(report.lookup).sort()).toEqual(LOOKUP);
+    const reasons: string[] = report.config.failure_reasons;
+    expect(reasons.filter((reason) => !reason.startsWith("ops accepted late"))).toEqual([]);
+    const { threads, config } = report;
+    expect(threads.lanes).toHaveLength(2);
+    // Every query was looked up on a lane, through the shared index's readers.
+    let lookups = 0;
+    for (const lane of threads.lanes as { stats: { lookups: number } }[]) {
+      lookups += lane.stats.lookups;
+    }
+    expect(lookups).toBe(config.requests);
+    expect(threads.writer_cpu_s).toBeGreaterThanOrEqual(0);
+    const modeled = Object.keys(threads.own_core_sched_to_finish_by_lanes);
+    expect(modeled).toEqual(["1", "2", "4", "8", "16", "64"]);
+  }, 60_000);
 
   test("a bad flag value exits 2 naming it", () => {
     const result = bench(["--block-size", "0"]);
