@@ -216,6 +216,12 @@ function checkTogether(config: Config, origins: ReadonlyMap<string, string>): vo
     throw new ConfigError(`${from("ingest.reconnect_max_ms")} = ${ingest.reconnect_max_ms} is below `
       + `${from("ingest.reconnect_min_ms")} = ${ingest.reconnect_min_ms}`);
   }
+  const threaded = (config.runtime.index_threads ?? 0) > 0 || (config.runtime.route_threads ?? 0) > 0;
+  if (threaded && config.index.backend !== "crtc") {
+    const key = (config.runtime.index_threads ?? 0) > 0 ? "runtime.index_threads" : "runtime.route_threads";
+    throw new ConfigError(`${from(key)} needs index.backend = crtc (the index threads share), `
+      + `not ${from("index.backend")} = ${config.index.backend}`);
+  }
 }
 
 function unknownEnv(env: Readonly<Record<string, string | undefined>>): string[] {

@@ -83,6 +83,8 @@ export interface Config {
   readonly runtime: {
     readonly cpus: readonly number[] | null;
     readonly numa_node: number | null;
+    readonly index_threads: number | null;
+    readonly route_threads: number | null;
   };
   readonly workers: readonly WorkerEntry[];
 }
@@ -320,6 +322,14 @@ export const SETTINGS: readonly Setting[] = [
   setting({
     key: "runtime.numa_node", flag: "numa-node", type: integer(0, 1023), default: null, optional: true,
     help: "Pin to this NUMA node's CPUs (memory follows: pages are allocated on the node that first touches them); runtime.cpus wins if both are set.",
+  }),
+  setting({
+    key: "runtime.index_threads", flag: "index-threads", type: integer(0, 1), default: null, optional: true,
+    help: "0 = engine events are applied to the index on the main thread, between requests; 1 = on a writer thread of its own, fed through a shared-memory ring. Unset = 1 when the CPU set (runtime.cpus, the NUMA node, else the CPUs the process may use) has 4 or more CPUs, else 0: on 1-3 CPUs the threads would share cores and the handover costs more than it saves.",
+  }),
+  setting({
+    key: "runtime.route_threads", flag: "route-threads", type: integer(0, 1024), default: null, optional: true,
+    help: "0 = routes are answered on the main thread; N = N route lanes (threads) that parse, hash, match and answer, sharing the port. Unset = the CPUs of the set minus 2 (the main thread and the writer) when it has 4 or more, else 0.",
   }),
 ];
 
