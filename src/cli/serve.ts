@@ -1,6 +1,8 @@
 import { ConfigError, configFlagSpecs, flagHelp, loadConfig, renderConfig } from "../config";
 import { numaNodeCpus, pinProcess } from "../runtime/affinity";
 import { startApp } from "../server/app";
+import { RouteLanes } from "../server/lanes";
+import { planThreads } from "../runtime/threads";
 import { bufferBudget } from "../util/buffer-budget";
 import { warmUp } from "../server/warmup";
 import { createMetricsRegistry, registerRouterMetrics, registerServiceMetrics } from "../server/metrics";
@@ -82,6 +84,15 @@ Example:
       const threads = pinProcess(cpus);
       log.info("pinned to CPUs", { cpus: cpus.join(","), threads });
     }
+    const plan = planThreads(config.runtime, cpus);
+    if (plan.indexThreads > 0) {
+      process.stderr.write("kvedge serve: runtime.index_threads = 1 needs the shared index, which this build "
+        + "does not have yet; use runtime.index_threads = 0\n");
+      return 2;
+    }
+    log.info("threads", {
+      index_threads: plan.indexThreads, route_threads: plan.routeThreads, shared_cpus: plan.shared,
+    });
 
     try {
       const warm = warmUp(config, config.server.warmup_routes);
@@ -108,9 +119,12 @@ Example:
     registerServiceMetrics(registry, service);
     registerObservedHitsMetrics(registry, service);
     if (proxy !== null) registerProxyMetrics(registry, proxy);
+    // With route lanes, the lanes own the public port and the main thread's server
+    // listens on loopback only, for what the lanes pass on.
+    const lanesOn = plan.routeThreads > 0;
     const app = startApp({
-      host: config.server.host,
-      port: config.server.port,
+      host: lanesOn ? loopbackOf(config.server.host) : config.server.host,
+      port: lanesOn ? 0 : config.server.port,
       bodyLimitBytes: config.server.body_limit_bytes,
       adminToken: config.server.admin_token,
       service,
@@ -118,6 +132,21 @@ Example:
       log: log.child({ component: "http" }),
       proxy,
     });
+    let lanes: RouteLanes | null = null;
+    if (lanesOn) {
+      try {
+        lanes = await RouteLanes.start({
+          host: config.server.host, port: config.server.port, mainUrl: app.url,
+          bodyLimitBytes: config.server.body_limit_bytes, service, metrics: app.metrics,
+          log: log.child({ component: "lanes" }), cpus: plan.laneCpus,
+        });
+      } catch (error) {
+        await app.stop(0);
+        process.stderr.write(`kvedge serve: cannot start the route lanes: ${(error as Error).message}\n`);
+        return 1;
+      }
+    }
+    const url = lanes === null ? app.url : urlOf(config.server.host, lanes.port);
     const stateDir = config.state.dir;
     const stateLog = log.child({ component: "state" });
     const saved = stateDir === null ? null : loadSnapshot(service, stateDir, config.workers.map((worker) => worker.worker_id), stateLog);
@@ -126,7 +155,7 @@ Example:
     const periodic = stateDir === null ? null : new PeriodicSnapshots(service, stateDir, stateLog);
     const snapshots = periodic === null ? null : setInterval(() => void periodic.tick(), config.state.snapshot_interval_secs * 1000);
     log.info("listening", {
-      url: app.url, block_size: config.index.block_size, backend: config.index.backend, workers: config.workers.length,
+      url, route_lanes: lanes?.count ?? 0, block_size: config.index.block_size, backend: config.index.backend, workers: config.workers.length,
     });
 
     const signal = await new Promise<string>((resolve) => {
@@ -134,6 +163,7 @@ Example:
       process.once("SIGTERM", () => resolve("SIGTERM"));
     });
     log.info("shutting down", { signal });
+    await lanes?.stop(SHUTDOWN_GRACE_MS);
     await app.stop(SHUTDOWN_GRACE_MS);
     if (snapshots !== null) clearInterval(snapshots);
     await periodic?.idle();
@@ -143,3 +173,12 @@ Example:
     return 0;
   },
 };
+
+/** The loopback address of the same family as `host`, for the main thread's own server behind lanes. */
+function loopbackOf(host: string): string {
+  return host.includes(":") ? "::1" : "127.0.0.1";
+}
+
+function urlOf(host: string, port: number): string {
+  return `http://${host.includes(":") ? `[${host}]` : host}:${port}`;
+}

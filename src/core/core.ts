@@ -15,6 +15,7 @@ import { defaultIndexBudgetBytes, IndexBudget } from "../index/budget";
 import type { KvEventWriter } from "../ingest/normalize";
 import { EngineSource, type SourceState } from "../ingest/source";
 import { CandidateList, PromptHasher, type RouteDecision, Router } from "../route";
+import type { PromptHashes } from "../route/input";
 import { Admission } from "../route/admission";
 import { bufferBudget } from "../util/buffer-budget";
 import type { LifecycleResult } from "../route/load";
@@ -40,6 +41,8 @@ export interface RouteInput {
   readonly overlapScoreCredit: number | null;
   readonly prefillLoadScale: number | null;
   readonly temperature: number | null;
+  /** The prompt's hashes when the caller has them already (a route lane hashed it), else hashed here. */
+  readonly prompt?: PromptHashes;
 }
 
 /** A route decision and its prompt's length in blocks; the candidates are valid until the next route. */
@@ -306,7 +309,7 @@ export class KvedgeCore {
   }
 
   private routeRequest(input: RouteInput, candidatesMax: number) {
-    const prompt = this.hash(input.tokens, input.loraName, input.cacheSalt);
+    const prompt = input.prompt ?? this.hash(input.tokens, input.loraName, input.cacheSalt);
     const matches = this.matches;
     this.index.findMatches(prompt.local, prompt.blockCount, matches);
     // Index slots are router slots: the matches are the router's overlaps as they are.

@@ -1,33 +1,41 @@
 /**
  * The entry of every kvedge Worker thread (threads.ts starts them): takes its start
- * message, pins itself to its CPUs, sets its role up and reports ready. A role that throws
- * is reported as `failed`; the main thread decides what that means.
+ * message, pins itself to its CPUs, reports ready, then runs its role. A failure
+ * before ready fails the start; one after is reported as `failed` (the main thread
+ * decides what that means).
  */
+import { type LaneStart, runLane } from "../server/lane";
 import { getAffinity, pinThread } from "./affinity";
-import type { ThreadMessage, ThreadStart } from "./threads";
+import type { ThreadMessage, ThreadRole, ThreadStart } from "./threads";
 
 declare const self: Worker;
 
 const send = (message: ThreadMessage): void => self.postMessage(message);
+const ROLES: readonly ThreadRole[] = ["probe", "lane"];
 
 self.onmessage = (event: MessageEvent<ThreadStart>) => {
   const start = event.data;
   try {
+    if (!ROLES.includes(start.role)) throw new Error(`no such thread role '${start.role}'`);
     if (start.cpus !== null) pinThread(start.cpus);
-    runRole(start);
     send({ kind: "ready", ready: { role: start.role, cpus: getAffinity(0) } });
+    runRole(start);
   } catch (error) {
     send({ kind: "failed", error: error instanceof Error ? error.message : String(error) });
   }
 };
 
+/** Role messages from the main thread go to `handler` from now on. */
+function listen(handler: (body: never) => void): void {
+  self.onmessage = (event: MessageEvent) => handler(event.data as never);
+}
+
 function runRole(start: ThreadStart): void {
-  switch (start.role) {
-    case "probe":
-      // Answers every message with itself: proves a thread runs (and where).
-      self.onmessage = (event) => send({ kind: "role", body: event.data });
-      return;
-    default:
-      throw new Error(`no such thread role '${start.role}'`);
+  const reply = (body: unknown): void => send({ kind: "role", body });
+  if (start.role === "probe") {
+    // Answers every message with itself: proves a thread runs (and where).
+    listen(reply as (body: never) => void);
+  } else if (start.role === "lane") {
+    runLane(start.data as LaneStart, reply, listen);
   }
 }

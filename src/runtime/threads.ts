@@ -12,7 +12,7 @@ import { getAffinity } from "./affinity";
 /** With fewer CPUs than this, the defaults keep everything on the main thread. */
 export const THREADED_MIN_CPUS = 4;
 
-export type ThreadRole = "probe" | "writer" | "lane";
+export type ThreadRole = "probe" | "lane";
 
 export interface ThreadPlan {
   readonly indexThreads: number;
@@ -35,7 +35,8 @@ export function planThreads(runtime: Config["runtime"], pinned: readonly number[
   available: readonly number[] = pinned ?? getAffinity()): ThreadPlan {
   const cpus = pinned ?? available;
   const many = cpus.length >= THREADED_MIN_CPUS;
-  const indexThreads = runtime.index_threads ?? (many ? 1 : 0);
+  // The writer thread needs the shared index (not in this build): off unless asked for.
+  const indexThreads = runtime.index_threads ?? 0;
   const routeThreads = runtime.route_threads ?? (many ? cpus.length - 1 - indexThreads : 0);
   const dedicated = indexThreads + routeThreads;
   const cpuOf = (i: number): readonly number[] | null =>

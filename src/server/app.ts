@@ -51,6 +51,8 @@ type RouteTable = Record<string, Partial<Record<string, Handler | Batched>>>;
 export interface App {
   readonly server: Server<WsData>;
   readonly url: string;
+  /** The request metrics (route lanes report theirs here too). */
+  readonly metrics: ServerMetrics;
   /** Stops accepting, lets in-flight requests finish (up to `graceMs`), closes the rest. */
   stop(graceMs: number): Promise<void>;
 }
@@ -265,6 +267,7 @@ export function startApp(options: AppOptions): App {
 
   return {
     server,
+    metrics,
     url: `http://${options.host.includes(":") ? `[${options.host}]` : options.host}:${server.port}`,
     async stop(graceMs) {
       const closing = server.stop(false);

@@ -1,0 +1,204 @@
+/**
+ * A route lane: a thread (src/runtime/thread-main.ts, role "lane") with a `Bun.serve`
+ * of its own on the public host and port, shared with the other lanes (`reusePort`:
+ * the kernel spreads connections over them). A lane does the per-request work that
+ * needs nothing shared: Bun's HTTP handling, the guard, reading and parsing the body,
+ * hashing the prompt. The decision itself (index match, load tracker, admission) is
+ * the main thread's: a lane posts the hashed route there and answers with what comes
+ * back (./lanes.ts is the other end). Route requests of one event-loop turn go in one
+ * message, like the main thread's turn batches. Every other endpoint, WebSocket
+ * included, is proxied to the main thread's own server on a loopback port.
+ * See docs/decisions.md#route-lanes.
+ */
+import type { Server, ServerWebSocket } from "bun";
+import type { RouteInput } from "../core/core";
+import { blockSeed } from "../hash";
+import { PromptHasher } from "../route/input";
+import { parseRoute } from "./api";
+import { RequestGuard } from "./guard";
+import { clientError, errorReply, HttpError, parseBody, receiveBody, reply } from "./http";
+
+export interface LaneStart {
+  /** The public address, shared by every lane (port 0: this lane picks it). */
+  readonly host: string;
+  readonly port: number;
+  /** The main thread's own server, where everything but routes goes. */
+  readonly mainUrl: string;
+  readonly bodyLimitBytes: number;
+  readonly blockSize: number;
+}
+
+/** One route, hashed, as the main thread routes it. */
+export interface LaneRoute {
+  readonly id: number;
+  readonly input: RouteInput;
+  readonly candidatesMax: number;
+}
+
+export type LaneToMain =
+  | { readonly t: "listening"; readonly port: number }
+  | { readonly t: "routes"; readonly routes: LaneRoute[] }
+  | { readonly t: "stopped" };
+
+/** The answer to one route: 200 with the answer, or an error status with its message. */
+export interface LaneAnswer {
+  readonly id: number;
+  readonly status: number;
+  readonly body: unknown;
+  readonly retryAfterSecs: number | null;
+}
+
+export type MainToLane =
+  | { readonly t: "answers"; readonly answers: LaneAnswer[] }
+  | { readonly t: "stop"; readonly graceMs: number };
+
+interface Pending {
+  readonly request: Request;
+  readonly resolve: (response: Response) => void;
+}
+
+/** Headers the lane has judged (the guard) and must not pass on as if from the client. */
+const JUDGED = new Set(["host", "origin", "sec-fetch-site", "connection", "content-length"]);
+
+interface Piped {
+  upstream: WebSocket | null;
+  queued: (string | Uint8Array)[];
+}
+
+/** Runs a lane until told to stop; `send` posts to the main thread. */
+export function runLane(start: LaneStart, send: (message: LaneToMain) => void,
+  listen: (handler: (message: MainToLane) => void) => void): void {
+  const guard = new RequestGuard(start.host);
+  const hasher = new PromptHasher();
+  const pending = new Map<number, Pending>();
+  let nextId = 0;
+  let batch: LaneRoute[] = [];
+
+  const flush = (): void => {
+    const routes = batch;
+    batch = [];
+    send({ t: "routes", routes });
+  };
+
+  const route = (request: Request) => new Promise<Response>((resolve) => {
+    try {
+      guard.check(request, true);
+    } catch (error) {
+      resolve(failure(request, error));
+      return;
+    }
+    receiveBody(request, start.bodyLimitBytes).then((body) => {
+      const { input, candidatesMax } = parseRoute(parseBody(body, true));
+      const hashed = hasher.hash(input.tokens, start.blockSize, blockSeed(input.loraName, input.cacheSalt));
+      const words = 2 * hashed.blockCount;
+      const prompt = {
+        blockCount: hashed.blockCount, local: hashed.local.slice(0, words), chain: hashed.chain.slice(0, words),
+      };
+      const id = nextId++;
+      pending.set(id, { request, resolve });
+      // Copies: the parser's token array is reused by the next request.
+      if (batch.length === 0) setImmediate(flush);
+      batch.push({ id, input: { ...input, tokens: input.tokens.slice(), prompt }, candidatesMax });
+    }).catch((error: unknown) => resolve(failure(request, error)));
+  });
+
+  const proxy = async (request: Request): Promise<Response> => {
+    try {
+      guard.check(request, request.method !== "GET" && request.method !== "HEAD");
+      const url = new URL(request.url);
+      const headers: [string, string][] = [];
+      for (const [name, value] of request.headers) if (!JUDGED.has(name)) headers.push([name, value]);
+      const body = request.method === "GET" || request.method === "HEAD" ? null : await request.arrayBuffer();
+      const answer = await fetch(`${start.mainUrl}${url.pathname}${url.search}`, {
+        method: request.method, headers, body, redirect: "manual",
+      });
+      return new Response(answer.body, { status: answer.status, headers: answer.headers });
+    } catch (error) {
+      return failure(request, error);
+    }
+  };
+
+  const server: Server<Piped> = Bun.serve<Piped>({
+    hostname: start.host,
+    port: start.port,
+    reusePort: true,
+    development: false,
+    maxRequestBodySize: start.bodyLimitBytes + 1024 * 1024,
+    routes: { "/v1/route": { POST: route } },
+    fetch(request, server) {
+      if (new URL(request.url).pathname === "/v1/ws" && request.headers.get("upgrade") !== null) {
+        try {
+          guard.check(request, true);
+        } catch (error) {
+          return failure(request, error);
+        }
+        if (server.upgrade(request, { data: { upstream: null, queued: [] } })) {
+          return undefined as unknown as Response;
+        }
+      }
+      // The main thread's server keeps its own timeouts (a proxied completion may pause long).
+      server.timeout(request, 0);
+      return proxy(request);
+    },
+    websocket: pipeHandlers(start.mainUrl),
+  });
+
+  listen((message) => {
+    if (message.t === "answers") {
+      for (const answer of message.answers) {
+        const waiting = pending.get(answer.id);
+        if (waiting === undefined) continue;
+        pending.delete(answer.id);
+        waiting.resolve(answer.status === 200
+          ? reply(waiting.request, 200, answer.body)
+          : errorReply(waiting.request, new HttpError(answer.status, String(answer.body), answer.retryAfterSecs)));
+      }
+    } else {
+      void stopLane(server, message.graceMs).then(() => send({ t: "stopped" }));
+    }
+  });
+  send({ t: "listening", port: server.port! });
+}
+
+/** WebSocket clients of a lane are piped, frame for frame, to the main thread's /v1/ws. */
+function pipeHandlers(mainUrl: string) {
+  const target = `${mainUrl.replace(/^http/, "ws")}/v1/ws`;
+  return {
+    open(ws: ServerWebSocket<Piped>) {
+      const upstream = new WebSocket(target);
+      upstream.binaryType = "arraybuffer";
+      ws.data.upstream = upstream;
+      upstream.onopen = () => {
+        for (const frame of ws.data.queued) upstream.send(frame);
+        ws.data.queued = [];
+      };
+      upstream.onmessage = (event) => {
+        ws.send(typeof event.data === "string" ? event.data : new Uint8Array(event.data as ArrayBuffer));
+      };
+      upstream.onclose = () => ws.close();
+      upstream.onerror = () => ws.close(1011, "the main thread's server is unreachable");
+    },
+    message(ws: ServerWebSocket<Piped>, frame: string | Buffer) {
+      const upstream = ws.data.upstream!;
+      const data = typeof frame === "string" ? frame : new Uint8Array(frame);
+      if (upstream.readyState === WebSocket.OPEN) upstream.send(data);
+      else ws.data.queued.push(typeof data === "string" ? data : data.slice());
+    },
+    close(ws: ServerWebSocket<Piped>) {
+      ws.data.upstream?.close();
+    },
+  };
+}
+
+async function stopLane(server: Server<Piped>, graceMs: number): Promise<void> {
+  const closing = server.stop(false);
+  const deadline = new Promise<void>((resolve) => setTimeout(resolve, graceMs).unref());
+  await Promise.race([closing, deadline]);
+  await server.stop(true);
+}
+
+function failure(request: Request, error: unknown): Response {
+  const client = clientError(error);
+  if (client !== null) return errorReply(request, client);
+  return errorReply(request, new HttpError(500, "internal error"));
+}
