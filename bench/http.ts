@@ -4,6 +4,7 @@
  * over keep-alive HTTP and WebSocket.
  *
  *   bun bench/http.ts [--json] [--quick] [--runs N] [--only SUBSTRING] [--binary PATH] [--profile DIR] [--generator c|bun]
+ *                     [--route-threads LIST]
  *
  * Every run starts fresh processes:
  * 1. the fleet (bench/http-fleet.ts): 64 ZMTP PUB sockets publishing the stored events
@@ -34,6 +35,9 @@
  * benchmarks another build of kvedge (e.g. an
  * older commit, for before/after). `--profile DIR` runs the server from source under
  * `bun --cpu-prof` and leaves the profile in DIR (for finding hot spots, not for numbers).
+ * `--route-threads 0,2` measures serve with each runtime.route_threads value (route
+ * lanes), every run starting fresh processes for each, in alternating order (A B, B A,
+ * ...), so the ratios compare builds measured in the same minutes.
  * The open-loop HTTP and binary WebSocket scenarios are sent by bench/loadgen/open-loop.c
  * (compiled with the system C compiler on first use): no garbage collector and no
  * polling, so the generator's own pauses and CPU stay out of the server's tail as far as
@@ -47,7 +51,7 @@ import { benchFlags, killWithBench, median, provenance } from "./lib";
 import { indexBytes, routeDecisions, rssOf, startFleet, startServe, stopAll, waitIndexed } from "./serve-process";
 
 const ROOT = join(import.meta.dir, "..");
-const flags = benchFlags("bun bench/http.ts [--json] [--quick] [--runs N] [--only SUBSTRING] [--binary PATH] [--profile DIR] [--generator c|bun]", {
+const flags = benchFlags("bun bench/http.ts [--json] [--quick] [--runs N] [--only SUBSTRING] [--binary PATH] [--profile DIR] [--generator c|bun] [--route-threads LIST]", {
   json: { type: "boolean" },
   quick: { type: "boolean" },
   runs: { type: "string" },
@@ -55,6 +59,7 @@ const flags = benchFlags("bun bench/http.ts [--json] [--quick] [--runs N] [--onl
   binary: { type: "string" },
   profile: { type: "string" },
   generator: { type: "string" },
+  "route-threads": { type: "string" },
 });
 const BINARY = flags.binary ?? join(ROOT, "dist", "kvedge");
 const SEED = 20_261_129;
@@ -73,6 +78,10 @@ if (!(Number.isInteger(runs) && runs >= 1)) throw new Error("--runs must be a po
 const only = flags.only;
 const profileDir = flags.profile;
 const generator = openLoopGenerator(flags.generator);
+const laneCounts = (flags["route-threads"] ?? "0").split(",").map((text) => Number(text.trim()));
+if (!laneCounts.every((n) => Number.isInteger(n) && n >= 0 && n <= 64)) {
+  throw new Error("--route-threads must be a comma-separated list of integers in [0, 64]");
+}
 
 interface Scenario {
   readonly name: string;
@@ -178,16 +187,17 @@ interface RunRecord {
   readonly results: Record<string, ScenarioResult>;
 }
 
-async function oneRun(run: number, list: Scenario[]): Promise<RunRecord> {
+async function oneRun(run: number, list: Scenario[], lanes: number): Promise<RunRecord> {
   const fleet = await startFleet(SEED, WORKERS, TARGET_PAIRS);
-  const serve = await startServe(BINARY, fleet, ["--request-ttl-secs", String(REQUEST_TTL_SECS)], profileDir);
+  const args = ["--request-ttl-secs", String(REQUEST_TTL_SECS), "--route-threads", String(lanes)];
+  const serve = await startServe(BINARY, fleet, args, profileDir);
   try {
     const indexSeconds = await waitIndexed(serve, fleet, 180_000);
     const record: RunRecord = {
       indexSeconds, pairs: fleet.pairs, serveRssBytes: rssOf(serve.pid), indexBytes: await indexBytes(serve), results: {},
     };
     if (!json) {
-      console.error(`run ${run}: ${fleet.pairs} pairs indexed in ${indexSeconds.toFixed(1)} s; serve RSS ${(record.serveRssBytes / 2 ** 20).toFixed(0)} MiB, `
+      console.error(`run ${run}, ${lanes} route lanes: ${fleet.pairs} pairs indexed in ${indexSeconds.toFixed(1)} s; serve RSS ${(record.serveRssBytes / 2 ** 20).toFixed(0)} MiB, `
         + `kvedge_index_bytes ${(record.indexBytes / 2 ** 20).toFixed(1)} MiB`);
     }
     let uniqueBase = run * 1000;
@@ -238,36 +248,45 @@ if (!existsSync(BINARY) && profileDir === undefined) {
   process.exit(1);
 }
 const list = scenarios();
-const records: RunRecord[] = [];
-for (let run = 1; run <= runs; run++) records.push(await oneRun(run, list));
+/** Per route-threads value, its runs; the values alternate order from run to run. */
+const recordsOf = new Map<number, RunRecord[]>(laneCounts.map((lanes) => [lanes, []]));
+for (let run = 1; run <= runs; run++) {
+  const order = run % 2 === 1 ? laneCounts : [...laneCounts].reverse();
+  for (const lanes of order) recordsOf.get(lanes)!.push(await oneRun(run, list, lanes));
+}
 
+function rowsOf(lanes: number, records: RunRecord[]) {
+  return list.map((scenario) => {
+    const of = (pick: (r: ScenarioResult) => number) => median(records.map((record) => pick(record.results[scenario.name]!)));
+    return {
+      scenario: scenario.name,
+      routeThreads: lanes,
+      transport: scenario.transport,
+      batch: scenario.batch,
+      binary: scenario.binary,
+      mode: scenario.mode,
+      offeredRate: scenario.mode === "open" ? scenario.rate : null,
+      promptTokens: scenario.promptTokens,
+      connections: scenario.connections,
+      window: scenario.mode === "closed" ? scenario.window : null,
+      routesPerSecond: of((r) => r.routesPerSecond),
+      p50Ms: of((r) => r.p50Ms),
+      p99Ms: of((r) => r.p99Ms),
+      p999Ms: of((r) => r.p999Ms),
+      sendLagP99Ms: scenario.mode === "open" ? of((r) => r.sendLagP99Ms!) : null,
+      serverCpu: of((r) => r.serverCpu),
+      serverCpuUsPerRoute: of((r) => (r.routesPerSecond > 0 ? (1e6 * r.serverCpu) / r.routesPerSecond : NaN)),
+      generatorCpu: of((r) => r.generatorCpu),
+      decisionUs: scenario.transport === "http" ? of((r) => r.decisionUs ?? NaN) : null,
+      errors: records.reduce((sum, record) => sum + record.results[scenario.name]!.errors, 0),
+      unanswered: records.reduce((sum, record) => sum + record.results[scenario.name]!.unanswered, 0),
+      runs: records.map((record) => record.results[scenario.name]!),
+    };
+  });
+}
+const rows = laneCounts.flatMap((lanes) => rowsOf(lanes, recordsOf.get(lanes)!));
+const records = [...recordsOf.values()].flat();
 const med = (pick: (record: RunRecord) => number) => median(records.map(pick));
-const rows = list.map((scenario) => {
-  const of = (pick: (r: ScenarioResult) => number) => median(records.map((record) => pick(record.results[scenario.name]!)));
-  return {
-    scenario: scenario.name,
-    transport: scenario.transport,
-    batch: scenario.batch,
-    binary: scenario.binary,
-    mode: scenario.mode,
-    offeredRate: scenario.mode === "open" ? scenario.rate : null,
-    promptTokens: scenario.promptTokens,
-    connections: scenario.connections,
-    window: scenario.mode === "closed" ? scenario.window : null,
-    routesPerSecond: of((r) => r.routesPerSecond),
-    p50Ms: of((r) => r.p50Ms),
-    p99Ms: of((r) => r.p99Ms),
-    p999Ms: of((r) => r.p999Ms),
-    sendLagP99Ms: scenario.mode === "open" ? of((r) => r.sendLagP99Ms!) : null,
-    serverCpu: of((r) => r.serverCpu),
-    serverCpuUsPerRoute: of((r) => (r.routesPerSecond > 0 ? (1e6 * r.serverCpu) / r.routesPerSecond : NaN)),
-    generatorCpu: of((r) => r.generatorCpu),
-    decisionUs: scenario.transport === "http" ? of((r) => r.decisionUs ?? NaN) : null,
-    errors: records.reduce((sum, record) => sum + record.results[scenario.name]!.errors, 0),
-    unanswered: records.reduce((sum, record) => sum + record.results[scenario.name]!.unanswered, 0),
-    runs: records.map((record) => record.results[scenario.name]!),
-  };
-});
 const setup = {
   binary: profileDir === undefined ? BINARY : "bun src/cli/main.ts (profiling)",
   workers: WORKERS,
@@ -276,10 +295,11 @@ const setup = {
   requestTtlSecs: REQUEST_TTL_SECS,
   candidates: CANDIDATES,
   openLoopGenerator: generator,
+  routeThreads: laneCounts,
   indexSeconds: med((r) => r.indexSeconds),
   serveRssBytes: med((r) => r.serveRssBytes),
   indexBytes: med((r) => r.indexBytes),
-  runs: records.length,
+  runs: runs,
 };
 
 if (json) {
@@ -288,11 +308,20 @@ if (json) {
   console.log(`\nkvedge serve, ${setup.pairs} (block, worker) pairs over ${WORKERS} workers, median of ${records.length} run(s)`);
   console.log(`index ready in ${setup.indexSeconds.toFixed(1)} s; serve RSS ${(setup.serveRssBytes / 2 ** 20).toFixed(0)} MiB; `
     + `kvedge_index_bytes ${(setup.indexBytes / 2 ** 20).toFixed(1)} MiB; open-loop HTTP and binary WS sent by the ${generator === "c" ? "C" : "Bun"} generator\n`);
-  console.log("| scenario | routes/s | p50 ms | p99 ms | p99.9 ms | send lag p99 ms | serve CPU | serve CPU µs/route | of it, decision µs | generator CPU |");
-  console.log("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+  console.log("| scenario | lanes | routes/s | p50 ms | p99 ms | p99.9 ms | send lag p99 ms | serve CPU | serve CPU µs/route | of it, decision µs | generator CPU |");
+  console.log("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
   for (const row of rows) {
-    console.log(`| ${row.scenario} | ${fmtRate(row.routesPerSecond)} | ${fmtMs(row.p50Ms)} | ${fmtMs(row.p99Ms)} | ${fmtMs(row.p999Ms)} | ${fmtMs(row.sendLagP99Ms)} `
+    console.log(`| ${row.scenario} | ${row.routeThreads} | ${fmtRate(row.routesPerSecond)} | ${fmtMs(row.p50Ms)} | ${fmtMs(row.p99Ms)} | ${fmtMs(row.p999Ms)} | ${fmtMs(row.sendLagP99Ms)} `
       + `| ${(100 * row.serverCpu).toFixed(0)} % | ${row.serverCpuUsPerRoute.toFixed(0)} | ${row.decisionUs === null ? "-" : row.decisionUs.toFixed(1)} `
       + `| ${(100 * row.generatorCpu).toFixed(0)} % |`);
+  }
+  if (laneCounts.length > 1) {
+    console.log(`\nRatios against ${laneCounts[0]} route lanes (medians of the paired runs):`);
+    const base = new Map(rows.filter((row) => row.routeThreads === laneCounts[0]).map((row) => [row.scenario, row]));
+    for (const row of rows.filter((r) => r.routeThreads !== laneCounts[0])) {
+      const a = base.get(row.scenario)!;
+      console.log(`  ${row.scenario}, ${row.routeThreads} lanes: routes/s x${(row.routesPerSecond / a.routesPerSecond).toFixed(2)}, `
+        + `CPU µs/route x${(row.serverCpuUsPerRoute / a.serverCpuUsPerRoute).toFixed(2)}, p99 x${(row.p99Ms / a.p99Ms).toFixed(2)}`);
+    }
   }
 }
