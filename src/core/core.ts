@@ -23,6 +23,7 @@ import { ObservedHits, type ObservedHitsView } from "../proxy/observed-hits";
 import type { SourcePosition } from "../state/snapshot";
 import type { Logger } from "../util/log";
 import type { ZmtpOptions } from "../wire/zmtp";
+import { budgetedWriter } from "./budgeted-writer";
 import { KvedgeError } from "./errors";
 import { WorkerTable } from "./worker-table";
 
@@ -533,28 +534,15 @@ export class KvedgeCore {
     }
   }
 
-  /**
-   * The index as sources write to it, with the memory budget in front of stores: a
-   * refused store leaves the worker holding more than the index says (degraded) until
-   * its cache is cleared. Removals and clears always go through.
-   */
+  /** The index as sources write to it, behind the memory budget (./budgeted-writer.ts). */
   private budgetedWriter(): KvEventWriter {
-    const index = this.index;
-    const budget = this.budget;
-    return {
-      workerTable: this.workerTable,
-      storeAt: (slot, hasParent, parentHi, parentLo, external, local, count, first) => {
-        // A slot of -1 (the table is full) is the index's to refuse and count.
-        if (slot < 0 || budget.admits()) index.storeAt(slot, hasParent, parentHi, parentLo, external, local, count, first);
-        else this.refuseStore(slot, count);
-      },
-      removeAt: (slot, external, count, first) => index.removeAt(slot, external, count, first),
-      clearAt: (slot) => {
-        index.clearAt(slot);
-        // Holding nothing is known exactly: refused stores no longer matter.
+    return budgetedWriter(this.index, this.budget, this.workerTable, {
+      refused: (slot, blocks) => this.refuseStore(slot, blocks),
+      // Holding nothing is known exactly: refused stores no longer matter.
+      cleared: (slot) => {
         if (this.incomplete.delete(slot)) this.refreshDegraded(slot);
       },
-    };
+    });
   }
 
   private refuseStore(slot: number, blocks: number): void {

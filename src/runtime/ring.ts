@@ -163,6 +163,35 @@ export class RingProducer extends RingView {
     return true;
   }
 
+  /**
+   * Appends one record if it fits now; false (nothing counted, nothing marked lost)
+   * if not: for records the caller keeps and offers again (control records).
+   */
+  offer(kind: RecordKind, stream: number, generation: number, seq: number,
+    payload?: Uint8Array): boolean {
+    checkRecord(kind, stream, generation, seq);
+    if ((payload?.length ?? 0) > this.maxPayload) {
+      throw new RangeError(`a ring record of ${payload!.length} bytes is over ${this.maxPayload}`);
+    }
+    if ((this.lost[stream] ?? 0) > 0) return this.write(kind, stream, generation, seq, payload);
+    return this.append(kind, stream, generation, seq, payload);
+  }
+
+  /**
+   * Writes the LOSS record of every stream with drops not yet announced, as far as
+   * the ring has room; true when none is left. A burst that ends in drops is announced
+   * by this, not by a next record that may never come.
+   */
+  announceLosses(): boolean {
+    let left = false;
+    this.lost.forEach((count, stream) => {
+      if (count === 0) return;
+      if (this.append(RecordKind.LOSS, stream, 0, count, undefined)) this.lost[stream] = 0;
+      else left = true;
+    });
+    return !left;
+  }
+
   /** Records dropped for `stream` and not yet announced to the consumer. */
   pendingLoss(stream: number): number {
     return this.lost[stream] ?? 0;
@@ -336,14 +365,15 @@ export class RingConsumer extends RingView {
   }
 
   /**
-   * Drains, sleeps until written to, drains again, until `stopped()` says so after a
-   * drain. Between sleeps the thread's event loop runs (timers, messages).
+   * Drains, sleeps until written to, drains again, ...; after each drain calls
+   * `drained`, and stops when it returns true. Between sleeps the thread's event loop
+   * runs (timers, messages).
    */
-  async run(handler: RecordHandler, stopped: () => boolean,
+  async run(handler: RecordHandler, drained: () => boolean,
     onCorrupt?: (bytes: number) => void): Promise<void> {
     for (;;) {
       this.drain(handler, onCorrupt);
-      if (stopped()) return;
+      if (drained()) return;
       const sleeping = this.sleep();
       if (sleeping !== null) await sleeping;
       this.awake();

@@ -6,12 +6,13 @@
  */
 import { type LaneStart, runLane } from "../server/lane";
 import { getAffinity, pinThread } from "./affinity";
+import { IndexWriter, type WriterStart } from "./writer";
 import type { ThreadMessage, ThreadRole, ThreadStart } from "./threads";
 
 declare const self: Worker;
 
 const send = (message: ThreadMessage): void => self.postMessage(message);
-const ROLES: readonly ThreadRole[] = ["probe", "lane"];
+const ROLES: readonly ThreadRole[] = ["probe", "lane", "writer"];
 
 self.onmessage = (event: MessageEvent<ThreadStart>) => {
   const start = event.data;
@@ -37,5 +38,10 @@ function runRole(start: ThreadStart): void {
     listen(reply as (body: never) => void);
   } else if (start.role === "lane") {
     runLane(start.data as LaneStart, reply, listen);
+  } else {
+    const writer = new IndexWriter(start.data as WriterStart, reply);
+    writer.run().catch((error: unknown) => {
+      send({ kind: "failed", error: error instanceof Error ? error.stack ?? error.message : String(error) });
+    });
   }
 }

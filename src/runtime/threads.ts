@@ -12,7 +12,7 @@ import { getAffinity } from "./affinity";
 /** With fewer CPUs than this, the defaults keep everything on the main thread. */
 export const THREADED_MIN_CPUS = 4;
 
-export type ThreadRole = "probe" | "lane";
+export type ThreadRole = "probe" | "lane" | "writer";
 
 export interface ThreadPlan {
   readonly indexThreads: number;

@@ -1,0 +1,34 @@
+/**
+ * The index as engine streams write to it, with the memory budget in front of stores:
+ * a refused store leaves the worker holding more than the index says (the owner marks
+ * it degraded) until its cache is cleared. Removals and clears always go through.
+ * The core uses it on the main thread, the writer thread (src/runtime/writer.ts) on its.
+ */
+import type { IndexBudget } from "../index/budget";
+import type { KvIndex } from "../index";
+import type { KvEventWriter } from "../ingest/normalize";
+import type { WorkerTable } from "./worker-table";
+
+export interface BudgetEvents {
+  /** Stores of `blocks` blocks for `slot` were refused at the budget. */
+  refused(slot: number, blocks: number): void;
+  /** The slot was cleared: it holds nothing, exactly. */
+  cleared(slot: number): void;
+}
+
+export function budgetedWriter(index: KvIndex, budget: IndexBudget, workerTable: WorkerTable,
+  events: BudgetEvents): KvEventWriter {
+  return {
+    workerTable,
+    storeAt: (slot, hasParent, parentHi, parentLo, external, local, count, first) => {
+      // A slot of -1 (the table is full) is the index's to refuse and count.
+      if (slot < 0 || budget.admits()) index.storeAt(slot, hasParent, parentHi, parentLo, external, local, count, first);
+      else events.refused(slot, count);
+    },
+    removeAt: (slot, external, count, first) => index.removeAt(slot, external, count, first),
+    clearAt: (slot) => {
+      index.clearAt(slot);
+      events.cleared(slot);
+    },
+  };
+}

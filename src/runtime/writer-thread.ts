@@ -1,0 +1,223 @@
+/**
+ * The socket thread's end of the index writer thread (./writer.ts): starts it, and
+ * gives each EngineSource a stream input that copies what arrives into the event ring
+ * instead of sequencing it here. The source keeps its sockets (SUB, the replay
+ * DEALER); the writer asks for replays by message. What readers on this thread see of
+ * a stream (metrics, /v1/workers) is the mirror the writer's status messages keep: one
+ * consistent view per stream, as of the writer's last drain.
+ *
+ * Control records (add, remove, restore) must not be dropped like batches at a full
+ * ring: they wait in a backlog, written before anything else, retried every few ms.
+ */
+import { NormalizeCounters } from "../ingest/normalize";
+import { SequencerCounters } from "../ingest/sequencer";
+import type { SequencerView, SourceConfig, StreamView } from "../ingest/source";
+import { type ReplayTransport, StreamCounters, type StreamInput } from "../ingest/stream";
+import type { IndexOp } from "../index/ops";
+import { createRingBuffers, RecordKind, RING_MAX_STREAMS, RingProducer } from "./ring";
+import { type KvedgeThread, startThread } from "./threads";
+import type { StreamStatus, WriterControl, WriterStart, WriterToMain } from "./writer";
+
+const encoder = new TextEncoder();
+const BACKLOG_RETRY_MS = 5;
+/** The stream id of control records for the writer as a whole (dump, stop). */
+const WRITER_STREAM = RING_MAX_STREAMS - 1;
+
+/** A stream as the socket thread sees it: arrivals go to the ring, reads to the mirror. */
+export class RingStream implements StreamInput, StreamView {
+  readonly counters = new StreamCounters();
+  readonly normalizer = { counters: new NormalizeCounters() };
+  readonly sequencer: SequencerView;
+  ranks: number[];
+  /** The replay the writer asked for last: replies are tagged with it. */
+  generation = 0;
+  ringLosses = 0;
+  private lastSeq = -1;
+  private lastFingerprint = -1;
+  private degraded = false;
+
+  constructor(private readonly owner: WriterThread, readonly id: number, dpRank: number,
+    readonly transport: ReplayTransport) {
+    this.ranks = [dpRank];
+    const counters = new SequencerCounters();
+    const self = this;
+    this.sequencer = {
+      get lastSeq() {
+        return self.lastSeq;
+      },
+      get lastFingerprint() {
+        return self.lastFingerprint;
+      },
+      get isDegraded() {
+        return self.degraded;
+      },
+      counters,
+      restore: (last, print, degraded) => owner.control(id, { op: "restore", last, print, degraded }),
+    };
+  }
+
+  live(seq: number, payload: Uint8Array): void {
+    this.owner.write(RecordKind.LIVE, this.id, 0, seq, payload);
+  }
+
+  connected(): void {
+    this.owner.write(RecordKind.CONNECTED, this.id, 0, 0);
+  }
+
+  replayBatch(seq: number, payload: Uint8Array): void {
+    this.owner.write(RecordKind.REPLAY, this.id, this.generation, seq, payload);
+  }
+
+  replayEnd(): void {
+    this.owner.write(RecordKind.REPLAY_END, this.id, this.generation, 0);
+  }
+
+  replayFailed(): void {
+    this.owner.write(RecordKind.REPLAY_FAILED, this.id, this.generation, 0);
+  }
+
+  close(): void {
+    this.owner.control(this.id, { op: "remove" });
+    this.owner.forget(this.id);
+  }
+
+  /** The writer's view of this stream, as of its last drain. */
+  mirror(status: StreamStatus): void {
+    this.lastSeq = status.lastSeq;
+    this.lastFingerprint = status.lastFingerprint;
+    this.degraded = status.degraded;
+    this.ranks = status.ranks;
+    Object.assign(this.sequencer.counters, status.sequencer);
+    Object.assign(this.normalizer.counters, status.normalizer);
+    this.counters.applyErrors = status.applyErrors;
+    this.ringLosses = status.ringLosses;
+  }
+}
+
+export interface WriterThreadOptions extends Omit<WriterStart, "ring"> {
+  readonly ringBytes: number;
+  readonly cpus: readonly number[] | null;
+  /** A stream's trust or ranks changed (after a status message). */
+  readonly onChange?: (stream: RingStream) => void;
+}
+
+export class WriterThread {
+  readonly producer: RingProducer;
+  private readonly streams = new Map<number, RingStream>();
+  private nextId = 0;
+  private backlog: { id: number; payload: Uint8Array }[] = [];
+  private retry: ReturnType<typeof setTimeout> | null = null;
+  private dumped: ((ops: IndexOp[]) => void)[] = [];
+  private stoppedWaiter: (() => void) | null = null;
+  private stopping = false;
+
+  private constructor(private readonly thread: KvedgeThread, producer: RingProducer,
+    private readonly onChange: (stream: RingStream) => void) {
+    this.producer = producer;
+    thread.onMessage = (body) => this.message(body as WriterToMain);
+  }
+
+  static async start(options: WriterThreadOptions): Promise<WriterThread> {
+    const ring = createRingBuffers(options.ringBytes);
+    const { ringBytes: _bytes, cpus, onChange, ...rest } = options;
+    const data: WriterStart = { ...rest, ring };
+    const thread = await startThread({ role: "writer", cpus, data });
+    return new WriterThread(thread, new RingProducer(ring), onChange ?? (() => {}));
+  }
+
+  /** The `input` of an EngineSource: its arrivals go to the writer thread. */
+  input(config: SourceConfig): (transport: ReplayTransport) => RingStream {
+    return (transport) => {
+      const id = this.nextId++;
+      const stream = new RingStream(this, id, config.dpRank, transport);
+      this.streams.set(id, stream);
+      this.control(id, {
+        op: "add", workerId: config.workerId.toString(), dpRank: config.dpRank,
+        replay: transport.requestReplay !== undefined,
+      });
+      return stream;
+    };
+  }
+
+  /** A batch or event record; dropped (and announced by a LOSS record) when the ring is full. */
+  write(kind: RecordKind, id: number, generation: number, seq: number, payload?: Uint8Array): void {
+    if (this.backlog.length > 0) this.flush();
+    if (!this.producer.write(kind, id, generation, seq, payload)) this.retryLater();
+  }
+
+  /** A control record: never dropped (held in the backlog while the ring is full). */
+  control(id: number, control: WriterControl): void {
+    this.backlog.push({ id, payload: encoder.encode(JSON.stringify(control)) });
+    this.flush();
+  }
+
+  forget(id: number): void {
+    this.streams.delete(id);
+  }
+
+  /** The writer's index as operations (tests, dumps). */
+  dump(): Promise<IndexOp[]> {
+    return new Promise((resolve) => {
+      this.dumped.push(resolve);
+      this.control(WRITER_STREAM, { op: "dump" });
+    });
+  }
+
+  async stop(): Promise<void> {
+    const stopped = new Promise<void>((resolve) => {
+      this.stoppedWaiter = resolve;
+    });
+    this.control(WRITER_STREAM, { op: "stop" });
+    await stopped;
+    this.stopping = true;
+    if (this.retry !== null) clearTimeout(this.retry);
+    await this.thread.stop();
+  }
+
+  /** Writes the backlog, then the LOSS records owed; retries later what still does not fit. */
+  private flush(): void {
+    while (this.backlog.length > 0) {
+      const { id, payload } = this.backlog[0]!;
+      if (!this.producer.offer(RecordKind.CONTROL, id, 0, 0, payload)) break;
+      this.backlog.shift();
+    }
+    const announced = this.producer.announceLosses();
+    if (this.backlog.length > 0 || !announced) this.retryLater();
+  }
+
+  private retryLater(): void {
+    if (this.retry !== null || this.stopping) return;
+    this.retry = setTimeout(() => {
+      this.retry = null;
+      this.flush();
+    }, BACKLOG_RETRY_MS);
+  }
+
+  private message(message: WriterToMain): void {
+    switch (message.t) {
+      case "replay": {
+        const stream = this.streams.get(message.stream);
+        if (stream === undefined) return;
+        stream.generation = message.generation;
+        stream.transport.requestReplay?.(message.start);
+        return;
+      }
+      case "cancel":
+        this.streams.get(message.stream)?.transport.cancelReplay();
+        return;
+      case "status":
+        for (const status of message.streams) {
+          const stream = this.streams.get(status.stream);
+          if (stream === undefined) continue;
+          stream.mirror(status);
+          this.onChange(stream);
+        }
+        return;
+      case "dump":
+        this.dumped.shift()?.(message.ops);
+        return;
+      case "stopped":
+        this.stoppedWaiter?.();
+    }
+  }
+}
