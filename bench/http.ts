@@ -236,7 +236,8 @@ const fmtRate = (rate: number) => `${(rate / 1000).toFixed(1)}k`;
 
 function formatResult(r: LoadResult | ScenarioResult): string {
   return `${fmtRate(r.routesPerSecond)} routes/s, p50 ${fmtMs(r.p50Ms)} ms, p99 ${fmtMs(r.p99Ms)} ms, p99.9 ${fmtMs(r.p999Ms)} ms, `
-    + `serve CPU ${(100 * r.serverCpu).toFixed(0)} % (${((1e6 * r.serverCpu) / r.routesPerSecond).toFixed(0)} µs/route), generator CPU ${(100 * r.generatorCpu).toFixed(0)} %`
+    + `serve CPU ${(100 * r.serverCpu).toFixed(0)} % (${((1e6 * r.serverCpu) / r.routesPerSecond).toFixed(0)} µs/route`
+    + `${r.serverMainCpu === undefined ? "" : `, main thread ${((1e6 * r.serverMainCpu) / r.routesPerSecond).toFixed(0)}`}), generator CPU ${(100 * r.generatorCpu).toFixed(0)} %`
     + ("decisionUs" in r && r.decisionUs !== null ? `, decision ${r.decisionUs.toFixed(1)} µs` : "")
     + (r.errors > 0 ? `, ${r.errors} errors (${r.sampleError})` : "") + (r.unanswered > 0 ? `, ${r.unanswered} unanswered` : "");
 }
@@ -276,6 +277,8 @@ function rowsOf(lanes: number, records: RunRecord[]) {
       sendLagP99Ms: scenario.mode === "open" ? of((r) => r.sendLagP99Ms!) : null,
       serverCpu: of((r) => r.serverCpu),
       serverCpuUsPerRoute: of((r) => (r.routesPerSecond > 0 ? (1e6 * r.serverCpu) / r.routesPerSecond : NaN)),
+      mainCpuUsPerRoute: of((r) => (r.routesPerSecond > 0 && r.serverMainCpu !== undefined
+        ? (1e6 * r.serverMainCpu) / r.routesPerSecond : NaN)),
       generatorCpu: of((r) => r.generatorCpu),
       decisionUs: scenario.transport === "http" ? of((r) => r.decisionUs ?? NaN) : null,
       errors: records.reduce((sum, record) => sum + record.results[scenario.name]!.errors, 0),
@@ -308,11 +311,11 @@ if (json) {
   console.log(`\nkvedge serve, ${setup.pairs} (block, worker) pairs over ${WORKERS} workers, median of ${records.length} run(s)`);
   console.log(`index ready in ${setup.indexSeconds.toFixed(1)} s; serve RSS ${(setup.serveRssBytes / 2 ** 20).toFixed(0)} MiB; `
     + `kvedge_index_bytes ${(setup.indexBytes / 2 ** 20).toFixed(1)} MiB; open-loop HTTP and binary WS sent by the ${generator === "c" ? "C" : "Bun"} generator\n`);
-  console.log("| scenario | lanes | routes/s | p50 ms | p99 ms | p99.9 ms | send lag p99 ms | serve CPU | serve CPU µs/route | of it, decision µs | generator CPU |");
-  console.log("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+  console.log("| scenario | lanes | routes/s | p50 ms | p99 ms | p99.9 ms | send lag p99 ms | serve CPU | serve CPU µs/route | main thread µs/route | of it, decision µs | generator CPU |");
+  console.log("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
   for (const row of rows) {
     console.log(`| ${row.scenario} | ${row.routeThreads} | ${fmtRate(row.routesPerSecond)} | ${fmtMs(row.p50Ms)} | ${fmtMs(row.p99Ms)} | ${fmtMs(row.p999Ms)} | ${fmtMs(row.sendLagP99Ms)} `
-      + `| ${(100 * row.serverCpu).toFixed(0)} % | ${row.serverCpuUsPerRoute.toFixed(0)} | ${row.decisionUs === null ? "-" : row.decisionUs.toFixed(1)} `
+      + `| ${(100 * row.serverCpu).toFixed(0)} % | ${row.serverCpuUsPerRoute.toFixed(0)} | ${Number.isNaN(row.mainCpuUsPerRoute) ? "-" : row.mainCpuUsPerRoute.toFixed(0)} | ${row.decisionUs === null ? "-" : row.decisionUs.toFixed(1)} `
       + `| ${(100 * row.generatorCpu).toFixed(0)} % |`);
   }
   if (laneCounts.length > 1) {
@@ -321,7 +324,8 @@ if (json) {
     for (const row of rows.filter((r) => r.routeThreads !== laneCounts[0])) {
       const a = base.get(row.scenario)!;
       console.log(`  ${row.scenario}, ${row.routeThreads} lanes: routes/s x${(row.routesPerSecond / a.routesPerSecond).toFixed(2)}, `
-        + `CPU µs/route x${(row.serverCpuUsPerRoute / a.serverCpuUsPerRoute).toFixed(2)}, p99 x${(row.p99Ms / a.p99Ms).toFixed(2)}`);
+        + `CPU µs/route x${(row.serverCpuUsPerRoute / a.serverCpuUsPerRoute).toFixed(2)}, `
+        + `main-thread µs/route x${(row.mainCpuUsPerRoute / a.mainCpuUsPerRoute).toFixed(2)}, p99 x${(row.p99Ms / a.p99Ms).toFixed(2)}`);
     }
   }
 }
