@@ -19,19 +19,23 @@
  *       [--workers N] [--sticky P] [--json]
  */
 import { bench, do_not_optimize, group, run } from "mitata";
+import { createSharedIndex } from "../src/index/crtc/shared";
 import { createIndex } from "../src/index/index";
 import { BACKEND_NAMES, type BackendName, type KvIndex, MatchResult } from "../src/index/types";
 import { benchFlags, provenance } from "./lib";
 import { buildWorkload, type Workload } from "./workload";
 
-const flags = benchFlags("bun bench/index.bench.ts [--backend crtc|positional|reference ...] [--pairs N] [--reference-pairs N] [--workers N] [--sticky P] [--json]", {
+const flags = benchFlags("bun bench/index.bench.ts [--backend crtc|positional|reference ...] [--pairs N] [--reference-pairs N] [--workers N] [--sticky P] [--shared] [--json]", {
   backend: { type: "string", multiple: true },
   pairs: { type: "string" },
   "reference-pairs": { type: "string" },
   workers: { type: "string" },
   sticky: { type: "string" },
+  shared: { type: "boolean" },
   json: { type: "boolean" },
 });
+// --shared: the crtc's pools in shared memory (src/index/crtc/shared.ts), written on this thread.
+const shared = flags.shared === true;
 const json = flags.json === true;
 const backends = (flags.backend ?? ["crtc", "positional", "reference"]) as BackendName[];
 for (const backend of backends) if (!BACKEND_NAMES.includes(backend)) throw new Error(`unknown backend ${backend}`);
@@ -64,7 +68,9 @@ function workloadOf(target: number): Workload {
 
 function build(backend: BackendName): Built {
   const workload = workloadOf(backend === "reference" ? referencePairs : pairs);
-  const index = createIndex(backend, 16, { verify: false });
+  const index = shared && backend === "crtc"
+    ? createSharedIndex(16, { verify: false, budgetBytes: 4 * 2 ** 30 }).index
+    : createIndex(backend, 16, { verify: false });
   const started = performance.now();
   for (const event of workload.events) {
     index.applyStored(BigInt(event.worker), 0, event.hasParent, event.parentHi, event.parentLo, event.external, event.local, event.count);

@@ -10,12 +10,15 @@
  * by (position, chain hash).
  */
 import { fail } from "./assert";
+import { PRIVATE_MEMORY, type PoolMemory } from "./crtc/shared-memory";
+import { CONTROL, type SharedWriter } from "./crtc/shared-writer";
 
-const STRIDE = 4;
+export const LINK_STRIDE = 4;
+const STRIDE = LINK_STRIDE;
 const BITS_MIN = 6;
 
 /** The home slot of (key, hi, lo) among 2^(32 - shift) slots. */
-function homeSlot(key: number, hi: number, lo: number, shift: number): number {
+export function homeSlot(key: number, hi: number, lo: number, shift: number): number {
   return Math.imul(lo ^ Math.imul(hi, 0x85ebca6b) ^ Math.imul(key, 0xc2b2ae35), 0x9e3779b1) >>> shift;
 }
 
@@ -28,14 +31,25 @@ export class LinkTable {
   private grow: number;
   private shrink: number;
   private probeSlot = 0;
+  /**
+   * Shared mode: the table alternates between two regions (a resize fills the other
+   * one, publishes it and retires this one), and every change runs inside the control
+   * buffer's link seqlock, so a reader that raced a backward shift or a resize knows.
+   */
+  private readonly control: Int32Array | null;
+  private region = 0;
+  private readonly regionRetiredAt = [0, 0];
 
-  constructor(bits = BITS_MIN) {
+  constructor(bits = BITS_MIN, private readonly memory: PoolMemory = PRIVATE_MEMORY,
+    private readonly writer: SharedWriter | null = null) {
+    this.control = writer === null ? null : writer.control;
     this.capacity = 1 << bits;
     this.mask = this.capacity - 1;
     this.shift = 32 - bits;
     this.grow = (this.capacity * 3) >> 2;
     this.shrink = -1;
-    this.table = new Uint32Array(this.capacity * STRIDE);
+    this.table = memory.u32("links.0", this.capacity * STRIDE, null, 0);
+    this.publish();
   }
 
   /** The value of (key, hi, lo), or 0. */
@@ -60,17 +74,21 @@ export class LinkTable {
     if (value === 0 || this.find(key, hi, lo) !== 0) fail("link to the null value or link already present");
     const table = this.table;
     const at = this.probeSlot * STRIDE;
+    if (this.control !== null) Atomics.add(this.control, CONTROL.linkVersion, 1);
     table[at] = key;
     table[at + 1] = hi;
     table[at + 2] = lo;
     table[at + 3] = value;
+    if (this.control !== null) Atomics.add(this.control, CONTROL.linkVersion, 1);
     if (++this.count > this.grow) this.resize(this.shift - 1);
   }
 
   /** Re-points (key, hi, lo) from `from` to `to` (identity-checked). */
   replace(key: number, hi: number, lo: number, from: number, to: number): void {
     if (this.find(key, hi, lo) !== from) fail("link replaced under a different value");
-    this.table[this.probeSlot * STRIDE + 3] = to;
+    // One aligned word: a reader sees the old child or the new one, never a mix.
+    if (this.control !== null) Atomics.store(this.table, this.probeSlot * STRIDE + 3, to);
+    else this.table[this.probeSlot * STRIDE + 3] = to;
   }
 
   /**
@@ -80,6 +98,7 @@ export class LinkTable {
    */
   remove(key: number, hi: number, lo: number, value: number): void {
     if (this.find(key, hi, lo) !== value) fail("unlinking a key that names another value");
+    if (this.control !== null) Atomics.add(this.control, CONTROL.linkVersion, 1);
     const table = this.table;
     const mask = this.mask;
     const shift = this.shift;
@@ -104,6 +123,7 @@ export class LinkTable {
     table[to + 1] = 0;
     table[to + 2] = 0;
     table[to + 3] = 0;
+    if (this.control !== null) Atomics.add(this.control, CONTROL.linkVersion, 1);
     if (--this.count < this.shrink) this.resize(this.shift + 1);
   }
 
@@ -114,12 +134,14 @@ export class LinkTable {
   private resize(shift: number): void {
     const old = this.table;
     const bits = 32 - shift;
+    const control = this.control;
+    if (control !== null) Atomics.add(control, CONTROL.linkVersion, 1);
     this.capacity = 1 << bits;
     this.mask = this.capacity - 1;
     this.shift = shift;
     this.grow = (this.capacity * 3) >> 2;
     this.shrink = bits > BITS_MIN ? (this.capacity * 3) >> 4 : -1;
-    const table = new Uint32Array(this.capacity * STRIDE);
+    const table = this.takeRegion();
     this.table = table;
     const mask = this.mask;
     for (let from = 0; from < old.length; from += STRIDE) {
@@ -128,5 +150,26 @@ export class LinkTable {
       while (table[slot * STRIDE + 3] !== 0) slot = (slot + 1) & mask;
       table.set(old.subarray(from, from + STRIDE), slot * STRIDE);
     }
+    if (control === null) return;
+    // The old region's pages go back; a reader still in it sees the seqlock move.
+    this.memory.u32(`links.${1 - this.region}`, 0, old, 0);
+    this.publish();
+    Atomics.add(control, CONTROL.linkVersion, 1);
+  }
+
+  /** The new table: private memory, or the other shared region once no reader can be in it. */
+  private takeRegion(): Uint32Array {
+    if (this.writer === null) return new Uint32Array(this.capacity * STRIDE);
+    const next = 1 - this.region;
+    this.writer.waitForReaders(this.regionRetiredAt[next]!);
+    this.regionRetiredAt[this.region] = this.writer.epoch;
+    this.region = next;
+    return this.memory.u32(`links.${next}`, this.capacity * STRIDE, null, 0);
+  }
+
+  private publish(): void {
+    if (this.control === null) return;
+    Atomics.store(this.control, CONTROL.linkRegion, this.region);
+    Atomics.store(this.control, CONTROL.linkBits, 32 - this.shift);
   }
 }

@@ -11,6 +11,14 @@
  * only from `a`, so they can move) instead of grown. Order within a list is arbitrary.
  */
 import { assert, fail } from "./assert";
+import { PRIVATE_MEMORY, type PoolMemory } from "./crtc/shared-memory";
+import { RETIRED_LIST } from "./crtc/shared-writer";
+
+/** Shared mode (crtc/shared-writer.ts): told before a record changes; holds freed lists back. */
+export interface OwnerListsWriter {
+  touch(record: number): void;
+  retire(kind: number, offset: number, sizeClass: number): void;
+}
 
 const CLASS_MAX = 17; // 131,072 entries: more than the 65,536 slots that exist
 const ARENA_WORDS_MIN = 1024;
@@ -25,31 +33,39 @@ export class OwnerLists {
   private liveWords = 0;
   private readonly freeByClass = new Uint32Array(CLASS_MAX + 1);
   private pairs = new Uint32Array(64);
+  /** Words of released lists still in limbo (shared mode); no compaction until they are back. */
+  private retiredWords = 0;
 
-  constructor(records: number) {
-    this.count = new Uint32Array(records);
-    this.a = new Uint32Array(records);
-    this.b = new Uint32Array(records);
-    this.words = new Uint32Array(ARENA_WORDS_MIN);
+  constructor(
+    records: number,
+    private readonly memory: PoolMemory = PRIVATE_MEMORY,
+    private readonly writer: OwnerListsWriter | null = null,
+  ) {
+    this.count = this.a = this.b = this.words = new Uint32Array(0);
+    this.resizeRecords(records, 0);
+    this.words = memory.u32("owners.words", ARENA_WORDS_MIN, null, 0);
   }
 
   /** Grows the per-record arrays to `records` (called by the record pool's grow). */
   ensureRecords(records: number): void {
     if (this.count.length >= records) return;
-    this.count = grown(this.count, records);
-    this.a = grown(this.a, records);
-    this.b = grown(this.b, records);
+    this.resizeRecords(records, this.count.length);
   }
 
   /** Back to a fresh state with `records` records (every list must be gone). */
   resetAll(records: number): void {
     assert(this.liveWords === 0, "owner lists reset while lists are live");
-    this.count = new Uint32Array(records);
-    this.a = new Uint32Array(records);
-    this.b = new Uint32Array(records);
-    this.words = new Uint32Array(ARENA_WORDS_MIN);
+    this.resizeRecords(records, 0);
+    this.words = this.memory.u32("owners.words", ARENA_WORDS_MIN, this.words, 0);
     this.top = 2;
     this.freeByClass.fill(0);
+  }
+
+  // See docs/decisions.md#plain-typed-arrays.
+  private resizeRecords(records: number, keep: number): void {
+    this.count = this.memory.u32("owners.count", records, this.count, keep);
+    this.a = this.memory.u32("owners.a", records, this.a, keep);
+    this.b = this.memory.u32("owners.b", records, this.b, keep);
   }
 
   /** The value of `slot` in `record`, or 0 if it is not an owner. */
@@ -67,6 +83,7 @@ export class OwnerLists {
   /** Sets the value (> 0) of `slot` in `record`, adding the slot if absent. */
   set(record: number, slot: number, value: number): void {
     if (value <= 0) fail("owner value must be positive");
+    if (this.writer !== null) this.writer.touch(record);
     const count = this.count[record]!;
     if (count === 0) {
       this.count[record] = 1;
@@ -118,6 +135,7 @@ export class OwnerLists {
   remove(record: number, slot: number): boolean {
     const count = this.count[record]!;
     if (count === 0) return false;
+    if (this.writer !== null) this.writer.touch(record);
     if (count === 1) {
       if (this.a[record] !== slot) return false;
       this.count[record] = 0;
@@ -181,6 +199,7 @@ export class OwnerLists {
   /** Drops every owner of `record`. */
   reset(record: number): void {
     const count = this.count[record]!;
+    if (this.writer !== null) this.writer.touch(record);
     if (count > 1) this.release(this.a[record]!, this.b[record]!);
     this.count[record] = 0;
     this.a[record] = 0;
@@ -212,6 +231,17 @@ export class OwnerLists {
   }
 
   private release(offset: number, sizeClass: number): void {
+    if (this.writer === null) {
+      this.releaseList(offset, sizeClass);
+      return;
+    }
+    this.retiredWords += 2 << sizeClass;
+    this.writer.retire(RETIRED_LIST, offset, sizeClass);
+  }
+
+  /** Puts a freed list on its class's free list (at once, or when it leaves limbo). */
+  releaseList(offset: number, sizeClass: number): void {
+    if (this.writer !== null) this.retiredWords -= 2 << sizeClass;
     this.words[offset] = this.freeByClass[sizeClass]!;
     this.freeByClass[sizeClass] = offset;
     this.liveWords -= 2 << sizeClass;
@@ -221,22 +251,28 @@ export class OwnerLists {
   private makeRoom(size: number): void {
     const used = this.top - 2;
     let length = this.words.length;
-    const compact = used - this.liveWords >= used / 2;
+    const compact = used - this.liveWords >= used / 2 && this.retiredWords === 0;
     const needed = (compact ? this.liveWords : used) + size + 2;
     while (length < needed) length *= 2;
     if (compact) {
       while (length / 4 >= Math.max(ARENA_WORDS_MIN, needed)) length /= 2;
       this.compact(length);
     } else {
-      this.words = grown(this.words, length);
+      this.words = this.memory.u32("owners.words", length, this.words, this.top);
     }
   }
 
+  /** Moves every list to the front of a (smaller) arena; in shared memory, in place. */
   private compact(length: number): void {
-    const old = this.words;
-    const words = new Uint32Array(length);
-    let top = 2;
+    const old = this.memory.shared ? this.words.slice(0, this.top) : this.words;
     const records = this.count.length;
+    if (this.writer !== null) {
+      for (let record = 0; record < records; record++) {
+        if (this.count[record]! >= 2) this.writer.touch(record);
+      }
+    }
+    const words = this.memory.u32("owners.words", length, this.words, 0);
+    let top = 2;
     for (let record = 0; record < records; record++) {
       if (this.count[record]! < 2) continue;
       const size = 2 << this.b[record]!;
@@ -252,9 +288,3 @@ export class OwnerLists {
   }
 }
 
-// See docs/decisions.md#plain-typed-arrays.
-function grown(array: Uint32Array, length: number): Uint32Array {
-  const next = new Uint32Array(length);
-  next.set(array.subarray(0, Math.min(array.length, length)));
-  return next;
-}

@@ -16,6 +16,8 @@
  * hi = next free run of that order, lo = previous (0 = none).
  */
 import { assert, fail } from "../assert";
+import { PRIVATE_MEMORY, type PoolMemory } from "./shared-memory";
+import { RETIRED_RUN, type SharedWriter } from "./shared-writer";
 
 export const FREE_TAG = 0xffff_ff00;
 /** Largest run: 2^17 ids (a chunk). Longer edges are split over several nodes. */
@@ -32,13 +34,18 @@ export class BlockPool {
   /** Ids in allocated runs (used or spare), including the reserved id 0. */
   allocated = 0;
   private readonly freeHead = new Uint32Array(RUN_ORDER_MAX + 1);
+  private readonly memory: PoolMemory;
+  /** Shared mode: freed runs wait here until no reader can follow their ids. */
+  private readonly writer: SharedWriter | null;
 
-  constructor(order = ORDER_MIN) {
+  constructor(
+    order = ORDER_MIN, memory: PoolMemory = PRIVATE_MEMORY, writer: SharedWriter | null = null,
+  ) {
     this.topOrder = order;
-    const size = 2 ** order;
-    this.hi = new Uint32Array(size);
-    this.lo = new Uint32Array(size);
-    this.node = new Uint32Array(size);
+    this.memory = memory;
+    this.writer = writer;
+    this.hi = this.lo = this.node = new Uint32Array(0);
+    this.resize(2 ** order);
     // Id 0 is reserved; the rest of [0, 2^order) splits into runs [2^j, 2^(j+1)).
     for (let j = 0; j < order; j++) this.push(2 ** j, j);
     this.allocated = 1;
@@ -69,10 +76,16 @@ export class BlockPool {
     return start;
   }
 
-  /** Returns the run [start, start + 2^order) to the pool, merging buddies. */
+  /** Returns the run [start, start + 2^order) to the pool (at once, or after limbo). */
   free(start: number, order: number): void {
     if (start === 0 || (start & (2 ** order - 1)) !== 0 || start + 2 ** order > this.capacity) fail("freeing a run outside the pool");
     if (this.node[start]! >= FREE_TAG) fail("double free of a block run");
+    if (this.writer === null) this.release(start, order);
+    else this.writer.retire(RETIRED_RUN, start, order);
+  }
+
+  /** Puts a freed run back, merging buddies, and shrinks the pool if it can. */
+  release(start: number, order: number): void {
     this.allocated -= 2 ** order;
     while (order < this.topOrder) {
       const buddy = start ^ (2 ** order);
@@ -163,14 +176,8 @@ export class BlockPool {
 
   private resize(size: number): void {
     const keep = Math.min(size, this.capacity);
-    const hi = new Uint32Array(size);
-    hi.set(this.hi.subarray(0, keep));
-    const lo = new Uint32Array(size);
-    lo.set(this.lo.subarray(0, keep));
-    const node = new Uint32Array(size);
-    node.set(this.node.subarray(0, keep));
-    this.hi = hi;
-    this.lo = lo;
-    this.node = node;
+    this.hi = this.memory.u32("blocks.hi", size, this.hi, keep);
+    this.lo = this.memory.u32("blocks.lo", size, this.lo, keep);
+    this.node = this.memory.u32("blocks.node", size, this.node, keep);
   }
 }

@@ -18,27 +18,52 @@ import { ROOT } from "./nodes";
 import { clearSlot, RemoveScratch, removeHashes } from "./remove";
 import { storeChain } from "./store";
 import { CrtcTree } from "./tree";
+import type { PoolMemory } from "./shared-memory";
+import { CONTROL, type SharedWriter } from "./shared-writer";
 import { verifyTree } from "./verify";
+
+/** What a shared index's writer is built on (shared.ts makes it). */
+export interface SharedParts {
+  readonly memory: PoolMemory;
+  readonly writer: SharedWriter;
+  /** Per slot: worker id (hi, lo) and dp rank, for readers naming their matches. */
+  readonly slotIdentity: Uint32Array;
+}
 
 export class CrtcIndex extends SlotIndex implements KvIndex {
   readonly backend = "crtc" as const;
   readonly blockSize: number;
-  readonly tree = new CrtcTree();
+  readonly tree: CrtcTree;
   readonly slots: WorkerSlots;
   private readonly verifyEach: boolean;
   private readonly matchScratch = new MatchScratch();
   private readonly removeScratch = new RemoveScratch();
+  private readonly shared: SharedParts | null;
 
-  constructor(blockSize: number, options: IndexOptions = {}) {
+  constructor(blockSize: number, options: IndexOptions = {}, shared: SharedParts | null = null) {
     super(options);
     this.blockSize = blockSize;
+    this.shared = shared;
+    this.tree = shared === null ? new CrtcTree() : new CrtcTree(shared.memory, shared.writer);
     this.slots = new WorkerSlots(this.workerTable, this.ownsWorkers);
     this.verifyEach = options.verify ?? VERIFY_BY_DEFAULT;
   }
 
+  /** Every event is one call here; its end is the boundary readers see. */
   storeAt(
     slot: number, hasParent: boolean, parentHi: number, parentLo: number,
     external: Uint32Array, local: Uint32Array, count: number, first = 0,
+  ): StoreStatus {
+    try {
+      return this.store(slot, hasParent, parentHi, parentLo, external, local, count, first);
+    } finally {
+      this.tree.endEvent();
+    }
+  }
+
+  private store(
+    slot: number, hasParent: boolean, parentHi: number, parentLo: number,
+    external: Uint32Array, local: Uint32Array, count: number, first: number,
   ): StoreStatus {
     if (external.length < 2 * (first + count) || local.length < 2 * (first + count)) fail("stored arrays too short");
     let lookup = this.slots.lookupOf(slot);
@@ -57,6 +82,7 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
     if (lookup === null) {
       if (slot < 0) return this.reject(StoreStatus.CapacityExhausted);
       lookup = this.slots.attach(slot);
+      if (this.shared !== null) this.publishSlot(slot);
     }
     storeChain(this.tree, slot, lookup, node, pos, external, local, first, count, this.counters);
     this.counters.storedEvents++;
@@ -64,7 +90,27 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
     return StoreStatus.Ok;
   }
 
+  /** A new slot's identity, written before any coverage names it. */
+  private publishSlot(slot: number): void {
+    const { slotIdentity, writer } = this.shared!;
+    const id = this.workerTable.workerIdOf(slot);
+    slotIdentity[3 * slot] = Number(id >> 32n);
+    slotIdentity[3 * slot + 1] = Number(id & 0xffff_ffffn);
+    slotIdentity[3 * slot + 2] = this.workerTable.dpRankOf(slot);
+    if (slot >= Atomics.load(writer.control, CONTROL.slotHighWater)) {
+      Atomics.store(writer.control, CONTROL.slotHighWater, slot + 1);
+    }
+  }
+
   removeAt(slot: number, external: Uint32Array, count: number, first = 0): number {
+    try {
+      return this.remove(slot, external, count, first);
+    } finally {
+      this.tree.endEvent();
+    }
+  }
+
+  private remove(slot: number, external: Uint32Array, count: number, first: number): number {
     if (external.length < 2 * (first + count)) fail("removed array too short");
     this.counters.removedEvents++;
     const lookup = this.slots.lookupOf(slot);
@@ -80,9 +126,11 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
   clearAt(slot: number): void {
     this.counters.clearedEvents++;
     const lookup = this.slots.lookupOf(slot);
-    if (lookup === null) return;
-    this.counters.blocksRemoved += clearSlot(this.tree, slot, lookup, this.removeScratch);
-    if (this.verifyEach) this.verify();
+    if (lookup !== null) {
+      this.counters.blocksRemoved += clearSlot(this.tree, slot, lookup, this.removeScratch);
+      if (this.verifyEach) this.verify();
+    }
+    this.tree.endEvent();
   }
 
   removeWorker(workerId: bigint): void {
@@ -91,6 +139,7 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
       this.counters.blocksRemoved += clearSlot(this.tree, slot, this.slots.lookup[slot]!, this.removeScratch);
       this.slots.release(slot);
     }
+    this.tree.endEvent();
     if (this.verifyEach) this.verify();
   }
 

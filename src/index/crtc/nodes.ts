@@ -6,6 +6,8 @@
  */
 import { assert, fail } from "../assert";
 import type { OwnerLists } from "../owners";
+import { PRIVATE_MEMORY, type PoolMemory } from "./shared-memory";
+import { RETIRED_NODE, type SharedWriter } from "./shared-writer";
 
 export const NULL_NODE = 0;
 export const ROOT = 1;
@@ -31,15 +33,19 @@ export class NodePool {
   private next = 2;
   private freeHead = NULL_NODE;
   private readonly owners: OwnerLists;
+  private readonly memory: PoolMemory;
+  /** Shared mode: freed ids wait here until no reader can follow them. */
+  private readonly writer: SharedWriter | null;
 
-  constructor(owners: OwnerLists) {
+  constructor(
+    owners: OwnerLists, memory: PoolMemory = PRIVATE_MEMORY, writer: SharedWriter | null = null,
+  ) {
     this.owners = owners;
-    this.parent = new Uint32Array(CAPACITY_MIN);
-    this.start = new Uint32Array(CAPACITY_MIN);
-    this.len = new Uint32Array(CAPACITY_MIN);
-    this.spare = new Uint32Array(CAPACITY_MIN);
-    this.kids = new Uint32Array(CAPACITY_MIN);
-    this.runOrder = new Uint8Array(CAPACITY_MIN);
+    this.memory = memory;
+    this.writer = writer;
+    this.parent = this.start = this.len = this.spare = this.kids = EMPTY;
+    this.runOrder = new Uint8Array(0);
+    this.resize(CAPACITY_MIN, 0);
     this.runOrder[ROOT] = NOT_RUN_HEAD;
     owners.ensureRecords(CAPACITY_MIN);
   }
@@ -47,12 +53,7 @@ export class NodePool {
   /** Back to the initial size once the tree is empty (memory returns to baseline). */
   reset(): void {
     assert(this.live === 0 && this.kids[ROOT] === 0, "node pool reset while nodes are live");
-    this.parent = new Uint32Array(CAPACITY_MIN);
-    this.start = new Uint32Array(CAPACITY_MIN);
-    this.len = new Uint32Array(CAPACITY_MIN);
-    this.spare = new Uint32Array(CAPACITY_MIN);
-    this.kids = new Uint32Array(CAPACITY_MIN);
-    this.runOrder = new Uint8Array(CAPACITY_MIN);
+    this.resize(CAPACITY_MIN, 0);
     this.runOrder[ROOT] = NOT_RUN_HEAD;
     this.next = 2;
     this.freeHead = NULL_NODE;
@@ -79,12 +80,19 @@ export class NodePool {
   free(id: number): void {
     if (id <= ROOT || id >= this.next || this.len[id] === 0) fail("freeing a node id that is not live");
     if (this.kids[id] !== 0 || this.owners.count[id] !== 0) fail("freeing a node that has children or owners");
+    this.writer?.touch(id);
     this.len[id] = 0;
     this.start[id] = 0;
     this.spare[id] = 0;
+    this.live--;
+    if (this.writer === null) this.release(id);
+    else this.writer.retire(RETIRED_NODE, id, 0);
+  }
+
+  /** Puts a freed id on the free list (at once, or when it leaves limbo). */
+  release(id: number): void {
     this.parent[id] = this.freeHead;
     this.freeHead = id;
-    this.live--;
   }
 
   isLive(id: number): boolean {
@@ -96,7 +104,7 @@ export class NodePool {
     return this.next;
   }
 
-  /** Walks the free list; returns its length (verify). */
+  /** Walks the free list; returns its length (verify; ids in limbo are not on it). */
   freeCount(): number {
     let count = 0;
     for (let id = this.freeHead; id !== NULL_NODE; id = this.parent[id]!) {
@@ -112,21 +120,20 @@ export class NodePool {
 
   private grow(): void {
     const size = this.capacity * 2;
-    this.parent = grownU32(this.parent, size);
-    this.start = grownU32(this.start, size);
-    this.len = grownU32(this.len, size);
-    this.spare = grownU32(this.spare, size);
-    this.kids = grownU32(this.kids, size);
-    const runOrder = new Uint8Array(size);
-    runOrder.set(this.runOrder);
-    this.runOrder = runOrder;
+    this.resize(size, this.capacity);
     this.owners.ensureRecords(size);
+  }
+
+  /** Every array at `size` entries, keeping the first `keep` (decisions.md#plain-typed-arrays). */
+  private resize(size: number, keep: number): void {
+    const memory = this.memory;
+    this.parent = memory.u32("nodes.parent", size, this.parent, keep);
+    this.start = memory.u32("nodes.start", size, this.start, keep);
+    this.len = memory.u32("nodes.len", size, this.len, keep);
+    this.spare = memory.u32("nodes.spare", size, this.spare, keep);
+    this.kids = memory.u32("nodes.kids", size, this.kids, keep);
+    this.runOrder = memory.u8("nodes.runOrder", size, this.runOrder, keep);
   }
 }
 
-// See docs/decisions.md#plain-typed-arrays.
-function grownU32(array: Uint32Array, size: number): Uint32Array {
-  const next = new Uint32Array(size);
-  next.set(array);
-  return next;
-}
+const EMPTY = new Uint32Array(0);

@@ -146,6 +146,7 @@ function extendLeaf(
   const blocks = tree.blocks;
   const room = end - from;
   const base = nodes.start[node]! + nodes.len[node]!;
+  tree.touch(node);
   let placed = 0;
   while (placed < room) {
     const i = from + placed;

@@ -7,15 +7,44 @@ import { OwnerLists } from "../owners";
 import { BlockPool } from "./blocks";
 import { LinkTable } from "../link-table";
 import { NOT_RUN_HEAD, NodePool, ROOT } from "./nodes";
+import { PRIVATE_MEMORY, type PoolMemory } from "./shared-memory";
+import { RETIRED_LIST, RETIRED_NODE, RETIRED_RUN, type SharedWriter } from "./shared-writer";
 
 export class CrtcTree {
-  readonly owners = new OwnerLists(64);
-  readonly nodes = new NodePool(this.owners);
-  readonly blocks = new BlockPool();
-  readonly children = new LinkTable();
+  readonly owners: OwnerLists;
+  readonly nodes: NodePool;
+  readonly blocks: BlockPool;
+  readonly children: LinkTable;
   /** Blocks in live edges. */
   edgeBlocks = 0;
   private pairs = new Uint32Array(64);
+
+  /** `writer`: the shared mode's versions and epochs (shared-writer.ts); null for one thread. */
+  constructor(memory: PoolMemory = PRIVATE_MEMORY, readonly writer: SharedWriter | null = null) {
+    this.owners = new OwnerLists(64, memory, writer);
+    this.nodes = new NodePool(this.owners, memory, writer);
+    this.blocks = new BlockPool(undefined, memory, writer);
+    this.children = new LinkTable(undefined, memory, writer);
+    writer?.onRelease((kind, a, b) => {
+      if (kind === RETIRED_NODE) this.nodes.release(a);
+      else if (kind === RETIRED_RUN) this.blocks.release(a, b);
+      else if (kind === RETIRED_LIST) this.owners.releaseList(a, b);
+    });
+  }
+
+  /** Before changing what a reader reads of `node` (edge, owners, child links). */
+  touch(node: number): void {
+    if (this.writer !== null) this.writer.touch(node);
+  }
+
+  /** The end of one event (shared mode: versions close, epochs advance, limbo drains). */
+  endEvent(): void {
+    const writer = this.writer;
+    if (writer === null) return;
+    writer.endEvent();
+    // An emptied tree resets its pools once nothing freed waits for readers any more.
+    if (this.nodes.live === 0 && this.nodes.highWater > 2 && writer.limboEmpty) this.nodes.reset();
+  }
 
   /**
    * Splits `node` at edge position `at` (0 < at < len). A new node takes the prefix
@@ -29,6 +58,9 @@ export class CrtcTree {
     assert(at > 0 && at < nodes.len[node]!, "split position outside the edge");
     const prefix = nodes.allocate(); // may grow the node arrays: read them after
     const parent = nodes.parent[node]!;
+    this.touch(prefix);
+    this.touch(node);
+    this.touch(parent);
     const start = nodes.start[node]!;
     const blocks = this.blocks;
     nodes.parent[prefix] = parent;
@@ -68,6 +100,8 @@ export class CrtcTree {
   attachChild(parent: number, start: number, len: number, order: number): number {
     const node = this.nodes.allocate();
     const nodes = this.nodes;
+    this.touch(node);
+    this.touch(parent);
     nodes.parent[node] = parent;
     nodes.start[node] = start;
     nodes.len[node] = len;
@@ -101,13 +135,16 @@ export class CrtcTree {
       }
       const parent = nodes.parent[node]!;
       const start = nodes.start[node]!;
+      this.touch(parent);
+      this.touch(node);
       this.children.remove(parent, this.blocks.hi[start]!, this.blocks.lo[start]!, node);
       nodes.kids[parent]!--;
       this.releaseEdge(node, parent);
       nodes.free(node);
       node = parent;
     }
-    if (nodes.live === 0 && nodes.highWater > 2) nodes.reset();
+    const settled = this.writer === null || this.writer.limboEmpty;
+    if (nodes.live === 0 && nodes.highWater > 2 && settled) nodes.reset();
   }
 
   /** Shortens a leaf's edge to `len` blocks; the tail becomes spare room. */
@@ -115,6 +152,7 @@ export class CrtcTree {
     const nodes = this.nodes;
     const start = nodes.start[node]!;
     const old = nodes.len[node]!;
+    this.touch(node);
     const blockNode = this.blocks.node;
     for (let block = start + len; block < start + old; block++) blockNode[block] = 0;
     nodes.len[node] = len;

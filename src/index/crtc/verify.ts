@@ -7,6 +7,7 @@ import { assert } from "../assert";
 import type { WorkerSlots } from "../workers";
 import { FREE_TAG } from "./blocks";
 import { NOT_RUN_HEAD, ROOT } from "./nodes";
+import { RETIRED_NODE, RETIRED_RUN } from "./shared-writer";
 import type { CrtcTree } from "./tree";
 
 export function verifyTree(tree: CrtcTree, slots: WorkerSlots): void {
@@ -58,10 +59,14 @@ export function verifyTree(tree: CrtcTree, slots: WorkerSlots): void {
     verifyOwners(tree, slots, node, len, children.length, heldBySlot);
   }
   assert(reachable === nodes.live, "verify: live nodes unreachable from the root");
-  assert(nodes.freeCount() + nodes.live + 2 === nodes.highWater, "verify: node pool count mismatch");
+  // Shared mode: freed ids and runs wait in limbo until readers have left.
+  const retiredNodes = tree.writer?.retiredUnits(RETIRED_NODE) ?? 0;
+  const retiredIds = tree.writer?.retiredUnits(RETIRED_RUN) ?? 0;
+  const nodeIds = nodes.freeCount() + nodes.live + 2 + retiredNodes;
+  assert(nodeIds === nodes.highWater, "verify: node pool count mismatch");
   assert(tree.children.count === nodes.live, "verify: child table holds dead links");
   assert(edgeBlocks === tree.edgeBlocks, "verify: edge block count drifted");
-  assert(runIds === blocks.allocated, "verify: allocated runs do not add up");
+  assert(runIds + retiredIds === blocks.allocated, "verify: allocated runs do not add up");
   assert(blocks.freeIds() + blocks.allocated === blocks.capacity, "verify: block pool count mismatch");
   verifyLookups(tree, slots, heldBySlot);
 }

@@ -1,0 +1,527 @@
+/**
+ * The crtc index in shared memory: one writer thread applies events, readers on other
+ * threads run findMatches on the same memory without locks (README.md, "Concurrency").
+ *
+ * Usage:
+ *
+ * ```ts
+ * // The writer's thread: an ordinary KvIndex (feed it as any other; e.g. as the
+ * // normalizer's writer), plus a descriptor to post to reader threads.
+ * const shared = createSharedIndex(16, { budgetBytes: 1 << 30, maxReaders: 8 });
+ * shared.index.applyStored(...);              // every KvIndex call is one event
+ * worker.postMessage(shared.descriptor);      // structured-cloneable: SABs + geometry
+ *
+ * // A reader's thread (a Worker), from the posted descriptor:
+ * const reader = attach(descriptor);
+ * const out = new MatchResult();
+ * reader.findMatches(local, count, out);      // KvIndex.findMatches' signature
+ * reader.workerIdOf(out.workers[0]!);          // handles name the writer's worker slots
+ * reader.close();                              // gives the reader slot back
+ * ```
+ *
+ * An answer is the index's answer at one event boundary between the call's start and
+ * end. Handles (worker slots) and their workerIdOf / dpRankOf are those of that
+ * boundary; they stay readable until the reader's next findMatches.
+ */
+import { homeSlot, LINK_STRIDE } from "../link-table";
+import { SLOT_LIMIT } from "../workers";
+import { MatchResult, type IndexOptions } from "../types";
+import { defaultIndexBudgetBytes } from "../budget";
+import { CrtcIndex } from "./crtc";
+import { ROOT } from "./nodes";
+import { RUN_ORDER_MAX } from "./blocks";
+import { SharedRegions } from "./shared-memory";
+import { CONTROL, controlWords, SharedWriter, type SharedWriterCounters } from "./shared-writer";
+
+export { MatchResult };
+
+const FORMAT = "kvedge.crtc.shared/1";
+
+/** What a reader thread needs: the buffers and their geometry (structured-cloneable). */
+export interface SharedIndexDescriptor {
+  readonly format: typeof FORMAT;
+  readonly blockSize: number;
+  readonly maxReaders: number;
+  readonly control: SharedArrayBuffer;
+  readonly regions: Readonly<Record<string, SharedArrayBuffer>>;
+}
+
+export interface SharedIndexOptions extends IndexOptions {
+  /** The index memory budget the regions are sized by (default: defaultIndexBudgetBytes()). */
+  budgetBytes?: number;
+  /** Reader threads attached at once (default 64). */
+  maxReaders?: number;
+}
+
+export interface SharedIndex {
+  /** The writer: an ordinary KvIndex; use it from one thread only. */
+  readonly index: CrtcIndex;
+  readonly descriptor: SharedIndexDescriptor;
+  readonly counters: SharedWriterCounters;
+  /** Gives back what waits for readers that have left (call between events). */
+  settle(): void;
+}
+
+const MAX_READERS_DEFAULT = 64;
+const BLOCK_IDS_MAX = 2 ** 30;
+const NODE_IDS_MAX = 2 ** 30;
+const ARENA_WORDS_MAX = 2 ** 30;
+const LINK_SLOTS_MAX = 2 ** 28;
+/** Every live node costs at least this much all in (its arrays, one block, one link). */
+const NODE_BYTES_MIN = 64;
+
+function pow2AtLeast(n: number): number {
+  return 2 ** Math.ceil(Math.log2(Math.max(2, n)));
+}
+
+/**
+ * Each array's largest size in bytes for an index of `budgetBytes`: as much as it could
+ * take before the budget refuses stores, plus one growth step. Reserved, not touched.
+ */
+export function sharedRegionLimits(budgetBytes: number): Record<string, number> {
+  if (!(budgetBytes >= 2 ** 20)) {
+    throw new RangeError(`shared index budget must be >= 1 MiB, got ${budgetBytes}`);
+  }
+  const chunk = 2 ** RUN_ORDER_MAX;
+  const chunks = Math.ceil((1.25 * budgetBytes) / 12 / chunk + 1);
+  const blockIds = Math.min(BLOCK_IDS_MAX, chunks * chunk);
+  const nodeIds = Math.min(NODE_IDS_MAX, pow2AtLeast(budgetBytes / NODE_BYTES_MIN));
+  const words = Math.min(ARENA_WORDS_MAX, pow2AtLeast(budgetBytes / 4));
+  const linkSlots = Math.min(LINK_SLOTS_MAX, 2 * nodeIds);
+  const limits: Record<string, number> = {
+    "blocks.hi": 4 * blockIds, "blocks.lo": 4 * blockIds, "blocks.node": 4 * blockIds,
+    "nodes.runOrder": nodeIds, "owners.words": 4 * words,
+    "links.0": 4 * LINK_STRIDE * linkSlots, "links.1": 4 * LINK_STRIDE * linkSlots,
+    "slots.identity": 4 * 3 * SLOT_LIMIT,
+  };
+  for (const name of ["parent", "start", "len", "spare", "kids", "version"]) {
+    limits[`nodes.${name}`] = 4 * nodeIds;
+  }
+  for (const name of ["count", "a", "b"]) limits[`owners.${name}`] = 4 * nodeIds;
+  return limits;
+}
+
+/** A crtc index whose pools live in shared memory, and the descriptor readers attach by. */
+export function createSharedIndex(
+  blockSize: number, options: SharedIndexOptions = {},
+): SharedIndex {
+  const maxReaders = options.maxReaders ?? MAX_READERS_DEFAULT;
+  if (!Number.isInteger(maxReaders) || maxReaders < 1 || maxReaders > 4096) {
+    throw new RangeError(`maxReaders must be an integer in [1, 4096], got ${maxReaders}`);
+  }
+  const budget = options.budgetBytes ?? defaultIndexBudgetBytes();
+  const memory = new SharedRegions(sharedRegionLimits(budget));
+  const control = new SharedArrayBuffer(4 * (controlWords(maxReaders) + maxReaders));
+  const versions = memory.whole("nodes.version");
+  const writer = new SharedWriter(new Int32Array(control), versions, maxReaders);
+  const slotIdentity = memory.whole("slots.identity");
+  const index = new CrtcIndex(blockSize, options, { memory, writer, slotIdentity });
+  return {
+    index,
+    descriptor: { format: FORMAT, blockSize, maxReaders, control, regions: memory.buffers },
+    counters: writer.counters,
+    settle() {
+      index.tree.endEvent();
+    },
+  };
+}
+
+/** Counters of one reader (plain numbers, only increase). */
+export interface ReaderStats {
+  lookups: number;
+  /** Attempts thrown away: a node changed under the read, or was being changed. */
+  retries: number;
+  /** Link probes repeated because the table changed under them. */
+  linkRetries: number;
+  /** Lookups that asked the writer to hold still at an event boundary (the fallback). */
+  pauses: number;
+}
+
+/** Attempts before a lookup asks the writer to hold still (each waits out the change it met). */
+const FAST_ATTEMPTS = 8;
+/** A lookup that gets no consistent read for this long means the writer is stuck mid-event. */
+const LOOKUP_LIMIT_NS = 200_000_000;
+
+export function attach(descriptor: SharedIndexDescriptor): SharedIndexReader {
+  if (descriptor?.format !== FORMAT) throw new Error("not a shared crtc index descriptor");
+  return new SharedIndexReader(descriptor);
+}
+
+/** A read-only view of a shared crtc index for one thread. */
+export class SharedIndexReader {
+  readonly stats: ReaderStats = { lookups: 0, retries: 0, linkRetries: 0, pauses: 0 };
+  readonly blockSize: number;
+  private readonly control: Int32Array;
+  private readonly reader: number;
+  private readonly maxReaders: number;
+  private readonly epochSlot: number;
+  /** When the current lookup gives up on a writer stuck mid-event. */
+  private deadline = 0;
+  private readonly version: Uint32Array;
+  private readonly start: Uint32Array;
+  private readonly len: Uint32Array;
+  private readonly ownerCount: Uint32Array;
+  private readonly ownerA: Uint32Array;
+  private readonly ownerB: Uint32Array;
+  private readonly words: Uint32Array;
+  private readonly hi: Uint32Array;
+  private readonly lo: Uint32Array;
+  private readonly links: [Uint32Array, Uint32Array];
+  private readonly identity: Uint32Array;
+  private active = new Uint32Array(64);
+  private stamp = new Uint32Array(64);
+  private tick = 2;
+  private readNodes = new Uint32Array(64);
+  private readVersions = new Uint32Array(64);
+  private readCount = 0;
+  /** The node whose odd version ended the last attempt (0: none). */
+  private conflict = 0;
+  /** Identities of the last answer's slots, as read inside it. */
+  private idHi = new Uint32Array(64);
+  private idLo = new Uint32Array(64);
+  private rank = new Uint32Array(64);
+  /** workerIdOf's bigints, made once per slot identity seen. */
+  private readonly ids: bigint[] = [];
+  private cachedHi = new Uint32Array(64);
+  private cachedLo = new Uint32Array(64);
+  private closed = false;
+
+  constructor(descriptor: SharedIndexDescriptor) {
+    const r = descriptor.regions;
+    const u32 = (name: string) => {
+      const buffer = r[name];
+      if (!(buffer instanceof SharedArrayBuffer)) {
+        throw new Error(`shared index descriptor lacks region ${name}`);
+      }
+      return new Uint32Array(buffer);
+    };
+    this.blockSize = descriptor.blockSize;
+    this.control = new Int32Array(descriptor.control);
+    this.version = u32("nodes.version");
+    this.start = u32("nodes.start");
+    this.len = u32("nodes.len");
+    this.ownerCount = u32("owners.count");
+    this.ownerA = u32("owners.a");
+    this.ownerB = u32("owners.b");
+    this.words = u32("owners.words");
+    this.hi = u32("blocks.hi");
+    this.lo = u32("blocks.lo");
+    this.links = [u32("links.0"), u32("links.1")];
+    this.identity = u32("slots.identity");
+    this.maxReaders = descriptor.maxReaders;
+    this.reader = claimReader(this.control, descriptor.maxReaders);
+    this.epochSlot = CONTROL.readerBase + this.reader;
+  }
+
+  /** The writer's applied-event count now (wraps at 2^32). */
+  applied(): number {
+    return Atomics.load(this.control, CONTROL.applied) >>> 0;
+  }
+
+  /** KvIndex.findMatches on the shared index (module comment: one event boundary's answer). */
+  findMatches(local: Uint32Array, count: number, out: MatchResult): void {
+    if (this.closed) throw new Error("findMatches on a closed shared index reader");
+    if (local.length < 2 * count) throw new RangeError("query array too short");
+    this.stats.lookups++;
+    this.enter();
+    try {
+      this.deadline = Bun.nanoseconds() + LOOKUP_LIMIT_NS;
+      for (let attempt = 1; !this.tryMatch(local, count, out); attempt++) {
+        this.stats.retries++;
+        if (attempt >= FAST_ATTEMPTS) {
+          this.matchWithWriterStill(local, count, out);
+          return;
+        }
+        this.waitOutConflict();
+      }
+    } finally {
+      Atomics.store(this.control, this.epochSlot, 0);
+    }
+  }
+
+  workerIdOf(handle: number): bigint {
+    const hi = this.idHi[handle]!;
+    const lo = this.idLo[handle]!;
+    const known = this.cachedHi[handle] === hi && this.cachedLo[handle] === lo;
+    if (!known || this.ids[handle] === undefined) {
+      this.cachedHi[handle] = hi;
+      this.cachedLo[handle] = lo;
+      this.ids[handle] = (BigInt(hi) << 32n) | BigInt(lo);
+    }
+    return this.ids[handle]!;
+  }
+
+  dpRankOf(handle: number): number {
+    return this.rank[handle]!;
+  }
+
+  /** Gives the reader slot back; the reader cannot be used after. */
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    Atomics.store(this.control, this.epochSlot, 0);
+    Atomics.store(this.control, claimWord(this.maxReaders, this.reader), 0);
+  }
+
+  /** Publishes the epoch this lookup runs in (re-read until stable: the writer may advance it). */
+  private enter(): void {
+    const control = this.control;
+    let epoch = Atomics.load(control, CONTROL.epoch);
+    for (;;) {
+      Atomics.store(control, this.epochSlot, epoch);
+      const now = Atomics.load(control, CONTROL.epoch);
+      if (now === epoch) return;
+      epoch = now;
+    }
+  }
+
+  /** The fallback: the writer holds still at its next event boundary until this lookup is done. */
+  private matchWithWriterStill(local: Uint32Array, count: number, out: MatchResult): void {
+    this.stats.pauses++;
+    Atomics.add(this.control, CONTROL.pauseRequests, 1);
+    try {
+      while (!this.tryMatch(local, count, out)) {
+        this.stats.retries++;
+        this.waitOutConflict();
+      }
+    } finally {
+      Atomics.sub(this.control, CONTROL.pauseRequests, 1);
+    }
+  }
+
+  /** Spins until the node that was changing is not (its event ended), within the deadline. */
+  private waitOutConflict(): void {
+    const node = this.conflict;
+    this.checkDeadline();
+    if (node === 0) return;
+    while ((Atomics.load(this.version, node) & 1) !== 0) this.checkDeadline();
+  }
+
+  private checkDeadline(): void {
+    if (Bun.nanoseconds() > this.deadline) {
+      throw new Error("shared index: the writer stayed inside one event for 200 ms");
+    }
+  }
+
+  /** Records `node`'s version before reading it; false if it is being changed now. */
+  private openRead(node: number): boolean {
+    const version = Atomics.load(this.version, node);
+    if ((version & 1) !== 0) {
+      this.conflict = node;
+      return false;
+    }
+    if (this.readCount === this.readNodes.length) {
+      const nodes = new Uint32Array(2 * this.readCount);
+      nodes.set(this.readNodes);
+      this.readNodes = nodes;
+      const versions = new Uint32Array(2 * this.readCount);
+      versions.set(this.readVersions);
+      this.readVersions = versions;
+    }
+    this.readNodes[this.readCount] = node;
+    this.readVersions[this.readCount++] = version;
+    return true;
+  }
+
+  /** Whether every node read so far still has the version it was read at. */
+  private validate(): boolean {
+    const version = this.version;
+    for (let k = 0; k < this.readCount; k++) {
+      if (Atomics.load(version, this.readNodes[k]!) !== this.readVersions[k]) return false;
+    }
+    return true;
+  }
+
+  /** The child of `node` for a first block (hi, lo), or 0: a probe inside the link seqlock. */
+  private findLink(node: number, hi: number, lo: number): number {
+    const control = this.control;
+    for (;;) {
+      const before = Atomics.load(control, CONTROL.linkVersion);
+      if ((before & 1) === 0) {
+        const table = this.links[Atomics.load(control, CONTROL.linkRegion) & 1]!;
+        const bits = Atomics.load(control, CONTROL.linkBits);
+        const value = probe(table, bits, node, hi, lo);
+        if (Atomics.load(control, CONTROL.linkVersion) === before) return value;
+      }
+      if ((++this.stats.linkRetries & 1023) === 0) this.checkDeadline();
+    }
+  }
+
+  private ensureSlots(): number {
+    const slots = Math.min(SLOT_LIMIT, Atomics.load(this.control, CONTROL.slotHighWater));
+    if (this.stamp.length < slots) {
+      const size = pow2AtLeast(slots);
+      this.active = new Uint32Array(size);
+      this.stamp = new Uint32Array(size);
+      this.idHi = new Uint32Array(size);
+      this.idLo = new Uint32Array(size);
+      this.rank = new Uint32Array(size);
+      this.cachedHi = new Uint32Array(size);
+      this.cachedLo = new Uint32Array(size);
+      this.ids.length = 0;
+      this.tick = 2;
+    }
+    return slots;
+  }
+
+  private nextTick(): number {
+    if (this.tick >= 0xffff_fff0) {
+      this.stamp.fill(0);
+      this.tick = 2;
+    }
+    const tick = this.tick;
+    this.tick += 2;
+    return tick;
+  }
+
+  /**
+   * One attempt of match.ts's walk (keep the two in step) on shared memory: every node
+   * is read between two loads of its version, and at the end every version read must
+   * be unchanged (then all of them held at once, at one event boundary). False: retry.
+   */
+  private tryMatch(query: Uint32Array, count: number, out: MatchResult): boolean {
+    out.count = 0;
+    this.readCount = 0;
+    this.conflict = 0;
+    if (count === 0) return true;
+    const slots = this.ensureSlots();
+    out.ensure(slots);
+    if (!this.openRead(ROOT)) return false;
+    let node = this.findLink(ROOT, query[0]!, query[1]!);
+    if (node === 0) return this.validate();
+    const { start: starts, len: lens, hi, lo, ownerCount, ownerA, ownerB, words, version } = this;
+    const active = this.active;
+    const stamp = this.stamp;
+    const outWorkers = out.workers;
+    const outBlocks = out.blocks;
+    let scored = 0;
+    let activeCount = 0;
+    let activeTick = this.nextTick();
+    let depth = 0;
+    let first = true;
+    // Bounded by the query: every round consumes at least one of its blocks.
+    for (;;) {
+      if (!this.openRead(node)) return false;
+      const seen = this.readVersions[this.readCount - 1]!;
+      const start = starts[node]!;
+      const len = lens[node]!;
+      const owners = ownerCount[node]!;
+      const inline = owners === 1;
+      const offset = ownerA[node]!;
+      const inlineHeld = ownerB[node]!;
+      // A torn read can name anything: check it is a real edge and list before using it.
+      const torn = len === 0 || start + len > hi.length || owners > slots;
+      if (torn || (!inline && offset + 2 * owners > words.length)) {
+        return false;
+      }
+      const limit = len < count - depth ? len : count - depth;
+      let matched = 1; // the child was chosen by this block's hash
+      while (matched < limit && hi[start + matched] === query[2 * (depth + matched)]
+        && lo[start + matched] === query[2 * (depth + matched) + 1]) matched++;
+      if (first) {
+        for (let k = 0; k < owners; k++) {
+          const slot = inline ? offset : words[offset + 2 * k]!;
+          const held = inline ? inlineHeld : words[offset + 2 * k + 1]!;
+          if (slot >= slots) return false;
+          if (held === len) {
+            active[activeCount++] = slot;
+            stamp[slot] = activeTick;
+          } else {
+            outWorkers[scored] = slot;
+            outBlocks[scored++] = held < matched ? held : matched;
+          }
+        }
+        first = false;
+      } else {
+        const keep = this.nextTick();
+        const left = keep + 1;
+        let stayed = 0;
+        for (let k = 0; k < owners; k++) {
+          const slot = inline ? offset : words[offset + 2 * k]!;
+          if (slot >= slots) return false;
+          if (stamp[slot] !== activeTick) continue;
+          const held = inline ? inlineHeld : words[offset + 2 * k + 1]!;
+          if (held === len) {
+            stamp[slot] = keep;
+            stayed++;
+          } else {
+            stamp[slot] = left;
+            outWorkers[scored] = slot;
+            outBlocks[scored++] = depth + (held < matched ? held : matched);
+          }
+        }
+        let kept = activeCount;
+        if (stayed !== activeCount) {
+          kept = 0;
+          for (let k = 0; k < activeCount; k++) {
+            const slot = active[k]!;
+            const mark = stamp[slot];
+            if (mark === keep) {
+              active[kept++] = slot;
+            } else if (mark !== left) {
+              outWorkers[scored] = slot;
+              outBlocks[scored++] = depth;
+            }
+          }
+        }
+        activeCount = kept;
+        activeTick = keep;
+      }
+      // The node read in one piece: what follows may rely on it.
+      if (Atomics.load(version, node) !== seen) return false;
+      depth += matched;
+      if (activeCount === 0 || matched < len || depth === count) break;
+      node = this.findLink(node, query[2 * depth]!, query[2 * depth + 1]!);
+      if (node === 0) break;
+    }
+    for (let k = 0; k < activeCount; k++) {
+      outWorkers[scored] = active[k]!;
+      outBlocks[scored++] = depth;
+    }
+    out.count = scored;
+    // Names of the slots while their coverage is still validated below.
+    const identity = this.identity;
+    for (let k = 0; k < scored; k++) {
+      const slot = outWorkers[k]!;
+      this.idHi[slot] = identity[3 * slot]!;
+      this.idLo[slot] = identity[3 * slot + 1]!;
+      this.rank[slot] = identity[3 * slot + 2]!;
+    }
+    return this.validate();
+  }
+}
+
+/** LinkTable.find over a table of 2^bits slots, bounded by its size (a torn table may be full). */
+function probe(table: Uint32Array, bits: number, key: number, hi: number, lo: number): number {
+  const capacity = 1 << bits;
+  const mask = capacity - 1;
+  let slot = homeSlot(key, hi, lo, 32 - bits);
+  for (let n = 0; n < capacity; n++) {
+    const at = slot * LINK_STRIDE;
+    const value = table[at + 3]!;
+    if (value === 0) return 0;
+    if (table[at + 2] === lo && table[at + 1] === hi && table[at] === key) return value;
+    slot = (slot + 1) & mask;
+  }
+  return 0;
+}
+
+/** Reader r's claim word: after the epoch words of all readers. */
+function claimWord(maxReaders: number, reader: number): number {
+  return controlWords(maxReaders) + reader;
+}
+
+/** Takes a free reader slot; its epoch word and claim word live in the control buffer. */
+function claimReader(control: Int32Array, maxReaders: number): number {
+  for (let r = 0; r < maxReaders; r++) {
+    if (Atomics.compareExchange(control, claimWord(maxReaders, r), 0, 1) !== 0) continue;
+    for (;;) {
+      const claimed = Atomics.load(control, CONTROL.readersClaimed);
+      if (claimed > r) break;
+      const seen = Atomics.compareExchange(control, CONTROL.readersClaimed, claimed, r + 1);
+      if (seen === claimed) break;
+    }
+    return r;
+  }
+  throw new Error(`shared index: all ${maxReaders} reader slots are taken`);
+}
