@@ -197,7 +197,11 @@ export class RingProducer extends RingView {
     return this.lost[stream] ?? 0;
   }
 
-  private drop(stream: number, length: number): false {
+  /**
+   * Counts a record as dropped without offering it (the caller holds records ahead of
+   * it that must go first); its stream is marked lost like any other drop.
+   */
+  drop(stream: number, length: number): false {
     this.counters.droppedFull++;
     this.markLost(stream, length);
     return false;

@@ -6,8 +6,9 @@
  * a stream (metrics, /v1/workers) is the mirror the writer's status messages keep: one
  * consistent view per stream, as of the writer's last drain.
  *
- * Control records (add, remove, restore) must not be dropped like batches at a full
- * ring: they wait in a backlog, written before anything else, retried every few ms.
+ * Control records (add, remove, restore) and connects must not be dropped like batches
+ * at a full ring: they wait in a backlog, written before anything else, retried every
+ * few ms.
  */
 import { NormalizeCounters } from "../ingest/normalize";
 import { SequencerCounters } from "../ingest/sequencer";
@@ -16,6 +17,7 @@ import { type ReplayTransport, StreamCounters, type StreamInput } from "../inges
 import type { IndexOp } from "../index/ops";
 import { createRingBuffers, RecordKind, RING_MAX_STREAMS, RingProducer } from "./ring";
 import { type KvedgeThread, startThread } from "./threads";
+import type { SharedIndexDescriptor } from "../index/crtc/shared";
 import type { StreamStatus, WriterControl, WriterStart, WriterToMain } from "./writer";
 
 const encoder = new TextEncoder();
@@ -60,8 +62,9 @@ export class RingStream implements StreamInput, StreamView {
     this.owner.write(RecordKind.LIVE, this.id, 0, seq, payload);
   }
 
+  /** Never dropped: a missed reconnect would let a restarted engine's batches pass as duplicates. */
   connected(): void {
-    this.owner.write(RecordKind.CONNECTED, this.id, 0, 0);
+    this.owner.keep(RecordKind.CONNECTED, this.id, new Uint8Array(0));
   }
 
   replayBatch(seq: number, payload: Uint8Array): void {
@@ -105,11 +108,15 @@ export class WriterThread {
   readonly producer: RingProducer;
   private readonly streams = new Map<number, RingStream>();
   private nextId = 0;
-  private backlog: { id: number; payload: Uint8Array }[] = [];
+  /** Records that must not be dropped, waiting for room (in order). */
+  private backlog: { kind: RecordKind; id: number; payload: Uint8Array }[] = [];
   private retry: ReturnType<typeof setTimeout> | null = null;
   private dumped: ((ops: IndexOp[]) => void)[] = [];
   private stoppedWaiter: (() => void) | null = null;
   private stopping = false;
+  /** The shared index's descriptor (readers attach by it), once the writer posted it. */
+  descriptor: SharedIndexDescriptor | null = null;
+  private described: (() => void) | null = null;
 
   private constructor(private readonly thread: KvedgeThread, producer: RingProducer,
     private readonly onChange: (stream: RingStream) => void) {
@@ -122,7 +129,9 @@ export class WriterThread {
     const { ringBytes: _bytes, cpus, onChange, ...rest } = options;
     const data: WriterStart = { ...rest, ring };
     const thread = await startThread({ role: "writer", cpus, data });
-    return new WriterThread(thread, new RingProducer(ring), onChange ?? (() => {}));
+    const writer = new WriterThread(thread, new RingProducer(ring), onChange ?? (() => {}));
+    if (options.sharedReaders > 0) await writer.indexDescribed();
+    return writer;
   }
 
   /** The `input` of an EngineSource: its arrivals go to the writer thread. */
@@ -142,12 +151,21 @@ export class WriterThread {
   /** A batch or event record; dropped (and announced by a LOSS record) when the ring is full. */
   write(kind: RecordKind, id: number, generation: number, seq: number, payload?: Uint8Array): void {
     if (this.backlog.length > 0) this.flush();
-    if (!this.producer.write(kind, id, generation, seq, payload)) this.retryLater();
+    // Nothing overtakes the backlog: while it waits, batches are dropped (and announced).
+    const written = this.backlog.length === 0
+      ? this.producer.write(kind, id, generation, seq, payload)
+      : this.producer.drop(id, payload?.length ?? 0);
+    if (!written) this.retryLater();
   }
 
   /** A control record: never dropped (held in the backlog while the ring is full). */
   control(id: number, control: WriterControl): void {
-    this.backlog.push({ id, payload: encoder.encode(JSON.stringify(control)) });
+    this.keep(RecordKind.CONTROL, id, encoder.encode(JSON.stringify(control)));
+  }
+
+  /** A record that must not be dropped: written now, or after the backlog when there is room. */
+  keep(kind: RecordKind, id: number, payload: Uint8Array): void {
+    this.backlog.push({ kind, id, payload });
     this.flush();
   }
 
@@ -175,10 +193,18 @@ export class WriterThread {
   }
 
   /** Writes the backlog, then the LOSS records owed; retries later what still does not fit. */
+  private indexDescribed(): Promise<void> {
+    return new Promise((resolve, reject) => {
+      if (this.descriptor !== null) return resolve();
+      this.described = resolve;
+      this.thread.onFailure = (error) => reject(new Error(error));
+    });
+  }
+
   private flush(): void {
     while (this.backlog.length > 0) {
-      const { id, payload } = this.backlog[0]!;
-      if (!this.producer.offer(RecordKind.CONTROL, id, 0, 0, payload)) break;
+      const { kind, id, payload } = this.backlog[0]!;
+      if (!this.producer.offer(kind, id, 0, 0, payload)) break;
       this.backlog.shift();
     }
     const announced = this.producer.announceLosses();
@@ -218,6 +244,10 @@ export class WriterThread {
         return;
       case "stopped":
         this.stoppedWaiter?.();
+        return;
+      case "index":
+        this.descriptor = message.descriptor;
+        this.described?.();
     }
   }
 }

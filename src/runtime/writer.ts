@@ -12,6 +12,7 @@ import { budgetedWriter } from "../core/budgeted-writer";
 import { WorkerTable } from "../core/worker-table";
 import { createIndex, type KvIndex } from "../index";
 import { IndexBudget } from "../index/budget";
+import { createSharedIndex, type SharedIndex, type SharedIndexDescriptor } from "../index/crtc/shared";
 import type { IndexOp } from "../index/ops";
 import type { NormalizeCounters } from "../ingest/normalize";
 import type { SequencerCounters, SequencerOptions } from "../ingest/sequencer";
@@ -28,6 +29,12 @@ export interface WriterStart {
   readonly sequencer: Partial<Pick<SequencerOptions,
     "replayTimeoutMs" | "replayDeadlineMs" | "replayBufferBytes" | "replayCooldownMs">>;
   readonly logLevel: Config["server"]["log_level"];
+  /**
+   * Readers on other threads (route lookups) at most: the index is then the crtc in
+   * shared memory (src/index/crtc/shared.ts) and its descriptor is posted at start;
+   * 0 = a private index of `backend`.
+   */
+  readonly sharedReaders: number;
 }
 
 /** CONTROL records' payloads (JSON; ids as decimal text). */
@@ -58,7 +65,8 @@ export type WriterToMain =
   | { readonly t: "cancel"; readonly stream: number }
   | { readonly t: "status"; readonly streams: StreamStatus[] }
   | { readonly t: "dump"; readonly ops: IndexOp[] }
-  | { readonly t: "stopped" };
+  | { readonly t: "stopped" }
+  | { readonly t: "index"; readonly descriptor: SharedIndexDescriptor };
 
 interface Stream {
   readonly engine: EngineStream;
@@ -74,6 +82,7 @@ const decoder = new TextDecoder();
 export class IndexWriter {
   readonly table = new WorkerTable();
   readonly index: KvIndex;
+  private readonly shared: SharedIndex | null;
   private readonly budget: IndexBudget;
   private readonly streams: (Stream | undefined)[] = [];
   private readonly touched = new Set<number>();
@@ -86,16 +95,24 @@ export class IndexWriter {
 
   constructor(private readonly start: WriterStart, private readonly send: (message: WriterToMain) => void) {
     this.log = createLogger({ level: start.logLevel }).child({ component: "writer" });
-    this.index = createIndex(start.backend, start.blockSize, { workers: this.table });
+    this.shared = start.sharedReaders > 0
+      ? createSharedIndex(start.blockSize, {
+        workers: this.table, budgetBytes: start.budgetBytes, maxReaders: start.sharedReaders,
+      })
+      : null;
+    this.index = this.shared?.index ?? createIndex(start.backend, start.blockSize, { workers: this.table });
     this.budget = new IndexBudget(this.index, start.budgetBytes);
     this.consumer = new RingConsumer(start.ring);
   }
 
-  /** Drains and sleeps until a stop record. */
+  /** Posts the shared index's descriptor (if shared), then drains and sleeps until a stop record. */
   run(): Promise<void> {
+    if (this.shared !== null) this.send({ t: "index", descriptor: this.shared.descriptor });
     return this.consumer.run((kind, stream, generation, seq, payload) => {
       this.record(kind, stream, generation, seq, payload);
     }, () => {
+      // Between events: what waited for readers that have left goes back.
+      this.shared?.settle();
       this.publish();
       return this.stopped;
     }, (bytes) => this.corrupt(bytes));
@@ -114,8 +131,13 @@ export class IndexWriter {
       case RecordKind.LIVE: return engine.live(seq, payload);
       case RecordKind.CONNECTED: return engine.connected();
       case RecordKind.LOSS:
-        // Dropped at a full ring: what the engine holds is unknown, as after a reconnect.
+        // Batches or replay replies dropped at a full ring (never a connect: those wait).
+        // A replay that lost replies has failed; otherwise what the engine holds is
+        // unknown, as after a reconnect: the connect probe (or, without replay, the
+        // degraded state) establishes it again. A failed replay asks nothing again, so
+        // a replay too large for the ring cannot loop.
         stream.ringLosses += seq;
+        if (engine.sequencer.isReplaying) return engine.replayFailed("the event ring was full");
         return engine.connected();
       default:
         if (generation !== stream.generation) {
