@@ -325,11 +325,11 @@ export const SETTINGS: readonly Setting[] = [
   }),
   setting({
     key: "runtime.index_threads", flag: "index-threads", type: integer(0, 1), default: null, optional: true,
-    help: "0 = engine events are applied to the index on the main thread, between requests; 1 = on a writer thread of its own, fed through a shared-memory ring. Unset = 1 when the CPU set (runtime.cpus, the NUMA node, else the CPUs the process may use) has 4 or more CPUs, else 0: on 1-3 CPUs the threads would share cores and the handover costs more than it saves.",
+    help: "0 = engine events are applied to the index on the main thread, between requests; 1 = on a writer thread of its own, fed through a shared-memory ring (serve refuses it until routes read the writer's shared index; src/runtime/README.md). Unset = 0.",
   }),
   setting({
     key: "runtime.route_threads", flag: "route-threads", type: integer(0, 1024), default: null, optional: true,
-    help: "0 = routes are answered on the main thread; N = N route lanes (threads) that parse, hash, match and answer, sharing the port. Unset = the CPUs of the set minus 2 (the main thread and the writer) when it has 4 or more, else 0.",
+    help: "0 = routes are answered on the main thread; N = N route lanes (threads sharing the port) parse, hash and answer, the main thread decides. Unset = from the CPU set (runtime.cpus, else the NUMA node's, else the CPUs the process may use): none below 4 CPUs (on 2 cores lanes measured 0.4x the routes/s), else the CPUs minus 2, at most 3 (past that the main thread's share of each route is the limit).",
   }),
 ];
 

@@ -11,6 +11,12 @@ import { getAffinity } from "./affinity";
 
 /** With fewer CPUs than this, the defaults keep everything on the main thread. */
 export const THREADED_MIN_CPUS = 4;
+/**
+ * Default lanes at most: the main thread decides every route (~25 µs of its CPU each,
+ * bench/RESULTS.md), a lane does ~57 µs of the rest, so past ~3 lanes the main thread
+ * is the limit and more lanes only add hand-offs.
+ */
+export const LANES_DEFAULT_MAX = 3;
 
 export type ThreadRole = "probe" | "lane" | "writer";
 
@@ -37,7 +43,7 @@ export function planThreads(runtime: Config["runtime"], pinned: readonly number[
   const many = cpus.length >= THREADED_MIN_CPUS;
   // The writer thread needs the shared index (not in this build): off unless asked for.
   const indexThreads = runtime.index_threads ?? 0;
-  const routeThreads = runtime.route_threads ?? (many ? cpus.length - 1 - indexThreads : 0);
+  const routeThreads = runtime.route_threads ?? (many ? Math.min(LANES_DEFAULT_MAX, cpus.length - 2) : 0);
   const dedicated = indexThreads + routeThreads;
   const cpuOf = (i: number): readonly number[] | null =>
     pinned === null ? null : [pinned[pinned.length - 1 - (i % pinned.length)]!];

@@ -1,5 +1,6 @@
 // Goal: the thread plan follows the settings, and their defaults follow the CPU set
-// (single-threaded below 4 CPUs); dedicated threads get CPUs of their own from the end
+// (single-threaded below 4 CPUs, at most 3 lanes, no writer thread until serve has
+// one); dedicated threads get CPUs of their own from the end
 // of the set; a started thread really runs on a Worker, pinned to the CPUs it was given.
 import { describe, expect, test } from "bun:test";
 import { getAffinity } from "../../src/runtime/affinity";
@@ -8,7 +9,7 @@ import { planThreads, startThread } from "../../src/runtime/threads";
 const auto = { cpus: null, numa_node: null, index_threads: null, route_threads: null };
 
 describe("thread plan", () => {
-  test.each([[1, 0, 0], [2, 0, 0], [3, 0, 0], [4, 1, 2], [8, 1, 6], [72, 1, 70]])(
+  test.each([[1, 0, 0], [2, 0, 0], [3, 0, 0], [4, 0, 2], [5, 0, 3], [8, 0, 3], [72, 0, 3]])(
     "%p CPUs by default: %p writer, %p lanes", (count, writers, lanes) => {
       const cpus = Array.from({ length: count }, (_, i) => i);
       const plan = planThreads(auto, cpus);
@@ -34,7 +35,7 @@ describe("thread plan", () => {
     const plan = planThreads({ ...auto, index_threads: 1, route_threads: 1 }, null, [0, 1, 2, 3, 4]);
     expect(plan.writerCpus).toBeNull();
     expect(plan.laneCpus).toEqual([null]);
-    expect(planThreads(auto, null, [0, 1, 2, 3, 4]).routeThreads).toBe(3);
+    expect(planThreads(auto, null, [0, 1, 2, 3]).routeThreads).toBe(2);
   });
 });
 
