@@ -129,7 +129,8 @@ export class WriterThread {
     const { ringBytes: _bytes, cpus, onChange, ...rest } = options;
     const data: WriterStart = { ...rest, ring };
     const thread = await startThread({ role: "writer", cpus, data });
-    const writer = new WriterThread(thread, new RingProducer(ring), onChange ?? (() => {}));
+    // One wake per socket read: the notify waits for the end of the task that wrote.
+    const writer = new WriterThread(thread, new RingProducer(ring, true), onChange ?? (() => {}));
     if (options.sharedReaders > 0) await writer.indexDescribed();
     return writer;
   }

@@ -221,6 +221,20 @@ describe("ring on one thread", () => {
     expect(consumer.sleep()).toBeNull();
     expect(producer.asleep).toBe(false);
   });
+
+  test("wakeAfterTask: a task's records are visible at once, the one wake comes after the task", async () => {
+    const buffers = createRingBuffers(65536);
+    const producer = new RingProducer(buffers, true);
+    const consumer = new RingConsumer(buffers);
+    const sleeping = consumer.sleep();
+    for (let i = 0; i < 100; i++) producer.write(RecordKind.LIVE, 0, 0, i, new Uint8Array(16));
+    expect(consumer.used).toBeGreaterThan(0);
+    expect(producer.wakes).toBe(0);
+    expect(await sleeping).toBe("ok");
+    expect(producer.wakes).toBe(1);
+    consumer.awake();
+    expect(consumer.drain(() => {})).toBe(100);
+  });
 });
 
 interface WorkerSaw {
