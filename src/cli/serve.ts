@@ -2,7 +2,10 @@ import { ConfigError, configFlagSpecs, flagHelp, loadConfig, renderConfig } from
 import { numaNodeCpus, pinProcess } from "../runtime/affinity";
 import { startApp } from "../server/app";
 import { RouteLanes } from "../server/lanes";
-import { planThreads } from "../runtime/threads";
+import { planThreads, type ThreadPlan } from "../runtime/threads";
+import { WriterThread } from "../runtime/writer-thread";
+import { defaultIndexBudgetBytes } from "../index/budget";
+import type { Config } from "../config";
 import { bufferBudget } from "../util/buffer-budget";
 import { warmUp } from "../server/warmup";
 import { createMetricsRegistry, registerRouterMetrics, registerServiceMetrics } from "../server/metrics";
@@ -85,11 +88,6 @@ Example:
       log.info("pinned to CPUs", { cpus: cpus.join(","), threads });
     }
     const plan = planThreads(config.runtime, cpus);
-    if (plan.indexThreads > 0) {
-      process.stderr.write("kvedge serve: runtime.index_threads = 1 needs the shared index, which this build "
-        + "does not have yet; use runtime.index_threads = 0\n");
-      return 2;
-    }
     log.info("threads", {
       index_threads: plan.indexThreads, route_threads: plan.routeThreads, shared_cpus: plan.shared,
     });
@@ -102,7 +100,8 @@ Example:
       log.error("warm-up failed; serving without it", { error: error instanceof Error ? error.message : String(error) });
     }
     bufferBudget.limitBytes = config.server.buffer_budget_bytes;
-    const service = new KvedgeCore({ config, log });
+    const writer = plan.indexThreads === 0 ? null : await startWriter(config, plan);
+    const service = new KvedgeCore({ config, log, ...(writer === null ? {} : { writer }) });
     let proxy: OpenAiProxy | null = null;
     if (config.proxy.enabled) {
       const model = config.proxy.model ?? tokenizer?.model ?? "default";
@@ -169,6 +168,7 @@ Example:
     await periodic?.idle();
     if (stateDir !== null && await saveSnapshot(service, stateDir, stateLog)) log.info("snapshot written", { dir: stateDir });
     await service.stop();
+    await writer?.stop();
     log.info("stopped");
     return 0;
   },
@@ -181,4 +181,22 @@ function loopbackOf(host: string): string {
 
 function urlOf(host: string, port: number): string {
   return `http://${host.includes(":") ? `[${host}]` : host}:${port}`;
+}
+
+/** Event ring size: a few hundred ms of a busy fleet's batches; fuller, batches are dropped and replayed. */
+const RING_BYTES = 64 * 1024 * 1024;
+
+function startWriter(config: Config, plan: ThreadPlan): Promise<WriterThread> {
+  return WriterThread.start({
+    ringBytes: RING_BYTES, cpus: plan.writerCpus, blockSize: config.index.block_size, backend: "crtc",
+    budgetBytes: config.index.memory_budget_bytes ?? defaultIndexBudgetBytes(),
+    sequencer: {
+      replayTimeoutMs: config.ingest.replay_timeout_ms,
+      replayDeadlineMs: config.ingest.replay_deadline_ms,
+      replayBufferBytes: config.ingest.replay_buffer_bytes,
+    },
+    logLevel: config.server.log_level,
+    // The main thread and every lane may read at once.
+    sharedReaders: 1 + plan.routeThreads,
+  });
 }

@@ -26,6 +26,9 @@ import type { ZmtpOptions } from "../wire/zmtp";
 import { budgetedWriter } from "./budgeted-writer";
 import { KvedgeError } from "./errors";
 import { WorkerTable } from "./worker-table";
+import { attach } from "../index/crtc/shared";
+import { ThreadedIndex } from "../runtime/threaded-index";
+import type { WriterThread } from "../runtime/writer-thread";
 
 export interface MatchScore {
   readonly workerId: bigint;
@@ -98,6 +101,11 @@ export interface WorkerTimes {
 export interface CoreOptions {
   readonly config: Config;
   readonly log: Logger;
+  /**
+   * runtime.index_threads = 1: the writer thread that owns the index (its crtc in
+   * shared memory, read here without locks); sources hand their batches to it.
+   */
+  readonly writer?: WriterThread;
   /** For tests: a fixed random source for tie-breaks and softmax. */
   readonly random?: () => number;
 }
@@ -144,7 +152,9 @@ export class KvedgeCore {
     const { config } = options;
     this.log = options.log;
     this.blockSize = config.index.block_size;
-    this.index = createIndex(config.index.backend, this.blockSize, { workers: this.workerTable });
+    this.index = options.writer === undefined
+      ? createIndex(config.index.backend, this.blockSize, { workers: this.workerTable })
+      : this.threadedIndex(options.writer);
     this.budget = new IndexBudget(this.index, config.index.memory_budget_bytes ?? defaultIndexBudgetBytes());
     this.writer = this.budgetedWriter();
     this.router = new Router({
@@ -206,6 +216,17 @@ export class KvedgeCore {
         if (slot >= 0) this.router.load.setDegraded(slot, this.distrusted(slot));
       },
     });
+  }
+
+  /** The writer thread's index as this thread reads it; the writer's refusals counted in `budget`. */
+  private threadedIndex(writer: WriterThread): ThreadedIndex {
+    const index = new ThreadedIndex(this.blockSize, this.workerTable, attach(writer.descriptor!));
+    writer.onIndex = (status) => {
+      index.mirror(status);
+      this.budget.refusedEvents = status.refusedEvents;
+      this.budget.refusedBlocks = status.refusedBlocks;
+    };
+    return index;
   }
 
   /** Starts a source for every configured worker (connections complete in the background). */
@@ -376,13 +397,14 @@ export class KvedgeCore {
     if (known >= 0 && this.ownSource[known] !== undefined) {
       throw new KvedgeError("worker_exists", `worker ${entry.worker_id} dp_rank ${entry.dp_rank} already exists`);
     }
-    const source = new EngineSource({
+    const config = {
       workerId: entry.worker_id,
       dpRank: entry.dp_rank,
       endpoint: entry.endpoint,
       replayEndpoint: entry.replay_endpoint,
       topic: entry.topic,
-    }, {
+    };
+    const source = new EngineSource(config, {
       blockSize: this.blockSize,
       writer: this.writer,
       log: this.log.child({ component: "ingest" }),
@@ -393,6 +415,7 @@ export class KvedgeCore {
         replayBufferBytes: this.options.config.ingest.replay_buffer_bytes,
       },
       onChange: (changed) => this.sourceChanged(changed),
+      ...(this.options.writer === undefined ? {} : { input: this.options.writer.input(config) }),
     });
     const saved = this.restoredPositions.get(positionKey(entry.worker_id, entry.dp_rank));
     if (saved !== undefined) source.sequencer.restore(saved.lastSeq, saved.fingerprint, saved.degraded);
@@ -427,7 +450,10 @@ export class KvedgeCore {
     await Promise.all(stopping);
     const slots = this.workerTable.slotsOf(workerId);
     // The index lets go of the slots first: a slot is freed only once nothing names it.
+    // (With a writer thread, its index and its own slots go when this record arrives;
+    // lookups meanwhile name no slot of this thread that is gone: they are left out.)
     this.index.removeWorker(workerId);
+    this.options.writer?.removeWorker(workerId);
     for (const slot of slots) {
       this.ownSource[slot] = undefined;
       this.incomplete.delete(slot);

@@ -44,7 +44,7 @@ export interface SourceOptions {
    * Where arrivals go instead of a stream of this thread's own (writer-thread mode:
    * the event ring; src/runtime/writer.ts). Given the replay transport it may use.
    */
-  readonly input?: (transport: ReplayTransport) => StreamInput & StreamView;
+  readonly input?: (transport: ReplayTransport, changed: () => void) => StreamInput & StreamView;
 }
 
 /** What readers of a stream's sequencing see (metrics, /v1/workers, snapshots). */
@@ -124,11 +124,12 @@ export class EngineSource {
       requestReplay: config.replayEndpoint === null ? undefined : (start) => this.requestReplay(start),
       cancelReplay: () => this.dropDealer(),
     };
-    this.stream = options.input?.(transport) ?? new EngineStream(config, transport, {
+    const changed = (): void => this.options.onChange?.(this);
+    this.stream = options.input?.(transport, changed) ?? new EngineStream(config, transport, {
       blockSize: options.blockSize, writer: options.writer, log: this.log,
       ...(options.tap === undefined ? {} : { tap: options.tap }),
       ...(options.sequencer === undefined ? {} : { sequencer: options.sequencer }),
-      onChange: () => this.options.onChange?.(this),
+      onChange: changed,
     });
     this.sub = new SubSocket({ ...options.zmtp, logger: this.log });
     this.sub.onFrames = (frames) => this.live(frames);

@@ -18,6 +18,7 @@ import type { IndexOp } from "../index/ops";
 import { createRingBuffers, RecordKind, RING_MAX_STREAMS, RingProducer } from "./ring";
 import { type KvedgeThread, startThread } from "./threads";
 import type { SharedIndexDescriptor } from "../index/crtc/shared";
+import type { IndexStatus } from "./threaded-index";
 import type { StreamStatus, WriterControl, WriterStart, WriterToMain } from "./writer";
 
 const encoder = new TextEncoder();
@@ -39,7 +40,7 @@ export class RingStream implements StreamInput, StreamView {
   private degraded = false;
 
   constructor(private readonly owner: WriterThread, readonly id: number, dpRank: number,
-    readonly transport: ReplayTransport) {
+    readonly transport: ReplayTransport, readonly changed: () => void) {
     this.ranks = [dpRank];
     const counters = new SequencerCounters();
     const self = this;
@@ -100,8 +101,6 @@ export class RingStream implements StreamInput, StreamView {
 export interface WriterThreadOptions extends Omit<WriterStart, "ring"> {
   readonly ringBytes: number;
   readonly cpus: readonly number[] | null;
-  /** A stream's trust or ranks changed (after a status message). */
-  readonly onChange?: (stream: RingStream) => void;
 }
 
 export class WriterThread {
@@ -118,28 +117,30 @@ export class WriterThread {
   descriptor: SharedIndexDescriptor | null = null;
   private described: (() => void) | null = null;
 
-  private constructor(private readonly thread: KvedgeThread, producer: RingProducer,
-    private readonly onChange: (stream: RingStream) => void) {
+  /** The writer's index as of its last drain (set by whoever reads it: ThreadedIndex.mirror). */
+  onIndex: (status: IndexStatus) => void = () => {};
+
+  private constructor(private readonly thread: KvedgeThread, producer: RingProducer) {
     this.producer = producer;
     thread.onMessage = (body) => this.message(body as WriterToMain);
   }
 
   static async start(options: WriterThreadOptions): Promise<WriterThread> {
     const ring = createRingBuffers(options.ringBytes);
-    const { ringBytes: _bytes, cpus, onChange, ...rest } = options;
+    const { ringBytes: _bytes, cpus, ...rest } = options;
     const data: WriterStart = { ...rest, ring };
     const thread = await startThread({ role: "writer", cpus, data });
     // One wake per socket read: the notify waits for the end of the task that wrote.
-    const writer = new WriterThread(thread, new RingProducer(ring, true), onChange ?? (() => {}));
+    const writer = new WriterThread(thread, new RingProducer(ring, true));
     if (options.sharedReaders > 0) await writer.indexDescribed();
     return writer;
   }
 
   /** The `input` of an EngineSource: its arrivals go to the writer thread. */
-  input(config: SourceConfig): (transport: ReplayTransport) => RingStream {
-    return (transport) => {
+  input(config: SourceConfig): (transport: ReplayTransport, changed: () => void) => RingStream {
+    return (transport, changed) => {
       const id = this.nextId++;
-      const stream = new RingStream(this, id, config.dpRank, transport);
+      const stream = new RingStream(this, id, config.dpRank, transport, changed);
       this.streams.set(id, stream);
       this.control(id, {
         op: "add", workerId: config.workerId.toString(), dpRank: config.dpRank,
@@ -168,6 +169,11 @@ export class WriterThread {
   keep(kind: RecordKind, id: number, payload: Uint8Array): void {
     this.backlog.push({ kind, id, payload });
     this.flush();
+  }
+
+  /** The writer drops the worker's blocks and slots (after its streams' remove records). */
+  removeWorker(workerId: bigint): void {
+    this.control(WRITER_STREAM, { op: "removeWorker", workerId: workerId.toString() });
   }
 
   forget(id: number): void {
@@ -237,8 +243,9 @@ export class WriterThread {
           const stream = this.streams.get(status.stream);
           if (stream === undefined) continue;
           stream.mirror(status);
-          this.onChange(stream);
+          stream.changed();
         }
+        this.onIndex(message.index);
         return;
       case "dump":
         this.dumped.shift()?.(message.ops);

@@ -20,6 +20,7 @@ import { EngineStream } from "../ingest/stream";
 import type { Config } from "../config";
 import { createLogger, type Logger } from "../util/log";
 import { RecordKind, type RingBuffers, RingConsumer } from "./ring";
+import type { IndexStatus } from "./threaded-index";
 
 export interface WriterStart {
   readonly ring: RingBuffers;
@@ -43,6 +44,8 @@ export type WriterControl =
   | { readonly op: "remove" }
   | { readonly op: "restore"; readonly last: number; readonly print: number; readonly degraded: boolean }
   | { readonly op: "dump" }
+  /** Every dp rank of the worker goes from the index, and its slots from the writer's table. */
+  | { readonly op: "removeWorker"; readonly workerId: string }
   | { readonly op: "stop" };
 
 /** One stream as the main thread mirrors it. */
@@ -63,7 +66,7 @@ export interface StreamStatus {
 export type WriterToMain =
   | { readonly t: "replay"; readonly stream: number; readonly start: number; readonly generation: number }
   | { readonly t: "cancel"; readonly stream: number }
-  | { readonly t: "status"; readonly streams: StreamStatus[] }
+  | { readonly t: "status"; readonly streams: StreamStatus[]; readonly index: IndexStatus }
   | { readonly t: "dump"; readonly ops: IndexOp[] }
   | { readonly t: "stopped" }
   | { readonly t: "index"; readonly descriptor: SharedIndexDescriptor };
@@ -89,6 +92,8 @@ export class IndexWriter {
   private readonly consumer: RingConsumer;
   private readonly log: Logger;
   private publishing = false;
+  /** The index changed without a stream's record (a worker removed). */
+  private indexChanged = false;
   private stopped = false;
   /** Records that named no stream, or stale replay replies: skipped. */
   skipped = 0;
@@ -160,6 +165,14 @@ export class IndexWriter {
         this.touched.add(id);
         return;
       case "dump": return this.send({ t: "dump", ops: this.index.dump() });
+      case "removeWorker": {
+        const workerId = BigInt(control.workerId);
+        const slots = this.table.slotsOf(workerId);
+        this.index.removeWorker(workerId);
+        for (const slot of slots) this.table.release(slot);
+        this.indexChanged = true;
+        return;
+      }
       case "stop":
         for (const stream of this.streams) stream?.engine.close();
         this.stopped = true;
@@ -228,14 +241,19 @@ export class IndexWriter {
 
   private publish(): void {
     this.publishing = false;
-    if (this.touched.size === 0) return;
+    if (this.touched.size === 0 && !this.indexChanged) return;
     const streams: StreamStatus[] = [];
     for (const id of this.touched) {
       const stream = this.streams[id];
       if (stream !== undefined) streams.push(statusOf(id, stream));
     }
     this.touched.clear();
-    if (streams.length > 0) this.send({ t: "status", streams });
+    this.indexChanged = false;
+    const index: IndexStatus = {
+      counters: this.index.counters, stats: this.index.stats(), workers: this.index.workers(),
+      refusedEvents: this.budget.refusedEvents, refusedBlocks: this.budget.refusedBlocks,
+    };
+    this.send({ t: "status", streams, index });
   }
 }
 
