@@ -4,7 +4,7 @@
  * over keep-alive HTTP and WebSocket.
  *
  *   bun bench/http.ts [--json] [--quick] [--runs N] [--only SUBSTRING] [--binary PATH] [--profile DIR] [--generator c|bun]
- *                     [--route-threads LIST]
+ *                     [--threads LIST]
  *
  * Every run starts fresh processes:
  * 1. the fleet (bench/http-fleet.ts): 64 ZMTP PUB sockets publishing the stored events
@@ -35,9 +35,11 @@
  * benchmarks another build of kvedge (e.g. an
  * older commit, for before/after). `--profile DIR` runs the server from source under
  * `bun --cpu-prof` and leaves the profile in DIR (for finding hot spots, not for numbers).
- * `--route-threads 0,2` measures serve with each runtime.route_threads value (route
- * lanes), every run starting fresh processes for each, in alternating order (A B, B A,
- * ...), so the ratios compare builds measured in the same minutes.
+ * `--threads 0,2,w0,w2` measures serve in each thread mode: N route lanes
+ * (runtime.route_threads), with a "w" the index writer thread too
+ * (runtime.index_threads = 1); every run starts fresh processes for each, in
+ * alternating order (A B, B A, ...), so the ratios compare modes measured in the same
+ * minutes.
  * The open-loop HTTP and binary WebSocket scenarios are sent by bench/loadgen/open-loop.c
  * (compiled with the system C compiler on first use): no garbage collector and no
  * polling, so the generator's own pauses and CPU stay out of the server's tail as far as
@@ -51,7 +53,7 @@ import { benchFlags, killWithBench, median, provenance } from "./lib";
 import { indexBytes, routeDecisions, rssOf, startFleet, startServe, stopAll, waitIndexed } from "./serve-process";
 
 const ROOT = join(import.meta.dir, "..");
-const flags = benchFlags("bun bench/http.ts [--json] [--quick] [--runs N] [--only SUBSTRING] [--binary PATH] [--profile DIR] [--generator c|bun] [--route-threads LIST]", {
+const flags = benchFlags("bun bench/http.ts [--json] [--quick] [--runs N] [--only SUBSTRING] [--binary PATH] [--profile DIR] [--generator c|bun] [--threads LIST]", {
   json: { type: "boolean" },
   quick: { type: "boolean" },
   runs: { type: "string" },
@@ -59,7 +61,7 @@ const flags = benchFlags("bun bench/http.ts [--json] [--quick] [--runs N] [--onl
   binary: { type: "string" },
   profile: { type: "string" },
   generator: { type: "string" },
-  "route-threads": { type: "string" },
+  threads: { type: "string" },
 });
 const BINARY = flags.binary ?? join(ROOT, "dist", "kvedge");
 const SEED = 20_261_129;
@@ -78,10 +80,14 @@ if (!(Number.isInteger(runs) && runs >= 1)) throw new Error("--runs must be a po
 const only = flags.only;
 const profileDir = flags.profile;
 const generator = openLoopGenerator(flags.generator);
-const laneCounts = (flags["route-threads"] ?? "0").split(",").map((text) => Number(text.trim()));
-if (!laneCounts.every((n) => Number.isInteger(n) && n >= 0 && n <= 64)) {
-  throw new Error("--route-threads must be a comma-separated list of integers in [0, 64]");
+/** Thread modes: "N" = N route lanes, "wN" = the writer thread and N lanes. */
+const modes = (flags.threads ?? "0").split(",").map((text) => text.trim());
+if (!modes.every((mode) => /^w?\d{1,2}$/.test(mode))) {
+  throw new Error("--threads must be a comma-separated list of modes: N (route lanes) or wN (writer thread and N lanes)");
 }
+const modeArgs = (mode: string): string[] => [
+  "--route-threads", mode.replace("w", ""), "--index-threads", mode.startsWith("w") ? "1" : "0",
+];
 
 interface Scenario {
   readonly name: string;
@@ -187,9 +193,9 @@ interface RunRecord {
   readonly results: Record<string, ScenarioResult>;
 }
 
-async function oneRun(run: number, list: Scenario[], lanes: number): Promise<RunRecord> {
+async function oneRun(run: number, list: Scenario[], mode: string): Promise<RunRecord> {
   const fleet = await startFleet(SEED, WORKERS, TARGET_PAIRS);
-  const args = ["--request-ttl-secs", String(REQUEST_TTL_SECS), "--route-threads", String(lanes)];
+  const args = ["--request-ttl-secs", String(REQUEST_TTL_SECS), ...modeArgs(mode)];
   const serve = await startServe(BINARY, fleet, args, profileDir);
   try {
     const indexSeconds = await waitIndexed(serve, fleet, 180_000);
@@ -197,7 +203,7 @@ async function oneRun(run: number, list: Scenario[], lanes: number): Promise<Run
       indexSeconds, pairs: fleet.pairs, serveRssBytes: rssOf(serve.pid), indexBytes: await indexBytes(serve), results: {},
     };
     if (!json) {
-      console.error(`run ${run}, ${lanes} route lanes: ${fleet.pairs} pairs indexed in ${indexSeconds.toFixed(1)} s; serve RSS ${(record.serveRssBytes / 2 ** 20).toFixed(0)} MiB, `
+      console.error(`run ${run}, threads ${mode}: ${fleet.pairs} pairs indexed in ${indexSeconds.toFixed(1)} s; serve RSS ${(record.serveRssBytes / 2 ** 20).toFixed(0)} MiB, `
         + `kvedge_index_bytes ${(record.indexBytes / 2 ** 20).toFixed(1)} MiB`);
     }
     let uniqueBase = run * 1000;
@@ -249,19 +255,20 @@ if (!existsSync(BINARY) && profileDir === undefined) {
   process.exit(1);
 }
 const list = scenarios();
-/** Per route-threads value, its runs; the values alternate order from run to run. */
-const recordsOf = new Map<number, RunRecord[]>(laneCounts.map((lanes) => [lanes, []]));
+/** Per thread mode, its runs; the modes alternate order from run to run. */
+const recordsOf = new Map<string, RunRecord[]>(modes.map((mode) => [mode, []]));
 for (let run = 1; run <= runs; run++) {
-  const order = run % 2 === 1 ? laneCounts : [...laneCounts].reverse();
-  for (const lanes of order) recordsOf.get(lanes)!.push(await oneRun(run, list, lanes));
+  const order = run % 2 === 1 ? modes : [...modes].reverse();
+  for (const mode of order) recordsOf.get(mode)!.push(await oneRun(run, list, mode));
 }
 
-function rowsOf(lanes: number, records: RunRecord[]) {
+function rowsOf(mode: string, records: RunRecord[]) {
   return list.map((scenario) => {
     const of = (pick: (r: ScenarioResult) => number) => median(records.map((record) => pick(record.results[scenario.name]!)));
     return {
       scenario: scenario.name,
-      routeThreads: lanes,
+      threads: mode,
+      indexSeconds: median(records.map((record) => record.indexSeconds)),
       transport: scenario.transport,
       batch: scenario.batch,
       binary: scenario.binary,
@@ -287,7 +294,7 @@ function rowsOf(lanes: number, records: RunRecord[]) {
     };
   });
 }
-const rows = laneCounts.flatMap((lanes) => rowsOf(lanes, recordsOf.get(lanes)!));
+const rows = modes.flatMap((mode) => rowsOf(mode, recordsOf.get(mode)!));
 const records = [...recordsOf.values()].flat();
 const med = (pick: (record: RunRecord) => number) => median(records.map(pick));
 const setup = {
@@ -298,7 +305,7 @@ const setup = {
   requestTtlSecs: REQUEST_TTL_SECS,
   candidates: CANDIDATES,
   openLoopGenerator: generator,
-  routeThreads: laneCounts,
+  threads: modes,
   indexSeconds: med((r) => r.indexSeconds),
   serveRssBytes: med((r) => r.serveRssBytes),
   indexBytes: med((r) => r.indexBytes),
@@ -311,19 +318,19 @@ if (json) {
   console.log(`\nkvedge serve, ${setup.pairs} (block, worker) pairs over ${WORKERS} workers, median of ${records.length} run(s)`);
   console.log(`index ready in ${setup.indexSeconds.toFixed(1)} s; serve RSS ${(setup.serveRssBytes / 2 ** 20).toFixed(0)} MiB; `
     + `kvedge_index_bytes ${(setup.indexBytes / 2 ** 20).toFixed(1)} MiB; open-loop HTTP and binary WS sent by the ${generator === "c" ? "C" : "Bun"} generator\n`);
-  console.log("| scenario | lanes | routes/s | p50 ms | p99 ms | p99.9 ms | send lag p99 ms | serve CPU | serve CPU µs/route | main thread µs/route | of it, decision µs | generator CPU |");
-  console.log("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+  console.log("| scenario | threads | index ready s | routes/s | p50 ms | p99 ms | p99.9 ms | send lag p99 ms | serve CPU | serve CPU µs/route | main thread µs/route | of it, decision µs | generator CPU |");
+  console.log("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
   for (const row of rows) {
-    console.log(`| ${row.scenario} | ${row.routeThreads} | ${fmtRate(row.routesPerSecond)} | ${fmtMs(row.p50Ms)} | ${fmtMs(row.p99Ms)} | ${fmtMs(row.p999Ms)} | ${fmtMs(row.sendLagP99Ms)} `
+    console.log(`| ${row.scenario} | ${row.threads} | ${row.indexSeconds.toFixed(1)} | ${fmtRate(row.routesPerSecond)} | ${fmtMs(row.p50Ms)} | ${fmtMs(row.p99Ms)} | ${fmtMs(row.p999Ms)} | ${fmtMs(row.sendLagP99Ms)} `
       + `| ${(100 * row.serverCpu).toFixed(0)} % | ${row.serverCpuUsPerRoute.toFixed(0)} | ${Number.isNaN(row.mainCpuUsPerRoute) ? "-" : row.mainCpuUsPerRoute.toFixed(0)} | ${row.decisionUs === null ? "-" : row.decisionUs.toFixed(1)} `
       + `| ${(100 * row.generatorCpu).toFixed(0)} % |`);
   }
-  if (laneCounts.length > 1) {
-    console.log(`\nRatios against ${laneCounts[0]} route lanes (medians of the paired runs):`);
-    const base = new Map(rows.filter((row) => row.routeThreads === laneCounts[0]).map((row) => [row.scenario, row]));
-    for (const row of rows.filter((r) => r.routeThreads !== laneCounts[0])) {
+  if (modes.length > 1) {
+    console.log(`\nRatios against threads ${modes[0]} (medians of the paired runs):`);
+    const base = new Map(rows.filter((row) => row.threads === modes[0]).map((row) => [row.scenario, row]));
+    for (const row of rows.filter((r) => r.threads !== modes[0])) {
       const a = base.get(row.scenario)!;
-      console.log(`  ${row.scenario}, ${row.routeThreads} lanes: routes/s x${(row.routesPerSecond / a.routesPerSecond).toFixed(2)}, `
+      console.log(`  ${row.scenario}, threads ${row.threads}: index ready x${(row.indexSeconds / a.indexSeconds).toFixed(2)}, routes/s x${(row.routesPerSecond / a.routesPerSecond).toFixed(2)}, `
         + `CPU µs/route x${(row.serverCpuUsPerRoute / a.serverCpuUsPerRoute).toFixed(2)}, `
         + `main-thread µs/route x${(row.mainCpuUsPerRoute / a.mainCpuUsPerRoute).toFixed(2)}, p99 x${(row.p99Ms / a.p99Ms).toFixed(2)}`);
     }
