@@ -13,7 +13,9 @@
 import { createRingBuffers, RecordKind, RingProducer } from "../src/runtime/ring";
 import { benchFlags, median, provenance } from "./lib";
 
-const flags = benchFlags("bun bench/ring.bench.ts [--json] [--records N] [--bytes B] [--burst K] [--wake-after-task]", {
+const USAGE = "bun bench/ring.bench.ts [--json] [--records N] [--bytes B] [--burst K] "
+  + "[--wake-after-task]";
+const flags = benchFlags(USAGE, {
   json: { type: "boolean" },
   records: { type: "string" },
   bytes: { type: "string" },
@@ -25,7 +27,14 @@ const BYTES = Number(flags.bytes ?? 512);
 const BURST = Number(flags.burst ?? 64);
 const RUNS = 5;
 
-async function oneRun(): Promise<{ producerNs: number; consumerNs: number; wakes: number; dropped: number }> {
+interface RunResult {
+  producerNs: number;
+  consumerNs: number;
+  wakes: number;
+  dropped: number;
+}
+
+async function oneRun(): Promise<RunResult> {
   const buffers = createRingBuffers(1 << 22);
   const producer = new RingProducer(buffers, flags["wake-after-task"] === true);
   const worker = new Worker(new URL("./ring-consumer.ts", import.meta.url).href);
@@ -44,7 +53,9 @@ async function oneRun(): Promise<{ producerNs: number; consumerNs: number; wakes
     // Bursts as a socket read delivers them; the ring never fills (drops would be cheap).
     while (producer.used > buffers.data.byteLength / 2) await Bun.sleep(0);
     const t = Bun.nanoseconds();
-    for (let i = 0; i < BURST; i++) producer.write(RecordKind.LIVE, i & 63, 0, written + i, payload);
+    for (let i = 0; i < BURST; i++) {
+      producer.write(RecordKind.LIVE, i & 63, 0, written + i, payload);
+    }
     busyNs += Bun.nanoseconds() - t;
     if ((written / BURST) % 16 === 15) await Bun.sleep(0);
   }
@@ -70,7 +81,8 @@ const summary = {
 };
 if (flags.json === true) console.log(JSON.stringify(summary));
 else {
-  console.log(`${RECORDS} records of ${BYTES} bytes in bursts of ${BURST}, median of ${RUNS} runs:`);
+  console.log(`${RECORDS} records of ${BYTES} bytes in bursts of ${BURST}, `
+    + `median of ${RUNS} runs:`);
   console.log(`  producer ${summary.producerNsPerRecord.toFixed(0)} ns/record (write), `
     + `consumer ${summary.consumerNsPerRecord.toFixed(0)} ns/record (drain), `
     + `${summary.wakesPerRecord.toFixed(4)} wakes/record, ${summary.dropped} dropped`);

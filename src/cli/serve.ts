@@ -8,13 +8,15 @@ import { defaultIndexBudgetBytes } from "../index/budget";
 import type { Config } from "../config";
 import { bufferBudget } from "../util/buffer-budget";
 import { warmUp } from "../server/warmup";
-import { createMetricsRegistry, registerRouterMetrics, registerServiceMetrics } from "../server/metrics";
+import {
+  createMetricsRegistry, type MetricsRegistry, registerRouterMetrics, registerServiceMetrics,
+} from "../server/metrics";
 import { KvedgeCore } from "../core/core";
 import { registerObservedHitsMetrics, registerProxyMetrics } from "../proxy/metrics";
 import { OpenAiProxy } from "../proxy/proxy";
 import { loadTokenizer, type PromptTokenizer, TokenizerError } from "../proxy/tokenizer";
 import { loadSnapshot, PeriodicSnapshots, restoreRequests, saveSnapshot } from "../state/warm";
-import { createLogger } from "../util/log";
+import { createLogger, type Logger } from "../util/log";
 import { flagBool, parseFlags, UsageError } from "./args";
 import { type Command, HELP_FLAG } from "./command";
 
@@ -82,15 +84,7 @@ Example:
       log.warn("proxy without a tokenizer: only /v1/completions with token-id prompts are accepted; text is refused (set proxy.tokenizer)");
     }
 
-    const cpus = config.runtime.cpus ?? (config.runtime.numa_node === null ? null : numaNodeCpus(config.runtime.numa_node));
-    if (cpus !== null) {
-      const threads = pinProcess(cpus);
-      log.info("pinned to CPUs", { cpus: cpus.join(","), threads });
-    }
-    const plan = planThreads(config.runtime, cpus);
-    log.info("threads", {
-      index_threads: plan.indexThreads, route_threads: plan.routeThreads, shared_cpus: plan.shared,
-    });
+    const plan = pinAndPlan(config, log);
 
     try {
       const warm = warmUp(config, config.server.warmup_routes);
@@ -118,34 +112,14 @@ Example:
     registerServiceMetrics(registry, service);
     registerObservedHitsMetrics(registry, service);
     if (proxy !== null) registerProxyMetrics(registry, proxy);
-    // With route lanes, the lanes own the public port and the main thread's server
-    // listens on loopback only, for what the lanes pass on.
-    const lanesOn = plan.routeThreads > 0;
-    const app = startApp({
-      host: lanesOn ? loopbackOf(config.server.host) : config.server.host,
-      port: lanesOn ? 0 : config.server.port,
-      bodyLimitBytes: config.server.body_limit_bytes,
-      adminToken: config.server.admin_token,
-      service,
-      registry,
-      log: log.child({ component: "http" }),
-      proxy,
-    });
-    let lanes: RouteLanes | null = null;
-    if (lanesOn) {
-      try {
-        lanes = await RouteLanes.start({
-          host: config.server.host, port: config.server.port, mainUrl: app.url,
-          bodyLimitBytes: config.server.body_limit_bytes, service, metrics: app.metrics,
-          log: log.child({ component: "lanes" }), cpus: plan.laneCpus,
-        });
-      } catch (error) {
-        await app.stop(0);
-        process.stderr.write(`kvedge serve: cannot start the route lanes: ${(error as Error).message}\n`);
-        return 1;
-      }
+    let serving: Serving;
+    try {
+      serving = await listen(config, plan, service, registry, proxy, log);
+    } catch (error) {
+      await writer?.stop();
+      process.stderr.write(`kvedge serve: ${(error as Error).message}\n`);
+      return 1;
     }
-    const url = lanes === null ? app.url : urlOf(config.server.host, lanes.port);
     const stateDir = config.state.dir;
     const stateLog = log.child({ component: "state" });
     const saved = stateDir === null ? null : loadSnapshot(service, stateDir, config.workers.map((worker) => worker.worker_id), stateLog);
@@ -154,7 +128,8 @@ Example:
     const periodic = stateDir === null ? null : new PeriodicSnapshots(service, stateDir, stateLog);
     const snapshots = periodic === null ? null : setInterval(() => void periodic.tick(), config.state.snapshot_interval_secs * 1000);
     log.info("listening", {
-      url, route_lanes: lanes?.count ?? 0, block_size: config.index.block_size, backend: config.index.backend, workers: config.workers.length,
+      url: serving.url, route_lanes: serving.lanes?.count ?? 0, block_size: config.index.block_size,
+      backend: config.index.backend, workers: config.workers.length,
     });
 
     const signal = await new Promise<string>((resolve) => {
@@ -162,8 +137,7 @@ Example:
       process.once("SIGTERM", () => resolve("SIGTERM"));
     });
     log.info("shutting down", { signal });
-    await lanes?.stop(SHUTDOWN_GRACE_MS);
-    await app.stop(SHUTDOWN_GRACE_MS);
+    await serving.stop(SHUTDOWN_GRACE_MS);
     if (snapshots !== null) clearInterval(snapshots);
     await periodic?.idle();
     if (stateDir !== null && await saveSnapshot(service, stateDir, stateLog)) log.info("snapshot written", { dir: stateDir });
@@ -174,7 +148,7 @@ Example:
   },
 };
 
-/** The loopback address of the same family as `host`, for the main thread's own server behind lanes. */
+/** The loopback address of `host`'s family: the main thread's own server, behind lanes. */
 function loopbackOf(host: string): string {
   return host.includes(":") ? "::1" : "127.0.0.1";
 }
@@ -183,12 +157,13 @@ function urlOf(host: string, port: number): string {
   return `http://${host.includes(":") ? `[${host}]` : host}:${port}`;
 }
 
-/** Event ring size: a few hundred ms of a busy fleet's batches; fuller, batches are dropped and replayed. */
+/** Event ring size: a few hundred ms of a busy fleet's batches; past it, drops (and replays). */
 const RING_BYTES = 64 * 1024 * 1024;
 
 function startWriter(config: Config, plan: ThreadPlan): Promise<WriterThread> {
   return WriterThread.start({
-    ringBytes: RING_BYTES, cpus: plan.writerCpus, blockSize: config.index.block_size, backend: "crtc",
+    ringBytes: RING_BYTES, cpus: plan.writerCpus, blockSize: config.index.block_size,
+    backend: "crtc",
     budgetBytes: config.index.memory_budget_bytes ?? defaultIndexBudgetBytes(),
     sequencer: {
       replayTimeoutMs: config.ingest.replay_timeout_ms,
@@ -199,4 +174,64 @@ function startWriter(config: Config, plan: ThreadPlan): Promise<WriterThread> {
     // The main thread and every lane may read at once.
     sharedReaders: 1 + plan.routeThreads,
   });
+}
+
+interface Serving {
+  readonly url: string;
+  readonly lanes: RouteLanes | null;
+  stop(graceMs: number): Promise<void>;
+}
+
+/**
+ * The HTTP server, and the route lanes: with lanes, they own the public port and the
+ * main thread's server listens on loopback only, for what the lanes pass on.
+ */
+async function listen(config: Config, plan: ThreadPlan, service: KvedgeCore, registry: MetricsRegistry,
+  proxy: OpenAiProxy | null, log: Logger): Promise<Serving> {
+  const lanesOn = plan.routeThreads > 0;
+  const app = startApp({
+    host: lanesOn ? loopbackOf(config.server.host) : config.server.host,
+    port: lanesOn ? 0 : config.server.port,
+    bodyLimitBytes: config.server.body_limit_bytes,
+    adminToken: config.server.admin_token,
+    service,
+    registry,
+    log: log.child({ component: "http" }),
+    proxy,
+  });
+  if (!lanesOn) return { url: app.url, lanes: null, stop: (graceMs) => app.stop(graceMs) };
+  let lanes: RouteLanes;
+  try {
+    lanes = await RouteLanes.start({
+      host: config.server.host, port: config.server.port, mainUrl: app.url,
+      bodyLimitBytes: config.server.body_limit_bytes, service, metrics: app.metrics,
+      log: log.child({ component: "lanes" }), cpus: plan.laneCpus,
+    });
+  } catch (error) {
+    await app.stop(0);
+    throw new Error(`cannot start the route lanes: ${(error as Error).message}`);
+  }
+  return {
+    url: urlOf(config.server.host, lanes.port),
+    lanes,
+    async stop(graceMs) {
+      await lanes.stop(graceMs);
+      await app.stop(graceMs);
+    },
+  };
+}
+
+/** Pins the process to its CPU set (if any) and plans its threads on it. */
+function pinAndPlan(config: Config, log: Logger): ThreadPlan {
+  const { runtime } = config;
+  const cpus = runtime.cpus ?? (runtime.numa_node === null ? null : numaNodeCpus(runtime.numa_node));
+  if (cpus !== null) {
+    const threads = pinProcess(cpus);
+    log.info("pinned to CPUs", { cpus: cpus.join(","), threads });
+  }
+  const plan = planThreads(runtime, cpus);
+  log.info("threads", {
+    index_threads: plan.indexThreads, route_threads: plan.routeThreads, shared_cpus: plan.shared,
+  });
+  return plan;
 }

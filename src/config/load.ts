@@ -217,12 +217,14 @@ function checkTogether(config: Config, origins: ReadonlyMap<string, string>): vo
       + `${from("ingest.reconnect_min_ms")} = ${ingest.reconnect_min_ms}`);
   }
   if ((config.runtime.index_threads ?? 0) > 0 && config.state.dir !== null) {
-    throw new ConfigError(`${from("state.dir")} cannot be used with ${from("runtime.index_threads")} = 1 `
-      + "(snapshots of the writer thread's index are not supported yet)");
+    throw new ConfigError(`${from("state.dir")} cannot be used with `
+      + `${from("runtime.index_threads")} = 1 (snapshots of the writer thread's index `
+      + "are not supported yet)");
   }
-  const threaded = (config.runtime.index_threads ?? 0) > 0 || (config.runtime.route_threads ?? 0) > 0;
+  const writerThread = (config.runtime.index_threads ?? 0) > 0;
+  const threaded = writerThread || (config.runtime.route_threads ?? 0) > 0;
   if (threaded && config.index.backend !== "crtc") {
-    const key = (config.runtime.index_threads ?? 0) > 0 ? "runtime.index_threads" : "runtime.route_threads";
+    const key = writerThread ? "runtime.index_threads" : "runtime.route_threads";
     throw new ConfigError(`${from(key)} needs index.backend = crtc (the index threads share), `
       + `not ${from("index.backend")} = ${config.index.backend}`);
   }

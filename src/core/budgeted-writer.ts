@@ -22,8 +22,8 @@ export function budgetedWriter(index: KvIndex, budget: IndexBudget, workerTable:
     workerTable,
     storeAt: (slot, hasParent, parentHi, parentLo, external, local, count, first) => {
       // A slot of -1 (the table is full) is the index's to refuse and count.
-      if (slot < 0 || budget.admits()) index.storeAt(slot, hasParent, parentHi, parentLo, external, local, count, first);
-      else events.refused(slot, count);
+      if (slot >= 0 && !budget.admits()) events.refused(slot, count);
+      else index.storeAt(slot, hasParent, parentHi, parentLo, external, local, count, first);
     },
     removeAt: (slot, external, count, first) => index.removeAt(slot, external, count, first),
     clearAt: (slot) => {

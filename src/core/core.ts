@@ -45,7 +45,7 @@ export interface RouteInput {
   readonly overlapScoreCredit: number | null;
   readonly prefillLoadScale: number | null;
   readonly temperature: number | null;
-  /** The prompt's hashes when the caller has them already (a route lane hashed it), else hashed here. */
+  /** The prompt's hashes if the caller has them (a route lane hashed it), else hashed here. */
   readonly prompt?: PromptHashes;
 }
 
@@ -152,9 +152,7 @@ export class KvedgeCore {
     const { config } = options;
     this.log = options.log;
     this.blockSize = config.index.block_size;
-    this.index = options.writer === undefined
-      ? createIndex(config.index.backend, this.blockSize, { workers: this.workerTable })
-      : this.threadedIndex(options.writer);
+    this.index = this.createIndex(config, options.writer);
     this.budget = new IndexBudget(this.index, config.index.memory_budget_bytes ?? defaultIndexBudgetBytes());
     this.writer = this.budgetedWriter();
     this.router = new Router({
@@ -218,9 +216,15 @@ export class KvedgeCore {
     });
   }
 
-  /** The writer thread's index as this thread reads it; the writer's refusals counted in `budget`. */
-  private threadedIndex(writer: WriterThread): ThreadedIndex {
-    const index = new ThreadedIndex(this.blockSize, this.workerTable, attach(writer.descriptor!));
+  /**
+   * The index: this thread's own, or the writer thread's as this thread reads it (its
+   * refusals counted in `budget`).
+   */
+  private createIndex(config: Config, writer: WriterThread | undefined): KvIndex {
+    const workers = this.workerTable;
+    if (writer === undefined) return createIndex(config.index.backend, this.blockSize, { workers });
+    if (writer.descriptor === null) throw new Error("the writer thread shares no index to read");
+    const index = new ThreadedIndex(this.blockSize, workers, attach(writer.descriptor));
     writer.onIndex = (status) => {
       index.mirror(status);
       this.budget.refusedEvents = status.refusedEvents;

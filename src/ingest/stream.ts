@@ -45,6 +45,12 @@ export interface StreamOptions {
   readonly onChange?: () => void;
 }
 
+const INFO_EVENTS = new Set<SequencerEvent>(["gap", "replay_started", "replay_done", "continued"]);
+/** Events after which trust may differ. */
+const CHANGE_EVENTS = new Set<SequencerEvent>([
+  "degraded", "exact", "replay_started", "replay_done", "replay_failed",
+]);
+
 export class StreamCounters {
   /** Batches whose applying threw (e.g. out of memory): counted lost, worker degraded. */
   applyErrors = 0;
@@ -57,12 +63,14 @@ export class EngineStream implements StreamInput {
   private readonly log: Logger;
   private readonly problems: OnceLog;
 
-  constructor(identity: StreamIdentity, transport: ReplayTransport, private readonly options: StreamOptions) {
+  constructor(identity: StreamIdentity, transport: ReplayTransport,
+    private readonly options: StreamOptions) {
     this.log = options.log;
     this.problems = new OnceLog(this.log);
     this.normalizer = new KvEventNormalizer({
       workerId: identity.workerId, dpRank: identity.dpRank, blockSize: options.blockSize,
-      writer: options.writer, log: this.log, ...(options.tap === undefined ? {} : { tap: options.tap }),
+      writer: options.writer, log: this.log,
+      ...(options.tap === undefined ? {} : { tap: options.tap }),
     });
     this.sequencer = new Sequencer({
       apply: (_seq, payload) => this.apply(payload),
@@ -73,7 +81,7 @@ export class EngineStream implements StreamInput {
     }, options.sequencer);
   }
 
-  /** Dp ranks seen from this publisher (the configured one first): an engine restart clears them all. */
+  /** Dp ranks seen from this publisher (the configured one first); a restart clears them all. */
   get ranks(): number[] {
     return [...this.normalizer.rankSlots.ranks];
   }
@@ -136,9 +144,8 @@ export class EngineStream implements StreamInput {
   }
 
   private sequencerEvent(kind: SequencerEvent, fields: Record<string, number | string>): void {
-    if (kind === "gap" || kind === "replay_started" || kind === "replay_done" || kind === "continued") this.log.info(kind, fields);
+    if (INFO_EVENTS.has(kind)) this.log.info(kind, fields);
     else this.log.warn(kind, fields);
-    if (kind === "degraded" || kind === "exact" || kind === "replay_started" || kind === "replay_done"
-      || kind === "replay_failed") this.options.onChange?.();
+    if (CHANGE_EVENTS.has(kind)) this.options.onChange?.();
   }
 }

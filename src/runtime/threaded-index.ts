@@ -89,7 +89,7 @@ export class ThreadedIndex implements KvIndex {
     return this.workersNow;
   }
 
-  /** The writer removes the worker's blocks when its remove record arrives (WriterThread.removeWorker). */
+  /** The writer removes the worker's blocks when its record arrives (WriterThread.removeWorker). */
   removeWorker(): void {}
 
   applyStored(): StoreStatus {

@@ -43,7 +43,8 @@ export function planThreads(runtime: Config["runtime"], pinned: readonly number[
   const many = cpus.length >= THREADED_MIN_CPUS;
   // The writer thread needs the shared index (not in this build): off unless asked for.
   const indexThreads = runtime.index_threads ?? 0;
-  const routeThreads = runtime.route_threads ?? (many ? Math.min(LANES_DEFAULT_MAX, cpus.length - 2) : 0);
+  const lanes = many ? Math.min(LANES_DEFAULT_MAX, cpus.length - 2) : 0;
+  const routeThreads = runtime.route_threads ?? lanes;
   const dedicated = indexThreads + routeThreads;
   const cpuOf = (i: number): readonly number[] | null =>
     pinned === null ? null : [pinned[pinned.length - 1 - (i % pinned.length)]!];
@@ -94,13 +95,14 @@ export interface KvedgeThread {
 }
 
 /** Starts a thread and resolves once it has pinned itself and reported ready. */
-export function startThread<T>(start: ThreadStart<T>, readyTimeoutMs = 10_000): Promise<KvedgeThread> {
+export function startThread<T>(start: ThreadStart<T>,
+  readyTimeoutMs = 10_000): Promise<KvedgeThread> {
   const worker = new Worker(entryUrl());
   return new Promise<KvedgeThread>((resolve, reject) => {
     let thread: KvedgeThread | null = null;
     let stopping = false;
-    const timer = setTimeout(() => fail(`the ${start.role} thread did not start in ${readyTimeoutMs} ms`),
-      readyTimeoutMs);
+    const late = `the ${start.role} thread did not start in ${readyTimeoutMs} ms`;
+    const timer = setTimeout(() => fail(late), readyTimeoutMs);
     const fail = (error: string): void => {
       clearTimeout(timer);
       if (thread === null) {

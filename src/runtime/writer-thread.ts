@@ -55,7 +55,9 @@ export class RingStream implements StreamInput, StreamView {
         return self.degraded;
       },
       counters,
-      restore: (last, print, degraded) => owner.control(id, { op: "restore", last, print, degraded }),
+      restore: (last, print, degraded) => {
+        owner.control(id, { op: "restore", last, print, degraded });
+      },
     };
   }
 
@@ -63,7 +65,7 @@ export class RingStream implements StreamInput, StreamView {
     this.owner.write(RecordKind.LIVE, this.id, 0, seq, payload);
   }
 
-  /** Never dropped: a missed reconnect would let a restarted engine's batches pass as duplicates. */
+  /** Never dropped: a missed reconnect would pass a restarted engine's batches as duplicates. */
   connected(): void {
     this.owner.keep(RecordKind.CONNECTED, this.id, new Uint8Array(0));
   }

@@ -12,7 +12,9 @@ import { budgetedWriter } from "../core/budgeted-writer";
 import { WorkerTable } from "../core/worker-table";
 import { createIndex, type KvIndex } from "../index";
 import { IndexBudget } from "../index/budget";
-import { createSharedIndex, type SharedIndex, type SharedIndexDescriptor } from "../index/crtc/shared";
+import {
+  createSharedIndex, type SharedIndex, type SharedIndexDescriptor,
+} from "../index/crtc/shared";
 import type { IndexOp } from "../index/ops";
 import type { NormalizeCounters } from "../ingest/normalize";
 import type { SequencerCounters, SequencerOptions } from "../ingest/sequencer";
@@ -40,9 +42,11 @@ export interface WriterStart {
 
 /** CONTROL records' payloads (JSON; ids as decimal text). */
 export type WriterControl =
-  | { readonly op: "add"; readonly workerId: string; readonly dpRank: number; readonly replay: boolean }
+  | { readonly op: "add"; readonly workerId: string; readonly dpRank: number;
+    readonly replay: boolean }
   | { readonly op: "remove" }
-  | { readonly op: "restore"; readonly last: number; readonly print: number; readonly degraded: boolean }
+  | { readonly op: "restore"; readonly last: number; readonly print: number;
+    readonly degraded: boolean }
   | { readonly op: "dump" }
   /** Every dp rank of the worker goes from the index, and its slots from the writer's table. */
   | { readonly op: "removeWorker"; readonly workerId: string }
@@ -64,7 +68,8 @@ export interface StreamStatus {
 }
 
 export type WriterToMain =
-  | { readonly t: "replay"; readonly stream: number; readonly start: number; readonly generation: number }
+  | { readonly t: "replay"; readonly stream: number; readonly start: number;
+    readonly generation: number }
   | { readonly t: "cancel"; readonly stream: number }
   | { readonly t: "status"; readonly streams: StreamStatus[]; readonly index: IndexStatus }
   | { readonly t: "dump"; readonly ops: IndexOp[] }
@@ -98,19 +103,21 @@ export class IndexWriter {
   /** Records that named no stream, or stale replay replies: skipped. */
   skipped = 0;
 
-  constructor(private readonly start: WriterStart, private readonly send: (message: WriterToMain) => void) {
+  constructor(private readonly start: WriterStart,
+    private readonly send: (message: WriterToMain) => void) {
     this.log = createLogger({ level: start.logLevel }).child({ component: "writer" });
     this.shared = start.sharedReaders > 0
       ? createSharedIndex(start.blockSize, {
         workers: this.table, budgetBytes: start.budgetBytes, maxReaders: start.sharedReaders,
       })
       : null;
-    this.index = this.shared?.index ?? createIndex(start.backend, start.blockSize, { workers: this.table });
+    this.index = this.shared?.index
+      ?? createIndex(start.backend, start.blockSize, { workers: this.table });
     this.budget = new IndexBudget(this.index, start.budgetBytes);
     this.consumer = new RingConsumer(start.ring);
   }
 
-  /** Posts the shared index's descriptor (if shared), then drains and sleeps until a stop record. */
+  /** Posts the shared index's descriptor (if shared), then drains and sleeps until stopped. */
   run(): Promise<void> {
     if (this.shared !== null) this.send({ t: "index", descriptor: this.shared.descriptor });
     return this.consumer.run((kind, stream, generation, seq, payload) => {
@@ -123,8 +130,11 @@ export class IndexWriter {
     }, (bytes) => this.corrupt(bytes));
   }
 
-  private record(kind: RecordKind, id: number, generation: number, seq: number, payload: Uint8Array): void {
-    if (kind === RecordKind.CONTROL) return this.control(id, JSON.parse(decoder.decode(payload)) as WriterControl);
+  private record(kind: RecordKind, id: number, generation: number, seq: number,
+    payload: Uint8Array): void {
+    if (kind === RecordKind.CONTROL) {
+      return this.control(id, JSON.parse(decoder.decode(payload)) as WriterControl);
+    }
     const stream = this.streams[id];
     if (stream === undefined) {
       this.skipped++;
@@ -186,7 +196,9 @@ export class IndexWriter {
     const writer = budgetedWriter(this.index, this.budget, this.table, {
       refused: (slot, blocks) => {
         this.budget.refuse(blocks);
-        if (!incomplete.has(slot)) this.log.warn("index memory budget reached: stores refused", { slot });
+        if (!incomplete.has(slot)) this.log.warn("index memory budget reached: stores refused", {
+          slot,
+        });
         incomplete.add(slot);
         this.touched.add(id);
       },

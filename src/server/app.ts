@@ -266,8 +266,7 @@ export function startApp(options: AppOptions): App {
   });
 
   return {
-    server,
-    metrics,
+    server, metrics,
     url: `http://${options.host.includes(":") ? `[${options.host}]` : options.host}:${server.port}`,
     async stop(graceMs) {
       const closing = server.stop(false);

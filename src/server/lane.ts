@@ -16,7 +16,9 @@ import { blockSeed } from "../hash";
 import { PromptHasher } from "../route/input";
 import { parseRoute } from "./api";
 import { RequestGuard } from "./guard";
-import { clientError, errorReply, HttpError, parseBody, receiveBody, reply } from "./http";
+import {
+  clientError, errorReply, HttpError, parseBody, type ReceivedBody, receiveBody, reply,
+} from "./http";
 
 export interface LaneStart {
   /** The public address, shared by every lane (port 0: this lane picks it). */
@@ -69,62 +71,14 @@ interface Piped {
 export function runLane(start: LaneStart, send: (message: LaneToMain) => void,
   listen: (handler: (message: MainToLane) => void) => void): void {
   const guard = new RequestGuard(start.host);
-  const hasher = new PromptHasher();
-  const pending = new Map<number, Pending>();
-  let nextId = 0;
-  let batch: LaneRoute[] = [];
-
-  const flush = (): void => {
-    const routes = batch;
-    batch = [];
-    send({ t: "routes", routes });
-  };
-
-  const route = (request: Request) => new Promise<Response>((resolve) => {
-    try {
-      guard.check(request, true);
-    } catch (error) {
-      resolve(failure(request, error));
-      return;
-    }
-    receiveBody(request, start.bodyLimitBytes).then((body) => {
-      const { input, candidatesMax } = parseRoute(parseBody(body, true));
-      const hashed = hasher.hash(input.tokens, start.blockSize, blockSeed(input.loraName, input.cacheSalt));
-      const words = 2 * hashed.blockCount;
-      const prompt = {
-        blockCount: hashed.blockCount, local: hashed.local.slice(0, words), chain: hashed.chain.slice(0, words),
-      };
-      const id = nextId++;
-      pending.set(id, { request, resolve });
-      // Copies: the parser's token array is reused by the next request.
-      if (batch.length === 0) setImmediate(flush);
-      batch.push({ id, input: { ...input, tokens: input.tokens.slice(), prompt }, candidatesMax });
-    }).catch((error: unknown) => resolve(failure(request, error)));
-  });
-
-  const proxy = async (request: Request): Promise<Response> => {
-    try {
-      guard.check(request, request.method !== "GET" && request.method !== "HEAD");
-      const url = new URL(request.url);
-      const headers: [string, string][] = [];
-      for (const [name, value] of request.headers) if (!JUDGED.has(name)) headers.push([name, value]);
-      const body = request.method === "GET" || request.method === "HEAD" ? null : await request.arrayBuffer();
-      const answer = await fetch(`${start.mainUrl}${url.pathname}${url.search}`, {
-        method: request.method, headers, body, redirect: "manual",
-      });
-      return new Response(answer.body, { status: answer.status, headers: answer.headers });
-    } catch (error) {
-      return failure(request, error);
-    }
-  };
-
+  const routes = new LaneRoutes(start, send, guard);
   const server: Server<Piped> = Bun.serve<Piped>({
     hostname: start.host,
     port: start.port,
     reusePort: true,
     development: false,
     maxRequestBodySize: start.bodyLimitBytes + 1024 * 1024,
-    routes: { "/v1/route": { POST: route } },
+    routes: { "/v1/route": { POST: (request: Request) => routes.route(request) } },
     fetch(request, server) {
       if (new URL(request.url).pathname === "/v1/ws" && request.headers.get("upgrade") !== null) {
         try {
@@ -138,26 +92,97 @@ export function runLane(start: LaneStart, send: (message: LaneToMain) => void,
       }
       // The main thread's server keeps its own timeouts (a proxied completion may pause long).
       server.timeout(request, 0);
-      return proxy(request);
+      return proxy(request, start.mainUrl, guard);
     },
     websocket: pipeHandlers(start.mainUrl),
   });
-
   listen((message) => {
-    if (message.t === "answers") {
-      for (const answer of message.answers) {
-        const waiting = pending.get(answer.id);
-        if (waiting === undefined) continue;
-        pending.delete(answer.id);
-        waiting.resolve(answer.status === 200
-          ? reply(waiting.request, 200, answer.body)
-          : errorReply(waiting.request, new HttpError(answer.status, String(answer.body), answer.retryAfterSecs)));
-      }
-    } else {
-      void stopLane(server, message.graceMs).then(() => send({ t: "stopped" }));
-    }
+    if (message.t === "answers") routes.answer(message.answers);
+    else void stopLane(server, message.graceMs).then(() => send({ t: "stopped" }));
   });
   send({ t: "listening", port: server.port! });
+}
+
+/** A lane's routes: parsed and hashed here, posted one message per turn, answered when decided. */
+class LaneRoutes {
+  private readonly hasher = new PromptHasher();
+  private readonly pending = new Map<number, Pending>();
+  private nextId = 0;
+  private batch: LaneRoute[] = [];
+
+  constructor(private readonly start: LaneStart,
+    private readonly send: (message: LaneToMain) => void, private readonly guard: RequestGuard) {}
+
+  route(request: Request): Promise<Response> {
+    return new Promise<Response>((resolve) => {
+      try {
+        this.guard.check(request, true);
+      } catch (error) {
+        resolve(failure(request, error));
+        return;
+      }
+      receiveBody(request, this.start.bodyLimitBytes).then((body) => {
+        this.post(request, resolve, body);
+      }).catch((error: unknown) => resolve(failure(request, error)));
+    });
+  }
+
+  answer(answers: readonly LaneAnswer[]): void {
+    for (const answer of answers) {
+      const waiting = this.pending.get(answer.id);
+      if (waiting === undefined) continue;
+      this.pending.delete(answer.id);
+      waiting.resolve(answer.status === 200
+        ? reply(waiting.request, 200, answer.body)
+        : errorReply(waiting.request,
+          new HttpError(answer.status, String(answer.body), answer.retryAfterSecs)));
+    }
+  }
+
+  private post(request: Request, resolve: (response: Response) => void,
+    body: ReceivedBody): void {
+    const { input, candidatesMax } = parseRoute(parseBody(body, true));
+    const seed = blockSeed(input.loraName, input.cacheSalt);
+    const hashed = this.hasher.hash(input.tokens, this.start.blockSize, seed);
+    const words = 2 * hashed.blockCount;
+    const prompt = {
+      blockCount: hashed.blockCount,
+      local: hashed.local.slice(0, words),
+      chain: hashed.chain.slice(0, words),
+    };
+    const id = this.nextId++;
+    this.pending.set(id, { request, resolve });
+    if (this.batch.length === 0) setImmediate(this.flush);
+    // Copies: the parser's token array is reused by the next request.
+    const copied = { ...input, tokens: input.tokens.slice(), prompt };
+    this.batch.push({ id, input: copied, candidatesMax });
+  }
+
+  private readonly flush = (): void => {
+    const routes = this.batch;
+    this.batch = [];
+    this.send({ t: "routes", routes });
+  };
+}
+
+/** Any other request, passed to the main thread's server as it came (the guard judged it here). */
+async function proxy(request: Request, mainUrl: string, guard: RequestGuard): Promise<Response> {
+  try {
+    guard.check(request, request.method !== "GET" && request.method !== "HEAD");
+    const url = new URL(request.url);
+    const headers: [string, string][] = [];
+    for (const [name, value] of request.headers) {
+      if (!JUDGED.has(name)) headers.push([name, value]);
+    }
+    const bodiless = request.method === "GET" || request.method === "HEAD";
+    const body = bodiless ? null : await request.arrayBuffer();
+    const answer = await fetch(`${mainUrl}${url.pathname}${url.search}`, {
+      method: request.method, headers, body, redirect: "manual",
+    });
+    return new Response(answer.body, { status: answer.status, headers: answer.headers });
+  } catch (error) {
+    return failure(request, error);
+  }
 }
 
 /** WebSocket clients of a lane are piped, frame for frame, to the main thread's /v1/ws. */
@@ -173,7 +198,8 @@ function pipeHandlers(mainUrl: string) {
         ws.data.queued = [];
       };
       upstream.onmessage = (event) => {
-        ws.send(typeof event.data === "string" ? event.data : new Uint8Array(event.data as ArrayBuffer));
+        const data = event.data as string | ArrayBuffer;
+        ws.send(typeof data === "string" ? data : new Uint8Array(data));
       };
       upstream.onclose = () => ws.close();
       upstream.onerror = () => ws.close(1011, "the main thread's server is unreachable");

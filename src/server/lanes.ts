@@ -99,7 +99,8 @@ function serveLane(thread: KvedgeThread, options: LanesOptions): void {
       candidatesMax: route.candidatesMax,
       answer: (outcome) => {
         metrics.observeRouteDecision((performance.now() - started) / 1000);
-        finish({ id: route.id, status: 200, body: routeAnswer(service, outcome), retryAfterSecs: null });
+        const body = routeAnswer(service, outcome);
+        finish({ id: route.id, status: 200, body, retryAfterSecs: null });
       },
       fail: (error) => finish(failed(route.id, error, log)),
     };
@@ -124,7 +125,8 @@ function serveLane(thread: KvedgeThread, options: LanesOptions): void {
 function failed(id: number, error: unknown, log: Logger): LaneAnswer {
   const client = clientError(error);
   if (client === null) {
-    log.error("request failed", { error: error instanceof Error ? error.stack ?? error.message : String(error) });
+    const text = error instanceof Error ? error.stack ?? error.message : String(error);
+    log.error("request failed", { error: text });
   }
   return {
     id, status: client?.status ?? 500, body: client?.message ?? "internal error",

@@ -236,10 +236,11 @@ describe("refusals name the key and the source, in one line", () => {
       "ingest.reconnect_max_ms (default) = 5000 is below ingest.reconnect_min_ms (from kvedge.toml) = 6000",
     );
     expect(refusal({ argv: ["--index-threads", "1", "--index-backend", "positional"] })).toBe(
-      "runtime.index_threads (from --index-threads) needs index.backend = crtc (the index threads share), "
-      + "not index.backend (from --index-backend) = positional",
+      "runtime.index_threads (from --index-threads) needs index.backend = crtc "
+      + "(the index threads share), not index.backend (from --index-backend) = positional",
     );
-    expect(refusal({ env: { KVEDGE_ROUTE_THREADS: "2", KVEDGE_INDEX_BACKEND: "reference" } })).toContain(
+    const env = { KVEDGE_ROUTE_THREADS: "2", KVEDGE_INDEX_BACKEND: "reference" };
+    expect(refusal({ env })).toContain(
       "runtime.route_threads (from KVEDGE_ROUTE_THREADS) needs index.backend = crtc",
     );
     expect(refusal({ argv: ["--index-threads", "2"] })).toContain("runtime.index_threads");

@@ -37,7 +37,8 @@ describe("serve with route lanes against serve without", () => {
       startServe([...args, "--route-threads", "0"]),
       startServe([...args, "--route-threads", "2"]),
     ]);
-    await eventually(() => (a.pub.subscribedPeers >= 2 && b.pub.subscribedPeers >= 2 ? true : undefined),
+    const subscribed = () => a.pub.subscribedPeers >= 2 && b.pub.subscribedPeers >= 2;
+    await eventually(() => (subscribed() ? true : undefined),
       10_000, "both servers subscribed");
     a.publish([stored([1n, 2n, 3n, 4n], prompt(1, 16), BS)]);
     b.publish([stored([7n, 8n], prompt(1, 8), BS), stored([9n], prompt(101, 4), BS)]);
@@ -55,7 +56,8 @@ describe("serve with route lanes against serve without", () => {
   });
 
   test("the lanes started, and say so", () => {
-    expect(lanes.logs.find((line) => line.msg === "threads")).toMatchObject({ route_threads: 2, index_threads: 0 });
+    const threads = lanes.logs.find((line) => line.msg === "threads");
+    expect(threads).toMatchObject({ route_threads: 2, index_threads: 0 });
     expect(lanes.logs.find((line) => line.msg === "listening")).toMatchObject({ route_lanes: 2 });
     expect(single.logs.find((line) => line.msg === "listening")).toMatchObject({ route_lanes: 0 });
   });
@@ -63,7 +65,7 @@ describe("serve with route lanes against serve without", () => {
   test("matches and a sequence of routes with lifecycle calls answer the same", async () => {
     const steps: [string, unknown][] = [];
     for (let i = 0; i < 24; i++) {
-      const tokens = i % 3 === 0 ? prompt(1, 16) : i % 3 === 1 ? prompt(101, 8 + i) : prompt(1, 8 + i);
+      const tokens = [prompt(1, 16), prompt(101, 8 + i), prompt(1, 8 + i)][i % 3]!;
       steps.push(["/v1/match", { token_ids: tokens }]);
       steps.push(["/v1/route", { token_ids: tokens, request_id: `r${i}`, candidates: 2 }]);
       if (i % 4 === 1) steps.push([`/v1/requests/r${i - 1}/prefill_done`, {}]);
@@ -86,7 +88,9 @@ describe("serve with route lanes against serve without", () => {
       ["/v1/nonesuch", "{}", {}],
     ];
     for (const [path, body, headers] of cases) {
-      const [want, got] = await Promise.all([call(single, path, body, headers), call(lanes, path, body, headers)]);
+      const [want, got] = await Promise.all([
+        call(single, path, body, headers), call(lanes, path, body, headers),
+      ]);
       expect(want[0]).toBeGreaterThanOrEqual(400);
       expect({ path, headers, got }).toEqual({ path, headers, got: want });
     }
@@ -96,10 +100,11 @@ describe("serve with route lanes against serve without", () => {
     const [status, workers] = await call(lanes, "/v1/workers");
     expect(status).toBe(200);
     expect(workers.workers.map((w: Json) => [w.worker_id, w.blocks])).toEqual([["1", 4], ["2", 3]]);
-    // The lanes' routes are counted in the main thread's metrics, as the single serve counts its own.
+    // The lanes' routes are counted in the main thread's metrics, as the single serve's are.
     const routed = async (serve: ServeProcess): Promise<number> => {
       const text = await (await fetch(`${serve.url}/metrics`)).text();
-      const line = text.split("\n").find((l) => l.startsWith("kvedge_http_request_duration_seconds_count{")
+      const count = "kvedge_http_request_duration_seconds_count{";
+      const line = text.split("\n").find((l) => l.startsWith(count)
         && l.includes('route="/v1/route"') && l.includes('status="200"'));
       return Number(line?.split(" ").at(-1));
     };
@@ -125,7 +130,8 @@ describe("serve with route lanes against serve without", () => {
       ws.onerror = () => reject(new Error("websocket failed"));
     });
     ws.close();
-    expect(answers.map((answer) => [answer.id, answer.status])).toEqual([[1, 200], [2, 200], [3, 200]]);
+    const statuses = answers.map((answer) => [answer.id, answer.status]);
+    expect(statuses).toEqual([[1, 200], [2, 200], [3, 200]]);
     expect(answers[0]!.result.scores[0]).toEqual({ worker_id: "1", dp_rank: 0, blocks: 4 });
     expect(answers[1]!.result.worker_id).toBe("1");
   });

@@ -13,8 +13,10 @@ import { eventually } from "../support/wait";
 const BS = 4;
 type Json = Record<string, any>;
 
-async function call(serve: ServeProcess, path: string, body?: unknown, method = "POST"): Promise<[number, Json]> {
-  const response = await fetch(`${serve.url}${path}`, body === undefined && method === "POST" ? {} : {
+async function call(serve: ServeProcess, path: string, body?: unknown,
+  method = "POST"): Promise<[number, Json]> {
+  const bare = body === undefined && method === "POST";
+  const response = await fetch(`${serve.url}${path}`, bare ? {} : {
     method, ...(body === undefined ? {} : { body: JSON.stringify(body) }),
     headers: { "content-type": "application/json" },
   });
@@ -22,8 +24,12 @@ async function call(serve: ServeProcess, path: string, body?: unknown, method = 
 }
 
 const prompt = (first: number, length: number) => Array.from({ length }, (_, i) => first + i);
-const workersOf = async (serve: ServeProcess) => (await call(serve, "/v1/workers", undefined, "GET"))[1].workers
-  .map((w: Json) => ({ id: w.worker_id, blocks: w.blocks, degraded: w.degraded, lastSeq: w.last_seq }));
+const workersOf = async (serve: ServeProcess) => {
+  const [, body] = await call(serve, "/v1/workers", undefined, "GET");
+  return body.workers.map((w: Json) => ({
+    id: w.worker_id, blocks: w.blocks, degraded: w.degraded, lastSeq: w.last_seq,
+  }));
+};
 
 describe("serve with the writer thread against serve without", () => {
   let a: TestEngine;
@@ -33,17 +39,19 @@ describe("serve with the writer thread against serve without", () => {
   beforeAll(async () => {
     a = await new TestEngine({ replay: true }).start();
     b = await new TestEngine().start();
-    const args = ["--block-size", String(BS), "--workers", `1=${a.endpoint};replay=${a.replayEndpoint},2=${b.endpoint}`];
+    const workers = `1=${a.endpoint};replay=${a.replayEndpoint},2=${b.endpoint}`;
+    const args = ["--block-size", String(BS), "--workers", workers];
     servers = await Promise.all([
       startServe([...args, "--index-threads", "0", "--route-threads", "0"]),
       startServe([...args, "--index-threads", "1", "--route-threads", "0"]),
       startServe([...args, "--index-threads", "1", "--route-threads", "2"]),
     ]);
-    await eventually(() => (a.pub.subscribedPeers >= 3 && b.pub.subscribedPeers >= 3 ? true : undefined),
+    const subscribed = () => a.pub.subscribedPeers >= 3 && b.pub.subscribedPeers >= 3;
+    await eventually(() => (subscribed() ? true : undefined),
       10_000, "every server subscribed");
     for (const serve of servers) {
-      await eventually(async () => ((await call(serve, "/readyz", undefined, "GET"))[0] === 200 ? true : undefined),
-        10_000, "ready");
+      const ready = async () => (await call(serve, "/readyz", undefined, "GET"))[0] === 200;
+      await eventually(async () => ((await ready()) ? true : undefined), 10_000, "ready");
     }
   });
 
@@ -66,8 +74,9 @@ describe("serve with the writer thread against serve without", () => {
   };
 
   test("the threads started, and say so", () => {
-    expect(servers[1]!.logs.find((line) => line.msg === "threads")).toMatchObject({ index_threads: 1, route_threads: 0 });
-    expect(servers[2]!.logs.find((line) => line.msg === "threads")).toMatchObject({ index_threads: 1, route_threads: 2 });
+    const threads = (serve: ServeProcess) => serve.logs.find((line) => line.msg === "threads");
+    expect(threads(servers[1]!)).toMatchObject({ index_threads: 1, route_threads: 0 });
+    expect(threads(servers[2]!)).toMatchObject({ index_threads: 1, route_threads: 2 });
   });
 
   test("events, matches and routes answer the same on every server", async () => {
@@ -82,16 +91,18 @@ describe("serve with the writer thread against serve without", () => {
       await settled(seqA, seqB);
       for (const tokens of [prompt(first, 6 * BS), prompt(1, 3 * BS), prompt(101, 5 * BS + 2)]) {
         const body = { token_ids: tokens, request_id: `r${round}-${tokens[0]}-${tokens.length}` };
-        const [want, ...others] = await Promise.all(servers.map((serve) => call(serve, "/v1/route", body)));
+        const routes = servers.map((serve) => call(serve, "/v1/route", body));
+        const [want, ...others] = await Promise.all(routes);
         for (const got of others) expect(got).toEqual(want!);
-        const matches = await Promise.all(servers.map((serve) => call(serve, "/v1/match", { token_ids: tokens })));
+        const match = { token_ids: tokens };
+        const matches = await Promise.all(servers.map((serve) => call(serve, "/v1/match", match)));
         for (const got of matches.slice(1)) expect(got).toEqual(matches[0]!);
         expect(want![0]).toBe(200);
       }
     }
   });
 
-  test("a lost batch degrades the worker on every server; a clear makes it exact again", async () => {
+  test("a lost batch degrades the worker everywhere; a clear makes it exact again", async () => {
     const seqA = Number(a.publish([stored([90_001n], prompt(7000, BS), BS)]));
     b.publish([stored([90_002n], prompt(7000, BS), BS)], true);
     let seqB = Number(b.publish([stored([90_003n], prompt(8000, BS), BS)]));
@@ -107,7 +118,9 @@ describe("serve with the writer thread against serve without", () => {
   });
 
   test("removing a worker purges it on every server", async () => {
-    for (const serve of servers) expect((await call(serve, "/v1/workers/2", undefined, "DELETE"))[0]).toBe(200);
+    for (const serve of servers) {
+      expect((await call(serve, "/v1/workers/2", undefined, "DELETE"))[0]).toBe(200);
+    }
     for (const serve of servers) {
       await eventually(async () => {
         const [, body] = await call(serve, "/v1/match", { token_ids: prompt(1, 6 * BS) });
@@ -132,7 +145,8 @@ describe("serve with the writer thread against serve without", () => {
   });
 
   test("state.dir with the writer thread is refused at start", async () => {
-    const result = await runKvedge(["serve", "--index-threads", "1", "--state-dir", "/tmp/nonesuch-kvedge"]);
+    const args = ["serve", "--index-threads", "1", "--state-dir", "/tmp/nonesuch-kvedge"];
+    const result = await runKvedge(args);
     expect(result.code).toBe(2);
     expect(result.stderr).toContain("cannot be used with runtime.index_threads");
   });

@@ -222,7 +222,7 @@ describe("ring on one thread", () => {
     expect(producer.asleep).toBe(false);
   });
 
-  test("wakeAfterTask: a task's records are visible at once, the one wake comes after the task", async () => {
+  test("wakeAfterTask: records visible at once, the one wake after the task", async () => {
     const buffers = createRingBuffers(65536);
     const producer = new RingProducer(buffers, true);
     const consumer = new RingConsumer(buffers);

@@ -32,7 +32,8 @@ describe("thread plan", () => {
   });
 
   test("unpinned: defaults from the CPUs the process may use, threads not pinned", () => {
-    const plan = planThreads({ ...auto, index_threads: 1, route_threads: 1 }, null, [0, 1, 2, 3, 4]);
+    const threads = { ...auto, index_threads: 1, route_threads: 1 };
+    const plan = planThreads(threads, null, [0, 1, 2, 3, 4]);
     expect(plan.writerCpus).toBeNull();
     expect(plan.laneCpus).toEqual([null]);
     expect(planThreads(auto, null, [0, 1, 2, 3]).routeThreads).toBe(2);
@@ -58,7 +59,8 @@ describe("threads", () => {
   });
 
   test("a thread that cannot pin fails to start, with the reason", async () => {
-    await expect(startThread({ role: "probe", cpus: [1023], data: null })).rejects.toThrow("cannot pin");
+    const started = startThread({ role: "probe", cpus: [1023], data: null });
+    await expect(started).rejects.toThrow("cannot pin");
   });
 
   test("an unknown role fails to start", async () => {

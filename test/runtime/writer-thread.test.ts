@@ -19,7 +19,8 @@ import { until } from "../support/wait";
 
 const BS = 4;
 const log = createLogger({ level: "error" });
-const tokens = (first: number, blocks: number) => Array.from({ length: blocks * BS }, (_, i) => first + i);
+const tokens = (first: number, blocks: number) =>
+  Array.from({ length: blocks * BS }, (_, i) => first + i);
 
 interface Pair {
   readonly reference: EngineSource;
@@ -44,7 +45,9 @@ async function setUp(ringBytes = 1 << 20, sharedReaders = 0) {
   const pairs: Pair[] = [];
   const add = async (config: SourceConfig): Promise<Pair> => {
     const reference = new EngineSource(config, { blockSize: BS, writer: writerOf, log });
-    const threaded = new EngineSource(config, { blockSize: BS, writer: writerOf, log, input: writer.input(config) });
+    const threaded = new EngineSource(config, {
+      blockSize: BS, writer: writerOf, log, input: writer.input(config),
+    });
     started.push(reference, threaded);
     await Promise.all([reference.start(), threaded.start()]);
     const pair = { reference, threaded };
@@ -54,7 +57,8 @@ async function setUp(ringBytes = 1 << 20, sharedReaders = 0) {
   /** Both sides applied through `seq` (the threaded one as its mirror says). */
   const applied = async (pair: Pair, seq: number) => {
     const at = () => [pair.reference.sequencer.lastSeq, pair.threaded.sequencer.lastSeq];
-    await until(() => at()[0] === seq && at()[1] === seq, `both sides at seq ${seq}`).catch((error) => {
+    const both = () => at()[0] === seq && at()[1] === seq;
+    await until(both, `both sides at seq ${seq}`).catch((error) => {
       throw new Error(`${(error as Error).message}; (reference, threaded) at ${at()}`);
     });
   };
@@ -75,7 +79,7 @@ const config = (engine: TestEngine, workerId: bigint): SourceConfig => ({
 });
 
 describe("the writer thread", () => {
-  test("in order, a gap replayed, a gap lost, a clear, a restart: the same index as on one thread", async () => {
+  test("in order, gaps replayed and lost, a clear, a restart: as on one thread", async () => {
     const a = await new TestEngine({ replay: true }).start();
     const b = await new TestEngine().start();
     started.push(a, b);
@@ -85,7 +89,8 @@ describe("the writer thread", () => {
     await until(() => a.pub.subscribedPeers === 2 && b.pub.subscribedPeers === 2, "subscriptions");
     // Both sides ran a's connect probe (an empty ring) before anything is published.
     await a.waitForReplayRequests(2);
-    await until(() => !pa.reference.sequencer.isDegraded && !pa.threaded.sequencer.isDegraded, "a exact");
+    const exact = () => !pa.reference.sequencer.isDegraded && !pa.threaded.sequencer.isDegraded;
+    await until(exact, "a exact");
 
     a.publish([stored([1n, 2n, 3n], tokens(1, 3), BS)]);
     a.publish([stored([4n], tokens(13, 1), BS, 3n)]);
@@ -112,7 +117,7 @@ describe("the writer thread", () => {
     expect(pa.threaded.sequencer.counters.restarts).toBe(1);
   }, 30_000);
 
-  test("a burst larger than the ring: drops counted, the stream recovers to the same index", async () => {
+  test("a burst larger than the ring: drops counted, the same index recovered", async () => {
     const a = await new TestEngine({ replay: true }).start();
     started.push(a);
     const { writer, index, add, applied } = await setUp(4096);
@@ -121,7 +126,9 @@ describe("the writer thread", () => {
     await a.waitForReplayRequests(2);
     await until(() => !pa.threaded.sequencer.isDegraded, "exact");
     // 200 batches of ~100 bytes in one turn: far more than 4 KiB of ring.
-    for (let i = 0; i < 200; i++) a.publish([stored([BigInt(1000 + i)], tokens(1000 + 4 * i, 1), BS)]);
+    for (let i = 0; i < 200; i++) {
+      a.publish([stored([BigInt(1000 + i)], tokens(1000 + 4 * i, 1), BS)]);
+    }
     const stream = pa.threaded.stream as unknown as { ringLosses: number };
     await until(() => stream.ringLosses > 0, "the loss announced to the writer");
     expect(writer.producer.counters.droppedFull).toBeGreaterThan(0);
@@ -139,10 +146,12 @@ describe("the writer thread", () => {
     await applied(pa, cleanSeq);
     expect(pa.threaded.sequencer.isDegraded).toBe(false);
     expect(await writer.dump()).toEqual(index.dump());
-    expect(pa.threaded.sequencer.counters.probes).toBeGreaterThan(pa.reference.sequencer.counters.probes);
+    const probes = pa.reference.sequencer.counters.probes;
+    expect(pa.threaded.sequencer.counters.probes).toBeGreaterThan(probes);
   }, 30_000);
 
-  test("the writer's index in shared memory: lookups here, while it streams, end equal to one thread's", async () => {
+  test("the writer's shared index: lookups here while it streams, then equal to one thread's",
+    async () => {
     const a = await new TestEngine().start();
     const b = await new TestEngine().start();
     started.push(a, b);
@@ -151,7 +160,8 @@ describe("the writer thread", () => {
     const pb = await add(config(b, 2n));
     await until(() => a.pub.subscribedPeers === 2 && b.pub.subscribedPeers === 2, "subscriptions");
     const reader = attach(writer.descriptor!);
-    const prompts = [1, 41, 81].map((first) => promptHashes(new Uint32Array(tokens(first, 10)), BS, blockSeed()));
+    const prompts = [1, 41, 81].map((first) =>
+      promptHashes(new Uint32Array(tokens(first, 10)), BS, blockSeed()));
     const answer = (find: (local: Uint32Array, count: number, out: MatchResult) => void,
       idOf: (slot: number) => string, local: Uint32Array, count: number) => {
       const out = new MatchResult();
@@ -182,9 +192,11 @@ describe("the writer thread", () => {
     await applied(pb, Number(lastB));
     for (const prompt of prompts) {
       const shared = answer((l, c, o) => reader.findMatches(l, c, o),
-        (slot) => `${reader.workerIdOf(slot)}/${reader.dpRankOf(slot)}`, prompt.local, prompt.blockCount);
+        (slot) => `${reader.workerIdOf(slot)}/${reader.dpRankOf(slot)}`,
+        prompt.local, prompt.blockCount);
       const local = answer((l, c, o) => index.findMatches(l, c, o),
-        (slot) => `${table.workerIdOf(slot)}/${table.dpRankOf(slot)}`, prompt.local, prompt.blockCount);
+        (slot) => `${table.workerIdOf(slot)}/${table.dpRankOf(slot)}`,
+        prompt.local, prompt.blockCount);
       expect(shared).toEqual(local);
     }
     expect(await writer.dump()).toEqual(index.dump());
