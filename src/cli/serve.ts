@@ -4,6 +4,7 @@ import { startApp } from "../server/app";
 import { RouteLanes } from "../server/lanes";
 import { planThreads, type ThreadPlan } from "../runtime/threads";
 import { WriterThread } from "../runtime/writer-thread";
+import { registerThreadMetrics } from "../runtime/metrics";
 import { defaultIndexBudgetBytes } from "../index/budget";
 import type { Config } from "../config";
 import { bufferBudget } from "../util/buffer-budget";
@@ -112,6 +113,7 @@ Example:
     registerServiceMetrics(registry, service);
     registerObservedHitsMetrics(registry, service);
     if (proxy !== null) registerProxyMetrics(registry, proxy);
+    registerThreadMetrics(registry, { writer: plan.indexThreads, lanes: plan.routeThreads }, writer);
     let serving: Serving;
     try {
       serving = await listen(config, plan, service, registry, proxy, log);
@@ -130,6 +132,8 @@ Example:
     log.info("listening", {
       url: serving.url, route_lanes: serving.lanes?.count ?? 0, block_size: config.index.block_size,
       backend: config.index.backend, workers: config.workers.length,
+      writer_cpus: writer?.cpus.join(",") ?? null,
+      lane_cpus: serving.lanes?.cpus.map((cpus) => cpus.join(",")).join(";") ?? null,
     });
 
     const signal = await new Promise<string>((resolve) => {

@@ -119,6 +119,11 @@ export class WriterThread {
   descriptor: SharedIndexDescriptor | null = null;
   private described: (() => void) | null = null;
 
+  /** The CPUs the writer thread may run on (after pinning itself). */
+  get cpus(): readonly number[] {
+    return this.thread.ready.cpus;
+  }
+
   /** The writer's index as of its last drain (set by whoever reads it: ThreadedIndex.mirror). */
   onIndex: (status: IndexStatus) => void = () => {};
 

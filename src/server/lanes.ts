@@ -57,6 +57,11 @@ export class RouteLanes {
     return this.threads.length;
   }
 
+  /** Per lane, the CPUs it may run on (after pinning itself). */
+  get cpus(): readonly (readonly number[])[] {
+    return this.threads.map((thread) => thread.ready.cpus);
+  }
+
   /** Each lane stops accepting, lets its requests finish (up to `graceMs`), and ends. */
   async stop(graceMs: number): Promise<void> {
     await Promise.all(this.threads.map((thread) => new Promise<void>((resolve) => {

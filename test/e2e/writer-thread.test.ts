@@ -132,6 +132,16 @@ describe("serve with the writer thread against serve without", () => {
     expect(want.map((w: Json) => w.id)).toEqual(["1"]);
   });
 
+  test("the ring's counters are in /metrics", async () => {
+    const text = await (await fetch(`${servers[1]!.url}/metrics`)).text();
+    const value = (prefix: string) => Number(text.split("\n").find((l) => l.startsWith(prefix))?.split(" ").at(-1));
+    expect(value('kvedge_event_ring_records_total{outcome="written"}')).toBeGreaterThan(20);
+    expect(value('kvedge_event_ring_records_total{outcome="dropped"}')).toBe(0);
+    expect(value('kvedge_event_ring_bytes{what="capacity"}')).toBe(64 * 1024 * 1024);
+    expect(value('kvedge_threads{role="writer"}')).toBe(1);
+    expect(value("kvedge_event_ring_wakes_total")).toBeGreaterThan(0);
+  });
+
   test("a dump is refused with 501 on the writer-thread server", async () => {
     const response = await fetch(`${servers[1]!.url}/v1/dump`);
     expect(response.status).toBe(501);
@@ -149,5 +159,20 @@ describe("serve with the writer thread against serve without", () => {
     const result = await runKvedge(args);
     expect(result.code).toBe(2);
     expect(result.stderr).toContain("cannot be used with runtime.index_threads");
+  });
+});
+
+describe("threads pinned to CPUs of their own", () => {
+  test("--cpus 0,1 with a writer and a lane: the writer on CPU 1, the lane on CPU 0", async () => {
+    const serve = await startServe(["--cpus", "0,1", "--index-threads", "1", "--route-threads", "1"]);
+    try {
+      const listening = serve.logs.find((line) => line.msg === "listening");
+      expect(listening).toMatchObject({ writer_cpus: "1", lane_cpus: "0", route_lanes: 1 });
+      expect(serve.logs.find((line) => line.msg === "pinned to CPUs")).toMatchObject({ cpus: "0,1" });
+      expect(serve.logs.find((line) => line.msg === "threads")).toMatchObject({ shared_cpus: true });
+      expect((await fetch(`${serve.url}/healthz`)).status).toBe(200);
+    } finally {
+      expect(await serve.stop()).toBe(0);
+    }
   });
 });
