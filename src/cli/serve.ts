@@ -108,12 +108,7 @@ Example:
       if (missing.length > 0) log.warn("workers without an http_endpoint are never proxied to", { workers: missing.join(",") });
       log.info("proxy enabled", { model, tokenizer: config.proxy.tokenizer, vocab_size: tokenizer?.vocabSize ?? null });
     }
-    const registry = createMetricsRegistry();
-    registerRouterMetrics(registry, service.router);
-    registerServiceMetrics(registry, service);
-    registerObservedHitsMetrics(registry, service);
-    if (proxy !== null) registerProxyMetrics(registry, proxy);
-    registerThreadMetrics(registry, { writer: plan.indexThreads, lanes: plan.routeThreads }, writer);
+    const registry = metricsOf(service, proxy, plan, writer);
     let serving: Serving;
     try {
       serving = await listen(config, plan, service, registry, proxy, log);
@@ -132,8 +127,7 @@ Example:
     log.info("listening", {
       url: serving.url, route_lanes: serving.lanes?.count ?? 0, block_size: config.index.block_size,
       backend: config.index.backend, workers: config.workers.length,
-      writer_cpus: writer?.cpus.join(",") ?? null,
-      lane_cpus: serving.lanes?.cpus.map((cpus) => cpus.join(",")).join(";") ?? null,
+      ...threadCpus(writer, serving.lanes),
     });
 
     const signal = await new Promise<string>((resolve) => {
@@ -190,8 +184,8 @@ interface Serving {
  * The HTTP server, and the route lanes: with lanes, they own the public port and the
  * main thread's server listens on loopback only, for what the lanes pass on.
  */
-async function listen(config: Config, plan: ThreadPlan, service: KvedgeCore, registry: MetricsRegistry,
-  proxy: OpenAiProxy | null, log: Logger): Promise<Serving> {
+async function listen(config: Config, plan: ThreadPlan, service: KvedgeCore,
+  registry: MetricsRegistry, proxy: OpenAiProxy | null, log: Logger): Promise<Serving> {
   const lanesOn = plan.routeThreads > 0;
   const app = startApp({
     host: lanesOn ? loopbackOf(config.server.host) : config.server.host,
@@ -225,10 +219,30 @@ async function listen(config: Config, plan: ThreadPlan, service: KvedgeCore, reg
   };
 }
 
+function metricsOf(service: KvedgeCore, proxy: OpenAiProxy | null, plan: ThreadPlan,
+  writer: WriterThread | null): MetricsRegistry {
+  const registry = createMetricsRegistry();
+  registerRouterMetrics(registry, service.router);
+  registerServiceMetrics(registry, service);
+  registerObservedHitsMetrics(registry, service);
+  if (proxy !== null) registerProxyMetrics(registry, proxy);
+  registerThreadMetrics(registry, plan, writer);
+  return registry;
+}
+
+/** Where the writer and the lanes run (the `listening` line): "1" and "2;3". */
+function threadCpus(writer: WriterThread | null, lanes: RouteLanes | null) {
+  return {
+    writer_cpus: writer?.cpus.join(",") ?? null,
+    lane_cpus: lanes?.cpus.map((cpus) => cpus.join(",")).join(";") ?? null,
+  };
+}
+
 /** Pins the process to its CPU set (if any) and plans its threads on it. */
 function pinAndPlan(config: Config, log: Logger): ThreadPlan {
   const { runtime } = config;
-  const cpus = runtime.cpus ?? (runtime.numa_node === null ? null : numaNodeCpus(runtime.numa_node));
+  const node = runtime.numa_node;
+  const cpus = runtime.cpus ?? (node === null ? null : numaNodeCpus(node));
   if (cpus !== null) {
     const threads = pinProcess(cpus);
     log.info("pinned to CPUs", { cpus: cpus.join(","), threads });

@@ -4,24 +4,25 @@
  * threads running. Registered by `kvedge serve` for the modes it runs.
  */
 import { type MetricsRegistry, registerSamples } from "../server/metrics";
+import type { ThreadPlan } from "./threads";
 import type { WriterThread } from "./writer-thread";
 
-export function registerThreadMetrics(registry: MetricsRegistry, threads: { writer: number; lanes: number },
+export function registerThreadMetrics(registry: MetricsRegistry, plan: ThreadPlan,
   writer: WriterThread | null): void {
   registerSamples(registry, {
-    name: "kvedge_threads", help: "kvedge's own threads besides the main one, by role.", type: "gauge",
-    labelNames: ["role"],
+    name: "kvedge_threads", type: "gauge", labelNames: ["role"],
+    help: "kvedge's own threads besides the main one, by role.",
     collect(emit) {
-      emit(threads.writer, { role: "writer" });
-      emit(threads.lanes, { role: "route_lane" });
+      emit(plan.indexThreads, { role: "writer" });
+      emit(plan.routeThreads, { role: "route_lane" });
     },
   });
   if (writer === null) return;
   const producer = writer.producer;
   registerSamples(registry, {
     name: "kvedge_event_ring_records_total", type: "counter", labelNames: ["outcome"],
-    help: "Records the socket thread offered the writer thread's ring: written, dropped (ring full), "
-      + "refused (over half the ring).",
+    help: "Records the socket thread offered the writer thread's ring: written, "
+      + "dropped (ring full), refused (over half the ring).",
     collect(emit) {
       emit(producer.counters.written, { outcome: "written" });
       emit(producer.counters.droppedFull, { outcome: "dropped" });

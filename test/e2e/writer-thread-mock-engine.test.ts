@@ -44,7 +44,8 @@ describe("the writer thread fed by mock engines", () => {
 
   beforeAll(async () => {
     engines = await Promise.all([startEngine(3), startEngine(4)]);
-    const workers = engines.map((e, i) => `${i + 1}=${e.info.endpoint};replay=${e.info.replay_endpoint}`);
+    const workers = engines.map((e, i) =>
+      `${i + 1}=${e.info.endpoint};replay=${e.info.replay_endpoint}`);
     const args = ["--block-size", String(BS), "--workers", workers.join(",")];
     servers = await Promise.all([
       startServe([...args, "--index-threads", "0"]),
@@ -60,7 +61,9 @@ describe("the writer thread fed by mock engines", () => {
 
   afterAll(async () => {
     await Promise.all((servers ?? []).map((serve) => serve.stop()));
-    for (const engine of engines ?? []) if (engine.proc.exitCode === null) engine.proc.kill("SIGTERM");
+    for (const engine of engines ?? []) {
+      if (engine.proc.exitCode === null) engine.proc.kill("SIGTERM");
+    }
   });
 
   test("prompts through the engines, evictions included: the same index and routes", async () => {
@@ -88,9 +91,11 @@ describe("the writer thread fed by mock engines", () => {
     }
     for (let family = 0; family < 5; family++) {
       const body = { token_ids: prompt(family, 112), request_id: `q${family}` };
-      const [single, threaded] = await Promise.all(servers.map((serve) => json(`${serve.url}/v1/route`, body)));
+      const ask = (path: string) =>
+        Promise.all(servers.map((serve) => json(`${serve.url}${path}`, body)));
+      const [single, threaded] = await ask("/v1/route");
       expect(threaded).toEqual(single!);
-      const [m0, m1] = await Promise.all(servers.map((serve) => json(`${serve.url}/v1/match`, body)));
+      const [m0, m1] = await ask("/v1/match");
       expect(m1).toEqual(m0!);
     }
     const [w0, w1] = await Promise.all(servers.map((serve) => json(`${serve.url}/v1/workers`)));

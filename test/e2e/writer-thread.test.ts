@@ -134,7 +134,8 @@ describe("serve with the writer thread against serve without", () => {
 
   test("the ring's counters are in /metrics", async () => {
     const text = await (await fetch(`${servers[1]!.url}/metrics`)).text();
-    const value = (prefix: string) => Number(text.split("\n").find((l) => l.startsWith(prefix))?.split(" ").at(-1));
+    const value = (prefix: string) =>
+      Number(text.split("\n").find((l) => l.startsWith(prefix))?.split(" ").at(-1));
     expect(value('kvedge_event_ring_records_total{outcome="written"}')).toBeGreaterThan(20);
     expect(value('kvedge_event_ring_records_total{outcome="dropped"}')).toBe(0);
     expect(value('kvedge_event_ring_bytes{what="capacity"}')).toBe(64 * 1024 * 1024);
@@ -164,12 +165,14 @@ describe("serve with the writer thread against serve without", () => {
 
 describe("threads pinned to CPUs of their own", () => {
   test("--cpus 0,1 with a writer and a lane: the writer on CPU 1, the lane on CPU 0", async () => {
-    const serve = await startServe(["--cpus", "0,1", "--index-threads", "1", "--route-threads", "1"]);
+    const args = ["--cpus", "0,1", "--index-threads", "1", "--route-threads", "1"];
+    const serve = await startServe(args);
     try {
       const listening = serve.logs.find((line) => line.msg === "listening");
       expect(listening).toMatchObject({ writer_cpus: "1", lane_cpus: "0", route_lanes: 1 });
-      expect(serve.logs.find((line) => line.msg === "pinned to CPUs")).toMatchObject({ cpus: "0,1" });
-      expect(serve.logs.find((line) => line.msg === "threads")).toMatchObject({ shared_cpus: true });
+      const line = (msg: string) => serve.logs.find((logged) => logged.msg === msg);
+      expect(line("pinned to CPUs")).toMatchObject({ cpus: "0,1" });
+      expect(line("threads")).toMatchObject({ shared_cpus: true });
       expect((await fetch(`${serve.url}/healthz`)).status).toBe(200);
     } finally {
       expect(await serve.stop()).toBe(0);
