@@ -130,10 +130,7 @@ Example:
       ...threadCpus(writer, serving.lanes),
     });
 
-    const signal = await new Promise<string>((resolve) => {
-      process.once("SIGINT", () => resolve("SIGINT"));
-      process.once("SIGTERM", () => resolve("SIGTERM"));
-    });
+    const signal = await untilStopped(writer, log);
     log.info("shutting down", { signal });
     await serving.stop(SHUTDOWN_GRACE_MS);
     if (snapshots !== null) clearInterval(snapshots);
@@ -142,7 +139,7 @@ Example:
     await service.stop();
     await writer?.stop();
     log.info("stopped");
-    return 0;
+    return signal === "writer_failed" ? 1 : 0;
   },
 };
 
@@ -228,6 +225,21 @@ function metricsOf(service: KvedgeCore, proxy: OpenAiProxy | null, plan: ThreadP
   if (proxy !== null) registerProxyMetrics(registry, proxy);
   registerThreadMetrics(registry, plan, writer);
   return registry;
+}
+
+/** Resolves with what ends serving: a signal, or the writer thread's failure. */
+function untilStopped(writer: WriterThread | null, log: Logger): Promise<string> {
+  return new Promise<string>((resolve) => {
+    process.once("SIGINT", () => resolve("SIGINT"));
+    process.once("SIGTERM", () => resolve("SIGTERM"));
+    // Without its writer the index would stand still, silently: stop (a supervisor restarts).
+    if (writer !== null) {
+      writer.onFailure = (error) => {
+        log.error("the writer thread failed", { error });
+        resolve("writer_failed");
+      };
+    }
+  });
 }
 
 /** Where the writer and the lanes run (the `listening` line): "1" and "2;3". */

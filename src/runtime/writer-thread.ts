@@ -23,6 +23,7 @@ import type { StreamStatus, WriterControl, WriterStart, WriterToMain } from "./w
 
 const encoder = new TextEncoder();
 const BACKLOG_RETRY_MS = 5;
+const STOP_WAIT_MS = 5_000;
 /** The stream id of control records for the writer as a whole (dump, stop). */
 const WRITER_STREAM = RING_MAX_STREAMS - 1;
 
@@ -119,6 +120,11 @@ export class WriterThread {
   descriptor: SharedIndexDescriptor | null = null;
   private described: (() => void) | null = null;
 
+  /** Called once if the writer thread fails (a bug, an allocation: bad input is caught). */
+  set onFailure(handler: (error: string) => void) {
+    this.thread.onFailure = handler;
+  }
+
   /** The CPUs the writer thread may run on (after pinning itself). */
   get cpus(): readonly number[] {
     return this.thread.ready.cpus;
@@ -195,9 +201,11 @@ export class WriterThread {
     });
   }
 
+  /** Stops the writer's streams and the thread (terminated after STOP_WAIT_MS without answer). */
   async stop(): Promise<void> {
     const stopped = new Promise<void>((resolve) => {
       this.stoppedWaiter = resolve;
+      setTimeout(resolve, STOP_WAIT_MS).unref();
     });
     this.control(WRITER_STREAM, { op: "stop" });
     await stopped;
