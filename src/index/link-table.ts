@@ -135,13 +135,13 @@ export class LinkTable {
     const old = this.table;
     const bits = 32 - shift;
     const control = this.control;
+    const table = this.takeRegion(bits);
     if (control !== null) Atomics.add(control, CONTROL.linkVersion, 1);
     this.capacity = 1 << bits;
     this.mask = this.capacity - 1;
     this.shift = shift;
     this.grow = (this.capacity * 3) >> 2;
     this.shrink = bits > BITS_MIN ? (this.capacity * 3) >> 4 : -1;
-    const table = this.takeRegion();
     this.table = table;
     const mask = this.mask;
     for (let from = 0; from < old.length; from += STRIDE) {
@@ -157,14 +157,19 @@ export class LinkTable {
     Atomics.add(control, CONTROL.linkVersion, 1);
   }
 
-  /** The new table: private memory, or the other shared region once no reader can be in it. */
-  private takeRegion(): Uint32Array {
-    if (this.writer === null) return new Uint32Array(this.capacity * STRIDE);
+  /**
+   * The next table of 2^bits slots: private memory, or the other shared region once no
+   * reader can still be probing it. This one is retired at a fresh epoch, so readers
+   * that start from now on never hold up the resize after this one.
+   */
+  private takeRegion(bits: number): Uint32Array {
+    const words = (1 << bits) * STRIDE;
+    if (this.writer === null) return new Uint32Array(words);
     const next = 1 - this.region;
     this.writer.waitForReaders(this.regionRetiredAt[next]!);
-    this.regionRetiredAt[this.region] = this.writer.epoch;
+    this.regionRetiredAt[this.region] = this.writer.advanceEpoch();
     this.region = next;
-    return this.memory.u32(`links.${next}`, this.capacity * STRIDE, null, 0);
+    return this.memory.u32(`links.${next}`, words, null, 0);
   }
 
   private publish(): void {

@@ -22,6 +22,8 @@ import { applyHarnessOp, applyLine, generateStream, type HarnessOp, matchLine, p
 export interface HarnessBackend {
   readonly name: string;
   create(options: IndexOptions): KvIndex;
+  /** Share of KVEDGE_SEEDS it runs (default 1): a variant of a backend tested in full. */
+  readonly seedShare?: number;
 }
 
 export interface ReplayOptions {

@@ -60,7 +60,7 @@ export function differentialSuite(backend: HarnessBackend): void {
       return;
     }
     for (const variant of VARIANTS) {
-      const seeds = Math.max(1, Math.round(knobs.seeds * variant.share));
+      const seeds = Math.max(1, Math.round(knobs.seeds * variant.share * (backend.seedShare ?? 1)));
       for (let from = 0; from < seeds; from += BATCH) {
         const to = Math.min(seeds, from + BATCH);
         test(`${variant.name}: seeds ${variant.seedBase + from}..${variant.seedBase + to - 1}`, () => {

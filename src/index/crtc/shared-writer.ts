@@ -137,7 +137,7 @@ export class SharedWriter {
       Atomics.store(versions, node, versions[node]! + 1);
     }
     this.dirtyCount = 0;
-    if (Atomics.add(control, CONTROL.epoch, 1) === -1) Atomics.store(control, CONTROL.epoch, 1);
+    this.advanceEpoch();
     if (this.limboHead !== this.limboTail) this.drain();
     if (Atomics.load(control, CONTROL.pauseRequests) > 0) this.holdStill();
   }
@@ -164,9 +164,15 @@ export class SharedWriter {
     if (this.limboHead === this.limboTail) this.limboHead = this.limboTail = 0;
   }
 
-  /** The current epoch (a region retired now is safe once every reader entered later). */
-  get epoch(): number {
-    return Atomics.load(this.control, CONTROL.epoch);
+  /**
+   * Moves the epoch on and returns the one that ended: what was retired in it is safe
+   * once every reader inside a lookup entered later. Any moment will do (readers that
+   * enter after it cannot reach what was unlinked before it).
+   */
+  advanceEpoch(): number {
+    const ended = Atomics.add(this.control, CONTROL.epoch, 1);
+    if (ended === -1) Atomics.store(this.control, CONTROL.epoch, 1); // 0 marks an idle reader
+    return ended;
   }
 
   /**

@@ -58,6 +58,8 @@ export interface SharedIndex {
   readonly index: CrtcIndex;
   readonly descriptor: SharedIndexDescriptor;
   readonly counters: SharedWriterCounters;
+  /** The buffers (and what they returned to the kernel). */
+  readonly regions: SharedRegions;
   /** Gives back what waits for readers that have left (call between events). */
   settle(): void;
 }
@@ -120,6 +122,7 @@ export function createSharedIndex(
     index,
     descriptor: { format: FORMAT, blockSize, maxReaders, control, regions: memory.buffers },
     counters: writer.counters,
+    regions: memory,
     settle() {
       index.tree.endEvent();
     },
@@ -290,16 +293,24 @@ export class SharedIndexReader {
   }
 
   /** Spins until the node that was changing is not (its event ended), within the deadline. */
+  /**
+   * Spins until the node that was changing is not (its event ended), within the
+   * deadline. Outside the epoch meanwhile: the next attempt starts over, and the writer
+   * may be waiting for old readers to leave before it can end that event.
+   */
   private waitOutConflict(): void {
     const node = this.conflict;
     this.checkDeadline();
     if (node === 0) return;
+    Atomics.store(this.control, this.epochSlot, 0);
     while ((Atomics.load(this.version, node) & 1) !== 0) this.checkDeadline();
+    this.enter();
   }
 
   private checkDeadline(): void {
     if (Bun.nanoseconds() > this.deadline) {
-      throw new Error("shared index: the writer stayed inside one event for 200 ms");
+      const applied = this.applied();
+      throw new Error(`shared index: no consistent read in 200 ms (applied ${applied})`);
     }
   }
 
