@@ -34,6 +34,15 @@ export class ThreadedIndex implements KvIndex {
   private statsNow: IndexStats;
   private workersNow: WorkerInfo[] = [];
   private readonly scratch = new MatchResult(64);
+  /**
+   * Per writer handle, the slot here it mapped to last, with what proves it still holds:
+   * the reader's id object for the handle (the same object while the handle names the
+   * same worker), the dp rank, and the slot's generation here (changed if recycled).
+   */
+  private handleIds: (bigint | undefined)[] = [];
+  private handleRanks = new Int32Array(64);
+  private handleSlots = new Int32Array(64);
+  private handleGenerations = new Float64Array(64);
   refusedEvents = 0;
   refusedBlocks = 0;
 
@@ -63,14 +72,47 @@ export class ThreadedIndex implements KvIndex {
     out.ensure(found.count);
     let n = 0;
     for (let i = 0; i < found.count; i++) {
-      const handle = found.workers[i]!;
-      const slot = this.workerTable.find(reader.workerIdOf(handle), reader.dpRankOf(handle));
+      const slot = this.slotOf(found.workers[i]!);
       if (slot < 0) continue;
       out.workers[n] = slot;
       out.blocks[n] = found.blocks[i]!;
       n++;
     }
     out.count = n;
+  }
+
+  /** This thread's slot of a writer handle in the last answer, or -1 (a worker not known here). */
+  private slotOf(handle: number): number {
+    const reader = this.reader;
+    const table = this.workerTable;
+    const id = reader.workerIdOf(handle);
+    const rank = reader.dpRankOf(handle);
+    const known = handle < this.handleSlots.length && this.handleIds[handle] === id;
+    if (known && this.handleRanks[handle] === rank) {
+      const cached = this.handleSlots[handle]!;
+      if (cached >= 0 && table.generation[cached] === this.handleGenerations[handle]) return cached;
+    }
+    const slot = table.find(id, rank);
+    if (slot < 0) return -1;
+    if (handle >= this.handleSlots.length) this.growHandles(handle + 1);
+    this.handleIds[handle] = id;
+    this.handleRanks[handle] = rank;
+    this.handleSlots[handle] = slot;
+    this.handleGenerations[handle] = table.generation[slot]!;
+    return slot;
+  }
+
+  private growHandles(size: number): void {
+    let length = this.handleSlots.length;
+    while (length < size) length *= 2;
+    const grow = <T extends Int32Array | Float64Array>(old: T, make: (n: number) => T): T => {
+      const next = make(length);
+      next.set(old);
+      return next;
+    };
+    this.handleRanks = grow(this.handleRanks, (n) => new Int32Array(n));
+    this.handleSlots = grow(this.handleSlots, (n) => new Int32Array(n));
+    this.handleGenerations = grow(this.handleGenerations, (n) => new Float64Array(n));
   }
 
   workerIdOf(handle: number): bigint {
