@@ -15,11 +15,12 @@ const BS = 4;
 describe("ThreadedIndex", () => {
   test("handles map to this table's slots by identity, through recycling", () => {
     const writerTable = new WorkerTable();
-    const shared = createSharedIndex(BS, { workers: writerTable, budgetBytes: 1 << 24, maxReaders: 2 });
+    const options = { workers: writerTable, budgetBytes: 1 << 24, maxReaders: 2 };
+    const shared = createSharedIndex(BS, options);
     const tokens = Uint32Array.from({ length: 3 * BS }, (_, i) => i + 1);
     const prompt = promptHashes(tokens, BS, blockSeed());
-    const store = (workerId: bigint, blocks: number) => shared.index.applyStored(workerId, 0, false, 0, 0,
-      prompt.local.slice(0, 2 * blocks), prompt.local, blocks);
+    const store = (workerId: bigint, blocks: number) => shared.index.applyStored(
+      workerId, 0, false, 0, 0, prompt.local.slice(0, 2 * blocks), prompt.local, blocks);
     store(1n, 3);
     store(2n, 2);
     store(3n, 1);
