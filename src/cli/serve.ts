@@ -111,7 +111,7 @@ Example:
     const registry = metricsOf(service, proxy, plan, writer);
     let serving: Serving;
     try {
-      serving = await listen(config, plan, service, registry, proxy, log);
+      serving = await listen(config, plan, { service, writer, registry, proxy }, log);
     } catch (error) {
       await writer?.stop();
       process.stderr.write(`kvedge serve: ${(error as Error).message}\n`);
@@ -181,8 +181,16 @@ interface Serving {
  * The HTTP server, and the route lanes: with lanes, they own the public port and the
  * main thread's server listens on loopback only, for what the lanes pass on.
  */
-async function listen(config: Config, plan: ThreadPlan, service: KvedgeCore,
-  registry: MetricsRegistry, proxy: OpenAiProxy | null, log: Logger): Promise<Serving> {
+interface Serves {
+  readonly service: KvedgeCore;
+  readonly writer: WriterThread | null;
+  readonly registry: MetricsRegistry;
+  readonly proxy: OpenAiProxy | null;
+}
+
+async function listen(config: Config, plan: ThreadPlan, serves: Serves,
+  log: Logger): Promise<Serving> {
+  const { service, writer, registry, proxy } = serves;
   const lanesOn = plan.routeThreads > 0;
   const app = startApp({
     host: lanesOn ? loopbackOf(config.server.host) : config.server.host,
@@ -201,6 +209,7 @@ async function listen(config: Config, plan: ThreadPlan, service: KvedgeCore,
       host: config.server.host, port: config.server.port, mainUrl: app.url,
       bodyLimitBytes: config.server.body_limit_bytes, service, metrics: app.metrics,
       log: log.child({ component: "lanes" }), cpus: plan.laneCpus,
+      index: writer?.descriptor ?? null,
     });
   } catch (error) {
     await app.stop(0);

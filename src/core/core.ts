@@ -47,6 +47,15 @@ export interface RouteInput {
   readonly temperature: number | null;
   /** The prompt's hashes if the caller has them (a route lane hashed it), else hashed here. */
   readonly prompt?: PromptHashes;
+  /** The prompt's matches if the caller looked them up (a lane, on the writer's shared index). */
+  readonly matched?: MatchedWorkers;
+}
+
+/** Matches by worker identity (another thread's lookup); this table's slots are found here. */
+export interface MatchedWorkers {
+  readonly ids: readonly bigint[];
+  readonly ranks: Uint32Array;
+  readonly blocks: Uint32Array;
 }
 
 /** A route decision and its prompt's length in blocks; the candidates are valid until the next route. */
@@ -290,11 +299,15 @@ export class KvedgeCore {
    * A route call through admission: answered now, or held (returns its handle for
    * `dropHeld`) and answered when a worker frees, or refused. Bad input throws here.
    */
-  submitRoute(call: RouteCall): number {
+  submitRoute(submitted: RouteCall): number {
     if (!this.admission.enabled) {
-      this.answerCall(call);
+      this.answerCall(submitted);
       return -1;
     }
+    // A call that may be held is matched afresh each time it is looked at, not with
+    // the matches a lane found when it arrived (lanes never drop held calls by handle).
+    const call = submitted.input.matched === undefined ? submitted
+      : { ...submitted, input: { ...submitted.input, matched: undefined } };
     const requestId = call.input.requestId;
     if (requestId !== null && this.router.load.isActive(requestId)) {
       throw new KvedgeError("duplicate_request", `request ${requestId} is already active`);
@@ -337,7 +350,8 @@ export class KvedgeCore {
   private routeRequest(input: RouteInput, candidatesMax: number) {
     const prompt = input.prompt ?? this.hash(input.tokens, input.loraName, input.cacheSalt);
     const matches = this.matches;
-    this.index.findMatches(prompt.local, prompt.blockCount, matches);
+    if (input.matched !== undefined) this.slotsOf(input.matched, matches);
+    else this.index.findMatches(prompt.local, prompt.blockCount, matches);
     // Index slots are router slots: the matches are the router's overlaps as they are.
     const overlaps = { count: matches.count, slots: matches.workers, blocks: matches.blocks };
     const request = {
@@ -352,6 +366,20 @@ export class KvedgeCore {
       candidatesMax,
     };
     return { request, overlaps, blockCount: prompt.blockCount };
+  }
+
+  /** Matches by identity into this table's slots; workers not known here are left out. */
+  private slotsOf(matched: MatchedWorkers, out: MatchResult): void {
+    const count = matched.ids.length;
+    out.ensure(count);
+    let n = 0;
+    for (let i = 0; i < count; i++) {
+      const slot = this.workerTable.find(matched.ids[i]!, matched.ranks[i]!);
+      if (slot < 0) continue;
+      out.workers[n] = slot;
+      out.blocks[n++] = matched.blocks[i]!;
+    }
+    out.count = n;
   }
 
   private answerCall(call: RouteCall): void {

@@ -11,7 +11,9 @@
  * See docs/decisions.md#route-lanes.
  */
 import type { Server, ServerWebSocket } from "bun";
-import type { RouteInput } from "../core/core";
+import type { MatchedWorkers, RouteInput } from "../core/core";
+import { MatchResult } from "../index/types";
+import { attach, type SharedIndexDescriptor, type SharedIndexReader } from "../index/crtc/shared";
 import { blockSeed } from "../hash";
 import { PromptHasher } from "../route/input";
 import { parseRoute } from "./api";
@@ -28,6 +30,8 @@ export interface LaneStart {
   readonly mainUrl: string;
   readonly bodyLimitBytes: number;
   readonly blockSize: number;
+  /** The writer thread's shared index: matches are looked up here (null: on the main thread). */
+  readonly index: SharedIndexDescriptor | null;
 }
 
 /** One route, hashed, as the main thread routes it. */
@@ -106,12 +110,16 @@ export function runLane(start: LaneStart, send: (message: LaneToMain) => void,
 /** A lane's routes: parsed and hashed here, posted one message per turn, answered when decided. */
 class LaneRoutes {
   private readonly hasher = new PromptHasher();
+  private readonly reader: SharedIndexReader | null;
+  private readonly found = new MatchResult(64);
   private readonly pending = new Map<number, Pending>();
   private nextId = 0;
   private batch: LaneRoute[] = [];
 
   constructor(private readonly start: LaneStart,
-    private readonly send: (message: LaneToMain) => void, private readonly guard: RequestGuard) {}
+    private readonly send: (message: LaneToMain) => void, private readonly guard: RequestGuard) {
+    this.reader = start.index === null ? null : attach(start.index);
+  }
 
   route(request: Request): Promise<Response> {
     return new Promise<Response>((resolve) => {
@@ -154,8 +162,28 @@ class LaneRoutes {
     this.pending.set(id, { request, resolve });
     if (this.batch.length === 0) setImmediate(this.flush);
     // Copies: the parser's token array is reused by the next request.
-    const copied = { ...input, tokens: input.tokens.slice(), prompt };
+    const matched = this.reader === null ? undefined : this.match(prompt.local, prompt.blockCount);
+    const copied = {
+      ...input, tokens: input.tokens.slice(), prompt, ...(matched === undefined ? {} : { matched }),
+    };
     this.batch.push({ id, input: copied, candidatesMax });
+  }
+
+  /** The prompt's matches on the writer's index, by worker identity (slots are the main's). */
+  private match(local: Uint32Array, count: number): MatchedWorkers {
+    const reader = this.reader!;
+    const found = this.found;
+    reader.findMatches(local, count, found);
+    const ids: bigint[] = [];
+    const ranks = new Uint32Array(found.count);
+    const blocks = new Uint32Array(found.count);
+    for (let i = 0; i < found.count; i++) {
+      const handle = found.workers[i]!;
+      ids.push(reader.workerIdOf(handle));
+      ranks[i] = reader.dpRankOf(handle);
+      blocks[i] = found.blocks[i]!;
+    }
+    return { ids, ranks, blocks };
   }
 
   private readonly flush = (): void => {

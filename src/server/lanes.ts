@@ -7,6 +7,7 @@
  */
 import type { KvedgeCore, RouteCall } from "../core/core";
 import { type KvedgeThread, startThread } from "../runtime/threads";
+import type { SharedIndexDescriptor } from "../index/crtc/shared";
 import type { Logger } from "../util/log";
 import { routeAnswer } from "./api";
 import { clientError } from "./http";
@@ -24,6 +25,8 @@ export interface LanesOptions {
   readonly log: Logger;
   /** Per lane, its CPUs (null = not pinned). */
   readonly cpus: readonly (readonly number[] | null)[];
+  /** The writer thread's shared index, which lanes then look matches up in (else: null). */
+  readonly index: SharedIndexDescriptor | null;
 }
 
 const ROUTE_LABEL = "/v1/route";
@@ -40,6 +43,7 @@ export class RouteLanes {
         const start: LaneStart = {
           host: options.host, port, mainUrl: options.mainUrl,
           bodyLimitBytes: options.bodyLimitBytes, blockSize: options.service.blockSize,
+          index: options.index,
         };
         const thread = await startThread({ role: "lane", cpus, data: start });
         threads.push(thread);
