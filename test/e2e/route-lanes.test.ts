@@ -141,3 +141,37 @@ describe("serve with route lanes against serve without", () => {
     expect(lanes.logs.at(-1)).toMatchObject({ msg: "stopped" });
   });
 });
+
+describe("route lanes with admission hold", () => {
+  // 6,000 prompt tokens at 15,000 tokens/s: 400 ms of queued prefill, past the 200 ms bound.
+  const LONG = prompt(1, 6000);
+  test("a route held on the main thread is answered through its lane once done frees", async () => {
+    const engine = await new TestEngine().start();
+    const serve = await startServe([
+      "--block-size", "4", "--workers", `1=${engine.endpoint}`, "--route-threads", "2",
+      "--admission", "hold", "--admission-bound-ms", "200", "--admission-max-hold-ms", "600000",
+    ]);
+    try {
+      const [ahead] = await call(serve, "/v1/route", { request_id: "ahead", token_ids: LONG });
+      expect(ahead).toBe(200);
+      let answered = false;
+      const second = { request_id: "held", token_ids: [9, 8, 7, 6] };
+      const held = call(serve, "/v1/route", second).then((got) => {
+        answered = true;
+        return got;
+      });
+      await eventually(async () => {
+        const text = await (await fetch(`${serve.url}/metrics`)).text();
+        return text.split("\n").includes("kvedge_admission_held 1") ? true : undefined;
+      }, 10_000, "one route held");
+      expect(answered).toBe(false);
+      expect((await call(serve, "/v1/requests/ahead/done", {}))[0]).toBe(200);
+      const [status, body] = await held;
+      expect(status).toBe(200);
+      expect(body).toMatchObject({ request_id: "held", worker_id: "1" });
+    } finally {
+      await serve.stop();
+      await engine.stop();
+    }
+  });
+});
