@@ -7,8 +7,9 @@
  * up in the shared crtc. The decision (load tracker, admission, costs; the match too
  * when the index is the main thread's) is the main thread's: a lane posts the route
  * there and answers with what comes back (./lanes.ts is the other end). Route requests
- * of one event-loop turn go in one message, like the main thread's turn batches. Every other endpoint, WebSocket
- * included, is proxied to the main thread's own server on a loopback port.
+ * of one event-loop turn go in one message, like the main thread's turn batches. Every
+ * other endpoint, WebSocket included, is proxied to the main thread's own server on a
+ * loopback port.
  * See docs/decisions.md#route-lanes.
  */
 import type { Server, ServerWebSocket } from "bun";
