@@ -71,6 +71,7 @@ const JUDGED = new Set(["host", "origin", "sec-fetch-site", "connection", "conte
 interface Piped {
   upstream: WebSocket | null;
   queued: (string | Uint8Array)[];
+  queuedBytes: number;
 }
 
 /** Runs a lane until told to stop; `send` posts to the main thread. */
@@ -92,7 +93,7 @@ export function runLane(start: LaneStart, send: (message: LaneToMain) => void,
         } catch (error) {
           return failure(request, error);
         }
-        if (server.upgrade(request, { data: { upstream: null, queued: [] } })) {
+        if (server.upgrade(request, { data: { upstream: null, queued: [], queuedBytes: 0 } })) {
           return undefined as unknown as Response;
         }
       }
@@ -100,7 +101,7 @@ export function runLane(start: LaneStart, send: (message: LaneToMain) => void,
       server.timeout(request, 0);
       return proxy(request, start.mainUrl, guard);
     },
-    websocket: pipeHandlers(start.mainUrl),
+    websocket: pipeHandlers(start.mainUrl, start.bodyLimitBytes),
   });
   listen((message) => {
     if (message.t === "answers") routes.answer(message.answers);
@@ -216,8 +217,16 @@ async function proxy(request: Request, mainUrl: string, guard: RequestGuard): Pr
 }
 
 /** WebSocket clients of a lane are piped, frame for frame, to the main thread's /v1/ws. */
-function pipeHandlers(mainUrl: string) {
+function pipeHandlers(mainUrl: string, limitBytes: number) {
   const target = `${mainUrl.replace(/^http/, "ws")}/v1/ws`;
+  // Bounded both ways: frames waiting for the connection to the main thread, and
+  // answers a slow client has not read (the main thread bounds its own side).
+  const overLimit = (ws: ServerWebSocket<Piped>): boolean => {
+    if (ws.data.queuedBytes <= limitBytes && ws.getBufferedAmount() <= limitBytes) return false;
+    ws.close(1013, "too much unsent or unread data");
+    ws.data.upstream?.close();
+    return true;
+  };
   return {
     open(ws: ServerWebSocket<Piped>) {
       const upstream = new WebSocket(target);
@@ -226,10 +235,12 @@ function pipeHandlers(mainUrl: string) {
       upstream.onopen = () => {
         for (const frame of ws.data.queued) upstream.send(frame);
         ws.data.queued = [];
+        ws.data.queuedBytes = 0;
       };
       upstream.onmessage = (event) => {
         const data = event.data as string | ArrayBuffer;
         ws.send(typeof data === "string" ? data : new Uint8Array(data));
+        overLimit(ws);
       };
       upstream.onclose = () => ws.close();
       upstream.onerror = () => ws.close(1011, "the main thread's server is unreachable");
@@ -237,8 +248,13 @@ function pipeHandlers(mainUrl: string) {
     message(ws: ServerWebSocket<Piped>, frame: string | Buffer) {
       const upstream = ws.data.upstream!;
       const data = typeof frame === "string" ? frame : new Uint8Array(frame);
-      if (upstream.readyState === WebSocket.OPEN) upstream.send(data);
-      else ws.data.queued.push(typeof data === "string" ? data : data.slice());
+      if (upstream.readyState === WebSocket.OPEN) {
+        upstream.send(data);
+        return;
+      }
+      ws.data.queued.push(typeof data === "string" ? data : data.slice());
+      ws.data.queuedBytes += typeof data === "string" ? 3 * data.length : data.length;
+      overLimit(ws);
     },
     close(ws: ServerWebSocket<Piped>) {
       ws.data.upstream?.close();
