@@ -11,12 +11,14 @@
  *                    [--router-prefill-tps N] [--router-step-base-ms MS]
  *                    [--overlap-credit 1] [--prefill-scale 1] [--start 0] [--trace FILE] [--json]
  *                    [--admission off,hold,reject] [--admission-bound-ms 2000] [--max-hold-ms 30000]
- *                    [--admission-prefill-weight 4]
+ *                    [--admission-prefill-weight 4] [--agreement 200]
  *
  * Comma lists sweep: every combination of time scale, requests, capacity, and for
  * kv_aware_model its router's policy and weights (recompute weight for ttft, overlap
  * credit and prefill scale for dynamo, admission mode, bound and order for ttft).
- * --start skips the trace's first N requests.
+ * --start skips the trace's first N requests. --agreement W checks every ttft decision
+ * against the cheapest workers under the engines' true constants on the same state, and
+ * prints the share that agree per window of W decisions (calibration's convergence).
  *
  * Timed region: one `simulate()` call per row (token synthesis, hashing, every
  * engine's cache bookkeeping and the policy); parsing the trace is outside it.
@@ -30,7 +32,10 @@ import { provenance } from "./lib";
 import { conversationTracePath } from "../src/sim/embedded-trace";
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES, type RoutePolicy } from "../src/route";
 import { ADMISSION_MODES, type AdmissionMode, type AdmissionSettings, DEFAULT_ADMISSION } from "../src/route/admission";
-import { DEFAULT_KV_AWARE, isPolicyName, type KvAwareConfig, POLICY_NAMES, type PolicyName } from "../src/sim/policies";
+import {
+  DEFAULT_KV_AWARE, isPolicyName, type KvAwareConfig, KvAwareModel, POLICY_NAMES, type PolicyName,
+  type RoutingPolicy,
+} from "../src/sim/policies";
 import { simulate, type SimResult } from "../src/sim/simulator";
 import { DEFAULT_TIME_MODEL } from "../src/sim/time-model";
 import { parseTrace, transformTrace } from "../src/sim/trace";
@@ -62,6 +67,7 @@ const { values } = parseArgs({
     "admission-bound-ms": { type: "string", default: String(DEFAULT_ADMISSION.boundMs) },
     "max-hold-ms": { type: "string", default: String(DEFAULT_ADMISSION.maxHoldMs) },
     "admission-prefill-weight": { type: "string", default: String(DEFAULT_ADMISSION.prefillWeight) },
+    agreement: { type: "string", default: "0" },
   },
 });
 
@@ -99,6 +105,9 @@ const routePolicies = values["route-policy"].split(",").map((name) => {
   if (!(ROUTE_POLICIES as readonly string[]).includes(name)) throw new Error(`unknown route policy '${name}'`);
   return name as RoutePolicy;
 });
+const agreementWindow = numbers(values.agreement, true)[0]!;
+const { prefillTokensPerSecond, stepBaseMs } = time;
+const trueTimes = { prefillTokensPerSecond, stepBaseMs };
 const workers = Number(values.workers);
 const seed = Number(values.seed);
 
@@ -111,7 +120,10 @@ function kvVariants(): { name: string; config: KvAwareConfig }[] {
     })))
     : numbers(values["recompute-weight"], true).flatMap((recomputeWeight) => calibrations.flatMap((calibrate) => admissions().map(({ label, admission }) => ({
       name: `kv ttft ${recomputeWeight}${calibrate ? " cal" : ""}${label}`,
-      config: { policy, calibrate, ttft: { recomputeWeight, ...routerConstants }, admission },
+      config: {
+        policy, calibrate, ttft: { recomputeWeight, ...routerConstants }, admission,
+        ...(agreementWindow > 0 ? { reference: trueTimes } : {}),
+      },
     })))));
 }
 
@@ -135,6 +147,18 @@ interface Row extends SimResult {
   readonly kv_aware: KvAwareConfig;
   readonly wall_ms: number;
   readonly replay_s_at_speedup: number;
+  /** Per window of --agreement decisions: the share equal to a true-constant router's. */
+  readonly agreement?: number[];
+}
+
+/** Shares of 1s per window of `size` (the last window may be shorter). */
+function windowShares(flags: readonly number[], size: number): number[] {
+  const shares: number[] = [];
+  for (let at = 0; at < flags.length; at += size) {
+    const window = flags.slice(at, at + size);
+    shares.push(window.reduce((sum, flag) => sum + flag, 0) / window.length);
+  }
+  return shares;
 }
 
 const rows: Row[] = [];
@@ -153,15 +177,29 @@ for (const timeScale of numbers(values["time-scale"])) {
         const variants = policy === "kv_aware_model" ? kvVariants() : [{ name: policy, config: DEFAULT_KV_AWARE }];
         for (const { name, config: kvAware } of variants) {
           const started = performance.now();
-          const result = simulate(trace, { policy, workers, capacityBlocks: capacity, time, seed, kvAware });
+          let agreed: readonly number[] = [];
+          const onFinish = (finished: RoutingPolicy) => {
+            if (finished instanceof KvAwareModel) agreed = finished.agreed;
+          };
+          const result = simulate(trace, {
+            policy, workers, capacityBlocks: capacity, time, seed, kvAware, onFinish,
+          });
           const wall = performance.now() - started;
+          const agreement = agreed.length > 0 ? windowShares(agreed, agreementWindow) : undefined;
           const row = { ...result, policy: name, time_scale: timeScale, start, kv_aware: kvAware, wall_ms: Math.round(wall),
-            replay_s_at_speedup: result.makespan_ms / speedup / 1000 };
+            replay_s_at_speedup: result.makespan_ms / speedup / 1000,
+            ...(agreement === undefined ? {} : { agreement }) };
           rows.push(row);
           if (values.json) continue;
           process.stdout.write(`${line([name, trace.count, capacity, timeScale, pct(row.hit_rate),
             (row.prefill_tokens / 1e6).toFixed(2), row.ttft_p50_ms.toFixed(0), row.ttft_p99_ms.toFixed(0),
             row.tpot_p50_ms.toFixed(1), row.tpot_p99_ms.toFixed(1), row.load_spread.toFixed(2), row.rejected, row.wall_ms])}\n`);
+          if (agreement !== undefined) {
+            const total = agreed.reduce((sum, flag) => sum + flag, 0) / agreed.length;
+            const shares = agreement.map(pct).join(" ");
+            const all = pct(total);
+            process.stdout.write(`${" ".repeat(29)}agreement per ${agreementWindow}: ${shares} (all ${all})\n`);
+          }
         }
       }
     }

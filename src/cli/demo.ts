@@ -1,8 +1,10 @@
 import { availableParallelism } from "node:os";
-import { ADMISSION_MODES, type AdmissionMode } from "../route/admission";
+import { ADMISSION_MODES, type AdmissionMode, DEFAULT_ADMISSION } from "../route/admission";
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES, type RoutePolicy } from "../route/ttft";
 import { getAffinity, pinProcess } from "../runtime/affinity";
-import { DEFAULT_DEMO_POLICIES, type DemoPolicy, type DemoResult, isDemoPolicy, runDemo } from "../sim/demo";
+import {
+  type AdmissionReport, DEFAULT_DEMO_POLICIES, type DemoPolicy, type DemoResult, isDemoPolicy, runDemo,
+} from "../sim/demo";
 import { loadConversationTrace } from "../sim/embedded-trace";
 import { CAPACITY_BLOCKS_MAX } from "../sim/engine-cache";
 import { WORKERS_MAX } from "../sim/simulator";
@@ -123,7 +125,8 @@ Options:
   --realtime-baselines   replay the baselines in real time too (same results, more wall time)
   --route-policy P       kv_aware's route policy: ttft (default) or dynamo
   --recompute-weight W   kv_aware's recompute weight under ttft (${DEFAULT_TTFT_SETTINGS.recomputeWeight})
-  --admission MODE       with --virtual: kv_aware's admission at saturation, off (default), hold or reject
+  --admission MODE       kv_aware's admission at saturation (route.admission): off (default), hold
+                         or reject; the summary counts the calls held, released and refused
   --no-pin               do not pin kvedge serve and this process to separate CPUs
   --proxy                run kv_aware through kvedge serve --proxy: OpenAI /v1/completions
                          requests to kvedge, which routes, forwards to the engines' OpenAI API
@@ -139,7 +142,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     const virtual = flagBool(parsed, "virtual");
     const routePolicy = routePolicyOf(flagString(parsed, "route-policy"));
     const recomputeWeight = flagNumber(parsed, "recompute-weight", DEFAULT_TTFT_SETTINGS.recomputeWeight, 0, 1e6);
-    const admission = admissionOf(flagString(parsed, "admission"), virtual);
+    const admission = admissionOf(flagString(parsed, "admission"), flagBool(parsed, "proxy"));
     const workers = flagInt(parsed, "workers", DEMO_DEFAULTS.workers, 1, WORKERS_MAX);
     const capacityBlocks = flagInt(parsed, "capacity-blocks", DEMO_DEFAULTS.capacityBlocks, 1, CAPACITY_BLOCKS_MAX);
     const blockSize = flagInt(parsed, "block-size", DEMO_DEFAULTS.blockSize, 1, 4096);
@@ -158,7 +161,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       "--route-policy", routePolicy, "--recompute-weight", String(recomputeWeight),
       "--prefill-tokens-per-sec", String(time.prefillTokensPerSecond), "--step-base-ms", String(time.stepBaseMs),
       "--kv-read-ms-per-million-tokens", String(time.kvReadMsPerMillionTokens),
-      "--max-batched-tokens", String(time.maxBatchedTokens),
+      "--max-batched-tokens", String(time.maxBatchedTokens), ...admissionArgs(admission, speedup),
     ];
     if (!virtual && !flagBool(parsed, "no-pin") && policies.includes("kv_aware")) serveArgs.push(...pinning());
     const tty = process.stderr.isTTY === true;
@@ -188,16 +191,30 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
 };
 
 /**
- * Virtual time only: the real-time replay holds its engines at the next unanswered
- * arrival, so a route held until a request ahead is done would wait for the longest hold.
+ * Not with --proxy: the proxied replay takes each TTFT from the engine's answer, which
+ * cannot see the time a request was held.
  */
-function admissionOf(text: string | undefined, virtual: boolean): AdmissionMode {
+function admissionOf(text: string | undefined, proxy: boolean): AdmissionMode {
   if (text === undefined) return "off";
   if (!(ADMISSION_MODES as readonly string[]).includes(text)) {
     throw new UsageError(`--admission: unknown mode '${text}' (known: ${ADMISSION_MODES.join(", ")})`);
   }
-  if (text !== "off" && !virtual) throw new UsageError("--admission needs --virtual");
+  if (text !== "off" && proxy) throw new UsageError("--admission does not go with --proxy yet");
   return text as AdmissionMode;
+}
+
+/**
+ * kvedge serve's admission flags. Its clock is the wall clock, its predictions are in
+ * model ms (it is told the engines' model constants): the longest hold and the order's
+ * aging are scaled by the speed-up so they mean in model time what their defaults say.
+ */
+function admissionArgs(mode: AdmissionMode, speedup: number): string[] {
+  if (mode === "off") return [];
+  return [
+    "--admission", mode,
+    "--admission-max-hold-ms", String(DEFAULT_ADMISSION.maxHoldMs / speedup),
+    "--admission-prefill-weight", String(DEFAULT_ADMISSION.prefillWeight / speedup),
+  ];
 }
 
 function routePolicyOf(text: string | undefined): RoutePolicy {
@@ -239,6 +256,13 @@ function pinning(): string[] {
     return [];
   }
   return ["--cpus", String(serveCpu)];
+}
+
+function admissionLine(a: AdmissionReport): string {
+  const calls = int(a.immediate + a.held);
+  return `Admission (${a.mode}): ${int(a.held)} of ${calls} route calls held at saturation`
+    + ` (${int(a.released)} released when a worker freed, ${int(a.overdue)} routed at the longest hold),`
+    + ` ${int(a.rejected)} refused (429), ${int(a.dropped)} dropped; TTFT counts the time held.`;
 }
 
 interface DemoConfig {
@@ -301,6 +325,7 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
       + ` (${int(router.index_blocks)} blocks indexed, ${int(router.engine_cached_blocks)} cached).`);
     out.push("");
   }
+  if (result.admission !== null) out.push(admissionLine(result.admission), "");
   const proxy = result.proxy;
   if (proxy !== null) {
     out.push(`kvedge --proxy: ${int(proxy.requests)} OpenAI requests proxied (${proxy.failed} failed, ${proxy.failovers} failovers);`

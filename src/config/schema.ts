@@ -188,7 +188,7 @@ export const SETTINGS: readonly Setting[] = [
   }),
   setting({
     key: "route.calibrate", flag: "calibrate", type: boolean, default: false,
-    help: "Learn each worker's prefill speed from its route -> prefill_done timings (shown in /v1/workers and /metrics).",
+    help: "Learn the fleet's prefill speed and step base from route -> prefill_done timings, a worker's own when clearly off (shown in /v1/workers and /metrics).",
   }),
   setting({
     key: "route.overlap_score_credit", flag: "overlap-score-credit", type: decimal(0, 1e6), default: 1,

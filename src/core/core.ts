@@ -153,6 +153,8 @@ export class KvedgeCore {
   private heldTimer: ReturnType<typeof setTimeout> | null = null;
   /** Held calls, whose token bytes are counted in the process-wide buffer budget until answered. */
   private readonly heldCalls = new Set<RouteCall>();
+  /** The client ids of held calls: a second call with one of them is refused at once. */
+  private readonly heldIds = new Set<string>();
   private readonly zmtp: ZmtpOptions;
   private readonly log: Logger;
   private stopped = false;
@@ -312,6 +314,10 @@ export class KvedgeCore {
     if (requestId !== null && this.router.load.isActive(requestId)) {
       throw new KvedgeError("duplicate_request", `request ${requestId} is already active`);
     }
+    if (requestId !== null && this.heldIds.has(requestId)) {
+      const message = `request ${requestId} is already held, waiting for a worker`;
+      throw new KvedgeError("duplicate_held_request", message);
+    }
     const { request, overlaps } = this.routeRequest(call.input, 0);
     const { waitMs, prefillMs } = this.router.assess(request, overlaps);
     const handle = this.admission.submit(call, waitMs, prefillMs);
@@ -321,18 +327,23 @@ export class KvedgeCore {
       throw new KvedgeError("overloaded", `kvedge holds its limit of ${bufferBudget.limitBytes} bytes of unfinished requests; try again`, 1);
     }
     this.heldCalls.add(call);
+    if (requestId !== null) this.heldIds.add(requestId);
     this.pollHeld();
     return handle;
   }
 
-  /** A held call whose client went away: never answered. */
-  dropHeld(handle: number, call: RouteCall): void {
-    if (this.admission.drop(handle, call)) this.unhold(call);
+  /** A held call whose client went away: never answered. False if not held (answered already). */
+  dropHeld(handle: number, call: RouteCall): boolean {
+    if (!this.admission.drop(handle, call)) return false;
+    this.unhold(call);
+    return true;
   }
 
   /** Gives a held call's bytes back to the buffer budget (once). */
   private unhold(call: RouteCall): void {
-    if (this.heldCalls.delete(call)) bufferBudget.give(call.input.tokens.byteLength);
+    if (!this.heldCalls.delete(call)) return;
+    bufferBudget.give(call.input.tokens.byteLength);
+    if (call.input.requestId !== null) this.heldIds.delete(call.input.requestId);
   }
 
   prefillDone(requestId: string): LifecycleResult {

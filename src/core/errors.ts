@@ -7,6 +7,7 @@ export type ErrorCode =
   | "bad_request"
   | "no_workers"
   | "duplicate_request"
+  | "duplicate_held_request"
   | "unknown_request"
   | "worker_exists"
   | "unknown_worker"

@@ -34,7 +34,7 @@ export function registerObservedHitsMetrics(registry: MetricsRegistry, service: 
 export function registerProxyMetrics(registry: MetricsRegistry, proxy: OpenAiProxy): void {
   registerSamples(registry, {
     name: "kvedge_proxy_requests_total",
-    help: "Proxied OpenAI requests by outcome: completed, client_abort, engine_error, unreachable (502), rejected (before routing).",
+    help: "Proxied OpenAI requests by outcome: completed, client_abort, engine_error, unreachable (502), rejected (before routing), refused (at routing: no workers, admission's 429).",
     type: "counter",
     labelNames: ["outcome"],
     collect(emit) {
@@ -44,6 +44,7 @@ export function registerProxyMetrics(registry: MetricsRegistry, proxy: OpenAiPro
       emit(c.engineErrors, { outcome: "engine_error" });
       emit(c.unreachable, { outcome: "unreachable" });
       emit(c.rejected, { outcome: "rejected" });
+      emit(c.refused, { outcome: "refused" });
     },
   });
   registerSamples(registry, {

@@ -1,8 +1,9 @@
 /**
  * `kvedge serve --proxy`: an OpenAI-compatible front for the fleet. Per request:
  *
- *   tokenize (the model's tokenizer and chat template, ./openai.ts) -> route (the real
- *   router; the request becomes the chosen worker's load) -> forward the client's body
+ *   tokenize (the model's tokenizer and chat template, ./openai.ts) -> route through
+ *   admission (the real router, held or refused at saturation as /v1/route is; the
+ *   request becomes the chosen worker's load) -> forward the client's body
  *   to the worker's http_endpoint -> stream the answer back as it comes.
  *
  * The proxy drives the request's lifecycle itself: prefill_done at the answer's first
@@ -15,7 +16,7 @@
  * not passed on: the client sees the stream it asked for.
  */
 import { HttpError, receiveBody, reply } from "../server/http";
-import type { KvedgeCore } from "../core/core";
+import type { KvedgeCore, RouteCall } from "../core/core";
 import type { Logger } from "../util/log";
 import {
   cachedTokensOf, COMPLETIONS_PATH, includesUsage, isStream, maxTokensOf, type OpenAiPath, promptTokens,
@@ -50,6 +51,8 @@ export interface ProxyCounters {
   unreachable: number;
   /** Refused before routing (bad request, tokenizer). */
   rejected: number;
+  /** Refused at routing: no workers, or admission's 429 (route.admission). */
+  refused: number;
 }
 
 interface Target {
@@ -62,6 +65,7 @@ interface Target {
 export class OpenAiProxy {
   readonly counters: ProxyCounters = {
     requests: 0, completed: 0, clientAborts: 0, engineErrors: 0, failovers: 0, unreachable: 0, rejected: 0,
+    refused: 0,
   };
   private readonly created = Math.floor(Date.now() / 1000);
 
@@ -86,13 +90,8 @@ export class OpenAiProxy {
       throw error;
     }
     const { service } = this.options;
-    // A refusal (no workers) is a KvedgeError: the server answers it with its status.
-    const decision = service.route({
-      tokens: parsed.tokens, requestId: null, loraName: null, cacheSalt: parsed.cacheSalt,
-      expectedOutputTokens: parsed.maxTokens, overlapScoreCredit: null, prefillLoadScale: null, temperature: null,
-    }, ATTEMPTS_MAX + 1).decision;
-    const targets = targetsOf(decision);
-    const requestId = decision.requestId;
+    // A refusal (no workers, admission's 429) is a KvedgeError: the server answers its status.
+    const { requestId, targets } = await this.admit(parsed, request.signal);
     const lifecycle = new Lifecycle(service, requestId);
     let admittedOn = targets[0]!;
     try {
@@ -119,6 +118,40 @@ export class OpenAiProxy {
     this.counters.unreachable++;
     const tried = targets.slice(0, ATTEMPTS_MAX).map((t) => t.workerId.toString()).join(", ");
     throw new HttpError(502, `no engine could be reached for this request (workers tried: ${tried}; each needs an http_endpoint)`);
+  }
+
+  /**
+   * Routes the request through admission (route.admission), as POST /v1/route is: at
+   * once, or held until a worker frees (a client that goes away meanwhile is dropped
+   * from the queue, 499), or refused (429 with Retry-After).
+   */
+  private admit(parsed: Parsed, client: AbortSignal): Promise<Admitted> {
+    const { service } = this.options;
+    return new Promise((resolve, reject) => {
+      const call: RouteCall = {
+        input: {
+          tokens: parsed.tokens, requestId: null, loraName: null, cacheSalt: parsed.cacheSalt,
+          expectedOutputTokens: parsed.maxTokens, overlapScoreCredit: null, prefillLoadScale: null,
+          temperature: null,
+        },
+        candidatesMax: ATTEMPTS_MAX + 1,
+        // Synchronous with the decision: the candidate list is reused by the next route.
+        answer: ({ decision }) => {
+          resolve({ requestId: decision.requestId, targets: targetsOf(decision) });
+        },
+        fail: (error) => {
+          this.counters.refused++;
+          reject(error);
+        },
+      };
+      const handle = service.submitRoute(call);
+      if (handle < 0) return;
+      client.addEventListener("abort", () => {
+        if (!service.dropHeld(handle, call)) return; // answered already: the forward sees the abort
+        this.counters.clientAborts++;
+        reject(new HttpError(499, "the client closed the request while it was held for a worker"));
+      }, { once: true });
+    });
   }
 
   private async parse(request: Request, path: OpenAiPath): Promise<Parsed> {
@@ -195,6 +228,12 @@ export class OpenAiProxy {
     return new Response(relay.body, { status: upstream.status, headers });
   }
 
+}
+
+/** A routed request: its id and the workers to try, the pick first. */
+interface Admitted {
+  readonly requestId: string;
+  readonly targets: Target[];
 }
 
 interface Parsed {

@@ -6,7 +6,7 @@ export {
   type LoadTrackerOptions, REQUEST_ID_LENGTH_MAX, type WorkerLoad, WORKERS_MAX,
 } from "./load";
 export {
-  type Candidate, CandidateList, DEFAULT_ROUTE_WEIGHTS, NO_OVERLAPS, type Overlaps, type RouteDecision,
+  type Candidate, CandidateList, DEFAULT_ROUTE_WEIGHTS, type EngineTimes, NO_OVERLAPS, type Overlaps, type RouteDecision,
   type RouteRequest, Router, type RouterOptions, type RouteWeights,
 } from "./router";
 export {

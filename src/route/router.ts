@@ -56,6 +56,12 @@ export const DEFAULT_ROUTE_WEIGHTS: RouteWeights = {
   degradedOverlapWeight: 0.5,
 };
 
+/** An engine's two speed constants that calibration learns. */
+export interface EngineTimes {
+  readonly prefillTokensPerSecond: number;
+  readonly stepBaseMs: number;
+}
+
 export interface RouterOptions extends LoadTrackerOptions {
   /** "ttft" (predicted time to first token, ./ttft.ts) or "dynamo" (the weights below); default "dynamo". */
   readonly policy?: RoutePolicy;
@@ -225,6 +231,8 @@ export class Router {
   private readonly parts = new TtftParts();
   private readonly features = { tokens: 0, steps: 0, kvMs: 0 };
   private order = new Int32Array(0);
+  /** Set only inside `cheapestUnder`: constants that replace the configured and learned ones. */
+  private uniformTimes: EngineTimes | null = null;
 
   constructor(options: RouterOptions) {
     this.load = new LoadTracker(options);
@@ -255,7 +263,10 @@ export class Router {
     const max = request.candidatesMax ?? 0;
     // No list given: a fresh one, or with no candidates asked for, the shared empty one.
     const candidates = out ?? (max > 0 ? new CandidateList() : NO_CANDIDATES);
-    this.listCandidates(max, candidates);
+    const predictedTtftMs = this.policy === "ttft"
+      ? this.ttftBySlot[best]!
+      : this.predict(best, tokenCount);
+    this.listCandidates(max, candidates, tokenCount);
     const calibration = this.calibration;
     if (calibration !== null) this.noteFeatures(best, tokenCount, cachedTokens);
     const record = load.admit(requestId, best, request.chain, request.blockCount, tokenCount, cachedTokens, request.expectedOutputTokens ?? 0);
@@ -267,7 +278,7 @@ export class Router {
       dpRank: load.dpRanks[best]!,
       overlapBlocks: overlap[best]!,
       cost: this.costBySlot[best]!,
-      predictedTtftMs: this.ttftBySlot[best]!,
+      predictedTtftMs,
       candidates,
     };
   }
@@ -282,16 +293,47 @@ export class Router {
     const best = this.evaluate(request, overlaps);
     const slots = this.load.liveSlots;
     const prefillMs = this.parts.prefillMs;
+    const predictedAll = this.policy === "ttft";
     let waitMs = Infinity;
     for (let i = 0; i < this.load.liveCount; i++) {
       const slot = slots[i]!;
-      waitMs = Math.min(waitMs, this.ttftBySlot[slot]! - prefillMs[slot]!);
+      const ttft = predictedAll ? this.ttftBySlot[slot]! : this.predict(slot, request.tokenCount);
+      waitMs = Math.min(waitMs, ttft - prefillMs[slot]!);
     }
     return { waitMs, prefillMs: prefillMs[best]! };
   }
 
-  /** Validates the request, fills every live worker's cost and predicted TTFT, and returns the chosen slot. */
+  /** Validates the request, fills every live worker's cost, and returns the chosen slot. */
   private evaluate(request: RouteRequest, overlaps: Overlaps): number {
+    return this.pick(this.fillCosts(request, overlaps));
+  }
+
+  /**
+   * The slots a router told these engine constants (the same for every worker, no
+   * calibration) would find cheapest now, exact ties included; nothing is recorded and
+   * no random number drawn. The virtual-time study compares calibrated decisions with
+   * those of the true constants through it.
+   */
+  cheapestUnder(request: RouteRequest, overlaps: Overlaps, times: EngineTimes): number[] {
+    this.uniformTimes = times;
+    try {
+      this.fillCosts(request, overlaps);
+    } finally {
+      this.uniformTimes = null;
+    }
+    const slots = this.load.liveSlots;
+    const costs = this.costBySlot;
+    let min = Infinity;
+    for (let i = 0; i < this.load.liveCount; i++) min = Math.min(min, costs[slots[i]!]!);
+    const cheapest: number[] = [];
+    for (let i = 0; i < this.load.liveCount; i++) {
+      if (costs[slots[i]!] === min) cheapest.push(slots[i]!);
+    }
+    return cheapest;
+  }
+
+  /** Validates the request, fills every live worker's cost; returns the temperature to pick by. */
+  private fillCosts(request: RouteRequest, overlaps: Overlaps): number {
     const load = this.load;
     const blockCount = request.blockCount;
     const tokenCount = request.tokenCount;
@@ -334,35 +376,89 @@ export class Router {
       minPrefill = Infinity;
       for (let i = 0; i < liveCount; i++) minPrefill = Math.min(minPrefill, prefill[slots[i]!]!);
     }
-    const ttft = this.ttft;
-    const parts = this.parts;
-    const predicted = this.ttftBySlot;
-    const calibration = this.calibration;
-    calibration?.sync(load);
-    const prefillPerMs = ttft.prefillTokensPerSecond / 1000;
-    const timeCost = this.policy === "ttft";
+    this.calibration?.sync(load);
+    if (this.policy === "ttft") {
+      this.ttftCosts(tokenCount);
+      return temperature;
+    }
     for (let i = 0; i < liveCount; i++) {
       const slot = slots[i]!;
       const slotPrefill = prefill[slot]!;
-      const trusted = degraded[slot] === 1 ? overlap[slot]! * degradedWeight : overlap[slot]!;
-      const cached = Math.min(tokenCount, trusted * blockSize);
-      predicted[slot] = predictTtft(
-        ttft, parts, slot, tokenCount, cached, slotPrefill, active[slot]!, decode[slot]!, blockSize,
-        calibration === null ? prefillPerMs : calibration.prefillPerMs[slot]!,
-        calibration === null ? ttft.stepBaseMs : calibration.stepBaseMs[slot]!,
-      );
-      if (timeCost) {
-        costs[slot] = predicted[slot]! + ttft.recomputeWeight * parts.prefillMs[slot]!;
-        continue;
-      }
-      let held = trusted;
+      let held = degraded[slot] === 1 ? overlap[slot]! * degradedWeight : overlap[slot]!;
       if (decayScale > 0) held /= 1 + decayScale * (slotPrefill - minPrefill);
       const prefillCost = scale * Math.max(0, (slotPrefill + tokenCount) / blockSize - credit * held);
       costs[slot] = prefillCost + decode[slot]! + (blockCount - depth[slot]!) + requestWeight * active[slot]!;
     }
+    return temperature;
+  }
+
+  private pick(temperature: number): number {
     const best = temperature === 0 ? this.cheapest() : this.sample(temperature);
     if (best < 0) throw new Error("routing found no candidate (a cost is NaN)");
     return best;
+  }
+
+  /** The `ttft` cost of every live worker: predicted TTFT (and parts) + recompute charge. */
+  private ttftCosts(tokenCount: number): void {
+    const load = this.load;
+    const slots = load.liveSlots;
+    const prefill = load.activePrefillTokens;
+    const active = load.activeRequests;
+    const decode = load.activeDecodeBlocks;
+    const degraded = load.degraded;
+    const blockSize = load.blockSize;
+    const overlap = this.overlapBySlot;
+    const degradedWeight = this.weights.degradedOverlapWeight;
+    const costs = this.costBySlot;
+    const predicted = this.ttftBySlot;
+    const ttft = this.ttft;
+    const parts = this.parts;
+    const weight = ttft.recomputeWeight;
+    // What `predict` uses, hoisted out of the loop (the same arithmetic, so the same bits).
+    const times = this.uniformTimes ?? ttft;
+    const calibration = this.uniformTimes === null ? this.calibration : null;
+    const prefillPerMs = times.prefillTokensPerSecond / 1000;
+    const stepBaseMs = times.stepBaseMs;
+    const speedFactor = calibration?.speedFactor;
+    const stepFactor = calibration?.stepFactor;
+    for (let i = 0; i < load.liveCount; i++) {
+      const slot = slots[i]!;
+      const trusted = degraded[slot] === 1 ? overlap[slot]! * degradedWeight : overlap[slot]!;
+      const cached = Math.min(tokenCount, trusted * blockSize);
+      predicted[slot] = predictTtft(
+        ttft, parts, slot, tokenCount, cached, prefill[slot]!, active[slot]!, decode[slot]!,
+        blockSize,
+        calibration === null ? prefillPerMs : calibration.prefillPerMs * speedFactor![slot]!,
+        calibration === null ? stepBaseMs : calibration.stepBaseMs * stepFactor![slot]!,
+      );
+      costs[slot] = predicted[slot]! + weight * parts.prefillMs[slot]!;
+    }
+  }
+
+  /**
+   * One worker's predicted TTFT for the request being decided (its parts go into the
+   * scratch at `slot`). The `ttft` policy predicts every worker; `dynamo` only the
+   * workers an answer lists.
+   */
+  private predict(slot: number, tokenCount: number): number {
+    const load = this.load;
+    const ttft = this.ttft;
+    const calibration = this.calibration;
+    const uniform = this.uniformTimes;
+    const overlap = this.overlapBySlot[slot]!;
+    const degradedWeight = this.weights.degradedOverlapWeight;
+    const trusted = load.degraded[slot] === 1 ? overlap * degradedWeight : overlap;
+    const cached = Math.min(tokenCount, trusted * load.blockSize);
+    return predictTtft(
+      ttft, this.parts, slot, tokenCount, cached, load.activePrefillTokens[slot]!,
+      load.activeRequests[slot]!, load.activeDecodeBlocks[slot]!, load.blockSize,
+      uniform !== null ? uniform.prefillTokensPerSecond / 1000
+        : calibration === null ? ttft.prefillTokensPerSecond / 1000
+        : calibration.prefillPerMs * calibration.speedFactor[slot]!,
+      uniform !== null ? uniform.stepBaseMs
+        : calibration === null ? ttft.stepBaseMs
+        : calibration.stepBaseMs * calibration.stepFactor[slot]!,
+    );
   }
 
   /** A worker's learned engine times (null when calibration is off). */
@@ -463,7 +559,7 @@ export class Router {
    * keep the live-slot order (a stable sort's order). Insertion into a list of at most
    * `max`: the list is short, so this beats sorting every worker.
    */
-  private listCandidates(max: number, list: CandidateList): void {
+  private listCandidates(max: number, list: CandidateList, tokenCount: number): void {
     const load = this.load;
     const slots = load.liveSlots;
     const liveCount = load.liveCount;
@@ -484,8 +580,10 @@ export class Router {
       order[at] = slot;
     }
     list.reset(size);
+    const predictedAll = this.policy === "ttft";
     for (let i = 0; i < size; i++) {
       const slot = order[i]!;
+      if (!predictedAll) this.ttftBySlot[slot] = this.predict(slot, tokenCount);
       list.slots[i] = slot;
       list.workerIds[i] = load.workerIdOf(slot);
       list.dpRanks[i] = load.dpRanks[slot]!;

@@ -29,6 +29,7 @@ export const STATUS_OF: Readonly<Record<ErrorCode, number>> = {
   unknown_request: 404,
   unknown_worker: 404,
   duplicate_request: 409,
+  duplicate_held_request: 409,
   worker_exists: 409,
   no_workers: 503,
   shutting_down: 503,

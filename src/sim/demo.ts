@@ -21,7 +21,8 @@ import { kvedgeRouter, KvedgeClient } from "./kvedge-client";
 import { NetworkedEngine } from "./networked-engine";
 import { type ProxyReport, runProxyReplay } from "./proxy-replay";
 import { percentile, type PolicyReport } from "./outcome";
-import { createPolicy, type KvAwareConfig, type PolicyName } from "./policies";
+import { createPolicy, type KvAwareConfig, KvAwareModel, type PolicyName } from "./policies";
+import type { AdmissionMode } from "../route/admission";
 import { policyClient, replayRealtime, type RealtimeProgress } from "./realtime";
 import { startServeChild, type ServeChild, withServeTail } from "./serve-process";
 import { engineSeeds, simulate } from "./simulator";
@@ -105,9 +106,21 @@ export interface Gain {
   readonly ttft_p99_change_pct: number;
 }
 
+/** kv_aware's route calls by what admission did with them (route.admission; null when off). */
+export interface AdmissionReport {
+  readonly mode: AdmissionMode;
+  readonly immediate: number;
+  readonly held: number;
+  readonly released: number;
+  readonly overdue: number;
+  readonly rejected: number;
+  readonly dropped: number;
+}
+
 export interface DemoResult {
   readonly policies: Record<string, DemoPolicyResult>;
   readonly router: RouterReport | null;
+  readonly admission: AdmissionReport | null;
   /** With `proxy`: what the proxied run saw. */
   readonly proxy: ProxyReport | null;
   /** The kv-aware row against each baseline (negative TTFT change = faster). */
@@ -121,6 +134,8 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
   const policies: Record<string, DemoPolicyResult> = {};
   let router: RouterReport | null = null;
   let proxy: ProxyReport | null = null;
+  let admission: AdmissionReport | null = null;
+  const mode = admissionModeOf(options);
   for (const policy of options.policies) {
     // Each run leaves ~100 MB of short-lived token arrays; collect them before the next
     // so peak memory is one run's, not the sum of all.
@@ -132,6 +147,10 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
         policy: policy === "kv_aware" ? "kv_aware_model" : policy, workers: options.workers,
         capacityBlocks: options.capacityBlocks, blockSize: options.blockSize, time: options.time, seed: options.seed,
         vocabSize: options.vocabSize, ...(options.kvAware === undefined ? {} : { kvAware: options.kvAware }),
+        onFinish: (finished) => {
+          if (policy !== "kv_aware" || !(finished instanceof KvAwareModel)) return;
+          if (finished.admission !== null) admission = { mode, ...finished.admission.counts };
+        },
       });
       policies[policy] = { ...report, policy, mode: "in-process, virtual time", wall_s: (performance.now() - phaseStarted) / 1000 };
       options.progress?.("");
@@ -143,6 +162,7 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
       const run = await runKvedge(options);
       policies[policy] = { ...run.report, mode: "kvedge", wall_s: (performance.now() - phaseStarted) / 1000 };
       router = run.router;
+      if (mode !== "off") admission = { mode, ...run.admission };
     } else if (options.realtimeBaselines) {
       const report = await runInProcessRealtime(policy, options);
       policies[policy] = { ...report, mode: "in-process, real time", wall_s: (performance.now() - phaseStarted) / 1000 };
@@ -156,8 +176,20 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
       options.progress?.("");
     }
   }
-  return { policies, router, proxy, gains: gainsOf(policies), wall_s: (performance.now() - started) / 1000 };
+  const wall = (performance.now() - started) / 1000;
+  return { policies, router, proxy, admission, gains: gainsOf(policies), wall_s: wall };
 }
+
+function admissionModeOf(options: DemoOptions): AdmissionMode {
+  return options.kvAware?.admission?.mode ?? "off";
+}
+
+/**
+ * How long the real-time replay holds its engines for a route's answer when kvedge may
+ * hold routes (wall ms): a held route waits for a worker to free, which held engines
+ * would never do.
+ */
+const HELD_ANSWER_WAIT_MS = 10;
 
 /** The kv-aware row (kvedge, else the in-process model) against every other policy. */
 export function gainsOf(policies: Record<string, PolicyReport>): Record<string, Gain> {
@@ -211,7 +243,7 @@ function clock(ms: number): string {
   return `${Math.floor(seconds / 60)}:${String(seconds % 60).padStart(2, "0")}`;
 }
 
-async function runKvedge(options: DemoOptions): Promise<{ report: PolicyReport; router: RouterReport }> {
+async function runKvedge(options: DemoOptions): Promise<KvedgeRun> {
   const engines = await startEngines(options, true);
   let serve: ServeChild | null = null;
   let client: KvedgeClient | null = null;
@@ -230,12 +262,17 @@ async function runKvedge(options: DemoOptions): Promise<{ report: PolicyReport; 
     const run = await replayRealtime("kv_aware", {
       trace: options.trace, engines, router, speedup: options.speedup, blockSize: options.blockSize,
       vocabSize: options.vocabSize,
+      ...(admissionModeOf(options) === "off" ? {} : { answerWaitMs: HELD_ANSWER_WAIT_MS }),
       ...(options.progress === null ? {} : { progress: (p: RealtimeProgress) => options.progress!(progressLine("kv_aware", p, startedMs)) }),
     });
     options.progress?.("");
     await client.settle();
     const routerReport = await routerSide(serve.url, engines, workerIds, client, stats, options.blockSize);
-    return { report: run.report, router: { ...routerReport, achieved_speedup: run.achievedSpeedup } };
+    const metrics = await (await fetch(`${serve.url}/metrics`)).text();
+    return {
+      report: run.report, router: { ...routerReport, achieved_speedup: run.achievedSpeedup },
+      admission: admissionCounts(metrics),
+    };
   } catch (error) {
     throw withServeTail(error, serve);
   } finally {
@@ -243,6 +280,22 @@ async function runKvedge(options: DemoOptions): Promise<{ report: PolicyReport; 
     await serve?.stop();
     await Promise.all(engines.map((engine) => engine.close()));
   }
+}
+
+interface KvedgeRun {
+  readonly report: PolicyReport;
+  readonly router: RouterReport;
+  readonly admission: Omit<AdmissionReport, "mode">;
+}
+
+/** kvedge serve's admission counts, from its /metrics. */
+function admissionCounts(metrics: string): Omit<AdmissionReport, "mode"> {
+  const count = (outcome: string) =>
+    metricSum(metrics, "kvedge_admission_total", `outcome="${outcome}"`);
+  return {
+    immediate: count("immediate"), held: count("held"), released: count("released"),
+    overdue: count("overdue"), rejected: count("rejected"), dropped: count("dropped"),
+  };
 }
 
 /** Waits for /readyz and for every engine to see its subscriber (nothing published is lost). */

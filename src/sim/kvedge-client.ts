@@ -24,6 +24,14 @@ interface Pending {
   readonly reject: (error: Error) => void;
 }
 
+/** kvedge answered a route with an error status (429: admission refused it). */
+export class RouteRefused extends Error {
+  override readonly name = "RouteRefused";
+  constructor(readonly status: number, message: string) {
+    super(message);
+  }
+}
+
 export class KvedgeClientCounters {
   routes = 0;
   lifecycleCalls = 0;
@@ -68,7 +76,10 @@ export class KvedgeClient {
   async route(tokens: Uint32Array, requestId: string): Promise<RouteAnswer> {
     this.counters.routes++;
     const result = await this.call({ op: "route", request_id: requestId, token_ids: Array.from(tokens) });
-    if (result.status !== 200) throw new Error(`kvedge refused to route ${requestId}: ${String(result.error)}`);
+    if (result.status !== 200) {
+      const message = `kvedge refused to route ${requestId}: ${String(result.error)}`;
+      throw new RouteRefused(Number(result.status), message);
+    }
     const body = result.result as Record<string, unknown>;
     return {
       workerId: String(body.worker_id),
@@ -149,7 +160,8 @@ export interface KvedgeRouteStats {
 
 /**
  * kvedge as the RouterClient of a replay: request ids are `${prefix}${id}`, worker ids
- * map to engine indexes through `workerIds` (engine i is `workerIds[i]`).
+ * map to engine indexes through `workerIds` (engine i is `workerIds[i]`). A route
+ * answered 429 (admission) is the replay's -1: refused.
  */
 export function kvedgeRouter(
   client: KvedgeClient, workerIds: readonly string[], count: number, prefix: string,
@@ -163,7 +175,14 @@ export function kvedgeRouter(
   const router: RouterClient = {
     async route(query: RouteQuery): Promise<number> {
       const started = performance.now();
-      const answer = await client.route(query.tokens.subarray(0, query.promptLength), `${prefix}${query.id}`);
+      let answer: RouteAnswer;
+      try {
+        const prompt = query.tokens.subarray(0, query.promptLength);
+        answer = await client.route(prompt, `${prefix}${query.id}`);
+      } catch (error) {
+        if (error instanceof RouteRefused && error.status === 429) return -1;
+        throw error;
+      }
       stats.latencyMs[query.id] = performance.now() - started;
       stats.overlapBlocks[query.id] = answer.overlapBlocks;
       stats.promptTokens[query.id] = query.promptLength;

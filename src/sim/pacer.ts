@@ -28,6 +28,8 @@ export class Pacer {
   private model0 = 0;
   private timer: ReturnType<typeof setTimeout> | null = null;
   private running = false;
+  /** Model time while the clock is paused (NaN: running). */
+  private pausedAt = Number.NaN;
   private idleWaiters: (() => void)[] = [];
   /** Steps processed (all engines). */
   steps = 0;
@@ -52,7 +54,21 @@ export class Pacer {
   }
 
   modelNow(): number {
+    if (!Number.isNaN(this.pausedAt)) return this.pausedAt;
     return this.model0 + (performance.now() - this.wall0) * this.speedup;
+  }
+
+  /** Stops model time (a replay waiting for a router); `resume` goes on from the same instant. */
+  pause(): void {
+    if (Number.isNaN(this.pausedAt)) this.pausedAt = this.modelNow();
+  }
+
+  resume(): void {
+    if (Number.isNaN(this.pausedAt)) return;
+    this.model0 = this.pausedAt;
+    this.wall0 = performance.now();
+    this.pausedAt = Number.NaN;
+    this.kick();
   }
 
   get hold(): number {

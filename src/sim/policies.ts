@@ -14,7 +14,10 @@
  * The simulator calls `route` on arrival, `prefillDone` at the first token and
  * `finished` at the end, which is the request lifecycle a router is told about.
  */
-import { type EngineTimeModel, type Overlaps, Router, type RoutePolicy, type RouteWeights, type TtftSettings } from "../route";
+import {
+  type EngineTimeModel, type EngineTimes, type Overlaps, Router, type RoutePolicy, type RouteWeights,
+  type TtftSettings,
+} from "../route";
 import { Admission, type AdmissionSettings } from "../route/admission";
 import { PairTable } from "./pair-table";
 import { createRng, randomInt, type Rng } from "./random";
@@ -320,6 +323,11 @@ export interface KvAwareConfig {
   readonly calibrate?: boolean;
   /** Hold or reject requests at saturation (src/route/admission.ts); off by default. */
   readonly admission?: Partial<AdmissionSettings>;
+  /**
+   * The engines' true constants: when given, every decision is also checked against
+   * the cheapest workers under them on the same state (`KvAwareModel.agreed`).
+   */
+  readonly reference?: EngineTimes;
 }
 
 export const DEFAULT_KV_AWARE: KvAwareConfig = { policy: "ttft" };
@@ -336,6 +344,9 @@ export class KvAwareModel implements RoutingPolicy {
   private readonly slots: Int32Array;
   private readonly overlaps: { count: number; slots: Int32Array; blocks: Float64Array };
   private answers: HeldAnswer[] = [];
+  private readonly reference: EngineTimes | null;
+  /** Per decision (with `reference`): 1 if the pick is cheapest under the true constants too. */
+  readonly agreed: number[] = [];
 
   constructor(workers: number, blockSize: number, private readonly probe: CacheProbe, config: KvAwareConfig, rng: Rng) {
     this.router = new Router({
@@ -343,6 +354,7 @@ export class KvAwareModel implements RoutingPolicy {
       policy: config.policy, calibrate: config.calibrate === true, ...(config.weights === undefined ? {} : { weights: config.weights }),
       ...(config.ttft === undefined ? {} : { ttft: config.ttft }),
     });
+    this.reference = config.reference ?? null;
     this.slots = new Int32Array(workers);
     for (let w = 0; w < workers; w++) this.slots[w] = this.router.load.addWorker(BigInt(w), 0);
     this.overlaps = { count: workers, slots: this.slots, blocks: new Float64Array(workers) };
@@ -402,7 +414,14 @@ export class KvAwareModel implements RoutingPolicy {
   }
 
   private decide(query: RouteQuery): number {
-    return Number(this.router.route(this.request(query), this.probed(query)).workerId);
+    const request = this.request(query);
+    const overlaps = this.probed(query);
+    const reference = this.reference;
+    const router = this.router;
+    const truth = reference === null ? null : router.cheapestUnder(request, overlaps, reference);
+    const decision = this.router.route(request, overlaps);
+    if (truth !== null) this.agreed.push(truth.includes(decision.slot) ? 1 : 0);
+    return Number(decision.workerId);
   }
 
   private request(query: RouteQuery) {

@@ -1,12 +1,14 @@
 // Goal: the core's route calls through admission (transport-free): routed at once
 // under the bound, held over it and released by prefill_done, by done, or by the
-// expiry of the request ahead (the hold poll); a duplicate id is refused at once;
+// expiry of the request ahead (the hold poll); a duplicate id (of an active request or
+// of a held call) is refused at once;
 // a held call's tokens count in the process-wide buffer budget until it is answered
 // (over it: 429); shutting down answers every held call; nothing stays held.
 import { describe, expect, test } from "bun:test";
 import { loadConfig } from "../../src/config";
 import { KvedgeCore, type RouteCall, type RouteInput } from "../../src/core/core";
 import { KvedgeError } from "../../src/core/errors";
+import { STATUS_OF } from "../../src/server/http";
 import { bufferBudget } from "../../src/util/buffer-budget";
 import { silentLogger } from "../../src/util/log";
 import { until } from "../support/wait";
@@ -44,6 +46,45 @@ describe("KvedgeCore admission", () => {
     expect(answers).toEqual(["ahead:ok", "held:ok"]);
     expect(service.admission.held).toBe(0);
     expect(bufferBudget.held).toBe(before);
+  });
+
+  test("a held call's id is refused at submit; it is free again once the first is answered", () => {
+    const { service, answers, call } = core();
+    service.submitRoute(call("ahead", 6000));
+    const first = call("twin", 8);
+    expect(service.submitRoute(first)).toBeGreaterThanOrEqual(0);
+    let refused: unknown;
+    try {
+      service.submitRoute(call("twin", 16));
+    } catch (error) {
+      refused = error;
+    }
+    expect(refused).toBeInstanceOf(KvedgeError);
+    expect((refused as KvedgeError).code).toBe("duplicate_held_request");
+    expect(STATUS_OF.duplicate_held_request).toBe(409);
+    expect(service.admission.held).toBe(1);
+    expect(service.submitRoute(call("other", 8))).toBeGreaterThanOrEqual(0);
+    expect(service.admission.held).toBe(2);
+    expect(service.prefillDone("ahead")).toBe("ok");
+    expect(answers).toEqual(["ahead:ok", "twin:ok", "other:ok"]);
+    // Answered, "twin" is active now: the router's own check refuses it.
+    expect(() => service.submitRoute(call("twin", 8))).toThrow("already active");
+    expect(service.done("twin")).toBe("ok");
+    expect(service.done("other")).toBe("ok");
+    expect(service.submitRoute(call("twin", 8))).toBe(-1);
+    expect(answers.at(-1)).toBe("twin:ok");
+  });
+
+  test("a dropped held call frees its id", () => {
+    const { service, answers, call } = core();
+    service.submitRoute(call("ahead", 6000));
+    const gone = call("gone", 8);
+    service.dropHeld(service.submitRoute(gone), gone);
+    expect(service.admission.held).toBe(0);
+    const again = call("gone", 8);
+    expect(service.submitRoute(again)).toBeGreaterThanOrEqual(0);
+    expect(service.prefillDone("ahead")).toBe("ok");
+    expect(answers).toEqual(["ahead:ok", "gone:ok"]);
   });
 
   test("a held call over the process-wide buffer budget is refused with 429", () => {

@@ -2,8 +2,8 @@
 // one worker's predicted wait is past the bound and answers it when `done` of the
 // request ahead frees the worker (over HTTP and over /v1/ws); a client that goes away
 // while held is dropped from the queue; over the most held, a route gets 429 with
-// Retry-After. Real server, real sockets on loopback; no timing assertions: "held" is
-// read from /metrics.
+// Retry-After; a call with the id of a held one gets 409 at once. Real server, real
+// sockets on loopback; no timing assertions: "held" is read from /metrics.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { TestEngine } from "../support/engine";
 import { type ServeProcess, startServe } from "../support/serve";
@@ -49,6 +49,11 @@ describe("serve with admission hold", () => {
     });
     await heldIs(1);
     expect(answered).toBe(false);
+    // A second call with the held call's id is refused at once, not at the release.
+    const twin = await post("/v1/route", { request_id: "held", token_ids: SHORT });
+    expect(twin.status).toBe(409);
+    expect(((await twin.json()) as Json).error).toContain("already held");
+    expect(await metric("kvedge_admission_held")).toBe(1);
     expect((await post("/v1/requests/ahead/done", {})).status).toBe(200);
     const response = await held;
     expect(response.status).toBe(200);

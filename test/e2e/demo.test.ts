@@ -105,9 +105,47 @@ describe("kvedge demo", () => {
     expect(again.policies.kv_aware.ttft_p99_ms).toBe(demo.policies.kv_aware.ttft_p99_ms);
   });
 
+  test("--admission hold in real time: routes held at ~3x, the summary counts them", async () => {
+    const result = await runKvedge(["demo", "--requests", "200", "--workers", "8",
+      "--time-scale", "0.35", "--speedup", "20", "--policies", "kv_aware", "--admission", "hold",
+      "--no-pin", "--json"]);
+    expect(result.code).toBe(0);
+    const demo = JSON.parse(result.stdout) as Json;
+    const admission = demo.admission as Json;
+    expect(admission.mode).toBe("hold");
+    // Every call answered once: at once, or held, then released or routed at the longest hold.
+    expect(admission.immediate + admission.held).toBe(200);
+    const ended = admission.released + admission.overdue + admission.dropped + admission.rejected;
+    expect(ended).toBe(admission.held);
+    expect(admission.held).toBeGreaterThan(0);
+    expect(admission.rejected).toBe(0);
+    const kv = demo.policies.kv_aware;
+    expect(kv.completed + kv.rejected).toBe(200);
+    expect(demo.router.decisions).toBe(200);
+    expect(demo.router.lifecycle_errors).toBe(0);
+    expect(demo.router.index_matches_engines).toBe(true);
+    const text = await runKvedge(["demo", "--requests", "60", "--time-scale", "0.35",
+      "--speedup", "20", "--policies", "kv_aware", "--admission", "reject", "--no-pin"]);
+    expect(text.code).toBe(0);
+    expect(text.stdout).toMatch(/Admission \(reject\): [\d,]+ of 60 route calls held/);
+  });
+
+  test("--virtual --admission: counts from kvedge's router in-process, deterministic", async () => {
+    const args = ["demo", "--virtual", "--requests", "300", "--time-scale", "0.35",
+      "--policies", "kv_aware", "--admission", "hold", "--json"];
+    const demo = JSON.parse((await runKvedge(args)).stdout) as Json;
+    expect(demo.admission.immediate + demo.admission.held).toBe(300);
+    expect(demo.admission.held).toBeGreaterThan(0);
+    expect(demo.admission.released + demo.admission.overdue).toBe(demo.admission.held);
+    expect(JSON.parse((await runKvedge(args)).stdout).admission).toEqual(demo.admission);
+    const plain = ["demo", "--virtual", "--requests", "20", "--policies", "kv_aware", "--json"];
+    const off = JSON.parse((await runKvedge(plain)).stdout) as Json;
+    expect(off.admission).toBeNull();
+  });
+
   test("usage errors are one line, exit 2", async () => {
     for (const args of [["--policies", "fastest"], ["--route-policy", "fastest"], ["--virtual", "--start", "99999999"], ["--workers", "0"], ["--trace", "/no/such/file"], ["--speedup", "fast"], ["extra"],
-      ["--admission", "hold"], ["--virtual", "--admission", "sometimes"]]) {
+      ["--proxy", "--admission", "hold"], ["--virtual", "--admission", "sometimes"]]) {
       const result = await runKvedge(["demo", ...args]);
       expect(result.code).toBe(2);
       expect(result.stderr.trim().split("\n")).toHaveLength(1);

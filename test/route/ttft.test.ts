@@ -129,8 +129,59 @@ describe("calibration", () => {
     const r = router(1, { now: () => clock.now, calibrate: true });
     drive(r, clock, 50, 1000, () => 600); // twice as fast as configured
     expect(r.learnedTimes(0)!.prefillTokensPerSecond).toBeGreaterThan(1500);
+    const fleet = r.learnedTimes(0)!.prefillTokensPerSecond;
     r.load.removeWorker(0n, 0);
     expect(r.load.addWorker(7n, 0)).toBe(0);
-    expect(r.learnedTimes(0)).toEqual({ prefillTokensPerSecond: 1000, stepBaseMs: 10, samples: 0 });
+    // A new worker starts from the fleet's values, with no samples of its own.
+    const fresh = { prefillTokensPerSecond: fleet, stepBaseMs: 10, samples: 0 };
+    expect(r.learnedTimes(0)).toEqual(fresh);
+  });
+
+  /** Routes `n` requests to `slot` (holding all but 800 of 4,000 tokens), answered in `ttft` ms. */
+  function driveOn(r: Router, clock: { now: number }, slot: number, n: number, ttft: number): void {
+    for (let i = 0; i < n; i++) {
+      const tokens = prompt(4000);
+      const d = r.route(request(tokens), overlaps([[slot, 3200 / BS]]));
+      expect(d.slot).toBe(slot);
+      clock.now += ttft;
+      r.load.prefillDone(d.requestId);
+      r.load.done(d.requestId);
+    }
+  }
+
+  const sticky = { ...TTFT, recomputeWeight: 1000 };
+
+  test("one fleet value, moved by every worker; a worker's own factor past the dead band", () => {
+    const clock = { now: 0 };
+    const r = router(3, { now: () => clock.now, calibrate: true, ttft: sticky });
+    // 800 uncached tokens in 8 steps: 800 ms prefill + 80 ms; worker 0 is 2x slower on prefill.
+    driveOn(r, clock, 0, 40, 1680);
+    const fleet = r.learnedTimes(1)!;
+    expect(fleet.samples).toBe(0);
+    // Slot 1 never answered, yet its predictions use what the fleet learned (not 1,000).
+    expect(fleet.prefillTokensPerSecond).toBeLessThan(600);
+    expect(r.learnedTimes(0)!.prefillTokensPerSecond).toBe(fleet.prefillTokensPerSecond);
+    // Workers 1 and 2 run at the configured speed and answer from now on: the fleet value
+    // follows the majority; worker 0, > 25% off it with enough samples, keeps its own factor.
+    for (let round = 0; round < 60; round++) {
+      driveOn(r, clock, 1, 1, 880);
+      driveOn(r, clock, 2, 1, 880);
+      driveOn(r, clock, 0, 1, 1680);
+    }
+    const slow = r.learnedTimes(0)!.prefillTokensPerSecond;
+    const fast = r.learnedTimes(1)!.prefillTokensPerSecond;
+    expect(r.learnedTimes(2)!.prefillTokensPerSecond).toBe(fast);
+    expect(fast).toBeGreaterThan(800);
+    expect(fast).toBeLessThan(1250);
+    expect(slow / fast).toBeGreaterThan(0.4);
+    expect(slow / fast).toBeLessThan(0.6);
+  });
+
+  test("a worker's own factor needs samples: a few odd answers move only the fleet value", () => {
+    const clock = { now: 0 };
+    const r = router(2, { now: () => clock.now, calibrate: true, ttft: sticky });
+    driveOn(r, clock, 0, 20, 1680); // 20 < the 32 own samples a factor needs
+    const speed = (slot: number) => r.learnedTimes(slot)!.prefillTokensPerSecond;
+    expect(speed(0)).toBe(speed(1));
   });
 });

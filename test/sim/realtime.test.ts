@@ -79,4 +79,42 @@ describe("replayRealtime", () => {
     const virtual = simulate(short, { policy: "round_robin", workers: WORKERS, capacityBlocks: CAPACITY, seed });
     expect(live.report).toEqual(virtual);
   });
+
+  test("answerWaitMs: routes held until a worker frees go in when answered; refusals count",
+    async () => {
+    const seed = 5;
+    const engines = await fleet(seed);
+    const short = transformTrace(trace, { requests: 60 });
+    const rr = createPolicy("round_robin", { workers: WORKERS, blockSize: 16, seed });
+    const client = policyClient(rr);
+    // Every 4th route is held until the next prefill_done (as admission holds it); 9 is refused.
+    const waiting: (() => void)[] = [];
+    let late = 0;
+    const holding = {
+      ...client,
+      route: (...args: Parameters<typeof client.route>): Promise<number> | number => {
+        const [query] = args;
+        if (query.id === 9) return -1;
+        if (query.id % 4 !== 3) return client.route(...args);
+        return new Promise<number>((resolve) => waiting.push(() => {
+          late++;
+          resolve(client.route(...args) as number);
+        }));
+      },
+      prefillDone: (...args: Parameters<typeof client.prefillDone>) => {
+        client.prefillDone(...args);
+        waiting.splice(0).forEach((release) => release());
+      },
+    };
+    const live = await replayRealtime("held", {
+      trace: short, engines, router: holding, speedup: 200, blockSize: 16,
+      vocabSize: DEFAULT_VOCAB_SIZE, verify: true, answerWaitMs: 2,
+    });
+    expect(late).toBe(15);
+    // The refusal, on top of what the engines reject themselves (prompts larger than a cache).
+    const options = { policy: "round_robin" as const, workers: WORKERS, capacityBlocks: CAPACITY,
+      seed };
+    expect(live.report.rejected).toBe(simulate(short, options).rejected + 1);
+    expect(live.report.completed + live.report.rejected).toBe(60);
+  });
 });
