@@ -19,7 +19,7 @@
  *       [--workers N] [--sticky P] [--json]
  */
 import { bench, do_not_optimize, group, run } from "mitata";
-import { createSharedIndex } from "../src/index/crtc/shared";
+import { attach, createSharedIndex, type SharedIndexDescriptor } from "../src/index/crtc/shared";
 import { createIndex } from "../src/index/index";
 import { BACKEND_NAMES, type BackendName, type KvIndex, MatchResult } from "../src/index/types";
 import { benchFlags, provenance } from "./lib";
@@ -49,6 +49,8 @@ const CHAIN_BLOCKS = 32;
 interface Built {
   readonly backend: BackendName;
   readonly index: KvIndex;
+  /** --shared: readers attach by it (a reader on this thread is timed too). */
+  readonly descriptor: SharedIndexDescriptor | null;
   readonly workload: Workload;
   readonly buildNsPerBlock: number;
   readonly bytesPerPair: number;
@@ -68,9 +70,10 @@ function workloadOf(target: number): Workload {
 
 function build(backend: BackendName): Built {
   const workload = workloadOf(backend === "reference" ? referencePairs : pairs);
-  const index = shared && backend === "crtc"
-    ? createSharedIndex(16, { verify: false, budgetBytes: 4 * 2 ** 30 }).index
-    : createIndex(backend, 16, { verify: false });
+  const sharedIndex = shared && backend === "crtc"
+    ? createSharedIndex(16, { verify: false, budgetBytes: 4 * 2 ** 30 })
+    : null;
+  const index = sharedIndex?.index ?? createIndex(backend, 16, { verify: false });
   const started = performance.now();
   for (const event of workload.events) {
     index.applyStored(BigInt(event.worker), 0, event.hasParent, event.parentHi, event.parentLo, event.external, event.local, event.count);
@@ -80,6 +83,7 @@ function build(backend: BackendName): Built {
   return {
     backend,
     index,
+    descriptor: sharedIndex?.descriptor ?? null,
     workload,
     buildNsPerBlock: (elapsed * 1e6) / workload.pairs,
     bytesPerPair: stats.bytes / stats.blocks,
@@ -142,11 +146,19 @@ for (const built of builds) {
     index.applyStored(BigInt(worker), 0, false, 0, 0, external, local, CHAIN_BLOCKS);
     do_not_optimize(index.applyRemoved(BigInt(worker), 0, external, CHAIN_BLOCKS));
   };
+  const reader = built.descriptor === null ? null : attach(built.descriptor);
+  const readerFindMatches = (): void => {
+    const query = queries[q++ % queries.length]!;
+    reader!.findMatches(query, QUERY_BLOCKS, out);
+    do_not_optimize(out.count);
+  };
   // Let the JIT finish compiling before mitata samples: on a busy 2-core host its
   // optimizing tier can land after mitata's own warm-up, which then times slower code.
   for (const fn of [findMatches, underHeld, fromRoot]) warm(fn);
+  if (reader !== null) warm(readerFindMatches);
   group(backend, () => {
     bench(`${backend} findMatches ${QUERY_BLOCKS} blocks`, findMatches);
+    if (reader !== null) bench(`${backend} reader findMatches`, readerFindMatches);
     bench(`${backend} store+remove ${CHAIN_BLOCKS} blocks under a held block`, underHeld);
     bench(`${backend} store+remove ${CHAIN_BLOCKS} blocks from the root`, fromRoot);
   });
@@ -169,6 +181,9 @@ const rows = builds.map((built) => {
     find_matches_128_ns: Math.round(p50(`${backend} findMatches ${QUERY_BLOCKS} blocks`)),
     under_held_ns_per_block_op: Number((p50(`${backend} store+remove ${CHAIN_BLOCKS} blocks under a held block`) / (2 * CHAIN_BLOCKS)).toFixed(1)),
     from_root_ns_per_block_op: Number((p50(`${backend} store+remove ${CHAIN_BLOCKS} blocks from the root`) / (2 * CHAIN_BLOCKS)).toFixed(1)),
+    ...(built.descriptor === null ? {} : {
+      reader_find_matches_128_ns: Math.round(p50(`${backend} reader findMatches`)),
+    }),
   };
 });
 if (json) {

@@ -27,17 +27,21 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { DEFAULT_SEED } from "../src/hash";
 import { createIndex, MatchResult, type KvIndex } from "../src/index";
+import type { CrtcIndex } from "../src/index/crtc/crtc";
+import { createSharedIndex } from "../src/index/crtc/shared";
 import { KvEventNormalizer } from "../src/ingest/normalize";
 import { Sequencer } from "../src/ingest/sequencer";
 import { PromptHasher } from "../src/route";
 import { parseTrace, transformTrace } from "../src/sim/trace";
 import { benchFlags, provenance } from "./lib";
 import { buildCorpus, OP_BATCH, OP_QUERY, type Cadence, type Corpus } from "./indexer-replay-corpus";
+import { replayLanes } from "./indexer-replay-lanes";
 
 const usage = `bun bench/indexer-replay.ts [--trace FILE] [--length-factor F] [--duplication K]
   [--workers N] [--engine-blocks B] [--block-size S] [--cadence vllm|sglang] [--prefill-chunk T]
   [--window-ms MS] [--seed N] [--requests N] [--warmup-ops N] [--quiescence-ms MS] [--spin-us US]
-  [--max-drain-s S] [--route-threads 0] [--sweep [--sweep-min-ms MS --sweep-max-ms MS --sweep-steps N]] [--json]`;
+  [--max-drain-s S] [--route-threads N [--index-budget-mb MB] [--pin-threads]]
+  [--sweep [--sweep-min-ms MS --sweep-max-ms MS --sweep-steps N]] [--json]`;
 
 const flags = benchFlags(usage, {
   trace: { type: "string" }, "length-factor": { type: "string" }, duplication: { type: "string" },
@@ -47,6 +51,7 @@ const flags = benchFlags(usage, {
   "quiescence-ms": { type: "string" }, "spin-us": { type: "string" }, "max-drain-s": { type: "string" },
   "route-threads": { type: "string" }, sweep: { type: "boolean" }, "sweep-min-ms": { type: "string" },
   "sweep-max-ms": { type: "string" }, "sweep-steps": { type: "string" }, json: { type: "boolean" },
+  "index-budget-mb": { type: "string" }, "pin-threads": { type: "boolean" },
 });
 
 function intFlag(name: string, value: string | undefined, fallback: number, min = 1): number {
@@ -60,10 +65,6 @@ function intFlag(name: string, value: string | undefined, fallback: number, min 
 }
 
 const routeThreads = intFlag("route-threads", flags["route-threads"], 0, 0);
-if (routeThreads !== 0) {
-  console.error("--route-threads: only 0 (one thread for events and lookups) is built; more threads are not built yet");
-  process.exit(2);
-}
 const blockSize = intFlag("block-size", flags["block-size"], 16);
 const cadenceFlag = flags.cadence ?? (blockSize === 1 ? "sglang" : "vllm");
 if (cadenceFlag !== "vllm" && cadenceFlag !== "sglang") {
@@ -88,6 +89,9 @@ const config = {
   spinUs: intFlag("spin-us", flags["spin-us"], 100, 0),
   maxDrainS: intFlag("max-drain-s", flags["max-drain-s"], 300),
   routeThreads,
+  // --route-threads N: the shared index's budget (regions reserved, touched as used), pinning.
+  indexBudgetMb: intFlag("index-budget-mb", flags["index-budget-mb"], 4096),
+  pinThreads: flags["pin-threads"] === true,
 };
 
 if (flags.sweep === true) await sweep();
@@ -103,10 +107,7 @@ async function single(): Promise<void> {
   const prepStart = performance.now();
   const corpus = buildCorpus(trace, config);
   const prepS = (performance.now() - prepStart) / 1000;
-  warmUp(corpus);
-  Bun.gc(true);
-  if (config.quiescenceMs > 0) Bun.sleepSync(config.quiescenceMs);
-  const run = replay(corpus);
+  const run = config.routeThreads === 0 ? warmedReplay(corpus) : await replayOnLanes(corpus);
   const report = summarize(corpus, run, traceSha, prepS);
   if (flags.json === true) console.log(JSON.stringify(report));
   else printReport(report);
@@ -116,16 +117,18 @@ async function single(): Promise<void> {
 
 /** One index and, per worker, what `kvedge serve` keeps for an engine stream. */
 class Pipeline {
-  readonly index: KvIndex;
+  readonly index: CrtcIndex | KvIndex;
   readonly sequencers: Sequencer[] = [];
   readonly normalizers: KvEventNormalizer[] = [];
   readonly matches = new MatchResult(256);
   readonly hasher = new PromptHasher();
   private readonly nextSeq: Uint32Array;
 
-  constructor(workers: number, firstWorkerId: number) {
+  constructor(
+    workers: number, firstWorkerId: number, index: KvIndex = createIndex("crtc", config.blockSize),
+  ) {
     // The index is the normalizer's writer, as in `kvedge serve` (src/core/core.ts).
-    const index = (this.index = createIndex("crtc", config.blockSize));
+    this.index = index;
     for (let w = 0; w < workers; w++) {
       const normalizer = new KvEventNormalizer({ workerId: BigInt(firstWorkerId + w), dpRank: 0, blockSize: config.blockSize, writer: index });
       this.normalizers.push(normalizer);
@@ -150,8 +153,8 @@ class Pipeline {
 }
 
 /** JIT warm-up of the same code on a throwaway index and other worker ids. */
-function warmUp(corpus: Corpus): void {
-  const pipeline = new Pipeline(config.workers, 1_000_000);
+function warmUp(corpus: Corpus, index?: KvIndex): void {
+  const pipeline = new Pipeline(config.workers, 1_000_000, index);
   const limit = Math.min(config.warmupOps, corpus.count);
   for (let i = 0; i < limit; i++) {
     if (corpus.kind[i] === OP_QUERY) {
@@ -162,6 +165,36 @@ function warmUp(corpus: Corpus): void {
 }
 
 // ---- The timed replay ----
+
+function warmedReplay(corpus: Corpus): Run {
+  warmUp(corpus);
+  Bun.gc(true);
+  if (config.quiescenceMs > 0) Bun.sleepSync(config.quiescenceMs);
+  return replay(corpus);
+}
+
+/** --route-threads N: this thread writes a shared index, N lanes look up (indexer-replay-lanes.ts). */
+async function replayOnLanes(corpus: Corpus): Promise<Run> {
+  const options = { budgetBytes: config.indexBudgetMb * 2 ** 20, maxReaders: config.routeThreads };
+  const warm = createSharedIndex(config.blockSize, options);
+  warmUp(corpus, warm.index);
+  const shared = createSharedIndex(config.blockSize, options);
+  const pipeline = new Pipeline(config.workers, 1, shared.index);
+  Bun.gc(true);
+  if (config.quiescenceMs > 0) Bun.sleepSync(config.quiescenceMs);
+  const batch = (worker: number, payload: Uint8Array) => pipeline.batch(worker, payload);
+  const lanes = await replayLanes(corpus, batch, warm.descriptor, shared.descriptor, {
+    lanes: config.routeThreads, blockSize: config.blockSize, spinNs: config.spinUs * 1000,
+    maxNs: config.windowMs * 1e6 + config.maxDrainS * 1e9,
+    warmLookups: Math.min(config.warmupOps, 5000), pin: config.pinThreads,
+  });
+  const modeled = lanes.ownCoreSchedToFinish.filter((ns) => !Number.isNaN(ns));
+  const threads = {
+    writer_cpu_s: lanes.writerCpuS, lanes: lanes.lanes, writer: { ...shared.counters },
+    own_core_sched_to_finish: distribution(modeled),
+  };
+  return { ...lanes, pipeline, threads };
+}
 
 interface Run {
   readonly pipeline: Pipeline;
@@ -176,6 +209,8 @@ interface Run {
   readonly busyWriteNs: number;
   /** CPU seconds (user + system) the process used during the replay. */
   readonly cpuS: number;
+  /** --route-threads N: writer and lane CPU, reader and writer protocol counters. */
+  readonly threads?: unknown;
 }
 
 function replay(corpus: Corpus): Run {
@@ -246,6 +281,10 @@ function distribution(values: Float64Array): Distribution {
   return { p50_ns: at(0.5), p99_ns: at(0.99), p999_ns: at(0.999), max_ns: sorted.length === 0 ? 0 : Math.round(sorted[sorted.length - 1]!) };
 }
 
+function hashNs(run: Run, i: number): number {
+  return run.finished[i]! - run.started[i]! - run.service[i]!;
+}
+
 function select(corpus: Corpus, wanted: number, value: (i: number) => number): Float64Array {
   const out: number[] = [];
   for (let i = 0; i < corpus.count; i++) if ((corpus.kind[i] === OP_QUERY) === (wanted === OP_QUERY)) out.push(value(i));
@@ -299,6 +338,8 @@ function summarize(corpus: Corpus, run: Run, traceSha: string, prepS: number) {
       service: distribution(select(corpus, OP_QUERY, (i) => run.service[i]!)),
       queue_wait: distribution(select(corpus, OP_QUERY, (i) => run.started[i]! - run.accepted[i]!)),
       sched_to_finish: distribution(select(corpus, OP_QUERY, (i) => run.finished[i]! - corpus.deadline[i]!)),
+      // Started -> finished minus the lookup: hashing the prompt (and the clock reads).
+      hash: distribution(select(corpus, OP_QUERY, (i) => hashNs(run, i))),
     },
     update: {
       accepted_to_finished: distribution(select(corpus, OP_BATCH, (i) => run.finished[i]! - run.accepted[i]!)),
@@ -309,6 +350,7 @@ function summarize(corpus: Corpus, run: Run, traceSha: string, prepS: number) {
       stored_blocks: t.storedBlocks, removed_blocks: t.removedBlocks,
     },
     peak_rss_mb: hwm === null ? 0 : Math.round(Number(hwm[1]) / 1024),
+    ...(run.threads === undefined ? {} : { threads: run.threads }),
     bytes_per_pair: stats.blocks === 0 ? 0 : Number((stats.bytes / stats.blocks).toFixed(1)),
     config: {
       ...config, requests: t.requests, requests_skipped: t.requestsSkipped, query_blocks: t.queryBlocks,

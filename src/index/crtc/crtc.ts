@@ -49,16 +49,18 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
     this.verifyEach = options.verify ?? VERIFY_BY_DEFAULT;
   }
 
-  /** Every event is one call here; its end is the boundary readers see. */
+  /**
+   * Every event is one call here; its end is the boundary readers see. A call that
+   * throws (bad arrays, or a broken invariant mid-change) is no event: in shared mode
+   * the nodes it touched stay odd, so readers fail loudly instead of reading half of it.
+   */
   storeAt(
     slot: number, hasParent: boolean, parentHi: number, parentLo: number,
     external: Uint32Array, local: Uint32Array, count: number, first = 0,
   ): StoreStatus {
-    try {
-      return this.store(slot, hasParent, parentHi, parentLo, external, local, count, first);
-    } finally {
-      this.tree.endEvent();
-    }
+    const status = this.store(slot, hasParent, parentHi, parentLo, external, local, count, first);
+    this.tree.endEvent();
+    return status;
   }
 
   private store(
@@ -103,11 +105,9 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
   }
 
   removeAt(slot: number, external: Uint32Array, count: number, first = 0): number {
-    try {
-      return this.remove(slot, external, count, first);
-    } finally {
-      this.tree.endEvent();
-    }
+    const unknown = this.remove(slot, external, count, first);
+    this.tree.endEvent();
+    return unknown;
   }
 
   private remove(slot: number, external: Uint32Array, count: number, first: number): number {

@@ -1,0 +1,265 @@
+/**
+ * `bench/indexer-replay.ts --route-threads N`: this thread is the writer (it applies the
+ * batches at their deadlines through the same sequencer -> normalizer -> index path,
+ * into a crtc in shared memory); N route-lane Workers (./indexer-replay-lane.ts) take
+ * the queries, round-robin in deadline order, and look up on the shared index without
+ * waiting for the writer. Same clock and the same per-op stamps as the one-thread
+ * replay, so the report is the same JSON.
+ */
+import { readFileSync, readlinkSync } from "node:fs";
+import type { SharedIndexDescriptor } from "../src/index/crtc/shared";
+import { OP_QUERY, type Corpus } from "./indexer-replay-corpus";
+
+export interface LaneQueries {
+  /** Every query's tokens, back to back; query q is tokens[offsets[q], offsets[q + 1]). */
+  readonly tokens: Uint32Array;
+  readonly offsets: Uint32Array;
+  /** ns from the origin, ascending. */
+  readonly deadlines: Float64Array;
+}
+
+export interface LaneStart {
+  readonly lane: number;
+  readonly blockSize: number;
+  readonly spinNs: number;
+  readonly maxNs: number;
+  readonly warmLookups: number;
+  readonly warm: SharedIndexDescriptor;
+  readonly index: SharedIndexDescriptor;
+  readonly queries: LaneQueries;
+  /** Pin this thread to this CPU (taskset), or -1. */
+  readonly cpu: number;
+}
+
+export interface LaneResult {
+  readonly lane: number;
+  readonly accepted: Float64Array;
+  readonly started: Float64Array;
+  readonly finished: Float64Array;
+  readonly service: Float64Array;
+  readonly completed: number;
+  readonly cpuS: number;
+  readonly stats: Record<string, number>;
+}
+
+/** CPU seconds of this thread (user + system), from /proc (clock ticks of 10 ms). */
+export function threadCpuS(): number {
+  const stat = readFileSync("/proc/thread-self/stat", "utf8");
+  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  return (Number(fields[11]) + Number(fields[12])) / 100;
+}
+
+/** Pins the calling thread (Linux: its tid from /proc/thread-self). */
+export function pinThisThread(cpu: number): void {
+  const tid = readlinkSync("/proc/thread-self").split("/").at(-1)!;
+  const command = ["taskset", "-pc", String(cpu), tid];
+  const result = Bun.spawnSync(command, { stdout: "ignore", stderr: "pipe" });
+  if (result.exitCode !== 0) throw new Error(`${command.join(" ")}: ${result.stderr.toString()}`);
+}
+
+
+export interface LanesOptions {
+  readonly lanes: number;
+  readonly blockSize: number;
+  readonly spinNs: number;
+  readonly maxNs: number;
+  readonly warmLookups: number;
+  /** Pin the writer to CPU 0 and lane i to CPU 1 + i (mod the CPUs), each thread alone. */
+  readonly pin: boolean;
+}
+
+export interface LaneSummary {
+  readonly cpuS: number;
+  readonly queries: number;
+  readonly stats: Record<string, number>;
+}
+
+export interface LanesRun {
+  readonly accepted: Float64Array;
+  readonly started: Float64Array;
+  readonly finished: Float64Array;
+  readonly service: Float64Array;
+  readonly lastAccepted: number;
+  readonly lastFinished: number;
+  readonly completed: number;
+  readonly busyWriteNs: number;
+  /** CPU seconds of the whole process (every thread), origin to the last lane's result. */
+  readonly cpuS: number;
+  /** CPU seconds of the writer thread alone (10 ms ticks). */
+  readonly writerCpuS: number;
+  readonly lanes: LaneSummary[];
+  /**
+   * Per query (NaN for batches): scheduled -> finished if each lane had a core of its
+   * own: the lane's queue replayed on its measured per-query costs (hash + lookup,
+   * started -> finished) and the deadlines, with no time off the CPU between queries.
+   */
+  readonly ownCoreSchedToFinish: Float64Array;
+}
+
+/** Splits the corpus's queries over the lanes: round-robin in deadline order. */
+function laneQueries(
+  corpus: Corpus, lanes: number,
+): { ops: number[][]; starts: LaneStart["queries"][] } {
+  const ops: number[][] = Array.from({ length: lanes }, () => []);
+  let q = 0;
+  for (let i = 0; i < corpus.count; i++) if (corpus.kind[i] === OP_QUERY) ops[q++ % lanes]!.push(i);
+  const starts = ops.map((list) => {
+    let total = 0;
+    for (const i of list) total += corpus.tokens(i).length;
+    const tokens = new Uint32Array(total);
+    const offsets = new Uint32Array(list.length + 1);
+    const deadlines = new Float64Array(list.length);
+    let at = 0;
+    list.forEach((i, k) => {
+      const t = corpus.tokens(i);
+      tokens.set(t, at);
+      offsets[k] = at;
+      at += t.length;
+      offsets[k + 1] = at;
+      deadlines[k] = corpus.deadline[i]!;
+    });
+    return { tokens, offsets, deadlines };
+  });
+  return { ops, starts };
+}
+
+function message<T>(worker: Worker, key: string): Promise<T> {
+  return new Promise((resolve, reject) => {
+    const onMessage = (event: MessageEvent) => {
+      if (!(key in event.data)) return;
+      worker.removeEventListener("message", onMessage);
+      resolve(event.data[key] as T);
+    };
+    worker.addEventListener("message", onMessage);
+    worker.addEventListener("error", (event) => {
+      reject(new Error(`route lane failed: ${event.message}`));
+    });
+  });
+}
+
+export async function replayLanes(
+  corpus: Corpus, batch: (worker: number, payload: Uint8Array) => void,
+  warm: SharedIndexDescriptor, index: SharedIndexDescriptor, options: LanesOptions,
+): Promise<LanesRun> {
+  const cpus = navigator.hardwareConcurrency;
+  const { ops, starts } = laneQueries(corpus, options.lanes);
+  const script = new URL("./indexer-replay-lane.ts", import.meta.url).href;
+  const workers = starts.map(() => new Worker(script));
+  try {
+    const ready = workers.map((worker) => message(worker, "ready"));
+    starts.forEach((queries, lane) => {
+      const start: LaneStart = {
+        lane, queries, warm, index, blockSize: options.blockSize, spinNs: options.spinNs,
+        maxNs: options.maxNs, warmLookups: options.warmLookups,
+        cpu: options.pin ? (1 + lane) % cpus : -1,
+      };
+      workers[lane]!.postMessage({ start });
+    });
+    await Promise.all(ready);
+    if (options.pin) pinThisThread(0);
+    const results = workers.map((worker) => message<LaneResult>(worker, "result"));
+    const cpuBefore = process.cpuUsage();
+    const origin = Bun.nanoseconds() + 20e6;
+    const mainTimeOrigin = performance.timeOrigin;
+    for (const worker of workers) worker.postMessage({ origin, mainTimeOrigin });
+    const writer = writeAtDeadlines(corpus, batch, origin, options);
+    const lanes = await Promise.all(results);
+    const cpu = process.cpuUsage(cpuBefore);
+    return merge(corpus, writer, lanes, ops, (cpu.user + cpu.system) / 1e6);
+  } finally {
+    for (const worker of workers) worker.terminate();
+  }
+}
+
+interface WriterRun {
+  accepted: Float64Array;
+  started: Float64Array;
+  finished: Float64Array;
+  lastAccepted: number;
+  busyWriteNs: number;
+  writerCpuS: number;
+}
+
+/** The one-thread replay's loop with the queries taken out: batches at their deadlines. */
+function writeAtDeadlines(
+  corpus: Corpus, batch: (worker: number, payload: Uint8Array) => void, origin: number,
+  options: LanesOptions,
+): WriterRun {
+  const n = corpus.count;
+  const accepted = new Float64Array(n);
+  const started = new Float64Array(n);
+  const finished = new Float64Array(n);
+  const { deadline, kind, worker } = corpus;
+  const queue = new Int32Array(n);
+  let head = 0, tail = 0, next = 0, busyWriteNs = 0, lastAccepted = 0;
+  let remaining = 0;
+  for (let i = 0; i < n; i++) if (kind[i] !== OP_QUERY) remaining++;
+  const threadBefore = threadCpuS();
+  // Bounded: every batch is applied once, and the loop gives up past maxNs.
+  while (remaining > 0) {
+    const now = Bun.nanoseconds() - origin;
+    while (next < n && deadline[next]! <= now) {
+      if (kind[next] !== OP_QUERY) {
+        accepted[next] = lastAccepted = now;
+        queue[tail++] = next;
+      }
+      next++;
+    }
+    if (head < tail) {
+      const i = queue[head++]!;
+      started[i] = now;
+      batch(worker[i]!, corpus.payload(i));
+      finished[i] = Bun.nanoseconds() - origin;
+      busyWriteNs += finished[i]! - now;
+      remaining--;
+    } else if (next < n) {
+      const wait = deadline[next]! - now;
+      if (wait > options.spinNs) Bun.sleepSync((wait - options.spinNs) / 1e6);
+      while (Bun.nanoseconds() - origin < deadline[next]!) { /* spin to the deadline */ }
+    }
+    if (now > options.maxNs) break;
+  }
+  const writerCpuS = threadCpuS() - threadBefore;
+  return { accepted, started, finished, lastAccepted, busyWriteNs, writerCpuS };
+}
+
+function merge(
+  corpus: Corpus, writer: WriterRun, lanes: LaneResult[], ops: number[][], cpuS: number,
+): LanesRun {
+  const { accepted, started, finished } = writer;
+  const service = new Float64Array(corpus.count);
+  let completed = 0;
+  let lastAccepted = writer.lastAccepted;
+  for (let i = 0; i < corpus.count; i++) {
+    if (corpus.kind[i] !== OP_QUERY && finished[i]! > 0) completed++;
+  }
+  for (const lane of lanes) {
+    const list = ops[lane.lane]!;
+    list.forEach((i, k) => {
+      accepted[i] = lane.accepted[k]!;
+      started[i] = lane.started[k]!;
+      finished[i] = lane.finished[k]!;
+      service[i] = lane.service[k]!;
+      if (lane.accepted[k]! > lastAccepted) lastAccepted = lane.accepted[k]!;
+    });
+    completed += lane.completed;
+  }
+  let lastFinished = 0;
+  for (let i = 0; i < corpus.count; i++) lastFinished = Math.max(lastFinished, finished[i]!);
+  const ownCoreSchedToFinish = new Float64Array(corpus.count).fill(NaN);
+  for (const lane of lanes) {
+    let free = 0;
+    ops[lane.lane]!.forEach((i, k) => {
+      free = Math.max(free, corpus.deadline[i]!) + lane.finished[k]! - lane.started[k]!;
+      ownCoreSchedToFinish[i] = free - corpus.deadline[i]!;
+    });
+  }
+  return {
+    accepted, started, finished, service, lastAccepted, lastFinished, completed,
+    ownCoreSchedToFinish,
+    busyWriteNs: writer.busyWriteNs, cpuS, writerCpuS: writer.writerCpuS,
+    lanes: lanes.map((lane) => ({
+      cpuS: lane.cpuS, queries: lane.accepted.length, stats: lane.stats,
+    })),
+  };
+}
