@@ -50,7 +50,9 @@ import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { type LoadResult, type LoadSpec, openLoopGenerator } from "./http-load";
 import { benchFlags, killWithBench, median, provenance } from "./lib";
-import { indexBytes, routeDecisions, rssOf, startFleet, startServe, stopAll, waitIndexed } from "./serve-process";
+import {
+  indexBytes, routeDecisions, rssOf, startFleet, startServe, stopAll, threadCpuOf, waitIndexed,
+} from "./serve-process";
 
 const ROOT = join(import.meta.dir, "..");
 const flags = benchFlags("bun bench/http.ts [--json] [--quick] [--runs N] [--only SUBSTRING] [--binary PATH] [--profile DIR] [--generator c|bun] [--threads LIST]", {
@@ -187,6 +189,8 @@ type ScenarioResult = LoadResult & { readonly decisionUs: number | null };
 
 interface RunRecord {
   readonly indexSeconds: number;
+  /** CPU seconds from listening to indexed: main thread, Worker threads (the writer), all. */
+  readonly indexCpu: { main: number; workers: number; total: number };
   readonly pairs: number;
   readonly serveRssBytes: number;
   readonly indexBytes: number;
@@ -198,13 +202,22 @@ async function oneRun(run: number, list: Scenario[], mode: string): Promise<RunR
   const args = ["--request-ttl-secs", String(REQUEST_TTL_SECS), ...modeArgs(mode)];
   const serve = await startServe(BINARY, fleet, args, profileDir);
   try {
+    const listening = threadCpuOf(serve.pid);
     const indexSeconds = await waitIndexed(serve, fleet, 180_000);
+    const indexed = threadCpuOf(serve.pid);
+    const indexCpu = {
+      main: indexed.main - listening.main, workers: indexed.workers - listening.workers,
+      total: indexed.total - listening.total,
+    };
     const record: RunRecord = {
-      indexSeconds, pairs: fleet.pairs, serveRssBytes: rssOf(serve.pid), indexBytes: await indexBytes(serve), results: {},
+      indexSeconds, indexCpu, pairs: fleet.pairs, serveRssBytes: rssOf(serve.pid), indexBytes: await indexBytes(serve), results: {},
     };
     if (!json) {
       console.error(`run ${run}, threads ${mode}: ${fleet.pairs} pairs indexed in ${indexSeconds.toFixed(1)} s; serve RSS ${(record.serveRssBytes / 2 ** 20).toFixed(0)} MiB, `
         + `kvedge_index_bytes ${(record.indexBytes / 2 ** 20).toFixed(1)} MiB`);
+      const perPair = (seconds: number) => ((1e9 * seconds) / fleet.pairs).toFixed(0);
+      console.error(`  indexing CPU per pair: main thread ${perPair(indexCpu.main)} ns, `
+        + `Workers ${perPair(indexCpu.workers)} ns, process ${perPair(indexCpu.total)} ns`);
     }
     let uniqueBase = run * 1000;
     const load = (scenario: Scenario, warmupMs: number, durationMs: number) => runLoad({
@@ -269,6 +282,11 @@ function rowsOf(mode: string, records: RunRecord[]) {
       scenario: scenario.name,
       threads: mode,
       indexSeconds: median(records.map((record) => record.indexSeconds)),
+      indexCpuNsPerPair: {
+        main: median(records.map((record) => (1e9 * record.indexCpu.main) / record.pairs)),
+        workers: median(records.map((record) => (1e9 * record.indexCpu.workers) / record.pairs)),
+        total: median(records.map((record) => (1e9 * record.indexCpu.total) / record.pairs)),
+      },
       transport: scenario.transport,
       batch: scenario.batch,
       binary: scenario.binary,
@@ -328,6 +346,11 @@ if (json) {
   if (modes.length > 1) {
     console.log(`\nRatios against threads ${modes[0]} (medians of the paired runs):`);
     const base = new Map(rows.filter((row) => row.threads === modes[0]).map((row) => [row.scenario, row]));
+    for (const row of rows.filter((r, i) => rows.findIndex((o) => o.threads === r.threads) === i)) {
+      const ns = row.indexCpuNsPerPair;
+      console.log(`  threads ${row.threads}: indexing CPU per pair ${ns.main.toFixed(0)} ns main thread, `
+        + `${ns.workers.toFixed(0)} ns Workers, ${ns.total.toFixed(0)} ns process`);
+    }
     for (const row of rows.filter((r) => r.threads !== modes[0])) {
       const a = base.get(row.scenario)!;
       console.log(`  ${row.scenario}, threads ${row.threads}: index ready x${(row.indexSeconds / a.indexSeconds).toFixed(2)}, routes/s x${(row.routesPerSecond / a.routesPerSecond).toFixed(2)}, `
