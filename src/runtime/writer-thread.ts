@@ -110,6 +110,11 @@ export class WriterThread {
   readonly producer: RingProducer;
   private readonly streams = new Map<number, RingStream>();
   private nextId = 0;
+  /**
+   * Ids of removed streams, reused (most recent first): safe, as the ring is in order,
+   * so the writer sees the old stream's remove before the new one's add.
+   */
+  private freeIds: number[] = [];
   /** Records that must not be dropped, waiting for room (in order). */
   private backlog: { kind: RecordKind; id: number; payload: Uint8Array }[] = [];
   private retry: ReturnType<typeof setTimeout> | null = null;
@@ -152,7 +157,8 @@ export class WriterThread {
   /** The `input` of an EngineSource: its arrivals go to the writer thread. */
   input(config: SourceConfig): (transport: ReplayTransport, changed: () => void) => RingStream {
     return (transport, changed) => {
-      const id = this.nextId++;
+      const id = this.freeIds.pop() ?? this.nextId++;
+      if (id >= WRITER_STREAM) throw new RangeError(`over ${WRITER_STREAM} engine streams at once`);
       const stream = new RingStream(this, id, config.dpRank, transport, changed);
       this.streams.set(id, stream);
       this.control(id, {
@@ -190,7 +196,12 @@ export class WriterThread {
   }
 
   forget(id: number): void {
-    this.streams.delete(id);
+    if (this.streams.delete(id)) this.freeIds.push(id);
+  }
+
+  /** Stream ids handed out so far (live or free): bounded by the most streams at once. */
+  get streamIds(): number {
+    return this.nextId;
   }
 
   /** The writer's index as operations (tests, dumps). */

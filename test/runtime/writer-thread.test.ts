@@ -203,4 +203,27 @@ describe("the writer thread", () => {
     expect(reader.stats.lookups).toBe(lookups + prompts.length);
     reader.close();
   }, 30_000);
+
+  test("sources added and removed 30 times: stream ids reused, the index empty after",
+    async () => {
+    const a = await new TestEngine().start();
+    started.push(a);
+    const { writer } = await setUp();
+    for (let cycle = 0; cycle < 30; cycle++) {
+      const source = new EngineSource(config(a, BigInt(cycle + 1)), {
+        blockSize: BS, log, input: writer.input(config(a, BigInt(cycle + 1))),
+        writer: { workerTable: new WorkerTable(), storeAt() {}, removeAt: () => 0, clearAt() {} },
+      });
+      await source.start();
+      await until(() => a.pub.subscribedPeers === 1, "the subscription");
+      const seq = Number(a.publish([stored([BigInt(cycle + 1)], tokens(cycle * 4, 1), BS)]));
+      await until(() => source.sequencer.lastSeq === seq, "applied");
+      expect((await writer.dump()).length).toBeGreaterThan(0);
+      await source.stop();
+      writer.removeWorker(BigInt(cycle + 1));
+      await until(() => a.pub.subscribedPeers === 0, "the unsubscription");
+    }
+    expect(writer.streamIds).toBe(1);
+    expect(await writer.dump()).toEqual([]);
+  }, 60_000);
 });
