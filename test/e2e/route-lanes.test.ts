@@ -5,6 +5,7 @@
 // errors; the lanes' routes show in /metrics; SIGTERM stops it cleanly. Real binary,
 // real Workers, real sockets on loopback.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { unpack } from "msgpackr";
 import { stored, TestEngine } from "../support/engine";
 import { type ServeProcess, startServe } from "../support/serve";
 import { eventually } from "../support/wait";
@@ -77,6 +78,20 @@ describe("serve with route lanes against serve without", () => {
       const [want, got] = await Promise.all([call(single, path, body), call(lanes, path, body)]);
       expect({ path, answer: got }).toEqual({ path, answer: want });
     }
+  });
+
+  test("a MessagePack answer through a lane is the single serve's", async () => {
+    const packed = async (serve: ServeProcess) => {
+      const response = await fetch(`${serve.url}/v1/route`, {
+        method: "POST", body: JSON.stringify({ token_ids: prompt(1, 16), request_id: "mp" }),
+        headers: { "content-type": "application/json", accept: "application/msgpack" },
+      });
+      expect(response.headers.get("content-type")).toBe("application/msgpack");
+      return unpack(new Uint8Array(await response.arrayBuffer()));
+    };
+    const [want, got] = await Promise.all([packed(single), packed(lanes)]);
+    expect(got).toEqual(want);
+    expect(got.request_id).toBe("mp");
   });
 
   test("bad requests get the same errors from a lane", async () => {
