@@ -20,10 +20,8 @@ import { blockSeed } from "../hash";
 import { PromptHasher } from "../route/input";
 import { parseRoute } from "./api";
 import { RequestGuard } from "./guard";
-import { Unpackr } from "msgpackr";
 import {
-  clientError, errorReply, HttpError, MSGPACK, parseBody, type ReceivedBody, receiveBody, toJson,
-  wantsMsgpack,
+  clientError, errorReply, HttpError, parseBody, type ReceivedBody, receiveBody, reply,
 } from "./http";
 
 export interface LaneStart {
@@ -50,11 +48,11 @@ export type LaneToMain =
   | { readonly t: "routes"; readonly routes: LaneRoute[] }
   | { readonly t: "stopped" };
 
-/** The answer to one route: 200 with it as MessagePack, or an error status with its message. */
+/** The answer to one route: 200 with the answer, or an error status with its message. */
 export interface LaneAnswer {
   readonly id: number;
   readonly status: number;
-  readonly body: Uint8Array | string;
+  readonly body: unknown;
   readonly retryAfterSecs: number | null;
 }
 
@@ -146,7 +144,7 @@ class LaneRoutes {
       if (waiting === undefined) continue;
       this.pending.delete(answer.id);
       waiting.resolve(answer.status === 200
-        ? packedReply(waiting.request, answer.body as Uint8Array)
+        ? reply(waiting.request, 200, answer.body)
         : errorReply(waiting.request,
           new HttpError(answer.status, String(answer.body), answer.retryAfterSecs)));
     }
@@ -196,15 +194,6 @@ class LaneRoutes {
     this.batch = [];
     this.send({ t: "routes", routes });
   };
-}
-
-const unpackr = new Unpackr({ mapsAsObjects: true });
-
-/** A route answer as the client asked for it: the main thread's MessagePack, or it as JSON. */
-function packedReply(request: Request, packed: Uint8Array): Response {
-  if (wantsMsgpack(request)) return new Response(packed, { headers: { "content-type": MSGPACK } });
-  const json = toJson(unpackr.unpack(packed));
-  return new Response(json, { headers: { "content-type": "application/json" } });
 }
 
 /** Any other request, passed to the main thread's server as it came (the guard judged it here). */

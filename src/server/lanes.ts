@@ -9,8 +9,7 @@ import type { KvedgeCore, RouteCall } from "../core/core";
 import { type KvedgeThread, startThread } from "../runtime/threads";
 import type { SharedIndexDescriptor } from "../index/crtc/shared";
 import type { Logger } from "../util/log";
-import { MsgpackWriter } from "../wire/msgpack";
-import { writeRouteAnswer } from "./api";
+import { routeAnswer } from "./api";
 import { clientError } from "./http";
 import type { LaneAnswer, LaneRoute, LaneStart, LaneToMain, MainToLane } from "./lane";
 import type { ServerMetrics } from "./metrics";
@@ -109,11 +108,8 @@ function serveLane(thread: KvedgeThread, options: LanesOptions): void {
       candidatesMax: route.candidatesMax,
       answer: (outcome) => {
         metrics.observeRouteDecision((performance.now() - started) / 1000);
-        // Written from the decision as MessagePack (no answer object to build and clone
-        // here); the lane turns it into JSON when its client asked for JSON.
-        packer.reset();
-        writeRouteAnswer(packer, service, outcome);
-        finish({ id: route.id, status: 200, body: packer.finish(), retryAfterSecs: null });
+        const body = routeAnswer(service, outcome);
+        finish({ id: route.id, status: 200, body, retryAfterSecs: null });
       },
       fail: (error) => finish(failed(route.id, error, log)),
     };
@@ -134,8 +130,6 @@ function serveLane(thread: KvedgeThread, options: LanesOptions): void {
   };
   thread.onFailure = (error) => log.error("a route lane failed", { error });
 }
-
-const packer = new MsgpackWriter();
 
 function failed(id: number, error: unknown, log: Logger): LaneAnswer {
   const client = clientError(error);
