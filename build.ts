@@ -7,7 +7,7 @@
  *
  * The native library (native/kvedge.c) is compiled with the system C compiler
  * ($CC, else cc). Without a compiler an empty placeholder is written and kvedge
- * falls back to its pure paths (src/hash/native.ts explains). dist/kvedge is a
+ * falls back to its pure paths (src/native/library.ts explains). dist/kvedge is a
  * single executable: Bun, our code and the native library in one file.
  */
 import { existsSync, mkdirSync, statSync, writeFileSync } from "node:fs";
@@ -88,7 +88,7 @@ async function compile(target: Target): Promise<boolean> {
     plugins: [{
       name: "kvedge-native-library",
       setup(build) {
-        // src/hash/native.ts imports the host library; embed this target's instead.
+        // src/native/library.ts imports the host library; embed this target's instead.
         build.onResolve({ filter: /libkvedge\.so$/ }, () => ({ path: library }));
         build.onResolve({ filter: /tokenizers\.linux-(x64|arm64)-gnu\.node$/ }, () => ({ path: target.tokenizersAddon }));
       },

@@ -7,8 +7,8 @@
  *   bun bench/request-json.bench.ts [--json]
  */
 import { bench, do_not_optimize, group, run } from "mitata";
-import { asObject, tokenIds } from "../src/server/http";
-import { parseRequestJson } from "../src/server/request-json";
+import { asObject, tokenIds } from "../src/http/http";
+import { parseRequestJson } from "../src/http/request-json";
 import { benchFlags, prng, provenance } from "./lib";
 
 const json = benchFlags("bun bench/request-json.bench.ts [--json]", { json: { type: "boolean" } }).json === true;

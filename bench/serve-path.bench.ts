@@ -15,9 +15,9 @@
  */
 import { bench, do_not_optimize, run } from "mitata";
 import { routeOp } from "../src/server/api";
-import { toJson } from "../src/server/http";
+import { toJson } from "../src/http/http";
 import { createMetricsRegistry, ServerMetrics } from "../src/server/metrics";
-import { defaultTokenScanner, parseRequestJson } from "../src/server/request-json";
+import { defaultTokenScanner, parseRequestJson } from "../src/http/request-json";
 import { BLOCK_SIZE, buildPrompt } from "./http-workload";
 import { benchFlags, prng, provenance, rssBytes } from "./lib";
 import { FLEET_SEED as SEED, fleetService } from "./serve-fleet";

@@ -5,7 +5,9 @@ import { copyFileSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import packageJson from "../package.json";
+import { getAffinity } from "../src/runtime/affinity";
 import { kvedgeBinary, runKvedge } from "./support/kvedge";
+import { startServe } from "./support/serve";
 
 const HASH_JSON = '{"block_size":4,"local":["14643705804678351452","16777012769546811212"],'
   + '"sequence":["14643705804678351452","4945711292740353085"]}\n';
@@ -134,6 +136,21 @@ describe("the single binary", () => {
       expect(version.stdout).toContain("native hashing");
     } finally {
       rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  test("pins its threads through libc in the binary, also with KVEDGE_NATIVE=0", async () => {
+    const cpu = getAffinity().at(-1)!;
+    for (const env of [{ KVEDGE_NATIVE: "" }, { KVEDGE_NATIVE: "0" }]) {
+      const serve = await startServe(["--cpus", String(cpu)], env);
+      try {
+        const line = await serve.waitForLog((entry) => entry.msg === "pinned to CPUs");
+        expect(line.cpus).toBe(String(cpu));
+        expect(line.threads).toBeGreaterThan(1);
+      } finally {
+        // Stopped right after start: its exit status is not what this test checks.
+        await serve.stop();
+      }
     }
   });
 });

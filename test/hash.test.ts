@@ -5,7 +5,7 @@ import {
   blockCount, blockSeed, chainHashes, DEFAULT_SEED, fallbackChainHashes, fallbackHashBlocks,
   hashBlocks, hashTokens, usingNativeHash,
 } from "../src/hash";
-import { nativeUnavailableReason } from "../src/hash/native";
+import { nativeUnavailableReason } from "../src/native/library";
 import { xorshift32 } from "../src/util/random";
 import { u64 } from "../src/util/u64";
 

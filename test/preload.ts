@@ -1,4 +1,4 @@
-// Runs before every test file: the native library must exist for src/hash/native.ts
+// Runs before every test file: the native library must exist for src/native/library.ts
 // to import (build.ts writes an empty placeholder when there is no C compiler).
 import { existsSync } from "node:fs";
 import { join } from "node:path";

@@ -1,12 +1,8 @@
 import type { FileSink } from "bun";
 import { checkEndpoint } from "../config";
-import { hashTokens } from "../hash";
-import { WorkerTable } from "../core/worker-table";
-import type { KvEventTap, KvEventWriter } from "../ingest/normalize";
-import { EngineSource } from "../ingest/source";
+import { Capture } from "../ingest/capture";
 import { createLogger } from "../util/log";
-import { parseU64, u64String } from "../util/u64";
-import { type DecodedBatch, FLAG_EAGLE, FLAG_PARENT } from "../wire/kv-events";
+import { parseU64 } from "../util/u64";
 import { flagInt, flagNumber, flagString, parseFlags, UsageError } from "./args";
 import { type Command, HELP_FLAG } from "./command";
 import { BLOCK_SIZE_MAX } from "./hash";
@@ -85,115 +81,36 @@ Options:
     const outPath = flagString(parsed, "out");
     const out: FileSink = outPath === undefined || outPath === "-" ? Bun.stdout.writer() : Bun.file(outPath).writer();
 
-    const log = createLogger({ level: "warn" });
-    const worker = workerId.toString();
     let written = 0;
-    const kinds = { stored: 0, removed: 0, cleared: 0 };
     let finish: () => void = () => {};
     const finished = new Promise<void>((resolve) => {
       finish = resolve;
     });
-    const line = (op: Record<string, unknown>): void => {
-      if (written >= countMax) return;
-      out.write(`${JSON.stringify(op)}\n`);
-      written++;
-      if (written >= countMax) finish();
-    };
-    const tap: KvEventTap = {
-      stored(batch, event, count, rank, cacheSalt) {
-        kinds.stored++;
-        line(storedOp(batch, event, count, worker, rank, cacheSalt));
+    const capture = new Capture({
+      workerId, dpRank, endpoint, replayEndpoint, topic: flagString(parsed, "topic") ?? "", blockSize,
+      log: createLogger({ level: "warn" }),
+      onOp: (op) => {
+        if (written >= countMax) return;
+        out.write(`${JSON.stringify(op)}\n`);
+        written++;
+        if (written >= countMax) finish();
       },
-      removed(batch, event, count, rank) {
-        kinds.removed++;
-        line({ op: "removed", worker_id: worker, dp_rank: rank, block_hashes: hashList(batch, event, count) });
-      },
-    };
-    // The index is not needed: the tap writes stores and removals; clears (from the
-    // wire or an engine restart) come through here.
-    const workerTable = new WorkerTable();
-    const writer: KvEventWriter = {
-      workerTable,
-      storeAt: () => {},
-      removeAt: () => {},
-      clearAt: (slot) => {
-        kinds.cleared++;
-        line({ op: "cleared", worker_id: worker, dp_rank: workerTable.dpRankOf(slot) });
-      },
-    };
-    const source = new EngineSource(
-      { workerId, dpRank, endpoint, replayEndpoint, topic: flagString(parsed, "topic") ?? "" },
-      { blockSize, writer, tap, log },
-    );
-    await source.start();
+    });
+    await capture.start();
     const timer = durationS > 0 ? setTimeout(finish, durationS * 1000) : null;
     process.once("SIGINT", finish);
     process.once("SIGTERM", finish);
     await finished;
     if (timer !== null) clearTimeout(timer);
-    await source.stop();
+    await capture.stop();
     await out.flush();
     if (outPath !== undefined && outPath !== "-") await out.end();
-    process.stderr.write(summary(source, written, kinds));
+    process.stderr.write(capture.summary(written));
     // Nothing recorded because nothing was there is a failure, not an empty capture.
-    if (source.counters.connects === 0) {
+    if (!capture.connected) {
       process.stderr.write(`kvedge capture: never connected to ${endpoint}\n`);
       return 1;
     }
     return 0;
   },
 };
-
-function hashList(batch: DecodedBatch, event: number, count: number): string[] {
-  const hashes: string[] = [];
-  const start = batch.hashStart[event]!;
-  for (let i = start; i < start + count; i++) hashes.push(u64String(batch.hashes[2 * i]!, batch.hashes[2 * i + 1]!));
-  return hashes;
-}
-
-function storedOp(
-  batch: DecodedBatch, event: number, count: number, worker: string, dpRank: number, cacheSalt: string | null,
-): Record<string, unknown> {
-  const flags = batch.flags[event]!;
-  const blockSize = batch.blockSize[event]!;
-  const eagle = (flags & FLAG_EAGLE) !== 0;
-  const tokenStart = batch.tokenStart[event]!;
-  const tokens = Array.from(batch.tokens.subarray(tokenStart, tokenStart + count * blockSize + (eagle ? 1 : 0)));
-  const op: Record<string, unknown> = {
-    op: "stored",
-    worker_id: worker,
-    dp_rank: dpRank,
-    parent_block_hash: (flags & FLAG_PARENT) !== 0 ? u64String(batch.parentHi[event]!, batch.parentLo[event]!) : null,
-    block_hashes: hashList(batch, event, count),
-  };
-  if (eagle) {
-    // `kvedge apply` hashes plain windows; Eagle windows overlap by a token, so the
-    // tokens go in an informational field (apply ignores it) and apply is handed the
-    // local hashes kvedge computed.
-    op.eagle_token_ids = tokens;
-    op.local_hashes = eagleLocalHashes(tokens, blockSize, batch.string(batch.loraName[event]!), cacheSalt);
-  } else {
-    op.token_ids = tokens;
-  }
-  op.block_size = blockSize;
-  op.lora_name = batch.string(batch.loraName[event]!);
-  op.cache_salt = cacheSalt;
-  return op;
-}
-
-function eagleLocalHashes(tokens: number[], blockSize: number, lora: string | null, salt: string | null): string[] {
-  return hashTokens(tokens, blockSize, { loraName: lora, cacheSalt: salt, eagle: true }).local.map(String);
-}
-
-function summary(source: EngineSource, written: number, kinds: { stored: number; removed: number; cleared: number }): string {
-  const seq = source.sequencer.counters;
-  const norm = source.normalizer.counters;
-  const nonzero = (record: Record<string, number>): string =>
-    Object.entries(record).filter(([, value]) => value > 0).map(([key, value]) => `${key}=${value}`).join(" ") || "none";
-  return `kvedge capture: ${norm.batches} batches (${seq.replayed} replayed, ${seq.duplicates} duplicate, `
-    + `${norm.batchesDropped} malformed); ${written} events written (${kinds.stored} stored, ${kinds.removed} removed, `
-    + `${kinds.cleared} cleared); gaps ${seq.gaps}, replays ${seq.replaysRequested} (${seq.replaysFailed} failed), `
-    + `lost batches ${seq.lost}, engine restarts ${seq.restarts}\n`
-    + `kvedge capture: decode errors: ${nonzero(norm.decodeErrors)}; not indexed: ${nonzero(norm.rejectedBlocks)} blocks; `
-    + `other tiers: ${nonzero({ host_pinned: norm.blocksByTier.host_pinned, disk: norm.blocksByTier.disk, external: norm.blocksByTier.external })} blocks\n`;
-}

@@ -6,7 +6,7 @@
  */
 import packageJson from "../../package.json";
 import { usingNativeHash } from "../hash";
-import { nativeUnavailableReason } from "../hash/native";
+import { nativeUnavailableReason } from "../native/library";
 import { applyCommand } from "./apply";
 import { UsageError } from "./args";
 import { captureCommand } from "./capture";

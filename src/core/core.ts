@@ -358,6 +358,19 @@ export class KvedgeCore {
     return result;
   }
 
+  /**
+   * Moves an active request's load to the worker in `slot`, which holds
+   * `overlapBlocks` of its prompt (the proxy's failover: the engine it was routed to
+   * could not be reached). An id no longer active is admitted on `slot` anew.
+   */
+  moveRequest(requestId: string, input: RouteInput, slot: number, overlapBlocks: number): void {
+    const load = this.router.load;
+    load.done(requestId);
+    const prompt = this.hash(input.tokens, input.loraName, input.cacheSalt);
+    load.admit(requestId, slot, prompt.chain, prompt.blockCount, input.tokens.length,
+      overlapBlocks * this.blockSize, input.expectedOutputTokens ?? 0);
+  }
+
   private routeRequest(input: RouteInput, candidatesMax: number) {
     const prompt = input.prompt ?? this.hash(input.tokens, input.loraName, input.cacheSalt);
     const matches = this.matches;

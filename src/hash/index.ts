@@ -11,7 +11,7 @@
  * each; tests hold the two equal.
  */
 import { u64 } from "../util/u64";
-import { nativeHash } from "./native";
+import { native } from "../native/library";
 import { xxh3 } from "./xxh3";
 
 export const CHAIN_SEED = 1337n;
@@ -69,21 +69,21 @@ export function hashBlocks(
   const count = blockCount(tokens.length, blockSize, eagle);
   if (count === 0) return 0;
   if (out.length < 2 * count) throw new RangeError(`out holds ${out.length} words, needs ${2 * count}`);
-  if (nativeHash === null) return fallbackHashBlocks(tokens, blockSize, seed, out, eagle);
+  if (native === null) return fallbackHashBlocks(tokens, blockSize, seed, out, eagle);
   const window = eagle ? blockSize + 1 : blockSize;
-  return nativeHash.hashBlocks(tokens, tokens.length, blockSize, window, seed.hi, seed.lo, out);
+  return native.kv_hash_blocks(tokens, tokens.length, blockSize, window, seed.hi, seed.lo, out);
 }
 
 /** Writes the sequence-hash chain of `count` local hashes (pairs) into `out` (may alias). */
 export function chainHashes(local: Uint32Array, count: number, out: Uint32Array): void {
   if (count === 0) return;
   if (local.length < 2 * count || out.length < 2 * count) throw new RangeError("chain arrays too short");
-  if (nativeHash === null) fallbackChainHashes(local, count, out);
-  else nativeHash.chainHashes(local, count, out);
+  if (native === null) fallbackChainHashes(local, count, out);
+  else native.kv_chain_hashes(local, count, out);
 }
 
 /** Whether the native fast path is in use (false means the fallback below). */
-export const usingNativeHash = nativeHash !== null;
+export const usingNativeHash = native !== null;
 
 // ---- Fallback: one BigInt per block. Also the reference in tests. ----
 

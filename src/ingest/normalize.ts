@@ -38,6 +38,7 @@ import {
   FLAG_EAGLE, FLAG_GROUP, FLAG_PARENT, NO_STRING, type DecodeErrorKind,
 } from "../wire/kv-events";
 import type { WorkerTable } from "../core/worker-table";
+import { PairTable } from "../util/tables";
 import { AMBIGUOUS, NamespaceTable } from "./namespace";
 import { RankSlots } from "./rank-slots";
 
@@ -161,10 +162,8 @@ export class KvEventNormalizer {
   private readonly opSalt: (string | null)[] = [];
   private ops = 0;
   private local = new Uint32Array(2048);
-  private seenStamp = new Uint32Array(0);
-  private seenHi = new Uint32Array(0);
-  private seenLo = new Uint32Array(0);
-  private stamp = 0;
+  /** The hashes of one store so far (repeatsHash), emptied per store. */
+  private readonly seen = new PairTable();
 
   constructor(options: NormalizerOptions) {
     if (!(options.blockSize > 0)) throw new RangeError("blockSize must be positive");
@@ -367,40 +366,11 @@ export class KvEventNormalizer {
       }
       return false;
     }
-    // A generation-stamped open-addressing set, sized for count + 1 at load <= 1/2.
-    let capacity = this.seenStamp.length;
-    if (capacity < 2 * (count + 1)) {
-      capacity = grownSize(Math.max(capacity, 64), 2 * (count + 1));
-      this.seenStamp = new Uint32Array(capacity);
-      this.seenHi = new Uint32Array(capacity);
-      this.seenLo = new Uint32Array(capacity);
-      this.stamp = 0;
-    }
-    this.stamp = (this.stamp + 1) >>> 0;
-    if (this.stamp === 0) {
-      this.seenStamp.fill(0);
-      this.stamp = 1;
-    }
-    if (hasParent) this.addSeen(parentHi, parentLo);
-    for (let i = start; i < start + count; i++) if (!this.addSeen(hashes[2 * i]!, hashes[2 * i + 1]!)) return true;
+    const seen = this.seen;
+    seen.clear(count + 1);
+    if (hasParent) seen.set(parentHi, parentLo, 1);
+    for (let i = start; i < start + count; i++) if (!seen.set(hashes[2 * i]!, hashes[2 * i + 1]!, 1)) return true;
     return false;
-  }
-
-  /** Adds a hash to the current set; false if it was there. */
-  private addSeen(hi: number, lo: number): boolean {
-    const mask = this.seenStamp.length - 1;
-    let slot = Math.imul(lo ^ Math.imul(hi, 0x9e3779b1), 0x85ebca6b) >>> 0 & mask;
-    for (let probe = 0; probe <= mask; probe++) {
-      if (this.seenStamp[slot] !== this.stamp) {
-        this.seenStamp[slot] = this.stamp;
-        this.seenHi[slot] = hi;
-        this.seenLo[slot] = lo;
-        return true;
-      }
-      if (this.seenLo[slot] === lo && this.seenHi[slot] === hi) return false;
-      slot = (slot + 1) & mask;
-    }
-    throw new Error("repeat-check set full (sizing invariant broken)");
   }
 
   private pushOp(kind: number, event: number, count: number): void {

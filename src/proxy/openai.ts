@@ -4,7 +4,7 @@
  * same API): what the prompt's token ids are, how many tokens to generate, whether to
  * stream, and Server-Sent Events framing.
  */
-import { HttpError } from "../server/http";
+import { HttpError } from "../http/http";
 import type { ChatMessage, PromptTokenizer } from "./tokenizer";
 
 export const COMPLETIONS_PATH = "/v1/completions";

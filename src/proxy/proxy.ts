@@ -15,8 +15,8 @@
  * `stream_options.include_usage` added, and the usage-only chunk it then receives is
  * not passed on: the client sees the stream it asked for.
  */
-import { HttpError, receiveBody, reply } from "../server/http";
-import type { KvedgeCore, RouteCall } from "../core/core";
+import { HttpError, receiveBody, reply } from "../http/http";
+import type { KvedgeCore, RouteCall, RouteInput } from "../core/core";
 import type { Logger } from "../util/log";
 import {
   cachedTokensOf, COMPLETIONS_PATH, includesUsage, isStream, maxTokensOf, type OpenAiPath, promptTokens,
@@ -100,7 +100,8 @@ export class OpenAiProxy {
         const endpoint = service.httpEndpointOf(target.workerId, target.dpRank);
         if (endpoint === null) continue;
         if (target !== admittedOn) {
-          this.move(requestId, parsed, target);
+          // The load goes from the worker the request was admitted on to this one.
+          service.moveRequest(requestId, routeInput(parsed), target.slot, target.overlapBlocks);
           admittedOn = target;
         }
         const upstream = await this.forward(endpoint, path, parsed, target, request.signal);
@@ -129,11 +130,7 @@ export class OpenAiProxy {
     const { service } = this.options;
     return new Promise((resolve, reject) => {
       const call: RouteCall = {
-        input: {
-          tokens: parsed.tokens, requestId: null, loraName: null, cacheSalt: parsed.cacheSalt,
-          expectedOutputTokens: parsed.maxTokens, overlapScoreCredit: null, prefillLoadScale: null,
-          temperature: null,
-        },
+        input: routeInput(parsed),
         candidatesMax: ATTEMPTS_MAX + 1,
         // Synchronous with the decision: the candidate list is reused by the next route.
         answer: ({ decision }) => {
@@ -186,16 +183,6 @@ export class OpenAiProxy {
     return { tokens, stream, stripUsage, maxTokens, cacheSalt: typeof salt === "string" ? salt : null, forwarded };
   }
 
-  /** The request's load goes from the worker it was admitted on to `target`. */
-  private move(requestId: string, parsed: Parsed, target: Target): void {
-    const { service } = this.options;
-    const load = service.router.load;
-    load.done(requestId);
-    const prompt = service.hash(parsed.tokens, null, parsed.cacheSalt);
-    load.admit(requestId, target.slot, prompt.chain, prompt.blockCount, parsed.tokens.length,
-      target.overlapBlocks * service.blockSize, parsed.maxTokens);
-  }
-
   /** The engine's response, or null if it could not be reached (the caller tries the next one). */
   private async forward(endpoint: string, path: OpenAiPath, parsed: Parsed, target: Target, client: AbortSignal): Promise<Response | null> {
     const headers: Record<string, string> = { "content-type": "application/json", accept: parsed.stream ? "text/event-stream" : "application/json" };
@@ -234,6 +221,15 @@ export class OpenAiProxy {
 interface Admitted {
   readonly requestId: string;
   readonly targets: Target[];
+}
+
+/** What the core routes a proxied request by. */
+function routeInput(parsed: Parsed): RouteInput {
+  return {
+    tokens: parsed.tokens, requestId: null, loraName: null, cacheSalt: parsed.cacheSalt,
+    expectedOutputTokens: parsed.maxTokens, overlapScoreCredit: null, prefillLoadScale: null,
+    temperature: null,
+  };
 }
 
 interface Parsed {

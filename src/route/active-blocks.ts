@@ -39,6 +39,7 @@
  *
  * See docs/decisions.md#active-block-tree.
  */
+import { TripleTable } from "../util/tables";
 import { assert } from "../util/verify";
 import { Arena, orderOf } from "./arena";
 
@@ -69,7 +70,6 @@ const NONE = -1;
 const HOLDERS_SCAN_MAX = 16;
 const INITIAL_NODES = 64;
 const INITIAL_ARENA_WORDS = 1024;
-const INITIAL_TABLE_ENTRIES = 64;
 
 export class ActiveBlocks {
   private nodes = new Int32Array(INITIAL_NODES * NODE_WORDS);
@@ -79,9 +79,8 @@ export class ActiveBlocks {
   private edgeWords = 0; // words in live edges (2 per block)
   private readonly edges = new Arena(INITIAL_ARENA_WORDS);
   private readonly holders = new Arena(INITIAL_ARENA_WORDS);
-  // Children: (parent + 1, first block lo, first block hi, child) per entry, 0 = empty.
-  private table = new Int32Array(4 * INITIAL_TABLE_ENTRIES);
-  private tableCount = 0;
+  /** Children: (parent, first block hi, first block lo) -> child. */
+  private readonly children = new TripleTable();
   // sharedDepths scratch: the query's path and the depth reached at each node. `add`
   // reuses the walk when nothing changed since and its chain ends with the same block
   // (a sequence hash names its whole prefix): routing walks a request's path just
@@ -111,12 +110,12 @@ export class ActiveBlocks {
 
   /** Bytes in use: node records, edge and holder words, child table entries (0 when empty). */
   get bytes(): number {
-    return this.liveNodes * NODE_WORDS * 4 + (this.edges.live + this.holders.live) * 4 + this.tableCount * 16;
+    return this.liveNodes * NODE_WORDS * 4 + (this.edges.live + this.holders.live) * 4 + this.children.size * 16;
   }
 
   /** Bytes of the arrays themselves, used or not (tests: bursts give them back). */
   get reservedBytes(): number {
-    return this.nodes.byteLength + this.edges.words.byteLength + this.holders.words.byteLength + this.table.byteLength;
+    return this.nodes.byteLength + this.edges.words.byteLength + this.holders.words.byteLength + this.children.bytes;
   }
 
   /** Writes the chain ending at `leaf` (`count` blocks, as added) into `out` as (hi, lo) pairs. */
@@ -285,9 +284,7 @@ export class ActiveBlocks {
     this.edgeWords = 0;
     this.edges.reset();
     this.holders.reset();
-    if (this.table.length > 4 * INITIAL_TABLE_ENTRIES) this.table = new Int32Array(4 * INITIAL_TABLE_ENTRIES);
-    else this.table.fill(0);
-    this.tableCount = 0;
+    this.children.clear();
     this.version++;
     this.initRoot();
   }
@@ -351,7 +348,7 @@ export class ActiveBlocks {
       if (node !== ROOT) assert(nodes[record + TOTAL] === nodes[record + ENDING]! + childTotal, "total differs from endings plus children");
     }
     assert(liveNodes === this.liveNodes && edgeWords === this.edgeWords, "node or word count is off");
-    assert(this.tableCount === liveNodes, "child table holds entries for no node");
+    assert(this.children.size === liveNodes, "child table holds entries for no node");
     assert(this.edges.live === edgeArenaWords && this.holders.live === holderWords, "arena words leaked");
     return perSlot;
   }
@@ -504,7 +501,7 @@ export class ActiveBlocks {
     const c = child * NODE_WORDS;
     const p = parent * NODE_WORDS;
     const edge = nodes[c + EDGE]!;
-    this.tableInsert(parent, this.edges.words[edge + 1]!, this.edges.words[edge]!, child);
+    this.children.set(parent, this.edges.words[edge]!, this.edges.words[edge + 1]!, child);
     const first = nodes[p + FIRST_CHILD]!;
     nodes[c + NEXT_SIBLING] = first;
     nodes[c + PREV_SIBLING] = NONE;
@@ -517,7 +514,9 @@ export class ActiveBlocks {
     const nodes = this.nodes;
     const c = child * NODE_WORDS;
     const edge = nodes[c + EDGE]!;
-    this.tableDelete(parent, this.edges.words[edge + 1]!, this.edges.words[edge]!);
+    if (!this.children.delete(parent, this.edges.words[edge]!, this.edges.words[edge + 1]!)) {
+      throw new Error("active blocks: child table misses an entry");
+    }
     const next = nodes[c + NEXT_SIBLING]!;
     const previous = nodes[c + PREV_SIBLING]!;
     if (previous === NONE) nodes[parent * NODE_WORDS + FIRST_CHILD] = next;
@@ -530,61 +529,7 @@ export class ActiveBlocks {
 
   /** The child of `parent` whose edge starts with block (hi, lo), or NONE. */
   private childAt(parent: number, lo: number, hi: number): number {
-    const table = this.table;
-    const mask = (table.length >>> 2) - 1;
-    const key = parent + 1;
-    const loBits = lo | 0;
-    const hiBits = hi | 0;
-    for (let i = hashOf(parent, loBits) & mask; ; i = (i + 1) & mask) {
-      const at = 4 * i;
-      const entry = table[at]!;
-      if (entry === 0) return NONE;
-      if (entry === key && table[at + 1] === loBits && table[at + 2] === hiBits) return table[at + 3]!;
-    }
-  }
-
-  private tableInsert(parent: number, lo: number, hi: number, child: number): void {
-    if (2 * (this.tableCount + 1) > this.table.length >>> 2) this.growTable();
-    const table = this.table;
-    const mask = (table.length >>> 2) - 1;
-    let i = hashOf(parent, lo | 0) & mask;
-    while (table[4 * i] !== 0) i = (i + 1) & mask;
-    table[4 * i] = parent + 1;
-    table[4 * i + 1] = lo | 0;
-    table[4 * i + 2] = hi | 0;
-    table[4 * i + 3] = child;
-    this.tableCount++;
-  }
-
-  /** Removes the entry (it must exist), shifting later entries of its probe run back. */
-  private tableDelete(parent: number, lo: number, hi: number): void {
-    const table = this.table;
-    const mask = (table.length >>> 2) - 1;
-    const key = parent + 1;
-    let i = hashOf(parent, lo | 0) & mask;
-    while (!(table[4 * i] === key && table[4 * i + 1] === (lo | 0) && table[4 * i + 2] === (hi | 0))) {
-      if (table[4 * i] === 0) throw new Error("active blocks: child table misses an entry");
-      i = (i + 1) & mask;
-    }
-    // Backward-shift deletion: move up every later entry whose home is not in (i, j].
-    for (let j = (i + 1) & mask; table[4 * j] !== 0; j = (j + 1) & mask) {
-      const home = hashOf(table[4 * j]! - 1, table[4 * j + 1]!) & mask;
-      if (((j - home) & mask) >= ((j - i) & mask)) {
-        table.copyWithin(4 * i, 4 * j, 4 * j + 4);
-        i = j;
-      }
-    }
-    table.fill(0, 4 * i, 4 * i + 4);
-    this.tableCount--;
-  }
-
-  private growTable(): void {
-    const old = this.table;
-    this.table = new Int32Array(old.length * 2);
-    this.tableCount = 0;
-    for (let at = 0; at < old.length; at += 4) {
-      if (old[at] !== 0) this.tableInsert(old[at]! - 1, old[at + 1]!, old[at + 2]!, old[at + 3]!);
-    }
+    return this.children.get(parent, hi, lo); // -1 = NONE
   }
 
   // ---- holder lists: (slot, count) pairs sorted by slot ----
@@ -680,13 +625,6 @@ export class ActiveBlocks {
 /** Whether block `i` of the edge at `edge` equals block `at + i` of `chain`. */
 function sameBlock(words: Uint32Array, edge: number, chain: Uint32Array, at: number, i: number): boolean {
   return words[edge + 2 * i + 1] === chain[2 * (at + i) + 1] && words[edge + 2 * i] === chain[2 * (at + i)];
-}
-
-/** Table slot hash of (parent, first block's lo word). */
-function hashOf(parent: number, lo: number): number {
-  let h = Math.imul(lo ^ Math.imul(parent, 0x9e37_79b1), 0x85eb_ca6b);
-  h ^= h >>> 15;
-  return Math.imul(h, 0xc2b2_ae35) ^ (h >>> 13);
 }
 
 function assertSlot(slot: number): void {

@@ -4,10 +4,10 @@
  * maps an id's key (53 bits of its hash) to its index in the ring (an id finished again
  * later points to its newer index), the ring holds the other 11 bits as a check.
  * Numbers only, in typed arrays: the collector has nothing to rescan, and the table
- * never stalls to rebuild itself under churn as a Map does (./key-table.ts; see
+ * never stalls to rebuild itself under churn as a Map does (src/util/tables.ts; see
  * docs/decisions.md#typed-array-records).
  */
-import { KeyTable } from "./key-table";
+import { KeyTable } from "../util/tables";
 
 /** Finished requests remembered so a repeated done/prefill_done is answered as such. */
 export const FINISHED_REMEMBERED_MAX = 65_536;

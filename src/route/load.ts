@@ -16,6 +16,10 @@
  * only after its requests are dropped and its arrays zeroed (`removeWorker`), so a
  * reused slot inherits nothing.
  *
+ * The requests themselves (ids, records, touch order) are kept by ./requests.ts; this
+ * file decides what each lifecycle call does to a worker's load, and when a request
+ * expires or is evicted.
+ *
  * Finished ids are remembered (so a repeated done or prefill_done is answered as such)
  * by a 64-bit hash of the id in typed arrays, not as strings: a Map of 65k strings that
  * every request writes to is rescanned by each young-generation collection (without it
@@ -30,13 +34,15 @@
  * `sweep` everything due before reading. Either costs O(expired + 1).
  */
 import { ActiveBlocks, type ChainHolder } from "./active-blocks";
-import { Arena, orderOf } from "./arena";
 import { type Ending, FINISHED_REMEMBERED_MAX, FinishedRing } from "./finished";
-import { KeyTable } from "./key-table";
-
-export { FINISHED_REMEMBERED_MAX };
+import {
+  hashCheck, hashKey, type IdHash, idHash, INITIAL_RECORDS, NO_RECORD, RequestRecords, resized,
+  type TypedArray,
+} from "./requests";
 import { WorkerTable } from "../core/worker-table";
 import { assert, VERIFY } from "../util/verify";
+
+export { FINISHED_REMEMBERED_MAX, INITIAL_RECORDS };
 
 /** Slots are u16 in the index; the router uses the same bound. */
 export const WORKERS_MAX = 65_535;
@@ -52,11 +58,6 @@ export const DEFAULT_REQUEST_TTL_MS = 300_000;
 export const DEFAULT_MAX_ACTIVE_REQUESTS = 1_000_000;
 /** Most requests a routing decision expires (a backlog after an idle spell drains over a few). */
 export const EXPIRE_PER_DECISION = 64;
-const NO_RECORD = -1;
-/** Words of the id arena at first (two UTF-16 code units per word). */
-const INITIAL_ID_WORDS = 1024;
-/** Records allocated at first, and kept when no request is active. */
-export const INITIAL_RECORDS = 64;
 
 /**
  * What a lifecycle call found: `ok` (applied, or prefill already marked done),
@@ -78,7 +79,7 @@ export interface LoadTrackerOptions {
   /** Monotonic milliseconds; injectable for tests. */
   readonly now?: () => number;
   /** The 64-bit hash of request ids; injectable for tests (to make keys collide). */
-  readonly idHash?: (id: string) => { hi: number; lo: number };
+  readonly idHash?: (id: string) => IdHash;
   /** The worker numbering to share (the core's); without it the tracker numbers its own. */
   readonly workers?: WorkerTable;
 }
@@ -130,47 +131,14 @@ export class LoadTracker {
   /** Told the first prefill_done of each request (its record, slot, and ms since admission): calibration. */
   prefillObserver: ((record: number, slot: number, elapsedMs: number) => void) | null = null;
 
-  // Active requests are records in typed arrays (per record: worker slot, -1 = free;
-  // leaf in the active-block tree, -1 = no blocks; prompt blocks; prefill tokens still
-  // charged; output blocks; last touch; the id's key and check), not an object each: a
-  // collection marks a chain of young objects one by one. Freed records are reused.
-  // See docs/decisions.md#typed-array-records.
-  //
-  // Ids find their record through `byKey`, the id's 53-bit hash key -> the first record
-  // with that key, the rest chained through `recordSameKey` and told apart by comparing
-  // the ids themselves (exact, however rare two equal keys are). The ids are kept as
-  // UTF-16 code units in `idArena` (`recordIdAt`, `recordIdLength`), not as strings.
-  // Neither a Map<string, number> nor an array of the id strings: churned by every
-  // request, each made young collections longer (the same decision).
-  private readonly byKey = new KeyTable();
-  private activeCount = 0;
-  private readonly idArena = new Arena(INITIAL_ID_WORDS);
-  private recordIdAt = new Int32Array(0);
-  private recordIdLength = new Int32Array(0);
-  private recordSameKey = new Int32Array(0);
-  private recordSlot = new Int32Array(0);
-  private recordLeaf = new Int32Array(0);
-  private recordBlocks = new Int32Array(0);
-  private recordPrefill = new Float64Array(0);
-  private recordOutput = new Float64Array(0);
-  private recordTouched = new Float64Array(0);
-  private recordKey = new Float64Array(0);
-  private recordCheck = new Uint16Array(0);
-  // The same requests as a list in the order they were last touched (admission or
-  // prefill_done moves one to the newest end), so the due ones are at the oldest end.
-  // A list, not a Map's insertion order: JSC walks deleted Map entries when an iteration starts.
-  private recordOlder = new Int32Array(0);
-  private recordNewer = new Int32Array(0);
-  private oldest = NO_RECORD;
-  private newest = NO_RECORD;
-  private recordTop = 0;
-  private freeRecords: number[] = [];
+  /** The active requests: ids, records, touch order (./requests.ts). */
+  private readonly records = new RequestRecords();
   /** Carries a leaf to and from the active-block tree (one object, reused). */
   private readonly holder: ChainHolder = { leaf: null };
   /** Recently finished ids and how they ended (./finished.ts). */
   private readonly finished = new FinishedRing();
   private readonly now: () => number;
-  private readonly idHash: (id: string) => { hi: number; lo: number };
+  private readonly idHash: (id: string) => IdHash;
   private readonly idPrefix = `r${crypto.getRandomValues(new Uint32Array(1))[0]!.toString(36)}`;
   private idCounter = 0;
 
@@ -256,8 +224,8 @@ export class LoadTracker {
     if (slot < 0) return false;
     this.syncSlots();
     if (this.activeRequests[slot]! > 0) {
-      for (let record = 0; record < this.recordTop; record++) {
-        if (this.recordSlot[record] !== slot) continue;
+      for (let record = 0; record < this.records.top; record++) {
+        if (this.records.slot[record] !== slot) continue;
         this.release(record, "worker_removed");
         this.counters.droppedWithWorker++;
       }
@@ -304,21 +272,21 @@ export class LoadTracker {
 
   /** Requests routed and not yet done, expired or dropped. */
   get activeRequestCount(): number {
-    return this.activeCount;
+    return this.records.count;
   }
 
   /** Request records allocated (0 before the first request, INITIAL_RECORDS once none is active after a burst). */
   get recordCapacity(): number {
-    return this.recordSlot.length;
+    return this.records.capacity;
   }
 
   /** Bytes of the arena holding the active ids (tests: a burst gives them back). */
   get idArenaBytes(): number {
-    return this.idArena.words.byteLength;
+    return this.records.idArenaBytes;
   }
 
   isActive(requestId: string): boolean {
-    return this.recordOf(requestId, hashKey(this.idHash(requestId))) !== NO_RECORD;
+    return this.records.find(requestId, hashKey(this.idHash(requestId))) !== NO_RECORD;
   }
 
   /** A fresh request id, unique among active requests (a per-process prefix + counter). */
@@ -343,11 +311,11 @@ export class LoadTracker {
     const hash = this.idHash(requestId);
     const key = hashKey(hash);
     const idCheck = hashCheck(hash);
-    assert(this.recordOf(requestId, key) === NO_RECORD, "request admitted twice");
+    assert(this.records.find(requestId, key) === NO_RECORD, "request admitted twice");
     assert(blocks * this.blockSize <= promptTokens, "more blocks than prompt tokens");
-    if (this.activeCount >= this.maxActiveRequests) {
+    if (this.records.count >= this.maxActiveRequests) {
       // Before the new request's blocks go in: release uses the same holder.
-      this.release(this.oldest, "evicted");
+      this.release(this.records.oldest, "evicted");
       this.counters.evicted++;
     }
     const prefillTokens = Math.max(0, promptTokens - cachedTokens);
@@ -369,13 +337,14 @@ export class LoadTracker {
   ): void {
     const now = this.now();
     let chain = new Uint32Array(64);
-    for (let record = this.oldest; record !== NO_RECORD; record = this.recordNewer[record]!) {
-      const blocks = this.recordBlocks[record]!;
+    const r = this.records;
+    for (let record = r.oldest; record !== NO_RECORD; record = r.newer(record)) {
+      const blocks = r.blocks[record]!;
       if (chain.length < 2 * blocks) chain = new Uint32Array(2 * blocks);
-      const leaf = this.recordLeaf[record]!;
+      const leaf = r.leaf[record]!;
       if (leaf >= 0) this.blocks.chainOf(leaf, blocks, chain);
-      visit(this.recordSlot[record]!, this.idOf(record), this.recordPrefill[record]!, this.recordOutput[record]!,
-        now - this.recordTouched[record]!, chain, blocks);
+      visit(r.slot[record]!, r.idOf(record), r.prefill[record]!, r.output[record]!,
+        now - r.touched[record]!, chain, blocks);
     }
   }
 
@@ -391,8 +360,8 @@ export class LoadTracker {
     this.assertLive(slot);
     const hash = this.idHash(requestId);
     const key = hashKey(hash);
-    if (!(idleMs < this.requestTtlMs) || this.activeCount >= this.maxActiveRequests) return false;
-    if (this.recordOf(requestId, key) !== NO_RECORD || requestId.length > REQUEST_ID_LENGTH_MAX) return false;
+    if (!(idleMs < this.requestTtlMs) || this.records.count >= this.maxActiveRequests) return false;
+    if (this.records.find(requestId, key) !== NO_RECORD || requestId.length > REQUEST_ID_LENGTH_MAX) return false;
     this.insert(requestId, key, hashCheck(hash), slot, chain, blocks, prefillTokens, outputBlocks, this.now() - Math.max(0, idleMs));
     if (VERIFY) this.verify();
     return true;
@@ -403,21 +372,13 @@ export class LoadTracker {
     prefillTokens: number, outputBlocks: number, touched: number,
   ): number {
     const added = this.blocks.add(slot, chain, blocks, this.holder);
-    const record = this.newRecord(); // after anything that can throw: a record is live once taken
-    this.storeId(record, requestId);
-    this.recordSlot[record] = slot;
-    this.recordLeaf[record] = this.holder.leaf ?? -1;
-    this.recordBlocks[record] = blocks;
-    this.recordPrefill[record] = prefillTokens;
-    this.recordOutput[record] = outputBlocks;
-    this.recordTouched[record] = touched;
-    this.recordKey[record] = key;
-    this.recordCheck[record] = idCheck;
-    const first = this.byKey.get(key);
-    this.recordSameKey[record] = first < 0 ? NO_RECORD : first;
-    this.byKey.set(key, record);
-    this.activeCount++;
-    this.insertByTouch(record);
+    // After anything that can throw: a record is live once taken.
+    const r = this.records;
+    const record = r.add(requestId, key, idCheck, slot, touched);
+    r.leaf[record] = this.holder.leaf ?? -1;
+    r.blocks[record] = blocks;
+    r.prefill[record] = prefillTokens;
+    r.output[record] = outputBlocks;
     this.finished.forget(key, idCheck);
     this.activePrefillTokens[slot]! += prefillTokens;
     this.activeDecodeBlocks[slot]! += added + outputBlocks;
@@ -425,38 +386,20 @@ export class LoadTracker {
     return record;
   }
 
-  /** Links a record into the touch list in touch order (a new one goes last; a restored one behind newer ones). */
-  private insertByTouch(record: number): void {
-    const touched = this.recordTouched[record]!;
-    let after = this.newest;
-    while (after !== NO_RECORD && this.recordTouched[after]! > touched) after = this.recordOlder[after]!;
-    if (after === this.newest) {
-      this.append(record);
-      return;
-    }
-    const before = after === NO_RECORD ? this.oldest : this.recordNewer[after]!;
-    this.recordOlder[record] = after;
-    this.recordNewer[record] = before;
-    this.recordOlder[before] = record;
-    if (after === NO_RECORD) this.oldest = record;
-    else this.recordNewer[after] = record;
-  }
-
   /** The request's prefill finished: its prompt tokens stop counting. Idempotent. */
   prefillDone(requestId: string): LifecycleResult {
     const hash = this.idHash(requestId);
-    const record = this.recordOf(requestId, hashKey(hash));
+    const r = this.records;
+    const record = r.find(requestId, hashKey(hash));
     if (record === NO_RECORD) return this.ended(hash);
     const now = this.now();
-    if (this.recordPrefill[record]! > 0) {
-      this.activePrefillTokens[this.recordSlot[record]!]! -= this.recordPrefill[record]!;
-      this.recordPrefill[record] = 0;
+    if (r.prefill[record]! > 0) {
+      this.activePrefillTokens[r.slot[record]!]! -= r.prefill[record]!;
+      r.prefill[record] = 0;
       // Until now the record was last touched when it was admitted.
-      this.prefillObserver?.(record, this.recordSlot[record]!, now - this.recordTouched[record]!);
+      this.prefillObserver?.(record, r.slot[record]!, now - r.touched[record]!);
     }
-    this.recordTouched[record] = now;
-    this.unlink(record);
-    this.append(record);
+    r.touch(record, now);
     this.counters.prefillDone++;
     return "ok";
   }
@@ -464,7 +407,7 @@ export class LoadTracker {
   /** The request finished: all its load is released. A repeat answers `already_done`. */
   done(requestId: string): LifecycleResult {
     const hash = this.idHash(requestId);
-    const record = this.recordOf(requestId, hashKey(hash));
+    const record = this.records.find(requestId, hashKey(hash));
     if (record === NO_RECORD) return this.ended(hash);
     this.release(record, "already_done");
     this.counters.done++;
@@ -483,8 +426,9 @@ export class LoadTracker {
   sweep(now = this.now(), max = Infinity): number {
     let expired = 0;
     // Oldest touch first (the clock is monotonic): the first fresh request ends the sweep.
-    while (expired < max && this.oldest !== NO_RECORD && now - this.recordTouched[this.oldest]! >= this.requestTtlMs) {
-      this.release(this.oldest, "expired");
+    const r = this.records;
+    while (expired < max && r.oldest !== NO_RECORD && now - r.touched[r.oldest]! >= this.requestTtlMs) {
+      this.release(r.oldest, "expired");
       expired++;
     }
     this.finished.forgetOlderThan(now, this.requestTtlMs, max);
@@ -498,191 +442,49 @@ export class LoadTracker {
    * list holds exactly the active requests, oldest first.
    */
   verify(): void {
+    const r = this.records;
+    r.verify((id) => hashKey(this.idHash(id)));
     const perSlot = this.blocks.verify();
     const requests = new Uint32Array(this.slotCapacity);
     const prefill = new Float64Array(this.slotCapacity);
     const output = new Float64Array(this.slotCapacity);
-    let live = 0;
-    let idWords = 0;
-    for (let record = 0; record < this.recordTop; record++) {
-      const slot = this.recordSlot[record]!;
+    for (let record = 0; record < r.top; record++) {
+      const slot = r.slot[record]!;
       if (slot === NO_RECORD) continue;
-      live++;
       assert(this.live[slot] === 1, "request on a dead slot");
-      const id = this.idOf(record);
-      idWords += 1 << orderOf(wordsOf(id.length));
-      assert(this.recordKey[record] === hashKey(this.idHash(id)), "a record's key is not its id's");
-      assert(this.recordOf(id, this.recordKey[record]!) === record, "an id does not find its record");
       requests[slot]!++;
-      prefill[slot]! += this.recordPrefill[record]!;
-      output[slot]! += this.recordOutput[record]!;
+      prefill[slot]! += r.prefill[record]!;
+      output[slot]! += r.output[record]!;
     }
-    assert(live === this.activeCount, "records and the active count differ");
-    assert(this.idArena.live === idWords, "id arena words leaked");
-    let chained = 0;
-    for (let record = 0; record < this.recordTop; record++) {
-      if (this.recordSlot[record] !== NO_RECORD && this.byKey.get(this.recordKey[record]!) === record) {
-        for (let r = record; r !== NO_RECORD; r = this.recordSameKey[r]!) chained++;
-      }
-    }
-    assert(chained === live && this.byKey.size <= live, "the key table and its chains do not hold exactly the active requests");
-    assert(live + this.freeRecords.length === this.recordTop, "records leaked");
     for (let slot = 0; slot < this.slotCapacity; slot++) {
       assert(requests[slot] === this.activeRequests[slot], `slot ${slot} active request count`);
       assert(prefill[slot] === this.activePrefillTokens[slot], `slot ${slot} prefill tokens`);
-      assert((perSlot.get(slot) ?? 0) + output[slot]! === this.activeDecodeBlocks[slot], `slot ${slot} decode blocks`);
+      assert((perSlot.get(slot) ?? 0) + output[slot]! === this.activeDecodeBlocks[slot],
+        `slot ${slot} decode blocks`);
     }
     assert(this.finished.size <= FINISHED_REMEMBERED_MAX, "too many finished ids remembered");
-    let listed = 0;
-    for (let record = this.oldest; record !== NO_RECORD; record = this.recordNewer[record]!) {
-      const newer = this.recordNewer[record]!;
-      assert(this.recordSlot[record] !== NO_RECORD, "touch list holds a free record");
-      assert(newer === NO_RECORD ? this.newest === record : this.recordOlder[newer] === record, "touch list links");
-      assert(newer === NO_RECORD || this.recordTouched[record]! <= this.recordTouched[newer]!, "touch list out of order");
-      assert(listed <= this.activeCount, "touch list loops");
-      listed++;
-    }
-    assert(listed === this.activeCount, "touch list and active count differ");
   }
 
-  /** The active request's record, or NO_RECORD (`key`: the id's hashKey). */
-  private recordOf(requestId: string, key: number): number {
-    let record = this.byKey.get(key);
-    while (record >= 0 && !this.idIs(record, requestId)) record = this.recordSameKey[record]!;
-    return record < 0 ? NO_RECORD : record;
-  }
-
-  /** Copies the id's code units into the arena, two per word. */
-  private storeId(record: number, id: string): void {
-    const count = id.length;
-    const at = this.idArena.allocate(orderOf(wordsOf(count)));
-    const words = this.idArena.words;
-    for (let i = 0; i < count; i += 2) words[at + (i >>> 1)] = id.charCodeAt(i) | ((i + 1 < count ? id.charCodeAt(i + 1) : 0) << 16);
-    this.recordIdAt[record] = at;
-    this.recordIdLength[record] = count;
-  }
-
-  /** Whether the record's id is `id`. */
-  private idIs(record: number, id: string): boolean {
-    const count = this.recordIdLength[record]!;
-    if (id.length !== count) return false;
-    const words = this.idArena.words;
-    const at = this.recordIdAt[record]!;
-    for (let i = 0; i < count; i += 2) {
-      const word = words[at + (i >>> 1)]!;
-      if ((word & 0xffff) !== id.charCodeAt(i)) return false;
-      if (i + 1 < count && word >>> 16 !== id.charCodeAt(i + 1)) return false;
-    }
-    return true;
-  }
-
-  /** The record's id as a string (verify). */
-  private idOf(record: number): string {
-    const words = this.idArena.words;
-    const at = this.recordIdAt[record]!;
-    let id = "";
-    for (let i = 0; i < this.recordIdLength[record]!; i++) id += String.fromCharCode((words[at + (i >>> 1)]! >>> (16 * (i & 1))) & 0xffff);
-    return id;
-  }
-
-  /** Takes the record out of the key table (and its key's chain). */
-  private unindex(record: number): void {
-    const key = this.recordKey[record]!;
-    const next = this.recordSameKey[record]!;
-    const first = this.byKey.get(key);
-    if (first === record) {
-      if (next === NO_RECORD) this.byKey.delete(key);
-      else this.byKey.set(key, next);
-    } else {
-      let before = first;
-      while (this.recordSameKey[before] !== record) before = this.recordSameKey[before]!;
-      this.recordSameKey[before] = next;
-    }
-    this.activeCount--;
-    this.idArena.release(this.recordIdAt[record]!, orderOf(wordsOf(this.recordIdLength[record]!)));
-  }
-
-  private ended(hash: { hi: number; lo: number }): LifecycleResult {
+  private ended(hash: IdHash): LifecycleResult {
     const ending = this.finished.endingOf(hashKey(hash), hashCheck(hash));
     if (ending !== null) return ending;
     this.counters.unknown++;
     return "unknown";
   }
 
+  /** Ends an active request: its load leaves its worker, its id joins the finished ones. */
   private release(record: number, ending: Ending): void {
-    const slot = this.recordSlot[record]!;
-    this.unindex(record);
-    this.unlink(record);
-    this.activePrefillTokens[slot]! -= this.recordPrefill[record]!;
-    const leaf = this.recordLeaf[record]!;
+    const r = this.records;
+    const slot = r.slot[record]!;
+    this.activePrefillTokens[slot]! -= r.prefill[record]!;
+    const leaf = r.leaf[record]!;
     this.holder.leaf = leaf < 0 ? null : leaf;
     const freed = this.blocks.remove(slot, this.holder);
-    this.activeDecodeBlocks[slot]! -= freed + this.recordOutput[record]!;
+    this.activeDecodeBlocks[slot]! -= freed + r.output[record]!;
     this.activeRequests[slot]!--;
-    this.finished.remember(this.recordKey[record]!, this.recordCheck[record]!, ending, this.now());
-    this.freeRecord(record);
+    this.finished.remember(r.key[record]!, r.check[record]!, ending, this.now());
+    r.remove(record);
     if (VERIFY) this.verify();
-  }
-
-  private append(record: number): void {
-    this.recordOlder[record] = this.newest;
-    this.recordNewer[record] = NO_RECORD;
-    if (this.newest === NO_RECORD) this.oldest = record;
-    else this.recordNewer[this.newest] = record;
-    this.newest = record;
-  }
-
-  private unlink(record: number): void {
-    const older = this.recordOlder[record]!;
-    const newer = this.recordNewer[record]!;
-    if (older === NO_RECORD) this.oldest = newer;
-    else this.recordNewer[older] = newer;
-    if (newer === NO_RECORD) this.newest = older;
-    else this.recordOlder[newer] = older;
-    this.recordOlder[record] = NO_RECORD;
-    this.recordNewer[record] = NO_RECORD;
-  }
-
-  private newRecord(): number {
-    const reused = this.freeRecords.pop();
-    if (reused !== undefined) return reused;
-    const record = this.recordTop++;
-    if (record >= this.recordSlot.length) this.growRecords(Math.max(INITIAL_RECORDS, 2 * this.recordSlot.length));
-    return record;
-  }
-
-  /**
-   * Frees a record. Once no request is active, record arrays that grew past their first
-   * size go back (memory after a burst); first-size ones are kept, so a router that
-   * empties at every request does not allocate at every request.
-   */
-  private freeRecord(record: number): void {
-    this.recordSlot[record] = NO_RECORD;
-    this.freeRecords.push(record);
-    if (this.activeCount === 0) {
-      this.recordTop = 0;
-      this.freeRecords.length = 0;
-      this.idArena.reset();
-      if (this.recordSlot.length > INITIAL_RECORDS) this.growRecords(INITIAL_RECORDS);
-    }
-  }
-
-  /** The one allocation site for record arrays: `capacity` records, the live ones kept. */
-  private growRecords(capacity: number): void {
-    const resize = <T extends TypedArray>(old: T, make: (n: number) => T) => resized(old, capacity, make);
-    this.recordSlot = resize(this.recordSlot, (n) => new Int32Array(n));
-    this.recordLeaf = resize(this.recordLeaf, (n) => new Int32Array(n));
-    this.recordBlocks = resize(this.recordBlocks, (n) => new Int32Array(n));
-    this.recordPrefill = resize(this.recordPrefill, (n) => new Float64Array(n));
-    this.recordOutput = resize(this.recordOutput, (n) => new Float64Array(n));
-    this.recordTouched = resize(this.recordTouched, (n) => new Float64Array(n));
-    this.recordKey = resize(this.recordKey, (n) => new Float64Array(n));
-    this.recordCheck = resize(this.recordCheck, (n) => new Uint16Array(n));
-    this.recordSameKey = resize(this.recordSameKey, (n) => new Int32Array(n));
-    this.recordIdAt = resize(this.recordIdAt, (n) => new Int32Array(n));
-    this.recordIdLength = resize(this.recordIdLength, (n) => new Int32Array(n));
-    this.recordOlder = resize(this.recordOlder, (n) => new Int32Array(n));
-    this.recordNewer = resize(this.recordNewer, (n) => new Int32Array(n));
   }
 
   private assertLive(slot: number): void {
@@ -699,51 +501,3 @@ export class LoadTracker {
     this.degraded = grow(this.degraded, (n) => new Uint8Array(n));
   }
 }
-
-/**
- * A 64-bit hash of an id's UTF-16 code units as two 32-bit lanes (murmur-style steps,
- * each finished with murmur3's fmix32), returned as hi * 2^32 + lo split by `hashKey`
- * (the high 53 bits, a table key that stays a number) and `hashCheck` (the low 11 bits).
- */
-function idHash(id: string): { hi: number; lo: number } {
-  let a = 0x9747b28c ^ id.length;
-  let b = 0x3c6ef372;
-  for (let i = 0; i < id.length; i++) {
-    const c = id.charCodeAt(i);
-    a = Math.imul(a ^ c, 0x5bd1e995);
-    a ^= a >>> 15;
-    b = Math.imul(b + c, 0x27d4eb2f) ^ (b >>> 17);
-  }
-  return { hi: fmix32(a), lo: fmix32(b ^ a) };
-}
-
-function hashKey(hash: { hi: number; lo: number }): number {
-  return hash.hi * 2 ** 21 + (hash.lo >>> 11);
-}
-
-function hashCheck(hash: { hi: number; lo: number }): number {
-  return hash.lo & 0x7ff;
-}
-
-function fmix32(h: number): number {
-  h ^= h >>> 16;
-  h = Math.imul(h, 0x85ebca6b);
-  h ^= h >>> 13;
-  h = Math.imul(h, 0xc2b2ae35);
-  return (h ^ (h >>> 16)) >>> 0;
-}
-
-type TypedArray = Float64Array | Uint32Array | Int32Array | Uint16Array | Uint8Array;
-
-/** A new array of `capacity` elements holding the first ones of `old`. */
-function resized<T extends TypedArray>(old: T, capacity: number, make: (n: number) => T): T {
-  const fresh = make(capacity);
-  fresh.set(old.subarray(0, Math.min(capacity, old.length)));
-  return fresh;
-}
-
-/** Arena words that hold `units` UTF-16 code units. */
-function wordsOf(units: number): number {
-  return (units + 1) >>> 1;
-}
-

@@ -1,14 +1,14 @@
 /**
  * CPU pinning, so one kvedge process stays on one NUMA domain's cores.
  *
- * `sched_setaffinity` (libc, through bun:ffi) pins one thread; Bun already runs
+ * `sched_setaffinity` (libc, through src/native/library.ts) pins one thread; Bun already runs
  * several (JIT, GC, I/O), so every thread in /proc/self/task is pinned, and threads
  * started later inherit the mask. Memory follows: Linux allocates pages on the node of
  * the CPU that first touches them, so pinned threads get node-local memory without a
  * separate memory policy (use `numactl --membind` for a hard guarantee).
  */
-import { dlopen, FFIType } from "bun:ffi";
 import { readdirSync, readFileSync } from "node:fs";
+import { libc } from "../native/library";
 
 /** CPUs the mask can name; 1024 matches glibc's cpu_set_t. */
 const CPU_SET_BITS = 1024;
@@ -41,17 +41,6 @@ export function numaNodeCpus(node: number, sysfs = "/sys/devices/system/node"): 
   }
   return parseCpuList(text);
 }
-
-const libc = (() => {
-  try {
-    return dlopen("libc.so.6", {
-      sched_setaffinity: { args: [FFIType.i32, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
-      sched_getaffinity: { args: [FFIType.i32, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
-    }).symbols;
-  } catch {
-    return null;
-  }
-})();
 
 function maskOf(cpus: readonly number[]): Uint8Array {
   const mask = new Uint8Array(CPU_SET_BITS / 8);

@@ -12,7 +12,7 @@ import type { LifecycleResult } from "../route/load";
 import { REQUEST_ID_LENGTH_MAX } from "../route/load";
 import {
   asObject, HttpError, optionalInt, optionalNumber, optionalString, tokenIds, u64Field,
-} from "./http";
+} from "../http/http";
 import type { KvedgeCore, MatchScore, RouteCall, RouteInput, RouteOutcome } from "../core/core";
 import { encodeMsgpack, type MsgpackWriter } from "../wire/msgpack";
 

@@ -7,12 +7,17 @@ import type { Server } from "bun";
 import { timingSafeEqual } from "node:crypto";
 import type { Logger } from "../util/log";
 import {
-  addWorkerOp, decideRoute, lifecycleOp, matchOp, removeWorkerOp, routeAnswer, submitRoute, workersOp, writeRouteAnswer,
+  addWorkerOp, decideRoute, lifecycleOp, matchOp, removeWorkerOp, routeAnswer, submitRoute,
+  workersOp, writeRouteAnswer,
 } from "./api";
 import type { RouteOutcome } from "../core/core";
 import { DumpWriter } from "./dump-stream";
 import { RequestGuard } from "./guard";
-import { clientError, errorReply, HttpError, msgpackReply, parseBody, readBody, receiveBody, reply, type ReceivedBody, wantsMsgpack } from "./http";
+import { clientError } from "./http";
+import {
+  errorReply, HttpError, msgpackReply, parseBody, readBody, receiveBody, reply, type ReceivedBody,
+  wantsMsgpack,
+} from "../http/http";
 import { type MetricsRegistry, ServerMetrics } from "./metrics";
 import type { KvedgeCore } from "../core/core";
 import { statusOp, statusPage } from "./status";
@@ -42,7 +47,9 @@ type Handler = (request: Request, params: Record<string, string>) => Promise<Res
  */
 interface Batched {
   readonly readsBody: boolean;
-  readonly op: (request: Request, params: Record<string, string>, body: ReceivedBody | null) => Response | Promise<Response>;
+  readonly op: (
+    request: Request, params: Record<string, string>, body: ReceivedBody | null,
+  ) => Response | Promise<Response>;
 }
 
 /** Path template → method → handler. Templates are also the metrics' route label. */
@@ -57,51 +64,116 @@ export interface App {
   stop(graceMs: number): Promise<void>;
 }
 
-export function startApp(options: AppOptions): App {
-  const { service, log } = options;
-  const metrics = new ServerMetrics(options.registry);
-  const limit = options.bodyLimitBytes;
-  const adminToken = options.adminToken === null ? null : Buffer.from(options.adminToken);
-  const guard = new RequestGuard(options.host);
-  const dumps = new DumpWriter();
-
-  const requireAdmin = (request: Request): void => {
-    if (adminToken === null) return;
-    const header = request.headers.get("authorization") ?? "";
-    const given = Buffer.from(header.startsWith("Bearer ") ? header.slice(7) : "");
-    if (given.length !== adminToken.length || !timingSafeEqual(given, adminToken)) {
-      throw new HttpError(401, "this endpoint needs Authorization: Bearer <admin token>");
-    }
-  };
-
+/** What the handlers share: the core, the guards, metrics and the turn batch. */
+interface AppContext {
+  readonly service: KvedgeCore;
+  readonly log: Logger;
+  readonly metrics: ServerMetrics;
+  readonly registry: MetricsRegistry;
+  readonly limit: number;
+  readonly guard: RequestGuard;
+  readonly dumps: DumpWriter;
   // HTTP match, route and lifecycle calls run in turn batches (./turn.ts says why);
   // WebSocket frames drain the batch, then run inline.
-  const batch = new TurnBatch(log);
+  readonly batch: TurnBatch;
+  /** Throws 401 unless the request carries the admin token (when one is set). */
+  readonly requireAdmin: (request: Request) => void;
+}
 
-  const table: RouteTable = {
+export function startApp(options: AppOptions): App {
+  const context = appContext(options);
+  const table: RouteTable = { ...apiRoutes(context), ...opsRoutes(context) };
+  let server: Server<WsData> | null = null;
+  if (options.proxy) addProxyRoutes(table, options.proxy, () => server!);
+  const routes = bunRoutes(context, table);
+  const matchers = Object.keys(table).map((template) => ({
+    template,
+    pattern: new RegExp(`^${template.replace(/:[a-z]+/g, "[^/]+")}$`),
+  }));
+  const { log } = context;
+  const started = Bun.serve<WsData>({
+    hostname: options.host,
+    port: options.port,
+    // Bun defaults to development mode unless NODE_ENV=production (even in a compiled
+    // binary): error pages with stack traces. Never for a server in front of a fleet.
+    development: false, // see docs/decisions.md#bun-serve-production
+    // Bun's own limit is a backstop; readBody enforces ours with a JSON 413.
+    maxRequestBodySize: context.limit + 1024 * 1024,
+    routes: routes as never,
+    fetch: (request, bun) => unrouted(context, table, matchers, request, bun),
+    websocket: websocketHandlers(context.service, log, context.metrics, context.batch),
+    error(error) {
+      log.error("unhandled server error", { error: error.message });
+      return errorReply(null, new HttpError(500, "internal error"));
+    },
+  });
+  server = started;
+  return {
+    server: started,
+    metrics: context.metrics,
+    url: `http://${hostForUrl(options.host)}:${started.port}`,
+    async stop(graceMs) {
+      const closing = started.stop(false);
+      const deadline = new Promise<void>((resolve) => setTimeout(resolve, graceMs).unref());
+      await Promise.race([closing, deadline]);
+      await started.stop(true);
+    },
+  };
+}
+
+function appContext(options: AppOptions): AppContext {
+  const adminToken = options.adminToken === null ? null : Buffer.from(options.adminToken);
+  return {
+    service: options.service,
+    log: options.log,
+    metrics: new ServerMetrics(options.registry),
+    registry: options.registry,
+    limit: options.bodyLimitBytes,
+    guard: new RequestGuard(options.host),
+    dumps: new DumpWriter(),
+    batch: new TurnBatch(options.log),
+    requireAdmin: (request) => {
+      if (adminToken === null) return;
+      const header = request.headers.get("authorization") ?? "";
+      const given = Buffer.from(header.startsWith("Bearer ") ? header.slice(7) : "");
+      if (given.length !== adminToken.length || !timingSafeEqual(given, adminToken)) {
+        throw new HttpError(401, "this endpoint needs Authorization: Bearer <admin token>");
+      }
+    },
+  };
+}
+
+/** The API: match, route, lifecycle, workers. */
+function apiRoutes(context: AppContext): RouteTable {
+  const { service, metrics, limit, requireAdmin } = context;
+  const lifecycle = (op: "prefill_done" | "done"): Batched => ({
+    readsBody: false,
+    op: (request, params) => reply(request, 200, lifecycleOp(service, params.id!, op)),
+  });
+  return {
     // Parsed with transient token arrays: the op hashes them before the next parse.
     "/v1/match": {
-      POST: { readsBody: true, op: (request, _params, body) => reply(request, 200, matchOp(service, parseBody(body!, true))) },
+      POST: {
+        readsBody: true,
+        op: (request, _params, body) =>
+          reply(request, 200, matchOp(service, parseBody(body!, true))),
+      },
     },
     "/v1/route": {
       POST: {
         readsBody: true,
         op: (request, _params, body) => {
           const parsed = parseBody(body!, true);
-          if (service.admission.enabled) return admittedRoute(request, parsed);
+          if (service.admission.enabled) return admittedRoute(context, request, parsed);
           const started = performance.now();
           const outcome = decideRoute(service, parsed);
           metrics.observeRouteDecision((performance.now() - started) / 1000);
-          return routeReply(request, outcome);
+          return routeReply(service, request, outcome);
         },
       },
     },
-    "/v1/requests/:id/prefill_done": {
-      POST: { readsBody: false, op: (request, params) => reply(request, 200, lifecycleOp(service, params.id!, "prefill_done")) },
-    },
-    "/v1/requests/:id/done": {
-      POST: { readsBody: false, op: (request, params) => reply(request, 200, lifecycleOp(service, params.id!, "done")) },
-    },
+    "/v1/requests/:id/prefill_done": { POST: lifecycle("prefill_done") },
+    "/v1/requests/:id/done": { POST: lifecycle("done") },
     "/v1/workers": {
       GET: (request) => reply(request, 200, workersOp(service)),
       POST: async (request) => {
@@ -115,10 +187,17 @@ export function startApp(options: AppOptions): App {
         return reply(request, 200, await removeWorkerOp(service, params.id!));
       },
     },
+  };
+}
+
+/** Operations: dump, status, health, readiness, metrics, the status page. */
+function opsRoutes(context: AppContext): RouteTable {
+  const { service, registry } = context;
+  return {
     "/v1/dump": {
       GET: (request) => {
-        requireAdmin(request);
-        return dumps.response(() => service.index.dumpLazy());
+        context.requireAdmin(request);
+        return context.dumps.response(() => service.index.dumpLazy());
       },
     },
     "/v1/status": { GET: (request) => reply(request, 200, statusOp(service)) },
@@ -126,48 +205,88 @@ export function startApp(options: AppOptions): App {
     "/readyz": {
       GET: (request) => {
         const readiness = service.readiness();
-        return reply(request, readiness.ready ? 200 : 503, { ready: readiness.ready, sources: readiness.states });
+        const body = { ready: readiness.ready, sources: readiness.states };
+        return reply(request, readiness.ready ? 200 : 503, body);
       },
     },
     "/metrics": {
-      GET: async () => new Response(await options.registry.metrics(), { headers: { "content-type": options.registry.contentType } }),
+      GET: async () => new Response(await registry.metrics(), {
+        headers: { "content-type": registry.contentType },
+      }),
     },
-    "/": { GET: () => new Response(statusPage(), { headers: { "content-type": "text/html; charset=utf-8" } }) },
+    "/": {
+      GET: () => new Response(statusPage(), {
+        headers: { "content-type": "text/html; charset=utf-8" },
+      }),
+    },
   };
-  const proxy = options.proxy ?? null;
-  if (proxy !== null) {
-    // A streamed answer may pause longer than Bun's idle timeout (a long prefill, a queue).
-    const proxied = (path: OpenAiPath): Handler => (request) => {
-      server.timeout(request, 0);
-      return proxy.handle(request, path);
-    };
-    table[COMPLETIONS_PATH] = { POST: proxied(COMPLETIONS_PATH) };
-    table[CHAT_PATH] = { POST: proxied(CHAT_PATH) };
-    table["/v1/models"] = { GET: (request) => proxy.models(request) };
-  }
+}
 
-  const routeReply = (request: Request, outcome: RouteOutcome): Response => wantsMsgpack(request)
+/** `serve --proxy`: the OpenAI-compatible endpoints. */
+function addProxyRoutes(table: RouteTable, proxy: OpenAiProxy, server: () => Server<WsData>): void {
+  // A streamed answer may pause longer than Bun's idle timeout (a long prefill, a queue).
+  const proxied = (path: OpenAiPath): Handler => (request) => {
+    server().timeout(request, 0);
+    return proxy.handle(request, path);
+  };
+  table[COMPLETIONS_PATH] = { POST: proxied(COMPLETIONS_PATH) };
+  table[CHAT_PATH] = { POST: proxied(CHAT_PATH) };
+  table["/v1/models"] = { GET: (request) => proxy.models(request) };
+}
+
+function routeReply(service: KvedgeCore, request: Request, outcome: RouteOutcome): Response {
+  return wantsMsgpack(request)
     ? msgpackReply(200, (writer) => writeRouteAnswer(writer, service, outcome))
     : reply(null, 200, routeAnswer(service, outcome));
+}
 
-  /** A route through admission: answered now or, held, when a worker frees; a client that goes away is dropped from the queue. */
-  const admittedRoute = (request: Request, parsed: unknown): Promise<Response> => {
-    let resolve!: (response: Response) => void;
-    const answered = new Promise<Response>((settle) => {
-      resolve = settle;
-    });
-    const { handle, call } = submitRoute(service, parsed, (outcome) => resolve(routeReply(request, outcome)),
-      (error) => resolve(failure(request, error, log)));
-    if (handle >= 0) request.signal.addEventListener("abort", () => service.dropHeld(handle, call), { once: true });
-    return answered;
-  };
+/**
+ * A route through admission: answered now or, held, when a worker frees; a client
+ * that goes away is dropped from the queue.
+ */
+function admittedRoute(context: AppContext, request: Request, parsed: unknown): Promise<Response> {
+  const { service, log } = context;
+  let resolve!: (response: Response) => void;
+  const answered = new Promise<Response>((settle) => {
+    resolve = settle;
+  });
+  const { handle, call } = submitRoute(service, parsed,
+    (outcome) => resolve(routeReply(service, request, outcome)),
+    (error) => resolve(failure(request, error, log)));
+  if (handle >= 0) {
+    request.signal.addEventListener("abort", () => service.dropHeld(handle, call), { once: true });
+  }
+  return answered;
+}
 
-  // Both wrappers time every response and turn errors into JSON ones.
-  type BunRequest = Request & { params?: Record<string, string> };
+// Both wrappers time every response and turn errors into JSON ones.
+type BunRequest = Request & { params?: Record<string, string> };
+type BunHandler = (request: Request) => Promise<Response> | Response;
 
-  // A batched endpoint is one promise, resolved from inside the batch: no async
-  // functions, no promise returned from a callback (each costs microtasks per request).
-  const batched = (template: string, { readsBody, op }: Batched) => (request: BunRequest) => {
+/** The table as Bun's routes: each handler wrapped, or run in the turn batch. */
+function bunRoutes(
+  context: AppContext, table: RouteTable,
+): Record<string, Record<string, BunHandler>> {
+  const routes: Record<string, Record<string, BunHandler>> = {};
+  for (const [template, methods] of Object.entries(table)) {
+    routes[template] = {};
+    for (const [method, handler] of Object.entries(methods)) {
+      const label = metricsLabel(template);
+      routes[template]![method] = typeof handler === "function"
+        ? wrapped(context, label, handler)
+        : batched(context, label, handler!);
+    }
+  }
+  return routes;
+}
+
+/**
+ * A batched endpoint is one promise, resolved from inside the batch: no async
+ * functions, no promise returned from a callback (each costs microtasks per request).
+ */
+function batched(context: AppContext, template: string, { readsBody, op }: Batched) {
+  const { metrics, log, batch, guard, limit } = context;
+  return (request: BunRequest): Promise<Response> => {
     const started = performance.now();
     const params = request.params ?? {};
     return new Promise<Response>((resolve) => {
@@ -192,11 +311,17 @@ export function startApp(options: AppOptions): App {
         return;
       }
       if (!readsBody) run(null);
-      else receiveBody(request, limit).then(run, (error: unknown) => finish(failure(request, error, log)));
+      else {
+        const refused = (error: unknown): void => finish(failure(request, error, log));
+        receiveBody(request, limit).then(run, refused);
+      }
     });
   };
+}
 
-  const wrap = (template: string, handler: Handler) => (request: BunRequest) => {
+function wrapped(context: AppContext, template: string, handler: Handler) {
+  const { metrics, log, guard } = context;
+  return (request: BunRequest): Promise<Response> | Response => {
     const started = performance.now();
     const finish = (response: Response): Response => {
       metrics.observeHttp(template, response.status, (performance.now() - started) / 1000);
@@ -212,69 +337,45 @@ export function startApp(options: AppOptions): App {
     if (pending instanceof Response) return finish(pending);
     return pending.then(finish, (error: unknown) => finish(failure(request, error, log)));
   };
+}
 
-  const routes: Record<string, Record<string, (request: Request) => Promise<Response> | Response>> = {};
-  for (const [template, methods] of Object.entries(table)) {
-    routes[template] = {};
-    for (const [method, handler] of Object.entries(methods)) {
-      routes[template]![method] = typeof handler === "function" ? wrap(metricsLabel(template), handler) : batched(metricsLabel(template), handler!);
+/** Requests no route took: the WebSocket upgrade, 405 on a known path, else 404. */
+function unrouted(
+  context: AppContext, table: RouteTable,
+  matchers: readonly { template: string; pattern: RegExp }[], request: Request,
+  server: Server<WsData>,
+): Response {
+  const { metrics, log } = context;
+  const path = new URL(request.url).pathname;
+  if (path === "/v1/ws") {
+    if (request.method !== "GET") {
+      return errorReply(request, new HttpError(405, "use GET with Upgrade: websocket"));
     }
+    // CORS does not cover WebSocket handshakes: a page elsewhere could open one.
+    try {
+      context.guard.check(request, true);
+    } catch (error) {
+      return failure(request, error, log);
+    }
+    if (server.upgrade(request, { data: newWsData() })) return undefined as unknown as Response;
+    return errorReply(request, new HttpError(400, "expected a WebSocket upgrade"));
   }
-  const matchers = Object.keys(table).map((template) => ({
-    template,
-    pattern: new RegExp(`^${template.replace(/:[a-z]+/g, "[^/]+")}$`),
-  }));
+  const known = matchers.find((matcher) => matcher.pattern.test(path));
+  if (known !== undefined) {
+    const allowed = Object.keys(table[known.template]!).join(", ");
+    const text = `${request.method} is not allowed on ${known.template}; use ${allowed}`;
+    const response = errorReply(request, new HttpError(405, text));
+    response.headers.set("allow", allowed);
+    metrics.observeHttp(metricsLabel(known.template), 405, 0);
+    return response;
+  }
+  metrics.observeHttp("unknown", 404, 0);
+  return errorReply(request, new HttpError(404, `no such endpoint: ${path}`));
+}
 
-  const server = Bun.serve<WsData>({
-    hostname: options.host,
-    port: options.port,
-    // Bun defaults to development mode unless NODE_ENV=production (even in a compiled
-    // binary): error pages with stack traces. Never for a server in front of a fleet.
-    development: false, // see docs/decisions.md#bun-serve-production
-    // Bun's own limit is a backstop; readBody enforces ours with a JSON 413.
-    maxRequestBodySize: limit + 1024 * 1024,
-    routes: routes as never,
-    fetch(request, server) {
-      const path = new URL(request.url).pathname;
-      if (path === "/v1/ws") {
-        if (request.method !== "GET") return errorReply(request, new HttpError(405, "use GET with Upgrade: websocket"));
-        // CORS does not cover WebSocket handshakes: a page elsewhere could open one.
-        try {
-          guard.check(request, true);
-        } catch (error) {
-          return failure(request, error, log);
-        }
-        if (server.upgrade(request, { data: newWsData() })) return undefined as unknown as Response;
-        return errorReply(request, new HttpError(400, "expected a WebSocket upgrade"));
-      }
-      const known = matchers.find((matcher) => matcher.pattern.test(path));
-      if (known !== undefined) {
-        const allowed = Object.keys(table[known.template]!).join(", ");
-        const response = errorReply(request, new HttpError(405, `${request.method} is not allowed on ${known.template}; use ${allowed}`));
-        response.headers.set("allow", allowed);
-        metrics.observeHttp(metricsLabel(known.template), 405, 0);
-        return response;
-      }
-      metrics.observeHttp("unknown", 404, 0);
-      return errorReply(request, new HttpError(404, `no such endpoint: ${path}`));
-    },
-    websocket: websocketHandlers(service, log, metrics, batch),
-    error(error) {
-      log.error("unhandled server error", { error: error.message });
-      return errorReply(null, new HttpError(500, "internal error"));
-    },
-  });
-
-  return {
-    server, metrics,
-    url: `http://${options.host.includes(":") ? `[${options.host}]` : options.host}:${server.port}`,
-    async stop(graceMs) {
-      const closing = server.stop(false);
-      const deadline = new Promise<void>((resolve) => setTimeout(resolve, graceMs).unref());
-      await Promise.race([closing, deadline]);
-      await server.stop(true);
-    },
-  };
+/** An IPv6 literal in brackets, as URLs write it. */
+function hostForUrl(host: string): string {
+  return host.includes(":") ? `[${host}]` : host;
 }
 
 /** ":id" → "{id}", the label form the metrics use. */
@@ -285,6 +386,7 @@ function metricsLabel(template: string): string {
 function failure(request: Request, error: unknown, log: Logger): Response {
   const client = clientError(error);
   if (client !== null) return errorReply(request, client);
-  log.error("request failed", { error: error instanceof Error ? error.stack ?? error.message : String(error) });
+  const text = error instanceof Error ? error.stack ?? error.message : String(error);
+  log.error("request failed", { error: text });
   return errorReply(request, new HttpError(500, "internal error"));
 }

@@ -6,7 +6,7 @@
  * at a time (each holds a copy of the index while it runs).
  */
 import type { IndexOp } from "../index";
-import { HttpError } from "./http";
+import { HttpError } from "../http/http";
 
 /** A slice ends at this much text, or after this much time (the index copy at the start excepted). */
 export const DUMP_SLICE_BYTES = 64 * 1024;

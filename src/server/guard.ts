@@ -14,7 +14,7 @@
  *
  * Clients that are not browsers send no Origin or Sec-Fetch-Site and are unaffected.
  */
-import { HttpError } from "./http";
+import { HttpError } from "../http/http";
 
 export class RequestGuard {
   private readonly loopback: boolean;

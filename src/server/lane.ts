@@ -21,8 +21,9 @@ import { PromptHasher } from "../route/input";
 import { parseRoute } from "./api";
 import { RequestGuard } from "./guard";
 import {
-  clientError, errorReply, HttpError, parseBody, type ReceivedBody, receiveBody, reply,
-} from "./http";
+  errorReply, HttpError, parseBody, type ReceivedBody, receiveBody, reply,
+} from "../http/http";
+import { clientError } from "./http";
 
 export interface LaneStart {
   /** The public address, shared by every lane (port 0: this lane picks it). */

@@ -19,7 +19,7 @@ import type { Config } from "../config";
 import { silentLogger } from "../util/log";
 import { xorshift32 } from "../util/random";
 import { decideRoute, lifecycleOp, routeAnswer, writeRouteAnswer } from "./api";
-import { msgpackReply, parseBody, reply } from "./http";
+import { msgpackReply, parseBody, reply } from "../http/http";
 import { ServerMetrics } from "./metrics";
 import { KvedgeCore } from "../core/core";
 import { TurnBatch } from "./turn";

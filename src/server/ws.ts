@@ -29,10 +29,13 @@ import { Unpackr } from "msgpackr";
 import { bufferBudget } from "../util/buffer-budget";
 import type { Logger } from "../util/log";
 import { encodeMsgpack, MsgpackWriter, type MsgpackValue } from "../wire/msgpack";
-import { decideRoute, lifecycleOp, matchOp, routeAnswer, routeOp, submitRoute, writeRouteAnswer } from "./api";
-import { clientError, HttpError, toJson } from "./http";
+import {
+  decideRoute, lifecycleOp, matchOp, routeAnswer, routeOp, submitRoute, writeRouteAnswer,
+} from "./api";
+import { clientError } from "./http";
+import { HttpError, toJson } from "../http/http";
 import type { ServerMetrics } from "./metrics";
-import { defaultTokenScanner, parseRequestJson } from "./request-json";
+import { defaultTokenScanner, parseRequestJson } from "../http/request-json";
 import type { KvedgeCore, RouteCall, RouteOutcome } from "../core/core";
 import type { TurnBatch } from "./turn";
 import { MsgpackRequestReader } from "../wire/request-msgpack";
@@ -54,7 +57,7 @@ export const WS_FRAME_BYTES_MAX = 16 * 1024 * 1024;
 export const WS_BATCH_MAX = 4096;
 
 const unpackr = new Unpackr({ int64AsType: "bigint", mapsAsObjects: true });
-/** Reads the usual binary frames without msgpackr (./request-msgpack.ts); the rest go to unpackr. */
+/** Reads the usual binary frames without msgpackr (../wire/request-msgpack.ts); others: unpackr. */
 const frameReader = new MsgpackRequestReader(WS_BATCH_MAX);
 /** Answers are written here and sent at once (send copies the bytes out). */
 const writer = new MsgpackWriter(64 * 1024);
@@ -73,7 +76,10 @@ interface Answer {
 }
 
 /** A held route's answer, sent in a frame of its own. */
-function sendLater(ws: ServerWebSocket<WsData>, binary: boolean, service: KvedgeCore, id: unknown, outcome: RouteOutcome): void {
+function sendLater(
+  ws: ServerWebSocket<WsData>, binary: boolean, service: KvedgeCore, id: unknown,
+  outcome: RouteOutcome,
+): void {
   if (!binary) {
     deliver(ws, toJson({ id, status: 200, result: routeAnswer(service, outcome) }));
     return;
@@ -84,7 +90,9 @@ function sendLater(ws: ServerWebSocket<WsData>, binary: boolean, service: Kvedge
 }
 
 /** `{id, status: 200, result}` for a route, the result written straight from the decision. */
-function writeRouteFrame(out: MsgpackWriter, service: KvedgeCore, id: unknown, outcome: RouteOutcome): void {
+function writeRouteFrame(
+  out: MsgpackWriter, service: KvedgeCore, id: unknown, outcome: RouteOutcome,
+): void {
   out.mapHeader(3);
   out.encoded(ID_KEY);
   out.value(id as MsgpackValue);
@@ -97,66 +105,7 @@ function writeRouteFrame(out: MsgpackWriter, service: KvedgeCore, id: unknown, o
 export function websocketHandlers(
   service: KvedgeCore, log: Logger, metrics: ServerMetrics, batch: TurnBatch,
 ): WebSocketHandler<WsData> {
-  /**
-   * Answers one request: returns the answer, or with `out`, writes it there as
-   * MessagePack (a route's answer straight from the decision, with no objects made).
-   * Null: written to `out`, or a route held by admission (answered later by `sendLater`).
-   */
-  const answer = (ws: ServerWebSocket<WsData>, binary: boolean, request: unknown, out: MsgpackWriter | null): Answer | null => {
-    const started = performance.now();
-    let id: unknown = null;
-    let op = "invalid";
-    let response: Answer | null = null;
-    try {
-      if (typeof request !== "object" || request === null || Array.isArray(request)) {
-        throw new HttpError(400, "each request must be an object with an id and an op");
-      }
-      const body = request as Record<string, unknown>;
-      id = body.id ?? null;
-      op = typeof body.op === "string" ? body.op : "invalid";
-      if (op === "route" && service.admission.enabled) {
-        response = admitted(ws, binary, id, body);
-      } else if (out !== null && op === "route") {
-        writeRouteFrame(out, service, id, decideRoute(service, body));
-      } else {
-        response = { id, status: 200, result: run(service, op, body) };
-      }
-    } catch (error) {
-      response = errorAnswer(id, error);
-    }
-    metrics.observeHttp(OP_LABELS.get(op) ?? "/v1/ws invalid", response === null ? 200 : response.status, (performance.now() - started) / 1000);
-    if (out === null || response === null) return response;
-    out.value(response as unknown as MsgpackValue);
-    return null;
-  };
-
-  const errorAnswer = (id: unknown, error: unknown): Answer => {
-    const client = clientError(error);
-    if (client === null) {
-      log.error("websocket request failed", { error: error instanceof Error ? error.stack ?? error.message : String(error) });
-    }
-    const answer: Answer = { id, status: client?.status ?? 500, error: client?.message ?? "internal error" };
-    if (client?.retryAfterSecs != null) answer.retry_after = client.retryAfterSecs;
-    return answer;
-  };
-
-  /** A route through admission: its answer now, or null when held (sent later in its own frame). */
-  const admitted = (ws: ServerWebSocket<WsData>, binary: boolean, id: unknown, body: Record<string, unknown>): Answer | null => {
-    let now: Answer | null = null;
-    let held = false;
-    const { handle, call } = submitRoute(service, body, (outcome) => {
-      if (!held) now = { id, status: 200, result: routeAnswer(service, outcome) };
-      else if (ws.data.heldRoutes.delete(call)) sendLater(ws, binary, service, id, outcome);
-    }, (error) => {
-      if (!held) now = errorAnswer(id, error);
-      else if (ws.data.heldRoutes.delete(call)) sendAnswer(ws, binary, errorAnswer(id, error), heldWriter);
-    });
-    if (handle < 0) return now;
-    held = true;
-    ws.data.heldRoutes.set(call, handle);
-    return null;
-  };
-
+  const api = new WsApi(service, log, metrics);
   return {
     maxPayloadLength: WS_FRAME_BYTES_MAX,
     // Compressing token ids and answers costs more CPU than the bytes are worth on
@@ -177,56 +126,156 @@ export function websocketHandlers(
     message(ws: ServerWebSocket<WsData>, message: string | Buffer) {
       // Answered at once (./turn.ts says why), after the HTTP requests that came first.
       batch.drain();
-      frame(ws, message);
+      api.frame(ws, message);
     },
   };
+}
 
-  function frame(ws: ServerWebSocket<WsData>, message: string | Buffer): void {
+/** The ops of `/v1/ws` over the core: a frame in, its answers out. */
+class WsApi {
+  constructor(
+    private readonly service: KvedgeCore,
+    private readonly log: Logger,
+    private readonly metrics: ServerMetrics,
+  ) {}
+
+  /** One frame: a request or a batch of them, answered in one frame (held routes later). */
+  frame(ws: ServerWebSocket<WsData>, message: string | Buffer): void {
     const binary = typeof message !== "string";
     // With admission on, answers are objects: a held route leaves its place out of the frame.
-    const objects = service.admission.enabled;
+    const objects = this.service.admission.enabled;
     if (binary && frameReader.read(message)) {
-      if (objects) {
-        const answers = Array.from({ length: frameReader.count }, (_, i) => answer(ws, binary, frameReader.request(i), null));
-        sendAnswers(ws, binary, frameReader.isBatch, answers);
-        return;
-      }
-      writer.reset();
-      if (frameReader.isBatch) writer.arrayHeader(frameReader.count);
-      for (let i = 0; i < frameReader.count; i++) answer(ws, binary, frameReader.request(i), writer);
-      deliver(ws, writer.written());
+      this.readFrame(ws, objects);
       return;
     }
     let parsed: unknown;
     try {
-      parsed = binary ? unpackr.unpack(message) : parseRequestJson(message, defaultTokenScanner, true);
+      parsed = binary
+        ? unpackr.unpack(message)
+        : parseRequestJson(message, defaultTokenScanner, true);
     } catch (error) {
-      send(ws, binary, { id: null, status: 400, error: `malformed ${binary ? "MessagePack" : "JSON"}: ${(error as Error).message}` });
+      const what = binary ? "MessagePack" : "JSON";
+      const text = `malformed ${what}: ${(error as Error).message}`;
+      send(ws, binary, { id: null, status: 400, error: text });
       return;
     }
     if (Array.isArray(parsed) && parsed.length > WS_BATCH_MAX) {
-      send(ws, binary, { id: null, status: 413, error: `a batch holds at most ${WS_BATCH_MAX} requests` });
+      const text = `a batch holds at most ${WS_BATCH_MAX} requests`;
+      send(ws, binary, { id: null, status: 413, error: text });
       return;
     }
     if (!binary || objects) {
       const requests: unknown[] = Array.isArray(parsed) ? parsed : [parsed];
-      sendAnswers(ws, binary, Array.isArray(parsed), requests.map((request) => answer(ws, binary, request, null)));
+      const answers = requests.map((request) => this.answer(ws, binary, request, null));
+      sendAnswers(ws, binary, Array.isArray(parsed), answers);
       return;
     }
     // MessagePack answers are written as they are made, into one reused buffer.
     writer.reset();
     if (Array.isArray(parsed)) {
       writer.arrayHeader(parsed.length);
-      for (const request of parsed) answer(ws, binary, request, writer);
+      for (const request of parsed) this.answer(ws, binary, request, writer);
     } else {
-      answer(ws, binary, parsed, writer);
+      this.answer(ws, binary, parsed, writer);
     }
     deliver(ws, writer.written());
+  }
+
+  /** A binary frame the request reader took (./request-msgpack.ts). */
+  private readFrame(ws: ServerWebSocket<WsData>, objects: boolean): void {
+    if (objects) {
+      const answers: (Answer | null)[] = [];
+      for (let i = 0; i < frameReader.count; i++) {
+        answers.push(this.answer(ws, true, frameReader.request(i), null));
+      }
+      sendAnswers(ws, true, frameReader.isBatch, answers);
+      return;
+    }
+    writer.reset();
+    if (frameReader.isBatch) writer.arrayHeader(frameReader.count);
+    for (let i = 0; i < frameReader.count; i++) {
+      this.answer(ws, true, frameReader.request(i), writer);
+    }
+    deliver(ws, writer.written());
+  }
+
+  /**
+   * Answers one request: returns the answer, or with `out`, writes it there as
+   * MessagePack (a route's answer straight from the decision, with no objects made).
+   * Null: written to `out`, or a route held by admission (answered later by `sendLater`).
+   */
+  private answer(
+    ws: ServerWebSocket<WsData>, binary: boolean, request: unknown, out: MsgpackWriter | null,
+  ): Answer | null {
+    const started = performance.now();
+    let id: unknown = null;
+    let op = "invalid";
+    let response: Answer | null = null;
+    try {
+      if (typeof request !== "object" || request === null || Array.isArray(request)) {
+        throw new HttpError(400, "each request must be an object with an id and an op");
+      }
+      const body = request as Record<string, unknown>;
+      id = body.id ?? null;
+      op = typeof body.op === "string" ? body.op : "invalid";
+      if (op === "route" && this.service.admission.enabled) {
+        response = this.admitted(ws, binary, id, body);
+      } else if (out !== null && op === "route") {
+        writeRouteFrame(out, this.service, id, decideRoute(this.service, body));
+      } else {
+        response = { id, status: 200, result: run(this.service, op, body) };
+      }
+    } catch (error) {
+      response = this.errorAnswer(id, error);
+    }
+    const label = OP_LABELS.get(op) ?? "/v1/ws invalid";
+    const seconds = (performance.now() - started) / 1000;
+    this.metrics.observeHttp(label, response === null ? 200 : response.status, seconds);
+    if (out === null || response === null) return response;
+    out.value(response as unknown as MsgpackValue);
+    return null;
+  }
+
+  private errorAnswer(id: unknown, error: unknown): Answer {
+    const client = clientError(error);
+    if (client === null) {
+      const text = error instanceof Error ? error.stack ?? error.message : String(error);
+      this.log.error("websocket request failed", { error: text });
+    }
+    const answer: Answer = {
+      id, status: client?.status ?? 500, error: client?.message ?? "internal error",
+    };
+    if (client?.retryAfterSecs != null) answer.retry_after = client.retryAfterSecs;
+    return answer;
+  }
+
+  /** A route through admission: its answer now, or null when held (sent later in its own frame). */
+  private admitted(
+    ws: ServerWebSocket<WsData>, binary: boolean, id: unknown, body: Record<string, unknown>,
+  ): Answer | null {
+    const service = this.service;
+    let now: Answer | null = null;
+    let held = false;
+    const { handle, call } = submitRoute(service, body, (outcome) => {
+      if (!held) now = { id, status: 200, result: routeAnswer(service, outcome) };
+      else if (ws.data.heldRoutes.delete(call)) sendLater(ws, binary, service, id, outcome);
+    }, (error) => {
+      if (!held) now = this.errorAnswer(id, error);
+      else if (ws.data.heldRoutes.delete(call)) {
+        sendAnswer(ws, binary, this.errorAnswer(id, error), heldWriter);
+      }
+    });
+    if (handle < 0) return now;
+    held = true;
+    ws.data.heldRoutes.set(call, handle);
+    return null;
   }
 }
 
 /** A frame's answers, held routes left out (nothing is sent when every one was held). */
-function sendAnswers(ws: ServerWebSocket<WsData>, binary: boolean, batched: boolean, answers: (Answer | null)[]): void {
+function sendAnswers(
+  ws: ServerWebSocket<WsData>, binary: boolean, batched: boolean, answers: (Answer | null)[],
+): void {
   const ready = answers.filter((answer) => answer !== null);
   if (ready.length === 0 && answers.length > 0) return;
   sendAnswer(ws, binary, batched ? ready : ready[0], writer);
@@ -250,7 +299,9 @@ function account(ws: ServerWebSocket<WsData>): void {
 }
 
 /** The metrics' route label of each op. */
-const OP_LABELS = new Map(["route", "match", "prefill_done", "done"].map((op) => [op, `/v1/ws ${op}`]));
+const OP_LABELS = new Map(
+  ["route", "match", "prefill_done", "done"].map((op) => [op, `/v1/ws ${op}`]),
+);
 
 function run(service: KvedgeCore, op: string, body: Record<string, unknown>): unknown {
   switch (op) {
@@ -262,7 +313,10 @@ function run(service: KvedgeCore, op: string, body: Record<string, unknown>): un
       if (typeof requestId !== "string") throw new HttpError(400, "request_id must be a string");
       return lifecycleOp(service, requestId, op);
     }
-    default: throw new HttpError(400, `unknown op ${JSON.stringify(op)}: use route, match, prefill_done or done`);
+    default: {
+      const known = "route, match, prefill_done or done";
+      throw new HttpError(400, `unknown op ${JSON.stringify(op)}: use ${known}`);
+    }
   }
 }
 
@@ -270,7 +324,9 @@ function send(ws: ServerWebSocket<WsData>, binary: boolean, payload: unknown): v
   sendAnswer(ws, binary, payload, writer);
 }
 
-function sendAnswer(ws: ServerWebSocket<WsData>, binary: boolean, payload: unknown, into: MsgpackWriter): void {
+function sendAnswer(
+  ws: ServerWebSocket<WsData>, binary: boolean, payload: unknown, into: MsgpackWriter,
+): void {
   if (!binary) {
     deliver(ws, toJson(payload));
     return;

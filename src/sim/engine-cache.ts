@@ -29,7 +29,7 @@
  */
 import { blockCount, chainHashes, DEFAULT_SEED, hashBlocks, type Seed } from "../hash";
 import { u64 } from "../util/u64";
-import { PairTable } from "./pair-table";
+import { PairTable } from "../util/tables";
 
 export interface BlockStoredEvent {
   readonly type: "BlockStored";

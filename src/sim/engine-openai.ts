@@ -13,7 +13,7 @@
  * Answers carry the modeled times too, outside the OpenAI fields:
  * `"kvedge_mock": {"ttft_ms", "e2e_ms"}` (model ms from arrival) next to `usage`.
  */
-import { asObject, HttpError, reply } from "../server/http";
+import { asObject, HttpError, reply } from "../http/http";
 import {
   CHAT_PATH, includesUsage, isStream, maxTokensOf, type OpenAiPath, promptTokens, SSE_DONE, sseEvent,
 } from "../proxy/openai";

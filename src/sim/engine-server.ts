@@ -24,7 +24,7 @@
 import type { Server } from "bun";
 import {
   asObject, errorReply, HttpError, optionalInt, optionalString, readBody, reply, tokenIds,
-} from "../server/http";
+} from "../http/http";
 import type { Logger } from "../util/log";
 import type { EngineRequest } from "./engine";
 import type { NetworkedEngine } from "./networked-engine";

@@ -19,7 +19,7 @@ import {
   type TtftSettings,
 } from "../route";
 import { Admission, type AdmissionSettings } from "../route/admission";
-import { PairTable } from "./pair-table";
+import { PairTable } from "../util/tables";
 import { createRng, randomInt, type Rng } from "./random";
 
 export const POLICY_NAMES = ["kv_aware_model", "round_robin", "random", "least_loaded", "approx_prefix"] as const;

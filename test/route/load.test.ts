@@ -116,6 +116,22 @@ describe("request lifecycle", () => {
     expect(load.counters).toEqual({ admitted: 1, prefillDone: 0, done: 1, expired: 0, evicted: 0, droppedWithWorker: 0, unknown: 2 });
   });
 
+  test("a clock that goes back keeps the touch list in order (the simulator's model time)", () => {
+    const { load, advance } = tracker();
+    const w = load.addWorker(1n, 0);
+    const p = prompt(1, 2, 3, 4);
+    load.admit("a", w, p.chain, 1, 4, 0, 0);
+    advance(10);
+    load.admit("b", w, p.chain, 1, 4, 0, 0);
+    advance(-5); // "a"'s prefill_done lands between the two admissions
+    expect(load.prefillDone("a")).toBe("ok");
+    load.verify();
+    advance(1_000_000); // past the TTL: both expire in one sweep, nothing left behind
+    load.expireDue();
+    expect(load.counters.expired).toBe(2);
+    load.verify();
+  });
+
   test("the chain is copied: the caller may reuse its buffer", () => {
     const { load } = tracker();
     const w = load.addWorker(1n, 0);

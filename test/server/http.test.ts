@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { pack, unpack } from "msgpackr";
 import {
   asObject, errorReply, HttpError, MSGPACK, optionalInt, optionalString, readBody, reply, tokenIds, u64Field,
-} from "../../src/server/http";
+} from "../../src/http/http";
 
 const LIMIT = 1024;
 let server: ReturnType<typeof Bun.serve>;

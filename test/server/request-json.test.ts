@@ -5,10 +5,10 @@
 // accept exactly the same arrays and read the same values).
 import { describe, expect, test } from "bun:test";
 import { usingNativeHash } from "../../src/hash";
-import { tokenIds } from "../../src/server/http";
+import { tokenIds } from "../../src/http/http";
 import {
   defaultTokenScanner, parseRequestJson as parseWith, ScannedTokens, scannerBufferBytes, type TokenScanner, TOKENS_MAX,
-} from "../../src/server/request-json";
+} from "../../src/http/request-json";
 
 test("the native scanner is the default when the native library is loaded", () => {
   expect(defaultTokenScanner).toBe(usingNativeHash ? "native" : "js");

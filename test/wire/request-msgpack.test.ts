@@ -1,6 +1,6 @@
 import { describe, expect, test } from "bun:test";
 import { pack, Unpackr } from "msgpackr";
-import { HttpError, parseBody, tokenIds } from "../../src/server/http";
+import { HttpError, parseBody, tokenIds } from "../../src/http/http";
 import { BinRef, MsgpackRequestReader } from "../../src/wire/request-msgpack";
 import { xorshift32 } from "../../src/util/random";
 

@@ -29,7 +29,7 @@
  *
  * See docs/decisions.md#native-token-reader.
  */
-import { nativeTokens } from "../hash/native";
+import { native as nativeLibrary } from "../native/library";
 
 /** A request longer than this many tokens is refused (8 MiB of body holds fewer anyway). */
 export const TOKENS_MAX = 4_000_000;
@@ -42,7 +42,7 @@ export class ScannedTokens {
 /** Who reads the digits of `token_ids`: native code (when loaded) or JavaScript. */
 export type TokenScanner = "native" | "js";
 
-export const defaultTokenScanner: TokenScanner = nativeTokens === null ? "js" : "native";
+export const defaultTokenScanner: TokenScanner = nativeLibrary === null ? "js" : "native";
 
 /**
  * JSON.parse's result for `text`, with `token_ids` arrays of request objects as
@@ -54,7 +54,7 @@ export const defaultTokenScanner: TokenScanner = nativeTokens === null ? "js" : 
  * what started the garbage collector. Otherwise each array is a copy of its own.
  */
 export function parseRequestJson(text: string, scanner: TokenScanner = defaultTokenScanner, transient = false): unknown {
-  const fast = scanTop(text, scanner === "native" && nativeTokens !== null, transient);
+  const fast = scanTop(text, scanner === "native" && nativeLibrary !== null, transient);
   return fast === undefined ? JSON.parse(text) : fast;
 }
 
@@ -226,7 +226,7 @@ function scanTokensNative(): Uint32Array | undefined {
   // A new buffer leaves the arrays already handed out in the old one.
   if (scratch.length < start + room) scratch = new Uint32Array(Math.max(start + room, Math.min(TOKENS_MAX, 2 * scratch.length)));
   const out = start === 0 ? scratch : scratch.subarray(start);
-  const count = nativeTokens!.scanTokens(bytes, length, at, out, Math.min(TOKENS_MAX, out.length), nativeEnd);
+  const count = nativeLibrary!.kv_scan_tokens(bytes, length, at, out, Math.min(TOKENS_MAX, out.length), nativeEnd);
   if (count < 0) return undefined;
   at = nativeEnd[0]!;
   return scanned(start, count);

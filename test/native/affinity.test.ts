@@ -5,16 +5,21 @@ import { describe, expect, test } from "bun:test";
 import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { getAffinity, numaNodeCpus, parseCpuList } from "../src/runtime/affinity";
+import { getAffinity, numaNodeCpus, parseCpuList } from "../../src/runtime/affinity";
+
+const affinityModule = join(import.meta.dir, "../../src/runtime/affinity.ts");
 
 describe("CPU lists", () => {
   test.each([
-    ["0", [0]], ["0-3", [0, 1, 2, 3]], ["0-1,4,6-7", [0, 1, 4, 6, 7]], [" 3 , 1 ", [1, 3]], ["2,2,1-2", [1, 2]],
+    ["0", [0]], ["0-3", [0, 1, 2, 3]], ["0-1,4,6-7", [0, 1, 4, 6, 7]], [" 3 , 1 ", [1, 3]],
+    ["2,2,1-2", [1, 2]],
   ])("%p → %p", (text, cpus) => {
     expect(parseCpuList(text)).toEqual(cpus);
   });
 
-  test.each([["", "''"], ["a", "'a'"], ["3-1", "backwards"], ["0-5000", "above 1023"], ["1,,2", "''"]])(
+  test.each([
+    ["", "''"], ["a", "'a'"], ["3-1", "backwards"], ["0-5000", "above 1023"], ["1,,2", "''"],
+  ])(
     "%p is refused (%p)", (text, why) => {
       expect(() => parseCpuList(text)).toThrow(why);
     },
@@ -34,11 +39,12 @@ describe("pinning", () => {
     const available = getAffinity();
     const target = available[available.length - 1]!;
     const script = `
-      import { pinProcess, getAffinity } from ${JSON.stringify(join(import.meta.dir, "../src/runtime/affinity.ts"))};
+      import { pinProcess, getAffinity } from ${JSON.stringify(affinityModule)};
       import { readdirSync } from "node:fs";
       const pinned = pinProcess([${target}]);
       const threads = readdirSync("/proc/self/task").map(Number);
-      console.log(JSON.stringify({ pinned, threads: threads.length, masks: threads.map((t) => getAffinity(t)) }));
+      const masks = threads.map((t) => getAffinity(t));
+      console.log(JSON.stringify({ pinned, threads: threads.length, masks }));
     `;
     const child = Bun.spawn([process.execPath, "-e", script], { stdout: "pipe", stderr: "pipe" });
     const out = await new Response(child.stdout).text();

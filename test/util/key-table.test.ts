@@ -1,7 +1,7 @@
 // KeyTable against a plain Map: random churn with colliding low bits, steady-state
 // churn, growth and shrinking back to its first size when emptied.
 import { describe, expect, test } from "bun:test";
-import { KeyTable } from "../../src/route/key-table";
+import { KeyTable } from "../../src/util/tables";
 import { xorshift32 } from "../../src/util/random";
 
 describe("KeyTable", () => {
@@ -20,7 +20,9 @@ describe("KeyTable", () => {
     for (let step = 0; step < 200_000; step++) {
       const r = random();
       if (r < 0.5 || known.length === 0) {
-        const key = r < 0.1 && known.length > 0 ? known[Math.floor(random() * known.length)]! : keyOf();
+        const key = r < 0.1 && known.length > 0
+          ? known[Math.floor(random() * known.length)]!
+          : keyOf();
         const value = Math.floor(random() * 2 ** 31);
         table.set(key, value);
         if (!model.has(key)) known.push(key);
@@ -63,6 +65,8 @@ describe("KeyTable", () => {
 
   test("refuses keys that are not integers in [0, 2^53)", () => {
     const table = new KeyTable();
-    for (const key of [-1, 0.5, 2 ** 53, Number.NaN, Number.POSITIVE_INFINITY]) expect(() => table.set(key, 1)).toThrow(RangeError);
+    for (const key of [-1, 0.5, 2 ** 53, Number.NaN, Number.POSITIVE_INFINITY]) {
+      expect(() => table.set(key, 1)).toThrow(RangeError);
+    }
   });
 });

@@ -2,7 +2,7 @@
 // long random mix of inserts, updates, adjustments and deletions across several growths
 // (backward-shift deletion is where open addressing usually goes wrong).
 import { expect, test } from "bun:test";
-import { PairTable } from "../../src/sim/pair-table";
+import { PairTable } from "../../src/util/tables";
 import { createRng, randomInt } from "../../src/sim/random";
 
 test("random operations agree with a Map, through growth and deletion", () => {

@@ -1,0 +1,47 @@
+// Goal: the core moves an active request's load from one worker to another (the
+// proxy's failover) exactly: the first worker is left with nothing, the second has
+// what a route to it would have given, and the request's lifecycle goes on there.
+import { describe, expect, test } from "bun:test";
+import { loadConfig } from "../../src/config";
+import { KvedgeCore, type RouteInput } from "../../src/core/core";
+import { silentLogger } from "../../src/util/log";
+
+const input: RouteInput = {
+  tokens: Uint32Array.from({ length: 100 }, (_, i) => i + 1), requestId: null, loraName: null,
+  cacheSalt: "tenant", expectedOutputTokens: 64, overlapScoreCredit: null, prefillLoadScale: null,
+  temperature: null,
+};
+
+function loadOf(service: KvedgeCore, slot: number) {
+  const load = service.router.load;
+  return [load.activeRequests[slot], load.activePrefillTokens[slot], load.activeDecodeBlocks[slot]];
+}
+
+describe("KvedgeCore.moveRequest", () => {
+  test("the load leaves the first worker whole and lands on the second", () => {
+    const { config } = loadConfig({ env: { KVEDGE_TRACK_OUTPUT_BLOCKS: "true" } });
+    const service = new KvedgeCore({ config, log: silentLogger, random: () => 0.5 });
+    const slots = [service.router.load.addWorker(1n, 0), service.router.load.addWorker(2n, 0)];
+    const { decision } = service.route(input, 2);
+    const to = slots.find((slot) => slot !== decision.slot)!;
+    const routed = loadOf(service, decision.slot);
+    expect(routed[0]).toBe(1);
+    expect(loadOf(service, to)).toEqual([0, 0, 0]);
+
+    service.moveRequest(decision.requestId, input, to, 2);
+    service.router.load.verify();
+    expect(loadOf(service, decision.slot)).toEqual([0, 0, 0]);
+    // Two of its blocks are cached on the target: 2 x block size fewer tokens to prefill.
+    const [requests, prefill, decode] = loadOf(service, to);
+    expect(requests).toBe(1);
+    expect(prefill).toBe(routed[1]! - 2 * service.blockSize);
+    expect(decode).toBe(routed[2]);
+    expect(service.router.load.activeRequestCount).toBe(1);
+
+    expect(service.prefillDone(decision.requestId)).toBe("ok");
+    expect(loadOf(service, to)[1]).toBe(0);
+    expect(service.done(decision.requestId)).toBe("ok");
+    expect(loadOf(service, to)).toEqual([0, 0, 0]);
+    expect(service.router.load.activeRequestCount).toBe(0);
+  });
+});
