@@ -35,7 +35,7 @@ import { PromptHasher } from "../src/route";
 import { parseTrace, transformTrace } from "../src/sim/trace";
 import { benchFlags, provenance } from "./lib";
 import { buildCorpus, OP_BATCH, OP_QUERY, type Cadence, type Corpus } from "./indexer-replay-corpus";
-import { replayLanes } from "./indexer-replay-lanes";
+import { ownCoreModel, replayLanes } from "./indexer-replay-lanes";
 
 const usage = `bun bench/indexer-replay.ts [--trace FILE] [--length-factor F] [--duplication K]
   [--workers N] [--engine-blocks B] [--block-size S] [--cadence vllm|sglang] [--prefill-chunk T]
@@ -188,10 +188,15 @@ async function replayOnLanes(corpus: Corpus): Promise<Run> {
     maxNs: config.windowMs * 1e6 + config.maxDrainS * 1e9,
     warmLookups: Math.min(config.warmupOps, 5000), pin: config.pinThreads,
   });
-  const modeled = lanes.ownCoreSchedToFinish.filter((ns) => !Number.isNaN(ns));
+  // Scheduled -> finished modeled for 1..64 lanes on cores of their own, from measured costs.
+  const modeled = (costs: Float64Array) => Object.fromEntries([1, 2, 4, 8, 16, 64].map((n) => {
+    const ns = ownCoreModel(corpus, costs, n).filter((value) => !Number.isNaN(value));
+    return [n, distribution(ns)];
+  }));
   const threads = {
     writer_cpu_s: lanes.writerCpuS, lanes: lanes.lanes, writer: { ...shared.counters },
-    own_core_sched_to_finish: distribution(modeled),
+    own_core_sched_to_finish_by_lanes: modeled(lanes.queryCosts),
+    own_core_lookup_only_by_lanes: modeled(lanes.lookupCosts),
   };
   return { ...lanes, pipeline, threads };
 }

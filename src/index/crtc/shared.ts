@@ -292,7 +292,6 @@ export class SharedIndexReader {
     }
   }
 
-  /** Spins until the node that was changing is not (its event ended), within the deadline. */
   /**
    * Spins until the node that was changing is not (its event ended), within the
    * deadline. Outside the epoch meanwhile: the next attempt starts over, and the writer
