@@ -36,7 +36,8 @@ describe("indexer replay bench", () => {
         "achieved_block_ops_per_s", "bytes_per_pair", "config", "drain_s", "kept_up", "lookup",
         "offered_block_ops_per_s", "peak_rss_mb", "update", "valid",
       ]);
-      expect(Object.keys(report.lookup).sort()).toEqual(["queue_wait", "sched_to_finish", "service"]);
+      const lookupKeys = ["hash", "queue_wait", "sched_to_finish", "service"];
+      expect(Object.keys(report.lookup).sort()).toEqual(lookupKeys);
       for (const key of ["queue_wait", "sched_to_finish", "service"]) expect(Object.keys(report.lookup[key]).sort()).toEqual(DISTRIBUTION);
       // Issuing on time depends on the machine's load (a bench property, not asserted here);
       // every other reason (drain, losses, an index unequal to the engines) must be absent.
@@ -56,11 +57,13 @@ describe("indexer replay bench", () => {
     }, 60_000);
   }
 
-  test("--route-threads other than 0 exits 2 saying it is not built", () => {
-    const result = bench(["--route-threads", "2"]);
-    expect(result.code).toBe(2);
-    expect(result.stderr).toContain("not built");
-  });
+  test("--route-threads 2: lanes look up in the shared index; one JSON line as above", () => {
+    const result = bench(["--route-threads", "2", "--json"]);
+    expect(result.code).toBe(0);
+    const report = JSON.parse(result.stdout.trim().split("\n")[0]!);
+    const lookupKeys = ["hash", "queue_wait", "sched_to_finish", "service"];
+    expect(Object.keys(report.lookup).sort()).toEqual(lookupKeys);
+  }, 60_000);
 
   test("a bad flag value exits 2 naming it", () => {
     const result = bench(["--block-size", "0"]);
