@@ -9,7 +9,7 @@
  * says why. A new native function is declared in `kvedgeSymbols` below (and
  * ABI_VERSION raised when a signature changes).
  */
-import { dlopen, FFIType } from "bun:ffi";
+import { dlopen, FFIType, type Pointer, ptr } from "bun:ffi";
 import libraryPath from "../../native/build/libkvedge.so" with { type: "file" };
 
 const ABI_VERSION = 2;
@@ -40,6 +40,8 @@ const libcSymbols = {
   /** (tid, maskBytes, mask) -> 0 or -1 (src/runtime/affinity.ts). */
   sched_setaffinity: { args: [FFIType.i32, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
   sched_getaffinity: { args: [FFIType.i32, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
+  /** (address, length, advice) -> 0 or -1 (src/index/crtc/shared-memory.ts returns pages). */
+  madvise: { args: [FFIType.ptr, FFIType.u64, FFIType.i32], returns: FFIType.i32 },
 } as const;
 
 type Symbols<T extends Parameters<typeof dlopen>[1]> = ReturnType<typeof dlopen<T>>["symbols"];
@@ -81,3 +83,13 @@ function loadLibc(): Libc | null {
 export const native: NativeLibrary | null = loadNative();
 /** glibc's calls, or null where there is no libc.so.6; independent of KVEDGE_NATIVE. */
 export const libc: Libc | null = loadLibc();
+
+/** The address of a typed array's first byte, for the libc calls that take one. */
+export function addressOf(view: Uint8Array): Pointer {
+  return ptr(view);
+}
+
+/** An address `bytes` past `base` (a pointer is a number in bun:ffi). */
+export function offsetAddress(base: Pointer, bytes: number): Pointer {
+  return (base + bytes) as Pointer;
+}

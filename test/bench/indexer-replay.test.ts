@@ -22,6 +22,7 @@ function bench(args: string[]) {
 }
 
 const DISTRIBUTION = ["max_ns", "p50_ns", "p999_ns", "p99_ns"];
+const LOOKUP = ["hash", "queue_wait", "sched_to_finish", "service"];
 
 describe("indexer replay bench", () => {
   for (const [cell, args] of [["page size 16, vLLM cadence", ["--block-size", "16", "--engine-blocks", "2048"]], ["page size 1, SGLang cadence", ["--block-size", "1", "--engine-blocks", "32768"]]] as const) {
@@ -36,9 +37,8 @@ describe("indexer replay bench", () => {
         "achieved_block_ops_per_s", "bytes_per_pair", "config", "drain_s", "kept_up", "lookup",
         "offered_block_ops_per_s", "peak_rss_mb", "update", "valid",
       ]);
-      const lookupKeys = ["hash", "queue_wait", "sched_to_finish", "service"];
-      expect(Object.keys(report.lookup).sort()).toEqual(lookupKeys);
-      for (const key of ["queue_wait", "sched_to_finish", "service"]) expect(Object.keys(report.lookup[key]).sort()).toEqual(DISTRIBUTION);
+      expect(Object.keys(report.lookup).sort()).toEqual(LOOKUP);
+      for (const key of LOOKUP) expect(Object.keys(report.lookup[key]).sort()).toEqual(DISTRIBUTION);
       // Issuing on time depends on the machine's load (a bench property, not asserted here);
       // every other reason (drain, losses, an index unequal to the engines) must be absent.
       const reasons: string[] = report.config.failure_reasons;
@@ -57,12 +57,26 @@ describe("indexer replay bench", () => {
     }, 60_000);
   }
 
-  test("--route-threads 2: lanes look up in the shared index; one JSON line as above", () => {
-    const result = bench(["--route-threads", "2", "--json"]);
+  test("--route-threads 2: lanes on the shared index; the contract, plus threads", () => {
+    const result = bench(["--block-size", "16", "--engine-blocks", "2048", "--window-ms", "2000",
+      "--route-threads", "2", "--index-budget-mb", "64", "--json"]);
+    expect(result.stderr).toBe("");
     expect(result.code).toBe(0);
-    const report = JSON.parse(result.stdout.trim().split("\n")[0]!);
-    const lookupKeys = ["hash", "queue_wait", "sched_to_finish", "service"];
-    expect(Object.keys(report.lookup).sort()).toEqual(lookupKeys);
+    const report = JSON.parse(result.stdout.trim());
+    expect(Object.keys(report.lookup).sort()).toEqual(LOOKUP);
+    const reasons: string[] = report.config.failure_reasons;
+    expect(reasons.filter((reason) => !reason.startsWith("ops accepted late"))).toEqual([]);
+    const { threads, config } = report;
+    expect(threads.lanes).toHaveLength(2);
+    // Every query was looked up on a lane, through the shared index's readers.
+    let lookups = 0;
+    for (const lane of threads.lanes as { stats: { lookups: number } }[]) {
+      lookups += lane.stats.lookups;
+    }
+    expect(lookups).toBe(config.requests);
+    expect(threads.writer_cpu_s).toBeGreaterThanOrEqual(0);
+    const modeled = Object.keys(threads.own_core_sched_to_finish_by_lanes);
+    expect(modeled).toEqual(["1", "2", "4", "8", "16", "64"]);
   }, 60_000);
 
   test("a bad flag value exits 2 naming it", () => {

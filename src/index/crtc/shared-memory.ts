@@ -8,7 +8,8 @@
  * kernel (madvise). The views are plain fixed-length typed arrays: no resizable buffer
  * (docs/decisions.md#plain-typed-arrays).
  */
-import { dlopen, FFIType, ptr } from "bun:ffi";
+import type { Pointer } from "bun:ffi";
+import { addressOf, libc, offsetAddress } from "../../native/library";
 
 export interface PoolMemory {
   readonly shared: boolean;
@@ -41,20 +42,10 @@ export const REGION_BYTES_MAX = 2 ** 32;
 const RELEASE_GRANULE = 65_536;
 const MADV_DONTNEED = 4;
 
-const libc = (() => {
-  try {
-    return dlopen("libc.so.6", {
-      madvise: { args: [FFIType.ptr, FFIType.u64, FFIType.i32], returns: FFIType.i32 },
-    }).symbols;
-  } catch {
-    return null;
-  }
-})();
-
 /** One named array's buffer and how much of it was handed out (bytes). */
 interface Region {
   readonly buffer: SharedArrayBuffer;
-  readonly base: number;
+  readonly base: Pointer | null;
   used: number;
 }
 
@@ -78,7 +69,7 @@ export class SharedRegions implements PoolMemory {
       }
       const buffer = new SharedArrayBuffer(bytes);
       this.buffers[name] = buffer;
-      const base = libc === null ? 0 : Number(ptr(new Uint8Array(buffer)));
+      const base = libc === null ? null : addressOf(new Uint8Array(buffer));
       this.regions[name] = { buffer, base, used: 0 };
     }
   }
@@ -126,10 +117,11 @@ export class SharedRegions implements PoolMemory {
     region.used = bytes;
     if (to <= from) return;
     const length = Math.min(to, region.buffer.byteLength) - from;
-    if (libc === null || libc.madvise(region.base + from, length, MADV_DONTNEED) !== 0) {
+    if (libc === null || region.base === null
+      || libc.madvise(offsetAddress(region.base, from), length, MADV_DONTNEED) !== 0) {
       this.releaseFailures++;
       return;
     }
-    this.releasedBytes += to - from;
+    this.releasedBytes += length;
   }
 }
