@@ -5,16 +5,17 @@
  * their blocks with every other worker (a common system prompt), half are its own.
  *
  * Phases, each timed alone (one process, after a forced GC):
- *   freeze       the synchronous copy of the index (crtc: a memcpy of its arrays; blocks the event loop)
+ *   freeze       the copy of the index, at once (the periodic write: in slices, writes paused)
  *   pack         the copy into snapshot words, all at once (the periodic write runs it in slices)
  *   write        encode the file, write, fsync, rename, directory fsync
  *   read         read the file, check size, magic, version, checksum and every operation
  *   apply        apply the operations to a fresh index (the load at start)
  * Then checks the loaded index holds the same pairs. RSS after each phase. Last, the
  * periodic write's effect on routing: findMatches queries (a route's index work) are
- * issued every 1 ms of timer while a sliced pack (src/state/warm.ts SLICE_BLOCKS)
- * runs, and the delay of each (timer lateness + the query) is reported as p50/p99/max,
- * next to the same without a snapshot running.
+ * issued every 1 ms of timer while the periodic write runs (src/state/warm.ts: the
+ * sliced copy and pack, SLICE_MS a turn, then encoding and writing the file), and the
+ * delay of each (timer lateness + the query) is reported as p50/p99/max, next to the
+ * same without a snapshot running.
  *
  *   bun bench/snapshot.ts [--pairs N] [--workers N] [--dir DIR] [--json]
  */
@@ -23,9 +24,10 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createIndex } from "../src/index/index";
 import { MatchResult } from "../src/index/types";
-import { IndexPacker } from "../src/index/pack";
+import { freezeNow, IndexPacker } from "../src/index/pack";
+import { PackJob, WritePause } from "../src/index/write-pause";
 import { forEachOp, readSnapshotFile, type Snapshot, writeSnapshotFile } from "../src/state/snapshot";
-import { SLICE_BLOCKS } from "../src/state/warm";
+import { SLICE_MS } from "../src/state/warm";
 import { benchFlags, provenance, rssBytes } from "./lib";
 
 const flags = benchFlags("bun bench/snapshot.ts [--pairs N] [--workers N] [--dir DIR] [--json]", {
@@ -84,7 +86,7 @@ const index = build();
 const held = index.stats().blocks;
 const dir = flags.dir ?? mkdtempSync(join(tmpdir(), "kvedge-snapshot-bench-"));
 try {
-  const frozen = time("freeze_ms", () => index.freeze(), rows);
+  const frozen = time("freeze_ms", () => freezeNow(index.freeze()), rows);
   const snapshot: Snapshot = time("pack_ms", () => {
     const packer = new IndexPacker(frozen);
     while (!packer.step(Infinity));
@@ -101,12 +103,14 @@ try {
   const equal = view(restored) === view(index) && restored.stats().blocks === held;
   const idle = await routeDelays(async () => { await Bun.sleep(1000); });
   const during = await routeDelays(async () => {
-    const packer = new IndexPacker(index.freeze());
-    const turn = () => new Promise((resolve) => setImmediate(resolve));
-    do await turn(); while (!packer.step(SLICE_BLOCKS));
+    const job = new PackJob(index, new WritePause(index, 64 << 20));
+    await job.run(SLICE_MS);
+    const { words, workerIds } = job.result();
+    const createdAt = new Date().toISOString();
+    await writeSnapshotFile(dir, { blockSize: BLOCK_SIZE, createdAt, positions: [], workerIds: [...workerIds], words });
   });
   const result = {
-    route_delay_ms: { idle, during_sliced_snapshot: during },
+    route_delay_ms: { idle, during_periodic_write: during },
     ...provenance(), pairs: held, workers: WORKERS, file_bytes: bytes, bytes_per_pair: bytes / held, equal,
     phases: Object.assign({}, ...rows.map((row) => Object.fromEntries(Object.entries(row).filter(([k]) => k !== "rss_mb")))),
     rss_mb_after: rows.map((row) => Math.round(row.rss_mb!)),
@@ -116,7 +120,7 @@ try {
     console.log(`${held.toLocaleString()} pairs, ${WORKERS} workers: file ${(bytes / 2 ** 20).toFixed(1)} MiB (${(bytes / held).toFixed(1)} B/pair), equal after load: ${equal}`);
     const show = (d: Delays) => `p50 ${d.p50.toFixed(2)} p99 ${d.p99.toFixed(2)} max ${d.max.toFixed(1)} ms (${d.n} queries)`;
     console.log(`  route delay, idle:                 ${show(idle)}`);
-    console.log(`  route delay, during sliced pack:   ${show(during)}`);
+    console.log(`  route delay, during periodic write: ${show(during)}`);
     for (const row of rows) {
       const [phase, ms] = Object.entries(row)[0]!;
       console.log(`  ${phase.padEnd(16)} ${ms.toFixed(0).padStart(7)} ms   rss ${row.rss_mb!.toFixed(0)} MiB`);

@@ -5,25 +5,35 @@
  * (default 600) by a bounded closed loop of requests, with one engine SIGKILLed and
  * restarted every --restart-every seconds (0 = never). All on loopback.
  *
+ * kvedge keeps a snapshot (--snapshot-every S seconds, 0 = none) and is dumped
+ * (`GET /v1/dump`) every --dump-every S seconds (0 = never), so both copy the index
+ * under live writes (src/index/write-pause.ts) all along.
+ *
  * Samples kvedge's RSS (VmRSS of its process) and index size every 5 s. At the end the
  * load stops, the engines go idle, and every worker's indexed blocks are compared with
  * its engine's real cache (`GET /v1/cache`); the loss accounting is read from
  * `/v1/workers` and `/metrics`. Exit code 1 if any worker differs while exact.
  *
- *   bun bench/soak.ts [--seconds N] [--engines N] [--restart-every S] [--drop-rate P] [--log FILE] [--json]
+ *   bun bench/soak.ts [--seconds N] [--engines N] [--restart-every S] [--drop-rate P]
+ *     [--snapshot-every S] [--dump-every S] [--log FILE] [--json]
  *
  * --log FILE keeps kvedge's warnings and errors (JSON lines).
  */
 import type { Subprocess } from "bun";
-import { readFileSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { benchFlags, killWithBench, provenance } from "./lib";
 
-const flags = benchFlags("bun bench/soak.ts [--seconds N] [--engines N] [--restart-every S] [--drop-rate P] [--log FILE] [--json]", {
+const USAGE = "bun bench/soak.ts [--seconds N] [--engines N] [--restart-every S] [--drop-rate P] "
+  + "[--snapshot-every S] [--dump-every S] [--log FILE] [--json]";
+const flags = benchFlags(USAGE, {
   seconds: { type: "string" },
   engines: { type: "string" },
   "restart-every": { type: "string" },
   "drop-rate": { type: "string" },
+  "snapshot-every": { type: "string" },
+  "dump-every": { type: "string" },
   json: { type: "boolean" },
   log: { type: "string" },
 });
@@ -31,6 +41,8 @@ const SECONDS = Number(flags.seconds ?? 600);
 const ENGINES = Number(flags.engines ?? 4);
 const RESTART_EVERY = Number(flags["restart-every"] ?? 60);
 const DROP_RATE = String(flags["drop-rate"] ?? "0.01");
+const SNAPSHOT_EVERY = Number(flags["snapshot-every"] ?? 10);
+const DUMP_EVERY = Number(flags["dump-every"] ?? 20);
 const CONCURRENCY = 4;
 const BIN = join(import.meta.dir, "..", "dist", "kvedge");
 type Json = Record<string, any>;
@@ -102,8 +114,12 @@ const random = () => ((state = (Math.imul(state, 1103515245) + 12345) >>> 0) / 2
 const engines: Engine[] = [];
 for (let i = 0; i < ENGINES; i++) engines.push(await startEngine());
 const workers = engines.map((e, i) => `${i + 1}=${e.endpoint};replay=${e.replay}`).join(",");
+const stateDir = SNAPSHOT_EVERY > 0 ? mkdtempSync(join(tmpdir(), "kvedge-soak-")) : null;
+process.on("exit", () => { if (stateDir !== null) rmSync(stateDir, { recursive: true, force: true }); });
+const stateFlags = stateDir === null ? [] : ["--state-dir", stateDir, "--snapshot-interval-secs", String(SNAPSHOT_EVERY)];
 const serve = track(Bun.spawn([BIN, "serve", "--port", "0", "--warmup-routes", "0", "--log-format", "json",
-  "--reconnect-min-ms", "50", "--reconnect-max-ms", "500", "--workers", workers], { stdin: "ignore", stdout: "pipe", stderr: "pipe" }));
+  "--reconnect-min-ms", "50", "--reconnect-max-ms", "500", ...stateFlags, "--workers", workers],
+{ stdin: "ignore", stdout: "pipe", stderr: "pipe" }));
 let url = "";
 {
   const decoder = new TextDecoder();
@@ -132,6 +148,19 @@ const samples: { t: number; rss_mb: number; blocks: number }[] = [];
 let requests = 0;
 let failures = 0;
 let restarts = 0;
+const dumps = { count: 0, lines: 0, maxMs: 0 };
+
+/** A whole `GET /v1/dump` every DUMP_EVERY seconds while the load runs. */
+async function dumper(): Promise<void> {
+  while (DUMP_EVERY > 0 && performance.now() + DUMP_EVERY * 1000 < deadline) {
+    await Bun.sleep(DUMP_EVERY * 1000);
+    const begun = performance.now();
+    const text = await (await fetch(`${url}/v1/dump`)).text();
+    dumps.maxMs = Math.max(dumps.maxMs, performance.now() - begun);
+    dumps.count++;
+    dumps.lines += text.split("\n").length - 1;
+  }
+}
 
 async function loop(): Promise<void> {
   while (performance.now() < deadline) {
@@ -169,7 +198,7 @@ async function sampler(): Promise<void> {
   }
 }
 
-await Promise.all([sampler(), ...Array.from({ length: CONCURRENCY }, loop)]);
+await Promise.all([sampler(), dumper(), ...Array.from({ length: CONCURRENCY }, loop)]);
 
 // Quiesce: engines idle, then every worker must be exact and equal, or degraded with its losses counted.
 const compare = async () => {
@@ -214,7 +243,8 @@ const sum = (series: string, label = "") => metrics.split("\n").filter((l) => l.
 const steady = samples.filter((s) => s.t >= Math.min(60, SECONDS / 4));
 const result = {
   ...provenance(), seconds: SECONDS, engines: ENGINES, restart_every_s: RESTART_EVERY, drop_rate: Number(DROP_RATE),
-  requests, request_failures: failures, engine_restarts: restarts,
+  requests, request_failures: failures, engine_restarts: restarts, snapshot_every_s: SNAPSHOT_EVERY,
+  dumps: { ...dumps, maxMs: Math.round(dumps.maxMs) }, held_writes: sum("kvedge_index_held_writes_total{", 'what="writes"'),
   rss_mb: { first: samples[0]?.rss_mb, steady_min: Math.min(...steady.map((s) => s.rss_mb)), steady_max: Math.max(...steady.map((s) => s.rss_mb)), last: samples.at(-1)?.rss_mb },
   index_blocks_last: samples.at(-1)?.blocks,
   resets: sum("kvedge_ingest_resets_total{"), replays_completed: sum("kvedge_ingest_replays_total{", 'result="completed"'),

@@ -109,19 +109,19 @@ Example:
       log.info("proxy enabled", { model, tokenizer: config.proxy.tokenizer, vocab_size: tokenizer?.vocabSize ?? null });
     }
     const registry = metricsOf(service, proxy, plan, writer);
+    const stateDir = config.state.dir;
+    const stateLog = log.child({ component: "state" });
+    const saved = stateDir === null ? null : loadSnapshot(service, stateDir, config.workers.map((worker) => worker.worker_id), stateLog);
+    await service.start(); // snapshot and sources before the port opens (docs/operations.md)
+    if (saved !== null) restoreRequests(service, saved, stateLog);
     let serving: Serving;
     try {
       serving = await listen(config, plan, { service, writer, registry, proxy }, log);
     } catch (error) {
-      await writer?.stop();
+      await service.stop().then(() => writer?.stop());
       process.stderr.write(`kvedge serve: ${(error as Error).message}\n`);
       return 1;
     }
-    const stateDir = config.state.dir;
-    const stateLog = log.child({ component: "state" });
-    const saved = stateDir === null ? null : loadSnapshot(service, stateDir, config.workers.map((worker) => worker.worker_id), stateLog);
-    await service.start();
-    if (saved !== null) restoreRequests(service, saved, stateLog);
     const periodic = stateDir === null ? null : new PeriodicSnapshots(service, stateDir, stateLog);
     const snapshots = periodic === null ? null : setInterval(() => void periodic.tick(), config.state.snapshot_interval_secs * 1000);
     log.info("listening", {

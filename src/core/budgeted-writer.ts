@@ -5,7 +5,6 @@
  * The core uses it on the main thread, the writer thread (src/runtime/writer.ts) on its.
  */
 import type { IndexBudget } from "../index/budget";
-import type { KvIndex } from "../index";
 import type { KvEventWriter } from "../ingest/normalize";
 import type { WorkerTable } from "./worker-table";
 
@@ -16,7 +15,15 @@ export interface BudgetEvents {
   cleared(slot: number): void;
 }
 
-export function budgetedWriter(index: KvIndex, budget: IndexBudget, workerTable: WorkerTable,
+/** Where the writes go: the index, or the write pause in front of it. */
+export interface IndexWrites {
+  storeAt(slot: number, hasParent: boolean, parentHi: number, parentLo: number,
+    external: Uint32Array, local: Uint32Array, count: number, first: number): unknown;
+  removeAt(slot: number, external: Uint32Array, count: number, first: number): unknown;
+  clearAt(slot: number): void;
+}
+
+export function budgetedWriter(index: IndexWrites, budget: IndexBudget, workerTable: WorkerTable,
   events: BudgetEvents): KvEventWriter {
   return {
     workerTable,

@@ -12,6 +12,7 @@ import { blockSeed } from "../hash";
 import type { KvIndex } from "../index";
 import { createIndex, MatchResult } from "../index";
 import { defaultIndexBudgetBytes, IndexBudget } from "../index/budget";
+import { WritePause } from "../index/write-pause";
 import type { KvEventWriter } from "../ingest/normalize";
 import { EngineSource, type SourceState } from "../ingest/source";
 import { CandidateList, PromptHasher, type RouteDecision, Router } from "../route";
@@ -119,6 +120,9 @@ export interface CoreOptions {
   readonly random?: () => number;
 }
 
+/** Index writes held during a sliced copy before the copy is finished at once. */
+const HELD_WRITES_BYTES = 64 * 1024 * 1024;
+
 /** Key of a (worker, dp rank) in `restoredPositions`. */
 export const positionKey = (workerId: bigint, dpRank: number): string => `${workerId}:${dpRank}`;
 
@@ -131,6 +135,8 @@ export class KvedgeCore {
   readonly budget: IndexBudget;
   /** Slots with stores refused at the budget: degraded until their worker's cache is cleared. */
   private readonly incomplete = new Set<number>();
+  /** Index writes, held while the index is copied in slices (GET /v1/dump, snapshots). */
+  readonly writes: WritePause;
   /** What sources write to: the index, behind the memory budget. */
   private readonly writer: KvEventWriter;
   /** Every source, configured or added. */
@@ -165,7 +171,7 @@ export class KvedgeCore {
     this.blockSize = config.index.block_size;
     this.index = this.createIndex(config, options.writer);
     this.budget = new IndexBudget(this.index, config.index.memory_budget_bytes ?? defaultIndexBudgetBytes());
-    this.writer = this.budgetedWriter();
+    this.writer = this.budgetedWriter(this.writes = new WritePause(this.index, HELD_WRITES_BYTES));
     this.router = new Router({
       workers: this.workerTable,
       blockSize: this.blockSize,
@@ -506,6 +512,7 @@ export class KvedgeCore {
     await Promise.all(stopping);
     const slots = this.workerTable.slotsOf(workerId);
     // The index lets go of the slots first: a slot is freed only once nothing names it.
+    this.writes.settle(); // a change that does not wait for a copy in progress
     // (With a writer thread, its index and its own slots go when this record arrives;
     // lookups meanwhile name no slot of this thread that is gone: they are left out.)
     this.index.removeWorker(workerId);
@@ -616,9 +623,12 @@ export class KvedgeCore {
     }
   }
 
-  /** The index as sources write to it, behind the memory budget (./budgeted-writer.ts). */
-  private budgetedWriter(): KvEventWriter {
-    return budgetedWriter(this.index, this.budget, this.workerTable, {
+  /**
+   * The index as sources write to it: behind the memory budget (./budgeted-writer.ts),
+   * through the write pause of copies in progress (src/index/write-pause.ts).
+   */
+  private budgetedWriter(writes: WritePause): KvEventWriter {
+    return budgetedWriter(writes, this.budget, this.workerTable, {
       refused: (slot, blocks) => this.refuseStore(slot, blocks),
       // Holding nothing is known exactly: refused stores no longer matter.
       cleared: (slot) => {

@@ -1,20 +1,21 @@
 /**
  * dump(): the events that rebuild an equal index (same workers, same held blocks under
  * the same external hashes) when applied in order to a fresh one. Shared by every
- * backend: a backend lists its blocks (parents before children) and each worker's
- * (external hash, block) pairs; this file turns them into stored/removed events.
+ * backend: the index is frozen and packed into operation words (./pack.ts: per worker
+ * its held blocks in depth-first order, chained, placeholders through holes), and this
+ * file reads those words as events, either as objects (`dump()`) or as NDJSON bytes
+ * written straight from the words (`DumpText`, for `GET /v1/dump`: no string per
+ * entry, a few bytes of garbage per slice).
  *
- * Per worker, held blocks are emitted in depth-first order of the tree, chained into
- * one stored event while each block's parent is the previous block. A held block whose
- * parent the worker does not hold (a descendant kept across a mid-chain removal) is
- * stored through the missing blocks under placeholder hashes, which a removed event
- * then drops: the worker ends up holding exactly the original blocks. Placeholders
- * count down from 2^64 - 1 and skip every hash the worker holds, so they cannot
- * collide with a real block of that worker (and other workers' hashes do not matter:
- * lookups are per worker). A worker present with no blocks is recreated the same way.
+ * A stored operation longer than DUMP_CHAIN_BLOCKS_MAX blocks is cut into events of at
+ * most that many, each after the previous one's last block. Placeholders count down
+ * from 2^64 - 1 and skip every hash the worker holds, so they cannot collide with a
+ * real block of that worker (and other workers' hashes do not matter: lookups are per
+ * worker). A worker present with no blocks is stored and emptied again.
  */
 import type { IndexOp, RemovedOp, StoredOp } from "./ops";
-import { u64, u64String } from "../util/u64";
+import { type FrozenIndex, OP_STORED, packIndex } from "./pack";
+import { u64String } from "../util/u64";
 
 export interface DumpSource {
   /** Block keys are integers in [0, blockKeyLimit). */
@@ -30,207 +31,191 @@ export interface DumpSource {
   ): void;
 }
 
-const ROOT_KEY = -1;
-
 /** Longest stored event a dump writes; a longer chain continues in the next event. */
 export const DUMP_CHAIN_BLOCKS_MAX = 4096;
-/** Keys handled between two pauses (null steps) of the preparation. */
-const STEP_KEYS = 65_536;
-const NOT_A_BLOCK = -2;
 
-/** A dump's events, or null: a step of work done without an event (a reader may pause there). */
-export type DumpStep = IndexOp | null;
-
-export function dumpEvents(source: DumpSource, blockSize: number): IndexOp[] {
-  return collectDump(lazyDumpEvents(source, blockSize));
-}
-
-export function collectDump(steps: Iterable<DumpStep>): IndexOp[] {
+/** The dump of a frozen index as event objects. */
+export function dumpEvents(frozen: FrozenIndex, blockSize: number): IndexOp[] {
+  const { words, workerIds } = packIndex(frozen);
+  const ids = workerIds.map(String);
   const events: IndexOp[] = [];
-  for (const step of steps) if (step !== null) events.push(step);
+  const hash = (at: number): string => u64String(words[at]!, words[at + 1]!);
+  forEachEvent(words, (kind, at, piece, pieceBlocks) => {
+    const workerId = ids[words[at + 1]!]!;
+    const dpRank = words[at + 2]!;
+    if (kind === OP_STORED) {
+      const n = words[at + 6]!;
+      const ext = at + 7 + 2 * piece;
+      const event: StoredOp = {
+        op: "stored", worker_id: workerId, dp_rank: dpRank,
+        parent_block_hash: piece > 0 ? hash(ext - 2) : words[at + 3] === 1 ? hash(at + 4) : null,
+        block_hashes: [], local_hashes: [], block_size: blockSize,
+      };
+      for (let i = 0; i < pieceBlocks; i++) {
+        event.block_hashes.push(hash(ext + 2 * i));
+        event.local_hashes!.push(hash(ext + 2 * n + 2 * i));
+      }
+      events.push(event);
+      return;
+    }
+    const event: RemovedOp = { op: "removed", worker_id: workerId, dp_rank: dpRank, block_hashes: [] };
+    for (let i = 0; i < pieceBlocks; i++) event.block_hashes.push(hash(at + 4 + 2 * i));
+    events.push(event);
+  });
   return events;
 }
 
 /**
- * The same events, built as they are read: only the copy of the index is made at the
- * call (so the events describe that instant however the index changes after); ordering
- * the blocks and writing each event happen as the steps are read, so a caller can
- * spread a large dump over many turns.
+ * Calls `visit` for each event of the packed words: the operation at word `at`, and
+ * the piece of it (first block, block count) that one event carries.
  */
-export function lazyDumpEvents(source: DumpSource, blockSize: number): IterableIterator<DumpStep> {
-  const limit = source.blockKeyLimit;
-  const parentOf = new Int32Array(limit).fill(NOT_A_BLOCK);
-  const hiOf = new Uint32Array(limit);
-  const loOf = new Uint32Array(limit);
-  const visited = new Int32Array(limit);
-  let blocks = 0;
-  source.forEachBlock((key, parent, hi, lo) => {
-    parentOf[key] = parent;
-    hiOf[key] = hi;
-    loOf[key] = lo;
-    visited[blocks++] = key;
-  });
-  // forEachWorker hands out fresh arrays: keeping them is the copy of the held pairs.
-  const workers: HeldBlocks[] = [];
-  source.forEachWorker((workerId, dpRank, external, keys, count) => workers.push({ workerId, dpRank, external, keys, count }));
-  return dumpSteps({ parentOf, hiOf, loOf, visited: visited.subarray(0, blocks), limit }, workers, blockSize);
-}
-
-interface HeldBlocks {
-  readonly workerId: bigint;
-  readonly dpRank: number;
-  readonly external: Uint32Array;
-  readonly keys: Uint32Array;
-  readonly count: number;
-}
-
-interface BlockCopy {
-  readonly parentOf: Int32Array;
-  readonly hiOf: Uint32Array;
-  readonly loOf: Uint32Array;
-  /** Block keys in the order forEachBlock visited them (parents first). */
-  readonly visited: Int32Array;
-  readonly limit: number;
-}
-
-function* dumpSteps(copy: BlockCopy, workers: HeldBlocks[], blockSize: number): Generator<DumpStep> {
-  const { parentOf, hiOf, loOf, limit } = copy;
-  const order = yield* preorder(copy);
-  const heldStamp = new Uint32Array(limit);
-  const extHi = new Uint32Array(limit);
-  const extLo = new Uint32Array(limit);
-  let stamp = 0;
-  for (const { workerId: workerIdBig, dpRank, external, keys, count } of workers) {
-    stamp++;
-    const workerId = workerIdBig.toString();
-    const held = new Uint32Array(count);
-    for (let i = 0; i < count; i++) {
-      const key = keys[i]!;
-      heldStamp[key] = stamp;
-      extHi[key] = external[2 * i]!;
-      extLo[key] = external[2 * i + 1]!;
-      held[i] = order.rank[key]!;
+function forEachEvent(words: Uint32Array, visit: (kind: number, at: number, piece: number, blocks: number) => void): void {
+  for (let at = 0; at < words.length;) {
+    const kind = words[at]!;
+    const n = kind === OP_STORED ? words[at + 6]! : words[at + 3]!;
+    for (let piece = 0; piece < n || (piece === 0 && n === 0); piece += DUMP_CHAIN_BLOCKS_MAX) {
+      visit(kind, at, piece, Math.min(DUMP_CHAIN_BLOCKS_MAX, n - piece));
     }
-    held.sort(); // numeric, native: by pre-order rank
-    for (let i = 0; i < count; i++) held[i] = order.keyAt[held[i]!]!;
-    yield null;
-    const placeholders = new Placeholders(external, count);
-    const hashOf = (key: number): string => u64String(extHi[key]!, extLo[key]!);
-    const localOf = (key: number): string => u64String(hiOf[key]!, loOf[key]!);
-    // The stored event being extended while each block's parent is the previous one.
-    let open: StoredOp | null = null;
-    let openLast = ROOT_KEY - 1;
-    for (const key of held) {
-      const parent = parentOf[key]!;
-      if (open !== null && parent === openLast && open.block_hashes.length < DUMP_CHAIN_BLOCKS_MAX) {
-        open.block_hashes.push(hashOf(key));
-        open.local_hashes!.push(localOf(key));
-        openLast = key;
-        continue;
-      }
-      if (open !== null) yield open;
-      open = null;
-      if (parent === ROOT_KEY || heldStamp[parent] === stamp) {
-        open = stored(workerId, dpRank, parent === ROOT_KEY ? null : hashOf(parent), blockSize);
-        open.block_hashes.push(hashOf(key));
-        open.local_hashes!.push(localOf(key));
-        openLast = key;
-        continue;
-      }
-      // A held block below blocks this worker does not hold: store through them.
-      const missing: number[] = [];
-      let ancestor = parent;
-      while (ancestor !== ROOT_KEY && heldStamp[ancestor] !== stamp) {
-        missing.push(ancestor);
-        ancestor = parentOf[ancestor]!;
-      }
-      missing.reverse();
-      const event = stored(workerId, dpRank, ancestor === ROOT_KEY ? null : hashOf(ancestor), blockSize);
-      const removed: RemovedOp = { op: "removed", worker_id: workerId, dp_rank: dpRank, block_hashes: [] };
-      for (const hole of missing) {
-        const placeholder = placeholders.next();
-        event.block_hashes.push(placeholder);
-        event.local_hashes!.push(localOf(hole));
-        removed.block_hashes.push(placeholder);
-      }
-      event.block_hashes.push(hashOf(key));
-      event.local_hashes!.push(localOf(key));
-      yield event;
-      yield removed;
-    }
-    if (open !== null) yield open;
-    if (count === 0) {
-      // Present but empty: store one placeholder block and drop it again.
-      const placeholder = placeholders.next();
-      const event = stored(workerId, dpRank, null, blockSize);
-      event.block_hashes.push(placeholder);
-      event.local_hashes!.push("0");
-      yield event;
-      yield { op: "removed", worker_id: workerId, dp_rank: dpRank, block_hashes: [placeholder] };
-    }
+    at = nextOp(words, at);
   }
 }
 
-function stored(workerId: string, dpRank: number, parent: string | null, blockSize: number): StoredOp {
-  return {
-    op: "stored",
-    worker_id: workerId,
-    dp_rank: dpRank,
-    parent_block_hash: parent,
-    block_hashes: [],
-    local_hashes: [],
-    block_size: blockSize,
-  };
+function nextOp(words: Uint32Array, at: number): number {
+  return words[at] === OP_STORED ? at + 7 + 4 * words[at + 6]! : at + 4 + 2 * words[at + 3]!;
 }
+
+const ascii = (text: string): Uint8Array => new TextEncoder().encode(text);
+const STORED_AFTER_RANK = ascii(',"parent_block_hash":');
+const NULL = ascii("null");
+const BLOCK_HASHES = ascii(',"block_hashes":[');
+const LOCAL_HASHES = ascii('],"local_hashes":[');
+const QUOTE = 0x22;
+const COMMA = 0x2c;
+/** The longest event in bytes: two lists of u64 strings (up to 23 bytes each with quotes and comma), plus the rest. */
+const EVENT_BYTES_MAX = 2 * 23 * DUMP_CHAIN_BLOCKS_MAX + 256;
 
 /**
- * Every block's rank in a depth-first pre-order walk from the root, and the block at
- * each rank, in steps of STEP_KEYS keys (a null step between them).
+ * The dump of packed words as NDJSON, the same text as `dump()`'s events through
+ * JSON.stringify, written a slice at a time into a byte buffer of its own.
  */
-function* preorder(copy: BlockCopy): Generator<null, { rank: Uint32Array; keyAt: Int32Array }> {
-  const { parentOf, visited, limit } = copy;
-  const firstChild = new Int32Array(limit + 1).fill(-1); // index `limit` is the root
-  const nextSibling = new Int32Array(limit).fill(-1);
-  for (let i = 0; i < visited.length; i++) {
-    const key = visited[i]!;
-    const parent = parentOf[key]!;
-    const slot = parent === ROOT_KEY ? limit : parent;
-    nextSibling[key] = firstChild[slot]!;
-    firstChild[slot] = key;
-    if (i % STEP_KEYS === STEP_KEYS - 1) yield null;
+export class DumpText {
+  private at = 0;
+  private piece = 0;
+  private readonly storedHead: Uint8Array[];
+  private readonly removedHead: Uint8Array[];
+  private readonly tail: Uint8Array;
+  private out: Uint8Array;
+  private length = 0;
+
+  constructor(private readonly words: Uint32Array, workerIds: readonly bigint[], blockSize: number, sliceBytes: number) {
+    // Per worker ref, the bytes up to the dp rank: written once, copied per event.
+    this.storedHead = workerIds.map((id) => ascii(`{"op":"stored","worker_id":"${id}","dp_rank":`));
+    this.removedHead = workerIds.map((id) => ascii(`{"op":"removed","worker_id":"${id}","dp_rank":`));
+    this.tail = ascii(`],"block_size":${blockSize}}\n`);
+    this.out = new Uint8Array(sliceBytes + EVENT_BYTES_MAX);
   }
-  const rank = new Uint32Array(limit);
-  const keyAt = new Int32Array(visited.length);
-  const stack = new Int32Array(visited.length);
-  let top = 0;
-  for (let key = firstChild[limit]!; key !== -1; key = nextSibling[key]!) stack[top++] = key;
-  let next = 0;
-  while (top > 0) {
-    const key = stack[--top]!;
-    keyAt[next] = key;
-    rank[key] = next++;
-    for (let child = firstChild[key]!; child !== -1; child = nextSibling[child]!) stack[top++] = child;
-    if (next % STEP_KEYS === 0) yield null;
+
+  get done(): boolean {
+    return this.at >= this.words.length;
   }
-  return { rank, keyAt };
+
+  /**
+   * Writes whole events until at least `bytes` are written or `until()` says stop (it
+   * is asked every few events); returns a fresh copy of them (empty once done).
+   */
+  next(bytes: number, until: () => boolean): Uint8Array {
+    this.length = 0;
+    for (let events = 1; !this.done && this.length < bytes; events++) {
+      this.event();
+      if (events % 16 === 0 && until()) break;
+    }
+    return this.out.slice(0, this.length);
+  }
+
+  private event(): void {
+    const words = this.words;
+    const at = this.at;
+    const stored = words[at] === OP_STORED;
+    const n = stored ? words[at + 6]! : words[at + 3]!;
+    const piece = this.piece;
+    const blocks = Math.min(DUMP_CHAIN_BLOCKS_MAX, n - piece);
+    const ref = words[at + 1]!;
+    this.put((stored ? this.storedHead : this.removedHead)[ref]!);
+    this.number(words[at + 2]!);
+    if (stored) {
+      const ext = at + 7 + 2 * piece;
+      this.put(STORED_AFTER_RANK);
+      if (piece > 0) this.hash(ext - 2);
+      else if (words[at + 3] === 1) this.hash(at + 4);
+      else this.put(NULL);
+      this.put(BLOCK_HASHES);
+      this.hashes(ext, blocks);
+      this.put(LOCAL_HASHES);
+      this.hashes(ext + 2 * n, blocks);
+      this.put(this.tail);
+    } else {
+      this.put(BLOCK_HASHES);
+      this.hashes(at + 4 + 2 * piece, blocks);
+      this.put(REMOVED_TAIL);
+    }
+    this.piece += DUMP_CHAIN_BLOCKS_MAX;
+    if (this.piece >= n) {
+      this.piece = 0;
+      this.at = nextOp(words, at);
+    }
+  }
+
+  private hashes(from: number, count: number): void {
+    for (let i = 0; i < count; i++) {
+      if (i > 0) this.out[this.length++] = COMMA;
+      this.hash(from + 2 * i);
+    }
+  }
+
+  private hash(at: number): void {
+    this.out[this.length++] = QUOTE;
+    this.length = writeU64(this.out, this.length, this.words[at]!, this.words[at + 1]!);
+    this.out[this.length++] = QUOTE;
+  }
+
+  private number(value: number): void {
+    this.length = writeDigits(this.out, this.length, value);
+  }
+
+  private put(bytes: Uint8Array): void {
+    this.out.set(bytes, this.length);
+    this.length += bytes.length;
+  }
 }
 
-/** Hashes no held block of one worker uses, counting down from 2^64 - 1. */
-class Placeholders {
-  private held: Set<bigint> | null = null;
-  private value = (1n << 64n) - 1n;
+const REMOVED_TAIL = ascii("]}\n");
+const U32 = 0x1_0000_0000;
+/** Below 2^21 in the high word, a u64 is exact as a double. */
+const HI_EXACT = 0x20_0000;
+const MILLION = 1_000_000;
 
-  constructor(private readonly external: Uint32Array, private readonly count: number) {}
+/** Writes the decimal form of the u64 (hi, lo) at `at`; returns the end. */
+export function writeU64(out: Uint8Array, at: number, hi: number, lo: number): number {
+  if (hi < HI_EXACT) return writeDigits(out, at, hi * U32 + lo);
+  // value = upper * 10^6 + low6, each part exact: (hi % 10^6) * 2^32 + lo < 2^53.
+  const r = hi % MILLION;
+  const t = r * U32 + lo;
+  const tq = Math.floor(t / MILLION);
+  const low6 = t - tq * MILLION;
+  at = writeDigits(out, at, ((hi - r) / MILLION) * U32 + tq);
+  for (let p = MILLION / 10; p >= 1; p /= 10) out[at++] = 0x30 + (Math.floor(low6 / p) % 10);
+  return at;
+}
 
-  next(): string {
-    if (this.held === null) {
-      // Built on first use: most workers need no placeholder.
-      this.held = new Set();
-      for (let i = 0; i < this.count; i++) this.held.add(u64(this.external[2 * i]!, this.external[2 * i + 1]!));
-    }
-    while (this.held.has(this.value)) this.value--;
-    const text = this.value.toString();
-    this.value--;
-    return text;
+/** Writes the decimal digits of a non-negative integer below 2^53 at `at`; returns the end. */
+function writeDigits(out: Uint8Array, at: number, value: number): number {
+  let digits = 1;
+  for (let p = 10; p <= value; p *= 10) digits++;
+  let rest = value;
+  for (let i = digits - 1; i >= 0; i--) {
+    const digit = rest % 10;
+    out[at + i] = 0x30 + digit;
+    rest = (rest - digit) / 10;
   }
+  return at + digits;
 }

@@ -11,15 +11,18 @@
  * worker does not hold is stored through them under placeholder hashes that a removed
  * event then drops; a present worker with no blocks is stored and emptied again.
  *
- * Two phases, so a periodic snapshot need not stall the event loop:
- *   freeze        `KvIndex.freeze()`: one synchronous copy, the consistent view (crtc:
- *                 a memcpy of its arrays; the others: their block walk, `freezeByWalk`);
- *                 nothing of the index is read after it;
+ * Two phases, so neither a dump nor a periodic snapshot stalls the event loop:
+ *   freeze        `KvIndex.freeze()`: a FreezeJob that copies the index in slices of
+ *                 words (crtc: its node, block and lookup arrays; the others: their
+ *                 block walk, `freezeByWalk`, in one step). The copy is one instant's
+ *                 state because the caller pauses writes from its first slice to its
+ *                 last (src/index/write-pause.ts); nothing of the index is read after;
  *   IndexPacker   turns the copy into words, `step(budget)` at a time: linking the
- *                 copied tree in slices of units, ranking it (one step), then each
- *                 worker (its sort is one step, its emission split by the budget).
+ *                 copied tree in slices of units, ranking it, then each worker (filling
+ *                 its order, a radix sort in passes, its emission: all split by the budget).
  */
 import type { DumpSource } from "./dump";
+import { fail } from "./assert";
 import { u64 } from "../util/u64";
 
 export const OP_STORED = 1;
@@ -27,23 +30,91 @@ export const OP_REMOVED = 2;
 const ROOT_KEY = -1;
 
 /**
- * A copy of an index taken in one synchronous step (crtc: memcpy of its arrays), read
- * later in slices. Blocks are walked in units (crtc: tree nodes), in any order, each
- * block with its parent key (-1 = the root); workers as in DumpSource.
+ * A copy of an index, read later in slices. Blocks are walked in units (crtc: tree
+ * nodes), in any order, each block with its parent key (-1 = the root); workers as in
+ * DumpSource.
  */
 export interface FrozenIndex {
   readonly blockKeyLimit: number;
   readonly units: number;
   /** Visits the blocks of units from `from` on until at least `budget` blocks (or the end); returns the next unit. */
   forEachBlockFrom(from: number, budget: number, visit: (key: number, parent: number, hi: number, lo: number) => void): number;
-  /** Present workers; `held()` reads one's blocks out of the copy (a step of its own). */
+  /** Present workers, each read out of the copy in slices. */
   readonly workers: readonly FrozenWorker[];
 }
 
 export interface FrozenWorker {
   readonly workerId: bigint;
   readonly dpRank: number;
-  held(): { external: Uint32Array; keys: Uint32Array; count: number };
+  /** Blocks held. */
+  readonly count: number;
+  /**
+   * Visits the held blocks (external hash, block key) found in units `from` to
+   * `from + budget` of the worker's storage (crtc: its lookup table's slots); returns
+   * the next unit, or -1 once every unit was read.
+   */
+  readHeld(from: number, budget: number, visit: (extHi: number, extLo: number, key: number) => void)
+    : number;
+}
+
+/**
+ * Taking a FrozenIndex in slices: `step(words)` copies about that many more words.
+ * The copy is consistent only if the index is not written from the first step to the
+ * last (src/index/write-pause.ts pauses the writes).
+ */
+export interface FreezeJob {
+  /** Copies about `words` more words; true once the copy is complete. */
+  step(words: number): boolean;
+  /** The copy; only once `step` returned true. */
+  result(): FrozenIndex;
+}
+
+/** A FreezeJob already done (a backend whose copy is one walk). */
+export function frozenAtOnce(take: () => FrozenIndex): FreezeJob {
+  let frozen: FrozenIndex | null = null;
+  return {
+    step: () => {
+      frozen ??= take();
+      return true;
+    },
+    result: () => frozen ?? fail("the copy is not complete"),
+  };
+}
+
+/** Runs a FreezeJob to its end at once (shutdown, tests, dump()). */
+export function freezeNow(job: FreezeJob): FrozenIndex {
+  while (!job.step(Infinity));
+  return job.result();
+}
+
+/** Copies of the leading `lengths[i]` words of each source array, made `step(words)` at a time. */
+export class SlicedCopy {
+  readonly copies: Uint32Array[];
+  private array = 0;
+  private at = 0;
+
+  constructor(
+    private readonly sources: readonly Uint32Array[], private readonly lengths: readonly number[],
+  ) {
+    // Zeroed pages come from the system lazily: allocating is cheap, the copy is the work.
+    this.copies = lengths.map((length) => new Uint32Array(length));
+  }
+
+  step(words: number): boolean {
+    let budget = words;
+    while (this.array < this.sources.length && budget > 0) {
+      const length = this.lengths[this.array]!;
+      const end = Math.min(length, this.at + budget);
+      this.copies[this.array]!.set(this.sources[this.array]!.subarray(this.at, end), this.at);
+      budget -= end - this.at;
+      this.at = end;
+      if (this.at === length) {
+        this.array++;
+        this.at = 0;
+      }
+    }
+    return this.array === this.sources.length;
+  }
 }
 
 /** A FrozenIndex from any backend's DumpSource: its whole block walk is the copy (one synchronous step). */
@@ -60,7 +131,14 @@ export function freezeByWalk(source: DumpSource): FrozenIndex {
     present[key] = 1;
   });
   const workers: FrozenWorker[] = [];
-  source.forEachWorker((workerId, dpRank, external, keys, count) => workers.push({ workerId, dpRank, held: () => ({ external, keys, count }) }));
+  source.forEachWorker((workerId, dpRank, external, keys, count) => workers.push({
+    workerId, dpRank, count,
+    readHeld(from, budget, visit) {
+      const to = Math.min(count, from + budget);
+      for (let i = from; i < to; i++) visit(external[2 * i]!, external[2 * i + 1]!, keys[i]!);
+      return to === count ? -1 : to;
+    },
+  }));
   return {
     blockKeyLimit: limit,
     units: limit,
@@ -78,14 +156,14 @@ class Capture {
   readonly parentOf: Int32Array;
   readonly hiOf: Uint32Array;
   readonly loOf: Uint32Array;
-  /** First child of each key, `firstChild[limit]` the root's; -1 = none. */
-  readonly firstChild: Int32Array;
-  readonly nextSibling: Int32Array;
+  /** First child of each key plus one, `firstChild[limit]` the root's; 0 = none (no fill). */
+  readonly firstChild: Uint32Array;
+  /** Next sibling plus one; 0 = none. */
+  readonly nextSibling: Uint32Array;
   readonly workers: CapturedWorker[] = [];
   /** Distinct worker ids; a worker ref in the words indexes this list. */
   readonly workerIds: bigint[] = [];
   private unit = 0;
-  private worker = 0;
   private readonly refs = new Map<bigint, number>();
   private readonly link: (key: number, parent: number, hi: number, lo: number) => void;
 
@@ -94,8 +172,8 @@ class Capture {
     this.parentOf = new Int32Array(limit);
     this.hiOf = new Uint32Array(limit);
     this.loOf = new Uint32Array(limit);
-    this.firstChild = new Int32Array(limit + 1).fill(-1); // index `limit` is the root
-    this.nextSibling = new Int32Array(limit).fill(-1);
+    this.firstChild = new Uint32Array(limit + 1); // index `limit` is the root
+    this.nextSibling = new Uint32Array(limit);
     const { parentOf, hiOf, loOf, firstChild, nextSibling } = this;
     this.link = (key, parent, hi, lo) => {
       parentOf[key] = parent;
@@ -103,7 +181,7 @@ class Capture {
       loOf[key] = lo;
       const slot = parent === ROOT_KEY ? limit : parent;
       nextSibling[key] = firstChild[slot]!;
-      firstChild[slot] = key;
+      firstChild[slot] = key + 1;
     };
   }
 
@@ -111,28 +189,23 @@ class Capture {
   step(budget: number): boolean {
     this.unit = this.frozen.forEachBlockFrom(this.unit, Math.max(1, budget), this.link);
     if (this.unit < this.frozen.units) return false;
-    // Then the workers, about `budget` blocks' worth per step.
-    for (let done = 0; this.worker < this.frozen.workers.length && done < budget; this.worker++) {
-      const { workerId, dpRank } = this.frozen.workers[this.worker]!;
-      const { external, keys, count } = this.frozen.workers[this.worker]!.held();
-      let ref = this.refs.get(workerId);
+    // Then the workers' refs (their blocks are read as each is packed).
+    for (const frozen of this.frozen.workers) {
+      let ref = this.refs.get(frozen.workerId);
       if (ref === undefined) {
-        this.refs.set(workerId, ref = this.workerIds.length);
-        this.workerIds.push(workerId);
+        this.refs.set(frozen.workerId, ref = this.workerIds.length);
+        this.workerIds.push(frozen.workerId);
       }
-      this.workers.push({ ref, dpRank, external, keys, count });
-      done += count;
+      this.workers.push({ ref, dpRank: frozen.dpRank, frozen });
     }
-    return this.worker === this.frozen.workers.length;
+    return true;
   }
 }
 
 interface CapturedWorker {
   readonly ref: number;
   readonly dpRank: number;
-  readonly external: Uint32Array;
-  readonly keys: Uint32Array;
-  readonly count: number;
+  readonly frozen: FrozenWorker;
 }
 
 /** Ranks of every key in a depth-first pre-order walk from the root, in steps (unvisited keys: rank 0, never read). */
@@ -143,12 +216,15 @@ class Preorder {
   private top = 0;
   private next = 0;
 
-  constructor(private readonly firstChild: Int32Array, private readonly nextSibling: Int32Array) {
+  /** Child links as Capture keeps them (key + 1, 0 = none). */
+  constructor(private readonly firstChild: Uint32Array, private readonly nextSibling: Uint32Array) {
     const limit = nextSibling.length;
     this.rank = new Uint32Array(limit);
     this.keyAtRank = new Uint32Array(limit);
     this.stack = new Int32Array(limit);
-    for (let key = firstChild[limit]!; key !== -1; key = nextSibling[key]!) this.stack[this.top++] = key;
+    for (let child = firstChild[limit]!; child !== 0; child = nextSibling[child - 1]!) {
+      this.stack[this.top++] = child - 1;
+    }
   }
 
   /** Ranks about `budget` keys; true when done. */
@@ -158,7 +234,9 @@ class Preorder {
       const key = stack[--this.top]!;
       keyAtRank[this.next] = key;
       rank[key] = this.next++;
-      for (let child = firstChild[key]!; child !== -1; child = nextSibling[child]!) stack[this.top++] = child;
+      for (let child = firstChild[key]!; child !== 0; child = nextSibling[child - 1]!) {
+        stack[this.top++] = child - 1;
+      }
     }
     return this.top === 0;
   }
@@ -172,8 +250,13 @@ export class IndexPacker {
   private out = new Uint32Array(0);
   private at = 0;
   private worker = 0;
-  /** The current worker's held keys' ranks, sorted (null: not started). */
+  /** The current worker's held keys' ranks (null: not started): filled, then sorted in place. */
   private order: Uint32Array | null = null;
+  private filled = 0;
+  /** Next unit of the current worker's held blocks to read; -1 once all are read. */
+  private cursor = -1;
+  private sorted = false;
+  private readonly sort = new SlicedSort();
   private next = 0;
   /** Per key: stamp of the worker holding it, and its external hash under that worker. */
   private heldStamp = new Uint32Array(0);
@@ -187,6 +270,9 @@ export class IndexPacker {
   private rank: Uint32Array = new Uint32Array(0);
   private keyAtRank: Uint32Array = new Uint32Array(0);
   private ranked = false;
+  /** Arrays written at random keys, first touched in slices (page faults) before use. */
+  private touching: PageToucher | null = null;
+  private touched = false;
 
   constructor(private readonly frozen: FrozenIndex) {}
 
@@ -212,6 +298,11 @@ export class IndexPacker {
     if (this.preorder === null) {
       this.allocate();
       this.preorder = new Preorder(this.capture.firstChild, this.capture.nextSibling);
+      this.touching = new PageToucher([this.preorder.rank, this.heldStamp, this.extHi, this.extLo]);
+      return false;
+    }
+    if (!this.touched) {
+      this.touched = this.touching!.step(64 * budget);
       return false;
     }
     if (!this.ranked) {
@@ -219,17 +310,24 @@ export class IndexPacker {
       ({ rank: this.rank, keyAtRank: this.keyAtRank } = this.preorder);
       return false;
     }
-    const capture = this.capture;
-    const workers = capture.workers;
+    const workers = this.capture.workers;
     let done = 0;
     while (this.worker < workers.length && done < budget) {
       const worker = workers[this.worker]!;
-      if (this.order === null) {
-        this.begin(worker);
-        done += worker.count >>> 3; // the sort
-      }
+      if (this.order === null) this.begin(worker);
       const order = this.order!;
-      const end = Math.min(order.length, this.next + Math.max(1, budget - done));
+      const left = Math.max(1, budget - done);
+      if (this.cursor >= 0) {
+        done += this.fill(worker, left);
+        continue;
+      }
+      if (!this.sorted) {
+        const [finished, work] = this.sort.step(order, left);
+        this.sorted = finished;
+        done += work;
+        continue;
+      }
+      const end = Math.min(order.length, this.next + left);
       for (let i = this.next; i < end; i++) this.emit(worker, this.keyAtRank[order[i]!]!);
       done += end - this.next;
       this.next = end;
@@ -245,7 +343,7 @@ export class IndexPacker {
     this.extHi = new Uint32Array(limit);
     this.extLo = new Uint32Array(limit);
     let pairs = 0;
-    for (const worker of capture.workers) pairs += worker.count;
+    for (const worker of capture.workers) pairs += worker.frozen.count;
     // Room for every pair plus a header per 14 blocks: long chains never regrow (a regrow is one big copy).
     this.out = new Uint32Array(4 * pairs + (pairs >>> 1) + 64);
   }
@@ -255,28 +353,44 @@ export class IndexPacker {
     return this.out.subarray(0, this.at);
   }
 
+  /** The packed words followed by `more`, as a view (the output usually has room: no copy). */
+  wordsWith(more: Uint32Array): Uint32Array {
+    this.reserve(more.length);
+    this.out.set(more, this.at);
+    return this.out.subarray(0, this.at + more.length);
+  }
+
   private begin(worker: CapturedWorker): void {
-    const stamp = this.worker + 1;
-    const order = new Uint32Array(worker.count);
-    for (let i = 0; i < worker.count; i++) {
-      const key = worker.keys[i]!;
-      this.heldStamp[key] = stamp;
-      this.extHi[key] = worker.external[2 * i]!;
-      this.extLo[key] = worker.external[2 * i + 1]!;
-      order[i] = this.rank[key]!;
-    }
-    order.sort();
-    this.order = order;
+    this.order = new Uint32Array(worker.frozen.count);
+    this.filled = 0;
+    this.cursor = 0;
+    this.sorted = false;
     this.next = 0;
     this.openCountAt = -1;
     this.placeholders = null;
   }
 
+  /** Reads about `budget` units of the worker's held blocks into the order; returns the units read. */
+  private fill(worker: CapturedWorker, budget: number): number {
+    const from = this.cursor;
+    this.cursor = worker.frozen.readHeld(from, budget, this.fillOne);
+    const order = this.order!;
+    if (this.cursor < 0 && this.filled < order.length) this.order = order.subarray(0, this.filled);
+    return this.cursor < 0 ? budget : this.cursor - from;
+  }
+
+  private readonly fillOne = (extHi: number, extLo: number, key: number): void => {
+    this.heldStamp[key] = this.worker + 1;
+    this.extHi[key] = extHi;
+    this.extLo[key] = extLo;
+    this.order![this.filled++] = this.rank[key]!;
+  };
+
   private finish(worker: CapturedWorker): void {
     this.closeOpen();
-    if (worker.count === 0) {
+    if (this.order!.length === 0) {
       // Present but empty: store one placeholder block and drop it again.
-      const [hi, lo] = this.placeholder(worker);
+      const [hi, lo] = this.placeholder();
       this.header(OP_STORED, worker, false, 0, 0, 1);
       this.put(hi, lo);
       this.put(0, 0);
@@ -314,7 +428,7 @@ export class IndexPacker {
     const has = ancestor !== ROOT_KEY;
     const n = missing.length + 1;
     this.header(OP_STORED, worker, has, has ? this.extHi[ancestor]! : 0, has ? this.extLo[ancestor]! : 0, n);
-    const holes = missing.map(() => this.placeholder(worker));
+    const holes = missing.map(() => this.placeholder());
     for (const [hi, lo] of holes) this.put(hi, lo);
     this.put(this.extHi[key]!, this.extLo[key]!);
     for (const hole of missing) this.put(hiOf[hole]!, loOf[hole]!);
@@ -377,9 +491,101 @@ export class IndexPacker {
     this.out = grown;
   }
 
-  private placeholder(worker: CapturedWorker): [number, number] {
-    this.placeholders ??= new Placeholders(worker.external, worker.count);
+  private placeholder(): [number, number] {
+    this.placeholders ??= new Placeholders(this.order!, this.keyAtRank, this.extHi, this.extLo);
     return this.placeholders.next();
+  }
+}
+
+/**
+ * Writes every page of fresh arrays, a slice of words at a time. The arrays that are
+ * then written at random keys would otherwise take their page faults (a few µs each)
+ * thousands at a time in one step (40 ms for 16K keys at 10M pairs).
+ */
+class PageToucher {
+  private array = 0;
+  private at = 0;
+
+  constructor(private readonly arrays: readonly Uint32Array[]) {}
+
+  step(words: number): boolean {
+    for (let budget = Math.max(1, words); budget > 0 && this.array < this.arrays.length;) {
+      const array = this.arrays[this.array]!;
+      const end = Math.min(array.length, this.at + budget);
+      array.fill(0, this.at, end);
+      budget -= end - this.at;
+      this.at = end;
+      if (end === array.length) {
+        this.array++;
+        this.at = 0;
+      }
+    }
+    return this.array === this.arrays.length;
+  }
+}
+
+/** Below this many values a sort is one step (a native sort of 8K values: well under 1 ms). */
+const RADIX_MIN = 8192;
+const DIGIT = 1 << 16;
+
+/**
+ * Sorts u32 values in place, in steps of about `budget` values: an LSD radix sort on
+ * two 16-bit digits (a counting pass for both, then one scatter pass per digit), so a
+ * worker holding millions of blocks is never one long step. Reused across arrays.
+ */
+class SlicedSort {
+  private phase = 0; // 0: counting, 1: scatter by the low digit, 2: by the high digit
+  private at = 0;
+  private readonly low = new Uint32Array(DIGIT);
+  private readonly high = new Uint32Array(DIGIT);
+  private temp = new Uint32Array(0);
+
+  /** One step over `values` (the same array until it is done); returns [done, values handled]. */
+  step(values: Uint32Array, budget: number): [boolean, number] {
+    const n = values.length;
+    if (n < RADIX_MIN) {
+      values.sort();
+      return [true, n];
+    }
+    const from = this.at;
+    const end = Math.min(n, from + budget);
+    const { low, high } = this;
+    if (this.phase === 0) {
+      if (from === 0) {
+        low.fill(0);
+        high.fill(0);
+        if (this.temp.length < n) this.temp = new Uint32Array(n);
+      }
+      for (let i = from; i < end; i++) {
+        low[values[i]! & 0xffff]!++;
+        high[values[i]! >>> 16]!++;
+      }
+    } else if (this.phase === 1) {
+      const temp = this.temp;
+      for (let i = from; i < end; i++) temp[low[values[i]! & 0xffff]!++] = values[i]!;
+    } else {
+      const temp = this.temp;
+      for (let i = from; i < end; i++) values[high[temp[i]! >>> 16]!++] = temp[i]!;
+    }
+    this.at = end;
+    if (end < n) return [false, end - from];
+    if (this.phase === 0) {
+      startsOf(low);
+      startsOf(high);
+    }
+    this.at = 0;
+    this.phase = (this.phase + 1) % 3;
+    return [this.phase === 0, end - from];
+  }
+}
+
+/** Counts per digit -> the first position of each digit (exclusive prefix sums), in place. */
+function startsOf(counts: Uint32Array): void {
+  let sum = 0;
+  for (let d = 0; d < counts.length; d++) {
+    const count = counts[d]!;
+    counts[d] = sum;
+    sum += count;
   }
 }
 
@@ -395,12 +601,19 @@ class Placeholders {
   private held: Set<bigint> | null = null;
   private value = (1n << 64n) - 1n;
 
-  constructor(private readonly external: Uint32Array, private readonly count: number) {}
+  /** The worker's held blocks: ranks in `order`, their keys by rank, external hashes by key. */
+  constructor(
+    private readonly order: Uint32Array, private readonly keyAtRank: Uint32Array,
+    private readonly extHi: Uint32Array, private readonly extLo: Uint32Array,
+  ) {}
 
   next(): [number, number] {
     if (this.held === null) {
       this.held = new Set();
-      for (let i = 0; i < this.count; i++) this.held.add(u64(this.external[2 * i]!, this.external[2 * i + 1]!));
+      for (const rank of this.order) {
+        const key = this.keyAtRank[rank]!;
+        this.held.add(u64(this.extHi[key]!, this.extLo[key]!));
+      }
     }
     while (this.held.has(this.value)) this.value--;
     const value = this.value--;

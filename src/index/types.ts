@@ -5,7 +5,7 @@
  * event's first block in those arrays. Worker ids are bigints at event granularity.
  */
 import type { WorkerTable } from "../core/worker-table";
-import type { FrozenIndex } from "./pack";
+import type { FreezeJob } from "./pack";
 import type { IndexOp } from "./ops";
 
 export type BackendName = "crtc" | "positional" | "reference";
@@ -204,13 +204,11 @@ export interface KvIndex {
   /** Events (kvedge apply format) that rebuild an equal index in a fresh one. */
   dump(): IndexOp[];
   /**
-   * The same events, built as they are read (the index is copied at the call), with
-   * null steps where work was done without an event: for writing a large dump in
-   * slices without holding it all or stalling.
+   * A copy of the index taken in slices, for packing later in slices (GET /v1/dump,
+   * snapshots); consistent when no write reaches the index from its first step to its
+   * last (src/index/write-pause.ts).
    */
-  dumpLazy(): IterableIterator<IndexOp | null>;
-  /** A copy of the index, taken now in one step, for packing later in slices (snapshots). */
-  freeze(): FrozenIndex;
+  freeze(): FreezeJob;
   /** O(N) check of every internal invariant; throws IndexInvariantError. */
   verify(): void;
 }

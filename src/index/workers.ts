@@ -10,7 +10,6 @@
 import { SLOT_LIMIT, type WorkerTable } from "../core/worker-table";
 import { assert } from "./assert";
 import type { DumpSource } from "./dump";
-import type { FrozenWorker } from "./pack";
 import { ExternalLookup } from "./lookup";
 import type { WorkerInfo } from "./types";
 
@@ -99,24 +98,29 @@ export class WorkerSlots {
 
   /** The dump's worker walk: each slot's (external hash, block key) pairs. */
   readonly forEachWorker: DumpSource["forEachWorker"] = (visit) => {
-    for (const worker of this.frozenWorkers()) {
-      const { external, keys, count } = worker.held();
-      visit(worker.workerId, worker.dpRank, external, keys, count);
+    for (const { workerId, dpRank, table, count } of this.presentLookups()) {
+      const held = heldOf(table, count);
+      visit(workerId, dpRank, held.external, held.keys, held.count);
     }
   };
 
-  /** Every present slot over a copy of its lookup taken now (memcpy), read later. */
-  frozenWorkers(): FrozenWorker[] {
-    const frozen: FrozenWorker[] = [];
+  /** Every present slot's lookup table (the live one: a freeze copies it) and block count. */
+  presentLookups(): PresentLookup[] {
+    const present: PresentLookup[] = [];
     for (let slot = 0; slot < this.lookup.length; slot++) {
       const lookup = this.lookup[slot];
       if (!lookup) continue;
-      const table = lookup.table.slice();
-      const count = lookup.count;
-      frozen.push({ workerId: this.table.workerIdOf(slot), dpRank: this.table.dpRankOf(slot), held: () => heldOf(table, count) });
+      present.push({ workerId: this.table.workerIdOf(slot), dpRank: this.table.dpRankOf(slot), table: lookup.table, count: lookup.count });
     }
-    return frozen;
+    return present;
   }
+}
+
+export interface PresentLookup {
+  readonly workerId: bigint;
+  readonly dpRank: number;
+  readonly table: Uint32Array;
+  readonly count: number;
 }
 
 /** A lookup table's (external hash, block key) pairs. */

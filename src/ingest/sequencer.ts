@@ -97,6 +97,8 @@ export class SequencerCounters {
   replaysFailed = 0;
   /** Batches skipped for an implausible sequence jump. */
   straySeqs = 0;
+  /** Messages over the size limit skipped on the wire (live or replayed): each a gap to replay. */
+  oversize = 0;
   bufferedMax = 0;
   bufferedBytesMax = 0;
   bufferDropped = 0;
@@ -144,6 +146,8 @@ export class Sequencer {
   private droppedUpTo = NONE;
   /** The sequence a stray batch would be followed by, if it was the stream's real position. */
   private strayNext = NONE;
+  /** A message was skipped for its size since the last loss: the next loss is put down to it. */
+  private oversizePending = false;
   private readonly options: Required<SequencerOptions>;
 
   constructor(private readonly hooks: SequencerHooks, options: Partial<SequencerOptions> = {}) {
@@ -222,6 +226,15 @@ export class Sequencer {
     this.armIdleTimer();
     if (this.mode === "probe") this.probeBatch(seq, payload);
     else this.accept(seq, payload, true);
+  }
+
+  /**
+   * A message over the size limit was skipped on the wire: its batch is a gap that a
+   * replay may fill; if the replayed copy is skipped too, the loss is counted as this.
+   */
+  skipped(): void {
+    this.counters.oversize++;
+    this.oversizePending = true;
   }
 
   /** The replay's end marker arrived: apply what was buffered. */
@@ -309,12 +322,15 @@ export class Sequencer {
         this.hold(this.buffer, seq, payload);
         return;
       }
-      this.lose(seq - expected, replayed ? "replay started after the gap" : "no replay");
+      const reason = this.oversizePending ? "a batch over ingest.max_message_bytes was skipped"
+        : replayed ? "replay started after the gap" : "no replay";
+      this.lose(seq - expected, reason);
     }
     this.applyBatch(seq, payload, replayed);
   }
 
   private applyBatch(seq: number, payload: Uint8Array, replayed: boolean): void {
+    this.oversizePending = false; // a skip without a gap after it was not this stream's batch
     this.last = seq;
     this.lastPrint = fingerprint(payload);
     if (!this.hooks.apply(seq, payload, replayed)) {
@@ -498,6 +514,7 @@ export class Sequencer {
   // ---- Trust ----
 
   private lose(batches: number, reason: string): void {
+    this.oversizePending = false;
     this.counters.lost += batches;
     this.hooks.event?.("loss", { batches, reason });
     this.markDegraded(reason);

@@ -134,6 +134,7 @@ export class EngineSource {
     this.sub = new SubSocket({ ...options.zmtp, logger: this.log });
     this.sub.onFrames = (frames) => this.live(frames);
     this.sub.onPeer = (event, peer) => this.peer(event, peer);
+    this.sub.onSkipped = () => this.stream.skipped();
   }
 
   get sequencer(): SequencerView {
@@ -222,6 +223,7 @@ export class EngineSource {
     this.dropDealer();
     const dealer = new DealerSocket({ ...this.options.zmtp, logger: this.log });
     this.dealer = dealer;
+    dealer.onSkipped = () => this.stream.skipped();
     dealer.onFrames = (frames) => {
       if (this.dealer === dealer) this.replayReply(frames);
     };

@@ -19,6 +19,8 @@ export interface StreamInput {
   replayBatch(seq: number, payload: Uint8Array): void;
   replayEnd(): void;
   replayFailed(reason: string): void;
+  /** A message over the size limit was skipped on the wire (live or replayed). */
+  skipped(): void;
   /** Stops timers; nothing more arrives. */
   close(): void;
 }
@@ -104,6 +106,10 @@ export class EngineStream implements StreamInput {
 
   replayFailed(reason: string): void {
     this.sequencer.replayFailed(reason);
+  }
+
+  skipped(): void {
+    this.sequencer.skipped();
   }
 
   close(): void {

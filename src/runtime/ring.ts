@@ -41,9 +41,11 @@ export const RecordKind = {
   LOSS: 7,
   /** Producer-defined control records (e.g. add / remove a stream), payload as written. */
   CONTROL: 8,
+  /** A message over the size limit was skipped on the wire. */
+  SKIPPED: 9,
 } as const;
 export type RecordKind = (typeof RecordKind)[keyof typeof RecordKind];
-const KIND_MAX = RecordKind.CONTROL;
+const KIND_MAX = RecordKind.SKIPPED;
 
 export const RING_HEADER_BYTES = 24;
 /** Smallest and largest data capacities. */

@@ -10,7 +10,7 @@
 import { KvedgeError } from "../core/errors";
 import type { WorkerTable } from "../core/worker-table";
 import type { IndexOp } from "../index/ops";
-import type { FrozenIndex } from "../index/pack";
+import type { FreezeJob } from "../index/pack";
 import type { SharedIndexReader } from "../index/crtc/shared";
 import {
   type IndexCounters, type IndexStats, type KvIndex, MatchResult, newCounters, type StoreStatus,
@@ -170,7 +170,7 @@ export class ThreadedIndex implements KvIndex {
     return this.dump()[Symbol.iterator]();
   }
 
-  freeze(): FrozenIndex {
+  freeze(): FreezeJob {
     throw new KvedgeError("unsupported", `snapshots are not available when ${ON_WRITER.slice(4)}`);
   }
 

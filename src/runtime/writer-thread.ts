@@ -83,6 +83,10 @@ export class RingStream implements StreamInput, StreamView {
     this.owner.write(RecordKind.REPLAY_FAILED, this.id, this.generation, 0);
   }
 
+  skipped(): void {
+    this.owner.write(RecordKind.SKIPPED, this.id, 0, 0);
+  }
+
   close(): void {
     this.owner.control(this.id, { op: "remove" });
     this.owner.forget(this.id);

@@ -145,6 +145,7 @@ export class IndexWriter {
     switch (kind) {
       case RecordKind.LIVE: return engine.live(seq, payload);
       case RecordKind.CONNECTED: return engine.connected();
+      case RecordKind.SKIPPED: return engine.skipped();
       case RecordKind.LOSS:
         // Batches or replay replies dropped at a full ring (never a connect: those wait).
         // A replay that lost replies has failed; otherwise what the engine holds is

@@ -197,7 +197,7 @@ function opsRoutes(context: AppContext): RouteTable {
     "/v1/dump": {
       GET: (request) => {
         context.requireAdmin(request);
-        return context.dumps.response(() => service.index.dumpLazy());
+        return context.dumps.response(service.index, service.writes);
       },
     },
     "/v1/status": { GET: (request) => reply(request, 200, statusOp(service)) },

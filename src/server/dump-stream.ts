@@ -1,57 +1,56 @@
 /**
  * GET /v1/dump: the index's events as NDJSON, written in slices a turn apart so that
  * routing runs between them (a 3M-block index is ~100 MB of text: built at once it
- * blocked every route for seconds and held it all in memory). The stream is pulled:
- * a client that reads slowly makes kvedge write slowly, never buffer ahead. One dump
- * at a time (each holds a copy of the index while it runs).
+ * blocked every route for seconds and held it all in memory). Each slice works for at
+ * most DUMP_SLICE_MS: first the copy of the index (index writes paused meanwhile,
+ * src/index/write-pause.ts: the dump is one instant's state), then its packing into
+ * words, then text written from the words into one slice's bytes (src/index/dump.ts:
+ * no string per entry). The stream is pulled: a client that reads slowly makes kvedge
+ * write slowly, never buffer ahead. One dump at a time (each holds a copy of the index).
  */
-import type { IndexOp } from "../index";
+import { DumpText } from "../index/dump";
+import type { KvIndex } from "../index";
+import { PackJob, type WritePause, yieldTurn } from "../index/write-pause";
 import { HttpError } from "../http/http";
 
-/** A slice ends at this much text, or after this much time (the index copy at the start excepted). */
+/** A slice ends at this much text, or after this much time. */
 export const DUMP_SLICE_BYTES = 64 * 1024;
-const DUMP_SLICE_MS = 2;
+const DUMP_SLICE_MS = 1;
 
-const utf8 = new TextEncoder();
-const nextTurn = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
 
 export class DumpWriter {
   private running = false;
 
-  /** A streamed dump of `events()`, or 503 while another dump is being written. */
-  response(events: () => IterableIterator<IndexOp | null>): Response {
+  /** A streamed dump of the index, or 503 while another dump is being written. */
+  response(index: KvIndex, writes: WritePause): Response {
     if (this.running) throw new HttpError(503, "a dump is being written already; try again when it is done");
     this.running = true;
-    let source: IterableIterator<IndexOp | null>;
-    try {
-      source = events();
-    } catch (error) {
-      this.running = false;
-      throw error;
-    }
+    const job = new PackJob(index, writes);
+    let text: DumpText | null = null;
     const done = (): void => {
       this.running = false;
+      job.cancel();
     };
     const stream = new ReadableStream<Uint8Array>({
+      // A stream's pull must enqueue or end: the copy and the pack run first, in slices.
       pull: async (controller) => {
-        let text = "";
-        // A stream's pull must enqueue or end: slices without text (preparation) repeat.
-        while (text.length === 0) {
-          await nextTurn();
-          const started = performance.now();
-          for (;;) {
-            const next = source.next();
-            if (next.done === true) {
-              if (text.length > 0) controller.enqueue(utf8.encode(text));
-              controller.close();
-              done();
-              return;
-            }
-            if (next.value !== null) text += `${JSON.stringify(next.value)}\n`;
-            if (text.length >= DUMP_SLICE_BYTES || performance.now() - started >= DUMP_SLICE_MS) break;
+        await job.run(DUMP_SLICE_MS);
+        if (!job.done) return; // cancelled: the client went away
+        for (;;) {
+          await yieldTurn();
+          if (text === null) {
+            const { words, workerIds } = job.result();
+            text = new DumpText(words, workerIds, index.blockSize, DUMP_SLICE_BYTES);
           }
+          const deadline = performance.now() + DUMP_SLICE_MS;
+          const bytes = text.next(DUMP_SLICE_BYTES, () => performance.now() >= deadline);
+          if (bytes.length > 0) controller.enqueue(bytes);
+          if (text.done) {
+            controller.close();
+            done();
+          }
+          if (bytes.length > 0 || text.done) return;
         }
-        controller.enqueue(utf8.encode(text));
       },
       cancel: done,
     }, { highWaterMark: 1 });

@@ -316,6 +316,20 @@ export function registerRouterMetrics(registry: MetricsRegistry, router: Router)
  * source (labels worker_id, dp_rank of the configured source). A removed worker's
  * series disappear with it.
  */
+/** Metrics of the core's parts: admission, and the writes held while the index is copied. */
+function registerPartMetrics(registry: MetricsRegistry, service: KvedgeCore): void {
+  registerAdmissionMetrics(registry, service.admission);
+  registerSamples(registry, {
+    name: "kvedge_index_held_writes_total", type: "counter", labelNames: ["what"],
+    help: "Index writes held while a dump or snapshot copied the index (writes), and copies "
+      + "finished at once (settled: a worker removed, or the held writes' bound).",
+    collect: (emit) => {
+      emit(service.writes.counters.held, { what: "writes" });
+      emit(service.writes.counters.settled, { what: "settled" });
+    },
+  });
+}
+
 export function registerServiceMetrics(registry: MetricsRegistry, service: KvedgeCore): void {
   const index = service.index;
   const counter = (name: string, help: string, labelNames: readonly string[], collect: SampleSource["collect"]) =>
@@ -323,7 +337,7 @@ export function registerServiceMetrics(registry: MetricsRegistry, service: Kvedg
   const gauge = (name: string, help: string, labelNames: readonly string[], collect: SampleSource["collect"]) =>
     registerSamples(registry, { name, help, type: "gauge", labelNames, collect });
 
-  registerAdmissionMetrics(registry, service.admission);
+  registerPartMetrics(registry, service);
   counter("kvedge_index_events_total", "Events applied to the index, by type and status.", ["type", "status"], (emit) => {
     const c = index.counters;
     emit(c.storedEvents, { type: "stored", status: "ok" });
@@ -437,7 +451,7 @@ export function registerServiceMetrics(registry: MetricsRegistry, service: Kvedg
       emit(source.counters.malformedMessages, { kind: "malformed_message" });
       emit(source.counters.malformedReplayReplies, { kind: "malformed_replay_reply" });
       emit(source.stream.counters.applyErrors, { kind: "apply_error" });
-      emit(source.socketCounters.sub.oversizeSkipped, { kind: "oversize_skipped" });
+      emit(source.sequencer.counters.oversize, { kind: "oversize_skipped" }); // live and replayed
       emit(source.socketCounters.sub.frameTimeouts, { kind: "frame_timeout" });
     });
   perSource("kvedge_ingest_connected", "1 while the engine's publisher is connected.", "gauge", [],

@@ -12,15 +12,18 @@
  *     2 (removed) · worker ref · dp rank · n · n × (ext hi, ext lo)
  *     3 (active) · worker ref · dp rank · id length (UTF-16 units) · prefill tokens · output blocks · idle ms · n
  *       · id (two units per word) · n × (chain hi, chain lo)
- *   checksum: XXH3-64 of every byte before it (8 bytes)
+ *   checksum (8 bytes): XXH3-64 of the XXH3-64s (u64 each) of the prefix with the header,
+ *     then of each CHECK_CHUNK_BYTES of the words (the last piece shorter)
  *
  * Operations 1 and 2 are the events of the index's `dump()`, packed straight from the
  * backend by src/index/pack.ts, so any backend writes and reads the same file. Operation
  * 3 is one active request of the load tracker (src/route/load.ts `forEachActive`).
  * Worker refs index `header.worker_ids`.
  *
- * Writing: temp file in the same directory, fsync, rename over the old one, fsync of
- * the directory: a crash leaves the old snapshot or the new one, never a mix. Reading
+ * Writing: temp file in the same directory, written a piece at a time straight from
+ * the words (the checksum in pieces is what lets a 160 MB file be hashed without one
+ * long step), fsync, rename over the old one, fsync of the directory: a crash leaves
+ * the old snapshot or the new one, never a mix. Reading
  * checks size, magic, version, checksum and block size before anything is applied; a
  * file that fails any check is refused whole (one log line) and kvedge starts empty.
  */
@@ -29,11 +32,13 @@ import { mkdir, open, rename } from "node:fs/promises";
 import { join } from "node:path";
 import { OP_REMOVED, OP_STORED } from "../index/pack";
 
-export const SNAPSHOT_VERSION = 1;
+export const SNAPSHOT_VERSION = 2;
 export const SNAPSHOT_FILE = "kvedge.snapshot";
 const MAGIC = new TextEncoder().encode("KVEDGE-SNAPSHOT\n");
 const PREFIX_BYTES = MAGIC.length + 12;
 const CHECKSUM_BYTES = 8;
+/** The words are checksummed (and written) in pieces of this many bytes. */
+const CHECK_CHUNK_BYTES = 1 << 20;
 export const OP_ACTIVE = 3;
 
 /** Where one engine source was when the snapshot was taken. */
@@ -151,8 +156,8 @@ export function forEachOp(snapshot: Snapshot, sink: SnapshotOpSink | null): void
   }
 }
 
-/** Serializes a snapshot into the file's bytes. */
-export function encodeSnapshot(snapshot: Snapshot): Uint8Array {
+/** The prefix and header bytes of a snapshot (what comes before its words). */
+function headOf(snapshot: Snapshot): Uint8Array {
   let header = JSON.stringify({
     version: SNAPSHOT_VERSION,
     created_at: snapshot.createdAt,
@@ -164,18 +169,52 @@ export function encodeSnapshot(snapshot: Snapshot): Uint8Array {
   });
   header += " ".repeat((4 - (Buffer.byteLength(header) % 4)) % 4);
   const headerBytes = new TextEncoder().encode(header);
-  const total = PREFIX_BYTES + headerBytes.length + 4 * snapshot.words.length + CHECKSUM_BYTES;
-  const bytes = new Uint8Array(total);
-  const view = new DataView(bytes.buffer);
-  bytes.set(MAGIC, 0);
+  const head = new Uint8Array(PREFIX_BYTES + headerBytes.length);
+  const view = new DataView(head.buffer);
+  head.set(MAGIC, 0);
   view.setUint32(MAGIC.length, SNAPSHOT_VERSION, true);
   view.setUint32(MAGIC.length + 4, headerBytes.length, true);
   view.setUint32(MAGIC.length + 8, snapshot.words.length, true);
-  bytes.set(headerBytes, PREFIX_BYTES);
-  const wordsAt = PREFIX_BYTES + headerBytes.length;
-  // Little-endian words (every supported host is little-endian; checked at decode).
-  bytes.set(new Uint8Array(snapshot.words.buffer, snapshot.words.byteOffset, 4 * snapshot.words.length), wordsAt);
-  view.setBigUint64(total - CHECKSUM_BYTES, Bun.hash.xxHash3(bytes.subarray(0, total - CHECKSUM_BYTES)), true);
+  head.set(headerBytes, PREFIX_BYTES);
+  return head;
+}
+
+/** The words' bytes (every supported host is little-endian; checked at decode). */
+function bytesOfWords(words: Uint32Array): Uint8Array {
+  return new Uint8Array(words.buffer, words.byteOffset, 4 * words.length);
+}
+
+/** The checksum over the head and the words' bytes, piece by piece (see the file comment). */
+class Checksum {
+  private readonly pieces: bigint[] = [];
+
+  add(piece: Uint8Array): void {
+    this.pieces.push(Bun.hash.xxHash3(piece));
+  }
+
+  /** The bytes cut into the checksum's pieces (views). */
+  static piecesOf(bytes: Uint8Array): Uint8Array[] {
+    const pieces: Uint8Array[] = [];
+    for (let at = 0; at < bytes.length; at += CHECK_CHUNK_BYTES) pieces.push(bytes.subarray(at, at + CHECK_CHUNK_BYTES));
+    return pieces;
+  }
+
+  value(): bigint {
+    return Bun.hash.xxHash3(new BigUint64Array(this.pieces));
+  }
+}
+
+/** Serializes a snapshot into the file's bytes (in memory: tests and small files). */
+export function encodeSnapshot(snapshot: Snapshot): Uint8Array {
+  const head = headOf(snapshot);
+  const words = bytesOfWords(snapshot.words);
+  const bytes = new Uint8Array(head.length + words.length + CHECKSUM_BYTES);
+  bytes.set(head, 0);
+  bytes.set(words, head.length);
+  const checksum = new Checksum();
+  checksum.add(head);
+  for (const piece of Checksum.piecesOf(words)) checksum.add(piece);
+  new DataView(bytes.buffer).setBigUint64(bytes.length - CHECKSUM_BYTES, checksum.value(), true);
   return bytes;
 }
 
@@ -193,7 +232,10 @@ export function decodeSnapshot(bytes: Uint8Array): Snapshot {
     throw new SnapshotError(`truncated or padded: ${bytes.length} bytes, the prefix says ${expected}`);
   }
   const stored = view.getBigUint64(bytes.length - CHECKSUM_BYTES, true);
-  if (Bun.hash.xxHash3(bytes.subarray(0, bytes.length - CHECKSUM_BYTES)) !== stored) throw new SnapshotError("checksum mismatch");
+  const checksum = new Checksum();
+  checksum.add(bytes.subarray(0, PREFIX_BYTES + headerLength));
+  for (const piece of Checksum.piecesOf(bytes.subarray(PREFIX_BYTES + headerLength, bytes.length - CHECKSUM_BYTES))) checksum.add(piece);
+  if (checksum.value() !== stored) throw new SnapshotError("checksum mismatch");
   let header: Record<string, any>;
   try {
     header = JSON.parse(new TextDecoder().decode(bytes.subarray(PREFIX_BYTES, PREFIX_BYTES + headerLength)));
@@ -218,17 +260,32 @@ export function decodeSnapshot(bytes: Uint8Array): Snapshot {
 }
 
 /**
- * Writes atomically: temp file, fsync, rename, fsync of the directory (asynchronous I/O:
- * routing goes on meanwhile). Resolves to the bytes written.
+ * Writes atomically: temp file, fsync, rename, fsync of the directory (asynchronous I/O,
+ * a piece at a time straight from the words: routing goes on meanwhile, no copy of the
+ * file is made). Resolves to the bytes written.
  */
 export async function writeSnapshotFile(dir: string, snapshot: Snapshot): Promise<number> {
   await mkdir(dir, { recursive: true });
-  const bytes = encodeSnapshot(snapshot);
   const path = join(dir, SNAPSHOT_FILE);
   const temp = `${path}.tmp-${process.pid}`;
   const file = await open(temp, "w", 0o600);
+  let written = 0;
   try {
-    await file.writeFile(bytes);
+    const checksum = new Checksum();
+    const head = headOf(snapshot);
+    checksum.add(head);
+    const writeAll = async (bytes: Uint8Array): Promise<void> => {
+      for (let at = 0; at < bytes.length;) at += (await file.write(bytes, at, bytes.length - at)).bytesWritten;
+      written += bytes.length;
+    };
+    await writeAll(head);
+    for (const piece of Checksum.piecesOf(bytesOfWords(snapshot.words))) {
+      checksum.add(piece);
+      await writeAll(piece);
+    }
+    const tail = new Uint8Array(CHECKSUM_BYTES);
+    new DataView(tail.buffer).setBigUint64(0, checksum.value(), true);
+    await writeAll(tail);
     await file.sync();
   } finally {
     await file.close();
@@ -240,7 +297,7 @@ export async function writeSnapshotFile(dir: string, snapshot: Snapshot): Promis
   } finally {
     await directory.close();
   }
-  return bytes.length;
+  return written;
 }
 
 /** The snapshot in `dir`, null if there is none; throws SnapshotError if it cannot be used. */

@@ -4,27 +4,27 @@
  * requests), what a loaded one gives back, and the writer that runs every
  * `state.snapshot_interval_secs` and at shutdown.
  *
- * The periodic write does not stall routing for the pack: the index is copied in one
- * synchronous step (`KvIndex.freeze()`, crtc: a memcpy of its arrays), with the
- * positions and active requests taken at the same moment, so all of it is one
- * consistent view; the copy is then packed `SLICE_BLOCKS` blocks at a time between
- * turns of the event loop (src/index/pack.ts), and the file is written with
- * asynchronous I/O. At shutdown it is packed in one go.
+ * The periodic write does not stall routing: the index is copied in slices with its
+ * writes paused meanwhile (src/index/write-pause.ts: the copy is the state at the
+ * copy's start), the positions and active requests are taken in the turn the copy
+ * starts, so all of it is one consistent view; the copy is then packed in slices of
+ * SLICE_MS between turns of the event loop (src/index/pack.ts), and the file is
+ * written with asynchronous I/O. At shutdown it is done in one go.
  */
 import type { KvedgeCore } from "../core/core";
 import { positionKey } from "../core/core";
-import { IndexPacker } from "../index/pack";
+import { PackJob } from "../index/write-pause";
 import type { Logger } from "../util/log";
 import {
   forEachOp, putActive, readSnapshotFile, type Snapshot, SnapshotError, type SourcePosition, writeSnapshotFile,
 } from "./snapshot";
 
-/** Blocks of work per turn of the event loop (a few ms each on a shared 2-core machine). */
-export const SLICE_BLOCKS = 20_000;
+/** Work per turn of the event loop. */
+export const SLICE_MS = 1;
 
 /** A snapshot being taken: the consistent copy, packed on demand. */
 interface Taking {
-  readonly packer: IndexPacker;
+  readonly job: PackJob;
   /** Worker ids by active-request ref (renumbered after the index's at the end). */
   readonly activeIds: bigint[];
   readonly active: Uint32Array;
@@ -34,7 +34,7 @@ interface Taking {
 
 /** Copies everything a snapshot holds, now, in one synchronous step. */
 function begin(service: KvedgeCore): Taking {
-  const packer = new IndexPacker(service.index.freeze());
+  const job = new PackJob(service.index, service.writes);
   // Refs of the active requests' workers follow the index's (known once packed).
   const activeIds: bigint[] = [];
   const refs = new Map<bigint, number>();
@@ -51,7 +51,7 @@ function begin(service: KvedgeCore): Taking {
     at = putActive(out, at, ref, load.dpRanks[slot]!, id, prefill, output, idleMs, chain, blocks);
   });
   return {
-    packer,
+    job,
     activeIds,
     active: out.words.subarray(0, at),
     createdAt: new Date().toISOString(),
@@ -66,7 +66,9 @@ function begin(service: KvedgeCore): Taking {
 }
 
 function finish(taking: Taking, blockSize: number): Snapshot {
-  const workerIds = [...taking.packer.workerIds];
+  // The active requests go after the index's words, in the packer's output (no copy of the index).
+  const packed = taking.job.result(taking.active);
+  const workerIds = [...packed.workerIds];
   const refs = new Map(workerIds.map((id, ref) => [id, ref]));
   const renumber = taking.activeIds.map((id) => {
     let ref = refs.get(id);
@@ -76,26 +78,23 @@ function finish(taking: Taking, blockSize: number): Snapshot {
     }
     return ref;
   });
-  const index = taking.packer.words();
-  const words = new Uint32Array(index.length + taking.active.length);
-  words.set(index);
-  words.set(taking.active, index.length);
-  forEachActiveRef(words, index.length, (at) => { words[at] = renumber[words[at]!]!; });
+  const words = packed.words;
+  const from = words.length - taking.active.length;
+  forEachActiveRef(words, from, (at) => { words[at] = renumber[words[at]!]!; });
   return { blockSize, createdAt: taking.createdAt, positions: taking.positions, workerIds, words };
 }
 
 /** The service's state now, consistent, packed in one synchronous step (shutdown, tests). */
 export function takeSnapshot(service: KvedgeCore): Snapshot {
   const taking = begin(service);
-  while (!taking.packer.step(Infinity));
+  while (!taking.job.step(Infinity));
   return finish(taking, service.blockSize);
 }
 
-/** The same snapshot as `takeSnapshot`, packed in slices that yield to the event loop in between. */
-export async function takeSnapshotSliced(service: KvedgeCore, sliceBlocks = SLICE_BLOCKS): Promise<Snapshot> {
+/** The same snapshot as `takeSnapshot`, copied and packed in slices with turns between them. */
+export async function takeSnapshotSliced(service: KvedgeCore, ms = SLICE_MS): Promise<Snapshot> {
   const taking = begin(service);
-  const turn = () => new Promise((resolve) => setImmediate(resolve));
-  do await turn(); while (!taking.packer.step(sliceBlocks));
+  await taking.job.run(ms);
   return finish(taking, service.blockSize);
 }
 

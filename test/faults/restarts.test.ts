@@ -6,11 +6,13 @@ import { afterEach, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { encodeSnapshot, SNAPSHOT_FILE } from "../../src/state/snapshot";
+import { kvedgeBinary } from "../support/kvedge";
 import { type ServeProcess } from "../support/serve";
 import { eventually } from "../support/wait";
 import {
-  engineCache, expectEqualOrDegraded, expectExactAndEqual, generate, type MockEngineProcess, metric, prompts, restartEngine,
-  serveFor, startMockEngine, stopEngine, subscribed, workerSpec, workerView,
+  engineCache, expectEqualOrDegraded, expectExactAndEqual, generate, type Json, type MockEngineProcess, metric,
+  prompts, restartEngine, serveFor, startMockEngine, stopEngine, subscribed, workerSpec, workerView,
 } from "./rig";
 
 const engines: MockEngineProcess[] = [];
@@ -227,5 +229,91 @@ describe("kvedge restart with a snapshot (--state-dir)", () => {
     await subscribed(a);
     await generate(a, prompts(2, 2, 24));
     await expectExactAndEqual(kvedge, "1", a);
+  });
+});
+
+describe("kvedge startup with a snapshot", () => {
+  const dirs: string[] = [];
+  afterEach(() => {
+    for (const dir of dirs.splice(0)) rmSync(dir, { recursive: true, force: true });
+  });
+
+  function stateDir(): string {
+    const dir = mkdtempSync(join(tmpdir(), "kvedge-state-"));
+    dirs.push(dir);
+    return dir;
+  }
+
+  /** A free loopback port (bound, then released for kvedge to take). */
+  async function freePort(): Promise<number> {
+    const probe = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
+    const port = probe.port;
+    probe.stop(true);
+    return port;
+  }
+
+  /** Whether something accepts TCP connections on the port now. */
+  const accepts = (port: number): Promise<boolean> => new Promise((resolve) => {
+    Bun.connect({
+      hostname: "127.0.0.1", port,
+      socket: {
+        open: (socket) => { socket.end(); resolve(true); },
+        data() {}, error: () => resolve(false), connectError: () => resolve(false),
+      },
+    }).catch(() => resolve(false));
+  });
+
+  test("the port opens once the snapshot is loaded: the first answer routes on it", async () => {
+    const dir = stateDir();
+    // One worker holding a 1M-block chain: loading it takes long enough to be seen.
+    const blocks = 1_000_000;
+    const words = new Uint32Array(7 + 4 * blocks);
+    words.set([1, 0, 0, 0, 0, 0, blocks]);
+    for (let i = 0; i < blocks; i++) {
+      words[7 + 2 * i + 1] = i + 1;
+      words[7 + 2 * blocks + 2 * i + 1] = i + 1;
+    }
+    writeFileSync(join(dir, SNAPSHOT_FILE), encodeSnapshot({
+      blockSize: 16, createdAt: new Date().toISOString(), workerIds: [1n], words,
+      positions: [{ workerId: 1n, dpRank: 0, lastSeq: 41, fingerprint: 7, degraded: false }],
+    }));
+    const [port, nobody] = [await freePort(), await freePort()];
+    const lines: Record<string, unknown>[] = [];
+    const child = Bun.spawn([
+      kvedgeBinary(), "serve", "--port", String(port), "--log-format", "json",
+      "--warmup-routes", "0", "--state-dir", dir, "--workers", `1=tcp://127.0.0.1:${nobody}`,
+    ], {
+      stdin: "ignore", stdout: "ignore", stderr: "pipe", env: { PATH: process.env.PATH ?? "" },
+    });
+    const reading = (async () => {
+      let text = "";
+      for await (const chunk of child.stderr) text += new TextDecoder().decode(chunk);
+      for (const line of text.split("\n")) if (line.startsWith("{")) lines.push(JSON.parse(line));
+    })();
+    try {
+      let openedAt = 0;
+      for (let tries = 0; openedAt === 0 && tries < 20_000 && child.exitCode === null; tries++) {
+        if (await accepts(port)) openedAt = Date.now();
+        else await Bun.sleep(2);
+      }
+      expect(openedAt).toBeGreaterThan(0);
+      const url = `http://127.0.0.1:${port}`;
+      const listed = (await (await fetch(`${url}/v1/workers`)).json()) as { workers: Json[] };
+      const workers = listed.workers.map((w) => [w.worker_id, w.blocks, w.degraded]);
+      expect(workers).toEqual([["1", blocks, true]]);
+      // Alive, not ready: the engine's state is not established yet (nobody listens there).
+      expect((await fetch(`${url}/healthz`)).status).toBe(200);
+      expect((await fetch(`${url}/readyz`)).status).toBe(503);
+      child.kill("SIGKILL");
+      await child.exited;
+      await reading;
+      const loaded = lines.find((line) => line.msg === "snapshot loaded");
+      expect(loaded?.blocks).toBe(blocks);
+      // Loaded (logged) before anything could connect.
+      expect(Date.parse(String(loaded!.time))).toBeLessThanOrEqual(openedAt);
+    } finally {
+      child.kill("SIGKILL");
+      await child.exited;
+    }
   });
 });

@@ -7,7 +7,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { loadTokenizer, type PromptTokenizer } from "../../src/proxy/tokenizer";
 import { until } from "../support/wait";
-import { kvedgeBinary } from "../support/kvedge";
+import { kvedgeBinary, productEnv } from "../support/kvedge";
 import { type MockEngine, startMockEngines, stopMockEngines } from "../support/mock-fleet";
 import { startServe, type ServeProcess } from "../support/serve";
 import { sseData } from "../support/sse";
@@ -180,7 +180,9 @@ describe("kvedge serve --proxy", () => {
 
 describe("kvedge serve --proxy start-up", () => {
   test("a tokenizer that does not load stops the start with one line", async () => {
-    const proc = Bun.spawn([kvedgeBinary(), "serve", "--proxy", "--tokenizer", "/nonexistent/model", "--port", "0"], { stdout: "pipe", stderr: "pipe" });
+    const proc = Bun.spawn([kvedgeBinary(), "serve", "--proxy", "--tokenizer", "/nonexistent/model", "--port", "0"], {
+      stdout: "pipe", stderr: "pipe", env: productEnv(),
+    });
     expect(await proc.exited).toBe(2);
     const stderr = await new Response(proc.stderr).text();
     expect(stderr).toBe("kvedge serve: proxy.tokenizer: /nonexistent/model/tokenizer.json does not exist\n");

@@ -7,7 +7,7 @@ import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync }
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createIndex } from "../../src/index";
-import { IndexPacker, packIndex } from "../../src/index/pack";
+import { freezeNow, IndexPacker, packIndex } from "../../src/index/pack";
 import { LoadTracker } from "../../src/route/load";
 import { BACKEND_NAMES, MatchResult } from "../../src/index/types";
 import {
@@ -28,7 +28,7 @@ function tempDir(): string {
 }
 
 function snapshotOf(index: ReturnType<typeof createIndex>): Snapshot {
-  const { words, workerIds } = packIndex(index.freeze());
+  const { words, workerIds } = packIndex(freezeNow(index.freeze()));
   return {
     blockSize: index.blockSize, createdAt: "2026-01-01T00:00:00Z", workerIds: [...workerIds], words,
     positions: [{ workerId: 7n, dpRank: 0, lastSeq: 41, fingerprint: 12345, degraded: false }],
@@ -105,6 +105,25 @@ describe("refusals", () => {
     expect(readSnapshotFile(dir, 16)).not.toBeNull();
   });
 
+  test("the file written in pieces is the in-memory encoding; a late flip is caught", async () => {
+    // 3.2 MiB of words: four checksum pieces, the last one short.
+    const n = 200_000;
+    const words = new Uint32Array(7 + 4 * n);
+    words.set([1, 0, 0, 0, 0, 0, n]);
+    for (let i = 7; i < words.length; i++) words[i] = (i * 2654435761) >>> 0;
+    const snapshot: Snapshot = { blockSize: 1, createdAt: "x", workerIds: [1n], 
+      positions: [], words,
+    };
+    const dir = tempDir();
+    const written = await writeSnapshotFile(dir, snapshot);
+    const file = readFileSync(join(dir, SNAPSHOT_FILE));
+    expect(written).toBe(file.length);
+    expect(Buffer.from(encodeSnapshot(snapshot)).equals(file)).toBe(true);
+    expect(decodeSnapshot(file).words).toEqual(words);
+    file[file.length - 100]! ^= 1;
+    expect(() => decodeSnapshot(file)).toThrow("checksum mismatch");
+  });
+
   test("a malformed operation inside a well-checksummed file is refused before anything is applied", () => {
     const snapshot: Snapshot = { blockSize: 1, createdAt: "x", workerIds: [1n], positions: [], words: new Uint32Array([1, 0, 0, 0, 0, 0, 50]) };
     expect(() => decodeSnapshot(encodeSnapshot(snapshot))).toThrow("runs past the end");
@@ -146,9 +165,9 @@ describe("typed packing", () => {
         applyHarnessOp(index, op);
         applyHarnessOp(reference, op);
       }
-      const whole = packIndex(index.freeze()).words;
+      const whole = packIndex(freezeNow(index.freeze())).words;
       for (const slice of [1, 7]) {
-        const packer = new IndexPacker(index.freeze());
+        const packer = new IndexPacker(freezeNow(index.freeze()));
         let steps = 0;
         while (!packer.step(slice)) steps++;
         expect(packer.words()).toEqual(whole);
@@ -175,8 +194,8 @@ describe("typed packing", () => {
     const index = createIndex(backend, 1);
     const half = Math.floor(stream.ops.length / 2);
     for (const op of stream.ops.slice(0, half)) applyHarnessOp(index, op);
-    const expected = packIndex(index.freeze()).words;
-    const packer = new IndexPacker(index.freeze());
+    const expected = packIndex(freezeNow(index.freeze())).words;
+    const packer = new IndexPacker(freezeNow(index.freeze()));
     let turns = 0;
     for (const op of stream.ops.slice(half)) {
       applyHarnessOp(index, op); // the index moves on between slices

@@ -36,6 +36,18 @@ export function kvedgeBinary(): string {
   return KVEDGE_BIN;
 }
 
+/**
+ * This process's environment without the test harness's knobs (KVEDGE_SEED, KVEDGE_SEEDS:
+ * `npm run test:unit` sets them), which kvedge itself would warn about as unknown settings.
+ */
+export function productEnv(): Record<string, string> {
+  const env: Record<string, string> = {};
+  for (const [name, value] of Object.entries(process.env)) {
+    if (value !== undefined && name !== "KVEDGE_SEED" && name !== "KVEDGE_SEEDS") env[name] = value;
+  }
+  return env;
+}
+
 export interface RunResult {
   readonly code: number;
   readonly stdout: string;

@@ -4,15 +4,15 @@
  * match.ts; the tree's shape lives in tree.ts.
  */
 import { fail, VERIFY_BY_DEFAULT } from "../assert";
-import { type DumpSource, collectDump, type DumpStep, lazyDumpEvents } from "../dump";
-import type { FrozenIndex } from "../pack";
+import { dumpEvents } from "../dump";
+import { type FreezeJob, type FrozenIndex, freezeNow, SlicedCopy } from "../pack";
 import type { IndexOp } from "../ops";
 import {
   countRejection, type IndexOptions, type IndexStats, type KvIndex, type MatchResult,
   rejectCounts, StoreStatus, type WorkerInfo,
 } from "../types";
 import { SlotIndex } from "../slot-index";
-import { WorkerSlots } from "../workers";
+import { type PresentLookup, WorkerSlots } from "../workers";
 import { findMatches, MatchScratch } from "./match";
 import { ROOT } from "./nodes";
 import { clearSlot, RemoveScratch, removeHashes } from "./remove";
@@ -177,11 +177,7 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
   }
 
   dump(): IndexOp[] {
-    return collectDump(this.dumpLazy());
-  }
-
-  dumpLazy(): IterableIterator<DumpStep> {
-    return lazyDumpEvents(this.dumpSource(), this.blockSize);
+    return dumpEvents(freezeNow(this.freeze()), this.blockSize);
   }
 
   verify(): void {
@@ -193,62 +189,61 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
     return status;
   }
 
-  /** A memcpy of the node and block arrays and the lookups: the snapshot packer links blocks from it in slices of nodes. */
-  freeze(): FrozenIndex {
+  /** A copy of the node and block arrays and the lookups, in slices (the packer reads it by nodes). */
+  freeze(): FreezeJob {
     const nodes = this.tree.nodes;
     const top = nodes.highWater;
-    const parent = nodes.parent.slice(0, top);
-    const start = nodes.start.slice(0, top);
-    const len = nodes.len.slice(0, top);
-    const hi = this.tree.blocks.hi.slice();
-    const lo = this.tree.blocks.lo.slice();
+    const blocks = this.tree.blocks;
+    const lookups = this.slots.presentLookups();
+    const copy = new SlicedCopy(
+      [nodes.parent, nodes.start, nodes.len, blocks.hi, blocks.lo, ...lookups.map((e) => e.table)],
+      [top, top, top, blocks.hi.length, blocks.lo.length, ...lookups.map((e) => e.table.length)],
+    );
+    let frozen: FrozenIndex | null = null;
     return {
-      blockKeyLimit: hi.length,
-      units: top,
-      forEachBlockFrom(from, budget, visit) {
-        let node = Math.max(from, ROOT + 1);
-        for (let visited = 0; node < top && visited < budget; node++) {
-          const n = len[node]!;
-          if (n === 0) continue; // a free id
-          const first = start[node]!;
-          const up = parent[node]!;
-          let previous = up === ROOT ? -1 : start[up]! + len[up]! - 1;
-          for (let block = first; block < first + n; block++) {
-            visit(block, previous, hi[block]!, lo[block]!);
-            previous = block;
-          }
-          visited += n;
-        }
-        return node;
-      },
-      workers: this.slots.frozenWorkers(),
+      step: (words) => copy.step(words),
+      result: () => frozen ??= frozenTree(top, copy.copies, lookups),
     };
   }
+}
 
-  private dumpSource(): DumpSource {
-    const tree = this.tree;
-    const slots = this.slots;
-    return {
-      blockKeyLimit: tree.blocks.capacity,
-      forEachBlock(visit) {
-        // Depth-first from the root; child lists come from one scan of the child table.
-        const stack = [ROOT];
-        const kids = tree.childLists();
-        while (stack.length > 0) {
-          const node = stack.pop()!;
-          if (node !== ROOT) {
-            const start = tree.nodes.start[node]!;
-            const parent = tree.nodes.parent[node]!;
-            let previous = parent === ROOT ? -1 : tree.nodes.start[parent]! + tree.nodes.len[parent]! - 1;
-            for (let block = start; block < start + tree.nodes.len[node]!; block++) {
-              visit(block, previous, tree.blocks.hi[block]!, tree.blocks.lo[block]!);
-              previous = block;
-            }
-          }
-          for (const child of kids.get(node) ?? []) stack.push(child);
+/** The FrozenIndex over crtc's copied arrays (parent, start, len, hi, lo, then one lookup each). */
+function frozenTree(
+  top: number, copies: readonly Uint32Array[], lookups: readonly PresentLookup[],
+): FrozenIndex {
+  const [parent, start, len, hi, lo] = copies as [Uint32Array, Uint32Array, Uint32Array, Uint32Array, Uint32Array];
+  return {
+    blockKeyLimit: hi.length,
+    units: top,
+    forEachBlockFrom(from, budget, visit) {
+      let node = Math.max(from, ROOT + 1);
+      for (let visited = 0; node < top && visited < budget; node++) {
+        const n = len[node]!;
+        if (n === 0) continue; // a free id
+        const first = start[node]!;
+        const up = parent[node]!;
+        let previous = up === ROOT ? -1 : start[up]! + len[up]! - 1;
+        for (let block = first; block < first + n; block++) {
+          visit(block, previous, hi[block]!, lo[block]!);
+          previous = block;
         }
-      },
-      forEachWorker: slots.forEachWorker,
-    };
-  }
+        visited += n;
+      }
+      return node;
+    },
+    workers: lookups.map(({ workerId, dpRank, count }, i) => {
+      const table = copies[5 + i]!;
+      const slots = table.length / 3;
+      return {
+        workerId, dpRank, count,
+        readHeld(from, budget, visit) {
+          const to = Math.min(slots, from + budget);
+          for (let at = 3 * from; at < 3 * to; at += 3) {
+            if (table[at + 2] !== 0) visit(table[at]!, table[at + 1]!, table[at + 2]!);
+          }
+          return to === slots ? -1 : to;
+        },
+      };
+    }),
+  };
 }

@@ -186,7 +186,7 @@ export class CrtcTree {
     nodes.spare[parent] = total;
   }
 
-  /** parent -> children, from one scan of the child table (dump and verify only). */
+  /** parent -> children, from one scan of the child table (verify only). */
   childLists(): Map<number, number[]> {
     const lists = new Map<number, number[]>();
     const table = this.children.table;

@@ -12,8 +12,8 @@
  */
 import { chainHashes } from "../../hash";
 import { assert, VERIFY_BY_DEFAULT } from "../assert";
-import { type DumpSource, collectDump, type DumpStep, lazyDumpEvents } from "../dump";
-import { type FrozenIndex, freezeByWalk } from "../pack";
+import { type DumpSource, dumpEvents } from "../dump";
+import { type FreezeJob, freezeByWalk, frozenAtOnce } from "../pack";
 import { LinkTable } from "../link-table";
 import type { ExternalLookup } from "../lookup";
 import type { IndexOp } from "../ops";
@@ -434,15 +434,12 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
   }
 
   dump(): IndexOp[] {
-    return collectDump(this.dumpLazy());
+    return dumpEvents(freezeByWalk(this.dumpSource()), this.blockSize);
   }
 
-  dumpLazy(): IterableIterator<DumpStep> {
-    return lazyDumpEvents(this.dumpSource(), this.blockSize);
-  }
-
-  freeze(): FrozenIndex {
-    return freezeByWalk(this.dumpSource());
+  /** The copy is one walk of the blocks: done in the first step. */
+  freeze(): FreezeJob {
+    return frozenAtOnce(() => freezeByWalk(this.dumpSource()));
   }
 
   private dumpSource(): DumpSource {

@@ -9,8 +9,8 @@
  *
  * See docs/decisions.md#exact-oracle.
  */
-import { type DumpSource, collectDump, type DumpStep, lazyDumpEvents } from "../dump";
-import { type FrozenIndex, freezeByWalk } from "../pack";
+import { type DumpSource, dumpEvents } from "../dump";
+import { type FreezeJob, freezeByWalk, frozenAtOnce } from "../pack";
 import type { IndexOp } from "../ops";
 import {
   countRejection, type IndexOptions, type IndexStats, type KvIndex, type MatchResult,
@@ -236,15 +236,12 @@ export class ReferenceIndex extends SlotIndex implements KvIndex {
   }
 
   dump(): IndexOp[] {
-    return collectDump(this.dumpLazy());
+    return dumpEvents(freezeByWalk(this.dumpSource()), this.blockSize);
   }
 
-  dumpLazy(): IterableIterator<DumpStep> {
-    return lazyDumpEvents(this.dumpSource(), this.blockSize);
-  }
-
-  freeze(): FrozenIndex {
-    return freezeByWalk(this.dumpSource());
+  /** The copy is one walk of the blocks: done in the first step. */
+  freeze(): FreezeJob {
+    return frozenAtOnce(() => freezeByWalk(this.dumpSource()));
   }
 
   private dumpSource(): DumpSource {

@@ -55,6 +55,8 @@ export abstract class ZmtpSocket implements ConnectionHost {
   readonly readyFrame: Uint8Array;
   /** Peer lifecycle: connected (handshake done), disconnected, handshake_failed. */
   onPeer: PeerListener = () => {};
+  /** A message over maxMessageBytes was read past (its content, seq included, is unknown). */
+  onSkipped: (bytes: number) => void = () => {};
 
   protected readonly log: Logger;
   /** Connections with a completed handshake, in connection order. */
@@ -229,6 +231,7 @@ export abstract class ZmtpSocket implements ConnectionHost {
 
   skipped(conn: Connection, bytes: number): void {
     this.counters.oversizeSkipped++;
+    this.onSkipped(bytes);
     this.onceLog.report("oversize_skipped", `zmtp message of ${bytes} bytes is over the limit of ${this.options.maxMessageBytes}: skipped`, {
       connection: conn.id,
       endpoint: conn.peer.endpoint,
