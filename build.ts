@@ -17,6 +17,9 @@ const root = import.meta.dir;
 const nativeDir = join(root, "native", "build");
 const distDir = join(root, "dist");
 const entry = join(root, "src", "cli", "main.ts");
+// kvedge's Worker threads start from this file; in the binary it sits at
+// runtime/thread-main.ts under the bundle's root (the entrypoints' common folder, src/).
+const threadEntry = join(root, "src", "runtime", "thread-main.ts");
 
 interface Target {
   /** Bun's compile target. */
@@ -79,7 +82,7 @@ async function compile(target: Target): Promise<boolean> {
   mkdirSync(distDir, { recursive: true });
   const library = target.library;
   const result = await Bun.build({
-    entrypoints: [entry],
+    entrypoints: [entry, threadEntry],
     compile: { target: target.bun as "bun-linux-x64", outfile: target.outfile },
     minify: { whitespace: true, syntax: true, identifiers: false },
     plugins: [{

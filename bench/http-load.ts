@@ -86,6 +86,8 @@ export interface LoadResult {
   readonly maxMs: number;
   /** CPU seconds per wall second over the measured window. */
   readonly serverCpu: number;
+  /** Of it, the server's main thread (the one that decides routes); absent from the C generator. */
+  readonly serverMainCpu?: number;
   readonly generatorCpu: number;
   /** Open loop: requests still unanswered when the drain timeout ran out. */
   readonly unanswered: number;
@@ -98,9 +100,9 @@ export interface LoadResult {
 const DRAIN_MS = 3_000;
 const LAST_BLOCK_DIGITS = 6;
 
-/** CPU seconds (user + system) of a process, from /proc/PID/stat. */
-export function processCpuSeconds(pid: number): number {
-  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+/** CPU seconds (user + system) of a process (or, with `tid`, of one of its threads), from /proc. */
+export function processCpuSeconds(pid: number, tid?: number): number {
+  const stat = readFileSync(tid === undefined ? `/proc/${pid}/stat` : `/proc/${pid}/task/${tid}/stat`, "utf8");
   const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
   return (Number(fields[11]) + Number(fields[12])) / 100; // utime, stime in clock ticks (USER_HZ = 100)
 }
@@ -171,7 +173,7 @@ async function run(spec: LoadSpec): Promise<LoadResult> {
   const start = performance.now() + 200;
   const windowStart = start + spec.warmupMs;
   const windowEnd = windowStart + spec.durationMs;
-  interface CpuMark { server: number; generator: number; at: number }
+  interface CpuMark { server: number; main: number; generator: number; at: number }
   let cpuMarks = null as CpuMark | null;
   let cpuEnd = null as CpuMark | null;
   const generatorCpu = () => { const u = process.cpuUsage(); return (u.user + u.system) / 1e6; };
@@ -187,8 +189,12 @@ async function run(spec: LoadSpec): Promise<LoadResult> {
 
   const markCpu = () => {
     const now = performance.now();
-    if (cpuMarks === null && now >= windowStart) cpuMarks = { server: processCpuSeconds(spec.serverPid), generator: generatorCpu(), at: now };
-    if (cpuEnd === null && now >= windowEnd) cpuEnd = { server: processCpuSeconds(spec.serverPid), generator: generatorCpu(), at: now };
+    const mark = (): CpuMark => ({
+      server: processCpuSeconds(spec.serverPid), main: processCpuSeconds(spec.serverPid, spec.serverPid),
+      generator: generatorCpu(), at: now,
+    });
+    if (cpuMarks === null && now >= windowStart) cpuMarks = mark();
+    if (cpuEnd === null && now >= windowEnd) cpuEnd = mark();
   };
 
   const senders = spec.transport === "http" ? await httpSenders(spec, pool, () => counter++, record) : await wsSenders(spec, pool, () => counter, (n) => { counter += n; }, record);
@@ -295,6 +301,7 @@ async function run(spec: LoadSpec): Promise<LoadResult> {
     p999Ms: latencies.percentile(sorted, 0.999),
     maxMs: sorted.length === 0 ? NaN : sorted[sorted.length - 1]!,
     serverCpu: (end.server - marks.server) / ((end.at - marks.at) / 1000),
+    serverMainCpu: (end.main - marks.main) / ((end.at - marks.at) / 1000),
     generatorCpu: (end.generator - marks.generator) / ((end.at - marks.at) / 1000),
     unanswered: inflight * frameRequests,
     sendLagP99Ms: spec.mode === "open" ? lags.percentile(lags.values.slice(0, lags.count).sort(), 0.99) : null,

@@ -4,6 +4,7 @@
  * over keep-alive HTTP and WebSocket.
  *
  *   bun bench/http.ts [--json] [--quick] [--runs N] [--only SUBSTRING] [--binary PATH] [--profile DIR] [--generator c|bun]
+ *                     [--threads LIST]
  *
  * Every run starts fresh processes:
  * 1. the fleet (bench/http-fleet.ts): 64 ZMTP PUB sockets publishing the stored events
@@ -34,6 +35,11 @@
  * benchmarks another build of kvedge (e.g. an
  * older commit, for before/after). `--profile DIR` runs the server from source under
  * `bun --cpu-prof` and leaves the profile in DIR (for finding hot spots, not for numbers).
+ * `--threads 0,2,w0,w2` measures serve in each thread mode: N route lanes
+ * (runtime.route_threads), with a "w" the index writer thread too
+ * (runtime.index_threads = 1); every run starts fresh processes for each, in
+ * alternating order (A B, B A, ...), so the ratios compare modes measured in the same
+ * minutes.
  * The open-loop HTTP and binary WebSocket scenarios are sent by bench/loadgen/open-loop.c
  * (compiled with the system C compiler on first use): no garbage collector and no
  * polling, so the generator's own pauses and CPU stay out of the server's tail as far as
@@ -44,10 +50,12 @@ import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { type LoadResult, type LoadSpec, openLoopGenerator } from "./http-load";
 import { benchFlags, killWithBench, median, provenance } from "./lib";
-import { indexBytes, routeDecisions, rssOf, startFleet, startServe, stopAll, waitIndexed } from "./serve-process";
+import {
+  indexBytes, routeDecisions, rssOf, startFleet, startServe, stopAll, threadCpuOf, waitIndexed,
+} from "./serve-process";
 
 const ROOT = join(import.meta.dir, "..");
-const flags = benchFlags("bun bench/http.ts [--json] [--quick] [--runs N] [--only SUBSTRING] [--binary PATH] [--profile DIR] [--generator c|bun]", {
+const flags = benchFlags("bun bench/http.ts [--json] [--quick] [--runs N] [--only SUBSTRING] [--binary PATH] [--profile DIR] [--generator c|bun] [--threads LIST]", {
   json: { type: "boolean" },
   quick: { type: "boolean" },
   runs: { type: "string" },
@@ -55,6 +63,7 @@ const flags = benchFlags("bun bench/http.ts [--json] [--quick] [--runs N] [--onl
   binary: { type: "string" },
   profile: { type: "string" },
   generator: { type: "string" },
+  threads: { type: "string" },
 });
 const BINARY = flags.binary ?? join(ROOT, "dist", "kvedge");
 const SEED = 20_261_129;
@@ -73,6 +82,14 @@ if (!(Number.isInteger(runs) && runs >= 1)) throw new Error("--runs must be a po
 const only = flags.only;
 const profileDir = flags.profile;
 const generator = openLoopGenerator(flags.generator);
+/** Thread modes: "N" = N route lanes, "wN" = the writer thread and N lanes. */
+const modes = (flags.threads ?? "0").split(",").map((text) => text.trim());
+if (!modes.every((mode) => /^w?\d{1,2}$/.test(mode))) {
+  throw new Error("--threads must be a comma-separated list of modes: N (route lanes) or wN (writer thread and N lanes)");
+}
+const modeArgs = (mode: string): string[] => [
+  "--route-threads", mode.replace("w", ""), "--index-threads", mode.startsWith("w") ? "1" : "0",
+];
 
 interface Scenario {
   readonly name: string;
@@ -172,23 +189,35 @@ type ScenarioResult = LoadResult & { readonly decisionUs: number | null };
 
 interface RunRecord {
   readonly indexSeconds: number;
+  /** CPU seconds from listening to indexed: main thread, Worker threads (the writer), all. */
+  readonly indexCpu: { main: number; workers: number; total: number };
   readonly pairs: number;
   readonly serveRssBytes: number;
   readonly indexBytes: number;
   readonly results: Record<string, ScenarioResult>;
 }
 
-async function oneRun(run: number, list: Scenario[]): Promise<RunRecord> {
+async function oneRun(run: number, list: Scenario[], mode: string): Promise<RunRecord> {
   const fleet = await startFleet(SEED, WORKERS, TARGET_PAIRS);
-  const serve = await startServe(BINARY, fleet, ["--request-ttl-secs", String(REQUEST_TTL_SECS)], profileDir);
+  const args = ["--request-ttl-secs", String(REQUEST_TTL_SECS), ...modeArgs(mode)];
+  const serve = await startServe(BINARY, fleet, args, profileDir);
   try {
+    const listening = threadCpuOf(serve.pid);
     const indexSeconds = await waitIndexed(serve, fleet, 180_000);
+    const indexed = threadCpuOf(serve.pid);
+    const indexCpu = {
+      main: indexed.main - listening.main, workers: indexed.workers - listening.workers,
+      total: indexed.total - listening.total,
+    };
     const record: RunRecord = {
-      indexSeconds, pairs: fleet.pairs, serveRssBytes: rssOf(serve.pid), indexBytes: await indexBytes(serve), results: {},
+      indexSeconds, indexCpu, pairs: fleet.pairs, serveRssBytes: rssOf(serve.pid), indexBytes: await indexBytes(serve), results: {},
     };
     if (!json) {
-      console.error(`run ${run}: ${fleet.pairs} pairs indexed in ${indexSeconds.toFixed(1)} s; serve RSS ${(record.serveRssBytes / 2 ** 20).toFixed(0)} MiB, `
+      console.error(`run ${run}, threads ${mode}: ${fleet.pairs} pairs indexed in ${indexSeconds.toFixed(1)} s; serve RSS ${(record.serveRssBytes / 2 ** 20).toFixed(0)} MiB, `
         + `kvedge_index_bytes ${(record.indexBytes / 2 ** 20).toFixed(1)} MiB`);
+      const perPair = (seconds: number) => ((1e9 * seconds) / fleet.pairs).toFixed(0);
+      console.error(`  indexing CPU per pair: main thread ${perPair(indexCpu.main)} ns, `
+        + `Workers ${perPair(indexCpu.workers)} ns, process ${perPair(indexCpu.total)} ns`);
     }
     let uniqueBase = run * 1000;
     const load = (scenario: Scenario, warmupMs: number, durationMs: number) => runLoad({
@@ -226,7 +255,8 @@ const fmtRate = (rate: number) => `${(rate / 1000).toFixed(1)}k`;
 
 function formatResult(r: LoadResult | ScenarioResult): string {
   return `${fmtRate(r.routesPerSecond)} routes/s, p50 ${fmtMs(r.p50Ms)} ms, p99 ${fmtMs(r.p99Ms)} ms, p99.9 ${fmtMs(r.p999Ms)} ms, `
-    + `serve CPU ${(100 * r.serverCpu).toFixed(0)} % (${((1e6 * r.serverCpu) / r.routesPerSecond).toFixed(0)} µs/route), generator CPU ${(100 * r.generatorCpu).toFixed(0)} %`
+    + `serve CPU ${(100 * r.serverCpu).toFixed(0)} % (${((1e6 * r.serverCpu) / r.routesPerSecond).toFixed(0)} µs/route`
+    + `${r.serverMainCpu === undefined ? "" : `, main thread ${((1e6 * r.serverMainCpu) / r.routesPerSecond).toFixed(0)}`}), generator CPU ${(100 * r.generatorCpu).toFixed(0)} %`
     + ("decisionUs" in r && r.decisionUs !== null ? `, decision ${r.decisionUs.toFixed(1)} µs` : "")
     + (r.errors > 0 ? `, ${r.errors} errors (${r.sampleError})` : "") + (r.unanswered > 0 ? `, ${r.unanswered} unanswered` : "");
 }
@@ -238,36 +268,53 @@ if (!existsSync(BINARY) && profileDir === undefined) {
   process.exit(1);
 }
 const list = scenarios();
-const records: RunRecord[] = [];
-for (let run = 1; run <= runs; run++) records.push(await oneRun(run, list));
+/** Per thread mode, its runs; the modes alternate order from run to run. */
+const recordsOf = new Map<string, RunRecord[]>(modes.map((mode) => [mode, []]));
+for (let run = 1; run <= runs; run++) {
+  const order = run % 2 === 1 ? modes : [...modes].reverse();
+  for (const mode of order) recordsOf.get(mode)!.push(await oneRun(run, list, mode));
+}
 
+function rowsOf(mode: string, records: RunRecord[]) {
+  return list.map((scenario) => {
+    const of = (pick: (r: ScenarioResult) => number) => median(records.map((record) => pick(record.results[scenario.name]!)));
+    return {
+      scenario: scenario.name,
+      threads: mode,
+      indexSeconds: median(records.map((record) => record.indexSeconds)),
+      indexCpuNsPerPair: {
+        main: median(records.map((record) => (1e9 * record.indexCpu.main) / record.pairs)),
+        workers: median(records.map((record) => (1e9 * record.indexCpu.workers) / record.pairs)),
+        total: median(records.map((record) => (1e9 * record.indexCpu.total) / record.pairs)),
+      },
+      transport: scenario.transport,
+      batch: scenario.batch,
+      binary: scenario.binary,
+      mode: scenario.mode,
+      offeredRate: scenario.mode === "open" ? scenario.rate : null,
+      promptTokens: scenario.promptTokens,
+      connections: scenario.connections,
+      window: scenario.mode === "closed" ? scenario.window : null,
+      routesPerSecond: of((r) => r.routesPerSecond),
+      p50Ms: of((r) => r.p50Ms),
+      p99Ms: of((r) => r.p99Ms),
+      p999Ms: of((r) => r.p999Ms),
+      sendLagP99Ms: scenario.mode === "open" ? of((r) => r.sendLagP99Ms!) : null,
+      serverCpu: of((r) => r.serverCpu),
+      serverCpuUsPerRoute: of((r) => (r.routesPerSecond > 0 ? (1e6 * r.serverCpu) / r.routesPerSecond : NaN)),
+      mainCpuUsPerRoute: of((r) => (r.routesPerSecond > 0 && r.serverMainCpu !== undefined
+        ? (1e6 * r.serverMainCpu) / r.routesPerSecond : NaN)),
+      generatorCpu: of((r) => r.generatorCpu),
+      decisionUs: scenario.transport === "http" ? of((r) => r.decisionUs ?? NaN) : null,
+      errors: records.reduce((sum, record) => sum + record.results[scenario.name]!.errors, 0),
+      unanswered: records.reduce((sum, record) => sum + record.results[scenario.name]!.unanswered, 0),
+      runs: records.map((record) => record.results[scenario.name]!),
+    };
+  });
+}
+const rows = modes.flatMap((mode) => rowsOf(mode, recordsOf.get(mode)!));
+const records = [...recordsOf.values()].flat();
 const med = (pick: (record: RunRecord) => number) => median(records.map(pick));
-const rows = list.map((scenario) => {
-  const of = (pick: (r: ScenarioResult) => number) => median(records.map((record) => pick(record.results[scenario.name]!)));
-  return {
-    scenario: scenario.name,
-    transport: scenario.transport,
-    batch: scenario.batch,
-    binary: scenario.binary,
-    mode: scenario.mode,
-    offeredRate: scenario.mode === "open" ? scenario.rate : null,
-    promptTokens: scenario.promptTokens,
-    connections: scenario.connections,
-    window: scenario.mode === "closed" ? scenario.window : null,
-    routesPerSecond: of((r) => r.routesPerSecond),
-    p50Ms: of((r) => r.p50Ms),
-    p99Ms: of((r) => r.p99Ms),
-    p999Ms: of((r) => r.p999Ms),
-    sendLagP99Ms: scenario.mode === "open" ? of((r) => r.sendLagP99Ms!) : null,
-    serverCpu: of((r) => r.serverCpu),
-    serverCpuUsPerRoute: of((r) => (r.routesPerSecond > 0 ? (1e6 * r.serverCpu) / r.routesPerSecond : NaN)),
-    generatorCpu: of((r) => r.generatorCpu),
-    decisionUs: scenario.transport === "http" ? of((r) => r.decisionUs ?? NaN) : null,
-    errors: records.reduce((sum, record) => sum + record.results[scenario.name]!.errors, 0),
-    unanswered: records.reduce((sum, record) => sum + record.results[scenario.name]!.unanswered, 0),
-    runs: records.map((record) => record.results[scenario.name]!),
-  };
-});
 const setup = {
   binary: profileDir === undefined ? BINARY : "bun src/cli/main.ts (profiling)",
   workers: WORKERS,
@@ -276,10 +323,11 @@ const setup = {
   requestTtlSecs: REQUEST_TTL_SECS,
   candidates: CANDIDATES,
   openLoopGenerator: generator,
+  threads: modes,
   indexSeconds: med((r) => r.indexSeconds),
   serveRssBytes: med((r) => r.serveRssBytes),
   indexBytes: med((r) => r.indexBytes),
-  runs: records.length,
+  runs: runs,
 };
 
 if (json) {
@@ -288,11 +336,26 @@ if (json) {
   console.log(`\nkvedge serve, ${setup.pairs} (block, worker) pairs over ${WORKERS} workers, median of ${records.length} run(s)`);
   console.log(`index ready in ${setup.indexSeconds.toFixed(1)} s; serve RSS ${(setup.serveRssBytes / 2 ** 20).toFixed(0)} MiB; `
     + `kvedge_index_bytes ${(setup.indexBytes / 2 ** 20).toFixed(1)} MiB; open-loop HTTP and binary WS sent by the ${generator === "c" ? "C" : "Bun"} generator\n`);
-  console.log("| scenario | routes/s | p50 ms | p99 ms | p99.9 ms | send lag p99 ms | serve CPU | serve CPU µs/route | of it, decision µs | generator CPU |");
-  console.log("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+  console.log("| scenario | threads | index ready s | routes/s | p50 ms | p99 ms | p99.9 ms | send lag p99 ms | serve CPU | serve CPU µs/route | main thread µs/route | of it, decision µs | generator CPU |");
+  console.log("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
   for (const row of rows) {
-    console.log(`| ${row.scenario} | ${fmtRate(row.routesPerSecond)} | ${fmtMs(row.p50Ms)} | ${fmtMs(row.p99Ms)} | ${fmtMs(row.p999Ms)} | ${fmtMs(row.sendLagP99Ms)} `
-      + `| ${(100 * row.serverCpu).toFixed(0)} % | ${row.serverCpuUsPerRoute.toFixed(0)} | ${row.decisionUs === null ? "-" : row.decisionUs.toFixed(1)} `
+    console.log(`| ${row.scenario} | ${row.threads} | ${row.indexSeconds.toFixed(1)} | ${fmtRate(row.routesPerSecond)} | ${fmtMs(row.p50Ms)} | ${fmtMs(row.p99Ms)} | ${fmtMs(row.p999Ms)} | ${fmtMs(row.sendLagP99Ms)} `
+      + `| ${(100 * row.serverCpu).toFixed(0)} % | ${row.serverCpuUsPerRoute.toFixed(0)} | ${Number.isNaN(row.mainCpuUsPerRoute) ? "-" : row.mainCpuUsPerRoute.toFixed(0)} | ${row.decisionUs === null ? "-" : row.decisionUs.toFixed(1)} `
       + `| ${(100 * row.generatorCpu).toFixed(0)} % |`);
+  }
+  if (modes.length > 1) {
+    console.log(`\nRatios against threads ${modes[0]} (medians of the paired runs):`);
+    const base = new Map(rows.filter((row) => row.threads === modes[0]).map((row) => [row.scenario, row]));
+    for (const row of rows.filter((r, i) => rows.findIndex((o) => o.threads === r.threads) === i)) {
+      const ns = row.indexCpuNsPerPair;
+      console.log(`  threads ${row.threads}: indexing CPU per pair ${ns.main.toFixed(0)} ns main thread, `
+        + `${ns.workers.toFixed(0)} ns Workers, ${ns.total.toFixed(0)} ns process`);
+    }
+    for (const row of rows.filter((r) => r.threads !== modes[0])) {
+      const a = base.get(row.scenario)!;
+      console.log(`  ${row.scenario}, threads ${row.threads}: index ready x${(row.indexSeconds / a.indexSeconds).toFixed(2)}, routes/s x${(row.routesPerSecond / a.routesPerSecond).toFixed(2)}, `
+        + `CPU µs/route x${(row.serverCpuUsPerRoute / a.serverCpuUsPerRoute).toFixed(2)}, `
+        + `main-thread µs/route x${(row.mainCpuUsPerRoute / a.mainCpuUsPerRoute).toFixed(2)}, p99 x${(row.p99Ms / a.p99Ms).toFixed(2)}`);
+    }
   }
 }

@@ -2,7 +2,7 @@
  * The processes of the serving benchmarks: the engine fleet (bench/http-fleet.ts) and
  * `kvedge serve` subscribed to it, started fresh for each run, and their teardown.
  */
-import { readFileSync } from "node:fs";
+import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Subprocess } from "bun";
 import { startServeChild } from "../src/sim/serve-process";
@@ -85,6 +85,29 @@ export async function waitIndexed(serve: Serve, fleet: Fleet, timeoutMs: number)
     }
     await Bun.sleep(100);
   }
+}
+
+/** CPU seconds (user + system) of a process's threads: its main thread, its Workers, all. */
+export function threadCpuOf(pid: number): { main: number; workers: number; total: number } {
+  let main = 0;
+  let workers = 0;
+  let total = 0;
+  for (const tid of readdirSync(`/proc/${pid}/task`)) {
+    let stat: string;
+    let comm: string;
+    try {
+      stat = readFileSync(`/proc/${pid}/task/${tid}/stat`, "utf8");
+      comm = readFileSync(`/proc/${pid}/task/${tid}/comm`, "utf8").trim();
+    } catch {
+      continue; // a thread that exited meanwhile
+    }
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    const seconds = (Number(fields[11]) + Number(fields[12])) / 100;
+    total += seconds;
+    if (tid === String(pid)) main += seconds;
+    else if (comm === "Worker") workers += seconds;
+  }
+  return { main, workers, total };
 }
 
 export function rssOf(pid: number): number {

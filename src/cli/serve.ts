@@ -1,15 +1,23 @@
 import { ConfigError, configFlagSpecs, flagHelp, loadConfig, renderConfig } from "../config";
 import { numaNodeCpus, pinProcess } from "../runtime/affinity";
 import { startApp } from "../server/app";
+import { RouteLanes } from "../server/lanes";
+import { planThreads, type ThreadPlan } from "../runtime/threads";
+import { WriterThread } from "../runtime/writer-thread";
+import { registerThreadMetrics } from "../runtime/metrics";
+import { defaultIndexBudgetBytes } from "../index/budget";
+import type { Config } from "../config";
 import { bufferBudget } from "../util/buffer-budget";
 import { warmUp } from "../server/warmup";
-import { createMetricsRegistry, registerRouterMetrics, registerServiceMetrics } from "../server/metrics";
+import {
+  createMetricsRegistry, type MetricsRegistry, registerRouterMetrics, registerServiceMetrics,
+} from "../server/metrics";
 import { KvedgeCore } from "../core/core";
 import { registerObservedHitsMetrics, registerProxyMetrics } from "../proxy/metrics";
 import { OpenAiProxy } from "../proxy/proxy";
 import { loadTokenizer, type PromptTokenizer, TokenizerError } from "../proxy/tokenizer";
 import { loadSnapshot, PeriodicSnapshots, restoreRequests, saveSnapshot } from "../state/warm";
-import { createLogger } from "../util/log";
+import { createLogger, type Logger } from "../util/log";
 import { flagBool, parseFlags, UsageError } from "./args";
 import { type Command, HELP_FLAG } from "./command";
 
@@ -77,11 +85,7 @@ Example:
       log.warn("proxy without a tokenizer: only /v1/completions with token-id prompts are accepted; text is refused (set proxy.tokenizer)");
     }
 
-    const cpus = config.runtime.cpus ?? (config.runtime.numa_node === null ? null : numaNodeCpus(config.runtime.numa_node));
-    if (cpus !== null) {
-      const threads = pinProcess(cpus);
-      log.info("pinned to CPUs", { cpus: cpus.join(","), threads });
-    }
+    const plan = pinAndPlan(config, log);
 
     try {
       const warm = warmUp(config, config.server.warmup_routes);
@@ -91,7 +95,8 @@ Example:
       log.error("warm-up failed; serving without it", { error: error instanceof Error ? error.message : String(error) });
     }
     bufferBudget.limitBytes = config.server.buffer_budget_bytes;
-    const service = new KvedgeCore({ config, log });
+    const writer = plan.indexThreads === 0 ? null : await startWriter(config, plan);
+    const service = new KvedgeCore({ config, log, ...(writer === null ? {} : { writer }) });
     let proxy: OpenAiProxy | null = null;
     if (config.proxy.enabled) {
       const model = config.proxy.model ?? tokenizer?.model ?? "default";
@@ -103,43 +108,169 @@ Example:
       if (missing.length > 0) log.warn("workers without an http_endpoint are never proxied to", { workers: missing.join(",") });
       log.info("proxy enabled", { model, tokenizer: config.proxy.tokenizer, vocab_size: tokenizer?.vocabSize ?? null });
     }
-    const registry = createMetricsRegistry();
-    registerRouterMetrics(registry, service.router);
-    registerServiceMetrics(registry, service);
-    registerObservedHitsMetrics(registry, service);
-    if (proxy !== null) registerProxyMetrics(registry, proxy);
+    const registry = metricsOf(service, proxy, plan, writer);
     const stateDir = config.state.dir;
     const stateLog = log.child({ component: "state" });
     const saved = stateDir === null ? null : loadSnapshot(service, stateDir, config.workers.map((worker) => worker.worker_id), stateLog);
     await service.start(); // snapshot and sources before the port opens (docs/operations.md)
     if (saved !== null) restoreRequests(service, saved, stateLog);
-    const app = startApp({
-      host: config.server.host,
-      port: config.server.port,
-      bodyLimitBytes: config.server.body_limit_bytes,
-      adminToken: config.server.admin_token,
-      service,
-      registry,
-      log: log.child({ component: "http" }),
-      proxy,
-    });
+    let serving: Serving;
+    try {
+      serving = await listen(config, plan, { service, writer, registry, proxy }, log);
+    } catch (error) {
+      await service.stop().then(() => writer?.stop());
+      process.stderr.write(`kvedge serve: ${(error as Error).message}\n`);
+      return 1;
+    }
     const periodic = stateDir === null ? null : new PeriodicSnapshots(service, stateDir, stateLog);
     const snapshots = periodic === null ? null : setInterval(() => void periodic.tick(), config.state.snapshot_interval_secs * 1000);
     log.info("listening", {
-      url: app.url, block_size: config.index.block_size, backend: config.index.backend, workers: config.workers.length,
+      url: serving.url, route_lanes: serving.lanes?.count ?? 0, block_size: config.index.block_size,
+      backend: config.index.backend, workers: config.workers.length,
+      ...threadCpus(writer, serving.lanes),
     });
 
-    const signal = await new Promise<string>((resolve) => {
-      process.once("SIGINT", () => resolve("SIGINT"));
-      process.once("SIGTERM", () => resolve("SIGTERM"));
-    });
+    const signal = await untilStopped(writer, log);
     log.info("shutting down", { signal });
-    await app.stop(SHUTDOWN_GRACE_MS);
+    await serving.stop(SHUTDOWN_GRACE_MS);
     if (snapshots !== null) clearInterval(snapshots);
     await periodic?.idle();
     if (stateDir !== null && await saveSnapshot(service, stateDir, stateLog)) log.info("snapshot written", { dir: stateDir });
     await service.stop();
+    await writer?.stop();
     log.info("stopped");
-    return 0;
+    return signal === "writer_failed" ? 1 : 0;
   },
 };
+
+/** The loopback address of `host`'s family: the main thread's own server, behind lanes. */
+function loopbackOf(host: string): string {
+  return host.includes(":") ? "::1" : "127.0.0.1";
+}
+
+function urlOf(host: string, port: number): string {
+  return `http://${host.includes(":") ? `[${host}]` : host}:${port}`;
+}
+
+/** Event ring size: a few hundred ms of a busy fleet's batches; past it, drops (and replays). */
+const RING_BYTES = 64 * 1024 * 1024;
+
+function startWriter(config: Config, plan: ThreadPlan): Promise<WriterThread> {
+  return WriterThread.start({
+    ringBytes: RING_BYTES, cpus: plan.writerCpus, blockSize: config.index.block_size,
+    backend: "crtc",
+    budgetBytes: config.index.memory_budget_bytes ?? defaultIndexBudgetBytes(),
+    sequencer: {
+      replayTimeoutMs: config.ingest.replay_timeout_ms,
+      replayDeadlineMs: config.ingest.replay_deadline_ms,
+      replayBufferBytes: config.ingest.replay_buffer_bytes,
+    },
+    logLevel: config.server.log_level,
+    // The main thread and every lane may read at once.
+    sharedReaders: 1 + plan.routeThreads,
+  });
+}
+
+interface Serving {
+  readonly url: string;
+  readonly lanes: RouteLanes | null;
+  stop(graceMs: number): Promise<void>;
+}
+
+/**
+ * The HTTP server, and the route lanes: with lanes, they own the public port and the
+ * main thread's server listens on loopback only, for what the lanes pass on.
+ */
+interface Serves {
+  readonly service: KvedgeCore;
+  readonly writer: WriterThread | null;
+  readonly registry: MetricsRegistry;
+  readonly proxy: OpenAiProxy | null;
+}
+
+async function listen(config: Config, plan: ThreadPlan, serves: Serves,
+  log: Logger): Promise<Serving> {
+  const { service, writer, registry, proxy } = serves;
+  const lanesOn = plan.routeThreads > 0;
+  const app = startApp({
+    host: lanesOn ? loopbackOf(config.server.host) : config.server.host,
+    port: lanesOn ? 0 : config.server.port,
+    bodyLimitBytes: config.server.body_limit_bytes,
+    adminToken: config.server.admin_token,
+    service,
+    registry,
+    log: log.child({ component: "http" }),
+    proxy,
+  });
+  if (!lanesOn) return { url: app.url, lanes: null, stop: (graceMs) => app.stop(graceMs) };
+  let lanes: RouteLanes;
+  try {
+    lanes = await RouteLanes.start({
+      host: config.server.host, port: config.server.port, mainUrl: app.url,
+      bodyLimitBytes: config.server.body_limit_bytes, service, metrics: app.metrics,
+      log: log.child({ component: "lanes" }), cpus: plan.laneCpus,
+      index: writer?.descriptor ?? null,
+    });
+  } catch (error) {
+    await app.stop(0);
+    throw new Error(`cannot start the route lanes: ${(error as Error).message}`);
+  }
+  return {
+    url: urlOf(config.server.host, lanes.port),
+    lanes,
+    async stop(graceMs) {
+      await lanes.stop(graceMs);
+      await app.stop(graceMs);
+    },
+  };
+}
+
+function metricsOf(service: KvedgeCore, proxy: OpenAiProxy | null, plan: ThreadPlan,
+  writer: WriterThread | null): MetricsRegistry {
+  const registry = createMetricsRegistry();
+  registerRouterMetrics(registry, service.router);
+  registerServiceMetrics(registry, service);
+  registerObservedHitsMetrics(registry, service);
+  if (proxy !== null) registerProxyMetrics(registry, proxy);
+  registerThreadMetrics(registry, plan, writer);
+  return registry;
+}
+
+/** Resolves with what ends serving: a signal, or the writer thread's failure. */
+function untilStopped(writer: WriterThread | null, log: Logger): Promise<string> {
+  return new Promise<string>((resolve) => {
+    process.once("SIGINT", () => resolve("SIGINT"));
+    process.once("SIGTERM", () => resolve("SIGTERM"));
+    // Without its writer the index would stand still, silently: stop (a supervisor restarts).
+    if (writer !== null) {
+      writer.onFailure = (error) => {
+        log.error("the writer thread failed", { error });
+        resolve("writer_failed");
+      };
+    }
+  });
+}
+
+/** Where the writer and the lanes run (the `listening` line): "1" and "2;3". */
+function threadCpus(writer: WriterThread | null, lanes: RouteLanes | null) {
+  return {
+    writer_cpus: writer?.cpus.join(",") ?? null,
+    lane_cpus: lanes?.cpus.map((cpus) => cpus.join(",")).join(";") ?? null,
+  };
+}
+
+/** Pins the process to its CPU set (if any) and plans its threads on it. */
+function pinAndPlan(config: Config, log: Logger): ThreadPlan {
+  const { runtime } = config;
+  const node = runtime.numa_node;
+  const cpus = runtime.cpus ?? (node === null ? null : numaNodeCpus(node));
+  if (cpus !== null) {
+    const threads = pinProcess(cpus);
+    log.info("pinned to CPUs", { cpus: cpus.join(","), threads });
+  }
+  const plan = planThreads(runtime, cpus);
+  log.info("threads", {
+    index_threads: plan.indexThreads, route_threads: plan.routeThreads, shared_cpus: plan.shared,
+  });
+  return plan;
+}

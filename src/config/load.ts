@@ -216,6 +216,18 @@ function checkTogether(config: Config, origins: ReadonlyMap<string, string>): vo
     throw new ConfigError(`${from("ingest.reconnect_max_ms")} = ${ingest.reconnect_max_ms} is below `
       + `${from("ingest.reconnect_min_ms")} = ${ingest.reconnect_min_ms}`);
   }
+  if ((config.runtime.index_threads ?? 0) > 0 && config.state.dir !== null) {
+    throw new ConfigError(`${from("state.dir")} cannot be used with `
+      + `${from("runtime.index_threads")} = 1 (snapshots of the writer thread's index `
+      + "are not supported yet)");
+  }
+  const writerThread = (config.runtime.index_threads ?? 0) > 0;
+  const threaded = writerThread || (config.runtime.route_threads ?? 0) > 0;
+  if (threaded && config.index.backend !== "crtc") {
+    const key = writerThread ? "runtime.index_threads" : "runtime.route_threads";
+    throw new ConfigError(`${from(key)} needs index.backend = crtc (the index threads share), `
+      + `not ${from("index.backend")} = ${config.index.backend}`);
+  }
 }
 
 function unknownEnv(env: Readonly<Record<string, string | undefined>>): string[] {

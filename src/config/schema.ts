@@ -83,6 +83,8 @@ export interface Config {
   readonly runtime: {
     readonly cpus: readonly number[] | null;
     readonly numa_node: number | null;
+    readonly index_threads: number | null;
+    readonly route_threads: number | null;
   };
   readonly workers: readonly WorkerEntry[];
 }
@@ -320,6 +322,14 @@ export const SETTINGS: readonly Setting[] = [
   setting({
     key: "runtime.numa_node", flag: "numa-node", type: integer(0, 1023), default: null, optional: true,
     help: "Pin to this NUMA node's CPUs (memory follows: pages are allocated on the node that first touches them); runtime.cpus wins if both are set.",
+  }),
+  setting({
+    key: "runtime.index_threads", flag: "index-threads", type: integer(0, 1), default: null, optional: true,
+    help: "0 = engine events are applied to the index on the main thread, between requests; 1 = on a writer thread of its own, fed through a shared-memory ring (serve refuses it until routes read the writer's shared index; src/runtime/README.md). Unset = 0.",
+  }),
+  setting({
+    key: "runtime.route_threads", flag: "route-threads", type: integer(0, 1024), default: null, optional: true,
+    help: "0 = routes are answered on the main thread; N = N route lanes (threads sharing the port) parse, hash and answer, the main thread decides. Unset = from the CPU set (runtime.cpus, else the NUMA node's, else the CPUs the process may use): none below 4 CPUs (on 2 cores lanes measured 0.4x the routes/s), else the CPUs minus 2, at most 3 (past that the main thread's share of each route is the limit).",
   }),
 ];
 

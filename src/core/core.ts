@@ -16,6 +16,7 @@ import { WritePause } from "../index/write-pause";
 import type { KvEventWriter } from "../ingest/normalize";
 import { EngineSource, type SourceState } from "../ingest/source";
 import { CandidateList, PromptHasher, type RouteDecision, Router } from "../route";
+import type { PromptHashes } from "../route/input";
 import { Admission } from "../route/admission";
 import { bufferBudget } from "../util/buffer-budget";
 import type { LifecycleResult } from "../route/load";
@@ -23,8 +24,12 @@ import { ObservedHits, type ObservedHitsView } from "../proxy/observed-hits";
 import type { SourcePosition } from "../state/snapshot";
 import type { Logger } from "../util/log";
 import type { ZmtpOptions } from "../wire/zmtp";
+import { budgetedWriter } from "./budgeted-writer";
 import { KvedgeError } from "./errors";
 import { WorkerTable } from "./worker-table";
+import { attach } from "../index/crtc/shared";
+import { ThreadedIndex } from "../runtime/threaded-index";
+import type { WriterThread } from "../runtime/writer-thread";
 
 export interface MatchScore {
   readonly workerId: bigint;
@@ -41,6 +46,17 @@ export interface RouteInput {
   readonly overlapScoreCredit: number | null;
   readonly prefillLoadScale: number | null;
   readonly temperature: number | null;
+  /** The prompt's hashes if the caller has them (a route lane hashed it), else hashed here. */
+  readonly prompt?: PromptHashes;
+  /** The prompt's matches if the caller looked them up (a lane, on the writer's shared index). */
+  readonly matched?: MatchedWorkers;
+}
+
+/** Matches by worker identity (another thread's lookup); this table's slots are found here. */
+export interface MatchedWorkers {
+  readonly ids: readonly bigint[];
+  readonly ranks: Uint32Array;
+  readonly blocks: Uint32Array;
 }
 
 /** A route decision and its prompt's length in blocks; the candidates are valid until the next route. */
@@ -95,6 +111,11 @@ export interface WorkerTimes {
 export interface CoreOptions {
   readonly config: Config;
   readonly log: Logger;
+  /**
+   * runtime.index_threads = 1: the writer thread that owns the index (its crtc in
+   * shared memory, read here without locks); sources hand their batches to it.
+   */
+  readonly writer?: WriterThread;
   /** For tests: a fixed random source for tie-breaks and softmax. */
   readonly random?: () => number;
 }
@@ -148,7 +169,7 @@ export class KvedgeCore {
     const { config } = options;
     this.log = options.log;
     this.blockSize = config.index.block_size;
-    this.index = createIndex(config.index.backend, this.blockSize, { workers: this.workerTable });
+    this.index = this.createIndex(config, options.writer);
     this.budget = new IndexBudget(this.index, config.index.memory_budget_bytes ?? defaultIndexBudgetBytes());
     this.writer = this.budgetedWriter(this.writes = new WritePause(this.index, HELD_WRITES_BYTES));
     this.router = new Router({
@@ -212,6 +233,23 @@ export class KvedgeCore {
     });
   }
 
+  /**
+   * The index: this thread's own, or the writer thread's as this thread reads it (its
+   * refusals counted in `budget`).
+   */
+  private createIndex(config: Config, writer: WriterThread | undefined): KvIndex {
+    const workers = this.workerTable;
+    if (writer === undefined) return createIndex(config.index.backend, this.blockSize, { workers });
+    if (writer.descriptor === null) throw new Error("the writer thread shares no index to read");
+    const index = new ThreadedIndex(this.blockSize, workers, attach(writer.descriptor));
+    writer.onIndex = (status) => {
+      index.mirror(status);
+      this.budget.refusedEvents = status.refusedEvents;
+      this.budget.refusedBlocks = status.refusedBlocks;
+    };
+    return index;
+  }
+
   /** Starts a source for every configured worker (connections complete in the background). */
   async start(): Promise<void> {
     for (const entry of this.options.config.workers) await this.addWorker(entry);
@@ -269,11 +307,15 @@ export class KvedgeCore {
    * A route call through admission: answered now, or held (returns its handle for
    * `dropHeld`) and answered when a worker frees, or refused. Bad input throws here.
    */
-  submitRoute(call: RouteCall): number {
+  submitRoute(submitted: RouteCall): number {
     if (!this.admission.enabled) {
-      this.answerCall(call);
+      this.answerCall(submitted);
       return -1;
     }
+    // A call that may be held is matched afresh each time it is looked at, not with
+    // the matches a lane found when it arrived (lanes never drop held calls by handle).
+    const call = submitted.input.matched === undefined ? submitted
+      : { ...submitted, input: { ...submitted.input, matched: undefined } };
     const requestId = call.input.requestId;
     if (requestId !== null && this.router.load.isActive(requestId)) {
       throw new KvedgeError("duplicate_request", `request ${requestId} is already active`);
@@ -336,9 +378,10 @@ export class KvedgeCore {
   }
 
   private routeRequest(input: RouteInput, candidatesMax: number) {
-    const prompt = this.hash(input.tokens, input.loraName, input.cacheSalt);
+    const prompt = input.prompt ?? this.hash(input.tokens, input.loraName, input.cacheSalt);
     const matches = this.matches;
-    this.index.findMatches(prompt.local, prompt.blockCount, matches);
+    if (input.matched !== undefined) this.slotsOf(input.matched, matches);
+    else this.index.findMatches(prompt.local, prompt.blockCount, matches);
     // Index slots are router slots: the matches are the router's overlaps as they are.
     const overlaps = { count: matches.count, slots: matches.workers, blocks: matches.blocks };
     const request = {
@@ -353,6 +396,20 @@ export class KvedgeCore {
       candidatesMax,
     };
     return { request, overlaps, blockCount: prompt.blockCount };
+  }
+
+  /** Matches by identity into this table's slots; workers not known here are left out. */
+  private slotsOf(matched: MatchedWorkers, out: MatchResult): void {
+    const count = matched.ids.length;
+    out.ensure(count);
+    let n = 0;
+    for (let i = 0; i < count; i++) {
+      const slot = this.workerTable.find(matched.ids[i]!, matched.ranks[i]!);
+      if (slot < 0) continue;
+      out.workers[n] = slot;
+      out.blocks[n++] = matched.blocks[i]!;
+    }
+    out.count = n;
   }
 
   private answerCall(call: RouteCall): void {
@@ -402,13 +459,14 @@ export class KvedgeCore {
     if (known >= 0 && this.ownSource[known] !== undefined) {
       throw new KvedgeError("worker_exists", `worker ${entry.worker_id} dp_rank ${entry.dp_rank} already exists`);
     }
-    const source = new EngineSource({
+    const config = {
       workerId: entry.worker_id,
       dpRank: entry.dp_rank,
       endpoint: entry.endpoint,
       replayEndpoint: entry.replay_endpoint,
       topic: entry.topic,
-    }, {
+    };
+    const source = new EngineSource(config, {
       blockSize: this.blockSize,
       writer: this.writer,
       log: this.log.child({ component: "ingest" }),
@@ -419,6 +477,7 @@ export class KvedgeCore {
         replayBufferBytes: this.options.config.ingest.replay_buffer_bytes,
       },
       onChange: (changed) => this.sourceChanged(changed),
+      ...(this.options.writer === undefined ? {} : { input: this.options.writer.input(config) }),
     });
     const saved = this.restoredPositions.get(positionKey(entry.worker_id, entry.dp_rank));
     if (saved !== undefined) source.sequencer.restore(saved.lastSeq, saved.fingerprint, saved.degraded);
@@ -454,7 +513,10 @@ export class KvedgeCore {
     const slots = this.workerTable.slotsOf(workerId);
     // The index lets go of the slots first: a slot is freed only once nothing names it.
     this.writes.settle(); // a change that does not wait for a copy in progress
+    // (With a writer thread, its index and its own slots go when this record arrives;
+    // lookups meanwhile name no slot of this thread that is gone: they are left out.)
     this.index.removeWorker(workerId);
+    this.options.writer?.removeWorker(workerId);
     for (const slot of slots) {
       this.ownSource[slot] = undefined;
       this.incomplete.delete(slot);
@@ -562,26 +624,17 @@ export class KvedgeCore {
   }
 
   /**
-   * The index as sources write to it, with the memory budget in front of stores: a
-   * refused store leaves the worker holding more than the index says (degraded) until
-   * its cache is cleared. Removals and clears always go through.
+   * The index as sources write to it: behind the memory budget (./budgeted-writer.ts),
+   * through the write pause of copies in progress (src/index/write-pause.ts).
    */
   private budgetedWriter(writes: WritePause): KvEventWriter {
-    const budget = this.budget;
-    return {
-      workerTable: this.workerTable,
-      storeAt: (slot, hasParent, parentHi, parentLo, external, local, count, first) => {
-        // A slot of -1 (the table is full) is the index's to refuse and count.
-        if (slot < 0 || budget.admits()) writes.storeAt(slot, hasParent, parentHi, parentLo, external, local, count, first);
-        else this.refuseStore(slot, count);
-      },
-      removeAt: (slot, external, count, first) => writes.removeAt(slot, external, count, first),
-      clearAt: (slot) => {
-        writes.clearAt(slot);
-        // Holding nothing is known exactly: refused stores no longer matter.
+    return budgetedWriter(writes, this.budget, this.workerTable, {
+      refused: (slot, blocks) => this.refuseStore(slot, blocks),
+      // Holding nothing is known exactly: refused stores no longer matter.
+      cleared: (slot) => {
         if (this.incomplete.delete(slot)) this.refreshDegraded(slot);
       },
-    };
+    });
   }
 
   private refuseStore(slot: number, blocks: number): void {

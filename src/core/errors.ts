@@ -13,7 +13,8 @@ export type ErrorCode =
   | "unknown_worker"
   | "cannot_listen"
   | "shutting_down"
-  | "overloaded";
+  | "overloaded"
+  | "unsupported";
 
 export class KvedgeError extends Error {
   override readonly name = "KvedgeError";

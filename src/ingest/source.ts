@@ -13,8 +13,9 @@
 import type { Logger } from "../util/log";
 import { OnceLog } from "../util/log";
 import { DealerSocket, type FrameList, type PeerInfo, SubSocket, type ZmtpOptions } from "../wire/zmtp";
-import { type KvEventTap, type KvEventWriter, KvEventNormalizer } from "./normalize";
-import { Sequencer, type SequencerEvent, type SequencerOptions } from "./sequencer";
+import type { KvEventTap, KvEventWriter, NormalizeCounters } from "./normalize";
+import type { SequencerCounters, SequencerOptions } from "./sequencer";
+import { EngineStream, type ReplayTransport, type StreamCounters, type StreamInput } from "./stream";
 
 export interface SourceConfig {
   readonly workerId: bigint;
@@ -39,6 +40,29 @@ export interface SourceOptions {
   readonly sequencer?: Partial<SequencerOptions>;
   /** Called when the source's state, trust or dp ranks change (connected, degraded, a new rank, ...). */
   readonly onChange?: (source: EngineSource) => void;
+  /**
+   * Where arrivals go instead of a stream of this thread's own (writer-thread mode:
+   * the event ring; src/runtime/writer.ts). Given the replay transport it may use.
+   */
+  readonly input?: (transport: ReplayTransport, changed: () => void) => StreamInput & StreamView;
+}
+
+/** What readers of a stream's sequencing see (metrics, /v1/workers, snapshots). */
+export interface SequencerView {
+  readonly lastSeq: number;
+  readonly lastFingerprint: number;
+  readonly isDegraded: boolean;
+  readonly counters: SequencerCounters;
+  /** A saved position (warm restart), before the first connect. */
+  restore(last: number, lastPrint: number, degraded: boolean): void;
+}
+
+export interface StreamView {
+  readonly sequencer: SequencerView;
+  readonly normalizer: { readonly counters: NormalizeCounters };
+  readonly counters: StreamCounters;
+  /** Dp ranks seen from this publisher (the configured one first). */
+  readonly ranks: number[];
 }
 
 /**
@@ -56,8 +80,6 @@ export class SourceCounters {
   malformedReplayReplies = 0;
   connects = 0;
   disconnects = 0;
-  /** Batches whose applying threw (e.g. out of memory): counted lost, worker degraded. */
-  applyErrors = 0;
 }
 
 const SEQ_BYTES = 8;
@@ -87,8 +109,8 @@ const EMPTY = new Uint8Array(0);
 
 export class EngineSource {
   readonly counters = new SourceCounters();
-  readonly sequencer: Sequencer;
-  readonly normalizer: KvEventNormalizer;
+  /** The stream's sequencing: here, or (writer-thread mode) its mirror. */
+  readonly stream: StreamInput & StreamView;
   private stateNow: SourceState = "connecting";
   private readonly sub: SubSocket;
   private dealer: DealerSocket | null = null;
@@ -98,21 +120,29 @@ export class EngineSource {
   constructor(readonly config: SourceConfig, private readonly options: SourceOptions) {
     this.log = options.log.child({ worker_id: config.workerId, dp_rank: config.dpRank });
     this.problems = new OnceLog(this.log);
-    this.normalizer = new KvEventNormalizer({
-      workerId: config.workerId, dpRank: config.dpRank, blockSize: options.blockSize, writer: options.writer, log: this.log,
-      ...(options.tap === undefined ? {} : { tap: options.tap }),
-    });
-    this.sequencer = new Sequencer({
-      apply: (_seq, payload) => this.apply(payload),
-      reset: (reason) => this.reset(reason),
+    const transport: ReplayTransport = {
       requestReplay: config.replayEndpoint === null ? undefined : (start) => this.requestReplay(start),
       cancelReplay: () => this.dropDealer(),
-      event: (kind, fields) => this.sequencerEvent(kind, fields),
-    }, options.sequencer);
+    };
+    const changed = (): void => this.options.onChange?.(this);
+    this.stream = options.input?.(transport, changed) ?? new EngineStream(config, transport, {
+      blockSize: options.blockSize, writer: options.writer, log: this.log,
+      ...(options.tap === undefined ? {} : { tap: options.tap }),
+      ...(options.sequencer === undefined ? {} : { sequencer: options.sequencer }),
+      onChange: changed,
+    });
     this.sub = new SubSocket({ ...options.zmtp, logger: this.log });
     this.sub.onFrames = (frames) => this.live(frames);
     this.sub.onPeer = (event, peer) => this.peer(event, peer);
-    this.sub.onSkipped = () => this.sequencer.skipped();
+    this.sub.onSkipped = () => this.stream.skipped();
+  }
+
+  get sequencer(): SequencerView {
+    return this.stream.sequencer;
+  }
+
+  get normalizer(): StreamView["normalizer"] {
+    return this.stream.normalizer;
   }
 
   get state(): SourceState {
@@ -121,12 +151,12 @@ export class EngineSource {
 
   /** Whether routing should discount this worker's overlap: lost events, or no publisher. */
   get degraded(): boolean {
-    return this.sequencer.isDegraded || this.stateNow !== "connected";
+    return this.stream.sequencer.isDegraded || this.stateNow !== "connected";
   }
 
   /** Dp ranks seen from this publisher (the configured one first): an engine restart clears them all. */
   get ranks(): number[] {
-    return [...this.normalizer.rankSlots.ranks];
+    return this.stream.ranks;
   }
 
   /** Counters of the SUB socket (and of the replay DEALER, when one is open). */
@@ -145,7 +175,7 @@ export class EngineSource {
   async stop(): Promise<void> {
     if (this.stateNow === "stopped") return;
     this.stateNow = "stopped";
-    this.sequencer.close();
+    this.stream.close();
     const dealer = this.dealer;
     this.dealer = null;
     await Promise.all([this.sub.close(), dealer?.close()]);
@@ -162,7 +192,7 @@ export class EngineSource {
       this.malformed("bad_seq", `a sequence frame of ${frames.size(1)} bytes is not a valid u64 below 2^53`);
       return;
     }
-    this.sequencer.live(seq, frames.frame(2));
+    this.stream.live(seq, frames.frame(2));
   }
 
   private malformed(kind: string, message: string): void {
@@ -177,7 +207,7 @@ export class EngineSource {
       this.stateNow = "connected";
       this.log.info("publisher connected", { endpoint: peer.endpoint, remote: peer.remoteAddress, connection: peer.id });
       // What the engine holds is unknown until the sequencer's connect probe (or batch 0) says.
-      this.sequencer.connected();
+      this.stream.connected();
     } else if (event === "disconnected") {
       this.counters.disconnects++;
       if (this.sub.peers.length === 0) this.stateNow = "disconnected";
@@ -188,45 +218,12 @@ export class EngineSource {
     this.options.onChange?.(this);
   }
 
-  /**
-   * One sequenced batch to the index. After it: an AllBlocksCleared in it made the state
-   * exact again; a dp rank first seen in it is announced (its slot is already taken).
-   * An exception (an allocation that failed, a bug) may leave the batch half applied:
-   * it is caught, counted, and reported as a lost batch, so the worker is degraded and
-   * the process goes on serving.
-   */
-  private apply(payload: Uint8Array): boolean {
-    const normalizer = this.normalizer;
-    const clears = normalizer.counters.appliedClears;
-    const ranks = normalizer.rankSlots.ranks.size;
-    let applied: boolean;
-    try {
-      applied = normalizer.ingest(payload);
-    } catch (error) {
-      this.counters.applyErrors++;
-      this.problems.report("apply_error", "applying a batch failed: it counts as lost", {
-        error: error instanceof Error ? error.message : String(error),
-      });
-      applied = false;
-    }
-    if (applied && normalizer.counters.appliedClears !== clears) this.sequencer.markExact();
-    if (normalizer.rankSlots.ranks.size !== ranks) this.options.onChange?.(this);
-    return applied;
-  }
-
-  private reset(reason: string): void {
-    this.log.info("clearing the worker's blocks", { reason });
-    this.normalizer.reset();
-    const rankSlots = this.normalizer.rankSlots;
-    for (const dpRank of rankSlots.ranks) this.options.writer.clearAt(rankSlots.slotOf(dpRank));
-  }
-
   /** Each replay gets its own DEALER connection, so replies of an earlier one cannot be mistaken. */
   private requestReplay(start: number): void {
     this.dropDealer();
     const dealer = new DealerSocket({ ...this.options.zmtp, logger: this.log });
     this.dealer = dealer;
-    dealer.onSkipped = () => this.sequencer.skipped();
+    dealer.onSkipped = () => this.stream.skipped();
     dealer.onFrames = (frames) => {
       if (this.dealer === dealer) this.replayReply(frames);
     };
@@ -242,11 +239,11 @@ export class EngineSource {
     if (seq === null) {
       this.counters.malformedReplayReplies++;
       this.problems.report("bad_replay_reply", `a replay reply of ${frames.count} frames is malformed`);
-      this.sequencer.replayFailed("malformed reply");
+      this.stream.replayFailed("malformed reply");
       return;
     }
-    if (seq === END_OF_REPLAY) this.sequencer.replayEnd();
-    else this.sequencer.replayBatch(seq, frames.frame(seqAt + 1));
+    if (seq === END_OF_REPLAY) this.stream.replayEnd();
+    else this.stream.replayBatch(seq, frames.frame(seqAt + 1));
   }
 
   /** Closes the replay connection so late replies of an abandoned replay cannot be mistaken. */
@@ -254,12 +251,5 @@ export class EngineSource {
     const dealer = this.dealer;
     this.dealer = null;
     void dealer?.close();
-  }
-
-  private sequencerEvent(kind: SequencerEvent, fields: Record<string, number | string>): void {
-    if (kind === "gap" || kind === "replay_started" || kind === "replay_done" || kind === "continued") this.log.info(kind, fields);
-    else this.log.warn(kind, fields);
-    if (kind === "degraded" || kind === "exact" || kind === "replay_started" || kind === "replay_done"
-      || kind === "replay_failed") this.options.onChange?.(this);
   }
 }

@@ -58,6 +58,16 @@ export function getAffinity(tid = 0): number[] {
   return cpus;
 }
 
+/** Pins the calling thread only (a kvedge Worker pinning itself to its own CPUs). */
+export function pinThread(cpus: readonly number[]): void {
+  if (libc === null) throw new Error("CPU affinity needs glibc (libc.so.6)");
+  if (cpus.length === 0) throw new Error("no CPUs to pin to");
+  const mask = maskOf(cpus);
+  if (libc.sched_setaffinity(0, mask.length, mask) !== 0) {
+    throw new Error(`cannot pin a thread to CPUs ${cpus.join(",")}: not available to this process`);
+  }
+}
+
 /**
  * Pins every thread of this process to `cpus`. Returns how many threads were pinned.
  * Fails (naming the CPUs) if none of them is available to this process.

@@ -58,6 +58,8 @@ type RouteTable = Record<string, Partial<Record<string, Handler | Batched>>>;
 export interface App {
   readonly server: Server<WsData>;
   readonly url: string;
+  /** The request metrics (route lanes report theirs here too). */
+  readonly metrics: ServerMetrics;
   /** Stops accepting, lets in-flight requests finish (up to `graceMs`), closes the rest. */
   stop(graceMs: number): Promise<void>;
 }
@@ -108,6 +110,7 @@ export function startApp(options: AppOptions): App {
   server = started;
   return {
     server: started,
+    metrics: context.metrics,
     url: `http://${hostForUrl(options.host)}:${started.port}`,
     async stop(graceMs) {
       const closing = started.stop(false);

@@ -19,6 +19,7 @@ export const STATUS_OF: Readonly<Record<ErrorCode, number>> = {
   no_workers: 503,
   shutting_down: 503,
   overloaded: 429,
+  unsupported: 501,
 };
 
 /** The client's error as an HttpError (a domain error gets its code's status); null for a bug. */

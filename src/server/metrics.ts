@@ -450,7 +450,7 @@ export function registerServiceMetrics(registry: MetricsRegistry, service: Kvedg
       for (const [kind, value] of Object.entries(source.socketCounters.sub.protocolErrors)) emit(value, { kind });
       emit(source.counters.malformedMessages, { kind: "malformed_message" });
       emit(source.counters.malformedReplayReplies, { kind: "malformed_replay_reply" });
-      emit(source.counters.applyErrors, { kind: "apply_error" });
+      emit(source.stream.counters.applyErrors, { kind: "apply_error" });
       emit(source.sequencer.counters.oversize, { kind: "oversize_skipped" }); // live and replayed
       emit(source.socketCounters.sub.frameTimeouts, { kind: "frame_timeout" });
     });

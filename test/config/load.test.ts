@@ -35,7 +35,7 @@ const DEFAULTS: Config = {
     enabled: false, tokenizer: null, model: null, forward_token_ids: false, observed_hit_floor: 0.5, observed_window: 32,
   },
   state: { dir: null, snapshot_interval_secs: 60 },
-  runtime: { cpus: null, numa_node: null },
+  runtime: { cpus: null, numa_node: null, index_threads: null, route_threads: null },
   workers: [],
 };
 
@@ -147,6 +147,7 @@ describe("defaults and precedence", () => {
       "ingest.replay_deadline_ms": ["9000", "9_000"], "ingest.replay_buffer_bytes": ["1048576", "1048576"],
       "state.dir": ['"/var/lib/kvedge"', "/var/lib/kvedge"], "state.snapshot_interval_secs": ["5", "5"],
       "runtime.cpus": ['"2-3,0"', "0,2-3"], "runtime.numa_node": ["1", "1"],
+      "runtime.index_threads": ["1", "1"], "runtime.route_threads": ["3", "3"],
       "proxy.enabled": ["true", "true"], "proxy.tokenizer": ['"/models/qwen3"', "/models/qwen3"],
       "proxy.model": ['"qwen3"', "qwen3"], "proxy.forward_token_ids": ["true", "true"],
       "proxy.observed_hit_floor": ["0.25", "0.25"], "proxy.observed_window": ["8", "8"],
@@ -234,6 +235,15 @@ describe("refusals name the key and the source, in one line", () => {
     expect(refusal({ file: "[ingest]\nreconnect_min_ms = 6000\n" })).toBe(
       "ingest.reconnect_max_ms (default) = 5000 is below ingest.reconnect_min_ms (from kvedge.toml) = 6000",
     );
+    expect(refusal({ argv: ["--index-threads", "1", "--index-backend", "positional"] })).toBe(
+      "runtime.index_threads (from --index-threads) needs index.backend = crtc "
+      + "(the index threads share), not index.backend (from --index-backend) = positional",
+    );
+    const env = { KVEDGE_ROUTE_THREADS: "2", KVEDGE_INDEX_BACKEND: "reference" };
+    expect(refusal({ env })).toContain(
+      "runtime.route_threads (from KVEDGE_ROUTE_THREADS) needs index.backend = crtc",
+    );
+    expect(refusal({ argv: ["--index-threads", "2"] })).toContain("runtime.index_threads");
   });
 
   test("unknown KVEDGE_* variables are warnings with a suggestion, not refusals", () => {

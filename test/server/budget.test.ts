@@ -90,7 +90,7 @@ test("an exception while applying a batch is counted as a lost batch, the worker
   };
   const source = service.engineSources[0]!;
   engine.publish([stored([1n], [1, 2, 3, 4], BS)]);
-  await until(() => source.counters.applyErrors === 1, "the failed apply");
+  await until(() => source.stream.counters.applyErrors === 1, "the failed apply");
   expect(source.sequencer.counters.lost).toBe(1);
   expect(service.workers()[0]!.degraded).toBe(true);
   engine.publish([stored([2n], [5, 6, 7, 8], BS)]);

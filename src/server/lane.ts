@@ -1,0 +1,277 @@
+/**
+ * A route lane: a thread (src/runtime/thread-main.ts, role "lane") with a `Bun.serve`
+ * of its own on the public host and port, shared with the other lanes (`reusePort`:
+ * the kernel spreads connections over them). A lane does the per-request work that
+ * needs nothing shared: Bun's HTTP handling, the guard, reading and parsing the body,
+ * hashing the prompt, and, when the writer thread owns the index, looking its matches
+ * up in the shared crtc. The decision (load tracker, admission, costs; the match too
+ * when the index is the main thread's) is the main thread's: a lane posts the route
+ * there and answers with what comes back (./lanes.ts is the other end). Route requests
+ * of one event-loop turn go in one message, like the main thread's turn batches. Every
+ * other endpoint, WebSocket included, is proxied to the main thread's own server on a
+ * loopback port.
+ * See docs/decisions.md#route-lanes.
+ */
+import type { Server, ServerWebSocket } from "bun";
+import type { MatchedWorkers, RouteInput } from "../core/core";
+import { MatchResult } from "../index/types";
+import { attach, type SharedIndexDescriptor, type SharedIndexReader } from "../index/crtc/shared";
+import { blockSeed } from "../hash";
+import { PromptHasher } from "../route/input";
+import { parseRoute } from "./api";
+import { RequestGuard } from "./guard";
+import {
+  errorReply, HttpError, parseBody, type ReceivedBody, receiveBody, reply,
+} from "../http/http";
+import { clientError } from "./http";
+
+export interface LaneStart {
+  /** The public address, shared by every lane (port 0: this lane picks it). */
+  readonly host: string;
+  readonly port: number;
+  /** The main thread's own server, where everything but routes goes. */
+  readonly mainUrl: string;
+  readonly bodyLimitBytes: number;
+  readonly blockSize: number;
+  /** The writer thread's shared index: matches are looked up here (null: on the main thread). */
+  readonly index: SharedIndexDescriptor | null;
+}
+
+/** One route, hashed, as the main thread routes it. */
+export interface LaneRoute {
+  readonly id: number;
+  readonly input: RouteInput;
+  readonly candidatesMax: number;
+}
+
+export type LaneToMain =
+  | { readonly t: "listening"; readonly port: number }
+  | { readonly t: "routes"; readonly routes: LaneRoute[] }
+  | { readonly t: "stopped" };
+
+/** The answer to one route: 200 with the answer, or an error status with its message. */
+export interface LaneAnswer {
+  readonly id: number;
+  readonly status: number;
+  readonly body: unknown;
+  readonly retryAfterSecs: number | null;
+}
+
+export type MainToLane =
+  | { readonly t: "answers"; readonly answers: LaneAnswer[] }
+  | { readonly t: "stop"; readonly graceMs: number };
+
+interface Pending {
+  readonly request: Request;
+  readonly resolve: (response: Response) => void;
+}
+
+/** Headers the lane has judged (the guard) and must not pass on as if from the client. */
+const JUDGED = new Set(["host", "origin", "sec-fetch-site", "connection", "content-length"]);
+
+interface Piped {
+  upstream: WebSocket | null;
+  queued: (string | Uint8Array)[];
+  queuedBytes: number;
+}
+
+/** Runs a lane until told to stop; `send` posts to the main thread. */
+export function runLane(start: LaneStart, send: (message: LaneToMain) => void,
+  listen: (handler: (message: MainToLane) => void) => void): void {
+  const guard = new RequestGuard(start.host);
+  const routes = new LaneRoutes(start, send, guard);
+  const server: Server<Piped> = Bun.serve<Piped>({
+    hostname: start.host,
+    port: start.port,
+    reusePort: true,
+    development: false,
+    maxRequestBodySize: start.bodyLimitBytes + 1024 * 1024,
+    routes: { "/v1/route": { POST: (request: Request) => routes.route(request) } },
+    fetch(request, server) {
+      if (new URL(request.url).pathname === "/v1/ws" && request.headers.get("upgrade") !== null) {
+        try {
+          guard.check(request, true);
+        } catch (error) {
+          return failure(request, error);
+        }
+        if (server.upgrade(request, { data: { upstream: null, queued: [], queuedBytes: 0 } })) {
+          return undefined as unknown as Response;
+        }
+      }
+      // The main thread's server keeps its own timeouts (a proxied completion may pause long).
+      server.timeout(request, 0);
+      return proxy(request, start.mainUrl, guard);
+    },
+    websocket: pipeHandlers(start.mainUrl, start.bodyLimitBytes),
+  });
+  listen((message) => {
+    if (message.t === "answers") routes.answer(message.answers);
+    else void stopLane(server, message.graceMs).then(() => send({ t: "stopped" }));
+  });
+  send({ t: "listening", port: server.port! });
+}
+
+/** A lane's routes: parsed and hashed here, posted one message per turn, answered when decided. */
+class LaneRoutes {
+  private readonly hasher = new PromptHasher();
+  private readonly reader: SharedIndexReader | null;
+  private readonly found = new MatchResult(64);
+  private readonly pending = new Map<number, Pending>();
+  private nextId = 0;
+  private batch: LaneRoute[] = [];
+
+  constructor(private readonly start: LaneStart,
+    private readonly send: (message: LaneToMain) => void, private readonly guard: RequestGuard) {
+    this.reader = start.index === null ? null : attach(start.index);
+  }
+
+  route(request: Request): Promise<Response> {
+    return new Promise<Response>((resolve) => {
+      try {
+        this.guard.check(request, true);
+      } catch (error) {
+        resolve(failure(request, error));
+        return;
+      }
+      receiveBody(request, this.start.bodyLimitBytes).then((body) => {
+        this.post(request, resolve, body);
+      }).catch((error: unknown) => resolve(failure(request, error)));
+    });
+  }
+
+  answer(answers: readonly LaneAnswer[]): void {
+    for (const answer of answers) {
+      const waiting = this.pending.get(answer.id);
+      if (waiting === undefined) continue;
+      this.pending.delete(answer.id);
+      waiting.resolve(answer.status === 200
+        ? reply(waiting.request, 200, answer.body)
+        : errorReply(waiting.request,
+          new HttpError(answer.status, String(answer.body), answer.retryAfterSecs)));
+    }
+  }
+
+  private post(request: Request, resolve: (response: Response) => void,
+    body: ReceivedBody): void {
+    const { input, candidatesMax } = parseRoute(parseBody(body, true));
+    const seed = blockSeed(input.loraName, input.cacheSalt);
+    const hashed = this.hasher.hash(input.tokens, this.start.blockSize, seed);
+    const words = 2 * hashed.blockCount;
+    const prompt = {
+      blockCount: hashed.blockCount,
+      local: hashed.local.slice(0, words),
+      chain: hashed.chain.slice(0, words),
+    };
+    const id = this.nextId++;
+    this.pending.set(id, { request, resolve });
+    if (this.batch.length === 0) setImmediate(this.flush);
+    // Copies: the parser's token array is reused by the next request.
+    const matched = this.reader === null ? undefined : this.match(prompt.local, prompt.blockCount);
+    const copied = {
+      ...input, tokens: input.tokens.slice(), prompt, ...(matched === undefined ? {} : { matched }),
+    };
+    this.batch.push({ id, input: copied, candidatesMax });
+  }
+
+  /** The prompt's matches on the writer's index, by worker identity (slots are the main's). */
+  private match(local: Uint32Array, count: number): MatchedWorkers {
+    const reader = this.reader!;
+    const found = this.found;
+    reader.findMatches(local, count, found);
+    const ids: bigint[] = [];
+    const ranks = new Uint32Array(found.count);
+    const blocks = new Uint32Array(found.count);
+    for (let i = 0; i < found.count; i++) {
+      const handle = found.workers[i]!;
+      ids.push(reader.workerIdOf(handle));
+      ranks[i] = reader.dpRankOf(handle);
+      blocks[i] = found.blocks[i]!;
+    }
+    return { ids, ranks, blocks };
+  }
+
+  private readonly flush = (): void => {
+    const routes = this.batch;
+    this.batch = [];
+    this.send({ t: "routes", routes });
+  };
+}
+
+/** Any other request, passed to the main thread's server as it came (the guard judged it here). */
+async function proxy(request: Request, mainUrl: string, guard: RequestGuard): Promise<Response> {
+  try {
+    guard.check(request, request.method !== "GET" && request.method !== "HEAD");
+    const url = new URL(request.url);
+    const headers: [string, string][] = [];
+    for (const [name, value] of request.headers) {
+      if (!JUDGED.has(name)) headers.push([name, value]);
+    }
+    const bodiless = request.method === "GET" || request.method === "HEAD";
+    const body = bodiless ? null : await request.arrayBuffer();
+    const answer = await fetch(`${mainUrl}${url.pathname}${url.search}`, {
+      method: request.method, headers, body, redirect: "manual",
+    });
+    return new Response(answer.body, { status: answer.status, headers: answer.headers });
+  } catch (error) {
+    return failure(request, error);
+  }
+}
+
+/** WebSocket clients of a lane are piped, frame for frame, to the main thread's /v1/ws. */
+function pipeHandlers(mainUrl: string, limitBytes: number) {
+  const target = `${mainUrl.replace(/^http/, "ws")}/v1/ws`;
+  // Bounded both ways: frames waiting for the connection to the main thread, and
+  // answers a slow client has not read (the main thread bounds its own side).
+  const overLimit = (ws: ServerWebSocket<Piped>): boolean => {
+    if (ws.data.queuedBytes <= limitBytes && ws.getBufferedAmount() <= limitBytes) return false;
+    ws.close(1013, "too much unsent or unread data");
+    ws.data.upstream?.close();
+    return true;
+  };
+  return {
+    open(ws: ServerWebSocket<Piped>) {
+      const upstream = new WebSocket(target);
+      upstream.binaryType = "arraybuffer";
+      ws.data.upstream = upstream;
+      upstream.onopen = () => {
+        for (const frame of ws.data.queued) upstream.send(frame);
+        ws.data.queued = [];
+        ws.data.queuedBytes = 0;
+      };
+      upstream.onmessage = (event) => {
+        const data = event.data as string | ArrayBuffer;
+        ws.send(typeof data === "string" ? data : new Uint8Array(data));
+        overLimit(ws);
+      };
+      upstream.onclose = () => ws.close();
+      upstream.onerror = () => ws.close(1011, "the main thread's server is unreachable");
+    },
+    message(ws: ServerWebSocket<Piped>, frame: string | Buffer) {
+      const upstream = ws.data.upstream!;
+      const data = typeof frame === "string" ? frame : new Uint8Array(frame);
+      if (upstream.readyState === WebSocket.OPEN) {
+        upstream.send(data);
+        return;
+      }
+      ws.data.queued.push(typeof data === "string" ? data : data.slice());
+      ws.data.queuedBytes += typeof data === "string" ? 3 * data.length : data.length;
+      overLimit(ws);
+    },
+    close(ws: ServerWebSocket<Piped>) {
+      ws.data.upstream?.close();
+    },
+  };
+}
+
+async function stopLane(server: Server<Piped>, graceMs: number): Promise<void> {
+  const closing = server.stop(false);
+  const deadline = new Promise<void>((resolve) => setTimeout(resolve, graceMs).unref());
+  await Promise.race([closing, deadline]);
+  await server.stop(true);
+}
+
+function failure(request: Request, error: unknown): Response {
+  const client = clientError(error);
+  if (client !== null) return errorReply(request, client);
+  return errorReply(request, new HttpError(500, "internal error"));
+}

@@ -1,0 +1,144 @@
+/**
+ * The main thread's side of the route lanes (./lane.ts): starts them on the public
+ * port, routes the hashed requests they post through the core (admission included),
+ * and posts the answers back, one message per batch. The load tracker, the index and
+ * admission stay the main thread's, so every lane sees one consistent load
+ * (docs/decisions.md#route-lanes says why and what it costs).
+ */
+import type { KvedgeCore, RouteCall } from "../core/core";
+import { type KvedgeThread, startThread } from "../runtime/threads";
+import type { SharedIndexDescriptor } from "../index/crtc/shared";
+import type { Logger } from "../util/log";
+import { routeAnswer } from "./api";
+import { clientError } from "./http";
+import type { LaneAnswer, LaneRoute, LaneStart, LaneToMain, MainToLane } from "./lane";
+import type { ServerMetrics } from "./metrics";
+
+export interface LanesOptions {
+  readonly host: string;
+  readonly port: number;
+  /** Where lanes proxy every other endpoint: the main thread's server on loopback. */
+  readonly mainUrl: string;
+  readonly bodyLimitBytes: number;
+  readonly service: KvedgeCore;
+  readonly metrics: ServerMetrics;
+  readonly log: Logger;
+  /** Per lane, its CPUs (null = not pinned). */
+  readonly cpus: readonly (readonly number[] | null)[];
+  /** The writer thread's shared index, which lanes then look matches up in (else: null). */
+  readonly index: SharedIndexDescriptor | null;
+}
+
+const ROUTE_LABEL = "/v1/route";
+
+export class RouteLanes {
+  private constructor(readonly port: number, private readonly threads: KvedgeThread[]) {}
+
+  /** Starts every lane; the first picks the port when it is 0, the rest share it. */
+  static async start(options: LanesOptions): Promise<RouteLanes> {
+    const threads: KvedgeThread[] = [];
+    let port = options.port;
+    try {
+      for (const cpus of options.cpus) {
+        const start: LaneStart = {
+          host: options.host, port, mainUrl: options.mainUrl,
+          bodyLimitBytes: options.bodyLimitBytes, blockSize: options.service.blockSize,
+          index: options.index,
+        };
+        const thread = await startThread({ role: "lane", cpus, data: start });
+        threads.push(thread);
+        port = await laneListening(thread);
+        serveLane(thread, options);
+      }
+    } catch (error) {
+      await Promise.all(threads.map((thread) => thread.stop()));
+      throw error;
+    }
+    return new RouteLanes(port, threads);
+  }
+
+  get count(): number {
+    return this.threads.length;
+  }
+
+  /** Per lane, the CPUs it may run on (after pinning itself). */
+  get cpus(): readonly (readonly number[])[] {
+    return this.threads.map((thread) => thread.ready.cpus);
+  }
+
+  /** Each lane stops accepting, lets its requests finish (up to `graceMs`), and ends. */
+  async stop(graceMs: number): Promise<void> {
+    await Promise.all(this.threads.map((thread) => new Promise<void>((resolve) => {
+      thread.onMessage = (body) => {
+        if ((body as LaneToMain).t === "stopped") resolve();
+      };
+      thread.onFailure = () => resolve();
+      thread.post({ t: "stop", graceMs } satisfies MainToLane);
+    })));
+    await Promise.all(this.threads.map((thread) => thread.stop()));
+  }
+}
+
+function laneListening(thread: KvedgeThread): Promise<number> {
+  return new Promise<number>((resolve, reject) => {
+    thread.onMessage = (body) => {
+      const message = body as LaneToMain;
+      if (message.t === "listening") resolve(message.port);
+    };
+    thread.onFailure = (error) => reject(new Error(error));
+  });
+}
+
+/** Routes what a lane posts; answers given at once go back in one message per batch. */
+function serveLane(thread: KvedgeThread, options: LanesOptions): void {
+  const { service, metrics, log } = options;
+  let batch: LaneAnswer[] | null = null;
+  const answer = (lane: LaneAnswer): void => {
+    if (batch !== null) batch.push(lane);
+    else thread.post({ t: "answers", answers: [lane] } satisfies MainToLane);
+  };
+  const routeOne = (route: LaneRoute): void => {
+    const started = performance.now();
+    const finish = (lane: LaneAnswer): void => {
+      metrics.observeHttp(ROUTE_LABEL, lane.status, (performance.now() - started) / 1000);
+      answer(lane);
+    };
+    const call: RouteCall = {
+      input: route.input,
+      candidatesMax: route.candidatesMax,
+      answer: (outcome) => {
+        metrics.observeRouteDecision((performance.now() - started) / 1000);
+        const body = routeAnswer(service, outcome);
+        finish({ id: route.id, status: 200, body, retryAfterSecs: null });
+      },
+      fail: (error) => finish(failed(route.id, error, log)),
+    };
+    try {
+      service.submitRoute(call);
+    } catch (error) {
+      call.fail(error);
+    }
+  };
+  thread.onMessage = (body) => {
+    const message = body as LaneToMain;
+    if (message.t !== "routes") return;
+    batch = [];
+    for (const route of message.routes) routeOne(route);
+    const answers = batch;
+    batch = null;
+    if (answers.length > 0) thread.post({ t: "answers", answers } satisfies MainToLane);
+  };
+  thread.onFailure = (error) => log.error("a route lane failed", { error });
+}
+
+function failed(id: number, error: unknown, log: Logger): LaneAnswer {
+  const client = clientError(error);
+  if (client === null) {
+    const text = error instanceof Error ? error.stack ?? error.message : String(error);
+    log.error("request failed", { error: text });
+  }
+  return {
+    id, status: client?.status ?? 500, body: client?.message ?? "internal error",
+    retryAfterSecs: client?.retryAfterSecs ?? null,
+  };
+}
