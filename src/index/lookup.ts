@@ -63,7 +63,8 @@ export class ExternalLookup {
 
   /** The home slot of (hi, lo). */
   private home(hi: number, lo: number): number {
-    return homeSlot(mixKey(hi, lo), this.shift, this.scale);
+    const h = mixKey(hi, lo);
+    return this.shift !== 0 ? h >>> this.shift : (h * this.scale) | 0;
   }
 
   /** The value stored for (hi, lo), or 0. Sets probeSlot. */
@@ -104,9 +105,12 @@ export class ExternalLookup {
    * Reads the home slot of each key first..first+count of `keys` ((hi, lo) pairs), so
    * that the finds that follow hit the cache: this loop's loads do not depend on each
    * other and the core overlaps their misses, where a find's miss stalls its caller.
-   * See docs/decisions.md#lookup-memory-bound.
+   * See docs/decisions.md#lookup-memory-bound. A small table (12 KiB at most) stays in
+   * the cache and the extra loop is pure cost (about 20% of the shared-prompt churn), so
+   * only large tables are touched.
    */
   touch(keys: Uint32Array, first: number, count: number): void {
+    if (this.shift !== 0) return;
     const table = this.table;
     let sum = 0;
     const shift = this.shift;
@@ -132,15 +136,13 @@ export class ExternalLookup {
   removeAtProbe(): void {
     const table = this.table;
     const capacity = this.capacity;
-    const shift = this.shift;
-    const scale = this.scale;
     let hole = this.probeSlot;
     let slot = hole;
     for (;;) {
       if (++slot === capacity) slot = 0;
       const at = slot * STRIDE;
       if (table[at + 2] === 0) break;
-      const home = homeSlot(mixKey(table[at]!, table[at + 1]!), shift, scale);
+      const home = this.home(table[at]!, table[at + 1]!);
       // The entry may move into the hole only if the hole lies on its probe path.
       let toHole = hole - home;
       if (toHole < 0) toHole += capacity;
