@@ -12,7 +12,8 @@ import { type ServeProcess } from "../support/serve";
 import { eventually } from "../support/wait";
 import {
   engineCache, expectEqualOrDegraded, expectExactAndEqual, generate, type Json, type MockEngineProcess, metric,
-  prompts, restartEngine, serveFor, settled, startMockEngine, stopEngine, subscribed, workerSpec, workerView,
+  prompts, restartEngine, serveFor, settled, startMockEngine, stopEngine, subscribed, workerSpec,
+  workerView,
 } from "./rig";
 
 const engines: MockEngineProcess[] = [];

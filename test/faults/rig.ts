@@ -168,7 +168,8 @@ async function settledView(url: string, id: string): Promise<Json | undefined> {
   if ((await workerView(url, id))?.state !== "connected") return undefined;
   const replays = (result: string) =>
     metric(url, `kvedge_ingest_replays_total{worker_id="${id}",dp_rank="0",result="${result}"}`);
-  const [requested, completed, failed] = await Promise.all(["requested", "completed", "failed"].map(replays));
+  const counts = await Promise.all(["requested", "completed", "failed"].map(replays));
+  const [requested, completed, failed] = counts;
   if (requested !== completed! + failed!) return undefined;
   const worker = await workerView(url, id);
   return worker?.state === "connected" ? worker : undefined;
@@ -176,7 +177,8 @@ async function settledView(url: string, id: string): Promise<Json | undefined> {
 
 /** Waits until the worker is connected and its connect probe (if any) has decided. */
 export async function settled(serve: ServeProcess, id: string): Promise<Json> {
-  return await eventually(() => settledView(serve.url, id), 15_000, `worker ${id} connected, no replay running`);
+  const what = `worker ${id} connected, no replay running`;
+  return await eventually(() => settledView(serve.url, id), 15_000, what);
 }
 
 /**

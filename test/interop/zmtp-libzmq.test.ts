@@ -62,7 +62,8 @@ async function primeFromLibzmq(pub: NodePeer, got: Received[], topic = "probe"):
     return false;
   }, "a probe from the libzmq PUB");
   pub.send([text(topic), text("fence")]);
-  await until(() => got.some((m) => m.frames.length === 2 && str(m.frames[1]!) === "fence"), "the probes' fence");
+  const fenced = () => got.some((m) => m.frames.length === 2 && str(m.frames[1]!) === "fence");
+  await until(fenced, "the probes' fence");
   got.length = 0;
 }
 
