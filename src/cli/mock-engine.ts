@@ -101,6 +101,11 @@ HTTP API (times in model ms):
     const model = flagString(parsed, "model") ?? tokenizer?.model ?? "mock";
     const log = createLogger();
     const drop = createRng(Number(hashSeed & 0xffff_ffffn));
+    // Handlers before anything opens: a signal as soon as the address line shows is a clean stop.
+    const stopped = new Promise<string>((resolve) => {
+      process.once("SIGINT", () => resolve("SIGINT"));
+      process.once("SIGTERM", () => resolve("SIGTERM"));
+    });
     const networked = new NetworkedEngine({
       index: 0, capacityBlocks, blockSize, hashSeed, time, endpoint,
       replayEndpoint: flagString(parsed, "replay-endpoint") ?? null,
@@ -129,14 +134,9 @@ HTTP API (times in model ms):
     }
     process.stdout.write(`${JSON.stringify({
       endpoint: networked.endpoint, replay_endpoint: networked.replayEndpoint, http, capacity_blocks: capacityBlocks,
-      block_size: blockSize, speedup,
-    })}\n`);
+      block_size: blockSize, speedup })}\n`);
     log.info("mock engine listening", { endpoint: networked.endpoint, replay_endpoint: networked.replayEndpoint, http });
-    const signal = await new Promise<string>((resolve) => {
-      process.once("SIGINT", () => resolve("SIGINT"));
-      process.once("SIGTERM", () => resolve("SIGTERM"));
-    });
-    log.info("stopping", { signal });
+    log.info("stopping", { signal: await stopped });
     await server.stop();
     await networked.close();
     return 0;

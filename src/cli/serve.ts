@@ -85,6 +85,7 @@ Example:
       log.warn("proxy without a tokenizer: only /v1/completions with token-id prompts are accepted; text is refused (set proxy.tokenizer)");
     }
 
+    const stopping = new StopRequest(); // before anything opens (see there)
     const plan = pinAndPlan(config, log);
 
     try {
@@ -130,8 +131,7 @@ Example:
       ...threadCpus(writer, serving.lanes),
     });
 
-    const signal = await untilStopped(writer, log);
-    log.info("shutting down", { signal });
+    const signal = await stopping.reason(writer, log);
     await serving.stop(SHUTDOWN_GRACE_MS);
     if (snapshots !== null) clearInterval(snapshots);
     await periodic?.idle();
@@ -236,19 +236,34 @@ function metricsOf(service: KvedgeCore, proxy: OpenAiProxy | null, plan: ThreadP
   return registry;
 }
 
-/** Resolves with what ends serving: a signal, or the writer thread's failure. */
-function untilStopped(writer: WriterThread | null, log: Logger): Promise<string> {
-  return new Promise<string>((resolve) => {
-    process.once("SIGINT", () => resolve("SIGINT"));
-    process.once("SIGTERM", () => resolve("SIGTERM"));
+/**
+ * What ends serving: SIGINT/SIGTERM, or the writer thread's failure. The handlers go in
+ * when serving begins, before the port opens: a signal that comes before them kills the
+ * process with 143, so one sent as soon as the `listening` line shows must find them.
+ * One that comes during the start lets it finish, then stops.
+ */
+class StopRequest {
+  private end: (reason: string) => void = () => {};
+  private readonly ended = new Promise<string>((resolve) => (this.end = resolve));
+
+  constructor() {
+    process.once("SIGINT", () => this.end("SIGINT"));
+    process.once("SIGTERM", () => this.end("SIGTERM"));
+  }
+
+  /** Resolves with what ended serving, logged. */
+  async reason(writer: WriterThread | null, log: Logger): Promise<string> {
     // Without its writer the index would stand still, silently: stop (a supervisor restarts).
     if (writer !== null) {
       writer.onFailure = (error) => {
         log.error("the writer thread failed", { error });
-        resolve("writer_failed");
+        this.end("writer_failed");
       };
     }
-  });
+    const reason = await this.ended;
+    log.info("shutting down", { signal: reason });
+    return reason;
+  }
 }
 
 /** Where the writer and the lanes run (the `listening` line): "1" and "2;3". */

@@ -6,7 +6,7 @@
 import { afterAll, afterEach, beforeAll, describe, expect, test } from "bun:test";
 import { hashTokens } from "../../src/hash";
 import { cleared, removed, stored, TestEngine } from "../support/engine";
-import { runKvedge } from "../support/kvedge";
+import { kvedgeBinary, runKvedge } from "../support/kvedge";
 import { type ServeProcess, startServe } from "../support/serve";
 import { eventually, until } from "../support/wait";
 
@@ -287,6 +287,34 @@ describe("lifecycle of the process", () => {
     expect(await serve.stop(signal)).toBe(0);
     expect(serve.logs.map((l) => l.msg)).toContain("stopped");
     await engine.stop();
+  });
+
+  // The handlers are in before the port opens: a signal as soon as the line shows is a
+  // clean stop, not the default death by signal (exit 143). Sent from the stderr reader
+  // itself, in the same turn the line arrives, to give the child as little time as can be.
+  test.each([
+    ["SIGTERM", []], ["SIGINT", []], ["SIGTERM", ["--index-threads", "1", "--route-threads", "1"]],
+  ] as const)("%s sent on the `listening` line %j exits 0", async (signal, extra) => {
+    const args = ["serve", "--port", "0", "--log-format", "json", "--warmup-routes", "0", ...extra];
+    const child = Bun.spawn([kvedgeBinary(), ...args], {
+      stdin: "ignore", stdout: "ignore", stderr: "pipe", env: { PATH: process.env.PATH ?? "" },
+    });
+    let text = "";
+    let sent = false;
+    try {
+      for await (const chunk of child.stderr) {
+        text += new TextDecoder().decode(chunk);
+        if (!sent && text.includes('"msg":"listening"')) {
+          child.kill(signal);
+          sent = true;
+        }
+      }
+      expect(sent).toBe(true);
+      expect(await child.exited).toBe(0);
+      expect(text).toContain('"msg":"stopped"');
+    } finally {
+      child.kill("SIGKILL");
+    }
   });
 
   test("an invalid setting refuses to start, naming the key", async () => {

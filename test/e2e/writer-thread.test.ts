@@ -173,7 +173,6 @@ describe("threads pinned to CPUs of their own", () => {
       const line = (msg: string) => serve.logs.find((logged) => logged.msg === msg);
       expect(line("pinned to CPUs")).toMatchObject({ cpus: "0,1" });
       expect(line("threads")).toMatchObject({ shared_cpus: true });
-      expect((await fetch(`${serve.url}/healthz`)).status).toBe(200);
     } finally {
       expect(await serve.stop()).toBe(0);
     }

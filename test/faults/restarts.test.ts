@@ -12,7 +12,8 @@ import { type ServeProcess } from "../support/serve";
 import { eventually } from "../support/wait";
 import {
   engineCache, expectEqualOrDegraded, expectExactAndEqual, generate, type Json, type MockEngineProcess, metric,
-  prompts, restartEngine, serveFor, startMockEngine, stopEngine, subscribed, workerSpec, workerView,
+  prompts, restartEngine, serveFor, settled, startMockEngine, stopEngine, subscribed, workerSpec,
+  workerView,
 } from "./rig";
 
 const engines: MockEngineProcess[] = [];
@@ -35,11 +36,16 @@ async function restart(old: MockEngineProcess): Promise<MockEngineProcess> {
   return fresh;
 }
 
-/** kvedge for one engine; waits until it subscribed, so no batch is published before it listens. */
+/**
+ * kvedge for one engine; waits until it subscribed, so no batch is published before it
+ * listens, and until its connect probe decided, so the probe sees the ring as it is now
+ * (a batch published while it runs could be in its answer: a rebuild, not an empty ring).
+ */
 async function serve(target: MockEngineProcess, reconnectMs?: number[]): Promise<ServeProcess> {
   const started = await serveFor([workerSpec(1, target)], [], reconnectMs);
   serves.push(started);
   await subscribed(target, 1);
+  await settled(started, "1");
   return started;
 }
 

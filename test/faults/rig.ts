@@ -159,15 +159,39 @@ export async function expectExactAndEqual(serve: ServeProcess, id: string, engin
 }
 
 /**
+ * The worker's view once it is connected and no replay of its runs: its connect probe (if
+ * it has a replay endpoint) has decided. Before that `degraded` means "still asking" (the
+ * probe counts as degraded), not what kvedge concluded. Undefined while not so.
+ */
+async function settledView(url: string, id: string): Promise<Json | undefined> {
+  // The probe starts in the same turn as the connect, so "connected" first, then the counts.
+  if ((await workerView(url, id))?.state !== "connected") return undefined;
+  const replays = (result: string) =>
+    metric(url, `kvedge_ingest_replays_total{worker_id="${id}",dp_rank="0",result="${result}"}`);
+  const counts = await Promise.all(["requested", "completed", "failed"].map(replays));
+  const [requested, completed, failed] = counts;
+  if (requested !== completed! + failed!) return undefined;
+  const worker = await workerView(url, id);
+  return worker?.state === "connected" ? worker : undefined;
+}
+
+/** Waits until the worker is connected and its connect probe (if any) has decided. */
+export async function settled(serve: ServeProcess, id: string): Promise<Json> {
+  const what = `worker ${id} connected, no replay running`;
+  return await eventually(() => settledView(serve.url, id), 15_000, what);
+}
+
+/**
  * Without a way to learn the engine's state, kvedge must say so: once it is connected
- * again, the worker is degraded, or equal to the engine (never stale-but-exact).
+ * again and has decided, the worker is degraded, or equal to the engine (never
+ * stale-but-exact).
  */
 export async function expectEqualOrDegraded(serve: ServeProcess, id: string, engine: MockEngineProcess): Promise<Json> {
   await subscribed(engine);
   const truth = await engineCache(engine);
   return await eventually(async () => {
-    const worker = await workerView(serve.url, id);
-    if (worker?.state !== "connected") return undefined;
+    const worker = await settledView(serve.url, id);
+    if (worker === undefined) return undefined;
     if (worker.degraded) return worker;
     const held = await indexHeld(serve.url);
     return worker.last_seq === truth.lastSeq && sorted(held.get(id)).join() === sorted(truth.blocks).join() ? worker : undefined;

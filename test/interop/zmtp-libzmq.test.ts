@@ -49,7 +49,11 @@ function collectingSub(options: ConstructorParameters<typeof SubSocket>[0] = {})
   return { sub, got };
 }
 
-/** libzmq PUB drops until our subscription reaches it: publish probes until one arrives. */
+/**
+ * libzmq PUB drops until our subscription reaches it: publish probes until one arrives.
+ * A peer slowed by load has more probes queued behind that one; a fence sent after it
+ * arrives after all of them, so once it is here no probe can land among what the test counts.
+ */
 async function primeFromLibzmq(pub: NodePeer, got: Received[], topic = "probe"): Promise<void> {
   got.length = 0; // only a probe that arrives from now on proves the subscription
   await until(() => {
@@ -57,6 +61,9 @@ async function primeFromLibzmq(pub: NodePeer, got: Received[], topic = "probe"):
     pub.send([text(topic)]); // not yet subscribed: probe again
     return false;
   }, "a probe from the libzmq PUB");
+  pub.send([text(topic), text("fence")]);
+  const fenced = () => got.some((m) => m.frames.length === 2 && str(m.frames[1]!) === "fence");
+  await until(fenced, "the probes' fence");
   got.length = 0;
 }
 
