@@ -38,7 +38,7 @@ import {
   FLAG_EAGLE, FLAG_GROUP, FLAG_PARENT, NO_STRING, type DecodeErrorKind,
 } from "../wire/kv-events";
 import type { WorkerTable } from "../core/worker-table";
-import { PairTable } from "../util/tables";
+import { capacityFor, mix, TABLE_CAPACITY_MIN } from "../util/tables";
 import { AMBIGUOUS, NamespaceTable } from "./namespace";
 import { RankSlots } from "./rank-slots";
 
@@ -162,8 +162,8 @@ export class KvEventNormalizer {
   private readonly opSalt: (string | null)[] = [];
   private ops = 0;
   private local = new Uint32Array(2048);
-  /** The hashes of one store so far (repeatsHash), emptied per store. */
-  private readonly seen = new PairTable();
+  /** The hashes of one store so far (repeatsHash), emptied per store, sized per batch. */
+  private readonly seen = new StampedPairSet();
 
   constructor(options: NormalizerOptions) {
     if (!(options.blockSize > 0)) throw new RangeError("blockSize must be positive");
@@ -213,6 +213,7 @@ export class KvEventNormalizer {
     const dpRank = batch.hasDpRank ? batch.dpRank : this.dpRank;
     this.ops = 0;
     if (this.local.length < 2 * batch.hashCount) this.local = new Uint32Array(grownSize(this.local.length, 2 * batch.hashCount));
+    this.seen.size(longestEvent(batch) + 1);
     for (let e = 0; e < batch.eventCount; e++) this.event(batch, e, dpRank);
     this.emit(batch, dpRank);
   }
@@ -367,9 +368,9 @@ export class KvEventNormalizer {
       return false;
     }
     const seen = this.seen;
-    seen.clear(count + 1);
-    if (hasParent) seen.set(parentHi, parentLo, 1);
-    for (let i = start; i < start + count; i++) if (!seen.set(hashes[2 * i]!, hashes[2 * i + 1]!, 1)) return true;
+    seen.clear();
+    if (hasParent) seen.add(parentHi, parentLo);
+    for (let i = start; i < start + count; i++) if (!seen.add(hashes[2 * i]!, hashes[2 * i + 1]!)) return true;
     return false;
   }
 
@@ -412,6 +413,61 @@ export class KvEventNormalizer {
     }
   }
 }
+
+/** The most blocks of one event in the batch. */
+function longestEvent(batch: DecodedBatch): number {
+  let longest = 0;
+  for (let e = 0; e < batch.eventCount; e++) longest = Math.max(longest, batch.hashLength[e]!);
+  return longest;
+}
+
+/**
+ * A set of (hi, lo) pairs that empties in O(1): a slot is taken when its stamp is the
+ * current one, so a long store's check costs its own blocks, not a table fill. Sized
+ * once per batch by the tables' one rule (capacityFor), so memory follows the batches.
+ */
+class StampedPairSet {
+  private keys = new Uint32Array(2 * TABLE_CAPACITY_MIN);
+  private stamps = new Uint32Array(TABLE_CAPACITY_MIN);
+  private mask = TABLE_CAPACITY_MIN - 1;
+  private stamp = 1;
+
+  /** Room for `count` pairs at load at most 1/2 (empties the set). */
+  size(count: number): void {
+    const capacity = capacityFor(count, this.mask + 1, TABLE_CAPACITY_MIN);
+    if (capacity === this.mask + 1) return;
+    this.keys = new Uint32Array(2 * capacity);
+    this.stamps = new Uint32Array(capacity);
+    this.mask = capacity - 1;
+    this.stamp = 1;
+  }
+
+  clear(): void {
+    if (this.stamp === U32_MAX) {
+      this.stamps.fill(0);
+      this.stamp = 0;
+    }
+    this.stamp++;
+  }
+
+  /** Adds (hi, lo); returns false if it was there already. */
+  add(hi: number, lo: number): boolean {
+    const { keys, stamps, mask, stamp } = this;
+    const h = hi >>> 0;
+    const l = lo >>> 0;
+    for (let i = mix(h, l) & mask; ; i = (i + 1) & mask) {
+      if (stamps[i] !== stamp) {
+        stamps[i] = stamp;
+        keys[2 * i] = h;
+        keys[2 * i + 1] = l;
+        return true;
+      }
+      if (keys[2 * i] === h && keys[2 * i + 1] === l) return false;
+    }
+  }
+}
+
+const U32_MAX = 0xffff_ffff;
 
 function grownSize(current: number, needed: number): number {
   let size = Math.max(current, 1);
