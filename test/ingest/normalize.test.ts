@@ -93,6 +93,19 @@ describe("conversion to index operations", () => {
     expect(normalizer.counters.rejectedBlocks.self_reference).toBe(2 + 3 + 41);
   });
 
+  test("the repeat check empties per store: long stores sharing hashes are kept", () => {
+    const { sink, normalizer, send } = setup();
+    const tokens = (n: number) => ({ tokenIds: Array.from({ length: 4 * n }, (_, i) => i) });
+    const chain = (at: number, n: number) => Array.from({ length: n }, (_, i) => BigInt(at + i));
+    const long = chain(2000, 300);
+    send([store(long, null, tokens(300)), store(long, null, tokens(300))]);
+    const repeated = [...chain(3000, 20), 3019n];
+    send([store(chain(3000, 20), null, tokens(20)), store(repeated, null, tokens(21))]);
+    expect(sink.ops.map((op) => op.op === "stored" && op.external.length)).toEqual([300, 300, 20]);
+    expect(normalizer.counters.rejectedEvents.self_reference).toBe(1);
+    expect(normalizer.counters.rejectedBlocks.self_reference).toBe(21);
+  });
+
   test("another block size rejects the whole event, logged once", () => {
     const records = memoryLogger();
     const { sink, normalizer, send } = setup({ log: records });
