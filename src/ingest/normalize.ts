@@ -425,6 +425,7 @@ function longestEvent(batch: DecodedBatch): number {
  * A set of (hi, lo) pairs that empties in O(1): a slot is taken when its stamp is the
  * current one, so a long store's check costs its own blocks, not a table fill. Sized
  * once per batch by the tables' one rule (capacityFor), so memory follows the batches.
+ * Not a PairTable: it never deletes, and PairTable.clear fills its whole array.
  */
 class StampedPairSet {
   private keys = new Uint32Array(2 * TABLE_CAPACITY_MIN);
