@@ -307,15 +307,16 @@ export class KvedgeCore {
    * A route call through admission: answered now, or held (returns its handle for
    * `dropHeld`) and answered when a worker frees, or refused. Bad input throws here.
    */
-  submitRoute(submitted: RouteCall): number {
+  submitRoute(call: RouteCall): number {
     if (!this.admission.enabled) {
-      this.answerCall(submitted);
+      this.answerCall(call);
       return -1;
     }
-    // A call that may be held is matched afresh each time it is looked at, not with
-    // the matches a lane found when it arrived (lanes never drop held calls by handle).
-    const call = submitted.input.matched === undefined ? submitted
-      : { ...submitted, input: { ...submitted.input, matched: undefined } };
+    // A call that may be held is matched afresh each time it is looked at, so it carries
+    // no matches found on arrival (lanes skip their lookup when admission is on).
+    if (call.input.matched !== undefined) {
+      throw new Error("a route through admission must not carry matches");
+    }
     const requestId = call.input.requestId;
     if (requestId !== null && this.router.load.isActive(requestId)) {
       throw new KvedgeError("duplicate_request", `request ${requestId} is already active`);

@@ -7,9 +7,11 @@
  * up in the shared crtc. The decision (load tracker, admission, costs; the match too
  * when the index is the main thread's) is the main thread's: a lane posts the route
  * there and answers with what comes back (./lanes.ts is the other end). Route requests
- * of one event-loop turn go in one message, like the main thread's turn batches. Every
- * other endpoint, WebSocket included, is proxied to the main thread's own server on a
- * loopback port.
+ * of one event-loop turn go in one message, like the main thread's turn batches; a
+ * client that goes away unanswered is posted too, and the main thread drops its route
+ * if admission holds it. With admission on a lane looks no matches up: a held route is
+ * matched afresh each time it is looked at. Every other endpoint, WebSocket included,
+ * is proxied to the main thread's own server on a loopback port.
  * See docs/decisions.md#route-lanes.
  */
 import type { Server, ServerWebSocket } from "bun";
@@ -47,6 +49,8 @@ export interface LaneRoute {
 export type LaneToMain =
   | { readonly t: "listening"; readonly port: number }
   | { readonly t: "routes"; readonly routes: LaneRoute[] }
+  /** The client of route `id` went away unanswered: dropped if it is held. */
+  | { readonly t: "abort"; readonly id: number }
   | { readonly t: "stopped" };
 
 /** The answer to one route: 200 with the answer, or an error status with its message. */
@@ -164,6 +168,7 @@ class LaneRoutes {
     };
     const id = this.nextId++;
     this.pending.set(id, { request, resolve });
+    request.signal.addEventListener("abort", () => this.abort(id), { once: true });
     if (this.batch.length === 0) setImmediate(this.flush);
     // Copies: the parser's token array is reused by the next request.
     const matched = this.reader === null ? undefined : this.match(prompt.local, prompt.blockCount);
@@ -190,7 +195,16 @@ class LaneRoutes {
     return { ids, ranks, blocks };
   }
 
+  /** A client gone before its answer: the main thread drops its route if held. */
+  private abort(id: number): void {
+    if (!this.pending.delete(id)) return;
+    // The route goes first (messages keep their order), so the abort finds it.
+    if (this.batch.some((route) => route.id === id)) this.flush();
+    this.send({ t: "abort", id });
+  }
+
   private readonly flush = (): void => {
+    if (this.batch.length === 0) return; // flushed early by an abort
     const routes = this.batch;
     this.batch = [];
     this.send({ t: "routes", routes });

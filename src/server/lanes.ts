@@ -43,7 +43,8 @@ export class RouteLanes {
         const start: LaneStart = {
           host: options.host, port, mainUrl: options.mainUrl,
           bodyLimitBytes: options.bodyLimitBytes, blockSize: options.service.blockSize,
-          index: options.index,
+          // A call that may be held is matched afresh each time it is looked at, here.
+          index: options.service.admission.enabled ? null : options.index,
         };
         const thread = await startThread({ role: "lane", cpus, data: start });
         threads.push(thread);
@@ -89,10 +90,14 @@ function laneListening(thread: KvedgeThread): Promise<number> {
   });
 }
 
-/** Routes what a lane posts; answers given at once go back in one message per batch. */
+/**
+ * Routes what a lane posts; answers given at once go back in one message per batch.
+ * A held route whose client goes away (the lane says so) is dropped, as on one thread.
+ */
 function serveLane(thread: KvedgeThread, options: LanesOptions): void {
   const { service, metrics, log } = options;
   let batch: LaneAnswer[] | null = null;
+  const held = new Map<number, { readonly handle: number; readonly call: RouteCall }>();
   const answer = (lane: LaneAnswer): void => {
     if (batch !== null) batch.push(lane);
     else thread.post({ t: "answers", answers: [lane] } satisfies MainToLane);
@@ -100,6 +105,7 @@ function serveLane(thread: KvedgeThread, options: LanesOptions): void {
   const routeOne = (route: LaneRoute): void => {
     const started = performance.now();
     const finish = (lane: LaneAnswer): void => {
+      held.delete(route.id);
       metrics.observeHttp(ROUTE_LABEL, lane.status, (performance.now() - started) / 1000);
       answer(lane);
     };
@@ -114,13 +120,21 @@ function serveLane(thread: KvedgeThread, options: LanesOptions): void {
       fail: (error) => finish(failed(route.id, error, log)),
     };
     try {
-      service.submitRoute(call);
+      const handle = service.submitRoute(call);
+      if (handle >= 0) held.set(route.id, { handle, call });
     } catch (error) {
       call.fail(error);
     }
   };
+  const abort = (id: number): void => {
+    const entry = held.get(id);
+    if (entry === undefined) return; // answered already
+    held.delete(id);
+    service.dropHeld(entry.handle, entry.call);
+  };
   thread.onMessage = (body) => {
     const message = body as LaneToMain;
+    if (message.t === "abort") abort(message.id);
     if (message.t !== "routes") return;
     batch = [];
     for (const route of message.routes) routeOne(route);

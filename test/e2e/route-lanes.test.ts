@@ -160,13 +160,31 @@ describe("serve with route lanes against serve without", () => {
 describe("route lanes with admission hold", () => {
   // 6,000 prompt tokens at 15,000 tokens/s: 400 ms of queued prefill, past the 200 ms bound.
   const LONG = prompt(1, 6000);
-  test("a route held on the main thread is answered through its lane once done frees", async () => {
+  const holding = async (run: (serve: ServeProcess) => Promise<void>,
+    indexThreads = 0): Promise<void> => {
     const engine = await new TestEngine().start();
     const serve = await startServe([
       "--block-size", "4", "--workers", `1=${engine.endpoint}`, "--route-threads", "2",
+      "--index-threads", String(indexThreads),
       "--admission", "hold", "--admission-bound-ms", "200", "--admission-max-hold-ms", "600000",
     ]);
     try {
+      await run(serve);
+    } finally {
+      await serve.stop();
+      await engine.stop();
+    }
+  };
+  const metric = async (serve: ServeProcess, name: string): Promise<number> => {
+    const text = await (await fetch(`${serve.url}/metrics`)).text();
+    const line = text.split("\n").find((l) => l.startsWith(`${name} `));
+    return Number(line?.split(" ").at(-1));
+  };
+  const heldIs = (serve: ServeProcess, count: number, what: string) => eventually(async () =>
+    (await metric(serve, "kvedge_admission_held")) === count ? true : undefined, 10_000, what);
+
+  test("a route held on the main thread is answered through its lane once done frees", () =>
+    holding(async (serve) => {
       const [ahead] = await call(serve, "/v1/route", { request_id: "ahead", token_ids: LONG });
       expect(ahead).toBe(200);
       let answered = false;
@@ -175,18 +193,34 @@ describe("route lanes with admission hold", () => {
         answered = true;
         return got;
       });
-      await eventually(async () => {
-        const text = await (await fetch(`${serve.url}/metrics`)).text();
-        return text.split("\n").includes("kvedge_admission_held 1") ? true : undefined;
-      }, 10_000, "one route held");
+      await heldIs(serve, 1, "one route held");
       expect(answered).toBe(false);
       expect((await call(serve, "/v1/requests/ahead/done", {}))[0]).toBe(200);
       const [status, body] = await held;
       expect(status).toBe(200);
       expect(body).toMatchObject({ request_id: "held", worker_id: "1" });
-    } finally {
-      await serve.stop();
-      await engine.stop();
-    }
-  });
+    }));
+
+  // With the writer thread too: lanes then look matches up, except with admission on.
+  test.each([0, 1])("a held route whose client goes away is dropped, as on one thread "
+    + "(index threads: %d)", (indexThreads) => holding(async (serve) => {
+      expect((await call(serve, "/v1/route", { request_id: "ahead", token_ids: LONG }))[0])
+        .toBe(200);
+      const client = new AbortController();
+      const gone = fetch(`${serve.url}/v1/route`, {
+        method: "POST", body: JSON.stringify({ request_id: "gone", token_ids: [9, 8, 7, 6] }),
+        headers: { "content-type": "application/json" }, signal: client.signal,
+      }).catch((error: unknown) => error);
+      await heldIs(serve, 1, "one route held");
+      client.abort();
+      await gone;
+      await heldIs(serve, 0, "the held route dropped");
+      expect(await metric(serve, 'kvedge_admission_total{outcome="dropped"}')).toBe(1);
+      // Freeing the worker routes nothing: "gone" was never answered, so it is not active.
+      expect((await call(serve, "/v1/requests/ahead/done", {}))[0]).toBe(200);
+      expect(await metric(serve, 'kvedge_admission_total{outcome="released"}')).toBe(0);
+      const [again, body] = await call(serve, "/v1/route", { request_id: "gone", token_ids: [9] });
+      expect([again, body.request_id]).toEqual([200, "gone"]);
+      expect(await metric(serve, "kvedge_admission_held")).toBe(0);
+    }, indexThreads));
 });
