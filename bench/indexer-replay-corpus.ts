@@ -15,6 +15,8 @@
  * Each worker's timeline is shifted to 0 and rescaled to the window; operations are
  * sorted by (deadline, class: queries first, worker, source order).
  */
+import { DEFAULT_SEED } from "../src/hash";
+import { PromptHasher } from "../src/route";
 import { EngineCache, type KvEvent } from "../src/sim/engine-cache";
 import { toWireEvent } from "../src/sim/networked-engine";
 import { createRng, randomInt, randomU64 } from "../src/sim/random";
@@ -263,4 +265,35 @@ function schedule(
     payload: (i) => payloads.view(at[i]!, length[i]!),
     tokens: (i) => queryTokens.view(at[i]!, length[i]!),
   };
+}
+
+/** A query's local block hashes as `findMatches` takes them. */
+export interface QueryHashes {
+  readonly local: Uint32Array;
+  readonly count: number;
+}
+
+/**
+ * `--query-hashes pre`: every query's local block hashes, computed before the clock
+ * (Dynamo's bench hashes its trace's hash ids up front and times the lookup on hashes).
+ * Indexed by op; batches share one empty entry. One slab, views into it.
+ */
+export function hashQueries(corpus: Corpus, blockSize: number): QueryHashes[] {
+  const hasher = new PromptHasher();
+  const slab = new Uint32Array(2 * corpus.totals.queryBlocks);
+  const none: QueryHashes = { local: slab.subarray(0, 0), count: 0 };
+  const out: QueryHashes[] = [];
+  let at = 0;
+  for (let i = 0; i < corpus.count; i++) {
+    if (corpus.kind[i] !== OP_QUERY) {
+      out.push(none);
+      continue;
+    }
+    const hashes = hasher.hash(corpus.tokens(i), blockSize, DEFAULT_SEED);
+    const words = 2 * hashes.blockCount;
+    slab.set(hashes.local.subarray(0, words), at);
+    out.push({ local: slab.subarray(at, at + words), count: hashes.blockCount });
+    at += words;
+  }
+  return out;
 }

@@ -3,7 +3,8 @@
  * the shared index by descriptor and issues its share of the queries at their
  * deadlines, as the one-thread replay does (sleep to the deadline, then spin; accept
  * every query whose deadline passed, serve them in order): the prompt hashed
- * (PromptHasher), then `findMatches` on the shared index (timed as the service).
+ * (PromptHasher), then `findMatches` on the shared index (timed as the service); with
+ * queries hashed beforehand (`--query-hashes pre`), `findMatches` alone.
  * Times are ns from the run's origin on this thread's clock; the main thread gives the
  * origin in its clock and the two clocks' offset (their time origins). Imported by
  * nothing: it is a Worker's entry (its message handler would keep a main thread alive).
@@ -11,6 +12,7 @@
 import { attach, type SharedIndexReader } from "../src/index/crtc/shared";
 import { DEFAULT_SEED } from "../src/hash";
 import { MatchResult } from "../src/index/types";
+import type { QueryHashes } from "./indexer-replay-corpus";
 import { PromptHasher } from "../src/route";
 import { type LaneResult, type LaneStart, pinThisThread, threadCpuS } from "./indexer-replay-lanes";
 
@@ -30,39 +32,55 @@ self.onmessage = (event: MessageEvent) => {
 
 function prepare(start: LaneStart): void {
   if (start.cpu >= 0) pinThisThread(start.cpu);
-  const { tokens, offsets } = start.queries;
   const hasher = new PromptHasher();
   const out = new MatchResult(256);
+  const hashed = start.queries.hashed ? hashedQueries(start) : null;
   // JIT warm-up on a throwaway index, then the real one.
   const warm = attach(start.warm);
   const n = start.queries.deadlines.length;
   for (let i = 0; i < Math.min(start.warmLookups, n); i++) {
-    const prompt = tokens.subarray(offsets[i]!, offsets[i + 1]!);
-    const hashes = hasher.hash(prompt, start.blockSize, DEFAULT_SEED);
-    warm.findMatches(hashes.local, hashes.blockCount, out);
+    const { local, count } = hashed?.[i] ?? hash(start, hasher, i);
+    warm.findMatches(local, count, out);
   }
   warm.close();
   const reader = attach(start.index);
   postMessage({ ready: start.lane });
   void started.then((origin) => {
-    const result = run(start, reader, hasher, out, origin);
+    const result = run(start, reader, hasher, hashed, out, origin);
     postMessage({ result });
     reader.close();
   });
 }
 
+/** Query i's prompt hashed (views of the hasher's buffers, valid until its next call). */
+function hash(start: LaneStart, hasher: PromptHasher, i: number): QueryHashes {
+  const { words, offsets } = start.queries;
+  const hashes = hasher.hash(words.subarray(offsets[i]!, offsets[i + 1]!), start.blockSize, DEFAULT_SEED);
+  return { local: hashes.local, count: hashes.blockCount };
+}
+
+/** Pre-hashed queries: a view of each one's hashes, made before the clock. */
+function hashedQueries(start: LaneStart): QueryHashes[] {
+  const { words, offsets, deadlines } = start.queries;
+  return Array.from(deadlines, (_, i) => {
+    const local = words.subarray(offsets[i]!, offsets[i + 1]!);
+    return { local, count: local.length >> 1 };
+  });
+}
+
 function run(
-  start: LaneStart, reader: SharedIndexReader, hasher: PromptHasher, out: MatchResult,
-  origin: number,
+  start: LaneStart, reader: SharedIndexReader, hasher: PromptHasher,
+  hashed: QueryHashes[] | null, out: MatchResult, origin: number,
 ): LaneResult {
-  const { tokens, offsets, deadlines } = start.queries;
+  const { deadlines } = start.queries;
   const n = deadlines.length;
   const accepted = new Float64Array(n);
   const began = new Float64Array(n);
   const finished = new Float64Array(n);
   const service = new Float64Array(n);
-  const { spinNs, maxNs, blockSize } = start;
+  const { spinNs, maxNs } = start;
   const cpuBefore = threadCpuS();
+  let sleptNs = 0;
   let head = 0;
   let next = 0;
   let completed = 0;
@@ -73,23 +91,27 @@ function run(
     if (head < next) {
       const i = head++;
       began[i] = now;
-      const prompt = tokens.subarray(offsets[i]!, offsets[i + 1]!);
-      const hashes = hasher.hash(prompt, blockSize, DEFAULT_SEED);
+      const { local, count } = hashed === null ? hash(start, hasher, i) : hashed[i]!;
       const before = Bun.nanoseconds();
-      reader.findMatches(hashes.local, hashes.blockCount, out);
+      reader.findMatches(local, count, out);
       const after = Bun.nanoseconds();
       service[i] = after - before;
       finished[i] = after - origin;
       completed++;
     } else if (next < n) {
       const wait = deadlines[next]! - now;
-      if (wait > spinNs) Bun.sleepSync((wait - spinNs) / 1e6);
+      if (wait > spinNs) {
+        Bun.sleepSync((wait - spinNs) / 1e6);
+        sleptNs += wait - spinNs;
+      }
       while (Bun.nanoseconds() - origin < deadlines[next]!) { /* spin to the deadline */ }
     }
     if (now > maxNs) break;
   }
+  // The lane is runnable from the origin to its end except while it sleeps (it spins).
+  const neededS = Math.max(0, Bun.nanoseconds() - origin - sleptNs) / 1e9;
   return {
     lane: start.lane, accepted, started: began, finished, service, completed,
-    cpuS: threadCpuS() - cpuBefore, stats: { ...reader.stats },
+    cpuS: threadCpuS() - cpuBefore, neededS, stats: { ...reader.stats },
   };
 }

@@ -8,12 +8,16 @@
  */
 import { readFileSync, readlinkSync } from "node:fs";
 import type { SharedIndexDescriptor } from "../src/index/crtc/shared";
-import { OP_QUERY, type Corpus } from "./indexer-replay-corpus";
+import { OP_QUERY, type Corpus, type QueryHashes } from "./indexer-replay-corpus";
 
 export interface LaneQueries {
-  /** Every query's tokens, back to back; query q is tokens[offsets[q], offsets[q + 1]). */
-  readonly tokens: Uint32Array;
+  /**
+   * Every query back to back, query q at words[offsets[q], offsets[q + 1]): its prompt's
+   * tokens, or (`hashed`) its local block hashes as (hi, lo) pairs, computed beforehand.
+   */
+  readonly words: Uint32Array;
   readonly offsets: Uint32Array;
+  readonly hashed: boolean;
   /** ns from the origin, ascending. */
   readonly deadlines: Float64Array;
 }
@@ -39,6 +43,8 @@ export interface LaneResult {
   readonly service: Float64Array;
   readonly completed: number;
   readonly cpuS: number;
+  /** Seconds the lane wanted the CPU: origin to its end, less its sleeps (it spins otherwise). */
+  readonly neededS: number;
   readonly stats: Record<string, number>;
 }
 
@@ -70,6 +76,7 @@ export interface LanesOptions {
 
 export interface LaneSummary {
   readonly cpuS: number;
+  readonly neededS: number;
   readonly queries: number;
   readonly stats: Record<string, number>;
 }
@@ -100,27 +107,28 @@ export interface LanesRun {
 
 /** Splits the corpus's queries over the lanes: round-robin in deadline order. */
 function laneQueries(
-  corpus: Corpus, lanes: number,
+  corpus: Corpus, hashed: QueryHashes[] | null, lanes: number,
 ): { ops: number[][]; starts: LaneStart["queries"][] } {
+  const wordsOf = (i: number) => (hashed === null ? corpus.tokens(i) : hashed[i]!.local);
   const ops: number[][] = Array.from({ length: lanes }, () => []);
   let q = 0;
   for (let i = 0; i < corpus.count; i++) if (corpus.kind[i] === OP_QUERY) ops[q++ % lanes]!.push(i);
   const starts = ops.map((list) => {
     let total = 0;
-    for (const i of list) total += corpus.tokens(i).length;
-    const tokens = new Uint32Array(total);
+    for (const i of list) total += wordsOf(i).length;
+    const words = new Uint32Array(total);
     const offsets = new Uint32Array(list.length + 1);
     const deadlines = new Float64Array(list.length);
     let at = 0;
     list.forEach((i, k) => {
-      const t = corpus.tokens(i);
-      tokens.set(t, at);
+      const query = wordsOf(i);
+      words.set(query, at);
       offsets[k] = at;
-      at += t.length;
+      at += query.length;
       offsets[k + 1] = at;
       deadlines[k] = corpus.deadline[i]!;
     });
-    return { tokens, offsets, deadlines };
+    return { words, offsets, deadlines, hashed: hashed !== null };
   });
   return { ops, starts };
 }
@@ -140,11 +148,11 @@ function message<T>(worker: Worker, key: string): Promise<T> {
 }
 
 export async function replayLanes(
-  corpus: Corpus, batch: (worker: number, payload: Uint8Array) => void,
+  corpus: Corpus, hashed: QueryHashes[] | null, batch: (worker: number, payload: Uint8Array) => void,
   warm: SharedIndexDescriptor, index: SharedIndexDescriptor, options: LanesOptions,
 ): Promise<LanesRun> {
   const cpus = navigator.hardwareConcurrency;
-  const { ops, starts } = laneQueries(corpus, options.lanes);
+  const { ops, starts } = laneQueries(corpus, hashed, options.lanes);
   const script = new URL("./indexer-replay-lane.ts", import.meta.url).href;
   const workers = starts.map(() => new Worker(script));
   try {
@@ -289,7 +297,8 @@ function merge(
     queryCosts, lookupCosts,
     busyWriteNs: writer.busyWriteNs, cpuS, writerCpuS: writer.writerCpuS,
     lanes: lanes.map((lane) => ({
-      cpuS: lane.cpuS, queries: lane.accepted.length, stats: lane.stats,
+      cpuS: lane.cpuS, neededS: Number(lane.neededS.toFixed(3)), queries: lane.accepted.length,
+      stats: lane.stats,
     })),
   };
 }

@@ -15,7 +15,9 @@
  * hashes) -> the index as its writer; a query through the routes' matching path: the
  * prompt's tokens hashed (PromptHasher) and `findMatches`. `lookup.service` is the
  * `findMatches` call (Dynamo's "the lookup itself", on hashes); the hashing is in
- * `sched_to_finish`. Sleep to the next deadline, then spin.
+ * `sched_to_finish`. With `--query-hashes pre` (Dynamo's method: its queries are block
+ * hashes) every query is hashed before the clock and the timed query is the lookup
+ * alone, in both modes. Sleep to the next deadline, then spin.
  *
  * Valid: every op accepted within 1.01 x the window, every batch applied in order
  * (per-worker sequence numbers contiguous), nothing dropped, rejected or unknown,
@@ -34,13 +36,16 @@ import { Sequencer } from "../src/ingest/sequencer";
 import { PromptHasher } from "../src/route";
 import { parseTrace, transformTrace } from "../src/sim/trace";
 import { benchFlags, provenance } from "./lib";
-import { buildCorpus, OP_BATCH, OP_QUERY, type Cadence, type Corpus } from "./indexer-replay-corpus";
+import {
+  buildCorpus, hashQueries, OP_BATCH, OP_QUERY, type Cadence, type Corpus, type QueryHashes,
+} from "./indexer-replay-corpus";
 import { ownCoreModel, replayLanes } from "./indexer-replay-lanes";
 
 const usage = `bun bench/indexer-replay.ts [--trace FILE] [--length-factor F] [--duplication K]
   [--workers N] [--engine-blocks B] [--block-size S] [--cadence vllm|sglang] [--prefill-chunk T]
   [--window-ms MS] [--seed N] [--requests N] [--warmup-ops N] [--quiescence-ms MS] [--spin-us US]
-  [--max-drain-s S] [--route-threads N [--index-budget-mb MB] [--pin-threads]]
+  [--max-drain-s S] [--query-hashes tokens|pre]
+  [--route-threads N [--index-budget-mb MB] [--pin-threads]]
   [--sweep [--sweep-min-ms MS --sweep-max-ms MS --sweep-steps N]] [--json]`;
 
 const flags = benchFlags(usage, {
@@ -52,6 +57,7 @@ const flags = benchFlags(usage, {
   "route-threads": { type: "string" }, sweep: { type: "boolean" }, "sweep-min-ms": { type: "string" },
   "sweep-max-ms": { type: "string" }, "sweep-steps": { type: "string" }, json: { type: "boolean" },
   "index-budget-mb": { type: "string" }, "pin-threads": { type: "boolean" },
+  "query-hashes": { type: "string" },
 });
 
 function intFlag(name: string, value: string | undefined, fallback: number, min = 1): number {
@@ -69,6 +75,11 @@ const blockSize = intFlag("block-size", flags["block-size"], 16);
 const cadenceFlag = flags.cadence ?? (blockSize === 1 ? "sglang" : "vllm");
 if (cadenceFlag !== "vllm" && cadenceFlag !== "sglang") {
   console.error(`--cadence must be vllm or sglang, got ${cadenceFlag}`);
+  process.exit(2);
+}
+const queryHashes = flags["query-hashes"] ?? "tokens";
+if (queryHashes !== "tokens" && queryHashes !== "pre") {
+  console.error(`--query-hashes must be tokens or pre, got ${queryHashes}`);
   process.exit(2);
 }
 const config = {
@@ -89,6 +100,8 @@ const config = {
   spinUs: intFlag("spin-us", flags["spin-us"], 100, 0),
   maxDrainS: intFlag("max-drain-s", flags["max-drain-s"], 300),
   routeThreads,
+  // tokens: a query carries its prompt and is hashed on the clock; pre: hashed before it.
+  queryHashes: queryHashes as "tokens" | "pre",
   // --route-threads N: the shared index's budget (regions reserved, touched as used), pinning.
   indexBudgetMb: intFlag("index-budget-mb", flags["index-budget-mb"], 4096),
   pinThreads: flags["pin-threads"] === true,
@@ -106,8 +119,9 @@ async function single(): Promise<void> {
   });
   const prepStart = performance.now();
   const corpus = buildCorpus(trace, config);
+  const hashed = config.queryHashes === "pre" ? hashQueries(corpus, config.blockSize) : null;
   const prepS = (performance.now() - prepStart) / 1000;
-  const run = config.routeThreads === 0 ? warmedReplay(corpus) : await replayOnLanes(corpus);
+  const run = config.routeThreads === 0 ? warmedReplay(corpus, hashed) : await replayOnLanes(corpus, hashed);
   const report = summarize(corpus, run, traceSha, prepS);
   if (flags.json === true) console.log(JSON.stringify(report));
   else printReport(report);
@@ -166,15 +180,15 @@ function warmUp(corpus: Corpus, index?: KvIndex): void {
 
 // ---- The timed replay ----
 
-function warmedReplay(corpus: Corpus): Run {
+function warmedReplay(corpus: Corpus, hashed: QueryHashes[] | null): Run {
   warmUp(corpus);
   Bun.gc(true);
   if (config.quiescenceMs > 0) Bun.sleepSync(config.quiescenceMs);
-  return replay(corpus);
+  return replay(corpus, hashed);
 }
 
 /** --route-threads N: this thread writes a shared index, N lanes look up (indexer-replay-lanes.ts). */
-async function replayOnLanes(corpus: Corpus): Promise<Run> {
+async function replayOnLanes(corpus: Corpus, hashed: QueryHashes[] | null): Promise<Run> {
   const options = { budgetBytes: config.indexBudgetMb * 2 ** 20, maxReaders: config.routeThreads };
   const warm = createSharedIndex(config.blockSize, options);
   warmUp(corpus, warm.index);
@@ -183,7 +197,7 @@ async function replayOnLanes(corpus: Corpus): Promise<Run> {
   Bun.gc(true);
   if (config.quiescenceMs > 0) Bun.sleepSync(config.quiescenceMs);
   const batch = (worker: number, payload: Uint8Array) => pipeline.batch(worker, payload);
-  const lanes = await replayLanes(corpus, batch, warm.descriptor, shared.descriptor, {
+  const lanes = await replayLanes(corpus, hashed, batch, warm.descriptor, shared.descriptor, {
     lanes: config.routeThreads, blockSize: config.blockSize, spinNs: config.spinUs * 1000,
     maxNs: config.windowMs * 1e6 + config.maxDrainS * 1e9,
     warmLookups: Math.min(config.warmupOps, 5000), pin: config.pinThreads,
@@ -193,8 +207,11 @@ async function replayOnLanes(corpus: Corpus): Promise<Run> {
     const ns = ownCoreModel(corpus, costs, n).filter((value) => !Number.isNaN(value));
     return [n, distribution(ns)];
   }));
+  const writeBlocks = corpus.totals.storedBlocks + corpus.totals.removedBlocks;
   const threads = {
     writer_cpu_s: lanes.writerCpuS, lanes: lanes.lanes, writer: { ...shared.counters },
+    // Write capacity: the writer thread's own CPU (compare config.write_blocks_per_cpu_s at 0).
+    write_blocks_per_writer_cpu_s: Math.round(writeBlocks / lanes.writerCpuS),
     own_core_sched_to_finish_by_lanes: modeled(lanes.queryCosts),
     own_core_lookup_only_by_lanes: modeled(lanes.lookupCosts),
   };
@@ -220,7 +237,7 @@ interface Run {
   readonly threads?: unknown;
 }
 
-function replay(corpus: Corpus): Run {
+function replay(corpus: Corpus, hashed: QueryHashes[] | null): Run {
   const n = corpus.count;
   const pipeline = new Pipeline(config.workers, 1);
   const accepted = new Float64Array(n);
@@ -249,7 +266,7 @@ function replay(corpus: Corpus): Run {
     if (qHead < qTail) {
       const i = queries[qHead++]!;
       started[i] = now;
-      const { local, count } = pipeline.hash(corpus.tokens(i));
+      const { local, count } = hashed === null ? pipeline.hash(corpus.tokens(i)) : hashed[i]!;
       const before = Bun.nanoseconds();
       index.findMatches(local, count, matches);
       const after = Bun.nanoseconds();
@@ -316,6 +333,37 @@ function matchDepth(corpus: Corpus, run: Run, matched: Float64Array) {
   };
 }
 
+/**
+ * A diagnostic, never the headline: every worker's timeline starts at 0 (and ends at
+ * the window), so about one query per worker falls due at once and is served behind
+ * the others. The same distribution over the queries whose deadline no other query has.
+ */
+function deadlineBursts(corpus: Corpus, run: Run) {
+  const { deadline, kind } = corpus;
+  const shared = new Uint8Array(corpus.count);
+  let largest = 0;
+  let inBursts = 0;
+  for (let i = 0; i < corpus.count;) {
+    let end = i;
+    let queries = 0;
+    for (; end < corpus.count && deadline[end] === deadline[i]; end++) if (kind[end] === OP_QUERY) queries++;
+    if (queries > 1) {
+      shared.fill(1, i, end);
+      inBursts += queries;
+      largest = Math.max(largest, queries);
+    }
+    i = end;
+  }
+  const alone: number[] = [];
+  for (let i = 0; i < corpus.count; i++) {
+    if (kind[i] === OP_QUERY && shared[i] === 0) alone.push(run.finished[i]! - deadline[i]!);
+  }
+  return {
+    deadline_bursts: { queries: inBursts, largest },
+    sched_to_finish_outside_bursts: distribution(Float64Array.from(alone)),
+  };
+}
+
 function hashNs(run: Run, i: number): number {
   return run.finished[i]! - run.started[i]! - run.service[i]!;
 }
@@ -375,6 +423,7 @@ function summarize(corpus: Corpus, run: Run, traceSha: string, prepS: number) {
       sched_to_finish: distribution(select(corpus, OP_QUERY, (i) => run.finished[i]! - corpus.deadline[i]!)),
       // Started -> finished minus the lookup: hashing the prompt (and the clock reads).
       hash: distribution(select(corpus, OP_QUERY, (i) => hashNs(run, i))),
+      ...deadlineBursts(corpus, run),
       ...(run.matched === undefined ? {} : matchDepth(corpus, run, run.matched)),
     },
     update: {
@@ -415,6 +464,8 @@ function printReport(r: Report): void {
   console.log(`  lookup service ${d(r.lookup.service)}`);
   console.log(`  lookup queue wait ${d(r.lookup.queue_wait)}`);
   console.log(`  lookup scheduled->finished ${d(r.lookup.sched_to_finish)}`);
+  const bursts = r.lookup.deadline_bursts;
+  console.log(`    outside same-deadline bursts (${bursts.queries} queries in them, largest ${bursts.largest}; a diagnostic): ${d(r.lookup.sched_to_finish_outside_bursts)}`);
   const m = r.lookup.matched_blocks;
   const per = r.lookup.service_ns_per_matched_block;
   if (m !== undefined && per !== undefined) {

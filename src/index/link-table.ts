@@ -131,30 +131,41 @@ export class LinkTable {
     return this.table.byteLength;
   }
 
+  /**
+   * Shared mode: the new table is built in the other region while readers keep probing
+   * this one (the single writer changes nothing meanwhile), so the seqlock is odd only
+   * while the region and size are published, not for the whole rebuild.
+   */
   private resize(shift: number): void {
     const old = this.table;
     const bits = 32 - shift;
-    const control = this.control;
     const table = this.takeRegion(bits);
+    const mask = (1 << bits) - 1;
+    for (let from = 0; from < old.length; from += STRIDE) {
+      const value = old[from + 3]!;
+      if (value === 0) continue;
+      const key = old[from]!, hi = old[from + 1]!, lo = old[from + 2]!;
+      let slot = homeSlot(key, hi, lo, shift);
+      while (table[slot * STRIDE + 3] !== 0) slot = (slot + 1) & mask;
+      const at = slot * STRIDE;
+      table[at] = key;
+      table[at + 1] = hi;
+      table[at + 2] = lo;
+      table[at + 3] = value;
+    }
+    const control = this.control;
     if (control !== null) Atomics.add(control, CONTROL.linkVersion, 1);
     this.capacity = 1 << bits;
-    this.mask = this.capacity - 1;
+    this.mask = mask;
     this.shift = shift;
     this.grow = (this.capacity * 3) >> 2;
     this.shrink = bits > BITS_MIN ? (this.capacity * 3) >> 4 : -1;
     this.table = table;
-    const mask = this.mask;
-    for (let from = 0; from < old.length; from += STRIDE) {
-      if (old[from + 3] === 0) continue;
-      let slot = homeSlot(old[from]!, old[from + 1]!, old[from + 2]!, shift);
-      while (table[slot * STRIDE + 3] !== 0) slot = (slot + 1) & mask;
-      table.set(old.subarray(from, from + STRIDE), slot * STRIDE);
-    }
     if (control === null) return;
-    // The old region's pages go back; a reader still in it sees the seqlock move.
-    this.memory.u32(`links.${1 - this.region}`, 0, old, 0);
     this.publish();
     Atomics.add(control, CONTROL.linkVersion, 1);
+    // The old region's pages go back; a reader still probing it saw the seqlock move.
+    this.memory.u32(`links.${1 - this.region}`, 0, old, 0);
   }
 
   /**

@@ -5,6 +5,10 @@ import { afterAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { buildCorpus, hashQueries, OP_QUERY } from "../../bench/indexer-replay-corpus";
+import { DEFAULT_SEED } from "../../src/hash";
+import { PromptHasher } from "../../src/route";
+import { parseTrace } from "../../src/sim/trace";
 
 const root = join(import.meta.dir, "..", "..");
 const dir = mkdtempSync(join(tmpdir(), "kvedge-replay-"));
@@ -22,7 +26,7 @@ function bench(args: string[]) {
 }
 
 const DISTRIBUTION = ["max_ns", "p50_ns", "p999_ns", "p99_ns"];
-const LOOKUP = ["hash", "queue_wait", "sched_to_finish", "service"];
+const LOOKUP = ["hash", "queue_wait", "sched_to_finish", "sched_to_finish_outside_bursts", "service"];
 
 describe("indexer replay bench", () => {
   for (const [cell, args] of [["page size 16, vLLM cadence", ["--block-size", "16", "--engine-blocks", "2048"]], ["page size 1, SGLang cadence", ["--block-size", "1", "--engine-blocks", "32768"]]] as const) {
@@ -38,7 +42,7 @@ describe("indexer replay bench", () => {
         "offered_block_ops_per_s", "peak_rss_mb", "update", "valid",
       ]);
       const timed = [...LOOKUP, "service_ns_per_matched_block"].sort();
-      expect(Object.keys(report.lookup).sort()).toEqual([...timed, "matched_blocks"].sort());
+      expect(Object.keys(report.lookup).sort()).toEqual([...timed, "deadline_bursts", "matched_blocks"].sort());
       for (const key of timed) expect(Object.keys(report.lookup[key]).sort()).toEqual(DISTRIBUTION);
       // The longest match per lookup, in blocks: ordered quantiles, within the queries' blocks.
       const matched = report.lookup.matched_blocks;
@@ -59,6 +63,9 @@ describe("indexer replay bench", () => {
       expect(config.index.blocks).toBeGreaterThan(0);
       expect(report.bytes_per_pair).toBeCloseTo(config.index.bytes / config.index.blocks, 1);
       expect(config.provenance.trace_sha256).toMatch(/^[0-9a-f]{64}$/);
+      // Every worker's first request falls due at 0: one burst of at least one query each.
+      expect(report.lookup.deadline_bursts.largest).toBeGreaterThanOrEqual(4);
+      expect(config.queryHashes).toBe("tokens");
       expect(typeof config.provenance.bun).toBe("string");
     }, 60_000);
   }
@@ -69,7 +76,7 @@ describe("indexer replay bench", () => {
     expect(result.stderr).toBe("");
     expect(result.code).toBe(0);
     const report = JSON.parse(result.stdout.trim());
-    expect(Object.keys(report.lookup).sort()).toEqual(LOOKUP);
+    expect(Object.keys(report.lookup).sort()).toEqual([...LOOKUP, "deadline_bursts"].sort());
     const reasons: string[] = report.config.failure_reasons;
     expect(reasons.filter((reason) => !reason.startsWith("ops accepted late"))).toEqual([]);
     const { threads, config } = report;
@@ -89,5 +96,47 @@ describe("indexer replay bench", () => {
     const result = bench(["--block-size", "0"]);
     expect(result.code).toBe(2);
     expect(result.stderr).toContain("--block-size");
+    const hashes = bench(["--query-hashes", "chain"]);
+    expect(hashes.code).toBe(2);
+    expect(hashes.stderr).toContain("--query-hashes");
   });
+
+  test("--query-hashes pre: each query's hashes are the prompt's, as the route path makes them", () => {
+    const corpus = buildCorpus(parseTrace(readFileSync(trace, "utf8")), {
+      workers: 4, engineBlocks: 2048, blockSize: 16, cadence: "vllm", prefillChunk: 2048,
+      windowMs: 2000, seed: 42,
+    });
+    const hashed = hashQueries(corpus, 16);
+    const hasher = new PromptHasher();
+    let queries = 0;
+    for (let i = 0; i < corpus.count; i++) {
+      if (corpus.kind[i] !== OP_QUERY) {
+        expect(hashed[i]!.count).toBe(0);
+        continue;
+      }
+      queries++;
+      const expected = hasher.hash(corpus.tokens(i), 16, DEFAULT_SEED);
+      expect(hashed[i]!.count).toBe(expected.blockCount);
+      expect(hashed[i]!.local).toEqual(expected.local.slice(0, 2 * expected.blockCount));
+    }
+    expect(queries).toBe(60);
+  });
+
+  for (const threads of ["0", "2"]) {
+    test(`--query-hashes pre, --route-threads ${threads}: valid, every query looked up`, () => {
+      const result = bench(["--block-size", "16", "--engine-blocks", "2048", "--window-ms", "2000",
+        "--route-threads", threads, "--index-budget-mb", "64", "--query-hashes", "pre", "--json"]);
+      expect(result.stderr).toBe("");
+      expect(result.code).toBe(0);
+      const report = JSON.parse(result.stdout.trim());
+      const reasons: string[] = report.config.failure_reasons;
+      expect(reasons.filter((reason) => !reason.startsWith("ops accepted late"))).toEqual([]);
+      expect(report.config.queryHashes).toBe("pre");
+      if (threads === "0") expect(report.lookup.matched_blocks.max).toBeGreaterThan(0);
+      else {
+        const lanes = report.threads.lanes as { stats: { lookups: number } }[];
+        expect(lanes.reduce((sum, lane) => sum + lane.stats.lookups, 0)).toBe(report.config.requests);
+      }
+    }, 60_000);
+  }
 });
