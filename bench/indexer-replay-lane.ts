@@ -14,7 +14,8 @@ import { DEFAULT_SEED } from "../src/hash";
 import { MatchResult } from "../src/index/types";
 import type { QueryHashes } from "./indexer-replay-corpus";
 import { PromptHasher } from "../src/route";
-import { type LaneResult, type LaneStart, pinThisThread, threadCpuS } from "./indexer-replay-lanes";
+import { pinThread } from "../src/runtime/affinity";
+import { type LaneResult, type LaneStart, threadId, threadSchedNs } from "./indexer-replay-lanes";
 
 declare const self: Worker;
 
@@ -31,7 +32,7 @@ self.onmessage = (event: MessageEvent) => {
 };
 
 function prepare(start: LaneStart): void {
-  if (start.cpu >= 0) pinThisThread(start.cpu);
+  if (start.cpu >= 0) pinThread([start.cpu]);
   const hasher = new PromptHasher();
   const out = new MatchResult(256);
   const hashed = start.queries.hashed ? hashedQueries(start) : null;
@@ -44,7 +45,7 @@ function prepare(start: LaneStart): void {
   }
   warm.close();
   const reader = attach(start.index);
-  postMessage({ ready: start.lane });
+  postMessage({ ready: threadId() });
   void started.then((origin) => {
     const result = run(start, reader, hasher, hashed, out, origin);
     postMessage({ result });
@@ -79,7 +80,8 @@ function run(
   const finished = new Float64Array(n);
   const service = new Float64Array(n);
   const { spinNs, maxNs } = start;
-  const cpuBefore = threadCpuS();
+  const schedBefore = threadSchedNs();
+  const begin = Bun.nanoseconds();
   let sleptNs = 0;
   let head = 0;
   let next = 0;
@@ -108,10 +110,12 @@ function run(
     }
     if (now > maxNs) break;
   }
-  // The lane is runnable from the origin to its end except while it sleeps (it spins).
-  const neededS = Math.max(0, Bun.nanoseconds() - origin - sleptNs) / 1e9;
+  // The lane is runnable from here to its end except while it sleeps (it spins).
+  const neededS = (Bun.nanoseconds() - begin - sleptNs) / 1e9;
+  const sched = threadSchedNs();
   return {
     lane: start.lane, accepted, started: began, finished, service, completed,
-    cpuS: threadCpuS() - cpuBefore, neededS, stats: { ...reader.stats },
+    cpuS: (sched.runNs - schedBefore.runNs) / 1e9, neededS,
+    runqueueWaitS: (sched.waitNs - schedBefore.waitNs) / 1e9, stats: { ...reader.stats },
   };
 }

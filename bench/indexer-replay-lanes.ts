@@ -8,6 +8,7 @@
  */
 import { readFileSync, readlinkSync } from "node:fs";
 import type { SharedIndexDescriptor } from "../src/index/crtc/shared";
+import { pinProcess } from "../src/runtime/affinity";
 import { OP_QUERY, type Corpus, type QueryHashes } from "./indexer-replay-corpus";
 
 export interface LaneQueries {
@@ -31,7 +32,7 @@ export interface LaneStart {
   readonly warm: SharedIndexDescriptor;
   readonly index: SharedIndexDescriptor;
   readonly queries: LaneQueries;
-  /** Pin this thread to this CPU (taskset), or -1. */
+  /** Pin this thread to this CPU, or -1. */
   readonly cpu: number;
 }
 
@@ -42,25 +43,23 @@ export interface LaneResult {
   readonly finished: Float64Array;
   readonly service: Float64Array;
   readonly completed: number;
+  /** Seconds on a CPU, and runnable but waiting for one (the scheduler's accounting). */
   readonly cpuS: number;
-  /** Seconds the lane wanted the CPU: origin to its end, less its sleeps (it spins otherwise). */
+  readonly runqueueWaitS: number;
+  /** Seconds the lane wanted a CPU: its run, less its sleeps (it spins otherwise). */
   readonly neededS: number;
   readonly stats: Record<string, number>;
 }
 
-/** CPU seconds of this thread (user + system), from /proc (clock ticks of 10 ms). */
-export function threadCpuS(): number {
-  const stat = readFileSync("/proc/thread-self/stat", "utf8");
-  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-  return (Number(fields[11]) + Number(fields[12])) / 100;
+/** This thread's ns on a CPU and ns runnable but waiting for one (/proc schedstat). */
+export function threadSchedNs(): { runNs: number; waitNs: number } {
+  const [run, wait] = readFileSync("/proc/thread-self/schedstat", "utf8").split(" ");
+  return { runNs: Number(run), waitNs: Number(wait) };
 }
 
-/** Pins the calling thread (Linux: its tid from /proc/thread-self). */
-export function pinThisThread(cpu: number): void {
-  const tid = readlinkSync("/proc/thread-self").split("/").at(-1)!;
-  const command = ["taskset", "-pc", String(cpu), tid];
-  const result = Bun.spawnSync(command, { stdout: "ignore", stderr: "pipe" });
-  if (result.exitCode !== 0) throw new Error(`${command.join(" ")}: ${result.stderr.toString()}`);
+/** The calling thread's Linux thread id. */
+export function threadId(): number {
+  return Number(readlinkSync("/proc/thread-self").split("/").at(-1));
 }
 
 
@@ -70,12 +69,16 @@ export interface LanesOptions {
   readonly spinNs: number;
   readonly maxNs: number;
   readonly warmLookups: number;
-  /** Pin the writer to CPU 0 and lane i to CPU 1 + i (mod the CPUs), each thread alone. */
+  /**
+   * Lane i on CPU 1 + i (mod the CPUs); the writer and every other thread of the process
+   * (the runtime's JIT, GC and allocator threads) on CPU 0, so a lane's core is its own.
+   */
   readonly pin: boolean;
 }
 
 export interface LaneSummary {
   readonly cpuS: number;
+  readonly runqueueWaitS: number;
   readonly neededS: number;
   readonly queries: number;
   readonly stats: Record<string, number>;
@@ -92,8 +95,9 @@ export interface LanesRun {
   readonly busyWriteNs: number;
   /** CPU seconds of the whole process (every thread), origin to the last lane's result. */
   readonly cpuS: number;
-  /** CPU seconds of the writer thread alone (10 ms ticks). */
+  /** CPU seconds of the writer thread alone, and its seconds waiting for a CPU. */
   readonly writerCpuS: number;
+  readonly writerRunqueueWaitS: number;
   readonly lanes: LaneSummary[];
   /**
    * Per query (NaN for batches): its measured cost, hash + lookup (started -> finished),
@@ -154,9 +158,11 @@ export async function replayLanes(
   const cpus = navigator.hardwareConcurrency;
   const { ops, starts } = laneQueries(corpus, hashed, options.lanes);
   const script = new URL("./indexer-replay-lane.ts", import.meta.url).href;
+  // Threads started from here on inherit CPU 0; the lanes move themselves.
+  if (options.pin) pinProcess([0]);
   const workers = starts.map(() => new Worker(script));
   try {
-    const ready = workers.map((worker) => message(worker, "ready"));
+    const ready = workers.map((worker) => message<number>(worker, "ready"));
     starts.forEach((queries, lane) => {
       const start: LaneStart = {
         lane, queries, warm, index, blockSize: options.blockSize, spinNs: options.spinNs,
@@ -165,8 +171,9 @@ export async function replayLanes(
       };
       workers[lane]!.postMessage({ start });
     });
-    await Promise.all(ready);
-    if (options.pin) pinThisThread(0);
+    const laneThreads = await Promise.all(ready);
+    // Threads the lanes' runtime started after they moved: back to CPU 0.
+    if (options.pin) pinProcess([0], laneThreads);
     const results = workers.map((worker) => message<LaneResult>(worker, "result"));
     const cpuBefore = process.cpuUsage();
     const origin = Bun.nanoseconds() + 20e6;
@@ -188,6 +195,7 @@ interface WriterRun {
   lastAccepted: number;
   busyWriteNs: number;
   writerCpuS: number;
+  writerRunqueueWaitS: number;
 }
 
 /** The one-thread replay's loop with the queries taken out: batches at their deadlines. */
@@ -204,7 +212,7 @@ function writeAtDeadlines(
   let head = 0, tail = 0, next = 0, busyWriteNs = 0, lastAccepted = 0;
   let remaining = 0;
   for (let i = 0; i < n; i++) if (kind[i] !== OP_QUERY) remaining++;
-  const threadBefore = threadCpuS();
+  const before = threadSchedNs();
   // Bounded: every batch is applied once, and the loop gives up past maxNs.
   while (remaining > 0) {
     const now = Bun.nanoseconds() - origin;
@@ -229,8 +237,10 @@ function writeAtDeadlines(
     }
     if (now > options.maxNs) break;
   }
-  const writerCpuS = threadCpuS() - threadBefore;
-  return { accepted, started, finished, lastAccepted, busyWriteNs, writerCpuS };
+  const after = threadSchedNs();
+  const writerCpuS = (after.runNs - before.runNs) / 1e9;
+  const writerRunqueueWaitS = (after.waitNs - before.waitNs) / 1e9;
+  return { accepted, started, finished, lastAccepted, busyWriteNs, writerCpuS, writerRunqueueWaitS };
 }
 
 /** Per query (by op index; NaN for batches): its measured cost, clipped at the p90. */
@@ -296,9 +306,10 @@ function merge(
     accepted, started, finished, service, lastAccepted, lastFinished, completed,
     queryCosts, lookupCosts,
     busyWriteNs: writer.busyWriteNs, cpuS, writerCpuS: writer.writerCpuS,
+    writerRunqueueWaitS: writer.writerRunqueueWaitS,
     lanes: lanes.map((lane) => ({
-      cpuS: lane.cpuS, neededS: Number(lane.neededS.toFixed(3)), queries: lane.accepted.length,
-      stats: lane.stats,
+      cpuS: Number(lane.cpuS.toFixed(3)), runqueueWaitS: Number(lane.runqueueWaitS.toFixed(3)),
+      neededS: Number(lane.neededS.toFixed(3)), queries: lane.accepted.length, stats: lane.stats,
     })),
   };
 }

@@ -209,7 +209,8 @@ async function replayOnLanes(corpus: Corpus, hashed: QueryHashes[] | null): Prom
   }));
   const writeBlocks = corpus.totals.storedBlocks + corpus.totals.removedBlocks;
   const threads = {
-    writer_cpu_s: lanes.writerCpuS, lanes: lanes.lanes, writer: { ...shared.counters },
+    writer_cpu_s: lanes.writerCpuS, writer_runqueue_wait_s: lanes.writerRunqueueWaitS,
+    lanes: lanes.lanes, writer: { ...shared.counters },
     // Write capacity: the writer thread's own CPU (compare config.write_blocks_per_cpu_s at 0).
     write_blocks_per_writer_cpu_s: Math.round(writeBlocks / lanes.writerCpuS),
     own_core_sched_to_finish_by_lanes: modeled(lanes.queryCosts),

@@ -69,15 +69,17 @@ export function pinThread(cpus: readonly number[]): void {
 }
 
 /**
- * Pins every thread of this process to `cpus`. Returns how many threads were pinned.
- * Fails (naming the CPUs) if none of them is available to this process.
+ * Pins every thread of this process to `cpus`, but those in `except` (threads that pinned
+ * themselves elsewhere). Returns how many threads were pinned. Fails (naming the CPUs)
+ * if none of them is available to this process.
  */
-export function pinProcess(cpus: readonly number[]): number {
+export function pinProcess(cpus: readonly number[], except: readonly number[] = []): number {
   if (libc === null) throw new Error("CPU affinity needs glibc (libc.so.6)");
   if (cpus.length === 0) throw new Error("no CPUs to pin to");
   const mask = maskOf(cpus);
   let pinned = 0;
   for (const entry of readdirSync("/proc/self/task")) {
+    if (except.includes(Number(entry))) continue;
     // A thread may exit between listing and pinning; that is fine.
     if (libc.sched_setaffinity(Number(entry), mask.length, mask) === 0) pinned++;
   }
