@@ -56,7 +56,8 @@ function prepare(start: LaneStart): void {
 /** Query i's prompt hashed (views of the hasher's buffers, valid until its next call). */
 function hash(start: LaneStart, hasher: PromptHasher, i: number): QueryHashes {
   const { words, offsets } = start.queries;
-  const hashes = hasher.hash(words.subarray(offsets[i]!, offsets[i + 1]!), start.blockSize, DEFAULT_SEED);
+  const prompt = words.subarray(offsets[i]!, offsets[i + 1]!);
+  const hashes = hasher.hash(prompt, start.blockSize, DEFAULT_SEED);
   return { local: hashes.local, count: hashes.blockCount };
 }
 

@@ -152,7 +152,8 @@ function message<T>(worker: Worker, key: string): Promise<T> {
 }
 
 export async function replayLanes(
-  corpus: Corpus, hashed: QueryHashes[] | null, batch: (worker: number, payload: Uint8Array) => void,
+  corpus: Corpus, hashed: QueryHashes[] | null,
+  batch: (worker: number, payload: Uint8Array) => void,
   warm: SharedIndexDescriptor, index: SharedIndexDescriptor, options: LanesOptions,
 ): Promise<LanesRun> {
   const cpus = navigator.hardwareConcurrency;
@@ -240,7 +241,9 @@ function writeAtDeadlines(
   const after = threadSchedNs();
   const writerCpuS = (after.runNs - before.runNs) / 1e9;
   const writerRunqueueWaitS = (after.waitNs - before.waitNs) / 1e9;
-  return { accepted, started, finished, lastAccepted, busyWriteNs, writerCpuS, writerRunqueueWaitS };
+  return {
+    accepted, started, finished, lastAccepted, busyWriteNs, writerCpuS, writerRunqueueWaitS,
+  };
 }
 
 /** Per query (by op index; NaN for batches): its measured cost, clipped at the p90. */

@@ -121,7 +121,9 @@ async function single(): Promise<void> {
   const corpus = buildCorpus(trace, config);
   const hashed = config.queryHashes === "pre" ? hashQueries(corpus, config.blockSize) : null;
   const prepS = (performance.now() - prepStart) / 1000;
-  const run = config.routeThreads === 0 ? warmedReplay(corpus, hashed) : await replayOnLanes(corpus, hashed);
+  const run = config.routeThreads === 0
+    ? warmedReplay(corpus, hashed)
+    : await replayOnLanes(corpus, hashed);
   const report = summarize(corpus, run, traceSha, prepS);
   if (flags.json === true) console.log(JSON.stringify(report));
   else printReport(report);
@@ -347,7 +349,9 @@ function deadlineBursts(corpus: Corpus, run: Run) {
   for (let i = 0; i < corpus.count;) {
     let end = i;
     let queries = 0;
-    for (; end < corpus.count && deadline[end] === deadline[i]; end++) if (kind[end] === OP_QUERY) queries++;
+    for (; end < corpus.count && deadline[end] === deadline[i]; end++) {
+      if (kind[end] === OP_QUERY) queries++;
+    }
     if (queries > 1) {
       shared.fill(1, i, end);
       inBursts += queries;
@@ -466,7 +470,9 @@ function printReport(r: Report): void {
   console.log(`  lookup queue wait ${d(r.lookup.queue_wait)}`);
   console.log(`  lookup scheduled->finished ${d(r.lookup.sched_to_finish)}`);
   const bursts = r.lookup.deadline_bursts;
-  console.log(`    outside same-deadline bursts (${bursts.queries} queries in them, largest ${bursts.largest}; a diagnostic): ${d(r.lookup.sched_to_finish_outside_bursts)}`);
+  const outside = d(r.lookup.sched_to_finish_outside_bursts);
+  const inBursts = `${bursts.queries} queries in them, largest ${bursts.largest}`;
+  console.log(`    outside same-deadline bursts (${inBursts}; a diagnostic): ${outside}`);
   const m = r.lookup.matched_blocks;
   const per = r.lookup.service_ns_per_matched_block;
   if (m !== undefined && per !== undefined) {

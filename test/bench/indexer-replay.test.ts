@@ -26,7 +26,9 @@ function bench(args: string[]) {
 }
 
 const DISTRIBUTION = ["max_ns", "p50_ns", "p999_ns", "p99_ns"];
-const LOOKUP = ["hash", "queue_wait", "sched_to_finish", "sched_to_finish_outside_bursts", "service"];
+const LOOKUP = [
+  "hash", "queue_wait", "sched_to_finish", "sched_to_finish_outside_bursts", "service",
+];
 
 describe("indexer replay bench", () => {
   for (const [cell, args] of [["page size 16, vLLM cadence", ["--block-size", "16", "--engine-blocks", "2048"]], ["page size 1, SGLang cadence", ["--block-size", "1", "--engine-blocks", "32768"]]] as const) {
@@ -42,7 +44,8 @@ describe("indexer replay bench", () => {
         "offered_block_ops_per_s", "peak_rss_mb", "update", "valid",
       ]);
       const timed = [...LOOKUP, "service_ns_per_matched_block"].sort();
-      expect(Object.keys(report.lookup).sort()).toEqual([...timed, "deadline_bursts", "matched_blocks"].sort());
+      const keys = [...timed, "deadline_bursts", "matched_blocks"].sort();
+      expect(Object.keys(report.lookup).sort()).toEqual(keys);
       for (const key of timed) expect(Object.keys(report.lookup[key]).sort()).toEqual(DISTRIBUTION);
       // The longest match per lookup, in blocks: ordered quantiles, within the queries' blocks.
       const matched = report.lookup.matched_blocks;
@@ -101,7 +104,7 @@ describe("indexer replay bench", () => {
     expect(hashes.stderr).toContain("--query-hashes");
   });
 
-  test("--query-hashes pre: each query's hashes are the prompt's, as the route path makes them", () => {
+  test("--query-hashes pre: each query's hashes are the prompt's, as routes make them", () => {
     const corpus = buildCorpus(parseTrace(readFileSync(trace, "utf8")), {
       workers: 4, engineBlocks: 2048, blockSize: 16, cadence: "vllm", prefillChunk: 2048,
       windowMs: 2000, seed: 42,
@@ -135,7 +138,8 @@ describe("indexer replay bench", () => {
       if (threads === "0") expect(report.lookup.matched_blocks.max).toBeGreaterThan(0);
       else {
         const lanes = report.threads.lanes as { stats: { lookups: number } }[];
-        expect(lanes.reduce((sum, lane) => sum + lane.stats.lookups, 0)).toBe(report.config.requests);
+        const lookups = lanes.reduce((sum, lane) => sum + lane.stats.lookups, 0);
+        expect(lookups).toBe(report.config.requests);
       }
     }, 60_000);
   }
