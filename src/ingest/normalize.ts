@@ -421,10 +421,16 @@ function longestEvent(batch: DecodedBatch): number {
   return longest;
 }
 
+/** Batches in a row that want a smaller seen-set before it shrinks. */
+const SEEN_SHRINK_AFTER = 64;
+
 /**
  * A set of (hi, lo) pairs that empties in O(1): a slot is taken when its stamp is the
  * current one, so a long store's check costs its own blocks, not a table fill. Sized
- * once per batch by the tables' one rule (capacityFor), so memory follows the batches.
+ * per batch by the tables' one rule (capacityFor), so memory follows the batches; it
+ * shrinks only after a run of batches that want it smaller, since a vLLM stream
+ * alternates prefill chunks (128 blocks at page size 16) with one-block decode steps,
+ * and shrinking at once reallocated it about twice per request.
  * Not a PairTable: it never deletes, and PairTable.clear fills its whole array.
  */
 class StampedPairSet {
@@ -432,11 +438,16 @@ class StampedPairSet {
   private stamps = new Uint32Array(TABLE_CAPACITY_MIN);
   private mask = TABLE_CAPACITY_MIN - 1;
   private stamp = 1;
+  private smallerRun = 0;
 
-  /** Room for `count` pairs at load at most 1/2 (empties the set). */
+  /** Room for `count` pairs at load at most 1/2 (empties the set when it resizes). */
   size(count: number): void {
-    const capacity = capacityFor(count, this.mask + 1, TABLE_CAPACITY_MIN);
-    if (capacity === this.mask + 1) return;
+    const current = this.mask + 1;
+    const capacity = capacityFor(count, current, TABLE_CAPACITY_MIN);
+    if (capacity >= current) this.smallerRun = 0;
+    if (capacity === current) return;
+    if (capacity < current && ++this.smallerRun < SEEN_SHRINK_AFTER) return;
+    this.smallerRun = 0;
     this.keys = new Uint32Array(2 * capacity);
     this.stamps = new Uint32Array(capacity);
     this.mask = capacity - 1;

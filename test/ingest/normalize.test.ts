@@ -93,6 +93,20 @@ describe("conversion to index operations", () => {
     expect(normalizer.counters.rejectedBlocks.self_reference).toBe(2 + 3 + 41);
   });
 
+  test("long stores: the parent among the hashes repeats; hashes equal in one word do not", () => {
+    const { sink, normalizer, send } = setup();
+    const tokens = (n: number) => ({ tokenIds: Array.from({ length: 4 * n }, (_, i) => i) });
+    const many = Array.from({ length: 40 }, (_, i) => BigInt(i + 5000));
+    send([store(many, 5030n, tokens(40))]); // the parent is hash 30
+    // 40 hashes sharing the low word, 40 more sharing the high word.
+    const sameLo = Array.from({ length: 40 }, (_, i) => (BigInt(i + 1) << 32n) | 7n);
+    const sameHi = Array.from({ length: 40 }, (_, i) => (1000n << 32n) | BigInt(i));
+    send([store([...sameLo, ...sameHi], null, tokens(80))]);
+    expect(sink.ops.map((op) => op.op === "stored" && op.external.length)).toEqual([80]);
+    expect(normalizer.counters.rejectedEvents.self_reference).toBe(1);
+    expect(normalizer.counters.rejectedBlocks.self_reference).toBe(40);
+  });
+
   test("the repeat check empties per store: long stores sharing hashes are kept", () => {
     const { sink, normalizer, send } = setup();
     const tokens = (n: number) => ({ tokenIds: Array.from({ length: 4 * n }, (_, i) => i) });

@@ -432,6 +432,51 @@ describe("continuity: bounds and saved positions", () => {
   });
 });
 
+describe("the fingerprint of last", () => {
+  test("is of the bytes as applied, though the caller reuses its buffer after each call", () => {
+    const h = harness();
+    const receive = new Uint8Array(2);
+    for (let i = 0; i < 5; i++) {
+      receive.set(bytes(i, 0));
+      h.seq.live(i, receive);
+    }
+    receive.fill(0xff);
+    expect(h.seq.lastFingerprint).toBe(fingerprintOf(4, 0));
+    h.seq.connected();
+    serve(h, ringOf(0, 6, 0));
+    expect(h.applied).toEqual([0, 1, 2, 3, 4, 5, 6]);
+    expect(h.seq.counters.continued).toBe(1);
+    expect(h.resets).toEqual([]);
+  });
+
+  test("follows batches much larger and then smaller than the kept copy", () => {
+    const h = harness();
+    const batch = (seq: number, length: number) => {
+      const payload = new Uint8Array(length);
+      for (let k = 0; k < length; k++) payload[k] = (seq * 7 + k) & 0xff;
+      payload[0] = seq & 0xff;
+      return payload;
+    };
+    const small = Array.from({ length: 70 }, (_, i) => 2 + (i % 9));
+    const lengths = [3, 100_000, 5, ...small, 70_000, 4];
+    lengths.forEach((length, seq) => {
+      const payload = batch(seq, length);
+      h.seq.live(seq, payload);
+      payload.fill(0);
+      expect(h.seq.lastFingerprint).toBe(fingerprint(batch(seq, length)));
+    });
+    expect(h.applied.length).toBe(lengths.length);
+  });
+
+  test("a restored fingerprint is kept as it was saved", () => {
+    const h = harness();
+    h.seq.restore(10, 12345, false);
+    expect(h.seq.lastFingerprint).toBe(12345);
+    h.seq.restore(10, -2, false);
+    expect(h.seq.lastFingerprint).toBe(-1);
+  });
+});
+
 describe("continuity on (re)connect, without a replay endpoint", () => {
   test("after a connect the worker is degraded until batch 0 (a fresh engine) arrives (case 3)", () => {
     const h = harness({ replay: false });

@@ -439,22 +439,24 @@ function readBlockHashes(): void {
   const bytes = src;
   const first = out.hashCount;
   let at = 2 * first;
-  // Hot loop: the common encodings read in place (locals, one bounds check each);
-  // anything else, or the last few bytes of the payload, takes readHashSlow.
+  // Hot loop: the common encodings read in place (locals, one bounds check each; the
+  // cursor in a local, as for token ids); anything else, or the last few bytes of the
+  // payload, takes readHashSlow.
+  const stop = end - 41;
+  let p = pos;
   for (let i = 0; i < count; i++, at += 2) {
-    const p = pos;
-    if (p + 41 <= end) {
+    if (p <= stop) {
       const byte = bytes[p]!;
       if (byte === 0xcf || byte === 0xd3) {
         hashes[at] = ((bytes[p + 1]! << 24) | (bytes[p + 2]! << 16) | (bytes[p + 3]! << 8) | bytes[p + 4]!) >>> 0;
         hashes[at + 1] = ((bytes[p + 5]! << 24) | (bytes[p + 6]! << 16) | (bytes[p + 7]! << 8) | bytes[p + 8]!) >>> 0;
-        pos = p + 9;
+        p += 9;
         continue;
       }
       if (byte < 0x80) {
         hashes[at] = 0;
         hashes[at + 1] = byte;
-        pos = p + 1;
+        p += 1;
         continue;
       }
       if (byte === 0xc4 && bytes[p + 1] === 32) {
@@ -462,15 +464,18 @@ function readBlockHashes(): void {
         const q = p + 26;
         hashes[at] = ((bytes[q]! << 24) | (bytes[q + 1]! << 16) | (bytes[q + 2]! << 8) | bytes[q + 3]!) >>> 0;
         hashes[at + 1] = ((bytes[q + 4]! << 24) | (bytes[q + 5]! << 16) | (bytes[q + 6]! << 8) | bytes[q + 7]!) >>> 0;
-        pos = p + 34;
+        p += 34;
         continue;
       }
     }
+    pos = p;
     if (pos >= end) return fail(E_TRUNCATED);
     if (!readHashSlow()) return;
+    p = pos;
     hashes[at] = intHi;
     hashes[at + 1] = intLo;
   }
+  pos = p;
   out.hashStart[eventIndex] = first;
   out.hashLength[eventIndex] = count;
   out.hashCount = first + count;
