@@ -134,7 +134,7 @@ export interface ReaderStats {
   lookups: number;
   /** Attempts thrown away: a node changed under the read, or was being changed. */
   retries: number;
-  /** Link probes repeated because the table changed under them. */
+  /** Link-probe spins: the link seqlock was odd (being changed) or moved under a probe. */
   linkRetries: number;
   /** Lookups that asked the writer to hold still at an event boundary (the fallback). */
   pauses: number;
