@@ -10,7 +10,7 @@ import { promptHashes } from "../../src/route";
 import { DEFAULT_SEED } from "../../src/hash";
 import { silentLogger } from "../../src/util/log";
 import { DealerSocket } from "../../src/wire/zmtp";
-import { kvedgeBinary } from "../support/kvedge";
+import { spawnMockEngine } from "../support/kvedge";
 import { until } from "../support/wait";
 
 type Json = Record<string, any>;
@@ -34,17 +34,8 @@ function matchBlocks(tokens: number[]): number {
 }
 
 beforeAll(async () => {
-  proc = Bun.spawn([kvedgeBinary(), "mock-engine", "--endpoint", "tcp://127.0.0.1:0", "--replay-endpoint", "tcp://127.0.0.1:0",
-    "--capacity-blocks", "64", "--speedup", "50", "--map-form", "--hash-seed", "7"], { stdin: "ignore", stdout: "pipe", stderr: "pipe" });
-  const reader = proc.stdout.getReader();
-  let text = "";
-  while (!text.includes("\n")) {
-    const { value, done } = await reader.read();
-    if (done) throw new Error(`mock-engine exited: ${await new Response(proc.stderr).text()}`);
-    text += new TextDecoder().decode(value);
-  }
-  reader.releaseLock();
-  info = JSON.parse(text.split("\n")[0]!) as Json;
+  ({ proc, info } = await spawnMockEngine(["--endpoint", "tcp://127.0.0.1:0", "--replay-endpoint", "tcp://127.0.0.1:0",
+    "--capacity-blocks", "64", "--speedup", "50", "--map-form", "--hash-seed", "7"]));
   source = new EngineSource({ workerId: 1n, dpRank: 0, endpoint: info.endpoint, replayEndpoint: info.replay_endpoint, topic: "" },
     { blockSize: 16, writer: index, log: silentLogger });
   await source.start();

@@ -3,27 +3,17 @@
 // first token and finish) and without engines (modeled durations); every decision is
 // counted, kvedge's load tracking ends empty, and bad usage is refused.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import type { Subprocess } from "bun";
-import { kvedgeBinary, runKvedge } from "../support/kvedge";
+import { type MockEngineChild, runKvedge, spawnMockEngine } from "../support/kvedge";
 import { type ServeProcess, startServe } from "../support/serve";
 import { until } from "../support/wait";
 
 type Json = Record<string, any>;
-const engines: { proc: Subprocess<"ignore", "pipe", "ignore">; info: Json }[] = [];
+const engines: MockEngineChild[] = [];
 let serve: ServeProcess | null = null;
 
-async function mockEngine(): Promise<{ proc: Subprocess<"ignore", "pipe", "ignore">; info: Json }> {
-  const proc = Bun.spawn([kvedgeBinary(), "mock-engine", "--endpoint", "tcp://127.0.0.1:0", "--replay-endpoint", "tcp://127.0.0.1:0",
-    "--capacity-blocks", "8192", "--speedup", "200"], { stdin: "ignore", stdout: "pipe", stderr: "ignore" });
-  const reader = proc.stdout.getReader();
-  let text = "";
-  while (!text.includes("\n")) {
-    const { value, done } = await reader.read();
-    if (done) throw new Error("mock-engine exited early");
-    text += new TextDecoder().decode(value);
-  }
-  reader.releaseLock();
-  return { proc, info: JSON.parse(text.split("\n")[0]!) as Json };
+async function mockEngine(): Promise<MockEngineChild> {
+  return spawnMockEngine(["--endpoint", "tcp://127.0.0.1:0", "--replay-endpoint", "tcp://127.0.0.1:0",
+    "--capacity-blocks", "8192", "--speedup", "200"]);
 }
 
 const activeRequests = async (): Promise<number> => {

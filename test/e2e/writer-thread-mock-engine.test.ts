@@ -3,32 +3,18 @@
 // requests) ends with the index and routes of `--index-threads 0` fed the same engines:
 // same blocks per worker as each engine caches, same matches, same route answers.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import type { Subprocess } from "bun";
-import { kvedgeBinary } from "../support/kvedge";
+import { type MockEngineChild, spawnMockEngine } from "../support/kvedge";
 import { type ServeProcess, startServe } from "../support/serve";
 import { eventually } from "../support/wait";
 
 type Json = Record<string, any>;
 const BS = 16;
 
-interface Engine {
-  readonly proc: Subprocess<"ignore", "pipe", "pipe">;
-  readonly info: Json;
-}
+type Engine = MockEngineChild;
 
 async function startEngine(seed: number): Promise<Engine> {
-  const proc = Bun.spawn([kvedgeBinary(), "mock-engine", "--endpoint", "tcp://127.0.0.1:0",
-    "--replay-endpoint", "tcp://127.0.0.1:0", "--capacity-blocks", "24", "--speedup", "50",
-    "--hash-seed", String(seed)], { stdin: "ignore", stdout: "pipe", stderr: "pipe" });
-  const reader = proc.stdout.getReader();
-  let text = "";
-  while (!text.includes("\n")) {
-    const { value, done } = await reader.read();
-    if (done) throw new Error(`mock-engine exited: ${await new Response(proc.stderr).text()}`);
-    text += new TextDecoder().decode(value);
-  }
-  reader.releaseLock();
-  return { proc, info: JSON.parse(text.split("\n")[0]!) as Json };
+  return spawnMockEngine(["--endpoint", "tcp://127.0.0.1:0", "--replay-endpoint", "tcp://127.0.0.1:0",
+    "--capacity-blocks", "24", "--speedup", "50", "--hash-seed", String(seed)]);
 }
 
 const json = async (url: string, body?: unknown): Promise<Json> => {

@@ -6,7 +6,7 @@
  */
 import { expect } from "bun:test";
 import type { Subprocess } from "bun";
-import { kvedgeBinary } from "../support/kvedge";
+import { spawnMockEngine } from "../support/kvedge";
 import { type ServeProcess, startServe } from "../support/serve";
 import { eventually } from "../support/wait";
 
@@ -36,26 +36,12 @@ export interface MockEngineProcess {
 export async function startMockEngine(spec: MockEngineSpec = {}): Promise<MockEngineProcess> {
   const replay = spec.replayEndpoint === undefined ? "tcp://127.0.0.1:0" : spec.replayEndpoint;
   const args = [
-    "mock-engine", "--endpoint", spec.endpoint ?? "tcp://127.0.0.1:0", "--capacity-blocks", String(spec.capacityBlocks ?? 400),
+    "--endpoint", spec.endpoint ?? "tcp://127.0.0.1:0", "--capacity-blocks", String(spec.capacityBlocks ?? 400),
     "--speedup", "200", "--http-port", String(spec.httpPort ?? 0),
     ...(replay === null ? [] : ["--replay-endpoint", replay]),
     ...(spec.bufferSteps === undefined ? [] : ["--buffer-steps", String(spec.bufferSteps)]),
   ];
-  const proc = Bun.spawn([kvedgeBinary(), ...args], {
-    env: { PATH: process.env.PATH ?? "" }, stdin: "ignore", stdout: "pipe", stderr: "pipe",
-  });
-  void new Response(proc.stderr).text(); // drained so the engine never blocks on its logs
-  const reader = proc.stdout.getReader();
-  let text = "";
-  const deadline = performance.now() + 10_000;
-  while (!text.includes("\n")) {
-    if (performance.now() > deadline) throw new Error("mock engine did not print its addresses");
-    const { value, done } = await reader.read();
-    if (done) throw new Error(`mock engine exited before listening (code ${await proc.exited})`);
-    text += new TextDecoder().decode(value);
-  }
-  reader.releaseLock();
-  const line = JSON.parse(text.slice(0, text.indexOf("\n"))) as Json;
+  const { proc, info: line } = await spawnMockEngine(args, { PATH: process.env.PATH ?? "" });
   const httpPort = Number(new URL(line.http).port);
   return {
     endpoint: line.endpoint, replayEndpoint: line.replay_endpoint, http: line.http, httpPort, proc,

@@ -5,6 +5,7 @@
  */
 import { readdirSync, statSync } from "node:fs";
 import { join } from "node:path";
+import type { Subprocess } from "bun";
 
 export const ROOT = join(import.meta.dir, "..", "..");
 export const KVEDGE_BIN = join(ROOT, "dist", "kvedge");
@@ -76,4 +77,32 @@ export async function runKvedge(args: readonly string[], options: RunOptions = {
     child.exited,
   ]);
   return { code, stdout, stderr };
+}
+
+export interface MockEngineChild {
+  readonly proc: Subprocess<"ignore", "pipe", "pipe">;
+  /** The JSON line it prints once listening (endpoint, replay_endpoint, http, ...). */
+  readonly info: Record<string, any>;
+}
+
+/**
+ * Starts `kvedge mock-engine <args>` and waits (at most 10 s) for its address line. Its
+ * stderr is drained, so the engine never blocks on its logs, and quoted if it exits early.
+ */
+export async function spawnMockEngine(args: readonly string[], env?: Record<string, string>): Promise<MockEngineChild> {
+  const proc = Bun.spawn([kvedgeBinary(), "mock-engine", ...args], {
+    env: env ?? process.env, stdin: "ignore", stdout: "pipe", stderr: "pipe",
+  });
+  const logs = new Response(proc.stderr).text();
+  const reader = proc.stdout.getReader();
+  let text = "";
+  const deadline = performance.now() + 10_000;
+  while (!text.includes("\n")) {
+    if (performance.now() > deadline) throw new Error("mock engine did not print its addresses");
+    const { value, done } = await reader.read();
+    if (done) throw new Error(`mock engine exited before listening (code ${await proc.exited}): ${await logs}`);
+    text += new TextDecoder().decode(value);
+  }
+  reader.releaseLock();
+  return { proc, info: JSON.parse(text.slice(0, text.indexOf("\n"))) };
 }
