@@ -13,7 +13,8 @@ const BS = 16;
 type Engine = MockEngineChild;
 
 async function startEngine(seed: number): Promise<Engine> {
-  return spawnMockEngine(["--endpoint", "tcp://127.0.0.1:0", "--replay-endpoint", "tcp://127.0.0.1:0",
+  return spawnMockEngine([
+    "--endpoint", "tcp://127.0.0.1:0", "--replay-endpoint", "tcp://127.0.0.1:0",
     "--capacity-blocks", "24", "--speedup", "50", "--hash-seed", String(seed)]);
 }
 

@@ -89,7 +89,9 @@ export interface MockEngineChild {
  * Starts `kvedge mock-engine <args>` and waits (at most 10 s) for its address line. Its
  * stderr is drained, so the engine never blocks on its logs, and quoted if it exits early.
  */
-export async function spawnMockEngine(args: readonly string[], env?: Record<string, string>): Promise<MockEngineChild> {
+export async function spawnMockEngine(
+  args: readonly string[], env?: Record<string, string>,
+): Promise<MockEngineChild> {
   const proc = Bun.spawn([kvedgeBinary(), "mock-engine", ...args], {
     env: env ?? process.env, stdin: "ignore", stdout: "pipe", stderr: "pipe",
   });
@@ -100,7 +102,10 @@ export async function spawnMockEngine(args: readonly string[], env?: Record<stri
   while (!text.includes("\n")) {
     if (performance.now() > deadline) throw new Error("mock engine did not print its addresses");
     const { value, done } = await reader.read();
-    if (done) throw new Error(`mock engine exited before listening (code ${await proc.exited}): ${await logs}`);
+    if (done) {
+      const code = await proc.exited;
+      throw new Error(`mock engine exited before listening (code ${code}): ${await logs}`);
+    }
     text += new TextDecoder().decode(value);
   }
   reader.releaseLock();
