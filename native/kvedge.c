@@ -6,7 +6,7 @@
  * batch instead of one BigInt per block), reading a JSON array of token ids from
  * bytes, and reading the elements of a msgpack array of token ids. Every function
  * has a pure fallback (src/hash/, src/server/request-json.ts, src/wire/kv-events/
- * decode.ts), and tests compare the two.
+ * decode.ts, src/index/lookup.ts), and tests compare the two.
  *
  * 64-bit results are written as (hi, lo) u32 pairs so JavaScript reads them from
  * a Uint32Array without BigInt.
@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define KV_ABI_VERSION 3u
+#define KV_ABI_VERSION 4u
 
 uint32_t kv_abi_version(void) { return KV_ABI_VERSION; }
 
@@ -310,5 +310,111 @@ uint32_t kv_msgpack_u32s(const uint8_t* bytes, uint32_t length, uint32_t start, 
     p += size;
   }
   end[0] = p;
+  return i;
+}
+
+/*
+ * The per-worker lookup of the index (src/index/lookup.ts, whose layout and rules
+ * these follow exactly): open addressing over (hi, lo, value) u32 triples, value 0 =
+ * empty, linear probing, backward-shift deletion; the home slot of a key is the top
+ * bits of its mix (small tables, shift > 0) or mix * capacity / 2^32 (large ones,
+ * scale = capacity / 2^32, the same double multiply as the TypeScript). One call does
+ * an event's worth of removals or inserts, in order, loading home slots a few keys
+ * ahead so their cache misses overlap, and stops where the caller must resize.
+ * limits[0] is the entry count (updated); limits[1] the resize threshold.
+ */
+static inline uint32_t kv_lookup_home(uint32_t hi, uint32_t lo, uint32_t shift, double scale) {
+  const uint32_t mix = (lo ^ (hi * 0x85ebca6bu)) * 0x9e3779b1u;
+  return shift != 0 ? mix >> shift : (uint32_t)(int32_t)((double)mix * scale);
+}
+
+/* Keys ahead of the current one whose home slot is prefetched. */
+#define KV_LOOKUP_AHEAD 12
+
+static inline void kv_lookup_prefetch(const uint32_t* table, const uint32_t* keys, uint32_t i,
+                                      uint32_t count, uint32_t shift, double scale) {
+  if (i < count) __builtin_prefetch(table + 3 * (size_t)kv_lookup_home(keys[2 * i], keys[2 * i + 1], shift, scale));
+}
+
+/* The slot of (hi, lo), or of the empty slot that ends its probe. */
+static inline uint32_t kv_lookup_probe(const uint32_t* table, uint32_t capacity, uint32_t slot,
+                                       uint32_t hi, uint32_t lo) {
+  for (;;) {
+    const uint32_t* e = table + 3 * (size_t)slot;
+    if (e[2] == 0 || (e[1] == lo && e[0] == hi)) return slot;
+    if (++slot == capacity) slot = 0;
+  }
+}
+
+/*
+ * Removes keys[first..first+count) ((hi, lo) pairs) in order: out[at + i] = the value
+ * removed for key i, or 0 if it was absent. Stops after the removal that takes the
+ * count below limits[1] (the shrink threshold). Returns how many keys it processed.
+ */
+uint32_t kv_lookup_remove(uint32_t* table, uint32_t capacity, uint32_t shift, double scale,
+                          const uint32_t* keys, uint32_t first, uint32_t count, uint32_t* out,
+                          uint32_t at, uint32_t* limits) {
+  const uint32_t* k = keys + 2 * (size_t)first;
+  uint32_t n = limits[0];
+  const uint32_t shrink = limits[1];
+  for (uint32_t j = 0; j < KV_LOOKUP_AHEAD; j++) kv_lookup_prefetch(table, k, j, count, shift, scale);
+  uint32_t i = 0;
+  while (i < count) {
+    kv_lookup_prefetch(table, k, i + KV_LOOKUP_AHEAD, count, shift, scale);
+    const uint32_t hi = k[2 * i], lo = k[2 * i + 1];
+    uint32_t slot = kv_lookup_probe(table, capacity, kv_lookup_home(hi, lo, shift, scale), hi, lo);
+    const uint32_t value = table[3 * (size_t)slot + 2];
+    out[at + i++] = value;
+    if (value == 0) continue;
+    /* Backward shift: an entry moves into the hole if the hole lies on its probe path. */
+    uint32_t hole = slot;
+    for (;;) {
+      if (++slot == capacity) slot = 0;
+      const uint32_t* e = table + 3 * (size_t)slot;
+      if (e[2] == 0) break;
+      const uint32_t home = kv_lookup_home(e[0], e[1], shift, scale);
+      const uint32_t to_hole = hole >= home ? hole - home : hole + capacity - home;
+      const uint32_t to_slot = slot >= home ? slot - home : slot + capacity - home;
+      if (to_hole < to_slot) {
+        uint32_t* h = table + 3 * (size_t)hole;
+        h[0] = e[0];
+        h[1] = e[1];
+        h[2] = e[2];
+        hole = slot;
+      }
+    }
+    uint32_t* h = table + 3 * (size_t)hole;
+    h[0] = h[1] = h[2] = 0;
+    if (--n < shrink) break;
+  }
+  limits[0] = n;
+  return i;
+}
+
+/*
+ * Inserts keys[first + i] -> value + i for i = 0, 1, ... (count at most), in order.
+ * Stops before the first key already present, or after the insert that takes the
+ * count above limits[1] (the grow threshold). Returns how many it inserted.
+ */
+uint32_t kv_lookup_insert_run(uint32_t* table, uint32_t capacity, uint32_t shift, double scale,
+                              const uint32_t* keys, uint32_t first, uint32_t count, uint32_t value,
+                              uint32_t* limits) {
+  const uint32_t* k = keys + 2 * (size_t)first;
+  uint32_t n = limits[0];
+  const uint32_t grow = limits[1];
+  for (uint32_t j = 0; j < KV_LOOKUP_AHEAD; j++) kv_lookup_prefetch(table, k, j, count, shift, scale);
+  uint32_t i = 0;
+  while (i < count) {
+    kv_lookup_prefetch(table, k, i + KV_LOOKUP_AHEAD, count, shift, scale);
+    const uint32_t hi = k[2 * i], lo = k[2 * i + 1];
+    const uint32_t slot = kv_lookup_probe(table, capacity, kv_lookup_home(hi, lo, shift, scale), hi, lo);
+    uint32_t* e = table + 3 * (size_t)slot;
+    if (e[2] != 0) break;
+    e[0] = hi;
+    e[1] = lo;
+    e[2] = value + i++;
+    if (++n > grow) break;
+  }
+  limits[0] = n;
   return i;
 }

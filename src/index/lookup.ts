@@ -15,7 +15,13 @@
  *   on average and 24 right after a doubling.
  *
  * Keys are u32 words as read from a Uint32Array (callers normalize with `>>> 0`).
+ *
+ * An event's removals (`removeMany`) and a run of inserts (`insertRun`) go through the
+ * native library when it is loaded (native/kvedge.c: the same table, the same rules, in
+ * one call per event; the loop below as the fallback): about half of a removal's time
+ * here was the backward shift's per-entry work, which C does in a third of the time.
  */
+import { native } from "../native/library";
 import { assert, fail } from "./assert";
 
 const STRIDE = 3;
@@ -27,6 +33,8 @@ const LARGE_LOAD_MIN = 0.4;
 const LARGE_LOAD_TARGET = 0.6;
 const LARGE_GROWTH = 1.25;
 const INV_2_POW_32 = 1 / 4294967296;
+/** The native calls' (count, resize threshold), read back after each call. */
+const limits = new Uint32Array(2);
 
 /** A multiplicative hash of (hi, lo); its high bits pick the home slot. */
 export function mixKey(hi: number, lo: number): number {
@@ -126,6 +134,61 @@ export class ExternalLookup {
     const value = this.find(hi, lo);
     if (value !== 0) this.removeAtProbe();
     return value;
+  }
+
+  /**
+   * Removes keys first..first+count of `keys` ((hi, lo) pairs) in order; out[i] = the
+   * value removed for key first + i, or 0 if it was absent.
+   */
+  removeMany(keys: Uint32Array, first: number, count: number, out: Uint32Array): void {
+    if (native === null) {
+      this.touch(keys, first, count);
+      for (let i = 0; i < count; i++) {
+        const at = 2 * (first + i);
+        out[i] = this.remove(keys[at]!, keys[at + 1]!);
+      }
+      return;
+    }
+    // Bounded: every call takes at least one key; it stops early only to shrink.
+    for (let done = 0; done < count;) {
+      done += native.kv_lookup_remove(this.table, this.capacity, this.shift, this.scale,
+        keys, first + done, count - done, out, done, this.limits(Math.max(this.shrink, 0)));
+      this.count = limits[0]!;
+      if (this.count < this.shrink) this.resize(this.shrunkCapacity());
+    }
+  }
+
+  /**
+   * Inserts keys[first + i] -> value + i for i = 0 .. count - 1 in order, up to the first
+   * key already present; returns how many it inserted.
+   */
+  insertRun(keys: Uint32Array, first: number, count: number, value: number): number {
+    if (value === 0) fail("lookup insert of the null value");
+    let done = 0;
+    if (native === null) {
+      for (; done < count; done++) {
+        const at = 2 * (first + done);
+        if (this.find(keys[at]!, keys[at + 1]!) !== 0) break;
+        this.insertAtProbe(keys[at]!, keys[at + 1]!, value + done);
+      }
+      return done;
+    }
+    // Bounded: a call that inserts nothing stopped at a present key, and so do we.
+    while (done < count) {
+      done += native.kv_lookup_insert_run(this.table, this.capacity, this.shift, this.scale,
+        keys, first + done, count - done, value + done, this.limits(this.grow));
+      this.count = limits[0]!;
+      if (this.count > this.grow) this.resize(this.grownCapacity());
+      else if (done < count) break;
+    }
+    return done;
+  }
+
+  /** The native calls' in-out words: the entry count and a resize threshold. */
+  private limits(threshold: number): Uint32Array {
+    limits[0] = this.count;
+    limits[1] = threshold;
+    return limits;
   }
 
   /**

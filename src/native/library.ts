@@ -12,7 +12,7 @@
 import { dlopen, FFIType, type Pointer, ptr } from "bun:ffi";
 import libraryPath from "../../native/build/libkvedge.so" with { type: "file" };
 
-const ABI_VERSION = 3;
+const ABI_VERSION = 4;
 
 const kvedgeSymbols = {
   kv_abi_version: { args: [], returns: FFIType.u32 },
@@ -43,6 +43,25 @@ const kvedgeSymbols = {
   kv_msgpack_u32s: {
     args: [
       FFIType.ptr, FFIType.u32, FFIType.u32, FFIType.u32, FFIType.ptr, FFIType.u32, FFIType.ptr,
+    ],
+    returns: FFIType.u32,
+  },
+  /**
+   * (table, capacity, shift, scale, keys, first, count, out, at, limits): removes an
+   * event's keys from an index lookup; (.., keys, first, count, value, limits): inserts a
+   * run of them. Both stop where the table must resize (src/index/lookup.ts).
+   */
+  kv_lookup_remove: {
+    args: [
+      FFIType.ptr, FFIType.u32, FFIType.u32, FFIType.f64, FFIType.ptr, FFIType.u32, FFIType.u32,
+      FFIType.ptr, FFIType.u32, FFIType.ptr,
+    ],
+    returns: FFIType.u32,
+  },
+  kv_lookup_insert_run: {
+    args: [
+      FFIType.ptr, FFIType.u32, FFIType.u32, FFIType.f64, FFIType.ptr, FFIType.u32, FFIType.u32,
+      FFIType.u32, FFIType.ptr,
     ],
     returns: FFIType.u32,
   },

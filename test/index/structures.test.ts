@@ -8,7 +8,9 @@ import { BlockPool, RUN_ORDER_MAX } from "../../src/index/crtc/blocks";
 import { LinkTable } from "../../src/index/link-table";
 import { ExternalLookup } from "../../src/index/lookup";
 import { OwnerLists } from "../../src/index/owners";
+import { native } from "../../src/native/library";
 import { Random } from "../harness/streams";
+import { expectChildSuitePasses } from "../support/suite";
 
 describe("ExternalLookup", () => {
   test("matches a Map through growth into the large regime and back, with backward-shift deletes", () => {
@@ -65,6 +67,91 @@ describe("ExternalLookup", () => {
       lookup.insertAtProbe(5, 5, 0);
     }).toThrow(IndexInvariantError);
   });
+});
+
+describe("ExternalLookup event calls", () => {
+  // removeMany and insertRun (native when loaded) against one find/insert/remove at a
+  // time: the same answers and, after every event, the very same table (same algorithm,
+  // same order), through growth into the large regime, shrinking, and back to small.
+  test("leave the table exactly as one operation at a time does", () => {
+    const random = new Random(29);
+    const batched = new ExternalLookup();
+    const single = new ExternalLookup();
+    const live: [number, number][] = [];
+    const out = new Uint32Array(4096);
+    let nextValue = 1;
+    let largest = 0;
+    const freshKey = (): [number, number] => {
+      // Clustered words in half the keys, so probe runs collide and wrap.
+      const hi = random.chance(0.5) ? random.int(3) : Math.floor(random.next() * 2 ** 32);
+      const lo = random.chance(0.5) ? random.int(50_000) : Math.floor(random.next() * 2 ** 32);
+      return [hi, lo];
+    };
+    for (let event = 0; event < 3_000; event++) {
+      const size = 1 + random.int(random.chance(0.1) ? 2000 : 40);
+      const keys = new Uint32Array(2 * size);
+      const growing = event < 1_500;
+      if (live.length === 0 || random.chance(growing ? 0.7 : 0.35)) {
+        // A run of inserts; in some, a key already held (or repeated) stops it.
+        for (let k = 0; k < size; k++) [keys[2 * k], keys[2 * k + 1]] = freshKey();
+        if (live.length > 0 && random.chance(0.2)) {
+          const at = random.int(size);
+          [keys[2 * at], keys[2 * at + 1]] = random.pick(live);
+        }
+        const value = nextValue;
+        nextValue += size;
+        const placed = batched.insertRun(keys, 0, size, value);
+        let expected = 0;
+        for (; expected < size; expected++) {
+          const hi = keys[2 * expected]!, lo = keys[2 * expected + 1]!;
+          if (single.find(hi, lo) !== 0) break;
+          single.insertAtProbe(hi, lo, value + expected);
+          live.push([hi, lo]);
+        }
+        expect(placed).toBe(expected);
+      } else {
+        // Removals: mostly held keys (some twice in one event), some never inserted.
+        for (let k = 0; k < size; k++) {
+          const [hi, lo] = random.chance(0.9) ? random.pick(live) : freshKey();
+          keys[2 * k] = hi;
+          keys[2 * k + 1] = lo;
+        }
+        batched.removeMany(keys, 0, size, out);
+        for (let k = 0; k < size; k++) {
+          expect(out[k]).toBe(single.remove(keys[2 * k]!, keys[2 * k + 1]!));
+        }
+        for (let k = live.length - 1; k >= 0; k--) {
+          if (single.find(live[k]![0], live[k]![1]) === 0) {
+            live[k] = live[live.length - 1]!;
+            live.pop();
+          }
+        }
+      }
+      expect(batched.count).toBe(single.count);
+      expect(batched.capacity).toBe(single.capacity);
+      expect(Buffer.from(batched.table.buffer).equals(Buffer.from(single.table.buffer))).toBe(true);
+      largest = Math.max(largest, single.capacity);
+    }
+    expect(largest).toBeGreaterThan(8192);
+    expect(single.capacity).toBeLessThan(4096);
+  });
+
+  test("an event's keys can start anywhere in the array", () => {
+    const lookup = new ExternalLookup();
+    const keys = Uint32Array.of(9, 9, 1, 2, 3, 4, 5, 6, 9, 9);
+    expect(lookup.insertRun(keys, 1, 3, 10)).toBe(3);
+    const found = [lookup.find(1, 2), lookup.find(3, 4), lookup.find(5, 6), lookup.find(9, 9)];
+    expect(found).toEqual([10, 11, 12, 0]);
+    const out = new Uint32Array(3);
+    lookup.removeMany(keys, 2, 3, out);
+    expect([...out]).toEqual([11, 12, 0]);
+    expect(lookup.count).toBe(1);
+    expect(() => lookup.insertRun(keys, 0, 1, 0)).toThrow(IndexInvariantError);
+  });
+
+  test.skipIf(native === null)("the same without native code", () => {
+    expectChildSuitePasses([import.meta.path, "-t", "^ExternalLookup"], { KVEDGE_NATIVE: "0" });
+  }, 60_000);
 });
 
 describe("LinkTable", () => {

@@ -1,10 +1,11 @@
 /**
- * Removed and cleared events. A removal resolves each hash through the slot's lookup
- * to a block, groups consecutive hashes whose blocks share a node (one coverage change
- * per group), and keeps the slot's holding in every node a prefix of its edge: when
- * the removed positions leave a hole with held blocks after it, the node is split at
- * the start of each held run that follows a gap. The descendants stay held (and count
- * again once the hole is stored again). Every path ends in `reclaim`.
+ * Removed and cleared events. A removal first takes every hash of the event out of the
+ * slot's lookup (in order, one call), then groups consecutive hashes whose blocks share
+ * a node (one coverage change per group), and keeps the slot's holding in every node a
+ * prefix of its edge: when the removed positions leave a hole with held blocks after
+ * it, the node is split at the start of each held run that follows a gap. The
+ * descendants stay held (and count again once the hole is stored again). Every path
+ * ends in `reclaim`.
  */
 import { fail } from "../assert";
 import type { ExternalLookup } from "../lookup";
@@ -13,10 +14,16 @@ import type { CrtcTree } from "./tree";
 export class RemoveScratch {
   positions = new Uint32Array(64);
   nodes = new Uint32Array(64);
+  blocks = new Uint32Array(64);
 
   ensurePositions(count: number): Uint32Array {
     if (this.positions.length < count) this.positions = new Uint32Array(count * 2);
     return this.positions;
+  }
+
+  ensureBlocks(count: number): Uint32Array {
+    if (this.blocks.length < count) this.blocks = new Uint32Array(count * 2);
+    return this.blocks;
   }
 
   ensureNodes(count: number): Uint32Array {
@@ -30,14 +37,14 @@ export function removeHashes(
   tree: CrtcTree, slot: number, lookup: ExternalLookup, external: Uint32Array,
   first: number, count: number, scratch: RemoveScratch,
 ): number {
+  // The lookup first (one call for the event), then the tree, a group of blocks at a time.
+  const blocks = scratch.ensureBlocks(count);
+  lookup.removeMany(external, first, count, blocks);
   const positions = scratch.ensurePositions(count);
-  lookup.touch(external, first, count);
   let unknown = 0;
-  let i = first;
-  const end = first + count;
-  while (i < end) {
-    const block = lookup.remove(external[2 * i]!, external[2 * i + 1]!);
-    i++;
+  let i = 0;
+  while (i < count) {
+    const block = blocks[i++]!;
     if (block === 0) {
       unknown++;
       continue;
@@ -48,10 +55,9 @@ export function removeHashes(
     const start = tree.nodes.start[node]!;
     positions[0] = block - start;
     let group = 1;
-    while (i < end) {
-      const next = lookup.find(external[2 * i]!, external[2 * i + 1]!);
+    while (i < count) {
+      const next = blocks[i]!;
       if (next === 0 || blockNode[next] !== node) break;
-      lookup.removeAtProbe();
       positions[group++] = next - start;
       i++;
     }

@@ -144,21 +144,13 @@ function extendLeaf(
 ): number {
   const nodes = tree.nodes;
   const blocks = tree.blocks;
-  const room = end - from;
   const base = nodes.start[node]! + nodes.len[node]!;
   tree.touch(node);
-  let placed = 0;
-  while (placed < room) {
-    const i = from + placed;
-    const eh = external[2 * i]!;
-    const el = external[2 * i + 1]!;
-    if (lookup.find(eh, el) !== 0) break;
-    const block = base + placed;
-    blocks.hi[block] = local[2 * i]!;
-    blocks.lo[block] = local[2 * i + 1]!;
-    blocks.node[block] = node;
-    lookup.insertAtProbe(eh, el, block);
-    placed++;
+  const placed = lookup.insertRun(external, from, end - from, base);
+  for (let k = 0; k < placed; k++) {
+    blocks.hi[base + k] = local[2 * (from + k)]!;
+    blocks.lo[base + k] = local[2 * (from + k) + 1]!;
+    blocks.node[base + k] = node;
   }
   nodes.len[node] = nodes.len[node]! + placed;
   nodes.spare[node] = nodes.spare[node]! - placed;
@@ -177,22 +169,15 @@ function startChild(
   const want = end - from;
   const order = leafOrder(want, continuation);
   const start = tree.blocks.allocate(order); // may grow the block arrays: read them after
-  const blocks = tree.blocks;
-  let placed = 0;
-  while (placed < want) {
-    const i = from + placed;
-    const eh = external[2 * i]!;
-    const el = external[2 * i + 1]!;
-    if (lookup.find(eh, el) !== 0) break;
-    const block = start + placed;
-    blocks.hi[block] = local[2 * i]!;
-    blocks.lo[block] = local[2 * i + 1]!;
-    lookup.insertAtProbe(eh, el, block);
-    placed++;
-  }
+  const placed = lookup.insertRun(external, from, want, start);
   if (placed === 0) {
-    blocks.free(start, order);
+    tree.blocks.free(start, order);
     return 0;
+  }
+  const blocks = tree.blocks;
+  for (let k = 0; k < placed; k++) {
+    blocks.hi[start + k] = local[2 * (from + k)]!;
+    blocks.lo[start + k] = local[2 * (from + k) + 1]!;
   }
   return tree.attachChild(parent, start, placed, order);
 }
