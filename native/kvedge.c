@@ -33,13 +33,18 @@ static inline void kv_put(uint32_t* out, size_t i, uint64_t h) {
  * Local block hashes: XXH3-64(seed) over each window of `window` tokens, taken
  * every `stride` tokens, tokens as u32 little-endian (the host order on every
  * target we build). window == stride for normal blocks; window == stride + 1 for
- * Eagle. Only complete windows are hashed. Returns the number of blocks written.
+ * Eagle. Only complete windows are hashed. The tokens are tokens[token_start..
+ * token_start+token_count), the hashes go to out[2 * out_start..] (offsets, so the
+ * caller needs no view per event). Returns the number of blocks written.
  */
-uint32_t kv_hash_blocks(const uint32_t* tokens, uint32_t token_count, uint32_t stride,
-                        uint32_t window, uint32_t seed_hi, uint32_t seed_lo, uint32_t* out) {
+uint32_t kv_hash_blocks(const uint32_t* tokens, uint32_t token_start, uint32_t token_count,
+                        uint32_t stride, uint32_t window, uint32_t seed_hi, uint32_t seed_lo,
+                        uint32_t* out, uint32_t out_start) {
   if (stride == 0 || window < stride || token_count < window) return 0;
   const uint64_t seed = ((uint64_t)seed_hi << 32) | seed_lo;
   const uint32_t blocks = (token_count - window) / stride + 1;
+  tokens += token_start;
+  out += 2 * (size_t)out_start;
   for (uint32_t i = 0; i < blocks; i++) {
     kv_put(out, i, XXH3_64bits_withSeed(tokens + (size_t)i * stride, (size_t)window * 4, seed));
   }

@@ -3,7 +3,7 @@
 import { describe, expect, test } from "bun:test";
 import {
   blockCount, blockSeed, chainHashes, DEFAULT_SEED, fallbackChainHashes, fallbackHashBlocks,
-  hashBlocks, hashTokens, usingNativeHash,
+  hashBlocks, hashBlocksAt, hashTokens, usingNativeHash,
 } from "../src/hash";
 import { nativeUnavailableReason } from "../src/native/library";
 import { xorshift32 } from "../src/util/random";
@@ -84,6 +84,17 @@ describe("block counting", () => {
     const part = new Uint32Array(8);
     expect(hashBlocks(tokens.subarray(8, 24), 4, DEFAULT_SEED, part)).toBe(4);
     expect(Array.from(part)).toEqual(Array.from(whole.subarray(4, 12)));
+  });
+
+  test("hashBlocksAt reads and writes at offsets, as the subarray form does", () => {
+    const tokens = Uint32Array.from({ length: 40 }, (_, i) => i * 7 + 1);
+    const whole = new Uint32Array(20);
+    hashBlocks(tokens, 4, DEFAULT_SEED, whole);
+    const out = new Uint32Array(12).fill(0xdead);
+    expect(hashBlocksAt(tokens, 8, 17, 4, DEFAULT_SEED, out, 2)).toBe(4);
+    expect(Array.from(out)).toEqual([0xdead, 0xdead, 0xdead, 0xdead, ...whole.subarray(4, 12)]);
+    expect(() => hashBlocksAt(tokens, 30, 16, 4, DEFAULT_SEED, out, 0)).toThrow(RangeError);
+    expect(() => hashBlocksAt(tokens, 0, 16, 4, DEFAULT_SEED, out, 3)).toThrow(RangeError);
   });
 });
 

@@ -66,12 +66,31 @@ export function blockCount(tokenCount: number, blockSize: number, eagle = false)
 export function hashBlocks(
   tokens: Uint32Array, blockSize: number, seed: Seed, out: Uint32Array, eagle = false,
 ): number {
-  const count = blockCount(tokens.length, blockSize, eagle);
+  return hashBlocksAt(tokens, 0, tokens.length, blockSize, seed, out, 0, eagle);
+}
+
+/**
+ * hashBlocks over tokens[tokenStart, tokenStart + tokenCount), the hashes from pair
+ * `outStart` of `out` on: the event path's form (no view of either array per event).
+ */
+export function hashBlocksAt(
+  tokens: Uint32Array, tokenStart: number, tokenCount: number, blockSize: number, seed: Seed,
+  out: Uint32Array, outStart: number, eagle = false,
+): number {
+  const count = blockCount(tokenCount, blockSize, eagle);
   if (count === 0) return 0;
-  if (out.length < 2 * count) throw new RangeError(`out holds ${out.length} words, needs ${2 * count}`);
-  if (native === null) return fallbackHashBlocks(tokens, blockSize, seed, out, eagle);
+  if (tokenStart + tokenCount > tokens.length) throw new RangeError("tokens out of range");
+  if (out.length < 2 * (outStart + count)) {
+    throw new RangeError(`out holds ${out.length} words, needs ${2 * (outStart + count)}`);
+  }
+  if (native === null) {
+    const view = tokens.subarray(tokenStart, tokenStart + tokenCount);
+    return fallbackHashBlocks(view, blockSize, seed, out.subarray(2 * outStart), eagle);
+  }
   const window = eagle ? blockSize + 1 : blockSize;
-  return native.kv_hash_blocks(tokens, tokens.length, blockSize, window, seed.hi, seed.lo, out);
+  return native.kv_hash_blocks(
+    tokens, tokenStart, tokenCount, blockSize, window, seed.hi, seed.lo, out, outStart,
+  );
 }
 
 /** Writes the sequence-hash chain of `count` local hashes (pairs) into `out` (may alias). */

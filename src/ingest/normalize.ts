@@ -31,7 +31,7 @@
  *
  * See docs/decisions.md#dual-keys.
  */
-import { blockCount, blockSeed, hashBlocks } from "../hash";
+import { blockCount, blockSeed, hashBlocksAt } from "../hash";
 import { OnceLog, silentLogger, type Logger } from "../util/log";
 import {
   DECODE_ERROR_KINDS, DECODE_OK, DecodedBatch, decodeKvBatch, EVENT_CLEARED, EVENT_REMOVED, EVENT_STORED,
@@ -342,8 +342,8 @@ export class KvEventNormalizer {
     const tokenEnd = tokenStart + usable * blockSize + (eagle ? 1 : 0);
     const seed = blockSeed(batch.string(batch.loraName[e]!), namespace);
     const start = batch.hashStart[e]!;
-    const written = hashBlocks(
-      batch.tokens.subarray(tokenStart, tokenEnd), blockSize, seed, this.local.subarray(2 * start), eagle,
+    const written = hashBlocksAt(
+      batch.tokens, tokenStart, tokenEnd - tokenStart, blockSize, seed, this.local, start, eagle,
     );
     if (written !== usable) throw new Error(`hashed ${written} blocks, expected ${usable}`);
     this.opSalt[this.ops] = namespace;

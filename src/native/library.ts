@@ -16,10 +16,14 @@ const ABI_VERSION = 4;
 
 const kvedgeSymbols = {
   kv_abi_version: { args: [], returns: FFIType.u32 },
-  /** (tokens, tokenCount, stride, window, seedHi, seedLo, out) -> blocks hashed (src/hash). */
+  /**
+   * (tokens, tokenStart, tokenCount, stride, window, seedHi, seedLo, out, outStart) ->
+   * blocks hashed (src/hash).
+   */
   kv_hash_blocks: {
     args: [
-      FFIType.ptr, FFIType.u32, FFIType.u32, FFIType.u32, FFIType.u32, FFIType.u32, FFIType.ptr,
+      FFIType.ptr, FFIType.u32, FFIType.u32, FFIType.u32, FFIType.u32, FFIType.u32, FFIType.u32,
+      FFIType.ptr, FFIType.u32,
     ],
     returns: FFIType.u32,
   },
