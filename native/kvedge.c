@@ -423,3 +423,41 @@ uint32_t kv_lookup_insert_run(uint32_t* table, uint32_t capacity, uint32_t shift
   limits[0] = n;
   return i;
 }
+
+/*
+ * A store's repeat check (src/ingest/normalize.ts): whether a (hi, lo) pair repeats
+ * among hashes[start..start+count), the parent included when has_parent. The set is
+ * the caller's stamped one: keys as (hi, lo) per slot, a slot taken when its stamp is
+ * `stamp` (a fresh value per check, so nothing is cleared), mask + 1 slots (a power of
+ * two, room for count + 1 pairs at load 1/2). The mix is src/util/tables.ts's.
+ */
+static inline uint32_t kv_mix(uint32_t a, uint32_t b) {
+  uint32_t h = (b ^ (a * 0x9e3779b1u)) * 0x85ebca6bu;
+  h ^= h >> 15;
+  h *= 0xc2b2ae35u;
+  return h ^ (h >> 13);
+}
+
+static inline uint32_t kv_pairs_add(uint32_t* keys, uint32_t* stamps, uint32_t mask,
+                                    uint32_t stamp, uint32_t hi, uint32_t lo) {
+  for (uint32_t i = kv_mix(hi, lo) & mask;; i = (i + 1) & mask) {
+    if (stamps[i] != stamp) {
+      stamps[i] = stamp;
+      keys[2 * (size_t)i] = hi;
+      keys[2 * (size_t)i + 1] = lo;
+      return 1;
+    }
+    if (keys[2 * (size_t)i] == hi && keys[2 * (size_t)i + 1] == lo) return 0;
+  }
+}
+
+uint32_t kv_pairs_repeat(uint32_t* keys, uint32_t* stamps, uint32_t mask, uint32_t stamp,
+                         const uint32_t* hashes, uint32_t start, uint32_t count,
+                         uint32_t parent_hi, uint32_t parent_lo, uint32_t has_parent) {
+  if (has_parent) kv_pairs_add(keys, stamps, mask, stamp, parent_hi, parent_lo);
+  const uint32_t* h = hashes + 2 * (size_t)start;
+  for (uint32_t i = 0; i < count; i++) {
+    if (!kv_pairs_add(keys, stamps, mask, stamp, h[2 * i], h[2 * i + 1])) return 1;
+  }
+  return 0;
+}

@@ -32,6 +32,7 @@
  * See docs/decisions.md#dual-keys.
  */
 import { blockCount, blockSeed, hashBlocksAt } from "../hash";
+import { native } from "../native/library";
 import { OnceLog, silentLogger, type Logger } from "../util/log";
 import {
   DECODE_ERROR_KINDS, DECODE_OK, DecodedBatch, decodeKvBatch, EVENT_CLEARED, EVENT_REMOVED, EVENT_STORED,
@@ -367,11 +368,7 @@ export class KvEventNormalizer {
       }
       return false;
     }
-    const seen = this.seen;
-    seen.clear();
-    if (hasParent) seen.add(parentHi, parentLo);
-    for (let i = start; i < start + count; i++) if (!seen.add(hashes[2 * i]!, hashes[2 * i + 1]!)) return true;
-    return false;
+    return this.seen.repeats(hashes, start, count, hasParent, parentHi, parentLo);
   }
 
   private pushOp(kind: number, event: number, count: number): void {
@@ -454,7 +451,7 @@ class StampedPairSet {
     this.stamp = 1;
   }
 
-  clear(): void {
+  private clear(): void {
     if (this.stamp === U32_MAX) {
       this.stamps.fill(0);
       this.stamp = 0;
@@ -462,8 +459,29 @@ class StampedPairSet {
     this.stamp++;
   }
 
+  /**
+   * Empties the set, then adds the parent (if any) and hashes start..start+count;
+   * returns whether a pair was there already. One native call when the library is loaded.
+   */
+  repeats(
+    hashes: Uint32Array, start: number, count: number, hasParent: boolean, parentHi: number,
+    parentLo: number,
+  ): boolean {
+    this.clear();
+    if (native !== null) {
+      const { keys, stamps, mask, stamp } = this;
+      const parent = hasParent ? 1 : 0;
+      return native.kv_pairs_repeat(
+        keys, stamps, mask, stamp, hashes, start, count, parentHi >>> 0, parentLo >>> 0, parent,
+      ) === 1;
+    }
+    if (hasParent) this.add(parentHi, parentLo);
+    for (let i = start; i < start + count; i++) if (!this.add(hashes[2 * i]!, hashes[2 * i + 1]!)) return true;
+    return false;
+  }
+
   /** Adds (hi, lo); returns false if it was there already. */
-  add(hi: number, lo: number): boolean {
+  private add(hi: number, lo: number): boolean {
     const { keys, stamps, mask, stamp } = this;
     const h = hi >>> 0;
     const l = lo >>> 0;

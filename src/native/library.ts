@@ -69,6 +69,17 @@ const kvedgeSymbols = {
     ],
     returns: FFIType.u32,
   },
+  /**
+   * (keys, stamps, mask, stamp, hashes, start, count, parentHi, parentLo, hasParent) ->
+   * 1 if a pair repeats in a store (src/ingest/normalize.ts's stamped set), else 0.
+   */
+  kv_pairs_repeat: {
+    args: [
+      FFIType.ptr, FFIType.ptr, FFIType.u32, FFIType.u32, FFIType.ptr, FFIType.u32, FFIType.u32,
+      FFIType.u32, FFIType.u32, FFIType.u32,
+    ],
+    returns: FFIType.u32,
+  },
 } as const;
 
 const libcSymbols = {

@@ -11,6 +11,9 @@ import { NamespaceTable } from "../../src/ingest/namespace";
 import { encodeKvBatch, type KvBatch, type KvBlockStored, type KvEvent } from "../../src/wire/kv-events";
 import { u64 } from "../../src/util/u64";
 import { memoryLogger } from "../../src/util/log";
+import { native } from "../../src/native/library";
+import { xorshift32 } from "../../src/util/random";
+import { expectChildSuitePasses } from "../support/suite";
 
 type Op =
   | { op: "stored"; worker: bigint; rank: number; parent: bigint | null; external: bigint[]; local: bigint[] }
@@ -119,6 +122,37 @@ describe("conversion to index operations", () => {
     expect(normalizer.counters.rejectedEvents.self_reference).toBe(1);
     expect(normalizer.counters.rejectedBlocks.self_reference).toBe(21);
   });
+
+  test("repeat check: seeded stores of any length against a Set, the parent included", () => {
+    const { sink, normalizer, send } = setup();
+    const next = xorshift32(0x5eed);
+    const u64 = () => (BigInt(next()) << 32n) | BigInt(next());
+    let kept = 0;
+    let rejected = 0;
+    for (let round = 0; round < 300; round++) {
+      const length = 1 + (next() % (round % 10 === 0 ? 3000 : 60));
+      // Small words in some rounds, so pairs share a word and probe runs collide.
+      const small = (i: number) => BigInt(i * 7 + (round << 12));
+      const hashes = Array.from({ length }, (_, i) => (round % 3 === 0 ? small(i) : u64()));
+      let parent: bigint | null = next() % 2 === 0 ? u64() : null;
+      const plant = next() % 4;
+      if (plant === 1) hashes[next() % length] = hashes[next() % length]!;
+      if (plant === 2 && parent !== null) hashes[next() % length] = parent;
+      if (plant === 3) parent = hashes[next() % length]!;
+      const expected = new Set([...hashes, ...(parent === null ? [] : [parent])]).size
+        < length + (parent === null ? 0 : 1);
+      if (expected) rejected++;
+      else kept++;
+      send([store(hashes, parent, { tokenIds: Array.from({ length: 4 * length }, (_, i) => i) })]);
+      expect(normalizer.counters.rejectedEvents.self_reference ?? 0).toBe(rejected);
+      expect(sink.ops.length).toBe(kept);
+    }
+    expect(Math.min(kept, rejected)).toBeGreaterThan(50);
+  });
+
+  test.skipIf(native === null)("the repeat check again without native code", () => {
+    expectChildSuitePasses([import.meta.path, "-t", "repeat"], { KVEDGE_NATIVE: "0" });
+  }, 60_000);
 
   test("another block size rejects the whole event, logged once", () => {
     const records = memoryLogger();
