@@ -19,7 +19,7 @@
  * An event's removals (`removeMany`) and a run of inserts (`insertRun`) go through the
  * native library when it is loaded (native/kvedge.c: the same table, the same rules, in
  * one call per event; the loop below as the fallback): about half of a removal's time
- * here was the backward shift's per-entry work, which C does in a third of the time.
+ * was the backward shift's per-entry work (docs/decisions.md#native-lookup-calls).
  */
 import { native } from "../native/library";
 import { assert, fail } from "./assert";
