@@ -141,6 +141,9 @@ export class ExternalLookup {
    * value removed for key first + i, or 0 if it was absent.
    */
   removeMany(keys: Uint32Array, first: number, count: number, out: Uint32Array): void {
+    // The native call trusts these bounds: check them once per event.
+    const keysShort = keys.length < 2 * (first + count);
+    if (keysShort || out.length < count) fail("lookup removal past its arrays");
     if (native === null) {
       this.touch(keys, first, count);
       for (let i = 0; i < count; i++) {
@@ -164,6 +167,7 @@ export class ExternalLookup {
    */
   insertRun(keys: Uint32Array, first: number, count: number, value: number): number {
     if (value === 0) fail("lookup insert of the null value");
+    if (keys.length < 2 * (first + count)) fail("lookup insert out of range");
     let done = 0;
     if (native === null) {
       for (; done < count; done++) {

@@ -467,6 +467,8 @@ class StampedPairSet {
     hashes: Uint32Array, start: number, count: number, hasParent: boolean, parentHi: number,
     parentLo: number,
   ): boolean {
+    // Room for every pair at load 1/2, so a probe always ends (normalize() sizes per batch).
+    if (2 * (count + 1) > this.mask + 1) this.size(count + 1);
     this.clear();
     if (native !== null) {
       const { keys, stamps, mask, stamp } = this;

@@ -147,6 +147,10 @@ describe("ExternalLookup event calls", () => {
     expect([...out]).toEqual([11, 12, 0]);
     expect(lookup.count).toBe(1);
     expect(() => lookup.insertRun(keys, 0, 1, 0)).toThrow(IndexInvariantError);
+    // The native calls trust their bounds: the methods check them.
+    expect(() => lookup.insertRun(keys, 4, 2, 20)).toThrow(IndexInvariantError);
+    expect(() => lookup.removeMany(keys, 3, 3, out)).toThrow(IndexInvariantError);
+    expect(() => lookup.removeMany(keys, 0, 4, out)).toThrow(IndexInvariantError);
   });
 
   test.skipIf(native === null)("the same without native code", () => {
