@@ -338,17 +338,32 @@ static inline uint32_t kv_lookup_home(uint32_t hi, uint32_t lo, uint32_t shift, 
 
 static inline void kv_lookup_prefetch(const uint32_t* table, const uint32_t* keys, uint32_t i,
                                       uint32_t count, uint32_t shift, double scale) {
-  if (i < count) __builtin_prefetch(table + 3 * (size_t)kv_lookup_home(keys[2 * i], keys[2 * i + 1], shift, scale));
+  if (i < count) {
+    __builtin_prefetch(table + 3 * (size_t)kv_lookup_home(keys[2 * i], keys[2 * i + 1], shift, scale));
+  }
 }
 
-/* The slot of (hi, lo), or of the empty slot that ends its probe. */
-static inline uint32_t kv_lookup_probe(const uint32_t* table, uint32_t capacity, uint32_t slot,
-                                       uint32_t hi, uint32_t lo) {
+/*
+ * The slot of key i of `keys` ((hi, lo) pairs), or of the empty slot that ends its
+ * probe; first prefetches the home slot of key i + KV_LOOKUP_AHEAD (the keys before
+ * it were prefetched by earlier steps or by kv_lookup_prefetch_first).
+ */
+static inline uint32_t kv_lookup_slot(const uint32_t* table, uint32_t capacity, uint32_t shift,
+                                      double scale, const uint32_t* keys, uint32_t i,
+                                      uint32_t count) {
+  kv_lookup_prefetch(table, keys, i + KV_LOOKUP_AHEAD, count, shift, scale);
+  const uint32_t hi = keys[2 * i], lo = keys[2 * i + 1];
+  uint32_t slot = kv_lookup_home(hi, lo, shift, scale);
   for (;;) {
     const uint32_t* e = table + 3 * (size_t)slot;
     if (e[2] == 0 || (e[1] == lo && e[0] == hi)) return slot;
     if (++slot == capacity) slot = 0;
   }
+}
+
+static inline void kv_lookup_prefetch_first(const uint32_t* table, const uint32_t* keys,
+                                            uint32_t count, uint32_t shift, double scale) {
+  for (uint32_t j = 0; j < KV_LOOKUP_AHEAD; j++) kv_lookup_prefetch(table, keys, j, count, shift, scale);
 }
 
 /*
@@ -362,12 +377,10 @@ uint32_t kv_lookup_remove(uint32_t* table, uint32_t capacity, uint32_t shift, do
   const uint32_t* k = keys + 2 * (size_t)first;
   uint32_t n = limits[0];
   const uint32_t shrink = limits[1];
-  for (uint32_t j = 0; j < KV_LOOKUP_AHEAD; j++) kv_lookup_prefetch(table, k, j, count, shift, scale);
+  kv_lookup_prefetch_first(table, k, count, shift, scale);
   uint32_t i = 0;
   while (i < count) {
-    kv_lookup_prefetch(table, k, i + KV_LOOKUP_AHEAD, count, shift, scale);
-    const uint32_t hi = k[2 * i], lo = k[2 * i + 1];
-    uint32_t slot = kv_lookup_probe(table, capacity, kv_lookup_home(hi, lo, shift, scale), hi, lo);
+    uint32_t slot = kv_lookup_slot(table, capacity, shift, scale, k, i, count);
     const uint32_t value = table[3 * (size_t)slot + 2];
     out[at + i++] = value;
     if (value == 0) continue;
@@ -407,16 +420,13 @@ uint32_t kv_lookup_insert_run(uint32_t* table, uint32_t capacity, uint32_t shift
   const uint32_t* k = keys + 2 * (size_t)first;
   uint32_t n = limits[0];
   const uint32_t grow = limits[1];
-  for (uint32_t j = 0; j < KV_LOOKUP_AHEAD; j++) kv_lookup_prefetch(table, k, j, count, shift, scale);
+  kv_lookup_prefetch_first(table, k, count, shift, scale);
   uint32_t i = 0;
   while (i < count) {
-    kv_lookup_prefetch(table, k, i + KV_LOOKUP_AHEAD, count, shift, scale);
-    const uint32_t hi = k[2 * i], lo = k[2 * i + 1];
-    const uint32_t slot = kv_lookup_probe(table, capacity, kv_lookup_home(hi, lo, shift, scale), hi, lo);
-    uint32_t* e = table + 3 * (size_t)slot;
+    uint32_t* e = table + 3 * (size_t)kv_lookup_slot(table, capacity, shift, scale, k, i, count);
     if (e[2] != 0) break;
-    e[0] = hi;
-    e[1] = lo;
+    e[0] = k[2 * i];
+    e[1] = k[2 * i + 1];
     e[2] = value + i++;
     if (++n > grow) break;
   }

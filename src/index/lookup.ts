@@ -33,8 +33,8 @@ const LARGE_LOAD_MIN = 0.4;
 const LARGE_LOAD_TARGET = 0.6;
 const LARGE_GROWTH = 1.25;
 const INV_2_POW_32 = 1 / 4294967296;
-/** The native calls' (count, resize threshold), read back after each call. */
-const limits = new Uint32Array(2);
+/** The native calls' in-out words: the entry count, then a resize threshold. */
+const nativeLimits = new Uint32Array(2);
 
 /** A multiplicative hash of (hi, lo); its high bits pick the home slot. */
 export function mixKey(hi: number, lo: number): number {
@@ -155,8 +155,8 @@ export class ExternalLookup {
     // Bounded: every call takes at least one key; it stops early only to shrink.
     for (let done = 0; done < count;) {
       done += native.kv_lookup_remove(this.table, this.capacity, this.shift, this.scale,
-        keys, first + done, count - done, out, done, this.limits(Math.max(this.shrink, 0)));
-      this.count = limits[0]!;
+        keys, first + done, count - done, out, done, this.limitsWith(Math.max(this.shrink, 0)));
+      this.count = nativeLimits[0]!;
       if (this.count < this.shrink) this.resize(this.shrunkCapacity());
     }
   }
@@ -180,19 +180,19 @@ export class ExternalLookup {
     // Bounded: a call that inserts nothing stopped at a present key, and so do we.
     while (done < count) {
       done += native.kv_lookup_insert_run(this.table, this.capacity, this.shift, this.scale,
-        keys, first + done, count - done, value + done, this.limits(this.grow));
-      this.count = limits[0]!;
+        keys, first + done, count - done, value + done, this.limitsWith(this.grow));
+      this.count = nativeLimits[0]!;
       if (this.count > this.grow) this.resize(this.grownCapacity());
       else if (done < count) break;
     }
     return done;
   }
 
-  /** The native calls' in-out words: the entry count and a resize threshold. */
-  private limits(threshold: number): Uint32Array {
-    limits[0] = this.count;
-    limits[1] = threshold;
-    return limits;
+  /** nativeLimits filled with this table's count and `threshold`. */
+  private limitsWith(threshold: number): Uint32Array {
+    nativeLimits[0] = this.count;
+    nativeLimits[1] = threshold;
+    return nativeLimits;
   }
 
   /**
