@@ -170,6 +170,7 @@ export class ExternalLookup {
     if (keys.length < 2 * (first + count)) fail("lookup insert out of range");
     let done = 0;
     if (native === null) {
+      this.touch(keys, first, count);
       for (; done < count; done++) {
         const at = 2 * (first + done);
         if (this.find(keys[at]!, keys[at + 1]!) !== 0) break;
