@@ -346,7 +346,7 @@ static inline uint32_t kv_lookup_home(uint32_t hi, uint32_t lo, uint32_t shift, 
 /*
  * 64-byte lines prefetched from a home slot on: the run that a removal's shift or an
  * insert's probe walks is about 13 slots (156 bytes) on average at the 0.8 load limit.
- * One line measured 1.2-1.3x the write path's time of four at page size 1, 1.1x at 16.
+ * One line measured about 1.2x the write path's time of four at page size 1, 1.1x at 16.
  */
 #define KV_LOOKUP_PREFETCH_LINES 4
 
