@@ -477,6 +477,9 @@ static inline uint32_t kv_mix(uint32_t a, uint32_t b) {
   return h ^ (h >> 13);
 }
 
+/* Hashes ahead of the current one whose set slot is prefetched. */
+#define KV_PAIRS_AHEAD 8
+
 static inline uint32_t kv_pairs_add(uint32_t* keys, uint32_t* stamps, uint32_t mask,
                                     uint32_t stamp, uint32_t hi, uint32_t lo) {
   for (uint32_t i = kv_mix(hi, lo) & mask;; i = (i + 1) & mask) {
@@ -496,6 +499,12 @@ uint32_t kv_pairs_repeat(uint32_t* keys, uint32_t* stamps, uint32_t mask, uint32
   if (has_parent) kv_pairs_add(keys, stamps, mask, stamp, parent_hi, parent_lo);
   const uint32_t* h = hashes + 2 * (size_t)start;
   for (uint32_t i = 0; i < count; i++) {
+    /* A page-1 prompt of 100k blocks makes a set of megabytes: load its slots ahead. */
+    if (i + KV_PAIRS_AHEAD < count) {
+      const uint32_t ahead = kv_mix(h[2 * (i + KV_PAIRS_AHEAD)], h[2 * (i + KV_PAIRS_AHEAD) + 1]) & mask;
+      __builtin_prefetch(stamps + ahead);
+      __builtin_prefetch(keys + 2 * (size_t)ahead);
+    }
     if (!kv_pairs_add(keys, stamps, mask, stamp, h[2 * i], h[2 * i + 1])) return 1;
   }
   return 0;
