@@ -1,6 +1,8 @@
 // Goal: the native library and libc load once, from one module, and every user of
 // them (hashing, the JSON token reader, CPU pinning) falls back cleanly when the
 // library is switched off — checked in a child process that loads the same modules.
+// The built library keeps the prefetches its hot loops were written with (a compiler
+// once deleted them silently) — checked in its disassembly.
 import { describe, expect, test } from "bun:test";
 import { join } from "node:path";
 import { usingNativeHash } from "../../src/hash";
@@ -8,6 +10,7 @@ import { libc, native, nativeUnavailableReason } from "../../src/native/library"
 import { defaultTokenScanner } from "../../src/http/request-json";
 
 const src = join(import.meta.dir, "..", "..", "src");
+const library = join(import.meta.dir, "..", "..", "native", "build", "libkvedge.so");
 
 type Report = Record<string, unknown>;
 
@@ -61,5 +64,24 @@ describe("the native loader", () => {
     expect({ ...off, native: 0, reason: 0, usingNativeHash: 0, scanner: 0 })
       .toEqual({ ...loaded, native: 0, reason: 0, usingNativeHash: 0, scanner: 0 });
     expect(off.cpus).toBeGreaterThan(0);
+  });
+});
+
+describe("the built library", () => {
+  // GCC took `static inline void` helpers whose only effect was __builtin_prefetch for
+  // const functions and dropped their calls (docs/decisions.md#native-prefetch).
+  test("its lookup and repeat-check loops still prefetch", () => {
+    const objdump = Bun.which("objdump");
+    if (objdump === null) throw new Error("objdump is needed (binutils, with the C compiler)");
+    const listing = Bun.spawnSync([objdump, "-d", "--no-show-raw-insn", library]).stdout.toString();
+    const prefetchesIn = (fn: string): number => {
+      const body = listing.split(`<${fn}>:`)[1]?.split(/\n\n/)[0] ?? "";
+      return (body.match(/\b(prefetch\w*|prfm)\b/g) ?? []).length;
+    };
+    expect({
+      remove: prefetchesIn("kv_lookup_remove") > 0,
+      insert: prefetchesIn("kv_lookup_insert_run") > 0,
+      repeat: prefetchesIn("kv_pairs_repeat") > 0,
+    }).toEqual({ remove: true, insert: true, repeat: true });
   });
 });
