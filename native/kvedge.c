@@ -363,8 +363,11 @@ KV_PREFETCH_HELPER kv_lookup_prefetch(const uint32_t* table, uint32_t capacity,
                                       uint32_t shift, double scale) {
   if (i < count) {
     const uint32_t home = kv_lookup_home(keys[2 * i], keys[2 * i + 1], shift, scale, capacity);
+    /* Integer addresses: the last lines may lie past the table (a prefetch never faults,
+     * but a pointer formed past an array's end would be undefined behaviour in C). */
+    const uintptr_t at = (uintptr_t)table + 12 * (uintptr_t)home;
     for (uint32_t line = 0; line < KV_LOOKUP_PREFETCH_LINES; line++) {
-      __builtin_prefetch(table + 3 * (size_t)home + 16 * line);
+      __builtin_prefetch((const void*)(at + 64 * (uintptr_t)line));
     }
   }
 }
