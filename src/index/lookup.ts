@@ -92,15 +92,18 @@ export class ExternalLookup {
     }
   }
 
-  /** Inserts (hi, lo) -> value; find(hi, lo) must have just returned 0. */
-  insertAtProbe(hi: number, lo: number, value: number): void {
+  /**
+   * Inserts (hi, lo) -> value; find(hi, lo) must have just returned 0. `pending`: keys
+   * the caller's run may still insert, room for which a growth makes at once.
+   */
+  insertAtProbe(hi: number, lo: number, value: number, pending = 0): void {
     const table = this.table;
     const at = this.probeSlot * STRIDE;
     if (value === 0 || table[at + 2] !== 0) fail("lookup insert without a free probe slot");
     table[at] = hi;
     table[at + 1] = lo;
     table[at + 2] = value;
-    if (++this.count > this.grow) this.resize(this.grownCapacity());
+    if (++this.count > this.grow) this.resize(this.grownCapacity(pending));
   }
 
   /** Sets (hi, lo) -> value, inserting or overwriting. */
@@ -174,7 +177,7 @@ export class ExternalLookup {
       for (; done < count; done++) {
         const at = 2 * (first + done);
         if (this.find(keys[at]!, keys[at + 1]!) !== 0) break;
-        this.insertAtProbe(keys[at]!, keys[at + 1]!, value + done);
+        this.insertAtProbe(keys[at]!, keys[at + 1]!, value + done, count - done - 1);
       }
       return done;
     }
@@ -183,7 +186,7 @@ export class ExternalLookup {
       done += native.kv_lookup_insert_run(this.table, this.capacity, this.shift, this.scale,
         keys, first + done, count - done, value + done, this.limitsWith(this.grow));
       this.count = nativeLimits[0]!;
-      if (this.count > this.grow) this.resize(this.grownCapacity());
+      if (this.count > this.grow) this.resize(this.grownCapacity(count - done));
       else if (done < count) break;
     }
     return done;
@@ -242,9 +245,14 @@ export class ExternalLookup {
     return this.table.byteLength;
   }
 
-  private grownCapacity(): number {
+  /**
+   * The capacity after a growth, with room for `pending` more keys of the run being
+   * inserted: a page-1 prompt of 100k blocks grows its table once, not a dozen times.
+   */
+  private grownCapacity(pending: number): number {
     if (this.capacity < SMALL_CAPACITY_MAX) return this.capacity * 2;
-    return Math.max(Math.ceil(this.count / LARGE_LOAD_TARGET), Math.ceil(this.capacity * LARGE_GROWTH));
+    const wanted = Math.ceil((this.count + pending) / LARGE_LOAD_TARGET);
+    return Math.max(wanted, Math.ceil(this.capacity * LARGE_GROWTH));
   }
 
   private shrunkCapacity(): number {

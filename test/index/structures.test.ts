@@ -105,7 +105,7 @@ describe("ExternalLookup event calls", () => {
         for (; expected < size; expected++) {
           const hi = keys[2 * expected]!, lo = keys[2 * expected + 1]!;
           if (single.find(hi, lo) !== 0) break;
-          single.insertAtProbe(hi, lo, value + expected);
+          single.insertAtProbe(hi, lo, value + expected, size - expected - 1);
           live.push([hi, lo]);
         }
         expect(placed).toBe(expected);
