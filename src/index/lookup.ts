@@ -10,9 +10,10 @@
  *   slots (on Bun a multiply-shift range reduction costs about 1.4x), where the bytes
  *   do not matter;
  * - large tables take any capacity, pick the home slot with a multiply-shift range
- *   reduction, grow by 1.25x above 4/5 load and shrink below 2/5: load stays in
- *   [0.6, 0.8] instead of doubling's [0.375, 0.75], 17 bytes per entry instead of 21
- *   on average and 24 right after a doubling.
+ *   reduction, grow by 1.25x above 4/5 load (or at once to fit the rest of the run
+ *   being inserted) and shrink below 2/5: load stays in [0.6, 0.8] instead of
+ *   doubling's [0.375, 0.75], 17 bytes per entry instead of 21 on average and 24 right
+ *   after a doubling.
  *
  * Keys are u32 words as read from a Uint32Array (callers normalize with `>>> 0`).
  *
