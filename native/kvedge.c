@@ -504,7 +504,8 @@ uint32_t kv_pairs_repeat(uint32_t* keys, uint32_t* stamps, uint32_t mask, uint32
   for (uint32_t i = 0; i < count; i++) {
     /* A page-1 prompt of 100k blocks makes a set of megabytes: load its slots ahead. */
     if (i + KV_PAIRS_AHEAD < count) {
-      const uint32_t ahead = kv_mix(h[2 * (i + KV_PAIRS_AHEAD)], h[2 * (i + KV_PAIRS_AHEAD) + 1]) & mask;
+      const uint32_t* next = h + 2 * (size_t)(i + KV_PAIRS_AHEAD);
+      const uint32_t ahead = kv_mix(next[0], next[1]) & mask;
       __builtin_prefetch(stamps + ahead);
       __builtin_prefetch(keys + 2 * (size_t)ahead);
     }
