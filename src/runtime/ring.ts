@@ -303,7 +303,10 @@ export class ConsumerCounters {
   /** Corrupt headers found; each discarded everything written up to then. */
   corrupt = 0;
   corruptBytes = 0;
-  /** Times the consumer declared itself asleep with nothing to read. */
+  /**
+   * Times the consumer declared itself asleep with nothing to read (also a declaration a
+   * producer's wake answered before the consumer looked again), so wakes <= sleeps.
+   */
   sleeps = 0;
 }
 
@@ -379,7 +382,8 @@ export class RingConsumer extends RingView {
     Atomics.store(control, SLEEPING, 1);
     // A record written after the drain and before SLEEPING = 1 found no sleeper: look again.
     if (Atomics.load(control, HEAD) !== Atomics.load(control, TAIL)) {
-      Atomics.store(control, SLEEPING, 0);
+      // A producer that took SLEEPING back to 0 first has sent this declaration its wake.
+      if (Atomics.compareExchange(control, SLEEPING, 1, 0) !== 1) this.counters.sleeps++;
       return null;
     }
     this.counters.sleeps++;
