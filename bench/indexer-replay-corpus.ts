@@ -267,21 +267,35 @@ function schedule(
   };
 }
 
-/** A query's local block hashes as `findMatches` takes them. */
+/**
+ * A query's hashes as `findMatches` takes them: local block hashes and their sequence
+ * hashes (a route computes both: src/route/input.ts). `words` is the two arrays
+ * back to back (local, then chain), one view for handing a query to a lane.
+ */
 export interface QueryHashes {
   readonly local: Uint32Array;
+  readonly chain: Uint32Array;
   readonly count: number;
+  readonly words: Uint32Array;
+}
+
+/** `words` (local then chain, as QueryHashes.words) as a query's hashes. */
+export function queryHashesOf(words: Uint32Array): QueryHashes {
+  const half = words.length >> 1;
+  return {
+    local: words.subarray(0, half), chain: words.subarray(half), count: half >> 1, words,
+  };
 }
 
 /**
- * `--query-hashes pre`: every query's local block hashes, computed before the clock
- * (Dynamo's bench hashes its trace's hash ids up front and times the lookup on hashes).
+ * `--query-hashes pre`: every query's hashes, computed before the clock (Dynamo's
+ * bench hashes its trace's hash ids up front and times the lookup on hashes).
  * Indexed by op; batches share one empty entry. One slab, views into it.
  */
 export function hashQueries(corpus: Corpus, blockSize: number): QueryHashes[] {
   const hasher = new PromptHasher();
-  const slab = new Uint32Array(2 * corpus.totals.queryBlocks);
-  const none: QueryHashes = { local: slab.subarray(0, 0), count: 0 };
+  const slab = new Uint32Array(4 * corpus.totals.queryBlocks);
+  const none = queryHashesOf(slab.subarray(0, 0));
   const out: QueryHashes[] = [];
   let at = 0;
   for (let i = 0; i < corpus.count; i++) {
@@ -292,8 +306,9 @@ export function hashQueries(corpus: Corpus, blockSize: number): QueryHashes[] {
     const hashes = hasher.hash(corpus.tokens(i), blockSize, DEFAULT_SEED);
     const words = 2 * hashes.blockCount;
     slab.set(hashes.local.subarray(0, words), at);
-    out.push({ local: slab.subarray(at, at + words), count: hashes.blockCount });
-    at += words;
+    slab.set(hashes.chain.subarray(0, words), at + words);
+    out.push(queryHashesOf(slab.subarray(at, at + 2 * words)));
+    at += 2 * words;
   }
   return out;
 }

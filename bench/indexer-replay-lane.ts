@@ -12,7 +12,10 @@
 import { attach, type SharedIndexReader } from "../src/index/crtc/shared";
 import { DEFAULT_SEED } from "../src/hash";
 import { MatchResult } from "../src/index/types";
-import type { QueryHashes } from "./indexer-replay-corpus";
+import { type QueryHashes, queryHashesOf } from "./indexer-replay-corpus";
+
+/** What findMatches takes of a query. */
+type Query = Pick<QueryHashes, "local" | "chain" | "count">;
 import { PromptHasher } from "../src/route";
 import { pinThread } from "../src/runtime/affinity";
 import { type LaneResult, type LaneStart, threadId, threadSchedNs } from "./indexer-replay-lanes";
@@ -40,8 +43,8 @@ function prepare(start: LaneStart): void {
   const warm = attach(start.warm);
   const n = start.queries.deadlines.length;
   for (let i = 0; i < Math.min(start.warmLookups, n); i++) {
-    const { local, count } = hashed?.[i] ?? hash(start, hasher, i);
-    warm.findMatches(local, count, out);
+    const { local, chain, count } = hashed?.[i] ?? hash(start, hasher, i);
+    warm.findMatches(local, count, out, chain);
   }
   warm.close();
   const reader = attach(start.index);
@@ -57,19 +60,18 @@ function prepare(start: LaneStart): void {
 }
 
 /** Query i's prompt hashed (views of the hasher's buffers, valid until its next call). */
-function hash(start: LaneStart, hasher: PromptHasher, i: number): QueryHashes {
+function hash(start: LaneStart, hasher: PromptHasher, i: number): Query {
   const { words, offsets } = start.queries;
   const prompt = words.subarray(offsets[i]!, offsets[i + 1]!);
   const hashes = hasher.hash(prompt, start.blockSize, DEFAULT_SEED);
-  return { local: hashes.local, count: hashes.blockCount };
+  return { local: hashes.local, chain: hashes.chain, count: hashes.blockCount };
 }
 
 /** Pre-hashed queries: a view of each one's hashes, made before the clock. */
 function hashedQueries(start: LaneStart): QueryHashes[] {
   const { words, offsets, deadlines } = start.queries;
   return Array.from(deadlines, (_, i) => {
-    const local = words.subarray(offsets[i]!, offsets[i + 1]!);
-    return { local, count: local.length >> 1 };
+    return queryHashesOf(words.subarray(offsets[i]!, offsets[i + 1]!));
   });
 }
 
@@ -97,9 +99,9 @@ function run(
     if (head < next) {
       const i = head++;
       began[i] = now;
-      const { local, count } = hashed === null ? hash(start, hasher, i) : hashed[i]!;
+      const { local, chain, count } = hashed === null ? hash(start, hasher, i) : hashed[i]!;
       const before = Bun.nanoseconds();
-      reader.findMatches(local, count, out);
+      reader.findMatches(local, count, out, chain);
       const after = Bun.nanoseconds();
       service[i] = after - before;
       finished[i] = after - origin;

@@ -113,7 +113,7 @@ export interface LanesRun {
 function laneQueries(
   corpus: Corpus, hashed: QueryHashes[] | null, lanes: number,
 ): { ops: number[][]; starts: LaneStart["queries"][] } {
-  const wordsOf = (i: number) => (hashed === null ? corpus.tokens(i) : hashed[i]!.local);
+  const wordsOf = (i: number) => (hashed === null ? corpus.tokens(i) : hashed[i]!.words);
   const ops: number[][] = Array.from({ length: lanes }, () => []);
   let q = 0;
   for (let i = 0; i < corpus.count; i++) if (corpus.kind[i] === OP_QUERY) ops[q++ % lanes]!.push(i);

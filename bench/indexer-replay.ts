@@ -162,9 +162,9 @@ class Pipeline {
   }
 
   /** Hashes the prompt; returns the block count (findMatches is timed by the caller). */
-  hash(tokens: Uint32Array): { local: Uint32Array; count: number } {
+  hash(tokens: Uint32Array): { local: Uint32Array; chain: Uint32Array; count: number } {
     const hashes = this.hasher.hash(tokens, config.blockSize, DEFAULT_SEED);
-    return { local: hashes.local, count: hashes.blockCount };
+    return { local: hashes.local, chain: hashes.chain, count: hashes.blockCount };
   }
 }
 
@@ -174,8 +174,8 @@ function warmUp(corpus: Corpus, index?: KvIndex): void {
   const limit = Math.min(config.warmupOps, corpus.count);
   for (let i = 0; i < limit; i++) {
     if (corpus.kind[i] === OP_QUERY) {
-      const { local, count } = pipeline.hash(corpus.tokens(i));
-      pipeline.index.findMatches(local, count, pipeline.matches);
+      const { local, chain, count } = pipeline.hash(corpus.tokens(i));
+      pipeline.index.findMatches(local, count, pipeline.matches, chain);
     } else pipeline.batch(corpus.worker[i]!, corpus.payload(i));
   }
 }
@@ -269,9 +269,10 @@ function replay(corpus: Corpus, hashed: QueryHashes[] | null): Run {
     if (qHead < qTail) {
       const i = queries[qHead++]!;
       started[i] = now;
-      const { local, count } = hashed === null ? pipeline.hash(corpus.tokens(i)) : hashed[i]!;
+      const query = hashed === null ? pipeline.hash(corpus.tokens(i)) : hashed[i]!;
+      const { local, chain, count } = query;
       const before = Bun.nanoseconds();
-      index.findMatches(local, count, matches);
+      index.findMatches(local, count, matches, chain);
       const after = Bun.nanoseconds();
       service[i] = after - before;
       finished[i] = after - origin;

@@ -276,8 +276,8 @@ export class KvedgeCore {
   }
 
   /** Per-worker matched prefix length in blocks, sorted as `kvedge apply` sorts. */
-  match(local: Uint32Array, count: number): MatchScore[] {
-    this.index.findMatches(local, count, this.matches);
+  match(local: Uint32Array, count: number, chain?: Uint32Array): MatchScore[] {
+    this.index.findMatches(local, count, this.matches, chain);
     const scores: MatchScore[] = [];
     for (let i = 0; i < this.matches.count; i++) {
       const slot = this.matches.workers[i]!;
@@ -382,7 +382,7 @@ export class KvedgeCore {
     const prompt = input.prompt ?? this.hash(input.tokens, input.loraName, input.cacheSalt);
     const matches = this.matches;
     if (input.matched !== undefined) this.slotsOf(input.matched, matches);
-    else this.index.findMatches(prompt.local, prompt.blockCount, matches);
+    else this.index.findMatches(prompt.local, prompt.blockCount, matches, prompt.chain);
     // Index slots are router slots: the matches are the router's overlaps as they are.
     const overlaps = { count: matches.count, slots: matches.workers, blocks: matches.blocks };
     const request = {

@@ -194,8 +194,12 @@ export interface KvIndex {
   /** Counts an event rejected before it reached the index (block size, invalid). */
   countRejected(status: StoreStatus): void;
 
-  /** For each worker, the largest k such that it holds every block of `local[0..k)`. */
-  findMatches(local: Uint32Array, count: number, out: MatchResult): void;
+  /**
+   * For each worker, the largest k such that it holds every block of `local[0..k)`.
+   * `chain`: the query's sequence hashes (src/hash chainHashes of `local`) when the
+   * caller has them (a route does); else the index computes them if it needs them.
+   */
+  findMatches(local: Uint32Array, count: number, out: MatchResult, chain?: Uint32Array): void;
   workerIdOf(handle: number): bigint;
   dpRankOf(handle: number): number;
 

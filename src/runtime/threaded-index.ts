@@ -65,10 +65,10 @@ export class ThreadedIndex implements KvIndex {
   }
 
   /** One event boundary's answer, in this thread's slots; workers not known here are left out. */
-  findMatches(local: Uint32Array, count: number, out: MatchResult): void {
+  findMatches(local: Uint32Array, count: number, out: MatchResult, chain?: Uint32Array): void {
     const reader = this.reader;
     const found = this.scratch;
-    reader.findMatches(local, count, found);
+    reader.findMatches(local, count, found, chain);
     out.ensure(found.count);
     let n = 0;
     for (let i = 0; i < found.count; i++) {

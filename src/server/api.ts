@@ -37,6 +37,7 @@ const scoreJson = (score: MatchScore) => ({
 export function matchOp(service: KvedgeCore, raw: unknown) {
   const body = asObject(raw);
   let local: Uint32Array;
+  let chain: Uint32Array | undefined;
   let count: number;
   if (body.local_hashes !== undefined) {
     if (body.token_ids !== undefined) throw new HttpError(400, "give token_ids or local_hashes, not both");
@@ -52,9 +53,11 @@ export function matchOp(service: KvedgeCore, raw: unknown) {
   } else {
     const prompt = service.hash(tokenIds(body), optionalString(body, "lora_name"), optionalString(body, "cache_salt"));
     local = prompt.local;
+    chain = prompt.chain;
     count = prompt.blockCount;
   }
-  return { block_size: service.blockSize, query_blocks: count, scores: service.match(local, count).map(scoreJson) };
+  const scores = service.match(local, count, chain).map(scoreJson);
+  return { block_size: service.blockSize, query_blocks: count, scores };
 }
 
 /** A parsed route request: what the core routes. */

@@ -171,7 +171,9 @@ class LaneRoutes {
     request.signal.addEventListener("abort", () => this.abort(id), { once: true });
     if (this.batch.length === 0) setImmediate(this.flush);
     // Copies: the parser's token array is reused by the next request.
-    const matched = this.reader === null ? undefined : this.match(prompt.local, prompt.blockCount);
+    const matched = this.reader === null
+      ? undefined
+      : this.match(prompt.local, prompt.chain, prompt.blockCount);
     const copied = {
       ...input, tokens: input.tokens.slice(), prompt, ...(matched === undefined ? {} : { matched }),
     };
@@ -179,10 +181,10 @@ class LaneRoutes {
   }
 
   /** The prompt's matches on the writer's index, by worker identity (slots are the main's). */
-  private match(local: Uint32Array, count: number): MatchedWorkers {
+  private match(local: Uint32Array, chain: Uint32Array, count: number): MatchedWorkers {
     const reader = this.reader!;
     const found = this.found;
-    reader.findMatches(local, count, found);
+    reader.findMatches(local, count, found, chain);
     const ids: bigint[] = [];
     const ranks = new Uint32Array(found.count);
     const blocks = new Uint32Array(found.count);

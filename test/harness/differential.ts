@@ -13,6 +13,7 @@
  * KVEDGE_VERIFY=1 (O(N) verify after every mutation, all seeds), KVEDGE_SOAK=1
  * (heavier defaults).
  */
+import { chainHashes } from "../../src/hash";
 import { applyOp } from "../../src/index/apply";
 import { ReferenceIndex } from "../../src/index/reference/reference";
 import { type IndexOptions, type KvIndex, MatchResult } from "../../src/index/types";
@@ -50,8 +51,16 @@ export const knobs = {
   verifyAll: env.KVEDGE_VERIFY === "1",
 };
 
-function matches(index: KvIndex, query: readonly bigint[], out: MatchResult): string {
-  index.findMatches(pairs(query), query.length, out);
+/** `sequence`: pass the query's sequence hashes, as a route does (else the index makes them). */
+function matches(
+  index: KvIndex, query: readonly bigint[], out: MatchResult, sequence = false,
+): string {
+  const local = pairs(query);
+  if (sequence) {
+    const chain = new Uint32Array(local.length);
+    chainHashes(local, query.length, chain);
+    index.findMatches(local, query.length, out, chain);
+  } else index.findMatches(local, query.length, out);
   const scores: string[] = [];
   for (let i = 0; i < out.count; i++) {
     scores.push(`${index.workerIdOf(out.workers[i]!)}/${index.dpRankOf(out.workers[i]!)}=${out.blocks[i]}`);
@@ -81,8 +90,12 @@ export function replay(
   const compareQuery = (step: number, query: readonly bigint[]): Divergence | null => {
     const want = matches(oracle, query, out);
     const got = matches(subject, query, out);
+    const given = matches(subject, query, out, true);
     if (options.trace) process.stderr.write(`  match ${query.join(",")}: ${got}\n`);
-    return want === got ? null : { step, message: `findMatches(${query.join(",")}): want [${want}] got [${got}]` };
+    const named = `findMatches(${query.join(",")})`;
+    if (want !== got) return { step, message: `${named}: want [${want}] got [${got}]` };
+    if (want === given) return null;
+    return { step, message: `${named} given its chain: want [${want}] got [${given}]` };
   };
   let step = 0;
   try {

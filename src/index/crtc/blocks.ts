@@ -14,12 +14,19 @@
  *
  * A free run keeps its bookkeeping in its own first id: node = FREE_TAG + order,
  * hi = next free run of that order, lo = previous (0 = none).
+ *
+ * `marks` holds the sequence hash of every live block whose id is 15 mod 16, written
+ * when the block is placed (tree.ts): the chain at any position of an edge is then at
+ * most 16 hashes from a mark or from the edge's start. The writer's alone (private
+ * memory in every mode); entries of free ids are stale and never read.
  */
 import { assert, fail } from "../assert";
 import { PRIVATE_MEMORY, type PoolMemory } from "./shared-memory";
 import { RETIRED_RUN, type SharedWriter } from "./shared-writer";
 
 export const FREE_TAG = 0xffff_ff00;
+/** One mark per 2^MARK_SHIFT ids: the last id of each group of 16. */
+export const MARK_SHIFT = 4;
 /** Largest run: 2^17 ids (a chunk). Longer edges are split over several nodes. */
 export const RUN_ORDER_MAX = 17;
 const CHUNK = 2 ** RUN_ORDER_MAX;
@@ -29,6 +36,8 @@ export class BlockPool {
   hi: Uint32Array;
   lo: Uint32Array;
   node: Uint32Array;
+  /** (hi, lo) sequence hash of block id (g << MARK_SHIFT) + 15 at [2g, 2g + 1]. */
+  marks: Uint32Array;
   /** Largest buddy order in the pool: log2(capacity) up to RUN_ORDER_MAX. */
   private topOrder: number;
   /** Ids in allocated runs (used or spare), including the reserved id 0. */
@@ -44,7 +53,7 @@ export class BlockPool {
     this.topOrder = order;
     this.memory = memory;
     this.writer = writer;
-    this.hi = this.lo = this.node = new Uint32Array(0);
+    this.hi = this.lo = this.node = this.marks = new Uint32Array(0);
     this.resize(2 ** order);
     // Id 0 is reserved; the rest of [0, 2^order) splits into runs [2^j, 2^(j+1)).
     for (let j = 0; j < order; j++) this.push(2 ** j, j);
@@ -100,7 +109,7 @@ export class BlockPool {
   }
 
   bytes(): number {
-    return this.hi.byteLength + this.lo.byteLength + this.node.byteLength;
+    return this.hi.byteLength + this.lo.byteLength + this.node.byteLength + this.marks.byteLength;
   }
 
   /** Walks the free lists; returns the number of free ids (verify). */
@@ -179,5 +188,7 @@ export class BlockPool {
     this.hi = this.memory.u32("blocks.hi", size, this.hi, keep);
     this.lo = this.memory.u32("blocks.lo", size, this.lo, keep);
     this.node = this.memory.u32("blocks.node", size, this.node, keep);
+    const marks = (ids: number) => ids >>> (MARK_SHIFT - 1); // two words per 2^MARK_SHIFT ids
+    this.marks = PRIVATE_MEMORY.u32("blocks.marks", marks(size), this.marks, marks(keep));
   }
 }

@@ -143,12 +143,14 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
     if (this.verifyEach) this.verify();
   }
 
-  findMatches(local: Uint32Array, count: number, out: MatchResult): void {
+  findMatches(local: Uint32Array, count: number, out: MatchResult, chain?: Uint32Array): void {
     if (local.length < 2 * count) fail("query array too short");
     const slots = this.slots.highWater;
     out.ensure(slots);
     this.matchScratch.ensure(slots);
-    findMatches(this.tree, local, count, out, this.matchScratch);
+    const sequence = chain ?? this.matchScratch.chainOf(local, count);
+    if (sequence.length < 2 * count) fail("query chain array too short");
+    findMatches(this.tree, local, sequence, count, out, this.matchScratch);
   }
 
   workerIdOf(handle: number): bigint {

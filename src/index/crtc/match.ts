@@ -5,7 +5,15 @@
  * active slot is checked against the node's owners for real (no size shortcuts: equal
  * sizes say nothing about equal members); slots that do not hold the whole edge leave
  * and are scored. Allocation-free: membership is a stamp per slot.
+ *
+ * An edge the query covers is matched by one comparison: the node's end sequence hash
+ * against the query's at that depth (both chain the local hashes from the root, so they
+ * are equal exactly when the paths are, up to a 64-bit hash collision, the same trust
+ * the index already puts in local hashes). Only the edge where the query ends or
+ * leaves is compared block by block. A lookup that reads its blocks cold spends most of
+ * its time streaming them in (bench/JOURNAL.md, "Edges by their last hash").
  */
+import { chainHashes } from "../../hash";
 import type { MatchResult } from "../types";
 import { ROOT } from "./nodes";
 import type { CrtcTree } from "./tree";
@@ -16,6 +24,14 @@ export class MatchScratch {
   active = new Uint32Array(64);
   stamp = new Uint32Array(64);
   private tick = 2;
+  private chain = new Uint32Array(64);
+
+  /** The sequence hashes of a query whose caller passed none (valid until the next call). */
+  chainOf(query: Uint32Array, count: number): Uint32Array {
+    if (this.chain.length < 2 * count) this.chain = new Uint32Array(2 * count + 64);
+    chainHashes(query, count, this.chain);
+    return this.chain;
+  }
 
   ensure(slots: number): void {
     if (this.stamp.length >= slots) return;
@@ -36,20 +52,38 @@ export class MatchScratch {
   }
 }
 
+/**
+ * How many blocks of `node`'s edge (`start`, `len`) the query matches from `depth` on
+ * (at least 1: the child was chosen by its first block's hash). One comparison of end
+ * sequence hashes when the query covers the edge, else block by block. The shared
+ * reader's walk uses it too, on its views (`hi`, `lo`: block hashes, `nodeChain`).
+ */
+export function edgeMatch(
+  hi: Uint32Array, lo: Uint32Array, nodeChain: Uint32Array, node: number, start: number,
+  len: number, query: Uint32Array, chain: Uint32Array, depth: number, count: number,
+): number {
+  const end = 2 * (depth + len - 1);
+  if (len <= count - depth && nodeChain[2 * node + 1] === chain[end + 1]
+    && nodeChain[2 * node] === chain[end]) return len;
+  const limit = len < count - depth ? len : count - depth;
+  let matched = 1;
+  while (matched < limit && hi[start + matched] === query[2 * (depth + matched)]
+    && lo[start + matched] === query[2 * (depth + matched) + 1]) matched++;
+  return matched;
+}
+
+/** `chain`: the query's sequence hashes (src/hash chainHashes of `query`), pairs. */
 export function findMatches(
-  tree: CrtcTree, query: Uint32Array, count: number, out: MatchResult, scratch: MatchScratch,
+  tree: CrtcTree, query: Uint32Array, chain: Uint32Array, count: number, out: MatchResult,
+  scratch: MatchScratch,
 ): void {
   out.count = 0;
   if (count === 0) return;
   let node = tree.children.find(ROOT, query[0]!, query[1]!);
   if (node === 0) return;
-  const nodes = tree.nodes;
-  const blocks = tree.blocks;
-  const owners = tree.owners;
-  const active = scratch.active;
-  const stamp = scratch.stamp;
-  const outWorkers = out.workers;
-  const outBlocks = out.blocks;
+  const { nodes, blocks, owners } = tree;
+  const { active, stamp } = scratch;
+  const { workers: outWorkers, blocks: outBlocks } = out;
   let scored = 0;
   let activeCount = 0;
   let activeTick = scratch.nextTick();
@@ -59,18 +93,22 @@ export function findMatches(
   for (;;) {
     const start = nodes.start[node]!;
     const len = nodes.len[node]!;
-    const limit = len < count - depth ? len : count - depth;
-    let matched = 1; // the child was chosen by this block's hash
-    while (matched < limit && blocks.hi[start + matched] === query[2 * (depth + matched)]
-      && blocks.lo[start + matched] === query[2 * (depth + matched) + 1]) matched++;
     const ownerCount = owners.count[node]!;
+    const offset = owners.a[node]!;
+    const inlineHeld = owners.b[node]!;
+    const matched = edgeMatch(blocks.hi, blocks.lo, nodes.chain, node, start, len, query, chain,
+      depth, count);
+    // The next edge's link is probed before this node's owners are scanned, so that its
+    // cache miss overlaps the scan (one probe wasted when no slot stays active).
+    const next = matched === len && depth + len < count
+      ? tree.children.find(node, query[2 * (depth + len)]!, query[2 * (depth + len) + 1]!)
+      : 0;
     const inline = ownerCount === 1;
     const words = owners.words;
-    const offset = owners.a[node]!;
     if (first) {
       for (let k = 0; k < ownerCount; k++) {
         const slot = inline ? offset : words[offset + 2 * k]!;
-        const held = inline ? owners.b[node]! : words[offset + 2 * k + 1]!;
+        const held = inline ? inlineHeld : words[offset + 2 * k + 1]!;
         if (held === len) {
           active[activeCount++] = slot;
           stamp[slot] = activeTick;
@@ -87,7 +125,7 @@ export function findMatches(
       for (let k = 0; k < ownerCount; k++) {
         const slot = inline ? offset : words[offset + 2 * k]!;
         if (stamp[slot] !== activeTick) continue;
-        const held = inline ? owners.b[node]! : words[offset + 2 * k + 1]!;
+        const held = inline ? inlineHeld : words[offset + 2 * k + 1]!;
         if (held === len) {
           stamp[slot] = keep;
           stayed++;
@@ -117,9 +155,8 @@ export function findMatches(
       activeTick = keep;
     }
     depth += matched;
-    if (activeCount === 0 || matched < len || depth === count) break;
-    node = tree.children.find(node, query[2 * depth]!, query[2 * depth + 1]!);
-    if (node === 0) break;
+    if (activeCount === 0 || next === 0) break;
+    node = next;
   }
   for (let k = 0; k < activeCount; k++) {
     outWorkers[scored] = active[k]!;

@@ -26,6 +26,13 @@ export class NodePool {
   spare: Uint32Array;
   /** Number of children. */
   kids: Uint32Array;
+  /**
+   * The sequence hash (src/hash chainHashes) of the edge's last block, (hi, lo): a
+   * lookup whose query has the same sequence hash at that depth matches the whole edge
+   * without comparing its blocks (match.ts). Kept by tree.ts. Two words per node, side
+   * by side: a lookup's one cache miss for both.
+   */
+  chain: Uint32Array;
   /** Order of the block run this node starts, or NOT_RUN_HEAD. */
   runOrder: Uint8Array;
   /** Live nodes, the root excluded. */
@@ -44,6 +51,7 @@ export class NodePool {
     this.memory = memory;
     this.writer = writer;
     this.parent = this.start = this.len = this.spare = this.kids = EMPTY;
+    this.chain = EMPTY;
     this.runOrder = new Uint8Array(0);
     this.resize(CAPACITY_MIN, 0);
     this.runOrder[ROOT] = NOT_RUN_HEAD;
@@ -115,7 +123,7 @@ export class NodePool {
   }
 
   bytes(): number {
-    return 5 * this.parent.byteLength + this.runOrder.byteLength;
+    return 5 * this.parent.byteLength + this.chain.byteLength + this.runOrder.byteLength;
   }
 
   private grow(): void {
@@ -132,6 +140,7 @@ export class NodePool {
     this.len = memory.u32("nodes.len", size, this.len, keep);
     this.spare = memory.u32("nodes.spare", size, this.spare, keep);
     this.kids = memory.u32("nodes.kids", size, this.kids, keep);
+    this.chain = memory.u32("nodes.chain", 2 * size, this.chain, 2 * keep);
     this.runOrder = memory.u8("nodes.runOrder", size, this.runOrder, keep);
   }
 }

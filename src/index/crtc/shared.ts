@@ -23,11 +23,13 @@
  * end. Handles (worker slots) and their workerIdOf / dpRankOf are those of that
  * boundary; they stay readable until the reader's next findMatches.
  */
+import { chainHashes } from "../../hash";
 import { homeSlot, LINK_STRIDE } from "../link-table";
 import { SLOT_LIMIT } from "../workers";
 import { MatchResult, type IndexOptions } from "../types";
 import { defaultIndexBudgetBytes } from "../budget";
 import { CrtcIndex } from "./crtc";
+import { edgeMatch } from "./match";
 import { ROOT } from "./nodes";
 import { RUN_ORDER_MAX } from "./blocks";
 import { SharedRegions } from "./shared-memory";
@@ -99,6 +101,7 @@ export function sharedRegionLimits(budgetBytes: number): Record<string, number> 
   for (const name of ["parent", "start", "len", "spare", "kids", "version"]) {
     limits[`nodes.${name}`] = 4 * nodeIds;
   }
+  limits["nodes.chain"] = 8 * nodeIds;
   for (const name of ["count", "a", "b"]) limits[`owners.${name}`] = 4 * nodeIds;
   return limits;
 }
@@ -163,6 +166,7 @@ export class SharedIndexReader {
   private readonly version: Uint32Array;
   private readonly start: Uint32Array;
   private readonly len: Uint32Array;
+  private readonly nodeChain: Uint32Array;
   private readonly ownerCount: Uint32Array;
   private readonly ownerA: Uint32Array;
   private readonly ownerB: Uint32Array;
@@ -174,6 +178,7 @@ export class SharedIndexReader {
   private active = new Uint32Array(64);
   private stamp = new Uint32Array(64);
   private tick = 2;
+  private chain = new Uint32Array(64);
   private readNodes = new Uint32Array(64);
   private readVersions = new Uint32Array(64);
   private readCount = 0;
@@ -203,6 +208,7 @@ export class SharedIndexReader {
     this.version = u32("nodes.version");
     this.start = u32("nodes.start");
     this.len = u32("nodes.len");
+    this.nodeChain = u32("nodes.chain");
     this.ownerCount = u32("owners.count");
     this.ownerA = u32("owners.a");
     this.ownerB = u32("owners.b");
@@ -222,17 +228,26 @@ export class SharedIndexReader {
   }
 
   /** KvIndex.findMatches on the shared index (module comment: one event boundary's answer). */
-  findMatches(local: Uint32Array, count: number, out: MatchResult): void {
+  findMatches(local: Uint32Array, count: number, out: MatchResult, given?: Uint32Array): void {
     if (this.closed) throw new Error("findMatches on a closed shared index reader");
     if (local.length < 2 * count) throw new RangeError("query array too short");
+    if (given !== undefined && given.length < 2 * count) {
+      throw new RangeError("query chain array too short");
+    }
+    let chain = given;
+    if (chain === undefined) {
+      if (this.chain.length < 2 * count) this.chain = new Uint32Array(2 * count + 64);
+      chain = this.chain;
+      chainHashes(local, count, chain);
+    }
     this.stats.lookups++;
     this.enter();
     try {
       this.deadline = Bun.nanoseconds() + LOOKUP_LIMIT_NS;
-      for (let attempt = 1; !this.tryMatch(local, count, out); attempt++) {
+      for (let attempt = 1; !this.tryMatch(local, chain, count, out); attempt++) {
         this.stats.retries++;
         if (attempt >= FAST_ATTEMPTS) {
-          this.matchWithWriterStill(local, count, out);
+          this.matchWithWriterStill(local, chain, count, out);
           return;
         }
         this.waitOutConflict();
@@ -279,11 +294,13 @@ export class SharedIndexReader {
   }
 
   /** The fallback: the writer holds still at its next event boundary until this lookup is done. */
-  private matchWithWriterStill(local: Uint32Array, count: number, out: MatchResult): void {
+  private matchWithWriterStill(
+    local: Uint32Array, chain: Uint32Array, count: number, out: MatchResult,
+  ): void {
     this.stats.pauses++;
     Atomics.add(this.control, CONTROL.pauseRequests, 1);
     try {
-      while (!this.tryMatch(local, count, out)) {
+      while (!this.tryMatch(local, chain, count, out)) {
         this.stats.retries++;
         this.waitOutConflict();
       }
@@ -389,7 +406,9 @@ export class SharedIndexReader {
    * is read between two loads of its version, and at the end every version read must
    * be unchanged (then all of them held at once, at one event boundary). False: retry.
    */
-  private tryMatch(query: Uint32Array, count: number, out: MatchResult): boolean {
+  private tryMatch(
+    query: Uint32Array, chain: Uint32Array, count: number, out: MatchResult,
+  ): boolean {
     out.count = 0;
     this.readCount = 0;
     this.conflict = 0;
@@ -400,6 +419,7 @@ export class SharedIndexReader {
     let node = this.findLink(ROOT, query[0]!, query[1]!);
     if (node === 0) return this.validate();
     const { start: starts, len: lens, hi, lo, ownerCount, ownerA, ownerB, words, version } = this;
+    const nodeChain = this.nodeChain;
     const active = this.active;
     const stamp = this.stamp;
     const outWorkers = out.workers;
@@ -424,10 +444,7 @@ export class SharedIndexReader {
       if (torn || (!inline && offset + 2 * owners > words.length)) {
         return false;
       }
-      const limit = len < count - depth ? len : count - depth;
-      let matched = 1; // the child was chosen by this block's hash
-      while (matched < limit && hi[start + matched] === query[2 * (depth + matched)]
-        && lo[start + matched] === query[2 * (depth + matched) + 1]) matched++;
+      const matched = edgeMatch(hi, lo, nodeChain, node, start, len, query, chain, depth, count);
       if (first) {
         for (let k = 0; k < owners; k++) {
           const slot = inline ? offset : words[offset + 2 * k]!;

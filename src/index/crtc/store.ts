@@ -152,6 +152,7 @@ function extendLeaf(
     blocks.lo[base + k] = local[2 * (from + k) + 1]!;
     blocks.node[base + k] = node;
   }
+  tree.chainAppended(node, base, placed);
   nodes.len[node] = nodes.len[node]! + placed;
   nodes.spare[node] = nodes.spare[node]! - placed;
   tree.edgeBlocks += placed;

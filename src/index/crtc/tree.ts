@@ -4,7 +4,8 @@
  */
 import { assert } from "../assert";
 import { OwnerLists } from "../owners";
-import { BlockPool } from "./blocks";
+import { chainHashes } from "../../hash";
+import { BlockPool, MARK_SHIFT } from "./blocks";
 import { LinkTable } from "../link-table";
 import { NOT_RUN_HEAD, NodePool, ROOT } from "./nodes";
 import { PRIVATE_MEMORY, type PoolMemory } from "./shared-memory";
@@ -18,6 +19,10 @@ export class CrtcTree {
   /** Blocks in live edges. */
   edgeBlocks = 0;
   private pairs = new Uint32Array(64);
+  /** fold()'s (base, blocks...) pairs, hashed in place, and its result. */
+  private foldPairs = new Uint32Array(64);
+  private foldHi = 0;
+  private foldLo = 0;
 
   /** `writer`: the shared mode's versions and epochs (shared-writer.ts); null for one thread. */
   constructor(memory: PoolMemory = PRIVATE_MEMORY, readonly writer: SharedWriter | null = null) {
@@ -56,6 +61,7 @@ export class CrtcTree {
     const nodes = this.nodes;
     assert(node !== ROOT, "splitting the root");
     assert(at > 0 && at < nodes.len[node]!, "split position outside the edge");
+    this.chainThrough(node, at);
     const prefix = nodes.allocate(); // may grow the node arrays: read them after
     const parent = nodes.parent[node]!;
     this.touch(prefix);
@@ -70,6 +76,8 @@ export class CrtcTree {
     nodes.kids[prefix] = 1;
     nodes.runOrder[prefix] = nodes.runOrder[node]!;
     nodes.runOrder[node] = NOT_RUN_HEAD;
+    nodes.chain[2 * prefix] = this.foldHi;
+    nodes.chain[2 * prefix + 1] = this.foldLo;
     this.children.replace(parent, blocks.hi[start]!, blocks.lo[start]!, node, prefix);
     nodes.start[node] = start + at;
     nodes.len[node] = nodes.len[node]! - at;
@@ -110,6 +118,10 @@ export class CrtcTree {
     nodes.runOrder[node] = order;
     const blockNode = this.blocks.node;
     for (let block = start; block < start + len; block++) blockNode[block] = node;
+    if (parent === ROOT) this.fold(false, 0, 0, start, len);
+    else this.fold(true, nodes.chain[2 * parent]!, nodes.chain[2 * parent + 1]!, start, len);
+    nodes.chain[2 * node] = this.foldHi;
+    nodes.chain[2 * node + 1] = this.foldLo;
     this.children.insert(parent, this.blocks.hi[start]!, this.blocks.lo[start]!, node);
     nodes.kids[parent]!++;
     this.edgeBlocks += len;
@@ -153,6 +165,9 @@ export class CrtcTree {
     const start = nodes.start[node]!;
     const old = nodes.len[node]!;
     this.touch(node);
+    this.chainThrough(node, len);
+    nodes.chain[2 * node] = this.foldHi;
+    nodes.chain[2 * node + 1] = this.foldLo;
     const blockNode = this.blocks.node;
     for (let block = start + len; block < start + old; block++) blockNode[block] = 0;
     nodes.len[node] = len;
@@ -184,6 +199,74 @@ export class CrtcTree {
     assert(nodes.start[parent]! + nodes.len[parent]! === start, "suffix piece not adjacent to its parent");
     assert(nodes.spare[parent] === 0, "a piece with spare room is not the last of its run");
     nodes.spare[parent] = total;
+  }
+
+  /**
+   * After `count` blocks written at `from`, right after `node`'s edge (the caller then
+   * lengthens it): its end's sequence hash moves on over them.
+   */
+  chainAppended(node: number, from: number, count: number): void {
+    const nodes = this.nodes;
+    this.fold(true, nodes.chain[2 * node]!, nodes.chain[2 * node + 1]!, from, count);
+    nodes.chain[2 * node] = this.foldHi;
+    nodes.chain[2 * node + 1] = this.foldLo;
+  }
+
+  /**
+   * The sequence hash of `node`'s edge block at position `end - 1` (1 <= end <= len)
+   * into foldHi/foldLo: from the last mark at or before it inside the edge, else from
+   * the parent's end (the root: from nothing), so at most 16 hashes.
+   */
+  chainThrough(node: number, end: number): void {
+    const nodes = this.nodes;
+    const start = nodes.start[node]!;
+    const last = start + end - 1;
+    const mark = last - ((last + 1) & ((1 << MARK_SHIFT) - 1));
+    if (mark >= start) {
+      const marks = this.blocks.marks;
+      const at = 2 * (mark >>> MARK_SHIFT);
+      this.fold(true, marks[at]!, marks[at + 1]!, mark + 1, last - mark);
+      return;
+    }
+    const parent = nodes.parent[node]!;
+    if (parent === ROOT) this.fold(false, 0, 0, start, end);
+    else this.fold(true, nodes.chain[2 * parent]!, nodes.chain[2 * parent + 1]!, start, end);
+  }
+
+  /**
+   * The sequence hash after blocks [from, from + count) of the pool, continuing the
+   * chain (baseHi, baseLo) (hasBase false: from the root, where the first block's
+   * sequence hash is its local hash), into foldHi/foldLo; the marks of ids 15 mod 16
+   * among them are written on the way.
+   */
+  private fold(
+    hasBase: boolean, baseHi: number, baseLo: number, from: number, count: number,
+  ): void {
+    if (count === 0) {
+      this.foldHi = baseHi;
+      this.foldLo = baseLo;
+      return;
+    }
+    const skip = hasBase ? 1 : 0;
+    const total = count + skip;
+    if (this.foldPairs.length < 2 * total) this.foldPairs = new Uint32Array(2 * total + 64);
+    const pairs = this.foldPairs;
+    const { hi, lo, marks } = this.blocks;
+    pairs[0] = baseHi;
+    pairs[1] = baseLo;
+    for (let k = 0, at = 2 * skip; k < count; k++, at += 2) {
+      pairs[at] = hi[from + k]!;
+      pairs[at + 1] = lo[from + k]!;
+    }
+    chainHashes(pairs, total, pairs);
+    const group = (1 << MARK_SHIFT) - 1;
+    for (let id = from | group; id < from + count; id += group + 1) {
+      const at = 2 * (id - from + skip);
+      marks[2 * (id >>> MARK_SHIFT)] = pairs[at]!;
+      marks[2 * (id >>> MARK_SHIFT) + 1] = pairs[at + 1]!;
+    }
+    this.foldHi = pairs[2 * total - 2]!;
+    this.foldLo = pairs[2 * total - 1]!;
   }
 
   /** parent -> children, from one scan of the child table (verify only). */

@@ -3,9 +3,10 @@
  * arrays — links, edges, runs, coverage, lookups and pool counts. Off the hot path;
  * runs after every mutation when KVEDGE_VERIFY=1.
  */
+import { chainHashes } from "../../hash";
 import { assert } from "../assert";
 import type { WorkerSlots } from "../workers";
-import { FREE_TAG } from "./blocks";
+import { FREE_TAG, MARK_SHIFT } from "./blocks";
 import { NOT_RUN_HEAD, ROOT } from "./nodes";
 import { RETIRED_NODE, RETIRED_RUN } from "./shared-writer";
 import type { CrtcTree } from "./tree";
@@ -39,12 +40,7 @@ export function verifyTree(tree: CrtcTree, slots: WorkerSlots): void {
     const spare = nodes.spare[node]!;
     assert(len > 0, "verify: live node with an empty edge");
     edgeBlocks += len;
-    for (let block = start; block < start + len; block++) {
-      assert(blocks.node[block] === node, "verify: block does not point back to its node");
-    }
-    for (let block = start + len; block < start + len + spare; block++) {
-      assert(blocks.node[block] === 0, "verify: spare block is in use");
-    }
+    verifyEdge(tree, node, start, len, spare);
     const order = nodes.runOrder[node]!;
     if (order === NOT_RUN_HEAD) {
       const parent = nodes.parent[node]!;
@@ -112,5 +108,40 @@ function verifyLookups(tree: CrtcTree, slots: WorkerSlots, heldBySlot: Float64Ar
       assert(lookup.find(lookup.table[at]!, lookup.table[at + 1]!) === block, "verify: lookup entry unreachable by probing");
     }
     assert(entries === lookup.count, "verify: lookup count drifted");
+  }
+}
+
+/**
+ * The edge's blocks point back to the node and its spare ids to nothing; its end
+ * sequence hash and the marks inside it equal the chain recomputed from the parent's
+ * end (checked before it: parents are visited first).
+ */
+function verifyEdge(tree: CrtcTree, node: number, start: number, len: number, spare: number): void {
+  const { nodes, blocks } = tree;
+  for (let block = start; block < start + len; block++) {
+    assert(blocks.node[block] === node, "verify: block does not point back to its node");
+  }
+  for (let block = start + len; block < start + len + spare; block++) {
+    assert(blocks.node[block] === 0, "verify: spare block is in use");
+  }
+  const parent = nodes.parent[node]!;
+  const skip = parent === ROOT ? 0 : 1;
+  const pairs = new Uint32Array(2 * (len + skip));
+  pairs[0] = nodes.chain[2 * parent]!;
+  pairs[1] = nodes.chain[2 * parent + 1]!;
+  for (let k = 0; k < len; k++) {
+    pairs[2 * (k + skip)] = blocks.hi[start + k]!;
+    pairs[2 * (k + skip) + 1] = blocks.lo[start + k]!;
+  }
+  chainHashes(pairs, len + skip, pairs);
+  const last = 2 * (len + skip - 1);
+  assert(nodes.chain[2 * node] === pairs[last] && nodes.chain[2 * node + 1] === pairs[last + 1],
+    "verify: a node's end sequence hash differs from its path's");
+  const group = 2 ** MARK_SHIFT - 1;
+  for (let id = start | group; id < start + len; id += group + 1) {
+    const at = 2 * (id - start + skip);
+    const mark = 2 * Math.floor(id / 2 ** MARK_SHIFT);
+    assert(blocks.marks[mark] === pairs[at] && blocks.marks[mark + 1] === pairs[at + 1],
+      "verify: a block's mark differs from its sequence hash");
   }
 }

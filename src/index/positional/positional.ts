@@ -312,8 +312,16 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
     if (this.verifyEach) this.verify();
   }
 
-  findMatches(local: Uint32Array, count: number, out: MatchResult): void {
-    assert(local.length >= 2 * count, "query array too short");
+  /** The sequence hashes of a query whose caller passed none (valid until the next call). */
+  private queryChain(local: Uint32Array, count: number): Uint32Array {
+    if (this.chain.length < 2 * count) this.chain = new Uint32Array(4 * count);
+    chainHashes(local, count, this.chain);
+    return this.chain;
+  }
+
+  findMatches(local: Uint32Array, count: number, out: MatchResult, given?: Uint32Array): void {
+    const fits = local.length >= 2 * count && (given === undefined || given.length >= 2 * count);
+    assert(fits, "query arrays too short");
     out.count = 0;
     if (count === 0) return;
     const slots = this.slots.highWater;
@@ -322,10 +330,7 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
       this.stamp = new Uint32Array(slots);
       this.active = new Uint32Array(slots);
     }
-    if (this.chain.length < 2 * count) this.chain = new Uint32Array(4 * count);
-    const chain = this.chain;
-    chain.set(local.subarray(0, 2 * count));
-    chainHashes(chain, count, chain);
+    const chain = given ?? this.queryChain(local, count);
     const first = this.entryAt(0, chain, local);
     if (first === 0) return;
     const owners = this.owners;
