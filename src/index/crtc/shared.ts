@@ -419,11 +419,8 @@ export class SharedIndexReader {
     let node = this.findLink(ROOT, query[0]!, query[1]!);
     if (node === 0) return this.validate();
     const { start: starts, len: lens, hi, lo, ownerCount, ownerA, ownerB, words, version } = this;
-    const nodeChain = this.nodeChain;
-    const active = this.active;
-    const stamp = this.stamp;
-    const outWorkers = out.workers;
-    const outBlocks = out.blocks;
+    const { nodeChain, active, stamp } = this;
+    const { workers: outWorkers, blocks: outBlocks } = out;
     let scored = 0;
     let activeCount = 0;
     let activeTick = this.nextTick();
@@ -440,11 +437,13 @@ export class SharedIndexReader {
       const offset = ownerA[node]!;
       const inlineHeld = ownerB[node]!;
       // A torn read can name anything: check it is a real edge and list before using it.
-      const torn = len === 0 || start + len > hi.length || owners > slots;
-      if (torn || (!inline && offset + 2 * owners > words.length)) {
-        return false;
-      }
+      if (len === 0 || start + len > hi.length || owners > slots
+        || (!inline && offset + 2 * owners > words.length)) return false;
       const matched = edgeMatch(hi, lo, nodeChain, node, start, len, query, chain, depth, count);
+      // Probed before the owner scan, as match.ts does (a torn len is caught below).
+      const next = matched === len && depth + len < count
+        ? this.findLink(node, query[2 * (depth + len)]!, query[2 * (depth + len) + 1]!)
+        : 0;
       if (first) {
         for (let k = 0; k < owners; k++) {
           const slot = inline ? offset : words[offset + 2 * k]!;
@@ -497,9 +496,8 @@ export class SharedIndexReader {
       // The node read in one piece: what follows may rely on it.
       if (Atomics.load(version, node) !== seen) return false;
       depth += matched;
-      if (activeCount === 0 || matched < len || depth === count) break;
-      node = this.findLink(node, query[2 * depth]!, query[2 * depth + 1]!);
-      if (node === 0) break;
+      if (activeCount === 0 || next === 0) break;
+      node = next;
     }
     for (let k = 0; k < activeCount; k++) {
       outWorkers[scored] = active[k]!;
