@@ -180,6 +180,7 @@ export class ExternalLookup {
         if (this.find(keys[at]!, keys[at + 1]!) !== 0) break;
         this.insertAtProbe(keys[at]!, keys[at + 1]!, value + done, count - done - 1);
       }
+      this.settleRun();
       return done;
     }
     // Bounded: a call that inserts nothing stopped at a present key, and so do we.
@@ -190,7 +191,16 @@ export class ExternalLookup {
       if (this.count > this.grow) this.resize(this.grownCapacity(count - done));
       else if (done < count) break;
     }
+    this.settleRun();
     return done;
+  }
+
+  /**
+   * After a run of inserts: one that stopped early (at a key already present) may have
+   * grown the table for keys it never inserted; it shrinks back as a removal would.
+   */
+  settleRun(): void {
+    if (this.count < this.shrink) this.resize(this.shrunkCapacity());
   }
 
   /** nativeLimits filled with this table's count and `threshold`. */

@@ -108,6 +108,7 @@ describe("ExternalLookup event calls", () => {
           single.insertAtProbe(hi, lo, value + expected, size - expected - 1);
           live.push([hi, lo]);
         }
+        single.settleRun();
         expect(placed).toBe(expected);
       } else {
         // Removals: mostly held keys (some twice in one event), some never inserted.
@@ -151,6 +152,27 @@ describe("ExternalLookup event calls", () => {
     expect(() => lookup.insertRun(keys, 4, 2, 20)).toThrow(IndexInvariantError);
     expect(() => lookup.removeMany(keys, 3, 3, out)).toThrow(IndexInvariantError);
     expect(() => lookup.removeMany(keys, 0, 4, out)).toThrow(IndexInvariantError);
+  });
+
+  test("a run that grew the table and then stopped early gives the room back", () => {
+    const lookup = new ExternalLookup();
+    // Large tables grow past 0.8 of their capacity: fill one up to that edge.
+    let next = 1;
+    const one = new Uint32Array(2);
+    while (lookup.count < 20_000 || lookup.count < Math.floor(0.8 * lookup.capacity)) {
+      one[0] = 0;
+      one[1] = next++;
+      lookup.insertRun(one, 0, 1, next);
+    }
+    const count = lookup.count;
+    // 100,000 new keys, the sixth one already held: the first insert grows the table for
+    // all of them (5x), the sixth stops the run.
+    const run = new Uint32Array(2 * 100_000);
+    for (let k = 0; k < 100_000; k++) run[2 * k + 1] = next + k;
+    run[11] = 7;
+    expect(lookup.insertRun(run, 0, 100_000, next)).toBe(5);
+    expect(lookup.count).toBe(count + 5);
+    expect(lookup.count).toBeGreaterThanOrEqual(0.4 * lookup.capacity);
   });
 
   test.skipIf(native === null)("the same without native code", () => {
