@@ -6,7 +6,8 @@
  * - build: every stored event applied once, ns per block (one timed pass, includes
  *   pool and table growth);
  * - bytes per held pair: stats().bytes / stats().blocks after the build;
- * - findMatches on a 128-block prompt (rotating over 1,024 real prompts; mitata p50);
+ * - findMatches on a 128-block prompt (rotating over 1,024 real prompts, their sequence
+ *   hashes given as a route gives them; mitata p50);
  * - store + remove of a 32-block chain under a block the worker holds (the next turn
  *   of a conversation, then its eviction), and from the root: ns per block op (p50 of
  *   one store + one remove, divided by 64). Hashes are unique per iteration.
@@ -19,6 +20,7 @@
  *       [--workers N] [--sticky P] [--json]
  */
 import { bench, do_not_optimize, group, run } from "mitata";
+import { chainHashes } from "../src/hash";
 import { attach, createSharedIndex, type SharedIndexDescriptor } from "../src/index/crtc/shared";
 import { createIndex } from "../src/index/index";
 import { BACKEND_NAMES, type BackendName, type KvIndex, MatchResult } from "../src/index/types";
@@ -115,6 +117,12 @@ for (const built of builds) {
   const { index, workload, backend } = built;
   const queries = workload.prompts.filter((prompt) => prompt.length >= 2 * QUERY_BLOCKS).slice(-1024)
     .map((prompt) => prompt.slice(0, 2 * QUERY_BLOCKS));
+  // Their sequence hashes, as a route has them (src/route/input.ts) and passes them.
+  const chains = queries.map((query) => {
+    const hashes = new Uint32Array(query.length);
+    chainHashes(query, QUERY_BLOCKS, hashes);
+    return hashes;
+  });
   const out = new MatchResult();
   const tails = heldTails(workload);
   const external = new Uint32Array(2 * CHAIN_BLOCKS);
@@ -132,8 +140,8 @@ for (const built of builds) {
   };
   let q = 0;
   const findMatches = (): void => {
-    const query = queries[q++ % queries.length]!;
-    index.findMatches(query, QUERY_BLOCKS, out);
+    const k = q++ % queries.length;
+    index.findMatches(queries[k]!, QUERY_BLOCKS, out, chains[k]);
     do_not_optimize(out.count);
   };
   const underHeld = (): void => {
@@ -148,8 +156,8 @@ for (const built of builds) {
   };
   const reader = built.descriptor === null ? null : attach(built.descriptor);
   const readerFindMatches = (): void => {
-    const query = queries[q++ % queries.length]!;
-    reader!.findMatches(query, QUERY_BLOCKS, out);
+    const k = q++ % queries.length;
+    reader!.findMatches(queries[k]!, QUERY_BLOCKS, out, chains[k]);
     do_not_optimize(out.count);
   };
   // Let the JIT finish compiling before mitata samples: on a busy 2-core host its
