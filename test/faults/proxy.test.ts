@@ -104,6 +104,9 @@ describe("a TCP path that fails mid-stream", () => {
     await expectExactAndEqual(serve, "1", engine);
     proxy.cutNext = true;
     await generate(engine, prompts(4, 3, 12));
+    // The engine answers its HTTP request before its events pass the proxy: wait for them.
+    const cut = () => (proxy.cuts > 0 ? true : undefined);
+    await eventually(cut, 10_000, "the proxy cutting a frame");
     expect(proxy.cuts).toBe(1);
     await expectExactAndEqual(serve, "1", engine);
     expect(await metric(serve.url, 'kvedge_ingest_continuity_total{worker_id="1",dp_rank="0",outcome="continued"}')).toBe(1);
