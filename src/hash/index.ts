@@ -101,6 +101,20 @@ export function chainHashes(local: Uint32Array, count: number, out: Uint32Array)
   else native.kv_chain_hashes(local, count, out);
 }
 
+/**
+ * A reused buffer of sequence hashes, for indexes given a query without them
+ * (KvIndex.findMatches' `chain`): `of` is valid until its next call.
+ */
+export class ChainBuffer {
+  private words = new Uint32Array(64);
+
+  of(local: Uint32Array, count: number): Uint32Array {
+    if (this.words.length < 2 * count) this.words = new Uint32Array(2 * count + 64);
+    chainHashes(local, count, this.words);
+    return this.words;
+  }
+}
+
 /** Whether the native fast path is in use (false means the fallback below). */
 export const usingNativeHash = native !== null;
 

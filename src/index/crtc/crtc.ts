@@ -148,7 +148,7 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
     const slots = this.slots.highWater;
     out.ensure(slots);
     this.matchScratch.ensure(slots);
-    const sequence = chain ?? this.matchScratch.chainOf(local, count);
+    const sequence = chain ?? this.matchScratch.chain.of(local, count);
     if (sequence.length < 2 * count) fail("query chain array too short");
     findMatches(this.tree, local, sequence, count, out, this.matchScratch);
   }

@@ -13,7 +13,7 @@
  * leaves is compared block by block. A lookup that reads its blocks cold spends most of
  * its time streaming them in (bench/JOURNAL.md, "Edges by their last hash").
  */
-import { chainHashes } from "../../hash";
+import { ChainBuffer } from "../../hash";
 import type { MatchResult } from "../types";
 import { ROOT } from "./nodes";
 import type { CrtcTree } from "./tree";
@@ -24,14 +24,8 @@ export class MatchScratch {
   active = new Uint32Array(64);
   stamp = new Uint32Array(64);
   private tick = 2;
-  private chain = new Uint32Array(64);
-
-  /** The sequence hashes of a query whose caller passed none (valid until the next call). */
-  chainOf(query: Uint32Array, count: number): Uint32Array {
-    if (this.chain.length < 2 * count) this.chain = new Uint32Array(2 * count + 64);
-    chainHashes(query, count, this.chain);
-    return this.chain;
-  }
+  /** The sequence hashes of a query whose caller passed none. */
+  readonly chain = new ChainBuffer();
 
   ensure(slots: number): void {
     if (this.stamp.length >= slots) return;

@@ -23,7 +23,7 @@
  * end. Handles (worker slots) and their workerIdOf / dpRankOf are those of that
  * boundary; they stay readable until the reader's next findMatches.
  */
-import { chainHashes } from "../../hash";
+import { ChainBuffer } from "../../hash";
 import { homeSlot, LINK_STRIDE } from "../link-table";
 import { SLOT_LIMIT } from "../workers";
 import { MatchResult, type IndexOptions } from "../types";
@@ -178,7 +178,7 @@ export class SharedIndexReader {
   private active = new Uint32Array(64);
   private stamp = new Uint32Array(64);
   private tick = 2;
-  private chain = new Uint32Array(64);
+  private readonly chain = new ChainBuffer();
   private readNodes = new Uint32Array(64);
   private readVersions = new Uint32Array(64);
   private readCount = 0;
@@ -234,12 +234,7 @@ export class SharedIndexReader {
     if (given !== undefined && given.length < 2 * count) {
       throw new RangeError("query chain array too short");
     }
-    let chain = given;
-    if (chain === undefined) {
-      if (this.chain.length < 2 * count) this.chain = new Uint32Array(2 * count + 64);
-      chain = this.chain;
-      chainHashes(local, count, chain);
-    }
+    const chain = given ?? this.chain.of(local, count);
     this.stats.lookups++;
     this.enter();
     try {

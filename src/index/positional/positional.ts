@@ -10,7 +10,7 @@
  * keeps its parent and a child count, so an entry nobody holds lives exactly as long
  * as a held descendant needs it (for dump), then goes, cascading upward.
  */
-import { chainHashes } from "../../hash";
+import { ChainBuffer, chainHashes } from "../../hash";
 import { assert, VERIFY_BY_DEFAULT } from "../assert";
 import { type DumpSource, dumpEvents } from "../dump";
 import { type FreezeJob, freezeByWalk, frozenAtOnce } from "../pack";
@@ -134,6 +134,8 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
   readonly index = new LinkTable();
   private readonly verifyEach: boolean;
   private chain = new Uint32Array(256);
+  /** The sequence hashes of a query whose caller passed none. */
+  private readonly queryChain = new ChainBuffer();
   private active = new Uint32Array(64);
   private stamp = new Uint32Array(64);
   private tick = 2;
@@ -312,13 +314,6 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
     if (this.verifyEach) this.verify();
   }
 
-  /** The sequence hashes of a query whose caller passed none (valid until the next call). */
-  private queryChain(local: Uint32Array, count: number): Uint32Array {
-    if (this.chain.length < 2 * count) this.chain = new Uint32Array(4 * count);
-    chainHashes(local, count, this.chain);
-    return this.chain;
-  }
-
   findMatches(local: Uint32Array, count: number, out: MatchResult, given?: Uint32Array): void {
     const fits = local.length >= 2 * count && (given === undefined || given.length >= 2 * count);
     assert(fits, "query arrays too short");
@@ -330,7 +325,7 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
       this.stamp = new Uint32Array(slots);
       this.active = new Uint32Array(slots);
     }
-    const chain = given ?? this.queryChain(local, count);
+    const chain = given ?? this.queryChain.of(local, count);
     const first = this.entryAt(0, chain, local);
     if (first === 0) return;
     const owners = this.owners;
