@@ -76,8 +76,7 @@ export class CrtcTree {
     nodes.kids[prefix] = 1;
     nodes.runOrder[prefix] = nodes.runOrder[node]!;
     nodes.runOrder[node] = NOT_RUN_HEAD;
-    nodes.chain[2 * prefix] = this.foldHi;
-    nodes.chain[2 * prefix + 1] = this.foldLo;
+    this.setChain(prefix);
     this.children.replace(parent, blocks.hi[start]!, blocks.lo[start]!, node, prefix);
     nodes.start[node] = start + at;
     nodes.len[node] = nodes.len[node]! - at;
@@ -118,10 +117,8 @@ export class CrtcTree {
     nodes.runOrder[node] = order;
     const blockNode = this.blocks.node;
     for (let block = start; block < start + len; block++) blockNode[block] = node;
-    if (parent === ROOT) this.fold(false, 0, 0, start, len);
-    else this.fold(true, nodes.chain[2 * parent]!, nodes.chain[2 * parent + 1]!, start, len);
-    nodes.chain[2 * node] = this.foldHi;
-    nodes.chain[2 * node + 1] = this.foldLo;
+    this.foldAfter(parent, start, len);
+    this.setChain(node);
     this.children.insert(parent, this.blocks.hi[start]!, this.blocks.lo[start]!, node);
     nodes.kids[parent]!++;
     this.edgeBlocks += len;
@@ -166,8 +163,7 @@ export class CrtcTree {
     const old = nodes.len[node]!;
     this.touch(node);
     this.chainThrough(node, len);
-    nodes.chain[2 * node] = this.foldHi;
-    nodes.chain[2 * node + 1] = this.foldLo;
+    this.setChain(node);
     const blockNode = this.blocks.node;
     for (let block = start + len; block < start + old; block++) blockNode[block] = 0;
     nodes.len[node] = len;
@@ -206,10 +202,8 @@ export class CrtcTree {
    * lengthens it): its end's sequence hash moves on over them.
    */
   chainAppended(node: number, from: number, count: number): void {
-    const nodes = this.nodes;
-    this.fold(true, nodes.chain[2 * node]!, nodes.chain[2 * node + 1]!, from, count);
-    nodes.chain[2 * node] = this.foldHi;
-    nodes.chain[2 * node + 1] = this.foldLo;
+    this.foldAfter(node, from, count);
+    this.setChain(node);
   }
 
   /**
@@ -228,9 +222,20 @@ export class CrtcTree {
       this.fold(true, marks[at]!, marks[at + 1]!, mark + 1, last - mark);
       return;
     }
-    const parent = nodes.parent[node]!;
-    if (parent === ROOT) this.fold(false, 0, 0, start, end);
-    else this.fold(true, nodes.chain[2 * parent]!, nodes.chain[2 * parent + 1]!, start, end);
+    this.foldAfter(nodes.parent[node]!, start, end);
+  }
+
+  /** fold() from the end of `node`'s edge (the root: from nothing). */
+  private foldAfter(node: number, from: number, count: number): void {
+    const chain = this.nodes.chain;
+    if (node === ROOT) this.fold(false, 0, 0, from, count);
+    else this.fold(true, chain[2 * node]!, chain[2 * node + 1]!, from, count);
+  }
+
+  /** The last fold's result becomes `node`'s end sequence hash. */
+  private setChain(node: number): void {
+    this.nodes.chain[2 * node] = this.foldHi;
+    this.nodes.chain[2 * node + 1] = this.foldLo;
   }
 
   /**
