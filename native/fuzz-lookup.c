@@ -21,14 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-static uint64_t state;
-
-static uint32_t below(uint32_t n) {
-  state ^= state << 13;
-  state ^= state >> 7;
-  state ^= state << 17;
-  return (uint32_t)(state % n);
-}
+#include "fuzz-random.h"
 
 static uint32_t word(void) { return below(0xffffffffu); }
 

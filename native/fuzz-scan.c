@@ -19,14 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-static uint64_t state;
-
-static uint32_t below(uint32_t n) {
-  state ^= state << 13;
-  state ^= state >> 7;
-  state ^= state << 17;
-  return (uint32_t)(state % n);
-}
+#include "fuzz-random.h"
 
 /* The reference: one msgpack value at a time, each byte read once. */
 static uint32_t msgpack_plain(const uint8_t* bytes, uint32_t length, uint32_t start, uint32_t count,
