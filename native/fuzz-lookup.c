@@ -1,10 +1,11 @@
 /*
  * Randomized check of the index's lookup calls and the store's repeat check, built with
  * AddressSanitizer and UBSan by test/native-lookup-fuzz.test.ts:
- * - kv_lookup_remove / kv_lookup_insert_run: random events (runs of fresh keys, some
- *   stopped by a key already held or repeated; removals of held keys, some twice, some
- *   never inserted) on one table that grows and shrinks through the small and the large
- *   regime, past 2^21 slots once (the double-multiply home). Every answer must equal a
+ * - kv_lookup_remove / kv_lookup_insert_run / kv_lookup_rehash: random events (runs of
+ *   fresh keys, some stopped by a key already held or repeated; removals of held keys,
+ *   some twice, some never inserted) on one table that grows and shrinks (rehash)
+ *   through the small and the large regime, past 2^21 slots once (the double-multiply
+ *   home). Every answer must equal a
  *   model's (a separate map with tombstones), and after every event the table must hold
  *   exactly the model's entries, each findable by a plain probe.
  * - kv_pairs_repeat: random hash arrays (with and without a repeat, parent or not) in a
@@ -58,15 +59,7 @@ static void resize(uint32_t slots) {
   uint32_t* old = table;
   const uint32_t old_capacity = capacity;
   size_table(slots);
-  for (uint32_t s = 0; s < old_capacity; s++) {
-    const uint32_t* e = old + 3 * (size_t)s;
-    if (e[2] == 0) continue;
-    uint32_t slot = kv_lookup_home(e[0], e[1], shift, scale, capacity);
-    while (table[3 * (size_t)slot + 2] != 0) if (++slot == capacity) slot = 0;
-    table[3 * (size_t)slot] = e[0];
-    table[3 * (size_t)slot + 1] = e[1];
-    table[3 * (size_t)slot + 2] = e[2];
-  }
+  kv_lookup_rehash(old, old_capacity, table, capacity, shift, scale);
   free(old);
 }
 

@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define KV_ABI_VERSION 4u
+#define KV_ABI_VERSION 5u
 
 uint32_t kv_abi_version(void) { return KV_ABI_VERSION; }
 
@@ -464,6 +464,27 @@ uint32_t kv_lookup_insert_run(uint32_t* table, uint32_t capacity, uint32_t shift
   }
   limits[0] = n;
   return i;
+}
+
+/*
+ * A resize: moves every entry of `old` (old_capacity slots) into `table` (capacity
+ * slots, all empty; shift and scale are its own), in slot order, as the TypeScript's
+ * resize does, so the new table is byte for byte the same. Growing a worker's lookup
+ * step by step to 16,384 entries moves about five times its final size; in the
+ * TypeScript that was most of an insert's time (12-17 ns per slot).
+ */
+void kv_lookup_rehash(const uint32_t* old, uint32_t old_capacity, uint32_t* table,
+                      uint32_t capacity, uint32_t shift, double scale) {
+  for (uint32_t s = 0; s < old_capacity; s++) {
+    const uint32_t* e = old + 3 * (size_t)s;
+    if (e[2] == 0) continue;
+    uint32_t slot = kv_lookup_home(e[0], e[1], shift, scale, capacity);
+    while (table[3 * (size_t)slot + 2] != 0) if (++slot == capacity) slot = 0;
+    uint32_t* d = table + 3 * (size_t)slot;
+    d[0] = e[0];
+    d[1] = e[1];
+    d[2] = e[2];
+  }
 }
 
 /*

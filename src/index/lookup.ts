@@ -196,6 +196,16 @@ export class ExternalLookup {
   }
 
   /**
+   * Grows now, if need be, so that `keys` more inserts take no resize: a store calls it
+   * before it changes anything a reader of the shared index can see, so a reader that
+   * meets the event's open nodes never waits out a resize.
+   */
+  reserve(keys: number): void {
+    // Bounded: every step at least doubles a small table or grows a large one past the need.
+    while (this.count + keys > this.grow) this.resize(this.grownCapacity(keys));
+  }
+
+  /**
    * After a run of inserts: one that stopped early (at a key already present) may have
    * grown the table for keys it never inserted; it shrinks back as a removal would.
    */
@@ -300,6 +310,10 @@ export class ExternalLookup {
     this.table = table;
     const shift = this.shift;
     const scale = this.scale;
+    if (native !== null) {
+      native.kv_lookup_rehash(old, old.length / STRIDE, table, capacity, shift, scale);
+      return;
+    }
     for (let from = 0; from < old.length; from += STRIDE) {
       const value = old[from + 2]!;
       if (value === 0) continue;

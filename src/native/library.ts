@@ -12,7 +12,7 @@
 import { dlopen, FFIType, type Pointer, ptr } from "bun:ffi";
 import libraryPath from "../../native/build/libkvedge.so" with { type: "file" };
 
-const ABI_VERSION = 4;
+const ABI_VERSION = 5;
 
 const kvedgeSymbols = {
   kv_abi_version: { args: [], returns: FFIType.u32 },
@@ -68,6 +68,14 @@ const kvedgeSymbols = {
       FFIType.u32, FFIType.ptr,
     ],
     returns: FFIType.u32,
+  },
+  /**
+   * (old, oldCapacity, table, capacity, shift, scale): a lookup's resize, every entry of
+   * `old` into the empty `table` (src/index/lookup.ts).
+   */
+  kv_lookup_rehash: {
+    args: [FFIType.ptr, FFIType.u32, FFIType.ptr, FFIType.u32, FFIType.u32, FFIType.f64],
+    returns: FFIType.void,
   },
   /**
    * (keys, stamps, mask, stamp, hashes, start, count, parentHi, parentLo, hasParent) ->

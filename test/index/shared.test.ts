@@ -57,6 +57,49 @@ describe("shared crtc: the protocol's bookkeeping", () => {
     reader.close();
   });
 
+  test("a store grows its worker's lookup before it opens a node, never while one is open", () => {
+    const shared = createSharedIndex(1, { budgetBytes: BUDGET, maxReaders: 1 });
+    const writer = shared.index.tree.writer!;
+    const versions = new Uint32Array(shared.descriptor.regions["nodes.version"]!);
+    const touch = writer.touch.bind(writer);
+    let resizedWhileOpen = 0;
+    let stores = 0;
+    const slots = shared.index.slots;
+    // A lookup's table replaced between two looks while a node was odd (open to readers).
+    const tables = new Map<number, Uint32Array>();
+    const check = () => {
+      for (let slot = 0; slot < slots.lookup.length; slot++) {
+        const lookup = slots.lookupOf(slot);
+        if (lookup === null) continue;
+        if (tables.has(slot) && tables.get(slot) !== lookup.table && anyOpen()) resizedWhileOpen++;
+        tables.set(slot, lookup.table);
+      }
+    };
+    const anyOpen = () => versions.some((version) => (version & 1) !== 0);
+    writer.touch = (node) => {
+      check();
+      touch(node);
+    };
+    const endEvent = writer.endEvent.bind(writer);
+    writer.endEvent = () => {
+      check();
+      endEvent();
+      stores++;
+    };
+    // Worker 1's chain grows in events of 40 blocks: its lookup passes several growths.
+    const hashes = new Uint32Array(2 * 40);
+    for (let e = 0; e < 100; e++) {
+      for (let i = 0; i < 40; i++) hashes[2 * i + 1] = 40 * e + i + 1;
+      const parent = e === 0 ? 0 : 40 * e;
+      shared.index.applyStored(1n, 0, e > 0, 0, parent, hashes, hashes, 40);
+    }
+    expect(stores).toBe(100);
+    expect(slots.lookupOf(0)!.count).toBe(4000);
+    expect(tables.size).toBe(1);
+    expect(resizedWhileOpen).toBe(0);
+    shared.index.verify();
+  });
+
   test("shrinking pools give their pages back; the reader still reads the grown index", () => {
     const shared = createSharedIndex(1, { budgetBytes: BUDGET, maxReaders: 1 });
     const reader = attach(structuredClone(shared.descriptor));

@@ -175,6 +175,27 @@ describe("ExternalLookup event calls", () => {
     expect(lookup.count).toBeGreaterThanOrEqual(0.4 * lookup.capacity);
   });
 
+  test("reserve makes room at once: that many inserts then take no resize", () => {
+    const lookup = new ExternalLookup();
+    const keys = new Uint32Array(2 * 9000);
+    for (let k = 0; k < 9000; k++) keys[2 * k + 1] = k + 1;
+    expect(lookup.insertRun(keys, 0, 5000, 1)).toBe(5000);
+    lookup.reserve(4000);
+    const table = lookup.table;
+    expect(lookup.insertRun(keys, 5000, 4000, 5001)).toBe(4000);
+    expect(lookup.table).toBe(table);
+    lookup.reserve(0);
+    expect(lookup.table).toBe(table);
+    // Out of the small regime with few keys held: a large table all the same.
+    const sparse = new ExternalLookup();
+    expect(sparse.insertRun(keys, 0, 300, 1)).toBe(300);
+    expect(sparse.capacity).toBe(1024);
+    sparse.reserve(250);
+    expect(sparse.capacity).toBeGreaterThan(1024);
+    expect(sparse.insertRun(keys, 300, 250, 301)).toBe(250);
+    for (let k = 0; k < 550; k++) expect(sparse.find(0, k + 1)).toBe(k + 1);
+  });
+
   test.skipIf(native === null)("the same without native code", () => {
     expectChildSuitePasses([import.meta.path, "-t", "^ExternalLookup"], { KVEDGE_NATIVE: "0" });
   }, 60_000);
