@@ -87,7 +87,7 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
       if (this.shared !== null) this.publishSlot(slot);
     }
     // Any growth of the lookup now, before the first node opens: readers that meet an open
-    // node wait for the event's end, and a resize is the slowest step an event has.
+    // node wait for the event's end (see docs/decisions.md#reserve-before-open).
     lookup.reserve(count);
     storeChain(this.tree, slot, lookup, node, pos, external, local, first, count, this.counters);
     this.counters.storedEvents++;
