@@ -204,11 +204,17 @@ async function replayOnLanes(corpus: Corpus, hashed: QueryHashes[] | null): Prom
     maxNs: config.windowMs * 1e6 + config.maxDrainS * 1e9,
     warmLookups: Math.min(config.warmupOps, 5000), pin: config.pinThreads,
   });
-  // Scheduled -> finished modeled for 1..64 lanes on cores of their own, from measured costs.
-  const modeled = (costs: Float64Array) => Object.fromEntries([1, 2, 4, 8, 16, 64].map((n) => {
-    const ns = ownCoreModel(corpus, costs, n).filter((value) => !Number.isNaN(value));
-    return [n, distribution(ns)];
-  }));
+  // Scheduled -> finished modeled for 1..64 lanes on cores of their own, from measured
+  // costs; also over the queries that share no deadline (as sched_to_finish_outside_bursts).
+  const { shared: inBurst } = sharedDeadlines(corpus);
+  const modeled = (costs: Float64Array, outsideBursts = false) => {
+    return Object.fromEntries([1, 2, 4, 8, 16, 64].map((n) => {
+      const ns = ownCoreModel(corpus, costs, n).filter((value, i) => {
+        return !Number.isNaN(value) && !(outsideBursts && inBurst[i] === 1);
+      });
+      return [n, distribution(ns)];
+    }));
+  };
   const writeBlocks = corpus.totals.storedBlocks + corpus.totals.removedBlocks;
   const threads = {
     writer_cpu_s: lanes.writerCpuS, writer_runqueue_wait_s: lanes.writerRunqueueWaitS,
@@ -217,6 +223,7 @@ async function replayOnLanes(corpus: Corpus, hashed: QueryHashes[] | null): Prom
     write_blocks_per_writer_cpu_s: Math.round(writeBlocks / lanes.writerCpuS),
     own_core_sched_to_finish_by_lanes: modeled(lanes.queryCosts),
     own_core_lookup_only_by_lanes: modeled(lanes.lookupCosts),
+    own_core_sched_to_finish_outside_bursts_by_lanes: modeled(lanes.queryCosts, true),
   };
   return { ...lanes, pipeline, threads };
 }
@@ -342,7 +349,8 @@ function matchDepth(corpus: Corpus, run: Run, matched: Float64Array) {
  * the window), so about one query per worker falls due at once and is served behind
  * the others. The same distribution over the queries whose deadline no other query has.
  */
-function deadlineBursts(corpus: Corpus, run: Run) {
+/** Per op, 1 if a query shares its deadline with another query (a same-deadline burst). */
+function sharedDeadlines(corpus: Corpus): { shared: Uint8Array; inBursts: number; largest: number } {
   const { deadline, kind } = corpus;
   const shared = new Uint8Array(corpus.count);
   let largest = 0;
@@ -360,6 +368,12 @@ function deadlineBursts(corpus: Corpus, run: Run) {
     }
     i = end;
   }
+  return { shared, inBursts, largest };
+}
+
+function deadlineBursts(corpus: Corpus, run: Run) {
+  const { deadline, kind } = corpus;
+  const { shared, inBursts, largest } = sharedDeadlines(corpus);
   const alone: number[] = [];
   for (let i = 0; i < corpus.count; i++) {
     if (kind[i] === OP_QUERY && shared[i] === 0) alone.push(run.finished[i]! - deadline[i]!);

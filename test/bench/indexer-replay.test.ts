@@ -93,6 +93,13 @@ describe("indexer replay bench", () => {
     expect(threads.writer_cpu_s).toBeGreaterThanOrEqual(0);
     const modeled = Object.keys(threads.own_core_sched_to_finish_by_lanes);
     expect(modeled).toEqual(["1", "2", "4", "8", "16", "64"]);
+    // The same model over the queries that share no deadline: a subset, so never more,
+    // and empty exactly when the measured distribution over them is.
+    const outside = threads.own_core_sched_to_finish_outside_bursts_by_lanes;
+    expect(Object.keys(outside)).toEqual(modeled);
+    expect(outside["1"].max_ns).toBeLessThanOrEqual(threads.own_core_sched_to_finish_by_lanes["1"].max_ns);
+    const measuredOutside = report.lookup.sched_to_finish_outside_bursts.max_ns > 0;
+    expect(outside["1"].max_ns > 0).toBe(measuredOutside);
   }, 60_000);
 
   test("a bad flag value exits 2 naming it", () => {
