@@ -103,13 +103,17 @@ export function storeChain(
     const remaining = end - i;
     let placed: number;
     let wanted: number;
+    // Comparisons, not Math.min: in a lanes replay each pass through a Math.min here left
+    // storeChain's optimized code by an exit the JIT does not count, and storeChain ran
+    // unoptimized for the rest of the run (bench/JOURNAL.md, "Compiles under the clock").
     if (leaf && nodes.spare[node]! > 0) {
-      wanted = Math.min(nodes.spare[node]!, remaining);
+      const spare = nodes.spare[node]!;
+      wanted = spare < remaining ? spare : remaining;
       placed = extendLeaf(tree, node, lookup, external, local, i, i + wanted);
       held = nodes.len[node]!;
       pos = held;
     } else {
-      wanted = Math.min(remaining, NODE_BLOCKS_MAX);
+      wanted = remaining < NODE_BLOCKS_MAX ? remaining : NODE_BLOCKS_MAX;
       const fresh = startChild(tree, node, lookup, external, local, i, i + wanted, leaf);
       placed = fresh === 0 ? 0 : nodes.len[fresh]!;
       if (fresh !== 0) {
