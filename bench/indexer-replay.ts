@@ -349,8 +349,15 @@ function matchDepth(corpus: Corpus, run: Run, matched: Float64Array) {
  * the window), so about one query per worker falls due at once and is served behind
  * the others. The same distribution over the queries whose deadline no other query has.
  */
-/** Per op, 1 if a query shares its deadline with another query (a same-deadline burst). */
-function sharedDeadlines(corpus: Corpus): { shared: Uint8Array; inBursts: number; largest: number } {
+interface DeadlineBursts {
+  /** Per op, 1 if a query shares its deadline with another query (a same-deadline burst). */
+  readonly shared: Uint8Array;
+  /** Queries in bursts, and the largest burst. */
+  readonly inBursts: number;
+  readonly largest: number;
+}
+
+function sharedDeadlines(corpus: Corpus): DeadlineBursts {
   const { deadline, kind } = corpus;
   const shared = new Uint8Array(corpus.count);
   let largest = 0;

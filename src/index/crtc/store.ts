@@ -38,6 +38,10 @@ function ceilLog2(n: number): number {
  * Places blocks first..first+count of (external, local) for `slot`, starting at edge
  * position `pos` of `node` (just after the parent block; the root with pos 0 for
  * none). Stops at the first block that breaks the engine-hash invariant.
+ *
+ * No Math.min in here: each pass through one left the optimized code by an exit the JIT
+ * does not count, and storeChain then ran unoptimized for the rest of a replay
+ * (bench/JOURNAL.md, "Compiles under the clock").
  */
 export function storeChain(
   tree: CrtcTree, slot: number, lookup: ExternalLookup, node: number, pos: number,
@@ -103,12 +107,8 @@ export function storeChain(
     const remaining = end - i;
     let placed: number;
     let wanted: number;
-    // Comparisons, not Math.min: in a lanes replay each pass through a Math.min here left
-    // storeChain's optimized code by an exit the JIT does not count, and storeChain ran
-    // unoptimized for the rest of the run (bench/JOURNAL.md, "Compiles under the clock").
     if (leaf && nodes.spare[node]! > 0) {
-      const spare = nodes.spare[node]!;
-      wanted = spare < remaining ? spare : remaining;
+      wanted = nodes.spare[node]! < remaining ? nodes.spare[node]! : remaining;
       placed = extendLeaf(tree, node, lookup, external, local, i, i + wanted);
       held = nodes.len[node]!;
       pos = held;
