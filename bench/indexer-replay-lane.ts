@@ -13,12 +13,12 @@ import { attach, type SharedIndexReader } from "../src/index/crtc/shared";
 import { DEFAULT_SEED } from "../src/hash";
 import { MatchResult } from "../src/index/types";
 import { type QueryHashes, queryHashesOf } from "./indexer-replay-corpus";
-
-/** What findMatches takes of a query. */
-type Query = Pick<QueryHashes, "local" | "chain" | "count">;
 import { PromptHasher } from "../src/route";
 import { pinThread } from "../src/runtime/affinity";
 import { type LaneResult, type LaneStart, threadId, threadSchedNs } from "./indexer-replay-lanes";
+
+/** What findMatches takes of a query. */
+type Query = Pick<QueryHashes, "local" | "chain" | "count">;
 
 declare const self: Worker;
 

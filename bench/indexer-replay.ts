@@ -174,11 +174,15 @@ class Pipeline {
   }
 }
 
+/** How many of `count` ops the warm-up replays (--warmup-ops; all by default). */
+function warmupLimit(count: number): number {
+  return config.warmupOps === "all" ? count : Math.min(config.warmupOps, count);
+}
+
 /** JIT warm-up of the same code on a throwaway index and other worker ids. */
 function warmUp(corpus: Corpus, index?: KvIndex): void {
   const pipeline = new Pipeline(config.workers, 1_000_000, index);
-  const ops = config.warmupOps;
-  const limit = ops === "all" ? corpus.count : Math.min(ops, corpus.count);
+  const limit = warmupLimit(corpus.count);
   for (let i = 0; i < limit; i++) {
     if (corpus.kind[i] === OP_QUERY) {
       const { local, chain, count } = pipeline.hash(corpus.tokens(i));
@@ -209,7 +213,7 @@ async function replayOnLanes(corpus: Corpus, hashed: QueryHashes[] | null): Prom
   const lanes = await replayLanes(corpus, hashed, batch, warm.descriptor, shared.descriptor, {
     lanes: config.routeThreads, blockSize: config.blockSize, spinNs: config.spinUs * 1000,
     maxNs: config.windowMs * 1e6 + config.maxDrainS * 1e9,
-    warmLookups: config.warmupOps === "all" ? 5000 : Math.min(config.warmupOps, 5000),
+    warmLookups: Math.min(warmupLimit(corpus.count), 5000),
     pin: config.pinThreads,
   });
   // Scheduled -> finished modeled for 1..64 lanes on cores of their own, from measured
@@ -284,8 +288,7 @@ function replay(corpus: Corpus, hashed: QueryHashes[] | null): Run {
     if (qHead < qTail) {
       const i = queries[qHead++]!;
       started[i] = now;
-      const query = hashed === null ? pipeline.hash(corpus.tokens(i)) : hashed[i]!;
-      const { local, chain, count } = query;
+      const { local, chain, count } = hashed?.[i] ?? pipeline.hash(corpus.tokens(i));
       const before = Bun.nanoseconds();
       index.findMatches(local, count, matches, chain);
       const after = Bun.nanoseconds();
