@@ -38,7 +38,12 @@ const hostTarget: Target = {
   outfile: join(distDir, "kvedge"),
   library: join(nativeDir, "libkvedge.so"),
   compilers: [process.env.CC ?? "cc", "gcc", "clang"],
-  tokenizersAddon: join(root, "node_modules", "tokenizers", `tokenizers.linux-${process.arch === "arm64" ? "arm64" : "x64"}-gnu.node`),
+  tokenizersAddon: join(
+    root,
+    "node_modules",
+    "tokenizers",
+    `tokenizers.linux-${process.arch === "arm64" ? "arm64" : "x64"}-gnu.node`,
+  ),
 };
 
 const arm64Target: Target = {
@@ -57,16 +62,29 @@ function log(message: string): void {
 function buildNative(target: Target): boolean {
   mkdirSync(nativeDir, { recursive: true });
   const source = join(root, "native", "kvedge.c");
-  const fresh = existsSync(target.library) && statSync(target.library).size > 0
-    && statSync(target.library).mtimeMs >= statSync(source).mtimeMs
-    && statSync(target.library).mtimeMs >= statSync(join(root, "native", "xxhash.h")).mtimeMs;
+  const fresh =
+    existsSync(target.library) &&
+    statSync(target.library).size > 0 &&
+    statSync(target.library).mtimeMs >= statSync(source).mtimeMs &&
+    statSync(target.library).mtimeMs >= statSync(join(root, "native", "xxhash.h")).mtimeMs;
   if (fresh) return true;
   for (const compiler of target.compilers) {
     if (Bun.which(compiler) === null) continue;
-    const result = Bun.spawnSync([
-      compiler, "-O3", "-fPIC", "-shared", "-fvisibility=default", "-Wall", "-Wextra",
-      "-o", target.library, source,
-    ], { stderr: "pipe" });
+    const result = Bun.spawnSync(
+      [
+        compiler,
+        "-O3",
+        "-fPIC",
+        "-shared",
+        "-fvisibility=default",
+        "-Wall",
+        "-Wextra",
+        "-o",
+        target.library,
+        source,
+      ],
+      { stderr: "pipe" },
+    );
     if (result.exitCode === 0) {
       log(`native library ${target.library} (${compiler})`);
       return true;
@@ -74,7 +92,9 @@ function buildNative(target: Target): boolean {
     log(`${compiler} failed: ${result.stderr.toString().trim().split("\n")[0]}`);
   }
   writeFileSync(target.library, "");
-  log(`no C compiler for ${target.bun}: ${target.library} is empty, the pure fallback will be used`);
+  log(
+    `no C compiler for ${target.bun}: ${target.library} is empty, the pure fallback will be used`,
+  );
   return false;
 }
 
@@ -85,14 +105,18 @@ async function compile(target: Target): Promise<boolean> {
     entrypoints: [entry, threadEntry],
     compile: { target: target.bun as "bun-linux-x64", outfile: target.outfile },
     minify: { whitespace: true, syntax: true, identifiers: false },
-    plugins: [{
-      name: "kvedge-native-library",
-      setup(build) {
-        // src/native/library.ts imports the host library; embed this target's instead.
-        build.onResolve({ filter: /libkvedge\.so$/ }, () => ({ path: library }));
-        build.onResolve({ filter: /tokenizers\.linux-(x64|arm64)-gnu\.node$/ }, () => ({ path: target.tokenizersAddon }));
+    plugins: [
+      {
+        name: "kvedge-native-library",
+        setup(build) {
+          // src/native/library.ts imports the host library; embed this target's instead.
+          build.onResolve({ filter: /libkvedge\.so$/ }, () => ({ path: library }));
+          build.onResolve({ filter: /tokenizers\.linux-(x64|arm64)-gnu\.node$/ }, () => ({
+            path: target.tokenizersAddon,
+          }));
+        },
       },
-    }],
+    ],
   });
   if (!result.success) {
     for (const message of result.logs) log(String(message));

@@ -33,16 +33,21 @@ const SUFFIX_BLOCKS = 8;
 const CHECKPOINT_MASK = 0xffff;
 const WORKER = 1n;
 
-const flags = benchFlags("bun bench/churn.ts [--backend crtc|positional|reference] [--cycles N] [--warmup N] [--json]", {
-  backend: { type: "string" },
-  cycles: { type: "string" },
-  warmup: { type: "string" },
-  json: { type: "boolean" },
-});
+const flags = benchFlags(
+  "bun bench/churn.ts [--backend crtc|positional|reference] [--cycles N] [--warmup N] [--json]",
+  {
+    backend: { type: "string" },
+    cycles: { type: "string" },
+    warmup: { type: "string" },
+    json: { type: "boolean" },
+  },
+);
 const backend = (flags.backend ?? "crtc") as BackendName;
-if (!BACKEND_NAMES.includes(backend)) throw new Error(`--backend must be one of ${BACKEND_NAMES.join(", ")}`);
+if (!BACKEND_NAMES.includes(backend))
+  throw new Error(`--backend must be one of ${BACKEND_NAMES.join(", ")}`);
 const cycles = Number(flags.cycles ?? 1_000_000);
-if (!Number.isSafeInteger(cycles) || cycles < 1) throw new Error("--cycles must be a positive integer");
+if (!Number.isSafeInteger(cycles) || cycles < 1)
+  throw new Error("--cycles must be a positive integer");
 const json = flags.json === true;
 
 const warmupCycles = Number(flags.warmup ?? 200_000);
@@ -67,7 +72,10 @@ const match = new MatchResult();
 const query = new Uint32Array(2 * (PROMPT_BLOCKS + SUFFIX_BLOCKS));
 
 function storePrompt(): void {
-  if (index.applyStored(WORKER, 0, false, 0, 0, promptExternal, promptLocal, PROMPT_BLOCKS) !== StoreStatus.Ok) {
+  if (
+    index.applyStored(WORKER, 0, false, 0, 0, promptExternal, promptLocal, PROMPT_BLOCKS) !==
+    StoreStatus.Ok
+  ) {
     throw new Error("storing the prompt failed");
   }
 }
@@ -84,19 +92,34 @@ function writeSuffix(n: number): void {
 
 function cycle(n: number): void {
   writeSuffix(n);
-  if (index.applyStored(WORKER, 0, true, parentHi, parentLo, suffixExternal, suffixLocal, SUFFIX_BLOCKS) !== StoreStatus.Ok) {
+  if (
+    index.applyStored(
+      WORKER,
+      0,
+      true,
+      parentHi,
+      parentLo,
+      suffixExternal,
+      suffixLocal,
+      SUFFIX_BLOCKS,
+    ) !== StoreStatus.Ok
+  ) {
     throw new Error(`cycle ${n}: store rejected`);
   }
-  if (index.applyRemoved(WORKER, 0, suffixExternal, SUFFIX_BLOCKS) !== 0) throw new Error(`cycle ${n}: unknown hashes`);
-  if (counters.blocksStored - counters.blocksRemoved !== PROMPT_BLOCKS) throw new Error(`cycle ${n}: held blocks drifted`);
+  if (index.applyRemoved(WORKER, 0, suffixExternal, SUFFIX_BLOCKS) !== 0)
+    throw new Error(`cycle ${n}: unknown hashes`);
+  if (counters.blocksStored - counters.blocksRemoved !== PROMPT_BLOCKS)
+    throw new Error(`cycle ${n}: held blocks drifted`);
 }
 
 function checkpoint(n: number): void {
-  if (index.stats().blocks !== PROMPT_BLOCKS) throw new Error(`cycle ${n}: index holds ${index.stats().blocks} blocks`);
+  if (index.stats().blocks !== PROMPT_BLOCKS)
+    throw new Error(`cycle ${n}: index holds ${index.stats().blocks} blocks`);
   query.set(promptLocal);
   query.set(suffixLocal.subarray(0, 2 * SUFFIX_BLOCKS), 2 * PROMPT_BLOCKS);
   index.findMatches(query, PROMPT_BLOCKS + SUFFIX_BLOCKS, match);
-  if (match.count !== 1 || match.blocks[0] !== PROMPT_BLOCKS) throw new Error(`cycle ${n}: prompt no longer matches exactly`);
+  if (match.count !== 1 || match.blocks[0] !== PROMPT_BLOCKS)
+    throw new Error(`cycle ${n}: prompt no longer matches exactly`);
 }
 
 /** RSS after a full GC and a pause that lets the allocator return freed pages. */
@@ -149,14 +172,21 @@ const result = {
   // More than a handful of optimizing compiles of a hot function means a deopt loop.
   dfg_compiles: {
     cycle: numberOfDFGCompiles(cycle),
-    ...(backend === "crtc" ? { storeChain: numberOfDFGCompiles(storeChain), removeHashes: numberOfDFGCompiles(removeHashes) } : {}),
+    ...(backend === "crtc"
+      ? {
+          storeChain: numberOfDFGCompiles(storeChain),
+          removeHashes: numberOfDFGCompiles(removeHashes),
+        }
+      : {}),
   },
   provenance: provenance(),
 };
 if (json) {
   process.stdout.write(`${JSON.stringify(result)}\n`);
 } else {
-  console.log(`${backend}: ${cycles} cycles, ${(result.cycles_per_sec / 1e6).toFixed(3)}M cycles/s, `
-    + `RSS ${result.rss_after_warmup_mb.toFixed(3)} -> ${result.rss_after_mb.toFixed(3)} MB `
-    + `(added ${result.rss_added_mb.toFixed(3)} MB), ${result.blocks_end} blocks held at the end`);
+  console.log(
+    `${backend}: ${cycles} cycles, ${(result.cycles_per_sec / 1e6).toFixed(3)}M cycles/s, ` +
+      `RSS ${result.rss_after_warmup_mb.toFixed(3)} -> ${result.rss_after_mb.toFixed(3)} MB ` +
+      `(added ${result.rss_added_mb.toFixed(3)} MB), ${result.blocks_end} blocks held at the end`,
+  );
 }

@@ -20,21 +20,28 @@ import { BLOCK_SIZE, buildFleet, buildPrompt } from "./http-workload";
 import { benchFlags, median, prng, provenance } from "./lib";
 import { startFleet, startServe, stopAll, waitIndexed } from "./serve-process";
 
-const flags = benchFlags("bun bench/cold-start.ts [--json] [--runs N] [--routes N] [--binary PATH]", {
-  json: { type: "boolean" },
-  runs: { type: "string" },
-  routes: { type: "string" },
-  binary: { type: "string" },
-});
+const flags = benchFlags(
+  "bun bench/cold-start.ts [--json] [--runs N] [--routes N] [--binary PATH]",
+  {
+    json: { type: "boolean" },
+    runs: { type: "string" },
+    routes: { type: "string" },
+    binary: { type: "string" },
+  },
+);
 const RUNS = Number(flags.runs ?? 3);
 const ROUTES = Number(flags.routes ?? 5_000);
 if (!(Number.isInteger(RUNS) && RUNS >= 1)) throw new Error("--runs must be a positive integer");
-if (!(Number.isInteger(ROUTES) && ROUTES > 1_000)) throw new Error("--routes must be an integer over 1,000");
+if (!(Number.isInteger(ROUTES) && ROUTES > 1_000))
+  throw new Error("--routes must be an integer over 1,000");
 const BINARY = flags.binary ?? join(import.meta.dir, "..", "dist", "kvedge");
 const SEED = 20_261_129;
 const WORKERS = 64;
 const PAIRS = 1_050_000;
-const SETTINGS = [{ name: "no warm-up", args: ["--warmup-routes", "0"] }, { name: "warm-up (default)", args: [] }];
+const SETTINGS = [
+  { name: "no warm-up", args: ["--warmup-routes", "0"] },
+  { name: "warm-up (default)", args: [] },
+];
 
 interface RunResult {
   readonly first100Us: number;
@@ -52,7 +59,12 @@ async function oneRun(run: number, extraArgs: string[]): Promise<RunResult> {
     await waitIndexed(serve, fleet, 180_000);
     const random = prng(SEED ^ run);
     const frames = Array.from({ length: ROUTES }, (_, i) => {
-      const { tokens } = buildPrompt(fleetModel, random, 1024 / BLOCK_SIZE, 7_000_000 + 10_000 * run + i);
+      const { tokens } = buildPrompt(
+        fleetModel,
+        random,
+        1024 / BLOCK_SIZE,
+        7_000_000 + 10_000 * run + i,
+      );
       return pack({ id: i, op: "route", candidates: 4, token_ids: new Uint8Array(tokens.buffer) });
     });
     const socket = new WebSocket(`ws://${serve.host}:${serve.port}/v1/ws`);
@@ -72,8 +84,12 @@ async function oneRun(run: number, extraArgs: string[]): Promise<RunResult> {
       };
       socket.onmessage = (event) => {
         roundTrips[i] = performance.now() - sentAt;
-        const answer = unpack(new Uint8Array(event.data as ArrayBuffer)) as { status: number; error?: string };
-        if (answer.status !== 200) return reject(new Error(`route ${i} failed: ${answer.status} ${answer.error}`));
+        const answer = unpack(new Uint8Array(event.data as ArrayBuffer)) as {
+          status: number;
+          error?: string;
+        };
+        if (answer.status !== 200)
+          return reject(new Error(`route ${i} failed: ${answer.status} ${answer.error}`));
         if (++i === ROUTES) return resolve();
         send();
       };
@@ -81,8 +97,14 @@ async function oneRun(run: number, extraArgs: string[]): Promise<RunResult> {
     });
     const serverCpuMs = 1000 * (processCpuSeconds(serve.pid) - cpuBefore);
     socket.close();
-    const medianUs = (from: number, to: number) => 1000 * median([...roundTrips.subarray(from, to)]);
-    return { first100Us: medianUs(0, 100), next900Us: medianUs(100, 1_000), restUs: medianUs(1_000, ROUTES), serverCpuMs };
+    const medianUs = (from: number, to: number) =>
+      1000 * median([...roundTrips.subarray(from, to)]);
+    return {
+      first100Us: medianUs(0, 100),
+      next900Us: medianUs(100, 1_000),
+      restUs: medianUs(1_000, ROUTES),
+      serverCpuMs,
+    };
   } finally {
     await stopAll(serve, fleet);
   }
@@ -94,19 +116,40 @@ for (let run = 0; run < RUNS; run++) {
     const result = await oneRun(run, setting.args);
     results.get(setting.name)!.push(result);
     if (!flags.json) {
-      console.error(`run ${run + 1}, ${setting.name}: routes 1-100 ${result.first100Us.toFixed(0)} µs, 101-1000 ${result.next900Us.toFixed(0)} µs, `
-        + `1001-${ROUTES} ${result.restUs.toFixed(0)} µs (median round trips); server CPU ${result.serverCpuMs.toFixed(0)} ms`);
+      console.error(
+        `run ${run + 1}, ${setting.name}: routes 1-100 ${result.first100Us.toFixed(0)} µs, 101-1000 ${result.next900Us.toFixed(0)} µs, ` +
+          `1001-${ROUTES} ${result.restUs.toFixed(0)} µs (median round trips); server CPU ${result.serverCpuMs.toFixed(0)} ms`,
+      );
     }
   }
 }
 const rows = SETTINGS.map(({ name }) => {
   const runs = results.get(name)!;
   const of = (pick: (r: RunResult) => number) => median(runs.map(pick));
-  return { setting: name, first100Us: of((r) => r.first100Us), next900Us: of((r) => r.next900Us), restUs: of((r) => r.restUs), serverCpuMs: of((r) => r.serverCpuMs), runs };
+  return {
+    setting: name,
+    first100Us: of((r) => r.first100Us),
+    next900Us: of((r) => r.next900Us),
+    restUs: of((r) => r.restUs),
+    serverCpuMs: of((r) => r.serverCpuMs),
+    runs,
+  };
 });
-if (flags.json) console.log(JSON.stringify({ bench: "cold-start", provenance: provenance(), routes: ROUTES, rows }));
+if (flags.json)
+  console.log(
+    JSON.stringify({ bench: "cold-start", provenance: provenance(), routes: ROUTES, rows }),
+  );
 else {
-  console.log(`\nfirst ${ROUTES} routes of a fresh kvedge serve, one at a time over /v1/ws (binary, 1,024 tokens); median of ${RUNS} runs`);
-  console.log("| setting | routes 1-100 µs | 101-1,000 µs | 1,001-" + ROUTES + " µs | server CPU ms |\n|---|---:|---:|---:|---:|");
-  for (const r of rows) console.log(`| ${r.setting} | ${r.first100Us.toFixed(0)} | ${r.next900Us.toFixed(0)} | ${r.restUs.toFixed(0)} | ${r.serverCpuMs.toFixed(0)} |`);
+  console.log(
+    `\nfirst ${ROUTES} routes of a fresh kvedge serve, one at a time over /v1/ws (binary, 1,024 tokens); median of ${RUNS} runs`,
+  );
+  console.log(
+    "| setting | routes 1-100 µs | 101-1,000 µs | 1,001-" +
+      ROUTES +
+      " µs | server CPU ms |\n|---|---:|---:|---:|---:|",
+  );
+  for (const r of rows)
+    console.log(
+      `| ${r.setting} | ${r.first100Us.toFixed(0)} | ${r.next900Us.toFixed(0)} | ${r.restUs.toFixed(0)} | ${r.serverCpuMs.toFixed(0)} |`,
+    );
 }

@@ -15,12 +15,20 @@
 import { bench, do_not_optimize, group, run } from "mitata";
 import { Unpackr } from "msgpackr";
 import {
-  DECODE_OK, DecodedBatch, decodeKvBatch, encodeKvBatch, EVENT_STORED, FLAG_PARENT, NO_STRING, type KvBatch,
+  DECODE_OK,
+  DecodedBatch,
+  decodeKvBatch,
+  encodeKvBatch,
+  EVENT_STORED,
+  FLAG_PARENT,
+  NO_STRING,
+  type KvBatch,
 } from "../src/wire/kv-events";
 import { benchFlags, formatRate, prng, provenance } from "./lib";
 
 const EVENTS = 32;
-const json = benchFlags("bun bench/decode.bench.ts [--json]", { json: { type: "boolean" } }).json === true;
+const json =
+  benchFlags("bun bench/decode.bench.ts [--json]", { json: { type: "boolean" } }).json === true;
 
 interface Scenario {
   readonly name: string;
@@ -39,9 +47,10 @@ const SCENARIOS: Scenario[] = [
 
 function makeBatch(scenario: Scenario, seed: number): { payload: Uint8Array; blocks: number } {
   const random = prng(seed);
-  const hash = () => scenario.hashes === "int"
-    ? (BigInt(random()) << 32n) | BigInt(random())
-    : Uint8Array.from({ length: 32 }, () => random() & 0xff);
+  const hash = () =>
+    scenario.hashes === "int"
+      ? (BigInt(random()) << 32n) | BigInt(random())
+      : Uint8Array.from({ length: 32 }, () => random() & 0xff);
   let blocks = 0;
   const batch: KvBatch = {
     ts: 1_764_547_200.25,
@@ -82,8 +91,11 @@ function putHash(out: DecodedBatch, index: number, hash: unknown): void {
   } else {
     const bytes = hash as Uint8Array;
     const at = bytes.length - 8;
-    hi = ((bytes[at]! << 24) | (bytes[at + 1]! << 16) | (bytes[at + 2]! << 8) | bytes[at + 3]!) >>> 0;
-    lo = ((bytes[at + 4]! << 24) | (bytes[at + 5]! << 16) | (bytes[at + 6]! << 8) | bytes[at + 7]!) >>> 0;
+    hi =
+      ((bytes[at]! << 24) | (bytes[at + 1]! << 16) | (bytes[at + 2]! << 8) | bytes[at + 3]!) >>> 0;
+    lo =
+      ((bytes[at + 4]! << 24) | (bytes[at + 5]! << 16) | (bytes[at + 6]! << 8) | bytes[at + 7]!) >>>
+      0;
   }
   out.hashes[2 * index] = hi;
   out.hashes[2 * index + 1] = lo;
@@ -104,8 +116,15 @@ function baselineDecode(payload: Uint8Array, out: DecodedBatch): void {
   out.dpRank = batch[2] ?? 0;
   for (const raw of batch[1]) {
     const event = Array.isArray(raw)
-      ? { block_hashes: raw[1], parent_block_hash: raw[2], token_ids: raw[3], block_size: raw[4], medium: raw[6], lora_name: raw[7] }
-      : raw as Record<string, unknown>;
+      ? {
+          block_hashes: raw[1],
+          parent_block_hash: raw[2],
+          token_ids: raw[3],
+          block_size: raw[4],
+          medium: raw[6],
+          lora_name: raw[7],
+        }
+      : (raw as Record<string, unknown>);
     const e = out.eventCount;
     out.ensureEvent();
     const hashes = event.block_hashes as unknown[];
@@ -143,10 +162,14 @@ const inputs = SCENARIOS.map((scenario, i) => ({ scenario, ...makeBatch(scenario
 
 for (const { scenario, payload } of inputs) {
   // Same output both ways before timing anything.
-  if (decodeKvBatch(payload, walkerOut) !== DECODE_OK) throw new Error(`walker refused ${scenario.name}`);
+  if (decodeKvBatch(payload, walkerOut) !== DECODE_OK)
+    throw new Error(`walker refused ${scenario.name}`);
   baselineDecode(payload, baselineOut);
   const words = 2 * walkerOut.hashCount;
-  if (walkerOut.hashCount !== baselineOut.hashCount || walkerOut.hashes.subarray(0, words).some((w, i) => w !== baselineOut.hashes[i])) {
+  if (
+    walkerOut.hashCount !== baselineOut.hashCount ||
+    walkerOut.hashes.subarray(0, words).some((w, i) => w !== baselineOut.hashes[i])
+  ) {
     throw new Error(`walker and baseline disagree on ${scenario.name}`);
   }
   group(`${scenario.name} (${payload.length} bytes)`, () => {
@@ -159,11 +182,19 @@ for (const { scenario, payload } of inputs) {
 }
 
 const result = await run({ format: json ? "quiet" : "mitata" });
-const p50 = (name: string) => result.benchmarks.flatMap((trial) => trial.runs).find((entry) => entry.name === name)!.stats!.p50;
+const p50 = (name: string) =>
+  result.benchmarks.flatMap((trial) => trial.runs).find((entry) => entry.name === name)!.stats!.p50;
 const rows = inputs.map(({ scenario, blocks, payload }) => {
   const walker = blocks / (p50(`walker ${scenario.name}`) / 1e9);
   const baseline = blocks / (p50(`msgpackr+convert ${scenario.name}`) / 1e9);
-  return { scenario: scenario.name, blocks_per_batch: blocks, payload_bytes: payload.length, walker_blocks_per_sec: walker, baseline_blocks_per_sec: baseline, speedup: walker / baseline };
+  return {
+    scenario: scenario.name,
+    blocks_per_batch: blocks,
+    payload_bytes: payload.length,
+    walker_blocks_per_sec: walker,
+    baseline_blocks_per_sec: baseline,
+    speedup: walker / baseline,
+  };
 });
 
 if (json) {
@@ -171,7 +202,9 @@ if (json) {
 } else {
   console.log("\nscenario       | walker        | msgpackr+convert | speedup");
   for (const row of rows) {
-    console.log(`${row.scenario.padEnd(14)} | ${formatRate(row.walker_blocks_per_sec).padEnd(13)} | `
-      + `${formatRate(row.baseline_blocks_per_sec).padEnd(16)} | ${row.speedup.toFixed(1)}x`);
+    console.log(
+      `${row.scenario.padEnd(14)} | ${formatRate(row.walker_blocks_per_sec).padEnd(13)} | ` +
+        `${formatRate(row.baseline_blocks_per_sec).padEnd(16)} | ${row.speedup.toFixed(1)}x`,
+    );
   }
 }

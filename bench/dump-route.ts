@@ -45,17 +45,28 @@ async function server(): Promise<void> {
   }
   for (let w = 0; w < WORKERS; w++) service.router.load.addWorker(BigInt(w), 0);
   const app = startApp({
-    host: "127.0.0.1", port: 0, bodyLimitBytes: 1 << 20, adminToken: null, service, registry: createMetricsRegistry(), log: silentLogger,
+    host: "127.0.0.1",
+    port: 0,
+    bodyLimitBytes: 1 << 20,
+    adminToken: null,
+    service,
+    registry: createMetricsRegistry(),
+    log: silentLogger,
   });
   process.stdout.write(`${JSON.stringify({ url: app.url, blocks: index.stats().blocks })}\n`);
   // Ends with its parent (stdin closes), or after a bound.
   setTimeout(() => process.exit(0), 600_000).unref();
-  for await (const _ of Bun.stdin.stream()) { /* parent alive */ }
+  for await (const _ of Bun.stdin.stream()) {
+    /* parent alive */
+  }
   process.exit(0);
 }
 
 async function main(): Promise<void> {
-  const child = Bun.spawn([process.execPath, import.meta.path, "--server", "--blocks", String(BLOCKS)], { stdin: "pipe", stdout: "pipe", stderr: "inherit" });
+  const child = Bun.spawn(
+    [process.execPath, import.meta.path, "--server", "--blocks", String(BLOCKS)],
+    { stdin: "pipe", stdout: "pipe", stderr: "inherit" },
+  );
   const reader = child.stdout.getReader();
   let text = "";
   while (!text.includes("\n")) text += new TextDecoder().decode((await reader.read()).value);
@@ -68,19 +79,26 @@ async function main(): Promise<void> {
   const body = JSON.stringify({ token_ids: Array.from({ length: 256 }, (_, i) => (i % 64) + 1) });
   const routes = async (until: () => boolean): Promise<number[]> => {
     const times: number[] = [];
-    await Promise.all(Array.from({ length: CLIENTS }, async () => {
-      while (!until()) {
-        const started = performance.now();
-        const response = await fetch(`${url}/v1/route`, { method: "POST", body, headers: { "content-type": "application/json" } });
-        await response.arrayBuffer();
-        times.push(performance.now() - started);
-      }
-    }));
+    await Promise.all(
+      Array.from({ length: CLIENTS }, async () => {
+        while (!until()) {
+          const started = performance.now();
+          const response = await fetch(`${url}/v1/route`, {
+            method: "POST",
+            body,
+            headers: { "content-type": "application/json" },
+          });
+          await response.arrayBuffer();
+          times.push(performance.now() - started);
+        }
+      }),
+    );
     return times;
   };
   const summary = (times: number[]) => {
     const sorted = [...times].sort((a, b) => a - b);
-    const at = (q: number) => sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]!.toFixed(2);
+    const at = (q: number) =>
+      sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]!.toFixed(2);
     return `n=${sorted.length} p50=${at(0.5)} ms p99=${at(0.99)} ms max=${sorted[sorted.length - 1]!.toFixed(2)} ms`;
   };
 
@@ -111,7 +129,9 @@ async function main(): Promise<void> {
   console.log(`index: ${blocks} (block, worker) pairs; ${CLIENTS} closed-loop route clients`);
   console.log(`routes, no dump:     ${summary(quiet)}`);
   console.log(`routes, during dump: ${summary(during)}`);
-  console.log(`dump: ${(dumpBytes / 2 ** 20).toFixed(1)} MiB in ${(dumpMs / 1000).toFixed(2)} s; server RSS ${rssBefore.toFixed(0)} MiB before, ${rssPeak.toFixed(0)} MiB peak during`);
+  console.log(
+    `dump: ${(dumpBytes / 2 ** 20).toFixed(1)} MiB in ${(dumpMs / 1000).toFixed(2)} s; server RSS ${rssBefore.toFixed(0)} MiB before, ${rssPeak.toFixed(0)} MiB peak during`,
+  );
   child.stdin.end();
   await child.exited;
 }

@@ -15,13 +15,16 @@ import { benchFlags, formatRate, prng, provenance } from "./lib";
 
 const BLOCKS = 4096;
 const BLOCK_SIZES = [1, 16, 128];
-const json = benchFlags("bun bench/hash.bench.ts [--json]", { json: { type: "boolean" } }).json === true;
+const json =
+  benchFlags("bun bench/hash.bench.ts [--json]", { json: { type: "boolean" } }).json === true;
 
-if (!usingNativeHash) throw new Error("native library not loaded: run `bun build.ts --native` first");
+if (!usingNativeHash)
+  throw new Error("native library not loaded: run `bun build.ts --native` first");
 
 const random = prng(42);
 const inputs = new Map<number, Uint32Array>();
-for (const blockSize of BLOCK_SIZES) inputs.set(blockSize, Uint32Array.from({ length: BLOCKS * blockSize }, random));
+for (const blockSize of BLOCK_SIZES)
+  inputs.set(blockSize, Uint32Array.from({ length: BLOCKS * blockSize }, random));
 const out = new Uint32Array(2 * BLOCKS);
 
 function perBlockBaseline(tokens: Uint32Array, blockSize: number): void {
@@ -37,7 +40,9 @@ function perBlockBaseline(tokens: Uint32Array, blockSize: number): void {
 for (const blockSize of BLOCK_SIZES) {
   const tokens = inputs.get(blockSize)!;
   group(`block size ${blockSize} (${BLOCKS} blocks per call)`, () => {
-    bench(`hot path bs=${blockSize}`, () => do_not_optimize(hashBlocks(tokens, blockSize, DEFAULT_SEED, out)));
+    bench(`hot path bs=${blockSize}`, () =>
+      do_not_optimize(hashBlocks(tokens, blockSize, DEFAULT_SEED, out)),
+    );
     bench(`Bun.hash.xxHash3 per block bs=${blockSize}`, () => {
       perBlockBaseline(tokens, blockSize);
       do_not_optimize(out);
@@ -47,12 +52,18 @@ for (const blockSize of BLOCK_SIZES) {
 
 const result = await run({ format: json ? "quiet" : "mitata" });
 const rows = BLOCK_SIZES.map((blockSize) => {
-  const find = (prefix: string) => result.benchmarks
-    .flatMap((trial) => trial.runs)
-    .find((entry) => entry.name === `${prefix} bs=${blockSize}`)!.stats!;
+  const find = (prefix: string) =>
+    result.benchmarks
+      .flatMap((trial) => trial.runs)
+      .find((entry) => entry.name === `${prefix} bs=${blockSize}`)!.stats!;
   const hot = BLOCKS / (find("hot path").p50 / 1e9);
   const baseline = BLOCKS / (find("Bun.hash.xxHash3 per block").p50 / 1e9);
-  return { block_size: blockSize, hot_blocks_per_sec: hot, baseline_blocks_per_sec: baseline, speedup: hot / baseline };
+  return {
+    block_size: blockSize,
+    hot_blocks_per_sec: hot,
+    baseline_blocks_per_sec: baseline,
+    speedup: hot / baseline,
+  };
 });
 
 if (json) {
@@ -60,7 +71,9 @@ if (json) {
 } else {
   console.log("\nblock size | hot path      | per-block baseline | speedup");
   for (const row of rows) {
-    console.log(`${String(row.block_size).padStart(10)} | ${formatRate(row.hot_blocks_per_sec).padEnd(13)} | `
-      + `${formatRate(row.baseline_blocks_per_sec).padEnd(18)} | ${row.speedup.toFixed(1)}x`);
+    console.log(
+      `${String(row.block_size).padStart(10)} | ${formatRate(row.hot_blocks_per_sec).padEnd(13)} | ` +
+        `${formatRate(row.baseline_blocks_per_sec).padEnd(18)} | ${row.speedup.toFixed(1)}x`,
+    );
   }
 }

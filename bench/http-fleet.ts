@@ -12,7 +12,14 @@
 import { encodeKvBatch, type KvEvent } from "../src/wire/kv-events";
 import { PubSocket } from "../src/wire/zmtp";
 import {
-  BLOCK_SIZE, blockTokens, buildFleet, externalHash, type Fleet, KIND_DOCUMENT, KIND_SYSTEM, KIND_TAIL,
+  BLOCK_SIZE,
+  blockTokens,
+  buildFleet,
+  externalHash,
+  type Fleet,
+  KIND_DOCUMENT,
+  KIND_SYSTEM,
+  KIND_TAIL,
 } from "./http-workload";
 
 const EVENTS_PER_BATCH = 8;
@@ -37,9 +44,17 @@ function* workerEvents(fleet: Fleet, w: number): Generator<KvEvent> {
       systems.add(system);
       for (let i = 0; i < systemLength; i++) add(KIND_SYSTEM, system, i);
     }
-    for (let i = 0; i < fleet.documentBlocks[sequence.document]!; i++) add(KIND_DOCUMENT, sequence.document, i);
+    for (let i = 0; i < fleet.documentBlocks[sequence.document]!; i++)
+      add(KIND_DOCUMENT, sequence.document, i);
     for (let i = 0; i < sequence.tailBlocks; i++) add(KIND_TAIL, sequence.tail, i);
-    yield { type: "BlockStored", blockHashes: hashes, parentBlockHash: parent, tokenIds: tokens, blockSize: BLOCK_SIZE, medium: "GPU" };
+    yield {
+      type: "BlockStored",
+      blockHashes: hashes,
+      parentBlockHash: parent,
+      tokenIds: tokens,
+      blockSize: BLOCK_SIZE,
+      medium: "GPU",
+    };
   }
 }
 
@@ -53,7 +68,9 @@ async function main(): Promise<void> {
     endpoints.push(await pub.bind("tcp://127.0.0.1:0"));
     pubs.push(pub);
   }
-  process.stdout.write(`${JSON.stringify({ endpoints, pairsPerWorker: [...fleet.pairsPerWorker], pairs: fleet.pairs })}\n`);
+  process.stdout.write(
+    `${JSON.stringify({ endpoints, pairsPerWorker: [...fleet.pairsPerWorker], pairs: fleet.pairs })}\n`,
+  );
 
   for (const pub of pubs) while (pub.subscribedPeers === 0) await Bun.sleep(10);
   const seqFrame = new Uint8Array(8);
@@ -75,7 +92,13 @@ async function main(): Promise<void> {
       if (events.length === 0) continue;
       open++;
       seqView.setUint32(4, seqs[w]!++);
-      if (!pubs[w]!.send([EMPTY, seqFrame, encodeKvBatch({ ts: Date.now() / 1000, events }, { form: "array" })])) {
+      if (
+        !pubs[w]!.send([
+          EMPTY,
+          seqFrame,
+          encodeKvBatch({ ts: Date.now() / 1000, events }, { form: "array" }),
+        ])
+      ) {
         throw new Error(`worker ${w} dropped a batch at the high-water mark`);
       }
       batches++;

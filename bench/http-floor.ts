@@ -40,15 +40,34 @@ const generator = openLoopGenerator(flags.generator);
 if (flags.serve !== undefined) {
   const mode = flags.serve;
   const { pack } = await import("msgpackr");
-  const answer = JSON.stringify({ request_id: "r-1", worker_id: "7", dp_rank: 0, query_blocks: 64, overlap_blocks: 60, cost: 12.5, candidates: [] });
-  const frame = pack(Array.from({ length: 16 }, (_, id) => ({ id, status: 200, result: { request_id: "r-1", worker_id: "7" } })));
+  const answer = JSON.stringify({
+    request_id: "r-1",
+    worker_id: "7",
+    dp_rank: 0,
+    query_blocks: 64,
+    overlap_blocks: 60,
+    cost: 12.5,
+    candidates: [],
+  });
+  const frame = pack(
+    Array.from({ length: 16 }, (_, id) => ({
+      id,
+      status: 200,
+      result: { request_id: "r-1", worker_id: "7" },
+    })),
+  );
   const work = (): void => {
     if (workUs === 0) return;
     const until = performance.now() + workUs / 1000;
     while (performance.now() < until);
   };
   if (mode === "raw") {
-    const port = rawResponder(Buffer.from(`HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: ${answer.length}\r\n\r\n${answer}`), work);
+    const port = rawResponder(
+      Buffer.from(
+        `HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: ${answer.length}\r\n\r\n${answer}`,
+      ),
+      work,
+    );
     console.log(JSON.stringify({ port }));
   } else {
     const server = Bun.serve({
@@ -67,32 +86,100 @@ if (flags.serve !== undefined) {
         if (bun.upgrade(request, { data: undefined })) return undefined as unknown as Response;
         return new Response("not found", { status: 404 });
       },
-      websocket: { perMessageDeflate: false, maxPayloadLength: 16 << 20, message: (ws) => void ws.send(frame) },
+      websocket: {
+        perMessageDeflate: false,
+        maxPayloadLength: 16 << 20,
+        message: (ws) => void ws.send(frame),
+      },
     });
     console.log(JSON.stringify({ port: server.port }));
   }
 } else {
   const scenarios: { name: string; mode: string; spec: Partial<LoadSpec> }[] = [
-    { name: "HTTP, body not read, closed loop", mode: "none", spec: { transport: "http", mode: "closed", connections: 32 } },
-    { name: "HTTP, text(), closed loop", mode: "text", spec: { transport: "http", mode: "closed", connections: 32 } },
-    { name: "HTTP, bytes(), closed loop", mode: "bytes", spec: { transport: "http", mode: "closed", connections: 32 } },
-    { name: "HTTP, raw TCP, closed loop", mode: "raw", spec: { transport: "http", mode: "closed", connections: 32 } },
-    { name: "HTTP, text(), open loop 12.5k/s", mode: "text", spec: { transport: "http", mode: "open", rate: 12_500, connections: 64 } },
-    { name: "WS binary 16/frame, closed loop", mode: "none", spec: { transport: "ws", binary: true, batch: 16, mode: "closed", connections: 4, window: 4 } },
-    { name: "WS binary 16/frame, open loop 25k/s", mode: "none", spec: { transport: "ws", binary: true, batch: 16, mode: "open", rate: 25_000, connections: 4 } },
+    {
+      name: "HTTP, body not read, closed loop",
+      mode: "none",
+      spec: { transport: "http", mode: "closed", connections: 32 },
+    },
+    {
+      name: "HTTP, text(), closed loop",
+      mode: "text",
+      spec: { transport: "http", mode: "closed", connections: 32 },
+    },
+    {
+      name: "HTTP, bytes(), closed loop",
+      mode: "bytes",
+      spec: { transport: "http", mode: "closed", connections: 32 },
+    },
+    {
+      name: "HTTP, raw TCP, closed loop",
+      mode: "raw",
+      spec: { transport: "http", mode: "closed", connections: 32 },
+    },
+    {
+      name: "HTTP, text(), open loop 12.5k/s",
+      mode: "text",
+      spec: { transport: "http", mode: "open", rate: 12_500, connections: 64 },
+    },
+    {
+      name: "WS binary 16/frame, closed loop",
+      mode: "none",
+      spec: { transport: "ws", binary: true, batch: 16, mode: "closed", connections: 4, window: 4 },
+    },
+    {
+      name: "WS binary 16/frame, open loop 25k/s",
+      mode: "none",
+      spec: {
+        transport: "ws",
+        binary: true,
+        batch: 16,
+        mode: "open",
+        rate: 25_000,
+        connections: 4,
+      },
+    },
   ];
   const rows: { scenario: string; result: LoadResult }[] = [];
   for (const scenario of scenarios) {
-    const server = killWithBench(Bun.spawn([process.execPath, import.meta.path, "--serve", scenario.mode, "--work-us", String(workUs)], { stdout: "pipe", stderr: "inherit" }));
+    const server = killWithBench(
+      Bun.spawn(
+        [process.execPath, import.meta.path, "--serve", scenario.mode, "--work-us", String(workUs)],
+        { stdout: "pipe", stderr: "inherit" },
+      ),
+    );
     const reader = server.stdout.getReader();
     const { value } = await reader.read();
-    const { port } = JSON.parse(new TextDecoder().decode(value).split("\n")[0]!) as { port: number };
-    const spec: LoadSpec = {
-      host: "127.0.0.1", port, transport: "http", batch: 1, mode: "closed", rate: 0, connections: 32, window: 1,
-      promptTokens: 1024, poolSize: 4096, candidates: 4, warmupMs: 1_000, durationMs: 4_000, seed: 20_261_129,
-      fleetWorkers: 64, fleetPairs: 1_050_000, uniqueBase: 0, serverPid: server.pid, generator, ...scenario.spec,
+    const { port } = JSON.parse(new TextDecoder().decode(value).split("\n")[0]!) as {
+      port: number;
     };
-    const load = killWithBench(Bun.spawn([process.execPath, join(import.meta.dir, "http-load.ts"), JSON.stringify(spec)], { stdout: "pipe", stderr: "inherit" }));
+    const spec: LoadSpec = {
+      host: "127.0.0.1",
+      port,
+      transport: "http",
+      batch: 1,
+      mode: "closed",
+      rate: 0,
+      connections: 32,
+      window: 1,
+      promptTokens: 1024,
+      poolSize: 4096,
+      candidates: 4,
+      warmupMs: 1_000,
+      durationMs: 4_000,
+      seed: 20_261_129,
+      fleetWorkers: 64,
+      fleetPairs: 1_050_000,
+      uniqueBase: 0,
+      serverPid: server.pid,
+      generator,
+      ...scenario.spec,
+    };
+    const load = killWithBench(
+      Bun.spawn([process.execPath, join(import.meta.dir, "http-load.ts"), JSON.stringify(spec)], {
+        stdout: "pipe",
+        stderr: "inherit",
+      }),
+    );
     const text = await new Response(load.stdout).text();
     await load.exited;
     server.kill();
@@ -100,13 +187,26 @@ if (flags.serve !== undefined) {
     const result = JSON.parse(text.trim().split("\n").pop()!) as LoadResult;
     rows.push({ scenario: scenario.name, result });
     if (!json) {
-      console.log(`${scenario.name}: ${(result.routesPerSecond / 1000).toFixed(1)}k/s, p50 ${result.p50Ms.toFixed(2)} ms, `
-        + `p99 ${result.p99Ms.toFixed(2)} ms, server CPU ${(100 * result.serverCpu).toFixed(0)} % `
-        + `(${((1e6 * result.serverCpu) / result.routesPerSecond).toFixed(1)} µs/request), generator CPU ${(100 * result.generatorCpu).toFixed(0)} %`
-        + (result.sendLagP99Ms === null ? "" : `, send lag p99 ${result.sendLagP99Ms.toFixed(2)} ms`));
+      console.log(
+        `${scenario.name}: ${(result.routesPerSecond / 1000).toFixed(1)}k/s, p50 ${result.p50Ms.toFixed(2)} ms, ` +
+          `p99 ${result.p99Ms.toFixed(2)} ms, server CPU ${(100 * result.serverCpu).toFixed(0)} % ` +
+          `(${((1e6 * result.serverCpu) / result.routesPerSecond).toFixed(1)} µs/request), generator CPU ${(100 * result.generatorCpu).toFixed(0)} %` +
+          (result.sendLagP99Ms === null
+            ? ""
+            : `, send lag p99 ${result.sendLagP99Ms.toFixed(2)} ms`),
+      );
     }
   }
-  if (json) console.log(JSON.stringify({ bench: "http-floor", provenance: provenance(), openLoopGenerator: generator, workUs, rows }));
+  if (json)
+    console.log(
+      JSON.stringify({
+        bench: "http-floor",
+        provenance: provenance(),
+        openLoopGenerator: generator,
+        workUs,
+        rows,
+      }),
+    );
 }
 
 /**
@@ -124,7 +224,8 @@ function rawResponder(response: Buffer, work: () => void): number {
         socket.data = { pending: null };
       },
       data(socket, chunk) {
-        let bytes = socket.data.pending === null ? chunk : Buffer.concat([socket.data.pending, chunk]);
+        let bytes =
+          socket.data.pending === null ? chunk : Buffer.concat([socket.data.pending, chunk]);
         socket.data.pending = null;
         for (;;) {
           const headEnd = bytes.indexOf(HEAD_END);

@@ -102,7 +102,10 @@ const LAST_BLOCK_DIGITS = 6;
 
 /** CPU seconds (user + system) of a process (or, with `tid`, of one of its threads), from /proc. */
 export function processCpuSeconds(pid: number, tid?: number): number {
-  const stat = readFileSync(tid === undefined ? `/proc/${pid}/stat` : `/proc/${pid}/task/${tid}/stat`, "utf8");
+  const stat = readFileSync(
+    tid === undefined ? `/proc/${pid}/stat` : `/proc/${pid}/task/${tid}/stat`,
+    "utf8",
+  );
   const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
   return (Number(fields[11]) + Number(fields[12])) / 100; // utime, stime in clock ticks (USER_HZ = 100)
 }
@@ -121,7 +124,8 @@ function writeLastBlock(out: Uint8Array, at: number, counter: number): void {
 /** The tokens `writeLastBlock` writes as digits, into `out` (the last block of a prompt). */
 function lastBlockTokens(out: Uint32Array, counter: number): void {
   const at = out.length - BLOCK_SIZE;
-  for (let i = 0; i < BLOCK_SIZE; i++) out[at + i] = 100_000 + (mix(0x4c415354, counter, i) % 28_000);
+  for (let i = 0; i < BLOCK_SIZE; i++)
+    out[at + i] = 100_000 + (mix(0x4c415354, counter, i) % 28_000);
 }
 
 interface Pool {
@@ -136,7 +140,12 @@ function promptPool(spec: LoadSpec): Pool {
   const random = prng(spec.seed ^ 0x6c6f6164 ^ spec.promptTokens);
   const pool: Pool = { json: [], tokens: [] };
   for (let i = 0; i < spec.poolSize; i++) {
-    const { tokens } = buildPrompt(fleet, random, spec.promptTokens / BLOCK_SIZE, spec.uniqueBase + i);
+    const { tokens } = buildPrompt(
+      fleet,
+      random,
+      spec.promptTokens / BLOCK_SIZE,
+      spec.uniqueBase + i,
+    );
     pool.json.push(`[${tokens.subarray(0, tokens.length - BLOCK_SIZE).join(",")},`);
     pool.tokens.push(tokens);
   }
@@ -173,10 +182,18 @@ async function run(spec: LoadSpec): Promise<LoadResult> {
   const start = performance.now() + 200;
   const windowStart = start + spec.warmupMs;
   const windowEnd = windowStart + spec.durationMs;
-  interface CpuMark { server: number; main: number; generator: number; at: number }
+  interface CpuMark {
+    server: number;
+    main: number;
+    generator: number;
+    at: number;
+  }
   let cpuMarks = null as CpuMark | null;
   let cpuEnd = null as CpuMark | null;
-  const generatorCpu = () => { const u = process.cpuUsage(); return (u.user + u.system) / 1e6; };
+  const generatorCpu = () => {
+    const u = process.cpuUsage();
+    return (u.user + u.system) / 1e6;
+  };
 
   // A request (or frame) counts if it was scheduled/sent inside the window.
   const record = (sentAt: number, now: number, ok: number, failed: number, error?: string) => {
@@ -190,18 +207,33 @@ async function run(spec: LoadSpec): Promise<LoadResult> {
   const markCpu = () => {
     const now = performance.now();
     const mark = (): CpuMark => ({
-      server: processCpuSeconds(spec.serverPid), main: processCpuSeconds(spec.serverPid, spec.serverPid),
-      generator: generatorCpu(), at: now,
+      server: processCpuSeconds(spec.serverPid),
+      main: processCpuSeconds(spec.serverPid, spec.serverPid),
+      generator: generatorCpu(),
+      at: now,
     });
     if (cpuMarks === null && now >= windowStart) cpuMarks = mark();
     if (cpuEnd === null && now >= windowEnd) cpuEnd = mark();
   };
 
-  const senders = spec.transport === "http" ? await httpSenders(spec, pool, () => counter++, record) : await wsSenders(spec, pool, () => counter, (n) => { counter += n; }, record);
+  const senders =
+    spec.transport === "http"
+      ? await httpSenders(spec, pool, () => counter++, record)
+      : await wsSenders(
+          spec,
+          pool,
+          () => counter,
+          (n) => {
+            counter += n;
+          },
+          record,
+        );
 
   const frameRequests = spec.transport === "http" ? 1 : spec.batch;
   let inflight = 0;
-  const done = () => { inflight--; };
+  const done = () => {
+    inflight--;
+  };
 
   if (spec.mode === "closed") {
     // Every connection keeps `window` frames in flight until the window ends.
@@ -219,10 +251,11 @@ async function run(spec: LoadSpec): Promise<LoadResult> {
       };
       const delay = Math.max(0, start - performance.now());
       setTimeout(() => {
-        for (const sender of senders) for (let k = 0; k < spec.window; k++) {
-          inflight++;
-          each(sender)();
-        }
+        for (const sender of senders)
+          for (let k = 0; k < spec.window; k++) {
+            inflight++;
+            each(sender)();
+          }
       }, delay);
       const timer = setInterval(() => {
         markCpu();
@@ -304,7 +337,8 @@ async function run(spec: LoadSpec): Promise<LoadResult> {
     serverMainCpu: (end.main - marks.main) / ((end.at - marks.at) / 1000),
     generatorCpu: (end.generator - marks.generator) / ((end.at - marks.at) / 1000),
     unanswered: inflight * frameRequests,
-    sendLagP99Ms: spec.mode === "open" ? lags.percentile(lags.values.slice(0, lags.count).sort(), 0.99) : null,
+    sendLagP99Ms:
+      spec.mode === "open" ? lags.percentile(lags.values.slice(0, lags.count).sort(), 0.99) : null,
     ...(sampleError === undefined ? {} : { sampleError }),
   };
 }
@@ -338,21 +372,29 @@ function httpRequests(spec: LoadSpec, pool: Pool): { bytes: Uint8Array; lastBloc
   // (token_ids is the body's last member, so its bytes end the request).
   return spec.binary
     ? pool.tokens.map((tokens) => {
-      const body = pack({ candidates: spec.candidates, token_ids: new Uint8Array(tokens.buffer, tokens.byteOffset, tokens.byteLength) });
-      const head = encoder.encode(headOf("application/msgpack", body.length));
-      const bytes = new Uint8Array(head.length + body.length);
-      bytes.set(head);
-      bytes.set(body, head.length);
-      return { bytes, lastBlockAt: bytes.length - 4 * BLOCK_SIZE };
-    })
+        const body = pack({
+          candidates: spec.candidates,
+          token_ids: new Uint8Array(tokens.buffer, tokens.byteOffset, tokens.byteLength),
+        });
+        const head = encoder.encode(headOf("application/msgpack", body.length));
+        const bytes = new Uint8Array(head.length + body.length);
+        bytes.set(head);
+        bytes.set(body, head.length);
+        return { bytes, lastBlockAt: bytes.length - 4 * BLOCK_SIZE };
+      })
     : pool.json.map((prefix) => {
-      const body = `{"candidates":${spec.candidates},"token_ids":${prefix}${LAST_BLOCK_TEMPLATE}}`;
-      const bytes = encoder.encode(headOf("application/json", body.length) + body);
-      return { bytes, lastBlockAt: bytes.length - LAST_BLOCK_TEMPLATE.length - 1 };
-    });
+        const body = `{"candidates":${spec.candidates},"token_ids":${prefix}${LAST_BLOCK_TEMPLATE}}`;
+        const bytes = encoder.encode(headOf("application/json", body.length) + body);
+        return { bytes, lastBlockAt: bytes.length - LAST_BLOCK_TEMPLATE.length - 1 };
+      });
 }
 
-async function httpSenders(spec: LoadSpec, pool: Pool, nextCounter: () => number, record: Record): Promise<Sender[]> {
+async function httpSenders(
+  spec: LoadSpec,
+  pool: Pool,
+  nextCounter: () => number,
+  record: Record,
+): Promise<Sender[]> {
   const requests = httpRequests(spec, pool);
   const lastBlock = new Uint32Array(BLOCK_SIZE);
   const lastBlockBytes = new Uint8Array(lastBlock.buffer);
@@ -384,11 +426,19 @@ async function httpSenders(spec: LoadSpec, pool: Pool, nextCounter: () => number
           if (length === null) throw new Error(`response without content-length: ${head}`);
           const total = headEnd + 4 + Number(length[1]);
           if (filled < total) return;
-          if (filled > total) throw new Error("more bytes than one response (the server answered twice?)");
+          if (filled > total)
+            throw new Error("more bytes than one response (the server answered twice?)");
           const status = Number(head.slice(9, 12));
           const now = performance.now();
           if (status === 200) record(sentAt, now, 1, 0);
-          else record(sentAt, now, 0, 1, `${status} ${Buffer.from(buffer.subarray(headEnd + 4, total)).toString()}`);
+          else
+            record(
+              sentAt,
+              now,
+              0,
+              1,
+              `${status} ${Buffer.from(buffer.subarray(headEnd + 4, total)).toString()}`,
+            );
           filled = 0;
           const callback = then!;
           then = null;
@@ -400,7 +450,8 @@ async function httpSenders(spec: LoadSpec, pool: Pool, nextCounter: () => number
           pending = written === pending.length ? null : pending.subarray(written);
         },
         close() {
-          if (then !== null && !closing) throw new Error("the server closed a connection with a request in flight");
+          if (then !== null && !closing)
+            throw new Error("the server closed a connection with a request in flight");
         },
       },
     });
@@ -431,7 +482,11 @@ async function httpSenders(spec: LoadSpec, pool: Pool, nextCounter: () => number
 // ---- WebSocket --------------------------------------------------------------------------
 
 async function wsSenders(
-  spec: LoadSpec, pool: Pool, counterNow: () => number, advance: (n: number) => void, record: Record,
+  spec: LoadSpec,
+  pool: Pool,
+  counterNow: () => number,
+  advance: (n: number) => void,
+  record: Record,
 ): Promise<Sender[]> {
   let poolNext = 0;
   const senders: Sender[] = [];
@@ -448,13 +503,29 @@ async function wsSenders(
   const countOk = (data: unknown): { ok: number; text: string } => {
     if (typeof data === "string") {
       let ok = 0;
-      for (let at = data.indexOf('"status":200'); at >= 0; at = data.indexOf('"status":200', at + 12)) ok++;
+      for (
+        let at = data.indexOf('"status":200');
+        at >= 0;
+        at = data.indexOf('"status":200', at + 12)
+      )
+        ok++;
       return { ok, text: data };
     }
     const bytes = Buffer.from(data as ArrayBuffer);
     let ok = 0;
-    for (let at = bytes.indexOf(statusOk); at >= 0; at = bytes.indexOf(statusOk, at + statusOk.length)) ok++;
-    return { ok, text: ok === spec.batch ? "" : JSON.stringify(unpack(bytes), (_k, v) => (typeof v === "bigint" ? String(v) : v)) };
+    for (
+      let at = bytes.indexOf(statusOk);
+      at >= 0;
+      at = bytes.indexOf(statusOk, at + statusOk.length)
+    )
+      ok++;
+    return {
+      ok,
+      text:
+        ok === spec.batch
+          ? ""
+          : JSON.stringify(unpack(bytes), (_k, v) => (typeof v === "bigint" ? String(v) : v)),
+    };
   };
   for (let c = 0; c < spec.connections; c++) {
     const ws = new WebSocket(url);
@@ -484,7 +555,8 @@ async function wsSenders(
       callback();
     };
     ws.onclose = () => {
-      if (head < callbacks.length && !closing) throw new Error("the server closed a WebSocket with requests in flight");
+      if (head < callbacks.length && !closing)
+        throw new Error("the server closed a WebSocket with requests in flight");
     };
     senders.push({
       send(at, then) {
@@ -497,7 +569,12 @@ async function wsSenders(
           for (let k = 0; k < spec.batch; k++) {
             const tokens = pool.tokens[poolNext++ % pool.tokens.length]!;
             lastBlockTokens(tokens, base + k);
-            requests.push({ id: id++, op: "route", candidates: spec.candidates, token_ids: new Uint8Array(tokens.buffer, tokens.byteOffset, tokens.byteLength) });
+            requests.push({
+              id: id++,
+              op: "route",
+              candidates: spec.candidates,
+              token_ids: new Uint8Array(tokens.buffer, tokens.byteOffset, tokens.byteLength),
+            });
           }
           ws.send(pack(spec.batch === 1 ? requests[0] : requests));
           return;
@@ -529,7 +606,8 @@ const LOADGEN_BINARY = join(import.meta.dir, "loadgen", "build", "open-loop");
  * compiles, else "bun" with a note on stderr; asking for "c" without a compiler fails.
  */
 export function openLoopGenerator(requested: string | undefined): "bun" | "c" {
-  if (requested !== undefined && requested !== "bun" && requested !== "c") throw new Error(`--generator must be bun or c, got ${requested}`);
+  if (requested !== undefined && requested !== "bun" && requested !== "c")
+    throw new Error(`--generator must be bun or c, got ${requested}`);
   if (requested === "bun") return "bun";
   try {
     openLoopBinary();
@@ -549,8 +627,12 @@ function openLoopBinary(): string {
   } catch {}
   if (!fresh) {
     mkdirSync(join(import.meta.dir, "loadgen", "build"), { recursive: true });
-    const cc = Bun.spawnSync([process.env.CC ?? "cc", "-O2", "-Wall", "-o", LOADGEN_BINARY, LOADGEN_SOURCE], { stderr: "pipe" });
-    if (cc.exitCode !== 0) throw new Error(`cannot compile ${LOADGEN_SOURCE}: ${cc.stderr.toString()}`);
+    const cc = Bun.spawnSync(
+      [process.env.CC ?? "cc", "-O2", "-Wall", "-o", LOADGEN_BINARY, LOADGEN_SOURCE],
+      { stderr: "pipe" },
+    );
+    if (cc.exitCode !== 0)
+      throw new Error(`cannot compile ${LOADGEN_SOURCE}: ${cc.stderr.toString()}`);
   }
   return LOADGEN_BINARY;
 }
@@ -563,18 +645,29 @@ function openLoopBinary(): string {
 function openLoopPayloads(spec: LoadSpec, pool: Pool): Uint8Array {
   const entries: { bytes: Uint8Array; patches: number[] }[] = [];
   if (spec.transport === "http") {
-    for (const request of httpRequests(spec, pool)) entries.push({ bytes: request.bytes, patches: [request.lastBlockAt] });
+    for (const request of httpRequests(spec, pool))
+      entries.push({ bytes: request.bytes, patches: [request.lastBlockAt] });
   } else {
     if (!spec.binary) throw new Error("the C generator sends binary WebSocket frames only");
     for (let f = 0; f < pool.tokens.length; f++) {
       // One request per frame is the request itself; more are a fixarray or array16 header first.
-      const header = spec.batch === 1 ? [] : spec.batch < 16 ? [0x90 | spec.batch] : [0xdc, spec.batch >> 8, spec.batch & 0xff];
+      const header =
+        spec.batch === 1
+          ? []
+          : spec.batch < 16
+            ? [0x90 | spec.batch]
+            : [0xdc, spec.batch >> 8, spec.batch & 0xff];
       const parts: Uint8Array[] = [new Uint8Array(header)];
       const patches: number[] = [];
       let length = parts[0]!.length;
       for (let k = 0; k < spec.batch; k++) {
         const tokens = pool.tokens[(f + k) % pool.tokens.length]!;
-        const element = pack({ id: k, op: "route", candidates: spec.candidates, token_ids: new Uint8Array(tokens.buffer, tokens.byteOffset, tokens.byteLength) });
+        const element = pack({
+          id: k,
+          op: "route",
+          candidates: spec.candidates,
+          token_ids: new Uint8Array(tokens.buffer, tokens.byteOffset, tokens.byteLength),
+        });
         length += element.length;
         patches.push(length - 4 * BLOCK_SIZE);
         parts.push(element);
@@ -600,21 +693,42 @@ async function runOpenLoopC(spec: LoadSpec): Promise<LoadResult> {
   const path = join(tmpdir(), `kvedge-open-loop-${process.pid}.bin`);
   writeFileSync(path, openLoopPayloads(spec, promptPool(spec)));
   const frameRequests = spec.transport === "http" ? 1 : spec.batch;
-  const proc = killWithBench(Bun.spawn([
-    binary, path, spec.host, String(spec.port), spec.transport, String(spec.rate), String(frameRequests),
-    String(spec.connections), String(spec.warmupMs), String(spec.durationMs), String(spec.serverPid), spec.binary ? "u32" : "json",
-  ], { stdout: "pipe", stderr: "inherit" }));
+  const proc = killWithBench(
+    Bun.spawn(
+      [
+        binary,
+        path,
+        spec.host,
+        String(spec.port),
+        spec.transport,
+        String(spec.rate),
+        String(frameRequests),
+        String(spec.connections),
+        String(spec.warmupMs),
+        String(spec.durationMs),
+        String(spec.serverPid),
+        spec.binary ? "u32" : "json",
+      ],
+      { stdout: "pipe", stderr: "inherit" },
+    ),
+  );
   const text = await new Response(proc.stdout).text();
   const status = await proc.exited;
   rmSync(path, { force: true });
   if (status !== 0) throw new Error("bench/loadgen/open-loop failed");
   const result = JSON.parse(text.trim().split("\n").pop()!) as LoadResult;
-  return { ...result, ...(result.errors > 0 ? { sampleError: "answers without status 200 (the C generator does not keep their text)" } : {}) };
+  return {
+    ...result,
+    ...(result.errors > 0
+      ? { sampleError: "answers without status 200 (the C generator does not keep their text)" }
+      : {}),
+  };
 }
 
 if (import.meta.main) {
   const spec = JSON.parse(process.argv[2]!) as LoadSpec;
-  const result = spec.mode === "open" && spec.generator === "c" ? await runOpenLoopC(spec) : await run(spec);
+  const result =
+    spec.mode === "open" && spec.generator === "c" ? await runOpenLoopC(spec) : await run(spec);
   process.stdout.write(`${JSON.stringify(result)}\n`);
   process.exit(0);
 }

@@ -27,7 +27,10 @@ export const KIND_REQUEST = 4;
 
 /** Mixes (a, b, c) into a u32. */
 export function mix(a: number, b: number, c: number): number {
-  let h = Math.imul(a ^ 0x9e3779b9, 0x85ebca6b) ^ Math.imul(b + 0x7f4a7c15, 0xc2b2ae35) ^ Math.imul(c, 0x27d4eb2f);
+  let h =
+    Math.imul(a ^ 0x9e3779b9, 0x85ebca6b) ^
+    Math.imul(b + 0x7f4a7c15, 0xc2b2ae35) ^
+    Math.imul(c, 0x27d4eb2f);
   h ^= h >>> 15;
   h = Math.imul(h, 0x2c1b3c6d);
   h ^= h >>> 12;
@@ -36,8 +39,15 @@ export function mix(a: number, b: number, c: number): number {
 }
 
 /** Writes the 16 tokens of block `position` of (kind, id) at `out[at..]`. */
-export function blockTokens(kind: number, id: number, position: number, out: number[] | Uint32Array, at: number): void {
-  for (let i = 0; i < BLOCK_SIZE; i++) out[at + i] = mix(kind * 0x1000_0000 + id, position, i) % VOCAB;
+export function blockTokens(
+  kind: number,
+  id: number,
+  position: number,
+  out: number[] | Uint32Array,
+  at: number,
+): void {
+  for (let i = 0; i < BLOCK_SIZE; i++)
+    out[at + i] = mix(kind * 0x1000_0000 + id, position, i) % VOCAB;
 }
 
 export interface Fleet {
@@ -112,17 +122,33 @@ export function externalHash(worker: number, kind: number, id: number, position:
  * the caller varies the last block per request. Returns the tokens and how many
  * leading blocks come from the fleet's cached families.
  */
-export function buildPrompt(fleet: Fleet, random: () => number, blocks: number, unique: number): { tokens: Uint32Array; sharedBlocks: number } {
+export function buildPrompt(
+  fleet: Fleet,
+  random: () => number,
+  blocks: number,
+  unique: number,
+): { tokens: Uint32Array; sharedBlocks: number } {
   const tokens = new Uint32Array(blocks * BLOCK_SIZE);
   let at = 0;
   if (random() % 10 !== 0) {
     const document = pickDocument(random);
     const system = fleet.documentSystem[document]!;
     const fraction = 0.5 + 0.4 * (random() / 2 ** 32);
-    const shared = Math.min(fleet.systemBlocks[system]! + fleet.documentBlocks[document]!, Math.floor(blocks * fraction));
+    const shared = Math.min(
+      fleet.systemBlocks[system]! + fleet.documentBlocks[document]!,
+      Math.floor(blocks * fraction),
+    );
     for (; at < shared; at++) {
-      if (at < fleet.systemBlocks[system]!) blockTokens(KIND_SYSTEM, system, at, tokens, at * BLOCK_SIZE);
-      else blockTokens(KIND_DOCUMENT, document, at - fleet.systemBlocks[system]!, tokens, at * BLOCK_SIZE);
+      if (at < fleet.systemBlocks[system]!)
+        blockTokens(KIND_SYSTEM, system, at, tokens, at * BLOCK_SIZE);
+      else
+        blockTokens(
+          KIND_DOCUMENT,
+          document,
+          at - fleet.systemBlocks[system]!,
+          tokens,
+          at * BLOCK_SIZE,
+        );
     }
   }
   const sharedBlocks = at;

@@ -27,20 +27,24 @@ import { BACKEND_NAMES, type BackendName, type KvIndex, MatchResult } from "../s
 import { benchFlags, provenance } from "./lib";
 import { buildWorkload, type Workload } from "./workload";
 
-const flags = benchFlags("bun bench/index.bench.ts [--backend crtc|positional|reference ...] [--pairs N] [--reference-pairs N] [--workers N] [--sticky P] [--shared] [--json]", {
-  backend: { type: "string", multiple: true },
-  pairs: { type: "string" },
-  "reference-pairs": { type: "string" },
-  workers: { type: "string" },
-  sticky: { type: "string" },
-  shared: { type: "boolean" },
-  json: { type: "boolean" },
-});
+const flags = benchFlags(
+  "bun bench/index.bench.ts [--backend crtc|positional|reference ...] [--pairs N] [--reference-pairs N] [--workers N] [--sticky P] [--shared] [--json]",
+  {
+    backend: { type: "string", multiple: true },
+    pairs: { type: "string" },
+    "reference-pairs": { type: "string" },
+    workers: { type: "string" },
+    sticky: { type: "string" },
+    shared: { type: "boolean" },
+    json: { type: "boolean" },
+  },
+);
 // --shared: the crtc's pools in shared memory (src/index/crtc/shared.ts), written on this thread.
 const shared = flags.shared === true;
 const json = flags.json === true;
 const backends = (flags.backend ?? ["crtc", "positional", "reference"]) as BackendName[];
-for (const backend of backends) if (!BACKEND_NAMES.includes(backend)) throw new Error(`unknown backend ${backend}`);
+for (const backend of backends)
+  if (!BACKEND_NAMES.includes(backend)) throw new Error(`unknown backend ${backend}`);
 const pairs = Number(flags.pairs ?? 1_000_000);
 const referencePairs = Number(flags["reference-pairs"] ?? 100_000);
 const sticky = Number(flags.sticky ?? 0.8);
@@ -72,13 +76,23 @@ function workloadOf(target: number): Workload {
 
 function build(backend: BackendName): Built {
   const workload = workloadOf(backend === "reference" ? referencePairs : pairs);
-  const sharedIndex = shared && backend === "crtc"
-    ? createSharedIndex(16, { verify: false, budgetBytes: 4 * 2 ** 30 })
-    : null;
+  const sharedIndex =
+    shared && backend === "crtc"
+      ? createSharedIndex(16, { verify: false, budgetBytes: 4 * 2 ** 30 })
+      : null;
   const index = sharedIndex?.index ?? createIndex(backend, 16, { verify: false });
   const started = performance.now();
   for (const event of workload.events) {
-    index.applyStored(BigInt(event.worker), 0, event.hasParent, event.parentHi, event.parentLo, event.external, event.local, event.count);
+    index.applyStored(
+      BigInt(event.worker),
+      0,
+      event.hasParent,
+      event.parentHi,
+      event.parentLo,
+      event.external,
+      event.local,
+      event.count,
+    );
   }
   const elapsed = performance.now() - started;
   const stats = index.stats();
@@ -115,7 +129,9 @@ Bun.gc(true); // the build's garbage is collected before anything is timed
 
 for (const built of builds) {
   const { index, workload, backend } = built;
-  const queries = workload.prompts.filter((prompt) => prompt.length >= 2 * QUERY_BLOCKS).slice(-1024)
+  const queries = workload.prompts
+    .filter((prompt) => prompt.length >= 2 * QUERY_BLOCKS)
+    .slice(-1024)
     .map((prompt) => prompt.slice(0, 2 * QUERY_BLOCKS));
   // Their sequence hashes, as a route has them (src/route/input.ts) and passes them.
   const chains = queries.map((query) => {
@@ -146,7 +162,16 @@ for (const built of builds) {
   };
   const underHeld = (): void => {
     const worker = chain();
-    index.applyStored(BigInt(worker), 0, true, tails[2 * worker]!, tails[2 * worker + 1]!, external, local, CHAIN_BLOCKS);
+    index.applyStored(
+      BigInt(worker),
+      0,
+      true,
+      tails[2 * worker]!,
+      tails[2 * worker + 1]!,
+      external,
+      local,
+      CHAIN_BLOCKS,
+    );
     do_not_optimize(index.applyRemoved(BigInt(worker), 0, external, CHAIN_BLOCKS));
   };
   const fromRoot = (): void => {
@@ -173,8 +198,8 @@ for (const built of builds) {
 }
 
 const result = await run({ format: json ? "quiet" : "mitata" });
-const p50 = (name: string): number => result.benchmarks.flatMap((trial) => trial.runs)
-  .find((entry) => entry.name === name)!.stats!.p50;
+const p50 = (name: string): number =>
+  result.benchmarks.flatMap((trial) => trial.runs).find((entry) => entry.name === name)!.stats!.p50;
 const rows = builds.map((built) => {
   const { backend } = built;
   const stats = built.index.stats();
@@ -187,20 +212,38 @@ const rows = builds.map((built) => {
     bytes_per_pair: Number(built.bytesPerPair.toFixed(2)),
     build_ns_per_block: Number(built.buildNsPerBlock.toFixed(1)),
     find_matches_128_ns: Math.round(p50(`${backend} findMatches ${QUERY_BLOCKS} blocks`)),
-    under_held_ns_per_block_op: Number((p50(`${backend} store+remove ${CHAIN_BLOCKS} blocks under a held block`) / (2 * CHAIN_BLOCKS)).toFixed(1)),
-    from_root_ns_per_block_op: Number((p50(`${backend} store+remove ${CHAIN_BLOCKS} blocks from the root`) / (2 * CHAIN_BLOCKS)).toFixed(1)),
-    ...(built.descriptor === null ? {} : {
-      reader_find_matches_128_ns: Math.round(p50(`${backend} reader findMatches`)),
-    }),
+    under_held_ns_per_block_op: Number(
+      (
+        p50(`${backend} store+remove ${CHAIN_BLOCKS} blocks under a held block`) /
+        (2 * CHAIN_BLOCKS)
+      ).toFixed(1),
+    ),
+    from_root_ns_per_block_op: Number(
+      (
+        p50(`${backend} store+remove ${CHAIN_BLOCKS} blocks from the root`) /
+        (2 * CHAIN_BLOCKS)
+      ).toFixed(1),
+    ),
+    ...(built.descriptor === null
+      ? {}
+      : {
+          reader_find_matches_128_ns: Math.round(p50(`${backend} reader findMatches`)),
+        }),
   };
 });
 if (json) {
-  process.stdout.write(`${JSON.stringify({ bench: "index", workers: WORKERS, sticky, provenance: provenance(), rows })}\n`);
+  process.stdout.write(
+    `${JSON.stringify({ bench: "index", workers: WORKERS, sticky, provenance: provenance(), rows })}\n`,
+  );
 } else {
-  console.log("\nbackend    | pairs     | bytes/pair | build ns/block | findMatches(128) | store+remove ns/block op (held parent, root)");
+  console.log(
+    "\nbackend    | pairs     | bytes/pair | build ns/block | findMatches(128) | store+remove ns/block op (held parent, root)",
+  );
   for (const row of rows) {
-    console.log(`${row.backend.padEnd(10)} | ${String(row.pairs).padEnd(9)} | ${String(row.bytes_per_pair).padEnd(10)} | `
-      + `${String(row.build_ns_per_block).padEnd(14)} | ${`${row.find_matches_128_ns} ns`.padEnd(16)} | `
-      + `${row.under_held_ns_per_block_op}, ${row.from_root_ns_per_block_op}`);
+    console.log(
+      `${row.backend.padEnd(10)} | ${String(row.pairs).padEnd(9)} | ${String(row.bytes_per_pair).padEnd(10)} | ` +
+        `${String(row.build_ns_per_block).padEnd(14)} | ${`${row.find_matches_128_ns} ns`.padEnd(16)} | ` +
+        `${row.under_held_ns_per_block_op}, ${row.from_root_ns_per_block_op}`,
+    );
   }
 }

@@ -44,11 +44,15 @@ export interface CorpusOptions {
 class Slab<T extends Uint8Array | Uint32Array> {
   readonly chunks: T[] = [];
   private used = 0;
-  constructor(private readonly make: (n: number) => T, private readonly chunkSize: number) {}
+  constructor(
+    private readonly make: (n: number) => T,
+    private readonly chunkSize: number,
+  ) {}
 
   /** Copies `data` in; returns its (chunk, offset) packed as chunk * chunkSize + offset. */
   push(data: ArrayLike<number>): number {
-    if (data.length > this.chunkSize) throw new RangeError(`item of ${data.length} over the slab chunk ${this.chunkSize}`);
+    if (data.length > this.chunkSize)
+      throw new RangeError(`item of ${data.length} over the slab chunk ${this.chunkSize}`);
     if (this.chunks.length === 0 || this.used + data.length > this.chunkSize) {
       this.chunks.push(this.make(this.chunkSize));
       this.used = 0;
@@ -83,7 +87,14 @@ class OpColumns {
   length = new Uint32Array(1 << 16);
   blocks = new Uint32Array(1 << 16);
 
-  add(time: number, kind: number, worker: number, at: number, length: number, blocks: number): void {
+  add(
+    time: number,
+    kind: number,
+    worker: number,
+    at: number,
+    length: number,
+    blocks: number,
+  ): void {
     if (this.count === this.time.length) this.grow();
     const i = this.count++;
     this.time[i] = time;
@@ -96,7 +107,10 @@ class OpColumns {
 
   private grow(): void {
     const size = 2 * this.time.length;
-    const widen = <A extends Float64Array | Uint8Array | Uint32Array>(from: A, to: A): A => (to.set(from), to);
+    const widen = <A extends Float64Array | Uint8Array | Uint32Array>(from: A, to: A): A => {
+      to.set(from);
+      return to;
+    };
     this.time = widen(this.time, new Float64Array(size));
     this.kind = widen(this.kind, new Uint8Array(size));
     this.worker = widen(this.worker, new Uint32Array(size));
@@ -149,20 +163,37 @@ export function buildCorpus(trace: Trace, options: CorpusOptions): Corpus {
   for (let r = 0; r < trace.count; r++) owner[r] = randomInt(rng, options.workers);
   const engines: EngineCache[] = [];
   for (let w = 0; w < options.workers; w++) {
-    engines.push(new EngineCache({ capacityBlocks: options.engineBlocks, blockSize: options.blockSize, hashSeed: randomU64(rng) }));
+    engines.push(
+      new EngineCache({
+        capacityBlocks: options.engineBlocks,
+        blockSize: options.blockSize,
+        hashSeed: randomU64(rng),
+      }),
+    );
   }
   const ops = new OpColumns();
   const payloads = new Slab((n) => new Uint8Array(n), SLAB_CHUNK);
   const queryTokens = new Slab((n) => new Uint32Array(n), SLAB_CHUNK);
   const totals: Totals = {
-    requests: trace.count, requestsSkipped: 0, queryBlocks: 0, batches: 0, storedEvents: 0, removedEvents: 0,
-    storedBlocks: 0, removedBlocks: 0, payloadBytes: 0, queryTokenBytes: 0,
+    requests: trace.count,
+    requestsSkipped: 0,
+    queryBlocks: 0,
+    batches: 0,
+    storedEvents: 0,
+    removedEvents: 0,
+    storedBlocks: 0,
+    removedBlocks: 0,
+    payloadBytes: 0,
+    queryTokenBytes: 0,
   };
   const workerBatches = new Uint32Array(options.workers);
   let scratch = new Uint32Array(1 << 16);
   const emit = (worker: number, time: number, events: KvEvent[]): void => {
     if (events.length === 0) return;
-    const payload = encodeKvBatch({ ts: time / 1000, events: events.map(toWireEvent) }, { form: "array" });
+    const payload = encodeKvBatch(
+      { ts: time / 1000, events: events.map(toWireEvent) },
+      { form: "array" },
+    );
     let blocks = 0;
     for (const event of events) {
       if (event.type === "AllBlocksCleared") continue;
@@ -190,7 +221,14 @@ export function buildCorpus(trace: Trace, options: CorpusOptions): Corpus {
     writePromptTokens(requestIds(trace, r), trace.blockTokens, prompt, DEFAULT_VOCAB_SIZE, tokens);
     writeOutputTokens(r, total - prompt, DEFAULT_VOCAB_SIZE, tokens, prompt);
     const promptTokens = tokens.subarray(0, prompt);
-    ops.add(time, OP_QUERY, worker, queryTokens.push(promptTokens), prompt, Math.floor(prompt / options.blockSize));
+    ops.add(
+      time,
+      OP_QUERY,
+      worker,
+      queryTokens.push(promptTokens),
+      prompt,
+      Math.floor(prompt / options.blockSize),
+    );
     totals.queryBlocks += Math.floor(prompt / options.blockSize);
     totals.queryTokenBytes += 4 * prompt;
     const engine = engines[worker]!;
@@ -207,12 +245,17 @@ export function buildCorpus(trace: Trace, options: CorpusOptions): Corpus {
       step(prompt);
       step(total);
     } else {
-      for (let end = Math.min(options.prefillChunk, prompt); ; end = Math.min(end + options.prefillChunk, prompt)) {
+      for (
+        let end = Math.min(options.prefillChunk, prompt);
+        ;
+        end = Math.min(end + options.prefillChunk, prompt)
+      ) {
         step(end);
         if (end === prompt) break;
       }
       const size = options.blockSize;
-      for (let block = Math.floor(prompt / size) + 1; block * size <= total; block++) step(block * size);
+      for (let block = Math.floor(prompt / size) + 1; block * size <= total; block++)
+        step(block * size);
     }
     engine.release(sequence);
   }
@@ -223,8 +266,13 @@ export function buildCorpus(trace: Trace, options: CorpusOptions): Corpus {
 
 /** Rescales each worker's timeline to the window and sorts the operations. */
 function schedule(
-  ops: OpColumns, options: CorpusOptions, payloads: Slab<Uint8Array>, queryTokens: Slab<Uint32Array>,
-  engineBlocks: Uint32Array, workerBatches: Uint32Array, totals: Totals,
+  ops: OpColumns,
+  options: CorpusOptions,
+  payloads: Slab<Uint8Array>,
+  queryTokens: Slab<Uint32Array>,
+  engineBlocks: Uint32Array,
+  workerBatches: Uint32Array,
+  totals: Totals,
 ): Corpus {
   const n = ops.count;
   const first = new Float64Array(options.workers).fill(Infinity);
@@ -242,8 +290,13 @@ function schedule(
     deadlineOf[i] = span > 0 ? Math.round(((ops.time[i]! - first[w]!) / span) * windowNs) : 0;
   }
   const order = Array.from({ length: n }, (_, i) => i);
-  order.sort((a, b) => deadlineOf[a]! - deadlineOf[b]! || ops.kind[a]! - ops.kind[b]!
-    || ops.worker[a]! - ops.worker[b]! || a - b);
+  order.sort(
+    (a, b) =>
+      deadlineOf[a]! - deadlineOf[b]! ||
+      ops.kind[a]! - ops.kind[b]! ||
+      ops.worker[a]! - ops.worker[b]! ||
+      a - b,
+  );
   const deadline = new Float64Array(n);
   const kind = new Uint8Array(n);
   const worker = new Uint32Array(n);
@@ -261,7 +314,15 @@ function schedule(
   }
   const totalBlockOps = totals.queryBlocks + totals.storedBlocks + totals.removedBlocks;
   return {
-    count: n, deadline, kind, worker, blocks, engineBlocks, workerBatches, totals, totalBlockOps,
+    count: n,
+    deadline,
+    kind,
+    worker,
+    blocks,
+    engineBlocks,
+    workerBatches,
+    totals,
+    totalBlockOps,
     payload: (i) => payloads.view(at[i]!, length[i]!),
     tokens: (i) => queryTokens.view(at[i]!, length[i]!),
   };
@@ -283,7 +344,10 @@ export interface QueryHashes {
 export function queryHashesOf(words: Uint32Array): QueryHashes {
   const half = words.length >> 1;
   return {
-    local: words.subarray(0, half), chain: words.subarray(half), count: half >> 1, words,
+    local: words.subarray(0, half),
+    chain: words.subarray(half),
+    count: half >> 1,
+    words,
   };
 }
 

@@ -76,8 +76,12 @@ function hashedQueries(start: LaneStart): QueryHashes[] {
 }
 
 function run(
-  start: LaneStart, reader: SharedIndexReader, hasher: PromptHasher,
-  hashed: QueryHashes[] | null, out: MatchResult, origin: number,
+  start: LaneStart,
+  reader: SharedIndexReader,
+  hasher: PromptHasher,
+  hashed: QueryHashes[] | null,
+  out: MatchResult,
+  origin: number,
 ): LaneResult {
   const { deadlines } = start.queries;
   const n = deadlines.length;
@@ -112,7 +116,9 @@ function run(
         Bun.sleepSync((wait - spinNs) / 1e6);
         sleptNs += wait - spinNs;
       }
-      while (Bun.nanoseconds() - origin < deadlines[next]!) { /* spin to the deadline */ }
+      while (Bun.nanoseconds() - origin < deadlines[next]!) {
+        /* spin to the deadline */
+      }
     }
     if (now > maxNs) break;
   }
@@ -120,8 +126,15 @@ function run(
   const neededS = (Bun.nanoseconds() - begin - sleptNs) / 1e9;
   const sched = threadSchedNs();
   return {
-    lane: start.lane, accepted, started: began, finished, service, completed,
-    cpuS: (sched.runNs - schedBefore.runNs) / 1e9, neededS,
-    runqueueWaitS: (sched.waitNs - schedBefore.waitNs) / 1e9, stats: { ...reader.stats },
+    lane: start.lane,
+    accepted,
+    started: began,
+    finished,
+    service,
+    completed,
+    cpuS: (sched.runNs - schedBefore.runNs) / 1e9,
+    neededS,
+    runqueueWaitS: (sched.waitNs - schedBefore.waitNs) / 1e9,
+    stats: { ...reader.stats },
   };
 }

@@ -62,7 +62,6 @@ export function threadId(): number {
   return Number(readlinkSync("/proc/thread-self").split("/").at(-1));
 }
 
-
 export interface LanesOptions {
   readonly lanes: number;
   readonly blockSize: number;
@@ -111,7 +110,9 @@ export interface LanesRun {
 
 /** Splits the corpus's queries over the lanes: round-robin in deadline order. */
 function laneQueries(
-  corpus: Corpus, hashed: QueryHashes[] | null, lanes: number,
+  corpus: Corpus,
+  hashed: QueryHashes[] | null,
+  lanes: number,
 ): { ops: number[][]; starts: LaneStart["queries"][] } {
   const wordsOf = (i: number) => (hashed === null ? corpus.tokens(i) : hashed[i]!.words);
   const ops: number[][] = Array.from({ length: lanes }, () => []);
@@ -152,9 +153,12 @@ function message<T>(worker: Worker, key: string): Promise<T> {
 }
 
 export async function replayLanes(
-  corpus: Corpus, hashed: QueryHashes[] | null,
+  corpus: Corpus,
+  hashed: QueryHashes[] | null,
   batch: (worker: number, payload: Uint8Array) => void,
-  warm: SharedIndexDescriptor, index: SharedIndexDescriptor, options: LanesOptions,
+  warm: SharedIndexDescriptor,
+  index: SharedIndexDescriptor,
+  options: LanesOptions,
 ): Promise<LanesRun> {
   const cpus = navigator.hardwareConcurrency;
   const { ops, starts } = laneQueries(corpus, hashed, options.lanes);
@@ -166,8 +170,14 @@ export async function replayLanes(
     const ready = workers.map((worker) => message<number>(worker, "ready"));
     starts.forEach((queries, lane) => {
       const start: LaneStart = {
-        lane, queries, warm, index, blockSize: options.blockSize, spinNs: options.spinNs,
-        maxNs: options.maxNs, warmLookups: options.warmLookups,
+        lane,
+        queries,
+        warm,
+        index,
+        blockSize: options.blockSize,
+        spinNs: options.spinNs,
+        maxNs: options.maxNs,
+        warmLookups: options.warmLookups,
         cpu: options.pin ? (1 + lane) % cpus : -1,
       };
       workers[lane]!.postMessage({ start });
@@ -201,7 +211,9 @@ interface WriterRun {
 
 /** The one-thread replay's loop with the queries taken out: batches at their deadlines. */
 function writeAtDeadlines(
-  corpus: Corpus, batch: (worker: number, payload: Uint8Array) => void, origin: number,
+  corpus: Corpus,
+  batch: (worker: number, payload: Uint8Array) => void,
+  origin: number,
   options: LanesOptions,
 ): WriterRun {
   const n = corpus.count;
@@ -210,7 +222,11 @@ function writeAtDeadlines(
   const finished = new Float64Array(n);
   const { deadline, kind, worker } = corpus;
   const queue = new Int32Array(n);
-  let head = 0, tail = 0, next = 0, busyWriteNs = 0, lastAccepted = 0;
+  let head = 0,
+    tail = 0,
+    next = 0,
+    busyWriteNs = 0,
+    lastAccepted = 0;
   let remaining = 0;
   for (let i = 0; i < n; i++) if (kind[i] !== OP_QUERY) remaining++;
   const before = threadSchedNs();
@@ -234,7 +250,9 @@ function writeAtDeadlines(
     } else if (next < n) {
       const wait = deadline[next]! - now;
       if (wait > options.spinNs) Bun.sleepSync((wait - options.spinNs) / 1e6);
-      while (Bun.nanoseconds() - origin < deadline[next]!) { /* spin to the deadline */ }
+      while (Bun.nanoseconds() - origin < deadline[next]!) {
+        /* spin to the deadline */
+      }
     }
     if (now > options.maxNs) break;
   }
@@ -242,20 +260,31 @@ function writeAtDeadlines(
   const writerCpuS = (after.runNs - before.runNs) / 1e9;
   const writerRunqueueWaitS = (after.waitNs - before.waitNs) / 1e9;
   return {
-    accepted, started, finished, lastAccepted, busyWriteNs, writerCpuS, writerRunqueueWaitS,
+    accepted,
+    started,
+    finished,
+    lastAccepted,
+    busyWriteNs,
+    writerCpuS,
+    writerRunqueueWaitS,
   };
 }
 
 /** Per query (by op index; NaN for batches): its measured cost, clipped at the p90. */
 function clippedCosts(
-  corpus: Corpus, lanes: LaneResult[], ops: number[][], costsOf: (lane: LaneResult) => Float64Array,
+  corpus: Corpus,
+  lanes: LaneResult[],
+  ops: number[][],
+  costsOf: (lane: LaneResult) => Float64Array,
 ): Float64Array {
   const costs = new Float64Array(corpus.count).fill(NaN);
   for (const lane of lanes) {
     const measured = costsOf(lane);
     // The time a shared host held the thread off the CPU mid-query is not a lane's cost.
     const cap = measured.slice().sort()[Math.floor(0.9 * (measured.length - 1))] ?? 0;
-    ops[lane.lane]!.forEach((i, k) => (costs[i] = Math.min(measured[k]!, cap)));
+    ops[lane.lane]!.forEach((i, k) => {
+      costs[i] = Math.min(measured[k]!, cap);
+    });
   }
   return costs;
 }
@@ -279,7 +308,11 @@ export function ownCoreModel(corpus: Corpus, costs: Float64Array, lanes: number)
 }
 
 function merge(
-  corpus: Corpus, writer: WriterRun, lanes: LaneResult[], ops: number[][], cpuS: number,
+  corpus: Corpus,
+  writer: WriterRun,
+  lanes: LaneResult[],
+  ops: number[][],
+  cpuS: number,
 ): LanesRun {
   const { accepted, started, finished } = writer;
   const service = new Float64Array(corpus.count);
@@ -306,13 +339,25 @@ function merge(
   });
   const lookupCosts = clippedCosts(corpus, lanes, ops, (lane) => lane.service);
   return {
-    accepted, started, finished, service, lastAccepted, lastFinished, completed,
-    queryCosts, lookupCosts,
-    busyWriteNs: writer.busyWriteNs, cpuS, writerCpuS: writer.writerCpuS,
+    accepted,
+    started,
+    finished,
+    service,
+    lastAccepted,
+    lastFinished,
+    completed,
+    queryCosts,
+    lookupCosts,
+    busyWriteNs: writer.busyWriteNs,
+    cpuS,
+    writerCpuS: writer.writerCpuS,
     writerRunqueueWaitS: writer.writerRunqueueWaitS,
     lanes: lanes.map((lane) => ({
-      cpuS: Number(lane.cpuS.toFixed(3)), runqueueWaitS: Number(lane.runqueueWaitS.toFixed(3)),
-      neededS: Number(lane.neededS.toFixed(3)), queries: lane.accepted.length, stats: lane.stats,
+      cpuS: Number(lane.cpuS.toFixed(3)),
+      runqueueWaitS: Number(lane.runqueueWaitS.toFixed(3)),
+      neededS: Number(lane.neededS.toFixed(3)),
+      queries: lane.accepted.length,
+      stats: lane.stats,
     })),
   };
 }

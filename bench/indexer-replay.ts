@@ -38,7 +38,13 @@ import { PromptHasher } from "../src/route";
 import { parseTrace, transformTrace } from "../src/sim/trace";
 import { benchFlags, provenance } from "./lib";
 import {
-  buildCorpus, hashQueries, OP_BATCH, OP_QUERY, type Cadence, type Corpus, type QueryHashes,
+  buildCorpus,
+  hashQueries,
+  OP_BATCH,
+  OP_QUERY,
+  type Cadence,
+  type Corpus,
+  type QueryHashes,
 } from "./indexer-replay-corpus";
 import { ownCoreModel, replayLanes } from "./indexer-replay-lanes";
 
@@ -50,14 +56,29 @@ const usage = `bun bench/indexer-replay.ts [--trace FILE] [--length-factor F] [-
   [--sweep [--sweep-min-ms MS --sweep-max-ms MS --sweep-steps N]] [--json]`;
 
 const flags = benchFlags(usage, {
-  trace: { type: "string" }, "length-factor": { type: "string" }, duplication: { type: "string" },
-  workers: { type: "string" }, "engine-blocks": { type: "string" }, "block-size": { type: "string" },
-  cadence: { type: "string" }, "prefill-chunk": { type: "string" }, "window-ms": { type: "string" },
-  seed: { type: "string" }, requests: { type: "string" }, "warmup-ops": { type: "string" },
-  "quiescence-ms": { type: "string" }, "spin-us": { type: "string" }, "max-drain-s": { type: "string" },
-  "route-threads": { type: "string" }, sweep: { type: "boolean" }, "sweep-min-ms": { type: "string" },
-  "sweep-max-ms": { type: "string" }, "sweep-steps": { type: "string" }, json: { type: "boolean" },
-  "index-budget-mb": { type: "string" }, "pin-threads": { type: "boolean" },
+  trace: { type: "string" },
+  "length-factor": { type: "string" },
+  duplication: { type: "string" },
+  workers: { type: "string" },
+  "engine-blocks": { type: "string" },
+  "block-size": { type: "string" },
+  cadence: { type: "string" },
+  "prefill-chunk": { type: "string" },
+  "window-ms": { type: "string" },
+  seed: { type: "string" },
+  requests: { type: "string" },
+  "warmup-ops": { type: "string" },
+  "quiescence-ms": { type: "string" },
+  "spin-us": { type: "string" },
+  "max-drain-s": { type: "string" },
+  "route-threads": { type: "string" },
+  sweep: { type: "boolean" },
+  "sweep-min-ms": { type: "string" },
+  "sweep-max-ms": { type: "string" },
+  "sweep-steps": { type: "string" },
+  json: { type: "boolean" },
+  "index-budget-mb": { type: "string" },
+  "pin-threads": { type: "boolean" },
   "query-hashes": { type: "string" },
 });
 
@@ -89,7 +110,11 @@ const config = {
   duplication: intFlag("duplication", flags.duplication, 1),
   workers: intFlag("workers", flags.workers, 128),
   // Dynamo's 16,384 blocks; below block size 16 the same tokens (16,384 x 16) per engine.
-  engineBlocks: intFlag("engine-blocks", flags["engine-blocks"], Math.max(16_384, Math.ceil(262_144 / blockSize))),
+  engineBlocks: intFlag(
+    "engine-blocks",
+    flags["engine-blocks"],
+    Math.max(16_384, Math.ceil(262_144 / blockSize)),
+  ),
   blockSize,
   cadence: cadenceFlag as Cadence,
   prefillChunk: intFlag("prefill-chunk", flags["prefill-chunk"], 2048),
@@ -99,9 +124,10 @@ const config = {
   // Default: the whole corpus, on a throwaway index. With the first 20,000 ops the JIT
   // was still compiling the eviction and split paths after the clock (bench/JOURNAL.md,
   // "Compiles under the clock").
-  warmupOps: flags["warmup-ops"] === undefined
-    ? "all" as const
-    : intFlag("warmup-ops", flags["warmup-ops"], 0, 0),
+  warmupOps:
+    flags["warmup-ops"] === undefined
+      ? ("all" as const)
+      : intFlag("warmup-ops", flags["warmup-ops"], 0, 0),
   quiescenceMs: intFlag("quiescence-ms", flags["quiescence-ms"], 1000, 0),
   spinUs: intFlag("spin-us", flags["spin-us"], 100, 0),
   maxDrainS: intFlag("max-drain-s", flags["max-drain-s"], 300),
@@ -120,16 +146,16 @@ async function single(): Promise<void> {
   const text = readFileSync(config.trace);
   const traceSha = createHash("sha256").update(text).digest("hex");
   const trace = transformTrace(parseTrace(text.toString("utf8")), {
-    lengthFactor: config.lengthFactor, duplicationFactor: config.duplication,
+    lengthFactor: config.lengthFactor,
+    duplicationFactor: config.duplication,
     ...(config.requests === undefined ? {} : { requests: config.requests }),
   });
   const prepStart = performance.now();
   const corpus = buildCorpus(trace, config);
   const hashed = config.queryHashes === "pre" ? hashQueries(corpus, config.blockSize) : null;
   const prepS = (performance.now() - prepStart) / 1000;
-  const run = config.routeThreads === 0
-    ? warmedReplay(corpus, hashed)
-    : await replayOnLanes(corpus, hashed);
+  const run =
+    config.routeThreads === 0 ? warmedReplay(corpus, hashed) : await replayOnLanes(corpus, hashed);
   const report = summarize(corpus, run, traceSha, prepS);
   if (flags.json === true) console.log(JSON.stringify(report));
   else printReport(report);
@@ -147,17 +173,28 @@ class Pipeline {
   private readonly nextSeq: Uint32Array;
 
   constructor(
-    workers: number, firstWorkerId: number, index: KvIndex = createIndex("crtc", config.blockSize),
+    workers: number,
+    firstWorkerId: number,
+    index: KvIndex = createIndex("crtc", config.blockSize),
   ) {
     // The index is the normalizer's writer, as in `kvedge serve` (src/core/core.ts).
     this.index = index;
     for (let w = 0; w < workers; w++) {
-      const normalizer = new KvEventNormalizer({ workerId: BigInt(firstWorkerId + w), dpRank: 0, blockSize: config.blockSize, writer: index });
+      const normalizer = new KvEventNormalizer({
+        workerId: BigInt(firstWorkerId + w),
+        dpRank: 0,
+        blockSize: config.blockSize,
+        writer: index,
+      });
       this.normalizers.push(normalizer);
-      this.sequencers.push(new Sequencer({
-        apply: (_seq, payload) => normalizer.ingest(payload),
-        reset: () => { throw new Error("sequence went backwards in the replay"); },
-      }));
+      this.sequencers.push(
+        new Sequencer({
+          apply: (_seq, payload) => normalizer.ingest(payload),
+          reset: () => {
+            throw new Error("sequence went backwards in the replay");
+          },
+        }),
+      );
       this.sequencers[w]!.connected();
     }
     this.nextSeq = new Uint32Array(workers);
@@ -211,7 +248,9 @@ async function replayOnLanes(corpus: Corpus, hashed: QueryHashes[] | null): Prom
   if (config.quiescenceMs > 0) Bun.sleepSync(config.quiescenceMs);
   const batch = (worker: number, payload: Uint8Array) => pipeline.batch(worker, payload);
   const lanes = await replayLanes(corpus, hashed, batch, warm.descriptor, shared.descriptor, {
-    lanes: config.routeThreads, blockSize: config.blockSize, spinNs: config.spinUs * 1000,
+    lanes: config.routeThreads,
+    blockSize: config.blockSize,
+    spinNs: config.spinUs * 1000,
     maxNs: config.windowMs * 1e6 + config.maxDrainS * 1e9,
     warmLookups: Math.min(warmupLimit(corpus.count), 5000),
     pin: config.pinThreads,
@@ -220,17 +259,21 @@ async function replayOnLanes(corpus: Corpus, hashed: QueryHashes[] | null): Prom
   // costs; also over the queries that share no deadline (as sched_to_finish_outside_bursts).
   const { shared: inBurst } = sharedDeadlines(corpus);
   const modeled = (costs: Float64Array, outsideBursts = false) => {
-    return Object.fromEntries([1, 2, 4, 8, 16, 64].map((n) => {
-      const ns = ownCoreModel(corpus, costs, n).filter((value, i) => {
-        return !Number.isNaN(value) && !(outsideBursts && inBurst[i] === 1);
-      });
-      return [n, distribution(ns)];
-    }));
+    return Object.fromEntries(
+      [1, 2, 4, 8, 16, 64].map((n) => {
+        const ns = ownCoreModel(corpus, costs, n).filter((value, i) => {
+          return !Number.isNaN(value) && !(outsideBursts && inBurst[i] === 1);
+        });
+        return [n, distribution(ns)];
+      }),
+    );
   };
   const writeBlocks = corpus.totals.storedBlocks + corpus.totals.removedBlocks;
   const threads = {
-    writer_cpu_s: lanes.writerCpuS, writer_runqueue_wait_s: lanes.writerRunqueueWaitS,
-    lanes: lanes.lanes, writer: { ...shared.counters },
+    writer_cpu_s: lanes.writerCpuS,
+    writer_runqueue_wait_s: lanes.writerRunqueueWaitS,
+    lanes: lanes.lanes,
+    writer: { ...shared.counters },
     // Write capacity: the writer thread's own CPU (compare config.write_blocks_per_cpu_s at 0).
     write_blocks_per_writer_cpu_s: Math.round(writeBlocks / lanes.writerCpuS),
     own_core_sched_to_finish_by_lanes: modeled(lanes.queryCosts),
@@ -269,7 +312,13 @@ function replay(corpus: Corpus, hashed: QueryHashes[] | null): Run {
   const matched = new Float64Array(n);
   const queries = new Int32Array(n);
   const batches = new Int32Array(n);
-  let qHead = 0, qTail = 0, bHead = 0, bTail = 0, next = 0, completed = 0, busyWriteNs = 0;
+  let qHead = 0,
+    qTail = 0,
+    bHead = 0,
+    bTail = 0,
+    next = 0,
+    completed = 0,
+    busyWriteNs = 0;
   const { deadline, kind, worker } = corpus;
   const { index, matches } = pipeline;
   const spinNs = config.spinUs * 1000;
@@ -306,7 +355,9 @@ function replay(corpus: Corpus, hashed: QueryHashes[] | null): Run {
     } else if (next < n) {
       const wait = deadline[next]! - now;
       if (wait > spinNs) Bun.sleepSync((wait - spinNs) / 1e6);
-      while (Bun.nanoseconds() - origin < deadline[next]!) { /* spin to the deadline */ }
+      while (Bun.nanoseconds() - origin < deadline[next]!) {
+        /* spin to the deadline */
+      }
     }
     if (now > maxNs) break;
   }
@@ -314,7 +365,15 @@ function replay(corpus: Corpus, hashed: QueryHashes[] | null): Run {
   let lastFinished = 0;
   for (let i = 0; i < n; i++) if (finished[i]! > lastFinished) lastFinished = finished[i]!;
   return {
-    pipeline, accepted, started, finished, service, matched, completed, busyWriteNs, lastFinished,
+    pipeline,
+    accepted,
+    started,
+    finished,
+    service,
+    matched,
+    completed,
+    busyWriteNs,
+    lastFinished,
     cpuS: (cpu.user + cpu.system) / 1e6,
     lastAccepted: next === 0 ? 0 : accepted[next - 1]!,
   };
@@ -328,13 +387,31 @@ function longestMatch(matches: MatchResult): number {
 
 // ---- Report ----
 
-interface Distribution { p50_ns: number; p99_ns: number; p999_ns: number; max_ns: number }
-interface Quantiles { p50: number; p99: number; p999: number; max: number }
+interface Distribution {
+  p50_ns: number;
+  p99_ns: number;
+  p999_ns: number;
+  max_ns: number;
+}
+interface Quantiles {
+  p50: number;
+  p99: number;
+  p999: number;
+  max: number;
+}
 
 function quantiles(values: Float64Array): Quantiles {
   const sorted = values.slice().sort();
-  const at = (q: number) => (sorted.length === 0 ? 0 : Math.round(sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]!));
-  return { p50: at(0.5), p99: at(0.99), p999: at(0.999), max: sorted.length === 0 ? 0 : Math.round(sorted[sorted.length - 1]!) };
+  const at = (q: number) =>
+    sorted.length === 0
+      ? 0
+      : Math.round(sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]!);
+  return {
+    p50: at(0.5),
+    p99: at(0.99),
+    p999: at(0.999),
+    max: sorted.length === 0 ? 0 : Math.round(sorted[sorted.length - 1]!),
+  };
 }
 
 function distribution(values: Float64Array): Distribution {
@@ -373,7 +450,7 @@ function sharedDeadlines(corpus: Corpus): DeadlineBursts {
   const shared = new Uint8Array(corpus.count);
   let largest = 0;
   let inBursts = 0;
-  for (let i = 0; i < corpus.count;) {
+  for (let i = 0; i < corpus.count; ) {
     let end = i;
     let queries = 0;
     for (; end < corpus.count && deadline[end] === deadline[i]; end++) {
@@ -408,28 +485,43 @@ function hashNs(run: Run, i: number): number {
 
 function select(corpus: Corpus, wanted: number, value: (i: number) => number): Float64Array {
   const out: number[] = [];
-  for (let i = 0; i < corpus.count; i++) if ((corpus.kind[i] === OP_QUERY) === (wanted === OP_QUERY)) out.push(value(i));
+  for (let i = 0; i < corpus.count; i++)
+    if ((corpus.kind[i] === OP_QUERY) === (wanted === OP_QUERY)) out.push(value(i));
   return Float64Array.from(out);
 }
 
 function failures(corpus: Corpus, run: Run): string[] {
   const reasons: string[] = [];
   const windowNs = config.windowMs * 1e6;
-  if (run.completed !== corpus.count) reasons.push(`drain unfinished: ${corpus.count - run.completed} ops left after ${config.maxDrainS} s`);
-  if (run.lastAccepted > 1.01 * windowNs) reasons.push(`ops accepted late: last at ${(run.lastAccepted / 1e6).toFixed(1)} ms`);
+  if (run.completed !== corpus.count)
+    reasons.push(
+      `drain unfinished: ${corpus.count - run.completed} ops left after ${config.maxDrainS} s`,
+    );
+  if (run.lastAccepted > 1.01 * windowNs)
+    reasons.push(`ops accepted late: last at ${(run.lastAccepted / 1e6).toFixed(1)} ms`);
   const { pipeline } = run;
   const blocksOf = new Map<bigint, number>();
   for (const info of pipeline.index.workers()) blocksOf.set(info.workerId, info.blocks);
-  let dropped = 0, rejected = 0, unknown = 0, lost = 0, wrong = 0;
+  let dropped = 0,
+    rejected = 0,
+    unknown = 0,
+    lost = 0,
+    wrong = 0;
   for (let w = 0; w < config.workers; w++) {
     const counters = pipeline.normalizers[w]!.counters;
     dropped += counters.batchesDropped;
     for (const count of Object.values(counters.rejectedEvents)) rejected += count;
     const sequencer = pipeline.sequencers[w]!;
     // A worker that never published stays unknown (degraded) in `kvedge serve` too.
-    lost += sequencer.counters.lost + (sequencer.isDegraded && corpus.workerBatches[w]! > 0 ? 1 : 0);
-    if (run.completed === corpus.count && sequencer.lastSeq !== corpus.workerBatches[w]! - 1) lost++;
-    if (run.completed === corpus.count && (blocksOf.get(BigInt(w + 1)) ?? 0) !== corpus.engineBlocks[w]) wrong++;
+    lost +=
+      sequencer.counters.lost + (sequencer.isDegraded && corpus.workerBatches[w]! > 0 ? 1 : 0);
+    if (run.completed === corpus.count && sequencer.lastSeq !== corpus.workerBatches[w]! - 1)
+      lost++;
+    if (
+      run.completed === corpus.count &&
+      (blocksOf.get(BigInt(w + 1)) ?? 0) !== corpus.engineBlocks[w]
+    )
+      wrong++;
   }
   const counters = pipeline.index.counters;
   rejected += pipeline.index.stats().rejected.total + counters.hashConflicts;
@@ -438,7 +530,8 @@ function failures(corpus: Corpus, run: Run): string[] {
   if (rejected > 0) reasons.push(`${rejected} events or blocks rejected`);
   if (unknown > 0) reasons.push(`${unknown} removals of unknown blocks`);
   if (lost > 0) reasons.push(`${lost} workers with batches lost, out of order or degraded`);
-  if (wrong > 0) reasons.push(`${wrong} workers whose index blocks differ from their engine's cache`);
+  if (wrong > 0)
+    reasons.push(`${wrong} workers whose index blocks differ from their engine's cache`);
   return reasons;
 }
 
@@ -458,33 +551,54 @@ function summarize(corpus: Corpus, run: Run, traceSha: string, prepS: number) {
     lookup: {
       service: distribution(select(corpus, OP_QUERY, (i) => run.service[i]!)),
       queue_wait: distribution(select(corpus, OP_QUERY, (i) => run.started[i]! - run.accepted[i]!)),
-      sched_to_finish: distribution(select(corpus, OP_QUERY, (i) => run.finished[i]! - corpus.deadline[i]!)),
+      sched_to_finish: distribution(
+        select(corpus, OP_QUERY, (i) => run.finished[i]! - corpus.deadline[i]!),
+      ),
       // Started -> finished minus the lookup: hashing the prompt (and the clock reads).
       hash: distribution(select(corpus, OP_QUERY, (i) => hashNs(run, i))),
       ...deadlineBursts(corpus, run),
       ...(run.matched === undefined ? {} : matchDepth(corpus, run, run.matched)),
     },
     update: {
-      accepted_to_finished: distribution(select(corpus, OP_BATCH, (i) => run.finished[i]! - run.accepted[i]!)),
-      sched_to_finish: distribution(select(corpus, OP_BATCH, (i) => run.finished[i]! - corpus.deadline[i]!)),
+      accepted_to_finished: distribution(
+        select(corpus, OP_BATCH, (i) => run.finished[i]! - run.accepted[i]!),
+      ),
+      sched_to_finish: distribution(
+        select(corpus, OP_BATCH, (i) => run.finished[i]! - corpus.deadline[i]!),
+      ),
       write_blocks_per_s: Math.round(writeBlocks / spanS),
       write_blocks_per_busy_s: Math.round(writeBlocks / (run.busyWriteNs / 1e9)),
-      batches: t.batches, stored_events: t.storedEvents, removed_events: t.removedEvents,
-      stored_blocks: t.storedBlocks, removed_blocks: t.removedBlocks,
+      batches: t.batches,
+      stored_events: t.storedEvents,
+      removed_events: t.removedEvents,
+      stored_blocks: t.storedBlocks,
+      removed_blocks: t.removedBlocks,
     },
     peak_rss_mb: hwm === null ? 0 : Math.round(Number(hwm[1]) / 1024),
     ...(run.threads === undefined ? {} : { threads: run.threads }),
     bytes_per_pair: stats.blocks === 0 ? 0 : Number((stats.bytes / stats.blocks).toFixed(1)),
     config: {
-      ...config, requests: t.requests, requests_skipped: t.requestsSkipped, query_blocks: t.queryBlocks,
-      total_block_ops: corpus.totalBlockOps, ops: corpus.count, span_s: spanS, replay_cpu_s: Number(run.cpuS.toFixed(3)),
+      ...config,
+      requests: t.requests,
+      requests_skipped: t.requestsSkipped,
+      query_blocks: t.queryBlocks,
+      total_block_ops: corpus.totalBlockOps,
+      ops: corpus.count,
+      span_s: spanS,
+      replay_cpu_s: Number(run.cpuS.toFixed(3)),
       // On a shared machine the wall clock also counts time the process was not running.
       block_ops_per_cpu_s: Math.round(corpus.totalBlockOps / run.cpuS),
-      write_blocks_per_cpu_s: Math.round(writeBlocks / run.cpuS), prep_s: Number(prepS.toFixed(1)),
-      payload_mb: Math.round(t.payloadBytes / 2 ** 20), query_token_mb: Math.round(t.queryTokenBytes / 2 ** 20),
+      write_blocks_per_cpu_s: Math.round(writeBlocks / run.cpuS),
+      prep_s: Number(prepS.toFixed(1)),
+      payload_mb: Math.round(t.payloadBytes / 2 ** 20),
+      query_token_mb: Math.round(t.queryTokenBytes / 2 ** 20),
       index: { blocks: stats.blocks, nodes: stats.nodes, bytes: stats.bytes },
       failure_reasons: reasons,
-      provenance: { ...provenance(), trace_sha256: traceSha, command: process.argv.slice(2).join(" ") },
+      provenance: {
+        ...provenance(),
+        trace_sha256: traceSha,
+        command: process.argv.slice(2).join(" "),
+      },
     },
   };
 }
@@ -493,12 +607,23 @@ type Report = ReturnType<typeof summarize>;
 
 function printReport(r: Report): void {
   const us = (ns: number) => (ns / 1000).toFixed(2);
-  const d = (x: Distribution) => `p50 ${us(x.p50_ns)} / p99 ${us(x.p99_ns)} / p999 ${us(x.p999_ns)} / max ${us(x.max_ns)} us`;
-  console.log(`indexer replay: ${r.config.requests} requests, ${r.config.workers} workers, block size ${r.config.blockSize}, ${r.config.cadence} cadence, window ${r.config.windowMs} ms`);
-  console.log(`  block ops ${r.config.total_block_ops} (queries ${r.config.query_blocks}, stored ${r.update.stored_blocks}, removed ${r.update.removed_blocks}); prep ${r.config.prep_s} s`);
-  console.log(`  achieved ${(r.achieved_block_ops_per_s / 1e6).toFixed(2)} M block ops/s, offered ${(r.offered_block_ops_per_s / 1e6).toFixed(2)} M/s; span ${r.config.span_s.toFixed(3)} s (CPU ${r.config.replay_cpu_s} s), drain ${r.drain_s.toFixed(3)} s`);
-  console.log(`  per CPU second of the replay: ${(r.config.block_ops_per_cpu_s / 1e6).toFixed(2)} M block ops, ${(r.config.write_blocks_per_cpu_s / 1e6).toFixed(2)} M writes`);
-  console.log(`  writes ${(r.update.write_blocks_per_s / 1e6).toFixed(2)} M blocks/s (${(r.update.write_blocks_per_busy_s / 1e6).toFixed(2)} M per busy second)`);
+  const d = (x: Distribution) =>
+    `p50 ${us(x.p50_ns)} / p99 ${us(x.p99_ns)} / p999 ${us(x.p999_ns)} / max ${us(x.max_ns)} us`;
+  console.log(
+    `indexer replay: ${r.config.requests} requests, ${r.config.workers} workers, block size ${r.config.blockSize}, ${r.config.cadence} cadence, window ${r.config.windowMs} ms`,
+  );
+  console.log(
+    `  block ops ${r.config.total_block_ops} (queries ${r.config.query_blocks}, stored ${r.update.stored_blocks}, removed ${r.update.removed_blocks}); prep ${r.config.prep_s} s`,
+  );
+  console.log(
+    `  achieved ${(r.achieved_block_ops_per_s / 1e6).toFixed(2)} M block ops/s, offered ${(r.offered_block_ops_per_s / 1e6).toFixed(2)} M/s; span ${r.config.span_s.toFixed(3)} s (CPU ${r.config.replay_cpu_s} s), drain ${r.drain_s.toFixed(3)} s`,
+  );
+  console.log(
+    `  per CPU second of the replay: ${(r.config.block_ops_per_cpu_s / 1e6).toFixed(2)} M block ops, ${(r.config.write_blocks_per_cpu_s / 1e6).toFixed(2)} M writes`,
+  );
+  console.log(
+    `  writes ${(r.update.write_blocks_per_s / 1e6).toFixed(2)} M blocks/s (${(r.update.write_blocks_per_busy_s / 1e6).toFixed(2)} M per busy second)`,
+  );
   console.log(`  lookup service ${d(r.lookup.service)}`);
   console.log(`  lookup queue wait ${d(r.lookup.queue_wait)}`);
   console.log(`  lookup scheduled->finished ${d(r.lookup.sched_to_finish)}`);
@@ -510,11 +635,17 @@ function printReport(r: Report): void {
   const per = r.lookup.service_ns_per_matched_block;
   if (m !== undefined && per !== undefined) {
     console.log(`  longest match per lookup: p50 ${m.p50} / p99 ${m.p99} / max ${m.max} blocks`);
-    console.log(`  lookup service per matched block (16+): p50 ${per.p50_ns} / p99 ${per.p99_ns} ns`);
+    console.log(
+      `  lookup service per matched block (16+): p50 ${per.p50_ns} / p99 ${per.p99_ns} ns`,
+    );
   }
   console.log(`  update accepted->finished ${d(r.update.accepted_to_finished)}`);
-  console.log(`  valid ${r.valid}, kept up ${r.kept_up}${r.config.failure_reasons.length > 0 ? `: ${r.config.failure_reasons.join("; ")}` : ""}`);
-  console.log(`  index ${r.config.index.blocks} pairs, ${r.bytes_per_pair} bytes/pair; peak RSS ${r.peak_rss_mb} MB`);
+  console.log(
+    `  valid ${r.valid}, kept up ${r.kept_up}${r.config.failure_reasons.length > 0 ? `: ${r.config.failure_reasons.join("; ")}` : ""}`,
+  );
+  console.log(
+    `  index ${r.config.index.blocks} pairs, ${r.bytes_per_pair} bytes/pair; peak RSS ${r.peak_rss_mb} MB`,
+  );
 }
 
 // ---- Sweep: one fresh process per window ----
@@ -530,18 +661,40 @@ async function sweep(): Promise<void> {
   const cells: { window_ms: number; report: Report }[] = [];
   for (let s = 0; s < steps; s++) {
     const windowMs = Math.round(min * (max / min) ** (s / (steps - 1)));
-    const child = Bun.spawnSync([process.execPath, import.meta.path, ...passThrough, "--window-ms", String(windowMs), "--json"], {
-      stdout: "pipe", stderr: "inherit",
-    });
+    const child = Bun.spawnSync(
+      [
+        process.execPath,
+        import.meta.path,
+        ...passThrough,
+        "--window-ms",
+        String(windowMs),
+        "--json",
+      ],
+      {
+        stdout: "pipe",
+        stderr: "inherit",
+      },
+    );
     if (child.exitCode !== 0) throw new Error(`sweep cell ${windowMs} ms exited ${child.exitCode}`);
     const report = JSON.parse(child.stdout.toString().trim().split("\n").at(-1)!) as Report;
     cells.push({ window_ms: windowMs, report });
     if (flags.json !== true) {
-      console.log(`window ${windowMs} ms: achieved ${(report.achieved_block_ops_per_s / 1e6).toFixed(2)} M/s, kept up ${report.kept_up}, valid ${report.valid}, service p50 ${report.lookup.service.p50_ns} ns p99 ${report.lookup.service.p99_ns} ns`);
+      console.log(
+        `window ${windowMs} ms: achieved ${(report.achieved_block_ops_per_s / 1e6).toFixed(2)} M/s, kept up ${report.kept_up}, valid ${report.valid}, service p50 ${report.lookup.service.p50_ns} ns p99 ${report.lookup.service.p99_ns} ns`,
+      );
     }
   }
   const keepUp = cells.find((cell) => cell.report.kept_up) ?? null;
-  const result = { keep_up_window_ms: keepUp?.window_ms ?? null, keep_up: keepUp?.report ?? null, cells };
+  const result = {
+    keep_up_window_ms: keepUp?.window_ms ?? null,
+    keep_up: keepUp?.report ?? null,
+    cells,
+  };
   if (flags.json === true) console.log(JSON.stringify(result));
-  else console.log(keepUp === null ? "no window kept up" : `shortest window that kept up: ${keepUp.window_ms} ms`);
+  else
+    console.log(
+      keepUp === null
+        ? "no window kept up"
+        : `shortest window that kept up: ${keepUp.window_ms} ms`,
+    );
 }

@@ -20,7 +20,9 @@ export interface Provenance {
 }
 
 export function provenance(): Provenance {
-  const git = Bun.spawnSync(["git", "rev-parse", "--short", "HEAD"], { cwd: join(import.meta.dir, "..") });
+  const git = Bun.spawnSync(["git", "rev-parse", "--short", "HEAD"], {
+    cwd: join(import.meta.dir, ".."),
+  });
   const dirty = Bun.spawnSync(["git", "status", "--porcelain", "--untracked-files=no"], {
     cwd: join(import.meta.dir, ".."),
   });
@@ -63,8 +65,17 @@ type FlagSpec = { readonly type: "string" | "boolean"; readonly multiple?: boole
  * or a flag without its value exits 2 naming it, instead of running a long bench on
  * its defaults.
  */
-export function benchFlags<const O extends Record<string, FlagSpec>>(usage: string, options: O, allowPositionals = false) {
-  const config = { args: process.argv.slice(2), options: { ...options, help: { type: "boolean" } } as const, strict: true, allowPositionals } as const;
+export function benchFlags<const O extends Record<string, FlagSpec>>(
+  usage: string,
+  options: O,
+  allowPositionals = false,
+) {
+  const config = {
+    args: process.argv.slice(2),
+    options: { ...options, help: { type: "boolean" } } as const,
+    strict: true,
+    allowPositionals,
+  } as const;
   let parsed: ReturnType<typeof parseArgs<typeof config>>;
   try {
     parsed = parseArgs(config);
@@ -96,7 +107,11 @@ export function killWithBench<P extends Subprocess>(child: P): P {
 let handlersInstalled = false;
 function installHandlers(): void {
   handlersInstalled = true;
-  for (const [signal, code] of [["SIGINT", 130], ["SIGTERM", 143], ["SIGHUP", 129]] as const) {
+  for (const [signal, code] of [
+    ["SIGINT", 130],
+    ["SIGTERM", 143],
+    ["SIGHUP", 129],
+  ] as const) {
     process.on(signal, () => {
       for (const child of children) child.kill("SIGTERM");
       process.exit(code);

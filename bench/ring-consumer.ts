@@ -8,8 +8,13 @@ self.onmessage = (event: MessageEvent<RingBuffers>) => {
   let sum = 0;
   let stop = false;
   let busyNs = 0;
-  const handler = (kind: RecordKind, _stream: number, _generation: number, _seq: number,
-    payload: Uint8Array) => {
+  const handler = (
+    kind: RecordKind,
+    _stream: number,
+    _generation: number,
+    _seq: number,
+    payload: Uint8Array,
+  ) => {
     if (kind === RecordKind.CONTROL) stop = true;
     else sum += payload[0]! + payload[payload.length - 1]!;
   };

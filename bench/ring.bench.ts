@@ -13,8 +13,8 @@
 import { createRingBuffers, RecordKind, RingProducer } from "../src/runtime/ring";
 import { benchFlags, median, provenance } from "./lib";
 
-const USAGE = "bun bench/ring.bench.ts [--json] [--records N] [--bytes B] [--burst K] "
-  + "[--wake-after-task]";
+const USAGE =
+  "bun bench/ring.bench.ts [--json] [--records N] [--bytes B] [--burst K] " + "[--wake-after-task]";
 const flags = benchFlags(USAGE, {
   json: { type: "boolean" },
   records: { type: "string" },
@@ -63,15 +63,22 @@ async function oneRun(): Promise<RunResult> {
   const consumer = await finished;
   worker.terminate();
   return {
-    producerNs: busyNs / RECORDS, consumerNs: consumer.busyNs / RECORDS,
-    wakes: producer.wakes / RECORDS, dropped: producer.counters.droppedFull,
+    producerNs: busyNs / RECORDS,
+    consumerNs: consumer.busyNs / RECORDS,
+    wakes: producer.wakes / RECORDS,
+    dropped: producer.counters.droppedFull,
   };
 }
 
 const results = [];
 for (let run = 0; run < RUNS; run++) results.push(await oneRun());
 const summary = {
-  bench: "ring", provenance: provenance(), records: RECORDS, bytes: BYTES, burst: BURST, runs: RUNS,
+  bench: "ring",
+  provenance: provenance(),
+  records: RECORDS,
+  bytes: BYTES,
+  burst: BURST,
+  runs: RUNS,
   wakeAfterTask: flags["wake-after-task"] === true,
   producerNsPerRecord: median(results.map((r) => r.producerNs)),
   consumerNsPerRecord: median(results.map((r) => r.consumerNs)),
@@ -81,9 +88,12 @@ const summary = {
 };
 if (flags.json === true) console.log(JSON.stringify(summary));
 else {
-  console.log(`${RECORDS} records of ${BYTES} bytes in bursts of ${BURST}, `
-    + `median of ${RUNS} runs:`);
-  console.log(`  producer ${summary.producerNsPerRecord.toFixed(0)} ns/record (write), `
-    + `consumer ${summary.consumerNsPerRecord.toFixed(0)} ns/record (drain), `
-    + `${summary.wakesPerRecord.toFixed(4)} wakes/record, ${summary.dropped} dropped`);
+  console.log(
+    `${RECORDS} records of ${BYTES} bytes in bursts of ${BURST}, ` + `median of ${RUNS} runs:`,
+  );
+  console.log(
+    `  producer ${summary.producerNsPerRecord.toFixed(0)} ns/record (write), ` +
+      `consumer ${summary.consumerNsPerRecord.toFixed(0)} ns/record (drain), ` +
+      `${summary.wakesPerRecord.toFixed(4)} wakes/record, ${summary.dropped} dropped`,
+  );
 }

@@ -19,7 +19,11 @@
 import { bench, do_not_optimize, group, run } from "mitata";
 import { DEFAULT_SEED } from "../src/hash";
 import {
-  type Overlaps, promptHashes, type RoutePolicy, type RouteRequest, Router,
+  type Overlaps,
+  promptHashes,
+  type RoutePolicy,
+  type RouteRequest,
+  Router,
 } from "../src/route";
 import { benchFlags, formatRate, prng, provenance } from "./lib";
 
@@ -28,7 +32,9 @@ const WORKER_COUNTS = [8, 64, 256];
 const POOL = 8192;
 const ACTIVE_PER_WORKER = 16;
 const flags = benchFlags("bun bench/route.bench.ts [--policy dynamo|ttft] [--cpu N] [--json]", {
-  json: { type: "boolean" }, policy: { type: "string" }, cpu: { type: "string" },
+  json: { type: "boolean" },
+  policy: { type: "string" },
+  cpu: { type: "string" },
 });
 const json = flags.json === true;
 // The router's own default (dynamo) unless asked: the rows stay comparable with older
@@ -44,16 +50,23 @@ if (!(Number.isInteger(cpuIterations) && cpuIterations >= 0)) {
 
 const random = prng(42);
 const between = (low: number, high: number) => low + (random() % (high - low + 1));
-const prefixes = Array.from({ length: 16 }, () => Uint32Array.from({ length: between(32, 128) * BLOCK_SIZE }, random));
+const prefixes = Array.from({ length: 16 }, () =>
+  Uint32Array.from({ length: between(32, 128) * BLOCK_SIZE }, random),
+);
 const requests: { request: RouteRequest; family: number }[] = [];
 for (let i = 0; i < POOL; i++) {
   const family = random() % prefixes.length;
   const prefix = prefixes[family]!;
-  const tokens = new Uint32Array(prefix.length + between(8, 64) * BLOCK_SIZE + (random() % BLOCK_SIZE));
+  const tokens = new Uint32Array(
+    prefix.length + between(8, 64) * BLOCK_SIZE + (random() % BLOCK_SIZE),
+  );
   tokens.set(prefix);
   for (let t = prefix.length; t < tokens.length; t++) tokens[t] = random();
   const hashes = promptHashes(tokens, BLOCK_SIZE, DEFAULT_SEED);
-  requests.push({ request: { chain: hashes.chain, blockCount: hashes.blockCount, tokenCount: tokens.length }, family });
+  requests.push({
+    request: { chain: hashes.chain, blockCount: hashes.blockCount, tokenCount: tokens.length },
+    family,
+  });
 }
 
 function scenario(workers: number): () => void {
@@ -125,7 +138,9 @@ if (json) {
 } else {
   console.log("\nworkers | decisions/s (route + prefill_done + done) | p50     | p99");
   for (const row of rows) {
-    console.log(`${String(row.workers).padStart(7)} | ${formatRate(row.decisions_per_sec).padEnd(41)} | `
-      + `${(row.p50_ns / 1000).toFixed(2)} µs | ${(row.p99_ns / 1000).toFixed(2)} µs`);
+    console.log(
+      `${String(row.workers).padStart(7)} | ${formatRate(row.decisions_per_sec).padEnd(41)} | ` +
+        `${(row.p50_ns / 1000).toFixed(2)} µs | ${(row.p99_ns / 1000).toFixed(2)} µs`,
+    );
   }
 }

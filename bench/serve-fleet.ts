@@ -7,14 +7,26 @@ import { loadConfig } from "../src/config";
 import { blockSeed, hashBlocks } from "../src/hash";
 import { KvedgeCore } from "../src/core/core";
 import { silentLogger } from "../src/util/log";
-import { BLOCK_SIZE, blockTokens, buildFleet, externalHash, type Fleet, KIND_DOCUMENT, KIND_SYSTEM, KIND_TAIL } from "./http-workload";
+import {
+  BLOCK_SIZE,
+  blockTokens,
+  buildFleet,
+  externalHash,
+  type Fleet,
+  KIND_DOCUMENT,
+  KIND_SYSTEM,
+  KIND_TAIL,
+} from "./http-workload";
 
 export const FLEET_SEED = 20_261_129;
 export const FLEET_WORKERS = 64;
 export const FLEET_PAIRS = 1_050_000;
 
 /** A service holding the benchmark fleet's blocks; `env` sets KVEDGE_* settings. */
-export function fleetService(env: Record<string, string> = {}): { service: KvedgeCore; fleet: Fleet } {
+export function fleetService(env: Record<string, string> = {}): {
+  service: KvedgeCore;
+  fleet: Fleet;
+} {
   const fleet = buildFleet(FLEET_SEED, FLEET_WORKERS, FLEET_PAIRS);
   const service = new KvedgeCore({ config: loadConfig({ env }).config, log: silentLogger });
   const seed = blockSeed(null, null);
@@ -26,12 +38,14 @@ export function fleetService(env: Record<string, string> = {}): { service: Kvedg
       const system = fleet.documentSystem[sequence.document]!;
       const blocks: [number, number, number][] = [];
       let parent: bigint | null = null;
-      if (systems.has(system)) parent = externalHash(w, KIND_SYSTEM, system, fleet.systemBlocks[system]! - 1);
+      if (systems.has(system))
+        parent = externalHash(w, KIND_SYSTEM, system, fleet.systemBlocks[system]! - 1);
       else {
         systems.add(system);
         for (let i = 0; i < fleet.systemBlocks[system]!; i++) blocks.push([KIND_SYSTEM, system, i]);
       }
-      for (let i = 0; i < fleet.documentBlocks[sequence.document]!; i++) blocks.push([KIND_DOCUMENT, sequence.document, i]);
+      for (let i = 0; i < fleet.documentBlocks[sequence.document]!; i++)
+        blocks.push([KIND_DOCUMENT, sequence.document, i]);
       for (let i = 0; i < sequence.tailBlocks; i++) blocks.push([KIND_TAIL, sequence.tail, i]);
       const tokens = new Uint32Array(blocks.length * BLOCK_SIZE);
       const external = new Uint32Array(2 * blocks.length);
@@ -45,7 +59,16 @@ export function fleetService(env: Record<string, string> = {}): { service: Kvedg
       hashBlocks(tokens, BLOCK_SIZE, seed, local);
       const parentHi = parent === null ? 0 : Number(parent >> 32n);
       const parentLo = parent === null ? 0 : Number(parent & 0xffff_ffffn);
-      service.index.applyStored(workerId, 0, parent !== null, parentHi, parentLo, external, local, blocks.length);
+      service.index.applyStored(
+        workerId,
+        0,
+        parent !== null,
+        parentHi,
+        parentLo,
+        external,
+        local,
+        blocks.length,
+      );
     }
   }
   const pairs = service.index.stats().blocks;

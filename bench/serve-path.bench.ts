@@ -22,7 +22,8 @@ import { BLOCK_SIZE, buildPrompt } from "./http-workload";
 import { benchFlags, prng, provenance, rssBytes } from "./lib";
 import { FLEET_SEED as SEED, fleetService } from "./serve-fleet";
 
-const json = benchFlags("bun bench/serve-path.bench.ts [--json]", { json: { type: "boolean" } }).json === true;
+const json =
+  benchFlags("bun bench/serve-path.bench.ts [--json]", { json: { type: "boolean" } }).json === true;
 const ACTIVE = 4096;
 const POOL = 2048;
 
@@ -34,7 +35,12 @@ const random = prng(SEED);
 const results: Record<string, { p50Ns: number; p99Ns: number }> = {};
 for (const promptTokens of [1024, 4096]) {
   const bodies = Array.from({ length: POOL }, (_, i) => {
-    const { tokens } = buildPrompt(fleet, random, promptTokens / BLOCK_SIZE, 1_000_000 * promptTokens + i);
+    const { tokens } = buildPrompt(
+      fleet,
+      random,
+      promptTokens / BLOCK_SIZE,
+      1_000_000 * promptTokens + i,
+    );
     return `{"candidates":4,"token_ids":[${tokens.join(",")}]}`;
   });
   const parsed = bodies.map((body) => parseRequestJson(body));
@@ -49,7 +55,9 @@ for (const promptTokens of [1024, 4096]) {
   for (let i = 0; i < ACTIVE; i++) routeOne(parsed[i % POOL]);
   const sample = routeOne(parsed[0]);
   // As the server parses: token arrays are views its next parse reuses (no copy each).
-  bench(`parse ${promptTokens}`, () => do_not_optimize(parseRequestJson(bodies[next++ % POOL]!, defaultTokenScanner, true)));
+  bench(`parse ${promptTokens}`, () =>
+    do_not_optimize(parseRequestJson(bodies[next++ % POOL]!, defaultTokenScanner, true)),
+  );
   bench(`route ${promptTokens}`, () => do_not_optimize(routeOne(parsed[next++ % POOL])));
   bench(`answer ${promptTokens}`, () => do_not_optimize(toJson(sample)));
   bench(`all ${promptTokens}`, () => {
@@ -67,5 +75,18 @@ for (const promptTokens of [1024, 4096]) {
     }
   }
 }
-if (json) console.log(JSON.stringify({ bench: "serve-path", provenance: provenance(), pairs, rssBytes: rssBytes(), results }));
-else for (const [name, r] of Object.entries(results)) console.log(`${name.padEnd(12)} p50 ${(r.p50Ns / 1000).toFixed(1)} µs  p99 ${(r.p99Ns / 1000).toFixed(1)} µs`);
+if (json)
+  console.log(
+    JSON.stringify({
+      bench: "serve-path",
+      provenance: provenance(),
+      pairs,
+      rssBytes: rssBytes(),
+      results,
+    }),
+  );
+else
+  for (const [name, r] of Object.entries(results))
+    console.log(
+      `${name.padEnd(12)} p50 ${(r.p50Ns / 1000).toFixed(1)} µs  p99 ${(r.p99Ns / 1000).toFixed(1)} µs`,
+    );

@@ -33,17 +33,21 @@ import { benchFlags, killWithBench, median, prng, provenance } from "./lib";
 import { FLEET_SEED, fleetService } from "./serve-fleet";
 
 // `--one`: a single run, in this process (the parent starts one per run).
-const flags = benchFlags("bun bench/serve-pauses.bench.ts [--json] [--runs N] [--rate ROUTES_PER_S] [--seconds S] [--done-lag FRAMES]", {
-  json: { type: "boolean" },
-  runs: { type: "string" },
-  rate: { type: "string" },
-  seconds: { type: "string" },
-  "done-lag": { type: "string" },
-  one: { type: "boolean" },
-});
+const flags = benchFlags(
+  "bun bench/serve-pauses.bench.ts [--json] [--runs N] [--rate ROUTES_PER_S] [--seconds S] [--done-lag FRAMES]",
+  {
+    json: { type: "boolean" },
+    runs: { type: "string" },
+    rate: { type: "string" },
+    seconds: { type: "string" },
+    "done-lag": { type: "string" },
+    one: { type: "boolean" },
+  },
+);
 const positive = (value: string | undefined, fallback: number, name: string): number => {
   const number = Number(value ?? fallback);
-  if (!(number > 0 && Number.isFinite(number))) throw new Error(`${name} must be a positive number`);
+  if (!(number > 0 && Number.isFinite(number)))
+    throw new Error(`${name} must be a positive number`);
   return number;
 };
 const RATE = positive(flags.rate, 25_000, "--rate");
@@ -71,7 +75,12 @@ interface RunResult {
 
 async function oneRun(): Promise<RunResult> {
   const { service, fleet } = fleetService({ KVEDGE_REQUEST_TTL_SECS: "0.5" });
-  const onMessage = websocketHandlers(service, silentLogger, new ServerMetrics(createMetricsRegistry()), new TurnBatch(silentLogger)).message;
+  const onMessage = websocketHandlers(
+    service,
+    silentLogger,
+    new ServerMetrics(createMetricsRegistry()),
+    new TurnBatch(silentLogger),
+  ).message;
   if (onMessage === undefined) throw new Error("the WebSocket handlers have no message handler");
   const random = prng(FLEET_SEED ^ 0x70617573);
   // Frames as a gateway sends them; every request's last block is its own.
@@ -81,14 +90,16 @@ async function oneRun(): Promise<RunResult> {
     const ops: object[] = [];
     for (let k = 0; k < PER_FRAME; k++) {
       const { tokens } = buildPrompt(fleet, random, PROMPT_TOKENS / BLOCK_SIZE, 5_000_000 + f);
-      for (let i = tokens.length - BLOCK_SIZE; i < tokens.length; i++) tokens[i] = 100_000 + (mix(f, k, i) % 28_000);
+      for (let i = tokens.length - BLOCK_SIZE; i < tokens.length; i++)
+        tokens[i] = 100_000 + (mix(f, k, i) % 28_000);
       const route = { id: k, op: "route", candidates: 4, token_ids: new Uint8Array(tokens.buffer) };
       if (DONE_LAG === null) ops.push(route);
       else ops.push({ ...route, request_id: requestId(f, k) });
       if (DONE_LAG === 0) ops.push({ id: PER_FRAME + k, op: "done", request_id: requestId(f, k) });
     }
     if (DONE_LAG !== null && DONE_LAG > 0) {
-      for (let k = 0; k < PER_FRAME; k++) ops.push({ id: PER_FRAME + k, op: "done", request_id: requestId(f - DONE_LAG, k) });
+      for (let k = 0; k < PER_FRAME; k++)
+        ops.push({ id: PER_FRAME + k, op: "done", request_id: requestId(f - DONE_LAG, k) });
     }
     return pack(ops);
   });
@@ -117,7 +128,11 @@ async function oneRun(): Promise<RunResult> {
   let due = 0;
   await new Promise<void>((resolve) => {
     const poll = () => {
-      for (let at = start + due * interval; at <= performance.now() && at < end; at = start + ++due * interval) {
+      for (
+        let at = start + due * interval;
+        at <= performance.now() && at < end;
+        at = start + ++due * interval
+      ) {
         // A fresh buffer per frame, as the runtime hands each message to the handler.
         onMessage(socket, Buffer.from(frames[due % FRAMES]!));
         if (at >= measureFrom) latencies.push(performance.now() - at);
@@ -129,9 +144,14 @@ async function oneRun(): Promise<RunResult> {
   });
   if (answered === 0) throw new Error("no answers were sent");
   latencies.sort((a, b) => a - b);
-  const at = (p: number) => latencies[Math.min(latencies.length - 1, Math.floor(p * latencies.length))]!;
+  const at = (p: number) =>
+    latencies[Math.min(latencies.length - 1, Math.floor(p * latencies.length))]!;
   return {
-    frames: latencies.length, p50Ms: at(0.5), p99Ms: at(0.99), p999Ms: at(0.999), maxMs: latencies[latencies.length - 1]!,
+    frames: latencies.length,
+    p50Ms: at(0.5),
+    p99Ms: at(0.99),
+    p999Ms: at(0.999),
+    maxMs: latencies[latencies.length - 1]!,
     over2Ms: latencies.filter((ms) => ms > 2).length,
   };
 }
@@ -142,22 +162,64 @@ if (flags.one === true) {
   const runs: RunResult[] = [];
   for (let i = 0; i < RUNS; i++) {
     const lag = DONE_LAG === null ? [] : ["--done-lag", String(DONE_LAG)];
-    const child = killWithBench(Bun.spawn([process.execPath, import.meta.path, "--one", "--rate", String(RATE), "--seconds", String(SECONDS), ...lag], {
-      stdout: "pipe", stderr: "inherit",
-    }));
+    const child = killWithBench(
+      Bun.spawn(
+        [
+          process.execPath,
+          import.meta.path,
+          "--one",
+          "--rate",
+          String(RATE),
+          "--seconds",
+          String(SECONDS),
+          ...lag,
+        ],
+        {
+          stdout: "pipe",
+          stderr: "inherit",
+        },
+      ),
+    );
     const text = await new Response(child.stdout).text();
     if ((await child.exited) !== 0) throw new Error("a run failed");
     runs.push(JSON.parse(text.trim().split("\n").pop()!) as RunResult);
   }
   const of = (pick: (r: RunResult) => number) => median(runs.map(pick));
-  const summary = { p50Ms: of((r) => r.p50Ms), p99Ms: of((r) => r.p99Ms), p999Ms: of((r) => r.p999Ms), maxMs: of((r) => r.maxMs), over2Ms: of((r) => r.over2Ms) };
+  const summary = {
+    p50Ms: of((r) => r.p50Ms),
+    p99Ms: of((r) => r.p99Ms),
+    p999Ms: of((r) => r.p999Ms),
+    maxMs: of((r) => r.maxMs),
+    over2Ms: of((r) => r.over2Ms),
+  };
   if (flags.json === true) {
-    console.log(JSON.stringify({ bench: "serve-pauses", provenance: provenance(), rate: RATE, perFrame: PER_FRAME, seconds: SECONDS, doneLag: DONE_LAG, summary, runs }));
+    console.log(
+      JSON.stringify({
+        bench: "serve-pauses",
+        provenance: provenance(),
+        rate: RATE,
+        perFrame: PER_FRAME,
+        seconds: SECONDS,
+        doneLag: DONE_LAG,
+        summary,
+        runs,
+      }),
+    );
   } else {
-    const done = DONE_LAG === null ? "never done (TTL)" : DONE_LAG === 0 ? "each done at once" : `done ${DONE_LAG} frames later`;
-    console.log(`${RATE / 1000}k routes/s in frames of ${PER_FRAME}, ${done}, ${SECONDS} s x ${RUNS} runs (median): `
-      + `p50 ${summary.p50Ms.toFixed(2)} ms, p99 ${summary.p99Ms.toFixed(2)} ms, p99.9 ${summary.p999Ms.toFixed(2)} ms, `
-      + `max ${summary.maxMs.toFixed(2)} ms; frames over 2 ms: ${summary.over2Ms} of ${runs[0]!.frames}`);
-    for (const r of runs) console.log(`  run: p50 ${r.p50Ms.toFixed(2)}, p99 ${r.p99Ms.toFixed(2)}, p99.9 ${r.p999Ms.toFixed(2)}, max ${r.maxMs.toFixed(2)} ms, over 2 ms ${r.over2Ms}`);
+    const done =
+      DONE_LAG === null
+        ? "never done (TTL)"
+        : DONE_LAG === 0
+          ? "each done at once"
+          : `done ${DONE_LAG} frames later`;
+    console.log(
+      `${RATE / 1000}k routes/s in frames of ${PER_FRAME}, ${done}, ${SECONDS} s x ${RUNS} runs (median): ` +
+        `p50 ${summary.p50Ms.toFixed(2)} ms, p99 ${summary.p99Ms.toFixed(2)} ms, p99.9 ${summary.p999Ms.toFixed(2)} ms, ` +
+        `max ${summary.maxMs.toFixed(2)} ms; frames over 2 ms: ${summary.over2Ms} of ${runs[0]!.frames}`,
+    );
+    for (const r of runs)
+      console.log(
+        `  run: p50 ${r.p50Ms.toFixed(2)}, p99 ${r.p99Ms.toFixed(2)}, p99.9 ${r.p999Ms.toFixed(2)}, max ${r.maxMs.toFixed(2)} ms, over 2 ms ${r.over2Ms}`,
+      );
   }
 }

@@ -14,7 +14,11 @@ const ROOT = join(import.meta.dir, "..");
  * Reads `reader` until a whole line that `wanted` accepts, and returns it; `what` names
  * the line in the error if the stream ends first.
  */
-async function lineWhere(reader: { read(): Promise<{ done: boolean; value?: Uint8Array }> }, wanted: (line: string) => boolean, what: string): Promise<string> {
+async function lineWhere(
+  reader: { read(): Promise<{ done: boolean; value?: Uint8Array }> },
+  wanted: (line: string) => boolean,
+  what: string,
+): Promise<string> {
   const decoder = new TextDecoder();
   let text = "";
   for (;;) {
@@ -36,9 +40,22 @@ export interface Fleet {
 
 /** The fleet process (bench/http-fleet.ts): `workers` ZMTP PUB sockets publishing about `pairs` stored (block, worker) pairs. */
 export async function startFleet(seed: number, workers: number, pairs: number): Promise<Fleet> {
-  const proc = killWithBench(Bun.spawn([process.execPath, join(import.meta.dir, "http-fleet.ts"), String(seed), String(workers), String(pairs)], {
-    stdin: "pipe", stdout: "pipe", stderr: "inherit",
-  }));
+  const proc = killWithBench(
+    Bun.spawn(
+      [
+        process.execPath,
+        join(import.meta.dir, "http-fleet.ts"),
+        String(seed),
+        String(workers),
+        String(pairs),
+      ],
+      {
+        stdin: "pipe",
+        stdout: "pipe",
+        stderr: "inherit",
+      },
+    ),
+  );
   const line = await lineWhere(proc.stdout.getReader(), () => true, "the fleet's endpoints");
   return { proc, ...JSON.parse(line) };
 }
@@ -57,9 +74,20 @@ export interface Serve {
  * `extraArgs`; resolves once it listens. With `profileDir`, runs from source under
  * `bun --cpu-prof` instead and leaves the profile there.
  */
-export async function startServe(binary: string, fleet: Fleet, extraArgs: string[], profileDir?: string): Promise<Serve> {
+export async function startServe(
+  binary: string,
+  fleet: Fleet,
+  extraArgs: string[],
+  profileDir?: string,
+): Promise<Serve> {
   const workers = fleet.endpoints.map((endpoint, w) => `${w + 1}=${endpoint}`).join(",");
-  const profile = [process.execPath, "--cpu-prof", "--cpu-prof-interval=250", `--cpu-prof-dir=${profileDir}`, join(ROOT, "src", "cli", "main.ts")];
+  const profile = [
+    process.execPath,
+    "--cpu-prof",
+    "--cpu-prof-interval=250",
+    `--cpu-prof-dir=${profileDir}`,
+    join(ROOT, "src", "cli", "main.ts"),
+  ];
   // The demo's starter: it waits for the listening line, keeps draining the logs and
   // stops the child when the bench is stopped.
   const child = await startServeChild({
@@ -68,7 +96,13 @@ export async function startServe(binary: string, fleet: Fleet, extraArgs: string
     startTimeoutMs: 60_000,
   });
   const url = new URL(child.url);
-  return { pid: child.pid, stop: () => child.stop(), host: url.hostname, port: Number(url.port), url: url.origin };
+  return {
+    pid: child.pid,
+    stop: () => child.stop(),
+    host: url.hostname,
+    port: Number(url.port),
+    url: url.origin,
+  };
 }
 
 /** Waits until /v1/workers shows every worker of the fleet with all its blocks; seconds waited. */
@@ -78,7 +112,8 @@ export async function waitIndexed(serve: Serve, fleet: Fleet, timeoutMs: number)
     const response = await fetch(`${serve.url}/v1/workers`);
     const body = (await response.json()) as { workers: { worker_id: string; blocks: number }[] };
     const blocks = new Map(body.workers.map((worker) => [Number(worker.worker_id), worker.blocks]));
-    if (fleet.pairsPerWorker.every((pairs, w) => blocks.get(w + 1) === pairs)) return (performance.now() - started) / 1000;
+    if (fleet.pairsPerWorker.every((pairs, w) => blocks.get(w + 1) === pairs))
+      return (performance.now() - started) / 1000;
     if (performance.now() - started > timeoutMs) {
       const total = [...blocks.values()].reduce((a, b) => a + b, 0);
       throw new Error(`indexed ${total} of ${fleet.pairs} pairs after ${timeoutMs} ms`);

@@ -18,7 +18,9 @@ import { buildWorkload } from "./workload";
 
 const usage = "bun bench/shared-index.bench.ts [--memory private|shared] [--pairs N] [--json]";
 const flags = benchFlags(usage, {
-  memory: { type: "string" }, pairs: { type: "string" }, json: { type: "boolean" },
+  memory: { type: "string" },
+  pairs: { type: "string" },
+  json: { type: "boolean" },
 });
 const memory = flags.memory ?? "private";
 if (memory !== "private" && memory !== "shared") {
@@ -56,7 +58,9 @@ for (const event of workload.events) {
   tails[2 * event.worker] = event.external[2 * (event.count - 1)]!;
   tails[2 * event.worker + 1] = event.external[2 * (event.count - 1) + 1]!;
 }
-const queries = workload.prompts.filter((prompt) => prompt.length >= 2 * QUERY_BLOCKS).slice(-1024)
+const queries = workload.prompts
+  .filter((prompt) => prompt.length >= 2 * QUERY_BLOCKS)
+  .slice(-1024)
   .map((prompt) => prompt.slice(0, 2 * QUERY_BLOCKS));
 const out = new MatchResult();
 const external = new Uint32Array(2 * CHAIN_BLOCKS);
@@ -113,9 +117,11 @@ const row = {
   build_cpu_ns_per_block: Number(buildNs.toFixed(1)),
   store_remove_cpu_ns_per_block_op: Number((measure(storeRemove) / (2 * CHAIN_BLOCKS)).toFixed(1)),
   find_matches_128_cpu_ns: Math.round(measure(lookup(index))),
-  ...(reader === null ? {} : {
-    reader_find_matches_128_cpu_ns: Math.round(measure(lookup(reader))),
-  }),
+  ...(reader === null
+    ? {}
+    : {
+        reader_find_matches_128_cpu_ns: Math.round(measure(lookup(reader))),
+      }),
   pairs: index.stats().blocks,
   bytes_per_pair: Number((index.stats().bytes / index.stats().blocks).toFixed(2)),
 };

@@ -31,9 +31,19 @@ import { readFileSync } from "node:fs";
 import { provenance } from "./lib";
 import { conversationTracePath } from "../src/sim/embedded-trace";
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES, type RoutePolicy } from "../src/route";
-import { ADMISSION_MODES, type AdmissionMode, type AdmissionSettings, DEFAULT_ADMISSION } from "../src/route/admission";
 import {
-  DEFAULT_KV_AWARE, isPolicyName, type KvAwareConfig, KvAwareModel, POLICY_NAMES, type PolicyName,
+  ADMISSION_MODES,
+  type AdmissionMode,
+  type AdmissionSettings,
+  DEFAULT_ADMISSION,
+} from "../src/route/admission";
+import {
+  DEFAULT_KV_AWARE,
+  isPolicyName,
+  type KvAwareConfig,
+  KvAwareModel,
+  POLICY_NAMES,
+  type PolicyName,
   type RoutingPolicy,
 } from "../src/sim/policies";
 import { simulate, type SimResult } from "../src/sim/simulator";
@@ -66,18 +76,24 @@ const { values } = parseArgs({
     admission: { type: "string", default: "off" },
     "admission-bound-ms": { type: "string", default: String(DEFAULT_ADMISSION.boundMs) },
     "max-hold-ms": { type: "string", default: String(DEFAULT_ADMISSION.maxHoldMs) },
-    "admission-prefill-weight": { type: "string", default: String(DEFAULT_ADMISSION.prefillWeight) },
+    "admission-prefill-weight": {
+      type: "string",
+      default: String(DEFAULT_ADMISSION.prefillWeight),
+    },
     agreement: { type: "string", default: "0" },
   },
 });
 
-const numbers = (text: string, zeroOk = false): number[] => text.split(",").map((part) => {
-  const value = Number(part);
-  if (!Number.isFinite(value) || value < 0 || (value === 0 && !zeroOk)) throw new Error(`bad number '${part}'`);
-  return value;
-});
+const numbers = (text: string, zeroOk = false): number[] =>
+  text.split(",").map((part) => {
+    const value = Number(part);
+    if (!Number.isFinite(value) || value < 0 || (value === 0 && !zeroOk))
+      throw new Error(`bad number '${part}'`);
+    return value;
+  });
 const policies = values.policies.split(",").map((name) => {
-  if (!isPolicyName(name)) throw new Error(`unknown policy '${name}' (known: ${POLICY_NAMES.join(", ")})`);
+  if (!isPolicyName(name))
+    throw new Error(`unknown policy '${name}' (known: ${POLICY_NAMES.join(", ")})`);
   return name;
 }) as PolicyName[];
 const tracePath = values.trace ?? conversationTracePath;
@@ -93,16 +109,22 @@ const time = {
 const speedup = Number(values.speedup);
 const start = Number(values.start);
 const calibrations = values.calibrate.split(",").map((text) => {
-  if (text !== "on" && text !== "off") throw new Error(`--calibrate takes on, off or on,off; got '${text}'`);
+  if (text !== "on" && text !== "off")
+    throw new Error(`--calibrate takes on, off or on,off; got '${text}'`);
   return text === "on";
 });
 // What kv_aware_model's router assumes of the engines (default: their true constants).
 const routerConstants = {
-  ...(values["router-prefill-tps"] === undefined ? {} : { prefillTokensPerSecond: numbers(values["router-prefill-tps"])[0]! }),
-  ...(values["router-step-base-ms"] === undefined ? {} : { stepBaseMs: numbers(values["router-step-base-ms"])[0]! }),
+  ...(values["router-prefill-tps"] === undefined
+    ? {}
+    : { prefillTokensPerSecond: numbers(values["router-prefill-tps"])[0]! }),
+  ...(values["router-step-base-ms"] === undefined
+    ? {}
+    : { stepBaseMs: numbers(values["router-step-base-ms"])[0]! }),
 };
 const routePolicies = values["route-policy"].split(",").map((name) => {
-  if (!(ROUTE_POLICIES as readonly string[]).includes(name)) throw new Error(`unknown route policy '${name}'`);
+  if (!(ROUTE_POLICIES as readonly string[]).includes(name))
+    throw new Error(`unknown route policy '${name}'`);
   return name as RoutePolicy;
 });
 const agreementWindow = numbers(values.agreement, true)[0]!;
@@ -113,32 +135,49 @@ const seed = Number(values.seed);
 
 /** kv_aware_model's router settings to sweep: every route policy, then its own weights. */
 function kvVariants(): { name: string; config: KvAwareConfig }[] {
-  return routePolicies.flatMap((policy): { name: string; config: KvAwareConfig }[] => policy === "dynamo"
-    ? numbers(values["overlap-credit"]).flatMap((overlapScoreCredit) => numbers(values["prefill-scale"]).map((prefillLoadScale) => ({
-      name: `kv dynamo ${overlapScoreCredit}/${prefillLoadScale}`,
-      config: { policy, weights: { overlapScoreCredit, prefillLoadScale } },
-    })))
-    : numbers(values["recompute-weight"], true).flatMap((recomputeWeight) => calibrations.flatMap((calibrate) => admissions().map(({ label, admission }) => ({
-      name: `kv ttft ${recomputeWeight}${calibrate ? " cal" : ""}${label}`,
-      config: {
-        policy, calibrate, ttft: { recomputeWeight, ...routerConstants }, admission,
-        ...(agreementWindow > 0 ? { reference: trueTimes } : {}),
-      },
-    })))));
+  return routePolicies.flatMap((policy): { name: string; config: KvAwareConfig }[] =>
+    policy === "dynamo"
+      ? numbers(values["overlap-credit"]).flatMap((overlapScoreCredit) =>
+          numbers(values["prefill-scale"]).map((prefillLoadScale) => ({
+            name: `kv dynamo ${overlapScoreCredit}/${prefillLoadScale}`,
+            config: { policy, weights: { overlapScoreCredit, prefillLoadScale } },
+          })),
+        )
+      : numbers(values["recompute-weight"], true).flatMap((recomputeWeight) =>
+          calibrations.flatMap((calibrate) =>
+            admissions().map(({ label, admission }) => ({
+              name: `kv ttft ${recomputeWeight}${calibrate ? " cal" : ""}${label}`,
+              config: {
+                policy,
+                calibrate,
+                ttft: { recomputeWeight, ...routerConstants },
+                admission,
+                ...(agreementWindow > 0 ? { reference: trueTimes } : {}),
+              },
+            })),
+          ),
+        ),
+  );
 }
 
 /** Admission settings to sweep: every mode, and for hold and reject every bound, longest hold and prefill weight. */
 function admissions(): { label: string; admission: Partial<AdmissionSettings> }[] {
-  return values.admission.split(",").flatMap((text): { label: string; admission: Partial<AdmissionSettings> }[] => {
-    if (!(ADMISSION_MODES as readonly string[]).includes(text)) throw new Error(`--admission takes ${ADMISSION_MODES.join(", ")}; got '${text}'`);
-    const mode = text as AdmissionMode;
-    if (mode === "off") return [{ label: "", admission: { mode } }];
-    return numbers(values["admission-bound-ms"], true).flatMap((boundMs) => numbers(values["max-hold-ms"], true).flatMap((maxHoldMs) =>
-      numbers(values["admission-prefill-weight"], true).map((prefillWeight) => ({
-        label: ` ${mode} ${boundMs}/${maxHoldMs}/${prefillWeight}`,
-        admission: { mode, boundMs, maxHoldMs, prefillWeight },
-      }))));
-  });
+  return values.admission
+    .split(",")
+    .flatMap((text): { label: string; admission: Partial<AdmissionSettings> }[] => {
+      if (!(ADMISSION_MODES as readonly string[]).includes(text))
+        throw new Error(`--admission takes ${ADMISSION_MODES.join(", ")}; got '${text}'`);
+      const mode = text as AdmissionMode;
+      if (mode === "off") return [{ label: "", admission: { mode } }];
+      return numbers(values["admission-bound-ms"], true).flatMap((boundMs) =>
+        numbers(values["max-hold-ms"], true).flatMap((maxHoldMs) =>
+          numbers(values["admission-prefill-weight"], true).map((prefillWeight) => ({
+            label: ` ${mode} ${boundMs}/${maxHoldMs}/${prefillWeight}`,
+            admission: { mode, boundMs, maxHoldMs, prefillWeight },
+          })),
+        ),
+      );
+    });
 }
 
 interface Row extends SimResult {
@@ -166,15 +205,31 @@ const pct = (x: number): string => `${(100 * x).toFixed(1)}%`;
 const line = (cells: (string | number)[]): string =>
   cells.map((cell, i) => String(cell).padStart(i === 0 ? 28 : 11)).join(" ");
 if (!values.json) {
-  process.stdout.write(`${line(["policy", "requests", "capacity", "time scale", "hit rate", "prefill M", "TTFT p50",
-    "TTFT p99", "TPOT p50", "TPOT p99", "spread", "rejected", "wall ms"])}\n`);
+  process.stdout.write(
+    `${line([
+      "policy",
+      "requests",
+      "capacity",
+      "time scale",
+      "hit rate",
+      "prefill M",
+      "TTFT p50",
+      "TTFT p99",
+      "TPOT p50",
+      "TPOT p99",
+      "spread",
+      "rejected",
+      "wall ms",
+    ])}\n`,
+  );
 }
 for (const timeScale of numbers(values["time-scale"])) {
   for (const requests of numbers(values.requests)) {
     const trace = transformTrace(fullTrace, { start, requests, timeScale });
     for (const capacity of numbers(values.capacity)) {
       for (const policy of policies) {
-        const variants = policy === "kv_aware_model" ? kvVariants() : [{ name: policy, config: DEFAULT_KV_AWARE }];
+        const variants =
+          policy === "kv_aware_model" ? kvVariants() : [{ name: policy, config: DEFAULT_KV_AWARE }];
         for (const { name, config: kvAware } of variants) {
           const started = performance.now();
           let agreed: readonly number[] = [];
@@ -182,23 +237,52 @@ for (const timeScale of numbers(values["time-scale"])) {
             if (finished instanceof KvAwareModel) agreed = finished.agreed;
           };
           const result = simulate(trace, {
-            policy, workers, capacityBlocks: capacity, time, seed, kvAware, onFinish,
+            policy,
+            workers,
+            capacityBlocks: capacity,
+            time,
+            seed,
+            kvAware,
+            onFinish,
           });
           const wall = performance.now() - started;
           const agreement = agreed.length > 0 ? windowShares(agreed, agreementWindow) : undefined;
-          const row = { ...result, policy: name, time_scale: timeScale, start, kv_aware: kvAware, wall_ms: Math.round(wall),
+          const row = {
+            ...result,
+            policy: name,
+            time_scale: timeScale,
+            start,
+            kv_aware: kvAware,
+            wall_ms: Math.round(wall),
             replay_s_at_speedup: result.makespan_ms / speedup / 1000,
-            ...(agreement === undefined ? {} : { agreement }) };
+            ...(agreement === undefined ? {} : { agreement }),
+          };
           rows.push(row);
           if (values.json) continue;
-          process.stdout.write(`${line([name, trace.count, capacity, timeScale, pct(row.hit_rate),
-            (row.prefill_tokens / 1e6).toFixed(2), row.ttft_p50_ms.toFixed(0), row.ttft_p99_ms.toFixed(0),
-            row.tpot_p50_ms.toFixed(1), row.tpot_p99_ms.toFixed(1), row.load_spread.toFixed(2), row.rejected, row.wall_ms])}\n`);
+          process.stdout.write(
+            `${line([
+              name,
+              trace.count,
+              capacity,
+              timeScale,
+              pct(row.hit_rate),
+              (row.prefill_tokens / 1e6).toFixed(2),
+              row.ttft_p50_ms.toFixed(0),
+              row.ttft_p99_ms.toFixed(0),
+              row.tpot_p50_ms.toFixed(1),
+              row.tpot_p99_ms.toFixed(1),
+              row.load_spread.toFixed(2),
+              row.rejected,
+              row.wall_ms,
+            ])}\n`,
+          );
           if (agreement !== undefined) {
             const total = agreed.reduce((sum, flag) => sum + flag, 0) / agreed.length;
             const shares = agreement.map(pct).join(" ");
             const all = pct(total);
-            process.stdout.write(`${" ".repeat(29)}agreement per ${agreementWindow}: ${shares} (all ${all})\n`);
+            process.stdout.write(
+              `${" ".repeat(29)}agreement per ${agreementWindow}: ${shares} (all ${all})\n`,
+            );
           }
         }
       }
@@ -208,7 +292,9 @@ for (const timeScale of numbers(values["time-scale"])) {
 const document = {
   bench: "sim",
   provenance: {
-    ...provenance(), trace: tracePath, trace_sha256: createHash("sha256").update(traceBytes).digest("hex"),
+    ...provenance(),
+    trace: tracePath,
+    trace_sha256: createHash("sha256").update(traceBytes).digest("hex"),
   },
   settings: { workers, seed, time, speedup },
   rows,

@@ -26,7 +26,12 @@ import { createIndex } from "../src/index/index";
 import { MatchResult } from "../src/index/types";
 import { freezeNow, IndexPacker } from "../src/index/pack";
 import { PackJob, WritePause } from "../src/index/write-pause";
-import { forEachOp, readSnapshotFile, type Snapshot, writeSnapshotFile } from "../src/state/snapshot";
+import {
+  forEachOp,
+  readSnapshotFile,
+  type Snapshot,
+  writeSnapshotFile,
+} from "../src/state/snapshot";
 import { SLICE_MS } from "../src/state/warm";
 import { benchFlags, provenance, rssBytes } from "./lib";
 
@@ -71,7 +76,11 @@ function time<T>(phase: string, run: () => T, rows: Record<string, number>[]): T
   return result;
 }
 
-async function timeAsync<T>(phase: string, run: () => Promise<T>, rows: Record<string, number>[]): Promise<T> {
+async function timeAsync<T>(
+  phase: string,
+  run: () => Promise<T>,
+  rows: Record<string, number>[],
+): Promise<T> {
   Bun.gc(true);
   const started = performance.now();
   const result = await run();
@@ -87,43 +96,84 @@ const held = index.stats().blocks;
 const dir = flags.dir ?? mkdtempSync(join(tmpdir(), "kvedge-snapshot-bench-"));
 try {
   const frozen = time("freeze_ms", () => freezeNow(index.freeze()), rows);
-  const snapshot: Snapshot = time("pack_ms", () => {
-    const packer = new IndexPacker(frozen);
-    while (!packer.step(Infinity));
-    return { blockSize: BLOCK_SIZE, createdAt: new Date().toISOString(), positions: [], workerIds: [...packer.workerIds], words: packer.words() };
-  }, rows);
+  const snapshot: Snapshot = time(
+    "pack_ms",
+    () => {
+      const packer = new IndexPacker(frozen);
+      while (!packer.step(Infinity));
+      return {
+        blockSize: BLOCK_SIZE,
+        createdAt: new Date().toISOString(),
+        positions: [],
+        workerIds: [...packer.workerIds],
+        words: packer.words(),
+      };
+    },
+    rows,
+  );
   const bytes = await timeAsync("write_ms", () => writeSnapshotFile(dir, snapshot), rows);
   const loaded = time("read_check_ms", () => readSnapshotFile(dir, BLOCK_SIZE)!, rows);
   const restored = createIndex("crtc", BLOCK_SIZE);
-  time("apply_ms", () => forEachOp(loaded, {
-    stored: (w, r, hasParent, hi, lo, external, local, count) => restored.applyStored(w, r, hasParent, hi, lo, external, local, count),
-    removed: (w, r, external, count) => restored.applyRemoved(w, r, external, count),
-  }), rows);
-  const view = (i: typeof index) => i.workers().map((w) => `${w.workerId}/${w.dpRank}=${w.blocks}`).join();
+  time(
+    "apply_ms",
+    () =>
+      forEachOp(loaded, {
+        stored: (w, r, hasParent, hi, lo, external, local, count) =>
+          restored.applyStored(w, r, hasParent, hi, lo, external, local, count),
+        removed: (w, r, external, count) => restored.applyRemoved(w, r, external, count),
+      }),
+    rows,
+  );
+  const view = (i: typeof index) =>
+    i
+      .workers()
+      .map((w) => `${w.workerId}/${w.dpRank}=${w.blocks}`)
+      .join();
   const equal = view(restored) === view(index) && restored.stats().blocks === held;
-  const idle = await routeDelays(async () => { await Bun.sleep(1000); });
+  const idle = await routeDelays(async () => {
+    await Bun.sleep(1000);
+  });
   const during = await routeDelays(async () => {
     const job = new PackJob(index, new WritePause(index, 64 << 20));
     await job.run(SLICE_MS);
     const { words, workerIds } = job.result();
     const createdAt = new Date().toISOString();
-    await writeSnapshotFile(dir, { blockSize: BLOCK_SIZE, createdAt, positions: [], workerIds: [...workerIds], words });
+    await writeSnapshotFile(dir, {
+      blockSize: BLOCK_SIZE,
+      createdAt,
+      positions: [],
+      workerIds: [...workerIds],
+      words,
+    });
   });
   const result = {
     route_delay_ms: { idle, during_periodic_write: during },
-    ...provenance(), pairs: held, workers: WORKERS, file_bytes: bytes, bytes_per_pair: bytes / held, equal,
-    phases: Object.assign({}, ...rows.map((row) => Object.fromEntries(Object.entries(row).filter(([k]) => k !== "rss_mb")))),
+    ...provenance(),
+    pairs: held,
+    workers: WORKERS,
+    file_bytes: bytes,
+    bytes_per_pair: bytes / held,
+    equal,
+    phases: Object.assign(
+      {},
+      ...rows.map((row) => Object.fromEntries(Object.entries(row).filter(([k]) => k !== "rss_mb"))),
+    ),
     rss_mb_after: rows.map((row) => Math.round(row.rss_mb!)),
   };
   if (flags.json) console.log(JSON.stringify(result));
   else {
-    console.log(`${held.toLocaleString()} pairs, ${WORKERS} workers: file ${(bytes / 2 ** 20).toFixed(1)} MiB (${(bytes / held).toFixed(1)} B/pair), equal after load: ${equal}`);
-    const show = (d: Delays) => `p50 ${d.p50.toFixed(2)} p99 ${d.p99.toFixed(2)} max ${d.max.toFixed(1)} ms (${d.n} queries)`;
+    console.log(
+      `${held.toLocaleString()} pairs, ${WORKERS} workers: file ${(bytes / 2 ** 20).toFixed(1)} MiB (${(bytes / held).toFixed(1)} B/pair), equal after load: ${equal}`,
+    );
+    const show = (d: Delays) =>
+      `p50 ${d.p50.toFixed(2)} p99 ${d.p99.toFixed(2)} max ${d.max.toFixed(1)} ms (${d.n} queries)`;
     console.log(`  route delay, idle:                 ${show(idle)}`);
     console.log(`  route delay, during periodic write: ${show(during)}`);
     for (const row of rows) {
       const [phase, ms] = Object.entries(row)[0]!;
-      console.log(`  ${phase.padEnd(16)} ${ms.toFixed(0).padStart(7)} ms   rss ${row.rss_mb!.toFixed(0)} MiB`);
+      console.log(
+        `  ${phase.padEnd(16)} ${ms.toFixed(0).padStart(7)} ms   rss ${row.rss_mb!.toFixed(0)} MiB`,
+      );
     }
   }
   if (!equal) process.exitCode = 1;
@@ -131,7 +181,12 @@ try {
   if (flags.dir === undefined) rmSync(dir, { recursive: true, force: true });
 }
 
-interface Delays { n: number; p50: number; p99: number; max: number }
+interface Delays {
+  n: number;
+  p50: number;
+  p99: number;
+  max: number;
+}
 
 /** Queries issued every 1 ms of timer while `work` runs: each one's delay past its due time plus the query. */
 async function routeDelays(work: () => Promise<void>): Promise<Delays> {

@@ -25,8 +25,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { benchFlags, killWithBench, provenance } from "./lib";
 
-const USAGE = "bun bench/soak.ts [--seconds N] [--engines N] [--restart-every S] [--drop-rate P] "
-  + "[--snapshot-every S] [--dump-every S] [--log FILE] [--json]";
+const USAGE =
+  "bun bench/soak.ts [--seconds N] [--engines N] [--restart-every S] [--drop-rate P] " +
+  "[--snapshot-every S] [--dump-every S] [--log FILE] [--json]";
 const flags = benchFlags(USAGE, {
   seconds: { type: "string" },
   engines: { type: "string" },
@@ -80,13 +81,37 @@ async function firstLine(proc: Subprocess<"ignore", "pipe", "pipe">): Promise<Js
 
 async function startEngine(previous?: Engine): Promise<Engine> {
   for (let attempt = 0; ; attempt++) {
-    const proc = track(Bun.spawn([BIN, "mock-engine", "--capacity-blocks", "600", "--speedup", "10",
-      "--endpoint", previous?.endpoint ?? "tcp://127.0.0.1:0", "--replay-endpoint", previous?.replay ?? "tcp://127.0.0.1:0",
-      "--http-port", String(previous?.httpPort ?? 0), "--drop-rate", DROP_RATE], { stdin: "ignore", stdout: "pipe", stderr: "pipe" }));
+    const proc = track(
+      Bun.spawn(
+        [
+          BIN,
+          "mock-engine",
+          "--capacity-blocks",
+          "600",
+          "--speedup",
+          "10",
+          "--endpoint",
+          previous?.endpoint ?? "tcp://127.0.0.1:0",
+          "--replay-endpoint",
+          previous?.replay ?? "tcp://127.0.0.1:0",
+          "--http-port",
+          String(previous?.httpPort ?? 0),
+          "--drop-rate",
+          DROP_RATE,
+        ],
+        { stdin: "ignore", stdout: "pipe", stderr: "pipe" },
+      ),
+    );
     void new Response(proc.stderr).text();
     try {
       const line = await firstLine(proc);
-      return { proc, endpoint: line.endpoint, replay: line.replay_endpoint, http: line.http, httpPort: Number(new URL(line.http).port) };
+      return {
+        proc,
+        endpoint: line.endpoint,
+        replay: line.replay_endpoint,
+        http: line.http,
+        httpPort: Number(new URL(line.http).port),
+      };
     } catch (error) {
       if (attempt > 20) throw error;
       await Bun.sleep(100); // the old process's ports may take a moment to free up
@@ -95,7 +120,9 @@ async function startEngine(previous?: Engine): Promise<Engine> {
 }
 
 function rssMb(pid: number): number {
-  const line = readFileSync(`/proc/${pid}/status`, "utf8").split("\n").find((l) => l.startsWith("VmRSS:"))!;
+  const line = readFileSync(`/proc/${pid}/status`, "utf8")
+    .split("\n")
+    .find((l) => l.startsWith("VmRSS:"))!;
   return Number(line.split(/\s+/)[1]) / 1024;
 }
 
@@ -105,21 +132,47 @@ const json = async (url: string) => (await fetch(url)).json() as Promise<Json>;
 function prompt(random: () => number): number[] {
   const prefix = Math.floor(random() ** 2 * 64);
   const suffix = Math.floor(random() * 400);
-  return Array.from({ length: 96 }, (_, t) => (t < 64 ? 1 + prefix * 1000 + t : 100_000 + suffix * 100 + t));
+  return Array.from({ length: 96 }, (_, t) =>
+    t < 64 ? 1 + prefix * 1000 + t : 100_000 + suffix * 100 + t,
+  );
 }
 
 let state = 12345;
-const random = () => ((state = (Math.imul(state, 1103515245) + 12345) >>> 0) / 2 ** 32);
+const random = () => (state = (Math.imul(state, 1103515245) + 12345) >>> 0) / 2 ** 32;
 
 const engines: Engine[] = [];
 for (let i = 0; i < ENGINES; i++) engines.push(await startEngine());
 const workers = engines.map((e, i) => `${i + 1}=${e.endpoint};replay=${e.replay}`).join(",");
 const stateDir = SNAPSHOT_EVERY > 0 ? mkdtempSync(join(tmpdir(), "kvedge-soak-")) : null;
-process.on("exit", () => { if (stateDir !== null) rmSync(stateDir, { recursive: true, force: true }); });
-const stateFlags = stateDir === null ? [] : ["--state-dir", stateDir, "--snapshot-interval-secs", String(SNAPSHOT_EVERY)];
-const serve = track(Bun.spawn([BIN, "serve", "--port", "0", "--warmup-routes", "0", "--log-format", "json",
-  "--reconnect-min-ms", "50", "--reconnect-max-ms", "500", ...stateFlags, "--workers", workers],
-{ stdin: "ignore", stdout: "pipe", stderr: "pipe" }));
+process.on("exit", () => {
+  if (stateDir !== null) rmSync(stateDir, { recursive: true, force: true });
+});
+const stateFlags =
+  stateDir === null
+    ? []
+    : ["--state-dir", stateDir, "--snapshot-interval-secs", String(SNAPSHOT_EVERY)];
+const serve = track(
+  Bun.spawn(
+    [
+      BIN,
+      "serve",
+      "--port",
+      "0",
+      "--warmup-routes",
+      "0",
+      "--log-format",
+      "json",
+      "--reconnect-min-ms",
+      "50",
+      "--reconnect-max-ms",
+      "500",
+      ...stateFlags,
+      "--workers",
+      workers,
+    ],
+    { stdin: "ignore", stdout: "pipe", stderr: "pipe" },
+  ),
+);
 let url = "";
 {
   const decoder = new TextDecoder();
@@ -129,14 +182,17 @@ let url = "";
     const { value, done } = await reader.read();
     if (done) throw new Error("kvedge serve exited");
     tail += decoder.decode(value);
-    for (const line of tail.split("\n")) if (line.includes('"listening"')) url = JSON.parse(line).url;
+    for (const line of tail.split("\n"))
+      if (line.includes('"listening"')) url = JSON.parse(line).url;
   }
   if (flags.log !== undefined) writeFileSync(flags.log, "");
   const sink = flags.log === undefined ? null : Bun.file(flags.log).writer();
-  void (async () => { // keep draining its logs so it never blocks on them
+  void (async () => {
+    // keep draining its logs so it never blocks on them
     for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) {
       if (sink === null) continue;
-      for (const line of decoder.decode(chunk.value).split("\n")) if (/"level":"(warn|error)"/.test(line)) sink.write(`${line}\n`);
+      for (const line of decoder.decode(chunk.value).split("\n"))
+        if (/"level":"(warn|error)"/.test(line)) sink.write(`${line}\n`);
       sink.flush();
     }
   })();
@@ -167,7 +223,8 @@ async function loop(): Promise<void> {
     const w = Math.floor(random() * ENGINES);
     try {
       const response = await fetch(`${engines[w]!.http}/v1/generate`, {
-        method: "POST", headers: { "content-type": "application/json" },
+        method: "POST",
+        headers: { "content-type": "application/json" },
         body: JSON.stringify({ token_ids: prompt(random), max_tokens: 8 }),
       });
       await response.arrayBuffer();
@@ -184,7 +241,8 @@ async function sampler(): Promise<void> {
   while (performance.now() < deadline) {
     const stats = await json(`${url}/v1/workers`);
     samples.push({
-      t: Math.round((performance.now() - started) / 1000), rss_mb: Math.round(rssMb(serve.pid)),
+      t: Math.round((performance.now() - started) / 1000),
+      rss_mb: Math.round(rssMb(serve.pid)),
       blocks: (stats.workers as Json[]).reduce((sum, w) => sum + w.blocks, 0),
     });
     if (RESTART_EVERY > 0 && performance.now() >= nextRestart) {
@@ -221,8 +279,13 @@ const compare = async () => {
     const truth = new Set<string>(cache.block_hashes);
     const equal = mine.size === truth.size && [...truth].every((h) => mine.has(h));
     rows.push({
-      worker: i + 1, engine_blocks: truth.size, index_blocks: mine.size, equal, degraded: worker.degraded,
-      caught_up: worker.last_seq === cache.last_seq, lost_batches: worker.lost_batches,
+      worker: i + 1,
+      engine_blocks: truth.size,
+      index_blocks: mine.size,
+      equal,
+      degraded: worker.degraded,
+      caught_up: worker.last_seq === cache.last_seq,
+      lost_batches: worker.lost_batches,
     });
   }
   return rows;
@@ -233,24 +296,51 @@ for (let attempt = 0; attempt < 50; attempt++) {
   rows = await compare();
   if (rows.every((r) => r.caught_up && (r.equal || r.degraded))) break;
   // A trailing batch dropped on purpose is noticed only at the next one: nudge those engines.
-  await Promise.all(rows.filter((r) => !r.caught_up).map((r) => fetch(`${engines[r.worker - 1]!.http}/v1/generate`, {
-    method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ token_ids: prompt(random), max_tokens: 1 }),
-  }).then((response) => response.arrayBuffer())));
+  await Promise.all(
+    rows
+      .filter((r) => !r.caught_up)
+      .map((r) =>
+        fetch(`${engines[r.worker - 1]!.http}/v1/generate`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: JSON.stringify({ token_ids: prompt(random), max_tokens: 1 }),
+        }).then((response) => response.arrayBuffer()),
+      ),
+  );
 }
 const metrics = await (await fetch(`${url}/metrics`)).text();
-const sum = (series: string, label = "") => metrics.split("\n").filter((l) => l.startsWith(series) && l.includes(label))
-  .reduce((total, l) => total + Number(l.slice(l.lastIndexOf(" ") + 1)), 0);
+const sum = (series: string, label = "") =>
+  metrics
+    .split("\n")
+    .filter((l) => l.startsWith(series) && l.includes(label))
+    .reduce((total, l) => total + Number(l.slice(l.lastIndexOf(" ") + 1)), 0);
 const steady = samples.filter((s) => s.t >= Math.min(60, SECONDS / 4));
 const result = {
-  ...provenance(), seconds: SECONDS, engines: ENGINES, restart_every_s: RESTART_EVERY, drop_rate: Number(DROP_RATE),
-  requests, request_failures: failures, engine_restarts: restarts, snapshot_every_s: SNAPSHOT_EVERY,
-  dumps: { ...dumps, maxMs: Math.round(dumps.maxMs) }, held_writes: sum("kvedge_index_held_writes_total{", 'what="writes"'),
-  rss_mb: { first: samples[0]?.rss_mb, steady_min: Math.min(...steady.map((s) => s.rss_mb)), steady_max: Math.max(...steady.map((s) => s.rss_mb)), last: samples.at(-1)?.rss_mb },
+  ...provenance(),
+  seconds: SECONDS,
+  engines: ENGINES,
+  restart_every_s: RESTART_EVERY,
+  drop_rate: Number(DROP_RATE),
+  requests,
+  request_failures: failures,
+  engine_restarts: restarts,
+  snapshot_every_s: SNAPSHOT_EVERY,
+  dumps: { ...dumps, maxMs: Math.round(dumps.maxMs) },
+  held_writes: sum("kvedge_index_held_writes_total{", 'what="writes"'),
+  rss_mb: {
+    first: samples[0]?.rss_mb,
+    steady_min: Math.min(...steady.map((s) => s.rss_mb)),
+    steady_max: Math.max(...steady.map((s) => s.rss_mb)),
+    last: samples.at(-1)?.rss_mb,
+  },
   index_blocks_last: samples.at(-1)?.blocks,
-  resets: sum("kvedge_ingest_resets_total{"), replays_completed: sum("kvedge_ingest_replays_total{", 'result="completed"'),
+  resets: sum("kvedge_ingest_resets_total{"),
+  replays_completed: sum("kvedge_ingest_replays_total{", 'result="completed"'),
   rebuilds: sum("kvedge_ingest_continuity_total{", 'outcome="rebuilt"'),
-  lost_batches: sum("kvedge_ingest_lost_batches_total{"), gaps: sum("kvedge_ingest_gaps_total{"),
-  workers: rows, samples: flags.json ? samples : undefined,
+  lost_batches: sum("kvedge_ingest_lost_batches_total{"),
+  gaps: sum("kvedge_ingest_gaps_total{"),
+  workers: rows,
+  samples: flags.json ? samples : undefined,
 };
 serve.kill("SIGTERM");
 await serve.exited;

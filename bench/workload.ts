@@ -44,7 +44,10 @@ export interface Workload {
 
 /** Mixes (a, b, c) into a u32 (two rounds of multiply-xorshift). */
 function mix(a: number, b: number, c: number): number {
-  let h = Math.imul(a ^ 0x9e3779b9, 0x85ebca6b) ^ Math.imul(b + 0x7f4a7c15, 0xc2b2ae35) ^ Math.imul(c, 0x27d4eb2f);
+  let h =
+    Math.imul(a ^ 0x9e3779b9, 0x85ebca6b) ^
+    Math.imul(b + 0x7f4a7c15, 0xc2b2ae35) ^
+    Math.imul(c, 0x27d4eb2f);
   h ^= h >>> 15;
   h = Math.imul(h, 0x2c1b3c6d);
   h ^= h >>> 12;
@@ -66,7 +69,8 @@ export function buildWorkload(options: WorkloadOptions): Workload {
   const workers = options.workers;
   const sticky = options.sticky ?? 0.8;
   const systemLengths: number[] = [];
-  for (let s = 0; s < (options.systemPrompts ?? 40); s++) systemLengths.push(16 + Math.floor(uniform() * 81));
+  for (let s = 0; s < (options.systemPrompts ?? 40); s++)
+    systemLengths.push(16 + Math.floor(uniform() * 81));
   const conversations: Conversation[] = [];
   /** Per worker: conversation id -> blocks of that conversation's prompt held. */
   const held: Map<number, number>[] = [];
@@ -83,7 +87,12 @@ export function buildWorkload(options: WorkloadOptions): Workload {
   const seenConversationBlocks = new Map<number, number>();
 
   // Block identity: (kind, id, position) -> local hash; external = engine(worker) of it.
-  const localOf = (conversation: Conversation, position: number, out: Uint32Array, at: number): void => {
+  const localOf = (
+    conversation: Conversation,
+    position: number,
+    out: Uint32Array,
+    at: number,
+  ): void => {
     const systemLength = systemLengths[conversation.system]!;
     // The low word chains the high one with the arguments swapped, so the two halves
     // do not collide together (the hash is 64 bits wide, not 32).
@@ -99,7 +108,12 @@ export function buildWorkload(options: WorkloadOptions): Workload {
     if (conversations.length < 8 || uniform() < 0.3) {
       // Skewed choice of system prompt: squaring a uniform favours the first ones.
       const system = Math.floor(uniform() * uniform() * systemLengths.length);
-      conversation = { system, home: Math.floor(uniform() * workers), turns: [], id: conversations.length };
+      conversation = {
+        system,
+        home: Math.floor(uniform() * workers),
+        turns: [],
+        id: conversations.length,
+      };
       conversations.push(conversation);
     } else {
       conversation = conversations[Math.floor(uniform() * conversations.length)]!;

@@ -43,19 +43,28 @@ interface RunResult {
 
 // `--role pub ENDPOINT COUNT SIZE FRAMES` and `--role recv --scenario JSON`: the
 // publisher and receiver processes, started by the parent run.
-const flags = benchFlags("bun bench/zmtp.ts [--runs 3] [--quick] [--only <scenario substring>] [--json]", {
-  runs: { type: "string" },
-  quick: { type: "boolean" },
-  only: { type: "string" },
-  json: { type: "boolean" },
-  role: { type: "string" },
-  scenario: { type: "string" },
-}, true);
+const flags = benchFlags(
+  "bun bench/zmtp.ts [--runs 3] [--quick] [--only <scenario substring>] [--json]",
+  {
+    runs: { type: "string" },
+    quick: { type: "boolean" },
+    only: { type: "string" },
+    json: { type: "boolean" },
+    role: { type: "string" },
+    scenario: { type: "string" },
+  },
+  true,
+);
 
 // ---- publisher processes --------------------------------------------------------------
 
 /** Our PUB: connect, wait for the subscription, then publish `count` messages. */
-async function ourPublisher(endpoint: string, count: number, size: number, frames: number): Promise<void> {
+async function ourPublisher(
+  endpoint: string,
+  count: number,
+  size: number,
+  frames: number,
+): Promise<void> {
   const pub = new PubSocket({ hwm: 1_000_000 });
   pub.connect(endpoint);
   const payload = new Uint8Array(size).fill(0x61);
@@ -81,7 +90,8 @@ async function ourPublisher(endpoint: string, count: number, size: number, frame
     }
     await pub.flushed();
   }
-  if (pub.counters.hwmDrops !== 0) throw new Error(`publisher dropped ${pub.counters.hwmDrops} messages`);
+  if (pub.counters.hwmDrops !== 0)
+    throw new Error(`publisher dropped ${pub.counters.hwmDrops} messages`);
   await Bun.sleep(200);
   await pub.close();
 }
@@ -119,7 +129,11 @@ pub.close();
 async function receiver(scenario: Scenario): Promise<RunResult> {
   const sub = new SubSocket();
   sub.subscribe("");
-  const endpoint = await sub.bind(scenario.transport === "tcp" ? "tcp://127.0.0.1:0" : `ipc:///tmp/kvedge-bench-${process.pid}.sock`);
+  const endpoint = await sub.bind(
+    scenario.transport === "tcp"
+      ? "tcp://127.0.0.1:0"
+      : `ipc:///tmp/kvedge-bench-${process.pid}.sock`,
+  );
   let received = 0;
   let payloadBytes = 0;
   let started = 0;
@@ -136,14 +150,26 @@ async function receiver(scenario: Scenario): Promise<RunResult> {
       payloadBytes += payloadSize;
       if (received === scenario.count) resolve();
     };
-    if (scenario.api === "frames") sub.onFrames = (frames) => count(frames.count, frames.size(frames.count - 1));
+    if (scenario.api === "frames")
+      sub.onFrames = (frames) => count(frames.count, frames.size(frames.count - 1));
     else sub.onMessage = (frames) => count(frames.length, frames[frames.length - 1]!.length);
   });
   const args = [endpoint, String(scenario.count), String(scenario.size), String(scenario.frames)];
   const publisher =
     scenario.publisher === "ours"
-      ? killWithBench(Bun.spawn([process.execPath, import.meta.path, "--role", "pub", ...args], { stdout: "inherit", stderr: "inherit" }))
-      : killWithBench(Bun.spawn(["node", "--input-type=module", "-e", LIBZMQ_PUBLISHER, ...args], { cwd: ROOT, stdout: "inherit", stderr: "inherit" }));
+      ? killWithBench(
+          Bun.spawn([process.execPath, import.meta.path, "--role", "pub", ...args], {
+            stdout: "inherit",
+            stderr: "inherit",
+          }),
+        )
+      : killWithBench(
+          Bun.spawn(["node", "--input-type=module", "-e", LIBZMQ_PUBLISHER, ...args], {
+            cwd: ROOT,
+            stdout: "inherit",
+            stderr: "inherit",
+          }),
+        );
   const failed = publisher.exited.then((code) => {
     if (code !== 0) throw new Error(`publisher exited with ${code}`);
     return new Promise<never>(() => {});
@@ -180,7 +206,8 @@ function decoderBench(): number {
   bench("decode 512 KiB chunk", () => {
     let sink = 0;
     decoder.feed(chunk);
-    for (let kind = decoder.next(); kind !== NEED_MORE; kind = decoder.next()) sink += decoder.frameEnd - decoder.frameStart;
+    for (let kind = decoder.next(); kind !== NEED_MORE; kind = decoder.next())
+      sink += decoder.frameEnd - decoder.frameStart;
     return do_not_optimize(sink);
   });
   return chunk.length / frame.length;
@@ -189,15 +216,87 @@ function decoderBench(): number {
 // ---- driver ---------------------------------------------------------------------------
 
 const SCENARIOS: Scenario[] = [
-  { name: "ours -> ours, tcp, 100 B x1", publisher: "ours", transport: "tcp", frames: 1, size: 100, count: 3_000_000, api: "frames" },
-  { name: "ours -> ours, tcp, 100 B x1, views API", publisher: "ours", transport: "tcp", frames: 1, size: 100, count: 3_000_000, api: "views" },
-  { name: "ours -> ours, tcp, vLLM 3 frames, 100 B payload", publisher: "ours", transport: "tcp", frames: 3, size: 100, count: 2_000_000, api: "frames" },
-  { name: "ours -> ours, tcp, 64 KiB x1", publisher: "ours", transport: "tcp", frames: 1, size: 65_536, count: 40_000, api: "frames" },
-  { name: "ours -> ours, ipc, 100 B x1", publisher: "ours", transport: "ipc", frames: 1, size: 100, count: 3_000_000, api: "frames" },
-  { name: "ours -> ours, ipc, 64 KiB x1", publisher: "ours", transport: "ipc", frames: 1, size: 65_536, count: 40_000, api: "frames" },
-  { name: "libzmq -> ours, tcp, 100 B x1", publisher: "libzmq", transport: "tcp", frames: 1, size: 100, count: 1_000_000, api: "frames" },
-  { name: "libzmq -> ours, tcp, vLLM 3 frames, 100 B payload", publisher: "libzmq", transport: "tcp", frames: 3, size: 100, count: 1_000_000, api: "frames" },
-  { name: "libzmq -> ours, tcp, 64 KiB x1", publisher: "libzmq", transport: "tcp", frames: 1, size: 65_536, count: 40_000, api: "frames" },
+  {
+    name: "ours -> ours, tcp, 100 B x1",
+    publisher: "ours",
+    transport: "tcp",
+    frames: 1,
+    size: 100,
+    count: 3_000_000,
+    api: "frames",
+  },
+  {
+    name: "ours -> ours, tcp, 100 B x1, views API",
+    publisher: "ours",
+    transport: "tcp",
+    frames: 1,
+    size: 100,
+    count: 3_000_000,
+    api: "views",
+  },
+  {
+    name: "ours -> ours, tcp, vLLM 3 frames, 100 B payload",
+    publisher: "ours",
+    transport: "tcp",
+    frames: 3,
+    size: 100,
+    count: 2_000_000,
+    api: "frames",
+  },
+  {
+    name: "ours -> ours, tcp, 64 KiB x1",
+    publisher: "ours",
+    transport: "tcp",
+    frames: 1,
+    size: 65_536,
+    count: 40_000,
+    api: "frames",
+  },
+  {
+    name: "ours -> ours, ipc, 100 B x1",
+    publisher: "ours",
+    transport: "ipc",
+    frames: 1,
+    size: 100,
+    count: 3_000_000,
+    api: "frames",
+  },
+  {
+    name: "ours -> ours, ipc, 64 KiB x1",
+    publisher: "ours",
+    transport: "ipc",
+    frames: 1,
+    size: 65_536,
+    count: 40_000,
+    api: "frames",
+  },
+  {
+    name: "libzmq -> ours, tcp, 100 B x1",
+    publisher: "libzmq",
+    transport: "tcp",
+    frames: 1,
+    size: 100,
+    count: 1_000_000,
+    api: "frames",
+  },
+  {
+    name: "libzmq -> ours, tcp, vLLM 3 frames, 100 B payload",
+    publisher: "libzmq",
+    transport: "tcp",
+    frames: 3,
+    size: 100,
+    count: 1_000_000,
+    api: "frames",
+  },
+  {
+    name: "libzmq -> ours, tcp, 64 KiB x1",
+    publisher: "libzmq",
+    transport: "tcp",
+    frames: 1,
+    size: 65_536,
+    count: 40_000,
+    api: "frames",
+  },
 ];
 
 async function main(): Promise<void> {
@@ -222,9 +321,22 @@ async function main(): Promise<void> {
     const scenario = quick ? { ...base, count: Math.ceil(base.count / 10) } : base;
     const raw: RunResult[] = [];
     for (let i = 0; i < runs; i++) {
-      const child = killWithBench(Bun.spawn([process.execPath, import.meta.path, "--role", "recv", "--scenario", JSON.stringify(scenario)], {
-        stdout: "pipe", stderr: "inherit",
-      }));
+      const child = killWithBench(
+        Bun.spawn(
+          [
+            process.execPath,
+            import.meta.path,
+            "--role",
+            "recv",
+            "--scenario",
+            JSON.stringify(scenario),
+          ],
+          {
+            stdout: "pipe",
+            stderr: "inherit",
+          },
+        ),
+      );
       const text = await new Response(child.stdout).text();
       const status = await child.exited;
       if (status !== 0) throw new Error(`${scenario.name}: receiver exited with ${status}`);
@@ -239,7 +351,11 @@ async function main(): Promise<void> {
       // Throughput per receiver CPU-second: what one core could take; steadier than wall.
       messagesPerCpuSecond: Math.round(median(raw.map((r) => r.messagesPerSecond / r.receiverCpu))),
       payloadMBPerCpuSecond: Math.round(median(raw.map((r) => r.payloadMBps / r.receiverCpu))),
-      raw: raw.map((r) => ({ mps: Math.round(r.messagesPerSecond), MBps: Math.round(r.payloadMBps), cpu: Number(r.receiverCpu.toFixed(2)) })),
+      raw: raw.map((r) => ({
+        mps: Math.round(r.messagesPerSecond),
+        MBps: Math.round(r.payloadMBps),
+        cpu: Number(r.receiverCpu.toFixed(2)),
+      })),
     };
     results.push(row);
     if (!json) {
@@ -254,11 +370,26 @@ async function main(): Promise<void> {
   if (only === undefined || only === "decode") {
     const framesPerChunk = decoderBench();
     const result = await mitata({ format: json ? "quiet" : "mitata" });
-    const stats = result.benchmarks.flatMap((trial) => trial.runs).find((entry) => entry.name === "decode 512 KiB chunk")!.stats!;
-    decoder = { framesPerSecond: Math.round(framesPerChunk / (stats.p50 / 1e9)), frameBytes: DECODER_FRAME_BYTES };
-    if (!json) console.log(`decoder only: ${formatRate(decoder.framesPerSecond)} frames of ${DECODER_FRAME_BYTES} B (p50)`);
+    const stats = result.benchmarks
+      .flatMap((trial) => trial.runs)
+      .find((entry) => entry.name === "decode 512 KiB chunk")!.stats!;
+    decoder = {
+      framesPerSecond: Math.round(framesPerChunk / (stats.p50 / 1e9)),
+      frameBytes: DECODER_FRAME_BYTES,
+    };
+    if (!json)
+      console.log(
+        `decoder only: ${formatRate(decoder.framesPerSecond)} frames of ${DECODER_FRAME_BYTES} B (p50)`,
+      );
   }
-  if (json) console.log(JSON.stringify({ bench: "zmtp", provenance: provenance(), runs, quick, results, decoder }, null, 2));
+  if (json)
+    console.log(
+      JSON.stringify(
+        { bench: "zmtp", provenance: provenance(), runs, quick, results, decoder },
+        null,
+        2,
+      ),
+    );
 }
 
 await main();

@@ -28,7 +28,10 @@ if (values.update) {
   for (const [key, count] of Object.entries(now.hotPathApis)) {
     hotPathApis[key] = { count, why: old.hotPathApis[key]?.why ?? "(say why)" };
   }
-  const ratchet: Ratchet = { longLines: now.longLines, longFunctions: now.longFunctions, hotPathApis };
+  const ratchet: Ratchet = {
+    longFunctions: now.longFunctions,
+    hotPathApis,
+  };
   await Bun.write(PATH, `${JSON.stringify(ratchet, null, 2)}\n`);
   console.log(`wrote ${PATH}`);
 }

@@ -9,8 +9,9 @@ import { getAffinity } from "../src/runtime/affinity";
 import { kvedgeBinary, runKvedge } from "./support/kvedge";
 import { startServe } from "./support/serve";
 
-const HASH_JSON = '{"block_size":4,"local":["14643705804678351452","16777012769546811212"],'
-  + '"sequence":["14643705804678351452","4945711292740353085"]}\n';
+const HASH_JSON =
+  '{"block_size":4,"local":["14643705804678351452","16777012769546811212"],' +
+  '"sequence":["14643705804678351452","4945711292740353085"]}\n';
 
 describe("kvedge", () => {
   test("--version prints the package version", async () => {
@@ -48,12 +49,37 @@ describe("kvedge", () => {
 
 describe("kvedge hash", () => {
   test("the issue's example, as JSON", async () => {
-    const result = await runKvedge(["hash", "--block-size", "4", "--json", "1", "2", "3", "4", "5", "6", "7", "8"]);
+    const result = await runKvedge([
+      "hash",
+      "--block-size",
+      "4",
+      "--json",
+      "1",
+      "2",
+      "3",
+      "4",
+      "5",
+      "6",
+      "7",
+      "8",
+    ]);
     expect(result).toEqual({ code: 0, stdout: HASH_JSON, stderr: "" });
   });
 
   test("plain output: local and sequence hash per block; partial block noted on stderr", async () => {
-    const result = await runKvedge(["hash", "--block-size=4", "1", "2", "3", "4", "5", "6", "7", "8", "9"]);
+    const result = await runKvedge([
+      "hash",
+      "--block-size=4",
+      "1",
+      "2",
+      "3",
+      "4",
+      "5",
+      "6",
+      "7",
+      "8",
+      "9",
+    ]);
     expect(result.code).toBe(0);
     expect(result.stdout).toBe(
       "14643705804678351452\t14643705804678351452\n16777012769546811212\t4945711292740353085\n",
@@ -62,19 +88,45 @@ describe("kvedge hash", () => {
   });
 
   test("tokens from stdin, whitespace and commas", async () => {
-    const result = await runKvedge(["hash", "--block-size", "4", "--json"], { stdin: "1, 2,3\n4 5\t6,7,8\n" });
+    const result = await runKvedge(["hash", "--block-size", "4", "--json"], {
+      stdin: "1, 2,3\n4 5\t6,7,8\n",
+    });
     expect(result).toEqual({ code: 0, stdout: HASH_JSON, stderr: "" });
   });
 
   test("LoRA name and cache salt change the seed", async () => {
     const result = await runKvedge([
-      "hash", "--block-size", "4", "--lora-name", "my-lora", "--cache-salt", "tenant-a", "--json", "1", "2", "3", "4",
+      "hash",
+      "--block-size",
+      "4",
+      "--lora-name",
+      "my-lora",
+      "--cache-salt",
+      "tenant-a",
+      "--json",
+      "1",
+      "2",
+      "3",
+      "4",
     ]);
     expect(JSON.parse(result.stdout).local).toEqual(["6157910915076630503"]);
   });
 
   test("the fallback path (KVEDGE_NATIVE=0) prints the same", async () => {
-    const args = ["hash", "--block-size", "2", "--lora-name", "a", "--json", "1", "2", "3", "4", "5", "6"];
+    const args = [
+      "hash",
+      "--block-size",
+      "2",
+      "--lora-name",
+      "a",
+      "--json",
+      "1",
+      "2",
+      "3",
+      "4",
+      "5",
+      "6",
+    ];
     const fallbackEnv = { ...process.env, KVEDGE_NATIVE: "0" };
     const native = await runKvedge(args);
     const fallback = await runKvedge(args, { env: fallbackEnv });
@@ -83,15 +135,16 @@ describe("kvedge hash", () => {
     expect(version.stdout).toContain("fallback hashing: disabled by KVEDGE_NATIVE=0");
   });
 
-  test.each([
-    ["-1"], ["4294967296"], ["1.5"], ["abc"], ["0x10"], [""],
-  ])("token %p is refused with exit 2", async (token) => {
-    const result = await runKvedge(["hash", "--block-size", "1", "7", token]);
-    expect(result.code).toBe(2);
-    expect(result.stdout).toBe("");
-    expect(result.stderr).toContain("token 2");
-    expect(result.stderr).toContain("is not an integer in [0, 2^32)");
-  });
+  test.each([["-1"], ["4294967296"], ["1.5"], ["abc"], ["0x10"], [""]])(
+    "token %p is refused with exit 2",
+    async (token) => {
+      const result = await runKvedge(["hash", "--block-size", "1", "7", token]);
+      expect(result.code).toBe(2);
+      expect(result.stdout).toBe("");
+      expect(result.stderr).toContain("token 2");
+      expect(result.stderr).toContain("is not an integer in [0, 2^32)");
+    },
+  );
 
   test("the largest token is accepted", async () => {
     expect((await runKvedge(["hash", "--block-size", "1", "4294967295"])).code).toBe(0);

@@ -8,8 +8,12 @@ import { dirname, join } from "node:path";
 import { codeFiles } from "./support/tidy";
 
 const ROOT = join(import.meta.dir, "..");
-const DOCS = ["README.md", "bench/RESULTS.md", "bench/JOURNAL.md",
-  ...readdirSync(join(ROOT, "docs")).map((name) => `docs/${name}`)];
+const DOCS = [
+  "README.md",
+  "bench/RESULTS.md",
+  "bench/JOURNAL.md",
+  ...readdirSync(join(ROOT, "docs")).map((name) => `docs/${name}`),
+];
 const DECISIONS = readFileSync(join(ROOT, "docs", "decisions.md"), "utf8");
 const ANCHORS = new Set([...DECISIONS.matchAll(/<a id="([a-z0-9-]+)"><\/a>/g)].map((m) => m[1]!));
 

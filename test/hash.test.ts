@@ -2,8 +2,16 @@
 // on the native path and on the fallback, and the two agree on random input.
 import { describe, expect, test } from "bun:test";
 import {
-  blockCount, blockSeed, chainHashes, DEFAULT_SEED, fallbackChainHashes, fallbackHashBlocks,
-  hashBlocks, hashBlocksAt, hashTokens, usingNativeHash,
+  blockCount,
+  blockSeed,
+  chainHashes,
+  DEFAULT_SEED,
+  fallbackChainHashes,
+  fallbackHashBlocks,
+  hashBlocks,
+  hashBlocksAt,
+  hashTokens,
+  usingNativeHash,
 } from "../src/hash";
 import { nativeUnavailableReason } from "../src/native/library";
 import { xorshift32 } from "../src/util/random";
@@ -27,12 +35,16 @@ describe("known-answer vectors", () => {
 
   test("LoRA name seed", () => {
     expect(blockSeed("my-lora").value).toBe(12827409268353072861n);
-    expect(hashTokens([1, 2, 3, 4], 4, { loraName: "my-lora" }).local).toEqual([15671544057904749233n]);
+    expect(hashTokens([1, 2, 3, 4], 4, { loraName: "my-lora" }).local).toEqual([
+      15671544057904749233n,
+    ]);
   });
 
   test("cache salt (namespace) seed", () => {
     expect(blockSeed(null, "tenant-a").value).toBe(1948188790972764086n);
-    expect(hashTokens([1, 2, 3, 4], 4, { cacheSalt: "tenant-a" }).local).toEqual([5738685477468498325n]);
+    expect(hashTokens([1, 2, 3, 4], 4, { cacheSalt: "tenant-a" }).local).toEqual([
+      5738685477468498325n,
+    ]);
   });
 
   test("LoRA name and cache salt together", () => {
@@ -74,7 +86,9 @@ describe("block counting", () => {
   });
 
   test("a too-short output array is refused, not overrun", () => {
-    expect(() => hashBlocks(new Uint32Array(8), 4, DEFAULT_SEED, new Uint32Array(3))).toThrow(RangeError);
+    expect(() => hashBlocks(new Uint32Array(8), 4, DEFAULT_SEED, new Uint32Array(3))).toThrow(
+      RangeError,
+    );
   });
 
   test("hashing a subarray hashes exactly those tokens", () => {
@@ -103,7 +117,12 @@ describe("native path equals the fallback", () => {
   const next = xorshift32(0x9e3779b9);
 
   test("random token arrays, block sizes, seeds and Eagle windows", () => {
-    const seeds = [DEFAULT_SEED, blockSeed("a"), blockSeed("lora-x", "salt-y"), blockSeed(null, "z")];
+    const seeds = [
+      DEFAULT_SEED,
+      blockSeed("a"),
+      blockSeed("lora-x", "salt-y"),
+      blockSeed(null, "z"),
+    ];
     for (let round = 0; round < 400; round++) {
       const blockSize = [1, 2, 3, 16, 32, 64, 128, 129, 256, 1024][round % 10]!;
       const length = next() % (blockSize * 9 + 3);

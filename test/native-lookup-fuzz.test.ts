@@ -11,32 +11,39 @@ import { join } from "node:path";
 
 const compiler = [process.env.CC ?? "cc", "gcc", "clang"].find((name) => Bun.which(name) !== null);
 const flags = [
-  "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+  "-O1",
+  "-g",
+  "-fsanitize=address,undefined",
+  "-fno-sanitize-recover=all",
   "-fno-omit-frame-pointer",
 ];
 const expected = new RegExp(
-  "^ok: 3000 lookup events, largest table \\d+ slots, [1-9]\\d* events above 2\\^21\n"
-  + "ok: 15000 repeat checks, [1-9]\\d* with a repeat\n$",
+  "^ok: 3000 lookup events, largest table \\d+ slots, [1-9]\\d* events above 2\\^21\n" +
+    "ok: 15000 repeat checks, [1-9]\\d* with a repeat\n$",
 );
 
 const name = "native lookup calls under AddressSanitizer: events vs a model";
-test.skipIf(compiler === undefined)(name, () => {
-  const dir = mkdtempSync(join(tmpdir(), "kvedge-fuzz-"));
-  try {
-    const binary = join(dir, "fuzz-lookup");
-    const source = join(import.meta.dir, "..", "native", "fuzz-lookup.c");
-    const build = Bun.spawnSync([compiler!, ...flags, source, "-o", binary], { stderr: "pipe" });
-    expect(build.stderr.toString()).toBe("");
-    expect(build.exitCode).toBe(0);
-    for (const seed of ["1", "2"]) {
-      // A broken probe can loop for ever: the run is bounded.
-      const options = { stdout: "pipe", stderr: "pipe", timeout: 50_000 } as const;
-      const run = Bun.spawnSync([binary, "3000", seed], options);
-      expect(run.stderr.toString()).toBe("");
-      expect(run.stdout.toString()).toMatch(expected);
-      expect(run.exitCode).toBe(0);
+test.skipIf(compiler === undefined)(
+  name,
+  () => {
+    const dir = mkdtempSync(join(tmpdir(), "kvedge-fuzz-"));
+    try {
+      const binary = join(dir, "fuzz-lookup");
+      const source = join(import.meta.dir, "..", "native", "fuzz-lookup.c");
+      const build = Bun.spawnSync([compiler!, ...flags, source, "-o", binary], { stderr: "pipe" });
+      expect(build.stderr.toString()).toBe("");
+      expect(build.exitCode).toBe(0);
+      for (const seed of ["1", "2"]) {
+        // A broken probe can loop for ever: the run is bounded.
+        const options = { stdout: "pipe", stderr: "pipe", timeout: 50_000 } as const;
+        const run = Bun.spawnSync([binary, "3000", seed], options);
+        expect(run.stderr.toString()).toBe("");
+        expect(run.stdout.toString()).toMatch(expected);
+        expect(run.exitCode).toBe(0);
+      }
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
     }
-  } finally {
-    rmSync(dir, { recursive: true, force: true });
-  }
-}, 120_000);
+  },
+  120_000,
+);

@@ -5,9 +5,12 @@ import { join } from "node:path";
 
 const library = join(import.meta.dir, "..", "native", "build", "libkvedge.so");
 if (!existsSync(library)) {
-  const result = Bun.spawnSync([process.execPath, join(import.meta.dir, "..", "build.ts"), "--native"], {
-    stdout: "inherit",
-    stderr: "inherit",
-  });
+  const result = Bun.spawnSync(
+    [process.execPath, join(import.meta.dir, "..", "build.ts"), "--native"],
+    {
+      stdout: "inherit",
+      stderr: "inherit",
+    },
+  );
   if (result.exitCode !== 0) throw new Error("building the native library failed");
 }

@@ -7,7 +7,8 @@ import { describe, expect, test } from "bun:test";
 import { blockSeed, DEFAULT_SEED, fallbackHashBlocks, hashBlocks } from "../src/hash";
 import { xxh3 } from "../src/hash/xxh3";
 
-const input = (length: number): Uint8Array => Uint8Array.from({ length }, (_, i) => (i * 131 + 7) & 255);
+const input = (length: number): Uint8Array =>
+  Uint8Array.from({ length }, (_, i) => (i * 131 + 7) & 255);
 
 // [seed, length, XXH3-64]
 const VECTORS: [bigint, number, bigint][] = [
@@ -107,18 +108,26 @@ const VECTORS: [bigint, number, bigint][] = [
 
 describe("xxh3 (TypeScript)", () => {
   test("reference vectors: all length classes, seeds up to 2^64-1", () => {
-    for (const [seed, length, expected] of VECTORS) expect([seed, length, xxh3(input(length), seed)]).toEqual([seed, length, expected]);
+    for (const [seed, length, expected] of VECTORS)
+      expect([seed, length, xxh3(input(length), seed)]).toEqual([seed, length, expected]);
   });
 
   test("Bun.hash.xxHash3 drops the high 32 bits of the seed (why xxh3.ts exists)", () => {
     const seed = 16629034431890740056n;
     const bytes = new Uint8Array(4);
-    expect(BigInt(Bun.hash.xxHash3(bytes, seed))).toBe(BigInt(Bun.hash.xxHash3(bytes, seed & 0xffffffffn)));
+    expect(BigInt(Bun.hash.xxHash3(bytes, seed))).toBe(
+      BigInt(Bun.hash.xxHash3(bytes, seed & 0xffffffffn)),
+    );
     expect(xxh3(bytes, seed)).toBe(10420083821219817460n);
   });
 
   test("agrees with the native library for every block size up to 1024 tokens, 64-bit seeds", () => {
-    const seeds = [DEFAULT_SEED, blockSeed("my-lora"), blockSeed(null, "tenant-a"), blockSeed("x", "y")];
+    const seeds = [
+      DEFAULT_SEED,
+      blockSeed("my-lora"),
+      blockSeed(null, "tenant-a"),
+      blockSeed("x", "y"),
+    ];
     for (let blockSize = 1; blockSize <= 1024; blockSize += blockSize < 80 ? 1 : 61) {
       const tokens = Uint32Array.from({ length: blockSize * 2 }, (_, i) => (i * 2654435761) >>> 0);
       for (const seed of seeds) {

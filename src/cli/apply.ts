@@ -27,7 +27,8 @@ async function* lines(stream: ReadableStream<Uint8Array>): AsyncGenerator<string
       pending = pending.slice(newline + 1);
       newline = pending.indexOf("\n");
     }
-    if (pending.length > LINE_BYTES_MAX) throw new Error(`a line is longer than ${LINE_BYTES_MAX} bytes`);
+    if (pending.length > LINE_BYTES_MAX)
+      throw new Error(`a line is longer than ${LINE_BYTES_MAX} bytes`);
   }
   pending += decoder.decode();
   if (pending !== "") yield pending;
@@ -73,9 +74,11 @@ Options:
   async run(argv) {
     const parsed = parseFlags(argv, flags);
     const backend = (flagString(parsed, "backend") ?? "crtc") as BackendName;
-    if (!BACKEND_NAMES.includes(backend)) throw new UsageError(`--backend must be one of ${BACKEND_NAMES.join(", ")}`);
+    if (!BACKEND_NAMES.includes(backend))
+      throw new UsageError(`--backend must be one of ${BACKEND_NAMES.join(", ")}`);
     const blockSize = flagInt(parsed, "block-size", 16, 1, BLOCK_SIZE_MAX);
-    if (parsed.positionals.length !== 1) throw new UsageError("give one input: a FILE, or - for stdin");
+    if (parsed.positionals.length !== 1)
+      throw new UsageError("give one input: a FILE, or - for stdin");
     const input = parsed.positionals[0]!;
     let stream: ReadableStream<Uint8Array>;
     if (input === "-") {
@@ -93,20 +96,22 @@ Options:
     for await (const line of lines(stream)) {
       number++;
       if (line.trim() === "") continue;
-      let result;
+      let result: ReturnType<typeof applyOp>;
       try {
         result = applyOp(index, JSON.parse(line));
       } catch (error) {
         if (!(error instanceof ApplyInputError || error instanceof SyntaxError)) throw error;
         malformed++;
-        const what = error instanceof SyntaxError ? `invalid JSON (${error.message})` : error.message;
+        const what =
+          error instanceof SyntaxError ? `invalid JSON (${error.message})` : error.message;
         process.stderr.write(`kvedge apply: line ${number}: ${what}\n`);
         continue;
       }
       if (result === null) continue;
-      const text = result.op === "match"
-        ? `${JSON.stringify({ op: "match", line: number, scores: result.scores })}\n`
-        : `${JSON.stringify(result)}\n`;
+      const text =
+        result.op === "match"
+          ? `${JSON.stringify({ op: "match", line: number, scores: result.scores })}\n`
+          : `${JSON.stringify(result)}\n`;
       stdout.write(text);
       buffered += text.length;
       if (buffered >= OUTPUT_FLUSH_BYTES) {
@@ -115,7 +120,8 @@ Options:
       }
     }
     await stdout.flush();
-    if (malformed > 0) process.stderr.write(`kvedge apply: ${malformed} malformed line(s) skipped\n`);
+    if (malformed > 0)
+      process.stderr.write(`kvedge apply: ${malformed} malformed line(s) skipped\n`);
     return malformed > 0 ? 1 : 0;
   },
 };

@@ -93,7 +93,11 @@ export function flagStrings(parsed: Parsed, name: string): string[] {
 
 /** An integer flag within [min, max]; `fallback` when absent. */
 export function flagInt(
-  parsed: Parsed, name: string, fallback: number, min: number, max: number,
+  parsed: Parsed,
+  name: string,
+  fallback: number,
+  min: number,
+  max: number,
 ): number {
   const text = flagString(parsed, name);
   if (text === undefined) return fallback;
@@ -102,7 +106,11 @@ export function flagInt(
 
 /** A finite number flag within [min, max]; `fallback` when absent. */
 export function flagNumber(
-  parsed: Parsed, name: string, fallback: number, min: number, max: number,
+  parsed: Parsed,
+  name: string,
+  fallback: number,
+  min: number,
+  max: number,
 ): number {
   const text = flagString(parsed, name);
   if (text === undefined) return fallback;

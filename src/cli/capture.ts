@@ -59,11 +59,15 @@ Options:
 `,
   async run(argv) {
     const parsed = parseFlags(argv, flags);
-    if (parsed.positionals.length > 0) throw new UsageError(`unexpected argument '${parsed.positionals[0]}'`);
+    if (parsed.positionals.length > 0)
+      throw new UsageError(`unexpected argument '${parsed.positionals[0]}'`);
     const endpoint = flagString(parsed, "endpoint");
     if (endpoint === undefined) throw new UsageError("--endpoint is required");
     const replayEndpoint = flagString(parsed, "replay-endpoint") ?? null;
-    for (const [name, value, bindable] of [["--endpoint", endpoint, true], ["--replay-endpoint", replayEndpoint, false]] as const) {
+    for (const [name, value, bindable] of [
+      ["--endpoint", endpoint, true],
+      ["--replay-endpoint", replayEndpoint, false],
+    ] as const) {
       if (value === null) continue;
       try {
         checkEndpoint(value, bindable);
@@ -73,13 +77,15 @@ Options:
     }
     const workerIdText = flagString(parsed, "worker-id") ?? "0";
     const workerId = parseU64(workerIdText);
-    if (workerId === null) throw new UsageError(`--worker-id must be an unsigned 64-bit integer, got '${workerIdText}'`);
+    if (workerId === null)
+      throw new UsageError(`--worker-id must be an unsigned 64-bit integer, got '${workerIdText}'`);
     const dpRank = flagInt(parsed, "dp-rank", 0, 0, DP_RANK_MAX);
     const blockSize = flagInt(parsed, "block-size", 16, 1, BLOCK_SIZE_MAX);
     const countMax = flagInt(parsed, "count", Number.MAX_SAFE_INTEGER, 1, Number.MAX_SAFE_INTEGER);
     const durationS = flagNumber(parsed, "duration", 0, 0, 365 * 86_400);
     const outPath = flagString(parsed, "out");
-    const out: FileSink = outPath === undefined || outPath === "-" ? Bun.stdout.writer() : Bun.file(outPath).writer();
+    const out: FileSink =
+      outPath === undefined || outPath === "-" ? Bun.stdout.writer() : Bun.file(outPath).writer();
 
     let written = 0;
     let finish: () => void = () => {};
@@ -87,7 +93,12 @@ Options:
       finish = resolve;
     });
     const capture = new Capture({
-      workerId, dpRank, endpoint, replayEndpoint, topic: flagString(parsed, "topic") ?? "", blockSize,
+      workerId,
+      dpRank,
+      endpoint,
+      replayEndpoint,
+      topic: flagString(parsed, "topic") ?? "",
+      blockSize,
       log: createLogger({ level: "warn" }),
       onOp: (op) => {
         if (written >= countMax) return;

@@ -3,7 +3,12 @@ import { ADMISSION_MODES, type AdmissionMode, DEFAULT_ADMISSION } from "../route
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES, type RoutePolicy } from "../route/ttft";
 import { getAffinity, pinProcess } from "../runtime/affinity";
 import {
-  type AdmissionReport, DEFAULT_DEMO_POLICIES, type DemoPolicy, type DemoResult, isDemoPolicy, runDemo,
+  type AdmissionReport,
+  DEFAULT_DEMO_POLICIES,
+  type DemoPolicy,
+  type DemoResult,
+  isDemoPolicy,
+  runDemo,
 } from "../sim/demo";
 import { loadConversationTrace } from "../sim/embedded-trace";
 import { CAPACITY_BLOCKS_MAX } from "../sim/engine-cache";
@@ -11,7 +16,15 @@ import { WORKERS_MAX } from "../sim/simulator";
 import { DEFAULT_TIME_MODEL, type TimeModel } from "../sim/time-model";
 import { DEFAULT_VOCAB_SIZE } from "../sim/tokens";
 import { parseTrace, type Trace, TraceError, traceStats, transformTrace } from "../sim/trace";
-import { flagBool, flagInt, flagNumber, flagString, type Parsed, parseFlags, UsageError } from "./args";
+import {
+  flagBool,
+  flagInt,
+  flagNumber,
+  flagString,
+  type Parsed,
+  parseFlags,
+  UsageError,
+} from "./args";
 import { type Command, HELP_FLAG } from "./command";
 
 /** Flags of the engine time model, shared by demo, replay and mock-engine. */
@@ -41,14 +54,17 @@ export function timeModelOf(parsed: Parsed): TimeModel {
     maxRunning: flagInt(parsed, "max-running", d.maxRunning, 1, 1 << 20),
   };
   if (model.stepBaseMs === 0 && model.kvReadMsPerMillionTokens === 0) {
-    throw new UsageError("--step-base-ms and --kv-read-ms cannot both be 0 (a decode step would take no time)");
+    throw new UsageError(
+      "--step-base-ms and --kv-read-ms cannot both be 0 (a decode step would take no time)",
+    );
   }
   return model;
 }
 
 /** The trace in FILE (Mooncake JSONL), or the embedded conversation trace. */
 export async function loadTrace(path: string | undefined): Promise<{ trace: Trace; name: string }> {
-  if (path === undefined) return { trace: await loadConversationTrace(), name: "the Mooncake conversation trace" };
+  if (path === undefined)
+    return { trace: await loadConversationTrace(), name: "the Mooncake conversation trace" };
   const file = Bun.file(path);
   if (!(await file.exists())) throw new UsageError(`--trace ${path}: no such file`);
   try {
@@ -95,7 +111,8 @@ export const DEMO_DEFAULTS = {
 
 export const demoCommand: Command = {
   name: "demo",
-  summary: "show what KV-aware routing buys: mock engines + kvedge serve vs. the usual routers, on a real trace",
+  summary:
+    "show what KV-aware routing buys: mock engines + kvedge serve vs. the usual routers, on a real trace",
   flags,
   help: `Usage: kvedge demo [options]
 
@@ -136,15 +153,28 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
 `,
   async run(argv) {
     const parsed = parseFlags(argv, flags);
-    if (parsed.positionals.length > 0) throw new UsageError(`unexpected argument '${parsed.positionals[0]}'`);
+    if (parsed.positionals.length > 0)
+      throw new UsageError(`unexpected argument '${parsed.positionals[0]}'`);
     const requests = flagInt(parsed, "requests", DEMO_DEFAULTS.requests, 1, 50_000_000);
     const start = flagInt(parsed, "start", 0, 0, 50_000_000);
     const virtual = flagBool(parsed, "virtual");
     const routePolicy = routePolicyOf(flagString(parsed, "route-policy"));
-    const recomputeWeight = flagNumber(parsed, "recompute-weight", DEFAULT_TTFT_SETTINGS.recomputeWeight, 0, 1e6);
+    const recomputeWeight = flagNumber(
+      parsed,
+      "recompute-weight",
+      DEFAULT_TTFT_SETTINGS.recomputeWeight,
+      0,
+      1e6,
+    );
     const admission = admissionOf(flagString(parsed, "admission"), flagBool(parsed, "proxy"));
     const workers = flagInt(parsed, "workers", DEMO_DEFAULTS.workers, 1, WORKERS_MAX);
-    const capacityBlocks = flagInt(parsed, "capacity-blocks", DEMO_DEFAULTS.capacityBlocks, 1, CAPACITY_BLOCKS_MAX);
+    const capacityBlocks = flagInt(
+      parsed,
+      "capacity-blocks",
+      DEMO_DEFAULTS.capacityBlocks,
+      1,
+      CAPACITY_BLOCKS_MAX,
+    );
     const blockSize = flagInt(parsed, "block-size", DEMO_DEFAULTS.blockSize, 1, 4096);
     const speedup = flagNumber(parsed, "speedup", DEMO_DEFAULTS.speedup, 0.01, 1e6);
     const timeScale = flagNumber(parsed, "time-scale", DEMO_DEFAULTS.timeScale, 1e-6, 1e6);
@@ -153,36 +183,76 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     const json = flagBool(parsed, "json");
     const policies = policiesOf(flagString(parsed, "policies"));
     const loaded = await loadTrace(flagString(parsed, "trace"));
-    if (start >= loaded.trace.count) throw new UsageError(`--start ${start}: the trace has ${loaded.trace.count} requests`);
+    if (start >= loaded.trace.count)
+      throw new UsageError(`--start ${start}: the trace has ${loaded.trace.count} requests`);
     const trace = transformTrace(loaded.trace, { start, requests, timeScale });
 
     // kvedge serve is told the engines' constants, as an operator would configure it.
     const serveArgs: string[] = [
-      "--route-policy", routePolicy, "--recompute-weight", String(recomputeWeight),
-      "--prefill-tokens-per-sec", String(time.prefillTokensPerSecond), "--step-base-ms", String(time.stepBaseMs),
-      "--kv-read-ms-per-million-tokens", String(time.kvReadMsPerMillionTokens),
-      "--max-batched-tokens", String(time.maxBatchedTokens), ...admissionArgs(admission, speedup),
+      "--route-policy",
+      routePolicy,
+      "--recompute-weight",
+      String(recomputeWeight),
+      "--prefill-tokens-per-sec",
+      String(time.prefillTokensPerSecond),
+      "--step-base-ms",
+      String(time.stepBaseMs),
+      "--kv-read-ms-per-million-tokens",
+      String(time.kvReadMsPerMillionTokens),
+      "--max-batched-tokens",
+      String(time.maxBatchedTokens),
+      ...admissionArgs(admission, speedup),
     ];
-    if (!virtual && !flagBool(parsed, "no-pin") && policies.includes("kv_aware")) serveArgs.push(...pinning());
+    if (!virtual && !flagBool(parsed, "no-pin") && policies.includes("kv_aware"))
+      serveArgs.push(...pinning());
     const tty = process.stderr.isTTY === true;
     let shown = 0;
     const progress = (line: string): void => {
       if (tty) {
-        process.stderr.write(line === "" ? "\r\x1b[2K" : `\r\x1b[2K${line.slice(0, (process.stderr.columns ?? 100) - 1)}`);
+        process.stderr.write(
+          line === ""
+            ? "\r\x1b[2K"
+            : `\r\x1b[2K${line.slice(0, (process.stderr.columns ?? 100) - 1)}`,
+        );
       } else if (line !== "" && !line.includes("[")) {
         // Without a terminal: phase announcements only, no bar.
         if (shown++ < 1000) process.stderr.write(`${line}\n`);
       }
     };
     const result = await runDemo({
-      trace, workers, capacityBlocks, blockSize, speedup, policies, seed, time, vocabSize: DEFAULT_VOCAB_SIZE,
-      form: flagBool(parsed, "map-form") ? "map" : "array", realtimeBaselines: flagBool(parsed, "realtime-baselines"),
-      serveArgs, progress: json && !tty ? null : progress, virtual, proxy: flagBool(parsed, "proxy"),
+      trace,
+      workers,
+      capacityBlocks,
+      blockSize,
+      speedup,
+      policies,
+      seed,
+      time,
+      vocabSize: DEFAULT_VOCAB_SIZE,
+      form: flagBool(parsed, "map-form") ? "map" : "array",
+      realtimeBaselines: flagBool(parsed, "realtime-baselines"),
+      serveArgs,
+      progress: json && !tty ? null : progress,
+      virtual,
+      proxy: flagBool(parsed, "proxy"),
       kvAware: { policy: routePolicy, ttft: { recomputeWeight }, admission: { mode: admission } },
     });
     const config = {
-      trace: loaded.name, start, requests: trace.count, virtual, route_policy: routePolicy, recompute_weight: recomputeWeight, admission, workers, capacity_blocks: capacityBlocks, block_size: blockSize,
-      time_scale: timeScale, speedup, seed, time_model: time, trace_span_s: traceStats(trace).spanMs / 1000,
+      trace: loaded.name,
+      start,
+      requests: trace.count,
+      virtual,
+      route_policy: routePolicy,
+      recompute_weight: recomputeWeight,
+      admission,
+      workers,
+      capacity_blocks: capacityBlocks,
+      block_size: blockSize,
+      time_scale: timeScale,
+      speedup,
+      seed,
+      time_model: time,
+      trace_span_s: traceStats(trace).spanMs / 1000,
     };
     if (json) process.stdout.write(`${JSON.stringify({ ...result, config })}\n`);
     else process.stdout.write(renderDemo(result, config));
@@ -197,7 +267,9 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
 function admissionOf(text: string | undefined, proxy: boolean): AdmissionMode {
   if (text === undefined) return "off";
   if (!(ADMISSION_MODES as readonly string[]).includes(text)) {
-    throw new UsageError(`--admission: unknown mode '${text}' (known: ${ADMISSION_MODES.join(", ")})`);
+    throw new UsageError(
+      `--admission: unknown mode '${text}' (known: ${ADMISSION_MODES.join(", ")})`,
+    );
   }
   if (text !== "off" && proxy) throw new UsageError("--admission does not go with --proxy yet");
   return text as AdmissionMode;
@@ -211,27 +283,37 @@ function admissionOf(text: string | undefined, proxy: boolean): AdmissionMode {
 function admissionArgs(mode: AdmissionMode, speedup: number): string[] {
   if (mode === "off") return [];
   return [
-    "--admission", mode,
-    "--admission-max-hold-ms", String(DEFAULT_ADMISSION.maxHoldMs / speedup),
-    "--admission-prefill-weight", String(DEFAULT_ADMISSION.prefillWeight / speedup),
+    "--admission",
+    mode,
+    "--admission-max-hold-ms",
+    String(DEFAULT_ADMISSION.maxHoldMs / speedup),
+    "--admission-prefill-weight",
+    String(DEFAULT_ADMISSION.prefillWeight / speedup),
   ];
 }
 
 function routePolicyOf(text: string | undefined): RoutePolicy {
   if (text === undefined) return "ttft";
   if (!(ROUTE_POLICIES as readonly string[]).includes(text)) {
-    throw new UsageError(`--route-policy: unknown policy '${text}' (known: ${ROUTE_POLICIES.join(", ")})`);
+    throw new UsageError(
+      `--route-policy: unknown policy '${text}' (known: ${ROUTE_POLICIES.join(", ")})`,
+    );
   }
   return text as RoutePolicy;
 }
 
 function policiesOf(text: string | undefined): DemoPolicy[] {
   if (text === undefined) return [...DEFAULT_DEMO_POLICIES];
-  const names = text.split(",").map((name) => name.trim()).filter((name) => name !== "");
+  const names = text
+    .split(",")
+    .map((name) => name.trim())
+    .filter((name) => name !== "");
   if (names.length === 0) throw new UsageError("--policies needs at least one policy");
   for (const name of names) {
     if (!isDemoPolicy(name)) {
-      throw new UsageError(`--policies: unknown policy '${name}' (known: kv_aware, round_robin, random, least_loaded, approx_prefix, kv_aware_model)`);
+      throw new UsageError(
+        `--policies: unknown policy '${name}' (known: kv_aware, round_robin, random, least_loaded, approx_prefix, kv_aware_model)`,
+      );
     }
   }
   return [...new Set(names)] as DemoPolicy[];
@@ -260,9 +342,11 @@ function pinning(): string[] {
 
 function admissionLine(a: AdmissionReport): string {
   const calls = int(a.immediate + a.held);
-  return `Admission (${a.mode}): ${int(a.held)} of ${calls} route calls held at saturation`
-    + ` (${int(a.released)} released when a worker freed, ${int(a.overdue)} routed at the longest hold),`
-    + ` ${int(a.rejected)} refused (429), ${int(a.dropped)} dropped; TTFT counts the time held.`;
+  return (
+    `Admission (${a.mode}): ${int(a.held)} of ${calls} route calls held at saturation` +
+    ` (${int(a.released)} released when a worker freed, ${int(a.overdue)} routed at the longest hold),` +
+    ` ${int(a.rejected)} refused (429), ${int(a.dropped)} dropped; TTFT counts the time held.`
+  );
 }
 
 interface DemoConfig {
@@ -279,64 +363,112 @@ interface DemoConfig {
 
 const int = (value: number): string => Math.round(value).toLocaleString("en-US");
 const percent = (value: number): string => `${(100 * value).toFixed(1)}%`;
-const ms = (value: number): string => (value >= 10_000 ? `${(value / 1000).toFixed(1)} s` : `${int(value)} ms`);
-const signed = (value: number, digits = 0): string => `${value > 0 ? "+" : value < 0 ? "−" : "±"}${Math.abs(value).toFixed(digits)}`;
+const ms = (value: number): string =>
+  value >= 10_000 ? `${(value / 1000).toFixed(1)} s` : `${int(value)} ms`;
+const signed = (value: number, digits = 0): string =>
+  `${value > 0 ? "+" : value < 0 ? "−" : "±"}${Math.abs(value).toFixed(digits)}`;
 
 export function renderDemo(result: DemoResult, config: DemoConfig): string {
   const out: string[] = [];
-  const rate = config.time_scale === 1 ? "at its own request rate" : `at ${(1 / config.time_scale).toFixed(2).replace(/\.?0+$/, "")}× its request rate`;
-  out.push(`kvedge demo: ${config.workers} mock engines × ${int(config.capacity_blocks)} KV blocks of ${config.block_size} tokens;`
-    + ` ${int(config.requests)} requests of ${config.trace}${config.start > 0 ? ` from request ${int(config.start)}` : ""} ${rate} (${int(config.trace_span_s)} s of arrivals).`);
+  const rate =
+    config.time_scale === 1
+      ? "at its own request rate"
+      : `at ${(1 / config.time_scale).toFixed(2).replace(/\.?0+$/, "")}× its request rate`;
+  out.push(
+    `kvedge demo: ${config.workers} mock engines × ${int(config.capacity_blocks)} KV blocks of ${config.block_size} tokens;` +
+      ` ${int(config.requests)} requests of ${config.trace}${config.start > 0 ? ` from request ${int(config.start)}` : ""} ${rate} (${int(config.trace_span_s)} s of arrivals).`,
+  );
   out.push("");
-  const header = ["policy", "hit rate", "prefill tokens", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "load spread"];
+  const header = [
+    "policy",
+    "hit rate",
+    "prefill tokens",
+    "TTFT p50",
+    "TTFT p99",
+    "TPOT p50",
+    "TPOT p99",
+    "load spread",
+  ];
   const rows = Object.entries(result.policies).map(([name, r]) => [
-    name, percent(r.hit_rate), `${(r.prefill_tokens / 1e6).toFixed(2)} M`, ms(r.ttft_p50_ms), ms(r.ttft_p99_ms),
-    `${r.tpot_p50_ms.toFixed(1)} ms`, `${r.tpot_p99_ms.toFixed(0)} ms`, r.load_spread.toFixed(2),
+    name,
+    percent(r.hit_rate),
+    `${(r.prefill_tokens / 1e6).toFixed(2)} M`,
+    ms(r.ttft_p50_ms),
+    ms(r.ttft_p99_ms),
+    `${r.tpot_p50_ms.toFixed(1)} ms`,
+    `${r.tpot_p99_ms.toFixed(0)} ms`,
+    r.load_spread.toFixed(2),
   ]);
-  const widths = header.map((title, i) => Math.max(title.length, ...rows.map((row) => row[i]!.length)));
+  const widths = header.map((title, i) =>
+    Math.max(title.length, ...rows.map((row) => row[i]!.length)),
+  );
   const format = (cells: string[]): string =>
-    cells.map((cell, i) => (i === 0 ? cell.padEnd(widths[i]!) : cell.padStart(widths[i]!))).join("  ");
+    cells
+      .map((cell, i) => (i === 0 ? cell.padEnd(widths[i]!) : cell.padStart(widths[i]!)))
+      .join("  ");
   out.push(format(header));
   for (const row of rows) out.push(format(row));
   const rejected = Object.entries(result.policies).filter(([, r]) => r.rejected > 0);
-  for (const [name, r] of rejected) out.push(`  (${name}: ${r.rejected} requests larger than an engine's cache were rejected)`);
+  for (const [name, r] of rejected)
+    out.push(`  (${name}: ${r.rejected} requests larger than an engine's cache were rejected)`);
   out.push("");
   const gains = Object.entries(result.gains);
   if (gains.length > 0) {
     const kv = result.policies.kv_aware;
-    const kvName = kv === undefined ? "kv_aware_model" : kv.mode === "kvedge" ? "kv_aware (kvedge)" : "kv_aware (kvedge's router, in-process)";
+    const kvName =
+      kv === undefined
+        ? "kv_aware_model"
+        : kv.mode === "kvedge"
+          ? "kv_aware (kvedge)"
+          : "kv_aware (kvedge's router, in-process)";
     out.push(`Gains of ${kvName}:`);
     for (const [name, gain] of gains) {
-      out.push(`  vs ${name.padEnd(14)} ${signed(-gain.prefill_tokens_saved_pct, 1)}% prefill tokens,`
-        + ` hit rate ${signed(gain.hit_rate_points, 1)} points, TTFT p50 ${signed(gain.ttft_p50_change_pct)}%,`
-        + ` p99 ${signed(gain.ttft_p99_change_pct)}%`);
+      out.push(
+        `  vs ${name.padEnd(14)} ${signed(-gain.prefill_tokens_saved_pct, 1)}% prefill tokens,` +
+          ` hit rate ${signed(gain.hit_rate_points, 1)} points, TTFT p50 ${signed(gain.ttft_p50_change_pct)}%,` +
+          ` p99 ${signed(gain.ttft_p99_change_pct)}%`,
+      );
     }
     out.push("");
   }
   const router = result.router;
   if (router !== null) {
-    out.push(`kvedge: ${int(router.decisions)} routing decisions, latency p50 ${router.route_latency_p50_ms.toFixed(2)} ms,`
-      + ` p99 ${router.route_latency_p99_ms.toFixed(2)} ms (client-measured, WebSocket on loopback);`
-      + ` predicted hit rate ${percent(router.predicted_hit_rate)}.`);
-    out.push(`  ${int(router.batches_published)} KV event batches published, ${int(router.batches_applied)} applied`
-      + ` (${int(router.batches_replayed)} recovered by replay, ${int(router.batches_lost)} lost, ${int(router.gaps)} gaps);`
-      + ` ${router.degraded_workers} degraded workers; ${router.lifecycle_errors} failed lifecycle calls.`);
-    out.push(`  Index vs engines at the end: ${router.index_matches_engines ? "identical" : "DIFFERENT"}`
-      + ` (${int(router.index_blocks)} blocks indexed, ${int(router.engine_cached_blocks)} cached).`);
+    out.push(
+      `kvedge: ${int(router.decisions)} routing decisions, latency p50 ${router.route_latency_p50_ms.toFixed(2)} ms,` +
+        ` p99 ${router.route_latency_p99_ms.toFixed(2)} ms (client-measured, WebSocket on loopback);` +
+        ` predicted hit rate ${percent(router.predicted_hit_rate)}.`,
+    );
+    out.push(
+      `  ${int(router.batches_published)} KV event batches published, ${int(router.batches_applied)} applied` +
+        ` (${int(router.batches_replayed)} recovered by replay, ${int(router.batches_lost)} lost, ${int(router.gaps)} gaps);` +
+        ` ${router.degraded_workers} degraded workers; ${router.lifecycle_errors} failed lifecycle calls.`,
+    );
+    out.push(
+      `  Index vs engines at the end: ${router.index_matches_engines ? "identical" : "DIFFERENT"}` +
+        ` (${int(router.index_blocks)} blocks indexed, ${int(router.engine_cached_blocks)} cached).`,
+    );
     out.push("");
   }
   if (result.admission !== null) out.push(admissionLine(result.admission), "");
   const proxy = result.proxy;
   if (proxy !== null) {
-    out.push(`kvedge --proxy: ${int(proxy.requests)} OpenAI requests proxied (${proxy.failed} failed, ${proxy.failovers} failovers);`
-      + ` time to first byte p50 ${proxy.ttfb_p50_ms.toFixed(1)} ms, p99 ${proxy.ttfb_p99_ms.toFixed(1)} ms (wall, client-measured).`);
-    out.push(`  Hit rate predicted ${percent(proxy.predicted_hit_rate)}, observed in the answers' usage ${percent(proxy.observed_hit_rate)};`
-      + ` ${proxy.suspect_workers} workers flagged, ${proxy.degraded_workers} degraded; ${proxy.active_at_end} requests active at the end.`);
+    out.push(
+      `kvedge --proxy: ${int(proxy.requests)} OpenAI requests proxied (${proxy.failed} failed, ${proxy.failovers} failovers);` +
+        ` time to first byte p50 ${proxy.ttfb_p50_ms.toFixed(1)} ms, p99 ${proxy.ttfb_p99_ms.toFixed(1)} ms (wall, client-measured).`,
+    );
+    out.push(
+      `  Hit rate predicted ${percent(proxy.predicted_hit_rate)}, observed in the answers' usage ${percent(proxy.observed_hit_rate)};` +
+        ` ${proxy.suspect_workers} workers flagged, ${proxy.degraded_workers} degraded; ${proxy.active_at_end} requests active at the end.`,
+    );
     out.push("");
   }
   const modes = new Set(Object.values(result.policies).map((r) => r.mode));
-  out.push(`Times are modeled (engine schedule in model time, not wall clock); runs: ${[...modes].join("; ")}.`);
+  out.push(
+    `Times are modeled (engine schedule in model time, not wall clock); runs: ${[...modes].join("; ")}.`,
+  );
   const kv = result.policies.kv_aware;
-  out.push(`Took ${result.wall_s.toFixed(0)} s${kv === undefined || router === null ? "" : ` (kvedge replay ${kv.wall_s.toFixed(0)} s at ×${router.achieved_speedup.toFixed(1)})`}.`);
+  out.push(
+    `Took ${result.wall_s.toFixed(0)} s${kv === undefined || router === null ? "" : ` (kvedge replay ${kv.wall_s.toFixed(0)} s at ×${router.achieved_speedup.toFixed(1)})`}.`,
+  );
   return `${out.join("\n")}\n`;
 }

@@ -58,11 +58,13 @@ Example:
 `,
   async run(argv) {
     const parsed = parseFlags(argv, flags);
-    if (flagString(parsed, "block-size") === undefined) throw new UsageError("--block-size is required");
+    if (flagString(parsed, "block-size") === undefined)
+      throw new UsageError("--block-size is required");
     const blockSize = flagInt(parsed, "block-size", 0, 1, BLOCK_SIZE_MAX);
     let words = parsed.positionals;
     if (words.length === 0) {
-      if (process.stdin.isTTY) throw new UsageError("no tokens: give them as arguments or on stdin");
+      if (process.stdin.isTTY)
+        throw new UsageError("no tokens: give them as arguments or on stdin");
       words = (await Bun.stdin.text()).split(/[\s,]+/).filter((word) => word !== "");
     }
     const tokens = parseTokens(words);
@@ -83,8 +85,12 @@ Example:
       for (let i = 0; i < local.length; i++) text += `${local[i]}\t${sequence[i]}\n`;
       process.stdout.write(text);
       const hashed = local.length * blockSize;
-      const leftover = tokens.length - hashed - (flagBool(parsed, "eagle") && local.length > 0 ? 1 : 0);
-      if (leftover > 0) process.stderr.write(`kvedge hash: ${leftover} trailing token(s) do not fill a block and are not hashed\n`);
+      const leftover =
+        tokens.length - hashed - (flagBool(parsed, "eagle") && local.length > 0 ? 1 : 0);
+      if (leftover > 0)
+        process.stderr.write(
+          `kvedge hash: ${leftover} trailing token(s) do not fill a block and are not hashed\n`,
+        );
     }
     return 0;
   },

@@ -21,7 +21,13 @@ export const VERSION: string = packageJson.version;
 
 /** Only commands that really work are listed here. */
 const commands: readonly Command[] = [
-  demoCommand, serveCommand, captureCommand, applyCommand, hashCommand, replayCommand, mockEngineCommand,
+  demoCommand,
+  serveCommand,
+  captureCommand,
+  applyCommand,
+  hashCommand,
+  replayCommand,
+  mockEngineCommand,
 ];
 
 function mainHelp(): string {
@@ -48,8 +54,12 @@ export async function main(argv: string[]): Promise<number> {
     return 0;
   }
   if (first === "-V" || first === "--version") {
-    const hashing = usingNativeHash ? "native hashing" : `fallback hashing: ${nativeUnavailableReason}`;
-    process.stdout.write(`kvedge ${VERSION} (bun ${Bun.version}, ${process.platform}-${process.arch}, ${hashing})\n`);
+    const hashing = usingNativeHash
+      ? "native hashing"
+      : `fallback hashing: ${nativeUnavailableReason}`;
+    process.stdout.write(
+      `kvedge ${VERSION} (bun ${Bun.version}, ${process.platform}-${process.arch}, ${hashing})\n`,
+    );
     return 0;
   }
   const command = commands.find((candidate) => candidate.name === first);
@@ -66,7 +76,9 @@ export async function main(argv: string[]): Promise<number> {
     return await command.run(rest);
   } catch (error) {
     if (error instanceof UsageError) {
-      process.stderr.write(`kvedge ${command.name}: ${error.message} (see kvedge ${command.name} --help)\n`);
+      process.stderr.write(
+        `kvedge ${command.name}: ${error.message} (see kvedge ${command.name} --help)\n`,
+      );
       return 2;
     }
     const message = error instanceof Error ? error.message : String(error);

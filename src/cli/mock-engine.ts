@@ -32,7 +32,8 @@ const flags = {
 
 export const mockEngineCommand: Command = {
   name: "mock-engine",
-  summary: "run one mock engine: a vLLM-like KV cache publishing real vLLM KV events, driven over HTTP",
+  summary:
+    "run one mock engine: a vLLM-like KV cache publishing real vLLM KV events, driven over HTTP",
   flags,
   help: `Usage: kvedge mock-engine --endpoint tcp://127.0.0.1:PORT --capacity-blocks N [options]
 
@@ -75,10 +76,13 @@ HTTP API (times in model ms):
 `,
   async run(argv) {
     const parsed = parseFlags(argv, flags);
-    if (parsed.positionals.length > 0) throw new UsageError(`unexpected argument '${parsed.positionals[0]}'`);
+    if (parsed.positionals.length > 0)
+      throw new UsageError(`unexpected argument '${parsed.positionals[0]}'`);
     const endpoint = flagString(parsed, "endpoint");
-    if (endpoint === undefined) throw new UsageError("--endpoint is required (e.g. tcp://127.0.0.1:5557)");
-    if (flagString(parsed, "capacity-blocks") === undefined) throw new UsageError("--capacity-blocks is required");
+    if (endpoint === undefined)
+      throw new UsageError("--endpoint is required (e.g. tcp://127.0.0.1:5557)");
+    if (flagString(parsed, "capacity-blocks") === undefined)
+      throw new UsageError("--capacity-blocks is required");
     const capacityBlocks = flagInt(parsed, "capacity-blocks", 0, 1, CAPACITY_BLOCKS_MAX);
     const blockSize = flagInt(parsed, "block-size", 16, 1, 4096);
     const speedup = flagNumber(parsed, "speedup", 1, 0.001, 1e6);
@@ -86,7 +90,8 @@ HTTP API (times in model ms):
     const dropRate = flagNumber(parsed, "drop-rate", 0, 0, 1);
     const seedText = flagString(parsed, "hash-seed");
     const hashSeed = seedText === undefined ? randomBytes(8).readBigUInt64BE() : parseU64(seedText);
-    if (hashSeed === null) throw new UsageError(`--hash-seed must be an unsigned 64-bit integer, got '${seedText}'`);
+    if (hashSeed === null)
+      throw new UsageError(`--hash-seed must be an unsigned 64-bit integer, got '${seedText}'`);
     const time = timeModelOf(parsed);
     const tokenizerDir = flagString(parsed, "tokenizer");
     let tokenizer: PromptTokenizer | null = null;
@@ -107,11 +112,17 @@ HTTP API (times in model ms):
       process.once("SIGTERM", () => resolve("SIGTERM"));
     });
     const networked = new NetworkedEngine({
-      index: 0, capacityBlocks, blockSize, hashSeed, time, endpoint,
+      index: 0,
+      capacityBlocks,
+      blockSize,
+      hashSeed,
+      time,
+      endpoint,
       replayEndpoint: flagString(parsed, "replay-endpoint") ?? null,
       topic: flagString(parsed, "topic") ?? "",
       form: flagBool(parsed, "map-form") ? "map" : "array",
-      bufferSteps, log: log.child({ component: "zmtp" }),
+      bufferSteps,
+      log: log.child({ component: "zmtp" }),
       ...(dropRate > 0 ? { dropLive: () => drop() < dropRate } : {}),
     });
     try {
@@ -121,8 +132,12 @@ HTTP API (times in model ms):
       throw new Error(`cannot bind: ${(error as Error).message}`);
     }
     const server = new EngineServer({
-      networked, speedup, host: flagString(parsed, "http-host") ?? "127.0.0.1",
-      port: flagInt(parsed, "http-port", 0, 0, 65_535), vocabSize: DEFAULT_VOCAB_SIZE, log,
+      networked,
+      speedup,
+      host: flagString(parsed, "http-host") ?? "127.0.0.1",
+      port: flagInt(parsed, "http-port", 0, 0, 65_535),
+      vocabSize: DEFAULT_VOCAB_SIZE,
+      log,
       openAi: { tokenizer, model },
     });
     let http: string;
@@ -132,10 +147,21 @@ HTTP API (times in model ms):
       await networked.close();
       throw new Error(`cannot listen for HTTP: ${(error as Error).message}`);
     }
-    process.stdout.write(`${JSON.stringify({
-      endpoint: networked.endpoint, replay_endpoint: networked.replayEndpoint, http, capacity_blocks: capacityBlocks,
-      block_size: blockSize, speedup })}\n`);
-    log.info("mock engine listening", { endpoint: networked.endpoint, replay_endpoint: networked.replayEndpoint, http });
+    process.stdout.write(
+      `${JSON.stringify({
+        endpoint: networked.endpoint,
+        replay_endpoint: networked.replayEndpoint,
+        http,
+        capacity_blocks: capacityBlocks,
+        block_size: blockSize,
+        speedup,
+      })}\n`,
+    );
+    log.info("mock engine listening", {
+      endpoint: networked.endpoint,
+      replay_endpoint: networked.replayEndpoint,
+      http,
+    });
     log.info("stopping", { signal: await stopped });
     await server.stop();
     await networked.close();

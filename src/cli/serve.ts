@@ -10,7 +10,10 @@ import type { Config } from "../config";
 import { bufferBudget } from "../util/buffer-budget";
 import { warmUp } from "../server/warmup";
 import {
-  createMetricsRegistry, type MetricsRegistry, registerRouterMetrics, registerServiceMetrics,
+  createMetricsRegistry,
+  type MetricsRegistry,
+  registerRouterMetrics,
+  registerServiceMetrics,
 } from "../server/metrics";
 import { KvedgeCore } from "../core/core";
 import { registerObservedHitsMetrics, registerProxyMetrics } from "../proxy/metrics";
@@ -32,7 +35,8 @@ const SHUTDOWN_GRACE_MS = 3_000;
 
 export const serveCommand: Command = {
   name: "serve",
-  summary: "run the router: subscribe to engines, keep the index, answer routing requests over HTTP",
+  summary:
+    "run the router: subscribe to engines, keep the index, answer routing requests over HTTP",
   flags,
   help: `Usage: kvedge serve [--config FILE] [--workers LIST] [options]
 
@@ -52,8 +56,9 @@ Example:
 `,
   async run(argv) {
     const parsed = parseFlags(argv, flags);
-    if (parsed.positionals.length > 0) throw new UsageError(`unexpected argument '${parsed.positionals[0]}'`);
-    let loaded;
+    if (parsed.positionals.length > 0)
+      throw new UsageError(`unexpected argument '${parsed.positionals[0]}'`);
+    let loaded: ReturnType<typeof loadConfig>;
     try {
       loaded = loadConfig({ flags: parsed.flags });
     } catch (error) {
@@ -69,7 +74,10 @@ Example:
     }
     const { config } = loaded;
     const format = config.server.log_format === "auto" ? undefined : config.server.log_format;
-    const log = createLogger({ level: config.server.log_level, ...(format === undefined ? {} : { format }) });
+    const log = createLogger({
+      level: config.server.log_level,
+      ...(format === undefined ? {} : { format }),
+    });
     for (const warning of loaded.warnings) log.warn(warning);
     // Before anything slow: routing on other tokens than the engine's would give no hits, silently.
     let tokenizer: PromptTokenizer | null = null;
@@ -82,7 +90,9 @@ Example:
         return 2;
       }
     } else if (config.proxy.enabled) {
-      log.warn("proxy without a tokenizer: only /v1/completions with token-id prompts are accepted; text is refused (set proxy.tokenizer)");
+      log.warn(
+        "proxy without a tokenizer: only /v1/completions with token-id prompts are accepted; text is refused (set proxy.tokenizer)",
+      );
     }
 
     const stopping = new StopRequest(); // before anything opens (see there)
@@ -93,7 +103,9 @@ Example:
       if (warm.routes > 0) log.info("warmed up", { routes: warm.routes, ms: Math.round(warm.ms) });
     } catch (error) {
       // Only an optimization: serve cold rather than not at all.
-      log.error("warm-up failed; serving without it", { error: error instanceof Error ? error.message : String(error) });
+      log.error("warm-up failed; serving without it", {
+        error: error instanceof Error ? error.message : String(error),
+      });
     }
     bufferBudget.limitBytes = config.server.buffer_budget_bytes;
     const writer = plan.indexThreads === 0 ? null : await startWriter(config, plan);
@@ -102,17 +114,38 @@ Example:
     if (config.proxy.enabled) {
       const model = config.proxy.model ?? tokenizer?.model ?? "default";
       proxy = new OpenAiProxy({
-        service, tokenizer, model, forwardTokenIds: config.proxy.forward_token_ids,
-        bodyLimitBytes: config.server.body_limit_bytes, log: log.child({ component: "proxy" }),
+        service,
+        tokenizer,
+        model,
+        forwardTokenIds: config.proxy.forward_token_ids,
+        bodyLimitBytes: config.server.body_limit_bytes,
+        log: log.child({ component: "proxy" }),
       });
-      const missing = config.workers.filter((worker) => worker.http_endpoint == null).map((worker) => worker.worker_id.toString());
-      if (missing.length > 0) log.warn("workers without an http_endpoint are never proxied to", { workers: missing.join(",") });
-      log.info("proxy enabled", { model, tokenizer: config.proxy.tokenizer, vocab_size: tokenizer?.vocabSize ?? null });
+      const missing = config.workers
+        .filter((worker) => worker.http_endpoint == null)
+        .map((worker) => worker.worker_id.toString());
+      if (missing.length > 0)
+        log.warn("workers without an http_endpoint are never proxied to", {
+          workers: missing.join(","),
+        });
+      log.info("proxy enabled", {
+        model,
+        tokenizer: config.proxy.tokenizer,
+        vocab_size: tokenizer?.vocabSize ?? null,
+      });
     }
     const registry = metricsOf(service, proxy, plan, writer);
     const stateDir = config.state.dir;
     const stateLog = log.child({ component: "state" });
-    const saved = stateDir === null ? null : loadSnapshot(service, stateDir, config.workers.map((worker) => worker.worker_id), stateLog);
+    const saved =
+      stateDir === null
+        ? null
+        : loadSnapshot(
+            service,
+            stateDir,
+            config.workers.map((worker) => worker.worker_id),
+            stateLog,
+          );
     await service.start(); // snapshot and sources before the port opens (docs/operations.md)
     if (saved !== null) restoreRequests(service, saved, stateLog);
     let serving: Serving;
@@ -124,10 +157,16 @@ Example:
       return 1;
     }
     const periodic = stateDir === null ? null : new PeriodicSnapshots(service, stateDir, stateLog);
-    const snapshots = periodic === null ? null : setInterval(() => void periodic.tick(), config.state.snapshot_interval_secs * 1000);
+    const snapshots =
+      periodic === null
+        ? null
+        : setInterval(() => void periodic.tick(), config.state.snapshot_interval_secs * 1000);
     log.info("listening", {
-      url: serving.url, route_lanes: serving.lanes?.count ?? 0, block_size: config.index.block_size,
-      backend: config.index.backend, workers: config.workers.length,
+      url: serving.url,
+      route_lanes: serving.lanes?.count ?? 0,
+      block_size: config.index.block_size,
+      backend: config.index.backend,
+      workers: config.workers.length,
       ...threadCpus(writer, serving.lanes),
     });
 
@@ -135,7 +174,8 @@ Example:
     await serving.stop(SHUTDOWN_GRACE_MS);
     if (snapshots !== null) clearInterval(snapshots);
     await periodic?.idle();
-    if (stateDir !== null && await saveSnapshot(service, stateDir, stateLog)) log.info("snapshot written", { dir: stateDir });
+    if (stateDir !== null && (await saveSnapshot(service, stateDir, stateLog)))
+      log.info("snapshot written", { dir: stateDir });
     await service.stop();
     await writer?.stop();
     log.info("stopped");
@@ -157,7 +197,9 @@ const RING_BYTES = 64 * 1024 * 1024;
 
 function startWriter(config: Config, plan: ThreadPlan): Promise<WriterThread> {
   return WriterThread.start({
-    ringBytes: RING_BYTES, cpus: plan.writerCpus, blockSize: config.index.block_size,
+    ringBytes: RING_BYTES,
+    cpus: plan.writerCpus,
+    blockSize: config.index.block_size,
     backend: "crtc",
     budgetBytes: config.index.memory_budget_bytes ?? defaultIndexBudgetBytes(),
     sequencer: {
@@ -188,8 +230,12 @@ interface Serves {
   readonly proxy: OpenAiProxy | null;
 }
 
-async function listen(config: Config, plan: ThreadPlan, serves: Serves,
-  log: Logger): Promise<Serving> {
+async function listen(
+  config: Config,
+  plan: ThreadPlan,
+  serves: Serves,
+  log: Logger,
+): Promise<Serving> {
   const { service, writer, registry, proxy } = serves;
   const lanesOn = plan.routeThreads > 0;
   const app = startApp({
@@ -206,9 +252,14 @@ async function listen(config: Config, plan: ThreadPlan, serves: Serves,
   let lanes: RouteLanes;
   try {
     lanes = await RouteLanes.start({
-      host: config.server.host, port: config.server.port, mainUrl: app.url,
-      bodyLimitBytes: config.server.body_limit_bytes, service, metrics: app.metrics,
-      log: log.child({ component: "lanes" }), cpus: plan.laneCpus,
+      host: config.server.host,
+      port: config.server.port,
+      mainUrl: app.url,
+      bodyLimitBytes: config.server.body_limit_bytes,
+      service,
+      metrics: app.metrics,
+      log: log.child({ component: "lanes" }),
+      cpus: plan.laneCpus,
       index: writer?.descriptor ?? null,
     });
   } catch (error) {
@@ -225,8 +276,12 @@ async function listen(config: Config, plan: ThreadPlan, serves: Serves,
   };
 }
 
-function metricsOf(service: KvedgeCore, proxy: OpenAiProxy | null, plan: ThreadPlan,
-  writer: WriterThread | null): MetricsRegistry {
+function metricsOf(
+  service: KvedgeCore,
+  proxy: OpenAiProxy | null,
+  plan: ThreadPlan,
+  writer: WriterThread | null,
+): MetricsRegistry {
   const registry = createMetricsRegistry();
   registerRouterMetrics(registry, service.router);
   registerServiceMetrics(registry, service);
@@ -285,7 +340,9 @@ function pinAndPlan(config: Config, log: Logger): ThreadPlan {
   }
   const plan = planThreads(runtime, cpus);
   log.info("threads", {
-    index_threads: plan.indexThreads, route_threads: plan.routeThreads, shared_cpus: plan.shared,
+    index_threads: plan.indexThreads,
+    route_threads: plan.routeThreads,
+    shared_cpus: plan.shared,
   });
   return plan;
 }

@@ -1,4 +1,11 @@
-export { ConfigError, type ConfigSources, configFlagSpecs, type LoadedConfig, loadConfig, parseConfigText } from "./load";
+export {
+  ConfigError,
+  type ConfigSources,
+  configFlagSpecs,
+  type LoadedConfig,
+  loadConfig,
+  parseConfigText,
+} from "./load";
 export { configurationDoc, flagHelp, renderConfig, settingsTable } from "./render";
 export { type Config, CONFIG_FLAG, envName, SETTINGS, type Setting, WORKERS_FLAG } from "./schema";
 export { formatCpuList } from "./values";

@@ -7,7 +7,16 @@
  */
 import { readFileSync } from "node:fs";
 import { parse as parseToml, TomlError } from "smol-toml";
-import { type Config, CONFIG_FLAG, envName, OTHER_ENV, SECTIONS, SETTINGS, type Setting, WORKERS_FLAG } from "./schema";
+import {
+  type Config,
+  CONFIG_FLAG,
+  envName,
+  OTHER_ENV,
+  SECTIONS,
+  SETTINGS,
+  type Setting,
+  WORKERS_FLAG,
+} from "./schema";
 import { tomlKind, ValueProblem } from "./values";
 import { type WorkerEntry, WorkerProblem, workersFromText, workersFromToml } from "./workers";
 
@@ -36,7 +45,10 @@ export interface LoadedConfig {
 }
 
 /** Flag specs for every setting, to merge into a command's flags (shape of src/cli/args FlagSpecs). */
-export function configFlagSpecs(): Record<string, { kind: "string" | "boolean"; multiple?: boolean }> {
+export function configFlagSpecs(): Record<
+  string,
+  { kind: "string" | "boolean"; multiple?: boolean }
+> {
   const specs: Record<string, { kind: "string" | "boolean"; multiple?: boolean }> = {
     [CONFIG_FLAG]: { kind: "string" },
     [WORKERS_FLAG]: { kind: "string", multiple: true },
@@ -66,7 +78,10 @@ export function loadConfig(sources: ConfigSources = {}): LoadedConfig {
 
   const file = lastFlag(flags, CONFIG_FLAG) ?? nonEmpty(env.KVEDGE_CONFIG) ?? null;
   if (file !== null) {
-    const fromFile = readConfigFile(file, sources.readFile ?? ((path) => readFileSync(path, "utf8")));
+    const fromFile = readConfigFile(
+      file,
+      sources.readFile ?? ((path) => readFileSync(path, "utf8")),
+    );
     for (const [key, value] of fromFile.values) {
       values.set(key, value);
       origins.set(key, file);
@@ -120,14 +135,22 @@ export function loadConfig(sources: ConfigSources = {}): LoadedConfig {
 }
 
 /** Parses TOML text as a config file would be (for tests and --print-config round trips). */
-export function parseConfigText(text: string, name: string): { values: Map<string, unknown>; workers: WorkerEntry[] | null } {
+export function parseConfigText(
+  text: string,
+  name: string,
+): { values: Map<string, unknown>; workers: WorkerEntry[] | null } {
   let document: Record<string, unknown>;
   try {
-    document = parseToml(text, { integersAsBigInt: "asNeeded", unsafeKeyBehaviour: "throw" }) as Record<string, unknown>;
+    document = parseToml(text, {
+      integersAsBigInt: "asNeeded",
+      unsafeKeyBehaviour: "throw",
+    }) as Record<string, unknown>;
   } catch (error) {
     if (error instanceof TomlError) {
       const reason = error.message.split("\n")[0]!.replace(/^Invalid TOML document: /, "");
-      throw new ConfigError(`config file ${name}: line ${error.line}, column ${error.column}: ${reason}`);
+      throw new ConfigError(
+        `config file ${name}: line ${error.line}, column ${error.column}: ${reason}`,
+      );
     }
     throw error;
   }
@@ -139,18 +162,23 @@ export function parseConfigText(text: string, name: string): { values: Map<strin
       workers = workersOrFail(() => workersFromToml(body, suggestAmong), name);
       continue;
     }
-    if (!SECTIONS.includes(section)) throw new ConfigError(`config file ${name}: unknown key ${section}${suggestKey(section)}`);
+    if (!SECTIONS.includes(section))
+      throw new ConfigError(`config file ${name}: unknown key ${section}${suggestKey(section)}`);
     if (body === null || typeof body !== "object" || Array.isArray(body)) {
-      throw new ConfigError(`config file ${name}: ${section} must be a table ([${section}]), got ${tomlKind(body)}`);
+      throw new ConfigError(
+        `config file ${name}: ${section} must be a table ([${section}]), got ${tomlKind(body)}`,
+      );
     }
     for (const [field, value] of Object.entries(body)) {
       const key = `${section}.${field}`;
       const s = byKey.get(key);
-      if (s === undefined) throw new ConfigError(`config file ${name}: unknown key ${key}${suggestKey(key)}`);
+      if (s === undefined)
+        throw new ConfigError(`config file ${name}: unknown key ${key}${suggestKey(key)}`);
       try {
         values.set(key, s.type.fromToml(value));
       } catch (error) {
-        if (error instanceof ValueProblem) throw new ConfigError(`config file ${name}: ${key} ${error.message}`);
+        if (error instanceof ValueProblem)
+          throw new ConfigError(`config file ${name}: ${key} ${error.message}`);
         throw error;
       }
     }
@@ -164,7 +192,14 @@ function readConfigFile(path: string, read: (path: string) => string) {
     text = read(path);
   } catch (error) {
     const code = (error as { code?: string }).code;
-    const reason = code === "ENOENT" ? "no such file" : code === "EACCES" ? "permission denied" : code === "EISDIR" ? "is a directory" : String(error);
+    const reason =
+      code === "ENOENT"
+        ? "no such file"
+        : code === "EACCES"
+          ? "permission denied"
+          : code === "EISDIR"
+            ? "is a directory"
+            : String(error);
     throw new ConfigError(`config file ${path}: cannot read it (${reason})`);
   }
   return parseConfigText(text, path);
@@ -208,30 +243,46 @@ function checkTogether(config: Config, origins: ReadonlyMap<string, string>): vo
     return origin === "default" ? `${key} (default)` : `${key} (from ${origin})`;
   };
   const ingest = config.ingest;
-  if (ingest.heartbeat_interval_ms > 0 && ingest.heartbeat_timeout_ms <= ingest.heartbeat_interval_ms) {
-    throw new ConfigError(`${from("ingest.heartbeat_timeout_ms")} = ${ingest.heartbeat_timeout_ms} must exceed `
-      + `${from("ingest.heartbeat_interval_ms")} = ${ingest.heartbeat_interval_ms}`);
+  if (
+    ingest.heartbeat_interval_ms > 0 &&
+    ingest.heartbeat_timeout_ms <= ingest.heartbeat_interval_ms
+  ) {
+    throw new ConfigError(
+      `${from("ingest.heartbeat_timeout_ms")} = ${ingest.heartbeat_timeout_ms} must exceed ` +
+        `${from("ingest.heartbeat_interval_ms")} = ${ingest.heartbeat_interval_ms}`,
+    );
   }
   if (ingest.reconnect_max_ms < ingest.reconnect_min_ms) {
-    throw new ConfigError(`${from("ingest.reconnect_max_ms")} = ${ingest.reconnect_max_ms} is below `
-      + `${from("ingest.reconnect_min_ms")} = ${ingest.reconnect_min_ms}`);
+    throw new ConfigError(
+      `${from("ingest.reconnect_max_ms")} = ${ingest.reconnect_max_ms} is below ` +
+        `${from("ingest.reconnect_min_ms")} = ${ingest.reconnect_min_ms}`,
+    );
   }
   if ((config.runtime.index_threads ?? 0) > 0 && config.state.dir !== null) {
-    throw new ConfigError(`${from("state.dir")} cannot be used with `
-      + `${from("runtime.index_threads")} = 1 (snapshots of the writer thread's index `
-      + "are not supported yet)");
+    throw new ConfigError(
+      `${from("state.dir")} cannot be used with ` +
+        `${from("runtime.index_threads")} = 1 (snapshots of the writer thread's index ` +
+        "are not supported yet)",
+    );
   }
   const writerThread = (config.runtime.index_threads ?? 0) > 0;
   const threaded = writerThread || (config.runtime.route_threads ?? 0) > 0;
   if (threaded && config.index.backend !== "crtc") {
     const key = writerThread ? "runtime.index_threads" : "runtime.route_threads";
-    throw new ConfigError(`${from(key)} needs index.backend = crtc (the index threads share), `
-      + `not ${from("index.backend")} = ${config.index.backend}`);
+    throw new ConfigError(
+      `${from(key)} needs index.backend = crtc (the index threads share), ` +
+        `not ${from("index.backend")} = ${config.index.backend}`,
+    );
   }
 }
 
 function unknownEnv(env: Readonly<Record<string, string | undefined>>): string[] {
-  const known = new Set([...SETTINGS.map((s) => envName(s.flag)), envName(WORKERS_FLAG), envName(CONFIG_FLAG), ...OTHER_ENV]);
+  const known = new Set([
+    ...SETTINGS.map((s) => envName(s.flag)),
+    envName(WORKERS_FLAG),
+    envName(CONFIG_FLAG),
+    ...OTHER_ENV,
+  ]);
   const warnings: string[] = [];
   for (const name of Object.keys(env).sort()) {
     if (!name.startsWith("KVEDGE_") || known.has(name)) continue;
@@ -240,7 +291,10 @@ function unknownEnv(env: Readonly<Record<string, string | undefined>>): string[]
   return warnings;
 }
 
-function lastFlag(flags: ReadonlyMap<string, readonly string[] | true>, name: string): string | undefined {
+function lastFlag(
+  flags: ReadonlyMap<string, readonly string[] | true>,
+  name: string,
+): string | undefined {
   const value = flags.get(name);
   return Array.isArray(value) ? value[value.length - 1] : undefined;
 }
@@ -287,8 +341,13 @@ function editDistance(a: string, b: string): number {
   for (let i = 1; i < rows; i++) {
     for (let j = 1; j < cols; j++) {
       const cost = a[i - 1] === b[j - 1] ? 0 : 1;
-      let value = Math.min(d[(i - 1) * cols + j]! + 1, d[i * cols + j - 1]! + 1, d[(i - 1) * cols + j - 1]! + cost);
-      if (i > 1 && j > 1 && a[i - 1] === b[j - 2] && a[i - 2] === b[j - 1]) value = Math.min(value, d[(i - 2) * cols + j - 2]! + 1);
+      let value = Math.min(
+        d[(i - 1) * cols + j]! + 1,
+        d[i * cols + j - 1]! + 1,
+        d[(i - 1) * cols + j - 1]! + cost,
+      );
+      if (i > 1 && j > 1 && a[i - 1] === b[j - 2] && a[i - 2] === b[j - 1])
+        value = Math.min(value, d[(i - 2) * cols + j - 2]! + 1);
       d[i * cols + j] = value;
     }
   }

@@ -12,7 +12,9 @@ import type { WorkerEntry } from "./workers";
  * not at its default says where it came from; secrets are never printed.
  */
 export function renderConfig(loaded: LoadedConfig): string {
-  const lines = ["# kvedge configuration, resolved from: defaults < config file < KVEDGE_* environment < flags"];
+  const lines = [
+    "# kvedge configuration, resolved from: defaults < config file < KVEDGE_* environment < flags",
+  ];
   if (loaded.file !== null) lines.push(`# config file: ${loaded.file}`);
   const config = loaded.config as unknown as Record<string, Record<string, unknown>>;
   for (const section of SECTIONS) {
@@ -27,7 +29,8 @@ export function renderConfig(loaded: LoadedConfig): string {
     }
   }
   const note = overridden(loaded, "workers");
-  if (loaded.config.workers.length === 0) lines.push("", "# no [[workers]]: engines can be added at run time");
+  if (loaded.config.workers.length === 0)
+    lines.push("", "# no [[workers]]: engines can be added at run time");
   for (const worker of loaded.config.workers) lines.push("", ...renderWorker(worker, note));
   return `${lines.join("\n")}\n`;
 }
@@ -40,10 +43,16 @@ function overridden(loaded: LoadedConfig, key: string): string {
 
 function renderWorker(worker: WorkerEntry, note: string): string[] {
   const lines = [`[[workers]]${note}`];
-  lines.push(`worker_id = "${worker.worker_id}"`, `dp_rank = ${worker.dp_rank}`, `endpoint = ${JSON.stringify(worker.endpoint)}`);
-  if (worker.replay_endpoint !== null) lines.push(`replay_endpoint = ${JSON.stringify(worker.replay_endpoint)}`);
+  lines.push(
+    `worker_id = "${worker.worker_id}"`,
+    `dp_rank = ${worker.dp_rank}`,
+    `endpoint = ${JSON.stringify(worker.endpoint)}`,
+  );
+  if (worker.replay_endpoint !== null)
+    lines.push(`replay_endpoint = ${JSON.stringify(worker.replay_endpoint)}`);
   if (worker.topic !== "") lines.push(`topic = ${JSON.stringify(worker.topic)}`);
-  if (worker.http_endpoint != null) lines.push(`http_endpoint = ${JSON.stringify(worker.http_endpoint)}`);
+  if (worker.http_endpoint != null)
+    lines.push(`http_endpoint = ${JSON.stringify(worker.http_endpoint)}`);
   return lines;
 }
 
@@ -54,10 +63,14 @@ function renderWorker(worker: WorkerEntry, note: string): string[] {
 export function flagHelp(): string {
   const rows: [string, string][] = [
     [`--${CONFIG_FLAG} FILE`, `TOML config file [${envName(CONFIG_FLAG)}]`],
-    [`--${WORKERS_FLAG} LIST`, `engines: ID[:DP]=ENDPOINT[;replay=ENDPOINT][;topic=T],... (repeatable) [${envName(WORKERS_FLAG)}]`],
+    [
+      `--${WORKERS_FLAG} LIST`,
+      `engines: ID[:DP]=ENDPOINT[;replay=ENDPOINT][;topic=T],... (repeatable) [${envName(WORKERS_FLAG)}]`,
+    ],
   ];
   for (const s of SETTINGS) {
-    const flag = typeof s.default === "boolean" ? `--[no-]${s.flag}` : `--${s.flag} ${s.type.placeholder}`;
+    const flag =
+      typeof s.default === "boolean" ? `--[no-]${s.flag}` : `--${s.flag} ${s.type.placeholder}`;
     const fallback = s.default === null ? "" : `, default ${s.type.toToml(s.default)}`;
     rows.push([flag, `${s.help} [${envName(s.flag)}${fallback}]`]);
   }
@@ -74,13 +87,20 @@ export function settingsTable(): string {
   const cell = (text: string) => text.replaceAll("|", "\\|");
   for (const s of SETTINGS) {
     const fallback = s.default === null ? "not set" : `\`${s.type.toToml(s.default)}\``;
-    const flag = typeof s.default === "boolean" ? `\`--${s.flag}\`, \`--no-${s.flag}\`` : `\`--${s.flag}\``;
-    rows.push(`| \`${s.key}\` | ${flag} | \`${envName(s.flag)}\` | ${cell(s.type.description)} | ${cell(fallback)} | ${cell(s.help)} |`);
+    const flag =
+      typeof s.default === "boolean" ? `\`--${s.flag}\`, \`--no-${s.flag}\`` : `\`--${s.flag}\``;
+    rows.push(
+      `| \`${s.key}\` | ${flag} | \`${envName(s.flag)}\` | ${cell(s.type.description)} | ${cell(fallback)} | ${cell(s.help)} |`,
+    );
   }
-  rows.push(`| \`[[workers]]\` | \`--${WORKERS_FLAG}\` | \`${envName(WORKERS_FLAG)}\` | list of engines | none | `
-    + "Engines to subscribe to: `worker_id`, `dp_rank` (0), `endpoint`, `replay_endpoint`, `topic` (\"\"), `http_endpoint` (for --proxy). "
-    + "Compact form: `ID[:DP]=ENDPOINT[;replay=ENDPOINT][;topic=T][;http=URL],...` |");
-  rows.push(`| | \`--${CONFIG_FLAG}\` | \`${envName(CONFIG_FLAG)}\` | path | none | The TOML config file to read. |`);
+  rows.push(
+    `| \`[[workers]]\` | \`--${WORKERS_FLAG}\` | \`${envName(WORKERS_FLAG)}\` | list of engines | none | ` +
+      'Engines to subscribe to: `worker_id`, `dp_rank` (0), `endpoint`, `replay_endpoint`, `topic` (""), `http_endpoint` (for --proxy). ' +
+      "Compact form: `ID[:DP]=ENDPOINT[;replay=ENDPOINT][;topic=T][;http=URL],...` |",
+  );
+  rows.push(
+    `| | \`--${CONFIG_FLAG}\` | \`${envName(CONFIG_FLAG)}\` | path | none | The TOML config file to read. |`,
+  );
   return `${rows.join("\n")}\n`;
 }
 

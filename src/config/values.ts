@@ -25,7 +25,8 @@ export function shown(value: unknown): string {
   let text: string;
   if (typeof value === "string") text = JSON.stringify(value);
   else if (typeof value === "bigint") text = value.toString();
-  else if (value !== null && typeof value === "object") text = Array.isArray(value) ? "an array" : "a table";
+  else if (value !== null && typeof value === "object")
+    text = Array.isArray(value) ? "an array" : "a table";
   else text = String(value);
   return text.length > 60 ? `${text.slice(0, 57)}...` : text;
 }
@@ -34,9 +35,13 @@ export function shown(value: unknown): string {
 export function tomlKind(value: unknown): string {
   if (typeof value === "string") return "a string";
   if (typeof value === "boolean") return "a boolean";
-  if (typeof value === "number" || typeof value === "bigint") return Number.isInteger(Number(value)) ? "an integer" : "a float";
+  if (typeof value === "number" || typeof value === "bigint")
+    return Number.isInteger(Number(value)) ? "an integer" : "a float";
   if (Array.isArray(value)) return "an array";
-  if (value !== null && typeof value === "object") return value.constructor === Object || Object.getPrototypeOf(value) === null ? "a table" : "a date/time";
+  if (value !== null && typeof value === "object")
+    return value.constructor === Object || Object.getPrototypeOf(value) === null
+      ? "a table"
+      : "a date/time";
   return typeof value;
 }
 
@@ -56,11 +61,15 @@ export function integer(min: number, max: number): ValueType<number> {
     placeholder: "N",
     fromToml(value) {
       if (typeof value === "bigint") throw new ValueProblem(`must be ${description}, got ${value}`);
-      if (typeof value !== "number") throw new ValueProblem(`must be ${description}, got ${tomlKind(value)}`);
+      if (typeof value !== "number")
+        throw new ValueProblem(`must be ${description}, got ${tomlKind(value)}`);
       return check(value, value);
     },
     fromText(text) {
-      return check(INTEGER_TEXT.test(text.trim()) ? Number(text.trim().replaceAll("_", "")) : Number.NaN, text);
+      return check(
+        INTEGER_TEXT.test(text.trim()) ? Number(text.trim().replaceAll("_", "")) : Number.NaN,
+        text,
+      );
     },
     toToml: (value) => String(value),
   };
@@ -69,18 +78,22 @@ export function integer(min: number, max: number): ValueType<number> {
 export function decimal(min: number, max: number): ValueType<number> {
   const description = `a number in [${min}, ${max}]`;
   const check = (value: number, raw: unknown): number => {
-    if (!Number.isFinite(value) || value < min || value > max) throw new ValueProblem(`must be ${description}, got ${shown(raw)}`);
+    if (!Number.isFinite(value) || value < min || value > max)
+      throw new ValueProblem(`must be ${description}, got ${shown(raw)}`);
     return value;
   };
   return {
     description,
     placeholder: "X",
     fromToml(value) {
-      if (typeof value !== "number") throw new ValueProblem(`must be ${description}, got ${tomlKind(value)}`);
+      if (typeof value !== "number")
+        throw new ValueProblem(`must be ${description}, got ${tomlKind(value)}`);
       return check(value, value);
     },
-    fromText: (text) => check(NUMBER_TEXT.test(text.trim()) ? Number(text.trim()) : Number.NaN, text),
-    toToml: (value) => (Number.isInteger(value) && Math.abs(value) < 1e15 ? `${value}.0` : String(value)),
+    fromText: (text) =>
+      check(NUMBER_TEXT.test(text.trim()) ? Number(text.trim()) : Number.NaN, text),
+    toToml: (value) =>
+      Number.isInteger(value) && Math.abs(value) < 1e15 ? `${value}.0` : String(value),
   };
 }
 
@@ -91,7 +104,8 @@ export const boolean: ValueType<boolean> = {
   description: "a boolean",
   placeholder: "",
   fromToml(value) {
-    if (typeof value !== "boolean") throw new ValueProblem(`must be true or false, got ${tomlKind(value)}`);
+    if (typeof value !== "boolean")
+      throw new ValueProblem(`must be true or false, got ${tomlKind(value)}`);
     return value;
   },
   fromText(text) {
@@ -113,7 +127,8 @@ export function oneOf<const T extends string>(values: readonly T[]): ValueType<T
     description,
     placeholder: values.join("|"),
     fromToml(value) {
-      if (typeof value !== "string") throw new ValueProblem(`must be ${description}, got ${tomlKind(value)}`);
+      if (typeof value !== "string")
+        throw new ValueProblem(`must be ${description}, got ${tomlKind(value)}`);
       return check(value);
     },
     fromText: (text) => check(text.trim()),
@@ -122,7 +137,11 @@ export function oneOf<const T extends string>(values: readonly T[]): ValueType<T
 }
 
 /** A string checked by `valid`; `description` says what it must be. */
-export function text(description: string, placeholder: string, valid: (value: string) => boolean): ValueType<string> {
+export function text(
+  description: string,
+  placeholder: string,
+  valid: (value: string) => boolean,
+): ValueType<string> {
   const check = (value: string): string => {
     if (!valid(value)) throw new ValueProblem(`must be ${description}, got ${shown(value)}`);
     return value;
@@ -131,7 +150,8 @@ export function text(description: string, placeholder: string, valid: (value: st
     description,
     placeholder,
     fromToml(value) {
-      if (typeof value !== "string") throw new ValueProblem(`must be ${description}, got ${tomlKind(value)}`);
+      if (typeof value !== "string")
+        throw new ValueProblem(`must be ${description}, got ${tomlKind(value)}`);
       return check(value);
     },
     fromText: check,
@@ -153,8 +173,15 @@ export const cpuList: ValueType<number[]> = {
     if (typeof value === "string") return parseCpuList(value);
     if (Array.isArray(value)) {
       const cpus = value.map((item) => {
-        if (typeof item !== "number" || !Number.isInteger(item) || item < 0 || item > CPU_INDEX_MAX) {
-          throw new ValueProblem(`must list CPU numbers in [0, ${CPU_INDEX_MAX}], got ${shown(item)}`);
+        if (
+          typeof item !== "number" ||
+          !Number.isInteger(item) ||
+          item < 0 ||
+          item > CPU_INDEX_MAX
+        ) {
+          throw new ValueProblem(
+            `must list CPU numbers in [0, ${CPU_INDEX_MAX}], got ${shown(item)}`,
+          );
         }
         return item;
       });
@@ -172,11 +199,13 @@ function parseCpuList(value: string): number[] {
   const parts = value.split(",").map((part) => part.trim());
   for (const part of parts) {
     const match = /^(\d+)(?:-(\d+))?$/.exec(part);
-    if (match === null) throw new ValueProblem(`must be a CPU list such as "0-3,8", got ${shown(value)}`);
+    if (match === null)
+      throw new ValueProblem(`must be a CPU list such as "0-3,8", got ${shown(value)}`);
     const first = Number(match[1]);
     const last = match[2] === undefined ? first : Number(match[2]);
     if (last < first) throw new ValueProblem(`has a reversed range ${shown(part)}`);
-    if (last > CPU_INDEX_MAX) throw new ValueProblem(`names CPU ${last}, above the maximum ${CPU_INDEX_MAX}`);
+    if (last > CPU_INDEX_MAX)
+      throw new ValueProblem(`names CPU ${last}, above the maximum ${CPU_INDEX_MAX}`);
     for (let cpu = first; cpu <= last; cpu++) cpus.add(cpu);
   }
   return [...cpus].sort((a, b) => a - b);

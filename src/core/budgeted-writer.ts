@@ -17,14 +17,26 @@ export interface BudgetEvents {
 
 /** Where the writes go: the index, or the write pause in front of it. */
 export interface IndexWrites {
-  storeAt(slot: number, hasParent: boolean, parentHi: number, parentLo: number,
-    external: Uint32Array, local: Uint32Array, count: number, first: number): unknown;
+  storeAt(
+    slot: number,
+    hasParent: boolean,
+    parentHi: number,
+    parentLo: number,
+    external: Uint32Array,
+    local: Uint32Array,
+    count: number,
+    first: number,
+  ): unknown;
   removeAt(slot: number, external: Uint32Array, count: number, first: number): unknown;
   clearAt(slot: number): void;
 }
 
-export function budgetedWriter(index: IndexWrites, budget: IndexBudget, workerTable: WorkerTable,
-  events: BudgetEvents): KvEventWriter {
+export function budgetedWriter(
+  index: IndexWrites,
+  budget: IndexBudget,
+  workerTable: WorkerTable,
+  events: BudgetEvents,
+): KvEventWriter {
   return {
     workerTable,
     storeAt: (slot, hasParent, parentHi, parentLo, external, local, count, first) => {

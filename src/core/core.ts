@@ -170,8 +170,13 @@ export class KvedgeCore {
     this.log = options.log;
     this.blockSize = config.index.block_size;
     this.index = this.createIndex(config, options.writer);
-    this.budget = new IndexBudget(this.index, config.index.memory_budget_bytes ?? defaultIndexBudgetBytes());
-    this.writer = this.budgetedWriter(this.writes = new WritePause(this.index, HELD_WRITES_BYTES));
+    this.budget = new IndexBudget(
+      this.index,
+      config.index.memory_budget_bytes ?? defaultIndexBudgetBytes(),
+    );
+    this.writer = this.budgetedWriter(
+      (this.writes = new WritePause(this.index, HELD_WRITES_BYTES)),
+    );
     this.router = new Router({
       workers: this.workerTable,
       blockSize: this.blockSize,
@@ -197,23 +202,27 @@ export class KvedgeCore {
       },
       ...(options.random === undefined ? {} : { random: options.random }),
     });
-    this.admission = new Admission<RouteCall>({
-      mode: config.route.admission,
-      boundMs: config.route.admission_bound_ms,
-      maxHoldMs: config.route.admission_max_hold_ms,
-      maxHeld: config.route.admission_max_held,
-      prefillWeight: config.route.admission_prefill_weight,
-    }, {
-      waitMs: (call) => this.heldWaitMs(call),
-      route: (call) => {
-        this.unhold(call);
-        this.answerCall(call);
+    this.admission = new Admission<RouteCall>(
+      {
+        mode: config.route.admission,
+        boundMs: config.route.admission_bound_ms,
+        maxHoldMs: config.route.admission_max_hold_ms,
+        maxHeld: config.route.admission_max_held,
+        prefillWeight: config.route.admission_prefill_weight,
       },
-      reject: (call, retryAfterSecs, reason) => {
-        this.unhold(call);
-        call.fail(new KvedgeError("overloaded", reason, retryAfterSecs));
+      {
+        waitMs: (call) => this.heldWaitMs(call),
+        route: (call) => {
+          this.unhold(call);
+          this.answerCall(call);
+        },
+        reject: (call, retryAfterSecs, reason) => {
+          this.unhold(call);
+          call.fail(new KvedgeError("overloaded", reason, retryAfterSecs));
+        },
       },
-    }, () => performance.now());
+      () => performance.now(),
+    );
     this.zmtp = {
       maxMessageBytes: config.ingest.max_message_bytes,
       heartbeatIntervalMs: config.ingest.heartbeat_interval_ms,
@@ -287,9 +296,12 @@ export class KvedgeCore {
         blocks: this.matches.blocks[i]!,
       });
     }
-    return scores.sort((a, b) => b.blocks - a.blocks
-      || (a.workerId < b.workerId ? -1 : a.workerId > b.workerId ? 1 : 0)
-      || a.dpRank - b.dpRank);
+    return scores.sort(
+      (a, b) =>
+        b.blocks - a.blocks ||
+        (a.workerId < b.workerId ? -1 : a.workerId > b.workerId ? 1 : 0) ||
+        a.dpRank - b.dpRank,
+    );
   }
 
   /** Picks a worker now, whatever admission says; the decision's candidates are valid until the next call. */
@@ -331,7 +343,11 @@ export class KvedgeCore {
     if (handle < 0) return handle;
     if (!bufferBudget.take(call.input.tokens.byteLength)) {
       this.admission.drop(handle, call);
-      throw new KvedgeError("overloaded", `kvedge holds its limit of ${bufferBudget.limitBytes} bytes of unfinished requests; try again`, 1);
+      throw new KvedgeError(
+        "overloaded",
+        `kvedge holds its limit of ${bufferBudget.limitBytes} bytes of unfinished requests; try again`,
+        1,
+      );
     }
     this.heldCalls.add(call);
     if (requestId !== null) this.heldIds.add(requestId);
@@ -374,8 +390,15 @@ export class KvedgeCore {
     const load = this.router.load;
     load.done(requestId);
     const prompt = this.hash(input.tokens, input.loraName, input.cacheSalt);
-    load.admit(requestId, slot, prompt.chain, prompt.blockCount, input.tokens.length,
-      overlapBlocks * this.blockSize, input.expectedOutputTokens ?? 0);
+    load.admit(
+      requestId,
+      slot,
+      prompt.chain,
+      prompt.blockCount,
+      input.tokens.length,
+      overlapBlocks * this.blockSize,
+      input.expectedOutputTokens ?? 0,
+    );
   }
 
   private routeRequest(input: RouteInput, candidatesMax: number) {
@@ -437,7 +460,10 @@ export class KvedgeCore {
   /** While calls are held, releases what is due at least every HELD_POLL_MS (longest hold, expiries). */
   private pollHeld(): void {
     if (this.heldTimer !== null || this.admission.held === 0) return;
-    const delay = Math.max(0, Math.min(HELD_POLL_MS, this.admission.nextDueMs() - performance.now()));
+    const delay = Math.max(
+      0,
+      Math.min(HELD_POLL_MS, this.admission.nextDueMs() - performance.now()),
+    );
     this.heldTimer = setTimeout(() => {
       this.heldTimer = null;
       this.admission.release();
@@ -458,7 +484,10 @@ export class KvedgeCore {
     const table = this.workerTable;
     const known = table.find(entry.worker_id, entry.dp_rank);
     if (known >= 0 && this.ownSource[known] !== undefined) {
-      throw new KvedgeError("worker_exists", `worker ${entry.worker_id} dp_rank ${entry.dp_rank} already exists`);
+      throw new KvedgeError(
+        "worker_exists",
+        `worker ${entry.worker_id} dp_rank ${entry.dp_rank} already exists`,
+      );
     }
     const config = {
       workerId: entry.worker_id,
@@ -481,15 +510,21 @@ export class KvedgeCore {
       ...(this.options.writer === undefined ? {} : { input: this.options.writer.input(config) }),
     });
     const saved = this.restoredPositions.get(positionKey(entry.worker_id, entry.dp_rank));
-    if (saved !== undefined) source.sequencer.restore(saved.lastSeq, saved.fingerprint, saved.degraded);
+    if (saved !== undefined)
+      source.sequencer.restore(saved.lastSeq, saved.fingerprint, saved.degraded);
     const slot = this.router.load.addWorker(entry.worker_id, entry.dp_rank);
     this.sources.add(source);
     this.ownSource[slot] = source;
-    if (entry.http_endpoint != null) this.httpEndpoints.set(positionKey(entry.worker_id, entry.dp_rank), entry.http_endpoint);
+    if (entry.http_endpoint != null)
+      this.httpEndpoints.set(positionKey(entry.worker_id, entry.dp_rank), entry.http_endpoint);
     this.sourceChanged(source);
     try {
       const endpoint = await source.start();
-      this.log.info("worker added", { worker_id: entry.worker_id, dp_rank: entry.dp_rank, endpoint });
+      this.log.info("worker added", {
+        worker_id: entry.worker_id,
+        dp_rank: entry.dp_rank,
+        endpoint,
+      });
     } catch (error) {
       this.sources.delete(source);
       this.ownSource[slot] = undefined;
@@ -497,7 +532,10 @@ export class KvedgeCore {
       // A slot this call took holds nothing yet; one that was there (another source's rank) stays.
       if (known < 0) this.router.load.removeWorker(entry.worker_id, entry.dp_rank);
       await source.stop();
-      throw new KvedgeError("cannot_listen", `cannot listen to ${entry.endpoint}: ${(error as Error).message}`);
+      throw new KvedgeError(
+        "cannot_listen",
+        `cannot listen to ${entry.endpoint}: ${(error as Error).message}`,
+      );
     }
   }
 
@@ -534,13 +572,19 @@ export class KvedgeCore {
     const router = this.router;
     const learned = router.learnedTimes(slot);
     return learned === null
-      ? { prefillTokensPerSecond: router.ttft.prefillTokensPerSecond, stepBaseMs: router.ttft.stepBaseMs, samples: 0, learned: false }
+      ? {
+          prefillTokensPerSecond: router.ttft.prefillTokensPerSecond,
+          stepBaseMs: router.ttft.stepBaseMs,
+          samples: 0,
+          learned: false,
+        }
       : { ...learned, learned: true };
   }
 
   workers(): WorkerView[] {
     const blocks = new Map<number, number>();
-    for (const info of this.index.workers()) blocks.set(this.workerTable.find(info.workerId, info.dpRank), info.blocks);
+    for (const info of this.index.workers())
+      blocks.set(this.workerTable.find(info.workerId, info.dpRank), info.blocks);
     const views: WorkerView[] = [];
     for (const load of this.router.load.workers()) {
       const source = this.sourceOf(load.slot);
@@ -564,7 +608,9 @@ export class KvedgeCore {
         times: this.timesOf(load.slot),
       });
     }
-    return views.sort((a, b) => (a.workerId < b.workerId ? -1 : a.workerId > b.workerId ? 1 : a.dpRank - b.dpRank));
+    return views.sort((a, b) =>
+      a.workerId < b.workerId ? -1 : a.workerId > b.workerId ? 1 : a.dpRank - b.dpRank,
+    );
   }
 
   /**
@@ -586,7 +632,12 @@ export class KvedgeCore {
 
   /** Ready when every configured source has connected at least once. */
   readiness(): { ready: boolean; states: Record<SourceState, number> } {
-    const states: Record<SourceState, number> = { connecting: 0, connected: 0, disconnected: 0, stopped: 0 };
+    const states: Record<SourceState, number> = {
+      connecting: 0,
+      connected: 0,
+      disconnected: 0,
+      stopped: 0,
+    };
     for (const source of this.sources) states[source.state]++;
     return { ready: !this.stopped && states.connecting === 0, states };
   }
@@ -596,8 +647,14 @@ export class KvedgeCore {
    * the memory budget, or hits observed persistently below predicted.
    */
   private distrusted(slot: number): boolean {
-    return this.sourceOf(slot)?.degraded === true || this.incomplete.has(slot)
-      || this.observedHits.isSuspect(this.workerTable.workerIdOf(slot), this.workerTable.dpRankOf(slot));
+    return (
+      this.sourceOf(slot)?.degraded === true ||
+      this.incomplete.has(slot) ||
+      this.observedHits.isSuspect(
+        this.workerTable.workerIdOf(slot),
+        this.workerTable.dpRankOf(slot),
+      )
+    );
   }
 
   /** The source publishing a slot: its own, or the worker's source that reported that rank. */
@@ -643,7 +700,9 @@ export class KvedgeCore {
     if (this.incomplete.has(slot)) return;
     this.incomplete.add(slot);
     this.log.warn("index memory budget reached: stores refused, worker degraded", {
-      worker_id: this.workerTable.workerIdOf(slot), dp_rank: this.workerTable.dpRankOf(slot), budget_bytes: this.budget.budgetBytes,
+      worker_id: this.workerTable.workerIdOf(slot),
+      dp_rank: this.workerTable.dpRankOf(slot),
+      budget_bytes: this.budget.budgetBytes,
     });
     this.refreshDegraded(slot);
   }

@@ -149,8 +149,13 @@ export class WorkerTable {
   }
 
   bytes(): number {
-    return this.live.byteLength + this.dpRanks.byteLength + this.generation.byteLength
-      + this.liveSlots.byteLength + this.livePosition.byteLength;
+    return (
+      this.live.byteLength +
+      this.dpRanks.byteLength +
+      this.generation.byteLength +
+      this.liveSlots.byteLength +
+      this.livePosition.byteLength
+    );
   }
 
   private assertLive(slot: number): void {
@@ -168,7 +173,10 @@ export class WorkerTable {
 
   /** The one allocation site for per-slot arrays: `size` slots, the first `highWater` kept. */
   private grow(size: number): void {
-    const keep = <T extends Uint8Array | Uint32Array | Int32Array | Float64Array>(old: T, fresh: T): T => {
+    const keep = <T extends Uint8Array | Uint32Array | Int32Array | Float64Array>(
+      old: T,
+      fresh: T,
+    ): T => {
       fresh.set(old.subarray(0, Math.min(this.highWater, size)));
       return fresh;
     };

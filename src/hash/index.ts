@@ -64,7 +64,11 @@ export function blockCount(tokenCount: number, blockSize: number, eagle = false)
  * pairs and returns the number of blocks. `out` must hold 2 × blockCount words.
  */
 export function hashBlocks(
-  tokens: Uint32Array, blockSize: number, seed: Seed, out: Uint32Array, eagle = false,
+  tokens: Uint32Array,
+  blockSize: number,
+  seed: Seed,
+  out: Uint32Array,
+  eagle = false,
 ): number {
   return hashBlocksAt(tokens, 0, tokens.length, blockSize, seed, out, 0, eagle);
 }
@@ -74,8 +78,14 @@ export function hashBlocks(
  * `outStart` of `out` on: the event path's form (no view of either array per event).
  */
 export function hashBlocksAt(
-  tokens: Uint32Array, tokenStart: number, tokenCount: number, blockSize: number, seed: Seed,
-  out: Uint32Array, outStart: number, eagle = false,
+  tokens: Uint32Array,
+  tokenStart: number,
+  tokenCount: number,
+  blockSize: number,
+  seed: Seed,
+  out: Uint32Array,
+  outStart: number,
+  eagle = false,
 ): number {
   const count = blockCount(tokenCount, blockSize, eagle);
   if (count === 0) return 0;
@@ -89,14 +99,23 @@ export function hashBlocksAt(
   }
   const window = eagle ? blockSize + 1 : blockSize;
   return native.kv_hash_blocks(
-    tokens, tokenStart, tokenCount, blockSize, window, seed.hi, seed.lo, out, outStart,
+    tokens,
+    tokenStart,
+    tokenCount,
+    blockSize,
+    window,
+    seed.hi,
+    seed.lo,
+    out,
+    outStart,
   );
 }
 
 /** Writes the sequence-hash chain of `count` local hashes (pairs) into `out` (may alias). */
 export function chainHashes(local: Uint32Array, count: number, out: Uint32Array): void {
   if (count === 0) return;
-  if (local.length < 2 * count || out.length < 2 * count) throw new RangeError("chain arrays too short");
+  if (local.length < 2 * count || out.length < 2 * count)
+    throw new RangeError("chain arrays too short");
   if (native === null) fallbackChainHashes(local, count, out);
   else native.kv_chain_hashes(local, count, out);
 }
@@ -131,7 +150,11 @@ function hashBytes(bytes: Uint8Array, seed: bigint): bigint {
 }
 
 export function fallbackHashBlocks(
-  tokens: Uint32Array, blockSize: number, seed: Seed, out: Uint32Array, eagle = false,
+  tokens: Uint32Array,
+  blockSize: number,
+  seed: Seed,
+  out: Uint32Array,
+  eagle = false,
 ): number {
   const count = blockCount(tokens.length, blockSize, eagle);
   const windowBytes = (eagle ? blockSize + 1 : blockSize) * 4;
@@ -169,12 +192,20 @@ export interface HashOptions {
 
 /** Local and sequence hashes of every complete block, as bigints. */
 export function hashTokens(
-  tokens: ArrayLike<number>, blockSize: number, options: HashOptions = {},
+  tokens: ArrayLike<number>,
+  blockSize: number,
+  options: HashOptions = {},
 ): { local: bigint[]; sequence: bigint[] } {
   const words = tokens instanceof Uint32Array ? tokens : Uint32Array.from(tokens);
   const eagle = options.eagle ?? false;
   const out = new Uint32Array(2 * blockCount(words.length, blockSize, eagle));
-  const count = hashBlocks(words, blockSize, blockSeed(options.loraName, options.cacheSalt), out, eagle);
+  const count = hashBlocks(
+    words,
+    blockSize,
+    blockSeed(options.loraName, options.cacheSalt),
+    out,
+    eagle,
+  );
   const local: bigint[] = [];
   for (let i = 0; i < count; i++) local.push(u64(out[2 * i]!, out[2 * i + 1]!));
   chainHashes(out, count, out);

@@ -30,15 +30,17 @@ const SECRET_CONSUME_BYTES = 8;
 const MIDSIZE_MAX = 240;
 
 // The default 192-byte secret of the XXH3 specification.
-const DEFAULT_SECRET = Uint8Array.from(Buffer.from(
-  "b8fe6c3923a44bbe7c01812cf721ad1cded46de9839097db7240a4a4b7b3671f" +
-  "cb79e64eccc0e578825ad07dccff7221b8084674f743248ee03590e6813a264c" +
-  "3c2852bb91c300cb88d0658b1b532ea371644897a20df94e3819ef46a9deacd8" +
-  "a8fa763fe39c343ff9dcbbc7c70b4f1d8a51e04bcdb45931c89f7ec9d9787364" +
-  "eac5ac8334d3ebc3c581a0fffa1363eb170ddd51b7f0da49d316552629d4689e" +
-  "2b16be587d47a1fc8ff8b8d17ad031ce45cb3a8f95160428afd7fbcabb4b407e",
-  "hex",
-));
+const DEFAULT_SECRET = Uint8Array.from(
+  Buffer.from(
+    "b8fe6c3923a44bbe7c01812cf721ad1cded46de9839097db7240a4a4b7b3671f" +
+      "cb79e64eccc0e578825ad07dccff7221b8084674f743248ee03590e6813a264c" +
+      "3c2852bb91c300cb88d0658b1b532ea371644897a20df94e3819ef46a9deacd8" +
+      "a8fa763fe39c343ff9dcbbc7c70b4f1d8a51e04bcdb45931c89f7ec9d9787364" +
+      "eac5ac8334d3ebc3c581a0fffa1363eb170ddd51b7f0da49d316552629d4689e" +
+      "2b16be587d47a1fc8ff8b8d17ad031ce45cb3a8f95160428afd7fbcabb4b407e",
+    "hex",
+  ),
+);
 
 const readLE64 = (bytes: Uint8Array, offset: number): bigint => {
   let value = 0n;
@@ -47,14 +49,21 @@ const readLE64 = (bytes: Uint8Array, offset: number): bigint => {
 };
 
 const readLE32 = (bytes: Uint8Array, offset: number): bigint =>
-  BigInt((bytes[offset]! | (bytes[offset + 1]! << 8) | (bytes[offset + 2]! << 16)
-    | (bytes[offset + 3]! << 24)) >>> 0);
+  BigInt(
+    (bytes[offset]! |
+      (bytes[offset + 1]! << 8) |
+      (bytes[offset + 2]! << 16) |
+      (bytes[offset + 3]! << 24)) >>>
+      0,
+  );
 
 const mul = (a: bigint, b: bigint): bigint => (a * b) & MASK;
-const rotl = (value: bigint, bits: bigint): bigint => ((value << bits) | (value >> (64n - bits))) & MASK;
+const rotl = (value: bigint, bits: bigint): bigint =>
+  ((value << bits) | (value >> (64n - bits))) & MASK;
 const swap32 = (value: bigint): bigint =>
   ((value & 0xffn) << 24n) | ((value & 0xff00n) << 8n) | ((value >> 8n) & 0xff00n) | (value >> 24n);
-const swap64 = (value: bigint): bigint => (swap32(value & 0xffff_ffffn) << 32n) | swap32(value >> 32n);
+const swap64 = (value: bigint): bigint =>
+  (swap32(value & 0xffff_ffffn) << 32n) | swap32(value >> 32n);
 
 /** Low 64 bits of the 128-bit product, xored with its high 64 bits. */
 const mulFold = (a: bigint, b: bigint): bigint => {
@@ -81,7 +90,13 @@ const rrmxmx = (h: bigint, length: number): bigint => {
   return h ^ (h >> 28n);
 };
 
-const mix16 = (input: Uint8Array, at: number, secret: Uint8Array, secretAt: number, seed: bigint): bigint =>
+const mix16 = (
+  input: Uint8Array,
+  at: number,
+  secret: Uint8Array,
+  secretAt: number,
+  seed: bigint,
+): bigint =>
   mulFold(
     readLE64(input, at) ^ ((readLE64(secret, secretAt) + seed) & MASK),
     readLE64(input, at + 8) ^ ((readLE64(secret, secretAt + 8) - seed) & MASK),
@@ -104,8 +119,11 @@ function hashShort(input: Uint8Array, seed: bigint): bigint {
     return rrmxmx(joined ^ flip, length);
   }
   if (length > 0) {
-    const combined = (BigInt(input[0]!) << 16n) | (BigInt(input[length >> 1]!) << 24n)
-      | BigInt(input[length - 1]!) | (BigInt(length) << 8n);
+    const combined =
+      (BigInt(input[0]!) << 16n) |
+      (BigInt(input[length >> 1]!) << 24n) |
+      BigInt(input[length - 1]!) |
+      (BigInt(length) << 8n);
     const flip = ((readLE32(secret, 0) ^ readLE32(secret, 4)) + seed) & MASK;
     return xxh64Avalanche(combined ^ flip);
   }
@@ -132,7 +150,13 @@ function hashMid(input: Uint8Array, seed: bigint): bigint {
   return avalanche(acc & MASK);
 }
 
-function accumulate512(acc: bigint[], input: Uint8Array, at: number, secret: Uint8Array, secretAt: number): void {
+function accumulate512(
+  acc: bigint[],
+  input: Uint8Array,
+  at: number,
+  secret: Uint8Array,
+  secretAt: number,
+): void {
   for (let i = 0; i < 8; i++) {
     const data = readLE64(input, at + 8 * i);
     const key = data ^ readLE64(secret, secretAt + 8 * i);
@@ -159,24 +183,48 @@ function hashLong(input: Uint8Array, seed: bigint): bigint {
     }
   }
   const length = input.length;
-  const acc = [PRIME32_3, PRIME64_1, PRIME64_2, PRIME64_3, PRIME64_4, PRIME32_2, PRIME64_5, PRIME32_1];
+  const acc = [
+    PRIME32_3,
+    PRIME64_1,
+    PRIME64_2,
+    PRIME64_3,
+    PRIME64_4,
+    PRIME32_2,
+    PRIME64_5,
+    PRIME32_1,
+  ];
   const stripesPerBlock = (SECRET_BYTES - STRIPE_BYTES) / SECRET_CONSUME_BYTES;
   const blockBytes = STRIPE_BYTES * stripesPerBlock;
   const blocks = Math.floor((length - 1) / blockBytes);
   for (let n = 0; n < blocks; n++) {
     for (let s = 0; s < stripesPerBlock; s++) {
-      accumulate512(acc, input, n * blockBytes + s * STRIPE_BYTES, secret, s * SECRET_CONSUME_BYTES);
+      accumulate512(
+        acc,
+        input,
+        n * blockBytes + s * STRIPE_BYTES,
+        secret,
+        s * SECRET_CONSUME_BYTES,
+      );
     }
     scramble(acc, secret, SECRET_BYTES - STRIPE_BYTES);
   }
   const lastStripes = Math.floor((length - 1 - blockBytes * blocks) / STRIPE_BYTES);
   for (let s = 0; s < lastStripes; s++) {
-    accumulate512(acc, input, blocks * blockBytes + s * STRIPE_BYTES, secret, s * SECRET_CONSUME_BYTES);
+    accumulate512(
+      acc,
+      input,
+      blocks * blockBytes + s * STRIPE_BYTES,
+      secret,
+      s * SECRET_CONSUME_BYTES,
+    );
   }
   accumulate512(acc, input, length - STRIPE_BYTES, secret, SECRET_BYTES - STRIPE_BYTES - 7);
   let result = mul(BigInt(length), PRIME64_1);
   for (let i = 0; i < 4; i++) {
-    result += mulFold(acc[2 * i]! ^ readLE64(secret, 11 + 16 * i), acc[2 * i + 1]! ^ readLE64(secret, 19 + 16 * i));
+    result += mulFold(
+      acc[2 * i]! ^ readLE64(secret, 11 + 16 * i),
+      acc[2 * i + 1]! ^ readLE64(secret, 19 + 16 * i),
+    );
   }
   return avalanche(result & MASK);
 }

@@ -18,7 +18,11 @@ export { TOKENS_MAX };
 /** An error a client caused; `status` is what it gets, `message` what it reads. */
 export class HttpError extends Error {
   override readonly name = "HttpError";
-  constructor(readonly status: number, message: string, readonly retryAfterSecs: number | null = null) {
+  constructor(
+    readonly status: number,
+    message: string,
+    readonly retryAfterSecs: number | null = null,
+  ) {
     super(message);
   }
 }
@@ -32,7 +36,10 @@ export function checkBodyType(request: Request): void {
   if (header === JSON_TYPE || header === MSGPACK) return; // what clients send, checked without parsing
   const type = header.split(";", 1)[0]!.trim().toLowerCase();
   if (type === JSON_TYPE || type === MSGPACK) return;
-  throw new HttpError(415, `send the body as Content-Type: ${JSON_TYPE} or ${MSGPACK}${type === "" ? "" : `, not ${type}`}`);
+  throw new HttpError(
+    415,
+    `send the body as Content-Type: ${JSON_TYPE} or ${MSGPACK}${type === "" ? "" : `, not ${type}`}`,
+  );
 }
 
 // Integers above 2^53 would lose precision as numbers; ids travel as strings anyway.
@@ -60,7 +67,9 @@ export function receiveBody(request: Request, limitBytes: number): Promise<Recei
   }
   const declared = request.headers.get("content-length");
   if (declared !== null && Number(declared) > limitBytes) {
-    return Promise.reject(new HttpError(413, `request body of ${declared} bytes is over the limit of ${limitBytes}`));
+    return Promise.reject(
+      new HttpError(413, `request body of ${declared} bytes is over the limit of ${limitBytes}`),
+    );
   }
   // A declared body is held from now until it has arrived (a streamed one, chunk by
   // chunk in readStream): in the process-wide budget of buffered bytes.
@@ -90,7 +99,10 @@ export function receiveBody(request: Request, limitBytes: number): Promise<Recei
 }
 
 function overBudget(): HttpError {
-  return new HttpError(503, `kvedge holds its limit of ${bufferBudget.limitBytes} bytes of unfinished requests and replies; try again`);
+  return new HttpError(
+    503,
+    `kvedge holds its limit of ${bufferBudget.limitBytes} bytes of unfinished requests and replies; try again`,
+  );
 }
 
 /**
@@ -100,7 +112,8 @@ function overBudget(): HttpError {
 export function parseBody(body: ReceivedBody, transient = false): unknown {
   if ("json" in body) return parseJson(body.json, transient);
   // One request map of the usual shape: read into the reader's refilled body.
-  if (transient && bodyReader.read(body.msgpack) && !bodyReader.isBatch) return bodyReader.request(0);
+  if (transient && bodyReader.read(body.msgpack) && !bodyReader.isBatch)
+    return bodyReader.request(0);
   try {
     return unpackr.unpack(body.msgpack);
   } catch (error) {
@@ -132,7 +145,8 @@ async function readStream(request: Request, limitBytes: number): Promise<Uint8Ar
   let total = 0;
   try {
     for await (const chunk of request.body) {
-      if (total + chunk.byteLength > limitBytes) throw new HttpError(413, `request body is over the limit of ${limitBytes} bytes`);
+      if (total + chunk.byteLength > limitBytes)
+        throw new HttpError(413, `request body is over the limit of ${limitBytes} bytes`);
       if (!bufferBudget.take(chunk.byteLength)) throw overBudget();
       total += chunk.byteLength;
       chunks.push(chunk);
@@ -173,7 +187,8 @@ export function toJson(body: unknown): string {
 
 /** A JSON response, or MessagePack when the client's Accept header asks for it. */
 export function reply(request: Request | null, status: number, body: unknown): Response {
-  if (request !== null && wantsMsgpack(request)) return msgpackReply(status, (out) => out.value(body as MsgpackValue));
+  if (request !== null && wantsMsgpack(request))
+    return msgpackReply(status, (out) => out.value(body as MsgpackValue));
   return new Response(toJson(body), {
     status,
     headers: { "content-type": "application/json" },
@@ -190,7 +205,8 @@ export function msgpackReply(status: number, write: (writer: MsgpackWriter) => v
 
 export function errorReply(request: Request | null, error: HttpError): Response {
   const response = reply(request, error.status, { error: error.message });
-  if (error.retryAfterSecs !== null) response.headers.set("retry-after", String(error.retryAfterSecs));
+  if (error.retryAfterSecs !== null)
+    response.headers.set("retry-after", String(error.retryAfterSecs));
   return response;
 }
 
@@ -219,8 +235,16 @@ export function tokenIds(body: Record<string, unknown>, field = "token_ids"): Ui
   const tokens = new Uint32Array(value.length);
   for (let i = 0; i < value.length; i++) {
     const token = value[i];
-    if (typeof token !== "number" || !Number.isInteger(token) || token < 0 || token >= TOKEN_LIMIT) {
-      throw new HttpError(400, `${field}[${i}] must be an integer in [0, 2^32), got ${describeValue(token)}`);
+    if (
+      typeof token !== "number" ||
+      !Number.isInteger(token) ||
+      token < 0 ||
+      token >= TOKEN_LIMIT
+    ) {
+      throw new HttpError(
+        400,
+        `${field}[${i}] must be an integer in [0, 2^32), got ${describeValue(token)}`,
+      );
     }
     tokens[i] = token;
   }
@@ -229,7 +253,7 @@ export function tokenIds(body: Record<string, unknown>, field = "token_ids"): Ui
 
 /** A value for an error message: MessagePack integers past 2^53 arrive as bigints, which JSON.stringify refuses. */
 function describeValue(value: unknown): string {
-  return typeof value === "bigint" ? value.toString() : JSON.stringify(value) ?? String(value);
+  return typeof value === "bigint" ? value.toString() : (JSON.stringify(value) ?? String(value));
 }
 
 /**
@@ -242,7 +266,10 @@ function describeValue(value: unknown): string {
 function tokenBytes(bytes: Uint8Array, start: number, end: number, field: string): Uint32Array {
   const length = end - start;
   if (length % 4 !== 0) {
-    throw new HttpError(400, `${field} as bytes must be little-endian u32s (a multiple of 4 bytes), got ${length} bytes`);
+    throw new HttpError(
+      400,
+      `${field} as bytes must be little-endian u32s (a multiple of 4 bytes), got ${length} bytes`,
+    );
   }
   const count = length / 4;
   if (count > TOKENS_MAX) throw new HttpError(413, `${field} has over ${TOKENS_MAX} tokens`);
@@ -252,7 +279,8 @@ function tokenBytes(bytes: Uint8Array, start: number, end: number, field: string
   }
   // A Buffer (a WebSocket frame) copies natively; other byte arrays through a view.
   if (Buffer.isBuffer(bytes)) bytes.copy(tokenScratchBytes, 0, start, end);
-  else tokenScratchBytes.set(start === 0 && end === bytes.length ? bytes : bytes.subarray(start, end));
+  else
+    tokenScratchBytes.set(start === 0 && end === bytes.length ? bytes : bytes.subarray(start, end));
   return tokenScratch.subarray(0, count);
 }
 
@@ -272,16 +300,24 @@ export function u64Field(value: unknown, field: string): bigint {
   throw new HttpError(400, `${field} must be an unsigned 64-bit integer as a decimal string`);
 }
 
-export function optionalString(body: Record<string, unknown>, field: string, maxLength = 1024): string | null {
+export function optionalString(
+  body: Record<string, unknown>,
+  field: string,
+  maxLength = 1024,
+): string | null {
   const value = body[field];
   if (value === undefined || value === null) return null;
   if (typeof value !== "string") throw new HttpError(400, `${field} must be a string`);
-  if (value.length > maxLength) throw new HttpError(400, `${field} is longer than ${maxLength} characters`);
+  if (value.length > maxLength)
+    throw new HttpError(400, `${field} is longer than ${maxLength} characters`);
   return value;
 }
 
 export function optionalNumber(
-  body: Record<string, unknown>, field: string, min: number, max: number,
+  body: Record<string, unknown>,
+  field: string,
+  min: number,
+  max: number,
 ): number | null {
   const value = body[field];
   if (value === undefined || value === null) return null;
@@ -292,9 +328,13 @@ export function optionalNumber(
 }
 
 export function optionalInt(
-  body: Record<string, unknown>, field: string, min: number, max: number,
+  body: Record<string, unknown>,
+  field: string,
+  min: number,
+  max: number,
 ): number | null {
   const value = optionalNumber(body, field, min, max);
-  if (value !== null && !Number.isInteger(value)) throw new HttpError(400, `${field} must be an integer`);
+  if (value !== null && !Number.isInteger(value))
+    throw new HttpError(400, `${field} must be an integer`);
   return value;
 }

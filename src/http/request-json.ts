@@ -53,7 +53,11 @@ export const defaultTokenScanner: TokenScanner = nativeLibrary === null ? "js" :
  * array is allocated per request, which at 4 KB per 1,024 tokens was a large part of
  * what started the garbage collector. Otherwise each array is a copy of its own.
  */
-export function parseRequestJson(text: string, scanner: TokenScanner = defaultTokenScanner, transient = false): unknown {
+export function parseRequestJson(
+  text: string,
+  scanner: TokenScanner = defaultTokenScanner,
+  transient = false,
+): unknown {
   const fast = scanTop(text, scanner === "native" && nativeLibrary !== null, transient);
   return fast === undefined ? JSON.parse(text) : fast;
 }
@@ -181,7 +185,8 @@ function scanObject(): Record<string, unknown> | undefined {
       members += members.length === 0 ? '"token_ids":0' : ',"token_ids":0';
     } else {
       if (!skipValue()) return undefined;
-      members += members.length === 0 ? text.slice(memberStart, at) : `,${text.slice(memberStart, at)}`;
+      members +=
+        members.length === 0 ? text.slice(memberStart, at) : `,${text.slice(memberStart, at)}`;
     }
     skipSpace();
     const c = text.charCodeAt(at++);
@@ -224,9 +229,17 @@ function scanTokensNative(): Uint32Array | undefined {
   const room = Math.min(TOKENS_MAX, ((length - at) >>> 1) + 1);
   const start = scratchUsed;
   // A new buffer leaves the arrays already handed out in the old one.
-  if (scratch.length < start + room) scratch = new Uint32Array(Math.max(start + room, Math.min(TOKENS_MAX, 2 * scratch.length)));
+  if (scratch.length < start + room)
+    scratch = new Uint32Array(Math.max(start + room, Math.min(TOKENS_MAX, 2 * scratch.length)));
   const out = start === 0 ? scratch : scratch.subarray(start);
-  const count = nativeLibrary!.kv_scan_tokens(bytes, length, at, out, Math.min(TOKENS_MAX, out.length), nativeEnd);
+  const count = nativeLibrary!.kv_scan_tokens(
+    bytes,
+    length,
+    at,
+    out,
+    Math.min(TOKENS_MAX, out.length),
+    nativeEnd,
+  );
   if (count < 0) return undefined;
   at = nativeEnd[0]!;
   return scanned(start, count);
@@ -320,8 +333,17 @@ function skipValue(): boolean {
   const start = at;
   for (;;) {
     const c = text.charCodeAt(at);
-    if (Number.isNaN(c) || c === COMMA || c === CLOSE_BRACE || c === CLOSE_BRACKET
-      || c === SPACE || c === LF || c === CR || c === TAB) break;
+    if (
+      Number.isNaN(c) ||
+      c === COMMA ||
+      c === CLOSE_BRACE ||
+      c === CLOSE_BRACKET ||
+      c === SPACE ||
+      c === LF ||
+      c === CR ||
+      c === TAB
+    )
+      break;
     at++;
   }
   return at > start;

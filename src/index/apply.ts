@@ -59,18 +59,30 @@ export function applyOp(index: KvIndex, input: unknown): ApplyResult {
     throw new ApplyInputError(`op must be one of ${[...OPS].join(", ")}`);
   }
   switch (kind) {
-    case "stored": applyStoredOp(index, op); return null;
+    case "stored":
+      applyStoredOp(index, op);
+      return null;
     case "removed": {
       const workerId = u64Field(op, "worker_id");
       const dpRank = dpRankField(op);
-      const count = hashArray(op, "block_hashes", scratch.externalFor(arrayLength(op, "block_hashes")));
+      const count = hashArray(
+        op,
+        "block_hashes",
+        scratch.externalFor(arrayLength(op, "block_hashes")),
+      );
       index.applyRemoved(workerId, dpRank, scratch.external, count);
       return null;
     }
-    case "cleared": index.applyCleared(u64Field(op, "worker_id"), dpRankField(op)); return null;
-    case "remove_worker": index.removeWorker(u64Field(op, "worker_id")); return null;
-    case "match": return matchOp(index, op);
-    default: return statsOutput(index);
+    case "cleared":
+      index.applyCleared(u64Field(op, "worker_id"), dpRankField(op));
+      return null;
+    case "remove_worker":
+      index.removeWorker(u64Field(op, "worker_id"));
+      return null;
+    case "match":
+      return matchOp(index, op);
+    default:
+      return statsOutput(index);
   }
 }
 
@@ -81,7 +93,8 @@ function applyStoredOp(index: KvIndex, op: Record<string, unknown>): void {
   let parent: bigint | null = null;
   if (parentValue !== undefined && parentValue !== null) {
     parent = parseU64(parentValue);
-    if (parent === null) throw new ApplyInputError("parent_block_hash must be null or an unsigned 64-bit integer");
+    if (parent === null)
+      throw new ApplyInputError("parent_block_hash must be null or an unsigned 64-bit integer");
   }
   const count = hashArray(op, "block_hashes", scratch.externalFor(arrayLength(op, "block_hashes")));
   const blockSize = op.block_size;
@@ -102,7 +115,16 @@ function applyStoredOp(index: KvIndex, op: Record<string, unknown>): void {
   const hasParent = parent !== null;
   const parentHi = hasParent ? Number(parent! >> 32n) : 0;
   const parentLo = hasParent ? Number(parent! & 0xffff_ffffn) : 0;
-  index.applyStored(workerId, dpRank, hasParent, parentHi, parentLo, scratch.external, local, count);
+  index.applyStored(
+    workerId,
+    dpRank,
+    hasParent,
+    parentHi,
+    parentLo,
+    scratch.external,
+    local,
+    count,
+  );
 }
 
 interface BlockSource {
@@ -115,7 +137,8 @@ interface BlockSource {
 /** The blocks of an op: token_ids (hashed here, with lora_name / cache_salt) or local_hashes. */
 function blockSource(op: Record<string, unknown>): BlockSource {
   const hasTokens = op.token_ids !== undefined;
-  if (hasTokens === (op.local_hashes !== undefined)) throw new ApplyInputError("give exactly one of token_ids and local_hashes");
+  if (hasTokens === (op.local_hashes !== undefined))
+    throw new ApplyInputError("give exactly one of token_ids and local_hashes");
   if (!hasTokens) {
     const length = arrayLength(op, "local_hashes");
     const parsed = new Uint32Array(2 * length);
@@ -145,10 +168,21 @@ function matchOp(index: KvIndex, op: Record<string, unknown>): MatchOutput {
   for (let i = 0; i < result.count; i++) {
     const handle = result.workers[i]!;
     const id = index.workerIdOf(handle);
-    order.push({ id, score: { worker_id: id.toString(), dp_rank: index.dpRankOf(handle), blocks: result.blocks[i]! } });
+    order.push({
+      id,
+      score: {
+        worker_id: id.toString(),
+        dp_rank: index.dpRankOf(handle),
+        blocks: result.blocks[i]!,
+      },
+    });
   }
-  order.sort((x, y) => y.score.blocks - x.score.blocks || (x.id < y.id ? -1 : x.id > y.id ? 1 : 0)
-    || x.score.dp_rank - y.score.dp_rank);
+  order.sort(
+    (x, y) =>
+      y.score.blocks - x.score.blocks ||
+      (x.id < y.id ? -1 : x.id > y.id ? 1 : 0) ||
+      x.score.dp_rank - y.score.dp_rank,
+  );
   return { op: "match", scores: order.map((entry) => entry.score) };
 }
 
@@ -168,7 +202,8 @@ function statsOutput(index: KvIndex): StatsOutput {
 function u64Field(op: Record<string, unknown>, name: string): bigint {
   const value = parseU64(op[name]);
   if (value === null) {
-    const what = op[name] === undefined ? "is missing" : "must be an unsigned 64-bit integer (decimal string)";
+    const what =
+      op[name] === undefined ? "is missing" : "must be an unsigned 64-bit integer (decimal string)";
     throw new ApplyInputError(`${name} ${what}`);
   }
   return value;
@@ -177,7 +212,12 @@ function u64Field(op: Record<string, unknown>, name: string): bigint {
 function dpRankField(op: Record<string, unknown>): number {
   const value = op.dp_rank;
   if (value === undefined) return 0;
-  if (typeof value !== "number" || !Number.isInteger(value) || value < 0 || value >= DP_RANK_LIMIT) {
+  if (
+    typeof value !== "number" ||
+    !Number.isInteger(value) ||
+    value < 0 ||
+    value >= DP_RANK_LIMIT
+  ) {
     throw new ApplyInputError("dp_rank must be an integer in [0, 2^32)");
   }
   return value;
@@ -192,8 +232,10 @@ function optionalString(op: Record<string, unknown>, name: string): string | nul
 
 function arrayLength(op: Record<string, unknown>, name: string): number {
   const value = op[name];
-  if (!Array.isArray(value)) throw new ApplyInputError(`${name} ${value === undefined ? "is missing" : "must be an array"}`);
-  if (value.length > BLOCKS_PER_OP_MAX) throw new ApplyInputError(`${name} has more than ${BLOCKS_PER_OP_MAX} entries`);
+  if (!Array.isArray(value))
+    throw new ApplyInputError(`${name} ${value === undefined ? "is missing" : "must be an array"}`);
+  if (value.length > BLOCKS_PER_OP_MAX)
+    throw new ApplyInputError(`${name} has more than ${BLOCKS_PER_OP_MAX} entries`);
   return value.length;
 }
 
@@ -202,7 +244,10 @@ function hashArray(op: Record<string, unknown>, name: string, out: Uint32Array):
   const values = op[name] as unknown[];
   for (let i = 0; i < values.length; i++) {
     const value = parseU64(values[i]);
-    if (value === null) throw new ApplyInputError(`${name}[${i}] must be an unsigned 64-bit integer (decimal string)`);
+    if (value === null)
+      throw new ApplyInputError(
+        `${name}[${i}] must be an unsigned 64-bit integer (decimal string)`,
+      );
     putU64(out, 2 * i, value);
   }
   return values.length;
@@ -211,7 +256,8 @@ function hashArray(op: Record<string, unknown>, name: string, out: Uint32Array):
 function tokenArray(op: Record<string, unknown>): Uint32Array {
   const values = op.token_ids;
   if (!Array.isArray(values)) throw new ApplyInputError("token_ids must be an array");
-  if (values.length > TOKENS_PER_OP_MAX) throw new ApplyInputError(`token_ids has more than ${TOKENS_PER_OP_MAX} entries`);
+  if (values.length > TOKENS_PER_OP_MAX)
+    throw new ApplyInputError(`token_ids has more than ${TOKENS_PER_OP_MAX} entries`);
   const tokens = scratch.tokensFor(values.length);
   for (let i = 0; i < values.length; i++) {
     const value = values[i];

@@ -20,7 +20,10 @@ export class IndexBudget {
   private countdown = 0;
   private over = false;
 
-  constructor(private readonly index: KvIndex, readonly budgetBytes: number) {}
+  constructor(
+    private readonly index: KvIndex,
+    readonly budgetBytes: number,
+  ) {}
 
   /** Whether a store may go in now. */
   admits(): boolean {

@@ -27,7 +27,13 @@ export interface DumpSource {
    * in arrays of its own that the index does not touch again.
    */
   forEachWorker(
-    visit: (workerId: bigint, dpRank: number, external: Uint32Array, keys: Uint32Array, count: number) => void,
+    visit: (
+      workerId: bigint,
+      dpRank: number,
+      external: Uint32Array,
+      keys: Uint32Array,
+      count: number,
+    ) => void,
   ): void;
 }
 
@@ -47,9 +53,13 @@ export function dumpEvents(frozen: FrozenIndex, blockSize: number): IndexOp[] {
       const n = words[at + 6]!;
       const ext = at + 7 + 2 * piece;
       const event: StoredOp = {
-        op: "stored", worker_id: workerId, dp_rank: dpRank,
+        op: "stored",
+        worker_id: workerId,
+        dp_rank: dpRank,
         parent_block_hash: piece > 0 ? hash(ext - 2) : words[at + 3] === 1 ? hash(at + 4) : null,
-        block_hashes: [], local_hashes: [], block_size: blockSize,
+        block_hashes: [],
+        local_hashes: [],
+        block_size: blockSize,
       };
       for (let i = 0; i < pieceBlocks; i++) {
         event.block_hashes.push(hash(ext + 2 * i));
@@ -58,7 +68,12 @@ export function dumpEvents(frozen: FrozenIndex, blockSize: number): IndexOp[] {
       events.push(event);
       return;
     }
-    const event: RemovedOp = { op: "removed", worker_id: workerId, dp_rank: dpRank, block_hashes: [] };
+    const event: RemovedOp = {
+      op: "removed",
+      worker_id: workerId,
+      dp_rank: dpRank,
+      block_hashes: [],
+    };
     for (let i = 0; i < pieceBlocks; i++) event.block_hashes.push(hash(at + 4 + 2 * i));
     events.push(event);
   });
@@ -69,8 +84,11 @@ export function dumpEvents(frozen: FrozenIndex, blockSize: number): IndexOp[] {
  * Calls `visit` for each event of the packed words: the operation at word `at`, and
  * the piece of it (first block, block count) that one event carries.
  */
-function forEachEvent(words: Uint32Array, visit: (kind: number, at: number, piece: number, blocks: number) => void): void {
-  for (let at = 0; at < words.length;) {
+function forEachEvent(
+  words: Uint32Array,
+  visit: (kind: number, at: number, piece: number, blocks: number) => void,
+): void {
+  for (let at = 0; at < words.length; ) {
     const kind = words[at]!;
     const n = kind === OP_STORED ? words[at + 6]! : words[at + 3]!;
     for (let piece = 0; piece < n || (piece === 0 && n === 0); piece += DUMP_CHAIN_BLOCKS_MAX) {
@@ -107,10 +125,17 @@ export class DumpText {
   private out: Uint8Array;
   private length = 0;
 
-  constructor(private readonly words: Uint32Array, workerIds: readonly bigint[], blockSize: number, sliceBytes: number) {
+  constructor(
+    private readonly words: Uint32Array,
+    workerIds: readonly bigint[],
+    blockSize: number,
+    sliceBytes: number,
+  ) {
     // Per worker ref, the bytes up to the dp rank: written once, copied per event.
     this.storedHead = workerIds.map((id) => ascii(`{"op":"stored","worker_id":"${id}","dp_rank":`));
-    this.removedHead = workerIds.map((id) => ascii(`{"op":"removed","worker_id":"${id}","dp_rank":`));
+    this.removedHead = workerIds.map((id) =>
+      ascii(`{"op":"removed","worker_id":"${id}","dp_rank":`),
+    );
     this.tail = ascii(`],"block_size":${blockSize}}\n`);
     this.out = new Uint8Array(sliceBytes + EVENT_BYTES_MAX);
   }

@@ -12,12 +12,23 @@ export type * from "./ops";
 export * from "./types";
 
 /** A new, empty index of `backend` for blocks of `blockSize` tokens. */
-export function createIndex(backend: BackendName, blockSize: number, options: IndexOptions = {}): KvIndex {
-  if (!Number.isInteger(blockSize) || blockSize < 1) throw new RangeError(`block size must be a positive integer, got ${blockSize}`);
+export function createIndex(
+  backend: BackendName,
+  blockSize: number,
+  options: IndexOptions = {},
+): KvIndex {
+  if (!Number.isInteger(blockSize) || blockSize < 1)
+    throw new RangeError(`block size must be a positive integer, got ${blockSize}`);
   switch (backend) {
-    case "crtc": return new CrtcIndex(blockSize, options);
-    case "positional": return new PositionalIndex(blockSize, options);
-    case "reference": return new ReferenceIndex(blockSize, options);
-    default: throw new RangeError(`unknown index backend '${String(backend)}' (crtc, positional, reference)`);
+    case "crtc":
+      return new CrtcIndex(blockSize, options);
+    case "positional":
+      return new PositionalIndex(blockSize, options);
+    case "reference":
+      return new ReferenceIndex(blockSize, options);
+    default:
+      throw new RangeError(
+        `unknown index backend '${String(backend)}' (crtc, positional, reference)`,
+      );
   }
 }

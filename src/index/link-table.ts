@@ -19,7 +19,9 @@ const BITS_MIN = 6;
 
 /** The home slot of (key, hi, lo) among 2^(32 - shift) slots. */
 export function homeSlot(key: number, hi: number, lo: number, shift: number): number {
-  return Math.imul(lo ^ Math.imul(hi, 0x85ebca6b) ^ Math.imul(key, 0xc2b2ae35), 0x9e3779b1) >>> shift;
+  return (
+    Math.imul(lo ^ Math.imul(hi, 0x85ebca6b) ^ Math.imul(key, 0xc2b2ae35), 0x9e3779b1) >>> shift
+  );
 }
 
 export class LinkTable {
@@ -40,8 +42,11 @@ export class LinkTable {
   private region = 0;
   private readonly regionRetiredAt = [0, 0];
 
-  constructor(bits = BITS_MIN, private readonly memory: PoolMemory = PRIVATE_MEMORY,
-    private readonly writer: SharedWriter | null = null) {
+  constructor(
+    bits = BITS_MIN,
+    private readonly memory: PoolMemory = PRIVATE_MEMORY,
+    private readonly writer: SharedWriter | null = null,
+  ) {
     this.control = writer === null ? null : writer.control;
     this.capacity = 1 << bits;
     this.mask = this.capacity - 1;
@@ -71,7 +76,8 @@ export class LinkTable {
 
   /** Adds (key, hi, lo) -> value; the key must be absent. */
   insert(key: number, hi: number, lo: number, value: number): void {
-    if (value === 0 || this.find(key, hi, lo) !== 0) fail("link to the null value or link already present");
+    if (value === 0 || this.find(key, hi, lo) !== 0)
+      fail("link to the null value or link already present");
     const table = this.table;
     const at = this.probeSlot * STRIDE;
     if (this.control !== null) Atomics.add(this.control, CONTROL.linkVersion, 1);
@@ -144,7 +150,9 @@ export class LinkTable {
     for (let from = 0; from < old.length; from += STRIDE) {
       const value = old[from + 3]!;
       if (value === 0) continue;
-      const key = old[from]!, hi = old[from + 1]!, lo = old[from + 2]!;
+      const key = old[from]!,
+        hi = old[from + 1]!,
+        lo = old[from + 2]!;
       let slot = homeSlot(key, hi, lo, shift);
       while (table[slot * STRIDE + 3] !== 0) slot = (slot + 1) & mask;
       const at = slot * STRIDE;

@@ -157,9 +157,19 @@ export class ExternalLookup {
       return;
     }
     // Bounded: every call takes at least one key; it stops early only to shrink.
-    for (let done = 0; done < count;) {
-      done += native.kv_lookup_remove(this.table, this.capacity, this.shift, this.scale,
-        keys, first + done, count - done, out, done, this.limitsWith(Math.max(this.shrink, 0)));
+    for (let done = 0; done < count; ) {
+      done += native.kv_lookup_remove(
+        this.table,
+        this.capacity,
+        this.shift,
+        this.scale,
+        keys,
+        first + done,
+        count - done,
+        out,
+        done,
+        this.limitsWith(Math.max(this.shrink, 0)),
+      );
       this.count = nativeLimits[0]!;
       if (this.count < this.shrink) this.resize(this.shrunkCapacity());
     }
@@ -185,8 +195,17 @@ export class ExternalLookup {
     }
     // Bounded: a call that inserts nothing stopped at a present key, and so do we.
     while (done < count) {
-      done += native.kv_lookup_insert_run(this.table, this.capacity, this.shift, this.scale,
-        keys, first + done, count - done, value + done, this.limitsWith(this.grow));
+      done += native.kv_lookup_insert_run(
+        this.table,
+        this.capacity,
+        this.shift,
+        this.scale,
+        keys,
+        first + done,
+        count - done,
+        value + done,
+        this.limitsWith(this.grow),
+      );
       this.count = nativeLimits[0]!;
       if (this.count > this.grow) this.resize(this.grownCapacity(count - done));
       else if (done < count) break;

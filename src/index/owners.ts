@@ -177,7 +177,8 @@ export class OwnerLists {
     const words = this.words;
     const offset = this.a[record]!;
     let best = 0;
-    for (let at = offset + 1; at < offset + 2 * count; at += 2) if (words[at]! > best) best = words[at]!;
+    for (let at = offset + 1; at < offset + 2 * count; at += 2)
+      if (words[at]! > best) best = words[at]!;
     return best;
   }
 
@@ -287,4 +288,3 @@ export class OwnerLists {
     this.freeByClass.fill(0);
   }
 }
-

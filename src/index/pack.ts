@@ -38,7 +38,11 @@ export interface FrozenIndex {
   readonly blockKeyLimit: number;
   readonly units: number;
   /** Visits the blocks of units from `from` on until at least `budget` blocks (or the end); returns the next unit. */
-  forEachBlockFrom(from: number, budget: number, visit: (key: number, parent: number, hi: number, lo: number) => void): number;
+  forEachBlockFrom(
+    from: number,
+    budget: number,
+    visit: (key: number, parent: number, hi: number, lo: number) => void,
+  ): number;
   /** Present workers, each read out of the copy in slices. */
   readonly workers: readonly FrozenWorker[];
 }
@@ -53,8 +57,11 @@ export interface FrozenWorker {
    * `from + budget` of the worker's storage (crtc: its lookup table's slots); returns
    * the next unit, or -1 once every unit was read.
    */
-  readHeld(from: number, budget: number, visit: (extHi: number, extLo: number, key: number) => void)
-    : number;
+  readHeld(
+    from: number,
+    budget: number,
+    visit: (extHi: number, extLo: number, key: number) => void,
+  ): number;
 }
 
 /**
@@ -94,7 +101,8 @@ export class SlicedCopy {
   private at = 0;
 
   constructor(
-    private readonly sources: readonly Uint32Array[], private readonly lengths: readonly number[],
+    private readonly sources: readonly Uint32Array[],
+    private readonly lengths: readonly number[],
   ) {
     // Zeroed pages come from the system lazily: allocating is cheap, the copy is the work.
     this.copies = lengths.map((length) => new Uint32Array(length));
@@ -131,20 +139,25 @@ export function freezeByWalk(source: DumpSource): FrozenIndex {
     present[key] = 1;
   });
   const workers: FrozenWorker[] = [];
-  source.forEachWorker((workerId, dpRank, external, keys, count) => workers.push({
-    workerId, dpRank, count,
-    readHeld(from, budget, visit) {
-      const to = Math.min(count, from + budget);
-      for (let i = from; i < to; i++) visit(external[2 * i]!, external[2 * i + 1]!, keys[i]!);
-      return to === count ? -1 : to;
-    },
-  }));
+  source.forEachWorker((workerId, dpRank, external, keys, count) =>
+    workers.push({
+      workerId,
+      dpRank,
+      count,
+      readHeld(from, budget, visit) {
+        const to = Math.min(count, from + budget);
+        for (let i = from; i < to; i++) visit(external[2 * i]!, external[2 * i + 1]!, keys[i]!);
+        return to === count ? -1 : to;
+      },
+    }),
+  );
   return {
     blockKeyLimit: limit,
     units: limit,
     forEachBlockFrom(from, budget, visit) {
       const to = Math.min(limit, from + budget);
-      for (let key = from; key < to; key++) if (present[key] === 1) visit(key, parentOf[key]!, hiOf[key]!, loOf[key]!);
+      for (let key = from; key < to; key++)
+        if (present[key] === 1) visit(key, parentOf[key]!, hiOf[key]!, loOf[key]!);
       return to;
     },
     workers,
@@ -193,7 +206,7 @@ class Capture {
     for (const frozen of this.frozen.workers) {
       let ref = this.refs.get(frozen.workerId);
       if (ref === undefined) {
-        this.refs.set(frozen.workerId, ref = this.workerIds.length);
+        this.refs.set(frozen.workerId, (ref = this.workerIds.length));
         this.workerIds.push(frozen.workerId);
       }
       this.workers.push({ ref, dpRank: frozen.dpRank, frozen });
@@ -217,7 +230,10 @@ class Preorder {
   private next = 0;
 
   /** Child links as Capture keeps them (key + 1, 0 = none). */
-  constructor(private readonly firstChild: Uint32Array, private readonly nextSibling: Uint32Array) {
+  constructor(
+    private readonly firstChild: Uint32Array,
+    private readonly nextSibling: Uint32Array,
+  ) {
     const limit = nextSibling.length;
     this.rank = new Uint32Array(limit);
     this.keyAtRank = new Uint32Array(limit);
@@ -412,7 +428,14 @@ export class IndexPacker {
     this.closeOpen();
     if (parent === ROOT_KEY || this.heldStamp[parent] === stamp) {
       const has = parent !== ROOT_KEY;
-      this.header(OP_STORED, worker, has, has ? this.extHi[parent]! : 0, has ? this.extLo[parent]! : 0, 0);
+      this.header(
+        OP_STORED,
+        worker,
+        has,
+        has ? this.extHi[parent]! : 0,
+        has ? this.extLo[parent]! : 0,
+        0,
+      );
       this.openCountAt = this.at - 1;
       this.appendToOpen(key);
       return;
@@ -427,7 +450,14 @@ export class IndexPacker {
     missing.reverse();
     const has = ancestor !== ROOT_KEY;
     const n = missing.length + 1;
-    this.header(OP_STORED, worker, has, has ? this.extHi[ancestor]! : 0, has ? this.extLo[ancestor]! : 0, n);
+    this.header(
+      OP_STORED,
+      worker,
+      has,
+      has ? this.extHi[ancestor]! : 0,
+      has ? this.extLo[ancestor]! : 0,
+      n,
+    );
     const holes = missing.map(() => this.placeholder());
     for (const [hi, lo] of holes) this.put(hi, lo);
     this.put(this.extHi[key]!, this.extLo[key]!);
@@ -464,7 +494,14 @@ export class IndexPacker {
     }
   }
 
-  private header(kind: number, worker: CapturedWorker, hasParent: boolean, hi: number, lo: number, n: number): void {
+  private header(
+    kind: number,
+    worker: CapturedWorker,
+    hasParent: boolean,
+    hi: number,
+    lo: number,
+    n: number,
+  ): void {
     this.reserve(kind === OP_STORED ? 7 : 4);
     const out = this.out;
     out[this.at++] = kind;
@@ -509,7 +546,7 @@ class PageToucher {
   constructor(private readonly arrays: readonly Uint32Array[]) {}
 
   step(words: number): boolean {
-    for (let budget = Math.max(1, words); budget > 0 && this.array < this.arrays.length;) {
+    for (let budget = Math.max(1, words); budget > 0 && this.array < this.arrays.length; ) {
       const array = this.arrays[this.array]!;
       const end = Math.min(array.length, this.at + budget);
       array.fill(0, this.at, end);
@@ -590,7 +627,10 @@ function startsOf(counts: Uint32Array): void {
 }
 
 /** Packs a frozen index at once (shutdown, tests). */
-export function packIndex(frozen: FrozenIndex): { words: Uint32Array; workerIds: readonly bigint[] } {
+export function packIndex(frozen: FrozenIndex): {
+  words: Uint32Array;
+  workerIds: readonly bigint[];
+} {
   const packer = new IndexPacker(frozen);
   while (!packer.step(Infinity));
   return { words: packer.words(), workerIds: packer.workerIds };
@@ -603,8 +643,10 @@ class Placeholders {
 
   /** The worker's held blocks: ranks in `order`, their keys by rank, external hashes by key. */
   constructor(
-    private readonly order: Uint32Array, private readonly keyAtRank: Uint32Array,
-    private readonly extHi: Uint32Array, private readonly extLo: Uint32Array,
+    private readonly order: Uint32Array,
+    private readonly keyAtRank: Uint32Array,
+    private readonly extHi: Uint32Array,
+    private readonly extLo: Uint32Array,
   ) {}
 
   next(): [number, number] {

@@ -6,7 +6,13 @@
  * behind; slot -1 tells the backend the worker has none (and could not get one).
  */
 import { WorkerTable } from "../core/worker-table";
-import { countRejection, type IndexCounters, type IndexOptions, newCounters, type StoreStatus } from "./types";
+import {
+  countRejection,
+  type IndexCounters,
+  type IndexOptions,
+  newCounters,
+  type StoreStatus,
+} from "./types";
 
 export abstract class SlotIndex {
   readonly counters: IndexCounters = newCounters();
@@ -21,22 +27,41 @@ export abstract class SlotIndex {
   }
 
   abstract storeAt(
-    slot: number, hasParent: boolean, parentHi: number, parentLo: number,
-    external: Uint32Array, local: Uint32Array, count: number, first?: number,
+    slot: number,
+    hasParent: boolean,
+    parentHi: number,
+    parentLo: number,
+    external: Uint32Array,
+    local: Uint32Array,
+    count: number,
+    first?: number,
   ): StoreStatus;
   abstract removeAt(slot: number, external: Uint32Array, count: number, first?: number): number;
   abstract clearAt(slot: number): void;
 
   applyStored(
-    workerId: bigint, dpRank: number, hasParent: boolean, parentHi: number, parentLo: number,
-    external: Uint32Array, local: Uint32Array, count: number, first = 0,
+    workerId: bigint,
+    dpRank: number,
+    hasParent: boolean,
+    parentHi: number,
+    parentLo: number,
+    external: Uint32Array,
+    local: Uint32Array,
+    count: number,
+    first = 0,
   ): StoreStatus {
     let slot = this.workerTable.find(workerId, dpRank);
     if (slot < 0 && !hasParent && count > 0) slot = this.workerTable.acquire(workerId, dpRank);
     return this.storeAt(slot, hasParent, parentHi, parentLo, external, local, count, first);
   }
 
-  applyRemoved(workerId: bigint, dpRank: number, external: Uint32Array, count: number, first = 0): number {
+  applyRemoved(
+    workerId: bigint,
+    dpRank: number,
+    external: Uint32Array,
+    count: number,
+    first = 0,
+  ): number {
     return this.removeAt(this.workerTable.find(workerId, dpRank), external, count, first);
   }
 

@@ -73,11 +73,20 @@ export function newCounters(): IndexCounters {
 /** Adds one rejection of `status` (not Ok) to `counters`. */
 export function countRejection(counters: IndexCounters, status: StoreStatus): void {
   switch (status) {
-    case StoreStatus.ParentNotFound: counters.rejectedParentNotFound++; break;
-    case StoreStatus.BlockSizeMismatch: counters.rejectedBlockSizeMismatch++; break;
-    case StoreStatus.CapacityExhausted: counters.rejectedCapacity++; break;
-    case StoreStatus.Invalid: counters.rejectedInvalid++; break;
-    default: throw new RangeError(`not a rejection: ${status}`);
+    case StoreStatus.ParentNotFound:
+      counters.rejectedParentNotFound++;
+      break;
+    case StoreStatus.BlockSizeMismatch:
+      counters.rejectedBlockSizeMismatch++;
+      break;
+    case StoreStatus.CapacityExhausted:
+      counters.rejectedCapacity++;
+      break;
+    case StoreStatus.Invalid:
+      counters.rejectedInvalid++;
+      break;
+    default:
+      throw new RangeError(`not a rejection: ${status}`);
   }
 }
 
@@ -94,7 +103,13 @@ export function rejectCounts(counters: IndexCounters): RejectCounts {
   const blockSizeMismatch = counters.rejectedBlockSizeMismatch;
   const capacity = counters.rejectedCapacity;
   const invalid = counters.rejectedInvalid;
-  return { total: parentNotFound + blockSizeMismatch + capacity + invalid, parentNotFound, blockSizeMismatch, capacity, invalid };
+  return {
+    total: parentNotFound + blockSizeMismatch + capacity + invalid,
+    parentNotFound,
+    blockSizeMismatch,
+    capacity,
+    invalid,
+  };
 }
 
 /** Exact sizes of an index right now (README.md of each backend defines its terms). */
@@ -171,11 +186,24 @@ export interface KvIndex {
    * `parentLo` are the parent's external hash words (signed or unsigned 32-bit).
    */
   applyStored(
-    workerId: bigint, dpRank: number, hasParent: boolean, parentHi: number, parentLo: number,
-    external: Uint32Array, local: Uint32Array, count: number, first?: number,
+    workerId: bigint,
+    dpRank: number,
+    hasParent: boolean,
+    parentHi: number,
+    parentLo: number,
+    external: Uint32Array,
+    local: Uint32Array,
+    count: number,
+    first?: number,
   ): StoreStatus;
   /** Applies a removed event; returns how many hashes were unknown (skipped). */
-  applyRemoved(workerId: bigint, dpRank: number, external: Uint32Array, count: number, first?: number): number;
+  applyRemoved(
+    workerId: bigint,
+    dpRank: number,
+    external: Uint32Array,
+    count: number,
+    first?: number,
+  ): number;
   /** The worker holds nothing (it stays present). */
   applyCleared(workerId: bigint, dpRank: number): void;
   /** Every dp rank of the worker goes, as if cleared, and its slots are freed. */
@@ -186,8 +214,14 @@ export interface KvIndex {
    * is full). The methods above resolve the worker, then call these.
    */
   storeAt(
-    slot: number, hasParent: boolean, parentHi: number, parentLo: number,
-    external: Uint32Array, local: Uint32Array, count: number, first?: number,
+    slot: number,
+    hasParent: boolean,
+    parentHi: number,
+    parentLo: number,
+    external: Uint32Array,
+    local: Uint32Array,
+    count: number,
+    first?: number,
   ): StoreStatus;
   removeAt(slot: number, external: Uint32Array, count: number, first?: number): number;
   clearAt(slot: number): void;

@@ -21,7 +21,10 @@ export class WorkerSlots {
   readonly lookup: (ExternalLookup | null)[] = [];
 
   /** `ownsTable`: free a slot in the table too when its lookup goes. */
-  constructor(readonly table: WorkerTable, private readonly ownsTable: boolean) {}
+  constructor(
+    readonly table: WorkerTable,
+    private readonly ownsTable: boolean,
+  ) {}
 
   /** Slots handed out so far by the table; per-slot arrays are sized to this. */
   get highWater(): number {
@@ -30,7 +33,7 @@ export class WorkerSlots {
 
   /** The slot's lookup, or null when it holds no state here (or is -1: no slot). */
   lookupOf(slot: number): ExternalLookup | null {
-    return slot < 0 ? null : this.lookup[slot] ?? null;
+    return slot < 0 ? null : (this.lookup[slot] ?? null);
   }
 
   /** A lookup for a live table slot that has none. */
@@ -91,7 +94,12 @@ export class WorkerSlots {
     const list: WorkerInfo[] = [];
     for (let slot = 0; slot < this.lookup.length; slot++) {
       const lookup = this.lookup[slot];
-      if (lookup) list.push({ workerId: this.table.workerIdOf(slot), dpRank: this.table.dpRankOf(slot), blocks: lookup.count });
+      if (lookup)
+        list.push({
+          workerId: this.table.workerIdOf(slot),
+          dpRank: this.table.dpRankOf(slot),
+          blocks: lookup.count,
+        });
     }
     return list;
   }
@@ -110,7 +118,12 @@ export class WorkerSlots {
     for (let slot = 0; slot < this.lookup.length; slot++) {
       const lookup = this.lookup[slot];
       if (!lookup) continue;
-      present.push({ workerId: this.table.workerIdOf(slot), dpRank: this.table.dpRankOf(slot), table: lookup.table, count: lookup.count });
+      present.push({
+        workerId: this.table.workerIdOf(slot),
+        dpRank: this.table.dpRankOf(slot),
+        table: lookup.table,
+        count: lookup.count,
+      });
     }
     return present;
   }
@@ -124,7 +137,10 @@ export interface PresentLookup {
 }
 
 /** A lookup table's (external hash, block key) pairs. */
-function heldOf(table: Uint32Array, count: number): { external: Uint32Array; keys: Uint32Array; count: number } {
+function heldOf(
+  table: Uint32Array,
+  count: number,
+): { external: Uint32Array; keys: Uint32Array; count: number } {
   const external = new Uint32Array(2 * count);
   const keys = new Uint32Array(count);
   let n = 0;

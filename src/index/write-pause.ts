@@ -30,7 +30,10 @@ export class WritePause {
   /** Writes held and applied since the start, and times a copy was finished at once. */
   readonly counters = { held: 0, settled: 0 };
 
-  constructor(private readonly index: KvIndex, private readonly maxBytes: number) {}
+  constructor(
+    private readonly index: KvIndex,
+    private readonly maxBytes: number,
+  ) {}
 
   get paused(): boolean {
     return this.holders.size > 0;
@@ -61,8 +64,14 @@ export class WritePause {
   }
 
   storeAt(
-    slot: number, hasParent: boolean, parentHi: number, parentLo: number,
-    external: Uint32Array, local: Uint32Array, count: number, first: number,
+    slot: number,
+    hasParent: boolean,
+    parentHi: number,
+    parentLo: number,
+    external: Uint32Array,
+    local: Uint32Array,
+    count: number,
+    first: number,
   ): void {
     if (!this.paused) {
       this.index.storeAt(slot, hasParent, parentHi, parentLo, external, local, count, first);
@@ -127,7 +136,7 @@ export class WritePause {
     const { log, index } = this;
     const end = this.at;
     this.at = 0;
-    for (let at = 0; at < end;) {
+    for (let at = 0; at < end; ) {
       const kind = log[at]!;
       const slot = log[at + 1]! | 0; // -1 (no slot) survives the round trip
       if (kind === STORE) {
@@ -174,7 +183,8 @@ export class PackJob {
   private cancelled = false;
 
   constructor(
-    index: KvIndex, pause: WritePause,
+    index: KvIndex,
+    pause: WritePause,
     private readonly slices = { freezeWords: FREEZE_WORDS, packBlocks: PACK_BLOCKS },
   ) {
     this.freezing = index.freeze();

@@ -50,7 +50,10 @@ export class Capture {
         kinds.removed++;
         const blockHashes = hashList(batch, event, count);
         options.onOp({
-          op: "removed", worker_id: worker, dp_rank: rank, block_hashes: blockHashes,
+          op: "removed",
+          worker_id: worker,
+          dp_rank: rank,
+          block_hashes: blockHashes,
         });
       },
     };
@@ -68,8 +71,11 @@ export class Capture {
     };
     this.source = new EngineSource(
       {
-        workerId: options.workerId, dpRank: options.dpRank, endpoint: options.endpoint,
-        replayEndpoint: options.replayEndpoint, topic: options.topic,
+        workerId: options.workerId,
+        dpRank: options.dpRank,
+        endpoint: options.endpoint,
+        replayEndpoint: options.replayEndpoint,
+        topic: options.topic,
       },
       { blockSize: options.blockSize, writer, tap, log: options.log },
     );
@@ -95,19 +101,24 @@ export class Capture {
     const norm = this.source.normalizer.counters;
     const kinds = this.kinds;
     const nonzero = (record: Record<string, number>): string =>
-      Object.entries(record).filter(([, value]) => value > 0)
-        .map(([key, value]) => `${key}=${value}`).join(" ") || "none";
+      Object.entries(record)
+        .filter(([, value]) => value > 0)
+        .map(([key, value]) => `${key}=${value}`)
+        .join(" ") || "none";
     const tiers = nonzero({
-      host_pinned: norm.blocksByTier.host_pinned, disk: norm.blocksByTier.disk,
+      host_pinned: norm.blocksByTier.host_pinned,
+      disk: norm.blocksByTier.disk,
       external: norm.blocksByTier.external,
     });
-    return `kvedge capture: ${norm.batches} batches (${seq.replayed} replayed, `
-      + `${seq.duplicates} duplicate, ${norm.batchesDropped} malformed); ${written} events `
-      + `written (${kinds.stored} stored, ${kinds.removed} removed, ${kinds.cleared} cleared); `
-      + `gaps ${seq.gaps}, replays ${seq.replaysRequested} (${seq.replaysFailed} failed), `
-      + `lost batches ${seq.lost}, engine restarts ${seq.restarts}\n`
-      + `kvedge capture: decode errors: ${nonzero(norm.decodeErrors)}; `
-      + `not indexed: ${nonzero(norm.rejectedBlocks)} blocks; other tiers: ${tiers} blocks\n`;
+    return (
+      `kvedge capture: ${norm.batches} batches (${seq.replayed} replayed, ` +
+      `${seq.duplicates} duplicate, ${norm.batchesDropped} malformed); ${written} events ` +
+      `written (${kinds.stored} stored, ${kinds.removed} removed, ${kinds.cleared} cleared); ` +
+      `gaps ${seq.gaps}, replays ${seq.replaysRequested} (${seq.replaysFailed} failed), ` +
+      `lost batches ${seq.lost}, engine restarts ${seq.restarts}\n` +
+      `kvedge capture: decode errors: ${nonzero(norm.decodeErrors)}; ` +
+      `not indexed: ${nonzero(norm.rejectedBlocks)} blocks; other tiers: ${tiers} blocks\n`
+    );
   }
 }
 
@@ -121,7 +132,11 @@ function hashList(batch: DecodedBatch, event: number, count: number): string[] {
 }
 
 function storedOp(
-  batch: DecodedBatch, event: number, count: number, worker: string, dpRank: number,
+  batch: DecodedBatch,
+  event: number,
+  count: number,
+  worker: string,
+  dpRank: number,
   cacheSalt: string | null,
 ): CapturedOp {
   const flags = batch.flags[event]!;
@@ -130,9 +145,8 @@ function storedOp(
   const tokenStart = batch.tokenStart[event]!;
   const tokenEnd = tokenStart + count * blockSize + (eagle ? 1 : 0);
   const tokens = Array.from(batch.tokens.subarray(tokenStart, tokenEnd));
-  const parent = (flags & FLAG_PARENT) !== 0
-    ? u64String(batch.parentHi[event]!, batch.parentLo[event]!)
-    : null;
+  const parent =
+    (flags & FLAG_PARENT) !== 0 ? u64String(batch.parentHi[event]!, batch.parentLo[event]!) : null;
   const op: CapturedOp = {
     op: "stored",
     worker_id: worker,
@@ -146,8 +160,11 @@ function storedOp(
     // tokens go in an informational field (apply ignores it) and apply is handed the
     // local hashes kvedge computed.
     op.eagle_token_ids = tokens;
-    op.local_hashes = hashTokens(tokens, blockSize, { loraName: lora, cacheSalt, eagle: true })
-      .local.map(String);
+    op.local_hashes = hashTokens(tokens, blockSize, {
+      loraName: lora,
+      cacheSalt,
+      eagle: true,
+    }).local.map(String);
   } else {
     op.token_ids = tokens;
   }

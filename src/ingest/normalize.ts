@@ -35,8 +35,18 @@ import { blockCount, blockSeed, hashBlocksAt } from "../hash";
 import { native } from "../native/library";
 import { OnceLog, silentLogger, type Logger } from "../util/log";
 import {
-  DECODE_ERROR_KINDS, DECODE_OK, DecodedBatch, decodeKvBatch, EVENT_CLEARED, EVENT_REMOVED, EVENT_STORED,
-  FLAG_EAGLE, FLAG_GROUP, FLAG_PARENT, NO_STRING, type DecodeErrorKind,
+  DECODE_ERROR_KINDS,
+  DECODE_OK,
+  DecodedBatch,
+  decodeKvBatch,
+  EVENT_CLEARED,
+  EVENT_REMOVED,
+  EVENT_STORED,
+  FLAG_EAGLE,
+  FLAG_GROUP,
+  FLAG_PARENT,
+  NO_STRING,
+  type DecodeErrorKind,
 } from "../wire/kv-events";
 import type { WorkerTable } from "../core/worker-table";
 import { capacityFor, mix, TABLE_CAPACITY_MIN } from "../util/tables";
@@ -54,8 +64,14 @@ export interface KvEventWriter {
   readonly workerTable: WorkerTable;
   /** Blocks stored in chain order after the parent (`hasParent` false = the root). */
   storeAt(
-    slot: number, hasParent: boolean, parentHi: number, parentLo: number,
-    external: Uint32Array, local: Uint32Array, count: number, first: number,
+    slot: number,
+    hasParent: boolean,
+    parentHi: number,
+    parentLo: number,
+    external: Uint32Array,
+    local: Uint32Array,
+    count: number,
+    first: number,
   ): void;
   removeAt(slot: number, external: Uint32Array, count: number, first: number): void;
   /** Every block of the slot's worker is gone. */
@@ -69,7 +85,13 @@ export interface KvEventWriter {
  * (the event's own, or inherited from its parent). Valid during the call only.
  */
 export interface KvEventTap {
-  stored(batch: DecodedBatch, event: number, count: number, dpRank: number, cacheSalt: string | null): void;
+  stored(
+    batch: DecodedBatch,
+    event: number,
+    count: number,
+    dpRank: number,
+    cacheSalt: string | null,
+  ): void;
   removed(batch: DecodedBatch, event: number, count: number, dpRank: number): void;
 }
 
@@ -79,8 +101,15 @@ const DEVICE = 0;
 const HOST_PINNED = 1;
 
 export const REJECT_REASONS = [
-  "ownership", "locality", "unknown_medium", "attention_group", "namespace_ambiguous", "self_reference",
-  "block_size_mismatch", "multimodal_unsupported", "tokens_short",
+  "ownership",
+  "locality",
+  "unknown_medium",
+  "attention_group",
+  "namespace_ambiguous",
+  "self_reference",
+  "block_size_mismatch",
+  "multimodal_unsupported",
+  "tokens_short",
 ] as const;
 export type RejectReason = (typeof REJECT_REASONS)[number];
 
@@ -122,10 +151,19 @@ export interface NormalizerOptions {
 
 const MAIN_ATTENTION = new Set(["full_attention", "mla_attention", "sink_full_attention"]);
 const MEDIUM_TIERS: Record<string, number> = {
-  GPU: 0, DEVICE: 0,
-  CPU: 1, CPU_PINNED: 1, CPU_TIER1: 1,
-  CPU_TIER2: 2, DISK: 2, NVME: 2, STORAGE: 2,
-  EXTERNAL: 3, NETWORK: 3, REMOTE: 3, SHARED: 3,
+  GPU: 0,
+  DEVICE: 0,
+  CPU: 1,
+  CPU_PINNED: 1,
+  CPU_TIER1: 1,
+  CPU_TIER2: 2,
+  DISK: 2,
+  NVME: 2,
+  STORAGE: 2,
+  EXTERNAL: 3,
+  NETWORK: 3,
+  REMOTE: 3,
+  SHARED: 3,
 };
 const UNKNOWN_MEDIUM = -1;
 /** Learned attention groups kept per stream (group ids are few; this bounds a hostile peer). */
@@ -173,7 +211,9 @@ export class KvEventNormalizer {
     this.blockSize = options.blockSize;
     this.writer = options.writer;
     this.tap = options.tap ?? null;
-    this.onceLog = new OnceLog((options.log ?? silentLogger).child({ component: "kv-normalize", worker: options.workerId }));
+    this.onceLog = new OnceLog(
+      (options.log ?? silentLogger).child({ component: "kv-normalize", worker: options.workerId }),
+    );
     this.decoded = options.decoded ?? (sharedDecoded ??= new DecodedBatch());
     this.namespaces = new NamespaceTable(options.namespaceEntriesMax ?? 1 << 20);
   }
@@ -196,7 +236,9 @@ export class KvEventNormalizer {
       this.counters.batchesDropped++;
       this.counters.decodeErrors[kind]++;
       this.onceLog.report(`decode:${kind}`, "dropped a KV-event batch that does not decode", {
-        error: kind, offset: this.decoded.errorOffset, bytes: payload.length,
+        error: kind,
+        offset: this.decoded.errorOffset,
+        bytes: payload.length,
         head: Buffer.from(payload.subarray(0, 64)).toString("hex"),
       });
       return false;
@@ -213,7 +255,8 @@ export class KvEventNormalizer {
     counters.unknownFields += batch.unknownFields;
     const dpRank = batch.hasDpRank ? batch.dpRank : this.dpRank;
     this.ops = 0;
-    if (this.local.length < 2 * batch.hashCount) this.local = new Uint32Array(grownSize(this.local.length, 2 * batch.hashCount));
+    if (this.local.length < 2 * batch.hashCount)
+      this.local = new Uint32Array(grownSize(this.local.length, 2 * batch.hashCount));
     this.seen.size(longestEvent(batch) + 1);
     for (let e = 0; e < batch.eventCount; e++) this.event(batch, e, dpRank);
     this.emit(batch, dpRank);
@@ -238,20 +281,24 @@ export class KvEventNormalizer {
     }
     const tier = kind === EVENT_CLEARED ? DEVICE : this.tierOf(batch.string(batch.medium[e]!));
     if (tier === UNKNOWN_MEDIUM) {
-      this.onceLog.report("unknown_medium", "filtered KV events of an unknown medium", { medium: batch.string(batch.medium[e]!) });
+      this.onceLog.report("unknown_medium", "filtered KV events of an unknown medium", {
+        medium: batch.string(batch.medium[e]!),
+      });
       return this.reject("unknown_medium", blocks);
     }
     this.counters.eventsByTier[TIERS[tier]!]++;
     this.counters.blocksByTier[TIERS[tier]!] += blocks;
     if (tier > HOST_PINNED) return;
-    if (kind !== EVENT_CLEARED && !this.mainAttention(batch, e, dpRank)) return this.reject("attention_group", blocks);
+    if (kind !== EVENT_CLEARED && !this.mainAttention(batch, e, dpRank))
+      return this.reject("attention_group", blocks);
     let namespace: string | null = null;
     if (kind === EVENT_STORED) {
       namespace = this.propagateNamespace(batch, e, dpRank);
       if (namespace === AMBIGUOUS) return this.reject("namespace_ambiguous", blocks);
     } else if (kind === EVENT_REMOVED) {
       const start = batch.hashStart[e]!;
-      for (let i = start; i < start + blocks; i++) this.namespaces.forget(dpRank, batch.hashes[2 * i]!, batch.hashes[2 * i + 1]!);
+      for (let i = start; i < start + blocks; i++)
+        this.namespaces.forget(dpRank, batch.hashes[2 * i]!, batch.hashes[2 * i + 1]!);
     } else this.namespaces.forgetRank(dpRank);
     if (tier !== DEVICE) return;
     if (kind === EVENT_STORED) this.convertStored(batch, e, namespace);
@@ -282,7 +329,11 @@ export class KvEventNormalizer {
     const key = dpRank * 0x1_0000_0000 + batch.groupIdx[e]!;
     if (kindId !== NO_STRING) {
       const main = MAIN_ATTENTION.has(batch.strings.get(kindId));
-      if (hasGroup && batch.kind[e] === EVENT_STORED && (this.groups.has(key) || this.groups.size < GROUPS_MAX)) {
+      if (
+        hasGroup &&
+        batch.kind[e] === EVENT_STORED &&
+        (this.groups.has(key) || this.groups.size < GROUPS_MAX)
+      ) {
         this.groups.set(key, main);
       }
       return main;
@@ -315,17 +366,26 @@ export class KvEventNormalizer {
     if (this.repeatsHash(batch, e)) return this.reject("self_reference", blocks);
     const blockSize = batch.blockSize[e]!;
     if (blockSize !== this.blockSize) {
-      this.onceLog.report("block_size_mismatch", "rejected KV stores of another block size than the index's", {
-        event_block_size: blockSize, index_block_size: this.blockSize,
-      });
+      this.onceLog.report(
+        "block_size_mismatch",
+        "rejected KV stores of another block size than the index's",
+        {
+          event_block_size: blockSize,
+          index_block_size: this.blockSize,
+        },
+      );
       return this.reject("block_size_mismatch", blocks);
     }
     let usable = blocks;
     const mmBlock = batch.mmBlock[e]!;
     if (mmBlock >= 0 && mmBlock < usable) {
-      this.onceLog.report("multimodal_unsupported", "rejected KV blocks with multimodal content (hashing does not include MM hashes yet)", {
-        blocks: usable - mmBlock,
-      });
+      this.onceLog.report(
+        "multimodal_unsupported",
+        "rejected KV blocks with multimodal content (hashing does not include MM hashes yet)",
+        {
+          blocks: usable - mmBlock,
+        },
+      );
       this.reject("multimodal_unsupported", usable - mmBlock);
       usable = mmBlock;
     }
@@ -333,7 +393,9 @@ export class KvEventNormalizer {
     const available = blockCount(batch.tokenLength[e]!, blockSize, eagle);
     if (available < usable) {
       this.onceLog.report("tokens_short", "rejected KV blocks whose token ids run short", {
-        blocks: usable, tokens: batch.tokenLength[e]!, block_size: blockSize,
+        blocks: usable,
+        tokens: batch.tokenLength[e]!,
+        block_size: blockSize,
       });
       this.reject("tokens_short", usable - available);
       usable = available;
@@ -344,7 +406,14 @@ export class KvEventNormalizer {
     const seed = blockSeed(batch.string(batch.loraName[e]!), namespace);
     const start = batch.hashStart[e]!;
     const written = hashBlocksAt(
-      batch.tokens, tokenStart, tokenEnd - tokenStart, blockSize, seed, this.local, start, eagle,
+      batch.tokens,
+      tokenStart,
+      tokenEnd - tokenStart,
+      blockSize,
+      seed,
+      this.local,
+      start,
+      eagle,
     );
     if (written !== usable) throw new Error(`hashed ${written} blocks, expected ${usable}`);
     this.opSalt[this.ops] = namespace;
@@ -364,7 +433,8 @@ export class KvEventNormalizer {
         const hi = hashes[2 * i]!;
         const lo = hashes[2 * i + 1]!;
         if (hasParent && hi === parentHi && lo === parentLo) return true;
-        for (let j = i + 1; j < start + count; j++) if (hashes[2 * j + 1] === lo && hashes[2 * j] === hi) return true;
+        for (let j = i + 1; j < start + count; j++)
+          if (hashes[2 * j + 1] === lo && hashes[2 * j] === hi) return true;
       }
       return false;
     }
@@ -393,8 +463,16 @@ export class KvEventNormalizer {
       const count = this.opCount[op]!;
       switch (this.opKind[op]) {
         case OP_STORED:
-          writer.storeAt(slot, (batch.flags[e]! & FLAG_PARENT) !== 0, batch.parentHi[e]!, batch.parentLo[e]!,
-            batch.hashes, this.local, count, batch.hashStart[e]!);
+          writer.storeAt(
+            slot,
+            (batch.flags[e]! & FLAG_PARENT) !== 0,
+            batch.parentHi[e]!,
+            batch.parentLo[e]!,
+            batch.hashes,
+            this.local,
+            count,
+            batch.hashStart[e]!,
+          );
           this.tap?.stored(batch, e, count, dpRank, this.opSalt[op]!);
           counters.appliedStoredBlocks += count;
           break;
@@ -464,7 +542,11 @@ class StampedPairSet {
    * returns whether a pair was there already. One native call when the library is loaded.
    */
   repeats(
-    hashes: Uint32Array, start: number, count: number, hasParent: boolean, parentHi: number,
+    hashes: Uint32Array,
+    start: number,
+    count: number,
+    hasParent: boolean,
+    parentHi: number,
     parentLo: number,
   ): boolean {
     // Room for every pair at load 1/2, so a probe always ends (normalize() sizes per batch).
@@ -473,12 +555,24 @@ class StampedPairSet {
     if (native !== null) {
       const { keys, stamps, mask, stamp } = this;
       const parent = hasParent ? 1 : 0;
-      return native.kv_pairs_repeat(
-        keys, stamps, mask, stamp, hashes, start, count, parentHi >>> 0, parentLo >>> 0, parent,
-      ) === 1;
+      return (
+        native.kv_pairs_repeat(
+          keys,
+          stamps,
+          mask,
+          stamp,
+          hashes,
+          start,
+          count,
+          parentHi >>> 0,
+          parentLo >>> 0,
+          parent,
+        ) === 1
+      );
     }
     if (hasParent) this.add(parentHi, parentLo);
-    for (let i = start; i < start + count; i++) if (!this.add(hashes[2 * i]!, hashes[2 * i + 1]!)) return true;
+    for (let i = start; i < start + count; i++)
+      if (!this.add(hashes[2 * i]!, hashes[2 * i + 1]!)) return true;
     return false;
   }
 

@@ -13,14 +13,19 @@ export class RankSlots {
   private cachedSlot = -1;
   private cachedGeneration = 0;
 
-  constructor(private readonly table: WorkerTable, readonly workerId: bigint, configuredRank: number) {
+  constructor(
+    private readonly table: WorkerTable,
+    readonly workerId: bigint,
+    configuredRank: number,
+  ) {
     this.ranks.add(configuredRank);
   }
 
   /** The slot of (workerId, dpRank), taken if it has none; -1 when every slot is taken. */
   slotOf(dpRank: number): number {
     const table = this.table;
-    if (dpRank === this.cachedRank && table.generation[this.cachedSlot] === this.cachedGeneration) return this.cachedSlot;
+    if (dpRank === this.cachedRank && table.generation[this.cachedSlot] === this.cachedGeneration)
+      return this.cachedSlot;
     this.ranks.add(dpRank);
     const slot = table.acquire(this.workerId, dpRank);
     if (slot < 0) return -1;

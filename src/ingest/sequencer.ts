@@ -49,8 +49,17 @@ export interface SequencerHooks {
 }
 
 export type SequencerEvent =
-  | "gap" | "loss" | "restart" | "rebuild" | "continued" | "replay_started" | "replay_done" | "replay_failed"
-  | "stray_seq" | "degraded" | "exact";
+  | "gap"
+  | "loss"
+  | "restart"
+  | "rebuild"
+  | "continued"
+  | "replay_started"
+  | "replay_done"
+  | "replay_failed"
+  | "stray_seq"
+  | "degraded"
+  | "exact";
 
 export interface SequencerOptions {
   /** Give up on a replay when no reply arrives for this long. */
@@ -193,7 +202,10 @@ export class Sequencer {
   private oversizePending = false;
   private readonly options: Required<SequencerOptions>;
 
-  constructor(private readonly hooks: SequencerHooks, options: Partial<SequencerOptions> = {}) {
+  constructor(
+    private readonly hooks: SequencerHooks,
+    options: Partial<SequencerOptions> = {},
+  ) {
     this.options = {
       ...SEQUENCER_DEFAULTS,
       now: () => performance.now(),
@@ -239,7 +251,9 @@ export class Sequencer {
     this.strayNext = NONE;
     if (this.hooks.requestReplay === undefined) {
       this.awaitingFirst = true;
-      this.hooks.event?.("degraded", { reason: "connected without a replay endpoint: state unknown until batch 0 or a clear" });
+      this.hooks.event?.("degraded", {
+        reason: "connected without a replay endpoint: state unknown until batch 0 or a clear",
+      });
       return;
     }
     this.awaitingFirst = false;
@@ -367,8 +381,11 @@ export class Sequencer {
         this.hold(this.buffer, seq, payload);
         return;
       }
-      const reason = this.oversizePending ? "a batch over ingest.max_message_bytes was skipped"
-        : replayed ? "replay started after the gap" : "no replay";
+      const reason = this.oversizePending
+        ? "a batch over ingest.max_message_bytes was skipped"
+        : replayed
+          ? "replay started after the gap"
+          : "no replay";
       this.lose(seq - expected, reason);
     }
     this.applyBatch(seq, payload, replayed);
@@ -418,7 +435,12 @@ export class Sequencer {
     if (this.probePlan === "undecided") {
       this.probeFirst = seq;
       if (this.last !== NONE && seq <= this.last) this.probePlan = "verify";
-      else return this.decide(seq === 0 ? "rebuild" : seq === this.last + 1 ? "continue" : "late", seq, payload);
+      else
+        return this.decide(
+          seq === 0 ? "rebuild" : seq === this.last + 1 ? "continue" : "late",
+          seq,
+          payload,
+        );
     }
     // Verifying: hold replies up to `last`, whose fingerprint says same stream or not.
     if (seq < this.last) {
@@ -448,7 +470,9 @@ export class Sequencer {
   }
 
   private decide(
-    outcome: "continue" | "rebuild" | "late" | "restart_rebuild" | "restart_late", seq: number, payload: Uint8Array | null,
+    outcome: "continue" | "rebuild" | "late" | "restart_rebuild" | "restart_late",
+    seq: number,
+    payload: Uint8Array | null,
   ): void {
     this.probePlan = "apply";
     const held = this.takeHeld(this.probeHeld);
@@ -457,7 +481,8 @@ export class Sequencer {
       this.hooks.event?.("continued", { last: this.last, first: this.probeFirst });
     } else if (outcome === "rebuild" || outcome === "restart_rebuild") {
       // Forget the worker (a restart does that itself), then apply the whole ring.
-      if (outcome === "restart_rebuild") this.restart(this.probeFirst, "the replay ring differs from what was applied");
+      if (outcome === "restart_rebuild")
+        this.restart(this.probeFirst, "the replay ring differs from what was applied");
       else this.hooks.reset("rebuilding from the engine's replay ring");
       this.counters.rebuilds++;
       this.hooks.event?.("rebuild", { last: this.last });
@@ -489,7 +514,8 @@ export class Sequencer {
     this.heldBytes += payload.length;
     const count = this.buffer.length + this.probeHeld.length;
     if (count > this.counters.bufferedMax) this.counters.bufferedMax = count;
-    if (this.heldBytes > this.counters.bufferedBytesMax) this.counters.bufferedBytesMax = this.heldBytes;
+    if (this.heldBytes > this.counters.bufferedBytesMax)
+      this.counters.bufferedBytesMax = this.heldBytes;
   }
 
   private takeHeld(from: Held[]): Held[] {

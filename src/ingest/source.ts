@@ -12,10 +12,21 @@
  */
 import type { Logger } from "../util/log";
 import { OnceLog } from "../util/log";
-import { DealerSocket, type FrameList, type PeerInfo, SubSocket, type ZmtpOptions } from "../wire/zmtp";
+import {
+  DealerSocket,
+  type FrameList,
+  type PeerInfo,
+  SubSocket,
+  type ZmtpOptions,
+} from "../wire/zmtp";
 import type { KvEventTap, KvEventWriter, NormalizeCounters } from "./normalize";
 import type { SequencerCounters, SequencerOptions } from "./sequencer";
-import { EngineStream, type ReplayTransport, type StreamCounters, type StreamInput } from "./stream";
+import {
+  EngineStream,
+  type ReplayTransport,
+  type StreamCounters,
+  type StreamInput,
+} from "./stream";
 
 export interface SourceConfig {
   readonly workerId: bigint;
@@ -92,8 +103,11 @@ function readSeq(frames: FrameList, index: number): number | null {
   if (frames.size(index) !== SEQ_BYTES) return null;
   const bytes = frames.buffer(index);
   const at = frames.start(index);
-  const hi = ((bytes[at]! << 24) | (bytes[at + 1]! << 16) | (bytes[at + 2]! << 8) | bytes[at + 3]!) >>> 0;
-  const lo = ((bytes[at + 4]! << 24) | (bytes[at + 5]! << 16) | (bytes[at + 6]! << 8) | bytes[at + 7]!) >>> 0;
+  const hi =
+    ((bytes[at]! << 24) | (bytes[at + 1]! << 16) | (bytes[at + 2]! << 8) | bytes[at + 3]!) >>> 0;
+  const lo =
+    ((bytes[at + 4]! << 24) | (bytes[at + 5]! << 16) | (bytes[at + 6]! << 8) | bytes[at + 7]!) >>>
+    0;
   if (hi === 0xffff_ffff && lo === 0xffff_ffff) return END_OF_REPLAY;
   if (hi > SEQ_HI_MAX) return null;
   return hi * 0x1_0000_0000 + lo;
@@ -117,20 +131,28 @@ export class EngineSource {
   private readonly log: Logger;
   private readonly problems: OnceLog;
 
-  constructor(readonly config: SourceConfig, private readonly options: SourceOptions) {
+  constructor(
+    readonly config: SourceConfig,
+    private readonly options: SourceOptions,
+  ) {
     this.log = options.log.child({ worker_id: config.workerId, dp_rank: config.dpRank });
     this.problems = new OnceLog(this.log);
     const transport: ReplayTransport = {
-      requestReplay: config.replayEndpoint === null ? undefined : (start) => this.requestReplay(start),
+      requestReplay:
+        config.replayEndpoint === null ? undefined : (start) => this.requestReplay(start),
       cancelReplay: () => this.dropDealer(),
     };
     const changed = (): void => this.options.onChange?.(this);
-    this.stream = options.input?.(transport, changed) ?? new EngineStream(config, transport, {
-      blockSize: options.blockSize, writer: options.writer, log: this.log,
-      ...(options.tap === undefined ? {} : { tap: options.tap }),
-      ...(options.sequencer === undefined ? {} : { sequencer: options.sequencer }),
-      onChange: changed,
-    });
+    this.stream =
+      options.input?.(transport, changed) ??
+      new EngineStream(config, transport, {
+        blockSize: options.blockSize,
+        writer: options.writer,
+        log: this.log,
+        ...(options.tap === undefined ? {} : { tap: options.tap }),
+        ...(options.sequencer === undefined ? {} : { sequencer: options.sequencer }),
+        onChange: changed,
+      });
     this.sub = new SubSocket({ ...options.zmtp, logger: this.log });
     this.sub.onFrames = (frames) => this.live(frames);
     this.sub.onPeer = (event, peer) => this.peer(event, peer);
@@ -189,7 +211,10 @@ export class EngineSource {
     }
     const seq = readSeq(frames, 1);
     if (seq === null || seq === END_OF_REPLAY) {
-      this.malformed("bad_seq", `a sequence frame of ${frames.size(1)} bytes is not a valid u64 below 2^53`);
+      this.malformed(
+        "bad_seq",
+        `a sequence frame of ${frames.size(1)} bytes is not a valid u64 below 2^53`,
+      );
       return;
     }
     this.stream.live(seq, frames.frame(2));
@@ -205,7 +230,11 @@ export class EngineSource {
     if (event === "connected") {
       this.counters.connects++;
       this.stateNow = "connected";
-      this.log.info("publisher connected", { endpoint: peer.endpoint, remote: peer.remoteAddress, connection: peer.id });
+      this.log.info("publisher connected", {
+        endpoint: peer.endpoint,
+        remote: peer.remoteAddress,
+        connection: peer.id,
+      });
       // What the engine holds is unknown until the sequencer's connect probe (or batch 0) says.
       this.stream.connected();
     } else if (event === "disconnected") {
@@ -238,7 +267,10 @@ export class EngineSource {
     const seq = seqAt < 0 || frames.size(0) !== 0 ? null : readSeq(frames, seqAt);
     if (seq === null) {
       this.counters.malformedReplayReplies++;
-      this.problems.report("bad_replay_reply", `a replay reply of ${frames.count} frames is malformed`);
+      this.problems.report(
+        "bad_replay_reply",
+        `a replay reply of ${frames.count} frames is malformed`,
+      );
       this.stream.replayFailed("malformed reply");
       return;
     }

@@ -50,7 +50,11 @@ export interface StreamOptions {
 const INFO_EVENTS = new Set<SequencerEvent>(["gap", "replay_started", "replay_done", "continued"]);
 /** Events after which trust may differ. */
 const CHANGE_EVENTS = new Set<SequencerEvent>([
-  "degraded", "exact", "replay_started", "replay_done", "replay_failed",
+  "degraded",
+  "exact",
+  "replay_started",
+  "replay_done",
+  "replay_failed",
 ]);
 
 export class StreamCounters {
@@ -65,22 +69,31 @@ export class EngineStream implements StreamInput {
   private readonly log: Logger;
   private readonly problems: OnceLog;
 
-  constructor(identity: StreamIdentity, transport: ReplayTransport,
-    private readonly options: StreamOptions) {
+  constructor(
+    identity: StreamIdentity,
+    transport: ReplayTransport,
+    private readonly options: StreamOptions,
+  ) {
     this.log = options.log;
     this.problems = new OnceLog(this.log);
     this.normalizer = new KvEventNormalizer({
-      workerId: identity.workerId, dpRank: identity.dpRank, blockSize: options.blockSize,
-      writer: options.writer, log: this.log,
+      workerId: identity.workerId,
+      dpRank: identity.dpRank,
+      blockSize: options.blockSize,
+      writer: options.writer,
+      log: this.log,
       ...(options.tap === undefined ? {} : { tap: options.tap }),
     });
-    this.sequencer = new Sequencer({
-      apply: (_seq, payload) => this.apply(payload),
-      reset: (reason) => this.reset(reason),
-      requestReplay: transport.requestReplay,
-      cancelReplay: transport.cancelReplay,
-      event: (kind, fields) => this.sequencerEvent(kind, fields),
-    }, options.sequencer);
+    this.sequencer = new Sequencer(
+      {
+        apply: (_seq, payload) => this.apply(payload),
+        reset: (reason) => this.reset(reason),
+        requestReplay: transport.requestReplay,
+        cancelReplay: transport.cancelReplay,
+        event: (kind, fields) => this.sequencerEvent(kind, fields),
+      },
+      options.sequencer,
+    );
   }
 
   /** Dp ranks seen from this publisher (the configured one first); a restart clears them all. */

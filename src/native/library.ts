@@ -22,8 +22,15 @@ const kvedgeSymbols = {
    */
   kv_hash_blocks: {
     args: [
-      FFIType.ptr, FFIType.u32, FFIType.u32, FFIType.u32, FFIType.u32, FFIType.u32, FFIType.u32,
-      FFIType.ptr, FFIType.u32,
+      FFIType.ptr,
+      FFIType.u32,
+      FFIType.u32,
+      FFIType.u32,
+      FFIType.u32,
+      FFIType.u32,
+      FFIType.u32,
+      FFIType.ptr,
+      FFIType.u32,
     ],
     returns: FFIType.u32,
   },
@@ -46,7 +53,13 @@ const kvedgeSymbols = {
    */
   kv_msgpack_u32s: {
     args: [
-      FFIType.ptr, FFIType.u32, FFIType.u32, FFIType.u32, FFIType.ptr, FFIType.u32, FFIType.ptr,
+      FFIType.ptr,
+      FFIType.u32,
+      FFIType.u32,
+      FFIType.u32,
+      FFIType.ptr,
+      FFIType.u32,
+      FFIType.ptr,
     ],
     returns: FFIType.u32,
   },
@@ -57,15 +70,30 @@ const kvedgeSymbols = {
    */
   kv_lookup_remove: {
     args: [
-      FFIType.ptr, FFIType.u32, FFIType.u32, FFIType.f64, FFIType.ptr, FFIType.u32, FFIType.u32,
-      FFIType.ptr, FFIType.u32, FFIType.ptr,
+      FFIType.ptr,
+      FFIType.u32,
+      FFIType.u32,
+      FFIType.f64,
+      FFIType.ptr,
+      FFIType.u32,
+      FFIType.u32,
+      FFIType.ptr,
+      FFIType.u32,
+      FFIType.ptr,
     ],
     returns: FFIType.u32,
   },
   kv_lookup_insert_run: {
     args: [
-      FFIType.ptr, FFIType.u32, FFIType.u32, FFIType.f64, FFIType.ptr, FFIType.u32, FFIType.u32,
-      FFIType.u32, FFIType.ptr,
+      FFIType.ptr,
+      FFIType.u32,
+      FFIType.u32,
+      FFIType.f64,
+      FFIType.ptr,
+      FFIType.u32,
+      FFIType.u32,
+      FFIType.u32,
+      FFIType.ptr,
     ],
     returns: FFIType.u32,
   },
@@ -83,8 +111,16 @@ const kvedgeSymbols = {
    */
   kv_pairs_repeat: {
     args: [
-      FFIType.ptr, FFIType.ptr, FFIType.u32, FFIType.u32, FFIType.ptr, FFIType.u32, FFIType.u32,
-      FFIType.u32, FFIType.u32, FFIType.u32,
+      FFIType.ptr,
+      FFIType.ptr,
+      FFIType.u32,
+      FFIType.u32,
+      FFIType.ptr,
+      FFIType.u32,
+      FFIType.u32,
+      FFIType.u32,
+      FFIType.u32,
+      FFIType.u32,
     ],
     returns: FFIType.u32,
   },

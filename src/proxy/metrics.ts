@@ -8,27 +8,61 @@ import type { KvedgeCore } from "../core/core";
 import type { OpenAiProxy } from "./proxy";
 
 export function registerObservedHitsMetrics(registry: MetricsRegistry, service: KvedgeCore): void {
-  const perWorker = (name: string, help: string, type: "counter" | "gauge", read: (view: ReturnType<KvedgeCore["workers"]>[number]) => number | null) =>
+  const perWorker = (
+    name: string,
+    help: string,
+    type: "counter" | "gauge",
+    read: (view: ReturnType<KvedgeCore["workers"]>[number]) => number | null,
+  ) =>
     registerSamples(registry, {
-      name, help, type, labelNames: ["worker_id", "dp_rank"],
+      name,
+      help,
+      type,
+      labelNames: ["worker_id", "dp_rank"],
       collect(emit) {
         for (const view of service.workers()) {
           const value = read(view);
-          if (value !== null) emit(value, { worker_id: view.workerId.toString(), dp_rank: String(view.dpRank) });
+          if (value !== null)
+            emit(value, { worker_id: view.workerId.toString(), dp_rank: String(view.dpRank) });
         }
       },
     });
-  perWorker("kvedge_observed_prompt_tokens_total", "Prompt tokens of the proxied answers that carried usage (the hit rates' denominator).",
-    "counter", (view) => view.observed.promptTokens);
-  perWorker("kvedge_predicted_cached_tokens_total", "Prompt tokens the router predicted the worker would serve from its cache, over answers with usage.",
-    "counter", (view) => view.observed.predictedTokens);
-  perWorker("kvedge_observed_cached_tokens_total", "Prompt tokens the worker's answers reported cached (usage.prompt_tokens_details.cached_tokens).",
-    "counter", (view) => view.observed.observedTokens);
-  perWorker("kvedge_observed_answers_total", "Proxied answers per worker, with or without usage.", "counter", (view) => view.observed.answers);
-  perWorker("kvedge_observed_hit_ratio", "Recent observed / predicted cached tokens (weighted over proxy.observed_window answers).",
-    "gauge", (view) => view.observed.recentRatio);
-  perWorker("kvedge_worker_hits_suspect", "1 if the worker's observed hits fall persistently below the predicted ones (its overlap is discounted).",
-    "gauge", (view) => (view.observed.suspect ? 1 : 0));
+  perWorker(
+    "kvedge_observed_prompt_tokens_total",
+    "Prompt tokens of the proxied answers that carried usage (the hit rates' denominator).",
+    "counter",
+    (view) => view.observed.promptTokens,
+  );
+  perWorker(
+    "kvedge_predicted_cached_tokens_total",
+    "Prompt tokens the router predicted the worker would serve from its cache, over answers with usage.",
+    "counter",
+    (view) => view.observed.predictedTokens,
+  );
+  perWorker(
+    "kvedge_observed_cached_tokens_total",
+    "Prompt tokens the worker's answers reported cached (usage.prompt_tokens_details.cached_tokens).",
+    "counter",
+    (view) => view.observed.observedTokens,
+  );
+  perWorker(
+    "kvedge_observed_answers_total",
+    "Proxied answers per worker, with or without usage.",
+    "counter",
+    (view) => view.observed.answers,
+  );
+  perWorker(
+    "kvedge_observed_hit_ratio",
+    "Recent observed / predicted cached tokens (weighted over proxy.observed_window answers).",
+    "gauge",
+    (view) => view.observed.recentRatio,
+  );
+  perWorker(
+    "kvedge_worker_hits_suspect",
+    "1 if the worker's observed hits fall persistently below the predicted ones (its overlap is discounted).",
+    "gauge",
+    (view) => (view.observed.suspect ? 1 : 0),
+  );
 }
 
 export function registerProxyMetrics(registry: MetricsRegistry, proxy: OpenAiProxy): void {

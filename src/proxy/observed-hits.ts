@@ -63,7 +63,14 @@ interface WorkerHits {
 }
 
 const EMPTY: ObservedHitsView = {
-  answers: 0, answersWithoutUsage: 0, promptTokens: 0, predictedTokens: 0, observedTokens: 0, recentRatio: null, suspect: false, underPredicted: false,
+  answers: 0,
+  answersWithoutUsage: 0,
+  promptTokens: 0,
+  predictedTokens: 0,
+  observedTokens: 0,
+  recentRatio: null,
+  suspect: false,
+  underPredicted: false,
 };
 
 const keyOf = (workerId: bigint, dpRank: number): string => `${workerId}:${dpRank}`;
@@ -77,21 +84,40 @@ export class ObservedHits {
   }
 
   /** One answer: its prompt's tokens, those predicted cached at routing, and the engine's count (null: not reported). */
-  record(workerId: bigint, dpRank: number, prompt: number, predicted: number, observed: number | null): void {
+  record(
+    workerId: bigint,
+    dpRank: number,
+    prompt: number,
+    predicted: number,
+    observed: number | null,
+  ): void {
     const key = keyOf(workerId, dpRank);
     let hits = this.workers.get(key);
     if (hits === undefined) {
       hits = {
-        answers: 0, withoutUsage: 0, prompt: 0, predicted: 0, observed: 0, judged: 0, weightedPredicted: 0, weightedObserved: 0, suspect: false,
-        allPredicted: 0, allObserved: 0, underPredicted: false,
+        answers: 0,
+        withoutUsage: 0,
+        prompt: 0,
+        predicted: 0,
+        observed: 0,
+        judged: 0,
+        weightedPredicted: 0,
+        weightedObserved: 0,
+        suspect: false,
+        allPredicted: 0,
+        allObserved: 0,
+        underPredicted: false,
       };
       this.workers.set(key, hits);
     }
     hits.answers++;
     if (observed === null) {
       if (hits.withoutUsage++ === 0) {
-        this.options.log.warn("an answer carries no usage.prompt_tokens_details.cached_tokens: observed hits unknown for this worker"
-          + " (vLLM reports it with --enable-prompt-tokens-details)", { worker_id: workerId, dp_rank: dpRank });
+        this.options.log.warn(
+          "an answer carries no usage.prompt_tokens_details.cached_tokens: observed hits unknown for this worker" +
+            " (vLLM reports it with --enable-prompt-tokens-details)",
+          { worker_id: workerId, dp_rank: dpRank },
+        );
       }
       return;
     }
@@ -117,7 +143,8 @@ export class ObservedHits {
       promptTokens: hits.prompt,
       predictedTokens: hits.predicted,
       observedTokens: hits.observed,
-      recentRatio: hits.weightedPredicted > 0 ? hits.weightedObserved / hits.weightedPredicted : null,
+      recentRatio:
+        hits.weightedPredicted > 0 ? hits.weightedObserved / hits.weightedPredicted : null,
       suspect: hits.suspect,
       underPredicted: hits.underPredicted,
     };
@@ -144,10 +171,16 @@ export class ObservedHits {
     if (under === hits.underPredicted) return;
     hits.underPredicted = under;
     if (!under) return;
-    this.options.log.warn("the engine serves far more from its cache than the router predicted: the router's tokens are likely not"
-      + " the engine's (check proxy.tokenizer and the chat template against the engine's model)", {
-      worker_id: workerId, dp_rank: dpRank, predicted_tokens: hits.predicted, observed_tokens: hits.observed,
-    });
+    this.options.log.warn(
+      "the engine serves far more from its cache than the router predicted: the router's tokens are likely not" +
+        " the engine's (check proxy.tokenizer and the chat template against the engine's model)",
+      {
+        worker_id: workerId,
+        dp_rank: dpRank,
+        predicted_tokens: hits.predicted,
+        observed_tokens: hits.observed,
+      },
+    );
   }
 
   private judge(workerId: bigint, dpRank: number, hits: WorkerHits): void {
@@ -158,14 +191,24 @@ export class ObservedHits {
     if (suspect === hits.suspect) return;
     hits.suspect = suspect;
     const fields = {
-      worker_id: workerId, dp_rank: dpRank, observed_ratio: Number(ratio.toFixed(3)), floor,
-      predicted_tokens: hits.predicted, observed_tokens: hits.observed,
+      worker_id: workerId,
+      dp_rank: dpRank,
+      observed_ratio: Number(ratio.toFixed(3)),
+      floor,
+      predicted_tokens: hits.predicted,
+      observed_tokens: hits.observed,
     };
     if (suspect) {
-      this.options.log.warn("observed cached tokens fall persistently below the predicted ones: discounting this worker's overlap"
-        + " (a tokenizer, chat template, block size or hash-input mismatch, or events the engine does not publish)", fields);
+      this.options.log.warn(
+        "observed cached tokens fall persistently below the predicted ones: discounting this worker's overlap" +
+          " (a tokenizer, chat template, block size or hash-input mismatch, or events the engine does not publish)",
+        fields,
+      );
     } else {
-      this.options.log.info("observed cached tokens match the predicted ones again: trusting this worker's overlap", fields);
+      this.options.log.info(
+        "observed cached tokens match the predicted ones again: trusting this worker's overlap",
+        fields,
+      );
     }
     this.options.onChange(workerId, dpRank, suspect);
   }

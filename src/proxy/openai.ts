@@ -23,8 +23,16 @@ export type CompletionPrompt = { readonly text: string } | { readonly ids: Uint3
 /** `prompt` of /v1/completions: a string, token ids, or a list of exactly one of those. */
 export function completionPrompt(body: Record<string, unknown>): CompletionPrompt {
   let prompt = body.prompt;
-  if (Array.isArray(prompt) && prompt.length > 0 && (typeof prompt[0] === "string" || Array.isArray(prompt[0]))) {
-    if (prompt.length !== 1) throw new HttpError(400, "prompt: one prompt per request (a list of several is not supported)");
+  if (
+    Array.isArray(prompt) &&
+    prompt.length > 0 &&
+    (typeof prompt[0] === "string" || Array.isArray(prompt[0]))
+  ) {
+    if (prompt.length !== 1)
+      throw new HttpError(
+        400,
+        "prompt: one prompt per request (a list of several is not supported)",
+      );
     prompt = prompt[0];
   }
   if (typeof prompt === "string") return { text: prompt };
@@ -45,19 +53,27 @@ export function completionPrompt(body: Record<string, unknown>): CompletionPromp
 /** `messages` of /v1/chat/completions, with text-part lists joined as vLLM does for string templates. */
 export function chatMessages(body: Record<string, unknown>): ChatMessage[] {
   const messages = body.messages;
-  if (!Array.isArray(messages) || messages.length === 0) throw new HttpError(400, "messages must be a non-empty array");
-  if (messages.length > MESSAGES_MAX) throw new HttpError(400, `messages has more than ${MESSAGES_MAX} entries`);
+  if (!Array.isArray(messages) || messages.length === 0)
+    throw new HttpError(400, "messages must be a non-empty array");
+  if (messages.length > MESSAGES_MAX)
+    throw new HttpError(400, `messages has more than ${MESSAGES_MAX} entries`);
   return messages.map((message: unknown, i) => {
     if (message === null || typeof message !== "object" || Array.isArray(message)) {
       throw new HttpError(400, `messages[${i}] must be an object`);
     }
     // A copy: the client's body may be forwarded as it is, re-serialized.
     const entry = { ...(message as Record<string, unknown>) };
-    if (typeof entry.role !== "string") throw new HttpError(400, `messages[${i}].role must be a string`);
+    if (typeof entry.role !== "string")
+      throw new HttpError(400, `messages[${i}].role must be a string`);
     const content = entry.content;
-    if (Array.isArray(entry.tool_calls)) entry.tool_calls = entry.tool_calls.map((call: unknown, j) => toolCall(call, `messages[${i}].tool_calls[${j}]`));
-    if (content === undefined || content === null || typeof content === "string") return { ...entry, content: content ?? "" };
-    if (!Array.isArray(content)) throw new HttpError(400, `messages[${i}].content must be a string or an array of parts`);
+    if (Array.isArray(entry.tool_calls))
+      entry.tool_calls = entry.tool_calls.map((call: unknown, j) =>
+        toolCall(call, `messages[${i}].tool_calls[${j}]`),
+      );
+    if (content === undefined || content === null || typeof content === "string")
+      return { ...entry, content: content ?? "" };
+    if (!Array.isArray(content))
+      throw new HttpError(400, `messages[${i}].content must be a string or an array of parts`);
     const texts = content.map((part: unknown, j) => {
       const p = part as { type?: unknown; text?: unknown } | null;
       if (p?.type !== "text" || typeof p.text !== "string") {
@@ -95,10 +111,13 @@ function toolCall(call: unknown, where: string): unknown {
  * `add_special_tokens: true`. Without a tokenizer only token-id prompts work.
  */
 export async function promptTokens(
-  tokenizer: PromptTokenizer | null, path: OpenAiPath, body: Record<string, unknown>,
+  tokenizer: PromptTokenizer | null,
+  path: OpenAiPath,
+  body: Record<string, unknown>,
 ): Promise<Uint32Array> {
   const addSpecial = body.add_special_tokens;
-  if (addSpecial !== undefined && typeof addSpecial !== "boolean") throw new HttpError(400, "add_special_tokens must be a boolean");
+  if (addSpecial !== undefined && typeof addSpecial !== "boolean")
+    throw new HttpError(400, "add_special_tokens must be a boolean");
   if (path === COMPLETIONS_PATH) {
     const prompt = completionPrompt(body);
     if ("ids" in prompt) return prompt.ids;
@@ -106,15 +125,21 @@ export async function promptTokens(
   }
   const messages = chatMessages(body);
   const tokenizerOf = needTokenizer(tokenizer);
-  if (!tokenizerOf.hasChatTemplate) throw new HttpError(400, "the model's tokenizer has no chat template: use /v1/completions");
+  if (!tokenizerOf.hasChatTemplate)
+    throw new HttpError(400, "the model's tokenizer has no chat template: use /v1/completions");
   const extra = body.chat_template_kwargs;
-  if (extra !== undefined && (extra === null || typeof extra !== "object" || Array.isArray(extra))) {
+  if (
+    extra !== undefined &&
+    (extra === null || typeof extra !== "object" || Array.isArray(extra))
+  ) {
     throw new HttpError(400, "chat_template_kwargs must be an object");
   }
   const generation = body.add_generation_prompt;
   const continueFinal = body.continue_final_message;
-  if (generation !== undefined && typeof generation !== "boolean") throw new HttpError(400, "add_generation_prompt must be a boolean");
-  if (continueFinal !== undefined && typeof continueFinal !== "boolean") throw new HttpError(400, "continue_final_message must be a boolean");
+  if (generation !== undefined && typeof generation !== "boolean")
+    throw new HttpError(400, "add_generation_prompt must be a boolean");
+  if (continueFinal !== undefined && typeof continueFinal !== "boolean")
+    throw new HttpError(400, "continue_final_message must be a boolean");
   let text: string;
   try {
     text = tokenizerOf.renderChat(messages, {
@@ -124,13 +149,20 @@ export async function promptTokens(
       ...(extra === undefined ? {} : { extra: extra as Record<string, unknown> }),
     });
   } catch (error) {
-    throw new HttpError(400, `the chat template failed on these messages: ${(error as Error).message}`);
+    throw new HttpError(
+      400,
+      `the chat template failed on these messages: ${(error as Error).message}`,
+    );
   }
   return await tokenizerOf.encode(text, addSpecial ?? false);
 }
 
 function needTokenizer(tokenizer: PromptTokenizer | null): PromptTokenizer {
-  if (tokenizer === null) throw new HttpError(400, "no tokenizer is loaded: give the prompt as token ids (/v1/completions)");
+  if (tokenizer === null)
+    throw new HttpError(
+      400,
+      "no tokenizer is loaded: give the prompt as token ids (/v1/completions)",
+    );
   return tokenizer;
 }
 
@@ -138,14 +170,20 @@ function needTokenizer(tokenizer: PromptTokenizer | null): PromptTokenizer {
 export function maxTokensOf(body: Record<string, unknown>): number {
   const value = body.max_completion_tokens ?? body.max_tokens;
   if (value === undefined || value === null) return DEFAULT_MAX_TOKENS;
-  if (typeof value !== "number" || !Number.isInteger(value) || value < 1 || value > MAX_TOKENS_MAX) {
+  if (
+    typeof value !== "number" ||
+    !Number.isInteger(value) ||
+    value < 1 ||
+    value > MAX_TOKENS_MAX
+  ) {
     throw new HttpError(400, `max_tokens must be an integer in [1, ${MAX_TOKENS_MAX}]`);
   }
   return value;
 }
 
 export function isStream(body: Record<string, unknown>): boolean {
-  if (body.stream !== undefined && body.stream !== null && typeof body.stream !== "boolean") throw new HttpError(400, "stream must be a boolean");
+  if (body.stream !== undefined && body.stream !== null && typeof body.stream !== "boolean")
+    throw new HttpError(400, "stream must be a boolean");
   return body.stream === true;
 }
 
@@ -157,7 +195,11 @@ export function includesUsage(body: Record<string, unknown>): boolean {
 
 /** `usage.prompt_tokens_details.cached_tokens` of an answer or chunk, or null when absent. */
 export function cachedTokensOf(answer: unknown): number | null {
-  const usage = (answer as { usage?: { prompt_tokens_details?: { cached_tokens?: unknown } | null } | null } | null)?.usage;
+  const usage = (
+    answer as {
+      usage?: { prompt_tokens_details?: { cached_tokens?: unknown } | null } | null;
+    } | null
+  )?.usage;
   const cached = usage?.prompt_tokens_details?.cached_tokens;
   return typeof cached === "number" && Number.isFinite(cached) && cached >= 0 ? cached : null;
 }

@@ -19,7 +19,13 @@ import { HttpError, receiveBody, reply } from "../http/http";
 import type { KvedgeCore, RouteCall, RouteInput } from "../core/core";
 import type { Logger } from "../util/log";
 import {
-  cachedTokensOf, COMPLETIONS_PATH, includesUsage, isStream, maxTokensOf, type OpenAiPath, promptTokens,
+  cachedTokensOf,
+  COMPLETIONS_PATH,
+  includesUsage,
+  isStream,
+  maxTokensOf,
+  type OpenAiPath,
+  promptTokens,
 } from "./openai";
 import type { PromptTokenizer } from "./tokenizer";
 
@@ -64,7 +70,13 @@ interface Target {
 
 export class OpenAiProxy {
   readonly counters: ProxyCounters = {
-    requests: 0, completed: 0, clientAborts: 0, engineErrors: 0, failovers: 0, unreachable: 0, rejected: 0,
+    requests: 0,
+    completed: 0,
+    clientAborts: 0,
+    engineErrors: 0,
+    failovers: 0,
+    unreachable: 0,
+    rejected: 0,
     refused: 0,
   };
   private readonly created = Math.floor(Date.now() / 1000);
@@ -75,7 +87,9 @@ export class OpenAiProxy {
   models(request: Request): Response {
     return reply(request, 200, {
       object: "list",
-      data: [{ id: this.options.model, object: "model", created: this.created, owned_by: "kvedge" }],
+      data: [
+        { id: this.options.model, object: "model", created: this.created, owned_by: "kvedge" },
+      ],
     });
   }
 
@@ -117,8 +131,14 @@ export class OpenAiProxy {
     }
     lifecycle.done();
     this.counters.unreachable++;
-    const tried = targets.slice(0, ATTEMPTS_MAX).map((t) => t.workerId.toString()).join(", ");
-    throw new HttpError(502, `no engine could be reached for this request (workers tried: ${tried}; each needs an http_endpoint)`);
+    const tried = targets
+      .slice(0, ATTEMPTS_MAX)
+      .map((t) => t.workerId.toString())
+      .join(", ");
+    throw new HttpError(
+      502,
+      `no engine could be reached for this request (workers tried: ${tried}; each needs an http_endpoint)`,
+    );
   }
 
   /**
@@ -143,11 +163,17 @@ export class OpenAiProxy {
       };
       const handle = service.submitRoute(call);
       if (handle < 0) return;
-      client.addEventListener("abort", () => {
-        if (!service.dropHeld(handle, call)) return; // answered already: the forward sees the abort
-        this.counters.clientAborts++;
-        reject(new HttpError(499, "the client closed the request while it was held for a worker"));
-      }, { once: true });
+      client.addEventListener(
+        "abort",
+        () => {
+          if (!service.dropHeld(handle, call)) return; // answered already: the forward sees the abort
+          this.counters.clientAborts++;
+          reject(
+            new HttpError(499, "the client closed the request while it was held for a worker"),
+          );
+        },
+        { once: true },
+      );
     });
   }
 
@@ -157,18 +183,23 @@ export class OpenAiProxy {
     let body: Record<string, unknown>;
     try {
       const value: unknown = JSON.parse(received.json);
-      if (value === null || typeof value !== "object" || Array.isArray(value)) throw new Error("not a JSON object");
+      if (value === null || typeof value !== "object" || Array.isArray(value))
+        throw new Error("not a JSON object");
       body = value as Record<string, unknown>;
     } catch (error) {
       throw new HttpError(400, `malformed JSON body: ${(error as Error).message}`);
     }
     if (body.model !== undefined && body.model !== this.options.model) {
-      throw new HttpError(404, `The model \`${String(body.model)}\` does not exist (this proxy serves ${this.options.model}).`);
+      throw new HttpError(
+        404,
+        `The model \`${String(body.model)}\` does not exist (this proxy serves ${this.options.model}).`,
+      );
     }
     const stream = isStream(body);
     const maxTokens = maxTokensOf(body);
     const salt = body.cache_salt;
-    if (salt !== undefined && salt !== null && typeof salt !== "string") throw new HttpError(400, "cache_salt must be a string");
+    if (salt !== undefined && salt !== null && typeof salt !== "string")
+      throw new HttpError(400, "cache_salt must be a string");
     const tokens = await promptTokens(this.options.tokenizer, path, body);
     if (tokens.length === 0) throw new HttpError(400, "the prompt has no tokens");
     const stripUsage = stream && !includesUsage(body);
@@ -176,45 +207,91 @@ export class OpenAiProxy {
     let forwarded = received.json;
     if (rewrite) {
       const copy: Record<string, unknown> = { ...body };
-      if (stripUsage) copy.stream_options = { ...(body.stream_options as object | undefined), include_usage: true };
-      if (this.options.forwardTokenIds && path === COMPLETIONS_PATH) copy.prompt = Array.from(tokens);
+      if (stripUsage)
+        copy.stream_options = {
+          ...(body.stream_options as object | undefined),
+          include_usage: true,
+        };
+      if (this.options.forwardTokenIds && path === COMPLETIONS_PATH)
+        copy.prompt = Array.from(tokens);
       forwarded = JSON.stringify(copy);
     }
-    return { tokens, stream, stripUsage, maxTokens, cacheSalt: typeof salt === "string" ? salt : null, forwarded };
+    return {
+      tokens,
+      stream,
+      stripUsage,
+      maxTokens,
+      cacheSalt: typeof salt === "string" ? salt : null,
+      forwarded,
+    };
   }
 
   /** The engine's response, or null if it could not be reached (the caller tries the next one). */
-  private async forward(endpoint: string, path: OpenAiPath, parsed: Parsed, target: Target, client: AbortSignal): Promise<Response | null> {
-    const headers: Record<string, string> = { "content-type": "application/json", accept: parsed.stream ? "text/event-stream" : "application/json" };
+  private async forward(
+    endpoint: string,
+    path: OpenAiPath,
+    parsed: Parsed,
+    target: Target,
+    client: AbortSignal,
+  ): Promise<Response | null> {
+    const headers: Record<string, string> = {
+      "content-type": "application/json",
+      accept: parsed.stream ? "text/event-stream" : "application/json",
+    };
     // vLLM's data-parallel servers take the rank to run on from this header.
     if (target.dpRank !== 0) headers["x-data-parallel-rank"] = String(target.dpRank);
     try {
-      return await fetch(`${endpoint}${path}`, { method: "POST", headers, body: parsed.forwarded, signal: client });
+      return await fetch(`${endpoint}${path}`, {
+        method: "POST",
+        headers,
+        body: parsed.forwarded,
+        signal: client,
+      });
     } catch (error) {
       if (client.aborted) throw new HttpError(499, "the client closed the request");
       this.options.log.warn("engine unreachable; trying the next candidate", {
-        worker_id: target.workerId, dp_rank: target.dpRank, endpoint, error: (error as Error).message,
+        worker_id: target.workerId,
+        dp_rank: target.dpRank,
+        endpoint,
+        error: (error as Error).message,
       });
       return null;
     }
   }
 
-  private relay(upstream: Response, parsed: Parsed, target: Target, lifecycle: Lifecycle, client: AbortSignal): Response {
+  private relay(
+    upstream: Response,
+    parsed: Parsed,
+    target: Target,
+    lifecycle: Lifecycle,
+    client: AbortSignal,
+  ): Response {
     const { service } = this.options;
     const promptTokens = parsed.tokens.length;
     const reusable = Math.floor((promptTokens - 1) / service.blockSize) * service.blockSize;
     const predicted = Math.min(target.overlapBlocks * service.blockSize, reusable);
-    const headers = new Headers({ "content-type": upstream.headers.get("content-type") ?? "application/json" });
+    const headers = new Headers({
+      "content-type": upstream.headers.get("content-type") ?? "application/json",
+    });
     headers.set("x-kvedge-worker-id", target.workerId.toString());
     headers.set("x-kvedge-dp-rank", String(target.dpRank));
     headers.set("x-kvedge-request-id", lifecycle.requestId);
     const observe = (cached: number | null): void => {
       service.observedHits.record(target.workerId, target.dpRank, promptTokens, predicted, cached);
     };
-    const relay = new Relay(upstream, parsed.stream, parsed.stripUsage, lifecycle, client, this.counters, observe, this.options.log, target);
+    const relay = new Relay(
+      upstream,
+      parsed.stream,
+      parsed.stripUsage,
+      lifecycle,
+      client,
+      this.counters,
+      observe,
+      this.options.log,
+      target,
+    );
     return new Response(relay.body, { status: upstream.status, headers });
   }
-
 }
 
 /** A routed request: its id and the workers to try, the pick first. */
@@ -226,8 +303,13 @@ interface Admitted {
 /** What the core routes a proxied request by. */
 function routeInput(parsed: Parsed): RouteInput {
   return {
-    tokens: parsed.tokens, requestId: null, loraName: null, cacheSalt: parsed.cacheSalt,
-    expectedOutputTokens: parsed.maxTokens, overlapScoreCredit: null, prefillLoadScale: null,
+    tokens: parsed.tokens,
+    requestId: null,
+    loraName: null,
+    cacheSalt: parsed.cacheSalt,
+    expectedOutputTokens: parsed.maxTokens,
+    overlapScoreCredit: null,
+    prefillLoadScale: null,
     temperature: null,
   };
 }
@@ -245,12 +327,24 @@ interface Parsed {
 
 /** The decision's pick, then its other candidates cheapest first (copied: the list is reused). */
 function targetsOf(decision: import("../route").RouteDecision): Target[] {
-  const targets: Target[] = [{ slot: decision.slot, workerId: decision.workerId, dpRank: decision.dpRank, overlapBlocks: decision.overlapBlocks }];
+  const targets: Target[] = [
+    {
+      slot: decision.slot,
+      workerId: decision.workerId,
+      dpRank: decision.dpRank,
+      overlapBlocks: decision.overlapBlocks,
+    },
+  ];
   const list = decision.candidates;
   for (let i = 0; i < list.count; i++) {
     if (list.slots[i] === decision.slot) continue;
     const candidate = list.at(i);
-    targets.push({ slot: candidate.slot, workerId: candidate.workerId, dpRank: candidate.dpRank, overlapBlocks: candidate.overlapBlocks });
+    targets.push({
+      slot: candidate.slot,
+      workerId: candidate.workerId,
+      dpRank: candidate.dpRank,
+      overlapBlocks: candidate.overlapBlocks,
+    });
   }
   return targets;
 }
@@ -347,7 +441,10 @@ class Relay {
       return;
     }
     this.counters.engineErrors++;
-    this.log.warn("the engine's answer broke off", { worker_id: this.target.workerId, error: error.message });
+    this.log.warn("the engine's answer broke off", {
+      worker_id: this.target.workerId,
+      error: error.message,
+    });
     controller.error(error);
   }
 
@@ -370,7 +467,10 @@ class Lifecycle {
   private prefilled = false;
   private finished = false;
 
-  constructor(private readonly service: KvedgeCore, readonly requestId: string) {}
+  constructor(
+    private readonly service: KvedgeCore,
+    readonly requestId: string,
+  ) {}
 
   prefillDone(): void {
     if (this.prefilled || this.finished) return;
@@ -414,7 +514,11 @@ class SseScanner {
     this.pending += this.decoder.decode(chunk, { stream: true });
     let out = "";
     let start = 0;
-    for (let end = this.pending.indexOf("\n\n"); end >= 0; end = this.pending.indexOf("\n\n", start)) {
+    for (
+      let end = this.pending.indexOf("\n\n");
+      end >= 0;
+      end = this.pending.indexOf("\n\n", start)
+    ) {
       const event = this.pending.slice(start, end + 2);
       start = end + 2;
       if (!this.dropped(event)) out += event;

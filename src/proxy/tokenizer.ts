@@ -13,7 +13,11 @@ import { Template } from "@huggingface/jinja";
 
 /** The part of the bindings' Tokenizer this module uses. */
 interface NativeTokenizer {
-  encode(text: string, pair: null, options: { addSpecialTokens: boolean }): Promise<{ getIds(): number[] }>;
+  encode(
+    text: string,
+    pair: null,
+    options: { addSpecialTokens: boolean },
+  ): Promise<{ getIds(): number[] }>;
   getVocabSize(withAddedTokens: boolean): number;
 }
 
@@ -29,9 +33,11 @@ let binding: Binding | null = null;
  * resolves both to its target's, so a binary embeds one.
  */
 function loadBinding(): Binding {
-  binding ??= (process.arch === "arm64"
-    ? require("tokenizers/tokenizers.linux-arm64-gnu.node")
-    : require("tokenizers/tokenizers.linux-x64-gnu.node")) as Binding;
+  binding ??= (
+    process.arch === "arm64"
+      ? require("tokenizers/tokenizers.linux-arm64-gnu.node")
+      : require("tokenizers/tokenizers.linux-x64-gnu.node")
+  ) as Binding;
   return binding;
 }
 
@@ -93,7 +99,10 @@ export class PromptTokenizer {
 
   /** The prompt text the chat template makes of `messages`, as vLLM renders it. */
   renderChat(messages: readonly ChatMessage[], options: ChatOptions): string {
-    if (this.template === null) throw new TokenizerError("the tokenizer has no chat template (tokenizer_config.json chat_template)");
+    if (this.template === null)
+      throw new TokenizerError(
+        "the tokenizer has no chat template (tokenizer_config.json chat_template)",
+      );
     return this.template.render({
       ...this.specialTokens,
       ...options.extra,
@@ -106,7 +115,11 @@ export class PromptTokenizer {
 }
 
 /** A tokenizer from the two files' contents (tests, and tokenizers made in code). */
-export function tokenizerFromText(tokenizerJson: string, config: Record<string, unknown>, name: string): PromptTokenizer {
+export function tokenizerFromText(
+  tokenizerJson: string,
+  config: Record<string, unknown>,
+  name: string,
+): PromptTokenizer {
   let native: NativeTokenizer;
   try {
     native = loadBinding().Tokenizer.fromString(tokenizerJson);
@@ -136,10 +149,13 @@ export function loadTokenizer(dir: string): PromptTokenizer {
   let config: Record<string, unknown>;
   try {
     const parsed: unknown = JSON.parse(configText);
-    if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) throw new Error("not a JSON object");
+    if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed))
+      throw new Error("not a JSON object");
     config = parsed as Record<string, unknown>;
   } catch (error) {
-    throw new TokenizerError(`${join(path, "tokenizer_config.json")} is not valid: ${firstLine(error)}`);
+    throw new TokenizerError(
+      `${join(path, "tokenizer_config.json")} is not valid: ${firstLine(error)}`,
+    );
   }
   if (config.chat_template === undefined) {
     const template = read("chat_template.jinja", false);
@@ -156,7 +172,11 @@ export function loadTokenizer(dir: string): PromptTokenizer {
 /** A special token as tokenizer_config.json gives it: a string or `{"content": "..."}`. */
 function tokenText(value: unknown): string | null {
   if (typeof value === "string") return value;
-  if (value !== null && typeof value === "object" && typeof (value as { content?: unknown }).content === "string") {
+  if (
+    value !== null &&
+    typeof value === "object" &&
+    typeof (value as { content?: unknown }).content === "string"
+  ) {
     return (value as { content: string }).content;
   }
   return null;
@@ -167,7 +187,9 @@ function chatTemplateOf(config: Record<string, unknown>): string | null {
   const value = config.chat_template;
   if (typeof value === "string") return value;
   if (Array.isArray(value)) {
-    const named = value.find((entry) => (entry as { name?: unknown })?.name === "default") as { template?: unknown } | undefined;
+    const named = value.find((entry) => (entry as { name?: unknown })?.name === "default") as
+      | { template?: unknown }
+      | undefined;
     if (typeof named?.template === "string") return named.template;
   }
   return null;

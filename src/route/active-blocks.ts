@@ -110,12 +110,21 @@ export class ActiveBlocks {
 
   /** Bytes in use: node records, edge and holder words, child table entries (0 when empty). */
   get bytes(): number {
-    return this.liveNodes * NODE_WORDS * 4 + (this.edges.live + this.holders.live) * 4 + this.children.size * 16;
+    return (
+      this.liveNodes * NODE_WORDS * 4 +
+      (this.edges.live + this.holders.live) * 4 +
+      this.children.size * 16
+    );
   }
 
   /** Bytes of the arrays themselves, used or not (tests: bursts give them back). */
   get reservedBytes(): number {
-    return this.nodes.byteLength + this.edges.words.byteLength + this.holders.words.byteLength + this.children.bytes;
+    return (
+      this.nodes.byteLength +
+      this.edges.words.byteLength +
+      this.holders.words.byteLength +
+      this.children.bytes
+    );
   }
 
   /** Writes the chain ending at `leaf` (`count` blocks, as added) into `out` as (hi, lo) pairs. */
@@ -126,7 +135,8 @@ export class ActiveBlocks {
       const r = node * NODE_WORDS;
       const start = nodes[r + START]!;
       const length = Math.min(nodes[r + LENGTH]!, count - start);
-      if (length > 0) out.set(words.subarray(nodes[r + EDGE]!, nodes[r + EDGE]! + 2 * length), 2 * start);
+      if (length > 0)
+        out.set(words.subarray(nodes[r + EDGE]!, nodes[r + EDGE]! + 2 * length), 2 * start);
     }
   }
 
@@ -136,11 +146,15 @@ export class ActiveBlocks {
    */
   add(slot: number, chain: Uint32Array, count: number, holder: ChainHolder): number {
     assertSlot(slot);
-    if (chain.length < 2 * count) throw new RangeError(`chain holds ${chain.length} words, needs ${2 * count}`);
+    if (chain.length < 2 * count)
+      throw new RangeError(`chain holds ${chain.length} words, needs ${2 * count}`);
     holder.leaf = null;
     if (count === 0) return 0;
-    const reuse = this.pathVersion === this.version && this.pathCount === count
-      && this.pathHi === chain[2 * count - 2] && this.pathLo === chain[2 * count - 1];
+    const reuse =
+      this.pathVersion === this.version &&
+      this.pathCount === count &&
+      this.pathHi === chain[2 * count - 2] &&
+      this.pathLo === chain[2 * count - 1];
     this.version++;
     let node = ROOT;
     let at = 0;
@@ -151,7 +165,10 @@ export class ActiveBlocks {
         const last = this.path[length - 1]!;
         const start = this.nodes[last * NODE_WORDS + START]!;
         at = this.pathDepths[length - 1]!;
-        node = at < start + this.nodes[last * NODE_WORDS + LENGTH]! ? this.split(last, at - start) : last;
+        node =
+          at < start + this.nodes[last * NODE_WORDS + LENGTH]!
+            ? this.split(last, at - start)
+            : last;
       }
     } else {
       // Walk down while the chain follows existing edges; bounded by `count` blocks.
@@ -170,7 +187,10 @@ export class ActiveBlocks {
     }
     if (at < count) {
       const leaf = this.newNode(node, at, count - at);
-      this.edges.words.set(chain.subarray(2 * at, 2 * count), this.nodes[leaf * NODE_WORDS + EDGE]!);
+      this.edges.words.set(
+        chain.subarray(2 * at, 2 * count),
+        this.nodes[leaf * NODE_WORDS + EDGE]!,
+      );
       this.link(node, leaf);
       node = leaf;
     }
@@ -214,7 +234,11 @@ export class ActiveBlocks {
       this.freeRecord(node);
       node = parent;
     }
-    if (node !== ROOT && nodes[node * NODE_WORDS + ENDING] === 0 && nodes[node * NODE_WORDS + CHILD_COUNT] === 1) {
+    if (
+      node !== ROOT &&
+      nodes[node * NODE_WORDS + ENDING] === 0 &&
+      nodes[node * NODE_WORDS + CHILD_COUNT] === 1
+    ) {
       this.mergeIntoChild(node, nodes[node * NODE_WORDS + FIRST_CHILD]!);
     }
     if (this.liveNodes === 0) this.clear(); // give the arrays back
@@ -276,7 +300,8 @@ export class ActiveBlocks {
    * arrays each time made every young collection several times slower.
    */
   clear(): void {
-    if (this.nodes.length > INITIAL_NODES * NODE_WORDS) this.nodes = new Int32Array(INITIAL_NODES * NODE_WORDS);
+    if (this.nodes.length > INITIAL_NODES * NODE_WORDS)
+      this.nodes = new Int32Array(INITIAL_NODES * NODE_WORDS);
     else this.nodes.fill(0, 0, this.nodeTop * NODE_WORDS);
     this.nodeTop = 1;
     this.freeNode = NONE;
@@ -312,17 +337,27 @@ export class ActiveBlocks {
       let childTotal = 0;
       let children = 0;
       let previous = NONE;
-      for (let child = nodes[record + FIRST_CHILD]!; child !== NONE; child = nodes[child * NODE_WORDS + NEXT_SIBLING]!) {
+      for (
+        let child = nodes[record + FIRST_CHILD]!;
+        child !== NONE;
+        child = nodes[child * NODE_WORDS + NEXT_SIBLING]!
+      ) {
         const c = child * NODE_WORDS;
         children++;
         assert(nodes[c + PREV_SIBLING] === previous, "sibling links");
         previous = child;
         assert(nodes[c + PARENT] === node, "child's parent link");
-        assert(nodes[c + START] === nodes[record + START]! + nodes[record + LENGTH]!, "child position");
+        assert(
+          nodes[c + START] === nodes[record + START]! + nodes[record + LENGTH]!,
+          "child position",
+        );
         assert(nodes[c + LENGTH]! > 0 && nodes[c + TOTAL]! > 0, "empty node kept");
         assert(nodes[c + ENDING]! > 0 || nodes[c + CHILD_COUNT] !== 1, "mergeable node kept");
         const edge = nodes[c + EDGE]!;
-        assert(this.childAt(node, this.edges.words[edge + 1]!, this.edges.words[edge]!) === child, "child table misses a child");
+        assert(
+          this.childAt(node, this.edges.words[edge + 1]!, this.edges.words[edge]!) === child,
+          "child table misses a child",
+        );
         const size = nodes[c + HOLDER_SIZE]!;
         const start = nodes[c + HOLDERS]!;
         assert(size > 0 && 2 * size <= 1 << nodes[c + HOLDER_CLASS]!, "holder list size");
@@ -332,7 +367,10 @@ export class ActiveBlocks {
           const held = words[start + 2 * h + 1]!;
           assert(held > 0, "zero holder count kept");
           assert(h === 0 || words[start + 2 * h - 2]! < slot, "holder slots unsorted or repeated");
-          assert(node === ROOT || this.holderCount(node, slot) >= held, "worker holds a node but not its parent");
+          assert(
+            node === ROOT || this.holderCount(node, slot) >= held,
+            "worker holds a node but not its parent",
+          );
           perSlot.set(slot, (perSlot.get(slot) ?? 0) + nodes[c + LENGTH]!);
           sum += held;
         }
@@ -345,11 +383,21 @@ export class ActiveBlocks {
         stack.push(child);
       }
       assert(children === nodes[record + CHILD_COUNT], "child count");
-      if (node !== ROOT) assert(nodes[record + TOTAL] === nodes[record + ENDING]! + childTotal, "total differs from endings plus children");
+      if (node !== ROOT)
+        assert(
+          nodes[record + TOTAL] === nodes[record + ENDING]! + childTotal,
+          "total differs from endings plus children",
+        );
     }
-    assert(liveNodes === this.liveNodes && edgeWords === this.edgeWords, "node or word count is off");
+    assert(
+      liveNodes === this.liveNodes && edgeWords === this.edgeWords,
+      "node or word count is off",
+    );
     assert(this.children.size === liveNodes, "child table holds entries for no node");
-    assert(this.edges.live === edgeArenaWords && this.holders.live === holderWords, "arena words leaked");
+    assert(
+      this.edges.live === edgeArenaWords && this.holders.live === holderWords,
+      "arena words leaked",
+    );
     return perSlot;
   }
 
@@ -400,7 +448,8 @@ export class ActiveBlocks {
     const r = node * NODE_WORDS;
     const nodes = this.nodes;
     this.edges.release(nodes[r + EDGE]!, orderOf(2 * nodes[r + LENGTH]!));
-    if (nodes[r + HOLDERS] !== NONE) this.holders.release(nodes[r + HOLDERS]!, nodes[r + HOLDER_CLASS]!);
+    if (nodes[r + HOLDERS] !== NONE)
+      this.holders.release(nodes[r + HOLDERS]!, nodes[r + HOLDER_CLASS]!);
     this.edgeWords -= 2 * nodes[r + LENGTH]!;
     this.liveNodes--;
     nodes[r + PARENT] = NONE;
@@ -623,11 +672,20 @@ export class ActiveBlocks {
 }
 
 /** Whether block `i` of the edge at `edge` equals block `at + i` of `chain`. */
-function sameBlock(words: Uint32Array, edge: number, chain: Uint32Array, at: number, i: number): boolean {
-  return words[edge + 2 * i + 1] === chain[2 * (at + i) + 1] && words[edge + 2 * i] === chain[2 * (at + i)];
+function sameBlock(
+  words: Uint32Array,
+  edge: number,
+  chain: Uint32Array,
+  at: number,
+  i: number,
+): boolean {
+  return (
+    words[edge + 2 * i + 1] === chain[2 * (at + i) + 1] &&
+    words[edge + 2 * i] === chain[2 * (at + i)]
+  );
 }
 
 function assertSlot(slot: number): void {
-  if (!(slot >= 0 && slot <= 0x7fff_ffff && Number.isInteger(slot))) throw new RangeError(`bad worker slot ${slot}`);
+  if (!(slot >= 0 && slot <= 0x7fff_ffff && Number.isInteger(slot)))
+    throw new RangeError(`bad worker slot ${slot}`);
 }
-

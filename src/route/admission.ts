@@ -37,7 +37,11 @@ export interface AdmissionSettings {
 }
 
 export const DEFAULT_ADMISSION: AdmissionSettings = {
-  mode: "off", boundMs: 200, maxHoldMs: 10_000, maxHeld: 4096, prefillWeight: 4,
+  mode: "off",
+  boundMs: 200,
+  maxHoldMs: 10_000,
+  maxHeld: 4096,
+  prefillWeight: 4,
 };
 
 /** What admission needs from whoever holds the calls. */

@@ -59,4 +59,3 @@ export class Arena {
 
 /** The size class holding `words` words: the smallest k with 2^k >= words. */
 export const orderOf = (words: number): number => (words <= 1 ? 0 : 32 - Math.clz32(words - 1));
-

@@ -105,7 +105,13 @@ export class Calibration {
   }
 
   /** Remembers what request `record`'s predicted TTFT on its worker was made of. */
-  admitted(record: number, tokens: number, steps: number, kvMs: number, recordCapacity: number): void {
+  admitted(
+    record: number,
+    tokens: number,
+    steps: number,
+    kvMs: number,
+    recordCapacity: number,
+  ): void {
     if (this.recordTokens.length <= record || this.recordTokens.length > 4 * recordCapacity) {
       this.resizeRecords(Math.max(record + 1, recordCapacity));
     }

@@ -17,7 +17,10 @@ export interface WorkerOverlap {
  * know are skipped and counted in `unknown` (the index may still hold blocks of a
  * worker that was just removed).
  */
-export function overlapsOf(load: LoadTracker, scores: readonly WorkerOverlap[]): Overlaps & { unknown: number } {
+export function overlapsOf(
+  load: LoadTracker,
+  scores: readonly WorkerOverlap[],
+): Overlaps & { unknown: number } {
   const slots = new Int32Array(scores.length);
   const blocks = new Float64Array(scores.length);
   let count = 0;

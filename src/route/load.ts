@@ -36,7 +36,14 @@
 import { ActiveBlocks, type ChainHolder } from "./active-blocks";
 import { type Ending, FINISHED_REMEMBERED_MAX, FinishedRing } from "./finished";
 import {
-  hashCheck, hashKey, type IdHash, idHash, INITIAL_RECORDS, NO_RECORD, RequestRecords, resized,
+  hashCheck,
+  hashKey,
+  type IdHash,
+  idHash,
+  INITIAL_RECORDS,
+  NO_RECORD,
+  RequestRecords,
+  resized,
   type TypedArray,
 } from "./requests";
 import { WorkerTable } from "../core/worker-table";
@@ -65,8 +72,13 @@ export const EXPIRE_PER_DECISION = 64;
  * `evicted` (dropped to admit another past the active-request limit), or `unknown`
  * (never seen, or forgotten: the server answers 404).
  */
-export type LifecycleResult = "ok" | "already_done" | "expired" | "worker_removed" | "evicted" | "unknown";
-
+export type LifecycleResult =
+  | "ok"
+  | "already_done"
+  | "expired"
+  | "worker_removed"
+  | "evicted"
+  | "unknown";
 
 export interface LoadTrackerOptions {
   readonly blockSize: number;
@@ -114,7 +126,15 @@ export class LoadTracker {
   readonly requestTtlMs: number;
   readonly trackOutputBlocks: boolean;
   readonly maxActiveRequests: number;
-  readonly counters: LoadCounters = { admitted: 0, prefillDone: 0, done: 0, expired: 0, evicted: 0, droppedWithWorker: 0, unknown: 0 };
+  readonly counters: LoadCounters = {
+    admitted: 0,
+    prefillDone: 0,
+    done: 0,
+    expired: 0,
+    evicted: 0,
+    droppedWithWorker: 0,
+    unknown: 0,
+  };
   /** The chains of active requests: distinct blocks and shared depths per worker. */
   readonly blocks = new ActiveBlocks();
 
@@ -143,7 +163,8 @@ export class LoadTracker {
   private idCounter = 0;
 
   constructor(options: LoadTrackerOptions) {
-    if (!Number.isInteger(options.blockSize) || options.blockSize < 1) throw new RangeError(`bad block size ${options.blockSize}`);
+    if (!Number.isInteger(options.blockSize) || options.blockSize < 1)
+      throw new RangeError(`bad block size ${options.blockSize}`);
     this.blockSize = options.blockSize;
     this.requestTtlMs = options.requestTtlMs ?? DEFAULT_REQUEST_TTL_MS;
     if (!(this.requestTtlMs > 0)) throw new RangeError(`bad request TTL ${this.requestTtlMs}`);
@@ -204,8 +225,10 @@ export class LoadTracker {
 
   /** Adds a worker (idempotent: a known one keeps its slot and load). Returns its slot. */
   addWorker(workerId: bigint, dpRank: number): number {
-    if (workerId < 0n || workerId >= 1n << 64n) throw new RangeError(`worker id ${workerId} is not a u64`);
-    if (!Number.isInteger(dpRank) || dpRank < 0 || dpRank > 0xffff_ffff) throw new RangeError(`dp rank ${dpRank} is not a u32`);
+    if (workerId < 0n || workerId >= 1n << 64n)
+      throw new RangeError(`worker id ${workerId} is not a u64`);
+    if (!Number.isInteger(dpRank) || dpRank < 0 || dpRank > 0xffff_ffff)
+      throw new RangeError(`dp rank ${dpRank} is not a u32`);
     const known = this.slotOf(workerId, dpRank);
     if (known >= 0) return known;
     if (this.liveCount >= WORKERS_MAX) throw new RangeError(`more than ${WORKERS_MAX} workers`);
@@ -230,7 +253,10 @@ export class LoadTracker {
         this.counters.droppedWithWorker++;
       }
     }
-    assert(this.activeRequests[slot] === 0 && this.activePrefillTokens[slot] === 0, "load left on a removed worker");
+    assert(
+      this.activeRequests[slot] === 0 && this.activePrefillTokens[slot] === 0,
+      "load left on a removed worker",
+    );
     assert(this.activeDecodeBlocks[slot] === 0, "blocks left on a removed worker");
     this.degraded[slot] = 0;
     this.routedTotal[slot] = 0;
@@ -304,8 +330,13 @@ export class LoadTracker {
    * to hold of the prompt.
    */
   admit(
-    requestId: string, slot: number, chain: Uint32Array, blocks: number,
-    promptTokens: number, cachedTokens: number, expectedOutputTokens: number,
+    requestId: string,
+    slot: number,
+    chain: Uint32Array,
+    blocks: number,
+    promptTokens: number,
+    cachedTokens: number,
+    expectedOutputTokens: number,
   ): number {
     this.assertLive(slot);
     const hash = this.idHash(requestId);
@@ -319,8 +350,20 @@ export class LoadTracker {
       this.counters.evicted++;
     }
     const prefillTokens = Math.max(0, promptTokens - cachedTokens);
-    const outputBlocks = this.trackOutputBlocks ? Math.ceil(expectedOutputTokens / this.blockSize) : 0;
-    const record = this.insert(requestId, key, idCheck, slot, chain, blocks, prefillTokens, outputBlocks, this.now());
+    const outputBlocks = this.trackOutputBlocks
+      ? Math.ceil(expectedOutputTokens / this.blockSize)
+      : 0;
+    const record = this.insert(
+      requestId,
+      key,
+      idCheck,
+      slot,
+      chain,
+      blocks,
+      prefillTokens,
+      outputBlocks,
+      this.now(),
+    );
     this.routedTotal[slot]!++;
     this.counters.admitted++;
     if (VERIFY) this.verify();
@@ -333,7 +376,15 @@ export class LoadTracker {
    * since its last lifecycle call, and its chain (valid during the call).
    */
   forEachActive(
-    visit: (slot: number, id: string, prefillTokens: number, outputBlocks: number, idleMs: number, chain: Uint32Array, blocks: number) => void,
+    visit: (
+      slot: number,
+      id: string,
+      prefillTokens: number,
+      outputBlocks: number,
+      idleMs: number,
+      chain: Uint32Array,
+      blocks: number,
+    ) => void,
   ): void {
     const now = this.now();
     let chain = new Uint32Array(64);
@@ -343,8 +394,15 @@ export class LoadTracker {
       if (chain.length < 2 * blocks) chain = new Uint32Array(2 * blocks);
       const leaf = r.leaf[record]!;
       if (leaf >= 0) this.blocks.chainOf(leaf, blocks, chain);
-      visit(r.slot[record]!, r.idOf(record), r.prefill[record]!, r.output[record]!,
-        now - r.touched[record]!, chain, blocks);
+      visit(
+        r.slot[record]!,
+        r.idOf(record),
+        r.prefill[record]!,
+        r.output[record]!,
+        now - r.touched[record]!,
+        chain,
+        blocks,
+      );
     }
   }
 
@@ -355,21 +413,45 @@ export class LoadTracker {
    * active or the tracker is full.
    */
   restore(
-    requestId: string, slot: number, chain: Uint32Array, blocks: number, prefillTokens: number, outputBlocks: number, idleMs: number,
+    requestId: string,
+    slot: number,
+    chain: Uint32Array,
+    blocks: number,
+    prefillTokens: number,
+    outputBlocks: number,
+    idleMs: number,
   ): boolean {
     this.assertLive(slot);
     const hash = this.idHash(requestId);
     const key = hashKey(hash);
     if (!(idleMs < this.requestTtlMs) || this.records.count >= this.maxActiveRequests) return false;
-    if (this.records.find(requestId, key) !== NO_RECORD || requestId.length > REQUEST_ID_LENGTH_MAX) return false;
-    this.insert(requestId, key, hashCheck(hash), slot, chain, blocks, prefillTokens, outputBlocks, this.now() - Math.max(0, idleMs));
+    if (this.records.find(requestId, key) !== NO_RECORD || requestId.length > REQUEST_ID_LENGTH_MAX)
+      return false;
+    this.insert(
+      requestId,
+      key,
+      hashCheck(hash),
+      slot,
+      chain,
+      blocks,
+      prefillTokens,
+      outputBlocks,
+      this.now() - Math.max(0, idleMs),
+    );
     if (VERIFY) this.verify();
     return true;
   }
 
   private insert(
-    requestId: string, key: number, idCheck: number, slot: number, chain: Uint32Array, blocks: number,
-    prefillTokens: number, outputBlocks: number, touched: number,
+    requestId: string,
+    key: number,
+    idCheck: number,
+    slot: number,
+    chain: Uint32Array,
+    blocks: number,
+    prefillTokens: number,
+    outputBlocks: number,
+    touched: number,
   ): number {
     const added = this.blocks.add(slot, chain, blocks, this.holder);
     // After anything that can throw: a record is live once taken.
@@ -427,7 +509,11 @@ export class LoadTracker {
     let expired = 0;
     // Oldest touch first (the clock is monotonic): the first fresh request ends the sweep.
     const r = this.records;
-    while (expired < max && r.oldest !== NO_RECORD && now - r.touched[r.oldest]! >= this.requestTtlMs) {
+    while (
+      expired < max &&
+      r.oldest !== NO_RECORD &&
+      now - r.touched[r.oldest]! >= this.requestTtlMs
+    ) {
       this.release(r.oldest, "expired");
       expired++;
     }
@@ -459,8 +545,10 @@ export class LoadTracker {
     for (let slot = 0; slot < this.slotCapacity; slot++) {
       assert(requests[slot] === this.activeRequests[slot], `slot ${slot} active request count`);
       assert(prefill[slot] === this.activePrefillTokens[slot], `slot ${slot} prefill tokens`);
-      assert((perSlot.get(slot) ?? 0) + output[slot]! === this.activeDecodeBlocks[slot],
-        `slot ${slot} decode blocks`);
+      assert(
+        (perSlot.get(slot) ?? 0) + output[slot]! === this.activeDecodeBlocks[slot],
+        `slot ${slot} decode blocks`,
+      );
     }
     assert(this.finished.size <= FINISHED_REMEMBERED_MAX, "too many finished ids remembered");
   }
@@ -493,7 +581,8 @@ export class LoadTracker {
 
   /** The one allocation site for per-slot arrays. */
   private growSlots(capacity: number): void {
-    const grow = <T extends TypedArray>(old: T, make: (n: number) => T) => resized(old, capacity, make);
+    const grow = <T extends TypedArray>(old: T, make: (n: number) => T) =>
+      resized(old, capacity, make);
     this.activePrefillTokens = grow(this.activePrefillTokens, (n) => new Float64Array(n));
     this.activeDecodeBlocks = grow(this.activeDecodeBlocks, (n) => new Float64Array(n));
     this.activeRequests = grow(this.activeRequests, (n) => new Uint32Array(n));

@@ -172,8 +172,10 @@ export class RequestRecords {
         for (let r = record; r !== NO_RECORD; r = this.sameKey[r]!) chained++;
       }
     }
-    assert(chained === live && this.byKey.size <= live,
-      "the key table and its chains do not hold exactly the active requests");
+    assert(
+      chained === live && this.byKey.size <= live,
+      "the key table and its chains do not hold exactly the active requests",
+    );
     assert(live + this.freeList.length === this.top, "records leaked");
     this.verifyTouchList();
   }
@@ -183,10 +185,14 @@ export class RequestRecords {
     for (let record = this.oldest; record !== NO_RECORD; record = this.newerOf[record]!) {
       const newer = this.newerOf[record]!;
       assert(this.slot[record] !== NO_RECORD, "touch list holds a free record");
-      assert(newer === NO_RECORD ? this.newest === record : this.older[newer] === record,
-        "touch list links");
-      assert(newer === NO_RECORD || this.touched[record]! <= this.touched[newer]!,
-        "touch list out of order");
+      assert(
+        newer === NO_RECORD ? this.newest === record : this.older[newer] === record,
+        "touch list links",
+      );
+      assert(
+        newer === NO_RECORD || this.touched[record]! <= this.touched[newer]!,
+        "touch list out of order",
+      );
       assert(listed <= this.activeCount, "touch list loops");
       listed++;
     }

@@ -27,8 +27,15 @@ import { KvedgeError } from "../core/errors";
 import { LoadTracker, type LoadTrackerOptions, REQUEST_ID_LENGTH_MAX } from "./load";
 import { Calibration, type LearnedTimes } from "./calibration";
 import {
-  checkTtftSettings, DEFAULT_TTFT_SETTINGS, kvReadMs, ownPrefillTokens, predictTtft, type RoutePolicy, stepsUntilFirstToken,
-  TtftParts, type TtftSettings,
+  checkTtftSettings,
+  DEFAULT_TTFT_SETTINGS,
+  kvReadMs,
+  ownPrefillTokens,
+  predictTtft,
+  type RoutePolicy,
+  stepsUntilFirstToken,
+  TtftParts,
+  type TtftSettings,
 } from "./ttft";
 
 export interface RouteWeights {
@@ -170,7 +177,8 @@ export class CandidateList {
 
   /** Candidate `i` as an object (JSON answers, tests). */
   at(i: number): Candidate {
-    if (!(Number.isInteger(i) && i >= 0 && i < this.count)) throw new RangeError(`no candidate ${i} of ${this.count}`);
+    if (!(Number.isInteger(i) && i >= 0 && i < this.count))
+      throw new RangeError(`no candidate ${i} of ${this.count}`);
     return {
       slot: this.slots[i]!,
       workerId: this.workerIds[i]!,
@@ -241,9 +249,14 @@ export class Router {
     this.policy = options.policy ?? "dynamo";
     this.ttft = { ...DEFAULT_TTFT_SETTINGS, ...options.ttft };
     checkTtftSettings(this.ttft);
-    this.calibration = options.calibrate === true ? new Calibration(this.ttft.prefillTokensPerSecond, this.ttft.stepBaseMs) : null;
+    this.calibration =
+      options.calibrate === true
+        ? new Calibration(this.ttft.prefillTokensPerSecond, this.ttft.stepBaseMs)
+        : null;
     const calibration = this.calibration;
-    if (calibration !== null) this.load.prefillObserver = (record, slot, elapsedMs) => calibration.observe(record, slot, elapsedMs);
+    if (calibration !== null)
+      this.load.prefillObserver = (record, slot, elapsedMs) =>
+        calibration.observe(record, slot, elapsedMs);
     this.random = options.random ?? Math.random;
   }
 
@@ -258,19 +271,36 @@ export class Router {
     const load = this.load;
     const tokenCount = request.tokenCount;
     const overlap = this.overlapBySlot;
-    const held = load.degraded[best] === 1 ? overlap[best]! * this.weights.degradedOverlapWeight : overlap[best]!;
+    const held =
+      load.degraded[best] === 1
+        ? overlap[best]! * this.weights.degradedOverlapWeight
+        : overlap[best]!;
     const cachedTokens = Math.min(tokenCount, Math.round(held * load.blockSize));
     const max = request.candidatesMax ?? 0;
     // No list given: a fresh one, or with no candidates asked for, the shared empty one.
     const candidates = out ?? (max > 0 ? new CandidateList() : NO_CANDIDATES);
-    const predictedTtftMs = this.policy === "ttft"
-      ? this.ttftBySlot[best]!
-      : this.predict(best, tokenCount);
+    const predictedTtftMs =
+      this.policy === "ttft" ? this.ttftBySlot[best]! : this.predict(best, tokenCount);
     this.listCandidates(max, candidates, tokenCount);
     const calibration = this.calibration;
     if (calibration !== null) this.noteFeatures(best, tokenCount, cachedTokens);
-    const record = load.admit(requestId, best, request.chain, request.blockCount, tokenCount, cachedTokens, request.expectedOutputTokens ?? 0);
-    if (calibration !== null) calibration.admitted(record, this.features.tokens, this.features.steps, this.features.kvMs, load.recordCapacity);
+    const record = load.admit(
+      requestId,
+      best,
+      request.chain,
+      request.blockCount,
+      tokenCount,
+      cachedTokens,
+      request.expectedOutputTokens ?? 0,
+    );
+    if (calibration !== null)
+      calibration.admitted(
+        record,
+        this.features.tokens,
+        this.features.steps,
+        this.features.kvMs,
+        load.recordCapacity,
+      );
     return {
       requestId,
       slot: best,
@@ -342,14 +372,28 @@ export class Router {
       throw new KvedgeError("bad_request", `block count ${blockCount} does not fit the chain`);
     }
     if (!Number.isInteger(tokenCount) || tokenCount < blockCount * blockSize) {
-      throw new KvedgeError("bad_request", `token count ${tokenCount} is less than ${blockCount} blocks`);
+      throw new KvedgeError(
+        "bad_request",
+        `token count ${tokenCount} is less than ${blockCount} blocks`,
+      );
     }
     const expected = request.expectedOutputTokens ?? 0;
     if (!Number.isInteger(expected) || expected < 0 || expected > EXPECTED_OUTPUT_TOKENS_MAX) {
-      throw new KvedgeError("bad_request", `expected_output_tokens must be an integer in [0, 2^31], got ${expected}`);
+      throw new KvedgeError(
+        "bad_request",
+        `expected_output_tokens must be an integer in [0, 2^31], got ${expected}`,
+      );
     }
-    const credit = override(request.overlapScoreCredit, this.weights.overlapScoreCredit, "overlap_score_credit");
-    const scale = override(request.prefillLoadScale, this.weights.prefillLoadScale, "prefill_load_scale");
+    const credit = override(
+      request.overlapScoreCredit,
+      this.weights.overlapScoreCredit,
+      "overlap_score_credit",
+    );
+    const scale = override(
+      request.prefillLoadScale,
+      this.weights.prefillLoadScale,
+      "prefill_load_scale",
+    );
     const temperature = override(request.temperature, this.weights.temperature, "temperature");
 
     load.expireDue();
@@ -370,7 +414,8 @@ export class Router {
     const requestWeight = this.weights.decodeActiveRequestWeight;
     const degradedWeight = this.weights.degradedOverlapWeight;
     // The decay term's constant part; 0 = no decay (the default).
-    const decayScale = decay > 0 && tokenCount > 0 ? decay / (blockSize * Math.ceil(tokenCount / blockSize)) : 0;
+    const decayScale =
+      decay > 0 && tokenCount > 0 ? decay / (blockSize * Math.ceil(tokenCount / blockSize)) : 0;
     let minPrefill = 0;
     if (decayScale > 0) {
       minPrefill = Infinity;
@@ -386,8 +431,10 @@ export class Router {
       const slotPrefill = prefill[slot]!;
       let held = degraded[slot] === 1 ? overlap[slot]! * degradedWeight : overlap[slot]!;
       if (decayScale > 0) held /= 1 + decayScale * (slotPrefill - minPrefill);
-      const prefillCost = scale * Math.max(0, (slotPrefill + tokenCount) / blockSize - credit * held);
-      costs[slot] = prefillCost + decode[slot]! + (blockCount - depth[slot]!) + requestWeight * active[slot]!;
+      const prefillCost =
+        scale * Math.max(0, (slotPrefill + tokenCount) / blockSize - credit * held);
+      costs[slot] =
+        prefillCost + decode[slot]! + (blockCount - depth[slot]!) + requestWeight * active[slot]!;
     }
     return temperature;
   }
@@ -426,7 +473,14 @@ export class Router {
       const trusted = degraded[slot] === 1 ? overlap[slot]! * degradedWeight : overlap[slot]!;
       const cached = Math.min(tokenCount, trusted * blockSize);
       predicted[slot] = predictTtft(
-        ttft, parts, slot, tokenCount, cached, prefill[slot]!, active[slot]!, decode[slot]!,
+        ttft,
+        parts,
+        slot,
+        tokenCount,
+        cached,
+        prefill[slot]!,
+        active[slot]!,
+        decode[slot]!,
         blockSize,
         calibration === null ? prefillPerMs : calibration.prefillPerMs * speedFactor![slot]!,
         calibration === null ? stepBaseMs : calibration.stepBaseMs * stepFactor![slot]!,
@@ -450,14 +504,25 @@ export class Router {
     const trusted = load.degraded[slot] === 1 ? overlap * degradedWeight : overlap;
     const cached = Math.min(tokenCount, trusted * load.blockSize);
     return predictTtft(
-      ttft, this.parts, slot, tokenCount, cached, load.activePrefillTokens[slot]!,
-      load.activeRequests[slot]!, load.activeDecodeBlocks[slot]!, load.blockSize,
-      uniform !== null ? uniform.prefillTokensPerSecond / 1000
-        : calibration === null ? ttft.prefillTokensPerSecond / 1000
-        : calibration.prefillPerMs * calibration.speedFactor[slot]!,
-      uniform !== null ? uniform.stepBaseMs
-        : calibration === null ? ttft.stepBaseMs
-        : calibration.stepBaseMs * calibration.stepFactor[slot]!,
+      ttft,
+      this.parts,
+      slot,
+      tokenCount,
+      cached,
+      load.activePrefillTokens[slot]!,
+      load.activeRequests[slot]!,
+      load.activeDecodeBlocks[slot]!,
+      load.blockSize,
+      uniform !== null
+        ? uniform.prefillTokensPerSecond / 1000
+        : calibration === null
+          ? ttft.prefillTokensPerSecond / 1000
+          : calibration.prefillPerMs * calibration.speedFactor[slot]!,
+      uniform !== null
+        ? uniform.stepBaseMs
+        : calibration === null
+          ? ttft.stepBaseMs
+          : calibration.stepBaseMs * calibration.stepFactor[slot]!,
     );
   }
 
@@ -475,7 +540,8 @@ export class Router {
     const steps = stepsUntilFirstToken(this.ttft, tokens, load.activeRequests[slot]!);
     this.features.tokens = tokens;
     this.features.steps = steps;
-    this.features.kvMs = steps * kvReadMs(this.ttft, load.activeDecodeBlocks[slot]!, load.blockSize);
+    this.features.kvMs =
+      steps * kvReadMs(this.ttft, load.activeDecodeBlocks[slot]!, load.blockSize);
   }
 
   /** Fills the per-slot overlap and shared-depth scratch for this request. */
@@ -538,11 +604,14 @@ export class Router {
     // Equal costs: every weight is 1 (uniform). An infinite range is first scaled down
     // by the largest magnitude.
     const uniform = minCost === maxCost;
-    const magnitude = Number.isFinite(maxCost - minCost) ? 1 : Math.max(Math.abs(minCost), Math.abs(maxCost));
+    const magnitude = Number.isFinite(maxCost - minCost)
+      ? 1
+      : Math.max(Math.abs(minCost), Math.abs(maxCost));
     const low = minCost / magnitude;
     const scale = uniform ? 0 : -1 / ((maxCost / magnitude - low) * temperature);
     let sum = 0;
-    for (let i = 0; i < liveCount; i++) sum += Math.exp((costs[slots[i]!]! / magnitude - low) * scale);
+    for (let i = 0; i < liveCount; i++)
+      sum += Math.exp((costs[slots[i]!]! / magnitude - low) * scale);
     // The first index whose cumulative probability reaches u.
     const u = this.random();
     let cumulative = 0;
@@ -604,22 +673,29 @@ export class Router {
   private requestIdOf(requestId: string | null | undefined): string {
     if (requestId === undefined || requestId === null) return this.load.newRequestId();
     if (requestId.length === 0 || requestId.length > REQUEST_ID_LENGTH_MAX) {
-      throw new KvedgeError("bad_request", `request_id must be 1 to ${REQUEST_ID_LENGTH_MAX} characters`);
+      throw new KvedgeError(
+        "bad_request",
+        `request_id must be 1 to ${REQUEST_ID_LENGTH_MAX} characters`,
+      );
     }
-    if (this.load.isActive(requestId)) throw new KvedgeError("duplicate_request", `request ${requestId} is already active`);
+    if (this.load.isActive(requestId))
+      throw new KvedgeError("duplicate_request", `request ${requestId} is already active`);
     return requestId;
   }
 }
 
 function override(value: number | null | undefined, fallback: number, name: string): number {
   if (value === undefined || value === null) return fallback;
-  if (!Number.isFinite(value) || value < 0) throw new KvedgeError("bad_request", `${name} must be a finite number >= 0, got ${value}`);
+  if (!Number.isFinite(value) || value < 0)
+    throw new KvedgeError("bad_request", `${name} must be a finite number >= 0, got ${value}`);
   return value;
 }
 
 function checkWeights(weights: RouteWeights): void {
   for (const [name, value] of Object.entries(weights)) {
-    if (!Number.isFinite(value) || value < 0) throw new RangeError(`route weight ${name} must be a finite number >= 0`);
+    if (!Number.isFinite(value) || value < 0)
+      throw new RangeError(`route weight ${name} must be a finite number >= 0`);
   }
-  if (weights.degradedOverlapWeight > 1) throw new RangeError("route weight degradedOverlapWeight must be at most 1");
+  if (weights.degradedOverlapWeight > 1)
+    throw new RangeError("route weight degradedOverlapWeight must be at most 1");
 }

@@ -54,10 +54,13 @@ export const DEFAULT_TTFT_SETTINGS: TtftSettings = {
 
 export function checkTtftSettings(settings: TtftSettings): void {
   for (const [name, value] of Object.entries(settings)) {
-    if (!Number.isFinite(value) || value < 0) throw new RangeError(`ttft setting ${name} must be a finite number >= 0`);
+    if (!Number.isFinite(value) || value < 0)
+      throw new RangeError(`ttft setting ${name} must be a finite number >= 0`);
   }
-  if (!(settings.prefillTokensPerSecond > 0)) throw new RangeError("ttft setting prefillTokensPerSecond must be > 0");
-  if (!(settings.maxBatchedTokens >= 1)) throw new RangeError("ttft setting maxBatchedTokens must be >= 1");
+  if (!(settings.prefillTokensPerSecond > 0))
+    throw new RangeError("ttft setting prefillTokensPerSecond must be > 0");
+  if (!(settings.maxBatchedTokens >= 1))
+    throw new RangeError("ttft setting maxBatchedTokens must be >= 1");
 }
 
 /** The parts of one worker's predicted TTFT, by slot; filled by `predictTtft`. */
@@ -80,9 +83,17 @@ export class TtftParts {
  * `prefillPerMs` and `stepBaseMs` are per slot (calibrated values or the settings).
  */
 export function predictTtft(
-  settings: TtftSettings, parts: TtftParts, slot: number, tokenCount: number, cachedTokens: number,
-  aheadTokens: number, activeRequests: number, activeBlocks: number, blockSize: number,
-  prefillPerMs: number, stepBaseMs: number,
+  settings: TtftSettings,
+  parts: TtftParts,
+  slot: number,
+  tokenCount: number,
+  cachedTokens: number,
+  aheadTokens: number,
+  activeRequests: number,
+  activeBlocks: number,
+  blockSize: number,
+  prefillPerMs: number,
+  stepBaseMs: number,
 ): number {
   const own = ownPrefillTokens(tokenCount, cachedTokens);
   const steps = stepsUntilFirstToken(settings, aheadTokens + own, activeRequests);
@@ -102,11 +113,19 @@ export function ownPrefillTokens(tokenCount: number, cachedTokens: number): numb
 }
 
 /** Scheduler steps until `tokens` of prefill are done, one budget token per running request taken by decode. */
-export function stepsUntilFirstToken(settings: EngineTimeModel, tokens: number, activeRequests: number): number {
+export function stepsUntilFirstToken(
+  settings: EngineTimeModel,
+  tokens: number,
+  activeRequests: number,
+): number {
   return Math.ceil(tokens / Math.max(1, settings.maxBatchedTokens - activeRequests));
 }
 
 /** Per-step time to read the KV of a worker's active blocks, ms. */
-export function kvReadMs(settings: EngineTimeModel, activeBlocks: number, blockSize: number): number {
+export function kvReadMs(
+  settings: EngineTimeModel,
+  activeBlocks: number,
+  blockSize: number,
+): number {
   return (settings.kvReadMsPerMillionTokens * activeBlocks * blockSize) / 1e6;
 }

@@ -24,7 +24,8 @@ export function parseCpuList(text: string): number[] {
     const first = Number(match[1]);
     const last = match[2] === undefined ? first : Number(match[2]);
     if (last < first) throw new Error(`bad CPU list '${text}': range ${piece} runs backwards`);
-    if (last >= CPU_SET_BITS) throw new Error(`bad CPU list '${text}': CPU ${last} is above ${CPU_SET_BITS - 1}`);
+    if (last >= CPU_SET_BITS)
+      throw new Error(`bad CPU list '${text}': CPU ${last} is above ${CPU_SET_BITS - 1}`);
     for (let cpu = first; cpu <= last; cpu++) cpus.add(cpu);
     if (cpus.size > CPU_LIST_MAX) break;
   }
@@ -52,9 +53,11 @@ function maskOf(cpus: readonly number[]): Uint8Array {
 export function getAffinity(tid = 0): number[] {
   if (libc === null) throw new Error("CPU affinity needs glibc (libc.so.6)");
   const mask = new Uint8Array(CPU_SET_BITS / 8);
-  if (libc.sched_getaffinity(tid, mask.length, mask) !== 0) throw new Error(`sched_getaffinity(${tid}) failed`);
+  if (libc.sched_getaffinity(tid, mask.length, mask) !== 0)
+    throw new Error(`sched_getaffinity(${tid}) failed`);
   const cpus: number[] = [];
-  for (let cpu = 0; cpu < CPU_SET_BITS; cpu++) if (mask[cpu >> 3]! & (1 << (cpu & 7))) cpus.push(cpu);
+  for (let cpu = 0; cpu < CPU_SET_BITS; cpu++)
+    if (mask[cpu >> 3]! & (1 << (cpu & 7))) cpus.push(cpu);
   return cpus;
 }
 
@@ -83,6 +86,7 @@ export function pinProcess(cpus: readonly number[], except: readonly number[] = 
     // A thread may exit between listing and pinning; that is fine.
     if (libc.sched_setaffinity(Number(entry), mask.length, mask) === 0) pinned++;
   }
-  if (pinned === 0) throw new Error(`cannot pin to CPUs ${cpus.join(",")}: not available to this process`);
+  if (pinned === 0)
+    throw new Error(`cannot pin to CPUs ${cpus.join(",")}: not available to this process`);
   return pinned;
 }

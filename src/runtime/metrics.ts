@@ -7,10 +7,15 @@ import { type MetricsRegistry, registerSamples } from "../server/metrics";
 import type { ThreadPlan } from "./threads";
 import type { WriterThread } from "./writer-thread";
 
-export function registerThreadMetrics(registry: MetricsRegistry, plan: ThreadPlan,
-  writer: WriterThread | null): void {
+export function registerThreadMetrics(
+  registry: MetricsRegistry,
+  plan: ThreadPlan,
+  writer: WriterThread | null,
+): void {
   registerSamples(registry, {
-    name: "kvedge_threads", type: "gauge", labelNames: ["role"],
+    name: "kvedge_threads",
+    type: "gauge",
+    labelNames: ["role"],
     help: "kvedge's own threads besides the main one, by role.",
     collect(emit) {
       emit(plan.indexThreads, { role: "writer" });
@@ -20,9 +25,12 @@ export function registerThreadMetrics(registry: MetricsRegistry, plan: ThreadPla
   if (writer === null) return;
   const producer = writer.producer;
   registerSamples(registry, {
-    name: "kvedge_event_ring_records_total", type: "counter", labelNames: ["outcome"],
-    help: "Records the socket thread offered the writer thread's ring: written, "
-      + "dropped (ring full), refused (over half the ring).",
+    name: "kvedge_event_ring_records_total",
+    type: "counter",
+    labelNames: ["outcome"],
+    help:
+      "Records the socket thread offered the writer thread's ring: written, " +
+      "dropped (ring full), refused (over half the ring).",
     collect(emit) {
       emit(producer.counters.written, { outcome: "written" });
       emit(producer.counters.droppedFull, { outcome: "dropped" });
@@ -30,7 +38,9 @@ export function registerThreadMetrics(registry: MetricsRegistry, plan: ThreadPla
     },
   });
   registerSamples(registry, {
-    name: "kvedge_event_ring_bytes", type: "gauge", labelNames: ["what"],
+    name: "kvedge_event_ring_bytes",
+    type: "gauge",
+    labelNames: ["what"],
     help: "The event ring: bytes written and not yet applied, the most ever, its capacity.",
     collect(emit) {
       emit(producer.used, { what: "used" });
@@ -39,7 +49,8 @@ export function registerThreadMetrics(registry: MetricsRegistry, plan: ThreadPla
     },
   });
   registerSamples(registry, {
-    name: "kvedge_event_ring_wakes_total", type: "counter",
+    name: "kvedge_event_ring_wakes_total",
+    type: "counter",
     help: "Times the socket thread woke the sleeping writer thread (one per burst at most).",
     collect: (emit) => emit(producer.wakes),
   });

@@ -69,12 +69,15 @@ export interface RingBuffers {
 }
 
 export function createRingBuffers(capacityBytes: number): RingBuffers {
-  const valid = Number.isInteger(capacityBytes) && capacityBytes >= RING_MIN_BYTES
-    && capacityBytes <= RING_MAX_BYTES && (capacityBytes & (capacityBytes - 1)) === 0;
+  const valid =
+    Number.isInteger(capacityBytes) &&
+    capacityBytes >= RING_MIN_BYTES &&
+    capacityBytes <= RING_MAX_BYTES &&
+    (capacityBytes & (capacityBytes - 1)) === 0;
   if (!valid) {
     throw new RangeError(
-      `ring capacity ${capacityBytes} must be a power of two in `
-        + `${RING_MIN_BYTES}..${RING_MAX_BYTES}`,
+      `ring capacity ${capacityBytes} must be a power of two in ` +
+        `${RING_MIN_BYTES}..${RING_MAX_BYTES}`,
     );
   }
   return {
@@ -145,7 +148,10 @@ export class RingProducer extends RingView {
    * drain one record and sleep again, a futex call per few records (bench/ring.bench.ts).
    * Records are visible at once either way; only the notify waits.
    */
-  constructor(buffers: RingBuffers, private readonly wakeAfterTask = false) {
+  constructor(
+    buffers: RingBuffers,
+    private readonly wakeAfterTask = false,
+  ) {
     super(buffers);
     this.maxPayload = this.capacity / 2 - RING_HEADER_BYTES;
   }
@@ -154,8 +160,13 @@ export class RingProducer extends RingView {
    * Appends one record; false if it was dropped (ring full) or refused (payload over
    * `maxPayload`), in which case its stream is marked lost. Never waits.
    */
-  write(kind: RecordKind, stream: number, generation: number, seq: number,
-    payload?: Uint8Array): boolean {
+  write(
+    kind: RecordKind,
+    stream: number,
+    generation: number,
+    seq: number,
+    payload?: Uint8Array,
+  ): boolean {
     checkRecord(kind, stream, generation, seq);
     const length = payload?.length ?? 0;
     if (length > this.maxPayload) {
@@ -177,8 +188,13 @@ export class RingProducer extends RingView {
    * Appends one record if it fits now; false (nothing counted, nothing marked lost)
    * if not: for records the caller keeps and offers again (control records).
    */
-  offer(kind: RecordKind, stream: number, generation: number, seq: number,
-    payload?: Uint8Array): boolean {
+  offer(
+    kind: RecordKind,
+    stream: number,
+    generation: number,
+    seq: number,
+    payload?: Uint8Array,
+  ): boolean {
     checkRecord(kind, stream, generation, seq);
     if ((payload?.length ?? 0) > this.maxPayload) {
       throw new RangeError(`a ring record of ${payload!.length} bytes is over ${this.maxPayload}`);
@@ -222,8 +238,13 @@ export class RingProducer extends RingView {
     this.lost[stream] = (this.lost[stream] ?? 0) + 1;
   }
 
-  private append(kind: RecordKind, stream: number, generation: number, seq: number,
-    payload: Uint8Array | undefined): boolean {
+  private append(
+    kind: RecordKind,
+    stream: number,
+    generation: number,
+    seq: number,
+    payload: Uint8Array | undefined,
+  ): boolean {
     const length = payload?.length ?? 0;
     const size = RING_HEADER_BYTES + pad8(length);
     const head = Atomics.load(this.control, HEAD);
@@ -256,8 +277,14 @@ export class RingProducer extends RingView {
     this.wake();
   };
 
-  private header(at: number, length: number, kind: number, stream: number, generation: number,
-    seq: number): void {
+  private header(
+    at: number,
+    length: number,
+    kind: number,
+    stream: number,
+    generation: number,
+    seq: number,
+  ): void {
     const word = at >> 2;
     const words = this.words;
     words[word] = length;
@@ -292,8 +319,13 @@ function checkRecord(kind: number, stream: number, generation: number, seq: numb
 }
 
 /** Called per record; `payload` is a view into the ring, valid only during the call. */
-export type RecordHandler = (kind: RecordKind, stream: number, generation: number, seq: number,
-  payload: Uint8Array) => void;
+export type RecordHandler = (
+  kind: RecordKind,
+  stream: number,
+  generation: number,
+  seq: number,
+  payload: Uint8Array,
+) => void;
 
 export class ConsumerCounters {
   records = 0;
@@ -352,8 +384,13 @@ export class RingConsumer extends RingView {
       }
       const seq = (words[word + 4]! >>> 0) * TWO_32 + (words[word + 5]! >>> 0);
       const start = at + RING_HEADER_BYTES;
-      handler(kind as RecordKind, words[word + 2]!, words[word + 3]!, seq,
-        this.bytes.subarray(start, start + length));
+      handler(
+        kind as RecordKind,
+        words[word + 2]!,
+        words[word + 3]!,
+        seq,
+        this.bytes.subarray(start, start + length),
+      );
       delivered++;
       this.counters.bytes += length;
       tail = (tail + size) | 0;
@@ -396,8 +433,11 @@ export class RingConsumer extends RingView {
    * `drained`, and stops when it returns true. Between sleeps the thread's event loop
    * runs (timers, messages).
    */
-  async run(handler: RecordHandler, drained: () => boolean,
-    onCorrupt?: (bytes: number) => void): Promise<void> {
+  async run(
+    handler: RecordHandler,
+    drained: () => boolean,
+    onCorrupt?: (bytes: number) => void,
+  ): Promise<void> {
     for (;;) {
       this.drain(handler, onCorrupt);
       if (drained()) return;

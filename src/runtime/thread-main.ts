@@ -41,7 +41,7 @@ function runRole(start: ThreadStart): void {
   } else {
     const writer = new IndexWriter(start.data as WriterStart, reply);
     writer.run().catch((error: unknown) => {
-      const text = error instanceof Error ? error.stack ?? error.message : String(error);
+      const text = error instanceof Error ? (error.stack ?? error.message) : String(error);
       send({ kind: "failed", error: text });
     });
   }

@@ -13,7 +13,12 @@ import type { IndexOp } from "../index/ops";
 import type { FreezeJob } from "../index/pack";
 import type { SharedIndexReader } from "../index/crtc/shared";
 import {
-  type IndexCounters, type IndexStats, type KvIndex, MatchResult, newCounters, type StoreStatus,
+  type IndexCounters,
+  type IndexStats,
+  type KvIndex,
+  MatchResult,
+  newCounters,
+  type StoreStatus,
   type WorkerInfo,
 } from "../index/types";
 
@@ -46,10 +51,17 @@ export class ThreadedIndex implements KvIndex {
   refusedEvents = 0;
   refusedBlocks = 0;
 
-  constructor(readonly blockSize: number, readonly workerTable: WorkerTable,
-    private readonly reader: SharedIndexReader) {
+  constructor(
+    readonly blockSize: number,
+    readonly workerTable: WorkerTable,
+    private readonly reader: SharedIndexReader,
+  ) {
     this.statsNow = {
-      workers: 0, blocks: 0, nodes: 0, edgeWords: 0, lookupEntries: 0,
+      workers: 0,
+      blocks: 0,
+      nodes: 0,
+      edgeWords: 0,
+      lookupEntries: 0,
       rejected: { total: 0, parentNotFound: 0, blockSizeMismatch: 0, capacity: 0, invalid: 0 },
       bytes: 0,
     };

@@ -37,8 +37,11 @@ export interface ThreadPlan {
  * Dedicated threads take CPUs from the end of the set, one each (the writer first),
  * and are pinned only when the process is; the main thread keeps the whole set.
  */
-export function planThreads(runtime: Config["runtime"], pinned: readonly number[] | null,
-  available: readonly number[] = pinned ?? getAffinity()): ThreadPlan {
+export function planThreads(
+  runtime: Config["runtime"],
+  pinned: readonly number[] | null,
+  available: readonly number[] = pinned ?? getAffinity(),
+): ThreadPlan {
   const cpus = pinned ?? available;
   const many = cpus.length >= THREADED_MIN_CPUS;
   // The writer thread needs the shared index (not in this build): off unless asked for.
@@ -95,8 +98,10 @@ export interface KvedgeThread {
 }
 
 /** Starts a thread and resolves once it has pinned itself and reported ready. */
-export function startThread<T>(start: ThreadStart<T>,
-  readyTimeoutMs = 10_000): Promise<KvedgeThread> {
+export function startThread<T>(
+  start: ThreadStart<T>,
+  readyTimeoutMs = 10_000,
+): Promise<KvedgeThread> {
   const worker = new Worker(entryUrl());
   return new Promise<KvedgeThread>((resolve, reject) => {
     let thread: KvedgeThread | null = null;

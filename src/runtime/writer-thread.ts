@@ -40,8 +40,13 @@ export class RingStream implements StreamInput, StreamView {
   private lastFingerprint = -1;
   private degraded = false;
 
-  constructor(private readonly owner: WriterThread, readonly id: number, dpRank: number,
-    readonly transport: ReplayTransport, readonly changed: () => void) {
+  constructor(
+    private readonly owner: WriterThread,
+    readonly id: number,
+    dpRank: number,
+    readonly transport: ReplayTransport,
+    readonly changed: () => void,
+  ) {
     this.ranks = [dpRank];
     const counters = new SequencerCounters();
     const self = this;
@@ -142,7 +147,10 @@ export class WriterThread {
   /** The writer's index as of its last drain (set by whoever reads it: ThreadedIndex.mirror). */
   onIndex: (status: IndexStatus) => void = () => {};
 
-  private constructor(private readonly thread: KvedgeThread, producer: RingProducer) {
+  private constructor(
+    private readonly thread: KvedgeThread,
+    producer: RingProducer,
+  ) {
     this.producer = producer;
     thread.onMessage = (body) => this.message(body as WriterToMain);
   }
@@ -166,7 +174,9 @@ export class WriterThread {
       const stream = new RingStream(this, id, config.dpRank, transport, changed);
       this.streams.set(id, stream);
       this.control(id, {
-        op: "add", workerId: config.workerId.toString(), dpRank: config.dpRank,
+        op: "add",
+        workerId: config.workerId.toString(),
+        dpRank: config.dpRank,
         replay: transport.requestReplay !== undefined,
       });
       return stream;
@@ -177,9 +187,10 @@ export class WriterThread {
   write(kind: RecordKind, id: number, generation: number, seq: number, payload?: Uint8Array): void {
     if (this.backlog.length > 0) this.flush();
     // Nothing overtakes the backlog: while it waits, batches are dropped (and announced).
-    const written = this.backlog.length === 0
-      ? this.producer.write(kind, id, generation, seq, payload)
-      : this.producer.drop(id, payload?.length ?? 0);
+    const written =
+      this.backlog.length === 0
+        ? this.producer.write(kind, id, generation, seq, payload)
+        : this.producer.drop(id, payload?.length ?? 0);
     if (!written) this.retryLater();
   }
 

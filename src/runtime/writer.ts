@@ -13,7 +13,9 @@ import { WorkerTable } from "../core/worker-table";
 import { createIndex, type KvIndex } from "../index";
 import { IndexBudget } from "../index/budget";
 import {
-  createSharedIndex, type SharedIndex, type SharedIndexDescriptor,
+  createSharedIndex,
+  type SharedIndex,
+  type SharedIndexDescriptor,
 } from "../index/crtc/shared";
 import type { IndexOp } from "../index/ops";
 import type { NormalizeCounters } from "../ingest/normalize";
@@ -29,8 +31,12 @@ export interface WriterStart {
   readonly blockSize: number;
   readonly backend: Config["index"]["backend"];
   readonly budgetBytes: number;
-  readonly sequencer: Partial<Pick<SequencerOptions,
-    "replayTimeoutMs" | "replayDeadlineMs" | "replayBufferBytes" | "replayCooldownMs">>;
+  readonly sequencer: Partial<
+    Pick<
+      SequencerOptions,
+      "replayTimeoutMs" | "replayDeadlineMs" | "replayBufferBytes" | "replayCooldownMs"
+    >
+  >;
   readonly logLevel: Config["server"]["log_level"];
   /**
    * Readers on other threads (route lookups) at most: the index is then the crtc in
@@ -42,11 +48,19 @@ export interface WriterStart {
 
 /** CONTROL records' payloads (JSON; ids as decimal text). */
 export type WriterControl =
-  | { readonly op: "add"; readonly workerId: string; readonly dpRank: number;
-    readonly replay: boolean }
+  | {
+      readonly op: "add";
+      readonly workerId: string;
+      readonly dpRank: number;
+      readonly replay: boolean;
+    }
   | { readonly op: "remove" }
-  | { readonly op: "restore"; readonly last: number; readonly print: number;
-    readonly degraded: boolean }
+  | {
+      readonly op: "restore";
+      readonly last: number;
+      readonly print: number;
+      readonly degraded: boolean;
+    }
   | { readonly op: "dump" }
   /** Every dp rank of the worker goes from the index, and its slots from the writer's table. */
   | { readonly op: "removeWorker"; readonly workerId: string }
@@ -68,8 +82,12 @@ export interface StreamStatus {
 }
 
 export type WriterToMain =
-  | { readonly t: "replay"; readonly stream: number; readonly start: number;
-    readonly generation: number }
+  | {
+      readonly t: "replay";
+      readonly stream: number;
+      readonly start: number;
+      readonly generation: number;
+    }
   | { readonly t: "cancel"; readonly stream: number }
   | { readonly t: "status"; readonly streams: StreamStatus[]; readonly index: IndexStatus }
   | { readonly t: "dump"; readonly ops: IndexOp[] }
@@ -103,16 +121,21 @@ export class IndexWriter {
   /** Records that named no stream, or stale replay replies: skipped. */
   skipped = 0;
 
-  constructor(private readonly start: WriterStart,
-    private readonly send: (message: WriterToMain) => void) {
+  constructor(
+    private readonly start: WriterStart,
+    private readonly send: (message: WriterToMain) => void,
+  ) {
     this.log = createLogger({ level: start.logLevel }).child({ component: "writer" });
-    this.shared = start.sharedReaders > 0
-      ? createSharedIndex(start.blockSize, {
-        workers: this.table, budgetBytes: start.budgetBytes, maxReaders: start.sharedReaders,
-      })
-      : null;
-    this.index = this.shared?.index
-      ?? createIndex(start.backend, start.blockSize, { workers: this.table });
+    this.shared =
+      start.sharedReaders > 0
+        ? createSharedIndex(start.blockSize, {
+            workers: this.table,
+            budgetBytes: start.budgetBytes,
+            maxReaders: start.sharedReaders,
+          })
+        : null;
+    this.index =
+      this.shared?.index ?? createIndex(start.backend, start.blockSize, { workers: this.table });
     this.budget = new IndexBudget(this.index, start.budgetBytes);
     this.consumer = new RingConsumer(start.ring);
   }
@@ -120,18 +143,27 @@ export class IndexWriter {
   /** Posts the shared index's descriptor (if shared), then drains and sleeps until stopped. */
   run(): Promise<void> {
     if (this.shared !== null) this.send({ t: "index", descriptor: this.shared.descriptor });
-    return this.consumer.run((kind, stream, generation, seq, payload) => {
-      this.record(kind, stream, generation, seq, payload);
-    }, () => {
-      // Between events: what waited for readers that have left goes back.
-      this.shared?.settle();
-      this.publish();
-      return this.stopped;
-    }, (bytes) => this.corrupt(bytes));
+    return this.consumer.run(
+      (kind, stream, generation, seq, payload) => {
+        this.record(kind, stream, generation, seq, payload);
+      },
+      () => {
+        // Between events: what waited for readers that have left goes back.
+        this.shared?.settle();
+        this.publish();
+        return this.stopped;
+      },
+      (bytes) => this.corrupt(bytes),
+    );
   }
 
-  private record(kind: RecordKind, id: number, generation: number, seq: number,
-    payload: Uint8Array): void {
+  private record(
+    kind: RecordKind,
+    id: number,
+    generation: number,
+    seq: number,
+    payload: Uint8Array,
+  ): void {
     if (kind === RecordKind.CONTROL) {
       return this.control(id, JSON.parse(decoder.decode(payload)) as WriterControl);
     }
@@ -143,9 +175,12 @@ export class IndexWriter {
     this.touched.add(id);
     const engine = stream.engine;
     switch (kind) {
-      case RecordKind.LIVE: return engine.live(seq, payload);
-      case RecordKind.CONNECTED: return engine.connected();
-      case RecordKind.SKIPPED: return engine.skipped();
+      case RecordKind.LIVE:
+        return engine.live(seq, payload);
+      case RecordKind.CONNECTED:
+        return engine.connected();
+      case RecordKind.SKIPPED:
+        return engine.skipped();
       case RecordKind.LOSS:
         // Batches or replay replies dropped at a full ring (never a connect: those wait).
         // A replay that lost replies has failed; otherwise what the engine holds is
@@ -169,13 +204,16 @@ export class IndexWriter {
 
   private control(id: number, control: WriterControl): void {
     switch (control.op) {
-      case "add": return this.add(id, control);
-      case "remove": return this.remove(id);
+      case "add":
+        return this.add(id, control);
+      case "remove":
+        return this.remove(id);
       case "restore":
         this.streams[id]?.engine.sequencer.restore(control.last, control.print, control.degraded);
         this.touched.add(id);
         return;
-      case "dump": return this.send({ t: "dump", ops: this.index.dump() });
+      case "dump":
+        return this.send({ t: "dump", ops: this.index.dump() });
       case "removeWorker": {
         const workerId = BigInt(control.workerId);
         const slots = this.table.slotsOf(workerId);
@@ -197,9 +235,10 @@ export class IndexWriter {
     const writer = budgetedWriter(this.index, this.budget, this.table, {
       refused: (slot, blocks) => {
         this.budget.refuse(blocks);
-        if (!incomplete.has(slot)) this.log.warn("index memory budget reached: stores refused", {
-          slot,
-        });
+        if (!incomplete.has(slot))
+          this.log.warn("index memory budget reached: stores refused", {
+            slot,
+          });
         incomplete.add(slot);
         this.touched.add(id);
       },
@@ -209,18 +248,25 @@ export class IndexWriter {
     });
     let stream: Stream | null = null;
     const identity = { workerId: BigInt(control.workerId), dpRank: control.dpRank };
-    const engine = new EngineStream(identity, {
-      requestReplay: control.replay ? (start) => {
-        stream!.generation++;
-        this.send({ t: "replay", stream: id, start, generation: stream!.generation });
-      } : undefined,
-      cancelReplay: () => this.send({ t: "cancel", stream: id }),
-    }, {
-      blockSize: this.start.blockSize, writer,
-      log: this.log.child({ worker_id: identity.workerId, dp_rank: identity.dpRank }),
-      sequencer: this.start.sequencer,
-      onChange: () => this.changed(id),
-    });
+    const engine = new EngineStream(
+      identity,
+      {
+        requestReplay: control.replay
+          ? (start) => {
+              stream!.generation++;
+              this.send({ t: "replay", stream: id, start, generation: stream!.generation });
+            }
+          : undefined,
+        cancelReplay: () => this.send({ t: "cancel", stream: id }),
+      },
+      {
+        blockSize: this.start.blockSize,
+        writer,
+        log: this.log.child({ worker_id: identity.workerId, dp_rank: identity.dpRank }),
+        sequencer: this.start.sequencer,
+        onChange: () => this.changed(id),
+      },
+    );
     stream = { engine, generation: 0, ringLosses: 0, incomplete };
     this.streams[id] = stream;
     this.touched.add(id);
@@ -263,8 +309,11 @@ export class IndexWriter {
     this.touched.clear();
     this.indexChanged = false;
     const index: IndexStatus = {
-      counters: this.index.counters, stats: this.index.stats(), workers: this.index.workers(),
-      refusedEvents: this.budget.refusedEvents, refusedBlocks: this.budget.refusedBlocks,
+      counters: this.index.counters,
+      stats: this.index.stats(),
+      workers: this.index.workers(),
+      refusedEvents: this.budget.refusedEvents,
+      refusedBlocks: this.budget.refusedBlocks,
     };
     this.send({ t: "status", streams, index });
   }

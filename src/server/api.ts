@@ -11,7 +11,13 @@ import { KvedgeError } from "../core/errors";
 import type { LifecycleResult } from "../route/load";
 import { REQUEST_ID_LENGTH_MAX } from "../route/load";
 import {
-  asObject, HttpError, optionalInt, optionalNumber, optionalString, tokenIds, u64Field,
+  asObject,
+  HttpError,
+  optionalInt,
+  optionalNumber,
+  optionalString,
+  tokenIds,
+  u64Field,
 } from "../http/http";
 import type { KvedgeCore, MatchScore, RouteCall, RouteInput, RouteOutcome } from "../core/core";
 import { encodeMsgpack, type MsgpackWriter } from "../wire/msgpack";
@@ -30,7 +36,9 @@ const DP_RANK_MAX = 0xffff_ffff;
 const TOPIC_LENGTH_MAX = 1024;
 
 const scoreJson = (score: MatchScore) => ({
-  worker_id: score.workerId.toString(), dp_rank: score.dpRank, blocks: score.blocks,
+  worker_id: score.workerId.toString(),
+  dp_rank: score.dpRank,
+  blocks: score.blocks,
 });
 
 /** POST /v1/match: `{"token_ids":[…], "lora_name"?, "cache_salt"?}` or `{"local_hashes":["…"]}`. */
@@ -40,9 +48,11 @@ export function matchOp(service: KvedgeCore, raw: unknown) {
   let chain: Uint32Array | undefined;
   let count: number;
   if (body.local_hashes !== undefined) {
-    if (body.token_ids !== undefined) throw new HttpError(400, "give token_ids or local_hashes, not both");
+    if (body.token_ids !== undefined)
+      throw new HttpError(400, "give token_ids or local_hashes, not both");
     const hashes = body.local_hashes;
-    if (!Array.isArray(hashes)) throw new HttpError(400, "local_hashes must be an array of decimal strings");
+    if (!Array.isArray(hashes))
+      throw new HttpError(400, "local_hashes must be an array of decimal strings");
     count = hashes.length;
     local = new Uint32Array(2 * count);
     for (let i = 0; i < count; i++) {
@@ -51,7 +61,11 @@ export function matchOp(service: KvedgeCore, raw: unknown) {
       local[2 * i + 1] = Number(hash & 0xffff_ffffn);
     }
   } else {
-    const prompt = service.hash(tokenIds(body), optionalString(body, "lora_name"), optionalString(body, "cache_salt"));
+    const prompt = service.hash(
+      tokenIds(body),
+      optionalString(body, "lora_name"),
+      optionalString(body, "cache_salt"),
+    );
     local = prompt.local;
     chain = prompt.chain;
     count = prompt.blockCount;
@@ -98,7 +112,10 @@ export function decideRoute(service: KvedgeCore, raw: unknown): RouteOutcome {
  * call outlives the parser's transient arrays.
  */
 export function submitRoute(
-  service: KvedgeCore, raw: unknown, answer: (outcome: RouteOutcome) => void, fail: (error: unknown) => void,
+  service: KvedgeCore,
+  raw: unknown,
+  answer: (outcome: RouteOutcome) => void,
+  fail: (error: unknown) => void,
 ): { handle: number; call: RouteCall } {
   const { input, candidatesMax } = parseRoute(raw);
   const kept = service.admission.enabled ? { ...input, tokens: input.tokens.slice() } : input;
@@ -148,8 +165,10 @@ export function lifecycleOp(service: KvedgeCore, requestId: string, step: "prefi
   if (requestId.length === 0 || requestId.length > REQUEST_ID_LENGTH_MAX) {
     throw new HttpError(400, `request id must be 1 to ${REQUEST_ID_LENGTH_MAX} characters`);
   }
-  const result: LifecycleResult = step === "done" ? service.done(requestId) : service.prefillDone(requestId);
-  if (result === "unknown") throw new KvedgeError("unknown_request", `unknown request ${JSON.stringify(requestId)}`);
+  const result: LifecycleResult =
+    step === "done" ? service.done(requestId) : service.prefillDone(requestId);
+  if (result === "unknown")
+    throw new KvedgeError("unknown_request", `unknown request ${JSON.stringify(requestId)}`);
   return { request_id: requestId, status: result };
 }
 
@@ -201,8 +220,16 @@ function httpEndpointOf(value: string | null): string | null {
 /** POST /v1/workers: `{"worker_id","dp_rank"?,"endpoint","replay_endpoint"?,"topic"?,"http_endpoint"?}`. */
 export async function addWorkerOp(service: KvedgeCore, raw: unknown) {
   const body = asObject(raw);
-  const known = new Set(["worker_id", "dp_rank", "endpoint", "replay_endpoint", "topic", "http_endpoint"]);
-  for (const key of Object.keys(body)) if (!known.has(key)) throw new HttpError(400, `unknown field ${key}`);
+  const known = new Set([
+    "worker_id",
+    "dp_rank",
+    "endpoint",
+    "replay_endpoint",
+    "topic",
+    "http_endpoint",
+  ]);
+  for (const key of Object.keys(body))
+    if (!known.has(key)) throw new HttpError(400, `unknown field ${key}`);
   const endpointOf = (field: string, bindable: boolean): string | null => {
     const value = optionalString(body, field);
     if (value === null) return null;
@@ -223,23 +250,39 @@ export async function addWorkerOp(service: KvedgeCore, raw: unknown) {
     http_endpoint: httpEndpointOf(optionalString(body, "http_endpoint")),
   };
   await service.addWorker(entry);
-  return { worker_id: entry.worker_id.toString(), dp_rank: entry.dp_rank, endpoint, status: "added" };
+  return {
+    worker_id: entry.worker_id.toString(),
+    dp_rank: entry.dp_rank,
+    endpoint,
+    status: "added",
+  };
 }
 
 /** DELETE /v1/workers/{id}: stops its sources and purges its blocks; 404 if unknown. */
 export async function removeWorkerOp(service: KvedgeCore, id: string) {
   const workerId = u64Field(id, "worker id");
-  if (!(await service.removeWorker(workerId))) throw new KvedgeError("unknown_worker", `unknown worker ${id}`);
+  if (!(await service.removeWorker(workerId)))
+    throw new KvedgeError("unknown_worker", `unknown worker ${id}`);
   return { worker_id: id, status: "removed" };
 }
 
 const key = (name: string) => encodeMsgpack(name);
 const K = {
-  request_id: key("request_id"), worker_id: key("worker_id"), dp_rank: key("dp_rank"), query_blocks: key("query_blocks"),
-  overlap_blocks: key("overlap_blocks"), cost: key("cost"), candidates: key("candidates"), degraded: key("degraded"),
-  active_prefill_tokens: key("active_prefill_tokens"), active_decode_blocks: key("active_decode_blocks"),
-  active_requests: key("active_requests"), predicted_ttft_ms: key("predicted_ttft_ms"), queue_ms: key("queue_ms"),
-  prefill_ms: key("prefill_ms"), steps_ms: key("steps_ms"),
+  request_id: key("request_id"),
+  worker_id: key("worker_id"),
+  dp_rank: key("dp_rank"),
+  query_blocks: key("query_blocks"),
+  overlap_blocks: key("overlap_blocks"),
+  cost: key("cost"),
+  candidates: key("candidates"),
+  degraded: key("degraded"),
+  active_prefill_tokens: key("active_prefill_tokens"),
+  active_decode_blocks: key("active_decode_blocks"),
+  active_requests: key("active_requests"),
+  predicted_ttft_ms: key("predicted_ttft_ms"),
+  queue_ms: key("queue_ms"),
+  prefill_ms: key("prefill_ms"),
+  steps_ms: key("steps_ms"),
 };
 
 /**
@@ -248,7 +291,11 @@ const K = {
  * WebSocket route, where building the answer's objects and walking them were among the
  * largest costs (and most of the garbage) per route.
  */
-export function writeRouteAnswer(writer: MsgpackWriter, core: KvedgeCore, { decision, queryBlocks }: RouteOutcome): void {
+export function writeRouteAnswer(
+  writer: MsgpackWriter,
+  core: KvedgeCore,
+  { decision, queryBlocks }: RouteOutcome,
+): void {
   writer.mapHeader(8);
   writer.encoded(K.request_id);
   writer.string(decision.requestId);

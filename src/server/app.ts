@@ -7,15 +7,29 @@ import type { Server } from "bun";
 import { timingSafeEqual } from "node:crypto";
 import type { Logger } from "../util/log";
 import {
-  addWorkerOp, decideRoute, lifecycleOp, matchOp, removeWorkerOp, routeAnswer, submitRoute,
-  workersOp, writeRouteAnswer,
+  addWorkerOp,
+  decideRoute,
+  lifecycleOp,
+  matchOp,
+  removeWorkerOp,
+  routeAnswer,
+  submitRoute,
+  workersOp,
+  writeRouteAnswer,
 } from "./api";
 import type { RouteOutcome } from "../core/core";
 import { DumpWriter } from "./dump-stream";
 import { RequestGuard } from "./guard";
 import { clientError } from "./http";
 import {
-  errorReply, HttpError, msgpackReply, parseBody, readBody, receiveBody, reply, type ReceivedBody,
+  errorReply,
+  HttpError,
+  msgpackReply,
+  parseBody,
+  readBody,
+  receiveBody,
+  reply,
+  type ReceivedBody,
   wantsMsgpack,
 } from "../http/http";
 import { type MetricsRegistry, ServerMetrics } from "./metrics";
@@ -48,7 +62,9 @@ type Handler = (request: Request, params: Record<string, string>) => Promise<Res
 interface Batched {
   readonly readsBody: boolean;
   readonly op: (
-    request: Request, params: Record<string, string>, body: ReceivedBody | null,
+    request: Request,
+    params: Record<string, string>,
+    body: ReceivedBody | null,
   ) => Response | Promise<Response>;
 }
 
@@ -210,14 +226,16 @@ function opsRoutes(context: AppContext): RouteTable {
       },
     },
     "/metrics": {
-      GET: async () => new Response(await registry.metrics(), {
-        headers: { "content-type": registry.contentType },
-      }),
+      GET: async () =>
+        new Response(await registry.metrics(), {
+          headers: { "content-type": registry.contentType },
+        }),
     },
     "/": {
-      GET: () => new Response(statusPage(), {
-        headers: { "content-type": "text/html; charset=utf-8" },
-      }),
+      GET: () =>
+        new Response(statusPage(), {
+          headers: { "content-type": "text/html; charset=utf-8" },
+        }),
     },
   };
 }
@@ -225,10 +243,12 @@ function opsRoutes(context: AppContext): RouteTable {
 /** `serve --proxy`: the OpenAI-compatible endpoints. */
 function addProxyRoutes(table: RouteTable, proxy: OpenAiProxy, server: () => Server<WsData>): void {
   // A streamed answer may pause longer than Bun's idle timeout (a long prefill, a queue).
-  const proxied = (path: OpenAiPath): Handler => (request) => {
-    server().timeout(request, 0);
-    return proxy.handle(request, path);
-  };
+  const proxied =
+    (path: OpenAiPath): Handler =>
+    (request) => {
+      server().timeout(request, 0);
+      return proxy.handle(request, path);
+    };
   table[COMPLETIONS_PATH] = { POST: proxied(COMPLETIONS_PATH) };
   table[CHAT_PATH] = { POST: proxied(CHAT_PATH) };
   table["/v1/models"] = { GET: (request) => proxy.models(request) };
@@ -250,9 +270,12 @@ function admittedRoute(context: AppContext, request: Request, parsed: unknown): 
   const answered = new Promise<Response>((settle) => {
     resolve = settle;
   });
-  const { handle, call } = submitRoute(service, parsed,
+  const { handle, call } = submitRoute(
+    service,
+    parsed,
     (outcome) => resolve(routeReply(service, request, outcome)),
-    (error) => resolve(failure(request, error, log)));
+    (error) => resolve(failure(request, error, log)),
+  );
   if (handle >= 0) {
     request.signal.addEventListener("abort", () => service.dropHeld(handle, call), { once: true });
   }
@@ -265,16 +288,18 @@ type BunHandler = (request: Request) => Promise<Response> | Response;
 
 /** The table as Bun's routes: each handler wrapped, or run in the turn batch. */
 function bunRoutes(
-  context: AppContext, table: RouteTable,
+  context: AppContext,
+  table: RouteTable,
 ): Record<string, Record<string, BunHandler>> {
   const routes: Record<string, Record<string, BunHandler>> = {};
   for (const [template, methods] of Object.entries(table)) {
     routes[template] = {};
     for (const [method, handler] of Object.entries(methods)) {
       const label = metricsLabel(template);
-      routes[template]![method] = typeof handler === "function"
-        ? wrapped(context, label, handler)
-        : batched(context, label, handler!);
+      routes[template]![method] =
+        typeof handler === "function"
+          ? wrapped(context, label, handler)
+          : batched(context, label, handler!);
     }
   }
   return routes;
@@ -294,16 +319,17 @@ function batched(context: AppContext, template: string, { readsBody, op }: Batch
         metrics.observeHttp(template, response.status, (performance.now() - started) / 1000);
         resolve(response);
       };
-      const run = (body: ReceivedBody | null): void => batch.post(() => {
-        let response: Response | Promise<Response>;
-        try {
-          response = op(request, params, body);
-        } catch (error) {
-          response = failure(request, error, log);
-        }
-        if (response instanceof Response) finish(response);
-        else void response.then(finish);
-      });
+      const run = (body: ReceivedBody | null): void =>
+        batch.post(() => {
+          let response: Response | Promise<Response>;
+          try {
+            response = op(request, params, body);
+          } catch (error) {
+            response = failure(request, error, log);
+          }
+          if (response instanceof Response) finish(response);
+          else void response.then(finish);
+        });
       try {
         guard.check(request, true);
       } catch (error) {
@@ -341,8 +367,10 @@ function wrapped(context: AppContext, template: string, handler: Handler) {
 
 /** Requests no route took: the WebSocket upgrade, 405 on a known path, else 404. */
 function unrouted(
-  context: AppContext, table: RouteTable,
-  matchers: readonly { template: string; pattern: RegExp }[], request: Request,
+  context: AppContext,
+  table: RouteTable,
+  matchers: readonly { template: string; pattern: RegExp }[],
+  request: Request,
   server: Server<WsData>,
 ): Response {
   const { metrics, log } = context;
@@ -386,7 +414,7 @@ function metricsLabel(template: string): string {
 function failure(request: Request, error: unknown, log: Logger): Response {
   const client = clientError(error);
   if (client !== null) return errorReply(request, client);
-  const text = error instanceof Error ? error.stack ?? error.message : String(error);
+  const text = error instanceof Error ? (error.stack ?? error.message) : String(error);
   log.error("request failed", { error: text });
   return errorReply(request, new HttpError(500, "internal error"));
 }

@@ -17,13 +17,13 @@ import { HttpError } from "../http/http";
 export const DUMP_SLICE_BYTES = 64 * 1024;
 const DUMP_SLICE_MS = 1;
 
-
 export class DumpWriter {
   private running = false;
 
   /** A streamed dump of the index, or 503 while another dump is being written. */
   response(index: KvIndex, writes: WritePause): Response {
-    if (this.running) throw new HttpError(503, "a dump is being written already; try again when it is done");
+    if (this.running)
+      throw new HttpError(503, "a dump is being written already; try again when it is done");
     this.running = true;
     const job = new PackJob(index, writes);
     let text: DumpText | null = null;
@@ -31,29 +31,32 @@ export class DumpWriter {
       this.running = false;
       job.cancel();
     };
-    const stream = new ReadableStream<Uint8Array>({
-      // A stream's pull must enqueue or end: the copy and the pack run first, in slices.
-      pull: async (controller) => {
-        await job.run(DUMP_SLICE_MS);
-        if (!job.done) return; // cancelled: the client went away
-        for (;;) {
-          await yieldTurn();
-          if (text === null) {
-            const { words, workerIds } = job.result();
-            text = new DumpText(words, workerIds, index.blockSize, DUMP_SLICE_BYTES);
+    const stream = new ReadableStream<Uint8Array>(
+      {
+        // A stream's pull must enqueue or end: the copy and the pack run first, in slices.
+        pull: async (controller) => {
+          await job.run(DUMP_SLICE_MS);
+          if (!job.done) return; // cancelled: the client went away
+          for (;;) {
+            await yieldTurn();
+            if (text === null) {
+              const { words, workerIds } = job.result();
+              text = new DumpText(words, workerIds, index.blockSize, DUMP_SLICE_BYTES);
+            }
+            const deadline = performance.now() + DUMP_SLICE_MS;
+            const bytes = text.next(DUMP_SLICE_BYTES, () => performance.now() >= deadline);
+            if (bytes.length > 0) controller.enqueue(bytes);
+            if (text.done) {
+              controller.close();
+              done();
+            }
+            if (bytes.length > 0 || text.done) return;
           }
-          const deadline = performance.now() + DUMP_SLICE_MS;
-          const bytes = text.next(DUMP_SLICE_BYTES, () => performance.now() >= deadline);
-          if (bytes.length > 0) controller.enqueue(bytes);
-          if (text.done) {
-            controller.close();
-            done();
-          }
-          if (bytes.length > 0 || text.done) return;
-        }
+        },
+        cancel: done,
       },
-      cancel: done,
-    }, { highWaterMark: 1 });
+      { highWaterMark: 1 },
+    );
     return new Response(stream, { headers: { "content-type": "application/x-ndjson" } });
   }
 }

@@ -28,7 +28,10 @@ export class RequestGuard {
     const headers = request.headers;
     const host = headers.get("host") ?? "";
     if (this.loopback && !isLoopbackName(hostName(host))) {
-      throw new HttpError(403, `Host ${JSON.stringify(host)} is not a loopback name; this server listens on loopback only`);
+      throw new HttpError(
+        403,
+        `Host ${JSON.stringify(host)} is not a loopback name; this server listens on loopback only`,
+      );
     }
     if (!changesState) return;
     const site = headers.get("sec-fetch-site");
@@ -37,7 +40,10 @@ export class RequestGuard {
     }
     const origin = headers.get("origin");
     if (origin !== null && originHost(origin) !== host.toLowerCase()) {
-      throw new HttpError(403, `cross-origin requests are refused (Origin ${origin} is not this server)`);
+      throw new HttpError(
+        403,
+        `cross-origin requests are refused (Origin ${origin} is not this server)`,
+      );
     }
   }
 }
@@ -60,5 +66,10 @@ function hostName(host: string): string {
 
 function isLoopbackName(name: string): boolean {
   const lower = name.toLowerCase();
-  return lower === "localhost" || lower.endsWith(".localhost") || lower === "::1" || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(lower);
+  return (
+    lower === "localhost" ||
+    lower.endsWith(".localhost") ||
+    lower === "::1" ||
+    /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(lower)
+  );
 }

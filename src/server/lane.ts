@@ -23,7 +23,12 @@ import { PromptHasher } from "../route/input";
 import { parseRoute } from "./api";
 import { RequestGuard } from "./guard";
 import {
-  errorReply, HttpError, parseBody, type ReceivedBody, receiveBody, reply,
+  errorReply,
+  HttpError,
+  parseBody,
+  type ReceivedBody,
+  receiveBody,
+  reply,
 } from "../http/http";
 import { clientError } from "./http";
 
@@ -80,8 +85,11 @@ interface Piped {
 }
 
 /** Runs a lane until told to stop; `send` posts to the main thread. */
-export function runLane(start: LaneStart, send: (message: LaneToMain) => void,
-  listen: (handler: (message: MainToLane) => void) => void): void {
+export function runLane(
+  start: LaneStart,
+  send: (message: LaneToMain) => void,
+  listen: (handler: (message: MainToLane) => void) => void,
+): void {
   const guard = new RequestGuard(start.host);
   const routes = new LaneRoutes(start, send, guard);
   const server: Server<Piped> = Bun.serve<Piped>({
@@ -124,8 +132,11 @@ class LaneRoutes {
   private nextId = 0;
   private batch: LaneRoute[] = [];
 
-  constructor(private readonly start: LaneStart,
-    private readonly send: (message: LaneToMain) => void, private readonly guard: RequestGuard) {
+  constructor(
+    private readonly start: LaneStart,
+    private readonly send: (message: LaneToMain) => void,
+    private readonly guard: RequestGuard,
+  ) {
     this.reader = start.index === null ? null : attach(start.index);
   }
 
@@ -137,9 +148,11 @@ class LaneRoutes {
         resolve(failure(request, error));
         return;
       }
-      receiveBody(request, this.start.bodyLimitBytes).then((body) => {
-        this.post(request, resolve, body);
-      }).catch((error: unknown) => resolve(failure(request, error)));
+      receiveBody(request, this.start.bodyLimitBytes)
+        .then((body) => {
+          this.post(request, resolve, body);
+        })
+        .catch((error: unknown) => resolve(failure(request, error)));
     });
   }
 
@@ -148,15 +161,18 @@ class LaneRoutes {
       const waiting = this.pending.get(answer.id);
       if (waiting === undefined) continue;
       this.pending.delete(answer.id);
-      waiting.resolve(answer.status === 200
-        ? reply(waiting.request, 200, answer.body)
-        : errorReply(waiting.request,
-          new HttpError(answer.status, String(answer.body), answer.retryAfterSecs)));
+      waiting.resolve(
+        answer.status === 200
+          ? reply(waiting.request, 200, answer.body)
+          : errorReply(
+              waiting.request,
+              new HttpError(answer.status, String(answer.body), answer.retryAfterSecs),
+            ),
+      );
     }
   }
 
-  private post(request: Request, resolve: (response: Response) => void,
-    body: ReceivedBody): void {
+  private post(request: Request, resolve: (response: Response) => void, body: ReceivedBody): void {
     const { input, candidatesMax } = parseRoute(parseBody(body, true));
     const seed = blockSeed(input.loraName, input.cacheSalt);
     const hashed = this.hasher.hash(input.tokens, this.start.blockSize, seed);
@@ -171,11 +187,13 @@ class LaneRoutes {
     request.signal.addEventListener("abort", () => this.abort(id), { once: true });
     if (this.batch.length === 0) setImmediate(this.flush);
     // Copies: the parser's token array is reused by the next request.
-    const matched = this.reader === null
-      ? undefined
-      : this.match(prompt.local, prompt.chain, prompt.blockCount);
+    const matched =
+      this.reader === null ? undefined : this.match(prompt.local, prompt.chain, prompt.blockCount);
     const copied = {
-      ...input, tokens: input.tokens.slice(), prompt, ...(matched === undefined ? {} : { matched }),
+      ...input,
+      tokens: input.tokens.slice(),
+      prompt,
+      ...(matched === undefined ? {} : { matched }),
     };
     this.batch.push({ id, input: copied, candidatesMax });
   }
@@ -225,7 +243,10 @@ async function proxy(request: Request, mainUrl: string, guard: RequestGuard): Pr
     const bodiless = request.method === "GET" || request.method === "HEAD";
     const body = bodiless ? null : await request.arrayBuffer();
     const answer = await fetch(`${mainUrl}${url.pathname}${url.search}`, {
-      method: request.method, headers, body, redirect: "manual",
+      method: request.method,
+      headers,
+      body,
+      redirect: "manual",
     });
     return new Response(answer.body, { status: answer.status, headers: answer.headers });
   } catch (error) {

@@ -32,7 +32,10 @@ export interface LanesOptions {
 const ROUTE_LABEL = "/v1/route";
 
 export class RouteLanes {
-  private constructor(readonly port: number, private readonly threads: KvedgeThread[]) {}
+  private constructor(
+    readonly port: number,
+    private readonly threads: KvedgeThread[],
+  ) {}
 
   /** Starts every lane; the first picks the port when it is 0, the rest share it. */
   static async start(options: LanesOptions): Promise<RouteLanes> {
@@ -41,8 +44,11 @@ export class RouteLanes {
     try {
       for (const cpus of options.cpus) {
         const start: LaneStart = {
-          host: options.host, port, mainUrl: options.mainUrl,
-          bodyLimitBytes: options.bodyLimitBytes, blockSize: options.service.blockSize,
+          host: options.host,
+          port,
+          mainUrl: options.mainUrl,
+          bodyLimitBytes: options.bodyLimitBytes,
+          blockSize: options.service.blockSize,
           // A call that may be held is matched afresh each time it is looked at, here.
           index: options.service.admission.enabled ? null : options.index,
         };
@@ -69,13 +75,18 @@ export class RouteLanes {
 
   /** Each lane stops accepting, lets its requests finish (up to `graceMs`), and ends. */
   async stop(graceMs: number): Promise<void> {
-    await Promise.all(this.threads.map((thread) => new Promise<void>((resolve) => {
-      thread.onMessage = (body) => {
-        if ((body as LaneToMain).t === "stopped") resolve();
-      };
-      thread.onFailure = () => resolve();
-      thread.post({ t: "stop", graceMs } satisfies MainToLane);
-    })));
+    await Promise.all(
+      this.threads.map(
+        (thread) =>
+          new Promise<void>((resolve) => {
+            thread.onMessage = (body) => {
+              if ((body as LaneToMain).t === "stopped") resolve();
+            };
+            thread.onFailure = () => resolve();
+            thread.post({ t: "stop", graceMs } satisfies MainToLane);
+          }),
+      ),
+    );
     await Promise.all(this.threads.map((thread) => thread.stop()));
   }
 }
@@ -148,11 +159,13 @@ function serveLane(thread: KvedgeThread, options: LanesOptions): void {
 function failed(id: number, error: unknown, log: Logger): LaneAnswer {
   const client = clientError(error);
   if (client === null) {
-    const text = error instanceof Error ? error.stack ?? error.message : String(error);
+    const text = error instanceof Error ? (error.stack ?? error.message) : String(error);
     log.error("request failed", { error: text });
   }
   return {
-    id, status: client?.status ?? 500, body: client?.message ?? "internal error",
+    id,
+    status: client?.status ?? 500,
+    body: client?.message ?? "internal error",
     retryAfterSecs: client?.retryAfterSecs ?? null,
   };
 }

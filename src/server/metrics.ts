@@ -60,7 +60,8 @@ export interface SampleSource {
 export function registerSamples(registry: MetricsRegistry, source: SampleSource): void {
   const labelNames = [...(source.labelNames ?? [])];
   if (source.type === "counter") {
-    if (!source.name.endsWith("_total")) throw new Error(`counter ${source.name} must end in _total`);
+    if (!source.name.endsWith("_total"))
+      throw new Error(`counter ${source.name} must end in _total`);
     new Counter({
       name: source.name,
       help: source.help,
@@ -69,7 +70,8 @@ export function registerSamples(registry: MetricsRegistry, source: SampleSource)
       collect() {
         this.reset();
         source.collect((value, labels) => {
-          if (!(value >= 0) || !Number.isFinite(value)) throw new Error(`${source.name}: counter value ${value} is not a non-negative number`);
+          if (!(value >= 0) || !Number.isFinite(value))
+            throw new Error(`${source.name}: counter value ${value} is not a non-negative number`);
           if (labels === undefined) this.inc(value);
           else this.inc(labels, value);
         });
@@ -95,9 +97,12 @@ export function registerSamples(registry: MetricsRegistry, source: SampleSource)
 /** Distinct HTTP `route` label values kept; more are counted as "other" (no label explosion). */
 export const HTTP_ROUTE_LABELS_MAX = 64;
 
-const HTTP_BUCKETS_SECONDS = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5];
+const HTTP_BUCKETS_SECONDS = [
+  0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5,
+];
 const ROUTE_BUCKETS_SECONDS = [
-  0.000_001, 0.000_002_5, 0.000_005, 0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.01,
+  0.000_001, 0.000_002_5, 0.000_005, 0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5,
+  0.001, 0.002_5, 0.01,
 ];
 
 /** One label set of a FastHistogram: per-bucket (not cumulative) counts, sum and count. */
@@ -135,7 +140,13 @@ export class FastHistogram {
 
   /** A new series (the caller keeps it; call once per label set). */
   series(labels: Labels): HistogramSeries {
-    const series: HistogramSeries = { labels, counts: new Float64Array(this.buckets.length), sum: 0, count: 0, listed: true };
+    const series: HistogramSeries = {
+      labels,
+      counts: new Float64Array(this.buckets.length),
+      sum: 0,
+      count: 0,
+      listed: true,
+    };
     this.listed.push(series);
     return series;
   }
@@ -160,18 +171,52 @@ export class FastHistogram {
   /** What prom-client's registry renders (Histogram.getForPromString's shape). */
   getForPromString() {
     const bucketName = `${this.name}_bucket`;
-    const values: { labels: Labels; sharedLabels: Labels; value: number; metricName: string; exemplar?: null }[] = [];
+    const values: {
+      labels: Labels;
+      sharedLabels: Labels;
+      value: number;
+      metricName: string;
+      exemplar?: null;
+    }[] = [];
     for (const series of this.listed) {
       let cumulative = 0;
       for (let i = 0; i < this.buckets.length; i++) {
         cumulative += series.counts[i]!;
-        values.push({ labels: { le: this.buckets[i]! as never }, sharedLabels: series.labels, value: cumulative, metricName: bucketName, exemplar: null });
+        values.push({
+          labels: { le: this.buckets[i]! as never },
+          sharedLabels: series.labels,
+          value: cumulative,
+          metricName: bucketName,
+          exemplar: null,
+        });
       }
-      values.push({ labels: { le: "+Inf" }, sharedLabels: series.labels, value: series.count, metricName: bucketName, exemplar: null });
-      values.push({ labels: {}, sharedLabels: series.labels, value: series.sum, metricName: `${this.name}_sum` });
-      values.push({ labels: {}, sharedLabels: series.labels, value: series.count, metricName: `${this.name}_count` });
+      values.push({
+        labels: { le: "+Inf" },
+        sharedLabels: series.labels,
+        value: series.count,
+        metricName: bucketName,
+        exemplar: null,
+      });
+      values.push({
+        labels: {},
+        sharedLabels: series.labels,
+        value: series.sum,
+        metricName: `${this.name}_sum`,
+      });
+      values.push({
+        labels: {},
+        sharedLabels: series.labels,
+        value: series.count,
+        metricName: `${this.name}_count`,
+      });
     }
-    return { name: this.name, help: this.help, type: this.type, values, aggregator: this.aggregator };
+    return {
+      name: this.name,
+      help: this.help,
+      type: this.type,
+      values,
+      aggregator: this.aggregator,
+    };
   }
 
   /** prom-client's `get()`: the same values with the series labels merged in. */
@@ -179,7 +224,10 @@ export class FastHistogram {
     const data = this.getForPromString();
     return {
       ...data,
-      values: data.values.map(({ sharedLabels, labels, ...rest }) => ({ ...rest, labels: { ...labels, ...sharedLabels } })),
+      values: data.values.map(({ sharedLabels, labels, ...rest }) => ({
+        ...rest,
+        labels: { ...labels, ...sharedLabels },
+      })),
     };
   }
 
@@ -258,29 +306,72 @@ export class ServerMetrics {
 export function registerRouterMetrics(registry: MetricsRegistry, router: Router): void {
   const load = router.load;
   const workerLabels = ["worker_id", "dp_rank"] as const;
-  const perWorker = (name: string, help: string, type: "counter" | "gauge", read: (w: ReturnType<typeof load.workers>[number]) => number) =>
+  const perWorker = (
+    name: string,
+    help: string,
+    type: "counter" | "gauge",
+    read: (w: ReturnType<typeof load.workers>[number]) => number,
+  ) =>
     registerSamples(registry, {
-      name, help, type, labelNames: workerLabels,
+      name,
+      help,
+      type,
+      labelNames: workerLabels,
       collect(emit) {
         load.sweep();
-        for (const w of load.workers()) emit(read(w), { worker_id: w.workerId.toString(), dp_rank: String(w.dpRank) });
+        for (const w of load.workers())
+          emit(read(w), { worker_id: w.workerId.toString(), dp_rank: String(w.dpRank) });
       },
     });
-  perWorker("kvedge_routed_requests_total", "Requests routed to the worker.", "counter", (w) => w.routedTotal);
-  perWorker("kvedge_worker_active_requests", "Requests routed to the worker and not yet done or expired.", "gauge", (w) => w.activeRequests);
-  perWorker("kvedge_worker_active_prefill_tokens", "Uncached prompt tokens of the worker's requests whose prefill is not done.", "gauge",
-    (w) => w.activePrefillTokens);
-  perWorker("kvedge_worker_active_decode_blocks", "Distinct KV blocks of the worker's active requests (plus expected output blocks if tracked).",
-    "gauge", (w) => w.activeDecodeBlocks);
+  perWorker(
+    "kvedge_routed_requests_total",
+    "Requests routed to the worker.",
+    "counter",
+    (w) => w.routedTotal,
+  );
+  perWorker(
+    "kvedge_worker_active_requests",
+    "Requests routed to the worker and not yet done or expired.",
+    "gauge",
+    (w) => w.activeRequests,
+  );
+  perWorker(
+    "kvedge_worker_active_prefill_tokens",
+    "Uncached prompt tokens of the worker's requests whose prefill is not done.",
+    "gauge",
+    (w) => w.activePrefillTokens,
+  );
+  perWorker(
+    "kvedge_worker_active_decode_blocks",
+    "Distinct KV blocks of the worker's active requests (plus expected output blocks if tracked).",
+    "gauge",
+    (w) => w.activeDecodeBlocks,
+  );
   const times = (slot: number) => router.learnedTimes(slot);
-  perWorker("kvedge_worker_prefill_tokens_per_second", "Prefill speed the router predicts the worker with (learned when route.calibrate is on).",
-    "gauge", (w) => times(w.slot)?.prefillTokensPerSecond ?? router.ttft.prefillTokensPerSecond);
-  perWorker("kvedge_worker_step_base_ms", "Scheduler step base cost the router predicts the worker with, ms (learned when route.calibrate is on).",
-    "gauge", (w) => times(w.slot)?.stepBaseMs ?? router.ttft.stepBaseMs);
-  perWorker("kvedge_worker_calibration_samples", "Lifecycle timings the worker's time model was learned from.", "gauge",
-    (w) => times(w.slot)?.samples ?? 0);
-  perWorker("kvedge_worker_degraded", "1 if the worker lost events it could not replay (its overlap is discounted).", "gauge",
-    (w) => (w.degraded ? 1 : 0));
+  perWorker(
+    "kvedge_worker_prefill_tokens_per_second",
+    "Prefill speed the router predicts the worker with (learned when route.calibrate is on).",
+    "gauge",
+    (w) => times(w.slot)?.prefillTokensPerSecond ?? router.ttft.prefillTokensPerSecond,
+  );
+  perWorker(
+    "kvedge_worker_step_base_ms",
+    "Scheduler step base cost the router predicts the worker with, ms (learned when route.calibrate is on).",
+    "gauge",
+    (w) => times(w.slot)?.stepBaseMs ?? router.ttft.stepBaseMs,
+  );
+  perWorker(
+    "kvedge_worker_calibration_samples",
+    "Lifecycle timings the worker's time model was learned from.",
+    "gauge",
+    (w) => times(w.slot)?.samples ?? 0,
+  );
+  perWorker(
+    "kvedge_worker_degraded",
+    "1 if the worker lost events it could not replay (its overlap is discounted).",
+    "gauge",
+    (w) => (w.degraded ? 1 : 0),
+  );
   registerSamples(registry, {
     name: "kvedge_request_lifecycle_total",
     help: "Request lifecycle events: admitted, prefill_done, done, expired (TTL), evicted (over the active-request limit), dropped_with_worker, unknown (call for an unknown id).",
@@ -320,9 +411,12 @@ export function registerRouterMetrics(registry: MetricsRegistry, router: Router)
 function registerPartMetrics(registry: MetricsRegistry, service: KvedgeCore): void {
   registerAdmissionMetrics(registry, service.admission);
   registerSamples(registry, {
-    name: "kvedge_index_held_writes_total", type: "counter", labelNames: ["what"],
-    help: "Index writes held while a dump or snapshot copied the index (writes), and copies "
-      + "finished at once (settled: a worker removed, or the held writes' bound).",
+    name: "kvedge_index_held_writes_total",
+    type: "counter",
+    labelNames: ["what"],
+    help:
+      "Index writes held while a dump or snapshot copied the index (writes), and copies " +
+      "finished at once (settled: a worker removed, or the held writes' bound).",
     collect: (emit) => {
       emit(service.writes.counters.held, { what: "writes" });
       emit(service.writes.counters.settled, { what: "settled" });
@@ -332,144 +426,302 @@ function registerPartMetrics(registry: MetricsRegistry, service: KvedgeCore): vo
 
 export function registerServiceMetrics(registry: MetricsRegistry, service: KvedgeCore): void {
   const index = service.index;
-  const counter = (name: string, help: string, labelNames: readonly string[], collect: SampleSource["collect"]) =>
-    registerSamples(registry, { name, help, type: "counter", labelNames, collect });
-  const gauge = (name: string, help: string, labelNames: readonly string[], collect: SampleSource["collect"]) =>
-    registerSamples(registry, { name, help, type: "gauge", labelNames, collect });
+  const counter = (
+    name: string,
+    help: string,
+    labelNames: readonly string[],
+    collect: SampleSource["collect"],
+  ) => registerSamples(registry, { name, help, type: "counter", labelNames, collect });
+  const gauge = (
+    name: string,
+    help: string,
+    labelNames: readonly string[],
+    collect: SampleSource["collect"],
+  ) => registerSamples(registry, { name, help, type: "gauge", labelNames, collect });
 
   registerPartMetrics(registry, service);
-  counter("kvedge_index_events_total", "Events applied to the index, by type and status.", ["type", "status"], (emit) => {
-    const c = index.counters;
-    emit(c.storedEvents, { type: "stored", status: "ok" });
-    emit(c.rejectedParentNotFound, { type: "stored", status: "parent_not_found" });
-    emit(c.rejectedBlockSizeMismatch, { type: "stored", status: "block_size_mismatch" });
-    emit(c.rejectedCapacity, { type: "stored", status: "capacity_exhausted" });
-    emit(c.rejectedInvalid, { type: "stored", status: "invalid" });
-    emit(c.removedEvents, { type: "removed", status: "ok" });
-    emit(c.clearedEvents, { type: "cleared", status: "ok" });
-    emit(c.workersRemoved, { type: "remove_worker", status: "ok" });
-  });
-  counter("kvedge_index_blocks_total", "(block, worker) pairs by what happened: stored, removed, duplicate (already held), "
-    + "unknown (removal of a block not held), hash_conflict (producer broke the one-hash-per-block rule).", ["op"], (emit) => {
-    const c = index.counters;
-    emit(c.blocksStored, { op: "stored" });
-    emit(c.blocksRemoved, { op: "removed" });
-    emit(c.blocksDuplicate, { op: "duplicate" });
-    emit(c.blocksUnknown, { op: "unknown" });
-    emit(c.hashConflicts, { op: "hash_conflict" });
-  });
-  gauge("kvedge_index_size", "Index size now: held (block, worker) pairs, tree nodes, lookup entries, workers.", ["what"], (emit) => {
-    const stats = index.stats();
-    emit(stats.blocks, { what: "blocks" });
-    emit(stats.nodes, { what: "nodes" });
-    emit(stats.lookupEntries, { what: "lookup_entries" });
-    emit(stats.workers, { what: "workers" });
-  });
-  gauge("kvedge_index_bytes", "Bytes of typed arrays the index has reserved.", [], (emit) => emit(index.stats().bytes));
-  gauge("kvedge_buffered_bytes", "Bytes held for unfinished transfers (HTTP bodies, WebSocket send queues, large ZMQ frames), and the budget.",
-    ["what"], (emit) => {
+  counter(
+    "kvedge_index_events_total",
+    "Events applied to the index, by type and status.",
+    ["type", "status"],
+    (emit) => {
+      const c = index.counters;
+      emit(c.storedEvents, { type: "stored", status: "ok" });
+      emit(c.rejectedParentNotFound, { type: "stored", status: "parent_not_found" });
+      emit(c.rejectedBlockSizeMismatch, { type: "stored", status: "block_size_mismatch" });
+      emit(c.rejectedCapacity, { type: "stored", status: "capacity_exhausted" });
+      emit(c.rejectedInvalid, { type: "stored", status: "invalid" });
+      emit(c.removedEvents, { type: "removed", status: "ok" });
+      emit(c.clearedEvents, { type: "cleared", status: "ok" });
+      emit(c.workersRemoved, { type: "remove_worker", status: "ok" });
+    },
+  );
+  counter(
+    "kvedge_index_blocks_total",
+    "(block, worker) pairs by what happened: stored, removed, duplicate (already held), " +
+      "unknown (removal of a block not held), hash_conflict (producer broke the one-hash-per-block rule).",
+    ["op"],
+    (emit) => {
+      const c = index.counters;
+      emit(c.blocksStored, { op: "stored" });
+      emit(c.blocksRemoved, { op: "removed" });
+      emit(c.blocksDuplicate, { op: "duplicate" });
+      emit(c.blocksUnknown, { op: "unknown" });
+      emit(c.hashConflicts, { op: "hash_conflict" });
+    },
+  );
+  gauge(
+    "kvedge_index_size",
+    "Index size now: held (block, worker) pairs, tree nodes, lookup entries, workers.",
+    ["what"],
+    (emit) => {
+      const stats = index.stats();
+      emit(stats.blocks, { what: "blocks" });
+      emit(stats.nodes, { what: "nodes" });
+      emit(stats.lookupEntries, { what: "lookup_entries" });
+      emit(stats.workers, { what: "workers" });
+    },
+  );
+  gauge("kvedge_index_bytes", "Bytes of typed arrays the index has reserved.", [], (emit) =>
+    emit(index.stats().bytes),
+  );
+  gauge(
+    "kvedge_buffered_bytes",
+    "Bytes held for unfinished transfers (HTTP bodies, WebSocket send queues, large ZMQ frames), and the budget.",
+    ["what"],
+    (emit) => {
       emit(bufferBudget.held, { what: "held" });
       emit(bufferBudget.limitBytes, { what: "budget" });
-    });
-  counter("kvedge_buffer_budget_refused_total", "Transfers refused because the buffered-bytes budget was reached.", [],
-    (emit) => emit(bufferBudget.refused));
-  gauge("kvedge_index_memory_budget_bytes", "Index bytes past which new stores are refused.", [], (emit) => emit(service.budget.budgetBytes));
-  counter("kvedge_index_budget_refused_total", "Stored events, and their blocks, refused at the index memory budget.", ["what"], (emit) => {
-    emit(service.budget.refusedEvents, { what: "events" });
-    emit(service.budget.refusedBlocks, { what: "blocks" });
-  });
-  gauge("kvedge_worker_blocks", "Blocks the index says the worker holds.", ["worker_id", "dp_rank"], (emit) => {
-    for (const info of index.workers()) emit(info.blocks, { worker_id: info.workerId.toString(), dp_rank: String(info.dpRank) });
-  });
+    },
+  );
+  counter(
+    "kvedge_buffer_budget_refused_total",
+    "Transfers refused because the buffered-bytes budget was reached.",
+    [],
+    (emit) => emit(bufferBudget.refused),
+  );
+  gauge(
+    "kvedge_index_memory_budget_bytes",
+    "Index bytes past which new stores are refused.",
+    [],
+    (emit) => emit(service.budget.budgetBytes),
+  );
+  counter(
+    "kvedge_index_budget_refused_total",
+    "Stored events, and their blocks, refused at the index memory budget.",
+    ["what"],
+    (emit) => {
+      emit(service.budget.refusedEvents, { what: "events" });
+      emit(service.budget.refusedBlocks, { what: "blocks" });
+    },
+  );
+  gauge(
+    "kvedge_worker_blocks",
+    "Blocks the index says the worker holds.",
+    ["worker_id", "dp_rank"],
+    (emit) => {
+      for (const info of index.workers())
+        emit(info.blocks, { worker_id: info.workerId.toString(), dp_rank: String(info.dpRank) });
+    },
+  );
 
   // Per source: labels of the configured (worker, dp rank).
-  const perSource = (name: string, help: string, type: "counter" | "gauge", extra: readonly string[],
-    read: (source: KvedgeCore["engineSources"][number], emit: (value: number, labels?: Labels) => void) => void) =>
+  const perSource = (
+    name: string,
+    help: string,
+    type: "counter" | "gauge",
+    extra: readonly string[],
+    read: (
+      source: KvedgeCore["engineSources"][number],
+      emit: (value: number, labels?: Labels) => void,
+    ) => void,
+  ) =>
     registerSamples(registry, {
-      name, help, type, labelNames: ["worker_id", "dp_rank", ...extra],
+      name,
+      help,
+      type,
+      labelNames: ["worker_id", "dp_rank", ...extra],
       collect(emit) {
         for (const source of service.engineSources) {
-          const base = { worker_id: source.config.workerId.toString(), dp_rank: String(source.config.dpRank) };
-          read(source, (value, labels) => emit(value, labels === undefined ? base : { ...base, ...labels }));
+          const base = {
+            worker_id: source.config.workerId.toString(),
+            dp_rank: String(source.config.dpRank),
+          };
+          read(source, (value, labels) =>
+            emit(value, labels === undefined ? base : { ...base, ...labels }),
+          );
         }
       },
     });
-  perSource("kvedge_ingest_bytes_total", "Bytes received from the engine's publisher (ZMTP, all frames).", "counter", [],
-    (source, emit) => emit(source.socketCounters.sub.bytesIn));
-  perSource("kvedge_ingest_batches_total", "Event batches by outcome: applied, replayed (applied from a replay), duplicate, "
-    + "malformed (dropped).", "counter", ["status"], (source, emit) => {
-    const c = source.sequencer.counters;
-    emit(c.applied, { status: "applied" });
-    emit(c.replayed, { status: "replayed" });
-    emit(c.duplicates, { status: "duplicate" });
-    emit(c.malformed, { status: "malformed" });
-  });
-  perSource("kvedge_ingest_events_total", "Events decoded, by type.", "counter", ["type"], (source, emit) => {
-    const events = source.normalizer.counters.events;
-    emit(events.stored, { type: "stored" });
-    emit(events.removed, { type: "removed" });
-    emit(events.cleared, { type: "cleared" });
-  });
-  perSource("kvedge_ingest_decode_errors_total", "Batches dropped as malformed, by kind.", "counter", ["kind"], (source, emit) => {
-    for (const [kind, value] of Object.entries(source.normalizer.counters.decodeErrors)) emit(value, { kind });
-  });
-  perSource("kvedge_ingest_rejected_blocks_total", "Blocks not indexed, by reason.", "counter", ["reason"], (source, emit) => {
-    for (const [reason, value] of Object.entries(source.normalizer.counters.rejectedBlocks)) emit(value, { reason });
-  });
-  perSource("kvedge_ingest_tier_blocks_total", "Blocks in stored/removed events by storage tier (only device is indexed).",
-    "counter", ["tier"], (source, emit) => {
-      for (const [tier, value] of Object.entries(source.normalizer.counters.blocksByTier)) emit(value, { tier });
-    });
-  perSource("kvedge_ingest_gaps_total", "Sequence gaps seen.", "counter", [], (source, emit) => emit(source.sequencer.counters.gaps));
-  perSource("kvedge_ingest_lost_batches_total", "Batches lost for good (no replay, replay failed or too short).", "counter", [],
-    (source, emit) => emit(source.sequencer.counters.lost));
-  perSource("kvedge_ingest_replays_total", "Replay requests (connect probes included) by outcome.", "counter", ["result"], (source, emit) => {
-    const c = source.sequencer.counters;
-    emit(c.replaysRequested, { result: "requested" });
-    emit(c.replaysCompleted, { result: "completed" });
-    emit(c.replaysFailed, { result: "failed" });
-  });
-  perSource("kvedge_ingest_resets_total", "Engine restarts detected (the worker's blocks were cleared).", "counter", [],
-    (source, emit) => emit(source.sequencer.counters.restarts));
-  perSource("kvedge_ingest_continuity_total", "What each connect probe (replay from 0) established: probe (asked), "
-    + "continued (same stream), rebuilt (cleared and rebuilt from a ring starting at 0); and stray (sequence jumps skipped).",
-    "counter", ["outcome"], (source, emit) => {
+  perSource(
+    "kvedge_ingest_bytes_total",
+    "Bytes received from the engine's publisher (ZMTP, all frames).",
+    "counter",
+    [],
+    (source, emit) => emit(source.socketCounters.sub.bytesIn),
+  );
+  perSource(
+    "kvedge_ingest_batches_total",
+    "Event batches by outcome: applied, replayed (applied from a replay), duplicate, " +
+      "malformed (dropped).",
+    "counter",
+    ["status"],
+    (source, emit) => {
+      const c = source.sequencer.counters;
+      emit(c.applied, { status: "applied" });
+      emit(c.replayed, { status: "replayed" });
+      emit(c.duplicates, { status: "duplicate" });
+      emit(c.malformed, { status: "malformed" });
+    },
+  );
+  perSource(
+    "kvedge_ingest_events_total",
+    "Events decoded, by type.",
+    "counter",
+    ["type"],
+    (source, emit) => {
+      const events = source.normalizer.counters.events;
+      emit(events.stored, { type: "stored" });
+      emit(events.removed, { type: "removed" });
+      emit(events.cleared, { type: "cleared" });
+    },
+  );
+  perSource(
+    "kvedge_ingest_decode_errors_total",
+    "Batches dropped as malformed, by kind.",
+    "counter",
+    ["kind"],
+    (source, emit) => {
+      for (const [kind, value] of Object.entries(source.normalizer.counters.decodeErrors))
+        emit(value, { kind });
+    },
+  );
+  perSource(
+    "kvedge_ingest_rejected_blocks_total",
+    "Blocks not indexed, by reason.",
+    "counter",
+    ["reason"],
+    (source, emit) => {
+      for (const [reason, value] of Object.entries(source.normalizer.counters.rejectedBlocks))
+        emit(value, { reason });
+    },
+  );
+  perSource(
+    "kvedge_ingest_tier_blocks_total",
+    "Blocks in stored/removed events by storage tier (only device is indexed).",
+    "counter",
+    ["tier"],
+    (source, emit) => {
+      for (const [tier, value] of Object.entries(source.normalizer.counters.blocksByTier))
+        emit(value, { tier });
+    },
+  );
+  perSource("kvedge_ingest_gaps_total", "Sequence gaps seen.", "counter", [], (source, emit) =>
+    emit(source.sequencer.counters.gaps),
+  );
+  perSource(
+    "kvedge_ingest_lost_batches_total",
+    "Batches lost for good (no replay, replay failed or too short).",
+    "counter",
+    [],
+    (source, emit) => emit(source.sequencer.counters.lost),
+  );
+  perSource(
+    "kvedge_ingest_replays_total",
+    "Replay requests (connect probes included) by outcome.",
+    "counter",
+    ["result"],
+    (source, emit) => {
+      const c = source.sequencer.counters;
+      emit(c.replaysRequested, { result: "requested" });
+      emit(c.replaysCompleted, { result: "completed" });
+      emit(c.replaysFailed, { result: "failed" });
+    },
+  );
+  perSource(
+    "kvedge_ingest_resets_total",
+    "Engine restarts detected (the worker's blocks were cleared).",
+    "counter",
+    [],
+    (source, emit) => emit(source.sequencer.counters.restarts),
+  );
+  perSource(
+    "kvedge_ingest_continuity_total",
+    "What each connect probe (replay from 0) established: probe (asked), " +
+      "continued (same stream), rebuilt (cleared and rebuilt from a ring starting at 0); and stray (sequence jumps skipped).",
+    "counter",
+    ["outcome"],
+    (source, emit) => {
       const c = source.sequencer.counters;
       emit(c.probes, { outcome: "probe" });
       emit(c.continued, { outcome: "continued" });
       emit(c.rebuilds, { outcome: "rebuilt" });
       emit(c.straySeqs, { outcome: "stray" });
-    });
-  perSource("kvedge_ingest_replay_buffer_dropped_total", "Live batches dropped because the bytes held during a replay "
-    + "reached ingest.replay_buffer_bytes (then counted lost).", "counter", [],
-    (source, emit) => emit(source.sequencer.counters.bufferDropped));
-  perSource("kvedge_ingest_reconnects_total", "Re-dials of the engine's publisher.", "counter", [],
-    (source, emit) => emit(source.socketCounters.sub.reconnects));
-  perSource("kvedge_ingest_protocol_errors_total", "ZMTP protocol errors and malformed messages, by kind.", "counter", ["kind"],
+    },
+  );
+  perSource(
+    "kvedge_ingest_replay_buffer_dropped_total",
+    "Live batches dropped because the bytes held during a replay " +
+      "reached ingest.replay_buffer_bytes (then counted lost).",
+    "counter",
+    [],
+    (source, emit) => emit(source.sequencer.counters.bufferDropped),
+  );
+  perSource(
+    "kvedge_ingest_reconnects_total",
+    "Re-dials of the engine's publisher.",
+    "counter",
+    [],
+    (source, emit) => emit(source.socketCounters.sub.reconnects),
+  );
+  perSource(
+    "kvedge_ingest_protocol_errors_total",
+    "ZMTP protocol errors and malformed messages, by kind.",
+    "counter",
+    ["kind"],
     (source, emit) => {
-      for (const [kind, value] of Object.entries(source.socketCounters.sub.protocolErrors)) emit(value, { kind });
+      for (const [kind, value] of Object.entries(source.socketCounters.sub.protocolErrors))
+        emit(value, { kind });
       emit(source.counters.malformedMessages, { kind: "malformed_message" });
       emit(source.counters.malformedReplayReplies, { kind: "malformed_replay_reply" });
       emit(source.stream.counters.applyErrors, { kind: "apply_error" });
       emit(source.sequencer.counters.oversize, { kind: "oversize_skipped" }); // live and replayed
       emit(source.socketCounters.sub.frameTimeouts, { kind: "frame_timeout" });
-    });
-  perSource("kvedge_ingest_connected", "1 while the engine's publisher is connected.", "gauge", [],
-    (source, emit) => emit(source.state === "connected" ? 1 : 0));
-  perSource("kvedge_ingest_last_seq", "Last applied batch sequence number (-1 before the first).", "gauge", [],
-    (source, emit) => emit(source.sequencer.lastSeq));
+    },
+  );
+  perSource(
+    "kvedge_ingest_connected",
+    "1 while the engine's publisher is connected.",
+    "gauge",
+    [],
+    (source, emit) => emit(source.state === "connected" ? 1 : 0),
+  );
+  perSource(
+    "kvedge_ingest_last_seq",
+    "Last applied batch sequence number (-1 before the first).",
+    "gauge",
+    [],
+    (source, emit) => emit(source.sequencer.lastSeq),
+  );
 }
 
 /** Admission at saturation (route.admission): calls held now, and what happened to each. */
-function registerAdmissionMetrics(registry: MetricsRegistry, admission: KvedgeCore["admission"]): void {
+function registerAdmissionMetrics(
+  registry: MetricsRegistry,
+  admission: KvedgeCore["admission"],
+): void {
   registerSamples(registry, {
-    name: "kvedge_admission_held", help: "Route calls held by admission now (route.admission).",
-    type: "gauge", labelNames: [], collect: (emit) => emit(admission.held),
+    name: "kvedge_admission_held",
+    help: "Route calls held by admission now (route.admission).",
+    type: "gauge",
+    labelNames: [],
+    collect: (emit) => emit(admission.held),
   });
   registerSamples(registry, {
     name: "kvedge_admission_total",
-    help: "Route calls through admission: routed at once, held, released when a worker freed, "
-      + "routed past the longest hold, rejected (429), dropped (client gone while held).",
+    help:
+      "Route calls through admission: routed at once, held, released when a worker freed, " +
+      "routed past the longest hold, rejected (429), dropped (client gone while held).",
     type: "counter",
     labelNames: ["outcome"],
     collect(emit) {

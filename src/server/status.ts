@@ -26,9 +26,22 @@ export function statusOp(service: KvedgeCore) {
   return {
     now_ms: Date.now(),
     block_size: service.blockSize,
-    routes: { decisions: routes.decisions, prompt_tokens: routes.promptTokens, predicted_cached_tokens: routes.predictedCachedTokens },
-    answers: { with_usage: answers, prompt_tokens: promptTokens, predicted_cached_tokens: predicted, observed_cached_tokens: observed },
-    events: { stored: index.storedEvents, removed: index.removedEvents, cleared: index.clearedEvents },
+    routes: {
+      decisions: routes.decisions,
+      prompt_tokens: routes.promptTokens,
+      predicted_cached_tokens: routes.predictedCachedTokens,
+    },
+    answers: {
+      with_usage: answers,
+      prompt_tokens: promptTokens,
+      predicted_cached_tokens: predicted,
+      observed_cached_tokens: observed,
+    },
+    events: {
+      stored: index.storedEvents,
+      removed: index.removedEvents,
+      cleared: index.clearedEvents,
+    },
     workers,
   };
 }

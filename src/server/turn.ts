@@ -66,7 +66,9 @@ export class TurnBatch {
       try {
         work();
       } catch (error) {
-        this.log.error("batched request failed", { error: error instanceof Error ? error.stack ?? error.message : String(error) });
+        this.log.error("batched request failed", {
+          error: error instanceof Error ? (error.stack ?? error.message) : String(error),
+        });
       }
     }
     if (this.head === this.queue.length) {

@@ -42,14 +42,19 @@ export function warmUp(config: Config, routes: number): WarmupResult {
   const started = performance.now();
   if (routes <= 0) return { routes: 0, ms: 0 };
   // Admission off: a scratch route must be answered in its frame.
-  const service = new KvedgeCore({ config: { ...config, workers: [], route: { ...config.route, admission: "off" } }, log: silentLogger });
+  const service = new KvedgeCore({
+    config: { ...config, workers: [], route: { ...config.route, admission: "off" } },
+    log: silentLogger,
+  });
   const random = xorshift32(0x5741524d);
   const token = () => random() % VOCABULARY;
 
   // Workers hold a shared system prompt and a document each, so requests match
   // partly, on several workers, as real ones do.
   const system = Uint32Array.from({ length: PROMPT_TOKENS / 4 }, token);
-  const documents = Array.from({ length: WORKERS }, () => Uint32Array.from({ length: PROMPT_TOKENS / 2 }, token));
+  const documents = Array.from({ length: WORKERS }, () =>
+    Uint32Array.from({ length: PROMPT_TOKENS / 2 }, token),
+  );
   for (let w = 0; w < WORKERS; w++) {
     const workerId = BigInt(w + 1);
     service.router.load.addWorker(workerId, 0);
@@ -58,17 +63,28 @@ export function warmUp(config: Config, routes: number): WarmupResult {
     held.set(documents[w]!, system.length);
     const { local, blockCount } = service.hash(held, null, null);
     // The local hashes double as the engine's (external) ones.
-    service.index.applyStored(workerId, 0, false, 0, 0, local.slice(0, 2 * blockCount), local, blockCount);
+    service.index.applyStored(
+      workerId,
+      0,
+      false,
+      0,
+      0,
+      local.slice(0, 2 * blockCount),
+      local,
+      blockCount,
+    );
   }
   const prompt = (): Uint32Array => {
     const tokens = Uint32Array.from({ length: PROMPT_TOKENS }, token);
     const covered = (random() % 3) * (PROMPT_TOKENS / 4); // none, the system prompt, or it and half a document
     const document = documents[random() % WORKERS]!;
     tokens.set(system.subarray(0, Math.min(covered, system.length)));
-    if (covered > system.length) tokens.set(document.subarray(0, covered - system.length), system.length);
+    if (covered > system.length)
+      tokens.set(document.subarray(0, covered - system.length), system.length);
     return tokens;
   };
-  const bin = (tokens: Uint32Array) => new Uint8Array(tokens.buffer, tokens.byteOffset, tokens.byteLength);
+  const bin = (tokens: Uint32Array) =>
+    new Uint8Array(tokens.buffer, tokens.byteOffset, tokens.byteLength);
 
   let failed = "";
   const check = (answer: { status?: number; error?: string }) => {
@@ -81,33 +97,64 @@ export function warmUp(config: Config, routes: number): WarmupResult {
       return message.length;
     },
   } as unknown as ServerWebSocket<WsData>;
-  const onFrame = websocketHandlers(service, silentLogger, new ServerMetrics(new Registry()), new TurnBatch(silentLogger)).message!;
+  const onFrame = websocketHandlers(
+    service,
+    silentLogger,
+    new ServerMetrics(new Registry()),
+    new TurnBatch(silentLogger),
+  ).message!;
 
   let routed = 0;
   for (let round = 0; routed < routes; round++) {
     const id = (k: number) => `warmup-${round}-${k}`;
     switch (round % 4) {
-      case 0: { // binary WebSocket frames of 16 routes, then their dones
-        const ops = Array.from({ length: PER_FRAME }, (_, k) => ({ id: k, op: "route", request_id: id(k), candidates: 4, token_ids: bin(prompt()) }));
+      case 0: {
+        // binary WebSocket frames of 16 routes, then their dones
+        const ops = Array.from({ length: PER_FRAME }, (_, k) => ({
+          id: k,
+          op: "route",
+          request_id: id(k),
+          candidates: 4,
+          token_ids: bin(prompt()),
+        }));
         onFrame(socket, Buffer.from(pack(ops)));
-        onFrame(socket, Buffer.from(pack(ops.map((op) => ({ id: op.id, op: "done", request_id: op.request_id })))));
+        onFrame(
+          socket,
+          Buffer.from(
+            pack(ops.map((op) => ({ id: op.id, op: "done", request_id: op.request_id }))),
+          ),
+        );
         routed += PER_FRAME;
         break;
       }
       case 1: // a JSON text frame
-        onFrame(socket, JSON.stringify({ id: 1, op: "route", request_id: id(0), token_ids: [...prompt()] }));
+        onFrame(
+          socket,
+          JSON.stringify({ id: 1, op: "route", request_id: id(0), token_ids: [...prompt()] }),
+        );
         onFrame(socket, JSON.stringify({ id: 2, op: "done", request_id: id(0) }));
         routed++;
         break;
-      case 2: { // an HTTP JSON body, answered as /v1/route answers it
-        const outcome = decideRoute(service, parseBody({ json: JSON.stringify({ request_id: id(0), token_ids: [...prompt()] }) }, true));
+      case 2: {
+        // an HTTP JSON body, answered as /v1/route answers it
+        const outcome = decideRoute(
+          service,
+          parseBody(
+            { json: JSON.stringify({ request_id: id(0), token_ids: [...prompt()] }) },
+            true,
+          ),
+        );
         reply(null, 200, routeAnswer(service, outcome));
         lifecycleOp(service, id(0), "done");
         routed++;
         break;
       }
-      default: { // an HTTP MessagePack body
-        const outcome = decideRoute(service, parseBody({ msgpack: pack({ request_id: id(0), token_ids: bin(prompt()) }) }, true));
+      default: {
+        // an HTTP MessagePack body
+        const outcome = decideRoute(
+          service,
+          parseBody({ msgpack: pack({ request_id: id(0), token_ids: bin(prompt()) }) }, true),
+        );
         msgpackReply(200, (writer) => writeRouteAnswer(writer, service, outcome));
         lifecycleOp(service, id(0), "done");
         routed++;

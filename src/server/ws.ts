@@ -30,7 +30,13 @@ import { bufferBudget } from "../util/buffer-budget";
 import type { Logger } from "../util/log";
 import { encodeMsgpack, MsgpackWriter, type MsgpackValue } from "../wire/msgpack";
 import {
-  decideRoute, lifecycleOp, matchOp, routeAnswer, routeOp, submitRoute, writeRouteAnswer,
+  decideRoute,
+  lifecycleOp,
+  matchOp,
+  routeAnswer,
+  routeOp,
+  submitRoute,
+  writeRouteAnswer,
 } from "./api";
 import { clientError } from "./http";
 import { HttpError, toJson } from "../http/http";
@@ -77,7 +83,10 @@ interface Answer {
 
 /** A held route's answer, sent in a frame of its own. */
 function sendLater(
-  ws: ServerWebSocket<WsData>, binary: boolean, service: KvedgeCore, id: unknown,
+  ws: ServerWebSocket<WsData>,
+  binary: boolean,
+  service: KvedgeCore,
+  id: unknown,
   outcome: RouteOutcome,
 ): void {
   if (!binary) {
@@ -91,7 +100,10 @@ function sendLater(
 
 /** `{id, status: 200, result}` for a route, the result written straight from the decision. */
 function writeRouteFrame(
-  out: MsgpackWriter, service: KvedgeCore, id: unknown, outcome: RouteOutcome,
+  out: MsgpackWriter,
+  service: KvedgeCore,
+  id: unknown,
+  outcome: RouteOutcome,
 ): void {
   out.mapHeader(3);
   out.encoded(ID_KEY);
@@ -103,7 +115,10 @@ function writeRouteFrame(
 }
 
 export function websocketHandlers(
-  service: KvedgeCore, log: Logger, metrics: ServerMetrics, batch: TurnBatch,
+  service: KvedgeCore,
+  log: Logger,
+  metrics: ServerMetrics,
+  batch: TurnBatch,
 ): WebSocketHandler<WsData> {
   const api = new WsApi(service, log, metrics);
   return {
@@ -205,7 +220,10 @@ class WsApi {
    * Null: written to `out`, or a route held by admission (answered later by `sendLater`).
    */
   private answer(
-    ws: ServerWebSocket<WsData>, binary: boolean, request: unknown, out: MsgpackWriter | null,
+    ws: ServerWebSocket<WsData>,
+    binary: boolean,
+    request: unknown,
+    out: MsgpackWriter | null,
   ): Answer | null {
     const started = performance.now();
     let id: unknown = null;
@@ -239,11 +257,13 @@ class WsApi {
   private errorAnswer(id: unknown, error: unknown): Answer {
     const client = clientError(error);
     if (client === null) {
-      const text = error instanceof Error ? error.stack ?? error.message : String(error);
+      const text = error instanceof Error ? (error.stack ?? error.message) : String(error);
       this.log.error("websocket request failed", { error: text });
     }
     const answer: Answer = {
-      id, status: client?.status ?? 500, error: client?.message ?? "internal error",
+      id,
+      status: client?.status ?? 500,
+      error: client?.message ?? "internal error",
     };
     if (client?.retryAfterSecs != null) answer.retry_after = client.retryAfterSecs;
     return answer;
@@ -251,20 +271,28 @@ class WsApi {
 
   /** A route through admission: its answer now, or null when held (sent later in its own frame). */
   private admitted(
-    ws: ServerWebSocket<WsData>, binary: boolean, id: unknown, body: Record<string, unknown>,
+    ws: ServerWebSocket<WsData>,
+    binary: boolean,
+    id: unknown,
+    body: Record<string, unknown>,
   ): Answer | null {
     const service = this.service;
     let now: Answer | null = null;
     let held = false;
-    const { handle, call } = submitRoute(service, body, (outcome) => {
-      if (!held) now = { id, status: 200, result: routeAnswer(service, outcome) };
-      else if (ws.data.heldRoutes.delete(call)) sendLater(ws, binary, service, id, outcome);
-    }, (error) => {
-      if (!held) now = this.errorAnswer(id, error);
-      else if (ws.data.heldRoutes.delete(call)) {
-        sendAnswer(ws, binary, this.errorAnswer(id, error), heldWriter);
-      }
-    });
+    const { handle, call } = submitRoute(
+      service,
+      body,
+      (outcome) => {
+        if (!held) now = { id, status: 200, result: routeAnswer(service, outcome) };
+        else if (ws.data.heldRoutes.delete(call)) sendLater(ws, binary, service, id, outcome);
+      },
+      (error) => {
+        if (!held) now = this.errorAnswer(id, error);
+        else if (ws.data.heldRoutes.delete(call)) {
+          sendAnswer(ws, binary, this.errorAnswer(id, error), heldWriter);
+        }
+      },
+    );
     if (handle < 0) return now;
     held = true;
     ws.data.heldRoutes.set(call, handle);
@@ -274,7 +302,10 @@ class WsApi {
 
 /** A frame's answers, held routes left out (nothing is sent when every one was held). */
 function sendAnswers(
-  ws: ServerWebSocket<WsData>, binary: boolean, batched: boolean, answers: (Answer | null)[],
+  ws: ServerWebSocket<WsData>,
+  binary: boolean,
+  batched: boolean,
+  answers: (Answer | null)[],
 ): void {
   const ready = answers.filter((answer) => answer !== null);
   if (ready.length === 0 && answers.length > 0) return;
@@ -305,8 +336,10 @@ const OP_LABELS = new Map(
 
 function run(service: KvedgeCore, op: string, body: Record<string, unknown>): unknown {
   switch (op) {
-    case "route": return routeOp(service, body);
-    case "match": return matchOp(service, body);
+    case "route":
+      return routeOp(service, body);
+    case "match":
+      return matchOp(service, body);
     case "prefill_done":
     case "done": {
       const requestId = body.request_id;
@@ -325,7 +358,10 @@ function send(ws: ServerWebSocket<WsData>, binary: boolean, payload: unknown): v
 }
 
 function sendAnswer(
-  ws: ServerWebSocket<WsData>, binary: boolean, payload: unknown, into: MsgpackWriter,
+  ws: ServerWebSocket<WsData>,
+  binary: boolean,
+  payload: unknown,
+  into: MsgpackWriter,
 ): void {
   if (!binary) {
     deliver(ws, toJson(payload));

@@ -29,9 +29,22 @@ import { engineSeeds, simulate } from "./simulator";
 import type { TimeModel } from "./time-model";
 import type { Trace } from "./trace";
 
-export const DEMO_POLICIES = ["kv_aware", "round_robin", "random", "least_loaded", "approx_prefix", "kv_aware_model"] as const;
+export const DEMO_POLICIES = [
+  "kv_aware",
+  "round_robin",
+  "random",
+  "least_loaded",
+  "approx_prefix",
+  "kv_aware_model",
+] as const;
 export type DemoPolicy = (typeof DEMO_POLICIES)[number];
-export const DEFAULT_DEMO_POLICIES: readonly DemoPolicy[] = ["kv_aware", "round_robin", "random", "least_loaded", "approx_prefix"];
+export const DEFAULT_DEMO_POLICIES: readonly DemoPolicy[] = [
+  "kv_aware",
+  "round_robin",
+  "random",
+  "least_loaded",
+  "approx_prefix",
+];
 
 export function isDemoPolicy(name: string): name is DemoPolicy {
   return (DEMO_POLICIES as readonly string[]).includes(name);
@@ -144,35 +157,66 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
     if (options.virtual === true) {
       options.progress?.(`${policy}: replaying in virtual time…`);
       const report = simulate(options.trace, {
-        policy: policy === "kv_aware" ? "kv_aware_model" : policy, workers: options.workers,
-        capacityBlocks: options.capacityBlocks, blockSize: options.blockSize, time: options.time, seed: options.seed,
-        vocabSize: options.vocabSize, ...(options.kvAware === undefined ? {} : { kvAware: options.kvAware }),
+        policy: policy === "kv_aware" ? "kv_aware_model" : policy,
+        workers: options.workers,
+        capacityBlocks: options.capacityBlocks,
+        blockSize: options.blockSize,
+        time: options.time,
+        seed: options.seed,
+        vocabSize: options.vocabSize,
+        ...(options.kvAware === undefined ? {} : { kvAware: options.kvAware }),
         onFinish: (finished) => {
           if (policy !== "kv_aware" || !(finished instanceof KvAwareModel)) return;
           if (finished.admission !== null) admission = { mode, ...finished.admission.counts };
         },
       });
-      policies[policy] = { ...report, policy, mode: "in-process, virtual time", wall_s: (performance.now() - phaseStarted) / 1000 };
+      policies[policy] = {
+        ...report,
+        policy,
+        mode: "in-process, virtual time",
+        wall_s: (performance.now() - phaseStarted) / 1000,
+      };
       options.progress?.("");
     } else if (policy === "kv_aware" && options.proxy === true) {
       const run = await runProxyReplay(options);
-      policies[policy] = { ...run.report, mode: "kvedge", wall_s: (performance.now() - phaseStarted) / 1000 };
+      policies[policy] = {
+        ...run.report,
+        mode: "kvedge",
+        wall_s: (performance.now() - phaseStarted) / 1000,
+      };
       proxy = run.proxy;
     } else if (policy === "kv_aware") {
       const run = await runKvedge(options);
-      policies[policy] = { ...run.report, mode: "kvedge", wall_s: (performance.now() - phaseStarted) / 1000 };
+      policies[policy] = {
+        ...run.report,
+        mode: "kvedge",
+        wall_s: (performance.now() - phaseStarted) / 1000,
+      };
       router = run.router;
       if (mode !== "off") admission = { mode, ...run.admission };
     } else if (options.realtimeBaselines) {
       const report = await runInProcessRealtime(policy, options);
-      policies[policy] = { ...report, mode: "in-process, real time", wall_s: (performance.now() - phaseStarted) / 1000 };
+      policies[policy] = {
+        ...report,
+        mode: "in-process, real time",
+        wall_s: (performance.now() - phaseStarted) / 1000,
+      };
     } else {
       options.progress?.(`${policy}: replaying in virtual time…`);
       const report = simulate(options.trace, {
-        policy, workers: options.workers, capacityBlocks: options.capacityBlocks, blockSize: options.blockSize,
-        time: options.time, seed: options.seed, vocabSize: options.vocabSize,
+        policy,
+        workers: options.workers,
+        capacityBlocks: options.capacityBlocks,
+        blockSize: options.blockSize,
+        time: options.time,
+        seed: options.seed,
+        vocabSize: options.vocabSize,
       });
-      policies[policy] = { ...report, mode: "in-process, virtual time", wall_s: (performance.now() - phaseStarted) / 1000 };
+      policies[policy] = {
+        ...report,
+        mode: "in-process, virtual time",
+        wall_s: (performance.now() - phaseStarted) / 1000,
+      };
       options.progress?.("");
     }
   }
@@ -215,11 +259,18 @@ async function startEngines(options: DemoOptions, withReplay: boolean): Promise<
   const engines: NetworkedEngine[] = [];
   try {
     for (let w = 0; w < options.workers; w++) {
-      engines.push(await new NetworkedEngine({
-        index: w, capacityBlocks: options.capacityBlocks, blockSize: options.blockSize, hashSeed: seeds[w]!,
-        time: options.time, endpoint: "tcp://127.0.0.1:0", replayEndpoint: withReplay ? "tcp://127.0.0.1:0" : null,
-        form: options.form,
-      }).start());
+      engines.push(
+        await new NetworkedEngine({
+          index: w,
+          capacityBlocks: options.capacityBlocks,
+          blockSize: options.blockSize,
+          hashSeed: seeds[w]!,
+          time: options.time,
+          endpoint: "tcp://127.0.0.1:0",
+          replayEndpoint: withReplay ? "tcp://127.0.0.1:0" : null,
+          form: options.form,
+        }).start(),
+      );
     }
   } catch (error) {
     await Promise.all(engines.map((engine) => engine.close()));
@@ -234,8 +285,10 @@ function progressLine(name: string, progress: RealtimeProgress, startedMs: numbe
   const filled = Math.round(fraction * width);
   const wall = (performance.now() - startedMs) / 1000;
   const speed = wall > 0 ? progress.modelMs / 1000 / wall : 0;
-  return `${name.padEnd(14)} [${"#".repeat(filled)}${".".repeat(width - filled)}] ${progress.routed}/${progress.total} requests`
-    + `  model ${clock(progress.modelMs)}/${clock(progress.spanMs)}  ×${speed.toFixed(1)}  ${wall.toFixed(0)} s`;
+  return (
+    `${name.padEnd(14)} [${"#".repeat(filled)}${".".repeat(width - filled)}] ${progress.routed}/${progress.total} requests` +
+    `  model ${clock(progress.modelMs)}/${clock(progress.spanMs)}  ×${speed.toFixed(1)}  ${wall.toFixed(0)} s`
+  );
 }
 
 function clock(ms: number): string {
@@ -250,9 +303,19 @@ async function runKvedge(options: DemoOptions): Promise<KvedgeRun> {
   try {
     options.progress?.("kv_aware: starting kvedge serve…");
     const workerIds = engines.map((_, w) => String(w));
-    const workers = engines.map((engine, w) => `${w}=${engine.endpoint};replay=${engine.replayEndpoint}`).join(",");
+    const workers = engines
+      .map((engine, w) => `${w}=${engine.endpoint};replay=${engine.replayEndpoint}`)
+      .join(",");
     serve = await startServeChild({
-      args: ["--workers", workers, "--block-size", String(options.blockSize), "--log-level", "info", ...options.serveArgs],
+      args: [
+        "--workers",
+        workers,
+        "--block-size",
+        String(options.blockSize),
+        "--log-level",
+        "info",
+        ...options.serveArgs,
+      ],
       ...(options.kvedgeCommand === undefined ? {} : { command: options.kvedgeCommand }),
     });
     await waitReady(serve.url, engines);
@@ -260,17 +323,34 @@ async function runKvedge(options: DemoOptions): Promise<KvedgeRun> {
     const { router, stats } = kvedgeRouter(client, workerIds, options.trace.count, "demo-");
     const startedMs = performance.now();
     const run = await replayRealtime("kv_aware", {
-      trace: options.trace, engines, router, speedup: options.speedup, blockSize: options.blockSize,
+      trace: options.trace,
+      engines,
+      router,
+      speedup: options.speedup,
+      blockSize: options.blockSize,
       vocabSize: options.vocabSize,
       ...(admissionModeOf(options) === "off" ? {} : { answerWaitMs: HELD_ANSWER_WAIT_MS }),
-      ...(options.progress === null ? {} : { progress: (p: RealtimeProgress) => options.progress!(progressLine("kv_aware", p, startedMs)) }),
+      ...(options.progress === null
+        ? {}
+        : {
+            progress: (p: RealtimeProgress) =>
+              options.progress!(progressLine("kv_aware", p, startedMs)),
+          }),
     });
     options.progress?.("");
     await client.settle();
-    const routerReport = await routerSide(serve.url, engines, workerIds, client, stats, options.blockSize);
+    const routerReport = await routerSide(
+      serve.url,
+      engines,
+      workerIds,
+      client,
+      stats,
+      options.blockSize,
+    );
     const metrics = await (await fetch(`${serve.url}/metrics`)).text();
     return {
-      report: run.report, router: { ...routerReport, achieved_speedup: run.achievedSpeedup },
+      report: run.report,
+      router: { ...routerReport, achieved_speedup: run.achievedSpeedup },
       admission: admissionCounts(metrics),
     };
   } catch (error) {
@@ -293,18 +373,30 @@ function admissionCounts(metrics: string): Omit<AdmissionReport, "mode"> {
   const count = (outcome: string) =>
     metricSum(metrics, "kvedge_admission_total", `outcome="${outcome}"`);
   return {
-    immediate: count("immediate"), held: count("held"), released: count("released"),
-    overdue: count("overdue"), rejected: count("rejected"), dropped: count("dropped"),
+    immediate: count("immediate"),
+    held: count("held"),
+    released: count("released"),
+    overdue: count("overdue"),
+    rejected: count("rejected"),
+    dropped: count("dropped"),
   };
 }
 
 /** Waits for /readyz and for every engine to see its subscriber (nothing published is lost). */
-export async function waitReady(url: string, engines: readonly NetworkedEngine[], timeoutMs = 20_000): Promise<void> {
+export async function waitReady(
+  url: string,
+  engines: readonly NetworkedEngine[],
+  timeoutMs = 20_000,
+): Promise<void> {
   const deadline = performance.now() + timeoutMs;
   for (;;) {
-    const ready = await fetch(`${url}/readyz`).then((response) => response.ok, () => false);
+    const ready = await fetch(`${url}/readyz`).then(
+      (response) => response.ok,
+      () => false,
+    );
     if (ready && engines.every((engine) => engine.subscribers > 0)) return;
-    if (performance.now() > deadline) throw new Error(`kvedge serve was not ready within ${timeoutMs} ms`);
+    if (performance.now() > deadline)
+      throw new Error(`kvedge serve was not ready within ${timeoutMs} ms`);
     await Bun.sleep(20);
   }
 }
@@ -320,7 +412,7 @@ interface WorkerJson {
 async function getJson<T>(url: string): Promise<T> {
   const response = await fetch(url);
   if (!response.ok) throw new Error(`GET ${url}: HTTP ${response.status}`);
-  return await response.json() as T;
+  return (await response.json()) as T;
 }
 
 /** Sums a Prometheus counter's samples whose labels contain `match`. */
@@ -335,16 +427,22 @@ function metricSum(text: string, name: string, match = ""): number {
 }
 
 async function routerSide(
-  url: string, engines: readonly NetworkedEngine[], workerIds: readonly string[], client: KvedgeClient,
-  stats: ReturnType<typeof kvedgeRouter>["stats"], blockSize: number,
+  url: string,
+  engines: readonly NetworkedEngine[],
+  workerIds: readonly string[],
+  client: KvedgeClient,
+  stats: ReturnType<typeof kvedgeRouter>["stats"],
+  blockSize: number,
 ): Promise<Omit<RouterReport, "achieved_speedup">> {
   // Let kvedge catch up with the last batches before comparing.
   const deadline = performance.now() + 10_000;
   let workers: WorkerJson[] = [];
   for (;;) {
     workers = (await getJson<{ workers: WorkerJson[] }>(`${url}/v1/workers`)).workers;
-    const caughtUp = engines.every((engine, w) =>
-      workers.find((view) => view.worker_id === workerIds[w])?.last_seq === engine.lastSeq);
+    const caughtUp = engines.every(
+      (engine, w) =>
+        workers.find((view) => view.worker_id === workerIds[w])?.last_seq === engine.lastSeq,
+    );
     if (caughtUp || performance.now() > deadline) break;
     await Bun.sleep(20);
   }
@@ -357,7 +455,11 @@ async function routerSide(
     const snapshot = engines[w]!.engine.cache.snapshot();
     engineBlocks += snapshot.length;
     const indexed = held.get(workerIds[w]!) ?? new Set<string>();
-    if (indexed.size !== snapshot.length || !snapshot.every((block) => indexed.has(block.hash.toString()))) matches = false;
+    if (
+      indexed.size !== snapshot.length ||
+      !snapshot.every((block) => indexed.has(block.hash.toString()))
+    )
+      matches = false;
   }
   let overlapTokens = 0;
   let promptTokens = 0;
@@ -365,7 +467,9 @@ async function routerSide(
     overlapTokens += stats.overlapBlocks[i]! * blockSize;
     promptTokens += stats.promptTokens[i]!;
   }
-  const latencies = Float64Array.from(stats.latencyMs.filter((value) => !Number.isNaN(value))).sort();
+  const latencies = Float64Array.from(
+    stats.latencyMs.filter((value) => !Number.isNaN(value)),
+  ).sort();
   return {
     decisions: latencies.length,
     route_latency_p50_ms: percentile(latencies, 0.5),
@@ -401,18 +505,33 @@ function heldByWorker(dump: string): Map<string, Set<string>> {
   return held;
 }
 
-async function runInProcessRealtime(policy: Exclude<DemoPolicy, "kv_aware">, options: DemoOptions): Promise<PolicyReport> {
+async function runInProcessRealtime(
+  policy: Exclude<DemoPolicy, "kv_aware">,
+  options: DemoOptions,
+): Promise<PolicyReport> {
   const engines = await startEngines(options, false);
   try {
     const routing = createPolicy(policy as PolicyName, {
-      workers: options.workers, blockSize: options.blockSize, seed: options.seed,
-      probe: (worker, query) => engines[worker]!.engine.cache.cachedPrefixBlocks(query.tokens, query.promptLength),
+      workers: options.workers,
+      blockSize: options.blockSize,
+      seed: options.seed,
+      probe: (worker, query) =>
+        engines[worker]!.engine.cache.cachedPrefixBlocks(query.tokens, query.promptLength),
     });
     const startedMs = performance.now();
     const run = await replayRealtime(policy, {
-      trace: options.trace, engines, router: policyClient(routing), speedup: options.speedup,
-      blockSize: options.blockSize, vocabSize: options.vocabSize,
-      ...(options.progress === null ? {} : { progress: (p: RealtimeProgress) => options.progress!(progressLine(policy, p, startedMs)) }),
+      trace: options.trace,
+      engines,
+      router: policyClient(routing),
+      speedup: options.speedup,
+      blockSize: options.blockSize,
+      vocabSize: options.vocabSize,
+      ...(options.progress === null
+        ? {}
+        : {
+            progress: (p: RealtimeProgress) =>
+              options.progress!(progressLine(policy, p, startedMs)),
+          }),
     });
     options.progress?.("");
     return run.report;

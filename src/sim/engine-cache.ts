@@ -124,7 +124,12 @@ export class EngineCache {
   readonly blockSize: number;
   readonly recordEvents: boolean;
   readonly counters: EngineCacheCounters = {
-    lookupBlocks: 0, hitBlocks: 0, storedBlocks: 0, evictedBlocks: 0, duplicateBlocks: 0, clears: 0,
+    lookupBlocks: 0,
+    hitBlocks: 0,
+    storedBlocks: 0,
+    evictedBlocks: 0,
+    duplicateBlocks: 0,
+    clears: 0,
   };
 
   private readonly seed: Seed;
@@ -156,7 +161,9 @@ export class EngineCache {
     const capacity = options.capacityBlocks;
     const blockSize = options.blockSize ?? DEFAULT_BLOCK_SIZE;
     if (!Number.isSafeInteger(capacity) || capacity < 1 || capacity > CAPACITY_BLOCKS_MAX) {
-      throw new RangeError(`capacityBlocks must be an integer in [1, ${CAPACITY_BLOCKS_MAX}], got ${capacity}`);
+      throw new RangeError(
+        `capacityBlocks must be an integer in [1, ${CAPACITY_BLOCKS_MAX}], got ${capacity}`,
+      );
     }
     if (!Number.isSafeInteger(blockSize) || blockSize < 1 || blockSize > 4096) {
       throw new RangeError(`blockSize must be an integer in [1, 4096], got ${blockSize}`);
@@ -217,7 +224,16 @@ export class EngineCache {
     chainHashes(ext, fullBlocks, ext);
     hashBlocks(tokens, this.blockSize, DEFAULT_SEED, path);
     chainHashes(path, fullBlocks, path);
-    return { tokens, promptLength, fullBlocks, ext, path, slots: null, hitBlocks: 0, committedBlocks: 0 };
+    return {
+      tokens,
+      promptLength,
+      fullBlocks,
+      ext,
+      path,
+      slots: null,
+      hitBlocks: 0,
+      committedBlocks: 0,
+    };
   }
 
   /**
@@ -276,7 +292,8 @@ export class EngineCache {
       this.refs[slot] = 1;
       slots[i] = slot;
     }
-    if (removed !== null) this.events.push({ type: "BlockRemoved", block_hashes: removed, medium: "GPU" });
+    if (removed !== null)
+      this.events.push({ type: "BlockRemoved", block_hashes: removed, medium: "GPU" });
     this.counters.lookupBlocks += this.reusableBlocks(sequence.promptLength);
     this.counters.hitBlocks += hit;
     sequence.slots = slots;
@@ -364,14 +381,17 @@ export class EngineCache {
     for (let slot = this.head; slot !== NONE; slot = this.next[slot]!) {
       if (++queued > this.capacityBlocks) throw new Error("free queue has a cycle");
       if (this.prev[slot] !== previous) throw new Error(`free queue link broken at slot ${slot}`);
-      if (this.queued[slot] !== 1 || this.refs[slot] !== 0) throw new Error(`slot ${slot} queued but pinned`);
+      if (this.queued[slot] !== 1 || this.refs[slot] !== 0)
+        throw new Error(`slot ${slot} queued but pinned`);
       previous = slot;
     }
     if (previous !== this.tail) throw new Error("free queue tail mismatch");
-    if (queued !== this.freeCount) throw new Error(`free count ${this.freeCount}, queue holds ${queued}`);
+    if (queued !== this.freeCount)
+      throw new Error(`free count ${this.freeCount}, queue holds ${queued}`);
     let cached = 0;
     for (let slot = 0; slot < this.capacityBlocks; slot++) {
-      if ((this.refs[slot] === 0) !== (this.queued[slot] === 1)) throw new Error(`slot ${slot}: refs vs queue`);
+      if ((this.refs[slot] === 0) !== (this.queued[slot] === 1))
+        throw new Error(`slot ${slot}: refs vs queue`);
       if (this.cached[slot] !== 1) continue;
       cached++;
       if (this.lookup(this.extHi[slot]!, this.extLo[slot]!) !== slot) {
@@ -380,7 +400,8 @@ export class EngineCache {
     }
     this.table.forEach((hi, lo, slot) => {
       if (this.cached[slot] !== 1) throw new Error(`hash table names uncached slot ${slot}`);
-      if (this.extHi[slot] !== hi || this.extLo[slot] !== lo) throw new Error(`slot ${slot} holds another hash`);
+      if (this.extHi[slot] !== hi || this.extLo[slot] !== lo)
+        throw new Error(`slot ${slot} holds another hash`);
     });
     if (cached !== this.cachedCount || cached !== this.table.size) {
       throw new Error(`cached ${cached}, count ${this.cachedCount}, table ${this.table.size}`);
@@ -395,7 +416,8 @@ export class EngineCache {
   }
 
   private matchPrefix(ext: Uint32Array, limit: number): number {
-    for (let i = 0; i < limit; i++) if (this.lookup(ext[2 * i]!, ext[2 * i + 1]!) === NONE) return i;
+    for (let i = 0; i < limit; i++)
+      if (this.lookup(ext[2 * i]!, ext[2 * i + 1]!) === NONE) return i;
     return limit;
   }
 
@@ -441,7 +463,8 @@ export class EngineCache {
     const size = this.blockSize;
     const tokens = sequence.tokens;
     const pool = this.tokenPool;
-    for (let t = 0, from = i * size, to = slot * size; t < size; t++) pool[to + t] = tokens[from + t]!;
+    for (let t = 0, from = i * size, to = slot * size; t < size; t++)
+      pool[to + t] = tokens[from + t]!;
     this.counters.storedBlocks++;
     return true;
   }

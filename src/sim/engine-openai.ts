@@ -15,7 +15,14 @@
  */
 import { asObject, HttpError, reply } from "../http/http";
 import {
-  CHAT_PATH, includesUsage, isStream, maxTokensOf, type OpenAiPath, promptTokens, SSE_DONE, sseEvent,
+  CHAT_PATH,
+  includesUsage,
+  isStream,
+  maxTokensOf,
+  type OpenAiPath,
+  promptTokens,
+  SSE_DONE,
+  sseEvent,
 } from "../proxy/openai";
 import type { PromptTokenizer } from "../proxy/tokenizer";
 import type { EngineServer, Submitted } from "./engine-server";
@@ -32,12 +39,23 @@ export class EngineOpenAi {
   private nextId = 0;
   private readonly created = Math.floor(Date.now() / 1000);
 
-  constructor(private readonly engine: EngineServer, private readonly options: OpenAiEngineOptions) {}
+  constructor(
+    private readonly engine: EngineServer,
+    private readonly options: OpenAiEngineOptions,
+  ) {}
 
   models(request: Request): Response {
     return reply(request, 200, {
       object: "list",
-      data: [{ id: this.options.model, object: "model", created: this.created, owned_by: "kvedge-mock-engine", root: this.options.model }],
+      data: [
+        {
+          id: this.options.model,
+          object: "model",
+          created: this.created,
+          owned_by: "kvedge-mock-engine",
+          root: this.options.model,
+        },
+      ],
     });
   }
 
@@ -53,23 +71,49 @@ export class EngineOpenAi {
     const chat = path === CHAT_PATH;
     const id = `${chat ? "chatcmpl" : "cmpl"}-mock-${this.nextId++}`;
     const submitted = this.engine.submit(prompt, maxTokens, id);
-    const head = { id, object: chat ? "chat.completion" : "text_completion", created: Math.floor(Date.now() / 1000), model: this.options.model };
+    const head = {
+      id,
+      object: chat ? "chat.completion" : "text_completion",
+      created: Math.floor(Date.now() / 1000),
+      model: this.options.model,
+    };
     if (!stream) {
       await submitted.done;
       const text = textOf(submitted.output, 0, submitted.output.length);
       const choice = chat
-        ? { index: 0, message: { role: "assistant", content: text }, logprobs: null, finish_reason: "length" }
+        ? {
+            index: 0,
+            message: { role: "assistant", content: text },
+            logprobs: null,
+            finish_reason: "length",
+          }
         : { index: 0, text, logprobs: null, finish_reason: "length", stop_reason: null };
-      return reply(request, 200, { ...head, choices: [choice], usage: usageOf(submitted), kvedge_mock: timesOf(submitted) });
+      return reply(request, 200, {
+        ...head,
+        choices: [choice],
+        usage: usageOf(submitted),
+        kvedge_mock: timesOf(submitted),
+      });
     }
-    return this.streamed(submitted, { ...head, object: chat ? "chat.completion.chunk" : "text_completion" }, chat, includesUsage(body));
+    return this.streamed(
+      submitted,
+      { ...head, object: chat ? "chat.completion.chunk" : "text_completion" },
+      chat,
+      includesUsage(body),
+    );
   }
 
-  private streamed(submitted: Submitted, head: Record<string, unknown>, chat: boolean, usage: boolean): Response {
+  private streamed(
+    submitted: Submitted,
+    head: Record<string, unknown>,
+    chat: boolean,
+    usage: boolean,
+  ): Response {
     const encoder = new TextEncoder();
-    const choice = (text: string, finish: string | null) => chat
-      ? { index: 0, delta: { content: text }, logprobs: null, finish_reason: finish }
-      : { index: 0, text, logprobs: null, finish_reason: finish, stop_reason: null };
+    const choice = (text: string, finish: string | null) =>
+      chat
+        ? { index: 0, delta: { content: text }, logprobs: null, finish_reason: finish }
+        : { index: 0, text, logprobs: null, finish_reason: finish, stop_reason: null };
     let open = true;
     const body = new ReadableStream<Uint8Array>({
       start: (controller) => {
@@ -78,14 +122,47 @@ export class EngineOpenAi {
         };
         const output = submitted.output;
         void submitted.firstToken.then(() => {
-          if (chat) send(sseEvent({ ...head, choices: [{ index: 0, delta: { role: "assistant", content: "" }, logprobs: null, finish_reason: null }] }));
-          send(sseEvent({ ...head, choices: [choice(textOf(output, 0, 1), output.length === 1 ? "length" : null)] }));
+          if (chat)
+            send(
+              sseEvent({
+                ...head,
+                choices: [
+                  {
+                    index: 0,
+                    delta: { role: "assistant", content: "" },
+                    logprobs: null,
+                    finish_reason: null,
+                  },
+                ],
+              }),
+            );
+          send(
+            sseEvent({
+              ...head,
+              choices: [choice(textOf(output, 0, 1), output.length === 1 ? "length" : null)],
+            }),
+          );
         });
         void submitted.done.then(() => {
           for (let i = 1; i < output.length; i++) {
-            send(sseEvent({ ...head, choices: [choice(textOf(output, i, i + 1), i === output.length - 1 ? "length" : null)] }));
+            send(
+              sseEvent({
+                ...head,
+                choices: [
+                  choice(textOf(output, i, i + 1), i === output.length - 1 ? "length" : null),
+                ],
+              }),
+            );
           }
-          if (usage) send(sseEvent({ ...head, choices: [], usage: usageOf(submitted), kvedge_mock: timesOf(submitted) }));
+          if (usage)
+            send(
+              sseEvent({
+                ...head,
+                choices: [],
+                usage: usageOf(submitted),
+                kvedge_mock: timesOf(submitted),
+              }),
+            );
           send(SSE_DONE);
           if (open) controller.close();
           open = false;
@@ -96,7 +173,9 @@ export class EngineOpenAi {
         open = false;
       },
     });
-    return new Response(body, { headers: { "content-type": "text/event-stream", "cache-control": "no-cache" } });
+    return new Response(body, {
+      headers: { "content-type": "text/event-stream", "cache-control": "no-cache" },
+    });
   }
 }
 

@@ -23,7 +23,14 @@
  */
 import type { Server } from "bun";
 import {
-  asObject, errorReply, HttpError, optionalInt, optionalString, readBody, reply, tokenIds,
+  asObject,
+  errorReply,
+  HttpError,
+  optionalInt,
+  optionalString,
+  readBody,
+  reply,
+  tokenIds,
 } from "../http/http";
 import type { Logger } from "../util/log";
 import type { EngineRequest } from "./engine";
@@ -110,7 +117,8 @@ export class EngineServer {
   start(): string {
     this.pacer.start(0);
     const openAi = new EngineOpenAi(this, {
-      tokenizer: this.options.openAi?.tokenizer ?? null, model: this.options.openAi?.model ?? "mock",
+      tokenizer: this.options.openAi?.tokenizer ?? null,
+      model: this.options.openAi?.model ?? "mock",
     });
     const limit = this.options.bodyLimitBytes ?? BODY_LIMIT_BYTES;
     // A streamed answer pauses from its first token to the request's end (the model
@@ -119,31 +127,56 @@ export class EngineServer {
       this.server?.timeout(request, 0);
       return request;
     };
-    const wrap = (handler: (request: Request) => Promise<Response> | Response) => async (request: Request) => {
-      try {
-        return await handler(request);
-      } catch (error) {
-        if (error instanceof HttpError) return errorReply(request, error);
-        this.options.log.error("request failed", { error: error instanceof Error ? error.stack ?? error.message : String(error) });
-        return errorReply(request, new HttpError(500, "internal error"));
-      }
-    };
+    const wrap =
+      (handler: (request: Request) => Promise<Response> | Response) => async (request: Request) => {
+        try {
+          return await handler(request);
+        } catch (error) {
+          if (error instanceof HttpError) return errorReply(request, error);
+          this.options.log.error("request failed", {
+            error: error instanceof Error ? (error.stack ?? error.message) : String(error),
+          });
+          return errorReply(request, new HttpError(500, "internal error"));
+        }
+      };
     this.server = Bun.serve({
       hostname: this.options.host,
       port: this.options.port,
       development: false, // as kvedge serve (src/server/app.ts)
       maxRequestBodySize: limit + 1024 * 1024,
       routes: {
-        "/v1/generate": { POST: wrap(async (request) => await this.generate(request, await readBody(request, limit))) },
-        [COMPLETIONS_PATH]: { POST: wrap(async (request) => await openAi.complete(untimed(request), COMPLETIONS_PATH, await readBody(request, limit))) },
-        [CHAT_PATH]: { POST: wrap(async (request) => await openAi.complete(untimed(request), CHAT_PATH, await readBody(request, limit))) },
+        "/v1/generate": {
+          POST: wrap(
+            async (request) => await this.generate(request, await readBody(request, limit)),
+          ),
+        },
+        [COMPLETIONS_PATH]: {
+          POST: wrap(
+            async (request) =>
+              await openAi.complete(
+                untimed(request),
+                COMPLETIONS_PATH,
+                await readBody(request, limit),
+              ),
+          ),
+        },
+        [CHAT_PATH]: {
+          POST: wrap(
+            async (request) =>
+              await openAi.complete(untimed(request), CHAT_PATH, await readBody(request, limit)),
+          ),
+        },
         "/v1/models": { GET: wrap((request) => openAi.models(request)) },
         "/v1/reset": { POST: wrap((request) => this.reset(request)) },
         "/v1/stats": { GET: wrap((request) => reply(request, 200, this.stats())) },
         "/v1/cache": { GET: wrap((request) => reply(request, 200, this.cache())) },
         "/healthz": { GET: wrap((request) => reply(request, 200, { status: "ok" })) },
       },
-      fetch: (request) => errorReply(request, new HttpError(404, `no such endpoint: ${new URL(request.url).pathname}`)),
+      fetch: (request) =>
+        errorReply(
+          request,
+          new HttpError(404, `no such endpoint: ${new URL(request.url).pathname}`),
+        ),
     });
     const host = this.options.host.includes(":") ? `[${this.options.host}]` : this.options.host;
     return `http://${host}:${this.server.port}`;
@@ -164,10 +197,17 @@ export class EngineServer {
       requests: this.counters,
       engine: { ...engine.counters, running: engine.runningCount, waiting: engine.waitingCount },
       cache: {
-        ...engine.cache.counters, capacity_blocks: engine.cache.capacityBlocks, block_size: engine.cache.blockSize,
-        cached_blocks: engine.cache.cachedBlocks, used_blocks: engine.cache.usedBlocks,
+        ...engine.cache.counters,
+        capacity_blocks: engine.cache.capacityBlocks,
+        block_size: engine.cache.blockSize,
+        cached_blocks: engine.cache.cachedBlocks,
+        used_blocks: engine.cache.usedBlocks,
       },
-      publisher: { ...networked.counters, last_seq: networked.lastSeq, subscribers: networked.subscribers },
+      publisher: {
+        ...networked.counters,
+        last_seq: networked.lastSeq,
+        subscribers: networked.subscribers,
+      },
     };
   }
 
@@ -184,14 +224,20 @@ export class EngineServer {
     const body = asObject(raw);
     const prompt = tokenIds(body);
     const maxTokens = optionalInt(body, "max_tokens", 1, MAX_TOKENS_MAX);
-    if (maxTokens === null) throw new HttpError(400, `max_tokens is required (an integer in [1, ${MAX_TOKENS_MAX}])`);
+    if (maxTokens === null)
+      throw new HttpError(400, `max_tokens is required (an integer in [1, ${MAX_TOKENS_MAX}])`);
     const requestId = optionalString(body, "request_id");
     const stream = body.stream === true;
-    if (body.stream !== undefined && typeof body.stream !== "boolean") throw new HttpError(400, "stream must be a boolean");
+    if (body.stream !== undefined && typeof body.stream !== "boolean")
+      throw new HttpError(400, "stream must be a boolean");
     const submitted = this.submit(prompt, maxTokens, requestId);
     const summary = () => ({
-      request_id: submitted.requestId, prompt_tokens: submitted.promptTokens, cached_tokens: submitted.cachedTokens,
-      output_tokens: submitted.outputTokens, ttft_ms: submitted.ttftMs, e2e_ms: submitted.e2eMs,
+      request_id: submitted.requestId,
+      prompt_tokens: submitted.promptTokens,
+      cached_tokens: submitted.cachedTokens,
+      output_tokens: submitted.outputTokens,
+      ttft_ms: submitted.ttftMs,
+      e2e_ms: submitted.e2eMs,
     });
     if (!stream) {
       await submitted.done;
@@ -200,10 +246,16 @@ export class EngineServer {
     const encoder = new TextEncoder();
     const lines = new ReadableStream<Uint8Array>({
       start: (controller) => {
-        const line = (value: unknown) => controller.enqueue(encoder.encode(`${JSON.stringify(value)}\n`));
-        void submitted.firstToken.then(() => line({
-          event: "first_token", request_id: submitted.requestId, ttft_ms: submitted.ttftMs, cached_tokens: submitted.cachedTokens,
-        }));
+        const line = (value: unknown) =>
+          controller.enqueue(encoder.encode(`${JSON.stringify(value)}\n`));
+        void submitted.firstToken.then(() =>
+          line({
+            event: "first_token",
+            request_id: submitted.requestId,
+            ttft_ms: submitted.ttftMs,
+            cached_tokens: submitted.cachedTokens,
+          }),
+        );
         void submitted.done.then(() => {
           line({ event: "done", ...summary() });
           controller.close();
@@ -219,12 +271,16 @@ export class EngineServer {
    */
   submit(prompt: Uint32Array, maxTokens: number, requestId: string | null): Submitted {
     if (prompt.length === 0) throw new HttpError(400, "the prompt must not be empty");
-    if (this.inFlight.size >= IN_FLIGHT_MAX) throw new HttpError(503, `the engine holds ${IN_FLIGHT_MAX} requests already`);
+    if (this.inFlight.size >= IN_FLIGHT_MAX)
+      throw new HttpError(503, `the engine holds ${IN_FLIGHT_MAX} requests already`);
     const engine = this.options.networked.engine;
     const blocks = engine.cache.blocksFor(prompt.length + maxTokens);
     if (blocks > engine.cache.capacityBlocks) {
       this.counters.rejected++;
-      throw new HttpError(413, `prompt + max_tokens need ${blocks} KV blocks; the engine has ${engine.cache.capacityBlocks}`);
+      throw new HttpError(
+        413,
+        `prompt + max_tokens need ${blocks} KV blocks; the engine has ${engine.cache.capacityBlocks}`,
+      );
     }
     const id = this.nextId++;
     const tokens = new Uint32Array(prompt.length + maxTokens);
@@ -241,8 +297,15 @@ export class EngineServer {
       resolveFirst = resolve;
     });
     const entry: InFlight = {
-      requestId: requestId ?? `req-${id}`, arrivalMs, promptTokens: prompt.length, outputTokens: maxTokens, cachedTokens: 0,
-      firstTokenMs: Number.NaN, finishMs: Number.NaN, onFirstToken: resolveFirst, resolveDone,
+      requestId: requestId ?? `req-${id}`,
+      arrivalMs,
+      promptTokens: prompt.length,
+      outputTokens: maxTokens,
+      cachedTokens: 0,
+      firstTokenMs: Number.NaN,
+      finishMs: Number.NaN,
+      onFirstToken: resolveFirst,
+      resolveDone,
     };
     this.inFlight.set(id, entry);
     this.counters.requests++;
@@ -252,12 +315,24 @@ export class EngineServer {
     this.options.networked.publish();
     this.pacer.kick();
     return {
-      get requestId() { return entry.requestId; },
-      get promptTokens() { return entry.promptTokens; },
-      get outputTokens() { return entry.outputTokens; },
-      get cachedTokens() { return entry.cachedTokens; },
-      get ttftMs() { return entry.firstTokenMs - arrivalMs; },
-      get e2eMs() { return entry.finishMs - arrivalMs; },
+      get requestId() {
+        return entry.requestId;
+      },
+      get promptTokens() {
+        return entry.promptTokens;
+      },
+      get outputTokens() {
+        return entry.outputTokens;
+      },
+      get cachedTokens() {
+        return entry.cachedTokens;
+      },
+      get ttftMs() {
+        return entry.firstTokenMs - arrivalMs;
+      },
+      get e2eMs() {
+        return entry.finishMs - arrivalMs;
+      },
       output: tokens.subarray(prompt.length),
       firstToken,
       done,
@@ -266,7 +341,10 @@ export class EngineServer {
 
   private reset(request: Request): Response {
     if (!this.options.networked.reset()) {
-      throw new HttpError(409, "requests are running or queued: the prefix cache cannot be reset now");
+      throw new HttpError(
+        409,
+        "requests are running or queued: the prefix cache cannot be reset now",
+      );
     }
     return reply(request, 200, { status: "cleared", seq: this.options.networked.lastSeq });
   }

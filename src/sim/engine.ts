@@ -22,7 +22,7 @@
  * to an idle engine starts a step at once. A request larger than the whole cache is
  * rejected at submit.
  */
-import { EngineCache, type CacheSequence, type KvEventBatch } from "./engine-cache";
+import type { EngineCache, CacheSequence, KvEventBatch } from "./engine-cache";
 import { stepMs, type TimeModel } from "./time-model";
 
 export interface EngineRequest {
@@ -76,8 +76,17 @@ export class MockEngine {
   readonly index: number;
   readonly cache: EngineCache;
   readonly counters: EngineCounters = {
-    submitted: 0, rejected: 0, finished: 0, cachedTokens: 0, computedTokens: 0, decodeTokens: 0, steps: 0,
-    busyMs: 0, blockedAdmissions: 0, waitingPeak: 0, runningPeak: 0,
+    submitted: 0,
+    rejected: 0,
+    finished: 0,
+    cachedTokens: 0,
+    computedTokens: 0,
+    decodeTokens: 0,
+    steps: 0,
+    busyMs: 0,
+    blockedAdmissions: 0,
+    waitingPeak: 0,
+    runningPeak: 0,
   };
 
   private readonly time: TimeModel;
@@ -192,7 +201,14 @@ export class MockEngine {
     this.shiftWaiting();
     const cachedTokens = sequence.hitBlocks * this.cache.blockSize;
     this.counters.cachedTokens += cachedTokens;
-    const active: Active = { request, sequence, cachedTokens, promptDone: cachedTokens, generated: 0, scheduled: 0 };
+    const active: Active = {
+      request,
+      sequence,
+      cachedTokens,
+      promptDone: cachedTokens,
+      generated: 0,
+      scheduled: 0,
+    };
     this.running.push(active);
     return active;
   }

@@ -27,7 +27,10 @@ interface Pending {
 /** kvedge answered a route with an error status (429: admission refused it). */
 export class RouteRefused extends Error {
   override readonly name = "RouteRefused";
-  constructor(readonly status: number, message: string) {
+  constructor(
+    readonly status: number,
+    message: string,
+  ) {
     super(message);
   }
 }
@@ -59,7 +62,10 @@ export class KvedgeClient {
     const url = `${baseUrl.replace(/^http/, "ws").replace(/\/$/, "")}/v1/ws`;
     const ws = new WebSocket(url);
     await new Promise<void>((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error(`no WebSocket connection to ${url} within ${timeoutMs} ms`)), timeoutMs);
+      const timer = setTimeout(
+        () => reject(new Error(`no WebSocket connection to ${url} within ${timeoutMs} ms`)),
+        timeoutMs,
+      );
       ws.onopen = () => {
         clearTimeout(timer);
         resolve();
@@ -75,7 +81,11 @@ export class KvedgeClient {
   /** POST /v1/route's operation: the worker for a prompt, recorded as its load under `requestId`. */
   async route(tokens: Uint32Array, requestId: string): Promise<RouteAnswer> {
     this.counters.routes++;
-    const result = await this.call({ op: "route", request_id: requestId, token_ids: Array.from(tokens) });
+    const result = await this.call({
+      op: "route",
+      request_id: requestId,
+      token_ids: Array.from(tokens),
+    });
     if (result.status !== 200) {
       const message = `kvedge refused to route ${requestId}: ${String(result.error)}`;
       throw new RouteRefused(Number(result.status), message);
@@ -91,14 +101,17 @@ export class KvedgeClient {
   /** prefill_done / done; the answer is checked when it arrives (errors are counted). */
   lifecycle(op: "prefill_done" | "done", requestId: string): void {
     this.counters.lifecycleCalls++;
-    this.call({ op, request_id: requestId }).then((result) => {
-      if (result.status === 200) return;
-      this.counters.lifecycleErrors++;
-      this.counters.lastLifecycleError = `${op} ${requestId}: ${String(result.error)}`;
-    }, (error: Error) => {
-      this.counters.lifecycleErrors++;
-      this.counters.lastLifecycleError = `${op} ${requestId}: ${error.message}`;
-    });
+    this.call({ op, request_id: requestId }).then(
+      (result) => {
+        if (result.status === 200) return;
+        this.counters.lifecycleErrors++;
+        this.counters.lastLifecycleError = `${op} ${requestId}: ${String(result.error)}`;
+      },
+      (error: Error) => {
+        this.counters.lifecycleErrors++;
+        this.counters.lastLifecycleError = `${op} ${requestId}: ${error.message}`;
+      },
+    );
   }
 
   /** Resolves when every call made so far has its answer. */
@@ -106,7 +119,8 @@ export class KvedgeClient {
     const deadline = performance.now() + timeoutMs;
     while (this.pending.size > 0) {
       if (this.closedError !== null) throw this.closedError;
-      if (performance.now() > deadline) throw new Error(`${this.pending.size} kvedge calls unanswered after ${timeoutMs} ms`);
+      if (performance.now() > deadline)
+        throw new Error(`${this.pending.size} kvedge calls unanswered after ${timeoutMs} ms`);
       await Bun.sleep(5);
     }
   }
@@ -117,7 +131,8 @@ export class KvedgeClient {
 
   private call(body: Record<string, unknown>): Promise<Record<string, unknown>> {
     if (this.closedError !== null) return Promise.reject(this.closedError);
-    if (this.pending.size >= PENDING_MAX) return Promise.reject(new Error(`${PENDING_MAX} kvedge calls unanswered`));
+    if (this.pending.size >= PENDING_MAX)
+      return Promise.reject(new Error(`${PENDING_MAX} kvedge calls unanswered`));
     const id = this.nextId++;
     return new Promise((resolve, reject) => {
       this.pending.set(id, { resolve, reject });
@@ -128,7 +143,8 @@ export class KvedgeClient {
   private answer(data: unknown): void {
     let message: unknown;
     try {
-      message = data instanceof ArrayBuffer ? packr.unpack(new Uint8Array(data)) : JSON.parse(String(data));
+      message =
+        data instanceof ArrayBuffer ? packr.unpack(new Uint8Array(data)) : JSON.parse(String(data));
     } catch (error) {
       this.fail(new Error(`kvedge sent a malformed frame: ${(error as Error).message}`));
       return;
@@ -136,7 +152,9 @@ export class KvedgeClient {
     const answer = message as Record<string, unknown>;
     const pending = typeof answer.id === "number" ? this.pending.get(answer.id) : undefined;
     if (pending === undefined) {
-      this.fail(new Error(`kvedge answered an unknown request: ${JSON.stringify(answer).slice(0, 200)}`));
+      this.fail(
+        new Error(`kvedge answered an unknown request: ${JSON.stringify(answer).slice(0, 200)}`),
+      );
       return;
     }
     this.pending.delete(answer.id as number);
@@ -164,7 +182,10 @@ export interface KvedgeRouteStats {
  * answered 429 (admission) is the replay's -1: refused.
  */
 export function kvedgeRouter(
-  client: KvedgeClient, workerIds: readonly string[], count: number, prefix: string,
+  client: KvedgeClient,
+  workerIds: readonly string[],
+  count: number,
+  prefix: string,
 ): { router: RouterClient; stats: KvedgeRouteStats } {
   const indexOf = new Map(workerIds.map((id, i) => [id, i]));
   const stats: KvedgeRouteStats = {
@@ -187,7 +208,8 @@ export function kvedgeRouter(
       stats.overlapBlocks[query.id] = answer.overlapBlocks;
       stats.promptTokens[query.id] = query.promptLength;
       const index = indexOf.get(answer.workerId);
-      if (index === undefined) throw new Error(`kvedge chose worker ${answer.workerId}, which is not one of the engines`);
+      if (index === undefined)
+        throw new Error(`kvedge chose worker ${answer.workerId}, which is not one of the engines`);
       return index;
     },
     prefillDone: (id) => client.lifecycle("prefill_done", `${prefix}${id}`),

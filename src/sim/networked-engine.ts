@@ -79,8 +79,13 @@ export function toWireEvent(event: KvEvent): WireEvent {
   switch (event.type) {
     case "BlockStored":
       return {
-        type: "BlockStored", blockHashes: event.block_hashes, parentBlockHash: event.parent_block_hash,
-        tokenIds: event.token_ids, blockSize: event.block_size, loraId: null, medium: event.medium,
+        type: "BlockStored",
+        blockHashes: event.block_hashes,
+        parentBlockHash: event.parent_block_hash,
+        tokenIds: event.token_ids,
+        blockSize: event.block_size,
+        loraId: null,
+        medium: event.medium,
         loraName: event.lora_name,
       };
     case "BlockRemoved":
@@ -93,7 +98,13 @@ export function toWireEvent(event: KvEvent): WireEvent {
 export class NetworkedEngine {
   readonly engine: MockEngine;
   readonly counters: NetworkedEngineCounters = {
-    batches: 0, events: 0, bytes: 0, droppedLive: 0, hwmDrops: 0, replayRequests: 0, replayedBatches: 0,
+    batches: 0,
+    events: 0,
+    bytes: 0,
+    droppedLive: 0,
+    hwmDrops: 0,
+    replayRequests: 0,
+    replayedBatches: 0,
     malformedReplayRequests: 0,
   };
   /** Where the PUB and ROUTER sockets listen (after `start`). */
@@ -114,22 +125,29 @@ export class NetworkedEngine {
   constructor(private readonly options: NetworkedEngineOptions) {
     const bufferSteps = options.bufferSteps ?? DEFAULT_BUFFER_STEPS;
     if (!Number.isSafeInteger(bufferSteps) || bufferSteps < 1 || bufferSteps > BUFFER_STEPS_MAX) {
-      throw new RangeError(`bufferSteps must be an integer in [1, ${BUFFER_STEPS_MAX}], got ${bufferSteps}`);
+      throw new RangeError(
+        `bufferSteps must be an integer in [1, ${BUFFER_STEPS_MAX}], got ${bufferSteps}`,
+      );
     }
     this.listener = options.listener ?? { prefillDone() {}, finished() {} };
     const cache = new EngineCache({
-      capacityBlocks: options.capacityBlocks, blockSize: options.blockSize, hashSeed: options.hashSeed,
+      capacityBlocks: options.capacityBlocks,
+      blockSize: options.blockSize,
+      hashSeed: options.hashSeed,
     });
     // The engine reports to whatever `listener` is at the time.
     this.engine = new MockEngine(options.index, cache, options.time ?? DEFAULT_TIME_MODEL, {
-      prefillDone: (request, nowMs, cachedTokens) => this.listener.prefillDone(request, nowMs, cachedTokens),
+      prefillDone: (request, nowMs, cachedTokens) =>
+        this.listener.prefillDone(request, nowMs, cachedTokens),
       finished: (request, nowMs) => this.listener.finished(request, nowMs),
     });
     const log = options.log ?? silentLogger;
     this.problems = new OnceLog(log);
     this.pub = new PubSocket({ ...options.zmtp, logger: log });
-    this.router = options.replayEndpoint === undefined || options.replayEndpoint === null
-      ? null : new RouterSocket({ ...options.zmtp, logger: log });
+    this.router =
+      options.replayEndpoint === undefined || options.replayEndpoint === null
+        ? null
+        : new RouterSocket({ ...options.zmtp, logger: log });
     this.topic = new TextEncoder().encode(options.topic ?? "");
     this.form = options.form ?? "array";
     this.ring = new Array<Uint8Array | null>(bufferSteps).fill(null);
@@ -160,7 +178,9 @@ export class NetworkedEngine {
     const deadline = performance.now() + timeoutMs;
     while (this.pub.subscribedPeers === 0) {
       if (performance.now() > deadline) {
-        throw new Error(`no subscriber reached engine ${this.options.index} (${this.endpoint}) within ${timeoutMs} ms`);
+        throw new Error(
+          `no subscriber reached engine ${this.options.index} (${this.endpoint}) within ${timeoutMs} ms`,
+        );
       }
       await Bun.sleep(5);
     }
@@ -170,7 +190,10 @@ export class NetworkedEngine {
   publish(): number {
     const events = this.engine.cache.takeEvents();
     if (events.length === 0) return -1;
-    const payload = encodeKvBatch({ ts: Date.now() / 1000, events: events.map(toWireEvent) }, { form: this.form });
+    const payload = encodeKvBatch(
+      { ts: Date.now() / 1000, events: events.map(toWireEvent) },
+      { form: this.form },
+    );
     const seq = this.nextSeq++;
     this.ring[seq % this.ring.length] = payload;
     this.counters.batches++;
@@ -199,7 +222,10 @@ export class NetworkedEngine {
     // A DEALER's request arrives as [empty, start_seq (8 bytes big-endian)].
     if (frames.length !== 2 || frames[0]!.length !== 0 || frames[1]!.length !== 8) {
       this.counters.malformedReplayRequests++;
-      this.problems.report("bad_replay_request", `a replay request of ${frames.length} frames is malformed`);
+      this.problems.report(
+        "bad_replay_request",
+        `a replay request of ${frames.length} frames is malformed`,
+      );
       return;
     }
     this.counters.replayRequests++;

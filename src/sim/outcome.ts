@@ -62,7 +62,10 @@ export class RunRecorder {
   rejected = 0;
   lastMs: number;
 
-  constructor(readonly trace: Trace, private readonly hooks: Partial<EngineListener> = {}) {
+  constructor(
+    readonly trace: Trace,
+    private readonly hooks: Partial<EngineListener> = {},
+  ) {
     this.firstTokenMs = new Float64Array(trace.count).fill(Number.NaN);
     this.finishMs = new Float64Array(trace.count).fill(Number.NaN);
     this.workerOf = new Int32Array(trace.count).fill(-1);
@@ -129,11 +132,15 @@ export class RunRecorder {
       if (output >= 2) tpot.push((this.finishMs[i]! - first) / (output - 1));
     }
     if (this.completed + this.rejected !== trace.count) {
-      throw new Error(`${trace.count} requests, ${this.completed} completed, ${this.rejected} rejected`);
+      throw new Error(
+        `${trace.count} requests, ${this.completed} completed, ${this.rejected} rejected`,
+      );
     }
     if (cachedTokens + prefillTokens !== promptTokens) {
-      throw new Error(`prompt tokens not conserved: ${cachedTokens} cached + ${prefillTokens} computed`
-        + ` ≠ ${promptTokens}`);
+      throw new Error(
+        `prompt tokens not conserved: ${cachedTokens} cached + ${prefillTokens} computed` +
+          ` ≠ ${promptTokens}`,
+      );
     }
     const sortedTtft = Float64Array.from(ttft).sort();
     const sortedTpot = Float64Array.from(tpot).sort();

@@ -34,8 +34,12 @@ export class Pacer {
   /** Steps processed (all engines). */
   steps = 0;
 
-  constructor(private readonly engines: readonly PacedEngine[], speedup: number) {
-    if (!(speedup > 0) || !Number.isFinite(speedup)) throw new RangeError(`speedup must be > 0, got ${speedup}`);
+  constructor(
+    private readonly engines: readonly PacedEngine[],
+    speedup: number,
+  ) {
+    if (!(speedup > 0) || !Number.isFinite(speedup))
+      throw new RangeError(`speedup must be > 0, got ${speedup}`);
     this.speedup = speedup;
   }
 

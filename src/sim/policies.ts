@@ -15,14 +15,25 @@
  * `finished` at the end, which is the request lifecycle a router is told about.
  */
 import {
-  type EngineTimeModel, type EngineTimes, type Overlaps, Router, type RoutePolicy, type RouteWeights,
+  type EngineTimeModel,
+  type EngineTimes,
+  type Overlaps,
+  Router,
+  type RoutePolicy,
+  type RouteWeights,
   type TtftSettings,
 } from "../route";
 import { Admission, type AdmissionSettings } from "../route/admission";
 import { PairTable } from "../util/tables";
 import { createRng, randomInt, type Rng } from "./random";
 
-export const POLICY_NAMES = ["kv_aware_model", "round_robin", "random", "least_loaded", "approx_prefix"] as const;
+export const POLICY_NAMES = [
+  "kv_aware_model",
+  "round_robin",
+  "random",
+  "least_loaded",
+  "approx_prefix",
+] as const;
 export type PolicyName = (typeof POLICY_NAMES)[number];
 
 export function isPolicyName(value: string): value is PolicyName {
@@ -126,7 +137,10 @@ class RoundRobin implements RoutingPolicy {
 
 class RandomPolicy implements RoutingPolicy {
   readonly name = "random";
-  constructor(private readonly workers: number, private readonly rng: Rng) {}
+  constructor(
+    private readonly workers: number,
+    private readonly rng: Rng,
+  ) {}
   route(): number {
     return randomInt(this.rng, this.workers);
   }
@@ -137,7 +151,10 @@ class RandomPolicy implements RoutingPolicy {
 class LeastLoaded implements RoutingPolicy {
   readonly name = "least_loaded";
   private readonly inFlight: InFlight;
-  constructor(private readonly workers: number, private readonly rng: Rng) {
+  constructor(
+    private readonly workers: number,
+    private readonly rng: Rng,
+  ) {
     this.inFlight = new InFlight(workers);
   }
   route(query: RouteQuery): number {
@@ -222,8 +239,10 @@ class ApproxPrefix implements RoutingPolicy {
     } else {
       const matchedBlocks = this.match(query.path, query.promptBlocks);
       const rate = (matchedBlocks * this.blockSize) / query.promptLength;
-      worker = matchedBlocks > 0 && rate > config.cacheThreshold ? this.mostRecentHolder(query.path, matchedBlocks)
-        : argminFirst(this.treeTokens, this.workers);
+      worker =
+        matchedBlocks > 0 && rate > config.cacheThreshold
+          ? this.mostRecentHolder(query.path, matchedBlocks)
+          : argminFirst(this.treeTokens, this.workers);
     }
     this.insert(worker, query.path, query.promptBlocks);
     this.inFlight.add(query.id, worker);
@@ -246,7 +265,8 @@ class ApproxPrefix implements RoutingPolicy {
     let holders = this.holders;
     holders.length = 0;
     if (blocks === 0) return 0;
-    for (let w = 0; w < this.workers; w++) if (this.trees[w]!.has(path[0]!, path[1]!)) holders.push(w);
+    for (let w = 0; w < this.workers; w++)
+      if (this.trees[w]!.has(path[0]!, path[1]!)) holders.push(w);
     let depth = holders.length > 0 ? 1 : 0;
     let survivors = this.survivors;
     while (depth < blocks && holders.length > 0) {
@@ -267,14 +287,16 @@ class ApproxPrefix implements RoutingPolicy {
     const hi = path[2 * depth - 2]!;
     const lo = path[2 * depth - 1]!;
     let best = this.holders[0]!;
-    for (const w of this.holders) if (this.trees[w]!.get(hi, lo) > this.trees[best]!.get(hi, lo)) best = w;
+    for (const w of this.holders)
+      if (this.trees[w]!.get(hi, lo) > this.trees[best]!.get(hi, lo)) best = w;
     return best;
   }
 
   private insert(worker: number, path: Uint32Array, blocks: number): void {
     const tree = this.trees[worker]!;
     for (let i = blocks - 1; i >= 0; i--) {
-      if (tree.set(path[2 * i]!, path[2 * i + 1]!, this.nextTick())) this.treeTokens[worker]! += this.blockSize;
+      if (tree.set(path[2 * i]!, path[2 * i + 1]!, this.nextTick()))
+        this.treeTokens[worker]! += this.blockSize;
     }
   }
 
@@ -348,23 +370,41 @@ export class KvAwareModel implements RoutingPolicy {
   /** Per decision (with `reference`): 1 if the pick is cheapest under the true constants too. */
   readonly agreed: number[] = [];
 
-  constructor(workers: number, blockSize: number, private readonly probe: CacheProbe, config: KvAwareConfig, rng: Rng) {
+  constructor(
+    workers: number,
+    blockSize: number,
+    private readonly probe: CacheProbe,
+    config: KvAwareConfig,
+    rng: Rng,
+  ) {
     this.router = new Router({
-      blockSize, requestTtlMs: SIM_REQUEST_TTL_MS, now: () => this.nowMs, random: rng,
-      policy: config.policy, calibrate: config.calibrate === true, ...(config.weights === undefined ? {} : { weights: config.weights }),
+      blockSize,
+      requestTtlMs: SIM_REQUEST_TTL_MS,
+      now: () => this.nowMs,
+      random: rng,
+      policy: config.policy,
+      calibrate: config.calibrate === true,
+      ...(config.weights === undefined ? {} : { weights: config.weights }),
       ...(config.ttft === undefined ? {} : { ttft: config.ttft }),
     });
     this.reference = config.reference ?? null;
     this.slots = new Int32Array(workers);
     for (let w = 0; w < workers; w++) this.slots[w] = this.router.load.addWorker(BigInt(w), 0);
     this.overlaps = { count: workers, slots: this.slots, blocks: new Float64Array(workers) };
-    const admission = config.admission === undefined || config.admission.mode === undefined || config.admission.mode === "off"
-      ? null
-      : new Admission<RouteQuery>(config.admission, {
-        waitMs: (query) => this.router.assess(this.request(query), this.probed(query)).waitMs,
-        route: (query) => this.answer(query, this.decide(query)),
-        reject: (query) => this.answer(query, -1),
-      }, () => this.nowMs);
+    const admission =
+      config.admission === undefined ||
+      config.admission.mode === undefined ||
+      config.admission.mode === "off"
+        ? null
+        : new Admission<RouteQuery>(
+            config.admission,
+            {
+              waitMs: (query) => this.router.assess(this.request(query), this.probed(query)).waitMs,
+              route: (query) => this.answer(query, this.decide(query)),
+              reject: (query) => this.answer(query, -1),
+            },
+            () => this.nowMs,
+          );
     this.admission = admission;
   }
 
@@ -384,13 +424,15 @@ export class KvAwareModel implements RoutingPolicy {
 
   prefillDone(id: number, nowMs: number): void {
     this.nowMs = nowMs;
-    if (this.router.load.prefillDone(String(id)) !== "ok") throw new Error(`prefill of request ${id} that was never routed`);
+    if (this.router.load.prefillDone(String(id)) !== "ok")
+      throw new Error(`prefill of request ${id} that was never routed`);
     this.admission?.release();
   }
 
   finished(id: number, nowMs: number): void {
     this.nowMs = nowMs;
-    if (this.router.load.done(String(id)) !== "ok") throw new Error(`request ${id} finished but was never routed`);
+    if (this.router.load.done(String(id)) !== "ok")
+      throw new Error(`request ${id} finished but was never routed`);
     this.admission?.release();
   }
 
@@ -425,7 +467,12 @@ export class KvAwareModel implements RoutingPolicy {
   }
 
   private request(query: RouteQuery) {
-    return { chain: query.path, blockCount: query.promptBlocks, tokenCount: query.promptLength, requestId: String(query.id) };
+    return {
+      chain: query.path,
+      blockCount: query.promptBlocks,
+      tokenCount: query.promptLength,
+      requestId: String(query.id),
+    };
   }
 
   /** Each engine's true cached prefix of the query, as an exact lag-free index reports it. */

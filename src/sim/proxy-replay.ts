@@ -47,12 +47,23 @@ async function startFleet(options: DemoOptions): Promise<Fleet> {
   const fleet: Fleet = { networked: [], servers: [], https: [] };
   for (let w = 0; w < options.workers; w++) {
     const networked = await new NetworkedEngine({
-      index: w, capacityBlocks: options.capacityBlocks, blockSize: options.blockSize, hashSeed: seeds[w]!, time: options.time,
-      endpoint: "tcp://127.0.0.1:0", replayEndpoint: "tcp://127.0.0.1:0", form: options.form,
+      index: w,
+      capacityBlocks: options.capacityBlocks,
+      blockSize: options.blockSize,
+      hashSeed: seeds[w]!,
+      time: options.time,
+      endpoint: "tcp://127.0.0.1:0",
+      replayEndpoint: "tcp://127.0.0.1:0",
+      form: options.form,
     }).start();
     fleet.networked.push(networked);
     const server = new EngineServer({
-      networked, speedup: options.speedup, host: "127.0.0.1", port: 0, vocabSize: options.vocabSize, log: silentLogger,
+      networked,
+      speedup: options.speedup,
+      host: "127.0.0.1",
+      port: 0,
+      vocabSize: options.vocabSize,
+      log: silentLogger,
     });
     fleet.https.push(server.start());
     fleet.servers.push(server);
@@ -79,13 +90,20 @@ async function send(url: string, prompt: Uint32Array, maxTokens: number): Promis
   let response: Response;
   try {
     response = await fetch(`${url}/v1/completions`, {
-      method: "POST", headers: { "content-type": "application/json" },
-      body: JSON.stringify({ prompt: Array.from(prompt), max_tokens: maxTokens, stream: true, stream_options: { include_usage: true } }),
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({
+        prompt: Array.from(prompt),
+        max_tokens: maxTokens,
+        stream: true,
+        stream_options: { include_usage: true },
+      }),
     });
   } catch (error) {
     return error as Error;
   }
-  if (!response.ok || response.body === null) return new Error(`HTTP ${response.status}: ${await response.text()}`);
+  if (!response.ok || response.body === null)
+    return new Error(`HTTP ${response.status}: ${await response.text()}`);
   const reader = response.body.getReader();
   let ttfbMs = Number.NaN;
   let text = "";
@@ -96,24 +114,49 @@ async function send(url: string, prompt: Uint32Array, maxTokens: number): Promis
     if (Number.isNaN(ttfbMs)) ttfbMs = performance.now() - started;
     text += decoder.decode(value, { stream: true });
   }
-  const usage = text.split("\n\n").map((event) => event.slice(6)).filter((data) => data.includes('"usage"')).at(-1);
+  const usage = text
+    .split("\n\n")
+    .map((event) => event.slice(6))
+    .filter((data) => data.includes('"usage"'))
+    .at(-1);
   if (usage === undefined) return new Error("the answer has no usage chunk");
-  const chunk = JSON.parse(usage) as { usage: { prompt_tokens_details: { cached_tokens: number } }; kvedge_mock: { ttft_ms: number; e2e_ms: number } };
+  const chunk = JSON.parse(usage) as {
+    usage: { prompt_tokens_details: { cached_tokens: number } };
+    kvedge_mock: { ttft_ms: number; e2e_ms: number };
+  };
   return {
-    worker: Number(response.headers.get("x-kvedge-worker-id")), ttfbMs,
-    cachedTokens: chunk.usage.prompt_tokens_details.cached_tokens, ttftMs: chunk.kvedge_mock.ttft_ms, e2eMs: chunk.kvedge_mock.e2e_ms,
+    worker: Number(response.headers.get("x-kvedge-worker-id")),
+    ttfbMs,
+    cachedTokens: chunk.usage.prompt_tokens_details.cached_tokens,
+    ttftMs: chunk.kvedge_mock.ttft_ms,
+    e2eMs: chunk.kvedge_mock.e2e_ms,
   };
 }
 
-export async function runProxyReplay(options: DemoOptions): Promise<{ report: PolicyReport; proxy: ProxyReport }> {
+export async function runProxyReplay(
+  options: DemoOptions,
+): Promise<{ report: PolicyReport; proxy: ProxyReport }> {
   const fleet = await startFleet(options);
   let serve: ServeChild | null = null;
   try {
     options.progress?.("kv_aware (proxy): starting kvedge serve --proxy…");
-    const workers = fleet.networked.map((engine, w) =>
-      `${w}=${engine.endpoint};replay=${engine.replayEndpoint};http=${fleet.https[w]}`).join(",");
+    const workers = fleet.networked
+      .map(
+        (engine, w) =>
+          `${w}=${engine.endpoint};replay=${engine.replayEndpoint};http=${fleet.https[w]}`,
+      )
+      .join(",");
     serve = await startServeChild({
-      args: ["--proxy", "--workers", workers, "--block-size", String(options.blockSize), "--log-level", "info", ...options.serveArgs],
+      args: [
+        "--proxy",
+        "--workers",
+        workers,
+        "--block-size",
+        String(options.blockSize),
+        "--log-level",
+        "info",
+        ...options.serveArgs,
+      ],
       ...(options.kvedgeCommand === undefined ? {} : { command: options.kvedgeCommand }),
     });
     await waitReady(serve.url, fleet.networked);
@@ -134,45 +177,66 @@ export async function runProxyReplay(options: DemoOptions): Promise<{ report: Po
       const tokens = requestTokens(trace, i, options.vocabSize);
       const input = trace.inputLength[i]!;
       const output = Math.max(1, trace.outputLength[i]!);
-      inFlight.push(send(serve.url, tokens.subarray(0, input), output).then((answer) => {
-        if (answer instanceof Error) {
-          // 413 (larger than an engine's cache) counts as rejected, like the other policies.
-          if (answer.message.startsWith("HTTP 413")) recorder.rejectedAt(trace.arrivalMs[i]!);
-          else {
-            failed++;
-            firstError ??= answer;
+      inFlight.push(
+        send(serve.url, tokens.subarray(0, input), output).then((answer) => {
+          if (answer instanceof Error) {
+            // 413 (larger than an engine's cache) counts as rejected, like the other policies.
+            if (answer.message.startsWith("HTTP 413")) recorder.rejectedAt(trace.arrivalMs[i]!);
+            else {
+              failed++;
+              firstError ??= answer;
+            }
+            return;
           }
-          return;
-        }
-        const request = { id: i, tokens, promptLength: input };
-        recorder.routed(i, answer.worker);
-        recorder.listener.prefillDone(request, trace.arrivalMs[i]! + answer.ttftMs, answer.cachedTokens);
-        recorder.listener.finished(request, trace.arrivalMs[i]! + answer.e2eMs);
-        ttfb.push(answer.ttfbMs);
-        promptTokens += input;
-        observed += answer.cachedTokens;
-      }));
+          const request = { id: i, tokens, promptLength: input };
+          recorder.routed(i, answer.worker);
+          recorder.listener.prefillDone(
+            request,
+            trace.arrivalMs[i]! + answer.ttftMs,
+            answer.cachedTokens,
+          );
+          recorder.listener.finished(request, trace.arrivalMs[i]! + answer.e2eMs);
+          ttfb.push(answer.ttfbMs);
+          promptTokens += input;
+          observed += answer.cachedTokens;
+        }),
+      );
       if ((i & 31) === 0) options.progress?.(`kv_aware (proxy): ${i}/${trace.count} requests sent`);
     }
     await Promise.all(inFlight);
     options.progress?.("");
-    if (failed > 0) throw new Error(`${failed} proxied requests failed; the first: ${firstError!.message}`);
+    if (failed > 0)
+      throw new Error(`${failed} proxied requests failed; the first: ${firstError!.message}`);
     const wallMs = performance.now() - startedMs;
-    const report = recorder.report("kv_aware", fleet.networked.map((n) => n.engine), false);
+    const report = recorder.report(
+      "kv_aware",
+      fleet.networked.map((n) => n.engine),
+      false,
+    );
     const side = (await (await fetch(`${serve.url}/v1/workers`)).json()) as {
-      workers: { active_requests: number; degraded: boolean; observed_hits: { predicted_cached_tokens: number; suspect: boolean } }[];
+      workers: {
+        active_requests: number;
+        degraded: boolean;
+        observed_hits: { predicted_cached_tokens: number; suspect: boolean };
+      }[];
     };
     const metrics = await (await fetch(`${serve.url}/metrics`)).text();
     const failovers = Number(/^kvedge_proxy_failovers_total (\S+)$/m.exec(metrics)?.[1] ?? 0);
     const sorted = Float64Array.from(ttfb).sort();
-    const predicted = side.workers.reduce((sum, w) => sum + w.observed_hits.predicted_cached_tokens, 0);
+    const predicted = side.workers.reduce(
+      (sum, w) => sum + w.observed_hits.predicted_cached_tokens,
+      0,
+    );
     return {
       report,
       proxy: {
-        requests: trace.count, failed,
+        requests: trace.count,
+        failed,
         observed_hit_rate: promptTokens === 0 ? 0 : observed / promptTokens,
         predicted_hit_rate: promptTokens === 0 ? 0 : predicted / promptTokens,
-        ttfb_p50_ms: percentile(sorted, 0.5), ttfb_p99_ms: percentile(sorted, 0.99), failovers,
+        ttfb_p50_ms: percentile(sorted, 0.5),
+        ttfb_p99_ms: percentile(sorted, 0.99),
+        failovers,
         suspect_workers: side.workers.filter((w) => w.observed_hits.suspect).length,
         degraded_workers: side.workers.filter((w) => w.degraded).length,
         active_at_end: side.workers.reduce((sum, w) => sum + w.active_requests, 0),

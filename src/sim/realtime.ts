@@ -74,7 +74,10 @@ export interface RealtimeResult {
 }
 
 /** Replays `trace` over fresh `engines` (idle, caches as the caller wants them) in real time. */
-export async function replayRealtime(policyName: string, options: RealtimeOptions): Promise<RealtimeResult> {
+export async function replayRealtime(
+  policyName: string,
+  options: RealtimeOptions,
+): Promise<RealtimeResult> {
   const { trace, engines, router } = options;
   const recorder = new RunRecorder(trace, {
     prefillDone: (request, nowMs) => router.prefillDone(request.id, nowMs),
@@ -82,7 +85,8 @@ export async function replayRealtime(policyName: string, options: RealtimeOption
   });
   const listener: EngineListener = recorder.listener;
   for (const networked of engines) {
-    if (!networked.engine.idle) throw new Error(`engine ${networked.engine.index} is busy before the replay`);
+    if (!networked.engine.idle)
+      throw new Error(`engine ${networked.engine.index} is busy before the replay`);
     networked.listener = listener;
   }
   const pacer = new Pacer(engines, options.speedup);
@@ -90,10 +94,13 @@ export async function replayRealtime(policyName: string, options: RealtimeOption
   const spanMs = trace.count > 0 ? trace.arrivalMs[trace.count - 1]! - first : 0;
   const started = performance.now();
   const handoff = new Handoff(engines, recorder, router, pacer);
-  const report = (): void => options.progress?.({
-    routed: handoff.routed, total: trace.count, spanMs,
-    modelMs: Math.min(pacer.modelNow(), pacer.hold) - first,
-  });
+  const report = (): void =>
+    options.progress?.({
+      routed: handoff.routed,
+      total: trace.count,
+      spanMs,
+      modelMs: Math.min(pacer.modelNow(), pacer.hold) - first,
+    });
   const waitMs = options.answerWaitMs ?? Infinity;
   const ticker = options.progress === undefined ? null : setInterval(report, 100);
   try {
@@ -121,7 +128,11 @@ export async function replayRealtime(policyName: string, options: RealtimeOption
   report();
   const wallMs = performance.now() - started;
   return {
-    report: recorder.report(policyName, engines.map((networked) => networked.engine), options.verify ?? false),
+    report: recorder.report(
+      policyName,
+      engines.map((networked) => networked.engine),
+      options.verify ?? false,
+    ),
     wallMs,
     achievedSpeedup: wallMs === 0 ? Infinity : (recorder.lastMs - first) / wallMs,
     steps: pacer.steps,
@@ -160,11 +171,13 @@ class Handoff {
   /** A late answer: submitted when it comes, after the steps that ended before then. */
   placeLate(query: RouteQuery, answer: Promise<number>): void {
     const pacer = this.pacer;
-    this.late.push(answer.then((worker) => {
-      pacer.advance();
-      this.place(query, worker, Math.min(pacer.modelNow(), pacer.hold));
-      pacer.kick();
-    }));
+    this.late.push(
+      answer.then((worker) => {
+        pacer.advance();
+        this.place(query, worker, Math.min(pacer.modelNow(), pacer.hold));
+        pacer.kick();
+      }),
+    );
   }
 
   /** Resolves when every late answer is placed. */

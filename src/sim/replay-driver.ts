@@ -66,10 +66,13 @@ const IN_FLIGHT_MAX = 50_000;
 
 export async function replayTarget(options: ReplayOptions): Promise<TargetReport> {
   const { trace } = options;
-  const workers = await fetch(`${options.target.replace(/\/$/, "")}/v1/workers`).then(async (response) => {
-    if (!response.ok) throw new Error(`GET ${options.target}/v1/workers: HTTP ${response.status}`);
-    return await response.json() as { block_size: number };
-  });
+  const workers = await fetch(`${options.target.replace(/\/$/, "")}/v1/workers`).then(
+    async (response) => {
+      if (!response.ok)
+        throw new Error(`GET ${options.target}/v1/workers: HTTP ${response.status}`);
+      return (await response.json()) as { block_size: number };
+    },
+  );
   const blockSize = workers.block_size;
   const client = await KvedgeClient.connect(options.target);
   const latency: number[] = [];
@@ -96,7 +99,7 @@ export async function replayTarget(options: ReplayOptions): Promise<TargetReport
     const outputTokens = Math.max(1, trace.outputLength[i]!);
     const requestId = `${options.requestPrefix}${i}`;
     const started = performance.now();
-    let answer;
+    let answer: Awaited<ReturnType<typeof client.route>>;
     try {
       answer = await client.route(prompt, requestId);
     } catch (error) {
@@ -125,7 +128,9 @@ export async function replayTarget(options: ReplayOptions): Promise<TargetReport
       return;
     }
     try {
-      const result = await generate(engine, requestId, prompt, outputTokens, () => client.lifecycle("prefill_done", requestId));
+      const result = await generate(engine, requestId, prompt, outputTokens, () =>
+        client.lifecycle("prefill_done", requestId),
+      );
       engineCompleted++;
       engineCached += result.cached_tokens;
       enginePrompt += prompt.length;
@@ -141,7 +146,10 @@ export async function replayTarget(options: ReplayOptions): Promise<TargetReport
   const started = performance.now();
   const first = trace.count > 0 ? trace.arrivalMs[0]! : 0;
   const tasks: Promise<void>[] = [];
-  const ticker = options.progress === undefined ? null : setInterval(() => options.progress!(routed, trace.count), 100);
+  const ticker =
+    options.progress === undefined
+      ? null
+      : setInterval(() => options.progress!(routed, trace.count), 100);
   try {
     for (let i = 0; i < trace.count; i++) {
       const dueWall = started + (trace.arrivalMs[i]! - first) / options.speedup;
@@ -150,9 +158,11 @@ export async function replayTarget(options: ReplayOptions): Promise<TargetReport
       while (inFlight >= IN_FLIGHT_MAX) await Bun.sleep(5);
       inFlight++;
       routed++;
-      tasks.push(handle(i).finally(() => {
-        inFlight--;
-      }));
+      tasks.push(
+        handle(i).finally(() => {
+          inFlight--;
+        }),
+      );
     }
     await Promise.all(tasks);
     await client.settle();
@@ -176,13 +186,16 @@ export async function replayTarget(options: ReplayOptions): Promise<TargetReport
     lifecycle_calls: client.counters.lifecycleCalls,
     lifecycle_errors: client.counters.lifecycleErrors,
     unmapped_workers: unmapped,
-    engines: options.engines === null ? null : {
-      completed: engineCompleted,
-      failed: engineFailed,
-      hit_rate: enginePrompt === 0 ? 0 : engineCached / enginePrompt,
-      ttft_p50_ms: percentile(sortedTtft, 0.5),
-      ttft_p99_ms: percentile(sortedTtft, 0.99),
-    },
+    engines:
+      options.engines === null
+        ? null
+        : {
+            completed: engineCompleted,
+            failed: engineFailed,
+            hit_rate: enginePrompt === 0 ? 0 : engineCached / enginePrompt,
+            ttft_p50_ms: percentile(sortedTtft, 0.5),
+            ttft_p99_ms: percentile(sortedTtft, 0.99),
+          },
     wall_s: (performance.now() - started) / 1000,
     first_error: firstError,
   };
@@ -198,21 +211,32 @@ const ANSWER_BYTES_MAX = 1 << 20;
 
 /** POST /v1/generate with "stream": calls `onFirstToken` at the first token; resolves when done. */
 async function generate(
-  engine: string, requestId: string, prompt: Uint32Array, maxTokens: number, onFirstToken: () => void,
+  engine: string,
+  requestId: string,
+  prompt: Uint32Array,
+  maxTokens: number,
+  onFirstToken: () => void,
 ): Promise<GenerateResult> {
   const response = await fetch(`${engine.replace(/\/$/, "")}/v1/generate`, {
     method: "POST",
     headers: { "content-type": "application/json" },
-    body: JSON.stringify({ request_id: requestId, token_ids: Array.from(prompt), max_tokens: maxTokens, stream: true }),
+    body: JSON.stringify({
+      request_id: requestId,
+      token_ids: Array.from(prompt),
+      max_tokens: maxTokens,
+      stream: true,
+    }),
   });
-  if (!response.ok || response.body === null) throw new Error(`HTTP ${response.status}: ${(await response.text()).slice(0, 200)}`);
+  if (!response.ok || response.body === null)
+    throw new Error(`HTTP ${response.status}: ${(await response.text()).slice(0, 200)}`);
   const decoder = new TextDecoder();
   let pending = "";
   let received = 0;
   let firstSeen = false;
   for await (const chunk of response.body) {
     received += chunk.byteLength;
-    if (received > ANSWER_BYTES_MAX) throw new Error(`the engine's answer is over ${ANSWER_BYTES_MAX} bytes`);
+    if (received > ANSWER_BYTES_MAX)
+      throw new Error(`the engine's answer is over ${ANSWER_BYTES_MAX} bytes`);
     pending += decoder.decode(chunk, { stream: true });
     for (let newline = pending.indexOf("\n"); newline >= 0; newline = pending.indexOf("\n")) {
       const line = JSON.parse(pending.slice(0, newline)) as Record<string, unknown>;

@@ -10,7 +10,9 @@ import { join } from "node:path";
 /** The argv that starts `kvedge` the way this process was started. */
 export function kvedgeCommand(): string[] {
   const compiled = import.meta.path.startsWith("/$bunfs/");
-  return compiled ? [process.execPath] : [process.execPath, join(import.meta.dir, "..", "cli", "main.ts")];
+  return compiled
+    ? [process.execPath]
+    : [process.execPath, join(import.meta.dir, "..", "cli", "main.ts")];
 }
 
 /** Children still running: killed if this process is stopped by a signal or exits. */
@@ -24,7 +26,11 @@ function installHandlers(): void {
     for (const child of children) child.kill("SIGTERM");
   };
   process.on("exit", killAll);
-  for (const [signal, code] of [["SIGINT", 130], ["SIGTERM", 143], ["SIGHUP", 129]] as const) {
+  for (const [signal, code] of [
+    ["SIGINT", 130],
+    ["SIGTERM", 143],
+    ["SIGHUP", 129],
+  ] as const) {
     process.once(signal, () => {
       killAll();
       process.exit(code);
@@ -94,8 +100,13 @@ export async function startServeChild(options: ServeChildOptions): Promise<Serve
   const timeoutMs = options.startTimeoutMs ?? 30_000;
   let timer: ReturnType<typeof setTimeout> | undefined;
   const failed = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`kvedge serve did not listen within ${timeoutMs} ms`)), timeoutMs);
-    void proc.exited.then((code) => reject(new Error(`kvedge serve exited with code ${code} before listening`)));
+    timer = setTimeout(
+      () => reject(new Error(`kvedge serve did not listen within ${timeoutMs} ms`)),
+      timeoutMs,
+    );
+    void proc.exited.then((code) =>
+      reject(new Error(`kvedge serve exited with code ${code} before listening`)),
+    );
   });
   failed.catch(() => {}); // it loses the race when serve starts; later exits are not errors here
   const stop = async (graceMs = 5_000, signal: StopSignal = "SIGTERM"): Promise<number> => {
@@ -113,7 +124,9 @@ export async function startServeChild(options: ServeChildOptions): Promise<Serve
   } catch (error) {
     await stop(1_000);
     const detail = lines.slice(-10).join("\n");
-    throw new Error(`${(error as Error).message}${detail === "" ? "" : `; its last log lines:\n${detail}`}`);
+    throw new Error(
+      `${(error as Error).message}${detail === "" ? "" : `; its last log lines:\n${detail}`}`,
+    );
   } finally {
     clearTimeout(timer);
   }
@@ -122,7 +135,8 @@ export async function startServeChild(options: ServeChildOptions): Promise<Serve
 /** `error` with the serve child's last log lines appended (what a failed run needs to be understood). */
 export function withServeTail(error: unknown, serve: ServeChild | null): unknown {
   const tail = serve?.tail().slice(-10).join("\n") ?? "";
-  if (tail !== "" && error instanceof Error) error.message += `\nkvedge serve's last log lines:\n${tail}`;
+  if (tail !== "" && error instanceof Error)
+    error.message += `\nkvedge serve's last log lines:\n${tail}`;
   return error;
 }
 

@@ -11,7 +11,12 @@ import { blockCount, chainHashes, DEFAULT_SEED, hashBlocks } from "../hash";
 import { DEFAULT_BLOCK_SIZE, EngineCache, type KvEventBatch } from "./engine-cache";
 import { MockEngine } from "./engine";
 import {
-  createPolicy, type ApproxPrefixConfig, type KvAwareConfig, type PolicyName, type RouteQuery, type RoutingPolicy,
+  createPolicy,
+  type ApproxPrefixConfig,
+  type KvAwareConfig,
+  type PolicyName,
+  type RouteQuery,
+  type RoutingPolicy,
 } from "./policies";
 import { RunRecorder, percentile, type PolicyReport } from "./outcome";
 import { createRng, randomU64 } from "./random";
@@ -60,7 +65,12 @@ export function requestTokens(trace: Trace, i: number, vocabSize: number): Uint3
 }
 
 /** What a router is given for request `id`: its prompt and the prompt's kvedge path hashes. */
-export function routeQuery(id: number, tokens: Uint32Array, promptLength: number, blockSize: number): RouteQuery {
+export function routeQuery(
+  id: number,
+  tokens: Uint32Array,
+  promptLength: number,
+  blockSize: number,
+): RouteQuery {
   const prompt = tokens.subarray(0, promptLength);
   const promptBlocks = blockCount(promptLength, blockSize);
   const path = new Uint32Array(2 * promptBlocks);
@@ -89,8 +99,14 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
   const onBatch = options.onBatch;
   const engines: MockEngine[] = [];
   const policy = createPolicy(options.policy, {
-    workers, blockSize, seed, approxPrefix: options.approxPrefix, kvAware: options.kvAware, time,
-    probe: (worker, query) => engines[worker]!.cache.cachedPrefixBlocks(query.tokens, query.promptLength),
+    workers,
+    blockSize,
+    seed,
+    approxPrefix: options.approxPrefix,
+    kvAware: options.kvAware,
+    time,
+    probe: (worker, query) =>
+      engines[worker]!.cache.cachedPrefixBlocks(query.tokens, query.promptLength),
   });
   const recorder = new RunRecorder(trace, {
     prefillDone: (request, nowMs) => policy.prefillDone(request.id, nowMs),
@@ -99,7 +115,10 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
   const seeds = engineSeeds(seed, workers);
   for (let w = 0; w < workers; w++) {
     const cache = new EngineCache({
-      capacityBlocks: capacity, blockSize, hashSeed: seeds[w]!, recordEvents: onBatch !== undefined,
+      capacityBlocks: capacity,
+      blockSize,
+      hashSeed: seeds[w]!,
+      recordEvents: onBatch !== undefined,
     });
     engines.push(new MockEngine(w, cache, time, recorder.listener));
   }
@@ -111,7 +130,7 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
 
   // Held requests (admission) answered by a step's lifecycle calls or by the longest hold.
   const dispatch = (nowMs: number): void => dispatchHeld(policy, engines, recorder, nowMs, flush);
-  for (let next = 0; ;) {
+  for (let next = 0; ; ) {
     let engineIndex = -1;
     let engineMs = Infinity;
     for (let w = 0; w < workers; w++) {
@@ -136,7 +155,9 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
       const worker = policy.route(query, arrivalMs);
       if (worker >= 0) {
         checkWorker(policy, worker, workers);
-        submit(engines[worker]!, recorder, query, worker, arrivalMs, () => policy.finished(query.id, arrivalMs));
+        submit(engines[worker]!, recorder, query, worker, arrivalMs, () =>
+          policy.finished(query.id, arrivalMs),
+        );
         flush(worker, arrivalMs);
       }
       dispatch(arrivalMs);
@@ -151,7 +172,10 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
 
 /** Submits the held requests the policy answered (worker -1: refused) at `nowMs`. */
 function dispatchHeld(
-  policy: RoutingPolicy, engines: MockEngine[], recorder: RunRecorder, nowMs: number,
+  policy: RoutingPolicy,
+  engines: MockEngine[],
+  recorder: RunRecorder,
+  nowMs: number,
   flush: (worker: number, nowMs: number) => void,
 ): void {
   for (const { query, worker } of policy.takeAnswers?.() ?? []) {
@@ -160,13 +184,16 @@ function dispatchHeld(
       continue;
     }
     checkWorker(policy, worker, engines.length);
-    submit(engines[worker]!, recorder, query, worker, nowMs, () => policy.finished(query.id, nowMs));
+    submit(engines[worker]!, recorder, query, worker, nowMs, () =>
+      policy.finished(query.id, nowMs),
+    );
     flush(worker, nowMs);
   }
 }
 
 function checkWorker(policy: RoutingPolicy, worker: number, workers: number): void {
-  if (!Number.isInteger(worker) || worker < 0 || worker >= workers) throw new Error(`policy ${policy.name} chose worker ${worker}`);
+  if (!Number.isInteger(worker) || worker < 0 || worker >= workers)
+    throw new Error(`policy ${policy.name} chose worker ${worker}`);
 }
 
 /** Per-engine hash seeds, the same for every run with the same seed. */
@@ -180,11 +207,17 @@ export function engineSeeds(seed: number, workers: number): bigint[] {
  * rejects (larger than its cache) is counted and `onReject` tells the router it ended.
  */
 export function submit(
-  engine: MockEngine, recorder: RunRecorder, query: RouteQuery, worker: number, nowMs: number,
+  engine: MockEngine,
+  recorder: RunRecorder,
+  query: RouteQuery,
+  worker: number,
+  nowMs: number,
   onReject: () => void,
 ): void {
   recorder.routed(query.id, worker);
-  if (!engine.submit({ id: query.id, tokens: query.tokens, promptLength: query.promptLength }, nowMs)) {
+  if (
+    !engine.submit({ id: query.id, tokens: query.tokens, promptLength: query.promptLength }, nowMs)
+  ) {
     recorder.rejectedAt(nowMs);
     onReject();
   }

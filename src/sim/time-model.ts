@@ -53,8 +53,11 @@ export const DEFAULT_TIME_MODEL: TimeModel = {
 
 /** Model ms of one step that prefills `prefillTokens` and decodes over `kvTokens` of context. */
 export function stepMs(model: TimeModel, prefillTokens: number, kvTokens: number): number {
-  return model.stepBaseMs + (prefillTokens * 1000) / model.prefillTokensPerSecond
-    + (model.kvReadMsPerMillionTokens * kvTokens) / 1e6;
+  return (
+    model.stepBaseMs +
+    (prefillTokens * 1000) / model.prefillTokensPerSecond +
+    (model.kvReadMsPerMillionTokens * kvTokens) / 1e6
+  );
 }
 
 /**
@@ -63,10 +66,17 @@ export function stepMs(model: TimeModel, prefillTokens: number, kvTokens: number
  * engine (`kvedge replay` without --engine).
  */
 export function soloDurations(
-  model: TimeModel, promptTokens: number, cachedTokens: number, outputTokens: number,
+  model: TimeModel,
+  promptTokens: number,
+  cachedTokens: number,
+  outputTokens: number,
 ): { ttftMs: number; decodeMs: number } {
   let ttftMs = 0;
-  for (let left = Math.max(1, promptTokens - cachedTokens); left > 0; left -= model.maxBatchedTokens) {
+  for (
+    let left = Math.max(1, promptTokens - cachedTokens);
+    left > 0;
+    left -= model.maxBatchedTokens
+  ) {
     ttftMs += stepMs(model, Math.min(left, model.maxBatchedTokens), 0);
   }
   // Decode steps j = 1 … n−1 each read the prompt and the j tokens generated so far.
@@ -81,7 +91,8 @@ const finiteNonNegative = (value: number): boolean => Number.isFinite(value) && 
 
 export function checkTimeModel(model: TimeModel): void {
   const problems: string[] = [];
-  if (!finiteNonNegative(model.stepBaseMs)) problems.push(`stepBaseMs must be ≥ 0, got ${model.stepBaseMs}`);
+  if (!finiteNonNegative(model.stepBaseMs))
+    problems.push(`stepBaseMs must be ≥ 0, got ${model.stepBaseMs}`);
   if (!finitePositive(model.prefillTokensPerSecond)) {
     problems.push(`prefillTokensPerSecond must be > 0, got ${model.prefillTokensPerSecond}`);
   }
@@ -96,7 +107,9 @@ export function checkTimeModel(model: TimeModel): void {
   }
   // A step of zero duration would let virtual time stand still.
   if (problems.length === 0 && model.stepBaseMs === 0 && model.kvReadMsPerMillionTokens === 0) {
-    problems.push("stepBaseMs and kvReadMsPerMillionTokens cannot both be 0 (a decode step would take no time)");
+    problems.push(
+      "stepBaseMs and kvReadMsPerMillionTokens cannot both be 0 (a decode step would take no time)",
+    );
   }
   if (problems.length > 0) throw new RangeError(problems.join("; "));
 }

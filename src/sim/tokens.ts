@@ -53,14 +53,21 @@ function promptPositionTable(blockTokens: number): Uint32Array {
  * `out` starting at `outIndex`.
  */
 export function writeIdTokens(
-  id: number, blockTokens: number, from: number, to: number, vocabSize: number,
-  out: Uint32Array, outIndex: number,
+  id: number,
+  blockTokens: number,
+  from: number,
+  to: number,
+  vocabSize: number,
+  out: Uint32Array,
+  outIndex: number,
 ): void {
-  if (from < 0 || to > blockTokens || from > to) throw new RangeError(`token range [${from}, ${to}) of ${blockTokens}`);
+  if (from < 0 || to > blockTokens || from > to)
+    throw new RangeError(`token range [${from}, ${to}) of ${blockTokens}`);
   const table = promptPositionTable(blockTokens);
   const base = fmix32(id);
   const scale = vocabSize / 0x1_0000_0000;
-  for (let j = from; j < to; j++) out[outIndex + j - from] = Math.floor(fmix32(base ^ table[j]!) * scale);
+  for (let j = from; j < to; j++)
+    out[outIndex + j - from] = Math.floor(fmix32(base ^ table[j]!) * scale);
 }
 
 /**
@@ -68,12 +75,19 @@ export function writeIdTokens(
  * truncated to `promptLength`, written into `out` from index 0.
  */
 export function writePromptTokens(
-  ids: Uint32Array, blockTokens: number, promptLength: number, vocabSize: number, out: Uint32Array,
+  ids: Uint32Array,
+  blockTokens: number,
+  promptLength: number,
+  vocabSize: number,
+  out: Uint32Array,
 ): void {
   if (promptLength > ids.length * blockTokens) {
-    throw new RangeError(`prompt of ${promptLength} tokens from ${ids.length} blocks of ${blockTokens}`);
+    throw new RangeError(
+      `prompt of ${promptLength} tokens from ${ids.length} blocks of ${blockTokens}`,
+    );
   }
-  if (out.length < promptLength) throw new RangeError(`out holds ${out.length} tokens, needs ${promptLength}`);
+  if (out.length < promptLength)
+    throw new RangeError(`out holds ${out.length} tokens, needs ${promptLength}`);
   for (let b = 0, start = 0; start < promptLength; b++, start += blockTokens) {
     const count = Math.min(blockTokens, promptLength - start);
     writeIdTokens(ids[b]!, blockTokens, 0, count, vocabSize, out, start);
@@ -85,13 +99,18 @@ export function writePromptTokens(
  * `outIndex`: deterministic, and unrelated to every prompt block.
  */
 export function writeOutputTokens(
-  requestKey: number, length: number, vocabSize: number, out: Uint32Array, outIndex: number,
+  requestKey: number,
+  length: number,
+  vocabSize: number,
+  out: Uint32Array,
+  outIndex: number,
 ): void {
   const table = outputTable;
   for (let start = 0, chunk = 0; start < length; start += OUTPUT_CHUNK_TOKENS, chunk++) {
     const base = fmix32(fmix32(requestKey) ^ Math.imul(chunk + 1, 0x27d4_eb2f));
     const count = Math.min(OUTPUT_CHUNK_TOKENS, length - start);
     const scale = vocabSize / 0x1_0000_0000;
-    for (let j = 0; j < count; j++) out[outIndex + start + j] = Math.floor(fmix32(base ^ table[j]!) * scale);
+    for (let j = 0; j < count; j++)
+      out[outIndex + start + j] = Math.floor(fmix32(base ^ table[j]!) * scale);
   }
 }

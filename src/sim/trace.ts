@@ -68,27 +68,37 @@ function pick(record: Record<string, unknown>, name: string, alias: string): unk
 
 function nonNegativeInteger(value: unknown, line: number, field: string): number {
   if (typeof value !== "number" || !Number.isSafeInteger(value) || value < 0) {
-    throw new TraceError(line, `${field} must be a non-negative integer, got ${JSON.stringify(value)}`);
+    throw new TraceError(
+      line,
+      `${field} must be a non-negative integer, got ${JSON.stringify(value)}`,
+    );
   }
   return value;
 }
 
 function nonNegativeNumber(value: unknown, line: number, field: string): number {
   if (typeof value !== "number" || !Number.isFinite(value) || value < 0) {
-    throw new TraceError(line, `${field} must be a non-negative number, got ${JSON.stringify(value)}`);
+    throw new TraceError(
+      line,
+      `${field} must be a non-negative number, got ${JSON.stringify(value)}`,
+    );
   }
   return value;
 }
 
 function parseIds(value: unknown, line: number): number[] {
-  if (!Array.isArray(value)) throw new TraceError(line, "hash_ids must be an array of non-negative integers");
+  if (!Array.isArray(value))
+    throw new TraceError(line, "hash_ids must be an array of non-negative integers");
   if (value.length > TRACE_HASH_IDS_MAX) {
     throw new TraceError(line, `hash_ids has ${value.length} ids, more than ${TRACE_HASH_IDS_MAX}`);
   }
   for (let i = 0; i < value.length; i++) {
     const id: unknown = value[i];
     if (typeof id !== "number" || !Number.isInteger(id) || id < 0 || id > ID_MAX) {
-      throw new TraceError(line, `hash_ids[${i}] must be an integer in [0, ${ID_MAX}], got ${JSON.stringify(id)}`);
+      throw new TraceError(
+        line,
+        `hash_ids[${i}] must be an integer in [0, ${ID_MAX}], got ${JSON.stringify(id)}`,
+      );
     }
   }
   return value as number[];
@@ -98,13 +108,19 @@ function parseSession(value: unknown, line: number): string | null {
   if (value === undefined || value === null) return null;
   if (typeof value === "string") return value;
   if (typeof value === "number" && Number.isFinite(value)) return String(value);
-  throw new TraceError(line, `session_id must be a string or a number, got ${JSON.stringify(value)}`);
+  throw new TraceError(
+    line,
+    `session_id must be a string or a number, got ${JSON.stringify(value)}`,
+  );
 }
 
 /** Arrival of a line: its timestamp, else `delay` after the session's (or trace's) previous one. */
 function parseArrival(
-  record: Record<string, unknown>, line: number, session: string | null,
-  previous: number, previousBySession: Map<string, number>,
+  record: Record<string, unknown>,
+  line: number,
+  session: string | null,
+  previous: number,
+  previousBySession: Map<string, number>,
 ): number {
   const timestamp = pick(record, "timestamp", "created_time");
   if (timestamp !== undefined) return nonNegativeNumber(timestamp, line, "timestamp");
@@ -115,9 +131,14 @@ function parseArrival(
 }
 
 function parseLine(
-  text: string, line: number, blockTokens: number, previous: number, previousBySession: Map<string, number>,
+  text: string,
+  line: number,
+  blockTokens: number,
+  previous: number,
+  previousBySession: Map<string, number>,
 ): RawRequest {
-  if (text.length > TRACE_LINE_BYTES_MAX) throw new TraceError(line, `longer than ${TRACE_LINE_BYTES_MAX} bytes`);
+  if (text.length > TRACE_LINE_BYTES_MAX)
+    throw new TraceError(line, `longer than ${TRACE_LINE_BYTES_MAX} bytes`);
   let value: unknown;
   try {
     value = JSON.parse(text);
@@ -134,7 +155,10 @@ function parseLine(
   const outputValue = pick(record, "output_length", "output_tokens");
   if (outputValue === undefined) throw new TraceError(line, "output_length is missing");
   // Dynamo's rule: a prompt never runs past the blocks that describe it.
-  const inputLength = Math.min(nonNegativeInteger(inputValue, line, "input_length"), ids.length * blockTokens);
+  const inputLength = Math.min(
+    nonNegativeInteger(inputValue, line, "input_length"),
+    ids.length * blockTokens,
+  );
   if (inputLength === 0) throw new TraceError(line, "empty prompt (input_length 0 or no hash_ids)");
   const outputLength = nonNegativeInteger(outputValue, line, "output_length");
   const session = parseSession(record.session_id, line);
@@ -145,7 +169,8 @@ function parseLine(
 /** Parses a whole JSONL trace. Blank lines are skipped; any bad line throws a TraceError naming it. */
 export function parseTrace(text: string, options: ParseOptions = {}): Trace {
   const blockTokens = options.blockTokens ?? MOONCAKE_BLOCK_TOKENS;
-  if (!Number.isSafeInteger(blockTokens) || blockTokens <= 0) throw new TraceError(0, `bad block size ${blockTokens}`);
+  if (!Number.isSafeInteger(blockTokens) || blockTokens <= 0)
+    throw new TraceError(0, `bad block size ${blockTokens}`);
   const requests: RawRequest[] = [];
   const previousBySession = new Map<string, number>();
   let previous = 0;
@@ -156,7 +181,8 @@ export function parseTrace(text: string, options: ParseOptions = {}): Trace {
     const body = text.slice(start, end).trim();
     start = end + 1;
     if (body === "") continue;
-    if (requests.length >= TRACE_REQUESTS_MAX) throw new TraceError(line, `more than ${TRACE_REQUESTS_MAX} requests`);
+    if (requests.length >= TRACE_REQUESTS_MAX)
+      throw new TraceError(line, `more than ${TRACE_REQUESTS_MAX} requests`);
     const request = parseLine(body, line, blockTokens, previous, previousBySession);
     previous = request.arrivalMs;
     if (request.session !== null) previousBySession.set(request.session, request.arrivalMs);
@@ -166,7 +192,10 @@ export function parseTrace(text: string, options: ParseOptions = {}): Trace {
   // Delay-based arrivals may come out of order; replay needs them sorted (stable).
   const order = requests.map((_, i) => i);
   order.sort((a, b) => requests[a]!.arrivalMs - requests[b]!.arrivalMs || a - b);
-  return build(order.map((i) => requests[i]!), blockTokens);
+  return build(
+    order.map((i) => requests[i]!),
+    blockTokens,
+  );
 }
 
 function build(requests: readonly RawRequest[], blockTokens: number): Trace {
@@ -219,7 +248,10 @@ export function transformTrace(trace: Trace, transform: TraceTransform): Trace {
   const timeScale = transform.timeScale ?? 1;
   const start = transform.start ?? 0;
   if (!Number.isSafeInteger(start) || start < 0 || start >= trace.count * copies) {
-    throw new TraceError(0, `start must be an integer in [0, ${trace.count * copies}), got ${start}`);
+    throw new TraceError(
+      0,
+      `start must be an integer in [0, ${trace.count * copies}), got ${start}`,
+    );
   }
   const limit = Math.min(transform.requests ?? trace.count * copies, trace.count * copies - start);
   if (!Number.isSafeInteger(factor) || factor < 1) {
@@ -231,16 +263,21 @@ export function transformTrace(trace: Trace, transform: TraceTransform): Trace {
   if (!Number.isFinite(timeScale) || timeScale <= 0) {
     throw new TraceError(0, `time scale must be > 0, got ${timeScale}`);
   }
-  if (!Number.isSafeInteger(limit) || limit < 1) throw new TraceError(0, `request count must be ≥ 1, got ${limit}`);
+  if (!Number.isSafeInteger(limit) || limit < 1)
+    throw new TraceError(0, `request count must be ≥ 1, got ${limit}`);
   let maxId = 0;
   for (let i = 0; i < trace.hashIds.length; i++) maxId = Math.max(maxId, trace.hashIds[i]!);
   const span = (maxId + 1) * factor; // ids of one copy after the length factor: [0, span)
   if (span * copies - 1 > ID_MAX) {
-    throw new TraceError(0, `ids overflow u32 with length factor ${factor} and duplication ${copies}`);
+    throw new TraceError(
+      0,
+      `ids overflow u32 with length factor ${factor} and duplication ${copies}`,
+    );
   }
   let longest = 0;
   for (let i = 0; i < trace.count; i++) longest = Math.max(longest, trace.inputLength[i]!);
-  if (longest * factor > ID_MAX) throw new TraceError(0, `prompts overflow u32 with length factor ${factor}`);
+  if (longest * factor > ID_MAX)
+    throw new TraceError(0, `prompts overflow u32 with length factor ${factor}`);
   // Copies of one request stay adjacent, so truncation keeps whole time ranges.
   const requests: RawRequest[] = [];
   let skipped = 0;
@@ -272,7 +309,11 @@ export function transformTrace(trace: Trace, transform: TraceTransform): Trace {
 
 /** Summary numbers of a trace (for reports and sanity checks). */
 export function traceStats(trace: Trace): {
-  requests: number; spanMs: number; promptTokens: number; outputTokens: number; distinctIds: number;
+  requests: number;
+  spanMs: number;
+  promptTokens: number;
+  outputTokens: number;
+  distinctIds: number;
 } {
   let promptTokens = 0;
   let outputTokens = 0;

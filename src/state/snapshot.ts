@@ -62,19 +62,43 @@ export interface Snapshot {
 
 /** What a snapshot operation hands to its consumer (arrays valid during the call). */
 export interface SnapshotOpSink {
-  stored(workerId: bigint, dpRank: number, hasParent: boolean, parentHi: number, parentLo: number,
-    external: Uint32Array, local: Uint32Array, count: number): void;
+  stored(
+    workerId: bigint,
+    dpRank: number,
+    hasParent: boolean,
+    parentHi: number,
+    parentLo: number,
+    external: Uint32Array,
+    local: Uint32Array,
+    count: number,
+  ): void;
   removed(workerId: bigint, dpRank: number, external: Uint32Array, count: number): void;
-  active?(workerId: bigint, dpRank: number, requestId: string, prefillTokens: number, outputBlocks: number, idleMs: number,
-    chain: Uint32Array, count: number): void;
+  active?(
+    workerId: bigint,
+    dpRank: number,
+    requestId: string,
+    prefillTokens: number,
+    outputBlocks: number,
+    idleMs: number,
+    chain: Uint32Array,
+    count: number,
+  ): void;
 }
 
 export class SnapshotError extends Error {}
 
 /** Appends one active request (operation 3) to `out` at `at`; returns the new end (grows `out.words`). */
 export function putActive(
-  out: { words: Uint32Array }, at: number, ref: number, dpRank: number, requestId: string,
-  prefillTokens: number, outputBlocks: number, idleMs: number, chain: Uint32Array, count: number,
+  out: { words: Uint32Array },
+  at: number,
+  ref: number,
+  dpRank: number,
+  requestId: string,
+  prefillTokens: number,
+  outputBlocks: number,
+  idleMs: number,
+  chain: Uint32Array,
+  count: number,
 ): number {
   const idWords = (requestId.length + 1) >>> 1;
   const size = 8 + idWords + 2 * count;
@@ -84,10 +108,23 @@ export function putActive(
     out.words = grown;
   }
   const words = out.words;
-  words.set([OP_ACTIVE, ref, dpRank, requestId.length, prefillTokens, outputBlocks, Math.max(0, Math.round(idleMs)), count], at);
+  words.set(
+    [
+      OP_ACTIVE,
+      ref,
+      dpRank,
+      requestId.length,
+      prefillTokens,
+      outputBlocks,
+      Math.max(0, Math.round(idleMs)),
+      count,
+    ],
+    at,
+  );
   at += 8;
   for (let i = 0; i < requestId.length; i += 2) {
-    words[at++] = requestId.charCodeAt(i) | (i + 1 < requestId.length ? requestId.charCodeAt(i + 1) << 16 : 0);
+    words[at++] =
+      requestId.charCodeAt(i) | (i + 1 < requestId.length ? requestId.charCodeAt(i + 1) << 16 : 0);
   }
   words.set(chain.subarray(0, 2 * count), at);
   return at + 2 * count;
@@ -100,7 +137,8 @@ export function forEachOp(snapshot: Snapshot, sink: SnapshotOpSink | null): void
   let local = new Uint32Array(64);
   let at = 0;
   const need = (count: number) => {
-    if (at + count > words.length) throw new SnapshotError(`operation at word ${at} runs past the end`);
+    if (at + count > words.length)
+      throw new SnapshotError(`operation at word ${at} runs past the end`);
   };
   while (at < words.length) {
     need(4);
@@ -146,8 +184,18 @@ export function forEachOp(snapshot: Snapshot, sink: SnapshotOpSink | null): void
       need(idWords + 2 * n);
       if (sink?.active !== undefined) {
         let id = "";
-        for (let i = 0; i < units; i++) id += String.fromCharCode((words[at + (i >>> 1)]! >>> (16 * (i & 1))) & 0xffff);
-        sink.active(workerId, dpRank, id, prefill, output, idle, words.subarray(at + idWords, at + idWords + 2 * n), n);
+        for (let i = 0; i < units; i++)
+          id += String.fromCharCode((words[at + (i >>> 1)]! >>> (16 * (i & 1))) & 0xffff);
+        sink.active(
+          workerId,
+          dpRank,
+          id,
+          prefill,
+          output,
+          idle,
+          words.subarray(at + idWords, at + idWords + 2 * n),
+          n,
+        );
       }
       at += idWords + 2 * n;
     } else {
@@ -164,7 +212,11 @@ function headOf(snapshot: Snapshot): Uint8Array {
     block_size: snapshot.blockSize,
     worker_ids: snapshot.workerIds.map(String),
     positions: snapshot.positions.map((p) => ({
-      worker_id: String(p.workerId), dp_rank: p.dpRank, last_seq: p.lastSeq, fingerprint: p.fingerprint, degraded: p.degraded,
+      worker_id: String(p.workerId),
+      dp_rank: p.dpRank,
+      last_seq: p.lastSeq,
+      fingerprint: p.fingerprint,
+      degraded: p.degraded,
     })),
   });
   header += " ".repeat((4 - (Buffer.byteLength(header) % 4)) % 4);
@@ -195,7 +247,8 @@ class Checksum {
   /** The bytes cut into the checksum's pieces (views). */
   static piecesOf(bytes: Uint8Array): Uint8Array[] {
     const pieces: Uint8Array[] = [];
-    for (let at = 0; at < bytes.length; at += CHECK_CHUNK_BYTES) pieces.push(bytes.subarray(at, at + CHECK_CHUNK_BYTES));
+    for (let at = 0; at < bytes.length; at += CHECK_CHUNK_BYTES)
+      pieces.push(bytes.subarray(at, at + CHECK_CHUNK_BYTES));
     return pieces;
   }
 
@@ -220,25 +273,36 @@ export function encodeSnapshot(snapshot: Snapshot): Uint8Array {
 
 /** Parses and checks a snapshot file's bytes; throws SnapshotError saying what is wrong. */
 export function decodeSnapshot(bytes: Uint8Array): Snapshot {
-  if (bytes.length < PREFIX_BYTES + CHECKSUM_BYTES) throw new SnapshotError(`truncated (${bytes.length} bytes)`);
-  for (let i = 0; i < MAGIC.length; i++) if (bytes[i] !== MAGIC[i]) throw new SnapshotError("not a kvedge snapshot");
+  if (bytes.length < PREFIX_BYTES + CHECKSUM_BYTES)
+    throw new SnapshotError(`truncated (${bytes.length} bytes)`);
+  for (let i = 0; i < MAGIC.length; i++)
+    if (bytes[i] !== MAGIC[i]) throw new SnapshotError("not a kvedge snapshot");
   const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   const version = view.getUint32(MAGIC.length, true);
-  if (version !== SNAPSHOT_VERSION) throw new SnapshotError(`version ${version}, this kvedge reads version ${SNAPSHOT_VERSION}`);
+  if (version !== SNAPSHOT_VERSION)
+    throw new SnapshotError(`version ${version}, this kvedge reads version ${SNAPSHOT_VERSION}`);
   const headerLength = view.getUint32(MAGIC.length + 4, true);
   const wordCount = view.getUint32(MAGIC.length + 8, true);
   const expected = PREFIX_BYTES + headerLength + 4 * wordCount + CHECKSUM_BYTES;
   if (headerLength % 4 !== 0 || bytes.length !== expected) {
-    throw new SnapshotError(`truncated or padded: ${bytes.length} bytes, the prefix says ${expected}`);
+    throw new SnapshotError(
+      `truncated or padded: ${bytes.length} bytes, the prefix says ${expected}`,
+    );
   }
   const stored = view.getBigUint64(bytes.length - CHECKSUM_BYTES, true);
   const checksum = new Checksum();
   checksum.add(bytes.subarray(0, PREFIX_BYTES + headerLength));
-  for (const piece of Checksum.piecesOf(bytes.subarray(PREFIX_BYTES + headerLength, bytes.length - CHECKSUM_BYTES))) checksum.add(piece);
+  for (const piece of Checksum.piecesOf(
+    bytes.subarray(PREFIX_BYTES + headerLength, bytes.length - CHECKSUM_BYTES),
+  ))
+    checksum.add(piece);
   if (checksum.value() !== stored) throw new SnapshotError("checksum mismatch");
+  // biome-ignore lint/suspicious/noExplicitAny: the header's fields are checked one by one below
   let header: Record<string, any>;
   try {
-    header = JSON.parse(new TextDecoder().decode(bytes.subarray(PREFIX_BYTES, PREFIX_BYTES + headerLength)));
+    header = JSON.parse(
+      new TextDecoder().decode(bytes.subarray(PREFIX_BYTES, PREFIX_BYTES + headerLength)),
+    );
   } catch {
     throw new SnapshotError("header is not JSON");
   }
@@ -249,9 +313,13 @@ export function decodeSnapshot(bytes: Uint8Array): Snapshot {
     blockSize: Number(header.block_size),
     createdAt: String(header.created_at),
     workerIds: (header.worker_ids as string[]).map((id) => BigInt(id)),
+    // biome-ignore lint/suspicious/noExplicitAny: each position's fields are converted and checked
     positions: (header.positions as Record<string, any>[]).map((p) => ({
-      workerId: BigInt(p.worker_id), dpRank: Number(p.dp_rank), lastSeq: Number(p.last_seq),
-      fingerprint: Number(p.fingerprint), degraded: p.degraded === true,
+      workerId: BigInt(p.worker_id),
+      dpRank: Number(p.dp_rank),
+      lastSeq: Number(p.last_seq),
+      fingerprint: Number(p.fingerprint),
+      degraded: p.degraded === true,
     })),
     words,
   };
@@ -275,7 +343,8 @@ export async function writeSnapshotFile(dir: string, snapshot: Snapshot): Promis
     const head = headOf(snapshot);
     checksum.add(head);
     const writeAll = async (bytes: Uint8Array): Promise<void> => {
-      for (let at = 0; at < bytes.length;) at += (await file.write(bytes, at, bytes.length - at)).bytesWritten;
+      for (let at = 0; at < bytes.length; )
+        at += (await file.write(bytes, at, bytes.length - at)).bytesWritten;
       written += bytes.length;
     };
     await writeAll(head);

@@ -16,7 +16,13 @@ import { positionKey } from "../core/core";
 import { PackJob } from "../index/write-pause";
 import type { Logger } from "../util/log";
 import {
-  forEachOp, putActive, readSnapshotFile, type Snapshot, SnapshotError, type SourcePosition, writeSnapshotFile,
+  forEachOp,
+  putActive,
+  readSnapshotFile,
+  type Snapshot,
+  SnapshotError,
+  type SourcePosition,
+  writeSnapshotFile,
 } from "./snapshot";
 
 /** Work per turn of the event loop. */
@@ -45,7 +51,7 @@ function begin(service: KvedgeCore): Taking {
     const workerId = load.workerIdOf(slot);
     let ref = refs.get(workerId);
     if (ref === undefined) {
-      refs.set(workerId, ref = activeIds.length);
+      refs.set(workerId, (ref = activeIds.length));
       activeIds.push(workerId);
     }
     at = putActive(out, at, ref, load.dpRanks[slot]!, id, prefill, output, idleMs, chain, blocks);
@@ -73,14 +79,16 @@ function finish(taking: Taking, blockSize: number): Snapshot {
   const renumber = taking.activeIds.map((id) => {
     let ref = refs.get(id);
     if (ref === undefined) {
-      refs.set(id, ref = workerIds.length);
+      refs.set(id, (ref = workerIds.length));
       workerIds.push(id);
     }
     return ref;
   });
   const words = packed.words;
   const from = words.length - taking.active.length;
-  forEachActiveRef(words, from, (at) => { words[at] = renumber[words[at]!]!; });
+  forEachActiveRef(words, from, (at) => {
+    words[at] = renumber[words[at]!]!;
+  });
   return { blockSize, createdAt: taking.createdAt, positions: taking.positions, workerIds, words };
 }
 
@@ -118,7 +126,12 @@ export interface SavedRequest {
  * requests of those workers (for `restoreRequests` once the workers are added), or
  * null when nothing was loaded. Any problem: one log line, nothing loaded.
  */
-export function loadSnapshot(service: KvedgeCore, dir: string, configured: readonly bigint[], log: Logger): SavedRequest[] | null {
+export function loadSnapshot(
+  service: KvedgeCore,
+  dir: string,
+  configured: readonly bigint[],
+  log: Logger,
+): SavedRequest[] | null {
   let snapshot: Snapshot | null;
   const started = performance.now();
   try {
@@ -139,14 +152,33 @@ export function loadSnapshot(service: KvedgeCore, dir: string, configured: reado
   try {
     forEachOp(snapshot, {
       stored: (workerId, dpRank, hasParent, parentHi, parentLo, external, local, count) => {
-        if (keep.has(workerId)) index.applyStored(workerId, dpRank, hasParent, parentHi, parentLo, external, local, count);
+        if (keep.has(workerId))
+          index.applyStored(
+            workerId,
+            dpRank,
+            hasParent,
+            parentHi,
+            parentLo,
+            external,
+            local,
+            count,
+          );
       },
       removed: (workerId, dpRank, external, count) => {
         if (keep.has(workerId)) index.applyRemoved(workerId, dpRank, external, count);
       },
       active: (workerId, dpRank, id, prefillTokens, outputBlocks, idleMs, chain, blocks) => {
         if (!keep.has(workerId)) return;
-        requests.push({ workerId, dpRank, id, prefillTokens, outputBlocks, idleMs: idleMs + sinceWritten, chain: chain.slice(), blocks });
+        requests.push({
+          workerId,
+          dpRank,
+          id,
+          prefillTokens,
+          outputBlocks,
+          idleMs: idleMs + sinceWritten,
+          chain: chain.slice(),
+          blocks,
+        });
       },
     });
   } catch (error) {
@@ -155,11 +187,16 @@ export function loadSnapshot(service: KvedgeCore, dir: string, configured: reado
     return null;
   }
   for (const position of snapshot.positions) {
-    if (keep.has(position.workerId)) service.restoredPositions.set(positionKey(position.workerId, position.dpRank), position);
+    if (keep.has(position.workerId))
+      service.restoredPositions.set(positionKey(position.workerId, position.dpRank), position);
   }
   log.info("snapshot loaded", {
-    dir, created_at: snapshot.createdAt, blocks: index.stats().blocks, sources: service.restoredPositions.size,
-    active_requests: requests.length, ms: Math.round(performance.now() - started),
+    dir,
+    created_at: snapshot.createdAt,
+    blocks: index.stats().blocks,
+    sources: service.restoredPositions.size,
+    active_requests: requests.length,
+    ms: Math.round(performance.now() - started),
   });
   return requests;
 }
@@ -169,13 +206,28 @@ export function loadSnapshot(service: KvedgeCore, dir: string, configured: reado
  * their load counts again until they finish or the rest of their TTL runs out. Ones
  * past the TTL, or whose worker is gone, are dropped (counted in the log line).
  */
-export function restoreRequests(service: KvedgeCore, requests: readonly SavedRequest[], log: Logger): number {
+export function restoreRequests(
+  service: KvedgeCore,
+  requests: readonly SavedRequest[],
+  log: Logger,
+): number {
   const load = service.router.load;
   let restored = 0;
   for (const request of requests) {
     const slot = load.slotOf(request.workerId, request.dpRank);
     if (slot < 0 || load.live[slot] !== 1) continue;
-    if (load.restore(request.id, slot, request.chain, request.blocks, request.prefillTokens, request.outputBlocks, request.idleMs)) restored++;
+    if (
+      load.restore(
+        request.id,
+        slot,
+        request.chain,
+        request.blocks,
+        request.prefillTokens,
+        request.outputBlocks,
+        request.idleMs,
+      )
+    )
+      restored++;
   }
   log.info("active requests restored", { restored, dropped: requests.length - restored });
   return restored;
@@ -190,11 +242,19 @@ export function saveSnapshot(service: KvedgeCore, dir: string, log: Logger): Pro
 export class PeriodicSnapshots {
   private running: Promise<boolean> | null = null;
 
-  constructor(private readonly service: KvedgeCore, private readonly dir: string, private readonly log: Logger) {}
+  constructor(
+    private readonly service: KvedgeCore,
+    private readonly dir: string,
+    private readonly log: Logger,
+  ) {}
 
   /** Starts a write unless one is running; resolves true once the file is in place. */
   tick(): Promise<boolean> {
-    this.running ??= write(() => takeSnapshotSliced(this.service), this.dir, this.log).finally(() => { this.running = null; });
+    this.running ??= write(() => takeSnapshotSliced(this.service), this.dir, this.log).finally(
+      () => {
+        this.running = null;
+      },
+    );
     return this.running;
   }
 

@@ -29,9 +29,16 @@ export interface LoggerOptions {
 }
 
 // bigint is not JSON; 64-bit ids and hashes are logged as decimal strings.
-const replacer = (_key: string, value: unknown): unknown => (typeof value === "bigint" ? value.toString() : value);
+const replacer = (_key: string, value: unknown): unknown =>
+  typeof value === "bigint" ? value.toString() : value;
 
-function render(format: LogFormat, time: Date, level: Level, message: string, fields: Fields): string {
+function render(
+  format: LogFormat,
+  time: Date,
+  level: Level,
+  message: string,
+  fields: Fields,
+): string {
   if (format === "json") {
     return `${JSON.stringify({ time: time.toISOString(), level, msg: message, ...fields }, replacer)}\n`;
   }
@@ -51,7 +58,9 @@ export function createLogger(options: LoggerOptions = {}): Logger {
   const make = (base: Fields): Logger => {
     const emit = (level: Level, message: string, fields?: Fields): void => {
       if (LEVEL_RANK[level] < threshold) return;
-      write(render(format, now(), level, message, fields === undefined ? base : { ...base, ...fields }));
+      write(
+        render(format, now(), level, message, fields === undefined ? base : { ...base, ...fields }),
+      );
     };
     return {
       debug: (message, fields) => emit("debug", message, fields),
@@ -82,10 +91,14 @@ export interface LogRecord {
 /** Keeps records in memory, for tests that assert what was logged. */
 export function memoryLogger(records: LogRecord[] = []): Logger & { records: LogRecord[] } {
   const make = (base: Fields): Logger => ({
-    debug: (message, fields) => records.push({ level: "debug", message, fields: { ...base, ...fields } }),
-    info: (message, fields) => records.push({ level: "info", message, fields: { ...base, ...fields } }),
-    warn: (message, fields) => records.push({ level: "warn", message, fields: { ...base, ...fields } }),
-    error: (message, fields) => records.push({ level: "error", message, fields: { ...base, ...fields } }),
+    debug: (message, fields) =>
+      records.push({ level: "debug", message, fields: { ...base, ...fields } }),
+    info: (message, fields) =>
+      records.push({ level: "info", message, fields: { ...base, ...fields } }),
+    warn: (message, fields) =>
+      records.push({ level: "warn", message, fields: { ...base, ...fields } }),
+    error: (message, fields) =>
+      records.push({ level: "error", message, fields: { ...base, ...fields } }),
     child: (fields) => make({ ...base, ...fields }),
   });
   return Object.assign(make({}), { records });
@@ -103,6 +116,11 @@ export class OnceLog {
   report(kind: string, message: string, sample?: Fields): void {
     const seen = this.counts.get(kind) ?? 0;
     this.counts.set(kind, seen + 1);
-    if (seen === 0) this.log.warn(message, { kind, ...sample, note: "later occurrences of this kind are only counted" });
+    if (seen === 0)
+      this.log.warn(message, {
+        kind,
+        ...sample,
+        note: "later occurrences of this kind are only counted",
+      });
   }
 }

@@ -19,7 +19,14 @@
 
 /** Any value the writer takes. Object members that are `undefined` are left out, as JSON.stringify does. */
 export type MsgpackValue =
-  | null | undefined | boolean | number | bigint | string | Uint8Array | readonly MsgpackValue[]
+  | null
+  | undefined
+  | boolean
+  | number
+  | bigint
+  | string
+  | Uint8Array
+  | readonly MsgpackValue[]
   | { readonly [key: string]: MsgpackValue };
 
 const UINT_CODES = [0xcc, 0xcd, 0xce] as const;
@@ -75,12 +82,18 @@ export class MsgpackWriter {
 
   int(value: number | bigint): void {
     // Fast path for token ids, counts and other small non-negative numbers: no BigInt.
-    if (typeof value === "number" && value >= 0 && value < 0x1_0000_0000 && Number.isInteger(value)) {
+    if (
+      typeof value === "number" &&
+      value >= 0 &&
+      value < 0x1_0000_0000 &&
+      Number.isInteger(value)
+    ) {
       this.uint32(value);
       return;
     }
     const big = BigInt(value);
-    if (big < -(1n << 63n) || big >= 1n << 64n) throw new RangeError(`${big} does not fit in 64 bits`);
+    if (big < -(1n << 63n) || big >= 1n << 64n)
+      throw new RangeError(`${big} does not fit in 64 bits`);
     this.room(9);
     if (big >= 0n) {
       if (big < 0x80n) this.buffer[this.length++] = Number(big);

@@ -27,12 +27,24 @@ export class BinRef {
 
 /** The keys a request body may have here; any other key sends the message to msgpackr. */
 const KEYS = [
-  "id", "op", "token_ids", "request_id", "lora_name", "cache_salt", "expected_output_tokens",
-  "overlap_score_credit", "prefill_load_scale", "temperature", "candidates",
+  "id",
+  "op",
+  "token_ids",
+  "request_id",
+  "lora_name",
+  "cache_salt",
+  "expected_output_tokens",
+  "overlap_score_credit",
+  "prefill_load_scale",
+  "temperature",
+  "candidates",
 ] as const;
 type Key = (typeof KEYS)[number];
 /** Strings read without building them: keys, and the ops as values. */
-const KNOWN = [...KEYS, "route", "match", "done", "prefill_done"].map((text) => ({ text, bytes: Buffer.from(text, "ascii") }));
+const KNOWN = [...KEYS, "route", "match", "done", "prefill_done"].map((text) => ({
+  text,
+  bytes: Buffer.from(text, "ascii"),
+}));
 
 /** One request body, refilled by `MsgpackRequestReader.request`. */
 export type RequestBody = Record<Key, unknown>;
@@ -76,7 +88,8 @@ export class MsgpackRequestReader {
     try {
       const count = this.batch ? this.collectionLength(0x90) : 1;
       if (count > this.batchMax) return false;
-      if (this.starts.length < count) this.starts = new Int32Array(Math.max(count, 2 * this.starts.length));
+      if (this.starts.length < count)
+        this.starts = new Int32Array(Math.max(count, 2 * this.starts.length));
       for (let i = 0; i < count; i++) {
         this.starts[i] = this.at;
         this.walkMap(null);
@@ -140,25 +153,36 @@ export class MsgpackRequestReader {
       this.at++;
       return head - 0x100;
     }
-    if ((head & 0xe0) === 0xa0 || head === 0xd9 || head === 0xda || head === 0xdb) return this.asciiString();
+    if ((head & 0xe0) === 0xa0 || head === 0xd9 || head === 0xda || head === 0xdb)
+      return this.asciiString();
     this.at++;
     switch (head) {
-      case 0xc0: return null;
-      case 0xc2: return false;
-      case 0xc3: return true;
-      case 0xcc: return this.uint(1);
-      case 0xcd: return this.uint(2);
-      case 0xce: return this.uint(4);
-      case 0xd0: return (this.uint(1) << 24) >> 24;
-      case 0xd1: return (this.uint(2) << 16) >> 16;
-      case 0xd2: return this.uint(4) | 0;
+      case 0xc0:
+        return null;
+      case 0xc2:
+        return false;
+      case 0xc3:
+        return true;
+      case 0xcc:
+        return this.uint(1);
+      case 0xcd:
+        return this.uint(2);
+      case 0xce:
+        return this.uint(4);
+      case 0xd0:
+        return (this.uint(1) << 24) >> 24;
+      case 0xd1:
+        return (this.uint(2) << 16) >> 16;
+      case 0xd2:
+        return this.uint(4) | 0;
       case 0xcb: {
         if (this.at + 8 > source.length) throw DECLINE;
         for (let i = 0; i < 8; i++) this.floatBytes[7 - i] = source[this.at + i]!;
         this.at += 8;
         return this.float[0];
       }
-      default: throw DECLINE;
+      default:
+        throw DECLINE;
     }
   }
 
@@ -178,7 +202,8 @@ export class MsgpackRequestReader {
     if (end > source.length) throw DECLINE;
     this.at = end;
     for (const known of KNOWN) {
-      if (known.bytes.length === length && equalBytes(known.bytes, source, start)) return known.text;
+      if (known.bytes.length === length && equalBytes(known.bytes, source, start))
+        return known.text;
     }
     let text = "";
     for (let i = start; i < end; i++) {
@@ -217,7 +242,6 @@ export class MsgpackRequestReader {
     for (let i = 0; i < bytes; i++) value = value * 256 + source[this.at++]!;
     return value;
   }
-
 }
 
 function equalBytes(known: Uint8Array, source: Uint8Array, start: number): boolean {

@@ -13,25 +13,49 @@ import { parseTrace } from "../../src/sim/trace";
 const root = join(import.meta.dir, "..", "..");
 const dir = mkdtempSync(join(tmpdir(), "kvedge-replay-"));
 const trace = join(dir, "trace.jsonl");
-const lines = readFileSync(join(root, "data", "traces", "conversation_trace.jsonl"), "utf8").split("\n");
+const lines = readFileSync(join(root, "data", "traces", "conversation_trace.jsonl"), "utf8").split(
+  "\n",
+);
 writeFileSync(trace, `${lines.slice(0, 60).join("\n")}\n`);
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 function bench(args: string[]) {
-  const child = Bun.spawnSync([process.execPath, join(root, "bench", "indexer-replay.ts"), "--trace", trace,
-    "--workers", "4", "--quiescence-ms", "0", "--warmup-ops", "50", ...args], {
-    stdout: "pipe", stderr: "pipe",
-  });
+  const child = Bun.spawnSync(
+    [
+      process.execPath,
+      join(root, "bench", "indexer-replay.ts"),
+      "--trace",
+      trace,
+      "--workers",
+      "4",
+      "--quiescence-ms",
+      "0",
+      "--warmup-ops",
+      "50",
+      ...args,
+    ],
+    {
+      stdout: "pipe",
+      stderr: "pipe",
+    },
+  );
   return { code: child.exitCode, stdout: child.stdout.toString(), stderr: child.stderr.toString() };
 }
 
 const DISTRIBUTION = ["max_ns", "p50_ns", "p999_ns", "p99_ns"];
 const LOOKUP = [
-  "hash", "queue_wait", "sched_to_finish", "sched_to_finish_outside_bursts", "service",
+  "hash",
+  "queue_wait",
+  "sched_to_finish",
+  "sched_to_finish_outside_bursts",
+  "service",
 ];
 
 describe("indexer replay bench", () => {
-  for (const [cell, args] of [["page size 16, vLLM cadence", ["--block-size", "16", "--engine-blocks", "2048"]], ["page size 1, SGLang cadence", ["--block-size", "1", "--engine-blocks", "32768"]]] as const) {
+  for (const [cell, args] of [
+    ["page size 16, vLLM cadence", ["--block-size", "16", "--engine-blocks", "2048"]],
+    ["page size 1, SGLang cadence", ["--block-size", "1", "--engine-blocks", "32768"]],
+  ] as const) {
     test(`${cell}: one JSON line with the contract's fields, valid`, () => {
       const result = bench([...args, "--window-ms", "2000", "--json"]);
       expect(result.stderr).toBe("");
@@ -40,8 +64,16 @@ describe("indexer replay bench", () => {
       expect(outputLines).toHaveLength(1);
       const report = JSON.parse(outputLines[0]!);
       expect(Object.keys(report).sort()).toEqual([
-        "achieved_block_ops_per_s", "bytes_per_pair", "config", "drain_s", "kept_up", "lookup",
-        "offered_block_ops_per_s", "peak_rss_mb", "update", "valid",
+        "achieved_block_ops_per_s",
+        "bytes_per_pair",
+        "config",
+        "drain_s",
+        "kept_up",
+        "lookup",
+        "offered_block_ops_per_s",
+        "peak_rss_mb",
+        "update",
+        "valid",
       ]);
       const timed = [...LOOKUP, "service_ns_per_matched_block"].sort();
       const keys = [...timed, "deadline_bursts", "matched_blocks"].sort();
@@ -50,7 +82,9 @@ describe("indexer replay bench", () => {
       // The longest match per lookup, in blocks: ordered quantiles, within the queries' blocks.
       const matched = report.lookup.matched_blocks;
       expect(Object.keys(matched).sort()).toEqual(["max", "p50", "p99", "p999"]);
-      expect(matched.p50 <= matched.p99 && matched.p99 <= matched.p999 && matched.p999 <= matched.max).toBe(true);
+      expect(
+        matched.p50 <= matched.p99 && matched.p99 <= matched.p999 && matched.p999 <= matched.max,
+      ).toBe(true);
       expect(matched.max).toBeLessThanOrEqual(report.config.query_blocks);
       // Issuing on time depends on the machine's load (a bench property, not asserted here);
       // every other reason (drain, losses, an index unequal to the engines) must be absent.
@@ -62,7 +96,9 @@ describe("indexer replay bench", () => {
       const { update, config } = report;
       expect(update.stored_blocks).toBeGreaterThan(0);
       expect(update.removed_blocks).toBeGreaterThan(0);
-      expect(config.total_block_ops).toBe(config.query_blocks + update.stored_blocks + update.removed_blocks);
+      expect(config.total_block_ops).toBe(
+        config.query_blocks + update.stored_blocks + update.removed_blocks,
+      );
       expect(config.index.blocks).toBeGreaterThan(0);
       expect(report.bytes_per_pair).toBeCloseTo(config.index.bytes / config.index.blocks, 1);
       expect(config.provenance.trace_sha256).toMatch(/^[0-9a-f]{64}$/);
@@ -74,8 +110,19 @@ describe("indexer replay bench", () => {
   }
 
   test("--route-threads 2: lanes on the shared index; the contract, plus threads", () => {
-    const result = bench(["--block-size", "16", "--engine-blocks", "2048", "--window-ms", "2000",
-      "--route-threads", "2", "--index-budget-mb", "64", "--json"]);
+    const result = bench([
+      "--block-size",
+      "16",
+      "--engine-blocks",
+      "2048",
+      "--window-ms",
+      "2000",
+      "--route-threads",
+      "2",
+      "--index-budget-mb",
+      "64",
+      "--json",
+    ]);
     expect(result.stderr).toBe("");
     expect(result.code).toBe(0);
     const report = JSON.parse(result.stdout.trim());
@@ -114,8 +161,13 @@ describe("indexer replay bench", () => {
 
   test("--query-hashes pre: each query's hashes are the prompt's, as routes make them", () => {
     const corpus = buildCorpus(parseTrace(readFileSync(trace, "utf8")), {
-      workers: 4, engineBlocks: 2048, blockSize: 16, cadence: "vllm", prefillChunk: 2048,
-      windowMs: 2000, seed: 42,
+      workers: 4,
+      engineBlocks: 2048,
+      blockSize: 16,
+      cadence: "vllm",
+      prefillChunk: 2048,
+      windowMs: 2000,
+      seed: 42,
     });
     const hashed = hashQueries(corpus, 16);
     const hasher = new PromptHasher();
@@ -135,8 +187,21 @@ describe("indexer replay bench", () => {
 
   for (const threads of ["0", "2"]) {
     test(`--query-hashes pre, --route-threads ${threads}: valid, every query looked up`, () => {
-      const result = bench(["--block-size", "16", "--engine-blocks", "2048", "--window-ms", "2000",
-        "--route-threads", threads, "--index-budget-mb", "64", "--query-hashes", "pre", "--json"]);
+      const result = bench([
+        "--block-size",
+        "16",
+        "--engine-blocks",
+        "2048",
+        "--window-ms",
+        "2000",
+        "--route-threads",
+        threads,
+        "--index-budget-mb",
+        "64",
+        "--query-hashes",
+        "pre",
+        "--json",
+      ]);
       expect(result.stderr).toBe("");
       expect(result.code).toBe(0);
       const report = JSON.parse(result.stdout.trim());

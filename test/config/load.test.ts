@@ -7,32 +7,73 @@ import { describe, expect, test } from "bun:test";
 import { join } from "node:path";
 import { parseFlags } from "../../src/cli/args";
 import {
-  type Config, ConfigError, configFlagSpecs, flagHelp, type LoadedConfig, loadConfig, parseConfigText, renderConfig,
-  SETTINGS, settingsTable,
+  type Config,
+  ConfigError,
+  configFlagSpecs,
+  flagHelp,
+  type LoadedConfig,
+  loadConfig,
+  parseConfigText,
+  renderConfig,
+  SETTINGS,
+  settingsTable,
 } from "../../src/config";
 
 const EXAMPLE = join(import.meta.dir, "..", "..", "examples", "kvedge.toml");
 
 const DEFAULTS: Config = {
   server: {
-    host: "127.0.0.1", port: 8080, admin_token: null, body_limit_bytes: 8_388_608, buffer_budget_bytes: 1_073_741_824, log_level: "info", log_format: "auto",
+    host: "127.0.0.1",
+    port: 8080,
+    admin_token: null,
+    body_limit_bytes: 8_388_608,
+    buffer_budget_bytes: 1_073_741_824,
+    log_level: "info",
+    log_format: "auto",
     warmup_routes: 4096,
   },
   index: { block_size: 16, backend: "crtc", memory_budget_bytes: null },
   route: {
-    policy: "ttft", prefill_tokens_per_sec: 15_000, step_base_ms: 5, kv_read_ms_per_million_tokens: 39,
-    max_batched_tokens: 8192, recompute_weight: 12, calibrate: false,
-    overlap_score_credit: 1, overlap_score_credit_decay: 0, prefill_load_scale: 1, decode_active_request_weight: 0,
-    temperature: 0, degraded_overlap_weight: 0.5, request_ttl_secs: 300, max_active_requests: 1_000_000,
-    track_output_blocks: false, admission: "off", admission_bound_ms: 200, admission_max_hold_ms: 10_000,
-    admission_max_held: 4096, admission_prefill_weight: 4,
+    policy: "ttft",
+    prefill_tokens_per_sec: 15_000,
+    step_base_ms: 5,
+    kv_read_ms_per_million_tokens: 39,
+    max_batched_tokens: 8192,
+    recompute_weight: 12,
+    calibrate: false,
+    overlap_score_credit: 1,
+    overlap_score_credit_decay: 0,
+    prefill_load_scale: 1,
+    decode_active_request_weight: 0,
+    temperature: 0,
+    degraded_overlap_weight: 0.5,
+    request_ttl_secs: 300,
+    max_active_requests: 1_000_000,
+    track_output_blocks: false,
+    admission: "off",
+    admission_bound_ms: 200,
+    admission_max_hold_ms: 10_000,
+    admission_max_held: 4096,
+    admission_prefill_weight: 4,
   },
   ingest: {
-    max_message_bytes: 16_777_216, heartbeat_interval_ms: 5000, heartbeat_timeout_ms: 15_000, frame_timeout_ms: 10_000, reconnect_min_ms: 100,
-    reconnect_max_ms: 5000, replay_timeout_ms: 5000, replay_deadline_ms: 30_000, replay_buffer_bytes: 67_108_864,
+    max_message_bytes: 16_777_216,
+    heartbeat_interval_ms: 5000,
+    heartbeat_timeout_ms: 15_000,
+    frame_timeout_ms: 10_000,
+    reconnect_min_ms: 100,
+    reconnect_max_ms: 5000,
+    replay_timeout_ms: 5000,
+    replay_deadline_ms: 30_000,
+    replay_buffer_bytes: 67_108_864,
   },
   proxy: {
-    enabled: false, tokenizer: null, model: null, forward_token_ids: false, observed_hit_floor: 0.5, observed_window: 32,
+    enabled: false,
+    tokenizer: null,
+    model: null,
+    forward_token_ids: false,
+    observed_hit_floor: 0.5,
+    observed_window: 32,
   },
   state: { dir: null, snapshot_interval_secs: 60 },
   runtime: { cpus: null, numa_node: null, index_threads: null, route_threads: null },
@@ -52,7 +93,8 @@ function load({ file, env = {}, argv = [] }: Inputs): LoadedConfig {
     flags,
     env: withFile,
     readFile: (path) => {
-      if (path !== "kvedge.toml" || file === undefined) throw Object.assign(new Error("missing"), { code: "ENOENT" });
+      if (path !== "kvedge.toml" || file === undefined)
+        throw Object.assign(new Error("missing"), { code: "ENOENT" });
       return file;
     },
   });
@@ -80,7 +122,8 @@ describe("defaults and precedence", () => {
   });
 
   test("file < environment < flags, and each value records its origin", () => {
-    const file = "[server]\nport = 1000\nhost = \"0.0.0.0\"\nlog_level = \"debug\"\n[route]\ntemperature = 0.5\n";
+    const file =
+      '[server]\nport = 1000\nhost = "0.0.0.0"\nlog_level = "debug"\n[route]\ntemperature = 0.5\n';
     const loaded = load({
       file,
       env: { KVEDGE_PORT: "2000", KVEDGE_ROUTER_TEMPERATURE: "0.25", KVEDGE_BLOCK_SIZE: "64" },
@@ -108,15 +151,31 @@ describe("defaults and precedence", () => {
   });
 
   test("empty environment values count as unset", () => {
-    expect(load({ env: { KVEDGE_PORT: "", KVEDGE_ADMIN_TOKEN: "" } }).config.server).toMatchObject({ port: 8080, admin_token: null });
+    expect(load({ env: { KVEDGE_PORT: "", KVEDGE_ADMIN_TOKEN: "" } }).config.server).toMatchObject({
+      port: 8080,
+      admin_token: null,
+    });
   });
 
   test("booleans: --flag / --no-flag, and true/false/1/0/yes/no/on/off in the environment", () => {
     expect(load({ argv: ["--track-output-blocks"] }).config.route.track_output_blocks).toBe(true);
     const file = "[route]\ntrack_output_blocks = true\n";
-    expect(load({ file, argv: ["--no-track-output-blocks"] }).config.route.track_output_blocks).toBe(false);
-    for (const [text, value] of [["true", true], ["1", true], ["Yes", true], ["on", true], ["false", false], ["0", false], ["no", false], ["OFF", false]] as const) {
-      expect(load({ env: { KVEDGE_TRACK_OUTPUT_BLOCKS: text } }).config.route.track_output_blocks).toBe(value);
+    expect(
+      load({ file, argv: ["--no-track-output-blocks"] }).config.route.track_output_blocks,
+    ).toBe(false);
+    for (const [text, value] of [
+      ["true", true],
+      ["1", true],
+      ["Yes", true],
+      ["on", true],
+      ["false", false],
+      ["0", false],
+      ["no", false],
+      ["OFF", false],
+    ] as const) {
+      expect(
+        load({ env: { KVEDGE_TRACK_OUTPUT_BLOCKS: text } }).config.route.track_output_blocks,
+      ).toBe(value);
     }
     expect(refusal({ argv: ["--track-output-blocks", "--no-track-output-blocks"] })).toBe(
       "--track-output-blocks and --no-track-output-blocks contradict each other",
@@ -125,32 +184,59 @@ describe("defaults and precedence", () => {
 
   test("every setting can be given by file, environment and flag", () => {
     const sample: Record<string, [toml: string, text: string]> = {
-      "server.host": ['"::"', "::"], "server.port": ["9", "9"], "server.admin_token": ['"s3cret-token"', "s3cret-token"],
-      "server.body_limit_bytes": ["4096", "4_096"], "server.log_level": ['"warn"', "warn"], "server.log_format": ['"json"', "json"],
-      "server.warmup_routes": ["0", "0"], "server.buffer_budget_bytes": ["2097152", "2_097_152"],
-      "index.block_size": ["128", "128"], "index.backend": ['"crtc"', "crtc"],
-      "index.memory_budget_bytes": ["8388608", "8_388_608"], "ingest.frame_timeout_ms": ["2500", "2500"],
-      "route.policy": ['"dynamo"', "dynamo"], "route.prefill_tokens_per_sec": ["20000", "2e4"],
-      "route.step_base_ms": ["7.5", "7.5"], "route.kv_read_ms_per_million_tokens": ["80", "80"],
-      "route.max_batched_tokens": ["2048", "2_048"], "route.recompute_weight": ["3", "3"], "route.calibrate": ["true", "true"],
-      "route.overlap_score_credit": ["2", "2"], "route.overlap_score_credit_decay": ["0.5", ".5"],
-      "route.prefill_load_scale": ["3.0", "3e0"], "route.decode_active_request_weight": ["1.5", "1.5"],
-      "route.temperature": ["0.7", "0.7"], "route.degraded_overlap_weight": ["0.25", "0.25"],
-      "route.request_ttl_secs": ["60", "60"], "route.max_active_requests": ["5000", "5_000"],
+      "server.host": ['"::"', "::"],
+      "server.port": ["9", "9"],
+      "server.admin_token": ['"s3cret-token"', "s3cret-token"],
+      "server.body_limit_bytes": ["4096", "4_096"],
+      "server.log_level": ['"warn"', "warn"],
+      "server.log_format": ['"json"', "json"],
+      "server.warmup_routes": ["0", "0"],
+      "server.buffer_budget_bytes": ["2097152", "2_097_152"],
+      "index.block_size": ["128", "128"],
+      "index.backend": ['"crtc"', "crtc"],
+      "index.memory_budget_bytes": ["8388608", "8_388_608"],
+      "ingest.frame_timeout_ms": ["2500", "2500"],
+      "route.policy": ['"dynamo"', "dynamo"],
+      "route.prefill_tokens_per_sec": ["20000", "2e4"],
+      "route.step_base_ms": ["7.5", "7.5"],
+      "route.kv_read_ms_per_million_tokens": ["80", "80"],
+      "route.max_batched_tokens": ["2048", "2_048"],
+      "route.recompute_weight": ["3", "3"],
+      "route.calibrate": ["true", "true"],
+      "route.overlap_score_credit": ["2", "2"],
+      "route.overlap_score_credit_decay": ["0.5", ".5"],
+      "route.prefill_load_scale": ["3.0", "3e0"],
+      "route.decode_active_request_weight": ["1.5", "1.5"],
+      "route.temperature": ["0.7", "0.7"],
+      "route.degraded_overlap_weight": ["0.25", "0.25"],
+      "route.request_ttl_secs": ["60", "60"],
+      "route.max_active_requests": ["5000", "5_000"],
       "route.track_output_blocks": ["true", "true"],
-      "route.admission": ['"hold"', "hold"], "route.admission_bound_ms": ["500", "500"],
-      "route.admission_max_hold_ms": ["2500", "2500"], "route.admission_max_held": ["64", "64"],
+      "route.admission": ['"hold"', "hold"],
+      "route.admission_bound_ms": ["500", "500"],
+      "route.admission_max_hold_ms": ["2500", "2500"],
+      "route.admission_max_held": ["64", "64"],
       "route.admission_prefill_weight": ["0.5", "0.5"],
-      "ingest.max_message_bytes": ["65536", "65536"], "ingest.heartbeat_interval_ms": ["1000", "1000"],
-      "ingest.heartbeat_timeout_ms": ["30000", "30_000"], "ingest.reconnect_min_ms": ["50", "50"],
-      "ingest.reconnect_max_ms": ["800", "800"], "ingest.replay_timeout_ms": ["250", "250"],
-      "ingest.replay_deadline_ms": ["9000", "9_000"], "ingest.replay_buffer_bytes": ["1048576", "1048576"],
-      "state.dir": ['"/var/lib/kvedge"', "/var/lib/kvedge"], "state.snapshot_interval_secs": ["5", "5"],
-      "runtime.cpus": ['"2-3,0"', "0,2-3"], "runtime.numa_node": ["1", "1"],
-      "runtime.index_threads": ["1", "1"], "runtime.route_threads": ["3", "3"],
-      "proxy.enabled": ["true", "true"], "proxy.tokenizer": ['"/models/qwen3"', "/models/qwen3"],
-      "proxy.model": ['"qwen3"', "qwen3"], "proxy.forward_token_ids": ["true", "true"],
-      "proxy.observed_hit_floor": ["0.25", "0.25"], "proxy.observed_window": ["8", "8"],
+      "ingest.max_message_bytes": ["65536", "65536"],
+      "ingest.heartbeat_interval_ms": ["1000", "1000"],
+      "ingest.heartbeat_timeout_ms": ["30000", "30_000"],
+      "ingest.reconnect_min_ms": ["50", "50"],
+      "ingest.reconnect_max_ms": ["800", "800"],
+      "ingest.replay_timeout_ms": ["250", "250"],
+      "ingest.replay_deadline_ms": ["9000", "9_000"],
+      "ingest.replay_buffer_bytes": ["1048576", "1048576"],
+      "state.dir": ['"/var/lib/kvedge"', "/var/lib/kvedge"],
+      "state.snapshot_interval_secs": ["5", "5"],
+      "runtime.cpus": ['"2-3,0"', "0,2-3"],
+      "runtime.numa_node": ["1", "1"],
+      "runtime.index_threads": ["1", "1"],
+      "runtime.route_threads": ["3", "3"],
+      "proxy.enabled": ["true", "true"],
+      "proxy.tokenizer": ['"/models/qwen3"', "/models/qwen3"],
+      "proxy.model": ['"qwen3"', "qwen3"],
+      "proxy.forward_token_ids": ["true", "true"],
+      "proxy.observed_hit_floor": ["0.25", "0.25"],
+      "proxy.observed_window": ["8", "8"],
     };
     expect(Object.keys(sample).sort()).toEqual(SETTINGS.map((s) => s.key).sort());
     const get = (config: Config, key: string) => {
@@ -161,7 +247,10 @@ describe("defaults and precedence", () => {
       const [toml, text] = sample[s.key]!;
       const [section, field] = s.key.split(".");
       const fromFile = get(load({ file: `[${section}]\n${field} = ${toml}\n` }).config, s.key);
-      const fromEnv = get(load({ env: { [`KVEDGE_${s.flag.toUpperCase().replaceAll("-", "_")}`]: text } }).config, s.key);
+      const fromEnv = get(
+        load({ env: { [`KVEDGE_${s.flag.toUpperCase().replaceAll("-", "_")}`]: text } }).config,
+        s.key,
+      );
       const argv = typeof s.default === "boolean" ? [`--${s.flag}`] : [`--${s.flag}`, text];
       const fromFlag = get(load({ argv }).config, s.key);
       if (s.key !== "index.backend") expect(fromFile).not.toEqual(s.default); // the only backend so far
@@ -173,9 +262,15 @@ describe("defaults and precedence", () => {
 
 describe("refusals name the key and the source, in one line", () => {
   test("the file: missing, unreadable syntax with line and column", () => {
-    expect(refusal({ env: { KVEDGE_CONFIG: "kvedge.toml" } })).toBe("config file kvedge.toml: cannot read it (no such file)");
-    expect(refusal({ file: "[server]\nport = 80\nhost = = 1\n" })).toMatch(/^config file kvedge\.toml: line 3, column 8: /);
-    expect(refusal({ file: "[server]\nport = 80\nport = 81\n" })).toMatch(/^config file kvedge\.toml: line 3, /);
+    expect(refusal({ env: { KVEDGE_CONFIG: "kvedge.toml" } })).toBe(
+      "config file kvedge.toml: cannot read it (no such file)",
+    );
+    expect(refusal({ file: "[server]\nport = 80\nhost = = 1\n" })).toMatch(
+      /^config file kvedge\.toml: line 3, column 8: /,
+    );
+    expect(refusal({ file: "[server]\nport = 80\nport = 81\n" })).toMatch(
+      /^config file kvedge\.toml: line 3, /,
+    );
   });
 
   test("unknown keys and sections, with the closest valid key", () => {
@@ -185,43 +280,84 @@ describe("refusals name the key and the source, in one line", () => {
     expect(refusal({ file: "[server]\nblock_size = 16\n" })).toBe(
       "config file kvedge.toml: unknown key server.block_size (did you mean index.block_size?)",
     );
-    expect(refusal({ file: "[sever]\nport = 1\n" })).toBe("config file kvedge.toml: unknown key sever (did you mean server?)");
-    expect(refusal({ file: "port = 1\n" })).toBe("config file kvedge.toml: unknown key port (did you mean server.port?)");
-    expect(refusal({ file: "[server.tls]\ncert = \"x\"\n" })).toBe("config file kvedge.toml: unknown key server.tls");
-    expect(refusal({ file: "[telemetry]\nx = 1\n" })).toBe("config file kvedge.toml: unknown key telemetry");
-    expect(refusal({ file: "server = 5\n" })).toBe("config file kvedge.toml: server must be a table ([server]), got an integer");
+    expect(refusal({ file: "[sever]\nport = 1\n" })).toBe(
+      "config file kvedge.toml: unknown key sever (did you mean server?)",
+    );
+    expect(refusal({ file: "port = 1\n" })).toBe(
+      "config file kvedge.toml: unknown key port (did you mean server.port?)",
+    );
+    expect(refusal({ file: '[server.tls]\ncert = "x"\n' })).toBe(
+      "config file kvedge.toml: unknown key server.tls",
+    );
+    expect(refusal({ file: "[telemetry]\nx = 1\n" })).toBe(
+      "config file kvedge.toml: unknown key telemetry",
+    );
+    expect(refusal({ file: "server = 5\n" })).toBe(
+      "config file kvedge.toml: server must be a table ([server]), got an integer",
+    );
   });
 
   test("wrong types and ranges in the file", () => {
     const cases: [string, string][] = [
-      ["[server]\nport = \"80\"", "server.port must be an integer in [0, 65535], got a string"],
+      ['[server]\nport = "80"', "server.port must be an integer in [0, 65535], got a string"],
       ["[server]\nport = 70000", "server.port must be an integer in [0, 65535], got 70000"],
       ["[server]\nport = 80.5", "server.port must be an integer in [0, 65535], got 80.5"],
-      ["[server]\nport = 9223372036854775807", "server.port must be an integer in [0, 65535], got 9223372036854775807"],
-      ["[server]\nhost = \"http://x\"", 'server.host must be a host name or IP address, got "http://x"'],
-      ["[server]\nadmin_token = \"a b\"", 'server.admin_token must be printable ASCII without spaces, got "a b"'],
-      ["[server]\nlog_level = \"verbose\"", 'server.log_level must be one of debug|info|warn|error, got "verbose"'],
-      ["[route]\ntemperature = \"hot\"", "route.temperature must be a number in [0, 100], got a string"],
+      [
+        "[server]\nport = 9223372036854775807",
+        "server.port must be an integer in [0, 65535], got 9223372036854775807",
+      ],
+      [
+        '[server]\nhost = "http://x"',
+        'server.host must be a host name or IP address, got "http://x"',
+      ],
+      [
+        '[server]\nadmin_token = "a b"',
+        'server.admin_token must be printable ASCII without spaces, got "a b"',
+      ],
+      [
+        '[server]\nlog_level = "verbose"',
+        'server.log_level must be one of debug|info|warn|error, got "verbose"',
+      ],
+      [
+        '[route]\ntemperature = "hot"',
+        "route.temperature must be a number in [0, 100], got a string",
+      ],
       ["[route]\ntemperature = nan", "route.temperature must be a number in [0, 100], got NaN"],
-      ["[route]\ndegraded_overlap_weight = 1.5", "route.degraded_overlap_weight must be a number in [0, 1], got 1.5"],
-      ["[route]\ntrack_output_blocks = 1", "route.track_output_blocks must be true or false, got an integer"],
-      ["[route]\nrequest_ttl_secs = 1979-05-27", "route.request_ttl_secs must be a number in [0.01, 604800], got a date/time"],
-      ["[runtime]\ncpus = \"3-1\"", 'runtime.cpus has a reversed range "3-1"'],
-      ["[runtime]\ncpus = \"0-9000\"", "runtime.cpus names CPU 9000, above the maximum 8191"],
-      ["[runtime]\ncpus = \"0,x\"", 'runtime.cpus must be a CPU list such as "0-3,8", got "0,x"'],
+      [
+        "[route]\ndegraded_overlap_weight = 1.5",
+        "route.degraded_overlap_weight must be a number in [0, 1], got 1.5",
+      ],
+      [
+        "[route]\ntrack_output_blocks = 1",
+        "route.track_output_blocks must be true or false, got an integer",
+      ],
+      [
+        "[route]\nrequest_ttl_secs = 1979-05-27",
+        "route.request_ttl_secs must be a number in [0.01, 604800], got a date/time",
+      ],
+      ['[runtime]\ncpus = "3-1"', 'runtime.cpus has a reversed range "3-1"'],
+      ['[runtime]\ncpus = "0-9000"', "runtime.cpus names CPU 9000, above the maximum 8191"],
+      ['[runtime]\ncpus = "0,x"', 'runtime.cpus must be a CPU list such as "0-3,8", got "0,x"'],
       ["[runtime]\ncpus = []", "runtime.cpus must list at least one CPU"],
       ["[runtime]\nnuma_node = -1", "runtime.numa_node must be an integer in [0, 1023], got -1"],
     ];
-    for (const [file, message] of cases) expect(refusal({ file })).toBe(`config file kvedge.toml: ${message}`);
+    for (const [file, message] of cases)
+      expect(refusal({ file })).toBe(`config file kvedge.toml: ${message}`);
   });
 
   test("bad values from the environment and from flags", () => {
-    expect(refusal({ env: { KVEDGE_PORT: "80a" } })).toBe('KVEDGE_PORT (server.port) must be an integer in [0, 65535], got "80a"');
-    expect(refusal({ env: { KVEDGE_BLOCK_SIZE: "0" } })).toBe('KVEDGE_BLOCK_SIZE (index.block_size) must be an integer in [1, 65536], got "0"');
+    expect(refusal({ env: { KVEDGE_PORT: "80a" } })).toBe(
+      'KVEDGE_PORT (server.port) must be an integer in [0, 65535], got "80a"',
+    );
+    expect(refusal({ env: { KVEDGE_BLOCK_SIZE: "0" } })).toBe(
+      'KVEDGE_BLOCK_SIZE (index.block_size) must be an integer in [1, 65536], got "0"',
+    );
     expect(refusal({ argv: ["--router-temperature", "-1"] })).toBe(
       '--router-temperature (route.temperature) must be a number in [0, 100], got "-1"',
     );
-    expect(refusal({ argv: ["--log-format", "xml"] })).toBe('--log-format (server.log_format) must be one of auto|json|pretty, got "xml"');
+    expect(refusal({ argv: ["--log-format", "xml"] })).toBe(
+      '--log-format (server.log_format) must be one of auto|json|pretty, got "xml"',
+    );
     expect(refusal({ env: { KVEDGE_TRACK_OUTPUT_BLOCKS: "maybe" } })).toBe(
       'KVEDGE_TRACK_OUTPUT_BLOCKS (route.track_output_blocks) must be true or false (or 1/0, yes/no, on/off), got "maybe"',
     );
@@ -231,13 +367,16 @@ describe("refusals name the key and the source, in one line", () => {
     expect(refusal({ argv: ["--heartbeat-timeout-ms", "5000"] })).toBe(
       "ingest.heartbeat_timeout_ms (from --heartbeat-timeout-ms) = 5000 must exceed ingest.heartbeat_interval_ms (default) = 5000",
     );
-    expect(load({ argv: ["--heartbeat-interval-ms", "0", "--heartbeat-timeout-ms", "10"] }).config.ingest.heartbeat_interval_ms).toBe(0);
+    expect(
+      load({ argv: ["--heartbeat-interval-ms", "0", "--heartbeat-timeout-ms", "10"] }).config.ingest
+        .heartbeat_interval_ms,
+    ).toBe(0);
     expect(refusal({ file: "[ingest]\nreconnect_min_ms = 6000\n" })).toBe(
       "ingest.reconnect_max_ms (default) = 5000 is below ingest.reconnect_min_ms (from kvedge.toml) = 6000",
     );
     expect(refusal({ argv: ["--index-threads", "1", "--index-backend", "positional"] })).toBe(
-      "runtime.index_threads (from --index-threads) needs index.backend = crtc "
-      + "(the index threads share), not index.backend (from --index-backend) = positional",
+      "runtime.index_threads (from --index-threads) needs index.backend = crtc " +
+        "(the index threads share), not index.backend (from --index-backend) = positional",
     );
     const env = { KVEDGE_ROUTE_THREADS: "2", KVEDGE_INDEX_BACKEND: "reference" };
     expect(refusal({ env })).toContain(
@@ -247,47 +386,117 @@ describe("refusals name the key and the source, in one line", () => {
   });
 
   test("unknown KVEDGE_* variables are warnings with a suggestion, not refusals", () => {
-    const loaded = load({ env: { KVEDGE_PROT: "1", KVEDGE_VERIFY: "1", KVEDGE_NATIVE: "0", OTHER: "x" } });
-    expect(loaded.warnings).toEqual(["unknown environment variable KVEDGE_PROT ignored (did you mean KVEDGE_PORT?)"]);
+    const loaded = load({
+      env: { KVEDGE_PROT: "1", KVEDGE_VERIFY: "1", KVEDGE_NATIVE: "0", OTHER: "x" },
+    });
+    expect(loaded.warnings).toEqual([
+      "unknown environment variable KVEDGE_PROT ignored (did you mean KVEDGE_PORT?)",
+    ]);
   });
 });
 
 describe("workers", () => {
   test("[[workers]] tables: defaults, u64 ids as strings or big integers", () => {
-    const file = `[[workers]]\nworker_id = 7\nendpoint = "tcp://engine-1.local:5557"\n`
-      + `[[workers]]\nworker_id = "18446744073709551615"\ndp_rank = 3\nendpoint = "ipc:///run/e.sock"\n`
-      + `replay_endpoint = "tcp://[::1]:5558"\ntopic = "kv"\n`
-      + `[[workers]]\nworker_id = 9007199254740993\nendpoint = "tcp://10.0.0.1:1"\n`;
+    const file =
+      `[[workers]]\nworker_id = 7\nendpoint = "tcp://engine-1.local:5557"\n` +
+      `[[workers]]\nworker_id = "18446744073709551615"\ndp_rank = 3\nendpoint = "ipc:///run/e.sock"\n` +
+      `replay_endpoint = "tcp://[::1]:5558"\ntopic = "kv"\n` +
+      `[[workers]]\nworker_id = 9007199254740993\nendpoint = "tcp://10.0.0.1:1"\n`;
     expect(load({ file }).config.workers).toEqual([
-      { worker_id: 7n, dp_rank: 0, endpoint: "tcp://engine-1.local:5557", replay_endpoint: null, topic: "" },
-      { worker_id: 2n ** 64n - 1n, dp_rank: 3, endpoint: "ipc:///run/e.sock", replay_endpoint: "tcp://[::1]:5558", topic: "kv" },
-      { worker_id: 9007199254740993n, dp_rank: 0, endpoint: "tcp://10.0.0.1:1", replay_endpoint: null, topic: "" },
+      {
+        worker_id: 7n,
+        dp_rank: 0,
+        endpoint: "tcp://engine-1.local:5557",
+        replay_endpoint: null,
+        topic: "",
+      },
+      {
+        worker_id: 2n ** 64n - 1n,
+        dp_rank: 3,
+        endpoint: "ipc:///run/e.sock",
+        replay_endpoint: "tcp://[::1]:5558",
+        topic: "kv",
+      },
+      {
+        worker_id: 9007199254740993n,
+        dp_rank: 0,
+        endpoint: "tcp://10.0.0.1:1",
+        replay_endpoint: null,
+        topic: "",
+      },
     ]);
   });
 
   test("[[workers]] refusals", () => {
-    const entry = (body: string) => `[[workers]]\nworker_id = 1\nendpoint = "tcp://a:1"\n[[workers]]\n${body}\n`;
+    const entry = (body: string) =>
+      `[[workers]]\nworker_id = 1\nendpoint = "tcp://a:1"\n[[workers]]\n${body}\n`;
     const cases: [string, string][] = [
-      [entry('worker_id = 2\nendpont = "tcp://a:1"'), "[[workers]] entry 2: endpont is not a worker setting (did you mean endpoint?)"],
+      [
+        entry('worker_id = 2\nendpont = "tcp://a:1"'),
+        "[[workers]] entry 2: endpont is not a worker setting (did you mean endpoint?)",
+      ],
       [entry('endpoint = "tcp://a:1"'), "[[workers]] entry 2: worker_id is required"],
       [entry("worker_id = 2"), "[[workers]] entry 2: endpoint is required"],
-      [entry('worker_id = -2\nendpoint = "tcp://a:1"'), "[[workers]] entry 2: worker_id must be a u64: a decimal string, or an integer below 2^53, got -2"],
-      [entry('worker_id = "0x10"\nendpoint = "tcp://a:1"'), '[[workers]] entry 2: worker_id must be a u64: a decimal string, or an integer below 2^53, got "0x10"'],
-      [entry('worker_id = "18446744073709551616"\nendpoint = "tcp://a:1"'), '[[workers]] entry 2: worker_id must be a u64: a decimal string, or an integer below 2^53, got "18446744073709551616"'],
-      [entry('worker_id = 2\ndp_rank = 1.5\nendpoint = "tcp://a:1"'), "[[workers]] entry 2: dp_rank must be an integer in [0, 4294967295], got 1.5"],
-      [entry('worker_id = 1\nendpoint = "tcp://b:2"'), "[[workers]] entry 2: repeats worker 1 dp_rank 0 (first in [[workers]] entry 1)"],
-      [entry('worker_id = 2\nendpoint = "http://a:1"'), `[[workers]] entry 2: endpoint has scheme 'http' in "http://a:1": only tcp://HOST:PORT and ipc:///PATH are valid`],
-      [entry('worker_id = 2\nendpoint = "a:1"'), `[[workers]] entry 2: endpoint has no scheme in "a:1": only tcp://HOST:PORT and ipc:///PATH are valid`],
-      [entry('worker_id = 2\nendpoint = "tcp://a"'), '[[workers]] entry 2: endpoint must be tcp://HOST:PORT, got "tcp://a"'],
-      [entry('worker_id = 2\nendpoint = "tcp://a:1"\nreplay_endpoint = "tcp://*:5558"'), '[[workers]] entry 2: replay_endpoint has a bad host "*" in "tcp://*:5558"'],
-      [entry('worker_id = 2\nendpoint = "tcp://*:0"'), '[[workers]] entry 2: endpoint has a bad port 0 in "tcp://*:0" (1-65535)'],
-      [entry('worker_id = 2\nendpoint = "tcp://a:70000"'), '[[workers]] entry 2: endpoint has a bad port 70000 in "tcp://a:70000" (1-65535)'],
-      [entry('worker_id = 2\nendpoint = "ipc://rel/path"'), '[[workers]] entry 2: endpoint must be ipc:///ABSOLUTE/PATH, got "ipc://rel/path"'],
-      [entry(`worker_id = 2\nendpoint = "ipc:///${"x".repeat(120)}"`), "[[workers]] entry 2: endpoint has a socket path longer than 107 bytes"],
-      [entry('worker_id = 2\nendpoint = "tcp://a:1"\nreplay_endpoint = 5'), "[[workers]] entry 2: replay_endpoint must be a string, got an integer"],
+      [
+        entry('worker_id = -2\nendpoint = "tcp://a:1"'),
+        "[[workers]] entry 2: worker_id must be a u64: a decimal string, or an integer below 2^53, got -2",
+      ],
+      [
+        entry('worker_id = "0x10"\nendpoint = "tcp://a:1"'),
+        '[[workers]] entry 2: worker_id must be a u64: a decimal string, or an integer below 2^53, got "0x10"',
+      ],
+      [
+        entry('worker_id = "18446744073709551616"\nendpoint = "tcp://a:1"'),
+        '[[workers]] entry 2: worker_id must be a u64: a decimal string, or an integer below 2^53, got "18446744073709551616"',
+      ],
+      [
+        entry('worker_id = 2\ndp_rank = 1.5\nendpoint = "tcp://a:1"'),
+        "[[workers]] entry 2: dp_rank must be an integer in [0, 4294967295], got 1.5",
+      ],
+      [
+        entry('worker_id = 1\nendpoint = "tcp://b:2"'),
+        "[[workers]] entry 2: repeats worker 1 dp_rank 0 (first in [[workers]] entry 1)",
+      ],
+      [
+        entry('worker_id = 2\nendpoint = "http://a:1"'),
+        `[[workers]] entry 2: endpoint has scheme 'http' in "http://a:1": only tcp://HOST:PORT and ipc:///PATH are valid`,
+      ],
+      [
+        entry('worker_id = 2\nendpoint = "a:1"'),
+        `[[workers]] entry 2: endpoint has no scheme in "a:1": only tcp://HOST:PORT and ipc:///PATH are valid`,
+      ],
+      [
+        entry('worker_id = 2\nendpoint = "tcp://a"'),
+        '[[workers]] entry 2: endpoint must be tcp://HOST:PORT, got "tcp://a"',
+      ],
+      [
+        entry('worker_id = 2\nendpoint = "tcp://a:1"\nreplay_endpoint = "tcp://*:5558"'),
+        '[[workers]] entry 2: replay_endpoint has a bad host "*" in "tcp://*:5558"',
+      ],
+      [
+        entry('worker_id = 2\nendpoint = "tcp://*:0"'),
+        '[[workers]] entry 2: endpoint has a bad port 0 in "tcp://*:0" (1-65535)',
+      ],
+      [
+        entry('worker_id = 2\nendpoint = "tcp://a:70000"'),
+        '[[workers]] entry 2: endpoint has a bad port 70000 in "tcp://a:70000" (1-65535)',
+      ],
+      [
+        entry('worker_id = 2\nendpoint = "ipc://rel/path"'),
+        '[[workers]] entry 2: endpoint must be ipc:///ABSOLUTE/PATH, got "ipc://rel/path"',
+      ],
+      [
+        entry(`worker_id = 2\nendpoint = "ipc:///${"x".repeat(120)}"`),
+        "[[workers]] entry 2: endpoint has a socket path longer than 107 bytes",
+      ],
+      [
+        entry('worker_id = 2\nendpoint = "tcp://a:1"\nreplay_endpoint = 5'),
+        "[[workers]] entry 2: replay_endpoint must be a string, got an integer",
+      ],
       ["workers = 3\n", "workers: must be an array of tables ([[workers]]), got an integer"],
     ];
-    for (const [file, message] of cases) expect(refusal({ file }).startsWith(`config file kvedge.toml: ${message}`)).toBe(true);
+    for (const [file, message] of cases)
+      expect(refusal({ file }).startsWith(`config file kvedge.toml: ${message}`)).toBe(true);
   });
 
   test("an engine endpoint tcp://*:PORT is accepted (kvedge binds, the engine connects)", () => {
@@ -297,23 +506,44 @@ describe("workers", () => {
 
   test("--workers compact form: ranks, replay and topic options, several flags", () => {
     const loaded = load({
-      argv: ["--workers", "1=tcp://h:1;replay=tcp://h:2,2:3=ipc:///s;topic=kv", "--workers", "18446744073709551615=tcp://[::1]:9"],
+      argv: [
+        "--workers",
+        "1=tcp://h:1;replay=tcp://h:2,2:3=ipc:///s;topic=kv",
+        "--workers",
+        "18446744073709551615=tcp://[::1]:9",
+      ],
     });
     expect(loaded.config.workers).toEqual([
       { worker_id: 1n, dp_rank: 0, endpoint: "tcp://h:1", replay_endpoint: "tcp://h:2", topic: "" },
       { worker_id: 2n, dp_rank: 3, endpoint: "ipc:///s", replay_endpoint: null, topic: "kv" },
-      { worker_id: 2n ** 64n - 1n, dp_rank: 0, endpoint: "tcp://[::1]:9", replay_endpoint: null, topic: "" },
+      {
+        worker_id: 2n ** 64n - 1n,
+        dp_rank: 0,
+        endpoint: "tcp://[::1]:9",
+        replay_endpoint: null,
+        topic: "",
+      },
     ]);
     expect(loaded.origins.get("workers")).toBe("--workers");
   });
 
   test("http_endpoint: the engine's OpenAI server, in tables and as ;http=; bad ones refused", () => {
-    const file = '[[workers]]\nworker_id = 1\nendpoint = "tcp://h:1"\nhttp_endpoint = "http://h:8000/"\n';
+    const file =
+      '[[workers]]\nworker_id = 1\nendpoint = "tcp://h:1"\nhttp_endpoint = "http://h:8000/"\n';
     expect(load({ file }).config.workers[0]!.http_endpoint).toBe("http://h:8000");
-    expect(load({ argv: ["--workers", "2=tcp://h:1;http=http://[::1]:8001"] }).config.workers[0]!.http_endpoint).toBe("http://[::1]:8001");
-    expect(refusal({ argv: ["--workers", "2=tcp://h:1;http=ftp://h:1"] })).toContain("http_endpoint must be http:// or https://");
-    expect(refusal({ argv: ["--workers", "2=tcp://h:1;http=http://h:1/v1"] })).toContain("http_endpoint must be a base URL without path");
-    expect(refusal({ argv: ["--workers", "2=tcp://h:1;http=h"] })).toContain("http_endpoint must be http://HOST:PORT");
+    expect(
+      load({ argv: ["--workers", "2=tcp://h:1;http=http://[::1]:8001"] }).config.workers[0]!
+        .http_endpoint,
+    ).toBe("http://[::1]:8001");
+    expect(refusal({ argv: ["--workers", "2=tcp://h:1;http=ftp://h:1"] })).toContain(
+      "http_endpoint must be http:// or https://",
+    );
+    expect(refusal({ argv: ["--workers", "2=tcp://h:1;http=http://h:1/v1"] })).toContain(
+      "http_endpoint must be a base URL without path",
+    );
+    expect(refusal({ argv: ["--workers", "2=tcp://h:1;http=h"] })).toContain(
+      "http_endpoint must be http://HOST:PORT",
+    );
   });
 
   test("a list from a higher source replaces the lower one", () => {
@@ -321,24 +551,38 @@ describe("workers", () => {
     expect(load({ file }).config.workers.map((w) => w.endpoint)).toEqual(["tcp://file:1"]);
     const env = { KVEDGE_WORKERS: "2=tcp://env:1" };
     expect(load({ file, env }).config.workers.map((w) => w.endpoint)).toEqual(["tcp://env:1"]);
-    expect(load({ file, env, argv: ["--workers", "3=tcp://flag:1"] }).config.workers.map((w) => w.endpoint)).toEqual(["tcp://flag:1"]);
+    expect(
+      load({ file, env, argv: ["--workers", "3=tcp://flag:1"] }).config.workers.map(
+        (w) => w.endpoint,
+      ),
+    ).toEqual(["tcp://flag:1"]);
   });
 
   test("--workers / KVEDGE_WORKERS refusals", () => {
     expect(refusal({ argv: ["--workers", "1=tcp://a:1,1=tcp://b:2"] })).toBe(
       "--workers entry 2: repeats worker 1 dp_rank 0 (first in --workers entry 1)",
     );
-    expect(refusal({ argv: ["--workers", "1:0=tcp://a:1,1:1=tcp://b:2,1=tcp://c:3"] })).toContain("repeats worker 1 dp_rank 0");
+    expect(refusal({ argv: ["--workers", "1:0=tcp://a:1,1:1=tcp://b:2,1=tcp://c:3"] })).toContain(
+      "repeats worker 1 dp_rank 0",
+    );
     expect(refusal({ argv: ["--workers", "tcp://a:1"] })).toBe(
       '--workers entry 1 ("tcp://a:1"): must be ID[:DP]=ENDPOINT[;replay=ENDPOINT][;topic=TOPIC][;http=URL]',
     );
     expect(refusal({ argv: ["--workers", "x=tcp://a:1"] })).toBe(
       '--workers entry 1 ("x=tcp://a:1"): worker_id must be a u64: a decimal string, or an integer below 2^53, got "x"',
     );
-    expect(refusal({ argv: ["--workers", "1:a=tcp://a:1"] })).toContain('dp_rank must be an integer in [0, 4294967295], got a string');
-    expect(refusal({ argv: ["--workers", "1:2:3=tcp://a:1"] })).toContain("has more than one ':' before '='");
-    expect(refusal({ argv: ["--workers", "1=tcp://a:1;reply=tcp://a:2"] })).toContain('has an unknown option "reply" (valid: replay=, topic=, http=)');
-    expect(refusal({ argv: ["--workers", "1=tcp://a:1;replay=udp://a:2"] })).toContain("replay_endpoint has scheme 'udp'");
+    expect(refusal({ argv: ["--workers", "1:a=tcp://a:1"] })).toContain(
+      "dp_rank must be an integer in [0, 4294967295], got a string",
+    );
+    expect(refusal({ argv: ["--workers", "1:2:3=tcp://a:1"] })).toContain(
+      "has more than one ':' before '='",
+    );
+    expect(refusal({ argv: ["--workers", "1=tcp://a:1;reply=tcp://a:2"] })).toContain(
+      'has an unknown option "reply" (valid: replay=, topic=, http=)',
+    );
+    expect(refusal({ argv: ["--workers", "1=tcp://a:1;replay=udp://a:2"] })).toContain(
+      "replay_endpoint has scheme 'udp'",
+    );
     expect(refusal({ env: { KVEDGE_WORKERS: "1=zmq://a:1" } })).toBe(
       `KVEDGE_WORKERS entry 1 ("1=zmq://a:1"): endpoint has scheme 'zmq' in "zmq://a:1": only tcp://HOST:PORT and ipc:///PATH are valid`,
     );
@@ -350,8 +594,20 @@ describe("example file, rendering and docs", () => {
     const loaded = loadConfig({ env: {}, flags: new Map([["config", [EXAMPLE]]]) });
     expect({ ...loaded.config, workers: [] as Config["workers"] }).toEqual(DEFAULTS);
     expect(loaded.config.workers).toEqual([
-      { worker_id: 1n, dp_rank: 0, endpoint: "tcp://127.0.0.1:5557", replay_endpoint: "tcp://127.0.0.1:5558", topic: "" },
-      { worker_id: 18446744073709551557n, dp_rank: 1, endpoint: "ipc:///run/engine-2/kv-events.sock", replay_endpoint: null, topic: "" },
+      {
+        worker_id: 1n,
+        dp_rank: 0,
+        endpoint: "tcp://127.0.0.1:5557",
+        replay_endpoint: "tcp://127.0.0.1:5558",
+        topic: "",
+      },
+      {
+        worker_id: 18446744073709551557n,
+        dp_rank: 1,
+        endpoint: "ipc:///run/engine-2/kv-events.sock",
+        replay_endpoint: null,
+        topic: "",
+      },
     ]);
   });
 
@@ -366,8 +622,15 @@ describe("example file, rendering and docs", () => {
     expect(text).toContain("# admin_token is set (not shown)\n");
     expect(text).toContain('cpus = "1,4-7"  # from KVEDGE_CPUS');
     expect(text).toContain("port = 0  # from --port");
-    const again = loadConfig({ env: {}, flags: new Map([["config", ["printed.toml"]]]), readFile: () => text });
-    expect(again.config).toEqual({ ...loaded.config, server: { ...loaded.config.server, admin_token: null } });
+    const again = loadConfig({
+      env: {},
+      flags: new Map([["config", ["printed.toml"]]]),
+      readFile: () => text,
+    });
+    expect(again.config).toEqual({
+      ...loaded.config,
+      server: { ...loaded.config.server, admin_token: null },
+    });
     const defaults = renderConfig(load({}));
     expect(parseConfigText(defaults, "defaults.toml").workers).toBeNull();
     expect(defaults).toContain("# numa_node is not set");
@@ -377,7 +640,11 @@ describe("example file, rendering and docs", () => {
     const help = flagHelp();
     const specs = configFlagSpecs();
     for (const name of Object.keys(specs)) {
-      const shown = name.startsWith("no-") ? `--[no-]${name.slice(3)}` : specs[name]!.kind === "boolean" ? `--[no-]${name}` : `--${name} `;
+      const shown = name.startsWith("no-")
+        ? `--[no-]${name.slice(3)}`
+        : specs[name]!.kind === "boolean"
+          ? `--[no-]${name}`
+          : `--${name} `;
       expect(help).toContain(shown);
     }
     expect(help).toContain("  --port N ");
@@ -394,6 +661,8 @@ describe("example file, rendering and docs", () => {
       expect(table).toContain(`\`${env}\``);
     }
     expect(table).toContain("`KVEDGE_WORKERS`");
-    expect(table.split("\n").filter((line) => line.startsWith("| `")).length).toBe(SETTINGS.length + 1);
+    expect(table.split("\n").filter((line) => line.startsWith("| `")).length).toBe(
+      SETTINGS.length + 1,
+    );
   });
 });

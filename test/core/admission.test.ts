@@ -14,19 +14,29 @@ import { silentLogger } from "../../src/util/log";
 import { until } from "../support/wait";
 
 const input = (requestId: string, length: number): RouteInput => ({
-  tokens: Uint32Array.from({ length }, (_, i) => i + 1), requestId, loraName: null, cacheSalt: null,
-  expectedOutputTokens: null, overlapScoreCredit: null, prefillLoadScale: null, temperature: null,
+  tokens: Uint32Array.from({ length }, (_, i) => i + 1),
+  requestId,
+  loraName: null,
+  cacheSalt: null,
+  expectedOutputTokens: null,
+  overlapScoreCredit: null,
+  prefillLoadScale: null,
+  temperature: null,
 });
 
 function core(env: Record<string, string> = {}) {
-  const config = loadConfig({ env: { KVEDGE_ADMISSION: "hold", KVEDGE_ADMISSION_BOUND_MS: "200", ...env } }).config;
+  const config = loadConfig({
+    env: { KVEDGE_ADMISSION: "hold", KVEDGE_ADMISSION_BOUND_MS: "200", ...env },
+  }).config;
   const service = new KvedgeCore({ config, log: silentLogger, random: () => 0.5 });
   service.router.load.addWorker(1n, 0);
   const answers: string[] = [];
   const call = (id: string, length: number): RouteCall => ({
-    input: input(id, length), candidatesMax: 0,
+    input: input(id, length),
+    candidatesMax: 0,
     answer: (outcome) => answers.push(`${outcome.decision.requestId}:ok`),
-    fail: (error) => answers.push(`${id}:${error instanceof KvedgeError ? error.code : String(error)}`),
+    fail: (error) =>
+      answers.push(`${id}:${error instanceof KvedgeError ? error.code : String(error)}`),
   });
   return { service, answers, call };
 }

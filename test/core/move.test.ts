@@ -7,8 +7,13 @@ import { KvedgeCore, type RouteInput } from "../../src/core/core";
 import { silentLogger } from "../../src/util/log";
 
 const input: RouteInput = {
-  tokens: Uint32Array.from({ length: 100 }, (_, i) => i + 1), requestId: null, loraName: null,
-  cacheSalt: "tenant", expectedOutputTokens: 64, overlapScoreCredit: null, prefillLoadScale: null,
+  tokens: Uint32Array.from({ length: 100 }, (_, i) => i + 1),
+  requestId: null,
+  loraName: null,
+  cacheSalt: "tenant",
+  expectedOutputTokens: 64,
+  overlapScoreCredit: null,
+  prefillLoadScale: null,
   temperature: null,
 };
 

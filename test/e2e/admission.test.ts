@@ -19,19 +19,35 @@ describe("serve with admission hold", () => {
   let serve: ServeProcess;
 
   const post = (path: string, body: unknown, signal?: AbortSignal) =>
-    fetch(`${serve.url}${path}`, { method: "POST", body: JSON.stringify(body), headers: { "content-type": "application/json" }, signal });
+    fetch(`${serve.url}${path}`, {
+      method: "POST",
+      body: JSON.stringify(body),
+      headers: { "content-type": "application/json" },
+      signal,
+    });
   const metric = async (line: string): Promise<number> => {
     const text = await (await fetch(`${serve.url}/metrics`)).text();
     const found = text.split("\n").find((l) => l.startsWith(`${line} `));
     return found === undefined ? Number.NaN : Number(found.slice(line.length + 1));
   };
-  const heldIs = (count: number) => until(async () => (await metric("kvedge_admission_held")) === count, `${count} held`);
+  const heldIs = (count: number) =>
+    until(async () => (await metric("kvedge_admission_held")) === count, `${count} held`);
 
   beforeAll(async () => {
     engine = await new TestEngine().start();
     serve = await startServe([
-      "--block-size", "4", "--workers", `1=${engine.endpoint}`,
-      "--admission", "hold", "--admission-bound-ms", "200", "--admission-max-hold-ms", "600000", "--admission-max-held", "1",
+      "--block-size",
+      "4",
+      "--workers",
+      `1=${engine.endpoint}`,
+      "--admission",
+      "hold",
+      "--admission-bound-ms",
+      "200",
+      "--admission-max-hold-ms",
+      "600000",
+      "--admission-max-held",
+      "1",
     ]);
   });
   afterAll(async () => {
@@ -67,7 +83,9 @@ describe("serve with admission hold", () => {
   test("over the most held, a route is answered 429 with Retry-After; a client gone while held is dropped", async () => {
     expect((await post("/v1/route", { request_id: "big", token_ids: LONG })).status).toBe(200);
     const abort = new AbortController();
-    const gone = post("/v1/route", { request_id: "gone", token_ids: SHORT }, abort.signal).catch((error: Error) => error);
+    const gone = post("/v1/route", { request_id: "gone", token_ids: SHORT }, abort.signal).catch(
+      (error: Error) => error,
+    );
     await heldIs(1);
     const refused = await post("/v1/route", { request_id: "refused", token_ids: SHORT });
     expect(refused.status).toBe(429);
@@ -96,7 +114,11 @@ describe("serve with admission hold", () => {
     expect(frames).toEqual([]);
     expect((await post("/v1/requests/ws-ahead/done", {})).status).toBe(200);
     const frame = await eventually(() => frames[0], 10_000, "the held answer");
-    expect(frame).toMatchObject({ id: 7, status: 200, result: { request_id: "ws-held", worker_id: "1" } });
+    expect(frame).toMatchObject({
+      id: 7,
+      status: 200,
+      result: { request_id: "ws-held", worker_id: "1" },
+    });
     ws.send(JSON.stringify({ id: 8, op: "done", request_id: "ws-held" }));
     await eventually(() => frames[1], 10_000, "the done answer");
     expect(frames[1]).toMatchObject({ id: 8, status: 200 });

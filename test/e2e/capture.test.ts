@@ -23,10 +23,25 @@ describe("kvedge capture", () => {
     const dir = mkdtempSync(join(tmpdir(), "kvedge-capture-"));
     cleanups.push(() => rmSync(dir, { recursive: true, force: true }));
     const out = join(dir, "events.jsonl");
-    const proc = Bun.spawn([
-      kvedgeBinary(), "capture", "--endpoint", engine.endpoint, "--replay-endpoint", engine.replayEndpoint!,
-      "--worker-id", "42", "--block-size", String(BS), "--count", "5", "--out", out,
-    ], { stdout: "pipe", stderr: "pipe" });
+    const proc = Bun.spawn(
+      [
+        kvedgeBinary(),
+        "capture",
+        "--endpoint",
+        engine.endpoint,
+        "--replay-endpoint",
+        engine.replayEndpoint!,
+        "--worker-id",
+        "42",
+        "--block-size",
+        String(BS),
+        "--count",
+        "5",
+        "--out",
+        out,
+      ],
+      { stdout: "pipe", stderr: "pipe" },
+    );
     cleanups.push(() => proc.kill());
     await engine.waitForSubscriber();
     // The connect probe must have seen the empty ring, or it would rebuild from what follows.
@@ -44,18 +59,43 @@ describe("kvedge capture", () => {
     expect(stderr).toContain("gaps 1, replays 2 (0 failed)");
     expect(stderr).toContain("block_size_mismatch=1");
 
-    const lines = readFileSync(out, "utf8").trim().split("\n").map((line) => JSON.parse(line));
-    expect(lines.map((line) => line.op)).toEqual(["stored", "stored", "stored", "removed", "cleared"]);
+    const lines = readFileSync(out, "utf8")
+      .trim()
+      .split("\n")
+      .map((line) => JSON.parse(line));
+    expect(lines.map((line) => line.op)).toEqual([
+      "stored",
+      "stored",
+      "stored",
+      "removed",
+      "cleared",
+    ]);
     expect(lines[0]).toEqual({
-      op: "stored", worker_id: "42", dp_rank: 0, parent_block_hash: null, block_hashes: ["1", "2"],
-      token_ids: [1, 2, 3, 4, 5, 6, 7, 8], block_size: BS, lora_name: null, cache_salt: null,
+      op: "stored",
+      worker_id: "42",
+      dp_rank: 0,
+      parent_block_hash: null,
+      block_hashes: ["1", "2"],
+      token_ids: [1, 2, 3, 4, 5, 6, 7, 8],
+      block_size: BS,
+      lora_name: null,
+      cache_salt: null,
     });
-    expect(lines[1]).toMatchObject({ parent_block_hash: "2", block_hashes: ["3"], token_ids: [9, 10, 11, 12] });
+    expect(lines[1]).toMatchObject({
+      parent_block_hash: "2",
+      block_hashes: ["3"],
+      token_ids: [9, 10, 11, 12],
+    });
 
     // Replayed into an index (before the final clear), the capture answers like the router.
-    const upToClear = `${lines.slice(0, 4).map((line) => JSON.stringify(line)).join("\n")}\n`;
+    const upToClear = `${lines
+      .slice(0, 4)
+      .map((line) => JSON.stringify(line))
+      .join("\n")}\n`;
     const match = `${JSON.stringify({ op: "match", token_ids: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12] })}\n`;
-    const applied = await runKvedge(["apply", "--block-size", String(BS), "-"], { stdin: upToClear + match });
+    const applied = await runKvedge(["apply", "--block-size", String(BS), "-"], {
+      stdin: upToClear + match,
+    });
     expect(applied.code).toBe(0);
     expect(JSON.parse(applied.stdout).scores).toEqual([{ worker_id: "42", dp_rank: 0, blocks: 3 }]);
   });
@@ -63,9 +103,19 @@ describe("kvedge capture", () => {
   test("map-form salts are carried to continuation blocks (what the router hashes)", async () => {
     const engine = await new TestEngine({ form: "map" }).start();
     cleanups.push(() => engine.stop());
-    const proc = Bun.spawn([
-      kvedgeBinary(), "capture", "--endpoint", engine.endpoint, "--block-size", String(BS), "--count", "2",
-    ], { stdout: "pipe", stderr: "pipe" });
+    const proc = Bun.spawn(
+      [
+        kvedgeBinary(),
+        "capture",
+        "--endpoint",
+        engine.endpoint,
+        "--block-size",
+        String(BS),
+        "--count",
+        "2",
+      ],
+      { stdout: "pipe", stderr: "pipe" },
+    );
     cleanups.push(() => proc.kill());
     await engine.waitForSubscriber();
     engine.publish([
@@ -73,7 +123,10 @@ describe("kvedge capture", () => {
       stored([2n], [5, 6, 7, 8], BS, 1n),
     ]);
     expect(await proc.exited).toBe(0);
-    const lines = (await new Response(proc.stdout).text()).trim().split("\n").map((line) => JSON.parse(line));
+    const lines = (await new Response(proc.stdout).text())
+      .trim()
+      .split("\n")
+      .map((line) => JSON.parse(line));
     expect(lines.map((line) => line.cache_salt)).toEqual(["tenant-a", "tenant-a"]);
   });
 
@@ -90,7 +143,13 @@ describe("kvedge capture", () => {
     const closed = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
     const port = closed.port;
     closed.stop(true);
-    const result = await runKvedge(["capture", "--endpoint", `tcp://127.0.0.1:${port}`, "--duration", "0.3"]);
+    const result = await runKvedge([
+      "capture",
+      "--endpoint",
+      `tcp://127.0.0.1:${port}`,
+      "--duration",
+      "0.3",
+    ]);
     expect(result.code).toBe(1);
     expect(result.stderr).toContain(`never connected to tcp://127.0.0.1:${port}`);
   });

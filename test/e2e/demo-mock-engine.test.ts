@@ -21,10 +21,15 @@ const index = createIndex("crtc", 16);
 const PROMPT = Array.from({ length: 100 }, (_, i) => 1000 + i);
 
 const post = async (path: string, body: unknown): Promise<[number, Json]> => {
-  const response = await fetch(`${info.http}${path}`, { method: "POST", body: JSON.stringify(body), headers: { "content-type": "application/json" } });
-  return [response.status, await response.json() as Json];
+  const response = await fetch(`${info.http}${path}`, {
+    method: "POST",
+    body: JSON.stringify(body),
+    headers: { "content-type": "application/json" },
+  });
+  return [response.status, (await response.json()) as Json];
 };
-const stats = async (): Promise<Json> => (await fetch(`${info.http}/v1/stats`)).json() as Promise<Json>;
+const stats = async (): Promise<Json> =>
+  (await fetch(`${info.http}/v1/stats`)).json() as Promise<Json>;
 
 function matchBlocks(tokens: number[]): number {
   const prompt = promptHashes(Uint32Array.from(tokens), 16, DEFAULT_SEED);
@@ -34,12 +39,34 @@ function matchBlocks(tokens: number[]): number {
 }
 
 beforeAll(async () => {
-  ({ proc, info } = await spawnMockEngine(["--endpoint", "tcp://127.0.0.1:0", "--replay-endpoint", "tcp://127.0.0.1:0",
-    "--capacity-blocks", "64", "--speedup", "50", "--map-form", "--hash-seed", "7"]));
-  source = new EngineSource({ workerId: 1n, dpRank: 0, endpoint: info.endpoint, replayEndpoint: info.replay_endpoint, topic: "" },
-    { blockSize: 16, writer: index, log: silentLogger });
+  ({ proc, info } = await spawnMockEngine([
+    "--endpoint",
+    "tcp://127.0.0.1:0",
+    "--replay-endpoint",
+    "tcp://127.0.0.1:0",
+    "--capacity-blocks",
+    "64",
+    "--speedup",
+    "50",
+    "--map-form",
+    "--hash-seed",
+    "7",
+  ]));
+  source = new EngineSource(
+    {
+      workerId: 1n,
+      dpRank: 0,
+      endpoint: info.endpoint,
+      replayEndpoint: info.replay_endpoint,
+      topic: "",
+    },
+    { blockSize: 16, writer: index, log: silentLogger },
+  );
   await source.start();
-  await until(async () => (await stats()).publisher.subscribers === 1, "the engine to see our subscription");
+  await until(
+    async () => (await stats()).publisher.subscribers === 1,
+    "the engine to see our subscription",
+  );
 });
 
 afterAll(async () => {
@@ -56,15 +83,27 @@ describe("kvedge mock-engine", () => {
   });
 
   test("generate answers with modeled times; a repeated prompt reuses its cached blocks; events reach the index", async () => {
-    const [status, first] = await post("/v1/generate", { request_id: "a", token_ids: PROMPT, max_tokens: 5 });
+    const [status, first] = await post("/v1/generate", {
+      request_id: "a",
+      token_ids: PROMPT,
+      max_tokens: 5,
+    });
     expect(status).toBe(200);
-    expect(first).toMatchObject({ request_id: "a", prompt_tokens: 100, cached_tokens: 0, output_tokens: 5 });
+    expect(first).toMatchObject({
+      request_id: "a",
+      prompt_tokens: 100,
+      cached_tokens: 0,
+      output_tokens: 5,
+    });
     expect(first.ttft_ms).toBeGreaterThan(0);
     expect(first.e2e_ms).toBeGreaterThan(first.ttft_ms);
     const [, second] = await post("/v1/generate", { token_ids: PROMPT, max_tokens: 1 });
     expect(second.cached_tokens).toBe(96); // ⌊99 / 16⌋ blocks: the last prompt token is always computed
     expect(second.ttft_ms).toBeLessThan(first.ttft_ms);
-    await until(() => source.sequencer.lastSeq >= 0 && matchBlocks(PROMPT) === 6, "the prompt's 6 blocks in the index");
+    await until(
+      () => source.sequencer.lastSeq >= 0 && matchBlocks(PROMPT) === 6,
+      "the prompt's 6 blocks in the index",
+    );
     const s = await stats();
     await until(() => source.sequencer.lastSeq === s.publisher.last_seq, "every batch to arrive");
     expect(index.stats().blocks).toBe(s.cache.cached_blocks);
@@ -73,11 +112,15 @@ describe("kvedge mock-engine", () => {
 
   test("stream: a first_token line, then done", async () => {
     const response = await fetch(`${info.http}/v1/generate`, {
-      method: "POST", body: JSON.stringify({ request_id: "s", token_ids: [5, 6, 7], max_tokens: 3, stream: true }),
+      method: "POST",
+      body: JSON.stringify({ request_id: "s", token_ids: [5, 6, 7], max_tokens: 3, stream: true }),
       headers: { "content-type": "application/json" },
     });
     expect(response.headers.get("content-type")).toContain("application/x-ndjson");
-    const lines = (await response.text()).trim().split("\n").map((line) => JSON.parse(line) as Json);
+    const lines = (await response.text())
+      .trim()
+      .split("\n")
+      .map((line) => JSON.parse(line) as Json);
     expect(lines.map((line) => line.event)).toEqual(["first_token", "done"]);
     expect(lines[1]).toMatchObject({ request_id: "s", prompt_tokens: 3, output_tokens: 3 });
     expect(lines[0]!.ttft_ms).toBe(lines[1]!.ttft_ms);
@@ -86,7 +129,10 @@ describe("kvedge mock-engine", () => {
   test("bad requests get clear errors", async () => {
     expect((await post("/v1/generate", { token_ids: PROMPT }))[1].error).toContain("max_tokens");
     expect((await post("/v1/generate", { token_ids: [1, -2], max_tokens: 1 }))[0]).toBe(400);
-    const [status, body] = await post("/v1/generate", { token_ids: Array.from({ length: 2000 }, (_, i) => i), max_tokens: 1 });
+    const [status, body] = await post("/v1/generate", {
+      token_ids: Array.from({ length: 2000 }, (_, i) => i),
+      max_tokens: 1,
+    });
     expect(status).toBe(413);
     expect(body.error).toContain("64");
     expect((await fetch(`${info.http}/nope`)).status).toBe(404);

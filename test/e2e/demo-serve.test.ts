@@ -26,18 +26,32 @@ type Json = Record<string, any>;
 const getJson = async (url: string): Promise<Json> => (await fetch(url)).json() as Promise<Json>;
 const dump = async (): Promise<IndexOp[]> => {
   const text = await (await fetch(`${serve!.url}/v1/dump`)).text();
-  return text.split("\n").filter((line) => line !== "").map((line) => JSON.parse(line) as IndexOp);
+  return text
+    .split("\n")
+    .filter((line) => line !== "")
+    .map((line) => JSON.parse(line) as IndexOp);
 };
 
 beforeAll(async () => {
   trace = transformTrace(await loadConversationTrace(), { requests: 120, timeScale: 0.5 });
   const seeds = engineSeeds(5, 3);
   const specs = [{ form: "array" }, { form: "map" }, { form: "array", drop: dropped }] as const;
-  engines = await Promise.all(specs.map((spec, w) => new NetworkedEngine({
-    index: w, capacityBlocks: 2048, hashSeed: seeds[w]!, endpoint: "tcp://127.0.0.1:0",
-    replayEndpoint: "tcp://127.0.0.1:0", form: spec.form, ...("drop" in spec ? { dropLive: spec.drop } : {}),
-  }).start()));
-  const workers = engines.map((engine, w) => `${ids[w]}=${engine.endpoint};replay=${engine.replayEndpoint}`).join(",");
+  engines = await Promise.all(
+    specs.map((spec, w) =>
+      new NetworkedEngine({
+        index: w,
+        capacityBlocks: 2048,
+        hashSeed: seeds[w]!,
+        endpoint: "tcp://127.0.0.1:0",
+        replayEndpoint: "tcp://127.0.0.1:0",
+        form: spec.form,
+        ...("drop" in spec ? { dropLive: spec.drop } : {}),
+      }).start(),
+    ),
+  );
+  const workers = engines
+    .map((engine, w) => `${ids[w]}=${engine.endpoint};replay=${engine.replayEndpoint}`)
+    .join(",");
   serve = await startServe(["--workers", workers]);
   for (const engine of engines) await engine.waitForSubscriber(10_000);
 });
@@ -50,7 +64,9 @@ afterAll(async () => {
 async function caughtUp(): Promise<void> {
   await until(async () => {
     const workers = (await getJson(`${serve!.url}/v1/workers`)).workers as Json[];
-    return engines.every((engine, w) => workers.find((view) => view.worker_id === ids[w])?.last_seq === engine.lastSeq);
+    return engines.every(
+      (engine, w) => workers.find((view) => view.worker_id === ids[w])?.last_seq === engine.lastSeq,
+    );
   }, "kvedge serve to apply every batch");
 }
 
@@ -73,8 +89,17 @@ describe("networked mock engines → kvedge serve", () => {
       expect(view.degraded).toBe(false);
     }
     const metrics = await (await fetch(`${serve!.url}/metrics`)).text();
-    const replayed = metrics.split("\n").find((line) => line.startsWith("kvedge_ingest_batches_total") && line.includes('worker_id="12"') && line.includes('status="replayed"'));
-    expect(Number(replayed?.split(" ").at(-1))).toBeGreaterThanOrEqual(engines[2]!.counters.droppedLive);
+    const replayed = metrics
+      .split("\n")
+      .find(
+        (line) =>
+          line.startsWith("kvedge_ingest_batches_total") &&
+          line.includes('worker_id="12"') &&
+          line.includes('status="replayed"'),
+      );
+    expect(Number(replayed?.split(" ").at(-1))).toBeGreaterThanOrEqual(
+      engines[2]!.counters.droppedLive,
+    );
     expect(engines[2]!.counters.replayRequests).toBeGreaterThan(0);
   });
 
@@ -86,23 +111,37 @@ describe("networked mock engines → kvedge serve", () => {
     for (let i = 0; i < trace.count; i += 7) {
       const tokens = requestTokens(trace, i, DEFAULT_VOCAB_SIZE);
       const query = routeQuery(i, tokens, trace.inputLength[i]!, 16);
-      lines.push(JSON.stringify({ op: "match", token_ids: Array.from(tokens.subarray(0, query.promptLength)) }));
-      const scores = engines.map((_, w) => {
-        let depth = 0;
-        while (depth < query.promptBlocks) {
-          const path = (BigInt(query.path[2 * depth]!) << 32n) | BigInt(query.path[2 * depth + 1]!);
-          if (!paths[w]!.has(path)) break;
-          depth++;
-        }
-        return { worker_id: ids[w]!, dp_rank: 0, blocks: depth };
-      }).filter((score) => score.blocks > 0).sort((a, b) => b.blocks - a.blocks || a.worker_id.localeCompare(b.worker_id));
+      lines.push(
+        JSON.stringify({
+          op: "match",
+          token_ids: Array.from(tokens.subarray(0, query.promptLength)),
+        }),
+      );
+      const scores = engines
+        .map((_, w) => {
+          let depth = 0;
+          while (depth < query.promptBlocks) {
+            const path =
+              (BigInt(query.path[2 * depth]!) << 32n) | BigInt(query.path[2 * depth + 1]!);
+            if (!paths[w]!.has(path)) break;
+            depth++;
+          }
+          return { worker_id: ids[w]!, dp_rank: 0, blocks: depth };
+        })
+        .filter((score) => score.blocks > 0)
+        .sort((a, b) => b.blocks - a.blocks || a.worker_id.localeCompare(b.worker_id));
       expected.push(scores);
     }
     expect(expected.some((scores) => scores.length > 0)).toBe(true);
-    const result = await runKvedge(["apply", "--block-size", "16", "-"], { stdin: `${lines.join("\n")}\n` });
+    const result = await runKvedge(["apply", "--block-size", "16", "-"], {
+      stdin: `${lines.join("\n")}\n`,
+    });
     expect(result.stderr).toBe("");
     expect(result.code).toBe(0);
-    const answers = result.stdout.trim().split("\n").map((line) => JSON.parse(line) as Json);
+    const answers = result.stdout
+      .trim()
+      .split("\n")
+      .map((line) => JSON.parse(line) as Json);
     expect(answers.map((answer) => answer.scores)).toEqual(expected);
   });
 });

@@ -15,8 +15,19 @@ describe("kvedge demo", () => {
   test("--json: the shape and the router's numbers", async () => {
     // 800 requests over 8 engines: early in the trace, where fewer requests or engines
     // leave so little reuse that the comparison would hinge on tie-breaks.
-    const result = await runKvedge(["demo", "--requests", "800", "--workers", "8", "--time-scale", "1", "--speedup", "150",
-      "--no-pin", "--json"]);
+    const result = await runKvedge([
+      "demo",
+      "--requests",
+      "800",
+      "--workers",
+      "8",
+      "--time-scale",
+      "1",
+      "--speedup",
+      "150",
+      "--no-pin",
+      "--json",
+    ]);
     expect(result.code).toBe(0);
     const lines = result.stdout.trim().split("\n");
     expect(lines).toHaveLength(1);
@@ -24,7 +35,14 @@ describe("kvedge demo", () => {
     expect(Object.keys(demo.policies)).toEqual(POLICIES);
     for (const name of POLICIES) {
       const policy = demo.policies[name];
-      for (const field of ["hit_rate", "prefill_tokens", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "load_spread"]) {
+      for (const field of [
+        "hit_rate",
+        "prefill_tokens",
+        "ttft_p50_ms",
+        "ttft_p99_ms",
+        "tpot_p50_ms",
+        "load_spread",
+      ]) {
         expect(typeof policy[field]).toBe("number");
         expect(Number.isFinite(policy[field])).toBe(true);
       }
@@ -36,7 +54,11 @@ describe("kvedge demo", () => {
       expect(policy.worker_requests).toHaveLength(8);
     }
     // Every policy saw the same requests.
-    expect(new Set(POLICIES.map((name) => demo.policies[name].prompt_tokens + demo.policies[name].rejected)).size).toBe(1);
+    expect(
+      new Set(
+        POLICIES.map((name) => demo.policies[name].prompt_tokens + demo.policies[name].rejected),
+      ).size,
+    ).toBe(1);
     expect(demo.policies.kv_aware.mode).toBe("kvedge");
     // How much kvedge reuses depends on how KV events and routes interleave in real
     // time; that it reuses at all does not.
@@ -50,14 +72,29 @@ describe("kvedge demo", () => {
     expect(router.route_latency_p99_ms).toBeGreaterThanOrEqual(router.route_latency_p50_ms);
     expect(Object.keys(demo.gains)).toEqual(POLICIES.slice(1));
     expect(typeof demo.gains.round_robin.prefill_tokens_saved_pct).toBe("number");
-    expect(demo.config).toMatchObject({ requests: 800, workers: 8, capacity_blocks: 32_768, block_size: 16 });
+    expect(demo.config).toMatchObject({
+      requests: 800,
+      workers: 8,
+      capacity_blocks: 32_768,
+      block_size: 16,
+    });
   });
 
   test("KV-aware routing beats round robin on hit rate and prefill (deterministic model)", async () => {
     // 800 requests over 8 engines: early in the trace, where fewer requests or engines
     // leave so little reuse that the comparison would hinge on tie-breaks.
-    const result = await runKvedge(["demo", "--requests", "800", "--workers", "8", "--time-scale", "1",
-      "--policies", "kv_aware_model,round_robin", "--json"]);
+    const result = await runKvedge([
+      "demo",
+      "--requests",
+      "800",
+      "--workers",
+      "8",
+      "--time-scale",
+      "1",
+      "--policies",
+      "kv_aware_model,round_robin",
+      "--json",
+    ]);
     expect(result.code).toBe(0);
     const { policies } = JSON.parse(result.stdout) as Json;
     expect(policies.kv_aware_model.hit_rate).toBeGreaterThan(policies.round_robin.hit_rate);
@@ -66,9 +103,29 @@ describe("kvedge demo", () => {
   });
 
   test("from source under Bun, the demo starts kvedge serve from source too", async () => {
-    const child = Bun.spawn([process.execPath, join(ROOT, "src", "cli", "main.ts"), "demo", "--requests", "60", "--workers", "2",
-      "--policies", "kv_aware", "--speedup", "200", "--no-pin", "--json"], { cwd: ROOT, stdout: "pipe", stderr: "pipe" });
-    const [stdout, stderr, code] = await Promise.all([new Response(child.stdout).text(), new Response(child.stderr).text(), child.exited]);
+    const child = Bun.spawn(
+      [
+        process.execPath,
+        join(ROOT, "src", "cli", "main.ts"),
+        "demo",
+        "--requests",
+        "60",
+        "--workers",
+        "2",
+        "--policies",
+        "kv_aware",
+        "--speedup",
+        "200",
+        "--no-pin",
+        "--json",
+      ],
+      { cwd: ROOT, stdout: "pipe", stderr: "pipe" },
+    );
+    const [stdout, stderr, code] = await Promise.all([
+      new Response(child.stdout).text(),
+      new Response(child.stderr).text(),
+      child.exited,
+    ]);
     expect(stderr).toBe("");
     expect(code).toBe(0);
     const demo = JSON.parse(stdout) as Json;
@@ -77,7 +134,15 @@ describe("kvedge demo", () => {
   });
 
   test("the text table (in-process policies only: no serve needed)", async () => {
-    const result = await runKvedge(["demo", "--requests", "200", "--workers", "4", "--policies", "kv_aware_model,round_robin"]);
+    const result = await runKvedge([
+      "demo",
+      "--requests",
+      "200",
+      "--workers",
+      "4",
+      "--policies",
+      "kv_aware_model,round_robin",
+    ]);
     expect(result.code).toBe(0);
     expect(result.stdout).toContain("policy");
     expect(result.stdout).toMatch(/kv_aware_model +\d+\.\d%/);
@@ -87,8 +152,21 @@ describe("kvedge demo", () => {
   });
 
   test("--virtual: kv_aware is kvedge's router in-process, deterministic, the demo's JSON shape", async () => {
-    const args = ["demo", "--virtual", "--trace", join(ROOT, "data", "traces", "conversation_trace.jsonl"), "--start", "100",
-      "--requests", "150", "--workers", "4", "--time-scale", "0.5", "--json"];
+    const args = [
+      "demo",
+      "--virtual",
+      "--trace",
+      join(ROOT, "data", "traces", "conversation_trace.jsonl"),
+      "--start",
+      "100",
+      "--requests",
+      "150",
+      "--workers",
+      "4",
+      "--time-scale",
+      "0.5",
+      "--json",
+    ];
     const first = await runKvedge(args);
     expect(first.code).toBe(0);
     const demo = JSON.parse(first.stdout) as Json;
@@ -98,7 +176,8 @@ describe("kvedge demo", () => {
     for (const name of ["kv_aware", "round_robin", "random", "least_loaded", "approx_prefix"]) {
       const policy = demo.policies[name];
       expect(policy.mode).toBe("in-process, virtual time");
-      for (const field of ["hit_rate", "prefill_tokens", "ttft_p50_ms", "ttft_p99_ms"]) expect(Number.isFinite(policy[field])).toBe(true);
+      for (const field of ["hit_rate", "prefill_tokens", "ttft_p50_ms", "ttft_p99_ms"])
+        expect(Number.isFinite(policy[field])).toBe(true);
     }
     const again = JSON.parse((await runKvedge(args)).stdout) as Json;
     expect(again.policies.kv_aware.worker_requests).toEqual(demo.policies.kv_aware.worker_requests);
@@ -106,9 +185,23 @@ describe("kvedge demo", () => {
   });
 
   test("--admission hold in real time: routes held at ~3x, the summary counts them", async () => {
-    const result = await runKvedge(["demo", "--requests", "200", "--workers", "8",
-      "--time-scale", "0.35", "--speedup", "20", "--policies", "kv_aware", "--admission", "hold",
-      "--no-pin", "--json"]);
+    const result = await runKvedge([
+      "demo",
+      "--requests",
+      "200",
+      "--workers",
+      "8",
+      "--time-scale",
+      "0.35",
+      "--speedup",
+      "20",
+      "--policies",
+      "kv_aware",
+      "--admission",
+      "hold",
+      "--no-pin",
+      "--json",
+    ]);
     expect(result.code).toBe(0);
     const demo = JSON.parse(result.stdout) as Json;
     const admission = demo.admission as Json;
@@ -124,15 +217,38 @@ describe("kvedge demo", () => {
     expect(demo.router.decisions).toBe(200);
     expect(demo.router.lifecycle_errors).toBe(0);
     expect(demo.router.index_matches_engines).toBe(true);
-    const text = await runKvedge(["demo", "--requests", "60", "--time-scale", "0.35",
-      "--speedup", "20", "--policies", "kv_aware", "--admission", "reject", "--no-pin"]);
+    const text = await runKvedge([
+      "demo",
+      "--requests",
+      "60",
+      "--time-scale",
+      "0.35",
+      "--speedup",
+      "20",
+      "--policies",
+      "kv_aware",
+      "--admission",
+      "reject",
+      "--no-pin",
+    ]);
     expect(text.code).toBe(0);
     expect(text.stdout).toMatch(/Admission \(reject\): [\d,]+ of 60 route calls held/);
   });
 
   test("--virtual --admission: counts from kvedge's router in-process, deterministic", async () => {
-    const args = ["demo", "--virtual", "--requests", "300", "--time-scale", "0.35",
-      "--policies", "kv_aware", "--admission", "hold", "--json"];
+    const args = [
+      "demo",
+      "--virtual",
+      "--requests",
+      "300",
+      "--time-scale",
+      "0.35",
+      "--policies",
+      "kv_aware",
+      "--admission",
+      "hold",
+      "--json",
+    ];
     const demo = JSON.parse((await runKvedge(args)).stdout) as Json;
     expect(demo.admission.immediate + demo.admission.held).toBe(300);
     expect(demo.admission.held).toBeGreaterThan(0);
@@ -144,8 +260,17 @@ describe("kvedge demo", () => {
   });
 
   test("usage errors are one line, exit 2", async () => {
-    for (const args of [["--policies", "fastest"], ["--route-policy", "fastest"], ["--virtual", "--start", "99999999"], ["--workers", "0"], ["--trace", "/no/such/file"], ["--speedup", "fast"], ["extra"],
-      ["--proxy", "--admission", "hold"], ["--virtual", "--admission", "sometimes"]]) {
+    for (const args of [
+      ["--policies", "fastest"],
+      ["--route-policy", "fastest"],
+      ["--virtual", "--start", "99999999"],
+      ["--workers", "0"],
+      ["--trace", "/no/such/file"],
+      ["--speedup", "fast"],
+      ["extra"],
+      ["--proxy", "--admission", "hold"],
+      ["--virtual", "--admission", "sometimes"],
+    ]) {
       const result = await runKvedge(["demo", ...args]);
       expect(result.code).toBe(2);
       expect(result.stderr.trim().split("\n")).toHaveLength(1);

@@ -13,12 +13,22 @@ import { eventually } from "../support/wait";
 const BS = 4;
 type Json = Record<string, any>;
 
-async function call(serve: ServeProcess, path: string, body?: unknown,
-  headers: Record<string, string> = {}): Promise<[number, Json]> {
-  const response = await fetch(`${serve.url}${path}`, body === undefined ? {} : {
-    method: "POST", body: typeof body === "string" ? body : JSON.stringify(body),
-    headers: { "content-type": "application/json", ...headers },
-  });
+async function call(
+  serve: ServeProcess,
+  path: string,
+  body?: unknown,
+  headers: Record<string, string> = {},
+): Promise<[number, Json]> {
+  const response = await fetch(
+    `${serve.url}${path}`,
+    body === undefined
+      ? {}
+      : {
+          method: "POST",
+          body: typeof body === "string" ? body : JSON.stringify(body),
+          headers: { "content-type": "application/json", ...headers },
+        },
+  );
   return [response.status, (await response.json()) as Json];
 }
 
@@ -39,15 +49,18 @@ describe("serve with route lanes against serve without", () => {
       startServe([...args, "--route-threads", "2"]),
     ]);
     const subscribed = () => a.pub.subscribedPeers >= 2 && b.pub.subscribedPeers >= 2;
-    await eventually(() => (subscribed() ? true : undefined),
-      10_000, "both servers subscribed");
+    await eventually(() => (subscribed() ? true : undefined), 10_000, "both servers subscribed");
     a.publish([stored([1n, 2n, 3n, 4n], prompt(1, 16), BS)]);
     b.publish([stored([7n, 8n], prompt(1, 8), BS), stored([9n], prompt(101, 4), BS)]);
     for (const serve of [single, lanes]) {
-      await eventually(async () => {
-        const [, body] = await call(serve, "/v1/match", { token_ids: prompt(1, 16) });
-        return body.scores?.length === 2 ? true : undefined;
-      }, 10_000, "both engines' blocks");
+      await eventually(
+        async () => {
+          const [, body] = await call(serve, "/v1/match", { token_ids: prompt(1, 16) });
+          return body.scores?.length === 2 ? true : undefined;
+        },
+        10_000,
+        "both engines' blocks",
+      );
     }
   });
 
@@ -83,7 +96,8 @@ describe("serve with route lanes against serve without", () => {
   test("a MessagePack answer through a lane is the single serve's", async () => {
     const packed = async (serve: ServeProcess) => {
       const response = await fetch(`${serve.url}/v1/route`, {
-        method: "POST", body: JSON.stringify({ token_ids: prompt(1, 16), request_id: "mp" }),
+        method: "POST",
+        body: JSON.stringify({ token_ids: prompt(1, 16), request_id: "mp" }),
         headers: { "content-type": "application/json", accept: "application/msgpack" },
       });
       expect(response.headers.get("content-type")).toBe("application/msgpack");
@@ -104,7 +118,8 @@ describe("serve with route lanes against serve without", () => {
     ];
     for (const [path, body, headers] of cases) {
       const [want, got] = await Promise.all([
-        call(single, path, body, headers), call(lanes, path, body, headers),
+        call(single, path, body, headers),
+        call(lanes, path, body, headers),
       ]);
       expect(want[0]).toBeGreaterThanOrEqual(400);
       expect({ path, headers, got }).toEqual({ path, headers, got: want });
@@ -114,13 +129,20 @@ describe("serve with route lanes against serve without", () => {
   test("other endpoints go through the lanes to the main thread", async () => {
     const [status, workers] = await call(lanes, "/v1/workers");
     expect(status).toBe(200);
-    expect(workers.workers.map((w: Json) => [w.worker_id, w.blocks])).toEqual([["1", 4], ["2", 3]]);
+    expect(workers.workers.map((w: Json) => [w.worker_id, w.blocks])).toEqual([
+      ["1", 4],
+      ["2", 3],
+    ]);
     // The lanes' routes are counted in the main thread's metrics, as the single serve's are.
     const routed = async (serve: ServeProcess): Promise<number> => {
       const text = await (await fetch(`${serve.url}/metrics`)).text();
       const count = "kvedge_http_request_duration_seconds_count{";
-      const line = text.split("\n").find((l) => l.startsWith(count)
-        && l.includes('route="/v1/route"') && l.includes('status="200"'));
+      const line = text
+        .split("\n")
+        .find(
+          (l) =>
+            l.startsWith(count) && l.includes('route="/v1/route"') && l.includes('status="200"'),
+        );
       return Number(line?.split(" ").at(-1));
     };
     expect(await routed(lanes)).toBe(await routed(single));
@@ -134,8 +156,12 @@ describe("serve with route lanes against serve without", () => {
     await new Promise<void>((resolve, reject) => {
       ws.onopen = () => {
         ws.send(JSON.stringify({ id: 1, op: "match", token_ids: prompt(1, 16) }));
-        ws.send(JSON.stringify([{ id: 2, op: "route", token_ids: prompt(1, 12), request_id: "ws1" },
-          { id: 3, op: "done", request_id: "ws1" }]));
+        ws.send(
+          JSON.stringify([
+            { id: 2, op: "route", token_ids: prompt(1, 12), request_id: "ws1" },
+            { id: 3, op: "done", request_id: "ws1" },
+          ]),
+        );
       };
       ws.onmessage = (event) => {
         const body = JSON.parse(String(event.data));
@@ -146,7 +172,11 @@ describe("serve with route lanes against serve without", () => {
     });
     ws.close();
     const statuses = answers.map((answer) => [answer.id, answer.status]);
-    expect(statuses).toEqual([[1, 200], [2, 200], [3, 200]]);
+    expect(statuses).toEqual([
+      [1, 200],
+      [2, 200],
+      [3, 200],
+    ]);
     expect(answers[0]!.result.scores[0]).toEqual({ worker_id: "1", dp_rank: 0, blocks: 4 });
     expect(answers[1]!.result.worker_id).toBe("1");
   });
@@ -160,13 +190,26 @@ describe("serve with route lanes against serve without", () => {
 describe("route lanes with admission hold", () => {
   // 6,000 prompt tokens at 15,000 tokens/s: 400 ms of queued prefill, past the 200 ms bound.
   const LONG = prompt(1, 6000);
-  const holding = async (run: (serve: ServeProcess) => Promise<void>,
-    indexThreads = 0): Promise<void> => {
+  const holding = async (
+    run: (serve: ServeProcess) => Promise<void>,
+    indexThreads = 0,
+  ): Promise<void> => {
     const engine = await new TestEngine().start();
     const serve = await startServe([
-      "--block-size", "4", "--workers", `1=${engine.endpoint}`, "--route-threads", "2",
-      "--index-threads", String(indexThreads),
-      "--admission", "hold", "--admission-bound-ms", "200", "--admission-max-hold-ms", "600000",
+      "--block-size",
+      "4",
+      "--workers",
+      `1=${engine.endpoint}`,
+      "--route-threads",
+      "2",
+      "--index-threads",
+      String(indexThreads),
+      "--admission",
+      "hold",
+      "--admission-bound-ms",
+      "200",
+      "--admission-max-hold-ms",
+      "600000",
     ]);
     try {
       await run(serve);
@@ -180,8 +223,12 @@ describe("route lanes with admission hold", () => {
     const line = text.split("\n").find((l) => l.startsWith(`${name} `));
     return Number(line?.split(" ").at(-1));
   };
-  const heldIs = (serve: ServeProcess, count: number, what: string) => eventually(async () =>
-    (await metric(serve, "kvedge_admission_held")) === count ? true : undefined, 10_000, what);
+  const heldIs = (serve: ServeProcess, count: number, what: string) =>
+    eventually(
+      async () => ((await metric(serve, "kvedge_admission_held")) === count ? true : undefined),
+      10_000,
+      what,
+    );
 
   test("a route held on the main thread is answered through its lane once done frees", () =>
     holding(async (serve) => {
@@ -202,25 +249,34 @@ describe("route lanes with admission hold", () => {
     }));
 
   // With the writer thread too: lanes then look matches up, except with admission on.
-  test.each([0, 1])("a held route whose client goes away is dropped, as on one thread "
-    + "(index threads: %d)", (indexThreads) => holding(async (serve) => {
-      expect((await call(serve, "/v1/route", { request_id: "ahead", token_ids: LONG }))[0])
-        .toBe(200);
-      const client = new AbortController();
-      const gone = fetch(`${serve.url}/v1/route`, {
-        method: "POST", body: JSON.stringify({ request_id: "gone", token_ids: [9, 8, 7, 6] }),
-        headers: { "content-type": "application/json" }, signal: client.signal,
-      }).catch((error: unknown) => error);
-      await heldIs(serve, 1, "one route held");
-      client.abort();
-      await gone;
-      await heldIs(serve, 0, "the held route dropped");
-      expect(await metric(serve, 'kvedge_admission_total{outcome="dropped"}')).toBe(1);
-      // Freeing the worker routes nothing: "gone" was never answered, so it is not active.
-      expect((await call(serve, "/v1/requests/ahead/done", {}))[0]).toBe(200);
-      expect(await metric(serve, 'kvedge_admission_total{outcome="released"}')).toBe(0);
-      const [again, body] = await call(serve, "/v1/route", { request_id: "gone", token_ids: [9] });
-      expect([again, body.request_id]).toEqual([200, "gone"]);
-      expect(await metric(serve, "kvedge_admission_held")).toBe(0);
-    }, indexThreads));
+  test.each([0, 1])(
+    "a held route whose client goes away is dropped, as on one thread " + "(index threads: %d)",
+    (indexThreads) =>
+      holding(async (serve) => {
+        expect((await call(serve, "/v1/route", { request_id: "ahead", token_ids: LONG }))[0]).toBe(
+          200,
+        );
+        const client = new AbortController();
+        const gone = fetch(`${serve.url}/v1/route`, {
+          method: "POST",
+          body: JSON.stringify({ request_id: "gone", token_ids: [9, 8, 7, 6] }),
+          headers: { "content-type": "application/json" },
+          signal: client.signal,
+        }).catch((error: unknown) => error);
+        await heldIs(serve, 1, "one route held");
+        client.abort();
+        await gone;
+        await heldIs(serve, 0, "the held route dropped");
+        expect(await metric(serve, 'kvedge_admission_total{outcome="dropped"}')).toBe(1);
+        // Freeing the worker routes nothing: "gone" was never answered, so it is not active.
+        expect((await call(serve, "/v1/requests/ahead/done", {}))[0]).toBe(200);
+        expect(await metric(serve, 'kvedge_admission_total{outcome="released"}')).toBe(0);
+        const [again, body] = await call(serve, "/v1/route", {
+          request_id: "gone",
+          token_ids: [9],
+        });
+        expect([again, body.request_id]).toEqual([200, "gone"]);
+        expect(await metric(serve, "kvedge_admission_held")).toBe(0);
+      }, indexThreads),
+  );
 });

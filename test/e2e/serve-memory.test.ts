@@ -17,16 +17,36 @@ afterEach(async () => {
 test("RLIMIT_AS 3 GiB, one engine streaming unique blocks: refused at the budget, still serving, SIGTERM exits 0", async () => {
   const engine = await new TestEngine().start();
   cleanups.push(() => engine.stop());
-  const proc = Bun.spawn([
-    "sh", "-c", 'ulimit -v 3145728 && exec "$0" "$@"', kvedgeBinary(), "serve", "--port", "0", "--log-format", "json",
-    "--block-size", String(BS), "--index-memory-budget-bytes", String(BUDGET), "--workers", `1=${engine.endpoint}`,
-  ], { stdin: "ignore", stdout: "ignore", stderr: "pipe", env: { PATH: process.env.PATH ?? "" } });
+  const proc = Bun.spawn(
+    [
+      "sh",
+      "-c",
+      'ulimit -v 3145728 && exec "$0" "$@"',
+      kvedgeBinary(),
+      "serve",
+      "--port",
+      "0",
+      "--log-format",
+      "json",
+      "--block-size",
+      String(BS),
+      "--index-memory-budget-bytes",
+      String(BUDGET),
+      "--workers",
+      `1=${engine.endpoint}`,
+    ],
+    { stdin: "ignore", stdout: "ignore", stderr: "pipe", env: { PATH: process.env.PATH ?? "" } },
+  );
   cleanups.push(() => proc.kill("SIGKILL"));
   let logs = "";
   void (async () => {
     for await (const chunk of proc.stderr) logs += new TextDecoder().decode(chunk);
   })();
-  const url = await eventually(() => /"msg":"listening".*?"url":"([^"]+)"/.exec(logs)?.[1], 15_000, "kvedge listening");
+  const url = await eventually(
+    () => /"msg":"listening".*?"url":"([^"]+)"/.exec(logs)?.[1],
+    15_000,
+    "kvedge listening",
+  );
   await engine.waitForSubscriber();
 
   const metric = async (name: string): Promise<number> => {
@@ -39,17 +59,25 @@ test("RLIMIT_AS 3 GiB, one engine streaming unique blocks: refused at the budget
     const events = [];
     for (let c = 0; c < 32; c++) {
       const hashes = Array.from({ length: 32 }, () => BigInt(++next));
-      events.push(stored(hashes, Array.from({ length: 32 * BS }, (_, i) => (next * BS + i) % 1_000_003), BS));
+      events.push(
+        stored(
+          hashes,
+          Array.from({ length: 32 * BS }, (_, i) => (next * BS + i) % 1_000_003),
+          BS,
+        ),
+      );
     }
     engine.publish(events);
     if (batch % 20 === 19) {
       await Bun.sleep(5);
-      if (await metric('kvedge_index_budget_refused_total{what="events"}') > 0) break;
+      if ((await metric('kvedge_index_budget_refused_total{what="events"}')) > 0) break;
     }
   }
   expect(await metric("kvedge_index_bytes")).toBeLessThan(2 * BUDGET);
   expect((await fetch(`${url}/healthz`)).status).toBe(200);
-  const workers = (await (await fetch(`${url}/v1/workers`)).json()) as { workers: { degraded: boolean; state: string }[] };
+  const workers = (await (await fetch(`${url}/v1/workers`)).json()) as {
+    workers: { degraded: boolean; state: string }[];
+  };
   expect(workers.workers[0]).toMatchObject({ degraded: true, state: "connected" });
   proc.kill("SIGTERM");
   expect(await proc.exited).toBe(0);

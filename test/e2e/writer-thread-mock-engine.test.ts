@@ -14,14 +14,30 @@ type Engine = MockEngineChild;
 
 async function startEngine(seed: number): Promise<Engine> {
   return spawnMockEngine([
-    "--endpoint", "tcp://127.0.0.1:0", "--replay-endpoint", "tcp://127.0.0.1:0",
-    "--capacity-blocks", "24", "--speedup", "50", "--hash-seed", String(seed)]);
+    "--endpoint",
+    "tcp://127.0.0.1:0",
+    "--replay-endpoint",
+    "tcp://127.0.0.1:0",
+    "--capacity-blocks",
+    "24",
+    "--speedup",
+    "50",
+    "--hash-seed",
+    String(seed),
+  ]);
 }
 
 const json = async (url: string, body?: unknown): Promise<Json> => {
-  const response = await fetch(url, body === undefined ? {} : {
-    method: "POST", body: JSON.stringify(body), headers: { "content-type": "application/json" },
-  });
+  const response = await fetch(
+    url,
+    body === undefined
+      ? {}
+      : {
+          method: "POST",
+          body: JSON.stringify(body),
+          headers: { "content-type": "application/json" },
+        },
+  );
   return (await response.json()) as Json;
 };
 
@@ -31,18 +47,23 @@ describe("the writer thread fed by mock engines", () => {
 
   beforeAll(async () => {
     engines = await Promise.all([startEngine(3), startEngine(4)]);
-    const workers = engines.map((e, i) =>
-      `${i + 1}=${e.info.endpoint};replay=${e.info.replay_endpoint}`);
+    const workers = engines.map(
+      (e, i) => `${i + 1}=${e.info.endpoint};replay=${e.info.replay_endpoint}`,
+    );
     const args = ["--block-size", String(BS), "--workers", workers.join(",")];
     servers = await Promise.all([
       startServe([...args, "--index-threads", "0"]),
       startServe([...args, "--index-threads", "1"]),
     ]);
     for (const engine of engines) {
-      await eventually(async () => {
-        const stats = await json(`${engine.info.http}/v1/stats`);
-        return stats.publisher.subscribers === 2 ? true : undefined;
-      }, 10_000, "both servers subscribed");
+      await eventually(
+        async () => {
+          const stats = await json(`${engine.info.http}/v1/stats`);
+          return stats.publisher.subscribers === 2 ? true : undefined;
+        },
+        10_000,
+        "both servers subscribed",
+      );
     }
   });
 
@@ -65,11 +86,15 @@ describe("the writer thread fed by mock engines", () => {
     for (const [i, engine] of engines.entries()) {
       const stats = await json(`${engine.info.http}/v1/stats`);
       for (const serve of servers) {
-        await eventually(async () => {
-          const workers = (await json(`${serve.url}/v1/workers`)).workers as Json[];
-          const worker = workers.find((w) => w.worker_id === String(i + 1));
-          return worker?.last_seq === stats.publisher.last_seq ? worker : undefined;
-        }, 10_000, `worker ${i + 1} at seq ${stats.publisher.last_seq}`).then((worker) => {
+        await eventually(
+          async () => {
+            const workers = (await json(`${serve.url}/v1/workers`)).workers as Json[];
+            const worker = workers.find((w) => w.worker_id === String(i + 1));
+            return worker?.last_seq === stats.publisher.last_seq ? worker : undefined;
+          },
+          10_000,
+          `worker ${i + 1} at seq ${stats.publisher.last_seq}`,
+        ).then((worker) => {
           expect(worker.blocks).toBe(stats.cache.cached_blocks);
           expect(worker.degraded).toBe(false);
         });

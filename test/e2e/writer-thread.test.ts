@@ -13,13 +13,23 @@ import { eventually } from "../support/wait";
 const BS = 4;
 type Json = Record<string, any>;
 
-async function call(serve: ServeProcess, path: string, body?: unknown,
-  method = "POST"): Promise<[number, Json]> {
+async function call(
+  serve: ServeProcess,
+  path: string,
+  body?: unknown,
+  method = "POST",
+): Promise<[number, Json]> {
   const bare = body === undefined && method === "POST";
-  const response = await fetch(`${serve.url}${path}`, bare ? {} : {
-    method, ...(body === undefined ? {} : { body: JSON.stringify(body) }),
-    headers: { "content-type": "application/json" },
-  });
+  const response = await fetch(
+    `${serve.url}${path}`,
+    bare
+      ? {}
+      : {
+          method,
+          ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+          headers: { "content-type": "application/json" },
+        },
+  );
   return [response.status, (await response.json()) as Json];
 }
 
@@ -27,7 +37,10 @@ const prompt = (first: number, length: number) => Array.from({ length }, (_, i) 
 const workersOf = async (serve: ServeProcess) => {
   const [, body] = await call(serve, "/v1/workers", undefined, "GET");
   return body.workers.map((w: Json) => ({
-    id: w.worker_id, blocks: w.blocks, degraded: w.degraded, lastSeq: w.last_seq,
+    id: w.worker_id,
+    blocks: w.blocks,
+    degraded: w.degraded,
+    lastSeq: w.last_seq,
   }));
 };
 
@@ -47,8 +60,7 @@ describe("serve with the writer thread against serve without", () => {
       startServe([...args, "--index-threads", "1", "--route-threads", "2"]),
     ]);
     const subscribed = () => a.pub.subscribedPeers >= 3 && b.pub.subscribedPeers >= 3;
-    await eventually(() => (subscribed() ? true : undefined),
-      10_000, "every server subscribed");
+    await eventually(() => (subscribed() ? true : undefined), 10_000, "every server subscribed");
     for (const serve of servers) {
       const ready = async () => (await call(serve, "/readyz", undefined, "GET"))[0] === 200;
       await eventually(async () => ((await ready()) ? true : undefined), 10_000, "ready");
@@ -63,11 +75,15 @@ describe("serve with the writer thread against serve without", () => {
   /** Every server shows the same workers, at the engines' last batches. */
   const settled = async (seqA: number, seqB: number) => {
     for (const serve of servers) {
-      await eventually(async () => {
-        const workers = await workersOf(serve);
-        const at = (id: string) => workers.find((w: Json) => w.id === id)?.lastSeq;
-        return at("1") === seqA && at("2") === seqB ? true : undefined;
-      }, 10_000, `seqs ${seqA}, ${seqB}`);
+      await eventually(
+        async () => {
+          const workers = await workersOf(serve);
+          const at = (id: string) => workers.find((w: Json) => w.id === id)?.lastSeq;
+          return at("1") === seqA && at("2") === seqB ? true : undefined;
+        },
+        10_000,
+        `seqs ${seqA}, ${seqB}`,
+      );
     }
     const [want, ...others] = await Promise.all(servers.map(workersOf));
     for (const got of others) expect(got).toEqual(want);
@@ -122,10 +138,14 @@ describe("serve with the writer thread against serve without", () => {
       expect((await call(serve, "/v1/workers/2", undefined, "DELETE"))[0]).toBe(200);
     }
     for (const serve of servers) {
-      await eventually(async () => {
-        const [, body] = await call(serve, "/v1/match", { token_ids: prompt(1, 6 * BS) });
-        return body.scores.every((score: Json) => score.worker_id !== "2") ? true : undefined;
-      }, 10_000, "worker 2 gone from matches");
+      await eventually(
+        async () => {
+          const [, body] = await call(serve, "/v1/match", { token_ids: prompt(1, 6 * BS) });
+          return body.scores.every((score: Json) => score.worker_id !== "2") ? true : undefined;
+        },
+        10_000,
+        "worker 2 gone from matches",
+      );
     }
     const [want, ...others] = await Promise.all(servers.map(workersOf));
     for (const got of others) expect(got).toEqual(want);
@@ -135,7 +155,13 @@ describe("serve with the writer thread against serve without", () => {
   test("the ring's counters are in /metrics", async () => {
     const text = await (await fetch(`${servers[1]!.url}/metrics`)).text();
     const value = (prefix: string) =>
-      Number(text.split("\n").find((l) => l.startsWith(prefix))?.split(" ").at(-1));
+      Number(
+        text
+          .split("\n")
+          .find((l) => l.startsWith(prefix))
+          ?.split(" ")
+          .at(-1),
+      );
     expect(value('kvedge_event_ring_records_total{outcome="written"}')).toBeGreaterThan(20);
     expect(value('kvedge_event_ring_records_total{outcome="dropped"}')).toBe(0);
     expect(value('kvedge_event_ring_bytes{what="capacity"}')).toBe(64 * 1024 * 1024);

@@ -5,15 +5,24 @@
 // it missed.
 import { afterEach, describe, expect, test } from "bun:test";
 import type { Socket, TCPSocketListener } from "bun";
-import { type ServeProcess } from "../support/serve";
+import type { ServeProcess } from "../support/serve";
 import { eventually } from "../support/wait";
 import {
-  expectExactAndEqual, generate, metric, type MockEngineProcess, prompts, serveFor, startMockEngine, stopEngine, subscribed,
+  expectExactAndEqual,
+  generate,
+  metric,
+  type MockEngineProcess,
+  prompts,
+  serveFor,
+  startMockEngine,
+  stopEngine,
+  subscribed,
 } from "./rig";
 
 /** Forwards loopback TCP to `target`; can cut the next engine→kvedge chunk in half, or stall. */
-class Proxy {
-  listener: TCPSocketListener<{ peer: Socket<unknown> | null; pending: Uint8Array[] }> | null = null;
+class TcpProxy {
+  listener: TCPSocketListener<{ peer: Socket<unknown> | null; pending: Uint8Array[] }> | null =
+    null;
   cutNext = false;
   stalled = false;
   cuts = 0;
@@ -25,13 +34,15 @@ class Proxy {
 
   start(): number {
     this.listener = Bun.listen<{ peer: Socket<unknown> | null; pending: Uint8Array[] }>({
-      hostname: "127.0.0.1", port: 0,
+      hostname: "127.0.0.1",
+      port: 0,
       socket: {
         open: (client) => {
           client.data = { peer: null, pending: [] };
           this.open.add(client);
           void Bun.connect<unknown>({
-            hostname: "127.0.0.1", port: this.targetPort,
+            hostname: "127.0.0.1",
+            port: this.targetPort,
             socket: {
               open: (upstream) => {
                 this.open.add(upstream);
@@ -39,7 +50,10 @@ class Proxy {
                 for (const chunk of client.data.pending.splice(0)) upstream.write(chunk);
               },
               data: (upstream, chunk) => this.downstream(client, upstream, chunk),
-              close: (upstream) => { this.open.delete(upstream); client.end(); },
+              close: (upstream) => {
+                this.open.delete(upstream);
+                client.end();
+              },
               error: () => {
                 client.end();
               },
@@ -84,14 +98,20 @@ afterEach(async () => {
   while (cleanups.length > 0) await cleanups.pop()!();
 });
 
-async function setup(): Promise<{ engine: MockEngineProcess; proxy: Proxy; serve: ServeProcess }> {
+async function setup(): Promise<{
+  engine: MockEngineProcess;
+  proxy: TcpProxy;
+  serve: ServeProcess;
+}> {
   const engine = await startMockEngine();
   cleanups.push(() => stopEngine(engine));
-  const proxy = new Proxy(Number(new URL(engine.endpoint.replace("tcp:", "http:")).port));
+  const proxy = new TcpProxy(Number(new URL(engine.endpoint.replace("tcp:", "http:")).port));
   const port = proxy.start();
   cleanups.push(() => proxy.stop());
-  const serve = await serveFor([`1=tcp://127.0.0.1:${port};replay=${engine.replayEndpoint}`],
-    ["--heartbeat-interval-ms", "200", "--heartbeat-timeout-ms", "1000"]);
+  const serve = await serveFor(
+    [`1=tcp://127.0.0.1:${port};replay=${engine.replayEndpoint}`],
+    ["--heartbeat-interval-ms", "200", "--heartbeat-timeout-ms", "1000"],
+  );
   cleanups.push(() => serve.stop());
   await subscribed(engine);
   return { engine, proxy, serve };
@@ -109,7 +129,12 @@ describe("a TCP path that fails mid-stream", () => {
     await eventually(cut, 10_000, "the proxy cutting a frame");
     expect(proxy.cuts).toBe(1);
     await expectExactAndEqual(serve, "1", engine);
-    expect(await metric(serve.url, 'kvedge_ingest_continuity_total{worker_id="1",dp_rank="0",outcome="continued"}')).toBe(1);
+    expect(
+      await metric(
+        serve.url,
+        'kvedge_ingest_continuity_total{worker_id="1",dp_rank="0",outcome="continued"}',
+      ),
+    ).toBe(1);
   });
 
   test("a stall (bytes swallowed) is noticed by the heartbeat; after it the index equals the engine", async () => {
@@ -120,7 +145,11 @@ describe("a TCP path that fails mid-stream", () => {
     const closes = proxy.closes;
     await generate(engine, prompts(4, 3, 14));
     // kvedge hears nothing (not even PONGs) and drops the connection after its heartbeat timeout.
-    await eventually(() => (proxy.closes > closes ? true : undefined), 15_000, "kvedge dropping the stalled connection");
+    await eventually(
+      () => (proxy.closes > closes ? true : undefined),
+      15_000,
+      "kvedge dropping the stalled connection",
+    );
     proxy.stalled = false;
     await expectExactAndEqual(serve, "1", engine);
     await generate(engine, prompts(2, 3, 15));

@@ -8,11 +8,24 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { encodeSnapshot, SNAPSHOT_FILE } from "../../src/state/snapshot";
 import { kvedgeBinary } from "../support/kvedge";
-import { type ServeProcess } from "../support/serve";
+import type { ServeProcess } from "../support/serve";
 import { eventually } from "../support/wait";
 import {
-  engineCache, expectEqualOrDegraded, expectExactAndEqual, generate, type Json, type MockEngineProcess, metric,
-  prompts, restartEngine, serveFor, settled, startMockEngine, stopEngine, subscribed, workerSpec,
+  engineCache,
+  expectEqualOrDegraded,
+  expectExactAndEqual,
+  generate,
+  type Json,
+  type MockEngineProcess,
+  metric,
+  prompts,
+  restartEngine,
+  serveFor,
+  settled,
+  startMockEngine,
+  stopEngine,
+  subscribed,
+  workerSpec,
   workerView,
 } from "./rig";
 
@@ -73,7 +86,9 @@ describe("engine SIGKILL and restart", () => {
     a = await restart(a);
     await expectExactAndEqual(kvedge, "1", a);
     expect((await workerView(kvedge.url, "1"))!.blocks).toBe(0);
-    expect(await metric(kvedge.url, 'kvedge_ingest_resets_total{worker_id="1",dp_rank="0"}')).toBe(1);
+    expect(await metric(kvedge.url, 'kvedge_ingest_resets_total{worker_id="1",dp_rank="0"}')).toBe(
+      1,
+    );
   });
 
   test("publishing past the old last seq before kvedge reconnects: rebuilt from the ring (case 1)", async () => {
@@ -87,8 +102,15 @@ describe("engine SIGKILL and restart", () => {
     await publishPast(a, oldLast, 3);
     expect((await workerView(kvedge.url, "1"))!.state).not.toBe("connected");
     await expectExactAndEqual(kvedge, "1", a);
-    expect(await metric(kvedge.url, 'kvedge_ingest_resets_total{worker_id="1",dp_rank="0"}')).toBe(1);
-    expect(await metric(kvedge.url, 'kvedge_ingest_continuity_total{worker_id="1",dp_rank="0",outcome="rebuilt"}')).toBe(1);
+    expect(await metric(kvedge.url, 'kvedge_ingest_resets_total{worker_id="1",dp_rank="0"}')).toBe(
+      1,
+    );
+    expect(
+      await metric(
+        kvedge.url,
+        'kvedge_ingest_continuity_total{worker_id="1",dp_rank="0",outcome="rebuilt"}',
+      ),
+    ).toBe(1);
   });
 
   test("without a replay endpoint, a restarted engine that published past the old seq leaves the worker degraded (case 1)", async () => {
@@ -119,7 +141,10 @@ describe("engine SIGKILL and restart", () => {
 
 describe("kvedge SIGKILL and restart, engines idle, no snapshot", () => {
   /** An idle engine with blocks, and a second kvedge started after the first was SIGKILLed. */
-  async function kvedgeRestarted(replay: boolean, salt: number): Promise<{ a: MockEngineProcess; second: ServeProcess }> {
+  async function kvedgeRestarted(
+    replay: boolean,
+    salt: number,
+  ): Promise<{ a: MockEngineProcess; second: ServeProcess }> {
     const a = await engine(replay);
     const first = await serve(a);
     await generate(a, prompts(8, 4, salt));
@@ -154,8 +179,14 @@ describe("kvedge restart with a snapshot (--state-dir)", () => {
     return started;
   }
 
-  async function serveWithState(target: MockEngineProcess, dir: string | null): Promise<ServeProcess> {
-    const started = await serveFor([workerSpec(1, target)], dir === null ? [] : ["--state-dir", dir, "--snapshot-interval-secs", "1"]);
+  async function serveWithState(
+    target: MockEngineProcess,
+    dir: string | null,
+  ): Promise<ServeProcess> {
+    const started = await serveFor(
+      [workerSpec(1, target)],
+      dir === null ? [] : ["--state-dir", dir, "--snapshot-interval-secs", "1"],
+    );
     serves.push(started);
     return started;
   }
@@ -167,7 +198,10 @@ describe("kvedge restart with a snapshot (--state-dir)", () => {
   }
 
   /** An engine past its ring's reach back to 0, and a kvedge (keeping state in `dir`) exact on it. */
-  async function caughtUp(dir: string | null, salt: number): Promise<{ a: MockEngineProcess; first: ServeProcess }> {
+  async function caughtUp(
+    dir: string | null,
+    salt: number,
+  ): Promise<{ a: MockEngineProcess; first: ServeProcess }> {
     const a = await longRunningEngine();
     const first = await serveWithState(a, dir);
     await subscribed(a);
@@ -179,15 +213,26 @@ describe("kvedge restart with a snapshot (--state-dir)", () => {
   test("SIGTERM writes a snapshot; the next kvedge loads it and catches up by replay from the saved seq, active requests kept", async () => {
     const dir = stateDir();
     const { a, first } = await caughtUp(dir, 20);
-    const route = (id: string) => fetch(`${first.url}/v1/route`, {
-      method: "POST", headers: { "content-type": "application/json" },
-      body: JSON.stringify({ request_id: id, token_ids: Array.from({ length: 40 }, (_, i) => i + 1) }),
-    });
+    const route = (id: string) =>
+      fetch(`${first.url}/v1/route`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({
+          request_id: id,
+          token_ids: Array.from({ length: 40 }, (_, i) => i + 1),
+        }),
+      });
     for (const id of ["kept-1", "kept-2", "done-3"]) expect((await route(id)).status).toBe(200);
-    expect((await fetch(`${first.url}/v1/requests/kept-2/prefill_done`, { method: "POST" })).status).toBe(200);
-    expect((await fetch(`${first.url}/v1/requests/done-3/done`, { method: "POST" })).status).toBe(200);
+    expect(
+      (await fetch(`${first.url}/v1/requests/kept-2/prefill_done`, { method: "POST" })).status,
+    ).toBe(200);
+    expect((await fetch(`${first.url}/v1/requests/done-3/done`, { method: "POST" })).status).toBe(
+      200,
+    );
     const loadOf = async (target: ServeProcess) => {
-      const { workers } = (await (await fetch(`${target.url}/v1/workers`)).json()) as { workers: Record<string, unknown>[] };
+      const { workers } = (await (await fetch(`${target.url}/v1/workers`)).json()) as {
+        workers: Record<string, unknown>[];
+      };
       const { active_requests, active_prefill_tokens, active_decode_blocks } = workers[0]!;
       return { active_requests, active_prefill_tokens, active_decode_blocks };
     };
@@ -199,9 +244,16 @@ describe("kvedge restart with a snapshot (--state-dir)", () => {
     const second = await serveWithState(a, dir);
     await second.waitForLog((line) => line.msg === "snapshot loaded");
     await expectExactAndEqual(second, "1", a);
-    expect(await metric(second.url, 'kvedge_ingest_continuity_total{worker_id="1",dp_rank="0",outcome="continued"}')).toBe(1);
+    expect(
+      await metric(
+        second.url,
+        'kvedge_ingest_continuity_total{worker_id="1",dp_rank="0",outcome="continued"}',
+      ),
+    ).toBe(1);
     expect(await loadOf(second)).toEqual(before);
-    expect((await fetch(`${second.url}/v1/requests/kept-1/done`, { method: "POST" })).status).toBe(200);
+    expect((await fetch(`${second.url}/v1/requests/kept-1/done`, { method: "POST" })).status).toBe(
+      200,
+    );
     expect((await loadOf(second)).active_requests).toBe(1);
   });
 
@@ -209,8 +261,15 @@ describe("kvedge restart with a snapshot (--state-dir)", () => {
     const dir = stateDir();
     const { a, first } = await caughtUp(dir, 22);
     const synced = performance.now();
-    await eventually(() => (statSync(join(dir, "kvedge.snapshot"), { throwIfNoEntry: false })?.mtimeMs ?? 0) > performance.timeOrigin + synced
-      ? true : undefined, 10_000, "a snapshot after the index caught up");
+    await eventually(
+      () =>
+        (statSync(join(dir, "kvedge.snapshot"), { throwIfNoEntry: false })?.mtimeMs ?? 0) >
+        performance.timeOrigin + synced
+          ? true
+          : undefined,
+      10_000,
+      "a snapshot after the index caught up",
+    );
     await killServe(first, "SIGKILL");
     const second = await serveWithState(a, dir);
     await expectExactAndEqual(second, "1", a);
@@ -230,7 +289,9 @@ describe("kvedge restart with a snapshot (--state-dir)", () => {
     writeFileSync(join(dir, "kvedge.snapshot"), "KVEDGE-SNAPSHOT\n\x01\x00\x00\x00garbage");
     const a = await engine();
     const kvedge = await serveWithState(a, dir);
-    const refused = await kvedge.waitForLog((line) => line.msg === "snapshot refused; starting empty");
+    const refused = await kvedge.waitForLog(
+      (line) => line.msg === "snapshot refused; starting empty",
+    );
     expect(String(refused.reason)).toContain("truncated");
     await subscribed(a);
     await generate(a, prompts(2, 2, 24));
@@ -259,15 +320,22 @@ describe("kvedge startup with a snapshot", () => {
   }
 
   /** Whether something accepts TCP connections on the port now. */
-  const accepts = (port: number): Promise<boolean> => new Promise((resolve) => {
-    Bun.connect({
-      hostname: "127.0.0.1", port,
-      socket: {
-        open: (socket) => { socket.end(); resolve(true); },
-        data() {}, error: () => resolve(false), connectError: () => resolve(false),
-      },
-    }).catch(() => resolve(false));
-  });
+  const accepts = (port: number): Promise<boolean> =>
+    new Promise((resolve) => {
+      Bun.connect({
+        hostname: "127.0.0.1",
+        port,
+        socket: {
+          open: (socket) => {
+            socket.end();
+            resolve(true);
+          },
+          data() {},
+          error: () => resolve(false),
+          connectError: () => resolve(false),
+        },
+      }).catch(() => resolve(false));
+    });
 
   test("the port opens once the snapshot is loaded: the first answer routes on it", async () => {
     const dir = stateDir();
@@ -279,18 +347,40 @@ describe("kvedge startup with a snapshot", () => {
       words[7 + 2 * i + 1] = i + 1;
       words[7 + 2 * blocks + 2 * i + 1] = i + 1;
     }
-    writeFileSync(join(dir, SNAPSHOT_FILE), encodeSnapshot({
-      blockSize: 16, createdAt: new Date().toISOString(), workerIds: [1n], words,
-      positions: [{ workerId: 1n, dpRank: 0, lastSeq: 41, fingerprint: 7, degraded: false }],
-    }));
+    writeFileSync(
+      join(dir, SNAPSHOT_FILE),
+      encodeSnapshot({
+        blockSize: 16,
+        createdAt: new Date().toISOString(),
+        workerIds: [1n],
+        words,
+        positions: [{ workerId: 1n, dpRank: 0, lastSeq: 41, fingerprint: 7, degraded: false }],
+      }),
+    );
     const [port, nobody] = [await freePort(), await freePort()];
     const lines: Record<string, unknown>[] = [];
-    const child = Bun.spawn([
-      kvedgeBinary(), "serve", "--port", String(port), "--log-format", "json",
-      "--warmup-routes", "0", "--state-dir", dir, "--workers", `1=tcp://127.0.0.1:${nobody}`,
-    ], {
-      stdin: "ignore", stdout: "ignore", stderr: "pipe", env: { PATH: process.env.PATH ?? "" },
-    });
+    const child = Bun.spawn(
+      [
+        kvedgeBinary(),
+        "serve",
+        "--port",
+        String(port),
+        "--log-format",
+        "json",
+        "--warmup-routes",
+        "0",
+        "--state-dir",
+        dir,
+        "--workers",
+        `1=tcp://127.0.0.1:${nobody}`,
+      ],
+      {
+        stdin: "ignore",
+        stdout: "ignore",
+        stderr: "pipe",
+        env: { PATH: process.env.PATH ?? "" },
+      },
+    );
     const reading = (async () => {
       let text = "";
       for await (const chunk of child.stderr) text += new TextDecoder().decode(chunk);

@@ -36,15 +36,25 @@ export interface MockEngineProcess {
 export async function startMockEngine(spec: MockEngineSpec = {}): Promise<MockEngineProcess> {
   const replay = spec.replayEndpoint === undefined ? "tcp://127.0.0.1:0" : spec.replayEndpoint;
   const args = [
-    "--endpoint", spec.endpoint ?? "tcp://127.0.0.1:0", "--capacity-blocks", String(spec.capacityBlocks ?? 400),
-    "--speedup", "200", "--http-port", String(spec.httpPort ?? 0),
+    "--endpoint",
+    spec.endpoint ?? "tcp://127.0.0.1:0",
+    "--capacity-blocks",
+    String(spec.capacityBlocks ?? 400),
+    "--speedup",
+    "200",
+    "--http-port",
+    String(spec.httpPort ?? 0),
     ...(replay === null ? [] : ["--replay-endpoint", replay]),
     ...(spec.bufferSteps === undefined ? [] : ["--buffer-steps", String(spec.bufferSteps)]),
   ];
   const { proc, info: line } = await spawnMockEngine(args, { PATH: process.env.PATH ?? "" });
   const httpPort = Number(new URL(line.http).port);
   return {
-    endpoint: line.endpoint, replayEndpoint: line.replay_endpoint, http: line.http, httpPort, proc,
+    endpoint: line.endpoint,
+    replayEndpoint: line.replay_endpoint,
+    http: line.http,
+    httpPort,
+    proc,
     spec: { ...spec, endpoint: line.endpoint, replayEndpoint: line.replay_endpoint, httpPort },
   };
 }
@@ -69,40 +79,65 @@ export function workerSpec(id: number, engine: MockEngineProcess): string {
 }
 
 /** `kvedge serve` for the engines, with quick reconnects unless `reconnectMs` says otherwise. */
-export async function serveFor(engines: string[], extra: string[] = [], reconnectMs = [50, 200]): Promise<ServeProcess> {
+export async function serveFor(
+  engines: string[],
+  extra: string[] = [],
+  reconnectMs = [50, 200],
+): Promise<ServeProcess> {
   return await startServe([
-    "--warmup-routes", "0", "--reconnect-min-ms", String(reconnectMs[0]), "--reconnect-max-ms", String(reconnectMs[1]),
-    "--workers", engines.join(","), ...extra,
+    "--warmup-routes",
+    "0",
+    "--reconnect-min-ms",
+    String(reconnectMs[0]),
+    "--reconnect-max-ms",
+    String(reconnectMs[1]),
+    "--workers",
+    engines.join(","),
+    ...extra,
   ]);
 }
 
 /** Waits until `count` subscribers are attached to the engine's PUB (earlier batches would miss them). */
 export async function subscribed(engine: MockEngineProcess, count = 1): Promise<void> {
-  await eventually(async () => {
-    const stats = (await (await fetch(`${engine.http}/v1/stats`)).json()) as Json;
-    return stats.publisher.subscribers >= count ? true : undefined;
-  }, 15_000, "kvedge subscribed to the engine");
+  await eventually(
+    async () => {
+      const stats = (await (await fetch(`${engine.http}/v1/stats`)).json()) as Json;
+      return stats.publisher.subscribers >= count ? true : undefined;
+    },
+    15_000,
+    "kvedge subscribed to the engine",
+  );
 }
 
 /** Distinct prompts of `blocks` full blocks of 16 tokens, the first `shared` blocks common to all. */
 export function prompts(count: number, blocks: number, salt: number, shared = 1): number[][] {
-  return Array.from({ length: count }, (_, i) => Array.from({ length: blocks * 16 }, (_, t) =>
-    t < shared * 16 ? 1 + t : 1000 + salt * 100_000 + i * 1000 + t));
+  return Array.from({ length: count }, (_, i) =>
+    Array.from({ length: blocks * 16 }, (_, t) =>
+      t < shared * 16 ? 1 + t : 1000 + salt * 100_000 + i * 1000 + t,
+    ),
+  );
 }
 
 /** Runs every prompt on the engine (a few output tokens each) and waits for all to finish. */
 export async function generate(engine: MockEngineProcess, all: number[][]): Promise<void> {
-  await Promise.all(all.map(async (tokens) => {
-    const response = await fetch(`${engine.http}/v1/generate`, {
-      method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ token_ids: tokens, max_tokens: 4 }),
-    });
-    if (response.status !== 200) throw new Error(`generate: ${response.status} ${await response.text()}`);
-    await response.arrayBuffer();
-  }));
+  await Promise.all(
+    all.map(async (tokens) => {
+      const response = await fetch(`${engine.http}/v1/generate`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ token_ids: tokens, max_tokens: 4 }),
+      });
+      if (response.status !== 200)
+        throw new Error(`generate: ${response.status} ${await response.text()}`);
+      await response.arrayBuffer();
+    }),
+  );
 }
 
 /** What the engine really caches now. */
-export async function engineCache(engine: MockEngineProcess): Promise<{ lastSeq: number; blocks: Set<string> }> {
+export async function engineCache(
+  engine: MockEngineProcess,
+): Promise<{ lastSeq: number; blocks: Set<string> }> {
   const body = (await (await fetch(`${engine.http}/v1/cache`)).json()) as Json;
   return { lastSeq: body.last_seq, blocks: new Set(body.block_hashes as string[]) };
 }
@@ -115,7 +150,7 @@ export async function indexHeld(url: string): Promise<Map<string, Set<string>>> 
     if (line.trim() === "") continue;
     const op = JSON.parse(line) as Json;
     let blocks = held.get(op.worker_id);
-    if (blocks === undefined) held.set(op.worker_id, blocks = new Set());
+    if (blocks === undefined) held.set(op.worker_id, (blocks = new Set()));
     if (op.op === "stored") for (const hash of op.block_hashes) blocks.add(hash);
     else if (op.op === "removed") for (const hash of op.block_hashes) blocks.delete(hash);
     else if (op.op === "cleared") blocks.clear();
@@ -134,12 +169,22 @@ const sorted = (set: Set<string> | undefined) => [...(set ?? [])].sort();
  * Waits until the worker is connected, not degraded, and has applied the engine's last
  * batch, then asserts its indexed blocks equal the engine's cache exactly.
  */
-export async function expectExactAndEqual(serve: ServeProcess, id: string, engine: MockEngineProcess): Promise<void> {
+export async function expectExactAndEqual(
+  serve: ServeProcess,
+  id: string,
+  engine: MockEngineProcess,
+): Promise<void> {
   const truth = await engineCache(engine);
-  await eventually(async () => {
-    const worker = await workerView(serve.url, id);
-    return worker?.state === "connected" && !worker.degraded && worker.last_seq === truth.lastSeq ? true : undefined;
-  }, 15_000, `worker ${id} exact at seq ${truth.lastSeq}`);
+  await eventually(
+    async () => {
+      const worker = await workerView(serve.url, id);
+      return worker?.state === "connected" && !worker.degraded && worker.last_seq === truth.lastSeq
+        ? true
+        : undefined;
+    },
+    15_000,
+    `worker ${id} exact at seq ${truth.lastSeq}`,
+  );
   const held = await indexHeld(serve.url);
   expect(sorted(held.get(id))).toEqual(sorted(truth.blocks));
 }
@@ -172,16 +217,27 @@ export async function settled(serve: ServeProcess, id: string): Promise<Json> {
  * again and has decided, the worker is degraded, or equal to the engine (never
  * stale-but-exact).
  */
-export async function expectEqualOrDegraded(serve: ServeProcess, id: string, engine: MockEngineProcess): Promise<Json> {
+export async function expectEqualOrDegraded(
+  serve: ServeProcess,
+  id: string,
+  engine: MockEngineProcess,
+): Promise<Json> {
   await subscribed(engine);
   const truth = await engineCache(engine);
-  return await eventually(async () => {
-    const worker = await settledView(serve.url, id);
-    if (worker === undefined) return undefined;
-    if (worker.degraded) return worker;
-    const held = await indexHeld(serve.url);
-    return worker.last_seq === truth.lastSeq && sorted(held.get(id)).join() === sorted(truth.blocks).join() ? worker : undefined;
-  }, 15_000, `worker ${id} equal to its engine or degraded`);
+  return await eventually(
+    async () => {
+      const worker = await settledView(serve.url, id);
+      if (worker === undefined) return undefined;
+      if (worker.degraded) return worker;
+      const held = await indexHeld(serve.url);
+      return worker.last_seq === truth.lastSeq &&
+        sorted(held.get(id)).join() === sorted(truth.blocks).join()
+        ? worker
+        : undefined;
+    },
+    15_000,
+    `worker ${id} equal to its engine or degraded`,
+  );
 }
 
 /** Metric value of one series (first line starting with `series`), or NaN. */

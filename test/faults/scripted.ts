@@ -37,13 +37,19 @@ export class ScriptedEngine {
   }
 
   /** Publishes one batch under `seq`; `lose` keeps it off the wire; `bogus` keeps it out of the truth and the ring. */
-  publish(seq: bigint, events: readonly KvEvent[], options: { lose?: boolean; bogus?: boolean } = {}): void {
+  publish(
+    seq: bigint,
+    events: readonly KvEvent[],
+    options: { lose?: boolean; bogus?: boolean } = {},
+  ): void {
     const payload = encodeKvBatch({ ts: Date.now() / 1000, events }, { form: "array" });
     if (options.bogus !== true) {
       this.ring.push({ seq, payload });
       for (const event of events) {
-        if (event.type === "BlockStored") for (const hash of event.blockHashes) this.truth.add(String(hash));
-        else if (event.type === "BlockRemoved") for (const hash of event.blockHashes) this.truth.delete(String(hash));
+        if (event.type === "BlockStored")
+          for (const hash of event.blockHashes) this.truth.add(String(hash));
+        else if (event.type === "BlockRemoved")
+          for (const hash of event.blockHashes) this.truth.delete(String(hash));
         else this.truth.clear();
       }
     }
@@ -63,12 +69,19 @@ export class ScriptedEngine {
     }
     if (this.mode === "endless") {
       // Keeps resending its first batch and never sends the end marker.
-      const first = this.ring[0] ?? { seq: 0n, payload: encodeKvBatch({ ts: 0, events: [] }, { form: "array" }) };
-      const timer = setInterval(() => this.router.send(identity, [EMPTY, EMPTY, seqFrame(first.seq), first.payload]), 5);
+      const first = this.ring[0] ?? {
+        seq: 0n,
+        payload: encodeKvBatch({ ts: 0, events: [] }, { form: "array" }),
+      };
+      const timer = setInterval(
+        () => this.router.send(identity, [EMPTY, EMPTY, seqFrame(first.seq), first.payload]),
+        5,
+      );
       this.timers.add(timer);
       return;
     }
-    for (const batch of this.ring) this.router.send(identity, [EMPTY, EMPTY, seqFrame(batch.seq), batch.payload]);
+    for (const batch of this.ring)
+      this.router.send(identity, [EMPTY, EMPTY, seqFrame(batch.seq), batch.payload]);
     this.router.send(identity, [EMPTY, EMPTY, END, EMPTY]);
   }
 

@@ -19,7 +19,12 @@ afterEach(async () => {
 });
 
 /** A one-block store whose hash and tokens are derived from `n`. */
-const block = (n: number): KvEvent => stored([BigInt(1000 + n)], Array.from({ length: BS }, (_, t) => n * 100 + t + 1), BS);
+const block = (n: number): KvEvent =>
+  stored(
+    [BigInt(1000 + n)],
+    Array.from({ length: BS }, (_, t) => n * 100 + t + 1),
+    BS,
+  );
 
 /** A store of `blocks` chained blocks (a big batch), hashes from `base`. */
 function bigStore(base: number, blocks: number): KvEvent {
@@ -28,7 +33,10 @@ function bigStore(base: number, blocks: number): KvEvent {
   return stored(hashes, tokens, BS);
 }
 
-async function setup(mode: ReplayMode, env: Record<string, string> = {}): Promise<{ engine: ScriptedEngine; serve: ServeProcess }> {
+async function setup(
+  mode: ReplayMode,
+  env: Record<string, string> = {},
+): Promise<{ engine: ScriptedEngine; serve: ServeProcess }> {
   const engine = await new ScriptedEngine().start();
   engine.mode = mode;
   cleanups.push(() => engine.stop());
@@ -57,21 +65,37 @@ describe("replay servers that misbehave", () => {
     engine.publish(3n, [block(3)]);
     // Seq 1 can't be recovered (the replay never ends): its block is missing, and kvedge says so.
     const want = sorted(new Set(["1000", "1002", "1003"]));
-    await eventually(async () => ((await held(serve)).join() === want.join() ? true : undefined), 15_000, "live blocks indexed");
+    await eventually(
+      async () => ((await held(serve)).join() === want.join() ? true : undefined),
+      15_000,
+      "live blocks indexed",
+    );
     const worker = await workerView(serve.url, "1");
     expect(worker).toMatchObject({ degraded: true, lost_batches: 1, last_seq: 3 });
-    expect(await metric(serve.url, 'kvedge_ingest_replays_total{worker_id="1",dp_rank="0",result="failed"}')).toBeGreaterThanOrEqual(1);
+    expect(
+      await metric(
+        serve.url,
+        'kvedge_ingest_replays_total{worker_id="1",dp_rank="0",result="failed"}',
+      ),
+    ).toBeGreaterThanOrEqual(1);
   });
 
   test("live batches held during a replay are capped in bytes; what is dropped is counted lost (case 7)", async () => {
     const { engine, serve } = await setup("endless", { KVEDGE_REPLAY_BUFFER_BYTES: "1048576" });
     // 8 batches of ~300 KB each while the connect probe hangs: about 3 fit in 1 MiB.
     for (let i = 0; i < 8; i++) engine.publish(BigInt(i), [bigStore(1_000_000 * (i + 1), 4000)]);
-    const worker = await eventually(async () => {
-      const w = await workerView(serve.url, "1");
-      return w?.last_seq === 7 ? w : undefined;
-    }, 15_000, "every batch applied or counted lost");
-    const dropped = await metric(serve.url, 'kvedge_ingest_replay_buffer_dropped_total{worker_id="1",dp_rank="0"}');
+    const worker = await eventually(
+      async () => {
+        const w = await workerView(serve.url, "1");
+        return w?.last_seq === 7 ? w : undefined;
+      },
+      15_000,
+      "every batch applied or counted lost",
+    );
+    const dropped = await metric(
+      serve.url,
+      'kvedge_ingest_replay_buffer_dropped_total{worker_id="1",dp_rank="0"}',
+    );
     expect(dropped).toBeGreaterThanOrEqual(4);
     expect(worker.degraded).toBe(true);
     expect(worker.lost_batches).toBe(dropped);
@@ -81,10 +105,14 @@ describe("replay servers that misbehave", () => {
     test(`a ${mode} replay server fails the probe; live batches from 0 still make the worker exact and equal`, async () => {
       const { engine, serve } = await setup(mode);
       for (let i = 0; i < 4; i++) engine.publish(BigInt(i), [block(i)]);
-      await eventually(async () => {
-        const w = await workerView(serve.url, "1");
-        return w?.last_seq === 3 && !w.degraded ? true : undefined;
-      }, 15_000, "worker exact at seq 3");
+      await eventually(
+        async () => {
+          const w = await workerView(serve.url, "1");
+          return w?.last_seq === 3 && !w.degraded ? true : undefined;
+        },
+        15_000,
+        "worker exact at seq 3",
+      );
       expect(await held(serve)).toEqual(sorted(engine.truth));
     });
   }
@@ -94,14 +122,24 @@ describe("sequence jumps", () => {
   test("one stray batch with seq 2^53 - 1: one batch counted lost, nothing cleared (case 10)", async () => {
     const { engine, serve } = await setup("good");
     for (let i = 0; i < 3; i++) engine.publish(BigInt(i), [block(i)]);
-    await eventually(async () => ((await workerView(serve.url, "1"))?.last_seq === 2 ? true : undefined), 15_000, "seq 2");
+    await eventually(
+      async () => ((await workerView(serve.url, "1"))?.last_seq === 2 ? true : undefined),
+      15_000,
+      "seq 2",
+    );
     engine.publish(2n ** 53n - 1n, [block(99)], { bogus: true });
     engine.publish(3n, [block(3)]);
     engine.publish(4n, [block(4)]);
-    await eventually(async () => ((await workerView(serve.url, "1"))?.last_seq === 4 ? true : undefined), 15_000, "seq 4");
+    await eventually(
+      async () => ((await workerView(serve.url, "1"))?.last_seq === 4 ? true : undefined),
+      15_000,
+      "seq 4",
+    );
     expect(await held(serve)).toEqual(sorted(engine.truth));
     const worker = await workerView(serve.url, "1");
     expect(worker).toMatchObject({ lost_batches: 1, blocks: 5 });
-    expect(await metric(serve.url, 'kvedge_ingest_resets_total{worker_id="1",dp_rank="0"}')).toBe(0);
+    expect(await metric(serve.url, 'kvedge_ingest_resets_total{worker_id="1",dp_rank="0"}')).toBe(
+      0,
+    );
   });
 });

@@ -17,7 +17,16 @@ import { chainHashes } from "../../src/hash";
 import { applyOp } from "../../src/index/apply";
 import { ReferenceIndex } from "../../src/index/reference/reference";
 import { type IndexOptions, type KvIndex, MatchResult } from "../../src/index/types";
-import { applyHarnessOp, applyLine, generateStream, type HarnessOp, matchLine, pairs, type Stream, type StreamOptions } from "./streams";
+import {
+  applyHarnessOp,
+  applyLine,
+  generateStream,
+  type HarnessOp,
+  matchLine,
+  pairs,
+  type Stream,
+  type StreamOptions,
+} from "./streams";
 
 /** A backend under test: one line registers it (see test/index/differential.test.ts). */
 export interface HarnessBackend {
@@ -53,7 +62,10 @@ export const knobs = {
 
 /** `sequence`: pass the query's sequence hashes, as a route does (else the index makes them). */
 function matches(
-  index: KvIndex, query: readonly bigint[], out: MatchResult, sequence = false,
+  index: KvIndex,
+  query: readonly bigint[],
+  out: MatchResult,
+  sequence = false,
 ): string {
   const local = pairs(query);
   if (sequence) {
@@ -63,7 +75,9 @@ function matches(
   } else index.findMatches(local, query.length, out);
   const scores: string[] = [];
   for (let i = 0; i < out.count; i++) {
-    scores.push(`${index.workerIdOf(out.workers[i]!)}/${index.dpRankOf(out.workers[i]!)}=${out.blocks[i]}`);
+    scores.push(
+      `${index.workerIdOf(out.workers[i]!)}/${index.dpRankOf(out.workers[i]!)}=${out.blocks[i]}`,
+    );
   }
   return scores.sort().join(" ");
 }
@@ -74,9 +88,14 @@ function workerIds(ops: readonly HarnessOp[]): bigint[] {
 
 /** Replays `stream` into the reference and `backend`; the first difference, or null. */
 export function replay(
-  stream: Pick<Stream, "ops" | "queries">, backend: HarnessBackend, options: ReplayOptions = {},
+  stream: Pick<Stream, "ops" | "queries">,
+  backend: HarnessBackend,
+  options: ReplayOptions = {},
 ): Divergence | null {
-  const indexOptions: IndexOptions = { verify: options.verify ?? false, maxWorkers: options.maxWorkers ?? 65_536 };
+  const indexOptions: IndexOptions = {
+    verify: options.verify ?? false,
+    maxWorkers: options.maxWorkers ?? 65_536,
+  };
   const oracle = new ReferenceIndex(1, indexOptions);
   let subject: KvIndex;
   try {
@@ -107,7 +126,10 @@ export function replay(
       if (want !== got) return { step, message: `outcome of ${op.kind}: want ${want} got ${got}` };
       const counters = JSON.stringify(subject.counters);
       if (counters !== JSON.stringify(oracle.counters)) {
-        return { step, message: `counters: want ${JSON.stringify(oracle.counters)} got ${counters}` };
+        return {
+          step,
+          message: `counters: want ${JSON.stringify(oracle.counters)} got ${counters}`,
+        };
       }
       const a = oracle.stats();
       const b = subject.stats();
@@ -123,7 +145,8 @@ export function replay(
       const divergence = compareQuery(step, query);
       if (divergence !== null) return divergence;
     }
-    if (options.finalChecks ?? true) return finalChecks(stream, backend, oracle, subject, indexOptions);
+    if (options.finalChecks ?? true)
+      return finalChecks(stream, backend, oracle, subject, indexOptions);
   } catch (error) {
     const message = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
     const where = step < stream.ops.length ? "" : " (end-of-stream checks)";
@@ -133,7 +156,10 @@ export function replay(
 }
 
 function finalChecks(
-  stream: Pick<Stream, "ops" | "queries">, backend: HarnessBackend, oracle: ReferenceIndex, subject: KvIndex,
+  stream: Pick<Stream, "ops" | "queries">,
+  backend: HarnessBackend,
+  oracle: ReferenceIndex,
+  subject: KvIndex,
   indexOptions: IndexOptions,
 ): Divergence | null {
   const end = stream.ops.length;
@@ -144,7 +170,10 @@ function finalChecks(
   for (const event of dump) applyOp(restored, JSON.parse(JSON.stringify(event)));
   const want = oracle.canonical().join("\n");
   if (restored.canonical().join("\n") !== want) {
-    return { step: end, message: `dump does not restore the index:\n${dump.map((e) => JSON.stringify(e)).join("\n")}` };
+    return {
+      step: end,
+      message: `dump does not restore the index:\n${dump.map((e) => JSON.stringify(e)).join("\n")}`,
+    };
   }
   // ... and into a fresh instance of the backend itself.
   const again = backend.create(indexOptions);
@@ -155,16 +184,30 @@ function finalChecks(
       return { step: end, message: `restored ${backend.name} differs on query ${query.join(",")}` };
     }
   }
-  if (again.stats().blocks !== oracle.stats().blocks) return { step: end, message: "restored index holds other blocks" };
+  if (again.stats().blocks !== oracle.stats().blocks)
+    return { step: end, message: "restored index holds other blocks" };
   // Removing every worker leaves nothing behind, down to the bytes of a fresh index.
   const fresh = backend.create(indexOptions).stats().bytes;
   for (const workerId of workerIds(stream.ops)) subject.removeWorker(workerId);
   subject.verify();
   const stats = subject.stats();
-  if (stats.workers !== 0 || stats.blocks !== 0 || stats.nodes !== 0 || stats.lookupEntries !== 0 || stats.edgeWords !== 0) {
-    return { step: end, message: `not empty after removing every worker: ${JSON.stringify(stats)}` };
+  if (
+    stats.workers !== 0 ||
+    stats.blocks !== 0 ||
+    stats.nodes !== 0 ||
+    stats.lookupEntries !== 0 ||
+    stats.edgeWords !== 0
+  ) {
+    return {
+      step: end,
+      message: `not empty after removing every worker: ${JSON.stringify(stats)}`,
+    };
   }
-  if (stats.bytes !== fresh) return { step: end, message: `bytes after removing every worker: ${stats.bytes}, fresh: ${fresh}` };
+  if (stats.bytes !== fresh)
+    return {
+      step: end,
+      message: `bytes after removing every worker: ${stats.bytes}, fresh: ${fresh}`,
+    };
   return null;
 }
 
@@ -173,7 +216,9 @@ function finalChecks(
  * still fails); `budget` bounds the replays.
  */
 export function shrink(
-  stream: Pick<Stream, "ops" | "queries">, fails: (ops: HarnessOp[]) => boolean, budget = 3000,
+  stream: Pick<Stream, "ops" | "queries">,
+  fails: (ops: HarnessOp[]) => boolean,
+  budget = 3000,
 ): HarnessOp[] {
   let ops = stream.ops;
   let chunk = Math.max(1, ops.length >> 1);
@@ -199,13 +244,19 @@ export function shrink(
 
 /** Generates, replays and (on failure) shrinks one seed; returns a report or null. */
 export function checkSeed(
-  seed: number, backend: HarnessBackend, streamOptions: StreamOptions, replayOptions: ReplayOptions = {},
+  seed: number,
+  backend: HarnessBackend,
+  streamOptions: StreamOptions,
+  replayOptions: ReplayOptions = {},
 ): string | null {
   const stream = generateStream(seed, streamOptions);
   const options = { ...replayOptions, maxWorkers: streamOptions.maxWorkers };
   const divergence = replay(stream, backend, options);
   if (divergence === null) return null;
-  const small = shrink(stream, (ops) => replay({ ops, queries: stream.queries }, backend, options) !== null);
+  const small = shrink(
+    stream,
+    (ops) => replay({ ops, queries: stream.queries }, backend, options) !== null,
+  );
   const last = replay({ ops: small, queries: stream.queries }, backend, options);
   const lines = [
     `${backend.name} diverges from the reference on seed ${seed} (KVEDGE_SEED=${seed} to rerun, KVEDGE_TRACE=1 to trace)`,

@@ -18,7 +18,14 @@ import { ReferenceIndex } from "../../src/index/reference/reference";
 import type { KvIndex } from "../../src/index/types";
 
 export type HarnessOp =
-  | { kind: "stored"; worker: bigint; rank: number; parent: bigint | null; external: bigint[]; local: bigint[] }
+  | {
+      kind: "stored";
+      worker: bigint;
+      rank: number;
+      parent: bigint | null;
+      external: bigint[];
+      local: bigint[];
+    }
   | { kind: "removed"; worker: bigint; rank: number; external: bigint[] }
   | { kind: "cleared"; worker: bigint; rank: number }
   | { kind: "remove_worker"; worker: bigint };
@@ -71,7 +78,9 @@ export class Random {
   }
 
   u64(): bigint {
-    return (BigInt(Math.floor(this.next() * 2 ** 32)) << 32n) | BigInt(Math.floor(this.next() * 2 ** 32));
+    return (
+      (BigInt(Math.floor(this.next() * 2 ** 32)) << 32n) | BigInt(Math.floor(this.next() * 2 ** 32))
+    );
   }
 }
 
@@ -114,7 +123,11 @@ export function generateStream(seed: number, options: StreamOptions): Stream {
     const key = `${worker.engine}${doc.keys[length - 1]}`;
     let hash = cache.get(key);
     if (hash === undefined) {
-      hash = nextExternal(worker.engine, length === 1 ? 0n : externalOf(worker, doc, length - 1), doc.local[length - 1]!);
+      hash = nextExternal(
+        worker.engine,
+        length === 1 ? 0n : externalOf(worker, doc, length - 1),
+        doc.local[length - 1]!,
+      );
       cache.set(key, hash);
     }
     return hash;
@@ -127,12 +140,21 @@ export function generateStream(seed: number, options: StreamOptions): Stream {
     else if (roll < 0.84) op = removeOp(random, worker, docs, oracle, externalOf);
     else if (roll < 0.89) op = { kind: "cleared", worker: worker.id, rank: worker.rank };
     else if (roll < 0.93) op = { kind: "remove_worker", worker: worker.id };
-    else if (options.conflicts && roll < 0.97) op = conflictOp(random, worker, docs, oracle, externalOf);
+    else if (options.conflicts && roll < 0.97)
+      op = conflictOp(random, worker, docs, oracle, externalOf);
     else op = storeOp(random, worker, docs, oracle, externalOf);
     applyHarnessOp(oracle, op);
     ops.push(op);
   }
-  return { seed, ops, queries: makeQueries(random, docs.map((doc) => doc.local), alphabet) };
+  return {
+    seed,
+    ops,
+    queries: makeQueries(
+      random,
+      docs.map((doc) => doc.local),
+      alphabet,
+    ),
+  };
 }
 
 function makeDocuments(random: Random, alphabet: readonly bigint[]): bigint[][] {
@@ -159,14 +181,21 @@ function makeWorkers(random: Random, many: boolean): WorkerSpec[] {
     const id = random.chance(0.3) ? (1n << 63n) + BigInt(w) : BigInt(w + 1);
     const engine = random.chance(0.5) ? engines[0]! : random.pick(engines);
     const ranks = 1 + random.int(3);
-    for (let rank = 0; rank < ranks; rank++) workers.push({ id, rank: rank === 0 ? 0 : rank * 7, engine });
+    for (let rank = 0; rank < ranks; rank++)
+      workers.push({ id, rank: rank === 0 ? 0 : rank * 7, engine });
   }
   return workers;
 }
 
 type ExternalOf = (worker: WorkerSpec, doc: Doc, length: number) => bigint;
 
-function storeOp(random: Random, worker: WorkerSpec, docs: Doc[], oracle: ReferenceIndex, externalOf: ExternalOf): HarnessOp {
+function storeOp(
+  random: Random,
+  worker: WorkerSpec,
+  docs: Doc[],
+  oracle: ReferenceIndex,
+  externalOf: ExternalOf,
+): HarnessOp {
   const doc = random.pick(docs);
   const length = doc.local.length;
   const held = oracle.heldPaths(worker.id, worker.rank);
@@ -183,7 +212,13 @@ function storeOp(random: Random, worker: WorkerSpec, docs: Doc[], oracle: Refere
   return { kind: "stored", worker: worker.id, rank: worker.rank, parent, external, local };
 }
 
-function removeOp(random: Random, worker: WorkerSpec, docs: Doc[], oracle: ReferenceIndex, externalOf: ExternalOf): HarnessOp {
+function removeOp(
+  random: Random,
+  worker: WorkerSpec,
+  docs: Doc[],
+  oracle: ReferenceIndex,
+  externalOf: ExternalOf,
+): HarnessOp {
   const held = [...oracle.heldPaths(worker.id, worker.rank).values()];
   let external: bigint[] = [];
   const mode = random.int(5);
@@ -197,9 +232,11 @@ function removeOp(random: Random, worker: WorkerSpec, docs: Doc[], oracle: Refer
     const doc = random.pick(docs);
     const heldPaths = oracle.heldPaths(worker.id, worker.rank);
     const onDoc: bigint[] = [];
-    for (let j = 1; j <= doc.local.length; j++) if (heldPaths.has(doc.keys[j - 1]!)) onDoc.push(externalOf(worker, doc, j));
+    for (let j = 1; j <= doc.local.length; j++)
+      if (heldPaths.has(doc.keys[j - 1]!)) onDoc.push(externalOf(worker, doc, j));
     const count = onDoc.length === 0 ? 0 : 1 + random.int(onDoc.length);
-    external = mode === 2 ? onDoc.slice(0, count) : mode === 3 ? onDoc.slice(onDoc.length - count) : onDoc;
+    external =
+      mode === 2 ? onDoc.slice(0, count) : mode === 3 ? onDoc.slice(onDoc.length - count) : onDoc;
     if (random.chance(0.5)) external.reverse();
   }
   if (external.length === 0 || random.chance(0.15)) external.push(random.u64()); // unknown hash
@@ -207,7 +244,13 @@ function removeOp(random: Random, worker: WorkerSpec, docs: Doc[], oracle: Refer
 }
 
 /** A store that breaks the engine-hash invariant: a reused hash or a renamed block. */
-function conflictOp(random: Random, worker: WorkerSpec, docs: Doc[], oracle: ReferenceIndex, externalOf: ExternalOf): HarnessOp {
+function conflictOp(
+  random: Random,
+  worker: WorkerSpec,
+  docs: Doc[],
+  oracle: ReferenceIndex,
+  externalOf: ExternalOf,
+): HarnessOp {
   const op = storeOp(random, worker, docs, oracle, externalOf);
   if (op.kind !== "stored") return op;
   const held = [...oracle.heldPaths(worker.id, worker.rank).values()];
@@ -249,29 +292,51 @@ export function applyHarnessOp(index: KvIndex, op: HarnessOp): number {
     case "stored": {
       const parent = op.parent ?? 0n;
       return index.applyStored(
-        op.worker, op.rank, op.parent !== null, Number(parent >> 32n), Number(parent & 0xffff_ffffn),
-        pairs(op.external), pairs(op.local), op.local.length,
+        op.worker,
+        op.rank,
+        op.parent !== null,
+        Number(parent >> 32n),
+        Number(parent & 0xffff_ffffn),
+        pairs(op.external),
+        pairs(op.local),
+        op.local.length,
       );
     }
-    case "removed": return index.applyRemoved(op.worker, op.rank, pairs(op.external), op.external.length);
-    case "cleared": index.applyCleared(op.worker, op.rank); return 0;
-    case "remove_worker": index.removeWorker(op.worker); return 0;
+    case "removed":
+      return index.applyRemoved(op.worker, op.rank, pairs(op.external), op.external.length);
+    case "cleared":
+      index.applyCleared(op.worker, op.rank);
+      return 0;
+    case "remove_worker":
+      index.removeWorker(op.worker);
+      return 0;
   }
 }
 
 /** The op as a `kvedge apply` JSON line (block size 1, local hashes given). */
 export function applyLine(op: HarnessOp): string {
   switch (op.kind) {
-    case "stored": return JSON.stringify({
-      op: "stored", worker_id: String(op.worker), dp_rank: op.rank,
-      parent_block_hash: op.parent === null ? null : String(op.parent),
-      block_hashes: op.external.map(String), local_hashes: op.local.map(String), block_size: 1,
-    });
-    case "removed": return JSON.stringify({
-      op: "removed", worker_id: String(op.worker), dp_rank: op.rank, block_hashes: op.external.map(String),
-    });
-    case "cleared": return JSON.stringify({ op: "cleared", worker_id: String(op.worker), dp_rank: op.rank });
-    case "remove_worker": return JSON.stringify({ op: "remove_worker", worker_id: String(op.worker) });
+    case "stored":
+      return JSON.stringify({
+        op: "stored",
+        worker_id: String(op.worker),
+        dp_rank: op.rank,
+        parent_block_hash: op.parent === null ? null : String(op.parent),
+        block_hashes: op.external.map(String),
+        local_hashes: op.local.map(String),
+        block_size: 1,
+      });
+    case "removed":
+      return JSON.stringify({
+        op: "removed",
+        worker_id: String(op.worker),
+        dp_rank: op.rank,
+        block_hashes: op.external.map(String),
+      });
+    case "cleared":
+      return JSON.stringify({ op: "cleared", worker_id: String(op.worker), dp_rank: op.rank });
+    case "remove_worker":
+      return JSON.stringify({ op: "remove_worker", worker_id: String(op.worker) });
   }
 }
 

@@ -26,19 +26,48 @@ interface Variant {
 
 const VARIANTS: readonly Variant[] = [
   { name: "event streams", share: 1, seedBase: 0, stream: {}, replay: {} },
-  { name: "streams that break the engine-hash invariant", share: 0.25, seedBase: 1_000_000, stream: { conflicts: true }, replay: {} },
-  { name: "three worker slots (capacity rejects)", share: 0.2, seedBase: 2_000_000, stream: { maxWorkers: 3 }, replay: {} },
-  { name: "8 to 40 workers (long owner lists)", share: 0.2, seedBase: 4_000_000, stream: { manyWorkers: true }, replay: {} },
-  { name: "verify() after every event", share: 0.1, seedBase: 3_000_000, stream: { conflicts: true }, replay: { verify: true } },
+  {
+    name: "streams that break the engine-hash invariant",
+    share: 0.25,
+    seedBase: 1_000_000,
+    stream: { conflicts: true },
+    replay: {},
+  },
+  {
+    name: "three worker slots (capacity rejects)",
+    share: 0.2,
+    seedBase: 2_000_000,
+    stream: { maxWorkers: 3 },
+    replay: {},
+  },
+  {
+    name: "8 to 40 workers (long owner lists)",
+    share: 0.2,
+    seedBase: 4_000_000,
+    stream: { manyWorkers: true },
+    replay: {},
+  },
+  {
+    name: "verify() after every event",
+    share: 0.1,
+    seedBase: 3_000_000,
+    stream: { conflicts: true },
+    replay: { verify: true },
+  },
 ];
 
 function runSeeds(backend: HarnessBackend, variant: Variant, from: number, to: number): void {
   const reports: string[] = [];
   for (let seed = from; seed < to; seed++) {
-    const report = checkSeed(seed, backend, { ...variant.stream, steps: knobs.steps }, {
-      ...variant.replay,
-      verify: variant.replay.verify || knobs.verifyAll,
-    });
+    const report = checkSeed(
+      seed,
+      backend,
+      { ...variant.stream, steps: knobs.steps },
+      {
+        ...variant.replay,
+        verify: variant.replay.verify || knobs.verifyAll,
+      },
+    );
     if (report !== null) reports.push(report);
     if (reports.length >= 3) break;
   }
@@ -51,9 +80,16 @@ export function differentialSuite(backend: HarnessBackend): void {
       const seed = knobs.seed;
       test(`seed ${seed}`, () => {
         for (const variant of VARIANTS) {
-          const report = checkSeed(seed, backend, { ...variant.stream, steps: knobs.steps }, {
-            ...variant.replay, verify: true, trace: knobs.trace,
-          });
+          const report = checkSeed(
+            seed,
+            backend,
+            { ...variant.stream, steps: knobs.steps },
+            {
+              ...variant.replay,
+              verify: true,
+              trace: knobs.trace,
+            },
+          );
           expect(report ?? "").toBe("");
         }
       });

@@ -7,8 +7,15 @@ import { createIndex } from "../../src/index/index";
 import { hashTokens } from "../../src/hash";
 
 const stored = (extra: Record<string, unknown> = {}) => ({
-  op: "stored", worker_id: "7", dp_rank: 0, parent_block_hash: null, block_hashes: ["11", "12"],
-  token_ids: [1, 2, 3, 4, 5, 6, 7, 8], block_size: 4, lora_name: null, ...extra,
+  op: "stored",
+  worker_id: "7",
+  dp_rank: 0,
+  parent_block_hash: null,
+  block_hashes: ["11", "12"],
+  token_ids: [1, 2, 3, 4, 5, 6, 7, 8],
+  block_size: 4,
+  lora_name: null,
+  ...extra,
 });
 
 describe("applyOp", () => {
@@ -18,13 +25,22 @@ describe("applyOp", () => {
     ["op must be one of", { op: "nope" }],
     ["worker_id is missing", { ...stored(), worker_id: undefined }],
     ["worker_id must be an unsigned 64-bit integer", { ...stored(), worker_id: "-1" }],
-    ["worker_id must be an unsigned 64-bit integer", { ...stored(), worker_id: "18446744073709551616" }],
+    [
+      "worker_id must be an unsigned 64-bit integer",
+      { ...stored(), worker_id: "18446744073709551616" },
+    ],
     ["worker_id must be an unsigned 64-bit integer", { ...stored(), worker_id: 2 ** 53 }],
     ["dp_rank must be an integer in [0, 2^32)", { ...stored(), dp_rank: -1 }],
     ["dp_rank must be an integer in [0, 2^32)", { ...stored(), dp_rank: "0" }],
-    ["parent_block_hash must be null or an unsigned 64-bit integer", { ...stored(), parent_block_hash: "0x10" }],
+    [
+      "parent_block_hash must be null or an unsigned 64-bit integer",
+      { ...stored(), parent_block_hash: "0x10" },
+    ],
     ["block_hashes must be an array", { ...stored(), block_hashes: "11" }],
-    ["block_hashes[1] must be an unsigned 64-bit integer", { ...stored(), block_hashes: ["11", 1.5] }],
+    [
+      "block_hashes[1] must be an unsigned 64-bit integer",
+      { ...stored(), block_hashes: ["11", 1.5] },
+    ],
     ["token_ids[1] must be an integer in [0, 2^32)", { ...stored(), token_ids: [1, -2] }],
     ["give exactly one of token_ids and local_hashes", { ...stored(), local_hashes: ["1", "2"] }],
     ["give exactly one of token_ids and local_hashes", { ...stored(), token_ids: undefined }],
@@ -52,12 +68,21 @@ describe("applyOp", () => {
     applyOp(index, stored({ lora_name: "my-lora", cache_salt: "tenant-a" }));
     const { local } = hashTokens(tokens, 4, { loraName: "my-lora", cacheSalt: "tenant-a" });
     expect(applyOp(index, { op: "match", local_hashes: local.map(String) })).toEqual({
-      op: "match", scores: [{ worker_id: "7", dp_rank: 0, blocks: 2 }],
+      op: "match",
+      scores: [{ worker_id: "7", dp_rank: 0, blocks: 2 }],
     });
     expect(applyOp(index, { op: "match", token_ids: tokens })!.op).toBe("match");
-    expect((applyOp(index, { op: "match", token_ids: tokens }) as { scores: unknown[] }).scores).toEqual([]);
-    expect(applyOp(index, { op: "match", token_ids: [...tokens, 9, 10], lora_name: "my-lora", cache_salt: "tenant-a" }))
-      .toEqual({ op: "match", scores: [{ worker_id: "7", dp_rank: 0, blocks: 2 }] });
+    expect(
+      (applyOp(index, { op: "match", token_ids: tokens }) as { scores: unknown[] }).scores,
+    ).toEqual([]);
+    expect(
+      applyOp(index, {
+        op: "match",
+        token_ids: [...tokens, 9, 10],
+        lora_name: "my-lora",
+        cache_salt: "tenant-a",
+      }),
+    ).toEqual({ op: "match", scores: [{ worker_id: "7", dp_rank: 0, blocks: 2 }] });
   });
 
   test("events the index must refuse are counted, not errors", () => {
@@ -66,19 +91,35 @@ describe("applyOp", () => {
     applyOp(index, stored({ token_ids: [1, 2, 3, 4, 5, 6, 7] }));
     applyOp(index, stored({ local_hashes: ["1"], token_ids: undefined }));
     applyOp(index, stored({ parent_block_hash: "99" }));
-    expect(index.stats().rejected).toEqual({ total: 4, parentNotFound: 1, blockSizeMismatch: 1, capacity: 0, invalid: 2 });
+    expect(index.stats().rejected).toEqual({
+      total: 4,
+      parentNotFound: 1,
+      blockSizeMismatch: 1,
+      capacity: 0,
+      invalid: 2,
+    });
     expect(applyOp(index, { op: "stats" })).toEqual({
-      op: "stats", workers: 0, blocks: 0, nodes: 0, lookup_entries: 0, rejected: 4, bytes: index.stats().bytes,
+      op: "stats",
+      workers: 0,
+      blocks: 0,
+      nodes: 0,
+      lookup_entries: 0,
+      rejected: 4,
+      bytes: index.stats().bytes,
     });
   });
 
   test("scores sort by blocks, then worker id and dp rank numerically", () => {
     const index = createIndex("crtc", 1);
-    const add = (worker: string, rank: number, blocks: number) => applyOp(index, {
-      op: "stored", worker_id: worker, dp_rank: rank, parent_block_hash: null,
-      block_hashes: Array.from({ length: blocks }, (_, i) => String(i + 1)),
-      local_hashes: Array.from({ length: blocks }, (_, i) => String(i + 1)),
-    });
+    const add = (worker: string, rank: number, blocks: number) =>
+      applyOp(index, {
+        op: "stored",
+        worker_id: worker,
+        dp_rank: rank,
+        parent_block_hash: null,
+        block_hashes: Array.from({ length: blocks }, (_, i) => String(i + 1)),
+        local_hashes: Array.from({ length: blocks }, (_, i) => String(i + 1)),
+      });
     add("10", 0, 2);
     add("9", 1, 2);
     add("9", 0, 2);
@@ -98,10 +139,23 @@ describe("applyOp", () => {
 
   test("numbers below 2^53 are accepted for ids and hashes", () => {
     const index = createIndex("crtc", 1);
-    applyOp(index, { op: "stored", worker_id: 5, parent_block_hash: null, block_hashes: [9_007_199_254_740_991], local_hashes: [3] });
-    applyOp(index, { op: "stored", worker_id: "5", parent_block_hash: "9007199254740991", block_hashes: ["1"], local_hashes: ["4"] });
+    applyOp(index, {
+      op: "stored",
+      worker_id: 5,
+      parent_block_hash: null,
+      block_hashes: [9_007_199_254_740_991],
+      local_hashes: [3],
+    });
+    applyOp(index, {
+      op: "stored",
+      worker_id: "5",
+      parent_block_hash: "9007199254740991",
+      block_hashes: ["1"],
+      local_hashes: ["4"],
+    });
     expect(applyOp(index, { op: "match", local_hashes: [3, 4] })).toEqual({
-      op: "match", scores: [{ worker_id: "5", dp_rank: 0, blocks: 2 }],
+      op: "match",
+      scores: [{ worker_id: "5", dp_rank: 0, blocks: 2 }],
     });
   });
 });

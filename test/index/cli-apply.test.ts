@@ -12,10 +12,10 @@ import { applyHarnessOp, applyLine, generateStream, matchLine, pairs } from "../
 import { runKvedge } from "../support/kvedge";
 
 const EXAMPLE = [
-  '{"op":"stored","worker_id":"7","dp_rank":0,"parent_block_hash":null,"block_hashes":["11","12"],'
-    + '"token_ids":[1,2,3,4,5,6,7,8],"block_size":4,"lora_name":null}',
-  '{"op":"stored","worker_id":"8","dp_rank":1,"parent_block_hash":null,"block_hashes":["21"],'
-    + '"token_ids":[1,2,3,4],"block_size":4}',
+  '{"op":"stored","worker_id":"7","dp_rank":0,"parent_block_hash":null,"block_hashes":["11","12"],' +
+    '"token_ids":[1,2,3,4,5,6,7,8],"block_size":4,"lora_name":null}',
+  '{"op":"stored","worker_id":"8","dp_rank":1,"parent_block_hash":null,"block_hashes":["21"],' +
+    '"token_ids":[1,2,3,4],"block_size":4}',
   '{"op":"match","token_ids":[1,2,3,4,5,6,7,8,9]}',
   '{"op":"removed","worker_id":"7","dp_rank":0,"block_hashes":["12","99"]}',
   '{"op":"match","token_ids":[1,2,3,4,5,6,7,8]}',
@@ -30,18 +30,50 @@ describe("kvedge apply", () => {
     const result = await runKvedge(["apply", "--block-size", "4", "-"], { stdin: `${EXAMPLE}\n` });
     expect(result.stderr).toBe("");
     expect(result.code).toBe(0);
-    const lines = result.stdout.trim().split("\n").map((line) => JSON.parse(line));
+    const lines = result.stdout
+      .trim()
+      .split("\n")
+      .map((line) => JSON.parse(line));
     expect(lines[0]).toEqual({
-      op: "match", line: 3,
-      scores: [{ worker_id: "7", dp_rank: 0, blocks: 2 }, { worker_id: "8", dp_rank: 1, blocks: 1 }],
+      op: "match",
+      line: 3,
+      scores: [
+        { worker_id: "7", dp_rank: 0, blocks: 2 },
+        { worker_id: "8", dp_rank: 1, blocks: 1 },
+      ],
     });
     expect(lines[1]).toEqual({
-      op: "match", line: 5,
-      scores: [{ worker_id: "7", dp_rank: 0, blocks: 1 }, { worker_id: "8", dp_rank: 1, blocks: 1 }],
+      op: "match",
+      line: 5,
+      scores: [
+        { worker_id: "7", dp_rank: 0, blocks: 1 },
+        { worker_id: "8", dp_rank: 1, blocks: 1 },
+      ],
     });
-    expect(lines[2]).toMatchObject({ op: "stats", workers: 2, blocks: 2, nodes: 1, lookup_entries: 2, rejected: 0 });
-    expect(lines[3]).toMatchObject({ op: "stats", workers: 1, blocks: 0, nodes: 0, lookup_entries: 0 });
-    expect(Object.keys(lines[3])).toEqual(["op", "workers", "blocks", "nodes", "lookup_entries", "rejected", "bytes"]);
+    expect(lines[2]).toMatchObject({
+      op: "stats",
+      workers: 2,
+      blocks: 2,
+      nodes: 1,
+      lookup_entries: 2,
+      rejected: 0,
+    });
+    expect(lines[3]).toMatchObject({
+      op: "stats",
+      workers: 1,
+      blocks: 0,
+      nodes: 0,
+      lookup_entries: 0,
+    });
+    expect(Object.keys(lines[3])).toEqual([
+      "op",
+      "workers",
+      "blocks",
+      "nodes",
+      "lookup_entries",
+      "rejected",
+      "bytes",
+    ]);
   });
 
   test("a malformed line is reported with its number and skipped; exit 1; the rest applies", async () => {
@@ -56,10 +88,14 @@ describe("kvedge apply", () => {
     const result = await runKvedge(["apply", "--block-size", "1", "-"], { stdin: input });
     expect(result.code).toBe(1);
     expect(result.stderr).toContain("kvedge apply: line 2: invalid JSON");
-    expect(result.stderr).toContain("kvedge apply: line 3: block_hashes[1] must be an unsigned 64-bit integer");
+    expect(result.stderr).toContain(
+      "kvedge apply: line 3: block_hashes[1] must be an unsigned 64-bit integer",
+    );
     expect(result.stderr).toContain("kvedge apply: line 5: op must be one of");
     expect(result.stderr).toContain("3 malformed line(s) skipped");
-    expect(result.stdout).toBe('{"op":"match","line":6,"scores":[{"worker_id":"1","dp_rank":0,"blocks":1}]}\n');
+    expect(result.stdout).toBe(
+      '{"op":"match","line":6,"scores":[{"worker_id":"1","dp_rank":0,"blocks":1}]}\n',
+    );
   });
 
   test("reads a file; wrong block sizes are counted as rejected", async () => {
@@ -104,16 +140,37 @@ describe("kvedge apply", () => {
         oracle.findMatches(pairs(query), query.length, out);
         const scores = [];
         for (let i = 0; i < out.count; i++) {
-          scores.push({ id: oracle.workerIdOf(out.workers[i]!), dp_rank: oracle.dpRankOf(out.workers[i]!), blocks: out.blocks[i]! });
+          scores.push({
+            id: oracle.workerIdOf(out.workers[i]!),
+            dp_rank: oracle.dpRankOf(out.workers[i]!),
+            blocks: out.blocks[i]!,
+          });
         }
-        scores.sort((x, y) => y.blocks - x.blocks || (x.id < y.id ? -1 : x.id > y.id ? 1 : 0) || x.dp_rank - y.dp_rank);
-        expected.push(JSON.stringify({
-          op: "match", line: lines.length,
-          scores: scores.map((s) => ({ worker_id: String(s.id), dp_rank: s.dp_rank, blocks: s.blocks })),
-        }));
+        scores.sort(
+          (x, y) =>
+            y.blocks - x.blocks ||
+            (x.id < y.id ? -1 : x.id > y.id ? 1 : 0) ||
+            x.dp_rank - y.dp_rank,
+        );
+        expected.push(
+          JSON.stringify({
+            op: "match",
+            line: lines.length,
+            scores: scores.map((s) => ({
+              worker_id: String(s.id),
+              dp_rank: s.dp_rank,
+              blocks: s.blocks,
+            })),
+          }),
+        );
       }
-      const outputs = await Promise.all((["crtc", "positional", "reference"] as const)
-        .map((backend) => runKvedge(["apply", "--backend", backend, "--block-size", "1", "-"], { stdin: `${lines.join("\n")}\n` })));
+      const outputs = await Promise.all(
+        (["crtc", "positional", "reference"] as const).map((backend) =>
+          runKvedge(["apply", "--backend", backend, "--block-size", "1", "-"], {
+            stdin: `${lines.join("\n")}\n`,
+          }),
+        ),
+      );
       for (const result of outputs) {
         expect(result.stderr).toBe("");
         expect(result.stdout.trim().split("\n")).toEqual(expected);

@@ -5,4 +5,7 @@ import { createIndex } from "../../src/index/index";
 import { differentialSuite } from "../harness/suite";
 
 differentialSuite({ name: "crtc", create: (options) => createIndex("crtc", 1, options) });
-differentialSuite({ name: "positional", create: (options) => createIndex("positional", 1, options) });
+differentialSuite({
+  name: "positional",
+  create: (options) => createIndex("positional", 1, options),
+});

@@ -14,8 +14,15 @@ test("u64 decimal digits written from (hi, lo) words equal BigInt's", () => {
   let state = 12345;
   const word = () => (state = (Math.imul(state, 1103515245) + 12345) >>> 0);
   const edges: [number, number][] = [
-    [0, 0], [0, 1], [0, 0xffff_ffff], [0x1f_ffff, 0xffff_ffff], [0x20_0000, 0],
-    [0xffff_ffff, 0xffff_ffff], [0xf423f, 0xffff_ffff], [0x3b9a_c9ff, 0x2710], [1_000_000, 999_999],
+    [0, 0],
+    [0, 1],
+    [0, 0xffff_ffff],
+    [0x1f_ffff, 0xffff_ffff],
+    [0x20_0000, 0],
+    [0xffff_ffff, 0xffff_ffff],
+    [0xf423f, 0xffff_ffff],
+    [0x3b9a_c9ff, 0x2710],
+    [1_000_000, 999_999],
   ];
   for (let i = 0; i < 5000; i++) edges.push([word() >>> (i % 32), word()]);
   for (const [hi, lo] of edges) {

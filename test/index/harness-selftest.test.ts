@@ -40,7 +40,13 @@ class HoleBlindReference extends ReferenceIndex {
 
 /** Dynamo's mid-chain semantics: removing a block also loses the worker's blocks below it. */
 class DescendantLossReference extends ReferenceIndex {
-  override applyRemoved(workerId: bigint, dpRank: number, external: Uint32Array, count: number, first = 0): number {
+  override applyRemoved(
+    workerId: bigint,
+    dpRank: number,
+    external: Uint32Array,
+    count: number,
+    first = 0,
+  ): number {
     const held = this.heldPaths(workerId, dpRank);
     const removed: string[] = [];
     for (let i = first; i < first + count; i++) {
@@ -49,7 +55,8 @@ class DescendantLossReference extends ReferenceIndex {
     }
     const unknown = super.applyRemoved(workerId, dpRank, external, count, first);
     const lost: bigint[] = [];
-    for (const [path, name] of held) if (removed.some((gone) => path.startsWith(`${gone}/`))) lost.push(name);
+    for (const [path, name] of held)
+      if (removed.some((gone) => path.startsWith(`${gone}/`))) lost.push(name);
     if (lost.length > 0) {
       const pairs = new Uint32Array(2 * lost.length);
       lost.forEach((name, i) => {
@@ -63,24 +70,36 @@ class DescendantLossReference extends ReferenceIndex {
 }
 
 const mutants: [string, (options: IndexOptions) => KvIndex][] = [
-  ["drops every removal", (options) => {
-    const index = createIndex("crtc", 1, options);
-    index.applyRemoved = () => 0;
-    return index;
-  }],
-  ["never reclaims", (options) => {
-    const index = createIndex("crtc", 1, options) as CrtcIndex;
-    index.tree.reclaim = () => {};
-    return index;
-  }],
-  ["loses descendants on a mid-chain removal (Dynamo)", (options) => new DescendantLossReference(1, options)],
+  [
+    "drops every removal",
+    (options) => {
+      const index = createIndex("crtc", 1, options);
+      index.applyRemoved = () => 0;
+      return index;
+    },
+  ],
+  [
+    "never reclaims",
+    (options) => {
+      const index = createIndex("crtc", 1, options) as CrtcIndex;
+      index.tree.reclaim = () => {};
+      return index;
+    },
+  ],
+  [
+    "loses descendants on a mid-chain removal (Dynamo)",
+    (options) => new DescendantLossReference(1, options),
+  ],
   ["counts across holes", (options) => new HoleBlindReference(1, options)],
-  ["dumps without placeholder removals", (options) => {
-    const index = createIndex("crtc", 1, options);
-    const dump = index.dump.bind(index);
-    index.dump = () => dump().filter((event) => event.op !== "removed");
-    return index;
-  }],
+  [
+    "dumps without placeholder removals",
+    (options) => {
+      const index = createIndex("crtc", 1, options);
+      const dump = index.dump.bind(index);
+      index.dump = () => dump().filter((event) => event.op !== "removed");
+      return index;
+    },
+  ],
 ];
 
 describe("the harness catches broken backends", () => {
@@ -95,15 +114,28 @@ describe("the harness catches broken backends", () => {
 
   test("shrinking keeps the failure and drops what does not matter", () => {
     const stream = generateStream(4, { steps: 200 });
-    const fails = (ops: typeof stream.ops) => ops.some((op) => op.kind === "cleared") && ops.some((op) => op.kind === "remove_worker");
+    const fails = (ops: typeof stream.ops) =>
+      ops.some((op) => op.kind === "cleared") && ops.some((op) => op.kind === "remove_worker");
     expect(fails(stream.ops)).toBe(true);
-    expect(shrink(stream, fails).map((op) => op.kind).sort()).toEqual(["cleared", "remove_worker"]);
+    expect(
+      shrink(stream, fails)
+        .map((op) => op.kind)
+        .sort(),
+    ).toEqual(["cleared", "remove_worker"]);
   });
 
   test("a correct backend passes the same seeds", () => {
-    expect(firstFailure({ name: "crtc", create: (options) => createIndex("crtc", 1, options) }, { steps: 120 }, 10)).toBeNull();
+    expect(
+      firstFailure(
+        { name: "crtc", create: (options) => createIndex("crtc", 1, options) },
+        { steps: 120 },
+        10,
+      ),
+    ).toBeNull();
     const stream = generateStream(1, { steps: 50 });
-    expect(replay(stream, { name: "reference", create: (options) => new ReferenceIndex(1, options) })).toBeNull();
+    expect(
+      replay(stream, { name: "reference", create: (options) => new ReferenceIndex(1, options) }),
+    ).toBeNull();
   });
 });
 
@@ -113,7 +145,16 @@ describe("the default streams exercise every path", () => {
     ["conflicts", { conflicts: true }],
     ["three slots", { maxWorkers: 3 }],
   ] as [string, StreamOptions][])("%s streams", (_name, options) => {
-    const totals = { parentNotFound: 0, capacity: 0, conflicts: 0, unknown: 0, duplicates: 0, ghosts: 0, cleared: 0, removedWorkers: 0 };
+    const totals = {
+      parentNotFound: 0,
+      capacity: 0,
+      conflicts: 0,
+      unknown: 0,
+      duplicates: 0,
+      ghosts: 0,
+      cleared: 0,
+      removedWorkers: 0,
+    };
     for (let seed = 1; seed <= 100; seed++) {
       const stream = generateStream(seed, { ...options, steps: 120 });
       const oracle = new ReferenceIndex(1, { maxWorkers: options.maxWorkers ?? 65_536 });

@@ -26,7 +26,13 @@ describe("stored events", () => {
     remove(index, 1, [2]);
     expect(store(index, 1, ext(1, 2), [3])).toBe(StoreStatus.ParentNotFound); // removed parent
     expect(index.counters.rejectedParentNotFound).toBe(3);
-    expect(index.stats().rejected).toEqual({ total: 3, parentNotFound: 3, blockSizeMismatch: 0, capacity: 0, invalid: 0 });
+    expect(index.stats().rejected).toEqual({
+      total: 3,
+      parentNotFound: 3,
+      blockSizeMismatch: 0,
+      capacity: 0,
+      invalid: 0,
+    });
     expect(scores(index, [1, 2, 3])).toEqual({ "1/0": 1 });
   });
 
@@ -53,7 +59,10 @@ describe("stored events", () => {
     store(index, 7, null, [1, 2, 3], undefined, 3);
     store(index, 8, null, [1], undefined, 0);
     expect(scores(index, [1, 2, 3])).toEqual({ "7/0": 2, "7/3": 3, "8/0": 1 });
-    const listed = index.workers().map((w) => `${w.workerId}/${w.dpRank}:${w.blocks}`).sort();
+    const listed = index
+      .workers()
+      .map((w) => `${w.workerId}/${w.dpRank}:${w.blocks}`)
+      .sort();
     expect(listed).toEqual(["7/0:2", "7/3:3", "8/0:1"]);
     index.removeWorker(7n);
     expect(scores(index, [1, 2, 3])).toEqual({ "8/0": 1 });
@@ -63,7 +72,16 @@ describe("stored events", () => {
   forEach("worker ids use all 64 bits", (backend) => {
     const index = fresh(backend);
     const big = (1n << 64n) - 1n;
-    index.applyStored(big, 4_000_000_000, false, 0, 0, pairs([0xffff_ffff_ffff_fffen]), pairs([1n]), 1);
+    index.applyStored(
+      big,
+      4_000_000_000,
+      false,
+      0,
+      0,
+      pairs([0xffff_ffff_ffff_fffen]),
+      pairs([1n]),
+      1,
+    );
     const out = new MatchResult();
     index.findMatches(pairs([1n]), 1, out);
     expect(out.count).toBe(1);
@@ -75,7 +93,9 @@ describe("stored events", () => {
     const index = fresh(backend);
     const parent = 0xffff_fffe_8000_0001n;
     index.applyStored(1n, 0, false, 0, 0, pairs([parent]), pairs([1n]), 1);
-    expect(index.applyStored(1n, 0, true, 0xffff_fffe | 0, 0x8000_0001 | 0, pairs([5n]), pairs([2n]), 1)).toBe(StoreStatus.Ok);
+    expect(
+      index.applyStored(1n, 0, true, 0xffff_fffe | 0, 0x8000_0001 | 0, pairs([5n]), pairs([2n]), 1),
+    ).toBe(StoreStatus.Ok);
     expect(scores(index, [1, 2])).toEqual({ "1/0": 2 });
   });
 
@@ -131,18 +151,21 @@ describe("removed and cleared", () => {
 });
 
 describe("worker slots", () => {
-  forEach("a full index rejects new workers (counted) until a slot is freed, and a recycled slot starts empty", (backend) => {
-    const index = fresh(backend, { maxWorkers: 2 });
-    store(index, 1, null, [1, 2]);
-    store(index, 2, null, [1]);
-    expect(store(index, 3, null, [1, 2, 3])).toBe(StoreStatus.CapacityExhausted);
-    expect(index.counters.rejectedCapacity).toBe(1);
-    store(index, 1, null, [5]); // existing workers still store
-    index.removeWorker(1n);
-    expect(store(index, 3, null, [1, 2, 3])).toBe(StoreStatus.Ok);
-    expect(scores(index, [1, 2, 3])).toEqual({ "2/0": 1, "3/0": 3 });
-    expect(scores(index, [5])).toEqual({});
-  });
+  forEach(
+    "a full index rejects new workers (counted) until a slot is freed, and a recycled slot starts empty",
+    (backend) => {
+      const index = fresh(backend, { maxWorkers: 2 });
+      store(index, 1, null, [1, 2]);
+      store(index, 2, null, [1]);
+      expect(store(index, 3, null, [1, 2, 3])).toBe(StoreStatus.CapacityExhausted);
+      expect(index.counters.rejectedCapacity).toBe(1);
+      store(index, 1, null, [5]); // existing workers still store
+      index.removeWorker(1n);
+      expect(store(index, 3, null, [1, 2, 3])).toBe(StoreStatus.Ok);
+      expect(scores(index, [1, 2, 3])).toEqual({ "2/0": 1, "3/0": 3 });
+      expect(scores(index, [5])).toEqual({});
+    },
+  );
 
   test("maxWorkers is bounded by the u16 slot space", () => {
     expect(() => createIndex("crtc", 4, { maxWorkers: 65_537 })).toThrow(RangeError);
@@ -151,26 +174,34 @@ describe("worker slots", () => {
 });
 
 describe("producers that break the engine-hash invariant", () => {
-  forEach("a hash that already names another block cuts the event short; nothing else changes", (backend) => {
-    const index = fresh(backend);
-    store(index, 2, null, [1, 2, 3]);
-    store(index, 1, null, [1, 2]);
-    // Block 9 reuses the hash of worker 1's block 1.
-    expect(store(index, 1, ext(1, 2), [3, 9, 4], [ext(1, 3), ext(1, 1), ext(1, 4)])).toBe(StoreStatus.Ok);
-    expect(index.counters.hashConflicts).toBe(1);
-    expect(scores(index, [1, 2, 3, 9, 4])).toEqual({ "1/0": 3, "2/0": 3 });
-    expect(index.stats().blocks).toBe(6);
-  });
+  forEach(
+    "a hash that already names another block cuts the event short; nothing else changes",
+    (backend) => {
+      const index = fresh(backend);
+      store(index, 2, null, [1, 2, 3]);
+      store(index, 1, null, [1, 2]);
+      // Block 9 reuses the hash of worker 1's block 1.
+      expect(store(index, 1, ext(1, 2), [3, 9, 4], [ext(1, 3), ext(1, 1), ext(1, 4)])).toBe(
+        StoreStatus.Ok,
+      );
+      expect(index.counters.hashConflicts).toBe(1);
+      expect(scores(index, [1, 2, 3, 9, 4])).toEqual({ "1/0": 3, "2/0": 3 });
+      expect(index.stats().blocks).toBe(6);
+    },
+  );
 
-  forEach("a held block under a second hash is refused; the first name still removes it", (backend) => {
-    const index = fresh(backend);
-    store(index, 1, null, [1, 2]);
-    store(index, 1, null, [1, 2], [77n, 78n]);
-    expect(index.counters.hashConflicts).toBe(1);
-    expect(removeHashes(index, 1, [77n])).toBe(1);
-    remove(index, 1, [1, 2]);
-    expect(index.stats().blocks).toBe(0);
-  });
+  forEach(
+    "a held block under a second hash is refused; the first name still removes it",
+    (backend) => {
+      const index = fresh(backend);
+      store(index, 1, null, [1, 2]);
+      store(index, 1, null, [1, 2], [77n, 78n]);
+      expect(index.counters.hashConflicts).toBe(1);
+      expect(removeHashes(index, 1, [77n])).toBe(1);
+      remove(index, 1, [1, 2]);
+      expect(index.stats().blocks).toBe(0);
+    },
+  );
 
   forEach("one hash twice in one event", (backend) => {
     const index = fresh(backend);
@@ -184,15 +215,27 @@ describe("dump", () => {
   forEach("rebuilds an equal index, holes and empty workers included", (backend) => {
     const index = fresh(backend);
     store(index, 1, null, [1, 2, 3, 4, 5]);
-    store(index, 2, null, [1, 2, 9], [18_446_744_073_709_551_615n, 18_446_744_073_709_551_614n, 3n]);
+    store(
+      index,
+      2,
+      null,
+      [1, 2, 9],
+      [18_446_744_073_709_551_615n, 18_446_744_073_709_551_614n, 3n],
+    );
     remove(index, 1, [2, 4]);
     store(index, 3, null, [8]);
     index.applyCleared(3n, 0);
     const oracle = new ReferenceIndex(4);
     for (const event of index.dump()) applyOp(oracle, JSON.parse(JSON.stringify(event)));
     expect(oracle.canonical()).toEqual([
-      "1/0 1001 -> /1", "1/0 1003 -> /1/2/3", "1/0 1005 -> /1/2/3/4/5", "1/0 present",
-      "2/0 18446744073709551614 -> /1/2", "2/0 18446744073709551615 -> /1", "2/0 3 -> /1/2/9", "2/0 present",
+      "1/0 1001 -> /1",
+      "1/0 1003 -> /1/2/3",
+      "1/0 1005 -> /1/2/3/4/5",
+      "1/0 present",
+      "2/0 18446744073709551614 -> /1/2",
+      "2/0 18446744073709551615 -> /1",
+      "2/0 3 -> /1/2/9",
+      "2/0 present",
       "3/0 present",
     ]);
   });

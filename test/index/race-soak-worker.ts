@@ -25,7 +25,8 @@ export interface LookupRecord {
 
 /** One lookup's answer as the harness writes it: "worker/rank=blocks", sorted. */
 export function answerOf(
-  index: { workerIdOf(h: number): bigint; dpRankOf(h: number): number }, out: MatchResult,
+  index: { workerIdOf(h: number): bigint; dpRankOf(h: number): number },
+  out: MatchResult,
 ): string {
   const scores: string[] = [];
   for (let i = 0; i < out.count; i++) {
@@ -101,7 +102,9 @@ async function runReader(message: Extract<ToWorker, { role: "reader" }>): Promis
 
 /** Every query once more, with the writer quiet: the quiescent state. */
 function finalAnswers(
-  reader: SharedIndexReader, queries: Uint32Array[], lengths: number[],
+  reader: SharedIndexReader,
+  queries: Uint32Array[],
+  lengths: number[],
 ): string[] {
   const out = new MatchResult();
   return queries.map((query, i) => {

@@ -82,7 +82,8 @@ function next<T>(worker: Worker, key: string): Promise<T> {
 }
 
 async function runRace(
-  ops: HarnessOp[], queries: bigint[][],
+  ops: HarnessOp[],
+  queries: bigint[][],
 ): Promise<{ writer: WriterDone; readers: ReaderDone[] }> {
   const writer = spawn();
   const readers = Array.from({ length: READERS }, spawn);
@@ -153,9 +154,14 @@ describe("shared crtc race soak", () => {
     const during = records.filter((record) => record.before < ops.length).length;
     const failures = unexplained(ops, queries, records);
     const summary = {
-      events: ops.length, writerMs: Math.round(writer.ms), lookups: readers.map((r) => r.lookups),
-      recorded: records.length, during, overlapped,
-      readerStats: readers.map((r) => r.stats), writer: writer.counters,
+      events: ops.length,
+      writerMs: Math.round(writer.ms),
+      lookups: readers.map((r) => r.lookups),
+      recorded: records.length,
+      during,
+      overlapped,
+      readerStats: readers.map((r) => r.stats),
+      writer: writer.counters,
     };
     console.log(`race soak: ${JSON.stringify(summary)}`);
     expect(failures.slice(0, 5)).toEqual([]);

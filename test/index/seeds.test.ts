@@ -14,10 +14,19 @@ const forEach = (name: string, body: (backend: (typeof BACKENDS)[number]) => voi
   for (const backend of BACKENDS) test(`${name} [${backend}]`, () => body(backend));
 };
 
-function expectEmpty(index: ReturnType<typeof fresh>, backend: (typeof BACKENDS)[number], workers = 0): void {
+function expectEmpty(
+  index: ReturnType<typeof fresh>,
+  backend: (typeof BACKENDS)[number],
+  workers = 0,
+): void {
   const stats = index.stats();
-  expect({ workers: stats.workers, blocks: stats.blocks, nodes: stats.nodes, lookups: stats.lookupEntries, edgeWords: stats.edgeWords })
-    .toEqual({ workers, blocks: 0, nodes: 0, lookups: 0, edgeWords: 0 });
+  expect({
+    workers: stats.workers,
+    blocks: stats.blocks,
+    nodes: stats.nodes,
+    lookups: stats.lookupEntries,
+    edgeWords: stats.edgeWords,
+  }).toEqual({ workers, blocks: 0, nodes: 0, lookups: 0, edgeWords: 0 });
   if (workers === 0) expect(stats.bytes).toBe(freshBytes(backend));
 }
 
@@ -82,17 +91,20 @@ describe("seed 000: detach dead radix nodes from their parent on removal", () =>
 });
 
 describe("seed 001: release unowned radix branches after eviction", () => {
-  forEach("replacement protection: a dying suffix unlinks from its new prefix, not the old key", (backend) => {
-    const index = fresh(backend);
-    store(index, 1, null, [1, 2, 3, 4]);
-    store(index, 2, null, [1, 2, 5]); // the new prefix node [1,2] takes the root's key 1
-    remove(index, 1, [3, 4]); // [3,4] dies: its link is (prefix, 3)
-    expect(scores(index, [1, 2, 5])).toEqual({ "1/0": 2, "2/0": 3 });
-    expect(scores(index, [1, 2, 3, 4])).toEqual({ "1/0": 2, "2/0": 2 });
-    if (backend === "crtc") expect(index.stats().nodes).toBe(2);
-    store(index, 3, null, [1, 2, 3]); // the key is free again and re-created
-    expect(scores(index, [1, 2, 3, 4])).toEqual({ "1/0": 2, "2/0": 2, "3/0": 3 });
-  });
+  forEach(
+    "replacement protection: a dying suffix unlinks from its new prefix, not the old key",
+    (backend) => {
+      const index = fresh(backend);
+      store(index, 1, null, [1, 2, 3, 4]);
+      store(index, 2, null, [1, 2, 5]); // the new prefix node [1,2] takes the root's key 1
+      remove(index, 1, [3, 4]); // [3,4] dies: its link is (prefix, 3)
+      expect(scores(index, [1, 2, 5])).toEqual({ "1/0": 2, "2/0": 3 });
+      expect(scores(index, [1, 2, 3, 4])).toEqual({ "1/0": 2, "2/0": 2 });
+      if (backend === "crtc") expect(index.stats().nodes).toBe(2);
+      store(index, 3, null, [1, 2, 3]); // the key is free again and re-created
+      expect(scores(index, [1, 2, 3, 4])).toEqual({ "1/0": 2, "2/0": 2, "3/0": 3 });
+    },
+  );
 
   forEach("ownerless split suffix: an evicted tail is not kept for a later split", (backend) => {
     const index = fresh(backend);
@@ -102,7 +114,11 @@ describe("seed 001: release unowned radix branches after eviction", () => {
     const stats = index.stats();
     expect(stats.blocks).toBe(5);
     // The truncated leaf [1,2] grows in place to [1,2,9]: worker 1 holds its first two blocks.
-    if (backend === "crtc") expect({ nodes: stats.nodes, edgeWords: stats.edgeWords }).toEqual({ nodes: 1, edgeWords: 6 });
+    if (backend === "crtc")
+      expect({ nodes: stats.nodes, edgeWords: stats.edgeWords }).toEqual({
+        nodes: 1,
+        edgeWords: 6,
+      });
     if (backend === "positional") expect(stats.nodes).toBe(3);
     remove(index, 1, [1, 2]);
     remove(index, 2, [1, 2, 9]);
@@ -185,14 +201,17 @@ describe("seed 004: remove emptied positional entries", () => {
     });
   }
 
-  forEach("worker 0 [1,2,3], worker 1 [1,2], worker 0 removes its blocks: worker 1 still scores 2", (backend) => {
-    const index = fresh(backend);
-    store(index, 0, null, [1, 2, 3]);
-    store(index, 1, null, [1, 2]);
-    remove(index, 0, [1, 2, 3]);
-    expect(index.stats().nodes).toBe(backend === "crtc" ? 1 : 2);
-    expect(scores(index, [1, 2, 3])).toEqual({ "1/0": 2 });
-  });
+  forEach(
+    "worker 0 [1,2,3], worker 1 [1,2], worker 0 removes its blocks: worker 1 still scores 2",
+    (backend) => {
+      const index = fresh(backend);
+      store(index, 0, null, [1, 2, 3]);
+      store(index, 1, null, [1, 2]);
+      remove(index, 0, [1, 2, 3]);
+      expect(index.stats().nodes).toBe(backend === "crtc" ? 1 : 2);
+      expect(scores(index, [1, 2, 3])).toEqual({ "1/0": 2 });
+    },
+  );
 });
 
 describe("seed 003 / reference §4.4: equal-sized worker sets are intersected for real", () => {

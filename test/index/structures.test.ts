@@ -46,7 +46,8 @@ describe("ExternalLookup", () => {
         for (const [hi, lo] of keys) expect(lookup.find(hi, lo)).toBe(model.get(`${hi}:${lo}`)!);
         // Load stays within the sizing rules (small: <= 3/4; large: 2/5..4/5).
         expect(lookup.count / lookup.capacity).toBeLessThanOrEqual(0.8);
-        if (lookup.capacity > 1024) expect(lookup.count / lookup.capacity).toBeGreaterThanOrEqual(0.4);
+        if (lookup.capacity > 1024)
+          expect(lookup.count / lookup.capacity).toBeGreaterThanOrEqual(0.4);
       }
       if (step === 29_999) expect(lookup.capacity).toBeGreaterThan(4096);
     }
@@ -103,7 +104,8 @@ describe("ExternalLookup event calls", () => {
         const placed = batched.insertRun(keys, 0, size, value);
         let expected = 0;
         for (; expected < size; expected++) {
-          const hi = keys[2 * expected]!, lo = keys[2 * expected + 1]!;
+          const hi = keys[2 * expected]!,
+            lo = keys[2 * expected + 1]!;
           if (single.find(hi, lo) !== 0) break;
           single.insertAtProbe(hi, lo, value + expected, size - expected - 1);
           live.push([hi, lo]);
@@ -196,9 +198,13 @@ describe("ExternalLookup event calls", () => {
     for (let k = 0; k < 550; k++) expect(sparse.find(0, k + 1)).toBe(k + 1);
   });
 
-  test.skipIf(native === null)("the same without native code", () => {
-    expectChildSuitePasses([import.meta.path, "-t", "^ExternalLookup"], { KVEDGE_NATIVE: "0" });
-  }, 60_000);
+  test.skipIf(native === null)(
+    "the same without native code",
+    () => {
+      expectChildSuitePasses([import.meta.path, "-t", "^ExternalLookup"], { KVEDGE_NATIVE: "0" });
+    },
+    60_000,
+  );
 });
 
 describe("LinkTable", () => {
@@ -230,7 +236,8 @@ describe("LinkTable", () => {
       }
     }
     expect(table.count).toBe(model.size);
-    for (const [key, hi, lo] of keys) expect(table.find(key, hi, lo)).toBe(model.get(`${key}:${hi}:${lo}`)!);
+    for (const [key, hi, lo] of keys)
+      expect(table.find(key, hi, lo)).toBe(model.get(`${key}:${hi}:${lo}`)!);
     table.insert(99, 1, 2, 3);
     expect(() => table.insert(99, 1, 2, 7)).toThrow(IndexInvariantError);
   });

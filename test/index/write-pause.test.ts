@@ -19,14 +19,27 @@ function applyPaused(index: KvIndex, pause: WritePause, op: HarnessOp): void {
       let slot = table.find(op.worker, op.rank);
       const root = op.parent === null && op.local.length > 0;
       if (slot < 0 && root) slot = table.acquire(op.worker, op.rank);
-      pause.storeAt(slot, op.parent !== null, Number(parent >> 32n), Number(parent & 0xffff_ffffn),
-        pairs(op.external), pairs(op.local), op.local.length, 0);
+      pause.storeAt(
+        slot,
+        op.parent !== null,
+        Number(parent >> 32n),
+        Number(parent & 0xffff_ffffn),
+        pairs(op.external),
+        pairs(op.local),
+        op.local.length,
+        0,
+      );
       return;
     }
     case "removed":
       return pause.removeAt(
-        table.find(op.worker, op.rank), pairs(op.external), op.external.length, 0);
-    case "cleared": return pause.clearAt(table.find(op.worker, op.rank));
+        table.find(op.worker, op.rank),
+        pairs(op.external),
+        op.external.length,
+        0,
+      );
+    case "cleared":
+      return pause.clearAt(table.find(op.worker, op.rank));
     case "remove_worker":
       pause.settle();
       index.removeWorker(op.worker);
@@ -36,7 +49,10 @@ function applyPaused(index: KvIndex, pause: WritePause, op: HarnessOp): void {
 
 function view(index: KvIndex, queries: readonly bigint[][]): string[] {
   const out = new MatchResult();
-  const rows = index.workers().map((w) => `${w.workerId}/${w.dpRank}=${w.blocks}`).sort();
+  const rows = index
+    .workers()
+    .map((w) => `${w.workerId}/${w.dpRank}=${w.blocks}`)
+    .sort();
   for (const query of queries) {
     index.findMatches(pairs(query), query.length, out);
     const scores: string[] = [];
@@ -115,7 +131,12 @@ describe("write pause", () => {
     const index = createIndex("crtc", 1, { workers: new WorkerTable() });
     const pause = new WritePause(index, 1 << 30);
     const op = (worker: bigint, hash: bigint): HarnessOp => ({
-      kind: "stored", worker, rank: 0, parent: null, external: [hash], local: [hash],
+      kind: "stored",
+      worker,
+      rank: 0,
+      parent: null,
+      external: [hash],
+      local: [hash],
     });
     applyPaused(index, pause, op(1n, 10n));
     const expected = packIndex(freezeNow(index.freeze())).words;

@@ -22,15 +22,26 @@ describe("Capture", () => {
     cleanups.push(() => engine.stop());
     const ops: CapturedOp[] = [];
     const capture = new Capture({
-      workerId: 2n ** 64n - 1n, dpRank: 3, endpoint: engine.endpoint, replayEndpoint: null,
-      topic: "", blockSize: BS, log: silentLogger, onOp: (op) => ops.push(op),
+      workerId: 2n ** 64n - 1n,
+      dpRank: 3,
+      endpoint: engine.endpoint,
+      replayEndpoint: null,
+      topic: "",
+      blockSize: BS,
+      log: silentLogger,
+      onOp: (op) => ops.push(op),
     });
     cleanups.push(() => capture.stop());
     await capture.start();
     await engine.waitForSubscriber();
     engine.publish([stored([1n, 2n], [1, 2, 3, 4, 5, 6, 7, 8], BS)]);
     // Eagle: bigram pairs, a window of BS + 1 tokens per block.
-    const pairs = [[9, 8], [8, 7], [7, 6], [6, 5]] as const;
+    const pairs = [
+      [9, 8],
+      [8, 7],
+      [7, 6],
+      [6, 5],
+    ] as const;
     engine.publish([stored([5n], [], BS, 2n, { tokenIds: pairs })]);
     engine.publish([removed([1n])]);
     engine.publish([cleared]);
@@ -38,9 +49,15 @@ describe("Capture", () => {
     expect(capture.connected).toBe(true);
     const worker = (2n ** 64n - 1n).toString();
     expect(ops[0]).toEqual({
-      op: "stored", worker_id: worker, dp_rank: 3, parent_block_hash: null,
-      block_hashes: ["1", "2"], token_ids: [1, 2, 3, 4, 5, 6, 7, 8], block_size: BS,
-      lora_name: null, cache_salt: null,
+      op: "stored",
+      worker_id: worker,
+      dp_rank: 3,
+      parent_block_hash: null,
+      block_hashes: ["1", "2"],
+      token_ids: [1, 2, 3, 4, 5, 6, 7, 8],
+      block_size: BS,
+      lora_name: null,
+      cache_salt: null,
     });
     expect(ops[2]).toEqual({ op: "removed", worker_id: worker, dp_rank: 3, block_hashes: ["1"] });
     expect(ops[3]).toEqual({ op: "cleared", worker_id: worker, dp_rank: 3 });
@@ -48,7 +65,9 @@ describe("Capture", () => {
     expect(capture.summary(4)).toContain("4 events written (2 stored, 1 removed, 1 cleared)");
     const local = hashTokens([9, 8, 7, 6, 5], BS, { eagle: true }).local.map(String);
     expect(ops[1]).toMatchObject({
-      parent_block_hash: "2", block_hashes: ["5"], eagle_token_ids: [9, 8, 7, 6, 5],
+      parent_block_hash: "2",
+      block_hashes: ["5"],
+      eagle_token_ids: [9, 8, 7, 6, 5],
       local_hashes: local,
     });
     expect(ops[1]!.token_ids).toBeUndefined();

@@ -6,9 +6,18 @@
 import { describe, expect, test } from "bun:test";
 import { hashTokens } from "../../src/hash";
 import { WorkerTable } from "../../src/core/worker-table";
-import { KvEventNormalizer, type KvEventWriter, type NormalizerOptions } from "../../src/ingest/normalize";
+import {
+  KvEventNormalizer,
+  type KvEventWriter,
+  type NormalizerOptions,
+} from "../../src/ingest/normalize";
 import { NamespaceTable } from "../../src/ingest/namespace";
-import { encodeKvBatch, type KvBatch, type KvBlockStored, type KvEvent } from "../../src/wire/kv-events";
+import {
+  encodeKvBatch,
+  type KvBatch,
+  type KvBlockStored,
+  type KvEvent,
+} from "../../src/wire/kv-events";
 import { u64 } from "../../src/util/u64";
 import { memoryLogger } from "../../src/util/log";
 import { native } from "../../src/native/library";
@@ -16,7 +25,14 @@ import { xorshift32 } from "../../src/util/random";
 import { expectChildSuitePasses } from "../support/suite";
 
 type Op =
-  | { op: "stored"; worker: bigint; rank: number; parent: bigint | null; external: bigint[]; local: bigint[] }
+  | {
+      op: "stored";
+      worker: bigint;
+      rank: number;
+      parent: bigint | null;
+      external: bigint[];
+      local: bigint[];
+    }
   | { op: "removed"; worker: bigint; rank: number; external: bigint[] }
   | { op: "cleared"; worker: bigint; rank: number };
 
@@ -24,15 +40,23 @@ function recorder(): KvEventWriter & { ops: Op[] } {
   const ops: Op[] = [];
   const workerTable = new WorkerTable();
   const pairs = (words: Uint32Array, start: number, count: number) =>
-    Array.from({ length: count }, (_, i) => u64(words[2 * (start + i)]!, words[2 * (start + i) + 1]!));
-  const worker = (slot: number) => ({ worker: workerTable.workerIdOf(slot), rank: workerTable.dpRankOf(slot) });
+    Array.from({ length: count }, (_, i) =>
+      u64(words[2 * (start + i)]!, words[2 * (start + i) + 1]!),
+    );
+  const worker = (slot: number) => ({
+    worker: workerTable.workerIdOf(slot),
+    rank: workerTable.dpRankOf(slot),
+  });
   return {
     ops,
     workerTable,
     storeAt(slot, hasParent, parentHi, parentLo, external, local, count, start) {
       ops.push({
-        op: "stored", ...worker(slot), parent: hasParent ? u64(parentHi, parentLo) : null,
-        external: pairs(external, start, count), local: pairs(local, start, count),
+        op: "stored",
+        ...worker(slot),
+        parent: hasParent ? u64(parentHi, parentLo) : null,
+        external: pairs(external, start, count),
+        local: pairs(local, start, count),
       });
     },
     removeAt(slot, external, count, start) {
@@ -46,7 +70,13 @@ function recorder(): KvEventWriter & { ops: Op[] } {
 
 function setup(options: Partial<NormalizerOptions> = {}) {
   const sink = recorder();
-  const normalizer = new KvEventNormalizer({ workerId: 7n, dpRank: 0, blockSize: 4, writer: sink, ...options });
+  const normalizer = new KvEventNormalizer({
+    workerId: 7n,
+    dpRank: 0,
+    blockSize: 4,
+    writer: sink,
+    ...options,
+  });
   const send = (events: KvEvent[], dpRank: number | null = null, form: "array" | "map" = "array") =>
     normalizer.ingest(encodeKvBatch({ ts: 1, events, dpRank }, { form }));
   return { sink, normalizer, send };
@@ -54,19 +84,46 @@ function setup(options: Partial<NormalizerOptions> = {}) {
 
 const TOKENS = Array.from({ length: 12 }, (_, i) => i + 1);
 
-function store(hashes: bigint[], parent: bigint | null, extra: Partial<KvBlockStored> = {}): KvBlockStored {
+function store(
+  hashes: bigint[],
+  parent: bigint | null,
+  extra: Partial<KvBlockStored> = {},
+): KvBlockStored {
   return {
-    type: "BlockStored", blockHashes: hashes, parentBlockHash: parent, tokenIds: TOKENS.slice(0, 4 * hashes.length),
-    blockSize: 4, loraId: null, medium: "GPU", loraName: null, ...extra,
+    type: "BlockStored",
+    blockHashes: hashes,
+    parentBlockHash: parent,
+    tokenIds: TOKENS.slice(0, 4 * hashes.length),
+    blockSize: 4,
+    loraId: null,
+    medium: "GPU",
+    loraName: null,
+    ...extra,
   };
 }
 
 describe("conversion to index operations", () => {
   test("store, remove and clear with local hashes from src/hash; the batch's dp rank wins", () => {
     const { sink, send } = setup();
-    expect(send([store([101n, 102n, 103n], 100n), { type: "BlockRemoved", blockHashes: [103n], medium: "GPU" }, { type: "AllBlocksCleared" }], 3)).toBe(true);
+    expect(
+      send(
+        [
+          store([101n, 102n, 103n], 100n),
+          { type: "BlockRemoved", blockHashes: [103n], medium: "GPU" },
+          { type: "AllBlocksCleared" },
+        ],
+        3,
+      ),
+    ).toBe(true);
     expect(sink.ops).toEqual([
-      { op: "stored", worker: 7n, rank: 3, parent: 100n, external: [101n, 102n, 103n], local: hashTokens(TOKENS, 4).local },
+      {
+        op: "stored",
+        worker: 7n,
+        rank: 3,
+        parent: 100n,
+        external: [101n, 102n, 103n],
+        local: hashTokens(TOKENS, 4).local,
+      },
       { op: "removed", worker: 7n, rank: 3, external: [103n] },
       { op: "cleared", worker: 7n, rank: 3 },
     ]);
@@ -75,7 +132,16 @@ describe("conversion to index operations", () => {
   test("the known-answer vector [1,2,3,4] and the configured rank when the batch has none", () => {
     const { sink, send } = setup();
     send([store([1n], null)]);
-    expect(sink.ops).toEqual([{ op: "stored", worker: 7n, rank: 0, parent: null, external: [1n], local: [14643705804678351452n] }]);
+    expect(sink.ops).toEqual([
+      {
+        op: "stored",
+        worker: 7n,
+        rank: 0,
+        parent: null,
+        external: [1n],
+        local: [14643705804678351452n],
+      },
+    ]);
   });
 
   test("LoRA name and Eagle windows reach the hash", () => {
@@ -83,14 +149,18 @@ describe("conversion to index operations", () => {
     const pairs = TOKENS.slice(0, 8).map((token) => [token, token + 1] as const);
     send([store([1n, 2n], null, { loraName: "my-lora", tokenIds: pairs })], null, "map");
     const op = sink.ops[0]!;
-    expect(op.op === "stored" && op.local).toEqual(hashTokens(TOKENS.slice(0, 9), 4, { loraName: "my-lora", eagle: true }).local);
+    expect(op.op === "stored" && op.local).toEqual(
+      hashTokens(TOKENS.slice(0, 9), 4, { loraName: "my-lora", eagle: true }).local,
+    );
   });
 
   test("a repeated hash (parent included) rejects the store whole", () => {
     const { sink, normalizer, send } = setup();
     send([store([5n, 6n], 6n), store([8n, 9n, 8n], null)]);
     const many = Array.from({ length: 40 }, (_, i) => BigInt(i + 1000));
-    send([store([...many, 1000n], null, { tokenIds: Array.from({ length: 4 * 41 }, (_, i) => i) })]);
+    send([
+      store([...many, 1000n], null, { tokenIds: Array.from({ length: 4 * 41 }, (_, i) => i) }),
+    ]);
     expect(sink.ops).toEqual([]);
     expect(normalizer.counters.rejectedEvents.self_reference).toBe(3);
     expect(normalizer.counters.rejectedBlocks.self_reference).toBe(2 + 3 + 41);
@@ -139,8 +209,9 @@ describe("conversion to index operations", () => {
       if (plant === 1) hashes[next() % length] = hashes[next() % length]!;
       if (plant === 2 && parent !== null) hashes[next() % length] = parent;
       if (plant === 3) parent = hashes[next() % length]!;
-      const expected = new Set([...hashes, ...(parent === null ? [] : [parent])]).size
-        < length + (parent === null ? 0 : 1);
+      const expected =
+        new Set([...hashes, ...(parent === null ? [] : [parent])]).size <
+        length + (parent === null ? 0 : 1);
       if (expected) rejected++;
       else kept++;
       send([store(hashes, parent, { tokenIds: Array.from({ length: 4 * length }, (_, i) => i) })]);
@@ -150,9 +221,13 @@ describe("conversion to index operations", () => {
     expect(Math.min(kept, rejected)).toBeGreaterThan(50);
   });
 
-  test.skipIf(native === null)("the repeat check again without native code", () => {
-    expectChildSuitePasses([import.meta.path, "-t", "repeat"], { KVEDGE_NATIVE: "0" });
-  }, 60_000);
+  test.skipIf(native === null)(
+    "the repeat check again without native code",
+    () => {
+      expectChildSuitePasses([import.meta.path, "-t", "repeat"], { KVEDGE_NATIVE: "0" });
+    },
+    60_000,
+  );
 
   test("another block size rejects the whole event, logged once", () => {
     const records = memoryLogger();
@@ -161,21 +236,44 @@ describe("conversion to index operations", () => {
     send([store([3n], null, { blockSize: 16 })]);
     expect(sink.ops).toEqual([]);
     expect(normalizer.counters.rejectedBlocks.block_size_mismatch).toBe(3);
-    expect(records.records.filter((record) => record.fields.kind === "block_size_mismatch")).toHaveLength(1);
+    expect(
+      records.records.filter((record) => record.fields.kind === "block_size_mismatch"),
+    ).toHaveLength(1);
   });
 
   test("tokens running short keep the complete blocks before them", () => {
     const { sink, normalizer, send } = setup();
     send([store([1n, 2n, 3n], null, { tokenIds: TOKENS.slice(0, 9) })]);
-    expect(sink.ops).toEqual([{ op: "stored", worker: 7n, rank: 0, parent: null, external: [1n, 2n], local: hashTokens(TOKENS.slice(0, 8), 4).local }]);
+    expect(sink.ops).toEqual([
+      {
+        op: "stored",
+        worker: 7n,
+        rank: 0,
+        parent: null,
+        external: [1n, 2n],
+        local: hashTokens(TOKENS.slice(0, 8), 4).local,
+      },
+    ]);
     expect(normalizer.counters.rejectedBlocks.tokens_short).toBe(1);
   });
 
   test("blocks from the first multimodal one on are rejected, the prefix kept", () => {
     const { sink, normalizer, send } = setup();
     const mm = "ab".repeat(32);
-    send([store([1n, 2n, 3n], null, { extraKeys: [null, [mm], null] }), store([4n], null, { extraKeys: [[[mm, 0]]] })]);
-    expect(sink.ops).toEqual([{ op: "stored", worker: 7n, rank: 0, parent: null, external: [1n], local: hashTokens(TOKENS.slice(0, 4), 4).local }]);
+    send([
+      store([1n, 2n, 3n], null, { extraKeys: [null, [mm], null] }),
+      store([4n], null, { extraKeys: [[[mm, 0]]] }),
+    ]);
+    expect(sink.ops).toEqual([
+      {
+        op: "stored",
+        worker: 7n,
+        rank: 0,
+        parent: null,
+        external: [1n],
+        local: hashTokens(TOKENS.slice(0, 4), 4).local,
+      },
+    ]);
     expect(normalizer.counters.rejectedBlocks.multimodal_unsupported).toBe(3);
   });
 });
@@ -184,8 +282,10 @@ describe("filters, in the reference's order", () => {
   test("ownership and locality", () => {
     const { sink, normalizer, send } = setup();
     send([
-      store([1n], null, { ownership: "kvcr" }), store([2n], null, { ownership: "someone" }),
-      store([3n], null, { locality: "REMOTE" }), store([4n], null, { locality: "local" }),
+      store([1n], null, { ownership: "kvcr" }),
+      store([2n], null, { ownership: "someone" }),
+      store([3n], null, { locality: "REMOTE" }),
+      store([4n], null, { locality: "local" }),
       { type: "AllBlocksCleared", ownership: "kvcr" },
     ]);
     expect(sink.ops.map((op) => op.op === "stored" && op.external)).toEqual([[4n]]);
@@ -196,29 +296,48 @@ describe("filters, in the reference's order", () => {
   test("medium -> tier: only the device tier is applied, the others counted", () => {
     const { sink, normalizer, send } = setup();
     send([
-      store([1n], null, { medium: "GPU" }), store([2n], null, { medium: null }), store([3n], null, { medium: "" }),
-      store([4n], null, { medium: "CPU" }), store([5n, 6n], null, { medium: "cpu_tier2" }),
-      store([7n], null, { medium: "SHARED" }), store([8n], null, { medium: "FLOPPY" }),
+      store([1n], null, { medium: "GPU" }),
+      store([2n], null, { medium: null }),
+      store([3n], null, { medium: "" }),
+      store([4n], null, { medium: "CPU" }),
+      store([5n, 6n], null, { medium: "cpu_tier2" }),
+      store([7n], null, { medium: "SHARED" }),
+      store([8n], null, { medium: "FLOPPY" }),
       { type: "BlockRemoved", blockHashes: [4n], medium: "CPU" },
     ]);
     expect(sink.ops.map((op) => op.op === "stored" && op.external)).toEqual([[1n], [2n], [3n]]);
-    expect(normalizer.counters.eventsByTier).toEqual({ device: 3, host_pinned: 2, disk: 1, external: 1 });
-    expect(normalizer.counters.blocksByTier).toEqual({ device: 3, host_pinned: 2, disk: 2, external: 1 });
+    expect(normalizer.counters.eventsByTier).toEqual({
+      device: 3,
+      host_pinned: 2,
+      disk: 1,
+      external: 1,
+    });
+    expect(normalizer.counters.blocksByTier).toEqual({
+      device: 3,
+      host_pinned: 2,
+      disk: 2,
+      external: 1,
+    });
     expect(normalizer.counters.rejectedEvents.unknown_medium).toBe(1);
   });
 
   test("attention groups: learned kinds filter later events without a kind", () => {
     const { sink, normalizer, send } = setup();
-    send([
-      store([1n], null, { groupIdx: 1, kvCacheSpecKind: "sliding_window" }),
-      store([2n], null, { groupIdx: 0, kvCacheSpecKind: "full_attention" }),
-      { type: "BlockRemoved", blockHashes: [1n], groupIdx: 1 },
-      { type: "BlockRemoved", blockHashes: [2n], groupIdx: 0 },
-      store([3n], null, { groupIdx: 2 }),
-      store([4n], null, { groupIdx: 0 }),
-    ], 1);
+    send(
+      [
+        store([1n], null, { groupIdx: 1, kvCacheSpecKind: "sliding_window" }),
+        store([2n], null, { groupIdx: 0, kvCacheSpecKind: "full_attention" }),
+        { type: "BlockRemoved", blockHashes: [1n], groupIdx: 1 },
+        { type: "BlockRemoved", blockHashes: [2n], groupIdx: 0 },
+        store([3n], null, { groupIdx: 2 }),
+        store([4n], null, { groupIdx: 0 }),
+      ],
+      1,
+    );
     expect(sink.ops.map((op) => [op.op, op.op === "cleared" ? [] : op.external])).toEqual([
-      ["stored", [2n]], ["removed", [2n]], ["stored", [4n]],
+      ["stored", [2n]],
+      ["removed", [2n]],
+      ["stored", [4n]],
     ]);
     expect(normalizer.counters.rejectedEvents.attention_group).toBe(3);
     // Learned per dp rank: rank 2 has not learned group 1, which is then not 0: filtered.
@@ -235,7 +354,10 @@ describe("cache namespace propagation", () => {
       store([2n], 1n, { tokenIds: TOKENS.slice(4, 8) }),
     ]);
     const salted = (tokens: number[]) => hashTokens(tokens, 4, { cacheSalt: "tenant-a" }).local;
-    expect(sink.ops.map((op) => op.op === "stored" && op.local)).toEqual([salted(TOKENS.slice(0, 4)), salted(TOKENS.slice(4, 8))]);
+    expect(sink.ops.map((op) => op.op === "stored" && op.local)).toEqual([
+      salted(TOKENS.slice(0, 4)),
+      salted(TOKENS.slice(4, 8)),
+    ]);
     expect(normalizer.namespaceEntries).toBe(2);
     send([{ type: "BlockRemoved", blockHashes: [2n], medium: "GPU" }]);
     expect(normalizer.namespaceEntries).toBe(1);
@@ -249,10 +371,16 @@ describe("cache namespace propagation", () => {
 
   test("a hash stored under two salts becomes ambiguous: its children are filtered", () => {
     const { sink, normalizer, send } = setup();
-    send([
-      store([1n], null, { cacheSalt: "a" }), store([1n], null, { cacheSalt: "b" }),
-      store([2n], 1n), { type: "BlockRemoved", blockHashes: [1n] },
-    ], null, "map");
+    send(
+      [
+        store([1n], null, { cacheSalt: "a" }),
+        store([1n], null, { cacheSalt: "b" }),
+        store([2n], 1n),
+        { type: "BlockRemoved", blockHashes: [1n] },
+      ],
+      null,
+      "map",
+    );
     expect(sink.ops.filter((op) => op.op === "stored")).toHaveLength(2);
     expect(normalizer.counters.rejectedEvents.namespace_ambiguous).toBe(1);
     // The ambiguous entry survives the removal; a clear of the rank forgets it.
@@ -295,7 +423,9 @@ describe("bad input", () => {
     expect(normalizer.ingest(bad)).toBe(false);
     expect(sink.ops).toEqual([]);
     expect(normalizer.counters.batchesDropped).toBe(2);
-    expect(Object.entries(normalizer.counters.decodeErrors).filter(([, count]) => count > 0)).toHaveLength(1);
+    expect(
+      Object.entries(normalizer.counters.decodeErrors).filter(([, count]) => count > 0),
+    ).toHaveLength(1);
     expect(records.records.filter((record) => record.level === "warn")).toHaveLength(1);
     expect(send([store([1n], null)])).toBe(true);
     expect(sink.ops).toHaveLength(1);
@@ -303,7 +433,14 @@ describe("bad input", () => {
 
   test("counters add up", () => {
     const { normalizer, send } = setup();
-    const batch: KvBatch = { ts: 1, events: [store([1n], null), { type: "BlockRemoved", blockHashes: [1n] }, { type: "AllBlocksCleared" }] };
+    const batch: KvBatch = {
+      ts: 1,
+      events: [
+        store([1n], null),
+        { type: "BlockRemoved", blockHashes: [1n] },
+        { type: "AllBlocksCleared" },
+      ],
+    };
     send([...batch.events]);
     expect(normalizer.counters.events).toEqual({ stored: 1, removed: 1, cleared: 1 });
     expect(normalizer.counters.appliedStoredBlocks).toBe(1);

@@ -27,8 +27,20 @@ test("an oversize batch, its replay too: skipped, connection kept; lost, degrade
   const held = (): number => index.workers()[0]?.blocks ?? 0;
   const log = memoryLogger();
   const source = new EngineSource(
-    { workerId: 1n, dpRank: 0, endpoint: engine.endpoint, replayEndpoint: engine.replayEndpoint, topic: "" },
-    { blockSize: BS, writer: index, log, zmtp: { maxMessageBytes: 4096 }, sequencer: { replayTimeoutMs: 500 } },
+    {
+      workerId: 1n,
+      dpRank: 0,
+      endpoint: engine.endpoint,
+      replayEndpoint: engine.replayEndpoint,
+      topic: "",
+    },
+    {
+      blockSize: BS,
+      writer: index,
+      log,
+      zmtp: { maxMessageBytes: 4096 },
+      sequencer: { replayTimeoutMs: 500 },
+    },
   );
   cleanups.push(() => source.stop());
   await source.start();
@@ -38,7 +50,14 @@ test("an oversize batch, its replay too: skipped, connection kept; lost, degrade
   await until(() => held() === 1, "the first batch");
   // ~2,000 blocks: far over 4 KiB of msgpack.
   const bigHashes = Array.from({ length: 2000 }, (_, i) => BigInt(100 + i));
-  engine.publish([stored(bigHashes, Array.from({ length: 4 * 2000 }, (_, i) => i % 50), BS, 1n)]);
+  engine.publish([
+    stored(
+      bigHashes,
+      Array.from({ length: 4 * 2000 }, (_, i) => i % 50),
+      BS,
+      1n,
+    ),
+  ]);
   engine.publish([stored([7n], [9, 9, 9, 9], BS)]);
   await until(() => held() === 2, "the batch after the oversize one");
   await until(() => source.sequencer.counters.lost === 1, "the oversize batch counted lost");

@@ -19,9 +19,17 @@ interface Harness {
 /** A batch's bytes: its seq, and which engine lifetime published it (fingerprints differ across lifetimes). */
 const bytes = (seq: number, life = 0) => new Uint8Array([seq & 0xff, life]);
 
-function harness(options: { replay?: boolean; bad?: Set<number>; bufferMax?: number } = {}): Harness {
+function harness(
+  options: { replay?: boolean; bad?: Set<number>; bufferMax?: number } = {},
+): Harness {
   const h: Harness = {
-    applied: [], resets: [], replays: [], cancels: 0, events: [], timers: [], clock: { now: 0 },
+    applied: [],
+    resets: [],
+    replays: [],
+    cancels: 0,
+    events: [],
+    timers: [],
+    clock: { now: 0 },
   } as unknown as Harness;
   const hooks: SequencerHooks = {
     apply: (seq, payload) => {
@@ -254,7 +262,8 @@ describe("one live connection", () => {
 /** Serves a replay from `ring` (the engine's kept batches) starting at `start`. */
 function serve(h: Harness, ring: { seq: number; life: number }[]): void {
   const start = h.replays.at(-1)!;
-  for (const batch of ring) if (batch.seq >= start) h.seq.replayBatch(batch.seq, bytes(batch.seq, batch.life));
+  for (const batch of ring)
+    if (batch.seq >= start) h.seq.replayBatch(batch.seq, bytes(batch.seq, batch.life));
   h.seq.replayEnd();
 }
 
@@ -608,8 +617,12 @@ describe("randomized: lossy network, finite ring, restarts, reconnects; exact me
     };
     if (hasReplay) hooks.requestReplay = (start) => (pending = start);
     const sequencer = new Sequencer(hooks, {
-      replayTimeoutMs: 1e9, replayDeadlineMs: 1e9, replayCooldownMs: 0, replayBufferBytes: 1 << 20,
-      setTimer: () => 0, clearTimer: () => {},
+      replayTimeoutMs: 1e9,
+      replayDeadlineMs: 1e9,
+      replayCooldownMs: 0,
+      replayBufferBytes: 1 << 20,
+      setTimer: () => 0,
+      clearTimer: () => {},
     });
     const serveReplay = () => {
       if (pending === null) return;
@@ -626,7 +639,9 @@ describe("randomized: lossy network, finite ring, restarts, reconnects; exact me
       if (sequencer.isDegraded || sequencer.isReplaying) return;
       compared++;
       // A dropped trailing batch can't be noticed before the next one: exact as of lastSeq.
-      const want = new Set(engine.filter((seq) => seq <= sequencer.lastSeq).map((seq) => `${life}:${seq}`));
+      const want = new Set(
+        engine.filter((seq) => seq <= sequencer.lastSeq).map((seq) => `${life}:${seq}`),
+      );
       expect([...index].sort()).toEqual([...want].sort());
     };
     sequencer.connected();

@@ -27,7 +27,11 @@ export class NodePeer {
   private constructor(private readonly proc: Subprocess<"pipe", "pipe", "pipe">) {}
 
   static async start(config: PeerConfig): Promise<NodePeer> {
-    const proc = Bun.spawn(["node", PEER_SCRIPT, JSON.stringify(config)], { stdin: "pipe", stdout: "pipe", stderr: "pipe" });
+    const proc = Bun.spawn(["node", PEER_SCRIPT, JSON.stringify(config)], {
+      stdin: "pipe",
+      stdout: "pipe",
+      stderr: "pipe",
+    });
     const peer = new NodePeer(proc);
     void peer.pump();
     void new Response(proc.stderr).text().then((text) => (peer.stderr = text));
@@ -56,7 +60,10 @@ export class NodePeer {
   }
 
   send(frames: readonly Uint8Array[]): void {
-    this.command({ op: "send", frames: frames.map((frame) => Buffer.from(frame).toString("base64")) });
+    this.command({
+      op: "send",
+      frames: frames.map((frame) => Buffer.from(frame).toString("base64")),
+    });
   }
 
   /** Resolves with the first line (already seen or future) matching `match`. */
@@ -67,7 +74,9 @@ export class NodePeer {
       if (found !== undefined) return found;
       const left = deadline - performance.now();
       if (left <= 0 || this.proc.exitCode !== null) {
-        throw new Error(`libzmq peer: no matching line within ${timeoutMs} ms (exit ${this.proc.exitCode}); lines: ${this.lines.slice(-5).join(" | ")}; stderr: ${this.stderr}`);
+        throw new Error(
+          `libzmq peer: no matching line within ${timeoutMs} ms (exit ${this.proc.exitCode}); lines: ${this.lines.slice(-5).join(" | ")}; stderr: ${this.stderr}`,
+        );
       }
       await new Promise<void>((resolve) => {
         const timer = setTimeout(resolve, Math.min(left, 100));
@@ -83,8 +92,14 @@ export class NodePeer {
   async waitForMessages(count: number, timeoutMs = 10_000): Promise<string[]> {
     const deadline = performance.now() + timeoutMs;
     while (this.messages.length < count) {
-      if (performance.now() > deadline) throw new Error(`libzmq peer: ${this.messages.length}/${count} messages after ${timeoutMs} ms`);
-      await this.waitFor(() => this.messages.length >= count, Math.max(1, deadline - performance.now())).catch(() => {});
+      if (performance.now() > deadline)
+        throw new Error(
+          `libzmq peer: ${this.messages.length}/${count} messages after ${timeoutMs} ms`,
+        );
+      await this.waitFor(
+        () => this.messages.length >= count,
+        Math.max(1, deadline - performance.now()),
+      ).catch(() => {});
     }
     return this.messages;
   }
@@ -137,4 +152,3 @@ export function seqBytes(seq: bigint): Uint8Array {
 
 export const text = (value: string): Uint8Array => new TextEncoder().encode(value);
 export const str = (bytes: Uint8Array): string => new TextDecoder().decode(bytes);
-

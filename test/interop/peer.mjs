@@ -46,10 +46,18 @@ async function serveReplay(replay) {
     const from = Number(start.readBigUInt64BE());
     for (let seq = from; seq < replay.count; seq++) {
       const body = [seqBytes(seq), Buffer.from(`payload-${seq}`)];
-      await socket.send(replay.withTopic ? [identity, empty, Buffer.from(replay.topic), ...body] : [identity, empty, ...body]);
+      await socket.send(
+        replay.withTopic
+          ? [identity, empty, Buffer.from(replay.topic), ...body]
+          : [identity, empty, ...body],
+      );
     }
     const end = [seqBytes(-1), Buffer.alloc(0)];
-    await socket.send(replay.withTopic ? [identity, empty, Buffer.from(replay.topic), ...end] : [identity, empty, ...end]);
+    await socket.send(
+      replay.withTopic
+        ? [identity, empty, Buffer.from(replay.topic), ...end]
+        : [identity, empty, ...end],
+    );
   }
 }
 
@@ -65,7 +73,8 @@ async function burst({ count, topic, size, from = 0 }) {
 
 async function main() {
   void watchEvents();
-  if (config.role === "sub") for (const prefix of config.subscribe ?? [""]) socket.subscribe(prefix);
+  if (config.role === "sub")
+    for (const prefix of config.subscribe ?? [""]) socket.subscribe(prefix);
   if (config.bind !== undefined) {
     await socket.bind(config.bind);
     out(`ready ${socket.lastEndpoint}`);
@@ -80,7 +89,8 @@ async function main() {
   for await (const line of lines) {
     if (line.trim() === "") continue;
     const command = JSON.parse(line);
-    if (command.op === "send") await socket.send(command.frames.map((frame) => Buffer.from(frame, "base64")));
+    if (command.op === "send")
+      await socket.send(command.frames.map((frame) => Buffer.from(frame, "base64")));
     else if (command.op === "burst") await burst(command);
     else if (command.op === "subscribe") socket.subscribe(command.prefix);
     else if (command.op === "unsubscribe") socket.unsubscribe(command.prefix);

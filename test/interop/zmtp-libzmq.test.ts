@@ -7,7 +7,14 @@ import { afterEach, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { DealerSocket, PubSocket, RouterSocket, SubSocket, type PeerInfo, type ZmtpSocket } from "../../src/wire/zmtp";
+import {
+  DealerSocket,
+  PubSocket,
+  RouterSocket,
+  SubSocket,
+  type PeerInfo,
+  type ZmtpSocket,
+} from "../../src/wire/zmtp";
 import { until } from "../support/wait";
 import { describeMessage, NodePeer, seqBytes, str, text } from "./libzmq";
 
@@ -42,10 +49,14 @@ interface Received {
 }
 
 /** A SUB that keeps copies of what it receives. */
-function collectingSub(options: ConstructorParameters<typeof SubSocket>[0] = {}): { sub: SubSocket; got: Received[] } {
+function collectingSub(options: ConstructorParameters<typeof SubSocket>[0] = {}): {
+  sub: SubSocket;
+  got: Received[];
+} {
   const sub = track(new SubSocket(options));
   const got: Received[] = [];
-  sub.onMessage = (frames, peer) => got.push({ frames: frames.map((frame) => frame.slice()), peer });
+  sub.onMessage = (frames, peer) =>
+    got.push({ frames: frames.map((frame) => frame.slice()), peer });
   return { sub, got };
 }
 
@@ -77,7 +88,11 @@ async function primeToLibzmq(pub: PubSocket, sub: NodePeer, topic: string): Prom
   }, "the libzmq SUB to print a probe");
 }
 
-const vllmMessage = (topic: string, seq: number, payload: Uint8Array): Uint8Array[] => [text(topic), seqBytes(BigInt(seq)), payload];
+const vllmMessage = (topic: string, seq: number, payload: Uint8Array): Uint8Array[] => [
+  text(topic),
+  seqBytes(BigInt(seq)),
+  payload,
+];
 
 describe("libzmq PUB -> our SUB", () => {
   test("connect side: vLLM 3-frame messages, > 255 B and > 1 MiB frames, SUB-side filtering", async () => {
@@ -88,9 +103,16 @@ describe("libzmq PUB -> our SUB", () => {
     sub.connect(pub.endpoint);
     await primeFromLibzmq(pub, got);
 
-    const payloads = [new Uint8Array(10), new Uint8Array(300).fill(7), new Uint8Array(2 * 1024 * 1024 + 3)];
-    payloads[2]!.forEach((_, i, a) => (a[i] = (i * 31) & 0xff));
-    for (let seq = 0; seq < payloads.length; seq++) pub.send(vllmMessage("kv@pod-1@model", seq, payloads[seq]!));
+    const payloads = [
+      new Uint8Array(10),
+      new Uint8Array(300).fill(7),
+      new Uint8Array(2 * 1024 * 1024 + 3),
+    ];
+    payloads[2]!.forEach((_, i, a) => {
+      a[i] = (i * 31) & 0xff;
+    });
+    for (let seq = 0; seq < payloads.length; seq++)
+      pub.send(vllmMessage("kv@pod-1@model", seq, payloads[seq]!));
     pub.send([text("other-topic"), text("dropped by the publisher's filter")]);
     pub.command({ op: "burst", count: 200, topic: "kv@burst", size: 100, from: 1000 });
     await until(() => got.length === 3 + 200, "3 + 200 messages");
@@ -99,12 +121,18 @@ describe("libzmq PUB -> our SUB", () => {
       const { frames } = got[seq]!;
       expect(frames).toHaveLength(3);
       expect(str(frames[0]!)).toBe("kv@pod-1@model");
-      expect(new DataView(frames[1]!.buffer, frames[1]!.byteOffset).getBigUint64(0)).toBe(BigInt(seq));
+      expect(new DataView(frames[1]!.buffer, frames[1]!.byteOffset).getBigUint64(0)).toBe(
+        BigInt(seq),
+      );
       expect(Buffer.from(frames[2]!).equals(Buffer.from(payloads[seq]!))).toBe(true);
     }
-    const burstSeqs = got.slice(3).map((m) => Number(new DataView(m.frames[1]!.buffer).getBigUint64(0)));
+    const burstSeqs = got
+      .slice(3)
+      .map((m) => Number(new DataView(m.frames[1]!.buffer).getBigUint64(0)));
     expect(burstSeqs).toEqual(Array.from({ length: 200 }, (_, i) => 1000 + i));
-    expect(got.every((m) => m.peer.socketType === "PUB" && m.peer.direction === "connect")).toBe(true);
+    expect(got.every((m) => m.peer.socketType === "PUB" && m.peer.direction === "connect")).toBe(
+      true,
+    );
     expect(sub.counters.messagesIn).toBeGreaterThanOrEqual(203);
     expect(sub.counters.protocolErrorsTotal).toBe(0);
   });
@@ -185,7 +213,11 @@ describe("our PUB -> libzmq SUB", () => {
 describe("vLLM replay: our DEALER <-> libzmq ROUTER", () => {
   for (const withTopic of [true, false]) {
     test(`replies of ${withTopic ? 4 : 3} frames (after the DEALER's empty delimiter) end with seq -1`, async () => {
-      const router = await peer({ role: "router", bind: "tcp://127.0.0.1:*", replay: { topic: "kv@pod", count: 8, withTopic } });
+      const router = await peer({
+        role: "router",
+        bind: "tcp://127.0.0.1:*",
+        replay: { topic: "kv@pod", count: 8, withTopic },
+      });
       const dealer = track(new DealerSocket());
       const replies: Uint8Array[][] = [];
       dealer.onMessage = (frames) => replies.push(frames.map((frame) => frame.slice()));
@@ -219,13 +251,23 @@ describe("vLLM replay: our DEALER <-> libzmq ROUTER", () => {
     const seen: string[] = [];
     router.onMessage = (identity, frames) => {
       seen.push(str(identity));
-      router.send(identity, [new Uint8Array(0), text(`echo:${str(frames[1]!)}`), new Uint8Array(400_000)]);
+      router.send(identity, [
+        new Uint8Array(0),
+        text(`echo:${str(frames[1]!)}`),
+        new Uint8Array(400_000),
+      ]);
     };
-    const dealer = await peer({ role: "dealer", connect: endpoint, options: { routingId: "engine-7" } });
+    const dealer = await peer({
+      role: "dealer",
+      connect: endpoint,
+      options: { routingId: "engine-7" },
+    });
     dealer.send([new Uint8Array(0), text("hello")]);
     const [reply] = await dealer.waitForMessages(1);
     expect(seen).toEqual(["engine-7"]);
-    expect(reply).toBe(describeMessage([new Uint8Array(0), text("echo:hello"), new Uint8Array(400_000)]));
+    expect(reply).toBe(
+      describeMessage([new Uint8Array(0), text("echo:hello"), new Uint8Array(400_000)]),
+    );
     expect(router.peers[0]!.identity).toEqual(text("engine-7"));
   });
 });
@@ -245,7 +287,10 @@ describe("restarts and heartbeats", () => {
     await first.exited();
     await until(() => events.some((e) => e.event === "disconnected"), "disconnect after kill");
     const failures = sub.counters.connectFailures;
-    await until(() => sub.counters.connectFailures >= failures + 2, "reconnects to fail against the closed port");
+    await until(
+      () => sub.counters.connectFailures >= failures + 2,
+      "reconnects to fail against the closed port",
+    );
 
     const second = await peer({ role: "pub", bind: first.endpoint });
     await primeFromLibzmq(second, got);
@@ -263,7 +308,12 @@ describe("restarts and heartbeats", () => {
   test("a frozen libzmq PUB is detected by our PINGs within the heartbeat timeout, then reconnected", async () => {
     const pub = await peer({ role: "pub", bind: "tcp://127.0.0.1:*" });
     const events: { event: string; reason: string }[] = [];
-    const { sub, got } = collectingSub({ heartbeatIntervalMs: 100, heartbeatTimeoutMs: 400, reconnectMinMs: 50, reconnectMaxMs: 200 });
+    const { sub, got } = collectingSub({
+      heartbeatIntervalMs: 100,
+      heartbeatTimeoutMs: 400,
+      reconnectMinMs: 50,
+      reconnectMaxMs: 200,
+    });
     sub.onPeer = (event, _p, reason) => events.push({ event, reason });
     sub.subscribe("");
     sub.connect(pub.endpoint);
@@ -274,7 +324,11 @@ describe("restarts and heartbeats", () => {
     expect(sub.counters.heartbeatTimeouts).toBe(0);
 
     pub.signal("SIGSTOP");
-    await until(() => events.some((e) => e.event === "disconnected"), "heartbeat disconnect", 5_000);
+    await until(
+      () => events.some((e) => e.event === "disconnected"),
+      "heartbeat disconnect",
+      5_000,
+    );
     const lost = events.find((e) => e.event === "disconnected")!;
     expect(lost.reason).toContain("PING");
     expect(sub.counters.heartbeatTimeouts).toBe(1);

@@ -11,19 +11,24 @@ const affinityModule = join(import.meta.dir, "../../src/runtime/affinity.ts");
 
 describe("CPU lists", () => {
   test.each([
-    ["0", [0]], ["0-3", [0, 1, 2, 3]], ["0-1,4,6-7", [0, 1, 4, 6, 7]], [" 3 , 1 ", [1, 3]],
+    ["0", [0]],
+    ["0-3", [0, 1, 2, 3]],
+    ["0-1,4,6-7", [0, 1, 4, 6, 7]],
+    [" 3 , 1 ", [1, 3]],
     ["2,2,1-2", [1, 2]],
   ])("%p → %p", (text, cpus) => {
     expect(parseCpuList(text)).toEqual(cpus);
   });
 
   test.each([
-    ["", "''"], ["a", "'a'"], ["3-1", "backwards"], ["0-5000", "above 1023"], ["1,,2", "''"],
-  ])(
-    "%p is refused (%p)", (text, why) => {
-      expect(() => parseCpuList(text)).toThrow(why);
-    },
-  );
+    ["", "''"],
+    ["a", "'a'"],
+    ["3-1", "backwards"],
+    ["0-5000", "above 1023"],
+    ["1,,2", "''"],
+  ])("%p is refused (%p)", (text, why) => {
+    expect(() => parseCpuList(text)).toThrow(why);
+  });
 
   test("NUMA node CPUs come from sysfs; a missing node is a clear error", () => {
     const sysfs = mkdtempSync(join(tmpdir(), "kvedge-sysfs-"));

@@ -16,7 +16,9 @@ type Report = Record<string, unknown>;
 
 async function runChild(script: string, env: Record<string, string>): Promise<Report> {
   const child = Bun.spawn([process.execPath, "-e", script], {
-    stdout: "pipe", stderr: "pipe", env: { ...process.env, ...env },
+    stdout: "pipe",
+    stderr: "pipe",
+    env: { ...process.env, ...env },
   });
   const out = await new Response(child.stdout).text();
   const err = await new Response(child.stderr).text();
@@ -53,16 +55,27 @@ describe("the native loader", () => {
     const loaded = await runChild(childScript, { KVEDGE_NATIVE: "" });
     const off = await runChild(childScript, { KVEDGE_NATIVE: "0" });
     expect(loaded).toMatchObject({
-      native: true, reason: null, usingNativeHash: true, scanner: "native",
+      native: true,
+      reason: null,
+      usingNativeHash: true,
+      scanner: "native",
     });
     expect(off).toMatchObject({
-      native: false, reason: "disabled by KVEDGE_NATIVE=0", usingNativeHash: false, scanner: "js",
+      native: false,
+      reason: "disabled by KVEDGE_NATIVE=0",
+      usingNativeHash: false,
+      scanner: "js",
       libc: true,
     });
     expect(off.blocks).toBe(2);
     expect(off.tokens).toEqual([5, 6, 7]);
-    expect({ ...off, native: 0, reason: 0, usingNativeHash: 0, scanner: 0 })
-      .toEqual({ ...loaded, native: 0, reason: 0, usingNativeHash: 0, scanner: 0 });
+    expect({ ...off, native: 0, reason: 0, usingNativeHash: 0, scanner: 0 }).toEqual({
+      ...loaded,
+      native: 0,
+      reason: 0,
+      usingNativeHash: 0,
+      scanner: 0,
+    });
     expect(off.cpus).toBeGreaterThan(0);
   });
 });

@@ -48,8 +48,16 @@ function proxied(flags: string[]) {
     until(async () => (await metric("kvedge_admission_held")) === count, `${count} held`);
   const engineRequests = () => engine().server.counters.requests;
   const start = async () => {
-    serve = await startServe(["--proxy", "--tokenizer", QWEN3_DIR, "--model", "qwen3",
-      "--workers", `1=${engine().networked.endpoint};http=${engine().http}`, ...flags]);
+    serve = await startServe([
+      "--proxy",
+      "--tokenizer",
+      QWEN3_DIR,
+      "--model",
+      "qwen3",
+      "--workers",
+      `1=${engine().networked.endpoint};http=${engine().http}`,
+      ...flags,
+    ]);
   };
   const stop = () => serve?.stop();
   const activeRequests = async (): Promise<number> => {
@@ -60,8 +68,16 @@ function proxied(flags: string[]) {
 }
 
 describe("the proxy with admission hold", () => {
-  const kv = proxied(["--admission", "hold", "--admission-bound-ms", "200",
-    "--admission-max-hold-ms", "600000", "--admission-max-held", "1"]);
+  const kv = proxied([
+    "--admission",
+    "hold",
+    "--admission-bound-ms",
+    "200",
+    "--admission-max-hold-ms",
+    "600000",
+    "--admission-max-held",
+    "1",
+  ]);
   beforeAll(() => kv.start());
   afterAll(() => kv.stop());
 
@@ -91,7 +107,8 @@ describe("the proxy with admission hold", () => {
     expect((await kv.post("/v1/route", { request_id: "big", token_ids: LONG })).status).toBe(200);
     const before = kv.engineRequests();
     const abort = new AbortController();
-    const gone = kv.complete("A client that will not wait.", abort.signal)
+    const gone = kv
+      .complete("A client that will not wait.", abort.signal)
       .catch((error: Error) => error);
     await kv.heldIs(1);
     const refused = await kv.complete("One too many.");
@@ -112,8 +129,14 @@ describe("the proxy with admission hold", () => {
 });
 
 describe("the proxy with admission reject", () => {
-  const kv = proxied(["--admission", "reject", "--admission-bound-ms", "200",
-    "--admission-max-hold-ms", "0"]);
+  const kv = proxied([
+    "--admission",
+    "reject",
+    "--admission-bound-ms",
+    "200",
+    "--admission-max-hold-ms",
+    "0",
+  ]);
   beforeAll(() => kv.start());
   afterAll(() => kv.stop());
 

@@ -13,8 +13,22 @@ type Json = Record<string, any>;
 // engines late in model time, the engines evict what kvedge predicted, and the
 // observed-hit check rightly flags some workers.
 test("demo --proxy: kv_aware through the OpenAI proxy, checked against round robin", async () => {
-  const result = await runKvedge(["demo", "--proxy", "--requests", "800", "--workers", "8", "--time-scale", "1", "--speedup", "40",
-    "--policies", "kv_aware,round_robin", "--no-pin", "--json"]);
+  const result = await runKvedge([
+    "demo",
+    "--proxy",
+    "--requests",
+    "800",
+    "--workers",
+    "8",
+    "--time-scale",
+    "1",
+    "--speedup",
+    "40",
+    "--policies",
+    "kv_aware,round_robin",
+    "--no-pin",
+    "--json",
+  ]);
   expect(result.code).toBe(0);
   const demo = JSON.parse(result.stdout.trim()) as Json;
   const kv = demo.policies.kv_aware;

@@ -19,25 +19,50 @@ let publisher: NetworkedEngine;
 let engine: Server<undefined>;
 let serve: ServeProcess;
 
-const usage = { prompt_tokens: 5, completion_tokens: 1, total_tokens: 6, prompt_tokens_details: { cached_tokens: 0 } };
+const usage = {
+  prompt_tokens: 5,
+  completion_tokens: 1,
+  total_tokens: 6,
+  prompt_tokens_details: { cached_tokens: 0 },
+};
 
 beforeAll(async () => {
-  publisher = await new NetworkedEngine({ index: 0, capacityBlocks: 64, hashSeed: 1n, endpoint: "tcp://127.0.0.1:0", log: silentLogger }).start();
+  publisher = await new NetworkedEngine({
+    index: 0,
+    capacityBlocks: 64,
+    hashSeed: 1n,
+    endpoint: "tcp://127.0.0.1:0",
+    log: silentLogger,
+  }).start();
   engine = Bun.serve({
-    hostname: "127.0.0.1", port: 0,
+    hostname: "127.0.0.1",
+    port: 0,
     async fetch(request) {
       const body = await request.text();
       received.push({ path: new URL(request.url).pathname, body, headers: request.headers });
       const parsed = JSON.parse(body) as Json;
-      if (parsed.stream !== true) return Response.json({ id: "x", object: "text_completion", choices: [{ index: 0, text: "hi" }], usage });
+      if (parsed.stream !== true)
+        return Response.json({
+          id: "x",
+          object: "text_completion",
+          choices: [{ index: 0, text: "hi" }],
+          usage,
+        });
       const events = [{ id: "x", choices: [{ index: 0, delta: { content: "hi" } }] }];
-      if (parsed.stream_options?.include_usage === true) events.push({ id: "x", choices: [], usage } as never);
-      const text = events.map((event) => `data: ${JSON.stringify(event)}\n\n`).join("") + "data: [DONE]\n\n";
+      if (parsed.stream_options?.include_usage === true)
+        events.push({ id: "x", choices: [], usage } as never);
+      const text = `${events.map((event) => `data: ${JSON.stringify(event)}\n\n`).join("")}data: [DONE]\n\n`;
       return new Response(text, { headers: { "content-type": "text/event-stream" } });
     },
   });
-  serve = await startServe(["--proxy", "--tokenizer", QWEN3_DIR, "--forward-token-ids",
-    "--workers", `1=${publisher.endpoint};http=http://127.0.0.1:${engine.port}`]);
+  serve = await startServe([
+    "--proxy",
+    "--tokenizer",
+    QWEN3_DIR,
+    "--forward-token-ids",
+    "--workers",
+    `1=${publisher.endpoint};http=http://127.0.0.1:${engine.port}`,
+  ]);
   await until(async () => publisher.subscribers === 1, "kvedge to subscribe");
 });
 
@@ -47,10 +72,16 @@ afterAll(async () => {
   await publisher?.close();
 });
 
-const post = (path: string, body: string) => fetch(`${serve.url}${path}`, { method: "POST", headers: { "content-type": "application/json" }, body });
+const post = (path: string, body: string) =>
+  fetch(`${serve.url}${path}`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body,
+  });
 
 test("a chat body is forwarded byte for byte", async () => {
-  const body = '{"messages":[{"role":"user","content":"Héllo \\u00e9 there"}],  "max_tokens": 3, "temperature": 0.25, "extra_field": {"kept": true}}';
+  const body =
+    '{"messages":[{"role":"user","content":"Héllo \\u00e9 there"}],  "max_tokens": 3, "temperature": 0.25, "extra_field": {"kept": true}}';
   const response = await post("/v1/chat/completions", body);
   expect(response.status).toBe(200);
   await response.arrayBuffer();
@@ -59,11 +90,18 @@ test("a chat body is forwarded byte for byte", async () => {
 });
 
 test("a stream that did not ask for usage: usage is asked for, and its chunk is not passed on", async () => {
-  const response = await post("/v1/chat/completions", JSON.stringify({ messages: [{ role: "user", content: "x" }], stream: true }));
+  const response = await post(
+    "/v1/chat/completions",
+    JSON.stringify({ messages: [{ role: "user", content: "x" }], stream: true }),
+  );
   const data = await sseData(response);
-  expect(data).toEqual([JSON.stringify({ id: "x", choices: [{ index: 0, delta: { content: "hi" } }] }), "[DONE]"]);
+  expect(data).toEqual([
+    JSON.stringify({ id: "x", choices: [{ index: 0, delta: { content: "hi" } }] }),
+    "[DONE]",
+  ]);
   expect(JSON.parse(received.at(-1)!.body).stream_options).toEqual({ include_usage: true });
-  const workers = ((await (await fetch(`${serve.url}/v1/workers`)).json()) as Json).workers as Json[];
+  const workers = ((await (await fetch(`${serve.url}/v1/workers`)).json()) as Json)
+    .workers as Json[];
   expect(workers[0]!.observed_hits.answers).toBeGreaterThanOrEqual(1);
   expect(workers[0]!.active_requests).toBe(0);
 });

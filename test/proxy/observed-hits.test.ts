@@ -9,7 +9,12 @@ import { type LogRecord, memoryLogger } from "../../src/util/log";
 function rig(floor = 0.5, window = 8) {
   const records: LogRecord[] = [];
   const changes: [bigint, number, boolean][] = [];
-  const hits = new ObservedHits({ floor, window, log: memoryLogger(records), onChange: (w, d, s) => changes.push([w, d, s]) });
+  const hits = new ObservedHits({
+    floor,
+    window,
+    log: memoryLogger(records),
+    onChange: (w, d, s) => changes.push([w, d, s]),
+  });
   return { hits, records, changes };
 }
 
@@ -23,7 +28,12 @@ describe("observed hits", () => {
     expect(changes).toEqual([[1n, 0, true]]);
     expect(records.at(-1)!.message).toContain("fall persistently below the predicted ones");
     expect(records.at(-1)!.fields.observed_ratio).toBe(0.1);
-    expect(hits.view(1n, 0)).toMatchObject({ answers: 8, predictedTokens: 1280, observedTokens: 128, suspect: true });
+    expect(hits.view(1n, 0)).toMatchObject({
+      answers: 8,
+      predictedTokens: 1280,
+      observedTokens: 128,
+      suspect: true,
+    });
     // Recovery needs the ratio back above (floor + 1) / 2, not just above the floor.
     let steps = 0;
     while (hits.isSuspect(1n, 0)) {
@@ -33,7 +43,10 @@ describe("observed hits", () => {
     const ratio = hits.view(1n, 0).recentRatio!;
     expect(ratio).toBeGreaterThanOrEqual(0.75);
     expect(steps).toBeGreaterThan(1);
-    expect(changes).toEqual([[1n, 0, true], [1n, 0, false]]);
+    expect(changes).toEqual([
+      [1n, 0, true],
+      [1n, 0, false],
+    ]);
   });
 
   test("good workers, surplus hits and answers without usage are never flagged", () => {
@@ -45,8 +58,15 @@ describe("observed hits", () => {
       hits.record(4n, 0, 1000, 0, 0); // nothing predicted: nothing to judge
     }
     expect(changes).toEqual([]);
-    expect(hits.view(3n, 0)).toMatchObject({ answers: 100, answersWithoutUsage: 100, predictedTokens: 0, recentRatio: null });
-    expect(records.filter((r) => r.message.includes("no usage.prompt_tokens_details")).length).toBe(1);
+    expect(hits.view(3n, 0)).toMatchObject({
+      answers: 100,
+      answersWithoutUsage: 100,
+      predictedTokens: 0,
+      recentRatio: null,
+    });
+    expect(records.filter((r) => r.message.includes("no usage.prompt_tokens_details")).length).toBe(
+      1,
+    );
     expect(hits.view(1n, 0).recentRatio!).toBeCloseTo(150 / 160, 6);
   });
 
@@ -70,7 +90,9 @@ describe("observed hits", () => {
     for (let i = 0; i < 6; i++) hits.record(1n, 0, 1000, 0, 480);
     expect(hits.view(1n, 0).underPredicted).toBe(true);
     expect(changes).toEqual([]);
-    expect(records.filter((r) => r.message.includes("router's tokens are likely not the engine's"))).toHaveLength(1);
+    expect(
+      records.filter((r) => r.message.includes("router's tokens are likely not the engine's")),
+    ).toHaveLength(1);
   });
 
   test("removing a worker forgets every dp rank of it", () => {

@@ -22,11 +22,25 @@ let tokenizer: PromptTokenizer;
 beforeAll(async () => {
   tokenizer = loadTokenizer(QWEN3_DIR);
   engines = await startMockEngines(WORKERS, { speedup: 20, seed: 100, tokenizer, model: "qwen3" });
-  const workers = engines.map((engine, i) => `${i + 1}=${engine.networked.endpoint};http=${engine.http}`);
-  serve = await startServe(["--proxy", "--tokenizer", QWEN3_DIR, "--model", "qwen3", "--workers", workers.join(","),
-    "--observed-window", "4"]);
+  const workers = engines.map(
+    (engine, i) => `${i + 1}=${engine.networked.endpoint};http=${engine.http}`,
+  );
+  serve = await startServe([
+    "--proxy",
+    "--tokenizer",
+    QWEN3_DIR,
+    "--model",
+    "qwen3",
+    "--workers",
+    workers.join(","),
+    "--observed-window",
+    "4",
+  ]);
   // Connected is not yet subscribed: events published before the subscription arrives are lost.
-  await until(() => engines.every((engine) => engine.networked.subscribers > 0), "kvedge to subscribe to every engine");
+  await until(
+    () => engines.every((engine) => engine.networked.subscribers > 0),
+    "kvedge to subscribe to every engine",
+  );
 });
 
 afterAll(async () => {
@@ -34,20 +48,31 @@ afterAll(async () => {
   await stopMockEngines(engines);
 });
 
-const workersOf = async (): Promise<Json[]> => ((await (await fetch(`${serve.url}/v1/workers`)).json()) as Json).workers as Json[];
-const activeRequests = async (): Promise<number> => (await workersOf()).reduce((sum, w) => sum + w.active_requests, 0);
+const workersOf = async (): Promise<Json[]> =>
+  ((await (await fetch(`${serve.url}/v1/workers`)).json()) as Json).workers as Json[];
+const activeRequests = async (): Promise<number> =>
+  (await workersOf()).reduce((sum, w) => sum + w.active_requests, 0);
 
-const chat = (messages: Json[], extra: Json = {}) => fetch(`${serve.url}/v1/chat/completions`, {
-  method: "POST", headers: { "content-type": "application/json" },
-  body: JSON.stringify({ model: "qwen3", messages, max_tokens: 8, stream: true, ...extra }),
-});
+const chat = (messages: Json[], extra: Json = {}) =>
+  fetch(`${serve.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: "qwen3", messages, max_tokens: 8, stream: true, ...extra }),
+  });
 
 /** Waits until the index holds the conversation's prompt, as the engine cached it. */
 async function indexed(messages: Json[]): Promise<void> {
-  const tokens = await tokenizer.encode(tokenizer.renderChat(messages, { addGenerationPrompt: true }), false);
+  const tokens = await tokenizer.encode(
+    tokenizer.renderChat(messages, { addGenerationPrompt: true }),
+    false,
+  );
   const need = Math.floor((tokens.length - 1) / 16);
   await until(async () => {
-    const response = await fetch(`${serve.url}/v1/match`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ token_ids: Array.from(tokens) }) });
+    const response = await fetch(`${serve.url}/v1/match`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ token_ids: Array.from(tokens) }),
+    });
     const scores = ((await response.json()) as Json).scores as Json[];
     return scores.length > 0 && scores[0]!.blocks >= need;
   }, "the engine's KV events to reach the index");
@@ -55,8 +80,17 @@ async function indexed(messages: Json[]): Promise<void> {
 
 function conversation(topic: number): Json[] {
   return [
-    { role: "system", content: `You are assistant number ${topic}. You answer questions about topic ${topic} in detail, citing sources.` },
-    { role: "user", content: `Tell me everything about subject ${topic}: its history, its present state, and where it is going next. `.repeat(3) },
+    {
+      role: "system",
+      content: `You are assistant number ${topic}. You answer questions about topic ${topic} in detail, citing sources.`,
+    },
+    {
+      role: "user",
+      content:
+        `Tell me everything about subject ${topic}: its history, its present state, and where it is going next. `.repeat(
+          3,
+        ),
+    },
   ];
 }
 
@@ -68,10 +102,12 @@ describe("kvedge serve --proxy", () => {
 
   test("streamed chat arrives as the engine sent it; follow-up turns land on the worker holding the conversation", async () => {
     // First turns all at once: each routed one is load on its worker, so they spread.
-    const first = await Promise.all(Array.from({ length: 6 }, async (_, topic) => {
-      const response = await chat(conversation(topic));
-      return { response, data: await sseData(response) };
-    }));
+    const first = await Promise.all(
+      Array.from({ length: 6 }, async (_, topic) => {
+        const response = await chat(conversation(topic));
+        return { response, data: await sseData(response) };
+      }),
+    );
     const holders = new Map<number, string>();
     for (const [topic, { response, data }] of first.entries()) {
       expect(response.status).toBe(200);
@@ -80,13 +116,21 @@ describe("kvedge serve --proxy", () => {
       expect(data.at(-1)).toBe("[DONE]");
       const chunks = data.slice(0, -1).map((line) => JSON.parse(line) as Json);
       expect(chunks).toHaveLength(1 + 8);
-      expect(chunks.every((chunk) => chunk.object === "chat.completion.chunk" && chunk.usage === undefined)).toBe(true);
+      expect(
+        chunks.every(
+          (chunk) => chunk.object === "chat.completion.chunk" && chunk.usage === undefined,
+        ),
+      ).toBe(true);
       holders.set(topic, response.headers.get("x-kvedge-worker-id")!);
       await indexed(conversation(topic));
     }
     expect(new Set(holders.values()).size).toBe(WORKERS);
     for (let topic = 0; topic < 6; topic++) {
-      const messages = [...conversation(topic), { role: "assistant", content: "An answer." }, { role: "user", content: "Go on." }];
+      const messages = [
+        ...conversation(topic),
+        { role: "assistant", content: "An answer." },
+        { role: "user", content: "Go on." },
+      ];
       const response = await chat(messages, { stream_options: { include_usage: true } });
       const data = await sseData(response);
       const usage = JSON.parse(data.at(-2)!) as Json;
@@ -103,16 +147,25 @@ describe("kvedge serve --proxy", () => {
     expect(answers).toBe(12);
     for (const worker of workers) {
       expect(worker.observed_hits.suspect).toBe(false);
-      expect(worker.observed_hits.observed_cached_tokens).toBeGreaterThanOrEqual(worker.observed_hits.predicted_cached_tokens);
+      expect(worker.observed_hits.observed_cached_tokens).toBeGreaterThanOrEqual(
+        worker.observed_hits.predicted_cached_tokens,
+      );
     }
     const metrics = await (await fetch(`${serve.url}/metrics`)).text();
-    expect(metrics).toMatch(/kvedge_observed_cached_tokens_total\{worker_id="\d",dp_rank="0"\} [1-9]/);
+    expect(metrics).toMatch(
+      /kvedge_observed_cached_tokens_total\{worker_id="\d",dp_rank="0"\} [1-9]/,
+    );
     expect(metrics).toContain('kvedge_proxy_requests_total{outcome="completed"} 12');
   });
 
   test("non-streamed completions pass through with usage; the load is released", async () => {
     const response = await fetch(`${serve.url}/v1/completions`, {
-      method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ prompt: "Once upon a time, in a land far away, there lived a router.", max_tokens: 3 }),
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({
+        prompt: "Once upon a time, in a land far away, there lived a router.",
+        max_tokens: 3,
+      }),
     });
     expect(response.status).toBe(200);
     const body = (await response.json()) as Json;
@@ -124,14 +177,19 @@ describe("kvedge serve --proxy", () => {
   test("a client that goes away mid-stream releases the request's load", async () => {
     const controller = new AbortController();
     const response = await fetch(`${serve.url}/v1/chat/completions`, {
-      method: "POST", headers: { "content-type": "application/json" }, signal: controller.signal,
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      signal: controller.signal,
       body: JSON.stringify({ messages: conversation(99), max_tokens: 3000, stream: true }),
     });
     const reader = response.body!.getReader();
     await reader.read(); // the first token
     expect(await activeRequests()).toBe(1);
     controller.abort();
-    await until(async () => (await activeRequests()) === 0, "the aborted request's load to be released");
+    await until(
+      async () => (await activeRequests()) === 0,
+      "the aborted request's load to be released",
+    );
     const metrics = await (await fetch(`${serve.url}/metrics`)).text();
     expect(metrics).toContain('kvedge_proxy_requests_total{outcome="client_abort"} 1');
   });
@@ -143,7 +201,11 @@ describe("kvedge serve --proxy", () => {
       [{ messages: [{ role: "user", content: "x" }], max_tokens: -1 }, 400, "max_tokens"],
     ];
     for (const [body, status, message] of cases) {
-      const response = await fetch(`${serve.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+      const response = await fetch(`${serve.url}/v1/chat/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify(body),
+      });
       expect(response.status).toBe(status);
       expect(((await response.json()) as Json).error).toContain(message);
     }
@@ -152,7 +214,9 @@ describe("kvedge serve --proxy", () => {
 
   test("an engine that dies mid-answer ends the client's stream and releases the load; then it is skipped for the next candidate", async () => {
     const messages = conversation(0);
-    const response = await chat([...messages, { role: "user", content: "more" }], { max_tokens: 3000 });
+    const response = await chat([...messages, { role: "user", content: "more" }], {
+      max_tokens: 3000,
+    });
     const worker = Number(response.headers.get("x-kvedge-worker-id"));
     const reader = response.body!.getReader();
     await reader.read();
@@ -164,7 +228,10 @@ describe("kvedge serve --proxy", () => {
       failed = true;
     }
     expect(failed).toBe(true);
-    await until(async () => (await activeRequests()) === 0, "the broken request's load to be released");
+    await until(
+      async () => (await activeRequests()) === 0,
+      "the broken request's load to be released",
+    );
     // Its KV publisher lives on, so the index still sends this conversation to it: the
     // connection is refused and the next candidate answers.
     const retry = await chat(messages);
@@ -180,11 +247,18 @@ describe("kvedge serve --proxy", () => {
 
 describe("kvedge serve --proxy start-up", () => {
   test("a tokenizer that does not load stops the start with one line", async () => {
-    const proc = Bun.spawn([kvedgeBinary(), "serve", "--proxy", "--tokenizer", "/nonexistent/model", "--port", "0"], {
-      stdout: "pipe", stderr: "pipe", env: productEnv(),
-    });
+    const proc = Bun.spawn(
+      [kvedgeBinary(), "serve", "--proxy", "--tokenizer", "/nonexistent/model", "--port", "0"],
+      {
+        stdout: "pipe",
+        stderr: "pipe",
+        env: productEnv(),
+      },
+    );
     expect(await proc.exited).toBe(2);
     const stderr = await new Response(proc.stderr).text();
-    expect(stderr).toBe("kvedge serve: proxy.tokenizer: /nonexistent/model/tokenizer.json does not exist\n");
+    expect(stderr).toBe(
+      "kvedge serve: proxy.tokenizer: /nonexistent/model/tokenizer.json does not exist\n",
+    );
   });
 });

@@ -10,7 +10,13 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { until } from "../support/wait";
 import { Browser, CHROMIUM } from "../support/chromium";
-import { type MockEngine, missThenHit, startMockEngines, stopMockEngines, zeroCachedTokensFront } from "../support/mock-fleet";
+import {
+  type MockEngine,
+  missThenHit,
+  startMockEngines,
+  stopMockEngines,
+  zeroCachedTokensFront,
+} from "../support/mock-fleet";
 import { startServe, type ServeProcess } from "../support/serve";
 
 type Json = Record<string, any>;
@@ -24,10 +30,16 @@ beforeAll(async () => {
   engines = await startMockEngines(3, { speedup: 50, seed: 30 });
   // Worker 1's answers report no cached tokens: the page must show it distrusted.
   liar = zeroCachedTokensFront(engines[0]!.http);
-  const workers = engines.map((engine, i) => `${i + 1}=${engine.networked.endpoint};http=${i === 0 ? `http://127.0.0.1:${liar.port}` : engine.http}`);
+  const workers = engines.map(
+    (engine, i) =>
+      `${i + 1}=${engine.networked.endpoint};http=${i === 0 ? `http://127.0.0.1:${liar.port}` : engine.http}`,
+  );
   serve = await startServe(["--proxy", "--workers", workers.join(","), "--observed-window", "2"]);
   // Events published before kvedge subscribes are lost (no replay endpoint here).
-  await until(() => engines.every((engine) => engine.networked.subscribers > 0), "kvedge to subscribe to every engine");
+  await until(
+    () => engines.every((engine) => engine.networked.subscribers > 0),
+    "kvedge to subscribe to every engine",
+  );
 });
 
 afterAll(async () => {
@@ -44,14 +56,17 @@ async function traffic(untilFlagged: boolean, rounds: number, first = 0): Promis
   for (let n = first; n < first + rounds; n++) {
     await missThenHit(serve.url, promptOf(n));
     if (untilFlagged) {
-      const workers = ((await (await fetch(`${serve.url}/v1/workers`)).json()) as Json).workers as Json[];
+      const workers = ((await (await fetch(`${serve.url}/v1/workers`)).json()) as Json)
+        .workers as Json[];
       if (workers[0]!.observed_hits.suspect === true) return;
     }
   }
 }
 
 test("the status page in headless Chromium shows the fleet, the rates and the distrusted worker", async () => {
-  expect(existsSync(CHROMIUM) ? "chromium installed" : `${CHROMIUM} missing (apt-get install chromium)`).toBe("chromium installed");
+  expect(
+    existsSync(CHROMIUM) ? "chromium installed" : `${CHROMIUM} missing (apt-get install chromium)`,
+  ).toBe("chromium installed");
   await traffic(true, 40);
   browser = await Browser.launch();
   await browser.open(`${serve.url}/`);
@@ -91,10 +106,18 @@ test("the status page in headless Chromium shows the fleet, the rates and the di
   expect(page.predictedLine).toBe(1);
   expect(page.observedLine).toBe(1);
   expect(page.eventLine).toBe(1);
-  expect(page.blockBars.map((bar: [string, string, number]) => [bar[0], bar[1]])).toEqual([["1", "#dc2626"], ["2", "#2563eb"], ["3", "#2563eb"]]);
+  expect(page.blockBars.map((bar: [string, string, number]) => [bar[0], bar[1]])).toEqual([
+    ["1", "#dc2626"],
+    ["2", "#2563eb"],
+    ["3", "#2563eb"],
+  ]);
   expect(page.blockBars.some((bar: [string, string, number]) => bar[2] > 0)).toBe(true);
   expect(page.loadBars).toBe(3);
-  expect(page.alerts.some((text: string) => text.startsWith("worker 1: observed hits far below predicted"))).toBe(true);
+  expect(
+    page.alerts.some((text: string) =>
+      text.startsWith("worker 1: observed hits far below predicted"),
+    ),
+  ).toBe(true);
   // No external assets: every resource the page loaded is its own server's.
   expect(page.resources.length).toBeGreaterThan(0);
   expect(page.resources.every((url: string) => url.startsWith(serve.url))).toBe(true);

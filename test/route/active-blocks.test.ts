@@ -126,7 +126,9 @@ describe("ActiveBlocks", () => {
     const blocks = new ActiveBlocks();
     const prefix = Array.from({ length: 50 }, (_, i) => i);
     const holders = Array.from({ length: 100 }, () => holder());
-    holders.forEach((h, i) => blocks.add(0, chainOf([...prefix, 1000 + i, 2000 + i]), 52, h));
+    holders.forEach((h, i) => {
+      blocks.add(0, chainOf([...prefix, 1000 + i, 2000 + i]), 52, h);
+    });
     expect(blocks.nodeCount).toBe(101);
     expect(blocks.blockCount).toBe(50 + 200);
     for (const h of holders.slice(1)) blocks.remove(0, h);
@@ -176,70 +178,82 @@ describe("ActiveBlocks", () => {
   });
 
   // 40 workers: holder lists longer than 16 are searched by bisection, and shrink again.
-  test.each([16, 40])("random churn over %p workers matches the model; nothing is left at the end", (workers) => {
-    const random = prng(7);
-    const blocks = new ActiveBlocks();
-    const model = new Model();
-    const active: { slot: number; chain: Uint32Array; count: number; h: ChainHolder }[] = [];
-    const families = Array.from({ length: 12 }, (_, f) => Array.from({ length: 3 + (f % 5) * 6 }, (_, i) => f * 1000 + i));
-    let peakNodes = 0;
-    for (let step = 0; step < 6000; step++) {
-      // Grow for the first half, then drain.
-      const adding = step < 3000 ? random() % 3 !== 0 : random() % 3 === 0;
-      if (adding || active.length === 0) {
-        const family = families[random() % families.length]!;
-        const shared = random() % (family.length + 1);
-        const words = family.slice(0, shared);
-        const tail = random() % 40;
-        for (let i = 0; i < tail; i++) words.push(1_000_000 + (random() % 64)); // tails also collide
-        const slot = random() % workers;
-        const chain = chainOf(words);
-        const h = holder();
-        // Like the router: usually the depths of this very chain first (add then reuses
-        // that walk), sometimes of another chain (it must not).
-        const walk = random() % 3;
-        if (walk > 0) {
-          const query = walk === 1 ? chain : chainOf([...words.slice(0, words.length >> 1), 77]);
-          const queryCount = walk === 1 ? words.length : (words.length >> 1) + 1;
-          const depth = new Uint32Array(workers);
-          blocks.sharedDepths(query, queryCount, depth);
-          for (let s = 0; s < workers; s++) expect(depth[s]).toBe(model.depth(s, query, queryCount));
-          if (random() % 8 === 0 && active.length > 0) {
-            // A change in between: the walk is stale and must not be reused.
-            const other = active.pop()!;
-            expect(blocks.remove(other.slot, other.h)).toBe(model.remove(other.slot, other.chain, other.count));
+  test.each([16, 40])(
+    "random churn over %p workers matches the model; nothing is left at the end",
+    (workers) => {
+      const random = prng(7);
+      const blocks = new ActiveBlocks();
+      const model = new Model();
+      const active: { slot: number; chain: Uint32Array; count: number; h: ChainHolder }[] = [];
+      const families = Array.from({ length: 12 }, (_, f) =>
+        Array.from({ length: 3 + (f % 5) * 6 }, (_, i) => f * 1000 + i),
+      );
+      let peakNodes = 0;
+      for (let step = 0; step < 6000; step++) {
+        // Grow for the first half, then drain.
+        const adding = step < 3000 ? random() % 3 !== 0 : random() % 3 === 0;
+        if (adding || active.length === 0) {
+          const family = families[random() % families.length]!;
+          const shared = random() % (family.length + 1);
+          const words = family.slice(0, shared);
+          const tail = random() % 40;
+          for (let i = 0; i < tail; i++) words.push(1_000_000 + (random() % 64)); // tails also collide
+          const slot = random() % workers;
+          const chain = chainOf(words);
+          const h = holder();
+          // Like the router: usually the depths of this very chain first (add then reuses
+          // that walk), sometimes of another chain (it must not).
+          const walk = random() % 3;
+          if (walk > 0) {
+            const query = walk === 1 ? chain : chainOf([...words.slice(0, words.length >> 1), 77]);
+            const queryCount = walk === 1 ? words.length : (words.length >> 1) + 1;
+            const depth = new Uint32Array(workers);
+            blocks.sharedDepths(query, queryCount, depth);
+            for (let s = 0; s < workers; s++)
+              expect(depth[s]).toBe(model.depth(s, query, queryCount));
+            if (random() % 8 === 0 && active.length > 0) {
+              // A change in between: the walk is stale and must not be reused.
+              const other = active.pop()!;
+              expect(blocks.remove(other.slot, other.h)).toBe(
+                model.remove(other.slot, other.chain, other.count),
+              );
+            }
           }
+          expect(blocks.add(slot, chain, words.length, h)).toBe(
+            model.add(slot, chain, words.length),
+          );
+          active.push({ slot, chain, count: words.length, h });
+        } else {
+          const index = random() % active.length;
+          const { slot, chain, count, h } = active[index]!;
+          active[index] = active[active.length - 1]!;
+          active.pop();
+          expect(blocks.remove(slot, h)).toBe(model.remove(slot, chain, count));
         }
-        expect(blocks.add(slot, chain, words.length, h)).toBe(model.add(slot, chain, words.length));
-        active.push({ slot, chain, count: words.length, h });
-      } else {
-        const index = random() % active.length;
-        const { slot, chain, count, h } = active[index]!;
-        active[index] = active[active.length - 1]!;
-        active.pop();
-        expect(blocks.remove(slot, h)).toBe(model.remove(slot, chain, count));
+        peakNodes = Math.max(peakNodes, blocks.nodeCount);
+        if (step % 100 === 0) {
+          const perSlot = blocks.verify();
+          for (let slot = 0; slot < workers; slot++)
+            expect(perSlot.get(slot) ?? 0).toBe(model.refs.get(slot)?.size ?? 0);
+          const family = families[random() % families.length]!;
+          const query = chainOf([...family, 5, 6, 7]);
+          const depth = new Uint32Array(workers);
+          blocks.sharedDepths(query, family.length + 3, depth);
+          for (let slot = 0; slot < workers; slot++)
+            expect(depth[slot]).toBe(model.depth(slot, query, family.length + 3));
+        }
       }
-      peakNodes = Math.max(peakNodes, blocks.nodeCount);
-      if (step % 100 === 0) {
-        const perSlot = blocks.verify();
-        for (let slot = 0; slot < workers; slot++) expect(perSlot.get(slot) ?? 0).toBe(model.refs.get(slot)?.size ?? 0);
-        const family = families[random() % families.length]!;
-        const query = chainOf([...family, 5, 6, 7]);
-        const depth = new Uint32Array(workers);
-        blocks.sharedDepths(query, family.length + 3, depth);
-        for (let slot = 0; slot < workers; slot++) expect(depth[slot]).toBe(model.depth(slot, query, family.length + 3));
+      while (active.length > 0) {
+        const { slot, h } = active.pop()!;
+        blocks.remove(slot, h);
       }
-    }
-    while (active.length > 0) {
-      const { slot, h } = active.pop()!;
-      blocks.remove(slot, h);
-    }
-    expect(peakNodes).toBeGreaterThan(500);
-    expect(blocks.nodeCount).toBe(0);
-    expect(blocks.blockCount).toBe(0);
-    expect(blocks.bytes).toBe(0);
-    blocks.verify();
-  });
+      expect(peakNodes).toBeGreaterThan(500);
+      expect(blocks.nodeCount).toBe(0);
+      expect(blocks.blockCount).toBe(0);
+      expect(blocks.bytes).toBe(0);
+      blocks.verify();
+    },
+  );
 
   test("thousands of nested request ends (each a prefix of the next), removed in random order", () => {
     const blocks = new ActiveBlocks();

@@ -17,12 +17,24 @@ function rig(settings: Partial<AdmissionSettings>) {
   let now = 0;
   const routed: string[] = [];
   const rejected: { name: string; retryAfter: number; reason: string }[] = [];
-  const admission = new Admission<Call>({ mode: "hold", boundMs: 100, maxHoldMs: 10_000, maxHeld: 8, prefillWeight: 4, ...settings }, {
-    waitMs: (call) => call.wait,
-    route: (call) => routed.push(call.name),
-    reject: (call, retryAfter, reason) => rejected.push({ name: call.name, retryAfter, reason }),
-  }, () => now);
-  return { admission, routed, rejected, advance: (ms: number) => { now += ms; }, at: () => now };
+  const admission = new Admission<Call>(
+    { mode: "hold", boundMs: 100, maxHoldMs: 10_000, maxHeld: 8, prefillWeight: 4, ...settings },
+    {
+      waitMs: (call) => call.wait,
+      route: (call) => routed.push(call.name),
+      reject: (call, retryAfter, reason) => rejected.push({ name: call.name, retryAfter, reason }),
+    },
+    () => now,
+  );
+  return {
+    admission,
+    routed,
+    rejected,
+    advance: (ms: number) => {
+      now += ms;
+    },
+    at: () => now,
+  };
 }
 
 describe("Admission", () => {
@@ -61,9 +73,9 @@ describe("Admission", () => {
   test("shortest predicted prefill first; aging lets an old long call overtake", () => {
     const { admission, routed, advance } = rig({ prefillWeight: 4 });
     const calls = [
-      { name: "long", wait: 500, prefill: 1000 },   // key 0 + 4000
-      { name: "short", wait: 500, prefill: 10 },    // key 0 + 40
-      { name: "middle", wait: 500, prefill: 300 },  // key 0 + 1200
+      { name: "long", wait: 500, prefill: 1000 }, // key 0 + 4000
+      { name: "short", wait: 500, prefill: 10 }, // key 0 + 40
+      { name: "middle", wait: 500, prefill: 300 }, // key 0 + 1200
     ];
     for (const call of calls) admission.submit(call, call.wait, call.prefill);
     advance(3990);
@@ -123,13 +135,17 @@ describe("Admission", () => {
     advance(1000);
     admission.release();
     expect(routed).toEqual([]);
-    expect(rejected).toEqual([{ name: "a", retryAfter: 4, reason: "held 1000 ms without a worker under the wait bound" }]);
+    expect(rejected).toEqual([
+      { name: "a", retryAfter: 4, reason: "held 1000 ms without a worker under the wait bound" },
+    ]);
   });
 
   test("reject mode with no hold rejects at once; hold mode with no hold routes at once", () => {
     const reject = rig({ mode: "reject", maxHoldMs: 0 });
     reject.admission.submit({ name: "a", wait: 150 }, 150, 10);
-    expect(reject.rejected).toEqual([{ name: "a", retryAfter: 1, reason: "every worker is past the wait bound" }]);
+    expect(reject.rejected).toEqual([
+      { name: "a", retryAfter: 1, reason: "every worker is past the wait bound" },
+    ]);
     const hold = rig({ mode: "hold", maxHoldMs: 0 });
     hold.admission.submit({ name: "a", wait: 150 }, 150, 10);
     expect(hold.routed).toEqual(["a"]);
@@ -163,14 +179,20 @@ describe("Admission", () => {
     const handles = calls.map((call, i) => admission.submit(call, 500, i));
     expect(admission.held).toBe(700);
     expect(admission.capacity).toBe(700);
-    handles.forEach((handle, i) => admission.drop(handle, calls[i]!));
+    handles.forEach((handle, i) => {
+      admission.drop(handle, calls[i]!);
+    });
     expect(admission.held).toBe(0);
     expect(admission.capacity).toBe(0);
   });
 
   test("randomized: holds, drops and releases answer in key order, each call once", () => {
     const rng = createRng(7);
-    const { admission, routed, advance, at } = rig({ maxHeld: 64, prefillWeight: 2, maxHoldMs: 1e9 });
+    const { admission, routed, advance, at } = rig({
+      maxHeld: 64,
+      prefillWeight: 2,
+      maxHoldMs: 1e9,
+    });
     const keyOf = new Map<string, number>();
     const handleOf = new Map<string, number>();
     const heldCalls = new Map<string, Call>();
@@ -191,7 +213,9 @@ describe("Admission", () => {
         heldCalls.delete(name);
       } else if (heldCalls.size > 0) {
         // Free enough for the k first calls in key order, exactly.
-        const order = [...heldCalls.keys()].sort((x, y) => keyOf.get(x)! - keyOf.get(y)! || Number(x) - Number(y));
+        const order = [...heldCalls.keys()].sort(
+          (x, y) => keyOf.get(x)! - keyOf.get(y)! || Number(x) - Number(y),
+        );
         const k = 1 + randomInt(rng, order.length);
         routed.length = 0;
         for (const name of order.slice(0, k)) heldCalls.get(name)!.wait = 0;

@@ -26,12 +26,17 @@ function digestOf(run: Run): string {
   const next = prng(9 + run.workers);
   const random = prng(31);
   const router = new Router({
-    blockSize: BS, now: () => 0, policy: run.policy, random: () => random() / 2 ** 32,
-    weights: { temperature: run.temperature, degradedOverlapWeight: 0.5 }, trackOutputBlocks: true,
+    blockSize: BS,
+    now: () => 0,
+    policy: run.policy,
+    random: () => random() / 2 ** 32,
+    weights: { temperature: run.temperature, degradedOverlapWeight: 0.5 },
+    trackOutputBlocks: true,
   });
   for (let w = 0; w < run.workers; w++) router.load.addWorker(BigInt(500 + w), w % 2);
   const prefixes = Array.from({ length: 6 }, (_, f) =>
-    Uint32Array.from({ length: (4 + 6 * f) * BS }, () => next()));
+    Uint32Array.from({ length: (4 + 6 * f) * BS }, () => next()),
+  );
   const hash = createHash("sha256");
   const bits = new Float64Array(1);
   const bytes = new Uint8Array(bits.buffer);
@@ -51,20 +56,34 @@ function digestOf(run: Run): string {
     const count = 1 + (next() % Math.min(4, run.workers));
     const slots = Array.from({ length: count }, () => next() % run.workers);
     const blocks = slots.map(() => next() % (p.blockCount + 2));
-    const decision = router.route({
-      chain: p.chain, blockCount: p.blockCount, tokenCount: tokens.length,
-      candidatesMax: run.candidates,
-      expectedOutputTokens: next() % 3 === 0 ? next() % 512 : 0,
-    }, { count, slots, blocks }, list);
+    const decision = router.route(
+      {
+        chain: p.chain,
+        blockCount: p.blockCount,
+        tokenCount: tokens.length,
+        candidatesMax: run.candidates,
+        expectedOutputTokens: next() % 3 === 0 ? next() % 512 : 0,
+      },
+      { count, slots, blocks },
+      list,
+    );
     put(decision.slot);
     put(decision.cost);
     put(decision.predictedTtftMs);
     put(decision.overlapBlocks);
     const c = decision.candidates;
     for (let i = 0; i < c.count; i++) {
-      const values = [c.slots[i]!, c.costs[i]!, c.predictedTtftMs[i]!, c.queueMs[i]!,
-        c.prefillMs[i]!, c.stepsMs[i]!, c.overlapBlocks[i]!, c.activePrefillTokens[i]!,
-        c.activeDecodeBlocks[i]!];
+      const values = [
+        c.slots[i]!,
+        c.costs[i]!,
+        c.predictedTtftMs[i]!,
+        c.queueMs[i]!,
+        c.prefillMs[i]!,
+        c.stepsMs[i]!,
+        c.overlapBlocks[i]!,
+        c.activePrefillTokens[i]!,
+        c.activeDecodeBlocks[i]!,
+      ];
       for (const value of values) put(value);
     }
     active.push(decision.requestId);

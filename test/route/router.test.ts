@@ -9,7 +9,14 @@ import { xorshift32 as prng } from "../../src/util/random";
 import { DEFAULT_SEED } from "../../src/hash";
 import { KvedgeError } from "../../src/core/errors";
 import {
-  CandidateList, type Overlaps, overlapsOf, promptHashes, type RouteDecision, type RouteRequest, Router, type RouterOptions,
+  CandidateList,
+  type Overlaps,
+  overlapsOf,
+  promptHashes,
+  type RouteDecision,
+  type RouteRequest,
+  Router,
+  type RouterOptions,
 } from "../../src/route";
 
 const BS = 4;
@@ -20,7 +27,11 @@ function request(tokens: readonly number[], extra: Partial<RouteRequest> = {}): 
 }
 
 function overlaps(entries: [slot: number, blocks: number][]): Overlaps {
-  return { count: entries.length, slots: entries.map((e) => e[0]), blocks: entries.map((e) => e[1]) };
+  return {
+    count: entries.length,
+    slots: entries.map((e) => e[0]),
+    blocks: entries.map((e) => e[1]),
+  };
 }
 
 function routerWith(workers: number, options: Partial<RouterOptions> = {}): Router {
@@ -50,13 +61,21 @@ describe("cost model", () => {
   }
   const R = range(18);
   const costsOf = (decision: RouteDecision) =>
-    Object.fromEntries(decision.candidates.toArray().map((c) => [Number(c.workerId) - 100, c.cost]));
+    Object.fromEntries(
+      decision.candidates.toArray().map((c) => [Number(c.workerId) - 100, c.cost]),
+    );
 
   test("defaults: prefill blocks minus credited overlap, plus new decode blocks", () => {
     const router = scenario();
     expect(router.load.activePrefillTokens[1]).toBe(0); // 8 tokens, all credited
     expect(router.load.activeDecodeBlocks[1]).toBe(2);
-    const decision = router.route(request(R, { candidatesMax: 3 }), overlaps([[0, 3], [2, 4]]));
+    const decision = router.route(
+      request(R, { candidatesMax: 3 }),
+      overlaps([
+        [0, 3],
+        [2, 4],
+      ]),
+    );
     // A: max(0, 18/4 - 3) + (0 + 4 - 0)    = 5.5
     // B: max(0, (0 + 18)/4 - 0) + (2 + 4 - 2) = 8.5
     // C: max(0, 18/4 - 0.5 * 4) + 4          = 6.5
@@ -65,7 +84,11 @@ describe("cost model", () => {
     expect(decision.overlapBlocks).toBe(3);
     expect(decision.cost).toBe(5.5);
     expect(decision.candidates.toArray().map((c) => c.cost)).toEqual([5.5, 6.5, 8.5]);
-    expect(decision.candidates.at(1)).toMatchObject({ workerId: 102n, overlapBlocks: 4, degraded: true });
+    expect(decision.candidates.at(1)).toMatchObject({
+      workerId: 102n,
+      overlapBlocks: 4,
+      degraded: true,
+    });
     // Admission: 18 - 3 * 4 cached = 6 prefill tokens, 4 new blocks.
     expect(router.load.activePrefillTokens[0]).toBe(6);
     expect(router.load.activeDecodeBlocks[0]).toBe(4);
@@ -82,26 +105,56 @@ describe("cost model", () => {
   });
 
   test("per-request overrides of credit, prefill scale and temperature", () => {
-    const noCredit = scenario().route(request(R, { candidatesMax: 3, overlapScoreCredit: 0 }), overlaps([[0, 3], [2, 4]]));
+    const noCredit = scenario().route(
+      request(R, { candidatesMax: 3, overlapScoreCredit: 0 }),
+      overlaps([
+        [0, 3],
+        [2, 4],
+      ]),
+    );
     expect(costsOf(noCredit)).toEqual({ 0: 8.5, 1: 8.5, 2: 8.5 });
-    const scaled = scenario().route(request(R, { candidatesMax: 3, prefillLoadScale: 2 }), overlaps([[0, 3], [2, 4]]));
+    const scaled = scenario().route(
+      request(R, { candidatesMax: 3, prefillLoadScale: 2 }),
+      overlaps([
+        [0, 3],
+        [2, 4],
+      ]),
+    );
     expect(costsOf(scaled)).toEqual({ 0: 7, 1: 13, 2: 9 });
     // Temperature 1: p ∝ exp(-(c - 5.5) / 3) over A, B, C = 1, e^-1, e^-1/3; cumulative
     // 0.480, 0.656, 1. u = 0.6 picks the costliest worker, B.
-    const warm = scenario({ random: () => 0.6 }).route(request(R, { temperature: 1 }), overlaps([[0, 3], [2, 4]]));
+    const warm = scenario({ random: () => 0.6 }).route(
+      request(R, { temperature: 1 }),
+      overlaps([
+        [0, 3],
+        [2, 4],
+      ]),
+    );
     expect(warm.workerId).toBe(101n);
   });
 
   test("decode_active_request_weight charges per active request", () => {
     const router = scenario({ weights: { decodeActiveRequestWeight: 10 } });
-    const decision = router.route(request(R, { candidatesMax: 3 }), overlaps([[0, 3], [2, 4]]));
+    const decision = router.route(
+      request(R, { candidatesMax: 3 }),
+      overlaps([
+        [0, 3],
+        [2, 4],
+      ]),
+    );
     expect(costsOf(decision)).toEqual({ 0: 5.5, 1: 18.5, 2: 6.5 });
   });
 
   test("overlap credit decays with prefill queued above the least busy worker", () => {
     const router = routerWith(2, { random: () => 0.99, weights: { overlapScoreCreditDecay: 1 } });
     router.route(request(range(8, 500)), overlaps([])); // A: 8 queued prefill tokens
-    const decision = router.route(request(R, { candidatesMax: 2 }), overlaps([[0, 2], [1, 2]]));
+    const decision = router.route(
+      request(R, { candidatesMax: 2 }),
+      overlaps([
+        [0, 2],
+        [1, 2],
+      ]),
+    );
     // A: decay = 1 / (1 + 1 * ((8 - 0) / 4) / ceil(18 / 4)) = 5/7;
     //    prefill = (8 + 18)/4 - 2 * 5/7; decode = 2 + 4. B: 18/4 - 2 + 4.
     const costs = costsOf(decision);
@@ -113,7 +166,15 @@ describe("cost model", () => {
     const router = routerWith(2, { random: () => 0.99 });
     router.load.setDegraded(0, true);
     // Same overlap: the healthy worker wins.
-    expect(router.route(request(R), overlaps([[0, 4], [1, 4]])).workerId).toBe(101n);
+    expect(
+      router.route(
+        request(R),
+        overlaps([
+          [0, 4],
+          [1, 4],
+        ]),
+      ).workerId,
+    ).toBe(101n);
     // Degraded with overlap vs healthy without: the discounted credit still wins.
     const fresh = routerWith(2, { random: () => 0.99 });
     fresh.load.setDegraded(0, true);
@@ -131,7 +192,9 @@ describe("cost model", () => {
     const big = 2n ** 64n - 1n;
     router.load.addWorker(big, 5);
     const input = overlapsOf(router.load, [
-      { workerId: big, dpRank: 5, blocks: 3 }, { workerId: 101n, dpRank: 0, blocks: 2 }, { workerId: 101n, dpRank: 1, blocks: 4 },
+      { workerId: big, dpRank: 5, blocks: 3 },
+      { workerId: 101n, dpRank: 0, blocks: 2 },
+      { workerId: 101n, dpRank: 1, blocks: 4 },
     ]);
     expect(input.count).toBe(2);
     expect(Array.from(input.slots).slice(0, 2)).toEqual([3, 1]);
@@ -145,7 +208,15 @@ describe("cost model", () => {
   test("overlaps of unknown slots are ignored and overlaps are clamped to the prompt", () => {
     const router = routerWith(2);
     router.load.removeWorker(101n, 0);
-    const decision = router.route(request(R, { candidatesMax: 5 }), overlaps([[1, 4], [7, 4], [-1, 4], [0, 50]]));
+    const decision = router.route(
+      request(R, { candidatesMax: 5 }),
+      overlaps([
+        [1, 4],
+        [7, 4],
+        [-1, 4],
+        [0, 50],
+      ]),
+    );
     expect(decision.candidates.count).toBe(1);
     expect(decision.overlapBlocks).toBe(4);
   });
@@ -178,12 +249,21 @@ describe("selection", () => {
     // Costs 5.5 (A) and 6.5 (B), T = 1: p(A) = 1 / (1 + e^-1) = 0.7311.
     const pick = (u: number) => {
       const router = routerWith(2, { random: () => u, weights: { temperature: 1 } });
-      return router.route(request(range(18)), overlaps([[0, 3], [1, 2]])).slot;
+      return router.route(
+        request(range(18)),
+        overlaps([
+          [0, 3],
+          [1, 2],
+        ]),
+      ).slot;
     };
     expect(pick(0.731)).toBe(0);
     expect(pick(0.7312)).toBe(1);
-    const uniform = (u: number) => routerWith(4, { random: () => u, weights: { temperature: 2 } })
-      .route(request(R3()), overlaps([])).slot;
+    const uniform = (u: number) =>
+      routerWith(4, { random: () => u, weights: { temperature: 2 } }).route(
+        request(R3()),
+        overlaps([]),
+      ).slot;
     // The first index whose cumulative probability (k + 1) / 4 reaches u.
     expect([0, 0.25, 0.2501, 0.5, 0.7501, 0.9999].map(uniform)).toEqual([0, 0, 1, 1, 3, 3]);
   });
@@ -194,20 +274,28 @@ describe("selection", () => {
     const costs = [18 / 4 - 4 + 4, 18 / 4 - 2 + 4, 18 / 4 + 4]; // overlaps 4, 2, 0
     const n = 20_000;
     for (let i = 0; i < n; i++) {
-      const d = router.route(request(range(18)), overlaps([[0, 4], [1, 2]]));
+      const d = router.route(
+        request(range(18)),
+        overlaps([
+          [0, 4],
+          [1, 2],
+        ]),
+      );
       counts[d.slot]!++;
       router.load.done(d.requestId);
     }
     const [min, max] = [Math.min(...costs), Math.max(...costs)];
     const weights = costs.map((c) => Math.exp(-(c - min) / ((max - min) * 0.5)));
     const total = weights.reduce((a, b) => a + b);
-    for (let i = 0; i < 3; i++) expect(Math.abs(counts[i]! / n - weights[i]! / total)).toBeLessThan(0.015);
+    for (let i = 0; i < 3; i++)
+      expect(Math.abs(counts[i]! / n - weights[i]! / total)).toBeLessThan(0.015);
   });
 
   test("misses spread over all workers by load, never all to the first one", () => {
     const router = routerWith(8, { random: seeded(3) });
     const counts = new Array(8).fill(0);
-    for (let i = 0; i < 800; i++) counts[router.route(request(range(64, 1000 * i)), overlaps([])).slot]++;
+    for (let i = 0; i < 800; i++)
+      counts[router.route(request(range(64, 1000 * i)), overlaps([])).slot]++;
     expect(Math.max(...counts) - Math.min(...counts)).toBeLessThanOrEqual(1);
   });
 
@@ -240,23 +328,48 @@ describe("selection", () => {
       return "no error";
     };
     expect(code(() => empty.route(request(R3()), overlaps([])))).toBe("no_workers");
-    expect(code(() => router.route(request(R3(), { requestId: "x" }), overlaps([])))).toBe("duplicate_request");
-    expect(code(() => router.route(request(R3(), { requestId: "" }), overlaps([])))).toBe("bad_request");
-    expect(code(() => router.route(request(R3(), { requestId: "y".repeat(257) }), overlaps([])))).toBe("bad_request");
-    expect(code(() => router.route(request(R3(), { temperature: -1 }), overlaps([])))).toBe("bad_request");
-    expect(code(() => router.route(request(R3(), { overlapScoreCredit: Number.NaN }), overlaps([])))).toBe("bad_request");
-    expect(code(() => router.route(request(R3(), { prefillLoadScale: Infinity }), overlaps([])))).toBe("bad_request");
-    expect(code(() => router.route(request(R3(), { expectedOutputTokens: 1.5 }), overlaps([])))).toBe("bad_request");
-    expect(code(() => router.route({ ...request(R3()), blockCount: 9 }, overlaps([])))).toBe("bad_request");
-    expect(code(() => router.route({ ...request(R3()), tokenCount: 3 }, overlaps([])))).toBe("bad_request");
+    expect(code(() => router.route(request(R3(), { requestId: "x" }), overlaps([])))).toBe(
+      "duplicate_request",
+    );
+    expect(code(() => router.route(request(R3(), { requestId: "" }), overlaps([])))).toBe(
+      "bad_request",
+    );
+    expect(
+      code(() => router.route(request(R3(), { requestId: "y".repeat(257) }), overlaps([]))),
+    ).toBe("bad_request");
+    expect(code(() => router.route(request(R3(), { temperature: -1 }), overlaps([])))).toBe(
+      "bad_request",
+    );
+    expect(
+      code(() => router.route(request(R3(), { overlapScoreCredit: Number.NaN }), overlaps([]))),
+    ).toBe("bad_request");
+    expect(
+      code(() => router.route(request(R3(), { prefillLoadScale: Infinity }), overlaps([]))),
+    ).toBe("bad_request");
+    expect(
+      code(() => router.route(request(R3(), { expectedOutputTokens: 1.5 }), overlaps([]))),
+    ).toBe("bad_request");
+    expect(code(() => router.route({ ...request(R3()), blockCount: 9 }, overlaps([])))).toBe(
+      "bad_request",
+    );
+    expect(code(() => router.route({ ...request(R3()), tokenCount: 3 }, overlaps([])))).toBe(
+      "bad_request",
+    );
     expect(router.load.activeRequestCount).toBe(1); // refused requests leave no load
-    expect(() => new Router({ blockSize: BS, weights: { degradedOverlapWeight: 2 } })).toThrow(/at most 1/);
-    expect(() => new Router({ blockSize: BS, weights: { temperature: -1 } })).toThrow(/temperature/);
+    expect(() => new Router({ blockSize: BS, weights: { degradedOverlapWeight: 2 } })).toThrow(
+      /at most 1/,
+    );
+    expect(() => new Router({ blockSize: BS, weights: { temperature: -1 } })).toThrow(
+      /temperature/,
+    );
   });
 
   test("an empty prompt routes by load alone", () => {
     const router = routerWith(2, { random: () => 0.99 });
-    const d = router.route({ chain: new Uint32Array(0), blockCount: 0, tokenCount: 0 }, overlaps([]));
+    const d = router.route(
+      { chain: new Uint32Array(0), blockCount: 0, tokenCount: 0 },
+      overlaps([]),
+    );
     expect(d.cost).toBe(0);
     expect(router.load.done(d.requestId)).toBe("ok");
   });
@@ -270,13 +383,23 @@ describe("randomized run against a reference cost computation", () => {
   // The reference keeps each worker's active requests as lists of block keys and
   // computes every term from its definition: distinct blocks by Set, shared depth by
   // longest common prefix with any active request.
-  interface RefRequest { id: string; slot: number; keys: string[]; prefill: number; outputBlocks: number }
+  interface RefRequest {
+    id: string;
+    slot: number;
+    keys: string[];
+    prefill: number;
+    outputBlocks: number;
+  }
 
   test("every candidate's cost and the pick agree through churn", () => {
     const random = seeded(2024);
     const next = prng(77);
     const trackOutputBlocks = true;
-    const weights = { overlapScoreCreditDecay: 0.5, decodeActiveRequestWeight: 0.25, degradedOverlapWeight: 0.5 };
+    const weights = {
+      overlapScoreCreditDecay: 0.5,
+      decodeActiveRequestWeight: 0.25,
+      degradedOverlapWeight: 0.5,
+    };
     const router = new Router({ blockSize: BS, now: () => 0, random, trackOutputBlocks, weights });
     const refs = new Map<string, RefRequest>();
     const families = range(6).map((f) => range(4 * (2 + f * 3), 100_000 * (f + 1)));
@@ -318,10 +441,14 @@ describe("randomized run against a reference cost computation", () => {
       }
       // Route: a family prefix (partly) plus a unique tail and a ragged end.
       const family = families[next() % families.length]!;
-      const tokens = [...family.slice(0, next() % (family.length + 1)), ...range(next() % 24, 1_000_000 + step * 100)];
+      const tokens = [
+        ...family.slice(0, next() % (family.length + 1)),
+        ...range(next() % 24, 1_000_000 + step * 100),
+      ];
       const req = request(tokens, { candidatesMax: 1000, expectedOutputTokens: next() % 50 });
       const live = router.load.workers();
-      const entries: [number, number][] = live.filter(() => next() % 3 === 0)
+      const entries: [number, number][] = live
+        .filter(() => next() % 3 === 0)
         .map((w) => [w.slot, next() % (req.blockCount + 1)]);
       const decision = router.route(req, overlaps(entries));
 
@@ -333,16 +460,26 @@ describe("randomized run against a reference cost computation", () => {
       const expected = live.map((w, i) => {
         const distinct = new Set(active[i]!.flatMap((r) => r.keys)).size;
         const output = active[i]!.reduce((sum, r) => sum + r.outputBlocks, 0);
-        const depth = Math.max(0, ...active[i]!.map((r) => {
-          let d = 0;
-          while (d < keys.length && d < r.keys.length && r.keys[d] === keys[d]) d++;
-          return d;
-        }));
+        const depth = Math.max(
+          0,
+          ...active[i]!.map((r) => {
+            let d = 0;
+            while (d < keys.length && d < r.keys.length && r.keys[d] === keys[d]) d++;
+            return d;
+          }),
+        );
         const held = (overlapOf.get(w.slot) ?? 0) * (w.degraded ? 0.5 : 1);
         const requestBlocks = Math.ceil(tokens.length / BS);
-        const decay = requestBlocks > 0 ? 1 / (1 + (0.5 * ((prefillOf[i]! - minPrefill) / BS)) / requestBlocks) : 1;
+        const decay =
+          requestBlocks > 0
+            ? 1 / (1 + (0.5 * ((prefillOf[i]! - minPrefill) / BS)) / requestBlocks)
+            : 1;
         const prefill = Math.max(0, (prefillOf[i]! + tokens.length) / BS - decay * held);
-        return { slot: w.slot, cost: prefill + distinct + output + (keys.length - depth) + 0.25 * active[i]!.length, held };
+        return {
+          slot: w.slot,
+          cost: prefill + distinct + output + (keys.length - depth) + 0.25 * active[i]!.length,
+          held,
+        };
       });
       expect(decision.candidates.count).toBe(live.length);
       const bySlot = new Map(expected.map((e) => [e.slot, e]));
@@ -382,15 +519,28 @@ describe("candidates", () => {
     for (let step = 0; step < 300; step++) {
       const tokens = range(8 + 4 * Math.floor(random() * 6), 1000 * Math.floor(random() * 5));
       const hits = overlaps([[Math.floor(random() * 40), Math.floor(random() * 3)]]);
-      const all = router.route(request(tokens, { candidatesMax: 64, requestId: `all-${step}` }), hits);
+      const all = router.route(
+        request(tokens, { candidatesMax: 64, requestId: `all-${step}` }),
+        hits,
+      );
       router.load.done(all.requestId);
       const liveOrder = Array.from(router.load.liveSlots.subarray(0, router.load.liveCount));
-      const slotOf = (c: { workerId: bigint; dpRank: number }) => router.load.slotOf(c.workerId, c.dpRank);
-      const expected = all.candidates.toArray().sort((a, b) => a.cost - b.cost || liveOrder.indexOf(slotOf(a)) - liveOrder.indexOf(slotOf(b)));
+      const slotOf = (c: { workerId: bigint; dpRank: number }) =>
+        router.load.slotOf(c.workerId, c.dpRank);
+      const expected = all.candidates
+        .toArray()
+        .sort(
+          (a, b) => a.cost - b.cost || liveOrder.indexOf(slotOf(a)) - liveOrder.indexOf(slotOf(b)),
+        );
       expect(all.candidates.toArray().map(slotOf)).toEqual(expected.map(slotOf));
       const k = 1 + Math.floor(random() * 6);
-      const some = router.route(request(tokens, { candidatesMax: k, requestId: `some-${step}` }), hits);
-      expect(some.candidates.toArray().map(slotOf)).toEqual(all.candidates.toArray().slice(0, k).map(slotOf));
+      const some = router.route(
+        request(tokens, { candidatesMax: k, requestId: `some-${step}` }),
+        hits,
+      );
+      expect(some.candidates.toArray().map(slotOf)).toEqual(
+        all.candidates.toArray().slice(0, k).map(slotOf),
+      );
       if (random() < 0.5) router.load.done(some.requestId);
     }
   });
@@ -405,7 +555,10 @@ describe("candidates", () => {
     for (let step = 0; step < 200; step++) {
       const tokens = range(4 + Math.floor(random() * 40), 1000 * Math.floor(random() * 4));
       const hits = overlaps([[Math.floor(random() * 12), Math.floor(random() * 4)]]);
-      const req = request(tokens, { candidatesMax: Math.floor(random() * 14), requestId: `r-${step}` });
+      const req = request(tokens, {
+        candidatesMax: Math.floor(random() * 14),
+        requestId: `r-${step}`,
+      });
       const before = fresh.load.workers();
       const a = fresh.route(req, hits);
       const b = reusing.route(req, hits, list);
@@ -414,7 +567,11 @@ describe("candidates", () => {
       expect(list.toArray()).toEqual(a.candidates.toArray());
       for (const c of list.toArray()) {
         const load = before.find((w) => w.slot === c.slot)!;
-        expect([c.activeRequests, c.activePrefillTokens, c.activeDecodeBlocks]).toEqual([load.activeRequests, load.activePrefillTokens, load.activeDecodeBlocks]);
+        expect([c.activeRequests, c.activePrefillTokens, c.activeDecodeBlocks]).toEqual([
+          load.activeRequests,
+          load.activePrefillTokens,
+          load.activeDecodeBlocks,
+        ]);
       }
       if (random() < 0.6) {
         fresh.load.done(a.requestId);

@@ -7,11 +7,23 @@
 // Method: a Router with real sequence hashes, a fake clock and hand-worked numbers.
 import { describe, expect, test } from "bun:test";
 import { DEFAULT_SEED } from "../../src/hash";
-import { type Overlaps, promptHashes, type RouteRequest, Router, type RouterOptions } from "../../src/route";
+import {
+  type Overlaps,
+  promptHashes,
+  type RouteRequest,
+  Router,
+  type RouterOptions,
+} from "../../src/route";
 
 const BS = 4;
 // Round numbers: 1 token per ms, 10 ms per step, no KV-read cost, 100 tokens per step.
-const TTFT = { prefillTokensPerSecond: 1000, stepBaseMs: 10, kvReadMsPerMillionTokens: 0, maxBatchedTokens: 100, recomputeWeight: 1 };
+const TTFT = {
+  prefillTokensPerSecond: 1000,
+  stepBaseMs: 10,
+  kvReadMsPerMillionTokens: 0,
+  maxBatchedTokens: 100,
+  recomputeWeight: 1,
+};
 
 let nextToken = 1;
 /** A prompt of `tokens` fresh tokens (no prefix shared with earlier prompts) or extending `prefix`. */
@@ -21,14 +33,30 @@ function prompt(tokens: number, prefix: readonly number[] = []): number[] {
 
 function request(tokens: readonly number[], extra: Partial<RouteRequest> = {}): RouteRequest {
   const p = promptHashes(Uint32Array.from(tokens), BS, DEFAULT_SEED);
-  return { chain: p.chain, blockCount: p.blockCount, tokenCount: tokens.length, candidatesMax: 8, ...extra };
+  return {
+    chain: p.chain,
+    blockCount: p.blockCount,
+    tokenCount: tokens.length,
+    candidatesMax: 8,
+    ...extra,
+  };
 }
 
-const overlaps = (entries: [slot: number, blocks: number][]): Overlaps =>
-  ({ count: entries.length, slots: entries.map((e) => e[0]), blocks: entries.map((e) => e[1]) });
+const overlaps = (entries: [slot: number, blocks: number][]): Overlaps => ({
+  count: entries.length,
+  slots: entries.map((e) => e[0]),
+  blocks: entries.map((e) => e[1]),
+});
 
 function router(workers: number, options: Partial<RouterOptions> = {}): Router {
-  const r = new Router({ blockSize: BS, now: () => 0, policy: "ttft", ttft: TTFT, random: () => 0.5, ...options });
+  const r = new Router({
+    blockSize: BS,
+    now: () => 0,
+    policy: "ttft",
+    ttft: TTFT,
+    random: () => 0.5,
+    ...options,
+  });
   for (let i = 0; i < workers; i++) r.load.addWorker(BigInt(i), 0);
   return r;
 }
@@ -60,7 +88,11 @@ describe("predicted TTFT", () => {
 
   test("the holder of a prefix keeps it until its queue outweighs what its cache saves", () => {
     const shared = prompt(400);
-    for (const [ahead, expected] of [[0, "holder"], [200, "holder"], [900, "other"]] as const) {
+    for (const [ahead, expected] of [
+      [0, "holder"],
+      [200, "holder"],
+      [900, "other"],
+    ] as const) {
       const r = router(1); // slot 0 alone takes the queued work, then slot 1 joins
       if (ahead > 0) r.route(request(prompt(ahead)), overlaps([]));
       expect(r.load.addWorker(1n, 0)).toBe(1);
@@ -95,7 +127,13 @@ describe("predicted TTFT", () => {
 
 describe("calibration", () => {
   /** Routes `n` lone requests of `tokens` to one worker and answers prefill_done after `ttft(tokens)` ms. */
-  function drive(r: Router, clock: { now: number }, n: number, tokens: number, ttft: (i: number) => number): void {
+  function drive(
+    r: Router,
+    clock: { now: number },
+    n: number,
+    tokens: number,
+    ttft: (i: number) => number,
+  ): void {
     for (let i = 0; i < n; i++) {
       const d = r.route(request(prompt(tokens)), overlaps([]));
       clock.now += ttft(i);
@@ -107,7 +145,11 @@ describe("calibration", () => {
   test("starting 2x off, the learned prefill speed converges to the engine's; outliers barely move it", () => {
     const clock = { now: 0 };
     // The router is told 500 tokens/s; the engine does 1,000 (1 token/ms) with 10 ms steps.
-    const r = router(1, { now: () => clock.now, calibrate: true, ttft: { ...TTFT, prefillTokensPerSecond: 500 } });
+    const r = router(1, {
+      now: () => clock.now,
+      calibrate: true,
+      ttft: { ...TTFT, prefillTokensPerSecond: 500 },
+    });
     expect(r.learnedTimes(0)).toEqual({ prefillTokensPerSecond: 500, stepBaseMs: 10, samples: 0 });
     // 1,000 tokens alone: 10 steps of 100 -> 1,000 ms prefill + 100 ms steps; every 10th waits 5 s more.
     drive(r, clock, 200, 1000, (i) => 1100 + (i % 10 === 9 ? 5000 : 0));

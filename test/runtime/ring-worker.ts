@@ -10,17 +10,22 @@ self.onmessage = (event: MessageEvent<RingBuffers>) => {
   let sum = 0;
   let stop = false;
   const seen: number[] = [];
-  void consumer.run((kind, stream, generation, seq, payload) => {
-    if (kind === RecordKind.CONTROL) {
-      stop = true;
-      return;
-    }
-    records++;
-    seen.push(kind, stream, seq);
-    sum = (sum * 31 + kind + stream * 7 + generation * 13 + seq) >>> 0;
-    for (let i = 0; i < payload.length; i++) sum = (sum * 31 + payload[i]!) >>> 0;
-  }, () => stop).then(() => {
-    self.postMessage({ records, sum, seen, counters: { ...consumer.counters } });
-  });
+  void consumer
+    .run(
+      (kind, stream, generation, seq, payload) => {
+        if (kind === RecordKind.CONTROL) {
+          stop = true;
+          return;
+        }
+        records++;
+        seen.push(kind, stream, seq);
+        sum = (sum * 31 + kind + stream * 7 + generation * 13 + seq) >>> 0;
+        for (let i = 0; i < payload.length; i++) sum = (sum * 31 + payload[i]!) >>> 0;
+      },
+      () => stop,
+    )
+    .then(() => {
+      self.postMessage({ records, sum, seen, counters: { ...consumer.counters } });
+    });
   self.postMessage("ready");
 };

@@ -6,7 +6,12 @@
 // the consumer on a real Worker.
 import { describe, expect, test } from "bun:test";
 import {
-  createRingBuffers, RecordKind, RING_HEADER_BYTES, type RingBuffers, RingConsumer, RingProducer,
+  createRingBuffers,
+  RecordKind,
+  RING_HEADER_BYTES,
+  type RingBuffers,
+  RingConsumer,
+  RingProducer,
 } from "../../src/runtime/ring";
 import { xorshift32 } from "../../src/util/random";
 
@@ -53,7 +58,8 @@ describe("ring on one thread", () => {
   });
 
   test.each([0, 0x7fff_f000, 0xffff_fc00])(
-    "random sizes through many wrap-arounds arrive whole and in order (start %p)", (start) => {
+    "random sizes through many wrap-arounds arrive whole and in order (start %p)",
+    (start) => {
       const buffers = createRingBuffers(8192);
       startAt(buffers, start);
       const producer = new RingProducer(buffers);
@@ -79,7 +85,8 @@ describe("ring on one thread", () => {
       expect(producer.counters.droppedFull).toBe(0);
       // Bytes went round the buffer many times (and past 2^32 for the last start).
       expect(producer.counters.writtenBytes).toBeGreaterThan(50 * 8192);
-    });
+    },
+  );
 
   test("seq up to 2^53 - 1 and every kind go through", () => {
     const buffers = createRingBuffers(4096);
@@ -94,7 +101,11 @@ describe("ring on one thread", () => {
     collect(consumer, seen);
     expect(seen.map((record) => record.seq)).toEqual([...seqs, 0]);
     expect(seen.at(-1)).toEqual({
-      kind: RecordKind.REPLAY_END, stream: 3, generation: 9, seq: 0, bytes: [],
+      kind: RecordKind.REPLAY_END,
+      stream: 3,
+      generation: 9,
+      seq: 0,
+      bytes: [],
     });
   });
 
@@ -142,7 +153,8 @@ describe("ring on one thread", () => {
     seen.length = 0;
     collect(consumer, seen);
     expect(seen.map((record) => [record.kind, record.seq, record.bytes.length])).toEqual([
-      [RecordKind.LOSS, 1, 0], [RecordKind.LIVE, 3, 1500],
+      [RecordKind.LOSS, 1, 0],
+      [RecordKind.LIVE, 3, 1500],
     ]);
     expect(seen[1]!.bytes.every((byte) => byte === 9)).toBe(true);
   });
@@ -159,10 +171,14 @@ describe("ring on one thread", () => {
   });
 
   test.each([
-    ["kind 0", [0, 0, 0, 0]], ["kind 99", [99, 0, 0, 0]], ["stream -1", [1, -1, 0, 0]],
-    ["stream 2^20", [1, 2 ** 20, 0, 0]], ["generation -1", [1, 0, -1, 0]],
+    ["kind 0", [0, 0, 0, 0]],
+    ["kind 99", [99, 0, 0, 0]],
+    ["stream -1", [1, -1, 0, 0]],
+    ["stream 2^20", [1, 2 ** 20, 0, 0]],
+    ["generation -1", [1, 0, -1, 0]],
     ["seq -1", [1, 0, 0, -1]],
-    ["seq 2^53", [1, 0, 0, 2 ** 53]], ["seq 1.5", [1, 0, 0, 1.5]],
+    ["seq 2^53", [1, 0, 0, 2 ** 53]],
+    ["seq 1.5", [1, 0, 0, 1.5]],
   ])("bad arguments are refused (%s)", (_name, [kind, stream, generation, seq]) => {
     const producer = new RingProducer(createRingBuffers(4096));
     const write = () => producer.write(kind as RecordKind, stream!, generation!, seq!);
@@ -171,9 +187,12 @@ describe("ring on one thread", () => {
   });
 
   test.each([
-    ["a negative length", -8, RecordKind.LIVE], ["a length past the end", 1 << 20, RecordKind.LIVE],
-    ["a length past the head", 64, RecordKind.LIVE], ["an unknown kind", 0, 42],
-    ["a WRAP with a length", 8, RecordKind.WRAP], ["a huge length", 0x7fff_fffc, RecordKind.LIVE],
+    ["a negative length", -8, RecordKind.LIVE],
+    ["a length past the end", 1 << 20, RecordKind.LIVE],
+    ["a length past the head", 64, RecordKind.LIVE],
+    ["an unknown kind", 0, 42],
+    ["a WRAP with a length", 8, RecordKind.WRAP],
+    ["a huge length", 0x7fff_fffc, RecordKind.LIVE],
   ])("a corrupt header (%s) discards what was written and is counted", (_name, length, kind) => {
     const buffers = createRingBuffers(4096);
     const producer = new RingProducer(buffers);
@@ -186,9 +205,12 @@ describe("ring on one thread", () => {
     words[(RING_HEADER_BYTES + 16) / 4 + 1] = kind;
     const seen: Seen[] = [];
     const corrupt: number[] = [];
-    consumer.drain((k, stream, generation, seq, payload) => {
-      seen.push({ kind: k, stream, generation, seq, bytes: [...payload] });
-    }, (bytes) => corrupt.push(bytes));
+    consumer.drain(
+      (k, stream, generation, seq, payload) => {
+        seen.push({ kind: k, stream, generation, seq, bytes: [...payload] });
+      },
+      (bytes) => corrupt.push(bytes),
+    );
     expect(seen.map((record) => record.seq)).toEqual([1]);
     expect(corrupt).toEqual([RING_HEADER_BYTES + 16]);
     expect(consumer.counters.corrupt).toBe(1);
@@ -301,8 +323,7 @@ describe("ring with the consumer on a Worker", () => {
     expect(producer.wakes).toBeLessThanOrEqual(records);
   }, 30_000);
 
-  test("a flood through a small ring: each record arrives or a LOSS before the next counts it",
-    async () => {
+  test("a flood through a small ring: each record arrives or a LOSS before the next counts it", async () => {
     const buffers = createRingBuffers(4096);
     const producer = new RingProducer(buffers);
     const random = unit(5);

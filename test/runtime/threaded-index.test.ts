@@ -19,8 +19,17 @@ describe("ThreadedIndex", () => {
     const shared = createSharedIndex(BS, options);
     const tokens = Uint32Array.from({ length: 3 * BS }, (_, i) => i + 1);
     const prompt = promptHashes(tokens, BS, blockSeed());
-    const store = (workerId: bigint, blocks: number) => shared.index.applyStored(
-      workerId, 0, false, 0, 0, prompt.local.slice(0, 2 * blocks), prompt.local, blocks);
+    const store = (workerId: bigint, blocks: number) =>
+      shared.index.applyStored(
+        workerId,
+        0,
+        false,
+        0,
+        0,
+        prompt.local.slice(0, 2 * blocks),
+        prompt.local,
+        blocks,
+      );
     store(1n, 3);
     store(2n, 2);
     store(3n, 1);
@@ -38,13 +47,22 @@ describe("ThreadedIndex", () => {
       }
       return scores.sort();
     };
-    expect(answer()).toEqual([[`1@${slot1}`, 3], [`3@${slot3}`, 1]]);
-    expect(answer()).toEqual([[`1@${slot1}`, 3], [`3@${slot3}`, 1]]); // the cached mapping
+    expect(answer()).toEqual([
+      [`1@${slot1}`, 3],
+      [`3@${slot3}`, 1],
+    ]);
+    expect(answer()).toEqual([
+      [`1@${slot1}`, 3],
+      [`3@${slot3}`, 1],
+    ]); // the cached mapping
     // Worker 1 leaves this side; its slot goes to worker 2, still in the writer's index.
     table.release(slot1);
     const slot2 = table.acquire(2n, 0);
     expect(slot2).toBe(slot1);
-    expect(answer()).toEqual([[`2@${slot2}`, 2], [`3@${slot3}`, 1]]);
+    expect(answer()).toEqual([
+      [`2@${slot2}`, 2],
+      [`3@${slot3}`, 1],
+    ]);
     // The writer drops worker 3: gone from the answers.
     shared.index.removeWorker(3n);
     expect(answer()).toEqual([[`2@${slot2}`, 2]]);

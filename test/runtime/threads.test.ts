@@ -9,13 +9,20 @@ import { planThreads, startThread } from "../../src/runtime/threads";
 const auto = { cpus: null, numa_node: null, index_threads: null, route_threads: null };
 
 describe("thread plan", () => {
-  test.each([[1, 0, 0], [2, 0, 0], [3, 0, 0], [4, 0, 2], [5, 0, 3], [8, 0, 3], [72, 0, 3]])(
-    "%p CPUs by default: %p writer, %p lanes", (count, writers, lanes) => {
-      const cpus = Array.from({ length: count }, (_, i) => i);
-      const plan = planThreads(auto, cpus);
-      expect([plan.indexThreads, plan.routeThreads]).toEqual([writers, lanes]);
-      expect(plan.shared).toBe(false);
-    });
+  test.each([
+    [1, 0, 0],
+    [2, 0, 0],
+    [3, 0, 0],
+    [4, 0, 2],
+    [5, 0, 3],
+    [8, 0, 3],
+    [72, 0, 3],
+  ])("%p CPUs by default: %p writer, %p lanes", (count, writers, lanes) => {
+    const cpus = Array.from({ length: count }, (_, i) => i);
+    const plan = planThreads(auto, cpus);
+    expect([plan.indexThreads, plan.routeThreads]).toEqual([writers, lanes]);
+    expect(plan.shared).toBe(false);
+  });
 
   test("dedicated threads take CPUs from the end of the pinned set, the writer first", () => {
     const plan = planThreads({ ...auto, index_threads: 1, route_threads: 2 }, [4, 5, 6, 7]);

@@ -34,20 +34,34 @@ afterEach(async () => {
 
 async function setUp(ringBytes = 1 << 20, sharedReaders = 0) {
   const writer = await WriterThread.start({
-    ringBytes, cpus: null, blockSize: BS, backend: "crtc", budgetBytes: 1 << 30,
-    sequencer: { replayTimeoutMs: 2_000 }, logLevel: "error", sharedReaders,
+    ringBytes,
+    cpus: null,
+    blockSize: BS,
+    backend: "crtc",
+    budgetBytes: 1 << 30,
+    sequencer: { replayTimeoutMs: 2_000 },
+    logLevel: "error",
+    sharedReaders,
   });
   started.push(writer);
   const table = new WorkerTable();
   const index: KvIndex = createIndex("crtc", BS, { workers: table });
-  const writerOf = { workerTable: table, storeAt: index.storeAt.bind(index),
-    removeAt: index.removeAt.bind(index), clearAt: index.clearAt.bind(index) };
+  const writerOf = {
+    workerTable: table,
+    storeAt: index.storeAt.bind(index),
+    removeAt: index.removeAt.bind(index),
+    clearAt: index.clearAt.bind(index),
+  };
   const pairs: Pair[] = [];
   const add = async (config: SourceConfig): Promise<Pair> => {
     const zmtp = { maxMessageBytes: 4096 };
     const reference = new EngineSource(config, { blockSize: BS, writer: writerOf, log, zmtp });
     const threaded = new EngineSource(config, {
-      blockSize: BS, writer: writerOf, log, zmtp, input: writer.input(config),
+      blockSize: BS,
+      writer: writerOf,
+      log,
+      zmtp,
+      input: writer.input(config),
     });
     started.push(reference, threaded);
     await Promise.all([reference.start(), threaded.start()]);
@@ -76,7 +90,11 @@ async function setUp(ringBytes = 1 << 20, sharedReaders = 0) {
 }
 
 const config = (engine: TestEngine, workerId: bigint): SourceConfig => ({
-  workerId, dpRank: 0, endpoint: engine.endpoint, replayEndpoint: engine.replayEndpoint, topic: "",
+  workerId,
+  dpRank: 0,
+  endpoint: engine.endpoint,
+  replayEndpoint: engine.replayEndpoint,
+  topic: "",
 });
 
 describe("the writer thread", () => {
@@ -162,8 +180,7 @@ describe("the writer thread", () => {
     expect(pa.threaded.sequencer.counters.probes).toBeGreaterThan(probes);
   }, 30_000);
 
-  test("the writer's shared index: lookups here while it streams, then equal to one thread's",
-    async () => {
+  test("the writer's shared index: lookups here while it streams, then equal to one thread's", async () => {
     const a = await new TestEngine().start();
     const b = await new TestEngine().start();
     started.push(a, b);
@@ -173,9 +190,14 @@ describe("the writer thread", () => {
     await until(() => a.pub.subscribedPeers === 2 && b.pub.subscribedPeers === 2, "subscriptions");
     const reader = attach(writer.descriptor!);
     const prompts = [1, 41, 81].map((first) =>
-      promptHashes(new Uint32Array(tokens(first, 10)), BS, blockSeed()));
-    const answer = (find: (local: Uint32Array, count: number, out: MatchResult) => void,
-      idOf: (slot: number) => string, local: Uint32Array, count: number) => {
+      promptHashes(new Uint32Array(tokens(first, 10)), BS, blockSeed()),
+    );
+    const answer = (
+      find: (local: Uint32Array, count: number, out: MatchResult) => void,
+      idOf: (slot: number) => string,
+      local: Uint32Array,
+      count: number,
+    ) => {
       const out = new MatchResult();
       find(local, count, out);
       const scores: string[] = [];
@@ -194,8 +216,12 @@ describe("the writer thread", () => {
       if (round % 7 === 6) lastB = b.publish([cleared]);
       // Lookups on this thread while the writer applies.
       for (const prompt of prompts) {
-        answer((l, c, o) => reader.findMatches(l, c, o), (slot) => `${reader.workerIdOf(slot)}`,
-          prompt.local, prompt.blockCount);
+        answer(
+          (l, c, o) => reader.findMatches(l, c, o),
+          (slot) => `${reader.workerIdOf(slot)}`,
+          prompt.local,
+          prompt.blockCount,
+        );
         lookups++;
       }
       await Bun.sleep(0);
@@ -203,12 +229,18 @@ describe("the writer thread", () => {
     await applied(pa, Number(lastA));
     await applied(pb, Number(lastB));
     for (const prompt of prompts) {
-      const shared = answer((l, c, o) => reader.findMatches(l, c, o),
+      const shared = answer(
+        (l, c, o) => reader.findMatches(l, c, o),
         (slot) => `${reader.workerIdOf(slot)}/${reader.dpRankOf(slot)}`,
-        prompt.local, prompt.blockCount);
-      const local = answer((l, c, o) => index.findMatches(l, c, o),
+        prompt.local,
+        prompt.blockCount,
+      );
+      const local = answer(
+        (l, c, o) => index.findMatches(l, c, o),
         (slot) => `${table.workerIdOf(slot)}/${table.dpRankOf(slot)}`,
-        prompt.local, prompt.blockCount);
+        prompt.local,
+        prompt.blockCount,
+      );
       expect(shared).toEqual(local);
     }
     expect(await writer.dump()).toEqual(index.dump());
@@ -216,14 +248,15 @@ describe("the writer thread", () => {
     reader.close();
   }, 30_000);
 
-  test("sources added and removed 30 times: stream ids reused, the index empty after",
-    async () => {
+  test("sources added and removed 30 times: stream ids reused, the index empty after", async () => {
     const a = await new TestEngine().start();
     started.push(a);
     const { writer } = await setUp();
     for (let cycle = 0; cycle < 30; cycle++) {
       const source = new EngineSource(config(a, BigInt(cycle + 1)), {
-        blockSize: BS, log, input: writer.input(config(a, BigInt(cycle + 1))),
+        blockSize: BS,
+        log,
+        input: writer.input(config(a, BigInt(cycle + 1))),
         writer: { workerTable: new WorkerTable(), storeAt() {}, removeAt: () => 0, clearAt() {} },
       });
       await source.start();

@@ -1,7 +1,14 @@
 import { describe, expect, test } from "bun:test";
 import { Unpackr } from "msgpackr";
 import { loadConfig } from "../../src/config";
-import { CANDIDATES_DEFAULT, CANDIDATES_MAX, decideRoute, routeAnswer, routeOp, writeRouteAnswer } from "../../src/server/api";
+import {
+  CANDIDATES_DEFAULT,
+  CANDIDATES_MAX,
+  decideRoute,
+  routeAnswer,
+  routeOp,
+  writeRouteAnswer,
+} from "../../src/server/api";
 import { KvedgeCore } from "../../src/core/core";
 import { silentLogger } from "../../src/util/log";
 import { xorshift32 } from "../../src/util/random";
@@ -9,7 +16,11 @@ import { MsgpackWriter } from "../../src/wire/msgpack";
 
 describe("writeRouteAnswer", () => {
   test("writes exactly the bytes of the generic writer on the answer object, for every kind of route", () => {
-    const service = new KvedgeCore({ config: loadConfig({ env: {} }).config, log: silentLogger, random: () => 0.5 });
+    const service = new KvedgeCore({
+      config: loadConfig({ env: {} }).config,
+      log: silentLogger,
+      random: () => 0.5,
+    });
     const load = service.router.load;
     const ids = [1n, 7n, 300n, 70_000n, 2n ** 32n + 5n, 2n ** 64n - 1n];
     for (const [i, id] of ids.entries()) load.addWorker(id, i % 3);
@@ -21,7 +32,9 @@ describe("writeRouteAnswer", () => {
     for (let i = 0; i < 200; i++) {
       const tokens = Array.from({ length: random() % 300 }, () => random() % 50);
       const body: Record<string, unknown> = {
-        token_ids: tokens, candidates: random() % 8, expected_output_tokens: random() % 1000,
+        token_ids: tokens,
+        candidates: random() % 8,
+        expected_output_tokens: random() % 1000,
         ...(i % 3 === 0 ? { request_id: `req-${i}-${"é".repeat(i % 2)}` } : {}),
         ...(i % 5 === 0 ? { temperature: 0.7, prefill_load_scale: 1.25 } : {}),
       };
@@ -31,7 +44,9 @@ describe("writeRouteAnswer", () => {
       generic.value(result);
       special.reset();
       writeRouteAnswer(special, service, outcome);
-      expect(Buffer.from(special.written()).toString("hex")).toBe(Buffer.from(generic.written()).toString("hex"));
+      expect(Buffer.from(special.written()).toString("hex")).toBe(
+        Buffer.from(generic.written()).toString("hex"),
+      );
       expect(unpackr.unpack(special.finish())).toEqual(result);
     }
   });
@@ -39,13 +54,18 @@ describe("writeRouteAnswer", () => {
 
 describe("routeOp candidates", () => {
   test("lists the CANDIDATES_DEFAULT cheapest workers unless asked, cheapest first; up to CANDIDATES_MAX when asked", () => {
-    const service = new KvedgeCore({ config: loadConfig({ env: {} }).config, log: silentLogger, random: () => 0.5 });
+    const service = new KvedgeCore({
+      config: loadConfig({ env: {} }).config,
+      log: silentLogger,
+      random: () => 0.5,
+    });
     const load = service.router.load;
     for (let w = 1; w <= 70; w++) load.addWorker(BigInt(w), 0);
     const costsOf = (result: ReturnType<typeof routeOp>) => result.candidates.map((c) => c.cost);
     const sorted = (costs: number[]) => [...costs].sort((a, b) => a - b);
     // Load some workers first so that costs differ.
-    for (let i = 0; i < 20; i++) routeOp(service, { token_ids: Array.from({ length: 64 + 16 * i }, (_, t) => t + 1000 * i) });
+    for (let i = 0; i < 20; i++)
+      routeOp(service, { token_ids: Array.from({ length: 64 + 16 * i }, (_, t) => t + 1000 * i) });
     const byDefault = routeOp(service, { token_ids: Array.from({ length: 48 }, (_, t) => t) });
     expect(byDefault.candidates).toHaveLength(CANDIDATES_DEFAULT);
     expect(costsOf(byDefault)).toEqual(sorted(costsOf(byDefault)));
@@ -54,16 +74,28 @@ describe("routeOp candidates", () => {
     const all = routeOp(service, { token_ids: [1, 2, 3], candidates: CANDIDATES_MAX });
     expect(all.candidates).toHaveLength(CANDIDATES_MAX);
     expect(costsOf(all)).toEqual(sorted(costsOf(all)));
-    expect(() => routeOp(service, { token_ids: [1, 2, 3], candidates: CANDIDATES_MAX + 1 })).toThrow(/candidates/);
+    expect(() =>
+      routeOp(service, { token_ids: [1, 2, 3], candidates: CANDIDATES_MAX + 1 }),
+    ).toThrow(/candidates/);
   });
 });
 
 describe("routeOp explanation", () => {
   test("every candidate carries its predicted TTFT and parts; under the default policy they make its cost", () => {
-    const service = new KvedgeCore({ config: loadConfig({ env: {} }).config, log: silentLogger, random: () => 0.5 });
+    const service = new KvedgeCore({
+      config: loadConfig({ env: {} }).config,
+      log: silentLogger,
+      random: () => 0.5,
+    });
     for (let w = 1; w <= 4; w++) service.router.load.addWorker(BigInt(w), 0);
-    for (let i = 0; i < 6; i++) routeOp(service, { token_ids: Array.from({ length: 500 + 100 * i }, (_, t) => t + 1000 * i) });
-    const answer = routeOp(service, { token_ids: Array.from({ length: 300 }, (_, t) => t), candidates: 4 });
+    for (let i = 0; i < 6; i++)
+      routeOp(service, {
+        token_ids: Array.from({ length: 500 + 100 * i }, (_, t) => t + 1000 * i),
+      });
+    const answer = routeOp(service, {
+      token_ids: Array.from({ length: 300 }, (_, t) => t),
+      candidates: 4,
+    });
     expect(answer.candidates).toHaveLength(4);
     for (const c of answer.candidates) {
       expect(c.predicted_ttft_ms).toBeCloseTo(c.queue_ms + c.prefill_ms + c.steps_ms, 9);

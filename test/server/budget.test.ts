@@ -27,7 +27,13 @@ async function serviceWithEngine(env: Record<string, string>) {
   const config = loadConfig({ env: { KVEDGE_BLOCK_SIZE: String(BS), ...env } }).config;
   const service = new KvedgeCore({ config, log: silentLogger, random: () => 0.5 });
   cleanups.push(() => service.stop());
-  await service.addWorker({ worker_id: 1n, dp_rank: 0, endpoint: engine.endpoint, replay_endpoint: null, topic: "" });
+  await service.addWorker({
+    worker_id: 1n,
+    dp_rank: 0,
+    endpoint: engine.endpoint,
+    replay_endpoint: null,
+    topic: "",
+  });
   await engine.waitForSubscriber();
   return { engine, service };
 }
@@ -45,14 +51,20 @@ function uniqueBatch(engine: TestEngine, base: number, chains: number): void {
 }
 
 test("past the budget, stores are refused and counted, the worker degraded; a clear makes it exact again", async () => {
-  const { engine, service } = await serviceWithEngine({ KVEDGE_INDEX_MEMORY_BUDGET_BYTES: String(BUDGET) });
+  const { engine, service } = await serviceWithEngine({
+    KVEDGE_INDEX_MEMORY_BUDGET_BYTES: String(BUDGET),
+  });
   expect(service.budget.budgetBytes).toBe(BUDGET);
   let sent = 0;
   for (let batch = 0; service.budget.refusedEvents === 0; batch++) {
     if (batch >= 400) throw new Error("the budget never refused a store");
     uniqueBatch(engine, sent, 16);
     sent += 16 * 32;
-    await until(() => engine.seq === BigInt(batch + 1) && service.engineSources[0]!.sequencer.lastSeq === batch, "the batch applied");
+    await until(
+      () =>
+        engine.seq === BigInt(batch + 1) && service.engineSources[0]!.sequencer.lastSeq === batch,
+      "the batch applied",
+    );
   }
   const bytes = service.index.stats().bytes;
   expect(bytes).toBeGreaterThanOrEqual(BUDGET);
@@ -64,10 +76,19 @@ test("past the budget, stores are refused and counted, the worker degraded; a cl
   expect(service.budget.refusedBlocks).toBe(32 * service.budget.refusedEvents);
   expect(view.blocks + service.budget.refusedBlocks).toBe(sent);
   // Still routing.
-  const route = service.route({
-    tokens: new Uint32Array([1, 2, 3, 4]), requestId: null, loraName: null, cacheSalt: null,
-    expectedOutputTokens: null, overlapScoreCredit: null, prefillLoadScale: null, temperature: null,
-  }, 4);
+  const route = service.route(
+    {
+      tokens: new Uint32Array([1, 2, 3, 4]),
+      requestId: null,
+      loraName: null,
+      cacheSalt: null,
+      expectedOutputTokens: null,
+      overlapScoreCredit: null,
+      prefillLoadScale: null,
+      temperature: null,
+    },
+    4,
+  );
   expect(route.decision.slot).toBeGreaterThanOrEqual(0);
   // The engine clears its cache: the index holds what the engine holds, exactly.
   engine.publish([cleared]);

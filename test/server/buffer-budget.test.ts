@@ -22,9 +22,19 @@ const saved = bufferBudget.limitBytes;
 
 beforeAll(() => {
   bufferBudget.limitBytes = LIMIT;
-  service = new KvedgeCore({ config: loadConfig({ env: {} }).config, log: silentLogger, random: () => 0.5 });
+  service = new KvedgeCore({
+    config: loadConfig({ env: {} }).config,
+    log: silentLogger,
+    random: () => 0.5,
+  });
   app = startApp({
-    host: "127.0.0.1", port: 0, bodyLimitBytes: 8 << 20, adminToken: null, service, registry: createMetricsRegistry(), log: silentLogger,
+    host: "127.0.0.1",
+    port: 0,
+    bodyLimitBytes: 8 << 20,
+    adminToken: null,
+    service,
+    registry: createMetricsRegistry(),
+    log: silentLogger,
   });
   port = app.server.port!;
 });
@@ -48,7 +58,9 @@ function rawHttp(): Promise<{ socket: NetSocket; received: () => string; closed:
   return new Promise((resolve) => {
     let text = "";
     let ended = false;
-    const socket = connect({ host: "127.0.0.1", port }, () => resolve({ socket, received: () => text, closed: () => ended }));
+    const socket = connect({ host: "127.0.0.1", port }, () =>
+      resolve({ socket, received: () => text, closed: () => ended }),
+    );
     socket.on("data", (chunk) => {
       text += chunk.toString("latin1");
     });
@@ -68,12 +80,12 @@ describe("HTTP bodies", () => {
     const half: Awaited<ReturnType<typeof rawHttp>>[] = [];
     for (let i = 0; i < 2; i++) {
       const client = await rawHttp();
-      client.socket.write(routeHead(400_000) + '{"token_ids":[');
+      client.socket.write(`${routeHead(400_000)}{"token_ids":[`);
       half.push(client);
     }
     await until(() => bufferBudget.held === 800_000, "two bodies held");
     const refused = await rawHttp();
-    refused.socket.write(routeHead(400_000) + '{"token_ids":[');
+    refused.socket.write(`${routeHead(400_000)}{"token_ids":[`);
     await until(() => refused.received().includes("\r\n\r\n"), "the refusal");
     expect(refused.received()).toStartWith("HTTP/1.1 503");
     expect(refused.received()).toContain("limit of 1048576 bytes");
@@ -96,13 +108,17 @@ describe("WebSocket send queues", () => {
   test("a client that never reads is closed (1013) when its queue would pass the budget; others go on", async () => {
     const client = await rawHttp();
     client.socket.write(
-      "GET /v1/ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-      + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+      "GET /v1/ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
     );
     await until(() => client.received().includes("101"), "the upgrade");
     client.socket.pause(); // never read again: the server's send queue grows
     // Masked text frames: a batch of 64 route requests each, answered with ~40 KB.
-    const payload = Buffer.from(JSON.stringify(Array.from({ length: 64 }, (_, i) => ({ id: i, op: "match", token_ids: [1, 2, 3, 4] }))));
+    const payload = Buffer.from(
+      JSON.stringify(
+        Array.from({ length: 64 }, (_, i) => ({ id: i, op: "match", token_ids: [1, 2, 3, 4] })),
+      ),
+    );
     const frame = Buffer.alloc(8 + payload.length);
     frame[0] = 0x81;
     frame[1] = 0x80 | 126;

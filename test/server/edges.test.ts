@@ -15,10 +15,19 @@ let app: App;
 let base = "";
 
 beforeAll(() => {
-  service = new KvedgeCore({ config: loadConfig({ env: {} }).config, log: silentLogger, random: () => 0.5 });
+  service = new KvedgeCore({
+    config: loadConfig({ env: {} }).config,
+    log: silentLogger,
+    random: () => 0.5,
+  });
   app = startApp({
-    host: "127.0.0.1", port: 0, bodyLimitBytes: 1 << 20, adminToken: TOKEN, service,
-    registry: createMetricsRegistry(), log: silentLogger,
+    host: "127.0.0.1",
+    port: 0,
+    bodyLimitBytes: 1 << 20,
+    adminToken: TOKEN,
+    service,
+    registry: createMetricsRegistry(),
+    log: silentLogger,
   });
   base = app.url;
 });
@@ -31,7 +40,8 @@ afterAll(async () => {
 const JSON_TYPE = { "content-type": "application/json" };
 const admin = { authorization: `Bearer ${TOKEN}` };
 const routeBody = JSON.stringify({ token_ids: [1, 2, 3, 4] });
-const errorOf = async (response: Response): Promise<string> => ((await response.json()) as { error: string }).error;
+const errorOf = async (response: Response): Promise<string> =>
+  ((await response.json()) as { error: string }).error;
 
 describe("body types", () => {
   test.each([
@@ -43,7 +53,11 @@ describe("body types", () => {
       const headers: Record<string, string> = { ...admin };
       if (type !== null) headers["content-type"] = type;
       // A Blob body: fetch adds no Content-Type of its own.
-      const response = await fetch(`${base}${path}`, { method: "POST", body: new Blob([routeBody]), headers });
+      const response = await fetch(`${base}${path}`, {
+        method: "POST",
+        body: new Blob([routeBody]),
+        headers,
+      });
       expect(response.status).toBe(415);
       expect(await errorOf(response)).toContain(message);
     }
@@ -52,18 +66,21 @@ describe("body types", () => {
 
   test("application/json with parameters, in any case, is accepted", async () => {
     const response = await fetch(`${base}/v1/match`, {
-      method: "POST", body: routeBody, headers: { "content-type": "Application/JSON; charset=utf-8" },
+      method: "POST",
+      body: routeBody,
+      headers: { "content-type": "Application/JSON; charset=utf-8" },
     });
     expect(response.status).toBe(200);
   });
 });
 
 describe("cross-origin requests", () => {
-  const addWorker = (headers: Record<string, string>) => fetch(`${base}/v1/workers`, {
-    method: "POST",
-    body: JSON.stringify({ worker_id: "5", endpoint: "tcp://127.0.0.1:1" }),
-    headers: { ...JSON_TYPE, ...admin, ...headers },
-  });
+  const addWorker = (headers: Record<string, string>) =>
+    fetch(`${base}/v1/workers`, {
+      method: "POST",
+      body: JSON.stringify({ worker_id: "5", endpoint: "tcp://127.0.0.1:1" }),
+      headers: { ...JSON_TYPE, ...admin, ...headers },
+    });
 
   test.each([
     [{ origin: "http://evil.example" }, "Origin http://evil.example is not this server"],
@@ -73,7 +90,11 @@ describe("cross-origin requests", () => {
   ])("%p → 403, nothing changes", async (headers, message) => {
     for (const response of [
       await addWorker(headers),
-      await fetch(`${base}/v1/route`, { method: "POST", body: routeBody, headers: { ...JSON_TYPE, ...headers } }),
+      await fetch(`${base}/v1/route`, {
+        method: "POST",
+        body: routeBody,
+        headers: { ...JSON_TYPE, ...headers },
+      }),
       await fetch(`${base}/v1/requests/x/done`, { method: "POST", headers }),
       await fetch(`${base}/v1/workers/5`, { method: "DELETE", headers: { ...admin, ...headers } }),
     ]) {
@@ -97,7 +118,13 @@ describe("cross-origin requests", () => {
 
   test("a WebSocket upgrade from another origin is refused", async () => {
     const response = await fetch(`${base}/v1/ws`, {
-      headers: { upgrade: "websocket", connection: "Upgrade", "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ==", "sec-websocket-version": "13", origin: "http://evil.example" },
+      headers: {
+        upgrade: "websocket",
+        connection: "Upgrade",
+        "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ==",
+        "sec-websocket-version": "13",
+        origin: "http://evil.example",
+      },
     });
     expect(response.status).toBe(403);
   });
@@ -114,7 +141,9 @@ describe("cross-origin requests", () => {
 describe("/v1/dump", () => {
   test("needs the admin token when one is set", async () => {
     expect((await fetch(`${base}/v1/dump`)).status).toBe(401);
-    expect((await fetch(`${base}/v1/dump`, { headers: { authorization: "Bearer wrong" } })).status).toBe(401);
+    expect(
+      (await fetch(`${base}/v1/dump`, { headers: { authorization: "Bearer wrong" } })).status,
+    ).toBe(401);
     expect((await fetch(`${base}/v1/dump`, { headers: admin })).status).toBe(200);
   });
 
@@ -131,7 +160,10 @@ describe("/v1/dump", () => {
       }
       index.applyStored(7n, 0, false, 0, 0, external, local, 64, 0);
     }
-    const expected = index.dump().map((op) => JSON.stringify(op)).join("\n") + "\n";
+    const expected = `${index
+      .dump()
+      .map((op) => JSON.stringify(op))
+      .join("\n")}\n`;
     const response = await fetch(`${base}/v1/dump`, { headers: admin });
     expect(response.headers.get("content-type")).toBe("application/x-ndjson");
     const busy = await fetch(`${base}/v1/dump`, { headers: admin });
@@ -171,37 +203,46 @@ describe("/v1/dump", () => {
 
 describe("methods", () => {
   /** Sends a raw request line; resolves with what came back ("" if the connection closed with nothing). */
-  const raw = (line: string): Promise<string> => new Promise((resolve) => {
-    let got = "";
-    const done = () => resolve(got);
-    Bun.connect({
-      hostname: "127.0.0.1", port: app.server.port!,
-      socket: {
-        open: (socket) => void socket.write(`${line}\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n`),
-        data: (socket, chunk) => {
-          got += Buffer.from(chunk).toString("latin1");
-          if (got.includes("\r\n\r\n")) socket.end();
+  const raw = (line: string): Promise<string> =>
+    new Promise((resolve) => {
+      let got = "";
+      const done = () => resolve(got);
+      Bun.connect({
+        hostname: "127.0.0.1",
+        port: app.server.port!,
+        socket: {
+          open: (socket) =>
+            void socket.write(`${line}\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n`),
+          data: (socket, chunk) => {
+            got += Buffer.from(chunk).toString("latin1");
+            if (got.includes("\r\n\r\n")) socket.end();
+          },
+          close: done,
+          error: done,
         },
-        close: done,
-        error: done,
-      },
+      });
     });
-  });
 
-  test.each(["PUT /v1/route", "PATCH /v1/workers", "OPTIONS /v1/workers", "DELETE /v1/dump", "POST /healthz"])(
-    "%p: a method the endpoint does not take → 405 with Allow",
-    async (line) => {
-      const answer = await raw(`${line} HTTP/1.1`);
-      expect(answer).toStartWith("HTTP/1.1 405");
-      expect(answer).toMatch(/\r\nallow: [A-Z, ]+\r\n/i);
-    },
-  );
+  test.each([
+    "PUT /v1/route",
+    "PATCH /v1/workers",
+    "OPTIONS /v1/workers",
+    "DELETE /v1/dump",
+    "POST /healthz",
+  ])("%p: a method the endpoint does not take → 405 with Allow", async (line) => {
+    const answer = await raw(`${line} HTTP/1.1`);
+    expect(answer).toStartWith("HTTP/1.1 405");
+    expect(answer).toMatch(/\r\nallow: [A-Z, ]+\r\n/i);
+  });
 
   // Bun's HTTP parser (uWebSockets, strict method validation) refuses a method it does
   // not know, or one in lower case, before any handler runs: it closes the connection
   // without a response. kvedge cannot answer those with 405; it keeps serving.
-  test.each(["FOO /v1/workers", "get /v1/workers"])("%p: closed by Bun's parser with no response; serving goes on", async (line) => {
-    expect(await raw(`${line} HTTP/1.1`)).toBe("");
-    expect((await fetch(`${base}/v1/workers`)).status).toBe(200);
-  });
+  test.each(["FOO /v1/workers", "get /v1/workers"])(
+    "%p: closed by Bun's parser with no response; serving goes on",
+    async (line) => {
+      expect(await raw(`${line} HTTP/1.1`)).toBe("");
+      expect((await fetch(`${base}/v1/workers`)).status).toBe(200);
+    },
+  );
 });

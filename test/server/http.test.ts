@@ -4,7 +4,16 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { pack, unpack } from "msgpackr";
 import {
-  asObject, errorReply, HttpError, MSGPACK, optionalInt, optionalString, readBody, reply, tokenIds, u64Field,
+  asObject,
+  errorReply,
+  HttpError,
+  MSGPACK,
+  optionalInt,
+  optionalString,
+  readBody,
+  reply,
+  tokenIds,
+  u64Field,
 } from "../../src/http/http";
 
 const LIMIT = 1024;
@@ -37,27 +46,44 @@ beforeAll(() => {
 
 afterAll(() => server.stop(true));
 
-const errorOf = async (response: Response): Promise<string> => ((await response.json()) as { error: string }).error;
+const errorOf = async (response: Response): Promise<string> =>
+  ((await response.json()) as { error: string }).error;
 
 const post = (body: string | Uint8Array, headers: Record<string, string> = {}) =>
-  fetch(base, { method: "POST", body, headers: { "content-type": "application/json", ...headers } });
+  fetch(base, {
+    method: "POST",
+    body,
+    headers: { "content-type": "application/json", ...headers },
+  });
 
 describe("bodies", () => {
   test("a JSON body round-trips; u64 ids come back as decimal strings", async () => {
-    const response = await post(JSON.stringify({ token_ids: [1, 2, 4294967295], worker_id: "18446744073709551615" }));
+    const response = await post(
+      JSON.stringify({ token_ids: [1, 2, 4294967295], worker_id: "18446744073709551615" }),
+    );
     expect(response.status).toBe(200);
     expect(await response.json()).toEqual({
-      tokens: [1, 2, 4294967295], worker: "18446744073709551615", lora: null, n: null,
+      tokens: [1, 2, 4294967295],
+      worker: "18446744073709551615",
+      lora: null,
+      n: null,
     });
   });
 
   test("MessagePack in and out", async () => {
-    const response = await post(pack({ token_ids: [7, 8], worker_id: 18446744073709551615n, n: 3 }), {
-      "content-type": MSGPACK, accept: MSGPACK,
-    });
+    const response = await post(
+      pack({ token_ids: [7, 8], worker_id: 18446744073709551615n, n: 3 }),
+      {
+        "content-type": MSGPACK,
+        accept: MSGPACK,
+      },
+    );
     expect(response.headers.get("content-type")).toBe(MSGPACK);
     expect(unpack(new Uint8Array(await response.arrayBuffer()))).toEqual({
-      tokens: [7, 8], worker: 18446744073709551615n, lora: null, n: 3,
+      tokens: [7, 8],
+      worker: 18446744073709551615n,
+      lora: null,
+      n: 3,
     });
   });
 
@@ -66,11 +92,15 @@ describe("bodies", () => {
     const words = new Uint32Array(tokens);
     // Keys of different lengths put the bin at different offsets of the body.
     for (const key of ["a", "ab", "abc", "abcd"]) {
-      const response = await post(pack({ [key]: 1, token_ids: new Uint8Array(words.buffer) }), { "content-type": MSGPACK });
+      const response = await post(pack({ [key]: 1, token_ids: new Uint8Array(words.buffer) }), {
+        "content-type": MSGPACK,
+      });
       expect(response.status).toBe(200);
       expect(((await response.json()) as { tokens: number[] }).tokens).toEqual(tokens);
     }
-    const direct = tokenIds({ token_ids: new Uint8Array(new Uint8Array([9, 1, 0, 0, 0, 2, 0, 0, 0]).buffer, 1, 8) }); // misaligned: copied
+    const direct = tokenIds({
+      token_ids: new Uint8Array(new Uint8Array([9, 1, 0, 0, 0, 2, 0, 0, 0]).buffer, 1, 8),
+    }); // misaligned: copied
     expect(Array.from(direct)).toEqual([1, 2]);
     // A Buffer (what msgpackr decodes to) whose slice() would be a view, not a copy.
     const buffer = Buffer.from([9, 9, 9, 1, 0, 0, 0, 2, 0, 0, 0]).subarray(3);
@@ -78,9 +108,13 @@ describe("bodies", () => {
   });
 
   test("MessagePack token_ids bytes that are not whole u32s → 400", async () => {
-    const response = await post(pack({ token_ids: new Uint8Array(6) }), { "content-type": MSGPACK });
+    const response = await post(pack({ token_ids: new Uint8Array(6) }), {
+      "content-type": MSGPACK,
+    });
     expect(response.status).toBe(400);
-    expect(await errorOf(response)).toBe("token_ids as bytes must be little-endian u32s (a multiple of 4 bytes), got 6 bytes");
+    expect(await errorOf(response)).toBe(
+      "token_ids as bytes must be little-endian u32s (a multiple of 4 bytes), got 6 bytes",
+    );
     expect(Array.from(tokenIds({ token_ids: new Uint8Array(0) }))).toEqual([]);
   });
 
@@ -97,7 +131,12 @@ describe("bodies", () => {
         controller.close();
       },
     });
-    const response = await fetch(base, { method: "POST", body: stream, duplex: "half", headers: { "content-type": "application/json" } } as RequestInit);
+    const response = await fetch(base, {
+      method: "POST",
+      body: stream,
+      duplex: "half",
+      headers: { "content-type": "application/json" },
+    } as RequestInit);
     expect(response.status).toBe(413);
     expect(await errorOf(response)).toContain("over the limit");
   });
@@ -115,7 +154,9 @@ describe("bodies", () => {
 
   test("a UTF-8 BOM before the JSON is skipped; a body of only a BOM is malformed, not empty", async () => {
     const bom = [0xef, 0xbb, 0xbf];
-    const ok = await post(new Uint8Array([...bom, ...new TextEncoder().encode('{"token_ids":[3]}')]));
+    const ok = await post(
+      new Uint8Array([...bom, ...new TextEncoder().encode('{"token_ids":[3]}')]),
+    );
     expect(await ok.json()).toEqual({ tokens: [3], worker: null, lora: null, n: null });
     const only = await post(new Uint8Array(bom));
     expect(only.status).toBe(400);
@@ -130,7 +171,12 @@ describe("bodies", () => {
         controller.close();
       },
     });
-    const response = await fetch(base, { method: "POST", body: stream, duplex: "half", headers: { "content-type": "application/json" } } as RequestInit);
+    const response = await fetch(base, {
+      method: "POST",
+      body: stream,
+      duplex: "half",
+      headers: { "content-type": "application/json" },
+    } as RequestInit);
     expect(await response.json()).toEqual({ tokens: [1, 2], worker: null, lora: null, n: 4 });
   });
 
@@ -138,11 +184,16 @@ describe("bodies", () => {
     [2n ** 32n, "got 4294967296"],
     [2n ** 64n - 1n, "got 18446744073709551615"],
     [-(2n ** 40n), "got -1099511627776"],
-  ])("a MessagePack token %p (64-bit, read as a bigint) → 400 naming it", async (token, message) => {
-    const response = await post(pack({ token_ids: [1, token] }), { "content-type": MSGPACK });
-    expect(response.status).toBe(400);
-    expect(await errorOf(response)).toBe(`token_ids[1] must be an integer in [0, 2^32), ${message}`);
-  });
+  ])(
+    "a MessagePack token %p (64-bit, read as a bigint) → 400 naming it",
+    async (token, message) => {
+      const response = await post(pack({ token_ids: [1, token] }), { "content-type": MSGPACK });
+      expect(response.status).toBe(400);
+      expect(await errorOf(response)).toBe(
+        `token_ids[1] must be an integer in [0, 2^32), ${message}`,
+      );
+    },
+  );
 
   test("malformed MessagePack → 400", async () => {
     const response = await post(new Uint8Array([0xdc, 0xff]), { "content-type": MSGPACK });
@@ -158,7 +209,10 @@ describe("fields", () => {
     [{ token_ids: [4294967296] }, "token_ids[0] must be an integer in [0, 2^32)"],
     [{ token_ids: [1.5] }, "token_ids[0] must be an integer"],
     [{ token_ids: ["1"] }, "token_ids[0] must be an integer"],
-    [{ token_ids: [1], worker_id: "18446744073709551616" }, "worker_id must be an unsigned 64-bit integer"],
+    [
+      { token_ids: [1], worker_id: "18446744073709551616" },
+      "worker_id must be an unsigned 64-bit integer",
+    ],
     [{ token_ids: [1], worker_id: "-1" }, "worker_id must be an unsigned 64-bit integer"],
     [{ token_ids: [1], worker_id: 2 ** 60 }, "worker_id must be an unsigned 64-bit integer"],
     [{ token_ids: [1], worker_id: "007" }, "worker_id must be an unsigned 64-bit integer"],

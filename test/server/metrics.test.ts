@@ -10,7 +10,12 @@ import { DEFAULT_SEED } from "../../src/hash";
 import { promptHashes, Router } from "../../src/route";
 import { Histogram, Registry } from "prom-client";
 import {
-  createMetricsRegistry, FastHistogram, HTTP_ROUTE_LABELS_MAX, registerRouterMetrics, registerSamples, ServerMetrics,
+  createMetricsRegistry,
+  FastHistogram,
+  HTTP_ROUTE_LABELS_MAX,
+  registerRouterMetrics,
+  registerSamples,
+  ServerMetrics,
 } from "../../src/server/metrics";
 
 interface Sample {
@@ -91,10 +96,19 @@ function parseExposition(text: string): Map<string, Family> {
       at++;
     }
     expect(line[at]).toBe(" ");
-    const value = Number(line.slice(at + 1).split(" ")[0]!.replace("+Inf", "Infinity"));
+    const value = Number(
+      line
+        .slice(at + 1)
+        .split(" ")[0]!
+        .replace("+Inf", "Infinity"),
+    );
     expect(Number.isNaN(value)).toBe(false);
-    const base = [...families.keys()].find((f) => name === f || (families.get(f)!.type === "histogram"
-      && [`${f}_bucket`, `${f}_sum`, `${f}_count`].includes(name)));
+    const base = [...families.keys()].find(
+      (f) =>
+        name === f ||
+        (families.get(f)!.type === "histogram" &&
+          [`${f}_bucket`, `${f}_sum`, `${f}_count`].includes(name)),
+    );
     if (base === undefined) throw new Error(`sample ${name} before its TYPE`);
     families.get(base)!.samples.push({ name, labels, value });
   }
@@ -105,7 +119,9 @@ function parseExposition(text: string): Map<string, Family> {
   return families;
 }
 
-async function scrape(registry: ReturnType<typeof createMetricsRegistry>): Promise<Map<string, Family>> {
+async function scrape(
+  registry: ReturnType<typeof createMetricsRegistry>,
+): Promise<Map<string, Family>> {
   return parseExposition(await registry.metrics());
 }
 
@@ -113,10 +129,17 @@ describe("registry", () => {
   test("process metrics that hold under Bun, and nothing Node-specific", async () => {
     const families = await scrape(createMetricsRegistry());
     expect([...families.keys()].sort()).toEqual([
-      "process_cpu_seconds_total", "process_cpu_system_seconds_total", "process_cpu_user_seconds_total", "process_max_fds",
-      "process_open_fds", "process_resident_memory_bytes", "process_start_time_seconds",
+      "process_cpu_seconds_total",
+      "process_cpu_system_seconds_total",
+      "process_cpu_user_seconds_total",
+      "process_max_fds",
+      "process_open_fds",
+      "process_resident_memory_bytes",
+      "process_start_time_seconds",
     ]);
-    expect(families.get("process_resident_memory_bytes")!.samples[0]!.value).toBeGreaterThan(1_000_000);
+    expect(families.get("process_resident_memory_bytes")!.samples[0]!.value).toBeGreaterThan(
+      1_000_000,
+    );
     expect(families.get("process_open_fds")!.samples[0]!.value).toBeGreaterThan(0);
     expect(createMetricsRegistry().contentType).toContain("text/plain");
   });
@@ -136,7 +159,12 @@ describe("registry", () => {
       },
     });
     const level = { value: 1.5 };
-    registerSamples(registry, { name: "kvedge_test_level", help: "A level.", type: "gauge", collect: (emit) => emit(level.value) });
+    registerSamples(registry, {
+      name: "kvedge_test_level",
+      help: "A level.",
+      type: "gauge",
+      collect: (emit) => emit(level.value),
+    });
     let families = await scrape(registry);
     const events = families.get("kvedge_test_events_total")!;
     expect(events.type).toBe("counter");
@@ -149,13 +177,27 @@ describe("registry", () => {
     level.value = -2;
     families = await scrape(registry);
     expect(families.get("kvedge_test_events_total")!.samples[0]!.value).toBe(10);
-    expect(families.get("kvedge_test_level")!.samples).toEqual([{ name: "kvedge_test_level", labels: {}, value: -2 }]);
+    expect(families.get("kvedge_test_level")!.samples).toEqual([
+      { name: "kvedge_test_level", labels: {}, value: -2 },
+    ]);
   });
 
   test("counters must be named *_total and never go negative", async () => {
     const registry = createMetricsRegistry();
-    expect(() => registerSamples(registry, { name: "kvedge_bad", help: "x", type: "counter", collect: () => {} })).toThrow(/_total/);
-    registerSamples(registry, { name: "kvedge_neg_total", help: "x", type: "counter", collect: (emit) => emit(-1) });
+    expect(() =>
+      registerSamples(registry, {
+        name: "kvedge_bad",
+        help: "x",
+        type: "counter",
+        collect: () => {},
+      }),
+    ).toThrow(/_total/);
+    registerSamples(registry, {
+      name: "kvedge_neg_total",
+      help: "x",
+      type: "counter",
+      collect: (emit) => emit(-1),
+    });
     await expect(registry.metrics()).rejects.toThrow(/not a non-negative number/);
   });
 });
@@ -167,14 +209,16 @@ describe("server histograms", () => {
     metrics.observeHttp("/v1/route", 200, 0.0003);
     metrics.observeHttp("/v1/route", 200, 0.002);
     metrics.observeHttp("/v1/requests/{id}/done", 404, 0.00005);
-    for (let i = 0; i < HTTP_ROUTE_LABELS_MAX + 5; i++) metrics.observeHttp(`/made-up/${i}`, 404, 0.001);
+    for (let i = 0; i < HTTP_ROUTE_LABELS_MAX + 5; i++)
+      metrics.observeHttp(`/made-up/${i}`, 404, 0.001);
     metrics.observeRouteDecision(0.000_004);
     const families = await scrape(registry);
     const http = families.get("kvedge_http_request_duration_seconds")!;
     expect(http.type).toBe("histogram");
     const route = http.samples.filter((s) => s.labels.route === "/v1/route");
     const buckets = route.filter((s) => s.name.endsWith("_bucket"));
-    for (let i = 1; i < buckets.length; i++) expect(buckets[i]!.value).toBeGreaterThanOrEqual(buckets[i - 1]!.value);
+    for (let i = 1; i < buckets.length; i++)
+      expect(buckets[i]!.value).toBeGreaterThanOrEqual(buckets[i - 1]!.value);
     expect(buckets.find((b) => b.labels.le === "0.0005")!.value).toBe(1);
     expect(buckets.find((b) => b.labels.le === "+Inf")!.value).toBe(2);
     expect(route.find((s) => s.name.endsWith("_count"))!.value).toBe(2);
@@ -182,7 +226,9 @@ describe("server histograms", () => {
     expect(route.every((s) => s.labels.status === "200")).toBe(true);
     const routes = new Set(http.samples.map((s) => s.labels.route));
     expect(routes.size).toBe(HTTP_ROUTE_LABELS_MAX + 1); // the first 64 distinct routes + "other"
-    expect(http.samples.find((s) => s.labels.route === "other" && s.name.endsWith("_count"))!.value).toBe(7);
+    expect(
+      http.samples.find((s) => s.labels.route === "other" && s.name.endsWith("_count"))!.value,
+    ).toBe(7);
     const decision = families.get("kvedge_route_decision_duration_seconds")!;
     expect(decision.samples.find((s) => s.labels.le === "0.000005")!.value).toBe(1);
     expect(decision.samples.find((s) => s.labels.le === "0.0000025")!.value).toBe(0);
@@ -194,8 +240,19 @@ describe("FastHistogram", () => {
     const buckets = [0.000_001, 0.000_005, 0.0001, 0.001, 0.25, 1];
     const theirs = new Registry();
     const ours = new Registry();
-    const labeled = new Histogram({ name: "t_labeled_seconds", help: "Labeled \\ help.", labelNames: ["route", "status"], buckets, registers: [theirs] });
-    const plain = new Histogram({ name: "t_plain_seconds", help: "Plain.", buckets, registers: [theirs] });
+    const labeled = new Histogram({
+      name: "t_labeled_seconds",
+      help: "Labeled \\ help.",
+      labelNames: ["route", "status"],
+      buckets,
+      registers: [theirs],
+    });
+    const plain = new Histogram({
+      name: "t_plain_seconds",
+      help: "Plain.",
+      buckets,
+      registers: [theirs],
+    });
     const fastLabeled = new FastHistogram("t_labeled_seconds", "Labeled \\ help.", buckets, ours);
     const fastPlain = new FastHistogram("t_plain_seconds", "Plain.", buckets, ours);
     const plainSeries = fastPlain.series({});
@@ -214,7 +271,9 @@ describe("FastHistogram", () => {
     };
     await same(); // before any observation: the unlabeled series only
     const values = [0, 0.000_001, 0.000_001_1, 0.000_005, 0.0003, 0.001, 0.3, 1, 7, 0.1 + 0.2];
-    values.forEach((value, i) => observe(i % 3 === 0 ? "/v1/route" : 'we"ird\\route', 200 + (i % 2) * 204, value));
+    values.forEach((value, i) => {
+      observe(i % 3 === 0 ? "/v1/route" : 'we"ird\\route', 200 + (i % 2) * 204, value);
+    });
     await same();
     theirs.resetMetrics();
     ours.resetMetrics();
@@ -233,7 +292,11 @@ describe("router metrics", () => {
     router.load.addWorker(big, 0);
     router.load.addWorker(7n, 3);
     registerRouterMetrics(registry, router);
-    const p = promptHashes(Uint32Array.from({ length: 10 }, (_, i) => i), 4, DEFAULT_SEED);
+    const p = promptHashes(
+      Uint32Array.from({ length: 10 }, (_, i) => i),
+      4,
+      DEFAULT_SEED,
+    );
     const request = { chain: p.chain, blockCount: p.blockCount, tokenCount: 10 };
     const first = router.route(request, { count: 1, slots: [0], blocks: [2] }); // worker `big` holds 2 blocks
     router.route(request, { count: 1, slots: [0], blocks: [2] });
@@ -241,7 +304,9 @@ describe("router metrics", () => {
     router.load.done("missing");
     let families = await scrape(registry);
     const value = (family: string, labels: Record<string, string>) =>
-      families.get(family)!.samples.find((s) => Object.entries(labels).every(([k, v]) => s.labels[k] === v))?.value;
+      families
+        .get(family)!
+        .samples.find((s) => Object.entries(labels).every(([k, v]) => s.labels[k] === v))?.value;
     const bigLabels = { worker_id: big.toString(), dp_rank: "0" };
     expect(value("kvedge_routed_requests_total", bigLabels)).toBe(2);
     expect(value("kvedge_routed_requests_total", { worker_id: "7", dp_rank: "3" })).toBe(0);
@@ -256,7 +321,11 @@ describe("router metrics", () => {
     expect(value("kvedge_route_tracker_bytes", {})).toBeGreaterThan(0);
     router.load.removeWorker(big, 0);
     families = await scrape(registry);
-    for (const name of ["kvedge_routed_requests_total", "kvedge_worker_active_requests", "kvedge_worker_active_decode_blocks"]) {
+    for (const name of [
+      "kvedge_routed_requests_total",
+      "kvedge_worker_active_requests",
+      "kvedge_worker_active_decode_blocks",
+    ]) {
       expect(families.get(name)!.samples.map((s) => s.labels.worker_id)).toEqual(["7"]);
     }
     expect(value("kvedge_request_lifecycle_total", { event: "dropped_with_worker" })).toBe(2);

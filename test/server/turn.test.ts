@@ -4,7 +4,11 @@ import { createLogger } from "../../src/util/log";
 
 function batchWithLog() {
   const lines: string[] = [];
-  const log = createLogger({ level: "debug", format: "json", write: (line: string) => lines.push(line) });
+  const log = createLogger({
+    level: "debug",
+    format: "json",
+    write: (line: string) => lines.push(line),
+  });
   return { batch: new TurnBatch(log), lines };
 }
 

@@ -10,17 +10,36 @@ import { xorshift32 } from "../../src/util/random";
 
 /** A service with 6 workers holding overlapping prefixes, and 300 route bodies for it. */
 function fleet() {
-  const service = new KvedgeCore({ config: loadConfig({ env: {} }).config, log: silentLogger, random: xorshift32(5) });
+  const service = new KvedgeCore({
+    config: loadConfig({ env: {} }).config,
+    log: silentLogger,
+    random: xorshift32(5),
+  });
   const random = xorshift32(99);
   const shared = Array.from({ length: 64 }, () => random() % 1000);
   for (let w = 1; w <= 6; w++) {
     service.router.load.addWorker(BigInt(w), 0);
-    const held = Uint32Array.from([...shared.slice(0, 16 * w), ...Array.from({ length: 32 }, () => random() % 1000)]);
+    const held = Uint32Array.from([
+      ...shared.slice(0, 16 * w),
+      ...Array.from({ length: 32 }, () => random() % 1000),
+    ]);
     const { local, blockCount } = service.hash(held, null, null);
-    service.index.applyStored(BigInt(w), 0, false, 0, 0, local.slice(0, 2 * blockCount), local, blockCount);
+    service.index.applyStored(
+      BigInt(w),
+      0,
+      false,
+      0,
+      0,
+      local.slice(0, 2 * blockCount),
+      local,
+      blockCount,
+    );
   }
   const bodies = Array.from({ length: 300 }, (_, i) => ({
-    token_ids: [...shared.slice(0, 16 * (i % 5)), ...Array.from({ length: 40 + (i % 90) }, () => random() % 1000)],
+    token_ids: [
+      ...shared.slice(0, 16 * (i % 5)),
+      ...Array.from({ length: 40 + (i % 90) }, () => random() % 1000),
+    ],
     candidates: 3,
     ...(i % 4 === 0 ? { request_id: `r-${i}` } : {}),
   }));
@@ -42,7 +61,9 @@ describe("warmUp", () => {
     expect(warmUp(config, 19).routes).toBe(19);
     expect(warmUp(config, 20).routes).toBe(35);
     for (const backend of ["positional", "reference"]) {
-      expect(warmUp(loadConfig({ env: { KVEDGE_INDEX_BACKEND: backend } }).config, 100).routes).toBeGreaterThanOrEqual(100);
+      expect(
+        warmUp(loadConfig({ env: { KVEDGE_INDEX_BACKEND: backend } }).config, 100).routes,
+      ).toBeGreaterThanOrEqual(100);
     }
   });
 

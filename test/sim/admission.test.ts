@@ -14,15 +14,23 @@ import { transformTrace } from "../../src/sim/trace";
 
 describe("admission in virtual time", () => {
   test("slice from request 6,000 at ~3x: hold beats every baseline's TTFT p50 and p99", async () => {
-    const trace = transformTrace(await loadConversationTrace(), { start: 6000, requests: 2000, timeScale: 0.35 });
-    let model: KvAwareModel | null = null;
-    const run = (policy: PolicyName, admission = DEFAULT_ADMISSION) => simulate(trace, {
-      policy, workers: 8, capacityBlocks: 32_768, seed: 42,
-      kvAware: { ...DEFAULT_KV_AWARE, admission: { ...admission, mode: "hold" } },
-      onFinish: (p) => {
-        if (policy === "kv_aware_model") model = p as KvAwareModel;
-      },
+    const trace = transformTrace(await loadConversationTrace(), {
+      start: 6000,
+      requests: 2000,
+      timeScale: 0.35,
     });
+    let model: KvAwareModel | null = null;
+    const run = (policy: PolicyName, admission = DEFAULT_ADMISSION) =>
+      simulate(trace, {
+        policy,
+        workers: 8,
+        capacityBlocks: 32_768,
+        seed: 42,
+        kvAware: { ...DEFAULT_KV_AWARE, admission: { ...admission, mode: "hold" } },
+        onFinish: (p) => {
+          if (policy === "kv_aware_model") model = p as KvAwareModel;
+        },
+      });
     const held = run("kv_aware_model");
     expect(held.rejected).toBe(0);
     const admission = (model as KvAwareModel | null)!.admission!;
@@ -39,9 +47,16 @@ describe("admission in virtual time", () => {
   }, 60_000);
 
   test("reject mode: requests held past the longest hold are refused, the rest complete", async () => {
-    const trace = transformTrace(await loadConversationTrace(), { start: 0, requests: 600, timeScale: 0.35 });
+    const trace = transformTrace(await loadConversationTrace(), {
+      start: 0,
+      requests: 600,
+      timeScale: 0.35,
+    });
     const result = simulate(trace, {
-      policy: "kv_aware_model", workers: 8, capacityBlocks: 32_768, seed: 42,
+      policy: "kv_aware_model",
+      workers: 8,
+      capacityBlocks: 32_768,
+      seed: 42,
       kvAware: { ...DEFAULT_KV_AWARE, admission: { mode: "reject", boundMs: 200, maxHoldMs: 500 } },
     });
     expect(result.rejected).toBeGreaterThan(0);

@@ -4,7 +4,11 @@
 // and the exact event stream each step produces.
 import { describe, expect, test } from "bun:test";
 import {
-  EngineCache, type BlockRemovedEvent, type BlockStoredEvent, type CacheSequence, type KvEvent,
+  EngineCache,
+  type BlockRemovedEvent,
+  type BlockStoredEvent,
+  type CacheSequence,
+  type KvEvent,
 } from "../../src/sim/engine-cache";
 import { hashTokens } from "../../src/hash";
 import { xxh3 } from "../../src/hash/xxh3";
@@ -20,7 +24,11 @@ function range(from: number, count: number): number[] {
   return Array.from({ length: count }, (_, i) => from + i);
 }
 
-function sequence(cache: EngineCache, tokens: number[], promptLength = tokens.length): CacheSequence {
+function sequence(
+  cache: EngineCache,
+  tokens: number[],
+  promptLength = tokens.length,
+): CacheSequence {
   return cache.prepare(Uint32Array.from(tokens), promptLength);
 }
 
@@ -46,8 +54,13 @@ function externalHashes(tokens: number[], seed = SEED): bigint[] {
 
 function stored(hashes: bigint[], parent: bigint | null, tokens: number[]): BlockStoredEvent {
   return {
-    type: "BlockStored", block_hashes: hashes, parent_block_hash: parent, token_ids: tokens, block_size: BS,
-    lora_name: null, medium: "GPU",
+    type: "BlockStored",
+    block_hashes: hashes,
+    parent_block_hash: parent,
+    token_ids: tokens,
+    block_size: BS,
+    lora_name: null,
+    medium: "GPU",
   };
 }
 
@@ -91,7 +104,10 @@ describe("EngineCache hashing", () => {
     const cache = cacheOf(8);
     const tokens = range(1, 8);
     serve(cache, tokens);
-    const paths = cache.snapshot().sort((x, y) => x.position - y.position).map((block) => block.path);
+    const paths = cache
+      .snapshot()
+      .sort((x, y) => x.position - y.position)
+      .map((block) => block.path);
     expect(paths).toEqual(hashTokens(tokens, BS).sequence);
   });
 });
@@ -212,7 +228,9 @@ describe("EngineCache eviction and pinning", () => {
     expect(cache.allocate(seq)).toBe(true);
     const eb = externalHashes(b);
     expect(cache.takeEvents()).toEqual([removed([eb[1]!, eb[0]!])]);
-    expect(cache.cachedPrefixBlocks(Uint32Array.from([...a.slice(0, 4), 7, 7, 7, 7, 0]), 9)).toBe(2);
+    expect(cache.cachedPrefixBlocks(Uint32Array.from([...a.slice(0, 4), 7, 7, 7, 7, 0]), 9)).toBe(
+      2,
+    );
     cache.release(seq);
     cache.verify();
   });
@@ -297,7 +315,12 @@ describe("EngineCache duplicates and reset", () => {
   });
 
   test("no events are built when recording is off, but the cache behaves the same", () => {
-    const quiet = new EngineCache({ capacityBlocks: 4, blockSize: BS, hashSeed: SEED, recordEvents: false });
+    const quiet = new EngineCache({
+      capacityBlocks: 4,
+      blockSize: BS,
+      hashSeed: SEED,
+      recordEvents: false,
+    });
     for (const start of [1, 100, 200]) serve(quiet, range(start, 8));
     expect(quiet.takeEvents()).toEqual([]);
     expect(quiet.counters.evictedBlocks).toBe(2);

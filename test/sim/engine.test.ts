@@ -7,7 +7,11 @@ import { EngineCache, type KvEvent, type KvEventBatch } from "../../src/sim/engi
 import { MockEngine, type EngineRequest } from "../../src/sim/engine";
 import { createRng, randomInt } from "../../src/sim/random";
 import {
-  checkTimeModel, DEFAULT_TIME_MODEL, soloDurations, stepMs, type TimeModel,
+  checkTimeModel,
+  DEFAULT_TIME_MODEL,
+  soloDurations,
+  stepMs,
+  type TimeModel,
 } from "../../src/sim/time-model";
 import { hashTokens } from "../../src/hash";
 
@@ -17,7 +21,11 @@ const BS = 4;
  * timelines are easy to work by hand.
  */
 const TIME: TimeModel = {
-  stepBaseMs: 1, prefillTokensPerSecond: 1000, kvReadMsPerMillionTokens: 0, maxBatchedTokens: 8, maxRunning: 4,
+  stepBaseMs: 1,
+  prefillTokensPerSecond: 1000,
+  kvReadMsPerMillionTokens: 0,
+  maxBatchedTokens: 8,
+  maxRunning: 4,
 };
 
 interface Log {
@@ -40,7 +48,10 @@ function engineOf(capacityBlocks: number, time = TIME): { engine: MockEngine; lo
 }
 
 function request(id: number, prompt: number[], outputLength: number): EngineRequest {
-  const tokens = Uint32Array.from([...prompt, ...Array.from({ length: outputLength }, (_, i) => 9000 + 100 * id + i)]);
+  const tokens = Uint32Array.from([
+    ...prompt,
+    ...Array.from({ length: outputLength }, (_, i) => 9000 + 100 * id + i),
+  ]);
   return { id, tokens, promptLength: prompt.length };
 }
 
@@ -53,7 +64,8 @@ function runUntil(engine: MockEngine, untilMs = Infinity): void {
 
 const runUntilIdle = (engine: MockEngine): void => runUntil(engine);
 
-const range = (from: number, count: number): number[] => Array.from({ length: count }, (_, i) => from + i);
+const range = (from: number, count: number): number[] =>
+  Array.from({ length: count }, (_, i) => from + i);
 
 describe("time model", () => {
   test("a step costs its base, its prefill tokens and the KV its decodes read", () => {
@@ -72,9 +84,13 @@ describe("time model", () => {
   });
 
   test("bad constants are refused with the field named", () => {
-    expect(() => checkTimeModel({ ...TIME, prefillTokensPerSecond: 0 })).toThrow("prefillTokensPerSecond");
+    expect(() => checkTimeModel({ ...TIME, prefillTokensPerSecond: 0 })).toThrow(
+      "prefillTokensPerSecond",
+    );
     expect(() => checkTimeModel({ ...TIME, maxBatchedTokens: 0.5 })).toThrow("maxBatchedTokens");
-    expect(() => checkTimeModel({ ...TIME, stepBaseMs: 0, kvReadMsPerMillionTokens: 0 })).toThrow("both be 0");
+    expect(() => checkTimeModel({ ...TIME, stepBaseMs: 0, kvReadMsPerMillionTokens: 0 })).toThrow(
+      "both be 0",
+    );
   });
 });
 
@@ -239,7 +255,8 @@ function expectModelEqualsEngine(model: ConsumerModel, cache: EngineCache): void
   expect(model.blocks.size).toBe(actual.length);
   for (const block of actual) {
     const seen = model.blocks.get(block.hash);
-    if (seen === undefined) throw new Error(`engine caches ${block.hash}, the stream never said so`);
+    if (seen === undefined)
+      throw new Error(`engine caches ${block.hash}, the stream never said so`);
     expect(seen.parent).toBe(block.parent);
     expect(seen.tokens).toEqual(Array.from(block.tokens));
     expect(seen.path).toBe(block.path);
@@ -251,7 +268,11 @@ describe("MockEngine event stream", () => {
   test("randomized workload: after every batch the consumer's view equals the real cache", () => {
     for (const seed of [1, 2, 3]) {
       const rng = createRng(seed);
-      const cache = new EngineCache({ capacityBlocks: 48, blockSize: BS, hashSeed: BigInt(seed) * 0x9e37_79b9n });
+      const cache = new EngineCache({
+        capacityBlocks: 48,
+        blockSize: BS,
+        hashSeed: BigInt(seed) * 0x9e37_79b9n,
+      });
       const model = new ConsumerModel();
       let batches = 0;
       const apply = (batch: KvEventBatch | null): void => {
@@ -280,7 +301,8 @@ describe("MockEngine event stream", () => {
         // their cached last block: the duplicate path).
         let prompt = [...prefixes[randomInt(rng, prefixes.length)]!];
         for (let n = 1 + randomInt(rng, 14); n > 0; n--) prompt.push(randomInt(rng, 6));
-        if (prompts.length > 0 && randomInt(rng, 4) === 0) prompt = prompts[randomInt(rng, prompts.length)]!;
+        if (prompts.length > 0 && randomInt(rng, 4) === 0)
+          prompt = prompts[randomInt(rng, prompts.length)]!;
         prompts.push(prompt);
         engine.submit(request(id, prompt, randomInt(rng, 9)), now);
         apply(engine.takeBatch(now));

@@ -35,7 +35,8 @@ export function indexedPaths(ops: readonly IndexOp[]): Map<string, Map<string, b
       for (const hash of op.block_hashes) blocks.delete(hash);
     } else {
       let previous = op.parent_block_hash === null ? null : blocks.get(op.parent_block_hash);
-      if (previous === undefined) throw new Error(`dump stores under unknown parent ${op.parent_block_hash}`);
+      if (previous === undefined)
+        throw new Error(`dump stores under unknown parent ${op.parent_block_hash}`);
       op.block_hashes.forEach((hash, i) => {
         const local = BigInt(op.local_hashes![i]!);
         previous = previous === null ? local : chainStep(previous!, local);
@@ -48,11 +49,17 @@ export function indexedPaths(ops: readonly IndexOp[]): Map<string, Map<string, b
 
 /** The same view of an engine's real cache. */
 export function cachedPaths(engine: NetworkedEngine): Map<string, bigint> {
-  return new Map(engine.engine.cache.snapshot().map((block) => [block.hash.toString(), block.path]));
+  return new Map(
+    engine.engine.cache.snapshot().map((block) => [block.hash.toString(), block.path]),
+  );
 }
 
 /** Asserts the dump holds exactly each engine's cached blocks, with their token paths. */
-export function expectIndexEqualsEngines(ops: readonly IndexOp[], engines: readonly NetworkedEngine[], ids: readonly string[]): number {
+export function expectIndexEqualsEngines(
+  ops: readonly IndexOp[],
+  engines: readonly NetworkedEngine[],
+  ids: readonly string[],
+): number {
   const indexed = indexedPaths(ops);
   let blocks = 0;
   engines.forEach((engine, w) => {
@@ -60,7 +67,10 @@ export function expectIndexEqualsEngines(ops: readonly IndexOp[], engines: reado
     const seen = indexed.get(ids[w]!) ?? new Map<string, bigint>();
     expect(seen.size).toBe(actual.size);
     for (const [hash, path] of actual) {
-      if (seen.get(hash) !== path) throw new Error(`worker ${ids[w]}: block ${hash} indexed as ${seen.get(hash)}, cached with path ${path}`);
+      if (seen.get(hash) !== path)
+        throw new Error(
+          `worker ${ids[w]}: block ${hash} indexed as ${seen.get(hash)}, cached with path ${path}`,
+        );
     }
     blocks += actual.size;
   });
@@ -75,8 +85,13 @@ export class VirtualRig {
   next = 0;
   private readonly policy: RoutingPolicy;
 
-  constructor(readonly engines: readonly NetworkedEngine[], readonly trace: Trace, policy?: RoutingPolicy) {
-    this.policy = policy ?? createPolicy("round_robin", { workers: engines.length, blockSize: 16, seed: 1 });
+  constructor(
+    readonly engines: readonly NetworkedEngine[],
+    readonly trace: Trace,
+    policy?: RoutingPolicy,
+  ) {
+    this.policy =
+      policy ?? createPolicy("round_robin", { workers: engines.length, blockSize: 16, seed: 1 });
   }
 
   /** Routes and submits requests up to (not including) `until`, with every step before them. */
@@ -121,7 +136,11 @@ export class VirtualRig {
       let best: NetworkedEngine | null = null;
       for (const networked of this.engines) {
         const due = networked.engine.nextEventMs();
-        if (due !== Infinity && due <= limitMs && (best === null || due < best.engine.nextEventMs())) {
+        if (
+          due !== Infinity &&
+          due <= limitMs &&
+          (best === null || due < best.engine.nextEventMs())
+        ) {
           best = networked;
         }
       }
@@ -131,4 +150,3 @@ export class VirtualRig {
     }
   }
 }
-

@@ -31,13 +31,21 @@ interface EngineSpec {
   readonly drop?: (seq: number) => boolean;
 }
 
-async function startEngines(specs: readonly EngineSpec[], capacityBlocks: number): Promise<NetworkedEngine[]> {
+async function startEngines(
+  specs: readonly EngineSpec[],
+  capacityBlocks: number,
+): Promise<NetworkedEngine[]> {
   const seeds = engineSeeds(11, specs.length);
   const engines: NetworkedEngine[] = [];
   for (const [w, spec] of specs.entries()) {
     const engine = new NetworkedEngine({
-      index: w, capacityBlocks, hashSeed: seeds[w]!, endpoint: "tcp://127.0.0.1:0", replayEndpoint: "tcp://127.0.0.1:0",
-      form: spec.form, ...(spec.drop === undefined ? {} : { dropLive: spec.drop }),
+      index: w,
+      capacityBlocks,
+      hashSeed: seeds[w]!,
+      endpoint: "tcp://127.0.0.1:0",
+      replayEndpoint: "tcp://127.0.0.1:0",
+      form: spec.form,
+      ...(spec.drop === undefined ? {} : { dropLive: spec.drop }),
     });
     cleanup.push(() => engine.close());
     engines.push(await engine.start());
@@ -48,10 +56,19 @@ async function startEngines(specs: readonly EngineSpec[], capacityBlocks: number
 /** Our ingest path (SUB → sequencer → normalizer, replay over DEALER) into one index. */
 function subscribe(engines: readonly NetworkedEngine[]) {
   const index = createIndex("crtc", 16);
-  const sources = engines.map((engine, w) => new EngineSource(
-    { workerId: BigInt(w), dpRank: 0, endpoint: engine.endpoint, replayEndpoint: engine.replayEndpoint, topic: "" },
-    { blockSize: 16, writer: index, log: silentLogger },
-  ));
+  const sources = engines.map(
+    (engine, w) =>
+      new EngineSource(
+        {
+          workerId: BigInt(w),
+          dpRank: 0,
+          endpoint: engine.endpoint,
+          replayEndpoint: engine.replayEndpoint,
+          topic: "",
+        },
+        { blockSize: 16, writer: index, log: silentLogger },
+      ),
+  );
   for (const source of sources) cleanup.push(() => source.stop());
   return { index, sources };
 }
@@ -69,11 +86,17 @@ describe("networked mock engine → our SUB socket → index", () => {
       for (const checkpoint of [40, 80, 120, 150, Infinity]) {
         if (checkpoint === Infinity) rig.drain();
         else rig.runTo(checkpoint);
-        await until(() => sources.every((source, w) => source.sequencer.lastSeq === engines[w]!.lastSeq), "the subscriber to catch up");
+        await until(
+          () => sources.every((source, w) => source.sequencer.lastSeq === engines[w]!.lastSeq),
+          "the subscriber to catch up",
+        );
         checked += expectIndexEqualsEngines(index.dump(), engines, ids);
       }
       expect(checked).toBeGreaterThan(10_000);
-      const evicted = engines.reduce((sum, engine) => sum + engine.engine.cache.counters.evictedBlocks, 0);
+      const evicted = engines.reduce(
+        (sum, engine) => sum + engine.engine.cache.counters.evictedBlocks,
+        0,
+      );
       expect(evicted).toBeGreaterThan(0); // removals were part of the stream
       for (const source of sources) {
         expect(source.sequencer.counters.gaps).toBe(0);
@@ -81,7 +104,10 @@ describe("networked mock engine → our SUB socket → index", () => {
       }
       // Reset: AllBlocksCleared empties the engine and, through the stream, its worker.
       expect(engines[1]!.reset()).toBe(true);
-      await until(() => sources[1]!.sequencer.lastSeq === engines[1]!.lastSeq, "the clear to arrive");
+      await until(
+        () => sources[1]!.sequencer.lastSeq === engines[1]!.lastSeq,
+        "the clear to arrive",
+      );
       expect(engines[1]!.engine.cache.cachedBlocks).toBe(0);
       expectIndexEqualsEngines(index.dump(), engines, ids);
       expect(sources[1]!.normalizer.counters.events.cleared).toBe(1);
@@ -90,7 +116,13 @@ describe("networked mock engine → our SUB socket → index", () => {
 
   test("live messages dropped on purpose are recovered through the replay ROUTER", async () => {
     const dropped = (seq: number): boolean => seq % 7 === 3 || (seq >= 40 && seq < 44);
-    const engines = await startEngines([{ form: "array", drop: dropped }, { form: "map", drop: dropped }], 2048);
+    const engines = await startEngines(
+      [
+        { form: "array", drop: dropped },
+        { form: "map", drop: dropped },
+      ],
+      2048,
+    );
     const { index, sources } = subscribe(engines);
     for (const source of sources) await source.start();
     for (const engine of engines) await engine.waitForSubscriber(10_000);
@@ -100,7 +132,10 @@ describe("networked mock engine → our SUB socket → index", () => {
       if (checkpoint === Infinity) rig.drain();
       else rig.runTo(checkpoint);
       rig.settleDrops(dropped);
-      await until(() => sources.every((source, w) => source.sequencer.lastSeq === engines[w]!.lastSeq), "replays to complete");
+      await until(
+        () => sources.every((source, w) => source.sequencer.lastSeq === engines[w]!.lastSeq),
+        "replays to complete",
+      );
       expectIndexEqualsEngines(index.dump(), engines, ids);
     }
     for (const [w, source] of sources.entries()) {
@@ -117,7 +152,11 @@ describe("networked mock engine → our SUB socket → index", () => {
 
   test("the replay ring keeps the last buffer_steps batches and ends with seq −1", async () => {
     const engine = new NetworkedEngine({
-      index: 0, capacityBlocks: 2048, hashSeed: 5n, endpoint: "tcp://127.0.0.1:0", replayEndpoint: "tcp://127.0.0.1:0",
+      index: 0,
+      capacityBlocks: 2048,
+      hashSeed: 5n,
+      endpoint: "tcp://127.0.0.1:0",
+      replayEndpoint: "tcp://127.0.0.1:0",
       bufferSteps: 4,
     });
     cleanup.push(() => engine.close());
@@ -138,12 +177,17 @@ describe("networked mock engine → our SUB socket → index", () => {
     dealer.send([new Uint8Array(0), start]);
     await until(() => replies.length === 5, "5 replies");
     const last = engine.lastSeq;
-    expect(replies.map((reply) => reply.seq)).toEqual([last - 3, last - 2, last - 1, last, 0xffff_ffff_ffff_ffffn].map(BigInt));
+    expect(replies.map((reply) => reply.seq)).toEqual(
+      [last - 3, last - 2, last - 1, last, 0xffff_ffff_ffff_ffffn].map(BigInt),
+    );
     expect(replies.every((reply) => reply.frames === 4)).toBe(true);
     expect(replies[4]!.payload).toBe(0);
     // A malformed request is counted and ignored.
     dealer.send([new Uint8Array(0), new Uint8Array(3)]);
-    await until(() => engine.counters.malformedReplayRequests === 1, "the malformed request to be counted");
+    await until(
+      () => engine.counters.malformedReplayRequests === 1,
+      "the malformed request to be counted",
+    );
     expect(engine.counters.replayRequests).toBe(1);
   });
 });

@@ -12,13 +12,21 @@ function query(id: number, ids: number[], promptLength = ids.length * BS): Route
   ids.forEach((value, i) => {
     path[2 * i + 1] = value;
   });
-  return { id, promptLength, path, promptBlocks: ids.length, tokens: new Uint32Array(promptLength) };
+  return {
+    id,
+    promptLength,
+    path,
+    promptBlocks: ids.length,
+    tokens: new Uint32Array(promptLength),
+  };
 }
 
 describe("round_robin and random", () => {
   test("round robin cycles through the workers", () => {
     const policy = createPolicy("round_robin", { workers: 3, blockSize: BS, seed: 1 });
-    expect([0, 1, 2, 3, 4, 5, 6].map((id) => policy.route(query(id, [1]), 0))).toEqual([0, 1, 2, 0, 1, 2, 0]);
+    expect([0, 1, 2, 3, 4, 5, 6].map((id) => policy.route(query(id, [1]), 0))).toEqual([
+      0, 1, 2, 0, 1, 2, 0,
+    ]);
   });
 
   test("random is determined by the seed and uses every worker", () => {
@@ -44,7 +52,9 @@ describe("least_loaded", () => {
   test("ties are broken at random, not always toward worker 0", () => {
     const seen = new Set<number>();
     for (let seed = 0; seed < 40; seed++) {
-      seen.add(createPolicy("least_loaded", { workers: 4, blockSize: BS, seed }).route(query(0, [1]), 0));
+      seen.add(
+        createPolicy("least_loaded", { workers: 4, blockSize: BS, seed }).route(query(0, [1]), 0),
+      );
     }
     expect(seen.size).toBe(4);
   });
@@ -57,12 +67,20 @@ describe("least_loaded", () => {
 
 describe("approx_prefix (SGLang cache_aware)", () => {
   const config = {
-    cacheThreshold: 0.5, balanceAbsThreshold: 64, balanceRelThreshold: 1.5, evictionIntervalMs: 1000,
+    cacheThreshold: 0.5,
+    balanceAbsThreshold: 64,
+    balanceRelThreshold: 1.5,
+    evictionIntervalMs: 1000,
     maxTreeTokens: 2 ** 26,
   };
 
   test("misses go to the smallest tree; a match above the threshold goes to its holder", () => {
-    const policy = createPolicy("approx_prefix", { workers: 3, blockSize: BS, seed: 1, approxPrefix: config });
+    const policy = createPolicy("approx_prefix", {
+      workers: 3,
+      blockSize: BS,
+      seed: 1,
+      approxPrefix: config,
+    });
     expect(policy.route(query(0, [1, 2, 3, 4]), 0)).toBe(0); // all trees empty: the first
     expect(policy.route(query(1, [9, 9, 9]), 0)).toBe(1); // worker 0 now has 16 tokens
     expect(policy.route(query(2, [1, 2, 3, 5]), 0)).toBe(0); // 3/4 matched on worker 0
@@ -71,7 +89,12 @@ describe("approx_prefix (SGLang cache_aware)", () => {
   });
 
   test("the most recent holder wins when several hold the longest match", () => {
-    const policy = createPolicy("approx_prefix", { workers: 3, blockSize: BS, seed: 1, approxPrefix: config });
+    const policy = createPolicy("approx_prefix", {
+      workers: 3,
+      blockSize: BS,
+      seed: 1,
+      approxPrefix: config,
+    });
     policy.route(query(0, [1, 2, 3]), 0); // worker 0
     expect(policy.route(query(1, [8]), 0)).toBe(1); // trees 12, 0, 0 tokens
     expect(policy.route(query(2, [20, 21]), 0)).toBe(2); // trees 12, 4, 0
@@ -82,7 +105,10 @@ describe("approx_prefix (SGLang cache_aware)", () => {
 
   test("imbalance (max − min > abs and max > rel × min in-flight requests) routes to the least loaded", () => {
     const policy = createPolicy("approx_prefix", {
-      workers: 2, blockSize: BS, seed: 1, approxPrefix: { ...config, balanceAbsThreshold: 2 },
+      workers: 2,
+      blockSize: BS,
+      seed: 1,
+      approxPrefix: { ...config, balanceAbsThreshold: 2 },
     });
     // The check runs before each decision on loads (0,0), (1,0), (2,0): balanced, the
     // prefix sticks to worker 0; at (3,0) 3 − 0 > 2 and 3 > 1.5 × 0: least loaded.
@@ -96,7 +122,10 @@ describe("approx_prefix (SGLang cache_aware)", () => {
 
   test("trees above maxTreeTokens are trimmed at the eviction interval, leaves first", () => {
     const policy = createPolicy("approx_prefix", {
-      workers: 2, blockSize: BS, seed: 1, approxPrefix: { ...config, maxTreeTokens: 3 * BS },
+      workers: 2,
+      blockSize: BS,
+      seed: 1,
+      approxPrefix: { ...config, maxTreeTokens: 3 * BS },
     }) as ReturnType<typeof createPolicy> & { treeBlocks(worker: number): number };
     policy.route(query(0, [1, 2, 3, 4, 5]), 0); // worker 0: 5 blocks
     expect(policy.treeBlocks(0)).toBe(5);
@@ -111,9 +140,17 @@ describe("approx_prefix (SGLang cache_aware)", () => {
 describe("kv_aware_model with route policy dynamo (Dynamo's cost on exact overlaps, through the real Router)", () => {
   const dynamo = { policy: "dynamo" } as const;
   test("hand-worked costs: overlap credit, then prefill and decode load", () => {
-    const overlaps = new Map<number, number[]>([[0, [3, 0]], [1, [0, 0]], [2, [0, 0]]]);
+    const overlaps = new Map<number, number[]>([
+      [0, [3, 0]],
+      [1, [0, 0]],
+      [2, [0, 0]],
+    ]);
     const policy = createPolicy("kv_aware_model", {
-      workers: 2, blockSize: BS, seed: 1, probe: (worker, q) => overlaps.get(q.id)![worker]!, kvAware: dynamo,
+      workers: 2,
+      blockSize: BS,
+      seed: 1,
+      probe: (worker, q) => overlaps.get(q.id)![worker]!,
+      kvAware: dynamo,
     });
     // Request 0 (16 tokens): w0 = max(0, 16/4 − 3) + (0 + 4) = 5; w1 = 4 + 4 = 8.
     expect(policy.route(query(0, [1, 2, 3, 4]), 0)).toBe(0);
@@ -125,7 +162,13 @@ describe("kv_aware_model with route policy dynamo (Dynamo's cost on exact overla
   });
 
   test("prefill completion and finish release the load they added", () => {
-    const policy = createPolicy("kv_aware_model", { workers: 2, blockSize: BS, seed: 3, probe: () => 0, kvAware: dynamo });
+    const policy = createPolicy("kv_aware_model", {
+      workers: 2,
+      blockSize: BS,
+      seed: 3,
+      probe: () => 0,
+      kvAware: dynamo,
+    });
     const first = policy.route(query(0, [1, 2, 3, 4]), 0); // tie 8 vs 8: broken at random
     expect(policy.route(query(1, [5, 6, 7, 8]), 0)).toBe(1 - first); // (4+16)/4 + 8 = 13 vs 8
     policy.prefillDone(0, 1);

@@ -30,7 +30,10 @@ async function fleet(seed: number): Promise<NetworkedEngine[]> {
   const engines: NetworkedEngine[] = [];
   for (let w = 0; w < WORKERS; w++) {
     const engine = await new NetworkedEngine({
-      index: w, capacityBlocks: CAPACITY, hashSeed: seeds[w]!, endpoint: "tcp://127.0.0.1:0",
+      index: w,
+      capacityBlocks: CAPACITY,
+      hashSeed: seeds[w]!,
+      endpoint: "tcp://127.0.0.1:0",
     }).start();
     engines.push(engine);
     open.push(engine);
@@ -44,18 +47,34 @@ describe("replayRealtime", () => {
       const seed = 7;
       const engines = await fleet(seed);
       const routing = createPolicy(policy, {
-        workers: WORKERS, blockSize: 16, seed,
-        probe: (worker, query) => engines[worker]!.engine.cache.cachedPrefixBlocks(query.tokens, query.promptLength),
+        workers: WORKERS,
+        blockSize: 16,
+        seed,
+        probe: (worker, query) =>
+          engines[worker]!.engine.cache.cachedPrefixBlocks(query.tokens, query.promptLength),
       });
       const live = await replayRealtime(policy, {
-        trace, engines, router: policyClient(routing), speedup: 600, blockSize: 16, vocabSize: DEFAULT_VOCAB_SIZE,
+        trace,
+        engines,
+        router: policyClient(routing),
+        speedup: 600,
+        blockSize: 16,
+        vocabSize: DEFAULT_VOCAB_SIZE,
         verify: true,
       });
-      const virtual = simulate(trace, { policy, workers: WORKERS, capacityBlocks: CAPACITY, seed, time: DEFAULT_TIME_MODEL });
+      const virtual = simulate(trace, {
+        policy,
+        workers: WORKERS,
+        capacityBlocks: CAPACITY,
+        seed,
+        time: DEFAULT_TIME_MODEL,
+      });
       expect(live.report).toEqual(virtual);
       expect(live.report.completed + live.report.rejected).toBe(trace.count);
       // The engines published their steps' events while running.
-      expect(engines.reduce((sum, engine) => sum + engine.counters.batches, 0)).toBeGreaterThan(trace.count);
+      expect(engines.reduce((sum, engine) => sum + engine.counters.batches, 0)).toBeGreaterThan(
+        trace.count,
+      );
     });
   }
 
@@ -74,14 +93,23 @@ describe("replayRealtime", () => {
       },
     };
     const live = await replayRealtime("round_robin", {
-      trace: short, engines, router: slow, speedup: 1000, blockSize: 16, vocabSize: DEFAULT_VOCAB_SIZE,
+      trace: short,
+      engines,
+      router: slow,
+      speedup: 1000,
+      blockSize: 16,
+      vocabSize: DEFAULT_VOCAB_SIZE,
     });
-    const virtual = simulate(short, { policy: "round_robin", workers: WORKERS, capacityBlocks: CAPACITY, seed });
+    const virtual = simulate(short, {
+      policy: "round_robin",
+      workers: WORKERS,
+      capacityBlocks: CAPACITY,
+      seed,
+    });
     expect(live.report).toEqual(virtual);
   });
 
-  test("answerWaitMs: routes held until a worker frees go in when answered; refusals count",
-    async () => {
+  test("answerWaitMs: routes held until a worker frees go in when answered; refusals count", async () => {
     const seed = 5;
     const engines = await fleet(seed);
     const short = transformTrace(trace, { requests: 60 });
@@ -96,24 +124,36 @@ describe("replayRealtime", () => {
         const [query] = args;
         if (query.id === 9) return -1;
         if (query.id % 4 !== 3) return client.route(...args);
-        return new Promise<number>((resolve) => waiting.push(() => {
-          late++;
-          resolve(client.route(...args) as number);
-        }));
+        return new Promise<number>((resolve) =>
+          waiting.push(() => {
+            late++;
+            resolve(client.route(...args) as number);
+          }),
+        );
       },
       prefillDone: (...args: Parameters<typeof client.prefillDone>) => {
         client.prefillDone(...args);
-        waiting.splice(0).forEach((release) => release());
+        for (const release of waiting.splice(0)) release();
       },
     };
     const live = await replayRealtime("held", {
-      trace: short, engines, router: holding, speedup: 200, blockSize: 16,
-      vocabSize: DEFAULT_VOCAB_SIZE, verify: true, answerWaitMs: 2,
+      trace: short,
+      engines,
+      router: holding,
+      speedup: 200,
+      blockSize: 16,
+      vocabSize: DEFAULT_VOCAB_SIZE,
+      verify: true,
+      answerWaitMs: 2,
     });
     expect(late).toBe(15);
     // The refusal, on top of what the engines reject themselves (prompts larger than a cache).
-    const options = { policy: "round_robin" as const, workers: WORKERS, capacityBlocks: CAPACITY,
-      seed };
+    const options = {
+      policy: "round_robin" as const,
+      workers: WORKERS,
+      capacityBlocks: CAPACITY,
+      seed,
+    };
     expect(live.report.rejected).toBe(simulate(short, options).rejected + 1);
     expect(live.report.completed + live.report.rejected).toBe(60);
   });

@@ -10,7 +10,11 @@ import { transformTrace } from "../../src/sim/trace";
 
 describe("route policy ttft in virtual time", () => {
   test("slice from request 4,000 at 2x: best TTFT p50 and p99, hit rate within 0.2 points", async () => {
-    const trace = transformTrace(await loadConversationTrace(), { start: 4000, requests: 2000, timeScale: 0.5 });
+    const trace = transformTrace(await loadConversationTrace(), {
+      start: 4000,
+      requests: 2000,
+      timeScale: 0.5,
+    });
     const run = (policy: Parameters<typeof simulate>[1]["policy"]) =>
       simulate(trace, { policy, workers: 8, capacityBlocks: 32_768, seed: 42 });
     const kv = run("kv_aware_model");
@@ -30,7 +34,10 @@ describe("route policy ttft in virtual time", () => {
     expect(slice.count).toBe(5);
     for (let i = 0; i < 5; i++) {
       expect(slice.inputLength[i]).toBe(full.inputLength[10 + i]!);
-      expect(slice.arrivalMs[i]).toBeCloseTo((full.arrivalMs[10 + i]! - full.arrivalMs[10]! + full.arrivalMs[0]!) * 0.5, 9);
+      expect(slice.arrivalMs[i]).toBeCloseTo(
+        (full.arrivalMs[10 + i]! - full.arrivalMs[10]! + full.arrivalMs[0]!) * 0.5,
+        9,
+      );
     }
     expect(() => transformTrace(full, { start: full.count })).toThrow("start must be");
   });

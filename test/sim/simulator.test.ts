@@ -41,7 +41,12 @@ describe("simulate", () => {
       if (Math.ceil((trace.inputLength[i]! + trace.outputLength[i]!) / 16) > 1024) large++;
     }
     expect(large).toBeGreaterThan(0);
-    const result = simulate(trace, { policy: "kv_aware_model", workers: 2, capacityBlocks: 1024, verify: true });
+    const result = simulate(trace, {
+      policy: "kv_aware_model",
+      workers: 2,
+      capacityBlocks: 1024,
+      verify: true,
+    });
     expect(result.rejected).toBe(large);
     expect(result.completed).toBe(200 - large);
   });
@@ -50,9 +55,9 @@ describe("simulate", () => {
     const trace = transformTrace(conversation, { requests: 200 });
     const a = simulate(trace, { policy: "random", seed: 1, capacityBlocks: 8192 });
     expect(simulate(trace, { policy: "random", seed: 1, capacityBlocks: 8192 })).toEqual(a);
-    expect(simulate(trace, { policy: "random", seed: 2, capacityBlocks: 8192 }).worker_requests).not.toEqual(
-      a.worker_requests,
-    );
+    expect(
+      simulate(trace, { policy: "random", seed: 2, capacityBlocks: 8192 }).worker_requests,
+    ).not.toEqual(a.worker_requests);
   });
 
   test("each engine's event stream is consistent and rebuilds the engine's final cache", () => {
@@ -83,11 +88,17 @@ describe("simulate", () => {
       }
     };
     const result = simulate(trace, {
-      policy: "kv_aware_model", workers: 3, capacityBlocks: 2048, onBatch, verify: true,
+      policy: "kv_aware_model",
+      workers: 3,
+      capacityBlocks: 2048,
+      onBatch,
+      verify: true,
     });
     expect(result.evicted_blocks).toBeGreaterThan(0);
     expect(batches).toBeGreaterThan(150);
-    expect([0, 1, 2].map((worker) => models.get(worker)!.size)).toEqual(result.worker_cached_blocks);
+    expect([0, 1, 2].map((worker) => models.get(worker)!.size)).toEqual(
+      result.worker_cached_blocks,
+    );
   });
 
   test("percentile is nearest-rank", () => {
@@ -101,8 +112,12 @@ describe("simulate", () => {
   test("bad options fail before running", () => {
     const trace = transformTrace(conversation, { requests: 5 });
     expect(() => simulate(trace, { policy: "round_robin", workers: 0 })).toThrow("workers");
-    expect(() => simulate(trace, { policy: "round_robin", time: { ...DEFAULT_TIME_MODEL, prefillTokensPerSecond: 0 } }))
-      .toThrow("prefillTokensPerSecond");
+    expect(() =>
+      simulate(trace, {
+        policy: "round_robin",
+        time: { ...DEFAULT_TIME_MODEL, prefillTokensPerSecond: 0 },
+      }),
+    ).toThrow("prefillTokensPerSecond");
   });
 });
 

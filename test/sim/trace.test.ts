@@ -6,15 +6,27 @@ import { describe, expect, test } from "bun:test";
 import { createHash } from "node:crypto";
 import { readFileSync } from "node:fs";
 import {
-  CONVERSATION_TRACE_SHA256, conversationTracePath, loadConversationTrace,
+  CONVERSATION_TRACE_SHA256,
+  conversationTracePath,
+  loadConversationTrace,
 } from "../../src/sim/embedded-trace";
 import { requestTokens } from "../../src/sim/simulator";
 import {
-  DEFAULT_VOCAB_SIZE, writeIdTokens, writeOutputTokens, writePromptTokens,
+  DEFAULT_VOCAB_SIZE,
+  writeIdTokens,
+  writeOutputTokens,
+  writePromptTokens,
 } from "../../src/sim/tokens";
-import { parseTrace, requestIds, TraceError, traceStats, transformTrace } from "../../src/sim/trace";
+import {
+  parseTrace,
+  requestIds,
+  TraceError,
+  traceStats,
+  transformTrace,
+} from "../../src/sim/trace";
 
-const lines = (...records: unknown[]): string => records.map((record) => JSON.stringify(record)).join("\n");
+const lines = (...records: unknown[]): string =>
+  records.map((record) => JSON.stringify(record)).join("\n");
 
 function errorOf(text: string): TraceError {
   try {
@@ -28,10 +40,12 @@ function errorOf(text: string): TraceError {
 
 describe("parseTrace", () => {
   test("reads the Mooncake fields into arrays", () => {
-    const trace = parseTrace(lines(
-      { timestamp: 0, input_length: 600, output_length: 10, hash_ids: [0, 1] },
-      { timestamp: 5, input_length: 512, output_length: 3, hash_ids: [0] },
-    ));
+    const trace = parseTrace(
+      lines(
+        { timestamp: 0, input_length: 600, output_length: 10, hash_ids: [0, 1] },
+        { timestamp: 5, input_length: 512, output_length: 3, hash_ids: [0] },
+      ),
+    );
     expect(trace.count).toBe(2);
     expect(trace.blockTokens).toBe(512);
     expect(Array.from(trace.arrivalMs)).toEqual([0, 5]);
@@ -43,29 +57,38 @@ describe("parseTrace", () => {
   });
 
   test("accepts the aliases input_tokens, output_tokens, created_time; ignores unknown fields", () => {
-    const trace = parseTrace(lines(
-      {
-        created_time: 7, input_tokens: 100, output_tokens: 2, hash_ids: [3], priority: 1, request_id: "x",
+    const trace = parseTrace(
+      lines({
+        created_time: 7,
+        input_tokens: 100,
+        output_tokens: 2,
+        hash_ids: [3],
+        priority: 1,
+        request_id: "x",
         extra: true,
-      },
-    ));
+      }),
+    );
     expect(trace.arrivalMs[0]).toBe(7);
     expect(trace.inputLength[0]).toBe(100);
     expect(trace.outputLength[0]).toBe(2);
   });
 
   test("clamps input_length to len(hash_ids) × 512", () => {
-    const trace = parseTrace(lines({ timestamp: 0, input_length: 5000, output_length: 1, hash_ids: [1, 2] }));
+    const trace = parseTrace(
+      lines({ timestamp: 0, input_length: 5000, output_length: 1, hash_ids: [1, 2] }),
+    );
     expect(trace.inputLength[0]).toBe(1024);
   });
 
   test("without a timestamp, delay counts from the session's previous request (open loop)", () => {
-    const trace = parseTrace(lines(
-      { timestamp: 100, session_id: "a", input_length: 10, output_length: 1, hash_ids: [1] },
-      { timestamp: 150, session_id: "b", input_length: 10, output_length: 1, hash_ids: [2] },
-      { delay: 1000, session_id: "a", input_length: 10, output_length: 1, hash_ids: [1, 3] },
-      { delay_ms: 20, input_length: 10, output_length: 1, hash_ids: [4] },
-    ));
+    const trace = parseTrace(
+      lines(
+        { timestamp: 100, session_id: "a", input_length: 10, output_length: 1, hash_ids: [1] },
+        { timestamp: 150, session_id: "b", input_length: 10, output_length: 1, hash_ids: [2] },
+        { delay: 1000, session_id: "a", input_length: 10, output_length: 1, hash_ids: [1, 3] },
+        { delay_ms: 20, input_length: 10, output_length: 1, hash_ids: [4] },
+      ),
+    );
     // Sorted by arrival: a@100, b@150, (no session)@1120, a@1100 → 100, 150, 1100, 1120.
     expect(Array.from(trace.arrivalMs)).toEqual([100, 150, 1100, 1120]);
     expect(trace.sessions).toEqual(["a", "b", "a", null]);
@@ -105,10 +128,12 @@ describe("parseTrace", () => {
 });
 
 describe("transformTrace", () => {
-  const base = parseTrace(lines(
-    { timestamp: 0, input_length: 700, output_length: 5, hash_ids: [0, 1], session_id: "s" },
-    { timestamp: 10, input_length: 100, output_length: 6, hash_ids: [2], session_id: "t" },
-  ));
+  const base = parseTrace(
+    lines(
+      { timestamp: 0, input_length: 700, output_length: 5, hash_ids: [0, 1], session_id: "s" },
+      { timestamp: 10, input_length: 100, output_length: 6, hash_ids: [2], session_id: "t" },
+    ),
+  );
 
   test("length factor F: id h → h·F … h·F+F−1, prompt × F", () => {
     const trace = transformTrace(base, { lengthFactor: 3 });
@@ -129,7 +154,12 @@ describe("transformTrace", () => {
   });
 
   test("F then K compose; time scale multiplies arrivals; requests truncates", () => {
-    const trace = transformTrace(base, { lengthFactor: 2, duplicationFactor: 2, timeScale: 0.5, requests: 3 });
+    const trace = transformTrace(base, {
+      lengthFactor: 2,
+      duplicationFactor: 2,
+      timeScale: 0.5,
+      requests: 3,
+    });
     expect(trace.count).toBe(3);
     expect(Array.from(requestIds(trace, 1))).toEqual([6, 7, 8, 9]); // shift (2+1)·2 = 6
     expect(Array.from(trace.arrivalMs)).toEqual([0, 0, 5]);
@@ -180,7 +210,8 @@ describe("token synthesis", () => {
     const out = new Uint32Array(512);
     for (let id = 0; id < 2000; id++) {
       writeIdTokens(id, 512, 0, 512, DEFAULT_VOCAB_SIZE, out, 0);
-      for (let b = 0; b < 32; b++) blocks.add(`${b}:${out.subarray(16 * b, 16 * b + 16).join(",")}`);
+      for (let b = 0; b < 32; b++)
+        blocks.add(`${b}:${out.subarray(16 * b, 16 * b + 16).join(",")}`);
     }
     expect(blocks.size).toBe(2000 * 32);
   });
@@ -194,7 +225,9 @@ describe("token synthesis", () => {
     expect(prompt.subarray(512, 1024)).toEqual(block);
     writeIdTokens(9, 512, 0, 76, 1000, block, 0);
     expect(prompt.subarray(1024)).toEqual(block.subarray(0, 76));
-    expect(() => writePromptTokens(ids, 512, 1537, 1000, new Uint32Array(2000))).toThrow("from 3 blocks");
+    expect(() => writePromptTokens(ids, 512, 1537, 1000, new Uint32Array(2000))).toThrow(
+      "from 3 blocks",
+    );
   });
 
   test("requests with equal leading ids share exactly those prompt tokens", async () => {

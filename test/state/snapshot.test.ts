@@ -11,7 +11,14 @@ import { freezeNow, IndexPacker, packIndex } from "../../src/index/pack";
 import { LoadTracker } from "../../src/route/load";
 import { BACKEND_NAMES, MatchResult } from "../../src/index/types";
 import {
-  decodeSnapshot, encodeSnapshot, forEachOp, putActive, readSnapshotFile, type Snapshot, SNAPSHOT_FILE, SnapshotError,
+  decodeSnapshot,
+  encodeSnapshot,
+  forEachOp,
+  putActive,
+  readSnapshotFile,
+  type Snapshot,
+  SNAPSHOT_FILE,
+  SnapshotError,
   writeSnapshotFile,
 } from "../../src/state/snapshot";
 import { applyHarnessOp, generateStream, pairs } from "../harness/streams";
@@ -30,7 +37,10 @@ function tempDir(): string {
 function snapshotOf(index: ReturnType<typeof createIndex>): Snapshot {
   const { words, workerIds } = packIndex(freezeNow(index.freeze()));
   return {
-    blockSize: index.blockSize, createdAt: "2026-01-01T00:00:00Z", workerIds: [...workerIds], words,
+    blockSize: index.blockSize,
+    createdAt: "2026-01-01T00:00:00Z",
+    workerIds: [...workerIds],
+    words,
     positions: [{ workerId: 7n, dpRank: 0, lastSeq: 41, fingerprint: 12345, degraded: false }],
   };
 }
@@ -38,7 +48,8 @@ function snapshotOf(index: ReturnType<typeof createIndex>): Snapshot {
 function restoreInto(snapshot: Snapshot, backend: (typeof BACKEND_NAMES)[number]) {
   const index = createIndex(backend, snapshot.blockSize, { verify: true });
   forEachOp(snapshot, {
-    stored: (w, r, hasParent, hi, lo, external, local, count) => index.applyStored(w, r, hasParent, hi, lo, external, local, count),
+    stored: (w, r, hasParent, hi, lo, external, local, count) =>
+      index.applyStored(w, r, hasParent, hi, lo, external, local, count),
     removed: (w, r, external, count) => index.applyRemoved(w, r, external, count),
   });
   return index;
@@ -48,24 +59,33 @@ function scores(index: ReturnType<typeof createIndex>, query: bigint[]): string 
   const out = new MatchResult(64);
   index.findMatches(pairs(query), query.length, out);
   const rows: string[] = [];
-  for (let i = 0; i < out.count; i++) rows.push(`${index.workerIdOf(out.workers[i]!)}/${index.dpRankOf(out.workers[i]!)}=${out.blocks[i]}`);
+  for (let i = 0; i < out.count; i++)
+    rows.push(
+      `${index.workerIdOf(out.workers[i]!)}/${index.dpRankOf(out.workers[i]!)}=${out.blocks[i]}`,
+    );
   return rows.sort().join(",");
 }
 
 describe("round trip", () => {
   for (const backend of BACKEND_NAMES) {
-    test.each([1, 2, 3, 4, 5, 6])(`${backend}: randomized stream %p, snapshot, file, load: equal dump, workers and matches`, (seed) => {
-      const stream = generateStream(seed, { steps: 300 });
-      const index = createIndex(backend, 1);
-      for (const op of stream.ops) applyHarnessOp(index, op);
-      const bytes = encodeSnapshot(snapshotOf(index));
-      const loaded = decodeSnapshot(bytes);
-      expect(loaded.positions).toEqual([{ workerId: 7n, dpRank: 0, lastSeq: 41, fingerprint: 12345, degraded: false }]);
-      const restored = restoreInto(loaded, backend);
-      expect(restored.workers()).toEqual(index.workers());
-      for (const query of stream.queries) expect(scores(restored, query)).toBe(scores(index, query));
-      expect(restored.stats().blocks).toBe(index.stats().blocks);
-    });
+    test.each([1, 2, 3, 4, 5, 6])(
+      `${backend}: randomized stream %p, snapshot, file, load: equal dump, workers and matches`,
+      (seed) => {
+        const stream = generateStream(seed, { steps: 300 });
+        const index = createIndex(backend, 1);
+        for (const op of stream.ops) applyHarnessOp(index, op);
+        const bytes = encodeSnapshot(snapshotOf(index));
+        const loaded = decodeSnapshot(bytes);
+        expect(loaded.positions).toEqual([
+          { workerId: 7n, dpRank: 0, lastSeq: 41, fingerprint: 12345, degraded: false },
+        ]);
+        const restored = restoreInto(loaded, backend);
+        expect(restored.workers()).toEqual(index.workers());
+        for (const query of stream.queries)
+          expect(scores(restored, query)).toBe(scores(index, query));
+        expect(restored.stats().blocks).toBe(index.stats().blocks);
+      },
+    );
   }
 });
 
@@ -78,7 +98,14 @@ describe("refusals", () => {
 
   test("any flipped byte fails the checksum (or an earlier check)", () => {
     const bytes = good();
-    for (const at of [0, 17, 40, Math.floor(bytes.length / 2), bytes.length - 9, bytes.length - 1]) {
+    for (const at of [
+      0,
+      17,
+      40,
+      Math.floor(bytes.length / 2),
+      bytes.length - 9,
+      bytes.length - 1,
+    ]) {
       const bad = bytes.slice();
       bad[at]! ^= 0x40;
       expect(() => decodeSnapshot(bad)).toThrow(SnapshotError);
@@ -111,8 +138,12 @@ describe("refusals", () => {
     const words = new Uint32Array(7 + 4 * n);
     words.set([1, 0, 0, 0, 0, 0, n]);
     for (let i = 7; i < words.length; i++) words[i] = (i * 2654435761) >>> 0;
-    const snapshot: Snapshot = { blockSize: 1, createdAt: "x", workerIds: [1n], 
-      positions: [], words,
+    const snapshot: Snapshot = {
+      blockSize: 1,
+      createdAt: "x",
+      workerIds: [1n],
+      positions: [],
+      words,
     };
     const dir = tempDir();
     const written = await writeSnapshotFile(dir, snapshot);
@@ -125,7 +156,13 @@ describe("refusals", () => {
   });
 
   test("a malformed operation inside a well-checksummed file is refused before anything is applied", () => {
-    const snapshot: Snapshot = { blockSize: 1, createdAt: "x", workerIds: [1n], positions: [], words: new Uint32Array([1, 0, 0, 0, 0, 0, 50]) };
+    const snapshot: Snapshot = {
+      blockSize: 1,
+      createdAt: "x",
+      workerIds: [1n],
+      positions: [],
+      words: new Uint32Array([1, 0, 0, 0, 0, 0, 50]),
+    };
     expect(() => decodeSnapshot(encodeSnapshot(snapshot))).toThrow("runs past the end");
   });
 });
@@ -157,58 +194,77 @@ describe("atomic write", () => {
 
 describe("typed packing", () => {
   for (const backend of BACKEND_NAMES) {
-    test.each([11, 12, 13])(`${backend}: stream %p packed in slices equals packed at once; restored into every backend equals the reference`, (seed) => {
-      const stream = generateStream(seed, { steps: 300 });
-      const index = createIndex(backend, 1);
-      const reference = createIndex("reference", 1);
-      for (const op of stream.ops) {
-        applyHarnessOp(index, op);
-        applyHarnessOp(reference, op);
-      }
-      const whole = packIndex(freezeNow(index.freeze())).words;
-      for (const slice of [1, 7]) {
-        const packer = new IndexPacker(freezeNow(index.freeze()));
-        let steps = 0;
-        while (!packer.step(slice)) steps++;
-        expect(packer.words()).toEqual(whole);
-        if (index.stats().blocks > 8) expect(steps).toBeGreaterThan(0);
-      }
-      const snapshot = decodeSnapshot(encodeSnapshot(snapshotOf(index)));
-      for (const target of BACKEND_NAMES) {
-        const restored = restoreInto(snapshot, target);
-        const sorted = (i: typeof index) => i.workers().map((w) => `${w.workerId}/${w.dpRank}=${w.blocks}`).sort();
-        expect(sorted(restored)).toEqual(sorted(reference));
-        for (const query of stream.queries) expect(scores(restored, query)).toBe(scores(reference, query));
-        if (target === backend) {
-          // Held pairs and lookups exact; a rebuilt crtc tree may have fewer splits than one with a history.
-          const [counts, original] = [restored.stats(), index.stats()];
-          expect([counts.workers, counts.blocks, counts.lookupEntries]).toEqual([original.workers, original.blocks, original.lookupEntries]);
-          expect(counts.nodes).toBeLessThanOrEqual(original.nodes);
+    test.each([11, 12, 13])(
+      `${backend}: stream %p packed in slices equals packed at once; restored into every backend equals the reference`,
+      (seed) => {
+        const stream = generateStream(seed, { steps: 300 });
+        const index = createIndex(backend, 1);
+        const reference = createIndex("reference", 1);
+        for (const op of stream.ops) {
+          applyHarnessOp(index, op);
+          applyHarnessOp(reference, op);
         }
-      }
-    });
+        const whole = packIndex(freezeNow(index.freeze())).words;
+        for (const slice of [1, 7]) {
+          const packer = new IndexPacker(freezeNow(index.freeze()));
+          let steps = 0;
+          while (!packer.step(slice)) steps++;
+          expect(packer.words()).toEqual(whole);
+          if (index.stats().blocks > 8) expect(steps).toBeGreaterThan(0);
+        }
+        const snapshot = decodeSnapshot(encodeSnapshot(snapshotOf(index)));
+        for (const target of BACKEND_NAMES) {
+          const restored = restoreInto(snapshot, target);
+          const sorted = (i: typeof index) =>
+            i
+              .workers()
+              .map((w) => `${w.workerId}/${w.dpRank}=${w.blocks}`)
+              .sort();
+          expect(sorted(restored)).toEqual(sorted(reference));
+          for (const query of stream.queries)
+            expect(scores(restored, query)).toBe(scores(reference, query));
+          if (target === backend) {
+            // Held pairs and lookups exact; a rebuilt crtc tree may have fewer splits than one with a history.
+            const [counts, original] = [restored.stats(), index.stats()];
+            expect([counts.workers, counts.blocks, counts.lookupEntries]).toEqual([
+              original.workers,
+              original.blocks,
+              original.lookupEntries,
+            ]);
+            expect(counts.nodes).toBeLessThanOrEqual(original.nodes);
+          }
+        }
+      },
+    );
   }
 
-  test.each(BACKEND_NAMES)("%s: a frozen copy packs the index as it was when frozen, whatever is applied after", (backend) => {
-    const stream = generateStream(21, { steps: 400 });
-    const index = createIndex(backend, 1);
-    const half = Math.floor(stream.ops.length / 2);
-    for (const op of stream.ops.slice(0, half)) applyHarnessOp(index, op);
-    const expected = packIndex(freezeNow(index.freeze())).words;
-    const packer = new IndexPacker(freezeNow(index.freeze()));
-    let turns = 0;
-    for (const op of stream.ops.slice(half)) {
-      applyHarnessOp(index, op); // the index moves on between slices
-      if (turns++ % 5 === 0) packer.step(3);
-    }
-    for (const info of index.workers()) index.removeWorker(info.workerId);
-    while (!packer.step(3));
-    expect(packer.words()).toEqual(expected);
-  });
+  test.each(BACKEND_NAMES)(
+    "%s: a frozen copy packs the index as it was when frozen, whatever is applied after",
+    (backend) => {
+      const stream = generateStream(21, { steps: 400 });
+      const index = createIndex(backend, 1);
+      const half = Math.floor(stream.ops.length / 2);
+      for (const op of stream.ops.slice(0, half)) applyHarnessOp(index, op);
+      const expected = packIndex(freezeNow(index.freeze())).words;
+      const packer = new IndexPacker(freezeNow(index.freeze()));
+      let turns = 0;
+      for (const op of stream.ops.slice(half)) {
+        applyHarnessOp(index, op); // the index moves on between slices
+        if (turns++ % 5 === 0) packer.step(3);
+      }
+      for (const info of index.workers()) index.removeWorker(info.workerId);
+      while (!packer.step(3));
+      expect(packer.words()).toEqual(expected);
+    },
+  );
 
   test("a malformed active request is refused before anything is applied", () => {
     const words = new Uint32Array([3, 0, 0, 5, 0, 0, 0, 1, 0x620061]);
-    expect(() => decodeSnapshot(encodeSnapshot({ blockSize: 1, createdAt: "x", workerIds: [1n], positions: [], words }))).toThrow("runs past the end");
+    expect(() =>
+      decodeSnapshot(
+        encodeSnapshot({ blockSize: 1, createdAt: "x", workerIds: [1n], positions: [], words }),
+      ),
+    ).toThrow("runs past the end");
   });
 });
 
@@ -228,17 +284,45 @@ describe("active requests", () => {
     const out = { words: new Uint32Array(4) };
     let at = 0;
     source.forEachActive((slot, id, prefill, output, idle, c, blocks) => {
-      at = putActive(out, at, slot === a ? 0 : 1, source.dpRanks[slot]!, id, prefill, output, idle, c, blocks);
+      at = putActive(
+        out,
+        at,
+        slot === a ? 0 : 1,
+        source.dpRanks[slot]!,
+        id,
+        prefill,
+        output,
+        idle,
+        c,
+        blocks,
+      );
     });
-    const snapshot = decodeSnapshot(encodeSnapshot({ blockSize: 4, createdAt: "x", workerIds: [1n, 2n], positions: [], words: out.words.subarray(0, at) }));
+    const snapshot = decodeSnapshot(
+      encodeSnapshot({
+        blockSize: 4,
+        createdAt: "x",
+        workerIds: [1n, 2n],
+        positions: [],
+        words: out.words.subarray(0, at),
+      }),
+    );
     const restore = (elapsed: number) => {
       const target = new LoadTracker(options);
       target.addWorker(1n, 0);
       target.addWorker(2n, 3);
       forEachOp(snapshot, {
-        stored: () => {}, removed: () => {},
+        stored: () => {},
+        removed: () => {},
         active: (workerId, dpRank, id, prefill, output, idle, c, blocks) => {
-          target.restore(id, target.slotOf(workerId, dpRank), c, blocks, prefill, output, idle + elapsed);
+          target.restore(
+            id,
+            target.slotOf(workerId, dpRank),
+            c,
+            blocks,
+            prefill,
+            output,
+            idle + elapsed,
+          );
         },
       });
       target.verify();

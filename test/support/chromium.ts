@@ -13,7 +13,10 @@ export const CHROMIUM = "/usr/bin/chromium";
 
 export class Browser {
   private nextId = 1;
-  private readonly pending = new Map<number, { resolve: (value: any) => void; reject: (error: Error) => void }>();
+  private readonly pending = new Map<
+    number,
+    { resolve: (value: any) => void; reject: (error: Error) => void }
+  >();
 
   private constructor(
     private readonly proc: Subprocess,
@@ -22,7 +25,11 @@ export class Browser {
     private sessionId: string | null = null,
   ) {
     socket.onmessage = (event) => {
-      const message = JSON.parse(String(event.data)) as { id?: number; result?: unknown; error?: { message: string } };
+      const message = JSON.parse(String(event.data)) as {
+        id?: number;
+        result?: unknown;
+        error?: { message: string };
+      };
       if (message.id === undefined) return;
       const waiter = this.pending.get(message.id);
       this.pending.delete(message.id);
@@ -33,12 +40,28 @@ export class Browser {
 
   static async launch(width = 1400, height = 1100): Promise<Browser> {
     const profile = mkdtempSync(join(tmpdir(), "kvedge-chromium-"));
-    const proc = Bun.spawn([
-      CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-      "--disable-component-update", "--disable-sync", "--disable-extensions", "--disable-default-apps", "--mute-audio",
-      `--user-data-dir=${profile}`, "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
-      `--window-size=${width},${height}`, "about:blank",
-    ], { stdin: "ignore", stdout: "ignore", stderr: Bun.file(join(profile, "stderr.log")) });
+    const proc = Bun.spawn(
+      [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-extensions",
+        "--disable-default-apps",
+        "--mute-audio",
+        `--user-data-dir=${profile}`,
+        "--remote-debugging-address=127.0.0.1",
+        "--remote-debugging-port=0",
+        `--window-size=${width},${height}`,
+        "about:blank",
+      ],
+      { stdin: "ignore", stdout: "ignore", stderr: Bun.file(join(profile, "stderr.log")) },
+    );
     const url = await devtoolsUrl(proc, join(profile, "stderr.log"));
     const socket = new WebSocket(url);
     await new Promise<void>((resolve, reject) => {
@@ -49,14 +72,20 @@ export class Browser {
     const { targetId } = await browser.send("Target.createTarget", { url: "about:blank" });
     const { sessionId } = await browser.send("Target.attachToTarget", { targetId, flatten: true });
     browser.sessionId = sessionId;
-    await browser.send("Emulation.setDeviceMetricsOverride", { width, height, deviceScaleFactor: 1, mobile: false });
+    await browser.send("Emulation.setDeviceMetricsOverride", {
+      width,
+      height,
+      deviceScaleFactor: 1,
+      mobile: false,
+    });
     return browser;
   }
 
   send(method: string, params: Record<string, unknown> = {}): Promise<any> {
     const id = this.nextId++;
     const message: Record<string, unknown> = { id, method, params };
-    if (this.sessionId !== null && !method.startsWith("Target.")) message.sessionId = this.sessionId;
+    if (this.sessionId !== null && !method.startsWith("Target."))
+      message.sessionId = this.sessionId;
     return new Promise((resolve, reject) => {
       this.pending.set(id, { resolve, reject });
       this.socket.send(JSON.stringify(message));
@@ -70,8 +99,15 @@ export class Browser {
 
   /** The value of a JavaScript expression in the page (promises awaited). */
   async evaluate<T>(expression: string): Promise<T> {
-    const { result, exceptionDetails } = await this.send("Runtime.evaluate", { expression, returnByValue: true, awaitPromise: true });
-    if (exceptionDetails !== undefined) throw new Error(`${expression}: ${exceptionDetails.text} ${exceptionDetails.exception?.description ?? ""}`);
+    const { result, exceptionDetails } = await this.send("Runtime.evaluate", {
+      expression,
+      returnByValue: true,
+      awaitPromise: true,
+    });
+    if (exceptionDetails !== undefined)
+      throw new Error(
+        `${expression}: ${exceptionDetails.text} ${exceptionDetails.exception?.description ?? ""}`,
+      );
     return result.value as T;
   }
 
@@ -85,7 +121,10 @@ export class Browser {
   }
 
   async screenshot(): Promise<Uint8Array> {
-    const { data } = await this.send("Page.captureScreenshot", { format: "png", captureBeyondViewport: true });
+    const { data } = await this.send("Page.captureScreenshot", {
+      format: "png",
+      captureBeyondViewport: true,
+    });
     return Buffer.from(data as string, "base64");
   }
 
@@ -101,7 +140,9 @@ export class Browser {
 async function devtoolsUrl(proc: Subprocess, log: string): Promise<string> {
   const deadline = performance.now() + 20_000;
   for (;;) {
-    const text = await Bun.file(log).text().catch(() => "");
+    const text = await Bun.file(log)
+      .text()
+      .catch(() => "");
     const match = /DevTools listening on (ws:\/\/127\.0\.0\.1:\d+\/\S+)/.exec(text);
     if (match !== null) return match[1]!;
     if (proc.exitCode !== null || performance.now() > deadline) {

@@ -95,7 +95,8 @@ export class TestEngine {
     this.replayRequests++;
     const start = new DataView(frames[1]!.buffer, frames[1]!.byteOffset, 8).getBigUint64(0);
     for (const batch of this.ring) {
-      if (batch.seq >= start) this.router!.send(identity, [EMPTY, this.topic, seqFrame(batch.seq), batch.payload]);
+      if (batch.seq >= start)
+        this.router!.send(identity, [EMPTY, this.topic, seqFrame(batch.seq), batch.payload]);
     }
     this.router!.send(identity, [EMPTY, this.topic, seqFrame(0xffff_ffff_ffff_ffffn), EMPTY]);
   }
@@ -107,10 +108,21 @@ export class TestEngine {
 
 /** Stored event helper: blocks of `blockSize` tokens each, engine hashes given. */
 export function stored(
-  hashes: readonly bigint[], tokens: readonly number[], blockSize: number, parent: bigint | null = null,
+  hashes: readonly bigint[],
+  tokens: readonly number[],
+  blockSize: number,
+  parent: bigint | null = null,
   extra: Partial<KvEvent & { type: "BlockStored" }> = {},
 ): KvEvent {
-  return { type: "BlockStored", blockHashes: hashes, parentBlockHash: parent, tokenIds: tokens, blockSize, medium: "GPU", ...extra };
+  return {
+    type: "BlockStored",
+    blockHashes: hashes,
+    parentBlockHash: parent,
+    tokenIds: tokens,
+    blockSize,
+    medium: "GPU",
+    ...extra,
+  };
 }
 
 export function removed(hashes: readonly bigint[]): KvEvent {

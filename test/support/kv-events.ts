@@ -12,9 +12,20 @@
  */
 import { Unpackr } from "msgpackr";
 import {
-  DEFAULT_DECODE_LIMITS, EVENT_CLEARED, EVENT_REMOVED, EVENT_STORED, FLAG_EAGLE, FLAG_GROUP,
-  FLAG_PARENT, FLAG_WINDOW, type DecodedBatch, type DecodeLimits, type KvBatch, type KvEvent,
-  type KvHash, type KvValue,
+  DEFAULT_DECODE_LIMITS,
+  EVENT_CLEARED,
+  EVENT_REMOVED,
+  EVENT_STORED,
+  FLAG_EAGLE,
+  FLAG_GROUP,
+  FLAG_PARENT,
+  FLAG_WINDOW,
+  type DecodedBatch,
+  type DecodeLimits,
+  type KvBatch,
+  type KvEvent,
+  type KvHash,
+  type KvValue,
 } from "../../src/wire/kv-events";
 import { u64 } from "../../src/util/u64";
 
@@ -44,7 +55,11 @@ export interface BatchSnapshot {
   events: EventSnapshot[];
 }
 
-const KINDS = { [EVENT_STORED]: "stored", [EVENT_REMOVED]: "removed", [EVENT_CLEARED]: "cleared" } as const;
+const KINDS = {
+  [EVENT_STORED]: "stored",
+  [EVENT_REMOVED]: "removed",
+  [EVENT_CLEARED]: "cleared",
+} as const;
 
 export function snapshotBatch(batch: DecodedBatch): BatchSnapshot {
   const events: EventSnapshot[] = [];
@@ -93,7 +108,10 @@ export function isMmHashString(value: unknown): value is string {
 }
 
 /** The salt rule: drop the first string equal to the LoRA name; prefer a prefixed one; else the first non-empty. */
-export function saltFromCandidates(candidates: readonly string[], loraName: string | null): string | null {
+export function saltFromCandidates(
+  candidates: readonly string[],
+  loraName: string | null,
+): string | null {
   const rest = [...candidates];
   if (loraName !== null) {
     const at = rest.indexOf(loraName);
@@ -110,7 +128,8 @@ export function saltFromCandidates(candidates: readonly string[], loraName: stri
 /** Low 64 bits of a digest, big-endian (vLLM's int conversion). */
 export function digestToU64(bytes: Uint8Array): bigint {
   let value = 0n;
-  for (const byte of bytes.subarray(Math.max(0, bytes.length - 8))) value = (value << 8n) | BigInt(byte);
+  for (const byte of bytes.subarray(Math.max(0, bytes.length - 8)))
+    value = (value << 8n) | BigInt(byte);
   return value;
 }
 
@@ -124,18 +143,25 @@ export type ReferenceResult =
 
 const byteLength = (value: string) => Buffer.byteLength(value, "utf8");
 
-export function referenceDecode(payload: Uint8Array, limits: DecodeLimits = DEFAULT_DECODE_LIMITS): ReferenceResult {
-  if (payload.length > limits.payloadBytesMax) return { ok: false, msgpackrThrew: false, reason: "too large" };
+export function referenceDecode(
+  payload: Uint8Array,
+  limits: DecodeLimits = DEFAULT_DECODE_LIMITS,
+): ReferenceResult {
+  if (payload.length > limits.payloadBytesMax)
+    return { ok: false, msgpackrThrew: false, reason: "too large" };
   let value: unknown;
   try {
     // A fresh decoder each time: msgpackr keeps record structures defined inline.
-    value = new Unpackr({ mapsAsObjects: false, int64AsType: "bigint", useRecords: false }).unpack(payload);
+    value = new Unpackr({ mapsAsObjects: false, int64AsType: "bigint", useRecords: false }).unpack(
+      payload,
+    );
   } catch (error) {
     return { ok: false, msgpackrThrew: true, reason: String(error) };
   }
   // msgpackr turns some extension types, records and the byte 0xc1 into objects of its
   // own (and may read their payload its own way): not plain msgpack, no reference.
-  if (!isPlainMsgpack(value)) return { ok: false, msgpackrThrew: true, reason: "msgpackr extension object" };
+  if (!isPlainMsgpack(value))
+    return { ok: false, msgpackrThrew: true, reason: "msgpackr extension object" };
   try {
     return { ok: true, batch: new Converter(limits).batch(value) };
   } catch (error) {
@@ -148,7 +174,8 @@ function isPlainMsgpack(value: unknown): boolean {
   if (value === null || typeof value !== "object") return true;
   if (value instanceof Uint8Array) return true;
   if (Array.isArray(value)) return value.every(isPlainMsgpack);
-  if (value instanceof Map) return [...value].every(([key, item]) => isPlainMsgpack(key) && isPlainMsgpack(item));
+  if (value instanceof Map)
+    return [...value].every(([key, item]) => isPlainMsgpack(key) && isPlainMsgpack(item));
   return false;
 }
 
@@ -236,9 +263,21 @@ class Converter {
       if (value.length === 0 || typeof value[0] !== "string") return reject("event without a tag");
       kind = this.tag(value[0]) as EventSnapshot["kind"];
       if (kind === null) return null;
-      const names = kind === "stored"
-        ? ["block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys"]
-        : kind === "removed" ? ["block_hashes", "medium"] : ["ownership"];
+      const names =
+        kind === "stored"
+          ? [
+              "block_hashes",
+              "parent_block_hash",
+              "token_ids",
+              "block_size",
+              "lora_id",
+              "medium",
+              "lora_name",
+              "extra_keys",
+            ]
+          : kind === "removed"
+            ? ["block_hashes", "medium"]
+            : ["ownership"];
       if (kind === "stored" && value.length < 5) reject("BlockStored too short");
       if (kind === "removed" && value.length < 2) reject("BlockRemoved too short");
       names.forEach((name, i) => {
@@ -269,24 +308,47 @@ class Converter {
           this.unknownFields++;
         }
       }
-      const required = kind === "stored" ? ["block_hashes", "token_ids", "block_size"] : kind === "removed" ? ["block_hashes"] : [];
+      const required =
+        kind === "stored"
+          ? ["block_hashes", "token_ids", "block_size"]
+          : kind === "removed"
+            ? ["block_hashes"]
+            : [];
       for (const name of required) if (!fields.has(name)) reject(`missing ${name}`);
     } else return reject("event is not an array or map");
     return this.fields(kind, fields, tail);
   }
 
   private tag(tag: string): EventSnapshot["kind"] | null {
-    const kind = ({ BlockStored: "stored", BlockRemoved: "removed", AllBlocksCleared: "cleared" } as const)[tag];
+    const kind = (
+      { BlockStored: "stored", BlockRemoved: "removed", AllBlocksCleared: "cleared" } as const
+    )[tag];
     if (kind !== undefined) return kind;
     this.checkLength(tag);
     this.unknownTags++;
     return null;
   }
 
-  private fields(kind: EventSnapshot["kind"], fields: Map<string, unknown>, tail: unknown[]): EventSnapshot {
+  private fields(
+    kind: EventSnapshot["kind"],
+    fields: Map<string, unknown>,
+    tail: unknown[],
+  ): EventSnapshot {
     const snapshot: EventSnapshot = {
-      kind, hashes: [], parent: null, tokens: [], eagle: false, blockSize: 0, medium: null, loraName: null,
-      cacheSalt: null, groupIdx: null, slidingWindow: null, specKind: null, locality: null, ownership: null,
+      kind,
+      hashes: [],
+      parent: null,
+      tokens: [],
+      eagle: false,
+      blockSize: 0,
+      medium: null,
+      loraName: null,
+      cacheSalt: null,
+      groupIdx: null,
+      slidingWindow: null,
+      specKind: null,
+      locality: null,
+      ownership: null,
       mmBlock: -1,
     };
     let mmFromExtra = -1;
@@ -295,27 +357,64 @@ class Converter {
     let topSalt: string | null = null;
     for (const [name, value] of fields) {
       switch (name) {
-        case "block_hashes": snapshot.hashes = this.hashes(value); break;
-        case "parent_block_hash": snapshot.parent = value === null ? null : hashOf(value); break;
-        case "token_ids": [snapshot.tokens, snapshot.eagle] = this.tokens(value); break;
-        case "block_size": snapshot.blockSize = u32Of(value, "block_size"); break;
-        case "lora_id": if (value !== null && !isInt(value)) reject("lora_id"); break;
-        case "medium": snapshot.medium = this.str(value, name); break;
-        case "lora_name": snapshot.loraName = this.str(value, name); break;
-        case "extra_keys": [mmFromExtra, saltCandidates] = this.extraKeys(value); break;
-        case "block_mm_infos": mmFromInfos = mmInfos(value); break;
-        case "cache_salt": topSalt = this.str(value, name); break;
-        case "group_idx": snapshot.groupIdx = value === null ? null : u32Of(value, name); break;
-        case "kv_cache_spec_kind": snapshot.specKind = this.str(value, name); break;
-        case "kv_cache_spec_sliding_window": snapshot.slidingWindow = value === null ? null : u32Of(value, name); break;
-        case "locality": snapshot.locality = this.str(value, name); break;
-        case "ownership": snapshot.ownership = this.str(value, name); break;
-        default: throw new Error(`unhandled field ${name}`);
+        case "block_hashes":
+          snapshot.hashes = this.hashes(value);
+          break;
+        case "parent_block_hash":
+          snapshot.parent = value === null ? null : hashOf(value);
+          break;
+        case "token_ids":
+          [snapshot.tokens, snapshot.eagle] = this.tokens(value);
+          break;
+        case "block_size":
+          snapshot.blockSize = u32Of(value, "block_size");
+          break;
+        case "lora_id":
+          if (value !== null && !isInt(value)) reject("lora_id");
+          break;
+        case "medium":
+          snapshot.medium = this.str(value, name);
+          break;
+        case "lora_name":
+          snapshot.loraName = this.str(value, name);
+          break;
+        case "extra_keys":
+          [mmFromExtra, saltCandidates] = this.extraKeys(value);
+          break;
+        case "block_mm_infos":
+          mmFromInfos = mmInfos(value);
+          break;
+        case "cache_salt":
+          topSalt = this.str(value, name);
+          break;
+        case "group_idx":
+          snapshot.groupIdx = value === null ? null : u32Of(value, name);
+          break;
+        case "kv_cache_spec_kind":
+          snapshot.specKind = this.str(value, name);
+          break;
+        case "kv_cache_spec_sliding_window":
+          snapshot.slidingWindow = value === null ? null : u32Of(value, name);
+          break;
+        case "locality":
+          snapshot.locality = this.str(value, name);
+          break;
+        case "ownership":
+          snapshot.ownership = this.str(value, name);
+          break;
+        default:
+          throw new Error(`unhandled field ${name}`);
       }
     }
     if (tail.length > 0) mmFromInfos = this.tail(tail, snapshot, mmFromInfos);
-    snapshot.mmBlock = mmFromExtra < 0 ? mmFromInfos : mmFromInfos < 0 ? mmFromExtra : Math.min(mmFromExtra, mmFromInfos);
-    if (kind === "stored") snapshot.cacheSalt = topSalt ?? saltFromCandidates(saltCandidates, snapshot.loraName);
+    snapshot.mmBlock =
+      mmFromExtra < 0
+        ? mmFromInfos
+        : mmFromInfos < 0
+          ? mmFromExtra
+          : Math.min(mmFromExtra, mmFromInfos);
+    if (kind === "stored")
+      snapshot.cacheSalt = topSalt ?? saltFromCandidates(saltCandidates, snapshot.loraName);
     return snapshot;
   }
 
@@ -352,13 +451,19 @@ class Converter {
       if (items === null) return;
       if (!Array.isArray(items)) reject("extra_keys entry is not an array");
       for (const item of items) {
-        const text = typeof item === "string" ? item : Array.isArray(item) && typeof item[0] === "string" ? item[0] : null;
+        const text =
+          typeof item === "string"
+            ? item
+            : Array.isArray(item) && typeof item[0] === "string"
+              ? item[0]
+              : null;
         if (text === null) continue;
         if (isMmHashString(text)) {
           if (mm < 0) mm = block;
         } else {
           this.checkLength(text);
-          if (typeof item === "string" && block === 0 && candidates.length < 8) candidates.push(text);
+          if (typeof item === "string" && block === 0 && candidates.length < 8)
+            candidates.push(text);
         }
       }
     });
@@ -372,7 +477,9 @@ class Converter {
       if (typeof item === "number" && !Number.isInteger(item)) return reject("float in the tail");
       if (isInt(item)) {
         const big = BigInt(item);
-        return big >= 0n && big < 1n << 32n ? { type: "uint", value: Number(big) } : { type: "other", value: null };
+        return big >= 0n && big < 1n << 32n
+          ? { type: "uint", value: Number(big) }
+          : { type: "other", value: null };
       }
       if (typeof item === "string") return { type: "str", value: this.checkLength(item) };
       if (Array.isArray(item)) return { type: "list", value: mmInfos(item) };
@@ -380,7 +487,9 @@ class Converter {
     };
     const classified = items.map(classify);
     const fixed = ["uint", "str", "uint", "str", "str"];
-    const isFixed = classified.slice(0, 5).every((item, i) => item.type === "nil" || item.type === fixed[i]);
+    const isFixed = classified
+      .slice(0, 5)
+      .every((item, i) => item.type === "nil" || item.type === fixed[i]);
     if (isFixed) {
       const [group, kind, window, locality, ownership] = classified;
       if (group?.type === "uint") snapshot.groupIdx = group.value as number;
@@ -408,13 +517,32 @@ class Converter {
 
 const KNOWN_KEYS = {
   stored: [
-    "type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name",
-    "extra_keys", "block_mm_infos", "cache_salt", "group_idx", "kv_cache_spec_kind",
-    "kv_cache_spec_sliding_window", "locality", "ownership",
+    "type",
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "block_mm_infos",
+    "cache_salt",
+    "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
+    "locality",
+    "ownership",
   ],
   removed: [
-    "type", "block_hashes", "medium", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window",
-    "locality", "ownership",
+    "type",
+    "block_hashes",
+    "medium",
+    "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
+    "locality",
+    "ownership",
   ],
   cleared: ["type", "ownership"],
 } as const satisfies Record<EventSnapshot["kind"], readonly string[]>;
@@ -452,9 +580,21 @@ function hashValue(hash: KvHash): bigint {
 
 function expectedEvent(event: KvEvent): EventSnapshot {
   const base: EventSnapshot = {
-    kind: "cleared", hashes: [], parent: null, tokens: [], eagle: false, blockSize: 0, medium: null,
-    loraName: null, cacheSalt: null, groupIdx: null, slidingWindow: null, specKind: null, locality: null,
-    ownership: event.ownership ?? null, mmBlock: -1,
+    kind: "cleared",
+    hashes: [],
+    parent: null,
+    tokens: [],
+    eagle: false,
+    blockSize: 0,
+    medium: null,
+    loraName: null,
+    cacheSalt: null,
+    groupIdx: null,
+    slidingWindow: null,
+    specKind: null,
+    locality: null,
+    ownership: event.ownership ?? null,
+    mmBlock: -1,
   };
   if (event.type === "AllBlocksCleared") return base;
   const common = {
@@ -469,15 +609,21 @@ function expectedEvent(event: KvEvent): EventSnapshot {
   if (event.type === "BlockRemoved") return { ...common, kind: "removed" };
   const pairs = event.tokenIds.length > 0 && typeof event.tokenIds[0] !== "number";
   const tokens = pairs
-    ? [...(event.tokenIds as readonly (readonly [number, number])[]).map((pair) => pair[0]),
-      (event.tokenIds[event.tokenIds.length - 1] as readonly [number, number])[1]]
+    ? [
+        ...(event.tokenIds as readonly (readonly [number, number])[]).map((pair) => pair[0]),
+        (event.tokenIds[event.tokenIds.length - 1] as readonly [number, number])[1],
+      ]
     : Array.from(event.tokenIds as ArrayLike<number>);
   const extra = event.extraKeys ?? [];
-  const mmOf = (items: readonly KvValue[] | null) => (items ?? []).some((item) =>
-    isMmHashString(item) || (Array.isArray(item) && isMmHashString(item[0])));
+  const mmOf = (items: readonly KvValue[] | null) =>
+    (items ?? []).some(
+      (item) => isMmHashString(item) || (Array.isArray(item) && isMmHashString(item[0])),
+    );
   const mmFromExtra = extra.findIndex(mmOf);
   const mmFromInfos = (event.blockMmInfos ?? []).findIndex((info) => info !== null);
-  const candidates = (extra[0] ?? []).filter((item): item is string => typeof item === "string" && !isMmHashString(item));
+  const candidates = (extra[0] ?? []).filter(
+    (item): item is string => typeof item === "string" && !isMmHashString(item),
+  );
   const loraName = event.loraName ?? null;
   return {
     ...common,
@@ -488,7 +634,12 @@ function expectedEvent(event: KvEvent): EventSnapshot {
     blockSize: event.blockSize,
     loraName,
     cacheSalt: event.cacheSalt ?? saltFromCandidates(candidates.slice(0, 8), loraName),
-    mmBlock: mmFromExtra < 0 ? mmFromInfos : mmFromInfos < 0 ? mmFromExtra : Math.min(mmFromExtra, mmFromInfos),
+    mmBlock:
+      mmFromExtra < 0
+        ? mmFromInfos
+        : mmFromInfos < 0
+          ? mmFromExtra
+          : Math.min(mmFromExtra, mmFromInfos),
   };
 }
 
@@ -518,7 +669,8 @@ export function randomBatch(next: () => number, options: RandomBatchOptions): Kv
     if (roll < 8) return BigInt.asIntN(64, u64());
     return Uint8Array.from({ length: pick([32, 32, 8, 3, 64]) }, () => next() & 0xff);
   };
-  const mmHex = () => Array.from({ length: 8 }, () => next().toString(16).padStart(8, "0")).join("");
+  const mmHex = () =>
+    Array.from({ length: 8 }, () => next().toString(16).padStart(8, "0")).join("");
   const events: KvEvent[] = [];
   const count = 1 + (next() % (options.maxEvents ?? 8));
   for (let i = 0; i < count; i++) {
@@ -540,27 +692,36 @@ export function randomBatch(next: () => number, options: RandomBatchOptions): Kv
       const sglang = options.form === "array" && chance(10);
       const extraKeys = chance(30)
         ? Array.from({ length: blocks }, (_, b) => {
-          if (chance(40)) return null;
-          const items: KvValue[] = [];
-          if (loraName !== null) items.push(loraName);
-          if (chance(20)) items.push(chance(50) ? mmHex() : [mmHex(), next() % 100]);
-          if (b === 0 && chance(50)) items.push(pick(["tenant-a", "dynamo-cache-salt:tenant-b", "dynamo-cache-salt:"]));
-          if (chance(20)) items.push(Uint8Array.of(1, 2, 3));
-          if (chance(10)) items.push(next() % 1000);
-          return items;
-        })
+            if (chance(40)) return null;
+            const items: KvValue[] = [];
+            if (loraName !== null) items.push(loraName);
+            if (chance(20)) items.push(chance(50) ? mmHex() : [mmHex(), next() % 100]);
+            if (b === 0 && chance(50))
+              items.push(pick(["tenant-a", "dynamo-cache-salt:tenant-b", "dynamo-cache-salt:"]));
+            if (chance(20)) items.push(Uint8Array.of(1, 2, 3));
+            if (chance(10)) items.push(next() % 1000);
+            return items;
+          })
         : undefined;
       events.push({
         type: "BlockStored",
         blockHashes: Array.from({ length: blocks }, hash),
         parentBlockHash: chance(60) ? hash() : null,
-        tokenIds: eagle ? tokens.map((token, t) => [token, tokens[t + 1] ?? next() % 200_000] as const) : tokens,
+        tokenIds: eagle
+          ? tokens.map((token, t) => [token, tokens[t + 1] ?? next() % 200_000] as const)
+          : tokens,
         blockSize,
         loraId: sglang ? pick([null, 3]) : null,
         ...(sglang ? {} : { medium: pick(MEDIUMS) ?? null, loraName }),
         ...(sglang ? {} : { extraKeys, ...tail() }),
         ...(options.form === "map" && chance(10) ? { cacheSalt: pick(["salt-x", ""]) } : {}),
-        ...(options.form === "map" && chance(10) ? { blockMmInfos: Array.from({ length: blocks }, () => (chance(30) ? { mm_objects: [] } : null)) } : {}),
+        ...(options.form === "map" && chance(10)
+          ? {
+              blockMmInfos: Array.from({ length: blocks }, () =>
+                chance(30) ? { mm_objects: [] } : null,
+              ),
+            }
+          : {}),
       });
     } else if (roll < 9) {
       events.push({

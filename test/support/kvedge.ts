@@ -30,8 +30,14 @@ export function kvedgeBinary(): string {
     } catch {
       throw new Error(`${KVEDGE_BIN} is missing: run 'npm test' (or 'bun build.ts --host') first`);
     }
-    const sources = Math.max(newestSource(join(ROOT, "src")), statSync(join(ROOT, "native", "kvedge.c")).mtimeMs);
-    if (sources > built) throw new Error(`${KVEDGE_BIN} is older than src/: run 'npm test' (or 'bun build.ts --host')`);
+    const sources = Math.max(
+      newestSource(join(ROOT, "src")),
+      statSync(join(ROOT, "native", "kvedge.c")).mtimeMs,
+    );
+    if (sources > built)
+      throw new Error(
+        `${KVEDGE_BIN} is older than src/: run 'npm test' (or 'bun build.ts --host')`,
+      );
     checked = true;
   }
   return KVEDGE_BIN;
@@ -63,7 +69,10 @@ export interface RunOptions {
 }
 
 /** Runs `kvedge ...args` to completion. */
-export async function runKvedge(args: readonly string[], options: RunOptions = {}): Promise<RunResult> {
+export async function runKvedge(
+  args: readonly string[],
+  options: RunOptions = {},
+): Promise<RunResult> {
   const child = Bun.spawn([options.binary ?? kvedgeBinary(), ...args], {
     cwd: options.cwd ?? ROOT,
     env: options.env ?? { ...process.env, KVEDGE_NATIVE: "" },
@@ -90,10 +99,14 @@ export interface MockEngineChild {
  * stderr is drained, so the engine never blocks on its logs, and quoted if it exits early.
  */
 export async function spawnMockEngine(
-  args: readonly string[], env?: Record<string, string>,
+  args: readonly string[],
+  env?: Record<string, string>,
 ): Promise<MockEngineChild> {
   const proc = Bun.spawn([kvedgeBinary(), "mock-engine", ...args], {
-    env: env ?? process.env, stdin: "ignore", stdout: "pipe", stderr: "pipe",
+    env: env ?? process.env,
+    stdin: "ignore",
+    stdout: "pipe",
+    stderr: "pipe",
   });
   const logs = new Response(proc.stderr).text();
   const reader = proc.stdout.getReader();

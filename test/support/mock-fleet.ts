@@ -23,17 +23,32 @@ export interface MockFleetOptions {
   readonly model?: string;
 }
 
-export async function startMockEngines(count: number, options: MockFleetOptions): Promise<MockEngine[]> {
+export async function startMockEngines(
+  count: number,
+  options: MockFleetOptions,
+): Promise<MockEngine[]> {
   const engines: MockEngine[] = [];
   for (let i = 0; i < count; i++) {
     const networked = new NetworkedEngine({
-      index: i, capacityBlocks: options.capacityBlocks ?? 4096, blockSize: 16, hashSeed: BigInt(options.seed + i),
-      endpoint: "tcp://127.0.0.1:0", log: silentLogger,
+      index: i,
+      capacityBlocks: options.capacityBlocks ?? 4096,
+      blockSize: 16,
+      hashSeed: BigInt(options.seed + i),
+      endpoint: "tcp://127.0.0.1:0",
+      log: silentLogger,
     });
     await networked.start();
     const server = new EngineServer({
-      networked, speedup: options.speedup, host: "127.0.0.1", port: 0, vocabSize: 1000, log: silentLogger,
-      openAi: options.tokenizer === undefined ? {} : { tokenizer: options.tokenizer, model: options.model ?? "mock" },
+      networked,
+      speedup: options.speedup,
+      host: "127.0.0.1",
+      port: 0,
+      vocabSize: 1000,
+      log: silentLogger,
+      openAi:
+        options.tokenizer === undefined
+          ? {}
+          : { tokenizer: options.tokenizer, model: options.model ?? "mock" },
     });
     engines.push({ networked, server, http: server.start() });
   }
@@ -50,10 +65,17 @@ export async function stopMockEngines(engines: readonly MockEngine[]): Promise<v
 /** An HTTP front to `target` whose plain (not streamed) answers report 0 cached tokens. */
 export function zeroCachedTokensFront(target: string): Server<undefined> {
   return Bun.serve({
-    hostname: "127.0.0.1", port: 0,
+    hostname: "127.0.0.1",
+    port: 0,
     async fetch(request) {
-      const answer = await fetch(`${target}${new URL(request.url).pathname}`, { method: "POST", headers: { "content-type": "application/json" }, body: await request.text() });
-      const body = (await answer.json()) as { usage?: { prompt_tokens_details: { cached_tokens: number } } };
+      const answer = await fetch(`${target}${new URL(request.url).pathname}`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: await request.text(),
+      });
+      const body = (await answer.json()) as {
+        usage?: { prompt_tokens_details: { cached_tokens: number } };
+      };
       if (body.usage !== undefined) body.usage.prompt_tokens_details.cached_tokens = 0;
       return Response.json(body, { status: answer.status });
     },
@@ -67,17 +89,27 @@ export function zeroCachedTokensFront(target: string): Server<undefined> {
  */
 export async function missThenHit(serveUrl: string, prompt: number[]): Promise<[string, string]> {
   const complete = async (): Promise<string> => {
-    const response = await fetch(`${serveUrl}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ prompt, max_tokens: 1 }) });
-    if (response.status !== 200) throw new Error(`proxied completion: HTTP ${response.status} ${await response.text()}`);
+    const response = await fetch(`${serveUrl}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ prompt, max_tokens: 1 }),
+    });
+    if (response.status !== 200)
+      throw new Error(`proxied completion: HTTP ${response.status} ${await response.text()}`);
     await response.arrayBuffer();
     return response.headers.get("x-kvedge-worker-id")!;
   };
   const first = await complete();
   const deadline = performance.now() + 10_000;
   for (;;) {
-    const response = await fetch(`${serveUrl}/v1/match`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ token_ids: prompt }) });
-    if ((((await response.json()) as { scores: unknown[] }).scores).length > 0) break;
-    if (performance.now() > deadline) throw new Error("timed out waiting for the prompt to be indexed");
+    const response = await fetch(`${serveUrl}/v1/match`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ token_ids: prompt }),
+    });
+    if (((await response.json()) as { scores: unknown[] }).scores.length > 0) break;
+    if (performance.now() > deadline)
+      throw new Error("timed out waiting for the prompt to be indexed");
     await Bun.sleep(5);
   }
   return [first, await complete()];

@@ -28,7 +28,10 @@ interface Waiter {
 }
 
 /** `kvedge serve --port 0` with JSON debug logs, `args` after; `env` is all it sees. */
-export async function startServe(args: readonly string[], env: Record<string, string> = {}): Promise<ServeProcess> {
+export async function startServe(
+  args: readonly string[],
+  env: Record<string, string> = {},
+): Promise<ServeProcess> {
   const logs: LogLine[] = [];
   const waiters: Waiter[] = [];
   const onLine = (text: string): void => {
@@ -54,9 +57,19 @@ export async function startServe(args: readonly string[], env: Record<string, st
       const seen = logs.find(predicate);
       if (seen !== undefined) return resolve(seen);
       const timer = setTimeout(() => {
-        reject(new Error(`no such log line within ${timeoutMs} ms; logs: ${JSON.stringify(logs.slice(-20))}`));
+        reject(
+          new Error(
+            `no such log line within ${timeoutMs} ms; logs: ${JSON.stringify(logs.slice(-20))}`,
+          ),
+        );
       }, timeoutMs);
-      waiters.push({ predicate, resolve: (line) => { clearTimeout(timer); resolve(line); } });
+      waiters.push({
+        predicate,
+        resolve: (line) => {
+          clearTimeout(timer);
+          resolve(line);
+        },
+      });
     });
   return {
     url: child.url,

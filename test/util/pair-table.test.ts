@@ -10,7 +10,10 @@ test("random operations agree with a Map, through growth and deletion", () => {
   const table = new PairTable(4);
   const reference = new Map<string, number>();
   // Few distinct hi words and clustered lo words make probe runs collide and wrap.
-  const key = (): [number, number] => [randomInt(rng, 3) * 0x8000_0001 >>> 0, randomInt(rng, 3000)];
+  const key = (): [number, number] => [
+    (randomInt(rng, 3) * 0x8000_0001) >>> 0,
+    randomInt(rng, 3000),
+  ];
   for (let step = 0; step < 60_000; step++) {
     const [hi, lo] = key();
     const name = `${hi}:${lo}`;
@@ -34,7 +37,9 @@ test("random operations agree with a Map, through growth and deletion", () => {
     expect(table.size).toBe(reference.size);
   }
   const seen = new Map<string, number>();
-  table.forEach((hi, lo, value) => seen.set(`${hi}:${lo}`, value));
+  table.forEach((hi, lo, value) => {
+    seen.set(`${hi}:${lo}`, value);
+  });
   expect(seen).toEqual(reference);
   for (const name of reference.keys()) {
     const [hi, lo] = name.split(":").map(Number) as [number, number];
@@ -42,7 +47,9 @@ test("random operations agree with a Map, through growth and deletion", () => {
   }
   expect(table.size).toBe(0);
   let left = 0;
-  table.forEach(() => left++);
+  table.forEach(() => {
+    left++;
+  });
   expect(left).toBe(0);
 });
 

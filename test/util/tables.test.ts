@@ -38,7 +38,8 @@ const AMBIGUOUS_VALUE = 1_000_000;
 
 const cases: Case[] = [
   {
-    name: "KeyTable (53-bit number keys)", words: 2,
+    name: "KeyTable (53-bit number keys)",
+    words: 2,
     make: () => {
       const table = new KeyTable();
       const key = (hi: number, lo: number) => (hi & 0x1f_ffff) * 2 ** 32 + (lo >>> 0);
@@ -46,24 +47,28 @@ const cases: Case[] = [
         set: (_o, hi, lo, value) => table.set(key(hi, lo), value),
         get: (_o, hi, lo) => table.get(key(hi, lo)),
         delete: (_o, hi, lo) => void table.delete(key(hi, lo)),
-        size: () => table.size, bytes: () => table.bytes,
+        size: () => table.size,
+        bytes: () => table.bytes,
       };
     },
   },
   {
-    name: "PairTable ((hi, lo) keys)", words: 2,
+    name: "PairTable ((hi, lo) keys)",
+    words: 2,
     make: () => {
       const table = new PairTable();
       return {
         set: (_o, hi, lo, value) => void table.set(hi, lo, value),
         get: (_o, hi, lo) => table.get(hi, lo),
         delete: (_o, hi, lo) => void table.delete(hi, lo),
-        size: () => table.size, bytes: () => table.bytes,
+        size: () => table.size,
+        bytes: () => table.bytes,
       };
     },
   },
   {
-    name: "PairTable as a reference count (adjust)", words: 2,
+    name: "PairTable as a reference count (adjust)",
+    words: 2,
     make: () => {
       const table = new PairTable();
       return {
@@ -72,25 +77,29 @@ const cases: Case[] = [
           void table.adjust(hi, lo, value + 1 - Math.max(0, table.get(hi, lo))),
         get: (_o, hi, lo) => (table.has(hi, lo) ? table.get(hi, lo) - 1 : -1),
         delete: (_o, hi, lo) => void table.adjust(hi, lo, -Math.max(0, table.get(hi, lo))),
-        size: () => table.size, bytes: () => table.bytes,
+        size: () => table.size,
+        bytes: () => table.bytes,
       };
     },
   },
   {
-    name: "TripleTable ((owner, hi, lo) keys)", words: 3,
+    name: "TripleTable ((owner, hi, lo) keys)",
+    words: 3,
     make: () => {
       const table = new TripleTable();
       return {
         set: (owner, hi, lo, value) => void table.set(owner, hi, lo, value),
         get: (owner, hi, lo) => table.get(owner, hi, lo),
         delete: (owner, hi, lo) => void table.delete(owner, hi, lo),
-        size: () => table.size, bytes: () => table.bytes,
+        size: () => table.size,
+        bytes: () => table.bytes,
       };
     },
   },
   {
     name: "NamespaceTable (ingest: a second namespace makes a block ambiguous)",
-    words: 3, values: 4,
+    words: 3,
+    values: 4,
     afterSet: (old, value) => (old === -1 || old === value ? value : AMBIGUOUS_VALUE),
     deletes: (old) => old !== AMBIGUOUS_VALUE,
     make: () => {
@@ -103,13 +112,15 @@ const cases: Case[] = [
           return name === AMBIGUOUS ? AMBIGUOUS_VALUE : Number(name.slice(7));
         },
         delete: (owner, hi, lo) => table.forget(owner, hi, lo),
-        size: () => table.size, bytes: () => table.bytes,
+        size: () => table.size,
+        bytes: () => table.bytes,
       };
     },
   },
   {
     // src/index/link-table.ts (values are non-zero: the suite's value + 1).
-    name: "index LinkTable (adapter)", words: 3,
+    name: "index LinkTable (adapter)",
+    words: 3,
     make: () => {
       const table = new LinkTable();
       return {
@@ -123,20 +134,23 @@ const cases: Case[] = [
           const old = table.find(owner, hi, lo);
           if (old !== 0) table.remove(owner, hi, lo, old);
         },
-        size: () => table.count, bytes: () => table.bytes(),
+        size: () => table.count,
+        bytes: () => table.bytes(),
       };
     },
   },
   {
     // src/index/lookup.ts (values are non-zero: the suite's value + 1).
-    name: "index ExternalLookup (adapter)", words: 2,
+    name: "index ExternalLookup (adapter)",
+    words: 2,
     make: () => {
       const table = new ExternalLookup();
       return {
         set: (_o, hi, lo, value) => table.set(hi, lo, value + 1),
         get: (_o, hi, lo) => table.find(hi, lo) - 1,
         delete: (_o, hi, lo) => void table.remove(hi, lo),
-        size: () => table.count, bytes: () => table.bytes(),
+        size: () => table.count,
+        bytes: () => table.bytes(),
       };
     },
   },
@@ -148,8 +162,8 @@ function keys(words: 1 | 2 | 3, seed: number, space: number) {
   return (): [number, number, number] => {
     const n = next() % space;
     const owner = words === 3 ? n % 3 : 0;
-    const hi = words >= 2 ? ((n >>> 2) % 5) * 0x8000_0001 >>> 0 : 0;
-    return [owner, hi, (n * 0x9e37_79b1) >>> 8 & 0xffff_ff00 | (n & 0xff)];
+    const hi = words >= 2 ? (((n >>> 2) % 5) * 0x8000_0001) >>> 0 : 0;
+    return [owner, hi, (((n * 0x9e37_79b1) >>> 8) & 0xffff_ff00) | (n & 0xff)];
   };
 }
 
@@ -176,7 +190,10 @@ describe.each(cases)("$name", (c) => {
     const next = xorshift32(11);
     // Phases: grow to ~6k keys, churn, drain to a few (shrinking), grow again.
     const phases: Key[] = [
-      [40_000, 6000, 3], [30_000, 6000, 2], [30_000, 6000, 1], [20_000, 300, 2],
+      [40_000, 6000, 3],
+      [30_000, 6000, 2],
+      [30_000, 6000, 1],
+      [20_000, 300, 2],
     ];
     let seed = 1;
     for (const [steps, space, bias] of phases) {

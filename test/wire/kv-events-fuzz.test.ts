@@ -13,7 +13,11 @@
 // KVEDGE_FUZZ_ROUNDS scales the run (default keeps the suite fast).
 import { expect, test } from "bun:test";
 import {
-  DECODE_ERROR_KINDS, DECODE_OK, DecodedBatch, decodeKvBatch, encodeKvBatch,
+  DECODE_ERROR_KINDS,
+  DECODE_OK,
+  DecodedBatch,
+  decodeKvBatch,
+  encodeKvBatch,
 } from "../../src/wire/kv-events";
 import { randomBatch, referenceDecode, snapshotBatch, xorshift } from "../support/kv-events";
 
@@ -60,13 +64,21 @@ function check(payload: Uint8Array, batch: DecodedBatch, tally: Tally): void {
   const kind = DECODE_ERROR_KINDS[status]!;
   const atFloat = payload[batch.errorOffset] === 0xca || payload[batch.errorOffset] === 0xcb;
   if (!INVISIBLE_TO_MSGPACKR.has(kind) && !atFloat) {
-    throw new Error(`walker refused (${kind} at ${batch.errorOffset}) what the reference accepts: ${hex}`);
+    throw new Error(
+      `walker refused (${kind} at ${batch.errorOffset}) what the reference accepts: ${hex}`,
+    );
   }
   const reason = atFloat ? "float_where_int" : kind;
   tally.excused.set(reason, (tally.excused.get(reason) ?? 0) + 1);
 }
 
-const newTally = (): Tally => ({ inputs: 0, walkerOk: 0, msgpackrThrew: 0, equal: 0, excused: new Map() });
+const newTally = (): Tally => ({
+  inputs: 0,
+  walkerOk: 0,
+  msgpackrThrew: 0,
+  equal: 0,
+  excused: new Map(),
+});
 
 test("random bytes", () => {
   const next = xorshift(1);
@@ -76,16 +88,32 @@ test("random bytes", () => {
     const length = next() % 64;
     // Half start like a batch (fixarray of 2 or 3, or a small map), so the walker gets past the envelope.
     const prefix = next() % 2 === 0 ? [0x92 + (next() % 2), 0xcb, 0, 0, 0, 0, 0, 0, 0, 0] : [];
-    check(Uint8Array.from([...prefix, ...Array.from({ length }, () => next() & 0xff)]), batch, tally);
+    check(
+      Uint8Array.from([...prefix, ...Array.from({ length }, () => next() & 0xff)]),
+      batch,
+      tally,
+    );
   }
   expect(tally.inputs).toBe(ROUNDS);
 });
 
 /** Bytes that change a value's type or claim a huge length. */
 const SPLICES = [
-  [0xc0], [0xc1], [0xc3], [0xcb, 0x3f, 0xf0, 0, 0, 0, 0, 0, 0], [0xa1, 0x78], [0xc4, 0x01, 0x07], [0x90], [0x80],
-  [0xdd, 0xff, 0xff, 0xff, 0xff], [0xdf, 0x7f, 0xff, 0xff, 0xff], [0xdb, 0xff, 0xff, 0xff, 0xf0],
-  [0xc6, 0x7f, 0xff, 0xff, 0xff], [0xd3, 0x80, 0, 0, 0, 0, 0, 0, 0], [0xff], [0xd4, 0x01, 0x00],
+  [0xc0],
+  [0xc1],
+  [0xc3],
+  [0xcb, 0x3f, 0xf0, 0, 0, 0, 0, 0, 0],
+  [0xa1, 0x78],
+  [0xc4, 0x01, 0x07],
+  [0x90],
+  [0x80],
+  [0xdd, 0xff, 0xff, 0xff, 0xff],
+  [0xdf, 0x7f, 0xff, 0xff, 0xff],
+  [0xdb, 0xff, 0xff, 0xff, 0xf0],
+  [0xc6, 0x7f, 0xff, 0xff, 0xff],
+  [0xd3, 0x80, 0, 0, 0, 0, 0, 0, 0],
+  [0xff],
+  [0xd4, 0x01, 0x00],
   Array.from({ length: 40 }, () => 0x91),
 ];
 
@@ -93,13 +121,21 @@ function mutate(valid: Uint8Array, next: () => number): Uint8Array {
   const bytes = Array.from(valid);
   const at = next() % bytes.length;
   switch (next() % 5) {
-    case 0: return valid.subarray(0, at);
+    case 0:
+      return valid.subarray(0, at);
     case 1:
-      for (let flips = 1 + (next() % 3); flips > 0; flips--) bytes[next() % bytes.length] = next() & 0xff;
+      for (let flips = 1 + (next() % 3); flips > 0; flips--)
+        bytes[next() % bytes.length] = next() & 0xff;
       return Uint8Array.from(bytes);
-    case 2: bytes.splice(at, 1 + (next() % 9), ...SPLICES[next() % SPLICES.length]!); return Uint8Array.from(bytes);
-    case 3: bytes.splice(at, 0, ...SPLICES[next() % SPLICES.length]!); return Uint8Array.from(bytes);
-    default: bytes[at] = (bytes[at]! + (next() % 2 === 0 ? 1 : -1)) & 0xff; return Uint8Array.from(bytes);
+    case 2:
+      bytes.splice(at, 1 + (next() % 9), ...SPLICES[next() % SPLICES.length]!);
+      return Uint8Array.from(bytes);
+    case 3:
+      bytes.splice(at, 0, ...SPLICES[next() % SPLICES.length]!);
+      return Uint8Array.from(bytes);
+    default:
+      bytes[at] = (bytes[at]! + (next() % 2 === 0 ? 1 : -1)) & 0xff;
+      return Uint8Array.from(bytes);
   }
 }
 

@@ -20,13 +20,25 @@ const be = (value: number, bytes: number) =>
 /** One id in encoding `kind` (a kind that cannot hold it falls back to uint32). */
 function encodeId(value: number, kind: number): number[] {
   switch (kind) {
-    case 0: if (value < 0x80) return [value]; break;
-    case 1: if (value < 0x100) return [0xcc, value]; break;
-    case 2: if (value < 0x1_0000) return [0xcd, ...be(value, 2)]; break;
-    case 4: return [0xcf, 0, 0, 0, 0, ...be(value, 4)];
-    case 5: if (value < 0x8000_0000) return [0xd2, ...be(value, 4)]; break;
-    case 6: if (value < 0x80) return [0xd0, value]; break;
-    case 7: return [0xd3, 0, 0, 0, 0, ...be(value, 4)];
+    case 0:
+      if (value < 0x80) return [value];
+      break;
+    case 1:
+      if (value < 0x100) return [0xcc, value];
+      break;
+    case 2:
+      if (value < 0x1_0000) return [0xcd, ...be(value, 2)];
+      break;
+    case 4:
+      return [0xcf, 0, 0, 0, 0, ...be(value, 4)];
+    case 5:
+      if (value < 0x8000_0000) return [0xd2, ...be(value, 4)];
+      break;
+    case 6:
+      if (value < 0x80) return [0xd0, value];
+      break;
+    case 7:
+      return [0xd3, 0, 0, 0, 0, ...be(value, 4)];
   }
   return [0xce, ...be(value, 4)];
 }
@@ -111,7 +123,12 @@ describe("token ids in every encoding", () => {
 
   test("a negative id in the middle of a long array is refused", () => {
     const ids = Array.from({ length: 20 }, (_, i) => 1000 + i);
-    const payload = [...storedBatch(ids, ids.map(() => 3))];
+    const payload = [
+      ...storedBatch(
+        ids,
+        ids.map(() => 3),
+      ),
+    ];
     // The 11th id becomes -1 (16 bytes before the array, its 1-byte header, 5 bytes an id).
     const at = 17 + 10 * 5;
     payload.splice(at, 5, 0xff);
@@ -138,8 +155,13 @@ function readOneByOne(bytes: Uint8Array, count: number): { values: number[]; end
 describe.skipIf(native === null)("the native msgpack reader", () => {
   // Read at call time: this body runs (and is skipped) without the library too.
   const read = (
-    bytes: Uint8Array, length: number, start: number, count: number,
-    out: Uint32Array, at: number, end: Uint32Array,
+    bytes: Uint8Array,
+    length: number,
+    start: number,
+    count: number,
+    out: Uint32Array,
+    at: number,
+    end: Uint32Array,
   ) => native!.kv_msgpack_u32s(bytes, length, start, count, out, at, end);
 
   test("reads up to count values into out[at..], stopping at another encoding or the end", () => {
@@ -177,8 +199,13 @@ describe.skipIf(native === null)("the native msgpack reader", () => {
 });
 
 // The decoder suites again with the TypeScript loop reading every id.
-test.skipIf(native === null)("the decoder suites pass without native code", () => {
-  const suites = ["kv-events-tokens.test.ts", "kv-events.test.ts", "kv-events-fuzz.test.ts"]
-    .map((file) => `${import.meta.dir}/${file}`);
-  expectChildSuitePasses(suites, { KVEDGE_NATIVE: "0" });
-}, 120_000);
+test.skipIf(native === null)(
+  "the decoder suites pass without native code",
+  () => {
+    const suites = ["kv-events-tokens.test.ts", "kv-events.test.ts", "kv-events-fuzz.test.ts"].map(
+      (file) => `${import.meta.dir}/${file}`,
+    );
+    expectChildSuitePasses(suites, { KVEDGE_NATIVE: "0" });
+  },
+  120_000,
+);

@@ -9,16 +9,28 @@ import { describe, expect, test } from "bun:test";
 import { Packr } from "msgpackr";
 import fixtures from "../fixtures/kv-events/vllm-fixtures.json";
 import {
-  DECODE_ERROR_KINDS, DECODE_OK, DecodedBatch, decodeKvBatch, encodeKvBatch, type KvBatch, type KvHash,
+  DECODE_ERROR_KINDS,
+  DECODE_OK,
+  DecodedBatch,
+  decodeKvBatch,
+  encodeKvBatch,
+  type KvBatch,
+  type KvHash,
 } from "../../src/wire/kv-events";
 import {
-  expectedSnapshot, randomBatch, referenceDecode, snapshotBatch, xorshift, type BatchSnapshot,
+  expectedSnapshot,
+  randomBatch,
+  referenceDecode,
+  snapshotBatch,
+  xorshift,
+  type BatchSnapshot,
 } from "../support/kv-events";
 
 // msgpackr's default packer writes objects as records; plain maps are wanted here.
 const packer = new Packr({ useRecords: false });
 const pack = (value: unknown) => packer.pack(value);
-const hex = (text: string) => Uint8Array.from(Buffer.from(text.replace(/#.*$/gm, "").replace(/\s+/g, ""), "hex"));
+const hex = (text: string) =>
+  Uint8Array.from(Buffer.from(text.replace(/#.*$/gm, "").replace(/\s+/g, ""), "hex"));
 const toHex = (bytes: Uint8Array) => Buffer.from(bytes).toString("hex");
 
 function decode(payload: Uint8Array, batch = new DecodedBatch()): BatchSnapshot | string {
@@ -26,7 +38,11 @@ function decode(payload: Uint8Array, batch = new DecodedBatch()): BatchSnapshot 
   return status === DECODE_OK ? snapshotBatch(batch) : DECODE_ERROR_KINDS[status]!;
 }
 
-interface FixtureEvent { hashes: string[]; parent: string | null; [key: string]: unknown }
+interface FixtureEvent {
+  hashes: string[];
+  parent: string | null;
+  [key: string]: unknown;
+}
 interface Fixture {
   name: string;
   hex: string;
@@ -49,7 +65,8 @@ function expectedOf(fixture: Fixture): BatchSnapshot {
 
 /** Fixture hashes are "u:<u64>", "i:<i64>" or "b:<hex digest>". */
 function batchOf(fixture: Fixture): KvBatch {
-  const hash = (text: string): KvHash => (text.startsWith("b:") ? hex(text.slice(2)) : BigInt(text.slice(2)));
+  const hash = (text: string): KvHash =>
+    text.startsWith("b:") ? hex(text.slice(2)) : BigInt(text.slice(2));
   return JSON.parse(JSON.stringify(fixture.batch), (key, value) => {
     if (key === "blockHashes") return (value as string[]).map(hash);
     if (key === "parentBlockHash") return value === null ? null : hash(value as string);
@@ -65,7 +82,10 @@ describe("fixtures from an independent encoder (Python msgpack)", () => {
       const reference = referenceDecode(payload);
       expect(reference.ok && reference.batch).toEqual(expectedOf(fixture));
       if (fixture.batch !== undefined) {
-        const encoded = encodeKvBatch(batchOf(fixture), { form: fixture.form!, batchForm: fixture.batchForm });
+        const encoded = encodeKvBatch(batchOf(fixture), {
+          form: fixture.form!,
+          batchForm: fixture.batchForm,
+        });
         expect(toHex(encoded)).toBe(fixture.hex);
       }
     });
@@ -90,12 +110,29 @@ describe("hand-assembled bytes", () => {
         07                                # dp rank 7
     `);
     expect(decode(payload)).toEqual({
-      ts: 1700000000, dpRank: 7, unknownTags: 0, unknownFields: 0,
-      events: [{
-        kind: "stored", hashes: [0x010203n, 2n ** 64n - 1n], parent: 200n, tokens: [0x1234, 0], eagle: false,
-        blockSize: 2, medium: "GPU", loraName: "x", cacheSalt: null, groupIdx: null, slidingWindow: null,
-        specKind: null, locality: null, ownership: null, mmBlock: -1,
-      }],
+      ts: 1700000000,
+      dpRank: 7,
+      unknownTags: 0,
+      unknownFields: 0,
+      events: [
+        {
+          kind: "stored",
+          hashes: [0x010203n, 2n ** 64n - 1n],
+          parent: 200n,
+          tokens: [0x1234, 0],
+          eagle: false,
+          blockSize: 2,
+          medium: "GPU",
+          loraName: "x",
+          cacheSalt: null,
+          groupIdx: null,
+          slidingWindow: null,
+          specKind: null,
+          locality: null,
+          ownership: null,
+          mmBlock: -1,
+        },
+      ],
     });
   });
 
@@ -115,14 +152,26 @@ describe("hand-assembled bytes", () => {
   });
 
   test("the encoder's bytes for a two-event batch (hexdump snapshot)", () => {
-    const bytes = encodeKvBatch({
-      ts: 1.5,
-      dpRank: 1,
-      events: [
-        { type: "BlockStored", blockHashes: [2n ** 64n - 2n], parentBlockHash: null, tokenIds: [1, 2], blockSize: 2, loraId: null, medium: "GPU", loraName: null },
-        { type: "AllBlocksCleared" },
-      ],
-    }, { form: "array" });
+    const bytes = encodeKvBatch(
+      {
+        ts: 1.5,
+        dpRank: 1,
+        events: [
+          {
+            type: "BlockStored",
+            blockHashes: [2n ** 64n - 2n],
+            parentBlockHash: null,
+            tokenIds: [1, 2],
+            blockSize: 2,
+            loraId: null,
+            medium: "GPU",
+            loraName: null,
+          },
+          { type: "AllBlocksCleared" },
+        ],
+      },
+      { form: "array" },
+    );
     expect(hexdump(bytes)).toMatchInlineSnapshot(`
       "00000000  93 cb 3f f8 00 00 00 00  00 00 92 98 ab 42 6c 6f  |..?..........Blo|
       00000010  63 6b 53 74 6f 72 65 64  91 cf ff ff ff ff ff ff  |ckStored........|
@@ -139,8 +188,12 @@ function hexdump(bytes: Uint8Array): string {
     const cells = row.map((byte) => byte.toString(16).padStart(2, "0"));
     const left = cells.slice(0, 8).join(" ");
     const right = cells.slice(8).join(" ");
-    const text = row.map((byte) => (byte >= 0x20 && byte < 0x7f ? String.fromCharCode(byte) : ".")).join("");
-    lines.push(`${at.toString(16).padStart(8, "0")}  ${left.padEnd(23)}  ${right.padEnd(23)}  |${text}|`);
+    const text = row
+      .map((byte) => (byte >= 0x20 && byte < 0x7f ? String.fromCharCode(byte) : "."))
+      .join("");
+    lines.push(
+      `${at.toString(16).padStart(8, "0")}  ${left.padEnd(23)}  ${right.padEnd(23)}  |${text}|`,
+    );
   }
   return lines.join("\n");
 }
@@ -165,19 +218,69 @@ describe("seeded random batches: walker = msgpackr reference = source", () => {
 });
 
 describe("refused input: one code per kind, the batch dropped whole, the next one fine", () => {
-  const valid = encodeKvBatch({
-    ts: 1, events: [{ type: "BlockStored", blockHashes: [1n, 2n], parentBlockHash: null, tokenIds: [1, 2], blockSize: 1, loraId: null, medium: "GPU", loraName: null }],
-  }, { form: "array" });
+  const valid = encodeKvBatch(
+    {
+      ts: 1,
+      events: [
+        {
+          type: "BlockStored",
+          blockHashes: [1n, 2n],
+          parentBlockHash: null,
+          tokenIds: [1, 2],
+          blockSize: 1,
+          loraId: null,
+          medium: "GPU",
+          loraName: null,
+        },
+      ],
+    },
+    { form: "array" },
+  );
   const next = pack([2, [["AllBlocksCleared"]]]);
   const stored = (fields: unknown[]) => pack([1.5, [["BlockStored", ...fields]]]);
   const base = [[1, 2], null, [1, 2], 1, null, "GPU", null];
-  const withField = (index: number, value: unknown) => stored(base.map((field, i) => (i === index ? value : field)));
-  const cases: [string, Uint8Array, (typeof DECODE_ERROR_KINDS)[number], Partial<ConstructorParameters<typeof DecodedBatch>[0]>?][] = [
+  const withField = (index: number, value: unknown) =>
+    stored(base.map((field, i) => (i === index ? value : field)));
+  const cases: [
+    string,
+    Uint8Array,
+    (typeof DECODE_ERROR_KINDS)[number],
+    Partial<ConstructorParameters<typeof DecodedBatch>[0]>?,
+  ][] = [
     ["truncated", valid.subarray(0, valid.length - 3), "truncated"],
     ["trailing bytes", Uint8Array.from([...valid, 0xc0]), "trailing_bytes"],
-    ["an array32 claiming 2^32 - 1 events", hex("92 cb 3ff0000000000000 dd ffffffff 00"), "truncated"],
+    [
+      "an array32 claiming 2^32 - 1 events",
+      hex("92 cb 3ff0000000000000 dd ffffffff 00"),
+      "truncated",
+    ],
     ["a map16 claiming more pairs than bytes", hex("de ffff a2 7473 01"), "truncated"],
-    ["the never-used byte 0xc1", pack([1, [["BlockStored", [1], null, [1], 1, null, null, null, null, null, null, null, null, null, { x: 1 }]]]).map((b, i, a) => (i === a.length - 1 ? 0xc1 : b)), "bad_msgpack"],
+    [
+      "the never-used byte 0xc1",
+      pack([
+        1,
+        [
+          [
+            "BlockStored",
+            [1],
+            null,
+            [1],
+            1,
+            null,
+            null,
+            null,
+            null,
+            null,
+            null,
+            null,
+            null,
+            null,
+            { x: 1 },
+          ],
+        ],
+      ]).map((b, i, a) => (i === a.length - 1 ? 0xc1 : b)),
+      "bad_msgpack",
+    ],
     ["a batch that is a string", pack("hello"), "bad_batch"],
     ["a batch of one element", pack([1.5]), "bad_batch"],
     ["ts that is a string", pack(["now", []]), "bad_batch"],
@@ -203,18 +306,46 @@ describe("refused input: one code per kind, the batch dropped whole, the next on
     ["a negative dp rank", pack([1.5, [], -1]), "bad_field"],
     ["a BlockStored of four fields", stored(base.slice(0, 3)), "missing_field"],
     ["a map event without type", pack([1.5, [{ block_hashes: [] }]]), "missing_field"],
-    ["a map BlockStored without token_ids", pack([1.5, [{ type: "BlockStored", block_hashes: [], block_size: 1 }]]), "missing_field"],
+    [
+      "a map BlockStored without token_ids",
+      pack([1.5, [{ type: "BlockStored", block_hashes: [], block_size: 1 }]]),
+      "missing_field",
+    ],
     ["a map batch without events", pack({ ts: 1 }), "missing_field"],
-    ["a repeated map key", hex("92 01 91 83 a4 74797065 ac 426c6f636b52656d6f766564 ac 626c6f636b5f686173686573 90 ac 626c6f636b5f686173686573 90"), "duplicate_key"],
-    ["both dp rank aliases", pack({ ts: 1, events: [], dp_rank: 1, data_parallel_rank: 1 }), "duplicate_key"],
-    ["a medium that is not UTF-8", hex("92 01 91 93 ac 426c6f636b52656d6f766564 90 a2 c328"), "bad_string"],
+    [
+      "a repeated map key",
+      hex(
+        "92 01 91 83 a4 74797065 ac 426c6f636b52656d6f766564 ac 626c6f636b5f686173686573 90 ac 626c6f636b5f686173686573 90",
+      ),
+      "duplicate_key",
+    ],
+    [
+      "both dp rank aliases",
+      pack({ ts: 1, events: [], dp_rank: 1, data_parallel_rank: 1 }),
+      "duplicate_key",
+    ],
+    [
+      "a medium that is not UTF-8",
+      hex("92 01 91 93 ac 426c6f636b52656d6f766564 90 a2 c328"),
+      "bad_string",
+    ],
     ["an unknown tag that is not UTF-8", hex("92 01 91 91 a2 ed a0"), "bad_string"],
     ["a payload over the size bound", valid, "too_large", { payloadBytesMax: valid.length - 1 }],
-    ["more events than allowed", pack([1, [["AllBlocksCleared"], ["AllBlocksCleared"]]]), "too_many_events", { eventsMax: 1 }],
+    [
+      "more events than allowed",
+      pack([1, [["AllBlocksCleared"], ["AllBlocksCleared"]]]),
+      "too_many_events",
+      { eventsMax: 1 },
+    ],
     ["more blocks than allowed", valid, "too_many_blocks", { blocksMax: 1 }],
     ["more tokens than allowed", valid, "too_many_tokens", { tokensMax: 1 }],
     ["an unknown field nested too deep", pack([1, [], null, nest(40)]), "too_deep"],
-    ["a medium over the string bound", withField(5, "G".repeat(17)), "string_too_long", { stringBytesMax: 16 }],
+    [
+      "a medium over the string bound",
+      withField(5, "G".repeat(17)),
+      "string_too_long",
+      { stringBytesMax: 16 },
+    ],
   ];
   for (const [name, payload, kind, limits] of cases) {
     test(`${name} -> ${kind}`, () => {
@@ -256,12 +387,17 @@ function nest(depth: number): unknown {
 
 describe("unknown tags and fields are skipped and counted", () => {
   test("an unknown tag in either form, unknown keys, extra positional items", () => {
-    const payload = pack([1.5, [
-      ["BlockMoved", [1], "CPU"],
-      { type: "Renamed", anything: { deep: [1, 2] } },
-      ["AllBlocksCleared", null, "future", 3],
-      { type: "BlockRemoved", block_hashes: [9], token_ids: [1], future: null },
-    ], 0, "extra"]);
+    const payload = pack([
+      1.5,
+      [
+        ["BlockMoved", [1], "CPU"],
+        { type: "Renamed", anything: { deep: [1, 2] } },
+        ["AllBlocksCleared", null, "future", 3],
+        { type: "BlockRemoved", block_hashes: [9], token_ids: [1], future: null },
+      ],
+      0,
+      "extra",
+    ]);
     const snapshot = decode(payload) as BatchSnapshot;
     expect(snapshot.unknownTags).toBe(2);
     // 2 positional items after ownership, 2 keys BlockRemoved does not have, 1 batch item.
@@ -270,7 +406,11 @@ describe("unknown tags and fields are skipped and counted", () => {
   });
 
   test("non-string map keys are unknown fields", () => {
-    const event = new Map<unknown, unknown>([["type", "BlockRemoved"], [1, "x"], ["block_hashes", [4]]]);
+    const event = new Map<unknown, unknown>([
+      ["type", "BlockRemoved"],
+      [1, "x"],
+      ["block_hashes", [4]],
+    ]);
     const snapshot = decode(pack([1, [event]])) as BatchSnapshot;
     expect(snapshot.unknownFields).toBe(1);
     expect(snapshot.events[0]!.hashes).toEqual([4n]);
@@ -279,7 +419,9 @@ describe("unknown tags and fields are skipped and counted", () => {
 
 describe("cache salt recovery from extra keys", () => {
   const salt = (extraKeys: unknown, loraName: string | null = null) => {
-    const snapshot = decode(pack([1, [["BlockStored", [1], null, [1], 1, null, null, loraName, extraKeys]]])) as BatchSnapshot;
+    const snapshot = decode(
+      pack([1, [["BlockStored", [1], null, [1], 1, null, null, loraName, extraKeys]]]),
+    ) as BatchSnapshot;
     return snapshot.events[0]!.cacheSalt;
   };
   test("vLLM's raw salt after the LoRA name; MM hashes and bytes are not salts", () => {
@@ -302,12 +444,19 @@ test("a reused DecodedBatch grows for a large batch and keeps no stale data afte
   const large: KvBatch = {
     ts: 1,
     events: Array.from({ length: 200 }, (_, e) => ({
-      type: "BlockStored" as const, blockHashes: Array.from({ length: 64 }, (_, i) => BigInt(e * 64 + i)),
-      parentBlockHash: null, tokenIds: Array.from({ length: 64 * 16 }, (_, i) => i), blockSize: 16,
-      loraId: null, medium: "GPU", loraName: null,
+      type: "BlockStored" as const,
+      blockHashes: Array.from({ length: 64 }, (_, i) => BigInt(e * 64 + i)),
+      parentBlockHash: null,
+      tokenIds: Array.from({ length: 64 * 16 }, (_, i) => i),
+      blockSize: 16,
+      loraId: null,
+      medium: "GPU",
+      loraName: null,
     })),
   };
-  expect((decode(encodeKvBatch(large, { form: "array" }), batch) as BatchSnapshot).events).toHaveLength(200);
+  expect(
+    (decode(encodeKvBatch(large, { form: "array" }), batch) as BatchSnapshot).events,
+  ).toHaveLength(200);
   expect(batch.hashes.length).toBeGreaterThanOrEqual(2 * 200 * 64);
   const small: KvBatch = { ts: 2, events: [{ type: "BlockRemoved", blockHashes: [5n] }] };
   expect(decode(encodeKvBatch(small, { form: "map" }), batch)).toEqual(expectedSnapshot(small));

@@ -13,10 +13,29 @@ function encoder(random: () => number) {
   const be = (value: number, bytes: number) => {
     for (let i = bytes - 1; i >= 0; i--) out.push(Math.floor(value / 256 ** i) % 256);
   };
-  const header = (length: number, fix: number | null, w8: number | null, w16: number, w32: number) => {
-    const forms: (() => void)[] = [() => { out.push(w16); be(length, 2); }, () => { out.push(w32); be(length, 4); }];
+  const header = (
+    length: number,
+    fix: number | null,
+    w8: number | null,
+    w16: number,
+    w32: number,
+  ) => {
+    const forms: (() => void)[] = [
+      () => {
+        out.push(w16);
+        be(length, 2);
+      },
+      () => {
+        out.push(w32);
+        be(length, 4);
+      },
+    ];
     if (fix !== null && length < (fix === 0xa0 ? 32 : 16)) forms.push(() => out.push(fix + length));
-    if (w8 !== null && length < 256) forms.push(() => { out.push(w8); be(length, 1); });
+    if (w8 !== null && length < 256)
+      forms.push(() => {
+        out.push(w8);
+        be(length, 1);
+      });
     pick(forms.filter((_, i) => length < 65536 || i !== 0))();
   };
   const api = {
@@ -36,14 +55,42 @@ function encoder(random: () => number) {
       const forms: (() => void)[] = [];
       if (value >= 0 && value <= 0x7f) forms.push(() => out.push(value));
       if (value >= -32 && value < 0) forms.push(() => out.push(0x100 + value));
-      if (value >= 0 && value <= 0xff) forms.push(() => { out.push(0xcc); be(value, 1); });
-      if (value >= 0 && value <= 0xffff) forms.push(() => { out.push(0xcd); be(value, 2); });
-      if (value >= 0 && value <= 0xffff_ffff) forms.push(() => { out.push(0xce); be(value, 4); });
-      if (value >= -128 && value <= 127) forms.push(() => { out.push(0xd0); be((value + 256) % 256, 1); });
-      if (value >= -32768 && value <= 32767) forms.push(() => { out.push(0xd1); be((value + 65536) % 65536, 2); });
-      if (value >= -(2 ** 31) && value < 2 ** 31) forms.push(() => { out.push(0xd2); be((value + 2 ** 32) % 2 ** 32, 4); });
+      if (value >= 0 && value <= 0xff)
+        forms.push(() => {
+          out.push(0xcc);
+          be(value, 1);
+        });
+      if (value >= 0 && value <= 0xffff)
+        forms.push(() => {
+          out.push(0xcd);
+          be(value, 2);
+        });
+      if (value >= 0 && value <= 0xffff_ffff)
+        forms.push(() => {
+          out.push(0xce);
+          be(value, 4);
+        });
+      if (value >= -128 && value <= 127)
+        forms.push(() => {
+          out.push(0xd0);
+          be((value + 256) % 256, 1);
+        });
+      if (value >= -32768 && value <= 32767)
+        forms.push(() => {
+          out.push(0xd1);
+          be((value + 65536) % 65536, 2);
+        });
+      if (value >= -(2 ** 31) && value < 2 ** 31)
+        forms.push(() => {
+          out.push(0xd2);
+          be((value + 2 ** 32) % 2 ** 32, 4);
+        });
       // 64-bit forms: msgpackr gives bigints, the reader declines.
-      if (value >= 0) forms.push(() => { out.push(0xcf); be(value, 8); });
+      if (value >= 0)
+        forms.push(() => {
+          out.push(0xcf);
+          be(value, 8);
+        });
       pick(forms)();
     },
     float64: (value: number) => {
@@ -60,7 +107,18 @@ function encoder(random: () => number) {
   return api;
 }
 
-const KEYS = ["id", "op", "request_id", "lora_name", "cache_salt", "expected_output_tokens", "overlap_score_credit", "prefill_load_scale", "temperature", "candidates"];
+const KEYS = [
+  "id",
+  "op",
+  "request_id",
+  "lora_name",
+  "cache_salt",
+  "expected_output_tokens",
+  "overlap_score_credit",
+  "prefill_load_scale",
+  "temperature",
+  "candidates",
+];
 
 /** A random frame: mostly what the reader takes, sometimes something it must decline. */
 function randomFrame(random: () => number): Uint8Array {
@@ -68,13 +126,49 @@ function randomFrame(random: () => number): Uint8Array {
   const chance = (n: number) => random() % n === 0;
   const scalar = () => {
     switch (random() % 10) {
-      case 0: e.out.push(0xc0); break;
-      case 1: e.out.push(chance(2) ? 0xc2 : 0xc3); break;
-      case 2: e.float64([0, -0, 0.5, 1e300, -2.25, Number.NaN, Infinity][random() % 7]!); break;
-      case 3: if (chance(4)) e.float32(1.5); else e.int(random() % 100); break;
-      case 4: e.str(chance(6) ? "é-id" : ["route", "match", "done", "prefill_done", "x", ""][random() % 6]!); break;
-      case 5: e.str(`req-${random() % 1000}`); break;
-      default: e.int([0, 1, 127, 128, 255, 256, 65535, 65536, 2 ** 31 - 1, 2 ** 32 - 1, -1, -32, -33, -128, -129, -32768, -(2 ** 31)][random() % 17]!);
+      case 0:
+        e.out.push(0xc0);
+        break;
+      case 1:
+        e.out.push(chance(2) ? 0xc2 : 0xc3);
+        break;
+      case 2:
+        e.float64([0, -0, 0.5, 1e300, -2.25, Number.NaN, Infinity][random() % 7]!);
+        break;
+      case 3:
+        if (chance(4)) e.float32(1.5);
+        else e.int(random() % 100);
+        break;
+      case 4:
+        e.str(
+          chance(6) ? "é-id" : ["route", "match", "done", "prefill_done", "x", ""][random() % 6]!,
+        );
+        break;
+      case 5:
+        e.str(`req-${random() % 1000}`);
+        break;
+      default:
+        e.int(
+          [
+            0,
+            1,
+            127,
+            128,
+            255,
+            256,
+            65535,
+            65536,
+            2 ** 31 - 1,
+            2 ** 32 - 1,
+            -1,
+            -32,
+            -33,
+            -128,
+            -129,
+            -32768,
+            -(2 ** 31),
+          ][random() % 17]!,
+        );
     }
   };
   const request = () => {
@@ -85,7 +179,8 @@ function randomFrame(random: () => number): Uint8Array {
     e.map(keys.length + (withTokens ? 1 : 0) + (unknown ? 1 : 0) + (duplicate ? 1 : 0));
     for (const key of keys) {
       e.str(key);
-      if (chance(15)) e.bin(Uint8Array.of(1, 2, 3, 4)); // a bin where only token_ids may have one
+      if (chance(15))
+        e.bin(Uint8Array.of(1, 2, 3, 4)); // a bin where only token_ids may have one
       else scalar();
     }
     if (duplicate) {
@@ -127,7 +222,10 @@ function plain(body: Record<string, unknown>): Record<string, unknown> {
   const result: Record<string, unknown> = {};
   for (const [key, value] of Object.entries(body)) {
     if (value === undefined) continue;
-    result[key] = value instanceof BinRef ? Uint8Array.from(value.source.subarray(value.start, value.end)) : value;
+    result[key] =
+      value instanceof BinRef
+        ? Uint8Array.from(value.source.subarray(value.start, value.end))
+        : value;
   }
   return result;
 }
@@ -153,7 +251,12 @@ describe("MsgpackRequestReader", () => {
       expect(reader.count).toBe(requests.length);
       for (let i = 0; i < requests.length; i++) {
         const got = plain(reader.request(i));
-        const want = Object.fromEntries(Object.entries(requests[i] as object).map(([k, v]) => [k, v instanceof Uint8Array ? Uint8Array.from(v) : v]));
+        const want = Object.fromEntries(
+          Object.entries(requests[i] as object).map(([k, v]) => [
+            k,
+            v instanceof Uint8Array ? Uint8Array.from(v) : v,
+          ]),
+        );
         expect(got).toEqual(want);
       }
       for (const cut of [1, 2, 5, Math.floor(frame.length / 2), frame.length - 1]) {
@@ -172,11 +275,23 @@ describe("MsgpackRequestReader", () => {
     const reader = new MsgpackRequestReader(4096);
     const tokens = Uint32Array.from({ length: 1024 }, (_, i) => i * 7919);
     const bytes = new Uint8Array(tokens.buffer);
-    const batch = Array.from({ length: 16 }, (_, id) => ({ id, op: "route", candidates: 4, token_ids: bytes, request_id: `r-${id}` }));
+    const batch = Array.from({ length: 16 }, (_, id) => ({
+      id,
+      op: "route",
+      candidates: 4,
+      token_ids: bytes,
+      request_id: `r-${id}`,
+    }));
     expect(reader.read(pack(batch))).toBe(true);
     expect(reader.count).toBe(16);
     const body = reader.request(3);
-    expect([body.id, body.op, body.candidates, body.request_id, body.lora_name]).toEqual([3, "route", 4, "r-3", undefined]);
+    expect([body.id, body.op, body.candidates, body.request_id, body.lora_name]).toEqual([
+      3,
+      "route",
+      4,
+      "r-3",
+      undefined,
+    ]);
     expect(Array.from(tokenIds(body))).toEqual(Array.from(tokens));
     expect(reader.read(pack({ id: "a", op: "done", request_id: "r-1" }))).toBe(true);
     expect(reader.isBatch).toBe(false);
@@ -189,9 +304,13 @@ describe("MsgpackRequestReader", () => {
     const reader = new MsgpackRequestReader(16);
     const tokens = Uint32Array.of(5, 0, 0xffff_ffff, 70_000);
     for (const wrap of [(b: Uint8Array) => Buffer.from(b), (b: Uint8Array) => b]) {
-      expect(reader.read(wrap(pack({ op: "route", token_ids: new Uint8Array(tokens.buffer) })))).toBe(true);
+      expect(
+        reader.read(wrap(pack({ op: "route", token_ids: new Uint8Array(tokens.buffer) }))),
+      ).toBe(true);
       expect(Array.from(tokenIds(reader.request(0)))).toEqual(Array.from(tokens));
-      expect(reader.read(wrap(pack({ op: "route", token_ids: Uint8Array.of(1, 2, 3) })))).toBe(true);
+      expect(reader.read(wrap(pack({ op: "route", token_ids: Uint8Array.of(1, 2, 3) })))).toBe(
+        true,
+      );
       expect(() => tokenIds(reader.request(0))).toThrow(HttpError);
       expect(() => tokenIds(reader.request(0))).toThrow("multiple of 4 bytes), got 3 bytes");
     }
@@ -203,10 +322,15 @@ describe("MsgpackRequestReader", () => {
     const viaReader = parseBody({ msgpack: usual }, true) as Record<string, unknown>;
     expect(viaReader.token_ids).toBeInstanceOf(BinRef);
     expect(Array.from(tokenIds(viaReader))).toEqual([1, 2, 3, 4]);
-    expect(plain(viaReader)).toEqual({ ...(unpackr.unpack(usual) as object), token_ids: Uint8Array.from(tokens) });
+    expect(plain(viaReader)).toEqual({
+      ...(unpackr.unpack(usual) as object),
+      token_ids: Uint8Array.from(tokens),
+    });
     // Not transient (the body is kept), a batch, or another shape: msgpackr, as before.
     expect(parseBody({ msgpack: usual }, false)).toEqual(unpackr.unpack(usual));
-    expect(parseBody({ msgpack: pack([{ token_ids: tokens }]) }, true)).toEqual([{ token_ids: Uint8Array.from(tokens) }]);
+    expect(parseBody({ msgpack: pack([{ token_ids: tokens }]) }, true)).toEqual([
+      { token_ids: Uint8Array.from(tokens) },
+    ]);
     const other = pack({ local_hashes: ["1", "2"] });
     expect(parseBody({ msgpack: other }, true)).toEqual({ local_hashes: ["1", "2"] });
   });

@@ -4,9 +4,23 @@
 // (test/wire/zmtp-raw.ts), fed whole, byte by byte and in random chunks.
 import { describe, expect, test } from "bun:test";
 import { greeting, readyFrame } from "../../src/wire/zmtp/codec";
-import { FrameDecoder, GREETING, MESSAGE_FRAME, NEED_MORE, SKIPPED_MESSAGE } from "../../src/wire/zmtp/decoder";
+import {
+  FrameDecoder,
+  GREETING,
+  MESSAGE_FRAME,
+  NEED_MORE,
+  SKIPPED_MESSAGE,
+} from "../../src/wire/zmtp/decoder";
 import { ZmtpError } from "../../src/wire/zmtp/errors";
-import { commandBytes, concat, enc, frameBytes, greetingBytes, messageBytes, readyBytes } from "./zmtp-raw";
+import {
+  commandBytes,
+  concat,
+  enc,
+  frameBytes,
+  greetingBytes,
+  messageBytes,
+  readyBytes,
+} from "./zmtp-raw";
 
 interface Decoded {
   kind: "greeting" | "message" | "command" | "skipped";
@@ -23,8 +37,14 @@ function decodeChunks(chunks: Uint8Array[], maxMessageBytes = 1 << 20, maxFrames
       const kind = decoder.next();
       if (kind === NEED_MORE) break;
       if (kind === GREETING) out.push({ kind: "greeting", body: [decoder.minor], more: false });
-      else if (kind === SKIPPED_MESSAGE) out.push({ kind: "skipped", body: [decoder.skippedBytes], more: false });
-      else out.push({ kind: kind === MESSAGE_FRAME ? "message" : "command", body: Array.from(decoder.frame), more: decoder.more });
+      else if (kind === SKIPPED_MESSAGE)
+        out.push({ kind: "skipped", body: [decoder.skippedBytes], more: false });
+      else
+        out.push({
+          kind: kind === MESSAGE_FRAME ? "message" : "command",
+          body: Array.from(decoder.frame),
+          more: decoder.more,
+        });
     }
   }
   return out;
@@ -54,7 +74,18 @@ const stream = concat(
 describe("FrameDecoder", () => {
   test("the same frames whether fed whole, byte by byte, or in random chunks", () => {
     const whole = decodeChunks([stream]);
-    expect(whole.map((d) => d.kind)).toEqual(["greeting", "command", "message", "message", "message", "command", "message", "message", "message", "message"]);
+    expect(whole.map((d) => d.kind)).toEqual([
+      "greeting",
+      "command",
+      "message",
+      "message",
+      "message",
+      "command",
+      "message",
+      "message",
+      "message",
+      "message",
+    ]);
     expect(whole[4]!.body).toHaveLength(300);
     expect(whole[2]!.more && whole[3]!.more && !whole[4]!.more).toBe(true);
     expect(whole[7]!.body).toHaveLength(256);
@@ -77,7 +108,11 @@ describe("FrameDecoder", () => {
 
   test("a frame inside one chunk is a view of it; one spanning chunks is reassembled", () => {
     const decoder = new FrameDecoder(1 << 20, 16);
-    const chunk = concat(greetingBytes(), frameBytes(0, enc("inside")), frameBytes(0, new Uint8Array(100).fill(9)).subarray(0, 50));
+    const chunk = concat(
+      greetingBytes(),
+      frameBytes(0, enc("inside")),
+      frameBytes(0, new Uint8Array(100).fill(9)).subarray(0, 50),
+    );
     decoder.feed(chunk);
     expect(decoder.next()).toBe(GREETING);
     expect(decoder.next()).toBe(MESSAGE_FRAME);
@@ -100,10 +135,22 @@ describe("FrameDecoder", () => {
 
   test("our greeting and READY bytes (wire snapshot)", () => {
     expect(Buffer.from(greeting()).toString("hex")).toBe(
-      "ff00000000000000007f03014e554c4c" + "00".repeat(48),
+      `ff00000000000000007f03014e554c4c${"00".repeat(48)}`,
     );
-    expect(Buffer.from(readyFrame([["Socket-Type", enc("DEALER")], ["Identity", new Uint8Array(0)]])).toString("hex")).toBe(
-      "0429055245414459" + "0b536f636b65742d54797065" + "00000006" + "4445414c4552" + "084964656e74697479" + "00000000",
+    expect(
+      Buffer.from(
+        readyFrame([
+          ["Socket-Type", enc("DEALER")],
+          ["Identity", new Uint8Array(0)],
+        ]),
+      ).toString("hex"),
+    ).toBe(
+      "0429055245414459" +
+        "0b536f636b65742d54797065" +
+        "00000006" +
+        "4445414c4552" +
+        "084964656e74697479" +
+        "00000000",
     );
   });
 });
@@ -128,9 +175,15 @@ describe("FrameDecoder skips messages over the bound", () => {
       { kind: "message", body: Array(999).fill(9), more: false },
     ];
     expect(decodeChunks([oversize], 1000)).toEqual(expected);
-    expect(decodeChunks([...oversize].map((byte) => Uint8Array.of(byte)), 1000)).toEqual(expected);
+    expect(
+      decodeChunks(
+        [...oversize].map((byte) => Uint8Array.of(byte)),
+        1000,
+      ),
+    ).toEqual(expected);
     const chunks: Uint8Array[] = [];
-    for (let at = 0, step = 1; at < oversize.length; at += step, step = (step * 7 + 3) % 700 + 1) chunks.push(oversize.subarray(at, at + step));
+    for (let at = 0, step = 1; at < oversize.length; at += step, step = ((step * 7 + 3) % 700) + 1)
+      chunks.push(oversize.subarray(at, at + step));
     expect(decodeChunks(chunks, 1000)).toEqual(expected);
   });
 
@@ -151,18 +204,45 @@ describe("FrameDecoder skips messages over the bound", () => {
 });
 
 describe("FrameDecoder rejects malformed input with a stable code", () => {
-  const afterGreeting = (bytes: Uint8Array, maxMessageBytes = 1000, maxFrames = 4) => () => decodeChunks([greetingBytes(), bytes], maxMessageBytes, maxFrames);
+  const afterGreeting =
+    (bytes: Uint8Array, maxMessageBytes = 1000, maxFrames = 4) =>
+    () =>
+      decodeChunks([greetingBytes(), bytes], maxMessageBytes, maxFrames);
   const cases: [string, () => unknown, string][] = [
-    ["not ZMTP (an HTTP request)", () => decodeChunks([enc("GET / HTTP/1.1\r\n")]), "ZMTP_BAD_SIGNATURE"],
-    ["ZMTP 1.0 identity frame", () => decodeChunks([Uint8Array.of(0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x00)]), "ZMTP_BAD_SIGNATURE"],
-    ["ZMTP 2.0 peer", () => decodeChunks([Uint8Array.of(0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f, 1)]), "ZMTP_UNSUPPORTED_VERSION"],
+    [
+      "not ZMTP (an HTTP request)",
+      () => decodeChunks([enc("GET / HTTP/1.1\r\n")]),
+      "ZMTP_BAD_SIGNATURE",
+    ],
+    [
+      "ZMTP 1.0 identity frame",
+      () => decodeChunks([Uint8Array.of(0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x00)]),
+      "ZMTP_BAD_SIGNATURE",
+    ],
+    [
+      "ZMTP 2.0 peer",
+      () => decodeChunks([Uint8Array.of(0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f, 1)]),
+      "ZMTP_UNSUPPORTED_VERSION",
+    ],
     ["CURVE mechanism", () => decodeChunks([greetingBytes(1, "CURVE")]), "ZMTP_BAD_MECHANISM"],
-    ["NULL with trailing garbage in the mechanism", () => decodeChunks([greetingBytes(1, "NULLX")]), "ZMTP_BAD_MECHANISM"],
+    [
+      "NULL with trailing garbage in the mechanism",
+      () => decodeChunks([greetingBytes(1, "NULLX")]),
+      "ZMTP_BAD_MECHANISM",
+    ],
     ["reserved flag bits", afterGreeting(Uint8Array.of(0x08, 0)), "ZMTP_BAD_FLAGS"],
     ["command with MORE", afterGreeting(Uint8Array.of(0x05, 1, 0)), "ZMTP_BAD_FLAGS"],
     ["size >= 2^32", afterGreeting(Uint8Array.of(0x02, 0, 0, 0, 1, 0, 0, 0, 0)), "ZMTP_OVERSIZE"],
-    ["too many frames", afterGreeting(messageBytes([enc("a"), enc("b"), enc("c"), enc("d"), enc("e")])), "ZMTP_TOO_MANY_FRAMES"],
-    ["command over 64 KiB", afterGreeting(Uint8Array.of(0x06, 0, 0, 0, 0, 0, 1, 0, 1), 1 << 20), "ZMTP_OVERSIZE"],
+    [
+      "too many frames",
+      afterGreeting(messageBytes([enc("a"), enc("b"), enc("c"), enc("d"), enc("e")])),
+      "ZMTP_TOO_MANY_FRAMES",
+    ],
+    [
+      "command over 64 KiB",
+      afterGreeting(Uint8Array.of(0x06, 0, 0, 0, 0, 0, 1, 0, 1), 1 << 20),
+      "ZMTP_OVERSIZE",
+    ],
   ];
   for (const [name, run, code] of cases) {
     test(name, () => {
@@ -183,7 +263,13 @@ describe("FrameDecoder rejects malformed input with a stable code", () => {
 
   test("a bound-sized declaration with no body yet holds only what arrived", () => {
     const decoder = new FrameDecoder(1 << 20, 16);
-    decoder.feed(concat(greetingBytes(), Uint8Array.of(0x02, 0, 0, 0, 0, 0, 0x10, 0, 0), Uint8Array.of(1, 2, 3)));
+    decoder.feed(
+      concat(
+        greetingBytes(),
+        Uint8Array.of(0x02, 0, 0, 0, 0, 0, 0x10, 0, 0),
+        Uint8Array.of(1, 2, 3),
+      ),
+    );
     expect(decoder.next()).toBe(GREETING);
     expect(decoder.next()).toBe(NEED_MORE);
     expect(decoder.pending).toBe(3);
@@ -202,12 +288,18 @@ describe("FrameDecoder rejects malformed input with a stable code", () => {
     expect(errorOf(() => parseCommand(Uint8Array.of(9, 0x50))).code).toBe("ZMTP_BAD_COMMAND");
     expect(errorOf(() => parsePing(Uint8Array.of(1))).code).toBe("ZMTP_BAD_COMMAND");
     expect(parsePing(concat(Uint8Array.of(0, 10), new Uint8Array(40))).context).toHaveLength(16);
-    expect(errorOf(() => parseMetadata(Uint8Array.of(4, 0x61, 0x62))).code).toBe("ZMTP_BAD_METADATA");
-    expect(errorOf(() => parseMetadata(Uint8Array.of(1, 0x61, 0, 0, 0, 9, 1))).code).toBe("ZMTP_BAD_METADATA");
+    expect(errorOf(() => parseMetadata(Uint8Array.of(4, 0x61, 0x62))).code).toBe(
+      "ZMTP_BAD_METADATA",
+    );
+    expect(errorOf(() => parseMetadata(Uint8Array.of(1, 0x61, 0, 0, 0, 9, 1))).code).toBe(
+      "ZMTP_BAD_METADATA",
+    );
     expect(errorOf(() => parseMetadata(Uint8Array.of(0))).code).toBe("ZMTP_BAD_METADATA");
     const many = concat(...Array.from({ length: 300 }, () => Uint8Array.of(1, 0x61, 0, 0, 0, 0)));
     expect(errorOf(() => parseMetadata(many)).code).toBe("ZMTP_BAD_METADATA");
-    const parsed = parseMetadata(readyBytes({ "Socket-Type": "PUB", Identity: "" }).subarray(2 + 6));
+    const parsed = parseMetadata(
+      readyBytes({ "Socket-Type": "PUB", Identity: "" }).subarray(2 + 6),
+    );
     expect([...parsed.keys()]).toEqual(["socket-type", "identity"]);
   });
 });

@@ -9,7 +9,16 @@ import { PubSocket, SubSocket, type ZmtpSocket } from "../../src/wire/zmtp";
 import { parseCommand, parseMetadata, parsePing } from "../../src/wire/zmtp/codec";
 import { COMMAND_FRAME, FrameDecoder, MESSAGE_FRAME, NEED_MORE } from "../../src/wire/zmtp/decoder";
 import { ZmtpError } from "../../src/wire/zmtp/errors";
-import { commandBytes, concat, enc, frameBytes, greetingBytes, messageBytes, RawPeer, readyBytes } from "./zmtp-raw";
+import {
+  commandBytes,
+  concat,
+  enc,
+  frameBytes,
+  greetingBytes,
+  messageBytes,
+  RawPeer,
+  readyBytes,
+} from "./zmtp-raw";
 import { until } from "../support/wait";
 
 setDefaultTimeout(60_000);
@@ -64,7 +73,17 @@ function mutate(valid: Uint8Array, next: (n: number) => number): Uint8Array {
     case 3: {
       // a huge LONG length
       const at = 64 + next(bytes.length - 64);
-      const huge = Uint8Array.of(0x02 | next(8), next(256), next(256), next(256), next(256), next(256), next(256), next(256), next(256));
+      const huge = Uint8Array.of(
+        0x02 | next(8),
+        next(256),
+        next(256),
+        next(256),
+        next(256),
+        next(256),
+        next(256),
+        next(256),
+        next(256),
+      );
       return concat(bytes.subarray(0, at), huge, bytes.subarray(at));
     }
     case 4: // bad greeting byte
@@ -78,7 +97,11 @@ function mutate(valid: Uint8Array, next: (n: number) => number): Uint8Array {
     case 6: {
       // random bytes spliced in
       const at = next(bytes.length);
-      return concat(bytes.subarray(0, at), new Uint8Array(1 + next(32)).map(() => next(256)), bytes.subarray(at));
+      return concat(
+        bytes.subarray(0, at),
+        new Uint8Array(1 + next(32)).map(() => next(256)),
+        bytes.subarray(at),
+      );
     }
     default:
       // a frame over the bound, declared honestly
@@ -98,7 +121,8 @@ function run(bytes: Uint8Array, next: (n: number) => number): string {
       decoder.feed(bytes.subarray(at, at + size));
       at += size;
       for (let kind = decoder.next(); kind !== NEED_MORE; kind = decoder.next()) {
-        if (kind === MESSAGE_FRAME) expect(decoder.frame.length).toBeLessThanOrEqual(MAX_MESSAGE_BYTES);
+        if (kind === MESSAGE_FRAME)
+          expect(decoder.frame.length).toBeLessThanOrEqual(MAX_MESSAGE_BYTES);
         if (kind === COMMAND_FRAME) {
           const { name, data } = parseCommand(decoder.frame);
           if (name === "READY") parseMetadata(data);
@@ -140,7 +164,14 @@ describe("fuzzing the frame reader", () => {
       const outcome = run(mutate(valid, next), next);
       outcomes.set(outcome, (outcomes.get(outcome) ?? 0) + 1);
     }
-    for (const code of ["partial", "ZMTP_OVERSIZE", "ZMTP_BAD_FLAGS", "ZMTP_BAD_SIGNATURE", "ZMTP_BAD_COMMAND", "ZMTP_BAD_METADATA"]) {
+    for (const code of [
+      "partial",
+      "ZMTP_OVERSIZE",
+      "ZMTP_BAD_FLAGS",
+      "ZMTP_BAD_SIGNATURE",
+      "ZMTP_BAD_COMMAND",
+      "ZMTP_BAD_METADATA",
+    ]) {
       expect(outcomes.get(code) ?? 0).toBeGreaterThan(0);
     }
   });
@@ -148,12 +179,18 @@ describe("fuzzing the frame reader", () => {
 
 describe("fuzzing over TCP", () => {
   test("bad connections are dropped and counted while a live publisher keeps flowing; new peers still work", async () => {
-    const sub = track(new SubSocket({ maxMessageBytes: MAX_MESSAGE_BYTES, handshakeTimeoutMs: 300 }));
+    const sub = track(
+      new SubSocket({ maxMessageBytes: MAX_MESSAGE_BYTES, handshakeTimeoutMs: 300 }),
+    );
     sub.subscribe("");
     const bound = await sub.bind("tcp://127.0.0.1:0");
     const live: number[] = [];
     sub.onMessage = (frames, peer) => {
-      if (peer.socketType === "PUB" && frames[0]!.length === 4 && new TextDecoder().decode(frames[0]!) === "live") {
+      if (
+        peer.socketType === "PUB" &&
+        frames[0]!.length === 4 &&
+        new TextDecoder().decode(frames[0]!) === "live"
+      ) {
         live.push(new DataView(frames[1]!.buffer, frames[1]!.byteOffset).getUint32(0));
       }
     };
@@ -178,7 +215,8 @@ describe("fuzzing over TCP", () => {
     for (let i = 0; i < count; i++) {
       const raw = track(await RawPeer.connect(bound));
       peers.push(raw);
-      const bytes = i % 4 === 0 ? new Uint8Array(next(300)).map(() => next(256)) : mutate(valid, next);
+      const bytes =
+        i % 4 === 0 ? new Uint8Array(next(300)).map(() => next(256)) : mutate(valid, next);
       await raw.write(bytes);
       publish();
       if (i % 10 === 0) await new Promise((resolve) => setImmediate(resolve)); // let the SUB read

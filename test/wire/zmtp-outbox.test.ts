@@ -43,12 +43,20 @@ test(`random messages through random partial writes arrive whole and in order (s
   for (let round = 0; round < 30; round++) {
     const kernel = new StingyKernel(next);
     let idleCalls = 0;
-    const outbox = new Outbox(kernel, () => {}, () => idleCalls++);
+    const outbox = new Outbox(
+      kernel,
+      () => {},
+      () => idleCalls++,
+    );
     const sent: number[][] = [];
     for (let m = 0; m < 40; m++) {
       const sizes = Array.from({ length: 1 + next(3) }, () => {
         const kind = next(10);
-        return kind < 6 ? next(300) : kind < 9 ? DIRECT_BYTES_MIN + next(1000) : STAGE_BYTES + next(50_000);
+        return kind < 6
+          ? next(300)
+          : kind < 9
+            ? DIRECT_BYTES_MIN + next(1000)
+            : STAGE_BYTES + next(50_000);
       });
       const frames = sizes.map((size, i) => new Uint8Array(size).fill((m * 7 + i) & 0xff));
       outbox.message(frames);
@@ -86,14 +94,22 @@ test(`random messages through random partial writes arrive whole and in order (s
       }
     }
     // Empty frames carry no fill byte; compare lengths for them.
-    const normalize = (messages: number[][]) => messages.map((m) => m.map((v) => (v < 1000 ? 0 : v)));
+    const normalize = (messages: number[][]) =>
+      messages.map((m) => m.map((v) => (v < 1000 ? 0 : v)));
     expect(normalize(received)).toEqual(normalize(sent));
   }
 });
 
 test("queuedMessages holds while the kernel is full and drops to zero on drain", () => {
-  const kernel = { open: false, write: (_d: Uint8Array, _o: number, length: number) => (kernel.open ? length : 0) };
-  const outbox = new Outbox(kernel, () => {}, () => {});
+  const kernel = {
+    open: false,
+    write: (_d: Uint8Array, _o: number, length: number) => (kernel.open ? length : 0),
+  };
+  const outbox = new Outbox(
+    kernel,
+    () => {},
+    () => {},
+  );
   for (let i = 0; i < 10; i++) outbox.message([new Uint8Array(100_000)]);
   expect(outbox.queuedMessages).toBe(10);
   expect(outbox.blocked).toBe(true);

@@ -54,7 +54,9 @@ export function readyBytes(properties: Record<string, string | Uint8Array>): Uin
 
 /** A whole message: MORE on all frames but the last. */
 export function messageBytes(frames: Uint8Array[]): Uint8Array {
-  return concat(...frames.map((frame, i) => frameBytes(i < frames.length - 1 ? 0x01 : 0x00, frame)));
+  return concat(
+    ...frames.map((frame, i) => frameBytes(i < frames.length - 1 ? 0x01 : 0x00, frame)),
+  );
 }
 
 /** A raw client: records everything it receives, writes what it is told. */
@@ -95,7 +97,10 @@ export class RawPeer {
       const written = this.socket.write(bytes, at, bytes.length - at);
       if (written < 0 || this.closed) return false;
       at += written;
-      if (at < bytes.length) await new Promise<void>((resolve) => { this.onDrain = resolve; });
+      if (at < bytes.length)
+        await new Promise<void>((resolve) => {
+          this.onDrain = resolve;
+        });
     }
     this.onDrain = null;
     return true;

@@ -8,10 +8,27 @@ import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { memoryLogger } from "../../src/util/log";
-import { DealerSocket, parseEndpoint, PubSocket, RouterSocket, SubSocket, type PeerInfo, type ZmtpSocket } from "../../src/wire/zmtp";
+import {
+  DealerSocket,
+  parseEndpoint,
+  PubSocket,
+  RouterSocket,
+  SubSocket,
+  type PeerInfo,
+  type ZmtpSocket,
+} from "../../src/wire/zmtp";
 import { FrameDecoder, MESSAGE_FRAME, NEED_MORE, COMMAND_FRAME } from "../../src/wire/zmtp/decoder";
 import { until } from "../support/wait";
-import { commandBytes, concat, enc, frameBytes, greetingBytes, messageBytes, RawPeer, readyBytes } from "./zmtp-raw";
+import {
+  commandBytes,
+  concat,
+  enc,
+  frameBytes,
+  greetingBytes,
+  messageBytes,
+  RawPeer,
+  readyBytes,
+} from "./zmtp-raw";
 
 // Subprocesses and real sockets on a shared, loaded machine: be generous.
 setDefaultTimeout(30_000);
@@ -43,7 +60,8 @@ function framesOf(bytes: Uint8Array): { command: boolean; body: Uint8Array }[] {
   decoder.feed(bytes);
   const out: { command: boolean; body: Uint8Array }[] = [];
   for (let kind = decoder.next(); kind !== NEED_MORE; kind = decoder.next()) {
-    if (kind === MESSAGE_FRAME || kind === COMMAND_FRAME) out.push({ command: kind === COMMAND_FRAME, body: decoder.frame.slice() });
+    if (kind === MESSAGE_FRAME || kind === COMMAND_FRAME)
+      out.push({ command: kind === COMMAND_FRAME, body: decoder.frame.slice() });
   }
   return out;
 }
@@ -75,7 +93,8 @@ async function prime(pub: PubSocket, got: Uint8Array[][], topic = "probe"): Prom
 describe("PUB -> SUB", () => {
   for (const transport of ["tcp", "ipc"] as const) {
     test(`${transport}: multi-frame, > 255 B and > 1 MiB frames, topic filtering at the PUB`, async () => {
-      const endpoint = transport === "tcp" ? "tcp://127.0.0.1:0" : `ipc://${join(tempDir(), "pub.sock")}`;
+      const endpoint =
+        transport === "tcp" ? "tcp://127.0.0.1:0" : `ipc://${join(tempDir(), "pub.sock")}`;
       const { pub, sub, got, bound } = await pubSubPair(endpoint);
       sub.subscribe("kv@");
       sub.subscribe("probe");
@@ -120,7 +139,8 @@ describe("PUB -> SUB", () => {
       kept.push(frames.copy());
     };
     const big = new Uint8Array(600_000).map((_, i) => i & 0xff); // spans receive chunks
-    for (let i = 0; i < 20; i++) pub.send([enc(`kv${i}`), Uint8Array.of(i), i % 5 === 0 ? big : new Uint8Array(i)]);
+    for (let i = 0; i < 20; i++)
+      pub.send([enc(`kv${i}`), Uint8Array.of(i), i % 5 === 0 ? big : new Uint8Array(i)]);
     await until(() => kept.length + sub.counters.callbackErrors >= 20, "20 messages");
     expect(sub.counters.callbackErrors).toBe(0); // the expects inside the callback held
     expect(got).toHaveLength(0); // onMessage is not called while onFrames is set
@@ -205,7 +225,8 @@ describe("PUB -> SUB", () => {
     const marker = (i: number) => (i === 1 ? "y-end" : "x-end");
     const marked = () => subs.every((got, i) => got.some((m) => m.topic === marker(i)));
     await until(marked, "the markers");
-    const round1 = (got: { topic: string }[]) => got.map((m) => m.topic).filter((topic) => topic.endsWith("1"));
+    const round1 = (got: { topic: string }[]) =>
+      got.map((m) => m.topic).filter((topic) => topic.endsWith("1"));
     expect(round1(subs[0]!)).toEqual(["x1"]);
     expect(round1(subs[1]!)).toEqual(["y1"]);
     expect(round1(subs[2]!)).toEqual(["x1", "y1", "z1"]);
@@ -245,7 +266,9 @@ describe("DEALER <-> ROUTER", () => {
   for (const transport of ["tcp", "ipc"] as const) {
     test(`${transport}: generated and announced identities, replies routed back, multi-frame`, async () => {
       const router = track(new RouterSocket());
-      const endpoint = await router.bind(transport === "tcp" ? "tcp://127.0.0.1:0" : `ipc://${join(tempDir(), "r.sock")}`);
+      const endpoint = await router.bind(
+        transport === "tcp" ? "tcp://127.0.0.1:0" : `ipc://${join(tempDir(), "r.sock")}`,
+      );
       const seen: { identity: Uint8Array; frames: Uint8Array[] }[] = [];
       router.onMessage = (identity, frames) => {
         seen.push({ identity: identity.slice(), frames: frames.map((f) => f.slice()) });
@@ -308,7 +331,11 @@ describe("DEALER <-> ROUTER", () => {
 describe("bounds and misbehaving peers", () => {
   test("an oversize message is read past and skipped (counted, logged once); the connection goes on", async () => {
     const log = memoryLogger();
-    const { pub, sub, got, bound } = await pubSubPair("tcp://127.0.0.1:0", { maxMessageBytes: 1000, logger: log, reconnectMinMs: 20 });
+    const { pub, sub, got, bound } = await pubSubPair("tcp://127.0.0.1:0", {
+      maxMessageBytes: 1000,
+      logger: log,
+      reconnectMinMs: 20,
+    });
     const events: string[] = [];
     sub.onPeer = (event) => events.push(event);
     sub.subscribe("");
@@ -330,7 +357,9 @@ describe("bounds and misbehaving peers", () => {
   });
 
   test("a frame begun and not ended within frameTimeoutMs drops a trickling peer", async () => {
-    const sub = track(new SubSocket({ frameTimeoutMs: 300, heartbeatIntervalMs: 50, heartbeatTimeoutMs: 10_000 }));
+    const sub = track(
+      new SubSocket({ frameTimeoutMs: 300, heartbeatIntervalMs: 50, heartbeatTimeoutMs: 10_000 }),
+    );
     sub.subscribe("");
     const bound = await sub.bind("tcp://127.0.0.1:0");
     const peer = track(await RawPeer.connect(bound));
@@ -359,7 +388,9 @@ describe("bounds and misbehaving peers", () => {
     const pub = track(new PubSocket({ hwm: 50 }));
     const bound = await pub.bind("tcp://127.0.0.1:0");
     const stalled = track(await RawPeer.connect(bound));
-    await stalled.write(concat(greetingBytes(), readyBytes({ "Socket-Type": "SUB" }), commandBytes("SUBSCRIBE")));
+    await stalled.write(
+      concat(greetingBytes(), readyBytes({ "Socket-Type": "SUB" }), commandBytes("SUBSCRIBE")),
+    );
     await until(() => pub.peers.length === 1, "raw subscriber");
     stalled.pause();
     const healthy = track(new SubSocket());
@@ -383,11 +414,18 @@ describe("bounds and misbehaving peers", () => {
   test("a peer that completes READY and then refuses (ERROR, close) does not reset the reconnect backoff", async () => {
     let accepts = 0;
     const refusing = Bun.listen({
-      hostname: "127.0.0.1", port: 0,
+      hostname: "127.0.0.1",
+      port: 0,
       socket: {
         open(socket) {
           accepts++;
-          socket.write(concat(greetingBytes(), readyBytes({ "Socket-Type": "PUB" }), commandBytes("ERROR", concat(Uint8Array.of(2), enc("no")))));
+          socket.write(
+            concat(
+              greetingBytes(),
+              readyBytes({ "Socket-Type": "PUB" }),
+              commandBytes("ERROR", concat(Uint8Array.of(2), enc("no"))),
+            ),
+          );
           setTimeout(() => socket.end(), 5);
         },
         data() {},
@@ -422,7 +460,9 @@ describe("bounds and misbehaving peers", () => {
     await until(() => peer.closed, "heartbeat timeout", 5_000);
     expect(sub.counters.heartbeatTimeouts).toBe(1);
     // It did send PINGs with our TTL (15 s = 150 deciseconds by default).
-    const pings = framesOf(peer.received).filter((f) => f.command && str(f.body.subarray(1, 5)) === "PING");
+    const pings = framesOf(peer.received).filter(
+      (f) => f.command && str(f.body.subarray(1, 5)) === "PING",
+    );
     expect(pings.length).toBeGreaterThanOrEqual(1);
     expect(Array.from(pings[0]!.body.subarray(5, 7))).toEqual([0, 150]);
   });
@@ -431,8 +471,17 @@ describe("bounds and misbehaving peers", () => {
     const pub = track(new PubSocket({ heartbeatIntervalMs: 0 }));
     const bound = await pub.bind("tcp://127.0.0.1:0");
     const peer = track(await RawPeer.connect(bound));
-    await peer.write(concat(greetingBytes(), readyBytes({ "Socket-Type": "SUB" }), commandBytes("PING", concat(Uint8Array.of(0, 2), enc("ctx")))));
-    await until(() => framesOf(peer.received).some((f) => f.command && str(f.body).includes("PONG")), "PONG");
+    await peer.write(
+      concat(
+        greetingBytes(),
+        readyBytes({ "Socket-Type": "SUB" }),
+        commandBytes("PING", concat(Uint8Array.of(0, 2), enc("ctx"))),
+      ),
+    );
+    await until(
+      () => framesOf(peer.received).some((f) => f.command && str(f.body).includes("PONG")),
+      "PONG",
+    );
     const pong = framesOf(peer.received).find((f) => f.command && str(f.body).includes("PONG"))!;
     expect(str(pong.body)).toBe("\x04PONGctx");
     // TTL 2 deciseconds: silence for 200 ms drops us.
@@ -445,8 +494,17 @@ describe("bounds and misbehaving peers", () => {
     const bound = await router.bind("tcp://127.0.0.1:0");
     const sub = track(new SubSocket({ reconnectMinMs: 1000 }));
     sub.connect(bound);
-    await until(() => sub.counters.protocolErrors.socket_type_mismatch === 1, "mismatch at the SUB");
-    await until(() => router.counters.protocolErrors.socket_type_mismatch + router.counters.protocolErrors.peer_error >= 1, "router side");
+    await until(
+      () => sub.counters.protocolErrors.socket_type_mismatch === 1,
+      "mismatch at the SUB",
+    );
+    await until(
+      () =>
+        router.counters.protocolErrors.socket_type_mismatch +
+          router.counters.protocolErrors.peer_error >=
+        1,
+      "router side",
+    );
     expect(sub.counters.handshakes).toBe(0);
   });
 
@@ -461,15 +519,29 @@ describe("bounds and misbehaving peers", () => {
     await until(() => framesOf(oldPub.received).some((f) => !f.command), "subscription message");
     const subscription = framesOf(oldPub.received).find((f) => !f.command)!;
     expect(Array.from(subscription.body)).toEqual([1, ...enc("kv")]);
-    await oldPub.write(concat(messageBytes([enc("kv1"), enc("x")]), messageBytes([enc("zz"), enc("filtered by the SUB")])));
-    await until(() => got.length === 1 && sub.counters.messagesFiltered === 1, "one delivered, one filtered");
+    await oldPub.write(
+      concat(
+        messageBytes([enc("kv1"), enc("x")]),
+        messageBytes([enc("zz"), enc("filtered by the SUB")]),
+      ),
+    );
+    await until(
+      () => got.length === 1 && sub.counters.messagesFiltered === 1,
+      "one delivered, one filtered",
+    );
     expect(got[0]!.map(str)).toEqual(["kv1", "x"]);
 
     // A 3.0 subscriber talking to our PUB.
     const pub = track(new PubSocket());
     const pubBound = await pub.bind("tcp://127.0.0.1:0");
     const oldSub = track(await RawPeer.connect(pubBound));
-    await oldSub.write(concat(greetingBytes(0), readyBytes({ "Socket-Type": "SUB" }), messageBytes([concat(Uint8Array.of(1), enc("kv"))])));
+    await oldSub.write(
+      concat(
+        greetingBytes(0),
+        readyBytes({ "Socket-Type": "SUB" }),
+        messageBytes([concat(Uint8Array.of(1), enc("kv"))]),
+      ),
+    );
     await until(() => {
       pub.send([enc("kv-probe")]);
       return framesOf(oldSub.received).some((f) => !f.command);
@@ -490,7 +562,13 @@ describe("bounds and misbehaving peers", () => {
     const pub = track(new PubSocket());
     const bound = await pub.bind("tcp://127.0.0.1:0");
     const peer = track(await RawPeer.connect(bound));
-    await peer.write(concat(greetingBytes(), readyBytes({ "Socket-Type": "SUB" }), commandBytes("JOIN", enc("group"))));
+    await peer.write(
+      concat(
+        greetingBytes(),
+        readyBytes({ "Socket-Type": "SUB" }),
+        commandBytes("JOIN", enc("group")),
+      ),
+    );
     await until(() => pub.counters.protocolErrors.unknown_command === 1, "unknown command");
     expect(pub.peers).toHaveLength(1);
 
@@ -552,8 +630,24 @@ describe("lifecycle", () => {
       if (i % 2 === 1) sub.disconnect(pubEndpoint); // ...or they do (the SUB was redialing)
     }
     await until(() => router.sizes.connections === 0 && sub.sizes.connections === 0, "all closed");
-    expect(router.sizes).toEqual({ connections: 0, active: 0, dialers: 0, bound: 1, links: 0, routes: 0, receiveBytes: 0 });
-    expect(sub.sizes).toEqual({ connections: 0, active: 0, dialers: 0, bound: 0, links: 0, routes: 0, receiveBytes: 0 });
+    expect(router.sizes).toEqual({
+      connections: 0,
+      active: 0,
+      dialers: 0,
+      bound: 1,
+      links: 0,
+      routes: 0,
+      receiveBytes: 0,
+    });
+    expect(sub.sizes).toEqual({
+      connections: 0,
+      active: 0,
+      dialers: 0,
+      bound: 0,
+      links: 0,
+      routes: 0,
+      receiveBytes: 0,
+    });
     expect(router.counters.handshakes).toBe(100);
     expect(router.counters.protocolErrors.duplicate_identity).toBe(0);
     expect(router.counters.connectionsActive + sub.counters.connectionsActive).toBe(0);
@@ -568,10 +662,13 @@ describe("lifecycle", () => {
     let stalledBytes = 0;
     const { port } = parseEndpoint(bound, false) as { port: number };
     const stalled = await Bun.connect({
-      hostname: "127.0.0.1", port,
+      hostname: "127.0.0.1",
+      port,
       socket: {
         binaryType: "uint8array",
-        data: (_s, chunk: Uint8Array) => { stalledBytes += chunk.length; },
+        data: (_s, chunk: Uint8Array) => {
+          stalledBytes += chunk.length;
+        },
       },
     });
     cleanups.push(() => stalled.end());
@@ -583,7 +680,9 @@ describe("lifecycle", () => {
     const body = new Uint8Array(100_000);
     for (let i = 0; i < total; i++) expect(pub.send([enc("t"), body])).toBe(true);
     let flushed = false;
-    const done = pub.flushed().then(() => { flushed = true; });
+    const done = pub.flushed().then(() => {
+      flushed = true;
+    });
     // Once the reading subscriber has everything, the PUB has written all it could.
     await until(() => got.length === total, "the reading subscriber's messages");
     expect(flushed).toBe(false);
@@ -593,11 +692,35 @@ describe("lifecycle", () => {
   });
 
   test("endpoints: parsing and errors", () => {
-    expect(parseEndpoint("tcp://*:5557", true)).toEqual({ transport: "tcp", host: "0.0.0.0", port: 5557 });
-    expect(parseEndpoint("tcp://[::1]:*", true)).toEqual({ transport: "tcp", host: "::1", port: 0 });
-    expect(parseEndpoint("tcp://engine-0.svc:5557", false)).toEqual({ transport: "tcp", host: "engine-0.svc", port: 5557 });
-    expect(parseEndpoint("ipc:///tmp/x.sock", false)).toEqual({ transport: "ipc", path: "/tmp/x.sock" });
-    for (const bad of ["tcp://*:5557", "tcp://h:0", "udp://h:1", "tcp://h", "tcp://h:99999", "tcp://::1:5", "ipc://", "tcp://h:x"]) {
+    expect(parseEndpoint("tcp://*:5557", true)).toEqual({
+      transport: "tcp",
+      host: "0.0.0.0",
+      port: 5557,
+    });
+    expect(parseEndpoint("tcp://[::1]:*", true)).toEqual({
+      transport: "tcp",
+      host: "::1",
+      port: 0,
+    });
+    expect(parseEndpoint("tcp://engine-0.svc:5557", false)).toEqual({
+      transport: "tcp",
+      host: "engine-0.svc",
+      port: 5557,
+    });
+    expect(parseEndpoint("ipc:///tmp/x.sock", false)).toEqual({
+      transport: "ipc",
+      path: "/tmp/x.sock",
+    });
+    for (const bad of [
+      "tcp://*:5557",
+      "tcp://h:0",
+      "udp://h:1",
+      "tcp://h",
+      "tcp://h:99999",
+      "tcp://::1:5",
+      "ipc://",
+      "tcp://h:x",
+    ]) {
       expect(() => parseEndpoint(bad, false)).toThrow("invalid ZeroMQ endpoint");
     }
     expect(() => new SubSocket({ maxMessageBytes: 0 })).toThrow(RangeError);

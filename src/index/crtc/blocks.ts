@@ -48,7 +48,9 @@ export class BlockPool {
   private readonly writer: SharedWriter | null;
 
   constructor(
-    order = ORDER_MIN, memory: PoolMemory = PRIVATE_MEMORY, writer: SharedWriter | null = null,
+    order = ORDER_MIN,
+    memory: PoolMemory = PRIVATE_MEMORY,
+    writer: SharedWriter | null = null,
   ) {
     this.topOrder = order;
     this.memory = memory;
@@ -87,7 +89,8 @@ export class BlockPool {
 
   /** Returns the run [start, start + 2^order) to the pool (at once, or after limbo). */
   free(start: number, order: number): void {
-    if (start === 0 || (start & (2 ** order - 1)) !== 0 || start + 2 ** order > this.capacity) fail("freeing a run outside the pool");
+    if (start === 0 || (start & (2 ** order - 1)) !== 0 || start + 2 ** order > this.capacity)
+      fail("freeing a run outside the pool");
     if (this.node[start]! >= FREE_TAG) fail("double free of a block run");
     if (this.writer === null) this.release(start, order);
     else this.writer.retire(RETIRED_RUN, start, order);

@@ -8,8 +8,14 @@ import { dumpEvents } from "../dump";
 import { type FreezeJob, type FrozenIndex, freezeNow, SlicedCopy } from "../pack";
 import type { IndexOp } from "../ops";
 import {
-  countRejection, type IndexOptions, type IndexStats, type KvIndex, type MatchResult,
-  rejectCounts, StoreStatus, type WorkerInfo,
+  countRejection,
+  type IndexOptions,
+  type IndexStats,
+  type KvIndex,
+  type MatchResult,
+  rejectCounts,
+  StoreStatus,
+  type WorkerInfo,
 } from "../types";
 import { SlotIndex } from "../slot-index";
 import { type PresentLookup, WorkerSlots } from "../workers";
@@ -55,8 +61,14 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
    * the nodes it touched stay odd, so readers fail loudly instead of reading half of it.
    */
   storeAt(
-    slot: number, hasParent: boolean, parentHi: number, parentLo: number,
-    external: Uint32Array, local: Uint32Array, count: number, first = 0,
+    slot: number,
+    hasParent: boolean,
+    parentHi: number,
+    parentLo: number,
+    external: Uint32Array,
+    local: Uint32Array,
+    count: number,
+    first = 0,
   ): StoreStatus {
     const status = this.store(slot, hasParent, parentHi, parentLo, external, local, count, first);
     this.tree.endEvent();
@@ -64,10 +76,17 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
   }
 
   private store(
-    slot: number, hasParent: boolean, parentHi: number, parentLo: number,
-    external: Uint32Array, local: Uint32Array, count: number, first: number,
+    slot: number,
+    hasParent: boolean,
+    parentHi: number,
+    parentLo: number,
+    external: Uint32Array,
+    local: Uint32Array,
+    count: number,
+    first: number,
   ): StoreStatus {
-    if (external.length < 2 * (first + count) || local.length < 2 * (first + count)) fail("stored arrays too short");
+    if (external.length < 2 * (first + count) || local.length < 2 * (first + count))
+      fail("stored arrays too short");
     let lookup = this.slots.lookupOf(slot);
     let node = ROOT;
     let pos = 0;
@@ -117,9 +136,10 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
     if (external.length < 2 * (first + count)) fail("removed array too short");
     this.counters.removedEvents++;
     const lookup = this.slots.lookupOf(slot);
-    const unknown = lookup === null
-      ? count
-      : removeHashes(this.tree, slot, lookup, external, first, count, this.removeScratch);
+    const unknown =
+      lookup === null
+        ? count
+        : removeHashes(this.tree, slot, lookup, external, first, count, this.removeScratch);
     this.counters.blocksUnknown += unknown;
     this.counters.blocksRemoved += count - unknown;
     if (this.verifyEach) this.verify();
@@ -139,7 +159,12 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
   removeWorker(workerId: bigint): void {
     this.counters.workersRemoved++;
     for (const slot of this.slots.slotsOf(workerId)) {
-      this.counters.blocksRemoved += clearSlot(this.tree, slot, this.slots.lookup[slot]!, this.removeScratch);
+      this.counters.blocksRemoved += clearSlot(
+        this.tree,
+        slot,
+        this.slots.lookup[slot]!,
+        this.removeScratch,
+      );
       this.slots.release(slot);
     }
     this.tree.endEvent();
@@ -207,16 +232,24 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
     let frozen: FrozenIndex | null = null;
     return {
       step: (words) => copy.step(words),
-      result: () => frozen ??= frozenTree(top, copy.copies, lookups),
+      result: () => (frozen ??= frozenTree(top, copy.copies, lookups)),
     };
   }
 }
 
 /** The FrozenIndex over crtc's copied arrays (parent, start, len, hi, lo, then one lookup each). */
 function frozenTree(
-  top: number, copies: readonly Uint32Array[], lookups: readonly PresentLookup[],
+  top: number,
+  copies: readonly Uint32Array[],
+  lookups: readonly PresentLookup[],
 ): FrozenIndex {
-  const [parent, start, len, hi, lo] = copies as [Uint32Array, Uint32Array, Uint32Array, Uint32Array, Uint32Array];
+  const [parent, start, len, hi, lo] = copies as [
+    Uint32Array,
+    Uint32Array,
+    Uint32Array,
+    Uint32Array,
+    Uint32Array,
+  ];
   return {
     blockKeyLimit: hi.length,
     units: top,
@@ -240,7 +273,9 @@ function frozenTree(
       const table = copies[5 + i]!;
       const slots = table.length / 3;
       return {
-        workerId, dpRank, count,
+        workerId,
+        dpRank,
+        count,
         readHeld(from, budget, visit) {
           const to = Math.min(slots, from + budget);
           for (let at = 3 * from; at < 3 * to; at += 3) {

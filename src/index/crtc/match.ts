@@ -53,22 +53,42 @@ export class MatchScratch {
  * reader's walk uses it too, on its views (`hi`, `lo`: block hashes, `nodeChain`).
  */
 export function edgeMatch(
-  hi: Uint32Array, lo: Uint32Array, nodeChain: Uint32Array, node: number, start: number,
-  len: number, query: Uint32Array, chain: Uint32Array, depth: number, count: number,
+  hi: Uint32Array,
+  lo: Uint32Array,
+  nodeChain: Uint32Array,
+  node: number,
+  start: number,
+  len: number,
+  query: Uint32Array,
+  chain: Uint32Array,
+  depth: number,
+  count: number,
 ): number {
   const end = 2 * (depth + len - 1);
-  if (len <= count - depth && nodeChain[2 * node + 1] === chain[end + 1]
-    && nodeChain[2 * node] === chain[end]) return len;
+  if (
+    len <= count - depth &&
+    nodeChain[2 * node + 1] === chain[end + 1] &&
+    nodeChain[2 * node] === chain[end]
+  )
+    return len;
   const limit = len < count - depth ? len : count - depth;
   let matched = 1;
-  while (matched < limit && hi[start + matched] === query[2 * (depth + matched)]
-    && lo[start + matched] === query[2 * (depth + matched) + 1]) matched++;
+  while (
+    matched < limit &&
+    hi[start + matched] === query[2 * (depth + matched)] &&
+    lo[start + matched] === query[2 * (depth + matched) + 1]
+  )
+    matched++;
   return matched;
 }
 
 /** `chain`: the query's sequence hashes (src/hash chainHashes of `query`), pairs. */
 export function findMatches(
-  tree: CrtcTree, query: Uint32Array, chain: Uint32Array, count: number, out: MatchResult,
+  tree: CrtcTree,
+  query: Uint32Array,
+  chain: Uint32Array,
+  count: number,
+  out: MatchResult,
   scratch: MatchScratch,
 ): void {
   out.count = 0;
@@ -90,13 +110,24 @@ export function findMatches(
     const ownerCount = owners.count[node]!;
     const offset = owners.a[node]!;
     const inlineHeld = owners.b[node]!;
-    const matched = edgeMatch(blocks.hi, blocks.lo, nodes.chain, node, start, len, query, chain,
-      depth, count);
+    const matched = edgeMatch(
+      blocks.hi,
+      blocks.lo,
+      nodes.chain,
+      node,
+      start,
+      len,
+      query,
+      chain,
+      depth,
+      count,
+    );
     // The next edge's link is probed before this node's owners are scanned, so that its
     // cache miss overlaps the scan (one probe wasted when no slot stays active).
-    const next = matched === len && depth + len < count
-      ? tree.children.find(node, query[2 * (depth + len)]!, query[2 * (depth + len) + 1]!)
-      : 0;
+    const next =
+      matched === len && depth + len < count
+        ? tree.children.find(node, query[2 * (depth + len)]!, query[2 * (depth + len) + 1]!)
+        : 0;
     const inline = ownerCount === 1;
     const words = owners.words;
     if (first) {

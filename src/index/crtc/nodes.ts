@@ -45,7 +45,9 @@ export class NodePool {
   private readonly writer: SharedWriter | null;
 
   constructor(
-    owners: OwnerLists, memory: PoolMemory = PRIVATE_MEMORY, writer: SharedWriter | null = null,
+    owners: OwnerLists,
+    memory: PoolMemory = PRIVATE_MEMORY,
+    writer: SharedWriter | null = null,
   ) {
     this.owners = owners;
     this.memory = memory;
@@ -86,8 +88,10 @@ export class NodePool {
   }
 
   free(id: number): void {
-    if (id <= ROOT || id >= this.next || this.len[id] === 0) fail("freeing a node id that is not live");
-    if (this.kids[id] !== 0 || this.owners.count[id] !== 0) fail("freeing a node that has children or owners");
+    if (id <= ROOT || id >= this.next || this.len[id] === 0)
+      fail("freeing a node id that is not live");
+    if (this.kids[id] !== 0 || this.owners.count[id] !== 0)
+      fail("freeing a node that has children or owners");
     this.writer?.touch(id);
     this.len[id] = 0;
     this.start[id] = 0;

@@ -34,8 +34,13 @@ export class RemoveScratch {
 
 /** Removes hashes first..first+count of `external` for `slot`; returns how many were unknown. */
 export function removeHashes(
-  tree: CrtcTree, slot: number, lookup: ExternalLookup, external: Uint32Array,
-  first: number, count: number, scratch: RemoveScratch,
+  tree: CrtcTree,
+  slot: number,
+  lookup: ExternalLookup,
+  external: Uint32Array,
+  first: number,
+  count: number,
+  scratch: RemoveScratch,
 ): number {
   // The lookup first (one call for the event), then the tree, a group of blocks at a time.
   const blocks = scratch.ensureBlocks(count);
@@ -67,11 +72,18 @@ export function removeHashes(
 }
 
 /** The slot stops holding `node`'s edge positions positions[0..count) (distinct, held). */
-function removeGroup(tree: CrtcTree, node: number, slot: number, positions: Uint32Array, count: number): void {
+function removeGroup(
+  tree: CrtcTree,
+  node: number,
+  slot: number,
+  positions: Uint32Array,
+  count: number,
+): void {
   const owners = tree.owners;
   const held = owners.get(node, slot);
   sortPrefix(positions, count);
-  if (held === 0 || positions[count - 1]! >= held) fail("removing a block the worker does not hold");
+  if (held === 0 || positions[count - 1]! >= held)
+    fail("removing a block the worker does not hold");
   if (positions[0] === held - count) {
     // The tail of the holding: the prefix just gets shorter.
     if (held === count) owners.remove(node, slot);
@@ -99,7 +111,12 @@ function removeGroup(tree: CrtcTree, node: number, slot: number, positions: Uint
 }
 
 /** The slot holds nothing any more: drop its coverage everywhere, then reclaim. */
-export function clearSlot(tree: CrtcTree, slot: number, lookup: ExternalLookup, scratch: RemoveScratch): number {
+export function clearSlot(
+  tree: CrtcTree,
+  slot: number,
+  lookup: ExternalLookup,
+  scratch: RemoveScratch,
+): number {
   const touched = scratch.ensureNodes(lookup.count);
   const table = lookup.table;
   const owners = tree.owners;

@@ -117,8 +117,11 @@ export class SharedRegions implements PoolMemory {
     region.used = bytes;
     if (to <= from) return;
     const length = Math.min(to, region.buffer.byteLength) - from;
-    if (libc === null || region.base === null
-      || libc.madvise(offsetAddress(region.base, from), length, MADV_DONTNEED) !== 0) {
+    if (
+      libc === null ||
+      region.base === null ||
+      libc.madvise(offsetAddress(region.base, from), length, MADV_DONTNEED) !== 0
+    ) {
       this.releaseFailures++;
       return;
     }

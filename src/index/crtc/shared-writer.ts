@@ -66,8 +66,12 @@ export type ReleaseRetired = (kind: number, a: number, b: number) => void;
  */
 export class SharedWriter {
   readonly counters: SharedWriterCounters = {
-    retired: 0, regionWaitTimeouts: 0, pauses: 0, pauseTimeouts: 0, forcedReleases: 0,
-  };;
+    retired: 0,
+    regionWaitTimeouts: 0,
+    pauses: 0,
+    pauseTimeouts: 0,
+    forcedReleases: 0,
+  };
   private dirty = new Uint32Array(64);
   private dirtyCount = 0;
   /** FIFO of retired ids: (epoch, kind, a, b) quads. */
@@ -78,7 +82,9 @@ export class SharedWriter {
   private release: ReleaseRetired = () => {};
 
   constructor(
-    readonly control: Int32Array, readonly versions: Uint32Array, readonly maxReaders: number,
+    readonly control: Int32Array,
+    readonly versions: Uint32Array,
+    readonly maxReaders: number,
   ) {
     if (Atomics.load(control, CONTROL.epoch) === 0) Atomics.store(control, CONTROL.epoch, 1);
   }

@@ -93,9 +93,13 @@ export function sharedRegionLimits(budgetBytes: number): Record<string, number> 
   const words = Math.min(ARENA_WORDS_MAX, pow2AtLeast(budgetBytes / 4));
   const linkSlots = Math.min(LINK_SLOTS_MAX, 2 * nodeIds);
   const limits: Record<string, number> = {
-    "blocks.hi": 4 * blockIds, "blocks.lo": 4 * blockIds, "blocks.node": 4 * blockIds,
-    "nodes.runOrder": nodeIds, "owners.words": 4 * words,
-    "links.0": 4 * LINK_STRIDE * linkSlots, "links.1": 4 * LINK_STRIDE * linkSlots,
+    "blocks.hi": 4 * blockIds,
+    "blocks.lo": 4 * blockIds,
+    "blocks.node": 4 * blockIds,
+    "nodes.runOrder": nodeIds,
+    "owners.words": 4 * words,
+    "links.0": 4 * LINK_STRIDE * linkSlots,
+    "links.1": 4 * LINK_STRIDE * linkSlots,
     "slots.identity": 4 * 3 * SLOT_LIMIT,
   };
   for (const name of ["parent", "start", "len", "spare", "kids", "version"]) {
@@ -108,7 +112,8 @@ export function sharedRegionLimits(budgetBytes: number): Record<string, number> 
 
 /** A crtc index whose pools live in shared memory, and the descriptor readers attach by. */
 export function createSharedIndex(
-  blockSize: number, options: SharedIndexOptions = {},
+  blockSize: number,
+  options: SharedIndexOptions = {},
 ): SharedIndex {
   const maxReaders = options.maxReaders ?? MAX_READERS_DEFAULT;
   if (!Number.isInteger(maxReaders) || maxReaders < 1 || maxReaders > 4096) {
@@ -290,7 +295,10 @@ export class SharedIndexReader {
 
   /** The fallback: the writer holds still at its next event boundary until this lookup is done. */
   private matchWithWriterStill(
-    local: Uint32Array, chain: Uint32Array, count: number, out: MatchResult,
+    local: Uint32Array,
+    chain: Uint32Array,
+    count: number,
+    out: MatchResult,
   ): void {
     this.stats.pauses++;
     Atomics.add(this.control, CONTROL.pauseRequests, 1);
@@ -402,7 +410,10 @@ export class SharedIndexReader {
    * be unchanged (then all of them held at once, at one event boundary). False: retry.
    */
   private tryMatch(
-    query: Uint32Array, chain: Uint32Array, count: number, out: MatchResult,
+    query: Uint32Array,
+    chain: Uint32Array,
+    count: number,
+    out: MatchResult,
   ): boolean {
     out.count = 0;
     this.readCount = 0;
@@ -432,13 +443,19 @@ export class SharedIndexReader {
       const offset = ownerA[node]!;
       const inlineHeld = ownerB[node]!;
       // A torn read can name anything: check it is a real edge and list before using it.
-      if (len === 0 || start + len > hi.length || owners > slots
-        || (!inline && offset + 2 * owners > words.length)) return false;
+      if (
+        len === 0 ||
+        start + len > hi.length ||
+        owners > slots ||
+        (!inline && offset + 2 * owners > words.length)
+      )
+        return false;
       const matched = edgeMatch(hi, lo, nodeChain, node, start, len, query, chain, depth, count);
       // Probed before the owner scan, as match.ts does (a torn len is caught below).
-      const next = matched === len && depth + len < count
-        ? this.findLink(node, query[2 * (depth + len)]!, query[2 * (depth + len) + 1]!)
-        : 0;
+      const next =
+        matched === len && depth + len < count
+          ? this.findLink(node, query[2 * (depth + len)]!, query[2 * (depth + len) + 1]!)
+          : 0;
       if (first) {
         for (let k = 0; k < owners; k++) {
           const slot = inline ? offset : words[offset + 2 * k]!;

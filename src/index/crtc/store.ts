@@ -44,8 +44,16 @@ function ceilLog2(n: number): number {
  * (bench/JOURNAL.md, "Compiles under the clock").
  */
 export function storeChain(
-  tree: CrtcTree, slot: number, lookup: ExternalLookup, node: number, pos: number,
-  external: Uint32Array, local: Uint32Array, first: number, count: number, counters: IndexCounters,
+  tree: CrtcTree,
+  slot: number,
+  lookup: ExternalLookup,
+  node: number,
+  pos: number,
+  external: Uint32Array,
+  local: Uint32Array,
+  first: number,
+  count: number,
+  counters: IndexCounters,
 ): void {
   const nodes = tree.nodes;
   const owners = tree.owners;
@@ -143,8 +151,13 @@ export function storeChain(
  * many were placed (fewer only at a conflicting hash).
  */
 function extendLeaf(
-  tree: CrtcTree, node: number, lookup: ExternalLookup,
-  external: Uint32Array, local: Uint32Array, from: number, end: number,
+  tree: CrtcTree,
+  node: number,
+  lookup: ExternalLookup,
+  external: Uint32Array,
+  local: Uint32Array,
+  from: number,
+  end: number,
 ): number {
   const nodes = tree.nodes;
   const blocks = tree.blocks;
@@ -168,8 +181,14 @@ function extendLeaf(
  * node, or 0 if the very first block conflicts. Blocks after a conflict are not placed.
  */
 function startChild(
-  tree: CrtcTree, parent: number, lookup: ExternalLookup,
-  external: Uint32Array, local: Uint32Array, from: number, end: number, continuation: boolean,
+  tree: CrtcTree,
+  parent: number,
+  lookup: ExternalLookup,
+  external: Uint32Array,
+  local: Uint32Array,
+  from: number,
+  end: number,
+  continuation: boolean,
 ): number {
   const want = end - from;
   const order = leafOrder(want, continuation);

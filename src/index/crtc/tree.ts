@@ -25,7 +25,10 @@ export class CrtcTree {
   private foldLo = 0;
 
   /** `writer`: the shared mode's versions and epochs (shared-writer.ts); null for one thread. */
-  constructor(memory: PoolMemory = PRIVATE_MEMORY, readonly writer: SharedWriter | null = null) {
+  constructor(
+    memory: PoolMemory = PRIVATE_MEMORY,
+    readonly writer: SharedWriter | null = null,
+  ) {
     this.owners = new OwnerLists(64, memory, writer);
     this.nodes = new NodePool(this.owners, memory, writer);
     this.blocks = new BlockPool(undefined, memory, writer);
@@ -192,7 +195,10 @@ export class CrtcTree {
       return;
     }
     assert(parent !== ROOT, "a suffix piece hangs off the root");
-    assert(nodes.start[parent]! + nodes.len[parent]! === start, "suffix piece not adjacent to its parent");
+    assert(
+      nodes.start[parent]! + nodes.len[parent]! === start,
+      "suffix piece not adjacent to its parent",
+    );
     assert(nodes.spare[parent] === 0, "a piece with spare room is not the last of its run");
     nodes.spare[parent] = total;
   }
@@ -245,7 +251,11 @@ export class CrtcTree {
    * among them are written on the way.
    */
   private fold(
-    hasBase: boolean, baseHi: number, baseLo: number, from: number, count: number,
+    hasBase: boolean,
+    baseHi: number,
+    baseLo: number,
+    from: number,
+    count: number,
   ): void {
     if (count === 0) {
       this.foldHi = baseHi;

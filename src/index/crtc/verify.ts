@@ -22,12 +22,18 @@ export function verifyTree(tree: CrtcTree, slots: WorkerSlots): void {
   while (stack.length > 0) {
     const node = stack.pop()!;
     const children = kids.get(node) ?? [];
-    assert(nodes.kids[node] === children.length, "verify: child count differs from the child table");
+    assert(
+      nodes.kids[node] === children.length,
+      "verify: child count differs from the child table",
+    );
     for (const child of children) {
       assert(nodes.isLive(child), "verify: a link names a free node");
       assert(nodes.parent[child] === node, "verify: parent pointer differs from the link");
       const first = nodes.start[child]!;
-      assert(tree.children.find(node, blocks.hi[first]!, blocks.lo[first]!) === child, "verify: link key is not the first block");
+      assert(
+        tree.children.find(node, blocks.hi[first]!, blocks.lo[first]!) === child,
+        "verify: link key is not the first block",
+      );
       stack.push(child);
     }
     if (node === ROOT) {
@@ -45,7 +51,10 @@ export function verifyTree(tree: CrtcTree, slots: WorkerSlots): void {
     if (order === NOT_RUN_HEAD) {
       const parent = nodes.parent[node]!;
       assert(parent !== ROOT, "verify: suffix piece under the root");
-      assert(nodes.start[parent]! + nodes.len[parent]! === start, "verify: suffix piece not adjacent to its parent");
+      assert(
+        nodes.start[parent]! + nodes.len[parent]! === start,
+        "verify: suffix piece not adjacent to its parent",
+      );
       assert(nodes.spare[parent] === 0, "verify: a piece before another has spare room");
     } else {
       assert(start % 2 ** order === 0, "verify: run head misaligned");
@@ -63,12 +72,20 @@ export function verifyTree(tree: CrtcTree, slots: WorkerSlots): void {
   assert(tree.children.count === nodes.live, "verify: child table holds dead links");
   assert(edgeBlocks === tree.edgeBlocks, "verify: edge block count drifted");
   assert(runIds + retiredIds === blocks.allocated, "verify: allocated runs do not add up");
-  assert(blocks.freeIds() + blocks.allocated === blocks.capacity, "verify: block pool count mismatch");
+  assert(
+    blocks.freeIds() + blocks.allocated === blocks.capacity,
+    "verify: block pool count mismatch",
+  );
   verifyLookups(tree, slots, heldBySlot);
 }
 
 function verifyOwners(
-  tree: CrtcTree, slots: WorkerSlots, node: number, len: number, children: number, heldBySlot: Float64Array,
+  tree: CrtcTree,
+  slots: WorkerSlots,
+  node: number,
+  len: number,
+  children: number,
+  heldBySlot: Float64Array,
 ): void {
   const pairs = tree.owners.snapshot(node);
   const count = tree.owners.count[node]!;
@@ -78,7 +95,8 @@ function verifyOwners(
     const held = pairs[2 * i + 1]!;
     assert(slots.isLive(slot), "verify: coverage names a free slot");
     assert(held >= 1 && held <= len, "verify: coverage outside the edge");
-    for (let j = 0; j < i; j++) assert(pairs[2 * j] !== slot, "verify: slot listed twice on a node");
+    for (let j = 0; j < i; j++)
+      assert(pairs[2 * j] !== slot, "verify: slot listed twice on a node");
     heldBySlot[slot] = heldBySlot[slot]! + held;
     if (held > longest) longest = held;
   }
@@ -102,10 +120,19 @@ function verifyLookups(tree: CrtcTree, slots: WorkerSlots, heldBySlot: Float64Ar
       assert(seen[block] !== slot + 1, "verify: two hashes name one block for a worker");
       seen[block] = slot + 1;
       const node = tree.blocks.node[block]!;
-      assert(node !== 0 && node < FREE_TAG && tree.nodes.isLive(node), "verify: lookup names a dead block");
+      assert(
+        node !== 0 && node < FREE_TAG && tree.nodes.isLive(node),
+        "verify: lookup names a dead block",
+      );
       const position = block - tree.nodes.start[node]!;
-      assert(position < tree.owners.get(node, slot), "verify: lookup names a block the worker does not hold");
-      assert(lookup.find(lookup.table[at]!, lookup.table[at + 1]!) === block, "verify: lookup entry unreachable by probing");
+      assert(
+        position < tree.owners.get(node, slot),
+        "verify: lookup names a block the worker does not hold",
+      );
+      assert(
+        lookup.find(lookup.table[at]!, lookup.table[at + 1]!) === block,
+        "verify: lookup entry unreachable by probing",
+      );
     }
     assert(entries === lookup.count, "verify: lookup count drifted");
   }
@@ -135,13 +162,17 @@ function verifyEdge(tree: CrtcTree, node: number, start: number, len: number, sp
   }
   chainHashes(pairs, len + skip, pairs);
   const last = 2 * (len + skip - 1);
-  assert(nodes.chain[2 * node] === pairs[last] && nodes.chain[2 * node + 1] === pairs[last + 1],
-    "verify: a node's end sequence hash differs from its path's");
+  assert(
+    nodes.chain[2 * node] === pairs[last] && nodes.chain[2 * node + 1] === pairs[last + 1],
+    "verify: a node's end sequence hash differs from its path's",
+  );
   const group = 2 ** MARK_SHIFT - 1;
   for (let id = start | group; id < start + len; id += group + 1) {
     const at = 2 * (id - start + skip);
     const mark = 2 * Math.floor(id / 2 ** MARK_SHIFT);
-    assert(blocks.marks[mark] === pairs[at] && blocks.marks[mark + 1] === pairs[at + 1],
-      "verify: a block's mark differs from its sequence hash");
+    assert(
+      blocks.marks[mark] === pairs[at] && blocks.marks[mark + 1] === pairs[at + 1],
+      "verify: a block's mark differs from its sequence hash",
+    );
   }
 }

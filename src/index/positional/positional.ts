@@ -19,8 +19,14 @@ import type { ExternalLookup } from "../lookup";
 import type { IndexOp } from "../ops";
 import { OwnerLists } from "../owners";
 import {
-  countRejection, type IndexOptions, type IndexStats, type KvIndex, type MatchResult,
-  rejectCounts, StoreStatus, type WorkerInfo,
+  countRejection,
+  type IndexOptions,
+  type IndexStats,
+  type KvIndex,
+  type MatchResult,
+  rejectCounts,
+  StoreStatus,
+  type WorkerInfo,
 } from "../types";
 import { SlotIndex } from "../slot-index";
 import { WorkerSlots } from "../workers";
@@ -149,10 +155,19 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
   }
 
   storeAt(
-    slot: number, hasParent: boolean, parentHi: number, parentLo: number,
-    external: Uint32Array, local: Uint32Array, count: number, first = 0,
+    slot: number,
+    hasParent: boolean,
+    parentHi: number,
+    parentLo: number,
+    external: Uint32Array,
+    local: Uint32Array,
+    count: number,
+    first = 0,
   ): StoreStatus {
-    assert(external.length >= 2 * (first + count) && local.length >= 2 * (first + count), "stored arrays too short");
+    assert(
+      external.length >= 2 * (first + count) && local.length >= 2 * (first + count),
+      "stored arrays too short",
+    );
     let lookup = this.slots.lookupOf(slot);
     let parent = NO_PARENT;
     if (hasParent) {
@@ -192,8 +207,13 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
   }
 
   private storeChain(
-    slot: number, lookup: ExternalLookup, parent: number,
-    external: Uint32Array, local: Uint32Array, first: number, count: number,
+    slot: number,
+    lookup: ExternalLookup,
+    parent: number,
+    external: Uint32Array,
+    local: Uint32Array,
+    first: number,
+    count: number,
   ): void {
     const chain = this.chainOf(parent, local, first, count);
     const entries = this.entries;
@@ -204,7 +224,10 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
       const chainHi = chain[2 * k]!;
       const chainLo = chain[2 * k + 1]!;
       let entry = this.index.find(position, chainHi, chainLo);
-      if (entry !== 0 && (entries.localHi[entry] !== local[2 * i] || entries.localLo[entry] !== local[2 * i + 1])) {
+      if (
+        entry !== 0 &&
+        (entries.localHi[entry] !== local[2 * i] || entries.localLo[entry] !== local[2 * i + 1])
+      ) {
         // Same position and chain hash, different block: a 64-bit chain collision.
         this.counters.hashConflicts++;
         return;
@@ -223,7 +246,8 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
         this.counters.hashConflicts++;
         return;
       }
-      if (entry === 0) entry = this.newEntry(parent, position, local[2 * i]!, local[2 * i + 1]!, chainHi, chainLo);
+      if (entry === 0)
+        entry = this.newEntry(parent, position, local[2 * i]!, local[2 * i + 1]!, chainHi, chainLo);
       owners.set(entry, slot, 1);
       lookup.insertAtProbe(external[2 * i]!, external[2 * i + 1]!, entry);
       this.counters.blocksStored++;
@@ -231,7 +255,14 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
     }
   }
 
-  private newEntry(parent: number, position: number, hi: number, lo: number, chainHi: number, chainLo: number): number {
+  private newEntry(
+    parent: number,
+    position: number,
+    hi: number,
+    lo: number,
+    chainHi: number,
+    chainLo: number,
+  ): number {
     const id = this.entries.allocate();
     const entries = this.entries;
     entries.position[id] = position;
@@ -251,7 +282,12 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
     // Bounded by the entry's position: each round moves one step toward the root.
     while (entry !== NO_PARENT && entries.kids[entry] === 0 && this.owners.count[entry] === 0) {
       const parent = entries.parent[entry]!;
-      this.index.remove(entries.position[entry]!, entries.chainHi[entry]!, entries.chainLo[entry]!, entry);
+      this.index.remove(
+        entries.position[entry]!,
+        entries.chainHi[entry]!,
+        entries.chainLo[entry]!,
+        entry,
+      );
       entries.free(entry);
       if (parent !== NO_PARENT) entries.kids[parent]!--;
       entry = parent;
@@ -395,7 +431,10 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
     const entry = this.index.find(position, chain[2 * position]!, chain[2 * position + 1]!);
     if (entry === 0) return 0;
     const entries = this.entries;
-    return entries.localHi[entry] === local[2 * position] && entries.localLo[entry] === local[2 * position + 1] ? entry : 0;
+    return entries.localHi[entry] === local[2 * position] &&
+      entries.localLo[entry] === local[2 * position + 1]
+      ? entry
+      : 0;
   }
 
   private nextTick(): number {
@@ -472,12 +511,18 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
       const parent = entries.parent[id]!;
       if (parent !== NO_PARENT) {
         assert(entries.isLive(parent), "verify: entry's parent is free");
-        assert(entries.position[parent]! + 1 === entries.position[id], "verify: entry not one past its parent");
+        assert(
+          entries.position[parent]! + 1 === entries.position[id],
+          "verify: entry not one past its parent",
+        );
         kids[parent]!++;
       } else {
         assert(entries.position[id] === 0, "verify: root entry not at position 0");
       }
-      assert(this.index.find(entries.position[id]!, entries.chainHi[id]!, entries.chainLo[id]!) === id, "verify: entry not indexed");
+      assert(
+        this.index.find(entries.position[id]!, entries.chainHi[id]!, entries.chainLo[id]!) === id,
+        "verify: entry not indexed",
+      );
       const count = this.owners.count[id]!;
       const pairs = this.owners.snapshot(id);
       for (let k = 0; k < count; k++) {
@@ -503,7 +548,10 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
       for (let at = 0; at < lookup.table.length; at += 3) {
         const entry = lookup.table[at + 2]!;
         if (entry === 0) continue;
-        assert(entries.isLive(entry) && this.owners.get(entry, slot) === 1, "verify: lookup names an entry not owned");
+        assert(
+          entries.isLive(entry) && this.owners.get(entry, slot) === 1,
+          "verify: lookup names an entry not owned",
+        );
         assert(seen[entry] !== slot + 1, "verify: two hashes name one entry for a worker");
         seen[entry] = slot + 1;
       }

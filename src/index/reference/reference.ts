@@ -13,8 +13,14 @@ import { type DumpSource, dumpEvents } from "../dump";
 import { type FreezeJob, freezeByWalk, frozenAtOnce } from "../pack";
 import type { IndexOp } from "../ops";
 import {
-  countRejection, type IndexOptions, type IndexStats, type KvIndex, type MatchResult,
-  rejectCounts, StoreStatus, type WorkerInfo,
+  countRejection,
+  type IndexOptions,
+  type IndexStats,
+  type KvIndex,
+  type MatchResult,
+  rejectCounts,
+  StoreStatus,
+  type WorkerInfo,
 } from "../types";
 import { SlotIndex } from "../slot-index";
 import { u64 } from "../../util/u64";
@@ -61,8 +67,14 @@ export class ReferenceIndex extends SlotIndex implements KvIndex {
   }
 
   storeAt(
-    slot: number, hasParent: boolean, parentHi: number, parentLo: number,
-    external: Uint32Array, local: Uint32Array, count: number, first = 0,
+    slot: number,
+    hasParent: boolean,
+    parentHi: number,
+    parentLo: number,
+    external: Uint32Array,
+    local: Uint32Array,
+    count: number,
+    first = 0,
   ): StoreStatus {
     let worker = slot < 0 ? undefined : this.byHandle[slot];
     let path = ROOT_PATH;
@@ -218,7 +230,8 @@ export class ReferenceIndex extends SlotIndex implements KvIndex {
     const lines: string[] = [];
     for (const worker of this.byKey.values()) {
       lines.push(`${worker.workerId}/${worker.dpRank} present`);
-      for (const [hash, path] of worker.lookup) lines.push(`${worker.workerId}/${worker.dpRank} ${hash} -> ${path}`);
+      for (const [hash, path] of worker.lookup)
+        lines.push(`${worker.workerId}/${worker.dpRank} ${hash} -> ${path}`);
     }
     return lines.sort();
   }
@@ -266,7 +279,12 @@ export class ReferenceIndex extends SlotIndex implements KvIndex {
         for (const [path, key] of keys) {
           const parent = parentPath(path);
           const local = lastLocal(path);
-          visit(key, parent === ROOT_PATH ? -1 : keys.get(parent)!, Number(local >> 32n), Number(local & 0xffff_ffffn));
+          visit(
+            key,
+            parent === ROOT_PATH ? -1 : keys.get(parent)!,
+            Number(local >> 32n),
+            Number(local & 0xffff_ffffn),
+          );
         }
       },
       forEachWorker(visit) {
@@ -287,7 +305,8 @@ export class ReferenceIndex extends SlotIndex implements KvIndex {
 
   verify(): void {
     for (const worker of this.byKey.values()) {
-      if (worker.lookup.size !== worker.held.size) throw new Error("reference: lookup and held sizes differ");
+      if (worker.lookup.size !== worker.held.size)
+        throw new Error("reference: lookup and held sizes differ");
       for (const [hash, path] of worker.lookup) {
         if (worker.held.get(path) !== hash) throw new Error("reference: lookup and held disagree");
       }

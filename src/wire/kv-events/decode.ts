@@ -33,8 +33,15 @@
  * before the switch.
  */
 import {
-  DecodedBatch, EVENT_REMOVED, EVENT_STORED, FLAG_EAGLE, FLAG_GROUP, FLAG_PARENT,
-  FLAG_WINDOW, NO_STRING, type DecodeLimits,
+  DecodedBatch,
+  EVENT_REMOVED,
+  EVENT_STORED,
+  FLAG_EAGLE,
+  FLAG_GROUP,
+  FLAG_PARENT,
+  FLAG_WINDOW,
+  NO_STRING,
+  type DecodeLimits,
 } from "./batch";
 import { isUtf8 } from "./strings";
 import { native } from "../../native/library";
@@ -64,9 +71,23 @@ export const E_STRING_TOO_LONG = 17;
 
 /** Index = status code. */
 export const DECODE_ERROR_KINDS = [
-  "ok", "truncated", "trailing_bytes", "bad_msgpack", "bad_batch", "bad_event",
-  "bad_hash", "bad_tokens", "bad_field", "missing_field", "duplicate_key", "bad_string",
-  "too_large", "too_many_events", "too_many_blocks", "too_many_tokens", "too_deep",
+  "ok",
+  "truncated",
+  "trailing_bytes",
+  "bad_msgpack",
+  "bad_batch",
+  "bad_event",
+  "bad_hash",
+  "bad_tokens",
+  "bad_field",
+  "missing_field",
+  "duplicate_key",
+  "bad_string",
+  "too_large",
+  "too_many_events",
+  "too_many_blocks",
+  "too_many_tokens",
+  "too_deep",
   "string_too_long",
 ] as const;
 export type DecodeErrorKind = Exclude<(typeof DECODE_ERROR_KINDS)[number], "ok">;
@@ -120,7 +141,8 @@ const float64 = new Float64Array(1);
 const float64Bytes = new Uint8Array(float64.buffer);
 const float32 = new Float32Array(1);
 const float32Bytes = new Uint8Array(float32.buffer);
-if (new Uint8Array(new Uint16Array([1]).buffer)[0] !== 1) throw new Error("kv-events decoder assumes a little-endian host");
+if (new Uint8Array(new Uint16Array([1]).buffer)[0] !== 1)
+  throw new Error("kv-events decoder assumes a little-endian host");
 
 /**
  * Decodes one batch payload into `batch` (reset first). Returns DECODE_OK or an
@@ -259,20 +281,44 @@ const F_WINDOW = 13;
 const F_LOCALITY = 14;
 const F_OWNERSHIP = 15;
 const EVENT_KEYS = keyTable([
-  "type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
-  "lora_name", "extra_keys", "block_mm_infos", "cache_salt", "group_idx", "kv_cache_spec_kind",
-  "kv_cache_spec_sliding_window", "locality", "ownership",
+  "type",
+  "block_hashes",
+  "parent_block_hash",
+  "token_ids",
+  "block_size",
+  "lora_id",
+  "medium",
+  "lora_name",
+  "extra_keys",
+  "block_mm_infos",
+  "cache_salt",
+  "group_idx",
+  "kv_cache_spec_kind",
+  "kv_cache_spec_sliding_window",
+  "locality",
+  "ownership",
 ]);
 const bit = (field: number) => 1 << field;
 /** Which map keys each event kind knows; others are skipped and counted. */
 const FIELDS_OF = [
   0,
   0xffff,
-  bit(F_TYPE) | bit(F_BLOCK_HASHES) | bit(F_MEDIUM) | bit(F_GROUP) | bit(F_SPEC_KIND) | bit(F_WINDOW)
-    | bit(F_LOCALITY) | bit(F_OWNERSHIP),
+  bit(F_TYPE) |
+    bit(F_BLOCK_HASHES) |
+    bit(F_MEDIUM) |
+    bit(F_GROUP) |
+    bit(F_SPEC_KIND) |
+    bit(F_WINDOW) |
+    bit(F_LOCALITY) |
+    bit(F_OWNERSHIP),
   bit(F_TYPE) | bit(F_OWNERSHIP),
 ];
-const REQUIRED_OF = [0, bit(F_BLOCK_HASHES) | bit(F_TOKEN_IDS) | bit(F_BLOCK_SIZE), bit(F_BLOCK_HASHES), 0];
+const REQUIRED_OF = [
+  0,
+  bit(F_BLOCK_HASHES) | bit(F_TOKEN_IDS) | bit(F_BLOCK_SIZE),
+  bit(F_BLOCK_HASHES),
+  0,
+];
 
 const TAGS = keyTable(["BlockStored", "BlockRemoved", "AllBlocksCleared"]);
 const TAG_UNKNOWN = 0;
@@ -408,22 +454,54 @@ function readMapEvent(pairs: number): void {
 function readNamedField(field: number): void {
   const e = eventIndex;
   switch (field) {
-    case F_TYPE: skip(3); break; // already read
-    case F_BLOCK_HASHES: readBlockHashes(); break;
-    case F_PARENT: readParent(); break;
-    case F_TOKEN_IDS: readTokenIds(); break;
-    case F_BLOCK_SIZE: readBlockSize(); break;
-    case F_LORA_ID: readLoraId(); break;
-    case F_MEDIUM: out.medium[e] = readStringField(); break;
-    case F_LORA_NAME: out.loraName[e] = readStringField(); break;
-    case F_EXTRA_KEYS: readExtraKeys(); break;
-    case F_MM_INFOS: readMmInfos(); break;
-    case F_CACHE_SALT: topSalt = readStringField(); break;
-    case F_GROUP: readOptionalU32(FLAG_GROUP, out.groupIdx); break;
-    case F_SPEC_KIND: out.specKind[e] = readStringField(); break;
-    case F_WINDOW: readOptionalU32(FLAG_WINDOW, out.slidingWindow); break;
-    case F_LOCALITY: out.locality[e] = readStringField(); break;
-    default: out.ownership[e] = readStringField(); break;
+    case F_TYPE:
+      skip(3);
+      break; // already read
+    case F_BLOCK_HASHES:
+      readBlockHashes();
+      break;
+    case F_PARENT:
+      readParent();
+      break;
+    case F_TOKEN_IDS:
+      readTokenIds();
+      break;
+    case F_BLOCK_SIZE:
+      readBlockSize();
+      break;
+    case F_LORA_ID:
+      readLoraId();
+      break;
+    case F_MEDIUM:
+      out.medium[e] = readStringField();
+      break;
+    case F_LORA_NAME:
+      out.loraName[e] = readStringField();
+      break;
+    case F_EXTRA_KEYS:
+      readExtraKeys();
+      break;
+    case F_MM_INFOS:
+      readMmInfos();
+      break;
+    case F_CACHE_SALT:
+      topSalt = readStringField();
+      break;
+    case F_GROUP:
+      readOptionalU32(FLAG_GROUP, out.groupIdx);
+      break;
+    case F_SPEC_KIND:
+      out.specKind[e] = readStringField();
+      break;
+    case F_WINDOW:
+      readOptionalU32(FLAG_WINDOW, out.slidingWindow);
+      break;
+    case F_LOCALITY:
+      out.locality[e] = readStringField();
+      break;
+    default:
+      out.ownership[e] = readStringField();
+      break;
   }
 }
 
@@ -448,8 +526,12 @@ function readBlockHashes(): void {
     if (p <= stop) {
       const byte = bytes[p]!;
       if (byte === 0xcf || byte === 0xd3) {
-        hashes[at] = ((bytes[p + 1]! << 24) | (bytes[p + 2]! << 16) | (bytes[p + 3]! << 8) | bytes[p + 4]!) >>> 0;
-        hashes[at + 1] = ((bytes[p + 5]! << 24) | (bytes[p + 6]! << 16) | (bytes[p + 7]! << 8) | bytes[p + 8]!) >>> 0;
+        hashes[at] =
+          ((bytes[p + 1]! << 24) | (bytes[p + 2]! << 16) | (bytes[p + 3]! << 8) | bytes[p + 4]!) >>>
+          0;
+        hashes[at + 1] =
+          ((bytes[p + 5]! << 24) | (bytes[p + 6]! << 16) | (bytes[p + 7]! << 8) | bytes[p + 8]!) >>>
+          0;
         p += 9;
         continue;
       }
@@ -462,8 +544,11 @@ function readBlockHashes(): void {
       if (byte === 0xc4 && bytes[p + 1] === 32) {
         // A SHA-256 digest: its last 8 bytes, big-endian.
         const q = p + 26;
-        hashes[at] = ((bytes[q]! << 24) | (bytes[q + 1]! << 16) | (bytes[q + 2]! << 8) | bytes[q + 3]!) >>> 0;
-        hashes[at + 1] = ((bytes[q + 4]! << 24) | (bytes[q + 5]! << 16) | (bytes[q + 6]! << 8) | bytes[q + 7]!) >>> 0;
+        hashes[at] =
+          ((bytes[q]! << 24) | (bytes[q + 1]! << 16) | (bytes[q + 2]! << 8) | bytes[q + 3]!) >>> 0;
+        hashes[at + 1] =
+          ((bytes[q + 4]! << 24) | (bytes[q + 5]! << 16) | (bytes[q + 6]! << 8) | bytes[q + 7]!) >>>
+          0;
         p += 34;
         continue;
       }
@@ -545,7 +630,9 @@ function readTokenIds(): void {
         tokens[first + i] = byte;
         p += 1;
       } else if (byte === 0xce) {
-        tokens[first + i] = ((bytes[p + 1]! << 24) | (bytes[p + 2]! << 16) | (bytes[p + 3]! << 8) | bytes[p + 4]!) >>> 0;
+        tokens[first + i] =
+          ((bytes[p + 1]! << 24) | (bytes[p + 2]! << 16) | (bytes[p + 3]! << 8) | bytes[p + 4]!) >>>
+          0;
         p += 5;
       } else if (byte === 0xcd) {
         tokens[first + i] = (bytes[p + 1]! << 8) | bytes[p + 2]!;
@@ -728,7 +815,8 @@ function addSaltCandidate(start: number, length: number): void {
   let rest = NO_STRING;
   if (length >= SALT_PREFIX.length) {
     let prefixed = true;
-    for (let i = 0; i < SALT_PREFIX.length && prefixed; i++) prefixed = src[start + i] === SALT_PREFIX[i];
+    for (let i = 0; i < SALT_PREFIX.length && prefixed; i++)
+      prefixed = src[start + i] === SALT_PREFIX[i];
     if (prefixed) rest = internString(start + SALT_PREFIX.length, length - SALT_PREFIX.length);
   }
   saltIds[saltCount] = id;
@@ -812,7 +900,8 @@ function readTail(count: number): void {
   if (fixed) {
     if (buffered > 0 && tailType[0] === T_UINT) setU32(FLAG_GROUP, out.groupIdx, tailValue[0]!);
     if (buffered > 1) out.specKind[e] = tailValue[1]!;
-    if (buffered > 2 && tailType[2] === T_UINT) setU32(FLAG_WINDOW, out.slidingWindow, tailValue[2]!);
+    if (buffered > 2 && tailType[2] === T_UINT)
+      setU32(FLAG_WINDOW, out.slidingWindow, tailValue[2]!);
     if (buffered > 3) out.locality[e] = tailValue[3]!;
     if (buffered > 4) out.ownership[e] = tailValue[4]!;
     for (let i = TAIL_SLOTS; i < count && err === 0; i++) skipUnknown(3);
@@ -1080,14 +1169,49 @@ function readInt(): boolean {
   const at = pos + 1;
   let value: number;
   switch (byte) {
-    case 0xcc: intHi = 0; intLo = src[at]!; intSigned = false; break;
-    case 0xcd: intHi = 0; intLo = u16(at); intSigned = false; break;
-    case 0xce: intHi = 0; intLo = u32(at); intSigned = false; break;
-    case 0xcf: intHi = u32(at); intLo = u32(at + 4); intSigned = false; break;
-    case 0xd0: value = (src[at]! << 24) >> 24; intHi = value < 0 ? 0xffff_ffff : 0; intLo = value >>> 0; intSigned = true; break;
-    case 0xd1: value = (u16(at) << 16) >> 16; intHi = value < 0 ? 0xffff_ffff : 0; intLo = value >>> 0; intSigned = true; break;
-    case 0xd2: value = u32(at) | 0; intHi = value < 0 ? 0xffff_ffff : 0; intLo = value >>> 0; intSigned = true; break;
-    default: intHi = u32(at); intLo = u32(at + 4); intSigned = true; break;
+    case 0xcc:
+      intHi = 0;
+      intLo = src[at]!;
+      intSigned = false;
+      break;
+    case 0xcd:
+      intHi = 0;
+      intLo = u16(at);
+      intSigned = false;
+      break;
+    case 0xce:
+      intHi = 0;
+      intLo = u32(at);
+      intSigned = false;
+      break;
+    case 0xcf:
+      intHi = u32(at);
+      intLo = u32(at + 4);
+      intSigned = false;
+      break;
+    case 0xd0:
+      value = (src[at]! << 24) >> 24;
+      intHi = value < 0 ? 0xffff_ffff : 0;
+      intLo = value >>> 0;
+      intSigned = true;
+      break;
+    case 0xd1:
+      value = (u16(at) << 16) >> 16;
+      intHi = value < 0 ? 0xffff_ffff : 0;
+      intLo = value >>> 0;
+      intSigned = true;
+      break;
+    case 0xd2:
+      value = u32(at) | 0;
+      intHi = value < 0 ? 0xffff_ffff : 0;
+      intLo = value >>> 0;
+      intSigned = true;
+      break;
+    default:
+      intHi = u32(at);
+      intLo = u32(at + 4);
+      intSigned = true;
+      break;
   }
   pos = at + size;
   return true;
@@ -1119,8 +1243,11 @@ function keyTable(keys: readonly string[]): KeyTable {
   const encoder = new TextEncoder();
   const bytes = keys.map((key) => encoder.encode(key));
   const byLength: number[][] = [];
-  for (let length = 0; length <= Math.max(...bytes.map((b) => b.length)); length++) byLength.push([]);
-  bytes.forEach((b, id) => byLength[b.length]!.push(id));
+  for (let length = 0; length <= Math.max(...bytes.map((b) => b.length)); length++)
+    byLength.push([]);
+  bytes.forEach((b, id) => {
+    byLength[b.length]!.push(id);
+  });
   return { byLength, bytes };
 }
 
@@ -1190,23 +1317,73 @@ function skip(depth: number): void {
   if (byte < 0xc0) size = 1 + (byte & 0x1f);
   else {
     switch (byte) {
-      case 0xc0: case 0xc2: case 0xc3: size = 1; break;
-      case 0xc4: case 0xd9: if (pos + 2 > end) return fail(E_TRUNCATED); size = 2 + src[pos + 1]!; break;
-      case 0xc5: case 0xda: if (pos + 3 > end) return fail(E_TRUNCATED); size = 3 + u16(pos + 1); break;
-      case 0xc6: case 0xdb: if (pos + 5 > end) return fail(E_TRUNCATED); size = 5 + u32(pos + 1); break;
-      case 0xc7: if (pos + 2 > end) return fail(E_TRUNCATED); size = 3 + src[pos + 1]!; break;
-      case 0xc8: if (pos + 3 > end) return fail(E_TRUNCATED); size = 4 + u16(pos + 1); break;
-      case 0xc9: if (pos + 5 > end) return fail(E_TRUNCATED); size = 6 + u32(pos + 1); break;
-      case 0xca: case 0xce: case 0xd2: size = 5; break;
-      case 0xcb: case 0xcf: case 0xd3: size = 9; break;
-      case 0xcc: case 0xd0: size = 2; break;
-      case 0xcd: case 0xd1: size = 3; break;
-      case 0xd4: size = 3; break;
-      case 0xd5: size = 4; break;
-      case 0xd6: size = 6; break;
-      case 0xd7: size = 10; break;
-      case 0xd8: size = 18; break;
-      default: return fail(E_BAD_MSGPACK); // 0xc1, never used
+      case 0xc0:
+      case 0xc2:
+      case 0xc3:
+        size = 1;
+        break;
+      case 0xc4:
+      case 0xd9:
+        if (pos + 2 > end) return fail(E_TRUNCATED);
+        size = 2 + src[pos + 1]!;
+        break;
+      case 0xc5:
+      case 0xda:
+        if (pos + 3 > end) return fail(E_TRUNCATED);
+        size = 3 + u16(pos + 1);
+        break;
+      case 0xc6:
+      case 0xdb:
+        if (pos + 5 > end) return fail(E_TRUNCATED);
+        size = 5 + u32(pos + 1);
+        break;
+      case 0xc7:
+        if (pos + 2 > end) return fail(E_TRUNCATED);
+        size = 3 + src[pos + 1]!;
+        break;
+      case 0xc8:
+        if (pos + 3 > end) return fail(E_TRUNCATED);
+        size = 4 + u16(pos + 1);
+        break;
+      case 0xc9:
+        if (pos + 5 > end) return fail(E_TRUNCATED);
+        size = 6 + u32(pos + 1);
+        break;
+      case 0xca:
+      case 0xce:
+      case 0xd2:
+        size = 5;
+        break;
+      case 0xcb:
+      case 0xcf:
+      case 0xd3:
+        size = 9;
+        break;
+      case 0xcc:
+      case 0xd0:
+        size = 2;
+        break;
+      case 0xcd:
+      case 0xd1:
+        size = 3;
+        break;
+      case 0xd4:
+        size = 3;
+        break;
+      case 0xd5:
+        size = 4;
+        break;
+      case 0xd6:
+        size = 6;
+        break;
+      case 0xd7:
+        size = 10;
+        break;
+      case 0xd8:
+        size = 18;
+        break;
+      default:
+        return fail(E_BAD_MSGPACK); // 0xc1, never used
     }
   }
   if (size > end - pos) return fail(E_TRUNCATED);

@@ -20,7 +20,13 @@ export type KvHash = bigint | Uint8Array;
 
 /** Any value msgpack can carry, for extra keys and unknown fields. */
 export type KvValue =
-  | null | boolean | number | bigint | string | Uint8Array | readonly KvValue[]
+  | null
+  | boolean
+  | number
+  | bigint
+  | string
+  | Uint8Array
+  | readonly KvValue[]
   | { readonly [key: string]: KvValue };
 
 export interface KvBlockStored {
@@ -109,7 +115,11 @@ export function encodeKvBatch(batch: KvBatch, options: EncodeOptions): Uint8Arra
   return writer.finish();
 }
 
-type Field = readonly [name: string, value: unknown, write: (writer: MsgpackWriter, value: never) => void];
+type Field = readonly [
+  name: string,
+  value: unknown,
+  write: (writer: MsgpackWriter, value: never) => void,
+];
 
 const writeHash = (writer: MsgpackWriter, hash: KvHash): void => {
   if (typeof hash === "bigint") writer.int(hash);
@@ -164,7 +174,8 @@ function fieldsOf(event: KvEvent, form: "array" | "map"): { fields: Field[]; req
         ["ownership", event.ownership, writeOptionalString],
       ];
       const mapOnly = event.cacheSalt !== undefined || event.blockMmInfos !== undefined;
-      if (mapOnly && form === "array") throw new Error("cache_salt and block_mm_infos exist only in the map form");
+      if (mapOnly && form === "array")
+        throw new Error("cache_salt and block_mm_infos exist only in the map form");
       fields.push(["cache_salt", event.cacheSalt, writeOptionalString]);
       fields.push(["block_mm_infos", event.blockMmInfos, writeAny]);
       // lora_id, medium and lora_name have no default in vLLM: written when given.

@@ -44,7 +44,8 @@ export class StringTable {
 
   /** Empties the table if it outgrew its soft bounds (call between batches only). */
   trim(): void {
-    if (this.values.length > STRINGS_SOFT_MAX || this.arenaLength > ARENA_BYTES_SOFT_MAX) this.clear();
+    if (this.values.length > STRINGS_SOFT_MAX || this.arenaLength > ARENA_BYTES_SOFT_MAX)
+      this.clear();
   }
 
   clear(): void {
@@ -70,7 +71,8 @@ export class StringTable {
     for (let probe = 0; probe <= mask; probe++) {
       const entry = this.slots[slot]!;
       if (entry === 0) return this.insert(bytes, start, length, hash, slot);
-      if (this.slotHash[slot] === hash && this.equals(entry - 1, bytes, start, length)) return entry - 1;
+      if (this.slotHash[slot] === hash && this.equals(entry - 1, bytes, start, length))
+        return entry - 1;
       slot = (slot + 1) & mask;
     }
     throw new Error("string table full (load factor invariant broken)");
@@ -84,7 +86,13 @@ export class StringTable {
     return true;
   }
 
-  private insert(bytes: Uint8Array, start: number, length: number, hash: number, slot: number): number {
+  private insert(
+    bytes: Uint8Array,
+    start: number,
+    length: number,
+    hash: number,
+    slot: number,
+  ): number {
     if (!isUtf8(bytes, start, length)) return -1;
     const id = this.values.length;
     this.values.push(decodeUtf8(bytes, start, length));

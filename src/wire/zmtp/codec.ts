@@ -121,11 +121,15 @@ export interface Command {
 
 /** Splits a command body into name and data. Throws ZmtpError(bad_command). */
 export function parseCommand(body: Uint8Array): Command {
-  if (body.length > COMMAND_BYTES_MAX) throw new ZmtpError("oversize", `command of ${body.length} bytes`);
+  if (body.length > COMMAND_BYTES_MAX)
+    throw new ZmtpError("oversize", `command of ${body.length} bytes`);
   if (body.length === 0) throw new ZmtpError("bad_command", "empty command frame");
   const nameLength = body[0]!;
   if (nameLength === 0 || 1 + nameLength > body.length) {
-    throw new ZmtpError("bad_command", `command name length ${nameLength} in a ${body.length}-byte frame`);
+    throw new ZmtpError(
+      "bad_command",
+      `command name length ${nameLength} in a ${body.length}-byte frame`,
+    );
   }
   let name = "";
   for (let i = 1; i <= nameLength; i++) name += String.fromCharCode(body[i]!);
@@ -141,16 +145,20 @@ export function parseMetadata(data: Uint8Array): Map<string, Uint8Array> {
   let at = 0;
   let count = 0;
   while (at < data.length) {
-    if (++count > READY_PROPERTIES_MAX) throw new ZmtpError("bad_metadata", `more than ${READY_PROPERTIES_MAX} properties`);
+    if (++count > READY_PROPERTIES_MAX)
+      throw new ZmtpError("bad_metadata", `more than ${READY_PROPERTIES_MAX} properties`);
     const nameLength = data[at]!;
     if (nameLength === 0) throw new ZmtpError("bad_metadata", "empty property name");
-    if (at + 1 + nameLength + 4 > data.length) throw new ZmtpError("bad_metadata", "truncated property name");
+    if (at + 1 + nameLength + 4 > data.length)
+      throw new ZmtpError("bad_metadata", "truncated property name");
     let name = "";
     for (let i = at + 1; i <= at + nameLength; i++) name += String.fromCharCode(data[i]!);
     at += 1 + nameLength;
-    const valueLength = ((data[at]! << 24) | (data[at + 1]! << 16) | (data[at + 2]! << 8) | data[at + 3]!) >>> 0;
+    const valueLength =
+      ((data[at]! << 24) | (data[at + 1]! << 16) | (data[at + 2]! << 8) | data[at + 3]!) >>> 0;
     at += 4;
-    if (valueLength > data.length - at) throw new ZmtpError("bad_metadata", `property ${name} value overruns the command`);
+    if (valueLength > data.length - at)
+      throw new ZmtpError("bad_metadata", `property ${name} value overruns the command`);
     properties.set(name.toLowerCase(), data.slice(at, at + valueLength));
     at += valueLength;
   }

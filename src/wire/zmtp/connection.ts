@@ -193,7 +193,8 @@ export class Connection {
       for (;;) {
         const kind = decoder.next();
         if (kind === MESSAGE_FRAME) {
-          if (this.state !== ACTIVE) throw new ZmtpError("unexpected_frame", "message frame before the handshake completed");
+          if (this.state !== ACTIVE)
+            throw new ZmtpError("unexpected_frame", "message frame before the handshake completed");
           const frames = this.frames;
           frames.add(decoder.frameBuffer, decoder.frameStart, decoder.frameEnd);
           if (decoder.more) continue;
@@ -233,7 +234,10 @@ export class Connection {
   /** The transport closed under us (peer closed, reset, ...). */
   onClose(error?: Error): void {
     if (this.state === CLOSED) return;
-    this.finish(error === undefined ? "peer closed the connection" : `connection error: ${error.message}`, null);
+    this.finish(
+      error === undefined ? "peer closed the connection" : `connection error: ${error.message}`,
+      null,
+    );
   }
 
   /** Closes on our initiative; `kind` says why (for counters), null for a normal close. */
@@ -268,7 +272,8 @@ export class Connection {
     }
     const options = this.host.options;
     if (this.state === HANDSHAKE) {
-      if (now - this.openedAt >= options.handshakeTimeoutMs) this.close("handshake timed out", "handshake_timeout");
+      if (now - this.openedAt >= options.handshakeTimeoutMs)
+        this.close("handshake timed out", "handshake_timeout");
       return;
     }
     if (this.frameStalled(now)) {
@@ -322,7 +327,8 @@ export class Connection {
     const { name, data } = parseCommand(body);
     if (this.state === HANDSHAKE) {
       if (name === "READY") return this.ready(data);
-      if (name === "ERROR") throw new ZmtpError("peer_error", `peer refused the handshake: ${errorReason(data)}`);
+      if (name === "ERROR")
+        throw new ZmtpError("peer_error", `peer refused the handshake: ${errorReason(data)}`);
       throw new ZmtpError("unexpected_frame", `${name} before READY`);
     }
     switch (name) {
@@ -342,7 +348,11 @@ export class Connection {
       case "ERROR":
         throw new ZmtpError("peer_error", `peer sent ERROR: ${errorReason(data)}`);
       default:
-        this.host.protocolError(this, "unknown_command", `unknown command ${JSON.stringify(name)} ignored`);
+        this.host.protocolError(
+          this,
+          "unknown_command",
+          `unknown command ${JSON.stringify(name)} ignored`,
+        );
     }
   }
 
@@ -356,7 +366,10 @@ export class Connection {
     peer.identity = properties.get("identity") ?? EMPTY;
     peer.properties = properties;
     if (!(COMPATIBLE_PEERS[this.host.socketType] ?? []).includes(socketType)) {
-      throw new ZmtpError("socket_type_mismatch", `a ${this.host.socketType} socket cannot talk to a ${socketType} peer`);
+      throw new ZmtpError(
+        "socket_type_mismatch",
+        `a ${this.host.socketType} socket cannot talk to a ${socketType} peer`,
+      );
     }
     const refused = this.host.admit(this);
     if (refused !== null) throw new ZmtpError(refused, `peer refused (${refused})`);

@@ -141,7 +141,9 @@ export class FrameDecoder {
    * tells a peer stalled mid-frame from one that is slow but moving.
    */
   get midFrame(): boolean {
-    return this.state === S_BODY || this.state === S_DISCARD || this.have > 0 || this.messageFrames > 0;
+    return (
+      this.state === S_BODY || this.state === S_DISCARD || this.have > 0 || this.messageFrames > 0
+    );
   }
 
   next(): number {
@@ -154,8 +156,14 @@ export class FrameDecoder {
         const flags = buf[pos]!;
         if ((flags & FLAG_LONG) === 0) return this.beginBody(flags, buf[pos + 1]!, pos + 2);
         if (pos + 9 <= this.end) {
-          if ((buf[pos + 1]! | buf[pos + 2]! | buf[pos + 3]! | buf[pos + 4]!) !== 0) return this.fail("oversize", "frame size >= 2^32");
-          const size = ((buf[pos + 5]! << 24) | (buf[pos + 6]! << 16) | (buf[pos + 7]! << 8) | buf[pos + 8]!) >>> 0;
+          if ((buf[pos + 1]! | buf[pos + 2]! | buf[pos + 3]! | buf[pos + 4]!) !== 0)
+            return this.fail("oversize", "frame size >= 2^32");
+          const size =
+            ((buf[pos + 5]! << 24) |
+              (buf[pos + 6]! << 16) |
+              (buf[pos + 7]! << 8) |
+              buf[pos + 8]!) >>>
+            0;
           return this.beginBody(flags, size, pos + 9);
         }
       }
@@ -182,13 +190,17 @@ export class FrameDecoder {
 
   /** Validates a frame's flags and size, then hands out or starts reassembling its body. */
   private beginBody(flags: number, size: number, start: number): number {
-    if ((flags & ~FLAGS_KNOWN) !== 0) this.fail("bad_flags", `reserved flag bits in 0x${flags.toString(16)}`);
+    if ((flags & ~FLAGS_KNOWN) !== 0)
+      this.fail("bad_flags", `reserved flag bits in 0x${flags.toString(16)}`);
     if ((flags & FLAG_COMMAND) !== 0) {
       if ((flags & FLAG_MORE) !== 0) this.fail("bad_flags", "command frame with MORE");
-      if (size > COMMAND_BYTES_MAX) this.fail("oversize", `command of ${size} bytes (max ${COMMAND_BYTES_MAX})`);
+      if (size > COMMAND_BYTES_MAX)
+        this.fail("oversize", `command of ${size} bytes (max ${COMMAND_BYTES_MAX})`);
     } else {
-      if (this.messageFrames >= this.maxFramesPerMessage) this.fail("too_many_frames", `more than ${this.maxFramesPerMessage} frames`);
-      if (this.skipping || size > this.maxMessageBytes - this.messageBytes) return this.beginDiscard(flags, size, start);
+      if (this.messageFrames >= this.maxFramesPerMessage)
+        this.fail("too_many_frames", `more than ${this.maxFramesPerMessage} frames`);
+      if (this.skipping || size > this.maxMessageBytes - this.messageBytes)
+        return this.beginDiscard(flags, size, start);
     }
     // The previous message was handled before next() was called again: reuse its arena.
     if ((flags & FLAG_COMMAND) === 0 && this.messageFrames === 0) this.arenaUsed = 0;
@@ -243,7 +255,11 @@ export class FrameDecoder {
     this.bodySize = size;
     if (size > ARENA_RETAIN_BYTES) {
       // Many peers each mid-way through a large frame add up: held in the process budget.
-      if (!bufferBudget.take(size)) this.fail("buffer_budget", `no room for a frame of ${size} bytes in the process's buffer budget`);
+      if (!bufferBudget.take(size))
+        this.fail(
+          "buffer_budget",
+          `no room for a frame of ${size} bytes in the process's buffer budget`,
+        );
       this.bodyHeld = size;
       this.body = new Uint8Array(size);
       this.bodyStart = 0;
@@ -251,7 +267,10 @@ export class FrameDecoder {
     }
     if (this.arenaUsed + size > this.arena.length) {
       // Earlier frames of this message stay in the old arena (still referenced); start anew.
-      const length = Math.min(ARENA_RETAIN_BYTES, Math.max(ARENA_BYTES_MIN, 2 * this.arena.length, size));
+      const length = Math.min(
+        ARENA_RETAIN_BYTES,
+        Math.max(ARENA_BYTES_MIN, 2 * this.arena.length, size),
+      );
       this.arena = new Uint8Array(length);
       this.arenaUsed = 0;
     }
@@ -309,8 +328,10 @@ export class FrameDecoder {
       if (this.have < length) continue;
       this.have = 0;
       if (length === 2) return this.beginBody(scratch[0]!, scratch[1]!, this.pos);
-      if ((scratch[1]! | scratch[2]! | scratch[3]! | scratch[4]!) !== 0) return this.fail("oversize", "frame size >= 2^32");
-      const size = ((scratch[5]! << 24) | (scratch[6]! << 16) | (scratch[7]! << 8) | scratch[8]!) >>> 0;
+      if ((scratch[1]! | scratch[2]! | scratch[3]! | scratch[4]!) !== 0)
+        return this.fail("oversize", "frame size >= 2^32");
+      const size =
+        ((scratch[5]! << 24) | (scratch[6]! << 16) | (scratch[7]! << 8) | scratch[8]!) >>> 0;
       return this.beginBody(scratch[0]!, size, this.pos);
     }
     return NEED_MORE;
@@ -327,14 +348,19 @@ export class FrameDecoder {
     scratch.set(this.buf.subarray(this.pos, this.pos + take), before);
     this.pos += take;
     const have = (this.have = before + take);
-    if (have >= 1 && scratch[0] !== 0xff) this.fail("bad_signature", `greeting starts with 0x${scratch[0]!.toString(16)}`);
+    if (have >= 1 && scratch[0] !== 0xff)
+      this.fail("bad_signature", `greeting starts with 0x${scratch[0]!.toString(16)}`);
     // libzmq checks only bit 0 of byte 9 (0 there means a ZMTP 1.0 identity frame).
-    if (have >= 10 && (scratch[9]! & 0x01) === 0) this.fail("bad_signature", "greeting byte 9 lacks bit 0");
-    if (have >= 11 && scratch[10]! < 3) this.fail("unsupported_version", `ZMTP major version ${scratch[10]}`);
+    if (have >= 10 && (scratch[9]! & 0x01) === 0)
+      this.fail("bad_signature", "greeting byte 9 lacks bit 0");
+    if (have >= 11 && scratch[10]! < 3)
+      this.fail("unsupported_version", `ZMTP major version ${scratch[10]}`);
     if (have >= MECHANISM_AT + MECHANISM_BYTES && before < MECHANISM_AT + MECHANISM_BYTES) {
       for (let i = 0; i < MECHANISM_BYTES; i++) {
         if (scratch[MECHANISM_AT + i] !== (NULL_MECHANISM[i] ?? 0)) {
-          const name = String.fromCharCode(...scratch.subarray(MECHANISM_AT, MECHANISM_AT + MECHANISM_BYTES)).replace(/\0+$/, "");
+          const name = String.fromCharCode(
+            ...scratch.subarray(MECHANISM_AT, MECHANISM_AT + MECHANISM_BYTES),
+          ).replace(/\0+$/, "");
           this.fail("bad_mechanism", `mechanism ${JSON.stringify(name)} (only NULL is supported)`);
         }
       }

@@ -22,12 +22,16 @@ export class EndpointError extends Error {
 export function parseEndpoint(endpoint: string, forBind: boolean): Endpoint {
   if (endpoint.startsWith("ipc://")) {
     const path = endpoint.slice("ipc://".length);
-    if (path === "" || path === "*") throw new EndpointError(endpoint, "ipc needs an explicit path");
-    if (path.startsWith("@")) throw new EndpointError(endpoint, "abstract-namespace ipc is not supported");
-    if (Buffer.byteLength(path) > IPC_PATH_BYTES_MAX) throw new EndpointError(endpoint, `path longer than ${IPC_PATH_BYTES_MAX} bytes`);
+    if (path === "" || path === "*")
+      throw new EndpointError(endpoint, "ipc needs an explicit path");
+    if (path.startsWith("@"))
+      throw new EndpointError(endpoint, "abstract-namespace ipc is not supported");
+    if (Buffer.byteLength(path) > IPC_PATH_BYTES_MAX)
+      throw new EndpointError(endpoint, `path longer than ${IPC_PATH_BYTES_MAX} bytes`);
     return { transport: "ipc", path };
   }
-  if (!endpoint.startsWith("tcp://")) throw new EndpointError(endpoint, "only tcp:// and ipc:// are supported");
+  if (!endpoint.startsWith("tcp://"))
+    throw new EndpointError(endpoint, "only tcp:// and ipc:// are supported");
   const rest = endpoint.slice("tcp://".length);
   const colon = rest.lastIndexOf(":");
   if (colon <= 0) throw new EndpointError(endpoint, "expected host:port");
@@ -40,7 +44,8 @@ export function parseEndpoint(endpoint: string, forBind: boolean): Endpoint {
     throw new EndpointError(endpoint, "IPv6 hosts must be written in brackets: tcp://[::1]:5557");
   }
   if (host === "") throw new EndpointError(endpoint, "empty host");
-  if (host.includes(";")) throw new EndpointError(endpoint, "source-address endpoints are not supported");
+  if (host.includes(";"))
+    throw new EndpointError(endpoint, "source-address endpoints are not supported");
   let port: number;
   if (portText === "*") {
     port = 0;

@@ -32,7 +32,10 @@ export type FatalKind = (typeof FATAL_KINDS)[number];
 export type IgnoredKind = (typeof IGNORED_KINDS)[number];
 export type ProtocolErrorKind = FatalKind | IgnoredKind;
 
-export const PROTOCOL_ERROR_KINDS: readonly ProtocolErrorKind[] = [...FATAL_KINDS, ...IGNORED_KINDS];
+export const PROTOCOL_ERROR_KINDS: readonly ProtocolErrorKind[] = [
+  ...FATAL_KINDS,
+  ...IGNORED_KINDS,
+];
 
 const BRAND = Symbol.for("kvedge.ZmtpError");
 
@@ -54,6 +57,10 @@ export class ZmtpError extends Error {
   }
 
   static is(value: unknown): value is ZmtpError {
-    return typeof value === "object" && value !== null && (value as { [BRAND]?: boolean })[BRAND] === true;
+    return (
+      typeof value === "object" &&
+      value !== null &&
+      (value as { [BRAND]?: boolean })[BRAND] === true
+    );
   }
 }

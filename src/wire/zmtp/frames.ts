@@ -46,7 +46,8 @@ export class FrameList {
   views(): Uint8Array[] {
     const views = this.viewArray;
     views.length = this.count;
-    for (let i = 0; i < this.count; i++) views[i] = this.buffers[i]!.subarray(this.bounds[2 * i]!, this.bounds[2 * i + 1]!);
+    for (let i = 0; i < this.count; i++)
+      views[i] = this.buffers[i]!.subarray(this.bounds[2 * i]!, this.bounds[2 * i + 1]!);
     return views;
   }
 
@@ -87,7 +88,8 @@ export class FrameList {
   }
 
   private check(index: number): void {
-    if (!(index >= 0 && index < this.count)) throw new RangeError(`frame ${index} of ${this.count}`);
+    if (!(index >= 0 && index < this.count))
+      throw new RangeError(`frame ${index} of ${this.count}`);
   }
 }
 

@@ -86,29 +86,95 @@ export const DEFAULTS = {
 const MAX_MESSAGE_BYTES_LIMIT = 2 ** 31 - 1; // one Uint8Array; also keeps sizes in int32 math
 const MS_LIMIT = 24 * 3600 * 1000;
 
-function int(name: string, value: number | undefined, fallback: number, min: number, max: number): number {
+function int(
+  name: string,
+  value: number | undefined,
+  fallback: number,
+  min: number,
+  max: number,
+): number {
   const chosen = value ?? fallback;
   if (!Number.isInteger(chosen) || chosen < min || chosen > max) {
-    throw new RangeError(`zmtp option ${name} must be an integer in [${min}, ${max}], got ${chosen}`);
+    throw new RangeError(
+      `zmtp option ${name} must be an integer in [${min}, ${max}], got ${chosen}`,
+    );
   }
   return chosen;
 }
 
 export function resolveOptions(options: ZmtpOptions = {}): ResolvedOptions {
   const routingId = options.routingId ?? new Uint8Array(0);
-  if (routingId.length > 255) throw new RangeError(`zmtp option routingId must be at most 255 bytes, got ${routingId.length}`);
-  const reconnectMinMs = int("reconnectMinMs", options.reconnectMinMs, DEFAULTS.reconnectMinMs, 1, MS_LIMIT);
-  const reconnectMaxMs = int("reconnectMaxMs", options.reconnectMaxMs, DEFAULTS.reconnectMaxMs, 1, MS_LIMIT);
-  if (reconnectMaxMs < reconnectMinMs) throw new RangeError("zmtp option reconnectMaxMs must be >= reconnectMinMs");
+  if (routingId.length > 255)
+    throw new RangeError(
+      `zmtp option routingId must be at most 255 bytes, got ${routingId.length}`,
+    );
+  const reconnectMinMs = int(
+    "reconnectMinMs",
+    options.reconnectMinMs,
+    DEFAULTS.reconnectMinMs,
+    1,
+    MS_LIMIT,
+  );
+  const reconnectMaxMs = int(
+    "reconnectMaxMs",
+    options.reconnectMaxMs,
+    DEFAULTS.reconnectMaxMs,
+    1,
+    MS_LIMIT,
+  );
+  if (reconnectMaxMs < reconnectMinMs)
+    throw new RangeError("zmtp option reconnectMaxMs must be >= reconnectMinMs");
   return {
-    maxMessageBytes: int("maxMessageBytes", options.maxMessageBytes, DEFAULTS.maxMessageBytes, 1, MAX_MESSAGE_BYTES_LIMIT),
-    maxFramesPerMessage: int("maxFramesPerMessage", options.maxFramesPerMessage, DEFAULTS.maxFramesPerMessage, 1, 1 << 20),
-    heartbeatIntervalMs: int("heartbeatIntervalMs", options.heartbeatIntervalMs, DEFAULTS.heartbeatIntervalMs, 0, MS_LIMIT),
-    heartbeatTimeoutMs: int("heartbeatTimeoutMs", options.heartbeatTimeoutMs, DEFAULTS.heartbeatTimeoutMs, 1, MS_LIMIT),
+    maxMessageBytes: int(
+      "maxMessageBytes",
+      options.maxMessageBytes,
+      DEFAULTS.maxMessageBytes,
+      1,
+      MAX_MESSAGE_BYTES_LIMIT,
+    ),
+    maxFramesPerMessage: int(
+      "maxFramesPerMessage",
+      options.maxFramesPerMessage,
+      DEFAULTS.maxFramesPerMessage,
+      1,
+      1 << 20,
+    ),
+    heartbeatIntervalMs: int(
+      "heartbeatIntervalMs",
+      options.heartbeatIntervalMs,
+      DEFAULTS.heartbeatIntervalMs,
+      0,
+      MS_LIMIT,
+    ),
+    heartbeatTimeoutMs: int(
+      "heartbeatTimeoutMs",
+      options.heartbeatTimeoutMs,
+      DEFAULTS.heartbeatTimeoutMs,
+      1,
+      MS_LIMIT,
+    ),
     // The wire field is u16 deciseconds.
-    heartbeatTtlMs: int("heartbeatTtlMs", options.heartbeatTtlMs, DEFAULTS.heartbeatTtlMs, 0, 65_535 * 100),
-    handshakeTimeoutMs: int("handshakeTimeoutMs", options.handshakeTimeoutMs, DEFAULTS.handshakeTimeoutMs, 1, MS_LIMIT),
-    frameTimeoutMs: int("frameTimeoutMs", options.frameTimeoutMs, DEFAULTS.frameTimeoutMs, 1, MS_LIMIT),
+    heartbeatTtlMs: int(
+      "heartbeatTtlMs",
+      options.heartbeatTtlMs,
+      DEFAULTS.heartbeatTtlMs,
+      0,
+      65_535 * 100,
+    ),
+    handshakeTimeoutMs: int(
+      "handshakeTimeoutMs",
+      options.handshakeTimeoutMs,
+      DEFAULTS.handshakeTimeoutMs,
+      1,
+      MS_LIMIT,
+    ),
+    frameTimeoutMs: int(
+      "frameTimeoutMs",
+      options.frameTimeoutMs,
+      DEFAULTS.frameTimeoutMs,
+      1,
+      MS_LIMIT,
+    ),
     reconnectMinMs,
     reconnectMaxMs,
     hwm: int("hwm", options.hwm, DEFAULTS.hwm, 1, 1 << 30),

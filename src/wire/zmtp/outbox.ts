@@ -75,7 +75,8 @@ export class Outbox {
   /** Queues raw bytes that are already complete frames (commands, the greeting). */
   raw(bytes: Uint8Array): void {
     // Commands are bounded by COMMAND_BYTES_MAX, well under the stage size.
-    if (bytes.length > STAGE_BYTES) throw new Error(`Outbox.raw: ${bytes.length} bytes exceed the stage`);
+    if (bytes.length > STAGE_BYTES)
+      throw new Error(`Outbox.raw: ${bytes.length} bytes exceed the stage`);
     this.reserve(bytes.length);
     this.stage.set(bytes, this.stageLength);
     this.stageLength += bytes.length;
@@ -95,7 +96,8 @@ export class Outbox {
       }
       this.queuedMessages -= this.backlogMessages[this.backlogHead]!;
       const stage = this.backlogStages[this.backlogHead]!;
-      if (stage !== null && this.spareStages.length < SPARE_STAGES_MAX) this.spareStages.push(stage);
+      if (stage !== null && this.spareStages.length < SPARE_STAGES_MAX)
+        this.spareStages.push(stage);
       backlog[this.backlogHead] = EMPTY;
       this.backlogStages[this.backlogHead] = null;
       this.backlogHead++;

@@ -53,7 +53,11 @@ export class PubSocket extends ZmtpSocket {
       return;
     }
     if (subscriptions.size >= SUBSCRIPTIONS_PER_PEER_MAX && !subscriptions.has(prefix)) {
-      this.protocolError(conn, "too_many_subscriptions", `peer holds ${SUBSCRIPTIONS_PER_PEER_MAX} subscriptions already`);
+      this.protocolError(
+        conn,
+        "too_many_subscriptions",
+        `peer holds ${SUBSCRIPTIONS_PER_PEER_MAX} subscriptions already`,
+      );
       return;
     }
     subscriptions.add(prefix, false);
@@ -65,7 +69,11 @@ export class PubSocket extends ZmtpSocket {
       this.subscription(conn, first.subarray(1), first[0] === 1);
       return;
     }
-    this.protocolError(conn, "unexpected_message", "a message that is not a subscription was sent to a PUB socket");
+    this.protocolError(
+      conn,
+      "unexpected_message",
+      "a message that is not a subscription was sent to a PUB socket",
+    );
   }
 
   protected override peerAttached(conn: Connection): void {

@@ -11,7 +11,11 @@ import type { ZmtpOptions } from "./options";
 import { ZmtpSocket } from "./socket";
 
 /** `identity`, `frames` and the views in it are valid only until the callback returns. */
-export type RoutedMessageListener = (identity: Uint8Array, frames: readonly Uint8Array[], peer: PeerInfo) => void;
+export type RoutedMessageListener = (
+  identity: Uint8Array,
+  frames: readonly Uint8Array[],
+  peer: PeerInfo,
+) => void;
 
 export class RouterSocket extends ZmtpSocket {
   onMessage: RoutedMessageListener = () => {};

@@ -7,7 +7,13 @@ import { lstatSync, unlinkSync } from "node:fs";
 import type { Socket, SocketHandler, SocketListener } from "bun";
 import { OnceLog, type Logger } from "../../util/log";
 import { readyFrame } from "./codec";
-import { type CloseKind, Connection, type ConnectionHost, type PeerEvent, type PeerInfo } from "./connection";
+import {
+  type CloseKind,
+  Connection,
+  type ConnectionHost,
+  type PeerEvent,
+  type PeerInfo,
+} from "./connection";
 import { newCounters, type ZmtpCounters } from "./counters";
 import type { FrameList } from "./frames";
 import { parseEndpoint, formatTcp, type Endpoint } from "./endpoint";
@@ -80,9 +86,12 @@ export abstract class ZmtpSocket implements ConnectionHost {
     this.options = resolveOptions(options);
     this.log = this.options.logger.child({ component: "zmtp", socket: socketType });
     this.onceLog = new OnceLog(this.log);
-    const properties: [string, Uint8Array][] = [["Socket-Type", new TextEncoder().encode(socketType)]];
+    const properties: [string, Uint8Array][] = [
+      ["Socket-Type", new TextEncoder().encode(socketType)],
+    ];
     // libzmq announces an Identity from the socket types that can be routed to.
-    if (socketType === "DEALER" || socketType === "ROUTER") properties.push(["Identity", this.options.routingId]);
+    if (socketType === "DEALER" || socketType === "ROUTER")
+      properties.push(["Identity", this.options.routingId]);
     this.readyFrame = readyFrame(properties);
     const o = this.options;
     const shortest = Math.min(
@@ -106,7 +115,8 @@ export abstract class ZmtpSocket implements ConnectionHost {
         conn.close(`internal error: ${String(error)}`, null);
       },
       open: (socket: BunSocket) => this.opened(socket),
-      connectError: (socket: BunSocket, error: Error) => this.connectFailed(socket.data.dialer!, error),
+      connectError: (socket: BunSocket, error: Error) =>
+        this.connectFailed(socket.data.dialer!, error),
     } as SocketHandler<Link>;
   }
 
@@ -122,7 +132,12 @@ export abstract class ZmtpSocket implements ConnectionHost {
       listener = Bun.listen<Link>({ unix: target.path, socket: this.handlers, data: link });
       boundEndpoint = endpoint;
     } else {
-      const tcp = Bun.listen<Link>({ hostname: target.host, port: target.port, socket: this.handlers, data: link });
+      const tcp = Bun.listen<Link>({
+        hostname: target.host,
+        port: target.port,
+        socket: this.handlers,
+        data: link,
+      });
       boundEndpoint = formatTcp(target.host, tcp.port);
       listener = tcp;
     }
@@ -232,16 +247,23 @@ export abstract class ZmtpSocket implements ConnectionHost {
   skipped(conn: Connection, bytes: number): void {
     this.counters.oversizeSkipped++;
     this.onSkipped(bytes);
-    this.onceLog.report("oversize_skipped", `zmtp message of ${bytes} bytes is over the limit of ${this.options.maxMessageBytes}: skipped`, {
-      connection: conn.id,
-      endpoint: conn.peer.endpoint,
-      remote: conn.peer.remoteAddress,
-    });
+    this.onceLog.report(
+      "oversize_skipped",
+      `zmtp message of ${bytes} bytes is over the limit of ${this.options.maxMessageBytes}: skipped`,
+      {
+        connection: conn.id,
+        endpoint: conn.peer.endpoint,
+        remote: conn.peer.remoteAddress,
+      },
+    );
   }
 
   internalError(conn: Connection, error: unknown): void {
     this.counters.internalErrors++;
-    this.log.error("zmtp internal error; connection dropped", { connection: conn.id, error: String(error) });
+    this.log.error("zmtp internal error; connection dropped", {
+      connection: conn.id,
+      error: String(error),
+    });
   }
 
   admit(_conn: Connection): FatalKind | null {
@@ -266,7 +288,11 @@ export abstract class ZmtpSocket implements ConnectionHost {
   abstract deliver(conn: Connection, frames: FrameList): void;
 
   subscription(conn: Connection, _prefix: Uint8Array, subscribe: boolean): void {
-    this.protocolError(conn, "unexpected_command", `${subscribe ? "SUBSCRIBE" : "CANCEL"} sent to a ${this.socketType} socket`);
+    this.protocolError(
+      conn,
+      "unexpected_command",
+      `${subscribe ? "SUBSCRIBE" : "CANCEL"} sent to a ${this.socketType} socket`,
+    );
   }
 
   closed(conn: Connection, reason: string, wasActive: boolean, kind: CloseKind): void {
@@ -283,11 +309,19 @@ export abstract class ZmtpSocket implements ConnectionHost {
       this.counters.connectionsActive--;
       this.counters.disconnects++;
       this.peerDetached(conn);
-      this.log.info("zmtp peer disconnected", { connection: conn.id, endpoint: conn.peer.endpoint, reason });
+      this.log.info("zmtp peer disconnected", {
+        connection: conn.id,
+        endpoint: conn.peer.endpoint,
+        reason,
+      });
       this.emit("disconnected", conn, reason);
     } else {
       this.counters.handshakeFailures++;
-      this.log.debug("zmtp handshake failed", { connection: conn.id, endpoint: conn.peer.endpoint, reason });
+      this.log.debug("zmtp handshake failed", {
+        connection: conn.id,
+        endpoint: conn.peer.endpoint,
+        reason,
+      });
       this.emit("handshake_failed", conn, reason);
     }
     const dialer = this.dialerOf.get(conn);
@@ -298,7 +332,11 @@ export abstract class ZmtpSocket implements ConnectionHost {
       // A peer that completes the handshake and then drops us (an ERROR after READY,
       // a close) must not reset the backoff: only a connection that carried a message
       // or lasted reconnectMaxMs did.
-      if (wasActive && (conn.delivered > 0 || performance.now() - conn.activeSince >= this.options.reconnectMaxMs)) dialer.failures = 0;
+      if (
+        wasActive &&
+        (conn.delivered > 0 || performance.now() - conn.activeSince >= this.options.reconnectMaxMs)
+      )
+        dialer.failures = 0;
       else dialer.failures++;
       if (!dialer.stopped && !this.closing) this.scheduleDial(dialer);
     }
@@ -327,7 +365,9 @@ export abstract class ZmtpSocket implements ConnectionHost {
 
   protected callbackFailed(error: unknown): void {
     this.counters.callbackErrors++;
-    this.onceLog.report("callback_error", "zmtp application callback threw", { error: String(error) });
+    this.onceLog.report("callback_error", "zmtp application callback threw", {
+      error: String(error),
+    });
   }
 
   protected assertOpen(): void {
@@ -346,12 +386,14 @@ export abstract class ZmtpSocket implements ConnectionHost {
 
   private opened(socket: BunSocket): void {
     const link = socket.data;
-    if (this.closing || (link.dialer !== null && link.dialer.stopped)) {
+    if (this.closing || link.dialer?.stopped) {
       socket.end();
       return;
     }
     const dialer = link.dialer;
-    const remote = socket.remoteAddress ? `${socket.remoteAddress}:${socket.remotePort}` : link.endpoint;
+    const remote = socket.remoteAddress
+      ? `${socket.remoteAddress}:${socket.remotePort}`
+      : link.endpoint;
     const conn = new Connection(
       this,
       socket,
@@ -386,7 +428,12 @@ export abstract class ZmtpSocket implements ConnectionHost {
     const pending =
       target.transport === "ipc"
         ? Bun.connect<Link>({ unix: target.path, socket: this.handlers, data: link })
-        : Bun.connect<Link>({ hostname: target.host, port: target.port, socket: this.handlers, data: link });
+        : Bun.connect<Link>({
+            hostname: target.host,
+            port: target.port,
+            socket: this.handlers,
+            data: link,
+          });
     // Failures arrive through connectError; the rejected promise carries nothing more.
     pending.catch(() => {});
   }
@@ -394,7 +441,11 @@ export abstract class ZmtpSocket implements ConnectionHost {
   private connectFailed(dialer: Dialer, error: Error): void {
     this.counters.connectFailures++;
     dialer.failures++;
-    this.log.debug("zmtp connect failed", { endpoint: dialer.endpoint, error: error.message, attempt: dialer.attempts });
+    this.log.debug("zmtp connect failed", {
+      endpoint: dialer.endpoint,
+      error: error.message,
+      attempt: dialer.attempts,
+    });
     if (!dialer.stopped && !this.closing) this.scheduleDial(dialer);
   }
 

@@ -67,7 +67,8 @@ export class PrefixSet {
   matchesFrame(frames: FrameList, index: number): boolean {
     if (this.matchAll) return true;
     const prefixes = this.prefixes;
-    for (let i = 0; i < prefixes.length; i++) if (frames.startsWith(index, prefixes[i]!)) return true;
+    for (let i = 0; i < prefixes.length; i++)
+      if (frames.startsWith(index, prefixes[i]!)) return true;
     return false;
   }
 
