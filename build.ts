@@ -18,8 +18,8 @@ const nativeDir = join(root, "native", "build");
 const distDir = join(root, "dist");
 const entry = join(root, "src", "cli", "main.ts");
 // kvedge's Worker threads start from this file; in the binary it sits at
-// runtime/thread-main.ts under the bundle's root (the entrypoints' common folder, src/).
-const threadEntry = join(root, "src", "runtime", "thread-main.ts");
+// cli/thread-main.ts under the bundle's root, src/ (src/runtime/threads.ts looks there).
+const threadEntry = join(root, "src", "cli", "thread-main.ts");
 
 interface Target {
   /** Bun's compile target. */
@@ -103,6 +103,7 @@ async function compile(target: Target): Promise<boolean> {
   const library = target.library;
   const result = await Bun.build({
     entrypoints: [entry, threadEntry],
+    root: join(root, "src"),
     compile: { target: target.bun as "bun-linux-x64", outfile: target.outfile },
     minify: { whitespace: true, syntax: true, identifiers: false },
     plugins: [

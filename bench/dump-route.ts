@@ -9,7 +9,7 @@
  */
 import { loadConfig } from "../src/config";
 import { startApp } from "../src/server/app";
-import { createMetricsRegistry } from "../src/server/metrics";
+import { createMetricsRegistry } from "../src/util/metrics";
 import { KvedgeCore } from "../src/core/core";
 import { silentLogger } from "../src/util/log";
 

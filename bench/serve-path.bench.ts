@@ -16,7 +16,8 @@
 import { bench, do_not_optimize, run } from "mitata";
 import { routeOp } from "../src/server/api";
 import { toJson } from "../src/http/http";
-import { createMetricsRegistry, ServerMetrics } from "../src/server/metrics";
+import { ServerMetrics } from "../src/server/metrics";
+import { createMetricsRegistry } from "../src/util/metrics";
 import { defaultTokenScanner, parseRequestJson } from "../src/http/request-json";
 import { BLOCK_SIZE, buildPrompt } from "./http-workload";
 import { benchFlags, prng, provenance, rssBytes } from "./lib";

@@ -24,7 +24,8 @@
  */
 import type { ServerWebSocket } from "bun";
 import { pack, unpack } from "msgpackr";
-import { createMetricsRegistry, ServerMetrics } from "../src/server/metrics";
+import { ServerMetrics } from "../src/server/metrics";
+import { createMetricsRegistry } from "../src/util/metrics";
 import { TurnBatch } from "../src/server/turn";
 import { websocketHandlers, type WsData } from "../src/server/ws";
 import { silentLogger } from "../src/util/log";

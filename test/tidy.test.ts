@@ -20,6 +20,7 @@ import {
   trackedFiles,
 } from "./support/tidy";
 import ratchet from "./tidy-ratchet.json";
+import { importCycles, importGraph, ROOMS, roomProblems } from "./support/rooms";
 
 const ROOT = join(import.meta.dir, "..");
 const empty = (): Measured => ({ longFunctions: {}, hotPathApis: {}, fixMarkers: [] });
@@ -46,6 +47,37 @@ describe("tidy", () => {
       found.push(...conflictMarkers(file, text));
     }
     expect(found).toEqual([]);
+  });
+
+  test("src/ imports in one order of rooms, and no files import each other around a loop", () => {
+    const graph = importGraph(join(ROOT, "src"));
+    expect(roomProblems(graph, ROOMS)).toEqual([]);
+    expect(importCycles(graph)).toEqual([]);
+  });
+
+  test("docs/architecture.md lists the rooms in the order the test holds", () => {
+    const doc = readFileSync(join(ROOT, "docs", "architecture.md"), "utf8");
+    const sentence = doc.match(/Room order:([^.]*)\./)?.[1] ?? "";
+    const listed = sentence.match(/`[a-z]+`/g)?.map((room) => room.slice(1, -1));
+    expect(listed).toEqual([...ROOMS]);
+  });
+
+  test("the room rules catch a back-import and a loop", () => {
+    const edges = new Map<string, string[]>([
+      ["index/a.ts", ["util/x.ts", "server/s.ts"]],
+      ["util/x.ts", ["util/y.ts"]],
+      ["util/y.ts", ["util/x.ts"]],
+      ["server/s.ts", ["index/a.ts"]],
+      ["mystery/m.ts", []],
+    ]);
+    expect(roomProblems({ edges }, ["util", "index", "server"])).toEqual([
+      "src/index/a.ts -> src/server/s.ts (index imports server, a higher room)",
+      "mystery/m.ts: room mystery is not in the order",
+    ]);
+    expect(importCycles({ edges })).toEqual([
+      ["util/x.ts", "util/y.ts"],
+      ["index/a.ts", "server/s.ts"],
+    ]);
   });
 
   test("the tree keeps within the ratchet, and the ratchet is as tight as the tree", () => {

@@ -2,14 +2,8 @@ import { availableParallelism } from "node:os";
 import { ADMISSION_MODES, type AdmissionMode, DEFAULT_ADMISSION } from "../route/admission";
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES, type RoutePolicy } from "../route/ttft";
 import { getAffinity, pinProcess } from "../runtime/affinity";
-import {
-  type AdmissionReport,
-  DEFAULT_DEMO_POLICIES,
-  type DemoPolicy,
-  type DemoResult,
-  isDemoPolicy,
-  runDemo,
-} from "../sim/demo";
+import { type AdmissionReport, type DemoResult, runDemo } from "../sim/demo";
+import { DEFAULT_DEMO_POLICIES, type DemoPolicy, isDemoPolicy } from "../sim/demo-options";
 import { loadConversationTrace } from "../sim/embedded-trace";
 import { CAPACITY_BLOCKS_MAX } from "../sim/engine-cache";
 import { WORKERS_MAX } from "../sim/simulator";

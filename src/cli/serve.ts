@@ -9,12 +9,8 @@ import { defaultIndexBudgetBytes } from "../index/budget";
 import type { Config } from "../config";
 import { bufferBudget } from "../util/buffer-budget";
 import { warmUp } from "../server/warmup";
-import {
-  createMetricsRegistry,
-  type MetricsRegistry,
-  registerRouterMetrics,
-  registerServiceMetrics,
-} from "../server/metrics";
+import { registerRouterMetrics, registerServiceMetrics } from "../server/metrics";
+import { createMetricsRegistry, type MetricsRegistry } from "../util/metrics";
 import { KvedgeCore } from "../core/core";
 import { registerObservedHitsMetrics, registerProxyMetrics } from "../proxy/metrics";
 import { OpenAiProxy } from "../proxy/proxy";

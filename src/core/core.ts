@@ -14,21 +14,20 @@ import { createIndex, MatchResult } from "../index";
 import { defaultIndexBudgetBytes, IndexBudget } from "../index/budget";
 import { WritePause } from "../index/write-pause";
 import type { KvEventWriter } from "../ingest/normalize";
-import { EngineSource, type SourceState } from "../ingest/source";
+import { EngineSource, type SourcePosition, type SourceState } from "../ingest/source";
 import { CandidateList, PromptHasher, type RouteDecision, Router } from "../route";
 import type { PromptHashes } from "../route/input";
 import { Admission } from "../route/admission";
 import { bufferBudget } from "../util/buffer-budget";
 import type { LifecycleResult } from "../route/load";
-import { ObservedHits, type ObservedHitsView } from "../proxy/observed-hits";
-import type { SourcePosition } from "../state/snapshot";
+import { ObservedHits, type ObservedHitsView } from "./observed-hits";
 import type { Logger } from "../util/log";
 import type { ZmtpOptions } from "../wire/zmtp";
-import { budgetedWriter } from "./budgeted-writer";
-import { KvedgeError } from "./errors";
-import { WorkerTable } from "./worker-table";
+import { budgetedWriter } from "../ingest/budgeted-writer";
+import { KvedgeError } from "../domain/errors";
+import { WorkerTable } from "../domain/worker-table";
 import { attach } from "../index/crtc/shared";
-import { ThreadedIndex } from "../runtime/threaded-index";
+import { ThreadedIndex } from "../index/threaded-index";
 import type { WriterThread } from "../runtime/writer-thread";
 
 export interface MatchScore {
@@ -682,7 +681,7 @@ export class KvedgeCore {
   }
 
   /**
-   * The index as sources write to it: behind the memory budget (./budgeted-writer.ts),
+   * The index as sources write to it: behind the memory budget (src/ingest/budgeted-writer.ts),
    * through the write pause of copies in progress (src/index/write-pause.ts).
    */
   private budgetedWriter(writes: WritePause): KvEventWriter {

@@ -17,26 +17,6 @@ import type { IndexOp, RemovedOp, StoredOp } from "./ops";
 import { type FrozenIndex, OP_STORED, packIndex } from "./pack";
 import { u64String } from "../util/u64";
 
-export interface DumpSource {
-  /** Block keys are integers in [0, blockKeyLimit). */
-  readonly blockKeyLimit: number;
-  /** Visits every block, each after its parent (parent -1 = the root). */
-  forEachBlock(visit: (key: number, parent: number, hi: number, lo: number) => void): void;
-  /**
-   * Visits every present worker with its held blocks: external hashes (pairs) and keys,
-   * in arrays of its own that the index does not touch again.
-   */
-  forEachWorker(
-    visit: (
-      workerId: bigint,
-      dpRank: number,
-      external: Uint32Array,
-      keys: Uint32Array,
-      count: number,
-    ) => void,
-  ): void;
-}
-
 /** Longest stored event a dump writes; a longer chain continues in the next event. */
 export const DUMP_CHAIN_BLOCKS_MAX = 4096;
 

@@ -21,9 +21,29 @@
  *                 copied tree in slices of units, ranking it, then each worker (filling
  *                 its order, a radix sort in passes, its emission: all split by the budget).
  */
-import type { DumpSource } from "./dump";
 import { fail } from "./assert";
 import { u64 } from "../util/u64";
+
+/** What an index backend gives `packIndex` (and through it, a dump) to read. */
+export interface DumpSource {
+  /** Block keys are integers in [0, blockKeyLimit). */
+  readonly blockKeyLimit: number;
+  /** Visits every block, each after its parent (parent -1 = the root). */
+  forEachBlock(visit: (key: number, parent: number, hi: number, lo: number) => void): void;
+  /**
+   * Visits every present worker with its held blocks: external hashes (pairs) and keys,
+   * in arrays of its own that the index does not touch again.
+   */
+  forEachWorker(
+    visit: (
+      workerId: bigint,
+      dpRank: number,
+      external: Uint32Array,
+      keys: Uint32Array,
+      count: number,
+    ) => void,
+  ): void;
+}
 
 export const OP_STORED = 1;
 export const OP_REMOVED = 2;

@@ -5,7 +5,7 @@
  * hold blocks (no parent, at least one block), so rejected events leave no slot
  * behind; slot -1 tells the backend the worker has none (and could not get one).
  */
-import { WorkerTable } from "../core/worker-table";
+import { WorkerTable } from "../domain/worker-table";
 import {
   countRejection,
   type IndexCounters,

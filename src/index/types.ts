@@ -4,7 +4,7 @@
  * are (hi, lo) u32 pairs, `count` is in blocks and `first` is the index of the
  * event's first block in those arrays. Worker ids are bigints at event granularity.
  */
-import type { WorkerTable } from "../core/worker-table";
+import type { WorkerTable } from "../domain/worker-table";
 import type { FreezeJob } from "./pack";
 import type { IndexOp } from "./ops";
 

@@ -1,15 +1,15 @@
 /**
  * Per-slot state of the typed-array backends over the shared worker numbering
- * (src/core/worker-table.ts): each slot that stores gets its own external-hash lookup.
+ * (src/domain/worker-table.ts): each slot that stores gets its own external-hash lookup.
  * A slot's lookup is dropped only by `release`, which callers invoke after every
  * coverage entry naming the slot is gone (remove_worker clears first), so a slot taken
  * again inherits nothing. An index built without a table owns one and frees the slot
  * there too; an index given the core's table leaves that to the core.
  * Match results name slots (the table's) only until the next mutating call.
  */
-import { SLOT_LIMIT, type WorkerTable } from "../core/worker-table";
+import { SLOT_LIMIT, type WorkerTable } from "../domain/worker-table";
 import { assert } from "./assert";
-import type { DumpSource } from "./dump";
+import type { DumpSource } from "./pack";
 import { ExternalLookup } from "./lookup";
 import type { WorkerInfo } from "./types";
 

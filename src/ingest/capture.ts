@@ -9,7 +9,7 @@
  *   {"op":"removed",...}  {"op":"cleared",...}
  */
 import { hashTokens } from "../hash";
-import { WorkerTable } from "../core/worker-table";
+import { WorkerTable } from "../domain/worker-table";
 import type { Logger } from "../util/log";
 import { u64String } from "../util/u64";
 import { type DecodedBatch, FLAG_EAGLE, FLAG_PARENT } from "../wire/kv-events";

@@ -48,7 +48,7 @@ import {
   NO_STRING,
   type DecodeErrorKind,
 } from "../wire/kv-events";
-import type { WorkerTable } from "../core/worker-table";
+import type { WorkerTable } from "../domain/worker-table";
 import { capacityFor, mix, TABLE_CAPACITY_MIN } from "../util/tables";
 import { AMBIGUOUS, NamespaceTable } from "./namespace";
 import { RankSlots } from "./rank-slots";

@@ -4,7 +4,7 @@
  * resolved in the worker table when the rank is first written, then kept with its
  * generation, so the writer is handed a plain slot number per operation.
  */
-import type { WorkerTable } from "../core/worker-table";
+import type { WorkerTable } from "../domain/worker-table";
 
 export class RankSlots {
   /** Ranks this publisher has written for (the configured one from the start). */

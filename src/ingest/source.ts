@@ -80,6 +80,16 @@ export interface StreamView {
  * connecting: never connected yet; connected: a publisher is attached;
  * disconnected: it was, and we are reconnecting; stopped: closed for good.
  */
+/** Where a stream stood: what a snapshot keeps of it and a restarted source resumes from. */
+export interface SourcePosition {
+  readonly workerId: bigint;
+  readonly dpRank: number;
+  readonly lastSeq: number;
+  /** Fingerprint of batch lastSeq (the sequencer's continuity proof), -1 if unknown. */
+  readonly fingerprint: number;
+  readonly degraded: boolean;
+}
+
 export type SourceState = "connecting" | "connected" | "disconnected" | "stopped";
 
 export class SourceCounters {

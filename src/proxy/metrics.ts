@@ -3,7 +3,7 @@
  * tokens are per worker, so `rate(observed) / rate(predicted)` is the fraction of the
  * router's predicted hits that the engines really served.
  */
-import { type MetricsRegistry, registerSamples } from "../server/metrics";
+import { type MetricsRegistry, registerSamples } from "../util/metrics";
 import type { KvedgeCore } from "../core/core";
 import type { OpenAiProxy } from "./proxy";
 

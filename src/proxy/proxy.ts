@@ -11,7 +11,7 @@
  * worker that cannot be reached (connection refused, reset before any answer) is
  * skipped for the next candidate, the request's load moving with it. The answer's
  * `usage.prompt_tokens_details.cached_tokens` is compared with the prediction
- * (./observed-hits.ts). For that, a streamed request that does not ask for usage gets
+ * (src/core/observed-hits.ts). For that, a streamed request that does not ask for usage gets
  * `stream_options.include_usage` added, and the usage-only chunk it then receives is
  * not passed on: the client sees the stream it asked for.
  */

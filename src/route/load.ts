@@ -9,7 +9,7 @@
  * several requests count once), plus its expected output blocks when output tracking
  * is on. A request never finished expires `requestTtlMs` after its last lifecycle call.
  *
- * Workers are the slots of a WorkerTable (src/core/worker-table.ts; the core's, shared
+ * Workers are the slots of a WorkerTable (src/domain/worker-table.ts; the core's, shared
  * with the index, or one of the tracker's own). Every live slot of the table is a
  * routing candidate. Load lives in per-slot typed arrays, read by the routing loop
  * without lookups, grown to the table's capacity by `syncSlots`. A slot is released
@@ -46,7 +46,7 @@ import {
   resized,
   type TypedArray,
 } from "./requests";
-import { WorkerTable } from "../core/worker-table";
+import { WorkerTable } from "../domain/worker-table";
 import { assert, VERIFY } from "../util/verify";
 
 export { FINISHED_REMEMBERED_MAX, INITIAL_RECORDS };

@@ -23,7 +23,7 @@
  * go into a CandidateList the caller may reuse, the request's record into the load
  * tracker's arrays).
  */
-import { KvedgeError } from "../core/errors";
+import { KvedgeError } from "../domain/errors";
 import { LoadTracker, type LoadTrackerOptions, REQUEST_ID_LENGTH_MAX } from "./load";
 import { Calibration, type LearnedTimes } from "./calibration";
 import {

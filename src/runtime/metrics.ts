@@ -3,7 +3,7 @@
  * written, dropped at a full ring, refused as oversize; its fill; wakes) and the
  * threads running. Registered by `kvedge serve` for the modes it runs.
  */
-import { type MetricsRegistry, registerSamples } from "../server/metrics";
+import { type MetricsRegistry, registerSamples } from "../util/metrics";
 import type { ThreadPlan } from "./threads";
 import type { WriterThread } from "./writer-thread";
 

@@ -79,10 +79,10 @@ export type ThreadMessage =
   | { readonly kind: "failed"; readonly error: string }
   | { readonly kind: "role"; readonly body: unknown };
 
-/** The Worker entry: beside this file from source; in the binary, where build.ts put it. */
+/** The Worker entry (src/cli/thread-main.ts) from source; in the binary, where build.ts put it. */
 function entryUrl(): string {
-  if (import.meta.url.includes("/$bunfs/")) return "./runtime/thread-main.ts";
-  return new URL("./thread-main.ts", import.meta.url).href;
+  if (import.meta.url.includes("/$bunfs/")) return "./cli/thread-main.ts";
+  return new URL("../cli/thread-main.ts", import.meta.url).href;
 }
 
 export interface KvedgeThread {

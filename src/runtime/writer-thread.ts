@@ -18,7 +18,7 @@ import type { IndexOp } from "../index/ops";
 import { createRingBuffers, RecordKind, RING_MAX_STREAMS, RingProducer } from "./ring";
 import { type KvedgeThread, startThread } from "./threads";
 import type { SharedIndexDescriptor } from "../index/crtc/shared";
-import type { IndexStatus } from "./threaded-index";
+import type { IndexStatus } from "../index/threaded-index";
 import type { StreamStatus, WriterControl, WriterStart, WriterToMain } from "./writer";
 
 const encoder = new TextEncoder();

@@ -8,8 +8,8 @@
  * way, tagged with a generation so that replies of an abandoned replay, still in the
  * ring, are recognized and dropped. ./writer-thread.ts is the other end.
  */
-import { budgetedWriter } from "../core/budgeted-writer";
-import { WorkerTable } from "../core/worker-table";
+import { budgetedWriter } from "../ingest/budgeted-writer";
+import { WorkerTable } from "../domain/worker-table";
 import { createIndex, type KvIndex } from "../index";
 import { IndexBudget } from "../index/budget";
 import {
@@ -24,7 +24,7 @@ import { EngineStream } from "../ingest/stream";
 import type { Config } from "../config";
 import { createLogger, type Logger } from "../util/log";
 import { RecordKind, type RingBuffers, RingConsumer } from "./ring";
-import type { IndexStatus } from "./threaded-index";
+import type { IndexStatus } from "../index/threaded-index";
 
 export interface WriterStart {
   readonly ring: RingBuffers;

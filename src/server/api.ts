@@ -7,7 +7,7 @@
 import type { WorkerEntry } from "../config/workers";
 import { checkEndpoint } from "../config";
 import { checkHttpEndpoint } from "../config/workers";
-import { KvedgeError } from "../core/errors";
+import { KvedgeError } from "../domain/errors";
 import type { LifecycleResult } from "../route/load";
 import { REQUEST_ID_LENGTH_MAX } from "../route/load";
 import {

@@ -32,7 +32,8 @@ import {
   type ReceivedBody,
   wantsMsgpack,
 } from "../http/http";
-import { type MetricsRegistry, ServerMetrics } from "./metrics";
+import { ServerMetrics } from "./metrics";
+import type { MetricsRegistry } from "../util/metrics";
 import type { KvedgeCore } from "../core/core";
 import { statusOp, statusPage } from "./status";
 import { TurnBatch } from "./turn";

@@ -1,10 +1,10 @@
 /**
- * The server's side of errors: which status each domain error code (src/core/errors.ts)
+ * The server's side of errors: which status each domain error code (src/domain/errors.ts)
  * answers with, over HTTP and WebSocket alike. The generic HTTP plumbing (HttpError,
  * bodies, replies, field checks) is src/http/http.ts, shared with the proxy and the
  * mock engines.
  */
-import { type ErrorCode, KvedgeError } from "../core/errors";
+import { type ErrorCode, KvedgeError } from "../domain/errors";
 import { HttpError } from "../http/http";
 
 /** The HTTP status of each domain error code: the one place codes become statuses. */

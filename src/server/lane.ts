@@ -1,5 +1,5 @@
 /**
- * A route lane: a thread (src/runtime/thread-main.ts, role "lane") with a `Bun.serve`
+ * A route lane: a thread (src/cli/thread-main.ts, role "lane") with a `Bun.serve`
  * of its own on the public host and port, shared with the other lanes (`reusePort`:
  * the kernel spreads connections over them). A lane does the per-request work that
  * needs nothing shared: Bun's HTTP handling, the guard, reading and parsing the body,

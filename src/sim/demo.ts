@@ -21,64 +21,12 @@ import { kvedgeRouter, KvedgeClient } from "./kvedge-client";
 import { NetworkedEngine } from "./networked-engine";
 import { type ProxyReport, runProxyReplay } from "./proxy-replay";
 import { percentile, type PolicyReport } from "./outcome";
-import { createPolicy, type KvAwareConfig, KvAwareModel, type PolicyName } from "./policies";
+import { createPolicy, KvAwareModel, type PolicyName } from "./policies";
 import type { AdmissionMode } from "../route/admission";
 import { policyClient, replayRealtime, type RealtimeProgress } from "./realtime";
-import { startServeChild, type ServeChild, withServeTail } from "./serve-process";
+import { startServeChild, type ServeChild, waitReady, withServeTail } from "./serve-process";
 import { engineSeeds, simulate } from "./simulator";
-import type { TimeModel } from "./time-model";
-import type { Trace } from "./trace";
-
-export const DEMO_POLICIES = [
-  "kv_aware",
-  "round_robin",
-  "random",
-  "least_loaded",
-  "approx_prefix",
-  "kv_aware_model",
-] as const;
-export type DemoPolicy = (typeof DEMO_POLICIES)[number];
-export const DEFAULT_DEMO_POLICIES: readonly DemoPolicy[] = [
-  "kv_aware",
-  "round_robin",
-  "random",
-  "least_loaded",
-  "approx_prefix",
-];
-
-export function isDemoPolicy(name: string): name is DemoPolicy {
-  return (DEMO_POLICIES as readonly string[]).includes(name);
-}
-
-export interface DemoOptions {
-  /** The trace to replay (already cut to the requests and time scale wanted). */
-  readonly trace: Trace;
-  readonly workers: number;
-  readonly capacityBlocks: number;
-  readonly blockSize: number;
-  readonly speedup: number;
-  readonly policies: readonly DemoPolicy[];
-  readonly seed: number;
-  readonly time: TimeModel;
-  readonly vocabSize: number;
-  readonly form: "array" | "map";
-  readonly realtimeBaselines: boolean;
-  /**
-   * Everything in virtual time: kv_aware is kvedge's router in-process (the real
-   * `Router`, told each engine's true cache as its overlaps), no kvedge serve.
-   */
-  readonly virtual?: boolean;
-  /** kv_aware's router settings in virtual time (default: route policy ttft, the engines' constants). */
-  readonly kvAware?: KvAwareConfig;
-  /** Extra `kvedge serve` arguments (e.g. --cpus). */
-  readonly serveArgs: readonly string[];
-  /** How to start kvedge (default: this executable). */
-  readonly kvedgeCommand?: readonly string[];
-  /** Progress lines ("" when a phase ends); null: silent. */
-  readonly progress: ((line: string) => void) | null;
-  /** kv_aware through `kvedge serve --proxy` (OpenAI API) instead of the routing API (./proxy-replay.ts). */
-  readonly proxy?: boolean;
-}
+import type { DemoOptions, DemoPolicy } from "./demo-options";
 
 export interface DemoPolicyResult extends PolicyReport {
   /** How the policy was run: through kvedge, or in-process in virtual / real time. */
@@ -383,24 +331,6 @@ function admissionCounts(metrics: string): Omit<AdmissionReport, "mode"> {
 }
 
 /** Waits for /readyz and for every engine to see its subscriber (nothing published is lost). */
-export async function waitReady(
-  url: string,
-  engines: readonly NetworkedEngine[],
-  timeoutMs = 20_000,
-): Promise<void> {
-  const deadline = performance.now() + timeoutMs;
-  for (;;) {
-    const ready = await fetch(`${url}/readyz`).then(
-      (response) => response.ok,
-      () => false,
-    );
-    if (ready && engines.every((engine) => engine.subscribers > 0)) return;
-    if (performance.now() > deadline)
-      throw new Error(`kvedge serve was not ready within ${timeoutMs} ms`);
-    await Bun.sleep(20);
-  }
-}
-
 interface WorkerJson {
   readonly worker_id: string;
   readonly degraded: boolean;

@@ -25,7 +25,26 @@ import {
   sseEvent,
 } from "../proxy/openai";
 import type { PromptTokenizer } from "../proxy/tokenizer";
-import type { EngineServer, Submitted } from "./engine-server";
+
+/** A request the engine accepted, as its OpenAI front follows it. */
+export interface Submitted {
+  readonly requestId: string;
+  readonly promptTokens: number;
+  readonly outputTokens: number;
+  /** Prompt tokens served from the prefix cache (known at the first token). */
+  readonly cachedTokens: number;
+  readonly ttftMs: number;
+  readonly e2eMs: number;
+  /** The token ids the engine generates. */
+  readonly output: Uint32Array;
+  readonly firstToken: Promise<void>;
+  readonly done: Promise<void>;
+}
+
+/** What the OpenAI front needs of an engine (EngineServer): a way to submit a prompt. */
+export interface Submitter {
+  submit(prompt: Uint32Array, maxTokens: number, requestId: string | null): Submitted;
+}
 
 export interface OpenAiEngineOptions {
   readonly tokenizer: PromptTokenizer | null;
@@ -40,7 +59,7 @@ export class EngineOpenAi {
   private readonly created = Math.floor(Date.now() / 1000);
 
   constructor(
-    private readonly engine: EngineServer,
+    private readonly engine: Submitter,
     private readonly options: OpenAiEngineOptions,
   ) {}
 

@@ -38,7 +38,7 @@ import type { NetworkedEngine } from "./networked-engine";
 import { Pacer } from "./pacer";
 import { writeOutputTokens } from "./tokens";
 import { CHAT_PATH, COMPLETIONS_PATH, MAX_TOKENS_MAX } from "../proxy/openai";
-import { EngineOpenAi, type OpenAiEngineOptions } from "./engine-openai";
+import { EngineOpenAi, type OpenAiEngineOptions, type Submitted } from "./engine-openai";
 
 export interface EngineServerOptions {
   readonly networked: NetworkedEngine;
@@ -70,20 +70,6 @@ interface InFlight {
 }
 
 /** A request in the engine, as `submit` returns it: its figures fill in as it runs (model ms). */
-export interface Submitted {
-  readonly requestId: string;
-  readonly promptTokens: number;
-  readonly outputTokens: number;
-  /** Prompt tokens served from the prefix cache (known at the first token). */
-  readonly cachedTokens: number;
-  readonly ttftMs: number;
-  readonly e2eMs: number;
-  /** The token ids the engine generates. */
-  readonly output: Uint32Array;
-  readonly firstToken: Promise<void>;
-  readonly done: Promise<void>;
-}
-
 export class EngineServer {
   private readonly pacer: Pacer;
   private readonly inFlight = new Map<number, InFlight>();

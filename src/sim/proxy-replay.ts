@@ -10,11 +10,11 @@
  * is built by the same code as every other policy's (./outcome.ts), which also checks
  * that every request reached exactly one engine (prompt tokens are conserved).
  */
-import { type DemoOptions, waitReady } from "./demo";
+import type { DemoOptions } from "./demo-options";
 import { EngineServer } from "./engine-server";
 import { NetworkedEngine } from "./networked-engine";
 import { percentile, type PolicyReport, RunRecorder } from "./outcome";
-import { startServeChild, type ServeChild, withServeTail } from "./serve-process";
+import { startServeChild, type ServeChild, waitReady, withServeTail } from "./serve-process";
 import { engineSeeds, requestTokens } from "./simulator";
 import { silentLogger } from "../util/log";
 

@@ -6,6 +6,7 @@
  */
 import type { Subprocess } from "bun";
 import { join } from "node:path";
+import type { NetworkedEngine } from "./networked-engine";
 
 /** The argv that starts `kvedge` the way this process was started. */
 export function kvedgeCommand(): string[] {
@@ -150,5 +151,24 @@ async function forEachLine(stream: ReadableStream<Uint8Array>, onLine: (line: st
       onLine(pending.slice(0, newline));
       pending = pending.slice(newline + 1);
     }
+  }
+}
+
+/** Waits until kvedge serve at `url` is ready and every engine has a subscriber. */
+export async function waitReady(
+  url: string,
+  engines: readonly NetworkedEngine[],
+  timeoutMs = 20_000,
+): Promise<void> {
+  const deadline = performance.now() + timeoutMs;
+  for (;;) {
+    const ready = await fetch(`${url}/readyz`).then(
+      (response) => response.ok,
+      () => false,
+    );
+    if (ready && engines.every((engine) => engine.subscribers > 0)) return;
+    if (performance.now() > deadline)
+      throw new Error(`kvedge serve was not ready within ${timeoutMs} ms`);
+    await Bun.sleep(20);
   }
 }

@@ -31,6 +31,7 @@ import { existsSync, readFileSync } from "node:fs";
 import { mkdir, open, rename } from "node:fs/promises";
 import { join } from "node:path";
 import { OP_REMOVED, OP_STORED } from "../index/pack";
+import type { SourcePosition } from "../ingest/source";
 
 export const SNAPSHOT_VERSION = 2;
 export const SNAPSHOT_FILE = "kvedge.snapshot";
@@ -42,15 +43,6 @@ const CHECK_CHUNK_BYTES = 1 << 20;
 export const OP_ACTIVE = 3;
 
 /** Where one engine source was when the snapshot was taken. */
-export interface SourcePosition {
-  readonly workerId: bigint;
-  readonly dpRank: number;
-  readonly lastSeq: number;
-  /** Fingerprint of batch lastSeq (the sequencer's continuity proof), -1 if unknown. */
-  readonly fingerprint: number;
-  readonly degraded: boolean;
-}
-
 export interface Snapshot {
   readonly blockSize: number;
   readonly createdAt: string;

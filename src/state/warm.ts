@@ -21,9 +21,9 @@ import {
   readSnapshotFile,
   type Snapshot,
   SnapshotError,
-  type SourcePosition,
   writeSnapshotFile,
 } from "./snapshot";
+import type { SourcePosition } from "../ingest/source";
 
 /** Work per turn of the event loop. */
 export const SLICE_MS = 1;

@@ -1,7 +1,7 @@
 // The one worker numbering: slots, generations, recycling, and the index and router
 // sharing it (a match result is a router slot as it is).
 import { describe, expect, test } from "bun:test";
-import { WorkerTable } from "../../src/core/worker-table";
+import { WorkerTable } from "../../src/domain/worker-table";
 import { BACKEND_NAMES, createIndex, MatchResult } from "../../src/index";
 import { LoadTracker } from "../../src/route";
 

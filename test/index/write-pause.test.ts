@@ -3,7 +3,7 @@
 // backend; the live index ends equal to one that took every write at once; past the
 // byte bound, or on settle(), the copy completes at once and nothing is lost.
 import { describe, expect, test } from "bun:test";
-import { WorkerTable } from "../../src/core/worker-table";
+import { WorkerTable } from "../../src/domain/worker-table";
 import { createIndex } from "../../src/index";
 import { freezeNow, packIndex } from "../../src/index/pack";
 import { BACKEND_NAMES, type KvIndex, MatchResult } from "../../src/index/types";

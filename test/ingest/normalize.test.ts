@@ -5,7 +5,7 @@
 // not at all. Method: real encoded batches through ingest() into a recording sink.
 import { describe, expect, test } from "bun:test";
 import { hashTokens } from "../../src/hash";
-import { WorkerTable } from "../../src/core/worker-table";
+import { WorkerTable } from "../../src/domain/worker-table";
 import {
   KvEventNormalizer,
   type KvEventWriter,

@@ -3,7 +3,7 @@
 // ignores answers without usage and surplus hits, warns when the engine serves far more
 // than predicted (the signature of a tokenizer mismatch), and forgets removed workers.
 import { describe, expect, test } from "bun:test";
-import { ObservedHits } from "../../src/proxy/observed-hits";
+import { ObservedHits } from "../../src/core/observed-hits";
 import { type LogRecord, memoryLogger } from "../../src/util/log";
 
 function rig(floor = 0.5, window = 8) {

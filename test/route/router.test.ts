@@ -7,7 +7,7 @@
 import { describe, expect, test } from "bun:test";
 import { xorshift32 as prng } from "../../src/util/random";
 import { DEFAULT_SEED } from "../../src/hash";
-import { KvedgeError } from "../../src/core/errors";
+import { KvedgeError } from "../../src/domain/errors";
 import {
   CandidateList,
   type Overlaps,

@@ -3,12 +3,12 @@
 // each side numbered them in; a worker this side does not know, or removed and whose
 // slot went to another worker, is left out, never reported under the recycled slot.
 import { describe, expect, test } from "bun:test";
-import { WorkerTable } from "../../src/core/worker-table";
+import { WorkerTable } from "../../src/domain/worker-table";
 import { MatchResult } from "../../src/index";
 import { attach, createSharedIndex } from "../../src/index/crtc/shared";
 import { blockSeed } from "../../src/hash";
 import { promptHashes } from "../../src/route/input";
-import { ThreadedIndex } from "../../src/runtime/threaded-index";
+import { ThreadedIndex } from "../../src/index/threaded-index";
 
 const BS = 4;
 

@@ -10,7 +10,7 @@ import { createIndex, type KvIndex, MatchResult } from "../../src/index";
 import { attach } from "../../src/index/crtc/shared";
 import { promptHashes } from "../../src/route/input";
 import { blockSeed } from "../../src/hash";
-import { WorkerTable } from "../../src/core/worker-table";
+import { WorkerTable } from "../../src/domain/worker-table";
 import { EngineSource, type SourceConfig } from "../../src/ingest/source";
 import { WriterThread } from "../../src/runtime/writer-thread";
 import { createLogger } from "../../src/util/log";

@@ -6,7 +6,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, test } from "bun:test
 import { connect, type Socket as NetSocket } from "node:net";
 import { loadConfig } from "../../src/config";
 import { type App, startApp } from "../../src/server/app";
-import { createMetricsRegistry } from "../../src/server/metrics";
+import { createMetricsRegistry } from "../../src/util/metrics";
 import { KvedgeCore } from "../../src/core/core";
 import { bufferBudget } from "../../src/util/buffer-budget";
 import { silentLogger } from "../../src/util/log";

@@ -5,7 +5,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { loadConfig } from "../../src/config";
 import { type App, startApp } from "../../src/server/app";
-import { createMetricsRegistry } from "../../src/server/metrics";
+import { createMetricsRegistry } from "../../src/util/metrics";
 import { KvedgeCore } from "../../src/core/core";
 import { silentLogger } from "../../src/util/log";
 

@@ -10,13 +10,12 @@ import { DEFAULT_SEED } from "../../src/hash";
 import { promptHashes, Router } from "../../src/route";
 import { Histogram, Registry } from "prom-client";
 import {
-  createMetricsRegistry,
   FastHistogram,
   HTTP_ROUTE_LABELS_MAX,
   registerRouterMetrics,
-  registerSamples,
   ServerMetrics,
 } from "../../src/server/metrics";
+import { createMetricsRegistry, registerSamples } from "../../src/util/metrics";
 
 interface Sample {
   readonly name: string;

@@ -12,7 +12,8 @@
  */
 import { ChainBuffer, chainHashes } from "../../hash";
 import { assert, VERIFY_BY_DEFAULT } from "../assert";
-import { type DumpSource, dumpEvents } from "../dump";
+import { dumpEvents } from "../dump";
+import type { DumpSource } from "../pack";
 import { type FreezeJob, freezeByWalk, frozenAtOnce } from "../pack";
 import { LinkTable } from "../link-table";
 import type { ExternalLookup } from "../lookup";

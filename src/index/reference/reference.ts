@@ -9,7 +9,8 @@
  *
  * See docs/decisions.md#exact-oracle.
  */
-import { type DumpSource, dumpEvents } from "../dump";
+import { dumpEvents } from "../dump";
+import type { DumpSource } from "../pack";
 import { type FreezeJob, freezeByWalk, frozenAtOnce } from "../pack";
 import type { IndexOp } from "../ops";
 import {

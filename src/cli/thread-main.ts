@@ -5,9 +5,9 @@
  * decides what that means).
  */
 import { type LaneStart, runLane } from "../server/lane";
-import { getAffinity, pinThread } from "./affinity";
-import { IndexWriter, type WriterStart } from "./writer";
-import type { ThreadMessage, ThreadRole, ThreadStart } from "./threads";
+import { getAffinity, pinThread } from "../runtime/affinity";
+import { IndexWriter, type WriterStart } from "../runtime/writer";
+import type { ThreadMessage, ThreadRole, ThreadStart } from "../runtime/threads";
 
 declare const self: Worker;
 

@@ -5,8 +5,8 @@
  * The core uses it on the main thread, the writer thread (src/runtime/writer.ts) on its.
  */
 import type { IndexBudget } from "../index/budget";
-import type { KvEventWriter } from "../ingest/normalize";
-import type { WorkerTable } from "./worker-table";
+import type { KvEventWriter } from "./normalize";
+import type { WorkerTable } from "../domain/worker-table";
 
 export interface BudgetEvents {
   /** Stores of `blocks` blocks for `slot` were refused at the budget. */

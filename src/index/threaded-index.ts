@@ -7,11 +7,11 @@
  * Writes go through the event ring, never through here; a dump or a freeze of the
  * writer's index is not available on this thread (serve refuses state.dir with it).
  */
-import { KvedgeError } from "../core/errors";
-import type { WorkerTable } from "../core/worker-table";
-import type { IndexOp } from "../index/ops";
-import type { FreezeJob } from "../index/pack";
-import type { SharedIndexReader } from "../index/crtc/shared";
+import { KvedgeError } from "../domain/errors";
+import type { WorkerTable } from "../domain/worker-table";
+import type { IndexOp } from "./ops";
+import type { FreezeJob } from "./pack";
+import type { SharedIndexReader } from "./crtc/shared";
 import {
   type IndexCounters,
   type IndexStats,
@@ -20,7 +20,7 @@ import {
   newCounters,
   type StoreStatus,
   type WorkerInfo,
-} from "../index/types";
+} from "./types";
 
 /** What the writer posts of its index after a drain that changed it. */
 export interface IndexStatus {

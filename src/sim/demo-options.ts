@@ -1,0 +1,55 @@
+/** What `kvedge demo` runs: its options and the policies it can compare. */
+import type { KvAwareConfig } from "./policies";
+import type { TimeModel } from "./time-model";
+import type { Trace } from "./trace";
+
+export const DEMO_POLICIES = [
+  "kv_aware",
+  "round_robin",
+  "random",
+  "least_loaded",
+  "approx_prefix",
+  "kv_aware_model",
+] as const;
+export type DemoPolicy = (typeof DEMO_POLICIES)[number];
+export const DEFAULT_DEMO_POLICIES: readonly DemoPolicy[] = [
+  "kv_aware",
+  "round_robin",
+  "random",
+  "least_loaded",
+  "approx_prefix",
+];
+
+export function isDemoPolicy(name: string): name is DemoPolicy {
+  return (DEMO_POLICIES as readonly string[]).includes(name);
+}
+
+export interface DemoOptions {
+  /** The trace to replay (already cut to the requests and time scale wanted). */
+  readonly trace: Trace;
+  readonly workers: number;
+  readonly capacityBlocks: number;
+  readonly blockSize: number;
+  readonly speedup: number;
+  readonly policies: readonly DemoPolicy[];
+  readonly seed: number;
+  readonly time: TimeModel;
+  readonly vocabSize: number;
+  readonly form: "array" | "map";
+  readonly realtimeBaselines: boolean;
+  /**
+   * Everything in virtual time: kv_aware is kvedge's router in-process (the real
+   * `Router`, told each engine's true cache as its overlaps), no kvedge serve.
+   */
+  readonly virtual?: boolean;
+  /** kv_aware's router settings in virtual time (default: route policy ttft, the engines' constants). */
+  readonly kvAware?: KvAwareConfig;
+  /** Extra `kvedge serve` arguments (e.g. --cpus). */
+  readonly serveArgs: readonly string[];
+  /** How to start kvedge (default: this executable). */
+  readonly kvedgeCommand?: readonly string[];
+  /** Progress lines ("" when a phase ends); null: silent. */
+  readonly progress: ((line: string) => void) | null;
+  /** kv_aware through `kvedge serve --proxy` (OpenAI API) instead of the routing API (./proxy-replay.ts). */
+  readonly proxy?: boolean;
+}
