@@ -29,8 +29,8 @@ else await main();
 
 async function server(): Promise<void> {
   const config = loadConfig({ env: {} }).config;
-  const service = new KvedgeCore({ config, log: silentLogger, random: Math.random });
-  const index = service.index;
+  const core = new KvedgeCore({ config, log: silentLogger, random: Math.random });
+  const index = core.index;
   const external = new Uint32Array(2 * CHAIN);
   const local = new Uint32Array(2 * CHAIN);
   let block = 0;
@@ -43,13 +43,13 @@ async function server(): Promise<void> {
     index.applyStored(BigInt(chain % WORKERS), 0, false, 0, 0, external, local, CHAIN, 0);
     block += CHAIN;
   }
-  for (let w = 0; w < WORKERS; w++) service.router.load.addWorker(BigInt(w), 0);
+  for (let w = 0; w < WORKERS; w++) core.router.load.addWorker(BigInt(w), 0);
   const app = startApp({
     host: "127.0.0.1",
     port: 0,
     bodyLimitBytes: 1 << 20,
     adminToken: null,
-    service,
+    core,
     registry: createMetricsRegistry(),
     log: silentLogger,
   });

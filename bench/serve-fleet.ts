@@ -22,17 +22,17 @@ export const FLEET_SEED = 20_261_129;
 export const FLEET_WORKERS = 64;
 export const FLEET_PAIRS = 1_050_000;
 
-/** A service holding the benchmark fleet's blocks; `env` sets KVEDGE_* settings. */
-export function fleetService(env: Record<string, string> = {}): {
-  service: KvedgeCore;
+/** A core holding the benchmark fleet's blocks; `env` sets KVEDGE_* settings. */
+export function fleetCore(env: Record<string, string> = {}): {
+  core: KvedgeCore;
   fleet: Fleet;
 } {
   const fleet = buildFleet(FLEET_SEED, FLEET_WORKERS, FLEET_PAIRS);
-  const service = new KvedgeCore({ config: loadConfig({ env }).config, log: silentLogger });
+  const core = new KvedgeCore({ config: loadConfig({ env }).config, log: silentLogger });
   const seed = blockSeed(null, null);
   for (let w = 0; w < FLEET_WORKERS; w++) {
     const workerId = BigInt(w + 1);
-    service.router.load.addWorker(workerId, 0);
+    core.router.load.addWorker(workerId, 0);
     const systems = new Set<number>();
     for (const sequence of fleet.sequences[w]!) {
       const system = fleet.documentSystem[sequence.document]!;
@@ -59,7 +59,7 @@ export function fleetService(env: Record<string, string> = {}): {
       hashBlocks(tokens, BLOCK_SIZE, seed, local);
       const parentHi = parent === null ? 0 : Number(parent >> 32n);
       const parentLo = parent === null ? 0 : Number(parent & 0xffff_ffffn);
-      service.index.applyStored(
+      core.index.applyStored(
         workerId,
         0,
         parent !== null,
@@ -71,7 +71,7 @@ export function fleetService(env: Record<string, string> = {}): {
       );
     }
   }
-  const pairs = service.index.stats().blocks;
+  const pairs = core.index.stats().blocks;
   if (pairs !== fleet.pairs) throw new Error(`indexed ${pairs} pairs, expected ${fleet.pairs}`);
-  return { service, fleet };
+  return { core, fleet };
 }

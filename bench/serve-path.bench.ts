@@ -21,15 +21,15 @@ import { createMetricsRegistry } from "../src/util/metrics";
 import { defaultTokenScanner, parseRequestJson } from "../src/http/request-json";
 import { BLOCK_SIZE, buildPrompt } from "./http-workload";
 import { benchFlags, prng, provenance, rssBytes } from "./lib";
-import { FLEET_SEED as SEED, fleetService } from "./serve-fleet";
+import { FLEET_SEED as SEED, fleetCore } from "./serve-fleet";
 
 const json =
   benchFlags("bun bench/serve-path.bench.ts [--json]", { json: { type: "boolean" } }).json === true;
 const ACTIVE = 4096;
 const POOL = 2048;
 
-const { service, fleet } = fleetService();
-const pairs = service.index.stats().blocks;
+const { core, fleet } = fleetCore();
+const pairs = core.index.stats().blocks;
 
 const metrics = new ServerMetrics(createMetricsRegistry());
 const random = prng(SEED);
@@ -48,9 +48,9 @@ for (const promptTokens of [1024, 4096]) {
   const routed: string[] = [];
   let next = 0;
   const routeOne = (body: unknown) => {
-    const answer = routeOp(service, body);
+    const answer = routeOp(core, body);
     routed.push(answer.request_id);
-    if (routed.length > ACTIVE) service.done(routed.shift()!);
+    if (routed.length > ACTIVE) core.done(routed.shift()!);
     return answer;
   };
   for (let i = 0; i < ACTIVE; i++) routeOne(parsed[i % POOL]);

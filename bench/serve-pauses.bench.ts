@@ -31,7 +31,7 @@ import { websocketHandlers, type WsData } from "../src/server/ws";
 import { silentLogger } from "../src/util/log";
 import { BLOCK_SIZE, buildPrompt, mix } from "./http-workload";
 import { benchFlags, killWithBench, median, prng, provenance } from "./lib";
-import { FLEET_SEED, fleetService } from "./serve-fleet";
+import { FLEET_SEED, fleetCore } from "./serve-fleet";
 
 // `--one`: a single run, in this process (the parent starts one per run).
 const flags = benchFlags(
@@ -75,9 +75,9 @@ interface RunResult {
 }
 
 async function oneRun(): Promise<RunResult> {
-  const { service, fleet } = fleetService({ KVEDGE_REQUEST_TTL_SECS: "0.5" });
+  const { core, fleet } = fleetCore({ KVEDGE_REQUEST_TTL_SECS: "0.5" });
   const onMessage = websocketHandlers(
-    service,
+    core,
     silentLogger,
     new ServerMetrics(createMetricsRegistry()),
     new TurnBatch(silentLogger),

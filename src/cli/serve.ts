@@ -9,7 +9,7 @@ import { defaultIndexBudgetBytes } from "../index/budget";
 import type { Config } from "../config";
 import { bufferBudget } from "../util/buffer-budget";
 import { warmUp } from "../server/warmup";
-import { registerRouterMetrics, registerServiceMetrics } from "../server/metrics";
+import { registerRouterMetrics, registerCoreMetrics } from "../server/metrics";
 import { createMetricsRegistry, type MetricsRegistry } from "../util/metrics";
 import { KvedgeCore } from "../core/core";
 import { registerObservedHitsMetrics, registerProxyMetrics } from "../proxy/metrics";
@@ -105,12 +105,12 @@ Example:
     }
     bufferBudget.limitBytes = config.server.buffer_budget_bytes;
     const writer = plan.indexThreads === 0 ? null : await startWriter(config, plan);
-    const service = new KvedgeCore({ config, log, ...(writer === null ? {} : { writer }) });
+    const core = new KvedgeCore({ config, log, ...(writer === null ? {} : { writer }) });
     let proxy: OpenAiProxy | null = null;
     if (config.proxy.enabled) {
       const model = config.proxy.model ?? tokenizer?.model ?? "default";
       proxy = new OpenAiProxy({
-        service,
+        core,
         tokenizer,
         model,
         forwardTokenIds: config.proxy.forward_token_ids,
@@ -130,29 +130,29 @@ Example:
         vocab_size: tokenizer?.vocabSize ?? null,
       });
     }
-    const registry = metricsOf(service, proxy, plan, writer);
+    const registry = metricsOf(core, proxy, plan, writer);
     const stateDir = config.state.dir;
     const stateLog = log.child({ component: "state" });
     const saved =
       stateDir === null
         ? null
         : loadSnapshot(
-            service,
+            core,
             stateDir,
             config.workers.map((worker) => worker.worker_id),
             stateLog,
           );
-    await service.start(); // snapshot and sources before the port opens (docs/operations.md)
-    if (saved !== null) restoreRequests(service, saved, stateLog);
+    await core.start(); // snapshot and sources before the port opens (docs/operations.md)
+    if (saved !== null) restoreRequests(core, saved, stateLog);
     let serving: Serving;
     try {
-      serving = await listen(config, plan, { service, writer, registry, proxy }, log);
+      serving = await listen(config, plan, { core, writer, registry, proxy }, log);
     } catch (error) {
-      await service.stop().then(() => writer?.stop());
+      await core.stop().then(() => writer?.stop());
       process.stderr.write(`kvedge serve: ${(error as Error).message}\n`);
       return 1;
     }
-    const periodic = stateDir === null ? null : new PeriodicSnapshots(service, stateDir, stateLog);
+    const periodic = stateDir === null ? null : new PeriodicSnapshots(core, stateDir, stateLog);
     const snapshots =
       periodic === null
         ? null
@@ -170,9 +170,9 @@ Example:
     await serving.stop(SHUTDOWN_GRACE_MS);
     if (snapshots !== null) clearInterval(snapshots);
     await periodic?.idle();
-    if (stateDir !== null && (await saveSnapshot(service, stateDir, stateLog)))
+    if (stateDir !== null && (await saveSnapshot(core, stateDir, stateLog)))
       log.info("snapshot written", { dir: stateDir });
-    await service.stop();
+    await core.stop();
     await writer?.stop();
     log.info("stopped");
     return signal === "writer_failed" ? 1 : 0;
@@ -220,7 +220,7 @@ interface Serving {
  * main thread's server listens on loopback only, for what the lanes pass on.
  */
 interface Serves {
-  readonly service: KvedgeCore;
+  readonly core: KvedgeCore;
   readonly writer: WriterThread | null;
   readonly registry: MetricsRegistry;
   readonly proxy: OpenAiProxy | null;
@@ -232,14 +232,14 @@ async function listen(
   serves: Serves,
   log: Logger,
 ): Promise<Serving> {
-  const { service, writer, registry, proxy } = serves;
+  const { core, writer, registry, proxy } = serves;
   const lanesOn = plan.routeThreads > 0;
   const app = startApp({
     host: lanesOn ? loopbackOf(config.server.host) : config.server.host,
     port: lanesOn ? 0 : config.server.port,
     bodyLimitBytes: config.server.body_limit_bytes,
     adminToken: config.server.admin_token,
-    service,
+    core,
     registry,
     log: log.child({ component: "http" }),
     proxy,
@@ -252,7 +252,7 @@ async function listen(
       port: config.server.port,
       mainUrl: app.url,
       bodyLimitBytes: config.server.body_limit_bytes,
-      service,
+      core,
       metrics: app.metrics,
       log: log.child({ component: "lanes" }),
       cpus: plan.laneCpus,
@@ -273,15 +273,15 @@ async function listen(
 }
 
 function metricsOf(
-  service: KvedgeCore,
+  core: KvedgeCore,
   proxy: OpenAiProxy | null,
   plan: ThreadPlan,
   writer: WriterThread | null,
 ): MetricsRegistry {
   const registry = createMetricsRegistry();
-  registerRouterMetrics(registry, service.router);
-  registerServiceMetrics(registry, service);
-  registerObservedHitsMetrics(registry, service);
+  registerRouterMetrics(registry, core.router);
+  registerCoreMetrics(registry, core);
+  registerObservedHitsMetrics(registry, core);
   if (proxy !== null) registerProxyMetrics(registry, proxy);
   registerThreadMetrics(registry, plan, writer);
   return registry;

@@ -269,7 +269,7 @@ export class KvedgeCore {
     this.heldTimer = null;
     for (const call of this.admission.takeAll()) {
       this.unhold(call);
-      call.fail(new KvedgeError("shutting_down", "the service is shutting down"));
+      call.fail(new KvedgeError("shutting_down", "kvedge is shutting down"));
     }
     await Promise.all([...this.sources].map((source) => source.stop()));
     this.sources.clear();
@@ -479,7 +479,7 @@ export class KvedgeCore {
 
   /** Adds an engine and starts listening to it; `worker_exists` if (worker, dp rank) already has a source. */
   async addWorker(entry: WorkerEntry): Promise<void> {
-    if (this.stopped) throw new KvedgeError("shutting_down", "the service is shutting down");
+    if (this.stopped) throw new KvedgeError("shutting_down", "kvedge is shutting down");
     const table = this.workerTable;
     const known = table.find(entry.worker_id, entry.dp_rank);
     if (known >= 0 && this.ownSource[known] !== undefined) {

@@ -7,7 +7,7 @@ import { type MetricsRegistry, registerSamples } from "../util/metrics";
 import type { KvedgeCore } from "../core/core";
 import type { OpenAiProxy } from "./proxy";
 
-export function registerObservedHitsMetrics(registry: MetricsRegistry, service: KvedgeCore): void {
+export function registerObservedHitsMetrics(registry: MetricsRegistry, core: KvedgeCore): void {
   const perWorker = (
     name: string,
     help: string,
@@ -20,7 +20,7 @@ export function registerObservedHitsMetrics(registry: MetricsRegistry, service: 
       type,
       labelNames: ["worker_id", "dp_rank"],
       collect(emit) {
-        for (const view of service.workers()) {
+        for (const view of core.workers()) {
           const value = read(view);
           if (value !== null)
             emit(value, { worker_id: view.workerId.toString(), dp_rank: String(view.dpRank) });

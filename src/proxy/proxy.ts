@@ -30,7 +30,7 @@ import {
 import type { PromptTokenizer } from "./tokenizer";
 
 export interface ProxyOptions {
-  readonly service: KvedgeCore;
+  readonly core: KvedgeCore;
   readonly tokenizer: PromptTokenizer | null;
   readonly model: string;
   readonly forwardTokenIds: boolean;
@@ -103,19 +103,19 @@ export class OpenAiProxy {
       this.counters.rejected++;
       throw error;
     }
-    const { service } = this.options;
+    const { core } = this.options;
     // A refusal (no workers, admission's 429) is a KvedgeError: the server answers its status.
     const { requestId, targets } = await this.admit(parsed, request.signal);
-    const lifecycle = new Lifecycle(service, requestId);
+    const lifecycle = new Lifecycle(core, requestId);
     let admittedOn = targets[0]!;
     try {
       for (let attempt = 0; attempt < targets.length && attempt < ATTEMPTS_MAX; attempt++) {
         const target = targets[attempt]!;
-        const endpoint = service.httpEndpointOf(target.workerId, target.dpRank);
+        const endpoint = core.httpEndpointOf(target.workerId, target.dpRank);
         if (endpoint === null) continue;
         if (target !== admittedOn) {
           // The load goes from the worker the request was admitted on to this one.
-          service.moveRequest(requestId, routeInput(parsed), target.slot, target.overlapBlocks);
+          core.moveRequest(requestId, routeInput(parsed), target.slot, target.overlapBlocks);
           admittedOn = target;
         }
         const upstream = await this.forward(endpoint, path, parsed, target, request.signal);
@@ -147,7 +147,7 @@ export class OpenAiProxy {
    * from the queue, 499), or refused (429 with Retry-After).
    */
   private admit(parsed: Parsed, client: AbortSignal): Promise<Admitted> {
-    const { service } = this.options;
+    const { core } = this.options;
     return new Promise((resolve, reject) => {
       const call: RouteCall = {
         input: routeInput(parsed),
@@ -161,12 +161,12 @@ export class OpenAiProxy {
           reject(error);
         },
       };
-      const handle = service.submitRoute(call);
+      const handle = core.submitRoute(call);
       if (handle < 0) return;
       client.addEventListener(
         "abort",
         () => {
-          if (!service.dropHeld(handle, call)) return; // answered already: the forward sees the abort
+          if (!core.dropHeld(handle, call)) return; // answered already: the forward sees the abort
           this.counters.clientAborts++;
           reject(
             new HttpError(499, "the client closed the request while it was held for a worker"),
@@ -266,10 +266,10 @@ export class OpenAiProxy {
     lifecycle: Lifecycle,
     client: AbortSignal,
   ): Response {
-    const { service } = this.options;
+    const { core } = this.options;
     const promptTokens = parsed.tokens.length;
-    const reusable = Math.floor((promptTokens - 1) / service.blockSize) * service.blockSize;
-    const predicted = Math.min(target.overlapBlocks * service.blockSize, reusable);
+    const reusable = Math.floor((promptTokens - 1) / core.blockSize) * core.blockSize;
+    const predicted = Math.min(target.overlapBlocks * core.blockSize, reusable);
     const headers = new Headers({
       "content-type": upstream.headers.get("content-type") ?? "application/json",
     });
@@ -277,7 +277,7 @@ export class OpenAiProxy {
     headers.set("x-kvedge-dp-rank", String(target.dpRank));
     headers.set("x-kvedge-request-id", lifecycle.requestId);
     const observe = (cached: number | null): void => {
-      service.observedHits.record(target.workerId, target.dpRank, promptTokens, predicted, cached);
+      core.observedHits.record(target.workerId, target.dpRank, promptTokens, predicted, cached);
     };
     const relay = new Relay(
       upstream,
@@ -468,20 +468,20 @@ class Lifecycle {
   private finished = false;
 
   constructor(
-    private readonly service: KvedgeCore,
+    private readonly core: KvedgeCore,
     readonly requestId: string,
   ) {}
 
   prefillDone(): void {
     if (this.prefilled || this.finished) return;
     this.prefilled = true;
-    this.service.prefillDone(this.requestId);
+    this.core.prefillDone(this.requestId);
   }
 
   done(): void {
     if (this.finished) return;
     this.finished = true;
-    this.service.done(this.requestId);
+    this.core.done(this.requestId);
   }
 }
 

@@ -42,7 +42,7 @@ const scoreJson = (score: MatchScore) => ({
 });
 
 /** POST /v1/match: `{"token_ids":[…], "lora_name"?, "cache_salt"?}` or `{"local_hashes":["…"]}`. */
-export function matchOp(service: KvedgeCore, raw: unknown) {
+export function matchOp(core: KvedgeCore, raw: unknown) {
   const body = asObject(raw);
   let local: Uint32Array;
   let chain: Uint32Array | undefined;
@@ -61,7 +61,7 @@ export function matchOp(service: KvedgeCore, raw: unknown) {
       local[2 * i + 1] = Number(hash & 0xffff_ffffn);
     }
   } else {
-    const prompt = service.hash(
+    const prompt = core.hash(
       tokenIds(body),
       optionalString(body, "lora_name"),
       optionalString(body, "cache_salt"),
@@ -70,8 +70,8 @@ export function matchOp(service: KvedgeCore, raw: unknown) {
     chain = prompt.chain;
     count = prompt.blockCount;
   }
-  const scores = service.match(local, count, chain).map(scoreJson);
-  return { block_size: service.blockSize, query_blocks: count, scores };
+  const scores = core.match(local, count, chain).map(scoreJson);
+  return { block_size: core.blockSize, query_blocks: count, scores };
 }
 
 /** A parsed route request: what the core routes. */
@@ -100,9 +100,9 @@ export function parseRoute(raw: unknown): ParsedRoute {
 }
 
 /** Parses a route request, picks a worker now and records the request as its load. */
-export function decideRoute(service: KvedgeCore, raw: unknown): RouteOutcome {
+export function decideRoute(core: KvedgeCore, raw: unknown): RouteOutcome {
   const { input, candidatesMax } = parseRoute(raw);
-  return service.route(input, candidatesMax);
+  return core.route(input, candidatesMax);
 }
 
 /**
@@ -112,15 +112,15 @@ export function decideRoute(service: KvedgeCore, raw: unknown): RouteOutcome {
  * call outlives the parser's transient arrays.
  */
 export function submitRoute(
-  service: KvedgeCore,
+  core: KvedgeCore,
   raw: unknown,
   answer: (outcome: RouteOutcome) => void,
   fail: (error: unknown) => void,
 ): { handle: number; call: RouteCall } {
   const { input, candidatesMax } = parseRoute(raw);
-  const kept = service.admission.enabled ? { ...input, tokens: input.tokens.slice() } : input;
+  const kept = core.admission.enabled ? { ...input, tokens: input.tokens.slice() } : input;
   const call: RouteCall = { input: kept, candidatesMax, answer, fail };
-  return { handle: service.submitRoute(call), call };
+  return { handle: core.submitRoute(call), call };
 }
 
 /** The answer to a route, as the object JSON and generic MessagePack answers carry. */
@@ -156,26 +156,26 @@ export function routeAnswer(core: KvedgeCore, { decision, queryBlocks }: RouteOu
 }
 
 /** POST /v1/route: picks a worker and records the request as its load. */
-export function routeOp(service: KvedgeCore, raw: unknown) {
-  return routeAnswer(service, decideRoute(service, raw));
+export function routeOp(core: KvedgeCore, raw: unknown) {
+  return routeAnswer(core, decideRoute(core, raw));
 }
 
 /** POST /v1/requests/{id}/prefill_done and /done: idempotent; unknown id → 404. */
-export function lifecycleOp(service: KvedgeCore, requestId: string, step: "prefill_done" | "done") {
+export function lifecycleOp(core: KvedgeCore, requestId: string, step: "prefill_done" | "done") {
   if (requestId.length === 0 || requestId.length > REQUEST_ID_LENGTH_MAX) {
     throw new HttpError(400, `request id must be 1 to ${REQUEST_ID_LENGTH_MAX} characters`);
   }
   const result: LifecycleResult =
-    step === "done" ? service.done(requestId) : service.prefillDone(requestId);
+    step === "done" ? core.done(requestId) : core.prefillDone(requestId);
   if (result === "unknown")
     throw new KvedgeError("unknown_request", `unknown request ${JSON.stringify(requestId)}`);
   return { request_id: requestId, status: result };
 }
 
-export function workersOp(service: KvedgeCore) {
+export function workersOp(core: KvedgeCore) {
   return {
-    block_size: service.blockSize,
-    workers: service.workers().map((view) => ({
+    block_size: core.blockSize,
+    workers: core.workers().map((view) => ({
       worker_id: view.workerId.toString(),
       dp_rank: view.dpRank,
       endpoint: view.endpoint,
@@ -218,7 +218,7 @@ function httpEndpointOf(value: string | null): string | null {
 }
 
 /** POST /v1/workers: `{"worker_id","dp_rank"?,"endpoint","replay_endpoint"?,"topic"?,"http_endpoint"?}`. */
-export async function addWorkerOp(service: KvedgeCore, raw: unknown) {
+export async function addWorkerOp(core: KvedgeCore, raw: unknown) {
   const body = asObject(raw);
   const known = new Set([
     "worker_id",
@@ -249,7 +249,7 @@ export async function addWorkerOp(service: KvedgeCore, raw: unknown) {
     topic: optionalString(body, "topic", TOPIC_LENGTH_MAX) ?? "",
     http_endpoint: httpEndpointOf(optionalString(body, "http_endpoint")),
   };
-  await service.addWorker(entry);
+  await core.addWorker(entry);
   return {
     worker_id: entry.worker_id.toString(),
     dp_rank: entry.dp_rank,
@@ -259,9 +259,9 @@ export async function addWorkerOp(service: KvedgeCore, raw: unknown) {
 }
 
 /** DELETE /v1/workers/{id}: stops its sources and purges its blocks; 404 if unknown. */
-export async function removeWorkerOp(service: KvedgeCore, id: string) {
+export async function removeWorkerOp(core: KvedgeCore, id: string) {
   const workerId = u64Field(id, "worker id");
-  if (!(await service.removeWorker(workerId)))
+  if (!(await core.removeWorker(workerId)))
     throw new KvedgeError("unknown_worker", `unknown worker ${id}`);
   return { worker_id: id, status: "removed" };
 }

@@ -46,7 +46,7 @@ export interface AppOptions {
   readonly port: number;
   readonly bodyLimitBytes: number;
   readonly adminToken: string | null;
-  readonly service: KvedgeCore;
+  readonly core: KvedgeCore;
   readonly registry: MetricsRegistry;
   readonly log: Logger;
   /** `serve --proxy`: the OpenAI-compatible endpoints. */
@@ -83,7 +83,7 @@ export interface App {
 
 /** What the handlers share: the core, the guards, metrics and the turn batch. */
 interface AppContext {
-  readonly service: KvedgeCore;
+  readonly core: KvedgeCore;
   readonly log: Logger;
   readonly metrics: ServerMetrics;
   readonly registry: MetricsRegistry;
@@ -118,7 +118,7 @@ export function startApp(options: AppOptions): App {
     maxRequestBodySize: context.limit + 1024 * 1024,
     routes: routes as never,
     fetch: (request, bun) => unrouted(context, table, matchers, request, bun),
-    websocket: websocketHandlers(context.service, log, context.metrics, context.batch),
+    websocket: websocketHandlers(context.core, log, context.metrics, context.batch),
     error(error) {
       log.error("unhandled server error", { error: error.message });
       return errorReply(null, new HttpError(500, "internal error"));
@@ -141,7 +141,7 @@ export function startApp(options: AppOptions): App {
 function appContext(options: AppOptions): AppContext {
   const adminToken = options.adminToken === null ? null : Buffer.from(options.adminToken);
   return {
-    service: options.service,
+    core: options.core,
     log: options.log,
     metrics: new ServerMetrics(options.registry),
     registry: options.registry,
@@ -162,18 +162,17 @@ function appContext(options: AppOptions): AppContext {
 
 /** The API: match, route, lifecycle, workers. */
 function apiRoutes(context: AppContext): RouteTable {
-  const { service, metrics, limit, requireAdmin } = context;
+  const { core, metrics, limit, requireAdmin } = context;
   const lifecycle = (op: "prefill_done" | "done"): Batched => ({
     readsBody: false,
-    op: (request, params) => reply(request, 200, lifecycleOp(service, params.id!, op)),
+    op: (request, params) => reply(request, 200, lifecycleOp(core, params.id!, op)),
   });
   return {
     // Parsed with transient token arrays: the op hashes them before the next parse.
     "/v1/match": {
       POST: {
         readsBody: true,
-        op: (request, _params, body) =>
-          reply(request, 200, matchOp(service, parseBody(body!, true))),
+        op: (request, _params, body) => reply(request, 200, matchOp(core, parseBody(body!, true))),
       },
     },
     "/v1/route": {
@@ -181,27 +180,27 @@ function apiRoutes(context: AppContext): RouteTable {
         readsBody: true,
         op: (request, _params, body) => {
           const parsed = parseBody(body!, true);
-          if (service.admission.enabled) return admittedRoute(context, request, parsed);
+          if (core.admission.enabled) return admittedRoute(context, request, parsed);
           const started = performance.now();
-          const outcome = decideRoute(service, parsed);
+          const outcome = decideRoute(core, parsed);
           metrics.observeRouteDecision((performance.now() - started) / 1000);
-          return routeReply(service, request, outcome);
+          return routeReply(core, request, outcome);
         },
       },
     },
     "/v1/requests/:id/prefill_done": { POST: lifecycle("prefill_done") },
     "/v1/requests/:id/done": { POST: lifecycle("done") },
     "/v1/workers": {
-      GET: (request) => reply(request, 200, workersOp(service)),
+      GET: (request) => reply(request, 200, workersOp(core)),
       POST: async (request) => {
         requireAdmin(request);
-        return reply(request, 201, await addWorkerOp(service, await readBody(request, limit)));
+        return reply(request, 201, await addWorkerOp(core, await readBody(request, limit)));
       },
     },
     "/v1/workers/:id": {
       DELETE: async (request, params) => {
         requireAdmin(request);
-        return reply(request, 200, await removeWorkerOp(service, params.id!));
+        return reply(request, 200, await removeWorkerOp(core, params.id!));
       },
     },
   };
@@ -209,19 +208,19 @@ function apiRoutes(context: AppContext): RouteTable {
 
 /** Operations: dump, status, health, readiness, metrics, the status page. */
 function opsRoutes(context: AppContext): RouteTable {
-  const { service, registry } = context;
+  const { core, registry } = context;
   return {
     "/v1/dump": {
       GET: (request) => {
         context.requireAdmin(request);
-        return context.dumps.response(service.index, service.writes);
+        return context.dumps.response(core.index, core.writes);
       },
     },
-    "/v1/status": { GET: (request) => reply(request, 200, statusOp(service)) },
+    "/v1/status": { GET: (request) => reply(request, 200, statusOp(core)) },
     "/healthz": { GET: (request) => reply(request, 200, { status: "ok" }) },
     "/readyz": {
       GET: (request) => {
-        const readiness = service.readiness();
+        const readiness = core.readiness();
         const body = { ready: readiness.ready, sources: readiness.states };
         return reply(request, readiness.ready ? 200 : 503, body);
       },
@@ -255,10 +254,10 @@ function addProxyRoutes(table: RouteTable, proxy: OpenAiProxy, server: () => Ser
   table["/v1/models"] = { GET: (request) => proxy.models(request) };
 }
 
-function routeReply(service: KvedgeCore, request: Request, outcome: RouteOutcome): Response {
+function routeReply(core: KvedgeCore, request: Request, outcome: RouteOutcome): Response {
   return wantsMsgpack(request)
-    ? msgpackReply(200, (writer) => writeRouteAnswer(writer, service, outcome))
-    : reply(null, 200, routeAnswer(service, outcome));
+    ? msgpackReply(200, (writer) => writeRouteAnswer(writer, core, outcome))
+    : reply(null, 200, routeAnswer(core, outcome));
 }
 
 /**
@@ -266,19 +265,19 @@ function routeReply(service: KvedgeCore, request: Request, outcome: RouteOutcome
  * that goes away is dropped from the queue.
  */
 function admittedRoute(context: AppContext, request: Request, parsed: unknown): Promise<Response> {
-  const { service, log } = context;
+  const { core, log } = context;
   let resolve!: (response: Response) => void;
   const answered = new Promise<Response>((settle) => {
     resolve = settle;
   });
   const { handle, call } = submitRoute(
-    service,
+    core,
     parsed,
-    (outcome) => resolve(routeReply(service, request, outcome)),
+    (outcome) => resolve(routeReply(core, request, outcome)),
     (error) => resolve(failure(request, error, log)),
   );
   if (handle >= 0) {
-    request.signal.addEventListener("abort", () => service.dropHeld(handle, call), { once: true });
+    request.signal.addEventListener("abort", () => core.dropHeld(handle, call), { once: true });
   }
   return answered;
 }

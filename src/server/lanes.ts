@@ -20,7 +20,7 @@ export interface LanesOptions {
   /** Where lanes proxy every other endpoint: the main thread's server on loopback. */
   readonly mainUrl: string;
   readonly bodyLimitBytes: number;
-  readonly service: KvedgeCore;
+  readonly core: KvedgeCore;
   readonly metrics: ServerMetrics;
   readonly log: Logger;
   /** Per lane, its CPUs (null = not pinned). */
@@ -48,9 +48,9 @@ export class RouteLanes {
           port,
           mainUrl: options.mainUrl,
           bodyLimitBytes: options.bodyLimitBytes,
-          blockSize: options.service.blockSize,
+          blockSize: options.core.blockSize,
           // A call that may be held is matched afresh each time it is looked at, here.
-          index: options.service.admission.enabled ? null : options.index,
+          index: options.core.admission.enabled ? null : options.index,
         };
         const thread = await startThread({ role: "lane", cpus, data: start });
         threads.push(thread);
@@ -106,7 +106,7 @@ function laneListening(thread: KvedgeThread): Promise<number> {
  * A held route whose client goes away (the lane says so) is dropped, as on one thread.
  */
 function serveLane(thread: KvedgeThread, options: LanesOptions): void {
-  const { service, metrics, log } = options;
+  const { core, metrics, log } = options;
   let batch: LaneAnswer[] | null = null;
   const held = new Map<number, { readonly handle: number; readonly call: RouteCall }>();
   const answer = (lane: LaneAnswer): void => {
@@ -125,13 +125,13 @@ function serveLane(thread: KvedgeThread, options: LanesOptions): void {
       candidatesMax: route.candidatesMax,
       answer: (outcome) => {
         metrics.observeRouteDecision((performance.now() - started) / 1000);
-        const body = routeAnswer(service, outcome);
+        const body = routeAnswer(core, outcome);
         finish({ id: route.id, status: 200, body, retryAfterSecs: null });
       },
       fail: (error) => finish(failed(route.id, error, log)),
     };
     try {
-      const handle = service.submitRoute(call);
+      const handle = core.submitRoute(call);
       if (handle >= 0) held.set(route.id, { handle, call });
     } catch (error) {
       call.fail(error);
@@ -141,7 +141,7 @@ function serveLane(thread: KvedgeThread, options: LanesOptions): void {
     const entry = held.get(id);
     if (entry === undefined) return; // answered already
     held.delete(id);
-    service.dropHeld(entry.handle, entry.call);
+    core.dropHeld(entry.handle, entry.call);
   };
   thread.onMessage = (body) => {
     const message = body as LaneToMain;

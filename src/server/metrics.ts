@@ -327,8 +327,8 @@ export function registerRouterMetrics(registry: MetricsRegistry, router: Router)
  * series disappear with it.
  */
 /** Metrics of the core's parts: admission, and the writes held while the index is copied. */
-function registerPartMetrics(registry: MetricsRegistry, service: KvedgeCore): void {
-  registerAdmissionMetrics(registry, service.admission);
+function registerPartMetrics(registry: MetricsRegistry, core: KvedgeCore): void {
+  registerAdmissionMetrics(registry, core.admission);
   registerSamples(registry, {
     name: "kvedge_index_held_writes_total",
     type: "counter",
@@ -337,14 +337,14 @@ function registerPartMetrics(registry: MetricsRegistry, service: KvedgeCore): vo
       "Index writes held while a dump or snapshot copied the index (writes), and copies " +
       "finished at once (settled: a worker removed, or the held writes' bound).",
     collect: (emit) => {
-      emit(service.writes.counters.held, { what: "writes" });
-      emit(service.writes.counters.settled, { what: "settled" });
+      emit(core.writes.counters.held, { what: "writes" });
+      emit(core.writes.counters.settled, { what: "settled" });
     },
   });
 }
 
-export function registerServiceMetrics(registry: MetricsRegistry, service: KvedgeCore): void {
-  const index = service.index;
+export function registerCoreMetrics(registry: MetricsRegistry, core: KvedgeCore): void {
+  const index = core.index;
   const counter = (
     name: string,
     help: string,
@@ -358,7 +358,7 @@ export function registerServiceMetrics(registry: MetricsRegistry, service: Kvedg
     collect: SampleSource["collect"],
   ) => registerSamples(registry, { name, help, type: "gauge", labelNames, collect });
 
-  registerPartMetrics(registry, service);
+  registerPartMetrics(registry, core);
   counter(
     "kvedge_index_events_total",
     "Events applied to the index, by type and status.",
@@ -423,15 +423,15 @@ export function registerServiceMetrics(registry: MetricsRegistry, service: Kvedg
     "kvedge_index_memory_budget_bytes",
     "Index bytes past which new stores are refused.",
     [],
-    (emit) => emit(service.budget.budgetBytes),
+    (emit) => emit(core.budget.budgetBytes),
   );
   counter(
     "kvedge_index_budget_refused_total",
     "Stored events, and their blocks, refused at the index memory budget.",
     ["what"],
     (emit) => {
-      emit(service.budget.refusedEvents, { what: "events" });
-      emit(service.budget.refusedBlocks, { what: "blocks" });
+      emit(core.budget.refusedEvents, { what: "events" });
+      emit(core.budget.refusedBlocks, { what: "blocks" });
     },
   );
   gauge(
@@ -461,7 +461,7 @@ export function registerServiceMetrics(registry: MetricsRegistry, service: Kvedg
       type,
       labelNames: ["worker_id", "dp_rank", ...extra],
       collect(emit) {
-        for (const source of service.engineSources) {
+        for (const source of core.engineSources) {
           const base = {
             worker_id: source.config.workerId.toString(),
             dp_rank: String(source.config.dpRank),

@@ -9,10 +9,10 @@ import { workersOp } from "./api";
 import type { KvedgeCore } from "../core/core";
 
 /** GET /v1/status: cumulative counters (the page turns them into rates) and the workers. */
-export function statusOp(service: KvedgeCore) {
-  const index = service.index.counters;
-  const routes = service.routeTotals;
-  const workers = workersOp(service).workers;
+export function statusOp(core: KvedgeCore) {
+  const index = core.index.counters;
+  const routes = core.routeTotals;
+  const workers = workersOp(core).workers;
   let answers = 0;
   let promptTokens = 0;
   let predicted = 0;
@@ -25,7 +25,7 @@ export function statusOp(service: KvedgeCore) {
   }
   return {
     now_ms: Date.now(),
-    block_size: service.blockSize,
+    block_size: core.blockSize,
     routes: {
       decisions: routes.decisions,
       prompt_tokens: routes.promptTokens,

@@ -5,11 +5,11 @@
  * high request rates that start builds a queue that takes a second or more to drain
  * (bench/JOURNAL.md, round 7; see docs/decisions.md#warm-up). So before
  * `kvedge serve` listens, it routes synthetic requests through the same code on a
- * scratch service of its own (own index, load tracker and metrics; nothing reaches the
+ * scratch core of its own (own index, load tracker and metrics; nothing reaches the
  * real ones): binary and text WebSocket frames through the frame handler, JSON and
  * MessagePack bodies as the HTTP route endpoint reads and answers them, each request
  * finished with `done`. The compiled code is shared by every instance, so the real
- * service starts warm. Every answer is checked: a warm-up request that fails is a bug.
+ * core starts warm. Every answer is checked: a warm-up request that fails is a bug.
  * `bun bench/cold-start.ts` measures the first routes of a fresh server with and without.
  */
 import type { ServerWebSocket } from "bun";
@@ -37,12 +37,12 @@ export interface WarmupResult {
   readonly ms: number;
 }
 
-/** Routes about `routes` synthetic requests (0: none) on a scratch service built from `config`. */
+/** Routes about `routes` synthetic requests (0: none) on a scratch core built from `config`. */
 export function warmUp(config: Config, routes: number): WarmupResult {
   const started = performance.now();
   if (routes <= 0) return { routes: 0, ms: 0 };
   // Admission off: a scratch route must be answered in its frame.
-  const service = new KvedgeCore({
+  const core = new KvedgeCore({
     config: { ...config, workers: [], route: { ...config.route, admission: "off" } },
     log: silentLogger,
   });
@@ -57,13 +57,13 @@ export function warmUp(config: Config, routes: number): WarmupResult {
   );
   for (let w = 0; w < WORKERS; w++) {
     const workerId = BigInt(w + 1);
-    service.router.load.addWorker(workerId, 0);
+    core.router.load.addWorker(workerId, 0);
     const held = new Uint32Array(system.length + documents[w]!.length);
     held.set(system);
     held.set(documents[w]!, system.length);
-    const { local, blockCount } = service.hash(held, null, null);
+    const { local, blockCount } = core.hash(held, null, null);
     // The local hashes double as the engine's (external) ones.
-    service.index.applyStored(
+    core.index.applyStored(
       workerId,
       0,
       false,
@@ -98,7 +98,7 @@ export function warmUp(config: Config, routes: number): WarmupResult {
     },
   } as unknown as ServerWebSocket<WsData>;
   const onFrame = websocketHandlers(
-    service,
+    core,
     silentLogger,
     new ServerMetrics(new Registry()),
     new TurnBatch(silentLogger),
@@ -138,31 +138,31 @@ export function warmUp(config: Config, routes: number): WarmupResult {
       case 2: {
         // an HTTP JSON body, answered as /v1/route answers it
         const outcome = decideRoute(
-          service,
+          core,
           parseBody(
             { json: JSON.stringify({ request_id: id(0), token_ids: [...prompt()] }) },
             true,
           ),
         );
-        reply(null, 200, routeAnswer(service, outcome));
-        lifecycleOp(service, id(0), "done");
+        reply(null, 200, routeAnswer(core, outcome));
+        lifecycleOp(core, id(0), "done");
         routed++;
         break;
       }
       default: {
         // an HTTP MessagePack body
         const outcome = decideRoute(
-          service,
+          core,
           parseBody({ msgpack: pack({ request_id: id(0), token_ids: bin(prompt()) }) }, true),
         );
-        msgpackReply(200, (writer) => writeRouteAnswer(writer, service, outcome));
-        lifecycleOp(service, id(0), "done");
+        msgpackReply(200, (writer) => writeRouteAnswer(writer, core, outcome));
+        lifecycleOp(core, id(0), "done");
         routed++;
       }
     }
   }
   if (failed !== "") throw new Error(`warm-up request failed (${failed})`);
-  const active = service.router.load.activeRequestCount;
+  const active = core.router.load.activeRequestCount;
   if (active !== 0) throw new Error(`warm-up left ${active} requests active`);
   return { routes: routed, ms: performance.now() - started };
 }

@@ -85,23 +85,23 @@ interface Answer {
 function sendLater(
   ws: ServerWebSocket<WsData>,
   binary: boolean,
-  service: KvedgeCore,
+  core: KvedgeCore,
   id: unknown,
   outcome: RouteOutcome,
 ): void {
   if (!binary) {
-    deliver(ws, toJson({ id, status: 200, result: routeAnswer(service, outcome) }));
+    deliver(ws, toJson({ id, status: 200, result: routeAnswer(core, outcome) }));
     return;
   }
   heldWriter.reset();
-  writeRouteFrame(heldWriter, service, id, outcome);
+  writeRouteFrame(heldWriter, core, id, outcome);
   deliver(ws, heldWriter.written());
 }
 
 /** `{id, status: 200, result}` for a route, the result written straight from the decision. */
 function writeRouteFrame(
   out: MsgpackWriter,
-  service: KvedgeCore,
+  core: KvedgeCore,
   id: unknown,
   outcome: RouteOutcome,
 ): void {
@@ -111,16 +111,16 @@ function writeRouteFrame(
   out.encoded(STATUS_KEY);
   out.number(200);
   out.encoded(RESULT_KEY);
-  writeRouteAnswer(out, service, outcome);
+  writeRouteAnswer(out, core, outcome);
 }
 
 export function websocketHandlers(
-  service: KvedgeCore,
+  core: KvedgeCore,
   log: Logger,
   metrics: ServerMetrics,
   batch: TurnBatch,
 ): WebSocketHandler<WsData> {
-  const api = new WsApi(service, log, metrics);
+  const api = new WsApi(core, log, metrics);
   return {
     maxPayloadLength: WS_FRAME_BYTES_MAX,
     // Compressing token ids and answers costs more CPU than the bytes are worth on
@@ -135,7 +135,7 @@ export function websocketHandlers(
     close(ws: ServerWebSocket<WsData>) {
       bufferBudget.give(ws.data.held);
       ws.data.held = 0;
-      for (const [call, handle] of ws.data.heldRoutes) service.dropHeld(handle, call);
+      for (const [call, handle] of ws.data.heldRoutes) core.dropHeld(handle, call);
       ws.data.heldRoutes.clear();
     },
     message(ws: ServerWebSocket<WsData>, message: string | Buffer) {
@@ -149,7 +149,7 @@ export function websocketHandlers(
 /** The ops of `/v1/ws` over the core: a frame in, its answers out. */
 class WsApi {
   constructor(
-    private readonly service: KvedgeCore,
+    private readonly core: KvedgeCore,
     private readonly log: Logger,
     private readonly metrics: ServerMetrics,
   ) {}
@@ -158,7 +158,7 @@ class WsApi {
   frame(ws: ServerWebSocket<WsData>, message: string | Buffer): void {
     const binary = typeof message !== "string";
     // With admission on, answers are objects: a held route leaves its place out of the frame.
-    const objects = this.service.admission.enabled;
+    const objects = this.core.admission.enabled;
     if (binary && frameReader.read(message)) {
       this.readFrame(ws, objects);
       return;
@@ -236,12 +236,12 @@ class WsApi {
       const body = request as Record<string, unknown>;
       id = body.id ?? null;
       op = typeof body.op === "string" ? body.op : "invalid";
-      if (op === "route" && this.service.admission.enabled) {
+      if (op === "route" && this.core.admission.enabled) {
         response = this.admitted(ws, binary, id, body);
       } else if (out !== null && op === "route") {
-        writeRouteFrame(out, this.service, id, decideRoute(this.service, body));
+        writeRouteFrame(out, this.core, id, decideRoute(this.core, body));
       } else {
-        response = { id, status: 200, result: run(this.service, op, body) };
+        response = { id, status: 200, result: run(this.core, op, body) };
       }
     } catch (error) {
       response = this.errorAnswer(id, error);
@@ -276,15 +276,15 @@ class WsApi {
     id: unknown,
     body: Record<string, unknown>,
   ): Answer | null {
-    const service = this.service;
+    const core = this.core;
     let now: Answer | null = null;
     let held = false;
     const { handle, call } = submitRoute(
-      service,
+      core,
       body,
       (outcome) => {
-        if (!held) now = { id, status: 200, result: routeAnswer(service, outcome) };
-        else if (ws.data.heldRoutes.delete(call)) sendLater(ws, binary, service, id, outcome);
+        if (!held) now = { id, status: 200, result: routeAnswer(core, outcome) };
+        else if (ws.data.heldRoutes.delete(call)) sendLater(ws, binary, core, id, outcome);
       },
       (error) => {
         if (!held) now = this.errorAnswer(id, error);
@@ -334,17 +334,17 @@ const OP_LABELS = new Map(
   ["route", "match", "prefill_done", "done"].map((op) => [op, `/v1/ws ${op}`]),
 );
 
-function run(service: KvedgeCore, op: string, body: Record<string, unknown>): unknown {
+function run(core: KvedgeCore, op: string, body: Record<string, unknown>): unknown {
   switch (op) {
     case "route":
-      return routeOp(service, body);
+      return routeOp(core, body);
     case "match":
-      return matchOp(service, body);
+      return matchOp(core, body);
     case "prefill_done":
     case "done": {
       const requestId = body.request_id;
       if (typeof requestId !== "string") throw new HttpError(400, "request_id must be a string");
-      return lifecycleOp(service, requestId, op);
+      return lifecycleOp(core, requestId, op);
     }
     default: {
       const known = "route, match, prefill_done or done";

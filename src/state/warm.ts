@@ -1,5 +1,5 @@
 /**
- * Warm restart glue between the router service and its snapshot file: what goes into
+ * Warm restart glue between the router core and its snapshot file: what goes into
  * a snapshot (the index, each source's sequence position and trust, the active
  * requests), what a loaded one gives back, and the writer that runs every
  * `state.snapshot_interval_secs` and at shutdown.
@@ -39,12 +39,12 @@ interface Taking {
 }
 
 /** Copies everything a snapshot holds, now, in one synchronous step. */
-function begin(service: KvedgeCore): Taking {
-  const job = new PackJob(service.index, service.writes);
+function begin(core: KvedgeCore): Taking {
+  const job = new PackJob(core.index, core.writes);
   // Refs of the active requests' workers follow the index's (known once packed).
   const activeIds: bigint[] = [];
   const refs = new Map<bigint, number>();
-  const load = service.router.load;
+  const load = core.router.load;
   const out = { words: new Uint32Array(1024) };
   let at = 0;
   load.forEachActive((slot, id, prefill, output, idleMs, chain, blocks) => {
@@ -61,7 +61,7 @@ function begin(service: KvedgeCore): Taking {
     activeIds,
     active: out.words.subarray(0, at),
     createdAt: new Date().toISOString(),
-    positions: service.engineSources.map((source) => ({
+    positions: core.engineSources.map((source) => ({
       workerId: source.config.workerId,
       dpRank: source.config.dpRank,
       lastSeq: source.sequencer.lastSeq,
@@ -92,18 +92,18 @@ function finish(taking: Taking, blockSize: number): Snapshot {
   return { blockSize, createdAt: taking.createdAt, positions: taking.positions, workerIds, words };
 }
 
-/** The service's state now, consistent, packed in one synchronous step (shutdown, tests). */
-export function takeSnapshot(service: KvedgeCore): Snapshot {
-  const taking = begin(service);
+/** The core's state now, consistent, packed in one synchronous step (shutdown, tests). */
+export function takeSnapshot(core: KvedgeCore): Snapshot {
+  const taking = begin(core);
   while (!taking.job.step(Infinity));
-  return finish(taking, service.blockSize);
+  return finish(taking, core.blockSize);
 }
 
 /** The same snapshot as `takeSnapshot`, copied and packed in slices with turns between them. */
-export async function takeSnapshotSliced(service: KvedgeCore, ms = SLICE_MS): Promise<Snapshot> {
-  const taking = begin(service);
+export async function takeSnapshotSliced(core: KvedgeCore, ms = SLICE_MS): Promise<Snapshot> {
+  const taking = begin(core);
   await taking.job.run(ms);
-  return finish(taking, service.blockSize);
+  return finish(taking, core.blockSize);
 }
 
 /** An active request read from a snapshot, waiting for its worker's slot. */
@@ -120,14 +120,14 @@ export interface SavedRequest {
 }
 
 /**
- * Loads the snapshot in `dir` into a service that has not started: the blocks of the
+ * Loads the snapshot in `dir` into a core that has not started: the blocks of the
  * configured workers go into the index, their positions wait for their sources (whose
  * connect probe then continues from them, or rebuilds). Returns the saved active
  * requests of those workers (for `restoreRequests` once the workers are added), or
  * null when nothing was loaded. Any problem: one log line, nothing loaded.
  */
 export function loadSnapshot(
-  service: KvedgeCore,
+  core: KvedgeCore,
   dir: string,
   configured: readonly bigint[],
   log: Logger,
@@ -135,7 +135,7 @@ export function loadSnapshot(
   let snapshot: Snapshot | null;
   const started = performance.now();
   try {
-    snapshot = readSnapshotFile(dir, service.blockSize);
+    snapshot = readSnapshotFile(dir, core.blockSize);
   } catch (error) {
     const reason = error instanceof SnapshotError ? error.message : (error as Error).message;
     log.warn("snapshot refused; starting empty", { dir, reason });
@@ -146,7 +146,7 @@ export function loadSnapshot(
     return null;
   }
   const keep = new Set(configured);
-  const index = service.index;
+  const index = core.index;
   const sinceWritten = Math.max(0, Date.now() - Date.parse(snapshot.createdAt)) || 0;
   const requests: SavedRequest[] = [];
   try {
@@ -188,13 +188,13 @@ export function loadSnapshot(
   }
   for (const position of snapshot.positions) {
     if (keep.has(position.workerId))
-      service.restoredPositions.set(positionKey(position.workerId, position.dpRank), position);
+      core.restoredPositions.set(positionKey(position.workerId, position.dpRank), position);
   }
   log.info("snapshot loaded", {
     dir,
     created_at: snapshot.createdAt,
     blocks: index.stats().blocks,
-    sources: service.restoredPositions.size,
+    sources: core.restoredPositions.size,
     active_requests: requests.length,
     ms: Math.round(performance.now() - started),
   });
@@ -207,11 +207,11 @@ export function loadSnapshot(
  * past the TTL, or whose worker is gone, are dropped (counted in the log line).
  */
 export function restoreRequests(
-  service: KvedgeCore,
+  core: KvedgeCore,
   requests: readonly SavedRequest[],
   log: Logger,
 ): number {
-  const load = service.router.load;
+  const load = core.router.load;
   let restored = 0;
   for (const request of requests) {
     const slot = load.slotOf(request.workerId, request.dpRank);
@@ -234,8 +234,8 @@ export function restoreRequests(
 }
 
 /** Writes a snapshot now, packed in one go (shutdown); logs and resolves false on failure (the previous file stays). */
-export function saveSnapshot(service: KvedgeCore, dir: string, log: Logger): Promise<boolean> {
-  return write(() => Promise.resolve(takeSnapshot(service)), dir, log);
+export function saveSnapshot(core: KvedgeCore, dir: string, log: Logger): Promise<boolean> {
+  return write(() => Promise.resolve(takeSnapshot(core)), dir, log);
 }
 
 /** The periodic write: packed in slices. One at a time: a tick while one runs is skipped. */
@@ -243,18 +243,16 @@ export class PeriodicSnapshots {
   private running: Promise<boolean> | null = null;
 
   constructor(
-    private readonly service: KvedgeCore,
+    private readonly core: KvedgeCore,
     private readonly dir: string,
     private readonly log: Logger,
   ) {}
 
   /** Starts a write unless one is running; resolves true once the file is in place. */
   tick(): Promise<boolean> {
-    this.running ??= write(() => takeSnapshotSliced(this.service), this.dir, this.log).finally(
-      () => {
-        this.running = null;
-      },
-    );
+    this.running ??= write(() => takeSnapshotSliced(this.core), this.dir, this.log).finally(() => {
+      this.running = null;
+    });
     return this.running;
   }
 

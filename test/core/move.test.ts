@@ -17,36 +17,36 @@ const input: RouteInput = {
   temperature: null,
 };
 
-function loadOf(service: KvedgeCore, slot: number) {
-  const load = service.router.load;
+function loadOf(core: KvedgeCore, slot: number) {
+  const load = core.router.load;
   return [load.activeRequests[slot], load.activePrefillTokens[slot], load.activeDecodeBlocks[slot]];
 }
 
 describe("KvedgeCore.moveRequest", () => {
   test("the load leaves the first worker whole and lands on the second", () => {
     const { config } = loadConfig({ env: { KVEDGE_TRACK_OUTPUT_BLOCKS: "true" } });
-    const service = new KvedgeCore({ config, log: silentLogger, random: () => 0.5 });
-    const slots = [service.router.load.addWorker(1n, 0), service.router.load.addWorker(2n, 0)];
-    const { decision } = service.route(input, 2);
+    const core = new KvedgeCore({ config, log: silentLogger, random: () => 0.5 });
+    const slots = [core.router.load.addWorker(1n, 0), core.router.load.addWorker(2n, 0)];
+    const { decision } = core.route(input, 2);
     const to = slots.find((slot) => slot !== decision.slot)!;
-    const routed = loadOf(service, decision.slot);
+    const routed = loadOf(core, decision.slot);
     expect(routed[0]).toBe(1);
-    expect(loadOf(service, to)).toEqual([0, 0, 0]);
+    expect(loadOf(core, to)).toEqual([0, 0, 0]);
 
-    service.moveRequest(decision.requestId, input, to, 2);
-    service.router.load.verify();
-    expect(loadOf(service, decision.slot)).toEqual([0, 0, 0]);
+    core.moveRequest(decision.requestId, input, to, 2);
+    core.router.load.verify();
+    expect(loadOf(core, decision.slot)).toEqual([0, 0, 0]);
     // Two of its blocks are cached on the target: 2 x block size fewer tokens to prefill.
-    const [requests, prefill, decode] = loadOf(service, to);
+    const [requests, prefill, decode] = loadOf(core, to);
     expect(requests).toBe(1);
-    expect(prefill).toBe(routed[1]! - 2 * service.blockSize);
+    expect(prefill).toBe(routed[1]! - 2 * core.blockSize);
     expect(decode).toBe(routed[2]);
-    expect(service.router.load.activeRequestCount).toBe(1);
+    expect(core.router.load.activeRequestCount).toBe(1);
 
-    expect(service.prefillDone(decision.requestId)).toBe("ok");
-    expect(loadOf(service, to)[1]).toBe(0);
-    expect(service.done(decision.requestId)).toBe("ok");
-    expect(loadOf(service, to)).toEqual([0, 0, 0]);
-    expect(service.router.load.activeRequestCount).toBe(0);
+    expect(core.prefillDone(decision.requestId)).toBe("ok");
+    expect(loadOf(core, to)[1]).toBe(0);
+    expect(core.done(decision.requestId)).toBe("ok");
+    expect(loadOf(core, to)).toEqual([0, 0, 0]);
+    expect(core.router.load.activeRequestCount).toBe(0);
   });
 });

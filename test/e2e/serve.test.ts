@@ -364,7 +364,7 @@ describe("bad input", () => {
     expect(((await response.json()) as Json).error).toContain(message);
   });
 
-  test("bad input leaves the service working and is counted", async () => {
+  test("bad input leaves the core working and is counted", async () => {
     expect((await get(`${serve.url}/healthz`))[0]).toBe(200);
     const text = await (await fetch(`${serve.url}/metrics`)).text();
     expect(text).toMatch(

@@ -547,7 +547,7 @@ describe("candidates", () => {
 
   test("a list reused for every decision holds exactly what a fresh list would, and the load before admission", () => {
     // Two routers fed the same requests and tie-breaks: one fills a fresh list per
-    // decision, the other one list, reused (as the service does). Counts go up and down.
+    // decision, the other one list, reused (as the core does). Counts go up and down.
     const fresh = routerWith(12, { random: seeded(5) });
     const reusing = routerWith(12, { random: seeded(5) });
     const list = new CandidateList();

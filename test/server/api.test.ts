@@ -16,12 +16,12 @@ import { MsgpackWriter } from "../../src/wire/msgpack";
 
 describe("writeRouteAnswer", () => {
   test("writes exactly the bytes of the generic writer on the answer object, for every kind of route", () => {
-    const service = new KvedgeCore({
+    const core = new KvedgeCore({
       config: loadConfig({ env: {} }).config,
       log: silentLogger,
       random: () => 0.5,
     });
-    const load = service.router.load;
+    const load = core.router.load;
     const ids = [1n, 7n, 300n, 70_000n, 2n ** 32n + 5n, 2n ** 64n - 1n];
     for (const [i, id] of ids.entries()) load.addWorker(id, i % 3);
     load.setDegraded(load.slotOf(300n, 2), true);
@@ -38,12 +38,12 @@ describe("writeRouteAnswer", () => {
         ...(i % 3 === 0 ? { request_id: `req-${i}-${"é".repeat(i % 2)}` } : {}),
         ...(i % 5 === 0 ? { temperature: 0.7, prefill_load_scale: 1.25 } : {}),
       };
-      const outcome = decideRoute(service, body);
-      const result = routeAnswer(service, outcome);
+      const outcome = decideRoute(core, body);
+      const result = routeAnswer(core, outcome);
       generic.reset();
       generic.value(result);
       special.reset();
-      writeRouteAnswer(special, service, outcome);
+      writeRouteAnswer(special, core, outcome);
       expect(Buffer.from(special.written()).toString("hex")).toBe(
         Buffer.from(generic.written()).toString("hex"),
       );
@@ -54,45 +54,45 @@ describe("writeRouteAnswer", () => {
 
 describe("routeOp candidates", () => {
   test("lists the CANDIDATES_DEFAULT cheapest workers unless asked, cheapest first; up to CANDIDATES_MAX when asked", () => {
-    const service = new KvedgeCore({
+    const core = new KvedgeCore({
       config: loadConfig({ env: {} }).config,
       log: silentLogger,
       random: () => 0.5,
     });
-    const load = service.router.load;
+    const load = core.router.load;
     for (let w = 1; w <= 70; w++) load.addWorker(BigInt(w), 0);
     const costsOf = (result: ReturnType<typeof routeOp>) => result.candidates.map((c) => c.cost);
     const sorted = (costs: number[]) => [...costs].sort((a, b) => a - b);
     // Load some workers first so that costs differ.
     for (let i = 0; i < 20; i++)
-      routeOp(service, { token_ids: Array.from({ length: 64 + 16 * i }, (_, t) => t + 1000 * i) });
-    const byDefault = routeOp(service, { token_ids: Array.from({ length: 48 }, (_, t) => t) });
+      routeOp(core, { token_ids: Array.from({ length: 64 + 16 * i }, (_, t) => t + 1000 * i) });
+    const byDefault = routeOp(core, { token_ids: Array.from({ length: 48 }, (_, t) => t) });
     expect(byDefault.candidates).toHaveLength(CANDIDATES_DEFAULT);
     expect(costsOf(byDefault)).toEqual(sorted(costsOf(byDefault)));
     expect(byDefault.candidates[0]!.worker_id).toBe(byDefault.worker_id);
-    expect(routeOp(service, { token_ids: [1, 2, 3], candidates: 0 }).candidates).toEqual([]);
-    const all = routeOp(service, { token_ids: [1, 2, 3], candidates: CANDIDATES_MAX });
+    expect(routeOp(core, { token_ids: [1, 2, 3], candidates: 0 }).candidates).toEqual([]);
+    const all = routeOp(core, { token_ids: [1, 2, 3], candidates: CANDIDATES_MAX });
     expect(all.candidates).toHaveLength(CANDIDATES_MAX);
     expect(costsOf(all)).toEqual(sorted(costsOf(all)));
-    expect(() =>
-      routeOp(service, { token_ids: [1, 2, 3], candidates: CANDIDATES_MAX + 1 }),
-    ).toThrow(/candidates/);
+    expect(() => routeOp(core, { token_ids: [1, 2, 3], candidates: CANDIDATES_MAX + 1 })).toThrow(
+      /candidates/,
+    );
   });
 });
 
 describe("routeOp explanation", () => {
   test("every candidate carries its predicted TTFT and parts; under the default policy they make its cost", () => {
-    const service = new KvedgeCore({
+    const core = new KvedgeCore({
       config: loadConfig({ env: {} }).config,
       log: silentLogger,
       random: () => 0.5,
     });
-    for (let w = 1; w <= 4; w++) service.router.load.addWorker(BigInt(w), 0);
+    for (let w = 1; w <= 4; w++) core.router.load.addWorker(BigInt(w), 0);
     for (let i = 0; i < 6; i++)
-      routeOp(service, {
+      routeOp(core, {
         token_ids: Array.from({ length: 500 + 100 * i }, (_, t) => t + 1000 * i),
       });
-    const answer = routeOp(service, {
+    const answer = routeOp(core, {
       token_ids: Array.from({ length: 300 }, (_, t) => t),
       candidates: 4,
     });

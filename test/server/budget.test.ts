@@ -3,7 +3,7 @@
 // clear from the engine makes the worker exact again; the index's bytes stay within
 // one growth step of the budget. And an exception while applying a batch is caught,
 // counted as a lost batch, the worker degraded, and the stream goes on.
-// Real engine (PUB/ROUTER) on loopback, real service.
+// Real engine (PUB/ROUTER) on loopback, real core.
 import { afterEach, expect, test } from "bun:test";
 import { loadConfig } from "../../src/config";
 import { KvedgeCore } from "../../src/core/core";
@@ -21,13 +21,13 @@ afterEach(async () => {
 const until = (condition: () => boolean, what: string, timeoutMs = 15_000) =>
   eventually(() => condition() || undefined, timeoutMs, what);
 
-async function serviceWithEngine(env: Record<string, string>) {
+async function coreWithEngine(env: Record<string, string>) {
   const engine = await new TestEngine().start();
   cleanups.push(() => engine.stop());
   const config = loadConfig({ env: { KVEDGE_BLOCK_SIZE: String(BS), ...env } }).config;
-  const service = new KvedgeCore({ config, log: silentLogger, random: () => 0.5 });
-  cleanups.push(() => service.stop());
-  await service.addWorker({
+  const core = new KvedgeCore({ config, log: silentLogger, random: () => 0.5 });
+  cleanups.push(() => core.stop());
+  await core.addWorker({
     worker_id: 1n,
     dp_rank: 0,
     endpoint: engine.endpoint,
@@ -35,7 +35,7 @@ async function serviceWithEngine(env: Record<string, string>) {
     topic: "",
   });
   await engine.waitForSubscriber();
-  return { engine, service };
+  return { engine, core };
 }
 
 /** One batch of `chains` unique 32-block chains. */
@@ -51,32 +51,31 @@ function uniqueBatch(engine: TestEngine, base: number, chains: number): void {
 }
 
 test("past the budget, stores are refused and counted, the worker degraded; a clear makes it exact again", async () => {
-  const { engine, service } = await serviceWithEngine({
+  const { engine, core } = await coreWithEngine({
     KVEDGE_INDEX_MEMORY_BUDGET_BYTES: String(BUDGET),
   });
-  expect(service.budget.budgetBytes).toBe(BUDGET);
+  expect(core.budget.budgetBytes).toBe(BUDGET);
   let sent = 0;
-  for (let batch = 0; service.budget.refusedEvents === 0; batch++) {
+  for (let batch = 0; core.budget.refusedEvents === 0; batch++) {
     if (batch >= 400) throw new Error("the budget never refused a store");
     uniqueBatch(engine, sent, 16);
     sent += 16 * 32;
     await until(
-      () =>
-        engine.seq === BigInt(batch + 1) && service.engineSources[0]!.sequencer.lastSeq === batch,
+      () => engine.seq === BigInt(batch + 1) && core.engineSources[0]!.sequencer.lastSeq === batch,
       "the batch applied",
     );
   }
-  const bytes = service.index.stats().bytes;
+  const bytes = core.index.stats().bytes;
   expect(bytes).toBeGreaterThanOrEqual(BUDGET);
   expect(bytes).toBeLessThan(2 * BUDGET); // at most one growth step over
-  expect(service.budget.full).toBe(true);
-  const view = service.workers()[0]!;
+  expect(core.budget.full).toBe(true);
+  const view = core.workers()[0]!;
   expect(view.degraded).toBe(true);
   expect(view.state).toBe("connected");
-  expect(service.budget.refusedBlocks).toBe(32 * service.budget.refusedEvents);
-  expect(view.blocks + service.budget.refusedBlocks).toBe(sent);
+  expect(core.budget.refusedBlocks).toBe(32 * core.budget.refusedEvents);
+  expect(view.blocks + core.budget.refusedBlocks).toBe(sent);
   // Still routing.
-  const route = service.route(
+  const route = core.route(
     {
       tokens: new Uint32Array([1, 2, 3, 4]),
       requestId: null,
@@ -92,13 +91,13 @@ test("past the budget, stores are refused and counted, the worker degraded; a cl
   expect(route.decision.slot).toBeGreaterThanOrEqual(0);
   // The engine clears its cache: the index holds what the engine holds, exactly.
   engine.publish([cleared]);
-  await until(() => service.workers()[0]!.blocks === 0, "the clear");
-  await until(() => !service.workers()[0]!.degraded, "exact again");
+  await until(() => core.workers()[0]!.blocks === 0, "the clear");
+  await until(() => !core.workers()[0]!.degraded, "exact again");
 });
 
 test("an exception while applying a batch is counted as a lost batch, the worker degraded; the stream goes on", async () => {
-  const { engine, service } = await serviceWithEngine({});
-  const index = service.index;
+  const { engine, core } = await coreWithEngine({});
+  const index = core.index;
   // An allocation failing inside the index, as a RangeError from a typed array would.
   const storeAt = index.storeAt.bind(index);
   let failNext = true;
@@ -109,12 +108,12 @@ test("an exception while applying a batch is counted as a lost batch, the worker
     }
     return storeAt(...args);
   };
-  const source = service.engineSources[0]!;
+  const source = core.engineSources[0]!;
   engine.publish([stored([1n], [1, 2, 3, 4], BS)]);
   await until(() => source.stream.counters.applyErrors === 1, "the failed apply");
   expect(source.sequencer.counters.lost).toBe(1);
-  expect(service.workers()[0]!.degraded).toBe(true);
+  expect(core.workers()[0]!.degraded).toBe(true);
   engine.publish([stored([2n], [5, 6, 7, 8], BS)]);
-  await until(() => service.workers()[0]!.blocks === 1, "the next batch");
+  await until(() => core.workers()[0]!.blocks === 1, "the next batch");
   expect(source.socketCounters.sub.callbackErrors).toBe(0);
 });

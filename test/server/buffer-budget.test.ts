@@ -15,14 +15,14 @@ import { concat, greetingBytes, RawPeer, readyBytes } from "../wire/zmtp-raw";
 import { eventually } from "../support/wait";
 
 const LIMIT = 1 << 20;
-let service: KvedgeCore;
+let core: KvedgeCore;
 let app: App;
 let port = 0;
 const saved = bufferBudget.limitBytes;
 
 beforeAll(() => {
   bufferBudget.limitBytes = LIMIT;
-  service = new KvedgeCore({
+  core = new KvedgeCore({
     config: loadConfig({ env: {} }).config,
     log: silentLogger,
     random: () => 0.5,
@@ -32,7 +32,7 @@ beforeAll(() => {
     port: 0,
     bodyLimitBytes: 8 << 20,
     adminToken: null,
-    service,
+    core,
     registry: createMetricsRegistry(),
     log: silentLogger,
   });
@@ -41,7 +41,7 @@ beforeAll(() => {
 
 afterAll(async () => {
   await app.stop(100);
-  await service.stop();
+  await core.stop();
   bufferBudget.limitBytes = saved;
 });
 

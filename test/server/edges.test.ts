@@ -10,12 +10,12 @@ import { KvedgeCore } from "../../src/core/core";
 import { silentLogger } from "../../src/util/log";
 
 const TOKEN = "s3cret";
-let service: KvedgeCore;
+let core: KvedgeCore;
 let app: App;
 let base = "";
 
 beforeAll(() => {
-  service = new KvedgeCore({
+  core = new KvedgeCore({
     config: loadConfig({ env: {} }).config,
     log: silentLogger,
     random: () => 0.5,
@@ -25,7 +25,7 @@ beforeAll(() => {
     port: 0,
     bodyLimitBytes: 1 << 20,
     adminToken: TOKEN,
-    service,
+    core,
     registry: createMetricsRegistry(),
     log: silentLogger,
   });
@@ -34,7 +34,7 @@ beforeAll(() => {
 
 afterAll(async () => {
   await app.stop(100);
-  await service.stop();
+  await core.stop();
 });
 
 const JSON_TYPE = { "content-type": "application/json" };
@@ -61,7 +61,7 @@ describe("body types", () => {
       expect(response.status).toBe(415);
       expect(await errorOf(response)).toContain(message);
     }
-    expect(service.workers()).toEqual([]);
+    expect(core.workers()).toEqual([]);
   });
 
   test("application/json with parameters, in any case, is accepted", async () => {
@@ -101,8 +101,8 @@ describe("cross-origin requests", () => {
       expect(response.status).toBe(403);
       expect(await errorOf(response)).toContain(message);
     }
-    expect(service.workers()).toEqual([]);
-    expect(service.router.load.activeRequestCount).toBe(0);
+    expect(core.workers()).toEqual([]);
+    expect(core.router.load.activeRequestCount).toBe(0);
   });
 
   test("a loopback server refuses other Host names (DNS rebinding), reads included", async () => {
@@ -149,7 +149,7 @@ describe("/v1/dump", () => {
 
   test("streams in slices a turn apart: other requests are answered while it runs; one dump at a time", async () => {
     // ~40k blocks: a dump of several MB, far more than one slice.
-    const index = service.index;
+    const index = core.index;
     const external = new Uint32Array(2 * 64);
     const local = new Uint32Array(2 * 64);
     for (let chain = 0; chain < 640; chain++) {

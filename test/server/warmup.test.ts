@@ -1,5 +1,5 @@
-// Goal: the warm-up routes what it is asked to on its own scratch service, through every
-// request form, and leaves nothing behind that changes how the real service routes.
+// Goal: the warm-up routes what it is asked to on its own scratch core, through every
+// request form, and leaves nothing behind that changes how the real core routes.
 import { describe, expect, test } from "bun:test";
 import { loadConfig } from "../../src/config";
 import { routeOp } from "../../src/server/api";
@@ -8,9 +8,9 @@ import { warmUp } from "../../src/server/warmup";
 import { silentLogger } from "../../src/util/log";
 import { xorshift32 } from "../../src/util/random";
 
-/** A service with 6 workers holding overlapping prefixes, and 300 route bodies for it. */
+/** A core with 6 workers holding overlapping prefixes, and 300 route bodies for it. */
 function fleet() {
-  const service = new KvedgeCore({
+  const core = new KvedgeCore({
     config: loadConfig({ env: {} }).config,
     log: silentLogger,
     random: xorshift32(5),
@@ -18,13 +18,13 @@ function fleet() {
   const random = xorshift32(99);
   const shared = Array.from({ length: 64 }, () => random() % 1000);
   for (let w = 1; w <= 6; w++) {
-    service.router.load.addWorker(BigInt(w), 0);
+    core.router.load.addWorker(BigInt(w), 0);
     const held = Uint32Array.from([
       ...shared.slice(0, 16 * w),
       ...Array.from({ length: 32 }, () => random() % 1000),
     ]);
-    const { local, blockCount } = service.hash(held, null, null);
-    service.index.applyStored(
+    const { local, blockCount } = core.hash(held, null, null);
+    core.index.applyStored(
       BigInt(w),
       0,
       false,
@@ -43,12 +43,12 @@ function fleet() {
     candidates: 3,
     ...(i % 4 === 0 ? { request_id: `r-${i}` } : {}),
   }));
-  return { service, bodies };
+  return { core, bodies };
 }
 
-const answers = (service: KvedgeCore, bodies: object[]) =>
+const answers = (core: KvedgeCore, bodies: object[]) =>
   bodies.map((body) => {
-    const { request_id: _id, ...answer } = routeOp(service, body);
+    const { request_id: _id, ...answer } = routeOp(core, body);
     return answer;
   });
 
@@ -67,12 +67,12 @@ describe("warmUp", () => {
     }
   });
 
-  test("a warm-up between two identical services leaves their decisions identical", () => {
+  test("a warm-up between two identical cores leaves their decisions identical", () => {
     const before = fleet();
-    const expected = answers(before.service, before.bodies);
+    const expected = answers(before.core, before.bodies);
     warmUp(loadConfig({ env: {} }).config, 500);
     const after = fleet();
-    expect(answers(after.service, after.bodies)).toEqual(expected);
+    expect(answers(after.core, after.bodies)).toEqual(expected);
     // and the answers were not trivial: several workers chosen, overlaps found
     expect(new Set(expected.map((a) => a.worker_id)).size).toBeGreaterThan(2);
     expect(expected.some((a) => a.overlap_blocks > 0)).toBe(true);
