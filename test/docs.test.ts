@@ -5,6 +5,8 @@
 import { describe, expect, test } from "bun:test";
 import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { dirname, join } from "node:path";
+import { ERROR_CODES } from "../src/domain/errors";
+import { STATUS_OF } from "../src/http/errors";
 import { codeFiles } from "./support/tidy";
 
 const ROOT = join(import.meta.dir, "..");
@@ -53,5 +55,22 @@ describe("documentation", () => {
   test("the README stays short", () => {
     const lines = readFileSync(join(ROOT, "README.md"), "utf8").split("\n").length;
     expect(lines).toBeLessThanOrEqual(220);
+  });
+
+  test("docs/api.md lists every error code with its status, and each code is thrown somewhere", () => {
+    const api = readFileSync(join(ROOT, "docs", "api.md"), "utf8");
+    const listed = [...api.matchAll(/^\| `([a-z_]+)` \| (\d{3}) \|/gm)].map((m) => [
+      m[1],
+      Number(m[2]),
+    ]);
+    expect(listed).toEqual(ERROR_CODES.map((code) => [code, STATUS_OF[code]]));
+    const source = codeFiles(ROOT)
+      .filter((file) => file.startsWith("src/") && !file.startsWith("src/domain/"))
+      .map((file) => readFileSync(join(ROOT, file), "utf8"))
+      .join("\n");
+    const unused = ERROR_CODES.filter(
+      (code) => !new RegExp(`KvedgeError\\(\\s*"${code}"`).test(source),
+    );
+    expect(unused).toEqual([]);
   });
 });
