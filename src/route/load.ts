@@ -32,6 +32,13 @@
  * instead of stalling it in bursts (a periodic sweep of a gateway that relies on the
  * TTL would release a whole interval's requests at once); readers (metrics, status)
  * `sweep` everything due before reading. Either costs O(expired + 1).
+ *
+ * Several processes deciding as one (src/cluster): each peer's requests are kept too,
+ * tagged by origin (one store of records per peer, its number from `openOrigin`), so
+ * the per-slot load the router reads is the fleet's. Peers' requests change only by
+ * their origin's facts (`peerRouted`, `peerPrefillDone`, `peerEnded`) or all at once
+ * (`closeOrigin`); this tracker's own requests are reported to `facts` as they change.
+ * Lifecycle calls (done, prefill_done) and request ids name own requests only.
  */
 import { ActiveBlocks, type ChainHolder } from "./active-blocks";
 import { type Ending, FINISHED_REMEMBERED_MAX, FinishedRing } from "./finished";
@@ -65,6 +72,55 @@ export const DEFAULT_REQUEST_TTL_MS = 300_000;
 export const DEFAULT_MAX_ACTIVE_REQUESTS = 1_000_000;
 /** Most requests a routing decision expires (a backlog after an idle spell drains over a few). */
 export const EXPIRE_PER_DECISION = 64;
+/** Most peers whose requests one tracker holds: origins 1..ORIGINS_MAX (0 is the tracker's own). */
+export const ORIGINS_MAX = 255;
+/** The origin of the tracker's own requests. */
+export const OWN = 0;
+
+/** How an own request ended, as `OwnFacts.ended` reports it. */
+export type EndReason = "done" | "expired" | "evicted" | "worker_removed";
+const END_REASONS: Record<Ending, EndReason> = {
+  already_done: "done",
+  expired: "expired",
+  evicted: "evicted",
+  worker_removed: "worker_removed",
+};
+
+/**
+ * What the tracker reports about its own requests as they change, synchronously (the
+ * cluster's outbox publishes it to the peers). `chain` is valid during the call only.
+ */
+export interface OwnFacts {
+  /** Admitted (routed, moved, or restored from a snapshot) with the load it adds. */
+  routed(
+    requestId: string,
+    slot: number,
+    chain: Uint32Array,
+    blocks: number,
+    prefillTokens: number,
+    outputBlocks: number,
+  ): void;
+  prefillDone(requestId: string): void;
+  ended(requestId: string, reason: EndReason): void;
+}
+
+/** What peers' facts did, since start. */
+export interface PeerCounters {
+  routed: number;
+  /** A routed fact for an id its origin still had active here: the old one was replaced. */
+  replaced: number;
+  prefillDone: number;
+  ended: number;
+  /** Dropped by this tracker's TTL (their origin's end never came). */
+  expired: number;
+  /** Dropped past the per-origin limit of active requests. */
+  evicted: number;
+  droppedWithWorker: number;
+  /** Dropped with their origin (lease ran out, restart, resync). */
+  droppedWithOrigin: number;
+  /** Facts for ids their origin has no active request under here. */
+  unknown: number;
+}
 
 /**
  * What a lifecycle call found: `ok` (applied, or prefill already marked done),
@@ -135,6 +191,19 @@ export class LoadTracker {
     droppedWithWorker: 0,
     unknown: 0,
   };
+  readonly peerCounters: PeerCounters = {
+    routed: 0,
+    replaced: 0,
+    prefillDone: 0,
+    ended: 0,
+    expired: 0,
+    evicted: 0,
+    droppedWithWorker: 0,
+    droppedWithOrigin: 0,
+    unknown: 0,
+  };
+  /** Told every change of an own request (null: nobody listens, single process). */
+  facts: OwnFacts | null = null;
   /** The chains of active requests: distinct blocks and shared depths per worker. */
   readonly blocks = new ActiveBlocks();
 
@@ -146,6 +215,9 @@ export class LoadTracker {
   activeRequests = new Uint32Array(0);
   routedTotal = new Float64Array(0);
   degraded = new Uint8Array(0);
+  /** The part of activeRequests / activePrefillTokens that peers' requests make up. */
+  peerRequests = new Uint32Array(0);
+  peerPrefillTokens = new Float64Array(0);
   /** The worker numbering: which slots are live, and who they are. */
   readonly table: WorkerTable;
   /** Told the first prefill_done of each request (its record, slot, and ms since admission): calibration. */
@@ -153,6 +225,8 @@ export class LoadTracker {
 
   /** The active requests: ids, records, touch order (./requests.ts). */
   private readonly records = new RequestRecords();
+  /** Per origin (1..ORIGINS_MAX), its requests; null = no such peer. Index 0 is unused. */
+  private readonly origins: (RequestRecords | null)[] = [null];
   /** Carries a leaf to and from the active-block tree (one object, reused). */
   private readonly holder: ChainHolder = { leaf: null };
   /** Recently finished ids and how they ended (./finished.ts). */
@@ -247,10 +321,10 @@ export class LoadTracker {
     if (slot < 0) return false;
     this.syncSlots();
     if (this.activeRequests[slot]! > 0) {
-      for (let record = 0; record < this.records.top; record++) {
-        if (this.records.slot[record] !== slot) continue;
-        this.release(record, "worker_removed");
-        this.counters.droppedWithWorker++;
+      this.counters.droppedWithWorker += this.dropOnSlot(this.records, OWN, slot);
+      for (let origin = 1; origin < this.origins.length; origin++) {
+        const store = this.origins[origin];
+        if (store) this.peerCounters.droppedWithWorker += this.dropOnSlot(store, origin, slot);
       }
     }
     assert(
@@ -262,6 +336,17 @@ export class LoadTracker {
     this.routedTotal[slot] = 0;
     this.table.release(slot);
     return true;
+  }
+
+  /** Releases every request of one origin on `slot`; returns how many. */
+  private dropOnSlot(store: RequestRecords, origin: number, slot: number): number {
+    let dropped = 0;
+    for (let record = 0; record < store.top; record++) {
+      if (store.slot[record] !== slot) continue;
+      this.release(store, origin, record, "worker_removed");
+      dropped++;
+    }
+    return dropped;
   }
 
   /**
@@ -346,7 +431,7 @@ export class LoadTracker {
     assert(blocks * this.blockSize <= promptTokens, "more blocks than prompt tokens");
     if (this.records.count >= this.maxActiveRequests) {
       // Before the new request's blocks go in: release uses the same holder.
-      this.release(this.records.oldest, "evicted");
+      this.release(this.records, OWN, this.records.oldest, "evicted");
       this.counters.evicted++;
     }
     const prefillTokens = Math.max(0, promptTokens - cachedTokens);
@@ -354,6 +439,8 @@ export class LoadTracker {
       ? Math.ceil(expectedOutputTokens / this.blockSize)
       : 0;
     const record = this.insert(
+      this.records,
+      OWN,
       requestId,
       key,
       idCheck,
@@ -428,6 +515,8 @@ export class LoadTracker {
     if (this.records.find(requestId, key) !== NO_RECORD || requestId.length > REQUEST_ID_LENGTH_MAX)
       return false;
     this.insert(
+      this.records,
+      OWN,
       requestId,
       key,
       hashCheck(hash),
@@ -442,7 +531,144 @@ export class LoadTracker {
     return true;
   }
 
+  // ---- Peers' requests (several processes deciding as one: src/cluster) ----
+
+  /** A number for a new peer's requests (1..ORIGINS_MAX), or -1 when every one is taken. */
+  openOrigin(): number {
+    let origin = this.origins.indexOf(null, 1);
+    if (origin < 0) {
+      if (this.origins.length > ORIGINS_MAX) return -1;
+      origin = this.origins.length;
+      this.origins.push(null);
+    }
+    this.origins[origin] = new RequestRecords();
+    return origin;
+  }
+
+  /** Drops every request of `origin` and frees its number (and its records' memory). Returns how many. */
+  closeOrigin(origin: number): number {
+    const store = this.originStore(origin);
+    let dropped = 0;
+    for (let record = 0; record < store.top && store.count > 0; record++) {
+      if (store.slot[record] === NO_RECORD) continue;
+      this.release(store, origin, record, "worker_removed");
+      dropped++;
+    }
+    this.peerCounters.droppedWithOrigin += dropped;
+    this.origins[origin] = null;
+    while (this.origins.length > 1 && this.origins[this.origins.length - 1] === null)
+      this.origins.pop();
+    return dropped;
+  }
+
+  /** Drops every request of `origin` and keeps the number (a resync replaces its set). */
+  clearOrigin(origin: number): number {
+    const dropped = this.closeOrigin(origin);
+    while (this.origins.length <= origin) this.origins.push(null);
+    this.origins[origin] = new RequestRecords();
+    return dropped;
+  }
+
+  /** Active requests of `origin` (0 for an origin not open). */
+  originCount(origin: number): number {
+    return this.origins[origin]?.count ?? 0;
+  }
+
+  /** Active requests of every peer. */
+  get peerRequestCount(): number {
+    let count = 0;
+    for (const store of this.origins) count += store?.count ?? 0;
+    return count;
+  }
+
+  /**
+   * A peer routed a request to `slot`, adding the load its router counted (prompt
+   * tokens still in prefill, output blocks, the chain). An id its origin still has
+   * active here is replaced (the origin reused it; its end was lost). Past the limit of
+   * active requests the origin's least recently touched one is dropped first.
+   */
+  peerRouted(
+    origin: number,
+    requestId: string,
+    slot: number,
+    chain: Uint32Array,
+    blocks: number,
+    prefillTokens: number,
+    outputBlocks: number,
+  ): void {
+    this.assertLive(slot);
+    const store = this.originStore(origin);
+    if (!(Number.isInteger(blocks) && blocks >= 0 && chain.length >= 2 * blocks))
+      throw new RangeError(`bad chain of ${blocks} blocks`);
+    if (!(prefillTokens >= 0 && outputBlocks >= 0)) throw new RangeError("negative load");
+    const hash = this.idHash(requestId);
+    const key = hashKey(hash);
+    const known = store.find(requestId, key);
+    if (known !== NO_RECORD) {
+      this.release(store, origin, known, "worker_removed");
+      this.peerCounters.replaced++;
+    } else if (store.count >= this.maxActiveRequests) {
+      this.release(store, origin, store.oldest, "evicted");
+      this.peerCounters.evicted++;
+    }
+    const now = this.now();
+    this.insert(
+      store,
+      origin,
+      requestId,
+      key,
+      hashCheck(hash),
+      slot,
+      chain,
+      blocks,
+      prefillTokens,
+      outputBlocks,
+      now,
+    );
+    this.peerCounters.routed++;
+    if (VERIFY) this.verify();
+  }
+
+  /** A peer's request finished its prefill. False if `origin` has no such request here. */
+  peerPrefillDone(origin: number, requestId: string): boolean {
+    const r = this.originStore(origin);
+    const record = r.find(requestId, hashKey(this.idHash(requestId)));
+    if (record === NO_RECORD) {
+      this.peerCounters.unknown++;
+      return false;
+    }
+    const slot = r.slot[record]!;
+    this.activePrefillTokens[slot]! -= r.prefill[record]!;
+    this.peerPrefillTokens[slot]! -= r.prefill[record]!;
+    r.prefill[record] = 0;
+    r.touch(record, this.now());
+    this.peerCounters.prefillDone++;
+    return true;
+  }
+
+  /** A peer's request ended (done, expired, evicted, dropped there). False if unknown here. */
+  peerEnded(origin: number, requestId: string): boolean {
+    const r = this.originStore(origin);
+    const record = r.find(requestId, hashKey(this.idHash(requestId)));
+    if (record === NO_RECORD) {
+      this.peerCounters.unknown++;
+      return false;
+    }
+    this.release(r, origin, record, "already_done");
+    this.peerCounters.ended++;
+    return true;
+  }
+
+  private originStore(origin: number): RequestRecords {
+    const store = origin >= 1 ? this.origins[origin] : undefined;
+    if (!store) throw new RangeError(`no peer origin ${origin}`);
+    return store;
+  }
+
+  /** Takes a record in `store` (of `origin`) and adds its load to `slot`. */
   private insert(
+    store: RequestRecords,
+    origin: number,
     requestId: string,
     key: number,
     idCheck: number,
@@ -455,16 +681,21 @@ export class LoadTracker {
   ): number {
     const added = this.blocks.add(slot, chain, blocks, this.holder);
     // After anything that can throw: a record is live once taken.
-    const r = this.records;
-    const record = r.add(requestId, key, idCheck, slot, touched);
-    r.leaf[record] = this.holder.leaf ?? -1;
-    r.blocks[record] = blocks;
-    r.prefill[record] = prefillTokens;
-    r.output[record] = outputBlocks;
-    this.finished.forget(key, idCheck);
+    const record = store.add(requestId, key, idCheck, slot, touched);
+    store.leaf[record] = this.holder.leaf ?? -1;
+    store.blocks[record] = blocks;
+    store.prefill[record] = prefillTokens;
+    store.output[record] = outputBlocks;
     this.activePrefillTokens[slot]! += prefillTokens;
     this.activeDecodeBlocks[slot]! += added + outputBlocks;
     this.activeRequests[slot]!++;
+    if (origin === OWN) {
+      this.finished.forget(key, idCheck);
+      this.facts?.routed(requestId, slot, chain, blocks, prefillTokens, outputBlocks);
+    } else {
+      this.peerRequests[slot]!++;
+      this.peerPrefillTokens[slot]! += prefillTokens;
+    }
     return record;
   }
 
@@ -483,6 +714,7 @@ export class LoadTracker {
     }
     r.touch(record, now);
     this.counters.prefillDone++;
+    this.facts?.prefillDone(requestId);
     return "ok";
   }
 
@@ -491,7 +723,7 @@ export class LoadTracker {
     const hash = this.idHash(requestId);
     const record = this.records.find(requestId, hashKey(hash));
     if (record === NO_RECORD) return this.ended(hash);
-    this.release(record, "already_done");
+    this.release(this.records, OWN, record, "already_done", requestId);
     this.counters.done++;
     return "ok";
   }
@@ -506,19 +738,33 @@ export class LoadTracker {
    * finished ids as old (as many). Returns how many requests expired.
    */
   sweep(now = this.now(), max = Infinity): number {
-    let expired = 0;
-    // Oldest touch first (the clock is monotonic): the first fresh request ends the sweep.
-    const r = this.records;
-    while (
-      expired < max &&
-      r.oldest !== NO_RECORD &&
-      now - r.touched[r.oldest]! >= this.requestTtlMs
-    ) {
-      this.release(r.oldest, "expired");
-      expired++;
-    }
+    const expired = this.expireIn(this.records, OWN, now, max);
     this.finished.forgetOlderThan(now, this.requestTtlMs, max);
     this.counters.expired += expired;
+    // Peers' requests end by their origin's facts; the TTL is a backstop (a lost end).
+    let left = max - expired;
+    for (let origin = 1; origin < this.origins.length && left > 0; origin++) {
+      const store = this.origins[origin];
+      if (!store) continue;
+      const dropped = this.expireIn(store, origin, now, left);
+      this.peerCounters.expired += dropped;
+      left -= dropped;
+    }
+    return expired;
+  }
+
+  /** Expires one origin's requests idle for the TTL, oldest first, at most `max`. */
+  private expireIn(store: RequestRecords, origin: number, now: number, max: number): number {
+    let expired = 0;
+    // Oldest touch first (the clock is monotonic): the first fresh request ends the sweep.
+    while (
+      expired < max &&
+      store.oldest !== NO_RECORD &&
+      now - store.touched[store.oldest]! >= this.requestTtlMs
+    ) {
+      this.release(store, origin, store.oldest, "expired");
+      expired++;
+    }
     return expired;
   }
 
@@ -528,29 +774,56 @@ export class LoadTracker {
    * list holds exactly the active requests, oldest first.
    */
   verify(): void {
-    const r = this.records;
-    r.verify((id) => hashKey(this.idHash(id)));
     const perSlot = this.blocks.verify();
-    const requests = new Uint32Array(this.slotCapacity);
-    const prefill = new Float64Array(this.slotCapacity);
-    const output = new Float64Array(this.slotCapacity);
+    const n = this.slotCapacity;
+    const sums = {
+      requests: new Uint32Array(n),
+      prefill: new Float64Array(n),
+      output: new Float64Array(n),
+    };
+    const peers = {
+      requests: new Uint32Array(n),
+      prefill: new Float64Array(n),
+      output: new Float64Array(n),
+    };
+    this.sumStore(this.records, sums);
+    for (let origin = 1; origin < this.origins.length; origin++) {
+      const store = this.origins[origin];
+      if (!store) continue;
+      assert(store.count <= this.maxActiveRequests, `origin ${origin} over the active limit`);
+      this.sumStore(store, sums);
+      this.sumStore(store, peers);
+    }
+    for (let slot = 0; slot < n; slot++) {
+      assert(
+        sums.requests[slot] === this.activeRequests[slot],
+        `slot ${slot} active request count`,
+      );
+      assert(sums.prefill[slot] === this.activePrefillTokens[slot], `slot ${slot} prefill tokens`);
+      assert(
+        (perSlot.get(slot) ?? 0) + sums.output[slot]! === this.activeDecodeBlocks[slot],
+        `slot ${slot} decode blocks`,
+      );
+      assert(peers.requests[slot] === this.peerRequests[slot], `slot ${slot} peers' requests`);
+      assert(peers.prefill[slot] === this.peerPrefillTokens[slot], `slot ${slot} peers' prefill`);
+    }
+    assert(this.finished.size <= FINISHED_REMEMBERED_MAX, "too many finished ids remembered");
+  }
+
+  /** Checks one store and adds its requests, prefill and output blocks per slot to `into`. */
+  private sumStore(
+    r: RequestRecords,
+    into: { requests: Uint32Array; prefill: Float64Array; output: Float64Array },
+  ): void {
+    r.verify((id) => hashKey(this.idHash(id)));
     for (let record = 0; record < r.top; record++) {
       const slot = r.slot[record]!;
       if (slot === NO_RECORD) continue;
       assert(this.live[slot] === 1, "request on a dead slot");
-      requests[slot]!++;
-      prefill[slot]! += r.prefill[record]!;
-      output[slot]! += r.output[record]!;
+      into.requests[slot]!++;
+      into.prefill[slot]! += r.prefill[record]!;
+      into.output[slot]! += r.output[record]!;
     }
-    for (let slot = 0; slot < this.slotCapacity; slot++) {
-      assert(requests[slot] === this.activeRequests[slot], `slot ${slot} active request count`);
-      assert(prefill[slot] === this.activePrefillTokens[slot], `slot ${slot} prefill tokens`);
-      assert(
-        (perSlot.get(slot) ?? 0) + output[slot]! === this.activeDecodeBlocks[slot],
-        `slot ${slot} decode blocks`,
-      );
-    }
-    assert(this.finished.size <= FINISHED_REMEMBERED_MAX, "too many finished ids remembered");
   }
 
   private ended(hash: IdHash): LifecycleResult {
@@ -560,9 +833,17 @@ export class LoadTracker {
     return "unknown";
   }
 
-  /** Ends an active request: its load leaves its worker, its id joins the finished ones. */
-  private release(record: number, ending: Ending): void {
-    const r = this.records;
+  /**
+   * Ends an active request of `origin`: its load leaves its worker; an own one's id joins
+   * the finished ones and its end is reported (`requestId` if the caller has it).
+   */
+  private release(
+    r: RequestRecords,
+    origin: number,
+    record: number,
+    ending: Ending,
+    requestId?: string,
+  ): void {
     const slot = r.slot[record]!;
     this.activePrefillTokens[slot]! -= r.prefill[record]!;
     const leaf = r.leaf[record]!;
@@ -570,7 +851,13 @@ export class LoadTracker {
     const freed = this.blocks.remove(slot, this.holder);
     this.activeDecodeBlocks[slot]! -= freed + r.output[record]!;
     this.activeRequests[slot]!--;
-    this.finished.remember(r.key[record]!, r.check[record]!, ending, this.now());
+    if (origin === OWN) {
+      this.finished.remember(r.key[record]!, r.check[record]!, ending, this.now());
+      this.facts?.ended(requestId ?? r.idOf(record), END_REASONS[ending]);
+    } else {
+      this.peerRequests[slot]!--;
+      this.peerPrefillTokens[slot]! -= r.prefill[record]!;
+    }
     r.remove(record);
     if (VERIFY) this.verify();
   }
@@ -588,5 +875,7 @@ export class LoadTracker {
     this.activeRequests = grow(this.activeRequests, (n) => new Uint32Array(n));
     this.routedTotal = grow(this.routedTotal, (n) => new Float64Array(n));
     this.degraded = grow(this.degraded, (n) => new Uint8Array(n));
+    this.peerRequests = grow(this.peerRequests, (n) => new Uint32Array(n));
+    this.peerPrefillTokens = grow(this.peerPrefillTokens, (n) => new Float64Array(n));
   }
 }

@@ -1,0 +1,425 @@
+/**
+ * The bus's messages, in a compact binary form of our own (little-endian): one header,
+ * then what the kind carries. README.md in this folder has the layout and the rules.
+ *
+ * Facts name workers by identity (worker id, dp rank) through a dictionary at the end
+ * of the message (slots are each process's own numbering) and requests by their id.
+ * A reader checks a whole message before anything is applied (`checkFacts`), so a bad
+ * message is dropped whole, never half applied.
+ */
+import type { EndReason } from "../route/load";
+import { u64 } from "../util/u64";
+
+export const MAGIC = 0x6b; // "k"
+export const VERSION = 1;
+
+export const KIND = { facts: 1, heartbeat: 2, snapshot: 3, sync: 4 } as const;
+export type Kind = (typeof KIND)[keyof typeof KIND];
+export const FACT = { routed: 1, prefillDone: 2, ended: 3 } as const;
+export const END_REASONS: readonly EndReason[] = ["done", "expired", "evicted", "worker_removed"];
+/** SNAPSHOT flag: the last chunk of a snapshot (it lists the sender's peers). */
+export const LAST_CHUNK = 1;
+/** HEARTBEAT flag: the sender is shutting down (drop its requests now, not after the lease). */
+export const LEAVING = 2;
+
+/** Largest message written or read (NATS's default max_payload). */
+export const MESSAGE_BYTES_MAX = 1024 * 1024;
+/** A routed fact carries at most this many blocks of its chain (its prefix: 128 KiB). */
+export const CHAIN_BLOCKS_MAX = 16_384;
+export const REQUEST_ID_UNITS_MAX = 256;
+/** Replica ids: what a NATS client name and a log line can carry as they are. */
+export const REPLICA_ID = /^[A-Za-z0-9._-]{1,64}$/;
+const FIXED_HEADER = 25;
+
+/** Where a message's own fields begin, after the header of `replicaId`. */
+export function bodyOffset(replicaId: string): number {
+  return FIXED_HEADER + replicaId.length;
+}
+
+if (new Uint8Array(new Uint32Array([1]).buffer)[0] !== 1)
+  throw new Error("the cluster codec copies chains as little-endian words");
+
+export interface Header {
+  readonly kind: Kind;
+  readonly flags: number;
+  readonly epoch: number;
+  readonly seq: number;
+  readonly sentAtMs: number;
+  readonly replicaId: string;
+  /** Where the kind's own fields begin. */
+  readonly bodyAt: number;
+}
+
+/** A message that cannot be read: why (a metrics label). */
+export class BadMessage extends Error {
+  override readonly name = "BadMessage";
+}
+
+/** The header of `bytes`; throws BadMessage. */
+export function readHeader(bytes: Uint8Array): Header {
+  if (bytes.length > MESSAGE_BYTES_MAX) throw new BadMessage("oversized");
+  if (bytes.length < FIXED_HEADER) throw new BadMessage("truncated");
+  if (bytes[0] !== MAGIC) throw new BadMessage("not_kvedge");
+  if (bytes[1] !== VERSION) throw new BadMessage("version");
+  const kind = bytes[2]!;
+  if (kind < KIND.facts || kind > KIND.sync) throw new BadMessage("kind");
+  const view = viewOf(bytes);
+  const epoch = view.getUint32(4, true);
+  const seq = view.getFloat64(8, true);
+  const sentAtMs = view.getFloat64(16, true);
+  if (epoch === 0 || !Number.isSafeInteger(seq) || seq < 0 || !Number.isFinite(sentAtMs))
+    throw new BadMessage("header");
+  const idLength = bytes[24]!;
+  if (FIXED_HEADER + idLength > bytes.length) throw new BadMessage("truncated");
+  const replicaId = latin1(bytes, FIXED_HEADER, idLength);
+  if (!REPLICA_ID.test(replicaId)) throw new BadMessage("replica_id");
+  return {
+    kind: kind as Kind,
+    flags: bytes[3]!,
+    epoch,
+    seq,
+    sentAtMs,
+    replicaId,
+    bodyAt: FIXED_HEADER + idLength,
+  };
+}
+
+/** What a facts-carrying message (FACTS, SNAPSHOT) applies, fact by fact. */
+export interface FactVisitor {
+  /** The workers the facts name, before the first fact. */
+  begin(workers: WorkerDictionary): void;
+  /** `worker` indexes the message's dictionary; `chain` is valid during the call. */
+  routed(
+    requestId: string,
+    worker: number,
+    chain: Uint32Array,
+    blocks: number,
+    prefillTokens: number,
+    outputBlocks: number,
+  ): void;
+  prefillDone(requestId: string): void;
+  ended(requestId: string, reason: EndReason): void;
+}
+
+/** The workers a message's facts name, by dictionary index. */
+export interface WorkerDictionary {
+  readonly ids: bigint[];
+  readonly ranks: number[];
+}
+
+function viewOf(bytes: Uint8Array): DataView {
+  return new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+}
+
+function latin1(bytes: Uint8Array, at: number, length: number): string {
+  return String.fromCharCode.apply(null, bytes.subarray(at, at + length) as unknown as number[]);
+}
+
+/**
+ * Reads the facts section that starts at `at` (u32 dictionary offset, u32 fact count,
+ * the facts, the dictionary). With `visitor` null it only checks (throws BadMessage);
+ * with one it applies every fact (call it on a checked message only). Returns the
+ * dictionary and where the bytes after it begin.
+ */
+export class FactReader {
+  private chain = new Uint32Array(256);
+
+  read(
+    bytes: Uint8Array,
+    at: number,
+    visitor: FactVisitor | null,
+  ): { workers: WorkerDictionary; end: number } {
+    const view = viewOf(bytes);
+    if (at + 8 > bytes.length) throw new BadMessage("truncated");
+    const dictAt = view.getUint32(at, true);
+    const count = view.getUint32(at + 4, true);
+    if (dictAt > bytes.length || dictAt < at + 8) throw new BadMessage("dictionary");
+    const workers = readDictionary(bytes, view, dictAt);
+    visitor?.begin(workers);
+    let p = at + 8;
+    for (let i = 0; i < count; i++) p = this.fact(bytes, view, p, dictAt, workers, visitor);
+    if (p !== dictAt) throw new BadMessage("facts");
+    return { workers, end: dictAt + 2 + 12 * workers.ids.length };
+  }
+
+  private fact(
+    bytes: Uint8Array,
+    view: DataView,
+    p: number,
+    limit: number,
+    workers: WorkerDictionary,
+    visitor: FactVisitor | null,
+  ): number {
+    if (p + 3 > limit) throw new BadMessage("truncated");
+    const type = bytes[p]!;
+    const idWord = view.getUint16(p + 1, true);
+    const units = idWord >>> 1;
+    const idBytes = idWord & 1 ? 2 * units : units;
+    if (units === 0 || units > REQUEST_ID_UNITS_MAX) throw new BadMessage("request_id");
+    const idAt = p + 3;
+    p = idAt + idBytes;
+    if (p > limit) throw new BadMessage("truncated");
+    const id = visitor === null ? "" : readId(bytes, view, idAt, units, (idWord & 1) === 1);
+    if (type === FACT.routed) return this.routed(bytes, view, p, limit, id, workers, visitor);
+    if (type === FACT.prefillDone) {
+      visitor?.prefillDone(id);
+      return p;
+    }
+    if (type !== FACT.ended) throw new BadMessage("fact_type");
+    if (p + 1 > limit) throw new BadMessage("truncated");
+    const reason = END_REASONS[bytes[p]!];
+    if (reason === undefined) throw new BadMessage("end_reason");
+    visitor?.ended(id, reason);
+    return p + 1;
+  }
+
+  private routed(
+    bytes: Uint8Array,
+    view: DataView,
+    p: number,
+    limit: number,
+    id: string,
+    workers: WorkerDictionary,
+    visitor: FactVisitor | null,
+  ): number {
+    if (p + 14 > limit) throw new BadMessage("truncated");
+    const worker = view.getUint16(p, true);
+    const prefill = view.getUint32(p + 2, true);
+    const output = view.getUint32(p + 6, true);
+    const blocks = view.getUint32(p + 10, true);
+    if (worker >= workers.ids.length) throw new BadMessage("worker");
+    if (blocks > CHAIN_BLOCKS_MAX) throw new BadMessage("chain");
+    const chainAt = p + 14;
+    const end = chainAt + 8 * blocks;
+    if (end > limit) throw new BadMessage("truncated");
+    if (visitor === null) return end;
+    if (this.chain.length < 2 * blocks) this.chain = new Uint32Array(2 * blocks);
+    new Uint8Array(this.chain.buffer).set(bytes.subarray(chainAt, end));
+    visitor.routed(id, worker, this.chain, blocks, prefill, output);
+    return end;
+  }
+}
+
+function readDictionary(bytes: Uint8Array, view: DataView, at: number): WorkerDictionary {
+  if (at + 2 > bytes.length) throw new BadMessage("truncated");
+  const count = view.getUint16(at, true);
+  if (at + 2 + 12 * count > bytes.length) throw new BadMessage("truncated");
+  const ids: bigint[] = [];
+  const ranks: number[] = [];
+  for (let i = 0, p = at + 2; i < count; i++, p += 12) {
+    ids.push(u64(view.getUint32(p, true), view.getUint32(p + 4, true)));
+    ranks.push(view.getUint32(p + 8, true));
+  }
+  return { ids, ranks };
+}
+
+function readId(bytes: Uint8Array, view: DataView, at: number, units: number, wide: boolean) {
+  if (!wide) return latin1(bytes, at, units);
+  let id = "";
+  for (let i = 0; i < units; i++) id += String.fromCharCode(view.getUint16(at + 2 * i, true));
+  return id;
+}
+
+/** Who a slot is, for the dictionary (the core's worker table). */
+export interface WorkerIdentity {
+  workerIdOf(slot: number): bigint;
+  readonly dpRanks: ArrayLike<number>;
+  /** Per slot, a stamp that changes when the slot is given to another worker. */
+  readonly generation: ArrayLike<number>;
+}
+
+/**
+ * Writes one message: the header, the kind's fields, then (FACTS, SNAPSHOT) facts as
+ * they come and the dictionary of the workers they name. `finish` copies the message
+ * out (a published array is the client's until it is sent: never reused) and starts over.
+ */
+export class MessageWriter {
+  private bytes = new Uint8Array(64 * 1024);
+  private view = new DataView(this.bytes.buffer);
+  /** Bytes written. */
+  length = 0;
+  /** Facts written since `begin`. */
+  facts = 0;
+  private factsAt = -1;
+  private readonly dictSlot: number[] = [];
+  private readonly dictGeneration: number[] = [];
+  private readonly dictId: bigint[] = [];
+  private readonly dictRank: number[] = [];
+  private dictOf = new Int32Array(0);
+
+  constructor(
+    private readonly replicaId: string,
+    private readonly epoch: number,
+    private readonly workers: WorkerIdentity | null,
+  ) {
+    if (!REPLICA_ID.test(replicaId)) throw new RangeError(`bad replica id '${replicaId}'`);
+    if (!(Number.isInteger(epoch) && epoch > 0 && epoch <= 0xffff_ffff))
+      throw new RangeError(`bad epoch ${epoch}`);
+  }
+
+  /** Starts a message of `kind`; its seq and time are written by `finish`. */
+  begin(kind: Kind, flags = 0): void {
+    this.clearDictionary();
+    this.length = 0;
+    this.facts = 0;
+    this.factsAt = -1;
+    this.ensure(FIXED_HEADER + this.replicaId.length);
+    const bytes = this.bytes;
+    bytes[0] = MAGIC;
+    bytes[1] = VERSION;
+    bytes[2] = kind;
+    bytes[3] = flags;
+    this.view.setUint32(4, this.epoch, true);
+    bytes[24] = this.replicaId.length;
+    for (let i = 0; i < this.replicaId.length; i++)
+      bytes[FIXED_HEADER + i] = this.replicaId.charCodeAt(i);
+    this.length = FIXED_HEADER + this.replicaId.length;
+  }
+
+  u8(value: number): void {
+    this.ensure(1);
+    this.bytes[this.length++] = value;
+  }
+
+  u32(value: number): void {
+    this.ensure(4);
+    this.view.setUint32(this.length, value, true);
+    this.length += 4;
+  }
+
+  /** A short ASCII string (a replica id): u8 length, then its bytes. */
+  shortText(text: string): void {
+    this.u8(text.length);
+    this.ensure(text.length);
+    for (let i = 0; i < text.length; i++) this.bytes[this.length++] = text.charCodeAt(i) & 0xff;
+  }
+
+  /** Opens the facts section (after the kind's own fields). */
+  beginFacts(): void {
+    this.factsAt = this.length;
+    this.u32(0);
+    this.u32(0);
+  }
+
+  routed(
+    requestId: string,
+    slot: number,
+    chain: Uint32Array,
+    blocks: number,
+    prefillTokens: number,
+    outputBlocks: number,
+  ): void {
+    const kept = Math.min(blocks, CHAIN_BLOCKS_MAX);
+    this.id(FACT.routed, requestId);
+    this.ensure(14 + 8 * kept);
+    const view = this.view;
+    view.setUint16(this.length, this.workerIndex(slot), true);
+    view.setUint32(this.length + 2, clampU32(prefillTokens), true);
+    view.setUint32(this.length + 6, clampU32(outputBlocks), true);
+    view.setUint32(this.length + 10, kept, true);
+    this.length += 14;
+    this.bytes.set(new Uint8Array(chain.buffer, chain.byteOffset, 8 * kept), this.length);
+    this.length += 8 * kept;
+    this.facts++;
+  }
+
+  prefillDone(requestId: string): void {
+    this.id(FACT.prefillDone, requestId);
+    this.facts++;
+  }
+
+  ended(requestId: string, reason: EndReason): void {
+    this.id(FACT.ended, requestId);
+    this.u8(END_REASONS.indexOf(reason));
+    this.facts++;
+  }
+
+  /** Closes the facts section: the dictionary goes after the facts. */
+  endFacts(): void {
+    if (this.factsAt < 0) return;
+    this.view.setUint32(this.factsAt, this.length, true);
+    this.view.setUint32(this.factsAt + 4, this.facts, true);
+    const count = this.dictSlot.length;
+    this.ensure(2 + 12 * count);
+    this.view.setUint16(this.length, count, true);
+    this.length += 2;
+    for (let i = 0; i < count; i++) {
+      const id = this.dictId[i]!;
+      this.view.setUint32(this.length, Number(id >> 32n), true);
+      this.view.setUint32(this.length + 4, Number(id & 0xffff_ffffn), true);
+      this.view.setUint32(this.length + 8, this.dictRank[i]!, true);
+      this.length += 12;
+    }
+    this.factsAt = -1;
+  }
+
+  /** The message with its seq and send time, as a fresh array; the writer is empty after. */
+  finish(seq: number, sentAtMs: number): Uint8Array {
+    this.endFacts();
+    this.view.setFloat64(8, seq, true);
+    this.view.setFloat64(16, sentAtMs, true);
+    const message = this.bytes.slice(0, this.length);
+    this.clearDictionary();
+    this.length = 0;
+    this.facts = 0;
+    return message;
+  }
+
+  /** Type byte and the request id: u16 (units << 1 | wide), then latin-1 bytes or UTF-16 units. */
+  private id(type: number, requestId: string): void {
+    const units = Math.min(requestId.length, REQUEST_ID_UNITS_MAX);
+    let wide = 0;
+    for (let i = 0; i < units; i++) if (requestId.charCodeAt(i) > 0xff) wide = 1;
+    this.ensure(3 + (wide + 1) * units);
+    const bytes = this.bytes;
+    bytes[this.length] = type;
+    this.view.setUint16(this.length + 1, (units << 1) | wide, true);
+    let p = this.length + 3;
+    if (wide === 0) for (let i = 0; i < units; i++) bytes[p++] = requestId.charCodeAt(i);
+    else
+      for (let i = 0; i < units; i++, p += 2) this.view.setUint16(p, requestId.charCodeAt(i), true);
+    this.length = p;
+  }
+
+  private workerIndex(slot: number): number {
+    const workers = this.workers;
+    if (workers === null) throw new Error("a message writer without workers cannot write facts");
+    if (this.dictOf.length <= slot) {
+      const grown = new Int32Array(Math.max(64, 2 * (slot + 1))).fill(-1);
+      grown.set(this.dictOf);
+      this.dictOf = grown;
+    }
+    const known = this.dictOf[slot]!;
+    if (known >= 0 && this.dictGeneration[known] === workers.generation[slot]) return known;
+    const index = this.dictSlot.length;
+    if (index > 0xffff) throw new RangeError("more than 65,536 workers in one message");
+    this.dictSlot.push(slot);
+    this.dictGeneration.push(workers.generation[slot]!);
+    this.dictId.push(workers.workerIdOf(slot));
+    this.dictRank.push(workers.dpRanks[slot]!);
+    this.dictOf[slot] = index;
+    return index;
+  }
+
+  private clearDictionary(): void {
+    for (const slot of this.dictSlot) this.dictOf[slot] = -1;
+    this.dictSlot.length = 0;
+    this.dictGeneration.length = 0;
+    this.dictId.length = 0;
+    this.dictRank.length = 0;
+  }
+
+  private ensure(extra: number): void {
+    if (this.length + extra <= this.bytes.length) return;
+    let size = this.bytes.length;
+    while (size < this.length + extra) size *= 2;
+    const grown = new Uint8Array(size);
+    grown.set(this.bytes.subarray(0, this.length));
+    this.bytes = grown;
+    this.view = new DataView(grown.buffer);
+  }
+}
+
+function clampU32(value: number): number {
+  return value >= 0xffff_ffff ? 0xffff_ffff : value > 0 ? Math.round(value) : 0;
+}

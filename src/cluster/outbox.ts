@@ -1,0 +1,164 @@
+/**
+ * This replica's own facts on their way to the bus: the load tracker reports each change
+ * of an own request (`OwnFacts`), the outbox writes it into the current batch, and a
+ * batch goes out (`publish`) at BATCH_FACTS_MAX facts, BATCH_BYTES_MAX bytes, or
+ * BATCH_MS after its first fact, whichever comes first. Every batch takes the next
+ * seq, sent or not (a batch the bus could not take is a gap its receivers see).
+ *
+ * It also writes the messages that describe the whole set: heartbeats (the seq so far)
+ * and snapshots (every own active request, as of that seq), and sync requests.
+ */
+import type { EndReason, LoadTracker, OwnFacts } from "../route/load";
+import { KIND, LAST_CHUNK, LEAVING, MessageWriter, type WorkerIdentity } from "./codec";
+
+/** A batch goes out at this many facts… */
+export const BATCH_FACTS_MAX = 256;
+/** …or this many bytes… */
+export const BATCH_BYTES_MAX = 64 * 1024;
+/** …or this long after its first fact. */
+export const BATCH_MS = 1;
+/** A snapshot chunk is closed past this many bytes. */
+export const CHUNK_BYTES = 256 * 1024;
+
+export interface OutboxOptions {
+  readonly replicaId: string;
+  readonly epoch: number;
+  readonly workers: WorkerIdentity;
+  /** Sends one batch of `facts` facts (false: the bus could not take it). */
+  readonly publish: (message: Uint8Array, facts: number) => boolean;
+  /** Runs `flush` later (a timer; the simulator passes its own or none). */
+  readonly schedule?: ((flush: () => void, ms: number) => void) | null;
+  /** Wall-clock ms, stamped on every message (receivers measure lag with it). */
+  readonly wallNow?: () => number;
+}
+
+export class Outbox implements OwnFacts {
+  /** The seq of the last batch (0: none yet). */
+  seq = 0;
+  readonly counters = { batches: 0, facts: 0, unsent: 0, unsentFacts: 0, bytes: 0 };
+  private readonly writer: MessageWriter;
+  private readonly control: MessageWriter;
+  private armed = false;
+  private readonly wallNow: () => number;
+
+  constructor(private readonly options: OutboxOptions) {
+    this.writer = new MessageWriter(options.replicaId, options.epoch, options.workers);
+    this.control = new MessageWriter(options.replicaId, options.epoch, options.workers);
+    this.wallNow = options.wallNow ?? Date.now;
+  }
+
+  routed(
+    requestId: string,
+    slot: number,
+    chain: Uint32Array,
+    blocks: number,
+    prefillTokens: number,
+    outputBlocks: number,
+  ): void {
+    this.open();
+    this.writer.routed(requestId, slot, chain, blocks, prefillTokens, outputBlocks);
+    this.wrote();
+  }
+
+  prefillDone(requestId: string): void {
+    this.open();
+    this.writer.prefillDone(requestId);
+    this.wrote();
+  }
+
+  ended(requestId: string, reason: EndReason): void {
+    this.open();
+    this.writer.ended(requestId, reason);
+    this.wrote();
+  }
+
+  /** Facts written and not yet sent. */
+  get pending(): number {
+    return this.writer.facts;
+  }
+
+  /** Sends the current batch, if it holds any fact. */
+  flush(): void {
+    if (this.writer.facts === 0) return;
+    const facts = this.writer.facts;
+    const message = this.writer.finish(++this.seq, this.wallNow());
+    this.counters.batches++;
+    this.counters.facts += facts;
+    this.counters.bytes += message.length;
+    if (!this.options.publish(message, facts)) {
+      this.counters.unsent++;
+      this.counters.unsentFacts += facts;
+    }
+  }
+
+  /** A heartbeat: the seq published so far and the own active requests (leaving: shutting down). */
+  heartbeat(activeRequests: number, leaving = false): Uint8Array {
+    this.flush();
+    const w = this.control;
+    w.begin(KIND.heartbeat, leaving ? LEAVING : 0);
+    w.u32(activeRequests);
+    return w.finish(this.seq, this.wallNow());
+  }
+
+  /** A request for `target`'s set (null: every replica's), answered under `nonce`. */
+  syncRequest(target: string | null, nonce: number): Uint8Array {
+    const w = this.control;
+    w.begin(KIND.sync);
+    w.u32(nonce);
+    w.shortText(target ?? "");
+    return w.finish(this.seq, this.wallNow());
+  }
+
+  /**
+   * Every own active request as routed facts (with the prefill still to do), in chunks,
+   * as of the seq after the pending batch is sent: the answer to a sync under `nonce`.
+   * The first chunk names the peers this replica knows.
+   */
+  snapshot(load: LoadTracker, nonce: number, peers: readonly string[]): Uint8Array[] {
+    this.flush();
+    const w = this.control;
+    const chunks: Uint8Array[] = [];
+    const start = (): void => {
+      w.begin(KIND.snapshot);
+      w.u32(nonce);
+      w.u32(chunks.length);
+      const named = chunks.length === 0 ? peers : [];
+      w.u8(named.length & 0xff);
+      w.u8(named.length >>> 8);
+      for (const id of named) w.shortText(id);
+      w.beginFacts();
+    };
+    start();
+    load.forEachActive((slot, id, prefill, output, _idleMs, chain, blocks) => {
+      if (w.length >= CHUNK_BYTES) {
+        chunks.push(w.finish(this.seq, this.wallNow()));
+        start();
+      }
+      w.routed(id, slot, chain, blocks, prefill, output);
+    });
+    chunks.push(w.finish(this.seq, this.wallNow()));
+    chunks[chunks.length - 1]![3]! |= LAST_CHUNK;
+    return chunks;
+  }
+
+  private open(): void {
+    if (this.writer.facts > 0) return;
+    this.writer.begin(KIND.facts);
+    this.writer.beginFacts();
+  }
+
+  private wrote(): void {
+    const w = this.writer;
+    if (w.facts >= BATCH_FACTS_MAX || w.length >= BATCH_BYTES_MAX) {
+      this.flush();
+      return;
+    }
+    const schedule = this.options.schedule;
+    if (this.armed || schedule === null || schedule === undefined) return;
+    this.armed = true;
+    schedule(() => {
+      this.armed = false;
+      this.flush();
+    }, BATCH_MS);
+  }
+}
