@@ -9,9 +9,14 @@ import { defaultIndexBudgetBytes } from "../index/budget";
 import type { Config } from "../config";
 import { bufferBudget } from "../util/buffer-budget";
 import { warmUp } from "../server/warmup";
-import { registerRouterMetrics, registerCoreMetrics } from "../server/metrics";
+import {
+  registerClusterMetrics,
+  registerCoreMetrics,
+  registerRouterMetrics,
+} from "../server/metrics";
 import { createMetricsRegistry, type MetricsRegistry } from "../util/metrics";
 import { KvedgeCore } from "../core/core";
+import { Cluster } from "../cluster/cluster";
 import { registerObservedHitsMetrics, registerProxyMetrics } from "../proxy/metrics";
 import { OpenAiProxy } from "../proxy/proxy";
 import { loadTokenizer, type PromptTokenizer, TokenizerError } from "../proxy/tokenizer";
@@ -130,7 +135,12 @@ Example:
         vocab_size: tokenizer?.vocabSize ?? null,
       });
     }
-    const registry = metricsOf(core, proxy, plan, writer);
+    const cluster = await startCluster(config, core, log);
+    if (cluster === "failed") {
+      await core.stop().then(() => writer?.stop());
+      return 2;
+    }
+    const registry = metricsOf(core, proxy, plan, writer, cluster);
     const stateDir = config.state.dir;
     const stateLog = log.child({ component: "state" });
     const saved =
@@ -146,8 +156,9 @@ Example:
     if (saved !== null) restoreRequests(core, saved, stateLog);
     let serving: Serving;
     try {
-      serving = await listen(config, plan, { core, writer, registry, proxy }, log);
+      serving = await listen(config, plan, { core, writer, registry, proxy, cluster }, log);
     } catch (error) {
+      await cluster?.stop();
       await core.stop().then(() => writer?.stop());
       process.stderr.write(`kvedge serve: ${(error as Error).message}\n`);
       return 1;
@@ -172,6 +183,7 @@ Example:
     await periodic?.idle();
     if (stateDir !== null && (await saveSnapshot(core, stateDir, stateLog)))
       log.info("snapshot written", { dir: stateDir });
+    await cluster?.stop();
     await core.stop();
     await writer?.stop();
     log.info("stopped");
@@ -224,6 +236,7 @@ interface Serves {
   readonly writer: WriterThread | null;
   readonly registry: MetricsRegistry;
   readonly proxy: OpenAiProxy | null;
+  readonly cluster: Cluster | null;
 }
 
 async function listen(
@@ -232,7 +245,7 @@ async function listen(
   serves: Serves,
   log: Logger,
 ): Promise<Serving> {
-  const { core, writer, registry, proxy } = serves;
+  const { core, writer, registry, proxy, cluster } = serves;
   const lanesOn = plan.routeThreads > 0;
   const app = startApp({
     host: lanesOn ? loopbackOf(config.server.host) : config.server.host,
@@ -243,6 +256,7 @@ async function listen(
     registry,
     log: log.child({ component: "http" }),
     proxy,
+    cluster,
   });
   if (!lanesOn) return { url: app.url, lanes: null, stop: (graceMs) => app.stop(graceMs) };
   let lanes: RouteLanes;
@@ -272,11 +286,30 @@ async function listen(
   };
 }
 
+/**
+ * With cluster.nats_url: joins the other processes of the fleet before the port opens
+ * (bounded; src/cluster/cluster.ts). A client option that cannot be read stops the start.
+ */
+async function startCluster(
+  config: Config,
+  core: KvedgeCore,
+  log: Logger,
+): Promise<Cluster | null | "failed"> {
+  if (config.cluster.nats_url === null) return null;
+  try {
+    return await Cluster.start(config.cluster, core, log.child({ component: "cluster" }));
+  } catch (error) {
+    process.stderr.write(`kvedge serve: cluster: ${(error as Error).message}\n`);
+    return "failed";
+  }
+}
+
 function metricsOf(
   core: KvedgeCore,
   proxy: OpenAiProxy | null,
   plan: ThreadPlan,
   writer: WriterThread | null,
+  cluster: Cluster | null,
 ): MetricsRegistry {
   const registry = createMetricsRegistry();
   registerRouterMetrics(registry, core.router);
@@ -284,6 +317,7 @@ function metricsOf(
   registerObservedHitsMetrics(registry, core);
   if (proxy !== null) registerProxyMetrics(registry, proxy);
   registerThreadMetrics(registry, plan, writer);
+  if (cluster !== null) registerClusterMetrics(registry, cluster, core.router.load);
   return registry;
 }
 

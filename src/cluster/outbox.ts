@@ -10,6 +10,7 @@
  */
 import type { EndReason, LoadTracker, OwnFacts } from "../route/load";
 import { KIND, LAST_CHUNK, LEAVING, MessageWriter, type WorkerIdentity } from "./codec";
+import { wallClockMs } from "./peers";
 
 /** A batch goes out at this many facts… */
 export const BATCH_FACTS_MAX = 256;
@@ -44,7 +45,7 @@ export class Outbox implements OwnFacts {
   constructor(private readonly options: OutboxOptions) {
     this.writer = new MessageWriter(options.replicaId, options.epoch, options.workers);
     this.control = new MessageWriter(options.replicaId, options.epoch, options.workers);
-    this.wallNow = options.wallNow ?? Date.now;
+    this.wallNow = options.wallNow ?? wallClockMs;
   }
 
   routed(

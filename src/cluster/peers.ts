@@ -138,6 +138,11 @@ export class PeerCounters {
   readonly dropped = new Map<string, number>();
 }
 
+/** Wall-clock ms with sub-ms resolution (Date.now has whole ms: loopback lags read 0). */
+export function wallClockMs(): number {
+  return performance.timeOrigin + performance.now();
+}
+
 export class PeerSet {
   readonly peers = new Map<string, Peer>();
   readonly counters = new PeerCounters();
@@ -236,6 +241,8 @@ export class PeerSet {
   // ---- Facts and heartbeats ----
 
   private stream(header: Header, bytes: Uint8Array): void {
+    const leaving = header.kind === KIND.heartbeat && (header.flags & LEAVING) !== 0;
+    if (leaving && this.peers.get(header.replicaId)?.epoch !== header.epoch) return;
     const peer = this.peerOf(header, bytes);
     if (peer === null) return;
     peer.lastHeardMs = this.options.now();
@@ -369,7 +376,7 @@ export class PeerSet {
   }
 
   private noteLag(peer: Peer, header: Header): void {
-    const wall = this.options.wallNow ?? Date.now;
+    const wall = this.options.wallNow ?? wallClockMs;
     peer.lagMs = Math.max(0, wall() - header.sentAtMs);
     this.options.onLag?.(peer.lagMs);
   }

@@ -90,6 +90,9 @@ export interface WorkerView {
   readonly activeRequests: number;
   readonly activePrefillTokens: number;
   readonly activeDecodeBlocks: number;
+  /** Of activeRequests / activePrefillTokens: the part peers routed (several processes as one). */
+  readonly peerActiveRequests: number;
+  readonly peerActivePrefillTokens: number;
   readonly routedTotal: number;
   readonly lastSeq: number;
   readonly lostBatches: number;
@@ -381,6 +384,14 @@ export class KvedgeCore {
   }
 
   /**
+   * Peers' facts changed the load (src/cluster applies them to `router.load` under each
+   * peer's origin): held calls are looked at again, as after a local done.
+   */
+  peerLoadChanged(): void {
+    this.admission.release();
+  }
+
+  /**
    * Moves an active request's load to the worker in `slot`, which holds
    * `overlapBlocks` of its prompt (the proxy's failover: the engine it was routed to
    * could not be reached). An id no longer active is admitted on `slot` anew.
@@ -599,6 +610,8 @@ export class KvedgeCore {
         activeRequests: load.activeRequests,
         activePrefillTokens: load.activePrefillTokens,
         activeDecodeBlocks: load.activeDecodeBlocks,
+        peerActiveRequests: load.peerRequests,
+        peerActivePrefillTokens: load.peerPrefillTokens,
         routedTotal: load.routedTotal,
         lastSeq: source?.sequencer.lastSeq ?? -1,
         lostBatches: source?.sequencer.counters.lost ?? 0,

@@ -162,6 +162,9 @@ export interface WorkerLoad {
   readonly activePrefillTokens: number;
   readonly activeDecodeBlocks: number;
   readonly routedTotal: number;
+  /** The part of activeRequests / activePrefillTokens that peers routed (src/cluster). */
+  readonly peerRequests: number;
+  readonly peerPrefillTokens: number;
 }
 
 /** Totals since start, as plain fields for the metrics layer. */
@@ -374,6 +377,8 @@ export class LoadTracker {
         activePrefillTokens: this.activePrefillTokens[slot]!,
         activeDecodeBlocks: this.activeDecodeBlocks[slot]!,
         routedTotal: this.routedTotal[slot]!,
+        peerRequests: this.peerRequests[slot]!,
+        peerPrefillTokens: this.peerPrefillTokens[slot]!,
       });
     }
     return rows;

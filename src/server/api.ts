@@ -18,6 +18,7 @@ import {
   tokenIds,
   u64Field,
 } from "../http/http";
+import type { Cluster } from "../cluster/cluster";
 import type { KvedgeCore, MatchScore, RouteCall, RouteInput, RouteOutcome } from "../core/core";
 import { encodeMsgpack, type MsgpackWriter } from "../wire/msgpack";
 
@@ -174,9 +175,20 @@ export function lifecycleOp(core: KvedgeCore, requestId: string, step: "prefill_
   return { request_id: requestId, status: result };
 }
 
-export function workersOp(core: KvedgeCore) {
+export function workersOp(core: KvedgeCore, cluster: Cluster | null = null) {
+  const shared = cluster?.status() ?? null;
   return {
     block_size: core.blockSize,
+    // Load below counts every replica's requests (own_ and peer_ split it); null: this process alone.
+    cluster:
+      shared === null
+        ? null
+        : {
+            state: shared.state,
+            since_ms: shared.since_ms,
+            replica_id: shared.replica_id,
+            peers: shared.peers.length,
+          },
     workers: core.workers().map((view) => ({
       worker_id: view.workerId.toString(),
       dp_rank: view.dpRank,
@@ -189,6 +201,10 @@ export function workersOp(core: KvedgeCore) {
       active_requests: view.activeRequests,
       active_prefill_tokens: view.activePrefillTokens,
       active_decode_blocks: view.activeDecodeBlocks,
+      own_active_requests: view.activeRequests - view.peerActiveRequests,
+      own_active_prefill_tokens: view.activePrefillTokens - view.peerActivePrefillTokens,
+      peer_active_requests: view.peerActiveRequests,
+      peer_active_prefill_tokens: view.peerActivePrefillTokens,
       routed_total: view.routedTotal,
       last_seq: view.lastSeq,
       lost_batches: view.lostBatches,

@@ -35,6 +35,7 @@ import {
 import { ServerMetrics } from "./metrics";
 import type { MetricsRegistry } from "../util/metrics";
 import type { KvedgeCore } from "../core/core";
+import type { Cluster } from "../cluster/cluster";
 import { statusOp, statusPage } from "./status";
 import { TurnBatch } from "./turn";
 import { CHAT_PATH, COMPLETIONS_PATH, type OpenAiPath } from "../proxy/openai";
@@ -51,6 +52,8 @@ export interface AppOptions {
   readonly log: Logger;
   /** `serve --proxy`: the OpenAI-compatible endpoints. */
   readonly proxy?: OpenAiProxy | null;
+  /** `serve --cluster-nats`: this process's part in the fleet's shared view. */
+  readonly cluster?: Cluster | null;
 }
 
 type Handler = (request: Request, params: Record<string, string>) => Promise<Response> | Response;
@@ -84,6 +87,7 @@ export interface App {
 /** What the handlers share: the core, the guards, metrics and the turn batch. */
 interface AppContext {
   readonly core: KvedgeCore;
+  readonly cluster: Cluster | null;
   readonly log: Logger;
   readonly metrics: ServerMetrics;
   readonly registry: MetricsRegistry;
@@ -142,6 +146,7 @@ function appContext(options: AppOptions): AppContext {
   const adminToken = options.adminToken === null ? null : Buffer.from(options.adminToken);
   return {
     core: options.core,
+    cluster: options.cluster ?? null,
     log: options.log,
     metrics: new ServerMetrics(options.registry),
     registry: options.registry,
@@ -194,7 +199,7 @@ function apiRoutes(context: AppContext): RouteTable {
     "/v1/requests/:id/prefill_done": { POST: lifecycle("prefill_done") },
     "/v1/requests/:id/done": { POST: lifecycle("done") },
     "/v1/workers": {
-      GET: (request) => reply(request, 200, workersOp(core)),
+      GET: (request) => reply(request, 200, workersOp(core, context.cluster)),
       POST: async (request) => {
         requireAdmin(request);
         return reply(request, 201, await addWorkerOp(core, await readBody(request, limit)));
@@ -219,7 +224,7 @@ function opsRoutes(context: AppContext): RouteTable {
         return context.dumps.response(core.index, core.writes);
       },
     },
-    "/v1/status": { GET: (request) => reply(request, 200, statusOp(core)) },
+    "/v1/status": { GET: (request) => reply(request, 200, statusOp(core, context.cluster)) },
     "/healthz": { GET: (request) => reply(request, 200, { status: "ok" }) },
     "/readyz": {
       GET: (request) => {

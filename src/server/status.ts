@@ -6,10 +6,14 @@
  * events/s, each worker's cached blocks and load, and which workers are distrusted.
  */
 import { workersOp } from "./api";
+import type { Cluster } from "../cluster/cluster";
 import type { KvedgeCore } from "../core/core";
 
-/** GET /v1/status: cumulative counters (the page turns them into rates) and the workers. */
-export function statusOp(core: KvedgeCore) {
+/**
+ * GET /v1/status: cumulative counters (the page turns them into rates), the workers,
+ * and with several processes deciding as one, the cluster (null: this process alone).
+ */
+export function statusOp(core: KvedgeCore, cluster: Cluster | null = null) {
   const index = core.index.counters;
   const routes = core.routeTotals;
   const workers = workersOp(core).workers;
@@ -43,6 +47,7 @@ export function statusOp(core: KvedgeCore) {
       cleared: index.clearedEvents,
     },
     workers,
+    cluster: cluster?.status() ?? null,
   };
 }
 
@@ -90,10 +95,20 @@ const PAGE = `<!doctype html>
   <thead><tr>
     <th>worker</th><th>dp</th><th class="text">endpoint</th><th class="text">state</th><th class="text">trust</th>
     <th>cached blocks</th><th>active requests</th><th>prefill tokens</th><th>routed</th>
-    <th>predicted hits</th><th>observed hits</th><th>last seq</th><th>lost batches</th>
+    <th>predicted hits</th><th>observed hits</th><th>last seq</th><th>lost batches</th><th>of them peers'</th>
   </tr></thead>
   <tbody id="workers"></tbody>
 </table>
+<div id="cluster" hidden>
+  <h2 style="margin-top:1.2rem">Cluster <span id="cluster-summary"></span></h2>
+  <table>
+    <thead><tr>
+      <th>peer</th><th class="text">state</th><th>heard</th><th>requests here</th><th>requests it announced</th>
+      <th>applied seq</th><th>published seq</th><th>lag</th><th>held</th>
+    </tr></thead>
+    <tbody id="peers"></tbody>
+  </table>
+</div>
 <script>
 const POINTS = 120, POLL_MS = 1000, WINDOW = 5, NS = "http://www.w3.org/2000/svg";
 const history = { routes: [], predicted: [], observed: [], events: [] };
@@ -184,6 +199,9 @@ function render(status) {
     if (w.observed_hits.under_predicted) alerts.push("worker " + name(w) + ": the engine serves far more than predicted: check the tokenizer and chat template");
     if (w.state !== "connected" && w.state !== "unmanaged") alerts.push("worker " + name(w) + ": " + w.state);
   }
+  if (status.cluster !== null && status.cluster.state !== "connected")
+    alerts.push("cluster: " + status.cluster.state + " since " + new Date(status.cluster.since_ms).toLocaleTimeString() + " (NATS unreachable): deciding on this replica's view; peers' load as last known");
+  for (const p of status.cluster?.peers ?? []) if (p.state === "syncing") alerts.push("cluster: fetching the set of peer " + p.replica_id);
   el("alerts").replaceChildren(...alerts.map((text) => { const div = document.createElement("div"); div.className = "alert"; div.textContent = text; return div; }));
   el("workers").replaceChildren(...workers.map((w) => {
     const tr = document.createElement("tr");
@@ -191,15 +209,30 @@ function render(status) {
     tr.append(cell(w.worker_id), cell(w.dp_rank), cell(w.endpoint ?? "—", "text"),
       cell(w.state, w.state === "connected" ? "text ok" : "text bad"), cell(trust, trust === "exact" ? "text ok" : "text bad"),
       cell(w.blocks), cell(w.active_requests), cell(Math.round(w.active_prefill_tokens)), cell(w.routed_total),
-      cell(w.observed_hits.predicted_cached_tokens), cell(w.observed_hits.observed_cached_tokens), cell(w.last_seq), cell(w.lost_batches));
+      cell(w.observed_hits.predicted_cached_tokens), cell(w.observed_hits.observed_cached_tokens), cell(w.last_seq), cell(w.lost_batches),
+      cell(w.peer_active_requests));
     return tr;
   }));
+  renderCluster(status.cluster);
   const blocks = workers.reduce((sum, w) => sum + w.blocks, 0);
   const active = workers.reduce((sum, w) => sum + w.active_requests, 0);
   const distrusted = workers.filter((w) => w.degraded).length;
   el("summary").textContent = workers.length + " workers · block size " + status.block_size + " · " + blocks + " cached blocks · "
     + active + " active requests · " + distrusted + " degraded · " + status.routes.decisions + " routes · updated " + new Date(status.now_ms).toLocaleTimeString();
   document.body.dataset.polls = String(Number(document.body.dataset.polls ?? 0) + 1);
+}
+
+function renderCluster(cluster) {
+  el("cluster").hidden = cluster === null;
+  if (cluster === null) return;
+  el("cluster-summary").textContent = cluster.name + ": " + cluster.state + " since " + new Date(cluster.since_ms).toLocaleTimeString()
+    + " · this replica " + cluster.replica_id + " · " + cluster.peers.length + " peers";
+  el("peers").replaceChildren(...cluster.peers.map((p) => {
+    const tr = document.createElement("tr");
+    tr.append(cell(p.replica_id), cell(p.state, p.state === "synced" ? "text ok" : "text bad"), cell((p.heard_ms_ago / 1000).toFixed(1) + " s ago"),
+      cell(p.requests), cell(p.announced_requests), cell(p.applied_seq), cell(p.published_seq), cell(p.lag_ms + " ms"), cell(p.held));
+    return tr;
+  }));
 }
 
 async function refresh() {
