@@ -135,12 +135,6 @@ Example:
         vocab_size: tokenizer?.vocabSize ?? null,
       });
     }
-    const cluster = await startCluster(config, core, log);
-    if (cluster === "failed") {
-      await core.stop().then(() => writer?.stop());
-      return 2;
-    }
-    const registry = metricsOf(core, proxy, plan, writer, cluster);
     const stateDir = config.state.dir;
     const stateLog = log.child({ component: "state" });
     const saved =
@@ -153,7 +147,14 @@ Example:
             stateLog,
           );
     await core.start(); // snapshot and sources before the port opens (docs/operations.md)
+    // The peers' sets name workers: joined once the configured ones are known.
+    const cluster = await startCluster(config, core, log);
+    if (cluster === "failed") {
+      await core.stop().then(() => writer?.stop());
+      return 2;
+    }
     if (saved !== null) restoreRequests(core, saved, stateLog);
+    const registry = metricsOf(core, proxy, plan, writer, cluster);
     let serving: Serving;
     try {
       serving = await listen(config, plan, { core, writer, registry, proxy, cluster }, log);

@@ -142,7 +142,10 @@ export function withServeTail(error: unknown, serve: ServeChild | null): unknown
 }
 
 /** Calls `onLine` with every whole line of `stream`, in order, until it ends. */
-async function forEachLine(stream: ReadableStream<Uint8Array>, onLine: (line: string) => void) {
+export async function forEachLine(
+  stream: ReadableStream<Uint8Array>,
+  onLine: (line: string) => void,
+) {
   const decoder = new TextDecoder();
   let pending = "";
   for await (const chunk of stream) {
