@@ -3,7 +3,7 @@ import { ADMISSION_MODES, type AdmissionMode, DEFAULT_ADMISSION } from "../route
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES, type RoutePolicy } from "../route/ttft";
 import { getAffinity, pinProcess } from "../runtime/affinity";
 import { type AdmissionReport, type DemoResult, runDemo } from "../sim/demo";
-import { DEFAULT_DEMO_POLICIES, type DemoPolicy, isDemoPolicy } from "../sim/demo-options";
+import { type DemoPolicy, defaultDemoPolicies, isDemoPolicy } from "../sim/demo-options";
 import { loadConversationTrace } from "../sim/embedded-trace";
 import { CAPACITY_BLOCKS_MAX } from "../sim/engine-cache";
 import { WORKERS_MAX } from "../sim/simulator";
@@ -91,6 +91,9 @@ const flags = {
   admission: { kind: "string" },
   "no-pin": { kind: "boolean" },
   proxy: { kind: "boolean" },
+  replicas: { kind: "string" },
+  "no-sync": { kind: "boolean" },
+  "sync-delay-ms": { kind: "string" },
 } as const;
 
 export const DEMO_DEFAULTS = {
@@ -142,6 +145,12 @@ Options:
   --proxy                run kv_aware through kvedge serve --proxy: OpenAI /v1/completions
                          requests to kvedge, which routes, forwards to the engines' OpenAI API
                          and drives each request's lifecycle from the answer
+  --replicas N           kvedge as N replicas (1): request i to replica i mod N, its lifecycle
+                         calls too, as behind a plain load balancer. kv_aware shares their load
+                         over a local nats-server (bound to 127.0.0.1); kv_aware_unsynced, the
+                         same replicas without it, runs beside it
+  --no-sync              with --replicas: only the replicas without the bus (kv_aware_unsynced)
+  --sync-delay-ms D      with --virtual --replicas: each replica applies its peers' facts D ms late (1)
   --json                 print one JSON object on stdout instead of the table
 ${TIME_MODEL_HELP}  -h, --help             show this help
 `,
@@ -175,7 +184,15 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     const seed = flagInt(parsed, "seed", DEMO_DEFAULTS.seed, 0, 0xffff_ffff);
     const time = timeModelOf(parsed);
     const json = flagBool(parsed, "json");
-    const policies = policiesOf(flagString(parsed, "policies"));
+    const replicas = flagInt(parsed, "replicas", 1, 1, MAX_REPLICAS);
+    const noSync = flagBool(parsed, "no-sync");
+    if (noSync && replicas === 1) throw new UsageError("--no-sync needs --replicas 2 or more");
+    if (replicas > 1 && flagBool(parsed, "proxy"))
+      throw new UsageError("--replicas does not go with --proxy yet");
+    const syncDelayMs = flagNumber(parsed, "sync-delay-ms", 1, 0, 60_000);
+    if (parsed.flags.has("sync-delay-ms") && !(virtual && replicas > 1))
+      throw new UsageError("--sync-delay-ms needs --virtual and --replicas 2 or more");
+    const policies = policiesOf(flagString(parsed, "policies"), replicas, noSync);
     const loaded = await loadTrace(flagString(parsed, "trace"));
     if (start >= loaded.trace.count)
       throw new UsageError(`--start ${start}: the trace has ${loaded.trace.count} requests`);
@@ -230,6 +247,8 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       virtual,
       proxy: flagBool(parsed, "proxy"),
       kvAware: { policy: routePolicy, ttft: { recomputeWeight }, admission: { mode: admission } },
+      replicas,
+      syncDelayMs,
     });
     const config = {
       trace: loaded.name,
@@ -247,6 +266,8 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       seed,
       time_model: time,
       trace_span_s: traceStats(trace).spanMs / 1000,
+      replicas,
+      sync_delay_ms: virtual && replicas > 1 ? syncDelayMs : null,
     };
     if (json) process.stdout.write(`${JSON.stringify({ ...result, config })}\n`);
     else process.stdout.write(renderDemo(result, config));
@@ -296,8 +317,14 @@ function routePolicyOf(text: string | undefined): RoutePolicy {
   return text as RoutePolicy;
 }
 
-function policiesOf(text: string | undefined): DemoPolicy[] {
-  if (text === undefined) return [...DEFAULT_DEMO_POLICIES];
+/** Most kvedge replicas a demo starts. */
+const MAX_REPLICAS = 16;
+
+function policiesOf(text: string | undefined, replicas: number, noSync: boolean): DemoPolicy[] {
+  if (text === undefined) {
+    const defaults = defaultDemoPolicies(replicas);
+    return noSync ? defaults.filter((policy) => policy !== "kv_aware") : defaults;
+  }
   const names = text
     .split(",")
     .map((name) => name.trim())
@@ -306,9 +333,11 @@ function policiesOf(text: string | undefined): DemoPolicy[] {
   for (const name of names) {
     if (!isDemoPolicy(name)) {
       throw new UsageError(
-        `--policies: unknown policy '${name}' (known: kv_aware, round_robin, random, least_loaded, approx_prefix, kv_aware_model)`,
+        `--policies: unknown policy '${name}' (known: kv_aware, kv_aware_unsynced, round_robin, random, least_loaded, approx_prefix, kv_aware_model)`,
       );
     }
+    if (name === "kv_aware_unsynced" && replicas === 1)
+      throw new UsageError("--policies kv_aware_unsynced needs --replicas 2 or more");
   }
   return [...new Set(names)] as DemoPolicy[];
 }
@@ -344,6 +373,7 @@ function admissionLine(a: AdmissionReport): string {
 }
 
 interface DemoConfig {
+  readonly replicas?: number;
   readonly trace: string;
   readonly start: number;
   readonly requests: number;
@@ -383,8 +413,13 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
     "TPOT p99",
     "load spread",
   ];
+  const replicas = config.replicas ?? 1;
+  const label = (name: string) =>
+    replicas > 1 && name.startsWith("kv_aware") && name !== "kv_aware_model"
+      ? `${name} ×${replicas}`
+      : name;
   const rows = Object.entries(result.policies).map(([name, r]) => [
-    name,
+    label(name),
     percent(r.hit_rate),
     `${(r.prefill_tokens / 1e6).toFixed(2)} M`,
     ms(r.ttft_p50_ms),
@@ -413,7 +448,7 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
       kv === undefined
         ? "kv_aware_model"
         : kv.mode === "kvedge"
-          ? "kv_aware (kvedge)"
+          ? `kv_aware (kvedge${replicas > 1 ? `, ${replicas} replicas over NATS` : ""})`
           : "kv_aware (kvedge's router, in-process)";
     out.push(`Gains of ${kvName}:`);
     for (const [name, gain] of gains) {
@@ -441,6 +476,13 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
       `  Index vs engines at the end: ${router.index_matches_engines ? "identical" : "DIFFERENT"}` +
         ` (${int(router.index_blocks)} blocks indexed, ${int(router.engine_cached_blocks)} cached).`,
     );
+    const cluster = router.cluster;
+    if (cluster !== null)
+      out.push(
+        `  ${cluster.replicas} replicas${cluster.synced ? " over NATS" : ", no bus"}: ${int(cluster.facts_sent)} facts published,` +
+          ` ${int(cluster.facts_received)} applied by peers, ${int(cluster.bytes_sent)} bytes on the bus` +
+          ` (${int(cluster.bytes_per_route)} per routed request), ${int(cluster.gaps)} gaps.`,
+      );
     out.push("");
   }
   if (result.admission !== null) out.push(admissionLine(result.admission), "");

@@ -103,11 +103,20 @@ export class Cluster {
       syncTimeoutMs: Math.max(1000, config.lease_ms),
       holdMs: Math.max(30_000, 10 * config.lease_ms),
       now: () => performance.now(),
-      schedule: (run, ms) => void setTimeout(run, ms),
+      schedule: (run, ms) => void (ms === 0 ? setImmediate(run) : setTimeout(run, ms)),
       log,
       onApplied: () => core.peerLoadChanged(),
       onLag: (ms) => this.onLag?.(ms),
     });
+    core.replicaRank = () => this.rank();
+  }
+
+  /** This replica's place among the fleet's replica ids (0 = first): its turn, with cluster.stagger_ms. */
+  rank(): number {
+    const own = this.node.replicaId;
+    let rank = 0;
+    for (const id of this.node.peers.peers.keys()) if (id < own) rank++;
+    return rank;
   }
 
   /**

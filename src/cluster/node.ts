@@ -36,7 +36,7 @@ export interface NodeOptions {
   /** Monotonic ms. */
   readonly now: () => number;
   readonly wallNow?: () => number;
-  /** Runs a function later (timers); null: the owner flushes and answers itself (`flush`). */
+  /** Runs a function later (0 ms: at the end of this turn); null: the owner flushes and answers itself (`flush`). */
   readonly schedule: ((run: () => void, ms: number) => void) | null;
   readonly log: Logger;
   readonly onApplied?: () => void;

@@ -1,9 +1,11 @@
 /**
  * This replica's own facts on their way to the bus: the load tracker reports each change
  * of an own request (`OwnFacts`), the outbox writes it into the current batch, and a
- * batch goes out (`publish`) at BATCH_FACTS_MAX facts, BATCH_BYTES_MAX bytes, or
- * BATCH_MS after its first fact, whichever comes first. Every batch takes the next
- * seq, sent or not (a batch the bus could not take is a gap its receivers see).
+ * batch goes out (`publish`) at BATCH_FACTS_MAX facts, BATCH_BYTES_MAX bytes, or at the
+ * end of the event-loop turn that wrote its first fact, whichever comes first: a busy
+ * turn (a burst of routes) is one message, a lone route's facts leave at once. Every
+ * batch takes the next seq, sent or not (a batch the bus could not take is a gap its
+ * receivers see).
  *
  * It also writes the messages that describe the whole set: heartbeats (the seq so far)
  * and snapshots (every own active request, as of that seq), and sync requests.
@@ -16,8 +18,8 @@ import { wallClockMs } from "./peers";
 export const BATCH_FACTS_MAX = 256;
 /** …or this many bytes… */
 export const BATCH_BYTES_MAX = 64 * 1024;
-/** …or this long after its first fact. */
-export const BATCH_MS = 1;
+/** …or at the end of the turn (a `schedule` delay of 0: after this turn's I/O). */
+export const BATCH_MS = 0;
 /** A snapshot chunk is closed past this many bytes. */
 export const CHUNK_BYTES = 256 * 1024;
 
@@ -27,7 +29,7 @@ export interface OutboxOptions {
   readonly workers: WorkerIdentity;
   /** Sends one batch of `facts` facts (false: the bus could not take it). */
   readonly publish: (message: Uint8Array, facts: number) => boolean;
-  /** Runs `flush` later (a timer; the simulator passes its own or none). */
+  /** Runs `flush` later (0 ms: at the end of this turn); null: the owner flushes. */
   readonly schedule?: ((flush: () => void, ms: number) => void) | null;
   /** Wall-clock ms, stamped on every message (receivers measure lag with it). */
   readonly wallNow?: () => number;

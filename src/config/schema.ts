@@ -86,6 +86,7 @@ export interface Config {
     readonly replica_id: string | null;
     readonly lease_ms: number;
     readonly join_timeout_ms: number;
+    readonly stagger_ms: number;
     readonly token: string | null;
     readonly user: string | null;
     readonly password: string | null;
@@ -526,6 +527,13 @@ export const SETTINGS: readonly Setting[] = [
     type: integer(0, 600_000),
     default: 2000,
     help: "How long a starting process waits for NATS and its peers' current sets before it opens its port (past it: it starts alone and says so, and takes them in when they come).",
+  }),
+  setting({
+    key: "cluster.stagger_ms",
+    flag: "cluster-stagger-ms",
+    type: decimal(0, 1000),
+    default: 0,
+    help: "Replicas decide contested routes (the two cheapest workers within 5% of each other) in turn: the replica ranked k among the fleet's replica ids waits k × this many ms first, so decisions taken at the same moment on several replicas see each other's facts instead of all picking the same worker. Set it to about the bus's lag (kvedge_cluster_fact_lag_seconds, p99); 0 = every replica decides at once on what it has heard.",
   }),
   setting({
     key: "cluster.token",

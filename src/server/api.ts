@@ -118,7 +118,7 @@ export function submitRoute(
   fail: (error: unknown) => void,
 ): { handle: number; call: RouteCall } {
   const { input, candidatesMax } = parseRoute(raw);
-  const kept = core.admission.enabled ? { ...input, tokens: input.tokens.slice() } : input;
+  const kept = core.mayHold ? { ...input, tokens: input.tokens.slice() } : input;
   const call: RouteCall = { input: kept, candidatesMax, answer, fail };
   return { handle: core.submitRoute(call), call };
 }

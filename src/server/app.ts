@@ -188,7 +188,7 @@ function apiRoutes(context: AppContext): RouteTable {
         readsBody: true,
         op: (request, _params, body) => {
           const parsed = parseBody(body!, true);
-          if (core.admission.enabled) return admittedRoute(context, request, parsed);
+          if (core.mayHold) return admittedRoute(context, request, parsed);
           const started = performance.now();
           const outcome = decideRoute(core, parsed);
           metrics.observeRouteDecision((performance.now() - started) / 1000);

@@ -50,7 +50,7 @@ export class RouteLanes {
           bodyLimitBytes: options.bodyLimitBytes,
           blockSize: options.core.blockSize,
           // A call that may be held is matched afresh each time it is looked at, here.
-          index: options.core.admission.enabled ? null : options.index,
+          index: options.core.mayHold ? null : options.index,
         };
         const thread = await startThread({ role: "lane", cpus, data: start });
         threads.push(thread);

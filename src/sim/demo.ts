@@ -21,9 +21,18 @@ import { kvedgeRouter, KvedgeClient } from "./kvedge-client";
 import { NetworkedEngine } from "./networked-engine";
 import { type ProxyReport, runProxyReplay } from "./proxy-replay";
 import { percentile, type PolicyReport } from "./outcome";
-import { createPolicy, KvAwareModel, type PolicyName } from "./policies";
+import {
+  createPolicy,
+  DEFAULT_KV_AWARE,
+  type KvAwareConfig,
+  KvAwareModel,
+  type PolicyName,
+  type RoutingPolicy,
+} from "./policies";
+import { ReplicatedKvAware } from "./replicas";
 import type { AdmissionMode } from "../route/admission";
 import { policyClient, replayRealtime, type RealtimeProgress } from "./realtime";
+import { NatsServer } from "./nats-server";
 import { startServeChild, type ServeChild, waitReady, withServeTail } from "./serve-process";
 import { engineSeeds, simulate } from "./simulator";
 import type { DemoOptions, DemoPolicy } from "./demo-options";
@@ -58,6 +67,21 @@ export interface RouterReport {
   readonly index_matches_engines: boolean;
   /** Model span / wall time of the kvedge replay. */
   readonly achieved_speedup: number;
+  /** With replicas: what they shared (null: one kvedge serve). */
+  readonly cluster: ClusterReport | null;
+}
+
+/** The replicas of a replicated run and their bus (client side of `--replicas N`). */
+export interface ClusterReport {
+  readonly replicas: number;
+  readonly synced: boolean;
+  /** Own facts the replicas published, and peers' facts they applied. */
+  readonly facts_sent: number;
+  readonly facts_received: number;
+  /** Bytes the replicas published (facts, heartbeats, snapshots), and per routed request. */
+  readonly bytes_sent: number;
+  readonly bytes_per_route: number;
+  readonly gaps: number;
 }
 
 export interface Gain {
@@ -104,18 +128,20 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
     const phaseStarted = performance.now();
     if (options.virtual === true) {
       options.progress?.(`${policy}: replaying in virtual time…`);
+      const kvedge = policy === "kv_aware" || policy === "kv_aware_unsynced";
       const report = simulate(options.trace, {
-        policy: policy === "kv_aware" ? "kv_aware_model" : policy,
+        policy: kvedge ? "kv_aware_model" : policy,
         workers: options.workers,
         capacityBlocks: options.capacityBlocks,
         blockSize: options.blockSize,
         time: options.time,
         seed: options.seed,
         vocabSize: options.vocabSize,
-        ...(options.kvAware === undefined ? {} : { kvAware: options.kvAware }),
+        ...(kvedge ? { kvAware: replicated(options, policy === "kv_aware") } : {}),
         onFinish: (finished) => {
-          if (policy !== "kv_aware" || !(finished instanceof KvAwareModel)) return;
-          if (finished.admission !== null) admission = { mode, ...finished.admission.counts };
+          if (policy !== "kv_aware") return;
+          const counts = admissionOf(finished);
+          if (counts !== null) admission = { mode, ...counts };
         },
       });
       policies[policy] = {
@@ -133,15 +159,15 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
         wall_s: (performance.now() - phaseStarted) / 1000,
       };
       proxy = run.proxy;
-    } else if (policy === "kv_aware") {
-      const run = await runKvedge(options);
+    } else if (policy === "kv_aware" || policy === "kv_aware_unsynced") {
+      const run = await runKvedge(options, policy === "kv_aware");
       policies[policy] = {
         ...run.report,
         mode: "kvedge",
         wall_s: (performance.now() - phaseStarted) / 1000,
       };
-      router = run.router;
-      if (mode !== "off") admission = { mode, ...run.admission };
+      if (policy === "kv_aware" || router === null) router = run.router;
+      if (mode !== "off" && policy === "kv_aware") admission = { mode, ...run.admission };
     } else if (options.realtimeBaselines) {
       const report = await runInProcessRealtime(policy, options);
       policies[policy] = {
@@ -172,6 +198,32 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
   return { policies, router, proxy, admission, gains: gainsOf(policies), wall_s: wall };
 }
 
+/** kv_aware's router settings in virtual time, as `options.replicas` replicas, synced or not. */
+function replicated(options: DemoOptions, synced: boolean): KvAwareConfig {
+  const base = options.kvAware ?? DEFAULT_KV_AWARE;
+  const replicas = options.replicas ?? 1;
+  if (replicas <= 1) return base;
+  return { ...base, replicas, syncDelayMs: synced ? (options.syncDelayMs ?? 0) : null };
+}
+
+/** What admission did in a virtual replay (summed over replicas); null when off. */
+function admissionOf(finished: RoutingPolicy): Omit<AdmissionReport, "mode"> | null {
+  const models =
+    finished instanceof ReplicatedKvAware
+      ? finished.replicas
+      : finished instanceof KvAwareModel
+        ? [finished]
+        : [];
+  let sum: Record<string, number> | null = null;
+  for (const model of models) {
+    if (model.admission === null) continue;
+    sum ??= {};
+    for (const [key, value] of Object.entries(model.admission.counts))
+      sum[key] = (sum[key] ?? 0) + value;
+  }
+  return sum as Omit<AdmissionReport, "mode"> | null;
+}
+
 function admissionModeOf(options: DemoOptions): AdmissionMode {
   return options.kvAware?.admission?.mode ?? "off";
 }
@@ -189,7 +241,8 @@ export function gainsOf(policies: Record<string, PolicyReport>): Record<string, 
   if (kv === undefined) return {};
   const gains: Record<string, Gain> = {};
   for (const [name, other] of Object.entries(policies)) {
-    if (other === kv || name.startsWith("kv_aware")) continue;
+    // Every other row, kvedge's unsynced replicas included (what the bus buys).
+    if (other === kv || (name.startsWith("kv_aware") && name !== "kv_aware_unsynced")) continue;
     gains[name] = {
       prefill_tokens_saved_pct: pct(other.prefill_tokens - kv.prefill_tokens, other.prefill_tokens),
       hit_rate_points: 100 * (kv.hit_rate - other.hit_rate),
@@ -244,33 +297,31 @@ function clock(ms: number): string {
   return `${Math.floor(seconds / 60)}:${String(seconds % 60).padStart(2, "0")}`;
 }
 
-async function runKvedge(options: DemoOptions): Promise<KvedgeRun> {
+/**
+ * kv_aware through real `kvedge serve` processes: one, or `options.replicas` of them,
+ * request i to replica i mod N; `synced`, they share their facts over a local
+ * nats-server (bound to 127.0.0.1), else each decides on its own load.
+ */
+async function runKvedge(options: DemoOptions, synced: boolean): Promise<KvedgeRun> {
+  const replicas = options.replicas ?? 1;
+  const name = synced ? "kv_aware" : "kv_aware_unsynced";
   const engines = await startEngines(options, true);
-  let serve: ServeChild | null = null;
-  let client: KvedgeClient | null = null;
+  const serves: ServeChild[] = [];
+  const clients: KvedgeClient[] = [];
+  let nats: NatsServer | null = null;
   try {
-    options.progress?.("kv_aware: starting kvedge serve…");
+    if (synced && replicas > 1) {
+      options.progress?.(`${name}: starting nats-server…`);
+      nats = await NatsServer.start();
+    }
+    options.progress?.(`${name}: starting ${replicas > 1 ? `${replicas} × ` : ""}kvedge serve…`);
     const workerIds = engines.map((_, w) => String(w));
-    const workers = engines
-      .map((engine, w) => `${w}=${engine.endpoint};replay=${engine.replayEndpoint}`)
-      .join(",");
-    serve = await startServeChild({
-      args: [
-        "--workers",
-        workers,
-        "--block-size",
-        String(options.blockSize),
-        "--log-level",
-        "info",
-        ...options.serveArgs,
-      ],
-      ...(options.kvedgeCommand === undefined ? {} : { command: options.kvedgeCommand }),
-    });
-    await waitReady(serve.url, engines);
-    client = await KvedgeClient.connect(serve.url);
-    const { router, stats } = kvedgeRouter(client, workerIds, options.trace.count, "demo-");
+    for (let i = 0; i < replicas; i++) serves.push(await startReplica(options, engines, nats, i));
+    for (const serve of serves) await waitReady(serve.url, engines, replicas);
+    for (const serve of serves) clients.push(await KvedgeClient.connect(serve.url));
+    const { router, stats } = kvedgeRouter(clients, workerIds, options.trace.count, "demo-");
     const startedMs = performance.now();
-    const run = await replayRealtime("kv_aware", {
+    const run = await replayRealtime(name, {
       trace: options.trace,
       engines,
       router,
@@ -281,33 +332,88 @@ async function runKvedge(options: DemoOptions): Promise<KvedgeRun> {
       ...(options.progress === null
         ? {}
         : {
-            progress: (p: RealtimeProgress) =>
-              options.progress!(progressLine("kv_aware", p, startedMs)),
+            progress: (p: RealtimeProgress) => options.progress!(progressLine(name, p, startedMs)),
           }),
     });
     options.progress?.("");
-    await client.settle();
+    for (const client of clients) await client.settle();
+    const urls = serves.map((serve) => serve.url);
     const routerReport = await routerSide(
-      serve.url,
+      urls,
       engines,
       workerIds,
-      client,
+      clients,
       stats,
       options.blockSize,
     );
-    const metrics = await (await fetch(`${serve.url}/metrics`)).text();
+    const metrics = await Promise.all(
+      urls.map(async (url) => (await fetch(`${url}/metrics`)).text()),
+    );
     return {
       report: run.report,
-      router: { ...routerReport, achieved_speedup: run.achievedSpeedup },
+      router: {
+        ...routerReport,
+        achieved_speedup: run.achievedSpeedup,
+        cluster:
+          replicas > 1 ? clusterReport(metrics, replicas, synced, routerReport.decisions) : null,
+      },
       admission: admissionCounts(metrics),
     };
   } catch (error) {
-    throw withServeTail(error, serve);
+    throw withServeTail(error, serves[0] ?? null);
   } finally {
-    client?.close();
-    await serve?.stop();
+    for (const client of clients) client.close();
+    await Promise.all(serves.map((serve) => serve.stop()));
+    await nats?.close();
     await Promise.all(engines.map((engine) => engine.close()));
   }
+}
+
+function startReplica(
+  options: DemoOptions,
+  engines: readonly NetworkedEngine[],
+  nats: NatsServer | null,
+  index: number,
+): Promise<ServeChild> {
+  const workers = engines
+    .map((engine, w) => `${w}=${engine.endpoint};replay=${engine.replayEndpoint}`)
+    .join(",");
+  const cluster =
+    nats === null ? [] : ["--cluster-nats", nats.url, "--cluster-replica-id", `r${index}`];
+  return startServeChild({
+    args: [
+      "--workers",
+      workers,
+      "--block-size",
+      String(options.blockSize),
+      "--log-level",
+      "info",
+      ...cluster,
+      ...options.serveArgs,
+    ],
+    ...(options.kvedgeCommand === undefined ? {} : { command: options.kvedgeCommand }),
+  });
+}
+
+/** What the replicas' bus carried, from their /metrics. */
+function clusterReport(
+  metrics: readonly string[],
+  replicas: number,
+  synced: boolean,
+  decisions: number,
+): ClusterReport {
+  const sum = (name: string, match: string) =>
+    metrics.reduce((total, text) => total + metricSum(text, name, match), 0);
+  const bytes = sum("kvedge_cluster_bytes_total", 'direction="sent"');
+  return {
+    replicas,
+    synced,
+    facts_sent: sum("kvedge_cluster_facts_total", 'direction="sent"'),
+    facts_received: sum("kvedge_cluster_facts_total", 'direction="received"'),
+    bytes_sent: bytes,
+    bytes_per_route: decisions === 0 ? 0 : bytes / decisions,
+    gaps: sum("kvedge_cluster_events_total", 'event="gap"'),
+  };
 }
 
 interface KvedgeRun {
@@ -316,10 +422,13 @@ interface KvedgeRun {
   readonly admission: Omit<AdmissionReport, "mode">;
 }
 
-/** kvedge serve's admission counts, from its /metrics. */
-function admissionCounts(metrics: string): Omit<AdmissionReport, "mode"> {
+/** kvedge serve's admission counts, from its /metrics (summed over replicas). */
+function admissionCounts(metrics: readonly string[]): Omit<AdmissionReport, "mode"> {
   const count = (outcome: string) =>
-    metricSum(metrics, "kvedge_admission_total", `outcome="${outcome}"`);
+    metrics.reduce(
+      (sum, text) => sum + metricSum(text, "kvedge_admission_total", `outcome="${outcome}"`),
+      0,
+    );
   return {
     immediate: count("immediate"),
     held: count("held"),
@@ -356,41 +465,27 @@ function metricSum(text: string, name: string, match = ""): number {
   return sum;
 }
 
+/**
+ * kvedge's side of the run: each replica's index against the engines' caches (all must
+ * match), ingest counters from the first, client-measured latencies and lifecycle calls.
+ */
 async function routerSide(
-  url: string,
+  urls: readonly string[],
   engines: readonly NetworkedEngine[],
   workerIds: readonly string[],
-  client: KvedgeClient,
+  clients: readonly KvedgeClient[],
   stats: ReturnType<typeof kvedgeRouter>["stats"],
   blockSize: number,
-): Promise<Omit<RouterReport, "achieved_speedup">> {
-  // Let kvedge catch up with the last batches before comparing.
-  const deadline = performance.now() + 10_000;
-  let workers: WorkerJson[] = [];
-  for (;;) {
-    workers = (await getJson<{ workers: WorkerJson[] }>(`${url}/v1/workers`)).workers;
-    const caughtUp = engines.every(
-      (engine, w) =>
-        workers.find((view) => view.worker_id === workerIds[w])?.last_seq === engine.lastSeq,
-    );
-    if (caughtUp || performance.now() > deadline) break;
-    await Bun.sleep(20);
-  }
-  const metrics = await (await fetch(`${url}/metrics`)).text();
-  const dump = await (await fetch(`${url}/v1/dump`)).text();
-  const held = heldByWorker(dump);
+): Promise<Omit<RouterReport, "achieved_speedup" | "cluster">> {
   let matches = true;
-  let engineBlocks = 0;
-  for (let w = 0; w < engines.length; w++) {
-    const snapshot = engines[w]!.engine.cache.snapshot();
-    engineBlocks += snapshot.length;
-    const indexed = held.get(workerIds[w]!) ?? new Set<string>();
-    if (
-      indexed.size !== snapshot.length ||
-      !snapshot.every((block) => indexed.has(block.hash.toString()))
-    )
-      matches = false;
+  let workers: WorkerJson[] = [];
+  for (const url of urls) {
+    const seen = await caughtUp(url, engines, workerIds);
+    if (workers.length === 0) workers = seen;
+    const held = heldByWorker(await (await fetch(`${url}/v1/dump`)).text());
+    if (!indexMatches(held, engines, workerIds)) matches = false;
   }
+  const metrics = await (await fetch(`${urls[0]}/metrics`)).text();
   let overlapTokens = 0;
   let promptTokens = 0;
   for (let i = 0; i < stats.overlapBlocks.length; i++) {
@@ -400,6 +495,8 @@ async function routerSide(
   const latencies = Float64Array.from(
     stats.latencyMs.filter((value) => !Number.isNaN(value)),
   ).sort();
+  const lifecycle = (read: (client: KvedgeClient) => number) =>
+    clients.reduce((sum, client) => sum + read(client), 0);
   return {
     decisions: latencies.length,
     route_latency_p50_ms: percentile(latencies, 0.5),
@@ -412,12 +509,46 @@ async function routerSide(
     batches_lost: workers.reduce((sum, view) => sum + view.lost_batches, 0),
     gaps: metricSum(metrics, "kvedge_ingest_gaps_total"),
     degraded_workers: workers.filter((view) => view.degraded).length,
-    lifecycle_calls: client.counters.lifecycleCalls,
-    lifecycle_errors: client.counters.lifecycleErrors,
+    lifecycle_calls: lifecycle((client) => client.counters.lifecycleCalls),
+    lifecycle_errors: lifecycle((client) => client.counters.lifecycleErrors),
     index_blocks: workers.reduce((sum, view) => sum + view.blocks, 0),
-    engine_cached_blocks: engineBlocks,
+    engine_cached_blocks: engines.reduce((sum, e) => sum + e.engine.cache.snapshot().length, 0),
     index_matches_engines: matches,
   };
+}
+
+/** /v1/workers once kvedge has applied every engine's last batch (or after 10 s). */
+async function caughtUp(
+  url: string,
+  engines: readonly NetworkedEngine[],
+  workerIds: readonly string[],
+): Promise<WorkerJson[]> {
+  const deadline = performance.now() + 10_000;
+  for (;;) {
+    const workers = (await getJson<{ workers: WorkerJson[] }>(`${url}/v1/workers`)).workers;
+    const done = engines.every(
+      (engine, w) =>
+        workers.find((view) => view.worker_id === workerIds[w])?.last_seq === engine.lastSeq,
+    );
+    if (done || performance.now() > deadline) return workers;
+    await Bun.sleep(20);
+  }
+}
+
+/** Every worker's indexed block hashes are exactly its engine's cached ones. */
+function indexMatches(
+  held: Map<string, Set<string>>,
+  engines: readonly NetworkedEngine[],
+  workerIds: readonly string[],
+): boolean {
+  return engines.every((engine, w) => {
+    const snapshot = engine.engine.cache.snapshot();
+    const indexed = held.get(workerIds[w]!) ?? new Set<string>();
+    return (
+      indexed.size === snapshot.length &&
+      snapshot.every((block) => indexed.has(block.hash.toString()))
+    );
+  });
 }
 
 /** Per worker (decimal id), the external block hashes an index dump leaves held. */
@@ -436,7 +567,7 @@ function heldByWorker(dump: string): Map<string, Set<string>> {
 }
 
 async function runInProcessRealtime(
-  policy: Exclude<DemoPolicy, "kv_aware">,
+  policy: Exclude<DemoPolicy, "kv_aware" | "kv_aware_unsynced">,
   options: DemoOptions,
 ): Promise<PolicyReport> {
   const engines = await startEngines(options, false);

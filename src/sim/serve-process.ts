@@ -157,10 +157,11 @@ export async function forEachLine(
   }
 }
 
-/** Waits until kvedge serve at `url` is ready and every engine has a subscriber. */
+/** Waits until kvedge serve at `url` is ready and every engine has `subscribers` subscribers. */
 export async function waitReady(
   url: string,
   engines: readonly NetworkedEngine[],
+  subscribers = 1,
   timeoutMs = 20_000,
 ): Promise<void> {
   const deadline = performance.now() + timeoutMs;
@@ -169,7 +170,7 @@ export async function waitReady(
       (response) => response.ok,
       () => false,
     );
-    if (ready && engines.every((engine) => engine.subscribers > 0)) return;
+    if (ready && engines.every((engine) => engine.subscribers >= subscribers)) return;
     if (performance.now() > deadline)
       throw new Error(`kvedge serve was not ready within ${timeoutMs} ms`);
     await Bun.sleep(20);
