@@ -94,6 +94,7 @@ const flags = {
   replicas: { kind: "string" },
   "no-sync": { kind: "boolean" },
   "sync-delay-ms": { kind: "string" },
+  "stagger-ms": { kind: "string" },
 } as const;
 
 export const DEMO_DEFAULTS = {
@@ -151,6 +152,8 @@ Options:
                          same replicas without it, runs beside it
   --no-sync              with --replicas: only the replicas without the bus (kv_aware_unsynced)
   --sync-delay-ms D      with --virtual --replicas: each replica applies its peers' facts D ms late (1)
+  --stagger-ms S         with --replicas: the replicas' cluster.stagger_ms, replica k answering a
+                         contested route k × S ms late (default: D with --virtual, else 1; 0 = off)
   --json                 print one JSON object on stdout instead of the table
 ${TIME_MODEL_HELP}  -h, --help             show this help
 `,
@@ -192,6 +195,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     const syncDelayMs = flagNumber(parsed, "sync-delay-ms", 1, 0, 60_000);
     if (parsed.flags.has("sync-delay-ms") && !(virtual && replicas > 1))
       throw new UsageError("--sync-delay-ms needs --virtual and --replicas 2 or more");
+    const staggerMs = flagNumber(parsed, "stagger-ms", virtual ? syncDelayMs : 1, 0, 1000);
     const policies = policiesOf(flagString(parsed, "policies"), replicas, noSync);
     const loaded = await loadTrace(flagString(parsed, "trace"));
     if (start >= loaded.trace.count)
@@ -249,6 +253,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       kvAware: { policy: routePolicy, ttft: { recomputeWeight }, admission: { mode: admission } },
       replicas,
       syncDelayMs,
+      staggerMs,
     });
     const config = {
       trace: loaded.name,
@@ -268,6 +273,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       trace_span_s: traceStats(trace).spanMs / 1000,
       replicas,
       sync_delay_ms: virtual && replicas > 1 ? syncDelayMs : null,
+      stagger_ms: replicas > 1 ? staggerMs : null,
     };
     if (json) process.stdout.write(`${JSON.stringify({ ...result, config })}\n`);
     else process.stdout.write(renderDemo(result, config));
@@ -481,7 +487,8 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
       out.push(
         `  ${cluster.replicas} replicas${cluster.synced ? " over NATS" : ", no bus"}: ${int(cluster.facts_sent)} facts published,` +
           ` ${int(cluster.facts_received)} applied by peers, ${int(cluster.bytes_sent)} bytes on the bus` +
-          ` (${int(cluster.bytes_per_route)} per routed request), ${int(cluster.gaps)} gaps.`,
+          ` (${int(cluster.bytes_per_route)} per routed request), ${int(cluster.gaps)} gaps;` +
+          ` facts applied by peers within ${cluster.lag_p50_ms} ms (p50), ${cluster.lag_p99_ms} ms (p99).`,
       );
     out.push("");
   }

@@ -105,6 +105,7 @@ export class Cluster {
       now: () => performance.now(),
       schedule: (run, ms) => void (ms === 0 ? setImmediate(run) : setTimeout(run, ms)),
       log,
+      chains: core.router.policy === "dynamo",
       onApplied: () => core.peerLoadChanged(),
       onLag: (ms) => this.onLag?.(ms),
     });

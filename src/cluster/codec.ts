@@ -15,7 +15,7 @@ export const VERSION = 1;
 
 export const KIND = { facts: 1, heartbeat: 2, snapshot: 3, sync: 4 } as const;
 export type Kind = (typeof KIND)[keyof typeof KIND];
-export const FACT = { routed: 1, prefillDone: 2, ended: 3 } as const;
+export const FACT = { routed: 1, prefillDone: 2, ended: 3, routedFlat: 4, decodeTotal: 5 } as const;
 export const END_REASONS: readonly EndReason[] = ["done", "expired", "evicted", "worker_removed"];
 /** SNAPSHOT flag: the last chunk of a snapshot (it lists the sender's peers). */
 export const LAST_CHUNK = 1;
@@ -88,7 +88,11 @@ export function readHeader(bytes: Uint8Array): Header {
 export interface FactVisitor {
   /** The workers the facts name, before the first fact. */
   begin(workers: WorkerDictionary): void;
-  /** `worker` indexes the message's dictionary; `chain` is valid during the call. */
+  /**
+   * `worker` indexes the message's dictionary. With its chain (`decodeBlocks` null;
+   * `chain` valid during the call), or without (`blocks` 0) and the decode blocks its
+   * origin counted it adding.
+   */
   routed(
     requestId: string,
     worker: number,
@@ -96,9 +100,13 @@ export interface FactVisitor {
     blocks: number,
     prefillTokens: number,
     outputBlocks: number,
+    decodeBlocks: number | null,
   ): void;
   prefillDone(requestId: string): void;
-  ended(requestId: string, reason: EndReason): void;
+  /** `freed`: the decode blocks it held that no other request of its origin holds. */
+  ended(requestId: string, reason: EndReason, freed: number): void;
+  /** All the decode blocks the origin's chainless requests add on `worker` now (snapshots). */
+  decodeTotal(worker: number, blocks: number): void;
 }
 
 /** The workers a message's facts name, by dictionary index. */
@@ -152,6 +160,13 @@ export class FactReader {
   ): number {
     if (p + 3 > limit) throw new BadMessage("truncated");
     const type = bytes[p]!;
+    if (type === FACT.decodeTotal) {
+      if (p + 7 > limit) throw new BadMessage("truncated");
+      const worker = view.getUint16(p + 1, true);
+      if (worker >= workers.ids.length) throw new BadMessage("worker");
+      visitor?.decodeTotal(worker, view.getUint32(p + 3, true));
+      return p + 7;
+    }
     const idWord = view.getUint16(p + 1, true);
     const units = idWord >>> 1;
     const idBytes = idWord & 1 ? 2 * units : units;
@@ -161,16 +176,17 @@ export class FactReader {
     if (p > limit) throw new BadMessage("truncated");
     const id = visitor === null ? "" : readId(bytes, view, idAt, units, (idWord & 1) === 1);
     if (type === FACT.routed) return this.routed(bytes, view, p, limit, id, workers, visitor);
+    if (type === FACT.routedFlat) return routedFlat(view, p, limit, id, workers, visitor);
     if (type === FACT.prefillDone) {
       visitor?.prefillDone(id);
       return p;
     }
     if (type !== FACT.ended) throw new BadMessage("fact_type");
-    if (p + 1 > limit) throw new BadMessage("truncated");
+    if (p + 5 > limit) throw new BadMessage("truncated");
     const reason = END_REASONS[bytes[p]!];
     if (reason === undefined) throw new BadMessage("end_reason");
-    visitor?.ended(id, reason);
-    return p + 1;
+    visitor?.ended(id, reason, view.getUint32(p + 1, true));
+    return p + 5;
   }
 
   private routed(
@@ -195,9 +211,30 @@ export class FactReader {
     if (visitor === null) return end;
     if (this.chain.length < 2 * blocks) this.chain = new Uint32Array(2 * blocks);
     new Uint8Array(this.chain.buffer).set(bytes.subarray(chainAt, end));
-    visitor.routed(id, worker, this.chain, blocks, prefill, output);
+    visitor.routed(id, worker, this.chain, blocks, prefill, output, null);
     return end;
   }
+}
+
+const NO_CHAIN = new Uint32Array(0);
+
+/** A routed fact without a chain: worker, prefill tokens, output blocks, decode blocks. */
+function routedFlat(
+  view: DataView,
+  p: number,
+  limit: number,
+  id: string,
+  workers: WorkerDictionary,
+  visitor: FactVisitor | null,
+): number {
+  if (p + 14 > limit) throw new BadMessage("truncated");
+  const worker = view.getUint16(p, true);
+  if (worker >= workers.ids.length) throw new BadMessage("worker");
+  const prefill = view.getUint32(p + 2, true);
+  const output = view.getUint32(p + 6, true);
+  const decode = view.getUint32(p + 10, true);
+  visitor?.routed(id, worker, NO_CHAIN, 0, prefill, output, decode);
+  return p + 14;
 }
 
 function readDictionary(bytes: Uint8Array, view: DataView, at: number): WorkerDictionary {
@@ -323,14 +360,46 @@ export class MessageWriter {
     this.facts++;
   }
 
+  /** A routed fact without its chain: the decode blocks it added as this replica counted them. */
+  routedFlat(
+    requestId: string,
+    slot: number,
+    prefillTokens: number,
+    outputBlocks: number,
+    decodeBlocks: number,
+  ): void {
+    this.id(FACT.routedFlat, requestId);
+    this.ensure(14);
+    const view = this.view;
+    view.setUint16(this.length, this.workerIndex(slot), true);
+    view.setUint32(this.length + 2, clampU32(prefillTokens), true);
+    view.setUint32(this.length + 6, clampU32(outputBlocks), true);
+    view.setUint32(this.length + 10, clampU32(decodeBlocks), true);
+    this.length += 14;
+    this.facts++;
+  }
+
   prefillDone(requestId: string): void {
     this.id(FACT.prefillDone, requestId);
     this.facts++;
   }
 
-  ended(requestId: string, reason: EndReason): void {
+  ended(requestId: string, reason: EndReason, freed: number): void {
     this.id(FACT.ended, requestId);
-    this.u8(END_REASONS.indexOf(reason));
+    this.ensure(5);
+    this.bytes[this.length] = END_REASONS.indexOf(reason);
+    this.view.setUint32(this.length + 1, clampU32(freed), true);
+    this.length += 5;
+    this.facts++;
+  }
+
+  /** All the decode blocks this replica's chainless requests add on `slot` (snapshots). */
+  decodeTotal(slot: number, blocks: number): void {
+    this.ensure(7);
+    this.bytes[this.length] = FACT.decodeTotal;
+    this.view.setUint16(this.length + 1, this.workerIndex(slot), true);
+    this.view.setUint32(this.length + 3, clampU32(blocks), true);
+    this.length += 7;
     this.facts++;
   }
 

@@ -39,6 +39,8 @@ export interface NodeOptions {
   /** Runs a function later (0 ms: at the end of this turn); null: the owner flushes and answers itself (`flush`). */
   readonly schedule: ((run: () => void, ms: number) => void) | null;
   readonly log: Logger;
+  /** Ship routed requests' chains (the `dynamo` policy needs them; see Outbox). */
+  readonly chains?: boolean;
   readonly onApplied?: () => void;
   readonly onLag?: (ms: number) => void;
 }
@@ -65,6 +67,7 @@ export class ClusterNode {
       workers: options.workers,
       publish: (message) => transport.broadcast(message),
       schedule: options.schedule,
+      chains: options.chains === true,
       ...(options.wallNow === undefined ? {} : { wallNow: options.wallNow }),
     });
     this.peers = new PeerSet({

@@ -33,6 +33,12 @@ export interface OutboxOptions {
   readonly schedule?: ((flush: () => void, ms: number) => void) | null;
   /** Wall-clock ms, stamped on every message (receivers measure lag with it). */
   readonly wallNow?: () => number;
+  /**
+   * Ship each routed request's chain (the `dynamo` policy weighs the blocks of a prompt
+   * already active on a worker, so peers need the chains); without, only the decode
+   * blocks it adds as this replica counts them: tens of bytes instead of 8 per block.
+   */
+  readonly chains?: boolean;
 }
 
 export class Outbox implements OwnFacts {
@@ -57,9 +63,12 @@ export class Outbox implements OwnFacts {
     blocks: number,
     prefillTokens: number,
     outputBlocks: number,
+    added: number,
   ): void {
     this.open();
-    this.writer.routed(requestId, slot, chain, blocks, prefillTokens, outputBlocks);
+    if (this.options.chains === true)
+      this.writer.routed(requestId, slot, chain, blocks, prefillTokens, outputBlocks);
+    else this.writer.routedFlat(requestId, slot, prefillTokens, outputBlocks, added);
     this.wrote();
   }
 
@@ -69,9 +78,9 @@ export class Outbox implements OwnFacts {
     this.wrote();
   }
 
-  ended(requestId: string, reason: EndReason): void {
+  ended(requestId: string, reason: EndReason, freed: number): void {
     this.open();
-    this.writer.ended(requestId, reason);
+    this.writer.ended(requestId, reason, freed);
     this.wrote();
   }
 
@@ -132,13 +141,19 @@ export class Outbox implements OwnFacts {
       w.beginFacts();
     };
     start();
+    const slots = new Set<number>();
+    const chains = this.options.chains === true;
     load.forEachActive((slot, id, prefill, output, _idleMs, chain, blocks) => {
       if (w.length >= CHUNK_BYTES) {
         chunks.push(w.finish(this.seq, this.wallNow()));
         start();
       }
-      w.routed(id, slot, chain, blocks, prefill, output);
+      if (chains) w.routed(id, slot, chain, blocks, prefill, output);
+      else w.routedFlat(id, slot, prefill, output, 0);
+      slots.add(slot);
     });
+    // Without chains, what the requests add per worker, as a whole (it is not a sum of each).
+    if (!chains) for (const slot of slots) w.decodeTotal(slot, load.treeBlocksOf(slot));
     chunks.push(w.finish(this.seq, this.wallNow()));
     chunks[chunks.length - 1]![3]! |= LAST_CHUNK;
     return chunks;

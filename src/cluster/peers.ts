@@ -70,6 +70,8 @@ interface Held {
   readonly blocks: number;
   prefillTokens: number;
   readonly outputBlocks: number;
+  /** Without a chain: the decode blocks its origin counted it adding. */
+  readonly decodeBlocks: number | null;
   readonly heldAtMs: number;
 }
 
@@ -518,6 +520,7 @@ export class PeerSet {
           held.blocks,
           held.prefillTokens,
           held.outputBlocks,
+          held.decodeBlocks,
         );
         applied++;
       } else if (now - held.heldAtMs <= this.options.holdMs) continue;
@@ -570,13 +573,24 @@ class Applier implements FactVisitor {
     blocks: number,
     prefillTokens: number,
     outputBlocks: number,
+    decodeBlocks: number | null,
   ): void {
     const peer = this.peer;
     this.counters.facts++;
     peer.held.delete(id);
     const slot = this.slots[worker]!;
     if (slot >= 0) {
-      this.load.peerRouted(peer.origin, id, slot, chain, blocks, prefillTokens, outputBlocks);
+      const load = this.load;
+      load.peerRouted(
+        peer.origin,
+        id,
+        slot,
+        chain,
+        blocks,
+        prefillTokens,
+        outputBlocks,
+        decodeBlocks,
+      );
       return;
     }
     this.hold(peer, id, {
@@ -586,6 +600,7 @@ class Applier implements FactVisitor {
       blocks,
       prefillTokens,
       outputBlocks,
+      decodeBlocks,
       heldAtMs: this.now(),
     });
   }
@@ -597,8 +612,13 @@ class Applier implements FactVisitor {
     else this.load.peerPrefillDone(this.peer.origin, id);
   }
 
-  ended(id: string, _reason: EndReason): void {
+  ended(id: string, _reason: EndReason, freed: number): void {
     this.counters.facts++;
-    if (!this.peer.held.delete(id)) this.load.peerEnded(this.peer.origin, id);
+    if (!this.peer.held.delete(id)) this.load.peerEnded(this.peer.origin, id, freed);
+  }
+
+  decodeTotal(worker: number, blocks: number): void {
+    const slot = this.slots[worker]!;
+    if (slot >= 0) this.load.peerDecodeTotal(this.peer.origin, slot, blocks);
   }
 }

@@ -76,6 +76,8 @@ export const EXPIRE_PER_DECISION = 64;
 export const ORIGINS_MAX = 255;
 /** The origin of the tracker's own requests. */
 export const OWN = 0;
+/** Peers' requests expire here after this many TTLs: a backstop for an end that never came. */
+export const PEER_TTL_FACTOR = 2;
 
 /** How an own request ended, as `OwnFacts.ended` reports it. */
 export type EndReason = "done" | "expired" | "evicted" | "worker_removed";
@@ -91,7 +93,11 @@ const END_REASONS: Record<Ending, EndReason> = {
  * cluster's outbox publishes it to the peers). `chain` is valid during the call only.
  */
 export interface OwnFacts {
-  /** Admitted (routed, moved, or restored from a snapshot) with the load it adds. */
+  /**
+   * Admitted (routed, moved, or restored from a snapshot) with the load it adds: its
+   * prefill tokens, output blocks, chain, and `added`, the decode blocks the chain
+   * added on the worker as this tracker counted them (those not active there already).
+   */
   routed(
     requestId: string,
     slot: number,
@@ -99,9 +105,38 @@ export interface OwnFacts {
     blocks: number,
     prefillTokens: number,
     outputBlocks: number,
+    added: number,
   ): void;
   prefillDone(requestId: string): void;
-  ended(requestId: string, reason: EndReason): void;
+  /** Ended; `freed`: the decode blocks its chain held on the worker that no other request holds. */
+  ended(requestId: string, reason: EndReason, freed: number): void;
+}
+
+/** What one request adds to its worker's load. */
+interface RequestLoad {
+  readonly chain: Uint32Array;
+  readonly blocks: number;
+  readonly prefillTokens: number;
+  readonly outputBlocks: number;
+}
+
+/** One peer's requests here, and what its chainless ones add per slot. */
+class OriginLoad {
+  readonly records = new RequestRecords();
+  /** Per slot: decode blocks the origin's chainless requests add (as its router counts them). */
+  decode: Float64Array;
+  /** Per slot: the origin's active requests. */
+  requests: Uint32Array;
+
+  constructor(capacity: number) {
+    this.decode = new Float64Array(capacity);
+    this.requests = new Uint32Array(capacity);
+  }
+
+  grow(capacity: number): void {
+    this.decode = resized(this.decode, capacity, (n) => new Float64Array(n));
+    this.requests = resized(this.requests, capacity, (n) => new Uint32Array(n));
+  }
 }
 
 /** What peers' facts did, since start. */
@@ -221,6 +256,8 @@ export class LoadTracker {
   /** The part of activeRequests / activePrefillTokens that peers' requests make up. */
   peerRequests = new Uint32Array(0);
   peerPrefillTokens = new Float64Array(0);
+  /** Distinct blocks of the chains in the active-block tree, per slot (part of activeDecodeBlocks). */
+  private treeBlocks = new Float64Array(0);
   /** The worker numbering: which slots are live, and who they are. */
   readonly table: WorkerTable;
   /** Told the first prefill_done of each request (its record, slot, and ms since admission): calibration. */
@@ -229,7 +266,7 @@ export class LoadTracker {
   /** The active requests: ids, records, touch order (./requests.ts). */
   private readonly records = new RequestRecords();
   /** Per origin (1..ORIGINS_MAX), its requests; null = no such peer. Index 0 is unused. */
-  private readonly origins: (RequestRecords | null)[] = [null];
+  private readonly origins: (OriginLoad | null)[] = [null];
   /** Carries a leaf to and from the active-block tree (one object, reused). */
   private readonly holder: ChainHolder = { leaf: null };
   /** Recently finished ids and how they ended (./finished.ts). */
@@ -326,8 +363,9 @@ export class LoadTracker {
     if (this.activeRequests[slot]! > 0) {
       this.counters.droppedWithWorker += this.dropOnSlot(this.records, OWN, slot);
       for (let origin = 1; origin < this.origins.length; origin++) {
-        const store = this.origins[origin];
-        if (store) this.peerCounters.droppedWithWorker += this.dropOnSlot(store, origin, slot);
+        const peer = this.origins[origin];
+        if (peer)
+          this.peerCounters.droppedWithWorker += this.dropOnSlot(peer.records, origin, slot);
       }
     }
     assert(
@@ -360,6 +398,14 @@ export class LoadTracker {
     this.assertLive(slot);
     this.syncSlots();
     this.degraded[slot] = degraded ? 1 : 0;
+  }
+
+  /**
+   * Distinct blocks of the active chains on `slot` (the own requests', and peers' sent
+   * with their chains): what an own request's `added` and `freed` are counted against.
+   */
+  treeBlocksOf(slot: number): number {
+    return this.treeBlocks[slot] ?? 0;
   }
 
   /** Every live worker's load (allocates: for scrapes and status, not the hot path). */
@@ -443,19 +489,8 @@ export class LoadTracker {
     const outputBlocks = this.trackOutputBlocks
       ? Math.ceil(expectedOutputTokens / this.blockSize)
       : 0;
-    const record = this.insert(
-      this.records,
-      OWN,
-      requestId,
-      key,
-      idCheck,
-      slot,
-      chain,
-      blocks,
-      prefillTokens,
-      outputBlocks,
-      this.now(),
-    );
+    const load = { chain, blocks, prefillTokens, outputBlocks };
+    const record = this.insert(this.records, OWN, requestId, key, idCheck, slot, load, this.now());
     this.routedTotal[slot]!++;
     this.counters.admitted++;
     if (VERIFY) this.verify();
@@ -519,19 +554,9 @@ export class LoadTracker {
     if (!(idleMs < this.requestTtlMs) || this.records.count >= this.maxActiveRequests) return false;
     if (this.records.find(requestId, key) !== NO_RECORD || requestId.length > REQUEST_ID_LENGTH_MAX)
       return false;
-    this.insert(
-      this.records,
-      OWN,
-      requestId,
-      key,
-      hashCheck(hash),
-      slot,
-      chain,
-      blocks,
-      prefillTokens,
-      outputBlocks,
-      this.now() - Math.max(0, idleMs),
-    );
+    const load = { chain, blocks, prefillTokens, outputBlocks };
+    const touched = this.now() - Math.max(0, idleMs);
+    this.insert(this.records, OWN, requestId, key, hashCheck(hash), slot, load, touched);
     if (VERIFY) this.verify();
     return true;
   }
@@ -546,13 +571,13 @@ export class LoadTracker {
       origin = this.origins.length;
       this.origins.push(null);
     }
-    this.origins[origin] = new RequestRecords();
+    this.origins[origin] = new OriginLoad(this.slotCapacity);
     return origin;
   }
 
   /** Drops every request of `origin` and frees its number (and its records' memory). Returns how many. */
   closeOrigin(origin: number): number {
-    const store = this.originStore(origin);
+    const store = this.originLoad(origin).records;
     let dropped = 0;
     for (let record = 0; record < store.top && store.count > 0; record++) {
       if (store.slot[record] === NO_RECORD) continue;
@@ -570,27 +595,29 @@ export class LoadTracker {
   clearOrigin(origin: number): number {
     const dropped = this.closeOrigin(origin);
     while (this.origins.length <= origin) this.origins.push(null);
-    this.origins[origin] = new RequestRecords();
+    this.origins[origin] = new OriginLoad(this.slotCapacity);
     return dropped;
   }
 
   /** Active requests of `origin` (0 for an origin not open). */
   originCount(origin: number): number {
-    return this.origins[origin]?.count ?? 0;
+    return this.origins[origin]?.records.count ?? 0;
   }
 
   /** Active requests of every peer. */
   get peerRequestCount(): number {
     let count = 0;
-    for (const store of this.origins) count += store?.count ?? 0;
+    for (const peer of this.origins) count += peer?.records.count ?? 0;
     return count;
   }
 
   /**
-   * A peer routed a request to `slot`, adding the load its router counted (prompt
-   * tokens still in prefill, output blocks, the chain). An id its origin still has
-   * active here is replaced (the origin reused it; its end was lost). Past the limit of
-   * active requests the origin's least recently touched one is dropped first.
+   * A peer routed a request to `slot`, adding the load its router counted: prompt
+   * tokens still in prefill, output blocks, and either its chain (`decodeBlocks` null:
+   * into the active-block tree, as an own request's) or, without one, `decodeBlocks`
+   * as its origin counted them. An id its origin still has active here is replaced (its
+   * end was lost); past the limit of active requests the origin's least recently touched
+   * one is dropped first.
    */
   peerRouted(
     origin: number,
@@ -600,12 +627,15 @@ export class LoadTracker {
     blocks: number,
     prefillTokens: number,
     outputBlocks: number,
+    decodeBlocks: number | null = null,
   ): void {
     this.assertLive(slot);
-    const store = this.originStore(origin);
-    if (!(Number.isInteger(blocks) && blocks >= 0 && chain.length >= 2 * blocks))
+    const store = this.originLoad(origin).records;
+    const chainBlocks = decodeBlocks === null ? blocks : 0;
+    if (!(Number.isInteger(chainBlocks) && chainBlocks >= 0 && chain.length >= 2 * chainBlocks))
       throw new RangeError(`bad chain of ${blocks} blocks`);
-    if (!(prefillTokens >= 0 && outputBlocks >= 0)) throw new RangeError("negative load");
+    if (!(prefillTokens >= 0 && outputBlocks >= 0 && (decodeBlocks ?? 0) >= 0))
+      throw new RangeError("negative load");
     const hash = this.idHash(requestId);
     const key = hashKey(hash);
     const known = store.find(requestId, key);
@@ -616,27 +646,26 @@ export class LoadTracker {
       this.release(store, origin, store.oldest, "evicted");
       this.peerCounters.evicted++;
     }
-    const now = this.now();
-    this.insert(
+    const load = { chain, blocks: chainBlocks, prefillTokens, outputBlocks };
+    const record = this.insert(
       store,
       origin,
       requestId,
       key,
       hashCheck(hash),
       slot,
-      chain,
-      blocks,
-      prefillTokens,
-      outputBlocks,
-      now,
+      load,
+      this.now(),
     );
+    if (decodeBlocks !== null && decodeBlocks > 0)
+      this.addFlat(origin, store, record, decodeBlocks);
     this.peerCounters.routed++;
     if (VERIFY) this.verify();
   }
 
   /** A peer's request finished its prefill. False if `origin` has no such request here. */
   peerPrefillDone(origin: number, requestId: string): boolean {
-    const r = this.originStore(origin);
+    const r = this.originLoad(origin).records;
     const record = r.find(requestId, hashKey(this.idHash(requestId)));
     if (record === NO_RECORD) {
       this.peerCounters.unknown++;
@@ -651,23 +680,49 @@ export class LoadTracker {
     return true;
   }
 
-  /** A peer's request ended (done, expired, evicted, dropped there). False if unknown here. */
-  peerEnded(origin: number, requestId: string): boolean {
-    const r = this.originStore(origin);
+  /**
+   * A peer's request ended (done, expired, evicted, dropped there), freeing `freed`
+   * decode blocks as its origin counted them (a chainless one). False if unknown here.
+   */
+  peerEnded(origin: number, requestId: string, freed = 0): boolean {
+    const r = this.originLoad(origin).records;
     const record = r.find(requestId, hashKey(this.idHash(requestId)));
     if (record === NO_RECORD) {
       this.peerCounters.unknown++;
       return false;
     }
-    this.release(r, origin, record, "already_done");
+    this.release(r, origin, record, "already_done", undefined, freed);
     this.peerCounters.ended++;
     return true;
   }
 
-  private originStore(origin: number): RequestRecords {
-    const store = origin >= 1 ? this.origins[origin] : undefined;
-    if (!store) throw new RangeError(`no peer origin ${origin}`);
-    return store;
+  /**
+   * What a peer's chainless requests on `slot` add, as its router counts them now (its
+   * snapshot says so: a sum of what each added would drift with the order they end in).
+   * Ignored for a slot where it has no request here.
+   */
+  peerDecodeTotal(origin: number, slot: number, blocks: number): void {
+    this.assertLive(slot);
+    const peer = this.originLoad(origin);
+    if (!(blocks >= 0)) throw new RangeError("negative load");
+    this.syncSlots();
+    if (peer.requests[slot] === 0) return;
+    this.activeDecodeBlocks[slot]! += blocks - peer.decode[slot]!;
+    peer.decode[slot] = blocks;
+  }
+
+  private originLoad(origin: number): OriginLoad {
+    const peer = origin >= 1 ? this.origins[origin] : undefined;
+    if (!peer) throw new RangeError(`no peer origin ${origin}`);
+    return peer;
+  }
+
+  /** A chainless peer request's decode blocks, counted on its slot under its origin. */
+  private addFlat(origin: number, store: RequestRecords, record: number, blocks: number): void {
+    const slot = store.slot[record]!;
+    store.flat[record] = blocks;
+    this.originLoad(origin).decode[slot]! += blocks;
+    this.activeDecodeBlocks[slot]! += blocks;
   }
 
   /** Takes a record in `store` (of `origin`) and adds its load to `slot`. */
@@ -678,12 +733,10 @@ export class LoadTracker {
     key: number,
     idCheck: number,
     slot: number,
-    chain: Uint32Array,
-    blocks: number,
-    prefillTokens: number,
-    outputBlocks: number,
+    load: RequestLoad,
     touched: number,
   ): number {
+    const { chain, blocks, prefillTokens, outputBlocks } = load;
     const added = this.blocks.add(slot, chain, blocks, this.holder);
     // After anything that can throw: a record is live once taken.
     const record = store.add(requestId, key, idCheck, slot, touched);
@@ -691,15 +744,18 @@ export class LoadTracker {
     store.blocks[record] = blocks;
     store.prefill[record] = prefillTokens;
     store.output[record] = outputBlocks;
+    store.flat[record] = 0;
+    this.treeBlocks[slot]! += added;
     this.activePrefillTokens[slot]! += prefillTokens;
     this.activeDecodeBlocks[slot]! += added + outputBlocks;
     this.activeRequests[slot]!++;
     if (origin === OWN) {
       this.finished.forget(key, idCheck);
-      this.facts?.routed(requestId, slot, chain, blocks, prefillTokens, outputBlocks);
+      this.facts?.routed(requestId, slot, chain, blocks, prefillTokens, outputBlocks, added);
     } else {
       this.peerRequests[slot]!++;
       this.peerPrefillTokens[slot]! += prefillTokens;
+      this.origins[origin]!.requests[slot]!++;
     }
     return record;
   }
@@ -749,9 +805,9 @@ export class LoadTracker {
     // Peers' requests end by their origin's facts; the TTL is a backstop (a lost end).
     let left = max - expired;
     for (let origin = 1; origin < this.origins.length && left > 0; origin++) {
-      const store = this.origins[origin];
-      if (!store) continue;
-      const dropped = this.expireIn(store, origin, now, left);
+      const peer = this.origins[origin];
+      if (!peer) continue;
+      const dropped = this.expireIn(peer.records, origin, now, left);
       this.peerCounters.expired += dropped;
       left -= dropped;
     }
@@ -761,11 +817,13 @@ export class LoadTracker {
   /** Expires one origin's requests idle for the TTL, oldest first, at most `max`. */
   private expireIn(store: RequestRecords, origin: number, now: number, max: number): number {
     let expired = 0;
+    // A peer's request gets twice the TTL: its origin's own expiry (and end) comes first.
+    const ttl = origin === OWN ? this.requestTtlMs : PEER_TTL_FACTOR * this.requestTtlMs;
     // Oldest touch first (the clock is monotonic): the first fresh request ends the sweep.
     while (
       expired < max &&
       store.oldest !== NO_RECORD &&
-      now - store.touched[store.oldest]! >= this.requestTtlMs
+      now - store.touched[store.oldest]! >= ttl
     ) {
       this.release(store, origin, store.oldest, "expired");
       expired++;
@@ -791,13 +849,35 @@ export class LoadTracker {
       prefill: new Float64Array(n),
       output: new Float64Array(n),
     };
+    const flat = new Float64Array(n);
     this.sumStore(this.records, sums);
     for (let origin = 1; origin < this.origins.length; origin++) {
-      const store = this.origins[origin];
-      if (!store) continue;
-      assert(store.count <= this.maxActiveRequests, `origin ${origin} over the active limit`);
-      this.sumStore(store, sums);
-      this.sumStore(store, peers);
+      const peer = this.origins[origin];
+      if (!peer) continue;
+      assert(
+        peer.records.count <= this.maxActiveRequests,
+        `origin ${origin} over the active limit`,
+      );
+      const own = {
+        requests: new Uint32Array(n),
+        prefill: new Float64Array(n),
+        output: new Float64Array(n),
+      };
+      this.sumStore(peer.records, own);
+      for (let slot = 0; slot < n; slot++) {
+        assert(
+          own.requests[slot] === (peer.requests[slot] ?? 0),
+          `origin ${origin} requests on ${slot}`,
+        );
+        const decode = peer.decode[slot] ?? 0;
+        assert(
+          decode >= 0 && (decode === 0 || own.requests[slot]! > 0),
+          `origin ${origin} decode on ${slot}`,
+        );
+        flat[slot]! += decode;
+      }
+      this.sumStore(peer.records, sums);
+      this.sumStore(peer.records, peers);
     }
     for (let slot = 0; slot < n; slot++) {
       assert(
@@ -805,8 +885,9 @@ export class LoadTracker {
         `slot ${slot} active request count`,
       );
       assert(sums.prefill[slot] === this.activePrefillTokens[slot], `slot ${slot} prefill tokens`);
+      assert((perSlot.get(slot) ?? 0) === this.treeBlocks[slot], `slot ${slot} tree blocks`);
       assert(
-        (perSlot.get(slot) ?? 0) + sums.output[slot]! === this.activeDecodeBlocks[slot],
+        this.treeBlocks[slot]! + sums.output[slot]! + flat[slot]! === this.activeDecodeBlocks[slot],
         `slot ${slot} decode blocks`,
       );
       assert(peers.requests[slot] === this.peerRequests[slot], `slot ${slot} peers' requests`);
@@ -840,7 +921,10 @@ export class LoadTracker {
 
   /**
    * Ends an active request of `origin`: its load leaves its worker; an own one's id joins
-   * the finished ones and its end is reported (`requestId` if the caller has it).
+   * the finished ones and its end is reported (`requestId` if the caller has it). A
+   * chainless peer request takes `freed` decode blocks with it (its origin's count), or
+   * without one its own share, at most what its origin still has there; the last of an
+   * origin's requests on a slot takes the rest.
    */
   private release(
     r: RequestRecords,
@@ -848,23 +932,35 @@ export class LoadTracker {
     record: number,
     ending: Ending,
     requestId?: string,
+    freed?: number,
   ): void {
     const slot = r.slot[record]!;
     this.activePrefillTokens[slot]! -= r.prefill[record]!;
     const leaf = r.leaf[record]!;
     this.holder.leaf = leaf < 0 ? null : leaf;
-    const freed = this.blocks.remove(slot, this.holder);
-    this.activeDecodeBlocks[slot]! -= freed + r.output[record]!;
+    const treeFreed = this.blocks.remove(slot, this.holder);
+    this.treeBlocks[slot]! -= treeFreed;
+    this.activeDecodeBlocks[slot]! -= treeFreed + r.output[record]!;
     this.activeRequests[slot]!--;
     if (origin === OWN) {
       this.finished.remember(r.key[record]!, r.check[record]!, ending, this.now());
-      this.facts?.ended(requestId ?? r.idOf(record), END_REASONS[ending]);
+      this.facts?.ended(requestId ?? r.idOf(record), END_REASONS[ending], treeFreed);
     } else {
       this.peerRequests[slot]!--;
       this.peerPrefillTokens[slot]! -= r.prefill[record]!;
+      this.releaseFlat(this.origins[origin]!, slot, r.flat[record]!, freed);
     }
     r.remove(record);
     if (VERIFY) this.verify();
+  }
+
+  /** A peer request leaves `slot`: its chainless decode blocks go (see `release`). */
+  private releaseFlat(peer: OriginLoad, slot: number, own: number, freed?: number): void {
+    const left = --peer.requests[slot]!;
+    const held = peer.decode[slot]!;
+    const gone = left === 0 ? held : Math.min(held, freed ?? own);
+    peer.decode[slot] = held - gone;
+    this.activeDecodeBlocks[slot]! -= gone;
   }
 
   private assertLive(slot: number): void {
@@ -882,5 +978,7 @@ export class LoadTracker {
     this.degraded = grow(this.degraded, (n) => new Uint8Array(n));
     this.peerRequests = grow(this.peerRequests, (n) => new Uint32Array(n));
     this.peerPrefillTokens = grow(this.peerPrefillTokens, (n) => new Float64Array(n));
+    this.treeBlocks = grow(this.treeBlocks, (n) => new Float64Array(n));
+    for (const peer of this.origins) peer?.grow(capacity);
   }
 }

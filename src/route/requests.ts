@@ -45,6 +45,8 @@ export class RequestRecords {
   blocks = new Int32Array(0);
   prefill = new Float64Array(0);
   output = new Float64Array(0);
+  /** A peer's request without a chain: the decode blocks its origin counted it adding. */
+  flat = new Float64Array(0);
   touched = new Float64Array(0);
   key = new Float64Array(0);
   check = new Uint16Array(0);
@@ -297,6 +299,7 @@ export class RequestRecords {
     this.blocks = resize(this.blocks, (n) => new Int32Array(n));
     this.prefill = resize(this.prefill, (n) => new Float64Array(n));
     this.output = resize(this.output, (n) => new Float64Array(n));
+    this.flat = resize(this.flat, (n) => new Float64Array(n));
     this.touched = resize(this.touched, (n) => new Float64Array(n));
     this.key = resize(this.key, (n) => new Float64Array(n));
     this.check = resize(this.check, (n) => new Uint16Array(n));

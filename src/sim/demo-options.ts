@@ -60,6 +60,8 @@ export interface DemoOptions {
   readonly replicas?: number;
   /** Virtual time, kv_aware with replicas: how late each replica applies its peers' facts (ms). */
   readonly syncDelayMs?: number;
+  /** kv_aware with replicas: cluster.stagger_ms (model ms in virtual time, wall ms in real time). */
+  readonly staggerMs?: number;
 }
 
 /** The policies a replicated demo runs by default: synced, unsynced, then the baselines. */

@@ -82,6 +82,9 @@ export interface ClusterReport {
   readonly bytes_sent: number;
   readonly bytes_per_route: number;
   readonly gaps: number;
+  /** How late peers' facts arrived (ms, the histogram bucket's upper bound). */
+  readonly lag_p50_ms: number;
+  readonly lag_p99_ms: number;
 }
 
 export interface Gain {
@@ -203,7 +206,14 @@ function replicated(options: DemoOptions, synced: boolean): KvAwareConfig {
   const base = options.kvAware ?? DEFAULT_KV_AWARE;
   const replicas = options.replicas ?? 1;
   if (replicas <= 1) return base;
-  return { ...base, replicas, syncDelayMs: synced ? (options.syncDelayMs ?? 0) : null };
+  return synced
+    ? {
+        ...base,
+        replicas,
+        syncDelayMs: options.syncDelayMs ?? 0,
+        staggerMs: options.staggerMs ?? 0,
+      }
+    : { ...base, replicas, syncDelayMs: null };
 }
 
 /** What admission did in a virtual replay (summed over replicas); null when off. */
@@ -413,7 +423,26 @@ function clusterReport(
     bytes_sent: bytes,
     bytes_per_route: decisions === 0 ? 0 : bytes / decisions,
     gaps: sum("kvedge_cluster_events_total", 'event="gap"'),
+    lag_p50_ms: lagQuantile(metrics, 0.5),
+    lag_p99_ms: lagQuantile(metrics, 0.99),
   };
+}
+
+/** A quantile of the replicas' fact lag, as the upper bound of its histogram bucket (ms). */
+function lagQuantile(metrics: readonly string[], q: number): number {
+  const counts = new Map<number, number>();
+  for (const text of metrics) {
+    for (const line of text.split("\n")) {
+      const match = /^kvedge_cluster_fact_lag_seconds_bucket\{le="([^"]+)"\} (\S+)$/.exec(line);
+      if (match === null) continue;
+      const le = match[1] === "+Inf" ? Infinity : Number(match[1]);
+      counts.set(le, (counts.get(le) ?? 0) + Number(match[2]));
+    }
+  }
+  const bounds = [...counts.keys()].sort((a, b) => a - b);
+  const total = counts.get(Infinity) ?? 0;
+  for (const le of bounds) if (total > 0 && counts.get(le)! >= q * total) return le * 1000;
+  return 0;
 }
 
 interface KvedgeRun {

@@ -62,6 +62,7 @@ export class ReplicatedKvAware implements RoutingPolicy {
         wallNow: () => bus.nowMs,
         schedule: null,
         log: silentLogger,
+        chains: replica.router.policy === "dynamo",
         onApplied: () => replica.admission?.release(),
       });
       bus.attach(node);

@@ -33,14 +33,19 @@ function tracker(options: { ttlMs?: number; maxActive?: number } = {}): LoadTrac
   });
 }
 
-/** `from`'s own facts applied to `to` as the requests of origin `origin`. */
-function relay(from: LoadTracker, to: LoadTracker, origin: number): void {
+/**
+ * `from`'s own facts applied to `to` as the requests of origin `origin`: with their
+ * chains, or (`chains` false) with the decode blocks each added and freed.
+ */
+function relay(from: LoadTracker, to: LoadTracker, origin: number, chains: boolean): void {
   const slotThere = (slot: number) => to.slotOf(from.workerIdOf(slot), from.dpRanks[slot]!);
   from.facts = {
-    routed: (id, slot, chain, blocks, prefill, output) =>
-      to.peerRouted(origin, id, slotThere(slot), chain, blocks, prefill, output),
+    routed: (id, slot, chain, blocks, prefill, output, added) =>
+      chains
+        ? to.peerRouted(origin, id, slotThere(slot), chain, blocks, prefill, output)
+        : to.peerRouted(origin, id, slotThere(slot), chain, 0, prefill, output, added),
     prefillDone: (id) => void to.peerPrefillDone(origin, id),
-    ended: (id) => void to.peerEnded(origin, id),
+    ended: (id, _reason, freed) => void to.peerEnded(origin, id, freed),
   };
 }
 
@@ -143,8 +148,11 @@ describe("peers' requests", () => {
     expect(load.activeRequestCount).toBe(1);
     clock.nowMs += 1000;
     load.sweep();
-    expect(load.peerCounters.expired).toBe(2);
     expect(load.counters.expired).toBe(1);
+    expect(load.peerCounters.expired).toBe(0); // peers' requests get twice the TTL
+    clock.nowMs += 1000;
+    load.sweep();
+    expect(load.peerCounters.expired).toBe(2);
     expect(load.activeRequests[w]).toBe(0);
     load.verify();
   });
@@ -169,6 +177,27 @@ describe("peers' requests", () => {
     expect(() => load.peerEnded(0, "x")).toThrow(/origin/);
   });
 
+  test("without a chain: decode blocks as the origin counts them, the rest with its last request", () => {
+    const load = tracker({ ttlMs: 1000 });
+    const w = load.addWorker(1n, 0);
+    const origin = load.openOrigin();
+    const none = new Uint32Array(0);
+    load.peerRouted(origin, "a", w, none, 0, 8, 0, 5);
+    load.peerRouted(origin, "b", w, none, 0, 8, 0, 2); // 2 more blocks than "a" holds
+    expect(load.activeDecodeBlocks[w]).toBe(7);
+    expect(load.peerEnded(origin, "a", 0)).toBe(true); // "b" still holds a's blocks
+    expect(load.activeDecodeBlocks[w]).toBe(7);
+    load.peerDecodeTotal(origin, w, 6); // its snapshot: 6 on this worker
+    expect(load.activeDecodeBlocks[w]).toBe(6);
+    load.verify();
+    clock.nowMs += 2000;
+    load.sweep(); // "b" expires here (its end was lost): the origin's last, it takes the rest
+    expect(load.activeDecodeBlocks[w]).toBe(0);
+    load.peerDecodeTotal(origin, w, 9); // no request of it here: nothing to count
+    expect(load.activeDecodeBlocks[w]).toBe(0);
+    load.verify();
+  });
+
   test("origins are bounded", () => {
     const load = tracker();
     const opened: number[] = [];
@@ -184,7 +213,10 @@ describe("peers' requests", () => {
 });
 
 describe("two trackers relaying their facts", () => {
-  test("hold equal load after every step, and empty memory at the end", () => {
+  test.each([
+    ["with chains", true],
+    ["with the decode blocks each adds", false],
+  ])("%s: hold equal load after every step, and empty memory at the end", (_name, chains) => {
     for (let seed = 1; seed <= 20; seed++) {
       const random = prng(seed);
       const a = tracker({ ttlMs: 5000, maxActive: 40 });
@@ -192,8 +224,8 @@ describe("two trackers relaying their facts", () => {
       // Different slot numbering on each side, as two processes may have.
       for (const id of [3n, 1n, 2n]) a.addWorker(id, 0);
       for (const id of [2n, 3n, 1n]) b.addWorker(id, 0);
-      relay(a, b, b.openOrigin());
-      relay(b, a, a.openOrigin());
+      relay(a, b, b.openOrigin(), chains);
+      relay(b, a, a.openOrigin(), chains);
       const live: [LoadTracker, string][] = [];
       for (let step = 0; step < 400; step++) {
         const side = random() < 0.5 ? a : b;
