@@ -575,7 +575,7 @@ export const SETTINGS: readonly Setting[] = [
     type: text("a file path", "FILE", FILE),
     default: null,
     optional: true,
-    help: "File holding an NATS nkey seed (SU...), for nkey authentication.",
+    help: "File holding a NATS nkey seed (SU...), for nkey authentication.",
   }),
   setting({
     key: "cluster.tls_ca_file",
