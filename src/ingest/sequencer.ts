@@ -93,6 +93,8 @@ export class SequencerCounters {
   gaps = 0;
   lost = 0;
   malformed = 0;
+  /** Batches applied without some of their events (they could not be read): degraded. */
+  incomplete = 0;
   /** Engine restarts detected (a new stream proven: sequence backwards, fingerprint mismatch, empty ring). */
   restarts = 0;
   /** Workers rebuilt from a replay ring that starts at 0. */
@@ -316,6 +318,15 @@ export class Sequencer {
     if (probe) this.markDegraded(`connect probe failed (${reason}): state unknown`);
     // A failed probe leaves the engine unknown, as a connect without replay does.
     this.finishReplay(probe);
+  }
+
+  /**
+   * An applied batch skipped events that could not be read (a store, removal or clear,
+   * for all kvedge knows): the worker is degraded until its state is known again.
+   */
+  incomplete(): void {
+    this.counters.incomplete++;
+    this.markDegraded("an event could not be read (skipped; the rest of its batch applied)");
   }
 
   /** The worker's state is known exactly again (an AllBlocksCleared was applied). */

@@ -10,6 +10,7 @@
  * connects (the engine binds, vLLM's default). Malformed messages are counted and
  * logged once per kind; they never stop the stream.
  */
+import type { LoraAdapters } from "../hash";
 import type { Logger } from "../util/log";
 import { OnceLog } from "../util/log";
 import {
@@ -46,6 +47,8 @@ export interface SourceOptions {
   readonly writer: KvEventWriter;
   /** Sees each applied operation with its decoded event (capture). */
   readonly tap?: KvEventTap;
+  /** How LoRA ids name adapters (`index.lora_adapters`). */
+  readonly lora?: LoraAdapters;
   readonly log: Logger;
   readonly zmtp?: ZmtpOptions;
   readonly sequencer?: Partial<SequencerOptions>;
@@ -160,6 +163,7 @@ export class EngineSource {
         writer: options.writer,
         log: this.log,
         ...(options.tap === undefined ? {} : { tap: options.tap }),
+        ...(options.lora === undefined ? {} : { lora: options.lora }),
         ...(options.sequencer === undefined ? {} : { sequencer: options.sequencer }),
         onChange: changed,
       });

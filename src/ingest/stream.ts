@@ -5,6 +5,7 @@
  * the event ring on the writer thread (src/runtime/writer.ts); it asks for replays
  * through `ReplayTransport`.
  */
+import type { LoraAdapters } from "../hash";
 import type { Logger } from "../util/log";
 import { OnceLog } from "../util/log";
 import { type KvEventTap, type KvEventWriter, KvEventNormalizer } from "./normalize";
@@ -41,6 +42,8 @@ export interface StreamOptions {
   readonly blockSize: number;
   readonly writer: KvEventWriter;
   readonly tap?: KvEventTap;
+  /** How LoRA ids name adapters (`index.lora_adapters`). */
+  readonly lora?: LoraAdapters;
   readonly log: Logger;
   readonly sequencer?: Partial<SequencerOptions>;
   /** Called when trust or dp ranks change (degraded, exact, a new rank, a replay's start / end). */
@@ -83,6 +86,7 @@ export class EngineStream implements StreamInput {
       writer: options.writer,
       log: this.log,
       ...(options.tap === undefined ? {} : { tap: options.tap }),
+      ...(options.lora === undefined ? {} : { lora: options.lora }),
     });
     this.sequencer = new Sequencer(
       {
@@ -131,7 +135,8 @@ export class EngineStream implements StreamInput {
 
   /**
    * One sequenced batch to the index. After it: an AllBlocksCleared in it made the state
-   * exact again; a dp rank first seen in it is announced (its slot is already taken).
+   * exact again, unless an event it could not read came after that (degraded); a dp
+   * rank first seen in it is announced (its slot is already taken).
    * An exception (an allocation that failed, a bug) may leave the batch half applied:
    * it is caught, counted, and reported as a lost batch, so the worker is degraded and
    * the process goes on serving.
@@ -151,6 +156,8 @@ export class EngineStream implements StreamInput {
       applied = false;
     }
     if (applied && normalizer.counters.appliedClears !== clears) this.sequencer.markExact();
+    // After the clear: an event skipped behind the batch's last clear still counts.
+    if (applied && normalizer.incomplete) this.sequencer.incomplete();
     if (normalizer.rankSlots.ranks.size !== ranks) this.options.onChange?.();
     return applied;
   }
