@@ -202,7 +202,9 @@ function startWriter(config: Config, plan: ThreadPlan): Promise<WriterThread> {
       replayTimeoutMs: config.ingest.replay_timeout_ms,
       replayDeadlineMs: config.ingest.replay_deadline_ms,
       replayBufferBytes: config.ingest.replay_buffer_bytes,
+      idleProbeMs: config.ingest.idle_probe_ms,
     },
+    loraAdapters: config.index.lora_adapters,
     logLevel: config.server.log_level,
     // The main thread and every lane may read at once.
     sharedReaders: 1 + plan.routeThreads,

@@ -8,7 +8,7 @@
  */
 import type { Config } from "../config";
 import type { WorkerEntry } from "../config/workers";
-import { blockSeed } from "../hash";
+import { blockSeed, LoraAdapters } from "../hash";
 import type { KvIndex } from "../index";
 import { createIndex, MatchResult } from "../index";
 import { defaultIndexBudgetBytes, IndexBudget } from "../index/budget";
@@ -155,6 +155,8 @@ export class KvedgeCore {
   private readonly candidates = new CandidateList();
   /** Route calls held at saturation (route.admission; src/route/admission.ts). */
   readonly admission: Admission<RouteCall>;
+  /** How LoRA ids name adapters (`index.lora_adapters`), for streams and queries alike. */
+  readonly lora: LoraAdapters;
   private heldTimer: ReturnType<typeof setTimeout> | null = null;
   /** Held calls, whose token bytes are counted in the process-wide buffer budget until answered. */
   private readonly heldCalls = new Set<RouteCall>();
@@ -168,6 +170,7 @@ export class KvedgeCore {
     const { config } = options;
     this.log = options.log;
     this.blockSize = config.index.block_size;
+    this.lora = new LoraAdapters(config.index.lora_adapters);
     this.index = this.createIndex(config, options.writer);
     this.budget = new IndexBudget(
       this.index,
@@ -500,10 +503,12 @@ export class KvedgeCore {
       writer: this.writer,
       log: this.log.child({ component: "ingest" }),
       zmtp: this.zmtp,
+      lora: this.lora,
       sequencer: {
         replayTimeoutMs: this.options.config.ingest.replay_timeout_ms,
         replayDeadlineMs: this.options.config.ingest.replay_deadline_ms,
         replayBufferBytes: this.options.config.ingest.replay_buffer_bytes,
+        idleProbeMs: this.options.config.ingest.idle_probe_ms,
       },
       onChange: (changed) => this.sourceChanged(changed),
       ...(this.options.writer === undefined ? {} : { input: this.options.writer.input(config) }),

@@ -141,6 +141,8 @@ export class EngineSource {
   private stateNow: SourceState = "connecting";
   private readonly sub: SubSocket;
   private dealer: DealerSocket | null = null;
+  /** The replay on `dealer` ended with its end marker: no late reply can follow, so it is reused. */
+  private dealerDone = false;
   private readonly log: Logger;
   private readonly problems: OnceLog;
 
@@ -261,8 +263,17 @@ export class EngineSource {
     this.options.onChange?.(this);
   }
 
-  /** Each replay gets its own DEALER connection, so replies of an earlier one cannot be mistaken. */
+  /**
+   * A replay on a DEALER connection of its own, so replies of an abandoned one cannot be
+   * mistaken; one whose last replay ended with its end marker is reused (idle probes ask
+   * every `ingest.idle_probe_ms`: no new connection each time).
+   */
   private requestReplay(start: number): void {
+    if (this.dealer !== null && this.dealerDone) {
+      this.dealerDone = false;
+      this.dealer.send([EMPTY, seqFrame(start)]);
+      return;
+    }
     this.dropDealer();
     const dealer = new DealerSocket({ ...this.options.zmtp, logger: this.log });
     this.dealer = dealer;
@@ -288,14 +299,17 @@ export class EngineSource {
       this.stream.replayFailed("malformed reply");
       return;
     }
-    if (seq === END_OF_REPLAY) this.stream.replayEnd();
-    else this.stream.replayBatch(seq, frames.frame(seqAt + 1));
+    if (seq === END_OF_REPLAY) {
+      this.dealerDone = true;
+      this.stream.replayEnd();
+    } else this.stream.replayBatch(seq, frames.frame(seqAt + 1));
   }
 
   /** Closes the replay connection so late replies of an abandoned replay cannot be mistaken. */
   private dropDealer(): void {
     const dealer = this.dealer;
     this.dealer = null;
+    this.dealerDone = false;
     void dealer?.close();
   }
 }

@@ -795,7 +795,9 @@ export function randomBatch(next: () => number, options: RandomBatchOptions): Kv
     kvCacheSpecSlidingWindow: maybe(kind, "kv_cache_spec_sliding_window", () =>
       chance(15) ? next() % 4096 : null,
     ),
-    locality: maybe(kind, "locality", () => (chance(15) ? pick(["LOCAL", "REMOTE", "local"]) : null)),
+    locality: maybe(kind, "locality", () =>
+      chance(15) ? pick(["LOCAL", "REMOTE", "local"]) : null,
+    ),
     ownership: maybe(kind, "ownership", () => (chance(10) ? pick(["kvcr", "framework"]) : null)),
   });
   const extraKeys = (blocks: number, loraName: string | null) =>

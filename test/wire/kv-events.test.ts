@@ -442,7 +442,10 @@ describe("extra keys: the salt, and the first block kvedge cannot hash", () => {
   /** A vLLM V5 (9 fields) or, with `tail`, a V6+ store: [salt, mmBlock]. */
   const read = (extraKeys: unknown, loraName: string | null = null, tail: unknown[] = []) => {
     const snapshot = decode(
-      pack([1, [["BlockStored", [1, 2], null, [1, 2], 1, null, null, loraName, extraKeys, ...tail]]]),
+      pack([
+        1,
+        [["BlockStored", [1, 2], null, [1, 2], 1, null, null, loraName, extraKeys, ...tail]],
+      ]),
     ) as BatchSnapshot;
     const event = snapshot.events[0]!;
     return [event.cacheSalt, event.mmBlock];
@@ -507,7 +510,9 @@ describe("SGLang's metadata and LoRA ids", () => {
   test("a map or an array at position 7 is SGLang's metadata, not a LoRA name", () => {
     for (const metadata of [{ cache_salt: "s", session_id: "x" }, ["s", "x"]]) {
       const event = (
-        decode(pack([1, [["BlockStored", [1], null, [1], 1, null, "GPU", metadata]], 0])) as BatchSnapshot
+        decode(
+          pack([1, [["BlockStored", [1], null, [1], 1, null, "GPU", metadata]], 0]),
+        ) as BatchSnapshot
       ).events[0]!;
       expect([event.cacheSalt, event.loraName]).toEqual(["s", null]);
     }
@@ -515,7 +520,10 @@ describe("SGLang's metadata and LoRA ids", () => {
   test("lora_id is kept in both forms", () => {
     const array = decode(pack([1, [["BlockStored", [1], null, [1], 1, 7]]])) as BatchSnapshot;
     const map = decode(
-      pack([1, [{ type: "BlockStored", block_hashes: [1], token_ids: [1], block_size: 1, lora_id: 9 }]]),
+      pack([
+        1,
+        [{ type: "BlockStored", block_hashes: [1], token_ids: [1], block_size: 1, lora_id: 9 }],
+      ]),
     ) as BatchSnapshot;
     expect([array.events[0]!.loraId, map.events[0]!.loraId]).toEqual([7, 9]);
   });
@@ -523,7 +531,15 @@ describe("SGLang's metadata and LoRA ids", () => {
     const snapshot = decode(
       pack([
         1,
-        [{ type: "BlockStored", block_hashes: [1], token_ids: [1], block_size: 1, session_id: "s" }],
+        [
+          {
+            type: "BlockStored",
+            block_hashes: [1],
+            token_ids: [1],
+            block_size: 1,
+            session_id: "s",
+          },
+        ],
       ]),
     ) as BatchSnapshot;
     expect(snapshot.unknownFields).toBe(0);

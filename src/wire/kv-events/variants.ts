@@ -154,16 +154,7 @@ export const WIRE_LAYOUTS: Readonly<Record<WireVariant, WireLayout>> = {
   },
   "fork-f1": arrays(
     "array3",
-    [
-      ...BASE,
-      "medium",
-      "lora_name",
-      "extra_keys",
-      "group_idx",
-      ...SPEC,
-      "locality",
-      "ownership",
-    ],
+    [...BASE, "medium", "lora_name", "extra_keys", "group_idx", ...SPEC, "locality", "ownership"],
     ["block_hashes", "medium", "group_idx", ...SPEC, "locality", "ownership"],
     "appended",
     { fields: ["ownership"], optional: [] },
