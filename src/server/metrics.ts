@@ -482,7 +482,7 @@ export function registerCoreMetrics(registry: MetricsRegistry, core: KvedgeCore)
   perSource(
     "kvedge_ingest_batches_total",
     "Event batches by outcome: applied, replayed (applied from a replay), duplicate, " +
-      "malformed (dropped).",
+      "malformed (dropped), incomplete (applied without events that could not be read).",
     "counter",
     ["status"],
     (source, emit) => {
@@ -491,6 +491,7 @@ export function registerCoreMetrics(registry: MetricsRegistry, core: KvedgeCore)
       emit(c.replayed, { status: "replayed" });
       emit(c.duplicates, { status: "duplicate" });
       emit(c.malformed, { status: "malformed" });
+      emit(c.incomplete, { status: "incomplete" });
     },
   );
   perSource(
@@ -513,6 +514,17 @@ export function registerCoreMetrics(registry: MetricsRegistry, core: KvedgeCore)
     (source, emit) => {
       for (const [kind, value] of Object.entries(source.normalizer.counters.decodeErrors))
         emit(value, { kind });
+    },
+  );
+  perSource(
+    "kvedge_ingest_skipped_events_total",
+    "Events that could not be read, skipped alone (the rest of their batch applied; " +
+      "the worker degraded), by error.",
+    "counter",
+    ["error"],
+    (source, emit) => {
+      for (const [error, value] of Object.entries(source.normalizer.counters.skippedEvents))
+        emit(value, { error });
     },
   );
   perSource(
@@ -567,7 +579,9 @@ export function registerCoreMetrics(registry: MetricsRegistry, core: KvedgeCore)
   perSource(
     "kvedge_ingest_continuity_total",
     "What each connect probe (replay from 0) established: probe (asked), " +
-      "continued (same stream), rebuilt (cleared and rebuilt from a ring starting at 0); and stray (sequence jumps skipped).",
+      "continued (same stream), rebuilt (cleared and rebuilt from a ring starting at 0); " +
+      "stray (sequence jumps skipped); idle_probe (a quiet stream asked its ring for a " +
+      "lost tail) and tail_batch (batches such probes applied).",
     "counter",
     ["outcome"],
     (source, emit) => {
@@ -576,6 +590,8 @@ export function registerCoreMetrics(registry: MetricsRegistry, core: KvedgeCore)
       emit(c.continued, { outcome: "continued" });
       emit(c.rebuilds, { outcome: "rebuilt" });
       emit(c.straySeqs, { outcome: "stray" });
+      emit(c.idleProbes, { outcome: "idle_probe" });
+      emit(c.idleProbeBatches, { outcome: "tail_batch" });
     },
   );
   perSource(
