@@ -1,5 +1,7 @@
 import type { FileSink } from "bun";
 import { checkEndpoint } from "../config";
+import { loraAdapterList } from "../config/values";
+import { LoraAdapters } from "../hash";
 import { Capture } from "../ingest/capture";
 import { createLogger } from "../util/log";
 import { parseU64 } from "../util/u64";
@@ -18,6 +20,8 @@ const flags = {
   count: { kind: "string" },
   duration: { kind: "string" },
   out: { kind: "string" },
+  "lora-adapters": { kind: "string" },
+  "idle-probe-ms": { kind: "string" },
 } as const;
 
 const DP_RANK_MAX = 0xffff_ffff;
@@ -28,6 +32,7 @@ export const captureCommand: Command = {
   flags,
   help: `Usage: kvedge capture --endpoint URL [--replay-endpoint URL] [--worker-id ID] [--dp-rank R]
                       [--topic T] [--block-size N] [--count N] [--duration S] [--out FILE]
+                      [--lora-adapters NAME[=ID],...] [--idle-probe-ms MS]
 
 The "tcpdump for KV events": subscribes to one engine's KV-event publisher, decodes,
 sequences (replaying gaps from --replay-endpoint, clearing on an engine restart) and
@@ -41,6 +46,9 @@ index as JSON lines in the format \`kvedge apply\` reads:
 Replay a capture offline with \`kvedge apply --block-size N FILE\` and ask it "match"
 questions to see what the router saw. Events kvedge would not index (other tiers,
 another block size, filtered groups, ...) are counted in the summary, not written.
+The capture is the wire: a "cleared" line is an AllBlocksCleared the engine sent.
+kvedge's own continuity decisions (an engine restart proven, a rebuild from the replay
+ring, lost batches) go to stderr as log lines and into the summary, not into the file.
 Stops after --count events, after --duration seconds, or on Ctrl-C; then prints a
 summary (batches, events, gaps, replays, decode errors) on stderr. Exits 1 if it never
 connected to a publisher.
@@ -55,6 +63,11 @@ Options:
   --count N              stop after N events written
   --duration S           stop after S seconds
   --out FILE             write to FILE instead of stdout
+  --lora-adapters LIST   NAME[=ID],...: LoRA ids the engine sends alone are read as these names
+                         (index.lora_adapters); an id without a name is written with the
+                         local hashes kvedge computed for it
+  --idle-probe-ms MS     a quiet stream asks the replay endpoint for a lost tail this often
+                         (ingest.idle_probe_ms; default 1000, 0 = never)
   -h, --help             show this help
 `,
   async run(argv) {
@@ -84,6 +97,13 @@ Options:
     const countMax = flagInt(parsed, "count", Number.MAX_SAFE_INTEGER, 1, Number.MAX_SAFE_INTEGER);
     const durationS = flagNumber(parsed, "duration", 0, 0, 365 * 86_400);
     const outPath = flagString(parsed, "out");
+    const idleProbeMs = flagInt(parsed, "idle-probe-ms", 1000, 0, 3_600_000);
+    let lora: LoraAdapters;
+    try {
+      lora = new LoraAdapters(loraAdapterList.fromText(flagString(parsed, "lora-adapters") ?? ""));
+    } catch (error) {
+      throw new UsageError(`--lora-adapters ${(error as Error).message}`);
+    }
     const out: FileSink =
       outPath === undefined || outPath === "-" ? Bun.stdout.writer() : Bun.file(outPath).writer();
 
@@ -99,6 +119,8 @@ Options:
       replayEndpoint,
       topic: flagString(parsed, "topic") ?? "",
       blockSize,
+      lora,
+      idleProbeMs,
       log: createLogger({ level: "warn" }),
       onOp: (op) => {
         if (written >= countMax) return;

@@ -38,6 +38,8 @@ export interface CaptureOptions {
   readonly onOp: (op: CapturedOp) => void;
   /** How LoRA ids name adapters (`index.lora_adapters`). */
   readonly lora?: LoraAdapters;
+  /** `ingest.idle_probe_ms` (0 or absent: never). */
+  readonly idleProbeMs?: number;
 }
 
 export class Capture {
@@ -89,6 +91,7 @@ export class Capture {
         tap,
         log: options.log,
         ...(options.lora === undefined ? {} : { lora: options.lora }),
+        sequencer: { idleProbeMs: options.idleProbeMs ?? 0 },
       },
     );
   }

@@ -83,13 +83,22 @@ export class OpenAiProxy {
 
   constructor(private readonly options: ProxyOptions) {}
 
-  /** GET /v1/models: the one model this proxy serves. */
+  /**
+   * GET /v1/models: the model this proxy serves, and its LoRA adapters
+   * (`index.lora_adapters`), each with the base model as `parent`, as vLLM lists them.
+   */
   models(request: Request): Response {
+    const { model, core } = this.options;
+    const entry = (id: string, parent: string | null) => ({
+      id,
+      object: "model",
+      created: this.created,
+      owned_by: "kvedge",
+      ...(parent === null ? {} : { parent }),
+    });
     return reply(request, 200, {
       object: "list",
-      data: [
-        { id: this.options.model, object: "model", created: this.created, owned_by: "kvedge" },
-      ],
+      data: [entry(model, null), ...core.lora.adapters.map(({ name }) => entry(name, model))],
     });
   }
 
@@ -189,11 +198,15 @@ export class OpenAiProxy {
     } catch (error) {
       throw new HttpError(400, `malformed JSON body: ${(error as Error).message}`);
     }
+    // A LoRA adapter is named by the request's model, as engines serve adapters.
+    const lora =
+      typeof body.model === "string" && body.model !== this.options.model ? body.model : null;
     if (body.model !== undefined && body.model !== this.options.model) {
-      throw new HttpError(
-        404,
-        `The model \`${String(body.model)}\` does not exist (this proxy serves ${this.options.model}).`,
-      );
+      if (lora === null || !this.options.core.lora.has(lora))
+        throw new HttpError(
+          404,
+          `The model \`${String(body.model)}\` does not exist (this proxy serves ${this.options.model}).`,
+        );
     }
     const stream = isStream(body);
     const maxTokens = maxTokensOf(body);
@@ -221,6 +234,7 @@ export class OpenAiProxy {
       stream,
       stripUsage,
       maxTokens,
+      loraName: lora,
       cacheSalt: typeof salt === "string" ? salt : null,
       forwarded,
     };
@@ -305,7 +319,7 @@ function routeInput(parsed: Parsed): RouteInput {
   return {
     tokens: parsed.tokens,
     requestId: null,
-    loraName: null,
+    loraName: parsed.loraName,
     cacheSalt: parsed.cacheSalt,
     expectedOutputTokens: parsed.maxTokens,
     overlapScoreCredit: null,
@@ -320,6 +334,8 @@ interface Parsed {
   /** Usage was added to the forwarded request and must not reach the client. */
   readonly stripUsage: boolean;
   readonly maxTokens: number;
+  /** The LoRA adapter the request's model names (null: the base model). */
+  readonly loraName: string | null;
   readonly cacheSalt: string | null;
   /** The body sent to the engine: the client's, or a rewrite of it. */
   readonly forwarded: string;
