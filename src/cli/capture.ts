@@ -2,10 +2,10 @@ import type { FileSink } from "bun";
 import { checkEndpoint } from "../config";
 import { loraAdapterList } from "../config/values";
 import { LoraAdapters } from "../hash";
-import { Capture } from "../ingest/capture";
+import { Capture, type CaptureOptions } from "../ingest/capture";
 import { createLogger } from "../util/log";
 import { parseU64 } from "../util/u64";
-import { flagInt, flagNumber, flagString, parseFlags, UsageError } from "./args";
+import { flagInt, flagNumber, flagString, type Parsed, parseFlags, UsageError } from "./args";
 import { type Command, HELP_FLAG } from "./command";
 import { BLOCK_SIZE_MAX } from "./hash";
 
@@ -74,36 +74,10 @@ Options:
     const parsed = parseFlags(argv, flags);
     if (parsed.positionals.length > 0)
       throw new UsageError(`unexpected argument '${parsed.positionals[0]}'`);
-    const endpoint = flagString(parsed, "endpoint");
-    if (endpoint === undefined) throw new UsageError("--endpoint is required");
-    const replayEndpoint = flagString(parsed, "replay-endpoint") ?? null;
-    for (const [name, value, bindable] of [
-      ["--endpoint", endpoint, true],
-      ["--replay-endpoint", replayEndpoint, false],
-    ] as const) {
-      if (value === null) continue;
-      try {
-        checkEndpoint(value, bindable);
-      } catch (error) {
-        throw new UsageError(`${name} ${(error as Error).message}`);
-      }
-    }
-    const workerIdText = flagString(parsed, "worker-id") ?? "0";
-    const workerId = parseU64(workerIdText);
-    if (workerId === null)
-      throw new UsageError(`--worker-id must be an unsigned 64-bit integer, got '${workerIdText}'`);
-    const dpRank = flagInt(parsed, "dp-rank", 0, 0, DP_RANK_MAX);
-    const blockSize = flagInt(parsed, "block-size", 16, 1, BLOCK_SIZE_MAX);
+    const stream = streamOf(parsed);
     const countMax = flagInt(parsed, "count", Number.MAX_SAFE_INTEGER, 1, Number.MAX_SAFE_INTEGER);
     const durationS = flagNumber(parsed, "duration", 0, 0, 365 * 86_400);
     const outPath = flagString(parsed, "out");
-    const idleProbeMs = flagInt(parsed, "idle-probe-ms", 1000, 0, 3_600_000);
-    let lora: LoraAdapters;
-    try {
-      lora = new LoraAdapters(loraAdapterList.fromText(flagString(parsed, "lora-adapters") ?? ""));
-    } catch (error) {
-      throw new UsageError(`--lora-adapters ${(error as Error).message}`);
-    }
     const out: FileSink =
       outPath === undefined || outPath === "-" ? Bun.stdout.writer() : Bun.file(outPath).writer();
 
@@ -113,14 +87,7 @@ Options:
       finish = resolve;
     });
     const capture = new Capture({
-      workerId,
-      dpRank,
-      endpoint,
-      replayEndpoint,
-      topic: flagString(parsed, "topic") ?? "",
-      blockSize,
-      lora,
-      idleProbeMs,
+      ...stream,
       log: createLogger({ level: "warn" }),
       onOp: (op) => {
         if (written >= countMax) return;
@@ -141,9 +108,47 @@ Options:
     process.stderr.write(capture.summary(written));
     // Nothing recorded because nothing was there is a failure, not an empty capture.
     if (!capture.connected) {
-      process.stderr.write(`kvedge capture: never connected to ${endpoint}\n`);
+      process.stderr.write(`kvedge capture: never connected to ${stream.endpoint}\n`);
       return 1;
     }
     return 0;
   },
 };
+
+/** The stream to capture and how to read it, from the flags (usage errors thrown). */
+function streamOf(parsed: Parsed): Omit<CaptureOptions, "log" | "onOp"> {
+  const endpoint = flagString(parsed, "endpoint");
+  if (endpoint === undefined) throw new UsageError("--endpoint is required");
+  const replayEndpoint = flagString(parsed, "replay-endpoint") ?? null;
+  for (const [name, value, bindable] of [
+    ["--endpoint", endpoint, true],
+    ["--replay-endpoint", replayEndpoint, false],
+  ] as const) {
+    if (value === null) continue;
+    try {
+      checkEndpoint(value, bindable);
+    } catch (error) {
+      throw new UsageError(`${name} ${(error as Error).message}`);
+    }
+  }
+  const workerIdText = flagString(parsed, "worker-id") ?? "0";
+  const workerId = parseU64(workerIdText);
+  if (workerId === null)
+    throw new UsageError(`--worker-id must be an unsigned 64-bit integer, got '${workerIdText}'`);
+  let lora: LoraAdapters;
+  try {
+    lora = new LoraAdapters(loraAdapterList.fromText(flagString(parsed, "lora-adapters") ?? ""));
+  } catch (error) {
+    throw new UsageError(`--lora-adapters ${(error as Error).message}`);
+  }
+  return {
+    workerId,
+    dpRank: flagInt(parsed, "dp-rank", 0, 0, DP_RANK_MAX),
+    endpoint,
+    replayEndpoint,
+    topic: flagString(parsed, "topic") ?? "",
+    blockSize: flagInt(parsed, "block-size", 16, 1, BLOCK_SIZE_MAX),
+    lora,
+    idleProbeMs: flagInt(parsed, "idle-probe-ms", 1000, 0, 3_600_000),
+  };
+}

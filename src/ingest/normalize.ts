@@ -459,18 +459,14 @@ export class KvEventNormalizer {
     if (usable === 0) return;
     const tokenStart = batch.tokenStart[e]!;
     const tokenEnd = tokenStart + usable * blockSize + (eagle ? 1 : 0);
-    const lora = this.lora.identity(
-      batch.string(batch.loraName[e]!),
-      (batch.flags[e]! & FLAG_LORA_ID) !== 0 ? batch.loraId[e]! : null,
-    );
-    const seed = blockSeed(lora, namespace);
+    const lora = this.loraOf(batch, e);
     const start = batch.hashStart[e]!;
     const written = hashBlocksAt(
       batch.tokens,
       tokenStart,
       tokenEnd - tokenStart,
       blockSize,
-      seed,
+      blockSeed(lora, namespace),
       this.local,
       start,
       eagle,
@@ -479,6 +475,12 @@ export class KvEventNormalizer {
     this.opSalt[this.ops] = namespace;
     this.opLora[this.ops] = lora;
     this.pushOp(OP_STORED, e, usable);
+  }
+
+  /** The LoRA identity of a store: its name, else its id (src/hash/lora.ts). */
+  private loraOf(batch: DecodedBatch, e: number): string | null {
+    const id = (batch.flags[e]! & FLAG_LORA_ID) !== 0 ? batch.loraId[e]! : null;
+    return this.lora.identity(batch.string(batch.loraName[e]!), id);
   }
 
   /** Whether a hash repeats within the store, the parent included (Dynamo turns these into no-ops). */

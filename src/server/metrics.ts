@@ -444,17 +444,27 @@ export function registerCoreMetrics(registry: MetricsRegistry, core: KvedgeCore)
     },
   );
 
-  // Per source: labels of the configured (worker, dp rank).
-  const perSource = (
-    name: string,
-    help: string,
-    type: "counter" | "gauge",
-    extra: readonly string[],
-    read: (
-      source: KvedgeCore["engineSources"][number],
-      emit: (value: number, labels?: Labels) => void,
-    ) => void,
-  ) =>
+  const perSource = perSourceOf(registry, core);
+  registerBatchMetrics(perSource);
+  registerEventMetrics(perSource);
+  registerContinuityMetrics(perSource);
+  registerConnectionMetrics(perSource);
+}
+
+/** Registers one metric with a sample per engine source, labelled by its configured (worker, dp rank). */
+type PerSource = (
+  name: string,
+  help: string,
+  type: "counter" | "gauge",
+  extra: readonly string[],
+  read: (
+    source: KvedgeCore["engineSources"][number],
+    emit: (value: number, labels?: Labels) => void,
+  ) => void,
+) => void;
+
+function perSourceOf(registry: MetricsRegistry, core: KvedgeCore): PerSource {
+  return (name, help, type, extra, read) =>
     registerSamples(registry, {
       name,
       help,
@@ -472,6 +482,10 @@ export function registerCoreMetrics(registry: MetricsRegistry, core: KvedgeCore)
         }
       },
     });
+}
+
+/** Per source: bytes, batches and events received, and batches that did not decode. */
+function registerBatchMetrics(perSource: PerSource): void {
   perSource(
     "kvedge_ingest_bytes_total",
     "Bytes received from the engine's publisher (ZMTP, all frames).",
@@ -516,6 +530,10 @@ export function registerCoreMetrics(registry: MetricsRegistry, core: KvedgeCore)
         emit(value, { kind });
     },
   );
+}
+
+/** Per source: events skipped or not indexed, and the storage tiers they named. */
+function registerEventMetrics(perSource: PerSource): void {
   perSource(
     "kvedge_ingest_skipped_events_total",
     "Events that could not be read, skipped alone (the rest of their batch applied; " +
@@ -547,6 +565,10 @@ export function registerCoreMetrics(registry: MetricsRegistry, core: KvedgeCore)
         emit(value, { tier });
     },
   );
+}
+
+/** Per source: gaps, losses, replays and what each connect or idle probe established. */
+function registerContinuityMetrics(perSource: PerSource): void {
   perSource("kvedge_ingest_gaps_total", "Sequence gaps seen.", "counter", [], (source, emit) =>
     emit(source.sequencer.counters.gaps),
   );
@@ -594,6 +616,10 @@ export function registerCoreMetrics(registry: MetricsRegistry, core: KvedgeCore)
       emit(c.idleProbeBatches, { outcome: "tail_batch" });
     },
   );
+}
+
+/** Per source: the connection to the engine's publisher and its position. */
+function registerConnectionMetrics(perSource: PerSource): void {
   perSource(
     "kvedge_ingest_replay_buffer_dropped_total",
     "Live batches dropped because the bytes held during a replay " +

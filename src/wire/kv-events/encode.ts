@@ -171,7 +171,7 @@ const FIELDS: Readonly<Record<WireField, readonly [property: string, write: Writ
   cache_salt: ["cacheSalt", writeString],
   session_id: ["sessionId", writeString],
 };
-const PROPERTY_FIELDS = new Map(
+const PROPERTY_FIELDS: Readonly<Record<string, WireField>> = Object.fromEntries(
   Object.entries(FIELDS).map(([field, [property]]) => [property, field as WireField]),
 );
 
@@ -182,13 +182,13 @@ function layoutOf(event: KvEvent, variant: WireVariant): EventLayout {
 }
 
 /** What the event gives: its non-nil fields, by wire name. */
-function givenFields(event: KvEvent): Map<WireField, unknown> {
-  const given = new Map<WireField, unknown>();
+function givenFields(event: KvEvent): Partial<Record<WireField, unknown>> {
+  const given: Partial<Record<WireField, unknown>> = {};
   for (const [property, value] of Object.entries(event)) {
     if (property === "type" || value === undefined || value === null) continue;
-    const field = PROPERTY_FIELDS.get(property);
+    const field = PROPERTY_FIELDS[property];
     if (field === undefined) throw new Error(`unknown event property ${property}`);
-    given.set(field, value);
+    given[field] = value;
   }
   return given;
 }
@@ -200,12 +200,12 @@ function writeEvent(writer: MsgpackWriter, event: KvEvent, variant: WireVariant)
     WIRE_LAYOUTS[variant].metadata === "appended" && event.type === "BlockStored"
       ? (event.cacheSalt ?? null)
       : null;
-  if (appended !== null) given.delete("cache_salt");
-  for (const field of given.keys()) {
+  if (appended !== null) delete given.cache_salt;
+  for (const field of Object.keys(given) as WireField[]) {
     if (!layout.fields.includes(field) && !layout.optional.includes(field))
       throw new Error(`${variant} ${event.type} has no ${field}`);
   }
-  const value = (field: WireField) => given.get(field) ?? null;
+  const value = (field: WireField) => given[field] ?? null;
   if (WIRE_LAYOUTS[variant].events === "array") {
     writer.arrayHeader(1 + layout.fields.length + (appended === null ? 0 : 1));
     writer.string(event.type);
@@ -219,7 +219,7 @@ function writeEvent(writer: MsgpackWriter, event: KvEvent, variant: WireVariant)
   }
   const written = [
     ...layout.fields,
-    ...layout.optional.filter((field) => given.has(field)),
+    ...layout.optional.filter((field) => field in given),
   ] as WireField[];
   writer.mapHeader(1 + written.length);
   writer.string("type");
