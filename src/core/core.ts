@@ -499,8 +499,7 @@ export class KvedgeCore {
     };
     const source = new EngineSource(config, this.sourceOptions(config));
     const saved = this.restoredPositions.get(positionKey(entry.worker_id, entry.dp_rank));
-    if (saved !== undefined)
-      source.sequencer.restore(saved.lastSeq, saved.fingerprint, saved.degraded);
+    if (saved !== undefined) source.restore(saved);
     const slot = this.router.load.addWorker(entry.worker_id, entry.dp_rank);
     this.sources.add(source);
     this.ownSource[slot] = source;

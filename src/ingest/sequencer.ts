@@ -199,6 +199,8 @@ export class Sequencer {
   private degraded = false;
   /** After a connect without a probe: trust is unknown until a batch 0 or a clear. */
   private awaitingFirst = false;
+  /** A saved position (warm restart) no connection has checked yet: not exact. */
+  private unconfirmed = false;
   private mode: Mode = "idle";
   /** Live batches held while a replay runs, in arrival order. */
   private buffer: Held[] = [];
@@ -249,15 +251,19 @@ export class Sequencer {
 
   /** Lost events, or the engine's state not established yet (connect probe running, or no replay). */
   get isDegraded(): boolean {
-    return this.degraded || this.awaitingFirst || this.mode === "probe";
+    return this.degraded || this.awaitingFirst || this.unconfirmed || this.mode === "probe";
   }
 
   get isReplaying(): boolean {
     return this.mode !== "idle";
   }
 
-  /** Starts from a saved position (warm restart): the next connect verifies it against the engine. */
+  /**
+   * Starts from a saved position (warm restart): unconfirmed, so not exact, until a
+   * connection's continuity check (the probe, or batch 0 / a clear without replay) says.
+   */
   restore(last: number, lastPrint: number, degraded: boolean): void {
+    this.unconfirmed = true;
     this.last = last;
     // PENDING is this object's state, not a fingerprint: like any non-fingerprint, it matches nothing.
     this.lastPrint = lastPrint === PENDING ? NONE : lastPrint;
@@ -271,6 +277,7 @@ export class Sequencer {
   connected(): void {
     this.abandonReplay();
     this.strayNext = NONE;
+    this.unconfirmed = false; // from here the probe, or the connect rules, decide
     if (this.hooks.requestReplay === undefined) {
       this.awaitingFirst = true;
       this.hooks.event?.("degraded", {

@@ -67,8 +67,6 @@ export interface SequencerView {
   readonly lastFingerprint: number;
   readonly isDegraded: boolean;
   readonly counters: SequencerCounters;
-  /** A saved position (warm restart), before the first connect. */
-  restore(last: number, lastPrint: number, degraded: boolean): void;
 }
 
 export interface StreamView {
@@ -77,7 +75,15 @@ export interface StreamView {
   readonly counters: StreamCounters;
   /** Dp ranks seen from this publisher (the configured one first). */
   readonly ranks: number[];
+  /**
+   * Starts from a saved position (warm restart), before the first connect: the
+   * sequencer's, and the dp ranks the stream had published (an engine restart clears them).
+   */
+  restore(position: StreamPosition): void;
 }
+
+/** What a stream resumes from: a saved position without its (worker, dp rank). */
+export type StreamPosition = Pick<SourcePosition, "lastSeq" | "fingerprint" | "degraded" | "ranks">;
 
 /**
  * connecting: never connected yet; connected: a publisher is attached;
@@ -91,6 +97,8 @@ export interface SourcePosition {
   /** Fingerprint of batch lastSeq (the sequencer's continuity proof), -1 if unknown. */
   readonly fingerprint: number;
   readonly degraded: boolean;
+  /** The dp ranks the stream had published for (the configured one first). */
+  readonly ranks: readonly number[];
 }
 
 export type SourceState = "connecting" | "connected" | "disconnected" | "stopped";
@@ -200,6 +208,11 @@ export class EngineSource {
   /** Counters of the SUB socket (and of the replay DEALER, when one is open). */
   get socketCounters(): { sub: SubSocket["counters"]; dealer: DealerSocket["counters"] | null } {
     return { sub: this.sub.counters, dealer: this.dealer?.counters ?? null };
+  }
+
+  /** Starts from a saved position (warm restart), before `start`. */
+  restore(position: SourcePosition): void {
+    this.stream.restore(position);
   }
 
   /** Subscribes and connects (or binds); resolves with the endpoint actually used. */

@@ -10,6 +10,7 @@ import type { Logger } from "../util/log";
 import { OnceLog } from "../util/log";
 import { type KvEventTap, type KvEventWriter, KvEventNormalizer } from "./normalize";
 import { Sequencer, type SequencerEvent, type SequencerOptions } from "./sequencer";
+import type { StreamPosition } from "./source";
 
 /** What the socket half hands on, in arrival order. */
 export interface StreamInput {
@@ -107,6 +108,13 @@ export class EngineStream implements StreamInput {
 
   live(seq: number, payload: Uint8Array): void {
     this.sequencer.live(seq, payload);
+  }
+
+  restore(position: StreamPosition): void {
+    this.sequencer.restore(position.lastSeq, position.fingerprint, position.degraded);
+    const rankSlots = this.normalizer.rankSlots;
+    for (const rank of position.ranks) rankSlots.slotOf(rank);
+    this.options.onChange?.();
   }
 
   connected(): void {

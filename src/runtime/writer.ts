@@ -67,6 +67,7 @@ export type WriterControl =
       readonly last: number;
       readonly print: number;
       readonly degraded: boolean;
+      readonly ranks: number[];
     }
   | { readonly op: "dump" }
   /** Every dp rank of the worker goes from the index, and its slots from the writer's table. */
@@ -218,7 +219,12 @@ export class IndexWriter {
       case "remove":
         return this.remove(id);
       case "restore":
-        this.streams[id]?.engine.sequencer.restore(control.last, control.print, control.degraded);
+        this.streams[id]?.engine.restore({
+          lastSeq: control.last,
+          fingerprint: control.print,
+          degraded: control.degraded,
+          ranks: control.ranks,
+        });
         this.touched.add(id);
         return;
       case "dump":

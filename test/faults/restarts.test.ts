@@ -354,7 +354,9 @@ describe("kvedge startup with a snapshot", () => {
         createdAt: new Date().toISOString(),
         workerIds: [1n],
         words,
-        positions: [{ workerId: 1n, dpRank: 0, lastSeq: 41, fingerprint: 7, degraded: false }],
+        positions: [
+          { workerId: 1n, dpRank: 0, lastSeq: 41, fingerprint: 7, degraded: false, ranks: [0] },
+        ],
       }),
     );
     const [port, nobody] = [await freePort(), await freePort()];
