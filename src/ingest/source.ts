@@ -27,6 +27,7 @@ import {
   type ReplayTransport,
   type StreamCounters,
   type StreamInput,
+  type StreamPosition,
 } from "./stream";
 
 export interface SourceConfig {
@@ -82,23 +83,14 @@ export interface StreamView {
   restore(position: StreamPosition): void;
 }
 
-/** What a stream resumes from: a saved position without its (worker, dp rank). */
-export type StreamPosition = Pick<SourcePosition, "lastSeq" | "fingerprint" | "degraded" | "ranks">;
-
 /**
  * connecting: never connected yet; connected: a publisher is attached;
  * disconnected: it was, and we are reconnecting; stopped: closed for good.
  */
 /** Where a stream stood: what a snapshot keeps of it and a restarted source resumes from. */
-export interface SourcePosition {
+export interface SourcePosition extends StreamPosition {
   readonly workerId: bigint;
   readonly dpRank: number;
-  readonly lastSeq: number;
-  /** Fingerprint of batch lastSeq (the sequencer's continuity proof), -1 if unknown. */
-  readonly fingerprint: number;
-  readonly degraded: boolean;
-  /** The dp ranks the stream had published for (the configured one first). */
-  readonly ranks: readonly number[];
 }
 
 export type SourceState = "connecting" | "connected" | "disconnected" | "stopped";

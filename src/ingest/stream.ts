@@ -10,7 +10,6 @@ import type { Logger } from "../util/log";
 import { OnceLog } from "../util/log";
 import { type KvEventTap, type KvEventWriter, KvEventNormalizer } from "./normalize";
 import { Sequencer, type SequencerEvent, type SequencerOptions } from "./sequencer";
-import type { StreamPosition } from "./source";
 
 /** What the socket half hands on, in arrival order. */
 export interface StreamInput {
@@ -25,6 +24,16 @@ export interface StreamInput {
   skipped(): void;
   /** Stops timers; nothing more arrives. */
   close(): void;
+}
+
+/** Where a stream stood (a snapshot keeps it; a restarted stream resumes from it). */
+export interface StreamPosition {
+  readonly lastSeq: number;
+  /** Fingerprint of batch lastSeq (the sequencer's continuity proof), -1 if unknown. */
+  readonly fingerprint: number;
+  readonly degraded: boolean;
+  /** The dp ranks the stream had published for (the configured one first). */
+  readonly ranks: readonly number[];
 }
 
 /** How a stream reaches its engine's replay endpoint (the socket half owns the DEALER). */

@@ -12,8 +12,13 @@
  */
 import { NormalizeCounters } from "../ingest/normalize";
 import { SequencerCounters } from "../ingest/sequencer";
-import type { SequencerView, SourceConfig, StreamPosition, StreamView } from "../ingest/source";
-import { type ReplayTransport, StreamCounters, type StreamInput } from "../ingest/stream";
+import type { SequencerView, SourceConfig, StreamView } from "../ingest/source";
+import {
+  type ReplayTransport,
+  StreamCounters,
+  type StreamInput,
+  type StreamPosition,
+} from "../ingest/stream";
 import type { IndexOp } from "../index/ops";
 import { createRingBuffers, RecordKind, RING_MAX_STREAMS, RingProducer } from "./ring";
 import { type KvedgeThread, startThread } from "./threads";

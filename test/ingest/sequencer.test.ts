@@ -436,6 +436,18 @@ describe("continuity on (re)connect, with a replay endpoint", () => {
 });
 
 describe("continuity: bounds and saved positions", () => {
+  test("a restored exact position is not exact until a connection's probe confirms it", () => {
+    const h = harness();
+    h.seq.restore(3, fingerprintOf(3, 0), false);
+    expect(h.seq.isDegraded).toBe(true);
+    h.seq.connected();
+    expect(h.seq.isDegraded).toBe(true);
+    for (const seq of [0, 1, 2, 3, 4]) h.seq.replayBatch(seq, bytes(seq));
+    h.seq.replayEnd();
+    expect(h.applied).toEqual([4]);
+    expect(h.seq.isDegraded).toBe(false);
+  });
+
   test("probe replies awaiting the fingerprint are byte-capped: over the cap the probe fails, nothing half-applied", () => {
     const h = harness({ bufferMax: 2 }); // 4 bytes: two 2-byte batches
     h.seq.restore(10, fingerprintOf(10, 0), false);
