@@ -37,8 +37,9 @@
 /** What the sequencer asks of the source that owns it. */
 export interface SequencerHooks {
   /**
-   * Decodes and applies one batch whole. Returns false if it was malformed and
-   * dropped (its events are then lost: the source becomes degraded).
+   * Decodes and applies one batch. Returns false if it could not be walked at all and
+   * was dropped (its events are then lost: the source becomes degraded); a batch
+   * applied without an event it could not read is the caller's to report (`incomplete`).
    */
   apply(seq: number, payload: Uint8Array, replayed: boolean): boolean;
   /** Forget everything this source published (the engine restarted, or a rebuild begins). */
@@ -213,6 +214,8 @@ export class Sequencer {
   /** When a live batch last arrived or a replay last ended (the quiet period starts then). */
   private lastActivity = 0;
   private quietTimer: unknown = null;
+  /** Idle probes are on: a replay endpoint and idleProbeMs > 0. */
+  private readonly probesIdle: boolean;
   /** Applying the buffer after a replay: a gap left now is a loss, not a reason to ask again. */
   private draining = false;
   private idleTimer: unknown = null;
@@ -237,6 +240,7 @@ export class Sequencer {
       clearTimer: (timer) => clearTimeout(timer as ReturnType<typeof setTimeout>),
       ...options,
     } as Required<SequencerOptions>;
+    this.probesIdle = this.options.idleProbeMs > 0 && hooks.requestReplay !== undefined;
   }
 
   get lastSeq(): number {
@@ -297,8 +301,10 @@ export class Sequencer {
    * return, or copied if it has to wait for a replay.
    */
   live(seq: number, payload: Uint8Array): void {
-    this.lastActivity = this.options.now();
-    if (this.quietTimer === null) this.armQuiet();
+    if (this.probesIdle) {
+      this.lastActivity = this.options.now();
+      if (this.quietTimer === null) this.armQuiet();
+    }
     if (this.mode !== "idle") {
       this.hold(this.buffer, seq, payload);
       return;
@@ -548,7 +554,7 @@ export class Sequencer {
 
   /** Arms the quiet timer for the rest of the current quiet period (nothing without replay). */
   private armQuiet(wait = this.lastActivity + this.options.idleProbeMs - this.options.now()): void {
-    if (this.options.idleProbeMs <= 0 || this.hooks.requestReplay === undefined) return;
+    if (!this.probesIdle) return;
     if (this.quietTimer !== null) this.options.clearTimer(this.quietTimer);
     this.quietTimer = this.options.setTimer(
       () => {
