@@ -21,6 +21,7 @@ import { registerObservedHitsMetrics, registerProxyMetrics } from "../proxy/metr
 import { OpenAiProxy } from "../proxy/proxy";
 import { loadTokenizer, type PromptTokenizer, TokenizerError } from "../proxy/tokenizer";
 import { loadSnapshot, PeriodicSnapshots, restoreRequests, saveSnapshot } from "../state/warm";
+import { openStateDir, type StateDir, StateDirError } from "../state/dir";
 import { createLogger, type Logger } from "../util/log";
 import { flagBool, parseFlags, UsageError } from "./args";
 import { type Command, HELP_FLAG } from "./command";
@@ -96,6 +97,8 @@ Example:
       );
     }
 
+    const state = openState(config.state.dir, log);
+    if (typeof state === "number") return state;
     const stopping = new StopRequest(); // before anything opens (see there)
     const plan = pinAndPlan(config, log);
 
@@ -135,17 +138,9 @@ Example:
         vocab_size: tokenizer?.vocabSize ?? null,
       });
     }
-    const stateDir = config.state.dir;
+    const stateDir = state?.path ?? null;
     const stateLog = log.child({ component: "state" });
-    const saved =
-      stateDir === null
-        ? null
-        : loadSnapshot(
-            core,
-            stateDir,
-            config.workers.map((worker) => worker.worker_id),
-            stateLog,
-          );
+    const saved = stateDir === null ? null : loadSnapshot(core, stateDir, config.workers, stateLog);
     await core.start(); // snapshot and sources before the port opens (docs/operations.md)
     // The peers' sets name workers: joined once the configured ones are known.
     const cluster = await startCluster(config, core, log);
@@ -192,6 +187,26 @@ Example:
   },
 };
 
+/**
+ * The state directory, checked, locked and cleaned before anything starts; null without
+ * state.dir; an exit code after a one-line refusal (2: unusable, 1: another process has it).
+ */
+function openState(path: string | null, log: Logger): StateDir | null | number {
+  if (path === null) return null;
+  try {
+    const state = openStateDir(path);
+    const fields = { dir: path, stale_temp_files_removed: state.staleRemoved };
+    if (!state.locked)
+      log.warn("state.dir is not locked: flock needs glibc; one process per directory", fields);
+    else if (state.staleRemoved > 0) log.info("state directory locked", fields);
+    return state;
+  } catch (error) {
+    if (!(error instanceof StateDirError)) throw error;
+    process.stderr.write(`kvedge serve: ${error.message}\n`);
+    return error.busy ? 1 : 2;
+  }
+}
+
 /** The loopback address of `host`'s family: the main thread's own server, behind lanes. */
 function loopbackOf(host: string): string {
   return host.includes(":") ? "::1" : "127.0.0.1";
@@ -215,7 +230,9 @@ function startWriter(config: Config, plan: ThreadPlan): Promise<WriterThread> {
       replayTimeoutMs: config.ingest.replay_timeout_ms,
       replayDeadlineMs: config.ingest.replay_deadline_ms,
       replayBufferBytes: config.ingest.replay_buffer_bytes,
+      idleProbeMs: config.ingest.idle_probe_ms,
     },
+    loraAdapters: config.index.lora_adapters,
     logLevel: config.server.log_level,
     // The main thread and every lane may read at once.
     sharedReaders: 1 + plan.routeThreads,

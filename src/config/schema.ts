@@ -11,7 +11,17 @@
 import { ADMISSION_MODES, DEFAULT_ADMISSION } from "../route/admission";
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES } from "../route/ttft";
 import type { WorkerEntry } from "./workers";
-import { boolean, cpuList, decimal, integer, oneOf, text, type ValueType } from "./values";
+import type { LoraAdapter } from "../hash";
+import {
+  boolean,
+  cpuList,
+  decimal,
+  integer,
+  loraAdapterList,
+  oneOf,
+  text,
+  type ValueType,
+} from "./values";
 
 export const LOG_LEVELS = ["debug", "info", "warn", "error"] as const;
 export const LOG_FORMATS = ["auto", "json", "pretty"] as const;
@@ -33,6 +43,7 @@ export interface Config {
     readonly block_size: number;
     readonly backend: (typeof INDEX_BACKENDS)[number];
     readonly memory_budget_bytes: number | null;
+    readonly lora_adapters: readonly LoraAdapter[];
   };
   readonly route: {
     readonly policy: (typeof ROUTE_POLICIES)[number];
@@ -67,6 +78,7 @@ export interface Config {
     readonly replay_timeout_ms: number;
     readonly replay_deadline_ms: number;
     readonly replay_buffer_bytes: number;
+    readonly idle_probe_ms: number;
   };
   readonly state: {
     readonly dir: string | null;
@@ -213,6 +225,13 @@ export const SETTINGS: readonly Setting[] = [
     default: null,
     optional: true,
     help: "Index memory past which new stores are refused (counted; the worker is degraded until the engine clears its cache or restarts); unset = half the machine's or cgroup's memory.",
+  }),
+  setting({
+    key: "index.lora_adapters",
+    flag: "lora-adapters",
+    type: loraAdapterList,
+    default: [],
+    help: "LoRA adapters as NAME[=ID],...: an engine that names an adapter only by its lora_id (vLLM before 0.13, or an id in a request) is read as this name; the proxy serves these names as models. Blocks of an id with no name here are keyed by the id, never as base-model blocks.",
   }),
   setting({
     key: "route.policy",
@@ -423,6 +442,13 @@ export const SETTINGS: readonly Setting[] = [
     type: integer(64 * 1024, 16 * 1024 * MIB),
     default: 64 * MIB,
     help: "Payload bytes one engine's source holds while a replay runs (live batches past it are dropped, then counted lost).",
+  }),
+  setting({
+    key: "ingest.idle_probe_ms",
+    flag: "idle-probe-ms",
+    type: integer(0, HOUR_MS),
+    default: 1000,
+    help: "A stream with a replay endpoint that has been quiet this long asks it for anything after the last batch applied (a lost tail shows then, not at the next publish); one small request per quiet period per stream. 0 = never.",
   }),
   setting({
     key: "state.dir",

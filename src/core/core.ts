@@ -8,13 +8,19 @@
  */
 import type { Config } from "../config";
 import type { WorkerEntry } from "../config/workers";
-import { blockSeed } from "../hash";
+import { blockSeed, LoraAdapters } from "../hash";
 import type { KvIndex } from "../index";
 import { createIndex, MatchResult } from "../index";
 import { defaultIndexBudgetBytes, IndexBudget } from "../index/budget";
 import { WritePause } from "../index/write-pause";
 import type { KvEventWriter } from "../ingest/normalize";
-import { EngineSource, type SourcePosition, type SourceState } from "../ingest/source";
+import {
+  EngineSource,
+  type SourceConfig,
+  type SourceOptions,
+  type SourcePosition,
+  type SourceState,
+} from "../ingest/source";
 import { CandidateList, PromptHasher, type RouteDecision, Router } from "../route";
 import type { PromptHashes } from "../route/input";
 import { Admission } from "../route/admission";
@@ -173,6 +179,8 @@ export class KvedgeCore {
   private readonly candidates = new CandidateList();
   /** Route calls held at saturation (route.admission; src/route/admission.ts). */
   readonly admission: Admission<RouteCall>;
+  /** How LoRA ids name adapters (`index.lora_adapters`), for streams and queries alike. */
+  readonly lora: LoraAdapters;
   private heldTimer: ReturnType<typeof setTimeout> | null = null;
   /** Held calls, whose token bytes are counted in the process-wide buffer budget until answered. */
   private readonly heldCalls = new Set<RouteCall>();
@@ -202,6 +210,7 @@ export class KvedgeCore {
     this.log = options.log;
     this.blockSize = config.index.block_size;
     this.staggerMs = config.cluster.nats_url === null ? 0 : config.cluster.stagger_ms;
+    this.lora = new LoraAdapters(config.index.lora_adapters);
     this.index = this.createIndex(config, options.writer);
     this.budget = new IndexBudget(
       this.index,
@@ -256,14 +265,7 @@ export class KvedgeCore {
       },
       () => performance.now(),
     );
-    this.zmtp = {
-      maxMessageBytes: config.ingest.max_message_bytes,
-      heartbeatIntervalMs: config.ingest.heartbeat_interval_ms,
-      heartbeatTimeoutMs: config.ingest.heartbeat_timeout_ms,
-      frameTimeoutMs: config.ingest.frame_timeout_ms,
-      reconnectMinMs: config.ingest.reconnect_min_ms,
-      reconnectMaxMs: config.ingest.reconnect_max_ms,
-    };
+    this.zmtp = zmtpOptionsOf(config.ingest);
     this.observedHits = new ObservedHits({
       floor: config.proxy.observed_hit_floor,
       window: config.proxy.observed_window,
@@ -598,22 +600,9 @@ export class KvedgeCore {
       replayEndpoint: entry.replay_endpoint,
       topic: entry.topic,
     };
-    const source = new EngineSource(config, {
-      blockSize: this.blockSize,
-      writer: this.writer,
-      log: this.log.child({ component: "ingest" }),
-      zmtp: this.zmtp,
-      sequencer: {
-        replayTimeoutMs: this.options.config.ingest.replay_timeout_ms,
-        replayDeadlineMs: this.options.config.ingest.replay_deadline_ms,
-        replayBufferBytes: this.options.config.ingest.replay_buffer_bytes,
-      },
-      onChange: (changed) => this.sourceChanged(changed),
-      ...(this.options.writer === undefined ? {} : { input: this.options.writer.input(config) }),
-    });
+    const source = new EngineSource(config, this.sourceOptions(config));
     const saved = this.restoredPositions.get(positionKey(entry.worker_id, entry.dp_rank));
-    if (saved !== undefined)
-      source.sequencer.restore(saved.lastSeq, saved.fingerprint, saved.degraded);
+    if (saved !== undefined) source.restore(saved);
     const slot = this.router.load.addWorker(entry.worker_id, entry.dp_rank);
     this.sources.add(source);
     this.ownSource[slot] = source;
@@ -639,6 +628,25 @@ export class KvedgeCore {
         `cannot listen to ${entry.endpoint}: ${(error as Error).message}`,
       );
     }
+  }
+
+  private sourceOptions(config: SourceConfig): SourceOptions {
+    const ingest = this.options.config.ingest;
+    return {
+      blockSize: this.blockSize,
+      writer: this.writer,
+      log: this.log.child({ component: "ingest" }),
+      zmtp: this.zmtp,
+      lora: this.lora,
+      sequencer: {
+        replayTimeoutMs: ingest.replay_timeout_ms,
+        replayDeadlineMs: ingest.replay_deadline_ms,
+        replayBufferBytes: ingest.replay_buffer_bytes,
+        idleProbeMs: ingest.idle_probe_ms,
+      },
+      onChange: (changed) => this.sourceChanged(changed),
+      ...(this.options.writer === undefined ? {} : { input: this.options.writer.input(config) }),
+    };
   }
 
   /** Removes every dp rank of a worker: stops its sources, purges its blocks and load, frees its slots. */
@@ -816,4 +824,16 @@ export class KvedgeCore {
     const loadSlot = this.router.load.slotOf(workerId, this.workerTable.dpRankOf(slot));
     if (loadSlot >= 0) this.router.load.setDegraded(loadSlot, this.distrusted(slot));
   }
+}
+
+/** The ZMTP settings of every engine connection. */
+function zmtpOptionsOf(ingest: Config["ingest"]): ZmtpOptions {
+  return {
+    maxMessageBytes: ingest.max_message_bytes,
+    heartbeatIntervalMs: ingest.heartbeat_interval_ms,
+    heartbeatTimeoutMs: ingest.heartbeat_timeout_ms,
+    frameTimeoutMs: ingest.frame_timeout_ms,
+    reconnectMinMs: ingest.reconnect_min_ms,
+    reconnectMaxMs: ingest.reconnect_max_ms,
+  };
 }

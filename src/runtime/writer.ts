@@ -8,6 +8,7 @@
  * way, tagged with a generation so that replies of an abandoned replay, still in the
  * ring, are recognized and dropped. ./writer-thread.ts is the other end.
  */
+import { type LoraAdapter, LoraAdapters } from "../hash";
 import { budgetedWriter } from "../ingest/budgeted-writer";
 import { WorkerTable } from "../domain/worker-table";
 import { createIndex, type KvIndex } from "../index";
@@ -34,9 +35,15 @@ export interface WriterStart {
   readonly sequencer: Partial<
     Pick<
       SequencerOptions,
-      "replayTimeoutMs" | "replayDeadlineMs" | "replayBufferBytes" | "replayCooldownMs"
+      | "replayTimeoutMs"
+      | "replayDeadlineMs"
+      | "replayBufferBytes"
+      | "replayCooldownMs"
+      | "idleProbeMs"
     >
   >;
+  /** `index.lora_adapters` (how LoRA ids name adapters). */
+  readonly loraAdapters?: readonly LoraAdapter[];
   readonly logLevel: Config["server"]["log_level"];
   /**
    * Readers on other threads (route lookups) at most: the index is then the crtc in
@@ -60,6 +67,7 @@ export type WriterControl =
       readonly last: number;
       readonly print: number;
       readonly degraded: boolean;
+      readonly ranks: number[];
     }
   | { readonly op: "dump" }
   /** Every dp rank of the worker goes from the index, and its slots from the writer's table. */
@@ -114,6 +122,7 @@ export class IndexWriter {
   private readonly touched = new Set<number>();
   private readonly consumer: RingConsumer;
   private readonly log: Logger;
+  private readonly lora: LoraAdapters;
   private publishing = false;
   /** The index changed without a stream's record (a worker removed). */
   private indexChanged = false;
@@ -126,6 +135,7 @@ export class IndexWriter {
     private readonly send: (message: WriterToMain) => void,
   ) {
     this.log = createLogger({ level: start.logLevel }).child({ component: "writer" });
+    this.lora = new LoraAdapters(start.loraAdapters ?? []);
     this.shared =
       start.sharedReaders > 0
         ? createSharedIndex(start.blockSize, {
@@ -209,7 +219,12 @@ export class IndexWriter {
       case "remove":
         return this.remove(id);
       case "restore":
-        this.streams[id]?.engine.sequencer.restore(control.last, control.print, control.degraded);
+        this.streams[id]?.engine.restore({
+          lastSeq: control.last,
+          fingerprint: control.print,
+          degraded: control.degraded,
+          ranks: control.ranks,
+        });
         this.touched.add(id);
         return;
       case "dump":
@@ -262,6 +277,7 @@ export class IndexWriter {
       {
         blockSize: this.start.blockSize,
         writer,
+        lora: this.lora,
         log: this.log.child({ worker_id: identity.workerId, dp_rank: identity.dpRank }),
         sequencer: this.start.sequencer,
         onChange: () => this.changed(id),

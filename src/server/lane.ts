@@ -19,7 +19,7 @@ import type { Server, ServerWebSocket } from "bun";
 import type { MatchedWorkers, RouteInput } from "../core/core";
 import { MatchResult } from "../index/types";
 import { attach, type SharedIndexDescriptor, type SharedIndexReader } from "../index/crtc/shared";
-import { blockSeed } from "../hash";
+import { blockSeed, type LoraAdapter, LoraAdapters } from "../hash";
 import { PromptHasher } from "../route/input";
 import { parseRoute } from "./api";
 import { RequestGuard } from "./guard";
@@ -34,6 +34,8 @@ export interface LaneStart {
   readonly mainUrl: string;
   readonly bodyLimitBytes: number;
   readonly blockSize: number;
+  /** `index.lora_adapters`: how requests' LoRA ids name adapters. */
+  readonly loraAdapters: readonly LoraAdapter[];
   /** The writer thread's shared index: matches are looked up here (null: on the main thread). */
   readonly index: SharedIndexDescriptor | null;
 }
@@ -128,6 +130,7 @@ class LaneRoutes {
   private readonly reader: SharedIndexReader | null;
   private readonly found = new MatchResult(64);
   private readonly pending = new Map<number, Pending>();
+  private readonly lora: LoraAdapters;
   private nextId = 0;
   private batch: LaneRoute[] = [];
 
@@ -137,6 +140,7 @@ class LaneRoutes {
     private readonly guard: RequestGuard,
   ) {
     this.reader = start.index === null ? null : attach(start.index);
+    this.lora = new LoraAdapters(start.loraAdapters);
   }
 
   route(request: Request): Promise<Response> {
@@ -170,7 +174,7 @@ class LaneRoutes {
   }
 
   private post(request: Request, resolve: (response: Response) => void, body: ReceivedBody): void {
-    const { input, candidatesMax } = parseRoute(parseBody(body, true));
+    const { input, candidatesMax } = parseRoute(parseBody(body, true), this.lora);
     const seed = blockSeed(input.loraName, input.cacheSalt);
     const hashed = this.hasher.hash(input.tokens, this.start.blockSize, seed);
     const words = 2 * hashed.blockCount;

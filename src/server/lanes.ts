@@ -49,6 +49,7 @@ export class RouteLanes {
           mainUrl: options.mainUrl,
           bodyLimitBytes: options.bodyLimitBytes,
           blockSize: options.core.blockSize,
+          loraAdapters: options.core.lora.adapters,
           // A call that may be held is matched afresh each time it is looked at, here.
           index: options.core.mayHold ? null : options.index,
         };

@@ -32,7 +32,7 @@ const DEFAULTS: Config = {
     log_format: "auto",
     warmup_routes: 4096,
   },
-  index: { block_size: 16, backend: "crtc", memory_budget_bytes: null },
+  index: { block_size: 16, backend: "crtc", memory_budget_bytes: null, lora_adapters: [] },
   route: {
     policy: "ttft",
     prefill_tokens_per_sec: 15_000,
@@ -66,6 +66,7 @@ const DEFAULTS: Config = {
     replay_timeout_ms: 5000,
     replay_deadline_ms: 30_000,
     replay_buffer_bytes: 67_108_864,
+    idle_probe_ms: 1000,
   },
   proxy: {
     enabled: false,
@@ -211,6 +212,7 @@ describe("defaults and precedence", () => {
       "index.block_size": ["128", "128"],
       "index.backend": ['"crtc"', "crtc"],
       "index.memory_budget_bytes": ["8388608", "8_388_608"],
+      "index.lora_adapters": ['["sql-lora=3", "chat"]', "sql-lora=3, chat"],
       "ingest.frame_timeout_ms": ["2500", "2500"],
       "route.policy": ['"dynamo"', "dynamo"],
       "route.prefill_tokens_per_sec": ["20000", "2e4"],
@@ -241,6 +243,7 @@ describe("defaults and precedence", () => {
       "ingest.replay_timeout_ms": ["250", "250"],
       "ingest.replay_deadline_ms": ["9000", "9_000"],
       "ingest.replay_buffer_bytes": ["1048576", "1048576"],
+      "ingest.idle_probe_ms": ["0", "0"],
       "state.dir": ['"/var/lib/kvedge"', "/var/lib/kvedge"],
       "state.snapshot_interval_secs": ["5", "5"],
       "runtime.cpus": ['"2-3,0"', "0,2-3"],
