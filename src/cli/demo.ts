@@ -2,7 +2,7 @@ import { availableParallelism } from "node:os";
 import { ADMISSION_MODES, type AdmissionMode, DEFAULT_ADMISSION } from "../route/admission";
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES, type RoutePolicy } from "../route/ttft";
 import { getAffinity, pinProcess } from "../runtime/affinity";
-import { type AdmissionReport, type DemoResult, runDemo } from "../sim/demo";
+import { type AdmissionReport, type DemoResult, type RouterReport, runDemo } from "../sim/demo";
 import { type DemoPolicy, defaultDemoPolicies, isDemoPolicy } from "../sim/demo-options";
 import { loadConversationTrace } from "../sim/embedded-trace";
 import { CAPACITY_BLOCKS_MAX } from "../sim/engine-cache";
@@ -187,16 +187,9 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     const seed = flagInt(parsed, "seed", DEMO_DEFAULTS.seed, 0, 0xffff_ffff);
     const time = timeModelOf(parsed);
     const json = flagBool(parsed, "json");
-    const replicas = flagInt(parsed, "replicas", 1, 1, MAX_REPLICAS);
-    const noSync = flagBool(parsed, "no-sync");
-    if (noSync && replicas === 1) throw new UsageError("--no-sync needs --replicas 2 or more");
-    if (replicas > 1 && flagBool(parsed, "proxy"))
-      throw new UsageError("--replicas does not go with --proxy yet");
-    const syncDelayMs = flagNumber(parsed, "sync-delay-ms", 1, 0, 60_000);
-    if (parsed.flags.has("sync-delay-ms") && !(virtual && replicas > 1))
-      throw new UsageError("--sync-delay-ms needs --virtual and --replicas 2 or more");
-    const staggerMs = flagNumber(parsed, "stagger-ms", virtual ? syncDelayMs : 1, 0, 1000);
-    const policies = policiesOf(flagString(parsed, "policies"), replicas, noSync);
+    const replicated = replicaFlags(parsed, virtual);
+    const { replicas } = replicated;
+    const policies = policiesOf(flagString(parsed, "policies"), replicas, replicated.noSync);
     const loaded = await loadTrace(flagString(parsed, "trace"));
     if (start >= loaded.trace.count)
       throw new UsageError(`--start ${start}: the trace has ${loaded.trace.count} requests`);
@@ -218,22 +211,10 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       String(time.maxBatchedTokens),
       ...admissionArgs(admission, speedup),
     ];
-    if (!virtual && !flagBool(parsed, "no-pin") && policies.includes("kv_aware"))
-      serveArgs.push(...pinning());
+    const kvedge = policies.includes("kv_aware") || policies.includes("kv_aware_unsynced");
+    if (!virtual && !flagBool(parsed, "no-pin") && kvedge) serveArgs.push(...pinning());
     const tty = process.stderr.isTTY === true;
-    let shown = 0;
-    const progress = (line: string): void => {
-      if (tty) {
-        process.stderr.write(
-          line === ""
-            ? "\r\x1b[2K"
-            : `\r\x1b[2K${line.slice(0, (process.stderr.columns ?? 100) - 1)}`,
-        );
-      } else if (line !== "" && !line.includes("[")) {
-        // Without a terminal: phase announcements only, no bar.
-        if (shown++ < 1000) process.stderr.write(`${line}\n`);
-      }
-    };
+    const progress = progressWriter(tty);
     const result = await runDemo({
       trace,
       workers,
@@ -252,8 +233,8 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       proxy: flagBool(parsed, "proxy"),
       kvAware: { policy: routePolicy, ttft: { recomputeWeight }, admission: { mode: admission } },
       replicas,
-      syncDelayMs,
-      staggerMs,
+      syncDelayMs: replicated.syncDelayMs,
+      staggerMs: replicated.staggerMs,
     });
     const config = {
       trace: loaded.name,
@@ -271,9 +252,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       seed,
       time_model: time,
       trace_span_s: traceStats(trace).spanMs / 1000,
-      replicas,
-      sync_delay_ms: virtual && replicas > 1 ? syncDelayMs : null,
-      stagger_ms: replicas > 1 ? staggerMs : null,
+      ...replicated.config,
     };
     if (json) process.stdout.write(`${JSON.stringify({ ...result, config })}\n`);
     else process.stdout.write(renderDemo(result, config));
@@ -323,8 +302,44 @@ function routePolicyOf(text: string | undefined): RoutePolicy {
   return text as RoutePolicy;
 }
 
+/** Progress on stderr: a bar on a terminal, else phase announcements only. */
+function progressWriter(tty: boolean): (line: string) => void {
+  let shown = 0;
+  return (line) => {
+    if (tty) {
+      process.stderr.write(
+        line === ""
+          ? "\r\x1b[2K"
+          : `\r\x1b[2K${line.slice(0, (process.stderr.columns ?? 100) - 1)}`,
+      );
+    } else if (line !== "" && !line.includes("[")) {
+      if (shown++ < 1000) process.stderr.write(`${line}\n`);
+    }
+  };
+}
+
 /** Most kvedge replicas a demo starts. */
 const MAX_REPLICAS = 16;
+
+/** --replicas, --no-sync, --sync-delay-ms, --stagger-ms, checked together. */
+function replicaFlags(parsed: Parsed, virtual: boolean) {
+  const replicas = flagInt(parsed, "replicas", 1, 1, MAX_REPLICAS);
+  const noSync = flagBool(parsed, "no-sync");
+  if (noSync && replicas === 1) throw new UsageError("--no-sync needs --replicas 2 or more");
+  if (replicas > 1 && flagBool(parsed, "proxy"))
+    throw new UsageError("--replicas does not go with --proxy yet");
+  const syncDelayMs = flagNumber(parsed, "sync-delay-ms", 1, 0, 60_000);
+  if (parsed.flags.has("sync-delay-ms") && !(virtual && replicas > 1))
+    throw new UsageError("--sync-delay-ms needs --virtual and --replicas 2 or more");
+  // The bus's delay in virtual time; in real time a millisecond of wall clock.
+  const staggerMs = flagNumber(parsed, "stagger-ms", virtual ? syncDelayMs : 1, 0, 1000);
+  const config = {
+    replicas,
+    sync_delay_ms: virtual && replicas > 1 ? syncDelayMs : null,
+    stagger_ms: replicas > 1 ? staggerMs : null,
+  };
+  return { replicas, noSync, syncDelayMs, staggerMs, config };
+}
 
 function policiesOf(text: string | undefined, replicas: number, noSync: boolean): DemoPolicy[] {
   if (text === undefined) {
@@ -367,6 +382,29 @@ function pinning(): string[] {
     return [];
   }
   return ["--cpus", String(serveCpu)];
+}
+
+/** kvedge's own view of the run: latency, events, index check, and its replicas' bus. */
+function routerLines(router: RouterReport): string[] {
+  const lines = [
+    `kvedge: ${int(router.decisions)} routing decisions, latency p50 ${router.route_latency_p50_ms.toFixed(2)} ms,` +
+      ` p99 ${router.route_latency_p99_ms.toFixed(2)} ms (client-measured, WebSocket on loopback);` +
+      ` predicted hit rate ${percent(router.predicted_hit_rate)}.`,
+    `  ${int(router.batches_published)} KV event batches published, ${int(router.batches_applied)} applied` +
+      ` (${int(router.batches_replayed)} recovered by replay, ${int(router.batches_lost)} lost, ${int(router.gaps)} gaps);` +
+      ` ${router.degraded_workers} degraded workers; ${router.lifecycle_errors} failed lifecycle calls.`,
+    `  Index vs engines at the end: ${router.index_matches_engines ? "identical" : "DIFFERENT"}` +
+      ` (${int(router.index_blocks)} blocks indexed, ${int(router.engine_cached_blocks)} cached).`,
+  ];
+  const cluster = router.cluster;
+  if (cluster !== null)
+    lines.push(
+      `  ${cluster.replicas} replicas${cluster.synced ? " over NATS" : ", no bus"}: ${int(cluster.facts_sent)} facts published,` +
+        ` ${int(cluster.facts_received)} applied by peers, ${int(cluster.bytes_sent)} bytes on the bus` +
+        ` (${int(cluster.bytes_per_route)} per routed request), ${int(cluster.gaps)} gaps;` +
+        ` facts applied by peers within ${cluster.lag_p50_ms} ms (p50), ${cluster.lag_p99_ms} ms (p99).`,
+    );
+  return lines;
 }
 
 function admissionLine(a: AdmissionReport): string {
@@ -467,31 +505,7 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
     out.push("");
   }
   const router = result.router;
-  if (router !== null) {
-    out.push(
-      `kvedge: ${int(router.decisions)} routing decisions, latency p50 ${router.route_latency_p50_ms.toFixed(2)} ms,` +
-        ` p99 ${router.route_latency_p99_ms.toFixed(2)} ms (client-measured, WebSocket on loopback);` +
-        ` predicted hit rate ${percent(router.predicted_hit_rate)}.`,
-    );
-    out.push(
-      `  ${int(router.batches_published)} KV event batches published, ${int(router.batches_applied)} applied` +
-        ` (${int(router.batches_replayed)} recovered by replay, ${int(router.batches_lost)} lost, ${int(router.gaps)} gaps);` +
-        ` ${router.degraded_workers} degraded workers; ${router.lifecycle_errors} failed lifecycle calls.`,
-    );
-    out.push(
-      `  Index vs engines at the end: ${router.index_matches_engines ? "identical" : "DIFFERENT"}` +
-        ` (${int(router.index_blocks)} blocks indexed, ${int(router.engine_cached_blocks)} cached).`,
-    );
-    const cluster = router.cluster;
-    if (cluster !== null)
-      out.push(
-        `  ${cluster.replicas} replicas${cluster.synced ? " over NATS" : ", no bus"}: ${int(cluster.facts_sent)} facts published,` +
-          ` ${int(cluster.facts_received)} applied by peers, ${int(cluster.bytes_sent)} bytes on the bus` +
-          ` (${int(cluster.bytes_per_route)} per routed request), ${int(cluster.gaps)} gaps;` +
-          ` facts applied by peers within ${cluster.lag_p50_ms} ms (p50), ${cluster.lag_p99_ms} ms (p99).`,
-      );
-    out.push("");
-  }
+  if (router !== null) out.push(...routerLines(router), "");
   if (result.admission !== null) out.push(admissionLine(result.admission), "");
   const proxy = result.proxy;
   if (proxy !== null) {

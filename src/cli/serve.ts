@@ -114,50 +114,22 @@ Example:
     bufferBudget.limitBytes = config.server.buffer_budget_bytes;
     const writer = plan.indexThreads === 0 ? null : await startWriter(config, plan);
     const core = new KvedgeCore({ config, log, ...(writer === null ? {} : { writer }) });
-    let proxy: OpenAiProxy | null = null;
-    if (config.proxy.enabled) {
-      const model = config.proxy.model ?? tokenizer?.model ?? "default";
-      proxy = new OpenAiProxy({
-        core,
-        tokenizer,
-        model,
-        forwardTokenIds: config.proxy.forward_token_ids,
-        bodyLimitBytes: config.server.body_limit_bytes,
-        log: log.child({ component: "proxy" }),
-      });
-      const missing = config.workers
-        .filter((worker) => worker.http_endpoint == null)
-        .map((worker) => worker.worker_id.toString());
-      if (missing.length > 0)
-        log.warn("workers without an http_endpoint are never proxied to", {
-          workers: missing.join(","),
-        });
-      log.info("proxy enabled", {
-        model,
-        tokenizer: config.proxy.tokenizer,
-        vocab_size: tokenizer?.vocabSize ?? null,
-      });
-    }
+    const proxy = config.proxy.enabled ? startProxy(config, core, tokenizer, log) : null;
     const stateDir = state?.path ?? null;
     const stateLog = log.child({ component: "state" });
     const saved = stateDir === null ? null : loadSnapshot(core, stateDir, config.workers, stateLog);
     await core.start(); // snapshot and sources before the port opens (docs/operations.md)
     // The peers' sets name workers: joined once the configured ones are known.
     const cluster = await startCluster(config, core, log);
-    if (cluster === "failed") {
-      await core.stop().then(() => writer?.stop());
-      return 2;
-    }
+    if (cluster === "failed") return stopped(2, null, core, writer);
     if (saved !== null) restoreRequests(core, saved, stateLog);
     const registry = metricsOf(core, proxy, plan, writer, cluster);
     let serving: Serving;
     try {
       serving = await listen(config, plan, { core, writer, registry, proxy, cluster }, log);
     } catch (error) {
-      await cluster?.stop();
-      await core.stop().then(() => writer?.stop());
       process.stderr.write(`kvedge serve: ${(error as Error).message}\n`);
-      return 1;
+      return stopped(1, cluster, core, writer);
     }
     const periodic = stateDir === null ? null : new PeriodicSnapshots(core, stateDir, stateLog);
     const snapshots =
@@ -179,9 +151,7 @@ Example:
     await periodic?.idle();
     if (stateDir !== null && (await saveSnapshot(core, stateDir, stateLog)))
       log.info("snapshot written", { dir: stateDir });
-    await cluster?.stop();
-    await core.stop();
-    await writer?.stop();
+    await stopped(0, cluster, core, writer);
     log.info("stopped");
     return signal === "writer_failed" ? 1 : 0;
   },
@@ -302,6 +272,50 @@ async function listen(
       await app.stop(graceMs);
     },
   };
+}
+
+/** The proxy (`serve --proxy`), with a warning for every worker it cannot forward to. */
+function startProxy(
+  config: Config,
+  core: KvedgeCore,
+  tokenizer: PromptTokenizer | null,
+  log: Logger,
+): OpenAiProxy {
+  const model = config.proxy.model ?? tokenizer?.model ?? "default";
+  const proxy = new OpenAiProxy({
+    core,
+    tokenizer,
+    model,
+    forwardTokenIds: config.proxy.forward_token_ids,
+    bodyLimitBytes: config.server.body_limit_bytes,
+    log: log.child({ component: "proxy" }),
+  });
+  const missing = config.workers
+    .filter((worker) => worker.http_endpoint == null)
+    .map((worker) => worker.worker_id.toString());
+  if (missing.length > 0)
+    log.warn("workers without an http_endpoint are never proxied to", {
+      workers: missing.join(","),
+    });
+  log.info("proxy enabled", {
+    model,
+    tokenizer: config.proxy.tokenizer,
+    vocab_size: tokenizer?.vocabSize ?? null,
+  });
+  return proxy;
+}
+
+/** Leaves the cluster, stops the core and the writer thread; returns `code`. */
+async function stopped(
+  code: number,
+  cluster: Cluster | null,
+  core: KvedgeCore,
+  writer: WriterThread | null,
+): Promise<number> {
+  await cluster?.stop();
+  await core.stop();
+  await writer?.stop();
+  return code;
 }
 
 /**

@@ -131,8 +131,7 @@ export function loadConfig(sources: ConfigSources = {}): LoadedConfig {
 
   const config = assemble(values, workers);
   checkTogether(config, origins);
-  warnings.push(...clusterWarnings(config, origins));
-  return { config, file, origins, warnings };
+  return { config, file, origins, warnings: [...warnings, ...clusterWarnings(config, origins)] };
 }
 
 /** Parses TOML text as a config file would be (for tests and --print-config round trips). */

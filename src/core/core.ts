@@ -194,7 +194,6 @@ export class KvedgeCore {
    * staggerMs before they are decided (cluster.stagger_ms; 0: never). The cluster sets
    * `replicaRank` (this replica's place among the fleet's replica ids, 0 = first).
    */
-  readonly staggerMs: number;
   replicaRank: () => number = () => 0;
   /** Calls waiting for their turn, by handle. */
   private readonly turns = new Map<
@@ -209,7 +208,6 @@ export class KvedgeCore {
     const { config } = options;
     this.log = options.log;
     this.blockSize = config.index.block_size;
-    this.staggerMs = config.cluster.nats_url === null ? 0 : config.cluster.stagger_ms;
     this.lora = new LoraAdapters(config.index.lora_adapters);
     this.index = this.createIndex(config, options.writer);
     this.budget = new IndexBudget(
@@ -351,6 +349,12 @@ export class KvedgeCore {
     totals.promptTokens += input.tokens.length;
     totals.predictedCachedTokens += Math.min(decision.overlapBlocks, blockCount) * this.blockSize;
     return { decision, queryBlocks: blockCount };
+  }
+
+  /** cluster.stagger_ms, with a cluster (0: no turns). */
+  get staggerMs(): number {
+    const cluster = this.options.config.cluster;
+    return cluster.nats_url === null ? 0 : cluster.stagger_ms;
   }
 
   /** Whether a route call may be answered later (admission, or replicas taking turns). */

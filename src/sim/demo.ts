@@ -130,30 +130,15 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
     Bun.gc(true);
     const phaseStarted = performance.now();
     if (options.virtual === true) {
-      options.progress?.(`${policy}: replaying in virtual time…`);
-      const kvedge = policy === "kv_aware" || policy === "kv_aware_unsynced";
-      const report = simulate(options.trace, {
-        policy: kvedge ? "kv_aware_model" : policy,
-        workers: options.workers,
-        capacityBlocks: options.capacityBlocks,
-        blockSize: options.blockSize,
-        time: options.time,
-        seed: options.seed,
-        vocabSize: options.vocabSize,
-        ...(kvedge ? { kvAware: replicated(options, policy === "kv_aware") } : {}),
-        onFinish: (finished) => {
-          if (policy !== "kv_aware") return;
-          const counts = admissionOf(finished);
-          if (counts !== null) admission = { mode, ...counts };
-        },
+      const report = virtualRun(policy, options, (counts) => {
+        admission = { mode, ...counts };
       });
       policies[policy] = {
         ...report,
         policy,
         mode: "in-process, virtual time",
-        wall_s: (performance.now() - phaseStarted) / 1000,
+        wall_s: since(phaseStarted),
       };
-      options.progress?.("");
     } else if (policy === "kv_aware" && options.proxy === true) {
       const run = await runProxyReplay(options);
       policies[policy] = {
@@ -179,26 +164,52 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
         wall_s: (performance.now() - phaseStarted) / 1000,
       };
     } else {
-      options.progress?.(`${policy}: replaying in virtual time…`);
-      const report = simulate(options.trace, {
-        policy,
-        workers: options.workers,
-        capacityBlocks: options.capacityBlocks,
-        blockSize: options.blockSize,
-        time: options.time,
-        seed: options.seed,
-        vocabSize: options.vocabSize,
-      });
+      const report = virtualRun(policy, options, () => {});
       policies[policy] = {
         ...report,
         mode: "in-process, virtual time",
-        wall_s: (performance.now() - phaseStarted) / 1000,
+        wall_s: since(phaseStarted),
       };
-      options.progress?.("");
     }
   }
   const wall = (performance.now() - started) / 1000;
   return { policies, router, proxy, admission, gains: gainsOf(policies), wall_s: wall };
+}
+
+const since = (startedMs: number): number => (performance.now() - startedMs) / 1000;
+
+/**
+ * One policy replayed in virtual time: kvedge's router for kv_aware (as replicas, synced
+ * or not, with `options.replicas`), else the baseline; `onAdmission` gets kv_aware's
+ * admission counts when admission is on.
+ */
+function virtualRun(
+  policy: DemoPolicy,
+  options: DemoOptions,
+  onAdmission: (counts: Omit<AdmissionReport, "mode">) => void,
+): PolicyReport {
+  options.progress?.(`${policy}: replaying in virtual time…`);
+  const kvedge = policy === "kv_aware" || policy === "kv_aware_unsynced";
+  const report = simulate(options.trace, {
+    policy: kvedge ? "kv_aware_model" : (policy as PolicyName),
+    workers: options.workers,
+    capacityBlocks: options.capacityBlocks,
+    blockSize: options.blockSize,
+    time: options.time,
+    seed: options.seed,
+    vocabSize: options.vocabSize,
+    ...(kvedge
+      ? { kvAware: replicated(options, policy === "kv_aware") }
+      : options.virtual === true && options.kvAware !== undefined
+        ? { kvAware: options.kvAware } // kv_aware_model in a virtual demo: its settings too
+        : {}),
+    onFinish: (finished) => {
+      const counts = policy === "kv_aware" ? admissionOf(finished) : null;
+      if (counts !== null) onAdmission(counts);
+    },
+  });
+  options.progress?.("");
+  return report;
 }
 
 /** kv_aware's router settings in virtual time, as `options.replicas` replicas, synced or not. */
@@ -320,10 +331,7 @@ async function runKvedge(options: DemoOptions, synced: boolean): Promise<KvedgeR
   const clients: KvedgeClient[] = [];
   let nats: NatsServer | null = null;
   try {
-    if (synced && replicas > 1) {
-      options.progress?.(`${name}: starting nats-server…`);
-      nats = await NatsServer.start();
-    }
+    if (synced && replicas > 1) nats = await startNats(options, name);
     options.progress?.(`${name}: starting ${replicas > 1 ? `${replicas} × ` : ""}kvedge serve…`);
     const workerIds = engines.map((_, w) => String(w));
     for (let i = 0; i < replicas; i++) serves.push(await startReplica(options, engines, nats, i));
@@ -377,6 +385,11 @@ async function runKvedge(options: DemoOptions, synced: boolean): Promise<KvedgeR
     await nats?.close();
     await Promise.all(engines.map((engine) => engine.close()));
   }
+}
+
+function startNats(options: DemoOptions, name: string): Promise<NatsServer> {
+  options.progress?.(`${name}: starting nats-server…`);
+  return NatsServer.start();
 }
 
 function startReplica(

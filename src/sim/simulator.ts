@@ -118,7 +118,7 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
   const vocabSize = options.vocabSize ?? DEFAULT_VOCAB_SIZE;
   const onBatch = options.onBatch;
   const engines: MockEngine[] = [];
-  const policyOptions: PolicyOptions = {
+  const policy = createRouting(options.policy, {
     workers,
     blockSize,
     seed,
@@ -127,8 +127,7 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
     time,
     probe: (worker, query) =>
       engines[worker]!.cache.cachedPrefixBlocks(query.tokens, query.promptLength),
-  };
-  const policy = createRouting(options.policy, policyOptions);
+  });
   const recorder = new RunRecorder(trace, {
     prefillDone: (request, nowMs) => policy.prefillDone(request.id, nowMs),
     finished: (request, nowMs) => policy.finished(request.id, nowMs),
