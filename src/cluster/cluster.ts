@@ -17,12 +17,14 @@
 import { readFileSync } from "node:fs";
 import { hostname } from "node:os";
 import {
+  AuthorizationError,
   connect,
   credsAuthenticator,
   type NatsConnection,
   type NodeConnectionOptions,
   nkeyAuthenticator,
   type Subscription,
+  UserAuthenticationExpiredError,
 } from "@nats-io/transport-node";
 import type { Config } from "../config";
 import type { KvedgeCore } from "../core/core";
@@ -37,6 +39,8 @@ const UNFLUSHED_MAX = 16 * 1024 * 1024;
 /** How long peers' messages are waited for after the join request when none has answered. */
 const HEARD_WAIT_HEARTBEATS = 1.5;
 const STOP_DRAIN_MS = 2000;
+/** Between attempts of the first connection (then the client's own reconnects take over). */
+const RETRY_MS = 250;
 
 export type ClusterState = "connected" | "degraded";
 
@@ -80,6 +84,9 @@ export class Cluster {
   private unflushed = 0;
   private flushing = false;
   private heartbeats: ReturnType<typeof setInterval> | null = null;
+  /** The pause before the next first-connection attempt, and how to end it early. */
+  private retry: ReturnType<typeof setTimeout> | null = null;
+  private wakeRetry: () => void = () => {};
   private stopped = false;
   private readonly inbox: string;
   private readonly heartbeatMs: number;
@@ -136,7 +143,7 @@ export class Cluster {
     const deadline = started + this.config.join_timeout_ms;
     this.heartbeats = setInterval(() => this.node.heartbeat(), this.heartbeatMs);
     this.heartbeats.unref?.();
-    const connecting = connect(this.connectOptions());
+    const connecting = this.connectUntilUp();
     const nc = await Promise.race([
       connecting,
       sleep(this.config.join_timeout_ms).then(() => null),
@@ -147,7 +154,7 @@ export class Cluster {
         replica_id: this.node.replicaId,
       });
       connecting.then(
-        (late) => void this.attached(late).catch((error) => this.failed(error)),
+        (late) => late !== null && void this.attached(late).catch((error) => this.failed(error)),
         (error) => this.failed(error),
       );
       return;
@@ -175,6 +182,29 @@ export class Cluster {
     else if (peers.peers.size === 0)
       this.log.info("cluster: no peer answered; starting alone", fields);
     else this.log.info("cluster joined", fields);
+  }
+
+  /**
+   * The first connection: tried again every RETRY_MS until it is up (the client itself
+   * reconnects forever after that) or the cluster stops (null). A refused credential
+   * throws: it is a configuration to fix, not an outage to wait out.
+   */
+  private async connectUntilUp(): Promise<NatsConnection | null> {
+    for (let attempt = 1; !this.stopped; attempt++) {
+      try {
+        return await connect(this.connectOptions());
+      } catch (error) {
+        if (error instanceof AuthorizationError || error instanceof UserAuthenticationExpiredError)
+          throw error;
+        if (attempt === 1)
+          this.log.debug("cluster: NATS connect failed; trying again", { error: String(error) });
+      }
+      await new Promise<void>((resolve) => {
+        this.retry = setTimeout(resolve, RETRY_MS);
+        this.wakeRetry = resolve;
+      });
+    }
+    return null;
   }
 
   /** The connection is up: subscribe, watch its status, ask every replica for its set. */
@@ -321,6 +351,8 @@ export class Cluster {
     if (this.stopped) return;
     this.stopped = true;
     if (this.heartbeats !== null) clearInterval(this.heartbeats);
+    if (this.retry !== null) clearTimeout(this.retry);
+    this.wakeRetry();
     this.node.leave();
     this.core.peerLoadChanged();
     const nc = this.nc;
@@ -337,7 +369,6 @@ export class Cluster {
       noEcho: true,
       maxReconnectAttempts: -1,
       reconnectTimeWait: 250,
-      waitOnFirstConnect: true,
       pingInterval: 1000,
       maxPingOut: 2,
       timeout: 2000,

@@ -278,11 +278,16 @@ export class MessageWriter {
   /** Facts written since `begin`. */
   facts = 0;
   private factsAt = -1;
+  /** The message's dictionary: its slots in order, their entries already encoded. */
   private readonly dictSlot: number[] = [];
   private readonly dictGeneration: number[] = [];
-  private readonly dictId: bigint[] = [];
-  private readonly dictRank: number[] = [];
+  private dictBytes = new Uint8Array(12 * 64);
+  private dictView = new DataView(this.dictBytes.buffer);
   private dictOf = new Int32Array(0);
+  /** Per slot, its worker id's words as last read (for the slot's generation `idGeneration`). */
+  private idHi: Uint32Array = new Uint32Array(0);
+  private idLo: Uint32Array = new Uint32Array(0);
+  private idGeneration = new Float64Array(0);
 
   constructor(
     private readonly replicaId: string,
@@ -412,13 +417,8 @@ export class MessageWriter {
     this.ensure(2 + 12 * count);
     this.view.setUint16(this.length, count, true);
     this.length += 2;
-    for (let i = 0; i < count; i++) {
-      const id = this.dictId[i]!;
-      this.view.setUint32(this.length, Number(id >> 32n), true);
-      this.view.setUint32(this.length + 4, Number(id & 0xffff_ffffn), true);
-      this.view.setUint32(this.length + 8, this.dictRank[i]!, true);
-      this.length += 12;
-    }
+    this.bytes.set(this.dictBytes.subarray(0, 12 * count), this.length);
+    this.length += 12 * count;
     this.factsAt = -1;
   }
 
@@ -459,23 +459,54 @@ export class MessageWriter {
       this.dictOf = grown;
     }
     const known = this.dictOf[slot]!;
-    if (known >= 0 && this.dictGeneration[known] === workers.generation[slot]) return known;
+    const generation = workers.generation[slot]!;
+    if (known >= 0 && this.dictGeneration[known] === generation) return known;
     const index = this.dictSlot.length;
     if (index > 0xffff) throw new RangeError("more than 65,536 workers in one message");
     this.dictSlot.push(slot);
-    this.dictGeneration.push(workers.generation[slot]!);
-    this.dictId.push(workers.workerIdOf(slot));
-    this.dictRank.push(workers.dpRanks[slot]!);
+    this.dictGeneration.push(generation);
     this.dictOf[slot] = index;
+    this.dictEntry(index, slot, generation, workers);
     return index;
+  }
+
+  /** Entry `index` of the dictionary: the worker id's words (read once per slot's generation) and dp rank. */
+  private dictEntry(
+    index: number,
+    slot: number,
+    generation: number,
+    workers: WorkerIdentity,
+  ): void {
+    if (this.idGeneration.length <= slot) {
+      const size = Math.max(64, 2 * (slot + 1));
+      this.idHi = resizedU32(this.idHi, size);
+      this.idLo = resizedU32(this.idLo, size);
+      const generations = new Float64Array(size);
+      generations.set(this.idGeneration);
+      this.idGeneration = generations;
+    }
+    if (this.idGeneration[slot] !== generation) {
+      const id = workers.workerIdOf(slot);
+      this.idHi[slot] = Number(id >> 32n);
+      this.idLo[slot] = Number(id & 0xffff_ffffn);
+      this.idGeneration[slot] = generation;
+    }
+    if (this.dictBytes.length < 12 * (index + 1)) {
+      const grown = new Uint8Array(2 * this.dictBytes.length);
+      grown.set(this.dictBytes);
+      this.dictBytes = grown;
+      this.dictView = new DataView(grown.buffer);
+    }
+    const at = 12 * index;
+    this.dictView.setUint32(at, this.idHi[slot]!, true);
+    this.dictView.setUint32(at + 4, this.idLo[slot]!, true);
+    this.dictView.setUint32(at + 8, workers.dpRanks[slot]!, true);
   }
 
   private clearDictionary(): void {
     for (const slot of this.dictSlot) this.dictOf[slot] = -1;
     this.dictSlot.length = 0;
     this.dictGeneration.length = 0;
-    this.dictId.length = 0;
-    this.dictRank.length = 0;
   }
 
   private ensure(extra: number): void {
@@ -487,6 +518,12 @@ export class MessageWriter {
     this.bytes = grown;
     this.view = new DataView(grown.buffer);
   }
+}
+
+function resizedU32(old: Uint32Array, size: number): Uint32Array {
+  const fresh = new Uint32Array(size);
+  fresh.set(old);
+  return fresh;
 }
 
 function clampU32(value: number): number {

@@ -14,6 +14,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { KvedgeClient } from "../../src/sim/kvedge-client";
 import { freePort, NatsServer } from "../../src/sim/nats-server";
+import { TestEngine } from "../support/engine";
 import { type ServeProcess, startServe } from "../support/serve";
 import { TcpProxy } from "../support/tcp-proxy";
 import { until } from "../support/wait";
@@ -39,12 +40,17 @@ afterAll(async () => {
   await nats?.close();
 });
 
-async function replica(id: string, url = nats.url, extra: string[] = []): Promise<ServeProcess> {
+async function replica(
+  id: string,
+  url = nats.url,
+  extra: string[] = [],
+  fleet = workers,
+): Promise<ServeProcess> {
   const serve = await startServe([
     "--block-size",
     String(BS),
     "--workers",
-    workers,
+    fleet,
     "--cluster-nats",
     url,
     "--cluster-replica-id",
@@ -254,7 +260,6 @@ describe("replicas on one bus", () => {
           Object.assign(seen, { degraded: true, since: status.since_ms });
         return seen.degraded;
       }, "a to say degraded");
-      expect((await fetch(`${a.url}/readyz`)).status).toBe((await fetch(`${b.url}/readyz`)).status);
       await nats.restart();
       await until(async () => (await cluster(a)).state === "connected", "a to reconnect");
       await until(async () => (await cluster(b)).state === "connected", "b to reconnect");
@@ -297,6 +302,35 @@ describe("replicas on one bus", () => {
       expect(metrics).toMatch(/kvedge_cluster_events_total\{event="disconnect"\} [1-9]/);
     } finally {
       proxy.stop();
+    }
+  });
+});
+
+describe("NATS not there at the start", () => {
+  test("a replica starts alone, degraded, joins when NATS comes; stops cleanly either way", async () => {
+    const port = await freePort();
+    const url = `nats://127.0.0.1:${port}`;
+    // A real engine: the replica is ready when it is connected, bus or no bus.
+    const engine = await new TestEngine().start();
+    const late = ["--cluster-name", "late", "--cluster-join-timeout-ms", "200"];
+    const early = await replica("early", url, late, `1=${engine.endpoint}`);
+    expect(early.logs.some((line) => String(line.msg).includes("NATS not reachable"))).toBe(true);
+    const status = await cluster(early);
+    expect(status.state).toBe("degraded");
+    expect(status.since_ms).toBeGreaterThan(0);
+    await until(async () => (await fetch(`${early.url}/readyz`)).status === 200, "early ready");
+    const gone = await replica("gone", url, late);
+    expect(await gone.stop()).toBe(0); // its connect attempts end with it
+    const server = await NatsServer.start({ port });
+    try {
+      await until(async () => (await cluster(early)).state === "connected", "early to connect");
+      const other = await replica("other", url, ["--cluster-name", "late"]);
+      await until(async () => (await cluster(early)).peers.length === 1, "early to see other");
+      expect(await other.stop()).toBe(0);
+      expect(await early.stop()).toBe(0);
+    } finally {
+      await server.close();
+      await engine.stop();
     }
   });
 });
