@@ -94,15 +94,13 @@ for (let i = 0; i < POOL; i++) {
 function scenario(workers: number): () => void {
   const router = new Router({ blockSize: BLOCK_SIZE, policy, random: () => random() / 2 ** 32 });
   for (let w = 0; w < workers; w++) router.load.addWorker(BigInt(1_000_000 + w), 0);
-  if (process.env.EMPTY) router.load.facts = { routed() {}, prefillDone() {}, ended() {} };
-  if (bus !== null && !process.env.EMPTY) {
+  if (bus !== null) {
     const nc = bus.nc;
     router.load.facts = new Outbox({
       replicaId: "bench",
       epoch: 1,
       workers: router.load.table,
       publish: (message) => {
-        if (process.env.NOPUB) return true;
         if (nc.isClosed()) return false;
         nc.publish("bench.facts", message);
         return true;
