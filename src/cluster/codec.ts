@@ -17,6 +17,12 @@ export const KIND = { facts: 1, heartbeat: 2, snapshot: 3, sync: 4 } as const;
 export type Kind = (typeof KIND)[keyof typeof KIND];
 export const FACT = { routed: 1, prefillDone: 2, ended: 3, routedFlat: 4, decodeTotal: 5 } as const;
 export const END_REASONS: readonly EndReason[] = ["done", "expired", "evicted", "worker_removed"];
+const REASON_CODES: Record<EndReason, number> = {
+  done: 0,
+  expired: 1,
+  evicted: 2,
+  worker_removed: 3,
+};
 /** SNAPSHOT flag: the last chunk of a snapshot (it lists the sender's peers). */
 export const LAST_CHUNK = 1;
 /** HEARTBEAT flag: the sender is shutting down (drop its requests now, not after the lease). */
@@ -375,12 +381,14 @@ export class MessageWriter {
   ): void {
     this.id(FACT.routedFlat, requestId);
     this.ensure(14);
-    const view = this.view;
-    view.setUint16(this.length, this.workerIndex(slot), true);
-    view.setUint32(this.length + 2, clampU32(prefillTokens), true);
-    view.setUint32(this.length + 6, clampU32(outputBlocks), true);
-    view.setUint32(this.length + 10, clampU32(decodeBlocks), true);
-    this.length += 14;
+    const at = this.length;
+    const worker = this.workerIndex(slot);
+    this.bytes[at] = worker;
+    this.bytes[at + 1] = worker >>> 8;
+    this.put32(at + 2, clampU32(prefillTokens));
+    this.put32(at + 6, clampU32(outputBlocks));
+    this.put32(at + 10, clampU32(decodeBlocks));
+    this.length = at + 14;
     this.facts++;
   }
 
@@ -392,8 +400,8 @@ export class MessageWriter {
   ended(requestId: string, reason: EndReason, freed: number): void {
     this.id(FACT.ended, requestId);
     this.ensure(5);
-    this.bytes[this.length] = END_REASONS.indexOf(reason);
-    this.view.setUint32(this.length + 1, clampU32(freed), true);
+    this.bytes[this.length] = REASON_CODES[reason];
+    this.put32(this.length + 1, clampU32(freed));
     this.length += 5;
     this.facts++;
   }
@@ -437,17 +445,39 @@ export class MessageWriter {
   /** Type byte and the request id: u16 (units << 1 | wide), then latin-1 bytes or UTF-16 units. */
   private id(type: number, requestId: string): void {
     const units = Math.min(requestId.length, REQUEST_ID_UNITS_MAX);
-    let wide = 0;
-    for (let i = 0; i < units; i++) if (requestId.charCodeAt(i) > 0xff) wide = 1;
-    this.ensure(3 + (wide + 1) * units);
+    this.ensure(3 + 2 * units);
     const bytes = this.bytes;
-    bytes[this.length] = type;
-    this.view.setUint16(this.length + 1, (units << 1) | wide, true);
-    let p = this.length + 3;
-    if (wide === 0) for (let i = 0; i < units; i++) bytes[p++] = requestId.charCodeAt(i);
-    else
-      for (let i = 0; i < units; i++, p += 2) this.view.setUint16(p, requestId.charCodeAt(i), true);
+    const at = this.length;
+    bytes[at] = type;
+    // One pass in latin-1; a code unit past 0xff starts over in UTF-16 (ids are ASCII).
+    let p = at + 3;
+    for (let i = 0; i < units; i++) {
+      const unit = requestId.charCodeAt(i);
+      if (unit > 0xff) {
+        this.wideId(at, requestId, units);
+        return;
+      }
+      bytes[p++] = unit;
+    }
+    bytes[at + 1] = (units << 1) & 0xff;
+    bytes[at + 2] = units >>> 7;
     this.length = p;
+  }
+
+  private wideId(at: number, requestId: string, units: number): void {
+    this.view.setUint16(at + 1, (units << 1) | 1, true);
+    let p = at + 3;
+    for (let i = 0; i < units; i++, p += 2) this.view.setUint16(p, requestId.charCodeAt(i), true);
+    this.length = p;
+  }
+
+  /** A little-endian u32 at `at` (byte stores: cheaper here than a DataView call). */
+  private put32(at: number, value: number): void {
+    const bytes = this.bytes;
+    bytes[at] = value;
+    bytes[at + 1] = value >>> 8;
+    bytes[at + 2] = value >>> 16;
+    bytes[at + 3] = value >>> 24;
   }
 
   private workerIndex(slot: number): number {

@@ -67,6 +67,7 @@ export class ClusterNode {
       workers: options.workers,
       publish: (message) => transport.broadcast(message),
       schedule: options.schedule,
+      now: options.now,
       chains: options.chains === true,
       ...(options.wallNow === undefined ? {} : { wallNow: options.wallNow }),
     });

@@ -1,11 +1,12 @@
 /**
  * This replica's own facts on their way to the bus: the load tracker reports each change
  * of an own request (`OwnFacts`), the outbox writes it into the current batch, and a
- * batch goes out (`publish`) at BATCH_FACTS_MAX facts, BATCH_BYTES_MAX bytes, or at the
- * end of the event-loop turn that wrote its first fact, whichever comes first: a busy
- * turn (a burst of routes) is one message, a lone route's facts leave at once. Every
- * batch takes the next seq, sent or not (a batch the bus could not take is a gap its
- * receivers see).
+ * batch goes out (`publish`) at BATCH_FACTS_MAX facts or BATCH_BYTES_MAX bytes, else at
+ * the end of the event-loop turn that wrote its first fact, but not sooner than BATCH_MS
+ * after the batch before: a lone route's facts leave at once, a busy replica sends at
+ * most one batch a millisecond (what a message costs every peer, and the server, is
+ * mostly per message). Every batch takes the next seq, sent or not (a batch the bus
+ * could not take is a gap its receivers see).
  *
  * It also writes the messages that describe the whole set: heartbeats (the seq so far)
  * and snapshots (every own active request, as of that seq), and sync requests.
@@ -18,8 +19,8 @@ import { wallClockMs } from "./peers";
 export const BATCH_FACTS_MAX = 256;
 /** …or this many bytes… */
 export const BATCH_BYTES_MAX = 64 * 1024;
-/** …or at the end of the turn (a `schedule` delay of 0: after this turn's I/O). */
-export const BATCH_MS = 0;
+/** …else at the end of the turn, at least this long after the batch before. */
+export const BATCH_MS = 1;
 /** A snapshot chunk is closed past this many bytes. */
 export const CHUNK_BYTES = 256 * 1024;
 
@@ -31,6 +32,8 @@ export interface OutboxOptions {
   readonly publish: (message: Uint8Array, facts: number) => boolean;
   /** Runs `flush` later (0 ms: at the end of this turn); null: the owner flushes. */
   readonly schedule?: ((flush: () => void, ms: number) => void) | null;
+  /** Monotonic ms (the pace of batches). */
+  readonly now?: () => number;
   /** Wall-clock ms, stamped on every message (receivers measure lag with it). */
   readonly wallNow?: () => number;
   /**
@@ -48,12 +51,16 @@ export class Outbox implements OwnFacts {
   private readonly writer: MessageWriter;
   private readonly control: MessageWriter;
   private armed = false;
+  /** Monotonic ms of the last batch sent. */
+  private lastBatchMs = -Infinity;
   private readonly wallNow: () => number;
+  private readonly now: () => number;
 
   constructor(private readonly options: OutboxOptions) {
     this.writer = new MessageWriter(options.replicaId, options.epoch, options.workers);
     this.control = new MessageWriter(options.replicaId, options.epoch, options.workers);
     this.wallNow = options.wallNow ?? wallClockMs;
+    this.now = options.now ?? (() => performance.now());
   }
 
   routed(
@@ -93,6 +100,7 @@ export class Outbox implements OwnFacts {
   flush(): void {
     if (this.writer.facts === 0) return;
     const facts = this.writer.facts;
+    this.lastBatchMs = this.now();
     const message = this.writer.finish(++this.seq, this.wallNow());
     this.counters.batches++;
     this.counters.facts += facts;
@@ -174,9 +182,13 @@ export class Outbox implements OwnFacts {
     const schedule = this.options.schedule;
     if (this.armed || schedule === null || schedule === undefined) return;
     this.armed = true;
-    schedule(() => {
-      this.armed = false;
-      this.flush();
-    }, BATCH_MS);
+    const waitMs = this.lastBatchMs + BATCH_MS - this.now();
+    schedule(
+      () => {
+        this.armed = false;
+        this.flush();
+      },
+      Math.max(0, waitMs),
+    );
   }
 }
