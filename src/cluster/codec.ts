@@ -32,7 +32,6 @@ export const LEAVING = 2;
 export const MESSAGE_BYTES_MAX = 1024 * 1024;
 /** A routed fact carries at most this many blocks of its chain (its prefix: 128 KiB). */
 export const CHAIN_BLOCKS_MAX = 16_384;
-export const REQUEST_ID_UNITS_MAX = 256;
 /** Replica ids: what a NATS client name and a log line can carry as they are. */
 export const REPLICA_ID = /^[A-Za-z0-9._-]{1,64}$/;
 const FIXED_HEADER = 25;
@@ -100,7 +99,7 @@ export interface FactVisitor {
    * origin counted it adding.
    */
   routed(
-    requestId: string,
+    handle: number,
     worker: number,
     chain: Uint32Array,
     blocks: number,
@@ -108,9 +107,9 @@ export interface FactVisitor {
     outputBlocks: number,
     decodeBlocks: number | null,
   ): void;
-  prefillDone(requestId: string): void;
+  prefillDone(handle: number): void;
   /** `freed`: the decode blocks it held that no other request of its origin holds. */
-  ended(requestId: string, reason: EndReason, freed: number): void;
+  ended(handle: number, reason: EndReason, freed: number): void;
   /** All the decode blocks the origin's chainless requests add on `worker` now (snapshots). */
   decodeTotal(worker: number, blocks: number): void;
 }
@@ -164,7 +163,7 @@ export class FactReader {
     workers: WorkerDictionary,
     visitor: FactVisitor | null,
   ): number {
-    if (p + 3 > limit) throw new BadMessage("truncated");
+    if (p + 5 > limit) throw new BadMessage("truncated");
     const type = bytes[p]!;
     if (type === FACT.decodeTotal) {
       if (p + 7 > limit) throw new BadMessage("truncated");
@@ -173,14 +172,9 @@ export class FactReader {
       visitor?.decodeTotal(worker, view.getUint32(p + 3, true));
       return p + 7;
     }
-    const idWord = view.getUint16(p + 1, true);
-    const units = idWord >>> 1;
-    const idBytes = idWord & 1 ? 2 * units : units;
-    if (units === 0 || units > REQUEST_ID_UNITS_MAX) throw new BadMessage("request_id");
-    const idAt = p + 3;
-    p = idAt + idBytes;
-    if (p > limit) throw new BadMessage("truncated");
-    const id = visitor === null ? "" : readId(bytes, view, idAt, units, (idWord & 1) === 1);
+    const id = view.getUint32(p + 1, true);
+    if (id === 0) throw new BadMessage("handle");
+    p += 5;
     if (type === FACT.routed) return this.routed(bytes, view, p, limit, id, workers, visitor);
     if (type === FACT.routedFlat) return routedFlat(view, p, limit, id, workers, visitor);
     if (type === FACT.prefillDone) {
@@ -200,7 +194,7 @@ export class FactReader {
     view: DataView,
     p: number,
     limit: number,
-    id: string,
+    id: number,
     workers: WorkerDictionary,
     visitor: FactVisitor | null,
   ): number {
@@ -229,7 +223,7 @@ function routedFlat(
   view: DataView,
   p: number,
   limit: number,
-  id: string,
+  id: number,
   workers: WorkerDictionary,
   visitor: FactVisitor | null,
 ): number {
@@ -254,13 +248,6 @@ function readDictionary(bytes: Uint8Array, view: DataView, at: number): WorkerDi
     ranks.push(view.getUint32(p + 8, true));
   }
   return { ids, ranks };
-}
-
-function readId(bytes: Uint8Array, view: DataView, at: number, units: number, wide: boolean) {
-  if (!wide) return latin1(bytes, at, units);
-  let id = "";
-  for (let i = 0; i < units; i++) id += String.fromCharCode(view.getUint16(at + 2 * i, true));
-  return id;
 }
 
 /** Who a slot is, for the dictionary (the core's worker table). */
@@ -350,7 +337,7 @@ export class MessageWriter {
   }
 
   routed(
-    requestId: string,
+    handle: number,
     slot: number,
     chain: Uint32Array,
     blocks: number,
@@ -358,7 +345,7 @@ export class MessageWriter {
     outputBlocks: number,
   ): void {
     const kept = Math.min(blocks, CHAIN_BLOCKS_MAX);
-    this.id(FACT.routed, requestId);
+    this.head(FACT.routed, handle);
     this.ensure(14 + 8 * kept);
     const view = this.view;
     view.setUint16(this.length, this.workerIndex(slot), true);
@@ -373,13 +360,13 @@ export class MessageWriter {
 
   /** A routed fact without its chain: the decode blocks it added as this replica counted them. */
   routedFlat(
-    requestId: string,
+    handle: number,
     slot: number,
     prefillTokens: number,
     outputBlocks: number,
     decodeBlocks: number,
   ): void {
-    this.id(FACT.routedFlat, requestId);
+    this.head(FACT.routedFlat, handle);
     this.ensure(14);
     const at = this.length;
     const worker = this.workerIndex(slot);
@@ -392,13 +379,13 @@ export class MessageWriter {
     this.facts++;
   }
 
-  prefillDone(requestId: string): void {
-    this.id(FACT.prefillDone, requestId);
+  prefillDone(handle: number): void {
+    this.head(FACT.prefillDone, handle);
     this.facts++;
   }
 
-  ended(requestId: string, reason: EndReason, freed: number): void {
-    this.id(FACT.ended, requestId);
+  ended(handle: number, reason: EndReason, freed: number): void {
+    this.head(FACT.ended, handle);
     this.ensure(5);
     this.bytes[this.length] = REASON_CODES[reason];
     this.put32(this.length + 1, clampU32(freed));
@@ -442,33 +429,12 @@ export class MessageWriter {
     return message;
   }
 
-  /** Type byte and the request id: u16 (units << 1 | wide), then latin-1 bytes or UTF-16 units. */
-  private id(type: number, requestId: string): void {
-    const units = Math.min(requestId.length, REQUEST_ID_UNITS_MAX);
-    this.ensure(3 + 2 * units);
-    const bytes = this.bytes;
-    const at = this.length;
-    bytes[at] = type;
-    // One pass in latin-1; a code unit past 0xff starts over in UTF-16 (ids are ASCII).
-    let p = at + 3;
-    for (let i = 0; i < units; i++) {
-      const unit = requestId.charCodeAt(i);
-      if (unit > 0xff) {
-        this.wideId(at, requestId, units);
-        return;
-      }
-      bytes[p++] = unit;
-    }
-    bytes[at + 1] = (units << 1) & 0xff;
-    bytes[at + 2] = units >>> 7;
-    this.length = p;
-  }
-
-  private wideId(at: number, requestId: string, units: number): void {
-    this.view.setUint16(at + 1, (units << 1) | 1, true);
-    let p = at + 3;
-    for (let i = 0; i < units; i++, p += 2) this.view.setUint16(p, requestId.charCodeAt(i), true);
-    this.length = p;
+  /** Type byte and the request's handle (u32, never 0). */
+  private head(type: number, handle: number): void {
+    this.ensure(5);
+    this.bytes[this.length] = type;
+    this.put32(this.length + 1, handle);
+    this.length += 5;
   }
 
   /** A little-endian u32 at `at` (byte stores: cheaper here than a DataView call). */

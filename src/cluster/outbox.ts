@@ -64,7 +64,7 @@ export class Outbox implements OwnFacts {
   }
 
   routed(
-    requestId: string,
+    handle: number,
     slot: number,
     chain: Uint32Array,
     blocks: number,
@@ -74,20 +74,20 @@ export class Outbox implements OwnFacts {
   ): void {
     this.open();
     if (this.options.chains === true)
-      this.writer.routed(requestId, slot, chain, blocks, prefillTokens, outputBlocks);
-    else this.writer.routedFlat(requestId, slot, prefillTokens, outputBlocks, added);
+      this.writer.routed(handle, slot, chain, blocks, prefillTokens, outputBlocks);
+    else this.writer.routedFlat(handle, slot, prefillTokens, outputBlocks, added);
     this.wrote();
   }
 
-  prefillDone(requestId: string): void {
+  prefillDone(handle: number): void {
     this.open();
-    this.writer.prefillDone(requestId);
+    this.writer.prefillDone(handle);
     this.wrote();
   }
 
-  ended(requestId: string, reason: EndReason, freed: number): void {
+  ended(handle: number, reason: EndReason, freed: number): void {
     this.open();
-    this.writer.ended(requestId, reason, freed);
+    this.writer.ended(handle, reason, freed);
     this.wrote();
   }
 
@@ -151,13 +151,13 @@ export class Outbox implements OwnFacts {
     start();
     const slots = new Set<number>();
     const chains = this.options.chains === true;
-    load.forEachActive((slot, id, prefill, output, _idleMs, chain, blocks) => {
+    load.forEachActive((slot, _id, prefill, output, _idleMs, chain, blocks, handle) => {
       if (w.length >= CHUNK_BYTES) {
         chunks.push(w.finish(this.seq, this.wallNow()));
         start();
       }
-      if (chains) w.routed(id, slot, chain, blocks, prefill, output);
-      else w.routedFlat(id, slot, prefill, output, 0);
+      if (chains) w.routed(handle, slot, chain, blocks, prefill, output);
+      else w.routedFlat(handle, slot, prefill, output, 0);
       slots.add(slot);
     });
     // Without chains, what the requests add per worker, as a whole (it is not a sum of each).

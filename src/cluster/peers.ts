@@ -103,7 +103,8 @@ export class Peer {
   published = 0;
   /** Wall ms between its last facts' sending and their arrival. */
   lagMs = 0;
-  readonly held = new Map<string, Held>();
+  /** By handle: requests held for workers not known here. */
+  readonly held = new Map<number, Held>();
 
   constructor(
     readonly replicaId: string,
@@ -162,7 +163,7 @@ export class PeerSet {
     this.applier = new Applier(
       options.load,
       this.counters,
-      (peer, id, held) => this.hold(peer, id, held),
+      (peer, handle, held) => this.hold(peer, handle, held),
       options.now,
     );
   }
@@ -493,7 +494,7 @@ export class PeerSet {
     this.reader.read(bytes, at, this.applier);
   }
 
-  private hold(peer: Peer, id: string, held: Held): void {
+  private hold(peer: Peer, id: number, held: Held): void {
     if (peer.held.size >= HELD_MAX) {
       this.counters.heldDropped++;
       this.bad.report("held_full", "too many facts held for workers not known here; dropped", {
@@ -514,7 +515,7 @@ export class PeerSet {
       if (slot >= 0) {
         load.peerRouted(
           peer.origin,
-          id,
+          requestKey(id),
           slot,
           held.chain,
           held.blocks,
@@ -543,6 +544,14 @@ export class PeerSet {
 }
 
 /**
+ * A peer's request as the load tracker keys it: its handle's two 16-bit halves as a
+ * two-unit string (peers' requests are named by handle on the bus, their ids not sent).
+ */
+export function requestKey(handle: number): string {
+  return String.fromCharCode(handle >>> 16, handle & 0xffff);
+}
+
+/**
  * Applies one peer's facts to the load tracker (one object, reused: `peer` is set per
  * message). The message's workers are resolved to this process's slots once, before
  * its facts; a fact naming a worker not known here is held (`hold`).
@@ -555,7 +564,7 @@ class Applier implements FactVisitor {
   constructor(
     private readonly load: LoadTracker,
     private readonly counters: PeerCounters,
-    private readonly hold: (peer: Peer, id: string, held: Held) => void,
+    private readonly hold: (peer: Peer, handle: number, held: Held) => void,
     private readonly now: () => number,
   ) {}
 
@@ -567,7 +576,7 @@ class Applier implements FactVisitor {
   }
 
   routed(
-    id: string,
+    id: number,
     worker: number,
     chain: Uint32Array,
     blocks: number,
@@ -583,7 +592,7 @@ class Applier implements FactVisitor {
       const load = this.load;
       load.peerRouted(
         peer.origin,
-        id,
+        requestKey(id),
         slot,
         chain,
         blocks,
@@ -605,16 +614,16 @@ class Applier implements FactVisitor {
     });
   }
 
-  prefillDone(id: string): void {
+  prefillDone(id: number): void {
     this.counters.facts++;
     const held = this.peer.held.get(id);
     if (held !== undefined) held.prefillTokens = 0;
-    else this.load.peerPrefillDone(this.peer.origin, id);
+    else this.load.peerPrefillDone(this.peer.origin, requestKey(id));
   }
 
-  ended(id: string, _reason: EndReason, freed: number): void {
+  ended(id: number, _reason: EndReason, freed: number): void {
     this.counters.facts++;
-    if (!this.peer.held.delete(id)) this.load.peerEnded(this.peer.origin, id, freed);
+    if (!this.peer.held.delete(id)) this.load.peerEnded(this.peer.origin, requestKey(id), freed);
   }
 
   decodeTotal(worker: number, blocks: number): void {

@@ -90,7 +90,9 @@ const END_REASONS: Record<Ending, EndReason> = {
 
 /**
  * What the tracker reports about its own requests as they change, synchronously (the
- * cluster's outbox publishes it to the peers). `chain` is valid during the call only.
+ * cluster's outbox publishes it to the peers). A request is named by its handle, a u32
+ * unique among this tracker's requests of the last 2^32 (never 0): what peers need to
+ * tell it apart, in 4 bytes whatever its id. `chain` is valid during the call only.
  */
 export interface OwnFacts {
   /**
@@ -99,7 +101,7 @@ export interface OwnFacts {
    * added on the worker as this tracker counted them (those not active there already).
    */
   routed(
-    requestId: string,
+    handle: number,
     slot: number,
     chain: Uint32Array,
     blocks: number,
@@ -107,9 +109,9 @@ export interface OwnFacts {
     outputBlocks: number,
     added: number,
   ): void;
-  prefillDone(requestId: string): void;
+  prefillDone(handle: number): void;
   /** Ended; `freed`: the decode blocks its chain held on the worker that no other request holds. */
-  ended(requestId: string, reason: EndReason, freed: number): void;
+  ended(handle: number, reason: EndReason, freed: number): void;
 }
 
 /** What one request adds to its worker's load. */
@@ -500,7 +502,8 @@ export class LoadTracker {
   /**
    * Visits every active request, least recently touched first: its slot, id, prompt
    * tokens still in prefill (0 once prefill is done), expected output blocks, time
-   * since its last lifecycle call, and its chain (valid during the call).
+   * since its last lifecycle call, its chain (valid during the call) and its handle
+   * (`OwnFacts`).
    */
   forEachActive(
     visit: (
@@ -511,6 +514,7 @@ export class LoadTracker {
       idleMs: number,
       chain: Uint32Array,
       blocks: number,
+      handle: number,
     ) => void,
   ): void {
     const now = this.now();
@@ -529,6 +533,7 @@ export class LoadTracker {
         now - r.touched[record]!,
         chain,
         blocks,
+        r.serial[record]!,
       );
     }
   }
@@ -691,7 +696,7 @@ export class LoadTracker {
       this.peerCounters.unknown++;
       return false;
     }
-    this.release(r, origin, record, "already_done", undefined, freed);
+    this.release(r, origin, record, "already_done", freed);
     this.peerCounters.ended++;
     return true;
   }
@@ -751,7 +756,15 @@ export class LoadTracker {
     this.activeRequests[slot]!++;
     if (origin === OWN) {
       this.finished.forget(key, idCheck);
-      this.facts?.routed(requestId, slot, chain, blocks, prefillTokens, outputBlocks, added);
+      this.facts?.routed(
+        store.serial[record]!,
+        slot,
+        chain,
+        blocks,
+        prefillTokens,
+        outputBlocks,
+        added,
+      );
     } else {
       this.peerRequests[slot]!++;
       this.peerPrefillTokens[slot]! += prefillTokens;
@@ -775,7 +788,7 @@ export class LoadTracker {
     }
     r.touch(record, now);
     this.counters.prefillDone++;
-    this.facts?.prefillDone(requestId);
+    this.facts?.prefillDone(r.serial[record]!);
     return "ok";
   }
 
@@ -784,7 +797,7 @@ export class LoadTracker {
     const hash = this.idHash(requestId);
     const record = this.records.find(requestId, hashKey(hash));
     if (record === NO_RECORD) return this.ended(hash);
-    this.release(this.records, OWN, record, "already_done", requestId);
+    this.release(this.records, OWN, record, "already_done");
     this.counters.done++;
     return "ok";
   }
@@ -921,7 +934,7 @@ export class LoadTracker {
 
   /**
    * Ends an active request of `origin`: its load leaves its worker; an own one's id joins
-   * the finished ones and its end is reported (`requestId` if the caller has it). A
+   * the finished ones and its end is reported. A
    * chainless peer request takes `freed` decode blocks with it (its origin's count), or
    * without one its own share, at most what its origin still has there; the last of an
    * origin's requests on a slot takes the rest.
@@ -931,7 +944,6 @@ export class LoadTracker {
     origin: number,
     record: number,
     ending: Ending,
-    requestId?: string,
     freed?: number,
   ): void {
     const slot = r.slot[record]!;
@@ -944,7 +956,7 @@ export class LoadTracker {
     this.activeRequests[slot]!--;
     if (origin === OWN) {
       this.finished.remember(r.key[record]!, r.check[record]!, ending, this.now());
-      this.facts?.ended(requestId ?? r.idOf(record), END_REASONS[ending], treeFreed);
+      this.facts?.ended(r.serial[record]!, END_REASONS[ending], treeFreed);
     } else {
       this.peerRequests[slot]!--;
       this.peerPrefillTokens[slot]! -= r.prefill[record]!;

@@ -1,5 +1,5 @@
-// Goal: the bus's messages read back exactly as written (every fact type, ids of every
-// kind, workers by identity through the dictionary even when a slot changes hands within
+// Goal: the bus's messages read back exactly as written (every fact type, requests by
+// handle, workers by identity through the dictionary even when a slot changes hands within
 // a message, long chains cut to their first CHAIN_BLOCKS_MAX blocks), a writer's
 // published array is never written again, and every malformed message is refused whole
 // with its reason before any fact is applied.
@@ -43,16 +43,16 @@ function facts(): { table: WorkerTable; message: Uint8Array } {
   writer.begin(KIND.facts);
   writer.beginFacts();
   const chain = Uint32Array.from({ length: 2 * (CHAIN_BLOCKS_MAX + 5) }, (_, i) => i + 1);
-  writer.routed("plain", a, chain, 3, 48, 2);
-  writer.routed("long", b, chain, CHAIN_BLOCKS_MAX + 5, 5, 0);
-  writer.routedFlat("flat", b, 17, 1, 9);
-  writer.prefillDone("wide-→-id");
-  writer.ended("plain", "expired", 4);
+  writer.routed(1, a, chain, 3, 48, 2);
+  writer.routed(2, b, chain, CHAIN_BLOCKS_MAX + 5, 5, 0);
+  writer.routedFlat(0xffff_ffff, b, 17, 1, 9);
+  writer.prefillDone(70_000);
+  writer.ended(1, "expired", 4);
   writer.decodeTotal(a, 12);
   table.release(b); // slot b changes hands within the message: a new dictionary entry
   const c = table.acquire(8n, 1);
   expect(c).toBe(b);
-  writer.routedFlat("again", c, 1, 0, 0);
+  writer.routedFlat(5, c, 1, 0, 0);
   return { table, message: writer.finish(41, 1234.5) };
 }
 
@@ -72,13 +72,13 @@ describe("the bus's messages", () => {
     reader.read(message, header.bodyAt, null); // checks only
     reader.read(message, header.bodyAt, visitor);
     expect(seen).toEqual([
-      "routed plain 18446744073709551615:3 3 1/6 48 2 null",
-      `routed long 7:0 ${CHAIN_BLOCKS_MAX} 1/${2 * CHAIN_BLOCKS_MAX} 5 0 null`,
-      "routed flat 7:0 0 -/- 17 1 9",
-      "prefill wide-→-id",
-      "ended plain expired 4",
+      "routed 1 18446744073709551615:3 3 1/6 48 2 null",
+      `routed 2 7:0 ${CHAIN_BLOCKS_MAX} 1/${2 * CHAIN_BLOCKS_MAX} 5 0 null`,
+      "routed 4294967295 7:0 0 -/- 17 1 9",
+      "prefill 70000",
+      "ended 1 expired 4",
       "total 18446744073709551615:3 12",
-      "routed again 8:1 0 -/- 1 0 0",
+      "routed 5 8:1 0 -/- 1 0 0",
     ]);
   });
 
@@ -87,10 +87,10 @@ describe("the bus's messages", () => {
     const slot = table.acquire(1n, 0);
     const writer = new MessageWriter("r", 1, table);
     const sent: Uint8Array[] = [];
-    for (const id of ["a", "b", "c"]) {
+    for (const handle of [1, 2, 3]) {
       writer.begin(KIND.facts);
       writer.beginFacts();
-      writer.routedFlat(id, slot, 1, 0, 0);
+      writer.routedFlat(handle, slot, 1, 0, 0);
       sent.push(writer.finish(1, 0));
     }
     const ids = sent.map((message) => {
@@ -98,7 +98,7 @@ describe("the bus's messages", () => {
       new FactReader().read(message, readHeader(message).bodyAt, visitor);
       return seen[0]!.split(" ")[1];
     });
-    expect(ids).toEqual(["a", "b", "c"]);
+    expect(ids).toEqual(["1", "2", "3"]);
   });
 
   test("malformed messages are refused whole, with their reason", () => {

@@ -39,13 +39,14 @@ function tracker(options: { ttlMs?: number; maxActive?: number } = {}): LoadTrac
  */
 function relay(from: LoadTracker, to: LoadTracker, origin: number, chains: boolean): void {
   const slotThere = (slot: number) => to.slotOf(from.workerIdOf(slot), from.dpRanks[slot]!);
+  const key = (handle: number) => `h${handle}`;
   from.facts = {
-    routed: (id, slot, chain, blocks, prefill, output, added) =>
+    routed: (handle, slot, chain, blocks, prefill, output, added) =>
       chains
-        ? to.peerRouted(origin, id, slotThere(slot), chain, blocks, prefill, output)
-        : to.peerRouted(origin, id, slotThere(slot), chain, 0, prefill, output, added),
-    prefillDone: (id) => void to.peerPrefillDone(origin, id),
-    ended: (id, _reason, freed) => void to.peerEnded(origin, id, freed),
+        ? to.peerRouted(origin, key(handle), slotThere(slot), chain, blocks, prefill, output)
+        : to.peerRouted(origin, key(handle), slotThere(slot), chain, 0, prefill, output, added),
+    prefillDone: (handle) => void to.peerPrefillDone(origin, key(handle)),
+    ended: (handle, _reason, freed) => void to.peerEnded(origin, key(handle), freed),
   };
 }
 
@@ -64,10 +65,10 @@ describe("own facts", () => {
     const load = tracker({ ttlMs: 1000, maxActive: 2 });
     const seen: string[] = [];
     load.facts = {
-      routed: (id, slot, _chain, blocks, prefill, output) =>
-        seen.push(`routed ${id} ${slot} ${blocks} ${prefill} ${output}`),
-      prefillDone: (id) => seen.push(`prefill ${id}`),
-      ended: (id, reason: EndReason) => seen.push(`ended ${id} ${reason}`),
+      routed: (handle, slot, _chain, blocks, prefill, output, added) =>
+        seen.push(`routed ${handle} ${slot} ${blocks} ${prefill} ${output} +${added}`),
+      prefillDone: (handle) => seen.push(`prefill ${handle}`),
+      ended: (handle, reason: EndReason, freed) => seen.push(`ended ${handle} ${reason} -${freed}`),
     } satisfies OwnFacts;
     const w = load.addWorker(1n, 0);
     const v = load.addWorker(2n, 0);
@@ -84,19 +85,20 @@ describe("own facts", () => {
     load.admit("e", v, p.chain, 2, 9, 0, 0);
     load.removeWorker(2n, 0);
     expect(load.restore("f", w, p.chain, 2, 9, 0, 10)).toBe(true);
+    // Handles count requests: a = 1, …, f = 6; blocks shared with an active request add nothing.
     expect(seen).toEqual([
-      "routed a 0 2 5 0",
-      "prefill a",
-      "ended a done",
-      "routed b 0 2 9 0",
-      "routed c 1 2 9 0",
-      "ended b evicted",
-      "routed d 1 2 9 0",
-      "ended c expired",
-      "ended d expired",
-      "routed e 1 2 9 0",
-      "ended e worker_removed",
-      "routed f 0 2 9 0",
+      "routed 1 0 2 5 0 +2",
+      "prefill 1",
+      "ended 1 done -2",
+      "routed 2 0 2 9 0 +2",
+      "routed 3 1 2 9 0 +2",
+      "ended 2 evicted -2",
+      "routed 4 1 2 9 0 +0",
+      "ended 3 expired -0",
+      "ended 4 expired -2",
+      "routed 5 1 2 9 0 +2",
+      "ended 5 worker_removed -2",
+      "routed 6 0 2 9 0 +2",
     ]);
   });
 });
