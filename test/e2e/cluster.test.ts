@@ -15,6 +15,7 @@ import { join } from "node:path";
 import { KvedgeClient } from "../../src/sim/kvedge-client";
 import { freePort, NatsServer } from "../../src/sim/nats-server";
 import { TestEngine } from "../support/engine";
+import { startMockEngines, stopMockEngines } from "../support/mock-fleet";
 import { type ServeProcess, startServe } from "../support/serve";
 import { TcpProxy } from "../support/tcp-proxy";
 import { until } from "../support/wait";
@@ -302,6 +303,43 @@ describe("replicas on one bus", () => {
       expect(metrics).toMatch(/kvedge_cluster_events_total\{event="disconnect"\} [1-9]/);
     } finally {
       proxy.stop();
+    }
+  });
+});
+
+describe("the proxy", () => {
+  test("a request proxied by one replica is load on the others while it runs", async () => {
+    const engines = await startMockEngines(2, { speedup: 1, seed: 5 });
+    try {
+      const fleet = engines
+        .map((engine, i) => `${i + 1}=${engine.networked.endpoint};http=${engine.http}`)
+        .join(",");
+      const proxy = ["--proxy", "--cluster-name", "proxied"];
+      const [p, q] = await Promise.all([
+        replica("p", nats.url, proxy, fleet),
+        replica("q", nats.url, proxy, fleet),
+      ]);
+      await until(async () => (await cluster(q)).peers.length === 1, "p and q to see each other");
+      // A long completion (model time = wall time): it is active on q's view while p serves it.
+      const answer = fetch(`${p.url}/v1/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({
+          prompt: Array.from({ length: 64 }, (_, i) => i + 1),
+          max_tokens: 300,
+        }),
+      });
+      await until(async () => {
+        const workers = (await json(`${q.url}/v1/workers`)).workers as Json[];
+        return workers.some((w) => w.peer_active_requests === 1);
+      }, "q to count p's request");
+      expect((await answer).status).toBe(200);
+      await until(async () => {
+        const workers = (await json(`${q.url}/v1/workers`)).workers as Json[];
+        return workers.every((w) => w.active_requests === 0);
+      }, "the request's end to reach q");
+    } finally {
+      await stopMockEngines(engines);
     }
   });
 });
