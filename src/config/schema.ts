@@ -484,7 +484,7 @@ export const SETTINGS: readonly Setting[] = [
     type: integer(0, 1),
     default: null,
     optional: true,
-    help: "0 = engine events are applied to the index on the main thread, between requests; 1 = on a writer thread of its own, fed through a shared-memory ring (serve refuses it until routes read the writer's shared index; src/runtime/README.md). Unset = 0.",
+    help: "0 = engine events are applied to the index on the main thread, between requests; 1 = on a writer thread of its own, fed through a shared-memory ring, while routes read the writer's index in shared memory (src/runtime/README.md). Unset = 0.",
   }),
   setting({
     key: "runtime.route_threads",
