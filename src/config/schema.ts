@@ -23,6 +23,8 @@ export interface Config {
     readonly host: string;
     readonly port: number;
     readonly admin_token: string | null;
+    readonly control_host: string;
+    readonly control_port: number;
     readonly body_limit_bytes: number;
     readonly buffer_budget_bytes: number;
     readonly log_level: (typeof LOG_LEVELS)[number];
@@ -67,6 +69,7 @@ export interface Config {
     readonly replay_timeout_ms: number;
     readonly replay_deadline_ms: number;
     readonly replay_buffer_bytes: number;
+    readonly allow_wildcard_endpoints: boolean;
   };
   readonly state: {
     readonly dir: string | null;
@@ -135,6 +138,20 @@ export const SETTINGS: readonly Setting[] = [
     optional: true,
     secret: true,
     help: "Bearer token required to add or remove workers over HTTP; unset = no token needed (keep the default loopback bind then).",
+  }),
+  setting({
+    key: "server.control_host",
+    flag: "control-host",
+    type: text("a host name or IP address", "HOST", (v) => HOST.test(v)),
+    default: "127.0.0.1",
+    help: "With proxy.enabled: the control listener's address. It serves everything but the OpenAI endpoints (the decision API, lifecycle calls, workers, dump, status page, metrics), which the proxy's port refuses (403); keep it on loopback or a trusted network.",
+  }),
+  setting({
+    key: "server.control_port",
+    flag: "control-port",
+    type: integer(0, 65_535),
+    default: 8081,
+    help: "With proxy.enabled: the control listener's port (0 picks a free one).",
   }),
   setting({
     key: "server.body_limit_bytes",
@@ -402,6 +419,13 @@ export const SETTINGS: readonly Setting[] = [
     type: integer(64 * 1024, 16 * 1024 * MIB),
     default: 64 * MIB,
     help: "Payload bytes one engine's source holds while a replay runs (live batches past it are dropped, then counted lost).",
+  }),
+  setting({
+    key: "ingest.allow_wildcard_endpoints",
+    flag: "allow-wildcard-endpoints",
+    type: boolean,
+    default: false,
+    help: "Accept worker endpoints that name a wildcard address (tcp://*:PORT, which makes kvedge bind every interface; tcp://0.0.0.0:PORT, tcp://[::]:PORT), in the config and in POST /v1/workers; off = refused.",
   }),
   setting({
     key: "state.dir",

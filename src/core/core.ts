@@ -7,7 +7,7 @@
  * Refusals are KvedgeErrors with codes; the server maps them to statuses.
  */
 import type { Config } from "../config";
-import type { WorkerEntry } from "../config/workers";
+import { type WorkerEntry, wildcardProblem } from "../config/workers";
 import { blockSeed } from "../hash";
 import type { KvIndex } from "../index";
 import { createIndex, MatchResult } from "../index";
@@ -488,6 +488,11 @@ export class KvedgeCore {
         `worker ${entry.worker_id} dp_rank ${entry.dp_rank} already exists`,
       );
     }
+    const wildcard = this.options.config.ingest.allow_wildcard_endpoints
+      ? null
+      : wildcardProblem(entry);
+    if (wildcard !== null)
+      throw new KvedgeError("forbidden", wildcard.message, { param: wildcard.field });
     const config = {
       workerId: entry.worker_id,
       dpRank: entry.dp_rank,

@@ -102,7 +102,13 @@ describe("libzmq publishers", () => {
       return;
     }
     const port = await freePort();
-    const serve = await startServe(["--block-size", String(BS), "--workers", `6=tcp://*:${port}`]);
+    const serve = await startServe([
+      "--block-size",
+      String(BS),
+      "--allow-wildcard-endpoints",
+      "--workers",
+      `6=tcp://*:${port}`,
+    ]);
     cleanups.push(() => serve.stop());
     const peer = await NodePeer.start({ role: "pub", connect: `tcp://127.0.0.1:${port}` });
     cleanups.push(() => peer.kill());
