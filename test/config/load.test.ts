@@ -539,7 +539,9 @@ describe("workers", () => {
     expect(refusal({ argv: ["--proxy", "--port", "9000", "--control-port", "9000"] })).toBe(
       "server.control_port (from --control-port) = 9000 is server.port (from --port): with proxy.enabled the control listener needs a port of its own",
     );
-    expect(load({ argv: ["--proxy", "--port", "0", "--control-port", "0"] }).config.server).toMatchObject({ port: 0, control_port: 0 });
+    expect(
+      load({ argv: ["--proxy", "--port", "0", "--control-port", "0"] }).config.server,
+    ).toMatchObject({ port: 0, control_port: 0 });
     expect(load({ argv: ["--port", "8081"] }).config.server.port).toBe(8081);
   });
 
