@@ -54,9 +54,9 @@ const promptOf = (n: number) => Array.from({ length: 96 }, (_, i) => 1 + n * 100
 /** Conversations of a miss and a predicted hit each; with `untilFlagged`, until worker 1 is flagged. */
 async function traffic(untilFlagged: boolean, rounds: number, first = 0): Promise<void> {
   for (let n = first; n < first + rounds; n++) {
-    await missThenHit(serve.url, promptOf(n));
+    await missThenHit(serve, promptOf(n));
     if (untilFlagged) {
-      const workers = ((await (await fetch(`${serve.url}/v1/workers`)).json()) as Json)
+      const workers = ((await (await fetch(`${serve.controlUrl}/v1/workers`)).json()) as Json)
         .workers as Json[];
       if (workers[0]!.observed_hits.suspect === true) return;
     }
@@ -69,7 +69,7 @@ test("the status page in headless Chromium shows the fleet, the rates and the di
   ).toBe("chromium installed");
   await traffic(true, 40);
   browser = await Browser.launch();
-  await browser.open(`${serve.url}/`);
+  await browser.open(`${serve.controlUrl}/`);
   // Traffic while the page polls, so its rates are not zero.
   let round = 0;
   let stop = false;
@@ -120,7 +120,7 @@ test("the status page in headless Chromium shows the fleet, the rates and the di
   ).toBe(true);
   // No external assets: every resource the page loaded is its own server's.
   expect(page.resources.length).toBeGreaterThan(0);
-  expect(page.resources.every((url: string) => url.startsWith(serve.url))).toBe(true);
+  expect(page.resources.every((url: string) => url.startsWith(serve.controlUrl))).toBe(true);
   const png = await browser.screenshot();
   expect([...png.subarray(1, 4)].map((c) => String.fromCharCode(c)).join("")).toBe("PNG");
   expect(png.length).toBeGreaterThan(20_000);
