@@ -158,13 +158,10 @@ Example:
         ? null
         : setInterval(() => void periodic.tick(), config.state.snapshot_interval_secs * 1000);
     log.info("listening", {
-      url: serving.url,
-      ...(proxy === null ? {} : { control_url: serving.controlUrl }),
-      route_lanes: serving.lanes?.count ?? 0,
+      ...whereServing(serving, proxy !== null, writer),
       block_size: config.index.block_size,
       backend: config.index.backend,
       workers: config.workers.length,
-      ...threadCpus(writer, serving.lanes),
     });
 
     const signal = await stopping.reason(writer, log);
@@ -336,6 +333,16 @@ class StopRequest {
     log.info("shutting down", { signal: reason });
     return reason;
   }
+}
+
+/** The `listening` line's addresses (the control listener's with the proxy) and threads. */
+function whereServing(serving: Serving, proxied: boolean, writer: WriterThread | null) {
+  return {
+    url: serving.url,
+    ...(proxied ? { control_url: serving.controlUrl } : {}),
+    route_lanes: serving.lanes?.count ?? 0,
+    ...threadCpus(writer, serving.lanes),
+  };
 }
 
 /** Where the writer and the lanes run (the `listening` line): "1" and "2;3". */

@@ -478,6 +478,14 @@ export class KvedgeCore {
   // ---- Workers ----
 
   /** Adds an engine and starts listening to it; `worker_exists` if (worker, dp rank) already has a source. */
+  /** A worker endpoint naming a wildcard address: 403 unless ingest.allow_wildcard_endpoints. */
+  private refuseWildcard(entry: WorkerEntry): void {
+    if (this.options.config.ingest.allow_wildcard_endpoints) return;
+    const problem = wildcardProblem(entry);
+    if (problem !== null)
+      throw new KvedgeError("forbidden", problem.message, { param: problem.field });
+  }
+
   async addWorker(entry: WorkerEntry): Promise<void> {
     if (this.stopped) throw new KvedgeError("shutting_down", "kvedge is shutting down");
     const table = this.workerTable;
@@ -488,11 +496,7 @@ export class KvedgeCore {
         `worker ${entry.worker_id} dp_rank ${entry.dp_rank} already exists`,
       );
     }
-    const wildcard = this.options.config.ingest.allow_wildcard_endpoints
-      ? null
-      : wildcardProblem(entry);
-    if (wildcard !== null)
-      throw new KvedgeError("forbidden", wildcard.message, { param: wildcard.field });
+    this.refuseWildcard(entry);
     const config = {
       workerId: entry.worker_id,
       dpRank: entry.dp_rank,

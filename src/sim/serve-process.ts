@@ -39,6 +39,9 @@ function installHandlers(): void {
   }
 }
 
+/** Both listeners on ports the system picks (the control listener is `--proxy`'s). */
+const EPHEMERAL_PORTS = ["--port", "0", "--control-port", "0"];
+
 /** Log lines kept for error messages. */
 const TAIL_LINES = 40;
 
@@ -73,17 +76,7 @@ export interface ServeChildOptions {
 export async function startServeChild(options: ServeChildOptions): Promise<ServeChild> {
   const command = options.command ?? kvedgeCommand();
   const proc: Subprocess<"ignore", "ignore", "pipe"> = Bun.spawn(
-    [
-      ...command,
-      "serve",
-      "--port",
-      "0",
-      "--control-port",
-      "0",
-      "--log-format",
-      "json",
-      ...options.args,
-    ],
+    [...command, "serve", ...EPHEMERAL_PORTS, "--log-format", "json", ...options.args],
     { stdin: "ignore", stdout: "ignore", stderr: "pipe", env: options.env ?? process.env },
   );
   installHandlers();
@@ -99,17 +92,10 @@ export async function startServeChild(options: ServeChildOptions): Promise<Serve
     lines.push(line);
     if (lines.length > TAIL_LINES) lines.shift();
     options.onLine?.(line);
-    if (listener.resolve !== null && line.includes('"listening"')) {
-      try {
-        const record = JSON.parse(line) as Record<string, unknown>;
-        if (record.msg === "listening" && typeof record.url === "string") {
-          const control = typeof record.control_url === "string" ? record.control_url : record.url;
-          listener.resolve({ url: record.url, controlUrl: control });
-          listener.resolve = null;
-        }
-      } catch {
-        // Not a JSON log line: kept in the tail only.
-      }
+    const urls = listener.resolve === null ? null : listeningUrls(line);
+    if (urls !== null) {
+      listener.resolve!(urls);
+      listener.resolve = null;
     }
   });
   const timeoutMs = options.startTimeoutMs ?? 30_000;
@@ -144,6 +130,19 @@ export async function startServeChild(options: ServeChildOptions): Promise<Serve
     );
   } finally {
     clearTimeout(timer);
+  }
+}
+
+/** The URLs of a `listening` log line (null for any other line). */
+function listeningUrls(line: string): { url: string; controlUrl: string } | null {
+  if (!line.includes('"listening"')) return null;
+  try {
+    const record = JSON.parse(line) as Record<string, unknown>;
+    if (record.msg !== "listening" || typeof record.url !== "string") return null;
+    const control = typeof record.control_url === "string" ? record.control_url : record.url;
+    return { url: record.url, controlUrl: control };
+  } catch {
+    return null; // not a JSON log line: kept in the tail only
   }
 }
 
