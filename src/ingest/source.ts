@@ -63,6 +63,8 @@ export interface SequencerView {
   readonly lastSeq: number;
   readonly lastFingerprint: number;
   readonly isDegraded: boolean;
+  /** Why it is degraded, in words (null when it is not). */
+  readonly degradedReason: string | null;
   readonly counters: SequencerCounters;
   /** A saved position (warm restart), before the first connect. */
   restore(last: number, lastPrint: number, degraded: boolean): void;

@@ -43,6 +43,7 @@ import { ServerMetrics } from "./metrics";
 import type { MetricsRegistry } from "../util/metrics";
 import type { KvedgeCore } from "../core/core";
 import { statusOp, statusPage } from "./status";
+import { StatusHistory } from "./status-history";
 import { TurnBatch } from "./turn";
 import { CHAT_PATH, COMPLETIONS_PATH, type OpenAiPath } from "../proxy/openai";
 import type { OpenAiProxy } from "../proxy/proxy";
@@ -115,6 +116,9 @@ interface AppContext {
   readonly batch: TurnBatch;
   /** Throws 401 unless the request carries the admin token (when one is set). */
   readonly requireAdmin: (request: Request) => void;
+  /** The status page's history (sampled while the app runs) and the proxy's counters. */
+  readonly history: StatusHistory;
+  readonly proxyCounters: object | null;
 }
 
 /** One Bun.serve: where it listens, what it serves, its guard (which depends on its host). */
@@ -127,6 +131,7 @@ interface Listener {
 
 export function startApp(options: AppOptions): App {
   const context = appContext(options);
+  options.core.onDecision = (seconds) => context.metrics.observeRouteDecision(seconds);
   const table: RouteTable = { ...apiRoutes(context), ...opsRoutes(context) };
   if (options.proxy) addProxyRoutes(table, options.proxy);
   for (const template of Object.keys(table)) {
@@ -154,6 +159,7 @@ export function startApp(options: AppOptions): App {
     throw error;
   }
   const servers = second === null ? [first] : [first, second];
+  context.history.start();
   const url = `http://${hostForUrl(options.host)}:${first.port}`;
   return {
     server: first,
@@ -161,6 +167,7 @@ export function startApp(options: AppOptions): App {
     url,
     controlUrl: second === null ? url : `http://${hostForUrl(control!.host)}:${second.port}`,
     async stop(graceMs) {
+      context.history.stop();
       const closing = Promise.all(servers.map((server) => server.stop(false)));
       const deadline = new Promise<void>((resolve) => setTimeout(resolve, graceMs).unref());
       await Promise.race([closing, deadline]);
@@ -200,14 +207,21 @@ function serveOne(context: AppContext, table: RouteTable, listener: Listener): S
 
 function appContext(options: AppOptions): AppContext {
   const adminToken = options.adminToken === null ? null : Buffer.from(options.adminToken);
+  const metrics = new ServerMetrics(options.registry);
   return {
     core: options.core,
     log: options.log,
-    metrics: new ServerMetrics(options.registry),
+    metrics,
     registry: options.registry,
     limit: options.bodyLimitBytes,
     dumps: new DumpWriter(options.dumpStallMs),
     batch: new TurnBatch(options.log),
+    history: new StatusHistory({
+      core: options.core,
+      proxyCounters: options.proxy?.counters ?? null,
+      decisions: () => metrics.routeDecisions,
+    }),
+    proxyCounters: options.proxy?.counters ?? null,
     requireAdmin: (request) => {
       if (adminToken === null) return;
       const header = request.headers.get("authorization") ?? "";
@@ -224,7 +238,7 @@ function appContext(options: AppOptions): AppContext {
 
 /** The API: match, route, lifecycle, workers. */
 function apiRoutes(context: AppContext): RouteTable {
-  const { core, metrics, limit, requireAdmin } = context;
+  const { core, limit, requireAdmin } = context;
   const lifecycle = (op: "prefill_done" | "done"): Batched => ({
     readsBody: false,
     op: (request, params) => reply(request, 200, lifecycleOp(core, params.id!, op)),
@@ -243,10 +257,7 @@ function apiRoutes(context: AppContext): RouteTable {
         op: (request, _params, body) => {
           const parsed = parseBody(body!, true);
           if (core.admission.enabled) return admittedRoute(context, request, parsed);
-          const started = performance.now();
-          const outcome = decideRoute(core, parsed);
-          metrics.observeRouteDecision((performance.now() - started) / 1000);
-          return routeReply(core, request, outcome);
+          return routeReply(core, request, decideRoute(core, parsed));
         },
       },
     },
@@ -280,7 +291,13 @@ function opsRoutes(context: AppContext): RouteTable {
         return response;
       },
     },
-    "/v1/status": { GET: (request) => reply(request, 200, statusOp(core)) },
+    "/v1/status": {
+      GET: (request) => {
+        const since = Number(new URL(request.url).searchParams.get("since") ?? 0);
+        const body = statusOp(core, context.history, context.proxyCounters, since || 0);
+        return reply(request, 200, body);
+      },
+    },
     "/healthz": { GET: (request) => reply(request, 200, { status: "ok" }) },
     "/readyz": {
       GET: (request) => {

@@ -129,7 +129,6 @@ function serveLane(thread: KvedgeThread, options: LanesOptions): void {
       input: route.input,
       candidatesMax: route.candidatesMax,
       answer: (outcome) => {
-        metrics.observeRouteDecision((performance.now() - started) / 1000);
         const body = routeAnswer(core, outcome);
         finish({ id: route.id, body, error: null });
       },

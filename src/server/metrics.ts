@@ -216,6 +216,11 @@ export class ServerMetrics {
   observeRouteDecision(seconds: number): void {
     this.routeDecision.observe(this.routeDecisionSeries, seconds);
   }
+
+  /** The route decision histogram as it stands: per-bucket counts (not cumulative), bounds in seconds. */
+  get routeDecisions(): { readonly bounds: readonly number[]; readonly counts: Float64Array } {
+    return { bounds: ROUTE_BUCKETS_SECONDS, counts: this.routeDecisionSeries.counts };
+  }
 }
 
 /**
