@@ -2,7 +2,8 @@
  * The status page's history, kept on the server so a page opened (or reloaded) now
  * draws the last few minutes at once: every SAMPLE_MS a sample of the cumulative
  * counters and the gauges (the page turns counters into rates), in a ring of
- * HISTORY_SAMPLES. Memory is bounded by the ring: about 0.5 KB a sample.
+ * HISTORY_SAMPLES. Memory is bounded by the ring: about 0.33 KB a sample, 100 KB in all
+ * (measured with ten proxy counters).
  */
 import type { KvedgeCore } from "../core/core";
 
