@@ -8,8 +8,8 @@
 // endpoint naming a wildcard address is refused (403) before anything binds. Real
 // binary, on one thread and with two route lanes, over loopback.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { connect, createServer } from "node:net";
 import { type MockEngine, startMockEngines, stopMockEngines } from "../support/mock-fleet";
+import { freePort, listening, rawStatus } from "../support/net";
 import { type ServeProcess, startServe } from "../support/serve";
 import { until } from "../support/wait";
 
@@ -38,22 +38,6 @@ async function outcome(response: Response): Promise<[number, string | null]> {
   return [response.status, body.error?.code ?? null];
 }
 
-/** A raw HTTP/1.1 request with this Host header; resolves with the status line. */
-function rawStatus(port: number, host: string, line = "GET /healthz"): Promise<string> {
-  return new Promise((resolve) => {
-    let got = "";
-    const socket = connect({ host: "127.0.0.1", port }, () => {
-      socket.write(`${line} HTTP/1.1\r\nHost: ${host}\r\nContent-Length: 0\r\n\r\n`);
-    });
-    socket.on("data", (chunk: Buffer) => {
-      got += chunk.toString("latin1");
-      if (got.includes("\r\n")) socket.destroy();
-    });
-    socket.on("close", () => resolve(got.split("\r\n")[0] ?? ""));
-    socket.on("error", () => {});
-  });
-}
-
 /** A WebSocket to `/v1/ws`: "open" if it opened, else how it ended. */
 function openWs(url: string): Promise<string> {
   return new Promise((resolve) => {
@@ -63,27 +47,6 @@ function openWs(url: string): Promise<string> {
       resolve("open");
     };
     ws.onerror = () => resolve("refused");
-  });
-}
-
-async function freePort(): Promise<number> {
-  return await new Promise((resolve) => {
-    const server = createServer();
-    server.listen(0, "127.0.0.1", () => {
-      const port = (server.address() as { port: number }).port;
-      server.close(() => resolve(port));
-    });
-  });
-}
-
-/** Whether anything accepts connections on 127.0.0.1:port. */
-function listening(port: number): Promise<boolean> {
-  return new Promise((resolve) => {
-    const socket = connect({ host: "127.0.0.1", port }, () => {
-      socket.destroy();
-      resolve(true);
-    });
-    socket.on("error", () => resolve(false));
   });
 }
 
@@ -228,10 +191,12 @@ for (const lanes of [0, 2]) {
       for (const url of [serve.url, serve.controlUrl]) {
         const port = Number(new URL(url).port);
         for (const host of ["[", "127.0.0.1:1:2", "a/b"]) {
-          expect(await rawStatus(port, host)).toStartWith("HTTP/1.1 400");
+          expect(await rawStatus(port, host, "GET /healthz")).toStartWith("HTTP/1.1 400");
           expect(await rawStatus(port, host, "POST /v1/route")).toStartWith("HTTP/1.1 400");
         }
-        expect(await rawStatus(port, `127.0.0.1:${port}`)).toStartWith("HTTP/1.1 200");
+        expect(await rawStatus(port, `127.0.0.1:${port}`, "GET /healthz")).toStartWith(
+          "HTTP/1.1 200",
+        );
       }
     });
 
