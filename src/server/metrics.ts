@@ -185,7 +185,7 @@ export class ServerMetrics {
     );
     this.routeDecision = new FastHistogram(
       "kvedge_route_decision_duration_seconds",
-      "Time to choose a worker for one request (cost of every worker, load bookkeeping).",
+      "Time to choose a worker for one request (cost of every worker, load bookkeeping), for every decision: the API's, the lanes', the proxy's.",
       ROUTE_BUCKETS_SECONDS,
       registry,
     );
