@@ -137,12 +137,10 @@ Example:
         ? null
         : setInterval(() => void periodic.tick(), config.state.snapshot_interval_secs * 1000);
     log.info("listening", {
-      url: serving.url,
-      route_lanes: serving.lanes?.count ?? 0,
+      ...whereServing(serving, proxy !== null, writer),
       block_size: config.index.block_size,
       backend: config.index.backend,
       workers: config.workers.length,
-      ...threadCpus(writer, serving.lanes),
     });
 
     const signal = await stopping.reason(writer, log);
@@ -211,13 +209,18 @@ function startWriter(config: Config, plan: ThreadPlan): Promise<WriterThread> {
 
 interface Serving {
   readonly url: string;
+  /** Where the control plane is served: `url`, or the control listener with the proxy. */
+  readonly controlUrl: string;
   readonly lanes: RouteLanes | null;
   stop(graceMs: number): Promise<void>;
 }
 
 /**
  * The HTTP server, and the route lanes: with lanes, they own the public port and the
- * main thread's server listens on loopback only, for what the lanes pass on.
+ * main thread's server listens on loopback only, for what the lanes pass on. With the
+ * proxy, the public port serves only the OpenAI endpoints and health; everything else
+ * is the control listener's (src/server/surface.ts): with lanes, the main thread's
+ * server is that listener.
  */
 interface Serves {
   readonly core: KvedgeCore;
@@ -234,38 +237,48 @@ async function listen(
   log: Logger,
 ): Promise<Serving> {
   const { core, writer, registry, proxy, cluster } = serves;
+  const { server } = config;
   const lanesOn = plan.routeThreads > 0;
+  const control = proxy === null ? null : { host: server.control_host, port: server.control_port };
+  const mainAt = lanesOn
+    ? (control ?? { host: loopbackOf(server.host), port: 0 })
+    : { host: server.host, port: server.port };
   const app = startApp({
-    host: lanesOn ? loopbackOf(config.server.host) : config.server.host,
-    port: lanesOn ? 0 : config.server.port,
-    bodyLimitBytes: config.server.body_limit_bytes,
-    adminToken: config.server.admin_token,
+    ...mainAt,
+    control: lanesOn ? null : control,
+    bodyLimitBytes: server.body_limit_bytes,
+    adminToken: server.admin_token,
     core,
     registry,
     log: log.child({ component: "http" }),
     proxy,
     cluster,
   });
-  if (!lanesOn) return { url: app.url, lanes: null, stop: (graceMs) => app.stop(graceMs) };
+  if (!lanesOn) {
+    const stop = (graceMs: number) => app.stop(graceMs);
+    return { url: app.url, controlUrl: app.controlUrl, lanes: null, stop };
+  }
   let lanes: RouteLanes;
   try {
     lanes = await RouteLanes.start({
-      host: config.server.host,
-      port: config.server.port,
-      mainUrl: app.url,
-      bodyLimitBytes: config.server.body_limit_bytes,
+      host: server.host,
+      port: server.port,
+      mainUrl: reachable(app.url),
+      bodyLimitBytes: server.body_limit_bytes,
       core,
       metrics: app.metrics,
       log: log.child({ component: "lanes" }),
       cpus: plan.laneCpus,
       index: writer?.descriptor ?? null,
+      surface: proxy === null ? "all" : "proxy",
     });
   } catch (error) {
     await app.stop(0);
     throw new Error(`cannot start the route lanes: ${(error as Error).message}`);
   }
   return {
-    url: urlOf(config.server.host, lanes.port),
+    url: urlOf(server.host, lanes.port),
+    controlUrl: proxy === null ? urlOf(server.host, lanes.port) : app.url,
     lanes,
     async stop(graceMs) {
       await lanes.stop(graceMs);
@@ -336,6 +349,11 @@ async function startCluster(
   }
 }
 
+/** A URL a lane can connect to: a wildcard listener is reached on loopback. */
+function reachable(url: string): string {
+  return url.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:");
+}
+
 function metricsOf(
   core: KvedgeCore,
   proxy: OpenAiProxy | null,
@@ -381,6 +399,16 @@ class StopRequest {
     log.info("shutting down", { signal: reason });
     return reason;
   }
+}
+
+/** The `listening` line's addresses (the control listener's with the proxy) and threads. */
+function whereServing(serving: Serving, proxied: boolean, writer: WriterThread | null) {
+  return {
+    url: serving.url,
+    ...(proxied ? { control_url: serving.controlUrl } : {}),
+    route_lanes: serving.lanes?.count ?? 0,
+    ...threadCpus(writer, serving.lanes),
+  };
 }
 
 /** Where the writer and the lanes run (the `listening` line): "1" and "2;3". */

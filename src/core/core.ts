@@ -7,7 +7,7 @@
  * Refusals are KvedgeErrors with codes; the server maps them to statuses.
  */
 import type { Config } from "../config";
-import type { WorkerEntry } from "../config/workers";
+import { type WorkerEntry, wildcardProblem } from "../config/workers";
 import { blockSeed, LoraAdapters } from "../hash";
 import type { KvIndex } from "../index";
 import { createIndex, MatchResult } from "../index";
@@ -29,7 +29,7 @@ import type { LifecycleResult } from "../route/load";
 import { ObservedHits, type ObservedHitsView } from "./observed-hits";
 import type { Logger } from "../util/log";
 import type { ZmtpOptions } from "../wire/zmtp";
-import { budgetedWriter } from "../ingest/budgeted-writer";
+import { BUDGET_REFUSAL, budgetedWriter } from "../ingest/budgeted-writer";
 import { KvedgeError } from "../domain/errors";
 import { WorkerTable } from "../domain/worker-table";
 import { attach } from "../index/crtc/shared";
@@ -99,6 +99,8 @@ export interface WorkerView {
   readonly topic: string | null;
   readonly state: SourceState | "unmanaged";
   readonly degraded: boolean;
+  /** Why it is degraded, in words: lost events, a failed probe, the budget, its hits... */
+  readonly degradedReason: string | null;
   readonly blocks: number;
   readonly activeRequests: number;
   readonly activePrefillTokens: number;
@@ -109,6 +111,8 @@ export interface WorkerView {
   readonly routedTotal: number;
   readonly lastSeq: number;
   readonly lostBatches: number;
+  /** How long after the engine's timestamp its last batch was applied (ms), if it had one. */
+  readonly eventLagMs: number | null;
   /** The engine's OpenAI-compatible server (where the proxy forwards), if configured. */
   readonly httpEndpoint: string | null;
   readonly observed: ObservedHitsView;
@@ -340,10 +344,18 @@ export class KvedgeCore {
     );
   }
 
+  /**
+   * Told how long each decision took (seconds), whoever asked for it (the API, a lane,
+   * the proxy, a held call released): the server's route latency histogram.
+   */
+  onDecision: ((seconds: number) => void) | null = null;
+
   /** Picks a worker now, whatever admission says; the decision's candidates are valid until the next call. */
   route(input: RouteInput, candidatesMax: number): RouteOutcome {
+    const started = this.onDecision === null ? 0 : performance.now();
     const { request, overlaps, blockCount } = this.routeRequest(input, candidatesMax);
     const decision = this.router.route(request, overlaps, this.candidates);
+    this.onDecision?.((performance.now() - started) / 1000);
     const totals = this.routeTotals;
     totals.decisions++;
     totals.promptTokens += input.tokens.length;
@@ -587,6 +599,14 @@ export class KvedgeCore {
   // ---- Workers ----
 
   /** Adds an engine and starts listening to it; `worker_exists` if (worker, dp rank) already has a source. */
+  /** A worker endpoint naming a wildcard address: 403 unless ingest.allow_wildcard_endpoints. */
+  private refuseWildcard(entry: WorkerEntry): void {
+    if (this.options.config.ingest.allow_wildcard_endpoints) return;
+    const problem = wildcardProblem(entry);
+    if (problem !== null)
+      throw new KvedgeError("forbidden", problem.message, { param: problem.field });
+  }
+
   async addWorker(entry: WorkerEntry): Promise<void> {
     if (this.stopped) throw new KvedgeError("shutting_down", "kvedge is shutting down");
     const table = this.workerTable;
@@ -597,6 +617,7 @@ export class KvedgeCore {
         `worker ${entry.worker_id} dp_rank ${entry.dp_rank} already exists`,
       );
     }
+    this.refuseWildcard(entry);
     const config = {
       workerId: entry.worker_id,
       dpRank: entry.dp_rank,
@@ -710,6 +731,7 @@ export class KvedgeCore {
         topic: source?.config.topic ?? null,
         state: source?.state ?? "unmanaged",
         degraded: load.degraded,
+        degradedReason: load.degraded ? this.distrustReason(load.slot) : null,
         blocks: blocks.get(load.slot) ?? 0,
         activeRequests: load.activeRequests,
         activePrefillTokens: load.activePrefillTokens,
@@ -719,6 +741,7 @@ export class KvedgeCore {
         routedTotal: load.routedTotal,
         lastSeq: source?.sequencer.lastSeq ?? -1,
         lostBatches: source?.sequencer.counters.lost ?? 0,
+        eventLagMs: lagOf(source),
         httpEndpoint: this.httpEndpointOf(load.workerId, load.dpRank),
         observed: this.observedHits.view(load.workerId, load.dpRank),
         times: this.timesOf(load.slot),
@@ -771,6 +794,26 @@ export class KvedgeCore {
         this.workerTable.dpRankOf(slot),
       )
     );
+  }
+
+  /** Why `distrusted(slot)` holds, in words, the first cause found. */
+  private distrustReason(slot: number): string {
+    const source = this.sourceOf(slot);
+    if (source !== undefined && source.state !== "connected")
+      return `engine not connected (${source.state}): what it holds is unknown`;
+    const sequenced = source?.sequencer.degradedReason ?? null;
+    if (sequenced !== null) return sequenced;
+    if (this.incomplete.has(slot)) return BUDGET_REFUSAL;
+    const observed = this.observedHits.view(
+      this.workerTable.workerIdOf(slot),
+      this.workerTable.dpRankOf(slot),
+    );
+    if (observed.suspect) {
+      const ratio =
+        observed.recentRatio === null ? "" : ` (${Math.round(100 * observed.recentRatio)}%)`;
+      return `observed hits far below predicted${ratio}: the engine does not serve what its events say`;
+    }
+    return "degraded";
   }
 
   /** The source publishing a slot: its own, or the worker's source that reported that rank. */
@@ -840,4 +883,10 @@ function zmtpOptionsOf(ingest: Config["ingest"]): ZmtpOptions {
     reconnectMinMs: ingest.reconnect_min_ms,
     reconnectMaxMs: ingest.reconnect_max_ms,
   };
+}
+
+/** The lag of a source's last timestamped batch (ms), or null when none had a timestamp. */
+function lagOf(source: EngineSource | undefined): number | null {
+  const counters = source?.normalizer.counters;
+  return counters === undefined || counters.lagBatches === 0 ? null : counters.lagLastMs;
 }

@@ -148,7 +148,18 @@ export class NormalizeCounters {
   appliedStoredBlocks = 0;
   appliedRemovedBlocks = 0;
   appliedClears = 0;
+  /**
+   * The event lag: batches that carried the engine's timestamp (`ts`), and the sum and
+   * last of how long after it each was applied (ms; an engine clock ahead of ours
+   * counts as 0). A replayed batch counts as late as it is.
+   */
+  lagBatches = 0;
+  lagSumMs = 0;
+  lagLastMs = 0;
 }
+
+/** A timestamp further than this from now is not a clock reading (0, garbage): no lag. */
+const LAG_PLAUSIBLE_MS = 86_400_000;
 
 export interface NormalizerOptions {
   readonly workerId: bigint;
@@ -275,8 +286,18 @@ export class KvEventNormalizer {
       });
       return false;
     }
+    this.noteLag(this.decoded.ts);
     this.normalize(this.decoded);
     return true;
+  }
+
+  private noteLag(ts: number): void {
+    const lag = Date.now() - ts * 1000;
+    if (!(Math.abs(lag) < LAG_PLAUSIBLE_MS)) return;
+    const counters = this.counters;
+    counters.lagBatches++;
+    counters.lagLastMs = Math.max(0, lag);
+    counters.lagSumMs += counters.lagLastMs;
   }
 
   /** Normalizes a decoded batch whole, then hands it to the writer. */

@@ -198,6 +198,8 @@ export class Sequencer {
   private lastPrint = NONE;
   private readonly lastBatch = new LastBatch();
   private degraded = false;
+  /** What made the worker degraded (while `degraded`): the status page and /v1/workers say it. */
+  private degradedBy = "";
   /** After a connect without a probe: trust is unknown until a batch 0 or a clear. */
   private awaitingFirst = false;
   /** A saved position (warm restart) no connection has checked yet: not exact. */
@@ -258,6 +260,15 @@ export class Sequencer {
     return this.degraded || this.awaitingFirst || this.unconfirmed || this.mode === "probe";
   }
 
+  /** Why the worker is degraded, in words (null when it is not). */
+  get degradedReason(): string | null {
+    if (this.degraded) return this.degradedBy;
+    if (this.mode === "probe") return "connect probe running: the engine's state is not known yet";
+    if (this.awaitingFirst)
+      return "connected without a replay endpoint: state unknown until batch 0 or a clear";
+    return null;
+  }
+
   get isReplaying(): boolean {
     return this.mode !== "idle";
   }
@@ -272,6 +283,7 @@ export class Sequencer {
     // PENDING is this object's state, not a fingerprint: like any non-fingerprint, it matches nothing.
     this.lastPrint = lastPrint === PENDING ? NONE : lastPrint;
     this.degraded = degraded;
+    this.degradedBy = "degraded when the snapshot was saved";
   }
 
   /**
@@ -435,7 +447,7 @@ export class Sequencer {
         ? "a batch over ingest.max_message_bytes was skipped"
         : replayed
           ? "replay started after the gap"
-          : "no replay";
+          : "a gap, and no replay endpoint";
       this.lose(seq - expected, reason);
     }
     this.applyBatch(seq, payload, replayed);
@@ -697,12 +709,13 @@ export class Sequencer {
     this.oversizePending = false;
     this.counters.lost += batches;
     this.hooks.event?.("loss", { batches, reason });
-    this.markDegraded(reason);
+    this.markDegraded(`${batches} ${batches === 1 ? "batch" : "batches"} lost: ${reason}`);
   }
 
   private markDegraded(reason: string): void {
     if (this.degraded) return;
     this.degraded = true;
+    this.degradedBy = reason;
     this.hooks.event?.("degraded", { reason });
   }
 

@@ -67,6 +67,8 @@ export interface SequencerView {
   readonly lastSeq: number;
   readonly lastFingerprint: number;
   readonly isDegraded: boolean;
+  /** Why it is degraded, in words (null when it is not). */
+  readonly degradedReason: string | null;
   readonly counters: SequencerCounters;
 }
 

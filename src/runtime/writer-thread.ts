@@ -44,6 +44,7 @@ export class RingStream implements StreamInput, StreamView {
   private lastSeq = -1;
   private lastFingerprint = -1;
   private degraded = false;
+  private degradedReason: string | null = null;
 
   constructor(
     private readonly owner: WriterThread,
@@ -64,6 +65,9 @@ export class RingStream implements StreamInput, StreamView {
       },
       get isDegraded() {
         return self.degraded;
+      },
+      get degradedReason() {
+        return self.degradedReason;
       },
       counters,
     };
@@ -114,6 +118,7 @@ export class RingStream implements StreamInput, StreamView {
     this.lastSeq = status.lastSeq;
     this.lastFingerprint = status.lastFingerprint;
     this.degraded = status.degraded;
+    this.degradedReason = status.degradedReason;
     this.ranks = status.ranks;
     Object.assign(this.sequencer.counters, status.sequencer);
     Object.assign(this.normalizer.counters, status.normalizer);

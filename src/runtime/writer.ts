@@ -9,7 +9,7 @@
  * ring, are recognized and dropped. ./writer-thread.ts is the other end.
  */
 import { type LoraAdapter, LoraAdapters } from "../hash";
-import { budgetedWriter } from "../ingest/budgeted-writer";
+import { BUDGET_REFUSAL, budgetedWriter } from "../ingest/budgeted-writer";
 import { WorkerTable } from "../domain/worker-table";
 import { createIndex, type KvIndex } from "../index";
 import { IndexBudget } from "../index/budget";
@@ -81,6 +81,8 @@ export interface StreamStatus {
   readonly lastFingerprint: number;
   /** Lost or unknown events, or stores refused at the memory budget. */
   readonly degraded: boolean;
+  /** Why, in words (null when not degraded). */
+  readonly degradedReason: string | null;
   readonly ranks: number[];
   readonly sequencer: SequencerCounters;
   readonly normalizer: NormalizeCounters;
@@ -342,6 +344,8 @@ function statusOf(id: number, stream: Stream): StreamStatus {
     lastSeq: sequencer.lastSeq,
     lastFingerprint: sequencer.lastFingerprint,
     degraded: sequencer.isDegraded || stream.incomplete.size > 0,
+    degradedReason:
+      sequencer.degradedReason ?? (stream.incomplete.size > 0 ? BUDGET_REFUSAL : null),
     ranks: stream.engine.ranks,
     sequencer: sequencer.counters,
     normalizer: normalizer.counters,

@@ -211,6 +211,7 @@ export function workersOp(core: KvedgeCore, cluster: Cluster | null = null) {
       topic: view.topic,
       state: view.state,
       degraded: view.degraded,
+      degraded_reason: view.degradedReason,
       blocks: view.blocks,
       active_requests: view.activeRequests,
       active_prefill_tokens: view.activePrefillTokens,
@@ -222,6 +223,7 @@ export function workersOp(core: KvedgeCore, cluster: Cluster | null = null) {
       routed_total: view.routedTotal,
       last_seq: view.lastSeq,
       lost_batches: view.lostBatches,
+      event_lag_ms: view.eventLagMs,
       http_endpoint: view.httpEndpoint,
       observed_hits: {
         answers: view.observed.answers,

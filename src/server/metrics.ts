@@ -187,7 +187,7 @@ export class ServerMetrics {
     );
     this.routeDecision = new FastHistogram(
       "kvedge_route_decision_duration_seconds",
-      "Time to choose a worker for one request (cost of every worker, load bookkeeping).",
+      "Time to choose a worker for one request (cost of every worker, load bookkeeping), for every decision: the API's, the lanes', the proxy's.",
       ROUTE_BUCKETS_SECONDS,
       registry,
     );
@@ -217,6 +217,11 @@ export class ServerMetrics {
 
   observeRouteDecision(seconds: number): void {
     this.routeDecision.observe(this.routeDecisionSeries, seconds);
+  }
+
+  /** The route decision histogram as it stands: per-bucket counts (not cumulative), bounds in seconds. */
+  get routeDecisions(): { readonly bounds: readonly number[]; readonly counts: Float64Array } {
+    return { bounds: ROUTE_BUCKETS_SECONDS, counts: this.routeDecisionSeries.counts };
   }
 }
 

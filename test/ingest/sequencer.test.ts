@@ -932,3 +932,49 @@ describe("randomized with idle probes: once the engine has gone quiet and been p
     expect(strict).toBeGreaterThan(0);
   });
 });
+
+describe("why a worker is degraded, in words", () => {
+  test("each cause names itself; exact again, there is no reason", () => {
+    const gap = harness({ replay: false });
+    gap.seq.live(0, bytes(0));
+    expect(gap.seq.degradedReason).toBeNull();
+    gap.seq.live(4, bytes(4));
+    expect(gap.seq.degradedReason).toBe("3 batches lost: a gap, and no replay endpoint");
+    gap.seq.live(9, bytes(9)); // a second cause does not replace the first
+    expect(gap.seq.degradedReason).toBe("3 batches lost: a gap, and no replay endpoint");
+    gap.seq.markExact();
+    expect(gap.seq.degradedReason).toBeNull();
+
+    const unknown = harness({ replay: false });
+    unknown.seq.connected();
+    expect(unknown.seq.degradedReason).toBe(
+      "connected without a replay endpoint: state unknown until batch 0 or a clear",
+    );
+
+    const probing = harness();
+    probing.seq.restore(10, fingerprintOf(10, 0), false);
+    probing.seq.connected();
+    expect(probing.seq.degradedReason).toBe(
+      "connect probe running: the engine's state is not known yet",
+    );
+    probing.seq.live(11, bytes(11));
+    probing.seq.replayFailed("refused");
+    expect(probing.seq.degradedReason).toBe("connect probe failed (refused): state unknown");
+
+    const late = harness();
+    late.seq.restore(10, fingerprintOf(10, 0), false);
+    late.seq.connected();
+    serve(late, ringOf(6, 12, 1));
+    expect(late.seq.degradedReason).toBe(
+      "6 batches lost: restarted engine's replay ring starts late",
+    );
+
+    const malformed = harness({ bad: new Set([1]) });
+    for (let i = 0; i < 3; i++) malformed.seq.live(i, bytes(i));
+    expect(malformed.seq.degradedReason).toBe("1 batch lost: malformed batch");
+
+    const saved = harness();
+    saved.seq.restore(5, fingerprintOf(5, 0), true);
+    expect(saved.seq.degradedReason).toBe("degraded when the snapshot was saved");
+  });
+});
