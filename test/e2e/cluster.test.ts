@@ -70,7 +70,7 @@ async function json(url: string): Promise<Json> {
 
 /** Per worker: active requests, prefill tokens, decode blocks (the fleet's, as `serve` sees it). */
 async function loadView(serve: ServeProcess): Promise<string[]> {
-  const body = await json(`${serve.url}/v1/workers`);
+  const body = await json(`${serve.controlUrl}/v1/workers`);
   return (body.workers as Json[]).map(
     (w) =>
       `${w.worker_id}: ${w.active_requests} ${w.active_prefill_tokens} ${w.active_decode_blocks}`,
@@ -83,7 +83,7 @@ async function sameViews(replicas: ServeProcess[]): Promise<boolean> {
 }
 
 async function cluster(serve: ServeProcess): Promise<Json> {
-  return (await json(`${serve.url}/v1/status`)).cluster as Json;
+  return (await json(`${serve.controlUrl}/v1/status`)).cluster as Json;
 }
 
 /**
@@ -330,12 +330,12 @@ describe("the proxy", () => {
         }),
       });
       await until(async () => {
-        const workers = (await json(`${q.url}/v1/workers`)).workers as Json[];
+        const workers = (await json(`${q.controlUrl}/v1/workers`)).workers as Json[];
         return workers.some((w) => w.peer_active_requests === 1);
       }, "q to count p's request");
       expect((await answer).status).toBe(200);
       await until(async () => {
-        const workers = (await json(`${q.url}/v1/workers`)).workers as Json[];
+        const workers = (await json(`${q.controlUrl}/v1/workers`)).workers as Json[];
         return workers.every((w) => w.active_requests === 0);
       }, "the request's end to reach q");
     } finally {
