@@ -273,6 +273,36 @@ describe("replicas on one bus", () => {
     ]);
   });
 
+  test("a replica restarted with --state-dir brings its requests back to its peers", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "kvedge-warm-"));
+    try {
+      const warm = ["--state-dir", dir];
+      let w = await replica("w", nats.url, warm);
+      for (let i = 0; i < 3; i++) {
+        const response = await fetch(`${w.url}/v1/route`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: JSON.stringify({
+            token_ids: Array.from({ length: 64 }, (_, k) => 5000 + 64 * i + k),
+          }),
+        });
+        expect(response.status).toBe(200);
+      }
+      const fromW = async () =>
+        (await cluster(a)).peers.find((p: Json) => p.replica_id === "w")?.requests ?? 0;
+      await until(async () => (await fromW()) === 3, "a to count w's three requests");
+      expect(await w.stop()).toBe(0); // it says it leaves: its requests go at once
+      running.splice(running.indexOf(w), 1);
+      await until(async () => (await fromW()) === 0, "a to drop w's requests");
+      w = await replica("w", nats.url, warm);
+      await until(async () => (await fromW()) === 3, "a to count w's restored requests");
+      expect(await w.stop()).toBe(0);
+      running.splice(running.indexOf(w), 1);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   test("the bus cut for one replica: degraded there, one view again after", async () => {
     const proxy = TcpProxy.start(nats.port);
     try {
