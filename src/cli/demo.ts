@@ -10,6 +10,7 @@ import { WORKERS_MAX } from "../sim/simulator";
 import { DEFAULT_TIME_MODEL, type TimeModel } from "../sim/time-model";
 import { DEFAULT_VOCAB_SIZE } from "../sim/tokens";
 import { parseTrace, type Trace, TraceError, traceStats, transformTrace } from "../sim/trace";
+import { isWorkload, WORKLOADS, workloadTrace } from "../sim/workloads";
 import {
   flagBool,
   flagInt,
@@ -55,8 +56,23 @@ export function timeModelOf(parsed: Parsed): TimeModel {
   return model;
 }
 
-/** The trace in FILE (Mooncake JSONL), or the embedded conversation trace. */
-export async function loadTrace(path: string | undefined): Promise<{ trace: Trace; name: string }> {
+/** The trace in FILE (Mooncake JSONL), a generated workload, or the embedded conversation trace. */
+export async function loadTrace(
+  path: string | undefined,
+  workload?: string,
+  seed?: number,
+): Promise<{ trace: Trace; name: string }> {
+  if (workload !== undefined) {
+    if (path !== undefined) throw new UsageError("give --trace or --workload, not both");
+    if (!isWorkload(workload))
+      throw new UsageError(
+        `--workload: unknown workload '${workload}' (known: ${WORKLOADS.join(", ")})`,
+      );
+    return {
+      trace: parseTrace(workloadTrace(workload, seed)),
+      name: `the generated ${workload} workload (seed ${seed ?? "default"})`,
+    };
+  }
   if (path === undefined)
     return { trace: await loadConversationTrace(), name: "the Mooncake conversation trace" };
   const file = Bun.file(path);
@@ -77,6 +93,8 @@ const flags = {
   "capacity-blocks": { kind: "string" },
   "block-size": { kind: "string" },
   trace: { kind: "string" },
+  workload: { kind: "string" },
+  "workload-seed": { kind: "string" },
   speedup: { kind: "string" },
   "time-scale": { kind: "string" },
   policies: { kind: "string" },
@@ -127,6 +145,10 @@ Options:
   --capacity-blocks N    KV capacity of each engine, in blocks (${DEMO_DEFAULTS.capacityBlocks}: ~80 GB for an 8B model)
   --block-size N         tokens per KV block (${DEMO_DEFAULTS.blockSize})
   --trace FILE           a Mooncake-format JSONL trace (default: the embedded conversation trace)
+  --workload NAME        a generated Mooncake-format trace instead (src/sim/workloads.ts): agentic
+                         (tool-using agent sessions with fan-outs) or burst (64 requests sharing a
+                         4,096-token prefix within 50 ms, a fresh prefix every 2.5 s)
+  --workload-seed S      the generator's seed (its default: 7)
   --time-scale F         multiply arrival times by F (${DEMO_DEFAULTS.timeScale}: twice the trace's request rate)
   --speedup X            model seconds per wall second in the kvedge replay (${DEMO_DEFAULTS.speedup})
   --policies LIST        comma list of ${["kv_aware", "round_robin", "random", "least_loaded", "approx_prefix", "kv_aware_model"].join(", ")}
@@ -176,7 +198,14 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     const time = timeModelOf(parsed);
     const json = flagBool(parsed, "json");
     const policies = policiesOf(flagString(parsed, "policies"));
-    const loaded = await loadTrace(flagString(parsed, "trace"));
+    const workloadSeed = parsed.flags.has("workload-seed")
+      ? flagInt(parsed, "workload-seed", 7, 0, 0xffff_ffff)
+      : undefined;
+    const loaded = await loadTrace(
+      flagString(parsed, "trace"),
+      flagString(parsed, "workload"),
+      workloadSeed,
+    );
     if (start >= loaded.trace.count)
       throw new UsageError(`--start ${start}: the trace has ${loaded.trace.count} requests`);
     const trace = transformTrace(loaded.trace, { start, requests, timeScale });

@@ -446,7 +446,7 @@ async function runInProcessRealtime(
       blockSize: options.blockSize,
       seed: options.seed,
       probe: (worker, query) =>
-        engines[worker]!.engine.cache.cachedPrefixBlocks(query.tokens, query.promptLength),
+        engines[worker]!.engine.cache.visiblePrefixBlocks(query.tokens, query.promptLength),
     });
     const startedMs = performance.now();
     const run = await replayRealtime(policy, {

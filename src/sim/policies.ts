@@ -343,6 +343,8 @@ export interface KvAwareConfig {
   readonly ttft?: Partial<TtftSettings>;
   /** Learn each engine's prefill speed and step cost from lifecycle timings. */
   readonly calibrate?: boolean;
+  /** Count active requests' blocks as cached for requests sharing them (default on; RouterOptions.pendingCredit). */
+  readonly pendingCredit?: boolean;
   /** Hold or reject requests at saturation (src/route/admission.ts); off by default. */
   readonly admission?: Partial<AdmissionSettings>;
   /**
@@ -384,6 +386,7 @@ export class KvAwareModel implements RoutingPolicy {
       random: rng,
       policy: config.policy,
       calibrate: config.calibrate === true,
+      pendingCredit: config.pendingCredit ?? true,
       ...(config.weights === undefined ? {} : { weights: config.weights }),
       ...(config.ttft === undefined ? {} : { ttft: config.ttft }),
     });

@@ -38,6 +38,8 @@ export interface SimOptions {
   readonly kvAware?: KvAwareConfig;
   /** Receives every engine's KV event batches in order (off: events are not built). */
   readonly onBatch?: (worker: number, batch: KvEventBatch) => void;
+  /** Told each decision: request index and worker (bench/burst.ts counts workers per prefix). */
+  readonly onRouted?: (request: number, worker: number) => void;
   /** Called with the policy once the replay ends (to read what it learned). */
   readonly onFinish?: (policy: RoutingPolicy) => void;
   /** Run the O(capacity) cache consistency checks at the end (default: KVEDGE_VERIFY=1). */
@@ -106,7 +108,7 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
     kvAware: options.kvAware,
     time,
     probe: (worker, query) =>
-      engines[worker]!.cache.cachedPrefixBlocks(query.tokens, query.promptLength),
+      engines[worker]!.cache.visiblePrefixBlocks(query.tokens, query.promptLength),
   });
   const recorder = new RunRecorder(trace, {
     prefillDone: (request, nowMs) => policy.prefillDone(request.id, nowMs),
@@ -129,7 +131,8 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
   };
 
   // Held requests (admission) answered by a step's lifecycle calls or by the longest hold.
-  const dispatch = (nowMs: number): void => dispatchHeld(policy, engines, recorder, nowMs, flush);
+  const dispatch = (nowMs: number): void =>
+    dispatchHeld(policy, engines, recorder, nowMs, flush, options.onRouted);
   for (let next = 0; ; ) {
     let engineIndex = -1;
     let engineMs = Infinity;
@@ -153,6 +156,7 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
       const tokens = requestTokens(trace, next, vocabSize);
       const query = routeQuery(next, tokens, trace.inputLength[next]!, blockSize);
       const worker = policy.route(query, arrivalMs);
+      if (worker >= 0) options.onRouted?.(next, worker);
       if (worker >= 0) {
         checkWorker(policy, worker, workers);
         submit(engines[worker]!, recorder, query, worker, arrivalMs, () =>
@@ -177,12 +181,14 @@ function dispatchHeld(
   recorder: RunRecorder,
   nowMs: number,
   flush: (worker: number, nowMs: number) => void,
+  onRouted: ((request: number, worker: number) => void) | undefined,
 ): void {
   for (const { query, worker } of policy.takeAnswers?.() ?? []) {
     if (worker < 0) {
       recorder.rejectedAt(nowMs);
       continue;
     }
+    onRouted?.(query.id, worker);
     checkWorker(policy, worker, engines.length);
     submit(engines[worker]!, recorder, query, worker, nowMs, () =>
       policy.finished(query.id, nowMs),
