@@ -3,7 +3,14 @@ import { ADMISSION_MODES, type AdmissionMode, DEFAULT_ADMISSION } from "../route
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES, type RoutePolicy } from "../route/ttft";
 import { getAffinity, pinProcess } from "../runtime/affinity";
 import { type AdmissionReport, type DemoResult, runDemo } from "../sim/demo";
-import { DEFAULT_DEMO_POLICIES, type DemoPolicy, isDemoPolicy } from "../sim/demo-options";
+import {
+  DEFAULT_DEMO_POLICIES,
+  approximateEngines,
+  DEMO_EVENTS,
+  type DemoEvents,
+  type DemoPolicy,
+  isDemoPolicy,
+} from "../sim/demo-options";
 import { loadConversationTrace } from "../sim/embedded-trace";
 import { CAPACITY_BLOCKS_MAX } from "../sim/engine-cache";
 import { WORKERS_MAX } from "../sim/simulator";
@@ -109,6 +116,9 @@ const flags = {
   admission: { kind: "string" },
   "no-pin": { kind: "boolean" },
   proxy: { kind: "boolean" },
+  events: { kind: "string" },
+  "predicted-capacity-blocks": { kind: "string" },
+  "no-correct": { kind: "boolean" },
 } as const;
 
 export const DEMO_DEFAULTS = {
@@ -164,6 +174,14 @@ Options:
   --proxy                run kv_aware through kvedge serve --proxy: OpenAI /v1/completions
                          requests to kvedge, which routes, forwards to the engines' OpenAI API
                          and drives each request's lifecycle from the answer
+  --events MODE          which engines publish KV events: all (default), mixed (even engines; the
+                         odd ones are approximate workers) or none (every engine approximate: kvedge
+                         predicts their caches from its own decisions)
+  --predicted-capacity-blocks N
+                         the KV capacity kvedge is told for approximate workers (default: the
+                         engines' real one, --capacity-blocks)
+  --no-correct           kvedge is not told the cached tokens engines served (prefill_done's
+                         cached_tokens; with --proxy kvedge serve runs without correction)
   --json                 print one JSON object on stdout instead of the table
 ${TIME_MODEL_HELP}  -h, --help             show this help
 `,
@@ -242,6 +260,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
         if (shown++ < 1000) process.stderr.write(`${line}\n`);
       }
     };
+    const events = eventsOf(flagString(parsed, "events"));
     const result = await runDemo({
       trace,
       workers,
@@ -258,10 +277,25 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       progress: json && !tty ? null : progress,
       virtual,
       proxy: flagBool(parsed, "proxy"),
+      events,
+      ...(parsed.flags.has("predicted-capacity-blocks")
+        ? {
+            predictedCapacityBlocks: flagInt(
+              parsed,
+              "predicted-capacity-blocks",
+              capacityBlocks,
+              1,
+              CAPACITY_BLOCKS_MAX,
+            ),
+          }
+        : {}),
+      correct: !flagBool(parsed, "no-correct"),
       kvAware: { policy: routePolicy, ttft: { recomputeWeight }, admission: { mode: admission } },
     });
     const config = {
       trace: loaded.name,
+      events,
+      approximate_workers: approximateEngines(events, workers),
       start,
       requests: trace.count,
       virtual,
@@ -313,6 +347,13 @@ function admissionArgs(mode: AdmissionMode, speedup: number): string[] {
     "--admission-prefill-weight",
     String(DEFAULT_ADMISSION.prefillWeight / speedup),
   ];
+}
+
+function eventsOf(text: string | undefined): DemoEvents {
+  if (text === undefined) return "all";
+  if (!(DEMO_EVENTS as readonly string[]).includes(text))
+    throw new UsageError(`--events: unknown mode '${text}' (known: ${DEMO_EVENTS.join(", ")})`);
+  return text as DemoEvents;
 }
 
 function routePolicyOf(text: string | undefined): RoutePolicy {
@@ -374,6 +415,8 @@ function admissionLine(a: AdmissionReport): string {
 
 interface DemoConfig {
   readonly trace: string;
+  readonly events: DemoEvents;
+  readonly approximate_workers: readonly number[];
   readonly start: number;
   readonly requests: number;
   readonly workers: number;
@@ -466,10 +509,20 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
         ` (${int(router.batches_replayed)} recovered by replay, ${int(router.batches_lost)} lost, ${int(router.gaps)} gaps);` +
         ` ${router.degraded_workers} degraded workers; ${router.lifecycle_errors} failed lifecycle calls.`,
     );
-    out.push(
-      `  Index vs engines at the end: ${router.index_matches_engines ? "identical" : "DIFFERENT"}` +
-        ` (${int(router.index_blocks)} blocks indexed, ${int(router.engine_cached_blocks)} cached).`,
-    );
+    if (router.predicted.workers < config.workers) {
+      out.push(
+        `  Index vs engines at the end: ${router.index_matches_engines ? "identical" : "DIFFERENT"}` +
+          ` (${int(router.index_blocks)} blocks indexed, ${int(router.engine_cached_blocks)} cached).`,
+      );
+    }
+    const p = router.predicted;
+    if (p.workers > 0) {
+      out.push(
+        `  Predictions at the end (${p.workers} approximate workers): ${int(p.blocks)} blocks predicted,` +
+          ` ${int(p.held)} of them cached by the engines (${percent(p.blocks === 0 ? 0 : p.held / p.blocks)});` +
+          ` the engines cached ${int(p.engine_blocks)} (prompt and output blocks).`,
+      );
+    }
     out.push("");
   }
   if (result.admission !== null) out.push(admissionLine(result.admission), "");
@@ -484,6 +537,17 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
         ` ${proxy.suspect_workers} workers flagged, ${proxy.degraded_workers} degraded; ${proxy.active_at_end} requests active at the end.`,
     );
     out.push("");
+  }
+  if (config.approximate_workers.length > 0) {
+    const which =
+      config.events === "none"
+        ? "every engine"
+        : `engines ${config.approximate_workers.join(", ")}`;
+    out.push(
+      `Approximate workers (--events ${config.events}): ${which} published no KV events; kvedge predicted` +
+        " their caches from its own routing decisions. kv_aware keeps its name.",
+      "",
+    );
   }
   const modes = new Set(Object.values(result.policies).map((r) => r.mode));
   out.push(

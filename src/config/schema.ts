@@ -56,6 +56,7 @@ export interface Config {
     readonly predict_at: (typeof PREDICT_AT)[number];
     readonly predicted_capacity_blocks: number | null;
     readonly predicted_ttl_secs: number;
+    readonly predicted_correction: boolean;
     readonly admission: (typeof ADMISSION_MODES)[number];
     readonly admission_bound_ms: number;
     readonly admission_max_hold_ms: number;
@@ -338,6 +339,13 @@ export const SETTINGS: readonly Setting[] = [
     type: decimal(0.001, 604_800),
     default: DEFAULT_PREDICTED_TTL_MS / 1000,
     help: "Approximate workers without a known capacity: a predicted block unused this long expires (Dynamo's approximate mode: 120 s).",
+  }),
+  setting({
+    key: "route.predicted_correction",
+    flag: "predicted-correction",
+    type: boolean,
+    default: true,
+    help: "Approximate workers: an engine that reports fewer cached tokens than predicted (the proxy's usage.prompt_tokens_details.cached_tokens, or prefill_done's cached_tokens) has what an LRU cache lost before that block dropped from its predictions and its capacity shrunk.",
   }),
   setting({
     key: "route.admission",

@@ -251,6 +251,7 @@ export class KvedgeCore {
         maxBlocks: DEFAULT_PREDICTED_MAX_BLOCKS,
         requestTtlMs: config.route.request_ttl_secs * 1000,
         maxPending: config.route.max_active_requests,
+        correct: config.route.predicted_correction,
       },
       () => performance.now(),
     );

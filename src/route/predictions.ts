@@ -44,6 +44,8 @@ export interface PredictionSettings {
   /** A request record is dropped this long after routing if done never comes. */
   readonly requestTtlMs: number;
   readonly maxPending: number;
+  /** Correct by reported cached tokens (default true). */
+  readonly correct?: boolean;
 }
 
 /** Dynamo's approximate mode: TTL 120 s (`--router-ttl-secs`). */
@@ -218,13 +220,15 @@ export class Predictions {
     this.corrected[record] = 1;
     const slot = this.slot[record]!;
     const observed = Math.floor(cachedTokens / this.settings.blockSize);
+    // Counted either way; acted on unless correction is off.
+    const act = this.settings.correct !== false;
     if (observed < this.predicted[record]!) {
       this.counters.shortfalls++;
-      if (this.stamp[record]! >= 0) this.blocks.purge(slot, this.stamp[record]!);
-      this.blocks.shrink(slot);
+      if (act && this.stamp[record]! >= 0) this.blocks.purge(slot, this.stamp[record]!);
+      if (act) this.blocks.shrink(slot);
     } else if (observed > this.credited[record]!) {
       this.counters.surpluses++;
-      this.blocks.grow(slot);
+      if (act) this.blocks.grow(slot);
     } else {
       this.counters.confirmed++;
     }

@@ -21,12 +21,19 @@ import { kvedgeRouter, KvedgeClient } from "./kvedge-client";
 import { NetworkedEngine } from "./networked-engine";
 import { type ProxyReport, runProxyReplay } from "./proxy-replay";
 import { percentile, type PolicyReport } from "./outcome";
-import { createPolicy, KvAwareModel, type PolicyName } from "./policies";
+import {
+  createPolicy,
+  DEFAULT_KV_AWARE,
+  type KvAwareConfig,
+  KvAwareModel,
+  type PolicyName,
+} from "./policies";
 import type { AdmissionMode } from "../route/admission";
 import { policyClient, replayRealtime, type RealtimeProgress } from "./realtime";
 import { startServeChild, type ServeChild, waitReady, withServeTail } from "./serve-process";
 import { engineSeeds, simulate } from "./simulator";
-import type { DemoOptions, DemoPolicy } from "./demo-options";
+import { approximateEngines, type DemoOptions, type DemoPolicy } from "./demo-options";
+import { exactEngines, workersArg } from "./demo-workers";
 
 export interface DemoPolicyResult extends PolicyReport {
   /** How the policy was run: through kvedge, or in-process in virtual / real time. */
@@ -54,8 +61,18 @@ export interface RouterReport {
   /** Blocks kvedge's index holds / the engines cache, at the end. */
   readonly index_blocks: number;
   readonly engine_cached_blocks: number;
-  /** Every worker's indexed block hashes equal its engine's cached ones at the end. */
+  /** Every exact worker's indexed block hashes equal its engine's cached ones at the end. */
   readonly index_matches_engines: boolean;
+  /**
+   * The approximate workers at the end: blocks kvedge predicted, how many of them the
+   * engines really held, and how many the engines held.
+   */
+  readonly predicted: {
+    readonly workers: number;
+    readonly blocks: number;
+    readonly held: number;
+    readonly engine_blocks: number;
+  };
   /** Model span / wall time of the kvedge replay. */
   readonly achieved_speedup: number;
 }
@@ -112,7 +129,8 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
         time: options.time,
         seed: options.seed,
         vocabSize: options.vocabSize,
-        ...(options.kvAware === undefined ? {} : { kvAware: options.kvAware }),
+        kvAware:
+          policy === "kv_aware" ? virtualKvAware(options) : (options.kvAware ?? DEFAULT_KV_AWARE),
         onFinish: (finished) => {
           if (policy !== "kv_aware" || !(finished instanceof KvAwareModel)) return;
           if (finished.admission !== null) admission = { mode, ...finished.admission.counts };
@@ -170,6 +188,19 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
   }
   const wall = (performance.now() - started) / 1000;
   return { policies, router, proxy, admission, gains: gainsOf(policies), wall_s: wall };
+}
+
+/** kv_aware in virtual time: kvedge's router, predicting the engines that publish no events. */
+function virtualKvAware(options: DemoOptions): KvAwareConfig {
+  const approximate = approximateEngines(options.events ?? "all", options.workers);
+  return {
+    ...(options.kvAware ?? DEFAULT_KV_AWARE),
+    approximate,
+    predictions: {
+      capacityBlocks: options.predictedCapacityBlocks ?? options.capacityBlocks,
+      correct: options.correct ?? true,
+    },
+  };
 }
 
 function admissionModeOf(options: DemoOptions): AdmissionMode {
@@ -251,9 +282,7 @@ async function runKvedge(options: DemoOptions): Promise<KvedgeRun> {
   try {
     options.progress?.("kv_aware: starting kvedge serve…");
     const workerIds = engines.map((_, w) => String(w));
-    const workers = engines
-      .map((engine, w) => `${w}=${engine.endpoint};replay=${engine.replayEndpoint}`)
-      .join(",");
+    const workers = workersArg(engines, options, null);
     serve = await startServeChild({
       args: [
         "--workers",
@@ -266,9 +295,18 @@ async function runKvedge(options: DemoOptions): Promise<KvedgeRun> {
       ],
       ...(options.kvedgeCommand === undefined ? {} : { command: options.kvedgeCommand }),
     });
-    await waitReady(serve.url, engines);
+    await waitReady(serve.url, exactEngines(engines, options));
     client = await KvedgeClient.connect(serve.url);
-    const { router, stats } = kvedgeRouter(client, workerIds, options.trace.count, "demo-");
+    const reportCached =
+      (options.correct ?? true) &&
+      approximateEngines(options.events ?? "all", engines.length).length > 0;
+    const { router, stats } = kvedgeRouter(
+      client,
+      workerIds,
+      options.trace.count,
+      "demo-",
+      reportCached,
+    );
     const startedMs = performance.now();
     const run = await replayRealtime("kv_aware", {
       trace: options.trace,
@@ -294,6 +332,7 @@ async function runKvedge(options: DemoOptions): Promise<KvedgeRun> {
       client,
       stats,
       options.blockSize,
+      approximateEngines(options.events ?? "all", engines.length),
     );
     const metrics = await (await fetch(`${serve.url}/metrics`)).text();
     return {
@@ -363,6 +402,7 @@ async function routerSide(
   client: KvedgeClient,
   stats: ReturnType<typeof kvedgeRouter>["stats"],
   blockSize: number,
+  approximate_: readonly number[],
 ): Promise<Omit<RouterReport, "achieved_speedup">> {
   // Let kvedge catch up with the last batches before comparing.
   const deadline = performance.now() + 10_000;
@@ -371,6 +411,7 @@ async function routerSide(
     workers = (await getJson<{ workers: WorkerJson[] }>(`${url}/v1/workers`)).workers;
     const caughtUp = engines.every(
       (engine, w) =>
+        approximate_.includes(w) ||
         workers.find((view) => view.worker_id === workerIds[w])?.last_seq === engine.lastSeq,
     );
     if (caughtUp || performance.now() > deadline) break;
@@ -379,12 +420,22 @@ async function routerSide(
   const metrics = await (await fetch(`${url}/metrics`)).text();
   const dump = await (await fetch(`${url}/v1/dump`)).text();
   const held = heldByWorker(dump);
+  const approximate = new Set(approximate_);
   let matches = true;
   let engineBlocks = 0;
+  const predicted = { workers: approximate.size, blocks: 0, held: 0, engine_blocks: 0 };
   for (let w = 0; w < engines.length; w++) {
     const snapshot = engines[w]!.engine.cache.snapshot();
-    engineBlocks += snapshot.length;
     const indexed = held.get(workerIds[w]!) ?? new Set<string>();
+    if (approximate.has(w)) {
+      // Predicted blocks are named by their sequence hash: the engine's blocks' `path`.
+      const paths = new Set(snapshot.map((block) => block.path.toString()));
+      predicted.blocks += indexed.size;
+      predicted.engine_blocks += snapshot.length;
+      for (const hash of indexed) if (paths.has(hash)) predicted.held++;
+      continue;
+    }
+    engineBlocks += snapshot.length;
     if (
       indexed.size !== snapshot.length ||
       !snapshot.every((block) => indexed.has(block.hash.toString()))
@@ -414,9 +465,13 @@ async function routerSide(
     degraded_workers: workers.filter((view) => view.degraded).length,
     lifecycle_calls: client.counters.lifecycleCalls,
     lifecycle_errors: client.counters.lifecycleErrors,
-    index_blocks: workers.reduce((sum, view) => sum + view.blocks, 0),
+    index_blocks: workers.reduce(
+      (sum, view) => sum + (approximate.has(Number(view.worker_id)) ? 0 : view.blocks),
+      0,
+    ),
     engine_cached_blocks: engineBlocks,
     index_matches_engines: matches,
+    predicted,
   };
 }
 

@@ -11,6 +11,7 @@
  * that every request reached exactly one engine (prompt tokens are conserved).
  */
 import type { DemoOptions } from "./demo-options";
+import { exactEngines, workersArg } from "./demo-workers";
 import { EngineServer } from "./engine-server";
 import { NetworkedEngine } from "./networked-engine";
 import { percentile, type PolicyReport, RunRecorder } from "./outcome";
@@ -140,12 +141,7 @@ export async function runProxyReplay(
   let serve: ServeChild | null = null;
   try {
     options.progress?.("kv_aware (proxy): starting kvedge serve --proxy…");
-    const workers = fleet.networked
-      .map(
-        (engine, w) =>
-          `${w}=${engine.endpoint};replay=${engine.replayEndpoint};http=${fleet.https[w]}`,
-      )
-      .join(",");
+    const workers = workersArg(fleet.networked, options, fleet.https);
     serve = await startServeChild({
       args: [
         "--proxy",
@@ -159,7 +155,7 @@ export async function runProxyReplay(
       ],
       ...(options.kvedgeCommand === undefined ? {} : { command: options.kvedgeCommand }),
     });
-    await waitReady(serve.url, fleet.networked);
+    await waitReady(serve.url, exactEngines(fleet.networked, options));
     const { trace } = options;
     const recorder = new RunRecorder(trace);
     const ttfb: number[] = [];

@@ -111,7 +111,8 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
       engines[worker]!.cache.visiblePrefixBlocks(query.tokens, query.promptLength),
   });
   const recorder = new RunRecorder(trace, {
-    prefillDone: (request, nowMs) => policy.prefillDone(request.id, nowMs),
+    prefillDone: (request, nowMs, cachedTokens) =>
+      policy.prefillDone(request.id, nowMs, cachedTokens),
     finished: (request, nowMs) => policy.finished(request.id, nowMs),
   });
   const seeds = engineSeeds(seed, workers);

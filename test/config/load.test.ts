@@ -54,6 +54,7 @@ const DEFAULTS: Config = {
     predict_at: "prefill_done",
     predicted_capacity_blocks: null,
     predicted_ttl_secs: 120,
+    predicted_correction: true,
     admission: "off",
     admission_bound_ms: 200,
     admission_max_hold_ms: 10_000,
@@ -220,6 +221,7 @@ describe("defaults and precedence", () => {
       "route.predict_at": ['"route"', "route"],
       "route.predicted_capacity_blocks": ["32768", "32_768"],
       "route.predicted_ttl_secs": ["30", "30"],
+      "route.predicted_correction": ["false", "false"],
       "route.admission": ['"hold"', "hold"],
       "route.admission_bound_ms": ["500", "500"],
       "route.admission_max_hold_ms": ["2500", "2500"],
@@ -393,6 +395,10 @@ describe("refusals name the key and the source, in one line", () => {
       "runtime.route_threads (from KVEDGE_ROUTE_THREADS) needs index.backend = crtc",
     );
     expect(refusal({ argv: ["--index-threads", "2"] })).toContain("runtime.index_threads");
+    expect(refusal({ argv: ["--index-threads", "1", "--workers", "3=none"] })).toBe(
+      "worker 3 has no endpoint (an approximate worker), which needs runtime.index_threads " +
+        "(from --index-threads) = 0: predictions are written on the main thread",
+    );
   });
 
   test("unknown KVEDGE_* variables are warnings with a suggestion, not refusals", () => {
