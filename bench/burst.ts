@@ -3,11 +3,13 @@
  * workloads.ts: 64 requests sharing a fresh 4,096-token prefix within 50 ms, a new
  * prefix every 2.5 s) over 8 mock engines, under kvedge's router with and without
  * pending credit (`route.pending_credit`: an active request's blocks count as cached
- * on its worker for a request sharing them) and the baselines.
+ * on its worker for a request sharing them; `pending-wN`: with
+ * route.pending_recompute_weight N instead of the default 2) and the baselines.
  *
  *   bun bench/burst.ts [--bursts 40] [--interval-ms 2500] [--per-burst 64] [--window-ms 50]
  *                      [--workers 8] [--capacity 32768] [--time-scale 1] [--seed 7]
- *                      [--policies pending,today,round_robin,least_loaded,approx_prefix] [--json]
+ *                      [--policies pending,today,pending-w1,pending-w4,pending-w12,round_robin,
+                                  least_loaded,approx_prefix] [--json]
  *
  * Per policy: prefill tokens, hit rate, TTFT p50 / p99 (model ms), and the workers each
  * burst's prefix went to (mean and max over bursts): with vLLM V1's prefix cache (the
@@ -62,6 +64,16 @@ for (let i = 0; i < trace.count; i++) {
 const RUNS: Record<string, { policy: PolicyName; kvAware?: KvAwareConfig }> = {
   pending: { policy: "kv_aware_model", kvAware: { policy: "ttft", pendingCredit: true } },
   today: { policy: "kv_aware_model", kvAware: { policy: "ttft", pendingCredit: false } },
+  // The pending recompute weight's other values (route.pending_recompute_weight).
+  ...Object.fromEntries(
+    [1, 4, 12].map((w) => [
+      `pending-w${w}`,
+      {
+        policy: "kv_aware_model" as const,
+        kvAware: { policy: "ttft" as const, pendingCredit: true, pendingRecomputeWeight: w },
+      },
+    ]),
+  ),
   round_robin: { policy: "round_robin" },
   random: { policy: "random" },
   least_loaded: { policy: "least_loaded" },

@@ -246,6 +246,8 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     ];
     if (!virtual && !flagBool(parsed, "no-pin") && policies.includes("kv_aware"))
       serveArgs.push(...pinning());
+    // Without correction kvedge serve ignores the cached tokens it hears (the proxy reads them anyway).
+    if (flagBool(parsed, "no-correct")) serveArgs.push("--no-predicted-correction");
     const tty = process.stderr.isTTY === true;
     let shown = 0;
     const progress = (line: string): void => {

@@ -11,6 +11,7 @@
 import { ADMISSION_MODES, DEFAULT_ADMISSION } from "../route/admission";
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES } from "../route/ttft";
 import { DEFAULT_PREDICTED_TTL_MS, PREDICT_AT } from "../route/predictions";
+import { DEFAULT_PENDING_RECOMPUTE_WEIGHT } from "../route/router";
 import type { WorkerEntry } from "./workers";
 import { boolean, cpuList, decimal, integer, oneOf, text, type ValueType } from "./values";
 
@@ -53,6 +54,7 @@ export interface Config {
     readonly max_active_requests: number;
     readonly track_output_blocks: boolean;
     readonly pending_credit: boolean;
+    readonly pending_recompute_weight: number;
     readonly predict_at: (typeof PREDICT_AT)[number];
     readonly predicted_capacity_blocks: number | null;
     readonly predicted_ttl_secs: number;
@@ -317,6 +319,13 @@ export const SETTINGS: readonly Setting[] = [
     type: boolean,
     default: true,
     help: "ttft policy: a worker's active requests' prompt blocks count as cached there for a request sharing them, before the engine's events say so (vLLM caches a step's blocks when it schedules them; a burst sharing a prefix then lands on its holder).",
+  }),
+  setting({
+    key: "route.pending_recompute_weight",
+    flag: "pending-recompute-weight",
+    type: decimal(0, 1e6),
+    default: DEFAULT_PENDING_RECOMPUTE_WEIGHT,
+    help: "ttft policy: the recompute charge per ms of prefill only pending on another worker (a burst's prefix in flight), instead of recompute_weight: a burst stays on its holder until that queue is about this many times the prefix's prefill, then spreads (the smaller of it and recompute_weight is used).",
   }),
   setting({
     key: "route.predict_at",

@@ -195,6 +195,7 @@ export class KvedgeCore {
       policy: config.route.policy,
       calibrate: config.route.calibrate,
       pendingCredit: config.route.pending_credit,
+      pendingRecomputeWeight: config.route.pending_recompute_weight,
       ttft: {
         prefillTokensPerSecond: config.route.prefill_tokens_per_sec,
         stepBaseMs: config.route.step_base_ms,

@@ -83,6 +83,13 @@ export interface RouterOptions extends LoadTrackerOptions {
    * queued there computes them before a later one (default true; ./README.md).
    */
   readonly pendingCredit?: boolean;
+  /**
+   * ttft policy: the recompute charge per ms of prefill that is only pending on another
+   * worker (a burst's prefix in flight there), instead of `recomputeWeight`: a burst
+   * stays on its holder until that queue is about this many times the prefix's prefill,
+   * then spreads to another worker, which computes the prefix once more (default 2).
+   */
+  readonly pendingRecomputeWeight?: number;
   /** Uniform in [0, 1); injectable for tests. */
   readonly random?: () => number;
 }
@@ -167,6 +174,10 @@ export type OverlapKind = (typeof OVERLAP_KINDS)[number];
 export function overlapKindOf(load: LoadTracker, slot: number): number {
   return load.degraded[slot] === 1 ? 2 : load.approximate[slot] === 1 ? 1 : 0;
 }
+
+/** Measured on the burst workload (bench/burst.ts; src/route/README.md). */
+export const DEFAULT_PENDING_RECOMPUTE_WEIGHT = 2;
+const NO_MAXIMA = { cachedMax: 0, creditedMax: 0 } as const;
 
 const NO_I32 = new Int32Array(0);
 const NO_U32 = new Uint32Array(0);
@@ -262,6 +273,9 @@ export class Router {
   readonly calibration: Calibration | null;
   /** Active requests' blocks count as cached for a request sharing them (RouterOptions.pendingCredit). */
   readonly pendingCredit: boolean;
+  /** The recompute charge of blocks only pending elsewhere (RouterOptions.pendingRecomputeWeight). */
+  readonly pendingRecomputeWeight: number;
+  private readonly maxima = { cachedMax: 0, creditedMax: 0 };
   private readonly random: () => number;
   // Scratch, by slot, reused by every decision.
   private overlapBySlot = new Float64Array(0);
@@ -291,6 +305,13 @@ export class Router {
         calibration.observe(record, slot, elapsedMs);
     this.random = options.random ?? Math.random;
     this.pendingCredit = options.pendingCredit ?? true;
+    // Never above the recompute weight itself (a pending block is no dearer than a cached one).
+    this.pendingRecomputeWeight = Math.min(
+      this.ttft.recomputeWeight,
+      options.pendingRecomputeWeight ?? DEFAULT_PENDING_RECOMPUTE_WEIGHT,
+    );
+    if (!(this.pendingRecomputeWeight >= 0))
+      throw new RangeError("pendingRecomputeWeight must be a number >= 0");
   }
 
   /**
@@ -514,11 +535,17 @@ export class Router {
     const stepBaseMs = times.stepBaseMs;
     const speedFactor = calibration?.speedFactor;
     const stepFactor = calibration?.stepFactor;
+    // Blocks cached somewhere, and credited somewhere (cached or pending): recomputing
+    // what is only pending elsewhere is charged at the pending weight (see below).
+    const pendingRelief = pendingCredit ? weight - this.pendingRecomputeWeight : 0;
+    const { cachedMax, creditedMax } = pendingRelief > 0 ? this.creditedMaxima() : NO_MAXIMA;
     for (let i = 0; i < load.liveCount; i++) {
       const slot = slots[i]!;
       const trusted = degraded[slot] === 1 ? overlap[slot]! * degradedWeight : overlap[slot]!;
       const held = pendingCredit && pending[slot]! > trusted ? pending[slot]! : trusted;
       const cached = Math.min(tokenCount, held * blockSize);
+      const slotPrefillPerMs =
+        calibration === null ? prefillPerMs : calibration.prefillPerMs * speedFactor![slot]!;
       predicted[slot] = predictTtft(
         ttft,
         parts,
@@ -529,11 +556,39 @@ export class Router {
         active[slot]!,
         decode[slot]!,
         blockSize,
-        calibration === null ? prefillPerMs : calibration.prefillPerMs * speedFactor![slot]!,
+        slotPrefillPerMs,
         calibration === null ? stepBaseMs : calibration.stepBaseMs * stepFactor![slot]!,
       );
       costs[slot] = predicted[slot]! + weight * parts.prefillMs[slot]!;
+      if (pendingRelief > 0) {
+        const onlyPending =
+          Math.min(creditedMax * blockSize, tokenCount) - Math.max(cachedMax, held) * blockSize;
+        if (onlyPending > 0) costs[slot]! -= (pendingRelief * onlyPending) / slotPrefillPerMs;
+      }
     }
+  }
+
+  /**
+   * Over the live slots: the most blocks of the request cached on one worker (trusted
+   * overlap), and the most credited on one (cached or pending).
+   */
+  private creditedMaxima(): { cachedMax: number; creditedMax: number } {
+    const load = this.load;
+    const overlap = this.overlapBySlot;
+    const pending = this.depthBySlot;
+    const degradedWeight = this.weights.degradedOverlapWeight;
+    let cachedMax = 0;
+    let creditedMax = 0;
+    for (let i = 0; i < load.liveCount; i++) {
+      const slot = load.liveSlots[i]!;
+      const trusted = load.degraded[slot] === 1 ? overlap[slot]! * degradedWeight : overlap[slot]!;
+      if (trusted > cachedMax) cachedMax = trusted;
+      const held = pending[slot]! > trusted ? pending[slot]! : trusted;
+      if (held > creditedMax) creditedMax = held;
+    }
+    this.maxima.cachedMax = cachedMax;
+    this.maxima.creditedMax = creditedMax;
+    return this.maxima;
   }
 
   /**

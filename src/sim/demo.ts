@@ -235,6 +235,7 @@ const pct = (part: number, whole: number): number => (whole === 0 ? 0 : (100 * p
 
 async function startEngines(options: DemoOptions, withReplay: boolean): Promise<NetworkedEngine[]> {
   const seeds = engineSeeds(options.seed, options.workers);
+  const silent = new Set(approximateEngines(options.events ?? "all", options.workers));
   const engines: NetworkedEngine[] = [];
   try {
     for (let w = 0; w < options.workers; w++) {
@@ -248,6 +249,7 @@ async function startEngines(options: DemoOptions, withReplay: boolean): Promise<
           endpoint: "tcp://127.0.0.1:0",
           replayEndpoint: withReplay ? "tcp://127.0.0.1:0" : null,
           form: options.form,
+          silent: silent.has(w),
         }).start(),
       );
     }

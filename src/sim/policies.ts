@@ -349,6 +349,8 @@ export interface KvAwareConfig {
   readonly calibrate?: boolean;
   /** Count active requests' blocks as cached for requests sharing them (default on; RouterOptions.pendingCredit). */
   readonly pendingCredit?: boolean;
+  /** RouterOptions.pendingRecomputeWeight. */
+  readonly pendingRecomputeWeight?: number;
   /** Hold or reject requests at saturation (src/route/admission.ts); off by default. */
   readonly admission?: Partial<AdmissionSettings>;
   /**
@@ -408,6 +410,9 @@ export class KvAwareModel implements RoutingPolicy {
       policy: config.policy,
       calibrate: config.calibrate === true,
       pendingCredit: config.pendingCredit ?? true,
+      ...(config.pendingRecomputeWeight === undefined
+        ? {}
+        : { pendingRecomputeWeight: config.pendingRecomputeWeight }),
       ...(config.weights === undefined ? {} : { weights: config.weights }),
       ...(config.ttft === undefined ? {} : { ttft: config.ttft }),
     });

@@ -10,7 +10,7 @@
  * is built by the same code as every other policy's (./outcome.ts), which also checks
  * that every request reached exactly one engine (prompt tokens are conserved).
  */
-import type { DemoOptions } from "./demo-options";
+import { approximateEngines, type DemoOptions } from "./demo-options";
 import { exactEngines, workersArg } from "./demo-workers";
 import { EngineServer } from "./engine-server";
 import { NetworkedEngine } from "./networked-engine";
@@ -46,6 +46,7 @@ interface Fleet {
 async function startFleet(options: DemoOptions): Promise<Fleet> {
   const seeds = engineSeeds(options.seed, options.workers);
   const fleet: Fleet = { networked: [], servers: [], https: [] };
+  const silent = new Set(approximateEngines(options.events ?? "all", options.workers));
   for (let w = 0; w < options.workers; w++) {
     const networked = await new NetworkedEngine({
       index: w,
@@ -56,6 +57,7 @@ async function startFleet(options: DemoOptions): Promise<Fleet> {
       endpoint: "tcp://127.0.0.1:0",
       replayEndpoint: "tcp://127.0.0.1:0",
       form: options.form,
+      silent: silent.has(w),
     }).start();
     fleet.networked.push(networked);
     const server = new EngineServer({

@@ -117,7 +117,7 @@ const PINNED: Record<string, string> = {
   "dynamo W=64 k=4 T=0": "5b8092cbf96a771d",
   "dynamo W=16 k=4 T=0.5": "c83a0dc85a9a9a03",
   // Pending credit (route.pending_credit), pinned when it was added.
-  "ttft W=16 k=4 T=0 pending": "e1ffe1ef9fc30b2b",
+  "ttft W=16 k=4 T=0 pending": "7dae702ada499c71",
   "dynamo W=16 k=4 T=0 pending": "fddde1fe45f0484d",
 };
 
