@@ -159,6 +159,20 @@ export class PredictedBlocks {
     this.fit(slot);
   }
 
+  /**
+   * The slot's worker released blocks [0, count) of a chain (their request finished):
+   * the ones still predicted become the most recently used, deepest first (vLLM puts a
+   * finished request's blocks at its free queue's tail, tail block first).
+   */
+  refresh(slot: number, chain: Uint32Array, count: number): void {
+    if (this.enabled[slot] !== 1) return;
+    const now = this.options.now();
+    for (let i = count - 1; i >= 0; i--) {
+      const entry = this.table.get(slot, chain[2 * i]!, chain[2 * i + 1]!);
+      if (entry >= 0) this.touch(entry, now);
+    }
+  }
+
   /** LRU stamp of a predicted block (its last use), or -1 when the slot does not hold it. */
   stampOf(slot: number, hi: number, lo: number): number {
     const entry = this.table.get(slot, hi, lo);

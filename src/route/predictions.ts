@@ -10,7 +10,10 @@
  *                cached-token count corrects the worker first
  *   observed     the engine's answer said how many prompt tokens it served from cache
  *                (`usage.prompt_tokens_details.cached_tokens`, read by the proxy)
- *   done         the request ended: what was kept for it goes
+ *   done         the request ended: the engine released its blocks, which become the
+ *                most recently used of its predictions (vLLM appends a finished
+ *                request's blocks to its free queue, the LRU order it evicts from), and
+ *                what was kept for the request goes
  *
  * Correction: a worker that served fewer cached tokens than its predicted blocks
  * promised no longer held the first missing block, so, its cache being an LRU, no block
@@ -18,8 +21,9 @@
  * worker's capacity moves toward what is left (./predicted-blocks.ts). A worker that
  * served more than kvedge credited had room for more: a learned capacity grows back.
  *
- * Per request only a record in typed arrays (found by a 53-bit hash of its id, checked
- * by 11 more bits) and, until its prefill is done, its hashes in an arena. Records end
+ * Per request routed to an approximate worker: a record in typed arrays (found by a
+ * 53-bit hash of its id, checked by 11 more bits) and its hashes in an arena (16 bytes
+ * a block) until it is done. Records end
  * with `done`, or `requestTtlMs` after routing (a gateway that never calls done), and
  * at most `maxPending` are kept (the oldest goes first).
  */
@@ -90,6 +94,8 @@ export class Predictions {
   private count = new Int32Array(INITIAL_RECORDS);
   private routedMs = new Float64Array(INITIAL_RECORDS);
   private corrected = new Uint8Array(INITIAL_RECORDS);
+  /** 1 once the record's blocks were predicted (at routing or at prefill done). */
+  private inserted = new Uint8Array(INITIAL_RECORDS);
   /** Routing order (older / newer); `newer` links free records. */
   private older = new Int32Array(INITIAL_RECORDS);
   private newer = new Int32Array(INITIAL_RECORDS);
@@ -162,8 +168,9 @@ export class Predictions {
     this.stamp[record] = stamp;
     this.predicted[record] = predicted;
     this.credited[record] = Math.min(Math.max(creditedBlocks, predicted), reusable);
-    if (this.settings.predictAt === "route") this.insert(slot, local, chain, count);
-    else this.keepHashes(record, local, chain, count);
+    // The hashes stay until done: a finished request's blocks are refreshed then.
+    this.keepHashes(record, local, chain, count);
+    if (this.settings.predictAt === "route") this.insertKept(record);
   }
 
   /** The request's first token: its prompt is in the engine's cache now. */
@@ -171,14 +178,7 @@ export class Predictions {
     const record = this.find(requestId);
     if (record === NONE) return;
     if (cachedTokens !== null) this.correct(record, cachedTokens);
-    const at = this.hashesAt[record]!;
-    if (at === NONE) return;
-    const count = this.count[record]!;
-    const words = this.words.words;
-    const local = words.subarray(at, at + 2 * count);
-    const chain = words.subarray(at + 2 * count, at + 4 * count);
-    if (this.current(record)) this.insert(this.slot[record]!, local, chain, count);
-    this.freeHashes(record);
+    if (this.inserted[record] === 0) this.insertKept(record);
   }
 
   /** The engine's answer reported `cachedTokens` cached prompt tokens. */
@@ -187,9 +187,28 @@ export class Predictions {
     if (record !== NONE) this.correct(record, cachedTokens);
   }
 
+  /** The request finished: the engine released its blocks, now its most recently used. */
   done(requestId: string): void {
     const record = this.find(requestId);
-    if (record !== NONE) this.remove(record);
+    if (record === NONE) return;
+    const at = this.hashesAt[record]!;
+    if (this.inserted[record] === 1 && at !== NONE && this.current(record)) {
+      const count = this.count[record]!;
+      this.blocks.refresh(this.slot[record]!, this.words.words.subarray(at + 2 * count), count);
+    }
+    this.remove(record);
+  }
+
+  /** Predicts the kept hashes' blocks for the record's worker (once). */
+  private insertKept(record: number): void {
+    this.inserted[record] = 1;
+    const at = this.hashesAt[record]!;
+    if (at === NONE || !this.current(record)) return;
+    const count = this.count[record]!;
+    const words = this.words.words;
+    const local = words.subarray(at, at + 2 * count);
+    const chain = words.subarray(at + 2 * count, at + 4 * count);
+    this.insert(this.slot[record]!, local, chain, count);
   }
 
   /** A peer's prediction (several processes as one): applied as if made here, not reported again. */
@@ -291,6 +310,7 @@ export class Predictions {
     this.hashesAt[record] = NONE;
     this.count[record] = 0;
     this.corrected[record] = 0;
+    this.inserted[record] = 0;
     this.routedMs[record] = this.now();
     this.older[record] = this.newestRecord;
     this.newer[record] = NONE;
@@ -343,6 +363,7 @@ export class Predictions {
     this.count = grow(this.count);
     this.routedMs = grow(this.routedMs);
     this.corrected = grow(this.corrected);
+    this.inserted = grow(this.inserted);
     this.older = grow(this.older);
     this.newer = grow(this.newer);
   }
@@ -369,6 +390,7 @@ export class Predictions {
     this.count = new Int32Array(capacity);
     this.routedMs = new Float64Array(capacity);
     this.corrected = new Uint8Array(capacity);
+    this.inserted = new Uint8Array(capacity);
     this.older = new Int32Array(capacity);
     this.newer = new Int32Array(capacity);
   }
