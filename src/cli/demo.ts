@@ -2,7 +2,7 @@ import { availableParallelism } from "node:os";
 import { ADMISSION_MODES, type AdmissionMode, DEFAULT_ADMISSION } from "../route/admission";
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES, type RoutePolicy } from "../route/ttft";
 import { getAffinity, pinProcess } from "../runtime/affinity";
-import { type AdmissionReport, type DemoResult, runDemo } from "../sim/demo";
+import { type AdmissionReport, type DemoResult, type RouterReport, runDemo } from "../sim/demo";
 import {
   DEFAULT_DEMO_POLICIES,
   approximateEngines,
@@ -216,14 +216,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     const time = timeModelOf(parsed);
     const json = flagBool(parsed, "json");
     const policies = policiesOf(flagString(parsed, "policies"));
-    const workloadSeed = parsed.flags.has("workload-seed")
-      ? flagInt(parsed, "workload-seed", 7, 0, 0xffff_ffff)
-      : undefined;
-    const loaded = await loadTrace(
-      flagString(parsed, "trace"),
-      flagString(parsed, "workload"),
-      workloadSeed,
-    );
+    const loaded = await traceOf(parsed);
     if (start >= loaded.trace.count)
       throw new UsageError(`--start ${start}: the trace has ${loaded.trace.count} requests`);
     const trace = transformTrace(loaded.trace, { start, requests, timeScale });
@@ -249,20 +242,8 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     // Without correction kvedge serve ignores the cached tokens it hears (the proxy reads them anyway).
     if (flagBool(parsed, "no-correct")) serveArgs.push("--no-predicted-correction");
     const tty = process.stderr.isTTY === true;
-    let shown = 0;
-    const progress = (line: string): void => {
-      if (tty) {
-        process.stderr.write(
-          line === ""
-            ? "\r\x1b[2K"
-            : `\r\x1b[2K${line.slice(0, (process.stderr.columns ?? 100) - 1)}`,
-        );
-      } else if (line !== "" && !line.includes("[")) {
-        // Without a terminal: phase announcements only, no bar.
-        if (shown++ < 1000) process.stderr.write(`${line}\n`);
-      }
-    };
-    const events = eventsOf(flagString(parsed, "events"));
+    const predictions = predictionOptions(parsed, capacityBlocks);
+    const events = predictions.events;
     const result = await runDemo({
       trace,
       workers,
@@ -276,22 +257,10 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       form: flagBool(parsed, "map-form") ? "map" : "array",
       realtimeBaselines: flagBool(parsed, "realtime-baselines"),
       serveArgs,
-      progress: json && !tty ? null : progress,
+      progress: json && !tty ? null : progressWriter(tty),
       virtual,
       proxy: flagBool(parsed, "proxy"),
-      events,
-      ...(parsed.flags.has("predicted-capacity-blocks")
-        ? {
-            predictedCapacityBlocks: flagInt(
-              parsed,
-              "predicted-capacity-blocks",
-              capacityBlocks,
-              1,
-              CAPACITY_BLOCKS_MAX,
-            ),
-          }
-        : {}),
-      correct: !flagBool(parsed, "no-correct"),
+      ...predictions,
       kvAware: { policy: routePolicy, ttft: { recomputeWeight }, admission: { mode: admission } },
     });
     const config = {
@@ -318,6 +287,43 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     return 0;
   },
 };
+
+/** The trace the demo replays: --trace FILE, --workload NAME, or the conversation trace. */
+function traceOf(parsed: Parsed): Promise<{ trace: Trace; name: string }> {
+  const workloadSeed = parsed.flags.has("workload-seed")
+    ? flagInt(parsed, "workload-seed", 7, 0, 0xffff_ffff)
+    : undefined;
+  return loadTrace(flagString(parsed, "trace"), flagString(parsed, "workload"), workloadSeed);
+}
+
+/** Which engines publish events, and what kvedge is told about the others. */
+function predictionOptions(parsed: Parsed, capacityBlocks: number) {
+  const events = eventsOf(flagString(parsed, "events"));
+  const flag = "predicted-capacity-blocks";
+  return {
+    events,
+    ...(parsed.flags.has(flag)
+      ? { predictedCapacityBlocks: flagInt(parsed, flag, capacityBlocks, 1, CAPACITY_BLOCKS_MAX) }
+      : {}),
+    correct: !flagBool(parsed, "no-correct"),
+  };
+}
+
+/** Progress on stderr: a bar on a terminal, phase announcements only otherwise. */
+function progressWriter(tty: boolean): (line: string) => void {
+  let shown = 0;
+  return (line) => {
+    if (tty) {
+      process.stderr.write(
+        line === ""
+          ? "\r\x1b[2K"
+          : `\r\x1b[2K${line.slice(0, (process.stderr.columns ?? 100) - 1)}`,
+      );
+    } else if (line !== "" && !line.includes("[") && shown++ < 1000) {
+      process.stderr.write(`${line}\n`);
+    }
+  };
+}
 
 /**
  * Not with --proxy: the proxied replay takes each TTFT from the engine's answer, which
@@ -500,33 +506,7 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
     out.push("");
   }
   const router = result.router;
-  if (router !== null) {
-    out.push(
-      `kvedge: ${int(router.decisions)} routing decisions, latency p50 ${router.route_latency_p50_ms.toFixed(2)} ms,` +
-        ` p99 ${router.route_latency_p99_ms.toFixed(2)} ms (client-measured, WebSocket on loopback);` +
-        ` predicted hit rate ${percent(router.predicted_hit_rate)}.`,
-    );
-    out.push(
-      `  ${int(router.batches_published)} KV event batches published, ${int(router.batches_applied)} applied` +
-        ` (${int(router.batches_replayed)} recovered by replay, ${int(router.batches_lost)} lost, ${int(router.gaps)} gaps);` +
-        ` ${router.degraded_workers} degraded workers; ${router.lifecycle_errors} failed lifecycle calls.`,
-    );
-    if (router.predicted.workers < config.workers) {
-      out.push(
-        `  Index vs engines at the end: ${router.index_matches_engines ? "identical" : "DIFFERENT"}` +
-          ` (${int(router.index_blocks)} blocks indexed, ${int(router.engine_cached_blocks)} cached).`,
-      );
-    }
-    const p = router.predicted;
-    if (p.workers > 0) {
-      out.push(
-        `  Predictions at the end (${p.workers} approximate workers): ${int(p.blocks)} blocks predicted,` +
-          ` ${int(p.held)} of them cached by the engines (${percent(p.blocks === 0 ? 0 : p.held / p.blocks)});` +
-          ` the engines cached ${int(p.engine_blocks)} (prompt and output blocks).`,
-      );
-    }
-    out.push("");
-  }
+  if (router !== null) out.push(...routerLines(router, config), "");
   if (result.admission !== null) out.push(admissionLine(result.admission), "");
   const proxy = result.proxy;
   if (proxy !== null) {
@@ -540,17 +520,7 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
     );
     out.push("");
   }
-  if (config.approximate_workers.length > 0) {
-    const which =
-      config.events === "none"
-        ? "every engine"
-        : `engines ${config.approximate_workers.join(", ")}`;
-    out.push(
-      `Approximate workers (--events ${config.events}): ${which} published no KV events; kvedge predicted` +
-        " their caches from its own routing decisions. kv_aware keeps its name.",
-      "",
-    );
-  }
+  if (config.approximate_workers.length > 0) out.push(approximateLine(config), "");
   const modes = new Set(Object.values(result.policies).map((r) => r.mode));
   out.push(
     `Times are modeled (engine schedule in model time, not wall clock); runs: ${[...modes].join("; ")}.`,
@@ -560,4 +530,44 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
     `Took ${result.wall_s.toFixed(0)} s${kv === undefined || router === null ? "" : ` (kvedge replay ${kv.wall_s.toFixed(0)} s at ×${router.achieved_speedup.toFixed(1)})`}.`,
   );
   return `${out.join("\n")}\n`;
+}
+
+/** kvedge serve's own view of the kv_aware run: route latency, events, its index at the end. */
+function routerLines(router: RouterReport, config: DemoConfig): string[] {
+  const lines: string[] = [];
+  lines.push(
+    `kvedge: ${int(router.decisions)} routing decisions, latency p50 ${router.route_latency_p50_ms.toFixed(2)} ms,` +
+      ` p99 ${router.route_latency_p99_ms.toFixed(2)} ms (client-measured, WebSocket on loopback);` +
+      ` predicted hit rate ${percent(router.predicted_hit_rate)}.`,
+  );
+  lines.push(
+    `  ${int(router.batches_published)} KV event batches published, ${int(router.batches_applied)} applied` +
+      ` (${int(router.batches_replayed)} recovered by replay, ${int(router.batches_lost)} lost, ${int(router.gaps)} gaps);` +
+      ` ${router.degraded_workers} degraded workers; ${router.lifecycle_errors} failed lifecycle calls.`,
+  );
+  if (router.predicted.workers < config.workers) {
+    lines.push(
+      `  Index vs engines at the end: ${router.index_matches_engines ? "identical" : "DIFFERENT"}` +
+        ` (${int(router.index_blocks)} blocks indexed, ${int(router.engine_cached_blocks)} cached).`,
+    );
+  }
+  const p = router.predicted;
+  if (p.workers > 0) {
+    lines.push(
+      `  Predictions at the end (${p.workers} approximate workers): ${int(p.blocks)} blocks predicted,` +
+        ` ${int(p.held)} of them cached by the engines (${percent(p.blocks === 0 ? 0 : p.held / p.blocks)});` +
+        ` the engines cached ${int(p.engine_blocks)} (prompt and output blocks).`,
+    );
+  }
+  return lines;
+}
+
+/** Which engines published no events (`--events none|mixed`). */
+function approximateLine(config: DemoConfig): string {
+  const which =
+    config.events === "none" ? "every engine" : `engines ${config.approximate_workers.join(", ")}`;
+  return (
+    `Approximate workers (--events ${config.events}): ${which} published no KV events; kvedge predicted` +
+    " their caches from its own routing decisions. kv_aware keeps its name."
+  );
 }

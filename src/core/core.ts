@@ -7,15 +7,27 @@
  * Refusals are KvedgeErrors with codes; the server maps them to statuses.
  */
 import type { Config } from "../config";
-import type { WorkerEntry } from "../config/workers";
-import { blockSeed } from "../hash";
+import { type WorkerEntry, wildcardProblem } from "../config/workers";
+import { blockSeed, LoraAdapters } from "../hash";
 import type { KvIndex } from "../index";
 import { createIndex, MatchResult } from "../index";
 import { defaultIndexBudgetBytes, IndexBudget } from "../index/budget";
 import { WritePause } from "../index/write-pause";
 import type { KvEventWriter } from "../ingest/normalize";
-import { EngineSource, type SourcePosition, type SourceState } from "../ingest/source";
-import { CandidateList, PromptHasher, type RouteDecision, Router } from "../route";
+import {
+  EngineSource,
+  type SourceConfig,
+  type SourceOptions,
+  type SourcePosition,
+  type SourceState,
+} from "../ingest/source";
+import {
+  CandidateList,
+  PromptHasher,
+  type RouteDecision,
+  Router,
+  type RouterOptions,
+} from "../route";
 import type { PromptHashes } from "../route/input";
 import { Admission } from "../route/admission";
 import { bufferBudget } from "../util/buffer-budget";
@@ -25,7 +37,7 @@ import { DEFAULT_PREDICTED_MAX_BLOCKS, Predictions } from "../route/predictions"
 import { OVERLAP_KINDS, type OverlapKind, overlapKindOf } from "../route/router";
 import type { Logger } from "../util/log";
 import type { ZmtpOptions } from "../wire/zmtp";
-import { budgetedWriter } from "../ingest/budgeted-writer";
+import { BUDGET_REFUSAL, budgetedWriter } from "../ingest/budgeted-writer";
 import { KvedgeError } from "../domain/errors";
 import { WorkerTable } from "../domain/worker-table";
 import { attach } from "../index/crtc/shared";
@@ -90,6 +102,8 @@ export interface WorkerView {
   readonly topic: string | null;
   readonly state: SourceState | "unmanaged";
   readonly degraded: boolean;
+  /** Why it is degraded, in words: lost events, a failed probe, the budget, its hits... */
+  readonly degradedReason: string | null;
   readonly blocks: number;
   readonly activeRequests: number;
   readonly activePrefillTokens: number;
@@ -97,6 +111,8 @@ export interface WorkerView {
   readonly routedTotal: number;
   readonly lastSeq: number;
   readonly lostBatches: number;
+  /** How long after the engine's timestamp its last batch was applied (ms), if it had one. */
+  readonly eventLagMs: number | null;
   /** The engine's OpenAI-compatible server (where the proxy forwards), if configured. */
   readonly httpEndpoint: string | null;
   /** exact: known from its KV events; approximate: predicted from kvedge's own decisions. */
@@ -165,6 +181,8 @@ export class KvedgeCore {
   private readonly candidates = new CandidateList();
   /** Route calls held at saturation (route.admission; src/route/admission.ts). */
   readonly admission: Admission<RouteCall>;
+  /** How LoRA ids name adapters (`index.lora_adapters`), for streams and queries alike. */
+  readonly lora: LoraAdapters;
   private heldTimer: ReturnType<typeof setTimeout> | null = null;
   /** Held calls, whose token bytes are counted in the process-wide buffer budget until answered. */
   private readonly heldCalls = new Set<RouteCall>();
@@ -178,6 +196,7 @@ export class KvedgeCore {
     const { config } = options;
     this.log = options.log;
     this.blockSize = config.index.block_size;
+    this.lora = new LoraAdapters(config.index.lora_adapters);
     this.index = this.createIndex(config, options.writer);
     this.budget = new IndexBudget(
       this.index,
@@ -186,33 +205,7 @@ export class KvedgeCore {
     this.writer = this.budgetedWriter(
       (this.writes = new WritePause(this.index, HELD_WRITES_BYTES)),
     );
-    this.router = new Router({
-      workers: this.workerTable,
-      blockSize: this.blockSize,
-      requestTtlMs: config.route.request_ttl_secs * 1000,
-      maxActiveRequests: config.route.max_active_requests,
-      trackOutputBlocks: config.route.track_output_blocks,
-      policy: config.route.policy,
-      calibrate: config.route.calibrate,
-      pendingCredit: config.route.pending_credit,
-      pendingRecomputeWeight: config.route.pending_recompute_weight,
-      ttft: {
-        prefillTokensPerSecond: config.route.prefill_tokens_per_sec,
-        stepBaseMs: config.route.step_base_ms,
-        kvReadMsPerMillionTokens: config.route.kv_read_ms_per_million_tokens,
-        maxBatchedTokens: config.route.max_batched_tokens,
-        recomputeWeight: config.route.recompute_weight,
-      },
-      weights: {
-        overlapScoreCredit: config.route.overlap_score_credit,
-        overlapScoreCreditDecay: config.route.overlap_score_credit_decay,
-        prefillLoadScale: config.route.prefill_load_scale,
-        decodeActiveRequestWeight: config.route.decode_active_request_weight,
-        temperature: config.route.temperature,
-        degradedOverlapWeight: config.route.degraded_overlap_weight,
-      },
-      ...(options.random === undefined ? {} : { random: options.random }),
-    });
+    this.router = new Router(routerOptionsOf(config, this.workerTable, options.random));
     this.admission = new Admission<RouteCall>(
       {
         mode: config.route.admission,
@@ -234,28 +227,8 @@ export class KvedgeCore {
       },
       () => performance.now(),
     );
-    this.zmtp = {
-      maxMessageBytes: config.ingest.max_message_bytes,
-      heartbeatIntervalMs: config.ingest.heartbeat_interval_ms,
-      heartbeatTimeoutMs: config.ingest.heartbeat_timeout_ms,
-      frameTimeoutMs: config.ingest.frame_timeout_ms,
-      reconnectMinMs: config.ingest.reconnect_min_ms,
-      reconnectMaxMs: config.ingest.reconnect_max_ms,
-    };
-    this.predictions = new Predictions(
-      this.writer,
-      {
-        blockSize: this.blockSize,
-        predictAt: config.route.predict_at,
-        capacityBlocks: config.route.predicted_capacity_blocks,
-        ttlMs: config.route.predicted_ttl_secs * 1000,
-        maxBlocks: DEFAULT_PREDICTED_MAX_BLOCKS,
-        requestTtlMs: config.route.request_ttl_secs * 1000,
-        maxPending: config.route.max_active_requests,
-        correct: config.route.predicted_correction,
-      },
-      () => performance.now(),
-    );
+    this.zmtp = zmtpOptionsOf(config.ingest);
+    this.predictions = predictionsOf(config, this.writer, this.blockSize);
     this.observedHits = new ObservedHits({
       floor: config.proxy.observed_hit_floor,
       window: config.proxy.observed_window,
@@ -339,10 +312,18 @@ export class KvedgeCore {
     ]!;
   }
 
+  /**
+   * Told how long each decision took (seconds), whoever asked for it (the API, a lane,
+   * the proxy, a held call released): the server's route latency histogram.
+   */
+  onDecision: ((seconds: number) => void) | null = null;
+
   /** Picks a worker now, whatever admission says; the decision's candidates are valid until the next call. */
   route(input: RouteInput, candidatesMax: number): RouteOutcome {
+    const started = this.onDecision === null ? 0 : performance.now();
     const { request, overlaps, blockCount, prompt } = this.routeRequest(input, candidatesMax);
     const decision = this.router.route(request, overlaps, this.candidates);
+    this.onDecision?.((performance.now() - started) / 1000);
     this.predictions.routed(
       decision.requestId,
       decision.slot,
@@ -558,6 +539,14 @@ export class KvedgeCore {
 
   // ---- Workers ----
 
+  /** A worker endpoint naming a wildcard address: 403 unless ingest.allow_wildcard_endpoints. */
+  private refuseWildcard(entry: WorkerEntry): void {
+    if (this.options.config.ingest.allow_wildcard_endpoints) return;
+    const problem = wildcardProblem(entry);
+    if (problem !== null)
+      throw new KvedgeError("forbidden", problem.message, { param: problem.field });
+  }
+
   /**
    * Adds an engine: with an event endpoint, starts listening to it (exact); without
    * one, predicts its cache from kvedge's decisions (approximate). A worker that exists
@@ -575,6 +564,7 @@ export class KvedgeCore {
         `worker ${entry.worker_id} dp_rank ${entry.dp_rank} already exists`,
       );
     }
+    this.refuseWildcard(entry);
     if (entry.endpoint === null) {
       if (this.options.writer !== undefined) {
         throw new KvedgeError(
@@ -641,22 +631,9 @@ export class KvedgeCore {
       replayEndpoint: entry.replay_endpoint,
       topic: entry.topic,
     };
-    const source = new EngineSource(config, {
-      blockSize: this.blockSize,
-      writer: this.writer,
-      log: this.log.child({ component: "ingest" }),
-      zmtp: this.zmtp,
-      sequencer: {
-        replayTimeoutMs: this.options.config.ingest.replay_timeout_ms,
-        replayDeadlineMs: this.options.config.ingest.replay_deadline_ms,
-        replayBufferBytes: this.options.config.ingest.replay_buffer_bytes,
-      },
-      onChange: (changed) => this.sourceChanged(changed),
-      ...(this.options.writer === undefined ? {} : { input: this.options.writer.input(config) }),
-    });
+    const source = new EngineSource(config, this.sourceOptions(config));
     const saved = this.restoredPositions.get(positionKey(entry.worker_id, entry.dp_rank));
-    if (saved !== undefined)
-      source.sequencer.restore(saved.lastSeq, saved.fingerprint, saved.degraded);
+    if (saved !== undefined) source.restore(saved);
     const slot = this.router.load.addWorker(entry.worker_id, entry.dp_rank);
     this.sources.add(source);
     this.ownSource[slot] = source;
@@ -682,6 +659,25 @@ export class KvedgeCore {
         `cannot listen to ${entry.endpoint}: ${(error as Error).message}`,
       );
     }
+  }
+
+  private sourceOptions(config: SourceConfig): SourceOptions {
+    const ingest = this.options.config.ingest;
+    return {
+      blockSize: this.blockSize,
+      writer: this.writer,
+      log: this.log.child({ component: "ingest" }),
+      zmtp: this.zmtp,
+      lora: this.lora,
+      sequencer: {
+        replayTimeoutMs: ingest.replay_timeout_ms,
+        replayDeadlineMs: ingest.replay_deadline_ms,
+        replayBufferBytes: ingest.replay_buffer_bytes,
+        idleProbeMs: ingest.idle_probe_ms,
+      },
+      onChange: (changed) => this.sourceChanged(changed),
+      ...(this.options.writer === undefined ? {} : { input: this.options.writer.input(config) }),
+    };
   }
 
   /** Removes every dp rank of a worker: stops its sources, purges its blocks and load, frees its slots. */
@@ -742,6 +738,7 @@ export class KvedgeCore {
         topic: source?.config.topic ?? null,
         state: source?.state ?? "unmanaged",
         degraded: load.degraded,
+        degradedReason: load.degraded ? this.distrustReason(load.slot) : null,
         blocks: blocks.get(load.slot) ?? 0,
         activeRequests: load.activeRequests,
         activePrefillTokens: load.activePrefillTokens,
@@ -749,6 +746,7 @@ export class KvedgeCore {
         routedTotal: load.routedTotal,
         lastSeq: source?.sequencer.lastSeq ?? -1,
         lostBatches: source?.sequencer.counters.lost ?? 0,
+        eventLagMs: lagOf(source),
         httpEndpoint: this.httpEndpointOf(load.workerId, load.dpRank),
         mode: this.predictions.isApproximate(load.slot) ? "approximate" : "exact",
         predicted: this.predictions.isApproximate(load.slot)
@@ -812,6 +810,26 @@ export class KvedgeCore {
     );
   }
 
+  /** Why `distrusted(slot)` holds, in words, the first cause found. */
+  private distrustReason(slot: number): string {
+    const source = this.sourceOf(slot);
+    if (source !== undefined && source.state !== "connected")
+      return `engine not connected (${source.state}): what it holds is unknown`;
+    const sequenced = source?.sequencer.degradedReason ?? null;
+    if (sequenced !== null) return sequenced;
+    if (this.incomplete.has(slot)) return BUDGET_REFUSAL;
+    const observed = this.observedHits.view(
+      this.workerTable.workerIdOf(slot),
+      this.workerTable.dpRankOf(slot),
+    );
+    if (observed.suspect) {
+      const ratio =
+        observed.recentRatio === null ? "" : ` (${Math.round(100 * observed.recentRatio)}%)`;
+      return `observed hits far below predicted${ratio}: the engine does not serve what its events say`;
+    }
+    return "degraded";
+  }
+
   /** The source publishing a slot: its own, or the worker's source that reported that rank. */
   private sourceOf(slot: number): EngineSource | undefined {
     const own = this.ownSource[slot];
@@ -867,4 +885,77 @@ export class KvedgeCore {
     const loadSlot = this.router.load.slotOf(workerId, this.workerTable.dpRankOf(slot));
     if (loadSlot >= 0) this.router.load.setDegraded(loadSlot, this.distrusted(slot));
   }
+}
+
+/** The router as configured, on the core's worker numbering. */
+function routerOptionsOf(
+  config: Config,
+  workers: WorkerTable,
+  random: (() => number) | undefined,
+): RouterOptions {
+  const route = config.route;
+  return {
+    workers,
+    blockSize: config.index.block_size,
+    requestTtlMs: route.request_ttl_secs * 1000,
+    maxActiveRequests: route.max_active_requests,
+    trackOutputBlocks: route.track_output_blocks,
+    policy: route.policy,
+    calibrate: route.calibrate,
+    pendingCredit: route.pending_credit,
+    pendingRecomputeWeight: route.pending_recompute_weight,
+    ttft: {
+      prefillTokensPerSecond: route.prefill_tokens_per_sec,
+      stepBaseMs: route.step_base_ms,
+      kvReadMsPerMillionTokens: route.kv_read_ms_per_million_tokens,
+      maxBatchedTokens: route.max_batched_tokens,
+      recomputeWeight: route.recompute_weight,
+    },
+    weights: {
+      overlapScoreCredit: route.overlap_score_credit,
+      overlapScoreCreditDecay: route.overlap_score_credit_decay,
+      prefillLoadScale: route.prefill_load_scale,
+      decodeActiveRequestWeight: route.decode_active_request_weight,
+      temperature: route.temperature,
+      degradedOverlapWeight: route.degraded_overlap_weight,
+    },
+    ...(random === undefined ? {} : { random }),
+  };
+}
+
+/** Predictions for approximate workers, written through the core's budgeted writer. */
+function predictionsOf(config: Config, writer: KvEventWriter, blockSize: number): Predictions {
+  const route = config.route;
+  return new Predictions(
+    writer,
+    {
+      blockSize,
+      predictAt: route.predict_at,
+      capacityBlocks: route.predicted_capacity_blocks,
+      ttlMs: route.predicted_ttl_secs * 1000,
+      maxBlocks: DEFAULT_PREDICTED_MAX_BLOCKS,
+      requestTtlMs: route.request_ttl_secs * 1000,
+      maxPending: route.max_active_requests,
+      correct: route.predicted_correction,
+    },
+    () => performance.now(),
+  );
+}
+
+/** The ZMTP settings of every engine connection. */
+function zmtpOptionsOf(ingest: Config["ingest"]): ZmtpOptions {
+  return {
+    maxMessageBytes: ingest.max_message_bytes,
+    heartbeatIntervalMs: ingest.heartbeat_interval_ms,
+    heartbeatTimeoutMs: ingest.heartbeat_timeout_ms,
+    frameTimeoutMs: ingest.frame_timeout_ms,
+    reconnectMinMs: ingest.reconnect_min_ms,
+    reconnectMaxMs: ingest.reconnect_max_ms,
+  };
+}
+
+/** The lag of a source's last timestamped batch (ms), or null when none had a timestamp. */
+function lagOf(source: EngineSource | undefined): number | null {
+  const counters = source?.normalizer.counters;
+  return counters === undefined || counters.lagBatches === 0 ? null : counters.lagLastMs;
 }

@@ -129,8 +129,7 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
         time: options.time,
         seed: options.seed,
         vocabSize: options.vocabSize,
-        kvAware:
-          policy === "kv_aware" ? virtualKvAware(options) : (options.kvAware ?? DEFAULT_KV_AWARE),
+        kvAware: virtualKvAware(policy, options),
         onFinish: (finished) => {
           if (policy !== "kv_aware" || !(finished instanceof KvAwareModel)) return;
           if (finished.admission !== null) admission = { mode, ...finished.admission.counts };
@@ -190,9 +189,13 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
   return { policies, router, proxy, admission, gains: gainsOf(policies), wall_s: wall };
 }
 
-/** kv_aware in virtual time: kvedge's router, predicting the engines that publish no events. */
-function virtualKvAware(options: DemoOptions): KvAwareConfig {
-  const approximate = approximateEngines(options.events ?? "all", options.workers);
+/**
+ * kvedge's router in virtual time: kv_aware predicts the engines that publish no events;
+ * kv_aware_model (exact knowledge) predicts nothing.
+ */
+function virtualKvAware(policy: DemoPolicy, options: DemoOptions): KvAwareConfig {
+  if (policy !== "kv_aware") return options.kvAware ?? DEFAULT_KV_AWARE;
+  const approximate = approximateOf(options);
   return {
     ...(options.kvAware ?? DEFAULT_KV_AWARE),
     approximate,
@@ -284,31 +287,20 @@ async function runKvedge(options: DemoOptions): Promise<KvedgeRun> {
   try {
     options.progress?.("kv_aware: starting kvedge serve…");
     const workerIds = engines.map((_, w) => String(w));
-    const workers = workersArg(engines, options, null);
     serve = await startServeChild({
       args: [
-        "--workers",
-        workers,
-        "--block-size",
-        String(options.blockSize),
-        "--log-level",
-        "info",
+        ...["--workers", workersArg(engines, options, null)],
+        ...["--block-size", String(options.blockSize), "--log-level", "info"],
         ...options.serveArgs,
       ],
       ...(options.kvedgeCommand === undefined ? {} : { command: options.kvedgeCommand }),
     });
     await waitReady(serve.url, exactEngines(engines, options));
     client = await KvedgeClient.connect(serve.url);
-    const reportCached =
-      (options.correct ?? true) &&
-      approximateEngines(options.events ?? "all", engines.length).length > 0;
-    const { router, stats } = kvedgeRouter(
-      client,
-      workerIds,
-      options.trace.count,
-      "demo-",
-      reportCached,
-    );
+    // Approximate workers hear what their engines served from cache (prefill_done's cached_tokens).
+    const reportCached = (options.correct ?? true) && approximateOf(options).length > 0;
+    const count = options.trace.count;
+    const { router, stats } = kvedgeRouter(client, workerIds, count, "demo-", reportCached);
     const startedMs = performance.now();
     const run = await replayRealtime("kv_aware", {
       trace: options.trace,
@@ -327,15 +319,7 @@ async function runKvedge(options: DemoOptions): Promise<KvedgeRun> {
     });
     options.progress?.("");
     await client.settle();
-    const routerReport = await routerSide(
-      serve.url,
-      engines,
-      workerIds,
-      client,
-      stats,
-      options.blockSize,
-      approximateEngines(options.events ?? "all", engines.length),
-    );
+    const routerReport = await routerSide(serve.url, engines, workerIds, client, stats, options);
     const metrics = await (await fetch(`${serve.url}/metrics`)).text();
     return {
       report: run.report,
@@ -397,15 +381,20 @@ function metricSum(text: string, name: string, match = ""): number {
   return sum;
 }
 
+/** The engines that publish no events in this demo. */
+function approximateOf(options: DemoOptions): number[] {
+  return approximateEngines(options.events ?? "all", options.workers);
+}
+
 async function routerSide(
   url: string,
   engines: readonly NetworkedEngine[],
   workerIds: readonly string[],
   client: KvedgeClient,
   stats: ReturnType<typeof kvedgeRouter>["stats"],
-  blockSize: number,
-  approximate_: readonly number[],
+  options: DemoOptions,
 ): Promise<Omit<RouterReport, "achieved_speedup">> {
+  const approximate_ = approximateOf(options);
   // Let kvedge catch up with the last batches before comparing.
   const deadline = performance.now() + 10_000;
   let workers: WorkerJson[] = [];
@@ -421,33 +410,17 @@ async function routerSide(
   }
   const metrics = await (await fetch(`${url}/metrics`)).text();
   const dump = await (await fetch(`${url}/v1/dump`)).text();
-  const held = heldByWorker(dump);
   const approximate = new Set(approximate_);
-  let matches = true;
-  let engineBlocks = 0;
-  const predicted = { workers: approximate.size, blocks: 0, held: 0, engine_blocks: 0 };
-  for (let w = 0; w < engines.length; w++) {
-    const snapshot = engines[w]!.engine.cache.snapshot();
-    const indexed = held.get(workerIds[w]!) ?? new Set<string>();
-    if (approximate.has(w)) {
-      // Predicted blocks are named by their sequence hash: the engine's blocks' `path`.
-      const paths = new Set(snapshot.map((block) => block.path.toString()));
-      predicted.blocks += indexed.size;
-      predicted.engine_blocks += snapshot.length;
-      for (const hash of indexed) if (paths.has(hash)) predicted.held++;
-      continue;
-    }
-    engineBlocks += snapshot.length;
-    if (
-      indexed.size !== snapshot.length ||
-      !snapshot.every((block) => indexed.has(block.hash.toString()))
-    )
-      matches = false;
-  }
+  const { matches, engineBlocks, predicted } = compareWithEngines(
+    heldByWorker(dump),
+    engines,
+    workerIds,
+    approximate,
+  );
   let overlapTokens = 0;
   let promptTokens = 0;
   for (let i = 0; i < stats.overlapBlocks.length; i++) {
-    overlapTokens += stats.overlapBlocks[i]! * blockSize;
+    overlapTokens += stats.overlapBlocks[i]! * options.blockSize;
     promptTokens += stats.promptTokens[i]!;
   }
   const latencies = Float64Array.from(
@@ -475,6 +448,38 @@ async function routerSide(
     index_matches_engines: matches,
     predicted,
   };
+}
+
+/**
+ * kvedge's index at the end against the engines' caches: an exact worker's blocks must
+ * be its engine's, by external hash; an approximate worker's predictions are counted
+ * against what its engine really holds (they are named by their sequence hash, an
+ * engine block's `path`).
+ */
+function compareWithEngines(
+  held: Map<string, Set<string>>,
+  engines: readonly NetworkedEngine[],
+  workerIds: readonly string[],
+  approximate: ReadonlySet<number>,
+) {
+  let matches = true;
+  let engineBlocks = 0;
+  const predicted = { workers: approximate.size, blocks: 0, held: 0, engine_blocks: 0 };
+  for (let w = 0; w < engines.length; w++) {
+    const snapshot = engines[w]!.engine.cache.snapshot();
+    const indexed = held.get(workerIds[w]!) ?? new Set<string>();
+    if (approximate.has(w)) {
+      const paths = new Set(snapshot.map((block) => block.path.toString()));
+      predicted.blocks += indexed.size;
+      predicted.engine_blocks += snapshot.length;
+      for (const hash of indexed) if (paths.has(hash)) predicted.held++;
+      continue;
+    }
+    engineBlocks += snapshot.length;
+    const same = snapshot.every((block) => indexed.has(block.hash.toString()));
+    if (indexed.size !== snapshot.length || !same) matches = false;
+  }
+  return { matches, engineBlocks, predicted };
 }
 
 /** Per worker (decimal id), the external block hashes an index dump leaves held. */

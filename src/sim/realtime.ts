@@ -81,8 +81,7 @@ export async function replayRealtime(
 ): Promise<RealtimeResult> {
   const { trace, engines, router } = options;
   const recorder = new RunRecorder(trace, {
-    prefillDone: (request, nowMs, cachedTokens) =>
-      router.prefillDone(request.id, nowMs, cachedTokens),
+    prefillDone: (request, nowMs, cached) => router.prefillDone(request.id, nowMs, cached),
     finished: (request, nowMs) => router.done(request.id, nowMs),
   });
   const listener: EngineListener = recorder.listener;

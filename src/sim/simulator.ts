@@ -135,15 +135,8 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
   const dispatch = (nowMs: number): void =>
     dispatchHeld(policy, engines, recorder, nowMs, flush, options.onRouted);
   for (let next = 0; ; ) {
-    let engineIndex = -1;
-    let engineMs = Infinity;
-    for (let w = 0; w < workers; w++) {
-      const due = engines[w]!.nextEventMs();
-      if (due < engineMs) {
-        engineMs = due;
-        engineIndex = w;
-      }
-    }
+    const engineIndex = nextEngine(engines);
+    const engineMs = engineIndex < 0 ? Infinity : engines[engineIndex]!.nextEventMs();
     const arrivalMs = next < trace.count ? trace.arrivalMs[next]! : Infinity;
     const heldMs = policy.nextDueMs?.() ?? Infinity;
     if (heldMs <= engineMs && heldMs <= arrivalMs && heldMs < Infinity) {
@@ -157,8 +150,8 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
       const tokens = requestTokens(trace, next, vocabSize);
       const query = routeQuery(next, tokens, trace.inputLength[next]!, blockSize);
       const worker = policy.route(query, arrivalMs);
-      if (worker >= 0) options.onRouted?.(next, worker);
       if (worker >= 0) {
+        options.onRouted?.(next, worker);
         checkWorker(policy, worker, workers);
         submit(engines[worker]!, recorder, query, worker, arrivalMs, () =>
           policy.finished(query.id, arrivalMs),
@@ -173,6 +166,20 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
   }
   options.onFinish?.(policy);
   return recorder.report(options.policy, engines, options.verify ?? VERIFY);
+}
+
+/** The engine whose step ends first (the lowest index on ties), or -1 when all are idle. */
+function nextEngine(engines: readonly MockEngine[]): number {
+  let index = -1;
+  let ms = Infinity;
+  for (let w = 0; w < engines.length; w++) {
+    const due = engines[w]!.nextEventMs();
+    if (due < ms) {
+      ms = due;
+      index = w;
+    }
+  }
+  return index;
 }
 
 /** Submits the held requests the policy answered (worker -1: refused) at `nowMs`. */

@@ -91,7 +91,7 @@ function predictionStream(seed: number, steps: number) {
   );
   const slots = [0, 1, 2].map((w) => table.acquire(BigInt(40 + w), w % 2));
   const capacities = [24, 40, null];
-  slots.forEach((slot, w) => predictions.enable(slot, capacities[w]!));
+  for (let w = 0; w < slots.length; w++) predictions.enable(slots[w]!, capacities[w]!);
   const families = Array.from({ length: 4 }, (_, f) =>
     Uint32Array.from({ length: (3 + 4 * f) * BS }, (_, t) => 7_000 * (f + 1) + t),
   );
@@ -198,7 +198,7 @@ describe("bounds", () => {
   test("at most the capacity, the oldest chain's tail evicted first: no holes", () => {
     const { predictions, slot, held, route, index } = single(300, { predictAt: "route" });
     const chains = Array.from({ length: 6 }, (_, c) => tokensOf(10_000 * (c + 1), 80));
-    chains.forEach((tokens, c) => route(`r${c}`, tokens));
+    for (let c = 0; c < chains.length; c++) route(`r${c}`, chains[c]!);
     expect(predictions.blocks.heldBy(slot)).toBe(300);
     expect(index.stats().blocks).toBe(300);
     // 480 predicted, 180 evicted: chains 0 and 1 wholly (160), then chain 2's last 20.

@@ -200,16 +200,16 @@ describe("MockEngine timeline (continuous batching, chunked prefill)", () => {
     expect(engine.takeBatch(0)).toBeNull();
     expect(engine.cache.visiblePrefixBlocks(Uint32Array.from(range(1, 9)), 9)).toBe(0);
     let at = engine.step(); // prefill, and the first output token
-    const planned = engine.takeBatch(at);
-    expect(planned?.ts).toBe(at / 1000);
-    expect(planned?.events.map((event) => event.type)).toEqual(["BlockStored"]);
-    expect((planned?.events[0] as BlockStoredEvent).block_hashes.length).toBe(2);
+    const planned = engine.takeBatch(at)!;
+    expect(planned.ts).toBe(at / 1000);
+    expect(planned.events.map((event) => event.type)).toEqual(["BlockStored"]);
+    expect((planned.events[0] as BlockStoredEvent).block_hashes.length).toBe(2);
     expect(engine.cache.visiblePrefixBlocks(Uint32Array.from(range(1, 9)), 9)).toBe(2);
     for (let step = 0; step < 3; step++) at = engine.step();
     // The fourth output token fills the third block: announced at that step's end.
-    const filled = engine.takeBatch(at);
-    expect(filled?.ts).toBe(at / 1000);
-    expect(filled?.events.map((event) => event.type)).toEqual(["BlockStored"]);
+    const filled = engine.takeBatch(at)!;
+    expect(filled.ts).toBe(at / 1000);
+    expect(filled.events.map((event) => event.type)).toEqual(["BlockStored"]);
   });
 
   test("a request admitted into the same step as a sibling reuses the sibling's planned blocks", () => {
