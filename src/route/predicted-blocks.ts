@@ -20,6 +20,8 @@
  *
  * Entries live in typed arrays with a free list; the arrays go back to their first size
  * when no block is predicted. Nothing here allocates per block.
+ *
+ * See docs/decisions.md#predictions-in-index and docs/decisions.md#prediction-correction.
  */
 import type { KvEventWriter } from "../ingest/normalize";
 import { TripleTable } from "../util/tables";

@@ -80,7 +80,8 @@ export interface RouterOptions extends LoadTrackerOptions {
   /**
    * Credit a worker with the blocks of its active requests (routed, not done) as cached
    * for a new request sharing them: vLLM pins a running request's blocks, and a request
-   * queued there computes them before a later one (default true; ./README.md).
+   * queued there computes them before a later one (default true; ./README.md; see
+   * docs/decisions.md#pending-credit).
    */
   readonly pendingCredit?: boolean;
   /**

@@ -23,6 +23,8 @@
  *   get one token each, full output blocks are cached, finished requests release their
  *   blocks (`finished`); the next step starts at once if anything is left.
  *
+ * See docs/decisions.md#engine-publishes-after-step.
+ *
  * A request submitted while a step runs joins at the next step's start; one submitted
  * to an idle engine starts a step at once. A request larger than the whole cache is
  * rejected at submit.
