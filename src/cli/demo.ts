@@ -3,13 +3,21 @@ import { ADMISSION_MODES, type AdmissionMode, DEFAULT_ADMISSION } from "../route
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES, type RoutePolicy } from "../route/ttft";
 import { getAffinity, pinProcess } from "../runtime/affinity";
 import { type AdmissionReport, type DemoResult, type RouterReport, runDemo } from "../sim/demo";
-import { type DemoPolicy, defaultDemoPolicies, isDemoPolicy } from "../sim/demo-options";
+import {
+  defaultDemoPolicies,
+  approximateEngines,
+  DEMO_EVENTS,
+  type DemoEvents,
+  type DemoPolicy,
+  isDemoPolicy,
+} from "../sim/demo-options";
 import { loadConversationTrace } from "../sim/embedded-trace";
 import { CAPACITY_BLOCKS_MAX } from "../sim/engine-cache";
 import { WORKERS_MAX } from "../sim/simulator";
 import { DEFAULT_TIME_MODEL, type TimeModel } from "../sim/time-model";
 import { DEFAULT_VOCAB_SIZE } from "../sim/tokens";
 import { parseTrace, type Trace, TraceError, traceStats, transformTrace } from "../sim/trace";
+import { isWorkload, WORKLOADS, workloadTrace } from "../sim/workloads";
 import {
   flagBool,
   flagInt,
@@ -55,8 +63,23 @@ export function timeModelOf(parsed: Parsed): TimeModel {
   return model;
 }
 
-/** The trace in FILE (Mooncake JSONL), or the embedded conversation trace. */
-export async function loadTrace(path: string | undefined): Promise<{ trace: Trace; name: string }> {
+/** The trace in FILE (Mooncake JSONL), a generated workload, or the embedded conversation trace. */
+export async function loadTrace(
+  path: string | undefined,
+  workload?: string,
+  seed?: number,
+): Promise<{ trace: Trace; name: string }> {
+  if (workload !== undefined) {
+    if (path !== undefined) throw new UsageError("give --trace or --workload, not both");
+    if (!isWorkload(workload))
+      throw new UsageError(
+        `--workload: unknown workload '${workload}' (known: ${WORKLOADS.join(", ")})`,
+      );
+    return {
+      trace: parseTrace(workloadTrace(workload, seed)),
+      name: `the generated ${workload} workload (seed ${seed ?? "default"})`,
+    };
+  }
   if (path === undefined)
     return { trace: await loadConversationTrace(), name: "the Mooncake conversation trace" };
   const file = Bun.file(path);
@@ -77,6 +100,8 @@ const flags = {
   "capacity-blocks": { kind: "string" },
   "block-size": { kind: "string" },
   trace: { kind: "string" },
+  workload: { kind: "string" },
+  "workload-seed": { kind: "string" },
   speedup: { kind: "string" },
   "time-scale": { kind: "string" },
   policies: { kind: "string" },
@@ -91,6 +116,9 @@ const flags = {
   admission: { kind: "string" },
   "no-pin": { kind: "boolean" },
   proxy: { kind: "boolean" },
+  events: { kind: "string" },
+  "predicted-capacity-blocks": { kind: "string" },
+  "no-correct": { kind: "boolean" },
   replicas: { kind: "string" },
   "no-sync": { kind: "boolean" },
   "sync-delay-ms": { kind: "string" },
@@ -131,6 +159,10 @@ Options:
   --capacity-blocks N    KV capacity of each engine, in blocks (${DEMO_DEFAULTS.capacityBlocks}: ~80 GB for an 8B model)
   --block-size N         tokens per KV block (${DEMO_DEFAULTS.blockSize})
   --trace FILE           a Mooncake-format JSONL trace (default: the embedded conversation trace)
+  --workload NAME        a generated Mooncake-format trace instead (src/sim/workloads.ts): agentic
+                         (tool-using agent sessions with fan-outs) or burst (64 requests sharing a
+                         4,096-token prefix within 50 ms, a fresh prefix every 2.5 s)
+  --workload-seed S      the generator's seed (its default: 7)
   --time-scale F         multiply arrival times by F (${DEMO_DEFAULTS.timeScale}: twice the trace's request rate)
   --speedup X            model seconds per wall second in the kvedge replay (${DEMO_DEFAULTS.speedup})
   --policies LIST        comma list of ${["kv_aware", "round_robin", "random", "least_loaded", "approx_prefix", "kv_aware_model"].join(", ")}
@@ -146,6 +178,14 @@ Options:
   --proxy                run kv_aware through kvedge serve --proxy: OpenAI /v1/completions
                          requests to kvedge, which routes, forwards to the engines' OpenAI API
                          and drives each request's lifecycle from the answer
+  --events MODE          which engines publish KV events: all (default), mixed (even engines; the
+                         odd ones are approximate workers) or none (every engine approximate: kvedge
+                         predicts their caches from its own decisions)
+  --predicted-capacity-blocks N
+                         the KV capacity kvedge is told for approximate workers (default: the
+                         engines' real one, --capacity-blocks)
+  --no-correct           kvedge is not told the cached tokens engines served (prefill_done's
+                         cached_tokens; with --proxy kvedge serve runs without correction)
   --replicas N           kvedge as N replicas (1): request i to replica i mod N, its lifecycle
                          calls too, as behind a plain load balancer. kv_aware shares their load
                          over a local nats-server (bound to 127.0.0.1); kv_aware_unsynced, the
@@ -188,33 +228,25 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     const time = timeModelOf(parsed);
     const json = flagBool(parsed, "json");
     const replicated = replicaFlags(parsed, virtual);
-    const { replicas } = replicated;
-    const policies = policiesOf(flagString(parsed, "policies"), replicas, replicated.noSync);
-    const loaded = await loadTrace(flagString(parsed, "trace"));
+    const policies = policiesOf(flagString(parsed, "policies"), replicated);
+    const loaded = await traceOf(parsed);
     if (start >= loaded.trace.count)
       throw new UsageError(`--start ${start}: the trace has ${loaded.trace.count} requests`);
     const trace = transformTrace(loaded.trace, { start, requests, timeScale });
 
-    // kvedge serve is told the engines' constants, as an operator would configure it.
-    const serveArgs: string[] = [
-      "--route-policy",
+    const serveArgs = serveArgsOf(
       routePolicy,
-      "--recompute-weight",
-      String(recomputeWeight),
-      "--prefill-tokens-per-sec",
-      String(time.prefillTokensPerSecond),
-      "--step-base-ms",
-      String(time.stepBaseMs),
-      "--kv-read-ms-per-million-tokens",
-      String(time.kvReadMsPerMillionTokens),
-      "--max-batched-tokens",
-      String(time.maxBatchedTokens),
-      ...admissionArgs(admission, speedup),
-    ];
+      recomputeWeight,
+      time,
+      admissionArgs(admission, speedup),
+    );
     const kvedge = policies.includes("kv_aware") || policies.includes("kv_aware_unsynced");
     if (!virtual && !flagBool(parsed, "no-pin") && kvedge) serveArgs.push(...pinning());
+    // Without correction kvedge serve ignores the cached tokens it hears (the proxy reads them anyway).
+    if (flagBool(parsed, "no-correct")) serveArgs.push("--no-predicted-correction");
     const tty = process.stderr.isTTY === true;
-    const progress = progressWriter(tty);
+    const predictions = predictionOptions(parsed, capacityBlocks);
+    const events = predictions.events;
     const result = await runDemo({
       trace,
       workers,
@@ -228,16 +260,17 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       form: flagBool(parsed, "map-form") ? "map" : "array",
       realtimeBaselines: flagBool(parsed, "realtime-baselines"),
       serveArgs,
-      progress: json && !tty ? null : progress,
+      progress: json && !tty ? null : progressWriter(tty),
       virtual,
       proxy: flagBool(parsed, "proxy"),
+      ...predictions,
       kvAware: { policy: routePolicy, ttft: { recomputeWeight }, admission: { mode: admission } },
-      replicas,
-      syncDelayMs: replicated.syncDelayMs,
-      staggerMs: replicated.staggerMs,
+      ...replicated.options,
     });
     const config = {
       trace: loaded.name,
+      events,
+      approximate_workers: approximateEngines(events, workers),
       start,
       requests: trace.count,
       virtual,
@@ -259,6 +292,43 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     return 0;
   },
 };
+
+/** The trace the demo replays: --trace FILE, --workload NAME, or the conversation trace. */
+function traceOf(parsed: Parsed): Promise<{ trace: Trace; name: string }> {
+  const workloadSeed = parsed.flags.has("workload-seed")
+    ? flagInt(parsed, "workload-seed", 7, 0, 0xffff_ffff)
+    : undefined;
+  return loadTrace(flagString(parsed, "trace"), flagString(parsed, "workload"), workloadSeed);
+}
+
+/** Which engines publish events, and what kvedge is told about the others. */
+function predictionOptions(parsed: Parsed, capacityBlocks: number) {
+  const events = eventsOf(flagString(parsed, "events"));
+  const flag = "predicted-capacity-blocks";
+  return {
+    events,
+    ...(parsed.flags.has(flag)
+      ? { predictedCapacityBlocks: flagInt(parsed, flag, capacityBlocks, 1, CAPACITY_BLOCKS_MAX) }
+      : {}),
+    correct: !flagBool(parsed, "no-correct"),
+  };
+}
+
+/** Progress on stderr: a bar on a terminal, phase announcements only otherwise. */
+function progressWriter(tty: boolean): (line: string) => void {
+  let shown = 0;
+  return (line) => {
+    if (tty) {
+      process.stderr.write(
+        line === ""
+          ? "\r\x1b[2K"
+          : `\r\x1b[2K${line.slice(0, (process.stderr.columns ?? 100) - 1)}`,
+      );
+    } else if (line !== "" && !line.includes("[") && shown++ < 1000) {
+      process.stderr.write(`${line}\n`);
+    }
+  };
+}
 
 /**
  * Not with --proxy: the proxied replay takes each TTFT from the engine's answer, which
@@ -292,6 +362,13 @@ function admissionArgs(mode: AdmissionMode, speedup: number): string[] {
   ];
 }
 
+function eventsOf(text: string | undefined): DemoEvents {
+  if (text === undefined) return "all";
+  if (!(DEMO_EVENTS as readonly string[]).includes(text))
+    throw new UsageError(`--events: unknown mode '${text}' (known: ${DEMO_EVENTS.join(", ")})`);
+  return text as DemoEvents;
+}
+
 function routePolicyOf(text: string | undefined): RoutePolicy {
   if (text === undefined) return "ttft";
   if (!(ROUTE_POLICIES as readonly string[]).includes(text)) {
@@ -302,20 +379,32 @@ function routePolicyOf(text: string | undefined): RoutePolicy {
   return text as RoutePolicy;
 }
 
-/** Progress on stderr: a bar on a terminal, else phase announcements only. */
-function progressWriter(tty: boolean): (line: string) => void {
-  let shown = 0;
-  return (line) => {
-    if (tty) {
-      process.stderr.write(
-        line === ""
-          ? "\r\x1b[2K"
-          : `\r\x1b[2K${line.slice(0, (process.stderr.columns ?? 100) - 1)}`,
-      );
-    } else if (line !== "" && !line.includes("[")) {
-      if (shown++ < 1000) process.stderr.write(`${line}\n`);
-    }
-  };
+/** kvedge serve is told the engines' constants, as an operator would configure it. */
+function serveArgsOf(
+  routePolicy: RoutePolicy,
+  recomputeWeight: number,
+  time: TimeModel,
+  admission: string[],
+): string[] {
+  return [
+    ...["--route-policy", routePolicy, "--recompute-weight", String(recomputeWeight)],
+    ...["--prefill-tokens-per-sec", String(time.prefillTokensPerSecond)],
+    ...["--step-base-ms", String(time.stepBaseMs)],
+    ...["--kv-read-ms-per-million-tokens", String(time.kvReadMsPerMillionTokens)],
+    ...["--max-batched-tokens", String(time.maxBatchedTokens)],
+    ...admission,
+  ];
+}
+
+/** ", 3 replicas over NATS" when kvedge ran as replicas. */
+function replicasNote(replicas: number): string {
+  return replicas > 1 ? `, ${replicas} replicas over NATS` : "";
+}
+
+/** A row's name: kvedge's rows say how many replicas ran them. */
+function rowLabel(name: string, replicas: number): string {
+  const kvedge = name.startsWith("kv_aware") && name !== "kv_aware_model";
+  return replicas > 1 && kvedge ? `${name} ×${replicas}` : name;
 }
 
 /** Most kvedge replicas a demo starts. */
@@ -338,10 +427,13 @@ function replicaFlags(parsed: Parsed, virtual: boolean) {
     sync_delay_ms: virtual && replicas > 1 ? syncDelayMs : null,
     stagger_ms: replicas > 1 ? staggerMs : null,
   };
-  return { replicas, noSync, syncDelayMs, staggerMs, config };
+  return { replicas, noSync, options: { replicas, syncDelayMs, staggerMs }, config };
 }
 
-function policiesOf(text: string | undefined, replicas: number, noSync: boolean): DemoPolicy[] {
+function policiesOf(
+  text: string | undefined,
+  { replicas, noSync }: { replicas: number; noSync: boolean },
+): DemoPolicy[] {
   if (text === undefined) {
     const defaults = defaultDemoPolicies(replicas);
     return noSync ? defaults.filter((policy) => policy !== "kv_aware") : defaults;
@@ -384,29 +476,6 @@ function pinning(): string[] {
   return ["--cpus", String(serveCpu)];
 }
 
-/** kvedge's own view of the run: latency, events, index check, and its replicas' bus. */
-function routerLines(router: RouterReport): string[] {
-  const lines = [
-    `kvedge: ${int(router.decisions)} routing decisions, latency p50 ${router.route_latency_p50_ms.toFixed(2)} ms,` +
-      ` p99 ${router.route_latency_p99_ms.toFixed(2)} ms (client-measured, WebSocket on loopback);` +
-      ` predicted hit rate ${percent(router.predicted_hit_rate)}.`,
-    `  ${int(router.batches_published)} KV event batches published, ${int(router.batches_applied)} applied` +
-      ` (${int(router.batches_replayed)} recovered by replay, ${int(router.batches_lost)} lost, ${int(router.gaps)} gaps);` +
-      ` ${router.degraded_workers} degraded workers; ${router.lifecycle_errors} failed lifecycle calls.`,
-    `  Index vs engines at the end: ${router.index_matches_engines ? "identical" : "DIFFERENT"}` +
-      ` (${int(router.index_blocks)} blocks indexed, ${int(router.engine_cached_blocks)} cached).`,
-  ];
-  const cluster = router.cluster;
-  if (cluster !== null)
-    lines.push(
-      `  ${cluster.replicas} replicas${cluster.synced ? " over NATS" : ", no bus"}: ${int(cluster.facts_sent)} facts published,` +
-        ` ${int(cluster.facts_received)} applied by peers, ${int(cluster.bytes_sent)} bytes on the bus` +
-        ` (${int(cluster.bytes_per_route)} per routed request), ${int(cluster.gaps)} gaps;` +
-        ` facts applied by peers within ${cluster.lag_p50_ms} ms (p50), ${cluster.lag_p99_ms} ms (p99).`,
-    );
-  return lines;
-}
-
 function admissionLine(a: AdmissionReport): string {
   const calls = int(a.immediate + a.held);
   return (
@@ -419,6 +488,8 @@ function admissionLine(a: AdmissionReport): string {
 interface DemoConfig {
   readonly replicas?: number;
   readonly trace: string;
+  readonly events: DemoEvents;
+  readonly approximate_workers: readonly number[];
   readonly start: number;
   readonly requests: number;
   readonly workers: number;
@@ -457,13 +528,8 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
     "TPOT p99",
     "load spread",
   ];
-  const replicas = config.replicas ?? 1;
-  const label = (name: string) =>
-    replicas > 1 && name.startsWith("kv_aware") && name !== "kv_aware_model"
-      ? `${name} ×${replicas}`
-      : name;
   const rows = Object.entries(result.policies).map(([name, r]) => [
-    label(name),
+    rowLabel(name, config.replicas ?? 1),
     percent(r.hit_rate),
     `${(r.prefill_tokens / 1e6).toFixed(2)} M`,
     ms(r.ttft_p50_ms),
@@ -492,7 +558,7 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
       kv === undefined
         ? "kv_aware_model"
         : kv.mode === "kvedge"
-          ? `kv_aware (kvedge${replicas > 1 ? `, ${replicas} replicas over NATS` : ""})`
+          ? `kv_aware (kvedge${replicasNote(config.replicas ?? 1)})`
           : "kv_aware (kvedge's router, in-process)";
     out.push(`Gains of ${kvName}:`);
     for (const [name, gain] of gains) {
@@ -505,7 +571,7 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
     out.push("");
   }
   const router = result.router;
-  if (router !== null) out.push(...routerLines(router), "");
+  if (router !== null) out.push(...routerLines(router, config), "");
   if (result.admission !== null) out.push(admissionLine(result.admission), "");
   const proxy = result.proxy;
   if (proxy !== null) {
@@ -519,6 +585,7 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
     );
     out.push("");
   }
+  if (config.approximate_workers.length > 0) out.push(approximateLine(config), "");
   const modes = new Set(Object.values(result.policies).map((r) => r.mode));
   out.push(
     `Times are modeled (engine schedule in model time, not wall clock); runs: ${[...modes].join("; ")}.`,
@@ -528,4 +595,52 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
     `Took ${result.wall_s.toFixed(0)} s${kv === undefined || router === null ? "" : ` (kvedge replay ${kv.wall_s.toFixed(0)} s at ×${router.achieved_speedup.toFixed(1)})`}.`,
   );
   return `${out.join("\n")}\n`;
+}
+
+/** kvedge serve's own view of the kv_aware run: route latency, events, its index at the end. */
+function routerLines(router: RouterReport, config: DemoConfig): string[] {
+  const lines: string[] = [];
+  lines.push(
+    `kvedge: ${int(router.decisions)} routing decisions, latency p50 ${router.route_latency_p50_ms.toFixed(2)} ms,` +
+      ` p99 ${router.route_latency_p99_ms.toFixed(2)} ms (client-measured, WebSocket on loopback);` +
+      ` predicted hit rate ${percent(router.predicted_hit_rate)}.`,
+  );
+  lines.push(
+    `  ${int(router.batches_published)} KV event batches published, ${int(router.batches_applied)} applied` +
+      ` (${int(router.batches_replayed)} recovered by replay, ${int(router.batches_lost)} lost, ${int(router.gaps)} gaps);` +
+      ` ${router.degraded_workers} degraded workers; ${router.lifecycle_errors} failed lifecycle calls.`,
+  );
+  if (router.predicted.workers < config.workers) {
+    lines.push(
+      `  Index vs engines at the end: ${router.index_matches_engines ? "identical" : "DIFFERENT"}` +
+        ` (${int(router.index_blocks)} blocks indexed, ${int(router.engine_cached_blocks)} cached).`,
+    );
+  }
+  const p = router.predicted;
+  if (p.workers > 0) {
+    lines.push(
+      `  Predictions at the end (${p.workers} approximate workers): ${int(p.blocks)} blocks predicted,` +
+        ` ${int(p.held)} of them cached by the engines (${percent(p.blocks === 0 ? 0 : p.held / p.blocks)});` +
+        ` the engines cached ${int(p.engine_blocks)} (prompt and output blocks).`,
+    );
+  }
+  const cluster = router.cluster;
+  if (cluster !== null)
+    lines.push(
+      `  ${cluster.replicas} replicas${cluster.synced ? " over NATS" : ", no bus"}: ${int(cluster.facts_sent)} facts published,` +
+        ` ${int(cluster.facts_received)} applied by peers, ${int(cluster.bytes_sent)} bytes on the bus` +
+        ` (${int(cluster.bytes_per_route)} per routed request), ${int(cluster.gaps)} gaps;` +
+        ` facts applied by peers within ${cluster.lag_p50_ms} ms (p50), ${cluster.lag_p99_ms} ms (p99).`,
+    );
+  return lines;
+}
+
+/** Which engines published no events (`--events none|mixed`). */
+function approximateLine(config: DemoConfig): string {
+  const which =
+    config.events === "none" ? "every engine" : `engines ${config.approximate_workers.join(", ")}`;
+  return (
+    `Approximate workers (--events ${config.events}): ${which} published no KV events; kvedge predicted` +
+    " their caches from its own routing decisions. kv_aware keeps its name."
+  );
 }

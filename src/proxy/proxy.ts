@@ -67,6 +67,8 @@ interface Target {
   readonly workerId: bigint;
   readonly dpRank: number;
   readonly overlapBlocks: number;
+  /** Blocks the router counted as cached there: the overlap, or its active requests' if more. */
+  readonly creditedBlocks: number;
 }
 
 export class OpenAiProxy {
@@ -292,7 +294,7 @@ export class OpenAiProxy {
     const { core } = this.options;
     const promptTokens = parsed.tokens.length;
     const reusable = Math.floor((promptTokens - 1) / core.blockSize) * core.blockSize;
-    const predicted = Math.min(target.overlapBlocks * core.blockSize, reusable);
+    const predicted = Math.min(target.creditedBlocks * core.blockSize, reusable);
     const headers = new Headers({
       "content-type": upstream.headers.get("content-type") ?? "application/json",
     });
@@ -300,7 +302,8 @@ export class OpenAiProxy {
     headers.set("x-kvedge-dp-rank", String(target.dpRank));
     headers.set("x-kvedge-request-id", lifecycle.requestId);
     const observe = (cached: number | null): void => {
-      core.observedHits.record(target.workerId, target.dpRank, promptTokens, predicted, cached);
+      const { workerId, dpRank } = target;
+      core.recordAnswer(lifecycle.requestId, workerId, dpRank, promptTokens, predicted, cached);
     };
     const relay = new Relay(
       upstream,
@@ -358,6 +361,7 @@ function targetsOf(decision: import("../route").RouteDecision): Target[] {
       workerId: decision.workerId,
       dpRank: decision.dpRank,
       overlapBlocks: decision.overlapBlocks,
+      creditedBlocks: decision.creditedBlocks,
     },
   ];
   const list = decision.candidates;
@@ -369,6 +373,7 @@ function targetsOf(decision: import("../route").RouteDecision): Target[] {
       workerId: candidate.workerId,
       dpRank: candidate.dpRank,
       overlapBlocks: candidate.overlapBlocks,
+      creditedBlocks: Math.max(candidate.overlapBlocks, candidate.pendingBlocks),
     });
   }
   return targets;

@@ -261,6 +261,8 @@ export class LoadTracker {
   peerPrefillTokens = new Float64Array(0);
   /** Distinct blocks of the chains in the active-block tree, per slot (part of activeDecodeBlocks). */
   private treeBlocks = new Float64Array(0);
+  /** 1 for an approximate worker: its overlap is kvedge's prediction, not the engine's events. */
+  approximate = new Uint8Array(0);
   /** The worker numbering: which slots are live, and who they are. */
   readonly table: WorkerTable;
   /** Told the first prefill_done of each request (its record, slot, and ms since admission): calibration. */
@@ -376,6 +378,7 @@ export class LoadTracker {
     );
     assert(this.activeDecodeBlocks[slot] === 0, "blocks left on a removed worker");
     this.degraded[slot] = 0;
+    this.approximate[slot] = 0;
     this.routedTotal[slot] = 0;
     this.table.release(slot);
     return true;
@@ -408,6 +411,13 @@ export class LoadTracker {
    */
   treeBlocksOf(slot: number): number {
     return this.treeBlocks[slot] ?? 0;
+  }
+
+  /** Marks a worker approximate (no event stream: its overlap is predicted) or exact. */
+  setApproximate(slot: number, approximate: boolean): void {
+    this.assertLive(slot);
+    this.syncSlots();
+    this.approximate[slot] = approximate ? 1 : 0;
   }
 
   /** Every live worker's load (allocates: for scrapes and status, not the hot path). */
@@ -992,5 +1002,6 @@ export class LoadTracker {
     this.peerPrefillTokens = grow(this.peerPrefillTokens, (n) => new Float64Array(n));
     this.treeBlocks = grow(this.treeBlocks, (n) => new Float64Array(n));
     for (const peer of this.origins) peer?.grow(capacity);
+    this.approximate = grow(this.approximate, (n) => new Uint8Array(n));
   }
 }

@@ -30,12 +30,13 @@ import {
   type RoutingPolicy,
 } from "./policies";
 import { ReplicatedKvAware } from "./replicas";
+import { NatsServer } from "./nats-server";
 import type { AdmissionMode } from "../route/admission";
 import { policyClient, replayRealtime, type RealtimeProgress } from "./realtime";
-import { NatsServer } from "./nats-server";
 import { startServeChild, type ServeChild, waitReady, withServeTail } from "./serve-process";
 import { engineSeeds, simulate } from "./simulator";
-import type { DemoOptions, DemoPolicy } from "./demo-options";
+import { approximateEngines, type DemoOptions, type DemoPolicy } from "./demo-options";
+import { exactEngines, workersArg } from "./demo-workers";
 
 export interface DemoPolicyResult extends PolicyReport {
   /** How the policy was run: through kvedge, or in-process in virtual / real time. */
@@ -63,8 +64,18 @@ export interface RouterReport {
   /** Blocks kvedge's index holds / the engines cache, at the end. */
   readonly index_blocks: number;
   readonly engine_cached_blocks: number;
-  /** Every worker's indexed block hashes equal its engine's cached ones at the end. */
+  /** Every exact worker's indexed block hashes equal its engine's cached ones at the end. */
   readonly index_matches_engines: boolean;
+  /**
+   * The approximate workers at the end: blocks kvedge predicted, how many of them the
+   * engines really held, and how many the engines held.
+   */
+  readonly predicted: {
+    readonly workers: number;
+    readonly blocks: number;
+    readonly held: number;
+    readonly engine_blocks: number;
+  };
   /** Model span / wall time of the kvedge replay. */
   readonly achieved_speedup: number;
   /** With replicas: what they shared (null: one kvedge serve). */
@@ -149,11 +160,7 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
       proxy = run.proxy;
     } else if (policy === "kv_aware" || policy === "kv_aware_unsynced") {
       const run = await runKvedge(options, policy === "kv_aware");
-      policies[policy] = {
-        ...run.report,
-        mode: "kvedge",
-        wall_s: (performance.now() - phaseStarted) / 1000,
-      };
+      policies[policy] = { ...run.report, mode: "kvedge", wall_s: since(phaseStarted) };
       if (policy === "kv_aware" || router === null) router = run.router;
       if (mode !== "off" && policy === "kv_aware") admission = { mode, ...run.admission };
     } else if (options.realtimeBaselines) {
@@ -176,6 +183,23 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
   return { policies, router, proxy, admission, gains: gainsOf(policies), wall_s: wall };
 }
 
+/**
+ * kvedge's router in virtual time: kv_aware predicts the engines that publish no events;
+ * kv_aware_model (exact knowledge) predicts nothing.
+ */
+function virtualKvAware(policy: DemoPolicy, options: DemoOptions): KvAwareConfig {
+  if (policy !== "kv_aware") return options.kvAware ?? DEFAULT_KV_AWARE;
+  const approximate = approximateOf(options);
+  return {
+    ...(options.kvAware ?? DEFAULT_KV_AWARE),
+    approximate,
+    predictions: {
+      capacityBlocks: options.predictedCapacityBlocks ?? options.capacityBlocks,
+      correct: options.correct ?? true,
+    },
+  };
+}
+
 const since = (startedMs: number): number => (performance.now() - startedMs) / 1000;
 
 /**
@@ -190,6 +214,9 @@ function virtualRun(
 ): PolicyReport {
   options.progress?.(`${policy}: replaying in virtual time…`);
   const kvedge = policy === "kv_aware" || policy === "kv_aware_unsynced";
+  const kvAware = kvedge
+    ? replicated(virtualKvAware("kv_aware", options), options, policy === "kv_aware")
+    : virtualKvAware(policy, options);
   const report = simulate(options.trace, {
     policy: kvedge ? "kv_aware_model" : (policy as PolicyName),
     workers: options.workers,
@@ -198,11 +225,8 @@ function virtualRun(
     time: options.time,
     seed: options.seed,
     vocabSize: options.vocabSize,
-    ...(kvedge
-      ? { kvAware: replicated(options, policy === "kv_aware") }
-      : options.virtual === true && options.kvAware !== undefined
-        ? { kvAware: options.kvAware } // kv_aware_model in a virtual demo: its settings too
-        : {}),
+    // A real-time demo's baselines run as they always did: without kvedge's settings.
+    ...(options.virtual === true ? { kvAware } : {}),
     onFinish: (finished) => {
       const counts = policy === "kv_aware" ? admissionOf(finished) : null;
       if (counts !== null) onAdmission(counts);
@@ -213,8 +237,7 @@ function virtualRun(
 }
 
 /** kv_aware's router settings in virtual time, as `options.replicas` replicas, synced or not. */
-function replicated(options: DemoOptions, synced: boolean): KvAwareConfig {
-  const base = options.kvAware ?? DEFAULT_KV_AWARE;
+function replicated(base: KvAwareConfig, options: DemoOptions, synced: boolean): KvAwareConfig {
   const replicas = options.replicas ?? 1;
   if (replicas <= 1) return base;
   return synced
@@ -278,6 +301,7 @@ const pct = (part: number, whole: number): number => (whole === 0 ? 0 : (100 * p
 
 async function startEngines(options: DemoOptions, withReplay: boolean): Promise<NetworkedEngine[]> {
   const seeds = engineSeeds(options.seed, options.workers);
+  const silent = new Set(approximateEngines(options.events ?? "all", options.workers));
   const engines: NetworkedEngine[] = [];
   try {
     for (let w = 0; w < options.workers; w++) {
@@ -291,6 +315,7 @@ async function startEngines(options: DemoOptions, withReplay: boolean): Promise<
           endpoint: "tcp://127.0.0.1:0",
           replayEndpoint: withReplay ? "tcp://127.0.0.1:0" : null,
           form: options.form,
+          silent: silent.has(w),
         }).start(),
       );
     }
@@ -324,20 +349,18 @@ function clock(ms: number): string {
  * nats-server (bound to 127.0.0.1), else each decides on its own load.
  */
 async function runKvedge(options: DemoOptions, synced: boolean): Promise<KvedgeRun> {
-  const replicas = options.replicas ?? 1;
   const name = synced ? "kv_aware" : "kv_aware_unsynced";
   const engines = await startEngines(options, true);
-  const serves: ServeChild[] = [];
+  const fleet: Replicas = { serves: [], nats: null };
   const clients: KvedgeClient[] = [];
-  let nats: NatsServer | null = null;
   try {
-    if (synced && replicas > 1) nats = await startNats(options, name);
-    options.progress?.(`${name}: starting ${replicas > 1 ? `${replicas} × ` : ""}kvedge serve…`);
+    await startReplicas(options, engines, fleet, name, synced);
+    for (const serve of fleet.serves) clients.push(await KvedgeClient.connect(serve.url));
     const workerIds = engines.map((_, w) => String(w));
-    for (let i = 0; i < replicas; i++) serves.push(await startReplica(options, engines, nats, i));
-    for (const serve of serves) await waitReady(serve.url, engines, replicas);
-    for (const serve of serves) clients.push(await KvedgeClient.connect(serve.url));
-    const { router, stats } = kvedgeRouter(clients, workerIds, options.trace.count, "demo-");
+    // Approximate workers hear what their engines served from cache (prefill_done's cached_tokens).
+    const reportCached = (options.correct ?? true) && approximateOf(options).length > 0;
+    const count = options.trace.count;
+    const { router, stats } = kvedgeRouter(clients, workerIds, count, "demo-", reportCached);
     const startedMs = performance.now();
     const run = await replayRealtime(name, {
       trace: options.trace,
@@ -355,73 +378,75 @@ async function runKvedge(options: DemoOptions, synced: boolean): Promise<KvedgeR
     });
     options.progress?.("");
     for (const client of clients) await client.settle();
-    const urls = serves.map((serve) => serve.url);
-    const routerReport = await routerSide(
-      urls,
-      engines,
-      workerIds,
-      clients,
-      stats,
-      options.blockSize,
-    );
+    const urls = fleet.serves.map((serve) => serve.url);
+    const routerReport = await routerSide(urls, engines, workerIds, clients, stats, options);
     const metrics = await Promise.all(
       urls.map(async (url) => (await fetch(`${url}/metrics`)).text()),
     );
+    const replicas = urls.length;
+    const cluster = replicas > 1 ? clusterReport(metrics, synced, routerReport.decisions) : null;
     return {
       report: run.report,
-      router: {
-        ...routerReport,
-        achieved_speedup: run.achievedSpeedup,
-        cluster:
-          replicas > 1 ? clusterReport(metrics, replicas, synced, routerReport.decisions) : null,
-      },
+      router: { ...routerReport, achieved_speedup: run.achievedSpeedup, cluster },
       admission: admissionCounts(metrics),
     };
   } catch (error) {
-    throw withServeTail(error, serves[0] ?? null);
+    throw withServeTail(error, fleet.serves[0] ?? null);
   } finally {
     for (const client of clients) client.close();
-    await Promise.all(serves.map((serve) => serve.stop()));
-    await nats?.close();
+    await Promise.all(fleet.serves.map((serve) => serve.stop()));
+    await fleet.nats?.close();
     await Promise.all(engines.map((engine) => engine.close()));
   }
 }
 
-function startNats(options: DemoOptions, name: string): Promise<NatsServer> {
-  options.progress?.(`${name}: starting nats-server…`);
-  return NatsServer.start();
+/** The kvedge serve processes of a run, and their nats-server (null: none). */
+interface Replicas {
+  readonly serves: ServeChild[];
+  nats: NatsServer | null;
 }
 
-function startReplica(
+/** Starts the replicas (and, synced with several, their nats-server) into `fleet`; waits until ready. */
+async function startReplicas(
   options: DemoOptions,
   engines: readonly NetworkedEngine[],
-  nats: NatsServer | null,
-  index: number,
-): Promise<ServeChild> {
-  const workers = engines
-    .map((engine, w) => `${w}=${engine.endpoint};replay=${engine.replayEndpoint}`)
-    .join(",");
-  const cluster =
-    nats === null ? [] : ["--cluster-nats", nats.url, "--cluster-replica-id", `r${index}`];
-  return startServeChild({
-    args: [
-      "--workers",
-      workers,
-      "--block-size",
-      String(options.blockSize),
-      "--log-level",
-      "info",
-      ...cluster,
-      ...options.serveArgs,
-    ],
-    ...(options.kvedgeCommand === undefined ? {} : { command: options.kvedgeCommand }),
-  });
+  fleet: Replicas,
+  name: string,
+  synced: boolean,
+): Promise<void> {
+  const replicas = options.replicas ?? 1;
+  if (synced && replicas > 1) {
+    options.progress?.(`${name}: starting nats-server…`);
+    fleet.nats = await NatsServer.start();
+  }
+  options.progress?.(`${name}: starting ${replicas > 1 ? `${replicas} × ` : ""}kvedge serve…`);
+  for (let i = 0; i < replicas; i++) {
+    const cluster =
+      fleet.nats === null
+        ? []
+        : ["--cluster-nats", fleet.nats.url, "--cluster-replica-id", `r${i}`].concat([
+            "--cluster-stagger-ms",
+            String(options.staggerMs ?? 0),
+          ]);
+    fleet.serves.push(
+      await startServeChild({
+        args: [
+          ...["--workers", workersArg(engines, options, null)],
+          ...["--block-size", String(options.blockSize), "--log-level", "info"],
+          ...cluster,
+          ...options.serveArgs,
+        ],
+        ...(options.kvedgeCommand === undefined ? {} : { command: options.kvedgeCommand }),
+      }),
+    );
+  }
+  const exact = exactEngines(engines, options);
+  for (const serve of fleet.serves) await waitReady(serve.url, exact, replicas);
 }
 
 /** What the replicas' bus carried, from their /metrics. */
 function clusterReport(
   metrics: readonly string[],
-  replicas: number,
   synced: boolean,
   decisions: number,
 ): ClusterReport {
@@ -429,7 +454,7 @@ function clusterReport(
     metrics.reduce((total, text) => total + metricSum(text, name, match), 0);
   const bytes = sum("kvedge_cluster_bytes_total", 'direction="sent"');
   return {
-    replicas,
+    replicas: metrics.length,
     synced,
     facts_sent: sum("kvedge_cluster_facts_total", 'direction="sent"'),
     facts_received: sum("kvedge_cluster_facts_total", 'direction="received"'),
@@ -507,9 +532,14 @@ function metricSum(text: string, name: string, match = ""): number {
   return sum;
 }
 
+/** The engines that publish no events in this demo. */
+function approximateOf(options: DemoOptions): number[] {
+  return approximateEngines(options.events ?? "all", options.workers);
+}
+
 /**
- * kvedge's side of the run: each replica's index against the engines' caches (all must
- * match), ingest counters from the first, client-measured latencies and lifecycle calls.
+ * kvedge's side of the run: each replica's index against the engines' caches (every one
+ * must match), ingest counters from the first, client-measured latencies and lifecycle calls.
  */
 async function routerSide(
   urls: readonly string[],
@@ -517,21 +547,25 @@ async function routerSide(
   workerIds: readonly string[],
   clients: readonly KvedgeClient[],
   stats: ReturnType<typeof kvedgeRouter>["stats"],
-  blockSize: number,
+  options: DemoOptions,
 ): Promise<Omit<RouterReport, "achieved_speedup" | "cluster">> {
+  const approximate = new Set(approximateOf(options));
+  let first: { workers: WorkerJson[]; compared: ReturnType<typeof compareWithEngines> } | null =
+    null;
   let matches = true;
-  let workers: WorkerJson[] = [];
   for (const url of urls) {
-    const seen = await caughtUp(url, engines, workerIds);
-    if (workers.length === 0) workers = seen;
-    const held = heldByWorker(await (await fetch(`${url}/v1/dump`)).text());
-    if (!indexMatches(held, engines, workerIds)) matches = false;
+    const workers = await caughtUp(url, engines, workerIds, approximate);
+    const dump = await (await fetch(`${url}/v1/dump`)).text();
+    const compared = compareWithEngines(heldByWorker(dump), engines, workerIds, approximate);
+    matches &&= compared.matches;
+    first ??= { workers, compared };
   }
+  const { workers, compared } = first!;
   const metrics = await (await fetch(`${urls[0]}/metrics`)).text();
   let overlapTokens = 0;
   let promptTokens = 0;
   for (let i = 0; i < stats.overlapBlocks.length; i++) {
-    overlapTokens += stats.overlapBlocks[i]! * blockSize;
+    overlapTokens += stats.overlapBlocks[i]! * options.blockSize;
     promptTokens += stats.promptTokens[i]!;
   }
   const latencies = Float64Array.from(
@@ -553,23 +587,29 @@ async function routerSide(
     degraded_workers: workers.filter((view) => view.degraded).length,
     lifecycle_calls: lifecycle((client) => client.counters.lifecycleCalls),
     lifecycle_errors: lifecycle((client) => client.counters.lifecycleErrors),
-    index_blocks: workers.reduce((sum, view) => sum + view.blocks, 0),
-    engine_cached_blocks: engines.reduce((sum, e) => sum + e.engine.cache.snapshot().length, 0),
+    index_blocks: workers.reduce(
+      (sum, view) => sum + (approximate.has(Number(view.worker_id)) ? 0 : view.blocks),
+      0,
+    ),
+    engine_cached_blocks: compared.engineBlocks,
     index_matches_engines: matches,
+    predicted: compared.predicted,
   };
 }
 
-/** /v1/workers once kvedge has applied every engine's last batch (or after 10 s). */
+/** /v1/workers once kvedge has applied every exact engine's last batch (or after 10 s). */
 async function caughtUp(
   url: string,
   engines: readonly NetworkedEngine[],
   workerIds: readonly string[],
+  approximate: ReadonlySet<number>,
 ): Promise<WorkerJson[]> {
   const deadline = performance.now() + 10_000;
   for (;;) {
     const workers = (await getJson<{ workers: WorkerJson[] }>(`${url}/v1/workers`)).workers;
     const done = engines.every(
       (engine, w) =>
+        approximate.has(w) ||
         workers.find((view) => view.worker_id === workerIds[w])?.last_seq === engine.lastSeq,
     );
     if (done || performance.now() > deadline) return workers;
@@ -577,20 +617,36 @@ async function caughtUp(
   }
 }
 
-/** Every worker's indexed block hashes are exactly its engine's cached ones. */
-function indexMatches(
+/**
+ * kvedge's index at the end against the engines' caches: an exact worker's blocks must
+ * be its engine's, by external hash; an approximate worker's predictions are counted
+ * against what its engine really holds (they are named by their sequence hash, an
+ * engine block's `path`).
+ */
+function compareWithEngines(
   held: Map<string, Set<string>>,
   engines: readonly NetworkedEngine[],
   workerIds: readonly string[],
-): boolean {
-  return engines.every((engine, w) => {
-    const snapshot = engine.engine.cache.snapshot();
+  approximate: ReadonlySet<number>,
+) {
+  let matches = true;
+  let engineBlocks = 0;
+  const predicted = { workers: approximate.size, blocks: 0, held: 0, engine_blocks: 0 };
+  for (let w = 0; w < engines.length; w++) {
+    const snapshot = engines[w]!.engine.cache.snapshot();
     const indexed = held.get(workerIds[w]!) ?? new Set<string>();
-    return (
-      indexed.size === snapshot.length &&
-      snapshot.every((block) => indexed.has(block.hash.toString()))
-    );
-  });
+    if (approximate.has(w)) {
+      const paths = new Set(snapshot.map((block) => block.path.toString()));
+      predicted.blocks += indexed.size;
+      predicted.engine_blocks += snapshot.length;
+      for (const hash of indexed) if (paths.has(hash)) predicted.held++;
+      continue;
+    }
+    engineBlocks += snapshot.length;
+    const same = snapshot.every((block) => indexed.has(block.hash.toString()));
+    if (indexed.size !== snapshot.length || !same) matches = false;
+  }
+  return { matches, engineBlocks, predicted };
 }
 
 /** Per worker (decimal id), the external block hashes an index dump leaves held. */
@@ -609,7 +665,7 @@ function heldByWorker(dump: string): Map<string, Set<string>> {
 }
 
 async function runInProcessRealtime(
-  policy: Exclude<DemoPolicy, "kv_aware" | "kv_aware_unsynced">,
+  policy: Exclude<DemoPolicy, "kv_aware">,
   options: DemoOptions,
 ): Promise<PolicyReport> {
   const engines = await startEngines(options, false);
@@ -619,7 +675,7 @@ async function runInProcessRealtime(
       blockSize: options.blockSize,
       seed: options.seed,
       probe: (worker, query) =>
-        engines[worker]!.engine.cache.cachedPrefixBlocks(query.tokens, query.promptLength),
+        engines[worker]!.engine.cache.visiblePrefixBlocks(query.tokens, query.promptLength),
     });
     const startedMs = performance.now();
     const run = await replayRealtime(policy, {
