@@ -13,6 +13,7 @@ import { registerRouterMetrics, registerCoreMetrics } from "../server/metrics";
 import { createMetricsRegistry, type MetricsRegistry } from "../util/metrics";
 import { KvedgeCore } from "../core/core";
 import { registerObservedHitsMetrics, registerProxyMetrics } from "../proxy/metrics";
+import { Preparer } from "../proxy/preparer";
 import { OpenAiProxy } from "../proxy/proxy";
 import { loadTokenizer, type PromptTokenizer, TokenizerError } from "../proxy/tokenizer";
 import { loadSnapshot, PeriodicSnapshots, restoreRequests, saveSnapshot } from "../state/warm";
@@ -28,6 +29,8 @@ const flags = {
 
 /** How long in-flight requests get to finish after SIGINT/SIGTERM. */
 const SHUTDOWN_GRACE_MS = 3_000;
+/** After the grace, how long the proxied streams kvedge cuts get to close before the rest is. */
+const PROXY_CUT_MS = 500;
 
 export const serveCommand: Command = {
   name: "serve",
@@ -106,30 +109,7 @@ Example:
     bufferBudget.limitBytes = config.server.buffer_budget_bytes;
     const writer = plan.indexThreads === 0 ? null : await startWriter(config, plan);
     const core = new KvedgeCore({ config, log, ...(writer === null ? {} : { writer }) });
-    let proxy: OpenAiProxy | null = null;
-    if (config.proxy.enabled) {
-      const model = config.proxy.model ?? tokenizer?.model ?? "default";
-      proxy = new OpenAiProxy({
-        core,
-        tokenizer,
-        model,
-        forwardTokenIds: config.proxy.forward_token_ids,
-        bodyLimitBytes: config.server.body_limit_bytes,
-        log: log.child({ component: "proxy" }),
-      });
-      const missing = config.workers
-        .filter((worker) => worker.http_endpoint == null)
-        .map((worker) => worker.worker_id.toString());
-      if (missing.length > 0)
-        log.warn("workers without an http_endpoint are never proxied to", {
-          workers: missing.join(","),
-        });
-      log.info("proxy enabled", {
-        model,
-        tokenizer: config.proxy.tokenizer,
-        vocab_size: tokenizer?.vocabSize ?? null,
-      });
-    }
+    const proxy = config.proxy.enabled ? await startProxy(config, core, tokenizer, log) : null;
     const registry = metricsOf(core, proxy, plan, writer);
     const stateDir = config.state.dir;
     const stateLog = log.child({ component: "state" });
@@ -167,7 +147,7 @@ Example:
     });
 
     const signal = await stopping.reason(writer, log);
-    await serving.stop(SHUTDOWN_GRACE_MS);
+    await stopServing(serving, proxy, log);
     if (snapshots !== null) clearInterval(snapshots);
     await periodic?.idle();
     if (stateDir !== null && (await saveSnapshot(core, stateDir, stateLog)))
@@ -178,6 +158,74 @@ Example:
     return signal === "writer_failed" ? 1 : 0;
   },
 };
+
+/** The OpenAI proxy, its tokenizer threads started (`tokenizer` loaded already, or null). */
+async function startProxy(
+  config: Config,
+  core: KvedgeCore,
+  tokenizer: PromptTokenizer | null,
+  log: Logger,
+): Promise<OpenAiProxy> {
+  const settings = config.proxy;
+  const model = settings.model ?? tokenizer?.model ?? "default";
+  const proxyLog = log.child({ component: "proxy" });
+  const options = {
+    model,
+    forwardTokenIds: settings.forward_token_ids,
+    limits: { bytes: settings.max_prompt_bytes, tokens: settings.max_prompt_tokens },
+  };
+  const threads = settings.tokenizer === null ? 0 : settings.tokenizer_threads;
+  const preparer = await Preparer.start(options, tokenizer, settings.tokenizer, threads, proxyLog);
+  const proxy = new OpenAiProxy({
+    core,
+    preparer,
+    model,
+    bodyLimitBytes: config.server.body_limit_bytes,
+    timeouts: {
+      connectMs: settings.connect_timeout_ms,
+      firstByteMs: settings.first_byte_timeout_ms,
+      idleMs: settings.idle_timeout_ms,
+    },
+    upstreamConnections: settings.upstream_connections,
+    upstreamQueueMs: settings.upstream_queue_timeout_ms,
+    log: proxyLog,
+  });
+  const missing = config.workers
+    .filter((worker) => worker.http_endpoint == null)
+    .map((worker) => worker.worker_id.toString());
+  if (missing.length > 0)
+    log.warn("workers without an http_endpoint are never proxied to", {
+      workers: missing.join(","),
+    });
+  log.info("proxy enabled", {
+    model,
+    tokenizer: settings.tokenizer,
+    vocab_size: tokenizer?.vocabSize ?? null,
+    tokenizer_threads: preparer.threads,
+  });
+  return proxy;
+}
+
+/**
+ * Stops serving: no new connections, in-flight requests get the grace period; then
+ * the proxied requests still running are ended (engine connections closed, their
+ * streams cut), and what is left is closed.
+ */
+async function stopServing(
+  serving: Serving,
+  proxy: OpenAiProxy | null,
+  log: Logger,
+): Promise<void> {
+  const cut = () => {
+    const ended = proxy?.stop() ?? 0;
+    if (ended > 0) log.info("ended proxied requests still running", { requests: ended });
+  };
+  const timer = setTimeout(cut, SHUTDOWN_GRACE_MS);
+  await serving.stop(SHUTDOWN_GRACE_MS + PROXY_CUT_MS);
+  clearTimeout(timer);
+  cut();
+  await proxy?.preparer.stop();
+}
 
 /** The loopback address of `host`'s family: the main thread's own server, behind lanes. */
 function loopbackOf(host: string): string {

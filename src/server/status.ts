@@ -18,7 +18,8 @@ export function statusOp(core: KvedgeCore) {
   let predicted = 0;
   let observed = 0;
   for (const worker of workers) {
-    answers += worker.observed_hits.answers - worker.observed_hits.answers_without_usage;
+    const hits = worker.observed_hits;
+    answers += hits.answers - hits.answers_without_usage - hits.bad_answers;
     promptTokens += worker.observed_hits.prompt_tokens;
     predicted += worker.observed_hits.predicted_cached_tokens;
     observed += worker.observed_hits.observed_cached_tokens;
