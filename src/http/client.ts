@@ -14,8 +14,8 @@
  * framing removed.
  */
 
-import type { Socket } from "bun";
-import { isIP } from "node:net";
+import { connect as tcpConnect, isIP, type Socket } from "node:net";
+import { connect as tlsConnect } from "node:tls";
 
 export type UpstreamFailure =
   /** No connection: refused, unreachable, no such host. Nothing was sent. */
@@ -104,7 +104,7 @@ export class Exchange {
   private resolveHead!: (head: ResponseHead) => void;
   private rejectHead!: (error: UpstreamError) => void;
   private state: ExchangePhase = "connecting";
-  private socket: Socket<undefined> | null = null;
+  private socket: Socket | null = null;
   private timer: ReturnType<typeof setTimeout> | null = null;
   private headBytes = new Uint8Array(0);
   private readonly body = new BodyDecoder();
@@ -114,7 +114,6 @@ export class Exchange {
   private failure: UpstreamError | null = null;
   private reader: ((step: Step) => void) | null = null;
   private readerFailed: ((error: UpstreamError) => void) | null = null;
-  private unsent: Uint8Array | null = null;
 
   constructor(
     private readonly request: ExchangeRequest,
@@ -157,60 +156,45 @@ export class Exchange {
     this.fail("aborted", "the exchange was aborted");
   }
 
+  /**
+   * node:net's socket, not Bun.connect: destroying it cancels a connection still being
+   * made (a pending Bun.connect cannot be cancelled, and holds the process open until the
+   * kernel gives up on the host, minutes later).
+   */
   private connect(): void {
     const { origin } = this.request;
-    const handlers = {
-      open: (socket: Socket<undefined>) => this.opened(socket),
-      data: (_socket: Socket<undefined>, data: Uint8Array) => this.received(data),
-      drain: () => this.flush(),
-      end: () => this.closed(),
-      close: () => this.closed(),
-      error: (_socket: Socket<undefined>, error: Error) =>
-        this.fail("reset", `the connection failed: ${error.message}`),
-      connectError: (_socket: Socket<undefined>, error: Error) =>
-        this.fail("refused", `cannot connect: ${error.message}`),
-    };
-    Bun.connect<undefined>({
-      hostname: origin.hostname,
-      port: origin.port,
-      // SNI names a host, never an address.
-      ...(origin.tls
-        ? { tls: isIP(origin.hostname) ? true : { serverName: origin.hostname } }
-        : {}),
-      socket: handlers,
-    }).catch((error: Error) => this.fail("refused", `cannot connect: ${error.message}`));
+    const socket = origin.tls
+      ? tlsConnect({
+          host: origin.hostname,
+          port: origin.port,
+          // SNI names a host, never an address.
+          ...(isIP(origin.hostname) ? {} : { servername: origin.hostname }),
+        })
+      : tcpConnect({ host: origin.hostname, port: origin.port });
+    this.socket = socket;
+    socket.setNoDelay(true);
+    socket.on(origin.tls ? "secureConnect" : "connect", () => this.opened());
+    socket.on("data", (data: Uint8Array) => this.received(data));
+    socket.on("end", () => this.closed());
+    socket.on("close", () => this.closed());
+    socket.on("error", (error: Error) => {
+      if (this.state === "connecting") this.fail("refused", `cannot connect: ${error.message}`);
+      else this.fail("reset", `the connection failed: ${error.message}`);
+    });
   }
 
-  private opened(socket: Socket<undefined>): void {
-    if (this.state !== "connecting") {
-      socket.terminate(); // aborted or timed out meanwhile
-      return;
-    }
-    this.socket = socket;
+  private opened(): void {
+    if (this.state !== "connecting") return;
     this.state = "waiting";
     this.arm(this.timeouts.firstByteMs, "first_byte_timeout", "no answer in time");
-    socket.setNoDelay(true);
     const { request } = this;
     let head = `${request.method} ${request.path} HTTP/1.1\r\nhost: ${request.origin.host}\r\n`;
     for (const [name, value] of request.headers) head += `${name}: ${value}\r\n`;
     if (request.body !== null) head += `content-length: ${request.body.length}\r\n`;
     head += "connection: close\r\n\r\n";
-    const headBytes = encoder.encode(head);
-    if (request.body === null || request.body.length === 0) this.unsent = headBytes;
-    else {
-      this.unsent = new Uint8Array(headBytes.length + request.body.length);
-      this.unsent.set(headBytes);
-      this.unsent.set(request.body, headBytes.length);
-    }
-    this.flush();
-  }
-
-  /** Writes what the socket takes of the request; the rest on `drain`. */
-  private flush(): void {
-    const unsent = this.unsent;
-    if (unsent === null || this.socket === null) return;
-    const written = this.socket.write(unsent);
-    this.unsent = written >= unsent.length ? null : unsent.subarray(Math.max(written, 0));
+    // The socket buffers what the kernel does not take yet.
+    this.socket!.write(encoder.encode(head));
+    if (request.body !== null && request.body.length > 0) this.socket!.write(request.body);
   }
 
   private received(data: Uint8Array): void {
@@ -300,7 +284,7 @@ export class Exchange {
     if (this.state !== "body") return;
     this.state = "done";
     this.disarm();
-    this.socket?.end();
+    this.socket?.destroy();
     this.socket = null;
     if (this.reader !== null) {
       const reader = this.reader;
@@ -315,9 +299,8 @@ export class Exchange {
     const sent = this.state !== "connecting";
     this.state = "failed";
     this.disarm();
-    this.socket?.terminate();
+    this.socket?.destroy();
     this.socket = null;
-    this.unsent = null;
     const error = new UpstreamError(failure, message, sent);
     this.failure = error;
     this.rejectHead(error);
