@@ -2,13 +2,18 @@
  * An OpenAI engine on raw TCP (./raw-http.ts) that answers as vLLM writes its answers,
  * one socket write per event (the usage chunk and `data: [DONE]` apart), or fails the
  * way the request's `x_fault` field says: an error status, garbage, a close or a reset
- * before or in the middle of the answer, broken chunk framing, or a hang. Unknown
- * fields reach engines untouched, so the fault travels inside the client's own body.
+ * before or in the middle of the answer, broken chunk framing, or a hang. `x_framing`
+ * writes the stream as other servers and proxies in between do: CRLF or CR line ends,
+ * or every event cut in two writes; `x_usage` is the usage a plain answer reports.
+ * Unknown fields reach engines untouched, so all of these travel inside the client's
+ * own body.
  * Streams come from test/fixtures/engine-streams (vLLM's completions and chat shapes).
  */
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { type RawConnection, RawHttpServer, type RawRequest } from "./raw-http";
+
+export type Framing = "lf" | "crlf" | "cr" | "split";
 
 export type Fault =
   | "ok"
@@ -40,6 +45,14 @@ const PLAIN = {
   choices: [{ index: 0, text: " Hello world", finish_reason: "length" }],
   usage: { prompt_tokens: 5, total_tokens: 7, completion_tokens: 2, prompt_tokens_details: null },
 };
+
+/** The writes as a framing writes them. */
+function framed(writes: string[], framing: Framing): string[] {
+  if (framing === "crlf") return writes.map((write) => write.replaceAll("\n", "\r\n"));
+  if (framing === "cr") return writes.map((write) => write.replaceAll("\n", "\r"));
+  if (framing === "split") return writes.flatMap((write) => [write.slice(0, 9), write.slice(9)]);
+  return writes;
+}
 
 export class FaultyEngine {
   readonly server: RawHttpServer;
@@ -84,9 +97,13 @@ export class FaultyEngine {
     if (fault === "garbage") return c.write("SSH-2.0-OpenSSH_9.6\r\nnot http\r\n\r\n");
     if (fault === "status")
       return c.json(500, { error: { message: "the engine broke", type: "InternalServerError" } });
-    if (body.stream !== true) return c.json(200, PLAIN);
+    // `x_usage`: the usage a plain answer reports (an engine's counts, true or not).
+    if (body.stream !== true) return c.json(200, { ...PLAIN, usage: body.x_usage ?? PLAIN.usage });
     const usage = body.stream_options?.include_usage === true;
-    const writes = vllmWrites(request.path === "/v1/chat/completions", usage);
+    const writes = framed(
+      vllmWrites(request.path === "/v1/chat/completions", usage),
+      body.x_framing ?? "lf",
+    );
     c.streamHead();
     const mid = fault !== "ok";
     for (const write of mid ? writes.slice(0, 2) : writes) {
