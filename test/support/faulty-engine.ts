@@ -58,6 +58,8 @@ export class FaultyEngine {
   readonly server: RawHttpServer;
   /** Pause between two writes of a stream (lets the reader see them apart). */
   gapMs = 2;
+  /** When set, a stream stops after its first write until this resolves (a barrier). */
+  hold: Promise<void> | null = null;
 
   constructor() {
     this.server = new RawHttpServer((request, connection) => this.answer(request, connection));
@@ -106,8 +108,9 @@ export class FaultyEngine {
     );
     c.streamHead();
     const mid = fault !== "ok";
-    for (const write of mid ? writes.slice(0, 2) : writes) {
+    for (const [i, write] of (mid ? writes.slice(0, 2) : writes).entries()) {
       c.chunk(write);
+      if (i === 0 && this.hold !== null) await this.hold;
       await Bun.sleep(this.gapMs);
       if (c.closed) return;
     }
