@@ -31,6 +31,8 @@ const flags = {
 const SHUTDOWN_GRACE_MS = 3_000;
 /** After the grace, how long the proxied streams kvedge cuts get to close before the rest is. */
 const PROXY_CUT_MS = 500;
+/** How long after stopping the process may linger (its last log lines being written). */
+const EXIT_LINGER_MS = 1_000;
 
 export const serveCommand: Command = {
   name: "serve",
@@ -155,7 +157,11 @@ Example:
     await core.stop();
     await writer?.stop();
     log.info("stopped");
-    return signal === "writer_failed" ? 1 : 0;
+    const code = signal === "writer_failed" ? 1 : 0;
+    // Connections to engines given up on may still be with the kernel (src/http/client.ts):
+    // they must not keep the process. Not needed otherwise: the timer does not hold it.
+    setTimeout(() => process.exit(code), EXIT_LINGER_MS).unref();
+    return code;
   },
 };
 

@@ -38,6 +38,7 @@ import type { Prepared } from "./prepare";
 import type { Preparer } from "./preparer";
 import { Relay, type RelayOwner } from "./relay";
 import { UpstreamSlots } from "./upstream";
+import { TurnGate } from "../util/turn-gate";
 
 export interface ProxyOptions {
   readonly core: KvedgeCore;
@@ -50,6 +51,9 @@ export interface ProxyOptions {
   readonly upstreamQueueMs: number;
   readonly log: Logger;
 }
+
+/** Requests that start their costly part (parse, route, connect) per event-loop turn. */
+const REQUESTS_PER_TURN = 16;
 
 /** Workers tried per request: the pick, then the next cheapest candidates. */
 const ATTEMPTS_MAX = 3;
@@ -109,6 +113,8 @@ export class OpenAiProxy {
     failovers: 0,
   };
   readonly slots: UpstreamSlots;
+  /** A burst of requests is prepared, routed and connected over many event-loop turns. */
+  readonly gate = new TurnGate(REQUESTS_PER_TURN);
   /** Requests not ended yet. */
   readonly live = new Set<ProxiedRequest>();
   stopping = false;
@@ -175,10 +181,10 @@ class ProxiedRequest implements RelayOwner {
   async run(): Promise<Response> {
     try {
       const { preparer, bodyLimitBytes } = this.proxy.options;
-      const prepared = await preparer.prepare(
-        await receiveBytes(this.request, bodyLimitBytes),
-        this.path,
-      );
+      const body = await receiveBytes(this.request, bodyLimitBytes);
+      await this.proxy.gate.pass();
+      this.checkGoing();
+      const prepared = await preparer.prepare(body, this.path);
       this.prepared = prepared;
       this.checkGoing();
       const targets = await this.admit(prepared);

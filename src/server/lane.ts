@@ -34,6 +34,7 @@ import {
   UNLIMITED_BODY,
 } from "../http/http";
 import { clientError, INTERNAL_ERROR } from "../http/errors";
+import { TurnGate } from "../util/turn-gate";
 
 export interface LaneStart {
   /** The public address, shared by every lane (port 0: this lane picks it). */
@@ -101,6 +102,7 @@ export function runLane(
   const guard = new RequestGuard(start.host);
   const routes = new LaneRoutes(start, send, guard);
   const main = originOf(start.mainUrl);
+  const gate = new TurnGate(REQUESTS_PER_TURN);
   const server: Server<Piped> = Bun.serve<Piped>({
     hostname: start.host,
     port: start.port,
@@ -122,7 +124,7 @@ export function runLane(
       // The main thread's server keeps its own timeouts (a proxied completion may pause long).
       server.timeout(request, 0);
       if (request.method === "POST" && OPENAI_PATHS.has(new URL(request.url).pathname))
-        return relayToMain(request, main, start.bodyLimitBytes, guard);
+        return relayToMain(request, main, start.bodyLimitBytes, guard, gate);
       return proxy(request, start.mainUrl, start.bodyLimitBytes, guard);
     },
     websocket: pipeHandlers(start.mainUrl, start.bodyLimitBytes),
@@ -285,6 +287,7 @@ async function relayToMain(
   main: Origin,
   limitBytes: number,
   guard: RequestGuard,
+  gate: TurnGate,
 ): Promise<Response> {
   let exchange: Exchange | null = null;
   const abort = () => exchange?.abort();
@@ -292,6 +295,7 @@ async function relayToMain(
   try {
     guard.check(request, true);
     const body = await receiveBytes(request, limitBytes);
+    await gate.pass();
     const url = new URL(request.url);
     const path = `${url.pathname}${url.search}`;
     const headers = forwardedHeaders(request).filter(([name]) => name !== "transfer-encoding");
@@ -310,6 +314,8 @@ async function relayToMain(
 /** To the main thread on loopback: a connection at once, then as long as the request takes. */
 const TO_MAIN = { connectMs: 5_000, firstByteMs: 0, idleMs: 0 };
 const OPENAI_PATHS = new Set(["/v1/completions", "/v1/chat/completions"]);
+/** Proxied requests a lane starts per event-loop turn (src/util/turn-gate.ts says why). */
+const REQUESTS_PER_TURN = 16;
 const HOP_BY_HOP = new Set(["connection", "keep-alive", "transfer-encoding", "content-length"]);
 
 function streamOf(exchange: Exchange): ReadableStream<Uint8Array> {

@@ -6,6 +6,8 @@
 // against a raw-TCP server that writes exactly what each test says.
 import { afterEach, describe, expect, test } from "bun:test";
 import {
+  ABANDONED_MAX,
+  abandonedConnects,
   BodyDecoder,
   Exchange,
   type ExchangeTimeouts,
@@ -153,6 +155,24 @@ describe("failures", () => {
       hole.close();
     }
   });
+
+  test("connects given up on are bounded per origin until the kernel settles them", async () => {
+    const hole = await blackHole();
+    const origin = originOf(hole.url);
+    try {
+      const given = Array.from({ length: ABANDONED_MAX }, () => exchange(hole.url));
+      for (const ex of given) ex.abort();
+      expect(abandonedConnects(origin)).toBe(ABANDONED_MAX);
+      const error = await failureOf(exchange(hole.url).head);
+      expect(error.failure).toBe("refused");
+      expect(error.sent).toBe(false);
+      expect(error.message).toContain("have not completed");
+    } finally {
+      hole.close();
+    }
+    // The listener gone, the kernel's next SYN is refused: every pending connect settles.
+    await until(() => abandonedConnects(origin) === 0, "the pending connects to settle", 20_000);
+  }, 30_000);
 
   test("no answer in time: a first-byte timeout, and the connection closed", async () => {
     const server = serve(() => {});

@@ -60,6 +60,8 @@ export class FaultyEngine {
   gapMs = 2;
   /** When set, a stream stops after its first write until this resolves (a barrier). */
   hold: Promise<void> | null = null;
+  /** After the barrier, each stream waits a random time up to this before going on. */
+  spreadMs = 0;
 
   constructor() {
     this.server = new RawHttpServer((request, connection) => this.answer(request, connection));
@@ -110,7 +112,10 @@ export class FaultyEngine {
     const mid = fault !== "ok";
     for (const [i, write] of (mid ? writes.slice(0, 2) : writes).entries()) {
       c.chunk(write);
-      if (i === 0 && this.hold !== null) await this.hold;
+      if (i === 0 && this.hold !== null) {
+        await this.hold;
+        if (this.spreadMs > 0) await Bun.sleep(Math.random() * this.spreadMs);
+      }
       await Bun.sleep(this.gapMs);
       if (c.closed) return;
     }
