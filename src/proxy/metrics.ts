@@ -7,26 +7,39 @@ import { type MetricsRegistry, registerSamples } from "../util/metrics";
 import type { KvedgeCore } from "../core/core";
 import type { OpenAiProxy, Outcome } from "./proxy";
 
+type WorkerView = ReturnType<KvedgeCore["workers"]>[number];
+
+/** A series with one sample per worker and dp rank. */
+function perWorkerSeries(
+  registry: MetricsRegistry,
+  core: KvedgeCore,
+  name: string,
+  help: string,
+  type: "counter" | "gauge",
+  read: (view: WorkerView) => number | null,
+): void {
+  registerSamples(registry, {
+    name,
+    help,
+    type,
+    labelNames: ["worker_id", "dp_rank"],
+    collect(emit) {
+      for (const view of core.workers()) {
+        const value = read(view);
+        if (value !== null)
+          emit(value, { worker_id: view.workerId.toString(), dp_rank: String(view.dpRank) });
+      }
+    },
+  });
+}
+
 export function registerObservedHitsMetrics(registry: MetricsRegistry, core: KvedgeCore): void {
   const perWorker = (
     name: string,
     help: string,
     type: "counter" | "gauge",
-    read: (view: ReturnType<KvedgeCore["workers"]>[number]) => number | null,
-  ) =>
-    registerSamples(registry, {
-      name,
-      help,
-      type,
-      labelNames: ["worker_id", "dp_rank"],
-      collect(emit) {
-        for (const view of core.workers()) {
-          const value = read(view);
-          if (value !== null)
-            emit(value, { worker_id: view.workerId.toString(), dp_rank: String(view.dpRank) });
-        }
-      },
-    });
+    read: (view: WorkerView) => number | null,
+  ) => perWorkerSeries(registry, core, name, help, type, read);
   perWorker(
     "kvedge_observed_prompt_tokens_total",
     "Prompt tokens of the proxied answers that carried usage (the hit rates' denominator).",

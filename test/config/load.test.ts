@@ -245,6 +245,14 @@ describe("defaults and precedence", () => {
       "proxy.forward_token_ids": ["true", "true"],
       "proxy.observed_hit_floor": ["0.25", "0.25"],
       "proxy.observed_window": ["8", "8"],
+      "proxy.connect_timeout_ms": ["250", "250"],
+      "proxy.first_byte_timeout_ms": ["90000", "90_000"],
+      "proxy.idle_timeout_ms": ["1500", "1500"],
+      "proxy.upstream_connections": ["32", "32"],
+      "proxy.upstream_queue_timeout_ms": ["700", "700"],
+      "proxy.max_prompt_tokens": ["4096", "4096"],
+      "proxy.max_prompt_bytes": ["65536", "65536"],
+      "proxy.tokenizer_threads": ["2", "2"],
     };
     expect(Object.keys(sample).sort()).toEqual(SETTINGS.map((s) => s.key).sort());
     const get = (config: Config, key: string) => {
