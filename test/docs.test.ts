@@ -19,6 +19,20 @@ const DOCS = [
 const DECISIONS = readFileSync(join(ROOT, "docs", "decisions.md"), "utf8");
 const ANCHORS = new Set([...DECISIONS.matchAll(/<a id="([a-z0-9-]+)"><\/a>/g)].map((m) => m[1]!));
 
+/** Every folder README under src/ and native/. */
+function readmes(): string[] {
+  const found: string[] = [];
+  const walk = (dir: string): void => {
+    for (const entry of readdirSync(join(ROOT, dir), { withFileTypes: true })) {
+      if (entry.isDirectory()) walk(`${dir}/${entry.name}`);
+      else if (entry.name === "README.md") found.push(`${dir}/${entry.name}`);
+    }
+  };
+  walk("src");
+  walk("native");
+  return found;
+}
+
 describe("documentation", () => {
   test("relative links point at files that exist, and at decisions that exist", () => {
     const broken: string[] = [];
@@ -50,6 +64,24 @@ describe("documentation", () => {
     }
     expect(missing).toEqual([]);
     expect(ANCHORS.size).toBeGreaterThan(10);
+  });
+
+  test("decisions are numbered 1..N in order, each under its anchor; a numbered mention links its entry", () => {
+    const entries = [...DECISIONS.matchAll(/<a id="([a-z0-9-]+)"><\/a>\n## (\d+)\./g)];
+    expect(entries.map((m) => Number(m[2]))).toEqual(entries.map((_, i) => i + 1));
+    expect(entries.length).toBe(ANCHORS.size);
+    const numberOf = new Map(entries.map((m) => [m[1]!, Number(m[2])]));
+    const wrong: string[] = [];
+    for (const doc of [...DOCS, ...readmes()]) {
+      const text = readFileSync(join(ROOT, doc), "utf8");
+      // Every "decision N" is a link to the entry numbered N ("decision 13.5 µs" is a time).
+      for (const m of text.matchAll(/(\[)?[Dd]ecision (\d+)(?![\d.\-–])(\]\(([^)]*)\))?/g)) {
+        const anchor = m[4]?.split("#")[1];
+        if (m[1] === undefined || anchor === undefined || numberOf.get(anchor) !== Number(m[2]))
+          wrong.push(`${doc}: ${m[0]}`);
+      }
+    }
+    expect(wrong).toEqual([]);
   });
 
   test("the README stays short", () => {
