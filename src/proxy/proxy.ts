@@ -197,6 +197,7 @@ class ProxiedRequest implements RelayOwner {
       this.leave = null;
       this.checkGoing();
       const head = await this.connect(prepared, targets);
+      this.checkGoing(); // the client may have left as the answer's head came
       return this.respond(head, prepared);
     } catch (error) {
       this.end(this.request.signal.aborted ? "clientAborts" : outcomeOf(error));
@@ -327,6 +328,10 @@ class ProxiedRequest implements RelayOwner {
 
   broke(error: UpstreamError): void {
     if (this.phase !== "streaming") return; // ended already (the client left, kvedge stops)
+    if (this.request.signal.aborted) {
+      this.end("clientAborts");
+      return;
+    }
     this.proxy.options.log.warn("the engine's answer broke off", {
       worker_id: this.target!.workerId,
       error: error.message,
