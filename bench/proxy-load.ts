@@ -19,7 +19,8 @@
  *   the load, in-flight requests and engine connections must be back to 0.
  *
  * `--baseline PATH` runs another kvedge binary too (say, main's build), alternating with
- * dist/kvedge run by run; flags only the newer build knows are left out for it. The
+ * dist/kvedge run by run; flags only the newer build knows are left out for it (it must
+ * take `--control-port`, which every serve child is given: builds from ac64324 on). The
  * engine (test/support/faulty-engine.ts: raw TCP, vLLM's stream shape) and the clients
  * (kvedge's own HTTP client: fetch allows 256 in flight per process) run in this
  * process; everything is on loopback and every loop is bounded.
@@ -286,10 +287,10 @@ async function soakRun(binary: Binary, lanes: number) {
       random: () => next() / 2 ** 32,
     });
     clearInterval(sampler);
-    let m = await metricsOf(serve.url);
+    let m = await metricsOf(serve.controlUrl);
     for (let i = 0; i < 200 && (m.get("kvedge_proxy_in_flight") ?? 1) > 0; i++) {
       await Bun.sleep(50);
-      m = await metricsOf(serve.url);
+      m = await metricsOf(serve.controlUrl);
     }
     rss.push(rssMiB(serve.pid));
     const outcomes = Object.fromEntries(

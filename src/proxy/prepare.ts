@@ -20,8 +20,9 @@ import {
 import type { PromptTokenizer } from "./tokenizer";
 
 export interface PrepareOptions {
-  /** The model served: a request naming another gets 404. */
+  /** The model served, and its LoRA adapters' names: a request naming another gets 404. */
   readonly model: string;
+  readonly adapters: readonly string[];
   /** Completions prompts go out as the token ids kvedge computed. */
   readonly forwardTokenIds: boolean;
   readonly limits: PromptLimits;
@@ -35,6 +36,8 @@ export interface Prepared {
   readonly stripUsage: boolean;
   readonly maxTokens: number;
   readonly cacheSalt: string | null;
+  /** The LoRA adapter the request's model names (null: the base model). */
+  readonly loraName: string | null;
   /** The bytes sent to the engine. */
   readonly forwarded: Uint8Array;
 }
@@ -50,14 +53,7 @@ export async function prepareRequest(
   tokenizer: PromptTokenizer | null,
 ): Promise<Prepared> {
   const body = parseObject(bytes);
-  if (body.model !== undefined && body.model !== options.model) {
-    const named = typeof body.model === "string" ? body.model : JSON.stringify(body.model);
-    throw new KvedgeError(
-      "unknown_model",
-      `The model \`${clip(named, MODEL_SHOWN_MAX)}\` does not exist (this proxy serves ${options.model}).`,
-      { param: "model" },
-    );
-  }
+  const loraName = loraOf(body.model, options);
   const stream = isStream(body);
   const maxTokens = maxTokensOf(body);
   const salt = body.cache_salt;
@@ -86,8 +82,24 @@ export async function prepareRequest(
     stripUsage,
     maxTokens,
     cacheSalt: typeof salt === "string" ? salt : null,
+    loraName,
     forwarded,
   };
+}
+
+/**
+ * The LoRA adapter a request's model names (null: the served model itself); a model
+ * that is neither the served one nor a configured adapter is refused.
+ */
+function loraOf(model: unknown, options: PrepareOptions): string | null {
+  if (model === undefined || model === options.model) return null;
+  if (typeof model === "string" && options.adapters.includes(model)) return model;
+  const named = typeof model === "string" ? model : JSON.stringify(model);
+  throw new KvedgeError(
+    "unknown_model",
+    `The model \`${clip(named, MODEL_SHOWN_MAX)}\` does not exist (this proxy serves ${options.model}).`,
+    { param: "model" },
+  );
 }
 
 function parseObject(bytes: Uint8Array): Record<string, unknown> {

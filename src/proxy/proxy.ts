@@ -128,13 +128,22 @@ export class OpenAiProxy {
     return this.options.preparer;
   }
 
-  /** GET /v1/models: the one model this proxy serves. */
+  /**
+   * GET /v1/models: the model this proxy serves, and its LoRA adapters
+   * (`index.lora_adapters`), each with the base model as `parent`, as vLLM lists them.
+   */
   models(request: Request): Response {
+    const { model, core } = this.options;
+    const entry = (id: string, parent: string | null) => ({
+      id,
+      object: "model",
+      created: this.created,
+      owned_by: "kvedge",
+      ...(parent === null ? {} : { parent }),
+    });
     return reply(request, 200, {
       object: "list",
-      data: [
-        { id: this.options.model, object: "model", created: this.created, owned_by: "kvedge" },
-      ],
+      data: [entry(model, null), ...core.lora.adapters.map(({ name }) => entry(name, model))],
     });
   }
 
@@ -436,7 +445,7 @@ function routeInput(prepared: Prepared): RouteInput {
   return {
     tokens: prepared.tokens,
     requestId: null,
-    loraName: null,
+    loraName: prepared.loraName,
     cacheSalt: prepared.cacheSalt,
     expectedOutputTokens: prepared.maxTokens,
     overlapScoreCredit: null,

@@ -19,10 +19,11 @@ import type { Server, ServerWebSocket } from "bun";
 import type { MatchedWorkers, RouteInput } from "../core/core";
 import { MatchResult } from "../index/types";
 import { attach, type SharedIndexDescriptor, type SharedIndexReader } from "../index/crtc/shared";
-import { blockSeed } from "../hash";
+import { blockSeed, type LoraAdapter, LoraAdapters } from "../hash";
 import { PromptHasher } from "../route/input";
 import { parseRoute } from "./api";
-import { RequestGuard } from "./guard";
+import { RequestGuard, requestPath } from "./guard";
+import { controlRefusal, isControlPath, type Surface } from "./surface";
 import { Exchange, type Origin, originOf } from "../http/client";
 import {
   errorReply,
@@ -44,8 +45,12 @@ export interface LaneStart {
   readonly mainUrl: string;
   readonly bodyLimitBytes: number;
   readonly blockSize: number;
+  /** `index.lora_adapters`: how requests' LoRA ids name adapters. */
+  readonly loraAdapters: readonly LoraAdapter[];
   /** The writer thread's shared index: matches are looked up here (null: on the main thread). */
   readonly index: SharedIndexDescriptor | null;
+  /** `proxy`: the port of `serve --proxy`, where the control plane is refused (./surface.ts). */
+  readonly surface: Surface;
 }
 
 /** One route, hashed, as the main thread routes it. */
@@ -109,9 +114,19 @@ export function runLane(
     reusePort: true,
     development: false,
     maxRequestBodySize: UNLIMITED_BODY,
-    routes: { "/v1/route": { POST: (request: Request) => routes.route(request) } },
+    routes:
+      start.surface === "all"
+        ? { "/v1/route": { POST: (request: Request) => routes.route(request) } }
+        : {},
     fetch(request, server) {
-      if (new URL(request.url).pathname === "/v1/ws" && request.headers.get("upgrade") !== null) {
+      let path: string;
+      try {
+        path = requestPath(request);
+        if (start.surface === "proxy" && isControlPath(path)) throw controlRefusal();
+      } catch (error) {
+        return failure(request, error);
+      }
+      if (path === "/v1/ws" && request.headers.get("upgrade") !== null) {
         try {
           guard.check(request, true);
         } catch (error) {
@@ -121,9 +136,10 @@ export function runLane(
           return undefined as unknown as Response;
         }
       }
-      // The main thread's server keeps its own timeouts (a proxied completion may pause long).
-      server.timeout(request, 0);
-      if (request.method === "POST" && OPENAI_PATHS.has(new URL(request.url).pathname))
+      // The main thread's server keeps its own timeouts (a proxied completion may pause
+      // long); a dump keeps the lane's, which cut a client that stopped reading it.
+      if (path !== "/v1/dump") server.timeout(request, 0);
+      if (request.method === "POST" && OPENAI_PATHS.has(path))
         return relayToMain(request, main, start.bodyLimitBytes, guard, gate);
       return proxy(request, start.mainUrl, start.bodyLimitBytes, guard);
     },
@@ -142,6 +158,7 @@ class LaneRoutes {
   private readonly reader: SharedIndexReader | null;
   private readonly found = new MatchResult(64);
   private readonly pending = new Map<number, Pending>();
+  private readonly lora: LoraAdapters;
   private nextId = 0;
   private batch: LaneRoute[] = [];
 
@@ -151,6 +168,7 @@ class LaneRoutes {
     private readonly guard: RequestGuard,
   ) {
     this.reader = start.index === null ? null : attach(start.index);
+    this.lora = new LoraAdapters(start.loraAdapters);
   }
 
   route(request: Request): Promise<Response> {
@@ -184,7 +202,7 @@ class LaneRoutes {
   }
 
   private post(request: Request, resolve: (response: Response) => void, body: ReceivedBody): void {
-    const { input, candidatesMax } = parseRoute(parseBody(body, true));
+    const { input, candidatesMax } = parseRoute(parseBody(body, true), this.lora);
     const seed = blockSeed(input.loraName, input.cacheSalt);
     const hashed = this.hasher.hash(input.tokens, this.start.blockSize, seed);
     const words = 2 * hashed.blockCount;

@@ -80,7 +80,7 @@ for (const lanes of [0, 2]) {
         body,
       });
     const metric = async (line: string) => {
-      const text = await (await fetch(`${serve.url}/metrics`)).text();
+      const text = await (await fetch(`${serve.controlUrl}/metrics`)).text();
       const found = text.split("\n").find((l) => l.startsWith(`${line} `));
       return Number(found?.slice(line.length + 1) ?? Number.NaN);
     };
@@ -180,7 +180,7 @@ for (const lanes of [0, 2]) {
         prompt_tokens_details: { cached_tokens: cached },
       });
       const view = async () =>
-        (await (await fetch(`${serve.url}/metrics`)).text())
+        (await (await fetch(`${serve.controlUrl}/metrics`)).text())
           .split("\n")
           .filter((l) => l.startsWith("kvedge_observed_"))
           .join("\n");

@@ -136,7 +136,7 @@ for (const lanes of [0, 2]) {
       }
       expect(probes).toBeGreaterThan(0);
       await until(async () => {
-        const m = await metrics(serve.url);
+        const m = await metrics(serve.controlUrl);
         return (
           m.get('kvedge_worker_active_requests{worker_id="1",dp_rank="0"}') === 0 &&
           m.get("kvedge_proxy_in_flight") === 0 &&
@@ -144,7 +144,7 @@ for (const lanes of [0, 2]) {
           engine.open === 0
         );
       }, "everything released");
-      const m = await metrics(serve.url);
+      const m = await metrics(serve.controlUrl);
       expect(m.get('kvedge_proxy_requests_total{outcome="completed"}')).toBe(STREAMS);
     }, 120_000);
   });
@@ -157,15 +157,15 @@ describe("past proxy.upstream_connections", () => {
       const release = barrier(4);
       const answers = Promise.all(Array.from({ length: 6 }, (_, i) => stream(serve.url, i)));
       await until(
-        async () => (await metrics(serve.url)).get("kvedge_proxy_upstream_queued") === 2,
+        async () => (await metrics(serve.controlUrl)).get("kvedge_proxy_upstream_queued") === 2,
         "two requests queued",
       );
       expect(engine.open).toBe(4);
-      expect((await metrics(serve.url)).get("kvedge_proxy_upstream_connections")).toBe(4);
+      expect((await metrics(serve.controlUrl)).get("kvedge_proxy_upstream_connections")).toBe(4);
       release();
       const done = await answers;
       expect(done.every((a) => a.text.endsWith("data: [DONE]\n\n"))).toBe(true);
-      expect((await metrics(serve.url)).get("kvedge_proxy_upstream_queued")).toBe(0);
+      expect((await metrics(serve.controlUrl)).get("kvedge_proxy_upstream_queued")).toBe(0);
     } finally {
       await serve.stop();
     }
@@ -189,7 +189,7 @@ describe("past proxy.upstream_connections", () => {
       expect(((await second.json()) as { error: { code: string } }).error.code).toBe("busy");
       release();
       expect((await first).text.endsWith("data: [DONE]\n\n")).toBe(true);
-      const m = await metrics(serve.url);
+      const m = await metrics(serve.controlUrl);
       expect(m.get('kvedge_proxy_requests_total{outcome="busy"}')).toBe(1);
     } finally {
       await serve.stop();

@@ -118,7 +118,7 @@ class Kvedge {
     events2.publish([blocks(ON_2, 300n)]);
     const want1 = 4 + Math.floor(chatTokens.length / BLOCK);
     await until(async () => {
-      const m = await metrics(this.url);
+      const m = await metrics(this.serve.controlUrl);
       return (
         (m.get('kvedge_worker_blocks{worker_id="1",dp_rank="0"}') ?? 0) >= want1 &&
         (m.get('kvedge_worker_blocks{worker_id="2",dp_rank="0"}') ?? 0) >= 4
@@ -146,13 +146,17 @@ class Kvedge {
   }
 
   async outcome(name: string): Promise<number> {
-    return (await metrics(this.url)).get(`kvedge_proxy_requests_total{outcome="${name}"}`) ?? 0;
+    return (
+      (await metrics(this.serve.controlUrl)).get(
+        `kvedge_proxy_requests_total{outcome="${name}"}`,
+      ) ?? 0
+    );
   }
 
   /** Nothing held anywhere: no load, nothing in flight, no engine connection on either side. */
   async settled(): Promise<void> {
     await until(async () => {
-      const m = await metrics(this.url);
+      const m = await metrics(this.serve.controlUrl);
       return (
         sumOf(m, "kvedge_worker_active_requests") === 0 &&
         m.get("kvedge_proxy_in_flight") === 0 &&
@@ -301,15 +305,18 @@ for (const lanes of [0, 2]) {
     });
 
     test("a worker that cannot be connected to in time: the next candidate answers", async () => {
-      const failovers = (await metrics(hasty.url)).get("kvedge_proxy_failovers_total") ?? 0;
+      const failovers =
+        (await metrics(hasty.serve.controlUrl)).get("kvedge_proxy_failovers_total") ?? 0;
       await hasty.expectEnds("completed", async () => {
         const response = await hasty.complete(ON_2, "ok", { stream: true });
         expect(response.headers.get("x-kvedge-worker-id")).toBe("1");
         const answer = await read(Promise.resolve(response));
         expect(answer.text.endsWith("data: [DONE]\n\n")).toBe(true);
       });
-      expect((await metrics(hasty.url)).get("kvedge_proxy_failovers_total")).toBe(failovers + 1);
-      const routed = await metrics(hasty.url);
+      expect((await metrics(hasty.serve.controlUrl)).get("kvedge_proxy_failovers_total")).toBe(
+        failovers + 1,
+      );
+      const routed = await metrics(hasty.serve.controlUrl);
       expect(routed.get('kvedge_routed_requests_total{worker_id="2",dp_rank="0"}')).toBe(1);
     });
 
@@ -328,7 +335,7 @@ for (const lanes of [0, 2]) {
         await answer;
       };
       const connections = async () =>
-        (await metrics(patient.url)).get("kvedge_proxy_upstream_connections") === 1;
+        (await metrics(patient.serve.controlUrl)).get("kvedge_proxy_upstream_connections") === 1;
       await patient.expectEnds("client_abort", () =>
         leave((signal) => patient.complete(ON_2, "ok", {}, signal), connections, false),
       );
@@ -353,43 +360,47 @@ for (const lanes of [0, 2]) {
     });
 
     test("the client leaves while held by admission: dropped, never sent to an engine", async () => {
-      const long = [...ON_1, ...range(20_000, 6000)];
+      // Two hogs, one per worker, each past the admission bound: the first (cached on
+      // worker 1) hangs at the engine, the second goes to the worker left, the black hole.
       const hogs = new AbortController();
-      const first = patient.complete(long, "hang-before", {}, hogs.signal).catch(() => null);
-      await until(
-        async () => faulty.requests.some((r) => r.text.includes('"prompt":[1000,')),
-        "the first hog",
-      );
-      const second = patient.complete(range(40_000, 6000), "ok", {}, hogs.signal).catch(() => null);
-      await until(
-        async () => sumOf(await metrics(patient.url), "kvedge_worker_active_requests") === 2,
-        "both workers busy",
-      );
-      const asked = faulty.requests.length;
-      const before = await metrics(patient.url);
-      const abort = new AbortController();
-      const held = patient.complete(ON_1, "ok", {}, abort.signal).catch((error: Error) => error);
-      await until(
-        async () => (await metrics(patient.url)).get("kvedge_admission_held") === 1,
-        "the request to be held",
-      );
-      abort.abort();
-      expect(await held).toBeInstanceOf(Error);
-      await until(
-        async () => (await metrics(patient.url)).get("kvedge_admission_held") === 0,
-        "the held request to be dropped",
-      );
-      hogs.abort();
-      await Promise.all([first, second]);
-      await patient.settled();
-      const after = await metrics(patient.url);
-      const delta = (key: string) => (after.get(key) ?? 0) - (before.get(key) ?? 0);
-      expect(delta('kvedge_proxy_requests_total{outcome="client_abort"}')).toBe(3);
-      expect(delta('kvedge_admission_total{outcome="dropped"}')).toBe(1);
-      expect(faulty.requests.length).toBe(asked);
-      expect(sumOf(after, "kvedge_routed_requests_total")).toBe(
-        sumOf(before, "kvedge_routed_requests_total"),
-      );
+      const asked0 = faulty.requests.length;
+      const first = patient
+        .complete([...ON_1, ...range(20_000, 6000)], "hang-before", {}, hogs.signal)
+        .catch(() => null);
+      try {
+        await until(async () => faulty.requests.length > asked0, "the first hog at the engine");
+        const second = patient
+          .complete(range(40_000, 6000), "hang-before", {}, hogs.signal)
+          .catch(() => null);
+        const control = patient.serve.controlUrl;
+        await until(
+          async () => sumOf(await metrics(control), "kvedge_worker_active_requests") === 2,
+          "both workers busy",
+        );
+        const asked = faulty.requests.length;
+        const before = await metrics(control);
+        const abort = new AbortController();
+        const held = patient.complete(ON_1, "ok", {}, abort.signal).catch((error: Error) => error);
+        const heldIs = (count: number) => async () =>
+          (await metrics(control)).get("kvedge_admission_held") === count;
+        await until(heldIs(1), "the request to be held");
+        abort.abort();
+        expect(await held).toBeInstanceOf(Error);
+        await until(heldIs(0), "the held request to be dropped");
+        hogs.abort();
+        await Promise.all([first, second]);
+        await patient.settled();
+        const after = await metrics(control);
+        const delta = (key: string) => (after.get(key) ?? 0) - (before.get(key) ?? 0);
+        expect(delta('kvedge_proxy_requests_total{outcome="client_abort"}')).toBe(3);
+        expect(delta('kvedge_admission_total{outcome="dropped"}')).toBe(1);
+        expect(faulty.requests.length).toBe(asked);
+        expect(sumOf(after, "kvedge_routed_requests_total")).toBe(
+          sumOf(before, "kvedge_routed_requests_total"),
+        );
+      } finally {
+        hogs.abort();
+      }
     });
 
     test("kvedge stops mid-stream: the engine connection is closed and the client's stream ends", async () => {

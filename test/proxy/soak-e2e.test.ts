@@ -44,7 +44,7 @@ afterAll(async () => {
 });
 
 async function metrics(): Promise<Map<string, number>> {
-  const text = await (await fetch(`${serve.url}/metrics`)).text();
+  const text = await (await fetch(`${serve.controlUrl}/metrics`)).text();
   const values = new Map<string, number>();
   for (const line of text.split("\n")) {
     if (line.startsWith("#") || line === "") continue;

@@ -70,7 +70,7 @@ for (const lanes of [0, 2]) {
       });
 
     const metric = async (line: string) => {
-      const text = await (await fetch(`${serve.url}/metrics`)).text();
+      const text = await (await fetch(`${serve.controlUrl}/metrics`)).text();
       const found = text.split("\n").find((l) => l.startsWith(`${line} `));
       return Number(found?.slice(line.length + 1) ?? Number.NaN);
     };
