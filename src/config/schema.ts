@@ -10,6 +10,8 @@
  */
 import { ADMISSION_MODES, DEFAULT_ADMISSION } from "../route/admission";
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES } from "../route/ttft";
+import { DEFAULT_PREDICTED_TTL_MS, PREDICT_AT } from "../route/predictions";
+import { DEFAULT_PENDING_RECOMPUTE_WEIGHT } from "../route/router";
 import type { WorkerEntry } from "./workers";
 import type { LoraAdapter } from "../hash";
 import {
@@ -64,6 +66,12 @@ export interface Config {
     readonly request_ttl_secs: number;
     readonly max_active_requests: number;
     readonly track_output_blocks: boolean;
+    readonly pending_credit: boolean;
+    readonly pending_recompute_weight: number;
+    readonly predict_at: (typeof PREDICT_AT)[number];
+    readonly predicted_capacity_blocks: number | null;
+    readonly predicted_ttl_secs: number;
+    readonly predicted_correction: boolean;
     readonly admission: (typeof ADMISSION_MODES)[number];
     readonly admission_bound_ms: number;
     readonly admission_max_hold_ms: number;
@@ -348,6 +356,49 @@ export const SETTINGS: readonly Setting[] = [
     type: boolean,
     default: false,
     help: "Count each request's expected_output_tokens as decode blocks until done.",
+  }),
+  setting({
+    key: "route.pending_credit",
+    flag: "pending-credit",
+    type: boolean,
+    default: true,
+    help: "ttft policy: a worker's active requests' prompt blocks count as cached there for a request sharing them, before the engine's events say so (vLLM caches a step's blocks when it schedules them; a burst sharing a prefix then lands on its holder).",
+  }),
+  setting({
+    key: "route.pending_recompute_weight",
+    flag: "pending-recompute-weight",
+    type: decimal(0, 1e6),
+    default: DEFAULT_PENDING_RECOMPUTE_WEIGHT,
+    help: "ttft policy: the recompute charge per ms of prefill only pending on another worker (a burst's prefix in flight), instead of recompute_weight: a burst stays on its holder until that queue is about this many times the prefix's prefill, then spreads (the smaller of it and recompute_weight is used).",
+  }),
+  setting({
+    key: "route.predict_at",
+    flag: "predict-at",
+    type: oneOf(PREDICT_AT),
+    default: "prefill_done",
+    help: "Approximate workers (no event endpoint): a routed request's prompt blocks become predicted blocks of its worker at prefill_done (the engine computed them) or at route time.",
+  }),
+  setting({
+    key: "route.predicted_capacity_blocks",
+    flag: "predicted-capacity-blocks",
+    type: integer(1, 1 << 30),
+    default: null,
+    optional: true,
+    help: "Approximate workers: KV capacity in blocks of index.block_size (vLLM's num_gpu_blocks, in kvedge blocks), unless a worker sets capacity_blocks; predictions past it are evicted tail first. Unset = unknown: predictions expire after predicted_ttl_secs.",
+  }),
+  setting({
+    key: "route.predicted_ttl_secs",
+    flag: "predicted-ttl-secs",
+    type: decimal(0.001, 604_800),
+    default: DEFAULT_PREDICTED_TTL_MS / 1000,
+    help: "Approximate workers without a known capacity: a predicted block unused this long expires (Dynamo's approximate mode: 120 s).",
+  }),
+  setting({
+    key: "route.predicted_correction",
+    flag: "predicted-correction",
+    type: boolean,
+    default: true,
+    help: "Approximate workers: an engine that reports fewer cached tokens than predicted (the proxy's usage.prompt_tokens_details.cached_tokens, or prefill_done's cached_tokens) has what an LRU cache lost before that block dropped from its predictions and its capacity shrunk.",
   }),
   setting({
     key: "route.admission",

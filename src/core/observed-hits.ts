@@ -98,14 +98,17 @@ export class ObservedHits {
     this.decay = 1 - 1 / options.window;
   }
 
-  /** One answer: its prompt's tokens, those predicted cached at routing, and what it reported. */
+  /**
+   * One answer: its prompt's tokens, those predicted cached at routing, and what it
+   * reported. Returns the cached count it judged by (null: none).
+   */
   record(
     workerId: bigint,
     dpRank: number,
     prompt: number,
     predicted: number,
     report: CachedReport,
-  ): void {
+  ): number | null {
     const hits = this.hitsOf(workerId, dpRank);
     hits.answers++;
     if (report === "bad") {
@@ -115,7 +118,7 @@ export class ObservedHits {
           { worker_id: workerId, dp_rank: dpRank },
         );
       }
-      return;
+      return null;
     }
     if (report === "absent" && hits.reportsCached) report = 0;
     if (typeof report !== "number") {
@@ -126,7 +129,7 @@ export class ObservedHits {
           { worker_id: workerId, dp_rank: dpRank },
         );
       }
-      return;
+      return null;
     }
     hits.reportsCached = true;
     const observed = report;
@@ -136,11 +139,12 @@ export class ObservedHits {
     hits.allPredicted = hits.allPredicted * this.decay + predicted;
     hits.allObserved = hits.allObserved * this.decay + observed;
     this.checkUnderPredicted(workerId, dpRank, hits);
-    if (predicted <= 0) return;
+    if (predicted <= 0) return observed;
     hits.judged++;
     hits.weightedPredicted = hits.weightedPredicted * this.decay + predicted;
     hits.weightedObserved = hits.weightedObserved * this.decay + Math.min(observed, predicted);
     this.judge(workerId, dpRank, hits);
+    return observed;
   }
 
   private hitsOf(workerId: bigint, dpRank: number): WorkerHits {

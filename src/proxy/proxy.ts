@@ -94,6 +94,8 @@ interface Target {
   readonly workerId: bigint;
   readonly dpRank: number;
   readonly overlapBlocks: number;
+  /** Blocks the router counted as cached there: the overlap, or its active requests' if more. */
+  readonly creditedBlocks: number;
 }
 
 export class OpenAiProxy {
@@ -357,9 +359,10 @@ class ProxiedRequest implements RelayOwner {
     const target = this.target!;
     const promptTokens = this.prepared!.tokens.length;
     const reusable = Math.floor((promptTokens - 1) / core.blockSize) * core.blockSize;
-    const predicted = Math.min(target.overlapBlocks * core.blockSize, reusable);
+    const predicted = Math.min(target.creditedBlocks * core.blockSize, reusable);
     const report = cachedReport(usage, promptTokens);
-    core.observedHits.record(target.workerId, target.dpRank, promptTokens, predicted, report);
+    const { workerId, dpRank } = target;
+    core.recordAnswer(this.requestId!, workerId, dpRank, promptTokens, predicted, report);
   }
 
   /** Ends the request, once: its outcome counted, everything it holds given back. */
@@ -462,6 +465,7 @@ function targetsOf(decision: RouteDecision): Target[] {
       workerId: decision.workerId,
       dpRank: decision.dpRank,
       overlapBlocks: decision.overlapBlocks,
+      creditedBlocks: decision.creditedBlocks,
     },
   ];
   const list = decision.candidates;
@@ -473,6 +477,7 @@ function targetsOf(decision: RouteDecision): Target[] {
       workerId: candidate.workerId,
       dpRank: candidate.dpRank,
       overlapBlocks: candidate.overlapBlocks,
+      creditedBlocks: Math.max(candidate.overlapBlocks, candidate.pendingBlocks),
     });
   }
   return targets;
