@@ -394,8 +394,7 @@ describe("NATS not there at the start", () => {
       await until(async () => (await cluster(early)).state === "connected", "early to connect");
       const other = await replica("other", url, ["--cluster-name", "late"]);
       await until(async () => (await cluster(early)).peers.length === 1, "early to see other");
-      expect(await other.stop()).toBe(0);
-      expect(await early.stop()).toBe(0);
+      expect(await Promise.all([other.stop(), early.stop()])).toEqual([0, 0]);
     } finally {
       await server.close();
       await engine.stop();
