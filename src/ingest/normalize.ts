@@ -3,6 +3,11 @@
  * stream (one worker, usually one dp rank) into index operations with kvedge's own
  * local block hashes.
  *
+ * An event the decoder could not read (EVENT_SKIPPED) is counted by its error and
+ * logged once per kind; the rest of its batch is applied. It may have been a store, a
+ * removal or a clear, so the batch is `incomplete` (the stream calls the worker
+ * degraded) unless a clear applied after it made the state known again.
+ *
  * Per event, in the reference's order:
  * 1. ownership: an event that names an owner (`"kvcr"` or any other) is filtered;
  *    (Ignored events never get here: the decoder skips and counts unknown tags);
@@ -14,24 +19,27 @@
  * 4. attention group: learn (dp rank, group) -> kind from stores carrying both; keep
  *    only main attention (full, MLA, sink-full); an unlearned group only if 0;
  * 5. cache namespace: a store without a salt inherits its parent's (ambiguous parent
- *    -> filtered), a store with one records it for its blocks; removes and clears
+ *    -> filtered), a store with one records it for its blocks, an unsalted store of
+ *    blocks recorded salted makes them ambiguous (as Dynamo does); removes and clears
  *    forget (NamespaceTable);
  * 6. conversion of a store: a hash repeated within the event (parent included) ->
  *    rejected whole (`self_reference`); block_size != the index block size -> rejected
  *    whole (`block_size_mismatch`; Dynamo stops at the first mismatching block, but
  *    every block of an event has the event's one block_size, so that is the whole
- *    event); blocks from the first one carrying multimodal identifiers on ->
- *    rejected (`multimodal_unsupported`: kvedge's hashing does not mix MM hashes in
- *    yet, and indexing wrong hashes would be worse than a miss); blocks whose
- *    tokens run past `token_ids` -> rejected (`tokens_short`). The blocks kept are a
- *    prefix of the event's chain and get local hashes from src/hash (LoRA name and
- *    salt in the seed, Eagle windows).
+ *    event); blocks from the first one whose engine hash mixes in content kvedge does
+ *    not hash (multimodal ids, prompt-embedding digests, unknown extra keys) on ->
+ *    rejected (`multimodal_unsupported`: indexing wrong hashes would be worse than a
+ *    miss); blocks whose tokens run past `token_ids` -> rejected (`tokens_short`).
+ *    The blocks kept are a prefix of the event's chain and get local hashes from
+ *    src/hash (the LoRA identity and the salt in the seed, Eagle windows). The LoRA
+ *    identity is the event's `lora_name`, else its `lora_id` (named through the
+ *    configured adapters, else keyed by the id: src/hash/lora.ts).
  *
  * A batch is normalized whole into scratch arrays before the writer sees any of it.
  *
  * See docs/decisions.md#dual-keys.
  */
-import { blockCount, blockSeed, hashBlocksAt } from "../hash";
+import { blockCount, blockSeed, hashBlocksAt, type LoraAdapters, NO_LORA_ADAPTERS } from "../hash";
 import { native } from "../native/library";
 import { OnceLog, silentLogger, type Logger } from "../util/log";
 import {
@@ -41,9 +49,11 @@ import {
   decodeKvBatch,
   EVENT_CLEARED,
   EVENT_REMOVED,
+  EVENT_SKIPPED,
   EVENT_STORED,
   FLAG_EAGLE,
   FLAG_GROUP,
+  FLAG_LORA_ID,
   FLAG_PARENT,
   NO_STRING,
   type DecodeErrorKind,
@@ -79,10 +89,11 @@ export interface KvEventWriter {
 }
 
 /**
- * Sees every stored and removed operation the normalizer hands to the writer, with the
- * decoded event it came from (`kvedge capture` writes them out). `count` is the number
- * of leading blocks of event `event` that were applied; `cacheSalt` the effective salt
- * (the event's own, or inherited from its parent). Valid during the call only.
+ * Sees every operation the normalizer hands to the writer, with the decoded event it
+ * came from (`kvedge capture` writes them out). `count` is the number of leading blocks
+ * of event `event` that were applied; `cacheSalt` the effective salt (the event's own,
+ * or inherited from its parent); `lora` the LoRA identity the blocks were hashed under
+ * (src/hash/lora.ts). Valid during the call only.
  */
 export interface KvEventTap {
   stored(
@@ -91,8 +102,11 @@ export interface KvEventTap {
     count: number,
     dpRank: number,
     cacheSalt: string | null,
+    lora: string | null,
   ): void;
   removed(batch: DecodedBatch, event: number, count: number, dpRank: number): void;
+  /** An AllBlocksCleared from the wire (not a clear kvedge decided on itself). */
+  cleared(batch: DecodedBatch, event: number, dpRank: number): void;
 }
 
 export const TIERS = ["device", "host_pinned", "disk", "external"] as const;
@@ -121,6 +135,8 @@ export class NormalizeCounters {
   batches = 0;
   batchesDropped = 0;
   decodeErrors = zeros<DecodeErrorKind>(DECODE_ERROR_KINDS.slice(1) as DecodeErrorKind[]);
+  /** Events the decoder could not read (the rest of their batch applied), by error. */
+  skippedEvents = zeros<DecodeErrorKind>(DECODE_ERROR_KINDS.slice(1) as DecodeErrorKind[]);
   events = { stored: 0, removed: 0, cleared: 0 };
   unknownTags = 0;
   unknownFields = 0;
@@ -132,7 +148,18 @@ export class NormalizeCounters {
   appliedStoredBlocks = 0;
   appliedRemovedBlocks = 0;
   appliedClears = 0;
+  /**
+   * The event lag: batches that carried the engine's timestamp (`ts`), and the sum and
+   * last of how long after it each was applied (ms; an engine clock ahead of ours
+   * counts as 0). A replayed batch counts as late as it is.
+   */
+  lagBatches = 0;
+  lagSumMs = 0;
+  lagLastMs = 0;
 }
+
+/** A timestamp further than this from now is not a clock reading (0, garbage): no lag. */
+const LAG_PLAUSIBLE_MS = 86_400_000;
 
 export interface NormalizerOptions {
   readonly workerId: bigint;
@@ -147,6 +174,8 @@ export interface NormalizerOptions {
   /** Decode scratch for `ingest`; one per thread is enough (shared by default). */
   readonly decoded?: DecodedBatch;
   readonly tap?: KvEventTap;
+  /** How LoRA ids name adapters (none configured by default). */
+  readonly lora?: LoraAdapters;
 }
 
 const MAIN_ATTENTION = new Set(["full_attention", "mla_attention", "sink_full_attention"]);
@@ -185,6 +214,7 @@ export class KvEventNormalizer {
   private readonly blockSize: number;
   private readonly writer: KvEventWriter;
   private readonly tap: KvEventTap | null;
+  private readonly lora: LoraAdapters;
   private readonly onceLog: OnceLog;
   private readonly decoded: DecodedBatch;
   private readonly namespaces: NamespaceTable;
@@ -197,9 +227,12 @@ export class KvEventNormalizer {
   private opKind = new Uint8Array(64);
   private opEvent = new Uint32Array(64);
   private opCount = new Uint32Array(64);
-  /** The effective cache salt of each stored op (for the tap). */
+  /** The effective cache salt and LoRA identity of each stored op (for the tap). */
   private readonly opSalt: (string | null)[] = [];
+  private readonly opLora: (string | null)[] = [];
   private ops = 0;
+  /** The last batch skipped an event that no clear after it made irrelevant. */
+  private incompleteNow = false;
   private local = new Uint32Array(2048);
   /** The hashes of one store so far (repeatsHash), emptied per store, sized per batch. */
   private readonly seen = new StampedPairSet();
@@ -211,6 +244,7 @@ export class KvEventNormalizer {
     this.blockSize = options.blockSize;
     this.writer = options.writer;
     this.tap = options.tap ?? null;
+    this.lora = options.lora ?? NO_LORA_ADAPTERS;
     this.onceLog = new OnceLog(
       (options.log ?? silentLogger).child({ component: "kv-normalize", worker: options.workerId }),
     );
@@ -225,6 +259,15 @@ export class KvEventNormalizer {
 
   get namespaceBytes(): number {
     return this.namespaces.bytes;
+  }
+
+  /**
+   * Whether the batch last normalized skipped an event that could have changed what
+   * the worker holds (any event the decoder could not read), with no clear after it:
+   * the worker's state is no longer known exactly.
+   */
+  get incomplete(): boolean {
+    return this.incompleteNow;
   }
 
   /** Decodes one payload and applies it. Returns false if the batch was dropped (counted, logged once per kind). */
@@ -243,8 +286,18 @@ export class KvEventNormalizer {
       });
       return false;
     }
+    this.noteLag(this.decoded.ts);
     this.normalize(this.decoded);
     return true;
+  }
+
+  private noteLag(ts: number): void {
+    const lag = Date.now() - ts * 1000;
+    if (!(Math.abs(lag) < LAG_PLAUSIBLE_MS)) return;
+    const counters = this.counters;
+    counters.lagBatches++;
+    counters.lagLastMs = Math.max(0, lag);
+    counters.lagSumMs += counters.lagLastMs;
   }
 
   /** Normalizes a decoded batch whole, then hands it to the writer. */
@@ -255,6 +308,7 @@ export class KvEventNormalizer {
     counters.unknownFields += batch.unknownFields;
     const dpRank = batch.hasDpRank ? batch.dpRank : this.dpRank;
     this.ops = 0;
+    this.incompleteNow = false;
     if (this.local.length < 2 * batch.hashCount)
       this.local = new Uint32Array(grownSize(this.local.length, 2 * batch.hashCount));
     this.seen.size(longestEvent(batch) + 1);
@@ -271,6 +325,7 @@ export class KvEventNormalizer {
   private event(batch: DecodedBatch, e: number, dpRank: number): void {
     const kind = batch.kind[e]!;
     const blocks = batch.hashLength[e]!;
+    if (kind === EVENT_SKIPPED) return this.skipped(batch, e);
     if (kind === EVENT_STORED) this.counters.events.stored++;
     else if (kind === EVENT_REMOVED) this.counters.events.removed++;
     else this.counters.events.cleared++;
@@ -304,7 +359,21 @@ export class KvEventNormalizer {
     if (kind === EVENT_STORED) this.convertStored(batch, e, namespace);
     else if (kind === EVENT_REMOVED) {
       if (blocks > 0) this.pushOp(OP_REMOVED, e, blocks);
-    } else this.pushOp(OP_CLEARED, e, 0);
+    } else {
+      this.pushOp(OP_CLEARED, e, 0);
+      this.incompleteNow = false; // what was skipped before it no longer matters
+    }
+  }
+
+  private skipped(batch: DecodedBatch, e: number): void {
+    const error = DECODE_ERROR_KINDS[batch.skipError[e]!] as DecodeErrorKind;
+    this.counters.skippedEvents[error]++;
+    this.incompleteNow = true;
+    this.onceLog.report(`skipped:${error}`, "skipped a KV event that does not decode", {
+      error,
+      event: ["unreadable", "stored", "removed", "cleared"][batch.skipKind[e]!] ?? "unreadable",
+      offset: batch.skipAt[e]!,
+    });
   }
 
   private reject(reason: RejectReason, blocks: number): void {
@@ -343,7 +412,11 @@ export class KvEventNormalizer {
     return learned === undefined ? batch.groupIdx[e] === 0 : learned;
   }
 
-  /** The store's namespace (own salt, else the parent's), recorded for its blocks; AMBIGUOUS filters it. */
+  /**
+   * The store's namespace (own salt, else the parent's), recorded for its blocks;
+   * AMBIGUOUS filters it. An unsalted store of blocks recorded under a salt makes them
+   * ambiguous (one hash, two namespaces: which one a child continues is unknown).
+   */
   private propagateNamespace(batch: DecodedBatch, e: number, dpRank: number): string | null {
     const salt = batch.string(batch.cacheSalt[e]!);
     let namespace = salt === "" ? null : salt;
@@ -351,11 +424,15 @@ export class KvEventNormalizer {
       namespace = this.namespaces.get(dpRank, batch.parentHi[e]!, batch.parentLo[e]!) ?? null;
       if (namespace === AMBIGUOUS) return AMBIGUOUS;
     }
+    const start = batch.hashStart[e]!;
+    const end = start + batch.hashLength[e]!;
+    const hashes = batch.hashes;
     if (namespace !== null) {
-      const start = batch.hashStart[e]!;
-      for (let i = start; i < start + batch.hashLength[e]!; i++) {
-        this.namespaces.record(dpRank, batch.hashes[2 * i]!, batch.hashes[2 * i + 1]!, namespace);
-      }
+      for (let i = start; i < end; i++)
+        this.namespaces.record(dpRank, hashes[2 * i]!, hashes[2 * i + 1]!, namespace);
+    } else if (this.namespaces.size > 0) {
+      for (let i = start; i < end; i++)
+        this.namespaces.markUnsalted(dpRank, hashes[2 * i]!, hashes[2 * i + 1]!);
     }
     return namespace;
   }
@@ -403,21 +480,28 @@ export class KvEventNormalizer {
     if (usable === 0) return;
     const tokenStart = batch.tokenStart[e]!;
     const tokenEnd = tokenStart + usable * blockSize + (eagle ? 1 : 0);
-    const seed = blockSeed(batch.string(batch.loraName[e]!), namespace);
+    const lora = this.loraOf(batch, e);
     const start = batch.hashStart[e]!;
     const written = hashBlocksAt(
       batch.tokens,
       tokenStart,
       tokenEnd - tokenStart,
       blockSize,
-      seed,
+      blockSeed(lora, namespace),
       this.local,
       start,
       eagle,
     );
     if (written !== usable) throw new Error(`hashed ${written} blocks, expected ${usable}`);
     this.opSalt[this.ops] = namespace;
+    this.opLora[this.ops] = lora;
     this.pushOp(OP_STORED, e, usable);
+  }
+
+  /** The LoRA identity of a store: its name, else its id (src/hash/lora.ts). */
+  private loraOf(batch: DecodedBatch, e: number): string | null {
+    const id = (batch.flags[e]! & FLAG_LORA_ID) !== 0 ? batch.loraId[e]! : null;
+    return this.lora.identity(batch.string(batch.loraName[e]!), id);
   }
 
   /** Whether a hash repeats within the store, the parent included (Dynamo turns these into no-ops). */
@@ -473,7 +557,7 @@ export class KvEventNormalizer {
             count,
             batch.hashStart[e]!,
           );
-          this.tap?.stored(batch, e, count, dpRank, this.opSalt[op]!);
+          this.tap?.stored(batch, e, count, dpRank, this.opSalt[op]!, this.opLora[op]!);
           counters.appliedStoredBlocks += count;
           break;
         case OP_REMOVED:
@@ -483,6 +567,7 @@ export class KvEventNormalizer {
           break;
         default:
           writer.clearAt(slot);
+          this.tap?.cleared(batch, e, dpRank);
           counters.appliedClears++;
       }
     }
