@@ -37,10 +37,9 @@ export function probeSlot(
   hi: number,
   lo: number,
 ): number {
-  const capacity = 2 ** (32 - shift);
-  const mask = capacity - 1;
+  const mask = 0xffff_ffff >>> shift;
   let slot = homeSlot(key, hi, lo, shift);
-  for (let n = 0; n < capacity; n++) {
+  for (let n = 0; n <= mask; n++) {
     const at = slot * STRIDE;
     if (table[at + 3] === 0 || (table[at + 2] === lo && table[at + 1] === hi && table[at] === key))
       return slot;
