@@ -239,6 +239,7 @@ export function buildCorpus(trace: Trace, options: CorpusOptions): Corpus {
     }
     const step = (upTo: number): void => {
       engine.commit(sequence, upTo);
+      engine.publish(); // each step's events go out as one batch, as the engine's would
       emit(worker, time, engine.takeEvents());
     };
     if (options.cadence === "sglang") {

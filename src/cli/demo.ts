@@ -2,14 +2,22 @@ import { availableParallelism } from "node:os";
 import { ADMISSION_MODES, type AdmissionMode, DEFAULT_ADMISSION } from "../route/admission";
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES, type RoutePolicy } from "../route/ttft";
 import { getAffinity, pinProcess } from "../runtime/affinity";
-import { type AdmissionReport, type DemoResult, runDemo } from "../sim/demo";
-import { DEFAULT_DEMO_POLICIES, type DemoPolicy, isDemoPolicy } from "../sim/demo-options";
+import { type AdmissionReport, type DemoResult, type RouterReport, runDemo } from "../sim/demo";
+import {
+  DEFAULT_DEMO_POLICIES,
+  approximateEngines,
+  DEMO_EVENTS,
+  type DemoEvents,
+  type DemoPolicy,
+  isDemoPolicy,
+} from "../sim/demo-options";
 import { loadConversationTrace } from "../sim/embedded-trace";
 import { CAPACITY_BLOCKS_MAX } from "../sim/engine-cache";
 import { WORKERS_MAX } from "../sim/simulator";
 import { DEFAULT_TIME_MODEL, type TimeModel } from "../sim/time-model";
 import { DEFAULT_VOCAB_SIZE } from "../sim/tokens";
 import { parseTrace, type Trace, TraceError, traceStats, transformTrace } from "../sim/trace";
+import { isWorkload, WORKLOADS, workloadTrace } from "../sim/workloads";
 import {
   flagBool,
   flagInt,
@@ -55,8 +63,23 @@ export function timeModelOf(parsed: Parsed): TimeModel {
   return model;
 }
 
-/** The trace in FILE (Mooncake JSONL), or the embedded conversation trace. */
-export async function loadTrace(path: string | undefined): Promise<{ trace: Trace; name: string }> {
+/** The trace in FILE (Mooncake JSONL), a generated workload, or the embedded conversation trace. */
+export async function loadTrace(
+  path: string | undefined,
+  workload?: string,
+  seed?: number,
+): Promise<{ trace: Trace; name: string }> {
+  if (workload !== undefined) {
+    if (path !== undefined) throw new UsageError("give --trace or --workload, not both");
+    if (!isWorkload(workload))
+      throw new UsageError(
+        `--workload: unknown workload '${workload}' (known: ${WORKLOADS.join(", ")})`,
+      );
+    return {
+      trace: parseTrace(workloadTrace(workload, seed)),
+      name: `the generated ${workload} workload (seed ${seed ?? "default"})`,
+    };
+  }
   if (path === undefined)
     return { trace: await loadConversationTrace(), name: "the Mooncake conversation trace" };
   const file = Bun.file(path);
@@ -77,6 +100,8 @@ const flags = {
   "capacity-blocks": { kind: "string" },
   "block-size": { kind: "string" },
   trace: { kind: "string" },
+  workload: { kind: "string" },
+  "workload-seed": { kind: "string" },
   speedup: { kind: "string" },
   "time-scale": { kind: "string" },
   policies: { kind: "string" },
@@ -91,6 +116,9 @@ const flags = {
   admission: { kind: "string" },
   "no-pin": { kind: "boolean" },
   proxy: { kind: "boolean" },
+  events: { kind: "string" },
+  "predicted-capacity-blocks": { kind: "string" },
+  "no-correct": { kind: "boolean" },
 } as const;
 
 export const DEMO_DEFAULTS = {
@@ -127,6 +155,10 @@ Options:
   --capacity-blocks N    KV capacity of each engine, in blocks (${DEMO_DEFAULTS.capacityBlocks}: ~80 GB for an 8B model)
   --block-size N         tokens per KV block (${DEMO_DEFAULTS.blockSize})
   --trace FILE           a Mooncake-format JSONL trace (default: the embedded conversation trace)
+  --workload NAME        a generated Mooncake-format trace instead (src/sim/workloads.ts): agentic
+                         (tool-using agent sessions with fan-outs) or burst (64 requests sharing a
+                         4,096-token prefix within 50 ms, a fresh prefix every 2.5 s)
+  --workload-seed S      the generator's seed (its default: 7)
   --time-scale F         multiply arrival times by F (${DEMO_DEFAULTS.timeScale}: twice the trace's request rate)
   --speedup X            model seconds per wall second in the kvedge replay (${DEMO_DEFAULTS.speedup})
   --policies LIST        comma list of ${["kv_aware", "round_robin", "random", "least_loaded", "approx_prefix", "kv_aware_model"].join(", ")}
@@ -142,6 +174,14 @@ Options:
   --proxy                run kv_aware through kvedge serve --proxy: OpenAI /v1/completions
                          requests to kvedge, which routes, forwards to the engines' OpenAI API
                          and drives each request's lifecycle from the answer
+  --events MODE          which engines publish KV events: all (default), mixed (even engines; the
+                         odd ones are approximate workers) or none (every engine approximate: kvedge
+                         predicts their caches from its own decisions)
+  --predicted-capacity-blocks N
+                         the KV capacity kvedge is told for approximate workers (default: the
+                         engines' real one, --capacity-blocks)
+  --no-correct           kvedge is not told the cached tokens engines served (prefill_done's
+                         cached_tokens; with --proxy kvedge serve runs without correction)
   --json                 print one JSON object on stdout instead of the table
 ${TIME_MODEL_HELP}  -h, --help             show this help
 `,
@@ -176,7 +216,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     const time = timeModelOf(parsed);
     const json = flagBool(parsed, "json");
     const policies = policiesOf(flagString(parsed, "policies"));
-    const loaded = await loadTrace(flagString(parsed, "trace"));
+    const loaded = await traceOf(parsed);
     if (start >= loaded.trace.count)
       throw new UsageError(`--start ${start}: the trace has ${loaded.trace.count} requests`);
     const trace = transformTrace(loaded.trace, { start, requests, timeScale });
@@ -199,20 +239,11 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     ];
     if (!virtual && !flagBool(parsed, "no-pin") && policies.includes("kv_aware"))
       serveArgs.push(...pinning());
+    // Without correction kvedge serve ignores the cached tokens it hears (the proxy reads them anyway).
+    if (flagBool(parsed, "no-correct")) serveArgs.push("--no-predicted-correction");
     const tty = process.stderr.isTTY === true;
-    let shown = 0;
-    const progress = (line: string): void => {
-      if (tty) {
-        process.stderr.write(
-          line === ""
-            ? "\r\x1b[2K"
-            : `\r\x1b[2K${line.slice(0, (process.stderr.columns ?? 100) - 1)}`,
-        );
-      } else if (line !== "" && !line.includes("[")) {
-        // Without a terminal: phase announcements only, no bar.
-        if (shown++ < 1000) process.stderr.write(`${line}\n`);
-      }
-    };
+    const predictions = predictionOptions(parsed, capacityBlocks);
+    const events = predictions.events;
     const result = await runDemo({
       trace,
       workers,
@@ -226,13 +257,16 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       form: flagBool(parsed, "map-form") ? "map" : "array",
       realtimeBaselines: flagBool(parsed, "realtime-baselines"),
       serveArgs,
-      progress: json && !tty ? null : progress,
+      progress: json && !tty ? null : progressWriter(tty),
       virtual,
       proxy: flagBool(parsed, "proxy"),
+      ...predictions,
       kvAware: { policy: routePolicy, ttft: { recomputeWeight }, admission: { mode: admission } },
     });
     const config = {
       trace: loaded.name,
+      events,
+      approximate_workers: approximateEngines(events, workers),
       start,
       requests: trace.count,
       virtual,
@@ -253,6 +287,43 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     return 0;
   },
 };
+
+/** The trace the demo replays: --trace FILE, --workload NAME, or the conversation trace. */
+function traceOf(parsed: Parsed): Promise<{ trace: Trace; name: string }> {
+  const workloadSeed = parsed.flags.has("workload-seed")
+    ? flagInt(parsed, "workload-seed", 7, 0, 0xffff_ffff)
+    : undefined;
+  return loadTrace(flagString(parsed, "trace"), flagString(parsed, "workload"), workloadSeed);
+}
+
+/** Which engines publish events, and what kvedge is told about the others. */
+function predictionOptions(parsed: Parsed, capacityBlocks: number) {
+  const events = eventsOf(flagString(parsed, "events"));
+  const flag = "predicted-capacity-blocks";
+  return {
+    events,
+    ...(parsed.flags.has(flag)
+      ? { predictedCapacityBlocks: flagInt(parsed, flag, capacityBlocks, 1, CAPACITY_BLOCKS_MAX) }
+      : {}),
+    correct: !flagBool(parsed, "no-correct"),
+  };
+}
+
+/** Progress on stderr: a bar on a terminal, phase announcements only otherwise. */
+function progressWriter(tty: boolean): (line: string) => void {
+  let shown = 0;
+  return (line) => {
+    if (tty) {
+      process.stderr.write(
+        line === ""
+          ? "\r\x1b[2K"
+          : `\r\x1b[2K${line.slice(0, (process.stderr.columns ?? 100) - 1)}`,
+      );
+    } else if (line !== "" && !line.includes("[") && shown++ < 1000) {
+      process.stderr.write(`${line}\n`);
+    }
+  };
+}
 
 /**
  * Not with --proxy: the proxied replay takes each TTFT from the engine's answer, which
@@ -284,6 +355,13 @@ function admissionArgs(mode: AdmissionMode, speedup: number): string[] {
     "--admission-prefill-weight",
     String(DEFAULT_ADMISSION.prefillWeight / speedup),
   ];
+}
+
+function eventsOf(text: string | undefined): DemoEvents {
+  if (text === undefined) return "all";
+  if (!(DEMO_EVENTS as readonly string[]).includes(text))
+    throw new UsageError(`--events: unknown mode '${text}' (known: ${DEMO_EVENTS.join(", ")})`);
+  return text as DemoEvents;
 }
 
 function routePolicyOf(text: string | undefined): RoutePolicy {
@@ -345,6 +423,8 @@ function admissionLine(a: AdmissionReport): string {
 
 interface DemoConfig {
   readonly trace: string;
+  readonly events: DemoEvents;
+  readonly approximate_workers: readonly number[];
   readonly start: number;
   readonly requests: number;
   readonly workers: number;
@@ -426,23 +506,7 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
     out.push("");
   }
   const router = result.router;
-  if (router !== null) {
-    out.push(
-      `kvedge: ${int(router.decisions)} routing decisions, latency p50 ${router.route_latency_p50_ms.toFixed(2)} ms,` +
-        ` p99 ${router.route_latency_p99_ms.toFixed(2)} ms (client-measured, WebSocket on loopback);` +
-        ` predicted hit rate ${percent(router.predicted_hit_rate)}.`,
-    );
-    out.push(
-      `  ${int(router.batches_published)} KV event batches published, ${int(router.batches_applied)} applied` +
-        ` (${int(router.batches_replayed)} recovered by replay, ${int(router.batches_lost)} lost, ${int(router.gaps)} gaps);` +
-        ` ${router.degraded_workers} degraded workers; ${router.lifecycle_errors} failed lifecycle calls.`,
-    );
-    out.push(
-      `  Index vs engines at the end: ${router.index_matches_engines ? "identical" : "DIFFERENT"}` +
-        ` (${int(router.index_blocks)} blocks indexed, ${int(router.engine_cached_blocks)} cached).`,
-    );
-    out.push("");
-  }
+  if (router !== null) out.push(...routerLines(router, config), "");
   if (result.admission !== null) out.push(admissionLine(result.admission), "");
   const proxy = result.proxy;
   if (proxy !== null) {
@@ -456,6 +520,7 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
     );
     out.push("");
   }
+  if (config.approximate_workers.length > 0) out.push(approximateLine(config), "");
   const modes = new Set(Object.values(result.policies).map((r) => r.mode));
   out.push(
     `Times are modeled (engine schedule in model time, not wall clock); runs: ${[...modes].join("; ")}.`,
@@ -465,4 +530,44 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
     `Took ${result.wall_s.toFixed(0)} s${kv === undefined || router === null ? "" : ` (kvedge replay ${kv.wall_s.toFixed(0)} s at ×${router.achieved_speedup.toFixed(1)})`}.`,
   );
   return `${out.join("\n")}\n`;
+}
+
+/** kvedge serve's own view of the kv_aware run: route latency, events, its index at the end. */
+function routerLines(router: RouterReport, config: DemoConfig): string[] {
+  const lines: string[] = [];
+  lines.push(
+    `kvedge: ${int(router.decisions)} routing decisions, latency p50 ${router.route_latency_p50_ms.toFixed(2)} ms,` +
+      ` p99 ${router.route_latency_p99_ms.toFixed(2)} ms (client-measured, WebSocket on loopback);` +
+      ` predicted hit rate ${percent(router.predicted_hit_rate)}.`,
+  );
+  lines.push(
+    `  ${int(router.batches_published)} KV event batches published, ${int(router.batches_applied)} applied` +
+      ` (${int(router.batches_replayed)} recovered by replay, ${int(router.batches_lost)} lost, ${int(router.gaps)} gaps);` +
+      ` ${router.degraded_workers} degraded workers; ${router.lifecycle_errors} failed lifecycle calls.`,
+  );
+  if (router.predicted.workers < config.workers) {
+    lines.push(
+      `  Index vs engines at the end: ${router.index_matches_engines ? "identical" : "DIFFERENT"}` +
+        ` (${int(router.index_blocks)} blocks indexed, ${int(router.engine_cached_blocks)} cached).`,
+    );
+  }
+  const p = router.predicted;
+  if (p.workers > 0) {
+    lines.push(
+      `  Predictions at the end (${p.workers} approximate workers): ${int(p.blocks)} blocks predicted,` +
+        ` ${int(p.held)} of them cached by the engines (${percent(p.blocks === 0 ? 0 : p.held / p.blocks)});` +
+        ` the engines cached ${int(p.engine_blocks)} (prompt and output blocks).`,
+    );
+  }
+  return lines;
+}
+
+/** Which engines published no events (`--events none|mixed`). */
+function approximateLine(config: DemoConfig): string {
+  const which =
+    config.events === "none" ? "every engine" : `engines ${config.approximate_workers.join(", ")}`;
+  return (
+    `Approximate workers (--events ${config.events}): ${which} published no KV events; kvedge predicted` +
+    " their caches from its own routing decisions. kv_aware keeps its name."
+  );
 }

@@ -274,6 +274,13 @@ function checkTogether(config: Config, origins: ReadonlyMap<string, string>): vo
   checkWildcards(config, from);
   checkControlPort(config, from);
   const writerThread = (config.runtime.index_threads ?? 0) > 0;
+  const approximate = config.workers.find((worker) => worker.endpoint === null);
+  if (writerThread && approximate !== undefined) {
+    throw new ConfigError(
+      `worker ${approximate.worker_id} has no endpoint (an approximate worker), which needs ` +
+        `${from("runtime.index_threads")} = 0: predictions are written on the main thread`,
+    );
+  }
   const threaded = writerThread || (config.runtime.route_threads ?? 0) > 0;
   if (threaded && config.index.backend !== "crtc") {
     const key = writerThread ? "runtime.index_threads" : "runtime.route_threads";

@@ -43,16 +43,15 @@ function overridden(loaded: LoadedConfig, key: string): string {
 
 function renderWorker(worker: WorkerEntry, note: string): string[] {
   const lines = [`[[workers]]${note}`];
-  lines.push(
-    `worker_id = "${worker.worker_id}"`,
-    `dp_rank = ${worker.dp_rank}`,
-    `endpoint = ${JSON.stringify(worker.endpoint)}`,
-  );
+  lines.push(`worker_id = "${worker.worker_id}"`, `dp_rank = ${worker.dp_rank}`);
+  // No endpoint: an approximate worker (its cache predicted from kvedge's decisions).
+  if (worker.endpoint !== null) lines.push(`endpoint = ${JSON.stringify(worker.endpoint)}`);
   if (worker.replay_endpoint !== null)
     lines.push(`replay_endpoint = ${JSON.stringify(worker.replay_endpoint)}`);
   if (worker.topic !== "") lines.push(`topic = ${JSON.stringify(worker.topic)}`);
   if (worker.http_endpoint != null)
     lines.push(`http_endpoint = ${JSON.stringify(worker.http_endpoint)}`);
+  if (worker.capacity_blocks != null) lines.push(`capacity_blocks = ${worker.capacity_blocks}`);
   return lines;
 }
 
@@ -65,7 +64,7 @@ export function flagHelp(): string {
     [`--${CONFIG_FLAG} FILE`, `TOML config file [${envName(CONFIG_FLAG)}]`],
     [
       `--${WORKERS_FLAG} LIST`,
-      `engines: ID[:DP]=ENDPOINT[;replay=ENDPOINT][;topic=T],... (repeatable) [${envName(WORKERS_FLAG)}]`,
+      `engines: ID[:DP]=ENDPOINT|none[;replay=ENDPOINT][;topic=T][;http=URL][;capacity=N],... (repeatable) [${envName(WORKERS_FLAG)}]`,
     ],
   ];
   for (const s of SETTINGS) {

@@ -10,6 +10,8 @@
  */
 import { ADMISSION_MODES, DEFAULT_ADMISSION } from "../route/admission";
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES } from "../route/ttft";
+import { DEFAULT_PREDICTED_TTL_MS, PREDICT_AT } from "../route/predictions";
+import { DEFAULT_PENDING_RECOMPUTE_WEIGHT } from "../route/router";
 import type { WorkerEntry } from "./workers";
 import type { LoraAdapter } from "../hash";
 import {
@@ -64,6 +66,12 @@ export interface Config {
     readonly request_ttl_secs: number;
     readonly max_active_requests: number;
     readonly track_output_blocks: boolean;
+    readonly pending_credit: boolean;
+    readonly pending_recompute_weight: number;
+    readonly predict_at: (typeof PREDICT_AT)[number];
+    readonly predicted_capacity_blocks: number | null;
+    readonly predicted_ttl_secs: number;
+    readonly predicted_correction: boolean;
     readonly admission: (typeof ADMISSION_MODES)[number];
     readonly admission_bound_ms: number;
     readonly admission_max_hold_ms: number;
@@ -94,6 +102,14 @@ export interface Config {
     readonly forward_token_ids: boolean;
     readonly observed_hit_floor: number;
     readonly observed_window: number;
+    readonly connect_timeout_ms: number;
+    readonly first_byte_timeout_ms: number;
+    readonly idle_timeout_ms: number;
+    readonly upstream_connections: number;
+    readonly upstream_queue_timeout_ms: number;
+    readonly max_prompt_tokens: number;
+    readonly max_prompt_bytes: number;
+    readonly tokenizer_threads: number;
   };
   readonly runtime: {
     readonly cpus: readonly number[] | null;
@@ -342,6 +358,49 @@ export const SETTINGS: readonly Setting[] = [
     help: "Count each request's expected_output_tokens as decode blocks until done.",
   }),
   setting({
+    key: "route.pending_credit",
+    flag: "pending-credit",
+    type: boolean,
+    default: true,
+    help: "ttft policy: a worker's active requests' prompt blocks count as cached there for a request sharing them, before the engine's events say so (vLLM caches a step's blocks when it schedules them; a burst sharing a prefix then lands on its holder).",
+  }),
+  setting({
+    key: "route.pending_recompute_weight",
+    flag: "pending-recompute-weight",
+    type: decimal(0, 1e6),
+    default: DEFAULT_PENDING_RECOMPUTE_WEIGHT,
+    help: "ttft policy: the recompute charge per ms of prefill only pending on another worker (a burst's prefix in flight), instead of recompute_weight: a burst stays on its holder until that queue is about this many times the prefix's prefill, then spreads (the smaller of it and recompute_weight is used).",
+  }),
+  setting({
+    key: "route.predict_at",
+    flag: "predict-at",
+    type: oneOf(PREDICT_AT),
+    default: "prefill_done",
+    help: "Approximate workers (no event endpoint): a routed request's prompt blocks become predicted blocks of its worker at prefill_done (the engine computed them) or at route time.",
+  }),
+  setting({
+    key: "route.predicted_capacity_blocks",
+    flag: "predicted-capacity-blocks",
+    type: integer(1, 1 << 30),
+    default: null,
+    optional: true,
+    help: "Approximate workers: KV capacity in blocks of index.block_size (vLLM's num_gpu_blocks, in kvedge blocks), unless a worker sets capacity_blocks; predictions past it are evicted tail first. Unset = unknown: predictions expire after predicted_ttl_secs.",
+  }),
+  setting({
+    key: "route.predicted_ttl_secs",
+    flag: "predicted-ttl-secs",
+    type: decimal(0.001, 604_800),
+    default: DEFAULT_PREDICTED_TTL_MS / 1000,
+    help: "Approximate workers without a known capacity: a predicted block unused this long expires (Dynamo's approximate mode: 120 s).",
+  }),
+  setting({
+    key: "route.predicted_correction",
+    flag: "predicted-correction",
+    type: boolean,
+    default: true,
+    help: "Approximate workers: an engine that reports fewer cached tokens than predicted (the proxy's usage.prompt_tokens_details.cached_tokens, or prefill_done's cached_tokens) has what an LRU cache lost before that block dropped from its predictions and its capacity shrunk.",
+  }),
+  setting({
     key: "route.admission",
     flag: "admission",
     type: oneOf(ADMISSION_MODES),
@@ -511,6 +570,62 @@ export const SETTINGS: readonly Setting[] = [
     type: integer(1, 1_000_000),
     default: 32,
     help: "Answers (with a predicted hit) that the observed-hit check averages over; also the fewest it judges on.",
+  }),
+  setting({
+    key: "proxy.connect_timeout_ms",
+    flag: "connect-timeout-ms",
+    type: integer(1, HOUR_MS),
+    default: 5_000,
+    help: "Longest wait for a connection to an engine; past it the next candidate is tried (nothing was sent). 5 s is Envoy's default connect timeout.",
+  }),
+  setting({
+    key: "proxy.first_byte_timeout_ms",
+    flag: "first-byte-timeout-ms",
+    type: integer(1, 24 * HOUR_MS),
+    default: 600_000,
+    help: "Longest wait, once connected, for the engine's answer to begin; past it the client gets 504 and the engine connection is closed (the request is never sent elsewhere). A plain (not streamed) answer begins only when it is complete. 600 s is the OpenAI Python client's default timeout.",
+  }),
+  setting({
+    key: "proxy.idle_timeout_ms",
+    flag: "idle-timeout-ms",
+    type: integer(1, 24 * HOUR_MS),
+    default: 300_000,
+    help: "Longest pause in an engine's answer once it has begun (a queue or a long prefill before the first token included); past it the client's stream is cut and the engine connection closed. 300 s is the idle timeout Bun's fetch applied before kvedge had its own.",
+  }),
+  setting({
+    key: "proxy.upstream_connections",
+    flag: "upstream-connections",
+    type: integer(1, 1_000_000),
+    default: 4096,
+    help: "Engine connections open at once, over all engines (one per proxied request in flight; each client stream also holds one file descriptor, two behind route lanes). Past it requests wait in a queue as deep, up to proxy.upstream_queue_timeout_ms, then get 503 with Retry-After.",
+  }),
+  setting({
+    key: "proxy.upstream_queue_timeout_ms",
+    flag: "upstream-queue-timeout-ms",
+    type: integer(1, HOUR_MS),
+    default: 5_000,
+    help: "Longest wait for a free engine connection (proxy.upstream_connections) before 503; as HAProxy's queue timeout, it defaults to the connect timeout's default.",
+  }),
+  setting({
+    key: "proxy.max_prompt_tokens",
+    flag: "max-prompt-tokens",
+    type: integer(1, 4_000_000),
+    default: 1_048_576,
+    help: "Largest prompt proxied, in tokens (the longest contexts served today are about 1M tokens); a larger one gets 400.",
+  }),
+  setting({
+    key: "proxy.max_prompt_bytes",
+    flag: "max-prompt-bytes",
+    type: integer(1024, 1024 * MIB),
+    default: 8 * MIB,
+    help: "Largest prompt text kvedge tokenizes, in UTF-8 bytes (a completions prompt, or a chat as its template renders it); a larger one gets 400 before it is tokenized.",
+  }),
+  setting({
+    key: "proxy.tokenizer_threads",
+    flag: "tokenizer-threads",
+    type: integer(0, 64),
+    default: 1,
+    help: "Threads that tokenize large prompts (bodies over 16 KiB) and render their chat templates, off the thread that answers routes and health checks; 0 = on that thread (a 4 MB chat then stalls it for about 0.4 s).",
   }),
   setting({
     key: "runtime.cpus",

@@ -2,9 +2,12 @@
  * Engine workers in the configuration: `[[workers]]` tables in the file, or the
  * compact `--workers` / KVEDGE_WORKERS form
  *
- *   ID[:DP]=ENDPOINT[;replay=ENDPOINT][;topic=TOPIC][;http=URL],...
+ *   ID[:DP]=ENDPOINT[;replay=ENDPOINT][;topic=TOPIC][;http=URL][;capacity=BLOCKS],...
  *
  * e.g. `1=tcp://10.0.0.5:5557;replay=tcp://10.0.0.5:5558,2:1=ipc:///run/engine2.sock`.
+ * ENDPOINT `none` (or no `endpoint` in a `[[workers]]` table) is an approximate worker:
+ * an engine that publishes no KV events, whose cache kvedge predicts from its own
+ * decisions (src/route/predictions.ts), at most `capacity_blocks` blocks of it.
  * Endpoints are where kvedge connects: `tcp://HOST:PORT` (HOST a name, an IPv4
  * address or a bracketed IPv6 address) or `ipc:///ABSOLUTE/PATH`. An engine endpoint
  * may instead be `tcp://*:PORT`: kvedge binds it and the engine connects (vLLM's
@@ -17,15 +20,22 @@ import { shown, tomlKind, ValueProblem } from "./values";
 export interface WorkerEntry {
   readonly worker_id: bigint;
   readonly dp_rank: number;
-  /** The engine's PUB socket. */
-  readonly endpoint: string;
+  /** The engine's PUB socket; null for an approximate worker (no KV events). */
+  readonly endpoint: string | null;
   /** The engine's ROUTER socket for replaying missed events, if it has one. */
   readonly replay_endpoint: string | null;
   /** ZMQ subscription prefix; "" = everything. */
   readonly topic: string;
   /** The engine's OpenAI-compatible HTTP server (the proxy forwards there), if given. */
   readonly http_endpoint?: string | null;
+  /** An approximate worker's KV capacity in blocks (else route.predicted_capacity_blocks). */
+  readonly capacity_blocks?: number | null;
 }
+
+/** Most blocks a worker's `capacity_blocks` may say. */
+export const CAPACITY_BLOCKS_MAX = 1 << 30;
+/** The compact form's ENDPOINT of an approximate worker. */
+export const NO_ENDPOINT = "none";
 
 export const WORKER_KEYS = [
   "worker_id",
@@ -34,6 +44,7 @@ export const WORKER_KEYS = [
   "replay_endpoint",
   "topic",
   "http_endpoint",
+  "capacity_blocks",
 ] as const;
 /** A bound on entries from outside input (the config file or one flag). */
 export const WORKER_ENTRIES_MAX = 65_535;
@@ -143,6 +154,21 @@ function workerId(value: unknown): bigint {
   return id;
 }
 
+/** Checks a worker's capacity_blocks (a positive integer of blocks). */
+export function capacityBlocks(value: unknown): number {
+  if (
+    typeof value !== "number" ||
+    !Number.isInteger(value) ||
+    value < 1 ||
+    value > CAPACITY_BLOCKS_MAX
+  ) {
+    throw new ValueProblem(
+      `must be an integer in [1, ${CAPACITY_BLOCKS_MAX}], got ${typeof value === "number" ? value : tomlKind(value)}`,
+    );
+  }
+  return value;
+}
+
 function dpRank(value: unknown): number {
   if (typeof value !== "number" || !Number.isInteger(value) || value < 0 || value > DP_RANK_MAX) {
     throw new ValueProblem(
@@ -204,11 +230,13 @@ export function workersFromToml(
       return value;
     };
     if (fields.worker_id === undefined) throw new WorkerProblem(where, "worker_id", "is required");
-    if (fields.endpoint === undefined) throw new WorkerProblem(where, "endpoint", "is required");
     return {
       worker_id: field("worker_id", workerId),
       dp_rank: fields.dp_rank === undefined ? 0 : field("dp_rank", dpRank),
-      endpoint: field("endpoint", (v) => checkEndpoint(text(v), true)),
+      endpoint:
+        fields.endpoint === undefined
+          ? null
+          : field("endpoint", (v) => checkEndpoint(text(v), true)),
       replay_endpoint:
         fields.replay_endpoint === undefined
           ? null
@@ -217,6 +245,9 @@ export function workersFromToml(
       ...(fields.http_endpoint === undefined
         ? {}
         : { http_endpoint: field("http_endpoint", (v) => checkHttpEndpoint(text(v))) }),
+      ...(fields.capacity_blocks === undefined
+        ? {}
+        : { capacity_blocks: field("capacity_blocks", capacityBlocks) }),
     } satisfies WorkerEntry;
   });
   checkDuplicates(entries, (index) => `[[workers]] entry ${index + 1}`);
@@ -244,42 +275,61 @@ export function workersFromText(value: string, origin: string): WorkerEntry[] {
       throw new WorkerProblem(
         where,
         null,
-        "must be ID[:DP]=ENDPOINT[;replay=ENDPOINT][;topic=TOPIC][;http=URL]",
+        "must be ID[:DP]=ENDPOINT|none[;replay=ENDPOINT][;topic=TOPIC][;http=URL][;capacity=BLOCKS]",
       );
     const [idText, rankText, ...extra] = item.slice(0, equals).split(":");
     if (extra.length > 0) throw new WorkerProblem(where, null, "has more than one ':' before '='");
     const [endpoint, ...options] = item.slice(equals + 1).split(";");
-    let replay: string | null = null;
-    let topic = "";
-    let http: string | null = null;
-    for (const option of options) {
-      const at = option.indexOf("=");
-      const name = at < 0 ? option : option.slice(0, at);
-      const optionValue = at < 0 ? "" : option.slice(at + 1);
-      if (name === "replay") replay = wrap("replay_endpoint", () => checkEndpoint(optionValue));
-      else if (name === "topic") topic = optionValue;
-      else if (name === "http") http = wrap("http_endpoint", () => checkHttpEndpoint(optionValue));
-      else
-        throw new WorkerProblem(
-          where,
-          null,
-          `has an unknown option ${shown(name)} (valid: replay=, topic=, http=)`,
-        );
-    }
+    const extraOptions = compactOptions(options, where, wrap);
     return {
       worker_id: wrap("worker_id", () => workerId(idText)),
       dp_rank:
         rankText === undefined
           ? 0
           : wrap("dp_rank", () => dpRank(/^\d+$/.test(rankText) ? Number(rankText) : rankText)),
-      endpoint: wrap("endpoint", () => checkEndpoint(endpoint!, true)),
-      replay_endpoint: replay,
-      topic,
-      ...(http === null ? {} : { http_endpoint: http }),
+      endpoint:
+        endpoint === NO_ENDPOINT ? null : wrap("endpoint", () => checkEndpoint(endpoint!, true)),
+      ...extraOptions,
     } satisfies WorkerEntry;
   });
   checkDuplicates(entries, (index) => `${origin} entry ${index + 1}`);
   return entries;
+}
+
+/** The `;name=value` options of one compact entry. */
+function compactOptions(
+  options: readonly string[],
+  where: string,
+  wrap: <T>(key: string | null, read: () => T) => T,
+): Pick<WorkerEntry, "replay_endpoint" | "topic" | "http_endpoint" | "capacity_blocks"> {
+  let replay: string | null = null;
+  let topic = "";
+  let http: string | null = null;
+  let capacity: number | null = null;
+  for (const option of options) {
+    const at = option.indexOf("=");
+    const name = at < 0 ? option : option.slice(0, at);
+    const value = at < 0 ? "" : option.slice(at + 1);
+    if (name === "replay") replay = wrap("replay_endpoint", () => checkEndpoint(value));
+    else if (name === "topic") topic = value;
+    else if (name === "http") http = wrap("http_endpoint", () => checkHttpEndpoint(value));
+    else if (name === "capacity")
+      capacity = wrap("capacity_blocks", () =>
+        capacityBlocks(/^\d+$/.test(value) ? Number(value) : value),
+      );
+    else
+      throw new WorkerProblem(
+        where,
+        null,
+        `has an unknown option ${shown(name)} (valid: replay=, topic=, http=, capacity=)`,
+      );
+  }
+  return {
+    replay_endpoint: replay,
+    topic,
+    ...(http === null ? {} : { http_endpoint: http }),
+    ...(capacity === null ? {} : { capacity_blocks: capacity }),
+  };
 }
 
 function checkDuplicates(entries: readonly WorkerEntry[], name: (index: number) => string): void {

@@ -21,12 +21,20 @@ import {
   type SourcePosition,
   type SourceState,
 } from "../ingest/source";
-import { CandidateList, PromptHasher, type RouteDecision, Router } from "../route";
+import {
+  CandidateList,
+  PromptHasher,
+  type RouteDecision,
+  Router,
+  type RouterOptions,
+} from "../route";
 import type { PromptHashes } from "../route/input";
 import { Admission } from "../route/admission";
 import { bufferBudget } from "../util/buffer-budget";
 import type { LifecycleResult } from "../route/load";
-import { ObservedHits, type ObservedHitsView } from "./observed-hits";
+import { type CachedReport, ObservedHits, type ObservedHitsView } from "./observed-hits";
+import { DEFAULT_PREDICTED_MAX_BLOCKS, Predictions } from "../route/predictions";
+import { OVERLAP_KINDS, type OverlapKind, overlapKindOf } from "../route/router";
 import type { Logger } from "../util/log";
 import type { ZmtpOptions } from "../wire/zmtp";
 import { BUDGET_REFUSAL, budgetedWriter } from "../ingest/budgeted-writer";
@@ -40,6 +48,8 @@ export interface MatchScore {
   readonly workerId: bigint;
   readonly dpRank: number;
   readonly blocks: number;
+  /** What the blocks rest on: the engine's events, kvedge's predictions, or events it lost. */
+  readonly kind: OverlapKind;
 }
 
 export interface RouteInput {
@@ -105,6 +115,10 @@ export interface WorkerView {
   readonly eventLagMs: number | null;
   /** The engine's OpenAI-compatible server (where the proxy forwards), if configured. */
   readonly httpEndpoint: string | null;
+  /** exact: known from its KV events; approximate: predicted from kvedge's own decisions. */
+  readonly mode: "exact" | "approximate";
+  /** An approximate worker's predictions: blocks predicted and the capacity they are held to (null: unknown, TTL). */
+  readonly predicted: { readonly blocks: number; readonly capacityBlocks: number | null } | null;
   readonly observed: ObservedHitsView;
   readonly times: WorkerTimes;
 }
@@ -154,6 +168,8 @@ export class KvedgeCore {
   private ownSource: (EngineSource | undefined)[] = [];
   /** Predicted vs observed cached tokens per worker (fed by the proxy); a persistent gap is distrusted like lost events. */
   readonly observedHits: ObservedHits;
+  /** What approximate workers (no event endpoint) are predicted to cache, in the index (src/route/predictions.ts). */
+  readonly predictions: Predictions;
   /** Per (worker, dp rank) key: the engine's OpenAI server, where the proxy forwards. */
   private readonly httpEndpoints = new Map<string, string>();
   /** Over every decision: prompt tokens, and those the chosen worker was predicted to hold (the status page's hit rate). */
@@ -189,31 +205,7 @@ export class KvedgeCore {
     this.writer = this.budgetedWriter(
       (this.writes = new WritePause(this.index, HELD_WRITES_BYTES)),
     );
-    this.router = new Router({
-      workers: this.workerTable,
-      blockSize: this.blockSize,
-      requestTtlMs: config.route.request_ttl_secs * 1000,
-      maxActiveRequests: config.route.max_active_requests,
-      trackOutputBlocks: config.route.track_output_blocks,
-      policy: config.route.policy,
-      calibrate: config.route.calibrate,
-      ttft: {
-        prefillTokensPerSecond: config.route.prefill_tokens_per_sec,
-        stepBaseMs: config.route.step_base_ms,
-        kvReadMsPerMillionTokens: config.route.kv_read_ms_per_million_tokens,
-        maxBatchedTokens: config.route.max_batched_tokens,
-        recomputeWeight: config.route.recompute_weight,
-      },
-      weights: {
-        overlapScoreCredit: config.route.overlap_score_credit,
-        overlapScoreCreditDecay: config.route.overlap_score_credit_decay,
-        prefillLoadScale: config.route.prefill_load_scale,
-        decodeActiveRequestWeight: config.route.decode_active_request_weight,
-        temperature: config.route.temperature,
-        degradedOverlapWeight: config.route.degraded_overlap_weight,
-      },
-      ...(options.random === undefined ? {} : { random: options.random }),
-    });
+    this.router = new Router(routerOptionsOf(config, this.workerTable, options.random));
     this.admission = new Admission<RouteCall>(
       {
         mode: config.route.admission,
@@ -236,6 +228,7 @@ export class KvedgeCore {
       () => performance.now(),
     );
     this.zmtp = zmtpOptionsOf(config.ingest);
+    this.predictions = predictionsOf(config, this.writer, this.blockSize);
     this.observedHits = new ObservedHits({
       floor: config.proxy.observed_hit_floor,
       window: config.proxy.observed_window,
@@ -299,6 +292,7 @@ export class KvedgeCore {
         workerId: this.workerTable.workerIdOf(slot),
         dpRank: this.workerTable.dpRankOf(slot),
         blocks: this.matches.blocks[i]!,
+        kind: this.overlapKindOf(slot),
       });
     }
     return scores.sort(
@@ -307,6 +301,15 @@ export class KvedgeCore {
         (a.workerId < b.workerId ? -1 : a.workerId > b.workerId ? 1 : 0) ||
         a.dpRank - b.dpRank,
     );
+  }
+
+  /** exact, approximate or degraded: what a slot's overlap rests on. */
+  overlapKindOf(slot: number): OverlapKind {
+    const load = this.router.load;
+    load.syncSlots();
+    return OVERLAP_KINDS[
+      slot < load.slotCapacity && load.live[slot] === 1 ? overlapKindOf(load, slot) : 0
+    ]!;
   }
 
   /**
@@ -318,9 +321,19 @@ export class KvedgeCore {
   /** Picks a worker now, whatever admission says; the decision's candidates are valid until the next call. */
   route(input: RouteInput, candidatesMax: number): RouteOutcome {
     const started = this.onDecision === null ? 0 : performance.now();
-    const { request, overlaps, blockCount } = this.routeRequest(input, candidatesMax);
+    const { request, overlaps, blockCount, prompt } = this.routeRequest(input, candidatesMax);
     const decision = this.router.route(request, overlaps, this.candidates);
     this.onDecision?.((performance.now() - started) / 1000);
+    this.predictions.routed(
+      decision.requestId,
+      decision.slot,
+      prompt.local,
+      prompt.chain,
+      blockCount,
+      input.tokens.length,
+      decision.overlapBlocks,
+      decision.creditedBlocks,
+    );
     const totals = this.routeTotals;
     totals.decisions++;
     totals.promptTokens += input.tokens.length;
@@ -382,16 +395,40 @@ export class KvedgeCore {
     if (call.input.requestId !== null) this.heldIds.delete(call.input.requestId);
   }
 
-  prefillDone(requestId: string): LifecycleResult {
+  /**
+   * The request's first token. `cachedTokens`, when the caller knows it (the engine's
+   * `usage.prompt_tokens_details.cached_tokens`), corrects an approximate worker's
+   * predictions before its prompt joins them.
+   */
+  prefillDone(requestId: string, cachedTokens: number | null = null): LifecycleResult {
     const result = this.router.load.prefillDone(requestId);
+    this.predictions.prefillDone(requestId, cachedTokens);
     this.admission.release();
     return result;
   }
 
   done(requestId: string): LifecycleResult {
     const result = this.router.load.done(requestId);
+    this.predictions.done(requestId);
     this.admission.release();
     return result;
+  }
+
+  /**
+   * An engine's answer reported its cached prompt tokens (`report`: a count, none, or one
+   * that cannot be true) where `predicted` were expected: the observed-hit check, and,
+   * with the count it judged by, the correction of an approximate worker's predictions.
+   */
+  recordAnswer(
+    requestId: string,
+    workerId: bigint,
+    dpRank: number,
+    promptTokens: number,
+    predicted: number,
+    report: CachedReport,
+  ): void {
+    const observed = this.observedHits.record(workerId, dpRank, promptTokens, predicted, report);
+    if (observed !== null) this.predictions.observed(requestId, observed);
   }
 
   /**
@@ -402,7 +439,18 @@ export class KvedgeCore {
   moveRequest(requestId: string, input: RouteInput, slot: number, overlapBlocks: number): void {
     const load = this.router.load;
     load.done(requestId);
+    this.predictions.done(requestId);
     const prompt = this.hash(input.tokens, input.loraName, input.cacheSalt);
+    this.predictions.routed(
+      requestId,
+      slot,
+      prompt.local,
+      prompt.chain,
+      prompt.blockCount,
+      input.tokens.length,
+      overlapBlocks,
+      overlapBlocks,
+    );
     load.admit(
       requestId,
       slot,
@@ -432,7 +480,7 @@ export class KvedgeCore {
       temperature: input.temperature,
       candidatesMax,
     };
-    return { request, overlaps, blockCount: prompt.blockCount };
+    return { request, overlaps, blockCount: prompt.blockCount, prompt };
   }
 
   /** Matches by identity into this table's slots; workers not known here are left out. */
@@ -491,7 +539,6 @@ export class KvedgeCore {
 
   // ---- Workers ----
 
-  /** Adds an engine and starts listening to it; `worker_exists` if (worker, dp rank) already has a source. */
   /** A worker endpoint naming a wildcard address: 403 unless ingest.allow_wildcard_endpoints. */
   private refuseWildcard(entry: WorkerEntry): void {
     if (this.options.config.ingest.allow_wildcard_endpoints) return;
@@ -500,21 +547,87 @@ export class KvedgeCore {
       throw new KvedgeError("forbidden", problem.message, { param: problem.field });
   }
 
-  async addWorker(entry: WorkerEntry): Promise<void> {
+  /**
+   * Adds an engine: with an event endpoint, starts listening to it (exact); without
+   * one, predicts its cache from kvedge's decisions (approximate). A worker that exists
+   * in the other mode moves to this one (its load stays; its index slot starts over);
+   * `worker_exists` if it exists in this mode already.
+   */
+  async addWorker(entry: WorkerEntry): Promise<"added" | "switched"> {
     if (this.stopped) throw new KvedgeError("shutting_down", "kvedge is shutting down");
-    const table = this.workerTable;
-    const known = table.find(entry.worker_id, entry.dp_rank);
-    if (known >= 0 && this.ownSource[known] !== undefined) {
+    const known = this.workerTable.find(entry.worker_id, entry.dp_rank);
+    const approximate = known >= 0 && this.predictions.isApproximate(known);
+    const exact = known >= 0 && this.ownSource[known] !== undefined;
+    if ((entry.endpoint === null && approximate) || (entry.endpoint !== null && exact)) {
       throw new KvedgeError(
         "worker_exists",
         `worker ${entry.worker_id} dp_rank ${entry.dp_rank} already exists`,
       );
     }
     this.refuseWildcard(entry);
+    if (entry.endpoint === null) {
+      if (this.options.writer !== undefined) {
+        throw new KvedgeError(
+          "unsupported",
+          "approximate workers (no event endpoint) need runtime.index_threads = 0: predictions are written on the main thread",
+        );
+      }
+      if (exact) await this.stopOwnSource(known);
+      this.addApproximate(entry);
+      return exact ? "switched" : "added";
+    }
+    if (!approximate) {
+      await this.addExact(entry, entry.endpoint, known);
+      return "added";
+    }
+    const capacity = this.predictions.blocks.configuredOf(known);
+    this.leaveApproximate(known);
+    try {
+      await this.addExact(entry, entry.endpoint, known);
+    } catch (error) {
+      this.addApproximate({ ...entry, endpoint: null, capacity_blocks: capacity });
+      throw error;
+    }
+    return "switched";
+  }
+
+  /** An engine without events: its slot's blocks are kvedge's predictions from now on. */
+  private addApproximate(entry: WorkerEntry): void {
+    const slot = this.router.load.addWorker(entry.worker_id, entry.dp_rank);
+    // Nothing the slot held (a snapshot, its events as an exact worker) is known any more.
+    this.writer.clearAt(slot);
+    this.predictions.enable(slot, entry.capacity_blocks ?? null);
+    this.router.load.setApproximate(slot, true);
+    if (entry.http_endpoint != null)
+      this.httpEndpoints.set(positionKey(entry.worker_id, entry.dp_rank), entry.http_endpoint);
+    this.refreshDegraded(slot);
+    this.log.info("approximate worker added", {
+      worker_id: entry.worker_id,
+      dp_rank: entry.dp_rank,
+      capacity_blocks: this.predictions.blocks.capacityOf(slot),
+    });
+  }
+
+  /** An approximate worker becomes exact: its predictions leave the index (its events rebuild it). */
+  private leaveApproximate(slot: number): void {
+    this.predictions.disable(slot);
+    this.router.load.setApproximate(slot, false);
+  }
+
+  /** Stops the source of exactly this slot (the worker becomes approximate); its index slot is cleared next. */
+  private async stopOwnSource(slot: number): Promise<void> {
+    const source = this.ownSource[slot]!;
+    this.sources.delete(source);
+    this.ownSource[slot] = undefined;
+    this.incomplete.delete(slot);
+    await source.stop();
+  }
+
+  private async addExact(entry: WorkerEntry, endpoint: string, known: number): Promise<void> {
     const config = {
       workerId: entry.worker_id,
       dpRank: entry.dp_rank,
-      endpoint: entry.endpoint,
+      endpoint,
       replayEndpoint: entry.replay_endpoint,
       topic: entry.topic,
     };
@@ -578,6 +691,7 @@ export class KvedgeCore {
     }
     await Promise.all(stopping);
     const slots = this.workerTable.slotsOf(workerId);
+    for (const slot of slots) this.predictions.disable(slot);
     // The index lets go of the slots first: a slot is freed only once nothing names it.
     this.writes.settle(); // a change that does not wait for a copy in progress
     // (With a writer thread, its index and its own slots go when this record arrives;
@@ -634,6 +748,13 @@ export class KvedgeCore {
         lostBatches: source?.sequencer.counters.lost ?? 0,
         eventLagMs: lagOf(source),
         httpEndpoint: this.httpEndpointOf(load.workerId, load.dpRank),
+        mode: this.predictions.isApproximate(load.slot) ? "approximate" : "exact",
+        predicted: this.predictions.isApproximate(load.slot)
+          ? {
+              blocks: this.predictions.blocks.heldBy(load.slot),
+              capacityBlocks: this.predictions.blocks.capacityOf(load.slot),
+            }
+          : null,
         observed: this.observedHits.view(load.workerId, load.dpRank),
         times: this.timesOf(load.slot),
       });
@@ -680,10 +801,12 @@ export class KvedgeCore {
     return (
       this.sourceOf(slot)?.degraded === true ||
       this.incomplete.has(slot) ||
-      this.observedHits.isSuspect(
-        this.workerTable.workerIdOf(slot),
-        this.workerTable.dpRankOf(slot),
-      )
+      // An approximate worker's shortfalls correct its predictions instead.
+      (!this.predictions.isApproximate(slot) &&
+        this.observedHits.isSuspect(
+          this.workerTable.workerIdOf(slot),
+          this.workerTable.dpRankOf(slot),
+        ))
     );
   }
 
@@ -762,6 +885,61 @@ export class KvedgeCore {
     const loadSlot = this.router.load.slotOf(workerId, this.workerTable.dpRankOf(slot));
     if (loadSlot >= 0) this.router.load.setDegraded(loadSlot, this.distrusted(slot));
   }
+}
+
+/** The router as configured, on the core's worker numbering. */
+function routerOptionsOf(
+  config: Config,
+  workers: WorkerTable,
+  random: (() => number) | undefined,
+): RouterOptions {
+  const route = config.route;
+  return {
+    workers,
+    blockSize: config.index.block_size,
+    requestTtlMs: route.request_ttl_secs * 1000,
+    maxActiveRequests: route.max_active_requests,
+    trackOutputBlocks: route.track_output_blocks,
+    policy: route.policy,
+    calibrate: route.calibrate,
+    pendingCredit: route.pending_credit,
+    pendingRecomputeWeight: route.pending_recompute_weight,
+    ttft: {
+      prefillTokensPerSecond: route.prefill_tokens_per_sec,
+      stepBaseMs: route.step_base_ms,
+      kvReadMsPerMillionTokens: route.kv_read_ms_per_million_tokens,
+      maxBatchedTokens: route.max_batched_tokens,
+      recomputeWeight: route.recompute_weight,
+    },
+    weights: {
+      overlapScoreCredit: route.overlap_score_credit,
+      overlapScoreCreditDecay: route.overlap_score_credit_decay,
+      prefillLoadScale: route.prefill_load_scale,
+      decodeActiveRequestWeight: route.decode_active_request_weight,
+      temperature: route.temperature,
+      degradedOverlapWeight: route.degraded_overlap_weight,
+    },
+    ...(random === undefined ? {} : { random }),
+  };
+}
+
+/** Predictions for approximate workers, written through the core's budgeted writer. */
+function predictionsOf(config: Config, writer: KvEventWriter, blockSize: number): Predictions {
+  const route = config.route;
+  return new Predictions(
+    writer,
+    {
+      blockSize,
+      predictAt: route.predict_at,
+      capacityBlocks: route.predicted_capacity_blocks,
+      ttlMs: route.predicted_ttl_secs * 1000,
+      maxBlocks: DEFAULT_PREDICTED_MAX_BLOCKS,
+      requestTtlMs: route.request_ttl_secs * 1000,
+      maxPending: route.max_active_requests,
+      correct: route.predicted_correction,
+    },
+    () => performance.now(),
+  );
 }
 
 /** The ZMTP settings of every engine connection. */

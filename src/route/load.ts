@@ -147,6 +147,8 @@ export class LoadTracker {
   activeRequests = new Uint32Array(0);
   routedTotal = new Float64Array(0);
   degraded = new Uint8Array(0);
+  /** 1 for an approximate worker: its overlap is kvedge's prediction, not the engine's events. */
+  approximate = new Uint8Array(0);
   /** The worker numbering: which slots are live, and who they are. */
   readonly table: WorkerTable;
   /** Told the first prefill_done of each request (its record, slot, and ms since admission): calibration. */
@@ -259,6 +261,7 @@ export class LoadTracker {
     );
     assert(this.activeDecodeBlocks[slot] === 0, "blocks left on a removed worker");
     this.degraded[slot] = 0;
+    this.approximate[slot] = 0;
     this.routedTotal[slot] = 0;
     this.table.release(slot);
     return true;
@@ -272,6 +275,13 @@ export class LoadTracker {
     this.assertLive(slot);
     this.syncSlots();
     this.degraded[slot] = degraded ? 1 : 0;
+  }
+
+  /** Marks a worker approximate (no event stream: its overlap is predicted) or exact. */
+  setApproximate(slot: number, approximate: boolean): void {
+    this.assertLive(slot);
+    this.syncSlots();
+    this.approximate[slot] = approximate ? 1 : 0;
   }
 
   /** Every live worker's load (allocates: for scrapes and status, not the hot path). */
@@ -588,5 +598,6 @@ export class LoadTracker {
     this.activeRequests = grow(this.activeRequests, (n) => new Uint32Array(n));
     this.routedTotal = grow(this.routedTotal, (n) => new Float64Array(n));
     this.degraded = grow(this.degraded, (n) => new Uint8Array(n));
+    this.approximate = grow(this.approximate, (n) => new Uint8Array(n));
   }
 }

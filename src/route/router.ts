@@ -77,6 +77,20 @@ export interface RouterOptions extends LoadTrackerOptions {
   readonly ttft?: Partial<TtftSettings>;
   /** Learn each worker's prefill speed and step cost from its lifecycle timings (./calibration.ts). */
   readonly calibrate?: boolean;
+  /**
+   * Credit a worker with the blocks of its active requests (routed, not done) as cached
+   * for a new request sharing them: vLLM pins a running request's blocks, and a request
+   * queued there computes them before a later one (default true; ./README.md; see
+   * docs/decisions.md#pending-credit).
+   */
+  readonly pendingCredit?: boolean;
+  /**
+   * ttft policy: the recompute charge per ms of prefill that is only pending on another
+   * worker (a burst's prefix in flight there), instead of `recomputeWeight`: a burst
+   * stays on its holder until that queue is about this many times the prefix's prefill,
+   * then spreads to another worker, which computes the prefix once more (default 2).
+   */
+  readonly pendingRecomputeWeight?: number;
   /** Uniform in [0, 1); injectable for tests. */
   readonly random?: () => number;
 }
@@ -118,6 +132,10 @@ export interface Candidate {
   readonly dpRank: number;
   /** Blocks the index says the worker holds (before any degraded discount). */
   readonly overlapBlocks: number;
+  /** What the overlap rests on: the engine's events, kvedge's predictions, or events it lost. */
+  readonly overlapKind: OverlapKind;
+  /** Blocks of the prompt the worker's active requests cover. */
+  readonly pendingBlocks: number;
   readonly cost: number;
   readonly degraded: boolean;
   readonly activePrefillTokens: number;
@@ -139,11 +157,28 @@ export interface RouteDecision {
   readonly workerId: bigint;
   readonly dpRank: number;
   readonly overlapBlocks: number;
+  /** Blocks of this prompt the chosen worker's active requests cover (credited when pending credit is on). */
+  readonly pendingBlocks: number;
+  /** Blocks counted as cached on the chosen worker: the (trusted) overlap or the pending blocks. */
+  readonly creditedBlocks: number;
   readonly cost: number;
   /** The chosen worker's predicted time to first token (ms). */
   readonly predictedTtftMs: number;
   readonly candidates: CandidateList;
 }
+
+/** What a worker's overlap rests on (route answers and /v1/match say it per worker). */
+export const OVERLAP_KINDS = ["exact", "approximate", "degraded"] as const;
+export type OverlapKind = (typeof OVERLAP_KINDS)[number];
+
+/** A slot's overlap kind as its index in OVERLAP_KINDS: degraded first, then approximate. */
+export function overlapKindOf(load: LoadTracker, slot: number): number {
+  return load.degraded[slot] === 1 ? 2 : load.approximate[slot] === 1 ? 1 : 0;
+}
+
+/** Measured on the burst workload (bench/burst.ts; src/route/README.md). */
+export const DEFAULT_PENDING_RECOMPUTE_WEIGHT = 2;
+const NO_MAXIMA = { cachedMax: 0, creditedMax: 0 } as const;
 
 const NO_I32 = new Int32Array(0);
 const NO_U32 = new Uint32Array(0);
@@ -165,6 +200,9 @@ export class CandidateList {
   readonly workerIds: bigint[] = [];
   dpRanks = NO_U32;
   overlapBlocks = NO_F64;
+  /** Index in OVERLAP_KINDS. */
+  overlapKinds = NO_U8;
+  pendingBlocks = NO_F64;
   costs = NO_F64;
   degraded = NO_U8;
   activePrefillTokens = NO_F64;
@@ -184,6 +222,8 @@ export class CandidateList {
       workerId: this.workerIds[i]!,
       dpRank: this.dpRanks[i]!,
       overlapBlocks: this.overlapBlocks[i]!,
+      overlapKind: OVERLAP_KINDS[this.overlapKinds[i]!]!,
+      pendingBlocks: this.pendingBlocks[i]!,
       cost: this.costs[i]!,
       degraded: this.degraded[i] === 1,
       activePrefillTokens: this.activePrefillTokens[i]!,
@@ -207,6 +247,8 @@ export class CandidateList {
     this.slots = new Int32Array(capacity);
     this.dpRanks = new Uint32Array(capacity);
     this.overlapBlocks = new Float64Array(capacity);
+    this.overlapKinds = new Uint8Array(capacity);
+    this.pendingBlocks = new Float64Array(capacity);
     this.costs = new Float64Array(capacity);
     this.degraded = new Uint8Array(capacity);
     this.activePrefillTokens = new Float64Array(capacity);
@@ -230,6 +272,11 @@ export class Router {
   readonly ttft: TtftSettings;
   /** Null when calibration is off: every worker is predicted with the configured constants. */
   readonly calibration: Calibration | null;
+  /** Active requests' blocks count as cached for a request sharing them (RouterOptions.pendingCredit). */
+  readonly pendingCredit: boolean;
+  /** The recompute charge of blocks only pending elsewhere (RouterOptions.pendingRecomputeWeight). */
+  readonly pendingRecomputeWeight: number;
+  private readonly maxima = { cachedMax: 0, creditedMax: 0 };
   private readonly random: () => number;
   // Scratch, by slot, reused by every decision.
   private overlapBySlot = new Float64Array(0);
@@ -258,6 +305,14 @@ export class Router {
       this.load.prefillObserver = (record, slot, elapsedMs) =>
         calibration.observe(record, slot, elapsedMs);
     this.random = options.random ?? Math.random;
+    this.pendingCredit = options.pendingCredit ?? true;
+    // Never above the recompute weight itself (a pending block is no dearer than a cached one).
+    this.pendingRecomputeWeight = Math.min(
+      this.ttft.recomputeWeight,
+      options.pendingRecomputeWeight ?? DEFAULT_PENDING_RECOMPUTE_WEIGHT,
+    );
+    if (!(this.pendingRecomputeWeight >= 0))
+      throw new RangeError("pendingRecomputeWeight must be a number >= 0");
   }
 
   /**
@@ -271,10 +326,7 @@ export class Router {
     const load = this.load;
     const tokenCount = request.tokenCount;
     const overlap = this.overlapBySlot;
-    const held =
-      load.degraded[best] === 1
-        ? overlap[best]! * this.weights.degradedOverlapWeight
-        : overlap[best]!;
+    const held = this.creditedBlocks(best);
     const cachedTokens = Math.min(tokenCount, Math.round(held * load.blockSize));
     const max = request.candidatesMax ?? 0;
     // No list given: a fresh one, or with no candidates asked for, the shared empty one.
@@ -307,10 +359,24 @@ export class Router {
       workerId: load.workerIdOf(best),
       dpRank: load.dpRanks[best]!,
       overlapBlocks: overlap[best]!,
+      pendingBlocks: this.depthBySlot[best]!,
+      creditedBlocks: held,
       cost: this.costBySlot[best]!,
       predictedTtftMs,
       candidates,
     };
+  }
+
+  /**
+   * Blocks of the request being decided that count as cached on `slot`: its overlap
+   * (discounted when degraded), or, with pending credit, the blocks its active requests
+   * cover if more (kvedge's own knowledge, whatever the engine's stream says).
+   */
+  private creditedBlocks(slot: number): number {
+    const overlap = this.overlapBySlot[slot]!;
+    const trusted =
+      this.load.degraded[slot] === 1 ? overlap * this.weights.degradedOverlapWeight : overlap;
+    return this.pendingCredit ? Math.max(trusted, this.depthBySlot[slot]!) : trusted;
   }
 
   /**
@@ -455,6 +521,8 @@ export class Router {
     const degraded = load.degraded;
     const blockSize = load.blockSize;
     const overlap = this.overlapBySlot;
+    const pending = this.depthBySlot;
+    const pendingCredit = this.pendingCredit;
     const degradedWeight = this.weights.degradedOverlapWeight;
     const costs = this.costBySlot;
     const predicted = this.ttftBySlot;
@@ -468,10 +536,17 @@ export class Router {
     const stepBaseMs = times.stepBaseMs;
     const speedFactor = calibration?.speedFactor;
     const stepFactor = calibration?.stepFactor;
+    // Blocks cached somewhere, and credited somewhere (cached or pending): recomputing
+    // what is only pending elsewhere is charged at the pending weight (see below).
+    const pendingRelief = pendingCredit ? weight - this.pendingRecomputeWeight : 0;
+    const { cachedMax, creditedMax } = pendingRelief > 0 ? this.creditedMaxima() : NO_MAXIMA;
     for (let i = 0; i < load.liveCount; i++) {
       const slot = slots[i]!;
       const trusted = degraded[slot] === 1 ? overlap[slot]! * degradedWeight : overlap[slot]!;
-      const cached = Math.min(tokenCount, trusted * blockSize);
+      const held = pendingCredit && pending[slot]! > trusted ? pending[slot]! : trusted;
+      const cached = Math.min(tokenCount, held * blockSize);
+      const slotPrefillPerMs =
+        calibration === null ? prefillPerMs : calibration.prefillPerMs * speedFactor![slot]!;
       predicted[slot] = predictTtft(
         ttft,
         parts,
@@ -482,11 +557,39 @@ export class Router {
         active[slot]!,
         decode[slot]!,
         blockSize,
-        calibration === null ? prefillPerMs : calibration.prefillPerMs * speedFactor![slot]!,
+        slotPrefillPerMs,
         calibration === null ? stepBaseMs : calibration.stepBaseMs * stepFactor![slot]!,
       );
       costs[slot] = predicted[slot]! + weight * parts.prefillMs[slot]!;
+      if (pendingRelief > 0) {
+        const onlyPending =
+          Math.min(creditedMax * blockSize, tokenCount) - Math.max(cachedMax, held) * blockSize;
+        if (onlyPending > 0) costs[slot]! -= (pendingRelief * onlyPending) / slotPrefillPerMs;
+      }
     }
+  }
+
+  /**
+   * Over the live slots: the most blocks of the request cached on one worker (trusted
+   * overlap), and the most credited on one (cached or pending).
+   */
+  private creditedMaxima(): { cachedMax: number; creditedMax: number } {
+    const load = this.load;
+    const overlap = this.overlapBySlot;
+    const pending = this.depthBySlot;
+    const degradedWeight = this.weights.degradedOverlapWeight;
+    let cachedMax = 0;
+    let creditedMax = 0;
+    for (let i = 0; i < load.liveCount; i++) {
+      const slot = load.liveSlots[i]!;
+      const trusted = load.degraded[slot] === 1 ? overlap[slot]! * degradedWeight : overlap[slot]!;
+      if (trusted > cachedMax) cachedMax = trusted;
+      const held = pending[slot]! > trusted ? pending[slot]! : trusted;
+      if (held > creditedMax) creditedMax = held;
+    }
+    this.maxima.cachedMax = cachedMax;
+    this.maxima.creditedMax = creditedMax;
+    return this.maxima;
   }
 
   /**
@@ -499,10 +602,7 @@ export class Router {
     const ttft = this.ttft;
     const calibration = this.calibration;
     const uniform = this.uniformTimes;
-    const overlap = this.overlapBySlot[slot]!;
-    const degradedWeight = this.weights.degradedOverlapWeight;
-    const trusted = load.degraded[slot] === 1 ? overlap * degradedWeight : overlap;
-    const cached = Math.min(tokenCount, trusted * load.blockSize);
+    const cached = Math.min(tokenCount, this.creditedBlocks(slot) * load.blockSize);
     return predictTtft(
       ttft,
       this.parts,
@@ -657,6 +757,8 @@ export class Router {
       list.workerIds[i] = load.workerIdOf(slot);
       list.dpRanks[i] = load.dpRanks[slot]!;
       list.overlapBlocks[i] = this.overlapBySlot[slot]!;
+      list.overlapKinds[i] = overlapKindOf(load, slot);
+      list.pendingBlocks[i] = this.depthBySlot[slot]!;
       list.costs[i] = costs[slot]!;
       list.degraded[i] = load.degraded[slot]!;
       list.activePrefillTokens[i] = load.activePrefillTokens[slot]!;

@@ -6,7 +6,8 @@
  */
 import type { WorkerEntry } from "../config/workers";
 import { checkEndpoint } from "../config";
-import { checkHttpEndpoint } from "../config/workers";
+import { CAPACITY_BLOCKS_MAX, checkHttpEndpoint } from "../config/workers";
+import { OVERLAP_KINDS } from "../route/router";
 import { KvedgeError } from "../domain/errors";
 import type { LifecycleResult } from "../route/load";
 import { REQUEST_ID_LENGTH_MAX } from "../route/load";
@@ -39,6 +40,7 @@ const scoreJson = (score: MatchScore) => ({
   worker_id: score.workerId.toString(),
   dp_rank: score.dpRank,
   blocks: score.blocks,
+  kind: score.kind,
 });
 
 /** POST /v1/match: `{"token_ids":[…], "lora_name"? or "lora_id"?, "cache_salt"?}` or `{"local_hashes":["…"]}`. */
@@ -145,6 +147,8 @@ export function routeAnswer(core: KvedgeCore, { decision, queryBlocks }: RouteOu
       worker_id: core.workerIdTextOf(list.slots[i]!),
       dp_rank: list.dpRanks[i]!,
       overlap_blocks: list.overlapBlocks[i]!,
+      overlap_kind: OVERLAP_KINDS[list.overlapKinds[i]!]!,
+      pending_blocks: list.pendingBlocks[i]!,
       cost: list.costs[i]!,
       degraded: list.degraded[i] === 1,
       active_prefill_tokens: list.activePrefillTokens[i]!,
@@ -173,16 +177,33 @@ export function routeOp(core: KvedgeCore, raw: unknown) {
   return routeAnswer(core, decideRoute(core, raw));
 }
 
-/** POST /v1/requests/{id}/prefill_done and /done: idempotent; unknown id → 404. */
-export function lifecycleOp(core: KvedgeCore, requestId: string, step: "prefill_done" | "done") {
+/** Most cached tokens a prefill_done may report. */
+const CACHED_TOKENS_MAX = 2 ** 31;
+
+/**
+ * POST /v1/requests/{id}/prefill_done and /done: idempotent; unknown id → 404.
+ * prefill_done's optional body `{"cached_tokens": N}` is what the engine served from
+ * its cache (`usage.prompt_tokens_details.cached_tokens`): it corrects an approximate
+ * worker's predictions.
+ */
+export function lifecycleOp(
+  core: KvedgeCore,
+  requestId: string,
+  step: "prefill_done" | "done",
+  raw: unknown = null,
+) {
   if (requestId.length === 0 || requestId.length > REQUEST_ID_LENGTH_MAX) {
     throw new KvedgeError(
       "bad_request",
       `request id must be 1 to ${REQUEST_ID_LENGTH_MAX} characters`,
     );
   }
+  const cached =
+    raw === null || step === "done"
+      ? null
+      : optionalInt(asObject(raw), "cached_tokens", 0, CACHED_TOKENS_MAX);
   const result: LifecycleResult =
-    step === "done" ? core.done(requestId) : core.prefillDone(requestId);
+    step === "done" ? core.done(requestId) : core.prefillDone(requestId, cached);
   if (result === "unknown")
     throw new KvedgeError("unknown_request", `unknown request ${JSON.stringify(requestId)}`);
   return { request_id: requestId, status: result };
@@ -209,9 +230,13 @@ export function workersOp(core: KvedgeCore) {
       lost_batches: view.lostBatches,
       event_lag_ms: view.eventLagMs,
       http_endpoint: view.httpEndpoint,
+      mode: view.mode,
+      predicted_blocks: view.predicted?.blocks ?? null,
+      predicted_capacity_blocks: view.predicted?.capacityBlocks ?? null,
       observed_hits: {
         answers: view.observed.answers,
         answers_without_usage: view.observed.answersWithoutUsage,
+        bad_answers: view.observed.badAnswers,
         prompt_tokens: view.observed.promptTokens,
         predicted_cached_tokens: view.observed.predictedTokens,
         observed_cached_tokens: view.observed.observedTokens,
@@ -235,7 +260,12 @@ function httpEndpointOf(value: string | null): string | null {
   }
 }
 
-/** POST /v1/workers: `{"worker_id","dp_rank"?,"endpoint","replay_endpoint"?,"topic"?,"http_endpoint"?}`. */
+/**
+ * POST /v1/workers: `{"worker_id","dp_rank"?,"endpoint"?,"replay_endpoint"?,"topic"?,
+ * "http_endpoint"?,"capacity_blocks"?}`. Without an endpoint the worker is approximate
+ * (its cache predicted from kvedge's decisions, at most capacity_blocks). A worker that
+ * exists in the other mode switches (status "switched").
+ */
 export async function addWorkerOp(core: KvedgeCore, raw: unknown) {
   const body = asObject(raw);
   const known = new Set([
@@ -245,6 +275,7 @@ export async function addWorkerOp(core: KvedgeCore, raw: unknown) {
     "replay_endpoint",
     "topic",
     "http_endpoint",
+    "capacity_blocks",
   ]);
   for (const key of Object.keys(body))
     if (!known.has(key)) throw new KvedgeError("bad_request", `unknown field ${key}`);
@@ -258,7 +289,7 @@ export async function addWorkerOp(core: KvedgeCore, raw: unknown) {
     }
   };
   const endpoint = endpointOf("endpoint", true);
-  if (endpoint === null) throw new KvedgeError("bad_request", "endpoint is required");
+  const capacity = optionalInt(body, "capacity_blocks", 1, CAPACITY_BLOCKS_MAX);
   const entry: WorkerEntry = {
     worker_id: u64Field(body.worker_id, "worker_id"),
     dp_rank: optionalInt(body, "dp_rank", 0, DP_RANK_MAX) ?? 0,
@@ -266,13 +297,15 @@ export async function addWorkerOp(core: KvedgeCore, raw: unknown) {
     replay_endpoint: endpointOf("replay_endpoint", false),
     topic: optionalString(body, "topic", TOPIC_LENGTH_MAX) ?? "",
     http_endpoint: httpEndpointOf(optionalString(body, "http_endpoint")),
+    capacity_blocks: capacity,
   };
-  await core.addWorker(entry);
+  const status = await core.addWorker(entry);
   return {
     worker_id: entry.worker_id.toString(),
     dp_rank: entry.dp_rank,
     endpoint,
-    status: "added",
+    mode: endpoint === null ? "approximate" : "exact",
+    status,
   };
 }
 
@@ -298,10 +331,15 @@ const K = {
   active_decode_blocks: key("active_decode_blocks"),
   active_requests: key("active_requests"),
   predicted_ttft_ms: key("predicted_ttft_ms"),
+  overlap_kind: key("overlap_kind"),
+  pending_blocks: key("pending_blocks"),
   queue_ms: key("queue_ms"),
   prefill_ms: key("prefill_ms"),
   steps_ms: key("steps_ms"),
 };
+
+/** The overlap kinds as encoded MessagePack strings (written as they are, no encoding per answer). */
+const KIND_NAMES = OVERLAP_KINDS.map((kind) => encodeMsgpack(kind));
 
 /**
  * A route answer as MessagePack, the same map `writer.value(routeAnswer(...))` writes,
@@ -333,13 +371,17 @@ export function writeRouteAnswer(
   const list = decision.candidates;
   writer.arrayHeader(list.count);
   for (let i = 0; i < list.count; i++) {
-    writer.mapHeader(12);
+    writer.mapHeader(14);
     writer.encoded(K.worker_id);
     writer.string(core.workerIdTextOf(list.slots[i]!));
     writer.encoded(K.dp_rank);
     writer.number(list.dpRanks[i]!);
     writer.encoded(K.overlap_blocks);
     writer.number(list.overlapBlocks[i]!);
+    writer.encoded(K.overlap_kind);
+    writer.encoded(KIND_NAMES[list.overlapKinds[i]!]!);
+    writer.encoded(K.pending_blocks);
+    writer.number(list.pendingBlocks[i]!);
     writer.encoded(K.cost);
     writer.number(list.costs[i]!);
     writer.encoded(K.degraded);

@@ -40,6 +40,7 @@ import {
   wantsMsgpack,
 } from "../http/http";
 import { ServerMetrics } from "./metrics";
+import { UNLIMITED_BODY } from "../http/http";
 import type { MetricsRegistry } from "../util/metrics";
 import type { KvedgeCore } from "../core/core";
 import { statusOp, statusPage } from "./status";
@@ -80,7 +81,8 @@ type Handler = (
  * become JSON responses.
  */
 interface Batched {
-  readonly readsBody: boolean;
+  /** "optional": read when the request has one (Content-Length > 0 or chunked). */
+  readonly readsBody: boolean | "optional";
   readonly op: (
     request: Request,
     params: Record<string, string>,
@@ -193,8 +195,8 @@ function serveOne(context: AppContext, table: RouteTable, listener: Listener): S
     // Bun defaults to development mode unless NODE_ENV=production (even in a compiled
     // binary): error pages with stack traces. Never for a server in front of a fleet.
     development: false, // see docs/decisions.md#bun-serve-production
-    // Bun's own limit is a backstop; readBody enforces ours with a JSON 413.
-    maxRequestBodySize: context.limit + 1024 * 1024,
+    // Never Bun's limit (an empty 413 and a reset): ours answers a JSON 413 (http.ts).
+    maxRequestBodySize: UNLIMITED_BODY,
     routes: routes as never,
     fetch: (request, bun) => unrouted(context, listener, served, matchers, request, bun),
     websocket: websocketHandlers(context.core, log, context.metrics, context.batch),
@@ -240,8 +242,14 @@ function appContext(options: AppOptions): AppContext {
 function apiRoutes(context: AppContext): RouteTable {
   const { core, limit, requireAdmin } = context;
   const lifecycle = (op: "prefill_done" | "done"): Batched => ({
-    readsBody: false,
-    op: (request, params) => reply(request, 200, lifecycleOp(core, params.id!, op)),
+    // prefill_done may say how many prompt tokens the engine served from cache.
+    readsBody: op === "prefill_done" ? "optional" : false,
+    op: (request, params, body) =>
+      reply(
+        request,
+        200,
+        lifecycleOp(core, params.id!, op, body === null ? null : parseBody(body)),
+      ),
   });
   return {
     // Parsed with transient token arrays: the op hashes them before the next parse.
@@ -423,13 +431,20 @@ function batched(
         finish(failure(request, error, log));
         return;
       }
-      if (!readsBody) run(null);
+      if (!readsBody || (readsBody === "optional" && !hasBody(request))) run(null);
       else {
         const refused = (error: unknown): void => finish(failure(request, error, log));
         receiveBody(request, limit).then(run, refused);
       }
     });
   };
+}
+
+/** Whether a request carries a body (a declared non-zero length, or a chunked one). */
+function hasBody(request: Request): boolean {
+  const length = request.headers.get("content-length");
+  if (length !== null) return Number(length) > 0;
+  return request.headers.get("transfer-encoding") !== null;
 }
 
 function wrapped(context: AppContext, guard: RequestGuard, template: string, handler: Handler) {

@@ -332,8 +332,62 @@ export function registerRouterMetrics(registry: MetricsRegistry, router: Router)
  * series disappear with it.
  */
 /** Metrics of the core's parts: admission, and the writes held while the index is copied. */
+/** Approximate workers: their mode, predicted blocks and capacity, and what predictions did. */
+function registerPredictionMetrics(registry: MetricsRegistry, core: KvedgeCore): void {
+  const { predictions, router } = core;
+  const perWorker = (name: string, help: string, read: (slot: number) => number) =>
+    registerSamples(registry, {
+      name,
+      help,
+      type: "gauge",
+      labelNames: ["worker_id", "dp_rank"],
+      collect(emit) {
+        for (const w of router.load.workers())
+          emit(read(w.slot), { worker_id: w.workerId.toString(), dp_rank: String(w.dpRank) });
+      },
+    });
+  perWorker(
+    "kvedge_worker_approximate",
+    "1 if the worker publishes no KV events: its cache is predicted from kvedge's own decisions.",
+    (slot) => (predictions.isApproximate(slot) ? 1 : 0),
+  );
+  perWorker(
+    "kvedge_worker_predicted_blocks",
+    "Blocks an approximate worker is predicted to cache.",
+    (slot) => predictions.blocks.heldBy(slot),
+  );
+  perWorker(
+    "kvedge_worker_predicted_capacity_blocks",
+    "The capacity an approximate worker's predictions are held to, learned or configured (0: unknown, TTL).",
+    (slot) => predictions.blocks.capacityOf(slot) ?? 0,
+  );
+  registerSamples(registry, {
+    name: "kvedge_predicted_blocks_total",
+    help: "Predicted blocks stored, refreshed by a later request, evicted at the capacity, expired (TTL), purged by a correction.",
+    type: "counter",
+    labelNames: ["event"],
+    collect(emit) {
+      for (const [event, count] of Object.entries(predictions.blocks.counters))
+        emit(count, { event });
+    },
+  });
+  registerSamples(registry, {
+    name: "kvedge_prediction_answers_total",
+    help: "Reported cached tokens of approximate workers' answers against the prediction: shortfall, surplus, confirmed.",
+    type: "counter",
+    labelNames: ["outcome"],
+    collect(emit) {
+      const c = predictions.counters;
+      emit(c.shortfalls, { outcome: "shortfall" });
+      emit(c.surpluses, { outcome: "surplus" });
+      emit(c.confirmed, { outcome: "confirmed" });
+    },
+  });
+}
+
 function registerPartMetrics(registry: MetricsRegistry, core: KvedgeCore): void {
   registerAdmissionMetrics(registry, core.admission);
+  registerPredictionMetrics(registry, core);
   registerSamples(registry, {
     name: "kvedge_index_held_writes_total",
     type: "counter",

@@ -263,9 +263,9 @@ const cell = (text, cls) => { const td = document.createElement("td"); td.textCo
 function renderWorkers(workers, name) {
   el("workers").replaceChildren(...workers.map((w) => {
     const tr = document.createElement("tr");
-    const trust = w.observed_hits.suspect ? "hits suspect" : w.degraded ? "degraded" : "exact";
+    const trust = w.degraded ? (w.observed_hits.suspect && w.mode === "exact" ? "hits suspect" : "degraded") : w.mode;
     tr.append(cell(w.worker_id), cell(w.dp_rank), cell(w.endpoint ?? "—", "text"),
-      cell(w.state, w.state === "connected" ? "text ok" : "text bad"), cell(trust, trust === "exact" ? "text ok" : "text bad"),
+      cell(w.state, w.state === "connected" || w.mode === "approximate" ? "text ok" : "text bad"), cell(trust, trust === "exact" || trust === "approximate" ? "text ok" : "text bad"),
       cell(w.degraded_reason ?? "", "text reason"),
       cell(w.blocks), cell(w.active_requests), cell(Math.round(w.active_prefill_tokens)), cell(w.routed_total),
       cell(w.observed_hits.predicted_cached_tokens), cell(w.observed_hits.observed_cached_tokens),

@@ -353,7 +353,7 @@ function run(core: KvedgeCore, op: string, body: Record<string, unknown>): unkno
       const requestId = body.request_id;
       if (typeof requestId !== "string")
         throw new KvedgeError("bad_request", "request_id must be a string");
-      return lifecycleOp(core, requestId, op);
+      return lifecycleOp(core, requestId, op, body);
     }
     default: {
       const known = "route, match, prefill_done or done";

@@ -20,6 +20,17 @@ export const DEFAULT_DEMO_POLICIES: readonly DemoPolicy[] = [
   "approx_prefix",
 ];
 
+/** Which mock engines publish KV events: all (exact), half (odd engines approximate), none. */
+export const DEMO_EVENTS = ["all", "mixed", "none"] as const;
+export type DemoEvents = (typeof DEMO_EVENTS)[number];
+
+/** The engines that publish no events under `events` (kvedge predicts their caches). */
+export function approximateEngines(events: DemoEvents, workers: number): number[] {
+  if (events === "all") return [];
+  const all = Array.from({ length: workers }, (_, w) => w);
+  return events === "none" ? all : all.filter((w) => w % 2 === 1);
+}
+
 export function isDemoPolicy(name: string): name is DemoPolicy {
   return (DEMO_POLICIES as readonly string[]).includes(name);
 }
@@ -52,4 +63,13 @@ export interface DemoOptions {
   readonly progress: ((line: string) => void) | null;
   /** kv_aware through `kvedge serve --proxy` (OpenAI API) instead of the routing API (./proxy-replay.ts). */
   readonly proxy?: boolean;
+  /** Which engines publish KV events (default all); the others are kvedge's approximate workers. */
+  readonly events?: DemoEvents;
+  /** The capacity kvedge is told for approximate workers, blocks (default: the engines' real one). */
+  readonly predictedCapacityBlocks?: number;
+  /**
+   * kvedge hears the cached tokens each engine served (prefill_done's cached_tokens; the
+   * proxy reads usage) and corrects its predictions (default true).
+   */
+  readonly correct?: boolean;
 }

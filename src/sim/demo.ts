@@ -21,12 +21,19 @@ import { kvedgeRouter, KvedgeClient } from "./kvedge-client";
 import { NetworkedEngine } from "./networked-engine";
 import { type ProxyReport, runProxyReplay } from "./proxy-replay";
 import { percentile, type PolicyReport } from "./outcome";
-import { createPolicy, KvAwareModel, type PolicyName } from "./policies";
+import {
+  createPolicy,
+  DEFAULT_KV_AWARE,
+  type KvAwareConfig,
+  KvAwareModel,
+  type PolicyName,
+} from "./policies";
 import type { AdmissionMode } from "../route/admission";
 import { policyClient, replayRealtime, type RealtimeProgress } from "./realtime";
 import { startServeChild, type ServeChild, waitReady, withServeTail } from "./serve-process";
 import { engineSeeds, simulate } from "./simulator";
-import type { DemoOptions, DemoPolicy } from "./demo-options";
+import { approximateEngines, type DemoOptions, type DemoPolicy } from "./demo-options";
+import { exactEngines, workersArg } from "./demo-workers";
 
 export interface DemoPolicyResult extends PolicyReport {
   /** How the policy was run: through kvedge, or in-process in virtual / real time. */
@@ -54,8 +61,18 @@ export interface RouterReport {
   /** Blocks kvedge's index holds / the engines cache, at the end. */
   readonly index_blocks: number;
   readonly engine_cached_blocks: number;
-  /** Every worker's indexed block hashes equal its engine's cached ones at the end. */
+  /** Every exact worker's indexed block hashes equal its engine's cached ones at the end. */
   readonly index_matches_engines: boolean;
+  /**
+   * The approximate workers at the end: blocks kvedge predicted, how many of them the
+   * engines really held, and how many the engines held.
+   */
+  readonly predicted: {
+    readonly workers: number;
+    readonly blocks: number;
+    readonly held: number;
+    readonly engine_blocks: number;
+  };
   /** Model span / wall time of the kvedge replay. */
   readonly achieved_speedup: number;
 }
@@ -112,7 +129,7 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
         time: options.time,
         seed: options.seed,
         vocabSize: options.vocabSize,
-        ...(options.kvAware === undefined ? {} : { kvAware: options.kvAware }),
+        kvAware: virtualKvAware(policy, options),
         onFinish: (finished) => {
           if (policy !== "kv_aware" || !(finished instanceof KvAwareModel)) return;
           if (finished.admission !== null) admission = { mode, ...finished.admission.counts };
@@ -172,6 +189,23 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
   return { policies, router, proxy, admission, gains: gainsOf(policies), wall_s: wall };
 }
 
+/**
+ * kvedge's router in virtual time: kv_aware predicts the engines that publish no events;
+ * kv_aware_model (exact knowledge) predicts nothing.
+ */
+function virtualKvAware(policy: DemoPolicy, options: DemoOptions): KvAwareConfig {
+  if (policy !== "kv_aware") return options.kvAware ?? DEFAULT_KV_AWARE;
+  const approximate = approximateOf(options);
+  return {
+    ...(options.kvAware ?? DEFAULT_KV_AWARE),
+    approximate,
+    predictions: {
+      capacityBlocks: options.predictedCapacityBlocks ?? options.capacityBlocks,
+      correct: options.correct ?? true,
+    },
+  };
+}
+
 function admissionModeOf(options: DemoOptions): AdmissionMode {
   return options.kvAware?.admission?.mode ?? "off";
 }
@@ -204,6 +238,7 @@ const pct = (part: number, whole: number): number => (whole === 0 ? 0 : (100 * p
 
 async function startEngines(options: DemoOptions, withReplay: boolean): Promise<NetworkedEngine[]> {
   const seeds = engineSeeds(options.seed, options.workers);
+  const silent = new Set(approximateEngines(options.events ?? "all", options.workers));
   const engines: NetworkedEngine[] = [];
   try {
     for (let w = 0; w < options.workers; w++) {
@@ -217,6 +252,7 @@ async function startEngines(options: DemoOptions, withReplay: boolean): Promise<
           endpoint: "tcp://127.0.0.1:0",
           replayEndpoint: withReplay ? "tcp://127.0.0.1:0" : null,
           form: options.form,
+          silent: silent.has(w),
         }).start(),
       );
     }
@@ -251,24 +287,20 @@ async function runKvedge(options: DemoOptions): Promise<KvedgeRun> {
   try {
     options.progress?.("kv_aware: starting kvedge serve…");
     const workerIds = engines.map((_, w) => String(w));
-    const workers = engines
-      .map((engine, w) => `${w}=${engine.endpoint};replay=${engine.replayEndpoint}`)
-      .join(",");
     serve = await startServeChild({
       args: [
-        "--workers",
-        workers,
-        "--block-size",
-        String(options.blockSize),
-        "--log-level",
-        "info",
+        ...["--workers", workersArg(engines, options, null)],
+        ...["--block-size", String(options.blockSize), "--log-level", "info"],
         ...options.serveArgs,
       ],
       ...(options.kvedgeCommand === undefined ? {} : { command: options.kvedgeCommand }),
     });
-    await waitReady(serve.url, engines);
+    await waitReady(serve.url, exactEngines(engines, options));
     client = await KvedgeClient.connect(serve.url);
-    const { router, stats } = kvedgeRouter(client, workerIds, options.trace.count, "demo-");
+    // Approximate workers hear what their engines served from cache (prefill_done's cached_tokens).
+    const reportCached = (options.correct ?? true) && approximateOf(options).length > 0;
+    const count = options.trace.count;
+    const { router, stats } = kvedgeRouter(client, workerIds, count, "demo-", reportCached);
     const startedMs = performance.now();
     const run = await replayRealtime("kv_aware", {
       trace: options.trace,
@@ -287,14 +319,7 @@ async function runKvedge(options: DemoOptions): Promise<KvedgeRun> {
     });
     options.progress?.("");
     await client.settle();
-    const routerReport = await routerSide(
-      serve.url,
-      engines,
-      workerIds,
-      client,
-      stats,
-      options.blockSize,
-    );
+    const routerReport = await routerSide(serve.url, engines, workerIds, client, stats, options);
     const metrics = await (await fetch(`${serve.url}/metrics`)).text();
     return {
       report: run.report,
@@ -356,14 +381,20 @@ function metricSum(text: string, name: string, match = ""): number {
   return sum;
 }
 
+/** The engines that publish no events in this demo. */
+function approximateOf(options: DemoOptions): number[] {
+  return approximateEngines(options.events ?? "all", options.workers);
+}
+
 async function routerSide(
   url: string,
   engines: readonly NetworkedEngine[],
   workerIds: readonly string[],
   client: KvedgeClient,
   stats: ReturnType<typeof kvedgeRouter>["stats"],
-  blockSize: number,
+  options: DemoOptions,
 ): Promise<Omit<RouterReport, "achieved_speedup">> {
+  const approximate_ = approximateOf(options);
   // Let kvedge catch up with the last batches before comparing.
   const deadline = performance.now() + 10_000;
   let workers: WorkerJson[] = [];
@@ -371,6 +402,7 @@ async function routerSide(
     workers = (await getJson<{ workers: WorkerJson[] }>(`${url}/v1/workers`)).workers;
     const caughtUp = engines.every(
       (engine, w) =>
+        approximate_.includes(w) ||
         workers.find((view) => view.worker_id === workerIds[w])?.last_seq === engine.lastSeq,
     );
     if (caughtUp || performance.now() > deadline) break;
@@ -378,23 +410,17 @@ async function routerSide(
   }
   const metrics = await (await fetch(`${url}/metrics`)).text();
   const dump = await (await fetch(`${url}/v1/dump`)).text();
-  const held = heldByWorker(dump);
-  let matches = true;
-  let engineBlocks = 0;
-  for (let w = 0; w < engines.length; w++) {
-    const snapshot = engines[w]!.engine.cache.snapshot();
-    engineBlocks += snapshot.length;
-    const indexed = held.get(workerIds[w]!) ?? new Set<string>();
-    if (
-      indexed.size !== snapshot.length ||
-      !snapshot.every((block) => indexed.has(block.hash.toString()))
-    )
-      matches = false;
-  }
+  const approximate = new Set(approximate_);
+  const { matches, engineBlocks, predicted } = compareWithEngines(
+    heldByWorker(dump),
+    engines,
+    workerIds,
+    approximate,
+  );
   let overlapTokens = 0;
   let promptTokens = 0;
   for (let i = 0; i < stats.overlapBlocks.length; i++) {
-    overlapTokens += stats.overlapBlocks[i]! * blockSize;
+    overlapTokens += stats.overlapBlocks[i]! * options.blockSize;
     promptTokens += stats.promptTokens[i]!;
   }
   const latencies = Float64Array.from(
@@ -414,10 +440,46 @@ async function routerSide(
     degraded_workers: workers.filter((view) => view.degraded).length,
     lifecycle_calls: client.counters.lifecycleCalls,
     lifecycle_errors: client.counters.lifecycleErrors,
-    index_blocks: workers.reduce((sum, view) => sum + view.blocks, 0),
+    index_blocks: workers.reduce(
+      (sum, view) => sum + (approximate.has(Number(view.worker_id)) ? 0 : view.blocks),
+      0,
+    ),
     engine_cached_blocks: engineBlocks,
     index_matches_engines: matches,
+    predicted,
   };
+}
+
+/**
+ * kvedge's index at the end against the engines' caches: an exact worker's blocks must
+ * be its engine's, by external hash; an approximate worker's predictions are counted
+ * against what its engine really holds (they are named by their sequence hash, an
+ * engine block's `path`).
+ */
+function compareWithEngines(
+  held: Map<string, Set<string>>,
+  engines: readonly NetworkedEngine[],
+  workerIds: readonly string[],
+  approximate: ReadonlySet<number>,
+) {
+  let matches = true;
+  let engineBlocks = 0;
+  const predicted = { workers: approximate.size, blocks: 0, held: 0, engine_blocks: 0 };
+  for (let w = 0; w < engines.length; w++) {
+    const snapshot = engines[w]!.engine.cache.snapshot();
+    const indexed = held.get(workerIds[w]!) ?? new Set<string>();
+    if (approximate.has(w)) {
+      const paths = new Set(snapshot.map((block) => block.path.toString()));
+      predicted.blocks += indexed.size;
+      predicted.engine_blocks += snapshot.length;
+      for (const hash of indexed) if (paths.has(hash)) predicted.held++;
+      continue;
+    }
+    engineBlocks += snapshot.length;
+    const same = snapshot.every((block) => indexed.has(block.hash.toString()));
+    if (indexed.size !== snapshot.length || !same) matches = false;
+  }
+  return { matches, engineBlocks, predicted };
 }
 
 /** Per worker (decimal id), the external block hashes an index dump leaves held. */
@@ -446,7 +508,7 @@ async function runInProcessRealtime(
       blockSize: options.blockSize,
       seed: options.seed,
       probe: (worker, query) =>
-        engines[worker]!.engine.cache.cachedPrefixBlocks(query.tokens, query.promptLength),
+        engines[worker]!.engine.cache.visiblePrefixBlocks(query.tokens, query.promptLength),
     });
     const startedMs = performance.now();
     const run = await replayRealtime(policy, {

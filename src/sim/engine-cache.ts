@@ -14,15 +14,21 @@
  *   to 0 joins the free queue; a sequence frees its blocks in reverse order, so its
  *   tail is evicted first (vLLM does the same). Allocation takes the head of the free
  *   queue — the least recently used block — and evicts it if it is cached.
- * - Newly computed full blocks are registered when `commit` says so (end of prefill,
- *   end of decode). If a block's hash is already cached (a concurrent sequence
+ * - Newly computed full blocks are registered when `commit` says so (prompt blocks
+ *   when the step computing them is scheduled, as vLLM V1 caches them; output blocks
+ *   at the end of the step that fills them). If a block's hash is already cached (a concurrent sequence
  *   computed the same prefix first), the sequence adopts the cached copy and frees its
  *   own: each hash is cached at most once, so the event stream is a clean set history,
  *   and a sequence pins every block it has committed, so the parent of every
  *   BlockStored is cached when the event is emitted. (vLLM may instead keep and
  *   announce such duplicates; Dynamo's publisher dedups them.)
- * - Events are plain objects in vLLM's field order, collected until `takeEvents()`
- *   (the engine takes them once per scheduler step, which makes one batch).
+ * - Events are plain objects in vLLM's field order. Like current vLLM, which caches a
+ *   step's blocks when it schedules them but publishes the step's events after it ran
+ *   (Scheduler.update_from_output), they are published by `publish()` (the engine calls
+ *   it at every step's end) and `takeEvents()` returns what was published. What a
+ *   consumer of the events knows until then is the *published view*: blocks cached
+ *   since the last publish are hidden from it, and published blocks evicted since are
+ *   still in it (ghosts). `visiblePrefixBlocks` and `snapshot` answer from that view.
  *
  * Slots live in typed arrays allocated once in the constructor; cached slots are found
  * through a PairTable keyed by the full 64-bit hash, sized so it never grows.
@@ -155,6 +161,13 @@ export class EngineCache {
   /** Cached slots by external hash. */
   private table: PairTable;
   private events: KvEvent[] = [];
+  private published: KvEvent[] = [];
+  /** Per slot: 1 when cached since the last publish (not in the published view yet). */
+  private readonly hidden: Uint8Array;
+  private hiddenSlots: number[] = [];
+  /** Published blocks evicted since the last publish: hash -> 1, and (with events) their data. */
+  private ghosts = new PairTable();
+  private ghostBlocks: CachedBlock[] = [];
   private readonly scratch: { content: Uint32Array; ext: Uint32Array };
 
   constructor(options: EngineCacheOptions) {
@@ -185,6 +198,7 @@ export class EngineCache {
     this.prev = new Int32Array(capacity);
     this.next = new Int32Array(capacity);
     this.queued = new Uint8Array(capacity);
+    this.hidden = new Uint8Array(capacity);
     this.tokenPool = new Uint32Array(capacity * blockSize);
     for (let slot = 0; slot < capacity; slot++) this.enqueue(slot);
     // Holds at most `capacity` entries at load ≤ 1/2: twice as many buckets never grow.
@@ -254,6 +268,36 @@ export class EngineCache {
     hashBlocks(prompt, this.blockSize, this.seed, content);
     chainHashes(content, limit, ext);
     return this.matchPrefix(ext, limit);
+  }
+
+  /**
+   * Longest prefix of a prompt the published view holds, in blocks (at most the blocks
+   * the engine may reuse): what an index fed by this engine's events can know now.
+   */
+  visiblePrefixBlocks(tokens: Uint32Array, promptLength: number): number {
+    const limit = this.reusableBlocks(promptLength);
+    if (limit === 0) return 0;
+    this.cachedPrefixBlocks(tokens, promptLength); // hashes the prompt into the scratch
+    const ext = this.scratch.ext;
+    for (let i = 0; i < limit; i++) {
+      const hi = ext[2 * i]!;
+      const lo = ext[2 * i + 1]!;
+      const slot = this.lookup(hi, lo);
+      if ((slot === NONE || this.hidden[slot] === 1) && !this.ghosts.has(hi, lo)) return i;
+    }
+    return limit;
+  }
+
+  /** Everything cached and evicted so far becomes the published view; its events become takeable. */
+  publish(): void {
+    for (const slot of this.hiddenSlots) this.hidden[slot] = 0;
+    this.hiddenSlots.length = 0;
+    if (this.ghosts.size > 0) this.ghosts.clear();
+    this.ghostBlocks.length = 0;
+    if (this.events.length === 0) return;
+    if (this.published.length === 0) this.published = this.events;
+    else for (const event of this.events) this.published.push(event);
+    this.events = [];
   }
 
   /** Cached prefix of a prepared sequence, in blocks (no side effects). */
@@ -341,37 +385,47 @@ export class EngineCache {
    */
   reset(): boolean {
     if (this.freeCount !== this.capacityBlocks) return false;
+    this.publish();
     for (let slot = this.head; slot !== NONE; slot = this.next[slot]!) this.cached[slot] = 0;
     this.table = new PairTable(2 * this.capacityBlocks);
     this.cachedCount = 0;
     this.counters.clears++;
     if (this.recordEvents) this.events.push({ type: "AllBlocksCleared" });
+    this.publish();
     return true;
   }
 
-  /** The events since the last call, in order (one scheduler step's batch). */
+  /** The events published since the last call, in order (one scheduler step's batch). */
   takeEvents(): KvEvent[] {
-    const events = this.events;
-    this.events = [];
+    const events = this.published;
+    if (events.length > 0) this.published = [];
     return events;
   }
 
-  /** Every cached block (introspection for tests that compare a router's index). */
+  /**
+   * Every block of the published view (introspection for tests and the demo, which
+   * compare a router's index with it): the cached blocks but those cached since the
+   * last publish, and the published ones evicted since (with events recorded).
+   */
   snapshot(): CachedBlock[] {
-    const blocks: CachedBlock[] = [];
-    const size = this.blockSize;
+    const blocks: CachedBlock[] = [...this.ghostBlocks];
     for (let slot = 0; slot < this.capacityBlocks; slot++) {
-      if (this.cached[slot] !== 1) continue;
-      const position = this.position[slot]!;
-      blocks.push({
-        hash: u64(this.extHi[slot]!, this.extLo[slot]!),
-        parent: position === 0 ? null : u64(this.parentHi[slot]!, this.parentLo[slot]!),
-        position,
-        path: u64(this.pathHi[slot]!, this.pathLo[slot]!),
-        tokens: this.tokenPool.slice(slot * size, (slot + 1) * size),
-      });
+      if (this.cached[slot] !== 1 || this.hidden[slot] === 1) continue;
+      blocks.push(this.blockAt(slot));
     }
     return blocks;
+  }
+
+  private blockAt(slot: number): CachedBlock {
+    const position = this.position[slot]!;
+    const size = this.blockSize;
+    return {
+      hash: u64(this.extHi[slot]!, this.extLo[slot]!),
+      parent: position === 0 ? null : u64(this.parentHi[slot]!, this.parentLo[slot]!),
+      position,
+      path: u64(this.pathHi[slot]!, this.pathLo[slot]!),
+      tokens: this.tokenPool.slice(slot * size, (slot + 1) * size),
+    };
   }
 
   /** O(capacity) consistency check of every invariant; throws on the first violation. */
@@ -460,6 +514,8 @@ export class EngineCache {
     this.pathHi[slot] = sequence.path[2 * i]!;
     this.pathLo[slot] = sequence.path[2 * i + 1]!;
     this.position[slot] = i;
+    this.hidden[slot] = 1;
+    this.hiddenSlots.push(slot);
     const size = this.blockSize;
     const tokens = sequence.tokens;
     const pool = this.tokenPool;
@@ -490,6 +546,12 @@ export class EngineCache {
   private evict(slot: number): bigint {
     const hi = this.extHi[slot]!;
     const lo = this.extLo[slot]!;
+    if (this.hidden[slot] === 1) {
+      this.hidden[slot] = 0; // never in the published view: nothing to keep
+    } else {
+      this.ghosts.set(hi, lo, 1);
+      if (this.recordEvents) this.ghostBlocks.push(this.blockAt(slot));
+    }
     this.table.delete(hi, lo);
     this.cached[slot] = 0;
     this.cachedCount--;

@@ -12,11 +12,18 @@
  *   is spent; then queued requests are admitted FCFS while budget and `maxRunning`
  *   allow. Admission looks up the longest cached prefix, pins it and allocates blocks
  *   for the rest of the prompt and the whole output (evicting LRU); if they do not fit,
- *   the head waits and blocks those behind it (vLLM's FCFS does the same).
- * - end (start + step_ms): prefilled full blocks are cached (BlockStored), requests
- *   whose prompt is complete get their first token (`prefillDone`), decoding requests
+ *   the head waits and blocks those behind it (vLLM's FCFS does the same). The full
+ *   prompt blocks a step will compute are cached as it is planned, as vLLM V1's
+ *   allocate_slots caches them: requests sharing a prefix that arrive while the first
+ *   one's prefill runs, even those admitted into the same step, reuse it.
+ * - end (start + step_ms): the step's KV events are published (BlockStored of the
+ *   blocks it cached, BlockRemoved of its evictions: vLLM publishes them after the step
+ *   ran), requests whose prompt is complete get their first token (`prefillDone`),
+ *   decoding requests
  *   get one token each, full output blocks are cached, finished requests release their
  *   blocks (`finished`); the next step starts at once if anything is left.
+ *
+ * See docs/decisions.md#engine-publishes-after-step.
  *
  * A request submitted while a step runs joins at the next step's start; one submitted
  * to an idle engine starts a step at once. A request larger than the whole cache is
@@ -141,12 +148,14 @@ export class MockEngine {
     const now = this.stepEndMs;
     if (now === Infinity) throw new Error(`engine ${this.index} has nothing to do`);
     this.endStep(now);
+    // The step ran: its cached blocks and evictions are published (vLLM's update_from_output).
+    this.cache.publish();
     if (this.running.length > 0 || this.waitingCount > 0) this.startStep(now);
     else this.stepEndMs = Infinity;
     return now;
   }
 
-  /** The KV events since the last call as one batch stamped `nowMs`, or null. */
+  /** The KV events published since the last call (at step ends) as one batch stamped `nowMs`, or null. */
   takeBatch(nowMs: number): KvEventBatch | null {
     const events = this.cache.takeEvents();
     return events.length === 0 ? null : { ts: nowMs / 1000, events };
@@ -163,7 +172,7 @@ export class MockEngine {
       const left = active.request.promptLength - active.promptDone;
       if (left > 0) {
         const chunk = Math.min(left, budget);
-        active.scheduled = chunk;
+        this.schedulePrefill(active, chunk);
         prefillTokens += chunk;
         budget -= chunk;
       } else {
@@ -176,7 +185,7 @@ export class MockEngine {
       const active = this.admit();
       if (active === null) break;
       const chunk = Math.min(active.request.promptLength - active.promptDone, budget);
-      active.scheduled = chunk;
+      this.schedulePrefill(active, chunk);
       prefillTokens += chunk;
       budget -= chunk;
     }
@@ -186,6 +195,17 @@ export class MockEngine {
     this.counters.computedTokens += prefillTokens;
     this.counters.runningPeak = Math.max(this.counters.runningPeak, running.length);
     this.stepEndMs = nowMs + duration;
+  }
+
+  /**
+   * Schedules the next `chunk` prompt tokens of a request in the step being planned, and
+   * caches the full blocks they complete at once, as vLLM V1 does (allocate_slots caches
+   * the blocks of the tokens it schedules): a request admitted after it, in this step or
+   * a later one, reuses them instead of computing them again.
+   */
+  private schedulePrefill(active: Active, chunk: number): void {
+    active.scheduled = chunk;
+    this.cache.commit(active.sequence, active.promptDone + chunk);
   }
 
   /** Admits the head of the queue, or returns null if its blocks do not fit. */
@@ -231,8 +251,8 @@ export class MockEngine {
     const tokens = active.scheduled;
     active.scheduled = 0;
     if (active.promptDone < request.promptLength) {
+      // Its blocks were cached when the step was scheduled (schedulePrefill).
       active.promptDone += tokens;
-      this.cache.commit(sequence, active.promptDone);
       if (active.promptDone < request.promptLength) return false;
       // The step that computes the last prompt token samples the first output token.
       active.generated = Math.min(1, outputLength);

@@ -99,9 +99,14 @@ export class KvedgeClient {
   }
 
   /** prefill_done / done; the answer is checked when it arrives (errors are counted). */
-  lifecycle(op: "prefill_done" | "done", requestId: string): void {
+  /** A lifecycle call; prefill_done may carry the cached tokens the engine reported. */
+  lifecycle(op: "prefill_done" | "done", requestId: string, cachedTokens?: number): void {
     this.counters.lifecycleCalls++;
-    this.call({ op, request_id: requestId }).then(
+    const body =
+      cachedTokens === undefined
+        ? { op, request_id: requestId }
+        : { op, request_id: requestId, cached_tokens: cachedTokens };
+    this.call(body).then(
       (result) => {
         if (result.status === 200) return;
         this.counters.lifecycleErrors++;
@@ -179,13 +184,15 @@ export interface KvedgeRouteStats {
 /**
  * kvedge as the RouterClient of a replay: request ids are `${prefix}${id}`, worker ids
  * map to engine indexes through `workerIds` (engine i is `workerIds[i]`). A route
- * answered 429 (admission) is the replay's -1: refused.
+ * answered 429 (admission) is the replay's -1: refused. With `reportCached`,
+ * prefill_done carries the cached tokens the engine reported (`cached_tokens`).
  */
 export function kvedgeRouter(
   client: KvedgeClient,
   workerIds: readonly string[],
   count: number,
   prefix: string,
+  reportCached = false,
 ): { router: RouterClient; stats: KvedgeRouteStats } {
   const indexOf = new Map(workerIds.map((id, i) => [id, i]));
   const stats: KvedgeRouteStats = {
@@ -212,7 +219,9 @@ export function kvedgeRouter(
         throw new Error(`kvedge chose worker ${answer.workerId}, which is not one of the engines`);
       return index;
     },
-    prefillDone: (id) => client.lifecycle("prefill_done", `${prefix}${id}`),
+    // With `reportCached`, prefill_done says what the engine served from its cache.
+    prefillDone: (id, _nowMs, cached) =>
+      client.lifecycle("prefill_done", `${prefix}${id}`, reportCached ? cached : undefined),
     done: (id) => client.lifecycle("done", `${prefix}${id}`),
   };
   return { router, stats };

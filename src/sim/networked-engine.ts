@@ -44,6 +44,11 @@ export interface NetworkedEngineOptions {
   readonly listener?: EngineListener;
   /** Fault injection: return true to keep live message `seq` off the wire. */
   readonly dropLive?: (seq: number) => boolean;
+  /**
+   * Publishes no KV events at all (an engine started without --kv-events-config): its
+   * events are taken and dropped, nothing is sent or kept for replay.
+   */
+  readonly silent?: boolean;
   readonly log?: Logger;
   readonly zmtp?: ZmtpOptions;
 }
@@ -189,7 +194,7 @@ export class NetworkedEngine {
   /** Publishes the engine's pending events as one batch; returns its seq, or -1 if there were none. */
   publish(): number {
     const events = this.engine.cache.takeEvents();
-    if (events.length === 0) return -1;
+    if (events.length === 0 || this.options.silent === true) return -1;
     const payload = encodeKvBatch(
       { ts: Date.now() / 1000, events: events.map(toWireEvent) },
       { form: this.form },

@@ -24,6 +24,9 @@ import {
   type TtftSettings,
 } from "../route";
 import { Admission, type AdmissionSettings } from "../route/admission";
+import type { PredictAt } from "../route/predictions";
+import { WorkerTable } from "../domain/worker-table";
+import { DEFAULT_FLEET_PREDICTIONS, PredictedFleet } from "./predicted-fleet";
 import { PairTable } from "../util/tables";
 import { createRng, randomInt, type Rng } from "./random";
 
@@ -55,7 +58,8 @@ export interface RoutingPolicy {
   readonly name: PolicyName;
   /** Picks a worker for the request and records the decision; -1 = held or rejected (see `takeAnswers`). */
   route(query: RouteQuery, nowMs: number): number;
-  prefillDone(id: number, nowMs: number): void;
+  /** `cachedTokens`: what the engine served from its cache (its answer's usage says so). */
+  prefillDone(id: number, nowMs: number, cachedTokens?: number): void;
   finished(id: number, nowMs: number): void;
   /** Held requests answered since the last call (worker -1 = rejected); admission only. */
   takeAnswers?(): HeldAnswer[];
@@ -343,6 +347,10 @@ export interface KvAwareConfig {
   readonly ttft?: Partial<TtftSettings>;
   /** Learn each engine's prefill speed and step cost from lifecycle timings. */
   readonly calibrate?: boolean;
+  /** Count active requests' blocks as cached for requests sharing them (default on; RouterOptions.pendingCredit). */
+  readonly pendingCredit?: boolean;
+  /** RouterOptions.pendingRecomputeWeight. */
+  readonly pendingRecomputeWeight?: number;
   /** Hold or reject requests at saturation (src/route/admission.ts); off by default. */
   readonly admission?: Partial<AdmissionSettings>;
   /**
@@ -350,6 +358,19 @@ export interface KvAwareConfig {
    * the cheapest workers under them on the same state (`KvAwareModel.agreed`).
    */
   readonly reference?: EngineTimes;
+  /**
+   * Engines that publish no KV events: kvedge predicts their caches from its own
+   * decisions into a real index (src/route/predictions.ts), and routes on that.
+   */
+  readonly approximate?: readonly number[];
+  readonly predictions?: {
+    /** Capacity of an approximate worker, blocks (null: unknown, TTL). */
+    readonly capacityBlocks?: number | null;
+    readonly predictAt?: PredictAt;
+    readonly ttlMs?: number;
+    /** Correct predictions by the cached tokens each engine reports at the first token (the proxy reads them from usage). */
+    readonly correct?: boolean;
+  };
 }
 
 export const DEFAULT_KV_AWARE: KvAwareConfig = { policy: "ttft" };
@@ -369,6 +390,8 @@ export class KvAwareModel implements RoutingPolicy {
   private readonly reference: EngineTimes | null;
   /** Per decision (with `reference`): 1 if the pick is cheapest under the true constants too. */
   readonly agreed: number[] = [];
+  /** The engines that publish no events, predicted (null: every engine is exact). */
+  readonly fleet: PredictedFleet | null;
 
   constructor(
     workers: number,
@@ -377,13 +400,19 @@ export class KvAwareModel implements RoutingPolicy {
     config: KvAwareConfig,
     rng: Rng,
   ) {
+    const table = new WorkerTable();
     this.router = new Router({
       blockSize,
+      workers: table,
       requestTtlMs: SIM_REQUEST_TTL_MS,
       now: () => this.nowMs,
       random: rng,
       policy: config.policy,
       calibrate: config.calibrate === true,
+      pendingCredit: config.pendingCredit ?? true,
+      ...(config.pendingRecomputeWeight === undefined
+        ? {}
+        : { pendingRecomputeWeight: config.pendingRecomputeWeight }),
       ...(config.weights === undefined ? {} : { weights: config.weights }),
       ...(config.ttft === undefined ? {} : { ttft: config.ttft }),
     });
@@ -391,6 +420,18 @@ export class KvAwareModel implements RoutingPolicy {
     this.slots = new Int32Array(workers);
     for (let w = 0; w < workers; w++) this.slots[w] = this.router.load.addWorker(BigInt(w), 0);
     this.overlaps = { count: workers, slots: this.slots, blocks: new Float64Array(workers) };
+    const approximate = config.approximate ?? [];
+    this.fleet =
+      approximate.length === 0
+        ? null
+        : new PredictedFleet(this.router.load, table, {
+            ...DEFAULT_FLEET_PREDICTIONS,
+            ...config.predictions,
+            blockSize,
+            approximate,
+            slots: this.slots,
+            now: () => this.nowMs,
+          });
     const admission =
       config.admission === undefined ||
       config.admission.mode === undefined ||
@@ -422,10 +463,11 @@ export class KvAwareModel implements RoutingPolicy {
     return -1;
   }
 
-  prefillDone(id: number, nowMs: number): void {
+  prefillDone(id: number, nowMs: number, cachedTokens?: number): void {
     this.nowMs = nowMs;
     if (this.router.load.prefillDone(String(id)) !== "ok")
       throw new Error(`prefill of request ${id} that was never routed`);
+    this.fleet?.prefillDone(id, cachedTokens);
     this.admission?.release();
   }
 
@@ -433,6 +475,7 @@ export class KvAwareModel implements RoutingPolicy {
     this.nowMs = nowMs;
     if (this.router.load.done(String(id)) !== "ok")
       throw new Error(`request ${id} finished but was never routed`);
+    this.fleet?.done(id);
     this.admission?.release();
   }
 
@@ -463,6 +506,11 @@ export class KvAwareModel implements RoutingPolicy {
     const truth = reference === null ? null : router.cheapestUnder(request, overlaps, reference);
     const decision = this.router.route(request, overlaps);
     if (truth !== null) this.agreed.push(truth.includes(decision.slot) ? 1 : 0);
+    const fleet = this.fleet;
+    if (fleet !== null) {
+      const local = fleet.localHashes(query.tokens, query.promptLength);
+      fleet.routed(query.id, decision, local, query.path, query.promptBlocks, query.promptLength);
+    }
     return Number(decision.workerId);
   }
 
@@ -475,10 +523,19 @@ export class KvAwareModel implements RoutingPolicy {
     };
   }
 
-  /** Each engine's true cached prefix of the query, as an exact lag-free index reports it. */
+  /**
+   * Each exact engine's published cached prefix of the query, as an index fed by its
+   * events reports it (no network lag), and each approximate engine's predicted one.
+   */
   private probed(query: RouteQuery): Overlaps {
     const blocks = this.overlaps.blocks;
-    for (let w = 0; w < this.slots.length; w++) blocks[w] = this.probe(w, query);
+    const fleet = this.fleet;
+    for (let w = 0; w < this.slots.length; w++)
+      if (fleet === null || !fleet.isApproximate(w)) blocks[w] = this.probe(w, query);
+    if (fleet !== null) {
+      const local = fleet.localHashes(query.tokens, query.promptLength);
+      fleet.overlaps(local, query.path, query.promptBlocks, blocks);
+    }
     return this.overlaps;
   }
 }

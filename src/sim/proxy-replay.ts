@@ -10,7 +10,8 @@
  * is built by the same code as every other policy's (./outcome.ts), which also checks
  * that every request reached exactly one engine (prompt tokens are conserved).
  */
-import type { DemoOptions } from "./demo-options";
+import { approximateEngines, type DemoOptions } from "./demo-options";
+import { exactEngines, workersArg } from "./demo-workers";
 import { EngineServer } from "./engine-server";
 import { NetworkedEngine } from "./networked-engine";
 import { percentile, type PolicyReport, RunRecorder } from "./outcome";
@@ -45,6 +46,7 @@ interface Fleet {
 async function startFleet(options: DemoOptions): Promise<Fleet> {
   const seeds = engineSeeds(options.seed, options.workers);
   const fleet: Fleet = { networked: [], servers: [], https: [] };
+  const silent = new Set(approximateEngines(options.events ?? "all", options.workers));
   for (let w = 0; w < options.workers; w++) {
     const networked = await new NetworkedEngine({
       index: w,
@@ -55,6 +57,7 @@ async function startFleet(options: DemoOptions): Promise<Fleet> {
       endpoint: "tcp://127.0.0.1:0",
       replayEndpoint: "tcp://127.0.0.1:0",
       form: options.form,
+      silent: silent.has(w),
     }).start();
     fleet.networked.push(networked);
     const server = new EngineServer({
@@ -140,12 +143,7 @@ export async function runProxyReplay(
   let serve: ServeChild | null = null;
   try {
     options.progress?.("kv_aware (proxy): starting kvedge serve --proxy…");
-    const workers = fleet.networked
-      .map(
-        (engine, w) =>
-          `${w}=${engine.endpoint};replay=${engine.replayEndpoint};http=${fleet.https[w]}`,
-      )
-      .join(",");
+    const workers = workersArg(fleet.networked, options, fleet.https);
     serve = await startServeChild({
       args: [
         "--proxy",
@@ -159,7 +157,7 @@ export async function runProxyReplay(
       ],
       ...(options.kvedgeCommand === undefined ? {} : { command: options.kvedgeCommand }),
     });
-    await waitReady(serve.url, fleet.networked);
+    await waitReady(serve.url, exactEngines(fleet.networked, options));
     const { trace } = options;
     const recorder = new RunRecorder(trace);
     const ttfb: number[] = [];

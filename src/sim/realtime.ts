@@ -27,7 +27,8 @@ import type { Trace } from "./trace";
 export interface RouterClient {
   /** The engine (index) for a request, or -1 if the router refused it; may wait on the network. */
   route(query: RouteQuery, nowMs: number): Promise<number> | number;
-  prefillDone(id: number, nowMs: number): void;
+  /** `cachedTokens`: what the engine served from its cache (it reports that at the first token). */
+  prefillDone(id: number, nowMs: number, cachedTokens?: number): void;
   done(id: number, nowMs: number): void;
 }
 
@@ -35,7 +36,7 @@ export interface RouterClient {
 export function policyClient(policy: RoutingPolicy): RouterClient {
   return {
     route: (query, nowMs) => policy.route(query, nowMs),
-    prefillDone: (id, nowMs) => policy.prefillDone(id, nowMs),
+    prefillDone: (id, nowMs, cachedTokens) => policy.prefillDone(id, nowMs, cachedTokens),
     done: (id, nowMs) => policy.finished(id, nowMs),
   };
 }
@@ -80,7 +81,7 @@ export async function replayRealtime(
 ): Promise<RealtimeResult> {
   const { trace, engines, router } = options;
   const recorder = new RunRecorder(trace, {
-    prefillDone: (request, nowMs) => router.prefillDone(request.id, nowMs),
+    prefillDone: (request, nowMs, cached) => router.prefillDone(request.id, nowMs, cached),
     finished: (request, nowMs) => router.done(request.id, nowMs),
   });
   const listener: EngineListener = recorder.listener;

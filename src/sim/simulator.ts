@@ -38,6 +38,8 @@ export interface SimOptions {
   readonly kvAware?: KvAwareConfig;
   /** Receives every engine's KV event batches in order (off: events are not built). */
   readonly onBatch?: (worker: number, batch: KvEventBatch) => void;
+  /** Told each decision: request index and worker (bench/burst.ts counts workers per prefix). */
+  readonly onRouted?: (request: number, worker: number) => void;
   /** Called with the policy once the replay ends (to read what it learned). */
   readonly onFinish?: (policy: RoutingPolicy) => void;
   /** Run the O(capacity) cache consistency checks at the end (default: KVEDGE_VERIFY=1). */
@@ -106,10 +108,11 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
     kvAware: options.kvAware,
     time,
     probe: (worker, query) =>
-      engines[worker]!.cache.cachedPrefixBlocks(query.tokens, query.promptLength),
+      engines[worker]!.cache.visiblePrefixBlocks(query.tokens, query.promptLength),
   });
   const recorder = new RunRecorder(trace, {
-    prefillDone: (request, nowMs) => policy.prefillDone(request.id, nowMs),
+    prefillDone: (request, nowMs, cachedTokens) =>
+      policy.prefillDone(request.id, nowMs, cachedTokens),
     finished: (request, nowMs) => policy.finished(request.id, nowMs),
   });
   const seeds = engineSeeds(seed, workers);
@@ -129,17 +132,11 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
   };
 
   // Held requests (admission) answered by a step's lifecycle calls or by the longest hold.
-  const dispatch = (nowMs: number): void => dispatchHeld(policy, engines, recorder, nowMs, flush);
+  const dispatch = (nowMs: number): void =>
+    dispatchHeld(policy, engines, recorder, nowMs, flush, options.onRouted);
   for (let next = 0; ; ) {
-    let engineIndex = -1;
-    let engineMs = Infinity;
-    for (let w = 0; w < workers; w++) {
-      const due = engines[w]!.nextEventMs();
-      if (due < engineMs) {
-        engineMs = due;
-        engineIndex = w;
-      }
-    }
+    const engineIndex = nextEngine(engines);
+    const engineMs = engineIndex < 0 ? Infinity : engines[engineIndex]!.nextEventMs();
     const arrivalMs = next < trace.count ? trace.arrivalMs[next]! : Infinity;
     const heldMs = policy.nextDueMs?.() ?? Infinity;
     if (heldMs <= engineMs && heldMs <= arrivalMs && heldMs < Infinity) {
@@ -154,6 +151,7 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
       const query = routeQuery(next, tokens, trace.inputLength[next]!, blockSize);
       const worker = policy.route(query, arrivalMs);
       if (worker >= 0) {
+        options.onRouted?.(next, worker);
         checkWorker(policy, worker, workers);
         submit(engines[worker]!, recorder, query, worker, arrivalMs, () =>
           policy.finished(query.id, arrivalMs),
@@ -170,6 +168,20 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
   return recorder.report(options.policy, engines, options.verify ?? VERIFY);
 }
 
+/** The engine whose step ends first (the lowest index on ties), or -1 when all are idle. */
+function nextEngine(engines: readonly MockEngine[]): number {
+  let index = -1;
+  let ms = Infinity;
+  for (let w = 0; w < engines.length; w++) {
+    const due = engines[w]!.nextEventMs();
+    if (due < ms) {
+      ms = due;
+      index = w;
+    }
+  }
+  return index;
+}
+
 /** Submits the held requests the policy answered (worker -1: refused) at `nowMs`. */
 function dispatchHeld(
   policy: RoutingPolicy,
@@ -177,12 +189,14 @@ function dispatchHeld(
   recorder: RunRecorder,
   nowMs: number,
   flush: (worker: number, nowMs: number) => void,
+  onRouted: ((request: number, worker: number) => void) | undefined,
 ): void {
   for (const { query, worker } of policy.takeAnswers?.() ?? []) {
     if (worker < 0) {
       recorder.rejectedAt(nowMs);
       continue;
     }
+    onRouted?.(query.id, worker);
     checkWorker(policy, worker, engines.length);
     submit(engines[worker]!, recorder, query, worker, nowMs, () =>
       policy.finished(query.id, nowMs),

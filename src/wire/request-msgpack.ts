@@ -39,6 +39,7 @@ const KEYS = [
   "prefill_load_scale",
   "temperature",
   "candidates",
+  "cached_tokens",
 ] as const;
 type Key = (typeof KEYS)[number];
 /** Strings read without building them: keys, and the ops as values. */

@@ -52,6 +52,12 @@ const DEFAULTS: Config = {
     request_ttl_secs: 300,
     max_active_requests: 1_000_000,
     track_output_blocks: false,
+    pending_credit: true,
+    pending_recompute_weight: 2,
+    predict_at: "prefill_done",
+    predicted_capacity_blocks: null,
+    predicted_ttl_secs: 120,
+    predicted_correction: true,
     admission: "off",
     admission_bound_ms: 200,
     admission_max_hold_ms: 10_000,
@@ -78,6 +84,14 @@ const DEFAULTS: Config = {
     forward_token_ids: false,
     observed_hit_floor: 0.5,
     observed_window: 32,
+    connect_timeout_ms: 5000,
+    first_byte_timeout_ms: 600_000,
+    idle_timeout_ms: 300_000,
+    upstream_connections: 4096,
+    upstream_queue_timeout_ms: 5000,
+    max_prompt_tokens: 1_048_576,
+    max_prompt_bytes: 8_388_608,
+    tokenizer_threads: 1,
   },
   state: { dir: null, snapshot_interval_secs: 60 },
   runtime: { cpus: null, numa_node: null, index_threads: null, route_threads: null },
@@ -219,6 +233,12 @@ describe("defaults and precedence", () => {
       "route.request_ttl_secs": ["60", "60"],
       "route.max_active_requests": ["5000", "5_000"],
       "route.track_output_blocks": ["true", "true"],
+      "route.pending_credit": ["false", "false"],
+      "route.pending_recompute_weight": ["1", "1"],
+      "route.predict_at": ['"route"', "route"],
+      "route.predicted_capacity_blocks": ["32768", "32_768"],
+      "route.predicted_ttl_secs": ["30", "30"],
+      "route.predicted_correction": ["false", "false"],
       "route.admission": ['"hold"', "hold"],
       "route.admission_bound_ms": ["500", "500"],
       "route.admission_max_hold_ms": ["2500", "2500"],
@@ -246,6 +266,14 @@ describe("defaults and precedence", () => {
       "proxy.forward_token_ids": ["true", "true"],
       "proxy.observed_hit_floor": ["0.25", "0.25"],
       "proxy.observed_window": ["8", "8"],
+      "proxy.connect_timeout_ms": ["250", "250"],
+      "proxy.first_byte_timeout_ms": ["90000", "90_000"],
+      "proxy.idle_timeout_ms": ["1500", "1500"],
+      "proxy.upstream_connections": ["32", "32"],
+      "proxy.upstream_queue_timeout_ms": ["700", "700"],
+      "proxy.max_prompt_tokens": ["4096", "4096"],
+      "proxy.max_prompt_bytes": ["65536", "65536"],
+      "proxy.tokenizer_threads": ["2", "2"],
     };
     expect(Object.keys(sample).sort()).toEqual(SETTINGS.map((s) => s.key).sort());
     const get = (config: Config, key: string) => {
@@ -260,7 +288,9 @@ describe("defaults and precedence", () => {
         load({ env: { [`KVEDGE_${s.flag.toUpperCase().replaceAll("-", "_")}`]: text } }).config,
         s.key,
       );
-      const argv = typeof s.default === "boolean" ? [`--${s.flag}`] : [`--${s.flag}`, text];
+      // A boolean flag sets it, its --no- form clears it (the non-default either way).
+      const flag = s.default === true ? `--no-${s.flag}` : `--${s.flag}`;
+      const argv = typeof s.default === "boolean" ? [flag] : [`--${s.flag}`, text];
       const fromFlag = get(load({ argv }).config, s.key);
       if (s.key !== "index.backend") expect(fromFile).not.toEqual(s.default); // the only backend so far
       expect(fromEnv).toEqual(fromFile);
@@ -392,6 +422,10 @@ describe("refusals name the key and the source, in one line", () => {
       "runtime.route_threads (from KVEDGE_ROUTE_THREADS) needs index.backend = crtc",
     );
     expect(refusal({ argv: ["--index-threads", "2"] })).toContain("runtime.index_threads");
+    expect(refusal({ argv: ["--index-threads", "1", "--workers", "3=none"] })).toBe(
+      "worker 3 has no endpoint (an approximate worker), which needs runtime.index_threads " +
+        "(from --index-threads) = 0: predictions are written on the main thread",
+    );
   });
 
   test("unknown KVEDGE_* variables are warnings with a suggestion, not refusals", () => {
@@ -445,7 +479,10 @@ describe("workers", () => {
         "[[workers]] entry 2: endpont is not a worker setting (did you mean endpoint?)",
       ],
       [entry('endpoint = "tcp://a:1"'), "[[workers]] entry 2: worker_id is required"],
-      [entry("worker_id = 2"), "[[workers]] entry 2: endpoint is required"],
+      [
+        entry("worker_id = 2\ncapacity_blocks = 0"),
+        "[[workers]] entry 2: capacity_blocks must be an integer in [1, 1073741824], got 0",
+      ],
       [
         entry('worker_id = -2\nendpoint = "tcp://a:1"'),
         "[[workers]] entry 2: worker_id must be a u64: a decimal string, or an integer below 2^53, got -2",
@@ -610,7 +647,7 @@ describe("workers", () => {
       "repeats worker 1 dp_rank 0",
     );
     expect(refusal({ argv: ["--workers", "tcp://a:1"] })).toBe(
-      '--workers entry 1 ("tcp://a:1"): must be ID[:DP]=ENDPOINT[;replay=ENDPOINT][;topic=TOPIC][;http=URL]',
+      '--workers entry 1 ("tcp://a:1"): must be ID[:DP]=ENDPOINT|none[;replay=ENDPOINT][;topic=TOPIC][;http=URL][;capacity=BLOCKS]',
     );
     expect(refusal({ argv: ["--workers", "x=tcp://a:1"] })).toBe(
       '--workers entry 1 ("x=tcp://a:1"): worker_id must be a u64: a decimal string, or an integer below 2^53, got "x"',
@@ -622,7 +659,10 @@ describe("workers", () => {
       "has more than one ':' before '='",
     );
     expect(refusal({ argv: ["--workers", "1=tcp://a:1;reply=tcp://a:2"] })).toContain(
-      'has an unknown option "reply" (valid: replay=, topic=, http=)',
+      'has an unknown option "reply" (valid: replay=, topic=, http=, capacity=)',
+    );
+    expect(refusal({ argv: ["--workers", "1=none;capacity=-4"] })).toContain(
+      "capacity_blocks must be an integer in [1, 1073741824], got a string",
     );
     expect(refusal({ argv: ["--workers", "1=tcp://a:1;replay=udp://a:2"] })).toContain(
       "replay_endpoint has scheme 'udp'",
@@ -630,6 +670,27 @@ describe("workers", () => {
     expect(refusal({ env: { KVEDGE_WORKERS: "1=zmq://a:1" } })).toBe(
       `KVEDGE_WORKERS entry 1 ("1=zmq://a:1"): endpoint has scheme 'zmq' in "zmq://a:1": only tcp://HOST:PORT and ipc:///PATH are valid`,
     );
+  });
+
+  test("approximate workers: no endpoint in a table, `none` in the compact form, a capacity", () => {
+    const file = `[[workers]]\nworker_id = 4\nhttp_endpoint = "http://127.0.0.1:8004"\ncapacity_blocks = 32768\n`;
+    expect(load({ file }).config.workers).toEqual([
+      {
+        worker_id: 4n,
+        dp_rank: 0,
+        endpoint: null,
+        replay_endpoint: null,
+        topic: "",
+        http_endpoint: "http://127.0.0.1:8004",
+        capacity_blocks: 32768,
+      },
+    ]);
+    const compact = load({ argv: ["--workers", "5:1=none;capacity=1024,6=tcp://127.0.0.1:5557"] })
+      .config.workers;
+    expect(compact.map((w) => [w.worker_id, w.dp_rank, w.endpoint, w.capacity_blocks])).toEqual([
+      [5n, 1, null, 1024],
+      [6n, 0, "tcp://127.0.0.1:5557", undefined],
+    ]);
   });
 });
 

@@ -259,8 +259,55 @@ describe("kvedge demo", () => {
     expect(off.admission).toBeNull();
   });
 
+  test("--events none in real time: no engine publishes, kvedge predicts every cache", async () => {
+    const result = await runKvedge([
+      "demo",
+      ...["--events", "none", "--requests", "300", "--workers", "4", "--time-scale", "1"],
+      ...["--speedup", "150", "--no-pin", "--policies", "kv_aware,round_robin", "--json"],
+    ]);
+    expect(result.code).toBe(0);
+    const demo = JSON.parse(result.stdout) as Json;
+    expect([demo.config.events, demo.config.approximate_workers]).toEqual(["none", [0, 1, 2, 3]]);
+    expect(demo.router.batches_published).toBe(0);
+    const predicted = demo.router.predicted;
+    expect(predicted.workers).toBe(4);
+    expect(predicted.blocks).toBeGreaterThan(0);
+    // Most predicted blocks are really in the engines' caches.
+    expect(predicted.held / predicted.blocks).toBeGreaterThan(0.8);
+    expect(demo.policies.kv_aware.hit_rate).toBeGreaterThan(demo.policies.round_robin.hit_rate);
+    expect(demo.router.lifecycle_errors).toBe(0);
+  });
+
+  test("--virtual --events none|mixed and --workload: deterministic, the approximate workers named", async () => {
+    const args = (events: string, workload: string) => [
+      "demo",
+      ...["--virtual", "--events", events, "--workload", workload, "--requests", "300"],
+      ...["--workers", "4", "--policies", "kv_aware", "--json"],
+    ];
+    for (const [events, workload, approximate] of [
+      ["none", "agentic", [0, 1, 2, 3]],
+      ["mixed", "burst", [1, 3]],
+    ] as const) {
+      const first = JSON.parse((await runKvedge(args(events, workload))).stdout) as Json;
+      expect(first.config.approximate_workers).toEqual(approximate);
+      expect(first.config.trace).toContain(workload);
+      expect(first.policies.kv_aware.hit_rate).toBeGreaterThan(0.3);
+      const again = JSON.parse((await runKvedge(args(events, workload))).stdout) as Json;
+      expect(again.policies.kv_aware).toEqual({
+        ...first.policies.kv_aware,
+        wall_s: again.policies.kv_aware.wall_s,
+      });
+    }
+    const table = await runKvedge([...args("none", "agentic").slice(0, -1)]);
+    expect(table.stdout).toContain("Approximate workers (--events none): every engine");
+  });
+
   test("usage errors are one line, exit 2", async () => {
     for (const args of [
+      ["--events", "some"],
+      ["--workload", "chat"],
+      ["--workload", "burst", "--trace", "/tmp/x.jsonl"],
+      ["--predicted-capacity-blocks", "0"],
       ["--policies", "fastest"],
       ["--route-policy", "fastest"],
       ["--virtual", "--start", "99999999"],

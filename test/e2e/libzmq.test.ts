@@ -66,7 +66,7 @@ describe("libzmq publishers", () => {
       10_000,
       "three blocks from libzmq",
     );
-    expect(scores).toEqual([{ worker_id: "5", dp_rank: 0, blocks: 3 }]);
+    expect(scores).toEqual([{ worker_id: "5", dp_rank: 0, blocks: 3, kind: "exact" }]);
     const worker = ((await (await fetch(`${serve.url}/v1/workers`)).json()) as Json).workers[0];
     expect(worker).toMatchObject({
       state: "connected",
@@ -109,7 +109,7 @@ describe("libzmq publishers", () => {
         headers: { "content-type": "application/json" },
       })
     ).json()) as Json;
-    expect(body.scores).toEqual([{ worker_id: "6", dp_rank: 0, blocks: 1 }]);
+    expect(body.scores).toEqual([{ worker_id: "6", dp_rank: 0, blocks: 1, kind: "exact" }]);
   });
 
   test("capture records a libzmq publisher's events", async () => {

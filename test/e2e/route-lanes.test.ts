@@ -190,7 +190,12 @@ describe("serve with route lanes against serve without", () => {
       [2, 200],
       [3, 200],
     ]);
-    expect(answers[0]!.result.scores[0]).toEqual({ worker_id: "1", dp_rank: 0, blocks: 4 });
+    expect(answers[0]!.result.scores[0]).toEqual({
+      worker_id: "1",
+      dp_rank: 0,
+      blocks: 4,
+      kind: "exact",
+    });
     expect(answers[1]!.result.worker_id).toBe("1");
   });
 

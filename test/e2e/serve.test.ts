@@ -74,8 +74,8 @@ describe("serve with two engines", () => {
       "both engines' blocks",
     );
     expect(result).toEqual([
-      { worker_id: "1", dp_rank: 0, blocks: 2 },
-      { worker_id: "2", dp_rank: 0, blocks: 1 },
+      { worker_id: "1", dp_rank: 0, blocks: 2, kind: "exact" },
+      { worker_id: "2", dp_rank: 0, blocks: 1, kind: "exact" },
     ]);
     const local = hashTokens(TOKENS, BS).local.map(String);
     const [status, byHash] = await post(`${serve.url}/v1/match`, {
@@ -149,7 +149,7 @@ describe("serve with two engines", () => {
       10_000,
       "removal",
     );
-    expect(await scores(serve)).toEqual([{ worker_id: "1", dp_rank: 0, blocks: 2 }]);
+    expect(await scores(serve)).toEqual([{ worker_id: "1", dp_rank: 0, blocks: 2, kind: "exact" }]);
   });
 
   test("a lost batch is replayed from the engine's ROUTER; nothing is lost or degraded", async () => {
@@ -528,7 +528,9 @@ describe("a kvedge that starts after its engine", () => {
         "replayed history",
       );
       expect(worker).toMatchObject({ blocks: 3, degraded: false, lost_batches: 0 });
-      expect(await scores(serve)).toEqual([{ worker_id: "1", dp_rank: 0, blocks: 2 }]);
+      expect(await scores(serve)).toEqual([
+        { worker_id: "1", dp_rank: 0, blocks: 2, kind: "exact" },
+      ]);
     } finally {
       await serve.stop();
       await engine.stop();

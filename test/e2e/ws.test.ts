@@ -115,7 +115,7 @@ describe("/v1/ws", () => {
       result: {
         block_size: BS,
         query_blocks: 1,
-        scores: [{ worker_id: "1", dp_rank: 0, blocks: 1 }],
+        scores: [{ worker_id: "1", dp_rank: 0, blocks: 1, kind: "exact" }],
       },
     });
     expect(answers[1]).toMatchObject({ id: "b", status: 404 });
@@ -136,7 +136,7 @@ describe("/v1/ws", () => {
       result: {
         block_size: BS,
         query_blocks: 2,
-        scores: [{ worker_id: "1", dp_rank: 0, blocks: 2 }],
+        scores: [{ worker_id: "1", dp_rank: 0, blocks: 2, kind: "exact" }],
       },
     });
   });
@@ -180,7 +180,7 @@ describe("/v1/ws", () => {
       result: {
         block_size: BS,
         query_blocks: 1,
-        scores: [{ worker_id: "1", dp_rank: 0, blocks: 1 }],
+        scores: [{ worker_id: "1", dp_rank: 0, blocks: 1, kind: "exact" }],
       },
     });
   });
@@ -222,7 +222,7 @@ describe("/v1/ws", () => {
       body: {
         block_size: BS,
         query_blocks: 1,
-        scores: [{ worker_id: "1", dp_rank: 0, blocks: 1 }],
+        scores: [{ worker_id: "1", dp_rank: 0, blocks: 1, kind: "exact" }],
       },
     });
     const bad = await post("/v1/route", { token_ids: new Uint8Array(6) });

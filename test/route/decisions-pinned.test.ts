@@ -5,7 +5,8 @@
 // Method: seeded runs over real sequence hashes and the real load tracker; each run's
 // decisions are serialized (floats by their exact bits) and hashed; the digests were
 // recorded from the build before the route-speed work (commit f0b5423) and are pinned
-// here. A change that alters any decision changes a digest.
+// here (runs with pending credit, route.pending_credit, from the build that added it).
+// A change that alters any decision changes a digest.
 import { describe, expect, test } from "bun:test";
 import { createHash } from "node:crypto";
 import { DEFAULT_SEED } from "../../src/hash";
@@ -19,6 +20,8 @@ interface Run {
   readonly workers: number;
   readonly candidates: number;
   readonly temperature: number;
+  /** Active requests' blocks credited as cached (the digests before it existed are without). */
+  readonly pending?: boolean;
 }
 
 /** Every decision of one seeded run, as one digest. */
@@ -32,6 +35,7 @@ function digestOf(run: Run): string {
     random: () => random() / 2 ** 32,
     weights: { temperature: run.temperature, degradedOverlapWeight: 0.5 },
     trackOutputBlocks: true,
+    pendingCredit: run.pending === true,
   });
   for (let w = 0; w < run.workers; w++) router.load.addWorker(BigInt(500 + w), w % 2);
   const prefixes = Array.from({ length: 6 }, (_, f) =>
@@ -112,6 +116,9 @@ const PINNED: Record<string, string> = {
   "dynamo W=64 k=0 T=0": "64c02bea9ef8508b",
   "dynamo W=64 k=4 T=0": "5b8092cbf96a771d",
   "dynamo W=16 k=4 T=0.5": "c83a0dc85a9a9a03",
+  // Pending credit (route.pending_credit), pinned when it was added.
+  "ttft W=16 k=4 T=0 pending": "7dae702ada499c71",
+  "dynamo W=16 k=4 T=0 pending": "fddde1fe45f0484d",
 };
 
 const RUNS: Run[] = [];
@@ -120,9 +127,10 @@ for (const policy of ["ttft", "dynamo"] as const) {
     for (const candidates of [0, 4]) RUNS.push({ policy, workers, candidates, temperature: 0 });
   }
   RUNS.push({ policy, workers: 16, candidates: 4, temperature: 0.5 });
+  RUNS.push({ policy, workers: 16, candidates: 4, temperature: 0, pending: true });
 }
 const nameOf = (run: Run) =>
-  `${run.policy} W=${run.workers} k=${run.candidates} T=${run.temperature}`;
+  `${run.policy} W=${run.workers} k=${run.candidates} T=${run.temperature}${run.pending ? " pending" : ""}`;
 
 describe("decisions are pinned", () => {
   if (process.env.KVEDGE_PRINT_PINNED === "1") {

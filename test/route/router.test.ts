@@ -479,6 +479,7 @@ describe("randomized run against a reference cost computation", () => {
           slot: w.slot,
           cost: prefill + distinct + output + (keys.length - depth) + 0.25 * active[i]!.length,
           held,
+          depth,
         };
       });
       expect(decision.candidates.count).toBe(live.length);
@@ -489,7 +490,12 @@ describe("randomized run against a reference cost computation", () => {
       }
       const minCost = Math.min(...expected.map((e) => e.cost));
       expect(decision.cost).toBeCloseTo(minCost, 9);
-      const held = bySlot.get(decision.slot)!.held;
+      // Admitted with what counts as cached: the trusted overlap or, pending credit on
+      // (the default), the blocks the worker's active requests cover, if more.
+      const chosen = bySlot.get(decision.slot)!;
+      const held = Math.max(chosen.held, chosen.depth);
+      expect(decision.creditedBlocks).toBe(held);
+      expect(decision.pendingBlocks).toBe(chosen.depth);
       refs.set(decision.requestId, {
         id: decision.requestId,
         slot: decision.slot,

@@ -95,7 +95,7 @@ describe("routeOp explanation", () => {
         token_ids: Array.from({ length: 500 + 100 * i }, (_, t) => t + 1000 * i),
       });
     const answer = routeOp(core, {
-      token_ids: Array.from({ length: 300 }, (_, t) => t),
+      token_ids: Array.from({ length: 300 }, (_, t) => t + 99_000),
       candidates: 4,
     });
     expect(answer.candidates).toHaveLength(4);
@@ -103,6 +103,7 @@ describe("routeOp explanation", () => {
       expect(c.predicted_ttft_ms).toBeCloseTo(c.queue_ms + c.prefill_ms + c.steps_ms, 9);
       expect(c.cost).toBeCloseTo(c.predicted_ttft_ms + 12 * c.prefill_ms, 9);
       expect(c.prefill_ms).toBeCloseTo(300 / 15, 9); // nothing cached: 300 tokens at 15 per ms
+      expect([c.overlap_kind, c.pending_blocks]).toEqual(["exact", 0]);
     }
     expect(answer.predicted_ttft_ms).toBe(answer.candidates[0]!.predicted_ttft_ms);
     expect(answer.candidates.some((c) => c.queue_ms > 0)).toBe(true);

@@ -20,6 +20,12 @@ function cacheOf(capacityBlocks: number, hashSeed = SEED): EngineCache {
   return new EngineCache({ capacityBlocks, blockSize: BS, hashSeed });
 }
 
+/** Publishes what the cache did since the last call (a step's end) and takes the events. */
+function published(cache: EngineCache) {
+  cache.publish();
+  return cache.takeEvents();
+}
+
 function range(from: number, count: number): number[] {
   return Array.from({ length: count }, (_, i) => from + i);
 }
@@ -104,6 +110,8 @@ describe("EngineCache hashing", () => {
     const cache = cacheOf(8);
     const tokens = range(1, 8);
     serve(cache, tokens);
+    expect(cache.snapshot()).toEqual([]); // nothing published yet: the published view is empty
+    cache.publish();
     const paths = cache
       .snapshot()
       .sort((x, y) => x.position - y.position)
@@ -120,10 +128,10 @@ describe("EngineCache prefix caching", () => {
     expect(cache.allocate(seq)).toBe(true);
     expect(seq.hitBlocks).toBe(0);
     expect(seq.slots!.length).toBe(3);
-    expect(cache.takeEvents()).toEqual([]);
+    expect(published(cache)).toEqual([]);
     cache.commit(seq, 10);
     const ext = externalHashes(tokens);
-    expect(cache.takeEvents()).toEqual([stored([ext[0]!, ext[1]!], null, range(1, 8))]);
+    expect(published(cache)).toEqual([stored([ext[0]!, ext[1]!], null, range(1, 8))]);
     expect(cache.cachedBlocks).toBe(2);
     expect(cache.usedBlocks).toBe(3);
     cache.release(seq);
@@ -135,7 +143,7 @@ describe("EngineCache prefix caching", () => {
   test("a shared prefix is reused and only the new blocks are stored, parent = last reused block", () => {
     const cache = cacheOf(8);
     serve(cache, range(1, 10));
-    cache.takeEvents();
+    published(cache);
     const tokens = [...range(1, 8), 100, 101, 102, 103, 104];
     const seq = sequence(cache, tokens);
     expect(cache.sequencePrefixBlocks(seq)).toBe(2);
@@ -144,7 +152,7 @@ describe("EngineCache prefix caching", () => {
     expect(seq.hitBlocks).toBe(2);
     cache.commit(seq, tokens.length);
     const ext = externalHashes(tokens);
-    expect(cache.takeEvents()).toEqual([stored([ext[2]!], ext[1]!, [100, 101, 102, 103])]);
+    expect(published(cache)).toEqual([stored([ext[2]!], ext[1]!, [100, 101, 102, 103])]);
     expect(cache.counters.hitBlocks).toBe(2);
     cache.release(seq);
     cache.verify();
@@ -153,7 +161,7 @@ describe("EngineCache prefix caching", () => {
   test("partial reuse: a prompt that diverges in block 1 reuses block 0 only", () => {
     const cache = cacheOf(8);
     serve(cache, range(1, 12));
-    cache.takeEvents();
+    published(cache);
     const tokens = [1, 2, 3, 4, 5, 6, 7, 99, 9, 10, 11, 12];
     const seq = sequence(cache, tokens);
     expect(cache.allocate(seq)).toBe(true);
@@ -161,19 +169,19 @@ describe("EngineCache prefix caching", () => {
     cache.commit(seq, tokens.length);
     const ext = externalHashes(tokens);
     expect(ext[1]).not.toBe(externalHashes(range(1, 12))[1]);
-    expect(cache.takeEvents()).toEqual([stored([ext[1]!, ext[2]!], ext[0]!, tokens.slice(4))]);
+    expect(published(cache)).toEqual([stored([ext[1]!, ext[2]!], ext[0]!, tokens.slice(4))]);
     cache.release(seq);
   });
 
   test("the last prompt token is always computed: a fully cached 8-token prompt reuses 1 block", () => {
     const cache = cacheOf(8);
     serve(cache, range(1, 8));
-    cache.takeEvents();
+    published(cache);
     const seq = sequence(cache, range(1, 8));
     expect(cache.allocate(seq)).toBe(true);
     expect(seq.hitBlocks).toBe(1);
     cache.commit(seq, 8); // block 1 recomputed: its hash is cached, the copy is adopted
-    expect(cache.takeEvents()).toEqual([]);
+    expect(published(cache)).toEqual([]);
     expect(cache.counters.duplicateBlocks).toBe(1);
     expect(cache.usedBlocks).toBe(2);
     cache.release(seq);
@@ -189,9 +197,9 @@ describe("EngineCache prefix caching", () => {
     expect(seq.slots!.length).toBe(4);
     cache.commit(seq, 6);
     const ext = externalHashes(tokens);
-    expect(cache.takeEvents()).toEqual([stored([ext[0]!], null, range(1, 4))]);
+    expect(published(cache)).toEqual([stored([ext[0]!], null, range(1, 4))]);
     cache.commit(seq, 13);
-    expect(cache.takeEvents()).toEqual([stored([ext[1]!, ext[2]!], ext[0]!, range(5, 8))]);
+    expect(published(cache)).toEqual([stored([ext[1]!, ext[2]!], ext[0]!, range(5, 8))]);
     cache.release(seq);
     cache.verify();
   });
@@ -206,12 +214,12 @@ describe("EngineCache eviction and pinning", () => {
   test("LRU: the oldest request's blocks go first, its tail block before its head", () => {
     const cache = cacheOf(6);
     for (const tokens of [a, b, c]) serve(cache, tokens);
-    cache.takeEvents();
+    published(cache);
     expect(cache.cachedBlocks).toBe(6);
     const seq = sequence(cache, d);
     expect(cache.allocate(seq)).toBe(true);
     const ea = externalHashes(a);
-    expect(cache.takeEvents()).toEqual([removed([ea[1]!, ea[0]!])]);
+    expect(published(cache)).toEqual([removed([ea[1]!, ea[0]!])]);
     expect(cache.counters.evictedBlocks).toBe(2);
     expect(cache.cachedPrefixBlocks(Uint32Array.from(a), 8)).toBe(0);
     expect(cache.cachedPrefixBlocks(Uint32Array.from(b), 8)).toBe(1);
@@ -223,11 +231,11 @@ describe("EngineCache eviction and pinning", () => {
     const cache = cacheOf(6);
     for (const tokens of [a, b, c]) serve(cache, tokens);
     serve(cache, [...a.slice(0, 4), 7, 7, 7, 7]); // reuses a[0..4); its new block evicts a[1]
-    cache.takeEvents();
+    published(cache);
     const seq = sequence(cache, d);
     expect(cache.allocate(seq)).toBe(true);
     const eb = externalHashes(b);
-    expect(cache.takeEvents()).toEqual([removed([eb[1]!, eb[0]!])]);
+    expect(published(cache)).toEqual([removed([eb[1]!, eb[0]!])]);
     expect(cache.cachedPrefixBlocks(Uint32Array.from([...a.slice(0, 4), 7, 7, 7, 7, 0]), 9)).toBe(
       2,
     );
@@ -240,19 +248,19 @@ describe("EngineCache eviction and pinning", () => {
     const running = sequence(cache, range(1, 16));
     expect(cache.allocate(running)).toBe(true);
     cache.commit(running, 16);
-    cache.takeEvents();
+    published(cache);
     expect(cache.freeBlocks).toBe(2);
     const blocked = sequence(cache, range(500, 12));
     expect(cache.allocate(blocked)).toBe(false);
     expect(blocked.slots).toBeNull();
-    expect(cache.takeEvents()).toEqual([]);
+    expect(published(cache)).toEqual([]);
     expect(cache.freeBlocks).toBe(2);
     expect(cache.cachedBlocks).toBe(4);
     cache.release(running);
     expect(cache.allocate(blocked)).toBe(true);
     const er = externalHashes(range(1, 16));
     // 2 never-used slots first, then the released request's blocks, tail first.
-    expect(cache.takeEvents()).toEqual([removed([er[3]!])]);
+    expect(published(cache)).toEqual([removed([er[3]!])]);
     cache.release(blocked);
     cache.verify();
   });
@@ -283,7 +291,7 @@ describe("EngineCache duplicates and reset", () => {
     cache.commit(first, 9);
     cache.commit(second, 9);
     const ext = externalHashes(tokens);
-    expect(cache.takeEvents()).toEqual([stored([ext[0]!, ext[1]!], null, range(1, 8))]);
+    expect(published(cache)).toEqual([stored([ext[0]!, ext[1]!], null, range(1, 8))]);
     expect(cache.counters.duplicateBlocks).toBe(2);
     expect(cache.usedBlocks).toBe(4); // 2 shared + 2 partial tails
     cache.verify();
@@ -298,12 +306,12 @@ describe("EngineCache duplicates and reset", () => {
     serve(cache, range(1, 8));
     const running = sequence(cache, range(20, 8));
     expect(cache.allocate(running)).toBe(true);
-    cache.takeEvents();
+    published(cache);
     expect(cache.reset()).toBe(false);
-    expect(cache.takeEvents()).toEqual([]);
+    expect(published(cache)).toEqual([]);
     cache.release(running);
     expect(cache.reset()).toBe(true);
-    const events: KvEvent[] = cache.takeEvents();
+    const events: KvEvent[] = published(cache);
     expect(events).toEqual([{ type: "AllBlocksCleared" }]);
     expect(cache.cachedBlocks).toBe(0);
     expect(cache.snapshot()).toEqual([]);
@@ -311,7 +319,7 @@ describe("EngineCache duplicates and reset", () => {
     cache.verify();
     // The cache works normally afterwards, from an empty state.
     serve(cache, range(1, 8));
-    expect(cache.takeEvents()).toEqual([stored(externalHashes(range(1, 8)), null, range(1, 8))]);
+    expect(published(cache)).toEqual([stored(externalHashes(range(1, 8)), null, range(1, 8))]);
   });
 
   test("no events are built when recording is off, but the cache behaves the same", () => {

@@ -3,7 +3,12 @@
 // order to a clean-room model of a consumer, equals the engine's real cache contents
 // after every batch of a randomized workload.
 import { describe, expect, test } from "bun:test";
-import { EngineCache, type KvEvent, type KvEventBatch } from "../../src/sim/engine-cache";
+import {
+  type BlockStoredEvent,
+  EngineCache,
+  type KvEvent,
+  type KvEventBatch,
+} from "../../src/sim/engine-cache";
 import { MockEngine, type EngineRequest } from "../../src/sim/engine";
 import { createRng, randomInt } from "../../src/sim/random";
 import {
@@ -187,14 +192,37 @@ describe("MockEngine timeline (continuous batching, chunked prefill)", () => {
     expect(engine.idle).toBe(true);
   });
 
-  test("batches: one per step, stamped with the step's end in seconds", () => {
+  test("batches: a step's blocks are cached when it is planned, published when it has run", () => {
     const { engine } = engineOf(16);
-    engine.submit(request(0, range(1, 8), 1), 0);
-    expect(engine.takeBatch(0)).toBeNull(); // admission into an empty cache evicts nothing
-    const at = engine.step();
-    const batch = engine.takeBatch(at);
-    expect(batch?.ts).toBe(0.009);
-    expect(batch?.events.map((event) => event.type)).toEqual(["BlockStored"]);
+    engine.submit(request(0, range(1, 8), 4), 0);
+    // The step that computes the prompt is planned at once: its full blocks are cached
+    // then (vLLM V1's allocate_slots), but published when the step has run.
+    expect(engine.takeBatch(0)).toBeNull();
+    expect(engine.cache.visiblePrefixBlocks(Uint32Array.from(range(1, 9)), 9)).toBe(0);
+    let at = engine.step(); // prefill, and the first output token
+    const planned = engine.takeBatch(at)!;
+    expect(planned.ts).toBe(at / 1000);
+    expect(planned.events.map((event) => event.type)).toEqual(["BlockStored"]);
+    expect((planned.events[0] as BlockStoredEvent).block_hashes.length).toBe(2);
+    expect(engine.cache.visiblePrefixBlocks(Uint32Array.from(range(1, 9)), 9)).toBe(2);
+    for (let step = 0; step < 3; step++) at = engine.step();
+    // The fourth output token fills the third block: announced at that step's end.
+    const filled = engine.takeBatch(at)!;
+    expect(filled.ts).toBe(at / 1000);
+    expect(filled.events.map((event) => event.type)).toEqual(["BlockStored"]);
+  });
+
+  test("a request admitted into the same step as a sibling reuses the sibling's planned blocks", () => {
+    const { engine, log } = engineOf(64, { ...TIME, maxBatchedTokens: 64 });
+    const shared = range(1, 16);
+    engine.submit(request(0, [...range(100, 104)], 1), 0); // keeps the engine busy for a step
+    engine.submit(request(1, [...shared, 50], 1), 0.5);
+    engine.submit(request(2, [...shared, 60], 1), 0.5);
+    while (!engine.idle) engine.step();
+    // Both siblings were admitted into the second step; the second reuses the first's
+    // 4 prompt blocks although they were computed in the same step.
+    expect(log.cached.get(1)).toBe(0);
+    expect(log.cached.get(2)).toBe(16);
   });
 });
 

@@ -51,7 +51,7 @@ describe("replayRealtime", () => {
         blockSize: 16,
         seed,
         probe: (worker, query) =>
-          engines[worker]!.engine.cache.cachedPrefixBlocks(query.tokens, query.promptLength),
+          engines[worker]!.engine.cache.visiblePrefixBlocks(query.tokens, query.promptLength),
       });
       const live = await replayRealtime(policy, {
         trace,

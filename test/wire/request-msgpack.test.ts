@@ -120,6 +120,7 @@ const KEYS = [
   "prefill_load_scale",
   "temperature",
   "candidates",
+  "cached_tokens",
 ];
 
 /** A random frame: mostly what the reader takes, sometimes something it must decline. */
