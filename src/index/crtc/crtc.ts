@@ -19,7 +19,7 @@ import {
 } from "../types";
 import { SlotIndex } from "../slot-index";
 import { type PresentLookup, WorkerSlots } from "../workers";
-import { MatchScratch, TreeArrays, walkMatches } from "./match";
+import { MatchScratch, TreeReads, walkMatches } from "./match";
 import { ROOT } from "./nodes";
 import { clearSlot, RemoveScratch, removeHashes } from "./remove";
 import { storeChain } from "./store";
@@ -27,9 +27,6 @@ import { CrtcTree } from "./tree";
 import type { PoolMemory } from "./shared-memory";
 import { CONTROL, type SharedWriter } from "./shared-writer";
 import { verifyTree } from "./verify";
-
-/** A private tree's slots are all real: no torn reads to catch (an int32, as the shared reader's limits are). */
-const NO_SLOT_LIMIT = 0x7fff_ffff;
 
 /** What a shared index's writer is built on (shared.ts makes it). */
 export interface SharedParts {
@@ -46,7 +43,7 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
   readonly slots: WorkerSlots;
   private readonly verifyEach: boolean;
   private readonly matchScratch = new MatchScratch();
-  private readonly matchArrays = new TreeArrays();
+  private readonly matchReads = new TreeReads();
   private readonly removeScratch = new RemoveScratch();
   private readonly shared: SharedParts | null;
 
@@ -182,19 +179,7 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
     this.matchScratch.ensure(slots);
     const sequence = chain ?? this.matchScratch.chain.of(local, count);
     if (sequence.length < 2 * count) fail("query chain array too short");
-    const arrays = this.matchArrays.of(this.tree);
-    const { children } = this.tree;
-    walkMatches(
-      arrays,
-      children,
-      null,
-      NO_SLOT_LIMIT,
-      local,
-      sequence,
-      count,
-      out,
-      this.matchScratch,
-    );
+    walkMatches(this.matchReads.of(this.tree), local, sequence, count, out, this.matchScratch);
   }
 
   workerIdOf(handle: number): bigint {

@@ -92,10 +92,11 @@ export function edgeMatch(
 const NO_ARRAY: Uint32Array = new Uint32Array(0);
 
 /**
- * The arrays a walk reads. A private tree's pools grow by copying, so its arrays are
- * taken afresh for each walk (`of`); a shared tree's are the fixed views of its regions.
+ * What a walk reads and how. A private tree's pools grow by copying, so its arrays are
+ * taken afresh for each walk (`of`), and links come from its table; a shared tree's
+ * arrays are the fixed views of its regions, and its reader is the guard.
  */
-export class TreeArrays {
+export class TreeReads {
   start: Uint32Array = NO_ARRAY;
   len: Uint32Array = NO_ARRAY;
   /** Per node, the sequence hash of its edge's last block (pairs). */
@@ -106,8 +107,14 @@ export class TreeArrays {
   words: Uint32Array = NO_ARRAY;
   hi: Uint32Array = NO_ARRAY;
   lo: Uint32Array = NO_ARRAY;
+  /** A private tree's links (null when a guard reads a shared tree). */
+  links: LinkTable | null = null;
+  /** A shared tree's reader; null for a private tree (every check skipped). */
+  guard: ReadGuard | null = null;
+  /** Slots at or above it cannot be real (a torn read); 2^31 - 1 for a private tree. */
+  slotLimit = 0x7fff_ffff;
 
-  /** This tree's arrays as they are now. */
+  /** This private tree's arrays and links as they are now. */
   of(tree: CrtcTree): this {
     const { nodes, owners, blocks } = tree;
     this.start = nodes.start;
@@ -119,8 +126,27 @@ export class TreeArrays {
     this.words = owners.words;
     this.hi = blocks.hi;
     this.lo = blocks.lo;
+    this.links = tree.children;
     return this;
   }
+}
+
+/** The child of `node` whose first block is (hi, lo), or 0. */
+function childOf(reads: TreeReads, node: number, hi: number, lo: number): number {
+  const guard = reads.guard;
+  return guard === null ? reads.links!.find(node, hi, lo) : guard.link(node, hi, lo);
+}
+
+/** Whether a node read from a shared tree names no real edge or owner list (a torn read). */
+function torn(
+  reads: TreeReads,
+  start: number,
+  len: number,
+  owners: number,
+  offset: number,
+): boolean {
+  if (len === 0 || start + len > reads.hi.length || owners > reads.slotLimit) return true;
+  return owners !== 1 && offset + 2 * owners > reads.words.length;
 }
 
 /**
@@ -140,15 +166,10 @@ export interface ReadGuard {
 /**
  * Scores every slot holding a prefix of the query into `out` (out.count of them).
  * `chain`: the query's sequence hashes (src/hash chainHashes of `query`), pairs.
- * `links` (a private tree's) or `guard` (a shared tree's reader): exactly one is given.
- * `slotLimit`: slots at or above it cannot be real (a torn read); 2^31 - 1 for a private tree.
  * False: a guarded read met a change (retry); a private walk always completes.
  */
 export function walkMatches(
-  arrays: TreeArrays,
-  links: LinkTable | null,
-  guard: ReadGuard | null,
-  slotLimit: number,
+  reads: TreeReads,
   query: Uint32Array,
   chain: Uint32Array,
   count: number,
@@ -157,13 +178,11 @@ export function walkMatches(
 ): boolean {
   out.count = 0;
   if (count === 0) return true;
+  const { guard, slotLimit } = reads;
   if (guard !== null && guard.open(ROOT) < 0) return false;
-  let node =
-    guard === null
-      ? links!.find(ROOT, query[0]!, query[1]!)
-      : guard.link(ROOT, query[0]!, query[1]!);
+  let node = childOf(reads, ROOT, query[0]!, query[1]!);
   if (node === 0) return true;
-  const { start: starts, len: lens, ownerCount, ownerA, ownerB, words, hi, lo } = arrays;
+  const { start: starts, len: lens, ownerCount, ownerA, ownerB, words, hi, lo } = reads;
   const { active, stamp } = scratch;
   const { workers: outWorkers, blocks: outBlocks } = out;
   let scored = 0;
@@ -182,26 +201,14 @@ export function walkMatches(
     const offset = ownerA[node]!;
     const inlineHeld = ownerB[node]!;
     // A torn read can name anything: check it is a real edge and list before using it.
-    if (
-      guard !== null &&
-      (len === 0 ||
-        start + len > hi.length ||
-        owners > slotLimit ||
-        (!inline && offset + 2 * owners > words.length))
-    )
-      return false;
-    const matched = edgeMatch(hi, lo, arrays.chain, node, start, len, query, chain, depth, count);
+    if (guard !== null && torn(reads, start, len, owners, offset)) return false;
+    const matched = edgeMatch(hi, lo, reads.chain, node, start, len, query, chain, depth, count);
     // The next edge's link is probed before this node's owners are scanned, so that its
     // cache miss overlaps the scan (one probe wasted when no slot stays active). A torn
     // len is caught by the version check below.
-    let next = 0;
-    if (matched === len && depth + len < count) {
-      const at = 2 * (depth + len);
-      next =
-        guard === null
-          ? links!.find(node, query[at]!, query[at + 1]!)
-          : guard.link(node, query[at]!, query[at + 1]!);
-    }
+    const at = 2 * (depth + len);
+    const next =
+      matched === len && depth + len < count ? childOf(reads, node, query[at]!, query[at + 1]!) : 0;
     if (first) {
       for (let k = 0; k < owners; k++) {
         const slot = inline ? offset : words[offset + 2 * k]!;

@@ -28,7 +28,7 @@ import { SLOT_LIMIT } from "../workers";
 import { MatchResult, type IndexOptions } from "../types";
 import { defaultIndexBudgetBytes } from "../budget";
 import { CrtcIndex } from "./crtc";
-import { MatchScratch, type ReadGuard, TreeArrays, walkMatches } from "./match";
+import { MatchScratch, type ReadGuard, TreeReads, walkMatches } from "./match";
 import { RUN_ORDER_MAX } from "./blocks";
 import { SharedRegions } from "./shared-memory";
 import { CONTROL, controlWords, SharedWriter, type SharedWriterCounters } from "./shared-writer";
@@ -171,8 +171,8 @@ export class SharedIndexReader implements ReadGuard {
   /** When the current lookup gives up on a writer stuck mid-event. */
   private deadline = 0;
   private readonly version: Uint32Array;
-  /** The tree's arrays: fixed views of the shared regions. */
-  private readonly arrays = new TreeArrays();
+  /** The tree's arrays (fixed views of the shared regions), read through this reader. */
+  private readonly reads = new TreeReads();
   private readonly links: [Uint32Array, Uint32Array];
   private readonly identity: Uint32Array;
   private readonly scratch = new MatchScratch();
@@ -203,7 +203,8 @@ export class SharedIndexReader implements ReadGuard {
     this.blockSize = descriptor.blockSize;
     this.control = new Int32Array(descriptor.control);
     this.version = u32("nodes.version");
-    const arrays = this.arrays;
+    const arrays = this.reads;
+    arrays.guard = this;
     arrays.start = u32("nodes.start");
     arrays.len = u32("nodes.len");
     arrays.chain = u32("nodes.chain");
@@ -365,9 +366,8 @@ export class SharedIndexReader implements ReadGuard {
     this.conflict = 0;
     const slots = this.ensureSlots();
     out.ensure(slots);
-    const arrays = this.arrays;
-    if (!walkMatches(arrays, null, this, slots, query, chain, count, out, this.scratch))
-      return false;
+    this.reads.slotLimit = slots;
+    if (!walkMatches(this.reads, query, chain, count, out, this.scratch)) return false;
     // Names of the slots while their coverage is still validated below.
     const identity = this.identity;
     for (let k = 0; k < out.count; k++) {
