@@ -19,7 +19,7 @@ import {
 } from "../types";
 import { SlotIndex } from "../slot-index";
 import { type PresentLookup, WorkerSlots } from "../workers";
-import { findMatches, MatchScratch } from "./match";
+import { MatchScratch, TreeReads, walkMatches } from "./match";
 import { ROOT } from "./nodes";
 import { clearSlot, RemoveScratch, removeHashes } from "./remove";
 import { storeChain } from "./store";
@@ -43,6 +43,7 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
   readonly slots: WorkerSlots;
   private readonly verifyEach: boolean;
   private readonly matchScratch = new MatchScratch();
+  private readonly matchReads = new TreeReads();
   private readonly removeScratch = new RemoveScratch();
   private readonly shared: SharedParts | null;
 
@@ -178,7 +179,7 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
     this.matchScratch.ensure(slots);
     const sequence = chain ?? this.matchScratch.chain.of(local, count);
     if (sequence.length < 2 * count) fail("query chain array too short");
-    findMatches(this.tree, local, sequence, count, out, this.matchScratch);
+    walkMatches(this.matchReads.of(this.tree), local, sequence, count, out, this.matchScratch);
   }
 
   workerIdOf(handle: number): bigint {
