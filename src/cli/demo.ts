@@ -4,7 +4,7 @@ import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES, type RoutePolicy } from "../rout
 import { getAffinity, pinProcess } from "../runtime/affinity";
 import { type AdmissionReport, type DemoResult, type RouterReport, runDemo } from "../sim/demo";
 import {
-  DEFAULT_DEMO_POLICIES,
+  defaultDemoPolicies,
   approximateEngines,
   DEMO_EVENTS,
   type DemoEvents,
@@ -119,6 +119,10 @@ const flags = {
   events: { kind: "string" },
   "predicted-capacity-blocks": { kind: "string" },
   "no-correct": { kind: "boolean" },
+  replicas: { kind: "string" },
+  "no-sync": { kind: "boolean" },
+  "sync-delay-ms": { kind: "string" },
+  "stagger-ms": { kind: "string" },
 } as const;
 
 export const DEMO_DEFAULTS = {
@@ -182,6 +186,14 @@ Options:
                          engines' real one, --capacity-blocks)
   --no-correct           kvedge is not told the cached tokens engines served (prefill_done's
                          cached_tokens; with --proxy kvedge serve runs without correction)
+  --replicas N           kvedge as N replicas (1): request i to replica i mod N, its lifecycle
+                         calls too, as behind a plain load balancer. kv_aware shares their load
+                         over a local nats-server (bound to 127.0.0.1); kv_aware_unsynced, the
+                         same replicas without it, runs beside it
+  --no-sync              with --replicas: only the replicas without the bus (kv_aware_unsynced)
+  --sync-delay-ms D      with --virtual --replicas: each replica applies its peers' facts D ms late (1)
+  --stagger-ms S         with --replicas: the replicas' cluster.stagger_ms, replica k answering a
+                         contested route k × S ms late (default: D with --virtual, else 1; 0 = off)
   --json                 print one JSON object on stdout instead of the table
 ${TIME_MODEL_HELP}  -h, --help             show this help
 `,
@@ -215,30 +227,21 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     const seed = flagInt(parsed, "seed", DEMO_DEFAULTS.seed, 0, 0xffff_ffff);
     const time = timeModelOf(parsed);
     const json = flagBool(parsed, "json");
-    const policies = policiesOf(flagString(parsed, "policies"));
+    const replicated = replicaFlags(parsed, virtual);
+    const policies = policiesOf(flagString(parsed, "policies"), replicated);
     const loaded = await traceOf(parsed);
     if (start >= loaded.trace.count)
       throw new UsageError(`--start ${start}: the trace has ${loaded.trace.count} requests`);
     const trace = transformTrace(loaded.trace, { start, requests, timeScale });
 
-    // kvedge serve is told the engines' constants, as an operator would configure it.
-    const serveArgs: string[] = [
-      "--route-policy",
+    const serveArgs = serveArgsOf(
       routePolicy,
-      "--recompute-weight",
-      String(recomputeWeight),
-      "--prefill-tokens-per-sec",
-      String(time.prefillTokensPerSecond),
-      "--step-base-ms",
-      String(time.stepBaseMs),
-      "--kv-read-ms-per-million-tokens",
-      String(time.kvReadMsPerMillionTokens),
-      "--max-batched-tokens",
-      String(time.maxBatchedTokens),
-      ...admissionArgs(admission, speedup),
-    ];
-    if (!virtual && !flagBool(parsed, "no-pin") && policies.includes("kv_aware"))
-      serveArgs.push(...pinning());
+      recomputeWeight,
+      time,
+      admissionArgs(admission, speedup),
+    );
+    const kvedge = policies.includes("kv_aware") || policies.includes("kv_aware_unsynced");
+    if (!virtual && !flagBool(parsed, "no-pin") && kvedge) serveArgs.push(...pinning());
     // Without correction kvedge serve ignores the cached tokens it hears (the proxy reads them anyway).
     if (flagBool(parsed, "no-correct")) serveArgs.push("--no-predicted-correction");
     const tty = process.stderr.isTTY === true;
@@ -262,6 +265,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       proxy: flagBool(parsed, "proxy"),
       ...predictions,
       kvAware: { policy: routePolicy, ttft: { recomputeWeight }, admission: { mode: admission } },
+      ...replicated.options,
     });
     const config = {
       trace: loaded.name,
@@ -281,6 +285,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       seed,
       time_model: time,
       trace_span_s: traceStats(trace).spanMs / 1000,
+      ...replicated.config,
     };
     if (json) process.stdout.write(`${JSON.stringify({ ...result, config })}\n`);
     else process.stdout.write(renderDemo(result, config));
@@ -374,8 +379,65 @@ function routePolicyOf(text: string | undefined): RoutePolicy {
   return text as RoutePolicy;
 }
 
-function policiesOf(text: string | undefined): DemoPolicy[] {
-  if (text === undefined) return [...DEFAULT_DEMO_POLICIES];
+/** kvedge serve is told the engines' constants, as an operator would configure it. */
+function serveArgsOf(
+  routePolicy: RoutePolicy,
+  recomputeWeight: number,
+  time: TimeModel,
+  admission: string[],
+): string[] {
+  return [
+    ...["--route-policy", routePolicy, "--recompute-weight", String(recomputeWeight)],
+    ...["--prefill-tokens-per-sec", String(time.prefillTokensPerSecond)],
+    ...["--step-base-ms", String(time.stepBaseMs)],
+    ...["--kv-read-ms-per-million-tokens", String(time.kvReadMsPerMillionTokens)],
+    ...["--max-batched-tokens", String(time.maxBatchedTokens)],
+    ...admission,
+  ];
+}
+
+/** ", 3 replicas over NATS" when kvedge ran as replicas. */
+function replicasNote(replicas: number): string {
+  return replicas > 1 ? `, ${replicas} replicas over NATS` : "";
+}
+
+/** A row's name: kvedge's rows say how many replicas ran them. */
+function rowLabel(name: string, replicas: number): string {
+  const kvedge = name.startsWith("kv_aware") && name !== "kv_aware_model";
+  return replicas > 1 && kvedge ? `${name} ×${replicas}` : name;
+}
+
+/** Most kvedge replicas a demo starts. */
+const MAX_REPLICAS = 16;
+
+/** --replicas, --no-sync, --sync-delay-ms, --stagger-ms, checked together. */
+function replicaFlags(parsed: Parsed, virtual: boolean) {
+  const replicas = flagInt(parsed, "replicas", 1, 1, MAX_REPLICAS);
+  const noSync = flagBool(parsed, "no-sync");
+  if (noSync && replicas === 1) throw new UsageError("--no-sync needs --replicas 2 or more");
+  if (replicas > 1 && flagBool(parsed, "proxy"))
+    throw new UsageError("--replicas does not go with --proxy yet");
+  const syncDelayMs = flagNumber(parsed, "sync-delay-ms", 1, 0, 60_000);
+  if (parsed.flags.has("sync-delay-ms") && !(virtual && replicas > 1))
+    throw new UsageError("--sync-delay-ms needs --virtual and --replicas 2 or more");
+  // The bus's delay in virtual time; in real time a millisecond of wall clock.
+  const staggerMs = flagNumber(parsed, "stagger-ms", virtual ? syncDelayMs : 1, 0, 1000);
+  const config = {
+    replicas,
+    sync_delay_ms: virtual && replicas > 1 ? syncDelayMs : null,
+    stagger_ms: replicas > 1 ? staggerMs : null,
+  };
+  return { replicas, noSync, options: { replicas, syncDelayMs, staggerMs }, config };
+}
+
+function policiesOf(
+  text: string | undefined,
+  { replicas, noSync }: { replicas: number; noSync: boolean },
+): DemoPolicy[] {
+  if (text === undefined) {
+    const defaults = defaultDemoPolicies(replicas);
+    return noSync ? defaults.filter((policy) => policy !== "kv_aware") : defaults;
+  }
   const names = text
     .split(",")
     .map((name) => name.trim())
@@ -384,9 +446,11 @@ function policiesOf(text: string | undefined): DemoPolicy[] {
   for (const name of names) {
     if (!isDemoPolicy(name)) {
       throw new UsageError(
-        `--policies: unknown policy '${name}' (known: kv_aware, round_robin, random, least_loaded, approx_prefix, kv_aware_model)`,
+        `--policies: unknown policy '${name}' (known: kv_aware, kv_aware_unsynced, round_robin, random, least_loaded, approx_prefix, kv_aware_model)`,
       );
     }
+    if (name === "kv_aware_unsynced" && replicas === 1)
+      throw new UsageError("--policies kv_aware_unsynced needs --replicas 2 or more");
   }
   return [...new Set(names)] as DemoPolicy[];
 }
@@ -422,6 +486,7 @@ function admissionLine(a: AdmissionReport): string {
 }
 
 interface DemoConfig {
+  readonly replicas?: number;
   readonly trace: string;
   readonly events: DemoEvents;
   readonly approximate_workers: readonly number[];
@@ -464,7 +529,7 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
     "load spread",
   ];
   const rows = Object.entries(result.policies).map(([name, r]) => [
-    name,
+    rowLabel(name, config.replicas ?? 1),
     percent(r.hit_rate),
     `${(r.prefill_tokens / 1e6).toFixed(2)} M`,
     ms(r.ttft_p50_ms),
@@ -493,7 +558,7 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
       kv === undefined
         ? "kv_aware_model"
         : kv.mode === "kvedge"
-          ? "kv_aware (kvedge)"
+          ? `kv_aware (kvedge${replicasNote(config.replicas ?? 1)})`
           : "kv_aware (kvedge's router, in-process)";
     out.push(`Gains of ${kvName}:`);
     for (const [name, gain] of gains) {
@@ -559,6 +624,14 @@ function routerLines(router: RouterReport, config: DemoConfig): string[] {
         ` the engines cached ${int(p.engine_blocks)} (prompt and output blocks).`,
     );
   }
+  const cluster = router.cluster;
+  if (cluster !== null)
+    lines.push(
+      `  ${cluster.replicas} replicas${cluster.synced ? " over NATS" : ", no bus"}: ${int(cluster.facts_sent)} facts published,` +
+        ` ${int(cluster.facts_received)} applied by peers, ${int(cluster.bytes_sent)} bytes on the bus` +
+        ` (${int(cluster.bytes_per_route)} per routed request), ${int(cluster.gaps)} gaps;` +
+        ` facts applied by peers within ${cluster.lag_p50_ms} ms (p50), ${cluster.lag_p99_ms} ms (p99).`,
+    );
   return lines;
 }
 

@@ -27,7 +27,10 @@ import {
   type KvAwareConfig,
   KvAwareModel,
   type PolicyName,
+  type RoutingPolicy,
 } from "./policies";
+import { ReplicatedKvAware } from "./replicas";
+import { NatsServer } from "./nats-server";
 import type { AdmissionMode } from "../route/admission";
 import { policyClient, replayRealtime, type RealtimeProgress } from "./realtime";
 import { startServeChild, type ServeChild, waitReady, withServeTail } from "./serve-process";
@@ -75,6 +78,24 @@ export interface RouterReport {
   };
   /** Model span / wall time of the kvedge replay. */
   readonly achieved_speedup: number;
+  /** With replicas: what they shared (null: one kvedge serve). */
+  readonly cluster: ClusterReport | null;
+}
+
+/** The replicas of a replicated run and their bus (client side of `--replicas N`). */
+export interface ClusterReport {
+  readonly replicas: number;
+  readonly synced: boolean;
+  /** Own facts the replicas published, and peers' facts they applied. */
+  readonly facts_sent: number;
+  readonly facts_received: number;
+  /** Bytes the replicas published (facts, heartbeats, snapshots), and per routed request. */
+  readonly bytes_sent: number;
+  readonly bytes_per_route: number;
+  readonly gaps: number;
+  /** How late peers' facts arrived (ms, the histogram bucket's upper bound). */
+  readonly lag_p50_ms: number;
+  readonly lag_p99_ms: number;
 }
 
 export interface Gain {
@@ -120,28 +141,15 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
     Bun.gc(true);
     const phaseStarted = performance.now();
     if (options.virtual === true) {
-      options.progress?.(`${policy}: replaying in virtual time…`);
-      const report = simulate(options.trace, {
-        policy: policy === "kv_aware" ? "kv_aware_model" : policy,
-        workers: options.workers,
-        capacityBlocks: options.capacityBlocks,
-        blockSize: options.blockSize,
-        time: options.time,
-        seed: options.seed,
-        vocabSize: options.vocabSize,
-        kvAware: virtualKvAware(policy, options),
-        onFinish: (finished) => {
-          if (policy !== "kv_aware" || !(finished instanceof KvAwareModel)) return;
-          if (finished.admission !== null) admission = { mode, ...finished.admission.counts };
-        },
+      const report = virtualRun(policy, options, (counts) => {
+        admission = { mode, ...counts };
       });
       policies[policy] = {
         ...report,
         policy,
         mode: "in-process, virtual time",
-        wall_s: (performance.now() - phaseStarted) / 1000,
+        wall_s: since(phaseStarted),
       };
-      options.progress?.("");
     } else if (policy === "kv_aware" && options.proxy === true) {
       const run = await runProxyReplay(options);
       policies[policy] = {
@@ -150,15 +158,11 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
         wall_s: (performance.now() - phaseStarted) / 1000,
       };
       proxy = run.proxy;
-    } else if (policy === "kv_aware") {
-      const run = await runKvedge(options);
-      policies[policy] = {
-        ...run.report,
-        mode: "kvedge",
-        wall_s: (performance.now() - phaseStarted) / 1000,
-      };
-      router = run.router;
-      if (mode !== "off") admission = { mode, ...run.admission };
+    } else if (policy === "kv_aware" || policy === "kv_aware_unsynced") {
+      const run = await runKvedge(options, policy === "kv_aware");
+      policies[policy] = { ...run.report, mode: "kvedge", wall_s: since(phaseStarted) };
+      if (policy === "kv_aware" || router === null) router = run.router;
+      if (mode !== "off" && policy === "kv_aware") admission = { mode, ...run.admission };
     } else if (options.realtimeBaselines) {
       const report = await runInProcessRealtime(policy, options);
       policies[policy] = {
@@ -167,22 +171,12 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
         wall_s: (performance.now() - phaseStarted) / 1000,
       };
     } else {
-      options.progress?.(`${policy}: replaying in virtual time…`);
-      const report = simulate(options.trace, {
-        policy,
-        workers: options.workers,
-        capacityBlocks: options.capacityBlocks,
-        blockSize: options.blockSize,
-        time: options.time,
-        seed: options.seed,
-        vocabSize: options.vocabSize,
-      });
+      const report = virtualRun(policy, options, () => {});
       policies[policy] = {
         ...report,
         mode: "in-process, virtual time",
-        wall_s: (performance.now() - phaseStarted) / 1000,
+        wall_s: since(phaseStarted),
       };
-      options.progress?.("");
     }
   }
   const wall = (performance.now() - started) / 1000;
@@ -206,6 +200,74 @@ function virtualKvAware(policy: DemoPolicy, options: DemoOptions): KvAwareConfig
   };
 }
 
+const since = (startedMs: number): number => (performance.now() - startedMs) / 1000;
+
+/**
+ * One policy replayed in virtual time: kvedge's router for kv_aware (as replicas, synced
+ * or not, with `options.replicas`), else the baseline; `onAdmission` gets kv_aware's
+ * admission counts when admission is on.
+ */
+function virtualRun(
+  policy: DemoPolicy,
+  options: DemoOptions,
+  onAdmission: (counts: Omit<AdmissionReport, "mode">) => void,
+): PolicyReport {
+  options.progress?.(`${policy}: replaying in virtual time…`);
+  const kvedge = policy === "kv_aware" || policy === "kv_aware_unsynced";
+  const kvAware = kvedge
+    ? replicated(virtualKvAware("kv_aware", options), options, policy === "kv_aware")
+    : virtualKvAware(policy, options);
+  const report = simulate(options.trace, {
+    policy: kvedge ? "kv_aware_model" : (policy as PolicyName),
+    workers: options.workers,
+    capacityBlocks: options.capacityBlocks,
+    blockSize: options.blockSize,
+    time: options.time,
+    seed: options.seed,
+    vocabSize: options.vocabSize,
+    // A real-time demo's baselines run as they always did: without kvedge's settings.
+    ...(options.virtual === true ? { kvAware } : {}),
+    onFinish: (finished) => {
+      const counts = policy === "kv_aware" ? admissionOf(finished) : null;
+      if (counts !== null) onAdmission(counts);
+    },
+  });
+  options.progress?.("");
+  return report;
+}
+
+/** kv_aware's router settings in virtual time, as `options.replicas` replicas, synced or not. */
+function replicated(base: KvAwareConfig, options: DemoOptions, synced: boolean): KvAwareConfig {
+  const replicas = options.replicas ?? 1;
+  if (replicas <= 1) return base;
+  return synced
+    ? {
+        ...base,
+        replicas,
+        syncDelayMs: options.syncDelayMs ?? 0,
+        staggerMs: options.staggerMs ?? 0,
+      }
+    : { ...base, replicas, syncDelayMs: null };
+}
+
+/** What admission did in a virtual replay (summed over replicas); null when off. */
+function admissionOf(finished: RoutingPolicy): Omit<AdmissionReport, "mode"> | null {
+  const models =
+    finished instanceof ReplicatedKvAware
+      ? finished.replicas
+      : finished instanceof KvAwareModel
+        ? [finished]
+        : [];
+  let sum: Record<string, number> | null = null;
+  for (const model of models) {
+    if (model.admission === null) continue;
+    sum ??= {};
+    for (const [key, value] of Object.entries(model.admission.counts))
+      sum[key] = (sum[key] ?? 0) + value;
+  }
+  return sum as Omit<AdmissionReport, "mode"> | null;
+}
+
 function admissionModeOf(options: DemoOptions): AdmissionMode {
   return options.kvAware?.admission?.mode ?? "off";
 }
@@ -223,7 +285,8 @@ export function gainsOf(policies: Record<string, PolicyReport>): Record<string, 
   if (kv === undefined) return {};
   const gains: Record<string, Gain> = {};
   for (const [name, other] of Object.entries(policies)) {
-    if (other === kv || name.startsWith("kv_aware")) continue;
+    // Every other row, kvedge's unsynced replicas included (what the bus buys).
+    if (other === kv || (name.startsWith("kv_aware") && name !== "kv_aware_unsynced")) continue;
     gains[name] = {
       prefill_tokens_saved_pct: pct(other.prefill_tokens - kv.prefill_tokens, other.prefill_tokens),
       hit_rate_points: 100 * (kv.hit_rate - other.hit_rate),
@@ -280,29 +343,26 @@ function clock(ms: number): string {
   return `${Math.floor(seconds / 60)}:${String(seconds % 60).padStart(2, "0")}`;
 }
 
-async function runKvedge(options: DemoOptions): Promise<KvedgeRun> {
+/**
+ * kv_aware through real `kvedge serve` processes: one, or `options.replicas` of them,
+ * request i to replica i mod N; `synced`, they share their facts over a local
+ * nats-server (bound to 127.0.0.1), else each decides on its own load.
+ */
+async function runKvedge(options: DemoOptions, synced: boolean): Promise<KvedgeRun> {
+  const name = synced ? "kv_aware" : "kv_aware_unsynced";
   const engines = await startEngines(options, true);
-  let serve: ServeChild | null = null;
-  let client: KvedgeClient | null = null;
+  const fleet: Replicas = { serves: [], nats: null };
+  const clients: KvedgeClient[] = [];
   try {
-    options.progress?.("kv_aware: starting kvedge serve…");
+    await startReplicas(options, engines, fleet, name, synced);
+    for (const serve of fleet.serves) clients.push(await KvedgeClient.connect(serve.url));
     const workerIds = engines.map((_, w) => String(w));
-    serve = await startServeChild({
-      args: [
-        ...["--workers", workersArg(engines, options, null)],
-        ...["--block-size", String(options.blockSize), "--log-level", "info"],
-        ...options.serveArgs,
-      ],
-      ...(options.kvedgeCommand === undefined ? {} : { command: options.kvedgeCommand }),
-    });
-    await waitReady(serve.url, exactEngines(engines, options));
-    client = await KvedgeClient.connect(serve.url);
     // Approximate workers hear what their engines served from cache (prefill_done's cached_tokens).
     const reportCached = (options.correct ?? true) && approximateOf(options).length > 0;
     const count = options.trace.count;
-    const { router, stats } = kvedgeRouter(client, workerIds, count, "demo-", reportCached);
+    const { router, stats } = kvedgeRouter(clients, workerIds, count, "demo-", reportCached);
     const startedMs = performance.now();
-    const run = await replayRealtime("kv_aware", {
+    const run = await replayRealtime(name, {
       trace: options.trace,
       engines,
       router,
@@ -313,26 +373,114 @@ async function runKvedge(options: DemoOptions): Promise<KvedgeRun> {
       ...(options.progress === null
         ? {}
         : {
-            progress: (p: RealtimeProgress) =>
-              options.progress!(progressLine("kv_aware", p, startedMs)),
+            progress: (p: RealtimeProgress) => options.progress!(progressLine(name, p, startedMs)),
           }),
     });
     options.progress?.("");
-    await client.settle();
-    const routerReport = await routerSide(serve.url, engines, workerIds, client, stats, options);
-    const metrics = await (await fetch(`${serve.url}/metrics`)).text();
+    for (const client of clients) await client.settle();
+    const urls = fleet.serves.map((serve) => serve.url);
+    const routerReport = await routerSide(urls, engines, workerIds, clients, stats, options);
+    const metrics = await Promise.all(
+      urls.map(async (url) => (await fetch(`${url}/metrics`)).text()),
+    );
+    const replicas = urls.length;
+    const cluster = replicas > 1 ? clusterReport(metrics, synced, routerReport.decisions) : null;
     return {
       report: run.report,
-      router: { ...routerReport, achieved_speedup: run.achievedSpeedup },
+      router: { ...routerReport, achieved_speedup: run.achievedSpeedup, cluster },
       admission: admissionCounts(metrics),
     };
   } catch (error) {
-    throw withServeTail(error, serve);
+    throw withServeTail(error, fleet.serves[0] ?? null);
   } finally {
-    client?.close();
-    await serve?.stop();
+    for (const client of clients) client.close();
+    await Promise.all(fleet.serves.map((serve) => serve.stop()));
+    await fleet.nats?.close();
     await Promise.all(engines.map((engine) => engine.close()));
   }
+}
+
+/** The kvedge serve processes of a run, and their nats-server (null: none). */
+interface Replicas {
+  readonly serves: ServeChild[];
+  nats: NatsServer | null;
+}
+
+/** Starts the replicas (and, synced with several, their nats-server) into `fleet`; waits until ready. */
+async function startReplicas(
+  options: DemoOptions,
+  engines: readonly NetworkedEngine[],
+  fleet: Replicas,
+  name: string,
+  synced: boolean,
+): Promise<void> {
+  const replicas = options.replicas ?? 1;
+  if (synced && replicas > 1) {
+    options.progress?.(`${name}: starting nats-server…`);
+    fleet.nats = await NatsServer.start();
+  }
+  options.progress?.(`${name}: starting ${replicas > 1 ? `${replicas} × ` : ""}kvedge serve…`);
+  for (let i = 0; i < replicas; i++) {
+    const cluster =
+      fleet.nats === null
+        ? []
+        : ["--cluster-nats", fleet.nats.url, "--cluster-replica-id", `r${i}`].concat([
+            "--cluster-stagger-ms",
+            String(options.staggerMs ?? 0),
+          ]);
+    fleet.serves.push(
+      await startServeChild({
+        args: [
+          ...["--workers", workersArg(engines, options, null)],
+          ...["--block-size", String(options.blockSize), "--log-level", "info"],
+          ...cluster,
+          ...options.serveArgs,
+        ],
+        ...(options.kvedgeCommand === undefined ? {} : { command: options.kvedgeCommand }),
+      }),
+    );
+  }
+  const exact = exactEngines(engines, options);
+  for (const serve of fleet.serves) await waitReady(serve.url, exact, replicas);
+}
+
+/** What the replicas' bus carried, from their /metrics. */
+function clusterReport(
+  metrics: readonly string[],
+  synced: boolean,
+  decisions: number,
+): ClusterReport {
+  const sum = (name: string, match: string) =>
+    metrics.reduce((total, text) => total + metricSum(text, name, match), 0);
+  const bytes = sum("kvedge_cluster_bytes_total", 'direction="sent"');
+  return {
+    replicas: metrics.length,
+    synced,
+    facts_sent: sum("kvedge_cluster_facts_total", 'direction="sent"'),
+    facts_received: sum("kvedge_cluster_facts_total", 'direction="received"'),
+    bytes_sent: bytes,
+    bytes_per_route: decisions === 0 ? 0 : bytes / decisions,
+    gaps: sum("kvedge_cluster_events_total", 'event="gap"'),
+    lag_p50_ms: lagQuantile(metrics, 0.5),
+    lag_p99_ms: lagQuantile(metrics, 0.99),
+  };
+}
+
+/** A quantile of the replicas' fact lag, as the upper bound of its histogram bucket (ms). */
+function lagQuantile(metrics: readonly string[], q: number): number {
+  const counts = new Map<number, number>();
+  for (const text of metrics) {
+    for (const line of text.split("\n")) {
+      const match = /^kvedge_cluster_fact_lag_seconds_bucket\{le="([^"]+)"\} (\S+)$/.exec(line);
+      if (match === null) continue;
+      const le = match[1] === "+Inf" ? Infinity : Number(match[1]);
+      counts.set(le, (counts.get(le) ?? 0) + Number(match[2]));
+    }
+  }
+  const bounds = [...counts.keys()].sort((a, b) => a - b);
+  const total = counts.get(Infinity) ?? 0;
+  for (const le of bounds) if (total > 0 && counts.get(le)! >= q * total) return le * 1000;
+  return 0;
 }
 
 interface KvedgeRun {
@@ -341,10 +489,13 @@ interface KvedgeRun {
   readonly admission: Omit<AdmissionReport, "mode">;
 }
 
-/** kvedge serve's admission counts, from its /metrics. */
-function admissionCounts(metrics: string): Omit<AdmissionReport, "mode"> {
+/** kvedge serve's admission counts, from its /metrics (summed over replicas). */
+function admissionCounts(metrics: readonly string[]): Omit<AdmissionReport, "mode"> {
   const count = (outcome: string) =>
-    metricSum(metrics, "kvedge_admission_total", `outcome="${outcome}"`);
+    metrics.reduce(
+      (sum, text) => sum + metricSum(text, "kvedge_admission_total", `outcome="${outcome}"`),
+      0,
+    );
   return {
     immediate: count("immediate"),
     held: count("held"),
@@ -386,37 +537,31 @@ function approximateOf(options: DemoOptions): number[] {
   return approximateEngines(options.events ?? "all", options.workers);
 }
 
+/**
+ * kvedge's side of the run: each replica's index against the engines' caches (every one
+ * must match), ingest counters from the first, client-measured latencies and lifecycle calls.
+ */
 async function routerSide(
-  url: string,
+  urls: readonly string[],
   engines: readonly NetworkedEngine[],
   workerIds: readonly string[],
-  client: KvedgeClient,
+  clients: readonly KvedgeClient[],
   stats: ReturnType<typeof kvedgeRouter>["stats"],
   options: DemoOptions,
-): Promise<Omit<RouterReport, "achieved_speedup">> {
-  const approximate_ = approximateOf(options);
-  // Let kvedge catch up with the last batches before comparing.
-  const deadline = performance.now() + 10_000;
-  let workers: WorkerJson[] = [];
-  for (;;) {
-    workers = (await getJson<{ workers: WorkerJson[] }>(`${url}/v1/workers`)).workers;
-    const caughtUp = engines.every(
-      (engine, w) =>
-        approximate_.includes(w) ||
-        workers.find((view) => view.worker_id === workerIds[w])?.last_seq === engine.lastSeq,
-    );
-    if (caughtUp || performance.now() > deadline) break;
-    await Bun.sleep(20);
+): Promise<Omit<RouterReport, "achieved_speedup" | "cluster">> {
+  const approximate = new Set(approximateOf(options));
+  let first: { workers: WorkerJson[]; compared: ReturnType<typeof compareWithEngines> } | null =
+    null;
+  let matches = true;
+  for (const url of urls) {
+    const workers = await caughtUp(url, engines, workerIds, approximate);
+    const dump = await (await fetch(`${url}/v1/dump`)).text();
+    const compared = compareWithEngines(heldByWorker(dump), engines, workerIds, approximate);
+    matches &&= compared.matches;
+    first ??= { workers, compared };
   }
-  const metrics = await (await fetch(`${url}/metrics`)).text();
-  const dump = await (await fetch(`${url}/v1/dump`)).text();
-  const approximate = new Set(approximate_);
-  const { matches, engineBlocks, predicted } = compareWithEngines(
-    heldByWorker(dump),
-    engines,
-    workerIds,
-    approximate,
-  );
+  const { workers, compared } = first!;
+  const metrics = await (await fetch(`${urls[0]}/metrics`)).text();
   let overlapTokens = 0;
   let promptTokens = 0;
   for (let i = 0; i < stats.overlapBlocks.length; i++) {
@@ -426,6 +571,8 @@ async function routerSide(
   const latencies = Float64Array.from(
     stats.latencyMs.filter((value) => !Number.isNaN(value)),
   ).sort();
+  const lifecycle = (read: (client: KvedgeClient) => number) =>
+    clients.reduce((sum, client) => sum + read(client), 0);
   return {
     decisions: latencies.length,
     route_latency_p50_ms: percentile(latencies, 0.5),
@@ -438,16 +585,36 @@ async function routerSide(
     batches_lost: workers.reduce((sum, view) => sum + view.lost_batches, 0),
     gaps: metricSum(metrics, "kvedge_ingest_gaps_total"),
     degraded_workers: workers.filter((view) => view.degraded).length,
-    lifecycle_calls: client.counters.lifecycleCalls,
-    lifecycle_errors: client.counters.lifecycleErrors,
+    lifecycle_calls: lifecycle((client) => client.counters.lifecycleCalls),
+    lifecycle_errors: lifecycle((client) => client.counters.lifecycleErrors),
     index_blocks: workers.reduce(
       (sum, view) => sum + (approximate.has(Number(view.worker_id)) ? 0 : view.blocks),
       0,
     ),
-    engine_cached_blocks: engineBlocks,
+    engine_cached_blocks: compared.engineBlocks,
     index_matches_engines: matches,
-    predicted,
+    predicted: compared.predicted,
   };
+}
+
+/** /v1/workers once kvedge has applied every exact engine's last batch (or after 10 s). */
+async function caughtUp(
+  url: string,
+  engines: readonly NetworkedEngine[],
+  workerIds: readonly string[],
+  approximate: ReadonlySet<number>,
+): Promise<WorkerJson[]> {
+  const deadline = performance.now() + 10_000;
+  for (;;) {
+    const workers = (await getJson<{ workers: WorkerJson[] }>(`${url}/v1/workers`)).workers;
+    const done = engines.every(
+      (engine, w) =>
+        approximate.has(w) ||
+        workers.find((view) => view.worker_id === workerIds[w])?.last_seq === engine.lastSeq,
+    );
+    if (done || performance.now() > deadline) return workers;
+    await Bun.sleep(20);
+  }
 }
 
 /**
