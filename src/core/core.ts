@@ -33,7 +33,9 @@ import { Admission } from "../route/admission";
 import { bufferBudget } from "../util/buffer-budget";
 import type { LifecycleResult } from "../route/load";
 import { type CachedReport, ObservedHits, type ObservedHitsView } from "./observed-hits";
+import { DegradedFallback } from "./fallback";
 import { DEFAULT_PREDICTED_MAX_BLOCKS, Predictions } from "../route/predictions";
+import { CAPACITY_FLOOR_BLOCKS } from "../route/predicted-blocks";
 import { OVERLAP_KINDS, type OverlapKind, overlapKindOf } from "../route/router";
 import type { Logger } from "../util/log";
 import type { ZmtpOptions } from "../wire/zmtp";
@@ -127,7 +129,10 @@ export interface WorkerView {
   readonly httpEndpoint: string | null;
   /** exact: known from its KV events; approximate: predicted from kvedge's own decisions. */
   readonly mode: "exact" | "approximate";
-  /** An approximate worker's predictions: blocks predicted and the capacity they are held to (null: unknown, TTL). */
+  /**
+   * An approximate worker's predictions, or a degraded one's routed on predictions
+   * (route.degraded_fallback): blocks predicted and the capacity they are held to (null: unknown, TTL).
+   */
   readonly predicted: { readonly blocks: number; readonly capacityBlocks: number | null } | null;
   readonly observed: ObservedHitsView;
   readonly times: WorkerTimes;
@@ -188,6 +193,10 @@ export class KvedgeCore {
   readonly observedHits: ObservedHits;
   /** What approximate workers (no event endpoint) are predicted to cache, in the index (src/route/predictions.ts). */
   readonly predictions: Predictions;
+  /** Degraded exact workers' predictions (route.degraded_fallback = predictions; ./fallback.ts), else null. */
+  readonly fallback: DegradedFallback | null;
+  /** Every request's lifecycle goes to these (the approximate workers', then the degraded ones'). */
+  private readonly predictors: Predictions[];
   /** Per (worker, dp rank) key: the engine's OpenAI server, where the proxy forwards. */
   private readonly httpEndpoints = new Map<string, string>();
   /** Over every decision: prompt tokens, and those the chosen worker was predicted to hold (the status page's hit rate). */
@@ -260,14 +269,22 @@ export class KvedgeCore {
       () => performance.now(),
     );
     this.zmtp = zmtpOptionsOf(config.ingest);
-    this.predictions = predictionsOf(config, this.writer, this.blockSize);
+    this.predictions = predictionsOf(config, this.writer);
+    this.fallback =
+      config.route.degraded_fallback === "predictions"
+        ? new DegradedFallback(this.workerTable, this.blockSize, predictionSettingsOf(config), () =>
+            performance.now(),
+          )
+        : null;
+    this.predictors =
+      this.fallback === null ? [this.predictions] : [this.predictions, this.fallback.predictions];
     this.observedHits = new ObservedHits({
       floor: config.proxy.observed_hit_floor,
       window: config.proxy.observed_window,
       log: this.log.child({ component: "observed-hits" }),
       onChange: (workerId, dpRank) => {
         const slot = this.router.load.slotOf(workerId, dpRank);
-        if (slot >= 0) this.router.load.setDegraded(slot, this.distrusted(slot));
+        if (slot >= 0) this.setTrust(slot);
       },
     });
   }
@@ -317,9 +334,13 @@ export class KvedgeCore {
     return this.hasher.hash(tokens, this.blockSize, blockSeed(loraName, cacheSalt));
   }
 
-  /** Per-worker matched prefix length in blocks, sorted as `kvedge apply` sorts. */
+  /**
+   * Per-worker matched prefix length in blocks, sorted as `kvedge apply` sorts; a
+   * degraded worker routed on predictions has the overlap routing takes (./fallback.ts).
+   */
   match(local: Uint32Array, count: number, chain?: Uint32Array): MatchScore[] {
     this.index.findMatches(local, count, this.matches, chain);
+    this.withFallback(local, count, chain, this.matches);
     const scores: MatchScore[] = [];
     for (let i = 0; i < this.matches.count; i++) {
       const slot = this.matches.workers[i]!;
@@ -359,16 +380,17 @@ export class KvedgeCore {
     const { request, overlaps, blockCount, prompt } = this.routeRequest(input, candidatesMax);
     const decision = this.router.route(request, overlaps, this.candidates);
     this.onDecision?.((performance.now() - started) / 1000);
-    this.predictions.routed(
-      decision.requestId,
-      decision.slot,
-      prompt.local,
-      prompt.chain,
-      blockCount,
-      input.tokens.length,
-      decision.overlapBlocks,
-      decision.creditedBlocks,
-    );
+    for (const predictions of this.predictors)
+      predictions.routed(
+        decision.requestId,
+        decision.slot,
+        prompt.local,
+        prompt.chain,
+        blockCount,
+        input.tokens.length,
+        decision.overlapBlocks,
+        decision.creditedBlocks,
+      );
     const totals = this.routeTotals;
     totals.decisions++;
     totals.promptTokens += input.tokens.length;
@@ -501,14 +523,14 @@ export class KvedgeCore {
    */
   prefillDone(requestId: string, cachedTokens: number | null = null): LifecycleResult {
     const result = this.router.load.prefillDone(requestId);
-    this.predictions.prefillDone(requestId, cachedTokens);
+    for (const predictions of this.predictors) predictions.prefillDone(requestId, cachedTokens);
     this.admission.release();
     return result;
   }
 
   done(requestId: string): LifecycleResult {
     const result = this.router.load.done(requestId);
-    this.predictions.done(requestId);
+    for (const predictions of this.predictors) predictions.done(requestId);
     this.admission.release();
     return result;
   }
@@ -535,7 +557,8 @@ export class KvedgeCore {
     report: CachedReport,
   ): void {
     const observed = this.observedHits.record(workerId, dpRank, promptTokens, predicted, report);
-    if (observed !== null) this.predictions.observed(requestId, observed);
+    if (observed !== null)
+      for (const predictions of this.predictors) predictions.observed(requestId, observed);
   }
 
   /**
@@ -546,18 +569,20 @@ export class KvedgeCore {
   moveRequest(requestId: string, input: RouteInput, slot: number, overlapBlocks: number): void {
     const load = this.router.load;
     load.done(requestId);
-    this.predictions.done(requestId);
     const prompt = this.hash(input.tokens, input.loraName, input.cacheSalt);
-    this.predictions.routed(
-      requestId,
-      slot,
-      prompt.local,
-      prompt.chain,
-      prompt.blockCount,
-      input.tokens.length,
-      overlapBlocks,
-      overlapBlocks,
-    );
+    for (const predictions of this.predictors) {
+      predictions.done(requestId);
+      predictions.routed(
+        requestId,
+        slot,
+        prompt.local,
+        prompt.chain,
+        prompt.blockCount,
+        input.tokens.length,
+        overlapBlocks,
+        overlapBlocks,
+      );
+    }
     load.admit(
       requestId,
       slot,
@@ -574,6 +599,7 @@ export class KvedgeCore {
     const matches = this.matches;
     if (input.matched !== undefined) this.slotsOf(input.matched, matches);
     else this.index.findMatches(prompt.local, prompt.blockCount, matches, prompt.chain);
+    this.withFallback(prompt.local, prompt.blockCount, prompt.chain, matches);
     // Index slots are router slots: the matches are the router's overlaps as they are.
     const overlaps = { count: matches.count, slots: matches.workers, blocks: matches.blocks };
     const request = {
@@ -588,6 +614,21 @@ export class KvedgeCore {
       candidatesMax,
     };
     return { request, overlaps, blockCount: prompt.blockCount, prompt };
+  }
+
+  /** Degraded workers routed on predictions get the overlap routing takes (./fallback.ts). */
+  private withFallback(
+    local: Uint32Array,
+    count: number,
+    chain: Uint32Array | undefined,
+    matches: MatchResult,
+  ): void {
+    const fallback = this.fallback;
+    if (fallback === null || !fallback.active) return;
+    const load = this.router.load;
+    load.syncSlots();
+    const weight = this.router.weights.degradedOverlapWeight;
+    fallback.merge(matches, local, count, chain, load, weight);
   }
 
   /** Matches by identity into this table's slots; workers not known here are left out. */
@@ -799,6 +840,7 @@ export class KvedgeCore {
     await Promise.all(stopping);
     const slots = this.workerTable.slotsOf(workerId);
     for (const slot of slots) this.predictions.disable(slot);
+    this.fallback?.removeWorker(workerId, slots);
     // The index lets go of the slots first: a slot is freed only once nothing names it.
     this.writes.settle(); // a change that does not wait for a copy in progress
     // (With a writer thread, its index and its own slots go when this record arrives;
@@ -858,12 +900,7 @@ export class KvedgeCore {
         eventLagMs: lagOf(source),
         httpEndpoint: this.httpEndpointOf(load.workerId, load.dpRank),
         mode: this.predictions.isApproximate(load.slot) ? "approximate" : "exact",
-        predicted: this.predictions.isApproximate(load.slot)
-          ? {
-              blocks: this.predictions.blocks.heldBy(load.slot),
-              capacityBlocks: this.predictions.blocks.capacityOf(load.slot),
-            }
-          : null,
+        predicted: this.predictedView(load.slot),
         observed: this.observedHits.view(load.workerId, load.dpRank),
         times: this.timesOf(load.slot),
       });
@@ -871,6 +908,18 @@ export class KvedgeCore {
     return views.sort((a, b) =>
       a.workerId < b.workerId ? -1 : a.workerId > b.workerId ? 1 : a.dpRank - b.dpRank,
     );
+  }
+
+  /** The predictions a slot is routed on: an approximate worker's, a degraded one's (route.degraded_fallback), or none. */
+  private predictedView(slot: number): WorkerView["predicted"] {
+    const blocks = this.predictions.isApproximate(slot)
+      ? this.predictions.blocks
+      : this.fallback?.isOn(slot) === true
+        ? this.fallback.predictions.blocks
+        : null;
+    return blocks === null
+      ? null
+      : { blocks: blocks.heldBy(slot), capacityBlocks: blocks.capacityOf(slot) };
   }
 
   /**
@@ -959,7 +1008,7 @@ export class KvedgeCore {
   private sourceChanged(source: EngineSource): void {
     for (const dpRank of source.ranks) {
       const slot = this.router.load.addWorker(source.config.workerId, dpRank);
-      this.router.load.setDegraded(slot, this.distrusted(slot));
+      this.setTrust(slot);
     }
   }
 
@@ -989,10 +1038,39 @@ export class KvedgeCore {
     this.refreshDegraded(slot);
   }
 
+  /**
+   * A slot's trust: degraded or not (`distrusted`); a degraded exact worker is routed on
+   * predictions with route.degraded_fallback (held to route.predicted_capacity_blocks,
+   * else to the blocks its index held when it degraded), and no longer once it is exact.
+   */
+  private setTrust(slot: number): void {
+    const degraded = this.distrusted(slot);
+    const load = this.router.load;
+    load.setDegraded(slot, degraded);
+    const fallback = this.fallback;
+    if (fallback === null) return;
+    const on = degraded && !this.predictions.isApproximate(slot);
+    if (on === fallback.isOn(slot)) return;
+    fallback.set(slot, on, on ? this.fallbackCapacity(slot) : null);
+    load.setFallback(slot, on);
+  }
+
+  /** What a degraded worker's predictions are held to: the fleet default, else what its index holds now. */
+  private fallbackCapacity(slot: number): number | null {
+    const configured = this.options.config.route.predicted_capacity_blocks;
+    if (configured !== null) return configured;
+    const workerId = this.workerTable.workerIdOf(slot);
+    const dpRank = this.workerTable.dpRankOf(slot);
+    const held = this.index.workers().find((w) => w.workerId === workerId && w.dpRank === dpRank);
+    return held === undefined || held.blocks === 0
+      ? null
+      : Math.max(CAPACITY_FLOOR_BLOCKS, held.blocks);
+  }
+
   private refreshDegraded(slot: number): void {
     const workerId = this.workerTable.workerIdOf(slot);
     const loadSlot = this.router.load.slotOf(workerId, this.workerTable.dpRankOf(slot));
-    if (loadSlot >= 0) this.router.load.setDegraded(loadSlot, this.distrusted(slot));
+    if (loadSlot >= 0) this.setTrust(loadSlot);
   }
 }
 
@@ -1033,22 +1111,23 @@ function routerOptionsOf(
 }
 
 /** Predictions for approximate workers, written through the core's budgeted writer. */
-function predictionsOf(config: Config, writer: KvEventWriter, blockSize: number): Predictions {
+function predictionsOf(config: Config, writer: KvEventWriter): Predictions {
+  return new Predictions(writer, predictionSettingsOf(config), () => performance.now());
+}
+
+/** How predictions are made, approximate workers' and degraded exact workers' alike. */
+function predictionSettingsOf(config: Config) {
   const route = config.route;
-  return new Predictions(
-    writer,
-    {
-      blockSize,
-      predictAt: route.predict_at,
-      capacityBlocks: route.predicted_capacity_blocks,
-      ttlMs: route.predicted_ttl_secs * 1000,
-      maxBlocks: DEFAULT_PREDICTED_MAX_BLOCKS,
-      requestTtlMs: route.request_ttl_secs * 1000,
-      maxPending: route.max_active_requests,
-      correct: route.predicted_correction,
-    },
-    () => performance.now(),
-  );
+  return {
+    blockSize: config.index.block_size,
+    predictAt: route.predict_at,
+    capacityBlocks: route.predicted_capacity_blocks,
+    ttlMs: route.predicted_ttl_secs * 1000,
+    maxBlocks: DEFAULT_PREDICTED_MAX_BLOCKS,
+    requestTtlMs: route.request_ttl_secs * 1000,
+    maxPending: route.max_active_requests,
+    correct: route.predicted_correction,
+  };
 }
 
 /** The ZMTP settings of every engine connection. */

@@ -8,7 +8,8 @@
  *   raw_prefill  = (active_prefill_tokens[w] + isl) / bs
  *   decay        = 1 / (1 + d * ((active_prefill_tokens[w] - min_w') / bs) / ceil(isl / bs))
  *                  when overlap_score_credit_decay d > 0, else 1
- *   overlap      = device overlap blocks[w] * (degraded[w] ? degraded_overlap_weight : 1)
+ *   overlap      = device overlap blocks[w] * (discounted[w] ? degraded_overlap_weight : 1)
+ *                  (discounted: degraded, unless routed on predictions: fallbackOverlap)
  *   prefill_cost = prefill_load_scale * max(0, raw_prefill - overlap_score_credit * decay * overlap)
  *   decode       = active_decode_blocks[w] + (n - blocks of the prompt already active on w)
  *   cost         = prefill_cost + decode + decode_active_request_weight * active_requests[w]
@@ -170,6 +171,25 @@ export interface RouteDecision {
 /** What a worker's overlap rests on (route answers and /v1/match say it per worker). */
 export const OVERLAP_KINDS = ["exact", "approximate", "degraded"] as const;
 export type OverlapKind = (typeof OVERLAP_KINDS)[number];
+
+/** What a degraded exact worker is routed on (route.degraded_fallback). */
+export const DEGRADED_FALLBACKS = ["predictions", "discount"] as const;
+
+/**
+ * A degraded exact worker's overlap when it is routed on predictions
+ * (route.degraded_fallback = predictions): the larger of what kvedge predicted it holds
+ * from its own decisions since it degraded and its indexed overlap discounted as any
+ * degraded worker's (the index keeps what the lost events did not change: after a short
+ * loss it is nearly right, and predictions start empty), in whole blocks. The router
+ * then takes it as given (LoadTracker.fallback).
+ */
+export function fallbackOverlap(
+  indexed: number,
+  predicted: number,
+  degradedWeight: number,
+): number {
+  return Math.max(predicted, Math.floor(indexed * degradedWeight));
+}
 
 /** A slot's overlap kind as its index in OVERLAP_KINDS: degraded first, then approximate. */
 export function overlapKindOf(load: LoadTracker, slot: number): number {
@@ -374,8 +394,9 @@ export class Router {
    */
   private creditedBlocks(slot: number): number {
     const overlap = this.overlapBySlot[slot]!;
-    const trusted =
-      this.load.degraded[slot] === 1 ? overlap * this.weights.degradedOverlapWeight : overlap;
+    const load = this.load;
+    const discounted = load.degraded[slot] === 1 && load.fallback[slot] === 0;
+    const trusted = discounted ? overlap * this.weights.degradedOverlapWeight : overlap;
     return this.pendingCredit ? Math.max(trusted, this.depthBySlot[slot]!) : trusted;
   }
 
@@ -496,6 +517,7 @@ export class Router {
     const decode = load.activeDecodeBlocks;
     const active = load.activeRequests;
     const degraded = load.degraded;
+    const fallback = load.fallback;
     const overlap = this.overlapBySlot;
     const depth = this.depthBySlot;
     const costs = this.costBySlot;
@@ -518,7 +540,8 @@ export class Router {
     for (let i = 0; i < liveCount; i++) {
       const slot = slots[i]!;
       const slotPrefill = prefill[slot]!;
-      let held = degraded[slot] === 1 ? overlap[slot]! * degradedWeight : overlap[slot]!;
+      const discounted = degraded[slot] === 1 && fallback[slot] === 0;
+      let held = discounted ? overlap[slot]! * degradedWeight : overlap[slot]!;
       if (decayScale > 0) held /= 1 + decayScale * (slotPrefill - minPrefill);
       const prefillCost =
         scale * Math.max(0, (slotPrefill + tokenCount) / blockSize - credit * held);
@@ -542,6 +565,7 @@ export class Router {
     const active = load.activeRequests;
     const decode = load.activeDecodeBlocks;
     const degraded = load.degraded;
+    const fallback = load.fallback;
     const blockSize = load.blockSize;
     const overlap = this.overlapBySlot;
     const pending = this.depthBySlot;
@@ -565,7 +589,8 @@ export class Router {
     const { cachedMax, creditedMax } = pendingRelief > 0 ? this.creditedMaxima() : NO_MAXIMA;
     for (let i = 0; i < load.liveCount; i++) {
       const slot = slots[i]!;
-      const trusted = degraded[slot] === 1 ? overlap[slot]! * degradedWeight : overlap[slot]!;
+      const discounted = degraded[slot] === 1 && fallback[slot] === 0;
+      const trusted = discounted ? overlap[slot]! * degradedWeight : overlap[slot]!;
       const held = pendingCredit && pending[slot]! > trusted ? pending[slot]! : trusted;
       const cached = Math.min(tokenCount, held * blockSize);
       const slotPrefillPerMs =
@@ -605,7 +630,8 @@ export class Router {
     let creditedMax = 0;
     for (let i = 0; i < load.liveCount; i++) {
       const slot = load.liveSlots[i]!;
-      const trusted = load.degraded[slot] === 1 ? overlap[slot]! * degradedWeight : overlap[slot]!;
+      const discounted = load.degraded[slot] === 1 && load.fallback[slot] === 0;
+      const trusted = discounted ? overlap[slot]! * degradedWeight : overlap[slot]!;
       if (trusted > cachedMax) cachedMax = trusted;
       const held = pending[slot]! > trusted ? pending[slot]! : trusted;
       if (held > creditedMax) creditedMax = held;

@@ -334,9 +334,19 @@ export function registerRouterMetrics(registry: MetricsRegistry, router: Router)
  * series disappear with it.
  */
 /** Metrics of the core's parts: admission, and the writes held while the index is copied. */
-/** Approximate workers: their mode, predicted blocks and capacity, and what predictions did. */
+/**
+ * Approximate workers: their mode, predicted blocks and capacity, and what predictions
+ * did; degraded exact workers routed on predictions (route.degraded_fallback) too.
+ */
 function registerPredictionMetrics(registry: MetricsRegistry, core: KvedgeCore): void {
-  const { predictions, router } = core;
+  const { predictions, router, fallback } = core;
+  /** The predictions a slot is routed on: an approximate worker's, a degraded one's, or none. */
+  const blocksOf = (slot: number) =>
+    predictions.isApproximate(slot)
+      ? predictions.blocks
+      : fallback?.isOn(slot) === true
+        ? fallback.predictions.blocks
+        : null;
   const perWorker = (name: string, help: string, read: (slot: number) => number) =>
     registerSamples(registry, {
       name,
@@ -354,14 +364,19 @@ function registerPredictionMetrics(registry: MetricsRegistry, core: KvedgeCore):
     (slot) => (predictions.isApproximate(slot) ? 1 : 0),
   );
   perWorker(
+    "kvedge_worker_degraded_fallback",
+    "1 if the worker is degraded and routed on kvedge's predictions of it (route.degraded_fallback).",
+    (slot) => (fallback?.isOn(slot) === true ? 1 : 0),
+  );
+  perWorker(
     "kvedge_worker_predicted_blocks",
-    "Blocks an approximate worker is predicted to cache.",
-    (slot) => predictions.blocks.heldBy(slot),
+    "Blocks an approximate worker (or a degraded one routed on predictions) is predicted to cache.",
+    (slot) => blocksOf(slot)?.heldBy(slot) ?? 0,
   );
   perWorker(
     "kvedge_worker_predicted_capacity_blocks",
-    "The capacity an approximate worker's predictions are held to, learned or configured (0: unknown, TTL).",
-    (slot) => predictions.blocks.capacityOf(slot) ?? 0,
+    "The capacity those predictions are held to, learned or configured (0: unknown, TTL).",
+    (slot) => blocksOf(slot)?.capacityOf(slot) ?? 0,
   );
   registerSamples(registry, {
     name: "kvedge_predicted_blocks_total",

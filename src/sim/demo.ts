@@ -227,6 +227,7 @@ function virtualRun(
     vocabSize: options.vocabSize,
     // A real-time demo's baselines run as they always did: without kvedge's settings.
     ...(options.virtual === true ? { kvAware } : {}),
+    ...(options.streamCut === undefined ? {} : { streamCut: options.streamCut }),
     onFinish: (finished) => {
       const counts = policy === "kv_aware" ? admissionOf(finished) : null;
       if (counts !== null) onAdmission(counts);

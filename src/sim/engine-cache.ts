@@ -255,6 +255,28 @@ export class EngineCache {
    * router with exact knowledge of this engine would see).
    */
   cachedPrefixBlocks(tokens: Uint32Array, promptLength: number): number {
+    const limit = this.hashReusable(tokens, promptLength);
+    return limit === 0 ? 0 : this.matchPrefix(this.scratch.ext, limit);
+  }
+
+  /**
+   * Longest prefix of a prompt (at most the blocks the engine may reuse) whose every
+   * block `holds` says is held, by this engine's external hashes: what another view of
+   * this engine (an index that lost some of its events) knows.
+   */
+  prefixBlocksIn(
+    tokens: Uint32Array,
+    promptLength: number,
+    holds: (hi: number, lo: number) => boolean,
+  ): number {
+    const limit = this.hashReusable(tokens, promptLength);
+    const ext = this.scratch.ext;
+    for (let i = 0; i < limit; i++) if (!holds(ext[2 * i]!, ext[2 * i + 1]!)) return i;
+    return limit;
+  }
+
+  /** Hashes the reusable blocks of a prompt into the scratch's `ext`; returns how many. */
+  private hashReusable(tokens: Uint32Array, promptLength: number): number {
     const limit = this.reusableBlocks(promptLength);
     if (limit === 0) return 0;
     let { content, ext } = this.scratch;
@@ -267,7 +289,7 @@ export class EngineCache {
     const prompt = tokens.subarray(0, limit * this.blockSize);
     hashBlocks(prompt, this.blockSize, this.seed, content);
     chainHashes(content, limit, ext);
-    return this.matchPrefix(ext, limit);
+    return limit;
   }
 
   /**

@@ -27,6 +27,7 @@ import { Admission, type AdmissionSettings } from "../route/admission";
 import type { PredictAt } from "../route/predictions";
 import { WorkerTable } from "../domain/worker-table";
 import { DEFAULT_FLEET_PREDICTIONS, PredictedFleet } from "./predicted-fleet";
+import { DegradedFleet, type DegradedFallbackMode } from "./degraded-fleet";
 import { PairTable } from "../util/tables";
 import { createRng, randomInt, type Rng } from "./random";
 
@@ -372,6 +373,11 @@ export interface KvAwareConfig {
     readonly correct?: boolean;
   };
   /**
+   * What a degraded engine (its event stream cut, ./lost-streams.ts) is routed on
+   * (route.degraded_fallback): predictions (default) or its discounted overlap only.
+   */
+  readonly degradedFallback?: DegradedFallbackMode;
+  /**
    * Several routers deciding as replicas (./replicas.ts): request i goes to router
    * i mod replicas, its lifecycle calls too. Default 1.
    */
@@ -401,6 +407,8 @@ export class KvAwareModel implements RoutingPolicy {
   readonly agreed: number[] = [];
   /** The engines that publish no events, predicted (null: every engine is exact). */
   readonly fleet: PredictedFleet | null;
+  /** The engines kvedge holds degraded (null: none can be). */
+  readonly degraded: DegradedFleet | null;
 
   constructor(
     workers: number,
@@ -408,6 +416,7 @@ export class KvAwareModel implements RoutingPolicy {
     private readonly probe: CacheProbe,
     config: KvAwareConfig,
     rng: Rng,
+    degradedAt?: (worker: number, nowMs: number) => boolean,
   ) {
     const table = new WorkerTable();
     this.router = new Router({
@@ -439,6 +448,17 @@ export class KvAwareModel implements RoutingPolicy {
             blockSize,
             approximate,
             slots: this.slots,
+            now: () => this.nowMs,
+          });
+    this.degraded =
+      degradedAt === undefined
+        ? null
+        : new DegradedFleet(this.router, table, this.slots, degradedAt, {
+            ...DEFAULT_FLEET_PREDICTIONS,
+            ...config.predictions,
+            blockSize,
+            fallback: (config.degradedFallback ?? "predictions") === "predictions",
+            approximate: (w) => this.fleet?.isApproximate(w) === true,
             now: () => this.nowMs,
           });
     const admission =
@@ -477,6 +497,7 @@ export class KvAwareModel implements RoutingPolicy {
     if (this.router.load.prefillDone(String(id)) !== "ok")
       throw new Error(`prefill of request ${id} that was never routed`);
     this.fleet?.prefillDone(id, cachedTokens);
+    this.degraded?.prefillDone(id, cachedTokens);
     this.admission?.release();
   }
 
@@ -485,6 +506,7 @@ export class KvAwareModel implements RoutingPolicy {
     if (this.router.load.done(String(id)) !== "ok")
       throw new Error(`request ${id} finished but was never routed`);
     this.fleet?.done(id);
+    this.degraded?.done(id);
     this.admission?.release();
   }
 
@@ -526,6 +548,7 @@ export class KvAwareModel implements RoutingPolicy {
       const local = fleet.localHashes(query.tokens, query.promptLength);
       fleet.routed(query.id, decision, local, query.path, query.promptBlocks, query.promptLength);
     }
+    this.degraded?.routed(query, decision);
     return Number(decision.workerId);
   }
 
@@ -551,6 +574,7 @@ export class KvAwareModel implements RoutingPolicy {
       const local = fleet.localHashes(query.tokens, query.promptLength);
       fleet.overlaps(local, query.path, query.promptBlocks, blocks);
     }
+    this.degraded?.overlaps(query, this.nowMs, blocks);
     return this.overlaps;
   }
 }
@@ -561,6 +585,8 @@ export interface PolicyOptions {
   readonly seed: number;
   /** Needed by kv_aware_model only. */
   readonly probe?: CacheProbe;
+  /** kv_aware_model: whether kvedge holds an engine degraded (its events lost) at a time; default never. */
+  readonly degraded?: (worker: number, nowMs: number) => boolean;
   readonly approxPrefix?: ApproxPrefixConfig;
   readonly kvAware?: KvAwareConfig;
   /** The engines' speed: what kv_aware_model's router assumes unless `kvAware.ttft` says otherwise. */
@@ -583,7 +609,8 @@ export function createPolicy(name: PolicyName, options: PolicyOptions): RoutingP
       if (options.probe === undefined) throw new Error("kv_aware_model needs a cache probe");
       const config = options.kvAware ?? DEFAULT_KV_AWARE;
       const ttft = { ...engineConstants(options.time), ...config.ttft };
-      return new KvAwareModel(workers, blockSize, options.probe, { ...config, ttft }, rng);
+      const model = { ...config, ttft };
+      return new KvAwareModel(workers, blockSize, options.probe, model, rng, options.degraded);
     }
   }
 }

@@ -20,6 +20,7 @@ import {
   type RouteQuery,
   type RoutingPolicy,
 } from "./policies";
+import { LostStreams, type StreamCut } from "./lost-streams";
 import { ReplicatedKvAware } from "./replicas";
 import { RunRecorder, percentile, type PolicyReport } from "./outcome";
 import { createRng, randomU64 } from "./random";
@@ -39,6 +40,8 @@ export interface SimOptions {
   readonly vocabSize?: number;
   readonly approxPrefix?: ApproxPrefixConfig;
   readonly kvAware?: KvAwareConfig;
+  /** Engines whose event streams are cut (kvedge's index of them loses a window; ./lost-streams.ts). */
+  readonly streamCut?: StreamCut;
   /** Receives every engine's KV event batches in order (off: events are not built). */
   readonly onBatch?: (worker: number, batch: KvEventBatch) => void;
   /** Told each decision: request index and worker (bench/burst.ts counts workers per prefix). */
@@ -120,6 +123,7 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
   const vocabSize = options.vocabSize ?? DEFAULT_VOCAB_SIZE;
   const onBatch = options.onBatch;
   const engines: MockEngine[] = [];
+  const lost = options.streamCut === undefined ? null : new LostStreams(options.streamCut, workers);
   const policy = createRouting(options.policy, {
     workers,
     blockSize,
@@ -127,8 +131,13 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
     approxPrefix: options.approxPrefix,
     kvAware: options.kvAware,
     time,
-    probe: (worker, query) =>
-      engines[worker]!.cache.visiblePrefixBlocks(query.tokens, query.promptLength),
+    probe: (worker, query) => {
+      const cache = engines[worker]!.cache;
+      return lost?.isCut(worker) === true
+        ? lost.prefixBlocks(cache, worker, query.tokens, query.promptLength)
+        : cache.visiblePrefixBlocks(query.tokens, query.promptLength);
+    },
+    ...(lost === null ? {} : { degraded: (worker, nowMs) => lost.isDegraded(worker, nowMs) }),
   });
   const recorder = new RunRecorder(trace, {
     prefillDone: (request, nowMs, cachedTokens) =>
@@ -141,14 +150,16 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
       capacityBlocks: capacity,
       blockSize,
       hashSeed: seeds[w]!,
-      recordEvents: onBatch !== undefined,
+      recordEvents: onBatch !== undefined || lost?.isCut(w) === true,
     });
     engines.push(new MockEngine(w, cache, time, recorder.listener));
   }
   const flush = (worker: number, nowMs: number): void => {
-    if (onBatch === undefined) return;
+    if (onBatch === undefined && lost?.isCut(worker) !== true) return;
     const batch = engines[worker]!.takeBatch(nowMs);
-    if (batch !== null) onBatch(worker, batch);
+    if (batch === null) return;
+    lost?.batch(worker, nowMs, batch.events);
+    onBatch?.(worker, batch);
   };
 
   // Held requests (admission) answered by a step's lifecycle calls or by the longest hold.

@@ -1,0 +1,109 @@
+/**
+ * Degraded exact workers routed on predictions (`route.degraded_fallback = predictions`):
+ * an exact worker whose events were lost (no replay, a failed probe, refused stores,
+ * hits far below its events) is degraded until its state is known again. From the
+ * moment it degrades, kvedge predicts what it caches from its own decisions, as for an
+ * approximate worker (src/route/predictions.ts), in an index of its own beside the
+ * main one (the main one keeps the worker's events); its overlap is then the larger of
+ * those predictions and its discounted indexed overlap (src/route/router.ts
+ * `fallbackOverlap`). When the worker is exact again its predictions go. They never
+ * count as exact: the worker's overlap kind stays `degraded`.
+ * See docs/decisions.md#degraded-fallback.
+ */
+import type { WorkerTable } from "../domain/worker-table";
+import { createIndex, type KvIndex, MatchResult } from "../index";
+import type { LoadTracker } from "../route/load";
+import { type PredictionSettings, Predictions } from "../route/predictions";
+import { fallbackOverlap } from "../route/router";
+
+export class DegradedFallback {
+  readonly predictions: Predictions;
+  readonly index: KvIndex;
+  private readonly predicted = new MatchResult(64);
+  /** Slots routed on predictions now. */
+  private live = 0;
+
+  constructor(
+    workers: WorkerTable,
+    blockSize: number,
+    settings: PredictionSettings,
+    now: () => number,
+  ) {
+    this.index = createIndex("crtc", blockSize, { workers });
+    this.predictions = new Predictions(this.index, settings, now);
+  }
+
+  /** Whether any slot is routed on predictions now. */
+  get active(): boolean {
+    return this.live > 0;
+  }
+
+  isOn(slot: number): boolean {
+    return this.predictions.isApproximate(slot);
+  }
+
+  /**
+   * The slot is routed on predictions from now (`on`: degraded and exact), starting
+   * empty, held to `capacityBlocks` (null: unknown, the TTL), or no longer.
+   */
+  set(slot: number, on: boolean, capacityBlocks: number | null): void {
+    if (on === this.isOn(slot)) return;
+    if (on) this.predictions.enable(slot, capacityBlocks);
+    else this.predictions.disable(slot);
+    this.live += on ? 1 : -1;
+  }
+
+  /** The worker is gone: its predictions and its slots' state here. */
+  removeWorker(workerId: bigint, slots: readonly number[]): void {
+    for (const slot of slots) this.set(slot, false, null);
+    this.index.removeWorker(workerId);
+  }
+
+  /**
+   * Index matches (`out`) as routing takes them: each degraded slot routed on
+   * predictions gets `fallbackOverlap` of its indexed and predicted blocks (whole
+   * blocks); one only predicted is added.
+   */
+  merge(
+    out: MatchResult,
+    local: Uint32Array,
+    count: number,
+    chain: Uint32Array | undefined,
+    load: LoadTracker,
+    degradedWeight: number,
+  ): void {
+    if (this.live === 0) return;
+    const predicted = this.predicted;
+    this.index.findMatches(local, count, predicted, chain);
+    const fallback = load.fallback;
+    for (let i = 0; i < out.count; i++) {
+      const slot = out.workers[i]!;
+      if (fallback[slot] === 1)
+        out.blocks[i] = fallbackOverlap(out.blocks[i]!, blocksOf(predicted, slot), degradedWeight);
+    }
+    for (let j = 0; j < predicted.count; j++) {
+      const slot = predicted.workers[j]!;
+      if (fallback[slot] !== 1 || blocksOf(out, slot) >= 0) continue;
+      if (out.count === out.workers.length) grow(out);
+      out.workers[out.count] = slot;
+      out.blocks[out.count++] = predicted.blocks[j]!;
+    }
+  }
+}
+
+/** A slot's blocks in a match result, or -1 when it is not there. */
+function blocksOf(matches: MatchResult, slot: number): number {
+  for (let i = 0; i < matches.count; i++)
+    if (matches.workers[i] === slot) return matches.blocks[i]!;
+  return -1;
+}
+
+/** Doubles a match result's room, keeping its entries (`ensure` does not keep them). */
+function grow(matches: MatchResult): void {
+  const workers = new Uint32Array(2 * matches.workers.length);
+  const blocks = new Uint32Array(2 * matches.blocks.length);
+  workers.set(matches.workers);
+  blocks.set(matches.blocks);
+  matches.workers = workers;
+  matches.blocks = blocks;
+}
