@@ -79,6 +79,7 @@ const flags = {
   trace: { kind: "string" },
   speedup: { kind: "string" },
   "time-scale": { kind: "string" },
+  twins: { kind: "string" },
   policies: { kind: "string" },
   seed: { kind: "string" },
   json: { kind: "boolean" },
@@ -128,6 +129,9 @@ Options:
   --block-size N         tokens per KV block (${DEMO_DEFAULTS.blockSize})
   --trace FILE           a Mooncake-format JSONL trace (default: the embedded conversation trace)
   --time-scale F         multiply arrival times by F (${DEMO_DEFAULTS.timeScale}: twice the trace's request rate)
+  --twins F              a fraction F of the requests arrive twice at once (parallel sampling,
+                         retries): an engine given both computes their blocks twice and keeps both
+                         copies, each announced and evicted on its own, as vLLM does (0)
   --speedup X            model seconds per wall second in the kvedge replay (${DEMO_DEFAULTS.speedup})
   --policies LIST        comma list of ${["kv_aware", "round_robin", "random", "least_loaded", "approx_prefix", "kv_aware_model"].join(", ")}
                          (default: all but kv_aware_model, kvedge's cost model in-process with exact knowledge)
@@ -172,6 +176,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     const blockSize = flagInt(parsed, "block-size", DEMO_DEFAULTS.blockSize, 1, 4096);
     const speedup = flagNumber(parsed, "speedup", DEMO_DEFAULTS.speedup, 0.01, 1e6);
     const timeScale = flagNumber(parsed, "time-scale", DEMO_DEFAULTS.timeScale, 1e-6, 1e6);
+    const twins = flagNumber(parsed, "twins", 0, 0, 1);
     const seed = flagInt(parsed, "seed", DEMO_DEFAULTS.seed, 0, 0xffff_ffff);
     const time = timeModelOf(parsed);
     const json = flagBool(parsed, "json");
@@ -179,7 +184,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     const loaded = await loadTrace(flagString(parsed, "trace"));
     if (start >= loaded.trace.count)
       throw new UsageError(`--start ${start}: the trace has ${loaded.trace.count} requests`);
-    const trace = transformTrace(loaded.trace, { start, requests, timeScale });
+    const trace = transformTrace(loaded.trace, { start, requests, timeScale, twins });
 
     // kvedge serve is told the engines' constants, as an operator would configure it.
     const serveArgs: string[] = [

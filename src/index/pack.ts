@@ -9,7 +9,9 @@
  * Same events as dumpEvents (dump.ts): per worker its held blocks in depth-first order,
  * chained while each block's parent is the previous one; a block below blocks the
  * worker does not hold is stored through them under placeholder hashes that a removed
- * event then drops; a present worker with no blocks is stored and emptied again.
+ * event then drops; a present worker with no blocks is stored and emptied again. A block
+ * held in more than one copy is then stored again once per extra copy (a store of a held
+ * block is one more copy), so the words need no kind of their own for copies.
  *
  * Two phases, so neither a dump nor a periodic snapshot stalls the event loop:
  *   freeze        `KvIndex.freeze()`: a FreezeJob that copies the index in slices of
@@ -32,6 +34,7 @@ export interface DumpSource {
   forEachBlock(visit: (key: number, parent: number, hi: number, lo: number) => void): void;
   /**
    * Visits every present worker with its held blocks: external hashes (pairs) and keys,
+   * and its blocks held in more than one copy as (key, copies beyond the first) pairs,
    * in arrays of its own that the index does not touch again.
    */
   forEachWorker(
@@ -41,6 +44,7 @@ export interface DumpSource {
       external: Uint32Array,
       keys: Uint32Array,
       count: number,
+      copies: Uint32Array,
     ) => void,
   ): void;
 }
@@ -72,6 +76,8 @@ export interface FrozenWorker {
   readonly dpRank: number;
   /** Blocks held. */
   readonly count: number;
+  /** Blocks held in more than one copy: (key, copies beyond the first) pairs, read at the freeze. */
+  readonly copies: Uint32Array;
   /**
    * Visits the held blocks (external hash, block key) found in units `from` to
    * `from + budget` of the worker's storage (crtc: its lookup table's slots); returns
@@ -159,11 +165,12 @@ export function freezeByWalk(source: DumpSource): FrozenIndex {
     present[key] = 1;
   });
   const workers: FrozenWorker[] = [];
-  source.forEachWorker((workerId, dpRank, external, keys, count) =>
+  source.forEachWorker((workerId, dpRank, external, keys, count, copies) =>
     workers.push({
       workerId,
       dpRank,
       count,
+      copies,
       readHeld(from, budget, visit) {
         const to = Math.min(count, from + budget);
         for (let i = from; i < to; i++) visit(external[2 * i]!, external[2 * i + 1]!, keys[i]!);
@@ -423,6 +430,12 @@ export class IndexPacker {
   };
 
   private finish(worker: CapturedWorker): void {
+    this.closeOpen();
+    // Extra copies: the block stored again, once per copy (a store of a held block counts one).
+    const copies = worker.frozen.copies;
+    for (let i = 0; i < copies.length; i += 2) {
+      for (let extra = copies[i + 1]!; extra > 0; extra--) this.emit(worker, copies[i]!);
+    }
     this.closeOpen();
     if (this.order!.length === 0) {
       // Present but empty: store one placeholder block and drop it again.

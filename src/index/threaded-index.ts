@@ -59,6 +59,7 @@ export class ThreadedIndex implements KvIndex {
     this.statsNow = {
       workers: 0,
       blocks: 0,
+      copies: 0,
       nodes: 0,
       edgeWords: 0,
       lookupEntries: 0,

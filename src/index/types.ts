@@ -36,8 +36,13 @@ export interface IndexCounters {
   blocksStored: number;
   /** (block, worker) pairs that stopped being held (removed, cleared, remove_worker). */
   blocksRemoved: number;
-  /** Stored blocks the worker already held under the same hash (no-ops). */
+  /**
+   * Stored blocks the worker already held under the same hash: one more copy of the
+   * block (vLLM keeps several physical copies of one block and announces each).
+   */
   blocksDuplicate: number;
+  /** Removed hashes of blocks the worker held in more than one copy: one copy fewer, still held. */
+  copiesRemoved: number;
   /** Removed hashes the worker did not hold (skipped). */
   blocksUnknown: number;
   /**
@@ -61,6 +66,7 @@ export function newCounters(): IndexCounters {
     blocksStored: 0,
     blocksRemoved: 0,
     blocksDuplicate: 0,
+    copiesRemoved: 0,
     blocksUnknown: 0,
     hashConflicts: 0,
     rejectedParentNotFound: 0,
@@ -118,6 +124,8 @@ export interface IndexStats {
   workers: number;
   /** Held (block, worker) pairs. */
   blocks: number;
+  /** Copies held beyond the first of each held pair (a block the engine holds twice counts 1). */
+  copies: number;
   /** Tree nodes without the root (crtc), index entries (positional), distinct held blocks (reference). */
   nodes: number;
   /** u32 words of local hashes in live edges (crtc), in live entries (positional); 0 for reference. */

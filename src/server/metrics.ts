@@ -377,25 +377,29 @@ export function registerCoreMetrics(registry: MetricsRegistry, core: KvedgeCore)
   );
   counter(
     "kvedge_index_blocks_total",
-    "(block, worker) pairs by what happened: stored, removed, duplicate (already held), " +
-      "unknown (removal of a block not held), hash_conflict (producer broke the one-hash-per-block rule).",
+    "(block, worker) pairs by what happened: stored, removed, duplicate (already held: one " +
+      "more copy), copy_removed (one of several copies removed: still held), unknown (removal " +
+      "of a block not held), hash_conflict (producer broke the one-hash-per-block rule).",
     ["op"],
     (emit) => {
       const c = index.counters;
       emit(c.blocksStored, { op: "stored" });
       emit(c.blocksRemoved, { op: "removed" });
       emit(c.blocksDuplicate, { op: "duplicate" });
+      emit(c.copiesRemoved, { op: "copy_removed" });
       emit(c.blocksUnknown, { op: "unknown" });
       emit(c.hashConflicts, { op: "hash_conflict" });
     },
   );
   gauge(
     "kvedge_index_size",
-    "Index size now: held (block, worker) pairs, tree nodes, lookup entries, workers.",
+    "Index size now: held (block, worker) pairs, copies beyond the first of each, tree " +
+      "nodes, lookup entries, workers.",
     ["what"],
     (emit) => {
       const stats = index.stats();
       emit(stats.blocks, { what: "blocks" });
+      emit(stats.copies, { what: "copies" });
       emit(stats.nodes, { what: "nodes" });
       emit(stats.lookupEntries, { what: "lookup_entries" });
       emit(stats.workers, { what: "workers" });

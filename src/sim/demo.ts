@@ -384,10 +384,10 @@ async function routerSide(
   for (let w = 0; w < engines.length; w++) {
     const snapshot = engines[w]!.engine.cache.snapshot();
     engineBlocks += snapshot.length;
-    const indexed = held.get(workerIds[w]!) ?? new Set<string>();
+    const indexed = held.get(workerIds[w]!) ?? new Map<string, number>();
     if (
       indexed.size !== snapshot.length ||
-      !snapshot.every((block) => indexed.has(block.hash.toString()))
+      !snapshot.every((block) => indexed.get(block.hash.toString()) === block.copies)
     )
       matches = false;
   }
@@ -420,17 +420,23 @@ async function routerSide(
   };
 }
 
-/** Per worker (decimal id), the external block hashes an index dump leaves held. */
-function heldByWorker(dump: string): Map<string, Set<string>> {
-  const held = new Map<string, Set<string>>();
+/**
+ * Per worker (decimal id), the external block hashes an index dump leaves held, with
+ * their copies (the dump stores a block once per copy).
+ */
+function heldByWorker(dump: string): Map<string, Map<string, number>> {
+  const held = new Map<string, Map<string, number>>();
   for (const line of dump.split("\n")) {
     if (line === "") continue;
     const op = JSON.parse(line) as { op: string; worker_id: string; block_hashes?: string[] };
-    let set = held.get(op.worker_id);
-    if (set === undefined) held.set(op.worker_id, (set = new Set()));
-    if (op.op === "stored") for (const hash of op.block_hashes ?? []) set.add(hash);
-    else if (op.op === "removed") for (const hash of op.block_hashes ?? []) set.delete(hash);
-    else if (op.op === "cleared") set.clear();
+    let copies = held.get(op.worker_id);
+    if (copies === undefined) held.set(op.worker_id, (copies = new Map()));
+    for (const hash of op.block_hashes ?? []) {
+      const now = (copies.get(hash) ?? 0) + (op.op === "stored" ? 1 : -1);
+      if (now > 0) copies.set(hash, now);
+      else copies.delete(hash);
+    }
+    if (op.op === "cleared") copies.clear();
   }
   return held;
 }

@@ -15,12 +15,14 @@
  *   tail is evicted first (vLLM does the same). Allocation takes the head of the free
  *   queue — the least recently used block — and evicts it if it is cached.
  * - Newly computed full blocks are registered when `commit` says so (end of prefill,
- *   end of decode). If a block's hash is already cached (a concurrent sequence
- *   computed the same prefix first), the sequence adopts the cached copy and frees its
- *   own: each hash is cached at most once, so the event stream is a clean set history,
- *   and a sequence pins every block it has committed, so the parent of every
- *   BlockStored is cached when the event is emitted. (vLLM may instead keep and
- *   announce such duplicates; Dynamo's publisher dedups them.)
+ *   end of decode). If a block's hash is already cached (a concurrent sequence computed
+ *   the same prefix first, or the last prompt block recomputed), the block is kept as
+ *   another physical copy and announced again, as vLLM's prefix cache does (its
+ *   BlockHashToBlockMap keeps a block id -> block map per hash): hits use the oldest
+ *   copy, and each copy is evicted on its own, with a BlockRemoved of its own. With
+ *   `keepDuplicates: false` the sequence adopts the cached copy and frees its own instead
+ *   (each hash cached once: a set history). A sequence pins every block it has
+ *   committed, so the parent of every BlockStored is cached when the event is emitted.
  * - Events are plain objects in vLLM's field order, collected until `takeEvents()`
  *   (the engine takes them once per scheduler step, which makes one batch).
  *
@@ -59,10 +61,12 @@ export interface KvEventBatch {
   readonly events: KvEvent[];
 }
 
-/** A cached block as introspection reports it. */
+/** A cached block as introspection reports it (once, however many copies it has). */
 export interface CachedBlock {
   /** The engine's external hash. */
   readonly hash: bigint;
+  /** Physical copies of the block in the cache (vLLM keeps duplicates; 1 usually). */
+  readonly copies: number;
   /** External hash of the block before it in its sequence (null at position 0). */
   readonly parent: bigint | null;
   /** Block index in its sequence (0 = first block of a prompt). */
@@ -99,6 +103,11 @@ export interface EngineCacheOptions {
   readonly hashSeed: bigint;
   /** Collect KV events (off in the fast virtual-time simulator when nobody listens). */
   readonly recordEvents?: boolean;
+  /**
+   * Keep a computed block whose hash is already cached as another copy and announce it
+   * (vLLM; the default), or adopt the cached copy (each hash cached once).
+   */
+  readonly keepDuplicates?: boolean;
 }
 
 export const DEFAULT_BLOCK_SIZE = 16;
@@ -114,7 +123,7 @@ export interface EngineCacheCounters {
   hitBlocks: number;
   storedBlocks: number;
   evictedBlocks: number;
-  /** Computed blocks whose hash was already cached (the cached copy was adopted). */
+  /** Computed blocks whose hash was already cached (kept as another copy, or the cached one adopted). */
   duplicateBlocks: number;
   clears: number;
 }
@@ -123,6 +132,7 @@ export class EngineCache {
   readonly capacityBlocks: number;
   readonly blockSize: number;
   readonly recordEvents: boolean;
+  readonly keepDuplicates: boolean;
   readonly counters: EngineCacheCounters = {
     lookupBlocks: 0,
     hitBlocks: 0,
@@ -146,13 +156,16 @@ export class EngineCache {
   private readonly prev: Int32Array;
   private readonly next: Int32Array;
   private readonly queued: Uint8Array;
+  /** Other cached copies of the slot's hash: a list, oldest first (the table names the oldest). */
+  private readonly copyNext: Int32Array;
+  private readonly copyPrev: Int32Array;
   private readonly tokenPool: Uint32Array;
   // Free queue: refcount-0 slots, least recently used at the head.
   private head = NONE;
   private tail = NONE;
   private freeCount = 0;
   private cachedCount = 0;
-  /** Cached slots by external hash. */
+  /** Cached slots by external hash (the oldest copy of each). */
   private table: PairTable;
   private events: KvEvent[] = [];
   private readonly scratch: { content: Uint32Array; ext: Uint32Array };
@@ -171,6 +184,7 @@ export class EngineCache {
     this.capacityBlocks = capacity;
     this.blockSize = blockSize;
     this.recordEvents = options.recordEvents ?? true;
+    this.keepDuplicates = options.keepDuplicates ?? true;
     const seed = BigInt.asUintN(64, options.hashSeed);
     this.seed = { value: seed, hi: Number(seed >> 32n), lo: Number(seed & 0xffff_ffffn) };
     this.extHi = new Uint32Array(capacity);
@@ -185,6 +199,8 @@ export class EngineCache {
     this.prev = new Int32Array(capacity);
     this.next = new Int32Array(capacity);
     this.queued = new Uint8Array(capacity);
+    this.copyNext = new Int32Array(capacity).fill(NONE);
+    this.copyPrev = new Int32Array(capacity).fill(NONE);
     this.tokenPool = new Uint32Array(capacity * blockSize);
     for (let slot = 0; slot < capacity; slot++) this.enqueue(slot);
     // Holds at most `capacity` entries at load ≤ 1/2: twice as many buckets never grow.
@@ -202,9 +218,14 @@ export class EngineCache {
     return this.capacityBlocks - this.freeCount;
   }
 
-  /** Blocks currently in the prefix cache (pinned or evictable). */
+  /** Blocks currently in the prefix cache (pinned or evictable), every copy counted. */
   get cachedBlocks(): number {
     return this.cachedCount;
+  }
+
+  /** Distinct blocks (hashes) in the prefix cache: what an index of this engine holds. */
+  get distinctBlocks(): number {
+    return this.table.size;
   }
 
   /** Blocks a sequence of `tokenCount` tokens occupies (its partial tail included). */
@@ -342,6 +363,8 @@ export class EngineCache {
   reset(): boolean {
     if (this.freeCount !== this.capacityBlocks) return false;
     for (let slot = this.head; slot !== NONE; slot = this.next[slot]!) this.cached[slot] = 0;
+    this.copyNext.fill(NONE);
+    this.copyPrev.fill(NONE);
     this.table = new PairTable(2 * this.capacityBlocks);
     this.cachedCount = 0;
     this.counters.clears++;
@@ -356,15 +379,18 @@ export class EngineCache {
     return events;
   }
 
-  /** Every cached block (introspection for tests that compare a router's index). */
+  /** Every cached block, once with its copies (introspection for tests that compare a router's index). */
   snapshot(): CachedBlock[] {
     const blocks: CachedBlock[] = [];
     const size = this.blockSize;
     for (let slot = 0; slot < this.capacityBlocks; slot++) {
-      if (this.cached[slot] !== 1) continue;
+      if (this.cached[slot] !== 1 || this.copyPrev[slot] !== NONE) continue;
       const position = this.position[slot]!;
+      let copies = 1;
+      for (let copy = this.copyNext[slot]!; copy !== NONE; copy = this.copyNext[copy]!) copies++;
       blocks.push({
         hash: u64(this.extHi[slot]!, this.extLo[slot]!),
+        copies,
         parent: position === 0 ? null : u64(this.parentHi[slot]!, this.parentLo[slot]!),
         position,
         path: u64(this.pathHi[slot]!, this.pathLo[slot]!),
@@ -392,19 +418,34 @@ export class EngineCache {
     for (let slot = 0; slot < this.capacityBlocks; slot++) {
       if ((this.refs[slot] === 0) !== (this.queued[slot] === 1))
         throw new Error(`slot ${slot}: refs vs queue`);
-      if (this.cached[slot] !== 1) continue;
+      if (this.cached[slot] !== 1) {
+        if (this.copyNext[slot] !== NONE || this.copyPrev[slot] !== NONE)
+          throw new Error(`uncached slot ${slot} is linked as a copy`);
+        continue;
+      }
       cached++;
-      if (this.lookup(this.extHi[slot]!, this.extLo[slot]!) !== slot) {
+      let oldest = slot;
+      while (this.copyPrev[oldest] !== NONE) oldest = this.copyPrev[oldest]!;
+      if (this.lookup(this.extHi[slot]!, this.extLo[slot]!) !== oldest) {
         throw new Error(`cached slot ${slot} missing from the hash table`);
       }
     }
+    let copies = 0;
     this.table.forEach((hi, lo, slot) => {
       if (this.cached[slot] !== 1) throw new Error(`hash table names uncached slot ${slot}`);
-      if (this.extHi[slot] !== hi || this.extLo[slot] !== lo)
-        throw new Error(`slot ${slot} holds another hash`);
+      if (this.copyPrev[slot] !== NONE) throw new Error(`hash table names a later copy ${slot}`);
+      for (let copy = slot; copy !== NONE; copy = this.copyNext[copy]!) {
+        if (this.extHi[copy] !== hi || this.extLo[copy] !== lo)
+          throw new Error(`slot ${copy} holds another hash`);
+        if (copy !== slot && this.copyPrev[this.copyPrev[copy]!] === copy)
+          throw new Error(`copy list of slot ${slot} loops`);
+        copies++;
+      }
     });
-    if (cached !== this.cachedCount || cached !== this.table.size) {
-      throw new Error(`cached ${cached}, count ${this.cachedCount}, table ${this.table.size}`);
+    if (!this.keepDuplicates && copies !== this.table.size)
+      throw new Error("a hash is cached twice although duplicates are adopted");
+    if (cached !== this.cachedCount || cached !== copies) {
+      throw new Error(`cached ${cached}, count ${this.cachedCount}, copies ${copies}`);
     }
   }
 
@@ -433,9 +474,9 @@ export class EngineCache {
   }
 
   /**
-   * Caches block i of the sequence in its slot and returns true; or, if the hash is
-   * already cached, swaps the sequence onto that copy, frees its own slot and returns
-   * false (nothing to announce).
+   * Caches block i of the sequence in its slot and returns true (a hash already cached
+   * gets another copy, as in vLLM); or, with duplicates adopted, swaps the sequence onto
+   * the cached copy, frees its own slot and returns false (nothing to announce).
    */
   private register(sequence: CacheSequence, i: number, slots: Int32Array): boolean {
     const hi = sequence.ext[2 * i]!;
@@ -444,15 +485,21 @@ export class EngineCache {
     const existing = this.lookup(hi, lo);
     if (existing !== NONE) {
       this.counters.duplicateBlocks++;
-      if (this.refs[existing] === 0) this.dequeue(existing);
-      this.refs[existing]!++;
-      slots[i] = existing;
-      if (--this.refs[slot]! === 0) this.enqueue(slot);
-      return false;
-    }
+      if (this.keepDuplicates) {
+        let last = existing;
+        while (this.copyNext[last] !== NONE) last = this.copyNext[last]!;
+        this.copyNext[last] = slot;
+        this.copyPrev[slot] = last;
+      } else {
+        if (this.refs[existing] === 0) this.dequeue(existing);
+        this.refs[existing]!++;
+        slots[i] = existing;
+        if (--this.refs[slot]! === 0) this.enqueue(slot);
+        return false;
+      }
+    } else this.table.set(hi, lo, slot);
     this.extHi[slot] = hi;
     this.extLo[slot] = lo;
-    this.table.set(hi, lo, slot);
     this.cached[slot] = 1;
     this.cachedCount++;
     this.parentHi[slot] = i > 0 ? sequence.ext[2 * i - 2]! : 0;
@@ -486,11 +533,18 @@ export class EngineCache {
     });
   }
 
-  /** Drops a free slot's cached block; returns its hash (for BlockRemoved). */
+  /** Drops a free slot's cached block (this copy only); returns its hash (for BlockRemoved). */
   private evict(slot: number): bigint {
     const hi = this.extHi[slot]!;
     const lo = this.extLo[slot]!;
-    this.table.delete(hi, lo);
+    const before = this.copyPrev[slot]!;
+    const after = this.copyNext[slot]!;
+    if (before !== NONE) this.copyNext[before] = after;
+    else if (after !== NONE) this.table.set(hi, lo, after);
+    else this.table.delete(hi, lo);
+    if (after !== NONE) this.copyPrev[after] = before;
+    this.copyPrev[slot] = NONE;
+    this.copyNext[slot] = NONE;
     this.cached[slot] = 0;
     this.cachedCount--;
     this.counters.evictedBlocks++;

@@ -1,7 +1,7 @@
 /**
  * The differential harness: replays a stream into a backend and into the reference
  * model side by side and stops at the first difference in anything observable —
- * each event's outcome, every counter, stats (workers, held blocks, lookup entries,
+ * each event's outcome, every counter, stats (workers, held blocks, copies, lookup entries,
  * rejections), findMatches for the stream's queries (a rotating few after every step,
  * all at the end) — plus, at the end: dump() restores an equal index (checked through
  * a fresh reference and a fresh instance of the backend), and after every worker is
@@ -133,7 +133,12 @@ export function replay(
       }
       const a = oracle.stats();
       const b = subject.stats();
-      if (a.workers !== b.workers || a.blocks !== b.blocks || a.lookupEntries !== b.lookupEntries) {
+      const same =
+        a.workers === b.workers &&
+        a.blocks === b.blocks &&
+        a.copies === b.copies &&
+        a.lookupEntries === b.lookupEntries;
+      if (!same) {
         return { step, message: `stats: want ${JSON.stringify(a)} got ${JSON.stringify(b)}` };
       }
       for (let k = 0; k < perStep && queries.length > 0; k++) {
@@ -184,8 +189,9 @@ function finalChecks(
       return { step: end, message: `restored ${backend.name} differs on query ${query.join(",")}` };
     }
   }
-  if (again.stats().blocks !== oracle.stats().blocks)
-    return { step: end, message: "restored index holds other blocks" };
+  const [restoredStats, oracleStats] = [again.stats(), oracle.stats()];
+  if (restoredStats.blocks !== oracleStats.blocks || restoredStats.copies !== oracleStats.copies)
+    return { step: end, message: "restored index holds other blocks or copies" };
   // Removing every worker leaves nothing behind, down to the bytes of a fresh index.
   const fresh = backend.create(indexOptions).stats().bytes;
   for (const workerId of workerIds(stream.ops)) subject.removeWorker(workerId);
@@ -194,6 +200,7 @@ function finalChecks(
   if (
     stats.workers !== 0 ||
     stats.blocks !== 0 ||
+    stats.copies !== 0 ||
     stats.nodes !== 0 ||
     stats.lookupEntries !== 0 ||
     stats.edgeWords !== 0

@@ -6,10 +6,12 @@
  * position after different prefixes), a pool of workers (ids small and huge, several
  * dp ranks, engine seeds shared by some workers), and a list of operations chosen
  * with the reference model's state in view: stores under held parents (including
- * blocks left unreachable by a mid-chain removal), re-stores of held blocks, unknown
- * parents, removals of tails, heads, middles and scattered sets (plus unknown and
- * repeated hashes), cleared, remove_worker and re-added workers. With `conflicts`,
- * a few stores break the engine-hash invariant on purpose.
+ * blocks left unreachable by a mid-chain removal), re-stores of held blocks (each one
+ * more copy, as vLLM announces a second physical copy of a chain), exact copies of a
+ * held run, unknown parents, removals of tails, heads, middles and scattered sets (plus
+ * unknown and repeated hashes; with copies, a removal may take one copy of several),
+ * cleared, remove_worker and re-added workers. With `conflicts`, a few stores break the
+ * engine-hash invariant on purpose.
  *
  * External hashes follow an engine: ext(block) = chain(engine seed, path), so one
  * local chain maps to one external chain per worker, as real engines guarantee.
@@ -136,7 +138,8 @@ export function generateStream(seed: number, options: StreamOptions): Stream {
     const worker = random.pick(workers);
     const roll = random.next();
     let op: HarnessOp;
-    if (roll < 0.5) op = storeOp(random, worker, docs, oracle, externalOf);
+    if (roll < 0.45) op = storeOp(random, worker, docs, oracle, externalOf);
+    else if (roll < 0.5) op = copyOp(random, worker, docs, oracle, externalOf);
     else if (roll < 0.84) op = removeOp(random, worker, docs, oracle, externalOf);
     else if (roll < 0.89) op = { kind: "cleared", worker: worker.id, rank: worker.rank };
     else if (roll < 0.93) op = { kind: "remove_worker", worker: worker.id };
@@ -241,6 +244,41 @@ function removeOp(
   }
   if (external.length === 0 || random.chance(0.15)) external.push(random.u64()); // unknown hash
   return { kind: "removed", worker: worker.id, rank: worker.rank, external };
+}
+
+/**
+ * A second copy of a run the worker holds, stored as vLLM announces it when two
+ * requests compute the same blocks: the same parent, the same blocks (a plain store when
+ * the worker holds nothing of the document).
+ */
+function copyOp(
+  random: Random,
+  worker: WorkerSpec,
+  docs: Doc[],
+  oracle: ReferenceIndex,
+  externalOf: ExternalOf,
+): HarnessOp {
+  const doc = random.pick(docs);
+  const held = oracle.heldPaths(worker.id, worker.rank);
+  // Starts: a held block whose parent (if any) is held too; the run goes on while held.
+  const starts: number[] = [];
+  for (let j = 0; j < doc.local.length; j++)
+    if (held.has(doc.keys[j]!) && (j === 0 || held.has(doc.keys[j - 1]!))) starts.push(j);
+  if (starts.length === 0) return storeOp(random, worker, docs, oracle, externalOf);
+  const start = random.pick(starts);
+  let end = start + 1;
+  while (end < doc.local.length && held.has(doc.keys[end]!) && random.chance(0.8)) end++;
+  const parent = start === 0 ? null : externalOf(worker, doc, start);
+  const external: bigint[] = [];
+  for (let j = start + 1; j <= end; j++) external.push(externalOf(worker, doc, j));
+  return {
+    kind: "stored",
+    worker: worker.id,
+    rank: worker.rank,
+    parent,
+    external,
+    local: doc.local.slice(start, end),
+  };
 }
 
 /** A store that breaks the engine-hash invariant: a reused hash or a renamed block. */

@@ -1,8 +1,9 @@
 // Goal: the differential harness can fail. Broken backends (dropped removals, no
 // reclamation, Dynamo's descendant loss, a hole-blind overcount, a dump without its
-// placeholder removals) must each be caught within a few seeds and shrunk to a small
-// repro; and the default streams must really exercise the paths they claim to
-// (rejections, conflicts, capacity, unknown hashes, holes, duplicates).
+// placeholder removals, copies ignored or not dumped) must each be caught within a few
+// seeds and shrunk to a small repro; and the default streams must really exercise the
+// paths they claim to (rejections, conflicts, capacity, unknown hashes, holes, duplicate
+// copies and their partial removal).
 import { describe, expect, test } from "bun:test";
 import { createIndex } from "../../src/index/index";
 import { ReferenceIndex } from "../../src/index/reference/reference";
@@ -92,6 +93,32 @@ const mutants: [string, (options: IndexOptions) => KvIndex][] = [
   ],
   ["counts across holes", (options) => new HoleBlindReference(1, options)],
   [
+    "lets the first removal of a block held in two copies unhold it",
+    (options) => {
+      const index = createIndex("crtc", 1, options) as CrtcIndex;
+      index.slots.addCopy = () => {};
+      return index;
+    },
+  ],
+  [
+    "dumps without the extra copies",
+    (options) => {
+      const index = createIndex("crtc", 1, options);
+      const dump = index.dump.bind(index);
+      index.dump = () => {
+        const seen = new Set<string>();
+        return dump().filter((event) => {
+          if (event.op !== "stored") return true;
+          const key = `${event.worker_id}/${event.dp_rank}/${event.block_hashes.join(",")}`;
+          if (seen.has(key)) return false;
+          seen.add(key);
+          return true;
+        });
+      };
+      return index;
+    },
+  ],
+  [
     "dumps without placeholder removals",
     (options) => {
       const index = createIndex("crtc", 1, options);
@@ -151,6 +178,7 @@ describe("the default streams exercise every path", () => {
       conflicts: 0,
       unknown: 0,
       duplicates: 0,
+      copiesRemoved: 0,
       ghosts: 0,
       cleared: 0,
       removedWorkers: 0,
@@ -165,6 +193,7 @@ describe("the default streams exercise every path", () => {
       totals.conflicts += c.hashConflicts;
       totals.unknown += c.blocksUnknown;
       totals.duplicates += c.blocksDuplicate;
+      totals.copiesRemoved += c.copiesRemoved;
       totals.cleared += c.clearedEvents;
       totals.removedWorkers += c.workersRemoved;
       // A dump with removed events stored through a hole: held blocks below an unheld one.

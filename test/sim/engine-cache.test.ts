@@ -16,8 +16,8 @@ import { xxh3 } from "../../src/hash/xxh3";
 const SEED = 0x1234_5678_9abc_def0n;
 const BS = 4;
 
-function cacheOf(capacityBlocks: number, hashSeed = SEED): EngineCache {
-  return new EngineCache({ capacityBlocks, blockSize: BS, hashSeed });
+function cacheOf(capacityBlocks: number, hashSeed = SEED, keepDuplicates = true): EngineCache {
+  return new EngineCache({ capacityBlocks, blockSize: BS, hashSeed, keepDuplicates });
 }
 
 function range(from: number, count: number): number[] {
@@ -172,10 +172,27 @@ describe("EngineCache prefix caching", () => {
     const seq = sequence(cache, range(1, 8));
     expect(cache.allocate(seq)).toBe(true);
     expect(seq.hitBlocks).toBe(1);
-    cache.commit(seq, 8); // block 1 recomputed: its hash is cached, the copy is adopted
-    expect(cache.takeEvents()).toEqual([]);
+    cache.commit(seq, 8); // block 1 recomputed: its hash is cached, so this is a second copy
+    const ext = externalHashes(range(1, 8));
+    expect(cache.takeEvents()).toEqual([stored([ext[1]!], ext[0]!, range(5, 4))]);
     expect(cache.counters.duplicateBlocks).toBe(1);
     expect(cache.usedBlocks).toBe(2);
+    cache.release(seq);
+    expect(cache.cachedBlocks).toBe(3);
+    expect(cache.distinctBlocks).toBe(2);
+    expect(cache.snapshot().map((block) => block.copies)).toEqual([1, 2].sort());
+    cache.verify();
+  });
+
+  test("with duplicates adopted, the recomputed last block is not announced", () => {
+    const cache = cacheOf(8, SEED, false);
+    serve(cache, range(1, 8));
+    cache.takeEvents();
+    const seq = sequence(cache, range(1, 8));
+    expect(cache.allocate(seq)).toBe(true);
+    cache.commit(seq, 8);
+    expect(cache.takeEvents()).toEqual([]);
+    expect(cache.counters.duplicateBlocks).toBe(1);
     cache.release(seq);
     expect(cache.cachedBlocks).toBe(2);
     cache.verify();
@@ -272,7 +289,7 @@ describe("EngineCache eviction and pinning", () => {
 });
 
 describe("EngineCache duplicates and reset", () => {
-  test("two concurrent sequences computing the same prefix: one BlockStored, shared copy", () => {
+  test("two concurrent sequences computing the same prefix: two copies, each stored and removed", () => {
     const cache = cacheOf(8);
     const tokens = range(1, 9);
     const first = sequence(cache, tokens);
@@ -283,10 +300,47 @@ describe("EngineCache duplicates and reset", () => {
     cache.commit(first, 9);
     cache.commit(second, 9);
     const ext = externalHashes(tokens);
-    expect(cache.takeEvents()).toEqual([stored([ext[0]!, ext[1]!], null, range(1, 8))]);
+    const both = stored([ext[0]!, ext[1]!], null, range(1, 8));
+    expect(cache.takeEvents()).toEqual([both, both]);
     expect(cache.counters.duplicateBlocks).toBe(2);
-    expect(cache.usedBlocks).toBe(4); // 2 shared + 2 partial tails
+    expect(cache.usedBlocks).toBe(6); // each keeps its own copy
+    expect(cache.cachedBlocks).toBe(4);
+    expect(cache.distinctBlocks).toBe(2);
     cache.verify();
+    cache.release(first);
+    cache.release(second);
+    expect(cache.snapshot().map((block) => block.copies)).toEqual([2, 2]);
+    // A new request hits the oldest copies; the other two go first, one removal each.
+    const third = sequence(cache, [...range(1, 8), 50]);
+    expect(cache.allocate(third)).toBe(true);
+    expect(third.hitBlocks).toBe(2);
+    cache.takeEvents();
+    const fill = sequence(cache, range(100, 20)); // 5 blocks: the free slots, then the second copies
+    expect(cache.allocate(fill)).toBe(true);
+    const events = cache.takeEvents();
+    expect(events.length).toBe(1);
+    expect(
+      (events[0] as BlockRemovedEvent).block_hashes
+        .filter((h) => h === ext[0] || h === ext[1])
+        .sort(),
+    ).toEqual([ext[0]!, ext[1]!].sort());
+    expect(cache.snapshot().map((block) => block.copies)).toEqual([1, 1]);
+    expect(cache.cachedPrefixBlocks(Uint32Array.from(tokens), 9)).toBe(2);
+    cache.verify();
+  });
+
+  test("with duplicates adopted: one BlockStored, a shared copy", () => {
+    const cache = cacheOf(8, SEED, false);
+    const tokens = range(1, 9);
+    const first = sequence(cache, tokens);
+    const second = sequence(cache, tokens);
+    expect(cache.allocate(first)).toBe(true);
+    expect(cache.allocate(second)).toBe(true);
+    cache.commit(first, 9);
+    cache.commit(second, 9);
+    const ext = externalHashes(tokens);
+    expect(cache.takeEvents()).toEqual([stored([ext[0]!, ext[1]!], null, range(1, 8))]);
+    expect(cache.usedBlocks).toBe(4); // 2 shared + 2 partial tails
     cache.release(first);
     cache.release(second);
     expect(cache.cachedBlocks).toBe(2);

@@ -1,7 +1,7 @@
 /**
  * Test helpers for networked mock engines: a virtual-time driver that publishes every
  * step's batch (so a test can stop at checkpoints), and comparison of an index dump with
- * the engines' real cache contents (external hash → kvedge path hash, per worker).
+ * the engines' real cache contents (external hash → kvedge path hash and copies, per worker).
  */
 import { expect } from "bun:test";
 import type { IndexOp } from "../../src/index/ops";
@@ -47,6 +47,25 @@ export function indexedPaths(ops: readonly IndexOp[]): Map<string, Map<string, b
   return workers;
 }
 
+/**
+ * Per worker id (decimal): external hash (decimal) → copies held, from an index dump (a
+ * dump stores a block once per copy; its removals drop placeholders only).
+ */
+export function indexedCopies(ops: readonly IndexOp[]): Map<string, Map<string, number>> {
+  const workers = new Map<string, Map<string, number>>();
+  for (const op of ops) {
+    if (op.op !== "stored" && op.op !== "removed") continue;
+    let copies = workers.get(op.worker_id);
+    if (copies === undefined) workers.set(op.worker_id, (copies = new Map()));
+    for (const hash of op.block_hashes) {
+      const now = (copies.get(hash) ?? 0) + (op.op === "stored" ? 1 : -1);
+      if (now > 0) copies.set(hash, now);
+      else copies.delete(hash);
+    }
+  }
+  return workers;
+}
+
 /** The same view of an engine's real cache. */
 export function cachedPaths(engine: NetworkedEngine): Map<string, bigint> {
   return new Map(
@@ -54,13 +73,14 @@ export function cachedPaths(engine: NetworkedEngine): Map<string, bigint> {
   );
 }
 
-/** Asserts the dump holds exactly each engine's cached blocks, with their token paths. */
+/** Asserts the dump holds exactly each engine's cached blocks, with their token paths and copies. */
 export function expectIndexEqualsEngines(
   ops: readonly IndexOp[],
   engines: readonly NetworkedEngine[],
   ids: readonly string[],
 ): number {
   const indexed = indexedPaths(ops);
+  const copies = indexedCopies(ops);
   let blocks = 0;
   engines.forEach((engine, w) => {
     const actual = cachedPaths(engine);
@@ -70,6 +90,14 @@ export function expectIndexEqualsEngines(
       if (seen.get(hash) !== path)
         throw new Error(
           `worker ${ids[w]}: block ${hash} indexed as ${seen.get(hash)}, cached with path ${path}`,
+        );
+    }
+    // Every block with as many copies as the engine holds (vLLM's duplicates).
+    const held = copies.get(ids[w]!) ?? new Map<string, number>();
+    for (const block of engine.engine.cache.snapshot()) {
+      if (held.get(block.hash.toString()) !== block.copies)
+        throw new Error(
+          `worker ${ids[w]}: block ${block.hash} indexed with ${held.get(block.hash.toString())} copies, cached with ${block.copies}`,
         );
     }
     blocks += actual.size;

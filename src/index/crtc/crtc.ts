@@ -108,7 +108,19 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
     // Any growth of the lookup now, before the first node opens: readers that meet an open
     // node wait for the event's end (see docs/decisions.md#reserve-before-open).
     lookup.reserve(count);
-    storeChain(this.tree, slot, lookup, node, pos, external, local, first, count, this.counters);
+    storeChain(
+      this.tree,
+      slot,
+      lookup,
+      node,
+      pos,
+      external,
+      local,
+      first,
+      count,
+      this.counters,
+      this.slots,
+    );
     this.counters.storedEvents++;
     if (this.verifyEach) this.verify();
     return StoreStatus.Ok;
@@ -136,12 +148,22 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
     if (external.length < 2 * (first + count)) fail("removed array too short");
     this.counters.removedEvents++;
     const lookup = this.slots.lookupOf(slot);
+    let hashes = external;
+    let from = first;
+    let going = count;
+    if (this.slots.copiesOf(slot) !== null) {
+      // Blocks held in more than one copy lose a copy and stay; the rest go as usual.
+      hashes = this.removeScratch.ensureHashes(count);
+      going = this.slots.takeCopies(slot, external, first, count, hashes);
+      from = 0;
+      this.counters.copiesRemoved += count - going;
+    }
     const unknown =
       lookup === null
-        ? count
-        : removeHashes(this.tree, slot, lookup, external, first, count, this.removeScratch);
+        ? going
+        : removeHashes(this.tree, slot, lookup, hashes, from, going, this.removeScratch);
     this.counters.blocksUnknown += unknown;
-    this.counters.blocksRemoved += count - unknown;
+    this.counters.blocksRemoved += going - unknown;
     if (this.verifyEach) this.verify();
     return unknown;
   }
@@ -150,6 +172,7 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
     this.counters.clearedEvents++;
     const lookup = this.slots.lookupOf(slot);
     if (lookup !== null) {
+      this.slots.dropCopies(slot);
       this.counters.blocksRemoved += clearSlot(this.tree, slot, lookup, this.removeScratch);
       if (this.verifyEach) this.verify();
     }
@@ -159,6 +182,7 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
   removeWorker(workerId: bigint): void {
     this.counters.workersRemoved++;
     for (const slot of this.slots.slotsOf(workerId)) {
+      this.slots.dropCopies(slot);
       this.counters.blocksRemoved += clearSlot(
         this.tree,
         slot,
@@ -194,6 +218,7 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
     return {
       workers: this.slots.live,
       blocks: entries,
+      copies: this.slots.extraCopies,
       nodes: this.tree.nodes.live,
       edgeWords: 2 * this.tree.edgeBlocks,
       lookupEntries: entries,
@@ -269,13 +294,14 @@ function frozenTree(
       }
       return node;
     },
-    workers: lookups.map(({ workerId, dpRank, count }, i) => {
+    workers: lookups.map(({ workerId, dpRank, count, copies: extra }, i) => {
       const table = copies[5 + i]!;
       const slots = table.length / 3;
       return {
         workerId,
         dpRank,
         count,
+        copies: extra,
         readHeld(from, budget, visit) {
           const to = Math.min(slots, from + budget);
           for (let at = 3 * from; at < 3 * to; at += 3) {

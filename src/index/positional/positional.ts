@@ -147,6 +147,8 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
   private stamp = new Uint32Array(64);
   private tick = 2;
   private touched = new Uint32Array(64);
+  /** A removal's hashes whose last copy goes, when some blocks have several copies. */
+  private going = new Uint32Array(128);
 
   constructor(blockSize: number, options: IndexOptions = {}) {
     super(options);
@@ -239,6 +241,7 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
           this.counters.hashConflicts++;
           return;
         }
+        this.slots.addCopy(slot, external[2 * i]!, external[2 * i + 1]!);
         this.counters.blocksDuplicate++;
         parent = entry;
         continue;
@@ -300,12 +303,23 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
     assert(external.length >= 2 * (first + count), "removed array too short");
     this.counters.removedEvents++;
     const lookup = this.slots.lookupOf(slot);
+    let hashes = external;
+    let from = first;
+    let going = count;
+    if (this.slots.copiesOf(slot) !== null) {
+      // Blocks held in more than one copy lose a copy and stay; the rest go as usual.
+      if (this.going.length < 2 * count) this.going = new Uint32Array(4 * count);
+      hashes = this.going;
+      going = this.slots.takeCopies(slot, external, first, count, hashes);
+      from = 0;
+      this.counters.copiesRemoved += count - going;
+    }
     let unknown = 0;
     if (lookup === null) {
-      unknown = count;
+      unknown = going;
     } else {
-      for (let i = first; i < first + count; i++) {
-        const entry = lookup.remove(external[2 * i]!, external[2 * i + 1]!);
+      for (let i = from; i < from + going; i++) {
+        const entry = lookup.remove(hashes[2 * i]!, hashes[2 * i + 1]!);
         if (entry === 0) {
           unknown++;
           continue;
@@ -315,12 +329,13 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
       }
     }
     this.counters.blocksUnknown += unknown;
-    this.counters.blocksRemoved += count - unknown;
+    this.counters.blocksRemoved += going - unknown;
     if (this.verifyEach) this.verify();
     return unknown;
   }
 
   private clearSlot(slot: number): void {
+    this.slots.dropCopies(slot);
     const lookup = this.slots.lookup[slot]!;
     if (this.touched.length < lookup.count) this.touched = new Uint32Array(lookup.count * 2);
     const touched = this.touched;
@@ -461,6 +476,7 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
     return {
       workers: this.slots.live,
       blocks: entries,
+      copies: this.slots.extraCopies,
       nodes: this.entries.live,
       edgeWords: 2 * this.entries.live,
       lookupEntries: entries,
@@ -538,6 +554,7 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
       assert(entries.kids[id]! > 0 || this.owners.count[id]! > 0, "verify: dead entry kept");
     }
     assert(live === entries.live && this.index.count === live, "verify: entry counts disagree");
+    this.slots.verifyCopies();
     const seen = new Uint32Array(entries.highWater);
     for (let slot = 0; slot < this.slots.highWater; slot++) {
       const lookup = this.slots.lookup[slot];

@@ -5,7 +5,9 @@
  *
  * A block is its path: the local hashes from the root, joined into a string key.
  * Each (worker_id, dp_rank) has `lookup` (its external hash -> path) and `held`
- * (path -> its external hash), the two directions of one bijection.
+ * (path -> its external hash), the two directions of one bijection, and `copies`
+ * (external hash -> how many copies of the block the engine holds: each store of a
+ * held block is one more, each removal one fewer; the block goes with its last).
  *
  * See docs/decisions.md#exact-oracle.
  */
@@ -32,6 +34,7 @@ interface Worker {
   readonly handle: number;
   readonly lookup: Map<bigint, string>;
   readonly held: Map<string, bigint>;
+  readonly copies: Map<bigint, number>;
 }
 
 const ROOT_PATH = "";
@@ -92,7 +95,14 @@ export class ReferenceIndex extends SlotIndex implements KvIndex {
       if (slot < 0) return this.reject(StoreStatus.CapacityExhausted);
       const workerId = this.workerTable.workerIdOf(slot);
       const dpRank = this.workerTable.dpRankOf(slot);
-      worker = { workerId, dpRank, handle: slot, lookup: new Map(), held: new Map() };
+      worker = {
+        workerId,
+        dpRank,
+        handle: slot,
+        lookup: new Map(),
+        held: new Map(),
+        copies: new Map(),
+      };
       this.byKey.set(`${workerId}/${dpRank}`, worker);
       this.byHandle[slot] = worker;
     }
@@ -102,6 +112,7 @@ export class ReferenceIndex extends SlotIndex implements KvIndex {
       path = childPath(path, u64(local[2 * i]!, local[2 * i + 1]!));
       const named = worker.lookup.get(hash);
       if (named === path) {
+        worker.copies.set(hash, worker.copies.get(hash)! + 1);
         this.counters.blocksDuplicate++;
         continue;
       }
@@ -113,6 +124,7 @@ export class ReferenceIndex extends SlotIndex implements KvIndex {
       }
       worker.lookup.set(hash, path);
       worker.held.set(path, hash);
+      worker.copies.set(hash, 1);
       this.hold(path, 1);
       this.counters.blocksStored++;
     }
@@ -130,12 +142,19 @@ export class ReferenceIndex extends SlotIndex implements KvIndex {
         unknown++;
         continue;
       }
+      const copies = worker.copies.get(hash)!;
+      if (copies > 1) {
+        worker.copies.set(hash, copies - 1);
+        this.counters.copiesRemoved++;
+        continue;
+      }
       worker.lookup.delete(hash);
       worker.held.delete(path);
+      worker.copies.delete(hash);
       this.hold(path, -1);
+      this.counters.blocksRemoved++;
     }
     this.counters.blocksUnknown += unknown;
-    this.counters.blocksRemoved += count - unknown;
     return unknown;
   }
 
@@ -147,6 +166,7 @@ export class ReferenceIndex extends SlotIndex implements KvIndex {
     for (const path of worker.held.keys()) this.hold(path, -1);
     worker.lookup.clear();
     worker.held.clear();
+    worker.copies.clear();
   }
 
   private hold(path: string, delta: number): void {
@@ -203,13 +223,16 @@ export class ReferenceIndex extends SlotIndex implements KvIndex {
   stats(): IndexStats {
     let blocks = 0;
     let lookupEntries = 0;
+    let copies = 0;
     for (const worker of this.byKey.values()) {
       blocks += worker.held.size;
       lookupEntries += worker.lookup.size;
+      for (const n of worker.copies.values()) copies += n - 1;
     }
     return {
       workers: this.byKey.size,
       blocks,
+      copies,
       nodes: this.holders.size,
       edgeWords: 0,
       lookupEntries,
@@ -226,15 +249,26 @@ export class ReferenceIndex extends SlotIndex implements KvIndex {
     }));
   }
 
-  /** Each worker's blocks as "external hash -> path" lines, sorted (tests compare these). */
+  /**
+   * Each worker's blocks as "external hash -> path" lines (with " x<copies>" for a block
+   * held in more than one copy), sorted (tests compare these).
+   */
   canonical(): string[] {
     const lines: string[] = [];
     for (const worker of this.byKey.values()) {
       lines.push(`${worker.workerId}/${worker.dpRank} present`);
-      for (const [hash, path] of worker.lookup)
-        lines.push(`${worker.workerId}/${worker.dpRank} ${hash} -> ${path}`);
+      for (const [hash, path] of worker.lookup) {
+        const copies = worker.copies.get(hash)!;
+        const times = copies > 1 ? ` x${copies}` : "";
+        lines.push(`${worker.workerId}/${worker.dpRank} ${hash} -> ${path}${times}`);
+      }
     }
     return lines.sort();
+  }
+
+  /** How many copies of the block named `hash` the worker holds (0: none). */
+  copiesOf(workerId: bigint, dpRank: number, hash: bigint): number {
+    return this.worker(workerId, dpRank)?.copies.get(hash) ?? 0;
   }
 
   /** The worker's held blocks, path -> external hash (for stream generators and tests). */
@@ -292,13 +326,16 @@ export class ReferenceIndex extends SlotIndex implements KvIndex {
         for (const worker of workers) {
           const external = new Uint32Array(2 * worker.held.size);
           const blockKeys = new Uint32Array(worker.held.size);
+          const copies: number[] = [];
           let n = 0;
           for (const [path, hash] of worker.held) {
             external[2 * n] = Number(hash >> 32n);
             external[2 * n + 1] = Number(hash & 0xffff_ffffn);
             blockKeys[n++] = keys.get(path)!;
+            const times = worker.copies.get(hash)!;
+            if (times > 1) copies.push(keys.get(path)!, times - 1);
           }
-          visit(worker.workerId, worker.dpRank, external, blockKeys, n);
+          visit(worker.workerId, worker.dpRank, external, blockKeys, n, Uint32Array.from(copies));
         }
       },
     };
@@ -306,8 +343,8 @@ export class ReferenceIndex extends SlotIndex implements KvIndex {
 
   verify(): void {
     for (const worker of this.byKey.values()) {
-      if (worker.lookup.size !== worker.held.size)
-        throw new Error("reference: lookup and held sizes differ");
+      if (worker.lookup.size !== worker.held.size || worker.copies.size !== worker.held.size)
+        throw new Error("reference: lookup, held and copies sizes differ");
       for (const [hash, path] of worker.lookup) {
         if (worker.held.get(path) !== hash) throw new Error("reference: lookup and held disagree");
       }
