@@ -217,7 +217,7 @@ export class KvedgeCore {
         },
         reject: (call, retryAfterSecs, reason) => {
           this.unhold(call);
-          call.fail(new KvedgeError("overloaded", reason, retryAfterSecs));
+          call.fail(new KvedgeError("overloaded", reason, { retryAfterSecs }));
         },
       },
       () => performance.now(),
@@ -345,7 +345,7 @@ export class KvedgeCore {
       throw new KvedgeError(
         "overloaded",
         `kvedge holds its limit of ${bufferBudget.limitBytes} bytes of unfinished requests; try again`,
-        1,
+        { retryAfterSecs: 1 },
       );
     }
     this.heldCalls.add(call);

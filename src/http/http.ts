@@ -1,12 +1,13 @@
 /**
  * HTTP plumbing shared by kvedge's API (src/server), the proxy and the mock engines
- * (src/sim): one error type that becomes a JSON `{"error": "..."}` response with the
- * right status, bounded body reading (JSON or MessagePack), content negotiation, and
+ * (src/sim): error answers (a KvedgeError as its code's status and OpenAI's error object,
+ * ./errors.ts), bounded body reading (JSON or MessagePack), content negotiation, and
  * validation of the fields requests carry (token ids, 64-bit ids and hashes as decimal
- * strings). Transport plumbing only: which domain error gets which status is the
- * server's (src/server/http.ts).
+ * strings).
  */
 import { Unpackr } from "msgpackr";
+import { KvedgeError } from "../domain/errors";
+import { errorObject, STATUS_OF } from "./errors";
 import { bufferBudget } from "../util/buffer-budget";
 import { U64_MAX } from "../util/u64";
 import { MsgpackWriter, type MsgpackValue } from "../wire/msgpack";
@@ -14,18 +15,6 @@ import { defaultTokenScanner, parseRequestJson, ScannedTokens, TOKENS_MAX } from
 import { BinRef, MsgpackRequestReader } from "../wire/request-msgpack";
 
 export { TOKENS_MAX };
-
-/** An error a client caused; `status` is what it gets, `message` what it reads. */
-export class HttpError extends Error {
-  override readonly name = "HttpError";
-  constructor(
-    readonly status: number,
-    message: string,
-    readonly retryAfterSecs: number | null = null,
-  ) {
-    super(message);
-  }
-}
 
 export const MSGPACK = "application/msgpack";
 const JSON_TYPE = "application/json";
@@ -36,8 +25,8 @@ export function checkBodyType(request: Request): void {
   if (header === JSON_TYPE || header === MSGPACK) return; // what clients send, checked without parsing
   const type = header.split(";", 1)[0]!.trim().toLowerCase();
   if (type === JSON_TYPE || type === MSGPACK) return;
-  throw new HttpError(
-    415,
+  throw new KvedgeError(
+    "unsupported_media_type",
     `send the body as Content-Type: ${JSON_TYPE} or ${MSGPACK}${type === "" ? "" : `, not ${type}`}`,
   );
 }
@@ -68,7 +57,10 @@ export function receiveBody(request: Request, limitBytes: number): Promise<Recei
   const declared = request.headers.get("content-length");
   if (declared !== null && Number(declared) > limitBytes) {
     return Promise.reject(
-      new HttpError(413, `request body of ${declared} bytes is over the limit of ${limitBytes}`),
+      new KvedgeError(
+        "too_large",
+        `request body of ${declared} bytes is over the limit of ${limitBytes}`,
+      ),
     );
   }
   // A declared body is held from now until it has arrived (a streamed one, chunk by
@@ -87,20 +79,21 @@ export function receiveBody(request: Request, limitBytes: number): Promise<Recei
     // every promise and await counts.
     return request.text().then((text) => {
       bufferBudget.give(held);
-      if (text.length === 0 && !(held > 0)) throw new HttpError(400, "request body is empty");
+      if (text.length === 0 && !(held > 0))
+        throw new KvedgeError("bad_request", "request body is empty");
       return { json: text };
     }, failed);
   }
   return readLimited(request, limitBytes, declared !== null).then((bytes) => {
     bufferBudget.give(held);
-    if (bytes.length === 0) throw new HttpError(400, "request body is empty");
+    if (bytes.length === 0) throw new KvedgeError("bad_request", "request body is empty");
     return msgpack ? { msgpack: bytes } : { json: utf8.decode(bytes) };
   }, failed);
 }
 
-function overBudget(): HttpError {
-  return new HttpError(
-    503,
+function overBudget(): KvedgeError {
+  return new KvedgeError(
+    "busy",
     `kvedge holds its limit of ${bufferBudget.limitBytes} bytes of unfinished requests and replies; try again`,
   );
 }
@@ -117,7 +110,7 @@ export function parseBody(body: ReceivedBody, transient = false): unknown {
   try {
     return unpackr.unpack(body.msgpack);
   } catch (error) {
-    throw new HttpError(400, `malformed MessagePack body: ${(error as Error).message}`);
+    throw new KvedgeError("bad_request", `malformed MessagePack body: ${(error as Error).message}`);
   }
 }
 
@@ -125,7 +118,7 @@ function parseJson(text: string, transient: boolean): unknown {
   try {
     return parseRequestJson(text, defaultTokenScanner, transient);
   } catch (error) {
-    throw new HttpError(400, `malformed JSON body: ${(error as Error).message}`);
+    throw new KvedgeError("bad_request", `malformed JSON body: ${(error as Error).message}`);
   }
 }
 
@@ -146,7 +139,7 @@ async function readStream(request: Request, limitBytes: number): Promise<Uint8Ar
   try {
     for await (const chunk of request.body) {
       if (total + chunk.byteLength > limitBytes)
-        throw new HttpError(413, `request body is over the limit of ${limitBytes} bytes`);
+        throw new KvedgeError("too_large", `request body is over the limit of ${limitBytes} bytes`);
       if (!bufferBudget.take(chunk.byteLength)) throw overBudget();
       total += chunk.byteLength;
       chunks.push(chunk);
@@ -203,8 +196,9 @@ export function msgpackReply(status: number, write: (writer: MsgpackWriter) => v
   return new Response(writer.finish(), { status, headers: { "content-type": MSGPACK } });
 }
 
-export function errorReply(request: Request | null, error: HttpError): Response {
-  const response = reply(request, error.status, { error: error.message });
+/** A client's error as its code's status, with OpenAI's error object as the body. */
+export function errorReply(request: Request | null, error: KvedgeError): Response {
+  const response = reply(request, STATUS_OF[error.code], { error: errorObject(error) });
   if (error.retryAfterSecs !== null)
     response.headers.set("retry-after", String(error.retryAfterSecs));
   return response;
@@ -214,7 +208,7 @@ export function errorReply(request: Request | null, error: HttpError): Response 
 
 export function asObject(value: unknown, what = "request body"): Record<string, unknown> {
   if (typeof value !== "object" || value === null || Array.isArray(value)) {
-    throw new HttpError(400, `${what} must be a JSON object`);
+    throw new KvedgeError("bad_request", `${what} must be a JSON object`);
   }
   return value as Record<string, unknown>;
 }
@@ -230,8 +224,10 @@ export function tokenIds(body: Record<string, unknown>, field = "token_ids"): Ui
   if (value instanceof ScannedTokens) return value.tokens;
   if (value instanceof BinRef) return tokenBytes(value.source, value.start, value.end, field);
   if (value instanceof Uint8Array) return tokenBytes(value, 0, value.length, field);
-  if (!Array.isArray(value)) throw new HttpError(400, `${field} must be an array of integers`);
-  if (value.length > TOKENS_MAX) throw new HttpError(413, `${field} has over ${TOKENS_MAX} tokens`);
+  if (!Array.isArray(value))
+    throw new KvedgeError("bad_request", `${field} must be an array of integers`, { param: field });
+  if (value.length > TOKENS_MAX)
+    throw new KvedgeError("too_large", `${field} has over ${TOKENS_MAX} tokens`, { param: field });
   const tokens = new Uint32Array(value.length);
   for (let i = 0; i < value.length; i++) {
     const token = value[i];
@@ -241,9 +237,10 @@ export function tokenIds(body: Record<string, unknown>, field = "token_ids"): Ui
       token < 0 ||
       token >= TOKEN_LIMIT
     ) {
-      throw new HttpError(
-        400,
+      throw new KvedgeError(
+        "bad_request",
         `${field}[${i}] must be an integer in [0, 2^32), got ${describeValue(token)}`,
+        { param: field },
       );
     }
     tokens[i] = token;
@@ -266,13 +263,15 @@ function describeValue(value: unknown): string {
 function tokenBytes(bytes: Uint8Array, start: number, end: number, field: string): Uint32Array {
   const length = end - start;
   if (length % 4 !== 0) {
-    throw new HttpError(
-      400,
+    throw new KvedgeError(
+      "bad_request",
       `${field} as bytes must be little-endian u32s (a multiple of 4 bytes), got ${length} bytes`,
+      { param: field },
     );
   }
   const count = length / 4;
-  if (count > TOKENS_MAX) throw new HttpError(413, `${field} has over ${TOKENS_MAX} tokens`);
+  if (count > TOKENS_MAX)
+    throw new KvedgeError("too_large", `${field} has over ${TOKENS_MAX} tokens`, { param: field });
   if (tokenScratch.length < count) {
     tokenScratch = new Uint32Array(Math.max(count, 2 * tokenScratch.length));
     tokenScratchBytes = new Uint8Array(tokenScratch.buffer);
@@ -297,7 +296,11 @@ export function u64Field(value: unknown, field: string): bigint {
   } else if (typeof value === "bigint" && value >= 0n && value <= U64_MAX) {
     return value;
   }
-  throw new HttpError(400, `${field} must be an unsigned 64-bit integer as a decimal string`);
+  throw new KvedgeError(
+    "bad_request",
+    `${field} must be an unsigned 64-bit integer as a decimal string`,
+    { param: field },
+  );
 }
 
 export function optionalString(
@@ -307,9 +310,12 @@ export function optionalString(
 ): string | null {
   const value = body[field];
   if (value === undefined || value === null) return null;
-  if (typeof value !== "string") throw new HttpError(400, `${field} must be a string`);
+  if (typeof value !== "string")
+    throw new KvedgeError("bad_request", `${field} must be a string`, { param: field });
   if (value.length > maxLength)
-    throw new HttpError(400, `${field} is longer than ${maxLength} characters`);
+    throw new KvedgeError("bad_request", `${field} is longer than ${maxLength} characters`, {
+      param: field,
+    });
   return value;
 }
 
@@ -322,7 +328,9 @@ export function optionalNumber(
   const value = body[field];
   if (value === undefined || value === null) return null;
   if (typeof value !== "number" || !Number.isFinite(value) || value < min || value > max) {
-    throw new HttpError(400, `${field} must be a number in [${min}, ${max}]`);
+    throw new KvedgeError("bad_request", `${field} must be a number in [${min}, ${max}]`, {
+      param: field,
+    });
   }
   return value;
 }
@@ -335,6 +343,6 @@ export function optionalInt(
 ): number | null {
   const value = optionalNumber(body, field, min, max);
   if (value !== null && !Number.isInteger(value))
-    throw new HttpError(400, `${field} must be an integer`);
+    throw new KvedgeError("bad_request", `${field} must be an integer`, { param: field });
   return value;
 }

@@ -4,7 +4,8 @@
  * same API): what the prompt's token ids are, how many tokens to generate, whether to
  * stream, and Server-Sent Events framing.
  */
-import { HttpError } from "../http/http";
+
+import { KvedgeError } from "../domain/errors";
 import type { ChatMessage, PromptTokenizer } from "./tokenizer";
 
 export const COMPLETIONS_PATH = "/v1/completions";
@@ -29,8 +30,8 @@ export function completionPrompt(body: Record<string, unknown>): CompletionPromp
     (typeof prompt[0] === "string" || Array.isArray(prompt[0]))
   ) {
     if (prompt.length !== 1)
-      throw new HttpError(
-        400,
+      throw new KvedgeError(
+        "bad_request",
         "prompt: one prompt per request (a list of several is not supported)",
       );
     prompt = prompt[0];
@@ -41,30 +42,33 @@ export function completionPrompt(body: Record<string, unknown>): CompletionPromp
     for (let i = 0; i < prompt.length; i++) {
       const id = prompt[i];
       if (typeof id !== "number" || !Number.isInteger(id) || id < 0 || id > 0xffff_ffff) {
-        throw new HttpError(400, `prompt[${i}] must be a token id (an integer in [0, 2^32))`);
+        throw new KvedgeError(
+          "bad_request",
+          `prompt[${i}] must be a token id (an integer in [0, 2^32))`,
+        );
       }
       ids[i] = id;
     }
     return { ids };
   }
-  throw new HttpError(400, "prompt is required: a string or an array of token ids");
+  throw new KvedgeError("bad_request", "prompt is required: a string or an array of token ids");
 }
 
 /** `messages` of /v1/chat/completions, with text-part lists joined as vLLM does for string templates. */
 export function chatMessages(body: Record<string, unknown>): ChatMessage[] {
   const messages = body.messages;
   if (!Array.isArray(messages) || messages.length === 0)
-    throw new HttpError(400, "messages must be a non-empty array");
+    throw new KvedgeError("bad_request", "messages must be a non-empty array");
   if (messages.length > MESSAGES_MAX)
-    throw new HttpError(400, `messages has more than ${MESSAGES_MAX} entries`);
+    throw new KvedgeError("bad_request", `messages has more than ${MESSAGES_MAX} entries`);
   return messages.map((message: unknown, i) => {
     if (message === null || typeof message !== "object" || Array.isArray(message)) {
-      throw new HttpError(400, `messages[${i}] must be an object`);
+      throw new KvedgeError("bad_request", `messages[${i}] must be an object`);
     }
     // A copy: the client's body may be forwarded as it is, re-serialized.
     const entry = { ...(message as Record<string, unknown>) };
     if (typeof entry.role !== "string")
-      throw new HttpError(400, `messages[${i}].role must be a string`);
+      throw new KvedgeError("bad_request", `messages[${i}].role must be a string`);
     const content = entry.content;
     if (Array.isArray(entry.tool_calls))
       entry.tool_calls = entry.tool_calls.map((call: unknown, j) =>
@@ -73,11 +77,17 @@ export function chatMessages(body: Record<string, unknown>): ChatMessage[] {
     if (content === undefined || content === null || typeof content === "string")
       return { ...entry, content: content ?? "" };
     if (!Array.isArray(content))
-      throw new HttpError(400, `messages[${i}].content must be a string or an array of parts`);
+      throw new KvedgeError(
+        "bad_request",
+        `messages[${i}].content must be a string or an array of parts`,
+      );
     const texts = content.map((part: unknown, j) => {
       const p = part as { type?: unknown; text?: unknown } | null;
       if (p?.type !== "text" || typeof p.text !== "string") {
-        throw new HttpError(400, `messages[${i}].content[${j}]: only text parts are supported`);
+        throw new KvedgeError(
+          "bad_request",
+          `messages[${i}].content[${j}]: only text parts are supported`,
+        );
       }
       return p.text;
     });
@@ -98,7 +108,7 @@ function toolCall(call: unknown, where: string): unknown {
     try {
       args = JSON.parse(args);
     } catch {
-      throw new HttpError(400, `${where}.function.arguments is not valid JSON`);
+      throw new KvedgeError("bad_request", `${where}.function.arguments is not valid JSON`);
     }
   }
   return { ...(call as object), function: { ...fn, arguments: args } };
@@ -117,7 +127,7 @@ export async function promptTokens(
 ): Promise<Uint32Array> {
   const addSpecial = body.add_special_tokens;
   if (addSpecial !== undefined && typeof addSpecial !== "boolean")
-    throw new HttpError(400, "add_special_tokens must be a boolean");
+    throw new KvedgeError("bad_request", "add_special_tokens must be a boolean");
   if (path === COMPLETIONS_PATH) {
     const prompt = completionPrompt(body);
     if ("ids" in prompt) return prompt.ids;
@@ -126,20 +136,23 @@ export async function promptTokens(
   const messages = chatMessages(body);
   const tokenizerOf = needTokenizer(tokenizer);
   if (!tokenizerOf.hasChatTemplate)
-    throw new HttpError(400, "the model's tokenizer has no chat template: use /v1/completions");
+    throw new KvedgeError(
+      "bad_request",
+      "the model's tokenizer has no chat template: use /v1/completions",
+    );
   const extra = body.chat_template_kwargs;
   if (
     extra !== undefined &&
     (extra === null || typeof extra !== "object" || Array.isArray(extra))
   ) {
-    throw new HttpError(400, "chat_template_kwargs must be an object");
+    throw new KvedgeError("bad_request", "chat_template_kwargs must be an object");
   }
   const generation = body.add_generation_prompt;
   const continueFinal = body.continue_final_message;
   if (generation !== undefined && typeof generation !== "boolean")
-    throw new HttpError(400, "add_generation_prompt must be a boolean");
+    throw new KvedgeError("bad_request", "add_generation_prompt must be a boolean");
   if (continueFinal !== undefined && typeof continueFinal !== "boolean")
-    throw new HttpError(400, "continue_final_message must be a boolean");
+    throw new KvedgeError("bad_request", "continue_final_message must be a boolean");
   let text: string;
   try {
     text = tokenizerOf.renderChat(messages, {
@@ -149,8 +162,8 @@ export async function promptTokens(
       ...(extra === undefined ? {} : { extra: extra as Record<string, unknown> }),
     });
   } catch (error) {
-    throw new HttpError(
-      400,
+    throw new KvedgeError(
+      "bad_request",
       `the chat template failed on these messages: ${(error as Error).message}`,
     );
   }
@@ -159,8 +172,8 @@ export async function promptTokens(
 
 function needTokenizer(tokenizer: PromptTokenizer | null): PromptTokenizer {
   if (tokenizer === null)
-    throw new HttpError(
-      400,
+    throw new KvedgeError(
+      "bad_request",
       "no tokenizer is loaded: give the prompt as token ids (/v1/completions)",
     );
   return tokenizer;
@@ -176,14 +189,14 @@ export function maxTokensOf(body: Record<string, unknown>): number {
     value < 1 ||
     value > MAX_TOKENS_MAX
   ) {
-    throw new HttpError(400, `max_tokens must be an integer in [1, ${MAX_TOKENS_MAX}]`);
+    throw new KvedgeError("bad_request", `max_tokens must be an integer in [1, ${MAX_TOKENS_MAX}]`);
   }
   return value;
 }
 
 export function isStream(body: Record<string, unknown>): boolean {
   if (body.stream !== undefined && body.stream !== null && typeof body.stream !== "boolean")
-    throw new HttpError(400, "stream must be a boolean");
+    throw new KvedgeError("bad_request", "stream must be a boolean");
   return body.stream === true;
 }
 

@@ -15,7 +15,8 @@
  * `stream_options.include_usage` added, and the usage-only chunk it then receives is
  * not passed on: the client sees the stream it asked for.
  */
-import { HttpError, receiveBody, reply } from "../http/http";
+import { KvedgeError } from "../domain/errors";
+import { receiveBody, reply } from "../http/http";
 import type { KvedgeCore, RouteCall, RouteInput } from "../core/core";
 import type { Logger } from "../util/log";
 import {
@@ -135,8 +136,8 @@ export class OpenAiProxy {
       .slice(0, ATTEMPTS_MAX)
       .map((t) => t.workerId.toString())
       .join(", ");
-    throw new HttpError(
-      502,
+    throw new KvedgeError(
+      "engine_unreachable",
       `no engine could be reached for this request (workers tried: ${tried}; each needs an http_endpoint)`,
     );
   }
@@ -169,7 +170,10 @@ export class OpenAiProxy {
           if (!core.dropHeld(handle, call)) return; // answered already: the forward sees the abort
           this.counters.clientAborts++;
           reject(
-            new HttpError(499, "the client closed the request while it was held for a worker"),
+            new KvedgeError(
+              "client_closed",
+              "the client closed the request while it was held for a worker",
+            ),
           );
         },
         { once: true },
@@ -179,7 +183,8 @@ export class OpenAiProxy {
 
   private async parse(request: Request, path: OpenAiPath): Promise<Parsed> {
     const received = await receiveBody(request, this.options.bodyLimitBytes);
-    if (!("json" in received)) throw new HttpError(415, "the OpenAI API takes JSON bodies");
+    if (!("json" in received))
+      throw new KvedgeError("unsupported_media_type", "the OpenAI API takes JSON bodies");
     let body: Record<string, unknown>;
     try {
       const value: unknown = JSON.parse(received.json);
@@ -187,11 +192,11 @@ export class OpenAiProxy {
         throw new Error("not a JSON object");
       body = value as Record<string, unknown>;
     } catch (error) {
-      throw new HttpError(400, `malformed JSON body: ${(error as Error).message}`);
+      throw new KvedgeError("bad_request", `malformed JSON body: ${(error as Error).message}`);
     }
     if (body.model !== undefined && body.model !== this.options.model) {
-      throw new HttpError(
-        404,
+      throw new KvedgeError(
+        "unknown_model",
         `The model \`${String(body.model)}\` does not exist (this proxy serves ${this.options.model}).`,
       );
     }
@@ -199,9 +204,9 @@ export class OpenAiProxy {
     const maxTokens = maxTokensOf(body);
     const salt = body.cache_salt;
     if (salt !== undefined && salt !== null && typeof salt !== "string")
-      throw new HttpError(400, "cache_salt must be a string");
+      throw new KvedgeError("bad_request", "cache_salt must be a string");
     const tokens = await promptTokens(this.options.tokenizer, path, body);
-    if (tokens.length === 0) throw new HttpError(400, "the prompt has no tokens");
+    if (tokens.length === 0) throw new KvedgeError("bad_request", "the prompt has no tokens");
     const stripUsage = stream && !includesUsage(body);
     const rewrite = stripUsage || (this.options.forwardTokenIds && path === COMPLETIONS_PATH);
     let forwarded = received.json;
@@ -248,7 +253,7 @@ export class OpenAiProxy {
         signal: client,
       });
     } catch (error) {
-      if (client.aborted) throw new HttpError(499, "the client closed the request");
+      if (client.aborted) throw new KvedgeError("client_closed", "the client closed the request");
       this.options.log.warn("engine unreachable; trying the next candidate", {
         worker_id: target.workerId,
         dp_rank: target.dpRank,

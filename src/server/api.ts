@@ -1,7 +1,7 @@
 /**
  * The API operations, independent of transport: each takes a parsed request body,
- * calls the core and returns the response body (or throws HttpError for a malformed
- * request, the core's KvedgeError for a refused one). HTTP (app.ts) and the WebSocket
+ * calls the core and returns the response body (or throws a KvedgeError: a malformed
+ * request's, or the core's refusal). HTTP (app.ts) and the WebSocket
  * endpoint (ws.ts) both call these, so the two APIs cannot drift apart.
  */
 import type { WorkerEntry } from "../config/workers";
@@ -12,7 +12,6 @@ import type { LifecycleResult } from "../route/load";
 import { REQUEST_ID_LENGTH_MAX } from "../route/load";
 import {
   asObject,
-  HttpError,
   optionalInt,
   optionalNumber,
   optionalString,
@@ -49,10 +48,10 @@ export function matchOp(core: KvedgeCore, raw: unknown) {
   let count: number;
   if (body.local_hashes !== undefined) {
     if (body.token_ids !== undefined)
-      throw new HttpError(400, "give token_ids or local_hashes, not both");
+      throw new KvedgeError("bad_request", "give token_ids or local_hashes, not both");
     const hashes = body.local_hashes;
     if (!Array.isArray(hashes))
-      throw new HttpError(400, "local_hashes must be an array of decimal strings");
+      throw new KvedgeError("bad_request", "local_hashes must be an array of decimal strings");
     count = hashes.length;
     local = new Uint32Array(2 * count);
     for (let i = 0; i < count; i++) {
@@ -84,7 +83,7 @@ export interface ParsedRoute {
 export function parseRoute(raw: unknown): ParsedRoute {
   const body = asObject(raw);
   const requestId = optionalString(body, "request_id", REQUEST_ID_LENGTH_MAX);
-  if (requestId === "") throw new HttpError(400, "request_id must not be empty");
+  if (requestId === "") throw new KvedgeError("bad_request", "request_id must not be empty");
   const input = {
     tokens: tokenIds(body),
     requestId,
@@ -163,7 +162,10 @@ export function routeOp(core: KvedgeCore, raw: unknown) {
 /** POST /v1/requests/{id}/prefill_done and /done: idempotent; unknown id → 404. */
 export function lifecycleOp(core: KvedgeCore, requestId: string, step: "prefill_done" | "done") {
   if (requestId.length === 0 || requestId.length > REQUEST_ID_LENGTH_MAX) {
-    throw new HttpError(400, `request id must be 1 to ${REQUEST_ID_LENGTH_MAX} characters`);
+    throw new KvedgeError(
+      "bad_request",
+      `request id must be 1 to ${REQUEST_ID_LENGTH_MAX} characters`,
+    );
   }
   const result: LifecycleResult =
     step === "done" ? core.done(requestId) : core.prefillDone(requestId);
@@ -213,7 +215,7 @@ function httpEndpointOf(value: string | null): string | null {
   try {
     return checkHttpEndpoint(value);
   } catch (error) {
-    throw new HttpError(400, `http_endpoint ${(error as Error).message}`);
+    throw new KvedgeError("bad_request", `http_endpoint ${(error as Error).message}`);
   }
 }
 
@@ -229,18 +231,18 @@ export async function addWorkerOp(core: KvedgeCore, raw: unknown) {
     "http_endpoint",
   ]);
   for (const key of Object.keys(body))
-    if (!known.has(key)) throw new HttpError(400, `unknown field ${key}`);
+    if (!known.has(key)) throw new KvedgeError("bad_request", `unknown field ${key}`);
   const endpointOf = (field: string, bindable: boolean): string | null => {
     const value = optionalString(body, field);
     if (value === null) return null;
     try {
       return checkEndpoint(value, bindable);
     } catch (error) {
-      throw new HttpError(400, `${field} ${(error as Error).message}`);
+      throw new KvedgeError("bad_request", `${field} ${(error as Error).message}`);
     }
   };
   const endpoint = endpointOf("endpoint", true);
-  if (endpoint === null) throw new HttpError(400, "endpoint is required");
+  if (endpoint === null) throw new KvedgeError("bad_request", "endpoint is required");
   const entry: WorkerEntry = {
     worker_id: u64Field(body.worker_id, "worker_id"),
     dp_rank: optionalInt(body, "dp_rank", 0, DP_RANK_MAX) ?? 0,

@@ -3,6 +3,7 @@
  * MessagePack, admin auth, metrics per request, errors as `{"error": "..."}`. It all
  * runs on the process's one JavaScript thread: see docs/decisions.md#one-thread.
  */
+import { KvedgeError } from "../domain/errors";
 import type { Server } from "bun";
 import { timingSafeEqual } from "node:crypto";
 import type { Logger } from "../util/log";
@@ -20,10 +21,9 @@ import {
 import type { RouteOutcome } from "../core/core";
 import { DumpWriter } from "./dump-stream";
 import { RequestGuard } from "./guard";
-import { clientError } from "./http";
+import { clientError, INTERNAL_ERROR } from "../http/errors";
 import {
   errorReply,
-  HttpError,
   msgpackReply,
   parseBody,
   readBody,
@@ -121,7 +121,7 @@ export function startApp(options: AppOptions): App {
     websocket: websocketHandlers(context.core, log, context.metrics, context.batch),
     error(error) {
       log.error("unhandled server error", { error: error.message });
-      return errorReply(null, new HttpError(500, "internal error"));
+      return errorReply(null, INTERNAL_ERROR);
     },
   });
   server = started;
@@ -154,7 +154,10 @@ function appContext(options: AppOptions): AppContext {
       const header = request.headers.get("authorization") ?? "";
       const given = Buffer.from(header.startsWith("Bearer ") ? header.slice(7) : "");
       if (given.length !== adminToken.length || !timingSafeEqual(given, adminToken)) {
-        throw new HttpError(401, "this endpoint needs Authorization: Bearer <admin token>");
+        throw new KvedgeError(
+          "unauthorized",
+          "this endpoint needs Authorization: Bearer <admin token>",
+        );
       }
     },
   };
@@ -377,7 +380,10 @@ function unrouted(
   const path = new URL(request.url).pathname;
   if (path === "/v1/ws") {
     if (request.method !== "GET") {
-      return errorReply(request, new HttpError(405, "use GET with Upgrade: websocket"));
+      return errorReply(
+        request,
+        new KvedgeError("method_not_allowed", "use GET with Upgrade: websocket"),
+      );
     }
     // CORS does not cover WebSocket handshakes: a page elsewhere could open one.
     try {
@@ -386,19 +392,19 @@ function unrouted(
       return failure(request, error, log);
     }
     if (server.upgrade(request, { data: newWsData() })) return undefined as unknown as Response;
-    return errorReply(request, new HttpError(400, "expected a WebSocket upgrade"));
+    return errorReply(request, new KvedgeError("bad_request", "expected a WebSocket upgrade"));
   }
   const known = matchers.find((matcher) => matcher.pattern.test(path));
   if (known !== undefined) {
     const allowed = Object.keys(table[known.template]!).join(", ");
     const text = `${request.method} is not allowed on ${known.template}; use ${allowed}`;
-    const response = errorReply(request, new HttpError(405, text));
+    const response = errorReply(request, new KvedgeError("method_not_allowed", text));
     response.headers.set("allow", allowed);
     metrics.observeHttp(metricsLabel(known.template), 405, 0);
     return response;
   }
   metrics.observeHttp("unknown", 404, 0);
-  return errorReply(request, new HttpError(404, `no such endpoint: ${path}`));
+  return errorReply(request, new KvedgeError("not_found", `no such endpoint: ${path}`));
 }
 
 /** An IPv6 literal in brackets, as URLs write it. */
@@ -416,5 +422,5 @@ function failure(request: Request, error: unknown, log: Logger): Response {
   if (client !== null) return errorReply(request, client);
   const text = error instanceof Error ? (error.stack ?? error.message) : String(error);
   log.error("request failed", { error: text });
-  return errorReply(request, new HttpError(500, "internal error"));
+  return errorReply(request, INTERNAL_ERROR);
 }

@@ -8,10 +8,10 @@
  * no string per entry). The stream is pulled: a client that reads slowly makes kvedge
  * write slowly, never buffer ahead. One dump at a time (each holds a copy of the index).
  */
+import { KvedgeError } from "../domain/errors";
 import { DumpText } from "../index/dump";
 import type { KvIndex } from "../index";
 import { PackJob, type WritePause, yieldTurn } from "../index/write-pause";
-import { HttpError } from "../http/http";
 
 /** A slice ends at this much text, or after this much time. */
 export const DUMP_SLICE_BYTES = 64 * 1024;
@@ -23,7 +23,7 @@ export class DumpWriter {
   /** A streamed dump of the index, or 503 while another dump is being written. */
   response(index: KvIndex, writes: WritePause): Response {
     if (this.running)
-      throw new HttpError(503, "a dump is being written already; try again when it is done");
+      throw new KvedgeError("busy", "a dump is being written already; try again when it is done");
     this.running = true;
     const job = new PackJob(index, writes);
     let text: DumpText | null = null;

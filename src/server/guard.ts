@@ -14,7 +14,7 @@
  *
  * Clients that are not browsers send no Origin or Sec-Fetch-Site and are unaffected.
  */
-import { HttpError } from "../http/http";
+import { KvedgeError } from "../domain/errors";
 
 export class RequestGuard {
   private readonly loopback: boolean;
@@ -28,20 +28,23 @@ export class RequestGuard {
     const headers = request.headers;
     const host = headers.get("host") ?? "";
     if (this.loopback && !isLoopbackName(hostName(host))) {
-      throw new HttpError(
-        403,
+      throw new KvedgeError(
+        "forbidden",
         `Host ${JSON.stringify(host)} is not a loopback name; this server listens on loopback only`,
       );
     }
     if (!changesState) return;
     const site = headers.get("sec-fetch-site");
     if (site !== null && site !== "same-origin" && site !== "none") {
-      throw new HttpError(403, `cross-origin requests are refused (Sec-Fetch-Site: ${site})`);
+      throw new KvedgeError(
+        "forbidden",
+        `cross-origin requests are refused (Sec-Fetch-Site: ${site})`,
+      );
     }
     const origin = headers.get("origin");
     if (origin !== null && originHost(origin) !== host.toLowerCase()) {
-      throw new HttpError(
-        403,
+      throw new KvedgeError(
+        "forbidden",
         `cross-origin requests are refused (Origin ${origin} is not this server)`,
       );
     }

@@ -14,6 +14,7 @@
  * is proxied to the main thread's own server on a loopback port.
  * See docs/decisions.md#route-lanes.
  */
+import { type ErrorCode, KvedgeError } from "../domain/errors";
 import type { Server, ServerWebSocket } from "bun";
 import type { MatchedWorkers, RouteInput } from "../core/core";
 import { MatchResult } from "../index/types";
@@ -22,15 +23,8 @@ import { blockSeed } from "../hash";
 import { PromptHasher } from "../route/input";
 import { parseRoute } from "./api";
 import { RequestGuard } from "./guard";
-import {
-  errorReply,
-  HttpError,
-  parseBody,
-  type ReceivedBody,
-  receiveBody,
-  reply,
-} from "../http/http";
-import { clientError } from "./http";
+import { errorReply, parseBody, type ReceivedBody, receiveBody, reply } from "../http/http";
+import { clientError, INTERNAL_ERROR } from "../http/errors";
 
 export interface LaneStart {
   /** The public address, shared by every lane (port 0: this lane picks it). */
@@ -58,12 +52,17 @@ export type LaneToMain =
   | { readonly t: "abort"; readonly id: number }
   | { readonly t: "stopped" };
 
-/** The answer to one route: 200 with the answer, or an error status with its message. */
-export interface LaneAnswer {
-  readonly id: number;
-  readonly status: number;
-  readonly body: unknown;
+/** The answer to one route: its body, or the error the main thread refused it with. */
+export type LaneAnswer =
+  | { readonly id: number; readonly body: unknown; readonly error: null }
+  | { readonly id: number; readonly body: null; readonly error: LaneError };
+
+/** A KvedgeError as it crosses threads (structured clone keeps plain objects only). */
+export interface LaneError {
+  readonly code: ErrorCode;
+  readonly message: string;
   readonly retryAfterSecs: number | null;
+  readonly param: string | null;
 }
 
 export type MainToLane =
@@ -161,13 +160,11 @@ class LaneRoutes {
       const waiting = this.pending.get(answer.id);
       if (waiting === undefined) continue;
       this.pending.delete(answer.id);
+      const { error } = answer;
       waiting.resolve(
-        answer.status === 200
+        error === null
           ? reply(waiting.request, 200, answer.body)
-          : errorReply(
-              waiting.request,
-              new HttpError(answer.status, String(answer.body), answer.retryAfterSecs),
-            ),
+          : errorReply(waiting.request, new KvedgeError(error.code, error.message, error)),
       );
     }
   }
@@ -310,5 +307,5 @@ async function stopLane(server: Server<Piped>, graceMs: number): Promise<void> {
 function failure(request: Request, error: unknown): Response {
   const client = clientError(error);
   if (client !== null) return errorReply(request, client);
-  return errorReply(request, new HttpError(500, "internal error"));
+  return errorReply(request, INTERNAL_ERROR);
 }

@@ -10,7 +10,7 @@ import { type KvedgeThread, startThread } from "../runtime/threads";
 import type { SharedIndexDescriptor } from "../index/crtc/shared";
 import type { Logger } from "../util/log";
 import { routeAnswer } from "./api";
-import { clientError } from "./http";
+import { clientError, INTERNAL_ERROR, STATUS_OF } from "../http/errors";
 import type { LaneAnswer, LaneRoute, LaneStart, LaneToMain, MainToLane } from "./lane";
 import type { ServerMetrics } from "./metrics";
 
@@ -117,7 +117,8 @@ function serveLane(thread: KvedgeThread, options: LanesOptions): void {
     const started = performance.now();
     const finish = (lane: LaneAnswer): void => {
       held.delete(route.id);
-      metrics.observeHttp(ROUTE_LABEL, lane.status, (performance.now() - started) / 1000);
+      const status = lane.error === null ? 200 : STATUS_OF[lane.error.code];
+      metrics.observeHttp(ROUTE_LABEL, status, (performance.now() - started) / 1000);
       answer(lane);
     };
     const call: RouteCall = {
@@ -126,7 +127,7 @@ function serveLane(thread: KvedgeThread, options: LanesOptions): void {
       answer: (outcome) => {
         metrics.observeRouteDecision((performance.now() - started) / 1000);
         const body = routeAnswer(core, outcome);
-        finish({ id: route.id, status: 200, body, retryAfterSecs: null });
+        finish({ id: route.id, body, error: null });
       },
       fail: (error) => finish(failed(route.id, error, log)),
     };
@@ -162,10 +163,6 @@ function failed(id: number, error: unknown, log: Logger): LaneAnswer {
     const text = error instanceof Error ? (error.stack ?? error.message) : String(error);
     log.error("request failed", { error: text });
   }
-  return {
-    id,
-    status: client?.status ?? 500,
-    body: client?.message ?? "internal error",
-    retryAfterSecs: client?.retryAfterSecs ?? null,
-  };
+  const { code, message, retryAfterSecs, param } = client ?? INTERNAL_ERROR;
+  return { id, body: null, error: { code, message, retryAfterSecs, param } };
 }

@@ -24,6 +24,7 @@
  * tokens.byteLength)})` for a Uint32Array `tokens`. The same form works in HTTP bodies
  * sent as `Content-Type: application/msgpack`.
  */
+import { KvedgeError } from "../domain/errors";
 import type { ServerWebSocket, WebSocketHandler } from "bun";
 import { Unpackr } from "msgpackr";
 import { bufferBudget } from "../util/buffer-budget";
@@ -38,8 +39,14 @@ import {
   submitRoute,
   writeRouteAnswer,
 } from "./api";
-import { clientError } from "./http";
-import { HttpError, toJson } from "../http/http";
+import {
+  clientError,
+  type ErrorObject,
+  errorObject,
+  INTERNAL_ERROR,
+  STATUS_OF,
+} from "../http/errors";
+import { toJson } from "../http/http";
 import type { ServerMetrics } from "./metrics";
 import { defaultTokenScanner, parseRequestJson } from "../http/request-json";
 import type { KvedgeCore, RouteCall, RouteOutcome } from "../core/core";
@@ -77,7 +84,7 @@ interface Answer {
   id: unknown;
   status: number;
   result?: unknown;
-  error?: string;
+  error?: ErrorObject;
   retry_after?: number;
 }
 
@@ -171,12 +178,12 @@ class WsApi {
     } catch (error) {
       const what = binary ? "MessagePack" : "JSON";
       const text = `malformed ${what}: ${(error as Error).message}`;
-      send(ws, binary, { id: null, status: 400, error: text });
+      send(ws, binary, this.errorAnswer(null, new KvedgeError("bad_request", text)));
       return;
     }
     if (Array.isArray(parsed) && parsed.length > WS_BATCH_MAX) {
       const text = `a batch holds at most ${WS_BATCH_MAX} requests`;
-      send(ws, binary, { id: null, status: 413, error: text });
+      send(ws, binary, this.errorAnswer(null, new KvedgeError("too_large", text)));
       return;
     }
     if (!binary || objects) {
@@ -231,7 +238,7 @@ class WsApi {
     let response: Answer | null = null;
     try {
       if (typeof request !== "object" || request === null || Array.isArray(request)) {
-        throw new HttpError(400, "each request must be an object with an id and an op");
+        throw new KvedgeError("bad_request", "each request must be an object with an id and an op");
       }
       const body = request as Record<string, unknown>;
       id = body.id ?? null;
@@ -260,10 +267,11 @@ class WsApi {
       const text = error instanceof Error ? (error.stack ?? error.message) : String(error);
       this.log.error("websocket request failed", { error: text });
     }
+    const refusal = client ?? INTERNAL_ERROR;
     const answer: Answer = {
       id,
-      status: client?.status ?? 500,
-      error: client?.message ?? "internal error",
+      status: STATUS_OF[refusal.code],
+      error: errorObject(refusal),
     };
     if (client?.retryAfterSecs != null) answer.retry_after = client.retryAfterSecs;
     return answer;
@@ -343,12 +351,13 @@ function run(core: KvedgeCore, op: string, body: Record<string, unknown>): unkno
     case "prefill_done":
     case "done": {
       const requestId = body.request_id;
-      if (typeof requestId !== "string") throw new HttpError(400, "request_id must be a string");
+      if (typeof requestId !== "string")
+        throw new KvedgeError("bad_request", "request_id must be a string");
       return lifecycleOp(core, requestId, op);
     }
     default: {
       const known = "route, match, prefill_done or done";
-      throw new HttpError(400, `unknown op ${JSON.stringify(op)}: use ${known}`);
+      throw new KvedgeError("bad_request", `unknown op ${JSON.stringify(op)}: use ${known}`);
     }
   }
 }

@@ -13,7 +13,8 @@
  * Answers carry the modeled times too, outside the OpenAI fields:
  * `"kvedge_mock": {"ttft_ms", "e2e_ms"}` (model ms from arrival) next to `usage`.
  */
-import { asObject, HttpError, reply } from "../http/http";
+import { KvedgeError } from "../domain/errors";
+import { asObject, reply } from "../http/http";
 import {
   CHAT_PATH,
   includesUsage,
@@ -82,7 +83,7 @@ export class EngineOpenAi {
     const body = asObject(raw);
     const model = body.model;
     if (model !== undefined && model !== this.options.model) {
-      throw new HttpError(404, `The model \`${String(model)}\` does not exist.`);
+      throw new KvedgeError("unknown_model", `The model \`${String(model)}\` does not exist.`);
     }
     const stream = isStream(body);
     const maxTokens = maxTokensOf(body);

@@ -22,11 +22,12 @@
  * Requests arrive at the engine's current model time (model ms = wall ms × speedup
  * since start); TTFT and e2e come from the engine model, not from the wall clock.
  */
+import { INTERNAL_ERROR } from "../http/errors";
+import { KvedgeError } from "../domain/errors";
 import type { Server } from "bun";
 import {
   asObject,
   errorReply,
-  HttpError,
   optionalInt,
   optionalString,
   readBody,
@@ -119,11 +120,11 @@ export class EngineServer {
         try {
           return await handler(request);
         } catch (error) {
-          if (error instanceof HttpError) return errorReply(request, error);
+          if (error instanceof KvedgeError) return errorReply(request, error);
           this.options.log.error("request failed", {
             error: error instanceof Error ? (error.stack ?? error.message) : String(error),
           });
-          return errorReply(request, new HttpError(500, "internal error"));
+          return errorReply(request, INTERNAL_ERROR);
         }
       };
     this.server = Bun.serve({
@@ -162,7 +163,7 @@ export class EngineServer {
       fetch: (request) =>
         errorReply(
           request,
-          new HttpError(404, `no such endpoint: ${new URL(request.url).pathname}`),
+          new KvedgeError("not_found", `no such endpoint: ${new URL(request.url).pathname}`),
         ),
     });
     const host = this.options.host.includes(":") ? `[${this.options.host}]` : this.options.host;
@@ -219,11 +220,14 @@ export class EngineServer {
     const prompt = tokenIds(body);
     const maxTokens = optionalInt(body, "max_tokens", 1, MAX_TOKENS_MAX);
     if (maxTokens === null)
-      throw new HttpError(400, `max_tokens is required (an integer in [1, ${MAX_TOKENS_MAX}])`);
+      throw new KvedgeError(
+        "bad_request",
+        `max_tokens is required (an integer in [1, ${MAX_TOKENS_MAX}])`,
+      );
     const requestId = optionalString(body, "request_id");
     const stream = body.stream === true;
     if (body.stream !== undefined && typeof body.stream !== "boolean")
-      throw new HttpError(400, "stream must be a boolean");
+      throw new KvedgeError("bad_request", "stream must be a boolean");
     const submitted = this.submit(prompt, maxTokens, requestId);
     const summary = () => ({
       request_id: submitted.requestId,
@@ -264,15 +268,15 @@ export class EngineServer {
    * 413 if prompt + output can never fit in the cache, 503 when the engine is full.
    */
   submit(prompt: Uint32Array, maxTokens: number, requestId: string | null): Submitted {
-    if (prompt.length === 0) throw new HttpError(400, "the prompt must not be empty");
+    if (prompt.length === 0) throw new KvedgeError("bad_request", "the prompt must not be empty");
     if (this.inFlight.size >= IN_FLIGHT_MAX)
-      throw new HttpError(503, `the engine holds ${IN_FLIGHT_MAX} requests already`);
+      throw new KvedgeError("busy", `the engine holds ${IN_FLIGHT_MAX} requests already`);
     const engine = this.options.networked.engine;
     const blocks = engine.cache.blocksFor(prompt.length + maxTokens);
     if (blocks > engine.cache.capacityBlocks) {
       this.counters.rejected++;
-      throw new HttpError(
-        413,
+      throw new KvedgeError(
+        "too_large",
         `prompt + max_tokens need ${blocks} KV blocks; the engine has ${engine.cache.capacityBlocks}`,
       );
     }
@@ -335,8 +339,8 @@ export class EngineServer {
 
   private reset(request: Request): Response {
     if (!this.options.networked.reset()) {
-      throw new HttpError(
-        409,
+      throw new KvedgeError(
+        "conflict",
         "requests are running or queued: the prefix cache cannot be reset now",
       );
     }

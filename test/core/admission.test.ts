@@ -8,7 +8,7 @@ import { describe, expect, test } from "bun:test";
 import { loadConfig } from "../../src/config";
 import { KvedgeCore, type RouteCall, type RouteInput } from "../../src/core/core";
 import { KvedgeError } from "../../src/domain/errors";
-import { STATUS_OF } from "../../src/server/http";
+import { STATUS_OF } from "../../src/http/errors";
 import { bufferBudget } from "../../src/util/buffer-budget";
 import { silentLogger } from "../../src/util/log";
 import { until } from "../support/wait";

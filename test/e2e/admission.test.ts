@@ -68,7 +68,7 @@ describe("serve with admission hold", () => {
     // A second call with the held call's id is refused at once, not at the release.
     const twin = await post("/v1/route", { request_id: "held", token_ids: SHORT });
     expect(twin.status).toBe(409);
-    expect(((await twin.json()) as Json).error).toContain("already held");
+    expect(((await twin.json()) as Json).error.message).toContain("already held");
     expect(await metric("kvedge_admission_held")).toBe(1);
     expect((await post("/v1/requests/ahead/done", {})).status).toBe(200);
     const response = await held;
@@ -90,7 +90,7 @@ describe("serve with admission hold", () => {
     const refused = await post("/v1/route", { request_id: "refused", token_ids: SHORT });
     expect(refused.status).toBe(429);
     expect(Number(refused.headers.get("retry-after"))).toBeGreaterThanOrEqual(1);
-    expect(((await refused.json()) as Json).error).toContain("held already");
+    expect(((await refused.json()) as Json).error.message).toContain("held already");
     abort.abort();
     expect(await gone).toBeInstanceOf(Error);
     await heldIs(0);

@@ -127,14 +127,16 @@ describe("kvedge mock-engine", () => {
   });
 
   test("bad requests get clear errors", async () => {
-    expect((await post("/v1/generate", { token_ids: PROMPT }))[1].error).toContain("max_tokens");
+    expect((await post("/v1/generate", { token_ids: PROMPT }))[1].error.message).toContain(
+      "max_tokens",
+    );
     expect((await post("/v1/generate", { token_ids: [1, -2], max_tokens: 1 }))[0]).toBe(400);
     const [status, body] = await post("/v1/generate", {
       token_ids: Array.from({ length: 2000 }, (_, i) => i),
       max_tokens: 1,
     });
     expect(status).toBe(413);
-    expect(body.error).toContain("64");
+    expect(body.error.message).toContain("64");
     expect((await fetch(`${info.http}/nope`)).status).toBe(404);
   });
 

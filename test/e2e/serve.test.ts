@@ -361,7 +361,7 @@ describe("bad input", () => {
       headers: { "content-type": "application/json" },
     });
     expect(response.status).toBe(status);
-    expect(((await response.json()) as Json).error).toContain(message);
+    expect(((await response.json()) as Json).error.message).toContain(message);
   });
 
   test("bad input leaves the core working and is counted", async () => {

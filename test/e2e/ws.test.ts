@@ -120,7 +120,7 @@ describe("/v1/ws", () => {
     });
     expect(answers[1]).toMatchObject({ id: "b", status: 404 });
     expect(answers[2]).toMatchObject({ id: "c", status: 400 });
-    expect(answers[2].error).toContain("token_ids[1]");
+    expect(answers[2].error.message).toContain("token_ids[1]");
     expect(answers[3]).toMatchObject({ id: "d", status: 400 });
     expect(answers[4]).toMatchObject({ id: null, status: 400 });
   });
@@ -166,7 +166,13 @@ describe("/v1/ws", () => {
     expect(bad[0]).toMatchObject({
       id: 12,
       status: 400,
-      error: "token_ids as bytes must be little-endian u32s (a multiple of 4 bytes), got 5 bytes",
+      error: {
+        message:
+          "token_ids as bytes must be little-endian u32s (a multiple of 4 bytes), got 5 bytes",
+        type: "invalid_request_error",
+        param: "token_ids",
+        code: "bad_request",
+      },
     });
     expect(bad[1]).toEqual({
       id: 13,
@@ -223,7 +229,13 @@ describe("/v1/ws", () => {
     expect(bad).toEqual({
       status: 400,
       body: {
-        error: "token_ids as bytes must be little-endian u32s (a multiple of 4 bytes), got 6 bytes",
+        error: {
+          message:
+            "token_ids as bytes must be little-endian u32s (a multiple of 4 bytes), got 6 bytes",
+          type: "invalid_request_error",
+          param: "token_ids",
+          code: "bad_request",
+        },
       },
     });
   });

@@ -114,7 +114,7 @@ describe("the proxy with admission hold", () => {
     const refused = await kv.complete("One too many.");
     expect(refused.status).toBe(429);
     expect(Number(refused.headers.get("retry-after"))).toBeGreaterThanOrEqual(1);
-    expect(((await refused.json()) as Json).error).toContain("held already");
+    expect(((await refused.json()) as Json).error.message).toContain("held already");
     abort.abort();
     expect(await gone).toBeInstanceOf(Error);
     await kv.heldIs(0);

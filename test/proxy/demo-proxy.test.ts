@@ -8,10 +8,11 @@ import { runKvedge } from "../support/kvedge";
 
 type Json = Record<string, any>;
 
-// Speedup 40: fast enough for a test, slow enough that an idle machine keeps up. Past
-// what it keeps up with (speedup 150, or 40 on a busy shared VM), requests reach the
-// engines late in model time, the engines evict what kvedge predicted, and the
-// observed-hit check rightly flags some workers.
+// The engines hold 2^20 blocks each, more than the 800 requests ever store: nothing is
+// evicted, so an engine holds at least every block it has announced, and what kvedge
+// predicted at routing is a lower bound of what the engine serves, however late (a
+// loaded machine) the request reaches it. (With evictions, a late request may find a
+// predicted block gone: how often depends on the machine's speed, not on kvedge.)
 test("demo --proxy: kv_aware through the OpenAI proxy, checked against round robin", async () => {
   const result = await runKvedge([
     "demo",
@@ -26,6 +27,8 @@ test("demo --proxy: kv_aware through the OpenAI proxy, checked against round rob
     "40",
     "--policies",
     "kv_aware,round_robin",
+    "--capacity-blocks",
+    String(2 ** 20),
     "--no-pin",
     "--json",
   ]);
@@ -36,12 +39,18 @@ test("demo --proxy: kv_aware through the OpenAI proxy, checked against round rob
   expect(kv.completed + kv.rejected).toBe(800);
   expect(kv.cached_tokens + kv.prefill_tokens).toBe(kv.prompt_tokens);
   expect(kv.hit_rate).toBeGreaterThan(demo.policies.round_robin.hit_rate);
+  expect(kv.evicted_blocks).toBe(0);
   const proxy = demo.proxy;
-  expect(proxy).toMatchObject({ requests: 800, failed: 0, failovers: 0, active_at_end: 0 });
-  // Not asserted: suspect_workers. When this machine is loaded past what the replay
-  // keeps up with, engines queue, evict what was predicted, and a worker may be flagged.
+  expect(proxy).toMatchObject({
+    requests: 800,
+    failed: 0,
+    failovers: 0,
+    active_at_end: 0,
+    suspect_workers: 0,
+  });
   expect(proxy.observed_hit_rate).toBeCloseTo(kv.hit_rate, 6);
-  // Between routing and admission an engine may evict a little; never more hits than predicted by much.
-  expect(Math.abs(proxy.observed_hit_rate - proxy.predicted_hit_rate)).toBeLessThan(0.02);
+  // Every predicted block was there (no evictions); more may have been stored meanwhile.
+  expect(proxy.observed_hit_rate).toBeGreaterThanOrEqual(proxy.predicted_hit_rate);
+  expect(proxy.predicted_hit_rate).toBeGreaterThan(0.1);
   expect(proxy.ttfb_p99_ms).toBeGreaterThanOrEqual(proxy.ttfb_p50_ms);
 }, 60_000);

@@ -175,7 +175,7 @@ describe("mock engine OpenAI API", () => {
     for (const [path, body, status, message] of cases) {
       const [got, answer] = await post(`${url}${path}`, body);
       expect([path, got]).toEqual([path, status]);
-      expect(answer.error).toContain(message);
+      expect(answer.error.message).toContain(message);
     }
   });
 
@@ -183,7 +183,7 @@ describe("mock engine OpenAI API", () => {
     const bare = (await startEngine(false)).url;
     const [status, answer] = await post(`${bare}/v1/completions`, { prompt: "hello" });
     expect(status).toBe(400);
-    expect(answer.error).toContain("no tokenizer");
+    expect(answer.error.message).toContain("no tokenizer");
     const [ok, done] = await post(`${bare}/v1/completions`, {
       model: "mock",
       prompt: [1, 2, 3],

@@ -207,7 +207,7 @@ describe("kvedge serve --proxy", () => {
         body: JSON.stringify(body),
       });
       expect(response.status).toBe(status);
-      expect(((await response.json()) as Json).error).toContain(message);
+      expect(((await response.json()) as Json).error.message).toContain(message);
     }
     expect(await activeRequests()).toBe(0);
   });

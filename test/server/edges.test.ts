@@ -41,7 +41,7 @@ const JSON_TYPE = { "content-type": "application/json" };
 const admin = { authorization: `Bearer ${TOKEN}` };
 const routeBody = JSON.stringify({ token_ids: [1, 2, 3, 4] });
 const errorOf = async (response: Response): Promise<string> =>
-  ((await response.json()) as { error: string }).error;
+  ((await response.json()) as { error: { message: string } }).error.message;
 
 describe("body types", () => {
   test.each([

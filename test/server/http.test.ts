@@ -3,10 +3,10 @@
 // msgpack is accepted and returned on request, and field validation names the field.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { pack, unpack } from "msgpackr";
+import { KvedgeError } from "../../src/domain/errors";
 import {
   asObject,
   errorReply,
-  HttpError,
   MSGPACK,
   optionalInt,
   optionalString,
@@ -36,7 +36,7 @@ beforeAll(() => {
           n: optionalInt(body, "n", 0, 10),
         });
       } catch (error) {
-        if (error instanceof HttpError) return errorReply(request, error);
+        if (error instanceof KvedgeError) return errorReply(request, error);
         throw error;
       }
     },
@@ -47,7 +47,7 @@ beforeAll(() => {
 afterAll(() => server.stop(true));
 
 const errorOf = async (response: Response): Promise<string> =>
-  ((await response.json()) as { error: string }).error;
+  ((await response.json()) as { error: { message: string } }).error.message;
 
 const post = (body: string | Uint8Array, headers: Record<string, string> = {}) =>
   fetch(base, {

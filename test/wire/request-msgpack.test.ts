@@ -1,8 +1,9 @@
 import { describe, expect, test } from "bun:test";
 import { pack, Unpackr } from "msgpackr";
-import { HttpError, parseBody, tokenIds } from "../../src/http/http";
+import { parseBody, tokenIds } from "../../src/http/http";
 import { BinRef, MsgpackRequestReader } from "../../src/wire/request-msgpack";
 import { xorshift32 } from "../../src/util/random";
+import { KvedgeError } from "../../src/domain/errors";
 
 const unpackr = new Unpackr({ int64AsType: "bigint", mapsAsObjects: true });
 
@@ -311,7 +312,7 @@ describe("MsgpackRequestReader", () => {
       expect(reader.read(wrap(pack({ op: "route", token_ids: Uint8Array.of(1, 2, 3) })))).toBe(
         true,
       );
-      expect(() => tokenIds(reader.request(0))).toThrow(HttpError);
+      expect(() => tokenIds(reader.request(0))).toThrow(KvedgeError);
       expect(() => tokenIds(reader.request(0))).toThrow("multiple of 4 bytes), got 3 bytes");
     }
   });

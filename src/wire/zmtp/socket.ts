@@ -179,6 +179,16 @@ export abstract class ZmtpSocket implements ConnectionHost {
     this.stopDialer(dialer);
   }
 
+  /**
+   * Consecutive attempts on `endpoint` that did not reach a lasting connection: what
+   * its reconnect backoff grows with (0 after a connection that carried a message).
+   */
+  dialFailures(endpoint: string): number {
+    const dialer = this.dialers.get(endpoint);
+    if (dialer === undefined) throw new Error(`not connected to ${endpoint}`);
+    return dialer.failures;
+  }
+
   /** Closes every connection and listener; the socket cannot be used again. */
   async close(): Promise<void> {
     if (this.closing) return;

@@ -1,0 +1,65 @@
+/**
+ * Errors on the wire: the one table from a domain error code (src/domain/errors.ts) to
+ * its HTTP status, and the error object every answer carries, HTTP JSON, MessagePack and
+ * WebSocket alike: OpenAI's `{"error": {"message", "type", "param", "code"}}`, which the
+ * official clients parse. docs/api.md lists every code (a test holds the two equal).
+ */
+import { type ErrorCode, KvedgeError } from "../domain/errors";
+
+/** The HTTP status of each code: the one place codes become statuses. */
+export const STATUS_OF: Readonly<Record<ErrorCode, number>> = {
+  bad_request: 400,
+  cannot_listen: 400,
+  unauthorized: 401,
+  forbidden: 403,
+  not_found: 404,
+  unknown_request: 404,
+  unknown_worker: 404,
+  unknown_model: 404,
+  method_not_allowed: 405,
+  duplicate_request: 409,
+  duplicate_held_request: 409,
+  worker_exists: 409,
+  conflict: 409,
+  too_large: 413,
+  unsupported_media_type: 415,
+  overloaded: 429,
+  client_closed: 499,
+  internal: 500,
+  unsupported: 501,
+  engine_unreachable: 502,
+  no_workers: 503,
+  shutting_down: 503,
+  busy: 503,
+};
+
+/** OpenAI's error `type`, by status class (what its clients map to exception classes). */
+export function errorType(status: number): string {
+  if (status === 401) return "authentication_error";
+  if (status === 403) return "permission_error";
+  if (status === 404) return "not_found_error";
+  if (status === 429) return "rate_limit_error";
+  if (status >= 500) return "server_error";
+  return "invalid_request_error";
+}
+
+export interface ErrorObject {
+  readonly message: string;
+  readonly type: string;
+  readonly param: string | null;
+  readonly code: ErrorCode;
+}
+
+/** The `error` member of an answer. */
+export function errorObject(error: KvedgeError): ErrorObject {
+  const status = STATUS_OF[error.code];
+  return { message: error.message, type: errorType(status), param: error.param, code: error.code };
+}
+
+/** A client's error as a KvedgeError; null for anything else (a bug: answered as internal). */
+export function clientError(error: unknown): KvedgeError | null {
+  return error instanceof KvedgeError ? error : null;
+}
+
+/** The error an unexpected failure is answered with (its details go to the log only). */
+export const INTERNAL_ERROR = new KvedgeError("internal", "internal error");
