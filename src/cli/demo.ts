@@ -204,20 +204,6 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     ];
     if (!virtual && !flagBool(parsed, "no-pin") && policies.includes("kv_aware"))
       serveArgs.push(...pinning());
-    const tty = process.stderr.isTTY === true;
-    let shown = 0;
-    const progress = (line: string): void => {
-      if (tty) {
-        process.stderr.write(
-          line === ""
-            ? "\r\x1b[2K"
-            : `\r\x1b[2K${line.slice(0, (process.stderr.columns ?? 100) - 1)}`,
-        );
-      } else if (line !== "" && !line.includes("[")) {
-        // Without a terminal: phase announcements only, no bar.
-        if (shown++ < 1000) process.stderr.write(`${line}\n`);
-      }
-    };
     const result = await runDemo({
       trace,
       workers,
@@ -231,7 +217,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       form: flagBool(parsed, "map-form") ? "map" : "array",
       realtimeBaselines: flagBool(parsed, "realtime-baselines"),
       serveArgs,
-      progress: json && !tty ? null : progress,
+      progress: progressLine(json),
       virtual,
       proxy: flagBool(parsed, "proxy"),
       kvAware: { policy: routePolicy, ttft: { recomputeWeight }, admission: { mode: admission } },
@@ -258,6 +244,25 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     return 0;
   },
 };
+
+/** Progress on stderr: a bar on a terminal, phase announcements otherwise; none for --json off a terminal. */
+function progressLine(json: boolean): ((line: string) => void) | null {
+  const tty = process.stderr.isTTY === true;
+  if (json && !tty) return null;
+  let shown = 0;
+  return (line: string): void => {
+    if (tty) {
+      process.stderr.write(
+        line === ""
+          ? "\r\x1b[2K"
+          : `\r\x1b[2K${line.slice(0, (process.stderr.columns ?? 100) - 1)}`,
+      );
+    } else if (line !== "" && !line.includes("[")) {
+      // Without a terminal: phase announcements only, no bar.
+      if (shown++ < 1000) process.stderr.write(`${line}\n`);
+    }
+  };
+}
 
 /**
  * Not with --proxy: the proxied replay takes each TTFT from the engine's answer, which

@@ -14,6 +14,7 @@
 import { SLOT_LIMIT, type WorkerTable } from "../domain/worker-table";
 import { assert } from "./assert";
 import type { DumpSource } from "./pack";
+import { CopyCounts } from "./copies";
 import { ExternalLookup } from "./lookup";
 import type { WorkerInfo } from "./types";
 
@@ -23,10 +24,8 @@ export class WorkerSlots {
   /** Slots holding a lookup. */
   live = 0;
   readonly lookup: (ExternalLookup | null)[] = [];
-  /** Per slot: copies beyond the first of the blocks it holds, by external hash; null: none. */
-  readonly copies: (ExternalLookup | null)[] = [];
-  /** Copies beyond the first over every slot (stats().copies). */
-  extraCopies = 0;
+  /** Per slot: copies beyond the first of the blocks it holds (sparse: ./copies.ts). */
+  readonly copies = new CopyCounts();
 
   /** `ownsTable`: free a slot in the table too when its lookup goes. */
   constructor(
@@ -63,91 +62,14 @@ export class WorkerSlots {
     const lookup = this.lookup[slot];
     assert(lookup !== null && lookup !== undefined, "release of a free slot");
     assert(lookup.count === 0, "release of a slot that still holds blocks");
-    assert(!this.copies[slot], "release of a slot that still counts copies");
+    assert(this.copies.of(slot) === null, "release of a slot that still counts copies");
     this.lookup[slot] = null;
     this.live--;
     if (this.ownsTable) this.table.release(slot);
     if (this.live === 0) {
       this.lookup.length = 0;
-      this.copies.length = 0;
+      this.copies.reset();
     }
-  }
-
-  /** One more copy of the block `slot` holds under external hash (hi, lo). */
-  addCopy(slot: number, hi: number, lo: number): void {
-    let copies = this.copies[slot] ?? null;
-    if (copies === null) {
-      copies = new ExternalLookup();
-      this.copies[slot] = copies;
-    }
-    const extra = copies.find(hi, lo);
-    if (extra === 0) copies.insertAtProbe(hi, lo, 1);
-    else copies.table[copies.probeSlot * 3 + 2] = extra + 1;
-    this.extraCopies++;
-  }
-
-  /** The slot's copies table, or null when each of its blocks has one copy. */
-  copiesOf(slot: number): ExternalLookup | null {
-    return slot < 0 ? null : (this.copies[slot] ?? null);
-  }
-
-  /**
-   * A removal of hashes first..first+count for a slot with a copies table: each hash
-   * whose block has another copy takes one copy off; the others (whose last copy goes,
-   * or unknown) are written to `out` in order. Returns how many went to `out`.
-   */
-  takeCopies(
-    slot: number,
-    external: Uint32Array,
-    first: number,
-    count: number,
-    out: Uint32Array,
-  ): number {
-    const copies = this.copies[slot]!;
-    let kept = 0;
-    for (let i = first; i < first + count; i++) {
-      const hi = external[2 * i]!;
-      const lo = external[2 * i + 1]!;
-      const extra = copies.find(hi, lo);
-      if (extra === 0) {
-        out[2 * kept] = hi;
-        out[2 * kept + 1] = lo;
-        kept++;
-        continue;
-      }
-      if (extra === 1) copies.removeAtProbe();
-      else copies.table[copies.probeSlot * 3 + 2] = extra - 1;
-      this.extraCopies--;
-    }
-    if (copies.count === 0) this.copies[slot] = null;
-    return kept;
-  }
-
-  /** verify(): copies name held blocks only, each with at least one extra copy, and add up. */
-  verifyCopies(): void {
-    let total = 0;
-    for (let slot = 0; slot < this.copies.length; slot++) {
-      const copies = this.copies[slot];
-      if (!copies) continue;
-      const lookup = this.lookup[slot];
-      assert(lookup !== null && lookup !== undefined, "verify: copies of a slot without blocks");
-      assert(copies.count > 0, "verify: an empty copies table is kept");
-      const table = copies.table;
-      for (let at = 0; at < table.length; at += 3) {
-        if (table[at + 2] === 0) continue;
-        assert(lookup.find(table[at]!, table[at + 1]!) !== 0, "verify: copies of a block not held");
-        total += table[at + 2]!;
-      }
-    }
-    assert(total === this.extraCopies, "verify: extra copies do not add up");
-  }
-
-  /** The slot holds nothing any more: its extra copies go too. */
-  dropCopies(slot: number): void {
-    const copies = this.copies[slot] ?? null;
-    if (copies === null) return;
-    this.extraCopies -= sumOfValues(copies.table);
-    this.copies[slot] = null;
   }
 
   isLive(slot: number): boolean {
@@ -175,8 +97,7 @@ export class WorkerSlots {
   bytes(): number {
     let total = this.ownsTable ? this.table.bytes() : 0;
     for (let slot = 0; slot < this.lookup.length; slot++) total += this.lookup[slot]?.bytes() ?? 0;
-    for (let slot = 0; slot < this.copies.length; slot++) total += this.copies[slot]?.bytes() ?? 0;
-    return total;
+    return total + this.copies.bytes();
   }
 
   /** Every slot holding state, with its block count. */
@@ -216,7 +137,7 @@ export class WorkerSlots {
         dpRank: this.table.dpRankOf(slot),
         table: lookup.table,
         count: lookup.count,
-        copies: copiesByKey(lookup, this.copies[slot] ?? null),
+        copies: this.copies.byKey(slot, lookup),
       });
     }
     return present;
@@ -230,29 +151,6 @@ export interface PresentLookup {
   readonly count: number;
   /** (block key, copies beyond the first) pairs. */
   readonly copies: Uint32Array;
-}
-
-const NO_COPIES = new Uint32Array(0);
-
-/** A copies table as (block key, extra copies) pairs, the keys found through the lookup. */
-function copiesByKey(lookup: ExternalLookup, copies: ExternalLookup | null): Uint32Array {
-  if (copies === null) return NO_COPIES;
-  const out = new Uint32Array(2 * copies.count);
-  const table = copies.table;
-  let n = 0;
-  for (let at = 0; at < table.length; at += 3) {
-    if (table[at + 2] === 0) continue;
-    out[n++] = lookup.find(table[at]!, table[at + 1]!);
-    out[n++] = table[at + 2]!;
-  }
-  return out;
-}
-
-/** The sum of a lookup table's values. */
-function sumOfValues(table: Uint32Array): number {
-  let sum = 0;
-  for (let at = 2; at < table.length; at += 3) sum += table[at]!;
-  return sum;
 }
 
 /** A lookup table's (external hash, block key) pairs. */

@@ -7,9 +7,13 @@
  *   {"op":"stored","worker_id":"7","dp_rank":0,"parent_block_hash":"123",
  *    "block_hashes":[...],"token_ids":[...],"block_size":16,"lora_name":null,"cache_salt":null}
  *   {"op":"removed",...}  {"op":"cleared",...}
+ *
+ * An operation of a lower tier carries its `tier` (host_pinned, disk, external; a
+ * removal of unknown or no medium, `any`), as `kvedge apply` reads it.
  */
 import { hashTokens } from "../hash";
 import { WorkerTable } from "../domain/worker-table";
+import { TIER_ANY, TIER_DEVICE, TIER_NAMES } from "../index/types";
 import type { Logger } from "../util/log";
 import { u64String } from "../util/u64";
 import { type DecodedBatch, FLAG_EAGLE, FLAG_PARENT } from "../wire/kv-events";
@@ -42,19 +46,15 @@ export class Capture {
     const worker = options.workerId.toString();
     const kinds = this.kinds;
     const tap: KvEventTap = {
-      stored(batch, event, count, rank, cacheSalt) {
+      stored(batch, event, count, rank, cacheSalt, tier) {
         kinds.stored++;
-        options.onOp(storedOp(batch, event, count, worker, rank, cacheSalt));
+        options.onOp(withTier(storedOp(batch, event, count, worker, rank, cacheSalt), tier));
       },
-      removed(batch, event, count, rank) {
+      removed(batch, event, count, rank, tier) {
         kinds.removed++;
         const blockHashes = hashList(batch, event, count);
-        options.onOp({
-          op: "removed",
-          worker_id: worker,
-          dp_rank: rank,
-          block_hashes: blockHashes,
-        });
+        const op = { op: "removed", worker_id: worker, dp_rank: rank, block_hashes: blockHashes };
+        options.onOp(withTier(op, tier));
       },
     };
     // The index is not needed: the tap sees stores and removals; clears (from the wire
@@ -64,6 +64,8 @@ export class Capture {
       workerTable,
       storeAt: () => {},
       removeAt: () => {},
+      storeTierAt: () => {},
+      removeTierAt: () => {},
       clearAt: (slot) => {
         kinds.cleared++;
         options.onOp({ op: "cleared", worker_id: worker, dp_rank: workerTable.dpRankOf(slot) });
@@ -129,6 +131,12 @@ function hashList(batch: DecodedBatch, event: number, count: number): string[] {
     hashes.push(u64String(batch.hashes[2 * i]!, batch.hashes[2 * i + 1]!));
   }
   return hashes;
+}
+
+/** The op with its tier named when not the device's (`any`: every tier). */
+function withTier(op: CapturedOp, tier: number): CapturedOp {
+  if (tier === TIER_DEVICE) return op;
+  return { ...op, tier: tier === TIER_ANY ? "any" : TIER_NAMES[tier] };
 }
 
 function storedOp(

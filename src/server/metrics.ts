@@ -377,9 +377,8 @@ export function registerCoreMetrics(registry: MetricsRegistry, core: KvedgeCore)
   );
   counter(
     "kvedge_index_blocks_total",
-    "(block, worker) pairs by what happened: stored, removed, duplicate (already held: one " +
-      "more copy), copy_removed (one of several copies removed: still held), unknown (removal " +
-      "of a block not held), hash_conflict (producer broke the one-hash-per-block rule).",
+    "(block, worker) pairs by what happened: stored, removed, duplicate (one more copy), copy_removed " +
+      "(one of several copies, still held), unknown, hash_conflict (producer broke one hash per block).",
     ["op"],
     (emit) => {
       const c = index.counters;
@@ -393,8 +392,7 @@ export function registerCoreMetrics(registry: MetricsRegistry, core: KvedgeCore)
   );
   gauge(
     "kvedge_index_size",
-    "Index size now: held (block, worker) pairs, copies beyond the first of each, tree " +
-      "nodes, lookup entries, workers.",
+    "Index size now: held (block, worker) pairs, copies beyond the first, nodes, lookup entries, workers.",
     ["what"],
     (emit) => {
       const stats = index.stats();

@@ -254,8 +254,8 @@ function twinned(k: number, twins: number): boolean {
   return twins > 0 && (Math.imul(k + 1, 0x9e3779b1) >>> 0) / 2 ** 32 < twins;
 }
 
-/** Applies Dynamo's trace transforms (F, then K, then time scale, then the skip and truncation). */
-export function transformTrace(trace: Trace, transform: TraceTransform): Trace {
+/** The transform's numbers, checked against the trace. */
+function transformOf(trace: Trace, transform: TraceTransform) {
   const factor = transform.lengthFactor ?? 1;
   const copies = transform.duplicationFactor ?? 1;
   const timeScale = transform.timeScale ?? 1;
@@ -280,6 +280,12 @@ export function transformTrace(trace: Trace, transform: TraceTransform): Trace {
   }
   if (!Number.isSafeInteger(limit) || limit < 1)
     throw new TraceError(0, `request count must be ≥ 1, got ${limit}`);
+  return { factor, copies, timeScale, start, twins, limit };
+}
+
+/** Applies Dynamo's trace transforms (F, then K, then time scale, then the skip and truncation). */
+export function transformTrace(trace: Trace, transform: TraceTransform): Trace {
+  const { factor, copies, timeScale, start, twins, limit } = transformOf(trace, transform);
   let maxId = 0;
   for (let i = 0; i < trace.hashIds.length; i++) maxId = Math.max(maxId, trace.hashIds[i]!);
   const span = (maxId + 1) * factor; // ids of one copy after the length factor: [0, span)

@@ -16,7 +16,7 @@
 import { chainHashes } from "../../src/hash";
 import { applyOp } from "../../src/index/apply";
 import { ReferenceIndex } from "../../src/index/reference/reference";
-import { type IndexOptions, type KvIndex, MatchResult } from "../../src/index/types";
+import { type IndexOptions, type KvIndex, MatchResult, TierMatches } from "../../src/index/types";
 import {
   applyHarnessOp,
   applyLine,
@@ -60,26 +60,53 @@ export const knobs = {
   verifyAll: env.KVEDGE_VERIFY === "1",
 };
 
-/** `sequence`: pass the query's sequence hashes, as a route does (else the index makes them). */
+const tierOut = new TierMatches();
+
+const chains = new WeakMap<readonly bigint[], Uint32Array>();
+
+/** The query's sequence hashes (cached per query: streams replay many times). */
+function chainOf(query: readonly bigint[]): Uint32Array {
+  let chain = chains.get(query);
+  if (chain === undefined) {
+    chain = new Uint32Array(2 * query.length);
+    chainHashes(pairs(query), query.length, chain);
+    chains.set(query, chain);
+  }
+  return chain;
+}
+
+/**
+ * The device scores and, with `tiers`, each worker's lower-tier hits after them.
+ * `sequence`: pass the query's sequence hashes, as a route does (else the index makes them).
+ */
 function matches(
   index: KvIndex,
   query: readonly bigint[],
   out: MatchResult,
   sequence = false,
+  tiers = false,
 ): string {
   const local = pairs(query);
-  if (sequence) {
-    const chain = new Uint32Array(local.length);
-    chainHashes(local, query.length, chain);
-    index.findMatches(local, query.length, out, chain);
-  } else index.findMatches(local, query.length, out);
+  if (sequence) index.findMatches(local, query.length, out, chainOf(query));
+  else index.findMatches(local, query.length, out);
+  const name = (handle: number) => `${index.workerIdOf(handle)}/${index.dpRankOf(handle)}`;
   const scores: string[] = [];
-  for (let i = 0; i < out.count; i++) {
-    scores.push(
-      `${index.workerIdOf(out.workers[i]!)}/${index.dpRankOf(out.workers[i]!)}=${out.blocks[i]}`,
-    );
+  for (let i = 0; i < out.count; i++) scores.push(`${name(out.workers[i]!)}=${out.blocks[i]}`);
+  if (!tiers) return scores.sort().join(" ");
+  index.tierMatches(chainOf(query), query.length, out, tierOut);
+  // Lower-tier handles are worker table slots (a shared reader names only its own answer's).
+  const table = index.workerTable;
+  for (let i = 0; i < tierOut.count; i++) {
+    const slot = tierOut.workers[i]!;
+    const hits = `${tierOut.host[i]},${tierOut.disk[i]},${tierOut.external[i]}`;
+    scores.push(`${table.workerIdOf(slot)}/${table.dpRankOf(slot)}+${hits}`);
   }
   return scores.sort().join(" ");
+}
+
+/** Whether a stream has lower-tier events (only then are tier matches compared: they cost). */
+function hasTiers(ops: readonly HarnessOp[]): boolean {
+  return ops.some((op) => op.kind === "tier_stored" || op.kind === "tier_removed");
 }
 
 function workerIds(ops: readonly HarnessOp[]): bigint[] {
@@ -106,10 +133,11 @@ export function replay(
   const out = new MatchResult();
   const perStep = options.queriesPerStep ?? 3;
   const queries = stream.queries;
+  const tiers = hasTiers(stream.ops);
   const compareQuery = (step: number, query: readonly bigint[]): Divergence | null => {
-    const want = matches(oracle, query, out);
-    const got = matches(subject, query, out);
-    const given = matches(subject, query, out, true);
+    const want = matches(oracle, query, out, false, tiers);
+    const got = matches(subject, query, out, false, tiers);
+    const given = matches(subject, query, out, true, tiers);
     if (options.trace) process.stderr.write(`  match ${query.join(",")}: ${got}\n`);
     const named = `findMatches(${query.join(",")})`;
     if (want !== got) return { step, message: `${named}: want [${want}] got [${got}]` };
@@ -137,6 +165,7 @@ export function replay(
         a.workers === b.workers &&
         a.blocks === b.blocks &&
         a.copies === b.copies &&
+        JSON.stringify(a.lowerTiers) === JSON.stringify(b.lowerTiers) &&
         a.lookupEntries === b.lookupEntries;
       if (!same) {
         return { step, message: `stats: want ${JSON.stringify(a)} got ${JSON.stringify(b)}` };
@@ -184,13 +213,16 @@ function finalChecks(
   const again = backend.create(indexOptions);
   for (const event of dump) applyOp(again, event);
   const out = new MatchResult();
+  const tiers = hasTiers(stream.ops);
   for (const query of stream.queries) {
-    if (matches(again, query, out) !== matches(oracle, query, out)) {
+    if (matches(again, query, out, false, tiers) !== matches(oracle, query, out, false, tiers)) {
       return { step: end, message: `restored ${backend.name} differs on query ${query.join(",")}` };
     }
   }
   const [restoredStats, oracleStats] = [again.stats(), oracle.stats()];
-  if (restoredStats.blocks !== oracleStats.blocks || restoredStats.copies !== oracleStats.copies)
+  const held = (stats: typeof restoredStats) =>
+    JSON.stringify([stats.blocks, stats.copies, stats.lowerTiers]);
+  if (held(restoredStats) !== held(oracleStats))
     return { step: end, message: "restored index holds other blocks or copies" };
   // Removing every worker leaves nothing behind, down to the bytes of a fresh index.
   const fresh = backend.create(indexOptions).stats().bytes;
@@ -201,6 +233,8 @@ function finalChecks(
     stats.workers !== 0 ||
     stats.blocks !== 0 ||
     stats.copies !== 0 ||
+    JSON.stringify(stats.lowerTiers) !==
+      JSON.stringify({ host_pinned: 0, disk: 0, external: 0, copies: 0 }) ||
     stats.nodes !== 0 ||
     stats.lookupEntries !== 0 ||
     stats.edgeWords !== 0

@@ -17,7 +17,7 @@
  * local chain maps to one external chain per worker, as real engines guarantee.
  */
 import { ReferenceIndex } from "../../src/index/reference/reference";
-import type { KvIndex } from "../../src/index/types";
+import { type KvIndex, TIER_ANY, TIER_NAMES } from "../../src/index/types";
 
 export type HarnessOp =
   | {
@@ -30,7 +30,19 @@ export type HarnessOp =
     }
   | { kind: "removed"; worker: bigint; rank: number; external: bigint[] }
   | { kind: "cleared"; worker: bigint; rank: number }
-  | { kind: "remove_worker"; worker: bigint };
+  | { kind: "remove_worker"; worker: bigint }
+  /** A lower tier's store (tier 1..3), its parent named by external hash in any tier. */
+  | {
+      kind: "tier_stored";
+      worker: bigint;
+      rank: number;
+      tier: number;
+      parent: bigint | null;
+      external: bigint[];
+      local: bigint[];
+    }
+  /** A lower tier's removal; TIER_ANY: a removal of unknown medium (the device's and every lower tier's). */
+  | { kind: "tier_removed"; worker: bigint; rank: number; tier: number; external: bigint[] };
 
 export interface Stream {
   readonly seed: number;
@@ -47,6 +59,8 @@ export interface StreamOptions {
   maxWorkers?: number;
   /** 8..40 worker ids instead of 1..4 (long owner lists on shared blocks). */
   manyWorkers?: boolean;
+  /** Lower-tier stores and removals too (host, disk, external; removals of unknown medium). */
+  tiers?: boolean;
 }
 
 const MASK64 = (1n << 64n) - 1n;
@@ -146,6 +160,15 @@ export function generateStream(seed: number, options: StreamOptions): Stream {
     else if (options.conflicts && roll < 0.97)
       op = conflictOp(random, worker, docs, oracle, externalOf);
     else op = storeOp(random, worker, docs, oracle, externalOf);
+    if (options.tiers && random.chance(0.4)) {
+      op = tierOp(random, worker, docs, oracle, externalOf);
+      if (options.conflicts && op.kind === "tier_stored" && random.chance(0.15)) {
+        // A hash this tier already names another block with, or a renamed block.
+        const held = oracle.tierHashes(worker.id, worker.rank, op.tier);
+        const at = random.int(op.external.length);
+        op.external[at] = held.length > 0 && random.chance(0.5) ? random.pick(held) : random.u64();
+      }
+    }
     applyHarnessOp(oracle, op);
     ops.push(op);
   }
@@ -281,6 +304,59 @@ function copyOp(
   };
 }
 
+/**
+ * A lower tier's event: mostly a store below a block the worker holds in some tier
+ * (offloaded after its parent, which stays on the device or went down before it), or
+ * a removal of blocks a tier holds; a few removals of unknown medium (every tier).
+ */
+function tierOp(
+  random: Random,
+  worker: WorkerSpec,
+  docs: Doc[],
+  oracle: ReferenceIndex,
+  externalOf: ExternalOf,
+): HarnessOp {
+  const tier = 1 + random.int(3);
+  const doc = random.pick(docs);
+  const heldAnywhere = (j: number): boolean => {
+    const hash = externalOf(worker, doc, j);
+    if (oracle.heldPaths(worker.id, worker.rank).has(doc.keys[j - 1]!)) return true;
+    return [1, 2, 3].some((t) => oracle.tierHolds(worker.id, worker.rank, t, hash));
+  };
+  if (random.chance(0.6)) {
+    const starts = [0];
+    for (let j = 1; j < doc.local.length; j++) if (heldAnywhere(j)) starts.push(j);
+    const start = random.chance(0.9) ? random.pick(starts) : random.int(doc.local.length);
+    const end = start + 1 + random.int(Math.min(4, doc.local.length - start));
+    const external: bigint[] = [];
+    for (let j = start + 1; j <= end; j++) external.push(externalOf(worker, doc, j));
+    let parent: bigint | null = start === 0 ? null : externalOf(worker, doc, start);
+    if (parent !== null && random.chance(0.05)) parent = random.u64();
+    const local = doc.local.slice(start, end);
+    return {
+      kind: "tier_stored",
+      worker: worker.id,
+      rank: worker.rank,
+      tier,
+      parent,
+      external,
+      local,
+    };
+  }
+  const held = oracle.tierHashes(worker.id, worker.rank, tier);
+  const external: bigint[] = [];
+  for (let n = 1 + random.int(3); n > 0 && held.length > 0; n--) external.push(random.pick(held));
+  if (random.chance(0.3)) {
+    // Unknown medium: the device's blocks and the tiers' alike.
+    const device = [...oracle.heldPaths(worker.id, worker.rank).values()];
+    if (device.length > 0) external.push(random.pick(device));
+    if (external.length === 0 || random.chance(0.2)) external.push(random.u64());
+    return { kind: "tier_removed", worker: worker.id, rank: worker.rank, tier: TIER_ANY, external };
+  }
+  if (external.length === 0 || random.chance(0.15)) external.push(random.u64());
+  return { kind: "tier_removed", worker: worker.id, rank: worker.rank, tier, external };
+}
+
 /** A store that breaks the engine-hash invariant: a reused hash or a renamed block. */
 function conflictOp(
   random: Random,
@@ -348,6 +424,32 @@ export function applyHarnessOp(index: KvIndex, op: HarnessOp): number {
     case "remove_worker":
       index.removeWorker(op.worker);
       return 0;
+    case "tier_stored": {
+      const parent = op.parent ?? 0n;
+      return index.applyStoredTier(
+        op.worker,
+        op.rank,
+        op.tier,
+        op.parent !== null,
+        Number(parent >> 32n),
+        Number(parent & 0xffff_ffffn),
+        pairs(op.external),
+        pairs(op.local),
+        op.local.length,
+      );
+    }
+    case "tier_removed": {
+      const hashes = pairs(op.external);
+      const unknown = index.applyRemovedTier(
+        op.worker,
+        op.rank,
+        op.tier,
+        hashes,
+        op.external.length,
+      );
+      if (op.tier !== TIER_ANY) return unknown;
+      return index.applyRemoved(op.worker, op.rank, hashes, op.external.length);
+    }
   }
 }
 
@@ -375,6 +477,25 @@ export function applyLine(op: HarnessOp): string {
       return JSON.stringify({ op: "cleared", worker_id: String(op.worker), dp_rank: op.rank });
     case "remove_worker":
       return JSON.stringify({ op: "remove_worker", worker_id: String(op.worker) });
+    case "tier_stored":
+      return JSON.stringify({
+        op: "stored",
+        worker_id: String(op.worker),
+        dp_rank: op.rank,
+        tier: TIER_NAMES[op.tier],
+        parent_block_hash: op.parent === null ? null : String(op.parent),
+        block_hashes: op.external.map(String),
+        local_hashes: op.local.map(String),
+        block_size: 1,
+      });
+    case "tier_removed":
+      return JSON.stringify({
+        op: "removed",
+        worker_id: String(op.worker),
+        dp_rank: op.rank,
+        tier: op.tier === TIER_ANY ? "any" : TIER_NAMES[op.tier],
+        block_hashes: op.external.map(String),
+      });
   }
 }
 

@@ -49,6 +49,20 @@ const VARIANTS: readonly Variant[] = [
     replay: {},
   },
   {
+    name: "lower tiers (host, disk, external; unknown-medium removals)",
+    share: 0.3,
+    seedBase: 5_000_000,
+    stream: { tiers: true },
+    replay: {},
+  },
+  {
+    name: "lower tiers, verify() after every event",
+    share: 0.05,
+    seedBase: 6_000_000,
+    stream: { tiers: true, conflicts: true },
+    replay: { verify: true },
+  },
+  {
     name: "verify() after every event",
     share: 0.1,
     seedBase: 3_000_000,

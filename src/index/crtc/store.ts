@@ -10,7 +10,7 @@
 import { fail } from "../assert";
 import type { ExternalLookup } from "../lookup";
 import type { IndexCounters } from "../types";
-import type { WorkerSlots } from "../workers";
+import type { CopyCounts } from "../copies";
 import { RUN_ORDER_MAX } from "./blocks";
 import { ROOT } from "./nodes";
 import type { CrtcTree } from "./tree";
@@ -56,14 +56,13 @@ export function storeChain(
   first: number,
   count: number,
   counters: IndexCounters,
-  copies: WorkerSlots,
+  copies: CopyCounts,
 ): void {
   const nodes = tree.nodes;
   const owners = tree.owners;
   let held = node === ROOT ? 0 : owners.get(node, slot);
   let heldBefore = held;
   let stored = 0;
-  let duplicate = 0;
   let conflict = false;
   let i = first;
   const end = first + count;
@@ -78,8 +77,8 @@ export function storeChain(
             conflict = true;
             break;
           }
-          copies.addCopy(slot, external[2 * i]!, external[2 * i + 1]!);
-          duplicate++;
+          copies.add(slot, external[2 * i]!, external[2 * i + 1]!);
+          counters.blocksDuplicate++;
         } else {
           if (pos !== held) fail("store walk passed a block the worker does not hold");
           if (found !== 0) {
@@ -146,7 +145,6 @@ export function storeChain(
   }
   if (node !== ROOT && held !== heldBefore) owners.set(node, slot, held);
   counters.blocksStored += stored;
-  counters.blocksDuplicate += duplicate;
   if (conflict) counters.hashConflicts++;
 }
 
