@@ -8,7 +8,7 @@
  */
 import type { Config } from "../config";
 import type { WorkerEntry } from "../config/workers";
-import { blockSeed } from "../hash";
+import { blockSeed, ChainBuffer } from "../hash";
 import type { KvIndex } from "../index";
 import { createIndex, MatchResult } from "../index";
 import { defaultIndexBudgetBytes, IndexBudget } from "../index/budget";
@@ -21,6 +21,7 @@ import { Admission } from "../route/admission";
 import { bufferBudget } from "../util/buffer-budget";
 import type { LifecycleResult } from "../route/load";
 import { ObservedHits, type ObservedHitsView } from "./observed-hits";
+import { RouteOverlaps } from "./overlaps";
 import type { Logger } from "../util/log";
 import type { ZmtpOptions } from "../wire/zmtp";
 import { budgetedWriter } from "../ingest/budgeted-writer";
@@ -33,7 +34,12 @@ import type { WriterThread } from "../runtime/writer-thread";
 export interface MatchScore {
   readonly workerId: bigint;
   readonly dpRank: number;
+  /** Device blocks: the prompt's longest prefix the worker holds. */
   readonly blocks: number;
+  /** Lower-tier blocks right after them (host memory, then disk, then external). */
+  readonly hostBlocks: number;
+  readonly diskBlocks: number;
+  readonly externalBlocks: number;
 }
 
 export interface RouteInput {
@@ -151,6 +157,10 @@ export class KvedgeCore {
   /** Saved source positions (warm restart) by positionKey, taken up by the sources as they are added. */
   readonly restoredPositions = new Map<string, SourcePosition>();
   private readonly matches = new MatchResult(64);
+  /** A /v1/match query's sequence hashes when it came as local hashes. */
+  private readonly chain = new ChainBuffer();
+  /** Device matches and the lower tiers after them, as the router takes them. */
+  private readonly overlaps: RouteOverlaps;
   private readonly hasher = new PromptHasher();
   private readonly candidates = new CandidateList();
   /** Route calls held at saturation (route.admission; src/route/admission.ts). */
@@ -169,6 +179,7 @@ export class KvedgeCore {
     this.log = options.log;
     this.blockSize = config.index.block_size;
     this.index = this.createIndex(config, options.writer);
+    this.overlaps = new RouteOverlaps(this.index, config.route.lower_tiers);
     this.budget = new IndexBudget(
       this.index,
       config.index.memory_budget_bytes ?? defaultIndexBudgetBytes(),
@@ -190,6 +201,8 @@ export class KvedgeCore {
         kvReadMsPerMillionTokens: config.route.kv_read_ms_per_million_tokens,
         maxBatchedTokens: config.route.max_batched_tokens,
         recomputeWeight: config.route.recompute_weight,
+        hostReloadMsPerMillionTokens: config.route.host_reload_ms_per_million_tokens,
+        diskReloadMsPerMillionTokens: config.route.disk_reload_ms_per_million_tokens,
       },
       weights: {
         overlapScoreCredit: config.route.overlap_score_credit,
@@ -198,6 +211,8 @@ export class KvedgeCore {
         decodeActiveRequestWeight: config.route.decode_active_request_weight,
         temperature: config.route.temperature,
         degradedOverlapWeight: config.route.degraded_overlap_weight,
+        hostCacheHitWeight: config.route.host_cache_hit_weight,
+        diskCacheHitWeight: config.route.disk_cache_hit_weight,
       },
       ...(options.random === undefined ? {} : { random: options.random }),
     });
@@ -283,16 +298,21 @@ export class KvedgeCore {
     return this.hasher.hash(tokens, this.blockSize, blockSeed(loraName, cacheSalt));
   }
 
-  /** Per-worker matched prefix length in blocks, sorted as `kvedge apply` sorts. */
+  /** Per-worker matched prefix length in blocks, and the lower tiers' after it, sorted as `kvedge apply` sorts. */
   match(local: Uint32Array, count: number, chain?: Uint32Array): MatchScore[] {
     this.index.findMatches(local, count, this.matches, chain);
+    const sequence = chain ?? this.chain.of(local, count);
+    const overlaps = this.overlaps.of(this.matches, sequence, count);
     const scores: MatchScore[] = [];
-    for (let i = 0; i < this.matches.count; i++) {
-      const slot = this.matches.workers[i]!;
+    for (let i = 0; i < overlaps.count; i++) {
+      const slot = overlaps.slots[i]!;
       scores.push({
         workerId: this.workerTable.workerIdOf(slot),
         dpRank: this.workerTable.dpRankOf(slot),
-        blocks: this.matches.blocks[i]!,
+        blocks: overlaps.blocks[i]!,
+        hostBlocks: overlaps.host?.[i] ?? 0,
+        diskBlocks: overlaps.disk?.[i] ?? 0,
+        externalBlocks: overlaps.external?.[i] ?? 0,
       });
     }
     return scores.sort(
@@ -405,8 +425,8 @@ export class KvedgeCore {
     const matches = this.matches;
     if (input.matched !== undefined) this.slotsOf(input.matched, matches);
     else this.index.findMatches(prompt.local, prompt.blockCount, matches, prompt.chain);
-    // Index slots are router slots: the matches are the router's overlaps as they are.
-    const overlaps = { count: matches.count, slots: matches.workers, blocks: matches.blocks };
+    // Index slots are router slots: the matches (and lower tiers after them) are the overlaps.
+    const overlaps = this.overlaps.of(matches, prompt.chain, prompt.blockCount);
     const request = {
       chain: prompt.chain,
       blockCount: prompt.blockCount,

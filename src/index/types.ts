@@ -237,6 +237,11 @@ export class TierMatches {
     }
   }
 
+  /** The entry of worker `slot`, or -1. */
+  indexOf(slot: number): number {
+    return slot < this.stamp.length && this.stamp[slot] === this.tick ? this.at[slot]! : -1;
+  }
+
   /** The entry of worker `slot`, made (all zeros) if it has none yet. */
   entryOf(slot: number): number {
     if (this.stamp[slot] === this.tick) return this.at[slot]!;

@@ -38,6 +38,9 @@ const scoreJson = (score: MatchScore) => ({
   worker_id: score.workerId.toString(),
   dp_rank: score.dpRank,
   blocks: score.blocks,
+  host_pinned: score.hostBlocks,
+  disk: score.diskBlocks,
+  external: score.externalBlocks,
 });
 
 /** POST /v1/match: `{"token_ids":[…], "lora_name"?, "cache_salt"?}` or `{"local_hashes":["…"]}`. */
@@ -131,6 +134,9 @@ export function routeAnswer(core: KvedgeCore, { decision, queryBlocks }: RouteOu
       worker_id: core.workerIdTextOf(list.slots[i]!),
       dp_rank: list.dpRanks[i]!,
       overlap_blocks: list.overlapBlocks[i]!,
+      host_pinned_blocks: list.hostBlocks[i]!,
+      disk_blocks: list.diskBlocks[i]!,
+      external_blocks: list.externalBlocks[i]!,
       cost: list.costs[i]!,
       degraded: list.degraded[i] === 1,
       active_prefill_tokens: list.activePrefillTokens[i]!,
@@ -138,6 +144,7 @@ export function routeAnswer(core: KvedgeCore, { decision, queryBlocks }: RouteOu
       active_requests: list.activeRequests[i]!,
       predicted_ttft_ms: list.predictedTtftMs[i]!,
       queue_ms: list.queueMs[i]!,
+      reload_ms: list.reloadMs[i]!,
       prefill_ms: list.prefillMs[i]!,
       steps_ms: list.stepsMs[i]!,
     });
@@ -148,6 +155,9 @@ export function routeAnswer(core: KvedgeCore, { decision, queryBlocks }: RouteOu
     dp_rank: decision.dpRank,
     query_blocks: queryBlocks,
     overlap_blocks: decision.overlapBlocks,
+    host_pinned_blocks: decision.hostBlocks,
+    disk_blocks: decision.diskBlocks,
+    external_blocks: decision.externalBlocks,
     cost: decision.cost,
     predicted_ttft_ms: decision.predictedTtftMs,
     candidates,
@@ -275,6 +285,10 @@ const K = {
   dp_rank: key("dp_rank"),
   query_blocks: key("query_blocks"),
   overlap_blocks: key("overlap_blocks"),
+  host_pinned_blocks: key("host_pinned_blocks"),
+  disk_blocks: key("disk_blocks"),
+  external_blocks: key("external_blocks"),
+  reload_ms: key("reload_ms"),
   cost: key("cost"),
   candidates: key("candidates"),
   degraded: key("degraded"),
@@ -287,6 +301,16 @@ const K = {
   steps_ms: key("steps_ms"),
 };
 
+/** The lower tiers' blocks of an answer (host, disk, external), as three keys. */
+function writeTiers(writer: MsgpackWriter, host: number, disk: number, external: number): void {
+  writer.encoded(K.host_pinned_blocks);
+  writer.number(host);
+  writer.encoded(K.disk_blocks);
+  writer.number(disk);
+  writer.encoded(K.external_blocks);
+  writer.number(external);
+}
+
 /**
  * A route answer as MessagePack, the same map `writer.value(routeAnswer(...))` writes,
  * straight from the decision with keys encoded once: the answer of every binary
@@ -298,7 +322,7 @@ export function writeRouteAnswer(
   core: KvedgeCore,
   { decision, queryBlocks }: RouteOutcome,
 ): void {
-  writer.mapHeader(8);
+  writer.mapHeader(11);
   writer.encoded(K.request_id);
   writer.string(decision.requestId);
   writer.encoded(K.worker_id);
@@ -309,6 +333,7 @@ export function writeRouteAnswer(
   writer.number(queryBlocks);
   writer.encoded(K.overlap_blocks);
   writer.number(decision.overlapBlocks);
+  writeTiers(writer, decision.hostBlocks, decision.diskBlocks, decision.externalBlocks);
   writer.encoded(K.cost);
   writer.number(decision.cost);
   writer.encoded(K.predicted_ttft_ms);
@@ -317,13 +342,14 @@ export function writeRouteAnswer(
   const list = decision.candidates;
   writer.arrayHeader(list.count);
   for (let i = 0; i < list.count; i++) {
-    writer.mapHeader(12);
+    writer.mapHeader(16);
     writer.encoded(K.worker_id);
     writer.string(core.workerIdTextOf(list.slots[i]!));
     writer.encoded(K.dp_rank);
     writer.number(list.dpRanks[i]!);
     writer.encoded(K.overlap_blocks);
     writer.number(list.overlapBlocks[i]!);
+    writeTiers(writer, list.hostBlocks[i]!, list.diskBlocks[i]!, list.externalBlocks[i]!);
     writer.encoded(K.cost);
     writer.number(list.costs[i]!);
     writer.encoded(K.degraded);
@@ -338,6 +364,8 @@ export function writeRouteAnswer(
     writer.number(list.predictedTtftMs[i]!);
     writer.encoded(K.queue_ms);
     writer.number(list.queueMs[i]!);
+    writer.encoded(K.reload_ms);
+    writer.number(list.reloadMs[i]!);
     writer.encoded(K.prefill_ms);
     writer.number(list.prefillMs[i]!);
     writer.encoded(K.steps_ms);

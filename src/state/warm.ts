@@ -167,6 +167,20 @@ export function loadSnapshot(
       removed: (workerId, dpRank, external, count) => {
         if (keep.has(workerId)) index.applyRemoved(workerId, dpRank, external, count);
       },
+      tierStored: (workerId, dpRank, tier, hasBase, hi, lo, external, local, count) => {
+        if (keep.has(workerId))
+          index.applyStoredTierUnder(
+            workerId,
+            dpRank,
+            tier,
+            hasBase,
+            hi,
+            lo,
+            external,
+            local,
+            count,
+          );
+      },
       active: (workerId, dpRank, id, prefillTokens, outputBlocks, idleMs, chain, blocks) => {
         if (!keep.has(workerId)) return;
         requests.push({
