@@ -2,7 +2,8 @@ import { availableParallelism } from "node:os";
 import { ADMISSION_MODES, type AdmissionMode, DEFAULT_ADMISSION } from "../route/admission";
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES, type RoutePolicy } from "../route/ttft";
 import { getAffinity, pinProcess } from "../runtime/affinity";
-import { type AdmissionReport, type DemoResult, runDemo } from "../sim/demo";
+import { type AdmissionReport, type DemoResult, runDemo, type TierComparison } from "../sim/demo";
+import type { IndexCheck } from "../sim/index-check";
 import { DEFAULT_DEMO_POLICIES, type DemoPolicy, isDemoPolicy } from "../sim/demo-options";
 import { loadConversationTrace } from "../sim/embedded-trace";
 import { CAPACITY_BLOCKS_MAX } from "../sim/engine-cache";
@@ -75,6 +76,7 @@ const flags = {
   requests: { kind: "string" },
   workers: { kind: "string" },
   "capacity-blocks": { kind: "string" },
+  "cpu-capacity-blocks": { kind: "string" },
   "block-size": { kind: "string" },
   trace: { kind: "string" },
   speedup: { kind: "string" },
@@ -126,6 +128,9 @@ Options:
   --requests N           requests to replay (${DEMO_DEFAULTS.requests})
   --workers N            mock engines (${DEMO_DEFAULTS.workers})
   --capacity-blocks N    KV capacity of each engine, in blocks (${DEMO_DEFAULTS.capacityBlocks}: ~80 GB for an 8B model)
+  --cpu-capacity-blocks N  a CPU offload tier per engine, in blocks (0: none): evicted blocks spill
+                         there (vLLM's CPU events) and load back faster than a prefill; kv_aware
+                         then also runs routing on the device tier only, for a table of the gain
   --block-size N         tokens per KV block (${DEMO_DEFAULTS.blockSize})
   --trace FILE           a Mooncake-format JSONL trace (default: the embedded conversation trace)
   --time-scale F         multiply arrival times by F (${DEMO_DEFAULTS.timeScale}: twice the trace's request rate)
@@ -173,6 +178,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       1,
       CAPACITY_BLOCKS_MAX,
     );
+    const cpuCapacityBlocks = flagInt(parsed, "cpu-capacity-blocks", 0, 0, CAPACITY_BLOCKS_MAX);
     const blockSize = flagInt(parsed, "block-size", DEMO_DEFAULTS.blockSize, 1, 4096);
     const speedup = flagNumber(parsed, "speedup", DEMO_DEFAULTS.speedup, 0.01, 1e6);
     const timeScale = flagNumber(parsed, "time-scale", DEMO_DEFAULTS.timeScale, 1e-6, 1e6);
@@ -208,6 +214,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       trace,
       workers,
       capacityBlocks,
+      cpuCapacityBlocks,
       blockSize,
       speedup,
       policies,
@@ -232,6 +239,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       admission,
       workers,
       capacity_blocks: capacityBlocks,
+      cpu_capacity_blocks: cpuCapacityBlocks,
       block_size: blockSize,
       time_scale: timeScale,
       speedup,
@@ -372,6 +380,47 @@ const ms = (value: number): string =>
 const signed = (value: number, digits = 0): string =>
   `${value > 0 ? "+" : value < 0 ? "−" : "±"}${Math.abs(value).toFixed(digits)}`;
 
+/** The end-of-run check of an index against the engines' caches (both tiers, every copy). */
+function indexLine(check: IndexCheck): string {
+  const host =
+    check.engine_host_blocks + check.index_host_blocks === 0
+      ? ""
+      : `; CPU tier ${int(check.index_host_blocks)} indexed, ${int(check.engine_host_blocks)} held`;
+  return (
+    `index vs engines at the end: ${check.index_matches_engines ? "identical" : "DIFFERENT"}` +
+    ` (${int(check.index_blocks)} blocks indexed, ${int(check.engine_cached_blocks)} cached${host}).`
+  );
+}
+
+/** Tier-aware routing against device-only routing, with a CPU tier on every engine. */
+function tierTable(tiers: TierComparison): string[] {
+  const rows = [
+    ["kv_aware routing on", "hit rate", "of it CPU tier", "prefill tokens", "TTFT p50", "TTFT p99"],
+    ...(
+      [
+        ["device and CPU tiers", tiers.tier_aware],
+        ["device tier only", tiers.device_only],
+      ] as const
+    ).map(([name, row]) => [
+      name,
+      percent(row.hit_rate),
+      percent(row.host_hit_rate),
+      `${(row.prefill_tokens / 1e6).toFixed(2)} M`,
+      ms(row.ttft_p50_ms),
+      ms(row.ttft_p99_ms),
+    ]),
+  ];
+  const widths = rows[0]!.map((_, i) => Math.max(...rows.map((row) => row[i]!.length)));
+  const line = (row: string[]) =>
+    row
+      .map((cell, i) => (i === 0 ? cell.padEnd(widths[i]!) : cell.padStart(widths[i]!)))
+      .join("  ");
+  return [
+    `With a CPU tier of ${int(tiers.cpu_capacity_blocks)} blocks per engine (evicted blocks spill there, load back instead of a prefill):`,
+    ...rows.map(line),
+  ];
+}
+
 export function renderDemo(result: DemoResult, config: DemoConfig): string {
   const out: string[] = [];
   const rate =
@@ -447,12 +496,11 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
         ` (${int(router.batches_replayed)} recovered by replay, ${int(router.batches_lost)} lost, ${int(router.gaps)} gaps);` +
         ` ${router.degraded_workers} degraded workers; ${router.lifecycle_errors} failed lifecycle calls.`,
     );
-    out.push(
-      `  Index vs engines at the end: ${router.index_matches_engines ? "identical" : "DIFFERENT"}` +
-        ` (${int(router.index_blocks)} blocks indexed, ${int(router.engine_cached_blocks)} cached).`,
-    );
+    out.push(`  ${indexLine(router.index)}`);
     out.push("");
   }
+  if (result.index !== null) out.push(`kv_aware's engines, ${indexLine(result.index)}`, "");
+  if (result.tiers !== null) out.push(...tierTable(result.tiers), "");
   if (result.admission !== null) out.push(admissionLine(result.admission), "");
   const proxy = result.proxy;
   if (proxy !== null) {

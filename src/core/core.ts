@@ -330,7 +330,9 @@ export class KvedgeCore {
     const totals = this.routeTotals;
     totals.decisions++;
     totals.promptTokens += input.tokens.length;
-    totals.predictedCachedTokens += Math.min(decision.overlapBlocks, blockCount) * this.blockSize;
+    const held =
+      decision.overlapBlocks + decision.hostBlocks + decision.diskBlocks + decision.externalBlocks;
+    totals.predictedCachedTokens += Math.min(held, blockCount) * this.blockSize;
     return { decision, queryBlocks: blockCount };
   }
 

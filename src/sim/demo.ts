@@ -17,11 +17,13 @@
  * from kvedge itself (/v1/workers, /metrics, and /v1/dump compared with the engines'
  * real cache contents at the end).
  */
+import type { IndexOp } from "../index";
+import { checkIndex, EventIndex, type IndexCheck } from "./index-check";
 import { kvedgeRouter, KvedgeClient } from "./kvedge-client";
 import { NetworkedEngine } from "./networked-engine";
 import { type ProxyReport, runProxyReplay } from "./proxy-replay";
 import { percentile, type PolicyReport } from "./outcome";
-import { createPolicy, KvAwareModel, type PolicyName } from "./policies";
+import { createPolicy, DEFAULT_KV_AWARE, KvAwareModel, type PolicyName } from "./policies";
 import type { AdmissionMode } from "../route/admission";
 import { policyClient, replayRealtime, type RealtimeProgress } from "./realtime";
 import { startServeChild, type ServeChild, waitReady, withServeTail } from "./serve-process";
@@ -54,8 +56,10 @@ export interface RouterReport {
   /** Blocks kvedge's index holds / the engines cache, at the end. */
   readonly index_blocks: number;
   readonly engine_cached_blocks: number;
-  /** Every worker's indexed block hashes equal its engine's cached ones at the end. */
+  /** Every worker's indexed blocks equal its engine's cached ones at the end (both tiers, every copy). */
   readonly index_matches_engines: boolean;
+  /** The check in detail (./index-check.ts). */
+  readonly index: IndexCheck;
   /** Model span / wall time of the kvedge replay. */
   readonly achieved_speedup: number;
 }
@@ -78,9 +82,30 @@ export interface AdmissionReport {
   readonly dropped: number;
 }
 
+/** One kv_aware run of the tier comparison. */
+export interface TierRow {
+  readonly hit_rate: number;
+  /** Of the prompt tokens, those loaded back from the CPU tier. */
+  readonly host_hit_rate: number;
+  readonly prefill_tokens: number;
+  readonly ttft_p50_ms: number;
+  readonly ttft_p99_ms: number;
+}
+
+/** With a CPU tier: kv_aware routing on both tiers against the device tier only. */
+export interface TierComparison {
+  readonly cpu_capacity_blocks: number;
+  readonly tier_aware: TierRow;
+  readonly device_only: TierRow;
+}
+
 export interface DemoResult {
   readonly policies: Record<string, DemoPolicyResult>;
   readonly router: RouterReport | null;
+  /** In virtual time: kv_aware's engines against an index fed their events in this process. */
+  readonly index: IndexCheck | null;
+  /** With `cpuCapacityBlocks`: tier-aware against device-only routing. */
+  readonly tiers: TierComparison | null;
   readonly admission: AdmissionReport | null;
   /** With `proxy`: what the proxied run saw. */
   readonly proxy: ProxyReport | null;
@@ -96,80 +121,115 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
   let router: RouterReport | null = null;
   let proxy: ProxyReport | null = null;
   let admission: AdmissionReport | null = null;
+  let index: IndexCheck | null = null;
   const mode = admissionModeOf(options);
   for (const policy of options.policies) {
     // Each run leaves ~100 MB of short-lived token arrays; collect them before the next
     // so peak memory is one run's, not the sum of all.
     Bun.gc(true);
     const phaseStarted = performance.now();
+    const timed = (report: PolicyReport, how: DemoPolicyResult["mode"]): DemoPolicyResult => ({
+      ...report,
+      mode: how,
+      wall_s: (performance.now() - phaseStarted) / 1000,
+    });
     if (options.virtual === true) {
-      options.progress?.(`${policy}: replaying in virtual time…`);
-      const report = simulate(options.trace, {
-        policy: policy === "kv_aware" ? "kv_aware_model" : policy,
-        workers: options.workers,
-        capacityBlocks: options.capacityBlocks,
-        blockSize: options.blockSize,
-        time: options.time,
-        seed: options.seed,
-        vocabSize: options.vocabSize,
-        ...(options.kvAware === undefined ? {} : { kvAware: options.kvAware }),
-        onFinish: (finished) => {
-          if (policy !== "kv_aware" || !(finished instanceof KvAwareModel)) return;
-          if (finished.admission !== null) admission = { mode, ...finished.admission.counts };
-        },
-      });
-      policies[policy] = {
-        ...report,
-        policy,
-        mode: "in-process, virtual time",
-        wall_s: (performance.now() - phaseStarted) / 1000,
-      };
-      options.progress?.("");
+      const run = runVirtual(policy, options);
+      policies[policy] = timed(run.report, "in-process, virtual time");
+      if (run.admission !== null) admission = { mode, ...run.admission };
+      index = run.index ?? index;
     } else if (policy === "kv_aware" && options.proxy === true) {
       const run = await runProxyReplay(options);
-      policies[policy] = {
-        ...run.report,
-        mode: "kvedge",
-        wall_s: (performance.now() - phaseStarted) / 1000,
-      };
+      policies[policy] = timed(run.report, "kvedge");
       proxy = run.proxy;
     } else if (policy === "kv_aware") {
       const run = await runKvedge(options);
-      policies[policy] = {
-        ...run.report,
-        mode: "kvedge",
-        wall_s: (performance.now() - phaseStarted) / 1000,
-      };
+      policies[policy] = timed(run.report, "kvedge");
       router = run.router;
       if (mode !== "off") admission = { mode, ...run.admission };
     } else if (options.realtimeBaselines) {
-      const report = await runInProcessRealtime(policy, options);
-      policies[policy] = {
-        ...report,
-        mode: "in-process, real time",
-        wall_s: (performance.now() - phaseStarted) / 1000,
-      };
+      policies[policy] = timed(
+        await runInProcessRealtime(policy, options),
+        "in-process, real time",
+      );
     } else {
-      options.progress?.(`${policy}: replaying in virtual time…`);
-      const report = simulate(options.trace, {
-        policy,
-        workers: options.workers,
-        capacityBlocks: options.capacityBlocks,
-        blockSize: options.blockSize,
-        time: options.time,
-        seed: options.seed,
-        vocabSize: options.vocabSize,
-      });
-      policies[policy] = {
-        ...report,
-        mode: "in-process, virtual time",
-        wall_s: (performance.now() - phaseStarted) / 1000,
-      };
-      options.progress?.("");
+      policies[policy] = timed(runVirtual(policy, options).report, "in-process, virtual time");
     }
   }
+  const tiers = await compareTiers(options, policies.kv_aware);
   const wall = (performance.now() - started) / 1000;
-  return { policies, router, proxy, admission, gains: gainsOf(policies), wall_s: wall };
+  const gains = gainsOf(policies);
+  return { policies, router, index, tiers, proxy, admission, gains, wall_s: wall };
+}
+
+/**
+ * One policy in virtual time (kv_aware: kvedge's router in-process, told the engines'
+ * true caches; `lowerTiers` false: their device tier only). kv_aware's engines also
+ * feed an index of this process through kvedge's ingest, checked against them at the end.
+ */
+function runVirtual(
+  policy: DemoPolicy,
+  options: DemoOptions,
+  lowerTiers = true,
+): {
+  report: PolicyReport;
+  admission: Omit<AdmissionReport, "mode"> | null;
+  index: IndexCheck | null;
+} {
+  options.progress?.(`${policy}: replaying in virtual time…`);
+  const kvAware = policy === "kv_aware" || policy === "kv_aware_model";
+  const events = policy === "kv_aware" ? new EventIndex(options.workers, options.blockSize) : null;
+  let admission: Omit<AdmissionReport, "mode"> | null = null;
+  let index: IndexCheck | null = null;
+  const report = simulate(options.trace, {
+    policy: kvAware ? "kv_aware_model" : (policy as Exclude<DemoPolicy, "kv_aware">),
+    workers: options.workers,
+    capacityBlocks: options.capacityBlocks,
+    cpuCapacityBlocks: options.cpuCapacityBlocks,
+    blockSize: options.blockSize,
+    time: options.time,
+    seed: options.seed,
+    vocabSize: options.vocabSize,
+    kvAware: { ...(options.kvAware ?? DEFAULT_KV_AWARE), lowerTiers },
+    ...(events === null ? {} : { onBatch: (worker, batch) => events.apply(worker, batch) }),
+    onFinish: (finished) => {
+      if (policy === "kv_aware" && finished instanceof KvAwareModel && finished.admission !== null)
+        admission = finished.admission.counts;
+    },
+    onEngines: (engines) => {
+      if (events !== null) index = events.check(engines.map((engine) => engine.cache));
+    },
+  });
+  options.progress?.("");
+  return { report, admission, index };
+}
+
+/** With a CPU tier: kv_aware once more, routing on the device tier only, against the run above. */
+async function compareTiers(
+  options: DemoOptions,
+  tierAware: PolicyReport | undefined,
+): Promise<TierComparison | null> {
+  if (options.cpuCapacityBlocks === 0 || tierAware === undefined) return null;
+  Bun.gc(true);
+  let deviceOnly: PolicyReport;
+  if (options.virtual === true) deviceOnly = runVirtual("kv_aware", options, false).report;
+  else {
+    const serveArgs = [...options.serveArgs, "--no-lower-tiers"];
+    deviceOnly = (await runKvedge({ ...options, serveArgs }, "kv_aware (device tier only)")).report;
+  }
+  const row = (report: PolicyReport): TierRow => ({
+    hit_rate: report.hit_rate,
+    host_hit_rate:
+      report.prompt_tokens === 0 ? 0 : report.host_cached_tokens / report.prompt_tokens,
+    prefill_tokens: report.prefill_tokens,
+    ttft_p50_ms: report.ttft_p50_ms,
+    ttft_p99_ms: report.ttft_p99_ms,
+  });
+  return {
+    cpu_capacity_blocks: options.cpuCapacityBlocks,
+    tier_aware: row(tierAware),
+    device_only: row(deviceOnly),
+  };
 }
 
 function admissionModeOf(options: DemoOptions): AdmissionMode {
@@ -213,6 +273,7 @@ async function startEngines(options: DemoOptions, withReplay: boolean): Promise<
           capacityBlocks: options.capacityBlocks,
           blockSize: options.blockSize,
           hashSeed: seeds[w]!,
+          cpuCapacityBlocks: options.cpuCapacityBlocks,
           time: options.time,
           endpoint: "tcp://127.0.0.1:0",
           replayEndpoint: withReplay ? "tcp://127.0.0.1:0" : null,
@@ -244,12 +305,12 @@ function clock(ms: number): string {
   return `${Math.floor(seconds / 60)}:${String(seconds % 60).padStart(2, "0")}`;
 }
 
-async function runKvedge(options: DemoOptions): Promise<KvedgeRun> {
+async function runKvedge(options: DemoOptions, name = "kv_aware"): Promise<KvedgeRun> {
   const engines = await startEngines(options, true);
   let serve: ServeChild | null = null;
   let client: KvedgeClient | null = null;
   try {
-    options.progress?.("kv_aware: starting kvedge serve…");
+    options.progress?.(`${name}: starting kvedge serve…`);
     const workerIds = engines.map((_, w) => String(w));
     const workers = engines
       .map((engine, w) => `${w}=${engine.endpoint};replay=${engine.replayEndpoint}`)
@@ -281,8 +342,7 @@ async function runKvedge(options: DemoOptions): Promise<KvedgeRun> {
       ...(options.progress === null
         ? {}
         : {
-            progress: (p: RealtimeProgress) =>
-              options.progress!(progressLine("kv_aware", p, startedMs)),
+            progress: (p: RealtimeProgress) => options.progress!(progressLine(name, p, startedMs)),
           }),
     });
     options.progress?.("");
@@ -378,19 +438,12 @@ async function routerSide(
   }
   const metrics = await (await fetch(`${url}/metrics`)).text();
   const dump = await (await fetch(`${url}/v1/dump`)).text();
-  const held = heldByWorker(dump);
-  let matches = true;
-  let engineBlocks = 0;
-  for (let w = 0; w < engines.length; w++) {
-    const snapshot = engines[w]!.engine.cache.snapshot();
-    engineBlocks += snapshot.length;
-    const indexed = held.get(workerIds[w]!) ?? new Map<string, number>();
-    if (
-      indexed.size !== snapshot.length ||
-      !snapshot.every((block) => indexed.get(block.hash.toString()) === block.copies)
-    )
-      matches = false;
-  }
+  const ops = dump.split("\n").filter((line) => line !== "");
+  const check = checkIndex(
+    ops.map((line) => JSON.parse(line) as IndexOp),
+    engines.map((engine) => engine.engine.cache),
+    workerIds,
+  );
   let overlapTokens = 0;
   let promptTokens = 0;
   for (let i = 0; i < stats.overlapBlocks.length; i++) {
@@ -415,30 +468,10 @@ async function routerSide(
     lifecycle_calls: client.counters.lifecycleCalls,
     lifecycle_errors: client.counters.lifecycleErrors,
     index_blocks: workers.reduce((sum, view) => sum + view.blocks, 0),
-    engine_cached_blocks: engineBlocks,
-    index_matches_engines: matches,
+    engine_cached_blocks: check.engine_cached_blocks,
+    index_matches_engines: check.index_matches_engines,
+    index: check,
   };
-}
-
-/**
- * Per worker (decimal id), the external block hashes an index dump leaves held, with
- * their copies (the dump stores a block once per copy).
- */
-function heldByWorker(dump: string): Map<string, Map<string, number>> {
-  const held = new Map<string, Map<string, number>>();
-  for (const line of dump.split("\n")) {
-    if (line === "") continue;
-    const op = JSON.parse(line) as { op: string; worker_id: string; block_hashes?: string[] };
-    let copies = held.get(op.worker_id);
-    if (copies === undefined) held.set(op.worker_id, (copies = new Map()));
-    for (const hash of op.block_hashes ?? []) {
-      const now = (copies.get(hash) ?? 0) + (op.op === "stored" ? 1 : -1);
-      if (now > 0) copies.set(hash, now);
-      else copies.delete(hash);
-    }
-    if (op.op === "cleared") copies.clear();
-  }
-  return held;
 }
 
 async function runInProcessRealtime(

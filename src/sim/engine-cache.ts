@@ -23,6 +23,13 @@
  *   `keepDuplicates: false` the sequence adopts the cached copy and frees its own instead
  *   (each hash cached once: a set history). A sequence pins every block it has
  *   committed, so the parent of every BlockStored is cached when the event is emitted.
+ * - With a CPU tier (`cpuCapacityBlocks`, ./cpu-tier.ts), evicting a block's last
+ *   device copy spills it there (vLLM's OffloadingConnector, offloading on eviction),
+ *   announced as a `BlockStored` of medium "CPU" with its tokens, unless no tier holds
+ *   its parent any more; the tier evicts its least recently used block when full
+ *   (`BlockRemoved`, "CPU"). A request's prefix that continues past its device hit in the
+ *   CPU tier is loaded back instead of computed (`loadedBlocks`; the engine charges the
+ *   copy's time).
  * - Events are plain objects in vLLM's field order, collected until `takeEvents()`
  *   (the engine takes them once per scheduler step, which makes one batch).
  *
@@ -32,6 +39,7 @@
 import { blockCount, chainHashes, DEFAULT_SEED, hashBlocks, type Seed } from "../hash";
 import { u64 } from "../util/u64";
 import { PairTable } from "../util/tables";
+import { CpuTier, type HostBlock } from "./cpu-tier";
 
 export interface BlockStoredEvent {
   readonly type: "BlockStored";
@@ -40,13 +48,13 @@ export interface BlockStoredEvent {
   readonly token_ids: number[];
   readonly block_size: number;
   readonly lora_name: null;
-  readonly medium: "GPU";
+  readonly medium: "GPU" | "CPU";
 }
 
 export interface BlockRemovedEvent {
   readonly type: "BlockRemoved";
   readonly block_hashes: bigint[];
-  readonly medium: "GPU";
+  readonly medium: "GPU" | "CPU";
 }
 
 export interface AllBlocksClearedEvent {
@@ -91,6 +99,8 @@ export interface CacheSequence {
   slots: Int32Array | null;
   /** Leading blocks reused from the cache at allocation. */
   hitBlocks: number;
+  /** Blocks after those loaded back from the CPU tier at allocation. */
+  loadedBlocks: number;
   /** Blocks [0, committedBlocks) are cached (hit, registered or adopted) and pinned. */
   committedBlocks: number;
 }
@@ -108,6 +118,8 @@ export interface EngineCacheOptions {
    * (vLLM; the default), or adopt the cached copy (each hash cached once).
    */
   readonly keepDuplicates?: boolean;
+  /** Blocks of the CPU offload tier (0 or absent: none). */
+  readonly cpuCapacityBlocks?: number;
 }
 
 export const DEFAULT_BLOCK_SIZE = 16;
@@ -126,6 +138,10 @@ export interface EngineCacheCounters {
   /** Computed blocks whose hash was already cached (kept as another copy, or the cached one adopted). */
   duplicateBlocks: number;
   clears: number;
+  /** CPU tier: prompt blocks loaded back, blocks spilled there, blocks it evicted. */
+  hostHitBlocks: number;
+  spilledBlocks: number;
+  hostEvictedBlocks: number;
 }
 
 export class EngineCache {
@@ -140,7 +156,15 @@ export class EngineCache {
     evictedBlocks: 0,
     duplicateBlocks: 0,
     clears: 0,
+    hostHitBlocks: 0,
+    spilledBlocks: 0,
+    hostEvictedBlocks: 0,
   };
+  /** The CPU offload tier, or null. */
+  readonly cpu: CpuTier | null;
+  /** The CPU tier's blocks after the device hit in the last `cachedPrefixBlocks` call. */
+  lastHostBlocks = 0;
+  private readonly evictedHost = new Uint32Array(2);
 
   private readonly seed: Seed;
   // Per slot.
@@ -185,6 +209,8 @@ export class EngineCache {
     this.blockSize = blockSize;
     this.recordEvents = options.recordEvents ?? true;
     this.keepDuplicates = options.keepDuplicates ?? true;
+    const cpuBlocks = options.cpuCapacityBlocks ?? 0;
+    this.cpu = cpuBlocks > 0 ? new CpuTier(cpuBlocks) : null;
     const seed = BigInt.asUintN(64, options.hashSeed);
     this.seed = { value: seed, hi: Number(seed >> 32n), lo: Number(seed & 0xffff_ffffn) };
     this.extHi = new Uint32Array(capacity);
@@ -253,6 +279,7 @@ export class EngineCache {
       path,
       slots: null,
       hitBlocks: 0,
+      loadedBlocks: 0,
       committedBlocks: 0,
     };
   }
@@ -274,12 +301,23 @@ export class EngineCache {
     const prompt = tokens.subarray(0, limit * this.blockSize);
     hashBlocks(prompt, this.blockSize, this.seed, content);
     chainHashes(content, limit, ext);
-    return this.matchPrefix(ext, limit);
+    const device = this.matchPrefix(ext, limit);
+    this.lastHostBlocks = this.hostContinuation(ext, device, limit);
+    return device;
   }
 
   /** Cached prefix of a prepared sequence, in blocks (no side effects). */
   sequencePrefixBlocks(sequence: CacheSequence): number {
     return this.matchPrefix(sequence.ext, this.reusableBlocks(sequence.promptLength));
+  }
+
+  /** Blocks from `from` on that the CPU tier holds, one after another (up to `limit`). */
+  private hostContinuation(ext: Uint32Array, from: number, limit: number): number {
+    const cpu = this.cpu;
+    if (cpu === null) return 0;
+    let at = from;
+    while (at < limit && cpu.has(ext[2 * at]!, ext[2 * at + 1]!)) at++;
+    return at - from;
   }
 
   /**
@@ -292,6 +330,11 @@ export class EngineCache {
     const total = this.blocksFor(sequence.tokens.length);
     if (total > this.capacityBlocks) return false;
     const hit = this.sequencePrefixBlocks(sequence);
+    const loaded = this.hostContinuation(
+      sequence.ext,
+      hit,
+      this.reusableBlocks(sequence.promptLength),
+    );
     let hitFree = 0;
     for (let i = 0; i < hit; i++) if (this.refs[this.slotOf(sequence.ext, i)]! === 0) hitFree++;
     if (this.freeCount - hitFree < total - hit) return false;
@@ -302,6 +345,10 @@ export class EngineCache {
       this.refs[slot]!++;
       slots[i] = slot;
     }
+    // Loaded blocks become the most recent in the CPU tier, a child before its parent
+    // (so the parent, more recent, outlives it there).
+    for (let i = hit + loaded - 1; i >= hit; i--)
+      this.cpu!.touch(sequence.ext[2 * i]!, sequence.ext[2 * i + 1]!);
     let removed: bigint[] | null = null;
     for (let i = hit; i < total; i++) {
       const slot = this.head;
@@ -317,8 +364,10 @@ export class EngineCache {
       this.events.push({ type: "BlockRemoved", block_hashes: removed, medium: "GPU" });
     this.counters.lookupBlocks += this.reusableBlocks(sequence.promptLength);
     this.counters.hitBlocks += hit;
+    this.counters.hostHitBlocks += loaded;
     sequence.slots = slots;
     sequence.hitBlocks = hit;
+    sequence.loadedBlocks = loaded;
     sequence.committedBlocks = hit;
     return true;
   }
@@ -366,6 +415,7 @@ export class EngineCache {
     this.copyNext.fill(NONE);
     this.copyPrev.fill(NONE);
     this.table = new PairTable(2 * this.capacityBlocks);
+    this.cpu?.clear();
     this.cachedCount = 0;
     this.counters.clears++;
     if (this.recordEvents) this.events.push({ type: "AllBlocksCleared" });
@@ -377,6 +427,11 @@ export class EngineCache {
     const events = this.events;
     this.events = [];
     return events;
+  }
+
+  /** Every block the CPU tier holds (introspection, as `snapshot`). */
+  hostSnapshot(): HostBlock[] {
+    return this.cpu?.snapshot() ?? [];
   }
 
   /** Every cached block, once with its copies (introspection for tests that compare a router's index). */
@@ -447,6 +502,7 @@ export class EngineCache {
     if (cached !== this.cachedCount || cached !== copies) {
       throw new Error(`cached ${cached}, count ${this.cachedCount}, copies ${copies}`);
     }
+    this.cpu?.verify();
   }
 
   // ---- internals ----
@@ -548,7 +604,48 @@ export class EngineCache {
     this.cached[slot] = 0;
     this.cachedCount--;
     this.counters.evictedBlocks++;
+    if (before === NONE && after === NONE) this.spill(slot);
     return this.recordEvents ? u64(hi, lo) : 0n;
+  }
+
+  /**
+   * The last device copy of a block is going: it goes to the CPU tier, if there is one,
+   * unless the tier has it already or no tier holds its parent any more (an orphan is
+   * not offloaded). The tier's own eviction is announced first.
+   */
+  private spill(slot: number): void {
+    const cpu = this.cpu;
+    if (cpu === null) return;
+    const hi = this.extHi[slot]!;
+    const lo = this.extLo[slot]!;
+    if (cpu.has(hi, lo)) return cpu.touch(hi, lo);
+    if (cpu.makeRoom(this.evictedHost)) {
+      this.counters.hostEvictedBlocks++;
+      const [evictedHi, evictedLo] = this.evictedHost;
+      if (this.recordEvents)
+        this.events.push({
+          type: "BlockRemoved",
+          block_hashes: [u64(evictedHi!, evictedLo!)],
+          medium: "CPU",
+        });
+    }
+    const position = this.position[slot]!;
+    const [parentHi, parentLo] = [this.parentHi[slot]!, this.parentLo[slot]!];
+    if (position > 0 && this.lookup(parentHi, parentLo) === NONE && !cpu.has(parentHi, parentLo))
+      return;
+    cpu.store(hi, lo, parentHi, parentLo, this.pathHi[slot]!, this.pathLo[slot]!, position);
+    this.counters.spilledBlocks++;
+    if (!this.recordEvents) return;
+    const size = this.blockSize;
+    this.events.push({
+      type: "BlockStored",
+      block_hashes: [u64(hi, lo)],
+      parent_block_hash: position === 0 ? null : u64(parentHi, parentLo),
+      token_ids: Array.from(this.tokenPool.subarray(slot * size, (slot + 1) * size)),
+      block_size: size,
+      lora_name: null,
+      medium: "CPU",
+    });
   }
 
   private enqueue(slot: number): void {

@@ -30,6 +30,8 @@ export interface SimOptions {
   readonly workers?: number;
   /** KV capacity of each engine, in blocks of `blockSize` tokens. */
   readonly capacityBlocks?: number;
+  /** Each engine's CPU offload tier, in blocks (0 or absent: none). */
+  readonly cpuCapacityBlocks?: number;
   readonly blockSize?: number;
   readonly time?: TimeModel;
   readonly seed?: number;
@@ -40,6 +42,8 @@ export interface SimOptions {
   readonly onBatch?: (worker: number, batch: KvEventBatch) => void;
   /** Called with the policy once the replay ends (to read what it learned). */
   readonly onFinish?: (policy: RoutingPolicy) => void;
+  /** Called with the engines once the replay ends (to compare their caches with an index). */
+  readonly onEngines?: (engines: readonly MockEngine[]) => void;
   /** Run the O(capacity) cache consistency checks at the end (default: KVEDGE_VERIFY=1). */
   readonly verify?: boolean;
 }
@@ -98,6 +102,7 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
   const vocabSize = options.vocabSize ?? DEFAULT_VOCAB_SIZE;
   const onBatch = options.onBatch;
   const engines: MockEngine[] = [];
+  const hostProbe = (worker: number) => engines[worker]!.cache.lastHostBlocks;
   const policy = createPolicy(options.policy, {
     workers,
     blockSize,
@@ -107,6 +112,7 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
     time,
     probe: (worker, query) =>
       engines[worker]!.cache.cachedPrefixBlocks(query.tokens, query.promptLength),
+    ...((options.cpuCapacityBlocks ?? 0) > 0 ? { hostProbe } : {}),
   });
   const recorder = new RunRecorder(trace, {
     prefillDone: (request, nowMs) => policy.prefillDone(request.id, nowMs),
@@ -119,6 +125,7 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
       blockSize,
       hashSeed: seeds[w]!,
       recordEvents: onBatch !== undefined,
+      cpuCapacityBlocks: options.cpuCapacityBlocks ?? 0,
     });
     engines.push(new MockEngine(w, cache, time, recorder.listener));
   }
@@ -167,6 +174,7 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
     }
   }
   options.onFinish?.(policy);
+  options.onEngines?.(engines);
   return recorder.report(options.policy, engines, options.verify ?? VERIFY);
 }
 
