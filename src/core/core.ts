@@ -187,35 +187,7 @@ export class KvedgeCore {
     this.writer = this.budgetedWriter(
       (this.writes = new WritePause(this.index, HELD_WRITES_BYTES)),
     );
-    this.router = new Router({
-      workers: this.workerTable,
-      blockSize: this.blockSize,
-      requestTtlMs: config.route.request_ttl_secs * 1000,
-      maxActiveRequests: config.route.max_active_requests,
-      trackOutputBlocks: config.route.track_output_blocks,
-      policy: config.route.policy,
-      calibrate: config.route.calibrate,
-      ttft: {
-        prefillTokensPerSecond: config.route.prefill_tokens_per_sec,
-        stepBaseMs: config.route.step_base_ms,
-        kvReadMsPerMillionTokens: config.route.kv_read_ms_per_million_tokens,
-        maxBatchedTokens: config.route.max_batched_tokens,
-        recomputeWeight: config.route.recompute_weight,
-        hostReloadMsPerMillionTokens: config.route.host_reload_ms_per_million_tokens,
-        diskReloadMsPerMillionTokens: config.route.disk_reload_ms_per_million_tokens,
-      },
-      weights: {
-        overlapScoreCredit: config.route.overlap_score_credit,
-        overlapScoreCreditDecay: config.route.overlap_score_credit_decay,
-        prefillLoadScale: config.route.prefill_load_scale,
-        decodeActiveRequestWeight: config.route.decode_active_request_weight,
-        temperature: config.route.temperature,
-        degradedOverlapWeight: config.route.degraded_overlap_weight,
-        hostCacheHitWeight: config.route.host_cache_hit_weight,
-        diskCacheHitWeight: config.route.disk_cache_hit_weight,
-      },
-      ...(options.random === undefined ? {} : { random: options.random }),
-    });
+    this.router = new Router(routerOptions(config, this.workerTable, options.random));
     this.admission = new Admission<RouteCall>(
       {
         mode: config.route.admission,
@@ -733,4 +705,42 @@ export class KvedgeCore {
     const loadSlot = this.router.load.slotOf(workerId, this.workerTable.dpRankOf(slot));
     if (loadSlot >= 0) this.router.load.setDegraded(loadSlot, this.distrusted(slot));
   }
+}
+
+/** The router's options from the configuration (the core's worker numbering). */
+function routerOptions(
+  config: Config,
+  workers: WorkerTable,
+  random: (() => number) | undefined,
+): ConstructorParameters<typeof Router>[0] {
+  const blockSize = config.index.block_size;
+  return {
+    workers,
+    blockSize,
+    requestTtlMs: config.route.request_ttl_secs * 1000,
+    maxActiveRequests: config.route.max_active_requests,
+    trackOutputBlocks: config.route.track_output_blocks,
+    policy: config.route.policy,
+    calibrate: config.route.calibrate,
+    ttft: {
+      prefillTokensPerSecond: config.route.prefill_tokens_per_sec,
+      stepBaseMs: config.route.step_base_ms,
+      kvReadMsPerMillionTokens: config.route.kv_read_ms_per_million_tokens,
+      maxBatchedTokens: config.route.max_batched_tokens,
+      recomputeWeight: config.route.recompute_weight,
+      hostReloadMsPerMillionTokens: config.route.host_reload_ms_per_million_tokens,
+      diskReloadMsPerMillionTokens: config.route.disk_reload_ms_per_million_tokens,
+    },
+    weights: {
+      overlapScoreCredit: config.route.overlap_score_credit,
+      overlapScoreCreditDecay: config.route.overlap_score_credit_decay,
+      prefillLoadScale: config.route.prefill_load_scale,
+      decodeActiveRequestWeight: config.route.decode_active_request_weight,
+      temperature: config.route.temperature,
+      degradedOverlapWeight: config.route.degraded_overlap_weight,
+      hostCacheHitWeight: config.route.host_cache_hit_weight,
+      diskCacheHitWeight: config.route.disk_cache_hit_weight,
+    },
+    ...(random === undefined ? {} : { random }),
+  };
 }

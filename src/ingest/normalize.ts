@@ -328,8 +328,11 @@ export class KvEventNormalizer {
       if (namespace === AMBIGUOUS) return this.reject("namespace_ambiguous", blocks);
     } else if (kind === EVENT_REMOVED) this.forgetNamespaces(batch, e, dpRank, tier);
     else for (const table of this.namespaces) table?.forgetRank(dpRank);
-    if (kind === EVENT_STORED) this.convertStored(batch, e, namespace, tier);
-    else if (kind === EVENT_REMOVED) {
+    if (kind === EVENT_STORED) {
+      const usable = this.convertStored(batch, e, namespace);
+      this.opSalt[this.ops] = namespace;
+      if (usable > 0) this.pushOp(OP_STORED, e, usable, tier);
+    } else if (kind === EVENT_REMOVED) {
       if (blocks > 0) this.pushOp(OP_REMOVED, e, blocks, tier);
     } else this.pushOp(OP_CLEARED, e, 0, DEVICE);
   }
@@ -370,6 +373,12 @@ export class KvEventNormalizer {
   private reject(reason: RejectReason, blocks: number): void {
     this.counters.rejectedEvents[reason]++;
     this.counters.rejectedBlocks[reason] += blocks;
+  }
+
+  /** reject(), and 0 blocks to apply. */
+  private rejected(reason: RejectReason, blocks: number): number {
+    this.reject(reason, blocks);
+    return 0;
   }
 
   private tierOf(medium: string | null): number {
@@ -441,15 +450,11 @@ export class KvEventNormalizer {
     return null;
   }
 
-  private convertStored(
-    batch: DecodedBatch,
-    e: number,
-    namespace: string | null,
-    tier: number,
-  ): void {
+  /** Local hashes for a store's usable blocks; returns how many (0: none to apply). */
+  private convertStored(batch: DecodedBatch, e: number, namespace: string | null): number {
     const blocks = batch.hashLength[e]!;
-    if (blocks === 0) return;
-    if (this.repeatsHash(batch, e)) return this.reject("self_reference", blocks);
+    if (blocks === 0) return 0;
+    if (this.repeatsHash(batch, e)) return this.rejected("self_reference", blocks);
     const blockSize = batch.blockSize[e]!;
     if (blockSize !== this.blockSize) {
       this.onceLog.report(
@@ -460,7 +465,7 @@ export class KvEventNormalizer {
           index_block_size: this.blockSize,
         },
       );
-      return this.reject("block_size_mismatch", blocks);
+      return this.rejected("block_size_mismatch", blocks);
     }
     let usable = blocks;
     const mmBlock = batch.mmBlock[e]!;
@@ -486,7 +491,7 @@ export class KvEventNormalizer {
       this.reject("tokens_short", usable - available);
       usable = available;
     }
-    if (usable === 0) return;
+    if (usable === 0) return 0;
     const tokenStart = batch.tokenStart[e]!;
     const tokenEnd = tokenStart + usable * blockSize + (eagle ? 1 : 0);
     const seed = blockSeed(batch.string(batch.loraName[e]!), namespace);
@@ -502,8 +507,7 @@ export class KvEventNormalizer {
       eagle,
     );
     if (written !== usable) throw new Error(`hashed ${written} blocks, expected ${usable}`);
-    this.opSalt[this.ops] = namespace;
-    this.pushOp(OP_STORED, e, usable, tier);
+    return usable;
   }
 
   /** Whether a hash repeats within the store, the parent included (Dynamo turns these into no-ops). */

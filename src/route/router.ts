@@ -370,12 +370,14 @@ export class Router {
     return this.load.degraded[slot] === 1 ? blocks * this.weights.degradedOverlapWeight : blocks;
   }
 
-  /** The lower tiers' credit on `slot` in device blocks (reference §5.1), before any discount. */
-  private lowerCredit(slot: number): number {
-    if (!this.tiered) return 0;
+  /** The lower tiers' credit on `slot` in device blocks (reference §5.1), trusted. */
+  private lowerTrusted(slot: number): number {
     const { hostCacheHitWeight, diskCacheHitWeight } = this.weights;
     const lower = this.diskBySlot[slot]! + this.externalBySlot[slot]!;
-    return hostCacheHitWeight * this.hostBySlot[slot]! + diskCacheHitWeight * lower;
+    return this.trusted(
+      slot,
+      hostCacheHitWeight * this.hostBySlot[slot]! + diskCacheHitWeight * lower,
+    );
   }
 
   /** Time to copy `slot`'s lower-tier blocks of the request back to the device (ms), trusted. */
@@ -504,9 +506,8 @@ export class Router {
       const slotPrefill = prefill[slot]!;
       let held = degraded[slot] === 1 ? overlap[slot]! * degradedWeight : overlap[slot]!;
       if (decayScale > 0) held /= 1 + decayScale * (slotPrefill - minPrefill);
-      const lower = this.tiered ? this.trusted(slot, this.lowerCredit(slot)) : 0;
-      const prefillCost =
-        scale * Math.max(0, (slotPrefill + tokenCount) / blockSize - credit * held - lower);
+      const raw = (slotPrefill + tokenCount) / blockSize - credit * held;
+      const prefillCost = scale * Math.max(0, this.tiered ? raw - this.lowerTrusted(slot) : raw);
       costs[slot] =
         prefillCost + decode[slot]! + (blockCount - depth[slot]!) + requestWeight * active[slot]!;
     }

@@ -343,6 +343,37 @@ function registerPartMetrics(registry: MetricsRegistry, core: KvedgeCore): void 
   });
 }
 
+/** The index's size now: blocks by tier, copies, nodes, lookups, workers, bytes. */
+function registerIndexSize(registry: MetricsRegistry, index: KvedgeCore["index"]): void {
+  registerSamples(registry, {
+    name: "kvedge_index_size",
+    type: "gauge",
+    help:
+      "Index size now: held (block, worker) pairs (device; host_pinned, disk, external: the lower " +
+      "tiers), copies beyond the first (device; lower_tier_copies), nodes, lookup entries, workers.",
+    labelNames: ["what"],
+    collect: (emit) => {
+      const stats = index.stats();
+      emit(stats.blocks, { what: "blocks" });
+      emit(stats.copies, { what: "copies" });
+      emit(stats.lowerTiers.host_pinned, { what: "host_pinned" });
+      emit(stats.lowerTiers.disk, { what: "disk" });
+      emit(stats.lowerTiers.external, { what: "external" });
+      emit(stats.lowerTiers.copies, { what: "lower_tier_copies" });
+      emit(stats.nodes, { what: "nodes" });
+      emit(stats.lookupEntries, { what: "lookup_entries" });
+      emit(stats.workers, { what: "workers" });
+    },
+  });
+  registerSamples(registry, {
+    name: "kvedge_index_bytes",
+    type: "gauge",
+    help: "Bytes of typed arrays the index has reserved.",
+    labelNames: [],
+    collect: (emit) => emit(index.stats().bytes),
+  });
+}
+
 export function registerCoreMetrics(registry: MetricsRegistry, core: KvedgeCore): void {
   const index = core.index;
   const counter = (
@@ -390,22 +421,7 @@ export function registerCoreMetrics(registry: MetricsRegistry, core: KvedgeCore)
       emit(c.hashConflicts, { op: "hash_conflict" });
     },
   );
-  gauge(
-    "kvedge_index_size",
-    "Index size now: held (block, worker) pairs, copies beyond the first, nodes, lookup entries, workers.",
-    ["what"],
-    (emit) => {
-      const stats = index.stats();
-      emit(stats.blocks, { what: "blocks" });
-      emit(stats.copies, { what: "copies" });
-      emit(stats.nodes, { what: "nodes" });
-      emit(stats.lookupEntries, { what: "lookup_entries" });
-      emit(stats.workers, { what: "workers" });
-    },
-  );
-  gauge("kvedge_index_bytes", "Bytes of typed arrays the index has reserved.", [], (emit) =>
-    emit(index.stats().bytes),
-  );
+  registerIndexSize(registry, index);
   gauge(
     "kvedge_buffered_bytes",
     "Bytes held for unfinished transfers (HTTP bodies, WebSocket send queues, large ZMQ frames), and the budget.",

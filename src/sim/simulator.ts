@@ -118,17 +118,7 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
     prefillDone: (request, nowMs) => policy.prefillDone(request.id, nowMs),
     finished: (request, nowMs) => policy.finished(request.id, nowMs),
   });
-  const seeds = engineSeeds(seed, workers);
-  for (let w = 0; w < workers; w++) {
-    const cache = new EngineCache({
-      capacityBlocks: capacity,
-      blockSize,
-      hashSeed: seeds[w]!,
-      recordEvents: onBatch !== undefined,
-      cpuCapacityBlocks: options.cpuCapacityBlocks ?? 0,
-    });
-    engines.push(new MockEngine(w, cache, time, recorder.listener));
-  }
+  engines.push(...makeEngines(options, capacity, blockSize, seed, recorder));
   const flush = (worker: number, nowMs: number): void => {
     if (onBatch === undefined) return;
     const batch = engines[worker]!.takeBatch(nowMs);
@@ -176,6 +166,28 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
   options.onFinish?.(policy);
   options.onEngines?.(engines);
   return recorder.report(options.policy, engines, options.verify ?? VERIFY);
+}
+
+/** The run's engines, their hash seeds from `seed` (the same for every run with it). */
+function makeEngines(
+  options: SimOptions,
+  capacity: number,
+  blockSize: number,
+  seed: number,
+  recorder: RunRecorder,
+): MockEngine[] {
+  const workers = options.workers ?? DEFAULT_WORKERS;
+  const seeds = engineSeeds(seed, workers);
+  return seeds.map((hashSeed, w) => {
+    const cache = new EngineCache({
+      capacityBlocks: capacity,
+      blockSize,
+      hashSeed,
+      recordEvents: options.onBatch !== undefined,
+      cpuCapacityBlocks: options.cpuCapacityBlocks ?? 0,
+    });
+    return new MockEngine(w, cache, options.time ?? DEFAULT_TIME_MODEL, recorder.listener);
+  });
 }
 
 /** Submits the held requests the policy answered (worker -1: refused) at `nowMs`. */

@@ -136,6 +136,31 @@ export function putActive(
   return at + 2 * count;
 }
 
+/**
+ * A lower tier's stored operation at word `at` (to `sink`, if any); returns the next
+ * word. Any other operation is unknown here: SnapshotError.
+ */
+function tierStored(
+  words: Uint32Array,
+  at: number,
+  workerId: bigint,
+  dpRank: number,
+  sink: SnapshotOpSink | null,
+): number {
+  if (words[at] !== OP_TIER_STORED)
+    throw new SnapshotError(`unknown operation ${words[at]} at word ${at}`);
+  const [tier, hasBase, baseHi, baseLo, n] = words.subarray(at + 3, at + 8);
+  const end = at + 8 + 4 * (n ?? 0);
+  if (n === undefined || end > words.length)
+    throw new SnapshotError(`operation at word ${at} runs past the end`);
+  if (sink?.tierStored !== undefined) {
+    const pairs = words.slice(at + 8, end);
+    const [external, local] = [pairs.subarray(0, 2 * n), pairs.subarray(2 * n)];
+    sink.tierStored(workerId, dpRank, tier!, hasBase === 1, baseHi!, baseLo!, external, local, n);
+  }
+  return end;
+}
+
 /** Walks snapshot words; throws SnapshotError on any malformed operation (check before applying). */
 export function forEachOp(snapshot: Snapshot, sink: SnapshotOpSink | null): void {
   const { words, workerIds } = snapshot;
@@ -180,26 +205,6 @@ export function forEachOp(snapshot: Snapshot, sink: SnapshotOpSink | null): void
         sink.removed(workerId, dpRank, external, n);
       }
       at += 2 * n;
-    } else if (kind === OP_TIER_STORED) {
-      need(8);
-      const [tier, hasBase, baseHi, baseLo, n] = words.subarray(at + 3, at + 8);
-      at += 8;
-      need(4 * n!);
-      if (sink?.tierStored !== undefined) {
-        const pairs = words.slice(at, at + 4 * n!);
-        sink.tierStored(
-          workerId,
-          dpRank,
-          tier!,
-          hasBase === 1,
-          baseHi!,
-          baseLo!,
-          pairs.subarray(0, 2 * n!),
-          pairs.subarray(2 * n!),
-          n!,
-        );
-      }
-      at += 4 * n!;
     } else if (kind === OP_ACTIVE) {
       need(8);
       const units = words[at + 3]!;
@@ -225,7 +230,7 @@ export function forEachOp(snapshot: Snapshot, sink: SnapshotOpSink | null): void
       }
       at += idWords + 2 * n;
     } else {
-      throw new SnapshotError(`unknown operation ${kind} at word ${at}`);
+      at = tierStored(words, at, workerId, dpRank, sink); // or throws: an unknown operation
     }
   }
 }

@@ -151,35 +151,14 @@ export function loadSnapshot(
   const requests: SavedRequest[] = [];
   try {
     forEachOp(snapshot, {
-      stored: (workerId, dpRank, hasParent, parentHi, parentLo, external, local, count) => {
-        if (keep.has(workerId))
-          index.applyStored(
-            workerId,
-            dpRank,
-            hasParent,
-            parentHi,
-            parentLo,
-            external,
-            local,
-            count,
-          );
+      stored: (workerId, dpRank, ...op) => {
+        if (keep.has(workerId)) index.applyStored(workerId, dpRank, ...op);
       },
       removed: (workerId, dpRank, external, count) => {
         if (keep.has(workerId)) index.applyRemoved(workerId, dpRank, external, count);
       },
-      tierStored: (workerId, dpRank, tier, hasBase, hi, lo, external, local, count) => {
-        if (keep.has(workerId))
-          index.applyStoredTierUnder(
-            workerId,
-            dpRank,
-            tier,
-            hasBase,
-            hi,
-            lo,
-            external,
-            local,
-            count,
-          );
+      tierStored: (workerId, dpRank, ...op) => {
+        if (keep.has(workerId)) index.applyStoredTierUnder(workerId, dpRank, ...op);
       },
       active: (workerId, dpRank, id, prefillTokens, outputBlocks, idleMs, chain, blocks) => {
         if (!keep.has(workerId)) return;

@@ -415,13 +415,14 @@ export class ReferenceIndex extends SlotIndex implements KvIndex {
 
   /** Whether the worker holds the block named `hash` in lower tier `tier` (stream generators). */
   tierHolds(workerId: bigint, dpRank: number, tier: number, hash: bigint): boolean {
-    return this.worker(workerId, dpRank)?.tiers[tier]!.lookup[`${hash}`] !== undefined;
+    const tiers = this.worker(workerId, dpRank)?.tiers;
+    return tiers !== undefined && tiers[tier]!.lookup[`${hash}`] !== undefined;
   }
 
   /** The external hashes the worker holds in lower tier `tier` (stream generators). */
   tierHashes(workerId: bigint, dpRank: number, tier: number): bigint[] {
-    const lookup = this.worker(workerId, dpRank)?.tiers[tier]!.lookup ?? {};
-    return Object.keys(lookup).map((hash) => parseU64(hash)!);
+    const tiers = this.worker(workerId, dpRank)?.tiers;
+    return Object.keys(tiers?.[tier]?.lookup ?? {}).map((hash) => parseU64(hash)!);
   }
 
   /** How many copies of the block named `hash` the worker holds (0: none). */
