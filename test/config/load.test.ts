@@ -214,6 +214,11 @@ describe("defaults and precedence", () => {
       "route.decode_active_request_weight": ["1.5", "1.5"],
       "route.temperature": ["0.7", "0.7"],
       "route.degraded_overlap_weight": ["0.25", "0.25"],
+      "route.lower_tiers": ["false", "false"],
+      "route.host_cache_hit_weight": ["0.5", "0.5"],
+      "route.disk_cache_hit_weight": ["0.1", "0.1"],
+      "route.host_reload_ms_per_million_tokens": ["3000", "3000"],
+      "route.disk_reload_ms_per_million_tokens": ["20000", "2e4"],
       "route.request_ttl_secs": ["60", "60"],
       "route.max_active_requests": ["5000", "5_000"],
       "route.track_output_blocks": ["true", "true"],
@@ -256,7 +261,8 @@ describe("defaults and precedence", () => {
         load({ env: { [`KVEDGE_${s.flag.toUpperCase().replaceAll("-", "_")}`]: text } }).config,
         s.key,
       );
-      const argv = typeof s.default === "boolean" ? [`--${s.flag}`] : [`--${s.flag}`, text];
+      const flag = s.default === true ? `--no-${s.flag}` : `--${s.flag}`; // away from the default
+      const argv = typeof s.default === "boolean" ? [flag] : [`--${s.flag}`, text];
       const fromFlag = get(load({ argv }).config, s.key);
       if (s.key !== "index.backend") expect(fromFile).not.toEqual(s.default); // the only backend so far
       expect(fromEnv).toEqual(fromFile);

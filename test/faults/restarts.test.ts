@@ -263,6 +263,23 @@ describe("kvedge restart with a snapshot (--state-dir)", () => {
     expect((await loadOf(second)).active_requests).toBe(1);
   });
 
+  test("an engine with a CPU tier: the snapshot keeps both tiers; after the restart the index equals the engine on both", async () => {
+    const dir = stateDir();
+    // A small device cache: blocks keep spilling to the CPU tier (and its own evictions).
+    const a = await startMockEngine({ capacityBlocks: 24, cpuCapacityBlocks: 40 });
+    engines.push(a);
+    const first = await serveWithState(a, dir);
+    await subscribed(a);
+    for (let round = 0; round < 6; round++) await generate(a, prompts(4, 3, 40 + round));
+    await expectExactAndEqual(first, "1", a);
+    const truth = await engineCache(a);
+    expect(truth.host.size).toBeGreaterThan(0);
+    await killServe(first, "SIGTERM");
+    const second = await serveWithState(a, dir);
+    await second.waitForLog((line) => line.msg === "snapshot loaded");
+    await expectExactAndEqual(second, "1", a);
+  });
+
   test("SIGKILL: the last periodic snapshot is loaded and caught up", async () => {
     const dir = stateDir();
     const { a, first } = await caughtUp(dir, 22);

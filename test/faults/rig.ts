@@ -20,6 +20,8 @@ export interface MockEngineSpec {
   readonly httpPort?: number;
   readonly bufferSteps?: number;
   readonly capacityBlocks?: number;
+  /** A CPU offload tier of this many blocks. */
+  readonly cpuCapacityBlocks?: number;
 }
 
 export interface MockEngineProcess {
@@ -46,6 +48,9 @@ export async function startMockEngine(spec: MockEngineSpec = {}): Promise<MockEn
     String(spec.httpPort ?? 0),
     ...(replay === null ? [] : ["--replay-endpoint", replay]),
     ...(spec.bufferSteps === undefined ? [] : ["--buffer-steps", String(spec.bufferSteps)]),
+    ...(spec.cpuCapacityBlocks === undefined
+      ? []
+      : ["--cpu-capacity-blocks", String(spec.cpuCapacityBlocks)]),
   ];
   const { proc, info: line } = await spawnMockEngine(args, { PATH: process.env.PATH ?? "" });
   const httpPort = Number(new URL(line.http).port);
@@ -134,15 +139,19 @@ export async function generate(engine: MockEngineProcess, all: number[][]): Prom
   );
 }
 
-/** What the engine really caches now, and the copies of blocks cached more than once. */
-export async function engineCache(
-  engine: MockEngineProcess,
-): Promise<{ lastSeq: number; blocks: Set<string>; copies: Record<string, number> }> {
+/** What the engine really caches now, the copies of blocks cached more than once, its CPU tier's. */
+export async function engineCache(engine: MockEngineProcess): Promise<{
+  lastSeq: number;
+  blocks: Set<string>;
+  copies: Record<string, number>;
+  host: Set<string>;
+}> {
   const body = (await (await fetch(`${engine.http}/v1/cache`)).json()) as Json;
   return {
     lastSeq: body.last_seq,
     blocks: new Set(body.block_hashes as string[]),
     copies: body.copies as Record<string, number>,
+    host: new Set(body.host_block_hashes as string[]),
   };
 }
 
@@ -154,14 +163,18 @@ export async function indexHeld(url: string): Promise<Map<string, Set<string>>> 
 
 /**
  * Per worker, each held block's copies, replaying the dump (a dump stores a block once
- * per copy the index counts).
+ * per copy the index counts); `tier`: the device's (default) or a lower tier's blocks.
  */
-export async function indexCopies(url: string): Promise<Map<string, Map<string, number>>> {
+export async function indexCopies(
+  url: string,
+  tier = "device",
+): Promise<Map<string, Map<string, number>>> {
   const text = await (await fetch(`${url}/v1/dump`)).text();
   const held = new Map<string, Map<string, number>>();
   for (const line of text.split("\n")) {
     if (line.trim() === "") continue;
     const op = JSON.parse(line) as Json;
+    if ((op.tier ?? "device") !== tier && op.op !== "cleared") continue;
     let blocks = held.get(op.worker_id);
     if (blocks === undefined) held.set(op.worker_id, (blocks = new Map()));
     if (op.op === "cleared") blocks.clear();
@@ -206,6 +219,8 @@ export async function expectExactAndEqual(
   // And every block with as many copies as the engine holds (vLLM's duplicates).
   const copies = Object.fromEntries([...held].filter(([, n]) => n > 1));
   expect(copies).toEqual(truth.copies);
+  const host = (await indexCopies(serve.url, "host_pinned")).get(id) ?? new Map<string, number>();
+  expect(sorted(new Set(host.keys()))).toEqual(sorted(truth.host));
 }
 
 /**
