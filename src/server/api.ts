@@ -34,14 +34,17 @@ const OUTPUT_TOKENS_MAX = 1 << 24;
 const DP_RANK_MAX = 0xffff_ffff;
 const TOPIC_LENGTH_MAX = 1024;
 
-const scoreJson = (score: MatchScore) => ({
-  worker_id: score.workerId.toString(),
-  dp_rank: score.dpRank,
-  blocks: score.blocks,
-  host_pinned: score.hostBlocks,
-  disk: score.diskBlocks,
-  external: score.externalBlocks,
-});
+/** A match score; the lower tiers' blocks only for a worker that has some (as `kvedge apply`). */
+const scoreJson = (score: MatchScore) => {
+  const json = {
+    worker_id: score.workerId.toString(),
+    dp_rank: score.dpRank,
+    blocks: score.blocks,
+  };
+  const { hostBlocks, diskBlocks, externalBlocks } = score;
+  if (hostBlocks + diskBlocks + externalBlocks === 0) return json;
+  return { ...json, host_pinned: hostBlocks, disk: diskBlocks, external: externalBlocks };
+};
 
 /** POST /v1/match: `{"token_ids":[…], "lora_name"?, "cache_salt"?}` or `{"local_hashes":["…"]}`. */
 export function matchOp(core: KvedgeCore, raw: unknown) {

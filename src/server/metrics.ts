@@ -545,7 +545,7 @@ export function registerCoreMetrics(registry: MetricsRegistry, core: KvedgeCore)
   );
   perSource(
     "kvedge_ingest_tier_blocks_total",
-    "Blocks in stored/removed events by storage tier (only device is indexed).",
+    "Blocks in stored/removed events by storage tier (any: a removal of unknown or no medium, from every tier).",
     "counter",
     ["tier"],
     (source, emit) => {

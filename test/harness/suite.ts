@@ -23,6 +23,8 @@ interface Variant {
   readonly seedBase: number;
   readonly stream: Omit<StreamOptions, "steps">;
   readonly replay: ReplayOptions;
+  /** Seeds per test (default BATCH): slower streams take fewer, to stay well inside a test's time. */
+  readonly batch?: number;
 }
 
 const VARIANTS: readonly Variant[] = [
@@ -54,6 +56,7 @@ const VARIANTS: readonly Variant[] = [
     seedBase: 5_000_000,
     stream: { tiers: true },
     replay: {},
+    batch: 60,
   },
   {
     name: "lower tiers, verify() after every event",
@@ -61,6 +64,7 @@ const VARIANTS: readonly Variant[] = [
     seedBase: 6_000_000,
     stream: { tiers: true, conflicts: true },
     replay: { verify: true },
+    batch: 60,
   },
   {
     name: "verify() after every event",
@@ -186,8 +190,9 @@ export function differentialSuite(backend: HarnessBackend): void {
     }
     for (const variant of VARIANTS) {
       const seeds = Math.max(1, Math.round(knobs.seeds * variant.share * (backend.seedShare ?? 1)));
-      for (let from = 0; from < seeds; from += BATCH) {
-        const to = Math.min(seeds, from + BATCH);
+      const batch = variant.batch ?? BATCH;
+      for (let from = 0; from < seeds; from += batch) {
+        const to = Math.min(seeds, from + batch);
         test(`${variant.name}: seeds ${variant.seedBase + from}..${variant.seedBase + to - 1}`, () => {
           runSeeds(backend, variant, variant.seedBase + from, variant.seedBase + to);
         });

@@ -392,3 +392,81 @@ describe("EngineCache duplicates and reset", () => {
     expect(() => cache.prepare(Uint32Array.from([1, 2]), 3)).toThrow("promptLength");
   });
 });
+
+describe("EngineCache CPU tier", () => {
+  const cpuCache = (capacity: number, cpu: number) =>
+    new EngineCache({
+      capacityBlocks: capacity,
+      blockSize: BS,
+      hashSeed: SEED,
+      cpuCapacityBlocks: cpu,
+    });
+
+  test("an evicted block spills to the CPU tier (a CPU store with its tokens) and loads back instead of a prefill", () => {
+    const cache = cpuCache(3, 8);
+    serve(cache, range(1, 8)); // blocks A0, A1
+    cache.takeEvents();
+    serve(cache, range(100, 12)); // 3 blocks: evicts A1 (the tail), then A0
+    const a = externalHashes(range(1, 8));
+    const events = cache.takeEvents();
+    // The spills come before the device removal of the same allocation, child first.
+    expect(events.slice(0, 2)).toEqual([
+      { ...stored([a[1]!], a[0]!, range(5, 4)), medium: "CPU" },
+      { ...stored([a[0]!], null, range(1, 4)), medium: "CPU" },
+    ]);
+    expect(events[2]).toEqual(removed([a[1]!, a[0]!]));
+    expect(
+      cache
+        .hostSnapshot()
+        .map((block) => block.hash)
+        .sort(),
+    ).toEqual([a[0]!, a[1]!].sort());
+    expect(cache.counters.spilledBlocks).toBe(2);
+    // A prompt continuing A: both blocks load back from the CPU tier (the last token computed).
+    const again = sequence(cache, range(1, 9));
+    expect(cache.allocate(again)).toBe(true);
+    expect([again.hitBlocks, again.loadedBlocks]).toEqual([0, 2]);
+    expect(cache.counters.hostHitBlocks).toBe(2);
+    cache.commit(again, 9);
+    // Loaded blocks are on the device again: stored there; the CPU tier keeps its copies
+    // (and gets the blocks this allocation evicted).
+    const onDevice = cache
+      .takeEvents()
+      .filter((e) => e.type === "BlockStored" && e.medium === "GPU");
+    expect(onDevice).toEqual([stored([a[0]!, a[1]!], null, range(1, 8))]);
+    const held = cache.hostSnapshot().map((block) => block.hash);
+    expect(held).toContain(a[0]!);
+    expect(held).toContain(a[1]!);
+    cache.release(again);
+    cache.verify();
+  });
+
+  test("a full CPU tier evicts its least recently used block (a CPU removal)", () => {
+    const cache = cpuCache(2, 1);
+    serve(cache, range(1, 8)); // A0, A1
+    cache.takeEvents();
+    serve(cache, range(100, 8)); // evicts A1 (spilled), then A0: the tier is full, A1 goes
+    const a = externalHashes(range(1, 8));
+    const events = cache.takeEvents();
+    expect(events.slice(0, 3)).toEqual([
+      { ...stored([a[1]!], a[0]!, range(5, 4)), medium: "CPU" },
+      { type: "BlockRemoved", block_hashes: [a[1]!], medium: "CPU" },
+      { ...stored([a[0]!], null, range(1, 4)), medium: "CPU" },
+    ]);
+    expect(cache.counters.hostEvictedBlocks).toBe(1);
+    expect(cache.hostSnapshot().map((block) => block.hash)).toEqual([a[0]!]);
+    cache.verify();
+  });
+
+  test("reset empties the CPU tier too (AllBlocksCleared covers every tier)", () => {
+    const cache = cpuCache(2, 4);
+    serve(cache, range(1, 8));
+    serve(cache, range(100, 8));
+    expect(cache.hostSnapshot().length).toBeGreaterThan(0);
+    cache.takeEvents();
+    expect(cache.reset()).toBe(true);
+    expect(cache.takeEvents()).toEqual([{ type: "AllBlocksCleared" }]);
+    expect(cache.hostSnapshot()).toEqual([]);
+    cache.verify();
+  });
+});

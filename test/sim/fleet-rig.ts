@@ -5,6 +5,7 @@
  */
 import { expect } from "bun:test";
 import type { IndexOp } from "../../src/index/ops";
+import { checkIndex } from "../../src/sim/index-check";
 import type { NetworkedEngine } from "../../src/sim/networked-engine";
 import { createPolicy, type RoutingPolicy } from "../../src/sim/policies";
 import { requestTokens, routeQuery } from "../../src/sim/simulator";
@@ -27,6 +28,7 @@ export function indexedPaths(ops: readonly IndexOp[]): Map<string, Map<string, b
       workers.delete(op.worker_id);
       continue;
     }
+    if (op.op !== "cleared" && (op.tier ?? "device") !== "device") continue;
     let blocks = workers.get(op.worker_id);
     if (blocks === undefined) workers.set(op.worker_id, (blocks = new Map()));
     if (op.op === "cleared") {
@@ -55,6 +57,7 @@ export function indexedCopies(ops: readonly IndexOp[]): Map<string, Map<string, 
   const workers = new Map<string, Map<string, number>>();
   for (const op of ops) {
     if (op.op !== "stored" && op.op !== "removed") continue;
+    if ((op.tier ?? "device") !== "device") continue;
     let copies = workers.get(op.worker_id);
     if (copies === undefined) workers.set(op.worker_id, (copies = new Map()));
     for (const hash of op.block_hashes) {
@@ -102,7 +105,14 @@ export function expectIndexEqualsEngines(
     }
     blocks += actual.size;
   });
-  return blocks;
+  // And the CPU tiers (src/sim/index-check.ts compares both tiers and every copy).
+  const check = checkIndex(
+    ops,
+    engines.map((engine) => engine.engine.cache),
+    ids,
+  );
+  expect(check.index_matches_engines).toBe(true);
+  return blocks + check.index_host_blocks;
 }
 
 /**

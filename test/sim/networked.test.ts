@@ -35,6 +35,8 @@ afterEach(async () => {
 interface EngineSpec {
   readonly form: "array" | "map";
   readonly drop?: (seq: number) => boolean;
+  /** A CPU offload tier of this many blocks (vLLM's CPU events); none if absent. */
+  readonly cpu?: number;
 }
 
 async function startEngines(
@@ -47,6 +49,7 @@ async function startEngines(
     const engine = new NetworkedEngine({
       index: w,
       capacityBlocks,
+      cpuCapacityBlocks: spec.cpu ?? 0,
       hashSeed: seeds[w]!,
       endpoint: "tcp://127.0.0.1:0",
       replayEndpoint: "tcp://127.0.0.1:0",
@@ -82,7 +85,15 @@ function subscribe(engines: readonly NetworkedEngine[]) {
 describe("networked mock engine → our SUB socket → index", () => {
   for (const form of ["array", "map"] as const) {
     test(`${form} form: the index equals the engines' caches at every checkpoint`, async () => {
-      const engines = await startEngines([{ form }, { form }, { form }], 2048);
+      // A CPU tier on every engine: spills on eviction, loads back, vLLM's CPU events.
+      const engines = await startEngines(
+        [
+          { form, cpu: 4096 },
+          { form, cpu: 4096 },
+          { form, cpu: 4096 },
+        ],
+        1024,
+      );
       const { index, sources } = subscribe(engines);
       for (const source of sources) await source.start();
       for (const engine of engines) await engine.waitForSubscriber(10_000);
@@ -118,6 +129,11 @@ describe("networked mock engine → our SUB socket → index", () => {
       expect(copies).toBeGreaterThan(0);
       expect(index.counters.blocksDuplicate).toBeGreaterThan(0);
       expect(index.counters.copiesRemoved).toBeGreaterThan(0);
+      // The CPU tier took spills and gave blocks back (checked above block for block).
+      const cpu = (key: "spilledBlocks" | "hostHitBlocks"): number =>
+        engines.reduce((sum, engine) => sum + engine.engine.cache.counters[key], 0);
+      expect(cpu("spilledBlocks")).toBeGreaterThan(0);
+      expect(cpu("hostHitBlocks")).toBeGreaterThan(0);
       for (const source of sources) {
         expect(source.sequencer.counters.gaps).toBe(0);
         expect(source.normalizer.counters.events.stored).toBeGreaterThan(0);
