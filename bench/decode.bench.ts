@@ -5,7 +5,7 @@
  *
  * Batches are vLLM-shaped (encodeKvBatch): 32 BlockStored events of 1..64 blocks each
  * (seeded), block size 1 or 16, hashes as u64 ints or 32-byte digests, events as
- * arrays (vLLM <= 0.23) or maps (0.24+).
+ * arrays (vLLM V4's 8-field layout) or maps (V9).
  *
  * Timed region: decoding one batch payload into a reused DecodedBatch. Outside it:
  * generating and encoding the batches.
@@ -23,6 +23,7 @@ import {
   FLAG_PARENT,
   NO_STRING,
   type KvBatch,
+  type WireVariant,
 } from "../src/wire/kv-events";
 import { benchFlags, formatRate, prng, provenance } from "./lib";
 
@@ -34,15 +35,15 @@ interface Scenario {
   readonly name: string;
   readonly blockSize: number;
   readonly hashes: "int" | "bytes";
-  readonly form: "array" | "map";
+  readonly variant: WireVariant;
 }
 
 const SCENARIOS: Scenario[] = [
-  { name: "bs=1 int", blockSize: 1, hashes: "int", form: "array" },
-  { name: "bs=16 int", blockSize: 16, hashes: "int", form: "array" },
-  { name: "bs=1 bytes", blockSize: 1, hashes: "bytes", form: "array" },
-  { name: "bs=16 bytes", blockSize: 16, hashes: "bytes", form: "array" },
-  { name: "bs=16 int map", blockSize: 16, hashes: "int", form: "map" },
+  { name: "bs=1 int", blockSize: 1, hashes: "int", variant: "vllm-v4" },
+  { name: "bs=16 int", blockSize: 16, hashes: "int", variant: "vllm-v4" },
+  { name: "bs=1 bytes", blockSize: 1, hashes: "bytes", variant: "vllm-v4" },
+  { name: "bs=16 bytes", blockSize: 16, hashes: "bytes", variant: "vllm-v4" },
+  { name: "bs=16 int map", blockSize: 16, hashes: "int", variant: "vllm-v9" },
 ];
 
 function makeBatch(scenario: Scenario, seed: number): { payload: Uint8Array; blocks: number } {
@@ -70,7 +71,7 @@ function makeBatch(scenario: Scenario, seed: number): { payload: Uint8Array; blo
       };
     }),
   };
-  return { payload: encodeKvBatch(batch, { form: scenario.form }), blocks };
+  return { payload: encodeKvBatch(batch, { variant: scenario.variant }), blocks };
 }
 
 // ---- Baseline: msgpackr, then a plain conversion into the same columns ----

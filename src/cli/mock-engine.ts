@@ -96,16 +96,7 @@ HTTP API (times in model ms):
     if (hashSeed === null)
       throw new UsageError(`--hash-seed must be an unsigned 64-bit integer, got '${seedText}'`);
     const time = timeModelOf(parsed);
-    const tokenizerDir = flagString(parsed, "tokenizer");
-    let tokenizer: PromptTokenizer | null = null;
-    if (tokenizerDir !== undefined) {
-      try {
-        tokenizer = loadTokenizer(tokenizerDir);
-      } catch (error) {
-        if (error instanceof TokenizerError) throw new UsageError(`--tokenizer: ${error.message}`);
-        throw error;
-      }
-    }
+    const tokenizer = tokenizerOf(flagString(parsed, "tokenizer"));
     const model = flagString(parsed, "model") ?? tokenizer?.model ?? "mock";
     const log = createLogger();
     const drop = createRng(Number(hashSeed & 0xffff_ffffn));
@@ -172,3 +163,14 @@ HTTP API (times in model ms):
     return 0;
   },
 };
+
+/** The --tokenizer directory's tokenizer, or null without the flag. */
+function tokenizerOf(dir: string | undefined): PromptTokenizer | null {
+  if (dir === undefined) return null;
+  try {
+    return loadTokenizer(dir);
+  } catch (error) {
+    if (error instanceof TokenizerError) throw new UsageError(`--tokenizer: ${error.message}`);
+    throw error;
+  }
+}

@@ -16,6 +16,7 @@ import { registerObservedHitsMetrics, registerProxyMetrics } from "../proxy/metr
 import { OpenAiProxy } from "../proxy/proxy";
 import { loadTokenizer, type PromptTokenizer, TokenizerError } from "../proxy/tokenizer";
 import { loadSnapshot, PeriodicSnapshots, restoreRequests, saveSnapshot } from "../state/warm";
+import { openStateDir, type StateDir, StateDirError } from "../state/dir";
 import { createLogger, type Logger } from "../util/log";
 import { flagBool, parseFlags, UsageError } from "./args";
 import { type Command, HELP_FLAG } from "./command";
@@ -91,6 +92,8 @@ Example:
       );
     }
 
+    const state = openState(config.state.dir, log);
+    if (typeof state === "number") return state;
     const stopping = new StopRequest(); // before anything opens (see there)
     const plan = pinAndPlan(config, log);
 
@@ -131,17 +134,9 @@ Example:
       });
     }
     const registry = metricsOf(core, proxy, plan, writer);
-    const stateDir = config.state.dir;
+    const stateDir = state?.path ?? null;
     const stateLog = log.child({ component: "state" });
-    const saved =
-      stateDir === null
-        ? null
-        : loadSnapshot(
-            core,
-            stateDir,
-            config.workers.map((worker) => worker.worker_id),
-            stateLog,
-          );
+    const saved = stateDir === null ? null : loadSnapshot(core, stateDir, config.workers, stateLog);
     await core.start(); // snapshot and sources before the port opens (docs/operations.md)
     if (saved !== null) restoreRequests(core, saved, stateLog);
     let serving: Serving;
@@ -158,12 +153,10 @@ Example:
         ? null
         : setInterval(() => void periodic.tick(), config.state.snapshot_interval_secs * 1000);
     log.info("listening", {
-      url: serving.url,
-      route_lanes: serving.lanes?.count ?? 0,
+      ...whereServing(serving, proxy !== null, writer),
       block_size: config.index.block_size,
       backend: config.index.backend,
       workers: config.workers.length,
-      ...threadCpus(writer, serving.lanes),
     });
 
     const signal = await stopping.reason(writer, log);
@@ -178,6 +171,26 @@ Example:
     return signal === "writer_failed" ? 1 : 0;
   },
 };
+
+/**
+ * The state directory, checked, locked and cleaned before anything starts; null without
+ * state.dir; an exit code after a one-line refusal (2: unusable, 1: another process has it).
+ */
+function openState(path: string | null, log: Logger): StateDir | null | number {
+  if (path === null) return null;
+  try {
+    const state = openStateDir(path);
+    const fields = { dir: path, stale_temp_files_removed: state.staleRemoved };
+    if (!state.locked)
+      log.warn("state.dir is not locked: flock needs glibc; one process per directory", fields);
+    else if (state.staleRemoved > 0) log.info("state directory locked", fields);
+    return state;
+  } catch (error) {
+    if (!(error instanceof StateDirError)) throw error;
+    process.stderr.write(`kvedge serve: ${error.message}\n`);
+    return error.busy ? 1 : 2;
+  }
+}
 
 /** The loopback address of `host`'s family: the main thread's own server, behind lanes. */
 function loopbackOf(host: string): string {
@@ -202,7 +215,9 @@ function startWriter(config: Config, plan: ThreadPlan): Promise<WriterThread> {
       replayTimeoutMs: config.ingest.replay_timeout_ms,
       replayDeadlineMs: config.ingest.replay_deadline_ms,
       replayBufferBytes: config.ingest.replay_buffer_bytes,
+      idleProbeMs: config.ingest.idle_probe_ms,
     },
+    loraAdapters: config.index.lora_adapters,
     logLevel: config.server.log_level,
     // The main thread and every lane may read at once.
     sharedReaders: 1 + plan.routeThreads,
@@ -211,13 +226,18 @@ function startWriter(config: Config, plan: ThreadPlan): Promise<WriterThread> {
 
 interface Serving {
   readonly url: string;
+  /** Where the control plane is served: `url`, or the control listener with the proxy. */
+  readonly controlUrl: string;
   readonly lanes: RouteLanes | null;
   stop(graceMs: number): Promise<void>;
 }
 
 /**
  * The HTTP server, and the route lanes: with lanes, they own the public port and the
- * main thread's server listens on loopback only, for what the lanes pass on.
+ * main thread's server listens on loopback only, for what the lanes pass on. With the
+ * proxy, the public port serves only the OpenAI endpoints and health; everything else
+ * is the control listener's (src/server/surface.ts): with lanes, the main thread's
+ * server is that listener.
  */
 interface Serves {
   readonly core: KvedgeCore;
@@ -233,43 +253,58 @@ async function listen(
   log: Logger,
 ): Promise<Serving> {
   const { core, writer, registry, proxy } = serves;
+  const { server } = config;
   const lanesOn = plan.routeThreads > 0;
+  const control = proxy === null ? null : { host: server.control_host, port: server.control_port };
+  const mainAt = lanesOn
+    ? (control ?? { host: loopbackOf(server.host), port: 0 })
+    : { host: server.host, port: server.port };
   const app = startApp({
-    host: lanesOn ? loopbackOf(config.server.host) : config.server.host,
-    port: lanesOn ? 0 : config.server.port,
-    bodyLimitBytes: config.server.body_limit_bytes,
-    adminToken: config.server.admin_token,
+    ...mainAt,
+    control: lanesOn ? null : control,
+    bodyLimitBytes: server.body_limit_bytes,
+    adminToken: server.admin_token,
     core,
     registry,
     log: log.child({ component: "http" }),
     proxy,
   });
-  if (!lanesOn) return { url: app.url, lanes: null, stop: (graceMs) => app.stop(graceMs) };
+  if (!lanesOn) {
+    const stop = (graceMs: number) => app.stop(graceMs);
+    return { url: app.url, controlUrl: app.controlUrl, lanes: null, stop };
+  }
   let lanes: RouteLanes;
   try {
     lanes = await RouteLanes.start({
-      host: config.server.host,
-      port: config.server.port,
-      mainUrl: app.url,
-      bodyLimitBytes: config.server.body_limit_bytes,
+      host: server.host,
+      port: server.port,
+      mainUrl: reachable(app.url),
+      bodyLimitBytes: server.body_limit_bytes,
       core,
       metrics: app.metrics,
       log: log.child({ component: "lanes" }),
       cpus: plan.laneCpus,
       index: writer?.descriptor ?? null,
+      surface: proxy === null ? "all" : "proxy",
     });
   } catch (error) {
     await app.stop(0);
     throw new Error(`cannot start the route lanes: ${(error as Error).message}`);
   }
   return {
-    url: urlOf(config.server.host, lanes.port),
+    url: urlOf(server.host, lanes.port),
+    controlUrl: proxy === null ? urlOf(server.host, lanes.port) : app.url,
     lanes,
     async stop(graceMs) {
       await lanes.stop(graceMs);
       await app.stop(graceMs);
     },
   };
+}
+
+/** A URL a lane can connect to: a wildcard listener is reached on loopback. */
+function reachable(url: string): string {
+  return url.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:");
 }
 
 function metricsOf(
@@ -315,6 +350,16 @@ class StopRequest {
     log.info("shutting down", { signal: reason });
     return reason;
   }
+}
+
+/** The `listening` line's addresses (the control listener's with the proxy) and threads. */
+function whereServing(serving: Serving, proxied: boolean, writer: WriterThread | null) {
+  return {
+    url: serving.url,
+    ...(proxied ? { control_url: serving.controlUrl } : {}),
+    route_lanes: serving.lanes?.count ?? 0,
+    ...threadCpus(writer, serving.lanes),
+  };
 }
 
 /** Where the writer and the lanes run (the `listening` line): "1" and "2;3". */

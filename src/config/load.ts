@@ -18,7 +18,13 @@ import {
   WORKERS_FLAG,
 } from "./schema";
 import { tomlKind, ValueProblem } from "./values";
-import { type WorkerEntry, WorkerProblem, workersFromText, workersFromToml } from "./workers";
+import {
+  type WorkerEntry,
+  WorkerProblem,
+  wildcardProblem,
+  workersFromText,
+  workersFromToml,
+} from "./workers";
 
 /** An invalid configuration: the process must not start. The message is one line. */
 export class ConfigError extends Error {
@@ -265,6 +271,8 @@ function checkTogether(config: Config, origins: ReadonlyMap<string, string>): vo
         "are not supported yet)",
     );
   }
+  checkWildcards(config, from);
+  checkControlPort(config, from);
   const writerThread = (config.runtime.index_threads ?? 0) > 0;
   const threaded = writerThread || (config.runtime.route_threads ?? 0) > 0;
   if (threaded && config.index.backend !== "crtc") {
@@ -274,6 +282,28 @@ function checkTogether(config: Config, origins: ReadonlyMap<string, string>): vo
         `not ${from("index.backend")} = ${config.index.backend}`,
     );
   }
+}
+
+function checkWildcards(config: Config, from: (key: string) => string): void {
+  if (config.ingest.allow_wildcard_endpoints) return;
+  for (const entry of config.workers) {
+    const problem = wildcardProblem(entry);
+    if (problem === null) continue;
+    throw new ConfigError(
+      `worker ${entry.worker_id} dp_rank ${entry.dp_rank}: ${problem.message} ` +
+        `(${from("ingest.allow_wildcard_endpoints")} is off)`,
+    );
+  }
+}
+
+/** With the proxy, the control listener needs a port of its own. */
+function checkControlPort(config: Config, from: (key: string) => string): void {
+  const { server } = config;
+  if (!config.proxy.enabled || server.port === 0 || server.control_port !== server.port) return;
+  throw new ConfigError(
+    `${from("server.control_port")} = ${server.control_port} is ${from("server.port")}: ` +
+      "with proxy.enabled the control listener needs a port of its own",
+  );
 }
 
 function unknownEnv(env: Readonly<Record<string, string | undefined>>): string[] {

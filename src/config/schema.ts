@@ -12,7 +12,17 @@ import { ADMISSION_MODES, DEFAULT_ADMISSION } from "../route/admission";
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES } from "../route/ttft";
 import { DEFAULT_ROUTE_WEIGHTS } from "../route/router";
 import type { WorkerEntry } from "./workers";
-import { boolean, cpuList, decimal, integer, oneOf, text, type ValueType } from "./values";
+import type { LoraAdapter } from "../hash";
+import {
+  boolean,
+  cpuList,
+  decimal,
+  integer,
+  loraAdapterList,
+  oneOf,
+  text,
+  type ValueType,
+} from "./values";
 
 export const LOG_LEVELS = ["debug", "info", "warn", "error"] as const;
 export const LOG_FORMATS = ["auto", "json", "pretty"] as const;
@@ -24,6 +34,8 @@ export interface Config {
     readonly host: string;
     readonly port: number;
     readonly admin_token: string | null;
+    readonly control_host: string;
+    readonly control_port: number;
     readonly body_limit_bytes: number;
     readonly buffer_budget_bytes: number;
     readonly log_level: (typeof LOG_LEVELS)[number];
@@ -34,6 +46,7 @@ export interface Config {
     readonly block_size: number;
     readonly backend: (typeof INDEX_BACKENDS)[number];
     readonly memory_budget_bytes: number | null;
+    readonly lora_adapters: readonly LoraAdapter[];
   };
   readonly route: {
     readonly policy: (typeof ROUTE_POLICIES)[number];
@@ -73,6 +86,8 @@ export interface Config {
     readonly replay_timeout_ms: number;
     readonly replay_deadline_ms: number;
     readonly replay_buffer_bytes: number;
+    readonly idle_probe_ms: number;
+    readonly allow_wildcard_endpoints: boolean;
   };
   readonly state: {
     readonly dir: string | null;
@@ -143,6 +158,20 @@ export const SETTINGS: readonly Setting[] = [
     help: "Bearer token required to add or remove workers over HTTP; unset = no token needed (keep the default loopback bind then).",
   }),
   setting({
+    key: "server.control_host",
+    flag: "control-host",
+    type: text("a host name or IP address", "HOST", (v) => HOST.test(v)),
+    default: "127.0.0.1",
+    help: "With proxy.enabled: the control listener's address. It serves everything but the OpenAI endpoints (the decision API, lifecycle calls, workers, dump, status page, metrics), which the proxy's port refuses (403); keep it on loopback or a trusted network.",
+  }),
+  setting({
+    key: "server.control_port",
+    flag: "control-port",
+    type: integer(0, 65_535),
+    default: 8081,
+    help: "With proxy.enabled: the control listener's port (0 picks a free one).",
+  }),
+  setting({
     key: "server.body_limit_bytes",
     flag: "body-limit-bytes",
     type: integer(1024, 1024 * MIB),
@@ -198,6 +227,13 @@ export const SETTINGS: readonly Setting[] = [
     default: null,
     optional: true,
     help: "Index memory past which new stores are refused (counted; the worker is degraded until the engine clears its cache or restarts); unset = half the machine's or cgroup's memory.",
+  }),
+  setting({
+    key: "index.lora_adapters",
+    flag: "lora-adapters",
+    type: loraAdapterList,
+    default: [],
+    help: "LoRA adapters as NAME[=ID],...: an engine that names an adapter only by its lora_id (vLLM before 0.13, or an id in a request) is read as this name; the proxy serves these names as models. Blocks of an id with no name here are keyed by the id, never as base-model blocks.",
   }),
   setting({
     key: "route.policy",
@@ -445,6 +481,20 @@ export const SETTINGS: readonly Setting[] = [
     help: "Payload bytes one engine's source holds while a replay runs (live batches past it are dropped, then counted lost).",
   }),
   setting({
+    key: "ingest.idle_probe_ms",
+    flag: "idle-probe-ms",
+    type: integer(0, HOUR_MS),
+    default: 1000,
+    help: "A stream with a replay endpoint that has been quiet this long asks it for anything after the last batch applied (a lost tail shows then, not at the next publish); one small request per quiet period per stream. 0 = never.",
+  }),
+  setting({
+    key: "ingest.allow_wildcard_endpoints",
+    flag: "allow-wildcard-endpoints",
+    type: boolean,
+    default: false,
+    help: "Accept worker endpoints that name a wildcard address (tcp://*:PORT, which makes kvedge bind every interface; tcp://0.0.0.0:PORT, tcp://[::]:PORT), in the config and in POST /v1/workers; off = refused.",
+  }),
+  setting({
     key: "state.dir",
     flag: "state-dir",
     type: text("a directory path", "DIR", (v) => v.length > 0 && !v.includes("\0")),
@@ -525,7 +575,7 @@ export const SETTINGS: readonly Setting[] = [
     type: integer(0, 1),
     default: null,
     optional: true,
-    help: "0 = engine events are applied to the index on the main thread, between requests; 1 = on a writer thread of its own, fed through a shared-memory ring (serve refuses it until routes read the writer's shared index; src/runtime/README.md). Unset = 0.",
+    help: "0 = engine events are applied to the index on the main thread, between requests; 1 = on a writer thread of its own, fed through a shared-memory ring, while routes read the writer's index in shared memory (src/runtime/README.md). Unset = 0.",
   }),
   setting({
     key: "runtime.route_threads",

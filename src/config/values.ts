@@ -4,6 +4,7 @@
  * docs call it. A problem is thrown as a `ValueProblem` whose message completes the
  * sentence "<key> <message>", so the loader can name the key and where it came from.
  */
+import type { LoraAdapter } from "../hash";
 
 export class ValueProblem extends Error {
   override readonly name = "ValueProblem";
@@ -221,4 +222,58 @@ export function formatCpuList(cpus: readonly number[]): string {
     i = j;
   }
   return parts.join(",");
+}
+
+/** Bound on configured LoRA adapters, and on the length of a name. */
+const LORA_ADAPTERS_MAX = 4096;
+const LORA_NAME_LENGTH_MAX = 256;
+const LORA_ID_MAX = 0xffff_ffff;
+const LORA_ENTRY = /^([^\s,=\0]+)(?:=(\d+))?$/;
+
+/**
+ * LoRA adapters as `name[=id],...` (the id: the adapter's int id, as engines that send
+ * only `lora_id` name it); TOML may also give an array of `name[=id]` strings. Names and
+ * ids are each unique.
+ */
+export const loraAdapterList: ValueType<LoraAdapter[]> = {
+  description: 'a list of LoRA adapters such as "sql-lora=1,chat-lora"',
+  placeholder: "NAME[=ID],...",
+  fromToml(value) {
+    if (typeof value === "string") return parseLoraAdapters(value.split(","));
+    if (Array.isArray(value) && value.every((item) => typeof item === "string"))
+      return parseLoraAdapters(value as string[]);
+    throw new ValueProblem(
+      `must be a list of LoRA adapters such as "sql-lora=1,chat-lora", got ${tomlKind(value)}`,
+    );
+  },
+  fromText: (value) => parseLoraAdapters(value.split(",")),
+  toToml: (adapters) =>
+    JSON.stringify(
+      adapters.map(({ name, id }) => (id === null ? name : `${name}=${id}`)).join(","),
+    ),
+};
+
+function parseLoraAdapters(entries: readonly string[]): LoraAdapter[] {
+  const adapters: LoraAdapter[] = [];
+  const names = new Set<string>();
+  const ids = new Set<number>();
+  for (const raw of entries) {
+    const entry = raw.trim();
+    if (entry === "" && entries.length === 1) break; // "" = none
+    const match = LORA_ENTRY.exec(entry);
+    if (match === null || match[1]!.length > LORA_NAME_LENGTH_MAX)
+      throw new ValueProblem(`must list LoRA adapters as NAME[=ID], got ${shown(entry)}`);
+    const name = match[1]!;
+    const id = match[2] === undefined ? null : Number(match[2]);
+    if (id !== null && !(id <= LORA_ID_MAX))
+      throw new ValueProblem(`has a LoRA id above ${LORA_ID_MAX}: ${shown(entry)}`);
+    if (names.has(name)) throw new ValueProblem(`names LoRA adapter ${shown(name)} twice`);
+    if (id !== null && ids.has(id)) throw new ValueProblem(`gives LoRA id ${id} twice`);
+    names.add(name);
+    if (id !== null) ids.add(id);
+    adapters.push({ name, id });
+  }
+  if (adapters.length > LORA_ADAPTERS_MAX)
+    throw new ValueProblem(`lists more than ${LORA_ADAPTERS_MAX} LoRA adapters`);
+  return adapters;
 }

@@ -88,6 +88,35 @@ export function checkEndpoint(endpoint: string, bindable = false): string {
   );
 }
 
+/**
+ * Whether an endpoint names a wildcard address: `tcp://*:PORT` (kvedge binds every
+ * interface), `tcp://0.0.0.0:PORT`, `tcp://[::]:PORT` and their spellings. Refused
+ * unless `ingest.allow_wildcard_endpoints` is set: a worker added over the API must not
+ * open a port on every interface, whatever `server.host` says.
+ */
+export function isWildcardEndpoint(endpoint: string): boolean {
+  const match = /^tcp:\/\/(\[[^\]]*\]|[^:/]*):/i.exec(endpoint);
+  if (match === null) return false;
+  const host = match[1]!.replace(/^\[(.*)\]$/, "$1").toLowerCase();
+  return host === "*" || /^(?:[0:]+|(?:[0:]*:ffff:)?0+\.0+\.0+\.0+)$/.test(host);
+}
+
+/** Why an entry is refused while wildcard endpoints are not allowed (the field at fault), or null. */
+export function wildcardProblem(entry: WorkerEntry): { field: string; message: string } | null {
+  for (const [field, endpoint] of [
+    ["endpoint", entry.endpoint],
+    ["replay_endpoint", entry.replay_endpoint],
+  ] as const) {
+    if (endpoint !== null && isWildcardEndpoint(endpoint)) {
+      const message =
+        `${field} ${shown(endpoint)} names a wildcard address (every interface); ` +
+        "set ingest.allow_wildcard_endpoints to accept it";
+      return { field, message };
+    }
+  }
+  return null;
+}
+
 /** Checks an engine's HTTP base URL: http(s)://HOST:PORT with no path; returns it without a trailing slash. */
 export function checkHttpEndpoint(value: string): string {
   let url: URL;

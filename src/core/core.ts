@@ -7,14 +7,20 @@
  * Refusals are KvedgeErrors with codes; the server maps them to statuses.
  */
 import type { Config } from "../config";
-import type { WorkerEntry } from "../config/workers";
-import { blockSeed, ChainBuffer } from "../hash";
+import { type WorkerEntry, wildcardProblem } from "../config/workers";
+import { blockSeed, ChainBuffer, LoraAdapters } from "../hash";
 import type { KvIndex } from "../index";
 import { createIndex, MatchResult } from "../index";
 import { defaultIndexBudgetBytes, IndexBudget } from "../index/budget";
 import { WritePause } from "../index/write-pause";
 import type { KvEventWriter } from "../ingest/normalize";
-import { EngineSource, type SourcePosition, type SourceState } from "../ingest/source";
+import {
+  EngineSource,
+  type SourceConfig,
+  type SourceOptions,
+  type SourcePosition,
+  type SourceState,
+} from "../ingest/source";
 import { CandidateList, PromptHasher, type RouteDecision, Router } from "../route";
 import type { PromptHashes } from "../route/input";
 import { Admission } from "../route/admission";
@@ -24,7 +30,7 @@ import { ObservedHits, type ObservedHitsView } from "./observed-hits";
 import { RouteOverlaps } from "./overlaps";
 import type { Logger } from "../util/log";
 import type { ZmtpOptions } from "../wire/zmtp";
-import { budgetedWriter } from "../ingest/budgeted-writer";
+import { BUDGET_REFUSAL, budgetedWriter } from "../ingest/budgeted-writer";
 import { KvedgeError } from "../domain/errors";
 import { WorkerTable } from "../domain/worker-table";
 import { attach } from "../index/crtc/shared";
@@ -92,6 +98,8 @@ export interface WorkerView {
   readonly topic: string | null;
   readonly state: SourceState | "unmanaged";
   readonly degraded: boolean;
+  /** Why it is degraded, in words: lost events, a failed probe, the budget, its hits... */
+  readonly degradedReason: string | null;
   readonly blocks: number;
   readonly activeRequests: number;
   readonly activePrefillTokens: number;
@@ -99,6 +107,8 @@ export interface WorkerView {
   readonly routedTotal: number;
   readonly lastSeq: number;
   readonly lostBatches: number;
+  /** How long after the engine's timestamp its last batch was applied (ms), if it had one. */
+  readonly eventLagMs: number | null;
   /** The engine's OpenAI-compatible server (where the proxy forwards), if configured. */
   readonly httpEndpoint: string | null;
   readonly observed: ObservedHitsView;
@@ -165,6 +175,8 @@ export class KvedgeCore {
   private readonly candidates = new CandidateList();
   /** Route calls held at saturation (route.admission; src/route/admission.ts). */
   readonly admission: Admission<RouteCall>;
+  /** How LoRA ids name adapters (`index.lora_adapters`), for streams and queries alike. */
+  readonly lora: LoraAdapters;
   private heldTimer: ReturnType<typeof setTimeout> | null = null;
   /** Held calls, whose token bytes are counted in the process-wide buffer budget until answered. */
   private readonly heldCalls = new Set<RouteCall>();
@@ -178,6 +190,7 @@ export class KvedgeCore {
     const { config } = options;
     this.log = options.log;
     this.blockSize = config.index.block_size;
+    this.lora = new LoraAdapters(config.index.lora_adapters);
     this.index = this.createIndex(config, options.writer);
     this.overlaps = new RouteOverlaps(this.index, config.route.lower_tiers);
     this.budget = new IndexBudget(
@@ -209,14 +222,7 @@ export class KvedgeCore {
       },
       () => performance.now(),
     );
-    this.zmtp = {
-      maxMessageBytes: config.ingest.max_message_bytes,
-      heartbeatIntervalMs: config.ingest.heartbeat_interval_ms,
-      heartbeatTimeoutMs: config.ingest.heartbeat_timeout_ms,
-      frameTimeoutMs: config.ingest.frame_timeout_ms,
-      reconnectMinMs: config.ingest.reconnect_min_ms,
-      reconnectMaxMs: config.ingest.reconnect_max_ms,
-    };
+    this.zmtp = zmtpOptionsOf(config.ingest);
     this.observedHits = new ObservedHits({
       floor: config.proxy.observed_hit_floor,
       window: config.proxy.observed_window,
@@ -295,10 +301,18 @@ export class KvedgeCore {
     );
   }
 
+  /**
+   * Told how long each decision took (seconds), whoever asked for it (the API, a lane,
+   * the proxy, a held call released): the server's route latency histogram.
+   */
+  onDecision: ((seconds: number) => void) | null = null;
+
   /** Picks a worker now, whatever admission says; the decision's candidates are valid until the next call. */
   route(input: RouteInput, candidatesMax: number): RouteOutcome {
+    const started = this.onDecision === null ? 0 : performance.now();
     const { request, overlaps, blockCount } = this.routeRequest(input, candidatesMax);
     const decision = this.router.route(request, overlaps, this.candidates);
+    this.onDecision?.((performance.now() - started) / 1000);
     const totals = this.routeTotals;
     totals.decisions++;
     totals.promptTokens += input.tokens.length;
@@ -472,6 +486,14 @@ export class KvedgeCore {
   // ---- Workers ----
 
   /** Adds an engine and starts listening to it; `worker_exists` if (worker, dp rank) already has a source. */
+  /** A worker endpoint naming a wildcard address: 403 unless ingest.allow_wildcard_endpoints. */
+  private refuseWildcard(entry: WorkerEntry): void {
+    if (this.options.config.ingest.allow_wildcard_endpoints) return;
+    const problem = wildcardProblem(entry);
+    if (problem !== null)
+      throw new KvedgeError("forbidden", problem.message, { param: problem.field });
+  }
+
   async addWorker(entry: WorkerEntry): Promise<void> {
     if (this.stopped) throw new KvedgeError("shutting_down", "kvedge is shutting down");
     const table = this.workerTable;
@@ -482,6 +504,7 @@ export class KvedgeCore {
         `worker ${entry.worker_id} dp_rank ${entry.dp_rank} already exists`,
       );
     }
+    this.refuseWildcard(entry);
     const config = {
       workerId: entry.worker_id,
       dpRank: entry.dp_rank,
@@ -489,22 +512,9 @@ export class KvedgeCore {
       replayEndpoint: entry.replay_endpoint,
       topic: entry.topic,
     };
-    const source = new EngineSource(config, {
-      blockSize: this.blockSize,
-      writer: this.writer,
-      log: this.log.child({ component: "ingest" }),
-      zmtp: this.zmtp,
-      sequencer: {
-        replayTimeoutMs: this.options.config.ingest.replay_timeout_ms,
-        replayDeadlineMs: this.options.config.ingest.replay_deadline_ms,
-        replayBufferBytes: this.options.config.ingest.replay_buffer_bytes,
-      },
-      onChange: (changed) => this.sourceChanged(changed),
-      ...(this.options.writer === undefined ? {} : { input: this.options.writer.input(config) }),
-    });
+    const source = new EngineSource(config, this.sourceOptions(config));
     const saved = this.restoredPositions.get(positionKey(entry.worker_id, entry.dp_rank));
-    if (saved !== undefined)
-      source.sequencer.restore(saved.lastSeq, saved.fingerprint, saved.degraded);
+    if (saved !== undefined) source.restore(saved);
     const slot = this.router.load.addWorker(entry.worker_id, entry.dp_rank);
     this.sources.add(source);
     this.ownSource[slot] = source;
@@ -530,6 +540,25 @@ export class KvedgeCore {
         `cannot listen to ${entry.endpoint}: ${(error as Error).message}`,
       );
     }
+  }
+
+  private sourceOptions(config: SourceConfig): SourceOptions {
+    const ingest = this.options.config.ingest;
+    return {
+      blockSize: this.blockSize,
+      writer: this.writer,
+      log: this.log.child({ component: "ingest" }),
+      zmtp: this.zmtp,
+      lora: this.lora,
+      sequencer: {
+        replayTimeoutMs: ingest.replay_timeout_ms,
+        replayDeadlineMs: ingest.replay_deadline_ms,
+        replayBufferBytes: ingest.replay_buffer_bytes,
+        idleProbeMs: ingest.idle_probe_ms,
+      },
+      onChange: (changed) => this.sourceChanged(changed),
+      ...(this.options.writer === undefined ? {} : { input: this.options.writer.input(config) }),
+    };
   }
 
   /** Removes every dp rank of a worker: stops its sources, purges its blocks and load, frees its slots. */
@@ -589,6 +618,7 @@ export class KvedgeCore {
         topic: source?.config.topic ?? null,
         state: source?.state ?? "unmanaged",
         degraded: load.degraded,
+        degradedReason: load.degraded ? this.distrustReason(load.slot) : null,
         blocks: blocks.get(load.slot) ?? 0,
         activeRequests: load.activeRequests,
         activePrefillTokens: load.activePrefillTokens,
@@ -596,6 +626,7 @@ export class KvedgeCore {
         routedTotal: load.routedTotal,
         lastSeq: source?.sequencer.lastSeq ?? -1,
         lostBatches: source?.sequencer.counters.lost ?? 0,
+        eventLagMs: lagOf(source),
         httpEndpoint: this.httpEndpointOf(load.workerId, load.dpRank),
         observed: this.observedHits.view(load.workerId, load.dpRank),
         times: this.timesOf(load.slot),
@@ -648,6 +679,26 @@ export class KvedgeCore {
         this.workerTable.dpRankOf(slot),
       )
     );
+  }
+
+  /** Why `distrusted(slot)` holds, in words, the first cause found. */
+  private distrustReason(slot: number): string {
+    const source = this.sourceOf(slot);
+    if (source !== undefined && source.state !== "connected")
+      return `engine not connected (${source.state}): what it holds is unknown`;
+    const sequenced = source?.sequencer.degradedReason ?? null;
+    if (sequenced !== null) return sequenced;
+    if (this.incomplete.has(slot)) return BUDGET_REFUSAL;
+    const observed = this.observedHits.view(
+      this.workerTable.workerIdOf(slot),
+      this.workerTable.dpRankOf(slot),
+    );
+    if (observed.suspect) {
+      const ratio =
+        observed.recentRatio === null ? "" : ` (${Math.round(100 * observed.recentRatio)}%)`;
+      return `observed hits far below predicted${ratio}: the engine does not serve what its events say`;
+    }
+    return "degraded";
   }
 
   /** The source publishing a slot: its own, or the worker's source that reported that rank. */
@@ -743,4 +794,22 @@ function routerOptions(
     },
     ...(random === undefined ? {} : { random }),
   };
+}
+
+/** The ZMTP settings of every engine connection. */
+function zmtpOptionsOf(ingest: Config["ingest"]): ZmtpOptions {
+  return {
+    maxMessageBytes: ingest.max_message_bytes,
+    heartbeatIntervalMs: ingest.heartbeat_interval_ms,
+    heartbeatTimeoutMs: ingest.heartbeat_timeout_ms,
+    frameTimeoutMs: ingest.frame_timeout_ms,
+    reconnectMinMs: ingest.reconnect_min_ms,
+    reconnectMaxMs: ingest.reconnect_max_ms,
+  };
+}
+
+/** The lag of a source's last timestamped batch (ms), or null when none had a timestamp. */
+function lagOf(source: EngineSource | undefined): number | null {
+  const counters = source?.normalizer.counters;
+  return counters === undefined || counters.lagBatches === 0 ? null : counters.lagLastMs;
 }

@@ -14,6 +14,8 @@ import { u64 } from "../util/u64";
 import { native } from "../native/library";
 import { xxh3 } from "./xxh3";
 
+export * from "./lora";
+
 export const CHAIN_SEED = 1337n;
 
 /** A block-hash seed, kept both as a bigint and as the (hi, lo) words the hot path takes. */

@@ -8,6 +8,10 @@ import type { IndexBudget } from "../index/budget";
 import type { KvEventWriter } from "./normalize";
 import type { WorkerTable } from "../domain/worker-table";
 
+/** Why a worker whose stores the memory budget refused is degraded (the status page says it). */
+export const BUDGET_REFUSAL =
+  "index memory budget reached: stores refused until the engine clears its cache or restarts";
+
 export interface BudgetEvents {
   /** Stores of `blocks` blocks for `slot` were refused at the budget. */
   refused(slot: number, blocks: number): void;

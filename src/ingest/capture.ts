@@ -10,13 +10,18 @@
  *
  * An operation of a lower tier carries its `tier` (host_pinned, disk, external; a
  * removal of unknown or no medium, `any`), as `kvedge apply` reads it.
+ *
+ * A capture is the wire: only what the engine sent. kvedge's own continuity decisions
+ * (an engine restart proven, a rebuild from the replay ring, lost batches) clear its
+ * index in `serve`; here they are log lines on stderr and counts in the summary, not
+ * `cleared` operations (one for a dp rank the engine never published would be a lie).
  */
-import { hashTokens } from "../hash";
+import { hashTokens, LoraAdapters } from "../hash";
 import { WorkerTable } from "../domain/worker-table";
 import { TIER_ANY, TIER_DEVICE, TIER_NAMES } from "../index/types";
 import type { Logger } from "../util/log";
 import { u64String } from "../util/u64";
-import { type DecodedBatch, FLAG_EAGLE, FLAG_PARENT } from "../wire/kv-events";
+import { type DecodedBatch, FLAG_EAGLE, FLAG_LORA_ID, FLAG_PARENT } from "../wire/kv-events";
 import type { KvEventTap, KvEventWriter } from "./normalize";
 import { EngineSource } from "./source";
 
@@ -35,6 +40,10 @@ export interface CaptureOptions {
   readonly log: Logger;
   /** Called with every operation kvedge would index, in order. */
   readonly onOp: (op: CapturedOp) => void;
+  /** How LoRA ids name adapters (`index.lora_adapters`). */
+  readonly lora?: LoraAdapters;
+  /** `ingest.idle_probe_ms` (0 or absent: never). */
+  readonly idleProbeMs?: number;
 }
 
 export class Capture {
@@ -46,9 +55,14 @@ export class Capture {
     const worker = options.workerId.toString();
     const kinds = this.kinds;
     const tap: KvEventTap = {
-      stored(batch, event, count, rank, cacheSalt, tier) {
+      stored(batch, event, count, rank, cacheSalt, lora, tier) {
         kinds.stored++;
-        options.onOp(withTier(storedOp(batch, event, count, worker, rank, cacheSalt), tier));
+        const op = storedOp(batch, event, count, worker, rank, cacheSalt, lora);
+        options.onOp(withTier(op, tier));
+      },
+      cleared(_batch, _event, rank) {
+        kinds.cleared++;
+        options.onOp({ op: "cleared", worker_id: worker, dp_rank: rank });
       },
       removed(batch, event, count, rank, tier) {
         kinds.removed++;
@@ -57,19 +71,14 @@ export class Capture {
         options.onOp(withTier(op, tier));
       },
     };
-    // The index is not needed: the tap sees stores and removals; clears (from the wire
-    // or an engine restart) come through here.
-    const workerTable = new WorkerTable();
+    // The index is not needed: the tap sees what the wire said.
     const writer: KvEventWriter = {
-      workerTable,
+      workerTable: new WorkerTable(),
       storeAt: () => {},
       removeAt: () => {},
       storeTierAt: () => {},
       removeTierAt: () => {},
-      clearAt: (slot) => {
-        kinds.cleared++;
-        options.onOp({ op: "cleared", worker_id: worker, dp_rank: workerTable.dpRankOf(slot) });
-      },
+      clearAt: () => {},
     };
     this.source = new EngineSource(
       {
@@ -79,7 +88,14 @@ export class Capture {
         replayEndpoint: options.replayEndpoint,
         topic: options.topic,
       },
-      { blockSize: options.blockSize, writer, tap, log: options.log },
+      {
+        blockSize: options.blockSize,
+        writer,
+        tap,
+        log: options.log,
+        ...(options.lora === undefined ? {} : { lora: options.lora }),
+        sequencer: { idleProbeMs: options.idleProbeMs ?? 0 },
+      },
     );
   }
 
@@ -117,8 +133,10 @@ export class Capture {
       `${seq.duplicates} duplicate, ${norm.batchesDropped} malformed); ${written} events ` +
       `written (${kinds.stored} stored, ${kinds.removed} removed, ${kinds.cleared} cleared); ` +
       `gaps ${seq.gaps}, replays ${seq.replaysRequested} (${seq.replaysFailed} failed), ` +
-      `lost batches ${seq.lost}, engine restarts ${seq.restarts}\n` +
+      `lost batches ${seq.lost}, engine restarts ${seq.restarts}, ` +
+      `rebuilt from the replay ring ${seq.rebuilds}\n` +
       `kvedge capture: decode errors: ${nonzero(norm.decodeErrors)}; ` +
+      `events skipped: ${nonzero(norm.skippedEvents)}; ` +
       `not indexed: ${nonzero(norm.rejectedBlocks)} blocks; other tiers: ${tiers} blocks\n`
     );
   }
@@ -146,6 +164,7 @@ function storedOp(
   worker: string,
   dpRank: number,
   cacheSalt: string | null,
+  lora: string | null,
 ): CapturedOp {
   const flags = batch.flags[event]!;
   const blockSize = batch.blockSize[event]!;
@@ -162,22 +181,24 @@ function storedOp(
     parent_block_hash: parent,
     block_hashes: hashList(batch, event, count),
   };
-  const lora = batch.string(batch.loraName[event]!);
-  if (eagle) {
-    // `kvedge apply` hashes plain windows; Eagle windows overlap by a token, so the
-    // tokens go in an informational field (apply ignores it) and apply is handed the
-    // local hashes kvedge computed.
-    op.eagle_token_ids = tokens;
+  // An adapter named only by an id kvedge has no name for: apply cannot hash by it.
+  const byId = lora !== null && LoraAdapters.isIdKey(lora);
+  if (eagle || byId) {
+    // `kvedge apply` hashes plain windows by name; Eagle windows overlap by a token, and
+    // an id-keyed adapter has no name: the tokens go in an informational field (apply
+    // ignores it) and apply is handed the local hashes kvedge computed.
+    op[eagle ? "eagle_token_ids" : "informational_token_ids"] = tokens;
     op.local_hashes = hashTokens(tokens, blockSize, {
       loraName: lora,
       cacheSalt,
-      eagle: true,
+      eagle,
     }).local.map(String);
   } else {
     op.token_ids = tokens;
   }
   op.block_size = blockSize;
-  op.lora_name = lora;
+  op.lora_name = byId ? null : lora;
+  if ((flags & FLAG_LORA_ID) !== 0) op.lora_id = batch.loraId[event]!;
   op.cache_salt = cacheSalt;
   return op;
 }

@@ -58,6 +58,14 @@ export class NamespaceTable {
     this.table.set(rank, hi, lo, this.acquire(namespace));
   }
 
+  /** An unsalted store of a block: one recorded under a namespace becomes AMBIGUOUS. */
+  markUnsalted(rank: number, hi: number, lo: number): void {
+    const known = this.table.get(rank, hi, lo);
+    if (known <= AMBIGUOUS_ID) return;
+    this.release(known);
+    this.table.set(rank, hi, lo, AMBIGUOUS_ID);
+  }
+
   /** Forgets a removed block, unless it is ambiguous (then it stays until its rank is cleared). */
   forget(rank: number, hi: number, lo: number): void {
     if (this.table.size === 0) return;

@@ -3,6 +3,11 @@
  * stream (one worker, usually one dp rank) into index operations with kvedge's own
  * local block hashes.
  *
+ * An event the decoder could not read (EVENT_SKIPPED) is counted by its error and
+ * logged once per kind; the rest of its batch is applied. It may have been a store, a
+ * removal or a clear, so the batch is `incomplete` (the stream calls the worker
+ * degraded) unless a clear applied after it made the state known again.
+ *
  * Per event, in the reference's order:
  * 1. ownership: an event that names an owner (`"kvcr"` or any other) is filtered;
  *    (Ignored events never get here: the decoder skips and counts unknown tags);
@@ -18,24 +23,28 @@
  *    only main attention (full, MLA, sink-full); an unlearned group only if 0;
  * 5. cache namespace, per tier: a store without a salt inherits its parent's (its
  *    tier's record, else the device's, else another tier's; ambiguous parent ->
- *    filtered), a store with one records it for its blocks in its tier; removes forget
- *    in their tier (every tier: `any`), clears in every tier (NamespaceTable);
+ *    filtered), a store with one records it for its blocks in its tier, an unsalted
+ *    store of blocks recorded salted in its tier makes them ambiguous (as Dynamo
+ *    does); removes forget in their tier (every tier: `any`), clears in every tier
+ *    (NamespaceTable);
  * 6. conversion of a store: a hash repeated within the event (parent included) ->
  *    rejected whole (`self_reference`); block_size != the index block size -> rejected
  *    whole (`block_size_mismatch`; Dynamo stops at the first mismatching block, but
  *    every block of an event has the event's one block_size, so that is the whole
- *    event); blocks from the first one carrying multimodal identifiers on ->
- *    rejected (`multimodal_unsupported`: kvedge's hashing does not mix MM hashes in
- *    yet, and indexing wrong hashes would be worse than a miss); blocks whose
- *    tokens run past `token_ids` -> rejected (`tokens_short`). The blocks kept are a
- *    prefix of the event's chain and get local hashes from src/hash (LoRA name and
- *    salt in the seed, Eagle windows).
+ *    event); blocks from the first one whose engine hash mixes in content kvedge does
+ *    not hash (multimodal ids, prompt-embedding digests, unknown extra keys) on ->
+ *    rejected (`multimodal_unsupported`: indexing wrong hashes would be worse than a
+ *    miss); blocks whose tokens run past `token_ids` -> rejected (`tokens_short`).
+ *    The blocks kept are a prefix of the event's chain and get local hashes from
+ *    src/hash (the LoRA identity and the salt in the seed, Eagle windows). The LoRA
+ *    identity is the event's `lora_name`, else its `lora_id` (named through the
+ *    configured adapters, else keyed by the id: src/hash/lora.ts).
  *
  * A batch is normalized whole into scratch arrays before the writer sees any of it.
  *
  * See docs/decisions.md#dual-keys.
  */
-import { blockCount, blockSeed, hashBlocksAt } from "../hash";
+import { blockCount, blockSeed, hashBlocksAt, type LoraAdapters, NO_LORA_ADAPTERS } from "../hash";
 import { native } from "../native/library";
 import { OnceLog, silentLogger, type Logger } from "../util/log";
 import {
@@ -45,9 +54,11 @@ import {
   decodeKvBatch,
   EVENT_CLEARED,
   EVENT_REMOVED,
+  EVENT_SKIPPED,
   EVENT_STORED,
   FLAG_EAGLE,
   FLAG_GROUP,
+  FLAG_LORA_ID,
   FLAG_PARENT,
   NO_STRING,
   type DecodeErrorKind,
@@ -103,10 +114,11 @@ export interface KvEventWriter {
 }
 
 /**
- * Sees every stored and removed operation the normalizer hands to the writer, with the
- * decoded event it came from (`kvedge capture` writes them out). `count` is the number
- * of leading blocks of event `event` that were applied; `cacheSalt` the effective salt
- * (the event's own, or inherited from its parent). Valid during the call only.
+ * Sees every operation the normalizer hands to the writer, with the decoded event it
+ * came from (`kvedge capture` writes them out). `count` is the number of leading blocks
+ * of event `event` that were applied; `cacheSalt` the effective salt (the event's own,
+ * or inherited from its parent); `lora` the LoRA identity the blocks were hashed under
+ * (src/hash/lora.ts). Valid during the call only.
  */
 export interface KvEventTap {
   stored(
@@ -115,10 +127,13 @@ export interface KvEventTap {
     count: number,
     dpRank: number,
     cacheSalt: string | null,
+    lora: string | null,
     tier: number,
   ): void;
   /** `tier`: a TIERS index, or TIER_ANY (every tier: a removal of unknown or no medium). */
   removed(batch: DecodedBatch, event: number, count: number, dpRank: number, tier: number): void;
+  /** An AllBlocksCleared from the wire (not a clear kvedge decided on itself). */
+  cleared(batch: DecodedBatch, event: number, dpRank: number): void;
 }
 
 export const TIERS = ["device", "host_pinned", "disk", "external"] as const;
@@ -148,6 +163,8 @@ export class NormalizeCounters {
   batches = 0;
   batchesDropped = 0;
   decodeErrors = zeros<DecodeErrorKind>(DECODE_ERROR_KINDS.slice(1) as DecodeErrorKind[]);
+  /** Events the decoder could not read (the rest of their batch applied), by error. */
+  skippedEvents = zeros<DecodeErrorKind>(DECODE_ERROR_KINDS.slice(1) as DecodeErrorKind[]);
   events = { stored: 0, removed: 0, cleared: 0 };
   unknownTags = 0;
   unknownFields = 0;
@@ -159,7 +176,18 @@ export class NormalizeCounters {
   appliedStoredBlocks = 0;
   appliedRemovedBlocks = 0;
   appliedClears = 0;
+  /**
+   * The event lag: batches that carried the engine's timestamp (`ts`), and the sum and
+   * last of how long after it each was applied (ms; an engine clock ahead of ours
+   * counts as 0). A replayed batch counts as late as it is.
+   */
+  lagBatches = 0;
+  lagSumMs = 0;
+  lagLastMs = 0;
 }
+
+/** A timestamp further than this from now is not a clock reading (0, garbage): no lag. */
+const LAG_PLAUSIBLE_MS = 86_400_000;
 
 export interface NormalizerOptions {
   readonly workerId: bigint;
@@ -174,6 +202,8 @@ export interface NormalizerOptions {
   /** Decode scratch for `ingest`; one per thread is enough (shared by default). */
   readonly decoded?: DecodedBatch;
   readonly tap?: KvEventTap;
+  /** How LoRA ids name adapters (none configured by default). */
+  readonly lora?: LoraAdapters;
 }
 
 const MAIN_ATTENTION = new Set(["full_attention", "mla_attention", "sink_full_attention"]);
@@ -212,6 +242,7 @@ export class KvEventNormalizer {
   private readonly blockSize: number;
   private readonly writer: KvEventWriter;
   private readonly tap: KvEventTap | null;
+  private readonly lora: LoraAdapters;
   private readonly onceLog: OnceLog;
   private readonly decoded: DecodedBatch;
   /** Per tier (the lower ones made at their first salted block). */
@@ -228,9 +259,12 @@ export class KvEventNormalizer {
   private opCount = new Uint32Array(64);
   /** The tier of each op: a TIERS index, or TIER_ANY (a removal of unknown medium). */
   private opTier = new Uint8Array(64);
-  /** The effective cache salt of each stored op (for the tap). */
+  /** The effective cache salt and LoRA identity of each stored op (for the tap). */
   private readonly opSalt: (string | null)[] = [];
+  private readonly opLora: (string | null)[] = [];
   private ops = 0;
+  /** The last batch skipped an event that no clear after it made irrelevant. */
+  private incompleteNow = false;
   private local = new Uint32Array(2048);
   /** The hashes of one store so far (repeatsHash), emptied per store, sized per batch. */
   private readonly seen = new StampedPairSet();
@@ -242,6 +276,7 @@ export class KvEventNormalizer {
     this.blockSize = options.blockSize;
     this.writer = options.writer;
     this.tap = options.tap ?? null;
+    this.lora = options.lora ?? NO_LORA_ADAPTERS;
     this.onceLog = new OnceLog(
       (options.log ?? silentLogger).child({ component: "kv-normalize", worker: options.workerId }),
     );
@@ -257,6 +292,15 @@ export class KvEventNormalizer {
 
   get namespaceBytes(): number {
     return this.namespaces.reduce((sum, table) => sum + (table?.bytes ?? 0), 0);
+  }
+
+  /**
+   * Whether the batch last normalized skipped an event that could have changed what
+   * the worker holds (any event the decoder could not read), with no clear after it:
+   * the worker's state is no longer known exactly.
+   */
+  get incomplete(): boolean {
+    return this.incompleteNow;
   }
 
   /** Decodes one payload and applies it. Returns false if the batch was dropped (counted, logged once per kind). */
@@ -275,8 +319,18 @@ export class KvEventNormalizer {
       });
       return false;
     }
+    this.noteLag(this.decoded.ts);
     this.normalize(this.decoded);
     return true;
+  }
+
+  private noteLag(ts: number): void {
+    const lag = Date.now() - ts * 1000;
+    if (!(Math.abs(lag) < LAG_PLAUSIBLE_MS)) return;
+    const counters = this.counters;
+    counters.lagBatches++;
+    counters.lagLastMs = Math.max(0, lag);
+    counters.lagSumMs += counters.lagLastMs;
   }
 
   /** Normalizes a decoded batch whole, then hands it to the writer. */
@@ -287,6 +341,7 @@ export class KvEventNormalizer {
     counters.unknownFields += batch.unknownFields;
     const dpRank = batch.hasDpRank ? batch.dpRank : this.dpRank;
     this.ops = 0;
+    this.incompleteNow = false;
     if (this.local.length < 2 * batch.hashCount)
       this.local = new Uint32Array(grownSize(this.local.length, 2 * batch.hashCount));
     this.seen.size(longestEvent(batch) + 1);
@@ -303,6 +358,7 @@ export class KvEventNormalizer {
   private event(batch: DecodedBatch, e: number, dpRank: number): void {
     const kind = batch.kind[e]!;
     const blocks = batch.hashLength[e]!;
+    if (kind === EVENT_SKIPPED) return this.skipped(batch, e);
     if (kind === EVENT_STORED) this.counters.events.stored++;
     else if (kind === EVENT_REMOVED) this.counters.events.removed++;
     else this.counters.events.cleared++;
@@ -328,13 +384,24 @@ export class KvEventNormalizer {
       if (namespace === AMBIGUOUS) return this.reject("namespace_ambiguous", blocks);
     } else if (kind === EVENT_REMOVED) this.forgetNamespaces(batch, e, dpRank, tier);
     else for (const table of this.namespaces) table?.forgetRank(dpRank);
-    if (kind === EVENT_STORED) {
-      const usable = this.convertStored(batch, e, namespace);
-      this.opSalt[this.ops] = namespace;
-      if (usable > 0) this.pushOp(OP_STORED, e, usable, tier);
-    } else if (kind === EVENT_REMOVED) {
+    if (kind === EVENT_STORED) this.convertStored(batch, e, namespace, tier);
+    else if (kind === EVENT_REMOVED) {
       if (blocks > 0) this.pushOp(OP_REMOVED, e, blocks, tier);
-    } else this.pushOp(OP_CLEARED, e, 0, DEVICE);
+    } else {
+      this.pushOp(OP_CLEARED, e, 0, DEVICE);
+      this.incompleteNow = false; // what was skipped before it no longer matters
+    }
+  }
+
+  private skipped(batch: DecodedBatch, e: number): void {
+    const error = DECODE_ERROR_KINDS[batch.skipError[e]!] as DecodeErrorKind;
+    this.counters.skippedEvents[error]++;
+    this.incompleteNow = true;
+    this.onceLog.report(`skipped:${error}`, "skipped a KV event that does not decode", {
+      error,
+      event: ["unreadable", "stored", "removed", "cleared"][batch.skipKind[e]!] ?? "unreadable",
+      offset: batch.skipAt[e]!,
+    });
   }
 
   /**
@@ -375,12 +442,6 @@ export class KvEventNormalizer {
     this.counters.rejectedBlocks[reason] += blocks;
   }
 
-  /** reject(), and 0 blocks to apply. */
-  private rejected(reason: RejectReason, blocks: number): number {
-    this.reject(reason, blocks);
-    return 0;
-  }
-
   private tierOf(medium: string | null): number {
     if (medium === null || medium === "") return DEVICE;
     let tier = this.tierOfMedium.get(medium);
@@ -415,7 +476,9 @@ export class KvEventNormalizer {
   /**
    * The store's namespace (own salt, else the parent's: its tier's record, else the
    * device's, else another tier's, as the index resolves the parent), recorded for its
-   * blocks in its tier; AMBIGUOUS filters it.
+   * blocks in its tier; AMBIGUOUS filters it. An unsalted store of blocks recorded in its
+   * tier under a salt makes them ambiguous (one hash, two namespaces: which one a child
+   * continues is unknown).
    */
   private propagateNamespace(
     batch: DecodedBatch,
@@ -429,12 +492,17 @@ export class KvEventNormalizer {
       namespace = this.parentNamespace(dpRank, tier, batch.parentHi[e]!, batch.parentLo[e]!);
       if (namespace === AMBIGUOUS) return AMBIGUOUS;
     }
+    const start = batch.hashStart[e]!;
+    const end = start + batch.hashLength[e]!;
+    const hashes = batch.hashes;
     if (namespace !== null) {
       const table = (this.namespaces[tier] ??= new NamespaceTable(this.namespaceEntriesMax));
-      const start = batch.hashStart[e]!;
-      for (let i = start; i < start + batch.hashLength[e]!; i++) {
-        table.record(dpRank, batch.hashes[2 * i]!, batch.hashes[2 * i + 1]!, namespace);
-      }
+      for (let i = start; i < end; i++)
+        table.record(dpRank, hashes[2 * i]!, hashes[2 * i + 1]!, namespace);
+    } else if ((this.namespaces[tier]?.size ?? 0) > 0) {
+      const table = this.namespaces[tier]!;
+      for (let i = start; i < end; i++)
+        table.markUnsalted(dpRank, hashes[2 * i]!, hashes[2 * i + 1]!);
     }
     return namespace;
   }
@@ -451,10 +519,15 @@ export class KvEventNormalizer {
   }
 
   /** Local hashes for a store's usable blocks; returns how many (0: none to apply). */
-  private convertStored(batch: DecodedBatch, e: number, namespace: string | null): number {
+  private convertStored(
+    batch: DecodedBatch,
+    e: number,
+    namespace: string | null,
+    tier: number,
+  ): void {
     const blocks = batch.hashLength[e]!;
-    if (blocks === 0) return 0;
-    if (this.repeatsHash(batch, e)) return this.rejected("self_reference", blocks);
+    if (blocks === 0) return;
+    if (this.repeatsHash(batch, e)) return this.reject("self_reference", blocks);
     const blockSize = batch.blockSize[e]!;
     if (blockSize !== this.blockSize) {
       this.onceLog.report(
@@ -465,9 +538,35 @@ export class KvEventNormalizer {
           index_block_size: this.blockSize,
         },
       );
-      return this.rejected("block_size_mismatch", blocks);
+      return this.reject("block_size_mismatch", blocks);
     }
+    const eagle = (batch.flags[e]! & FLAG_EAGLE) !== 0;
+    const usable = this.usableBlocks(batch, e, blocks, eagle);
+    if (usable === 0) return;
+    const tokenStart = batch.tokenStart[e]!;
+    const tokenEnd = tokenStart + usable * blockSize + (eagle ? 1 : 0);
+    const lora = this.loraOf(batch, e);
+    const start = batch.hashStart[e]!;
+    const written = hashBlocksAt(
+      batch.tokens,
+      tokenStart,
+      tokenEnd - tokenStart,
+      blockSize,
+      blockSeed(lora, namespace),
+      this.local,
+      start,
+      eagle,
+    );
+    if (written !== usable) throw new Error(`hashed ${written} blocks, expected ${usable}`);
+    this.opSalt[this.ops] = namespace;
+    this.opLora[this.ops] = lora;
+    this.pushOp(OP_STORED, e, usable, tier);
+  }
+
+  /** Of a store's blocks, those it can hash: cut at multimodal content and where tokens run short (counted). */
+  private usableBlocks(batch: DecodedBatch, e: number, blocks: number, eagle: boolean): number {
     let usable = blocks;
+    const blockSize = this.blockSize;
     const mmBlock = batch.mmBlock[e]!;
     if (mmBlock >= 0 && mmBlock < usable) {
       this.onceLog.report(
@@ -480,7 +579,6 @@ export class KvEventNormalizer {
       this.reject("multimodal_unsupported", usable - mmBlock);
       usable = mmBlock;
     }
-    const eagle = (batch.flags[e]! & FLAG_EAGLE) !== 0;
     const available = blockCount(batch.tokenLength[e]!, blockSize, eagle);
     if (available < usable) {
       this.onceLog.report("tokens_short", "rejected KV blocks whose token ids run short", {
@@ -491,23 +589,13 @@ export class KvEventNormalizer {
       this.reject("tokens_short", usable - available);
       usable = available;
     }
-    if (usable === 0) return 0;
-    const tokenStart = batch.tokenStart[e]!;
-    const tokenEnd = tokenStart + usable * blockSize + (eagle ? 1 : 0);
-    const seed = blockSeed(batch.string(batch.loraName[e]!), namespace);
-    const start = batch.hashStart[e]!;
-    const written = hashBlocksAt(
-      batch.tokens,
-      tokenStart,
-      tokenEnd - tokenStart,
-      blockSize,
-      seed,
-      this.local,
-      start,
-      eagle,
-    );
-    if (written !== usable) throw new Error(`hashed ${written} blocks, expected ${usable}`);
     return usable;
+  }
+
+  /** The LoRA identity of a store: its name, else its id (src/hash/lora.ts). */
+  private loraOf(batch: DecodedBatch, e: number): string | null {
+    const id = (batch.flags[e]! & FLAG_LORA_ID) !== 0 ? batch.loraId[e]! : null;
+    return this.lora.identity(batch.string(batch.loraName[e]!), id);
   }
 
   /** Whether a hash repeats within the store, the parent included (Dynamo turns these into no-ops). */
@@ -588,7 +676,7 @@ export class KvEventNormalizer {
               batch.hashStart[e]!,
             );
           else this.storeTier(batch, e, tier, slot, count);
-          this.tap?.stored(batch, e, count, dpRank, this.opSalt[op]!, tier);
+          this.tap?.stored(batch, e, count, dpRank, this.opSalt[op]!, this.opLora[op]!, tier);
           counters.appliedStoredBlocks += count;
           break;
         case OP_REMOVED:
@@ -601,6 +689,7 @@ export class KvEventNormalizer {
           break;
         default:
           writer.clearAt(slot);
+          this.tap?.cleared(batch, e, dpRank);
           counters.appliedClears++;
       }
     }

@@ -22,6 +22,9 @@
  *   live, seq > last + 1       gap: replay from last + 1 (hold live meanwhile), else loss
  *   live, seq > last + jumpMax a stray sequence number: skipped and counted, unless
  *                              the next batch confirms the new position
+ *   quiet for idleProbeMs      idle probe: ask the ring from `last`; if it holds `last`
+ *                              with our fingerprint, apply what follows (a tail the
+ *                              engine's PUB dropped); if not, degraded
  *
  * Replays have an idle timeout, an overall deadline and a byte cap on what they hold;
  * any of them ending a replay counts as a failure (degraded, losses counted).
@@ -34,8 +37,9 @@
 /** What the sequencer asks of the source that owns it. */
 export interface SequencerHooks {
   /**
-   * Decodes and applies one batch whole. Returns false if it was malformed and
-   * dropped (its events are then lost: the source becomes degraded).
+   * Decodes and applies one batch. Returns false if it could not be walked at all and
+   * was dropped (its events are then lost: the source becomes degraded); a batch
+   * applied without an event it could not read is the caller's to report (`incomplete`).
    */
   apply(seq: number, payload: Uint8Array, replayed: boolean): boolean;
   /** Forget everything this source published (the engine restarted, or a rebuild begins). */
@@ -72,6 +76,12 @@ export interface SequencerOptions {
   readonly replayBufferBytes: number;
   /** A forward jump larger than this is a stray sequence number until the next batch confirms it. */
   readonly seqJumpMax: number;
+  /**
+   * A stream quiet this long asks the replay ring for what follows its last batch (a lost
+   * tail shows now, not at the engine's next publish); again every as long while quiet.
+   * 0 = never.
+   */
+  readonly idleProbeMs: number;
   readonly now?: () => number;
   readonly setTimer?: (callback: () => void, ms: number) => unknown;
   readonly clearTimer?: (timer: unknown) => void;
@@ -83,6 +93,7 @@ export const SEQUENCER_DEFAULTS: SequencerOptions = {
   replayCooldownMs: 30_000,
   replayBufferBytes: 64 * 1024 * 1024,
   seqJumpMax: 1 << 20,
+  idleProbeMs: 0,
 };
 
 /** Counters for the metrics layer. Batches, not events. */
@@ -93,6 +104,8 @@ export class SequencerCounters {
   gaps = 0;
   lost = 0;
   malformed = 0;
+  /** Batches applied without some of their events (they could not be read): degraded. */
+  incomplete = 0;
   /** Engine restarts detected (a new stream proven: sequence backwards, fingerprint mismatch, empty ring). */
   restarts = 0;
   /** Workers rebuilt from a replay ring that starts at 0. */
@@ -101,6 +114,10 @@ export class SequencerCounters {
   continued = 0;
   /** Connection probes asked for (replay from 0 at connect). */
   probes = 0;
+  /** Idle probes asked for (the stream was quiet: replay from its last batch). */
+  idleProbes = 0;
+  /** Batches idle probes applied: a tail the live stream had lost. */
+  idleProbeBatches = 0;
   replaysRequested = 0;
   replaysCompleted = 0;
   replaysFailed = 0;
@@ -162,9 +179,11 @@ function grownTo(capacity: number, needed: number): number {
   return capacity;
 }
 
-type Mode = "idle" | "gap" | "probe";
+type Mode = "idle" | "gap" | "probe" | "tail";
 /** How a probe's replies are used once the first one arrives. */
 type ProbePlan = "undecided" | "verify" | "apply";
+/** An idle probe: check its first reply is our `last`, then apply what follows. */
+type TailPlan = "verify" | "apply";
 
 interface Held {
   readonly seq: number;
@@ -179,8 +198,12 @@ export class Sequencer {
   private lastPrint = NONE;
   private readonly lastBatch = new LastBatch();
   private degraded = false;
+  /** What made the worker degraded (while `degraded`): the status page and /v1/workers say it. */
+  private degradedBy = "";
   /** After a connect without a probe: trust is unknown until a batch 0 or a clear. */
   private awaitingFirst = false;
+  /** A saved position (warm restart) no connection has checked yet: not exact. */
+  private unconfirmed = false;
   private mode: Mode = "idle";
   /** Live batches held while a replay runs, in arrival order. */
   private buffer: Held[] = [];
@@ -189,6 +212,12 @@ export class Sequencer {
   private heldBytes = 0;
   private probePlan: ProbePlan = "undecided";
   private probeFirst = NONE;
+  private tailPlan: TailPlan = "verify";
+  /** When a live batch last arrived or a replay last ended (the quiet period starts then). */
+  private lastActivity = 0;
+  private quietTimer: unknown = null;
+  /** Idle probes are on: a replay endpoint and idleProbeMs > 0. */
+  private readonly probesIdle: boolean;
   /** Applying the buffer after a replay: a gap left now is a loss, not a reason to ask again. */
   private draining = false;
   private idleTimer: unknown = null;
@@ -213,6 +242,7 @@ export class Sequencer {
       clearTimer: (timer) => clearTimeout(timer as ReturnType<typeof setTimeout>),
       ...options,
     } as Required<SequencerOptions>;
+    this.probesIdle = this.options.idleProbeMs > 0 && hooks.requestReplay !== undefined;
   }
 
   get lastSeq(): number {
@@ -227,19 +257,33 @@ export class Sequencer {
 
   /** Lost events, or the engine's state not established yet (connect probe running, or no replay). */
   get isDegraded(): boolean {
-    return this.degraded || this.awaitingFirst || this.mode === "probe";
+    return this.degraded || this.awaitingFirst || this.unconfirmed || this.mode === "probe";
+  }
+
+  /** Why the worker is degraded, in words (null when it is not). */
+  get degradedReason(): string | null {
+    if (this.degraded) return this.degradedBy;
+    if (this.mode === "probe") return "connect probe running: the engine's state is not known yet";
+    if (this.awaitingFirst)
+      return "connected without a replay endpoint: state unknown until batch 0 or a clear";
+    return null;
   }
 
   get isReplaying(): boolean {
     return this.mode !== "idle";
   }
 
-  /** Starts from a saved position (warm restart): the next connect verifies it against the engine. */
+  /**
+   * Starts from a saved position (warm restart): unconfirmed, so not exact, until a
+   * connection's continuity check (the probe, or batch 0 / a clear without replay) says.
+   */
   restore(last: number, lastPrint: number, degraded: boolean): void {
+    this.unconfirmed = true;
     this.last = last;
     // PENDING is this object's state, not a fingerprint: like any non-fingerprint, it matches nothing.
     this.lastPrint = lastPrint === PENDING ? NONE : lastPrint;
     this.degraded = degraded;
+    this.degradedBy = "degraded when the snapshot was saved";
   }
 
   /**
@@ -249,6 +293,7 @@ export class Sequencer {
   connected(): void {
     this.abandonReplay();
     this.strayNext = NONE;
+    this.unconfirmed = false; // from here the probe, or the connect rules, decide
     if (this.hooks.requestReplay === undefined) {
       this.awaitingFirst = true;
       this.hooks.event?.("degraded", {
@@ -268,6 +313,10 @@ export class Sequencer {
    * return, or copied if it has to wait for a replay.
    */
   live(seq: number, payload: Uint8Array): void {
+    if (this.probesIdle) {
+      this.lastActivity = this.options.now();
+      if (this.quietTimer === null) this.armQuiet();
+    }
     if (this.mode !== "idle") {
       this.hold(this.buffer, seq, payload);
       return;
@@ -284,6 +333,7 @@ export class Sequencer {
     if (this.mode === "idle") return;
     this.armIdleTimer();
     if (this.mode === "probe") this.probeBatch(seq, payload);
+    else if (this.mode === "tail") this.tailBatch(seq, payload);
     else this.accept(seq, payload, true);
   }
 
@@ -300,6 +350,7 @@ export class Sequencer {
   replayEnd(): void {
     if (this.mode === "idle") return;
     if (this.mode === "probe") this.probeEnd();
+    if (this.mode === "tail") this.tailEnd();
     this.counters.replaysCompleted++;
     this.finishReplay(false);
     this.hooks.event?.("replay_done", { last: this.last });
@@ -318,6 +369,15 @@ export class Sequencer {
     this.finishReplay(probe);
   }
 
+  /**
+   * An applied batch skipped events that could not be read (a store, removal or clear,
+   * for all kvedge knows): the worker is degraded until its state is known again.
+   */
+  incomplete(): void {
+    this.counters.incomplete++;
+    this.markDegraded("an event could not be read (skipped; the rest of its batch applied)");
+  }
+
   /** The worker's state is known exactly again (an AllBlocksCleared was applied). */
   markExact(): void {
     const was = this.isDegraded;
@@ -329,6 +389,8 @@ export class Sequencer {
   /** Stops timers; held batches are dropped. */
   close(): void {
     this.clearTimers();
+    if (this.quietTimer !== null) this.options.clearTimer(this.quietTimer);
+    this.quietTimer = null;
     this.mode = "idle";
     this.dropHeld();
   }
@@ -385,7 +447,7 @@ export class Sequencer {
         ? "a batch over ingest.max_message_bytes was skipped"
         : replayed
           ? "replay started after the gap"
-          : "no replay";
+          : "a gap, and no replay endpoint";
       this.lose(seq - expected, reason);
     }
     this.applyBatch(seq, payload, replayed);
@@ -403,6 +465,7 @@ export class Sequencer {
     }
     if (replayed) this.counters.replayed++;
     else this.counters.applied++;
+    if (this.mode === "tail") this.counters.idleProbeBatches++;
   }
 
   // ---- Replays ----
@@ -499,6 +562,60 @@ export class Sequencer {
     if (payload !== null) this.accept(seq, payload, true);
   }
 
+  // ---- Idle probe ----
+
+  /** Arms the quiet timer for the rest of the current quiet period (nothing without replay). */
+  private armQuiet(wait = this.lastActivity + this.options.idleProbeMs - this.options.now()): void {
+    if (!this.probesIdle) return;
+    if (this.quietTimer !== null) this.options.clearTimer(this.quietTimer);
+    this.quietTimer = this.options.setTimer(
+      () => {
+        this.quietTimer = null;
+        this.quiet();
+      },
+      Math.max(0, wait),
+    );
+  }
+
+  /**
+   * The quiet timer fired: if nothing arrived for idleProbeMs, ask the ring from `last`.
+   * Not while a replay runs (its end re-arms), nor while trust is unknown after a connect
+   * (batch 0 or a clear decides that), nor in a failed replay's cooldown.
+   */
+  private quiet(): void {
+    const now = this.options.now();
+    if (now - this.lastActivity < this.options.idleProbeMs) return this.armQuiet();
+    if (this.mode !== "idle" || this.awaitingFirst) return;
+    if (now < this.cooldownUntil) return this.armQuiet(this.cooldownUntil - now);
+    this.lastActivity = now;
+    this.counters.idleProbes++;
+    this.tailPlan = this.last === NONE ? "apply" : "verify";
+    this.startReplay("tail", this.last === NONE ? 0 : this.last);
+  }
+
+  /**
+   * An idle probe's reply. The first must be batch `last` with the fingerprint of the
+   * batch applied as `last` (the same stream, not a restarted engine this connection has
+   * not noticed yet); then what follows is applied in order, gaps counted lost.
+   */
+  private tailBatch(seq: number, payload: Uint8Array): void {
+    if (this.tailPlan === "apply") return this.accept(seq, payload, true);
+    if (seq === this.last && fingerprint(payload) === this.lastFingerprint) {
+      this.tailPlan = "apply";
+      return;
+    }
+    this.markDegraded("idle probe: the replay ring does not continue the batches applied");
+    this.hooks.cancelReplay?.();
+    this.counters.replaysCompleted++;
+    this.finishReplay(false);
+  }
+
+  /** An idle probe's end marker before its first reply: the ring lacks our `last`. */
+  private tailEnd(): void {
+    if (this.tailPlan === "verify")
+      this.markDegraded("idle probe: the replay ring lacks the last applied batch");
+  }
+
   private hold(into: Held[], seq: number, payload: Uint8Array): void {
     if (this.heldBytes + payload.length > this.options.replayBufferBytes) {
       if (into === this.buffer) {
@@ -536,6 +653,8 @@ export class Sequencer {
   private finishReplay(unknown: boolean): void {
     this.clearTimers();
     this.mode = "idle";
+    this.lastActivity = this.options.now();
+    this.armQuiet();
     this.dropHeld(this.probeHeld);
     const held = this.takeHeld(this.buffer);
     this.awaitingFirst = unknown;
@@ -590,12 +709,13 @@ export class Sequencer {
     this.oversizePending = false;
     this.counters.lost += batches;
     this.hooks.event?.("loss", { batches, reason });
-    this.markDegraded(reason);
+    this.markDegraded(`${batches} ${batches === 1 ? "batch" : "batches"} lost: ${reason}`);
   }
 
   private markDegraded(reason: string): void {
     if (this.degraded) return;
     this.degraded = true;
+    this.degradedBy = reason;
     this.hooks.event?.("degraded", { reason });
   }
 

@@ -10,6 +10,7 @@
  * connects (the engine binds, vLLM's default). Malformed messages are counted and
  * logged once per kind; they never stop the stream.
  */
+import type { LoraAdapters } from "../hash";
 import type { Logger } from "../util/log";
 import { OnceLog } from "../util/log";
 import {
@@ -26,6 +27,7 @@ import {
   type ReplayTransport,
   type StreamCounters,
   type StreamInput,
+  type StreamPosition,
 } from "./stream";
 
 export interface SourceConfig {
@@ -46,6 +48,8 @@ export interface SourceOptions {
   readonly writer: KvEventWriter;
   /** Sees each applied operation with its decoded event (capture). */
   readonly tap?: KvEventTap;
+  /** How LoRA ids name adapters (`index.lora_adapters`). */
+  readonly lora?: LoraAdapters;
   readonly log: Logger;
   readonly zmtp?: ZmtpOptions;
   readonly sequencer?: Partial<SequencerOptions>;
@@ -63,9 +67,9 @@ export interface SequencerView {
   readonly lastSeq: number;
   readonly lastFingerprint: number;
   readonly isDegraded: boolean;
+  /** Why it is degraded, in words (null when it is not). */
+  readonly degradedReason: string | null;
   readonly counters: SequencerCounters;
-  /** A saved position (warm restart), before the first connect. */
-  restore(last: number, lastPrint: number, degraded: boolean): void;
 }
 
 export interface StreamView {
@@ -74,6 +78,11 @@ export interface StreamView {
   readonly counters: StreamCounters;
   /** Dp ranks seen from this publisher (the configured one first). */
   readonly ranks: number[];
+  /**
+   * Starts from a saved position (warm restart), before the first connect: the
+   * sequencer's, and the dp ranks the stream had published (an engine restart clears them).
+   */
+  restore(position: StreamPosition): void;
 }
 
 /**
@@ -81,13 +90,9 @@ export interface StreamView {
  * disconnected: it was, and we are reconnecting; stopped: closed for good.
  */
 /** Where a stream stood: what a snapshot keeps of it and a restarted source resumes from. */
-export interface SourcePosition {
+export interface SourcePosition extends StreamPosition {
   readonly workerId: bigint;
   readonly dpRank: number;
-  readonly lastSeq: number;
-  /** Fingerprint of batch lastSeq (the sequencer's continuity proof), -1 if unknown. */
-  readonly fingerprint: number;
-  readonly degraded: boolean;
 }
 
 export type SourceState = "connecting" | "connected" | "disconnected" | "stopped";
@@ -138,6 +143,8 @@ export class EngineSource {
   private stateNow: SourceState = "connecting";
   private readonly sub: SubSocket;
   private dealer: DealerSocket | null = null;
+  /** The replay on `dealer` ended with its end marker: no late reply can follow, so it is reused. */
+  private dealerDone = false;
   private readonly log: Logger;
   private readonly problems: OnceLog;
 
@@ -160,6 +167,7 @@ export class EngineSource {
         writer: options.writer,
         log: this.log,
         ...(options.tap === undefined ? {} : { tap: options.tap }),
+        ...(options.lora === undefined ? {} : { lora: options.lora }),
         ...(options.sequencer === undefined ? {} : { sequencer: options.sequencer }),
         onChange: changed,
       });
@@ -194,6 +202,11 @@ export class EngineSource {
   /** Counters of the SUB socket (and of the replay DEALER, when one is open). */
   get socketCounters(): { sub: SubSocket["counters"]; dealer: DealerSocket["counters"] | null } {
     return { sub: this.sub.counters, dealer: this.dealer?.counters ?? null };
+  }
+
+  /** Starts from a saved position (warm restart), before `start`. */
+  restore(position: SourcePosition): void {
+    this.stream.restore(position);
   }
 
   /** Subscribes and connects (or binds); resolves with the endpoint actually used. */
@@ -257,8 +270,17 @@ export class EngineSource {
     this.options.onChange?.(this);
   }
 
-  /** Each replay gets its own DEALER connection, so replies of an earlier one cannot be mistaken. */
+  /**
+   * A replay on a DEALER connection of its own, so replies of an abandoned one cannot be
+   * mistaken; one whose last replay ended with its end marker is reused (idle probes ask
+   * every `ingest.idle_probe_ms`: no new connection each time).
+   */
   private requestReplay(start: number): void {
+    if (this.dealer !== null && this.dealerDone) {
+      this.dealerDone = false;
+      this.dealer.send([EMPTY, seqFrame(start)]);
+      return;
+    }
     this.dropDealer();
     const dealer = new DealerSocket({ ...this.options.zmtp, logger: this.log });
     this.dealer = dealer;
@@ -284,14 +306,17 @@ export class EngineSource {
       this.stream.replayFailed("malformed reply");
       return;
     }
-    if (seq === END_OF_REPLAY) this.stream.replayEnd();
-    else this.stream.replayBatch(seq, frames.frame(seqAt + 1));
+    if (seq === END_OF_REPLAY) {
+      this.dealerDone = true;
+      this.stream.replayEnd();
+    } else this.stream.replayBatch(seq, frames.frame(seqAt + 1));
   }
 
   /** Closes the replay connection so late replies of an abandoned replay cannot be mistaken. */
   private dropDealer(): void {
     const dealer = this.dealer;
     this.dealer = null;
+    this.dealerDone = false;
     void dealer?.close();
   }
 }

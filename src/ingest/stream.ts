@@ -5,6 +5,7 @@
  * the event ring on the writer thread (src/runtime/writer.ts); it asks for replays
  * through `ReplayTransport`.
  */
+import type { LoraAdapters } from "../hash";
 import type { Logger } from "../util/log";
 import { OnceLog } from "../util/log";
 import { type KvEventTap, type KvEventWriter, KvEventNormalizer } from "./normalize";
@@ -25,6 +26,16 @@ export interface StreamInput {
   close(): void;
 }
 
+/** Where a stream stood (a snapshot keeps it; a restarted stream resumes from it). */
+export interface StreamPosition {
+  readonly lastSeq: number;
+  /** Fingerprint of batch lastSeq (the sequencer's continuity proof), -1 if unknown. */
+  readonly fingerprint: number;
+  readonly degraded: boolean;
+  /** The dp ranks the stream had published for (the configured one first). */
+  readonly ranks: readonly number[];
+}
+
 /** How a stream reaches its engine's replay endpoint (the socket half owns the DEALER). */
 export interface ReplayTransport {
   /** Absent when the engine has no replay endpoint. */
@@ -41,6 +52,8 @@ export interface StreamOptions {
   readonly blockSize: number;
   readonly writer: KvEventWriter;
   readonly tap?: KvEventTap;
+  /** How LoRA ids name adapters (`index.lora_adapters`). */
+  readonly lora?: LoraAdapters;
   readonly log: Logger;
   readonly sequencer?: Partial<SequencerOptions>;
   /** Called when trust or dp ranks change (degraded, exact, a new rank, a replay's start / end). */
@@ -83,6 +96,7 @@ export class EngineStream implements StreamInput {
       writer: options.writer,
       log: this.log,
       ...(options.tap === undefined ? {} : { tap: options.tap }),
+      ...(options.lora === undefined ? {} : { lora: options.lora }),
     });
     this.sequencer = new Sequencer(
       {
@@ -103,6 +117,13 @@ export class EngineStream implements StreamInput {
 
   live(seq: number, payload: Uint8Array): void {
     this.sequencer.live(seq, payload);
+  }
+
+  restore(position: StreamPosition): void {
+    this.sequencer.restore(position.lastSeq, position.fingerprint, position.degraded);
+    const rankSlots = this.normalizer.rankSlots;
+    for (const rank of position.ranks) rankSlots.slotOf(rank);
+    this.options.onChange?.();
   }
 
   connected(): void {
@@ -131,7 +152,8 @@ export class EngineStream implements StreamInput {
 
   /**
    * One sequenced batch to the index. After it: an AllBlocksCleared in it made the state
-   * exact again; a dp rank first seen in it is announced (its slot is already taken).
+   * exact again, unless an event it could not read came after that (degraded); a dp
+   * rank first seen in it is announced (its slot is already taken).
    * An exception (an allocation that failed, a bug) may leave the batch half applied:
    * it is caught, counted, and reported as a lost batch, so the worker is degraded and
    * the process goes on serving.
@@ -151,6 +173,8 @@ export class EngineStream implements StreamInput {
       applied = false;
     }
     if (applied && normalizer.counters.appliedClears !== clears) this.sequencer.markExact();
+    // After the clear: an event skipped behind the batch's last clear still counts.
+    if (applied && normalizer.incomplete) this.sequencer.incomplete();
     if (normalizer.rankSlots.ranks.size !== ranks) this.options.onChange?.();
     return applied;
   }

@@ -132,6 +132,8 @@ const libcSymbols = {
   sched_getaffinity: { args: [FFIType.i32, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
   /** (address, length, advice) -> 0 or -1 (src/index/crtc/shared-memory.ts returns pages). */
   madvise: { args: [FFIType.ptr, FFIType.u64, FFIType.i32], returns: FFIType.i32 },
+  /** (fd, operation) -> 0 or -1 (src/state/dir.ts locks the state directory). */
+  flock: { args: [FFIType.i32, FFIType.i32], returns: FFIType.i32 },
 } as const;
 
 type Symbols<T extends Parameters<typeof dlopen>[1]> = ReturnType<typeof dlopen<T>>["symbols"];

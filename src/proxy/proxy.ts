@@ -84,13 +84,22 @@ export class OpenAiProxy {
 
   constructor(private readonly options: ProxyOptions) {}
 
-  /** GET /v1/models: the one model this proxy serves. */
+  /**
+   * GET /v1/models: the model this proxy serves, and its LoRA adapters
+   * (`index.lora_adapters`), each with the base model as `parent`, as vLLM lists them.
+   */
   models(request: Request): Response {
+    const { model, core } = this.options;
+    const entry = (id: string, parent: string | null) => ({
+      id,
+      object: "model",
+      created: this.created,
+      owned_by: "kvedge",
+      ...(parent === null ? {} : { parent }),
+    });
     return reply(request, 200, {
       object: "list",
-      data: [
-        { id: this.options.model, object: "model", created: this.created, owned_by: "kvedge" },
-      ],
+      data: [entry(model, null), ...core.lora.adapters.map(({ name }) => entry(name, model))],
     });
   }
 
@@ -181,6 +190,19 @@ export class OpenAiProxy {
     });
   }
 
+  /**
+   * The LoRA adapter a request's model names (null: the served model itself); a model
+   * that is neither the served one nor a configured adapter is refused.
+   */
+  private loraOf(model: unknown): string | null {
+    if (model === undefined || model === this.options.model) return null;
+    if (typeof model === "string" && this.options.core.lora.has(model)) return model;
+    throw new KvedgeError(
+      "unknown_model",
+      `The model \`${String(model)}\` does not exist (this proxy serves ${this.options.model}).`,
+    );
+  }
+
   private async parse(request: Request, path: OpenAiPath): Promise<Parsed> {
     const received = await receiveBody(request, this.options.bodyLimitBytes);
     if (!("json" in received))
@@ -194,12 +216,7 @@ export class OpenAiProxy {
     } catch (error) {
       throw new KvedgeError("bad_request", `malformed JSON body: ${(error as Error).message}`);
     }
-    if (body.model !== undefined && body.model !== this.options.model) {
-      throw new KvedgeError(
-        "unknown_model",
-        `The model \`${String(body.model)}\` does not exist (this proxy serves ${this.options.model}).`,
-      );
-    }
+    const lora = this.loraOf(body.model);
     const stream = isStream(body);
     const maxTokens = maxTokensOf(body);
     const salt = body.cache_salt;
@@ -226,6 +243,7 @@ export class OpenAiProxy {
       stream,
       stripUsage,
       maxTokens,
+      loraName: lora,
       cacheSalt: typeof salt === "string" ? salt : null,
       forwarded,
     };
@@ -310,7 +328,7 @@ function routeInput(parsed: Parsed): RouteInput {
   return {
     tokens: parsed.tokens,
     requestId: null,
-    loraName: null,
+    loraName: parsed.loraName,
     cacheSalt: parsed.cacheSalt,
     expectedOutputTokens: parsed.maxTokens,
     overlapScoreCredit: null,
@@ -325,6 +343,8 @@ interface Parsed {
   /** Usage was added to the forwarded request and must not reach the client. */
   readonly stripUsage: boolean;
   readonly maxTokens: number;
+  /** The LoRA adapter the request's model names (null: the base model). */
+  readonly loraName: string | null;
   readonly cacheSalt: string | null;
   /** The body sent to the engine: the client's, or a rewrite of it. */
   readonly forwarded: string;

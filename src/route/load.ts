@@ -48,6 +48,7 @@ import {
 } from "./requests";
 import { WorkerTable } from "../domain/worker-table";
 import { assert, VERIFY } from "../util/verify";
+import { UnguessableIds } from "../util/random";
 
 export { FINISHED_REMEMBERED_MAX, INITIAL_RECORDS };
 
@@ -159,8 +160,7 @@ export class LoadTracker {
   private readonly finished = new FinishedRing();
   private readonly now: () => number;
   private readonly idHash: (id: string) => IdHash;
-  private readonly idPrefix = `r${crypto.getRandomValues(new Uint32Array(1))[0]!.toString(36)}`;
-  private idCounter = 0;
+  private readonly ids = new UnguessableIds();
 
   constructor(options: LoadTrackerOptions) {
     if (!Number.isInteger(options.blockSize) || options.blockSize < 1)
@@ -315,10 +315,10 @@ export class LoadTracker {
     return this.records.find(requestId, hashKey(this.idHash(requestId))) !== NO_RECORD;
   }
 
-  /** A fresh request id, unique among active requests (a per-process prefix + counter). */
+  /** A fresh request id, unique among active requests and unguessable (128 random bits). */
   newRequestId(): string {
     for (let attempts = 0; attempts < 16; attempts++) {
-      const id = `${this.idPrefix}-${++this.idCounter}`;
+      const id = this.ids.next("r-");
       if (!this.isActive(id)) return id;
     }
     throw new Error("could not generate a free request id");

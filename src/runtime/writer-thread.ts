@@ -13,7 +13,12 @@
 import { NormalizeCounters } from "../ingest/normalize";
 import { SequencerCounters } from "../ingest/sequencer";
 import type { SequencerView, SourceConfig, StreamView } from "../ingest/source";
-import { type ReplayTransport, StreamCounters, type StreamInput } from "../ingest/stream";
+import {
+  type ReplayTransport,
+  StreamCounters,
+  type StreamInput,
+  type StreamPosition,
+} from "../ingest/stream";
 import type { IndexOp } from "../index/ops";
 import { createRingBuffers, RecordKind, RING_MAX_STREAMS, RingProducer } from "./ring";
 import { type KvedgeThread, startThread } from "./threads";
@@ -39,6 +44,7 @@ export class RingStream implements StreamInput, StreamView {
   private lastSeq = -1;
   private lastFingerprint = -1;
   private degraded = false;
+  private degradedReason: string | null = null;
 
   constructor(
     private readonly owner: WriterThread,
@@ -60,15 +66,25 @@ export class RingStream implements StreamInput, StreamView {
       get isDegraded() {
         return self.degraded;
       },
-      counters,
-      restore: (last, print, degraded) => {
-        owner.control(id, { op: "restore", last, print, degraded });
+      get degradedReason() {
+        return self.degradedReason;
       },
+      counters,
     };
   }
 
   live(seq: number, payload: Uint8Array): void {
     this.owner.write(RecordKind.LIVE, this.id, 0, seq, payload);
+  }
+
+  restore(position: StreamPosition): void {
+    this.owner.control(this.id, {
+      op: "restore",
+      last: position.lastSeq,
+      print: position.fingerprint,
+      degraded: position.degraded,
+      ranks: [...position.ranks],
+    });
   }
 
   /** Never dropped: a missed reconnect would pass a restarted engine's batches as duplicates. */
@@ -102,6 +118,7 @@ export class RingStream implements StreamInput, StreamView {
     this.lastSeq = status.lastSeq;
     this.lastFingerprint = status.lastFingerprint;
     this.degraded = status.degraded;
+    this.degradedReason = status.degradedReason;
     this.ranks = status.ranks;
     Object.assign(this.sequencer.counters, status.sequencer);
     Object.assign(this.normalizer.counters, status.normalizer);

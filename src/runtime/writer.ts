@@ -8,7 +8,8 @@
  * way, tagged with a generation so that replies of an abandoned replay, still in the
  * ring, are recognized and dropped. ./writer-thread.ts is the other end.
  */
-import { budgetedWriter } from "../ingest/budgeted-writer";
+import { type LoraAdapter, LoraAdapters } from "../hash";
+import { BUDGET_REFUSAL, budgetedWriter } from "../ingest/budgeted-writer";
 import { WorkerTable } from "../domain/worker-table";
 import { createIndex, type KvIndex } from "../index";
 import { IndexBudget } from "../index/budget";
@@ -34,9 +35,15 @@ export interface WriterStart {
   readonly sequencer: Partial<
     Pick<
       SequencerOptions,
-      "replayTimeoutMs" | "replayDeadlineMs" | "replayBufferBytes" | "replayCooldownMs"
+      | "replayTimeoutMs"
+      | "replayDeadlineMs"
+      | "replayBufferBytes"
+      | "replayCooldownMs"
+      | "idleProbeMs"
     >
   >;
+  /** `index.lora_adapters` (how LoRA ids name adapters). */
+  readonly loraAdapters?: readonly LoraAdapter[];
   readonly logLevel: Config["server"]["log_level"];
   /**
    * Readers on other threads (route lookups) at most: the index is then the crtc in
@@ -60,6 +67,7 @@ export type WriterControl =
       readonly last: number;
       readonly print: number;
       readonly degraded: boolean;
+      readonly ranks: number[];
     }
   | { readonly op: "dump" }
   /** Every dp rank of the worker goes from the index, and its slots from the writer's table. */
@@ -73,6 +81,8 @@ export interface StreamStatus {
   readonly lastFingerprint: number;
   /** Lost or unknown events, or stores refused at the memory budget. */
   readonly degraded: boolean;
+  /** Why, in words (null when not degraded). */
+  readonly degradedReason: string | null;
   readonly ranks: number[];
   readonly sequencer: SequencerCounters;
   readonly normalizer: NormalizeCounters;
@@ -114,6 +124,7 @@ export class IndexWriter {
   private readonly touched = new Set<number>();
   private readonly consumer: RingConsumer;
   private readonly log: Logger;
+  private readonly lora: LoraAdapters;
   private publishing = false;
   /** The index changed without a stream's record (a worker removed). */
   private indexChanged = false;
@@ -126,6 +137,7 @@ export class IndexWriter {
     private readonly send: (message: WriterToMain) => void,
   ) {
     this.log = createLogger({ level: start.logLevel }).child({ component: "writer" });
+    this.lora = new LoraAdapters(start.loraAdapters ?? []);
     this.shared =
       start.sharedReaders > 0
         ? createSharedIndex(start.blockSize, {
@@ -209,7 +221,12 @@ export class IndexWriter {
       case "remove":
         return this.remove(id);
       case "restore":
-        this.streams[id]?.engine.sequencer.restore(control.last, control.print, control.degraded);
+        this.streams[id]?.engine.restore({
+          lastSeq: control.last,
+          fingerprint: control.print,
+          degraded: control.degraded,
+          ranks: control.ranks,
+        });
         this.touched.add(id);
         return;
       case "dump":
@@ -262,6 +279,7 @@ export class IndexWriter {
       {
         blockSize: this.start.blockSize,
         writer,
+        lora: this.lora,
         log: this.log.child({ worker_id: identity.workerId, dp_rank: identity.dpRank }),
         sequencer: this.start.sequencer,
         onChange: () => this.changed(id),
@@ -326,6 +344,8 @@ function statusOf(id: number, stream: Stream): StreamStatus {
     lastSeq: sequencer.lastSeq,
     lastFingerprint: sequencer.lastFingerprint,
     degraded: sequencer.isDegraded || stream.incomplete.size > 0,
+    degradedReason:
+      sequencer.degradedReason ?? (stream.incomplete.size > 0 ? BUDGET_REFUSAL : null),
     ranks: stream.engine.ranks,
     sequencer: sequencer.counters,
     normalizer: normalizer.counters,

@@ -19,6 +19,7 @@ import {
   u64Field,
 } from "../http/http";
 import type { KvedgeCore, MatchScore, RouteCall, RouteInput, RouteOutcome } from "../core/core";
+import type { LoraAdapters } from "../hash";
 import { encodeMsgpack, type MsgpackWriter } from "../wire/msgpack";
 
 /** Most candidates a route response lists. */
@@ -46,7 +47,7 @@ const scoreJson = (score: MatchScore) => {
   return { ...json, host_pinned: hostBlocks, disk: diskBlocks, external: externalBlocks };
 };
 
-/** POST /v1/match: `{"token_ids":[…], "lora_name"?, "cache_salt"?}` or `{"local_hashes":["…"]}`. */
+/** POST /v1/match: `{"token_ids":[…], "lora_name"? or "lora_id"?, "cache_salt"?}` or `{"local_hashes":["…"]}`. */
 export function matchOp(core: KvedgeCore, raw: unknown) {
   const body = asObject(raw);
   let local: Uint32Array;
@@ -68,7 +69,7 @@ export function matchOp(core: KvedgeCore, raw: unknown) {
   } else {
     const prompt = core.hash(
       tokenIds(body),
-      optionalString(body, "lora_name"),
+      loraOf(body, core.lora),
       optionalString(body, "cache_salt"),
     );
     local = prompt.local;
@@ -85,15 +86,28 @@ export interface ParsedRoute {
   readonly candidatesMax: number;
 }
 
+const LORA_ID_MAX = 0xffff_ffff;
+
+/**
+ * The LoRA adapter a request names, as blocks are keyed (src/hash/lora.ts): its
+ * `lora_name`, else its `lora_id` (through the configured adapters); null = base model.
+ */
+export function loraOf(body: Record<string, unknown>, lora: LoraAdapters): string | null {
+  return lora.identity(
+    optionalString(body, "lora_name"),
+    optionalInt(body, "lora_id", 0, LORA_ID_MAX),
+  );
+}
+
 /** Parses a route request (400 on bad fields). */
-export function parseRoute(raw: unknown): ParsedRoute {
+export function parseRoute(raw: unknown, lora: LoraAdapters): ParsedRoute {
   const body = asObject(raw);
   const requestId = optionalString(body, "request_id", REQUEST_ID_LENGTH_MAX);
   if (requestId === "") throw new KvedgeError("bad_request", "request_id must not be empty");
   const input = {
     tokens: tokenIds(body),
     requestId,
-    loraName: optionalString(body, "lora_name"),
+    loraName: loraOf(body, lora),
     cacheSalt: optionalString(body, "cache_salt"),
     expectedOutputTokens: optionalInt(body, "expected_output_tokens", 0, OUTPUT_TOKENS_MAX),
     overlapScoreCredit: optionalNumber(body, "overlap_score_credit", 0, 1e6),
@@ -106,7 +120,7 @@ export function parseRoute(raw: unknown): ParsedRoute {
 
 /** Parses a route request, picks a worker now and records the request as its load. */
 export function decideRoute(core: KvedgeCore, raw: unknown): RouteOutcome {
-  const { input, candidatesMax } = parseRoute(raw);
+  const { input, candidatesMax } = parseRoute(raw, core.lora);
   return core.route(input, candidatesMax);
 }
 
@@ -122,7 +136,7 @@ export function submitRoute(
   answer: (outcome: RouteOutcome) => void,
   fail: (error: unknown) => void,
 ): { handle: number; call: RouteCall } {
-  const { input, candidatesMax } = parseRoute(raw);
+  const { input, candidatesMax } = parseRoute(raw, core.lora);
   const kept = core.admission.enabled ? { ...input, tokens: input.tokens.slice() } : input;
   const call: RouteCall = { input: kept, candidatesMax, answer, fail };
   return { handle: core.submitRoute(call), call };
@@ -198,6 +212,7 @@ export function workersOp(core: KvedgeCore) {
       topic: view.topic,
       state: view.state,
       degraded: view.degraded,
+      degraded_reason: view.degradedReason,
       blocks: view.blocks,
       active_requests: view.activeRequests,
       active_prefill_tokens: view.activePrefillTokens,
@@ -205,6 +220,7 @@ export function workersOp(core: KvedgeCore) {
       routed_total: view.routedTotal,
       last_seq: view.lastSeq,
       lost_batches: view.lostBatches,
+      event_lag_ms: view.eventLagMs,
       http_endpoint: view.httpEndpoint,
       observed_hits: {
         answers: view.observed.answers,

@@ -20,7 +20,14 @@ import {
 } from "./api";
 import type { RouteOutcome } from "../core/core";
 import { DumpWriter } from "./dump-stream";
-import { RequestGuard } from "./guard";
+import { RequestGuard, requestPath } from "./guard";
+import {
+  CONTROL_PATHS,
+  controlRefusal,
+  isControlPath,
+  PROXY_PORT_PATHS,
+  type Surface,
+} from "./surface";
 import { clientError, INTERNAL_ERROR } from "../http/errors";
 import {
   errorReply,
@@ -36,6 +43,7 @@ import { ServerMetrics } from "./metrics";
 import type { MetricsRegistry } from "../util/metrics";
 import type { KvedgeCore } from "../core/core";
 import { statusOp, statusPage } from "./status";
+import { StatusHistory } from "./status-history";
 import { TurnBatch } from "./turn";
 import { CHAT_PATH, COMPLETIONS_PATH, type OpenAiPath } from "../proxy/openai";
 import type { OpenAiProxy } from "../proxy/proxy";
@@ -44,6 +52,11 @@ import { newWsData, type WsData, websocketHandlers } from "./ws";
 export interface AppOptions {
   readonly host: string;
   readonly port: number;
+  /**
+   * `serve --proxy`: the control listener. `host:port` then serves only what OpenAI
+   * clients need and refuses the control plane (./surface.ts); this one serves all.
+   */
+  readonly control?: { readonly host: string; readonly port: number } | null;
   readonly bodyLimitBytes: number;
   readonly adminToken: string | null;
   readonly core: KvedgeCore;
@@ -51,9 +64,15 @@ export interface AppOptions {
   readonly log: Logger;
   /** `serve --proxy`: the OpenAI-compatible endpoints. */
   readonly proxy?: OpenAiProxy | null;
+  /** A dump whose client reads nothing for this long is cut (default DUMP_STALL_MS). */
+  readonly dumpStallMs?: number;
 }
 
-type Handler = (request: Request, params: Record<string, string>) => Promise<Response> | Response;
+type Handler = (
+  request: Request,
+  params: Record<string, string>,
+  server: Server<WsData>,
+) => Promise<Response> | Response;
 
 /**
  * A hot endpoint run in the turn batch (./turn.ts), once its body (if it reads one) has
@@ -73,82 +92,136 @@ interface Batched {
 type RouteTable = Record<string, Partial<Record<string, Handler | Batched>>>;
 
 export interface App {
+  /** The first listener: the proxy's port with a control listener, else the only one. */
   readonly server: Server<WsData>;
   readonly url: string;
+  /** Where the control plane is served: the control listener, else `url`. */
+  readonly controlUrl: string;
   /** The request metrics (route lanes report theirs here too). */
   readonly metrics: ServerMetrics;
   /** Stops accepting, lets in-flight requests finish (up to `graceMs`), closes the rest. */
   stop(graceMs: number): Promise<void>;
 }
 
-/** What the handlers share: the core, the guards, metrics and the turn batch. */
+/** What the handlers share: the core, metrics, the dump writer and the turn batch. */
 interface AppContext {
   readonly core: KvedgeCore;
   readonly log: Logger;
   readonly metrics: ServerMetrics;
   readonly registry: MetricsRegistry;
   readonly limit: number;
-  readonly guard: RequestGuard;
   readonly dumps: DumpWriter;
   // HTTP match, route and lifecycle calls run in turn batches (./turn.ts says why);
   // WebSocket frames drain the batch, then run inline.
   readonly batch: TurnBatch;
   /** Throws 401 unless the request carries the admin token (when one is set). */
   readonly requireAdmin: (request: Request) => void;
+  /** The status page's history (sampled while the app runs) and the proxy's counters. */
+  readonly history: StatusHistory;
+  readonly proxyCounters: object | null;
+}
+
+/** One Bun.serve: where it listens, what it serves, its guard (which depends on its host). */
+interface Listener {
+  readonly host: string;
+  readonly port: number;
+  readonly surface: Surface;
+  readonly guard: RequestGuard;
 }
 
 export function startApp(options: AppOptions): App {
   const context = appContext(options);
+  options.core.onDecision = (seconds) => context.metrics.observeRouteDecision(seconds);
   const table: RouteTable = { ...apiRoutes(context), ...opsRoutes(context) };
-  let server: Server<WsData> | null = null;
-  if (options.proxy) addProxyRoutes(table, options.proxy, () => server!);
-  const routes = bunRoutes(context, table);
+  if (options.proxy) addProxyRoutes(table, options.proxy);
+  for (const template of Object.keys(table)) {
+    if (!PROXY_PORT_PATHS.has(template) && !CONTROL_PATHS.includes(template))
+      throw new Error(`${template} is on neither surface (src/server/surface.ts)`);
+  }
+  const control = options.control ?? null;
+  const listener = (host: string, port: number, surface: Surface): Listener => ({
+    host,
+    port,
+    surface,
+    guard: new RequestGuard(host),
+  });
+  const first = serveOne(
+    context,
+    table,
+    listener(options.host, options.port, control === null ? "all" : "proxy"),
+  );
+  let second: Server<WsData> | null = null;
+  try {
+    if (control !== null)
+      second = serveOne(context, table, listener(control.host, control.port, "all"));
+  } catch (error) {
+    void first.stop(true);
+    throw error;
+  }
+  const servers = second === null ? [first] : [first, second];
+  context.history.start();
+  const url = `http://${hostForUrl(options.host)}:${first.port}`;
+  return {
+    server: first,
+    metrics: context.metrics,
+    url,
+    controlUrl: second === null ? url : `http://${hostForUrl(control!.host)}:${second.port}`,
+    async stop(graceMs) {
+      context.history.stop();
+      const closing = Promise.all(servers.map((server) => server.stop(false)));
+      const deadline = new Promise<void>((resolve) => setTimeout(resolve, graceMs).unref());
+      await Promise.race([closing, deadline]);
+      await Promise.all(servers.map((server) => server.stop(true)));
+    },
+  };
+}
+
+function serveOne(context: AppContext, table: RouteTable, listener: Listener): Server<WsData> {
+  const served: RouteTable = {};
+  for (const [template, methods] of Object.entries(table)) {
+    if (listener.surface === "all" || PROXY_PORT_PATHS.has(template)) served[template] = methods;
+  }
+  const routes = bunRoutes(context, served, listener.guard);
   const matchers = Object.keys(table).map((template) => ({
     template,
     pattern: new RegExp(`^${template.replace(/:[a-z]+/g, "[^/]+")}$`),
   }));
   const { log } = context;
-  const started = Bun.serve<WsData>({
-    hostname: options.host,
-    port: options.port,
+  return Bun.serve<WsData>({
+    hostname: listener.host,
+    port: listener.port,
     // Bun defaults to development mode unless NODE_ENV=production (even in a compiled
     // binary): error pages with stack traces. Never for a server in front of a fleet.
     development: false, // see docs/decisions.md#bun-serve-production
     // Bun's own limit is a backstop; readBody enforces ours with a JSON 413.
     maxRequestBodySize: context.limit + 1024 * 1024,
     routes: routes as never,
-    fetch: (request, bun) => unrouted(context, table, matchers, request, bun),
+    fetch: (request, bun) => unrouted(context, listener, served, matchers, request, bun),
     websocket: websocketHandlers(context.core, log, context.metrics, context.batch),
     error(error) {
       log.error("unhandled server error", { error: error.message });
       return errorReply(null, INTERNAL_ERROR);
     },
   });
-  server = started;
-  return {
-    server: started,
-    metrics: context.metrics,
-    url: `http://${hostForUrl(options.host)}:${started.port}`,
-    async stop(graceMs) {
-      const closing = started.stop(false);
-      const deadline = new Promise<void>((resolve) => setTimeout(resolve, graceMs).unref());
-      await Promise.race([closing, deadline]);
-      await started.stop(true);
-    },
-  };
 }
 
 function appContext(options: AppOptions): AppContext {
   const adminToken = options.adminToken === null ? null : Buffer.from(options.adminToken);
+  const metrics = new ServerMetrics(options.registry);
   return {
     core: options.core,
     log: options.log,
-    metrics: new ServerMetrics(options.registry),
+    metrics,
     registry: options.registry,
     limit: options.bodyLimitBytes,
-    guard: new RequestGuard(options.host),
-    dumps: new DumpWriter(),
+    dumps: new DumpWriter(options.dumpStallMs),
     batch: new TurnBatch(options.log),
+    history: new StatusHistory({
+      core: options.core,
+      proxyCounters: options.proxy?.counters ?? null,
+      decisions: () => metrics.routeDecisions,
+    }),
+    proxyCounters: options.proxy?.counters ?? null,
     requireAdmin: (request) => {
       if (adminToken === null) return;
       const header = request.headers.get("authorization") ?? "";
@@ -165,7 +238,7 @@ function appContext(options: AppOptions): AppContext {
 
 /** The API: match, route, lifecycle, workers. */
 function apiRoutes(context: AppContext): RouteTable {
-  const { core, metrics, limit, requireAdmin } = context;
+  const { core, limit, requireAdmin } = context;
   const lifecycle = (op: "prefill_done" | "done"): Batched => ({
     readsBody: false,
     op: (request, params) => reply(request, 200, lifecycleOp(core, params.id!, op)),
@@ -184,10 +257,7 @@ function apiRoutes(context: AppContext): RouteTable {
         op: (request, _params, body) => {
           const parsed = parseBody(body!, true);
           if (core.admission.enabled) return admittedRoute(context, request, parsed);
-          const started = performance.now();
-          const outcome = decideRoute(core, parsed);
-          metrics.observeRouteDecision((performance.now() - started) / 1000);
-          return routeReply(core, request, outcome);
+          return routeReply(core, request, decideRoute(core, parsed));
         },
       },
     },
@@ -214,12 +284,20 @@ function opsRoutes(context: AppContext): RouteTable {
   const { core, registry } = context;
   return {
     "/v1/dump": {
-      GET: (request) => {
+      GET: (request, _params, server) => {
         context.requireAdmin(request);
-        return context.dumps.response(core.index, core.writes);
+        const response = context.dumps.response(core.index, core.writes);
+        server.timeout(request, context.dumps.idleSecs);
+        return response;
       },
     },
-    "/v1/status": { GET: (request) => reply(request, 200, statusOp(core)) },
+    "/v1/status": {
+      GET: (request) => {
+        const since = Number(new URL(request.url).searchParams.get("since") ?? 0);
+        const body = statusOp(core, context.history, context.proxyCounters, since || 0);
+        return reply(request, 200, body);
+      },
+    },
     "/healthz": { GET: (request) => reply(request, 200, { status: "ok" }) },
     "/readyz": {
       GET: (request) => {
@@ -244,12 +322,12 @@ function opsRoutes(context: AppContext): RouteTable {
 }
 
 /** `serve --proxy`: the OpenAI-compatible endpoints. */
-function addProxyRoutes(table: RouteTable, proxy: OpenAiProxy, server: () => Server<WsData>): void {
+function addProxyRoutes(table: RouteTable, proxy: OpenAiProxy): void {
   // A streamed answer may pause longer than Bun's idle timeout (a long prefill, a queue).
   const proxied =
     (path: OpenAiPath): Handler =>
-    (request) => {
-      server().timeout(request, 0);
+    (request, _params, server) => {
+      server.timeout(request, 0);
       return proxy.handle(request, path);
     };
   table[COMPLETIONS_PATH] = { POST: proxied(COMPLETIONS_PATH) };
@@ -287,12 +365,13 @@ function admittedRoute(context: AppContext, request: Request, parsed: unknown): 
 
 // Both wrappers time every response and turn errors into JSON ones.
 type BunRequest = Request & { params?: Record<string, string> };
-type BunHandler = (request: Request) => Promise<Response> | Response;
+type BunHandler = (request: Request, server: Server<WsData>) => Promise<Response> | Response;
 
 /** The table as Bun's routes: each handler wrapped, or run in the turn batch. */
 function bunRoutes(
   context: AppContext,
   table: RouteTable,
+  guard: RequestGuard,
 ): Record<string, Record<string, BunHandler>> {
   const routes: Record<string, Record<string, BunHandler>> = {};
   for (const [template, methods] of Object.entries(table)) {
@@ -301,8 +380,8 @@ function bunRoutes(
       const label = metricsLabel(template);
       routes[template]![method] =
         typeof handler === "function"
-          ? wrapped(context, label, handler)
-          : batched(context, label, handler!);
+          ? wrapped(context, guard, label, handler)
+          : batched(context, guard, label, handler!);
     }
   }
   return routes;
@@ -312,8 +391,13 @@ function bunRoutes(
  * A batched endpoint is one promise, resolved from inside the batch: no async
  * functions, no promise returned from a callback (each costs microtasks per request).
  */
-function batched(context: AppContext, template: string, { readsBody, op }: Batched) {
-  const { metrics, log, batch, guard, limit } = context;
+function batched(
+  context: AppContext,
+  guard: RequestGuard,
+  template: string,
+  { readsBody, op }: Batched,
+) {
+  const { metrics, log, batch, limit } = context;
   return (request: BunRequest): Promise<Response> => {
     const started = performance.now();
     const params = request.params ?? {};
@@ -348,9 +432,9 @@ function batched(context: AppContext, template: string, { readsBody, op }: Batch
   };
 }
 
-function wrapped(context: AppContext, template: string, handler: Handler) {
-  const { metrics, log, guard } = context;
-  return (request: BunRequest): Promise<Response> | Response => {
+function wrapped(context: AppContext, guard: RequestGuard, template: string, handler: Handler) {
+  const { metrics, log } = context;
+  return (request: BunRequest, server: Server<WsData>): Promise<Response> | Response => {
     const started = performance.now();
     const finish = (response: Response): Response => {
       metrics.observeHttp(template, response.status, (performance.now() - started) / 1000);
@@ -359,7 +443,7 @@ function wrapped(context: AppContext, template: string, handler: Handler) {
     let pending: Response | Promise<Response>;
     try {
       guard.check(request, request.method !== "GET" && request.method !== "HEAD");
-      pending = handler(request, request.params ?? {});
+      pending = handler(request, request.params ?? {}, server);
     } catch (error) {
       pending = failure(request, error, log);
     }
@@ -368,16 +452,34 @@ function wrapped(context: AppContext, template: string, handler: Handler) {
   };
 }
 
-/** Requests no route took: the WebSocket upgrade, 405 on a known path, else 404. */
+/**
+ * Requests no route took: the WebSocket upgrade, 403 for the control plane on the
+ * proxy's port, 405 on a known path, else 404.
+ */
 function unrouted(
   context: AppContext,
-  table: RouteTable,
+  listener: Listener,
+  served: RouteTable,
   matchers: readonly { template: string; pattern: RegExp }[],
   request: Request,
   server: Server<WsData>,
 ): Response {
   const { metrics, log } = context;
-  const path = new URL(request.url).pathname;
+  let path: string;
+  try {
+    path = requestPath(request);
+    // CORS does not cover WebSocket handshakes: a page elsewhere could open one.
+    const changesState =
+      path === "/v1/ws" || (request.method !== "GET" && request.method !== "HEAD");
+    listener.guard.check(request, changesState);
+  } catch (error) {
+    return failure(request, error, log);
+  }
+  if (listener.surface === "proxy" && isControlPath(path)) {
+    const template = matchers.find((matcher) => matcher.pattern.test(path))?.template;
+    metrics.observeHttp(template === undefined ? path : metricsLabel(template), 403, 0);
+    return errorReply(request, controlRefusal());
+  }
   if (path === "/v1/ws") {
     if (request.method !== "GET") {
       return errorReply(
@@ -385,18 +487,12 @@ function unrouted(
         new KvedgeError("method_not_allowed", "use GET with Upgrade: websocket"),
       );
     }
-    // CORS does not cover WebSocket handshakes: a page elsewhere could open one.
-    try {
-      context.guard.check(request, true);
-    } catch (error) {
-      return failure(request, error, log);
-    }
     if (server.upgrade(request, { data: newWsData() })) return undefined as unknown as Response;
     return errorReply(request, new KvedgeError("bad_request", "expected a WebSocket upgrade"));
   }
   const known = matchers.find((matcher) => matcher.pattern.test(path));
-  if (known !== undefined) {
-    const allowed = Object.keys(table[known.template]!).join(", ");
+  if (known !== undefined && served[known.template] !== undefined) {
+    const allowed = Object.keys(served[known.template]!).join(", ");
     const text = `${request.method} is not allowed on ${known.template}; use ${allowed}`;
     const response = errorReply(request, new KvedgeError("method_not_allowed", text));
     response.headers.set("allow", allowed);

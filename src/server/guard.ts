@@ -13,6 +13,7 @@
  *   otherwise): a rebound name is not.
  *
  * Clients that are not browsers send no Origin or Sec-Fetch-Site and are unaffected.
+ * A Host header that is not a host (and port) at all is refused first, with 400.
  */
 import { KvedgeError } from "../domain/errors";
 
@@ -23,10 +24,13 @@ export class RequestGuard {
     this.loopback = isLoopbackName(listenHost);
   }
 
-  /** 403 for a request a browser could have been made to send from elsewhere. */
+  /** 403 for a request a browser could have been made to send from elsewhere (400: a malformed Host). */
   check(request: Request, changesState: boolean): void {
     const headers = request.headers;
     const host = headers.get("host") ?? "";
+    if (host !== "" && !HOST_HEADER.test(host)) {
+      throw new KvedgeError("bad_request", "the Host header is not a host name or address");
+    }
     if (this.loopback && !isLoopbackName(hostName(host))) {
       throw new KvedgeError(
         "forbidden",
@@ -48,6 +52,21 @@ export class RequestGuard {
         `cross-origin requests are refused (Origin ${origin} is not this server)`,
       );
     }
+  }
+}
+
+/**
+ * A Host header: a name or IPv4 address (RFC 3986 reg-name characters), or an IPv6
+ * address in brackets, then an optional port. Anything else ("[", "a:1:2") is malformed.
+ */
+const HOST_HEADER = /^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~!$&'()*+,;=%-]+)(?::[0-9]{0,5})?$/;
+
+/** The path of a request, or 400 when its URL (built from the Host header) does not parse. */
+export function requestPath(request: Request): string {
+  try {
+    return new URL(request.url).pathname;
+  } catch {
+    throw new KvedgeError("bad_request", "the request's Host header or target is malformed");
   }
 }
 

@@ -19,10 +19,11 @@ import type { Server, ServerWebSocket } from "bun";
 import type { MatchedWorkers, RouteInput } from "../core/core";
 import { MatchResult } from "../index/types";
 import { attach, type SharedIndexDescriptor, type SharedIndexReader } from "../index/crtc/shared";
-import { blockSeed } from "../hash";
+import { blockSeed, type LoraAdapter, LoraAdapters } from "../hash";
 import { PromptHasher } from "../route/input";
 import { parseRoute } from "./api";
-import { RequestGuard } from "./guard";
+import { RequestGuard, requestPath } from "./guard";
+import { controlRefusal, isControlPath, type Surface } from "./surface";
 import { errorReply, parseBody, type ReceivedBody, receiveBody, reply } from "../http/http";
 import { clientError, INTERNAL_ERROR } from "../http/errors";
 
@@ -34,8 +35,12 @@ export interface LaneStart {
   readonly mainUrl: string;
   readonly bodyLimitBytes: number;
   readonly blockSize: number;
+  /** `index.lora_adapters`: how requests' LoRA ids name adapters. */
+  readonly loraAdapters: readonly LoraAdapter[];
   /** The writer thread's shared index: matches are looked up here (null: on the main thread). */
   readonly index: SharedIndexDescriptor | null;
+  /** `proxy`: the port of `serve --proxy`, where the control plane is refused (./surface.ts). */
+  readonly surface: Surface;
 }
 
 /** One route, hashed, as the main thread routes it. */
@@ -97,9 +102,19 @@ export function runLane(
     reusePort: true,
     development: false,
     maxRequestBodySize: start.bodyLimitBytes + 1024 * 1024,
-    routes: { "/v1/route": { POST: (request: Request) => routes.route(request) } },
+    routes:
+      start.surface === "all"
+        ? { "/v1/route": { POST: (request: Request) => routes.route(request) } }
+        : {},
     fetch(request, server) {
-      if (new URL(request.url).pathname === "/v1/ws" && request.headers.get("upgrade") !== null) {
+      let path: string;
+      try {
+        path = requestPath(request);
+        if (start.surface === "proxy" && isControlPath(path)) throw controlRefusal();
+      } catch (error) {
+        return failure(request, error);
+      }
+      if (path === "/v1/ws" && request.headers.get("upgrade") !== null) {
         try {
           guard.check(request, true);
         } catch (error) {
@@ -109,8 +124,9 @@ export function runLane(
           return undefined as unknown as Response;
         }
       }
-      // The main thread's server keeps its own timeouts (a proxied completion may pause long).
-      server.timeout(request, 0);
+      // The main thread's server keeps its own timeouts (a proxied completion may pause
+      // long); a dump keeps the lane's, which cut a client that stopped reading it.
+      if (path !== "/v1/dump") server.timeout(request, 0);
       return proxy(request, start.mainUrl, guard);
     },
     websocket: pipeHandlers(start.mainUrl, start.bodyLimitBytes),
@@ -128,6 +144,7 @@ class LaneRoutes {
   private readonly reader: SharedIndexReader | null;
   private readonly found = new MatchResult(64);
   private readonly pending = new Map<number, Pending>();
+  private readonly lora: LoraAdapters;
   private nextId = 0;
   private batch: LaneRoute[] = [];
 
@@ -137,6 +154,7 @@ class LaneRoutes {
     private readonly guard: RequestGuard,
   ) {
     this.reader = start.index === null ? null : attach(start.index);
+    this.lora = new LoraAdapters(start.loraAdapters);
   }
 
   route(request: Request): Promise<Response> {
@@ -170,7 +188,7 @@ class LaneRoutes {
   }
 
   private post(request: Request, resolve: (response: Response) => void, body: ReceivedBody): void {
-    const { input, candidatesMax } = parseRoute(parseBody(body, true));
+    const { input, candidatesMax } = parseRoute(parseBody(body, true), this.lora);
     const seed = blockSeed(input.loraName, input.cacheSalt);
     const hashed = this.hasher.hash(input.tokens, this.start.blockSize, seed);
     const words = 2 * hashed.blockCount;

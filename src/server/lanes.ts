@@ -13,6 +13,7 @@ import { routeAnswer } from "./api";
 import { clientError, INTERNAL_ERROR, STATUS_OF } from "../http/errors";
 import type { LaneAnswer, LaneRoute, LaneStart, LaneToMain, MainToLane } from "./lane";
 import type { ServerMetrics } from "./metrics";
+import type { Surface } from "./surface";
 
 export interface LanesOptions {
   readonly host: string;
@@ -27,6 +28,8 @@ export interface LanesOptions {
   readonly cpus: readonly (readonly number[] | null)[];
   /** The writer thread's shared index, which lanes then look matches up in (else: null). */
   readonly index: SharedIndexDescriptor | null;
+  /** `proxy`: the lanes serve `serve --proxy`'s port, where the control plane is refused. */
+  readonly surface: Surface;
 }
 
 const ROUTE_LABEL = "/v1/route";
@@ -49,8 +52,10 @@ export class RouteLanes {
           mainUrl: options.mainUrl,
           bodyLimitBytes: options.bodyLimitBytes,
           blockSize: options.core.blockSize,
+          loraAdapters: options.core.lora.adapters,
           // A call that may be held is matched afresh each time it is looked at, here.
           index: options.core.admission.enabled ? null : options.index,
+          surface: options.surface,
         };
         const thread = await startThread({ role: "lane", cpus, data: start });
         threads.push(thread);
@@ -125,7 +130,6 @@ function serveLane(thread: KvedgeThread, options: LanesOptions): void {
       input: route.input,
       candidatesMax: route.candidatesMax,
       answer: (outcome) => {
-        metrics.observeRouteDecision((performance.now() - started) / 1000);
         const body = routeAnswer(core, outcome);
         finish({ id: route.id, body, error: null });
       },

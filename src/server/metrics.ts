@@ -185,7 +185,7 @@ export class ServerMetrics {
     );
     this.routeDecision = new FastHistogram(
       "kvedge_route_decision_duration_seconds",
-      "Time to choose a worker for one request (cost of every worker, load bookkeeping).",
+      "Time to choose a worker for one request (cost of every worker, load bookkeeping), for every decision: the API's, the lanes', the proxy's.",
       ROUTE_BUCKETS_SECONDS,
       registry,
     );
@@ -215,6 +215,11 @@ export class ServerMetrics {
 
   observeRouteDecision(seconds: number): void {
     this.routeDecision.observe(this.routeDecisionSeries, seconds);
+  }
+
+  /** The route decision histogram as it stands: per-bucket counts (not cumulative), bounds in seconds. */
+  get routeDecisions(): { readonly bounds: readonly number[]; readonly counts: Float64Array } {
+    return { bounds: ROUTE_BUCKETS_SECONDS, counts: this.routeDecisionSeries.counts };
   }
 }
 
@@ -462,17 +467,27 @@ export function registerCoreMetrics(registry: MetricsRegistry, core: KvedgeCore)
     },
   );
 
-  // Per source: labels of the configured (worker, dp rank).
-  const perSource = (
-    name: string,
-    help: string,
-    type: "counter" | "gauge",
-    extra: readonly string[],
-    read: (
-      source: KvedgeCore["engineSources"][number],
-      emit: (value: number, labels?: Labels) => void,
-    ) => void,
-  ) =>
+  const perSource = perSourceOf(registry, core);
+  registerBatchMetrics(perSource);
+  registerEventMetrics(perSource);
+  registerContinuityMetrics(perSource);
+  registerConnectionMetrics(perSource);
+}
+
+/** Registers one metric with a sample per engine source, labelled by its configured (worker, dp rank). */
+type PerSource = (
+  name: string,
+  help: string,
+  type: "counter" | "gauge",
+  extra: readonly string[],
+  read: (
+    source: KvedgeCore["engineSources"][number],
+    emit: (value: number, labels?: Labels) => void,
+  ) => void,
+) => void;
+
+function perSourceOf(registry: MetricsRegistry, core: KvedgeCore): PerSource {
+  return (name, help, type, extra, read) =>
     registerSamples(registry, {
       name,
       help,
@@ -490,6 +505,10 @@ export function registerCoreMetrics(registry: MetricsRegistry, core: KvedgeCore)
         }
       },
     });
+}
+
+/** Per source: bytes, batches and events received, and batches that did not decode. */
+function registerBatchMetrics(perSource: PerSource): void {
   perSource(
     "kvedge_ingest_bytes_total",
     "Bytes received from the engine's publisher (ZMTP, all frames).",
@@ -500,7 +519,7 @@ export function registerCoreMetrics(registry: MetricsRegistry, core: KvedgeCore)
   perSource(
     "kvedge_ingest_batches_total",
     "Event batches by outcome: applied, replayed (applied from a replay), duplicate, " +
-      "malformed (dropped).",
+      "malformed (dropped), incomplete (applied without events that could not be read).",
     "counter",
     ["status"],
     (source, emit) => {
@@ -509,6 +528,7 @@ export function registerCoreMetrics(registry: MetricsRegistry, core: KvedgeCore)
       emit(c.replayed, { status: "replayed" });
       emit(c.duplicates, { status: "duplicate" });
       emit(c.malformed, { status: "malformed" });
+      emit(c.incomplete, { status: "incomplete" });
     },
   );
   perSource(
@@ -533,6 +553,21 @@ export function registerCoreMetrics(registry: MetricsRegistry, core: KvedgeCore)
         emit(value, { kind });
     },
   );
+}
+
+/** Per source: events skipped or not indexed, and the storage tiers they named. */
+function registerEventMetrics(perSource: PerSource): void {
+  perSource(
+    "kvedge_ingest_skipped_events_total",
+    "Events that could not be read, skipped alone (the rest of their batch applied; " +
+      "the worker degraded), by error.",
+    "counter",
+    ["error"],
+    (source, emit) => {
+      for (const [error, value] of Object.entries(source.normalizer.counters.skippedEvents))
+        emit(value, { error });
+    },
+  );
   perSource(
     "kvedge_ingest_rejected_blocks_total",
     "Blocks not indexed, by reason.",
@@ -553,6 +588,10 @@ export function registerCoreMetrics(registry: MetricsRegistry, core: KvedgeCore)
         emit(value, { tier });
     },
   );
+}
+
+/** Per source: gaps, losses, replays and what each connect or idle probe established. */
+function registerContinuityMetrics(perSource: PerSource): void {
   perSource("kvedge_ingest_gaps_total", "Sequence gaps seen.", "counter", [], (source, emit) =>
     emit(source.sequencer.counters.gaps),
   );
@@ -585,7 +624,9 @@ export function registerCoreMetrics(registry: MetricsRegistry, core: KvedgeCore)
   perSource(
     "kvedge_ingest_continuity_total",
     "What each connect probe (replay from 0) established: probe (asked), " +
-      "continued (same stream), rebuilt (cleared and rebuilt from a ring starting at 0); and stray (sequence jumps skipped).",
+      "continued (same stream), rebuilt (cleared and rebuilt from a ring starting at 0); " +
+      "stray (sequence jumps skipped); idle_probe (a quiet stream asked its ring for a " +
+      "lost tail) and tail_batch (batches such probes applied).",
     "counter",
     ["outcome"],
     (source, emit) => {
@@ -594,8 +635,14 @@ export function registerCoreMetrics(registry: MetricsRegistry, core: KvedgeCore)
       emit(c.continued, { outcome: "continued" });
       emit(c.rebuilds, { outcome: "rebuilt" });
       emit(c.straySeqs, { outcome: "stray" });
+      emit(c.idleProbes, { outcome: "idle_probe" });
+      emit(c.idleProbeBatches, { outcome: "tail_batch" });
     },
   );
+}
+
+/** Per source: the connection to the engine's publisher and its position. */
+function registerConnectionMetrics(perSource: PerSource): void {
   perSource(
     "kvedge_ingest_replay_buffer_dropped_total",
     "Live batches dropped because the bytes held during a replay " +

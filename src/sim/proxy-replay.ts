@@ -213,14 +213,14 @@ export async function runProxyReplay(
       fleet.networked.map((n) => n.engine),
       false,
     );
-    const side = (await (await fetch(`${serve.url}/v1/workers`)).json()) as {
+    const side = (await (await fetch(`${serve.controlUrl}/v1/workers`)).json()) as {
       workers: {
         active_requests: number;
         degraded: boolean;
         observed_hits: { predicted_cached_tokens: number; suspect: boolean };
       }[];
     };
-    const metrics = await (await fetch(`${serve.url}/metrics`)).text();
+    const metrics = await (await fetch(`${serve.controlUrl}/metrics`)).text();
     const failovers = Number(/^kvedge_proxy_failovers_total (\S+)$/m.exec(metrics)?.[1] ?? 0);
     const sorted = Float64Array.from(ttfb).sort();
     const predicted = side.workers.reduce(

@@ -39,6 +39,9 @@ function installHandlers(): void {
   }
 }
 
+/** Both listeners on ports the system picks (the control listener is `--proxy`'s). */
+const EPHEMERAL_PORTS = ["--port", "0", "--control-port", "0"];
+
 /** Log lines kept for error messages. */
 const TAIL_LINES = 40;
 
@@ -46,6 +49,8 @@ type StopSignal = "SIGTERM" | "SIGINT";
 
 export interface ServeChild {
   readonly url: string;
+  /** Where its control plane is served: the control listener with `--proxy`, else `url`. */
+  readonly controlUrl: string;
   readonly pid: number;
   /** The last log lines (JSON text), oldest first. */
   tail(): string[];
@@ -58,7 +63,7 @@ export interface ServeChild {
 }
 
 export interface ServeChildOptions {
-  /** Arguments after `serve`. `--port 0 --log-format json` are added. */
+  /** Arguments after `serve`. `--port 0 --control-port 0 --log-format json` are added. */
   readonly args: readonly string[];
   readonly command?: readonly string[];
   readonly startTimeoutMs?: number;
@@ -71,31 +76,26 @@ export interface ServeChildOptions {
 export async function startServeChild(options: ServeChildOptions): Promise<ServeChild> {
   const command = options.command ?? kvedgeCommand();
   const proc: Subprocess<"ignore", "ignore", "pipe"> = Bun.spawn(
-    [...command, "serve", "--port", "0", "--log-format", "json", ...options.args],
+    [...command, "serve", ...EPHEMERAL_PORTS, "--log-format", "json", ...options.args],
     { stdin: "ignore", stdout: "ignore", stderr: "pipe", env: options.env ?? process.env },
   );
   installHandlers();
   children.add(proc);
   void proc.exited.then(() => children.delete(proc));
   const lines: string[] = [];
-  const listener: { resolve: ((url: string) => void) | null } = { resolve: null };
-  const url = new Promise<string>((resolve) => {
+  type Urls = { url: string; controlUrl: string };
+  const listener: { resolve: ((urls: Urls) => void) | null } = { resolve: null };
+  const url = new Promise<Urls>((resolve) => {
     listener.resolve = resolve;
   });
   void forEachLine(proc.stderr, (line) => {
     lines.push(line);
     if (lines.length > TAIL_LINES) lines.shift();
     options.onLine?.(line);
-    if (listener.resolve !== null && line.includes('"listening"')) {
-      try {
-        const record = JSON.parse(line) as Record<string, unknown>;
-        if (record.msg === "listening" && typeof record.url === "string") {
-          listener.resolve(record.url);
-          listener.resolve = null;
-        }
-      } catch {
-        // Not a JSON log line: kept in the tail only.
-      }
+    const urls = listener.resolve === null ? null : listeningUrls(line);
+    if (urls !== null) {
+      listener.resolve!(urls);
+      listener.resolve = null;
     }
   });
   const timeoutMs = options.startTimeoutMs ?? 30_000;
@@ -119,9 +119,9 @@ export async function startServeChild(options: ServeChildOptions): Promise<Serve
     return code;
   };
   try {
-    const address = await Promise.race([url, failed]);
+    const urls = await Promise.race([url, failed]);
     const kill = (signal: NodeJS.Signals) => proc.kill(signal);
-    return { url: address, pid: proc.pid, tail: () => [...lines], stop, kill, exited: proc.exited };
+    return { ...urls, pid: proc.pid, tail: () => [...lines], stop, kill, exited: proc.exited };
   } catch (error) {
     await stop(1_000);
     const detail = lines.slice(-10).join("\n");
@@ -130,6 +130,19 @@ export async function startServeChild(options: ServeChildOptions): Promise<Serve
     );
   } finally {
     clearTimeout(timer);
+  }
+}
+
+/** The URLs of a `listening` log line (null for any other line). */
+function listeningUrls(line: string): { url: string; controlUrl: string } | null {
+  if (!line.includes('"listening"')) return null;
+  try {
+    const record = JSON.parse(line) as Record<string, unknown>;
+    if (record.msg !== "listening" || typeof record.url !== "string") return null;
+    const control = typeof record.control_url === "string" ? record.control_url : record.url;
+    return { url: record.url, controlUrl: control };
+  } catch {
+    return null; // not a JSON log line: kept in the tail only
   }
 }
 

@@ -37,6 +37,8 @@ import type { SourcePosition } from "../ingest/source";
 
 export const SNAPSHOT_VERSION = 2;
 export const SNAPSHOT_FILE = "kvedge.snapshot";
+/** A snapshot being written: `kvedge.snapshot.tmp-<pid>` (src/state/dir.ts removes stale ones). */
+export const SNAPSHOT_TEMP_PREFIX = `${SNAPSHOT_FILE}.tmp-`;
 const MAGIC = new TextEncoder().encode("KVEDGE-SNAPSHOT\n");
 const PREFIX_BYTES = MAGIC.length + 12;
 const CHECKSUM_BYTES = 8;
@@ -248,6 +250,7 @@ function headOf(snapshot: Snapshot): Uint8Array {
       last_seq: p.lastSeq,
       fingerprint: p.fingerprint,
       degraded: p.degraded,
+      ranks: p.ranks,
     })),
   });
   header += " ".repeat((4 - (Buffer.byteLength(header) % 4)) % 4);
@@ -351,6 +354,8 @@ export function decodeSnapshot(bytes: Uint8Array): Snapshot {
       lastSeq: Number(p.last_seq),
       fingerprint: Number(p.fingerprint),
       degraded: p.degraded === true,
+      // Files written before ranks were kept name the configured one only.
+      ranks: Array.isArray(p.ranks) ? (p.ranks as unknown[]).map(Number) : [Number(p.dp_rank)],
     })),
     words,
   };
@@ -366,7 +371,7 @@ export function decodeSnapshot(bytes: Uint8Array): Snapshot {
 export async function writeSnapshotFile(dir: string, snapshot: Snapshot): Promise<number> {
   await mkdir(dir, { recursive: true });
   const path = join(dir, SNAPSHOT_FILE);
-  const temp = `${path}.tmp-${process.pid}`;
+  const temp = join(dir, `${SNAPSHOT_TEMP_PREFIX}${process.pid}`);
   const file = await open(temp, "w", 0o600);
   let written = 0;
   try {

@@ -67,6 +67,7 @@ function begin(core: KvedgeCore): Taking {
       lastSeq: source.sequencer.lastSeq,
       fingerprint: source.sequencer.lastFingerprint,
       degraded: source.sequencer.isDegraded,
+      ranks: source.ranks,
     })),
   };
 }
@@ -119,79 +120,140 @@ export interface SavedRequest {
   readonly blocks: number;
 }
 
+/** A (worker, dp rank) a configured source is for. */
+export interface ConfiguredSource {
+  readonly worker_id: bigint;
+  readonly dp_rank: number;
+}
+
 /**
  * Loads the snapshot in `dir` into a core that has not started: the blocks of the
- * configured workers go into the index, their positions wait for their sources (whose
- * connect probe then continues from them, or rebuilds). Returns the saved active
- * requests of those workers (for `restoreRequests` once the workers are added), or
- * null when nothing was loaded. Any problem: one log line, nothing loaded.
+ * (worker, dp rank) pairs a configured source serves go into the index, their positions
+ * wait for their sources (whose connect probe then continues from them, or rebuilds;
+ * until then they are not exact). Blocks of any other pair (a worker or rank the
+ * configuration no longer has) are dropped: no stream would ever confirm or clear them.
+ * Returns the saved active requests of served pairs (for `restoreRequests` once the
+ * workers are added), or null when nothing was loaded. Any problem: one log line,
+ * nothing loaded.
  */
 export function loadSnapshot(
   core: KvedgeCore,
   dir: string,
-  configured: readonly bigint[],
+  configured: readonly ConfiguredSource[],
   log: Logger,
 ): SavedRequest[] | null {
-  let snapshot: Snapshot | null;
   const started = performance.now();
+  const snapshot = readOrRefuse(dir, core.blockSize, log);
+  if (snapshot === null) return null;
+  const served = servedPairs(configured, snapshot.positions);
+  const loaded = applyServed(core, snapshot, served);
+  if (loaded instanceof Error) {
+    log.warn("snapshot refused; starting empty", { dir, reason: loaded.message });
+    return null;
+  }
+  for (const position of snapshot.positions) {
+    const key = positionKey(position.workerId, position.dpRank);
+    if (served.has(key)) core.restoredPositions.set(key, position);
+  }
+  if (loaded.dropped.size > 0)
+    log.warn("snapshot blocks dropped: no configured source serves their worker and dp rank", {
+      dir,
+      blocks: [...loaded.dropped.values()].reduce((sum, blocks) => sum + blocks, 0),
+      ranks: [...loaded.dropped.keys()].join(","),
+    });
+  log.info("snapshot loaded", {
+    dir,
+    created_at: snapshot.createdAt,
+    blocks: core.index.stats().blocks,
+    sources: core.restoredPositions.size,
+    active_requests: loaded.requests.length,
+    ms: Math.round(performance.now() - started),
+  });
+  return loaded.requests;
+}
+
+function readOrRefuse(dir: string, blockSize: number, log: Logger): Snapshot | null {
+  let snapshot: Snapshot | null;
   try {
-    snapshot = readSnapshotFile(dir, core.blockSize);
+    snapshot = readSnapshotFile(dir, blockSize);
   } catch (error) {
     const reason = error instanceof SnapshotError ? error.message : (error as Error).message;
     log.warn("snapshot refused; starting empty", { dir, reason });
     return null;
   }
-  if (snapshot === null) {
-    log.info("no snapshot; starting empty", { dir });
-    return null;
+  if (snapshot === null) log.info("no snapshot; starting empty", { dir });
+  return snapshot;
+}
+
+/**
+ * The (worker, dp rank) keys some configured source serves: its own, and every rank its
+ * stream had published for when the snapshot was taken (a vLLM publisher names its rank
+ * in each batch, which may differ from the configured one).
+ */
+function servedPairs(
+  configured: readonly ConfiguredSource[],
+  positions: readonly SourcePosition[],
+): Set<string> {
+  const own = new Set(configured.map((entry) => positionKey(entry.worker_id, entry.dp_rank)));
+  const served = new Set(own);
+  for (const position of positions) {
+    if (!own.has(positionKey(position.workerId, position.dpRank))) continue;
+    for (const rank of position.ranks) served.add(positionKey(position.workerId, rank));
   }
-  const keep = new Set(configured);
+  return served;
+}
+
+interface Loaded {
+  readonly requests: SavedRequest[];
+  /** Blocks not loaded, per (worker, dp rank) key no configured source serves. */
+  readonly dropped: Map<string, number>;
+}
+
+/** Applies the served pairs' operations to the index; an Error (index emptied of them) if one is malformed. */
+function applyServed(core: KvedgeCore, snapshot: Snapshot, served: Set<string>): Loaded | Error {
   const index = core.index;
   const sinceWritten = Math.max(0, Date.now() - Date.parse(snapshot.createdAt)) || 0;
-  const requests: SavedRequest[] = [];
+  const loaded: Loaded = { requests: [], dropped: new Map() };
+  const keep = (workerId: bigint, dpRank: number, blocks: number): boolean => {
+    const key = positionKey(workerId, dpRank);
+    if (served.has(key)) return true;
+    loaded.dropped.set(key, (loaded.dropped.get(key) ?? 0) + blocks);
+    return false;
+  };
   try {
     forEachOp(snapshot, {
-      stored: (workerId, dpRank, ...op) => {
-        if (keep.has(workerId)) index.applyStored(workerId, dpRank, ...op);
+      stored: (workerId, dpRank, hasParent, parentHi, parentLo, external, local, count) => {
+        if (keep(workerId, dpRank, count))
+          index.applyStored(
+            workerId,
+            dpRank,
+            hasParent,
+            parentHi,
+            parentLo,
+            external,
+            local,
+            count,
+          );
       },
       removed: (workerId, dpRank, external, count) => {
-        if (keep.has(workerId)) index.applyRemoved(workerId, dpRank, external, count);
+        if (keep(workerId, dpRank, 0)) index.applyRemoved(workerId, dpRank, external, count);
       },
       tierStored: (workerId, dpRank, ...op) => {
-        if (keep.has(workerId)) index.applyStoredTierUnder(workerId, dpRank, ...op);
+        if (keep(workerId, dpRank, op[op.length - 1] as number))
+          index.applyStoredTierUnder(workerId, dpRank, ...op);
       },
       active: (workerId, dpRank, id, prefillTokens, outputBlocks, idleMs, chain, blocks) => {
-        if (!keep.has(workerId)) return;
-        requests.push({
-          workerId,
-          dpRank,
-          id,
-          prefillTokens,
-          outputBlocks,
-          idleMs: idleMs + sinceWritten,
-          chain: chain.slice(),
-          blocks,
-        });
+        if (!keep(workerId, dpRank, 0)) return;
+        const idle = idleMs + sinceWritten;
+        const saved = { prefillTokens, outputBlocks, idleMs: idle, chain: chain.slice(), blocks };
+        loaded.requests.push({ workerId, dpRank, id, ...saved });
       },
     });
   } catch (error) {
-    for (const workerId of keep) index.removeWorker(workerId);
-    log.warn("snapshot refused; starting empty", { dir, reason: (error as Error).message });
-    return null;
+    for (const workerId of new Set(snapshot.workerIds)) index.removeWorker(workerId);
+    return error as Error;
   }
-  for (const position of snapshot.positions) {
-    if (keep.has(position.workerId))
-      core.restoredPositions.set(positionKey(position.workerId, position.dpRank), position);
-  }
-  log.info("snapshot loaded", {
-    dir,
-    created_at: snapshot.createdAt,
-    blocks: index.stats().blocks,
-    sources: core.restoredPositions.size,
-    active_requests: requests.length,
-    ms: Math.round(performance.now() - started),
-  });
-  return requests;
+  return loaded;
 }
 
 /**

@@ -32,6 +32,7 @@ const KEYS = [
   "token_ids",
   "request_id",
   "lora_name",
+  "lora_id",
   "cache_salt",
   "expected_output_tokens",
   "overlap_score_credit",

@@ -26,13 +26,15 @@ const DEFAULTS: Config = {
     host: "127.0.0.1",
     port: 8080,
     admin_token: null,
+    control_host: "127.0.0.1",
+    control_port: 8081,
     body_limit_bytes: 8_388_608,
     buffer_budget_bytes: 1_073_741_824,
     log_level: "info",
     log_format: "auto",
     warmup_routes: 4096,
   },
-  index: { block_size: 16, backend: "crtc", memory_budget_bytes: null },
+  index: { block_size: 16, backend: "crtc", memory_budget_bytes: null, lora_adapters: [] },
   route: {
     policy: "ttft",
     prefill_tokens_per_sec: 15_000,
@@ -71,6 +73,8 @@ const DEFAULTS: Config = {
     replay_timeout_ms: 5000,
     replay_deadline_ms: 30_000,
     replay_buffer_bytes: 67_108_864,
+    idle_probe_ms: 1000,
+    allow_wildcard_endpoints: false,
   },
   proxy: {
     enabled: false,
@@ -189,6 +193,8 @@ describe("defaults and precedence", () => {
 
   test("every setting can be given by file, environment and flag", () => {
     const sample: Record<string, [toml: string, text: string]> = {
+      "server.control_host": ['"10.0.0.2"', "10.0.0.2"],
+      "server.control_port": ["9001", "9001"],
       "server.host": ['"::"', "::"],
       "server.port": ["9", "9"],
       "server.admin_token": ['"s3cret-token"', "s3cret-token"],
@@ -200,6 +206,7 @@ describe("defaults and precedence", () => {
       "index.block_size": ["128", "128"],
       "index.backend": ['"crtc"', "crtc"],
       "index.memory_budget_bytes": ["8388608", "8_388_608"],
+      "index.lora_adapters": ['["sql-lora=3", "chat"]', "sql-lora=3, chat"],
       "ingest.frame_timeout_ms": ["2500", "2500"],
       "route.policy": ['"dynamo"', "dynamo"],
       "route.prefill_tokens_per_sec": ["20000", "2e4"],
@@ -235,6 +242,8 @@ describe("defaults and precedence", () => {
       "ingest.replay_timeout_ms": ["250", "250"],
       "ingest.replay_deadline_ms": ["9000", "9_000"],
       "ingest.replay_buffer_bytes": ["1048576", "1048576"],
+      "ingest.idle_probe_ms": ["0", "0"],
+      "ingest.allow_wildcard_endpoints": ["true", "true"],
       "state.dir": ['"/var/lib/kvedge"', "/var/lib/kvedge"],
       "state.snapshot_interval_secs": ["5", "5"],
       "runtime.cpus": ['"2-3,0"', "0,2-3"],
@@ -510,9 +519,44 @@ describe("workers", () => {
       expect(refusal({ file }).startsWith(`config file kvedge.toml: ${message}`)).toBe(true);
   });
 
-  test("an engine endpoint tcp://*:PORT is accepted (kvedge binds, the engine connects)", () => {
-    const loaded = loadConfig({ flags: new Map([["workers", ["9=tcp://*:5557"]]]), env: {} });
+  test("an engine endpoint tcp://*:PORT is accepted with ingest.allow_wildcard_endpoints (kvedge binds, the engine connects)", () => {
+    const loaded = loadConfig({
+      flags: new Map<string, string[] | true>([
+        ["workers", ["9=tcp://*:5557"]],
+        ["allow-wildcard-endpoints", true],
+      ]),
+      env: {},
+    });
     expect(loaded.config.workers.map((w) => w.endpoint)).toEqual(["tcp://*:5557"]);
+  });
+
+  test("a wildcard worker endpoint is refused unless ingest.allow_wildcard_endpoints is set", () => {
+    for (const [workers, field, shown] of [
+      ["9=tcp://*:5557", "endpoint", "tcp://*:5557"],
+      ["9=tcp://0.0.0.0:5557", "endpoint", "tcp://0.0.0.0:5557"],
+      ["9=tcp://[::]:5557", "endpoint", "tcp://[::]:5557"],
+      ["9:2=tcp://[0:0:0:0:0:0:0:0]:5557", "endpoint", "tcp://[0:0:0:0:0:0:0:0]:5557"],
+      ["9=tcp://h:1;replay=tcp://0.0.0.0:5558", "replay_endpoint", "tcp://0.0.0.0:5558"],
+    ] as const) {
+      const message = refusal({ argv: ["--workers", workers] });
+      expect(message).toStartWith(`worker 9 dp_rank ${workers.startsWith("9:2") ? 2 : 0}: `);
+      expect(message).toContain(`${field} "${shown}" names a wildcard address`);
+      expect(message).toContain("ingest.allow_wildcard_endpoints (default) is off");
+    }
+    // Names and addresses that are not wildcards pass.
+    for (const endpoint of ["tcp://10.0.0.1:1", "tcp://[::1]:1", "tcp://h0:1", "ipc:///run/x"]) {
+      expect(load({ argv: ["--workers", `1=${endpoint}`] }).config.workers).toHaveLength(1);
+    }
+  });
+
+  test("with the proxy, the control listener may not share the proxy's port", () => {
+    expect(refusal({ argv: ["--proxy", "--port", "9000", "--control-port", "9000"] })).toBe(
+      "server.control_port (from --control-port) = 9000 is server.port (from --port): with proxy.enabled the control listener needs a port of its own",
+    );
+    expect(
+      load({ argv: ["--proxy", "--port", "0", "--control-port", "0"] }).config.server,
+    ).toMatchObject({ port: 0, control_port: 0 });
+    expect(load({ argv: ["--port", "8081"] }).config.server.port).toBe(8081);
   });
 
   test("--workers compact form: ranks, replay and topic options, several flags", () => {

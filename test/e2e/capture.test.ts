@@ -100,8 +100,8 @@ describe("kvedge capture", () => {
     expect(JSON.parse(applied.stdout).scores).toEqual([{ worker_id: "42", dp_rank: 0, blocks: 3 }]);
   });
 
-  test("map-form salts are carried to continuation blocks (what the router hashes)", async () => {
-    const engine = await new TestEngine({ form: "map" }).start();
+  test("SGLang's map-form salts are carried to continuation blocks (what the router hashes)", async () => {
+    const engine = await new TestEngine({ variant: "sglang-s5" }).start();
     cleanups.push(() => engine.stop());
     const proc = Bun.spawn(
       [

@@ -2,7 +2,7 @@
 // zeromq addon under node), in both directions: kvedge connects to a bound engine
 // (vLLM's default), and the engine connects to a kvedge that binds.
 import { afterEach, describe, expect, test } from "bun:test";
-import { createServer } from "node:net";
+import { freePort } from "../support/net";
 import { encodeKvBatch, type KvEvent } from "../../src/wire/kv-events";
 import { NodePeer } from "../interop/libzmq";
 import { stored } from "../support/engine";
@@ -21,17 +21,6 @@ function seqFrame(seq: number): Uint8Array {
 
 const batch = (events: readonly KvEvent[]) =>
   encodeKvBatch({ ts: Date.now() / 1000, events }, { form: "array" });
-
-/** A free TCP port on loopback (for the side that must know it before binding). */
-async function freePort(): Promise<number> {
-  return await new Promise((resolve) => {
-    const server = createServer();
-    server.listen(0, "127.0.0.1", () => {
-      const port = (server.address() as { port: number }).port;
-      server.close(() => resolve(port));
-    });
-  });
-}
 
 async function lastSeq(serve: ServeProcess): Promise<number> {
   const body = (await (await fetch(`${serve.url}/v1/workers`)).json()) as Json;
@@ -102,7 +91,13 @@ describe("libzmq publishers", () => {
       return;
     }
     const port = await freePort();
-    const serve = await startServe(["--block-size", String(BS), "--workers", `6=tcp://*:${port}`]);
+    const serve = await startServe([
+      "--block-size",
+      String(BS),
+      "--allow-wildcard-endpoints",
+      "--workers",
+      `6=tcp://*:${port}`,
+    ]);
     cleanups.push(() => serve.stop());
     const peer = await NodePeer.start({ role: "pub", connect: `tcp://127.0.0.1:${port}` });
     cleanups.push(() => peer.kill());

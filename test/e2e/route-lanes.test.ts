@@ -7,6 +7,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { unpack } from "msgpackr";
 import { stored, TestEngine } from "../support/engine";
+import { rawStatus } from "../support/net";
 import { type ServeProcess, startServe } from "../support/serve";
 import { eventually } from "../support/wait";
 
@@ -123,6 +124,18 @@ describe("serve with route lanes against serve without", () => {
       ]);
       expect(want[0]).toBeGreaterThanOrEqual(400);
       expect({ path, headers, got }).toEqual({ path, headers, got: want });
+    }
+  });
+
+  test("a malformed Host header gets 400 from a lane as from one thread", async () => {
+    for (const serve of [single, lanes]) {
+      const port = Number(new URL(serve.url).port);
+      for (const host of ["[", "127.0.0.1:1:2", "a b"]) {
+        for (const line of ["GET /healthz", "POST /v1/route", "GET /v1/workers"])
+          expect(`${host} ${line}: ${await rawStatus(port, host, line)}`).toBe(
+            `${host} ${line}: HTTP/1.1 400 Bad Request`,
+          );
+      }
     }
   });
 

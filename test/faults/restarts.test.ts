@@ -9,7 +9,7 @@ import { join } from "node:path";
 import { encodeSnapshot, SNAPSHOT_FILE } from "../../src/state/snapshot";
 import { kvedgeBinary } from "../support/kvedge";
 import type { ServeProcess } from "../support/serve";
-import { eventually } from "../support/wait";
+import { eventually, freePort } from "../support/wait";
 import {
   engineCache,
   expectEqualOrDegraded,
@@ -334,14 +334,6 @@ describe("kvedge startup with a snapshot", () => {
     return dir;
   }
 
-  /** A free loopback port (bound, then released for kvedge to take). */
-  async function freePort(): Promise<number> {
-    const probe = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
-    const port = probe.port;
-    probe.stop(true);
-    return port;
-  }
-
   /** Whether something accepts TCP connections on the port now. */
   const accepts = (port: number): Promise<boolean> =>
     new Promise((resolve) => {
@@ -377,10 +369,12 @@ describe("kvedge startup with a snapshot", () => {
         createdAt: new Date().toISOString(),
         workerIds: [1n],
         words,
-        positions: [{ workerId: 1n, dpRank: 0, lastSeq: 41, fingerprint: 7, degraded: false }],
+        positions: [
+          { workerId: 1n, dpRank: 0, lastSeq: 41, fingerprint: 7, degraded: false, ranks: [0] },
+        ],
       }),
     );
-    const [port, nobody] = [await freePort(), await freePort()];
+    const [port, nobody] = [freePort(), freePort()];
     const lines: Record<string, unknown>[] = [];
     const child = Bun.spawn(
       [

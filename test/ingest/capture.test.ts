@@ -73,3 +73,42 @@ describe("Capture", () => {
     expect(ops[1]!.token_ids).toBeUndefined();
   });
 });
+
+describe("a capture is the wire", () => {
+  const cleanups: (() => Promise<void> | void)[] = [];
+  afterEach(async () => {
+    for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
+  });
+
+  test("no `cleared` for a rank the engine never published: kvedge's rebuild is not an event", async () => {
+    // The engine publishes dp rank 1 only; the capture is configured for rank 0. Its
+    // connect probe finds the ring from 0 and rebuilds: in `serve` that clears the
+    // worker's ranks; a capture writes only what the engine sent.
+    const engine = await new TestEngine({ replay: true, dpRank: 1 }).start();
+    cleanups.push(() => engine.stop());
+    engine.publish([stored([1n], [1, 2, 3, 4], BS)], true);
+    const ops: CapturedOp[] = [];
+    const capture = new Capture({
+      workerId: 5n,
+      dpRank: 0,
+      endpoint: engine.endpoint,
+      replayEndpoint: engine.replayEndpoint,
+      topic: "",
+      blockSize: BS,
+      log: silentLogger,
+      onOp: (op) => ops.push(op),
+    });
+    cleanups.push(() => capture.stop());
+    await capture.start();
+    await engine.waitForSubscriber();
+    await until(() => capture.source.sequencer.counters.rebuilds === 1, "the probe's rebuild");
+    engine.publish([cleared]);
+    await until(() => ops.length >= 2, "the store and the engine's clear");
+    expect(ops.map((op) => [op.op, op.dp_rank])).toEqual([
+      ["stored", 1],
+      ["cleared", 1],
+    ]);
+    expect(capture.kinds).toEqual({ stored: 1, removed: 0, cleared: 1 });
+    expect(capture.summary(2)).toContain("rebuilt from the replay ring 1");
+  });
+});

@@ -4,7 +4,8 @@
 // salt and Eagle windows; everything else is counted; a bad batch reaches the sink
 // not at all. Method: real encoded batches through ingest() into a recording sink.
 import { describe, expect, test } from "bun:test";
-import { hashTokens } from "../../src/hash";
+import { Packr } from "msgpackr";
+import { hashTokens, LoraAdapters } from "../../src/hash";
 import { WorkerTable } from "../../src/domain/worker-table";
 import { TIER_ANY, TIER_DISK, TIER_EXTERNAL, TIER_HOST } from "../../src/index/types";
 import {
@@ -18,6 +19,7 @@ import {
   type KvBatch,
   type KvBlockStored,
   type KvEvent,
+  type WireVariant,
 } from "../../src/wire/kv-events";
 import { u64 } from "../../src/util/u64";
 import { memoryLogger } from "../../src/util/log";
@@ -93,8 +95,11 @@ function setup(options: Partial<NormalizerOptions> = {}) {
     writer: sink,
     ...options,
   });
-  const send = (events: KvEvent[], dpRank: number | null = null, form: "array" | "map" = "array") =>
-    normalizer.ingest(encodeKvBatch({ ts: 1, events, dpRank }, { form }));
+  const send = (
+    events: KvEvent[],
+    dpRank: number | null = null,
+    variant: WireVariant = "vllm-v7",
+  ) => normalizer.ingest(encodeKvBatch({ ts: 1, events, dpRank }, { variant }));
   return { sink, normalizer, send };
 }
 
@@ -163,7 +168,7 @@ describe("conversion to index operations", () => {
   test("LoRA name and Eagle windows reach the hash", () => {
     const { sink, send } = setup();
     const pairs = TOKENS.slice(0, 8).map((token) => [token, token + 1] as const);
-    send([store([1n, 2n], null, { loraName: "my-lora", tokenIds: pairs })], null, "map");
+    send([store([1n, 2n], null, { loraName: "my-lora", tokenIds: pairs })], null, "vllm-v9");
     const op = sink.ops[0]!;
     expect(op.op === "stored" && op.local).toEqual(
       hashTokens(TOKENS.slice(0, 9), 4, { loraName: "my-lora", eagle: true }).local,
@@ -297,13 +302,17 @@ describe("conversion to index operations", () => {
 describe("filters, in the reference's order", () => {
   test("ownership and locality", () => {
     const { sink, normalizer, send } = setup();
-    send([
-      store([1n], null, { ownership: "kvcr" }),
-      store([2n], null, { ownership: "someone" }),
-      store([3n], null, { locality: "REMOTE" }),
-      store([4n], null, { locality: "local" }),
-      { type: "AllBlocksCleared", ownership: "kvcr" },
-    ]);
+    send(
+      [
+        store([1n], null, { ownership: "kvcr" }),
+        store([2n], null, { ownership: "someone" }),
+        store([3n], null, { locality: "REMOTE" }),
+        store([4n], null, { locality: "local" }),
+        { type: "AllBlocksCleared", ownership: "kvcr" },
+      ],
+      null,
+      "fork-f1",
+    );
     expect(sink.ops.map((op) => op.op === "stored" && op.external)).toEqual([[4n]]);
     expect(normalizer.counters.rejectedEvents.ownership).toBe(3);
     expect(normalizer.counters.rejectedEvents.locality).toBe(1);
@@ -453,7 +462,7 @@ describe("cache namespace propagation", () => {
         { type: "BlockRemoved", blockHashes: [1n] },
       ],
       null,
-      "map",
+      "sglang-s5",
     );
     expect(sink.ops.filter((op) => op.op === "stored")).toHaveLength(2);
     expect(normalizer.counters.rejectedEvents.namespace_ambiguous).toBe(1);
@@ -521,5 +530,96 @@ describe("bad input", () => {
     expect(normalizer.counters.appliedRemovedBlocks).toBe(1);
     expect(normalizer.counters.appliedClears).toBe(1);
     expect(normalizer.counters.batches).toBe(1);
+  });
+});
+
+describe("an event that cannot be read", () => {
+  /** [1.0, [stored h1, <bad store>, ...tail], 0]: the bad store has a string for a hash. */
+  const batchWith = (...tail: unknown[]) =>
+    new Packr({ useRecords: false }).pack([
+      1,
+      [
+        ["BlockStored", [1], null, [1, 2, 3, 4], 4, null, "GPU", null],
+        ["BlockStored", ["not-a-hash"], null, [5, 6, 7, 8], 4, null, "GPU", null],
+        ...tail,
+      ],
+      0,
+    ]);
+
+  test("is skipped and counted alone: the rest of its batch is applied; the batch is incomplete", () => {
+    const records = memoryLogger();
+    const { sink, normalizer } = setup({ log: records });
+    expect(normalizer.ingest(batchWith(["BlockRemoved", [9], "GPU"]))).toBe(true);
+    expect(sink.ops.map((op) => op.op)).toEqual(["stored", "removed"]);
+    expect(normalizer.incomplete).toBe(true);
+    expect(normalizer.counters.skippedEvents.bad_hash).toBe(1);
+    expect(normalizer.counters.batchesDropped).toBe(0);
+    expect(records.records.filter((record) => record.level === "warn")).toHaveLength(1);
+  });
+
+  test("a clear after it makes the state known again; one before it does not", () => {
+    const { normalizer } = setup();
+    normalizer.ingest(batchWith(["AllBlocksCleared"]));
+    expect(normalizer.incomplete).toBe(false);
+    const before = new Packr({ useRecords: false }).pack([
+      1,
+      [["AllBlocksCleared"], ["BlockRemoved", "not-a-list", "GPU"]],
+      0,
+    ]);
+    normalizer.ingest(before);
+    expect(normalizer.incomplete).toBe(true);
+    expect(normalizer.counters.skippedEvents.bad_hash).toBe(2);
+  });
+});
+
+describe("LoRA identity", () => {
+  const local = (lora: string | null) =>
+    hashTokens(TOKENS.slice(0, 4), 4, { loraName: lora }).local;
+
+  test("blocks named only by lora_id are keyed apart from the base model and from every name", () => {
+    const { sink, send } = setup();
+    send([store([1n], null, { loraId: 3 })], null, "vllm-v3");
+    const op = sink.ops[0]!;
+    const hashed = op.op === "stored" ? op.local : [];
+    expect(hashed).not.toEqual(local(null));
+    expect(hashed).toEqual(local(new LoraAdapters().identity(null, 3)));
+    expect(hashed).not.toEqual(local("3"));
+  });
+
+  test("a configured adapter turns the id into its name; a name sent by the engine wins", () => {
+    const lora = new LoraAdapters([{ name: "sql-lora", id: 3 }]);
+    const { sink, send } = setup({ lora });
+    send([store([1n], null, { loraId: 3 })], null, "vllm-v3");
+    send([store([2n], null, { loraId: 3, loraName: "other" })], null, "vllm-v4");
+    expect(sink.ops.map((op) => op.op === "stored" && op.local)).toEqual([
+      local("sql-lora"),
+      local("other"),
+    ]);
+  });
+});
+
+describe("namespaces: an unsalted store over salted blocks (Dynamo's rule)", () => {
+  test("makes them ambiguous: a child store that would inherit is filtered", () => {
+    const { sink, normalizer, send } = setup();
+    send(
+      [store([1n], null, { cacheSalt: "a" }), store([1n], null), store([2n], 1n)],
+      null,
+      "sglang-s5",
+    );
+    expect(sink.ops.filter((op) => op.op === "stored")).toHaveLength(2);
+    expect(normalizer.counters.rejectedEvents.namespace_ambiguous).toBe(1);
+  });
+});
+
+describe("vLLM V5's bare multimodal ids", () => {
+  test("a custom MM id in block 0 recurring in block 1 is no salt: the blocks are rejected", () => {
+    const { sink, normalizer, send } = setup();
+    send(
+      [store([1n, 2n], null, { extraKeys: [["uuid-image-A"], ["uuid-image-A"]] })],
+      null,
+      "vllm-v5",
+    );
+    expect(sink.ops).toEqual([]);
+    expect(normalizer.counters.rejectedBlocks.multimodal_unsupported).toBe(2);
   });
 });

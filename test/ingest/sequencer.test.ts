@@ -1,7 +1,8 @@
 // Goal: the sequencer applies every batch exactly once and in order across duplicates,
 // gaps with and without replay, replays that fail, time out or start late, buffer
-// overflow, malformed batches and engine restarts; and it says when a source's
-// state can no longer be trusted (degraded) and when it can again.
+// overflow, malformed batches and engine restarts; a stream gone quiet after losing its
+// last batches gets them from the replay ring (idle probe); and it says when a
+// source's state can no longer be trusted (degraded) and when it can again.
 import { describe, expect, test } from "bun:test";
 import { fingerprint, Sequencer, type SequencerHooks } from "../../src/ingest/sequencer";
 
@@ -12,7 +13,7 @@ interface Harness {
   replays: number[];
   cancels: number;
   events: string[];
-  timers: { fire: () => void; ms: number; live: boolean }[];
+  timers: { fire: () => void; ms: number; at: number; live: boolean }[];
   clock: { now: number };
 }
 
@@ -20,7 +21,7 @@ interface Harness {
 const bytes = (seq: number, life = 0) => new Uint8Array([seq & 0xff, life]);
 
 function harness(
-  options: { replay?: boolean; bad?: Set<number>; bufferMax?: number } = {},
+  options: { replay?: boolean; bad?: Set<number>; bufferMax?: number; idleProbeMs?: number } = {},
 ): Harness {
   const h: Harness = {
     applied: [],
@@ -50,9 +51,10 @@ function harness(
     replayCooldownMs: 5000,
     replayBufferBytes: 2 * (options.bufferMax ?? 100),
     replayDeadlineMs: 10_000,
+    idleProbeMs: options.idleProbeMs ?? 0,
     now: () => h.clock.now,
     setTimer: (fire, ms) => {
-      const timer = { fire, ms, live: true };
+      const timer = { fire, ms, at: h.clock.now + ms, live: true };
       h.timers.push(timer);
       return timer;
     },
@@ -65,6 +67,20 @@ function harness(
 
 const fireTimers = (h: Harness) => {
   for (const timer of h.timers.splice(0)) if (timer.live) timer.fire();
+};
+
+/** Moves the fake clock to `to`, firing every timer due on the way, in time order. */
+const advanceTo = (h: Harness, to: number) => {
+  for (;;) {
+    const due = h.timers
+      .filter((timer) => timer.live && timer.at <= to)
+      .sort((a, b) => a.at - b.at)[0];
+    if (due === undefined) break;
+    h.clock.now = Math.max(h.clock.now, due.at);
+    due.live = false;
+    due.fire();
+  }
+  h.clock.now = to;
 };
 
 describe("in-order delivery", () => {
@@ -420,6 +436,18 @@ describe("continuity on (re)connect, with a replay endpoint", () => {
 });
 
 describe("continuity: bounds and saved positions", () => {
+  test("a restored exact position is not exact until a connection's probe confirms it", () => {
+    const h = harness();
+    h.seq.restore(3, fingerprintOf(3, 0), false);
+    expect(h.seq.isDegraded).toBe(true);
+    h.seq.connected();
+    expect(h.seq.isDegraded).toBe(true);
+    for (const seq of [0, 1, 2, 3, 4]) h.seq.replayBatch(seq, bytes(seq));
+    h.seq.replayEnd();
+    expect(h.applied).toEqual([4]);
+    expect(h.seq.isDegraded).toBe(false);
+  });
+
   test("probe replies awaiting the fingerprint are byte-capped: over the cap the probe fails, nothing half-applied", () => {
     const h = harness({ bufferMax: 2 }); // 4 bytes: two 2-byte batches
     h.seq.restore(10, fingerprintOf(10, 0), false);
@@ -586,6 +614,129 @@ function fingerprintOf(seq: number, life: number): number {
   return fingerprint(bytes(seq, life));
 }
 
+describe("idle probe: a quiet stream asks the ring for a lost tail", () => {
+  test("the tail the live stream lost is applied once the stream has been quiet idleProbeMs", () => {
+    const h = harness({ idleProbeMs: 1000 });
+    for (const seq of [0, 1, 2]) h.seq.live(seq, bytes(seq));
+    // 3 and 4 were published and dropped at the engine's PUB; then it went quiet.
+    advanceTo(h, 999);
+    expect(h.replays).toEqual([]);
+    advanceTo(h, 1000);
+    expect(h.replays).toEqual([2]);
+    // The ring from `last`: our last batch (its fingerprint proves the same stream), then the tail.
+    for (const seq of [2, 3, 4]) h.seq.replayBatch(seq, bytes(seq));
+    h.seq.replayEnd();
+    expect(h.applied).toEqual([0, 1, 2, 3, 4]);
+    expect(h.seq.counters.idleProbes).toBe(1);
+    expect(h.seq.counters.idleProbeBatches).toBe(2);
+    expect(h.seq.counters.lost).toBe(0);
+    expect(h.seq.isDegraded).toBe(false);
+  });
+
+  test("activity postpones it; while quiet it asks once every idleProbeMs", () => {
+    const h = harness({ idleProbeMs: 1000 });
+    h.seq.live(0, bytes(0));
+    advanceTo(h, 600);
+    h.seq.live(1, bytes(1));
+    advanceTo(h, 1599);
+    expect(h.replays).toEqual([]);
+    advanceTo(h, 1600);
+    expect(h.replays).toEqual([1]);
+    h.seq.replayBatch(1, bytes(1));
+    h.seq.replayEnd();
+    advanceTo(h, 2599);
+    expect(h.replays).toEqual([1]);
+    advanceTo(h, 2600);
+    expect(h.replays).toEqual([1, 1]);
+    // Only one quiet timer is ever armed, however many batches arrive.
+    h.seq.replayBatch(1, bytes(1));
+    h.seq.replayEnd();
+    for (let seq = 2; seq < 50; seq++) h.seq.live(seq, bytes(seq));
+    expect(h.timers.filter((timer) => timer.live)).toHaveLength(1);
+  });
+
+  test("a ring whose first batch is not ours (a restarted engine) applies nothing and degrades", () => {
+    const h = harness({ idleProbeMs: 1000 });
+    for (const seq of [0, 1, 2]) h.seq.live(seq, bytes(seq));
+    advanceTo(h, 1000);
+    h.seq.replayBatch(2, bytes(2, 1)); // seq 2 of another engine lifetime
+    expect(h.cancels).toBe(1);
+    h.seq.replayBatch(3, bytes(3, 1));
+    h.seq.replayEnd();
+    expect(h.applied).toEqual([0, 1, 2]);
+    expect(h.seq.isDegraded).toBe(true);
+  });
+
+  test("a ring without our last batch (empty, or starting past it) degrades", () => {
+    for (const first of [null, 3]) {
+      const h = harness({ idleProbeMs: 1000 });
+      for (const seq of [0, 1, 2]) h.seq.live(seq, bytes(seq));
+      advanceTo(h, 1000);
+      if (first !== null) h.seq.replayBatch(first, bytes(first));
+      h.seq.replayEnd();
+      expect(h.applied).toEqual([0, 1, 2]);
+      expect(h.seq.isDegraded).toBe(true);
+    }
+  });
+
+  test("live batches that arrive during the probe wait for it, then apply in order", () => {
+    const h = harness({ idleProbeMs: 1000 });
+    for (const seq of [0, 1]) h.seq.live(seq, bytes(seq));
+    advanceTo(h, 1000);
+    h.seq.live(4, bytes(4));
+    expect(h.applied).toEqual([0, 1]);
+    for (const seq of [1, 2, 3, 4]) h.seq.replayBatch(seq, bytes(seq));
+    h.seq.replayEnd();
+    expect(h.applied).toEqual([0, 1, 2, 3, 4]);
+    expect(h.seq.counters.duplicates).toBe(1);
+    expect(h.seq.isDegraded).toBe(false);
+  });
+
+  test("a probe that fails is counted, degrades nothing, and waits out the cooldown", () => {
+    const h = harness({ idleProbeMs: 1000 });
+    h.seq.live(0, bytes(0));
+    advanceTo(h, 1000);
+    expect(h.replays).toEqual([0]);
+    advanceTo(h, 2000); // the reply timeout (1000 ms)
+    expect(h.seq.counters.replaysFailed).toBe(1);
+    expect(h.seq.isDegraded).toBe(false);
+    advanceTo(h, 6999);
+    expect(h.replays).toEqual([0]);
+    advanceTo(h, 7000); // cooldown (5000 ms) over
+    expect(h.replays).toEqual([0, 0]);
+  });
+
+  test("never without a replay endpoint, nor when idleProbeMs is 0, nor while trust is unknown", () => {
+    const none = harness({ replay: false, idleProbeMs: 1000 });
+    none.seq.live(0, bytes(0));
+    const off = harness({ idleProbeMs: 0 });
+    off.seq.live(0, bytes(0));
+    advanceTo(none, 10_000);
+    advanceTo(off, 10_000);
+    expect([none.timers.length, off.timers.length, off.replays]).toEqual([0, 0, []]);
+    // A connect probe that failed leaves the engine unknown: no idle probe until batch 0 or a clear.
+    const unknown = harness({ idleProbeMs: 1000 });
+    unknown.seq.connected();
+    advanceTo(unknown, 1000); // the connect probe times out
+    expect(unknown.replays).toEqual([0]);
+    advanceTo(unknown, 20_000);
+    expect(unknown.replays).toEqual([0]);
+    expect(unknown.seq.isDegraded).toBe(true);
+  });
+
+  test("an empty stream (nothing applied yet) asks the ring from 0", () => {
+    const h = harness({ idleProbeMs: 1000 });
+    h.seq.connected();
+    h.seq.replayEnd(); // an empty ring: the engine holds nothing
+    advanceTo(h, 1000);
+    expect(h.replays).toEqual([0, 0]);
+    for (const seq of [0, 1]) h.seq.replayBatch(seq, bytes(seq));
+    h.seq.replayEnd();
+    expect(h.applied).toEqual([0, 1]);
+    expect(h.seq.isDegraded).toBe(false);
+  });
+});
+
 describe("randomized: lossy network, finite ring, restarts, reconnects; exact means equal", () => {
   // A model engine publishes batches; each batch adds one element (life, seq) to its
   // cache. The consumer's "index" is what it applied since its last reset. Live
@@ -671,5 +822,159 @@ describe("randomized: lossy network, finite ring, restarts, reconnects; exact me
     serveReplay();
     check();
     expect(compared).toBeGreaterThan(0);
+  });
+});
+
+describe("randomized with idle probes: once the engine has gone quiet and been probed, exact means equal to all it published", () => {
+  // The model above, on a fake clock, with the engine going quiet now and then: after
+  // an idle probe served in full, "exact" must mean equal to everything the engine
+  // published, not only up to the last batch received live.
+  test.each(Array.from({ length: 40 }, (_, i) => [i + 1]))("seed %p", (seed) => {
+    let state = seed * 40503 + 17;
+    const rand = () => {
+      state ^= state << 13;
+      state ^= state >>> 17;
+      state ^= state << 5;
+      return (state >>> 0) / 2 ** 32;
+    };
+    const ringSize = 4 + Math.floor(rand() * 30);
+    let life = 0;
+    let engine: number[] = [];
+    let index = new Set<string>();
+    let pending: number | null = null;
+    let now = 0;
+    const timers: { at: number; fire: () => void; live: boolean }[] = [];
+    const sequencer = new Sequencer(
+      {
+        apply: (seq, payload) => {
+          index.add(`${payload[1]}:${seq}`);
+          return true;
+        },
+        reset: () => {
+          index = new Set();
+        },
+        requestReplay: (start) => {
+          pending = start;
+        },
+        cancelReplay: () => {
+          pending = null;
+        },
+      },
+      {
+        replayTimeoutMs: 1e9,
+        replayDeadlineMs: 1e9,
+        replayCooldownMs: 0,
+        replayBufferBytes: 1 << 20,
+        idleProbeMs: 100,
+        now: () => now,
+        setTimer: (fire, ms) => {
+          const timer = { at: now + ms, fire, live: true };
+          timers.push(timer);
+          return timer;
+        },
+        clearTimer: (timer) => {
+          (timer as { live: boolean }).live = false;
+        },
+      },
+    );
+    /** Serves the replay asked for; false when it failed. */
+    const serveReplay = (): boolean => {
+      if (pending === null) return true;
+      const start = pending;
+      pending = null;
+      if (rand() < 0.1) {
+        sequencer.replayFailed("refused");
+        return false;
+      }
+      for (let seq = Math.max(start, engine.length - ringSize); seq < engine.length; seq++) {
+        sequencer.replayBatch(seq, bytes(seq, life));
+        if (!sequencer.isReplaying) return true; // abandoned: the ring did not continue ours
+      }
+      sequencer.replayEnd();
+      return true;
+    };
+    const quiet = () => {
+      now += 100;
+      for (const timer of timers.splice(0)) if (timer.live && timer.at <= now) timer.fire();
+    };
+    let strict = 0;
+    const check = (all: boolean) => {
+      if (sequencer.isDegraded || sequencer.isReplaying) return;
+      const upTo = all ? engine.length - 1 : sequencer.lastSeq;
+      const want = engine.filter((seq) => seq <= upTo).map((seq) => `${life}:${seq}`);
+      expect([...index].sort()).toEqual(want.sort());
+      if (all) strict++;
+    };
+    sequencer.connected();
+    serveReplay();
+    for (let step = 0; step < 400; step++) {
+      now += 1;
+      const r = rand();
+      if (r < 0.02) {
+        life++;
+        engine = [];
+        sequencer.connected();
+        serveReplay();
+      } else if (r < 0.15) {
+        // The engine goes quiet: its quiet timer asks the ring; served in full, all is known.
+        quiet();
+        const served = pending !== null && serveReplay();
+        check(served);
+        continue;
+      }
+      const seq = engine.length;
+      engine.push(seq);
+      if (rand() < 0.25) continue; // dropped at the engine's PUB
+      sequencer.live(seq, bytes(seq, life));
+      if (rand() < 0.7) serveReplay();
+      check(false);
+    }
+    expect(strict).toBeGreaterThan(0);
+  });
+});
+
+describe("why a worker is degraded, in words", () => {
+  test("each cause names itself; exact again, there is no reason", () => {
+    const gap = harness({ replay: false });
+    gap.seq.live(0, bytes(0));
+    expect(gap.seq.degradedReason).toBeNull();
+    gap.seq.live(4, bytes(4));
+    expect(gap.seq.degradedReason).toBe("3 batches lost: a gap, and no replay endpoint");
+    gap.seq.live(9, bytes(9)); // a second cause does not replace the first
+    expect(gap.seq.degradedReason).toBe("3 batches lost: a gap, and no replay endpoint");
+    gap.seq.markExact();
+    expect(gap.seq.degradedReason).toBeNull();
+
+    const unknown = harness({ replay: false });
+    unknown.seq.connected();
+    expect(unknown.seq.degradedReason).toBe(
+      "connected without a replay endpoint: state unknown until batch 0 or a clear",
+    );
+
+    const probing = harness();
+    probing.seq.restore(10, fingerprintOf(10, 0), false);
+    probing.seq.connected();
+    expect(probing.seq.degradedReason).toBe(
+      "connect probe running: the engine's state is not known yet",
+    );
+    probing.seq.live(11, bytes(11));
+    probing.seq.replayFailed("refused");
+    expect(probing.seq.degradedReason).toBe("connect probe failed (refused): state unknown");
+
+    const late = harness();
+    late.seq.restore(10, fingerprintOf(10, 0), false);
+    late.seq.connected();
+    serve(late, ringOf(6, 12, 1));
+    expect(late.seq.degradedReason).toBe(
+      "6 batches lost: restarted engine's replay ring starts late",
+    );
+
+    const malformed = harness({ bad: new Set([1]) });
+    for (let i = 0; i < 3; i++) malformed.seq.live(i, bytes(i));
+    expect(malformed.seq.degradedReason).toBe("1 batch lost: malformed batch");
+
+    const saved = harness();
+    saved.seq.restore(5, fingerprintOf(5, 0), true);
+    expect(saved.seq.degradedReason).toBe("degraded when the snapshot was saved");
   });
 });

@@ -1,12 +1,14 @@
 /**
- * Runs test/interop/peer.mjs (a real libzmq socket through the `zeromq` addon) under
- * `node`, and reads what it prints. See peer.mjs for the line protocol.
+ * Runs test/interop/peer.mjs (a real libzmq socket through the `zeromq` addon) or
+ * test/interop/engine.mjs (an engine's KV-event publisher: PUB plus replay ROUTER) under
+ * `node`, and reads what it prints. See the scripts for their line protocols.
  */
 import { createHash } from "node:crypto";
 import { join } from "node:path";
 import type { Subprocess } from "bun";
 
 const PEER_SCRIPT = join(import.meta.dir, "peer.mjs");
+const ENGINE_SCRIPT = join(import.meta.dir, "engine.mjs");
 const READY_TIMEOUT_MS = 15_000;
 
 export interface PeerConfig {
@@ -26,8 +28,11 @@ export class NodePeer {
 
   private constructor(private readonly proc: Subprocess<"pipe", "pipe", "pipe">) {}
 
-  static async start(config: PeerConfig): Promise<NodePeer> {
-    const proc = Bun.spawn(["node", PEER_SCRIPT, JSON.stringify(config)], {
+  static async start(
+    config: PeerConfig | EngineConfig,
+    script: string = PEER_SCRIPT,
+  ): Promise<NodePeer> {
+    const proc = Bun.spawn(["node", script, JSON.stringify(config)], {
       stdin: "pipe",
       stdout: "pipe",
       stderr: "pipe",
@@ -152,3 +157,56 @@ export function seqBytes(seq: bigint): Uint8Array {
 
 export const text = (value: string): Uint8Array => new TextEncoder().encode(value);
 export const str = (bytes: Uint8Array): string => new TextDecoder().decode(bytes);
+
+export interface EngineConfig {
+  /** Where the PUB binds, e.g. tcp://127.0.0.1:0. */
+  readonly pub: string;
+  /** Where the replay ROUTER binds; absent or null: no replay. */
+  readonly router?: string | null;
+  readonly topic?: string;
+  /** Replay replies carry the topic frame (vLLM from #45177) or not (earlier vLLM, SGLang). */
+  readonly replayTopic?: boolean;
+}
+
+/** An engine's KV-event publisher on libzmq (test/interop/engine.mjs) in a node process. */
+export class NodeEngine {
+  private constructor(
+    private readonly peer: NodePeer,
+    readonly endpoint: string,
+    readonly replayEndpoint: string | null,
+  ) {}
+
+  static async start(config: EngineConfig): Promise<NodeEngine> {
+    const peer = await NodePeer.start(config, ENGINE_SCRIPT);
+    const [pub, router] = peer.endpoint.split(" ") as [string, string];
+    return new NodeEngine(peer, pub, router === "-" ? null : router);
+  }
+
+  /** Publishes `payload` as batch `seq`; `lose`: into the replay ring only (dropped at the PUB). */
+  publish(seq: number, payload: Uint8Array, lose = false): void {
+    this.peer.command({
+      op: "publish",
+      seq,
+      payload: Buffer.from(payload).toString("base64"),
+      ...(lose ? { lose: true } : {}),
+    });
+  }
+
+  /** The start seq of every replay request served so far. */
+  get replays(): number[] {
+    return this.peer.lines
+      .filter((line) => line.startsWith("replay "))
+      .map((line) => Number(line.slice("replay ".length)));
+  }
+
+  /** Waits until `count` commands were carried out (publishes are sent in order). */
+  async done(count: number): Promise<void> {
+    await this.peer.waitFor(
+      () => this.peer.lines.filter((line) => line.startsWith("done ")).length >= count,
+    );
+  }
+
+  kill(): void {
+    this.peer.kill();
+  }
+}

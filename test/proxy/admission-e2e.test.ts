@@ -35,12 +35,18 @@ function proxied(flags: string[]) {
   let serve: ServeProcess;
   const engine = () => engines[0]!;
   const headers = { "content-type": "application/json" };
+  // The decision API and lifecycle calls are the control listener's, completions the proxy's.
   const post = (path: string, body: unknown, signal?: AbortSignal) =>
-    fetch(`${serve.url}${path}`, { method: "POST", body: JSON.stringify(body), headers, signal });
+    fetch(`${path.startsWith("/v1/completions") ? serve.url : serve.controlUrl}${path}`, {
+      method: "POST",
+      body: JSON.stringify(body),
+      headers,
+      signal,
+    });
   const complete = (prompt: string, signal?: AbortSignal) =>
     post("/v1/completions", { model: "qwen3", prompt, max_tokens: 2 }, signal);
   const metric = async (line: string): Promise<number> => {
-    const text = await (await fetch(`${serve.url}/metrics`)).text();
+    const text = await (await fetch(`${serve.controlUrl}/metrics`)).text();
     const found = text.split("\n").find((l) => l.startsWith(`${line} `));
     return found === undefined ? Number.NaN : Number(found.slice(line.length + 1));
   };
@@ -61,7 +67,7 @@ function proxied(flags: string[]) {
   };
   const stop = () => serve?.stop();
   const activeRequests = async (): Promise<number> => {
-    const body = (await (await fetch(`${serve.url}/v1/workers`)).json()) as Json;
+    const body = (await (await fetch(`${serve.controlUrl}/v1/workers`)).json()) as Json;
     return (body.workers as Json[]).reduce((sum, w) => sum + w.active_requests, 0);
   };
   return { post, complete, metric, heldIs, engineRequests, activeRequests, start, stop };

@@ -100,7 +100,7 @@ test("a stream that did not ask for usage: usage is asked for, and its chunk is 
     "[DONE]",
   ]);
   expect(JSON.parse(received.at(-1)!.body).stream_options).toEqual({ include_usage: true });
-  const workers = ((await (await fetch(`${serve.url}/v1/workers`)).json()) as Json)
+  const workers = ((await (await fetch(`${serve.controlUrl}/v1/workers`)).json()) as Json)
     .workers as Json[];
   expect(workers[0]!.observed_hits.answers).toBeGreaterThanOrEqual(1);
   expect(workers[0]!.active_requests).toBe(0);

@@ -43,7 +43,7 @@ afterAll(async () => {
 });
 
 const workersOf = async (): Promise<Json[]> =>
-  ((await (await fetch(`${serve.url}/v1/workers`)).json()) as Json).workers as Json[];
+  ((await (await fetch(`${serve.controlUrl}/v1/workers`)).json()) as Json).workers as Json[];
 
 test("a worker whose answers show persistently fewer hits than predicted is flagged and discounted", async () => {
   const liarJudged = async () =>
@@ -54,7 +54,7 @@ test("a worker whose answers show persistently fewer hits than predicted is flag
     conversation++
   ) {
     await missThenHit(
-      serve.url,
+      serve,
       Array.from({ length: 80 }, (_, i) => 1 + conversation * 1000 + i),
     );
   }
@@ -69,7 +69,7 @@ test("a worker whose answers show persistently fewer hits than predicted is flag
   );
   expect(line.worker_id).toBe("1");
   expect(line.observed_ratio).toBe(0);
-  const metrics = await (await fetch(`${serve.url}/metrics`)).text();
+  const metrics = await (await fetch(`${serve.controlUrl}/metrics`)).text();
   expect(metrics).toContain('kvedge_worker_hits_suspect{worker_id="1",dp_rank="0"} 1');
 });
 
@@ -83,7 +83,7 @@ test("every metric the example Grafana dashboard queries is one kvedge serve --p
       for (const name of String(target.expr).match(/kvedge_[a-z_]+/g) ?? []) names.add(name);
   }
   expect(names.size).toBeGreaterThan(8);
-  const metrics = await (await fetch(`${serve.url}/metrics`)).text();
+  const metrics = await (await fetch(`${serve.controlUrl}/metrics`)).text();
   const exported = new Set(
     [...metrics.matchAll(/^# TYPE (kvedge_[a-z_]+) /gm)].map((match) => match[1]!),
   );

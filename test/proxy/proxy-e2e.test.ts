@@ -49,7 +49,7 @@ afterAll(async () => {
 });
 
 const workersOf = async (): Promise<Json[]> =>
-  ((await (await fetch(`${serve.url}/v1/workers`)).json()) as Json).workers as Json[];
+  ((await (await fetch(`${serve.controlUrl}/v1/workers`)).json()) as Json).workers as Json[];
 const activeRequests = async (): Promise<number> =>
   (await workersOf()).reduce((sum, w) => sum + w.active_requests, 0);
 
@@ -68,7 +68,7 @@ async function indexed(messages: Json[]): Promise<void> {
   );
   const need = Math.floor((tokens.length - 1) / 16);
   await until(async () => {
-    const response = await fetch(`${serve.url}/v1/match`, {
+    const response = await fetch(`${serve.controlUrl}/v1/match`, {
       method: "POST",
       headers: { "content-type": "application/json" },
       body: JSON.stringify({ token_ids: Array.from(tokens) }),
@@ -151,7 +151,7 @@ describe("kvedge serve --proxy", () => {
         worker.observed_hits.predicted_cached_tokens,
       );
     }
-    const metrics = await (await fetch(`${serve.url}/metrics`)).text();
+    const metrics = await (await fetch(`${serve.controlUrl}/metrics`)).text();
     expect(metrics).toMatch(
       /kvedge_observed_cached_tokens_total\{worker_id="\d",dp_rank="0"\} [1-9]/,
     );
@@ -190,7 +190,7 @@ describe("kvedge serve --proxy", () => {
       async () => (await activeRequests()) === 0,
       "the aborted request's load to be released",
     );
-    const metrics = await (await fetch(`${serve.url}/metrics`)).text();
+    const metrics = await (await fetch(`${serve.controlUrl}/metrics`)).text();
     expect(metrics).toContain('kvedge_proxy_requests_total{outcome="client_abort"} 1');
   });
 
@@ -239,7 +239,7 @@ describe("kvedge serve --proxy", () => {
     expect(Number(retry.headers.get("x-kvedge-worker-id"))).not.toBe(worker);
     expect((await sseData(retry)).at(-1)).toBe("[DONE]");
     expect(await activeRequests()).toBe(0);
-    const metrics = await (await fetch(`${serve.url}/metrics`)).text();
+    const metrics = await (await fetch(`${serve.controlUrl}/metrics`)).text();
     expect(metrics).toMatch(/kvedge_proxy_failovers_total [1-9]/);
     expect(metrics).toContain('kvedge_proxy_requests_total{outcome="engine_error"} 1');
   });

@@ -177,10 +177,22 @@ describe("request lifecycle", () => {
     }
   });
 
-  test("generated ids are unique among active requests", () => {
+  test("generated ids are unique and unguessable: 128 random bits each, no counter", () => {
     const { load } = tracker();
-    const ids = new Set(Array.from({ length: 1000 }, () => load.newRequestId()));
-    expect(ids.size).toBe(1000);
+    const list = Array.from({ length: 1000 }, () => load.newRequestId());
+    expect(new Set(list).size).toBe(1000);
+    for (const id of list) expect(id).toMatch(/^r-[A-Za-z0-9_-]{22}$/);
+    // Consecutive ids share nothing a caller could extrapolate: about half of the 128
+    // bits differ between neighbours (a counter would differ in a few low bits).
+    const bits = (id: string) => Buffer.from(id.slice(2), "base64url");
+    let differing = 0;
+    for (let i = 1; i < list.length; i++) {
+      const [a, b] = [bits(list[i - 1]!), bits(list[i]!)];
+      for (let j = 0; j < 16; j++) differing += popcount(a[j]! ^ b[j]!);
+    }
+    const mean = differing / (list.length - 1);
+    expect(mean).toBeGreaterThan(56);
+    expect(mean).toBeLessThan(72);
   });
 
   test("request records are reused under churn and given back to the first size once none is active", () => {
@@ -482,3 +494,9 @@ describe("worker removal", () => {
     expect(load.blocks.nodeCount).toBe(0);
   });
 });
+
+function popcount(byte: number): number {
+  let count = 0;
+  for (let b = byte; b !== 0; b &= b - 1) count++;
+  return count;
+}

@@ -124,11 +124,15 @@ describe("the writer thread", () => {
     await applied(pb, 2);
     await same();
     expect(pb.threaded.sequencer.isDegraded).toBe(true);
+    // The reason crosses from the writer thread as it is on one thread.
+    expect(pb.threaded.sequencer.degradedReason).toBe(pb.reference.sequencer.degradedReason);
+    expect(pb.threaded.sequencer.degradedReason).toStartWith("1 batch lost:");
 
     b.publish([cleared, stored([14n], tokens(1, 1), BS)]);
     await applied(pb, 3);
     await same();
     expect(pb.threaded.sequencer.isDegraded).toBe(false);
+    expect(pb.threaded.sequencer.degradedReason).toBeNull();
 
     // A batch over the 4 KiB message limit: skipped on the wire, replayed, skipped again:
     // one batch lost to the size limit, on both sides alike.

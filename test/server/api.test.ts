@@ -5,11 +5,13 @@ import {
   CANDIDATES_DEFAULT,
   CANDIDATES_MAX,
   decideRoute,
+  matchOp,
   routeAnswer,
   routeOp,
   writeRouteAnswer,
 } from "../../src/server/api";
 import { KvedgeCore } from "../../src/core/core";
+import { hashTokens } from "../../src/hash";
 import { silentLogger } from "../../src/util/log";
 import { xorshift32 } from "../../src/util/random";
 import { MsgpackWriter } from "../../src/wire/msgpack";
@@ -104,5 +106,37 @@ describe("routeOp explanation", () => {
     }
     expect(answer.predicted_ttft_ms).toBe(answer.candidates[0]!.predicted_ttft_ms);
     expect(answer.candidates.some((c) => c.queue_ms > 0)).toBe(true);
+  });
+});
+
+describe("LoRA adapters in queries", () => {
+  test("lora_name and lora_id name the same adapter through index.lora_adapters; neither is the base model", () => {
+    const core = new KvedgeCore({
+      config: loadConfig({ env: { KVEDGE_BLOCK_SIZE: "4", KVEDGE_LORA_ADAPTERS: "sql-lora=3" } })
+        .config,
+      log: silentLogger,
+    });
+    const tokens = [1, 2, 3, 4, 5, 6, 7, 8];
+    const store = (worker: bigint, lora: string | null) => {
+      const local = hashTokens(tokens, 4, { loraName: lora }).local;
+      const words = new Uint32Array(4);
+      local.forEach((hash, i) => {
+        words[2 * i] = Number(hash >> 32n);
+        words[2 * i + 1] = Number(hash & 0xffff_ffffn);
+      });
+      core.index.applyStored(worker, 0, false, 0, 0, Uint32Array.of(0, 11, 0, 12), words, 2);
+    };
+    store(1n, "sql-lora"); // an engine that sent the name, or id 3 with the mapping
+    store(2n, core.lora.identity(null, 9)); // an engine that sent id 9, which has no name
+    const matched = (extra: Record<string, unknown>) =>
+      matchOp(core, { token_ids: tokens, ...extra }).scores.map(
+        (score) => `${score.worker_id}=${score.blocks}`,
+      );
+    expect(matched({ lora_name: "sql-lora" })).toEqual(["1=2"]);
+    expect(matched({ lora_id: 3 })).toEqual(["1=2"]);
+    expect(matched({ lora_id: 9 })).toEqual(["2=2"]);
+    expect(matched({})).toEqual([]);
+    expect(matched({ lora_id: 4 })).toEqual([]);
+    expect(() => matched({ lora_id: -1 })).toThrow("lora_id");
   });
 });

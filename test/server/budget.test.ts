@@ -71,6 +71,7 @@ test("past the budget, stores are refused and counted, the worker degraded; a cl
   expect(core.budget.full).toBe(true);
   const view = core.workers()[0]!;
   expect(view.degraded).toBe(true);
+  expect(view.degradedReason).toStartWith("index memory budget reached: stores refused");
   expect(view.state).toBe("connected");
   expect(core.budget.refusedBlocks).toBe(32 * core.budget.refusedEvents);
   expect(view.blocks + core.budget.refusedBlocks).toBe(sent);
@@ -113,6 +114,7 @@ test("an exception while applying a batch is counted as a lost batch, the worker
   await until(() => source.stream.counters.applyErrors === 1, "the failed apply");
   expect(source.sequencer.counters.lost).toBe(1);
   expect(core.workers()[0]!.degraded).toBe(true);
+  expect(core.workers()[0]!.degradedReason).toBe("1 batch lost: malformed batch");
   engine.publish([stored([2n], [5, 6, 7, 8], BS)]);
   await until(() => core.workers()[0]!.blocks === 1, "the next batch");
   expect(source.socketCounters.sub.callbackErrors).toBe(0);

@@ -41,7 +41,9 @@ function snapshotOf(index: ReturnType<typeof createIndex>): Snapshot {
     createdAt: "2026-01-01T00:00:00Z",
     workerIds: [...workerIds],
     words,
-    positions: [{ workerId: 7n, dpRank: 0, lastSeq: 41, fingerprint: 12345, degraded: false }],
+    positions: [
+      { workerId: 7n, dpRank: 0, lastSeq: 41, fingerprint: 12345, degraded: false, ranks: [0, 2] },
+    ],
   };
 }
 
@@ -77,7 +79,14 @@ describe("round trip", () => {
         const bytes = encodeSnapshot(snapshotOf(index));
         const loaded = decodeSnapshot(bytes);
         expect(loaded.positions).toEqual([
-          { workerId: 7n, dpRank: 0, lastSeq: 41, fingerprint: 12345, degraded: false },
+          {
+            workerId: 7n,
+            dpRank: 0,
+            lastSeq: 41,
+            fingerprint: 12345,
+            degraded: false,
+            ranks: [0, 2],
+          },
         ]);
         const restored = restoreInto(loaded, backend);
         expect(restored.workers()).toEqual(index.workers());

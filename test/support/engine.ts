@@ -4,7 +4,12 @@
  * vLLM's protocol. Tests decide exactly which batches go out, which are "lost", and
  * when the engine "restarts" (sequence back to 0).
  */
-import { encodeKvBatch, type KvBatch, type KvEvent } from "../../src/wire/kv-events";
+import {
+  encodeKvBatch,
+  type KvBatch,
+  type KvEvent,
+  type WireVariant,
+} from "../../src/wire/kv-events";
 import { PubSocket, RouterSocket } from "../../src/wire/zmtp";
 import { until } from "./wait";
 
@@ -18,7 +23,9 @@ function seqFrame(seq: bigint): Uint8Array {
 
 export interface TestEngineOptions {
   readonly topic?: string;
+  /** Events as arrays (vLLM V7) or maps (vLLM V9); `variant` names any producer's layout instead. */
   readonly form?: "array" | "map";
+  readonly variant?: WireVariant;
   readonly replay?: boolean;
   readonly dpRank?: number | null;
 }
@@ -53,7 +60,12 @@ export class TestEngine {
   /** Publishes one batch; `lose` skips the wire (a gap the router must notice). */
   publish(events: readonly KvEvent[], lose = false): bigint {
     const batch: KvBatch = { ts: Date.now() / 1000, events, dpRank: this.options.dpRank ?? null };
-    const payload = encodeKvBatch(batch, { form: this.options.form ?? "array" });
+    const payload = encodeKvBatch(
+      batch,
+      this.options.variant === undefined
+        ? { form: this.options.form ?? "array" }
+        : { variant: this.options.variant },
+    );
     const seq = this.seq++;
     this.ring.push({ seq, payload });
     if (!lose) this.pub.send([this.topic, seqFrame(seq), payload]);

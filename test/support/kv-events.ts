@@ -8,29 +8,41 @@
  *   the JS values under the same rules and limits;
  * - `expectedSnapshot`: what a batch built in code must decode to (a third path, from
  *   the source objects, that shares nothing with either decoder);
- * - `randomBatch`: a seeded generator of valid, vLLM-shaped batches.
+ * - `randomBatch`: a seeded generator of valid batches in one producer's layout.
+ *
+ * A skipped event (one the walker could not read) snapshots as `kind: "skipped"` with
+ * the kind its tag named (`skipped`), every other field at its default.
  */
 import { Unpackr } from "msgpackr";
 import {
   DEFAULT_DECODE_LIMITS,
   EVENT_CLEARED,
   EVENT_REMOVED,
+  EVENT_SKIPPED,
   EVENT_STORED,
   FLAG_EAGLE,
   FLAG_GROUP,
+  FLAG_LORA_ID,
   FLAG_PARENT,
   FLAG_WINDOW,
+  WIRE_LAYOUTS,
   type DecodedBatch,
   type DecodeLimits,
   type KvBatch,
   type KvEvent,
   type KvHash,
   type KvValue,
+  type WireField,
+  type WireVariant,
 } from "../../src/wire/kv-events";
 import { u64 } from "../../src/util/u64";
 
+type Kind = "stored" | "removed" | "cleared";
+
 export interface EventSnapshot {
-  kind: "stored" | "removed" | "cleared";
+  kind: Kind | "skipped";
+  /** A skipped event: the kind its tag named, null if unreadable (absent otherwise). */
+  skipped?: Kind | null;
   hashes: bigint[];
   parent: bigint | null;
   tokens: number[];
@@ -38,6 +50,7 @@ export interface EventSnapshot {
   blockSize: number;
   medium: string | null;
   loraName: string | null;
+  loraId: number | null;
   cacheSalt: string | null;
   groupIdx: number | null;
   slidingWindow: number | null;
@@ -61,9 +74,40 @@ const KINDS = {
   [EVENT_CLEARED]: "cleared",
 } as const;
 
+/** An event snapshot with every field at its default. */
+function blank(kind: EventSnapshot["kind"]): EventSnapshot {
+  return {
+    kind,
+    hashes: [],
+    parent: null,
+    tokens: [],
+    eagle: false,
+    blockSize: 0,
+    medium: null,
+    loraName: null,
+    loraId: null,
+    cacheSalt: null,
+    groupIdx: null,
+    slidingWindow: null,
+    specKind: null,
+    locality: null,
+    ownership: null,
+    mmBlock: -1,
+  };
+}
+
+function skippedSnapshot(kind: Kind | null): EventSnapshot {
+  return { ...blank("skipped"), skipped: kind };
+}
+
 export function snapshotBatch(batch: DecodedBatch): BatchSnapshot {
   const events: EventSnapshot[] = [];
   for (let e = 0; e < batch.eventCount; e++) {
+    if (batch.kind[e] === EVENT_SKIPPED) {
+      const kind = batch.skipKind[e]!;
+      events.push(skippedSnapshot(kind === 0 ? null : KINDS[kind as 1 | 2 | 3]));
+      continue;
+    }
     const flags = batch.flags[e]!;
     const hashes: bigint[] = [];
     const start = batch.hashStart[e]!;
@@ -80,6 +124,7 @@ export function snapshotBatch(batch: DecodedBatch): BatchSnapshot {
       blockSize: batch.blockSize[e]!,
       medium: batch.string(batch.medium[e]!),
       loraName: batch.string(batch.loraName[e]!),
+      loraId: flags & FLAG_LORA_ID ? batch.loraId[e]! : null,
       cacheSalt: batch.string(batch.cacheSalt[e]!),
       groupIdx: flags & FLAG_GROUP ? batch.groupIdx[e]! : null,
       slidingWindow: flags & FLAG_WINDOW ? batch.slidingWindow[e]! : null,
@@ -107,22 +152,57 @@ export function isMmHashString(value: unknown): value is string {
   return typeof value === "string" && MM_HASH.test(value);
 }
 
-/** The salt rule: drop the first string equal to the LoRA name; prefer a prefixed one; else the first non-empty. */
-export function saltFromCandidates(
-  candidates: readonly string[],
+/**
+ * vLLM's `extra_keys` as kvedge reads them: the salt (a top-level one wins; else block
+ * 0's prefixed string, else its one bare string) and the first block whose items are
+ * not just the LoRA name and that salt (-1: none). `bareMmIds`: the 9-field array era,
+ * where a bare 64-hex string is a multimodal hash. `checkLength` sees each string read.
+ */
+export function extraKeysMeaning(
+  blocks: readonly (readonly unknown[] | null)[],
   loraName: string | null,
-): string | null {
-  const rest = [...candidates];
-  if (loraName !== null) {
-    const at = rest.indexOf(loraName);
-    if (at >= 0) rest.splice(at, 1);
-  }
-  for (const candidate of rest) {
-    if (candidate.startsWith(SALT_PREFIX) && candidate.length > SALT_PREFIX.length) {
-      return candidate.slice(SALT_PREFIX.length);
+  bareMmIds: boolean,
+  topSalt: string | null,
+  checkLength: (text: string) => void = () => {},
+): { salt: string | null; opaque: number } {
+  let opaque = -1;
+  const mark = (block: number) => {
+    if (opaque < 0 || block < opaque) opaque = block;
+  };
+  let bareCount = 0;
+  let lastBare: string | null = null;
+  let prefixed: string | null = null;
+  let bareSpans = false;
+  blocks.forEach((items, block) => {
+    if (items === null) return;
+    let lora = loraName;
+    for (const item of items) {
+      if (typeof item !== "string") {
+        mark(block);
+        continue;
+      }
+      if (lora !== null && item === lora) {
+        lora = null;
+        continue;
+      }
+      checkLength(item);
+      if (block > 0) {
+        mark(block);
+        if (lastBare !== null && item === lastBare) bareSpans = true;
+      } else if ((bareMmIds && isMmHashString(item)) || item === "") mark(0);
+      else if (item.startsWith(SALT_PREFIX)) {
+        if (prefixed !== null) mark(0);
+        else prefixed = item.length > SALT_PREFIX.length ? item.slice(SALT_PREFIX.length) : item;
+      } else {
+        bareCount++;
+        lastBare = item;
+      }
     }
-  }
-  return rest.find((candidate) => !candidate.startsWith(SALT_PREFIX) && candidate !== "") ?? null;
+  });
+  let salt = topSalt ?? prefixed ?? lastBare;
+  if (bareCount > 1 || (bareCount === 1 && (salt !== lastBare || bareSpans))) mark(0);
+  if (bareSpans && salt === lastBare) salt = null;
+  return { salt, opaque };
 }
 
 /** Low 64 bits of a digest, big-endian (vLLM's int conversion). */
@@ -135,7 +215,10 @@ export function digestToU64(bytes: Uint8Array): bigint {
 
 // ---- Reference path: msgpackr + conversion ----
 
+/** An event the walker must skip alone. */
 class Reject extends Error {}
+/** What drops the whole batch (the envelope, the batch limits). */
+class BatchReject extends Reject {}
 
 export type ReferenceResult =
   | { readonly ok: true; readonly batch: BatchSnapshot }
@@ -182,6 +265,9 @@ function isPlainMsgpack(value: unknown): boolean {
 const reject = (reason: string): never => {
   throw new Reject(reason);
 };
+const rejectBatch = (reason: string): never => {
+  throw new BatchReject(reason);
+};
 
 function isInt(value: unknown): value is number | bigint {
   return typeof value === "bigint" || (typeof value === "number" && Number.isInteger(value));
@@ -219,7 +305,7 @@ class Converter {
     let events: unknown;
     let dpRank: unknown = null;
     if (Array.isArray(value)) {
-      if (value.length < 2) reject("batch too short");
+      if (value.length < 2) rejectBatch("batch too short");
       [ts, events] = value;
       if (value.length >= 3) dpRank = value[2];
       this.unknownFields += Math.max(0, value.length - 3);
@@ -230,39 +316,71 @@ class Converter {
         else if (key === "events") events = item;
         else if (key === "data_parallel_rank" || key === "dp_rank") dpRank = item;
         else {
-          this.checkLength(key);
+          if (byteLength(key) > this.limits.stringBytesMax) rejectBatch("string too long");
           this.unknownFields++;
         }
       }
-      if (value.has("data_parallel_rank") && value.has("dp_rank")) reject("both dp rank aliases");
-      if (!value.has("ts") || !value.has("events")) reject("batch misses ts or events");
-    } else reject("batch is not an array or map");
-    if (typeof ts !== "number" && typeof ts !== "bigint") reject("ts is not a number");
-    if (!Array.isArray(events)) reject("events is not an array");
+      if (value.has("data_parallel_rank") && value.has("dp_rank"))
+        rejectBatch("both dp rank aliases");
+      if (!value.has("ts") || !value.has("events")) rejectBatch("batch misses ts or events");
+    } else rejectBatch("batch is not an array or map");
+    if (typeof ts !== "number" && typeof ts !== "bigint") rejectBatch("ts is not a number");
+    if (!Array.isArray(events)) rejectBatch("events is not an array");
     const list = events as unknown[];
-    if (list.length > this.limits.eventsMax) reject("too many events");
+    if (list.length > this.limits.eventsMax) rejectBatch("too many events");
     const snapshots: EventSnapshot[] = [];
     for (const event of list) {
-      const snapshot = this.event(event);
+      const snapshot = this.eventAlone(event);
       if (snapshot !== null) snapshots.push(snapshot);
+    }
+    let rank: number | null = null;
+    if (dpRank !== null) {
+      try {
+        rank = u32Of(dpRank, "dp rank");
+      } catch {
+        rejectBatch("dp rank is not a u32");
+      }
     }
     return {
       ts: Number(ts),
-      dpRank: dpRank === null ? null : u32Of(dpRank, "dp rank"),
+      dpRank: rank,
       unknownTags: this.unknownTags,
       unknownFields: this.unknownFields,
       events: snapshots,
     };
   }
 
+  /** One event, or a skipped entry if it cannot be read (its unknown fields not counted). */
+  private eventAlone(value: unknown): EventSnapshot | null {
+    const unknownMark = this.unknownFields;
+    const blocksMark = this.blocks;
+    const tokensMark = this.tokenTotal;
+    this.kind = null;
+    try {
+      return this.event(value);
+    } catch (error) {
+      if (!(error instanceof Reject) || error instanceof BatchReject) throw error;
+      this.unknownFields = unknownMark;
+      this.blocks = blocksMark;
+      this.tokenTotal = tokensMark;
+      return skippedSnapshot(this.kind);
+    }
+  }
+
+  /** The kind of the event being read, once its tag is known. */
+  private kind: Kind | null = null;
+
   private event(value: unknown): EventSnapshot | null {
     const fields = new Map<string, unknown>();
     let tail: unknown[] = [];
-    let kind: EventSnapshot["kind"];
+    let kind: Kind;
+    let arrayLength = 0;
     if (Array.isArray(value)) {
       if (value.length === 0 || typeof value[0] !== "string") return reject("event without a tag");
-      kind = this.tag(value[0]) as EventSnapshot["kind"];
-      if (kind === null) return null;
+      const tag = this.tag(value[0]);
+      if (tag === null) return null;
+      kind = this.kind = tag;
+      arrayLength = value.length;
       const names =
         kind === "stored"
           ? [
@@ -281,7 +399,11 @@ class Converter {
       if (kind === "stored" && value.length < 5) reject("BlockStored too short");
       if (kind === "removed" && value.length < 2) reject("BlockRemoved too short");
       names.forEach((name, i) => {
-        if (i + 1 < value.length) fields.set(name, value[i + 1]);
+        if (i + 1 >= value.length) return;
+        const item = value[i + 1];
+        // Position 7: vLLM's lora_name, or SGLang's metadata (a map, or the struct as an array).
+        const metadata = name === "lora_name" && (item instanceof Map || Array.isArray(item));
+        fields.set(metadata ? "metadata" : name, item);
       });
       tail = value.slice(1 + names.length);
       if (kind === "cleared") {
@@ -298,7 +420,7 @@ class Converter {
         for (const key of keys.slice(0, typeAt)) if (typeof key === "string") this.checkLength(key);
         return null;
       }
-      kind = tag;
+      kind = this.kind = tag;
       const known: readonly string[] = KNOWN_KEYS[kind];
       for (const [key, item] of value) {
         if (typeof key === "string" && known.includes(key)) {
@@ -316,10 +438,10 @@ class Converter {
             : [];
       for (const name of required) if (!fields.has(name)) reject(`missing ${name}`);
     } else return reject("event is not an array or map");
-    return this.fields(kind, fields, tail);
+    return this.fields(kind, fields, tail, arrayLength === 9);
   }
 
-  private tag(tag: string): EventSnapshot["kind"] | null {
+  private tag(tag: string): Kind | null {
     const kind = (
       { BlockStored: "stored", BlockRemoved: "removed", AllBlocksCleared: "cleared" } as const
     )[tag];
@@ -330,31 +452,19 @@ class Converter {
   }
 
   private fields(
-    kind: EventSnapshot["kind"],
+    kind: Kind,
     fields: Map<string, unknown>,
     tail: unknown[],
+    bareMmIds: boolean,
   ): EventSnapshot {
-    const snapshot: EventSnapshot = {
-      kind,
-      hashes: [],
-      parent: null,
-      tokens: [],
-      eagle: false,
-      blockSize: 0,
-      medium: null,
-      loraName: null,
-      cacheSalt: null,
-      groupIdx: null,
-      slidingWindow: null,
-      specKind: null,
-      locality: null,
-      ownership: null,
-      mmBlock: -1,
-    };
-    let mmFromExtra = -1;
+    const snapshot = blank(kind);
     let mmFromInfos = -1;
-    let saltCandidates: string[] = [];
+    let extraKeys: (readonly unknown[] | null)[] = [];
     let topSalt: string | null = null;
+    const readMetadata = (value: unknown) => {
+      const salt = this.metadata(value);
+      if (salt !== undefined) topSalt = salt;
+    };
     for (const [name, value] of fields) {
       switch (name) {
         case "block_hashes":
@@ -370,7 +480,7 @@ class Converter {
           snapshot.blockSize = u32Of(value, "block_size");
           break;
         case "lora_id":
-          if (value !== null && !isInt(value)) reject("lora_id");
+          snapshot.loraId = value === null ? null : u32Of(value, "lora_id");
           break;
         case "medium":
           snapshot.medium = this.str(value, name);
@@ -379,13 +489,18 @@ class Converter {
           snapshot.loraName = this.str(value, name);
           break;
         case "extra_keys":
-          [mmFromExtra, saltCandidates] = this.extraKeys(value);
+          extraKeys = extraKeysList(value);
           break;
         case "block_mm_infos":
           mmFromInfos = mmInfos(value);
           break;
         case "cache_salt":
           topSalt = this.str(value, name);
+          break;
+        case "metadata":
+          readMetadata(value);
+          break;
+        case "session_id":
           break;
         case "group_idx":
           snapshot.groupIdx = value === null ? null : u32Of(value, name);
@@ -406,22 +521,49 @@ class Converter {
           throw new Error(`unhandled field ${name}`);
       }
     }
-    if (tail.length > 0) mmFromInfos = this.tail(tail, snapshot, mmFromInfos);
+    if (tail.length > 0) mmFromInfos = this.tail(tail, snapshot, mmFromInfos, readMetadata);
+    if (kind !== "stored") {
+      snapshot.mmBlock = mmFromInfos;
+      return snapshot;
+    }
+    const meaning = extraKeysMeaning(extraKeys, snapshot.loraName, bareMmIds, topSalt, (text) =>
+      this.checkLength(text),
+    );
+    const mmFromExtra = meaning.opaque;
     snapshot.mmBlock =
       mmFromExtra < 0
         ? mmFromInfos
         : mmFromInfos < 0
           ? mmFromExtra
           : Math.min(mmFromExtra, mmFromInfos);
-    if (kind === "stored")
-      snapshot.cacheSalt = topSalt ?? saltFromCandidates(saltCandidates, snapshot.loraName);
+    snapshot.cacheSalt = meaning.salt;
     return snapshot;
+  }
+
+  /** SGLang's metadata: its cache salt (undefined: none given). */
+  private metadata(value: unknown): string | null | undefined {
+    if (value === null) return undefined;
+    if (Array.isArray(value)) {
+      this.unknownFields += Math.max(0, value.length - 2);
+      return value.length > 0 ? this.str(value[0], "metadata cache_salt") : undefined;
+    }
+    if (!(value instanceof Map)) return reject("metadata is not a map");
+    let salt: string | null | undefined;
+    for (const [key, item] of value) {
+      if (key === "cache_salt") salt = this.str(item, "metadata cache_salt");
+      else if (key === "session_id") continue;
+      else {
+        if (typeof key === "string") this.checkLength(key);
+        this.unknownFields++;
+      }
+    }
+    return salt;
   }
 
   private hashes(value: unknown): bigint[] {
     if (!Array.isArray(value)) return reject("block_hashes is not an array");
     this.blocks += value.length;
-    if (this.blocks > this.limits.blocksMax) reject("too many blocks");
+    if (this.blocks > this.limits.blocksMax) rejectBatch("too many blocks");
     return value.map(hashOf);
   }
 
@@ -438,39 +580,16 @@ class Converter {
       for (const pair of value) u32Of(pair[1], "token");
     } else tokens = value.map((token) => u32Of(token, "token"));
     this.tokenTotal += tokens.length;
-    if (this.tokenTotal > this.limits.tokensMax) reject("too many tokens");
+    if (this.tokenTotal > this.limits.tokensMax) rejectBatch("too many tokens");
     return [tokens, eagle];
   }
 
-  private extraKeys(value: unknown): [number, string[]] {
-    if (value === null) return [-1, []];
-    if (!Array.isArray(value)) return reject("extra_keys is not an array");
-    let mm = -1;
-    const candidates: string[] = [];
-    value.forEach((items, block) => {
-      if (items === null) return;
-      if (!Array.isArray(items)) reject("extra_keys entry is not an array");
-      for (const item of items) {
-        const text =
-          typeof item === "string"
-            ? item
-            : Array.isArray(item) && typeof item[0] === "string"
-              ? item[0]
-              : null;
-        if (text === null) continue;
-        if (isMmHashString(text)) {
-          if (mm < 0) mm = block;
-        } else {
-          this.checkLength(text);
-          if (typeof item === "string" && block === 0 && candidates.length < 8)
-            candidates.push(text);
-        }
-      }
-    });
-    return [mm, candidates];
-  }
-
-  private tail(items: unknown[], snapshot: EventSnapshot, mmFromInfos: number): number {
+  private tail(
+    items: unknown[],
+    snapshot: EventSnapshot,
+    mmFromInfos: number,
+    readMetadata: (value: unknown) => void,
+  ): number {
     type Item = { type: "nil" | "uint" | "str" | "list" | "other"; value: unknown };
     const classify = (item: unknown): Item => {
       if (item === null) return { type: "nil", value: null };
@@ -485,25 +604,25 @@ class Converter {
       if (Array.isArray(item)) return { type: "list", value: mmInfos(item) };
       return { type: "other", value: null };
     };
-    const classified = items.map(classify);
+    const slots = items.slice(0, 5).map(classify);
     const fixed = ["uint", "str", "uint", "str", "str"];
-    const isFixed = classified
-      .slice(0, 5)
-      .every((item, i) => item.type === "nil" || item.type === fixed[i]);
-    if (isFixed) {
-      const [group, kind, window, locality, ownership] = classified;
+    if (slots.every((item, i) => item.type === "nil" || item.type === fixed[i])) {
+      const [group, kind, window, locality, ownership] = slots;
       if (group?.type === "uint") snapshot.groupIdx = group.value as number;
       if (kind !== undefined) snapshot.specKind = kind.value as string | null;
       if (window?.type === "uint") snapshot.slidingWindow = window.value as number;
       if (locality !== undefined) snapshot.locality = locality.value as string | null;
       if (ownership !== undefined) snapshot.ownership = ownership.value as string | null;
-      this.unknownFields += Math.max(0, classified.length - 5);
+      for (const item of items.slice(5)) {
+        if (snapshot.kind === "stored" && item instanceof Map) readMetadata(item);
+        else this.unknownFields++;
+      }
       return mmFromInfos;
     }
     let uints = 0;
     let strings = 0;
     let lists = 0;
-    for (const item of classified) {
+    for (const item of items.map(classify)) {
       if (item.type === "uint" && uints < 2) {
         if (uints++ === 0) snapshot.groupIdx = item.value as number;
         else snapshot.slidingWindow = item.value as number;
@@ -513,6 +632,16 @@ class Converter {
     }
     return mmFromInfos;
   }
+}
+
+function extraKeysList(value: unknown): (readonly unknown[] | null)[] {
+  if (value === null) return [];
+  if (!Array.isArray(value)) return reject("extra_keys is not an array");
+  return value.map((items) => {
+    if (items === null) return null;
+    if (!Array.isArray(items)) return reject("extra_keys entry is not an array");
+    return items;
+  });
 }
 
 const KNOWN_KEYS = {
@@ -533,6 +662,8 @@ const KNOWN_KEYS = {
     "kv_cache_spec_sliding_window",
     "locality",
     "ownership",
+    "session_id",
+    "metadata",
   ],
   removed: [
     "type",
@@ -545,7 +676,7 @@ const KNOWN_KEYS = {
     "ownership",
   ],
   cleared: ["type", "ownership"],
-} as const satisfies Record<EventSnapshot["kind"], readonly string[]>;
+} as const satisfies Record<Kind, readonly string[]>;
 
 function hashOf(value: unknown): bigint {
   if (isInt(value)) return BigInt.asUintN(64, BigInt(value));
@@ -564,13 +695,14 @@ function mmInfos(value: unknown): number {
 
 // ---- Expected output of a batch built in code ----
 
-export function expectedSnapshot(batch: KvBatch): BatchSnapshot {
+/** What `batch`, encoded in `variant`'s layout, must decode to. */
+export function expectedSnapshot(batch: KvBatch, variant: WireVariant): BatchSnapshot {
   return {
     ts: batch.ts,
     dpRank: batch.dpRank ?? null,
     unknownTags: 0,
     unknownFields: 0,
-    events: batch.events.map(expectedEvent),
+    events: batch.events.map((event) => expectedEvent(event, variant)),
   };
 }
 
@@ -578,24 +710,8 @@ function hashValue(hash: KvHash): bigint {
   return typeof hash === "bigint" ? BigInt.asUintN(64, hash) : digestToU64(hash);
 }
 
-function expectedEvent(event: KvEvent): EventSnapshot {
-  const base: EventSnapshot = {
-    kind: "cleared",
-    hashes: [],
-    parent: null,
-    tokens: [],
-    eagle: false,
-    blockSize: 0,
-    medium: null,
-    loraName: null,
-    cacheSalt: null,
-    groupIdx: null,
-    slidingWindow: null,
-    specKind: null,
-    locality: null,
-    ownership: event.ownership ?? null,
-    mmBlock: -1,
-  };
+function expectedEvent(event: KvEvent, variant: WireVariant): EventSnapshot {
+  const base = { ...blank("cleared"), ownership: event.ownership ?? null };
   if (event.type === "AllBlocksCleared") return base;
   const common = {
     ...base,
@@ -614,17 +730,13 @@ function expectedEvent(event: KvEvent): EventSnapshot {
         (event.tokenIds[event.tokenIds.length - 1] as readonly [number, number])[1],
       ]
     : Array.from(event.tokenIds as ArrayLike<number>);
-  const extra = event.extraKeys ?? [];
-  const mmOf = (items: readonly KvValue[] | null) =>
-    (items ?? []).some(
-      (item) => isMmHashString(item) || (Array.isArray(item) && isMmHashString(item[0])),
-    );
-  const mmFromExtra = extra.findIndex(mmOf);
-  const mmFromInfos = (event.blockMmInfos ?? []).findIndex((info) => info !== null);
-  const candidates = (extra[0] ?? []).filter(
-    (item): item is string => typeof item === "string" && !isMmHashString(item),
-  );
   const loraName = event.loraName ?? null;
+  const meaning = extraKeysMeaning(
+    event.extraKeys ?? [],
+    loraName,
+    variant === "vllm-v5",
+    event.cacheSalt ?? null,
+  );
   return {
     ...common,
     kind: "stored",
@@ -633,13 +745,9 @@ function expectedEvent(event: KvEvent): EventSnapshot {
     eagle: pairs,
     blockSize: event.blockSize,
     loraName,
-    cacheSalt: event.cacheSalt ?? saltFromCandidates(candidates.slice(0, 8), loraName),
-    mmBlock:
-      mmFromExtra < 0
-        ? mmFromInfos
-        : mmFromInfos < 0
-          ? mmFromExtra
-          : Math.min(mmFromExtra, mmFromInfos),
+    loraId: event.loraId ?? null,
+    cacheSalt: meaning.salt,
+    mmBlock: meaning.opaque,
   };
 }
 
@@ -648,7 +756,8 @@ function expectedEvent(event: KvEvent): EventSnapshot {
 export { xorshift32 as xorshift } from "../../src/util/random";
 
 export interface RandomBatchOptions {
-  readonly form: "array" | "map";
+  /** The producer layout: only fields it has are generated. */
+  readonly variant: WireVariant;
   readonly maxEvents?: number;
   readonly maxBlocks?: number;
 }
@@ -656,10 +765,17 @@ export interface RandomBatchOptions {
 const MEDIUMS = ["GPU", "GPU", "GPU", "CPU", "DISK", "", null, undefined];
 const KINDS_OF_SPEC = ["full_attention", "sliding_window", "mla_attention", "mamba"];
 
-/** A random valid batch (every field type right), shaped like what vLLM and SGLang send. */
+/** A random valid batch (every field type right) in the variant's layout. */
 export function randomBatch(next: () => number, options: RandomBatchOptions): KvBatch {
+  const layout = WIRE_LAYOUTS[options.variant];
+  const has = (kind: "stored" | "removed" | "cleared", field: WireField) =>
+    layout[kind].fields.includes(field) ||
+    layout[kind].optional.includes(field) ||
+    (field === "cache_salt" && kind === "stored" && layout.metadata === "appended");
   const pick = <T>(items: readonly T[]): T => items[next() % items.length]!;
   const chance = (percent: number) => next() % 100 < percent;
+  const maybe = <T>(kind: "stored" | "removed" | "cleared", field: WireField, value: () => T) =>
+    has(kind, field) ? value() : undefined;
   const u64 = () => (BigInt(next()) << 32n) | BigInt(next());
   const hash = (): KvHash => {
     const roll = next() % 10;
@@ -671,38 +787,46 @@ export function randomBatch(next: () => number, options: RandomBatchOptions): Kv
   };
   const mmHex = () =>
     Array.from({ length: 8 }, () => next().toString(16).padStart(8, "0")).join("");
+  const tail = (kind: "stored" | "removed") => ({
+    groupIdx: maybe(kind, "group_idx", () => (chance(30) ? next() % 4 : null)),
+    kvCacheSpecKind: maybe(kind, "kv_cache_spec_kind", () =>
+      chance(30) ? pick(KINDS_OF_SPEC) : null,
+    ),
+    kvCacheSpecSlidingWindow: maybe(kind, "kv_cache_spec_sliding_window", () =>
+      chance(15) ? next() % 4096 : null,
+    ),
+    locality: maybe(kind, "locality", () =>
+      chance(15) ? pick(["LOCAL", "REMOTE", "local"]) : null,
+    ),
+    ownership: maybe(kind, "ownership", () => (chance(10) ? pick(["kvcr", "framework"]) : null)),
+  });
+  const extraKeys = (blocks: number, loraName: string | null) =>
+    Array.from({ length: blocks }, (_, b) => {
+      if (chance(40)) return null;
+      const items: KvValue[] = [];
+      if (loraName !== null) items.push(loraName);
+      if (chance(15)) items.push(chance(50) ? mmHex() : [mmHex(), next() % 100]);
+      if (b === 0 && chance(50))
+        items.push(pick(["tenant-a", "dynamo-cache-salt:tenant-b", "dynamo-cache-salt:", "x"]));
+      if (chance(10)) items.push(Uint8Array.of(1, 2, 3));
+      if (chance(5)) items.push(next() % 1000);
+      if (chance(5)) items.push("uuid-image");
+      return items;
+    });
   const events: KvEvent[] = [];
   const count = 1 + (next() % (options.maxEvents ?? 8));
   for (let i = 0; i < count; i++) {
     const roll = next() % 10;
-    const tail = () => ({
-      groupIdx: chance(30) ? next() % 4 : undefined,
-      kvCacheSpecKind: chance(30) ? pick(KINDS_OF_SPEC) : undefined,
-      kvCacheSpecSlidingWindow: chance(15) ? next() % 4096 : undefined,
-      locality: chance(15) ? pick(["LOCAL", "REMOTE", "local"]) : undefined,
-      ownership: chance(10) ? pick(["kvcr", "framework"]) : undefined,
-    });
     if (roll < 6) {
       const blocks = next() % ((options.maxBlocks ?? 8) + 1);
       const blockSize = pick([1, 2, 4, 16]);
       const eagle = chance(15) && blocks > 0;
       const tokenCount = blocks * blockSize - (chance(5) ? 1 : 0);
       const tokens = Array.from({ length: Math.max(0, tokenCount) }, () => next() % 200_000);
-      const loraName = chance(20) ? pick(["adapter-a", "my-lora", "ünïcode-lora"]) : null;
-      const sglang = options.form === "array" && chance(10);
-      const extraKeys = chance(30)
-        ? Array.from({ length: blocks }, (_, b) => {
-            if (chance(40)) return null;
-            const items: KvValue[] = [];
-            if (loraName !== null) items.push(loraName);
-            if (chance(20)) items.push(chance(50) ? mmHex() : [mmHex(), next() % 100]);
-            if (b === 0 && chance(50))
-              items.push(pick(["tenant-a", "dynamo-cache-salt:tenant-b", "dynamo-cache-salt:"]));
-            if (chance(20)) items.push(Uint8Array.of(1, 2, 3));
-            if (chance(10)) items.push(next() % 1000);
-            return items;
-          })
-        : undefined;
+      const loraName =
+        has("stored", "lora_name") && chance(20)
+          ? pick(["adapter-a", "my-lora", "ünïcode-lora"])
+          : null;
       events.push({
         type: "BlockStored",
         blockHashes: Array.from({ length: blocks }, hash),
@@ -711,28 +835,32 @@ export function randomBatch(next: () => number, options: RandomBatchOptions): Kv
           ? tokens.map((token, t) => [token, tokens[t + 1] ?? next() % 200_000] as const)
           : tokens,
         blockSize,
-        loraId: sglang ? pick([null, 3]) : null,
-        ...(sglang ? {} : { medium: pick(MEDIUMS) ?? null, loraName }),
-        ...(sglang ? {} : { extraKeys, ...tail() }),
-        ...(options.form === "map" && chance(10) ? { cacheSalt: pick(["salt-x", ""]) } : {}),
-        ...(options.form === "map" && chance(10)
-          ? {
-              blockMmInfos: Array.from({ length: blocks }, () =>
-                chance(30) ? { mm_objects: [] } : null,
-              ),
-            }
-          : {}),
+        loraId: chance(20) ? next() % 64 : null,
+        medium: maybe("stored", "medium", () => pick(MEDIUMS) ?? null),
+        loraName: maybe("stored", "lora_name", () => loraName),
+        extraKeys: maybe("stored", "extra_keys", () =>
+          chance(30) ? extraKeys(blocks, loraName) : null,
+        ),
+        cacheSalt: maybe("stored", "cache_salt", () =>
+          chance(30) ? pick(["salt-x", "", "tenant-a"]) : null,
+        ),
+        sessionId: maybe("stored", "session_id", () => (chance(20) ? "sess-1" : null)),
+        ...tail("stored"),
       });
     } else if (roll < 9) {
       events.push({
         type: "BlockRemoved",
         blockHashes: Array.from({ length: next() % ((options.maxBlocks ?? 8) + 1) }, hash),
-        medium: pick(MEDIUMS),
-        ...(chance(50) ? tail() : {}),
+        medium: maybe("removed", "medium", () => pick(MEDIUMS) ?? null),
+        ...(chance(50) ? tail("removed") : {}),
       });
     } else {
-      events.push({ type: "AllBlocksCleared", ...(chance(20) ? { ownership: "kvcr" } : {}) });
+      events.push({
+        type: "AllBlocksCleared",
+        ownership: maybe("cleared", "ownership", () => (chance(20) ? "kvcr" : null)),
+      });
     }
   }
-  return { ts: 1_700_000_000 + next() / 1000, events, dpRank: chance(50) ? next() % 8 : null };
+  const dpRank = layout.batch === "array2" ? null : chance(50) ? next() % 8 : null;
+  return { ts: 1_700_000_000 + next() / 1000, events, dpRank };
 }

@@ -87,9 +87,12 @@ export function zeroCachedTokensFront(target: string): Server<undefined> {
  * engine's events have reached the index, a request kvedge predicts a hit for.
  * Returns the workers that answered.
  */
-export async function missThenHit(serveUrl: string, prompt: number[]): Promise<[string, string]> {
+export async function missThenHit(
+  serve: { readonly url: string; readonly controlUrl: string },
+  prompt: number[],
+): Promise<[string, string]> {
   const complete = async (): Promise<string> => {
-    const response = await fetch(`${serveUrl}/v1/completions`, {
+    const response = await fetch(`${serve.url}/v1/completions`, {
       method: "POST",
       headers: { "content-type": "application/json" },
       body: JSON.stringify({ prompt, max_tokens: 1 }),
@@ -102,7 +105,7 @@ export async function missThenHit(serveUrl: string, prompt: number[]): Promise<[
   const first = await complete();
   const deadline = performance.now() + 10_000;
   for (;;) {
-    const response = await fetch(`${serveUrl}/v1/match`, {
+    const response = await fetch(`${serve.controlUrl}/v1/match`, {
       method: "POST",
       headers: { "content-type": "application/json" },
       body: JSON.stringify({ token_ids: prompt }),

@@ -10,6 +10,8 @@ type LogLine = Record<string, unknown>;
 
 export interface ServeProcess {
   readonly url: string;
+  /** The control plane: the control listener with `--proxy`, else `url`. */
+  readonly controlUrl: string;
   /** Parsed JSON log lines so far. */
   readonly logs: LogLine[];
   /** Sends SIGTERM (or SIGINT) and waits for the exit code. */
@@ -73,6 +75,7 @@ export async function startServe(
     });
   return {
     url: child.url,
+    controlUrl: child.controlUrl,
     logs,
     waitForLog,
     stop: (signal = "SIGTERM") => child.stop(20_000, signal),

@@ -45,3 +45,11 @@ export async function eventually<T>(
   const cause = last === undefined ? "" : `: ${(last as Error).message}`;
   throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${cause}`);
 }
+
+/** A free TCP port on loopback: bound, then released, for a side that must know it first. */
+export function freePort(): number {
+  const probe = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
+  const port = probe.port;
+  probe.stop(true);
+  return port;
+}

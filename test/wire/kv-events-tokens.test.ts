@@ -9,7 +9,14 @@
 // in a process without the native library.
 import { describe, expect, test } from "bun:test";
 import { native } from "../../src/native/library";
-import { DECODE_OK, DecodedBatch, decodeKvBatch, E_TRUNCATED } from "../../src/wire/kv-events";
+import {
+  DECODE_OK,
+  DecodedBatch,
+  decodeKvBatch,
+  E_BAD_TOKENS,
+  E_TRUNCATED,
+  EVENT_SKIPPED,
+} from "../../src/wire/kv-events";
 import { xorshift } from "../support/kv-events";
 import { expectChildSuitePasses } from "../support/suite";
 
@@ -121,7 +128,7 @@ describe("token ids in every encoding", () => {
     }
   });
 
-  test("a negative id in the middle of a long array is refused", () => {
+  test("a negative id in the middle of a long array makes its event skipped", () => {
     const ids = Array.from({ length: 20 }, (_, i) => 1000 + i);
     const payload = [
       ...storedBatch(
@@ -132,7 +139,13 @@ describe("token ids in every encoding", () => {
     // The 11th id becomes -1 (16 bytes before the array, its 1-byte header, 5 bytes an id).
     const at = 17 + 10 * 5;
     payload.splice(at, 5, 0xff);
-    expect(decodedIds(Uint8Array.from(payload), new DecodedBatch())).toBe(7); // E_BAD_TOKENS
+    const batch = new DecodedBatch();
+    expect(decodeKvBatch(Uint8Array.from(payload), batch)).toBe(DECODE_OK);
+    expect([batch.kind[0], batch.skipError[0], batch.tokenCount]).toEqual([
+      EVENT_SKIPPED,
+      E_BAD_TOKENS,
+      0,
+    ]);
   });
 });
 

@@ -1,10 +1,11 @@
 // Goal: the KV-event walker decodes every shape vLLM and SGLang send (array and map
-// eras, tails, hash encodings, Eagle pairs, salts) to exactly the expected columns,
-// refuses malformed batches with the right stable code, and the encoder writes the
-// bytes an engine writes. Method: fixtures encoded by an independent encoder (Python
-// msgpack) with hand-written expectations, hand-assembled hex, seeded random batches
-// compared three ways (walker, msgpackr reference, source objects), and one crafted
-// input per error code.
+// eras, tails, hash encodings, Eagle pairs, salts, SGLang's metadata) to exactly the
+// expected columns, skips an event it cannot read alone (the rest of the batch
+// decoded), refuses a batch it cannot walk with the right stable code, and the encoder
+// writes the bytes an engine writes. Method: fixtures encoded by an independent encoder
+// (Python msgpack) with hand-written expectations, hand-assembled hex, seeded random
+// batches of every producer variant compared three ways (walker, msgpackr reference,
+// source objects), and one crafted input per error code.
 import { describe, expect, test } from "bun:test";
 import { Packr } from "msgpackr";
 import fixtures from "../fixtures/kv-events/vllm-fixtures.json";
@@ -14,8 +15,11 @@ import {
   DecodedBatch,
   decodeKvBatch,
   encodeKvBatch,
+  EVENT_SKIPPED,
+  WIRE_VARIANTS,
   type KvBatch,
   type KvHash,
+  type WireVariant,
 } from "../../src/wire/kv-events";
 import {
   expectedSnapshot,
@@ -48,8 +52,7 @@ interface Fixture {
   hex: string;
   expect: { events: FixtureEvent[]; [key: string]: unknown };
   batch?: unknown;
-  form?: "array" | "map";
-  batchForm?: "array" | "map";
+  variant?: WireVariant;
 }
 
 function expectedOf(fixture: Fixture): BatchSnapshot {
@@ -82,10 +85,7 @@ describe("fixtures from an independent encoder (Python msgpack)", () => {
       const reference = referenceDecode(payload);
       expect(reference.ok && reference.batch).toEqual(expectedOf(fixture));
       if (fixture.batch !== undefined) {
-        const encoded = encodeKvBatch(batchOf(fixture), {
-          form: fixture.form!,
-          batchForm: fixture.batchForm,
-        });
+        const encoded = encodeKvBatch(batchOf(fixture), { variant: fixture.variant! });
         expect(toHex(encoded)).toBe(fixture.hex);
       }
     });
@@ -124,6 +124,7 @@ describe("hand-assembled bytes", () => {
           blockSize: 2,
           medium: "GPU",
           loraName: "x",
+          loraId: null,
           cacheSalt: null,
           groupIdx: null,
           slidingWindow: null,
@@ -151,7 +152,7 @@ describe("hand-assembled bytes", () => {
     expect(snapshot.events[0]!.medium).toBe("GPU");
   });
 
-  test("the encoder's bytes for a two-event batch (hexdump snapshot)", () => {
+  test("the encoder's bytes for a two-event vLLM V4 batch (hexdump snapshot)", () => {
     const bytes = encodeKvBatch(
       {
         ts: 1.5,
@@ -170,7 +171,7 @@ describe("hand-assembled bytes", () => {
           { type: "AllBlocksCleared" },
         ],
       },
-      { form: "array" },
+      { variant: "vllm-v4" },
     );
     expect(hexdump(bytes)).toMatchInlineSnapshot(`
       "00000000  93 cb 3f f8 00 00 00 00  00 00 92 98 ab 42 6c 6f  |..?..........Blo|
@@ -198,26 +199,24 @@ function hexdump(bytes: Uint8Array): string {
   return lines.join("\n");
 }
 
-describe("seeded random batches: walker = msgpackr reference = source", () => {
-  for (const form of ["array", "map"] as const) {
-    for (const batchForm of ["array", "map"] as const) {
-      test(`events as ${form}s, batch as ${batchForm}`, () => {
-        const next = xorshift(form === "array" ? 11 : 12 + (batchForm === "map" ? 100 : 0));
-        const decoded = new DecodedBatch();
-        for (let round = 0; round < 300; round++) {
-          const batch = randomBatch(next, { form });
-          const payload = encodeKvBatch(batch, { form, batchForm });
-          const expected = expectedSnapshot(batch);
-          expect(decode(payload, decoded)).toEqual(expected);
-          const reference = referenceDecode(payload);
-          expect(reference.ok && reference.batch).toEqual(expected);
-        }
-      });
-    }
-  }
+describe("seeded random batches of every variant: walker = msgpackr reference = source", () => {
+  WIRE_VARIANTS.forEach((variant, v) => {
+    test(variant, () => {
+      const next = xorshift(11 + v);
+      const decoded = new DecodedBatch();
+      for (let round = 0; round < 150; round++) {
+        const batch = randomBatch(next, { variant });
+        const payload = encodeKvBatch(batch, { variant });
+        const expected = expectedSnapshot(batch, variant);
+        expect(decode(payload, decoded)).toEqual(expected);
+        const reference = referenceDecode(payload);
+        expect(reference.ok && reference.batch).toEqual(expected);
+      }
+    });
+  });
 });
 
-describe("refused input: one code per kind, the batch dropped whole, the next one fine", () => {
+describe("refused input: one code per kind", () => {
   const valid = encodeKvBatch(
     {
       ts: 1,
@@ -234,19 +233,18 @@ describe("refused input: one code per kind, the batch dropped whole, the next on
         },
       ],
     },
-    { form: "array" },
+    { variant: "vllm-v4" },
   );
   const next = pack([2, [["AllBlocksCleared"]]]);
-  const stored = (fields: unknown[]) => pack([1.5, [["BlockStored", ...fields]]]);
   const base = [[1, 2], null, [1, 2], 1, null, "GPU", null];
+  const storedEvent = (fields: unknown[]) => pack(["BlockStored", ...fields]);
   const withField = (index: number, value: unknown) =>
-    stored(base.map((field, i) => (i === index ? value : field)));
-  const cases: [
-    string,
-    Uint8Array,
-    (typeof DECODE_ERROR_KINDS)[number],
-    Partial<ConstructorParameters<typeof DecodedBatch>[0]>?,
-  ][] = [
+    storedEvent(base.map((field, i) => (i === index ? value : field)));
+  type Kind = (typeof DECODE_ERROR_KINDS)[number];
+  type Limits = Partial<ConstructorParameters<typeof DecodedBatch>[0]>;
+
+  // What leaves no way to read on: the whole batch is refused.
+  const batchCases: [string, Uint8Array, Kind, Limits?][] = [
     ["truncated", valid.subarray(0, valid.length - 3), "truncated"],
     ["trailing bytes", Uint8Array.from([...valid, 0xc0]), "trailing_bytes"],
     [
@@ -256,80 +254,23 @@ describe("refused input: one code per kind, the batch dropped whole, the next on
     ],
     ["a map16 claiming more pairs than bytes", hex("de ffff a2 7473 01"), "truncated"],
     [
-      "the never-used byte 0xc1",
-      pack([
-        1,
-        [
-          [
-            "BlockStored",
-            [1],
-            null,
-            [1],
-            1,
-            null,
-            null,
-            null,
-            null,
-            null,
-            null,
-            null,
-            null,
-            null,
-            { x: 1 },
-          ],
-        ],
-      ]).map((b, i, a) => (i === a.length - 1 ? 0xc1 : b)),
+      "the never-used byte 0xc1 inside an event (it cannot be skipped)",
+      pack([1, [["BlockStored", [1], null, [1], 1, null, null, null, null, { x: 1 }]]]).map(
+        (b, i, a) => (i === a.length - 1 ? 0xc1 : b),
+      ),
       "bad_msgpack",
     ],
     ["a batch that is a string", pack("hello"), "bad_batch"],
     ["a batch of one element", pack([1.5]), "bad_batch"],
     ["ts that is a string", pack(["now", []]), "bad_batch"],
     ["events that is a map", pack([1.5, { a: 1 }]), "bad_batch"],
-    ["an event that is a number", pack([1.5, [7]]), "bad_event"],
-    ["an empty event array", pack([1.5, [[]]]), "bad_event"],
-    ["a tag that is an int", pack([1.5, [[1, [1]]]]), "bad_event"],
-    ["a map event whose type is an int", pack([1.5, [{ type: 3 }]]), "bad_event"],
-    ["a string hash", withField(0, ["abc"]), "bad_hash"],
-    ["a float hash", withField(0, [1.5]), "bad_hash"],
-    ["an empty bytes hash", withField(0, [new Uint8Array(0)]), "bad_hash"],
-    ["a 65-byte hash", withField(0, [new Uint8Array(65)]), "bad_hash"],
-    ["a string parent", withField(1, "p"), "bad_hash"],
-    ["a negative token", withField(2, [1, -1]), "bad_tokens"],
-    ["a token of 2^32", withField(2, [2 ** 32]), "bad_tokens"],
-    ["a bigram of three", withField(2, [[1, 2, 3]]), "bad_tokens"],
-    ["a bigram list with a bare token", withField(2, [[1, 2], 3]), "bad_tokens"],
-    ["a block size of nil", withField(3, null), "bad_field"],
-    ["a lora_id that is a string", withField(4, "x"), "bad_field"],
-    ["a medium that is an int", withField(5, 1), "bad_field"],
-    ["extra keys that are a string", stored([...base, "x"]), "bad_field"],
-    ["a float in the tail", stored([...base, null, 1.5]), "bad_field"],
     ["a negative dp rank", pack([1.5, [], -1]), "bad_field"],
-    ["a BlockStored of four fields", stored(base.slice(0, 3)), "missing_field"],
-    ["a map event without type", pack([1.5, [{ block_hashes: [] }]]), "missing_field"],
-    [
-      "a map BlockStored without token_ids",
-      pack([1.5, [{ type: "BlockStored", block_hashes: [], block_size: 1 }]]),
-      "missing_field",
-    ],
     ["a map batch without events", pack({ ts: 1 }), "missing_field"],
-    [
-      "a repeated map key",
-      hex(
-        "92 01 91 83 a4 74797065 ac 426c6f636b52656d6f766564 ac 626c6f636b5f686173686573 90 ac 626c6f636b5f686173686573 90",
-      ),
-      "duplicate_key",
-    ],
     [
       "both dp rank aliases",
       pack({ ts: 1, events: [], dp_rank: 1, data_parallel_rank: 1 }),
       "duplicate_key",
     ],
-    [
-      "a medium that is not UTF-8",
-      hex("92 01 91 93 ac 426c6f636b52656d6f766564 90 a2 c328"),
-      "bad_string",
-    ],
-    ["an unknown tag that is not UTF-8", hex("92 01 91 91 a2 ed a0"), "bad_string"],
     ["a payload over the size bound", valid, "too_large", { payloadBytesMax: valid.length - 1 }],
     [
       "more events than allowed",
@@ -341,14 +282,13 @@ describe("refused input: one code per kind, the batch dropped whole, the next on
     ["more tokens than allowed", valid, "too_many_tokens", { tokensMax: 1 }],
     ["an unknown field nested too deep", pack([1, [], null, nest(40)]), "too_deep"],
     [
-      "a medium over the string bound",
-      withField(5, "G".repeat(17)),
-      "string_too_long",
-      { stringBytesMax: 16 },
+      "an event nested too deep (it cannot be skipped)",
+      pack([1, [["BlockStored", [1], null, [1], 1, null, null, null, null, nest(40)]]]),
+      "too_deep",
     ],
   ];
-  for (const [name, payload, kind, limits] of cases) {
-    test(`${name} -> ${kind}`, () => {
+  for (const [name, payload, kind, limits] of batchCases) {
+    test(`${name} -> ${kind}, the batch refused whole`, () => {
       const batch = new DecodedBatch(limits);
       expect(decode(payload, batch)).toBe(kind);
       expect(batch.eventCount).toBe(0);
@@ -357,8 +297,86 @@ describe("refused input: one code per kind, the batch dropped whole, the next on
     });
   }
 
+  // One event that does not fit: skipped alone, what follows it in the batch is read.
+  const eventCases: [string, Uint8Array, Kind, "stored" | "removed" | null, Limits?][] = [
+    ["an event that is a number", pack(7), "bad_event", null],
+    ["an empty event array", pack([]), "bad_event", null],
+    ["a tag that is an int", pack([1, [1]]), "bad_event", null],
+    ["a map event whose type is an int", pack({ type: 3 }), "bad_event", null],
+    ["a string hash", withField(0, ["abc"]), "bad_hash", "stored"],
+    ["a float hash", withField(0, [1.5]), "bad_hash", "stored"],
+    ["an empty bytes hash", withField(0, [new Uint8Array(0)]), "bad_hash", "stored"],
+    ["a 65-byte hash", withField(0, [new Uint8Array(65)]), "bad_hash", "stored"],
+    ["a string parent", withField(1, "p"), "bad_hash", "stored"],
+    ["a negative token", withField(2, [1, -1]), "bad_tokens", "stored"],
+    ["a token of 2^32", withField(2, [2 ** 32]), "bad_tokens", "stored"],
+    ["a bigram of three", withField(2, [[1, 2, 3]]), "bad_tokens", "stored"],
+    ["a bigram list with a bare token", withField(2, [[1, 2], 3]), "bad_tokens", "stored"],
+    ["a block size of nil", withField(3, null), "bad_field", "stored"],
+    ["a lora_id that is a string", withField(4, "x"), "bad_field", "stored"],
+    ["a lora_id of 2^32", withField(4, 2 ** 32), "bad_field", "stored"],
+    ["a medium that is an int", withField(5, 1), "bad_field", "stored"],
+    ["metadata whose cache_salt is an int", withField(6, { cache_salt: 1 }), "bad_field", "stored"],
+    ["extra keys that are a string", storedEvent([...base, "x"]), "bad_field", "stored"],
+    ["a float in the tail", storedEvent([...base, null, 1.5]), "bad_field", "stored"],
+    ["a BlockStored of four fields", storedEvent(base.slice(0, 3)), "missing_field", "stored"],
+    ["a map event without type", pack({ block_hashes: [] }), "missing_field", null],
+    [
+      "a map BlockStored without token_ids",
+      pack({ type: "BlockStored", block_hashes: [], block_size: 1 }),
+      "missing_field",
+      "stored",
+    ],
+    [
+      "a repeated map key",
+      hex(
+        "83 a4 74797065 ac 426c6f636b52656d6f766564 ac 626c6f636b5f686173686573 90 ac 626c6f636b5f686173686573 90",
+      ),
+      "duplicate_key",
+      "removed",
+    ],
+    [
+      "a medium that is not UTF-8",
+      hex("93 ac 426c6f636b52656d6f766564 90 a2 c328"),
+      "bad_string",
+      "removed",
+    ],
+    ["an unknown tag that is not UTF-8", hex("91 a2 eda0"), "bad_string", null],
+    [
+      "a medium over the string bound",
+      withField(5, "G".repeat(17)),
+      "string_too_long",
+      "stored",
+      { stringBytesMax: 16 },
+    ],
+  ];
+  const good = pack(["BlockRemoved", [5], "GPU"]);
+  for (const [name, event, kind, skipped, limits] of eventCases) {
+    test(`${name} -> ${kind}, that event skipped alone`, () => {
+      const batch = new DecodedBatch(limits);
+      // [1.5, [event, good event], 4]
+      const payload = Uint8Array.from([...hex("93 cb 3ff8000000000000 92"), ...event, ...good, 4]);
+      const snapshot = decode(payload, batch) as BatchSnapshot;
+      expect(snapshot.events.map((e) => [e.kind, e.skipped])).toEqual([
+        ["skipped", skipped],
+        ["removed", undefined],
+      ]);
+      expect(snapshot.events[1]!.hashes).toEqual([5n]);
+      expect(snapshot.dpRank).toBe(4);
+      expect(batch.kind[0]).toBe(EVENT_SKIPPED);
+      expect(DECODE_ERROR_KINDS[batch.skipError[0]!]).toBe(kind);
+      expect(batch.skippedEvents).toBe(1);
+      // Nothing of the skipped event stays behind: its hashes and tokens were rolled back.
+      expect(batch.hashStart[1]).toBe(0);
+      expect(batch.tokenCount).toBe(0);
+      const reference = referenceDecode(payload, batch.limits);
+      // The reference (msgpackr) reads on past the event too (it may not see the fault).
+      if (reference.ok) expect(reference.batch.events.at(-1)!.kind).toBe("removed");
+    });
+  }
+
   test("every error kind has a case above", () => {
-    const covered = new Set(cases.map((entry) => entry[2]));
+    const covered = new Set([...batchCases, ...eventCases].map((entry) => entry[2]));
     expect(DECODE_ERROR_KINDS.filter((kind) => kind !== "ok" && !covered.has(kind))).toEqual([]);
   });
 
@@ -373,9 +391,12 @@ describe("refused input: one code per kind, the batch dropped whole, the next on
 
   test("an error reports the offset of the value that failed", () => {
     const batch = new DecodedBatch();
-    const payload = withField(5, 1);
+    const payload = pack([1.5, [], "bad dp rank"]);
     expect(decodeKvBatch(payload, batch)).not.toBe(DECODE_OK);
-    expect(payload[batch.errorOffset]).toBe(0x01);
+    expect(payload[batch.errorOffset]).toBe(0xab);
+    const event = Uint8Array.from([...hex("92 01 91"), ...withField(5, 1)]);
+    expect(decodeKvBatch(event, batch)).toBe(DECODE_OK);
+    expect(event[batch.skipAt[0]!]).toBe(0x01);
   });
 });
 
@@ -417,25 +438,111 @@ describe("unknown tags and fields are skipped and counted", () => {
   });
 });
 
-describe("cache salt recovery from extra keys", () => {
-  const salt = (extraKeys: unknown, loraName: string | null = null) => {
+describe("extra keys: the salt, and the first block kvedge cannot hash", () => {
+  /** A vLLM V5 (9 fields) or, with `tail`, a V6+ store: [salt, mmBlock]. */
+  const read = (extraKeys: unknown, loraName: string | null = null, tail: unknown[] = []) => {
     const snapshot = decode(
-      pack([1, [["BlockStored", [1], null, [1], 1, null, null, loraName, extraKeys]]]),
+      pack([
+        1,
+        [["BlockStored", [1, 2], null, [1, 2], 1, null, null, loraName, extraKeys, ...tail]],
+      ]),
     ) as BatchSnapshot;
-    return snapshot.events[0]!.cacheSalt;
+    const event = snapshot.events[0]!;
+    return [event.cacheSalt, event.mmBlock];
   };
-  test("vLLM's raw salt after the LoRA name; MM hashes and bytes are not salts", () => {
-    expect(salt([["lora", "a".repeat(64), "tenant", new Uint8Array(4)]], "lora")).toBe("tenant");
+  test("vLLM's raw salt after the LoRA name; an MM hash and bytes make block 0 unhashable", () => {
+    expect(read([["lora", "a".repeat(64), "tenant", new Uint8Array(4)]], "lora")).toEqual([
+      "tenant",
+      0,
+    ]);
   });
-  test("only the first string equal to the LoRA name is skipped", () => {
-    expect(salt([["lora", "lora"]], "lora")).toBe("lora");
+  test("the LoRA name alone on every block is hashed (seeded by name)", () => {
+    expect(read([["lora"], ["lora"]], "lora")).toEqual([null, -1]);
   });
-  test("Dynamo's prefixed salt wins over a plain string before it", () => {
-    expect(salt([["mm-uuid", "dynamo-cache-salt:tenant"]])).toBe("tenant");
+  test("only the first string equal to the LoRA name is the adapter's", () => {
+    expect(read([["lora", "lora"]], "lora")).toEqual(["lora", -1]);
   });
-  test("only block 0 counts; nothing found is null", () => {
-    expect(salt([null, ["tenant"]])).toBeNull();
-    expect(salt(null)).toBeNull();
+  test("Dynamo's prefixed salt wins; a bare string beside it is a multimodal id", () => {
+    expect(read([["mm-uuid", "dynamo-cache-salt:tenant"]])).toEqual(["tenant", 0]);
+  });
+  test("two bare strings in block 0: the last is the salt, the other a multimodal id", () => {
+    expect(read([["uuid-image-A", "tenant"]])).toEqual(["tenant", 0]);
+  });
+  test("a bare string of block 0 that recurs in block 1 is a multimodal id, no salt", () => {
+    expect(read([["uuid-image-A"], ["uuid-image-A"]])).toEqual([null, 0]);
+  });
+  test("any other item in a later block makes that block unhashable; salts are block 0's only", () => {
+    expect(read([null, ["tenant"]])).toEqual([null, 1]);
+    expect(read([["tenant"], [["0123", 4]]])).toEqual(["tenant", 1]);
+    expect(read(null)).toEqual([null, -1]);
+  });
+  test("in the pair era (10+ fields) a bare 64-hex string is a salt, a pair a multimodal id", () => {
+    expect(read([["a".repeat(64)]], null, [0])).toEqual(["a".repeat(64), -1]);
+    expect(read([[["uuid-image-A", 0]]], null, [0])).toEqual([null, 0]);
+  });
+  test("an empty prefixed salt stays the raw string (the engine hashed that)", () => {
+    expect(read([["dynamo-cache-salt:"]])).toEqual(["dynamo-cache-salt:", -1]);
+  });
+  test("a map event's extra keys before its lora_name are read once the name is known", () => {
+    const payload = pack([
+      1,
+      [
+        new Map<string, unknown>([
+          ["type", "BlockStored"],
+          ["block_hashes", [1]],
+          ["token_ids", [1]],
+          ["block_size", 1],
+          ["extra_keys", [["lora", "tenant"]]],
+          ["lora_name", "lora"],
+        ]),
+      ],
+    ]);
+    const event = (decode(payload) as BatchSnapshot).events[0]!;
+    expect([event.cacheSalt, event.mmBlock, event.loraName]).toEqual(["tenant", -1, "lora"]);
+    expect(referenceDecode(payload)).toEqual({
+      ok: true,
+      batch: decode(payload) as BatchSnapshot,
+    });
+  });
+});
+
+describe("SGLang's metadata and LoRA ids", () => {
+  test("a map or an array at position 7 is SGLang's metadata, not a LoRA name", () => {
+    for (const metadata of [{ cache_salt: "s", session_id: "x" }, ["s", "x"]]) {
+      const event = (
+        decode(
+          pack([1, [["BlockStored", [1], null, [1], 1, null, "GPU", metadata]], 0]),
+        ) as BatchSnapshot
+      ).events[0]!;
+      expect([event.cacheSalt, event.loraName]).toEqual(["s", null]);
+    }
+  });
+  test("lora_id is kept in both forms", () => {
+    const array = decode(pack([1, [["BlockStored", [1], null, [1], 1, 7]]])) as BatchSnapshot;
+    const map = decode(
+      pack([
+        1,
+        [{ type: "BlockStored", block_hashes: [1], token_ids: [1], block_size: 1, lora_id: 9 }],
+      ]),
+    ) as BatchSnapshot;
+    expect([array.events[0]!.loraId, map.events[0]!.loraId]).toEqual([7, 9]);
+  });
+  test("session_id is read and not counted as unknown", () => {
+    const snapshot = decode(
+      pack([
+        1,
+        [
+          {
+            type: "BlockStored",
+            block_hashes: [1],
+            token_ids: [1],
+            block_size: 1,
+            session_id: "s",
+          },
+        ],
+      ]),
+    ) as BatchSnapshot;
+    expect(snapshot.unknownFields).toBe(0);
   });
 });
 
@@ -455,9 +562,11 @@ test("a reused DecodedBatch grows for a large batch and keeps no stale data afte
     })),
   };
   expect(
-    (decode(encodeKvBatch(large, { form: "array" }), batch) as BatchSnapshot).events,
+    (decode(encodeKvBatch(large, { variant: "vllm-v7" }), batch) as BatchSnapshot).events,
   ).toHaveLength(200);
   expect(batch.hashes.length).toBeGreaterThanOrEqual(2 * 200 * 64);
   const small: KvBatch = { ts: 2, events: [{ type: "BlockRemoved", blockHashes: [5n] }] };
-  expect(decode(encodeKvBatch(small, { form: "map" }), batch)).toEqual(expectedSnapshot(small));
+  expect(decode(encodeKvBatch(small, { variant: "vllm-v9" }), batch)).toEqual(
+    expectedSnapshot(small, "vllm-v9"),
+  );
 });

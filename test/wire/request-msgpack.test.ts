@@ -113,6 +113,7 @@ const KEYS = [
   "op",
   "request_id",
   "lora_name",
+  "lora_id",
   "cache_salt",
   "expected_output_tokens",
   "overlap_score_credit",

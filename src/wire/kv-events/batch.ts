@@ -3,34 +3,42 @@
  * batch to batch (the arrays only grow; `reset()` just sets the counts to zero).
  *
  * Layout (event index e in [0, eventCount)):
- * - `kind[e]`: EVENT_STORED | EVENT_REMOVED | EVENT_CLEARED.
+ * - `kind[e]`: EVENT_STORED | EVENT_REMOVED | EVENT_CLEARED, or EVENT_SKIPPED for an
+ *   event that could not be read (then `skipError[e]` is its error code, `skipKind[e]`
+ *   the kind its tag named, 0 if not even that was readable, and `skipAt[e]` the byte
+ *   offset of the value that failed; it has no hashes or tokens).
  * - `hashStart[e]`, `hashLength[e]`: the event's external block hashes are the u64
  *   pairs `hashes[2i]` (hi), `hashes[2i + 1]` (lo) for i in [start, start + length).
  * - `flags[e]`: FLAG_PARENT (then `parentHi/Lo[e]` hold the parent hash), FLAG_EAGLE
  *   (the tokens were bigram pairs, normalized to n + 1 tokens), FLAG_GROUP
- *   (`groupIdx[e]`), FLAG_WINDOW (`slidingWindow[e]`).
+ *   (`groupIdx[e]`), FLAG_WINDOW (`slidingWindow[e]`), FLAG_LORA_ID (`loraId[e]`, the
+ *   engine's int id of the LoRA adapter).
  * - `tokenStart[e]`, `tokenLength[e]`: the event's token ids in `tokens`.
  * - `blockSize[e]`.
- * - `mmBlock[e]`: the index of the first block that carries multimodal identifiers
- *   (from `extra_keys` or `block_mm_infos`), or -1.
+ * - `mmBlock[e]`: the index of the first block whose engine hash mixes in something
+ *   kvedge does not hash (multimodal identifiers, prompt-embedding digests, any other
+ *   unrecognized `extra_keys` item; or `block_mm_infos`), or -1.
  * - String columns hold ids into `strings` (valid for this batch) or NO_STRING:
- *   `medium`, `loraName`, `cacheSalt` (top-level `cache_salt`, else recovered from the
- *   first block's `extra_keys`), `specKind`, `locality`, `ownership`.
+ *   `medium`, `loraName`, `cacheSalt` (a top-level or metadata `cache_salt`, else
+ *   recovered from the first block's `extra_keys`), `specKind`, `locality`, `ownership`.
  *
- * Batch fields: `ts`, `hasDpRank` / `dpRank`, and the number of events skipped for an
- * unknown tag (`unknownTags`) and of fields skipped for an unknown key or position
- * (`unknownFields`).
+ * Batch fields: `ts`, `hasDpRank` / `dpRank`, the number of events skipped for an
+ * unknown tag (`unknownTags`), of fields skipped for an unknown key or position
+ * (`unknownFields`) and of events that could not be read (`skippedEvents`).
  */
 import { StringTable } from "./strings";
 
 export const EVENT_STORED = 1;
 export const EVENT_REMOVED = 2;
 export const EVENT_CLEARED = 3;
+/** An event that could not be read: skipped alone, the rest of its batch decoded. */
+export const EVENT_SKIPPED = 4;
 
 export const FLAG_PARENT = 1;
 export const FLAG_EAGLE = 2;
 export const FLAG_GROUP = 4;
 export const FLAG_WINDOW = 8;
+export const FLAG_LORA_ID = 16;
 
 export const NO_STRING = -1;
 
@@ -76,6 +84,8 @@ export class DecodedBatch {
   tokenCount = 0;
   unknownTags = 0;
   unknownFields = 0;
+  /** Events that could not be read (EVENT_SKIPPED). */
+  skippedEvents = 0;
   /** After a failed decode: the byte offset of the value that failed. */
   errorOffset = 0;
 
@@ -90,6 +100,10 @@ export class DecodedBatch {
   blockSize = new Uint32Array(EVENTS_INITIAL);
   groupIdx = new Uint32Array(EVENTS_INITIAL);
   slidingWindow = new Uint32Array(EVENTS_INITIAL);
+  loraId = new Uint32Array(EVENTS_INITIAL);
+  skipError = new Uint8Array(EVENTS_INITIAL);
+  skipKind = new Uint8Array(EVENTS_INITIAL);
+  skipAt = new Uint32Array(EVENTS_INITIAL);
   mmBlock = new Int32Array(EVENTS_INITIAL);
   medium = new Int32Array(EVENTS_INITIAL);
   loraName = new Int32Array(EVENTS_INITIAL);
@@ -125,6 +139,7 @@ export class DecodedBatch {
     this.tokenCount = 0;
     this.unknownTags = 0;
     this.unknownFields = 0;
+    this.skippedEvents = 0;
   }
 
   /** Makes room for event index `eventCount` (the one allocation site for event columns). */
@@ -142,6 +157,10 @@ export class DecodedBatch {
     this.blockSize = grow(this.blockSize, new Uint32Array(capacity));
     this.groupIdx = grow(this.groupIdx, new Uint32Array(capacity));
     this.slidingWindow = grow(this.slidingWindow, new Uint32Array(capacity));
+    this.loraId = grow(this.loraId, new Uint32Array(capacity));
+    this.skipError = grow(this.skipError, new Uint8Array(capacity));
+    this.skipKind = grow(this.skipKind, new Uint8Array(capacity));
+    this.skipAt = grow(this.skipAt, new Uint32Array(capacity));
     this.mmBlock = grow(this.mmBlock, new Int32Array(capacity));
     this.medium = grow(this.medium, new Int32Array(capacity));
     this.loraName = grow(this.loraName, new Int32Array(capacity));

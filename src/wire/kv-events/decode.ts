@@ -4,25 +4,37 @@
  * (typed-array columns; hashes as (hi, lo) u32 words; no per-event objects, no
  * BigInt).
  *
- * Accepted shapes (reference: peers.md §2.2, dynamo-kv-router.md §1.4):
- * - batch: `[ts, events, data_parallel_rank?, ...]` or a map with `ts`, `events`,
- *   `data_parallel_rank` or its alias `dp_rank`;
+ * Accepted shapes (every producer variant in ./README.md; peers.md §2.2,
+ * dynamo-kv-router.md §1.4):
+ * - batch: `[ts, events, data_parallel_rank?, ...]` (SGLang's `attn_dp_rank` sits in
+ *   the same place) or a map with `ts`, `events`, `data_parallel_rank` or `dp_rank`;
  * - event: a tagged array (`["BlockStored", ...]`, fields by position, trailing
  *   fields optional) or a map with `"type"` (fields by name);
  * - hashes: any msgpack int (a negative i64 is read as the same 64 bits) or bytes
  *   (1..64 of them; the low 64 bits read big-endian, as vLLM turns digests into ints);
  * - token ids: u32s, or Eagle bigram pairs `[[a, b], ...]` (normalized to the first of
  *   every pair plus the second of the last: n + 1 tokens, FLAG_EAGLE);
+ * - BlockStored position 7: vLLM's `lora_name` (nil or a string), or SGLang's
+ *   metadata (`BlockStoredWithMetadata`): a map with `cache_salt` / `session_id`, or
+ *   the same struct written as an array `[cache_salt, session_id?]`;
  * - the BlockStored / BlockRemoved tail after the fixed fields: the current layout
  *   `group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window, locality, ownership`
- *   when every item present in those slots is nil or of that slot's type, otherwise
- *   the legacy reading (first uint = group, second uint = window, first string =
- *   spec kind, first list = per-block MM infos).
+ *   (then a metadata map, as a Dynamo-aligned SGLang fork appends) when every item
+ *   present in those slots is nil or of that slot's type, otherwise the legacy reading
+ *   (first uint = group, second uint = window, first string = spec kind, first list =
+ *   per-block MM infos);
+ * - `extra_keys` (vLLM): per block, the LoRA name, multimodal ids (bare before vLLM
+ *   #36708, `[id, offset]` pairs after), block 0's cache salt, prompt-embedding digests.
+ *   The salt is a `dynamo-cache-salt:` prefixed string, else block 0's one bare string;
+ *   every other item makes its block (and so the rest of the chain) one kvedge cannot
+ *   hash (`mmBlock`).
  *
  * Unknown event tags are skipped and counted (`unknownTags`); unknown map keys and
- * extra positional items are skipped and counted (`unknownFields`). Anything else
- * that does not fit drops the whole batch with an error code (DECODE_ERROR_KINDS):
- * the caller gets either every event of the batch or none.
+ * extra positional items are skipped and counted (`unknownFields`). An event that does
+ * not fit is skipped alone (EVENT_SKIPPED, with its error code; `skippedEvents`): the
+ * rest of its batch is decoded. What leaves no way to find the next event (truncated
+ * or invalid msgpack, nesting too deep), a malformed envelope and the batch limits
+ * drop the whole batch with an error code (DECODE_ERROR_KINDS).
  *
  * Bounds: the payload size, events per batch, hashes and tokens per batch, string
  * length and nesting depth are limited (DecodeLimits), and every msgpack length or
@@ -35,9 +47,11 @@
 import {
   DecodedBatch,
   EVENT_REMOVED,
+  EVENT_SKIPPED,
   EVENT_STORED,
   FLAG_EAGLE,
   FLAG_GROUP,
+  FLAG_LORA_ID,
   FLAG_PARENT,
   FLAG_WINDOW,
   NO_STRING,
@@ -92,10 +106,22 @@ export const DECODE_ERROR_KINDS = [
 ] as const;
 export type DecodeErrorKind = Exclude<(typeof DECODE_ERROR_KINDS)[number], "ok">;
 
+/** Errors that concern one event only: it is skipped, the batch goes on (1 = event-scoped). */
+const EVENT_SCOPED = new Uint8Array(DECODE_ERROR_KINDS.length);
+for (const code of [
+  E_BAD_EVENT,
+  E_BAD_HASH,
+  E_BAD_TOKENS,
+  E_BAD_FIELD,
+  E_MISSING_FIELD,
+  E_DUPLICATE_KEY,
+  E_BAD_STRING,
+  E_STRING_TOO_LONG,
+])
+  EVENT_SCOPED[code] = 1;
+
 /** Hash bytes longer than this are not a digest (SHA-512 is 64). */
 const HASH_BYTES_MAX = 64;
-/** Salt candidates remembered from the first block's extra keys. */
-const SALT_CANDIDATES_MAX = 8;
 /** Tail items whose types decide between the current and the legacy layout. */
 const TAIL_SLOTS = 5;
 /**
@@ -127,13 +153,25 @@ let strLength = 0;
 
 // Per-event scratch (the event being decoded).
 let eventIndex = 0;
+/** The kind its tag named (0 until the tag is read): what a skipped event was. */
+let eventKind = 0;
 let seenFields = 0;
 let mmFromExtraKeys = -1;
 let mmFromInfos = -1;
 let topSalt = NO_STRING;
-let saltCount = 0;
-const saltIds = new Int32Array(SALT_CANDIDATES_MAX);
-const saltRests = new Int32Array(SALT_CANDIDATES_MAX);
+// Extra keys (see walkExtraKeys).
+/** A map event's extra keys met before its lora_name: walked at commit (-1: none). */
+let extraKeysAt = -1;
+/** The event's LoRA name is final (arrays: position 7 precedes the extra keys). */
+let loraSettled = false;
+/** vLLM's 9-field array era (before #36708): a bare 64-hex string is a multimodal hash. */
+let bareMmIds = false;
+/** Block 0's bare strings (not the LoRA name, not prefixed), and the last of them. */
+let bareCount = 0;
+let lastBare = NO_STRING;
+/** The last bare string of block 0 is also in a later block: a multimodal id, not a salt. */
+let bareSpans = false;
+let prefixedSalt = NO_STRING;
 const tailType = new Uint8Array(TAIL_SLOTS);
 const tailValue = new Int32Array(TAIL_SLOTS);
 
@@ -259,7 +297,45 @@ function readEvents(): void {
   if (count === NOT_THIS) return fail(E_BAD_BATCH);
   if (count === FAILED) return;
   if (count > limits.eventsMax) return fail(E_TOO_MANY_EVENTS);
-  for (let i = 0; i < count && err === 0; i++) readEvent();
+  for (let i = 0; i < count && err === 0; i++) {
+    const start = pos;
+    const hashMark = out.hashCount;
+    const tokenMark = out.tokenCount;
+    const unknownMark = out.unknownFields;
+    readEvent();
+    if (err !== 0 && EVENT_SCOPED[err] === 1) skipEvent(start, hashMark, tokenMark, unknownMark);
+  }
+}
+
+/**
+ * The event from `start` could not be read: it becomes an EVENT_SKIPPED entry (what
+ * it wrote is rolled back) and the walk goes on after it, unless it cannot even be
+ * skipped (then the batch fails).
+ */
+function skipEvent(start: number, hashMark: number, tokenMark: number, unknownMark: number): void {
+  const code = err;
+  const at = errAt;
+  err = 0;
+  pos = start;
+  skip(2);
+  if (err !== 0) return;
+  const e = eventIndex;
+  out.hashCount = hashMark;
+  out.tokenCount = tokenMark;
+  out.unknownFields = unknownMark;
+  out.kind[e] = EVENT_SKIPPED;
+  out.skipError[e] = code;
+  out.skipKind[e] = eventKind;
+  out.skipAt[e] = at;
+  out.hashStart[e] = hashMark;
+  out.hashLength[e] = 0;
+  out.tokenStart[e] = tokenMark;
+  out.tokenLength[e] = 0;
+  out.flags[e] = 0;
+  out.mmBlock[e] = -1;
+  out.cacheSalt[e] = NO_STRING;
+  out.skippedEvents++;
+  out.eventCount = e + 1;
 }
 
 // ---- Events ----
@@ -280,6 +356,8 @@ const F_SPEC_KIND = 12;
 const F_WINDOW = 13;
 const F_LOCALITY = 14;
 const F_OWNERSHIP = 15;
+const F_SESSION_ID = 16;
+const F_METADATA = 17;
 const EVENT_KEYS = keyTable([
   "type",
   "block_hashes",
@@ -297,12 +375,14 @@ const EVENT_KEYS = keyTable([
   "kv_cache_spec_sliding_window",
   "locality",
   "ownership",
+  "session_id",
+  "metadata",
 ]);
 const bit = (field: number) => 1 << field;
 /** Which map keys each event kind knows; others are skipped and counted. */
 const FIELDS_OF = [
   0,
-  0xffff,
+  (1 << 18) - 1,
   bit(F_TYPE) |
     bit(F_BLOCK_HASHES) |
     bit(F_MEDIUM) |
@@ -338,11 +418,18 @@ function readEvent(): void {
 
 function beginEvent(e: number): void {
   eventIndex = e;
+  eventKind = 0;
   seenFields = 0;
   mmFromExtraKeys = -1;
   mmFromInfos = -1;
   topSalt = NO_STRING;
-  saltCount = 0;
+  extraKeysAt = -1;
+  loraSettled = false;
+  bareMmIds = false;
+  bareCount = 0;
+  lastBare = NO_STRING;
+  bareSpans = false;
+  prefixedSalt = NO_STRING;
   out.flags[e] = 0;
   out.hashStart[e] = out.hashCount;
   out.hashLength[e] = 0;
@@ -360,11 +447,19 @@ function beginEvent(e: number): void {
 
 function commitEvent(kind: number): void {
   const e = eventIndex;
+  if (extraKeysAt >= 0) {
+    const resume = pos;
+    pos = extraKeysAt;
+    walkExtraKeys();
+    if (err !== 0) return;
+    pos = resume;
+  }
+  const salt = kind === EVENT_STORED ? resolveSalt() : NO_STRING;
   out.kind[e] = kind;
   let mm = mmFromExtraKeys;
   if (mmFromInfos >= 0 && (mm < 0 || mmFromInfos < mm)) mm = mmFromInfos;
   out.mmBlock[e] = mm;
-  out.cacheSalt[e] = kind === EVENT_STORED ? resolveSalt(out.loraName[e]!) : NO_STRING;
+  out.cacheSalt[e] = salt;
   out.eventCount = e + 1;
 }
 
@@ -389,6 +484,7 @@ function readArrayEvent(count: number): void {
     for (let i = 1; i < count && err === 0; i++) skip(3);
     return;
   }
+  eventKind = kind;
   if (kind === EVENT_STORED) {
     if (count < 5) return fail(E_MISSING_FIELD);
     readBlockHashes();
@@ -397,7 +493,9 @@ function readArrayEvent(count: number): void {
     if (err === 0) readBlockSize();
     if (err === 0 && count > 5) readLoraId();
     if (err === 0 && count > 6) out.medium[eventIndex] = readStringField();
-    if (err === 0 && count > 7) out.loraName[eventIndex] = readStringField();
+    if (err === 0 && count > 7) readLoraNameOrMetadata();
+    loraSettled = true;
+    bareMmIds = count === 9;
     if (err === 0 && count > 8) readExtraKeys();
     if (err === 0 && count > 9) readTail(count - 9);
   } else if (kind === EVENT_REMOVED) {
@@ -433,6 +531,7 @@ function readMapEvent(pairs: number): void {
     for (let i = 0; i < 2 * pairs && err === 0; i++) skip(3);
     return;
   }
+  eventKind = kind;
   const known = FIELDS_OF[kind]!;
   for (let i = 0; i < pairs && err === 0; i++) {
     const key = readKey(EVENT_KEYS, 3);
@@ -477,6 +576,7 @@ function readNamedField(field: number): void {
       break;
     case F_LORA_NAME:
       out.loraName[e] = readStringField();
+      loraSettled = true;
       break;
     case F_EXTRA_KEYS:
       readExtraKeys();
@@ -498,6 +598,12 @@ function readNamedField(field: number): void {
       break;
     case F_LOCALITY:
       out.locality[e] = readStringField();
+      break;
+    case F_SESSION_ID:
+      skip(3); // a session key for the engine's scheduling: no part of the cache's content
+      break;
+    case F_METADATA:
+      readMetadata();
       break;
     default:
       out.ownership[e] = readStringField();
@@ -685,11 +791,65 @@ function readBlockSize(): void {
   out.blockSize[eventIndex] = size;
 }
 
-/** Legacy `lora_id` slot: nil or an int, read and discarded (LoRA is keyed by name). */
+/** `lora_id`: nil, or the adapter's int id (kept: engines that send no name name it by this). */
 function readLoraId(): void {
   if (pos >= end) return fail(E_TRUNCATED);
-  if (src[pos] === 0xc0) pos++;
-  else if (!readInt() && err === 0) fail(E_BAD_FIELD);
+  if (src[pos] === 0xc0) {
+    pos++;
+    return;
+  }
+  const id = readU32();
+  if (id < 0) return fail(E_BAD_FIELD);
+  out.loraId[eventIndex] = id;
+  out.flags[eventIndex]! |= FLAG_LORA_ID;
+}
+
+/** BlockStored position 7: vLLM's `lora_name`, or SGLang's metadata (a map, or the struct as an array). */
+function readLoraNameOrMetadata(): void {
+  if (pos >= end) return fail(E_TRUNCATED);
+  const byte = src[pos]!;
+  if (isArrayByte(byte) || isMapByte(byte)) readMetadata();
+  else out.loraName[eventIndex] = readStringField();
+}
+
+const META_CACHE_SALT = 0;
+const META_SESSION_ID = 1;
+const METADATA_KEYS = keyTable(["cache_salt", "session_id"]);
+
+/**
+ * SGLang's `BlockStoredMetadata`: `{cache_salt, session_id?}` (unknown keys counted), or
+ * the same fields by position; nil is none. The salt is the event's cache salt.
+ */
+function readMetadata(): void {
+  if (pos >= end) return fail(E_TRUNCATED);
+  if (src[pos] === 0xc0) {
+    pos++;
+    return;
+  }
+  const count = arrayHeader();
+  if (count >= 0) {
+    if (count > 0) topSalt = readStringField();
+    if (count > 1 && err === 0) skip(4);
+    for (let i = 2; i < count && err === 0; i++) skipUnknown(4);
+    return;
+  }
+  if (count === FAILED) return;
+  const pairs = mapHeader();
+  if (pairs === NOT_THIS) return fail(E_BAD_FIELD);
+  if (pairs === FAILED) return;
+  let seen = 0;
+  for (let i = 0; i < pairs && err === 0; i++) {
+    const key = readKey(METADATA_KEYS, 4);
+    if (key < 0) {
+      if (key === KEY_UNKNOWN) skipUnknown(4);
+      else out.unknownFields++;
+      continue;
+    }
+    if ((seen & (1 << key)) !== 0) return fail(E_DUPLICATE_KEY);
+    seen |= 1 << key;
+    if (key === META_CACHE_SALT) topSalt = readStringField();
+    else if (key === META_SESSION_ID) skip(4);
+  }
 }
 
 function readOptionalU32(flag: number, column: Uint32Array): void {
@@ -737,18 +897,32 @@ function internString(start: number, length: number): number {
 }
 
 /**
- * `extra_keys`: nil, or one entry per block, each nil or a list of items. Records the
- * first block carrying a multimodal identifier (a 64-hex-digit string, bare or first
- * in a pair) and the bare strings of block 0, from which the cache salt is recovered.
+ * `extra_keys`: nil, or one entry per block, each nil or a list of items. The LoRA
+ * name must be known to read them (an item equal to it is the adapter's): a map event
+ * that sends them before its `lora_name` has them walked at commit.
  */
 function readExtraKeys(): void {
   if (pos >= end) return fail(E_TRUNCATED);
-  mmFromExtraKeys = -1;
-  saltCount = 0;
   if (src[pos] === 0xc0) {
     pos++;
     return;
   }
+  if (!loraSettled) {
+    extraKeysAt = pos;
+    return skip(3);
+  }
+  walkExtraKeys();
+}
+
+/**
+ * vLLM's items per block, in order: the LoRA name, multimodal ids (bare strings before
+ * #36708, `[id, offset]` pairs after), the cache salt (block 0 only) and prompt-embedding
+ * digests (bytes). kvedge hashes the LoRA name and the salt; any other item means the
+ * engine's hash of that block mixes in content kvedge does not hash: the first such
+ * block is `mmBlock`. Block 0's salt: the first `dynamo-cache-salt:` prefixed string,
+ * else its one bare string (resolveSalt decides once the event is read).
+ */
+function walkExtraKeys(): void {
   const blocks = arrayHeader();
   if (blocks === NOT_THIS) return fail(E_BAD_FIELD);
   if (blocks === FAILED) return;
@@ -761,40 +935,58 @@ function readExtraKeys(): void {
     const items = arrayHeader();
     if (items === NOT_THIS) return fail(E_BAD_FIELD);
     if (items === FAILED) return;
-    for (let i = 0; i < items && err === 0; i++) readExtraKey(block);
+    let lora = out.loraName[eventIndex]!;
+    for (let i = 0; i < items && err === 0; i++) {
+      const length = strHeader();
+      if (length === FAILED) return;
+      if (length < 0) {
+        markOpaque(block);
+        skip(5);
+        continue;
+      }
+      const start = pos;
+      pos += length;
+      if (lora !== NO_STRING && out.strings.equals(lora, src, start, length)) {
+        lora = NO_STRING; // the adapter's name, once per block
+        continue;
+      }
+      if (!checkString()) return;
+      if (block === 0) blockZeroString(start, length);
+      else {
+        markOpaque(block);
+        if (lastBare !== NO_STRING && out.strings.equals(lastBare, src, start, length))
+          bareSpans = true;
+      }
+    }
   }
 }
 
-function readExtraKey(block: number): void {
-  if (pos >= end) return fail(E_TRUNCATED);
-  const length = strHeader();
-  if (length >= 0) {
-    if (isMmHash(pos, length)) {
-      if (mmFromExtraKeys < 0) mmFromExtraKeys = block;
-    } else if (block === 0 && saltCount < SALT_CANDIDATES_MAX) {
-      addSaltCandidate(pos, length);
-    } else if (!checkString()) return;
-    pos += length;
+const SALT_PREFIX = new TextEncoder().encode("dynamo-cache-salt:");
+
+/** A string item of block 0 that is not the LoRA name: a salt, or a multimodal id. */
+function blockZeroString(start: number, length: number): void {
+  if (bareMmIds && isMmHash(start, length)) return markOpaque(0);
+  if (length === 0) return markOpaque(0);
+  if (hasSaltPrefix(start, length)) {
+    if (prefixedSalt !== NO_STRING) return markOpaque(0);
+    // An empty salt after the prefix stays the raw string: the engine hashed that string.
+    const rest = length - SALT_PREFIX.length;
+    prefixedSalt =
+      rest > 0 ? internString(start + SALT_PREFIX.length, rest) : internString(start, length);
     return;
   }
-  if (length === FAILED) return;
-  // [mm_hash, offset] pairs (and any other list): only the first element matters.
-  const count = arrayHeader();
-  if (count === FAILED) return;
-  if (count === NOT_THIS) return skip(5);
-  let rest = count;
-  if (count > 0) {
-    const first = strHeader();
-    if (first === FAILED) return;
-    if (first >= 0) {
-      if (isMmHash(pos, first)) {
-        if (mmFromExtraKeys < 0) mmFromExtraKeys = block;
-      } else if (!checkString()) return;
-      pos += first;
-      rest--;
-    }
-  }
-  for (let i = 0; i < rest && err === 0; i++) skip(6);
+  bareCount++;
+  lastBare = internString(start, length);
+}
+
+function hasSaltPrefix(start: number, length: number): boolean {
+  if (length < SALT_PREFIX.length) return false;
+  for (let i = 0; i < SALT_PREFIX.length; i++) if (src[start + i] !== SALT_PREFIX[i]) return false;
+  return true;
+}
+
+function markOpaque(block: number): void {
+  if (mmFromExtraKeys < 0 || block < mmFromExtraKeys) mmFromExtraKeys = block;
 }
 
 function isMmHash(start: number, length: number): boolean {
@@ -807,45 +999,17 @@ function isMmHash(start: number, length: number): boolean {
   return true;
 }
 
-const SALT_PREFIX = new TextEncoder().encode("dynamo-cache-salt:");
-
-function addSaltCandidate(start: number, length: number): void {
-  const id = internString(start, length);
-  if (err !== 0) return;
-  let rest = NO_STRING;
-  if (length >= SALT_PREFIX.length) {
-    let prefixed = true;
-    for (let i = 0; i < SALT_PREFIX.length && prefixed; i++)
-      prefixed = src[start + i] === SALT_PREFIX[i];
-    if (prefixed) rest = internString(start + SALT_PREFIX.length, length - SALT_PREFIX.length);
-  }
-  saltIds[saltCount] = id;
-  saltRests[saltCount] = rest;
-  saltCount++;
-}
-
 /**
- * The event's cache salt: the top-level `cache_salt` if present; else, among the
- * bare strings of block 0's extra keys minus the first one equal to the LoRA name,
- * the remainder of the first non-empty `dynamo-cache-salt:`-prefixed one (Dynamo's
- * convention), else the first non-empty one (vLLM's raw `cache_salt`).
+ * The event's cache salt: a top-level or metadata `cache_salt`, else block 0's prefixed
+ * salt, else its bare string. Block 0 holds one salt at most: any other bare string
+ * there, or one that recurs in a later block, is a multimodal id (block 0 then is one
+ * kvedge cannot hash, and a recurring string is no salt).
  */
-function resolveSalt(loraName: number): number {
-  if (topSalt !== NO_STRING) return topSalt;
-  let skipLora = loraName;
-  let plain = NO_STRING;
-  for (let i = 0; i < saltCount; i++) {
-    const id = saltIds[i]!;
-    if (id === skipLora) {
-      skipLora = NO_STRING;
-      continue;
-    }
-    const rest = saltRests[i]!;
-    if (rest !== NO_STRING) {
-      if (out.strings.get(rest) !== "") return rest;
-    } else if (plain === NO_STRING && out.strings.get(id) !== "") plain = id;
-  }
-  return plain;
+function resolveSalt(): number {
+  let salt = topSalt !== NO_STRING ? topSalt : prefixedSalt !== NO_STRING ? prefixedSalt : lastBare;
+  if (bareCount > 1 || (bareCount === 1 && (salt !== lastBare || bareSpans))) markOpaque(0);
+  if (bareSpans && salt === lastBare) salt = NO_STRING;
+  return salt;
 }
 
 /** `block_mm_infos`: nil, or per block nil or an MM-info object (content not needed). */
@@ -904,7 +1068,11 @@ function readTail(count: number): void {
       setU32(FLAG_WINDOW, out.slidingWindow, tailValue[2]!);
     if (buffered > 3) out.locality[e] = tailValue[3]!;
     if (buffered > 4) out.ownership[e] = tailValue[4]!;
-    for (let i = TAIL_SLOTS; i < count && err === 0; i++) skipUnknown(3);
+    for (let i = TAIL_SLOTS; i < count && err === 0; i++) {
+      // A Dynamo-aligned SGLang fork appends the metadata map after ownership.
+      if (eventKind === EVENT_STORED && isMapByte(src[pos]!)) readMetadata();
+      else skipUnknown(3);
+    }
     return;
   }
   let uints = 0;
@@ -994,6 +1162,10 @@ function u32(at: number): number {
 
 function isArrayByte(byte: number): boolean {
   return (byte & 0xf0) === 0x90 || byte === 0xdc || byte === 0xdd;
+}
+
+function isMapByte(byte: number): boolean {
+  return (byte & 0xf0) === 0x80 || byte === 0xde || byte === 0xdf;
 }
 
 /**

@@ -1,12 +1,15 @@
 /**
- * Encodes KV-event batches byte for byte as vLLM's msgspec encoder does, for tests,
- * fuzz seeds, the decode benchmark and the mock engines.
+ * Encodes KV-event batches byte for byte as an engine's msgspec encoder does, in one
+ * producer's layout (./variants.ts), for tests, fuzz seeds, the decode benchmark and
+ * the mock engines.
  *
- * msgspec's rules, which this follows: ints in the smallest encoding (unsigned
- * forms for values >= 0, so a u64 hash >= 2^63 is a uint64 and one below 2^32 a
- * uint8/16/32), floats always float64, str8 from 32 bytes, arrays/maps in the
- * smallest header; `omit_defaults` drops trailing fields at their default in the
- * array form and default-valued fields in the map form; the tag comes first.
+ * msgspec's rules, which this follows: ints in the smallest encoding (unsigned forms
+ * for values >= 0, so a u64 hash >= 2^63 is a uint64 and one below 2^32 a
+ * uint8/16/32), floats always float64, str8 from 32 bytes, arrays/maps in the smallest
+ * header; array events at their full length, trailing nils included (`omit_defaults`
+ * does not shorten arrays); map events without the default-valued fields that have a
+ * default; the tag first. A field the chosen layout does not have is an error, so a
+ * test cannot publish a shape no engine sends.
  *
  * msgpackr cannot produce these bytes (it writes integral floats as ints and every
  * bigint as int64), so this uses kvedge's own writer (src/wire/msgpack.ts). msgpackr
@@ -14,6 +17,7 @@
  */
 
 import { MsgpackWriter } from "../msgpack";
+import { WIRE_LAYOUTS, type EventLayout, type WireField, type WireVariant } from "./variants";
 
 /** A block hash: an int (u64, or a negative i64 as some producers send), or raw digest bytes. */
 export type KvHash = bigint | Uint8Array;
@@ -36,11 +40,7 @@ export interface KvBlockStored {
   /** Token ids, or Eagle bigram pairs. */
   readonly tokenIds: readonly number[] | Uint32Array | readonly (readonly [number, number])[];
   readonly blockSize: number;
-  /**
-   * The fields below may be left undefined. In the array form the event then ends
-   * before the first undefined one of `loraId`, `medium`, `loraName` (SGLang ends
-   * after `loraId`); later fields are written only up to the last non-null one.
-   */
+  /** The fields below may be left undefined: written as nil where the layout has them. */
   readonly loraId?: number | null;
   readonly medium?: string | null;
   readonly loraName?: string | null;
@@ -50,10 +50,10 @@ export interface KvBlockStored {
   readonly kvCacheSpecSlidingWindow?: number | null;
   readonly locality?: string | null;
   readonly ownership?: string | null;
-  /** Map form only (TRT-LLM style top-level salt). */
+  /** SGLang's salt: a map key (S5) or the appended metadata map (S4, F1). */
   readonly cacheSalt?: string | null;
-  /** Map form only (Dynamo's per-block MM infos). */
-  readonly blockMmInfos?: readonly KvValue[] | null;
+  /** SGLang S5, vLLM V9. */
+  readonly sessionId?: string | null;
 }
 
 export interface KvBlockRemoved {
@@ -78,48 +78,57 @@ export interface KvBatch {
   /** Seconds; always written as float64. */
   readonly ts: number;
   readonly events: readonly KvEvent[];
-  /** Omitted when null or undefined. */
+  /** `data_parallel_rank` (SGLang: `attn_dp_rank`); nil when null, left out of a map batch. */
   readonly dpRank?: number | null;
 }
 
-export interface EncodeOptions {
-  /** Events as tagged arrays (vLLM up to 0.23, SGLang) or maps with "type" (vLLM 0.24+). */
-  readonly form: "array" | "map";
-  /** The batch envelope: an array (every vLLM release seen) unless "map" is asked for. */
-  readonly batchForm?: "array" | "map";
+/**
+ * The producer layout to write: `variant`, or by `form` the newest of that form:
+ * "array" = vLLM V7 (0.22/0.23, the last array era), "map" = vLLM V9 (maps, 0.26+).
+ */
+export type EncodeOptions =
+  | { readonly variant: WireVariant; readonly form?: undefined }
+  | { readonly form: "array" | "map"; readonly variant?: undefined };
+
+export function variantOf(options: EncodeOptions): WireVariant {
+  return options.variant ?? (options.form === "map" ? "vllm-v9" : "vllm-v7");
 }
 
 export function encodeKvBatch(batch: KvBatch, options: EncodeOptions): Uint8Array {
+  const variant = variantOf(options);
+  const layout = WIRE_LAYOUTS[variant];
   const writer = new MsgpackWriter();
   const events = (): void => {
     writer.arrayHeader(batch.events.length);
-    for (const event of batch.events) writeEvent(writer, event, options.form);
+    for (const event of batch.events) writeEvent(writer, event, variant);
   };
-  const hasDpRank = batch.dpRank !== undefined && batch.dpRank !== null;
-  if ((options.batchForm ?? "array") === "array") {
-    writer.arrayHeader(hasDpRank ? 3 : 2);
+  const dpRank = batch.dpRank ?? null;
+  if (layout.batch === "array2") {
+    if (dpRank !== null) throw new Error(`${variant} batches carry no dp rank`);
+    writer.arrayHeader(2);
     writer.float64(batch.ts);
     events();
-    if (hasDpRank) writer.int(batch.dpRank!);
+  } else if (layout.batch === "array3") {
+    writer.arrayHeader(3);
+    writer.float64(batch.ts);
+    events();
+    if (dpRank === null) writer.nil();
+    else writer.int(dpRank);
   } else {
-    writer.mapHeader(hasDpRank ? 3 : 2);
+    writer.mapHeader(dpRank === null ? 2 : 3);
     writer.string("ts");
     writer.float64(batch.ts);
     writer.string("events");
     events();
-    if (hasDpRank) {
+    if (dpRank !== null) {
       writer.string("data_parallel_rank");
-      writer.int(batch.dpRank!);
+      writer.int(dpRank);
     }
   }
   return writer.finish();
 }
 
-type Field = readonly [
-  name: string,
-  value: unknown,
-  write: (writer: MsgpackWriter, value: never) => void,
-];
+type Write = (writer: MsgpackWriter, value: never) => void;
 
 const writeHash = (writer: MsgpackWriter, hash: KvHash): void => {
   if (typeof hash === "bigint") writer.int(hash);
@@ -128,10 +137,6 @@ const writeHash = (writer: MsgpackWriter, hash: KvHash): void => {
 const writeHashes = (writer: MsgpackWriter, hashes: readonly KvHash[]): void => {
   writer.arrayHeader(hashes.length);
   for (const hash of hashes) writeHash(writer, hash);
-};
-const writeOptionalHash = (writer: MsgpackWriter, hash: KvHash | null): void => {
-  if (hash === null) writer.nil();
-  else writeHash(writer, hash);
 };
 const writeTokens = (writer: MsgpackWriter, tokens: KvBlockStored["tokenIds"]): void => {
   writer.arrayHeader(tokens.length);
@@ -144,85 +149,88 @@ const writeTokens = (writer: MsgpackWriter, tokens: KvBlockStored["tokenIds"]): 
     }
   }
 };
-const writeOptionalInt = (writer: MsgpackWriter, value: number | null): void => {
-  if (value === null) writer.nil();
-  else writer.int(value);
-};
-const writeOptionalString = (writer: MsgpackWriter, value: string | null): void => {
-  if (value === null) writer.nil();
-  else writer.string(value);
-};
+const writeInt = (writer: MsgpackWriter, value: number): void => writer.int(value);
+const writeString = (writer: MsgpackWriter, value: string): void => writer.string(value);
 const writeAny = (writer: MsgpackWriter, value: KvValue): void => writer.value(value);
 
-/** The fields of an event in declaration order, and how many of them are required. */
-function fieldsOf(event: KvEvent, form: "array" | "map"): { fields: Field[]; required: number } {
-  switch (event.type) {
-    case "BlockStored": {
-      const fields: Field[] = [
-        ["block_hashes", event.blockHashes, writeHashes],
-        ["parent_block_hash", event.parentBlockHash, writeOptionalHash],
-        ["token_ids", event.tokenIds, writeTokens],
-        ["block_size", event.blockSize, writeOptionalInt],
-        ["lora_id", event.loraId, writeOptionalInt],
-        ["medium", event.medium, writeOptionalString],
-        ["lora_name", event.loraName, writeOptionalString],
-        ["extra_keys", event.extraKeys, writeAny],
-        ["group_idx", event.groupIdx, writeOptionalInt],
-        ["kv_cache_spec_kind", event.kvCacheSpecKind, writeOptionalString],
-        ["kv_cache_spec_sliding_window", event.kvCacheSpecSlidingWindow, writeOptionalInt],
-        ["locality", event.locality, writeOptionalString],
-        ["ownership", event.ownership, writeOptionalString],
-      ];
-      const mapOnly = event.cacheSalt !== undefined || event.blockMmInfos !== undefined;
-      if (mapOnly && form === "array")
-        throw new Error("cache_salt and block_mm_infos exist only in the map form");
-      fields.push(["cache_salt", event.cacheSalt, writeOptionalString]);
-      fields.push(["block_mm_infos", event.blockMmInfos, writeAny]);
-      // lora_id, medium and lora_name have no default in vLLM: written when given.
-      let required = 4;
-      while (required < 7 && fields[required]![1] !== undefined) required++;
-      return { fields, required };
-    }
-    case "BlockRemoved":
-      return {
-        fields: [
-          ["block_hashes", event.blockHashes, writeHashes],
-          ["medium", event.medium, writeOptionalString],
-          ["group_idx", event.groupIdx, writeOptionalInt],
-          ["kv_cache_spec_kind", event.kvCacheSpecKind, writeOptionalString],
-          ["kv_cache_spec_sliding_window", event.kvCacheSpecSlidingWindow, writeOptionalInt],
-          ["locality", event.locality, writeOptionalString],
-          ["ownership", event.ownership, writeOptionalString],
-        ],
-        required: event.medium === undefined ? 1 : 2,
-      };
-    case "AllBlocksCleared":
-      return { fields: [["ownership", event.ownership, writeOptionalString]], required: 0 };
-  }
+/** Per wire field: the event property it comes from and how it is written. */
+const FIELDS: Readonly<Record<WireField, readonly [property: string, write: Write]>> = {
+  block_hashes: ["blockHashes", writeHashes],
+  parent_block_hash: ["parentBlockHash", writeHash],
+  token_ids: ["tokenIds", writeTokens],
+  block_size: ["blockSize", writeInt],
+  lora_id: ["loraId", writeInt],
+  medium: ["medium", writeString],
+  lora_name: ["loraName", writeString],
+  extra_keys: ["extraKeys", writeAny],
+  group_idx: ["groupIdx", writeInt],
+  kv_cache_spec_kind: ["kvCacheSpecKind", writeString],
+  kv_cache_spec_sliding_window: ["kvCacheSpecSlidingWindow", writeInt],
+  locality: ["locality", writeString],
+  ownership: ["ownership", writeString],
+  cache_salt: ["cacheSalt", writeString],
+  session_id: ["sessionId", writeString],
+};
+const PROPERTY_FIELDS: Readonly<Record<string, WireField>> = Object.fromEntries(
+  Object.entries(FIELDS).map(([field, [property]]) => [property, field as WireField]),
+);
+
+function layoutOf(event: KvEvent, variant: WireVariant): EventLayout {
+  const layout = WIRE_LAYOUTS[variant];
+  if (event.type === "BlockStored") return layout.stored;
+  return event.type === "BlockRemoved" ? layout.removed : layout.cleared;
 }
 
-function writeEvent(writer: MsgpackWriter, event: KvEvent, form: "array" | "map"): void {
-  const { fields, required } = fieldsOf(event, form);
-  const present = (value: unknown) => value !== undefined && value !== null;
-  if (form === "array") {
-    let length = required;
-    for (let i = required; i < fields.length; i++) if (present(fields[i]![1])) length = i + 1;
-    writer.arrayHeader(1 + length);
+/** What the event gives: its non-nil fields, by wire name. */
+function givenFields(event: KvEvent): Partial<Record<WireField, unknown>> {
+  const given: Partial<Record<WireField, unknown>> = {};
+  for (const [property, value] of Object.entries(event)) {
+    if (property === "type" || value === undefined || value === null) continue;
+    const field = PROPERTY_FIELDS[property];
+    if (field === undefined) throw new Error(`unknown event property ${property}`);
+    given[field] = value;
+  }
+  return given;
+}
+
+function writeEvent(writer: MsgpackWriter, event: KvEvent, variant: WireVariant): void {
+  const layout = layoutOf(event, variant);
+  const given = givenFields(event);
+  const appended =
+    WIRE_LAYOUTS[variant].metadata === "appended" && event.type === "BlockStored"
+      ? (event.cacheSalt ?? null)
+      : null;
+  if (appended !== null) delete given.cache_salt;
+  for (const field of Object.keys(given) as WireField[]) {
+    if (!layout.fields.includes(field) && !layout.optional.includes(field))
+      throw new Error(`${variant} ${event.type} has no ${field}`);
+  }
+  const value = (field: WireField) => given[field] ?? null;
+  if (WIRE_LAYOUTS[variant].events === "array") {
+    writer.arrayHeader(1 + layout.fields.length + (appended === null ? 0 : 1));
     writer.string(event.type);
-    for (let i = 0; i < length; i++) writeField(writer, fields[i]!);
+    for (const field of layout.fields) writeValue(writer, field, value(field));
+    if (appended !== null) {
+      writer.mapHeader(1);
+      writer.string("cache_salt");
+      writer.string(appended);
+    }
     return;
   }
-  const written = fields.filter((field, i) => i < required || present(field[1]));
+  const written = [
+    ...layout.fields,
+    ...layout.optional.filter((field) => field in given),
+  ] as WireField[];
   writer.mapHeader(1 + written.length);
   writer.string("type");
   writer.string(event.type);
   for (const field of written) {
-    writer.string(field[0]);
-    writeField(writer, field);
+    writer.string(field);
+    writeValue(writer, field, value(field));
   }
 }
 
-function writeField(writer: MsgpackWriter, [, value, write]: Field): void {
-  if (value === undefined || value === null) writer.nil();
-  else write(writer, value as never);
+function writeValue(writer: MsgpackWriter, field: WireField, value: unknown): void {
+  if (value === null) writer.nil();
+  else FIELDS[field][1](writer, value as never);
 }

@@ -2,3 +2,4 @@
 export * from "./batch";
 export * from "./decode";
 export * from "./encode";
+export * from "./variants";

@@ -78,7 +78,8 @@ export class StringTable {
     throw new Error("string table full (load factor invariant broken)");
   }
 
-  private equals(id: number, bytes: Uint8Array, start: number, length: number): boolean {
+  /** Whether string `id` has exactly the bytes `bytes[start, start + length)` (nothing interned). */
+  equals(id: number, bytes: Uint8Array, start: number, length: number): boolean {
     if (this.lengths[id] !== length) return false;
     const arena = this.arena;
     const at = this.starts[id]!;
