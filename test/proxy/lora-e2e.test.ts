@@ -48,7 +48,7 @@ beforeAll(async () => {
   engines[0]!.publish([stored(hashes(100n), tokens, BS, null, { loraId: 7, medium: "GPU" })]);
   engines[1]!.publish([stored(hashes(200n), tokens, BS, null, { loraId: null, medium: "GPU" })]);
   const held = async (extra: Json) => {
-    const response = await fetch(`${serve.url}/v1/match`, {
+    const response = await fetch(`${serve.controlUrl}/v1/match`, {
       method: "POST",
       headers: { "content-type": "application/json" },
       body: JSON.stringify({ token_ids: PROMPT, ...extra }),

@@ -150,8 +150,12 @@ export interface ReaderStats {
 
 /** Attempts before a lookup asks the writer to hold still (each waits out the change it met). */
 const FAST_ATTEMPTS = 8;
-/** A lookup that gets no consistent read for this long means the writer is stuck mid-event. */
-const LOOKUP_LIMIT_NS = 200_000_000;
+/**
+ * A lookup that gets no consistent read for this long means the writer is stuck
+ * mid-event. Seconds, not milliseconds: on a loaded host the writer thread can wait
+ * well over 100 ms for a CPU, and a slow answer is better than a refused one.
+ */
+const LOOKUP_LIMIT_NS = 2_000_000_000;
 
 export function attach(descriptor: SharedIndexDescriptor): SharedIndexReader {
   if (descriptor?.format !== FORMAT) throw new Error("not a shared crtc index descriptor");
@@ -329,7 +333,7 @@ export class SharedIndexReader {
   private checkDeadline(): void {
     if (Bun.nanoseconds() > this.deadline) {
       const applied = this.applied();
-      throw new Error(`shared index: no consistent read in 200 ms (applied ${applied})`);
+      throw new Error(`shared index: no consistent read in 2 s (applied ${applied})`);
     }
   }
 
