@@ -50,10 +50,7 @@ describe("applyOp", () => {
     ["block_hashes is missing", { op: "removed", worker_id: "7" }],
     ["worker_id is missing", { op: "remove_worker" }],
     ["token_ids must be an array", { op: "match", token_ids: "1 2" }],
-    [
-      "tier must be one of device, host_pinned, disk, external",
-      { ...stored(), tier: "CPU" },
-    ],
+    ["tier must be one of device, host_pinned, disk, external", { ...stored(), tier: "CPU" }],
     ["tier must be one of device, host_pinned, disk, external", { ...stored(), tier: "any" }],
     [
       "tier must be one of device, host_pinned, disk, external, any",
@@ -173,7 +170,7 @@ describe("applyOp", () => {
       host("7", "12", "13", [9, 10, 11, 12]); // a second copy
       host("8", null, "21", [1, 2, 3, 4]); // a worker with the host tier only
       const both = {
-        op: "match",
+        op: "match" as const,
         scores: [
           { worker_id: "7", dp_rank: 0, blocks: 2, host_pinned: 1, disk: 0, external: 0 },
           { worker_id: "8", dp_rank: 0, blocks: 0, host_pinned: 1, disk: 0, external: 0 },
