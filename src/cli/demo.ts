@@ -2,6 +2,7 @@ import { availableParallelism } from "node:os";
 import { ADMISSION_MODES, type AdmissionMode, DEFAULT_ADMISSION } from "../route/admission";
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES, type RoutePolicy } from "../route/ttft";
 import { getAffinity, pinProcess } from "../runtime/affinity";
+<<<<<<< HEAD
 import { type AdmissionReport, type DemoResult, type RouterReport, runDemo } from "../sim/demo";
 import {
   DEFAULT_DEMO_POLICIES,
@@ -11,6 +12,11 @@ import {
   type DemoPolicy,
   isDemoPolicy,
 } from "../sim/demo-options";
+=======
+import { type AdmissionReport, type DemoResult, runDemo, type TierComparison } from "../sim/demo";
+import type { IndexCheck } from "../sim/index-check";
+import { DEFAULT_DEMO_POLICIES, type DemoPolicy, isDemoPolicy } from "../sim/demo-options";
+>>>>>>> copies-tiers
 import { loadConversationTrace } from "../sim/embedded-trace";
 import { CAPACITY_BLOCKS_MAX } from "../sim/engine-cache";
 import { WORKERS_MAX } from "../sim/simulator";
@@ -98,12 +104,14 @@ const flags = {
   requests: { kind: "string" },
   workers: { kind: "string" },
   "capacity-blocks": { kind: "string" },
+  "cpu-capacity-blocks": { kind: "string" },
   "block-size": { kind: "string" },
   trace: { kind: "string" },
   workload: { kind: "string" },
   "workload-seed": { kind: "string" },
   speedup: { kind: "string" },
   "time-scale": { kind: "string" },
+  twins: { kind: "string" },
   policies: { kind: "string" },
   seed: { kind: "string" },
   json: { kind: "boolean" },
@@ -153,6 +161,9 @@ Options:
   --requests N           requests to replay (${DEMO_DEFAULTS.requests})
   --workers N            mock engines (${DEMO_DEFAULTS.workers})
   --capacity-blocks N    KV capacity of each engine, in blocks (${DEMO_DEFAULTS.capacityBlocks}: ~80 GB for an 8B model)
+  --cpu-capacity-blocks N  a CPU offload tier per engine, in blocks (0: none): evicted blocks spill
+                         there (vLLM's CPU events) and load back faster than a prefill; kv_aware
+                         then also runs routing on the device tier only, for a table of the gain
   --block-size N         tokens per KV block (${DEMO_DEFAULTS.blockSize})
   --trace FILE           a Mooncake-format JSONL trace (default: the embedded conversation trace)
   --workload NAME        a generated Mooncake-format trace instead (src/sim/workloads.ts): agentic
@@ -160,6 +171,9 @@ Options:
                          4,096-token prefix within 50 ms, a fresh prefix every 2.5 s)
   --workload-seed S      the generator's seed (its default: 7)
   --time-scale F         multiply arrival times by F (${DEMO_DEFAULTS.timeScale}: twice the trace's request rate)
+  --twins F              a fraction F of the requests arrive twice at once (parallel sampling,
+                         retries): an engine given both computes their blocks twice and keeps both
+                         copies, each announced and evicted on its own, as vLLM does (0)
   --speedup X            model seconds per wall second in the kvedge replay (${DEMO_DEFAULTS.speedup})
   --policies LIST        comma list of ${["kv_aware", "round_robin", "random", "least_loaded", "approx_prefix", "kv_aware_model"].join(", ")}
                          (default: all but kv_aware_model, kvedge's cost model in-process with exact knowledge)
@@ -209,9 +223,11 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       1,
       CAPACITY_BLOCKS_MAX,
     );
+    const cpuCapacityBlocks = flagInt(parsed, "cpu-capacity-blocks", 0, 0, CAPACITY_BLOCKS_MAX);
     const blockSize = flagInt(parsed, "block-size", DEMO_DEFAULTS.blockSize, 1, 4096);
     const speedup = flagNumber(parsed, "speedup", DEMO_DEFAULTS.speedup, 0.01, 1e6);
     const timeScale = flagNumber(parsed, "time-scale", DEMO_DEFAULTS.timeScale, 1e-6, 1e6);
+    const twins = flagNumber(parsed, "twins", 0, 0, 1);
     const seed = flagInt(parsed, "seed", DEMO_DEFAULTS.seed, 0, 0xffff_ffff);
     const time = timeModelOf(parsed);
     const json = flagBool(parsed, "json");
@@ -219,7 +235,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     const loaded = await traceOf(parsed);
     if (start >= loaded.trace.count)
       throw new UsageError(`--start ${start}: the trace has ${loaded.trace.count} requests`);
-    const trace = transformTrace(loaded.trace, { start, requests, timeScale });
+    const trace = transformTrace(loaded.trace, { start, requests, timeScale, twins });
 
     // kvedge serve is told the engines' constants, as an operator would configure it.
     const serveArgs: string[] = [
@@ -239,15 +255,19 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     ];
     if (!virtual && !flagBool(parsed, "no-pin") && policies.includes("kv_aware"))
       serveArgs.push(...pinning());
+<<<<<<< HEAD
     // Without correction kvedge serve ignores the cached tokens it hears (the proxy reads them anyway).
     if (flagBool(parsed, "no-correct")) serveArgs.push("--no-predicted-correction");
     const tty = process.stderr.isTTY === true;
     const predictions = predictionOptions(parsed, capacityBlocks);
     const events = predictions.events;
+=======
+>>>>>>> copies-tiers
     const result = await runDemo({
       trace,
       workers,
       capacityBlocks,
+      cpuCapacityBlocks,
       blockSize,
       speedup,
       policies,
@@ -257,7 +277,11 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       form: flagBool(parsed, "map-form") ? "map" : "array",
       realtimeBaselines: flagBool(parsed, "realtime-baselines"),
       serveArgs,
+<<<<<<< HEAD
       progress: json && !tty ? null : progressWriter(tty),
+=======
+      progress: progressLine(json),
+>>>>>>> copies-tiers
       virtual,
       proxy: flagBool(parsed, "proxy"),
       ...predictions,
@@ -275,6 +299,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       admission,
       workers,
       capacity_blocks: capacityBlocks,
+      cpu_capacity_blocks: cpuCapacityBlocks,
       block_size: blockSize,
       time_scale: timeScale,
       speedup,
@@ -288,6 +313,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
   },
 };
 
+<<<<<<< HEAD
 /** The trace the demo replays: --trace FILE, --workload NAME, or the conversation trace. */
 function traceOf(parsed: Parsed): Promise<{ trace: Trace; name: string }> {
   const workloadSeed = parsed.flags.has("workload-seed")
@@ -313,14 +339,28 @@ function predictionOptions(parsed: Parsed, capacityBlocks: number) {
 function progressWriter(tty: boolean): (line: string) => void {
   let shown = 0;
   return (line) => {
+=======
+/** Progress on stderr: a bar on a terminal, phase announcements otherwise; none for --json off a terminal. */
+function progressLine(json: boolean): ((line: string) => void) | null {
+  const tty = process.stderr.isTTY === true;
+  if (json && !tty) return null;
+  let shown = 0;
+  return (line: string): void => {
+>>>>>>> copies-tiers
     if (tty) {
       process.stderr.write(
         line === ""
           ? "\r\x1b[2K"
           : `\r\x1b[2K${line.slice(0, (process.stderr.columns ?? 100) - 1)}`,
       );
+<<<<<<< HEAD
     } else if (line !== "" && !line.includes("[") && shown++ < 1000) {
       process.stderr.write(`${line}\n`);
+=======
+    } else if (line !== "" && !line.includes("[")) {
+      // Without a terminal: phase announcements only, no bar.
+      if (shown++ < 1000) process.stderr.write(`${line}\n`);
+>>>>>>> copies-tiers
     }
   };
 }
@@ -442,6 +482,47 @@ const ms = (value: number): string =>
 const signed = (value: number, digits = 0): string =>
   `${value > 0 ? "+" : value < 0 ? "−" : "±"}${Math.abs(value).toFixed(digits)}`;
 
+/** The end-of-run check of an index against the engines' caches (both tiers, every copy). */
+function indexLine(check: IndexCheck): string {
+  const host =
+    check.engine_host_blocks + check.index_host_blocks === 0
+      ? ""
+      : `; CPU tier ${int(check.index_host_blocks)} indexed, ${int(check.engine_host_blocks)} held`;
+  return (
+    `index vs engines at the end: ${check.index_matches_engines ? "identical" : "DIFFERENT"}` +
+    ` (${int(check.index_blocks)} blocks indexed, ${int(check.engine_cached_blocks)} cached${host}).`
+  );
+}
+
+/** Tier-aware routing against device-only routing, with a CPU tier on every engine. */
+function tierTable(tiers: TierComparison): string[] {
+  const rows = [
+    ["kv_aware routing on", "hit rate", "of it CPU tier", "prefill tokens", "TTFT p50", "TTFT p99"],
+    ...(
+      [
+        ["device and CPU tiers", tiers.tier_aware],
+        ["device tier only", tiers.device_only],
+      ] as const
+    ).map(([name, row]) => [
+      name,
+      percent(row.hit_rate),
+      percent(row.host_hit_rate),
+      `${(row.prefill_tokens / 1e6).toFixed(2)} M`,
+      ms(row.ttft_p50_ms),
+      ms(row.ttft_p99_ms),
+    ]),
+  ];
+  const widths = rows[0]!.map((_, i) => Math.max(...rows.map((row) => row[i]!.length)));
+  const line = (row: string[]) =>
+    row
+      .map((cell, i) => (i === 0 ? cell.padEnd(widths[i]!) : cell.padStart(widths[i]!)))
+      .join("  ");
+  return [
+    `With a CPU tier of ${int(tiers.cpu_capacity_blocks)} blocks per engine (evicted blocks spill there, load back instead of a prefill):`,
+    ...rows.map(line),
+  ];
+}
+
 export function renderDemo(result: DemoResult, config: DemoConfig): string {
   const out: string[] = [];
   const rate =
@@ -506,7 +587,26 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
     out.push("");
   }
   const router = result.router;
+<<<<<<< HEAD
   if (router !== null) out.push(...routerLines(router, config), "");
+=======
+  if (router !== null) {
+    out.push(
+      `kvedge: ${int(router.decisions)} routing decisions, latency p50 ${router.route_latency_p50_ms.toFixed(2)} ms,` +
+        ` p99 ${router.route_latency_p99_ms.toFixed(2)} ms (client-measured, WebSocket on loopback);` +
+        ` predicted hit rate ${percent(router.predicted_hit_rate)}.`,
+    );
+    out.push(
+      `  ${int(router.batches_published)} KV event batches published, ${int(router.batches_applied)} applied` +
+        ` (${int(router.batches_replayed)} recovered by replay, ${int(router.batches_lost)} lost, ${int(router.gaps)} gaps);` +
+        ` ${router.degraded_workers} degraded workers; ${router.lifecycle_errors} failed lifecycle calls.`,
+    );
+    out.push(`  ${indexLine(router.index)}`);
+    out.push("");
+  }
+  if (result.index !== null) out.push(`kv_aware's engines, ${indexLine(result.index)}`, "");
+  if (result.tiers !== null) out.push(...tierTable(result.tiers), "");
+>>>>>>> copies-tiers
   if (result.admission !== null) out.push(admissionLine(result.admission), "");
   const proxy = result.proxy;
   if (proxy !== null) {

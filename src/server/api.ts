@@ -36,12 +36,18 @@ const OUTPUT_TOKENS_MAX = 1 << 24;
 const DP_RANK_MAX = 0xffff_ffff;
 const TOPIC_LENGTH_MAX = 1024;
 
-const scoreJson = (score: MatchScore) => ({
-  worker_id: score.workerId.toString(),
-  dp_rank: score.dpRank,
-  blocks: score.blocks,
-  kind: score.kind,
-});
+/** A match score; the lower tiers' blocks only for a worker that has some (as `kvedge apply`). */
+const scoreJson = (score: MatchScore) => {
+  const json = {
+    worker_id: score.workerId.toString(),
+    dp_rank: score.dpRank,
+    blocks: score.blocks,
+    kind: score.kind,
+  };
+  const { hostBlocks, diskBlocks, externalBlocks } = score;
+  if (hostBlocks + diskBlocks + externalBlocks === 0) return json;
+  return { ...json, host_pinned: hostBlocks, disk: diskBlocks, external: externalBlocks };
+};
 
 /** POST /v1/match: `{"token_ids":[…], "lora_name"? or "lora_id"?, "cache_salt"?}` or `{"local_hashes":["…"]}`. */
 export function matchOp(core: KvedgeCore, raw: unknown) {
@@ -149,6 +155,9 @@ export function routeAnswer(core: KvedgeCore, { decision, queryBlocks }: RouteOu
       overlap_blocks: list.overlapBlocks[i]!,
       overlap_kind: OVERLAP_KINDS[list.overlapKinds[i]!]!,
       pending_blocks: list.pendingBlocks[i]!,
+      host_pinned_blocks: list.hostBlocks[i]!,
+      disk_blocks: list.diskBlocks[i]!,
+      external_blocks: list.externalBlocks[i]!,
       cost: list.costs[i]!,
       degraded: list.degraded[i] === 1,
       active_prefill_tokens: list.activePrefillTokens[i]!,
@@ -156,6 +165,7 @@ export function routeAnswer(core: KvedgeCore, { decision, queryBlocks }: RouteOu
       active_requests: list.activeRequests[i]!,
       predicted_ttft_ms: list.predictedTtftMs[i]!,
       queue_ms: list.queueMs[i]!,
+      reload_ms: list.reloadMs[i]!,
       prefill_ms: list.prefillMs[i]!,
       steps_ms: list.stepsMs[i]!,
     });
@@ -166,6 +176,9 @@ export function routeAnswer(core: KvedgeCore, { decision, queryBlocks }: RouteOu
     dp_rank: decision.dpRank,
     query_blocks: queryBlocks,
     overlap_blocks: decision.overlapBlocks,
+    host_pinned_blocks: decision.hostBlocks,
+    disk_blocks: decision.diskBlocks,
+    external_blocks: decision.externalBlocks,
     cost: decision.cost,
     predicted_ttft_ms: decision.predictedTtftMs,
     candidates,
@@ -323,6 +336,10 @@ const K = {
   dp_rank: key("dp_rank"),
   query_blocks: key("query_blocks"),
   overlap_blocks: key("overlap_blocks"),
+  host_pinned_blocks: key("host_pinned_blocks"),
+  disk_blocks: key("disk_blocks"),
+  external_blocks: key("external_blocks"),
+  reload_ms: key("reload_ms"),
   cost: key("cost"),
   candidates: key("candidates"),
   degraded: key("degraded"),
@@ -340,6 +357,16 @@ const K = {
 /** The overlap kinds as encoded MessagePack strings (written as they are, no encoding per answer). */
 const KIND_NAMES = OVERLAP_KINDS.map((kind) => encodeMsgpack(kind));
 
+/** The lower tiers' blocks of an answer (host, disk, external), as three keys. */
+function writeTiers(writer: MsgpackWriter, host: number, disk: number, external: number): void {
+  writer.encoded(K.host_pinned_blocks);
+  writer.number(host);
+  writer.encoded(K.disk_blocks);
+  writer.number(disk);
+  writer.encoded(K.external_blocks);
+  writer.number(external);
+}
+
 /**
  * A route answer as MessagePack, the same map `writer.value(routeAnswer(...))` writes,
  * straight from the decision with keys encoded once: the answer of every binary
@@ -351,7 +378,7 @@ export function writeRouteAnswer(
   core: KvedgeCore,
   { decision, queryBlocks }: RouteOutcome,
 ): void {
-  writer.mapHeader(8);
+  writer.mapHeader(11);
   writer.encoded(K.request_id);
   writer.string(decision.requestId);
   writer.encoded(K.worker_id);
@@ -362,6 +389,7 @@ export function writeRouteAnswer(
   writer.number(queryBlocks);
   writer.encoded(K.overlap_blocks);
   writer.number(decision.overlapBlocks);
+  writeTiers(writer, decision.hostBlocks, decision.diskBlocks, decision.externalBlocks);
   writer.encoded(K.cost);
   writer.number(decision.cost);
   writer.encoded(K.predicted_ttft_ms);
@@ -370,7 +398,7 @@ export function writeRouteAnswer(
   const list = decision.candidates;
   writer.arrayHeader(list.count);
   for (let i = 0; i < list.count; i++) {
-    writer.mapHeader(14);
+    writer.mapHeader(18);
     writer.encoded(K.worker_id);
     writer.string(core.workerIdTextOf(list.slots[i]!));
     writer.encoded(K.dp_rank);
@@ -381,6 +409,7 @@ export function writeRouteAnswer(
     writer.encoded(KIND_NAMES[list.overlapKinds[i]!]!);
     writer.encoded(K.pending_blocks);
     writer.number(list.pendingBlocks[i]!);
+    writeTiers(writer, list.hostBlocks[i]!, list.diskBlocks[i]!, list.externalBlocks[i]!);
     writer.encoded(K.cost);
     writer.number(list.costs[i]!);
     writer.encoded(K.degraded);
@@ -395,6 +424,8 @@ export function writeRouteAnswer(
     writer.number(list.predictedTtftMs[i]!);
     writer.encoded(K.queue_ms);
     writer.number(list.queueMs[i]!);
+    writer.encoded(K.reload_ms);
+    writer.number(list.reloadMs[i]!);
     writer.encoded(K.prefill_ms);
     writer.number(list.prefillMs[i]!);
     writer.encoded(K.steps_ms);

@@ -17,10 +17,13 @@
  * from kvedge itself (/v1/workers, /metrics, and /v1/dump compared with the engines'
  * real cache contents at the end).
  */
+import type { IndexOp } from "../index";
+import { checkIndex, EventIndex, type IndexCheck } from "./index-check";
 import { kvedgeRouter, KvedgeClient } from "./kvedge-client";
 import { NetworkedEngine } from "./networked-engine";
 import { type ProxyReport, runProxyReplay } from "./proxy-replay";
 import { percentile, type PolicyReport } from "./outcome";
+<<<<<<< HEAD
 import {
   createPolicy,
   DEFAULT_KV_AWARE,
@@ -28,6 +31,9 @@ import {
   KvAwareModel,
   type PolicyName,
 } from "./policies";
+=======
+import { createPolicy, DEFAULT_KV_AWARE, KvAwareModel, type PolicyName } from "./policies";
+>>>>>>> copies-tiers
 import type { AdmissionMode } from "../route/admission";
 import { policyClient, replayRealtime, type RealtimeProgress } from "./realtime";
 import { startServeChild, type ServeChild, waitReady, withServeTail } from "./serve-process";
@@ -61,6 +67,7 @@ export interface RouterReport {
   /** Blocks kvedge's index holds / the engines cache, at the end. */
   readonly index_blocks: number;
   readonly engine_cached_blocks: number;
+<<<<<<< HEAD
   /** Every exact worker's indexed block hashes equal its engine's cached ones at the end. */
   readonly index_matches_engines: boolean;
   /**
@@ -73,6 +80,12 @@ export interface RouterReport {
     readonly held: number;
     readonly engine_blocks: number;
   };
+=======
+  /** Every worker's indexed blocks equal its engine's cached ones at the end (both tiers, every copy). */
+  readonly index_matches_engines: boolean;
+  /** The check in detail (./index-check.ts). */
+  readonly index: IndexCheck;
+>>>>>>> copies-tiers
   /** Model span / wall time of the kvedge replay. */
   readonly achieved_speedup: number;
 }
@@ -95,9 +108,30 @@ export interface AdmissionReport {
   readonly dropped: number;
 }
 
+/** One kv_aware run of the tier comparison. */
+export interface TierRow {
+  readonly hit_rate: number;
+  /** Of the prompt tokens, those loaded back from the CPU tier. */
+  readonly host_hit_rate: number;
+  readonly prefill_tokens: number;
+  readonly ttft_p50_ms: number;
+  readonly ttft_p99_ms: number;
+}
+
+/** With a CPU tier: kv_aware routing on both tiers against the device tier only. */
+export interface TierComparison {
+  readonly cpu_capacity_blocks: number;
+  readonly tier_aware: TierRow;
+  readonly device_only: TierRow;
+}
+
 export interface DemoResult {
   readonly policies: Record<string, DemoPolicyResult>;
   readonly router: RouterReport | null;
+  /** In virtual time: kv_aware's engines against an index fed their events in this process. */
+  readonly index: IndexCheck | null;
+  /** With `cpuCapacityBlocks`: tier-aware against device-only routing. */
+  readonly tiers: TierComparison | null;
   readonly admission: AdmissionReport | null;
   /** With `proxy`: what the proxied run saw. */
   readonly proxy: ProxyReport | null;
@@ -113,13 +147,20 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
   let router: RouterReport | null = null;
   let proxy: ProxyReport | null = null;
   let admission: AdmissionReport | null = null;
+  let index: IndexCheck | null = null;
   const mode = admissionModeOf(options);
   for (const policy of options.policies) {
     // Each run leaves ~100 MB of short-lived token arrays; collect them before the next
     // so peak memory is one run's, not the sum of all.
     Bun.gc(true);
     const phaseStarted = performance.now();
+    const timed = (report: PolicyReport, how: DemoPolicyResult["mode"]): DemoPolicyResult => ({
+      ...report,
+      mode: how,
+      wall_s: (performance.now() - phaseStarted) / 1000,
+    });
     if (options.virtual === true) {
+<<<<<<< HEAD
       options.progress?.(`${policy}: replaying in virtual time…`);
       const report = simulate(options.trace, {
         policy: policy === "kv_aware" ? "kv_aware_model" : policy,
@@ -142,51 +183,104 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
         wall_s: (performance.now() - phaseStarted) / 1000,
       };
       options.progress?.("");
+=======
+      const run = runVirtual(policy, options);
+      policies[policy] = timed(run.report, "in-process, virtual time");
+      if (run.admission !== null) admission = { mode, ...run.admission };
+      index = run.index ?? index;
+>>>>>>> copies-tiers
     } else if (policy === "kv_aware" && options.proxy === true) {
       const run = await runProxyReplay(options);
-      policies[policy] = {
-        ...run.report,
-        mode: "kvedge",
-        wall_s: (performance.now() - phaseStarted) / 1000,
-      };
+      policies[policy] = timed(run.report, "kvedge");
       proxy = run.proxy;
     } else if (policy === "kv_aware") {
       const run = await runKvedge(options);
-      policies[policy] = {
-        ...run.report,
-        mode: "kvedge",
-        wall_s: (performance.now() - phaseStarted) / 1000,
-      };
+      policies[policy] = timed(run.report, "kvedge");
       router = run.router;
       if (mode !== "off") admission = { mode, ...run.admission };
     } else if (options.realtimeBaselines) {
-      const report = await runInProcessRealtime(policy, options);
-      policies[policy] = {
-        ...report,
-        mode: "in-process, real time",
-        wall_s: (performance.now() - phaseStarted) / 1000,
-      };
+      policies[policy] = timed(
+        await runInProcessRealtime(policy, options),
+        "in-process, real time",
+      );
     } else {
-      options.progress?.(`${policy}: replaying in virtual time…`);
-      const report = simulate(options.trace, {
-        policy,
-        workers: options.workers,
-        capacityBlocks: options.capacityBlocks,
-        blockSize: options.blockSize,
-        time: options.time,
-        seed: options.seed,
-        vocabSize: options.vocabSize,
-      });
-      policies[policy] = {
-        ...report,
-        mode: "in-process, virtual time",
-        wall_s: (performance.now() - phaseStarted) / 1000,
-      };
-      options.progress?.("");
+      policies[policy] = timed(runVirtual(policy, options).report, "in-process, virtual time");
     }
   }
+  const tiers = await compareTiers(options, policies.kv_aware);
   const wall = (performance.now() - started) / 1000;
-  return { policies, router, proxy, admission, gains: gainsOf(policies), wall_s: wall };
+  const gains = gainsOf(policies);
+  return { policies, router, index, tiers, proxy, admission, gains, wall_s: wall };
+}
+
+/**
+ * One policy in virtual time (kv_aware: kvedge's router in-process, told the engines'
+ * true caches; `lowerTiers` false: their device tier only). kv_aware's engines also
+ * feed an index of this process through kvedge's ingest, checked against them at the end.
+ */
+function runVirtual(
+  policy: DemoPolicy,
+  options: DemoOptions,
+  lowerTiers = true,
+): {
+  report: PolicyReport;
+  admission: Omit<AdmissionReport, "mode"> | null;
+  index: IndexCheck | null;
+} {
+  options.progress?.(`${policy}: replaying in virtual time…`);
+  const kvAware = policy === "kv_aware" || policy === "kv_aware_model";
+  const events = policy === "kv_aware" ? new EventIndex(options.workers, options.blockSize) : null;
+  let admission: Omit<AdmissionReport, "mode"> | null = null;
+  let index: IndexCheck | null = null;
+  const report = simulate(options.trace, {
+    policy: kvAware ? "kv_aware_model" : (policy as Exclude<DemoPolicy, "kv_aware">),
+    workers: options.workers,
+    capacityBlocks: options.capacityBlocks,
+    cpuCapacityBlocks: options.cpuCapacityBlocks,
+    blockSize: options.blockSize,
+    time: options.time,
+    seed: options.seed,
+    vocabSize: options.vocabSize,
+    kvAware: { ...(options.kvAware ?? DEFAULT_KV_AWARE), lowerTiers },
+    ...(events === null ? {} : { onBatch: (worker, batch) => events.apply(worker, batch) }),
+    onFinish: (finished) => {
+      if (policy === "kv_aware" && finished instanceof KvAwareModel && finished.admission !== null)
+        admission = finished.admission.counts;
+    },
+    onEngines: (engines) => {
+      if (events !== null) index = events.check(engines.map((engine) => engine.cache));
+    },
+  });
+  options.progress?.("");
+  return { report, admission, index };
+}
+
+/** With a CPU tier: kv_aware once more, routing on the device tier only, against the run above. */
+async function compareTiers(
+  options: DemoOptions,
+  tierAware: PolicyReport | undefined,
+): Promise<TierComparison | null> {
+  if (options.cpuCapacityBlocks === 0 || tierAware === undefined) return null;
+  Bun.gc(true);
+  let deviceOnly: PolicyReport;
+  if (options.virtual === true) deviceOnly = runVirtual("kv_aware", options, false).report;
+  else {
+    const serveArgs = [...options.serveArgs, "--no-lower-tiers"];
+    deviceOnly = (await runKvedge({ ...options, serveArgs }, "kv_aware (device tier only)")).report;
+  }
+  const row = (report: PolicyReport): TierRow => ({
+    hit_rate: report.hit_rate,
+    host_hit_rate:
+      report.prompt_tokens === 0 ? 0 : report.host_cached_tokens / report.prompt_tokens,
+    prefill_tokens: report.prefill_tokens,
+    ttft_p50_ms: report.ttft_p50_ms,
+    ttft_p99_ms: report.ttft_p99_ms,
+  });
+  return {
+    cpu_capacity_blocks: options.cpuCapacityBlocks,
+    tier_aware: row(tierAware),
+    device_only: row(deviceOnly),
+  };
 }
 
 /**
@@ -248,6 +342,7 @@ async function startEngines(options: DemoOptions, withReplay: boolean): Promise<
           capacityBlocks: options.capacityBlocks,
           blockSize: options.blockSize,
           hashSeed: seeds[w]!,
+          cpuCapacityBlocks: options.cpuCapacityBlocks,
           time: options.time,
           endpoint: "tcp://127.0.0.1:0",
           replayEndpoint: withReplay ? "tcp://127.0.0.1:0" : null,
@@ -280,12 +375,12 @@ function clock(ms: number): string {
   return `${Math.floor(seconds / 60)}:${String(seconds % 60).padStart(2, "0")}`;
 }
 
-async function runKvedge(options: DemoOptions): Promise<KvedgeRun> {
+async function runKvedge(options: DemoOptions, name = "kv_aware"): Promise<KvedgeRun> {
   const engines = await startEngines(options, true);
   let serve: ServeChild | null = null;
   let client: KvedgeClient | null = null;
   try {
-    options.progress?.("kv_aware: starting kvedge serve…");
+    options.progress?.(`${name}: starting kvedge serve…`);
     const workerIds = engines.map((_, w) => String(w));
     serve = await startServeChild({
       args: [
@@ -313,8 +408,7 @@ async function runKvedge(options: DemoOptions): Promise<KvedgeRun> {
       ...(options.progress === null
         ? {}
         : {
-            progress: (p: RealtimeProgress) =>
-              options.progress!(progressLine("kv_aware", p, startedMs)),
+            progress: (p: RealtimeProgress) => options.progress!(progressLine(name, p, startedMs)),
           }),
     });
     options.progress?.("");
@@ -410,12 +504,20 @@ async function routerSide(
   }
   const metrics = await (await fetch(`${url}/metrics`)).text();
   const dump = await (await fetch(`${url}/v1/dump`)).text();
+<<<<<<< HEAD
   const approximate = new Set(approximate_);
   const { matches, engineBlocks, predicted } = compareWithEngines(
     heldByWorker(dump),
     engines,
     workerIds,
     approximate,
+=======
+  const ops = dump.split("\n").filter((line) => line !== "");
+  const check = checkIndex(
+    ops.map((line) => JSON.parse(line) as IndexOp),
+    engines.map((engine) => engine.engine.cache),
+    workerIds,
+>>>>>>> copies-tiers
   );
   let overlapTokens = 0;
   let promptTokens = 0;
@@ -440,6 +542,7 @@ async function routerSide(
     degraded_workers: workers.filter((view) => view.degraded).length,
     lifecycle_calls: client.counters.lifecycleCalls,
     lifecycle_errors: client.counters.lifecycleErrors,
+<<<<<<< HEAD
     index_blocks: workers.reduce(
       (sum, view) => sum + (approximate.has(Number(view.worker_id)) ? 0 : view.blocks),
       0,
@@ -497,6 +600,15 @@ function heldByWorker(dump: string): Map<string, Set<string>> {
   return held;
 }
 
+=======
+    index_blocks: workers.reduce((sum, view) => sum + view.blocks, 0),
+    engine_cached_blocks: check.engine_cached_blocks,
+    index_matches_engines: check.index_matches_engines,
+    index: check,
+  };
+}
+
+>>>>>>> copies-tiers
 async function runInProcessRealtime(
   policy: Exclude<DemoPolicy, "kv_aware">,
   options: DemoOptions,

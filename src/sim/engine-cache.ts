@@ -14,6 +14,7 @@
  *   to 0 joins the free queue; a sequence frees its blocks in reverse order, so its
  *   tail is evicted first (vLLM does the same). Allocation takes the head of the free
  *   queue — the least recently used block — and evicts it if it is cached.
+<<<<<<< HEAD
  * - Newly computed full blocks are registered when `commit` says so (prompt blocks
  *   when the step computing them is scheduled, as vLLM V1 caches them; output blocks
  *   at the end of the step that fills them). If a block's hash is already cached (a concurrent sequence
@@ -29,6 +30,26 @@
  *   consumer of the events knows until then is the *published view*: blocks cached
  *   since the last publish are hidden from it, and published blocks evicted since are
  *   still in it (ghosts). `visiblePrefixBlocks` and `snapshot` answer from that view.
+=======
+ * - Newly computed full blocks are registered when `commit` says so (end of prefill,
+ *   end of decode). If a block's hash is already cached (a concurrent sequence computed
+ *   the same prefix first, or the last prompt block recomputed), the block is kept as
+ *   another physical copy and announced again, as vLLM's prefix cache does (its
+ *   BlockHashToBlockMap keeps a block id -> block map per hash): hits use the oldest
+ *   copy, and each copy is evicted on its own, with a BlockRemoved of its own. With
+ *   `keepDuplicates: false` the sequence adopts the cached copy and frees its own instead
+ *   (each hash cached once: a set history). A sequence pins every block it has
+ *   committed, so the parent of every BlockStored is cached when the event is emitted.
+ * - With a CPU tier (`cpuCapacityBlocks`, ./cpu-tier.ts), evicting a block's last
+ *   device copy spills it there (vLLM's OffloadingConnector, offloading on eviction),
+ *   announced as a `BlockStored` of medium "CPU" with its tokens, unless no tier holds
+ *   its parent any more; the tier evicts its least recently used block when full
+ *   (`BlockRemoved`, "CPU"). A request's prefix that continues past its device hit in the
+ *   CPU tier is loaded back instead of computed (`loadedBlocks`; the engine charges the
+ *   copy's time).
+ * - Events are plain objects in vLLM's field order, collected until `takeEvents()`
+ *   (the engine takes them once per scheduler step, which makes one batch).
+>>>>>>> copies-tiers
  *
  * Slots live in typed arrays allocated once in the constructor; cached slots are found
  * through a PairTable keyed by the full 64-bit hash, sized so it never grows.
@@ -36,6 +57,7 @@
 import { blockCount, chainHashes, DEFAULT_SEED, hashBlocks, type Seed } from "../hash";
 import { u64 } from "../util/u64";
 import { PairTable } from "../util/tables";
+import { CpuTier, type HostBlock } from "./cpu-tier";
 
 export interface BlockStoredEvent {
   readonly type: "BlockStored";
@@ -44,13 +66,13 @@ export interface BlockStoredEvent {
   readonly token_ids: number[];
   readonly block_size: number;
   readonly lora_name: null;
-  readonly medium: "GPU";
+  readonly medium: "GPU" | "CPU";
 }
 
 export interface BlockRemovedEvent {
   readonly type: "BlockRemoved";
   readonly block_hashes: bigint[];
-  readonly medium: "GPU";
+  readonly medium: "GPU" | "CPU";
 }
 
 export interface AllBlocksClearedEvent {
@@ -65,10 +87,12 @@ export interface KvEventBatch {
   readonly events: KvEvent[];
 }
 
-/** A cached block as introspection reports it. */
+/** A cached block as introspection reports it (once, however many copies it has). */
 export interface CachedBlock {
   /** The engine's external hash. */
   readonly hash: bigint;
+  /** Physical copies of the block in the cache (vLLM keeps duplicates; 1 usually). */
+  readonly copies: number;
   /** External hash of the block before it in its sequence (null at position 0). */
   readonly parent: bigint | null;
   /** Block index in its sequence (0 = first block of a prompt). */
@@ -93,6 +117,8 @@ export interface CacheSequence {
   slots: Int32Array | null;
   /** Leading blocks reused from the cache at allocation. */
   hitBlocks: number;
+  /** Blocks after those loaded back from the CPU tier at allocation. */
+  loadedBlocks: number;
   /** Blocks [0, committedBlocks) are cached (hit, registered or adopted) and pinned. */
   committedBlocks: number;
 }
@@ -105,6 +131,13 @@ export interface EngineCacheOptions {
   readonly hashSeed: bigint;
   /** Collect KV events (off in the fast virtual-time simulator when nobody listens). */
   readonly recordEvents?: boolean;
+  /**
+   * Keep a computed block whose hash is already cached as another copy and announce it
+   * (vLLM; the default), or adopt the cached copy (each hash cached once).
+   */
+  readonly keepDuplicates?: boolean;
+  /** Blocks of the CPU offload tier (0 or absent: none). */
+  readonly cpuCapacityBlocks?: number;
 }
 
 export const DEFAULT_BLOCK_SIZE = 16;
@@ -120,15 +153,20 @@ export interface EngineCacheCounters {
   hitBlocks: number;
   storedBlocks: number;
   evictedBlocks: number;
-  /** Computed blocks whose hash was already cached (the cached copy was adopted). */
+  /** Computed blocks whose hash was already cached (kept as another copy, or the cached one adopted). */
   duplicateBlocks: number;
   clears: number;
+  /** CPU tier: prompt blocks loaded back, blocks spilled there, blocks it evicted. */
+  hostHitBlocks: number;
+  spilledBlocks: number;
+  hostEvictedBlocks: number;
 }
 
 export class EngineCache {
   readonly capacityBlocks: number;
   readonly blockSize: number;
   readonly recordEvents: boolean;
+  readonly keepDuplicates: boolean;
   readonly counters: EngineCacheCounters = {
     lookupBlocks: 0,
     hitBlocks: 0,
@@ -136,7 +174,15 @@ export class EngineCache {
     evictedBlocks: 0,
     duplicateBlocks: 0,
     clears: 0,
+    hostHitBlocks: 0,
+    spilledBlocks: 0,
+    hostEvictedBlocks: 0,
   };
+  /** The CPU offload tier, or null. */
+  readonly cpu: CpuTier | null;
+  /** The CPU tier's blocks after the device hit in the last `cachedPrefixBlocks` call. */
+  lastHostBlocks = 0;
+  private readonly evictedHost = new Uint32Array(2);
 
   private readonly seed: Seed;
   // Per slot.
@@ -152,13 +198,16 @@ export class EngineCache {
   private readonly prev: Int32Array;
   private readonly next: Int32Array;
   private readonly queued: Uint8Array;
+  /** Other cached copies of the slot's hash: a list, oldest first (the table names the oldest). */
+  private readonly copyNext: Int32Array;
+  private readonly copyPrev: Int32Array;
   private readonly tokenPool: Uint32Array;
   // Free queue: refcount-0 slots, least recently used at the head.
   private head = NONE;
   private tail = NONE;
   private freeCount = 0;
   private cachedCount = 0;
-  /** Cached slots by external hash. */
+  /** Cached slots by external hash (the oldest copy of each). */
   private table: PairTable;
   private events: KvEvent[] = [];
   private published: KvEvent[] = [];
@@ -184,6 +233,9 @@ export class EngineCache {
     this.capacityBlocks = capacity;
     this.blockSize = blockSize;
     this.recordEvents = options.recordEvents ?? true;
+    this.keepDuplicates = options.keepDuplicates ?? true;
+    const cpuBlocks = options.cpuCapacityBlocks ?? 0;
+    this.cpu = cpuBlocks > 0 ? new CpuTier(cpuBlocks) : null;
     const seed = BigInt.asUintN(64, options.hashSeed);
     this.seed = { value: seed, hi: Number(seed >> 32n), lo: Number(seed & 0xffff_ffffn) };
     this.extHi = new Uint32Array(capacity);
@@ -198,7 +250,12 @@ export class EngineCache {
     this.prev = new Int32Array(capacity);
     this.next = new Int32Array(capacity);
     this.queued = new Uint8Array(capacity);
+<<<<<<< HEAD
     this.hidden = new Uint8Array(capacity);
+=======
+    this.copyNext = new Int32Array(capacity).fill(NONE);
+    this.copyPrev = new Int32Array(capacity).fill(NONE);
+>>>>>>> copies-tiers
     this.tokenPool = new Uint32Array(capacity * blockSize);
     for (let slot = 0; slot < capacity; slot++) this.enqueue(slot);
     // Holds at most `capacity` entries at load ≤ 1/2: twice as many buckets never grow.
@@ -216,9 +273,14 @@ export class EngineCache {
     return this.capacityBlocks - this.freeCount;
   }
 
-  /** Blocks currently in the prefix cache (pinned or evictable). */
+  /** Blocks currently in the prefix cache (pinned or evictable), every copy counted. */
   get cachedBlocks(): number {
     return this.cachedCount;
+  }
+
+  /** Distinct blocks (hashes) in the prefix cache: what an index of this engine holds. */
+  get distinctBlocks(): number {
+    return this.table.size;
   }
 
   /** Blocks a sequence of `tokenCount` tokens occupies (its partial tail included). */
@@ -246,6 +308,7 @@ export class EngineCache {
       path,
       slots: null,
       hitBlocks: 0,
+      loadedBlocks: 0,
       committedBlocks: 0,
     };
   }
@@ -267,7 +330,9 @@ export class EngineCache {
     const prompt = tokens.subarray(0, limit * this.blockSize);
     hashBlocks(prompt, this.blockSize, this.seed, content);
     chainHashes(content, limit, ext);
-    return this.matchPrefix(ext, limit);
+    const device = this.matchPrefix(ext, limit);
+    this.lastHostBlocks = this.hostContinuation(ext, device, limit);
+    return device;
   }
 
   /**
@@ -305,6 +370,15 @@ export class EngineCache {
     return this.matchPrefix(sequence.ext, this.reusableBlocks(sequence.promptLength));
   }
 
+  /** Blocks from `from` on that the CPU tier holds, one after another (up to `limit`). */
+  private hostContinuation(ext: Uint32Array, from: number, limit: number): number {
+    const cpu = this.cpu;
+    if (cpu === null) return 0;
+    let at = from;
+    while (at < limit && cpu.has(ext[2 * at]!, ext[2 * at + 1]!)) at++;
+    return at - from;
+  }
+
   /**
    * Pins the cached prefix and allocates the rest of the sequence (prompt and output),
    * evicting least recently used free blocks. Returns false, changing nothing, when
@@ -315,6 +389,11 @@ export class EngineCache {
     const total = this.blocksFor(sequence.tokens.length);
     if (total > this.capacityBlocks) return false;
     const hit = this.sequencePrefixBlocks(sequence);
+    const loaded = this.hostContinuation(
+      sequence.ext,
+      hit,
+      this.reusableBlocks(sequence.promptLength),
+    );
     let hitFree = 0;
     for (let i = 0; i < hit; i++) if (this.refs[this.slotOf(sequence.ext, i)]! === 0) hitFree++;
     if (this.freeCount - hitFree < total - hit) return false;
@@ -325,6 +404,10 @@ export class EngineCache {
       this.refs[slot]!++;
       slots[i] = slot;
     }
+    // Loaded blocks become the most recent in the CPU tier, a child before its parent
+    // (so the parent, more recent, outlives it there).
+    for (let i = hit + loaded - 1; i >= hit; i--)
+      this.cpu!.touch(sequence.ext[2 * i]!, sequence.ext[2 * i + 1]!);
     let removed: bigint[] | null = null;
     for (let i = hit; i < total; i++) {
       const slot = this.head;
@@ -340,8 +423,10 @@ export class EngineCache {
       this.events.push({ type: "BlockRemoved", block_hashes: removed, medium: "GPU" });
     this.counters.lookupBlocks += this.reusableBlocks(sequence.promptLength);
     this.counters.hitBlocks += hit;
+    this.counters.hostHitBlocks += loaded;
     sequence.slots = slots;
     sequence.hitBlocks = hit;
+    sequence.loadedBlocks = loaded;
     sequence.committedBlocks = hit;
     return true;
   }
@@ -387,7 +472,10 @@ export class EngineCache {
     if (this.freeCount !== this.capacityBlocks) return false;
     this.publish();
     for (let slot = this.head; slot !== NONE; slot = this.next[slot]!) this.cached[slot] = 0;
+    this.copyNext.fill(NONE);
+    this.copyPrev.fill(NONE);
     this.table = new PairTable(2 * this.capacityBlocks);
+    this.cpu?.clear();
     this.cachedCount = 0;
     this.counters.clears++;
     if (this.recordEvents) this.events.push({ type: "AllBlocksCleared" });
@@ -402,16 +490,40 @@ export class EngineCache {
     return events;
   }
 
+<<<<<<< HEAD
   /**
    * Every block of the published view (introspection for tests and the demo, which
    * compare a router's index with it): the cached blocks but those cached since the
    * last publish, and the published ones evicted since (with events recorded).
    */
+=======
+  /** Every block the CPU tier holds (introspection, as `snapshot`). */
+  hostSnapshot(): HostBlock[] {
+    return this.cpu?.snapshot() ?? [];
+  }
+
+  /** Every cached block, once with its copies (introspection for tests that compare a router's index). */
+>>>>>>> copies-tiers
   snapshot(): CachedBlock[] {
     const blocks: CachedBlock[] = [...this.ghostBlocks];
     for (let slot = 0; slot < this.capacityBlocks; slot++) {
+<<<<<<< HEAD
       if (this.cached[slot] !== 1 || this.hidden[slot] === 1) continue;
       blocks.push(this.blockAt(slot));
+=======
+      if (this.cached[slot] !== 1 || this.copyPrev[slot] !== NONE) continue;
+      const position = this.position[slot]!;
+      let copies = 1;
+      for (let copy = this.copyNext[slot]!; copy !== NONE; copy = this.copyNext[copy]!) copies++;
+      blocks.push({
+        hash: u64(this.extHi[slot]!, this.extLo[slot]!),
+        copies,
+        parent: position === 0 ? null : u64(this.parentHi[slot]!, this.parentLo[slot]!),
+        position,
+        path: u64(this.pathHi[slot]!, this.pathLo[slot]!),
+        tokens: this.tokenPool.slice(slot * size, (slot + 1) * size),
+      });
+>>>>>>> copies-tiers
     }
     return blocks;
   }
@@ -446,20 +558,36 @@ export class EngineCache {
     for (let slot = 0; slot < this.capacityBlocks; slot++) {
       if ((this.refs[slot] === 0) !== (this.queued[slot] === 1))
         throw new Error(`slot ${slot}: refs vs queue`);
-      if (this.cached[slot] !== 1) continue;
+      if (this.cached[slot] !== 1) {
+        if (this.copyNext[slot] !== NONE || this.copyPrev[slot] !== NONE)
+          throw new Error(`uncached slot ${slot} is linked as a copy`);
+        continue;
+      }
       cached++;
-      if (this.lookup(this.extHi[slot]!, this.extLo[slot]!) !== slot) {
+      let oldest = slot;
+      while (this.copyPrev[oldest] !== NONE) oldest = this.copyPrev[oldest]!;
+      if (this.lookup(this.extHi[slot]!, this.extLo[slot]!) !== oldest) {
         throw new Error(`cached slot ${slot} missing from the hash table`);
       }
     }
+    let copies = 0;
     this.table.forEach((hi, lo, slot) => {
       if (this.cached[slot] !== 1) throw new Error(`hash table names uncached slot ${slot}`);
-      if (this.extHi[slot] !== hi || this.extLo[slot] !== lo)
-        throw new Error(`slot ${slot} holds another hash`);
+      if (this.copyPrev[slot] !== NONE) throw new Error(`hash table names a later copy ${slot}`);
+      for (let copy = slot; copy !== NONE; copy = this.copyNext[copy]!) {
+        if (this.extHi[copy] !== hi || this.extLo[copy] !== lo)
+          throw new Error(`slot ${copy} holds another hash`);
+        if (copy !== slot && this.copyPrev[this.copyPrev[copy]!] === copy)
+          throw new Error(`copy list of slot ${slot} loops`);
+        copies++;
+      }
     });
-    if (cached !== this.cachedCount || cached !== this.table.size) {
-      throw new Error(`cached ${cached}, count ${this.cachedCount}, table ${this.table.size}`);
+    if (!this.keepDuplicates && copies !== this.table.size)
+      throw new Error("a hash is cached twice although duplicates are adopted");
+    if (cached !== this.cachedCount || cached !== copies) {
+      throw new Error(`cached ${cached}, count ${this.cachedCount}, copies ${copies}`);
     }
+    this.cpu?.verify();
   }
 
   // ---- internals ----
@@ -487,9 +615,9 @@ export class EngineCache {
   }
 
   /**
-   * Caches block i of the sequence in its slot and returns true; or, if the hash is
-   * already cached, swaps the sequence onto that copy, frees its own slot and returns
-   * false (nothing to announce).
+   * Caches block i of the sequence in its slot and returns true (a hash already cached
+   * gets another copy, as in vLLM); or, with duplicates adopted, swaps the sequence onto
+   * the cached copy, frees its own slot and returns false (nothing to announce).
    */
   private register(sequence: CacheSequence, i: number, slots: Int32Array): boolean {
     const hi = sequence.ext[2 * i]!;
@@ -498,15 +626,21 @@ export class EngineCache {
     const existing = this.lookup(hi, lo);
     if (existing !== NONE) {
       this.counters.duplicateBlocks++;
-      if (this.refs[existing] === 0) this.dequeue(existing);
-      this.refs[existing]!++;
-      slots[i] = existing;
-      if (--this.refs[slot]! === 0) this.enqueue(slot);
-      return false;
-    }
+      if (this.keepDuplicates) {
+        let last = existing;
+        while (this.copyNext[last] !== NONE) last = this.copyNext[last]!;
+        this.copyNext[last] = slot;
+        this.copyPrev[slot] = last;
+      } else {
+        if (this.refs[existing] === 0) this.dequeue(existing);
+        this.refs[existing]!++;
+        slots[i] = existing;
+        if (--this.refs[slot]! === 0) this.enqueue(slot);
+        return false;
+      }
+    } else this.table.set(hi, lo, slot);
     this.extHi[slot] = hi;
     this.extLo[slot] = lo;
-    this.table.set(hi, lo, slot);
     this.cached[slot] = 1;
     this.cachedCount++;
     this.parentHi[slot] = i > 0 ? sequence.ext[2 * i - 2]! : 0;
@@ -542,10 +676,11 @@ export class EngineCache {
     });
   }
 
-  /** Drops a free slot's cached block; returns its hash (for BlockRemoved). */
+  /** Drops a free slot's cached block (this copy only); returns its hash (for BlockRemoved). */
   private evict(slot: number): bigint {
     const hi = this.extHi[slot]!;
     const lo = this.extLo[slot]!;
+<<<<<<< HEAD
     if (this.hidden[slot] === 1) {
       this.hidden[slot] = 0; // never in the published view: nothing to keep
     } else {
@@ -553,10 +688,61 @@ export class EngineCache {
       if (this.recordEvents) this.ghostBlocks.push(this.blockAt(slot));
     }
     this.table.delete(hi, lo);
+=======
+    const before = this.copyPrev[slot]!;
+    const after = this.copyNext[slot]!;
+    if (before !== NONE) this.copyNext[before] = after;
+    else if (after !== NONE) this.table.set(hi, lo, after);
+    else this.table.delete(hi, lo);
+    if (after !== NONE) this.copyPrev[after] = before;
+    this.copyPrev[slot] = NONE;
+    this.copyNext[slot] = NONE;
+>>>>>>> copies-tiers
     this.cached[slot] = 0;
     this.cachedCount--;
     this.counters.evictedBlocks++;
+    if (before === NONE && after === NONE) this.spill(slot);
     return this.recordEvents ? u64(hi, lo) : 0n;
+  }
+
+  /**
+   * The last device copy of a block is going: it goes to the CPU tier, if there is one,
+   * unless the tier has it already or no tier holds its parent any more (an orphan is
+   * not offloaded). The tier's own eviction is announced first.
+   */
+  private spill(slot: number): void {
+    const cpu = this.cpu;
+    if (cpu === null) return;
+    const hi = this.extHi[slot]!;
+    const lo = this.extLo[slot]!;
+    if (cpu.has(hi, lo)) return cpu.touch(hi, lo);
+    if (cpu.makeRoom(this.evictedHost)) {
+      this.counters.hostEvictedBlocks++;
+      const [evictedHi, evictedLo] = this.evictedHost;
+      if (this.recordEvents)
+        this.events.push({
+          type: "BlockRemoved",
+          block_hashes: [u64(evictedHi!, evictedLo!)],
+          medium: "CPU",
+        });
+    }
+    const position = this.position[slot]!;
+    const [parentHi, parentLo] = [this.parentHi[slot]!, this.parentLo[slot]!];
+    if (position > 0 && this.lookup(parentHi, parentLo) === NONE && !cpu.has(parentHi, parentLo))
+      return;
+    cpu.store(hi, lo, parentHi, parentLo, this.pathHi[slot]!, this.pathLo[slot]!, position);
+    this.counters.spilledBlocks++;
+    if (!this.recordEvents) return;
+    const size = this.blockSize;
+    this.events.push({
+      type: "BlockStored",
+      block_hashes: [u64(hi, lo)],
+      parent_block_hash: position === 0 ? null : u64(parentHi, parentLo),
+      token_ids: Array.from(this.tokenPool.subarray(slot * size, (slot + 1) * size)),
+      block_size: size,
+      lora_name: null,
+      medium: "CPU",
+    });
   }
 
   private enqueue(slot: number): void {

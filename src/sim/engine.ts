@@ -30,7 +30,7 @@
  * rejected at submit.
  */
 import type { EngineCache, CacheSequence, KvEventBatch } from "./engine-cache";
-import { stepMs, type TimeModel } from "./time-model";
+import { reloadMs, stepMs, type TimeModel } from "./time-model";
 
 export interface EngineRequest {
   readonly id: number;
@@ -166,6 +166,7 @@ export class MockEngine {
     let budget = time.maxBatchedTokens;
     let prefillTokens = 0;
     let kvTokens = 0;
+    let loadedTokens = 0;
     const running = this.running;
     for (let i = 0; i < running.length && budget > 0; i++) {
       const active = running[i]!;
@@ -184,12 +185,13 @@ export class MockEngine {
     while (budget > 0 && running.length < time.maxRunning && this.waitingCount > 0) {
       const active = this.admit();
       if (active === null) break;
+      loadedTokens += active.sequence.loadedBlocks * this.cache.blockSize;
       const chunk = Math.min(active.request.promptLength - active.promptDone, budget);
       this.schedulePrefill(active, chunk);
       prefillTokens += chunk;
       budget -= chunk;
     }
-    const duration = stepMs(time, prefillTokens, kvTokens);
+    const duration = stepMs(time, prefillTokens, kvTokens) + reloadMs(time, loadedTokens);
     this.counters.steps++;
     this.counters.busyMs += duration;
     this.counters.computedTokens += prefillTokens;
@@ -219,7 +221,8 @@ export class MockEngine {
       return null;
     }
     this.shiftWaiting();
-    const cachedTokens = sequence.hitBlocks * this.cache.blockSize;
+    // Blocks loaded back from the CPU tier are not computed either.
+    const cachedTokens = (sequence.hitBlocks + sequence.loadedBlocks) * this.cache.blockSize;
     this.counters.cachedTokens += cachedTokens;
     const active: Active = {
       request,

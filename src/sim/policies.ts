@@ -15,7 +15,6 @@
  * `finished` at the end, which is the request lifecycle a router is told about.
  */
 import {
-  type EngineTimeModel,
   type EngineTimes,
   type Overlaps,
   Router,
@@ -29,6 +28,7 @@ import { WorkerTable } from "../domain/worker-table";
 import { DEFAULT_FLEET_PREDICTIONS, PredictedFleet } from "./predicted-fleet";
 import { PairTable } from "../util/tables";
 import { createRng, randomInt, type Rng } from "./random";
+import type { TimeModel } from "./time-model";
 
 export const POLICY_NAMES = [
   "kv_aware_model",
@@ -77,6 +77,8 @@ export interface HeldAnswer {
 
 /** A worker's true cached prefix of a prompt, in blocks (the simulator asks the engine). */
 export type CacheProbe = (worker: number, query: RouteQuery) => number;
+/** The CPU tier's blocks right after the device hit of the worker's last probe. */
+export type HostProbe = (worker: number) => number;
 
 /** In-flight requests per worker, as the router counts them. */
 class InFlight {
@@ -358,6 +360,7 @@ export interface KvAwareConfig {
    * the cheapest workers under them on the same state (`KvAwareModel.agreed`).
    */
   readonly reference?: EngineTimes;
+<<<<<<< HEAD
   /**
    * Engines that publish no KV events: kvedge predicts their caches from its own
    * decisions into a real index (src/route/predictions.ts), and routes on that.
@@ -371,6 +374,10 @@ export interface KvAwareConfig {
     /** Correct predictions by the cached tokens each engine reports at the first token (the proxy reads them from usage). */
     readonly correct?: boolean;
   };
+=======
+  /** Route on the engines' CPU tiers too (default true); false: the device tier only. */
+  readonly lowerTiers?: boolean;
+>>>>>>> copies-tiers
 }
 
 export const DEFAULT_KV_AWARE: KvAwareConfig = { policy: "ttft" };
@@ -385,7 +392,15 @@ export class KvAwareModel implements RoutingPolicy {
   readonly admission: Admission<RouteQuery> | null;
   private nowMs = 0;
   private readonly slots: Int32Array;
-  private readonly overlaps: { count: number; slots: Int32Array; blocks: Float64Array };
+  private readonly overlaps: {
+    count: number;
+    slots: Int32Array;
+    blocks: Float64Array;
+    host?: Float64Array;
+    disk?: Float64Array;
+    external?: Float64Array;
+  };
+  private readonly hostProbe: HostProbe | null;
   private answers: HeldAnswer[] = [];
   private readonly reference: EngineTimes | null;
   /** Per decision (with `reference`): 1 if the pick is cheapest under the true constants too. */
@@ -399,6 +414,7 @@ export class KvAwareModel implements RoutingPolicy {
     private readonly probe: CacheProbe,
     config: KvAwareConfig,
     rng: Rng,
+    hostProbe: HostProbe | null = null,
   ) {
     const table = new WorkerTable();
     this.router = new Router({
@@ -420,6 +436,7 @@ export class KvAwareModel implements RoutingPolicy {
     this.slots = new Int32Array(workers);
     for (let w = 0; w < workers; w++) this.slots[w] = this.router.load.addWorker(BigInt(w), 0);
     this.overlaps = { count: workers, slots: this.slots, blocks: new Float64Array(workers) };
+<<<<<<< HEAD
     const approximate = config.approximate ?? [];
     this.fleet =
       approximate.length === 0
@@ -432,6 +449,14 @@ export class KvAwareModel implements RoutingPolicy {
             slots: this.slots,
             now: () => this.nowMs,
           });
+=======
+    this.hostProbe = config.lowerTiers === false ? null : hostProbe;
+    if (this.hostProbe !== null) {
+      this.overlaps.host = new Float64Array(workers);
+      this.overlaps.disk = new Float64Array(workers);
+      this.overlaps.external = new Float64Array(workers);
+    }
+>>>>>>> copies-tiers
     const admission =
       config.admission === undefined ||
       config.admission.mode === undefined ||
@@ -524,6 +549,7 @@ export class KvAwareModel implements RoutingPolicy {
   }
 
   /**
+<<<<<<< HEAD
    * Each exact engine's published cached prefix of the query, as an index fed by its
    * events reports it (no network lag), and each approximate engine's predicted one.
    */
@@ -535,6 +561,17 @@ export class KvAwareModel implements RoutingPolicy {
     if (fleet !== null) {
       const local = fleet.localHashes(query.tokens, query.promptLength);
       fleet.overlaps(local, query.path, query.promptBlocks, blocks);
+=======
+   * Each engine's true cached prefix of the query, and its CPU tier's blocks after it,
+   * as an exact lag-free index reports them.
+   */
+  private probed(query: RouteQuery): Overlaps {
+    const { blocks, host } = this.overlaps;
+    const hostProbe = this.hostProbe;
+    for (let w = 0; w < this.slots.length; w++) {
+      blocks[w] = this.probe(w, query);
+      if (hostProbe !== null) host![w] = hostProbe(w);
+>>>>>>> copies-tiers
     }
     return this.overlaps;
   }
@@ -546,10 +583,12 @@ export interface PolicyOptions {
   readonly seed: number;
   /** Needed by kv_aware_model only. */
   readonly probe?: CacheProbe;
+  /** kv_aware_model: the engines' CPU tiers after each probe (none: the device only). */
+  readonly hostProbe?: HostProbe;
   readonly approxPrefix?: ApproxPrefixConfig;
   readonly kvAware?: KvAwareConfig;
   /** The engines' speed: what kv_aware_model's router assumes unless `kvAware.ttft` says otherwise. */
-  readonly time?: EngineTimeModel;
+  readonly time?: TimeModel;
 }
 
 export function createPolicy(name: PolicyName, options: PolicyOptions): RoutingPolicy {
@@ -568,14 +607,22 @@ export function createPolicy(name: PolicyName, options: PolicyOptions): RoutingP
       if (options.probe === undefined) throw new Error("kv_aware_model needs a cache probe");
       const config = options.kvAware ?? DEFAULT_KV_AWARE;
       const ttft = { ...engineConstants(options.time), ...config.ttft };
-      return new KvAwareModel(workers, blockSize, options.probe, { ...config, ttft }, rng);
+      const host = options.hostProbe ?? null;
+      return new KvAwareModel(workers, blockSize, options.probe, { ...config, ttft }, rng, host);
     }
   }
 }
 
 /** Only the constants a router's time model takes (a sim TimeModel has more). */
-function engineConstants(time: EngineTimeModel | undefined): Partial<EngineTimeModel> {
+function engineConstants(time: TimeModel | undefined): Partial<TtftSettings> {
   if (time === undefined) return {};
   const { prefillTokensPerSecond, stepBaseMs, kvReadMsPerMillionTokens, maxBatchedTokens } = time;
-  return { prefillTokensPerSecond, stepBaseMs, kvReadMsPerMillionTokens, maxBatchedTokens };
+  const hostReload = time.hostReloadMsPerMillionTokens;
+  return {
+    prefillTokensPerSecond,
+    stepBaseMs,
+    kvReadMsPerMillionTokens,
+    maxBatchedTokens,
+    ...(hostReload === undefined ? {} : { hostReloadMsPerMillionTokens: hostReload }),
+  };
 }

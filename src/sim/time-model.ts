@@ -23,6 +23,11 @@
  *   cache, about one 80 GB GPU's worth for this model, reads in ~20 ms.)
  * - maxBatchedTokens 8,192 and maxRunning 1,024: vLLM's defaults for the OpenAI server
  *   on large-memory GPUs (`max_num_batched_tokens`, `max_num_seqs`).
+ * - hostReloadMsPerMillionTokens (a CPU offload tier): a request whose prefix continues
+ *   in host memory has it copied back: 128 KiB a token, 1 M tokens = 131 GB, 2,600 ms
+ *   over PCIe Gen5 x16 at the ~50 GB/s pinned copies reach (64 GB/s raw); prefilling
+ *   them would take 66,700 ms. The copy adds to the step that admits the request (the
+ *   engine waits for it; the step's other requests wait too: a little pessimistic).
  *
  * TTFT = arrival → end of the step that computes the request's last prompt token.
  * Omitted (README.md lists them): compute/memory overlap inside a step (the terms add
@@ -41,6 +46,16 @@ export interface TimeModel {
   readonly maxBatchedTokens: number;
   /** Most requests running at once (vLLM `max_num_seqs`). */
   readonly maxRunning: number;
+  /** Time to copy the KV of one million tokens from the CPU tier back, ms (default 2,600). */
+  readonly hostReloadMsPerMillionTokens?: number;
+}
+
+export const DEFAULT_HOST_RELOAD_MS_PER_MILLION_TOKENS = 2_600;
+
+/** Model ms to copy `tokens` of KV back from the CPU tier. */
+export function reloadMs(model: TimeModel, tokens: number): number {
+  const rate = model.hostReloadMsPerMillionTokens ?? DEFAULT_HOST_RELOAD_MS_PER_MILLION_TOKENS;
+  return (rate * tokens) / 1e6;
 }
 
 export const DEFAULT_TIME_MODEL: TimeModel = {

@@ -259,6 +259,7 @@ describe("kvedge demo", () => {
     expect(off.admission).toBeNull();
   });
 
+<<<<<<< HEAD
   test("--events none in real time: no engine publishes, kvedge predicts every cache", async () => {
     const result = await runKvedge([
       "demo",
@@ -300,6 +301,45 @@ describe("kvedge demo", () => {
     }
     const table = await runKvedge([...args("none", "agentic").slice(0, -1)]);
     expect(table.stdout).toContain("Approximate workers (--events none): every engine");
+=======
+  test("--cpu-capacity-blocks with --twins: both tiers exact, the tier table (virtual and real time)", async () => {
+    // Small engines and a small CPU tier so blocks spill, come back, and leave it.
+    const common = ["--requests", "400", "--workers", "4", "--capacity-blocks", "1024"];
+    const tiered = [...common, "--cpu-capacity-blocks", "16384", "--twins", "0.1"];
+    const virtual = await runKvedge([
+      "demo",
+      "--virtual",
+      ...tiered,
+      "--policies",
+      "kv_aware",
+      "--json",
+    ]);
+    expect(virtual.code).toBe(0);
+    const v = JSON.parse(virtual.stdout) as Json;
+    expect(v.index.index_matches_engines).toBe(true);
+    expect(v.index.index_host_blocks).toBe(v.index.engine_host_blocks);
+    expect(v.index.index_host_blocks).toBeGreaterThan(0);
+    expect(v.tiers.cpu_capacity_blocks).toBe(16_384);
+    // Seeing the CPU tier, routing loads more back from it than device-only routing does.
+    expect(v.tiers.tier_aware.host_hit_rate).toBeGreaterThan(v.tiers.device_only.host_hit_rate);
+    expect(v.tiers.tier_aware.hit_rate).toBeGreaterThan(v.tiers.device_only.hit_rate);
+    const real = await runKvedge([
+      "demo",
+      ...tiered,
+      "--policies",
+      "kv_aware",
+      "--speedup",
+      "40",
+      "--no-pin",
+    ]);
+    expect(real.code).toBe(0);
+    expect(real.stdout).toMatch(
+      /index vs engines at the end: identical \([\d,]+ blocks indexed, [\d,]+ cached; CPU tier ([\d,]+) indexed, \1 held\)/i,
+    );
+    expect(real.stdout).toMatch(/kv_aware routing on +hit rate +of it CPU tier/);
+    expect(real.stdout).toMatch(/device and CPU tiers +[\d.]+%/);
+    expect(real.stdout).toMatch(/device tier only +[\d.]+%/);
+>>>>>>> copies-tiers
   });
 
   test("usage errors are one line, exit 2", async () => {

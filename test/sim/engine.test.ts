@@ -234,20 +234,31 @@ interface ModelBlock {
   /** kvedge's path hash, derived by the consumer from the parent's path and the tokens. */
   path: bigint;
   position: number;
+  /** Physical copies announced and not yet removed. */
+  copies: number;
 }
 
-/** A clean-room consumer: applies events to a map of cached blocks, checking each against the stream so far. */
+/**
+ * A clean-room consumer: applies events to a map of cached blocks (and of the CPU tier's,
+ * each held once, its parent found in either tier), checking each against the stream so far.
+ */
 class ConsumerModel {
   readonly blocks = new Map<bigint, ModelBlock>();
+  readonly host = new Map<bigint, { parent: bigint | null; path: bigint }>();
+  declare applyHost: (event: KvEvent) => void;
 
   apply(event: KvEvent): void {
     if (event.type === "AllBlocksCleared") {
       this.blocks.clear();
+      this.host.clear();
       return;
     }
+    if (event.medium === "CPU") return this.applyHost(event);
     if (event.type === "BlockRemoved") {
       for (const hash of event.block_hashes) {
-        if (!this.blocks.delete(hash)) throw new Error(`removal of unknown block ${hash}`);
+        const block = this.blocks.get(hash);
+        if (block === undefined) throw new Error(`removal of unknown block ${hash}`);
+        if (--block.copies === 0) this.blocks.delete(hash);
       }
       return;
     }
@@ -260,16 +271,44 @@ class ConsumerModel {
     let path = parentBlock?.path ?? null;
     let position = parentBlock === null ? 0 : parentBlock.position + 1;
     event.block_hashes.forEach((hash, i) => {
-      if (this.blocks.has(hash)) throw new Error(`duplicate store of ${hash}`);
       const tokens = event.token_ids.slice(i * BS, (i + 1) * BS);
       const local = hashTokens(tokens, BS).local[0]!;
       path = path === null ? local : chain(path, local);
-      this.blocks.set(hash, { parent, tokens, path, position });
+      const known = this.blocks.get(hash);
+      if (known !== undefined) {
+        // Another copy of a cached block (vLLM's duplicates): the same block in every way.
+        expect([known.parent, known.tokens, known.path, known.position]).toEqual([
+          parent,
+          tokens,
+          path,
+          position,
+        ]);
+        known.copies++;
+      } else this.blocks.set(hash, { parent, tokens, path, position, copies: 1 });
       parent = hash;
       position++;
     });
   }
 }
+
+/** A CPU tier event: one block, held at most once, its parent in either tier. */
+ConsumerModel.prototype.applyHost = function (this: ConsumerModel, event: KvEvent): void {
+  if (event.type === "BlockRemoved") {
+    for (const hash of event.block_hashes)
+      if (!this.host.delete(hash)) throw new Error(`CPU removal of unknown block ${hash}`);
+    return;
+  }
+  if (event.type !== "BlockStored" || event.block_hashes.length !== 1)
+    throw new Error("a CPU store holds one block");
+  const [hash] = event.block_hashes as [bigint];
+  if (this.host.has(hash)) throw new Error(`CPU store of a block the tier holds: ${hash}`);
+  const parent = event.parent_block_hash;
+  const base =
+    parent === null ? null : (this.blocks.get(parent)?.path ?? this.host.get(parent)?.path);
+  if (base === undefined) throw new Error(`CPU store under a parent no tier holds: ${parent}`);
+  const local = hashTokens(event.token_ids, BS).local[0]!;
+  this.host.set(hash, { parent, path: base === null ? local : chain(base, local) });
+};
 
 function chain(previous: bigint, local: bigint): bigint {
   const pair = new DataView(new ArrayBuffer(16));
@@ -279,6 +318,10 @@ function chain(previous: bigint, local: bigint): bigint {
 }
 
 function expectModelEqualsEngine(model: ConsumerModel, cache: EngineCache): void {
+  const host = cache.hostSnapshot();
+  expect(model.host.size).toBe(host.length);
+  for (const block of host)
+    expect(model.host.get(block.hash)).toEqual({ parent: block.parent, path: block.path });
   const actual = cache.snapshot();
   expect(model.blocks.size).toBe(actual.length);
   for (const block of actual) {
@@ -289,17 +332,19 @@ function expectModelEqualsEngine(model: ConsumerModel, cache: EngineCache): void
     expect(seen.tokens).toEqual(Array.from(block.tokens));
     expect(seen.path).toBe(block.path);
     expect(seen.position).toBe(block.position);
+    expect(seen.copies).toBe(block.copies);
   }
 }
 
 describe("MockEngine event stream", () => {
-  test("randomized workload: after every batch the consumer's view equals the real cache", () => {
-    for (const seed of [1, 2, 3]) {
+  test("randomized workload: after every batch the consumer's view equals the real cache (seeds 4-6 with a CPU tier)", () => {
+    for (const seed of [1, 2, 3, 4, 5, 6]) {
       const rng = createRng(seed);
       const cache = new EngineCache({
         capacityBlocks: 48,
         blockSize: BS,
         hashSeed: BigInt(seed) * 0x9e37_79b9n,
+        cpuCapacityBlocks: seed > 3 ? 24 : 0,
       });
       const model = new ConsumerModel();
       let batches = 0;
@@ -343,6 +388,11 @@ describe("MockEngine event stream", () => {
       expect(cache.counters.hitBlocks).toBeGreaterThan(0);
       expect(cache.counters.duplicateBlocks).toBeGreaterThan(0);
       expect(cache.counters.clears).toBeGreaterThan(0);
+      if (seed > 3) {
+        expect(cache.counters.spilledBlocks).toBeGreaterThan(0);
+        expect(cache.counters.hostEvictedBlocks).toBeGreaterThan(0);
+        expect(cache.counters.hostHitBlocks).toBeGreaterThan(0);
+      }
     }
   });
 
