@@ -2,8 +2,14 @@ import { availableParallelism } from "node:os";
 import { ADMISSION_MODES, type AdmissionMode, DEFAULT_ADMISSION } from "../route/admission";
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES, type RoutePolicy } from "../route/ttft";
 import { getAffinity, pinProcess } from "../runtime/affinity";
-<<<<<<< HEAD
-import { type AdmissionReport, type DemoResult, type RouterReport, runDemo } from "../sim/demo";
+import {
+  type AdmissionReport,
+  type DemoResult,
+  type RouterReport,
+  runDemo,
+  type TierComparison,
+} from "../sim/demo";
+import type { IndexCheck } from "../sim/index-check";
 import {
   DEFAULT_DEMO_POLICIES,
   approximateEngines,
@@ -12,11 +18,6 @@ import {
   type DemoPolicy,
   isDemoPolicy,
 } from "../sim/demo-options";
-=======
-import { type AdmissionReport, type DemoResult, runDemo, type TierComparison } from "../sim/demo";
-import type { IndexCheck } from "../sim/index-check";
-import { DEFAULT_DEMO_POLICIES, type DemoPolicy, isDemoPolicy } from "../sim/demo-options";
->>>>>>> copies-tiers
 import { loadConversationTrace } from "../sim/embedded-trace";
 import { CAPACITY_BLOCKS_MAX } from "../sim/engine-cache";
 import { WORKERS_MAX } from "../sim/simulator";
@@ -243,26 +244,15 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       routePolicy,
       "--recompute-weight",
       String(recomputeWeight),
-      "--prefill-tokens-per-sec",
-      String(time.prefillTokensPerSecond),
-      "--step-base-ms",
-      String(time.stepBaseMs),
-      "--kv-read-ms-per-million-tokens",
-      String(time.kvReadMsPerMillionTokens),
-      "--max-batched-tokens",
-      String(time.maxBatchedTokens),
+      ...engineConstantArgs(time),
       ...admissionArgs(admission, speedup),
     ];
     if (!virtual && !flagBool(parsed, "no-pin") && policies.includes("kv_aware"))
       serveArgs.push(...pinning());
-<<<<<<< HEAD
     // Without correction kvedge serve ignores the cached tokens it hears (the proxy reads them anyway).
     if (flagBool(parsed, "no-correct")) serveArgs.push("--no-predicted-correction");
-    const tty = process.stderr.isTTY === true;
     const predictions = predictionOptions(parsed, capacityBlocks);
     const events = predictions.events;
-=======
->>>>>>> copies-tiers
     const result = await runDemo({
       trace,
       workers,
@@ -277,11 +267,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       form: flagBool(parsed, "map-form") ? "map" : "array",
       realtimeBaselines: flagBool(parsed, "realtime-baselines"),
       serveArgs,
-<<<<<<< HEAD
-      progress: json && !tty ? null : progressWriter(tty),
-=======
       progress: progressLine(json),
->>>>>>> copies-tiers
       virtual,
       proxy: flagBool(parsed, "proxy"),
       ...predictions,
@@ -313,7 +299,16 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
   },
 };
 
-<<<<<<< HEAD
+/** The engines' constants as `kvedge serve` flags. */
+function engineConstantArgs(time: TimeModel): string[] {
+  return [
+    ...["--prefill-tokens-per-sec", String(time.prefillTokensPerSecond)],
+    ...["--step-base-ms", String(time.stepBaseMs)],
+    ...["--kv-read-ms-per-million-tokens", String(time.kvReadMsPerMillionTokens)],
+    ...["--max-batched-tokens", String(time.maxBatchedTokens)],
+  ];
+}
+
 /** The trace the demo replays: --trace FILE, --workload NAME, or the conversation trace. */
 function traceOf(parsed: Parsed): Promise<{ trace: Trace; name: string }> {
   const workloadSeed = parsed.flags.has("workload-seed")
@@ -335,32 +330,21 @@ function predictionOptions(parsed: Parsed, capacityBlocks: number) {
   };
 }
 
-/** Progress on stderr: a bar on a terminal, phase announcements only otherwise. */
-function progressWriter(tty: boolean): (line: string) => void {
-  let shown = 0;
-  return (line) => {
-=======
 /** Progress on stderr: a bar on a terminal, phase announcements otherwise; none for --json off a terminal. */
 function progressLine(json: boolean): ((line: string) => void) | null {
   const tty = process.stderr.isTTY === true;
   if (json && !tty) return null;
   let shown = 0;
   return (line: string): void => {
->>>>>>> copies-tiers
     if (tty) {
       process.stderr.write(
         line === ""
           ? "\r\x1b[2K"
           : `\r\x1b[2K${line.slice(0, (process.stderr.columns ?? 100) - 1)}`,
       );
-<<<<<<< HEAD
-    } else if (line !== "" && !line.includes("[") && shown++ < 1000) {
-      process.stderr.write(`${line}\n`);
-=======
     } else if (line !== "" && !line.includes("[")) {
       // Without a terminal: phase announcements only, no bar.
       if (shown++ < 1000) process.stderr.write(`${line}\n`);
->>>>>>> copies-tiers
     }
   };
 }
@@ -587,26 +571,9 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
     out.push("");
   }
   const router = result.router;
-<<<<<<< HEAD
   if (router !== null) out.push(...routerLines(router, config), "");
-=======
-  if (router !== null) {
-    out.push(
-      `kvedge: ${int(router.decisions)} routing decisions, latency p50 ${router.route_latency_p50_ms.toFixed(2)} ms,` +
-        ` p99 ${router.route_latency_p99_ms.toFixed(2)} ms (client-measured, WebSocket on loopback);` +
-        ` predicted hit rate ${percent(router.predicted_hit_rate)}.`,
-    );
-    out.push(
-      `  ${int(router.batches_published)} KV event batches published, ${int(router.batches_applied)} applied` +
-        ` (${int(router.batches_replayed)} recovered by replay, ${int(router.batches_lost)} lost, ${int(router.gaps)} gaps);` +
-        ` ${router.degraded_workers} degraded workers; ${router.lifecycle_errors} failed lifecycle calls.`,
-    );
-    out.push(`  ${indexLine(router.index)}`);
-    out.push("");
-  }
   if (result.index !== null) out.push(`kv_aware's engines, ${indexLine(result.index)}`, "");
   if (result.tiers !== null) out.push(...tierTable(result.tiers), "");
->>>>>>> copies-tiers
   if (result.admission !== null) out.push(admissionLine(result.admission), "");
   const proxy = result.proxy;
   if (proxy !== null) {
@@ -645,12 +612,7 @@ function routerLines(router: RouterReport, config: DemoConfig): string[] {
       ` (${int(router.batches_replayed)} recovered by replay, ${int(router.batches_lost)} lost, ${int(router.gaps)} gaps);` +
       ` ${router.degraded_workers} degraded workers; ${router.lifecycle_errors} failed lifecycle calls.`,
   );
-  if (router.predicted.workers < config.workers) {
-    lines.push(
-      `  Index vs engines at the end: ${router.index_matches_engines ? "identical" : "DIFFERENT"}` +
-        ` (${int(router.index_blocks)} blocks indexed, ${int(router.engine_cached_blocks)} cached).`,
-    );
-  }
+  if (router.predicted.workers < config.workers) lines.push(`  ${indexLine(router.index)}`);
   const p = router.predicted;
   if (p.workers > 0) {
     lines.push(

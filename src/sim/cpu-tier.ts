@@ -6,6 +6,12 @@
  * ./time-model.ts) when a request's prefix continues past its device hit. Each hash is
  * here at most once. Events are vLLM's, with medium "CPU" and the block's tokens
  * (vLLM's `self_describing_kv_events`).
+ *
+ * Like the device tier, the tier's stores and removals reach a consumer when the engine
+ * publishes its step (`publish()`); until then its *published view* lacks the blocks
+ * stored since the last publish and still holds the published ones evicted since
+ * (ghosts, with their data when `recordGhosts`). `hasPublished` and `snapshot` answer
+ * from that view.
  */
 import { u64 } from "../util/u64";
 import { PairTable } from "../util/tables";
@@ -37,8 +43,20 @@ export class CpuTier {
   private freeHead = NONE;
   private count = 0;
   private table: PairTable;
+  /**
+   * Per slot: 1 when listed in `hiddenSlots` (stored since the last publish; a slot
+   * evicted meanwhile stays listed, so a slot is listed once).
+   */
+  private readonly hidden: Uint8Array;
+  private readonly hiddenSlots: number[] = [];
+  /** Published blocks evicted since the last publish (hash -> 1), and their data. */
+  private readonly ghosts = new PairTable();
+  private ghostBlocks: HostBlock[] = [];
 
-  constructor(readonly capacityBlocks: number) {
+  constructor(
+    readonly capacityBlocks: number,
+    private readonly recordGhosts = true,
+  ) {
     if (!Number.isSafeInteger(capacityBlocks) || capacityBlocks < 1)
       throw new RangeError(`cpu capacity must be a positive integer, got ${capacityBlocks}`);
     const n = capacityBlocks;
@@ -50,6 +68,7 @@ export class CpuTier {
     this.pathLo = new Uint32Array(n);
     this.position = new Int32Array(n);
     this.used = new Uint8Array(n);
+    this.hidden = new Uint8Array(n);
     this.prev = new Int32Array(n).fill(NONE);
     this.next = new Int32Array(n).fill(NONE);
     for (let slot = n - 1; slot >= 0; slot--) {
@@ -66,6 +85,20 @@ export class CpuTier {
 
   has(hi: number, lo: number): boolean {
     return this.table.has(hi, lo);
+  }
+
+  /** Whether the published view holds (hi, lo): held and not hidden, or a ghost. */
+  hasPublished(hi: number, lo: number): boolean {
+    const slot = this.table.get(hi, lo);
+    return (slot !== NONE && this.hidden[slot] === 0) || this.ghosts.has(hi, lo);
+  }
+
+  /** What the tier did since the last call becomes the published view. */
+  publish(): void {
+    for (const slot of this.hiddenSlots) this.hidden[slot] = 0;
+    this.hiddenSlots.length = 0;
+    if (this.ghosts.size > 0) this.ghosts.clear();
+    if (this.ghostBlocks.length > 0) this.ghostBlocks = [];
   }
 
   /** Marks a held block most recently used. */
@@ -85,6 +118,11 @@ export class CpuTier {
     const slot = this.head;
     out[0] = this.extHi[slot]!;
     out[1] = this.extLo[slot]!;
+    if (this.hidden[slot] === 0) {
+      // A published block: the published view keeps it until the next publish.
+      this.ghosts.set(out[0]!, out[1]!, 1);
+      if (this.recordGhosts) this.ghostBlocks.push(this.blockAt(slot));
+    }
     this.table.delete(this.extHi[slot]!, this.extLo[slot]!);
     this.unlink(slot);
     this.used[slot] = 0;
@@ -115,13 +153,18 @@ export class CpuTier {
     this.pathLo[slot] = pathLo;
     this.position[slot] = position;
     this.used[slot] = 1;
+    if (this.hidden[slot] === 0) {
+      this.hidden[slot] = 1;
+      this.hiddenSlots.push(slot);
+    }
     this.table.set(hi, lo, slot);
     this.append(slot);
     this.count++;
   }
 
-  /** Drops everything (the engine's cache reset). */
+  /** Drops everything (the engine's cache reset, which publishes before and after). */
   clear(): void {
+    this.publish();
     for (let slot = this.head; slot !== NONE; ) {
       const after = this.next[slot]!;
       this.used[slot] = 0;
@@ -135,18 +178,26 @@ export class CpuTier {
     this.table = new PairTable(2 * this.capacityBlocks);
   }
 
+  /**
+   * Every block of the published view, least recently used first, then the ghosts
+   * (those only when `recordGhosts`).
+   */
   snapshot(): HostBlock[] {
     const blocks: HostBlock[] = [];
-    for (let slot = this.head; slot !== NONE; slot = this.next[slot]!) {
-      const position = this.position[slot]!;
-      blocks.push({
-        hash: u64(this.extHi[slot]!, this.extLo[slot]!),
-        parent: position === 0 ? null : u64(this.parentHi[slot]!, this.parentLo[slot]!),
-        position,
-        path: u64(this.pathHi[slot]!, this.pathLo[slot]!),
-      });
-    }
+    for (let slot = this.head; slot !== NONE; slot = this.next[slot]!)
+      if (this.hidden[slot] === 0) blocks.push(this.blockAt(slot));
+    for (const ghost of this.ghostBlocks) blocks.push(ghost);
     return blocks;
+  }
+
+  private blockAt(slot: number): HostBlock {
+    const position = this.position[slot]!;
+    return {
+      hash: u64(this.extHi[slot]!, this.extLo[slot]!),
+      parent: position === 0 ? null : u64(this.parentHi[slot]!, this.parentLo[slot]!),
+      position,
+      path: u64(this.pathHi[slot]!, this.pathLo[slot]!),
+    };
   }
 
   /** O(capacity): the LRU list, the free list and the table agree. */
@@ -169,6 +220,15 @@ export class CpuTier {
       listed + free !== this.capacityBlocks
     )
       throw new Error(`cpu tier counts differ: ${listed} listed, ${this.count}, ${free} free`);
+    let hidden = 0;
+    for (let slot = 0; slot < this.capacityBlocks; slot++) hidden += this.hidden[slot]!;
+    if (hidden !== this.hiddenSlots.length)
+      throw new Error(`cpu tier: ${hidden} slots hidden, ${this.hiddenSlots.length} listed`);
+    this.ghosts.forEach((hi, lo) => {
+      const slot = this.table.get(hi, lo);
+      if (slot !== NONE && this.hidden[slot] === 0)
+        throw new Error("cpu tier: a ghost is also held in the published view");
+    });
   }
 
   private append(slot: number): void {

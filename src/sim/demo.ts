@@ -18,12 +18,11 @@
  * real cache contents at the end).
  */
 import type { IndexOp } from "../index";
-import { checkIndex, EventIndex, type IndexCheck } from "./index-check";
+import { checkIndex, EventIndex, heldOf, type IndexCheck } from "./index-check";
 import { kvedgeRouter, KvedgeClient } from "./kvedge-client";
 import { NetworkedEngine } from "./networked-engine";
 import { type ProxyReport, runProxyReplay } from "./proxy-replay";
 import { percentile, type PolicyReport } from "./outcome";
-<<<<<<< HEAD
 import {
   createPolicy,
   DEFAULT_KV_AWARE,
@@ -31,9 +30,6 @@ import {
   KvAwareModel,
   type PolicyName,
 } from "./policies";
-=======
-import { createPolicy, DEFAULT_KV_AWARE, KvAwareModel, type PolicyName } from "./policies";
->>>>>>> copies-tiers
 import type { AdmissionMode } from "../route/admission";
 import { policyClient, replayRealtime, type RealtimeProgress } from "./realtime";
 import { startServeChild, type ServeChild, waitReady, withServeTail } from "./serve-process";
@@ -67,9 +63,13 @@ export interface RouterReport {
   /** Blocks kvedge's index holds / the engines cache, at the end. */
   readonly index_blocks: number;
   readonly engine_cached_blocks: number;
-<<<<<<< HEAD
-  /** Every exact worker's indexed block hashes equal its engine's cached ones at the end. */
+  /**
+   * Every exact worker's indexed blocks equal its engine's cached ones at the end (both
+   * tiers, every copy).
+   */
   readonly index_matches_engines: boolean;
+  /** The check in detail, over the exact workers (./index-check.ts). */
+  readonly index: IndexCheck;
   /**
    * The approximate workers at the end: blocks kvedge predicted, how many of them the
    * engines really held, and how many the engines held.
@@ -80,12 +80,6 @@ export interface RouterReport {
     readonly held: number;
     readonly engine_blocks: number;
   };
-=======
-  /** Every worker's indexed blocks equal its engine's cached ones at the end (both tiers, every copy). */
-  readonly index_matches_engines: boolean;
-  /** The check in detail (./index-check.ts). */
-  readonly index: IndexCheck;
->>>>>>> copies-tiers
   /** Model span / wall time of the kvedge replay. */
   readonly achieved_speedup: number;
 }
@@ -160,35 +154,10 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
       wall_s: (performance.now() - phaseStarted) / 1000,
     });
     if (options.virtual === true) {
-<<<<<<< HEAD
-      options.progress?.(`${policy}: replaying in virtual time…`);
-      const report = simulate(options.trace, {
-        policy: policy === "kv_aware" ? "kv_aware_model" : policy,
-        workers: options.workers,
-        capacityBlocks: options.capacityBlocks,
-        blockSize: options.blockSize,
-        time: options.time,
-        seed: options.seed,
-        vocabSize: options.vocabSize,
-        kvAware: virtualKvAware(policy, options),
-        onFinish: (finished) => {
-          if (policy !== "kv_aware" || !(finished instanceof KvAwareModel)) return;
-          if (finished.admission !== null) admission = { mode, ...finished.admission.counts };
-        },
-      });
-      policies[policy] = {
-        ...report,
-        policy,
-        mode: "in-process, virtual time",
-        wall_s: (performance.now() - phaseStarted) / 1000,
-      };
-      options.progress?.("");
-=======
       const run = runVirtual(policy, options);
       policies[policy] = timed(run.report, "in-process, virtual time");
       if (run.admission !== null) admission = { mode, ...run.admission };
       index = run.index ?? index;
->>>>>>> copies-tiers
     } else if (policy === "kv_aware" && options.proxy === true) {
       const run = await runProxyReplay(options);
       policies[policy] = timed(run.report, "kvedge");
@@ -214,9 +183,10 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
 }
 
 /**
- * One policy in virtual time (kv_aware: kvedge's router in-process, told the engines'
- * true caches; `lowerTiers` false: their device tier only). kv_aware's engines also
- * feed an index of this process through kvedge's ingest, checked against them at the end.
+ * One policy in virtual time (kv_aware: kvedge's router in-process, told what the
+ * engines published, and predicting those that publish nothing; `lowerTiers` false:
+ * their device tier only). kv_aware's exact engines also feed an index of this process
+ * through kvedge's ingest, checked against them at the end.
  */
 function runVirtual(
   policy: DemoPolicy,
@@ -229,7 +199,14 @@ function runVirtual(
 } {
   options.progress?.(`${policy}: replaying in virtual time…`);
   const kvAware = policy === "kv_aware" || policy === "kv_aware_model";
-  const events = policy === "kv_aware" ? new EventIndex(options.workers, options.blockSize) : null;
+  const approximate = new Set(approximateOf(options));
+  const exact = Array.from({ length: options.workers }, (_, w) => w).filter(
+    (w) => !approximate.has(w),
+  );
+  const events =
+    policy === "kv_aware" && exact.length > 0
+      ? new EventIndex(options.workers, options.blockSize)
+      : null;
   let admission: Omit<AdmissionReport, "mode"> | null = null;
   let index: IndexCheck | null = null;
   const report = simulate(options.trace, {
@@ -241,14 +218,24 @@ function runVirtual(
     time: options.time,
     seed: options.seed,
     vocabSize: options.vocabSize,
-    kvAware: { ...(options.kvAware ?? DEFAULT_KV_AWARE), lowerTiers },
-    ...(events === null ? {} : { onBatch: (worker, batch) => events.apply(worker, batch) }),
+    kvAware: { ...virtualKvAware(policy, options), lowerTiers },
+    ...(events === null
+      ? {}
+      : {
+          onBatch: (worker, batch) => {
+            if (!approximate.has(worker)) events.apply(worker, batch);
+          },
+        }),
     onFinish: (finished) => {
       if (policy === "kv_aware" && finished instanceof KvAwareModel && finished.admission !== null)
         admission = finished.admission.counts;
     },
     onEngines: (engines) => {
-      if (events !== null) index = events.check(engines.map((engine) => engine.cache));
+      if (events !== null)
+        index = events.check(
+          engines.map((engine) => engine.cache),
+          exact,
+        );
     },
   });
   options.progress?.("");
@@ -449,7 +436,7 @@ function admissionCounts(metrics: string): Omit<AdmissionReport, "mode"> {
   };
 }
 
-/** Waits for /readyz and for every engine to see its subscriber (nothing published is lost). */
+/** A worker as `/v1/workers` shows it (the fields the demo reads). */
 interface WorkerJson {
   readonly worker_id: string;
   readonly degraded: boolean;
@@ -488,37 +475,10 @@ async function routerSide(
   stats: ReturnType<typeof kvedgeRouter>["stats"],
   options: DemoOptions,
 ): Promise<Omit<RouterReport, "achieved_speedup">> {
-  const approximate_ = approximateOf(options);
-  // Let kvedge catch up with the last batches before comparing.
-  const deadline = performance.now() + 10_000;
-  let workers: WorkerJson[] = [];
-  for (;;) {
-    workers = (await getJson<{ workers: WorkerJson[] }>(`${url}/v1/workers`)).workers;
-    const caughtUp = engines.every(
-      (engine, w) =>
-        approximate_.includes(w) ||
-        workers.find((view) => view.worker_id === workerIds[w])?.last_seq === engine.lastSeq,
-    );
-    if (caughtUp || performance.now() > deadline) break;
-    await Bun.sleep(20);
-  }
+  const approximate = new Set(approximateOf(options));
+  const workers = await caughtUp(url, engines, workerIds, approximate);
   const metrics = await (await fetch(`${url}/metrics`)).text();
-  const dump = await (await fetch(`${url}/v1/dump`)).text();
-<<<<<<< HEAD
-  const approximate = new Set(approximate_);
-  const { matches, engineBlocks, predicted } = compareWithEngines(
-    heldByWorker(dump),
-    engines,
-    workerIds,
-    approximate,
-=======
-  const ops = dump.split("\n").filter((line) => line !== "");
-  const check = checkIndex(
-    ops.map((line) => JSON.parse(line) as IndexOp),
-    engines.map((engine) => engine.engine.cache),
-    workerIds,
->>>>>>> copies-tiers
-  );
+  const { check, predicted } = await indexAgainstEngines(url, engines, workerIds, approximate);
   let overlapTokens = 0;
   let promptTokens = 0;
   for (let i = 0; i < stats.overlapBlocks.length; i++) {
@@ -542,73 +502,81 @@ async function routerSide(
     degraded_workers: workers.filter((view) => view.degraded).length,
     lifecycle_calls: client.counters.lifecycleCalls,
     lifecycle_errors: client.counters.lifecycleErrors,
-<<<<<<< HEAD
     index_blocks: workers.reduce(
       (sum, view) => sum + (approximate.has(Number(view.worker_id)) ? 0 : view.blocks),
       0,
     ),
-    engine_cached_blocks: engineBlocks,
-    index_matches_engines: matches,
+    engine_cached_blocks: check.engine_cached_blocks,
+    index_matches_engines: check.index_matches_engines,
+    index: check,
     predicted,
   };
 }
 
-/**
- * kvedge's index at the end against the engines' caches: an exact worker's blocks must
- * be its engine's, by external hash; an approximate worker's predictions are counted
- * against what its engine really holds (they are named by their sequence hash, an
- * engine block's `path`).
- */
-function compareWithEngines(
-  held: Map<string, Set<string>>,
+/** Waits (10 s at most) until kvedge has applied every exact engine's last batch; its workers then. */
+async function caughtUp(
+  url: string,
   engines: readonly NetworkedEngine[],
   workerIds: readonly string[],
   approximate: ReadonlySet<number>,
-) {
-  let matches = true;
-  let engineBlocks = 0;
+): Promise<WorkerJson[]> {
+  const deadline = performance.now() + 10_000;
+  for (;;) {
+    const { workers } = await getJson<{ workers: WorkerJson[] }>(`${url}/v1/workers`);
+    const done = engines.every(
+      (engine, w) =>
+        approximate.has(w) ||
+        workers.find((view) => view.worker_id === workerIds[w])?.last_seq === engine.lastSeq,
+    );
+    if (done || performance.now() > deadline) return workers;
+    await Bun.sleep(20);
+  }
+}
+
+/** kvedge's index (its dump) against the exact engines' caches, and its predictions of the others. */
+async function indexAgainstEngines(
+  url: string,
+  engines: readonly NetworkedEngine[],
+  workerIds: readonly string[],
+  approximate: ReadonlySet<number>,
+): Promise<{ check: IndexCheck; predicted: RouterReport["predicted"] }> {
+  const dump = await (await fetch(`${url}/v1/dump`)).text();
+  const ops = dump
+    .split("\n")
+    .filter((line) => line !== "")
+    .map((line) => JSON.parse(line) as IndexOp);
+  const exact = engines.map((_, w) => w).filter((w) => !approximate.has(w));
+  const check = checkIndex(
+    ops,
+    exact.map((w) => engines[w]!.engine.cache),
+    exact.map((w) => workerIds[w]!),
+  );
+  return { check, predicted: predictedAgainstEngines(ops, engines, workerIds, approximate) };
+}
+
+/**
+ * The approximate workers' predictions at the end against what their engines really
+ * hold (predicted blocks are named by their sequence hash, an engine block's `path`).
+ */
+function predictedAgainstEngines(
+  ops: readonly IndexOp[],
+  engines: readonly NetworkedEngine[],
+  workerIds: readonly string[],
+  approximate: ReadonlySet<number>,
+): RouterReport["predicted"] {
+  const held = heldOf(ops);
   const predicted = { workers: approximate.size, blocks: 0, held: 0, engine_blocks: 0 };
-  for (let w = 0; w < engines.length; w++) {
+  for (const w of approximate) {
     const snapshot = engines[w]!.engine.cache.snapshot();
-    const indexed = held.get(workerIds[w]!) ?? new Set<string>();
-    if (approximate.has(w)) {
-      const paths = new Set(snapshot.map((block) => block.path.toString()));
-      predicted.blocks += indexed.size;
-      predicted.engine_blocks += snapshot.length;
-      for (const hash of indexed) if (paths.has(hash)) predicted.held++;
-      continue;
-    }
-    engineBlocks += snapshot.length;
-    const same = snapshot.every((block) => indexed.has(block.hash.toString()));
-    if (indexed.size !== snapshot.length || !same) matches = false;
+    const paths = new Set(snapshot.map((block) => `device ${block.path}`));
+    const indexed = held.get(workerIds[w]!) ?? new Map<string, number>();
+    predicted.blocks += indexed.size;
+    predicted.engine_blocks += snapshot.length;
+    for (const key of indexed.keys()) if (paths.has(key)) predicted.held++;
   }
-  return { matches, engineBlocks, predicted };
+  return predicted;
 }
 
-/** Per worker (decimal id), the external block hashes an index dump leaves held. */
-function heldByWorker(dump: string): Map<string, Set<string>> {
-  const held = new Map<string, Set<string>>();
-  for (const line of dump.split("\n")) {
-    if (line === "") continue;
-    const op = JSON.parse(line) as { op: string; worker_id: string; block_hashes?: string[] };
-    let set = held.get(op.worker_id);
-    if (set === undefined) held.set(op.worker_id, (set = new Set()));
-    if (op.op === "stored") for (const hash of op.block_hashes ?? []) set.add(hash);
-    else if (op.op === "removed") for (const hash of op.block_hashes ?? []) set.delete(hash);
-    else if (op.op === "cleared") set.clear();
-  }
-  return held;
-}
-
-=======
-    index_blocks: workers.reduce((sum, view) => sum + view.blocks, 0),
-    engine_cached_blocks: check.engine_cached_blocks,
-    index_matches_engines: check.index_matches_engines,
-    index: check,
-  };
-}
-
->>>>>>> copies-tiers
 async function runInProcessRealtime(
   policy: Exclude<DemoPolicy, "kv_aware">,
   options: DemoOptions,

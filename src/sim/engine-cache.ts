@@ -14,27 +14,13 @@
  *   to 0 joins the free queue; a sequence frees its blocks in reverse order, so its
  *   tail is evicted first (vLLM does the same). Allocation takes the head of the free
  *   queue — the least recently used block — and evicts it if it is cached.
-<<<<<<< HEAD
  * - Newly computed full blocks are registered when `commit` says so (prompt blocks
- *   when the step computing them is scheduled, as vLLM V1 caches them; output blocks
- *   at the end of the step that fills them). If a block's hash is already cached (a concurrent sequence
- *   computed the same prefix first), the sequence adopts the cached copy and frees its
- *   own: each hash is cached at most once, so the event stream is a clean set history,
- *   and a sequence pins every block it has committed, so the parent of every
- *   BlockStored is cached when the event is emitted. (vLLM may instead keep and
- *   announce such duplicates; Dynamo's publisher dedups them.)
- * - Events are plain objects in vLLM's field order. Like current vLLM, which caches a
- *   step's blocks when it schedules them but publishes the step's events after it ran
- *   (Scheduler.update_from_output), they are published by `publish()` (the engine calls
- *   it at every step's end) and `takeEvents()` returns what was published. What a
- *   consumer of the events knows until then is the *published view*: blocks cached
- *   since the last publish are hidden from it, and published blocks evicted since are
- *   still in it (ghosts). `visiblePrefixBlocks` and `snapshot` answer from that view.
-=======
- * - Newly computed full blocks are registered when `commit` says so (end of prefill,
- *   end of decode). If a block's hash is already cached (a concurrent sequence computed
- *   the same prefix first, or the last prompt block recomputed), the block is kept as
- *   another physical copy and announced again, as vLLM's prefix cache does (its
+ *   when the step computing them is scheduled, as vLLM V1's allocate_slots caches them;
+ *   output blocks at the end of the step that fills them). If a block's hash is already
+ *   cached (two sequences mid-chunked-prefill computing the same chunk, each having
+ *   looked the cache up only when it was first scheduled; or a fully cached
+ *   block-aligned prompt recomputing its last block), the block is kept as another
+ *   physical copy and announced again, as vLLM's prefix cache does (its
  *   BlockHashToBlockMap keeps a block id -> block map per hash): hits use the oldest
  *   copy, and each copy is evicted on its own, with a BlockRemoved of its own. With
  *   `keepDuplicates: false` the sequence adopts the cached copy and frees its own instead
@@ -47,9 +33,14 @@
  *   (`BlockRemoved`, "CPU"). A request's prefix that continues past its device hit in the
  *   CPU tier is loaded back instead of computed (`loadedBlocks`; the engine charges the
  *   copy's time).
- * - Events are plain objects in vLLM's field order, collected until `takeEvents()`
- *   (the engine takes them once per scheduler step, which makes one batch).
->>>>>>> copies-tiers
+ * - Events are plain objects in vLLM's field order. Like current vLLM, which caches a
+ *   step's blocks when it schedules them but publishes the step's events after it ran
+ *   (Scheduler.update_from_output), they are published by `publish()` (the engine calls
+ *   it at every step's end) and `takeEvents()` returns what was published. What a
+ *   consumer of the events knows until then is the *published view*, per tier: a copy
+ *   cached (or a block spilled to the CPU tier) since the last publish is hidden from
+ *   it, and a published copy (or CPU block) evicted since is still in it (a ghost).
+ *   `visiblePrefixBlocks`, `snapshot` and `hostSnapshot` answer from that view.
  *
  * Slots live in typed arrays allocated once in the constructor; cached slots are found
  * through a PairTable keyed by the full 64-bit hash, sized so it never grows.
@@ -180,7 +171,10 @@ export class EngineCache {
   };
   /** The CPU offload tier, or null. */
   readonly cpu: CpuTier | null;
-  /** The CPU tier's blocks after the device hit in the last `cachedPrefixBlocks` call. */
+  /**
+   * The CPU tier's blocks after the device hit in the last `cachedPrefixBlocks` call
+   * (the true cache), or `visiblePrefixBlocks` call (the published view).
+   */
   lastHostBlocks = 0;
   private readonly evictedHost = new Uint32Array(2);
 
@@ -211,11 +205,14 @@ export class EngineCache {
   private table: PairTable;
   private events: KvEvent[] = [];
   private published: KvEvent[] = [];
-  /** Per slot: 1 when cached since the last publish (not in the published view yet). */
+  /**
+   * Per slot: 1 when listed in `hiddenSlots` (its copy was cached since the last publish;
+   * a slot evicted meanwhile stays listed, so a slot is listed once).
+   */
   private readonly hidden: Uint8Array;
-  private hiddenSlots: number[] = [];
-  /** Published blocks evicted since the last publish: hash -> 1, and (with events) their data. */
-  private ghosts = new PairTable();
+  private readonly hiddenSlots: number[] = [];
+  /** Published copies evicted since the last publish, per hash; with events, each hash's data once. */
+  private readonly ghosts = new PairTable();
   private ghostBlocks: CachedBlock[] = [];
   private readonly scratch: { content: Uint32Array; ext: Uint32Array };
 
@@ -235,7 +232,7 @@ export class EngineCache {
     this.recordEvents = options.recordEvents ?? true;
     this.keepDuplicates = options.keepDuplicates ?? true;
     const cpuBlocks = options.cpuCapacityBlocks ?? 0;
-    this.cpu = cpuBlocks > 0 ? new CpuTier(cpuBlocks) : null;
+    this.cpu = cpuBlocks > 0 ? new CpuTier(cpuBlocks, this.recordEvents) : null;
     const seed = BigInt.asUintN(64, options.hashSeed);
     this.seed = { value: seed, hi: Number(seed >> 32n), lo: Number(seed & 0xffff_ffffn) };
     this.extHi = new Uint32Array(capacity);
@@ -250,12 +247,9 @@ export class EngineCache {
     this.prev = new Int32Array(capacity);
     this.next = new Int32Array(capacity);
     this.queued = new Uint8Array(capacity);
-<<<<<<< HEAD
-    this.hidden = new Uint8Array(capacity);
-=======
     this.copyNext = new Int32Array(capacity).fill(NONE);
     this.copyPrev = new Int32Array(capacity).fill(NONE);
->>>>>>> copies-tiers
+    this.hidden = new Uint8Array(capacity);
     this.tokenPool = new Uint32Array(capacity * blockSize);
     for (let slot = 0; slot < capacity; slot++) this.enqueue(slot);
     // Holds at most `capacity` entries at load ≤ 1/2: twice as many buckets never grow.
@@ -319,17 +313,9 @@ export class EngineCache {
    */
   cachedPrefixBlocks(tokens: Uint32Array, promptLength: number): number {
     const limit = this.reusableBlocks(promptLength);
+    this.lastHostBlocks = 0;
     if (limit === 0) return 0;
-    let { content, ext } = this.scratch;
-    if (ext.length < 2 * limit) {
-      content = new Uint32Array(4 * limit);
-      ext = new Uint32Array(4 * limit);
-      this.scratch.content = content;
-      this.scratch.ext = ext;
-    }
-    const prompt = tokens.subarray(0, limit * this.blockSize);
-    hashBlocks(prompt, this.blockSize, this.seed, content);
-    chainHashes(content, limit, ext);
+    const ext = this.hashPrompt(tokens, limit);
     const device = this.matchPrefix(ext, limit);
     this.lastHostBlocks = this.hostContinuation(ext, device, limit);
     return device;
@@ -337,20 +323,24 @@ export class EngineCache {
 
   /**
    * Longest prefix of a prompt the published view holds, in blocks (at most the blocks
-   * the engine may reuse): what an index fed by this engine's events can know now.
+   * the engine may reuse): what an index fed by this engine's events can know now. Sets
+   * `lastHostBlocks` to the published CPU tier's blocks after it.
    */
   visiblePrefixBlocks(tokens: Uint32Array, promptLength: number): number {
     const limit = this.reusableBlocks(promptLength);
+    this.lastHostBlocks = 0;
     if (limit === 0) return 0;
-    this.cachedPrefixBlocks(tokens, promptLength); // hashes the prompt into the scratch
-    const ext = this.scratch.ext;
-    for (let i = 0; i < limit; i++) {
-      const hi = ext[2 * i]!;
-      const lo = ext[2 * i + 1]!;
-      const slot = this.lookup(hi, lo);
-      if ((slot === NONE || this.hidden[slot] === 1) && !this.ghosts.has(hi, lo)) return i;
+    const ext = this.hashPrompt(tokens, limit);
+    let device = 0;
+    while (device < limit && this.publishedCopies(ext[2 * device]!, ext[2 * device + 1]!) > 0)
+      device++;
+    const cpu = this.cpu;
+    if (cpu !== null) {
+      let at = device;
+      while (at < limit && cpu.hasPublished(ext[2 * at]!, ext[2 * at + 1]!)) at++;
+      this.lastHostBlocks = at - device;
     }
-    return limit;
+    return device;
   }
 
   /** Everything cached and evicted so far becomes the published view; its events become takeable. */
@@ -358,7 +348,8 @@ export class EngineCache {
     for (const slot of this.hiddenSlots) this.hidden[slot] = 0;
     this.hiddenSlots.length = 0;
     if (this.ghosts.size > 0) this.ghosts.clear();
-    this.ghostBlocks.length = 0;
+    if (this.ghostBlocks.length > 0) this.ghostBlocks = [];
+    this.cpu?.publish();
     if (this.events.length === 0) return;
     if (this.published.length === 0) this.published = this.events;
     else for (const event of this.events) this.published.push(event);
@@ -490,54 +481,51 @@ export class EngineCache {
     return events;
   }
 
-<<<<<<< HEAD
-  /**
-   * Every block of the published view (introspection for tests and the demo, which
-   * compare a router's index with it): the cached blocks but those cached since the
-   * last publish, and the published ones evicted since (with events recorded).
-   */
-=======
-  /** Every block the CPU tier holds (introspection, as `snapshot`). */
+  /** Every block of the CPU tier's published view (introspection, as `snapshot`). */
   hostSnapshot(): HostBlock[] {
     return this.cpu?.snapshot() ?? [];
   }
 
-  /** Every cached block, once with its copies (introspection for tests that compare a router's index). */
->>>>>>> copies-tiers
+  /**
+   * Every block of the published view, once with its published copies (introspection
+   * for tests and the demo, which compare a router's index with it): the cached copies
+   * but those cached since the last publish, and the published ones evicted since (whose
+   * data is kept only with events recorded).
+   */
   snapshot(): CachedBlock[] {
-    const blocks: CachedBlock[] = [...this.ghostBlocks];
+    const blocks: CachedBlock[] = [];
     for (let slot = 0; slot < this.capacityBlocks; slot++) {
-<<<<<<< HEAD
-      if (this.cached[slot] !== 1 || this.hidden[slot] === 1) continue;
-      blocks.push(this.blockAt(slot));
-=======
       if (this.cached[slot] !== 1 || this.copyPrev[slot] !== NONE) continue;
-      const position = this.position[slot]!;
-      let copies = 1;
-      for (let copy = this.copyNext[slot]!; copy !== NONE; copy = this.copyNext[copy]!) copies++;
-      blocks.push({
-        hash: u64(this.extHi[slot]!, this.extLo[slot]!),
-        copies,
-        parent: position === 0 ? null : u64(this.parentHi[slot]!, this.parentLo[slot]!),
-        position,
-        path: u64(this.pathHi[slot]!, this.pathLo[slot]!),
-        tokens: this.tokenPool.slice(slot * size, (slot + 1) * size),
-      });
->>>>>>> copies-tiers
+      const copies = this.publishedCopies(this.extHi[slot]!, this.extLo[slot]!);
+      if (copies > 0) blocks.push(this.blockAt(slot, copies));
+    }
+    for (const ghost of this.ghostBlocks) {
+      const hi = Number(ghost.hash >> 32n);
+      const lo = Number(ghost.hash & 0xffff_ffffn);
+      if (this.lookup(hi, lo) === NONE) blocks.push({ ...ghost, copies: this.ghosts.get(hi, lo) });
     }
     return blocks;
   }
 
-  private blockAt(slot: number): CachedBlock {
+  private blockAt(slot: number, copies: number): CachedBlock {
     const position = this.position[slot]!;
     const size = this.blockSize;
     return {
       hash: u64(this.extHi[slot]!, this.extLo[slot]!),
+      copies,
       parent: position === 0 ? null : u64(this.parentHi[slot]!, this.parentLo[slot]!),
       position,
       path: u64(this.pathHi[slot]!, this.pathLo[slot]!),
       tokens: this.tokenPool.slice(slot * size, (slot + 1) * size),
     };
+  }
+
+  /** Copies of (hi, lo) in the published view: cached ones not hidden, and ghosts. */
+  private publishedCopies(hi: number, lo: number): number {
+    let copies = Math.max(0, this.ghosts.get(hi, lo));
+    for (let copy = this.lookup(hi, lo); copy !== NONE; copy = this.copyNext[copy]!)
+      if (this.hidden[copy] === 0) copies++;
+    return copies;
   }
 
   /** O(capacity) consistency check of every invariant; throws on the first violation. */
@@ -587,6 +575,10 @@ export class EngineCache {
     if (cached !== this.cachedCount || cached !== copies) {
       throw new Error(`cached ${cached}, count ${this.cachedCount}, copies ${copies}`);
     }
+    let hidden = 0;
+    for (let slot = 0; slot < this.capacityBlocks; slot++) hidden += this.hidden[slot]!;
+    if (hidden !== this.hiddenSlots.length)
+      throw new Error(`${hidden} slots hidden, ${this.hiddenSlots.length} listed`);
     this.cpu?.verify();
   }
 
@@ -595,6 +587,21 @@ export class EngineCache {
   /** Prompt blocks a sequence may reuse: vLLM always computes the last prompt token. */
   private reusableBlocks(promptLength: number): number {
     return Math.floor((promptLength - 1) / this.blockSize);
+  }
+
+  /** The external hashes of a prompt's first `limit` blocks, in the scratch (reused). */
+  private hashPrompt(tokens: Uint32Array, limit: number): Uint32Array {
+    let { content, ext } = this.scratch;
+    if (ext.length < 2 * limit) {
+      content = new Uint32Array(4 * limit);
+      ext = new Uint32Array(4 * limit);
+      this.scratch.content = content;
+      this.scratch.ext = ext;
+    }
+    const prompt = tokens.subarray(0, limit * this.blockSize);
+    hashBlocks(prompt, this.blockSize, this.seed, content);
+    chainHashes(content, limit, ext);
+    return ext;
   }
 
   private matchPrefix(ext: Uint32Array, limit: number): number {
@@ -648,8 +655,10 @@ export class EngineCache {
     this.pathHi[slot] = sequence.path[2 * i]!;
     this.pathLo[slot] = sequence.path[2 * i + 1]!;
     this.position[slot] = i;
-    this.hidden[slot] = 1;
-    this.hiddenSlots.push(slot);
+    if (this.hidden[slot] === 0) {
+      this.hidden[slot] = 1;
+      this.hiddenSlots.push(slot);
+    }
     const size = this.blockSize;
     const tokens = sequence.tokens;
     const pool = this.tokenPool;
@@ -680,15 +689,10 @@ export class EngineCache {
   private evict(slot: number): bigint {
     const hi = this.extHi[slot]!;
     const lo = this.extLo[slot]!;
-<<<<<<< HEAD
-    if (this.hidden[slot] === 1) {
-      this.hidden[slot] = 0; // never in the published view: nothing to keep
-    } else {
-      this.ghosts.set(hi, lo, 1);
-      if (this.recordEvents) this.ghostBlocks.push(this.blockAt(slot));
-    }
-    this.table.delete(hi, lo);
-=======
+    // A published copy stays in the published view until the next publish (a ghost);
+    // a copy cached since (hidden) was never in it.
+    if (this.hidden[slot] === 0 && this.ghosts.adjust(hi, lo, 1) === 1 && this.recordEvents)
+      this.ghostBlocks.push(this.blockAt(slot, 0));
     const before = this.copyPrev[slot]!;
     const after = this.copyNext[slot]!;
     if (before !== NONE) this.copyNext[before] = after;
@@ -697,7 +701,6 @@ export class EngineCache {
     if (after !== NONE) this.copyPrev[after] = before;
     this.copyPrev[slot] = NONE;
     this.copyNext[slot] = NONE;
->>>>>>> copies-tiers
     this.cached[slot] = 0;
     this.cachedCount--;
     this.counters.evictedBlocks++;

@@ -104,11 +104,13 @@ export class EventIndex {
       throw new Error("a mock engine batch did not decode");
   }
 
-  check(caches: readonly EngineCache[]): IndexCheck {
+  /** The index against the engines `workers` (default: every engine), engine w being worker w. */
+  check(caches: readonly EngineCache[], workers?: readonly number[]): IndexCheck {
+    const checked = workers ?? caches.map((_, w) => w);
     return checkIndex(
       this.index.dump(),
-      caches,
-      caches.map((_, w) => String(w)),
+      checked.map((w) => caches[w]!),
+      checked.map(String),
     );
   }
 }

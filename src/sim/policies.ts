@@ -7,9 +7,11 @@
  * - `approx_prefix`: SGLang / SMG `cache_aware`, which learns only from its own
  *   decisions (an approximate radix tree per worker, never told about evictions);
  *   defaults are SMG's command-line defaults (see ApproxPrefixConfig).
- * - `kv_aware_model`: kvedge's real router (src/route) told each engine's true cache
- *   contents (what an exact event-fed index holds, without event lag), deciding by its
- *   route policy (ttft by default, or Dynamo's cost) over its own load bookkeeping.
+ * - `kv_aware_model`: kvedge's real router (src/route) told each engine's published
+ *   cache contents, both tiers (what an exact event-fed index holds: a step's blocks once
+ *   the step has run, without network lag), or for engines without events its own
+ *   predictions, deciding by its route policy (ttft by default, or Dynamo's cost) over
+ *   its own load bookkeeping.
  *
  * The simulator calls `route` on arrival, `prefillDone` at the first token and
  * `finished` at the end, which is the request lifecycle a router is told about.
@@ -75,9 +77,12 @@ export interface HeldAnswer {
   readonly worker: number;
 }
 
-/** A worker's true cached prefix of a prompt, in blocks (the simulator asks the engine). */
+/**
+ * A worker's cached prefix of a prompt, in blocks, as an index fed by its events knows it
+ * (the simulator asks the engine's published view).
+ */
 export type CacheProbe = (worker: number, query: RouteQuery) => number;
-/** The CPU tier's blocks right after the device hit of the worker's last probe. */
+/** The (published) CPU tier's blocks right after the device hit of the worker's last probe. */
 export type HostProbe = (worker: number) => number;
 
 /** In-flight requests per worker, as the router counts them. */
@@ -339,9 +344,10 @@ class ApproxPrefix implements RoutingPolicy {
 }
 
 /**
- * kvedge's router (src/route) in-process: the real `Router`, told each engine's true
- * cached prefix as the overlaps an exact, lag-free index would report, and the
- * request lifecycle at the engine's modeled moments, on the simulator's clock.
+ * kvedge's router (src/route) in-process: the real `Router`, told each engine's published
+ * cached prefix (both tiers) as the overlaps an exact index without network lag would
+ * report, and the request lifecycle at the engine's modeled moments, on the simulator's
+ * clock.
  */
 export interface KvAwareConfig {
   readonly policy: RoutePolicy;
@@ -360,7 +366,6 @@ export interface KvAwareConfig {
    * the cheapest workers under them on the same state (`KvAwareModel.agreed`).
    */
   readonly reference?: EngineTimes;
-<<<<<<< HEAD
   /**
    * Engines that publish no KV events: kvedge predicts their caches from its own
    * decisions into a real index (src/route/predictions.ts), and routes on that.
@@ -374,13 +379,33 @@ export interface KvAwareConfig {
     /** Correct predictions by the cached tokens each engine reports at the first token (the proxy reads them from usage). */
     readonly correct?: boolean;
   };
-=======
   /** Route on the engines' CPU tiers too (default true); false: the device tier only. */
   readonly lowerTiers?: boolean;
->>>>>>> copies-tiers
 }
 
 export const DEFAULT_KV_AWARE: KvAwareConfig = { policy: "ttft" };
+
+/** What the router is told each decision: per worker, the blocks each tier holds. */
+interface ProbedOverlaps {
+  count: number;
+  slots: Int32Array;
+  blocks: Float64Array;
+  host?: Float64Array;
+  disk?: Float64Array;
+  external?: Float64Array;
+}
+
+/** Overlaps for the workers `slots`, with the lower tiers' arrays when they are probed. */
+function probedOverlaps(slots: Int32Array, tiers: boolean): ProbedOverlaps {
+  const n = slots.length;
+  const overlaps: ProbedOverlaps = { count: n, slots, blocks: new Float64Array(n) };
+  if (tiers) {
+    overlaps.host = new Float64Array(n);
+    overlaps.disk = new Float64Array(n);
+    overlaps.external = new Float64Array(n);
+  }
+  return overlaps;
+}
 
 /** Longer than any replay: requests end by `done`, never by expiry. */
 const SIM_REQUEST_TTL_MS = 1e15;
@@ -392,14 +417,7 @@ export class KvAwareModel implements RoutingPolicy {
   readonly admission: Admission<RouteQuery> | null;
   private nowMs = 0;
   private readonly slots: Int32Array;
-  private readonly overlaps: {
-    count: number;
-    slots: Int32Array;
-    blocks: Float64Array;
-    host?: Float64Array;
-    disk?: Float64Array;
-    external?: Float64Array;
-  };
+  private readonly overlaps: ProbedOverlaps;
   private readonly hostProbe: HostProbe | null;
   private answers: HeldAnswer[] = [];
   private readonly reference: EngineTimes | null;
@@ -435,8 +453,6 @@ export class KvAwareModel implements RoutingPolicy {
     this.reference = config.reference ?? null;
     this.slots = new Int32Array(workers);
     for (let w = 0; w < workers; w++) this.slots[w] = this.router.load.addWorker(BigInt(w), 0);
-    this.overlaps = { count: workers, slots: this.slots, blocks: new Float64Array(workers) };
-<<<<<<< HEAD
     const approximate = config.approximate ?? [];
     this.fleet =
       approximate.length === 0
@@ -449,14 +465,8 @@ export class KvAwareModel implements RoutingPolicy {
             slots: this.slots,
             now: () => this.nowMs,
           });
-=======
     this.hostProbe = config.lowerTiers === false ? null : hostProbe;
-    if (this.hostProbe !== null) {
-      this.overlaps.host = new Float64Array(workers);
-      this.overlaps.disk = new Float64Array(workers);
-      this.overlaps.external = new Float64Array(workers);
-    }
->>>>>>> copies-tiers
+    this.overlaps = probedOverlaps(this.slots, this.hostProbe !== null);
     const admission =
       config.admission === undefined ||
       config.admission.mode === undefined ||
@@ -549,29 +559,22 @@ export class KvAwareModel implements RoutingPolicy {
   }
 
   /**
-<<<<<<< HEAD
-   * Each exact engine's published cached prefix of the query, as an index fed by its
-   * events reports it (no network lag), and each approximate engine's predicted one.
-   */
-  private probed(query: RouteQuery): Overlaps {
-    const blocks = this.overlaps.blocks;
-    const fleet = this.fleet;
-    for (let w = 0; w < this.slots.length; w++)
-      if (fleet === null || !fleet.isApproximate(w)) blocks[w] = this.probe(w, query);
-    if (fleet !== null) {
-      const local = fleet.localHashes(query.tokens, query.promptLength);
-      fleet.overlaps(local, query.path, query.promptBlocks, blocks);
-=======
-   * Each engine's true cached prefix of the query, and its CPU tier's blocks after it,
-   * as an exact lag-free index reports them.
+   * Each exact engine's published cached prefix of the query and its CPU tier's blocks
+   * after it, as an index fed by its events reports them (no network lag), and each
+   * approximate engine's predicted prefix (the device tier only).
    */
   private probed(query: RouteQuery): Overlaps {
     const { blocks, host } = this.overlaps;
     const hostProbe = this.hostProbe;
+    const fleet = this.fleet;
     for (let w = 0; w < this.slots.length; w++) {
-      blocks[w] = this.probe(w, query);
-      if (hostProbe !== null) host![w] = hostProbe(w);
->>>>>>> copies-tiers
+      const exact = fleet === null || !fleet.isApproximate(w);
+      if (exact) blocks[w] = this.probe(w, query);
+      if (hostProbe !== null) host![w] = exact ? hostProbe(w) : 0;
+    }
+    if (fleet !== null) {
+      const local = fleet.localHashes(query.tokens, query.promptLength);
+      fleet.overlaps(local, query.path, query.promptBlocks, blocks);
     }
     return this.overlaps;
   }

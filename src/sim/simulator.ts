@@ -113,12 +113,8 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
     kvAware: options.kvAware,
     time,
     probe: (worker, query) =>
-<<<<<<< HEAD
       engines[worker]!.cache.visiblePrefixBlocks(query.tokens, query.promptLength),
-=======
-      engines[worker]!.cache.cachedPrefixBlocks(query.tokens, query.promptLength),
     ...((options.cpuCapacityBlocks ?? 0) > 0 ? { hostProbe } : {}),
->>>>>>> copies-tiers
   });
   const recorder = new RunRecorder(trace, {
     prefillDone: (request, nowMs, cachedTokens) =>
@@ -170,7 +166,6 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
   return recorder.report(options.policy, engines, options.verify ?? VERIFY);
 }
 
-<<<<<<< HEAD
 /** The engine whose step ends first (the lowest index on ties), or -1 when all are idle. */
 function nextEngine(engines: readonly MockEngine[]): number {
   let index = -1;
@@ -183,7 +178,8 @@ function nextEngine(engines: readonly MockEngine[]): number {
     }
   }
   return index;
-=======
+}
+
 /** The run's engines, their hash seeds from `seed` (the same for every run with it). */
 function makeEngines(
   options: SimOptions,
@@ -204,7 +200,6 @@ function makeEngines(
     });
     return new MockEngine(w, cache, options.time ?? DEFAULT_TIME_MODEL, recorder.listener);
   });
->>>>>>> copies-tiers
 }
 
 /** Submits the held requests the policy answered (worker -1: refused) at `nowMs`. */

@@ -42,7 +42,15 @@ describe("lower tiers in routing", () => {
     const { core } = setUp();
     const prompt = core.hash(TOKENS, null, null);
     expect(core.match(prompt.local, prompt.blockCount, prompt.chain)).toEqual([
-      { workerId: 1n, dpRank: 0, blocks: 8, hostBlocks: 24, diskBlocks: 0, externalBlocks: 0 },
+      {
+        workerId: 1n,
+        dpRank: 0,
+        blocks: 8,
+        kind: "exact",
+        hostBlocks: 24,
+        diskBlocks: 0,
+        externalBlocks: 0,
+      },
     ]);
   });
 
@@ -77,7 +85,15 @@ describe("lower tiers in routing", () => {
     const { core } = setUp({ KVEDGE_ROUTE_POLICY: "dynamo", KVEDGE_LOWER_TIERS: "false" });
     const prompt = core.hash(TOKENS, null, null);
     expect(core.match(prompt.local, prompt.blockCount, prompt.chain)).toEqual([
-      { workerId: 1n, dpRank: 0, blocks: 8, hostBlocks: 0, diskBlocks: 0, externalBlocks: 0 },
+      {
+        workerId: 1n,
+        dpRank: 0,
+        blocks: 8,
+        kind: "exact",
+        hostBlocks: 0,
+        diskBlocks: 0,
+        externalBlocks: 0,
+      },
     ]);
     const { decision } = core.route(input, 2);
     expect([decision.overlapBlocks, decision.hostBlocks]).toEqual([8, 0]);

@@ -259,7 +259,6 @@ describe("kvedge demo", () => {
     expect(off.admission).toBeNull();
   });
 
-<<<<<<< HEAD
   test("--events none in real time: no engine publishes, kvedge predicts every cache", async () => {
     const result = await runKvedge([
       "demo",
@@ -301,7 +300,8 @@ describe("kvedge demo", () => {
     }
     const table = await runKvedge([...args("none", "agentic").slice(0, -1)]);
     expect(table.stdout).toContain("Approximate workers (--events none): every engine");
-=======
+  });
+
   test("--cpu-capacity-blocks with --twins: both tiers exact, the tier table (virtual and real time)", async () => {
     // Small engines and a small CPU tier so blocks spill, come back, and leave it.
     const common = ["--requests", "400", "--workers", "4", "--capacity-blocks", "1024"];
@@ -339,7 +339,6 @@ describe("kvedge demo", () => {
     expect(real.stdout).toMatch(/kv_aware routing on +hit rate +of it CPU tier/);
     expect(real.stdout).toMatch(/device and CPU tiers +[\d.]+%/);
     expect(real.stdout).toMatch(/device tier only +[\d.]+%/);
->>>>>>> copies-tiers
   });
 
   test("usage errors are one line, exit 2", async () => {

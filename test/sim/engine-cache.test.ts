@@ -180,14 +180,9 @@ describe("EngineCache prefix caching", () => {
     const seq = sequence(cache, range(1, 8));
     expect(cache.allocate(seq)).toBe(true);
     expect(seq.hitBlocks).toBe(1);
-<<<<<<< HEAD
-    cache.commit(seq, 8); // block 1 recomputed: its hash is cached, the copy is adopted
-    expect(published(cache)).toEqual([]);
-=======
     cache.commit(seq, 8); // block 1 recomputed: its hash is cached, so this is a second copy
     const ext = externalHashes(range(1, 8));
-    expect(cache.takeEvents()).toEqual([stored([ext[1]!], ext[0]!, range(5, 4))]);
->>>>>>> copies-tiers
+    expect(published(cache)).toEqual([stored([ext[1]!], ext[0]!, range(5, 4))]);
     expect(cache.counters.duplicateBlocks).toBe(1);
     expect(cache.usedBlocks).toBe(2);
     cache.release(seq);
@@ -200,11 +195,11 @@ describe("EngineCache prefix caching", () => {
   test("with duplicates adopted, the recomputed last block is not announced", () => {
     const cache = cacheOf(8, SEED, false);
     serve(cache, range(1, 8));
-    cache.takeEvents();
+    published(cache);
     const seq = sequence(cache, range(1, 8));
     expect(cache.allocate(seq)).toBe(true);
     cache.commit(seq, 8);
-    expect(cache.takeEvents()).toEqual([]);
+    expect(published(cache)).toEqual([]);
     expect(cache.counters.duplicateBlocks).toBe(1);
     cache.release(seq);
     expect(cache.cachedBlocks).toBe(2);
@@ -313,12 +308,8 @@ describe("EngineCache duplicates and reset", () => {
     cache.commit(first, 9);
     cache.commit(second, 9);
     const ext = externalHashes(tokens);
-<<<<<<< HEAD
-    expect(published(cache)).toEqual([stored([ext[0]!, ext[1]!], null, range(1, 8))]);
-=======
     const both = stored([ext[0]!, ext[1]!], null, range(1, 8));
-    expect(cache.takeEvents()).toEqual([both, both]);
->>>>>>> copies-tiers
+    expect(published(cache)).toEqual([both, both]);
     expect(cache.counters.duplicateBlocks).toBe(2);
     expect(cache.usedBlocks).toBe(6); // each keeps its own copy
     expect(cache.cachedBlocks).toBe(4);
@@ -331,10 +322,10 @@ describe("EngineCache duplicates and reset", () => {
     const third = sequence(cache, [...range(1, 8), 50]);
     expect(cache.allocate(third)).toBe(true);
     expect(third.hitBlocks).toBe(2);
-    cache.takeEvents();
+    published(cache);
     const fill = sequence(cache, range(100, 20)); // 5 blocks: the free slots, then the second copies
     expect(cache.allocate(fill)).toBe(true);
-    const events = cache.takeEvents();
+    const events = published(cache);
     expect(events.length).toBe(1);
     expect(
       (events[0] as BlockRemovedEvent).block_hashes
@@ -356,7 +347,7 @@ describe("EngineCache duplicates and reset", () => {
     cache.commit(first, 9);
     cache.commit(second, 9);
     const ext = externalHashes(tokens);
-    expect(cache.takeEvents()).toEqual([stored([ext[0]!, ext[1]!], null, range(1, 8))]);
+    expect(published(cache)).toEqual([stored([ext[0]!, ext[1]!], null, range(1, 8))]);
     expect(cache.usedBlocks).toBe(4); // 2 shared + 2 partial tails
     cache.release(first);
     cache.release(second);
@@ -422,10 +413,10 @@ describe("EngineCache CPU tier", () => {
   test("an evicted block spills to the CPU tier (a CPU store with its tokens) and loads back instead of a prefill", () => {
     const cache = cpuCache(3, 8);
     serve(cache, range(1, 8)); // blocks A0, A1
-    cache.takeEvents();
+    published(cache);
     serve(cache, range(100, 12)); // 3 blocks: evicts A1 (the tail), then A0
     const a = externalHashes(range(1, 8));
-    const events = cache.takeEvents();
+    const events = published(cache);
     // The spills come before the device removal of the same allocation, child first.
     expect(events.slice(0, 2)).toEqual([
       { ...stored([a[1]!], a[0]!, range(5, 4)), medium: "CPU" },
@@ -447,9 +438,7 @@ describe("EngineCache CPU tier", () => {
     cache.commit(again, 9);
     // Loaded blocks are on the device again: stored there; the CPU tier keeps its copies
     // (and gets the blocks this allocation evicted).
-    const onDevice = cache
-      .takeEvents()
-      .filter((e) => e.type === "BlockStored" && e.medium === "GPU");
+    const onDevice = published(cache).filter((e) => e.type === "BlockStored" && e.medium === "GPU");
     expect(onDevice).toEqual([stored([a[0]!, a[1]!], null, range(1, 8))]);
     const held = cache.hostSnapshot().map((block) => block.hash);
     expect(held).toContain(a[0]!);
@@ -461,10 +450,10 @@ describe("EngineCache CPU tier", () => {
   test("a full CPU tier evicts its least recently used block (a CPU removal)", () => {
     const cache = cpuCache(2, 1);
     serve(cache, range(1, 8)); // A0, A1
-    cache.takeEvents();
+    published(cache);
     serve(cache, range(100, 8)); // evicts A1 (spilled), then A0: the tier is full, A1 goes
     const a = externalHashes(range(1, 8));
-    const events = cache.takeEvents();
+    const events = published(cache);
     expect(events.slice(0, 3)).toEqual([
       { ...stored([a[1]!], a[0]!, range(5, 4)), medium: "CPU" },
       { type: "BlockRemoved", block_hashes: [a[1]!], medium: "CPU" },
@@ -479,10 +468,10 @@ describe("EngineCache CPU tier", () => {
     const cache = cpuCache(2, 4);
     serve(cache, range(1, 8));
     serve(cache, range(100, 8));
+    published(cache);
     expect(cache.hostSnapshot().length).toBeGreaterThan(0);
-    cache.takeEvents();
     expect(cache.reset()).toBe(true);
-    expect(cache.takeEvents()).toEqual([{ type: "AllBlocksCleared" }]);
+    expect(published(cache)).toEqual([{ type: "AllBlocksCleared" }]);
     expect(cache.hostSnapshot()).toEqual([]);
     cache.verify();
   });
