@@ -43,6 +43,7 @@ export const TIME_MODEL_FLAGS = {
   "kv-read-ms": { kind: "string" },
   "max-batched-tokens": { kind: "string" },
   "max-running": { kind: "string" },
+  "long-prefill-tokens": { kind: "string" },
 } as const;
 
 export const TIME_MODEL_HELP = `Engine model (every constant; defaults: an ~8B model on one H100):
@@ -51,6 +52,9 @@ export const TIME_MODEL_HELP = `Engine model (every constant; defaults: an ~8B m
   --kv-read-ms MS        step time to read the KV of 1M context tokens (${DEFAULT_TIME_MODEL.kvReadMsPerMillionTokens})
   --max-batched-tokens N tokens per step (${DEFAULT_TIME_MODEL.maxBatchedTokens})
   --max-running N        requests running at once (${DEFAULT_TIME_MODEL.maxRunning})
+  --long-prefill-tokens N
+                         most prompt tokens one request prefills per step (vLLM's
+                         --long-prefill-token-threshold; 0, the default: no cap)
 `;
 
 export function timeModelOf(parsed: Parsed): TimeModel {
@@ -67,7 +71,8 @@ export function timeModelOf(parsed: Parsed): TimeModel {
       "--step-base-ms and --kv-read-ms cannot both be 0 (a decode step would take no time)",
     );
   }
-  return model;
+  const longPrefill = flagInt(parsed, "long-prefill-tokens", 0, 0, 1 << 24);
+  return longPrefill > 0 ? { ...model, longPrefillTokens: longPrefill } : model;
 }
 
 /** The trace in FILE (Mooncake JSONL), a generated workload, or the embedded conversation trace. */
@@ -173,8 +178,10 @@ Options:
   --workload-seed S      the generator's seed (its default: 7)
   --time-scale F         multiply arrival times by F (${DEMO_DEFAULTS.timeScale}: twice the trace's request rate)
   --twins F              a fraction F of the requests arrive twice at once (parallel sampling,
-                         retries): an engine given both computes their blocks twice and keeps both
-                         copies, each announced and evicted on its own, as vLLM does (0)
+                         retries) (0): an engine given both reuses the first's blocks as they are
+                         scheduled (vLLM V1); with --long-prefill-tokens they prefill side by side,
+                         the first computes again the chunks the second computed, and the engine
+                         keeps both copies, each announced and evicted on its own, as vLLM does
   --speedup X            model seconds per wall second in the kvedge replay (${DEMO_DEFAULTS.speedup})
   --policies LIST        comma list of ${["kv_aware", "round_robin", "random", "least_loaded", "approx_prefix", "kv_aware_model"].join(", ")}
                          (default: all but kv_aware_model, kvedge's cost model in-process with exact knowledge)
@@ -472,9 +479,14 @@ function indexLine(check: IndexCheck): string {
     check.engine_host_blocks + check.index_host_blocks === 0
       ? ""
       : `; CPU tier ${int(check.index_host_blocks)} indexed, ${int(check.engine_host_blocks)} held`;
+  const copies =
+    check.engine_duplicates_computed === 0
+      ? ""
+      : `; duplicate copies: ${int(check.engine_duplicates_computed)} computed in the run,` +
+        ` ${int(check.index_extra_copies)} indexed and ${int(check.engine_extra_copies)} held at the end`;
   return (
     `index vs engines at the end: ${check.index_matches_engines ? "identical" : "DIFFERENT"}` +
-    ` (${int(check.index_blocks)} blocks indexed, ${int(check.engine_cached_blocks)} cached${host}).`
+    ` (${int(check.index_blocks)} blocks indexed, ${int(check.engine_cached_blocks)} cached${copies}${host}).`
   );
 }
 

@@ -17,6 +17,11 @@ export interface IndexCheck {
   readonly index_host_blocks: number;
   readonly engine_cached_blocks: number;
   readonly engine_host_blocks: number;
+  /** Device copies beyond each block's first (vLLM's duplicates), at the end: indexed / held. */
+  readonly index_extra_copies: number;
+  readonly engine_extra_copies: number;
+  /** Copies the engines computed of blocks they had cached already, over the whole run. */
+  readonly engine_duplicates_computed: number;
   readonly index_matches_engines: boolean;
 }
 
@@ -61,16 +66,23 @@ export function checkIndex(
 ): IndexCheck {
   const held = heldOf(ops);
   const count = { index: 0, indexHost: 0, engine: 0, engineHost: 0 };
+  const extra = { index: 0, engine: 0, computed: 0 };
   let matches = true;
   caches.forEach((cache, w) => {
     const indexed = held.get(ids[w]!) ?? new Map<string, number>();
     const cached = cachedOf(cache);
-    for (const key of indexed.keys()) {
-      if (key.startsWith("device ")) count.index++;
-      else count.indexHost++;
+    for (const [key, copies] of indexed) {
+      if (!key.startsWith("device ")) count.indexHost++;
+      else {
+        count.index++;
+        extra.index += copies - 1;
+      }
     }
-    count.engine += cache.snapshot().length;
+    const snapshot = cache.snapshot();
+    for (const block of snapshot) extra.engine += block.copies - 1;
+    count.engine += snapshot.length;
     count.engineHost += cache.hostSnapshot().length;
+    extra.computed += cache.counters.duplicateBlocks;
     if (indexed.size !== cached.size) matches = false;
     for (const [key, copies] of cached) if (indexed.get(key) !== copies) matches = false;
   });
@@ -79,6 +91,9 @@ export function checkIndex(
     index_host_blocks: count.indexHost,
     engine_cached_blocks: count.engine,
     engine_host_blocks: count.engineHost,
+    index_extra_copies: extra.index,
+    engine_extra_copies: extra.engine,
+    engine_duplicates_computed: extra.computed,
     index_matches_engines: matches,
   };
 }

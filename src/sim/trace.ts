@@ -242,9 +242,11 @@ export interface TraceTransform {
   readonly requests?: number;
   /**
    * A fraction in [0, 1] of the requests arrive twice at the same moment, with the same
-   * prompt (parallel sampling with n = 2, a client's retry): on one engine both compute
-   * the prompt's uncached blocks before either is cached, so vLLM holds two copies.
-   * Which requests is fixed by their place, not drawn.
+   * prompt (parallel sampling with n = 2, a client's retry). On one engine the second
+   * reuses the blocks the first has scheduled (vLLM V1 caches them at scheduling); when
+   * both prefill side by side (a long-prefill cap, ./time-model.ts), each computes chunks
+   * the other computed first, and vLLM holds two copies of them. Which requests is fixed
+   * by their place, not drawn.
    */
   readonly twins?: number;
 }

@@ -248,7 +248,7 @@ describe("kvedge restart with a snapshot (--state-dir)", () => {
     const second = await serveWithState(a, dir);
     await second.waitForLog((line) => line.msg === "snapshot loaded");
     await expectExactAndEqual(second, "1", a);
-    // Prompts computed side by side left blocks in several copies: the snapshot kept them.
+    // Block-aligned prompts run again recomputed their last blocks (more copies): the snapshot kept them.
     expect(Object.keys((await engineCache(a)).copies).length).toBeGreaterThan(0);
     expect(
       await metric(

@@ -86,6 +86,8 @@ describe("time model", () => {
     expect(soloDurations(TIME, 16, 12, 1)).toEqual({ ttftMs: 5, decodeMs: 0 });
     const kv: TimeModel = { ...TIME, stepBaseMs: 0, kvReadMsPerMillionTokens: 1e6 };
     expect(soloDurations(kv, 4, 0, 3)).toEqual({ ttftMs: 4, decodeMs: 5 + 6 });
+    // A long-prefill cap of 4 tokens: four prefill steps of 1 + 4 ms.
+    expect(soloDurations({ ...TIME, longPrefillTokens: 4 }, 16, 0, 1).ttftMs).toBe(20);
   });
 
   test("bad constants are refused with the field named", () => {
@@ -93,6 +95,7 @@ describe("time model", () => {
       "prefillTokensPerSecond",
     );
     expect(() => checkTimeModel({ ...TIME, maxBatchedTokens: 0.5 })).toThrow("maxBatchedTokens");
+    expect(() => checkTimeModel({ ...TIME, longPrefillTokens: -1 })).toThrow("longPrefillTokens");
     expect(() => checkTimeModel({ ...TIME, stepBaseMs: 0, kvReadMsPerMillionTokens: 0 })).toThrow(
       "both be 0",
     );
@@ -223,6 +226,44 @@ describe("MockEngine timeline (continuous batching, chunked prefill)", () => {
     // 4 prompt blocks although they were computed in the same step.
     expect(log.cached.get(1)).toBe(0);
     expect(log.cached.get(2)).toBe(16);
+  });
+
+  test("a long-prefill cap: twins prefill side by side, the earlier computes again what the later ran ahead with (two copies)", () => {
+    const twins = (cap: number) => {
+      const { engine, log } = engineOf(64, {
+        ...TIME,
+        maxBatchedTokens: 64,
+        longPrefillTokens: cap,
+      });
+      const prompt = [...range(1, 24), 50]; // 6 full prompt blocks
+      engine.submit(request(0, range(100, 104), 1), 0); // keeps the engine busy for a step
+      engine.submit(request(1, prompt, 1), 0.5);
+      engine.submit(request(2, prompt, 1), 0.5);
+      while (!engine.idle) engine.step();
+      engine.cache.verify();
+      return { engine, log };
+    };
+    // No cap: the first computes the whole prompt in one step, the second reuses it all.
+    const whole = twins(0);
+    expect(whole.log.cached.get(2)).toBe(24);
+    expect(whole.engine.cache.counters.duplicateBlocks).toBe(0);
+    // 8 tokens (2 blocks) per request per step: the second reuses the first's planned
+    // blocks 0-1, then runs a chunk ahead (2-3, 4-5); the first, which looked the cache up
+    // only when admitted, computes 2-3 and 4-5 again, and the engine keeps both copies.
+    const capped = twins(8);
+    expect(capped.log.cached.get(1)).toBe(0);
+    expect(capped.log.cached.get(2)).toBe(8);
+    expect(capped.engine.cache.counters.duplicateBlocks).toBe(4);
+    const copies = capped.engine.cache
+      .snapshot()
+      .filter((block) => block.copies > 1)
+      .map((block) => [block.position, block.copies]);
+    expect(copies.sort()).toEqual([
+      [2, 2],
+      [3, 2],
+      [4, 2],
+      [5, 2],
+    ]);
   });
 });
 

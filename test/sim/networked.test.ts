@@ -12,15 +12,19 @@ import { loadConversationTrace } from "../../src/sim/embedded-trace";
 import { NetworkedEngine } from "../../src/sim/networked-engine";
 import { createPolicy } from "../../src/sim/policies";
 import { engineSeeds } from "../../src/sim/simulator";
+import { DEFAULT_TIME_MODEL, type TimeModel } from "../../src/sim/time-model";
 import { transformTrace, type Trace } from "../../src/sim/trace";
 import { until } from "../support/wait";
 import { expectIndexEqualsEngines, VirtualRig } from "./fleet-rig";
 
 let trace: Trace;
+/** vLLM's long_prefill_token_threshold: twins leapfrog through their shared prompt. */
+const TIME: TimeModel = { ...DEFAULT_TIME_MODEL, longPrefillTokens: 1024 };
 const cleanup: (() => Promise<unknown>)[] = [];
 
 beforeAll(async () => {
-  // Twins: requests that arrive twice at once, so engines keep duplicate copies (as vLLM).
+  // Twins: requests that arrive twice at once; with a long-prefill cap (TIME) they prefill
+  // side by side, so engines keep duplicate copies (as vLLM).
   trace = transformTrace(await loadConversationTrace(), {
     requests: 150,
     timeScale: 0.5,
@@ -51,6 +55,7 @@ async function startEngines(
       capacityBlocks,
       cpuCapacityBlocks: spec.cpu ?? 0,
       hashSeed: seeds[w]!,
+      time: TIME,
       endpoint: "tcp://127.0.0.1:0",
       replayEndpoint: "tcp://127.0.0.1:0",
       form: spec.form,
