@@ -13,6 +13,7 @@ import { registerRouterMetrics, registerCoreMetrics } from "../server/metrics";
 import { createMetricsRegistry, type MetricsRegistry } from "../util/metrics";
 import { KvedgeCore } from "../core/core";
 import { registerObservedHitsMetrics, registerProxyMetrics } from "../proxy/metrics";
+import { Preparer } from "../proxy/preparer";
 import { OpenAiProxy } from "../proxy/proxy";
 import { loadTokenizer, type PromptTokenizer, TokenizerError } from "../proxy/tokenizer";
 import { loadSnapshot, PeriodicSnapshots, restoreRequests, saveSnapshot } from "../state/warm";
@@ -29,6 +30,10 @@ const flags = {
 
 /** How long in-flight requests get to finish after SIGINT/SIGTERM. */
 const SHUTDOWN_GRACE_MS = 3_000;
+/** After the grace, how long the proxied streams kvedge cuts get to close before the rest is. */
+const PROXY_CUT_MS = 500;
+/** How long after stopping the process may linger (its last log lines being written). */
+const EXIT_LINGER_MS = 1_000;
 
 export const serveCommand: Command = {
   name: "serve",
@@ -109,30 +114,7 @@ Example:
     bufferBudget.limitBytes = config.server.buffer_budget_bytes;
     const writer = plan.indexThreads === 0 ? null : await startWriter(config, plan);
     const core = new KvedgeCore({ config, log, ...(writer === null ? {} : { writer }) });
-    let proxy: OpenAiProxy | null = null;
-    if (config.proxy.enabled) {
-      const model = config.proxy.model ?? tokenizer?.model ?? "default";
-      proxy = new OpenAiProxy({
-        core,
-        tokenizer,
-        model,
-        forwardTokenIds: config.proxy.forward_token_ids,
-        bodyLimitBytes: config.server.body_limit_bytes,
-        log: log.child({ component: "proxy" }),
-      });
-      const missing = config.workers
-        .filter((worker) => worker.http_endpoint == null)
-        .map((worker) => worker.worker_id.toString());
-      if (missing.length > 0)
-        log.warn("workers without an http_endpoint are never proxied to", {
-          workers: missing.join(","),
-        });
-      log.info("proxy enabled", {
-        model,
-        tokenizer: config.proxy.tokenizer,
-        vocab_size: tokenizer?.vocabSize ?? null,
-      });
-    }
+    const proxy = config.proxy.enabled ? await startProxy(config, core, tokenizer, log) : null;
     const registry = metricsOf(core, proxy, plan, writer);
     const stateDir = state?.path ?? null;
     const stateLog = log.child({ component: "state" });
@@ -160,7 +142,7 @@ Example:
     });
 
     const signal = await stopping.reason(writer, log);
-    await serving.stop(SHUTDOWN_GRACE_MS);
+    await stopServing(serving, proxy, log);
     if (snapshots !== null) clearInterval(snapshots);
     await periodic?.idle();
     if (stateDir !== null && (await saveSnapshot(core, stateDir, stateLog)))
@@ -168,9 +150,82 @@ Example:
     await core.stop();
     await writer?.stop();
     log.info("stopped");
-    return signal === "writer_failed" ? 1 : 0;
+    const code = signal === "writer_failed" ? 1 : 0;
+    // Connections to engines given up on may still be with the kernel (src/http/client.ts):
+    // they must not keep the process. Not needed otherwise: the timer does not hold it.
+    setTimeout(() => process.exit(code), EXIT_LINGER_MS).unref();
+    return code;
   },
 };
+
+/** The OpenAI proxy, its tokenizer threads started (`tokenizer` loaded already, or null). */
+async function startProxy(
+  config: Config,
+  core: KvedgeCore,
+  tokenizer: PromptTokenizer | null,
+  log: Logger,
+): Promise<OpenAiProxy> {
+  const settings = config.proxy;
+  const model = settings.model ?? tokenizer?.model ?? "default";
+  const proxyLog = log.child({ component: "proxy" });
+  const options = {
+    model,
+    adapters: core.lora.adapters.map((adapter) => adapter.name),
+    forwardTokenIds: settings.forward_token_ids,
+    limits: { bytes: settings.max_prompt_bytes, tokens: settings.max_prompt_tokens },
+  };
+  const threads = settings.tokenizer === null ? 0 : settings.tokenizer_threads;
+  const preparer = await Preparer.start(options, tokenizer, settings.tokenizer, threads, proxyLog);
+  const proxy = new OpenAiProxy({
+    core,
+    preparer,
+    model,
+    bodyLimitBytes: config.server.body_limit_bytes,
+    timeouts: {
+      connectMs: settings.connect_timeout_ms,
+      firstByteMs: settings.first_byte_timeout_ms,
+      idleMs: settings.idle_timeout_ms,
+    },
+    upstreamConnections: settings.upstream_connections,
+    upstreamQueueMs: settings.upstream_queue_timeout_ms,
+    log: proxyLog,
+  });
+  const missing = config.workers
+    .filter((worker) => worker.http_endpoint == null)
+    .map((worker) => worker.worker_id.toString());
+  if (missing.length > 0)
+    log.warn("workers without an http_endpoint are never proxied to", {
+      workers: missing.join(","),
+    });
+  log.info("proxy enabled", {
+    model,
+    tokenizer: settings.tokenizer,
+    vocab_size: tokenizer?.vocabSize ?? null,
+    tokenizer_threads: preparer.threads,
+  });
+  return proxy;
+}
+
+/**
+ * Stops serving: no new connections, in-flight requests get the grace period; then
+ * the proxied requests still running are ended (engine connections closed, their
+ * streams cut), and what is left is closed.
+ */
+async function stopServing(
+  serving: Serving,
+  proxy: OpenAiProxy | null,
+  log: Logger,
+): Promise<void> {
+  const cut = () => {
+    const ended = proxy?.stop() ?? 0;
+    if (ended > 0) log.info("ended proxied requests still running", { requests: ended });
+  };
+  const timer = setTimeout(cut, SHUTDOWN_GRACE_MS);
+  await serving.stop(SHUTDOWN_GRACE_MS + PROXY_CUT_MS);
+  clearTimeout(timer);
+  cut();
+  await proxy?.preparer.stop();
+}
 
 /**
  * The state directory, checked, locked and cleaned before anything starts; null without

@@ -5,14 +5,16 @@
  * decides what that means).
  */
 import { type LaneStart, runLane } from "../server/lane";
+import { runTokenizerThread, type TokenizerThreadStart } from "../proxy/preparer";
 import { getAffinity, pinThread } from "../runtime/affinity";
 import { IndexWriter, type WriterStart } from "../runtime/writer";
 import type { ThreadMessage, ThreadRole, ThreadStart } from "../runtime/threads";
 
 declare const self: Worker;
 
-const send = (message: ThreadMessage): void => self.postMessage(message);
-const ROLES: readonly ThreadRole[] = ["probe", "lane", "writer"];
+const send = (message: ThreadMessage, transfer: ArrayBuffer[] = []): void =>
+  self.postMessage(message, transfer);
+const ROLES: readonly ThreadRole[] = ["probe", "lane", "writer", "tokenizer"];
 
 self.onmessage = (event: MessageEvent<ThreadStart>) => {
   const start = event.data;
@@ -38,6 +40,10 @@ function runRole(start: ThreadStart): void {
     listen(reply as (body: never) => void);
   } else if (start.role === "lane") {
     runLane(start.data as LaneStart, reply, listen);
+  } else if (start.role === "tokenizer") {
+    const answer = (body: unknown, transfer: ArrayBuffer[]) =>
+      send({ kind: "role", body }, transfer);
+    runTokenizerThread(start.data as TokenizerThreadStart, answer, listen);
   } else {
     const writer = new IndexWriter(start.data as WriterStart, reply);
     writer.run().catch((error: unknown) => {

@@ -107,6 +107,14 @@ export interface Config {
     readonly forward_token_ids: boolean;
     readonly observed_hit_floor: number;
     readonly observed_window: number;
+    readonly connect_timeout_ms: number;
+    readonly first_byte_timeout_ms: number;
+    readonly idle_timeout_ms: number;
+    readonly upstream_connections: number;
+    readonly upstream_queue_timeout_ms: number;
+    readonly max_prompt_tokens: number;
+    readonly max_prompt_bytes: number;
+    readonly tokenizer_threads: number;
   };
   readonly runtime: {
     readonly cpus: readonly number[] | null;
@@ -602,6 +610,62 @@ export const SETTINGS: readonly Setting[] = [
     type: integer(1, 1_000_000),
     default: 32,
     help: "Answers (with a predicted hit) that the observed-hit check averages over; also the fewest it judges on.",
+  }),
+  setting({
+    key: "proxy.connect_timeout_ms",
+    flag: "connect-timeout-ms",
+    type: integer(1, HOUR_MS),
+    default: 5_000,
+    help: "Longest wait for a connection to an engine; past it the next candidate is tried (nothing was sent). 5 s is Envoy's default connect timeout.",
+  }),
+  setting({
+    key: "proxy.first_byte_timeout_ms",
+    flag: "first-byte-timeout-ms",
+    type: integer(1, 24 * HOUR_MS),
+    default: 600_000,
+    help: "Longest wait, once connected, for the engine's answer to begin; past it the client gets 504 and the engine connection is closed (the request is never sent elsewhere). A plain (not streamed) answer begins only when it is complete. 600 s is the OpenAI Python client's default timeout.",
+  }),
+  setting({
+    key: "proxy.idle_timeout_ms",
+    flag: "idle-timeout-ms",
+    type: integer(1, 24 * HOUR_MS),
+    default: 300_000,
+    help: "Longest pause in an engine's answer once it has begun (a queue or a long prefill before the first token included); past it the client's stream is cut and the engine connection closed. 300 s is the idle timeout Bun's fetch applied before kvedge had its own.",
+  }),
+  setting({
+    key: "proxy.upstream_connections",
+    flag: "upstream-connections",
+    type: integer(1, 1_000_000),
+    default: 4096,
+    help: "Engine connections open at once, over all engines (one per proxied request in flight; each client stream also holds one file descriptor, two behind route lanes). Past it requests wait in a queue as deep, up to proxy.upstream_queue_timeout_ms, then get 503 with Retry-After.",
+  }),
+  setting({
+    key: "proxy.upstream_queue_timeout_ms",
+    flag: "upstream-queue-timeout-ms",
+    type: integer(1, HOUR_MS),
+    default: 5_000,
+    help: "Longest wait for a free engine connection (proxy.upstream_connections) before 503; as HAProxy's queue timeout, it defaults to the connect timeout's default.",
+  }),
+  setting({
+    key: "proxy.max_prompt_tokens",
+    flag: "max-prompt-tokens",
+    type: integer(1, 4_000_000),
+    default: 1_048_576,
+    help: "Largest prompt proxied, in tokens (the longest contexts served today are about 1M tokens); a larger one gets 400.",
+  }),
+  setting({
+    key: "proxy.max_prompt_bytes",
+    flag: "max-prompt-bytes",
+    type: integer(1024, 1024 * MIB),
+    default: 8 * MIB,
+    help: "Largest prompt text kvedge tokenizes, in UTF-8 bytes (a completions prompt, or a chat as its template renders it); a larger one gets 400 before it is tokenized.",
+  }),
+  setting({
+    key: "proxy.tokenizer_threads",
+    flag: "tokenizer-threads",
+    type: integer(0, 64),
+    default: 1,
+    help: "Threads that tokenize large prompts (bodies over 16 KiB) and render their chat templates, off the thread that answers routes and health checks; 0 = on that thread (a 4 MB chat then stalls it for about 0.4 s).",
   }),
   setting({
     key: "runtime.cpus",

@@ -32,7 +32,7 @@ import type { PromptHashes } from "../route/input";
 import { Admission } from "../route/admission";
 import { bufferBudget } from "../util/buffer-budget";
 import type { LifecycleResult } from "../route/load";
-import { ObservedHits, type ObservedHitsView } from "./observed-hits";
+import { type CachedReport, ObservedHits, type ObservedHitsView } from "./observed-hits";
 import { DEFAULT_PREDICTED_MAX_BLOCKS, Predictions } from "../route/predictions";
 import { OVERLAP_KINDS, type OverlapKind, overlapKindOf } from "../route/router";
 import { RouteOverlaps } from "./overlaps";
@@ -433,9 +433,9 @@ export class KvedgeCore {
   }
 
   /**
-   * An engine's answer reported `observed` cached prompt tokens (null: it did not say)
-   * where `predicted` were expected: the observed-hit check, and the correction of an
-   * approximate worker's predictions.
+   * An engine's answer reported its cached prompt tokens (`report`: a count, none, or one
+   * that cannot be true) where `predicted` were expected: the observed-hit check, and,
+   * with the count it judged by, the correction of an approximate worker's predictions.
    */
   recordAnswer(
     requestId: string,
@@ -443,9 +443,9 @@ export class KvedgeCore {
     dpRank: number,
     promptTokens: number,
     predicted: number,
-    observed: number | null,
+    report: CachedReport,
   ): void {
-    this.observedHits.record(workerId, dpRank, promptTokens, predicted, observed);
+    const observed = this.observedHits.record(workerId, dpRank, promptTokens, predicted, report);
     if (observed !== null) this.predictions.observed(requestId, observed);
   }
 

@@ -12,7 +12,10 @@
  * (the router then discounts its overlap as for a degraded one); a ratio back above
  * the midpoint of floor and 1 clears it. Answers without `cached_tokens` are counted
  * and judge nothing (the engine may not report it: vLLM needs
- * --enable-prompt-tokens-details).
+ * --enable-prompt-tokens-details), until the worker has reported it once: from then on
+ * a usage without it is a miss (vLLM before its newest layout and SGLang leave the
+ * field out when nothing was cached). A count that cannot be true (not an integer in
+ * [0, the prompt's tokens]) is a bad answer: counted, logged once, and ignored.
  *
  * The other way round, an engine that serves far more from its cache than the router
  * predicted (under half, over every answer) is what a tokenizer or chat-template
@@ -31,10 +34,18 @@ export interface ObservedHitsOptions {
   readonly onChange: (workerId: bigint, dpRank: number, suspect: boolean) => void;
 }
 
+/**
+ * What an answer said of its cached prompt tokens: a count, or its usage had none
+ * ("absent"), or it had no usage ("no_usage"), or the count cannot be true ("bad").
+ */
+export type CachedReport = number | "absent" | "no_usage" | "bad";
+
 export interface ObservedHitsView {
   /** Answers recorded (with usage or not). */
   readonly answers: number;
   readonly answersWithoutUsage: number;
+  /** Answers whose cached count could not be true (ignored). */
+  readonly badAnswers: number;
   /** Prompt tokens of the answers with usage. */
   readonly promptTokens: number;
   readonly predictedTokens: number;
@@ -49,6 +60,9 @@ export interface ObservedHitsView {
 interface WorkerHits {
   answers: number;
   withoutUsage: number;
+  bad: number;
+  /** The worker has reported cached_tokens: a usage without it is then 0. */
+  reportsCached: boolean;
   prompt: number;
   predicted: number;
   observed: number;
@@ -65,6 +79,7 @@ interface WorkerHits {
 const EMPTY: ObservedHitsView = {
   answers: 0,
   answersWithoutUsage: 0,
+  badAnswers: 0,
   promptTokens: 0,
   predictedTokens: 0,
   observedTokens: 0,
@@ -83,20 +98,64 @@ export class ObservedHits {
     this.decay = 1 - 1 / options.window;
   }
 
-  /** One answer: its prompt's tokens, those predicted cached at routing, and the engine's count (null: not reported). */
+  /**
+   * One answer: its prompt's tokens, those predicted cached at routing, and what it
+   * reported. Returns the cached count it judged by (null: none).
+   */
   record(
     workerId: bigint,
     dpRank: number,
     prompt: number,
     predicted: number,
-    observed: number | null,
-  ): void {
+    report: CachedReport,
+  ): number | null {
+    const hits = this.hitsOf(workerId, dpRank);
+    hits.answers++;
+    if (report === "bad") {
+      if (hits.bad++ === 0) {
+        this.options.log.warn(
+          "an answer's usage.prompt_tokens_details.cached_tokens is not an integer in [0, prompt tokens]: ignored",
+          { worker_id: workerId, dp_rank: dpRank },
+        );
+      }
+      return null;
+    }
+    if (report === "absent" && hits.reportsCached) report = 0;
+    if (typeof report !== "number") {
+      if (hits.withoutUsage++ === 0) {
+        this.options.log.warn(
+          "an answer carries no usage.prompt_tokens_details.cached_tokens: observed hits unknown for this worker" +
+            " (vLLM reports it with --enable-prompt-tokens-details)",
+          { worker_id: workerId, dp_rank: dpRank },
+        );
+      }
+      return null;
+    }
+    hits.reportsCached = true;
+    const observed = report;
+    hits.prompt += prompt;
+    hits.predicted += predicted;
+    hits.observed += observed;
+    hits.allPredicted = hits.allPredicted * this.decay + predicted;
+    hits.allObserved = hits.allObserved * this.decay + observed;
+    this.checkUnderPredicted(workerId, dpRank, hits);
+    if (predicted <= 0) return observed;
+    hits.judged++;
+    hits.weightedPredicted = hits.weightedPredicted * this.decay + predicted;
+    hits.weightedObserved = hits.weightedObserved * this.decay + Math.min(observed, predicted);
+    this.judge(workerId, dpRank, hits);
+    return observed;
+  }
+
+  private hitsOf(workerId: bigint, dpRank: number): WorkerHits {
     const key = keyOf(workerId, dpRank);
     let hits = this.workers.get(key);
     if (hits === undefined) {
       hits = {
         answers: 0,
         withoutUsage: 0,
+        bad: 0,
+        reportsCached: false,
         prompt: 0,
         predicted: 0,
         observed: 0,
@@ -110,28 +169,7 @@ export class ObservedHits {
       };
       this.workers.set(key, hits);
     }
-    hits.answers++;
-    if (observed === null) {
-      if (hits.withoutUsage++ === 0) {
-        this.options.log.warn(
-          "an answer carries no usage.prompt_tokens_details.cached_tokens: observed hits unknown for this worker" +
-            " (vLLM reports it with --enable-prompt-tokens-details)",
-          { worker_id: workerId, dp_rank: dpRank },
-        );
-      }
-      return;
-    }
-    hits.prompt += prompt;
-    hits.predicted += predicted;
-    hits.observed += observed;
-    hits.allPredicted = hits.allPredicted * this.decay + predicted;
-    hits.allObserved = hits.allObserved * this.decay + observed;
-    this.checkUnderPredicted(workerId, dpRank, hits);
-    if (predicted <= 0) return;
-    hits.judged++;
-    hits.weightedPredicted = hits.weightedPredicted * this.decay + predicted;
-    hits.weightedObserved = hits.weightedObserved * this.decay + Math.min(observed, predicted);
-    this.judge(workerId, dpRank, hits);
+    return hits;
   }
 
   view(workerId: bigint, dpRank: number): ObservedHitsView {
@@ -140,6 +178,7 @@ export class ObservedHits {
     return {
       answers: hits.answers,
       answersWithoutUsage: hits.withoutUsage,
+      badAnswers: hits.bad,
       promptTokens: hits.prompt,
       predictedTokens: hits.predicted,
       observedTokens: hits.observed,
@@ -166,7 +205,7 @@ export class ObservedHits {
   }
 
   private checkUnderPredicted(workerId: bigint, dpRank: number, hits: WorkerHits): void {
-    if (hits.answers - hits.withoutUsage < this.options.window) return;
+    if (hits.answers - hits.withoutUsage - hits.bad < this.options.window) return;
     const under = hits.allObserved > 0 && hits.allPredicted < hits.allObserved / 2;
     if (under === hits.underPredicted) return;
     hits.underPredicted = under;

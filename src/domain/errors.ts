@@ -26,12 +26,22 @@ export const ERROR_CODES = [
   "internal",
   "unsupported",
   "engine_unreachable",
+  "engine_failed",
+  "engine_timeout",
   "no_workers",
   "shutting_down",
   "busy",
 ] as const;
 
 export type ErrorCode = (typeof ERROR_CODES)[number];
+
+/**
+ * `text` cut to at most `max` characters (marked with "…"): what an error message may
+ * quote of a client's input, so an answer never echoes unbounded input.
+ */
+export function clip(text: string, max: number): string {
+  return text.length <= max ? text : `${text.slice(0, max)}…`;
+}
 
 export interface ErrorDetails {
   /** When to try again, in seconds (an overloaded or busy refusal's Retry-After). */

@@ -4,7 +4,7 @@
  * WebSocket alike: OpenAI's `{"error": {"message", "type", "param", "code"}}`, which the
  * official clients parse. docs/api.md lists every code (a test holds the two equal).
  */
-import { type ErrorCode, KvedgeError } from "../domain/errors";
+import { clip, type ErrorCode, KvedgeError } from "../domain/errors";
 
 /** The HTTP status of each code: the one place codes become statuses. */
 export const STATUS_OF: Readonly<Record<ErrorCode, number>> = {
@@ -28,6 +28,8 @@ export const STATUS_OF: Readonly<Record<ErrorCode, number>> = {
   internal: 500,
   unsupported: 501,
   engine_unreachable: 502,
+  engine_failed: 502,
+  engine_timeout: 504,
   no_workers: 503,
   shutting_down: 503,
   busy: 503,
@@ -50,10 +52,15 @@ export interface ErrorObject {
   readonly code: ErrorCode;
 }
 
+/** Longest error message sent: whatever a message quotes of the input, the answer stays small. */
+const MESSAGE_MAX = 2048;
+
 /** The `error` member of an answer. */
 export function errorObject(error: KvedgeError): ErrorObject {
   const status = STATUS_OF[error.code];
-  return { message: error.message, type: errorType(status), param: error.param, code: error.code };
+  const message = clip(error.message, MESSAGE_MAX);
+  const param = error.param === null ? null : clip(error.param, 256);
+  return { message, type: errorType(status), param, code: error.code };
 }
 
 /** A client's error as a KvedgeError; null for anything else (a bug: answered as internal). */

@@ -17,6 +17,14 @@ import { BinRef, MsgpackRequestReader } from "../wire/request-msgpack";
 export { TOKENS_MAX };
 
 export const MSGPACK = "application/msgpack";
+
+/**
+ * Bun.serve's maxRequestBodySize for kvedge's servers: so large that Bun's own refusal
+ * (a 413 without a body, then a reset the client may see instead) never applies, and
+ * the body limit is always ours (`receiveBody`: a JSON 413 from the declared length or
+ * past the limit). A body nobody reads is not buffered: Bun closes the connection.
+ */
+export const UNLIMITED_BODY = Number.MAX_SAFE_INTEGER;
 const JSON_TYPE = "application/json";
 
 /** 415 unless the request declares a JSON or MessagePack body (./guard.ts says why). */
@@ -55,14 +63,8 @@ export function receiveBody(request: Request, limitBytes: number): Promise<Recei
     return Promise.reject(error);
   }
   const declared = request.headers.get("content-length");
-  if (declared !== null && Number(declared) > limitBytes) {
-    return Promise.reject(
-      new KvedgeError(
-        "too_large",
-        `request body of ${declared} bytes is over the limit of ${limitBytes}`,
-      ),
-    );
-  }
+  if (declared !== null && Number(declared) > limitBytes)
+    return Promise.reject(tooLarge(declared, limitBytes));
   // A declared body is held from now until it has arrived (a streamed one, chunk by
   // chunk in readStream): in the process-wide budget of buffered bytes.
   const held = declared === null ? 0 : Number(declared) || 0;
@@ -89,6 +91,48 @@ export function receiveBody(request: Request, limitBytes: number): Promise<Recei
     if (bytes.length === 0) throw new KvedgeError("bad_request", "request body is empty");
     return msgpack ? { msgpack: bytes } : { json: utf8.decode(bytes) };
   }, failed);
+}
+
+/**
+ * Receives a body of at most `limitBytes` as its bytes, unparsed and undecoded (the
+ * proxy forwards them as they came), with the checks and budget of `receiveBody`:
+ * JSON only (415 otherwise), or any type with `jsonOnly` false.
+ */
+export function receiveBytes(
+  request: Request,
+  limitBytes: number,
+  jsonOnly = true,
+): Promise<Uint8Array> {
+  const header = request.headers.get("content-type") ?? "";
+  if (jsonOnly && header.split(";", 1)[0]!.trim().toLowerCase() !== JSON_TYPE) {
+    return Promise.reject(
+      new KvedgeError("unsupported_media_type", `send the body as Content-Type: ${JSON_TYPE}`),
+    );
+  }
+  const declared = request.headers.get("content-length");
+  if (declared !== null && Number(declared) > limitBytes)
+    return Promise.reject(tooLarge(declared, limitBytes));
+  const held = declared === null ? 0 : Number(declared) || 0;
+  if (held > 0 && !bufferBudget.take(held)) return Promise.reject(overBudget());
+  return readLimited(request, limitBytes, declared !== null).then(
+    (bytes) => {
+      bufferBudget.give(held);
+      if (bytes.length === 0 && jsonOnly)
+        throw new KvedgeError("bad_request", "request body is empty");
+      return bytes;
+    },
+    (error: unknown) => {
+      bufferBudget.give(held);
+      throw error;
+    },
+  );
+}
+
+function tooLarge(declared: string, limitBytes: number): KvedgeError {
+  return new KvedgeError(
+    "too_large",
+    `request body of ${declared} bytes is over the limit of ${limitBytes}`,
+  );
 }
 
 function overBudget(): KvedgeError {

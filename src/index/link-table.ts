@@ -24,6 +24,30 @@ export function homeSlot(key: number, hi: number, lo: number, shift: number): nu
   );
 }
 
+/**
+ * The slot where a probe for (key, hi, lo) ends in a table of 2^(32 - shift) quads: the
+ * key's own slot, or the empty slot where it would go; -1 after `capacity` slots without
+ * either (only a torn read of a shared table can be full). The one probe loop: the
+ * table's own operations and the shared index's readers (crtc/shared.ts) both use it.
+ */
+export function probeSlot(
+  table: Uint32Array,
+  shift: number,
+  key: number,
+  hi: number,
+  lo: number,
+): number {
+  const mask = 0xffff_ffff >>> shift;
+  let slot = homeSlot(key, hi, lo, shift);
+  for (let n = 0; n <= mask; n++) {
+    const at = slot * STRIDE;
+    if (table[at + 3] === 0 || (table[at + 2] === lo && table[at + 1] === hi && table[at] === key))
+      return slot;
+    slot = (slot + 1) & mask;
+  }
+  return -1;
+}
+
 export class LinkTable {
   table: Uint32Array;
   capacity: number;
@@ -32,7 +56,8 @@ export class LinkTable {
   private shift: number;
   private grow: number;
   private shrink: number;
-  private probeSlot = 0;
+  /** Where the last find ended (its key's slot, or the empty one it would take). */
+  private lastProbe = 0;
   /**
    * Shared mode: the table alternates between two regions (a resize fills the other
    * one, publishes it and retires this one), and every change runs inside the control
@@ -59,19 +84,10 @@ export class LinkTable {
 
   /** The value of (key, hi, lo), or 0. */
   find(key: number, hi: number, lo: number): number {
-    const table = this.table;
-    const mask = this.mask;
-    let slot = homeSlot(key, hi, lo, this.shift);
-    // Bounded: the load limit keeps empty slots, so the probe ends within the table.
-    for (;;) {
-      const at = slot * STRIDE;
-      const value = table[at + 3]!;
-      if (value === 0 || (table[at + 2] === lo && table[at + 1] === hi && table[at] === key)) {
-        this.probeSlot = slot;
-        return value;
-      }
-      slot = (slot + 1) & mask;
-    }
+    // The load limit keeps empty slots: the probe always ends at one (never -1 here).
+    const slot = probeSlot(this.table, this.shift, key, hi, lo);
+    this.lastProbe = slot;
+    return this.table[slot * STRIDE + 3]!;
   }
 
   /** Adds (key, hi, lo) -> value; the key must be absent. */
@@ -79,7 +95,7 @@ export class LinkTable {
     if (value === 0 || this.find(key, hi, lo) !== 0)
       fail("link to the null value or link already present");
     const table = this.table;
-    const at = this.probeSlot * STRIDE;
+    const at = this.lastProbe * STRIDE;
     if (this.control !== null) Atomics.add(this.control, CONTROL.linkVersion, 1);
     table[at] = key;
     table[at + 1] = hi;
@@ -93,8 +109,8 @@ export class LinkTable {
   replace(key: number, hi: number, lo: number, from: number, to: number): void {
     if (this.find(key, hi, lo) !== from) fail("link replaced under a different value");
     // One aligned word: a reader sees the old child or the new one, never a mix.
-    if (this.control !== null) Atomics.store(this.table, this.probeSlot * STRIDE + 3, to);
-    else this.table[this.probeSlot * STRIDE + 3] = to;
+    if (this.control !== null) Atomics.store(this.table, this.lastProbe * STRIDE + 3, to);
+    else this.table[this.lastProbe * STRIDE + 3] = to;
   }
 
   /**
@@ -108,7 +124,7 @@ export class LinkTable {
     const table = this.table;
     const mask = this.mask;
     const shift = this.shift;
-    let hole = this.probeSlot;
+    let hole = this.lastProbe;
     let slot = hole;
     for (;;) {
       slot = (slot + 1) & mask;

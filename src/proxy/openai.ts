@@ -5,7 +5,8 @@
  * stream, and Server-Sent Events framing.
  */
 
-import { KvedgeError } from "../domain/errors";
+import { clip, KvedgeError } from "../domain/errors";
+import type { CachedReport } from "../core/observed-hits";
 import type { ChatMessage, PromptTokenizer } from "./tokenizer";
 
 export const COMPLETIONS_PATH = "/v1/completions";
@@ -114,25 +115,71 @@ function toolCall(call: unknown, where: string): unknown {
   return { ...(call as object), function: { ...fn, arguments: args } };
 }
 
+/** The largest prompt accepted: its text (what is tokenized) in UTF-8 bytes, and its tokens. */
+export interface PromptLimits {
+  readonly bytes: number;
+  readonly tokens: number;
+}
+
+const NO_LIMITS: PromptLimits = {
+  bytes: Number.POSITIVE_INFINITY,
+  tokens: Number.POSITIVE_INFINITY,
+};
+
 /**
  * The prompt's token ids as the engine computes them: completions text with the
  * tokenizer's special tokens (BOS) unless `add_special_tokens: false`; chat through
  * the chat template, then without special tokens (the template writes them) unless
- * `add_special_tokens: true`. Without a tokenizer only token-id prompts work.
+ * `add_special_tokens: true`. Without a tokenizer only token-id prompts work. A prompt
+ * over `limits` is refused (400) before it is tokenized, or once its tokens are counted.
  */
 export async function promptTokens(
   tokenizer: PromptTokenizer | null,
   path: OpenAiPath,
   body: Record<string, unknown>,
+  limits: PromptLimits = NO_LIMITS,
 ): Promise<Uint32Array> {
   const addSpecial = body.add_special_tokens;
   if (addSpecial !== undefined && typeof addSpecial !== "boolean")
     throw new KvedgeError("bad_request", "add_special_tokens must be a boolean");
+  const param = path === COMPLETIONS_PATH ? "prompt" : "messages";
+  let tokens: Uint32Array;
   if (path === COMPLETIONS_PATH) {
     const prompt = completionPrompt(body);
-    if ("ids" in prompt) return prompt.ids;
-    return await needTokenizer(tokenizer).encode(prompt.text, addSpecial ?? true);
+    if ("ids" in prompt) tokens = prompt.ids;
+    else {
+      checkPromptBytes(prompt.text, limits, param);
+      tokens = await needTokenizer(tokenizer).encode(prompt.text, addSpecial ?? true);
+    }
+  } else tokens = await chatTokens(tokenizer, body, addSpecial, limits);
+  if (tokens.length > limits.tokens) {
+    throw new KvedgeError(
+      "bad_request",
+      `the prompt has ${tokens.length} tokens, over the limit of ${limits.tokens} (proxy.max_prompt_tokens)`,
+      { param },
+    );
   }
+  return tokens;
+}
+
+function checkPromptBytes(text: string, limits: PromptLimits, param: string): void {
+  // UTF-8 takes at most 3 bytes per UTF-16 unit: count only when it could matter.
+  if (text.length * 3 <= limits.bytes) return;
+  const bytes = Buffer.byteLength(text);
+  if (bytes <= limits.bytes) return;
+  throw new KvedgeError(
+    "bad_request",
+    `the prompt's text is ${bytes} bytes, over the limit of ${limits.bytes} (proxy.max_prompt_bytes)`,
+    { param },
+  );
+}
+
+async function chatTokens(
+  tokenizer: PromptTokenizer | null,
+  body: Record<string, unknown>,
+  addSpecial: boolean | undefined,
+  limits: PromptLimits,
+): Promise<Uint32Array> {
   const messages = chatMessages(body);
   const tokenizerOf = needTokenizer(tokenizer);
   if (!tokenizerOf.hasChatTemplate)
@@ -164,9 +211,10 @@ export async function promptTokens(
   } catch (error) {
     throw new KvedgeError(
       "bad_request",
-      `the chat template failed on these messages: ${(error as Error).message}`,
+      `the chat template failed on these messages: ${clip((error as Error).message, 512)}`,
     );
   }
+  checkPromptBytes(text, limits, "messages");
   return await tokenizerOf.encode(text, addSpecial ?? false);
 }
 
@@ -206,15 +254,28 @@ export function includesUsage(body: Record<string, unknown>): boolean {
   return options !== null && typeof options === "object" && options.include_usage === true;
 }
 
-/** `usage.prompt_tokens_details.cached_tokens` of an answer or chunk, or null when absent. */
-export function cachedTokensOf(answer: unknown): number | null {
-  const usage = (
-    answer as {
-      usage?: { prompt_tokens_details?: { cached_tokens?: unknown } | null } | null;
-    } | null
-  )?.usage;
-  const cached = usage?.prompt_tokens_details?.cached_tokens;
-  return typeof cached === "number" && Number.isFinite(cached) && cached >= 0 ? cached : null;
+/**
+ * What a `usage` object says of the cached prompt tokens (src/core/observed-hits.ts):
+ * `prompt_tokens_details.cached_tokens` if it is an integer in [0, the prompt's tokens]
+ * (the fewer of kvedge's count and the engine's `prompt_tokens`), "bad" if it is there
+ * and is not, "absent" if it is not there, "no_usage" without a usage object.
+ */
+export function cachedReport(usage: unknown, promptTokens: number): CachedReport {
+  if (usage === null || typeof usage !== "object" || Array.isArray(usage)) return "no_usage";
+  const { prompt_tokens: reported, prompt_tokens_details: details } = usage as {
+    prompt_tokens?: unknown;
+    prompt_tokens_details?: { cached_tokens?: unknown } | null;
+  };
+  const cached =
+    details !== null && typeof details === "object" ? details.cached_tokens : undefined;
+  if (cached === undefined || cached === null) return "absent";
+  const bound =
+    typeof reported === "number" && Number.isInteger(reported) && reported >= 0
+      ? Math.min(reported, promptTokens)
+      : promptTokens;
+  if (typeof cached !== "number" || !Number.isInteger(cached) || cached < 0 || cached > bound)
+    return "bad";
+  return cached;
 }
 
 export const SSE_DONE = "data: [DONE]\n\n";

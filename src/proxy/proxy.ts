@@ -1,66 +1,93 @@
 /**
  * `kvedge serve --proxy`: an OpenAI-compatible front for the fleet. Per request:
  *
- *   tokenize (the model's tokenizer and chat template, ./openai.ts) -> route through
- *   admission (the real router, held or refused at saturation as /v1/route is; the
- *   request becomes the chosen worker's load) -> forward the client's body
- *   to the worker's http_endpoint -> stream the answer back as it comes.
+ *   prepare (parse, check, tokenize with the model's tokenizer and chat template; a
+ *   large body on a tokenizer thread: ./preparer.ts) -> route through admission (the
+ *   real router, held or refused at saturation as /v1/route is; the request becomes the
+ *   chosen worker's load) -> an engine connection slot (./upstream.ts) -> forward the
+ *   client's bytes to the worker's http_endpoint (kvedge's own client,
+ *   src/http/client.ts) -> relay the answer as it comes (./relay.ts).
  *
- * The proxy drives the request's lifecycle itself: prefill_done at the answer's first
- * byte, done when it ends, when the client goes away, or when the engine fails. A
- * worker that cannot be reached (connection refused, reset before any answer) is
- * skipped for the next candidate, the request's load moving with it. The answer's
- * `usage.prompt_tokens_details.cached_tokens` is compared with the prediction
- * (src/core/observed-hits.ts). For that, a streamed request that does not ask for usage gets
- * `stream_options.include_usage` added, and the usage-only chunk it then receives is
- * not passed on: the client sees the stream it asked for.
+ * One `ProxiedRequest` owns each request's lifecycle and ends it exactly once, whatever
+ * ends it: the answer's end, the client leaving in any phase (held, queued, connecting,
+ * waiting for the answer, streaming), an engine error, a timeout, kvedge stopping. Ending
+ * gives back everything the request holds: its load (prefill_done at the answer's first
+ * byte, done at its end), its admission place, its connection slot, the engine
+ * connection (closed, which is how the engine learns to stop). A worker that cannot be
+ * connected to is skipped for the next candidate, its load moving with the request;
+ * once connected, the request may have been delivered and is never sent elsewhere.
+ *
+ * The answer's usage is checked against the prediction (src/core/observed-hits.ts). For
+ * that a streamed request that did not ask for usage gets `stream_options.include_usage`
+ * spliced in, and the usage chunk it then receives is not passed on.
  */
 import { KvedgeError } from "../domain/errors";
-import { receiveBody, reply } from "../http/http";
-import type { KvedgeCore, RouteCall, RouteInput } from "../core/core";
-import type { Logger } from "../util/log";
 import {
-  cachedTokensOf,
-  COMPLETIONS_PATH,
-  includesUsage,
-  isStream,
-  maxTokensOf,
-  type OpenAiPath,
-  promptTokens,
-} from "./openai";
-import type { PromptTokenizer } from "./tokenizer";
+  Exchange,
+  type ExchangeTimeouts,
+  originOf,
+  type ResponseHead,
+  type UpstreamError,
+} from "../http/client";
+import { receiveBytes, reply } from "../http/http";
+import type { KvedgeCore, RouteCall, RouteInput } from "../core/core";
+import type { RouteDecision } from "../route";
+import type { Logger } from "../util/log";
+import { cachedReport, type OpenAiPath } from "./openai";
+import type { Prepared } from "./prepare";
+import type { Preparer } from "./preparer";
+import { Relay, type RelayOwner } from "./relay";
+import { UpstreamSlots } from "./upstream";
+import { TurnGate } from "../util/turn-gate";
 
 export interface ProxyOptions {
   readonly core: KvedgeCore;
-  readonly tokenizer: PromptTokenizer | null;
+  readonly preparer: Preparer;
   readonly model: string;
-  readonly forwardTokenIds: boolean;
   readonly bodyLimitBytes: number;
+  readonly timeouts: ExchangeTimeouts;
+  /** proxy.upstream_connections and proxy.upstream_queue_timeout_ms. */
+  readonly upstreamConnections: number;
+  readonly upstreamQueueMs: number;
   readonly log: Logger;
 }
 
+/** Requests that start their costly part (parse, route, connect) per event-loop turn. */
+const REQUESTS_PER_TURN = 16;
+
 /** Workers tried per request: the pick, then the next cheapest candidates. */
 const ATTEMPTS_MAX = 3;
-/** An SSE event longer than this without its blank line is passed on unparsed. */
-const EVENT_BYTES_MAX = 1 << 20;
 
+/** How each proxied request ended: one outcome per request. */
 export interface ProxyCounters {
   requests: number;
-  /** Answers relayed to the end (any status the engine gave). */
+  /** Answers relayed to the end with a 2xx status. */
   completed: number;
-  /** Client went away before the answer ended. */
+  /** Answers the engine gave with an error status, relayed to the end. */
+  errorAnswers: number;
+  /** The client went away before the answer ended (in any phase). */
   clientAborts: number;
-  /** The engine failed mid-answer. */
+  /** The engine failed after taking the request: before its answer (502) or in it (cut). */
   engineErrors: number;
-  /** A worker could not be reached and the next candidate was tried. */
-  failovers: number;
-  /** No candidate could be reached (502) or none has an http_endpoint. */
+  /** No answer within proxy.first_byte_timeout_ms (504). */
+  engineTimeouts: number;
+  /** The answer paused past proxy.idle_timeout_ms (cut). */
+  stalls: number;
+  /** No candidate could be connected to (502), or none has an http_endpoint. */
   unreachable: number;
-  /** Refused before routing (bad request, tokenizer). */
+  /** No engine connection slot in time (503), or the buffered-bytes budget full. */
+  busy: number;
+  /** Refused before routing (bad request, tokenizer, prompt limits). */
   rejected: number;
   /** Refused at routing: no workers, or admission's 429 (route.admission). */
   refused: number;
+  /** Ended by kvedge stopping. */
+  shutdowns: number;
+  /** A worker could not be connected to and the next candidate was tried (not an outcome). */
+  failovers: number;
 }
+
+export type Outcome = Exclude<keyof ProxyCounters, "requests" | "failovers">;
 
 interface Target {
   readonly slot: number;
@@ -75,16 +102,33 @@ export class OpenAiProxy {
   readonly counters: ProxyCounters = {
     requests: 0,
     completed: 0,
+    errorAnswers: 0,
     clientAborts: 0,
     engineErrors: 0,
-    failovers: 0,
+    engineTimeouts: 0,
+    stalls: 0,
     unreachable: 0,
+    busy: 0,
     rejected: 0,
     refused: 0,
+    shutdowns: 0,
+    failovers: 0,
   };
+  readonly slots: UpstreamSlots;
+  /** A burst of requests is prepared, routed and connected over many event-loop turns. */
+  readonly gate = new TurnGate(REQUESTS_PER_TURN);
+  /** Requests not ended yet. */
+  readonly live = new Set<ProxiedRequest>();
+  stopping = false;
   private readonly created = Math.floor(Date.now() / 1000);
 
-  constructor(private readonly options: ProxyOptions) {}
+  constructor(readonly options: ProxyOptions) {
+    this.slots = new UpstreamSlots(options.upstreamConnections, options.upstreamQueueMs);
+  }
+
+  get preparer(): Preparer {
+    return this.options.preparer;
+  }
 
   /**
    * GET /v1/models: the model this proxy serves, and its LoRA adapters
@@ -106,255 +150,315 @@ export class OpenAiProxy {
   }
 
   /** POST /v1/completions and /v1/chat/completions. */
-  async handle(request: Request, path: OpenAiPath): Promise<Response> {
+  handle(request: Request, path: OpenAiPath): Promise<Response> {
     this.counters.requests++;
-    let parsed: Parsed;
+    return new ProxiedRequest(this, request, path).run();
+  }
+
+  /** Ends every request still running (kvedge stops): engine connections closed, streams cut. */
+  stop(): number {
+    this.stopping = true;
+    const ended = this.live.size;
+    for (const request of [...this.live]) request.shutdown();
+    return ended;
+  }
+}
+
+type Phase = "preparing" | "held" | "queued" | "connecting" | "streaming" | "ended";
+
+/** One proxied request, from its body to its answer's end: the one owner of its lifecycle. */
+class ProxiedRequest implements RelayOwner {
+  private phase: Phase = "preparing";
+  private requestId: string | null = null;
+  private prefilled = false;
+  private slotHeld = false;
+  private exchange: Exchange | null = null;
+  /** Leaves the current wait (admission's queue, the slot queue) with an error. */
+  private leave: ((error: KvedgeError) => void) | null = null;
+  private target: Target | null = null;
+  private prepared: Prepared | null = null;
+  private status = 0;
+  private readonly onAbort = (): void => this.clientLeft();
+
+  constructor(
+    private readonly proxy: OpenAiProxy,
+    private readonly request: Request,
+    private readonly path: OpenAiPath,
+  ) {
+    proxy.live.add(this);
+    request.signal.addEventListener("abort", this.onAbort, { once: true });
+  }
+
+  async run(): Promise<Response> {
     try {
-      parsed = await this.parse(request, path);
+      const { preparer, bodyLimitBytes } = this.proxy.options;
+      const body = await receiveBytes(this.request, bodyLimitBytes);
+      await this.proxy.gate.pass();
+      this.checkGoing();
+      const prepared = await preparer.prepare(body, this.path);
+      this.prepared = prepared;
+      this.checkGoing();
+      const targets = await this.admit(prepared);
+      this.checkGoing();
+      this.phase = "queued";
+      const wait = this.proxy.slots.acquire();
+      this.leave = (error) => wait.cancel(error);
+      await wait.ready;
+      this.slotHeld = true;
+      this.leave = null;
+      this.checkGoing();
+      const head = await this.connect(prepared, targets);
+      this.checkGoing(); // the client may have left as the answer's head came
+      return this.respond(head, prepared);
     } catch (error) {
-      this.counters.rejected++;
+      this.end(this.request.signal.aborted ? "clientAborts" : outcomeOf(error));
       throw error;
     }
-    const { core } = this.options;
-    // A refusal (no workers, admission's 429) is a KvedgeError: the server answers its status.
-    const { requestId, targets } = await this.admit(parsed, request.signal);
-    const lifecycle = new Lifecycle(core, requestId);
-    let admittedOn = targets[0]!;
-    try {
-      for (let attempt = 0; attempt < targets.length && attempt < ATTEMPTS_MAX; attempt++) {
-        const target = targets[attempt]!;
-        const endpoint = core.httpEndpointOf(target.workerId, target.dpRank);
-        if (endpoint === null) continue;
-        if (target !== admittedOn) {
-          // The load goes from the worker the request was admitted on to this one.
-          core.moveRequest(requestId, routeInput(parsed), target.slot, target.overlapBlocks);
-          admittedOn = target;
-        }
-        const upstream = await this.forward(endpoint, path, parsed, target, request.signal);
-        if (upstream === null) {
-          this.counters.failovers++;
-          continue;
-        }
-        return this.relay(upstream, parsed, target, lifecycle, request.signal);
-      }
-    } catch (error) {
-      lifecycle.done();
-      throw error;
-    }
-    lifecycle.done();
-    this.counters.unreachable++;
-    const tried = targets
-      .slice(0, ATTEMPTS_MAX)
-      .map((t) => t.workerId.toString())
-      .join(", ");
-    throw new KvedgeError(
-      "engine_unreachable",
-      `no engine could be reached for this request (workers tried: ${tried}; each needs an http_endpoint)`,
-    );
+  }
+
+  /** The client went away: whatever the request waits for is let go. */
+  private clientLeft(): void {
+    if (this.phase === "streaming") this.end("clientAborts");
+    else if (this.phase === "connecting") this.exchange?.abort();
+    else this.leave?.(closedError());
+  }
+
+  /** kvedge stops: the request ends now, in whatever phase. */
+  shutdown(): void {
+    const phase = this.phase;
+    this.end("shutdowns");
+    if (phase === "held" || phase === "queued") this.leave?.(shuttingDown());
+  }
+
+  /** Throws if the request ended or its client left while it was waiting. */
+  private checkGoing(): void {
+    if (this.request.signal.aborted) throw closedError();
+    if (this.phase === "ended" || this.proxy.stopping) throw shuttingDown();
   }
 
   /**
-   * Routes the request through admission (route.admission), as POST /v1/route is: at
-   * once, or held until a worker frees (a client that goes away meanwhile is dropped
-   * from the queue, 499), or refused (429 with Retry-After).
+   * Routes through admission (route.admission), as POST /v1/route is: at once, or held
+   * until a worker frees (let go if the client leaves), or refused (429, Retry-After).
    */
-  private admit(parsed: Parsed, client: AbortSignal): Promise<Admitted> {
-    const { core } = this.options;
-    return new Promise((resolve, reject) => {
+  private admit(prepared: Prepared): Promise<Target[]> {
+    const { core } = this.proxy.options;
+    this.phase = "held";
+    return new Promise<Target[]>((resolve, reject) => {
       const call: RouteCall = {
-        input: routeInput(parsed),
+        input: routeInput(prepared),
         candidatesMax: ATTEMPTS_MAX + 1,
         // Synchronous with the decision: the candidate list is reused by the next route.
         answer: ({ decision }) => {
-          resolve({ requestId: decision.requestId, targets: targetsOf(decision) });
+          this.leave = null;
+          this.requestId = decision.requestId;
+          resolve(targetsOf(decision));
         },
         fail: (error) => {
-          this.counters.refused++;
+          this.leave = null;
           reject(error);
         },
       };
       const handle = core.submitRoute(call);
-      if (handle < 0) return;
-      client.addEventListener(
-        "abort",
-        () => {
-          if (!core.dropHeld(handle, call)) return; // answered already: the forward sees the abort
-          this.counters.clientAborts++;
-          reject(
-            new KvedgeError(
-              "client_closed",
-              "the client closed the request while it was held for a worker",
-            ),
-          );
-        },
-        { once: true },
-      );
+      if (handle < 0) return; // answered (or failed) already
+      this.leave = (error) => {
+        this.leave = null;
+        if (core.dropHeld(handle, call)) reject(error);
+      };
     });
   }
 
-  /**
-   * The LoRA adapter a request's model names (null: the served model itself); a model
-   * that is neither the served one nor a configured adapter is refused.
-   */
-  private loraOf(model: unknown): string | null {
-    if (model === undefined || model === this.options.model) return null;
-    if (typeof model === "string" && this.options.core.lora.has(model)) return model;
+  /** Connects to the first candidate that can be reached; the answer's head. */
+  private async connect(prepared: Prepared, targets: Target[]): Promise<ResponseHead> {
+    const { core, timeouts, log } = this.proxy.options;
+    const tried: string[] = [];
+    this.phase = "connecting";
+    let admittedOn = targets[0]!;
+    for (const target of targets.slice(0, ATTEMPTS_MAX)) {
+      const endpoint = core.httpEndpointOf(target.workerId, target.dpRank);
+      if (endpoint === null) continue;
+      if (target !== admittedOn) {
+        // The load goes from the worker the request was admitted on to this one.
+        core.moveRequest(this.requestId!, routeInput(prepared), target.slot, target.overlapBlocks);
+        admittedOn = target;
+      }
+      this.target = target;
+      tried.push(target.workerId.toString());
+      this.exchange = new Exchange(forwardRequest(endpoint, this.path, prepared, target), timeouts);
+      try {
+        return await this.exchange.head;
+      } catch (error) {
+        const failure = error as UpstreamError;
+        this.checkGoing();
+        if (failure.sent) throw engineFailure(failure, target);
+        this.proxy.counters.failovers++;
+        log.warn("engine unreachable; trying the next candidate", {
+          worker_id: target.workerId,
+          dp_rank: target.dpRank,
+          endpoint,
+          error: failure.message,
+        });
+      }
+    }
     throw new KvedgeError(
-      "unknown_model",
-      `The model \`${String(model)}\` does not exist (this proxy serves ${this.options.model}).`,
+      "engine_unreachable",
+      `no engine could be reached for this request (workers tried: ${tried.join(", ") || "none"}; each needs an http_endpoint)`,
     );
   }
 
-  private async parse(request: Request, path: OpenAiPath): Promise<Parsed> {
-    const received = await receiveBody(request, this.options.bodyLimitBytes);
-    if (!("json" in received))
-      throw new KvedgeError("unsupported_media_type", "the OpenAI API takes JSON bodies");
-    let body: Record<string, unknown>;
-    try {
-      const value: unknown = JSON.parse(received.json);
-      if (value === null || typeof value !== "object" || Array.isArray(value))
-        throw new Error("not a JSON object");
-      body = value as Record<string, unknown>;
-    } catch (error) {
-      throw new KvedgeError("bad_request", `malformed JSON body: ${(error as Error).message}`);
-    }
-    const lora = this.loraOf(body.model);
-    const stream = isStream(body);
-    const maxTokens = maxTokensOf(body);
-    const salt = body.cache_salt;
-    if (salt !== undefined && salt !== null && typeof salt !== "string")
-      throw new KvedgeError("bad_request", "cache_salt must be a string");
-    const tokens = await promptTokens(this.options.tokenizer, path, body);
-    if (tokens.length === 0) throw new KvedgeError("bad_request", "the prompt has no tokens");
-    const stripUsage = stream && !includesUsage(body);
-    const rewrite = stripUsage || (this.options.forwardTokenIds && path === COMPLETIONS_PATH);
-    let forwarded = received.json;
-    if (rewrite) {
-      const copy: Record<string, unknown> = { ...body };
-      if (stripUsage)
-        copy.stream_options = {
-          ...(body.stream_options as object | undefined),
-          include_usage: true,
-        };
-      if (this.options.forwardTokenIds && path === COMPLETIONS_PATH)
-        copy.prompt = Array.from(tokens);
-      forwarded = JSON.stringify(copy);
-    }
-    return {
-      tokens,
-      stream,
-      stripUsage,
-      maxTokens,
-      loraName: lora,
-      cacheSalt: typeof salt === "string" ? salt : null,
-      forwarded,
-    };
-  }
-
-  /** The engine's response, or null if it could not be reached (the caller tries the next one). */
-  private async forward(
-    endpoint: string,
-    path: OpenAiPath,
-    parsed: Parsed,
-    target: Target,
-    client: AbortSignal,
-  ): Promise<Response | null> {
-    const headers: Record<string, string> = {
-      "content-type": "application/json",
-      accept: parsed.stream ? "text/event-stream" : "application/json",
-    };
-    // vLLM's data-parallel servers take the rank to run on from this header.
-    if (target.dpRank !== 0) headers["x-data-parallel-rank"] = String(target.dpRank);
-    try {
-      return await fetch(`${endpoint}${path}`, {
-        method: "POST",
-        headers,
-        body: parsed.forwarded,
-        signal: client,
-      });
-    } catch (error) {
-      if (client.aborted) throw new KvedgeError("client_closed", "the client closed the request");
-      this.options.log.warn("engine unreachable; trying the next candidate", {
-        worker_id: target.workerId,
-        dp_rank: target.dpRank,
-        endpoint,
-        error: (error as Error).message,
-      });
-      return null;
-    }
-  }
-
-  private relay(
-    upstream: Response,
-    parsed: Parsed,
-    target: Target,
-    lifecycle: Lifecycle,
-    client: AbortSignal,
-  ): Response {
-    const { core } = this.options;
-    const promptTokens = parsed.tokens.length;
-    const reusable = Math.floor((promptTokens - 1) / core.blockSize) * core.blockSize;
-    const predicted = Math.min(target.creditedBlocks * core.blockSize, reusable);
-    const headers = new Headers({
-      "content-type": upstream.headers.get("content-type") ?? "application/json",
-    });
+  private respond(head: ResponseHead, prepared: Prepared): Response {
+    const target = this.target!;
+    this.status = head.status;
+    const type = head.headers.find(([name]) => name === "content-type")?.[1] ?? "application/json";
+    const ok = head.status >= 200 && head.status < 300;
+    const reading = !ok ? "none" : type.startsWith("text/event-stream") ? "sse" : "json";
+    const relay = new Relay(
+      this.exchange!,
+      reading,
+      prepared.stripUsage && reading === "sse",
+      this,
+    );
+    const headers = new Headers({ "content-type": type });
     headers.set("x-kvedge-worker-id", target.workerId.toString());
     headers.set("x-kvedge-dp-rank", String(target.dpRank));
-    headers.set("x-kvedge-request-id", lifecycle.requestId);
-    const observe = (cached: number | null): void => {
-      const { workerId, dpRank } = target;
-      core.recordAnswer(lifecycle.requestId, workerId, dpRank, promptTokens, predicted, cached);
-    };
-    const relay = new Relay(
-      upstream,
-      parsed.stream,
-      parsed.stripUsage,
-      lifecycle,
-      client,
-      this.counters,
-      observe,
-      this.options.log,
-      target,
-    );
-    return new Response(relay.body, { status: upstream.status, headers });
+    headers.set("x-kvedge-request-id", this.requestId!);
+    this.phase = "streaming";
+    return new Response(relay.body, { status: head.status, headers });
+  }
+
+  firstByte(): void {
+    if (this.prefilled || this.phase !== "streaming") return;
+    this.prefilled = true;
+    this.proxy.options.core.prefillDone(this.requestId!);
+  }
+
+  finished(usage: unknown): void {
+    const ok = this.status >= 200 && this.status < 300;
+    if (ok && this.phase === "streaming") this.observe(usage);
+    this.end(ok ? "completed" : "errorAnswers");
+  }
+
+  broke(error: UpstreamError): void {
+    if (this.phase !== "streaming") return; // ended already (the client left, kvedge stops)
+    if (this.request.signal.aborted) {
+      this.end("clientAborts");
+      return;
+    }
+    this.proxy.options.log.warn("the engine's answer broke off", {
+      worker_id: this.target!.workerId,
+      error: error.message,
+    });
+    this.end(error.failure === "idle_timeout" ? "stalls" : "engineErrors");
+  }
+
+  cancelled(): void {
+    this.end("clientAborts");
+  }
+
+  private observe(usage: unknown): void {
+    const { core } = this.proxy.options;
+    const target = this.target!;
+    const promptTokens = this.prepared!.tokens.length;
+    const reusable = Math.floor((promptTokens - 1) / core.blockSize) * core.blockSize;
+    const predicted = Math.min(target.creditedBlocks * core.blockSize, reusable);
+    const report = cachedReport(usage, promptTokens);
+    const { workerId, dpRank } = target;
+    core.recordAnswer(this.requestId!, workerId, dpRank, promptTokens, predicted, report);
+  }
+
+  /** Ends the request, once: its outcome counted, everything it holds given back. */
+  private end(outcome: Outcome): void {
+    if (this.phase === "ended") return;
+    this.phase = "ended";
+    const { proxy } = this;
+    proxy.counters[outcome]++;
+    proxy.live.delete(this);
+    this.request.signal.removeEventListener("abort", this.onAbort);
+    this.exchange?.abort();
+    if (this.slotHeld) proxy.slots.release();
+    this.slotHeld = false;
+    if (this.requestId !== null) proxy.options.core.done(this.requestId);
   }
 }
 
-/** A routed request: its id and the workers to try, the pick first. */
-interface Admitted {
-  readonly requestId: string;
-  readonly targets: Target[];
+function closedError(): KvedgeError {
+  return new KvedgeError("client_closed", "the client closed the request");
+}
+
+function shuttingDown(): KvedgeError {
+  return new KvedgeError("shutting_down", "kvedge is shutting down");
+}
+
+/** What went wrong with an engine that may have the request: never sent elsewhere. */
+function engineFailure(failure: UpstreamError, target: Target): KvedgeError {
+  if (failure.failure === "first_byte_timeout") {
+    return new KvedgeError(
+      "engine_timeout",
+      `worker ${target.workerId} sent no answer within proxy.first_byte_timeout_ms`,
+    );
+  }
+  return new KvedgeError(
+    "engine_failed",
+    `worker ${target.workerId} failed before its answer: ${failure.message}`,
+  );
+}
+
+/** The outcome a request that failed before its answer is counted under. */
+function outcomeOf(error: unknown): Outcome {
+  if (!(error instanceof KvedgeError)) return "rejected";
+  switch (error.code) {
+    case "client_closed":
+      return "clientAborts";
+    case "shutting_down":
+      return "shutdowns";
+    case "engine_timeout":
+      return "engineTimeouts";
+    case "engine_failed":
+      return "engineErrors";
+    case "engine_unreachable":
+      return "unreachable";
+    case "busy":
+      return "busy";
+    case "overloaded":
+    case "no_workers":
+      return "refused";
+    default:
+      return "rejected";
+  }
+}
+
+/** The engine request: the client's bytes (with kvedge's additions), to the target's endpoint. */
+function forwardRequest(endpoint: string, path: OpenAiPath, prepared: Prepared, target: Target) {
+  const headers: [string, string][] = [
+    ["content-type", "application/json"],
+    ["accept", prepared.stream ? "text/event-stream" : "application/json"],
+  ];
+  // vLLM's data-parallel servers take the rank to run on from this header.
+  if (target.dpRank !== 0) headers.push(["x-data-parallel-rank", String(target.dpRank)]);
+  return {
+    origin: originOf(endpoint),
+    method: "POST",
+    path,
+    headers,
+    body: prepared.forwarded,
+  };
 }
 
 /** What the core routes a proxied request by. */
-function routeInput(parsed: Parsed): RouteInput {
+function routeInput(prepared: Prepared): RouteInput {
   return {
-    tokens: parsed.tokens,
+    tokens: prepared.tokens,
     requestId: null,
-    loraName: parsed.loraName,
-    cacheSalt: parsed.cacheSalt,
-    expectedOutputTokens: parsed.maxTokens,
+    loraName: prepared.loraName,
+    cacheSalt: prepared.cacheSalt,
+    expectedOutputTokens: prepared.maxTokens,
     overlapScoreCredit: null,
     prefillLoadScale: null,
     temperature: null,
   };
 }
 
-interface Parsed {
-  readonly tokens: Uint32Array;
-  readonly stream: boolean;
-  /** Usage was added to the forwarded request and must not reach the client. */
-  readonly stripUsage: boolean;
-  readonly maxTokens: number;
-  /** The LoRA adapter the request's model names (null: the base model). */
-  readonly loraName: string | null;
-  readonly cacheSalt: string | null;
-  /** The body sent to the engine: the client's, or a rewrite of it. */
-  readonly forwarded: string;
-}
-
 /** The decision's pick, then its other candidates cheapest first (copied: the list is reused). */
-function targetsOf(decision: import("../route").RouteDecision): Target[] {
+function targetsOf(decision: RouteDecision): Target[] {
   const targets: Target[] = [
     {
       slot: decision.slot,
@@ -378,211 +482,3 @@ function targetsOf(decision: import("../route").RouteDecision): Target[] {
   }
   return targets;
 }
-
-/**
- * One engine answer on its way to the client: passed on as it comes (SSE re-cut at
- * event boundaries), its usage read on the way, the request's lifecycle ended exactly
- * once whatever ends the answer.
- */
-/** What the relay reads of the engine's body (fetch's default reader). */
-interface UpstreamReader {
-  read(): Promise<{ done: true; value?: undefined } | { done: false; value: Uint8Array }>;
-  cancel(): Promise<void>;
-}
-
-class Relay {
-  readonly body: ReadableStream<Uint8Array> | null;
-  private readonly reader: UpstreamReader | null;
-  private readonly events: SseScanner | null;
-  /** A plain answer's bytes, kept (up to EVENT_BYTES_MAX) to read its usage at the end. */
-  private readonly whole: Uint8Array[] = [];
-  private wholeBytes = 0;
-  private ended = false;
-
-  constructor(
-    private readonly upstream: Response,
-    stream: boolean,
-    stripUsage: boolean,
-    private readonly lifecycle: Lifecycle,
-    private readonly client: AbortSignal,
-    private readonly counters: ProxyCounters,
-    private readonly observe: (cached: number | null) => void,
-    private readonly log: Logger,
-    private readonly target: Target,
-  ) {
-    this.events = stream && upstream.ok ? new SseScanner(stripUsage) : null;
-    this.reader = (upstream.body?.getReader() ?? null) as UpstreamReader | null;
-    if (this.reader === null) {
-      this.end();
-      counters.completed++;
-      this.body = null;
-      return;
-    }
-    this.body = new ReadableStream<Uint8Array>({
-      pull: (controller) => this.pull(controller),
-      cancel: () => this.cancel(),
-    });
-  }
-
-  private async pull(controller: ReadableStreamDefaultController<Uint8Array>): Promise<void> {
-    let chunk: Awaited<ReturnType<UpstreamReader["read"]>>;
-    try {
-      chunk = await this.reader!.read();
-    } catch (error) {
-      this.broke(controller, error as Error);
-      return;
-    }
-    if (chunk.done) {
-      this.finished(controller);
-      return;
-    }
-    this.lifecycle.prefillDone();
-    if (this.events !== null) {
-      const out = this.events.push(chunk.value);
-      if (out.length > 0) controller.enqueue(out);
-      return;
-    }
-    if (this.upstream.ok && this.wholeBytes < EVENT_BYTES_MAX) {
-      this.whole.push(chunk.value);
-      this.wholeBytes += chunk.value.length;
-    }
-    controller.enqueue(chunk.value);
-  }
-
-  private finished(controller: ReadableStreamDefaultController<Uint8Array>): void {
-    if (this.events !== null) {
-      const rest = this.events.flush();
-      if (rest.length > 0) controller.enqueue(rest);
-      this.observe(this.events.cachedTokens);
-    } else if (this.upstream.ok) {
-      this.observe(cachedTokensOfJson(this.whole, this.wholeBytes));
-    }
-    this.end();
-    this.counters.completed++;
-    controller.close();
-  }
-
-  /** The upstream read failed: the client left (its signal aborted the fetch), or the engine did. */
-  private broke(controller: ReadableStreamDefaultController<Uint8Array>, error: Error): void {
-    if (this.ended) return;
-    this.end();
-    if (this.client.aborted) {
-      this.counters.clientAborts++;
-      return;
-    }
-    this.counters.engineErrors++;
-    this.log.warn("the engine's answer broke off", {
-      worker_id: this.target.workerId,
-      error: error.message,
-    });
-    controller.error(error);
-  }
-
-  private async cancel(): Promise<void> {
-    if (!this.ended) {
-      this.counters.clientAborts++;
-      this.end();
-    }
-    await this.reader!.cancel().catch(() => {});
-  }
-
-  private end(): void {
-    this.ended = true;
-    this.lifecycle.done();
-  }
-}
-
-/** prefill_done once, done once: a proxied request's load ends exactly once, whatever ends it. */
-class Lifecycle {
-  private prefilled = false;
-  private finished = false;
-
-  constructor(
-    private readonly core: KvedgeCore,
-    readonly requestId: string,
-  ) {}
-
-  prefillDone(): void {
-    if (this.prefilled || this.finished) return;
-    this.prefilled = true;
-    this.core.prefillDone(this.requestId);
-  }
-
-  done(): void {
-    if (this.finished) return;
-    this.finished = true;
-    this.core.done(this.requestId);
-  }
-}
-
-const utf8 = new TextDecoder();
-const encoder = new TextEncoder();
-
-function cachedTokensOfJson(chunks: Uint8Array[], bytes: number): number | null {
-  if (bytes >= EVENT_BYTES_MAX) return null;
-  try {
-    return cachedTokensOf(JSON.parse(utf8.decode(Buffer.concat(chunks))));
-  } catch {
-    return null;
-  }
-}
-
-/**
- * Reads a Server-Sent Events stream as it passes: remembers the last `cached_tokens`
- * seen in a usage and, with `stripUsage`, drops the usage-only chunks (`"choices": []`)
- * the proxy asked for on the client's behalf. Everything else passes byte for byte,
- * re-cut at event boundaries.
- */
-class SseScanner {
-  cachedTokens: number | null = null;
-  private pending = "";
-  private readonly decoder = new TextDecoder();
-
-  constructor(private readonly stripUsage: boolean) {}
-
-  push(chunk: Uint8Array): Uint8Array {
-    this.pending += this.decoder.decode(chunk, { stream: true });
-    let out = "";
-    let start = 0;
-    for (
-      let end = this.pending.indexOf("\n\n");
-      end >= 0;
-      end = this.pending.indexOf("\n\n", start)
-    ) {
-      const event = this.pending.slice(start, end + 2);
-      start = end + 2;
-      if (!this.dropped(event)) out += event;
-    }
-    this.pending = this.pending.slice(start);
-    if (this.pending.length > EVENT_BYTES_MAX) {
-      out += this.pending;
-      this.pending = "";
-    }
-    return out.length === 0 ? EMPTY : encoder.encode(out);
-  }
-
-  /** What is left at the end of the stream (an unterminated last event). */
-  flush(): Uint8Array {
-    const rest = this.pending + this.decoder.decode();
-    this.pending = "";
-    if (rest.length === 0 || this.dropped(rest)) return EMPTY;
-    return encoder.encode(rest);
-  }
-
-  private dropped(event: string): boolean {
-    if (!event.includes('"usage"')) return false;
-    const data = event.startsWith("data: ") ? event.slice(6).trim() : null;
-    if (data === null || data === "[DONE]") return false;
-    let chunk: { choices?: unknown } | null;
-    try {
-      chunk = JSON.parse(data) as { choices?: unknown } | null;
-    } catch {
-      return false;
-    }
-    const cached = cachedTokensOf(chunk);
-    if (cached !== null) this.cachedTokens = cached;
-    return this.stripUsage && Array.isArray(chunk?.choices) && chunk.choices.length === 0;
-  }
-}
-
-const EMPTY = new Uint8Array(0);

@@ -18,7 +18,7 @@ export const THREADED_MIN_CPUS = 4;
  */
 export const LANES_DEFAULT_MAX = 3;
 
-export type ThreadRole = "probe" | "lane" | "writer";
+export type ThreadRole = "probe" | "lane" | "writer" | "tokenizer";
 
 export interface ThreadPlan {
   readonly indexThreads: number;

@@ -249,6 +249,7 @@ export function workersOp(core: KvedgeCore) {
       observed_hits: {
         answers: view.observed.answers,
         answers_without_usage: view.observed.answersWithoutUsage,
+        bad_answers: view.observed.badAnswers,
         prompt_tokens: view.observed.promptTokens,
         predicted_cached_tokens: view.observed.predictedTokens,
         observed_cached_tokens: view.observed.observedTokens,

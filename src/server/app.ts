@@ -40,6 +40,7 @@ import {
   wantsMsgpack,
 } from "../http/http";
 import { ServerMetrics } from "./metrics";
+import { UNLIMITED_BODY } from "../http/http";
 import type { MetricsRegistry } from "../util/metrics";
 import type { KvedgeCore } from "../core/core";
 import { statusOp, statusPage } from "./status";
@@ -194,8 +195,8 @@ function serveOne(context: AppContext, table: RouteTable, listener: Listener): S
     // Bun defaults to development mode unless NODE_ENV=production (even in a compiled
     // binary): error pages with stack traces. Never for a server in front of a fleet.
     development: false, // see docs/decisions.md#bun-serve-production
-    // Bun's own limit is a backstop; readBody enforces ours with a JSON 413.
-    maxRequestBodySize: context.limit + 1024 * 1024,
+    // Never Bun's limit (an empty 413 and a reset): ours answers a JSON 413 (http.ts).
+    maxRequestBodySize: UNLIMITED_BODY,
     routes: routes as never,
     fetch: (request, bun) => unrouted(context, listener, served, matchers, request, bun),
     websocket: websocketHandlers(context.core, log, context.metrics, context.batch),

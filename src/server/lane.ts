@@ -24,8 +24,18 @@ import { PromptHasher } from "../route/input";
 import { parseRoute } from "./api";
 import { RequestGuard, requestPath } from "./guard";
 import { controlRefusal, isControlPath, type Surface } from "./surface";
-import { errorReply, parseBody, type ReceivedBody, receiveBody, reply } from "../http/http";
+import { Exchange, type Origin, originOf } from "../http/client";
+import {
+  errorReply,
+  parseBody,
+  type ReceivedBody,
+  receiveBody,
+  receiveBytes,
+  reply,
+  UNLIMITED_BODY,
+} from "../http/http";
 import { clientError, INTERNAL_ERROR } from "../http/errors";
+import { TurnGate } from "../util/turn-gate";
 
 export interface LaneStart {
   /** The public address, shared by every lane (port 0: this lane picks it). */
@@ -96,12 +106,14 @@ export function runLane(
 ): void {
   const guard = new RequestGuard(start.host);
   const routes = new LaneRoutes(start, send, guard);
+  const main = originOf(start.mainUrl);
+  const gate = new TurnGate(REQUESTS_PER_TURN);
   const server: Server<Piped> = Bun.serve<Piped>({
     hostname: start.host,
     port: start.port,
     reusePort: true,
     development: false,
-    maxRequestBodySize: start.bodyLimitBytes + 1024 * 1024,
+    maxRequestBodySize: UNLIMITED_BODY,
     routes:
       start.surface === "all"
         ? { "/v1/route": { POST: (request: Request) => routes.route(request) } }
@@ -127,7 +139,9 @@ export function runLane(
       // The main thread's server keeps its own timeouts (a proxied completion may pause
       // long); a dump keeps the lane's, which cut a client that stopped reading it.
       if (path !== "/v1/dump") server.timeout(request, 0);
-      return proxy(request, start.mainUrl, guard);
+      if (request.method === "POST" && OPENAI_PATHS.has(path))
+        return relayToMain(request, main, start.bodyLimitBytes, guard, gate);
+      return proxy(request, start.mainUrl, start.bodyLimitBytes, guard);
     },
     websocket: pipeHandlers(start.mainUrl, start.bodyLimitBytes),
   });
@@ -247,26 +261,94 @@ class LaneRoutes {
 }
 
 /** Any other request, passed to the main thread's server as it came (the guard judged it here). */
-async function proxy(request: Request, mainUrl: string, guard: RequestGuard): Promise<Response> {
+async function proxy(
+  request: Request,
+  mainUrl: string,
+  limitBytes: number,
+  guard: RequestGuard,
+): Promise<Response> {
   try {
     guard.check(request, request.method !== "GET" && request.method !== "HEAD");
     const url = new URL(request.url);
-    const headers: [string, string][] = [];
-    for (const [name, value] of request.headers) {
-      if (!JUDGED.has(name)) headers.push([name, value]);
-    }
     const bodiless = request.method === "GET" || request.method === "HEAD";
-    const body = bodiless ? null : await request.arrayBuffer();
+    const body = bodiless ? null : await receiveBytes(request, limitBytes, false);
     const answer = await fetch(`${mainUrl}${url.pathname}${url.search}`, {
       method: request.method,
-      headers,
+      headers: forwardedHeaders(request),
       body,
       redirect: "manual",
+      signal: request.signal,
     });
     return new Response(answer.body, { status: answer.status, headers: answer.headers });
   } catch (error) {
     return failure(request, error);
   }
+}
+
+/** The client's headers but the ones the lane judged. */
+function forwardedHeaders(request: Request): [string, string][] {
+  const headers: [string, string][] = [];
+  for (const [name, value] of request.headers) {
+    if (!JUDGED.has(name)) headers.push([name, value]);
+  }
+  return headers;
+}
+
+/**
+ * A proxied OpenAI request, to the main thread over a connection of its own (kvedge's
+ * client, not fetch: a long stream must not take one of fetch's 256 places, which the
+ * whole process shares). The client leaving closes that connection, which the main
+ * thread sees in any phase (held by admission, connecting, streaming).
+ */
+async function relayToMain(
+  request: Request,
+  main: Origin,
+  limitBytes: number,
+  guard: RequestGuard,
+  gate: TurnGate,
+): Promise<Response> {
+  let exchange: Exchange | null = null;
+  const abort = () => exchange?.abort();
+  request.signal.addEventListener("abort", abort, { once: true });
+  try {
+    guard.check(request, true);
+    const body = await receiveBytes(request, limitBytes);
+    await gate.pass();
+    const url = new URL(request.url);
+    const path = `${url.pathname}${url.search}`;
+    const headers = forwardedHeaders(request).filter(([name]) => name !== "transfer-encoding");
+    exchange = new Exchange({ origin: main, method: "POST", path, headers, body }, TO_MAIN);
+    if (request.signal.aborted) exchange.abort();
+    const head = await exchange.head;
+    const answer = new Headers();
+    for (const [name, value] of head.headers) if (!HOP_BY_HOP.has(name)) answer.append(name, value);
+    return new Response(streamOf(exchange), { status: head.status, headers: answer });
+  } catch (error) {
+    exchange?.abort();
+    return failure(request, error);
+  }
+}
+
+/** To the main thread on loopback: a connection at once, then as long as the request takes. */
+const TO_MAIN = { connectMs: 5_000, firstByteMs: 0, idleMs: 0 };
+const OPENAI_PATHS = new Set(["/v1/completions", "/v1/chat/completions"]);
+/** Proxied requests a lane starts per event-loop turn (src/util/turn-gate.ts says why). */
+const REQUESTS_PER_TURN = 16;
+const HOP_BY_HOP = new Set(["connection", "keep-alive", "transfer-encoding", "content-length"]);
+
+function streamOf(exchange: Exchange): ReadableStream<Uint8Array> {
+  return new ReadableStream<Uint8Array>({
+    async pull(controller) {
+      try {
+        const step = await exchange.read();
+        if (step.done) controller.close();
+        else controller.enqueue(step.value);
+      } catch (error) {
+        controller.error(error);
+      }
+    },
+    cancel: () => exchange.abort(),
+  });
 }
 
 /** WebSocket clients of a lane are piped, frame for frame, to the main thread's /v1/ws. */

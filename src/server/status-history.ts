@@ -160,7 +160,8 @@ export function statusTotals(core: KvedgeCore) {
     lagSumMs: 0,
   };
   for (const worker of core.workers()) {
-    totals.answers += worker.observed.answers - worker.observed.answersWithoutUsage;
+    const hits = worker.observed;
+    totals.answers += hits.answers - hits.answersWithoutUsage - hits.badAnswers;
     totals.promptTokens += worker.observed.promptTokens;
     totals.predicted += worker.observed.predictedTokens;
     totals.observed += worker.observed.observedTokens;

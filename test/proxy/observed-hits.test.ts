@@ -1,6 +1,7 @@
 // Goal: the observed-hit check flags a worker only when its engine persistently serves
 // less from its cache than predicted (after a full window), clears it with hysteresis,
-// ignores answers without usage and surplus hits, warns when the engine serves far more
+// ignores answers without usage and surplus hits, counts a usage without cached tokens
+// as a miss once the engine has reported some, refuses counts that cannot be true, warns when the engine serves far more
 // than predicted (the signature of a tokenizer mismatch), and forgets removed workers.
 import { describe, expect, test } from "bun:test";
 import { ObservedHits } from "../../src/core/observed-hits";
@@ -54,7 +55,7 @@ describe("observed hits", () => {
     for (let i = 0; i < 100; i++) {
       hits.record(1n, 0, 1000, 160, 150); // evictions between routing and admission: a little less
       hits.record(2n, 0, 1000, 32, 320); // a concurrent request cached more: capped, never hides misses
-      hits.record(3n, 0, 1000, 160, null); // the engine does not report cached tokens
+      hits.record(3n, 0, 1000, 160, "absent"); // the engine does not report cached tokens
       hits.record(4n, 0, 1000, 0, 0); // nothing predicted: nothing to judge
     }
     expect(changes).toEqual([]);
@@ -68,6 +69,37 @@ describe("observed hits", () => {
       1,
     );
     expect(hits.view(1n, 0).recentRatio!).toBeCloseTo(150 / 160, 6);
+  });
+
+  test("an engine that leaves cached_tokens out at 0: once it has reported some, its misses count and flag it", () => {
+    const { hits, changes } = rig(0.5, 4);
+    hits.record(1n, 0, 1000, 160, "absent"); // before any report: unknown
+    expect(hits.view(1n, 0).answersWithoutUsage).toBe(1);
+    hits.record(1n, 0, 1000, 160, 160);
+    for (let i = 0; i < 6; i++) hits.record(1n, 0, 1000, 160, "absent");
+    expect(hits.view(1n, 0)).toMatchObject({
+      answers: 8,
+      answersWithoutUsage: 1,
+      observedTokens: 160,
+    });
+    expect(changes).toEqual([[1n, 0, true]]);
+    hits.record(2n, 0, 1000, 160, "no_usage"); // no usage at all: never a miss
+    expect(hits.view(2n, 0).answersWithoutUsage).toBe(1);
+  });
+
+  test("a count that cannot be true is a bad answer: counted once each, logged once, never summed", () => {
+    const { hits, records } = rig();
+    for (let i = 0; i < 3; i++) hits.record(1n, 0, 1000, 160, "bad");
+    hits.record(1n, 0, 1000, 160, 100);
+    expect(hits.view(1n, 0)).toMatchObject({
+      answers: 4,
+      badAnswers: 3,
+      observedTokens: 100,
+      predictedTokens: 160,
+    });
+    expect(
+      records.filter((r) => r.message.includes("not an integer in [0, prompt tokens]")),
+    ).toHaveLength(1);
   });
 
   test("a mixed worker: the ratio weights tokens, so big misses count more than small hits", () => {

@@ -26,7 +26,7 @@ import {
 } from "../types";
 import { TieredIndex } from "../tiered";
 import { type PresentLookup, WorkerSlots } from "../workers";
-import { findMatches, MatchScratch } from "./match";
+import { MatchScratch, TreeReads, walkMatches } from "./match";
 import { ROOT } from "./nodes";
 import { clearSlot, RemoveScratch, removeHashes } from "./remove";
 import { storeChain } from "./store";
@@ -50,6 +50,7 @@ export class CrtcIndex extends TieredIndex implements KvIndex {
   readonly slots: WorkerSlots;
   private readonly verifyEach: boolean;
   private readonly matchScratch = new MatchScratch();
+  private readonly matchReads = new TreeReads();
   private readonly removeScratch = new RemoveScratch();
   private readonly shared: SharedParts | null;
 
@@ -226,7 +227,7 @@ export class CrtcIndex extends TieredIndex implements KvIndex {
     this.matchScratch.ensure(slots);
     const sequence = chain ?? this.matchScratch.chain.of(local, count);
     if (sequence.length < 2 * count) fail("query chain array too short");
-    findMatches(this.tree, local, sequence, count, out, this.matchScratch);
+    walkMatches(this.matchReads.of(this.tree), local, sequence, count, out, this.matchScratch);
   }
 
   workerIdOf(handle: number): bigint {

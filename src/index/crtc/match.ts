@@ -1,4 +1,10 @@
 /**
+ * The match walk, the one for every crtc: a private tree (the index's own thread) and
+ * the shared tree that readers on other threads walk while the writer thread changes it
+ * (./shared.ts). Those readers pass a ReadGuard; the walk then checks what a torn read
+ * could break and gives up (false) when a node changes under it. Without a guard every
+ * check is skipped: a branch on a constant per call.
+ *
  * findMatches: walk the query's local hashes from the root. At the first node the
  * active set is every slot holding the whole edge; a slot holding only a prefix of an
  * edge is scored where its holding ends and never continues. At each later node every
@@ -14,6 +20,7 @@
  * its time streaming them in (bench/JOURNAL.md, "Edges by their last hash").
  */
 import { ChainBuffer } from "../../hash";
+import type { LinkTable } from "../link-table";
 import type { MatchResult } from "../types";
 import { ROOT } from "./nodes";
 import type { CrtcTree } from "./tree";
@@ -82,20 +89,100 @@ export function edgeMatch(
   return matched;
 }
 
-/** `chain`: the query's sequence hashes (src/hash chainHashes of `query`), pairs. */
-export function findMatches(
-  tree: CrtcTree,
+const NO_ARRAY: Uint32Array = new Uint32Array(0);
+
+/**
+ * What a walk reads and how. A private tree's pools grow by copying, so its arrays are
+ * taken afresh for each walk (`of`), and links come from its table; a shared tree's
+ * arrays are the fixed views of its regions, and its reader is the guard.
+ */
+export class TreeReads {
+  start: Uint32Array = NO_ARRAY;
+  len: Uint32Array = NO_ARRAY;
+  /** Per node, the sequence hash of its edge's last block (pairs). */
+  chain: Uint32Array = NO_ARRAY;
+  ownerCount: Uint32Array = NO_ARRAY;
+  ownerA: Uint32Array = NO_ARRAY;
+  ownerB: Uint32Array = NO_ARRAY;
+  words: Uint32Array = NO_ARRAY;
+  hi: Uint32Array = NO_ARRAY;
+  lo: Uint32Array = NO_ARRAY;
+  /** A private tree's links (null when a guard reads a shared tree). */
+  links: LinkTable | null = null;
+  /** A shared tree's reader; null for a private tree (every check skipped). */
+  guard: ReadGuard | null = null;
+  /** Slots at or above it cannot be real (a torn read); 2^31 - 1 for a private tree. */
+  slotLimit = 0x7fff_ffff;
+
+  /** This private tree's arrays and links as they are now. */
+  of(tree: CrtcTree): this {
+    const { nodes, owners, blocks } = tree;
+    this.start = nodes.start;
+    this.len = nodes.len;
+    this.chain = nodes.chain;
+    this.ownerCount = owners.count;
+    this.ownerA = owners.a;
+    this.ownerB = owners.b;
+    this.words = owners.words;
+    this.hi = blocks.hi;
+    this.lo = blocks.lo;
+    this.links = tree.children;
+    return this;
+  }
+}
+
+/** The child of `node` whose first block is (hi, lo), or 0. */
+function childOf(reads: TreeReads, node: number, hi: number, lo: number): number {
+  const guard = reads.guard;
+  return guard === null ? reads.links!.find(node, hi, lo) : guard.link(node, hi, lo);
+}
+
+/** Whether a node read from a shared tree names no real edge or owner list (a torn read). */
+function torn(
+  reads: TreeReads,
+  start: number,
+  len: number,
+  owners: number,
+  offset: number,
+): boolean {
+  if (len === 0 || start + len > reads.hi.length || owners > reads.slotLimit) return true;
+  return owners !== 1 && offset + 2 * owners > reads.words.length;
+}
+
+/**
+ * What a reader of shared memory adds to the walk (./shared.ts, SharedIndexReader): a
+ * node is read between two loads of its version, and links are found inside the link
+ * table's seqlock.
+ */
+export interface ReadGuard {
+  /** `node`'s version, recorded for the final check; -1 while the writer has it open. */
+  open(node: number): number;
+  /** `node`'s version now (not recorded). */
+  versionOf(node: number): number;
+  /** The child of `node` whose first block is (hi, lo), or 0. */
+  link(node: number, hi: number, lo: number): number;
+}
+
+/**
+ * Scores every slot holding a prefix of the query into `out` (out.count of them).
+ * `chain`: the query's sequence hashes (src/hash chainHashes of `query`), pairs.
+ * False: a guarded read met a change (retry); a private walk always completes.
+ */
+export function walkMatches(
+  reads: TreeReads,
   query: Uint32Array,
   chain: Uint32Array,
   count: number,
   out: MatchResult,
   scratch: MatchScratch,
-): void {
+): boolean {
   out.count = 0;
-  if (count === 0) return;
-  let node = tree.children.find(ROOT, query[0]!, query[1]!);
-  if (node === 0) return;
-  const { nodes, blocks, owners } = tree;
+  if (count === 0) return true;
+  const { guard, slotLimit } = reads;
+  if (guard !== null && guard.open(ROOT) < 0) return false;
+  let node = childOf(reads, ROOT, query[0]!, query[1]!);
+  if (node === 0) return true;
+  const { start: starts, len: lens, ownerCount, ownerA, ownerB, words, hi, lo } = reads;
   const { active, stamp } = scratch;
   const { workers: outWorkers, blocks: outBlocks } = out;
   let scored = 0;
@@ -105,35 +192,28 @@ export function findMatches(
   let first = true;
   // Bounded by the query: every round consumes at least one of its blocks.
   for (;;) {
-    const start = nodes.start[node]!;
-    const len = nodes.len[node]!;
-    const ownerCount = owners.count[node]!;
-    const offset = owners.a[node]!;
-    const inlineHeld = owners.b[node]!;
-    const matched = edgeMatch(
-      blocks.hi,
-      blocks.lo,
-      nodes.chain,
-      node,
-      start,
-      len,
-      query,
-      chain,
-      depth,
-      count,
-    );
+    const seen = guard === null ? 0 : guard.open(node);
+    if (seen < 0) return false;
+    const start = starts[node]!;
+    const len = lens[node]!;
+    const owners = ownerCount[node]!;
+    const inline = owners === 1;
+    const offset = ownerA[node]!;
+    const inlineHeld = ownerB[node]!;
+    // A torn read can name anything: check it is a real edge and list before using it.
+    if (guard !== null && torn(reads, start, len, owners, offset)) return false;
+    const matched = edgeMatch(hi, lo, reads.chain, node, start, len, query, chain, depth, count);
     // The next edge's link is probed before this node's owners are scanned, so that its
-    // cache miss overlaps the scan (one probe wasted when no slot stays active).
+    // cache miss overlaps the scan (one probe wasted when no slot stays active). A torn
+    // len is caught by the version check below.
+    const at = 2 * (depth + len);
     const next =
-      matched === len && depth + len < count
-        ? tree.children.find(node, query[2 * (depth + len)]!, query[2 * (depth + len) + 1]!)
-        : 0;
-    const inline = ownerCount === 1;
-    const words = owners.words;
+      matched === len && depth + len < count ? childOf(reads, node, query[at]!, query[at + 1]!) : 0;
     if (first) {
-      for (let k = 0; k < ownerCount; k++) {
+      for (let k = 0; k < owners; k++) {
         const slot = inline ? offset : words[offset + 2 * k]!;
         const held = inline ? inlineHeld : words[offset + 2 * k + 1]!;
+        if (slot >= slotLimit) return false;
         if (held === len) {
           active[activeCount++] = slot;
           stamp[slot] = activeTick;
@@ -147,8 +227,9 @@ export function findMatches(
       const keep = scratch.nextTick();
       const left = keep + 1;
       let stayed = 0;
-      for (let k = 0; k < ownerCount; k++) {
+      for (let k = 0; k < owners; k++) {
         const slot = inline ? offset : words[offset + 2 * k]!;
+        if (slot >= slotLimit) return false;
         if (stamp[slot] !== activeTick) continue;
         const held = inline ? inlineHeld : words[offset + 2 * k + 1]!;
         if (held === len) {
@@ -179,6 +260,8 @@ export function findMatches(
       activeCount = kept;
       activeTick = keep;
     }
+    // The node read in one piece: what follows may rely on it.
+    if (guard !== null && guard.versionOf(node) !== seen) return false;
     depth += matched;
     if (activeCount === 0 || next === 0) break;
     node = next;
@@ -188,4 +271,5 @@ export function findMatches(
     outBlocks[scored++] = depth;
   }
   out.count = scored;
+  return true;
 }

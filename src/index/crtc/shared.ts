@@ -23,14 +23,12 @@
  * end. Handles (worker slots) and their workerIdOf / dpRankOf are those of that
  * boundary; they stay readable until the reader's next findMatches.
  */
-import { ChainBuffer } from "../../hash";
-import { homeSlot, LINK_STRIDE } from "../link-table";
+import { LINK_STRIDE, probeSlot } from "../link-table";
 import { SLOT_LIMIT } from "../workers";
 import { MatchResult, type IndexOptions } from "../types";
 import { defaultIndexBudgetBytes } from "../budget";
 import { CrtcIndex } from "./crtc";
-import { edgeMatch } from "./match";
-import { ROOT } from "./nodes";
+import { MatchScratch, type ReadGuard, TreeReads, walkMatches } from "./match";
 import { RUN_ORDER_MAX } from "./blocks";
 import { SharedRegions } from "./shared-memory";
 import { CONTROL, controlWords, SharedWriter, type SharedWriterCounters } from "./shared-writer";
@@ -163,7 +161,7 @@ export function attach(descriptor: SharedIndexDescriptor): SharedIndexReader {
 }
 
 /** A read-only view of a shared crtc index for one thread. */
-export class SharedIndexReader {
+export class SharedIndexReader implements ReadGuard {
   readonly stats: ReaderStats = { lookups: 0, retries: 0, linkRetries: 0, pauses: 0 };
   readonly blockSize: number;
   private readonly control: Int32Array;
@@ -173,21 +171,11 @@ export class SharedIndexReader {
   /** When the current lookup gives up on a writer stuck mid-event. */
   private deadline = 0;
   private readonly version: Uint32Array;
-  private readonly start: Uint32Array;
-  private readonly len: Uint32Array;
-  private readonly nodeChain: Uint32Array;
-  private readonly ownerCount: Uint32Array;
-  private readonly ownerA: Uint32Array;
-  private readonly ownerB: Uint32Array;
-  private readonly words: Uint32Array;
-  private readonly hi: Uint32Array;
-  private readonly lo: Uint32Array;
+  /** The tree's arrays (fixed views of the shared regions), read through this reader. */
+  private readonly reads = new TreeReads();
   private readonly links: [Uint32Array, Uint32Array];
   private readonly identity: Uint32Array;
-  private active = new Uint32Array(64);
-  private stamp = new Uint32Array(64);
-  private tick = 2;
-  private readonly chain = new ChainBuffer();
+  private readonly scratch = new MatchScratch();
   private readNodes = new Uint32Array(64);
   private readVersions = new Uint32Array(64);
   private readCount = 0;
@@ -215,15 +203,17 @@ export class SharedIndexReader {
     this.blockSize = descriptor.blockSize;
     this.control = new Int32Array(descriptor.control);
     this.version = u32("nodes.version");
-    this.start = u32("nodes.start");
-    this.len = u32("nodes.len");
-    this.nodeChain = u32("nodes.chain");
-    this.ownerCount = u32("owners.count");
-    this.ownerA = u32("owners.a");
-    this.ownerB = u32("owners.b");
-    this.words = u32("owners.words");
-    this.hi = u32("blocks.hi");
-    this.lo = u32("blocks.lo");
+    const arrays = this.reads;
+    arrays.guard = this;
+    arrays.start = u32("nodes.start");
+    arrays.len = u32("nodes.len");
+    arrays.chain = u32("nodes.chain");
+    arrays.ownerCount = u32("owners.count");
+    arrays.ownerA = u32("owners.a");
+    arrays.ownerB = u32("owners.b");
+    arrays.words = u32("owners.words");
+    arrays.hi = u32("blocks.hi");
+    arrays.lo = u32("blocks.lo");
     this.links = [u32("links.0"), u32("links.1")];
     this.identity = u32("slots.identity");
     this.maxReaders = descriptor.maxReaders;
@@ -243,7 +233,7 @@ export class SharedIndexReader {
     if (given !== undefined && given.length < 2 * count) {
       throw new RangeError("query chain array too short");
     }
-    const chain = given ?? this.chain.of(local, count);
+    const chain = given ?? this.scratch.chain.of(local, count);
     this.stats.lookups++;
     this.enter();
     try {
@@ -337,12 +327,64 @@ export class SharedIndexReader {
     }
   }
 
-  /** Records `node`'s version before reading it; false if it is being changed now. */
-  private openRead(node: number): boolean {
+  /** Whether every node read so far still has the version it was read at. */
+  private validate(): boolean {
+    const version = this.version;
+    for (let k = 0; k < this.readCount; k++) {
+      if (Atomics.load(version, this.readNodes[k]!) !== this.readVersions[k]) return false;
+    }
+    return true;
+  }
+
+  private ensureSlots(): number {
+    const slots = Math.min(SLOT_LIMIT, Atomics.load(this.control, CONTROL.slotHighWater));
+    if (this.idHi.length < slots) {
+      const size = pow2AtLeast(slots);
+      this.scratch.ensure(size);
+      this.idHi = new Uint32Array(size);
+      this.idLo = new Uint32Array(size);
+      this.rank = new Uint32Array(size);
+      this.cachedHi = new Uint32Array(size);
+      this.cachedLo = new Uint32Array(size);
+      this.ids.length = 0;
+    }
+    return slots;
+  }
+
+  /**
+   * One attempt of the walk (./match.ts) on shared memory: every node is read between
+   * two loads of its version, and at the end every version read must be unchanged (then
+   * all of them held at once, at one event boundary). False: retry.
+   */
+  private tryMatch(
+    query: Uint32Array,
+    chain: Uint32Array,
+    count: number,
+    out: MatchResult,
+  ): boolean {
+    this.readCount = 0;
+    this.conflict = 0;
+    const slots = this.ensureSlots();
+    out.ensure(slots);
+    this.reads.slotLimit = slots;
+    if (!walkMatches(this.reads, query, chain, count, out, this.scratch)) return false;
+    // Names of the slots while their coverage is still validated below.
+    const identity = this.identity;
+    for (let k = 0; k < out.count; k++) {
+      const slot = out.workers[k]!;
+      this.idHi[slot] = identity[3 * slot]!;
+      this.idLo[slot] = identity[3 * slot + 1]!;
+      this.rank[slot] = identity[3 * slot + 2]!;
+    }
+    return this.validate();
+  }
+
+  /** ReadGuard.open: records `node`'s version before it is read; -1 while it is being changed. */
+  open(node: number): number {
     const version = Atomics.load(this.version, node);
     if ((version & 1) !== 0) {
       this.conflict = node;
-      return false;
+      return -1;
     }
     if (this.readCount === this.readNodes.length) {
       const nodes = new Uint32Array(2 * this.readCount);
@@ -354,197 +396,29 @@ export class SharedIndexReader {
     }
     this.readNodes[this.readCount] = node;
     this.readVersions[this.readCount++] = version;
-    return true;
+    return version;
   }
 
-  /** Whether every node read so far still has the version it was read at. */
-  private validate(): boolean {
-    const version = this.version;
-    for (let k = 0; k < this.readCount; k++) {
-      if (Atomics.load(version, this.readNodes[k]!) !== this.readVersions[k]) return false;
-    }
-    return true;
+  /** ReadGuard.versionOf. */
+  versionOf(node: number): number {
+    return Atomics.load(this.version, node);
   }
 
-  /** The child of `node` for a first block (hi, lo), or 0: a probe inside the link seqlock. */
-  private findLink(node: number, hi: number, lo: number): number {
+  /** ReadGuard.link: the child of `node` for a first block (hi, lo), or 0, inside the link seqlock. */
+  link(node: number, hi: number, lo: number): number {
     const control = this.control;
     for (;;) {
       const before = Atomics.load(control, CONTROL.linkVersion);
       if ((before & 1) === 0) {
         const table = this.links[Atomics.load(control, CONTROL.linkRegion) & 1]!;
-        const bits = Atomics.load(control, CONTROL.linkBits);
-        const value = probe(table, bits, node, hi, lo);
+        const shift = 32 - Atomics.load(control, CONTROL.linkBits);
+        const slot = probeSlot(table, shift, node, hi, lo);
+        const value = slot < 0 ? 0 : table[slot * LINK_STRIDE + 3]!;
         if (Atomics.load(control, CONTROL.linkVersion) === before) return value;
       }
       if ((++this.stats.linkRetries & 1023) === 0) this.checkDeadline();
     }
   }
-
-  private ensureSlots(): number {
-    const slots = Math.min(SLOT_LIMIT, Atomics.load(this.control, CONTROL.slotHighWater));
-    if (this.stamp.length < slots) {
-      const size = pow2AtLeast(slots);
-      this.active = new Uint32Array(size);
-      this.stamp = new Uint32Array(size);
-      this.idHi = new Uint32Array(size);
-      this.idLo = new Uint32Array(size);
-      this.rank = new Uint32Array(size);
-      this.cachedHi = new Uint32Array(size);
-      this.cachedLo = new Uint32Array(size);
-      this.ids.length = 0;
-      this.tick = 2;
-    }
-    return slots;
-  }
-
-  private nextTick(): number {
-    if (this.tick >= 0xffff_fff0) {
-      this.stamp.fill(0);
-      this.tick = 2;
-    }
-    const tick = this.tick;
-    this.tick += 2;
-    return tick;
-  }
-
-  /**
-   * One attempt of match.ts's walk (keep the two in step) on shared memory: every node
-   * is read between two loads of its version, and at the end every version read must
-   * be unchanged (then all of them held at once, at one event boundary). False: retry.
-   */
-  private tryMatch(
-    query: Uint32Array,
-    chain: Uint32Array,
-    count: number,
-    out: MatchResult,
-  ): boolean {
-    out.count = 0;
-    this.readCount = 0;
-    this.conflict = 0;
-    if (count === 0) return true;
-    const slots = this.ensureSlots();
-    out.ensure(slots);
-    if (!this.openRead(ROOT)) return false;
-    let node = this.findLink(ROOT, query[0]!, query[1]!);
-    if (node === 0) return this.validate();
-    const { start: starts, len: lens, hi, lo, ownerCount, ownerA, ownerB, words, version } = this;
-    const { nodeChain, active, stamp } = this;
-    const { workers: outWorkers, blocks: outBlocks } = out;
-    let scored = 0;
-    let activeCount = 0;
-    let activeTick = this.nextTick();
-    let depth = 0;
-    let first = true;
-    // Bounded by the query: every round consumes at least one of its blocks.
-    for (;;) {
-      if (!this.openRead(node)) return false;
-      const seen = this.readVersions[this.readCount - 1]!;
-      const start = starts[node]!;
-      const len = lens[node]!;
-      const owners = ownerCount[node]!;
-      const inline = owners === 1;
-      const offset = ownerA[node]!;
-      const inlineHeld = ownerB[node]!;
-      // A torn read can name anything: check it is a real edge and list before using it.
-      if (
-        len === 0 ||
-        start + len > hi.length ||
-        owners > slots ||
-        (!inline && offset + 2 * owners > words.length)
-      )
-        return false;
-      const matched = edgeMatch(hi, lo, nodeChain, node, start, len, query, chain, depth, count);
-      // Probed before the owner scan, as match.ts does (a torn len is caught below).
-      const next =
-        matched === len && depth + len < count
-          ? this.findLink(node, query[2 * (depth + len)]!, query[2 * (depth + len) + 1]!)
-          : 0;
-      if (first) {
-        for (let k = 0; k < owners; k++) {
-          const slot = inline ? offset : words[offset + 2 * k]!;
-          const held = inline ? inlineHeld : words[offset + 2 * k + 1]!;
-          if (slot >= slots) return false;
-          if (held === len) {
-            active[activeCount++] = slot;
-            stamp[slot] = activeTick;
-          } else {
-            outWorkers[scored] = slot;
-            outBlocks[scored++] = held < matched ? held : matched;
-          }
-        }
-        first = false;
-      } else {
-        const keep = this.nextTick();
-        const left = keep + 1;
-        let stayed = 0;
-        for (let k = 0; k < owners; k++) {
-          const slot = inline ? offset : words[offset + 2 * k]!;
-          if (slot >= slots) return false;
-          if (stamp[slot] !== activeTick) continue;
-          const held = inline ? inlineHeld : words[offset + 2 * k + 1]!;
-          if (held === len) {
-            stamp[slot] = keep;
-            stayed++;
-          } else {
-            stamp[slot] = left;
-            outWorkers[scored] = slot;
-            outBlocks[scored++] = depth + (held < matched ? held : matched);
-          }
-        }
-        let kept = activeCount;
-        if (stayed !== activeCount) {
-          kept = 0;
-          for (let k = 0; k < activeCount; k++) {
-            const slot = active[k]!;
-            const mark = stamp[slot];
-            if (mark === keep) {
-              active[kept++] = slot;
-            } else if (mark !== left) {
-              outWorkers[scored] = slot;
-              outBlocks[scored++] = depth;
-            }
-          }
-        }
-        activeCount = kept;
-        activeTick = keep;
-      }
-      // The node read in one piece: what follows may rely on it.
-      if (Atomics.load(version, node) !== seen) return false;
-      depth += matched;
-      if (activeCount === 0 || next === 0) break;
-      node = next;
-    }
-    for (let k = 0; k < activeCount; k++) {
-      outWorkers[scored] = active[k]!;
-      outBlocks[scored++] = depth;
-    }
-    out.count = scored;
-    // Names of the slots while their coverage is still validated below.
-    const identity = this.identity;
-    for (let k = 0; k < scored; k++) {
-      const slot = outWorkers[k]!;
-      this.idHi[slot] = identity[3 * slot]!;
-      this.idLo[slot] = identity[3 * slot + 1]!;
-      this.rank[slot] = identity[3 * slot + 2]!;
-    }
-    return this.validate();
-  }
-}
-
-/** LinkTable.find over a table of 2^bits slots, bounded by its size (a torn table may be full). */
-function probe(table: Uint32Array, bits: number, key: number, hi: number, lo: number): number {
-  const capacity = 1 << bits;
-  const mask = capacity - 1;
-  let slot = homeSlot(key, hi, lo, 32 - bits);
-  for (let n = 0; n < capacity; n++) {
-    const at = slot * LINK_STRIDE;
-    const value = table[at + 3]!;
-    if (value === 0) return 0;
-    if (table[at + 2] === lo && table[at + 1] === hi && table[at] === key) return value;
-    slot = (slot + 1) & mask;
-  }
-  return 0;
 }
 
 /** Reader r's claim word: after the epoch words of all readers. */
