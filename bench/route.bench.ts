@@ -14,9 +14,17 @@
  * Outside it: token generation and hashing (the server hashes for the index anyway),
  * building the overlap lists.
  *
- *   bun bench/route.bench.ts [--policy dynamo|ttft] [--json]
+ * With `--sync` (needs `--cpu`): the router reports its own facts as a replica of a
+ * cluster does (src/cluster's outbox: encoded, batched, published to a real nats-server
+ * on loopback through the NATS client), so the rate is that of a replica with sync on.
+ * Both modes yield to the event loop every 256 iterations (NATS writes its socket then).
+ *
+ *   bun bench/route.bench.ts [--policy dynamo|ttft] [--cpu N [--sync]] [--json]
  */
 import { bench, do_not_optimize, group, run } from "mitata";
+import { connect, type NatsConnection } from "@nats-io/transport-node";
+import { Outbox } from "../src/cluster/outbox";
+import { NatsServer } from "../src/sim/nats-server";
 import { DEFAULT_SEED } from "../src/hash";
 import {
   type Overlaps,
@@ -31,11 +39,15 @@ const BLOCK_SIZE = 16;
 const WORKER_COUNTS = [8, 64, 256];
 const POOL = 8192;
 const ACTIVE_PER_WORKER = 16;
-const flags = benchFlags("bun bench/route.bench.ts [--policy dynamo|ttft] [--cpu N] [--json]", {
-  json: { type: "boolean" },
-  policy: { type: "string" },
-  cpu: { type: "string" },
-});
+const flags = benchFlags(
+  "bun bench/route.bench.ts [--policy dynamo|ttft] [--cpu N [--sync]] [--json]",
+  {
+    json: { type: "boolean" },
+    policy: { type: "string" },
+    cpu: { type: "string" },
+    sync: { type: "boolean" },
+  },
+);
 const json = flags.json === true;
 // The router's own default (dynamo) unless asked: the rows stay comparable with older
 // builds (a literal list, not ROUTE_POLICIES, so this file runs in builds before it).
@@ -47,6 +59,16 @@ const cpuIterations = flags.cpu === undefined ? 0 : Number(flags.cpu);
 if (!(Number.isInteger(cpuIterations) && cpuIterations >= 0)) {
   throw new Error("--cpu takes an iteration count");
 }
+const sync = flags.sync === true;
+if (sync && cpuIterations === 0) throw new Error("--sync needs --cpu N");
+/** With --sync: a nats-server on 127.0.0.1 and a connection to it, as a replica has. */
+const bus: { server: NatsServer; nc: NatsConnection } | null = sync
+  ? await (async () => {
+      const server = await NatsServer.start();
+      return { server, nc: await connect({ servers: server.url, noEcho: true }) };
+    })()
+  : null;
+const YIELD_EVERY = 256;
 
 const random = prng(42);
 const between = (low: number, high: number) => low + (random() % (high - low + 1));
@@ -72,6 +94,20 @@ for (let i = 0; i < POOL; i++) {
 function scenario(workers: number): () => void {
   const router = new Router({ blockSize: BLOCK_SIZE, policy, random: () => random() / 2 ** 32 });
   for (let w = 0; w < workers; w++) router.load.addWorker(BigInt(1_000_000 + w), 0);
+  if (bus !== null) {
+    const nc = bus.nc;
+    router.load.facts = new Outbox({
+      replicaId: "bench",
+      epoch: 1,
+      workers: router.load.table,
+      publish: (message) => {
+        if (nc.isClosed()) return false;
+        nc.publish("bench.facts", message);
+        return true;
+      },
+      schedule: (flush) => void setImmediate(flush),
+    });
+  }
   // Per family: the workers holding its prefix, and how deep.
   const holders = prefixes.map((prefix) => {
     const full = Math.max(1, workers >> 3);
@@ -101,21 +137,36 @@ function scenario(workers: number): () => void {
   return cycle;
 }
 
-/** Decisions per CPU-second over `iterations` cycles, after as many untimed ones. */
-function cpuRate(cycle: () => void, iterations: number): number {
-  for (let i = 0; i < iterations; i++) cycle();
+/**
+ * Decisions per CPU-second over `iterations` cycles, after as many untimed ones; the
+ * event loop gets a turn every YIELD_EVERY cycles (the NATS client writes then).
+ */
+async function cpuRate(cycle: () => void, iterations: number): Promise<number> {
+  const cycles = async () => {
+    for (let i = 0; i < iterations; i++) {
+      cycle();
+      if (i % YIELD_EVERY === YIELD_EVERY - 1) await new Promise((done) => setImmediate(done));
+    }
+    await bus?.nc.flush();
+  };
+  await cycles();
   const before = process.cpuUsage();
-  for (let i = 0; i < iterations; i++) cycle();
+  await cycles();
   const used = process.cpuUsage(before);
   return iterations / ((used.user + used.system) / 1e6);
 }
 
 let rows: { workers: number; decisions_per_sec: number; p50_ns: number; p99_ns: number }[];
 if (cpuIterations > 0) {
-  rows = WORKER_COUNTS.map((workers) => {
-    const rate = cpuRate(scenario(workers), cpuIterations);
-    return { workers, decisions_per_sec: rate, p50_ns: Number.NaN, p99_ns: Number.NaN };
-  });
+  rows = [];
+  for (const workers of WORKER_COUNTS) {
+    const rate = await cpuRate(scenario(workers), cpuIterations);
+    rows.push({ workers, decisions_per_sec: rate, p50_ns: Number.NaN, p99_ns: Number.NaN });
+  }
+  if (bus !== null) {
+    await bus.nc.close();
+    await bus.server.close();
+  }
 } else {
   for (const workers of WORKER_COUNTS) {
     const cycle = scenario(workers);
@@ -133,7 +184,7 @@ if (cpuIterations > 0) {
 
 if (json) {
   const clock = cpuIterations > 0 ? "cpu" : "wall";
-  const document = { bench: "route", policy, clock, provenance: provenance(), rows };
+  const document = { bench: "route", policy, clock, sync, provenance: provenance(), rows };
   process.stdout.write(`${JSON.stringify(document)}\n`);
 } else {
   console.log("\nworkers | decisions/s (route + prefill_done + done) | p50     | p99");

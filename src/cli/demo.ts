@@ -10,8 +10,9 @@ import {
   type TierComparison,
 } from "../sim/demo";
 import type { IndexCheck } from "../sim/index-check";
+import type { ProxyReport } from "../sim/proxy-replay";
 import {
-  DEFAULT_DEMO_POLICIES,
+  defaultDemoPolicies,
   approximateEngines,
   DEMO_EVENTS,
   type DemoEvents,
@@ -133,6 +134,10 @@ const flags = {
   events: { kind: "string" },
   "predicted-capacity-blocks": { kind: "string" },
   "no-correct": { kind: "boolean" },
+  replicas: { kind: "string" },
+  "no-sync": { kind: "boolean" },
+  "sync-delay-ms": { kind: "string" },
+  "stagger-ms": { kind: "string" },
 } as const;
 
 export const DEMO_DEFAULTS = {
@@ -204,6 +209,14 @@ Options:
                          engines' real one, --capacity-blocks)
   --no-correct           kvedge is not told the cached tokens engines served (prefill_done's
                          cached_tokens; with --proxy kvedge serve runs without correction)
+  --replicas N           kvedge as N replicas (1): request i to replica i mod N, its lifecycle
+                         calls too, as behind a plain load balancer. kv_aware shares their load
+                         over a local nats-server (bound to 127.0.0.1); kv_aware_unsynced, the
+                         same replicas without it, runs beside it
+  --no-sync              with --replicas: only the replicas without the bus (kv_aware_unsynced)
+  --sync-delay-ms D      with --virtual --replicas: each replica applies its peers' facts D ms late (1)
+  --stagger-ms S         with --replicas: the replicas' cluster.stagger_ms, replica k answering a
+                         contested route k × S ms late (default: D with --virtual, else 1; 0 = off)
   --json                 print one JSON object on stdout instead of the table
 ${TIME_MODEL_HELP}  -h, --help             show this help
 `,
@@ -211,8 +224,6 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     const parsed = parseFlags(argv, flags);
     if (parsed.positionals.length > 0)
       throw new UsageError(`unexpected argument '${parsed.positionals[0]}'`);
-    const requests = flagInt(parsed, "requests", DEMO_DEFAULTS.requests, 1, 50_000_000);
-    const start = flagInt(parsed, "start", 0, 0, 50_000_000);
     const virtual = flagBool(parsed, "virtual");
     const routePolicy = routePolicyOf(flagString(parsed, "route-policy"));
     const recomputeWeight = flagNumber(
@@ -234,28 +245,21 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     const cpuCapacityBlocks = flagInt(parsed, "cpu-capacity-blocks", 0, 0, CAPACITY_BLOCKS_MAX);
     const blockSize = flagInt(parsed, "block-size", DEMO_DEFAULTS.blockSize, 1, 4096);
     const speedup = flagNumber(parsed, "speedup", DEMO_DEFAULTS.speedup, 0.01, 1e6);
-    const timeScale = flagNumber(parsed, "time-scale", DEMO_DEFAULTS.timeScale, 1e-6, 1e6);
-    const twins = flagNumber(parsed, "twins", 0, 0, 1);
     const seed = flagInt(parsed, "seed", DEMO_DEFAULTS.seed, 0, 0xffff_ffff);
     const time = timeModelOf(parsed);
     const json = flagBool(parsed, "json");
-    const policies = policiesOf(flagString(parsed, "policies"));
-    const loaded = await traceOf(parsed);
-    if (start >= loaded.trace.count)
-      throw new UsageError(`--start ${start}: the trace has ${loaded.trace.count} requests`);
-    const trace = transformTrace(loaded.trace, { start, requests, timeScale, twins });
+    const replicated = replicaFlags(parsed, virtual);
+    const policies = policiesOf(flagString(parsed, "policies"), replicated);
+    const { trace, name, start, timeScale } = await demoTrace(parsed);
 
-    // kvedge serve is told the engines' constants, as an operator would configure it.
-    const serveArgs: string[] = [
-      "--route-policy",
+    const serveArgs = serveArgsOf(
       routePolicy,
-      "--recompute-weight",
-      String(recomputeWeight),
-      ...engineConstantArgs(time),
-      ...admissionArgs(admission, speedup),
-    ];
-    if (!virtual && !flagBool(parsed, "no-pin") && policies.includes("kv_aware"))
-      serveArgs.push(...pinning());
+      recomputeWeight,
+      time,
+      admissionArgs(admission, speedup),
+    );
+    const kvedge = policies.includes("kv_aware") || policies.includes("kv_aware_unsynced");
+    if (!virtual && !flagBool(parsed, "no-pin") && kvedge) serveArgs.push(...pinning());
     // Without correction kvedge serve ignores the cached tokens it hears (the proxy reads them anyway).
     if (flagBool(parsed, "no-correct")) serveArgs.push("--no-predicted-correction");
     const predictions = predictionOptions(parsed, capacityBlocks);
@@ -279,9 +283,10 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       proxy: flagBool(parsed, "proxy"),
       ...predictions,
       kvAware: { policy: routePolicy, ttft: { recomputeWeight }, admission: { mode: admission } },
+      ...replicated.options,
     });
     const config = {
-      trace: loaded.name,
+      trace: name,
       events,
       approximate_workers: approximateEngines(events, workers),
       start,
@@ -299,6 +304,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       seed,
       time_model: time,
       trace_span_s: traceStats(trace).spanMs / 1000,
+      ...replicated.config,
     };
     if (json) process.stdout.write(`${JSON.stringify({ ...result, config })}\n`);
     else process.stdout.write(renderDemo(result, config));
@@ -306,14 +312,17 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
   },
 };
 
-/** The engines' constants as `kvedge serve` flags. */
-function engineConstantArgs(time: TimeModel): string[] {
-  return [
-    ...["--prefill-tokens-per-sec", String(time.prefillTokensPerSecond)],
-    ...["--step-base-ms", String(time.stepBaseMs)],
-    ...["--kv-read-ms-per-million-tokens", String(time.kvReadMsPerMillionTokens)],
-    ...["--max-batched-tokens", String(time.maxBatchedTokens)],
-  ];
+/** The trace the demo replays (./traceOf), sliced, scaled and twinned as the flags say. */
+async function demoTrace(parsed: Parsed) {
+  const requests = flagInt(parsed, "requests", DEMO_DEFAULTS.requests, 1, 50_000_000);
+  const start = flagInt(parsed, "start", 0, 0, 50_000_000);
+  const timeScale = flagNumber(parsed, "time-scale", DEMO_DEFAULTS.timeScale, 1e-6, 1e6);
+  const twins = flagNumber(parsed, "twins", 0, 0, 1);
+  const loaded = await traceOf(parsed);
+  if (start >= loaded.trace.count)
+    throw new UsageError(`--start ${start}: the trace has ${loaded.trace.count} requests`);
+  const trace = transformTrace(loaded.trace, { start, requests, timeScale, twins });
+  return { trace, name: loaded.name, start, timeScale };
 }
 
 /** The trace the demo replays: --trace FILE, --workload NAME, or the conversation trace. */
@@ -405,8 +414,65 @@ function routePolicyOf(text: string | undefined): RoutePolicy {
   return text as RoutePolicy;
 }
 
-function policiesOf(text: string | undefined): DemoPolicy[] {
-  if (text === undefined) return [...DEFAULT_DEMO_POLICIES];
+/** kvedge serve is told the engines' constants, as an operator would configure it. */
+function serveArgsOf(
+  routePolicy: RoutePolicy,
+  recomputeWeight: number,
+  time: TimeModel,
+  admission: string[],
+): string[] {
+  return [
+    ...["--route-policy", routePolicy, "--recompute-weight", String(recomputeWeight)],
+    ...["--prefill-tokens-per-sec", String(time.prefillTokensPerSecond)],
+    ...["--step-base-ms", String(time.stepBaseMs)],
+    ...["--kv-read-ms-per-million-tokens", String(time.kvReadMsPerMillionTokens)],
+    ...["--max-batched-tokens", String(time.maxBatchedTokens)],
+    ...admission,
+  ];
+}
+
+/** ", 3 replicas over NATS" when kvedge ran as replicas. */
+function replicasNote(replicas: number): string {
+  return replicas > 1 ? `, ${replicas} replicas over NATS` : "";
+}
+
+/** A row's name: kvedge's rows say how many replicas ran them. */
+function rowLabel(name: string, replicas: number): string {
+  const kvedge = name.startsWith("kv_aware") && name !== "kv_aware_model";
+  return replicas > 1 && kvedge ? `${name} ×${replicas}` : name;
+}
+
+/** Most kvedge replicas a demo starts. */
+const MAX_REPLICAS = 16;
+
+/** --replicas, --no-sync, --sync-delay-ms, --stagger-ms, checked together. */
+function replicaFlags(parsed: Parsed, virtual: boolean) {
+  const replicas = flagInt(parsed, "replicas", 1, 1, MAX_REPLICAS);
+  const noSync = flagBool(parsed, "no-sync");
+  if (noSync && replicas === 1) throw new UsageError("--no-sync needs --replicas 2 or more");
+  if (replicas > 1 && flagBool(parsed, "proxy"))
+    throw new UsageError("--replicas does not go with --proxy yet");
+  const syncDelayMs = flagNumber(parsed, "sync-delay-ms", 1, 0, 60_000);
+  if (parsed.flags.has("sync-delay-ms") && !(virtual && replicas > 1))
+    throw new UsageError("--sync-delay-ms needs --virtual and --replicas 2 or more");
+  // The bus's delay in virtual time; in real time a millisecond of wall clock.
+  const staggerMs = flagNumber(parsed, "stagger-ms", virtual ? syncDelayMs : 1, 0, 1000);
+  const config = {
+    replicas,
+    sync_delay_ms: virtual && replicas > 1 ? syncDelayMs : null,
+    stagger_ms: replicas > 1 ? staggerMs : null,
+  };
+  return { replicas, noSync, options: { replicas, syncDelayMs, staggerMs }, config };
+}
+
+function policiesOf(
+  text: string | undefined,
+  { replicas, noSync }: { replicas: number; noSync: boolean },
+): DemoPolicy[] {
+  if (text === undefined) {
+    const defaults = defaultDemoPolicies(replicas);
+    return noSync ? defaults.filter((policy) => policy !== "kv_aware") : defaults;
+  }
   const names = text
     .split(",")
     .map((name) => name.trim())
@@ -415,9 +481,11 @@ function policiesOf(text: string | undefined): DemoPolicy[] {
   for (const name of names) {
     if (!isDemoPolicy(name)) {
       throw new UsageError(
-        `--policies: unknown policy '${name}' (known: kv_aware, round_robin, random, least_loaded, approx_prefix, kv_aware_model)`,
+        `--policies: unknown policy '${name}' (known: kv_aware, kv_aware_unsynced, round_robin, random, least_loaded, approx_prefix, kv_aware_model)`,
       );
     }
+    if (name === "kv_aware_unsynced" && replicas === 1)
+      throw new UsageError("--policies kv_aware_unsynced needs --replicas 2 or more");
   }
   return [...new Set(names)] as DemoPolicy[];
 }
@@ -453,6 +521,7 @@ function admissionLine(a: AdmissionReport): string {
 }
 
 interface DemoConfig {
+  readonly replicas?: number;
   readonly trace: string;
   readonly events: DemoEvents;
   readonly approximate_workers: readonly number[];
@@ -541,7 +610,7 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
     "load spread",
   ];
   const rows = Object.entries(result.policies).map(([name, r]) => [
-    name,
+    rowLabel(name, config.replicas ?? 1),
     percent(r.hit_rate),
     `${(r.prefill_tokens / 1e6).toFixed(2)} M`,
     ms(r.ttft_p50_ms),
@@ -570,7 +639,7 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
       kv === undefined
         ? "kv_aware_model"
         : kv.mode === "kvedge"
-          ? "kv_aware (kvedge)"
+          ? `kv_aware (kvedge${replicasNote(config.replicas ?? 1)})`
           : "kv_aware (kvedge's router, in-process)";
     out.push(`Gains of ${kvName}:`);
     for (const [name, gain] of gains) {
@@ -587,18 +656,7 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
   if (result.index !== null) out.push(`kv_aware's engines, ${indexLine(result.index)}`, "");
   if (result.tiers !== null) out.push(...tierTable(result.tiers), "");
   if (result.admission !== null) out.push(admissionLine(result.admission), "");
-  const proxy = result.proxy;
-  if (proxy !== null) {
-    out.push(
-      `kvedge --proxy: ${int(proxy.requests)} OpenAI requests proxied (${proxy.failed} failed, ${proxy.failovers} failovers);` +
-        ` time to first byte p50 ${proxy.ttfb_p50_ms.toFixed(1)} ms, p99 ${proxy.ttfb_p99_ms.toFixed(1)} ms (wall, client-measured).`,
-    );
-    out.push(
-      `  Hit rate predicted ${percent(proxy.predicted_hit_rate)}, observed in the answers' usage ${percent(proxy.observed_hit_rate)};` +
-        ` ${proxy.suspect_workers} workers flagged, ${proxy.degraded_workers} degraded; ${proxy.active_at_end} requests active at the end.`,
-    );
-    out.push("");
-  }
+  if (result.proxy !== null) out.push(...proxyLines(result.proxy), "");
   if (config.approximate_workers.length > 0) out.push(approximateLine(config), "");
   const modes = new Set(Object.values(result.policies).map((r) => r.mode));
   out.push(
@@ -609,6 +667,16 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
     `Took ${result.wall_s.toFixed(0)} s${kv === undefined || router === null ? "" : ` (kvedge replay ${kv.wall_s.toFixed(0)} s at ×${router.achieved_speedup.toFixed(1)})`}.`,
   );
   return `${out.join("\n")}\n`;
+}
+
+/** What the proxied run saw: its requests, first bytes, and predicted against observed hits. */
+function proxyLines(proxy: ProxyReport): string[] {
+  return [
+    `kvedge --proxy: ${int(proxy.requests)} OpenAI requests proxied (${proxy.failed} failed, ${proxy.failovers} failovers);` +
+      ` time to first byte p50 ${proxy.ttfb_p50_ms.toFixed(1)} ms, p99 ${proxy.ttfb_p99_ms.toFixed(1)} ms (wall, client-measured).`,
+    `  Hit rate predicted ${percent(proxy.predicted_hit_rate)}, observed in the answers' usage ${percent(proxy.observed_hit_rate)};` +
+      ` ${proxy.suspect_workers} workers flagged, ${proxy.degraded_workers} degraded; ${proxy.active_at_end} requests active at the end.`,
+  ];
 }
 
 /** kvedge serve's own view of the kv_aware run: route latency, events, its index at the end. */
@@ -633,6 +701,14 @@ function routerLines(router: RouterReport, config: DemoConfig): string[] {
         ` the engines cached ${int(p.engine_blocks)} (prompt and output blocks).`,
     );
   }
+  const cluster = router.cluster;
+  if (cluster !== null)
+    lines.push(
+      `  ${cluster.replicas} replicas${cluster.synced ? " over NATS" : ", no bus"}: ${int(cluster.facts_sent)} facts published,` +
+        ` ${int(cluster.facts_received)} applied by peers, ${int(cluster.bytes_sent)} bytes on the bus` +
+        ` (${int(cluster.bytes_per_route)} per routed request), ${int(cluster.gaps)} gaps;` +
+        ` facts applied by peers within ${cluster.lag_p50_ms} ms (p50), ${cluster.lag_p99_ms} ms (p99).`,
+    );
   return lines;
 }
 

@@ -9,9 +9,14 @@ import { defaultIndexBudgetBytes } from "../index/budget";
 import type { Config } from "../config";
 import { bufferBudget } from "../util/buffer-budget";
 import { warmUp } from "../server/warmup";
-import { registerRouterMetrics, registerCoreMetrics } from "../server/metrics";
+import {
+  registerClusterMetrics,
+  registerCoreMetrics,
+  registerRouterMetrics,
+} from "../server/metrics";
 import { createMetricsRegistry, type MetricsRegistry } from "../util/metrics";
 import { KvedgeCore } from "../core/core";
+import { Cluster } from "../cluster/cluster";
 import { registerObservedHitsMetrics, registerProxyMetrics } from "../proxy/metrics";
 import { Preparer } from "../proxy/preparer";
 import { OpenAiProxy } from "../proxy/proxy";
@@ -115,19 +120,21 @@ Example:
     const writer = plan.indexThreads === 0 ? null : await startWriter(config, plan);
     const core = new KvedgeCore({ config, log, ...(writer === null ? {} : { writer }) });
     const proxy = config.proxy.enabled ? await startProxy(config, core, tokenizer, log) : null;
-    const registry = metricsOf(core, proxy, plan, writer);
     const stateDir = state?.path ?? null;
     const stateLog = log.child({ component: "state" });
     const saved = stateDir === null ? null : loadSnapshot(core, stateDir, config.workers, stateLog);
     await core.start(); // snapshot and sources before the port opens (docs/operations.md)
+    // The peers' sets name workers: joined once the configured ones are known.
+    const cluster = await startCluster(config, core, log);
+    if (cluster === "failed") return stopped(2, null, core, writer);
     if (saved !== null) restoreRequests(core, saved, stateLog);
+    const registry = metricsOf(core, proxy, plan, writer, cluster);
     let serving: Serving;
     try {
-      serving = await listen(config, plan, { core, writer, registry, proxy }, log);
+      serving = await listen(config, plan, { core, writer, registry, proxy, cluster }, log);
     } catch (error) {
-      await core.stop().then(() => writer?.stop());
       process.stderr.write(`kvedge serve: ${(error as Error).message}\n`);
-      return 1;
+      return stopped(1, cluster, core, writer);
     }
     const periodic = stateDir === null ? null : new PeriodicSnapshots(core, stateDir, stateLog);
     const snapshots =
@@ -147,16 +154,21 @@ Example:
     await periodic?.idle();
     if (stateDir !== null && (await saveSnapshot(core, stateDir, stateLog)))
       log.info("snapshot written", { dir: stateDir });
-    await core.stop();
-    await writer?.stop();
+    await stopped(0, cluster, core, writer);
     log.info("stopped");
-    const code = signal === "writer_failed" ? 1 : 0;
-    // Connections to engines given up on may still be with the kernel (src/http/client.ts):
-    // they must not keep the process. Not needed otherwise: the timer does not hold it.
-    setTimeout(() => process.exit(code), EXIT_LINGER_MS).unref();
-    return code;
+    return exitSoon(signal === "writer_failed" ? 1 : 0);
   },
 };
+
+/**
+ * `code`, and the process ends with it a moment later: connections to engines given up on
+ * may still be with the kernel (src/http/client.ts) and must not keep it. Not needed
+ * otherwise: the timer does not hold the process.
+ */
+function exitSoon(code: number): number {
+  setTimeout(() => process.exit(code), EXIT_LINGER_MS).unref();
+  return code;
+}
 
 /** The OpenAI proxy, its tokenizer threads started (`tokenizer` loaded already, or null). */
 async function startProxy(
@@ -299,6 +311,7 @@ interface Serves {
   readonly writer: WriterThread | null;
   readonly registry: MetricsRegistry;
   readonly proxy: OpenAiProxy | null;
+  readonly cluster: Cluster | null;
 }
 
 async function listen(
@@ -307,7 +320,7 @@ async function listen(
   serves: Serves,
   log: Logger,
 ): Promise<Serving> {
-  const { core, writer, registry, proxy } = serves;
+  const { core, writer, registry, proxy, cluster } = serves;
   const { server } = config;
   const lanesOn = plan.routeThreads > 0;
   const control = proxy === null ? null : { host: server.control_host, port: server.control_port };
@@ -323,6 +336,7 @@ async function listen(
     registry,
     log: log.child({ component: "http" }),
     proxy,
+    cluster,
   });
   if (!lanesOn) {
     const stop = (graceMs: number) => app.stop(graceMs);
@@ -357,6 +371,37 @@ async function listen(
   };
 }
 
+/** Leaves the cluster, stops the core and the writer thread; returns `code`. */
+async function stopped(
+  code: number,
+  cluster: Cluster | null,
+  core: KvedgeCore,
+  writer: WriterThread | null,
+): Promise<number> {
+  await cluster?.stop();
+  await core.stop();
+  await writer?.stop();
+  return code;
+}
+
+/**
+ * With cluster.nats_url: joins the other processes of the fleet before the port opens
+ * (bounded; src/cluster/cluster.ts). A client option that cannot be read stops the start.
+ */
+async function startCluster(
+  config: Config,
+  core: KvedgeCore,
+  log: Logger,
+): Promise<Cluster | null | "failed"> {
+  if (config.cluster.nats_url === null) return null;
+  try {
+    return await Cluster.start(config.cluster, core, log.child({ component: "cluster" }));
+  } catch (error) {
+    process.stderr.write(`kvedge serve: cluster: ${(error as Error).message}\n`);
+    return "failed";
+  }
+}
+
 /** A URL a lane can connect to: a wildcard listener is reached on loopback. */
 function reachable(url: string): string {
   return url.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:");
@@ -367,6 +412,7 @@ function metricsOf(
   proxy: OpenAiProxy | null,
   plan: ThreadPlan,
   writer: WriterThread | null,
+  cluster: Cluster | null,
 ): MetricsRegistry {
   const registry = createMetricsRegistry();
   registerRouterMetrics(registry, core.router);
@@ -374,6 +420,7 @@ function metricsOf(
   registerObservedHitsMetrics(registry, core);
   if (proxy !== null) registerProxyMetrics(registry, proxy);
   registerThreadMetrics(registry, plan, writer);
+  if (cluster !== null) registerClusterMetrics(registry, cluster, core.router.load);
   return registry;
 }
 

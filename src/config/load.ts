@@ -137,7 +137,7 @@ export function loadConfig(sources: ConfigSources = {}): LoadedConfig {
 
   const config = assemble(values, workers);
   checkTogether(config, origins);
-  return { config, file, origins, warnings };
+  return { config, file, origins, warnings: [...warnings, ...clusterWarnings(config, origins)] };
 }
 
 /** Parses TOML text as a config file would be (for tests and --print-config round trips). */
@@ -271,6 +271,7 @@ function checkTogether(config: Config, origins: ReadonlyMap<string, string>): vo
         "are not supported yet)",
     );
   }
+  if (config.cluster.nats_url !== null) checkCluster(config, from);
   checkWildcards(config, from);
   checkControlPort(config, from);
   const writerThread = (config.runtime.index_threads ?? 0) > 0;
@@ -289,6 +290,33 @@ function checkTogether(config: Config, origins: ReadonlyMap<string, string>): vo
         `not ${from("index.backend")} = ${config.index.backend}`,
     );
   }
+}
+
+/** With a NATS URL: the client's options come in pairs, and one way to authenticate. */
+function checkCluster(config: Config, from: (key: string) => string): void {
+  const c = config.cluster;
+  const pair = (a: keyof Config["cluster"], b: keyof Config["cluster"]): void => {
+    if ((c[a] === null) !== (c[b] === null)) {
+      const [set, unset] = c[a] === null ? [b, a] : [a, b];
+      throw new ConfigError(`${from(`cluster.${set}`)} needs cluster.${unset} too`);
+    }
+  };
+  pair("user", "password");
+  pair("tls_cert_file", "tls_key_file");
+  const ways = [c.token, c.user, c.credentials_file, c.nkey_seed_file].filter((v) => v !== null);
+  if (ways.length > 1)
+    throw new ConfigError(
+      "set one of cluster.token, cluster.user and password, cluster.credentials_file, cluster.nkey_seed_file",
+    );
+}
+
+/** Cluster settings that do nothing without a NATS URL. */
+function clusterWarnings(config: Config, origins: ReadonlyMap<string, string>): string[] {
+  const c = config.cluster;
+  if (c.nats_url !== null) return [];
+  return Object.keys(c)
+    .filter((key) => key !== "nats_url" && origins.get(`cluster.${key}`) !== "default")
+    .map((key) => `cluster.${key} is set but does nothing without cluster.nats_url`);
 }
 
 function checkWildcards(config: Config, from: (key: string) => string): void {

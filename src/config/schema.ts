@@ -116,6 +116,22 @@ export interface Config {
     readonly max_prompt_bytes: number;
     readonly tokenizer_threads: number;
   };
+  readonly cluster: {
+    readonly nats_url: string | null;
+    readonly name: string;
+    readonly replica_id: string | null;
+    readonly lease_ms: number;
+    readonly join_timeout_ms: number;
+    readonly stagger_ms: number;
+    readonly token: string | null;
+    readonly user: string | null;
+    readonly password: string | null;
+    readonly credentials_file: string | null;
+    readonly nkey_seed_file: string | null;
+    readonly tls_ca_file: string | null;
+    readonly tls_cert_file: string | null;
+    readonly tls_key_file: string | null;
+  };
   readonly runtime: {
     readonly cpus: readonly number[] | null;
     readonly numa_node: number | null;
@@ -143,6 +159,11 @@ const MIB = 1024 * 1024;
 const HOST = /^[A-Za-z0-9._:-]+$/;
 const TOKEN = /^[\x21-\x7e]+$/;
 const HOUR_MS = 3_600_000;
+/** One NATS server URL, or several separated by commas; no credentials in them (set them apart). */
+const NATS_URLS = /^(nats|tls):\/\/[A-Za-z0-9._:[\]-]+(,(nats|tls):\/\/[A-Za-z0-9._:[\]-]+)*$/;
+/** Subject tokens NATS takes as they are, dot-separated. */
+const SUBJECT = /^[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,7}$/;
+const FILE = (v: string) => v.length > 0 && !v.includes("\0");
 
 function setting<T>(spec: Setting<T>): Setting {
   return spec as Setting;
@@ -666,6 +687,125 @@ export const SETTINGS: readonly Setting[] = [
     type: integer(0, 64),
     default: 1,
     help: "Threads that tokenize large prompts (bodies over 16 KiB) and render their chat templates, off the thread that answers routes and health checks; 0 = on that thread (a 4 MB chat then stalls it for about 0.4 s).",
+  }),
+  setting({
+    key: "cluster.nats_url",
+    flag: "cluster-nats",
+    type: text(
+      "nats://HOST:PORT or tls://HOST:PORT, several separated by commas, without credentials",
+      "URL",
+      (v) => NATS_URLS.test(v),
+    ),
+    default: null,
+    optional: true,
+    help: "NATS server(s) this process shares its routing facts over with the other kvedge processes of the fleet (unset = one process, as it decides alone). Credentials go in cluster.token / user / password / credentials_file, never in the URL.",
+  }),
+  setting({
+    key: "cluster.name",
+    flag: "cluster-name",
+    type: text("NATS subject tokens (letters, digits, _ and -, joined by dots)", "NAME", (v) =>
+      SUBJECT.test(v),
+    ),
+    default: "kvedge",
+    help: "The fleet's subject prefix: processes with the same name on one NATS decide as one; other names are other fleets.",
+  }),
+  setting({
+    key: "cluster.replica_id",
+    flag: "cluster-replica-id",
+    type: text("1 to 64 letters, digits, '.', '_' or '-'", "ID", (v) =>
+      /^[A-Za-z0-9._-]{1,64}$/.test(v),
+    ),
+    default: null,
+    optional: true,
+    help: "This process's name among its peers (unset = host name, process id and a random suffix: unique per process start). Two running processes must never share one.",
+  }),
+  setting({
+    key: "cluster.lease_ms",
+    flag: "cluster-lease-ms",
+    type: integer(500, 600_000),
+    default: 3000,
+    help: "A peer not heard for this long (it heartbeats every fifth of it) is taken for gone: its requests stop counting as load.",
+  }),
+  setting({
+    key: "cluster.join_timeout_ms",
+    flag: "cluster-join-timeout-ms",
+    type: integer(0, 600_000),
+    default: 2000,
+    help: "How long a starting process waits for NATS and its peers' current sets before it opens its port (past it: it starts alone and says so, and takes them in when they come).",
+  }),
+  setting({
+    key: "cluster.stagger_ms",
+    flag: "cluster-stagger-ms",
+    type: decimal(0, 1000),
+    default: 0,
+    help: "Replicas decide contested routes (the two cheapest workers within 5% of each other) in turn: the replica ranked k among the fleet's replica ids waits k × this many ms first, so decisions taken at the same moment on several replicas see each other's facts instead of all picking the same worker. Set it to about the bus's lag (kvedge_cluster_fact_lag_seconds, p99); 0 = every replica decides at once on what it has heard.",
+  }),
+  setting({
+    key: "cluster.token",
+    flag: "cluster-token",
+    type: text("printable ASCII without spaces", "TOKEN", (v) => TOKEN.test(v)),
+    default: null,
+    optional: true,
+    secret: true,
+    help: "NATS token authentication.",
+  }),
+  setting({
+    key: "cluster.user",
+    flag: "cluster-user",
+    type: text("printable ASCII without spaces", "USER", (v) => TOKEN.test(v)),
+    default: null,
+    optional: true,
+    help: "NATS user (with cluster.password).",
+  }),
+  setting({
+    key: "cluster.password",
+    flag: "cluster-password",
+    type: text("printable ASCII without spaces", "PASSWORD", (v) => TOKEN.test(v)),
+    default: null,
+    optional: true,
+    secret: true,
+    help: "NATS password (with cluster.user).",
+  }),
+  setting({
+    key: "cluster.credentials_file",
+    flag: "cluster-credentials",
+    type: text("a file path", "FILE", FILE),
+    default: null,
+    optional: true,
+    help: "NATS credentials file (.creds: a user JWT and its nkey seed).",
+  }),
+  setting({
+    key: "cluster.nkey_seed_file",
+    flag: "cluster-nkey-seed-file",
+    type: text("a file path", "FILE", FILE),
+    default: null,
+    optional: true,
+    help: "File holding a NATS nkey seed (SU...), for nkey authentication.",
+  }),
+  setting({
+    key: "cluster.tls_ca_file",
+    flag: "cluster-tls-ca",
+    type: text("a file path", "FILE", FILE),
+    default: null,
+    optional: true,
+    help: "CA certificate(s) (PEM) that NATS's server certificate must chain to; set it (or use tls:// URLs) to talk TLS.",
+  }),
+  setting({
+    key: "cluster.tls_cert_file",
+    flag: "cluster-tls-cert",
+    type: text("a file path", "FILE", FILE),
+    default: null,
+    optional: true,
+    help: "Client certificate (PEM) for NATS servers that verify clients (mutual TLS), with cluster.tls_key_file.",
+  }),
+  setting({
+    key: "cluster.tls_key_file",
+    flag: "cluster-tls-key",
+    type: text("a file path", "FILE", FILE),
+    default: null,
+    optional: true,
+    secret: true,
+    help: "The client certificate's private key (PEM).",
   }),
   setting({
     key: "runtime.cpus",

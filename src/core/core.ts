@@ -98,6 +98,13 @@ export interface RouteCall {
 
 /** How often held calls are looked at when no lifecycle call arrives (expiries free workers too). */
 const HELD_POLL_MS = 100;
+/**
+ * A decision whose two cheapest workers are within this fraction of each other is
+ * contested: with replicas (cluster.stagger_ms), it waits for this replica's turn.
+ */
+export const CONTESTED_MARGIN = 0.05;
+/** Handles of calls waiting for their turn start here (admission's are slot numbers below it). */
+const TURN_HANDLES = 2 ** 31;
 
 export interface WorkerView {
   readonly workerId: bigint;
@@ -114,6 +121,9 @@ export interface WorkerView {
   readonly activeRequests: number;
   readonly activePrefillTokens: number;
   readonly activeDecodeBlocks: number;
+  /** Of activeRequests / activePrefillTokens: the part peers routed (several processes as one). */
+  readonly peerActiveRequests: number;
+  readonly peerActivePrefillTokens: number;
   readonly routedTotal: number;
   readonly lastSeq: number;
   readonly lostBatches: number;
@@ -151,6 +161,14 @@ export interface CoreOptions {
 
 /** Index writes held during a sliced copy before the copy is finished at once. */
 const HELD_WRITES_BYTES = 64 * 1024 * 1024;
+
+function overBudget(): KvedgeError {
+  return new KvedgeError(
+    "overloaded",
+    `kvedge holds its limit of ${bufferBudget.limitBytes} bytes of unfinished requests; try again`,
+    { retryAfterSecs: 1 },
+  );
+}
 
 /** Key of a (worker, dp rank) in `restoredPositions`. */
 export const positionKey = (workerId: bigint, dpRank: number): string => `${workerId}:${dpRank}`;
@@ -201,6 +219,20 @@ export class KvedgeCore {
   private readonly zmtp: ZmtpOptions;
   private readonly log: Logger;
   private stopped = false;
+  /**
+   * Several processes deciding as one: this replica's contested routes wait rank ×
+   * staggerMs before they are decided (cluster.stagger_ms; 0: never). The cluster sets
+   * `replicaRank` (this replica's place among the fleet's replica ids, 0 = first).
+   */
+  replicaRank: () => number = () => 0;
+  /** Calls waiting for their turn, by handle. */
+  private readonly turns = new Map<
+    number,
+    { call: RouteCall; timer: ReturnType<typeof setTimeout> }
+  >();
+  private turnSerial = 0;
+  /** Calls that waited for their turn and were then held by admission: their admission handle. */
+  private readonly turnedToAdmission = new Map<RouteCall, number>();
 
   constructor(private readonly options: CoreOptions) {
     const { config } = options;
@@ -277,7 +309,10 @@ export class KvedgeCore {
     this.stopped = true;
     if (this.heldTimer !== null) clearTimeout(this.heldTimer);
     this.heldTimer = null;
-    for (const call of this.admission.takeAll()) {
+    const waiting = [...this.turns.values()];
+    this.turns.clear();
+    for (const { timer } of waiting) clearTimeout(timer);
+    for (const call of [...this.admission.takeAll(), ...waiting.map((entry) => entry.call)]) {
       this.unhold(call);
       call.fail(new KvedgeError("shutting_down", "kvedge is shutting down"));
     }
@@ -359,19 +394,31 @@ export class KvedgeCore {
     return { decision, queryBlocks: blockCount };
   }
 
+  /** cluster.stagger_ms, with a cluster (0: no turns). */
+  get staggerMs(): number {
+    const cluster = this.options.config.cluster;
+    return cluster.nats_url === null ? 0 : cluster.stagger_ms;
+  }
+
+  /** Whether a route call may be answered later (admission, or replicas taking turns). */
+  get mayHold(): boolean {
+    return this.admission.enabled || this.staggerMs > 0;
+  }
+
   /**
-   * A route call through admission: answered now, or held (returns its handle for
-   * `dropHeld`) and answered when a worker frees, or refused. Bad input throws here.
+   * A route call through admission (and, with replicas, this replica's turn): answered
+   * now, or held (returns its handle for `dropHeld`) and answered when a worker frees or
+   * its turn comes, or refused. Bad input throws here.
    */
   submitRoute(call: RouteCall): number {
-    if (!this.admission.enabled) {
+    if (!this.mayHold) {
       this.answerCall(call);
       return -1;
     }
     // A call that may be held is matched afresh each time it is looked at, so it carries
-    // no matches found on arrival (lanes skip their lookup when admission is on).
+    // no matches found on arrival (lanes skip their lookup when calls may be held).
     if (call.input.matched !== undefined) {
-      throw new Error("a route through admission must not carry matches");
+      throw new Error("a route that may be held must not carry matches");
     }
     const requestId = call.input.requestId;
     if (requestId !== null && this.router.load.isActive(requestId)) {
@@ -381,33 +428,85 @@ export class KvedgeCore {
       const message = `request ${requestId} is already held, waiting for a worker`;
       throw new KvedgeError("duplicate_held_request", message);
     }
+    const delay = this.turnDelayMs(call);
+    return delay > 0 ? this.waitTurn(call, delay) : this.admit(call);
+  }
+
+  /** Through admission (if on): routed now, held (its handle), or refused. */
+  private admit(call: RouteCall): number {
+    if (!this.admission.enabled) {
+      this.answerCall(call);
+      return -1;
+    }
     const { request, overlaps } = this.routeRequest(call.input, 0);
     const { waitMs, prefillMs } = this.router.assess(request, overlaps);
     const handle = this.admission.submit(call, waitMs, prefillMs);
     if (handle < 0) return handle;
-    if (!bufferBudget.take(call.input.tokens.byteLength)) {
+    if (!this.takeHeld(call)) {
       this.admission.drop(handle, call);
-      throw new KvedgeError(
-        "overloaded",
-        `kvedge holds its limit of ${bufferBudget.limitBytes} bytes of unfinished requests; try again`,
-        { retryAfterSecs: 1 },
-      );
+      throw overBudget();
     }
-    this.heldCalls.add(call);
-    if (requestId !== null) this.heldIds.add(requestId);
     this.pollHeld();
+    return handle;
+  }
+
+  /** Counts a held call's token bytes in the buffer budget and notes its id; false if over. */
+  private takeHeld(call: RouteCall): boolean {
+    if (!bufferBudget.take(call.input.tokens.byteLength)) return false;
+    this.heldCalls.add(call);
+    if (call.input.requestId !== null) this.heldIds.add(call.input.requestId);
+    return true;
+  }
+
+  /**
+   * This replica's turn for a call, in ms: rank × staggerMs for a contested decision on
+   * a replica other than the first, else 0 (a clear decision no concurrent one would turn).
+   */
+  private turnDelayMs(call: RouteCall): number {
+    if (this.staggerMs === 0) return 0;
+    const rank = this.replicaRank();
+    if (rank <= 0) return 0;
+    const { request, overlaps } = this.routeRequest(call.input, 0);
+    return this.router.margin(request, overlaps) <= CONTESTED_MARGIN ? rank * this.staggerMs : 0;
+  }
+
+  /** Holds a call until its turn; then it goes through admission like any other. */
+  private waitTurn(call: RouteCall, delayMs: number): number {
+    if (!this.takeHeld(call)) throw overBudget();
+    const handle = TURN_HANDLES + (this.turnSerial++ % TURN_HANDLES);
+    const timer = setTimeout(() => {
+      if (!this.turns.delete(handle)) return;
+      this.unhold(call);
+      try {
+        const held = this.admit(call);
+        if (held >= 0) this.turnedToAdmission.set(call, held);
+      } catch (error) {
+        call.fail(error);
+      }
+    }, delayMs);
+    this.turns.set(handle, { call, timer });
     return handle;
   }
 
   /** A held call whose client went away: never answered. False if not held (answered already). */
   dropHeld(handle: number, call: RouteCall): boolean {
-    if (!this.admission.drop(handle, call)) return false;
+    if (handle >= TURN_HANDLES) {
+      const waiting = this.turns.get(handle);
+      if (waiting === undefined || waiting.call !== call) {
+        // Its turn came and admission holds it now, or it was answered.
+        const held = this.turnedToAdmission.get(call);
+        return held !== undefined && this.dropHeld(held, call);
+      }
+      clearTimeout(waiting.timer);
+      this.turns.delete(handle);
+    } else if (!this.admission.drop(handle, call)) return false;
     this.unhold(call);
     return true;
   }
 
   /** Gives a held call's bytes back to the buffer budget (once). */
   private unhold(call: RouteCall): void {
+    this.turnedToAdmission.delete(call);
     if (!this.heldCalls.delete(call)) return;
     bufferBudget.give(call.input.tokens.byteLength);
     if (call.input.requestId !== null) this.heldIds.delete(call.input.requestId);
@@ -430,6 +529,14 @@ export class KvedgeCore {
     this.predictions.done(requestId);
     this.admission.release();
     return result;
+  }
+
+  /**
+   * Peers' facts changed the load (src/cluster applies them to `router.load` under each
+   * peer's origin): held calls are looked at again, as after a local done.
+   */
+  peerLoadChanged(): void {
+    this.admission.release();
   }
 
   /**
@@ -761,6 +868,8 @@ export class KvedgeCore {
         activeRequests: load.activeRequests,
         activePrefillTokens: load.activePrefillTokens,
         activeDecodeBlocks: load.activeDecodeBlocks,
+        peerActiveRequests: load.peerRequests,
+        peerActivePrefillTokens: load.peerPrefillTokens,
         routedTotal: load.routedTotal,
         lastSeq: source?.sequencer.lastSeq ?? -1,
         lostBatches: source?.sequencer.counters.lost ?? 0,

@@ -45,6 +45,11 @@ export class RequestRecords {
   blocks = new Int32Array(0);
   prefill = new Float64Array(0);
   output = new Float64Array(0);
+  /** A peer's request without a chain: the decode blocks its origin counted it adding. */
+  flat = new Float64Array(0);
+  /** The record's serial: the n-th record taken since the store began (mod 2^32); never 0. */
+  serial = new Uint32Array(0);
+  private serials = 0;
   touched = new Float64Array(0);
   key = new Float64Array(0);
   check = new Uint16Array(0);
@@ -97,6 +102,8 @@ export class RequestRecords {
    */
   add(id: string, key: number, check: number, slot: number, touched: number): number {
     const record = this.newRecord();
+    this.serials = (this.serials + 1) >>> 0 || 1;
+    this.serial[record] = this.serials;
     this.storeId(record, id);
     this.slot[record] = slot;
     this.touched[record] = touched;
@@ -297,6 +304,8 @@ export class RequestRecords {
     this.blocks = resize(this.blocks, (n) => new Int32Array(n));
     this.prefill = resize(this.prefill, (n) => new Float64Array(n));
     this.output = resize(this.output, (n) => new Float64Array(n));
+    this.flat = resize(this.flat, (n) => new Float64Array(n));
+    this.serial = resize(this.serial, (n) => new Uint32Array(n));
     this.touched = resize(this.touched, (n) => new Float64Array(n));
     this.key = resize(this.key, (n) => new Float64Array(n));
     this.check = resize(this.check, (n) => new Uint16Array(n));

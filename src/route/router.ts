@@ -475,6 +475,29 @@ export class Router {
     return { waitMs, prefillMs: prefillMs[best]! };
   }
 
+  /**
+   * How far ahead of the next the cheapest worker is for this request now: (second −
+   * first) / first of the costs a decision would weigh (Infinity with one worker). A
+   * small margin is a contested decision, one that a concurrent decision elsewhere
+   * could turn (several processes deciding as one: src/cluster). Nothing is recorded.
+   */
+  margin(request: RouteRequest, overlaps: Overlaps): number {
+    this.fillCosts(request, overlaps);
+    const slots = this.load.liveSlots;
+    const costs = this.costBySlot;
+    let first = Infinity;
+    let second = Infinity;
+    for (let i = 0; i < this.load.liveCount; i++) {
+      const cost = costs[slots[i]!]!;
+      if (cost < first) {
+        second = first;
+        first = cost;
+      } else if (cost < second) second = cost;
+    }
+    if (second === Infinity) return Infinity;
+    return (second - first) / Math.max(Math.abs(first), 1e-9);
+  }
+
   /** Validates the request, fills every live worker's cost, and returns the chosen slot. */
   private evaluate(request: RouteRequest, overlaps: Overlaps): number {
     return this.pick(this.fillCosts(request, overlaps));

@@ -19,6 +19,7 @@ import {
   tokenIds,
   u64Field,
 } from "../http/http";
+import type { Cluster } from "../cluster/cluster";
 import type { KvedgeCore, MatchScore, RouteCall, RouteInput, RouteOutcome } from "../core/core";
 import type { LoraAdapters } from "../hash";
 import { encodeMsgpack, type MsgpackWriter } from "../wire/msgpack";
@@ -139,7 +140,7 @@ export function submitRoute(
   fail: (error: unknown) => void,
 ): { handle: number; call: RouteCall } {
   const { input, candidatesMax } = parseRoute(raw, core.lora);
-  const kept = core.admission.enabled ? { ...input, tokens: input.tokens.slice() } : input;
+  const kept = core.mayHold ? { ...input, tokens: input.tokens.slice() } : input;
   const call: RouteCall = { input: kept, candidatesMax, answer, fail };
   return { handle: core.submitRoute(call), call };
 }
@@ -222,9 +223,20 @@ export function lifecycleOp(
   return { request_id: requestId, status: result };
 }
 
-export function workersOp(core: KvedgeCore) {
+export function workersOp(core: KvedgeCore, cluster: Cluster | null = null) {
+  const shared = cluster?.status() ?? null;
   return {
     block_size: core.blockSize,
+    // Load below counts every replica's requests (own_ and peer_ split it); null: this process alone.
+    cluster:
+      shared === null
+        ? null
+        : {
+            state: shared.state,
+            since_ms: shared.since_ms,
+            replica_id: shared.replica_id,
+            peers: shared.peers.length,
+          },
     workers: core.workers().map((view) => ({
       worker_id: view.workerId.toString(),
       dp_rank: view.dpRank,
@@ -238,6 +250,10 @@ export function workersOp(core: KvedgeCore) {
       active_requests: view.activeRequests,
       active_prefill_tokens: view.activePrefillTokens,
       active_decode_blocks: view.activeDecodeBlocks,
+      own_active_requests: view.activeRequests - view.peerActiveRequests,
+      own_active_prefill_tokens: view.activePrefillTokens - view.peerActivePrefillTokens,
+      peer_active_requests: view.peerActiveRequests,
+      peer_active_prefill_tokens: view.peerActivePrefillTokens,
       routed_total: view.routedTotal,
       last_seq: view.lastSeq,
       lost_batches: view.lostBatches,

@@ -43,6 +43,7 @@ import { ServerMetrics } from "./metrics";
 import { UNLIMITED_BODY } from "../http/http";
 import type { MetricsRegistry } from "../util/metrics";
 import type { KvedgeCore } from "../core/core";
+import type { Cluster } from "../cluster/cluster";
 import { statusOp, statusPage } from "./status";
 import { StatusHistory } from "./status-history";
 import { TurnBatch } from "./turn";
@@ -65,6 +66,8 @@ export interface AppOptions {
   readonly log: Logger;
   /** `serve --proxy`: the OpenAI-compatible endpoints. */
   readonly proxy?: OpenAiProxy | null;
+  /** `serve --cluster-nats`: this process's part in the fleet's shared view. */
+  readonly cluster?: Cluster | null;
   /** A dump whose client reads nothing for this long is cut (default DUMP_STALL_MS). */
   readonly dumpStallMs?: number;
 }
@@ -108,6 +111,7 @@ export interface App {
 /** What the handlers share: the core, metrics, the dump writer and the turn batch. */
 interface AppContext {
   readonly core: KvedgeCore;
+  readonly cluster: Cluster | null;
   readonly log: Logger;
   readonly metrics: ServerMetrics;
   readonly registry: MetricsRegistry;
@@ -212,6 +216,7 @@ function appContext(options: AppOptions): AppContext {
   const metrics = new ServerMetrics(options.registry);
   return {
     core: options.core,
+    cluster: options.cluster ?? null,
     log: options.log,
     metrics,
     registry: options.registry,
@@ -264,7 +269,7 @@ function apiRoutes(context: AppContext): RouteTable {
         readsBody: true,
         op: (request, _params, body) => {
           const parsed = parseBody(body!, true);
-          if (core.admission.enabled) return admittedRoute(context, request, parsed);
+          if (core.mayHold) return admittedRoute(context, request, parsed);
           return routeReply(core, request, decideRoute(core, parsed));
         },
       },
@@ -272,7 +277,7 @@ function apiRoutes(context: AppContext): RouteTable {
     "/v1/requests/:id/prefill_done": { POST: lifecycle("prefill_done") },
     "/v1/requests/:id/done": { POST: lifecycle("done") },
     "/v1/workers": {
-      GET: (request) => reply(request, 200, workersOp(core)),
+      GET: (request) => reply(request, 200, workersOp(core, context.cluster)),
       POST: async (request) => {
         requireAdmin(request);
         return reply(request, 201, await addWorkerOp(core, await readBody(request, limit)));
@@ -302,7 +307,13 @@ function opsRoutes(context: AppContext): RouteTable {
     "/v1/status": {
       GET: (request) => {
         const since = Number(new URL(request.url).searchParams.get("since") ?? 0);
-        const body = statusOp(core, context.history, context.proxyCounters, since || 0);
+        const body = statusOp(
+          core,
+          context.history,
+          context.proxyCounters,
+          since || 0,
+          context.cluster,
+        );
         return reply(request, 200, body);
       },
     },

@@ -54,7 +54,7 @@ export class RouteLanes {
           blockSize: options.core.blockSize,
           loraAdapters: options.core.lora.adapters,
           // A call that may be held is matched afresh each time it is looked at, here.
-          index: options.core.admission.enabled ? null : options.index,
+          index: options.core.mayHold ? null : options.index,
           surface: options.surface,
         };
         const thread = await startThread({ role: "lane", cpus, data: start });

@@ -5,6 +5,8 @@
  */
 import { bufferBudget } from "../util/buffer-budget";
 import type { Router } from "../route";
+import type { LoadTracker, WorkerLoad } from "../route/load";
+import type { Cluster } from "../cluster/cluster";
 import type { KvedgeCore } from "../core/core";
 import {
   type Labels,
@@ -770,6 +772,128 @@ function registerAdmissionMetrics(
       emit(c.overdue, { outcome: "overdue" });
       emit(c.rejected, { outcome: "rejected" });
       emit(c.dropped, { outcome: "dropped" });
+    },
+  });
+}
+
+const LAG_BUCKETS_SECONDS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5];
+
+/**
+ * Several processes deciding as one (`serve --cluster-nats`): the bus's state, the peers,
+ * facts sent, received and dropped, how late peers' facts arrive, and how much of each
+ * worker's load is peers'.
+ */
+export function registerClusterMetrics(
+  registry: MetricsRegistry,
+  cluster: Cluster,
+  load: LoadTracker,
+): void {
+  const node = cluster.node;
+  const peers = node.peers;
+  const gauge = (name: string, help: string, read: () => number) =>
+    registerSamples(registry, { name, help, type: "gauge", collect: (emit) => emit(read()) });
+  gauge("kvedge_cluster_peers", "Peers this replica holds the facts of.", () => peers.peers.size);
+  gauge(
+    "kvedge_cluster_connected",
+    "1 while connected to NATS; 0: degraded (deciding on what is known).",
+    () => (cluster.status().state === "connected" ? 1 : 0),
+  );
+  gauge("kvedge_cluster_peer_requests", "Peers' active requests counted as load here.", () => {
+    load.sweep();
+    return load.peerRequestCount;
+  });
+  gauge("kvedge_cluster_held_facts", "Peers' requests held for workers not known here.", () => {
+    let held = 0;
+    for (const peer of peers.peers.values()) held += peer.held.size;
+    return held;
+  });
+  for (const [name, help, read] of [
+    [
+      "kvedge_worker_peer_active_requests",
+      "Of the worker's active requests, those peers routed.",
+      (w: WorkerLoad) => w.peerRequests,
+    ],
+    [
+      "kvedge_worker_peer_active_prefill_tokens",
+      "Of the worker's active prefill tokens, those of requests peers routed.",
+      (w: WorkerLoad) => w.peerPrefillTokens,
+    ],
+  ] as const) {
+    registerSamples(registry, {
+      name,
+      help,
+      type: "gauge",
+      labelNames: ["worker_id", "dp_rank"],
+      collect(emit) {
+        load.sweep();
+        for (const w of load.workers())
+          emit(read(w), { worker_id: w.workerId.toString(), dp_rank: String(w.dpRank) });
+      },
+    });
+  }
+  registerClusterCounters(registry, cluster, load);
+  const lag = new FastHistogram(
+    "kvedge_cluster_fact_lag_seconds",
+    "From a peer sending a batch of facts to its being applied here (the two processes' wall clocks).",
+    LAG_BUCKETS_SECONDS,
+    registry,
+  );
+  const series = lag.series({});
+  cluster.onLag = (ms) => lag.observe(series, ms / 1000);
+}
+
+function registerClusterCounters(registry: MetricsRegistry, cluster: Cluster, load: LoadTracker) {
+  const { outbox, peers } = cluster.node;
+  registerSamples(registry, {
+    name: "kvedge_cluster_facts_total",
+    help: "Facts: sent (this replica's own), unsent (the bus was down or full: peers fetch the set), received (peers', applied or held).",
+    type: "counter",
+    labelNames: ["direction"],
+    collect(emit) {
+      emit(outbox.counters.facts, { direction: "sent" });
+      emit(outbox.counters.unsentFacts, { direction: "unsent" });
+      emit(peers.counters.facts, { direction: "received" });
+    },
+  });
+  registerSamples(registry, {
+    name: "kvedge_cluster_dropped_total",
+    help: "What was dropped: bus messages by reason (bad, stale_epoch, own_replica_id, too_many_peers, …), peers' held facts whose worker never came (held_expired), peers' requests dropped with their peer (peer_lost) or by this replica's TTL (peer_expired).",
+    type: "counter",
+    labelNames: ["reason"],
+    collect(emit) {
+      for (const [reason, count] of peers.counters.dropped) emit(count, { reason });
+      emit(peers.counters.heldDropped, { reason: "held_expired" });
+      emit(load.peerCounters.droppedWithOrigin, { reason: "peer_lost" });
+      emit(load.peerCounters.expired, { reason: "peer_expired" });
+    },
+  });
+  registerSamples(registry, {
+    name: "kvedge_cluster_events_total",
+    help: "Cluster events: gaps seen in a peer's stream, syncs asked, installed and timed out, syncs answered, peers joined, lost (lease or leaving) and restarted, NATS disconnects, batches not published for backpressure.",
+    type: "counter",
+    labelNames: ["event"],
+    collect(emit) {
+      const c = peers.counters;
+      emit(c.gaps, { event: "gap" });
+      emit(c.syncsAsked, { event: "sync_asked" });
+      emit(c.syncsInstalled, { event: "sync_installed" });
+      emit(c.syncTimeouts, { event: "sync_timeout" });
+      emit(cluster.node.counters.syncsAnswered, { event: "sync_answered" });
+      emit(c.peersJoined, { event: "peer_joined" });
+      emit(c.peersLost, { event: "peer_lost" });
+      emit(c.peersRestarted, { event: "peer_restarted" });
+      emit(cluster.counters.disconnects, { event: "disconnect" });
+      emit(cluster.counters.backpressure, { event: "backpressure" });
+    },
+  });
+  registerSamples(registry, {
+    name: "kvedge_cluster_bytes_total",
+    help: "Bytes on the bus: published by this replica (facts, heartbeats, snapshots), received from peers.",
+    type: "counter",
+    labelNames: ["direction"],
+    collect(emit) {
+      emit(cluster.counters.publishedBytes, { direction: "sent" });
+      emit(peers.counters.bytes, { direction: "received" });
     },
   });
 }

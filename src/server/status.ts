@@ -10,6 +10,7 @@
  * worker with the reason, in compact alerts and the table.
  */
 import { workersOp } from "./api";
+import type { Cluster } from "../cluster/cluster";
 import type { KvedgeCore } from "../core/core";
 import {
   HISTORY_SAMPLES,
@@ -21,13 +22,15 @@ import {
 
 /**
  * GET /v1/status: cumulative counters (the page turns them into rates), the workers,
- * and the history samples taken after `since` (ms since the epoch; 0: all of them).
+ * and the history samples taken after `since` (ms since the epoch; 0: all of them); with
+ * several processes deciding as one, the cluster (null: this process alone).
  */
 export function statusOp(
   core: KvedgeCore,
   history: StatusHistory,
   proxyCounters: object | null,
   since: number,
+  cluster: Cluster | null = null,
 ) {
   const index = core.index.counters;
   const routes = core.routeTotals;
@@ -60,6 +63,7 @@ export function statusOp(
     proxy: proxyCounters === null ? null : numbersOf(proxyCounters),
     workers: workersOp(core).workers,
     history: { interval_ms: SAMPLE_MS, capacity: HISTORY_SAMPLES, samples: history.since(since) },
+    cluster: cluster?.status() ?? null,
   };
 }
 
@@ -117,10 +121,20 @@ const PAGE = `<!doctype html>
   <thead><tr>
     <th>worker</th><th>dp</th><th class="text">endpoint</th><th class="text">state</th><th class="text">trust</th><th class="text">degraded because</th>
     <th>cached blocks</th><th>active</th><th>prefill tokens</th><th>routed</th>
-    <th>predicted hits</th><th>observed hits</th><th>event lag</th><th>last seq</th><th>lost batches</th>
+    <th>predicted hits</th><th>observed hits</th><th>event lag</th><th>last seq</th><th>lost batches</th><th>of them peers'</th>
   </tr></thead>
   <tbody id="workers"></tbody>
 </table>
+<div id="cluster" hidden>
+  <h2 style="margin-top:1.2rem">Cluster <span id="cluster-summary"></span></h2>
+  <table>
+    <thead><tr>
+      <th>peer</th><th class="text">state</th><th>heard</th><th>requests here</th><th>requests it announced</th>
+      <th>applied seq</th><th>published seq</th><th>lag</th><th>held</th>
+    </tr></thead>
+    <tbody id="peers"></tbody>
+  </table>
+</div>
 <script>
 const POLL_MS = 1000, WINDOW = 5, ALERTS_MAX = 4, NS = "http://www.w3.org/2000/svg";
 // Proxy counters that count traffic; every other one counts a failure of some kind.
@@ -230,7 +244,7 @@ function renderProxy(proxy) {
 }
 
 // One line per cause (workers with the same cause together); at most ALERTS_MAX lines.
-function renderAlerts(workers, name) {
+function renderAlerts(workers, name, cluster) {
   const groups = new Map();
   const add = (key, text, worker, warn) => {
     if (!groups.has(key)) groups.set(key, { text, names: [], warn });
@@ -245,6 +259,10 @@ function renderAlerts(workers, name) {
   }
   const list = (names) => (names.length === 1 ? "worker " : names.length + " workers: ") + names.slice(0, 8).join(", ") + (names.length > 8 ? ", …" : "");
   const lines = [...groups.values()].map((g) => ({ text: list(g.names) + " — " + g.text, warn: g.warn }));
+  if (cluster !== null && cluster.state !== "connected")
+    lines.unshift({ text: "cluster: " + cluster.state + " since " + new Date(cluster.since_ms).toLocaleTimeString() + " (NATS unreachable): deciding on this replica's view", warn: false });
+  const syncing = (cluster?.peers ?? []).filter((p) => p.state === "syncing").map((p) => p.replica_id);
+  if (syncing.length > 0) lines.push({ text: "cluster: fetching the set of " + syncing.join(", "), warn: true });
   if (lines.length > ALERTS_MAX) {
     const rest = lines.splice(ALERTS_MAX - 1);
     lines.push({ text: rest.length + " more causes, " + rest.length + "+ workers: see the table", warn: false });
@@ -269,7 +287,8 @@ function renderWorkers(workers, name) {
       cell(w.degraded_reason ?? "", "text reason"),
       cell(w.blocks), cell(w.active_requests), cell(Math.round(w.active_prefill_tokens)), cell(w.routed_total),
       cell(w.observed_hits.predicted_cached_tokens), cell(w.observed_hits.observed_cached_tokens),
-      cell(w.event_lag_ms === null ? "–" : fmt(w.event_lag_ms) + " ms"), cell(w.last_seq), cell(w.lost_batches));
+      cell(w.event_lag_ms === null ? "–" : fmt(w.event_lag_ms) + " ms"), cell(w.last_seq), cell(w.lost_batches),
+      cell(w.peer_active_requests));
     return tr;
   }));
   barChart(el("chart-blocks"), workers, (w) => w.blocks, name);
@@ -306,14 +325,28 @@ function render(status) {
   renderProxy(status.proxy);
   const workers = status.workers;
   const name = (w) => w.dp_rank === 0 ? w.worker_id : w.worker_id + ":" + w.dp_rank;
-  renderAlerts(workers, name);
+  renderAlerts(workers, name, status.cluster);
   renderWorkers(workers, name);
+  renderCluster(status.cluster);
   const blocks = workers.reduce((sum, w) => sum + w.blocks, 0);
   const active = workers.reduce((sum, w) => sum + w.active_requests, 0);
   const degraded = workers.filter((w) => w.degraded).length;
   el("summary").textContent = workers.length + " workers · " + degraded + " degraded · block size " + status.block_size + " · " + fmt(blocks) + " cached blocks · "
     + active + " active requests · " + fmt(status.routes.decisions) + " routes · updated " + new Date(status.now_ms).toLocaleTimeString();
   document.body.dataset.polls = String(Number(document.body.dataset.polls ?? 0) + 1);
+}
+
+function renderCluster(cluster) {
+  el("cluster").hidden = cluster === null;
+  if (cluster === null) return;
+  el("cluster-summary").textContent = cluster.name + ": " + cluster.state + " since " + new Date(cluster.since_ms).toLocaleTimeString()
+    + " · this replica " + cluster.replica_id + " · " + cluster.peers.length + " peers";
+  el("peers").replaceChildren(...cluster.peers.map((p) => {
+    const tr = document.createElement("tr");
+    tr.append(cell(p.replica_id), cell(p.state, p.state === "synced" ? "text ok" : "text bad"), cell((p.heard_ms_ago / 1000).toFixed(1) + " s ago"),
+      cell(p.requests), cell(p.announced_requests), cell(p.applied_seq), cell(p.published_seq), cell(p.lag_ms + " ms"), cell(p.held));
+    return tr;
+  }));
 }
 
 async function refresh() {

@@ -165,7 +165,7 @@ class WsApi {
   frame(ws: ServerWebSocket<WsData>, message: string | Buffer): void {
     const binary = typeof message !== "string";
     // With admission on, answers are objects: a held route leaves its place out of the frame.
-    const objects = this.core.admission.enabled;
+    const objects = this.core.mayHold;
     if (binary && frameReader.read(message)) {
       this.readFrame(ws, objects);
       return;
@@ -243,7 +243,7 @@ class WsApi {
       const body = request as Record<string, unknown>;
       id = body.id ?? null;
       op = typeof body.op === "string" ? body.op : "invalid";
-      if (op === "route" && this.core.admission.enabled) {
+      if (op === "route" && this.core.mayHold) {
         response = this.admitted(ws, binary, id, body);
       } else if (out !== null && op === "route") {
         writeRouteFrame(out, this.core, id, decideRoute(this.core, body));

@@ -5,6 +5,7 @@ import type { Trace } from "./trace";
 
 export const DEMO_POLICIES = [
   "kv_aware",
+  "kv_aware_unsynced",
   "round_robin",
   "random",
   "least_loaded",
@@ -74,4 +75,20 @@ export interface DemoOptions {
    * proxy reads usage) and corrects its predictions (default true).
    */
   readonly correct?: boolean;
+  /**
+   * kvedge as this many replicas (default 1), request i to replica i mod N: kv_aware
+   * shares their facts over a local nats-server, kv_aware_unsynced runs them without it.
+   */
+  readonly replicas?: number;
+  /** Virtual time, kv_aware with replicas: how late each replica applies its peers' facts (ms). */
+  readonly syncDelayMs?: number;
+  /** kv_aware with replicas: cluster.stagger_ms (model ms in virtual time, wall ms in real time). */
+  readonly staggerMs?: number;
+}
+
+/** The policies a replicated demo runs by default: synced, unsynced, then the baselines. */
+export function defaultDemoPolicies(replicas: number): DemoPolicy[] {
+  return replicas > 1
+    ? ["kv_aware", "kv_aware_unsynced", ...DEFAULT_DEMO_POLICIES.slice(1)]
+    : [...DEFAULT_DEMO_POLICIES];
 }

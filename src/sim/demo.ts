@@ -29,7 +29,10 @@ import {
   type KvAwareConfig,
   KvAwareModel,
   type PolicyName,
+  type RoutingPolicy,
 } from "./policies";
+import { ReplicatedKvAware } from "./replicas";
+import { NatsServer } from "./nats-server";
 import type { AdmissionMode } from "../route/admission";
 import { policyClient, replayRealtime, type RealtimeProgress } from "./realtime";
 import { startServeChild, type ServeChild, waitReady, withServeTail } from "./serve-process";
@@ -82,6 +85,24 @@ export interface RouterReport {
   };
   /** Model span / wall time of the kvedge replay. */
   readonly achieved_speedup: number;
+  /** With replicas: what they shared (null: one kvedge serve). */
+  readonly cluster: ClusterReport | null;
+}
+
+/** The replicas of a replicated run and their bus (client side of `--replicas N`). */
+export interface ClusterReport {
+  readonly replicas: number;
+  readonly synced: boolean;
+  /** Own facts the replicas published, and peers' facts they applied. */
+  readonly facts_sent: number;
+  readonly facts_received: number;
+  /** Bytes the replicas published (facts, heartbeats, snapshots), and per routed request. */
+  readonly bytes_sent: number;
+  readonly bytes_per_route: number;
+  readonly gaps: number;
+  /** How late peers' facts arrived (ms, the histogram bucket's upper bound). */
+  readonly lag_p50_ms: number;
+  readonly lag_p99_ms: number;
 }
 
 export interface Gain {
@@ -122,11 +143,11 @@ export interface TierComparison {
 export interface DemoResult {
   readonly policies: Record<string, DemoPolicyResult>;
   readonly router: RouterReport | null;
+  readonly admission: AdmissionReport | null;
   /** In virtual time: kv_aware's engines against an index fed their events in this process. */
   readonly index: IndexCheck | null;
   /** With `cpuCapacityBlocks`: tier-aware against device-only routing. */
   readonly tiers: TierComparison | null;
-  readonly admission: AdmissionReport | null;
   /** With `proxy`: what the proxied run saw. */
   readonly proxy: ProxyReport | null;
   /** The kv-aware row against each baseline (negative TTFT change = faster). */
@@ -151,10 +172,10 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
     const timed = (report: PolicyReport, how: DemoPolicyResult["mode"]): DemoPolicyResult => ({
       ...report,
       mode: how,
-      wall_s: (performance.now() - phaseStarted) / 1000,
+      wall_s: since(phaseStarted),
     });
     if (options.virtual === true) {
-      const run = runVirtual(policy, options);
+      const run = virtualRun(policy, options);
       policies[policy] = timed(run.report, "in-process, virtual time");
       if (run.admission !== null) admission = { mode, ...run.admission };
       index = run.index ?? index;
@@ -162,112 +183,24 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
       const run = await runProxyReplay(options);
       policies[policy] = timed(run.report, "kvedge");
       proxy = run.proxy;
-    } else if (policy === "kv_aware") {
-      const run = await runKvedge(options);
+    } else if (policy === "kv_aware" || policy === "kv_aware_unsynced") {
+      const run = await runKvedge(options, policy === "kv_aware");
       policies[policy] = timed(run.report, "kvedge");
-      router = run.router;
-      if (mode !== "off") admission = { mode, ...run.admission };
+      if (policy === "kv_aware" || router === null) router = run.router;
+      if (mode !== "off" && policy === "kv_aware") admission = { mode, ...run.admission };
     } else if (options.realtimeBaselines) {
       policies[policy] = timed(
         await runInProcessRealtime(policy, options),
         "in-process, real time",
       );
     } else {
-      policies[policy] = timed(runVirtual(policy, options).report, "in-process, virtual time");
+      policies[policy] = timed(virtualRun(policy, options).report, "in-process, virtual time");
     }
   }
   const tiers = await compareTiers(options, policies.kv_aware);
   const wall = (performance.now() - started) / 1000;
   const gains = gainsOf(policies);
   return { policies, router, index, tiers, proxy, admission, gains, wall_s: wall };
-}
-
-/**
- * One policy in virtual time (kv_aware: kvedge's router in-process, told what the
- * engines published, and predicting those that publish nothing; `lowerTiers` false:
- * their device tier only). kv_aware's exact engines also feed an index of this process
- * through kvedge's ingest, checked against them at the end.
- */
-function runVirtual(
-  policy: DemoPolicy,
-  options: DemoOptions,
-  lowerTiers = true,
-): {
-  report: PolicyReport;
-  admission: Omit<AdmissionReport, "mode"> | null;
-  index: IndexCheck | null;
-} {
-  options.progress?.(`${policy}: replaying in virtual time…`);
-  const kvAware = policy === "kv_aware" || policy === "kv_aware_model";
-  const approximate = new Set(approximateOf(options));
-  const exact = Array.from({ length: options.workers }, (_, w) => w).filter(
-    (w) => !approximate.has(w),
-  );
-  const events =
-    policy === "kv_aware" && exact.length > 0
-      ? new EventIndex(options.workers, options.blockSize)
-      : null;
-  let admission: Omit<AdmissionReport, "mode"> | null = null;
-  let index: IndexCheck | null = null;
-  const report = simulate(options.trace, {
-    policy: kvAware ? "kv_aware_model" : (policy as Exclude<DemoPolicy, "kv_aware">),
-    workers: options.workers,
-    capacityBlocks: options.capacityBlocks,
-    cpuCapacityBlocks: options.cpuCapacityBlocks,
-    blockSize: options.blockSize,
-    time: options.time,
-    seed: options.seed,
-    vocabSize: options.vocabSize,
-    kvAware: { ...virtualKvAware(policy, options), lowerTiers },
-    ...(events === null
-      ? {}
-      : {
-          onBatch: (worker, batch) => {
-            if (!approximate.has(worker)) events.apply(worker, batch);
-          },
-        }),
-    onFinish: (finished) => {
-      if (policy === "kv_aware" && finished instanceof KvAwareModel && finished.admission !== null)
-        admission = finished.admission.counts;
-    },
-    onEngines: (engines) => {
-      if (events !== null)
-        index = events.check(
-          engines.map((engine) => engine.cache),
-          exact,
-        );
-    },
-  });
-  options.progress?.("");
-  return { report, admission, index };
-}
-
-/** With a CPU tier: kv_aware once more, routing on the device tier only, against the run above. */
-async function compareTiers(
-  options: DemoOptions,
-  tierAware: PolicyReport | undefined,
-): Promise<TierComparison | null> {
-  if (options.cpuCapacityBlocks === 0 || tierAware === undefined) return null;
-  Bun.gc(true);
-  let deviceOnly: PolicyReport;
-  if (options.virtual === true) deviceOnly = runVirtual("kv_aware", options, false).report;
-  else {
-    const serveArgs = [...options.serveArgs, "--no-lower-tiers"];
-    deviceOnly = (await runKvedge({ ...options, serveArgs }, "kv_aware (device tier only)")).report;
-  }
-  const row = (report: PolicyReport): TierRow => ({
-    hit_rate: report.hit_rate,
-    host_hit_rate:
-      report.prompt_tokens === 0 ? 0 : report.host_cached_tokens / report.prompt_tokens,
-    prefill_tokens: report.prefill_tokens,
-    ttft_p50_ms: report.ttft_p50_ms,
-    ttft_p99_ms: report.ttft_p99_ms,
-  });
-  return {
-    cpu_capacity_blocks: options.cpuCapacityBlocks,
-    tier_aware: row(tierAware),
-    device_only: row(deviceOnly),
-  };
 }
 
 /**
@@ -287,6 +220,132 @@ function virtualKvAware(policy: DemoPolicy, options: DemoOptions): KvAwareConfig
   };
 }
 
+const since = (startedMs: number): number => (performance.now() - startedMs) / 1000;
+
+/**
+ * One policy replayed in virtual time: kvedge's router for kv_aware (as replicas, synced
+ * or not, with `options.replicas`; predicting the engines that publish nothing;
+ * `lowerTiers` false: on their device tier only), else the baseline. kv_aware's exact
+ * engines also feed an index of this process through kvedge's ingest, checked against
+ * them at the end.
+ */
+function virtualRun(
+  policy: DemoPolicy,
+  options: DemoOptions,
+  lowerTiers = true,
+): {
+  report: PolicyReport;
+  admission: Omit<AdmissionReport, "mode"> | null;
+  index: IndexCheck | null;
+} {
+  options.progress?.(`${policy}: replaying in virtual time…`);
+  const kvedge = policy === "kv_aware" || policy === "kv_aware_unsynced";
+  const kvAware = kvedge
+    ? replicated(virtualKvAware("kv_aware", options), options, policy === "kv_aware")
+    : virtualKvAware(policy, options);
+  const approximate = new Set(approximateOf(options));
+  const exact = Array.from({ length: options.workers }, (_, w) => w).filter(
+    (w) => !approximate.has(w),
+  );
+  const events =
+    policy === "kv_aware" && exact.length > 0
+      ? new EventIndex(options.workers, options.blockSize)
+      : null;
+  let admission: Omit<AdmissionReport, "mode"> | null = null;
+  let index: IndexCheck | null = null;
+  const report = simulate(options.trace, {
+    policy: kvedge ? "kv_aware_model" : (policy as PolicyName),
+    workers: options.workers,
+    capacityBlocks: options.capacityBlocks,
+    cpuCapacityBlocks: options.cpuCapacityBlocks,
+    blockSize: options.blockSize,
+    time: options.time,
+    seed: options.seed,
+    vocabSize: options.vocabSize,
+    // A real-time demo's baselines run as they always did: without kvedge's settings.
+    ...(options.virtual === true ? { kvAware: { ...kvAware, lowerTiers } } : {}),
+    ...(events === null
+      ? {}
+      : {
+          onBatch: (worker, batch) => {
+            if (!approximate.has(worker)) events.apply(worker, batch);
+          },
+          onEngines: (engines) => {
+            index = events.check(
+              engines.map((engine) => engine.cache),
+              exact,
+            );
+          },
+        }),
+    onFinish: (finished) => {
+      if (policy === "kv_aware") admission = admissionOf(finished);
+    },
+  });
+  options.progress?.("");
+  return { report, admission, index };
+}
+
+/** With a CPU tier: kv_aware once more, routing on the device tier only, against the run above. */
+async function compareTiers(
+  options: DemoOptions,
+  tierAware: PolicyReport | undefined,
+): Promise<TierComparison | null> {
+  if (options.cpuCapacityBlocks === 0 || tierAware === undefined) return null;
+  Bun.gc(true);
+  let deviceOnly: PolicyReport;
+  if (options.virtual === true) deviceOnly = virtualRun("kv_aware", options, false).report;
+  else {
+    const serveArgs = [...options.serveArgs, "--no-lower-tiers"];
+    const name = "kv_aware (device tier only)";
+    deviceOnly = (await runKvedge({ ...options, serveArgs }, true, name)).report;
+  }
+  const row = (report: PolicyReport): TierRow => ({
+    hit_rate: report.hit_rate,
+    host_hit_rate:
+      report.prompt_tokens === 0 ? 0 : report.host_cached_tokens / report.prompt_tokens,
+    prefill_tokens: report.prefill_tokens,
+    ttft_p50_ms: report.ttft_p50_ms,
+    ttft_p99_ms: report.ttft_p99_ms,
+  });
+  return {
+    cpu_capacity_blocks: options.cpuCapacityBlocks,
+    tier_aware: row(tierAware),
+    device_only: row(deviceOnly),
+  };
+}
+
+/** kv_aware's router settings in virtual time, as `options.replicas` replicas, synced or not. */
+function replicated(base: KvAwareConfig, options: DemoOptions, synced: boolean): KvAwareConfig {
+  const replicas = options.replicas ?? 1;
+  if (replicas <= 1) return base;
+  return synced
+    ? {
+        ...base,
+        replicas,
+        syncDelayMs: options.syncDelayMs ?? 0,
+        staggerMs: options.staggerMs ?? 0,
+      }
+    : { ...base, replicas, syncDelayMs: null };
+}
+
+/** What admission did in a virtual replay (summed over replicas); null when off. */
+function admissionOf(finished: RoutingPolicy): Omit<AdmissionReport, "mode"> | null {
+  const models =
+    finished instanceof ReplicatedKvAware
+      ? finished.replicas
+      : finished instanceof KvAwareModel
+        ? [finished]
+        : [];
+  let sum: Record<string, number> | null = null;
+  for (const model of models) {
+    if (model.admission === null) continue;
+    sum ??= {};
+    for (const [key, value] of Object.entries(model.admission.counts))
+      sum[key] = (sum[key] ?? 0) + value;
+  }
+  return sum as Omit<AdmissionReport, "mode"> | null;
+}
+
 function admissionModeOf(options: DemoOptions): AdmissionMode {
   return options.kvAware?.admission?.mode ?? "off";
 }
@@ -304,7 +363,8 @@ export function gainsOf(policies: Record<string, PolicyReport>): Record<string, 
   if (kv === undefined) return {};
   const gains: Record<string, Gain> = {};
   for (const [name, other] of Object.entries(policies)) {
-    if (other === kv || name.startsWith("kv_aware")) continue;
+    // Every other row, kvedge's unsynced replicas included (what the bus buys).
+    if (other === kv || (name.startsWith("kv_aware") && name !== "kv_aware_unsynced")) continue;
     gains[name] = {
       prefill_tokens_saved_pct: pct(other.prefill_tokens - kv.prefill_tokens, other.prefill_tokens),
       hit_rate_points: 100 * (kv.hit_rate - other.hit_rate),
@@ -362,29 +422,29 @@ function clock(ms: number): string {
   return `${Math.floor(seconds / 60)}:${String(seconds % 60).padStart(2, "0")}`;
 }
 
-async function runKvedge(options: DemoOptions, name = "kv_aware"): Promise<KvedgeRun> {
+/**
+ * kv_aware through real `kvedge serve` processes: one, or `options.replicas` of them,
+ * request i to replica i mod N; `synced`, they share their facts over a local
+ * nats-server (bound to 127.0.0.1), else each decides on its own load.
+ */
+async function runKvedge(
+  options: DemoOptions,
+  synced: boolean,
+  name = synced ? "kv_aware" : "kv_aware_unsynced",
+): Promise<KvedgeRun> {
   const engines = await startEngines(options, true);
-  let serve: ServeChild | null = null;
-  let client: KvedgeClient | null = null;
+  const fleet: Replicas = { serves: [], nats: null };
+  const clients: KvedgeClient[] = [];
   try {
-    options.progress?.(`${name}: starting kvedge serve…`);
+    await startReplicas(options, engines, fleet, name, synced);
+    for (const serve of fleet.serves) clients.push(await KvedgeClient.connect(serve.url));
     const workerIds = engines.map((_, w) => String(w));
-    serve = await startServeChild({
-      args: [
-        ...["--workers", workersArg(engines, options, null)],
-        ...["--block-size", String(options.blockSize), "--log-level", "info"],
-        ...options.serveArgs,
-      ],
-      ...(options.kvedgeCommand === undefined ? {} : { command: options.kvedgeCommand }),
-    });
-    await waitReady(serve.url, exactEngines(engines, options));
-    client = await KvedgeClient.connect(serve.url);
     // Approximate workers hear what their engines served from cache (prefill_done's cached_tokens).
     const reportCached = (options.correct ?? true) && approximateOf(options).length > 0;
     const count = options.trace.count;
-    const { router, stats } = kvedgeRouter(client, workerIds, count, "demo-", reportCached);
+    const { router, stats } = kvedgeRouter(clients, workerIds, count, "demo-", reportCached);
     const startedMs = performance.now();
-    const run = await replayRealtime("kv_aware", {
+    const run = await replayRealtime(name, {
       trace: options.trace,
       engines,
       router,
@@ -399,21 +459,110 @@ async function runKvedge(options: DemoOptions, name = "kv_aware"): Promise<Kvedg
           }),
     });
     options.progress?.("");
-    await client.settle();
-    const routerReport = await routerSide(serve.url, engines, workerIds, client, stats, options);
-    const metrics = await (await fetch(`${serve.url}/metrics`)).text();
+    for (const client of clients) await client.settle();
+    const urls = fleet.serves.map((serve) => serve.url);
+    const routerReport = await routerSide(urls, engines, workerIds, clients, stats, options);
+    const metrics = await Promise.all(
+      urls.map(async (url) => (await fetch(`${url}/metrics`)).text()),
+    );
+    const replicas = urls.length;
+    const cluster = replicas > 1 ? clusterReport(metrics, synced, routerReport.decisions) : null;
     return {
       report: run.report,
-      router: { ...routerReport, achieved_speedup: run.achievedSpeedup },
+      router: { ...routerReport, achieved_speedup: run.achievedSpeedup, cluster },
       admission: admissionCounts(metrics),
     };
   } catch (error) {
-    throw withServeTail(error, serve);
+    throw withServeTail(error, fleet.serves[0] ?? null);
   } finally {
-    client?.close();
-    await serve?.stop();
+    for (const client of clients) client.close();
+    await Promise.all(fleet.serves.map((serve) => serve.stop()));
+    await fleet.nats?.close();
     await Promise.all(engines.map((engine) => engine.close()));
   }
+}
+
+/** The kvedge serve processes of a run, and their nats-server (null: none). */
+interface Replicas {
+  readonly serves: ServeChild[];
+  nats: NatsServer | null;
+}
+
+/** Starts the replicas (and, synced with several, their nats-server) into `fleet`; waits until ready. */
+async function startReplicas(
+  options: DemoOptions,
+  engines: readonly NetworkedEngine[],
+  fleet: Replicas,
+  name: string,
+  synced: boolean,
+): Promise<void> {
+  const replicas = options.replicas ?? 1;
+  if (synced && replicas > 1) {
+    options.progress?.(`${name}: starting nats-server…`);
+    fleet.nats = await NatsServer.start();
+  }
+  options.progress?.(`${name}: starting ${replicas > 1 ? `${replicas} × ` : ""}kvedge serve…`);
+  for (let i = 0; i < replicas; i++) {
+    const cluster =
+      fleet.nats === null
+        ? []
+        : ["--cluster-nats", fleet.nats.url, "--cluster-replica-id", `r${i}`].concat([
+            "--cluster-stagger-ms",
+            String(options.staggerMs ?? 0),
+          ]);
+    fleet.serves.push(
+      await startServeChild({
+        args: [
+          ...["--workers", workersArg(engines, options, null)],
+          ...["--block-size", String(options.blockSize), "--log-level", "info"],
+          ...cluster,
+          ...options.serveArgs,
+        ],
+        ...(options.kvedgeCommand === undefined ? {} : { command: options.kvedgeCommand }),
+      }),
+    );
+  }
+  const exact = exactEngines(engines, options);
+  for (const serve of fleet.serves) await waitReady(serve.url, exact, replicas);
+}
+
+/** What the replicas' bus carried, from their /metrics. */
+function clusterReport(
+  metrics: readonly string[],
+  synced: boolean,
+  decisions: number,
+): ClusterReport {
+  const sum = (name: string, match: string) =>
+    metrics.reduce((total, text) => total + metricSum(text, name, match), 0);
+  const bytes = sum("kvedge_cluster_bytes_total", 'direction="sent"');
+  return {
+    replicas: metrics.length,
+    synced,
+    facts_sent: sum("kvedge_cluster_facts_total", 'direction="sent"'),
+    facts_received: sum("kvedge_cluster_facts_total", 'direction="received"'),
+    bytes_sent: bytes,
+    bytes_per_route: decisions === 0 ? 0 : bytes / decisions,
+    gaps: sum("kvedge_cluster_events_total", 'event="gap"'),
+    lag_p50_ms: lagQuantile(metrics, 0.5),
+    lag_p99_ms: lagQuantile(metrics, 0.99),
+  };
+}
+
+/** A quantile of the replicas' fact lag, as the upper bound of its histogram bucket (ms). */
+function lagQuantile(metrics: readonly string[], q: number): number {
+  const counts = new Map<number, number>();
+  for (const text of metrics) {
+    for (const line of text.split("\n")) {
+      const match = /^kvedge_cluster_fact_lag_seconds_bucket\{le="([^"]+)"\} (\S+)$/.exec(line);
+      if (match === null) continue;
+      const le = match[1] === "+Inf" ? Infinity : Number(match[1]);
+      counts.set(le, (counts.get(le) ?? 0) + Number(match[2]));
+    }
+  }
+  const bounds = [...counts.keys()].sort((a, b) => a - b);
+  const total = counts.get(Infinity) ?? 0;
+  for (const le of bounds) if (total > 0 && counts.get(le)! >= q * total) return le * 1000;
+  return 0;
 }
 
 interface KvedgeRun {
@@ -422,10 +571,13 @@ interface KvedgeRun {
   readonly admission: Omit<AdmissionReport, "mode">;
 }
 
-/** kvedge serve's admission counts, from its /metrics. */
-function admissionCounts(metrics: string): Omit<AdmissionReport, "mode"> {
+/** kvedge serve's admission counts, from its /metrics (summed over replicas). */
+function admissionCounts(metrics: readonly string[]): Omit<AdmissionReport, "mode"> {
   const count = (outcome: string) =>
-    metricSum(metrics, "kvedge_admission_total", `outcome="${outcome}"`);
+    metrics.reduce(
+      (sum, text) => sum + metricSum(text, "kvedge_admission_total", `outcome="${outcome}"`),
+      0,
+    );
   return {
     immediate: count("immediate"),
     held: count("held"),
@@ -436,7 +588,7 @@ function admissionCounts(metrics: string): Omit<AdmissionReport, "mode"> {
   };
 }
 
-/** A worker as `/v1/workers` shows it (the fields the demo reads). */
+/** Waits for /readyz and for every engine to see its subscriber (nothing published is lost). */
 interface WorkerJson {
   readonly worker_id: string;
   readonly degraded: boolean;
@@ -467,18 +619,30 @@ function approximateOf(options: DemoOptions): number[] {
   return approximateEngines(options.events ?? "all", options.workers);
 }
 
+/**
+ * kvedge's side of the run: each replica's index against the engines' caches (every one
+ * must match), ingest counters from the first, client-measured latencies and lifecycle calls.
+ */
 async function routerSide(
-  url: string,
+  urls: readonly string[],
   engines: readonly NetworkedEngine[],
   workerIds: readonly string[],
-  client: KvedgeClient,
+  clients: readonly KvedgeClient[],
   stats: ReturnType<typeof kvedgeRouter>["stats"],
   options: DemoOptions,
-): Promise<Omit<RouterReport, "achieved_speedup">> {
+): Promise<Omit<RouterReport, "achieved_speedup" | "cluster">> {
   const approximate = new Set(approximateOf(options));
-  const workers = await caughtUp(url, engines, workerIds, approximate);
-  const metrics = await (await fetch(`${url}/metrics`)).text();
-  const { check, predicted } = await indexAgainstEngines(url, engines, workerIds, approximate);
+  let first: ({ workers: WorkerJson[] } & Awaited<ReturnType<typeof indexAgainstEngines>>) | null =
+    null;
+  let matches = true;
+  for (const url of urls) {
+    const workers = await caughtUp(url, engines, workerIds, approximate);
+    const compared = await indexAgainstEngines(url, engines, workerIds, approximate);
+    matches &&= compared.check.index_matches_engines;
+    first ??= { workers, ...compared };
+  }
+  const { workers, check, predicted } = first!;
+  const metrics = await (await fetch(`${urls[0]}/metrics`)).text();
   let overlapTokens = 0;
   let promptTokens = 0;
   for (let i = 0; i < stats.overlapBlocks.length; i++) {
@@ -488,6 +652,8 @@ async function routerSide(
   const latencies = Float64Array.from(
     stats.latencyMs.filter((value) => !Number.isNaN(value)),
   ).sort();
+  const lifecycle = (read: (client: KvedgeClient) => number) =>
+    clients.reduce((sum, client) => sum + read(client), 0);
   return {
     decisions: latencies.length,
     route_latency_p50_ms: percentile(latencies, 0.5),
@@ -500,20 +666,20 @@ async function routerSide(
     batches_lost: workers.reduce((sum, view) => sum + view.lost_batches, 0),
     gaps: metricSum(metrics, "kvedge_ingest_gaps_total"),
     degraded_workers: workers.filter((view) => view.degraded).length,
-    lifecycle_calls: client.counters.lifecycleCalls,
-    lifecycle_errors: client.counters.lifecycleErrors,
+    lifecycle_calls: lifecycle((client) => client.counters.lifecycleCalls),
+    lifecycle_errors: lifecycle((client) => client.counters.lifecycleErrors),
     index_blocks: workers.reduce(
       (sum, view) => sum + (approximate.has(Number(view.worker_id)) ? 0 : view.blocks),
       0,
     ),
     engine_cached_blocks: check.engine_cached_blocks,
-    index_matches_engines: check.index_matches_engines,
+    index_matches_engines: matches,
     index: check,
     predicted,
   };
 }
 
-/** Waits (10 s at most) until kvedge has applied every exact engine's last batch; its workers then. */
+/** /v1/workers once kvedge has applied every exact engine's last batch (or after 10 s). */
 async function caughtUp(
   url: string,
   engines: readonly NetworkedEngine[],
@@ -522,7 +688,7 @@ async function caughtUp(
 ): Promise<WorkerJson[]> {
   const deadline = performance.now() + 10_000;
   for (;;) {
-    const { workers } = await getJson<{ workers: WorkerJson[] }>(`${url}/v1/workers`);
+    const workers = (await getJson<{ workers: WorkerJson[] }>(`${url}/v1/workers`)).workers;
     const done = engines.every(
       (engine, w) =>
         approximate.has(w) ||

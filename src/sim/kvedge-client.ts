@@ -189,15 +189,19 @@ export interface KvedgeRouteStats {
  * kvedge as the RouterClient of a replay: request ids are `${prefix}${id}`, worker ids
  * map to engine indexes through `workerIds` (engine i is `workerIds[i]`). A route
  * answered 429 (admission) is the replay's -1: refused. With `reportCached`,
- * prefill_done carries the cached tokens the engine reported (`cached_tokens`).
+ * prefill_done carries the cached tokens the engine reported (`cached_tokens`). With
+ * several clients (kvedge replicas), request i and its lifecycle calls go to client
+ * i mod their number, as a plain load balancer would send them.
  */
 export function kvedgeRouter(
-  client: KvedgeClient,
+  clients: KvedgeClient | readonly KvedgeClient[],
   workerIds: readonly string[],
   count: number,
   prefix: string,
   reportCached = false,
 ): { router: RouterClient; stats: KvedgeRouteStats } {
+  const all = Array.isArray(clients) ? clients : [clients as KvedgeClient];
+  const clientOf = (id: number): KvedgeClient => all[id % all.length]!;
   const indexOf = new Map(workerIds.map((id, i) => [id, i]));
   const stats: KvedgeRouteStats = {
     latencyMs: new Float64Array(count).fill(Number.NaN),
@@ -210,7 +214,7 @@ export function kvedgeRouter(
       let answer: RouteAnswer;
       try {
         const prompt = query.tokens.subarray(0, query.promptLength);
-        answer = await client.route(prompt, `${prefix}${query.id}`);
+        answer = await clientOf(query.id).route(prompt, `${prefix}${query.id}`);
       } catch (error) {
         if (error instanceof RouteRefused && error.status === 429) return -1;
         throw error;
@@ -225,8 +229,8 @@ export function kvedgeRouter(
     },
     // With `reportCached`, prefill_done says what the engine served from its cache.
     prefillDone: (id, _nowMs, cached) =>
-      client.lifecycle("prefill_done", `${prefix}${id}`, reportCached ? cached : undefined),
-    done: (id) => client.lifecycle("done", `${prefix}${id}`),
+      clientOf(id).lifecycle("prefill_done", `${prefix}${id}`, reportCached ? cached : undefined),
+    done: (id) => clientOf(id).lifecycle("done", `${prefix}${id}`),
   };
   return { router, stats };
 }

@@ -381,6 +381,15 @@ export interface KvAwareConfig {
   };
   /** Route on the engines' CPU tiers too (default true); false: the device tier only. */
   readonly lowerTiers?: boolean;
+  /**
+   * Several routers deciding as replicas (./replicas.ts): request i goes to router
+   * i mod replicas, its lifecycle calls too. Default 1.
+   */
+  readonly replicas?: number;
+  /** With replicas: each router applies its peers' facts this many ms late; null = never (no bus). */
+  readonly syncDelayMs?: number | null;
+  /** With replicas: replica k answers each route k × this many ms late (cluster.stagger_ms). */
+  readonly staggerMs?: number;
 }
 
 export const DEFAULT_KV_AWARE: KvAwareConfig = { policy: "ttft" };
@@ -518,6 +527,12 @@ export class KvAwareModel implements RoutingPolicy {
     const answers = this.answers;
     if (answers.length > 0) this.answers = [];
     return answers;
+  }
+
+  /** `Router.margin` for the query now: small when its decision is contested. */
+  margin(query: RouteQuery, nowMs: number): number {
+    this.nowMs = nowMs;
+    return this.router.margin(this.request(query), this.probed(query));
   }
 
   nextDueMs(): number {

@@ -155,7 +155,10 @@ export function withServeTail(error: unknown, serve: ServeChild | null): unknown
 }
 
 /** Calls `onLine` with every whole line of `stream`, in order, until it ends. */
-async function forEachLine(stream: ReadableStream<Uint8Array>, onLine: (line: string) => void) {
+export async function forEachLine(
+  stream: ReadableStream<Uint8Array>,
+  onLine: (line: string) => void,
+) {
   const decoder = new TextDecoder();
   let pending = "";
   for await (const chunk of stream) {
@@ -167,10 +170,11 @@ async function forEachLine(stream: ReadableStream<Uint8Array>, onLine: (line: st
   }
 }
 
-/** Waits until kvedge serve at `url` is ready and every engine has a subscriber. */
+/** Waits until kvedge serve at `url` is ready and every engine has `subscribers` subscribers. */
 export async function waitReady(
   url: string,
   engines: readonly NetworkedEngine[],
+  subscribers = 1,
   timeoutMs = 20_000,
 ): Promise<void> {
   const deadline = performance.now() + timeoutMs;
@@ -179,7 +183,7 @@ export async function waitReady(
       (response) => response.ok,
       () => false,
     );
-    if (ready && engines.every((engine) => engine.subscribers > 0)) return;
+    if (ready && engines.every((engine) => engine.subscribers >= subscribers)) return;
     if (performance.now() > deadline)
       throw new Error(`kvedge serve was not ready within ${timeoutMs} ms`);
     await Bun.sleep(20);

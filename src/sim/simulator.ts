@@ -14,10 +14,13 @@ import {
   createPolicy,
   type ApproxPrefixConfig,
   type KvAwareConfig,
+  type KvAwareModel,
   type PolicyName,
+  type PolicyOptions,
   type RouteQuery,
   type RoutingPolicy,
 } from "./policies";
+import { ReplicatedKvAware } from "./replicas";
 import { RunRecorder, percentile, type PolicyReport } from "./outcome";
 import { createRng, randomU64 } from "./random";
 import { DEFAULT_TIME_MODEL, checkTimeModel, type TimeModel } from "./time-model";
@@ -85,6 +88,23 @@ export function routeQuery(
   return { id, promptLength, path, promptBlocks, tokens };
 }
 
+/**
+ * The policy of a replay: with kvAware.replicas > 1, kvedge's router as that many
+ * replicas (./replicas.ts), each seeded apart (replica 0 as a lone router).
+ */
+function createRouting(name: PolicyName, options: PolicyOptions): RoutingPolicy {
+  const replicas = options.kvAware?.replicas ?? 1;
+  if (name !== "kv_aware_model" || replicas <= 1) return createPolicy(name, options);
+  const models = Array.from(
+    { length: replicas },
+    (_, i) => createPolicy(name, { ...options, seed: options.seed + i }) as KvAwareModel,
+  );
+  return new ReplicatedKvAware(models, {
+    syncDelayMs: options.kvAware?.syncDelayMs ?? null,
+    staggerMs: options.kvAware?.staggerMs ?? 0,
+  });
+}
+
 function checkOptions(options: SimOptions): void {
   const workers = options.workers ?? DEFAULT_WORKERS;
   if (!Number.isSafeInteger(workers) || workers < 1 || workers > WORKERS_MAX) {
@@ -105,7 +125,7 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
   const onBatch = options.onBatch;
   const engines: MockEngine[] = [];
   const hostProbe = (worker: number) => engines[worker]!.cache.lastHostBlocks;
-  const policy = createPolicy(options.policy, {
+  const policy = createRouting(options.policy, {
     workers,
     blockSize,
     seed,

@@ -99,6 +99,22 @@ const DEFAULTS: Config = {
     tokenizer_threads: 1,
   },
   state: { dir: null, snapshot_interval_secs: 60 },
+  cluster: {
+    nats_url: null,
+    name: "kvedge",
+    replica_id: null,
+    lease_ms: 3000,
+    join_timeout_ms: 2000,
+    stagger_ms: 0,
+    token: null,
+    user: null,
+    password: null,
+    credentials_file: null,
+    nkey_seed_file: null,
+    tls_ca_file: null,
+    tls_cert_file: null,
+    tls_key_file: null,
+  },
   runtime: { cpus: null, numa_node: null, index_threads: null, route_threads: null },
   workers: [],
 };
@@ -284,6 +300,23 @@ describe("defaults and precedence", () => {
       "proxy.max_prompt_tokens": ["4096", "4096"],
       "proxy.max_prompt_bytes": ["65536", "65536"],
       "proxy.tokenizer_threads": ["2", "2"],
+      "cluster.nats_url": [
+        '"nats://127.0.0.1:4222,tls://[::1]:4223"',
+        "nats://127.0.0.1:4222,tls://[::1]:4223",
+      ],
+      "cluster.name": ['"fleet-a.eu"', "fleet-a.eu"],
+      "cluster.replica_id": ['"numa-0"', "numa-0"],
+      "cluster.lease_ms": ["5000", "5000"],
+      "cluster.join_timeout_ms": ["0", "0"],
+      "cluster.stagger_ms": ["1.5", "1.5"],
+      "cluster.token": ['"s3cret"', "s3cret"],
+      "cluster.user": ['"kvedge"', "kvedge"],
+      "cluster.password": ['"pa55"', "pa55"],
+      "cluster.credentials_file": ['"/etc/kvedge/nats.creds"', "/etc/kvedge/nats.creds"],
+      "cluster.nkey_seed_file": ['"/etc/kvedge/nkey.seed"', "/etc/kvedge/nkey.seed"],
+      "cluster.tls_ca_file": ['"/etc/kvedge/ca.pem"', "/etc/kvedge/ca.pem"],
+      "cluster.tls_cert_file": ['"/etc/kvedge/cert.pem"', "/etc/kvedge/cert.pem"],
+      "cluster.tls_key_file": ['"/etc/kvedge/key.pem"', "/etc/kvedge/key.pem"],
     };
     expect(Object.keys(sample).sort()).toEqual(SETTINGS.map((s) => s.key).sort());
     const get = (config: Config, key: string) => {
@@ -436,6 +469,31 @@ describe("refusals name the key and the source, in one line", () => {
       "worker 3 has no endpoint (an approximate worker), which needs runtime.index_threads " +
         "(from --index-threads) = 0: predictions are written on the main thread",
     );
+  });
+
+  test("cluster settings: pairs, one way to authenticate, no credentials in the URL", () => {
+    const url = ["--cluster-nats", "nats://127.0.0.1:4222"];
+    expect(refusal({ argv: [...url, "--cluster-user", "u"] })).toBe(
+      "cluster.user (from --cluster-user) needs cluster.password too",
+    );
+    expect(refusal({ argv: [...url, "--cluster-tls-key", "k.pem"] })).toBe(
+      "cluster.tls_key_file (from --cluster-tls-key) needs cluster.tls_cert_file too",
+    );
+    expect(
+      refusal({ argv: [...url, "--cluster-token", "t", "--cluster-credentials", "c"] }),
+    ).toContain("set one of cluster.token");
+    expect(refusal({ argv: ["--cluster-nats", "nats://user:pass@127.0.0.1:4222"] })).toContain(
+      "without credentials",
+    );
+    expect(refusal({ argv: ["--cluster-name", "a.*"] })).toContain("cluster.name");
+    expect(refusal({ argv: ["--cluster-replica-id", "a b"] })).toContain("cluster.replica_id");
+    const alone = load({ argv: ["--cluster-token", "t"] });
+    expect(alone.warnings).toEqual([
+      "cluster.token is set but does nothing without cluster.nats_url",
+    ]);
+    expect(
+      load({ argv: [...url, "--cluster-user", "u", "--cluster-password", "p"] }).warnings,
+    ).toEqual([]);
   });
 
   test("unknown KVEDGE_* variables are warnings with a suggestion, not refusals", () => {

@@ -24,6 +24,7 @@ export const ROOMS = [
   "runtime",
   "core",
   "state",
+  "cluster",
   "proxy",
   "server",
   "sim",

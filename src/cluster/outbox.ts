@@ -1,0 +1,194 @@
+/**
+ * This replica's own facts on their way to the bus: the load tracker reports each change
+ * of an own request (`OwnFacts`), the outbox writes it into the current batch, and a
+ * batch goes out (`publish`) at BATCH_FACTS_MAX facts or BATCH_BYTES_MAX bytes, else at
+ * the end of the event-loop turn that wrote its first fact, but not sooner than BATCH_MS
+ * after the batch before: a lone route's facts leave at once, a busy replica sends at
+ * most one batch a millisecond (what a message costs every peer, and the server, is
+ * mostly per message). Every batch takes the next seq, sent or not (a batch the bus
+ * could not take is a gap its receivers see).
+ *
+ * It also writes the messages that describe the whole set: heartbeats (the seq so far)
+ * and snapshots (every own active request, as of that seq), and sync requests.
+ */
+import type { EndReason, LoadTracker, OwnFacts } from "../route/load";
+import { KIND, LAST_CHUNK, LEAVING, MessageWriter, type WorkerIdentity } from "./codec";
+import { wallClockMs } from "./peers";
+
+/** A batch goes out at this many facts… */
+export const BATCH_FACTS_MAX = 256;
+/** …or this many bytes… */
+export const BATCH_BYTES_MAX = 64 * 1024;
+/** …else at the end of the turn, at least this long after the batch before. */
+export const BATCH_MS = 1;
+/** A snapshot chunk is closed past this many bytes. */
+export const CHUNK_BYTES = 256 * 1024;
+
+export interface OutboxOptions {
+  readonly replicaId: string;
+  readonly epoch: number;
+  readonly workers: WorkerIdentity;
+  /** Sends one batch of `facts` facts (false: the bus could not take it). */
+  readonly publish: (message: Uint8Array, facts: number) => boolean;
+  /** Runs `flush` later (0 ms: at the end of this turn); null: the owner flushes. */
+  readonly schedule?: ((flush: () => void, ms: number) => void) | null;
+  /** Monotonic ms (the pace of batches). */
+  readonly now?: () => number;
+  /** Wall-clock ms, stamped on every message (receivers measure lag with it). */
+  readonly wallNow?: () => number;
+  /**
+   * Ship each routed request's chain (the `dynamo` policy weighs the blocks of a prompt
+   * already active on a worker, so peers need the chains); without, only the decode
+   * blocks it adds as this replica counts them: tens of bytes instead of 8 per block.
+   */
+  readonly chains?: boolean;
+}
+
+export class Outbox implements OwnFacts {
+  /** The seq of the last batch (0: none yet). */
+  seq = 0;
+  readonly counters = { batches: 0, facts: 0, unsent: 0, unsentFacts: 0, bytes: 0 };
+  private readonly writer: MessageWriter;
+  private readonly control: MessageWriter;
+  private armed = false;
+  /** Monotonic ms of the last batch sent. */
+  private lastBatchMs = -Infinity;
+  private readonly wallNow: () => number;
+  private readonly now: () => number;
+
+  constructor(private readonly options: OutboxOptions) {
+    this.writer = new MessageWriter(options.replicaId, options.epoch, options.workers);
+    this.control = new MessageWriter(options.replicaId, options.epoch, options.workers);
+    this.wallNow = options.wallNow ?? wallClockMs;
+    this.now = options.now ?? (() => performance.now());
+  }
+
+  routed(
+    handle: number,
+    slot: number,
+    chain: Uint32Array,
+    blocks: number,
+    prefillTokens: number,
+    outputBlocks: number,
+    added: number,
+  ): void {
+    this.open();
+    if (this.options.chains === true)
+      this.writer.routed(handle, slot, chain, blocks, prefillTokens, outputBlocks);
+    else this.writer.routedFlat(handle, slot, prefillTokens, outputBlocks, added);
+    this.wrote();
+  }
+
+  prefillDone(handle: number): void {
+    this.open();
+    this.writer.prefillDone(handle);
+    this.wrote();
+  }
+
+  ended(handle: number, reason: EndReason, freed: number): void {
+    this.open();
+    this.writer.ended(handle, reason, freed);
+    this.wrote();
+  }
+
+  /** Facts written and not yet sent. */
+  get pending(): number {
+    return this.writer.facts;
+  }
+
+  /** Sends the current batch, if it holds any fact. */
+  flush(): void {
+    if (this.writer.facts === 0) return;
+    const facts = this.writer.facts;
+    this.lastBatchMs = this.now();
+    const message = this.writer.finish(++this.seq, this.wallNow());
+    this.counters.batches++;
+    this.counters.facts += facts;
+    this.counters.bytes += message.length;
+    if (!this.options.publish(message, facts)) {
+      this.counters.unsent++;
+      this.counters.unsentFacts += facts;
+    }
+  }
+
+  /** A heartbeat: the seq published so far and the own active requests (leaving: shutting down). */
+  heartbeat(activeRequests: number, leaving = false): Uint8Array {
+    this.flush();
+    const w = this.control;
+    w.begin(KIND.heartbeat, leaving ? LEAVING : 0);
+    w.u32(activeRequests);
+    return w.finish(this.seq, this.wallNow());
+  }
+
+  /** A request for `target`'s set (null: every replica's), answered under `nonce`. */
+  syncRequest(target: string | null, nonce: number): Uint8Array {
+    const w = this.control;
+    w.begin(KIND.sync);
+    w.u32(nonce);
+    w.shortText(target ?? "");
+    return w.finish(this.seq, this.wallNow());
+  }
+
+  /**
+   * Every own active request as routed facts (with the prefill still to do), in chunks,
+   * as of the seq after the pending batch is sent: the answer to a sync under `nonce`.
+   * The first chunk names the peers this replica knows.
+   */
+  snapshot(load: LoadTracker, nonce: number, peers: readonly string[]): Uint8Array[] {
+    this.flush();
+    const w = this.control;
+    const chunks: Uint8Array[] = [];
+    const start = (): void => {
+      w.begin(KIND.snapshot);
+      w.u32(nonce);
+      w.u32(chunks.length);
+      const named = chunks.length === 0 ? peers : [];
+      w.u8(named.length & 0xff);
+      w.u8(named.length >>> 8);
+      for (const id of named) w.shortText(id);
+      w.beginFacts();
+    };
+    start();
+    const slots = new Set<number>();
+    const chains = this.options.chains === true;
+    load.forEachActive((slot, _id, prefill, output, _idleMs, chain, blocks, handle) => {
+      if (w.length >= CHUNK_BYTES) {
+        chunks.push(w.finish(this.seq, this.wallNow()));
+        start();
+      }
+      if (chains) w.routed(handle, slot, chain, blocks, prefill, output);
+      else w.routedFlat(handle, slot, prefill, output, 0);
+      slots.add(slot);
+    });
+    // Without chains, what the requests add per worker, as a whole (it is not a sum of each).
+    if (!chains) for (const slot of slots) w.decodeTotal(slot, load.treeBlocksOf(slot));
+    chunks.push(w.finish(this.seq, this.wallNow()));
+    chunks[chunks.length - 1]![3]! |= LAST_CHUNK;
+    return chunks;
+  }
+
+  private open(): void {
+    if (this.writer.facts > 0) return;
+    this.writer.begin(KIND.facts);
+    this.writer.beginFacts();
+  }
+
+  private wrote(): void {
+    const w = this.writer;
+    if (w.facts >= BATCH_FACTS_MAX || w.length >= BATCH_BYTES_MAX) {
+      this.flush();
+      return;
+    }
+    const schedule = this.options.schedule;
+    if (this.armed || schedule === null || schedule === undefined) return;
+    this.armed = true;
+    const waitMs = this.lastBatchMs + BATCH_MS - this.now();
+    schedule(
+      () => {
+        this.armed = false;
+        this.flush();
+      },
+      Math.max(0, waitMs),
+    );
+  }
+}

@@ -1,0 +1,142 @@
+// Goal: the bus's messages read back exactly as written (every fact type, requests by
+// handle, workers by identity through the dictionary even when a slot changes hands within
+// a message, long chains cut to their first CHAIN_BLOCKS_MAX blocks), a writer's
+// published array is never written again, and every malformed message is refused whole
+// with its reason before any fact is applied.
+// Method: MessageWriter over a real WorkerTable; FactReader with a recording visitor;
+// truncations and single-byte changes of real messages.
+import { describe, expect, test } from "bun:test";
+import {
+  BadMessage,
+  CHAIN_BLOCKS_MAX,
+  FactReader,
+  type FactVisitor,
+  KIND,
+  MessageWriter,
+  readHeader,
+} from "../../src/cluster/codec";
+import { WorkerTable } from "../../src/domain/worker-table";
+
+function recorder(): { visitor: FactVisitor; seen: string[] } {
+  const seen: string[] = [];
+  let names: string[] = [];
+  const visitor: FactVisitor = {
+    begin: (workers) => {
+      names = workers.ids.map((id, i) => `${id}:${workers.ranks[i]}`);
+    },
+    routed: (id, worker, chain, blocks, prefill, output, decode) =>
+      seen.push(
+        `routed ${id} ${names[worker]} ${blocks} ${chain[0] ?? "-"}/${chain[2 * blocks - 1] ?? "-"} ${prefill} ${output} ${decode}`,
+      ),
+    prefillDone: (id) => seen.push(`prefill ${id}`),
+    ended: (id, reason, freed) => seen.push(`ended ${id} ${reason} ${freed}`),
+    decodeTotal: (worker, blocks) => seen.push(`total ${names[worker]} ${blocks}`),
+  };
+  return { visitor, seen };
+}
+
+function facts(): { table: WorkerTable; message: Uint8Array } {
+  const table = new WorkerTable();
+  const a = table.acquire(2n ** 64n - 1n, 3);
+  const b = table.acquire(7n, 0);
+  const writer = new MessageWriter("r-1", 99, table);
+  writer.begin(KIND.facts);
+  writer.beginFacts();
+  const chain = Uint32Array.from({ length: 2 * (CHAIN_BLOCKS_MAX + 5) }, (_, i) => i + 1);
+  writer.routed(1, a, chain, 3, 48, 2);
+  writer.routed(2, b, chain, CHAIN_BLOCKS_MAX + 5, 5, 0);
+  writer.routedFlat(0xffff_ffff, b, 17, 1, 9);
+  writer.prefillDone(70_000);
+  writer.ended(1, "expired", 4);
+  writer.decodeTotal(a, 12);
+  table.release(b); // slot b changes hands within the message: a new dictionary entry
+  const c = table.acquire(8n, 1);
+  expect(c).toBe(b);
+  writer.routedFlat(5, c, 1, 0, 0);
+  return { table, message: writer.finish(41, 1234.5) };
+}
+
+describe("the bus's messages", () => {
+  test("read back as written", () => {
+    const { message } = facts();
+    const header = readHeader(message);
+    expect([header.kind, header.replicaId, header.epoch, header.seq, header.sentAtMs]).toEqual([
+      KIND.facts,
+      "r-1",
+      99,
+      41,
+      1234.5,
+    ]);
+    const { visitor, seen } = recorder();
+    const reader = new FactReader();
+    reader.read(message, header.bodyAt, null); // checks only
+    reader.read(message, header.bodyAt, visitor);
+    expect(seen).toEqual([
+      "routed 1 18446744073709551615:3 3 1/6 48 2 null",
+      `routed 2 7:0 ${CHAIN_BLOCKS_MAX} 1/${2 * CHAIN_BLOCKS_MAX} 5 0 null`,
+      "routed 4294967295 7:0 0 -/- 17 1 9",
+      "prefill 70000",
+      "ended 1 expired 4",
+      "total 18446744073709551615:3 12",
+      "routed 5 8:1 0 -/- 1 0 0",
+    ]);
+  });
+
+  test("a finished message is the caller's: the writer never writes it again", () => {
+    const table = new WorkerTable();
+    const slot = table.acquire(1n, 0);
+    const writer = new MessageWriter("r", 1, table);
+    const sent: Uint8Array[] = [];
+    for (const handle of [1, 2, 3]) {
+      writer.begin(KIND.facts);
+      writer.beginFacts();
+      writer.routedFlat(handle, slot, 1, 0, 0);
+      sent.push(writer.finish(1, 0));
+    }
+    const ids = sent.map((message) => {
+      const { visitor, seen } = recorder();
+      new FactReader().read(message, readHeader(message).bodyAt, visitor);
+      return seen[0]!.split(" ")[1];
+    });
+    expect(ids).toEqual(["1", "2", "3"]);
+  });
+
+  test("malformed messages are refused whole, with their reason", () => {
+    const { message } = facts();
+    const reasonOf = (bytes: Uint8Array): string => {
+      try {
+        const header = readHeader(bytes);
+        let applied = 0;
+        const counting: FactVisitor = {
+          begin() {},
+          routed: () => void applied++,
+          prefillDone: () => void applied++,
+          ended: () => void applied++,
+          decodeTotal: () => void applied++,
+        };
+        new FactReader().read(bytes, header.bodyAt, null);
+        new FactReader().read(bytes, header.bodyAt, counting);
+        return `ok ${applied}`;
+      } catch (error) {
+        expect(error).toBeInstanceOf(BadMessage);
+        return (error as BadMessage).message;
+      }
+    };
+    expect(reasonOf(message)).toBe("ok 7");
+    const changed = (at: number, value: number) => {
+      const copy = message.slice();
+      copy[at] = value;
+      return reasonOf(copy);
+    };
+    expect(changed(0, 0x7b)).toBe("not_kvedge");
+    expect(changed(1, 2)).toBe("version");
+    expect(changed(2, 9)).toBe("kind");
+    expect(changed(4, 0)).toBe("header"); // epoch 0
+    expect(changed(25, "*".charCodeAt(0))).toBe("replica_id");
+    expect(reasonOf(message.subarray(0, 10))).toBe("truncated");
+    expect(reasonOf(new Uint8Array(2 * 1024 * 1024))).toBe("oversized");
+    // Every cut short of the whole is refused, never half applied.
+    for (let end = 0; end < message.length; end++)
+      expect(reasonOf(message.subarray(0, end))).not.toMatch(/^ok/);
+  });
+});
