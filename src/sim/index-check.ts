@@ -107,7 +107,7 @@ export class EventIndex {
     this.index = createIndex("crtc", blockSize);
     for (let w = 0; w < workers; w++)
       this.normalizers.push(
-        new KvEventNormalizer({ workerId: BigInt(w), dpRank: 0, blockSize, writer: this.index }),
+        new KvEventNormalizer({ workerId: BigInt(w), dpRank: 0, blockSize, sink: this.index }),
       );
   }
 

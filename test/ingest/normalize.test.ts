@@ -10,7 +10,7 @@ import { WorkerTable } from "../../src/domain/worker-table";
 import { TIER_ANY, TIER_DISK, TIER_EXTERNAL, TIER_HOST } from "../../src/index/types";
 import {
   KvEventNormalizer,
-  type KvEventWriter,
+  type KvEventSink,
   type NormalizerOptions,
 } from "../../src/ingest/normalize";
 import { NamespaceTable } from "../../src/ingest/namespace";
@@ -41,7 +41,7 @@ type Op =
   | { op: "removed"; worker: bigint; rank: number; external: bigint[]; tier?: number }
   | { op: "cleared"; worker: bigint; rank: number };
 
-function recorder(): KvEventWriter & { ops: Op[] } {
+function recorder(): KvEventSink & { ops: Op[] } {
   const ops: Op[] = [];
   const workerTable = new WorkerTable();
   const pairs = (words: Uint32Array, start: number, count: number) =>
@@ -92,7 +92,7 @@ function setup(options: Partial<NormalizerOptions> = {}) {
     workerId: 7n,
     dpRank: 0,
     blockSize: 4,
-    writer: sink,
+    sink: sink,
     ...options,
   });
   const send = (
