@@ -37,12 +37,18 @@ const OUTPUT_TOKENS_MAX = 1 << 24;
 const DP_RANK_MAX = 0xffff_ffff;
 const TOPIC_LENGTH_MAX = 1024;
 
-const scoreJson = (score: MatchScore) => ({
-  worker_id: score.workerId.toString(),
-  dp_rank: score.dpRank,
-  blocks: score.blocks,
-  kind: score.kind,
-});
+/** A match score; the lower tiers' blocks only for a worker that has some (as `kvedge apply`). */
+const scoreJson = (score: MatchScore) => {
+  const json = {
+    worker_id: score.workerId.toString(),
+    dp_rank: score.dpRank,
+    blocks: score.blocks,
+    kind: score.kind,
+  };
+  const { hostBlocks, diskBlocks, externalBlocks } = score;
+  if (hostBlocks + diskBlocks + externalBlocks === 0) return json;
+  return { ...json, host_pinned: hostBlocks, disk: diskBlocks, external: externalBlocks };
+};
 
 /** POST /v1/match: `{"token_ids":[…], "lora_name"? or "lora_id"?, "cache_salt"?}` or `{"local_hashes":["…"]}`. */
 export function matchOp(core: KvedgeCore, raw: unknown) {
@@ -150,6 +156,9 @@ export function routeAnswer(core: KvedgeCore, { decision, queryBlocks }: RouteOu
       overlap_blocks: list.overlapBlocks[i]!,
       overlap_kind: OVERLAP_KINDS[list.overlapKinds[i]!]!,
       pending_blocks: list.pendingBlocks[i]!,
+      host_pinned_blocks: list.hostBlocks[i]!,
+      disk_blocks: list.diskBlocks[i]!,
+      external_blocks: list.externalBlocks[i]!,
       cost: list.costs[i]!,
       degraded: list.degraded[i] === 1,
       active_prefill_tokens: list.activePrefillTokens[i]!,
@@ -157,6 +166,7 @@ export function routeAnswer(core: KvedgeCore, { decision, queryBlocks }: RouteOu
       active_requests: list.activeRequests[i]!,
       predicted_ttft_ms: list.predictedTtftMs[i]!,
       queue_ms: list.queueMs[i]!,
+      reload_ms: list.reloadMs[i]!,
       prefill_ms: list.prefillMs[i]!,
       steps_ms: list.stepsMs[i]!,
     });
@@ -167,6 +177,9 @@ export function routeAnswer(core: KvedgeCore, { decision, queryBlocks }: RouteOu
     dp_rank: decision.dpRank,
     query_blocks: queryBlocks,
     overlap_blocks: decision.overlapBlocks,
+    host_pinned_blocks: decision.hostBlocks,
+    disk_blocks: decision.diskBlocks,
+    external_blocks: decision.externalBlocks,
     cost: decision.cost,
     predicted_ttft_ms: decision.predictedTtftMs,
     candidates,
@@ -340,6 +353,10 @@ const K = {
   dp_rank: key("dp_rank"),
   query_blocks: key("query_blocks"),
   overlap_blocks: key("overlap_blocks"),
+  host_pinned_blocks: key("host_pinned_blocks"),
+  disk_blocks: key("disk_blocks"),
+  external_blocks: key("external_blocks"),
+  reload_ms: key("reload_ms"),
   cost: key("cost"),
   candidates: key("candidates"),
   degraded: key("degraded"),
@@ -357,6 +374,16 @@ const K = {
 /** The overlap kinds as encoded MessagePack strings (written as they are, no encoding per answer). */
 const KIND_NAMES = OVERLAP_KINDS.map((kind) => encodeMsgpack(kind));
 
+/** The lower tiers' blocks of an answer (host, disk, external), as three keys. */
+function writeTiers(encoder: MsgpackEncoder, host: number, disk: number, external: number): void {
+  encoder.encoded(K.host_pinned_blocks);
+  encoder.number(host);
+  encoder.encoded(K.disk_blocks);
+  encoder.number(disk);
+  encoder.encoded(K.external_blocks);
+  encoder.number(external);
+}
+
 /**
  * A route answer as MessagePack, the same map `encoder.value(routeAnswer(...))` writes,
  * straight from the decision with keys encoded once: the answer of every binary
@@ -368,7 +395,7 @@ export function writeRouteAnswer(
   core: KvedgeCore,
   { decision, queryBlocks }: RouteOutcome,
 ): void {
-  encoder.mapHeader(8);
+  encoder.mapHeader(11);
   encoder.encoded(K.request_id);
   encoder.string(decision.requestId);
   encoder.encoded(K.worker_id);
@@ -379,6 +406,7 @@ export function writeRouteAnswer(
   encoder.number(queryBlocks);
   encoder.encoded(K.overlap_blocks);
   encoder.number(decision.overlapBlocks);
+  writeTiers(encoder, decision.hostBlocks, decision.diskBlocks, decision.externalBlocks);
   encoder.encoded(K.cost);
   encoder.number(decision.cost);
   encoder.encoded(K.predicted_ttft_ms);
@@ -387,7 +415,7 @@ export function writeRouteAnswer(
   const list = decision.candidates;
   encoder.arrayHeader(list.count);
   for (let i = 0; i < list.count; i++) {
-    encoder.mapHeader(14);
+    encoder.mapHeader(18);
     encoder.encoded(K.worker_id);
     encoder.string(core.workerIdTextOf(list.slots[i]!));
     encoder.encoded(K.dp_rank);
@@ -398,6 +426,7 @@ export function writeRouteAnswer(
     encoder.encoded(KIND_NAMES[list.overlapKinds[i]!]!);
     encoder.encoded(K.pending_blocks);
     encoder.number(list.pendingBlocks[i]!);
+    writeTiers(encoder, list.hostBlocks[i]!, list.diskBlocks[i]!, list.externalBlocks[i]!);
     encoder.encoded(K.cost);
     encoder.number(list.costs[i]!);
     encoder.encoded(K.degraded);
@@ -412,6 +441,8 @@ export function writeRouteAnswer(
     encoder.number(list.predictedTtftMs[i]!);
     encoder.encoded(K.queue_ms);
     encoder.number(list.queueMs[i]!);
+    encoder.encoded(K.reload_ms);
+    encoder.number(list.reloadMs[i]!);
     encoder.encoded(K.prefill_ms);
     encoder.number(list.prefillMs[i]!);
     encoder.encoded(K.steps_ms);
