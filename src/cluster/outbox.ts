@@ -12,14 +12,13 @@
  * and snapshots (every own active request, as of that seq), and sync requests.
  */
 import type { EndReason, LoadTracker, OwnFacts } from "../route/load";
-import type { PredictionShare } from "../route/predictions";
-import type { Predictions } from "../route/predictions";
+import type { PredictionShare, Predictions } from "../route/predictions";
 import {
   CHAIN_BLOCKS_MAX,
   KIND,
   LAST_CHUNK,
   LEAVING,
-  MessageWriter,
+  MessageEncoder,
   WITH_PREDICTIONS,
   type WorkerIdentity,
 } from "./codec";
@@ -72,8 +71,8 @@ export class Outbox implements OwnFacts, PredictionShare {
     /** Predicted blocks sent to joining replicas. */
     predictionsSnapshotted: 0,
   };
-  private readonly writer: MessageWriter;
-  private readonly control: MessageWriter;
+  private readonly encoder: MessageEncoder;
+  private readonly control: MessageEncoder;
   private armed = false;
   /** Monotonic ms of the last batch sent. */
   private lastBatchMs = -Infinity;
@@ -81,8 +80,8 @@ export class Outbox implements OwnFacts, PredictionShare {
   private readonly now: () => number;
 
   constructor(private readonly options: OutboxOptions) {
-    this.writer = new MessageWriter(options.replicaId, options.epoch, options.workers);
-    this.control = new MessageWriter(options.replicaId, options.epoch, options.workers);
+    this.encoder = new MessageEncoder(options.replicaId, options.epoch, options.workers);
+    this.control = new MessageEncoder(options.replicaId, options.epoch, options.workers);
     this.wallNow = options.wallNow ?? wallClockMs;
     this.now = options.now ?? (() => performance.now());
   }
@@ -98,20 +97,20 @@ export class Outbox implements OwnFacts, PredictionShare {
   ): void {
     this.open();
     if (this.options.chains === true)
-      this.writer.routed(handle, slot, chain, blocks, prefillTokens, outputBlocks);
-    else this.writer.routedFlat(handle, slot, prefillTokens, outputBlocks, added);
+      this.encoder.routed(handle, slot, chain, blocks, prefillTokens, outputBlocks);
+    else this.encoder.routedFlat(handle, slot, prefillTokens, outputBlocks, added);
     this.wrote();
   }
 
   prefillDone(handle: number): void {
     this.open();
-    this.writer.prefillDone(handle);
+    this.encoder.prefillDone(handle);
     this.wrote();
   }
 
   ended(handle: number, reason: EndReason, freed: number): void {
     this.open();
-    this.writer.ended(handle, reason, freed);
+    this.encoder.ended(handle, reason, freed);
     this.wrote();
   }
 
@@ -128,7 +127,7 @@ export class Outbox implements OwnFacts, PredictionShare {
     count: number,
   ): void {
     this.open();
-    if (this.writer.predicted(slot, local, chain, held, count) < count - held)
+    if (this.encoder.predicted(slot, local, chain, held, count) < count - held)
       this.counters.predictionsTruncated++;
     this.counters.predictions++;
     this.wrote();
@@ -137,22 +136,22 @@ export class Outbox implements OwnFacts, PredictionShare {
   /** This replica corrected its predictions of an approximate worker (`Predictions.share`). */
   corrected(slot: number, shortfall: boolean, named: boolean, hi: number, lo: number): void {
     this.open();
-    this.writer.corrected(slot, shortfall, named, hi, lo);
+    this.encoder.corrected(slot, shortfall, named, hi, lo);
     this.counters.corrections++;
     this.wrote();
   }
 
   /** Facts written and not yet sent. */
   get pending(): number {
-    return this.writer.facts;
+    return this.encoder.facts;
   }
 
   /** Sends the current batch, if it holds any fact. */
   flush(): void {
-    if (this.writer.facts === 0) return;
-    const facts = this.writer.facts;
+    if (this.encoder.facts === 0) return;
+    const facts = this.encoder.facts;
     this.lastBatchMs = this.now();
-    const message = this.writer.finish(++this.seq, this.wallNow());
+    const message = this.encoder.finish(++this.seq, this.wallNow());
     this.counters.batches++;
     this.counters.facts += facts;
     this.counters.bytes += message.length;
@@ -240,13 +239,13 @@ export class Outbox implements OwnFacts, PredictionShare {
   }
 
   private open(): void {
-    if (this.writer.facts > 0) return;
-    this.writer.begin(KIND.facts);
-    this.writer.beginFacts();
+    if (this.encoder.facts > 0) return;
+    this.encoder.begin(KIND.facts);
+    this.encoder.beginFacts();
   }
 
   private wrote(): void {
-    const w = this.writer;
+    const w = this.encoder;
     if (w.facts >= BATCH_FACTS_MAX || w.length >= BATCH_BYTES_MAX) {
       this.flush();
       return;

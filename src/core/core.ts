@@ -8,12 +8,12 @@
  */
 import type { Config } from "../config";
 import { type WorkerEntry, wildcardProblem } from "../config/workers";
-import { blockSeed, LoraAdapters } from "../hash";
+import { blockSeed, ChainBuffer, LoraAdapters } from "../hash";
 import type { KvIndex } from "../index";
 import { createIndex, MatchResult } from "../index";
 import { defaultIndexBudgetBytes, IndexBudget } from "../index/budget";
 import { WritePause } from "../index/write-pause";
-import type { KvEventWriter } from "../ingest/normalize";
+import type { KvEventSink } from "../ingest/normalize";
 import {
   EngineSource,
   type SourceConfig,
@@ -37,9 +37,10 @@ import { DegradedFallback } from "./fallback";
 import { DEFAULT_PREDICTED_MAX_BLOCKS, Predictions } from "../route/predictions";
 import { CAPACITY_FLOOR_BLOCKS } from "../route/predicted-blocks";
 import { OVERLAP_KINDS, type OverlapKind, overlapKindOf } from "../route/router";
+import { RouteOverlaps } from "./overlaps";
 import type { Logger } from "../util/log";
 import type { ZmtpOptions } from "../wire/zmtp";
-import { BUDGET_REFUSAL, budgetedWriter } from "../ingest/budgeted-writer";
+import { BUDGET_REFUSAL, budgetedSink } from "../ingest/budgeted-sink";
 import { KvedgeError } from "../domain/errors";
 import { WorkerTable } from "../domain/worker-table";
 import { attach } from "../index/crtc/shared";
@@ -49,9 +50,14 @@ import type { WriterThread } from "../runtime/writer-thread";
 export interface MatchScore {
   readonly workerId: bigint;
   readonly dpRank: number;
+  /** Device blocks: the prompt's longest prefix the worker holds. */
   readonly blocks: number;
   /** What the blocks rest on: the engine's events, kvedge's predictions, or events it lost. */
   readonly kind: OverlapKind;
+  /** Lower-tier blocks right after them (host memory, then disk, then external). */
+  readonly hostBlocks: number;
+  readonly diskBlocks: number;
+  readonly externalBlocks: number;
 }
 
 export interface RouteInput {
@@ -184,7 +190,7 @@ export class KvedgeCore {
   /** Index writes, held while the index is copied in slices (GET /v1/dump, snapshots). */
   readonly writes: WritePause;
   /** What sources write to: the index, behind the memory budget. */
-  private readonly writer: KvEventWriter;
+  private readonly sink: KvEventSink;
   /** Every source, configured or added. */
   private readonly sources = new Set<EngineSource>();
   /** Per slot: the source configured for exactly that (worker, dp rank), if any. */
@@ -204,6 +210,10 @@ export class KvedgeCore {
   /** Saved source positions (warm restart) by positionKey, taken up by the sources as they are added. */
   readonly restoredPositions = new Map<string, SourcePosition>();
   private readonly matches = new MatchResult(64);
+  /** A /v1/match query's sequence hashes when it came as local hashes. */
+  private readonly chain = new ChainBuffer();
+  /** Device matches and the lower tiers after them, as the router takes them. */
+  private readonly overlaps: RouteOverlaps;
   private readonly hasher = new PromptHasher();
   private readonly candidates = new CandidateList();
   /** Route calls held at saturation (route.admission; src/route/admission.ts). */
@@ -239,13 +249,12 @@ export class KvedgeCore {
     this.blockSize = config.index.block_size;
     this.lora = new LoraAdapters(config.index.lora_adapters);
     this.index = this.createIndex(config, options.writer);
+    this.overlaps = new RouteOverlaps(this.index, config.route.lower_tiers);
     this.budget = new IndexBudget(
       this.index,
       config.index.memory_budget_bytes ?? defaultIndexBudgetBytes(),
     );
-    this.writer = this.budgetedWriter(
-      (this.writes = new WritePause(this.index, HELD_WRITES_BYTES)),
-    );
+    this.sink = this.budgetedSink((this.writes = new WritePause(this.index, HELD_WRITES_BYTES)));
     this.router = new Router(routerOptionsOf(config, this.workerTable, options.random));
     this.admission = new Admission<RouteCall>(
       {
@@ -269,7 +278,7 @@ export class KvedgeCore {
       () => performance.now(),
     );
     this.zmtp = zmtpOptionsOf(config.ingest);
-    this.predictions = predictionsOf(config, this.writer);
+    this.predictions = predictionsOf(config, this.sink);
     this.fallback =
       config.route.degraded_fallback === "predictions"
         ? new DegradedFallback(this.workerTable, this.blockSize, predictionSettingsOf(config), () =>
@@ -335,20 +344,26 @@ export class KvedgeCore {
   }
 
   /**
-   * Per-worker matched prefix length in blocks, sorted as `kvedge apply` sorts; a
-   * degraded worker routed on predictions has the overlap routing takes (./fallback.ts).
+   * Per-worker matched prefix length in blocks, and the lower tiers' after it, sorted as
+   * `kvedge apply` sorts; a degraded worker routed on predictions has the overlap routing
+   * takes (./fallback.ts).
    */
   match(local: Uint32Array, count: number, chain?: Uint32Array): MatchScore[] {
     this.index.findMatches(local, count, this.matches, chain);
-    this.withFallback(local, count, chain, this.matches);
+    const sequence = chain ?? this.chain.of(local, count);
+    this.withFallback(local, count, sequence, this.matches);
+    const overlaps = this.overlaps.of(this.matches, sequence, count);
     const scores: MatchScore[] = [];
-    for (let i = 0; i < this.matches.count; i++) {
-      const slot = this.matches.workers[i]!;
+    for (let i = 0; i < overlaps.count; i++) {
+      const slot = overlaps.slots[i]!;
       scores.push({
         workerId: this.workerTable.workerIdOf(slot),
         dpRank: this.workerTable.dpRankOf(slot),
-        blocks: this.matches.blocks[i]!,
+        blocks: overlaps.blocks[i]!,
         kind: this.overlapKindOf(slot),
+        hostBlocks: overlaps.host?.[i] ?? 0,
+        diskBlocks: overlaps.disk?.[i] ?? 0,
+        externalBlocks: overlaps.external?.[i] ?? 0,
       });
     }
     return scores.sort(
@@ -394,7 +409,9 @@ export class KvedgeCore {
     const totals = this.routeTotals;
     totals.decisions++;
     totals.promptTokens += input.tokens.length;
-    totals.predictedCachedTokens += Math.min(decision.overlapBlocks, blockCount) * this.blockSize;
+    const held =
+      decision.overlapBlocks + decision.hostBlocks + decision.diskBlocks + decision.externalBlocks;
+    totals.predictedCachedTokens += Math.min(held, blockCount) * this.blockSize;
     return { decision, queryBlocks: blockCount };
   }
 
@@ -600,8 +617,8 @@ export class KvedgeCore {
     if (input.matched !== undefined) this.slotsOf(input.matched, matches);
     else this.index.findMatches(prompt.local, prompt.blockCount, matches, prompt.chain);
     this.withFallback(prompt.local, prompt.blockCount, prompt.chain, matches);
-    // Index slots are router slots: the matches are the router's overlaps as they are.
-    const overlaps = { count: matches.count, slots: matches.workers, blocks: matches.blocks };
+    // Index slots are router slots: the matches (and lower tiers after them) are the overlaps.
+    const overlaps = this.overlaps.of(matches, prompt.chain, prompt.blockCount);
     const request = {
       chain: prompt.chain,
       blockCount: prompt.blockCount,
@@ -743,7 +760,7 @@ export class KvedgeCore {
   private addApproximate(entry: WorkerEntry): void {
     const slot = this.router.load.addWorker(entry.worker_id, entry.dp_rank);
     // Nothing the slot held (a snapshot, its events as an exact worker) is known any more.
-    this.writer.clearAt(slot);
+    this.sink.clearAt(slot);
     this.predictions.enable(slot, entry.capacity_blocks ?? null);
     this.router.load.setApproximate(slot, true);
     if (entry.http_endpoint != null)
@@ -813,7 +830,7 @@ export class KvedgeCore {
     const ingest = this.options.config.ingest;
     return {
       blockSize: this.blockSize,
-      writer: this.writer,
+      sink: this.sink,
       log: this.log.child({ component: "ingest" }),
       zmtp: this.zmtp,
       lora: this.lora,
@@ -1013,11 +1030,11 @@ export class KvedgeCore {
   }
 
   /**
-   * The index as sources write to it: behind the memory budget (src/ingest/budgeted-writer.ts),
+   * The index as sources write to it: behind the memory budget (src/ingest/budgeted-sink.ts),
    * through the write pause of copies in progress (src/index/write-pause.ts).
    */
-  private budgetedWriter(writes: WritePause): KvEventWriter {
-    return budgetedWriter(writes, this.budget, this.workerTable, {
+  private budgetedSink(writes: WritePause): KvEventSink {
+    return budgetedSink(writes, this.budget, this.workerTable, {
       refused: (slot, blocks) => this.refuseStore(slot, blocks),
       // Holding nothing is known exactly: refused stores no longer matter.
       cleared: (slot) => {
@@ -1097,6 +1114,8 @@ function routerOptionsOf(
       kvReadMsPerMillionTokens: route.kv_read_ms_per_million_tokens,
       maxBatchedTokens: route.max_batched_tokens,
       recomputeWeight: route.recompute_weight,
+      hostReloadMsPerMillionTokens: route.host_reload_ms_per_million_tokens,
+      diskReloadMsPerMillionTokens: route.disk_reload_ms_per_million_tokens,
     },
     weights: {
       overlapScoreCredit: route.overlap_score_credit,
@@ -1105,14 +1124,16 @@ function routerOptionsOf(
       decodeActiveRequestWeight: route.decode_active_request_weight,
       temperature: route.temperature,
       degradedOverlapWeight: route.degraded_overlap_weight,
+      hostCacheHitWeight: route.host_cache_hit_weight,
+      diskCacheHitWeight: route.disk_cache_hit_weight,
     },
     ...(random === undefined ? {} : { random }),
   };
 }
 
-/** Predictions for approximate workers, written through the core's budgeted writer. */
-function predictionsOf(config: Config, writer: KvEventWriter): Predictions {
-  return new Predictions(writer, predictionSettingsOf(config), () => performance.now());
+/** Predictions for approximate workers, written through the core's budgeted sink. */
+function predictionsOf(config: Config, sink: KvEventSink): Predictions {
+  return new Predictions(sink, predictionSettingsOf(config), () => performance.now());
 }
 
 /** How predictions are made, approximate workers' and degraded exact workers' alike. */

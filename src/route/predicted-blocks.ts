@@ -1,8 +1,8 @@
 /**
  * What approximate workers (engines that publish no KV events) are predicted to cache,
  * kept from kvedge's own decisions: per worker, an LRU over its predicted blocks,
- * written into the index through the same writer interface the engine streams use
- * (`KvEventWriter`), so every backend, the memory accounting and the match path hold
+ * written into the index through the same sink interface the engine streams use
+ * (`KvEventSink`), so every backend, the memory accounting and the match path hold
  * them like any block.
  *
  * - A block is named by its sequence hash (Dynamo's chain over local hashes): that is
@@ -29,7 +29,7 @@
  * See docs/decisions.md#predictions-in-index and docs/decisions.md#prediction-correction.
  */
 import { chainHashes } from "../hash";
-import type { KvEventWriter } from "../ingest/normalize";
+import type { KvEventSink } from "../ingest/normalize";
 import { TripleTable } from "../util/tables";
 import { assert } from "../util/verify";
 
@@ -48,7 +48,7 @@ const GROW_STEP = 0.01;
 export const CAPACITY_FLOOR_BLOCKS = 256;
 
 export interface PredictedBlocksOptions {
-  readonly writer: Pick<KvEventWriter, "storeAt" | "removeAt" | "clearAt">;
+  readonly sink: Pick<KvEventSink, "storeAt" | "removeAt" | "clearAt">;
   /** Blocks unused this long expire, for workers without a known capacity. */
   readonly ttlMs: number;
   /** Most blocks kept for a worker without a known capacity. */
@@ -261,16 +261,7 @@ export class PredictedBlocks {
     const hasParent = parent !== NONE;
     const parentHi = hasParent ? this.hashHi[parent]! : 0;
     const parentLo = hasParent ? this.hashLo[parent]! : 0;
-    this.options.writer.storeAt(
-      slot,
-      hasParent,
-      parentHi,
-      parentLo,
-      chain,
-      local,
-      end - held,
-      held,
-    );
+    this.options.sink.storeAt(slot, hasParent, parentHi, parentLo, chain, local, end - held, held);
     // Never more recent than the oldest block there: expiry walks from that end.
     const first = this.oldest[slot]!;
     const used = first === NONE ? usedMs : Math.min(usedMs, this.usedMs[first]!);
@@ -461,7 +452,7 @@ export class PredictedBlocks {
     const hasParent = parent !== NONE;
     const parentHi = hasParent ? this.hashHi[parent]! : 0;
     const parentLo = hasParent ? this.hashLo[parent]! : 0;
-    this.options.writer.storeAt(slot, hasParent, parentHi, parentLo, chain, local, to - from, from);
+    this.options.sink.storeAt(slot, hasParent, parentHi, parentLo, chain, local, to - from, from);
     let entry = parent;
     for (let k = from; k < to; k++) entry = this.add(slot, chain, local, k, entry);
     this.counters.stored += to - from;
@@ -574,13 +565,13 @@ export class PredictedBlocks {
   }
 
   private flushRemovals(slot: number, n: number): void {
-    if (n > 0) this.options.writer.removeAt(slot, this.removals, n, 0);
+    if (n > 0) this.options.sink.removeAt(slot, this.removals, n, 0);
     if (this.live === 0) this.resetEntries();
   }
 
   /** Drops every prediction of a slot: the index slot is cleared, the entries freed. */
   private drop(slot: number): void {
-    if (this.held[slot]! > 0) this.options.writer.clearAt(slot);
+    if (this.held[slot]! > 0) this.options.sink.clearAt(slot);
     for (let e = this.oldest[slot]!; e !== NONE; ) {
       const next = this.newer[e]!;
       this.release(e, 0); // the clear removed them from the index already

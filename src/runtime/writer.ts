@@ -9,7 +9,7 @@
  * ring, are recognized and dropped. ./writer-thread.ts is the other end.
  */
 import { type LoraAdapter, LoraAdapters } from "../hash";
-import { BUDGET_REFUSAL, budgetedWriter } from "../ingest/budgeted-writer";
+import { BUDGET_REFUSAL, budgetedSink } from "../ingest/budgeted-sink";
 import { WorkerTable } from "../domain/worker-table";
 import { createIndex, type KvIndex } from "../index";
 import { IndexBudget } from "../index/budget";
@@ -249,7 +249,7 @@ export class IndexWriter {
 
   private add(id: number, control: Extract<WriterControl, { op: "add" }>): void {
     const incomplete = new Set<number>();
-    const writer = budgetedWriter(this.index, this.budget, this.table, {
+    const sink = budgetedSink(this.index, this.budget, this.table, {
       refused: (slot, blocks) => {
         this.budget.refuse(blocks);
         if (!incomplete.has(slot))
@@ -278,7 +278,7 @@ export class IndexWriter {
       },
       {
         blockSize: this.start.blockSize,
-        writer,
+        sink,
         lora: this.lora,
         log: this.log.child({ worker_id: identity.workerId, dp_rank: identity.dpRank }),
         sequencer: this.start.sequencer,

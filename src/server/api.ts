@@ -22,7 +22,7 @@ import {
 import type { Cluster } from "../cluster/cluster";
 import type { KvedgeCore, MatchScore, RouteCall, RouteInput, RouteOutcome } from "../core/core";
 import type { LoraAdapters } from "../hash";
-import { encodeMsgpack, type MsgpackWriter } from "../wire/msgpack";
+import { encodeMsgpack, type MsgpackEncoder } from "../wire/msgpack";
 
 /** Most candidates a route response lists. */
 export const CANDIDATES_MAX = 64;
@@ -37,12 +37,18 @@ const OUTPUT_TOKENS_MAX = 1 << 24;
 const DP_RANK_MAX = 0xffff_ffff;
 const TOPIC_LENGTH_MAX = 1024;
 
-const scoreJson = (score: MatchScore) => ({
-  worker_id: score.workerId.toString(),
-  dp_rank: score.dpRank,
-  blocks: score.blocks,
-  kind: score.kind,
-});
+/** A match score; the lower tiers' blocks only for a worker that has some (as `kvedge apply`). */
+const scoreJson = (score: MatchScore) => {
+  const json = {
+    worker_id: score.workerId.toString(),
+    dp_rank: score.dpRank,
+    blocks: score.blocks,
+    kind: score.kind,
+  };
+  const { hostBlocks, diskBlocks, externalBlocks } = score;
+  if (hostBlocks + diskBlocks + externalBlocks === 0) return json;
+  return { ...json, host_pinned: hostBlocks, disk: diskBlocks, external: externalBlocks };
+};
 
 /** POST /v1/match: `{"token_ids":[…], "lora_name"? or "lora_id"?, "cache_salt"?}` or `{"local_hashes":["…"]}`. */
 export function matchOp(core: KvedgeCore, raw: unknown) {
@@ -150,6 +156,9 @@ export function routeAnswer(core: KvedgeCore, { decision, queryBlocks }: RouteOu
       overlap_blocks: list.overlapBlocks[i]!,
       overlap_kind: OVERLAP_KINDS[list.overlapKinds[i]!]!,
       pending_blocks: list.pendingBlocks[i]!,
+      host_pinned_blocks: list.hostBlocks[i]!,
+      disk_blocks: list.diskBlocks[i]!,
+      external_blocks: list.externalBlocks[i]!,
       cost: list.costs[i]!,
       degraded: list.degraded[i] === 1,
       active_prefill_tokens: list.activePrefillTokens[i]!,
@@ -157,6 +166,7 @@ export function routeAnswer(core: KvedgeCore, { decision, queryBlocks }: RouteOu
       active_requests: list.activeRequests[i]!,
       predicted_ttft_ms: list.predictedTtftMs[i]!,
       queue_ms: list.queueMs[i]!,
+      reload_ms: list.reloadMs[i]!,
       prefill_ms: list.prefillMs[i]!,
       steps_ms: list.stepsMs[i]!,
     });
@@ -167,6 +177,9 @@ export function routeAnswer(core: KvedgeCore, { decision, queryBlocks }: RouteOu
     dp_rank: decision.dpRank,
     query_blocks: queryBlocks,
     overlap_blocks: decision.overlapBlocks,
+    host_pinned_blocks: decision.hostBlocks,
+    disk_blocks: decision.diskBlocks,
+    external_blocks: decision.externalBlocks,
     cost: decision.cost,
     predicted_ttft_ms: decision.predictedTtftMs,
     candidates,
@@ -340,6 +353,10 @@ const K = {
   dp_rank: key("dp_rank"),
   query_blocks: key("query_blocks"),
   overlap_blocks: key("overlap_blocks"),
+  host_pinned_blocks: key("host_pinned_blocks"),
+  disk_blocks: key("disk_blocks"),
+  external_blocks: key("external_blocks"),
+  reload_ms: key("reload_ms"),
   cost: key("cost"),
   candidates: key("candidates"),
   degraded: key("degraded"),
@@ -357,64 +374,78 @@ const K = {
 /** The overlap kinds as encoded MessagePack strings (written as they are, no encoding per answer). */
 const KIND_NAMES = OVERLAP_KINDS.map((kind) => encodeMsgpack(kind));
 
+/** The lower tiers' blocks of an answer (host, disk, external), as three keys. */
+function writeTiers(encoder: MsgpackEncoder, host: number, disk: number, external: number): void {
+  encoder.encoded(K.host_pinned_blocks);
+  encoder.number(host);
+  encoder.encoded(K.disk_blocks);
+  encoder.number(disk);
+  encoder.encoded(K.external_blocks);
+  encoder.number(external);
+}
+
 /**
- * A route answer as MessagePack, the same map `writer.value(routeAnswer(...))` writes,
+ * A route answer as MessagePack, the same map `encoder.value(routeAnswer(...))` writes,
  * straight from the decision with keys encoded once: the answer of every binary
  * WebSocket route, where building the answer's objects and walking them were among the
  * largest costs (and most of the garbage) per route.
  */
 export function writeRouteAnswer(
-  writer: MsgpackWriter,
+  encoder: MsgpackEncoder,
   core: KvedgeCore,
   { decision, queryBlocks }: RouteOutcome,
 ): void {
-  writer.mapHeader(8);
-  writer.encoded(K.request_id);
-  writer.string(decision.requestId);
-  writer.encoded(K.worker_id);
-  writer.string(core.workerIdTextOf(decision.slot));
-  writer.encoded(K.dp_rank);
-  writer.number(decision.dpRank);
-  writer.encoded(K.query_blocks);
-  writer.number(queryBlocks);
-  writer.encoded(K.overlap_blocks);
-  writer.number(decision.overlapBlocks);
-  writer.encoded(K.cost);
-  writer.number(decision.cost);
-  writer.encoded(K.predicted_ttft_ms);
-  writer.number(decision.predictedTtftMs);
-  writer.encoded(K.candidates);
+  encoder.mapHeader(11);
+  encoder.encoded(K.request_id);
+  encoder.string(decision.requestId);
+  encoder.encoded(K.worker_id);
+  encoder.string(core.workerIdTextOf(decision.slot));
+  encoder.encoded(K.dp_rank);
+  encoder.number(decision.dpRank);
+  encoder.encoded(K.query_blocks);
+  encoder.number(queryBlocks);
+  encoder.encoded(K.overlap_blocks);
+  encoder.number(decision.overlapBlocks);
+  writeTiers(encoder, decision.hostBlocks, decision.diskBlocks, decision.externalBlocks);
+  encoder.encoded(K.cost);
+  encoder.number(decision.cost);
+  encoder.encoded(K.predicted_ttft_ms);
+  encoder.number(decision.predictedTtftMs);
+  encoder.encoded(K.candidates);
   const list = decision.candidates;
-  writer.arrayHeader(list.count);
+  encoder.arrayHeader(list.count);
   for (let i = 0; i < list.count; i++) {
-    writer.mapHeader(14);
-    writer.encoded(K.worker_id);
-    writer.string(core.workerIdTextOf(list.slots[i]!));
-    writer.encoded(K.dp_rank);
-    writer.number(list.dpRanks[i]!);
-    writer.encoded(K.overlap_blocks);
-    writer.number(list.overlapBlocks[i]!);
-    writer.encoded(K.overlap_kind);
-    writer.encoded(KIND_NAMES[list.overlapKinds[i]!]!);
-    writer.encoded(K.pending_blocks);
-    writer.number(list.pendingBlocks[i]!);
-    writer.encoded(K.cost);
-    writer.number(list.costs[i]!);
-    writer.encoded(K.degraded);
-    writer.bool(list.degraded[i] === 1);
-    writer.encoded(K.active_prefill_tokens);
-    writer.number(list.activePrefillTokens[i]!);
-    writer.encoded(K.active_decode_blocks);
-    writer.number(list.activeDecodeBlocks[i]!);
-    writer.encoded(K.active_requests);
-    writer.number(list.activeRequests[i]!);
-    writer.encoded(K.predicted_ttft_ms);
-    writer.number(list.predictedTtftMs[i]!);
-    writer.encoded(K.queue_ms);
-    writer.number(list.queueMs[i]!);
-    writer.encoded(K.prefill_ms);
-    writer.number(list.prefillMs[i]!);
-    writer.encoded(K.steps_ms);
-    writer.number(list.stepsMs[i]!);
+    encoder.mapHeader(18);
+    encoder.encoded(K.worker_id);
+    encoder.string(core.workerIdTextOf(list.slots[i]!));
+    encoder.encoded(K.dp_rank);
+    encoder.number(list.dpRanks[i]!);
+    encoder.encoded(K.overlap_blocks);
+    encoder.number(list.overlapBlocks[i]!);
+    encoder.encoded(K.overlap_kind);
+    encoder.encoded(KIND_NAMES[list.overlapKinds[i]!]!);
+    encoder.encoded(K.pending_blocks);
+    encoder.number(list.pendingBlocks[i]!);
+    writeTiers(encoder, list.hostBlocks[i]!, list.diskBlocks[i]!, list.externalBlocks[i]!);
+    encoder.encoded(K.cost);
+    encoder.number(list.costs[i]!);
+    encoder.encoded(K.degraded);
+    encoder.bool(list.degraded[i] === 1);
+    encoder.encoded(K.active_prefill_tokens);
+    encoder.number(list.activePrefillTokens[i]!);
+    encoder.encoded(K.active_decode_blocks);
+    encoder.number(list.activeDecodeBlocks[i]!);
+    encoder.encoded(K.active_requests);
+    encoder.number(list.activeRequests[i]!);
+    encoder.encoded(K.predicted_ttft_ms);
+    encoder.number(list.predictedTtftMs[i]!);
+    encoder.encoded(K.queue_ms);
+    encoder.number(list.queueMs[i]!);
+    encoder.encoded(K.reload_ms);
+    encoder.number(list.reloadMs[i]!);
+    encoder.encoded(K.prefill_ms);
+    encoder.number(list.prefillMs[i]!);
+    encoder.encoded(K.steps_ms);
+    encoder.number(list.stepsMs[i]!);
   }
 }

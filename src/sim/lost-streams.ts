@@ -9,9 +9,9 @@
  * degraded: kvedge cannot know what it missed until the engine clears its cache, which
  * an AllBlocksCleared after the cut says (then it is exact again).
  *
- * The index of a cut engine is kept as the set of the engine's external hashes it
- * holds (a block's hash names its whole chain, so "every block of the prefix is held"
- * is what the index's match counts), fed by the engine's event batches.
+ * The index of a cut engine is kept as the engine's external hashes it holds on the
+ * device, with their copies (a block's hash names its whole chain, so "every block of
+ * the prefix is held" is what the index's match counts), fed by the engine's batches.
  */
 import { PairTable } from "../util/tables";
 import type { EngineCache, KvEvent } from "./engine-cache";
@@ -63,12 +63,14 @@ export class LostStreams {
         if (nowMs >= this.cut.toMs) this.cleared[worker] = 1;
         continue;
       }
-      const stored = event.type === "BlockStored";
+      // The device's blocks, copy by copy (a block is held while a copy is).
+      if (event.medium !== "GPU") continue;
+      const delta = event.type === "BlockStored" ? 1 : -1;
       for (const hash of event.block_hashes) {
         const hi = Number(hash >> 32n);
         const lo = Number(hash & 0xffff_ffffn);
-        if (stored) view.set(hi, lo, 1);
-        else view.delete(hi, lo);
+        // A removal of a copy stored during the cut: the index never had it.
+        if (delta > 0 || view.has(hi, lo)) view.adjust(hi, lo, delta);
       }
     }
   }

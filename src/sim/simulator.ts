@@ -34,6 +34,8 @@ export interface SimOptions {
   readonly workers?: number;
   /** KV capacity of each engine, in blocks of `blockSize` tokens. */
   readonly capacityBlocks?: number;
+  /** Each engine's CPU offload tier, in blocks (0 or absent: none). */
+  readonly cpuCapacityBlocks?: number;
   readonly blockSize?: number;
   readonly time?: TimeModel;
   readonly seed?: number;
@@ -48,6 +50,8 @@ export interface SimOptions {
   readonly onRouted?: (request: number, worker: number) => void;
   /** Called with the policy once the replay ends (to read what it learned). */
   readonly onFinish?: (policy: RoutingPolicy) => void;
+  /** Called with the engines once the replay ends (to compare their caches with an index). */
+  readonly onEngines?: (engines: readonly MockEngine[]) => void;
   /** Run the O(capacity) cache consistency checks at the end (default: KVEDGE_VERIFY=1). */
   readonly verify?: boolean;
 }
@@ -124,6 +128,7 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
   const onBatch = options.onBatch;
   const engines: MockEngine[] = [];
   const lost = options.streamCut === undefined ? null : new LostStreams(options.streamCut, workers);
+  const hostProbe = (worker: number) => engines[worker]!.cache.lastHostBlocks;
   const policy = createRouting(options.policy, {
     workers,
     blockSize,
@@ -131,29 +136,15 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
     approxPrefix: options.approxPrefix,
     kvAware: options.kvAware,
     time,
-    probe: (worker, query) => {
-      const cache = engines[worker]!.cache;
-      return lost?.isCut(worker) === true
-        ? lost.prefixBlocks(cache, worker, query.tokens, query.promptLength)
-        : cache.visiblePrefixBlocks(query.tokens, query.promptLength);
-    },
-    ...(lost === null ? {} : { degraded: (worker, nowMs) => lost.isDegraded(worker, nowMs) }),
+    ...probesOf(engines, lost),
+    ...((options.cpuCapacityBlocks ?? 0) > 0 ? { hostProbe } : {}),
   });
   const recorder = new RunRecorder(trace, {
     prefillDone: (request, nowMs, cachedTokens) =>
       policy.prefillDone(request.id, nowMs, cachedTokens),
     finished: (request, nowMs) => policy.finished(request.id, nowMs),
   });
-  const seeds = engineSeeds(seed, workers);
-  for (let w = 0; w < workers; w++) {
-    const cache = new EngineCache({
-      capacityBlocks: capacity,
-      blockSize,
-      hashSeed: seeds[w]!,
-      recordEvents: onBatch !== undefined || lost?.isCut(w) === true,
-    });
-    engines.push(new MockEngine(w, cache, time, recorder.listener));
-  }
+  engines.push(...makeEngines(options, capacity, blockSize, seed, recorder, lost));
   const flush = (worker: number, nowMs: number): void => {
     if (onBatch === undefined && lost?.isCut(worker) !== true) return;
     const batch = engines[worker]!.takeBatch(nowMs);
@@ -196,6 +187,7 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
     }
   }
   options.onFinish?.(policy);
+  options.onEngines?.(engines);
   return recorder.report(options.policy, engines, options.verify ?? VERIFY);
 }
 
@@ -211,6 +203,44 @@ function nextEngine(engines: readonly MockEngine[]): number {
     }
   }
   return index;
+}
+
+/** The run's engines, their hash seeds from `seed` (the same for every run with it). */
+/**
+ * What kvedge's router is told of each engine: its published view, or for an engine
+ * whose stream is cut, what an index that lost the cut holds, and that it is degraded.
+ */
+function probesOf(engines: readonly MockEngine[], lost: LostStreams | null) {
+  const probe = (worker: number, query: RouteQuery): number => {
+    const cache = engines[worker]!.cache;
+    return lost?.isCut(worker) === true
+      ? lost.prefixBlocks(cache, worker, query.tokens, query.promptLength)
+      : cache.visiblePrefixBlocks(query.tokens, query.promptLength);
+  };
+  if (lost === null) return { probe };
+  return { probe, degraded: (worker: number, nowMs: number) => lost.isDegraded(worker, nowMs) };
+}
+
+function makeEngines(
+  options: SimOptions,
+  capacity: number,
+  blockSize: number,
+  seed: number,
+  recorder: RunRecorder,
+  lost: LostStreams | null,
+): MockEngine[] {
+  const workers = options.workers ?? DEFAULT_WORKERS;
+  const seeds = engineSeeds(seed, workers);
+  return seeds.map((hashSeed, w) => {
+    const cache = new EngineCache({
+      capacityBlocks: capacity,
+      blockSize,
+      hashSeed,
+      recordEvents: options.onBatch !== undefined || lost?.isCut(w) === true,
+      cpuCapacityBlocks: options.cpuCapacityBlocks ?? 0,
+    });
+    return new MockEngine(w, cache, options.time ?? DEFAULT_TIME_MODEL, recorder.listener);
+  });
 }
 
 /** Submits the held requests the policy answered (worker -1: refused) at `nowMs`. */

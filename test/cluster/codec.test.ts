@@ -2,10 +2,10 @@
 // handle, workers by identity through the dictionary even when a slot changes hands within
 // a message, long chains cut to their first CHAIN_BLOCKS_MAX blocks; predictions as an
 // anchor and the new blocks' local hashes, cut to their first CHAIN_BLOCKS_MAX new
-// blocks; corrections; a joining replica's runs of predictions), a writer's
+// blocks; corrections; a joining replica's runs of predictions), an encoder's
 // published array is never written again, and every malformed message is refused whole
 // with its reason before any fact is applied.
-// Method: MessageWriter over a real WorkerTable; FactReader with a recording visitor;
+// Method: MessageEncoder over a real WorkerTable; FactReader with a recording visitor;
 // truncations and single-byte changes of real messages.
 import { describe, expect, test } from "bun:test";
 import {
@@ -14,7 +14,7 @@ import {
   FactReader,
   type FactVisitor,
   KIND,
-  MessageWriter,
+  MessageEncoder,
   readHeader,
 } from "../../src/cluster/codec";
 import { WorkerTable } from "../../src/domain/worker-table";
@@ -53,34 +53,34 @@ function facts(): { table: WorkerTable; message: Uint8Array } {
   const table = new WorkerTable();
   const a = table.acquire(2n ** 64n - 1n, 3);
   const b = table.acquire(7n, 0);
-  const writer = new MessageWriter("r-1", 99, table);
-  writer.begin(KIND.facts);
-  writer.beginFacts();
+  const encoder = new MessageEncoder("r-1", 99, table);
+  encoder.begin(KIND.facts);
+  encoder.beginFacts();
   const chain = Uint32Array.from({ length: 2 * (CHAIN_BLOCKS_MAX + 5) }, (_, i) => i + 1);
-  writer.routed(1, a, chain, 3, 48, 2);
-  writer.routed(2, b, chain, CHAIN_BLOCKS_MAX + 5, 5, 0);
-  writer.routedFlat(0xffff_ffff, b, 17, 1, 9);
-  writer.prefillDone(70_000);
-  writer.ended(1, "expired", 4);
-  writer.decodeTotal(a, 12);
+  encoder.routed(1, a, chain, 3, 48, 2);
+  encoder.routed(2, b, chain, CHAIN_BLOCKS_MAX + 5, 5, 0);
+  encoder.routedFlat(0xffff_ffff, b, 17, 1, 9);
+  encoder.prefillDone(70_000);
+  encoder.ended(1, "expired", 4);
+  encoder.decodeTotal(a, 12);
   table.release(b); // slot b changes hands within the message: a new dictionary entry
   const c = table.acquire(8n, 1);
   expect(c).toBe(b);
-  writer.routedFlat(5, c, 1, 0, 0);
+  encoder.routedFlat(5, c, 1, 0, 0);
   // Predictions: (local, chain) of 5 blocks; 2 held already, then none held, then a
   // refresh, then more new blocks than a fact carries.
   const local = Uint32Array.from({ length: 10 }, (_, i) => 100 + i);
   const hashes = Uint32Array.from({ length: 10 }, (_, i) => 200 + i);
-  expect(writer.predicted(a, local, hashes, 2, 5)).toBe(3);
-  expect(writer.predicted(c, local, hashes, 0, 5)).toBe(5);
-  expect(writer.predicted(a, local, hashes, 5, 5)).toBe(0);
-  expect(writer.predicted(a, chain, chain, 1, CHAIN_BLOCKS_MAX + 5)).toBe(CHAIN_BLOCKS_MAX);
-  writer.corrected(a, true, true, 12, 0xffff_ffff);
-  writer.corrected(a, true, false, 0, 0);
-  writer.predictedOlder(c, true, 7, 8, local, 5, 3000);
-  writer.predictedOlder(a, false, 0, 0, local, 1, 0);
-  writer.corrected(c, false, true, 3, 4); // a surplus names no block; the last fact, 4 bytes
-  return { table, message: writer.finish(41, 1234.5) };
+  expect(encoder.predicted(a, local, hashes, 2, 5)).toBe(3);
+  expect(encoder.predicted(c, local, hashes, 0, 5)).toBe(5);
+  expect(encoder.predicted(a, local, hashes, 5, 5)).toBe(0);
+  expect(encoder.predicted(a, chain, chain, 1, CHAIN_BLOCKS_MAX + 5)).toBe(CHAIN_BLOCKS_MAX);
+  encoder.corrected(a, true, true, 12, 0xffff_ffff);
+  encoder.corrected(a, true, false, 0, 0);
+  encoder.predictedOlder(c, true, 7, 8, local, 5, 3000);
+  encoder.predictedOlder(a, false, 0, 0, local, 1, 0);
+  encoder.corrected(c, false, true, 3, 4); // a surplus names no block; the last fact, 4 bytes
+  return { table, message: encoder.finish(41, 1234.5) };
 }
 
 describe("the bus's messages", () => {
@@ -118,16 +118,16 @@ describe("the bus's messages", () => {
     ]);
   });
 
-  test("a finished message is the caller's: the writer never writes it again", () => {
+  test("a finished message is the caller's: the encoder never writes it again", () => {
     const table = new WorkerTable();
     const slot = table.acquire(1n, 0);
-    const writer = new MessageWriter("r", 1, table);
+    const encoder = new MessageEncoder("r", 1, table);
     const sent: Uint8Array[] = [];
     for (const handle of [1, 2, 3]) {
-      writer.begin(KIND.facts);
-      writer.beginFacts();
-      writer.routedFlat(handle, slot, 1, 0, 0);
-      sent.push(writer.finish(1, 0));
+      encoder.begin(KIND.facts);
+      encoder.beginFacts();
+      encoder.routedFlat(handle, slot, 1, 0, 0);
+      sent.push(encoder.finish(1, 0));
     }
     const ids = sent.map((message) => {
       const { visitor, seen } = recorder();
@@ -175,14 +175,14 @@ describe("the bus's messages", () => {
     expect(reasonOf(message.subarray(0, 10))).toBe("truncated");
     expect(reasonOf(new Uint8Array(2 * 1024 * 1024))).toBe("oversized");
     // A prediction without an anchor and without blocks, bad flags, a correction's age.
-    const one = (write: (writer: MessageWriter, slot: number) => void): Uint8Array => {
+    const one = (write: (encoder: MessageEncoder, slot: number) => void): Uint8Array => {
       const table = new WorkerTable();
       const slot = table.acquire(1n, 0);
-      const writer = new MessageWriter("r", 1, table);
-      writer.begin(KIND.facts);
-      writer.beginFacts();
-      write(writer, slot);
-      return writer.finish(1, 0);
+      const encoder = new MessageEncoder("r", 1, table);
+      encoder.begin(KIND.facts);
+      encoder.beginFacts();
+      write(encoder, slot);
+      return encoder.finish(1, 0);
     };
     const words = new Uint32Array(4);
     const bodyAt = readHeader(one(() => {})).bodyAt + 8;

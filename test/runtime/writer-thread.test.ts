@@ -46,19 +46,21 @@ async function setUp(ringBytes = 1 << 20, sharedReaders = 0) {
   started.push(writer);
   const table = new WorkerTable();
   const index: KvIndex = createIndex("crtc", BS, { workers: table });
-  const writerOf = {
+  const sinkOf = {
     workerTable: table,
     storeAt: index.storeAt.bind(index),
     removeAt: index.removeAt.bind(index),
     clearAt: index.clearAt.bind(index),
+    storeTierAt: index.storeTierAt.bind(index),
+    removeTierAt: index.removeTierAt.bind(index),
   };
   const pairs: Pair[] = [];
   const add = async (config: SourceConfig): Promise<Pair> => {
     const zmtp = { maxMessageBytes: 4096 };
-    const reference = new EngineSource(config, { blockSize: BS, writer: writerOf, log, zmtp });
+    const reference = new EngineSource(config, { blockSize: BS, sink: sinkOf, log, zmtp });
     const threaded = new EngineSource(config, {
       blockSize: BS,
-      writer: writerOf,
+      sink: sinkOf,
       log,
       zmtp,
       input: writer.input(config),
@@ -261,7 +263,14 @@ describe("the writer thread", () => {
         blockSize: BS,
         log,
         input: writer.input(config(a, BigInt(cycle + 1))),
-        writer: { workerTable: new WorkerTable(), storeAt() {}, removeAt: () => 0, clearAt() {} },
+        sink: {
+          workerTable: new WorkerTable(),
+          storeAt() {},
+          removeAt: () => 0,
+          clearAt() {},
+          storeTierAt() {},
+          removeTierAt() {},
+        },
       });
       await source.start();
       await until(() => a.pub.subscribedPeers === 1, "the subscription");

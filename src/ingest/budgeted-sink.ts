@@ -5,7 +5,7 @@
  * The core uses it on the main thread, the writer thread (src/runtime/writer.ts) on its.
  */
 import type { IndexBudget } from "../index/budget";
-import type { KvEventWriter } from "./normalize";
+import type { KvEventSink } from "./normalize";
 import type { WorkerTable } from "../domain/worker-table";
 
 /** Why a worker whose stores the memory budget refused is degraded (the status page says it). */
@@ -33,14 +33,32 @@ export interface IndexWrites {
   ): unknown;
   removeAt(slot: number, external: Uint32Array, count: number, first: number): unknown;
   clearAt(slot: number): void;
+  storeTierAt(
+    tier: number,
+    slot: number,
+    hasParent: boolean,
+    parentHi: number,
+    parentLo: number,
+    external: Uint32Array,
+    local: Uint32Array,
+    count: number,
+    first: number,
+  ): unknown;
+  removeTierAt(
+    tier: number,
+    slot: number,
+    external: Uint32Array,
+    count: number,
+    first: number,
+  ): unknown;
 }
 
-export function budgetedWriter(
+export function budgetedSink(
   index: IndexWrites,
   budget: IndexBudget,
   workerTable: WorkerTable,
   events: BudgetEvents,
-): KvEventWriter {
+): KvEventSink {
   return {
     workerTable,
     storeAt: (slot, hasParent, parentHi, parentLo, external, local, count, first) => {
@@ -49,6 +67,13 @@ export function budgetedWriter(
       else index.storeAt(slot, hasParent, parentHi, parentLo, external, local, count, first);
     },
     removeAt: (slot, external, count, first) => index.removeAt(slot, external, count, first),
+    storeTierAt: (tier, slot, hasParent, parentHi, parentLo, external, local, count, first) => {
+      if (slot >= 0 && !budget.admits()) events.refused(slot, count);
+      else
+        index.storeTierAt(tier, slot, hasParent, parentHi, parentLo, external, local, count, first);
+    },
+    removeTierAt: (tier, slot, external, count, first) =>
+      index.removeTierAt(tier, slot, external, count, first),
     clearAt: (slot) => {
       index.clearAt(slot);
       events.cleared(slot);
