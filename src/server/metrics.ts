@@ -7,6 +7,7 @@ import { bufferBudget } from "../util/buffer-budget";
 import type { Router } from "../route";
 import type { LoadTracker, WorkerLoad } from "../route/load";
 import type { Cluster } from "../cluster/cluster";
+import type { PeerCounters } from "../cluster/peers";
 import type { KvedgeCore } from "../core/core";
 import {
   type Labels,
@@ -857,6 +858,18 @@ export function registerClusterMetrics(
   cluster.onLag = (ms) => lag.observe(series, ms / 1000);
 }
 
+/** Peers' predictions by what happened to them, as `kvedge_cluster_predictions_total` names it. */
+const PEER_PREDICTION_EVENTS: Record<keyof PeerCounters["predictions"], string> = {
+  applied: "applied",
+  corrections: "correction_applied",
+  joined: "joined",
+  unanchored: "unanchored",
+  notApproximate: "not_approximate",
+  held: "held",
+  heldApplied: "held_applied",
+  heldDropped: "held_dropped",
+};
+
 function registerClusterCounters(registry: MetricsRegistry, cluster: Cluster, load: LoadTracker) {
   const { outbox, peers } = cluster.node;
   registerSamples(registry, {
@@ -899,6 +912,21 @@ function registerClusterCounters(registry: MetricsRegistry, cluster: Cluster, lo
       emit(c.peersRestarted, { event: "peer_restarted" });
       emit(cluster.counters.disconnects, { event: "disconnect" });
       emit(cluster.counters.backpressure, { event: "backpressure" });
+    },
+  });
+  registerSamples(registry, {
+    name: "kvedge_cluster_predictions_total",
+    help: "Predictions of approximate workers on the bus: this replica's shared (sent; truncated: cut to their first 16,384 new blocks), its corrections shared, its blocks sent to joining replicas (snapshotted); peers' applied, corrections applied, blocks taken when joining (joined), dropped for a block not held here (unanchored) or a worker not approximate here, held for a worker not known yet, then applied or dropped.",
+    type: "counter",
+    labelNames: ["event"],
+    collect(emit) {
+      const own = outbox.counters;
+      emit(own.predictions, { event: "sent" });
+      emit(own.predictionsTruncated, { event: "truncated" });
+      emit(own.corrections, { event: "correction_sent" });
+      emit(own.predictionsSnapshotted, { event: "snapshotted" });
+      for (const [event, count] of Object.entries(peers.counters.predictions))
+        emit(count, { event: PEER_PREDICTION_EVENTS[event as keyof PeerCounters["predictions"]] });
     },
   });
   registerSamples(registry, {
