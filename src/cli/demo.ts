@@ -156,6 +156,8 @@ export const DEMO_DEFAULTS = {
   seed: 42,
 } as const;
 
+const RECOMPUTE_WEIGHT = DEFAULT_TTFT_SETTINGS.recomputeWeight;
+
 export const demoCommand: Command = {
   name: "demo",
   summary:
@@ -238,13 +240,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       throw new UsageError(`unexpected argument '${parsed.positionals[0]}'`);
     const virtual = flagBool(parsed, "virtual");
     const routePolicy = routePolicyOf(flagString(parsed, "route-policy"));
-    const recomputeWeight = flagNumber(
-      parsed,
-      "recompute-weight",
-      DEFAULT_TTFT_SETTINGS.recomputeWeight,
-      0,
-      1e6,
-    );
+    const recomputeWeight = flagNumber(parsed, "recompute-weight", RECOMPUTE_WEIGHT, 0, 1e6);
     const admission = admissionOf(flagString(parsed, "admission"), flagBool(parsed, "proxy"));
     const workers = flagInt(parsed, "workers", DEMO_DEFAULTS.workers, 1, WORKERS_MAX);
     const capacityBlocks = flagInt(
@@ -263,19 +259,12 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     const replicated = replicaFlags(parsed, virtual);
     const policies = policiesOf(flagString(parsed, "policies"), replicated);
     const { trace, name, start, timeScale } = await demoTrace(parsed);
-    const cut = streamCutOf(parsed, virtual, trace, workers);
-    const degradedFallback = degradedFallbackOf(flagString(parsed, "degraded-fallback"));
-
-    const serveArgs = serveArgsOf(
-      routePolicy,
-      recomputeWeight,
-      time,
-      admissionArgs(admission, speedup),
-    );
-    const kvedge = policies.includes("kv_aware") || policies.includes("kv_aware_unsynced");
-    if (!virtual && !flagBool(parsed, "no-pin") && kvedge) serveArgs.push(...pinning());
-    // Without correction kvedge serve ignores the cached tokens it hears (the proxy reads them anyway).
-    if (flagBool(parsed, "no-correct")) serveArgs.push("--no-predicted-correction");
+    const degraded = degradedFlags(parsed, virtual, trace, workers);
+    const serveArgs = [
+      ...serveArgsOf(routePolicy, recomputeWeight, time, admissionArgs(admission, speedup)),
+      ...localServeArgs(parsed, virtual, policies),
+      ...degraded.serveArgs,
+    ];
     const predictions = predictionOptions(parsed, capacityBlocks);
     const events = predictions.events;
     const result = await runDemo({
@@ -300,10 +289,10 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
         policy: routePolicy,
         ttft: { recomputeWeight },
         admission: { mode: admission },
-        degradedFallback,
+        ...degraded.kvAware,
       },
       ...replicated.options,
-      ...(cut.streamCut === null ? {} : { streamCut: cut.streamCut }),
+      ...degraded.options,
     });
     const config = {
       trace: name,
@@ -325,8 +314,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       time_model: time,
       trace_span_s: traceStats(trace).spanMs / 1000,
       ...replicated.config,
-      degraded_fallback: degradedFallback,
-      ...cut.config,
+      ...degraded.config,
     };
     if (json) process.stdout.write(`${JSON.stringify({ ...result, config })}\n`);
     else process.stdout.write(renderDemo(result, config));
@@ -417,6 +405,28 @@ function admissionArgs(mode: AdmissionMode, speedup: number): string[] {
     "--admission-prefill-weight",
     String(DEFAULT_ADMISSION.prefillWeight / speedup),
   ];
+}
+
+/** Pinning, and without correction kvedge serve ignores the cached tokens it hears (the proxy reads them anyway). */
+function localServeArgs(parsed: Parsed, virtual: boolean, policies: readonly DemoPolicy[]) {
+  const args: string[] = [];
+  const kvedge = policies.includes("kv_aware") || policies.includes("kv_aware_unsynced");
+  if (!virtual && !flagBool(parsed, "no-pin") && kvedge) args.push(...pinning());
+  if (flagBool(parsed, "no-correct")) args.push("--no-predicted-correction");
+  return args;
+}
+
+/** --degraded-fallback and the stream cut (--cut-streams, --cut-at, --cut-ms), checked together. */
+function degradedFlags(parsed: Parsed, virtual: boolean, trace: Trace, workers: number) {
+  const text = flagString(parsed, "degraded-fallback");
+  const degradedFallback = degradedFallbackOf(text);
+  const cut = streamCutOf(parsed, virtual, trace, workers);
+  return {
+    kvAware: { degradedFallback },
+    options: cut.streamCut === null ? {} : { streamCut: cut.streamCut },
+    config: { degraded_fallback: degradedFallback, ...cut.config },
+    serveArgs: text === undefined ? [] : ["--degraded-fallback", degradedFallback],
+  };
 }
 
 function degradedFallbackOf(text: string | undefined): DegradedFallbackMode {
@@ -715,8 +725,7 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
   if (result.tiers !== null) out.push(...tierTable(result.tiers), "");
   if (result.admission !== null) out.push(admissionLine(result.admission), "");
   if (result.proxy !== null) out.push(...proxyLines(result.proxy), "");
-  if (config.approximate_workers.length > 0) out.push(approximateLine(config), "");
-  if (config.cut_streams !== undefined) out.push(cutLine(config), "");
+  out.push(...workerNotes(config));
   const modes = new Set(Object.values(result.policies).map((r) => r.mode));
   out.push(
     `Times are modeled (engine schedule in model time, not wall clock); runs: ${[...modes].join("; ")}.`,
@@ -769,6 +778,14 @@ function routerLines(router: RouterReport, config: DemoConfig): string[] {
         ` facts applied by peers within ${cluster.lag_p50_ms} ms (p50), ${cluster.lag_p99_ms} ms (p99).`,
     );
   return lines;
+}
+
+/** The notes on engines without events and cut streams, each followed by a blank line. */
+function workerNotes(config: DemoConfig): string[] {
+  const notes: string[] = [];
+  if (config.approximate_workers.length > 0) notes.push(approximateLine(config), "");
+  if (config.cut_streams !== undefined) notes.push(cutLine(config), "");
+  return notes;
 }
 
 /** Whose streams were cut, when, and what kvedge routed them on (`--cut-streams`). */

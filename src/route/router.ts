@@ -449,11 +449,14 @@ export class Router {
    */
   private heldTrusted(slot: number): number {
     const device = this.overlapBySlot[slot]!;
-    const lower = this.tiered ? this.heldBlocks(slot) - device : 0;
-    const load = this.load;
-    if (load.degraded[slot] !== 1) return device + lower;
-    const weight = this.weights.degradedOverlapWeight;
-    return (load.fallback[slot] === 1 ? device : device * weight) + lower * weight;
+    if (!this.tiered) return this.deviceTrusted(slot);
+    return this.deviceTrusted(slot) + this.trusted(slot, this.heldBlocks(slot) - device);
+  }
+
+  /** The device overlap as trusted: discounted when degraded, unless routed on predictions. */
+  private deviceTrusted(slot: number): number {
+    const overlap = this.overlapBySlot[slot]!;
+    return this.load.fallback[slot] === 1 ? overlap : this.trusted(slot, overlap);
   }
 
   /** `blocks` as the router trusts them on `slot`: a degraded worker's discounted. */
@@ -605,14 +608,10 @@ export class Router {
     const prefill = load.activePrefillTokens;
     const decode = load.activeDecodeBlocks;
     const active = load.activeRequests;
-    const degraded = load.degraded;
-    const fallback = load.fallback;
-    const overlap = this.overlapBySlot;
     const depth = this.depthBySlot;
     const costs = this.costBySlot;
     const decay = this.weights.overlapScoreCreditDecay;
     const requestWeight = this.weights.decodeActiveRequestWeight;
-    const degradedWeight = this.weights.degradedOverlapWeight;
     // The decay term's constant part; 0 = no decay (the default).
     const decayScale =
       decay > 0 && tokenCount > 0 ? decay / (blockSize * Math.ceil(tokenCount / blockSize)) : 0;
@@ -629,8 +628,7 @@ export class Router {
     for (let i = 0; i < liveCount; i++) {
       const slot = slots[i]!;
       const slotPrefill = prefill[slot]!;
-      const discounted = degraded[slot] === 1 && fallback[slot] === 0;
-      let held = discounted ? overlap[slot]! * degradedWeight : overlap[slot]!;
+      let held = this.deviceTrusted(slot);
       if (decayScale > 0) held /= 1 + decayScale * (slotPrefill - minPrefill);
       const raw = (slotPrefill + tokenCount) / blockSize - credit * held;
       const prefillCost = scale * Math.max(0, this.tiered ? raw - this.lowerTrusted(slot) : raw);

@@ -340,6 +340,34 @@ export function registerRouterMetrics(registry: MetricsRegistry, router: Router)
  * did; degraded exact workers routed on predictions (route.degraded_fallback) too.
  */
 function registerPredictionMetrics(registry: MetricsRegistry, core: KvedgeCore): void {
+  const { predictions } = core;
+  registerPredictedWorkers(registry, core);
+  registerSamples(registry, {
+    name: "kvedge_predicted_blocks_total",
+    help: "Predicted blocks stored, refreshed by a later request, evicted at the capacity, expired (TTL), purged by a correction.",
+    type: "counter",
+    labelNames: ["event"],
+    collect(emit) {
+      for (const [event, count] of Object.entries(predictions.blocks.counters))
+        emit(count, { event });
+    },
+  });
+  registerSamples(registry, {
+    name: "kvedge_prediction_answers_total",
+    help: "Reported cached tokens of approximate workers' answers against the prediction: shortfall, surplus, confirmed.",
+    type: "counter",
+    labelNames: ["outcome"],
+    collect(emit) {
+      const c = predictions.counters;
+      emit(c.shortfalls, { outcome: "shortfall" });
+      emit(c.surpluses, { outcome: "surplus" });
+      emit(c.confirmed, { outcome: "confirmed" });
+    },
+  });
+}
+
+/** Per worker: approximate or not, routed on predictions while degraded or not, and those predictions. */
+function registerPredictedWorkers(registry: MetricsRegistry, core: KvedgeCore): void {
   const { predictions, router, fallback } = core;
   /** The predictions a slot is routed on: an approximate worker's, a degraded one's, or none. */
   const blocksOf = (slot: number) =>
@@ -379,28 +407,6 @@ function registerPredictionMetrics(registry: MetricsRegistry, core: KvedgeCore):
     "The capacity those predictions are held to, learned or configured (0: unknown, TTL).",
     (slot) => blocksOf(slot)?.capacityOf(slot) ?? 0,
   );
-  registerSamples(registry, {
-    name: "kvedge_predicted_blocks_total",
-    help: "Predicted blocks stored, refreshed by a later request, evicted at the capacity, expired (TTL), purged by a correction.",
-    type: "counter",
-    labelNames: ["event"],
-    collect(emit) {
-      for (const [event, count] of Object.entries(predictions.blocks.counters))
-        emit(count, { event });
-    },
-  });
-  registerSamples(registry, {
-    name: "kvedge_prediction_answers_total",
-    help: "Reported cached tokens of approximate workers' answers against the prediction: shortfall, surplus, confirmed.",
-    type: "counter",
-    labelNames: ["outcome"],
-    collect(emit) {
-      const c = predictions.counters;
-      emit(c.shortfalls, { outcome: "shortfall" });
-      emit(c.surpluses, { outcome: "surplus" });
-      emit(c.confirmed, { outcome: "confirmed" });
-    },
-  });
 }
 
 function registerPartMetrics(registry: MetricsRegistry, core: KvedgeCore): void {
@@ -848,6 +854,7 @@ export function registerClusterMetrics(
     });
   }
   registerClusterCounters(registry, cluster, load);
+  registerClusterPredictions(registry, cluster);
   const lag = new FastHistogram(
     "kvedge_cluster_fact_lag_seconds",
     "From a peer sending a batch of facts to its being applied here (the two processes' wall clocks).",
@@ -869,6 +876,26 @@ const PEER_PREDICTION_EVENTS: Record<keyof PeerCounters["predictions"], string> 
   heldApplied: "held_applied",
   heldDropped: "held_dropped",
 };
+
+/** Predictions of approximate workers on the bus (src/cluster/README.md). */
+function registerClusterPredictions(registry: MetricsRegistry, cluster: Cluster): void {
+  const { outbox, peers } = cluster.node;
+  registerSamples(registry, {
+    name: "kvedge_cluster_predictions_total",
+    help: "Predictions of approximate workers on the bus: this replica's shared (sent; truncated: cut to their first 16,384 new blocks), its corrections shared, its blocks sent to joining replicas (snapshotted); peers' applied, corrections applied, blocks taken when joining (joined), dropped for a block not held here (unanchored) or a worker not approximate here, held for a worker not known yet, then applied or dropped.",
+    type: "counter",
+    labelNames: ["event"],
+    collect(emit) {
+      const own = outbox.counters;
+      emit(own.predictions, { event: "sent" });
+      emit(own.predictionsTruncated, { event: "truncated" });
+      emit(own.corrections, { event: "correction_sent" });
+      emit(own.predictionsSnapshotted, { event: "snapshotted" });
+      for (const [event, count] of Object.entries(peers.counters.predictions))
+        emit(count, { event: PEER_PREDICTION_EVENTS[event as keyof PeerCounters["predictions"]] });
+    },
+  });
+}
 
 function registerClusterCounters(registry: MetricsRegistry, cluster: Cluster, load: LoadTracker) {
   const { outbox, peers } = cluster.node;
@@ -912,21 +939,6 @@ function registerClusterCounters(registry: MetricsRegistry, cluster: Cluster, lo
       emit(c.peersRestarted, { event: "peer_restarted" });
       emit(cluster.counters.disconnects, { event: "disconnect" });
       emit(cluster.counters.backpressure, { event: "backpressure" });
-    },
-  });
-  registerSamples(registry, {
-    name: "kvedge_cluster_predictions_total",
-    help: "Predictions of approximate workers on the bus: this replica's shared (sent; truncated: cut to their first 16,384 new blocks), its corrections shared, its blocks sent to joining replicas (snapshotted); peers' applied, corrections applied, blocks taken when joining (joined), dropped for a block not held here (unanchored) or a worker not approximate here, held for a worker not known yet, then applied or dropped.",
-    type: "counter",
-    labelNames: ["event"],
-    collect(emit) {
-      const own = outbox.counters;
-      emit(own.predictions, { event: "sent" });
-      emit(own.predictionsTruncated, { event: "truncated" });
-      emit(own.corrections, { event: "correction_sent" });
-      emit(own.predictionsSnapshotted, { event: "snapshotted" });
-      for (const [event, count] of Object.entries(peers.counters.predictions))
-        emit(count, { event: PEER_PREDICTION_EVENTS[event as keyof PeerCounters["predictions"]] });
     },
   });
   registerSamples(registry, {

@@ -17,7 +17,16 @@ import {
   type PredictAt,
 } from "../route/predictions";
 import type { DEGRADED_FALLBACKS } from "../route/router";
-import type { RouteQuery } from "./policies";
+
+/** What a decision is about (the simulator's RouteQuery). */
+interface Query {
+  readonly id: number;
+  readonly tokens: Uint32Array;
+  readonly promptLength: number;
+  /** Sequence hashes of the prompt's full blocks. */
+  readonly path: Uint32Array;
+  readonly promptBlocks: number;
+}
 
 export type DegradedFallbackMode = (typeof DEGRADED_FALLBACKS)[number];
 
@@ -71,7 +80,7 @@ export class DegradedFleet {
    * Before a decision: each engine's trust at `nowMs` (as KvedgeCore.setTrust), then the
    * degraded engines' overlaps in `blocks` (by engine index) as routing takes them.
    */
-  overlaps(query: RouteQuery, nowMs: number, blocks: Float64Array): void {
+  overlaps(query: Query, nowMs: number, blocks: Float64Array): void {
     const load = this.router.load;
     const fallback = this.fallback;
     for (let w = 0; w < this.slots.length; w++) {
@@ -95,7 +104,7 @@ export class DegradedFleet {
     for (let w = 0; w < this.slots.length; w++) blocks[w] = matches.blocks[w]!;
   }
 
-  routed(query: RouteQuery, decision: RouteDecision): void {
+  routed(query: Query, decision: RouteDecision): void {
     const fallback = this.fallback;
     if (fallback === null || !fallback.active) return;
     fallback.predictions.routed(
@@ -120,7 +129,7 @@ export class DegradedFleet {
   }
 
   /** The local hashes of the prompt's full blocks (its chain is `query.path`), in the scratch. */
-  private localHashes(query: RouteQuery): Uint32Array {
+  private localHashes(query: Query): Uint32Array {
     const words = 2 * query.promptBlocks;
     if (this.local.length < words)
       this.local = new Uint32Array(Math.max(words, 2 * this.local.length));

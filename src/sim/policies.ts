@@ -480,18 +480,16 @@ export class KvAwareModel implements RoutingPolicy {
     for (let w = 0; w < workers; w++) this.slots[w] = this.router.load.addWorker(BigInt(w), 0);
     const approximate = config.approximate ?? [];
     const predictions = { ...DEFAULT_FLEET_PREDICTIONS, ...config.predictions, blockSize };
-    const now = () => this.nowMs;
-    const slots = this.slots;
+    const [now, slots] = [() => this.nowMs, this.slots];
+    const fleet = { ...predictions, approximate, slots, now };
     this.fleet =
-      approximate.length === 0
-        ? null
-        : new PredictedFleet(this.router.load, table, { ...predictions, approximate, slots, now });
+      approximate.length === 0 ? null : new PredictedFleet(this.router.load, table, fleet);
     this.degraded =
       probes.degraded === undefined
         ? null
         : new DegradedFleet(this.router, table, slots, probes.degraded, {
             ...predictions,
-            fallback: (config.degradedFallback ?? "predictions") === "predictions",
+            fallback: config.degradedFallback !== "discount",
             approximate: (w) => this.fleet?.isApproximate(w) === true,
             now,
           });

@@ -145,13 +145,7 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
     finished: (request, nowMs) => policy.finished(request.id, nowMs),
   });
   engines.push(...makeEngines(options, capacity, blockSize, seed, recorder, lost));
-  const flush = (worker: number, nowMs: number): void => {
-    if (onBatch === undefined && lost?.isCut(worker) !== true) return;
-    const batch = engines[worker]!.takeBatch(nowMs);
-    if (batch === null) return;
-    lost?.batch(worker, nowMs, batch.events);
-    onBatch?.(worker, batch);
-  };
+  const flush = flusher(engines, lost, onBatch);
 
   // Held requests (admission) answered by a step's lifecycle calls or by the longest hold.
   const dispatch = (nowMs: number): void =>
@@ -206,6 +200,21 @@ function nextEngine(engines: readonly MockEngine[]): number {
 }
 
 /** The run's engines, their hash seeds from `seed` (the same for every run with it). */
+/** Takes an engine's batch after a step to whoever wants it: the caller, a cut stream's model. */
+function flusher(
+  engines: readonly MockEngine[],
+  lost: LostStreams | null,
+  onBatch: SimOptions["onBatch"],
+): (worker: number, nowMs: number) => void {
+  return (worker, nowMs) => {
+    if (onBatch === undefined && lost?.isCut(worker) !== true) return;
+    const batch = engines[worker]!.takeBatch(nowMs);
+    if (batch === null) return;
+    lost?.batch(worker, nowMs, batch.events);
+    onBatch?.(worker, batch);
+  };
+}
+
 /**
  * What kvedge's router is told of each engine: its published view, or for an engine
  * whose stream is cut, what an index that lost the cut holds, and that it is degraded.

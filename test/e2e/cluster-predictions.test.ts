@@ -75,16 +75,12 @@ describe("replicas sharing predictions over NATS", () => {
 
   beforeAll(async () => {
     [a, b] = await Promise.all([replica("a"), replica("b")]);
-    await until(
-      async () => {
-        const peers = await Promise.all(
-          [a, b].map(async (s) => (await (await fetch(`${s.url}/v1/status`)).json()) as Json),
-        );
-        return peers.every((status) => status.cluster.peers.length === 1);
-      },
-      10_000,
-      "the replicas to hear each other",
-    );
+    await until(async () => {
+      const peers = await Promise.all(
+        [a, b].map(async (s) => (await (await fetch(`${s.url}/v1/status`)).json()) as Json),
+      );
+      return peers.every((status) => status.cluster.peers.length === 1);
+    }, "the replicas to hear each other");
   });
 
   test("a prediction made through A is B's: /v1/match and B's route answer show it", async () => {
@@ -95,7 +91,7 @@ describe("replicas sharing predictions over NATS", () => {
     });
     expect([status, routed.worker_id]).toEqual([200, "7"]);
     expect((await post(`${a.url}/v1/requests/x/prefill_done`))[0]).toBe(200);
-    await until(async () => (await match(b)).length > 0, 10_000, "B to hear A's prediction");
+    await until(async () => (await match(b)).length > 0, "B to hear A's prediction");
     expect(await match(b)).toEqual([
       { worker_id: "7", dp_rank: 0, blocks: 10, kind: "approximate" },
     ]);
@@ -112,7 +108,6 @@ describe("replicas sharing predictions over NATS", () => {
     expect((await worker(b)).predicted_capacity_blocks).toBe(360);
     await until(
       async () => (await worker(a)).predicted_capacity_blocks === 360,
-      10_000,
       "A to take B's correction",
     );
     expect(await metric(a, 'kvedge_cluster_predictions_total{event="correction_applied"}')).toBe(1);
