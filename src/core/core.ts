@@ -201,8 +201,8 @@ export class KvedgeCore {
   readonly predictions: Predictions;
   /** Degraded exact workers' predictions (route.degraded_fallback = predictions; ./fallback.ts), else null. */
   readonly fallback: DegradedFallback | null;
-  /** Every request's lifecycle goes to these (the approximate workers', then the degraded ones'). */
-  private readonly predictors: Predictions[];
+  /** Where requests' lifecycles go: the approximate workers' predictions, with the degraded ones' or not. */
+  private readonly predictors: { readonly one: Predictions[]; readonly both: Predictions[] };
   /** Per (worker, dp rank) key: the engine's OpenAI server, where the proxy forwards. */
   private readonly httpEndpoints = new Map<string, string>();
   /** Over every decision: prompt tokens, and those the chosen worker was predicted to hold (the status page's hit rate). */
@@ -285,8 +285,10 @@ export class KvedgeCore {
             performance.now(),
           )
         : null;
-    this.predictors =
-      this.fallback === null ? [this.predictions] : [this.predictions, this.fallback.predictions];
+    this.predictors = {
+      one: [this.predictions],
+      both: this.fallback === null ? [this.predictions] : [this.predictions, this.fallback.predictions],
+    };
     this.observedHits = new ObservedHits({
       floor: config.proxy.observed_hit_floor,
       window: config.proxy.observed_window,
@@ -395,7 +397,7 @@ export class KvedgeCore {
     const { request, overlaps, blockCount, prompt } = this.routeRequest(input, candidatesMax);
     const decision = this.router.route(request, overlaps, this.candidates);
     this.onDecision?.((performance.now() - started) / 1000);
-    for (const predictions of this.predictors)
+    for (const predictions of this.predictorsNow())
       predictions.routed(
         decision.requestId,
         decision.slot,
@@ -540,14 +542,14 @@ export class KvedgeCore {
    */
   prefillDone(requestId: string, cachedTokens: number | null = null): LifecycleResult {
     const result = this.router.load.prefillDone(requestId);
-    for (const predictions of this.predictors) predictions.prefillDone(requestId, cachedTokens);
+    for (const predictions of this.predictorsNow()) predictions.prefillDone(requestId, cachedTokens);
     this.admission.release();
     return result;
   }
 
   done(requestId: string): LifecycleResult {
     const result = this.router.load.done(requestId);
-    for (const predictions of this.predictors) predictions.done(requestId);
+    for (const predictions of this.predictorsNow()) predictions.done(requestId);
     this.admission.release();
     return result;
   }
@@ -575,7 +577,7 @@ export class KvedgeCore {
   ): void {
     const observed = this.observedHits.record(workerId, dpRank, promptTokens, predicted, report);
     if (observed !== null)
-      for (const predictions of this.predictors) predictions.observed(requestId, observed);
+      for (const predictions of this.predictorsNow()) predictions.observed(requestId, observed);
   }
 
   /**
@@ -587,7 +589,7 @@ export class KvedgeCore {
     const load = this.router.load;
     load.done(requestId);
     const prompt = this.hash(input.tokens, input.loraName, input.cacheSalt);
-    for (const predictions of this.predictors) {
+    for (const predictions of this.predictorsNow()) {
       predictions.done(requestId);
       predictions.routed(
         requestId,
@@ -631,6 +633,16 @@ export class KvedgeCore {
       candidatesMax,
     };
     return { request, overlaps, blockCount: prompt.blockCount, prompt };
+  }
+
+  /**
+   * The predictions told a request's lifecycle: the degraded workers' only while one is
+   * routed on them or a request routed there is not done (no hash per call otherwise).
+   */
+  private predictorsNow(): readonly Predictions[] {
+    const fallback = this.fallback;
+    const busy = fallback !== null && (fallback.active || fallback.predictions.records > 0);
+    return busy ? this.predictors.both : this.predictors.one;
   }
 
   /** Degraded workers routed on predictions get the overlap routing takes (./fallback.ts). */
