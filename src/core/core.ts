@@ -287,7 +287,8 @@ export class KvedgeCore {
         : null;
     this.predictors = {
       one: [this.predictions],
-      both: this.fallback === null ? [this.predictions] : [this.predictions, this.fallback.predictions],
+      both:
+        this.fallback === null ? [this.predictions] : [this.predictions, this.fallback.predictions],
     };
     this.observedHits = new ObservedHits({
       floor: config.proxy.observed_hit_floor,
@@ -542,7 +543,8 @@ export class KvedgeCore {
    */
   prefillDone(requestId: string, cachedTokens: number | null = null): LifecycleResult {
     const result = this.router.load.prefillDone(requestId);
-    for (const predictions of this.predictorsNow()) predictions.prefillDone(requestId, cachedTokens);
+    for (const predictions of this.predictorsNow())
+      predictions.prefillDone(requestId, cachedTokens);
     this.admission.release();
     return result;
   }
