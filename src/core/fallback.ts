@@ -1,7 +1,8 @@
 /**
  * Degraded exact workers routed on predictions (`route.degraded_fallback = predictions`):
- * an exact worker whose events were lost (no replay, a failed probe, refused stores,
- * hits far below its events) is degraded until its state is known again. From the
+ * an exact worker whose state kvedge does not know (events lost without replay, a
+ * connection not proven yet, a failed probe, refused stores, hits far below its
+ * events) is degraded until its state is known again. From the
  * moment it degrades, kvedge predicts what it caches from its own decisions, as for an
  * approximate worker (src/route/predictions.ts), in an index of its own beside the
  * main one (the main one keeps the worker's events); its overlap is then the larger of
