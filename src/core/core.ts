@@ -23,6 +23,7 @@ import {
 } from "../ingest/source";
 import {
   CandidateList,
+  type Overlaps,
   PromptHasher,
   type RouteDecision,
   Router,
@@ -354,15 +355,14 @@ export class KvedgeCore {
   match(local: Uint32Array, count: number, chain?: Uint32Array): MatchScore[] {
     this.index.findMatches(local, count, this.matches, chain);
     const sequence = chain ?? this.chain.of(local, count);
-    this.withFallback(local, count, sequence, this.matches);
-    const overlaps = this.overlaps.of(this.matches, sequence, count);
+    const overlaps = this.overlapsOf(this.matches, local, count, sequence);
     const scores: MatchScore[] = [];
     for (let i = 0; i < overlaps.count; i++) {
       const slot = overlaps.slots[i]!;
       scores.push({
         workerId: this.workerTable.workerIdOf(slot),
         dpRank: this.workerTable.dpRankOf(slot),
-        blocks: overlaps.blocks[i]!,
+        blocks: Math.max(overlaps.blocks[i]!, overlaps.predicted?.[i] ?? 0),
         kind: this.overlapKindOf(slot),
         hostBlocks: overlaps.host?.[i] ?? 0,
         diskBlocks: overlaps.disk?.[i] ?? 0,
@@ -620,9 +620,8 @@ export class KvedgeCore {
     const matches = this.matches;
     if (input.matched !== undefined) this.slotsOf(input.matched, matches);
     else this.index.findMatches(prompt.local, prompt.blockCount, matches, prompt.chain);
-    this.withFallback(prompt.local, prompt.blockCount, prompt.chain, matches);
     // Index slots are router slots: the matches (and lower tiers after them) are the overlaps.
-    const overlaps = this.overlaps.of(matches, prompt.chain, prompt.blockCount);
+    const overlaps = this.overlapsOf(matches, prompt.local, prompt.blockCount, prompt.chain);
     const request = {
       chain: prompt.chain,
       blockCount: prompt.blockCount,
@@ -647,19 +646,22 @@ export class KvedgeCore {
     return busy ? this.predictors.both : this.predictors.one;
   }
 
-  /** Degraded workers routed on predictions get the overlap routing takes (./fallback.ts). */
-  private withFallback(
+  /**
+   * The overlaps of a query whose index matches are `matches`: the lower tiers after
+   * them, and kvedge's predictions of degraded workers routed on them (./fallback.ts).
+   */
+  private overlapsOf(
+    matches: MatchResult,
     local: Uint32Array,
     count: number,
-    chain: Uint32Array | undefined,
-    matches: MatchResult,
-  ): void {
+    chain: Uint32Array,
+  ): Overlaps {
     const fallback = this.fallback;
-    if (fallback === null || !fallback.active) return;
+    if (fallback === null || !fallback.active) return this.overlaps.of(matches, chain, count);
     const load = this.router.load;
     load.syncSlots();
-    const weight = this.router.weights.degradedOverlapWeight;
-    fallback.merge(matches, local, count, chain, load, weight);
+    fallback.lookUp(matches, local, count, chain, load);
+    return fallback.withPredicted(this.overlaps.of(matches, chain, count), load);
   }
 
   /** Matches by identity into this table's slots; workers not known here are left out. */

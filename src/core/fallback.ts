@@ -5,22 +5,25 @@
  * events) is degraded until its state is known again. From the
  * moment it degrades, kvedge predicts what it caches from its own decisions, as for an
  * approximate worker (src/route/predictions.ts), in an index of its own beside the
- * main one (the main one keeps the worker's events); its overlap is then the larger of
- * those predictions and its discounted indexed overlap (src/route/router.ts
- * `fallbackOverlap`). When the worker is exact again its predictions go. They never
- * count as exact: the worker's overlap kind stays `degraded`.
+ * main one (the main one keeps the worker's events); the router is given both, and
+ * trusts the larger of the predictions and the discounted indexed overlap
+ * (src/route/router.ts `fallbackOverlap`); answers show the larger of the two undiscounted.
+ * When the worker is exact again its predictions go. They never count as exact: the
+ * worker's overlap kind stays `degraded`.
  * See docs/decisions.md#degraded-fallback.
  */
 import type { WorkerTable } from "../domain/worker-table";
 import { createIndex, type KvIndex, MatchResult } from "../index";
+import type { Overlaps } from "../route";
 import type { LoadTracker } from "../route/load";
 import { type PredictionSettings, Predictions } from "../route/predictions";
-import { fallbackOverlap } from "../route/router";
 
 export class DegradedFallback {
   readonly predictions: Predictions;
   readonly index: KvIndex;
   private readonly predicted = new MatchResult(64);
+  /** `Overlaps.predicted` of the last `withPredicted`. */
+  private column = new Uint32Array(64);
   /** Slots routed on predictions now. */
   private live = 0;
 
@@ -61,34 +64,44 @@ export class DegradedFallback {
   }
 
   /**
-   * Index matches (`out`) as routing takes them: each degraded slot routed on
-   * predictions gets `fallbackOverlap` of its indexed and predicted blocks (whole
-   * blocks); one only predicted is added.
+   * Before the overlaps are built from the index's matches (`out`): kvedge's predictions
+   * of the degraded slots routed on them are looked up, and each such slot the index
+   * does not match is added with 0 indexed blocks.
    */
-  merge(
+  lookUp(
     out: MatchResult,
     local: Uint32Array,
     count: number,
     chain: Uint32Array | undefined,
     load: LoadTracker,
-    degradedWeight: number,
   ): void {
     if (this.live === 0) return;
     const predicted = this.predicted;
     this.index.findMatches(local, count, predicted, chain);
     const fallback = load.fallback;
-    for (let i = 0; i < out.count; i++) {
-      const slot = out.workers[i]!;
-      if (fallback[slot] === 1)
-        out.blocks[i] = fallbackOverlap(out.blocks[i]!, blocksOf(predicted, slot), degradedWeight);
-    }
     for (let j = 0; j < predicted.count; j++) {
       const slot = predicted.workers[j]!;
       if (fallback[slot] !== 1 || blocksOf(out, slot) >= 0) continue;
       if (out.count === out.workers.length) grow(out);
       out.workers[out.count] = slot;
-      out.blocks[out.count++] = predicted.blocks[j]!;
+      out.blocks[out.count++] = 0;
     }
+  }
+
+  /**
+   * The overlaps with, per entry, the predicted blocks `lookUp` found for a degraded
+   * slot routed on predictions (`Overlaps.predicted`: the router trusts such a slot's
+   * `fallbackOverlap`, src/route/router.ts).
+   */
+  withPredicted(overlaps: Overlaps, load: LoadTracker): Overlaps {
+    if (this.live === 0) return overlaps;
+    if (this.column.length < overlaps.count) this.column = new Uint32Array(2 * overlaps.count);
+    const fallback = load.fallback;
+    for (let i = 0; i < overlaps.count; i++) {
+      const slot = overlaps.slots[i]!;
+      this.column[i] = fallback[slot] === 1 ? Math.max(0, blocksOf(this.predicted, slot)) : 0;
+    }
+    return { ...overlaps, predicted: this.column };
   }
 }
 

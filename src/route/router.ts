@@ -122,6 +122,12 @@ export interface Overlaps {
   readonly host?: ArrayLike<number>;
   readonly disk?: ArrayLike<number>;
   readonly external?: ArrayLike<number>;
+  /**
+   * Per entry, kvedge's predicted blocks of a degraded worker routed on predictions
+   * (LoadTracker.fallback; src/core/fallback.ts), beside its indexed `blocks`; absent
+   * when none is.
+   */
+  readonly predicted?: ArrayLike<number>;
 }
 
 export const NO_OVERLAPS: Overlaps = { count: 0, slots: [], blocks: [] };
@@ -203,19 +209,18 @@ export type OverlapKind = (typeof OVERLAP_KINDS)[number];
 export const DEGRADED_FALLBACKS = ["predictions", "discount"] as const;
 
 /**
- * A degraded exact worker's overlap when it is routed on predictions
+ * The overlap the router trusts of a degraded exact worker routed on predictions
  * (route.degraded_fallback = predictions): the larger of what kvedge predicted it holds
  * from its own decisions since it degraded and its indexed overlap discounted as any
  * degraded worker's (the index keeps what the lost events did not change: after a short
- * loss it is nearly right, and predictions start empty), in whole blocks. The router
- * then takes it as given (LoadTracker.fallback).
+ * loss it is nearly right, and predictions start empty).
  */
 export function fallbackOverlap(
   indexed: number,
   predicted: number,
   degradedWeight: number,
 ): number {
-  return Math.max(predicted, Math.floor(indexed * degradedWeight));
+  return Math.max(predicted, indexed * degradedWeight);
 }
 
 /** A slot's overlap kind as its index in OVERLAP_KINDS: degraded first, then approximate. */
@@ -339,6 +344,9 @@ export class Router {
   private readonly random: () => number;
   // Scratch, by slot, reused by every decision.
   private overlapBySlot = new Float64Array(0);
+  /** Degraded workers routed on predictions: their predicted blocks (Overlaps.predicted). */
+  private predictedBySlot = new Float64Array(0);
+  private predictedAny = false;
   /** Lower tiers' blocks by slot: filled (and used) only while a decision has any. */
   private hostBySlot = new Float64Array(0);
   private diskBySlot = new Float64Array(0);
@@ -390,7 +398,6 @@ export class Router {
     const requestId = this.requestIdOf(request.requestId);
     const load = this.load;
     const tokenCount = request.tokenCount;
-    const overlap = this.overlapBySlot;
     const held = this.creditedBlocks(best);
     const cachedTokens = Math.min(tokenCount, Math.round(held * load.blockSize));
     const max = request.candidatesMax ?? 0;
@@ -423,7 +430,7 @@ export class Router {
       slot: best,
       workerId: load.workerIdOf(best),
       dpRank: load.dpRanks[best]!,
-      overlapBlocks: overlap[best]!,
+      overlapBlocks: this.reportedOverlap(best),
       pendingBlocks: this.depthBySlot[best]!,
       creditedBlocks: held,
       hostBlocks: this.tiered ? this.hostBySlot[best]! : 0,
@@ -453,10 +460,19 @@ export class Router {
     return this.deviceTrusted(slot) + this.trusted(slot, this.heldBlocks(slot) - device);
   }
 
-  /** The device overlap as trusted: discounted when degraded, unless routed on predictions. */
+  /** The device overlap as trusted: discounted when degraded; routed on predictions, `fallbackOverlap`. */
   private deviceTrusted(slot: number): number {
     const overlap = this.overlapBySlot[slot]!;
-    return this.load.fallback[slot] === 1 ? overlap : this.trusted(slot, overlap);
+    if (this.load.fallback[slot] !== 1) return this.trusted(slot, overlap);
+    const predicted = this.predictedAny ? this.predictedBySlot[slot]! : 0;
+    return fallbackOverlap(overlap, predicted, this.weights.degradedOverlapWeight);
+  }
+
+  /** The device blocks answers show: the indexed ones, or the predicted ones when more. */
+  private reportedOverlap(slot: number): number {
+    const overlap = this.overlapBySlot[slot]!;
+    if (!this.predictedAny || this.load.fallback[slot] !== 1) return overlap;
+    return Math.max(overlap, this.predictedBySlot[slot]!);
   }
 
   /** `blocks` as the router trusts them on `slot`: a degraded worker's discounted. */
@@ -795,7 +811,26 @@ export class Router {
       if (blocks > this.overlapBySlot[slot]!) this.overlapBySlot[slot] = blocks;
     }
     if (this.tiered || overlaps.host !== undefined) this.prepareTiers(blockCount, overlaps);
+    if (this.predictedAny || overlaps.predicted !== undefined)
+      this.preparePredicted(blockCount, overlaps);
     this.load.blocks.sharedDepths(chain, blockCount, this.depthBySlot);
+  }
+
+  /** Degraded workers' predicted blocks by slot (zeroed again after a decision that had some). */
+  private preparePredicted(blockCount: number, overlaps: Overlaps): void {
+    const capacity = this.load.slotCapacity;
+    if (this.predictedBySlot.length < capacity) this.predictedBySlot = new Float64Array(capacity);
+    this.predictedBySlot.fill(0, 0, capacity);
+    this.predictedAny = false;
+    const predicted = overlaps.predicted;
+    if (predicted === undefined) return;
+    const live = this.load.live;
+    for (let i = 0; i < overlaps.count; i++) {
+      const slot = overlaps.slots[i]!;
+      if (!(slot >= 0 && slot < capacity && live[slot] === 1) || !(predicted[i]! > 0)) continue;
+      this.predictedBySlot[slot] = Math.min(blockCount, predicted[i]!);
+      this.predictedAny = true;
+    }
   }
 
   /** The lower tiers' blocks by slot (zeroed again after a decision that had some). */
@@ -920,7 +955,7 @@ export class Router {
       list.slots[i] = slot;
       list.workerIds[i] = load.workerIdOf(slot);
       list.dpRanks[i] = load.dpRanks[slot]!;
-      list.overlapBlocks[i] = this.overlapBySlot[slot]!;
+      list.overlapBlocks[i] = this.reportedOverlap(slot);
       list.overlapKinds[i] = overlapKindOf(load, slot);
       list.pendingBlocks[i] = this.depthBySlot[slot]!;
       list.hostBlocks[i] = this.tiered ? this.hostBySlot[slot]! : 0;

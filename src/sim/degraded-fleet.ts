@@ -10,7 +10,7 @@ import { DegradedFallback } from "../core/fallback";
 import type { WorkerTable } from "../domain/worker-table";
 import { DEFAULT_SEED, hashBlocks } from "../hash";
 import { MatchResult } from "../index";
-import type { RouteDecision, Router } from "../route";
+import type { Overlaps, RouteDecision, Router } from "../route";
 import {
   DEFAULT_PREDICTED_MAX_BLOCKS,
   DEFAULT_PREDICTED_TTL_MS,
@@ -78,9 +78,10 @@ export class DegradedFleet {
 
   /**
    * Before a decision: each engine's trust at `nowMs` (as KvedgeCore.setTrust), then the
-   * degraded engines' overlaps in `blocks` (by engine index) as routing takes them.
+   * overlaps (one entry per engine) as routing takes them: with kvedge's predictions of
+   * the degraded engines routed on them (`Overlaps.predicted`).
    */
-  overlaps(query: Query, nowMs: number, blocks: Float64Array): void {
+  overlaps(query: Query, nowMs: number, overlaps: Overlaps): Overlaps {
     const load = this.router.load;
     const fallback = this.fallback;
     for (let w = 0; w < this.slots.length; w++) {
@@ -91,17 +92,14 @@ export class DegradedFleet {
       fallback.set(slot, degraded, this.options.capacityBlocks);
       load.setFallback(slot, degraded);
     }
-    if (fallback === null || !fallback.active) return;
+    if (fallback === null || !fallback.active) return overlaps;
+    // Every engine has its entry: the lookup adds none.
     const matches = this.matches;
     matches.ensure(this.slots.length);
     matches.count = this.slots.length;
-    for (let w = 0; w < this.slots.length; w++) {
-      matches.workers[w] = this.slots[w]!;
-      matches.blocks[w] = blocks[w]!;
-    }
-    const weight = this.router.weights.degradedOverlapWeight;
-    fallback.merge(matches, this.localHashes(query), query.promptBlocks, query.path, load, weight);
-    for (let w = 0; w < this.slots.length; w++) blocks[w] = matches.blocks[w]!;
+    matches.workers.set(this.slots);
+    fallback.lookUp(matches, this.localHashes(query), query.promptBlocks, query.path, load);
+    return fallback.withPredicted(overlaps, load);
   }
 
   routed(query: Query, decision: RouteDecision): void {

@@ -613,8 +613,7 @@ export class KvAwareModel implements RoutingPolicy {
       const local = fleet.localHashes(query.tokens, query.promptLength);
       fleet.overlaps(local, query.path, query.promptBlocks, blocks);
     }
-    this.degraded?.overlaps(query, this.nowMs, blocks);
-    return this.overlaps;
+    return this.degraded?.overlaps(query, this.nowMs, this.overlaps) ?? this.overlaps;
   }
 }
 

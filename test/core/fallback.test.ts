@@ -1,7 +1,8 @@
 // Goal: with route.degraded_fallback = predictions, an exact worker that becomes degraded
 // is predicted from kvedge's own decisions from that moment on, routed on the larger of
-// those predictions and its discounted indexed overlap (match and route answers carry
-// that overlap, always of kind `degraded`, never `exact`), and its predictions go when it
+// those predictions and its discounted indexed overlap (match and route answers show the
+// larger of the two undiscounted, always of kind `degraded`, never `exact`; a discounted
+// half block still counts), and its predictions go when it
 // is trusted again; a worker removed takes its predictions with it (exact counts); with
 // `discount`, nothing is predicted and the discounted overlap is all that counts.
 // Method: KvedgeCore in-process, the index written as a source would, the worker
@@ -42,6 +43,8 @@ const input = (tokens: Uint32Array, requestId: string): RouteInput => ({
 
 /** Tokens 1..n: prompts that share their first blocks. */
 const prompt = (n: number) => Uint32Array.from({ length: n }, (_, i) => i + 1);
+/** Tokens of another family: nothing in common with `prompt`. */
+const other = (n: number) => Uint32Array.from({ length: n }, (_, i) => 1000 + i);
 
 /** Stores the first `blocks` blocks of `tokens` on `slot`, as the worker's events would. */
 function indexed(core: KvedgeCore, slot: number, tokens: Uint32Array, blocks: number): void {
@@ -65,17 +68,17 @@ describe("a degraded exact worker routed on predictions", () => {
     const core = coreWith("predictions");
     const slot = core.router.load.addWorker(1n, 0);
     indexed(core, slot, prompt(41), 10);
+    indexed(core, slot, other(5), 1);
     expect(scores(core, prompt(41))).toEqual([[1n, 10, "exact"]]);
 
     answers(core, 40, 0); // its answers serve nothing of what its events say
     expect(core.router.load.degraded[slot]).toBe(1);
     expect(core.fallback!.isOn(slot)).toBe(true);
     expect(core.router.load.fallback[slot]).toBe(1);
-    // Nothing predicted yet: its index's 10 blocks, discounted (0.5).
-    expect(scores(core, prompt(41))).toEqual([[1n, 5, "degraded"]]);
-
+    // Nothing predicted yet: its index's 10 blocks, credited discounted (0.5).
+    expect(scores(core, prompt(41))).toEqual([[1n, 10, "degraded"]]);
     const routed = core.route(input(prompt(81), "a"), 1);
-    expect(routed.decision.overlapBlocks).toBe(5);
+    expect([routed.decision.overlapBlocks, routed.decision.creditedBlocks]).toEqual([10, 5]);
     expect(routed.decision.candidates.at(0).overlapKind).toBe("degraded");
     expect(core.prefillDone("a")).toBe("ok"); // its 20 blocks are predicted now
     expect(core.workers()[0]!.predicted).toEqual({ blocks: 20, capacityBlocks: 1000 });
@@ -83,6 +86,11 @@ describe("a degraded exact worker routed on predictions", () => {
     const again = core.route(input(prompt(81), "b"), 1);
     expect([again.decision.overlapBlocks, again.decision.creditedBlocks]).toEqual([20, 20]);
     expect(again.decision.candidates.at(0).overlapKind).toBe("degraded");
+
+    // A prefix only indexed, by one block: half a block of credit, not none.
+    const short = core.route(input(other(5), "c"), 1);
+    expect([short.decision.overlapBlocks, short.decision.creditedBlocks]).toEqual([1, 0.5]);
+    core.done("c");
 
     answers(core, 40, 40); // its answers agree again: trusted
     expect(core.router.load.degraded[slot]).toBe(0);
