@@ -265,7 +265,8 @@ export class LoadTracker {
   approximate = new Uint8Array(0);
   /**
    * 1 for a degraded exact worker routed on kvedge's predictions (route.degraded_fallback):
-   * its overlap is what to trust as given (./router.ts fallbackOverlap), not discounted again.
+   * the router trusts the larger of its predicted blocks and its discounted indexed ones
+   * (./router.ts fallbackOverlap).
    */
   fallback = new Uint8Array(0);
   /** The worker numbering: which slots are live, and who they are. */

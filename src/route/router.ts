@@ -9,7 +9,8 @@
  *   decay        = 1 / (1 + d * ((active_prefill_tokens[w] - min_w') / bs) / ceil(isl / bs))
  *                  when overlap_score_credit_decay d > 0, else 1
  *   overlap      = device overlap blocks[w] * (degraded[w] ? degraded_overlap_weight : 1)
- *                  (not a degraded worker routed on predictions: its overlap is fallbackOverlap)
+ *                  (a degraded worker routed on predictions: fallbackOverlap of its indexed
+ *                  and predicted blocks instead)
  *   lower        = (host_cache_hit_weight * host blocks[w] + disk_cache_hit_weight *
  *                  (disk + external blocks[w])) * (degraded[w] ? degraded_overlap_weight : 1)
  *                  (the lower tiers' blocks right after the device's; reference §5.1)
@@ -452,7 +453,7 @@ export class Router {
   /**
    * Blocks `slot` holds of the request in every tier as the router trusts them: a
    * degraded worker's discounted, but for the device overlap of one routed on
-   * predictions (already `fallbackOverlap`).
+   * predictions (`fallbackOverlap` of its indexed and predicted blocks).
    */
   private heldTrusted(slot: number): number {
     const device = this.overlapBySlot[slot]!;
