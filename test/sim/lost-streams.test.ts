@@ -47,7 +47,8 @@ describe("a cut event stream", () => {
     const lost = new LostStreams(cut, WORKERS);
     const reference = new EventIndex(WORKERS, BS);
     const matches = new MatchResult(8);
-    const prompts = Array.from({ length: trace.count }, (_, i) => i);
+    // Every other prompt of the run, at every 97th batch.
+    const prompts = Array.from({ length: trace.count >> 1 }, (_, i) => 2 * i);
     let compared = 0;
     let nonzero = 0;
     batches.forEach(([worker, batch], n) => {
@@ -82,7 +83,7 @@ describe("a cut event stream", () => {
     const caches = engines.map((engine) => engine.cache);
     expect(reference.check(caches, CUT).index_matches_engines).toBe(false);
     expect(reference.check(caches, [2, 3]).index_matches_engines).toBe(true);
-  });
+  }, 60_000);
 
   test("a clear after the cut makes the worker exact again; one during it is lost", () => {
     const lost = new LostStreams({ workers: [1], fromMs: 100, toMs: 200 }, 2);
