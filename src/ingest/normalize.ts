@@ -61,7 +61,7 @@ import {
 import type { WorkerTable } from "../domain/worker-table";
 import { capacityFor, mix, TABLE_CAPACITY_MIN } from "../util/tables";
 import { AMBIGUOUS, NamespaceTable } from "./namespace";
-import { RankSlots } from "./rank-slots";
+import { RankSlots, type SlotAcquire } from "./rank-slots";
 
 /**
  * Where normalized operations go: the index's slot methods, in their argument order
@@ -72,6 +72,8 @@ import { RankSlots } from "./rank-slots";
  */
 export interface KvEventWriter {
   readonly workerTable: WorkerTable;
+  /** How a dp rank new to the table gets its slot (default: `workerTable.acquire`). */
+  readonly acquire?: SlotAcquire;
   /** Blocks stored in chain order after the parent (`hasParent` false = the root). */
   storeAt(
     slot: number,
@@ -239,7 +241,13 @@ export class KvEventNormalizer {
 
   constructor(options: NormalizerOptions) {
     if (!(options.blockSize > 0)) throw new RangeError("blockSize must be positive");
-    this.rankSlots = new RankSlots(options.writer.workerTable, options.workerId, options.dpRank);
+    const writer = options.writer;
+    this.rankSlots = new RankSlots(
+      writer.workerTable,
+      options.workerId,
+      options.dpRank,
+      writer.acquire,
+    );
     this.dpRank = options.dpRank;
     this.blockSize = options.blockSize;
     this.writer = options.writer;

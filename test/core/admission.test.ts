@@ -29,7 +29,7 @@ function setup(env: Record<string, string> = {}) {
     env: { KVEDGE_ADMISSION: "hold", KVEDGE_ADMISSION_BOUND_MS: "200", ...env },
   }).config;
   const core = new KvedgeCore({ config, log: silentLogger, random: () => 0.5 });
-  core.router.load.addWorker(1n, 0);
+  core.workerTable.acquire(1n, 0);
   const answers: string[] = [];
   const call = (id: string, length: number): RouteCall => ({
     input: input(id, length),

@@ -269,10 +269,15 @@ describe("the writer thread", () => {
       await until(() => source.sequencer.lastSeq === seq, "applied");
       expect((await writer.dump()).length).toBeGreaterThan(0);
       await source.stop();
-      writer.removeWorker(BigInt(cycle + 1));
+      const workerId = BigInt(cycle + 1);
+      writer.release(workerId, writer.workers.slotsOf(workerId));
       await until(() => a.pub.subscribedPeers === 0, "the unsubscription");
     }
     expect(writer.streamIds).toBe(1);
     expect(await writer.dump()).toEqual([]);
+    // Every slot given back once the writer let go: the numbering is as new.
+    await until(() => writer.workers.retiredCount === 0, "the last slot freed");
+    expect(writer.workers.liveCount).toBe(0);
+    expect(writer.workers.highWater).toBe(0);
   }, 60_000);
 });

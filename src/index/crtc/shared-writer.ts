@@ -5,6 +5,12 @@
  * follow them. None of this exists in the private, single-threaded mode.
  */
 
+/**
+ * U32 words per worker slot in the "slots.identity" region: the worker id's high and low
+ * words, the dp rank, and the slot's generation stamp (WorkerTable.stampOf).
+ */
+export const IDENTITY_WORDS = 4;
+
 /** Int32 words of the control buffer. */
 export const CONTROL = {
   /** Events applied (wraps at 2^32); raised after an event's writes, before its versions close. */

@@ -15,13 +15,15 @@
  * const reader = attach(descriptor);
  * const out = new MatchResult();
  * reader.findMatches(local, count, out);      // KvIndex.findMatches' signature
- * reader.workerIdOf(out.workers[0]!);          // handles name the writer's worker slots
+ * reader.workerIdOf(out.workers[0]!);          // handles are the worker table's slots
  * reader.close();                              // gives the reader slot back
  * ```
  *
  * An answer is the index's answer at one event boundary between the call's start and
- * end. Handles (worker slots) and their workerIdOf / dpRankOf are those of that
- * boundary; they stay readable until the reader's next findMatches.
+ * end. Handles (worker slots) and their workerIdOf / dpRankOf / stampOf are those of
+ * that boundary; they stay readable until the reader's next findMatches. With a writer
+ * thread the slots are the main thread's (src/runtime/writer.ts adopts them), so an
+ * answer needs no translation, only the stamp check (src/index/threaded-index.ts).
  */
 import { LINK_STRIDE, probeSlot } from "../link-table";
 import { SLOT_LIMIT } from "../workers";
@@ -31,7 +33,13 @@ import { CrtcIndex } from "./crtc";
 import { MatchScratch, type ReadGuard, TreeReads, walkMatches } from "./match";
 import { RUN_ORDER_MAX } from "./blocks";
 import { SharedRegions } from "./shared-memory";
-import { CONTROL, controlWords, SharedWriter, type SharedWriterCounters } from "./shared-writer";
+import {
+  CONTROL,
+  controlWords,
+  IDENTITY_WORDS,
+  SharedWriter,
+  type SharedWriterCounters,
+} from "./shared-writer";
 
 export { MatchResult };
 
@@ -98,7 +106,7 @@ export function sharedRegionLimits(budgetBytes: number): Record<string, number> 
     "owners.words": 4 * words,
     "links.0": 4 * LINK_STRIDE * linkSlots,
     "links.1": 4 * LINK_STRIDE * linkSlots,
-    "slots.identity": 4 * 3 * SLOT_LIMIT,
+    "slots.identity": 4 * IDENTITY_WORDS * SLOT_LIMIT,
   };
   for (const name of ["parent", "start", "len", "spare", "kids", "version"]) {
     limits[`nodes.${name}`] = 4 * nodeIds;
@@ -181,10 +189,11 @@ export class SharedIndexReader implements ReadGuard {
   private readCount = 0;
   /** The node whose odd version ended the last attempt (0: none). */
   private conflict = 0;
-  /** Identities of the last answer's slots, as read inside it. */
+  /** Identities and generation stamps of the last answer's slots, as read inside it. */
   private idHi = new Uint32Array(64);
   private idLo = new Uint32Array(64);
   private rank = new Uint32Array(64);
+  private stamp = new Uint32Array(64);
   /** workerIdOf's bigints, made once per slot identity seen. */
   private readonly ids: bigint[] = [];
   private cachedHi = new Uint32Array(64);
@@ -267,6 +276,14 @@ export class SharedIndexReader implements ReadGuard {
     return this.rank[handle]!;
   }
 
+  /**
+   * The generation stamp (WorkerTable.stampOf) the slot had in the last answer: with it,
+   * a thread that uses the answer later checks the slot still names the same worker.
+   */
+  stampOf(handle: number): number {
+    return this.stamp[handle]!;
+  }
+
   /** Gives the reader slot back; the reader cannot be used after. */
   close(): void {
     if (this.closed) return;
@@ -344,6 +361,7 @@ export class SharedIndexReader implements ReadGuard {
       this.idHi = new Uint32Array(size);
       this.idLo = new Uint32Array(size);
       this.rank = new Uint32Array(size);
+      this.stamp = new Uint32Array(size);
       this.cachedHi = new Uint32Array(size);
       this.cachedLo = new Uint32Array(size);
       this.ids.length = 0;
@@ -372,9 +390,11 @@ export class SharedIndexReader implements ReadGuard {
     const identity = this.identity;
     for (let k = 0; k < out.count; k++) {
       const slot = out.workers[k]!;
-      this.idHi[slot] = identity[3 * slot]!;
-      this.idLo[slot] = identity[3 * slot + 1]!;
-      this.rank[slot] = identity[3 * slot + 2]!;
+      const at = IDENTITY_WORDS * slot;
+      this.idHi[slot] = identity[at]!;
+      this.idLo[slot] = identity[at + 1]!;
+      this.rank[slot] = identity[at + 2]!;
+      this.stamp[slot] = identity[at + 3]!;
     }
     return this.validate();
   }
