@@ -184,7 +184,7 @@ class Pipeline {
         workerId: BigInt(firstWorkerId + w),
         dpRank: 0,
         blockSize: config.blockSize,
-        writer: index,
+        sink: index,
       });
       this.normalizers.push(normalizer);
       this.sequencers.push(

@@ -263,7 +263,7 @@ export interface WorkerIdentity {
  * they come and the dictionary of the workers they name. `finish` copies the message
  * out (a published array is the client's until it is sent: never reused) and starts over.
  */
-export class MessageWriter {
+export class MessageEncoder {
   private bytes = new Uint8Array(64 * 1024);
   private view = new DataView(this.bytes.buffer);
   /** Bytes written. */
@@ -417,7 +417,7 @@ export class MessageWriter {
     this.factsAt = -1;
   }
 
-  /** The message with its seq and send time, as a fresh array; the writer is empty after. */
+  /** The message with its seq and send time, as a fresh array; the encoder is empty after. */
   finish(seq: number, sentAtMs: number): Uint8Array {
     this.endFacts();
     this.view.setFloat64(8, seq, true);
@@ -448,7 +448,7 @@ export class MessageWriter {
 
   private workerIndex(slot: number): number {
     const workers = this.workers;
-    if (workers === null) throw new Error("a message writer without workers cannot write facts");
+    if (workers === null) throw new Error("a message encoder without workers cannot write facts");
     if (this.dictOf.length <= slot) {
       const grown = new Int32Array(Math.max(64, 2 * (slot + 1))).fill(-1);
       grown.set(this.dictOf);

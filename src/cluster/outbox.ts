@@ -12,7 +12,7 @@
  * and snapshots (every own active request, as of that seq), and sync requests.
  */
 import type { EndReason, LoadTracker, OwnFacts } from "../route/load";
-import { KIND, LAST_CHUNK, LEAVING, MessageWriter, type WorkerIdentity } from "./codec";
+import { KIND, LAST_CHUNK, LEAVING, MessageEncoder, type WorkerIdentity } from "./codec";
 import { wallClockMs } from "./peers";
 
 /** A batch goes out at this many facts… */
@@ -48,8 +48,8 @@ export class Outbox implements OwnFacts {
   /** The seq of the last batch (0: none yet). */
   seq = 0;
   readonly counters = { batches: 0, facts: 0, unsent: 0, unsentFacts: 0, bytes: 0 };
-  private readonly writer: MessageWriter;
-  private readonly control: MessageWriter;
+  private readonly encoder: MessageEncoder;
+  private readonly control: MessageEncoder;
   private armed = false;
   /** Monotonic ms of the last batch sent. */
   private lastBatchMs = -Infinity;
@@ -57,8 +57,8 @@ export class Outbox implements OwnFacts {
   private readonly now: () => number;
 
   constructor(private readonly options: OutboxOptions) {
-    this.writer = new MessageWriter(options.replicaId, options.epoch, options.workers);
-    this.control = new MessageWriter(options.replicaId, options.epoch, options.workers);
+    this.encoder = new MessageEncoder(options.replicaId, options.epoch, options.workers);
+    this.control = new MessageEncoder(options.replicaId, options.epoch, options.workers);
     this.wallNow = options.wallNow ?? wallClockMs;
     this.now = options.now ?? (() => performance.now());
   }
@@ -74,34 +74,34 @@ export class Outbox implements OwnFacts {
   ): void {
     this.open();
     if (this.options.chains === true)
-      this.writer.routed(handle, slot, chain, blocks, prefillTokens, outputBlocks);
-    else this.writer.routedFlat(handle, slot, prefillTokens, outputBlocks, added);
+      this.encoder.routed(handle, slot, chain, blocks, prefillTokens, outputBlocks);
+    else this.encoder.routedFlat(handle, slot, prefillTokens, outputBlocks, added);
     this.wrote();
   }
 
   prefillDone(handle: number): void {
     this.open();
-    this.writer.prefillDone(handle);
+    this.encoder.prefillDone(handle);
     this.wrote();
   }
 
   ended(handle: number, reason: EndReason, freed: number): void {
     this.open();
-    this.writer.ended(handle, reason, freed);
+    this.encoder.ended(handle, reason, freed);
     this.wrote();
   }
 
   /** Facts written and not yet sent. */
   get pending(): number {
-    return this.writer.facts;
+    return this.encoder.facts;
   }
 
   /** Sends the current batch, if it holds any fact. */
   flush(): void {
-    if (this.writer.facts === 0) return;
-    const facts = this.writer.facts;
+    if (this.encoder.facts === 0) return;
+    const facts = this.encoder.facts;
     this.lastBatchMs = this.now();
-    const message = this.writer.finish(++this.seq, this.wallNow());
+    const message = this.encoder.finish(++this.seq, this.wallNow());
     this.counters.batches++;
     this.counters.facts += facts;
     this.counters.bytes += message.length;
@@ -168,13 +168,13 @@ export class Outbox implements OwnFacts {
   }
 
   private open(): void {
-    if (this.writer.facts > 0) return;
-    this.writer.begin(KIND.facts);
-    this.writer.beginFacts();
+    if (this.encoder.facts > 0) return;
+    this.encoder.begin(KIND.facts);
+    this.encoder.beginFacts();
   }
 
   private wrote(): void {
-    const w = this.writer;
+    const w = this.encoder;
     if (w.facts >= BATCH_FACTS_MAX || w.length >= BATCH_BYTES_MAX) {
       this.flush();
       return;

@@ -16,7 +16,7 @@ import type { KvIndex } from "../index";
 import { createIndex, MatchResult } from "../index";
 import { defaultIndexBudgetBytes, IndexBudget } from "../index/budget";
 import { WritePause } from "../index/write-pause";
-import type { KvEventWriter } from "../ingest/normalize";
+import type { KvEventSink } from "../ingest/normalize";
 import {
   EngineSource,
   type SourceConfig,
@@ -40,7 +40,7 @@ import { DEFAULT_PREDICTED_MAX_BLOCKS, Predictions } from "../route/predictions"
 import { OVERLAP_KINDS, type OverlapKind, overlapKindOf } from "../route/router";
 import type { Logger } from "../util/log";
 import type { ZmtpOptions } from "../wire/zmtp";
-import { BUDGET_REFUSAL, budgetedWriter } from "../ingest/budgeted-writer";
+import { BUDGET_REFUSAL, budgetedSink } from "../ingest/budgeted-sink";
 import { KvedgeError } from "../domain/errors";
 import { type SlotColumn, WorkerTable } from "../domain/worker-table";
 import { attach } from "../index/crtc/shared";
@@ -198,7 +198,7 @@ export class KvedgeCore {
   /** Index writes, held while the index is copied in slices (GET /v1/dump, snapshots). */
   readonly writes: WritePause;
   /** What sources write to: the index, behind the memory budget. */
-  private readonly writer: KvEventWriter;
+  private readonly sink: KvEventSink;
   /** Every source, configured or added. */
   private readonly sources = new Set<EngineSource>();
   /** Per slot: the source configured for exactly that (worker, dp rank), if any. */
@@ -258,9 +258,7 @@ export class KvedgeCore {
       this.index,
       config.index.memory_budget_bytes ?? defaultIndexBudgetBytes(),
     );
-    this.writer = this.budgetedWriter(
-      (this.writes = new WritePause(this.index, HELD_WRITES_BYTES)),
-    );
+    this.sink = this.budgetedSink((this.writes = new WritePause(this.index, HELD_WRITES_BYTES)));
     this.router = new Router(routerOptionsOf(config, this.workerTable, options.random));
     this.admission = new Admission<RouteCall>(
       {
@@ -284,7 +282,7 @@ export class KvedgeCore {
       () => performance.now(),
     );
     this.zmtp = zmtpOptionsOf(config.ingest);
-    this.predictions = predictionsOf(config, this.writer, this.blockSize);
+    this.predictions = predictionsOf(config, this.sink, this.blockSize);
     this.observedHits = new ObservedHits({
       floor: config.proxy.observed_hit_floor,
       window: config.proxy.observed_window,
@@ -736,7 +734,7 @@ export class KvedgeCore {
     const slot = this.addSlot(workerId, dpRank);
     const { local, blockCount } = this.hash(tokens, null, null);
     const external = local.slice(0, 2 * blockCount);
-    this.writer.storeAt(slot, false, 0, 0, external, local, blockCount, 0);
+    this.sink.storeAt(slot, false, 0, 0, external, local, blockCount, 0);
   }
 
   // ---- Workers ----
@@ -797,7 +795,7 @@ export class KvedgeCore {
   private addApproximate(entry: WorkerEntry): void {
     const slot = this.addSlot(entry.worker_id, entry.dp_rank);
     // Nothing the slot held (a snapshot, its events as an exact worker) is known any more.
-    this.writer.clearAt(slot);
+    this.sink.clearAt(slot);
     this.predictions.enable(slot, entry.capacity_blocks ?? null);
     this.router.load.setApproximate(slot, true);
     if (entry.http_endpoint != null) this.httpEndpoints.set(slot, entry.http_endpoint);
@@ -865,7 +863,7 @@ export class KvedgeCore {
     const ingest = this.options.config.ingest;
     return {
       blockSize: this.blockSize,
-      writer: this.writer,
+      sink: this.sink,
       log: this.log.child({ component: "ingest" }),
       zmtp: this.zmtp,
       lora: this.lora,
@@ -1068,11 +1066,11 @@ export class KvedgeCore {
   }
 
   /**
-   * The index as sources write to it: behind the memory budget (src/ingest/budgeted-writer.ts),
+   * The index as sources write to it: behind the memory budget (src/ingest/budgeted-sink.ts),
    * through the write pause of copies in progress (src/index/write-pause.ts).
    */
-  private budgetedWriter(writes: WritePause): KvEventWriter {
-    return budgetedWriter(writes, this.budget, this.workerTable, {
+  private budgetedSink(writes: WritePause): KvEventSink {
+    return budgetedSink(writes, this.budget, this.workerTable, {
       refused: (slot, blocks) => this.refuseStore(slot, blocks),
       // Holding nothing is known exactly: refused stores no longer matter.
       cleared: (slot) => {
@@ -1136,11 +1134,11 @@ function routerOptionsOf(
   };
 }
 
-/** Predictions for approximate workers, written through the core's budgeted writer. */
-function predictionsOf(config: Config, writer: KvEventWriter, blockSize: number): Predictions {
+/** Predictions for approximate workers, written through the core's budgeted sink. */
+function predictionsOf(config: Config, sink: KvEventSink, blockSize: number): Predictions {
   const route = config.route;
   return new Predictions(
-    writer,
+    sink,
     {
       blockSize,
       predictAt: route.predict_at,

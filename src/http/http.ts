@@ -10,7 +10,7 @@ import { KvedgeError } from "../domain/errors";
 import { errorObject, STATUS_OF } from "./errors";
 import { bufferBudget } from "../util/buffer-budget";
 import { U64_MAX } from "../util/u64";
-import { MsgpackWriter, type MsgpackValue } from "../wire/msgpack";
+import { MsgpackEncoder, type MsgpackValue } from "../wire/msgpack";
 import { defaultTokenScanner, parseRequestJson, ScannedTokens, TOKENS_MAX } from "./request-json";
 import { BinRef, MsgpackRequestReader } from "../wire/request-msgpack";
 
@@ -41,7 +41,7 @@ export function checkBodyType(request: Request): void {
 
 // Integers above 2^53 would lose precision as numbers; ids travel as strings anyway.
 const unpackr = new Unpackr({ int64AsType: "bigint", mapsAsObjects: true });
-const writer = new MsgpackWriter();
+const encoder = new MsgpackEncoder();
 
 /** Reads a request body of at most `limitBytes`, as JSON or (by Content-Type) MessagePack. */
 export async function readBody(request: Request, limitBytes: number): Promise<unknown> {
@@ -233,11 +233,11 @@ export function reply(request: Request | null, status: number, body: unknown): R
 }
 
 /** A MessagePack response whose body `write` writes (for answers written without objects). */
-export function msgpackReply(status: number, write: (writer: MsgpackWriter) => void): Response {
-  writer.reset();
-  write(writer);
-  // A copy: the Response may read its body after the writer moved on.
-  return new Response(writer.finish(), { status, headers: { "content-type": MSGPACK } });
+export function msgpackReply(status: number, write: (encoder: MsgpackEncoder) => void): Response {
+  encoder.reset();
+  write(encoder);
+  // A copy: the Response may read its body after the encoder moved on.
+  return new Response(encoder.finish(), { status, headers: { "content-type": MSGPACK } });
 }
 
 /** A client's error as its code's status, with OpenAI's error object as the body. */

@@ -18,7 +18,7 @@ import { WorkerTable } from "../domain/worker-table";
 import type { Logger } from "../util/log";
 import { u64String } from "../util/u64";
 import { type DecodedBatch, FLAG_EAGLE, FLAG_LORA_ID, FLAG_PARENT } from "../wire/kv-events";
-import type { KvEventTap, KvEventWriter } from "./normalize";
+import type { KvEventTap, KvEventSink } from "./normalize";
 import { EngineSource } from "./source";
 
 /** One captured operation, as `kvedge apply` reads it. */
@@ -71,7 +71,7 @@ export class Capture {
       },
     };
     // The index is not needed: the tap sees what the wire said.
-    const writer: KvEventWriter = {
+    const sink: KvEventSink = {
       workerTable: new WorkerTable(),
       storeAt: () => {},
       removeAt: () => {},
@@ -87,7 +87,7 @@ export class Capture {
       },
       {
         blockSize: options.blockSize,
-        writer,
+        sink,
         tap,
         log: options.log,
         ...(options.lora === undefined ? {} : { lora: options.lora }),

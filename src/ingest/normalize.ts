@@ -35,7 +35,7 @@
  *    identity is the event's `lora_name`, else its `lora_id` (named through the
  *    configured adapters, else keyed by the id: src/hash/lora.ts).
  *
- * A batch is normalized whole into scratch arrays before the writer sees any of it.
+ * A batch is normalized whole into scratch arrays before the sink sees any of it.
  *
  * See docs/decisions.md#dual-keys.
  */
@@ -70,7 +70,7 @@ import { RankSlots, type SlotAcquire } from "./rank-slots";
  * external[2(first+i)], external[2(first+i)+1] (hi, lo) and its local hash at the same
  * place in `local`. Arrays are valid during the call only.
  */
-export interface KvEventWriter {
+export interface KvEventSink {
   readonly workerTable: WorkerTable;
   /** How a dp rank new to the table gets its slot (default: `workerTable.acquire`). */
   readonly acquire?: SlotAcquire;
@@ -91,7 +91,7 @@ export interface KvEventWriter {
 }
 
 /**
- * Sees every operation the normalizer hands to the writer, with the decoded event it
+ * Sees every operation the normalizer hands to the sink, with the decoded event it
  * came from (`kvedge capture` writes them out). `count` is the number of leading blocks
  * of event `event` that were applied; `cacheSalt` the effective salt (the event's own,
  * or inherited from its parent); `lora` the LoRA identity the blocks were hashed under
@@ -169,7 +169,7 @@ export interface NormalizerOptions {
   readonly dpRank: number;
   /** The index block size; stores of another block size are rejected. */
   readonly blockSize: number;
-  readonly writer: KvEventWriter;
+  readonly sink: KvEventSink;
   readonly log?: Logger;
   /** Bound on remembered salted blocks (past it, new ones are not remembered, counted). */
   readonly namespaceEntriesMax?: number;
@@ -214,7 +214,7 @@ export class KvEventNormalizer {
   readonly rankSlots: RankSlots;
   private readonly dpRank: number;
   private readonly blockSize: number;
-  private readonly writer: KvEventWriter;
+  private readonly sink: KvEventSink;
   private readonly tap: KvEventTap | null;
   private readonly lora: LoraAdapters;
   private readonly onceLog: OnceLog;
@@ -241,16 +241,16 @@ export class KvEventNormalizer {
 
   constructor(options: NormalizerOptions) {
     if (!(options.blockSize > 0)) throw new RangeError("blockSize must be positive");
-    const writer = options.writer;
+    const sink = options.sink;
     this.rankSlots = new RankSlots(
-      writer.workerTable,
+      sink.workerTable,
       options.workerId,
       options.dpRank,
-      writer.acquire,
+      sink.acquire,
     );
     this.dpRank = options.dpRank;
     this.blockSize = options.blockSize;
-    this.writer = options.writer;
+    this.sink = options.sink;
     this.tap = options.tap ?? null;
     this.lora = options.lora ?? NO_LORA_ADAPTERS;
     this.onceLog = new OnceLog(
@@ -308,7 +308,7 @@ export class KvEventNormalizer {
     counters.lagSumMs += counters.lagLastMs;
   }
 
-  /** Normalizes a decoded batch whole, then hands it to the writer. */
+  /** Normalizes a decoded batch whole, then hands it to the sink. */
   normalize(batch: DecodedBatch): void {
     const counters = this.counters;
     counters.batches++;
@@ -548,14 +548,14 @@ export class KvEventNormalizer {
 
   private emit(batch: DecodedBatch, dpRank: number): void {
     if (this.ops === 0) return;
-    const { writer, counters } = this;
+    const { sink, counters } = this;
     const slot = this.rankSlots.slotOf(dpRank);
     for (let op = 0; op < this.ops; op++) {
       const e = this.opEvent[op]!;
       const count = this.opCount[op]!;
       switch (this.opKind[op]) {
         case OP_STORED:
-          writer.storeAt(
+          sink.storeAt(
             slot,
             (batch.flags[e]! & FLAG_PARENT) !== 0,
             batch.parentHi[e]!,
@@ -569,12 +569,12 @@ export class KvEventNormalizer {
           counters.appliedStoredBlocks += count;
           break;
         case OP_REMOVED:
-          writer.removeAt(slot, batch.hashes, count, batch.hashStart[e]!);
+          sink.removeAt(slot, batch.hashes, count, batch.hashStart[e]!);
           this.tap?.removed(batch, e, count, dpRank);
           counters.appliedRemovedBlocks += count;
           break;
         default:
-          writer.clearAt(slot);
+          sink.clearAt(slot);
           this.tap?.cleared(batch, e, dpRank);
           counters.appliedClears++;
       }

@@ -2,7 +2,7 @@
  * One publisher's dp ranks and their worker slots. A stream names its worker once
  * (the source's worker id) and each batch its dp rank; the slot of (worker, rank) is
  * resolved in the worker table when the rank is first written, then kept with its
- * generation, so the writer is handed a plain slot number per operation. A rank new to
+ * generation, so the sink is handed a plain slot number per operation. A rank new to
  * the table gets its slot from `acquire`: the table's own, or, on the writer thread,
  * the main thread's (src/runtime/writer.ts), which owns the numbering.
  */

@@ -1,8 +1,8 @@
 /**
  * One engine event source: the KV-event stream of one publisher (one (worker, dp rank)
- * in vLLM terms), from the wire to the writer (the index).
+ * in vLLM terms), from the wire to the sink (the index).
  *
- *   SUB socket ─ 3 frames [topic, seq (u64 BE), payload] ─▶ Sequencer ─▶ Normalizer ─▶ writer (index)
+ *   SUB socket ─ 3 frames [topic, seq (u64 BE), payload] ─▶ Sequencer ─▶ Normalizer ─▶ sink (index)
  *                                       ▲                 (gap)
  *   DEALER to the engine's replay ROUTER ┘  [empty, start] → [empty, (topic,) seq, payload]…, seq −1
  *
@@ -20,7 +20,7 @@ import {
   SubSocket,
   type ZmtpOptions,
 } from "../wire/zmtp";
-import type { KvEventTap, KvEventWriter, NormalizeCounters } from "./normalize";
+import type { KvEventTap, KvEventSink, NormalizeCounters } from "./normalize";
 import type { SequencerCounters, SequencerOptions } from "./sequencer";
 import {
   EngineStream,
@@ -45,7 +45,7 @@ export interface SourceOptions {
   /** The index block size; stores of another size are rejected. */
   readonly blockSize: number;
   /** Where the stream's operations go (the index). */
-  readonly writer: KvEventWriter;
+  readonly sink: KvEventSink;
   /** Sees each applied operation with its decoded event (capture). */
   readonly tap?: KvEventTap;
   /** How LoRA ids name adapters (`index.lora_adapters`). */
@@ -164,7 +164,7 @@ export class EngineSource {
       options.input?.(transport, changed) ??
       new EngineStream(config, transport, {
         blockSize: options.blockSize,
-        writer: options.writer,
+        sink: options.sink,
         log: this.log,
         ...(options.tap === undefined ? {} : { tap: options.tap }),
         ...(options.lora === undefined ? {} : { lora: options.lora }),

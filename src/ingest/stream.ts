@@ -1,6 +1,6 @@
 /**
  * One engine stream's sequencing half: the sequencer and the normalizer of one
- * publisher, from sequenced batches to the writer (the index). Transport-free: the
+ * publisher, from sequenced batches to the sink (the index). Transport-free: the
  * socket half (EngineSource) feeds it what arrives, directly on one thread, or through
  * the event ring on the writer thread (src/runtime/writer.ts); it asks for replays
  * through `ReplayTransport`.
@@ -8,7 +8,7 @@
 import type { LoraAdapters } from "../hash";
 import type { Logger } from "../util/log";
 import { OnceLog } from "../util/log";
-import { type KvEventTap, type KvEventWriter, KvEventNormalizer } from "./normalize";
+import { type KvEventTap, type KvEventSink, KvEventNormalizer } from "./normalize";
 import { Sequencer, type SequencerEvent, type SequencerOptions } from "./sequencer";
 
 /** What the socket half hands on, in arrival order. */
@@ -50,7 +50,7 @@ export interface StreamIdentity {
 
 export interface StreamOptions {
   readonly blockSize: number;
-  readonly writer: KvEventWriter;
+  readonly sink: KvEventSink;
   readonly tap?: KvEventTap;
   /** How LoRA ids name adapters (`index.lora_adapters`). */
   readonly lora?: LoraAdapters;
@@ -93,7 +93,7 @@ export class EngineStream implements StreamInput {
       workerId: identity.workerId,
       dpRank: identity.dpRank,
       blockSize: options.blockSize,
-      writer: options.writer,
+      sink: options.sink,
       log: this.log,
       ...(options.tap === undefined ? {} : { tap: options.tap }),
       ...(options.lora === undefined ? {} : { lora: options.lora }),
@@ -183,7 +183,7 @@ export class EngineStream implements StreamInput {
     this.log.info("clearing the worker's blocks", { reason });
     this.normalizer.reset();
     const rankSlots = this.normalizer.rankSlots;
-    for (const dpRank of rankSlots.ranks) this.options.writer.clearAt(rankSlots.slotOf(dpRank));
+    for (const dpRank of rankSlots.ranks) this.options.sink.clearAt(rankSlots.slotOf(dpRank));
   }
 
   private sequencerEvent(kind: SequencerEvent, fields: Record<string, number | string>): void {

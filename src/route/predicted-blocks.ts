@@ -1,8 +1,8 @@
 /**
  * What approximate workers (engines that publish no KV events) are predicted to cache,
  * kept from kvedge's own decisions: per worker, an LRU over its predicted blocks,
- * written into the index through the same writer interface the engine streams use
- * (`KvEventWriter`), so every backend, the memory accounting and the match path hold
+ * written into the index through the same sink interface the engine streams use
+ * (`KvEventSink`), so every backend, the memory accounting and the match path hold
  * them like any block.
  *
  * - A block is named by its sequence hash (Dynamo's chain over local hashes): that is
@@ -23,7 +23,7 @@
  *
  * See docs/decisions.md#predictions-in-index and docs/decisions.md#prediction-correction.
  */
-import type { KvEventWriter } from "../ingest/normalize";
+import type { KvEventSink } from "../ingest/normalize";
 import { TripleTable } from "../util/tables";
 import { assert } from "../util/verify";
 
@@ -37,7 +37,7 @@ const GROW_STEP = 0.01;
 export const CAPACITY_FLOOR_BLOCKS = 256;
 
 export interface PredictedBlocksOptions {
-  readonly writer: Pick<KvEventWriter, "storeAt" | "removeAt" | "clearAt">;
+  readonly sink: Pick<KvEventSink, "storeAt" | "removeAt" | "clearAt">;
   /** Blocks unused this long expire, for workers without a known capacity. */
   readonly ttlMs: number;
   /** Most blocks kept for a worker without a known capacity. */
@@ -260,7 +260,7 @@ export class PredictedBlocks {
   }
 
   private storeMissing(slot: number, local: Uint32Array, chain: Uint32Array, count: number): void {
-    const writer = this.options.writer;
+    const sink = this.options.sink;
     for (let i = 0; i < count; ) {
       if (this.table.get(slot, chain[2 * i]!, chain[2 * i + 1]!) >= 0) {
         i++;
@@ -270,7 +270,7 @@ export class PredictedBlocks {
       while (end < count && this.table.get(slot, chain[2 * end]!, chain[2 * end + 1]!) < 0) end++;
       const parentHi = i > 0 ? chain[2 * i - 2]! : 0;
       const parentLo = i > 0 ? chain[2 * i - 1]! : 0;
-      writer.storeAt(slot, i > 0, parentHi, parentLo, chain, local, end - i, i);
+      sink.storeAt(slot, i > 0, parentHi, parentLo, chain, local, end - i, i);
       for (let k = i; k < end; k++) this.add(slot, chain[2 * k]!, chain[2 * k + 1]!);
       this.counters.stored += end - i;
       i = end;
@@ -342,13 +342,13 @@ export class PredictedBlocks {
   }
 
   private flushRemovals(slot: number, n: number): void {
-    if (n > 0) this.options.writer.removeAt(slot, this.removals, n, 0);
+    if (n > 0) this.options.sink.removeAt(slot, this.removals, n, 0);
     if (this.live === 0) this.resetEntries();
   }
 
   /** Drops every prediction of a slot: the index slot is cleared, the entries freed. */
   private drop(slot: number): void {
-    if (this.held[slot]! > 0) this.options.writer.clearAt(slot);
+    if (this.held[slot]! > 0) this.options.sink.clearAt(slot);
     for (let e = this.oldest[slot]!; e !== NONE; ) {
       const next = this.newer[e]!;
       this.release(e, 0); // the clear removed them from the index already

@@ -27,7 +27,7 @@
  * with `done`, or `requestTtlMs` after routing (a gateway that never calls done), and
  * at most `maxPending` are kept (the oldest goes first).
  */
-import type { KvEventWriter } from "../ingest/normalize";
+import type { KvEventSink } from "../ingest/normalize";
 import { KeyTable } from "../util/tables";
 import { Arena, orderOf } from "./arena";
 import { PredictedBlocks } from "./predicted-blocks";
@@ -109,12 +109,12 @@ export class Predictions {
   private nextExpiryMs = 0;
 
   constructor(
-    writer: Pick<KvEventWriter, "storeAt" | "removeAt" | "clearAt">,
+    sink: Pick<KvEventSink, "storeAt" | "removeAt" | "clearAt">,
     private readonly settings: PredictionSettings,
     private readonly now: () => number,
   ) {
     this.blocks = new PredictedBlocks({
-      writer,
+      sink,
       ttlMs: settings.ttlMs,
       maxBlocks: settings.maxBlocks,
       now,

@@ -18,7 +18,7 @@
  * thread's slot for the same worker, and lookups on any thread need no translation.
  */
 import { type LoraAdapter, LoraAdapters } from "../hash";
-import { BUDGET_REFUSAL, budgetedWriter } from "../ingest/budgeted-writer";
+import { BUDGET_REFUSAL, budgetedSink } from "../ingest/budgeted-sink";
 import { SLOT_LIMIT, WorkerTable } from "../domain/worker-table";
 import { createIndex, type KvIndex } from "../index";
 import { IndexBudget } from "../index/budget";
@@ -351,7 +351,7 @@ export class IndexWriter {
     if (control.slot >= 0 && this.table.find(identity.workerId, identity.dpRank) < 0)
       this.table.adopt(control.slot, identity.workerId, identity.dpRank, control.generation);
     const incomplete = new Set<number>();
-    const budgeted = budgetedWriter(this.index, this.budget, this.table, {
+    const budgeted = budgetedSink(this.index, this.budget, this.table, {
       refused: (slot, blocks) => {
         this.budget.refuse(blocks);
         if (!incomplete.has(slot))
@@ -367,7 +367,7 @@ export class IndexWriter {
     });
     const acquire = (workerId: bigint, dpRank: number) =>
       this.slotOf(id, control.serial, workerId, dpRank);
-    const writer = { ...budgeted, acquire };
+    const sink = { ...budgeted, acquire };
     let stream: Stream | null = null;
     const engine = new EngineStream(
       identity,
@@ -382,7 +382,7 @@ export class IndexWriter {
       },
       {
         blockSize: this.start.blockSize,
-        writer,
+        sink,
         lora: this.lora,
         log: this.log.child({ worker_id: identity.workerId, dp_rank: identity.dpRank }),
         sequencer: this.start.sequencer,

@@ -22,7 +22,7 @@ import {
 import type { Cluster } from "../cluster/cluster";
 import type { KvedgeCore, MatchScore, RouteCall, RouteInput, RouteOutcome } from "../core/core";
 import type { LoraAdapters } from "../hash";
-import { encodeMsgpack, type MsgpackWriter } from "../wire/msgpack";
+import { encodeMsgpack, type MsgpackEncoder } from "../wire/msgpack";
 
 /** Most candidates a route response lists. */
 export const CANDIDATES_MAX = 64;
@@ -358,63 +358,63 @@ const K = {
 const KIND_NAMES = OVERLAP_KINDS.map((kind) => encodeMsgpack(kind));
 
 /**
- * A route answer as MessagePack, the same map `writer.value(routeAnswer(...))` writes,
+ * A route answer as MessagePack, the same map `encoder.value(routeAnswer(...))` writes,
  * straight from the decision with keys encoded once: the answer of every binary
  * WebSocket route, where building the answer's objects and walking them were among the
  * largest costs (and most of the garbage) per route.
  */
 export function writeRouteAnswer(
-  writer: MsgpackWriter,
+  encoder: MsgpackEncoder,
   core: KvedgeCore,
   { decision, queryBlocks }: RouteOutcome,
 ): void {
-  writer.mapHeader(8);
-  writer.encoded(K.request_id);
-  writer.string(decision.requestId);
-  writer.encoded(K.worker_id);
-  writer.string(core.workerIdTextOf(decision.slot));
-  writer.encoded(K.dp_rank);
-  writer.number(decision.dpRank);
-  writer.encoded(K.query_blocks);
-  writer.number(queryBlocks);
-  writer.encoded(K.overlap_blocks);
-  writer.number(decision.overlapBlocks);
-  writer.encoded(K.cost);
-  writer.number(decision.cost);
-  writer.encoded(K.predicted_ttft_ms);
-  writer.number(decision.predictedTtftMs);
-  writer.encoded(K.candidates);
+  encoder.mapHeader(8);
+  encoder.encoded(K.request_id);
+  encoder.string(decision.requestId);
+  encoder.encoded(K.worker_id);
+  encoder.string(core.workerIdTextOf(decision.slot));
+  encoder.encoded(K.dp_rank);
+  encoder.number(decision.dpRank);
+  encoder.encoded(K.query_blocks);
+  encoder.number(queryBlocks);
+  encoder.encoded(K.overlap_blocks);
+  encoder.number(decision.overlapBlocks);
+  encoder.encoded(K.cost);
+  encoder.number(decision.cost);
+  encoder.encoded(K.predicted_ttft_ms);
+  encoder.number(decision.predictedTtftMs);
+  encoder.encoded(K.candidates);
   const list = decision.candidates;
-  writer.arrayHeader(list.count);
+  encoder.arrayHeader(list.count);
   for (let i = 0; i < list.count; i++) {
-    writer.mapHeader(14);
-    writer.encoded(K.worker_id);
-    writer.string(core.workerIdTextOf(list.slots[i]!));
-    writer.encoded(K.dp_rank);
-    writer.number(list.dpRanks[i]!);
-    writer.encoded(K.overlap_blocks);
-    writer.number(list.overlapBlocks[i]!);
-    writer.encoded(K.overlap_kind);
-    writer.encoded(KIND_NAMES[list.overlapKinds[i]!]!);
-    writer.encoded(K.pending_blocks);
-    writer.number(list.pendingBlocks[i]!);
-    writer.encoded(K.cost);
-    writer.number(list.costs[i]!);
-    writer.encoded(K.degraded);
-    writer.bool(list.degraded[i] === 1);
-    writer.encoded(K.active_prefill_tokens);
-    writer.number(list.activePrefillTokens[i]!);
-    writer.encoded(K.active_decode_blocks);
-    writer.number(list.activeDecodeBlocks[i]!);
-    writer.encoded(K.active_requests);
-    writer.number(list.activeRequests[i]!);
-    writer.encoded(K.predicted_ttft_ms);
-    writer.number(list.predictedTtftMs[i]!);
-    writer.encoded(K.queue_ms);
-    writer.number(list.queueMs[i]!);
-    writer.encoded(K.prefill_ms);
-    writer.number(list.prefillMs[i]!);
-    writer.encoded(K.steps_ms);
-    writer.number(list.stepsMs[i]!);
+    encoder.mapHeader(14);
+    encoder.encoded(K.worker_id);
+    encoder.string(core.workerIdTextOf(list.slots[i]!));
+    encoder.encoded(K.dp_rank);
+    encoder.number(list.dpRanks[i]!);
+    encoder.encoded(K.overlap_blocks);
+    encoder.number(list.overlapBlocks[i]!);
+    encoder.encoded(K.overlap_kind);
+    encoder.encoded(KIND_NAMES[list.overlapKinds[i]!]!);
+    encoder.encoded(K.pending_blocks);
+    encoder.number(list.pendingBlocks[i]!);
+    encoder.encoded(K.cost);
+    encoder.number(list.costs[i]!);
+    encoder.encoded(K.degraded);
+    encoder.bool(list.degraded[i] === 1);
+    encoder.encoded(K.active_prefill_tokens);
+    encoder.number(list.activePrefillTokens[i]!);
+    encoder.encoded(K.active_decode_blocks);
+    encoder.number(list.activeDecodeBlocks[i]!);
+    encoder.encoded(K.active_requests);
+    encoder.number(list.activeRequests[i]!);
+    encoder.encoded(K.predicted_ttft_ms);
+    encoder.number(list.predictedTtftMs[i]!);
+    encoder.encoded(K.queue_ms);
+    encoder.number(list.queueMs[i]!);
+    encoder.encoded(K.prefill_ms);
+    encoder.number(list.prefillMs[i]!);
+    encoder.encoded(K.steps_ms);
+    encoder.number(list.stepsMs[i]!);
   }
 }

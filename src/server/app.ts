@@ -19,7 +19,7 @@ import {
   writeRouteAnswer,
 } from "./api";
 import type { RouteOutcome } from "../core/core";
-import { DumpWriter } from "./dump-stream";
+import { DumpStreamer } from "./dump-stream";
 import { RequestGuard, requestPath } from "./guard";
 import {
   CONTROL_PATHS,
@@ -108,7 +108,7 @@ export interface App {
   stop(graceMs: number): Promise<void>;
 }
 
-/** What the handlers share: the core, metrics, the dump writer and the turn batch. */
+/** What the handlers share: the core, metrics, the dump streamer and the turn batch. */
 interface AppContext {
   readonly core: KvedgeCore;
   readonly cluster: Cluster | null;
@@ -116,7 +116,7 @@ interface AppContext {
   readonly metrics: ServerMetrics;
   readonly registry: MetricsRegistry;
   readonly limit: number;
-  readonly dumps: DumpWriter;
+  readonly dumps: DumpStreamer;
   // HTTP match, route and lifecycle calls run in turn batches (./turn.ts says why);
   // WebSocket frames drain the batch, then run inline.
   readonly batch: TurnBatch;
@@ -221,7 +221,7 @@ function appContext(options: AppOptions): AppContext {
     metrics,
     registry: options.registry,
     limit: options.bodyLimitBytes,
-    dumps: new DumpWriter(options.dumpStallMs),
+    dumps: new DumpStreamer(options.dumpStallMs),
     batch: new TurnBatch(options.log),
     history: new StatusHistory({
       core: options.core,
@@ -356,7 +356,7 @@ function addProxyRoutes(table: RouteTable, proxy: OpenAiProxy): void {
 
 function routeReply(core: KvedgeCore, request: Request, outcome: RouteOutcome): Response {
   return wantsMsgpack(request)
-    ? msgpackReply(200, (writer) => writeRouteAnswer(writer, core, outcome))
+    ? msgpackReply(200, (encoder) => writeRouteAnswer(encoder, core, outcome))
     : reply(null, 200, routeAnswer(core, outcome));
 }
 

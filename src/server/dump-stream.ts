@@ -25,7 +25,7 @@ const DUMP_SLICE_MS = 1;
 /** A dump whose client has not taken the last slice within this long is cut. */
 export const DUMP_STALL_MS = 10_000;
 
-export class DumpWriter {
+export class DumpStreamer {
   private running = false;
 
   constructor(private readonly stallMs = DUMP_STALL_MS) {}

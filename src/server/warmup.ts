@@ -142,7 +142,7 @@ export function warmUp(config: Config, routes: number): WarmupResult {
           core,
           parseBody({ msgpack: pack({ request_id: id(0), token_ids: bin(prompt()) }) }, true),
         );
-        msgpackReply(200, (writer) => writeRouteAnswer(writer, core, outcome));
+        msgpackReply(200, (encoder) => writeRouteAnswer(encoder, core, outcome));
         lifecycleOp(core, id(0), "done");
         routed++;
       }

@@ -29,7 +29,7 @@ import type { ServerWebSocket, WebSocketHandler } from "bun";
 import { Unpackr } from "msgpackr";
 import { bufferBudget } from "../util/buffer-budget";
 import type { Logger } from "../util/log";
-import { encodeMsgpack, MsgpackWriter, type MsgpackValue } from "../wire/msgpack";
+import { encodeMsgpack, MsgpackEncoder, type MsgpackValue } from "../wire/msgpack";
 import {
   decideRoute,
   lifecycleOp,
@@ -73,9 +73,9 @@ const unpackr = new Unpackr({ int64AsType: "bigint", mapsAsObjects: true });
 /** Reads the usual binary frames without msgpackr (../wire/request-msgpack.ts); others: unpackr. */
 const frameReader = new MsgpackRequestReader(WS_BATCH_MAX);
 /** Answers are written here and sent at once (send copies the bytes out). */
-const writer = new MsgpackWriter(64 * 1024);
-/** Held routes' answers: released from inside another frame's op, while `writer` is in use. */
-const heldWriter = new MsgpackWriter(16 * 1024);
+const encoder = new MsgpackEncoder(64 * 1024);
+/** Held routes' answers: released from inside another frame's op, while `encoder` is in use. */
+const heldEncoder = new MsgpackEncoder(16 * 1024);
 const ID_KEY = encodeMsgpack("id");
 const STATUS_KEY = encodeMsgpack("status");
 const RESULT_KEY = encodeMsgpack("result");
@@ -100,14 +100,14 @@ function sendLater(
     deliver(ws, toJson({ id, status: 200, result: routeAnswer(core, outcome) }));
     return;
   }
-  heldWriter.reset();
-  writeRouteFrame(heldWriter, core, id, outcome);
-  deliver(ws, heldWriter.written());
+  heldEncoder.reset();
+  writeRouteFrame(heldEncoder, core, id, outcome);
+  deliver(ws, heldEncoder.written());
 }
 
 /** `{id, status: 200, result}` for a route, the result written straight from the decision. */
 function writeRouteFrame(
-  out: MsgpackWriter,
+  out: MsgpackEncoder,
   core: KvedgeCore,
   id: unknown,
   outcome: RouteOutcome,
@@ -193,14 +193,14 @@ class WsApi {
       return;
     }
     // MessagePack answers are written as they are made, into one reused buffer.
-    writer.reset();
+    encoder.reset();
     if (Array.isArray(parsed)) {
-      writer.arrayHeader(parsed.length);
-      for (const request of parsed) this.answer(ws, binary, request, writer);
+      encoder.arrayHeader(parsed.length);
+      for (const request of parsed) this.answer(ws, binary, request, encoder);
     } else {
-      this.answer(ws, binary, parsed, writer);
+      this.answer(ws, binary, parsed, encoder);
     }
-    deliver(ws, writer.written());
+    deliver(ws, encoder.written());
   }
 
   /** A binary frame the request reader took (./request-msgpack.ts). */
@@ -213,12 +213,12 @@ class WsApi {
       sendAnswers(ws, true, frameReader.isBatch, answers);
       return;
     }
-    writer.reset();
-    if (frameReader.isBatch) writer.arrayHeader(frameReader.count);
+    encoder.reset();
+    if (frameReader.isBatch) encoder.arrayHeader(frameReader.count);
     for (let i = 0; i < frameReader.count; i++) {
-      this.answer(ws, true, frameReader.request(i), writer);
+      this.answer(ws, true, frameReader.request(i), encoder);
     }
-    deliver(ws, writer.written());
+    deliver(ws, encoder.written());
   }
 
   /**
@@ -230,7 +230,7 @@ class WsApi {
     ws: ServerWebSocket<WsData>,
     binary: boolean,
     request: unknown,
-    out: MsgpackWriter | null,
+    out: MsgpackEncoder | null,
   ): Answer | null {
     const started = performance.now();
     let id: unknown = null;
@@ -297,7 +297,7 @@ class WsApi {
       (error) => {
         if (!held) now = this.errorAnswer(id, error);
         else if (ws.data.heldRoutes.delete(call)) {
-          sendAnswer(ws, binary, this.errorAnswer(id, error), heldWriter);
+          sendAnswer(ws, binary, this.errorAnswer(id, error), heldEncoder);
         }
       },
     );
@@ -317,7 +317,7 @@ function sendAnswers(
 ): void {
   const ready = answers.filter((answer) => answer !== null);
   if (ready.length === 0 && answers.length > 0) return;
-  sendAnswer(ws, binary, batched ? ready : ready[0], writer);
+  sendAnswer(ws, binary, batched ? ready : ready[0], encoder);
 }
 
 /** Sends; a send that queued (backpressure, -1) is counted in the buffer budget. */
@@ -363,14 +363,14 @@ function run(core: KvedgeCore, op: string, body: Record<string, unknown>): unkno
 }
 
 function send(ws: ServerWebSocket<WsData>, binary: boolean, payload: unknown): void {
-  sendAnswer(ws, binary, payload, writer);
+  sendAnswer(ws, binary, payload, encoder);
 }
 
 function sendAnswer(
   ws: ServerWebSocket<WsData>,
   binary: boolean,
   payload: unknown,
-  into: MsgpackWriter,
+  into: MsgpackEncoder,
 ): void {
   if (!binary) {
     deliver(ws, toJson(payload));

@@ -1,5 +1,5 @@
 /**
- * A MessagePack writer: the engines' KV-event batches (src/wire/kv-events/encode.ts,
+ * A MessagePack encoder: the engines' KV-event batches (src/wire/kv-events/encode.ts,
  * byte for byte as vLLM's msgspec writes them) and the server's MessagePack answers.
  *
  * Encodings (msgspec's, and the smallest valid ones): integers in the smallest form,
@@ -8,7 +8,7 @@
  *
  * Why not msgpackr's `pack`: it writes integral floats as ints and every bigint as an
  * int64 (not msgspec's bytes), and on the answer path it was the largest single cost
- * of a WebSocket route. This writer reuses one buffer, writes ASCII strings without a
+ * of a WebSocket route. This encoder reuses one buffer, writes ASCII strings without a
  * TextEncoder call, and has the pieces (`mapHeader`, `encoded` keys, `number`, ...)
  * for writing a known shape field by field, as the route answer does
  * (src/server/api.ts `writeRouteAnswer`). msgpackr stays the reader, and the
@@ -17,7 +17,7 @@
  * See docs/decisions.md#answers-from-decision.
  */
 
-/** Any value the writer takes. Object members that are `undefined` are left out, as JSON.stringify does. */
+/** Any value the encoder takes. Object members that are `undefined` are left out, as JSON.stringify does. */
 export type MsgpackValue =
   | null
   | undefined
@@ -40,12 +40,12 @@ const textEncoder = new TextEncoder();
 
 /** One value's MessagePack (for constants written often, such as map keys). */
 export function encodeMsgpack(value: MsgpackValue): Uint8Array {
-  const writer = new MsgpackWriter(16);
-  writer.value(value);
-  return writer.finish();
+  const encoder = new MsgpackEncoder(16);
+  encoder.value(value);
+  return encoder.finish();
 }
 
-export class MsgpackWriter {
+export class MsgpackEncoder {
   private buffer: Uint8Array;
   private view: DataView;
   private length = 0;

@@ -1,9 +1,9 @@
 // Goal: the bus's messages read back exactly as written (every fact type, requests by
 // handle, workers by identity through the dictionary even when a slot changes hands within
-// a message, long chains cut to their first CHAIN_BLOCKS_MAX blocks), a writer's
+// a message, long chains cut to their first CHAIN_BLOCKS_MAX blocks), a encoder's
 // published array is never written again, and every malformed message is refused whole
 // with its reason before any fact is applied.
-// Method: MessageWriter over a real WorkerTable; FactReader with a recording visitor;
+// Method: MessageEncoder over a real WorkerTable; FactReader with a recording visitor;
 // truncations and single-byte changes of real messages.
 import { describe, expect, test } from "bun:test";
 import {
@@ -12,7 +12,7 @@ import {
   FactReader,
   type FactVisitor,
   KIND,
-  MessageWriter,
+  MessageEncoder,
   readHeader,
 } from "../../src/cluster/codec";
 import { WorkerTable } from "../../src/domain/worker-table";
@@ -39,21 +39,21 @@ function facts(): { table: WorkerTable; message: Uint8Array } {
   const table = new WorkerTable();
   const a = table.acquire(2n ** 64n - 1n, 3);
   const b = table.acquire(7n, 0);
-  const writer = new MessageWriter("r-1", 99, table);
-  writer.begin(KIND.facts);
-  writer.beginFacts();
+  const encoder = new MessageEncoder("r-1", 99, table);
+  encoder.begin(KIND.facts);
+  encoder.beginFacts();
   const chain = Uint32Array.from({ length: 2 * (CHAIN_BLOCKS_MAX + 5) }, (_, i) => i + 1);
-  writer.routed(1, a, chain, 3, 48, 2);
-  writer.routed(2, b, chain, CHAIN_BLOCKS_MAX + 5, 5, 0);
-  writer.routedFlat(0xffff_ffff, b, 17, 1, 9);
-  writer.prefillDone(70_000);
-  writer.ended(1, "expired", 4);
-  writer.decodeTotal(a, 12);
+  encoder.routed(1, a, chain, 3, 48, 2);
+  encoder.routed(2, b, chain, CHAIN_BLOCKS_MAX + 5, 5, 0);
+  encoder.routedFlat(0xffff_ffff, b, 17, 1, 9);
+  encoder.prefillDone(70_000);
+  encoder.ended(1, "expired", 4);
+  encoder.decodeTotal(a, 12);
   table.release(b); // slot b changes hands within the message: a new dictionary entry
   const c = table.acquire(8n, 1);
   expect(c).toBe(b);
-  writer.routedFlat(5, c, 1, 0, 0);
-  return { table, message: writer.finish(41, 1234.5) };
+  encoder.routedFlat(5, c, 1, 0, 0);
+  return { table, message: encoder.finish(41, 1234.5) };
 }
 
 describe("the bus's messages", () => {
@@ -82,16 +82,16 @@ describe("the bus's messages", () => {
     ]);
   });
 
-  test("a finished message is the caller's: the writer never writes it again", () => {
+  test("a finished message is the caller's: the encoder never writes it again", () => {
     const table = new WorkerTable();
     const slot = table.acquire(1n, 0);
-    const writer = new MessageWriter("r", 1, table);
+    const encoder = new MessageEncoder("r", 1, table);
     const sent: Uint8Array[] = [];
     for (const handle of [1, 2, 3]) {
-      writer.begin(KIND.facts);
-      writer.beginFacts();
-      writer.routedFlat(handle, slot, 1, 0, 0);
-      sent.push(writer.finish(1, 0));
+      encoder.begin(KIND.facts);
+      encoder.beginFacts();
+      encoder.routedFlat(handle, slot, 1, 0, 0);
+      sent.push(encoder.finish(1, 0));
     }
     const ids = sent.map((message) => {
       const { visitor, seen } = recorder();

@@ -60,7 +60,7 @@ beforeAll(async () => {
       replayEndpoint: info.replay_endpoint,
       topic: "",
     },
-    { blockSize: 16, writer: index, log: silentLogger },
+    { blockSize: 16, sink: index, log: silentLogger },
   );
   await source.start();
   await until(

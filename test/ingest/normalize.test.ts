@@ -9,7 +9,7 @@ import { hashTokens, LoraAdapters } from "../../src/hash";
 import { WorkerTable } from "../../src/domain/worker-table";
 import {
   KvEventNormalizer,
-  type KvEventWriter,
+  type KvEventSink,
   type NormalizerOptions,
 } from "../../src/ingest/normalize";
 import { NamespaceTable } from "../../src/ingest/namespace";
@@ -38,7 +38,7 @@ type Op =
   | { op: "removed"; worker: bigint; rank: number; external: bigint[] }
   | { op: "cleared"; worker: bigint; rank: number };
 
-function recorder(): KvEventWriter & { ops: Op[] } {
+function recorder(): KvEventSink & { ops: Op[] } {
   const ops: Op[] = [];
   const workerTable = new WorkerTable();
   const pairs = (words: Uint32Array, start: number, count: number) =>
@@ -76,7 +76,7 @@ function setup(options: Partial<NormalizerOptions> = {}) {
     workerId: 7n,
     dpRank: 0,
     blockSize: 4,
-    writer: sink,
+    sink: sink,
     ...options,
   });
   const send = (

@@ -36,7 +36,7 @@ test("an oversize batch, its replay too: skipped, connection kept; lost, degrade
     },
     {
       blockSize: BS,
-      writer: index,
+      sink: index,
       log,
       zmtp: { maxMessageBytes: 4096 },
       sequencer: { replayTimeoutMs: 500 },

@@ -82,7 +82,7 @@ async function listen(
       replayEndpoint: replay ? engine.replayEndpoint : null,
       topic: "",
     },
-    { blockSize, writer: index, log: silentLogger },
+    { blockSize, sink: index, log: silentLogger },
   );
   cleanups.push(() => source.stop());
   await source.start();

@@ -14,7 +14,7 @@ import { ReferenceIndex } from "../../src/index/reference/reference";
 import { promptHashes } from "../../src/route/input";
 import { CAPACITY_FLOOR_BLOCKS, PredictedBlocks } from "../../src/route/predicted-blocks";
 import { type PredictAt, type PredictionSettings, Predictions } from "../../src/route/predictions";
-import type { KvEventWriter } from "../../src/ingest/normalize";
+import type { KvEventSink } from "../../src/ingest/normalize";
 import { replay } from "../harness/differential";
 import type { HarnessOp } from "../harness/streams";
 import { xorshift32 as prng } from "../../src/util/random";
@@ -26,8 +26,8 @@ const list = (words: Uint32Array, first: number, count: number): bigint[] =>
     u64(words[2 * (first + i)]!, words[2 * (first + i) + 1]!),
   );
 
-/** A writer that records what predictions write, as harness ops, and applies them to `index` too. */
-function recorder(table: WorkerTable, ops: HarnessOp[], index?: ReferenceIndex): KvEventWriter {
+/** A sink that records what predictions write, as harness ops, and applies them to `index` too. */
+function recorder(table: WorkerTable, ops: HarnessOp[], index?: ReferenceIndex): KvEventSink {
   const at = (slot: number) => ({ worker: table.workerIdOf(slot), rank: table.dpRankOf(slot) });
   const push = (op: HarnessOp) => ops.push(op);
   return {
@@ -233,7 +233,7 @@ describe("bounds", () => {
     const { predictions, slot, index, route } = single(1_000, { predictAt: "prefill_done" });
     const freshIndex = createIndex("crtc", BS, { workers: new WorkerTable() }).stats().bytes;
     const fresh = new PredictedBlocks({
-      writer: index,
+      sink: index,
       ttlMs: 1,
       maxBlocks: 1,
       now: () => 0,

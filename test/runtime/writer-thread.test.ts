@@ -46,7 +46,7 @@ async function setUp(ringBytes = 1 << 20, sharedReaders = 0) {
   started.push(writer);
   const table = new WorkerTable();
   const index: KvIndex = createIndex("crtc", BS, { workers: table });
-  const writerOf = {
+  const sinkOf = {
     workerTable: table,
     storeAt: index.storeAt.bind(index),
     removeAt: index.removeAt.bind(index),
@@ -55,10 +55,10 @@ async function setUp(ringBytes = 1 << 20, sharedReaders = 0) {
   const pairs: Pair[] = [];
   const add = async (config: SourceConfig): Promise<Pair> => {
     const zmtp = { maxMessageBytes: 4096 };
-    const reference = new EngineSource(config, { blockSize: BS, writer: writerOf, log, zmtp });
+    const reference = new EngineSource(config, { blockSize: BS, sink: sinkOf, log, zmtp });
     const threaded = new EngineSource(config, {
       blockSize: BS,
-      writer: writerOf,
+      sink: sinkOf,
       log,
       zmtp,
       input: writer.input(config),
@@ -261,7 +261,7 @@ describe("the writer thread", () => {
         blockSize: BS,
         log,
         input: writer.input(config(a, BigInt(cycle + 1))),
-        writer: { workerTable: new WorkerTable(), storeAt() {}, removeAt: () => 0, clearAt() {} },
+        sink: { workerTable: new WorkerTable(), storeAt() {}, removeAt: () => 0, clearAt() {} },
       });
       await source.start();
       await until(() => a.pub.subscribedPeers === 1, "the subscription");

@@ -14,7 +14,7 @@ import { KvedgeCore } from "../../src/core/core";
 import { hashTokens } from "../../src/hash";
 import { silentLogger } from "../../src/util/log";
 import { xorshift32 } from "../../src/util/random";
-import { MsgpackWriter } from "../../src/wire/msgpack";
+import { MsgpackEncoder } from "../../src/wire/msgpack";
 
 describe("writeRouteAnswer", () => {
   test("writes exactly the bytes of the generic writer on the answer object, for every kind of route", () => {
@@ -28,8 +28,8 @@ describe("writeRouteAnswer", () => {
     for (const [i, id] of ids.entries()) load.table.acquire(id, i % 3);
     load.setDegraded(load.table.find(300n, 2), true);
     const random = xorshift32(11);
-    const generic = new MsgpackWriter();
-    const special = new MsgpackWriter();
+    const generic = new MsgpackEncoder();
+    const special = new MsgpackEncoder();
     const unpackr = new Unpackr({ int64AsType: "bigint", mapsAsObjects: true });
     for (let i = 0; i < 200; i++) {
       const tokens = Array.from({ length: random() % 300 }, () => random() % 50);

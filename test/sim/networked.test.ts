@@ -66,7 +66,7 @@ function subscribe(engines: readonly NetworkedEngine[]) {
           replayEndpoint: engine.replayEndpoint,
           topic: "",
         },
-        { blockSize: 16, writer: index, log: silentLogger },
+        { blockSize: 16, sink: index, log: silentLogger },
       ),
   );
   for (const source of sources) cleanup.push(() => source.stop());

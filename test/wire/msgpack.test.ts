@@ -1,18 +1,18 @@
 import { describe, expect, test } from "bun:test";
 import { Unpackr } from "msgpackr";
 import { xorshift32 } from "../../src/util/random";
-import { MsgpackWriter, type MsgpackValue } from "../../src/wire/msgpack";
+import { MsgpackEncoder, type MsgpackValue } from "../../src/wire/msgpack";
 
 const unpackr = new Unpackr({ int64AsType: "bigint", mapsAsObjects: true });
 const hex = (bytes: Uint8Array) => Buffer.from(bytes).toString("hex");
 
 function written(value: MsgpackValue): Uint8Array {
-  const writer = new MsgpackWriter(8);
-  writer.value(value);
-  return writer.finish();
+  const encoder = new MsgpackEncoder(8);
+  encoder.value(value);
+  return encoder.finish();
 }
 
-describe("MsgpackWriter", () => {
+describe("MsgpackEncoder", () => {
   test("smallest encodings, byte for byte", () => {
     const cases: [MsgpackValue, string][] = [
       [null, "c0"],
@@ -97,12 +97,12 @@ describe("MsgpackWriter", () => {
         }
       }
     };
-    const writer = new MsgpackWriter(4);
+    const encoder = new MsgpackEncoder(4);
     for (let i = 0; i < 500; i++) {
       const original = value(0);
-      writer.reset();
-      writer.value(original);
-      const decoded = unpackr.unpack(writer.written());
+      encoder.reset();
+      encoder.value(original);
+      const decoded = unpackr.unpack(encoder.written());
       // msgpackr turns uint64 values below 2^53 into numbers and bins into Buffers.
       const normalize = (v: unknown): unknown => {
         if (typeof v === "bigint") return v <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(v) : v;
@@ -117,14 +117,14 @@ describe("MsgpackWriter", () => {
   });
 
   test("reset reuses the buffer; written() is a view, finish() a copy", () => {
-    const writer = new MsgpackWriter(4);
-    writer.value({ request_id: "r1", worker_id: "7", candidates: [{ cost: 1.5 }] });
-    const copy = writer.finish();
-    const view = writer.written();
+    const encoder = new MsgpackEncoder(4);
+    encoder.value({ request_id: "r1", worker_id: "7", candidates: [{ cost: 1.5 }] });
+    const copy = encoder.finish();
+    const view = encoder.written();
     expect(hex(view)).toBe(hex(copy));
-    writer.reset();
-    writer.value(1);
-    expect(hex(writer.written())).toBe("01");
+    encoder.reset();
+    encoder.value(1);
+    expect(hex(encoder.written())).toBe("01");
     expect(unpackr.unpack(copy)).toEqual({
       request_id: "r1",
       worker_id: "7",

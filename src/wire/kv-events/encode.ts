@@ -12,11 +12,11 @@
  * test cannot publish a shape no engine sends.
  *
  * msgpackr cannot produce these bytes (it writes integral floats as ints and every
- * bigint as int64), so this uses kvedge's own writer (src/wire/msgpack.ts). msgpackr
+ * bigint as int64), so this uses kvedge's own encoder (src/wire/msgpack.ts). msgpackr
  * stays the independent reference decoder in the tests.
  */
 
-import { MsgpackWriter } from "../msgpack";
+import { MsgpackEncoder } from "../msgpack";
 import { WIRE_LAYOUTS, type EventLayout, type WireField, type WireVariant } from "./variants";
 
 /** A block hash: an int (u64, or a negative i64 as some producers send), or raw digest bytes. */
@@ -97,61 +97,61 @@ export function variantOf(options: EncodeOptions): WireVariant {
 export function encodeKvBatch(batch: KvBatch, options: EncodeOptions): Uint8Array {
   const variant = variantOf(options);
   const layout = WIRE_LAYOUTS[variant];
-  const writer = new MsgpackWriter();
+  const encoder = new MsgpackEncoder();
   const events = (): void => {
-    writer.arrayHeader(batch.events.length);
-    for (const event of batch.events) writeEvent(writer, event, variant);
+    encoder.arrayHeader(batch.events.length);
+    for (const event of batch.events) writeEvent(encoder, event, variant);
   };
   const dpRank = batch.dpRank ?? null;
   if (layout.batch === "array2") {
     if (dpRank !== null) throw new Error(`${variant} batches carry no dp rank`);
-    writer.arrayHeader(2);
-    writer.float64(batch.ts);
+    encoder.arrayHeader(2);
+    encoder.float64(batch.ts);
     events();
   } else if (layout.batch === "array3") {
-    writer.arrayHeader(3);
-    writer.float64(batch.ts);
+    encoder.arrayHeader(3);
+    encoder.float64(batch.ts);
     events();
-    if (dpRank === null) writer.nil();
-    else writer.int(dpRank);
+    if (dpRank === null) encoder.nil();
+    else encoder.int(dpRank);
   } else {
-    writer.mapHeader(dpRank === null ? 2 : 3);
-    writer.string("ts");
-    writer.float64(batch.ts);
-    writer.string("events");
+    encoder.mapHeader(dpRank === null ? 2 : 3);
+    encoder.string("ts");
+    encoder.float64(batch.ts);
+    encoder.string("events");
     events();
     if (dpRank !== null) {
-      writer.string("data_parallel_rank");
-      writer.int(dpRank);
+      encoder.string("data_parallel_rank");
+      encoder.int(dpRank);
     }
   }
-  return writer.finish();
+  return encoder.finish();
 }
 
-type Write = (writer: MsgpackWriter, value: never) => void;
+type Write = (encoder: MsgpackEncoder, value: never) => void;
 
-const writeHash = (writer: MsgpackWriter, hash: KvHash): void => {
-  if (typeof hash === "bigint") writer.int(hash);
-  else writer.bytes(hash);
+const writeHash = (encoder: MsgpackEncoder, hash: KvHash): void => {
+  if (typeof hash === "bigint") encoder.int(hash);
+  else encoder.bytes(hash);
 };
-const writeHashes = (writer: MsgpackWriter, hashes: readonly KvHash[]): void => {
-  writer.arrayHeader(hashes.length);
-  for (const hash of hashes) writeHash(writer, hash);
+const writeHashes = (encoder: MsgpackEncoder, hashes: readonly KvHash[]): void => {
+  encoder.arrayHeader(hashes.length);
+  for (const hash of hashes) writeHash(encoder, hash);
 };
-const writeTokens = (writer: MsgpackWriter, tokens: KvBlockStored["tokenIds"]): void => {
-  writer.arrayHeader(tokens.length);
+const writeTokens = (encoder: MsgpackEncoder, tokens: KvBlockStored["tokenIds"]): void => {
+  encoder.arrayHeader(tokens.length);
   for (const token of tokens) {
-    if (typeof token === "number") writer.int(token);
+    if (typeof token === "number") encoder.int(token);
     else {
-      writer.arrayHeader(2);
-      writer.int(token[0]);
-      writer.int(token[1]);
+      encoder.arrayHeader(2);
+      encoder.int(token[0]);
+      encoder.int(token[1]);
     }
   }
 };
-const writeInt = (writer: MsgpackWriter, value: number): void => writer.int(value);
-const writeString = (writer: MsgpackWriter, value: string): void => writer.string(value);
-const writeAny = (writer: MsgpackWriter, value: KvValue): void => writer.value(value);
+const writeInt = (encoder: MsgpackEncoder, value: number): void => encoder.int(value);
+const writeString = (encoder: MsgpackEncoder, value: string): void => encoder.string(value);
+const writeAny = (encoder: MsgpackEncoder, value: KvValue): void => encoder.value(value);
 
 /** Per wire field: the event property it comes from and how it is written. */
 const FIELDS: Readonly<Record<WireField, readonly [property: string, write: Write]>> = {
@@ -193,7 +193,7 @@ function givenFields(event: KvEvent): Partial<Record<WireField, unknown>> {
   return given;
 }
 
-function writeEvent(writer: MsgpackWriter, event: KvEvent, variant: WireVariant): void {
+function writeEvent(encoder: MsgpackEncoder, event: KvEvent, variant: WireVariant): void {
   const layout = layoutOf(event, variant);
   const given = givenFields(event);
   const appended =
@@ -207,13 +207,13 @@ function writeEvent(writer: MsgpackWriter, event: KvEvent, variant: WireVariant)
   }
   const value = (field: WireField) => given[field] ?? null;
   if (WIRE_LAYOUTS[variant].events === "array") {
-    writer.arrayHeader(1 + layout.fields.length + (appended === null ? 0 : 1));
-    writer.string(event.type);
-    for (const field of layout.fields) writeValue(writer, field, value(field));
+    encoder.arrayHeader(1 + layout.fields.length + (appended === null ? 0 : 1));
+    encoder.string(event.type);
+    for (const field of layout.fields) writeValue(encoder, field, value(field));
     if (appended !== null) {
-      writer.mapHeader(1);
-      writer.string("cache_salt");
-      writer.string(appended);
+      encoder.mapHeader(1);
+      encoder.string("cache_salt");
+      encoder.string(appended);
     }
     return;
   }
@@ -221,16 +221,16 @@ function writeEvent(writer: MsgpackWriter, event: KvEvent, variant: WireVariant)
     ...layout.fields,
     ...layout.optional.filter((field) => field in given),
   ] as WireField[];
-  writer.mapHeader(1 + written.length);
-  writer.string("type");
-  writer.string(event.type);
+  encoder.mapHeader(1 + written.length);
+  encoder.string("type");
+  encoder.string(event.type);
   for (const field of written) {
-    writer.string(field);
-    writeValue(writer, field, value(field));
+    encoder.string(field);
+    writeValue(encoder, field, value(field));
   }
 }
 
-function writeValue(writer: MsgpackWriter, field: WireField, value: unknown): void {
-  if (value === null) writer.nil();
-  else FIELDS[field][1](writer, value as never);
+function writeValue(encoder: MsgpackEncoder, field: WireField, value: unknown): void {
+  if (value === null) encoder.nil();
+  else FIELDS[field][1](encoder, value as never);
 }

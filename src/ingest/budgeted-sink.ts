@@ -5,7 +5,7 @@
  * The core uses it on the main thread, the writer thread (src/runtime/writer.ts) on its.
  */
 import type { IndexBudget } from "../index/budget";
-import type { KvEventWriter } from "./normalize";
+import type { KvEventSink } from "./normalize";
 import type { WorkerTable } from "../domain/worker-table";
 
 /** Why a worker whose stores the memory budget refused is degraded (the status page says it). */
@@ -35,12 +35,12 @@ export interface IndexWrites {
   clearAt(slot: number): void;
 }
 
-export function budgetedWriter(
+export function budgetedSink(
   index: IndexWrites,
   budget: IndexBudget,
   workerTable: WorkerTable,
   events: BudgetEvents,
-): KvEventWriter {
+): KvEventSink {
   return {
     workerTable,
     storeAt: (slot, hasParent, parentHi, parentLo, external, local, count, first) => {
