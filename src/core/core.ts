@@ -81,11 +81,11 @@ export interface MatchedWorkers {
 }
 
 /**
- * Visits an active request (warm restart: what a snapshot keeps of it): its worker,
- * id, prompt tokens still in prefill, expected output blocks, time since its last
- * lifecycle call, and its chain of `blocks` sequence hashes (valid during the call).
+ * An active request as a snapshot keeps it (warm restart): its worker, id, prompt tokens
+ * still in prefill, expected output blocks, time since its last lifecycle call, and its
+ * chain of `blocks` sequence hashes (valid during the call it is passed to).
  */
-export type ActiveRequestVisitor = (
+export type ActiveRequest = [
   workerId: bigint,
   dpRank: number,
   id: string,
@@ -94,7 +94,7 @@ export type ActiveRequestVisitor = (
   idleMs: number,
   chain: Uint32Array,
   blocks: number,
-) => void;
+];
 
 /** A route decision and its prompt's length in blocks; the candidates are valid until the next route. */
 export interface RouteOutcome {
@@ -675,7 +675,7 @@ export class KvedgeCore {
   }
 
   /** Every active request, least recently touched first (what a snapshot keeps). */
-  forEachActiveRequest(visit: ActiveRequestVisitor): void {
+  forEachActiveRequest(visit: (...request: ActiveRequest) => void): void {
     const table = this.workerTable;
     this.router.load.forEachActive((slot, id, prefill, output, idleMs, chain, blocks) =>
       visit(
@@ -696,16 +696,8 @@ export class KvedgeCore {
    * counts again until it finishes or the rest of its TTL runs out. False (nothing
    * changed) when its worker is not here, its TTL has passed, or its id is active.
    */
-  restoreRequest(
-    workerId: bigint,
-    dpRank: number,
-    id: string,
-    prefillTokens: number,
-    outputBlocks: number,
-    idleMs: number,
-    chain: Uint32Array,
-    blocks: number,
-  ): boolean {
+  restoreRequest(...request: ActiveRequest): boolean {
+    const [workerId, dpRank, id, prefillTokens, outputBlocks, idleMs, chain, blocks] = request;
     const slot = this.workerTable.find(workerId, dpRank);
     if (slot < 0) return false;
     return this.router.load.restore(id, slot, chain, blocks, prefillTokens, outputBlocks, idleMs);

@@ -11,7 +11,7 @@
  * SLICE_MS between turns of the event loop (src/index/pack.ts), and the file is
  * written with asynchronous I/O. At shutdown it is done in one go.
  */
-import type { KvedgeCore } from "../core/core";
+import type { ActiveRequest, KvedgeCore } from "../core/core";
 import { PackJob } from "../index/write-pause";
 import type { Logger } from "../util/log";
 import {
@@ -110,18 +110,11 @@ export async function takeSnapshotSliced(core: KvedgeCore, ms = SLICE_MS): Promi
   return finish(taking, core.blockSize);
 }
 
-/** An active request read from a snapshot, waiting for its worker's slot. */
-export interface SavedRequest {
-  readonly workerId: bigint;
-  readonly dpRank: number;
-  readonly id: string;
-  readonly prefillTokens: number;
-  readonly outputBlocks: number;
-  /** Idle at the snapshot plus the time since it was written. */
-  readonly idleMs: number;
-  readonly chain: Uint32Array;
-  readonly blocks: number;
-}
+/**
+ * An active request read from a snapshot, waiting for its worker's slot: idle for what
+ * it was at the snapshot plus the time since it was written, its chain a copy.
+ */
+export type SavedRequest = ActiveRequest;
 
 /** A (worker, dp rank) a configured source is for. */
 export interface ConfiguredSource {
@@ -246,8 +239,17 @@ function applyServed(core: KvedgeCore, snapshot: Snapshot, served: Set<string>):
       active: (workerId, dpRank, id, prefillTokens, outputBlocks, idleMs, chain, blocks) => {
         if (!keep(workerId, dpRank, 0)) return;
         const idle = idleMs + sinceWritten;
-        const saved = { prefillTokens, outputBlocks, idleMs: idle, chain: chain.slice(), blocks };
-        loaded.requests.push({ workerId, dpRank, id, ...saved });
+        const saved: SavedRequest = [
+          workerId,
+          dpRank,
+          id,
+          prefillTokens,
+          outputBlocks,
+          idle,
+          chain.slice(),
+          blocks,
+        ];
+        loaded.requests.push(saved);
       },
     });
   } catch (error) {
@@ -268,13 +270,7 @@ export function restoreRequests(
   log: Logger,
 ): number {
   let restored = 0;
-  for (const r of requests) {
-    const { workerId, dpRank, id, prefillTokens, outputBlocks, idleMs, chain, blocks } = r;
-    if (
-      core.restoreRequest(workerId, dpRank, id, prefillTokens, outputBlocks, idleMs, chain, blocks)
-    )
-      restored++;
-  }
+  for (const request of requests) if (core.restoreRequest(...request)) restored++;
   log.info("active requests restored", { restored, dropped: requests.length - restored });
   return restored;
 }

@@ -12,17 +12,13 @@ import { STATUS_OF } from "../../src/http/errors";
 import { bufferBudget } from "../../src/util/buffer-budget";
 import { silentLogger } from "../../src/util/log";
 import { until } from "../support/wait";
+import { routeInput } from "../support/route-input";
 
-const input = (requestId: string, length: number): RouteInput => ({
-  tokens: Uint32Array.from({ length }, (_, i) => i + 1),
-  requestId,
-  loraName: null,
-  cacheSalt: null,
-  expectedOutputTokens: null,
-  overlapScoreCredit: null,
-  prefillLoadScale: null,
-  temperature: null,
-});
+const input = (requestId: string, length: number): RouteInput =>
+  routeInput(
+    Uint32Array.from({ length }, (_, i) => i + 1),
+    requestId,
+  );
 
 function setup(env: Record<string, string> = {}) {
   const config = loadConfig({

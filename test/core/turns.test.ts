@@ -12,17 +12,9 @@ import { KvedgeError } from "../../src/domain/errors";
 import { bufferBudget } from "../../src/util/buffer-budget";
 import { silentLogger } from "../../src/util/log";
 import { until } from "../support/wait";
+import { routeInput } from "../support/route-input";
 
-const input = (requestId: string, tokens: Uint32Array): RouteInput => ({
-  tokens,
-  requestId,
-  loraName: null,
-  cacheSalt: null,
-  expectedOutputTokens: null,
-  overlapScoreCredit: null,
-  prefillLoadScale: null,
-  temperature: null,
-});
+const input = (requestId: string, tokens: Uint32Array): RouteInput => routeInput(tokens, requestId);
 
 const prompt = (first: number, length = 64) => Uint32Array.from({ length }, (_, i) => first + i);
 

@@ -8,7 +8,7 @@
 // every per-slot state on both threads is gone: exact counts. Real Worker, real sockets.
 import { afterEach, expect, test } from "bun:test";
 import { loadConfig } from "../../src/config";
-import { KvedgeCore, type RouteInput } from "../../src/core/core";
+import { KvedgeCore } from "../../src/core/core";
 import { MatchResult } from "../../src/index";
 import { attach } from "../../src/index/crtc/shared";
 import type { ThreadedIndex } from "../../src/index/threaded-index";
@@ -16,6 +16,7 @@ import { WriterThread } from "../../src/runtime/writer-thread";
 import { silentLogger } from "../../src/util/log";
 import { stored, TestEngine } from "../support/engine";
 import { until } from "../support/wait";
+import { routeInput } from "../support/route-input";
 
 const BS = 4;
 const RANKS = [0, 1, 2];
@@ -32,17 +33,6 @@ const tokensOf = (workerId: bigint, rank: number) =>
 
 /** The engine's hashes of a rank's three blocks. */
 const hashesOf = (rank: number) => [1, 2, 3].map((block) => BigInt(10 * rank + block));
-
-const routeInput = (tokens: Uint32Array, requestId: string): RouteInput => ({
-  tokens,
-  requestId,
-  loraName: null,
-  cacheSalt: null,
-  expectedOutputTokens: null,
-  overlapScoreCredit: null,
-  prefillLoadScale: null,
-  temperature: null,
-});
 
 async function setUp() {
   const writer = await WriterThread.start({
