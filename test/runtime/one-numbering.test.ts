@@ -49,7 +49,7 @@ async function setUp() {
   const { config } = loadConfig({ env: { KVEDGE_BLOCK_SIZE: String(BS) } });
   const core = new KvedgeCore({ config, log: silentLogger, writer });
   stops.push(() => core.stop());
-  const reader = attach(writer.descriptor!);
+  const reader = attach(writer.descriptor!, { identities: true });
   stops.push(() => reader.close());
   return { writer, core, reader };
 }

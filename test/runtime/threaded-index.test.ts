@@ -36,7 +36,7 @@ describe("ThreadedIndex", () => {
     const slot3 = store(3n, 1);
     const slot1 = store(1n, 3);
     const slot2 = store(2n, 2);
-    const reader = attach(shared.descriptor);
+    const reader = attach(shared.descriptor, { identities: true });
     const index = new ThreadedIndex(BS, table, reader);
     const answer = () => {
       const out = new MatchResult(2);

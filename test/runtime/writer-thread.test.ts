@@ -192,7 +192,7 @@ describe("the writer thread", () => {
     const pa = await add(config(a, 1n));
     const pb = await add(config(b, 2n));
     await until(() => a.pub.subscribedPeers === 2 && b.pub.subscribedPeers === 2, "subscriptions");
-    const reader = attach(writer.descriptor!);
+    const reader = attach(writer.descriptor!, { identities: true });
     const prompts = [1, 41, 81].map((first) =>
       promptHashes(new Uint32Array(tokens(first, 10)), BS, blockSeed()),
     );

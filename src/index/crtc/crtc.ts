@@ -125,10 +125,10 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
     const table = this.workerTable;
     const id = table.workerIdOf(slot);
     const at = IDENTITY_WORDS * slot;
-    slotIdentity[at] = Number(id >> 32n);
-    slotIdentity[at + 1] = Number(id & 0xffff_ffffn);
-    slotIdentity[at + 2] = table.dpRankOf(slot);
-    slotIdentity[at + 3] = table.stampOf(slot);
+    slotIdentity[at] = table.stampOf(slot);
+    slotIdentity[at + 1] = Number(id >> 32n);
+    slotIdentity[at + 2] = Number(id & 0xffff_ffffn);
+    slotIdentity[at + 3] = table.dpRankOf(slot);
     if (slot >= Atomics.load(writer.control, CONTROL.slotHighWater)) {
       Atomics.store(writer.control, CONTROL.slotHighWater, slot + 1);
     }

@@ -6,8 +6,9 @@
  */
 
 /**
- * U32 words per worker slot in the "slots.identity" region: the worker id's high and low
- * words, the dp rank, and the slot's generation stamp (WorkerTable.stampOf).
+ * U32 words per worker slot in the "slots.identity" region: the slot's generation stamp
+ * (WorkerTable.stampOf), then the worker id's high and low words and the dp rank. Every
+ * answer copies the stamp; readers that name workers also copy the other three.
  */
 export const IDENTITY_WORDS = 4;
 

@@ -12,10 +12,11 @@
  * worker.postMessage(shared.descriptor);      // structured-cloneable: SABs + geometry
  *
  * // A reader's thread (a Worker), from the posted descriptor:
- * const reader = attach(descriptor);
+ * const reader = attach(descriptor, { identities: true });
  * const out = new MatchResult();
  * reader.findMatches(local, count, out);      // KvIndex.findMatches' signature
- * reader.workerIdOf(out.workers[0]!);          // handles are the worker table's slots
+ * reader.stampOf(out.workers[0]!);             // handles are the worker table's slots
+ * reader.workerIdOf(out.workers[0]!);          // (with identities) who the slot was
  * reader.close();                              // gives the reader slot back
  * ```
  *
@@ -163,9 +164,18 @@ const FAST_ATTEMPTS = 8;
  */
 const LOOKUP_LIMIT_NS = 2_000_000_000;
 
-export function attach(descriptor: SharedIndexDescriptor): SharedIndexReader {
+/**
+ * A reader of the shared index. Every answer comes with its slots' generation stamps
+ * (`stampOf`: what a later check of the slots needs); `identities` also copies each
+ * slot's worker id and dp rank with the answer (`workerIdOf`, `dpRankOf`: for readers
+ * that name workers themselves, tests and soaks; two more words per answer slot).
+ */
+export function attach(
+  descriptor: SharedIndexDescriptor,
+  options: { readonly identities?: boolean } = {},
+): SharedIndexReader {
   if (descriptor?.format !== FORMAT) throw new Error("not a shared crtc index descriptor");
-  return new SharedIndexReader(descriptor);
+  return new SharedIndexReader(descriptor, options.identities === true);
 }
 
 /** A read-only view of a shared crtc index for one thread. */
@@ -200,7 +210,10 @@ export class SharedIndexReader implements ReadGuard {
   private cachedLo = new Uint32Array(64);
   private closed = false;
 
-  constructor(descriptor: SharedIndexDescriptor) {
+  constructor(
+    descriptor: SharedIndexDescriptor,
+    private readonly identities: boolean,
+  ) {
     const r = descriptor.regions;
     const u32 = (name: string) => {
       const buffer = r[name];
@@ -261,6 +274,7 @@ export class SharedIndexReader implements ReadGuard {
   }
 
   workerIdOf(handle: number): bigint {
+    this.assertIdentities();
     const hi = this.idHi[handle]!;
     const lo = this.idLo[handle]!;
     const known = this.cachedHi[handle] === hi && this.cachedLo[handle] === lo;
@@ -273,7 +287,12 @@ export class SharedIndexReader implements ReadGuard {
   }
 
   dpRankOf(handle: number): number {
+    this.assertIdentities();
     return this.rank[handle]!;
+  }
+
+  private assertIdentities(): void {
+    if (!this.identities) throw new Error("a reader attached without identities names no workers");
   }
 
   /**
@@ -386,17 +405,27 @@ export class SharedIndexReader implements ReadGuard {
     out.ensure(slots);
     this.reads.slotLimit = slots;
     if (!walkMatches(this.reads, query, chain, count, out, this.scratch)) return false;
-    // Names of the slots while their coverage is still validated below.
+    // The slots' stamps (and names) while their coverage is still validated below.
+    const identity = this.identity;
+    const stamp = this.stamp;
+    const stride = IDENTITY_WORDS;
+    for (let k = 0; k < out.count; k++) {
+      const slot = out.workers[k]!;
+      stamp[slot] = identity[stride * slot]!;
+    }
+    if (this.identities) this.copyIdentities(out);
+    return this.validate();
+  }
+
+  private copyIdentities(out: MatchResult): void {
     const identity = this.identity;
     for (let k = 0; k < out.count; k++) {
       const slot = out.workers[k]!;
       const at = IDENTITY_WORDS * slot;
-      this.idHi[slot] = identity[at]!;
-      this.idLo[slot] = identity[at + 1]!;
-      this.rank[slot] = identity[at + 2]!;
-      this.stamp[slot] = identity[at + 3]!;
+      this.idHi[slot] = identity[at + 1]!;
+      this.idLo[slot] = identity[at + 2]!;
+      this.rank[slot] = identity[at + 3]!;
     }
-    return this.validate();
   }
 
   /** ReadGuard.open: records `node`'s version before it is read; -1 while it is being changed. */
