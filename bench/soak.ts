@@ -263,24 +263,30 @@ const compare = async () => {
   const rows: Json[] = [];
   const view = await json(`${url}/v1/workers`);
   const dump = await (await fetch(`${url}/v1/dump`)).text();
-  const held = new Map<string, Set<string>>();
+  // Per worker, each held block's copies (a dump stores a block once per copy).
+  const held = new Map<string, Map<string, number>>();
   for (const line of dump.split("\n")) {
     if (line === "") continue;
     const op = JSON.parse(line);
-    const set = held.get(op.worker_id) ?? new Set<string>();
-    held.set(op.worker_id, set);
-    if (op.op === "stored") for (const h of op.block_hashes) set.add(h);
-    else if (op.op === "removed") for (const h of op.block_hashes) set.delete(h);
+    const copies = held.get(op.worker_id) ?? new Map<string, number>();
+    held.set(op.worker_id, copies);
+    for (const h of op.block_hashes ?? []) {
+      const now = (copies.get(h) ?? 0) + (op.op === "stored" ? 1 : -1);
+      if (now > 0) copies.set(h, now);
+      else copies.delete(h);
+    }
   }
   for (const [i, engine] of engines.entries()) {
     const cache = await json(`${engine.http}/v1/cache`);
     const worker = (view.workers as Json[]).find((w) => w.worker_id === String(i + 1))!;
-    const mine = held.get(String(i + 1)) ?? new Set<string>();
+    const mine = held.get(String(i + 1)) ?? new Map<string, number>();
     const truth = new Set<string>(cache.block_hashes);
-    const equal = mine.size === truth.size && [...truth].every((h) => mine.has(h));
+    const copiesOf = (h: string): number => (cache.copies as Json)[h] ?? 1;
+    const equal = mine.size === truth.size && [...truth].every((h) => mine.get(h) === copiesOf(h));
     rows.push({
       worker: i + 1,
       engine_blocks: truth.size,
+      engine_copies: Object.values(cache.copies as Json).reduce((a: number, n) => a + n - 1, 0),
       index_blocks: mine.size,
       equal,
       degraded: worker.degraded,

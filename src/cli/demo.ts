@@ -2,7 +2,15 @@ import { availableParallelism } from "node:os";
 import { ADMISSION_MODES, type AdmissionMode, DEFAULT_ADMISSION } from "../route/admission";
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES, type RoutePolicy } from "../route/ttft";
 import { getAffinity, pinProcess } from "../runtime/affinity";
-import { type AdmissionReport, type DemoResult, type RouterReport, runDemo } from "../sim/demo";
+import {
+  type AdmissionReport,
+  type DemoResult,
+  type RouterReport,
+  runDemo,
+  type TierComparison,
+} from "../sim/demo";
+import type { IndexCheck } from "../sim/index-check";
+import type { ProxyReport } from "../sim/proxy-replay";
 import {
   defaultDemoPolicies,
   approximateEngines,
@@ -36,6 +44,7 @@ export const TIME_MODEL_FLAGS = {
   "kv-read-ms": { kind: "string" },
   "max-batched-tokens": { kind: "string" },
   "max-running": { kind: "string" },
+  "long-prefill-tokens": { kind: "string" },
 } as const;
 
 export const TIME_MODEL_HELP = `Engine model (every constant; defaults: an ~8B model on one H100):
@@ -44,6 +53,9 @@ export const TIME_MODEL_HELP = `Engine model (every constant; defaults: an ~8B m
   --kv-read-ms MS        step time to read the KV of 1M context tokens (${DEFAULT_TIME_MODEL.kvReadMsPerMillionTokens})
   --max-batched-tokens N tokens per step (${DEFAULT_TIME_MODEL.maxBatchedTokens})
   --max-running N        requests running at once (${DEFAULT_TIME_MODEL.maxRunning})
+  --long-prefill-tokens N
+                         most prompt tokens one request prefills per step (vLLM's
+                         --long-prefill-token-threshold; 0, the default: no cap)
 `;
 
 export function timeModelOf(parsed: Parsed): TimeModel {
@@ -60,7 +72,8 @@ export function timeModelOf(parsed: Parsed): TimeModel {
       "--step-base-ms and --kv-read-ms cannot both be 0 (a decode step would take no time)",
     );
   }
-  return model;
+  const longPrefill = flagInt(parsed, "long-prefill-tokens", 0, 0, 1 << 24);
+  return longPrefill > 0 ? { ...model, longPrefillTokens: longPrefill } : model;
 }
 
 /** The trace in FILE (Mooncake JSONL), a generated workload, or the embedded conversation trace. */
@@ -98,12 +111,14 @@ const flags = {
   requests: { kind: "string" },
   workers: { kind: "string" },
   "capacity-blocks": { kind: "string" },
+  "cpu-capacity-blocks": { kind: "string" },
   "block-size": { kind: "string" },
   trace: { kind: "string" },
   workload: { kind: "string" },
   "workload-seed": { kind: "string" },
   speedup: { kind: "string" },
   "time-scale": { kind: "string" },
+  twins: { kind: "string" },
   policies: { kind: "string" },
   seed: { kind: "string" },
   json: { kind: "boolean" },
@@ -157,6 +172,9 @@ Options:
   --requests N           requests to replay (${DEMO_DEFAULTS.requests})
   --workers N            mock engines (${DEMO_DEFAULTS.workers})
   --capacity-blocks N    KV capacity of each engine, in blocks (${DEMO_DEFAULTS.capacityBlocks}: ~80 GB for an 8B model)
+  --cpu-capacity-blocks N  a CPU offload tier per engine, in blocks (0: none): evicted blocks spill
+                         there (vLLM's CPU events) and load back faster than a prefill; kv_aware
+                         then also runs routing on the device tier only, for a table of the gain
   --block-size N         tokens per KV block (${DEMO_DEFAULTS.blockSize})
   --trace FILE           a Mooncake-format JSONL trace (default: the embedded conversation trace)
   --workload NAME        a generated Mooncake-format trace instead (src/sim/workloads.ts): agentic
@@ -164,6 +182,11 @@ Options:
                          4,096-token prefix within 50 ms, a fresh prefix every 2.5 s)
   --workload-seed S      the generator's seed (its default: 7)
   --time-scale F         multiply arrival times by F (${DEMO_DEFAULTS.timeScale}: twice the trace's request rate)
+  --twins F              a fraction F of the requests arrive twice at once (parallel sampling,
+                         retries) (0): an engine given both reuses the first's blocks as they are
+                         scheduled (vLLM V1); with --long-prefill-tokens they prefill side by side,
+                         the first computes again the chunks the second computed, and the engine
+                         keeps both copies, each announced and evicted on its own, as vLLM does
   --speedup X            model seconds per wall second in the kvedge replay (${DEMO_DEFAULTS.speedup})
   --policies LIST        comma list of ${["kv_aware", "round_robin", "random", "least_loaded", "approx_prefix", "kv_aware_model"].join(", ")}
                          (default: all but kv_aware_model, kvedge's cost model in-process with exact knowledge)
@@ -201,8 +224,6 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     const parsed = parseFlags(argv, flags);
     if (parsed.positionals.length > 0)
       throw new UsageError(`unexpected argument '${parsed.positionals[0]}'`);
-    const requests = flagInt(parsed, "requests", DEMO_DEFAULTS.requests, 1, 50_000_000);
-    const start = flagInt(parsed, "start", 0, 0, 50_000_000);
     const virtual = flagBool(parsed, "virtual");
     const routePolicy = routePolicyOf(flagString(parsed, "route-policy"));
     const recomputeWeight = flagNumber(
@@ -221,18 +242,15 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       1,
       CAPACITY_BLOCKS_MAX,
     );
+    const cpuCapacityBlocks = flagInt(parsed, "cpu-capacity-blocks", 0, 0, CAPACITY_BLOCKS_MAX);
     const blockSize = flagInt(parsed, "block-size", DEMO_DEFAULTS.blockSize, 1, 4096);
     const speedup = flagNumber(parsed, "speedup", DEMO_DEFAULTS.speedup, 0.01, 1e6);
-    const timeScale = flagNumber(parsed, "time-scale", DEMO_DEFAULTS.timeScale, 1e-6, 1e6);
     const seed = flagInt(parsed, "seed", DEMO_DEFAULTS.seed, 0, 0xffff_ffff);
     const time = timeModelOf(parsed);
     const json = flagBool(parsed, "json");
     const replicated = replicaFlags(parsed, virtual);
     const policies = policiesOf(flagString(parsed, "policies"), replicated);
-    const loaded = await traceOf(parsed);
-    if (start >= loaded.trace.count)
-      throw new UsageError(`--start ${start}: the trace has ${loaded.trace.count} requests`);
-    const trace = transformTrace(loaded.trace, { start, requests, timeScale });
+    const { trace, name, start, timeScale } = await demoTrace(parsed);
 
     const serveArgs = serveArgsOf(
       routePolicy,
@@ -244,13 +262,13 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     if (!virtual && !flagBool(parsed, "no-pin") && kvedge) serveArgs.push(...pinning());
     // Without correction kvedge serve ignores the cached tokens it hears (the proxy reads them anyway).
     if (flagBool(parsed, "no-correct")) serveArgs.push("--no-predicted-correction");
-    const tty = process.stderr.isTTY === true;
     const predictions = predictionOptions(parsed, capacityBlocks);
     const events = predictions.events;
     const result = await runDemo({
       trace,
       workers,
       capacityBlocks,
+      cpuCapacityBlocks,
       blockSize,
       speedup,
       policies,
@@ -260,7 +278,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       form: flagBool(parsed, "map-form") ? "map" : "array",
       realtimeBaselines: flagBool(parsed, "realtime-baselines"),
       serveArgs,
-      progress: json && !tty ? null : progressWriter(tty),
+      progress: progressLine(json),
       virtual,
       proxy: flagBool(parsed, "proxy"),
       ...predictions,
@@ -268,7 +286,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       ...replicated.options,
     });
     const config = {
-      trace: loaded.name,
+      trace: name,
       events,
       approximate_workers: approximateEngines(events, workers),
       start,
@@ -279,6 +297,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       admission,
       workers,
       capacity_blocks: capacityBlocks,
+      cpu_capacity_blocks: cpuCapacityBlocks,
       block_size: blockSize,
       time_scale: timeScale,
       speedup,
@@ -292,6 +311,19 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     return 0;
   },
 };
+
+/** The trace the demo replays (./traceOf), sliced, scaled and twinned as the flags say. */
+async function demoTrace(parsed: Parsed) {
+  const requests = flagInt(parsed, "requests", DEMO_DEFAULTS.requests, 1, 50_000_000);
+  const start = flagInt(parsed, "start", 0, 0, 50_000_000);
+  const timeScale = flagNumber(parsed, "time-scale", DEMO_DEFAULTS.timeScale, 1e-6, 1e6);
+  const twins = flagNumber(parsed, "twins", 0, 0, 1);
+  const loaded = await traceOf(parsed);
+  if (start >= loaded.trace.count)
+    throw new UsageError(`--start ${start}: the trace has ${loaded.trace.count} requests`);
+  const trace = transformTrace(loaded.trace, { start, requests, timeScale, twins });
+  return { trace, name: loaded.name, start, timeScale };
+}
 
 /** The trace the demo replays: --trace FILE, --workload NAME, or the conversation trace. */
 function traceOf(parsed: Parsed): Promise<{ trace: Trace; name: string }> {
@@ -314,18 +346,21 @@ function predictionOptions(parsed: Parsed, capacityBlocks: number) {
   };
 }
 
-/** Progress on stderr: a bar on a terminal, phase announcements only otherwise. */
-function progressWriter(tty: boolean): (line: string) => void {
+/** Progress on stderr: a bar on a terminal, phase announcements otherwise; none for --json off a terminal. */
+function progressLine(json: boolean): ((line: string) => void) | null {
+  const tty = process.stderr.isTTY === true;
+  if (json && !tty) return null;
   let shown = 0;
-  return (line) => {
+  return (line: string): void => {
     if (tty) {
       process.stderr.write(
         line === ""
           ? "\r\x1b[2K"
           : `\r\x1b[2K${line.slice(0, (process.stderr.columns ?? 100) - 1)}`,
       );
-    } else if (line !== "" && !line.includes("[") && shown++ < 1000) {
-      process.stderr.write(`${line}\n`);
+    } else if (line !== "" && !line.includes("[")) {
+      // Without a terminal: phase announcements only, no bar.
+      if (shown++ < 1000) process.stderr.write(`${line}\n`);
     }
   };
 }
@@ -507,6 +542,52 @@ const ms = (value: number): string =>
 const signed = (value: number, digits = 0): string =>
   `${value > 0 ? "+" : value < 0 ? "−" : "±"}${Math.abs(value).toFixed(digits)}`;
 
+/** The end-of-run check of an index against the engines' caches (both tiers, every copy). */
+function indexLine(check: IndexCheck): string {
+  const host =
+    check.engine_host_blocks + check.index_host_blocks === 0
+      ? ""
+      : `; CPU tier ${int(check.index_host_blocks)} indexed, ${int(check.engine_host_blocks)} held`;
+  const copies =
+    check.engine_duplicates_computed === 0
+      ? ""
+      : `; duplicate copies: ${int(check.engine_duplicates_computed)} computed in the run,` +
+        ` ${int(check.index_extra_copies)} indexed and ${int(check.engine_extra_copies)} held at the end`;
+  return (
+    `index vs engines at the end: ${check.index_matches_engines ? "identical" : "DIFFERENT"}` +
+    ` (${int(check.index_blocks)} blocks indexed, ${int(check.engine_cached_blocks)} cached${copies}${host}).`
+  );
+}
+
+/** Tier-aware routing against device-only routing, with a CPU tier on every engine. */
+function tierTable(tiers: TierComparison): string[] {
+  const rows = [
+    ["kv_aware routing on", "hit rate", "of it CPU tier", "prefill tokens", "TTFT p50", "TTFT p99"],
+    ...(
+      [
+        ["device and CPU tiers", tiers.tier_aware],
+        ["device tier only", tiers.device_only],
+      ] as const
+    ).map(([name, row]) => [
+      name,
+      percent(row.hit_rate),
+      percent(row.host_hit_rate),
+      `${(row.prefill_tokens / 1e6).toFixed(2)} M`,
+      ms(row.ttft_p50_ms),
+      ms(row.ttft_p99_ms),
+    ]),
+  ];
+  const widths = rows[0]!.map((_, i) => Math.max(...rows.map((row) => row[i]!.length)));
+  const line = (row: string[]) =>
+    row
+      .map((cell, i) => (i === 0 ? cell.padEnd(widths[i]!) : cell.padStart(widths[i]!)))
+      .join("  ");
+  return [
+    `With a CPU tier of ${int(tiers.cpu_capacity_blocks)} blocks per engine (evicted blocks spill there, load back instead of a prefill):`,
+    ...rows.map(line),
+  ];
+}
+
 export function renderDemo(result: DemoResult, config: DemoConfig): string {
   const out: string[] = [];
   const rate =
@@ -572,19 +653,10 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
   }
   const router = result.router;
   if (router !== null) out.push(...routerLines(router, config), "");
+  if (result.index !== null) out.push(`kv_aware's engines, ${indexLine(result.index)}`, "");
+  if (result.tiers !== null) out.push(...tierTable(result.tiers), "");
   if (result.admission !== null) out.push(admissionLine(result.admission), "");
-  const proxy = result.proxy;
-  if (proxy !== null) {
-    out.push(
-      `kvedge --proxy: ${int(proxy.requests)} OpenAI requests proxied (${proxy.failed} failed, ${proxy.failovers} failovers);` +
-        ` time to first byte p50 ${proxy.ttfb_p50_ms.toFixed(1)} ms, p99 ${proxy.ttfb_p99_ms.toFixed(1)} ms (wall, client-measured).`,
-    );
-    out.push(
-      `  Hit rate predicted ${percent(proxy.predicted_hit_rate)}, observed in the answers' usage ${percent(proxy.observed_hit_rate)};` +
-        ` ${proxy.suspect_workers} workers flagged, ${proxy.degraded_workers} degraded; ${proxy.active_at_end} requests active at the end.`,
-    );
-    out.push("");
-  }
+  if (result.proxy !== null) out.push(...proxyLines(result.proxy), "");
   if (config.approximate_workers.length > 0) out.push(approximateLine(config), "");
   const modes = new Set(Object.values(result.policies).map((r) => r.mode));
   out.push(
@@ -595,6 +667,16 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
     `Took ${result.wall_s.toFixed(0)} s${kv === undefined || router === null ? "" : ` (kvedge replay ${kv.wall_s.toFixed(0)} s at ×${router.achieved_speedup.toFixed(1)})`}.`,
   );
   return `${out.join("\n")}\n`;
+}
+
+/** What the proxied run saw: its requests, first bytes, and predicted against observed hits. */
+function proxyLines(proxy: ProxyReport): string[] {
+  return [
+    `kvedge --proxy: ${int(proxy.requests)} OpenAI requests proxied (${proxy.failed} failed, ${proxy.failovers} failovers);` +
+      ` time to first byte p50 ${proxy.ttfb_p50_ms.toFixed(1)} ms, p99 ${proxy.ttfb_p99_ms.toFixed(1)} ms (wall, client-measured).`,
+    `  Hit rate predicted ${percent(proxy.predicted_hit_rate)}, observed in the answers' usage ${percent(proxy.observed_hit_rate)};` +
+      ` ${proxy.suspect_workers} workers flagged, ${proxy.degraded_workers} degraded; ${proxy.active_at_end} requests active at the end.`,
+  ];
 }
 
 /** kvedge serve's own view of the kv_aware run: route latency, events, its index at the end. */
@@ -610,12 +692,7 @@ function routerLines(router: RouterReport, config: DemoConfig): string[] {
       ` (${int(router.batches_replayed)} recovered by replay, ${int(router.batches_lost)} lost, ${int(router.gaps)} gaps);` +
       ` ${router.degraded_workers} degraded workers; ${router.lifecycle_errors} failed lifecycle calls.`,
   );
-  if (router.predicted.workers < config.workers) {
-    lines.push(
-      `  Index vs engines at the end: ${router.index_matches_engines ? "identical" : "DIFFERENT"}` +
-        ` (${int(router.index_blocks)} blocks indexed, ${int(router.engine_cached_blocks)} cached).`,
-    );
-  }
+  if (router.predicted.workers < config.workers) lines.push(`  ${indexLine(router.index)}`);
   const p = router.predicted;
   if (p.workers > 0) {
     lines.push(

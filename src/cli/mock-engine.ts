@@ -17,6 +17,7 @@ const flags = {
   endpoint: { kind: "string" },
   "replay-endpoint": { kind: "string" },
   "capacity-blocks": { kind: "string" },
+  "cpu-capacity-blocks": { kind: "string" },
   "block-size": { kind: "string" },
   "map-form": { kind: "boolean" },
   speedup: { kind: "string" },
@@ -49,6 +50,8 @@ Options:
   --endpoint EP          where the PUB socket binds: tcp://HOST:PORT (port 0: any free port), ipc:///PATH
   --replay-endpoint EP   where the replay ROUTER binds (default: no replay)
   --capacity-blocks N    KV capacity in blocks (required)
+  --cpu-capacity-blocks N  a CPU offload tier of N blocks (0: none): evicted blocks spill there,
+                         published as vLLM's medium "CPU" events, and load back for cheap
   --block-size N         tokens per block (16)
   --map-form             encode events as maps (vLLM 0.24+) instead of tagged arrays
   --topic T              topic frame of every message ("")
@@ -93,16 +96,7 @@ HTTP API (times in model ms):
     if (hashSeed === null)
       throw new UsageError(`--hash-seed must be an unsigned 64-bit integer, got '${seedText}'`);
     const time = timeModelOf(parsed);
-    const tokenizerDir = flagString(parsed, "tokenizer");
-    let tokenizer: PromptTokenizer | null = null;
-    if (tokenizerDir !== undefined) {
-      try {
-        tokenizer = loadTokenizer(tokenizerDir);
-      } catch (error) {
-        if (error instanceof TokenizerError) throw new UsageError(`--tokenizer: ${error.message}`);
-        throw error;
-      }
-    }
+    const tokenizer = tokenizerOf(flagString(parsed, "tokenizer"));
     const model = flagString(parsed, "model") ?? tokenizer?.model ?? "mock";
     const log = createLogger();
     const drop = createRng(Number(hashSeed & 0xffff_ffffn));
@@ -114,6 +108,7 @@ HTTP API (times in model ms):
     const networked = new NetworkedEngine({
       index: 0,
       capacityBlocks,
+      cpuCapacityBlocks: flagInt(parsed, "cpu-capacity-blocks", 0, 0, CAPACITY_BLOCKS_MAX),
       blockSize,
       hashSeed,
       time,
@@ -168,3 +163,14 @@ HTTP API (times in model ms):
     return 0;
   },
 };
+
+/** The --tokenizer directory's tokenizer, or null without the flag. */
+function tokenizerOf(dir: string | undefined): PromptTokenizer | null {
+  if (dir === undefined) return null;
+  try {
+    return loadTokenizer(dir);
+  } catch (error) {
+    if (error instanceof TokenizerError) throw new UsageError(`--tokenizer: ${error.message}`);
+    throw error;
+  }
+}

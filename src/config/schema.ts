@@ -11,7 +11,7 @@
 import { ADMISSION_MODES, DEFAULT_ADMISSION } from "../route/admission";
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES } from "../route/ttft";
 import { DEFAULT_PREDICTED_TTL_MS, PREDICT_AT } from "../route/predictions";
-import { DEFAULT_PENDING_RECOMPUTE_WEIGHT } from "../route/router";
+import { DEFAULT_PENDING_RECOMPUTE_WEIGHT, DEFAULT_ROUTE_WEIGHTS } from "../route/router";
 import type { WorkerEntry } from "./workers";
 import type { LoraAdapter } from "../hash";
 import {
@@ -63,6 +63,11 @@ export interface Config {
     readonly decode_active_request_weight: number;
     readonly temperature: number;
     readonly degraded_overlap_weight: number;
+    readonly lower_tiers: boolean;
+    readonly host_cache_hit_weight: number;
+    readonly disk_cache_hit_weight: number;
+    readonly host_reload_ms_per_million_tokens: number;
+    readonly disk_reload_ms_per_million_tokens: number;
     readonly request_ttl_secs: number;
     readonly max_active_requests: number;
     readonly track_output_blocks: boolean;
@@ -356,6 +361,41 @@ export const SETTINGS: readonly Setting[] = [
     type: decimal(0, 1),
     default: 0.5,
     help: "Factor on the overlap of a worker whose events were lost without replay.",
+  }),
+  setting({
+    key: "route.lower_tiers",
+    flag: "lower-tiers",
+    type: boolean,
+    default: true,
+    help: "Route on the blocks engines keep in host memory, disk or external storage after the device's (false: the device tier only).",
+  }),
+  setting({
+    key: "route.host_cache_hit_weight",
+    flag: "host-cache-hit-weight",
+    type: decimal(0, 1),
+    default: DEFAULT_ROUTE_WEIGHTS.hostCacheHitWeight,
+    help: "dynamo policy: credit of a host-tier block after the device's, in device blocks (Dynamo's default).",
+  }),
+  setting({
+    key: "route.disk_cache_hit_weight",
+    flag: "disk-cache-hit-weight",
+    type: decimal(0, 1),
+    default: DEFAULT_ROUTE_WEIGHTS.diskCacheHitWeight,
+    help: "dynamo policy: credit of a disk or external block after the host's, in device blocks (Dynamo's default).",
+  }),
+  setting({
+    key: "route.host_reload_ms_per_million_tokens",
+    flag: "host-reload-ms-per-million-tokens",
+    type: decimal(0, 1e9),
+    default: DEFAULT_TTFT_SETTINGS.hostReloadMsPerMillionTokens,
+    help: "ttft policy: time to copy the KV of one million tokens from host memory to the device, ms (128 KiB a token over PCIe Gen5 x16 at ~50 GB/s).",
+  }),
+  setting({
+    key: "route.disk_reload_ms_per_million_tokens",
+    flag: "disk-reload-ms-per-million-tokens",
+    type: decimal(0, 1e9),
+    default: DEFAULT_TTFT_SETTINGS.diskReloadMsPerMillionTokens,
+    help: "ttft policy: the same from disk or external storage, ms (128 KiB a token at ~7 GB/s, one NVMe Gen4 drive).",
   }),
   setting({
     key: "route.request_ttl_secs",

@@ -11,7 +11,7 @@
  */
 import type { Config } from "../config";
 import { type WorkerEntry, wildcardProblem } from "../config/workers";
-import { blockSeed, LoraAdapters } from "../hash";
+import { blockSeed, ChainBuffer, LoraAdapters } from "../hash";
 import type { KvIndex } from "../index";
 import { createIndex, MatchResult } from "../index";
 import { defaultIndexBudgetBytes, IndexBudget } from "../index/budget";
@@ -38,6 +38,7 @@ import type { LifecycleResult } from "../route/load";
 import { type CachedReport, ObservedHits, type ObservedHitsView } from "./observed-hits";
 import { DEFAULT_PREDICTED_MAX_BLOCKS, Predictions } from "../route/predictions";
 import { OVERLAP_KINDS, type OverlapKind, overlapKindOf } from "../route/router";
+import { RouteOverlaps } from "./overlaps";
 import type { Logger } from "../util/log";
 import type { ZmtpOptions } from "../wire/zmtp";
 import { BUDGET_REFUSAL, budgetedSink } from "../ingest/budgeted-sink";
@@ -50,9 +51,14 @@ import type { WriterThread } from "../runtime/writer-thread";
 export interface MatchScore {
   readonly workerId: bigint;
   readonly dpRank: number;
+  /** Device blocks: the prompt's longest prefix the worker holds. */
   readonly blocks: number;
   /** What the blocks rest on: the engine's events, kvedge's predictions, or events it lost. */
   readonly kind: OverlapKind;
+  /** Lower-tier blocks right after them (host memory, then disk, then external). */
+  readonly hostBlocks: number;
+  readonly diskBlocks: number;
+  readonly externalBlocks: number;
 }
 
 export interface RouteInput {
@@ -214,6 +220,10 @@ export class KvedgeCore {
   /** Per slot: a saved source position (warm restart), taken up by its source as it is added. */
   private readonly restoredPositions: SlotColumn<SourcePosition>;
   private readonly matches = new MatchResult(64);
+  /** A /v1/match query's sequence hashes when it came as local hashes. */
+  private readonly chain = new ChainBuffer();
+  /** Device matches and the lower tiers after them, as the router takes them. */
+  private readonly overlaps: RouteOverlaps;
   private readonly hasher = new PromptHasher();
   private readonly candidates = new CandidateList();
   /** Route calls held at saturation (route.admission; src/route/admission.ts). */
@@ -254,6 +264,7 @@ export class KvedgeCore {
     this.blockSize = config.index.block_size;
     this.lora = new LoraAdapters(config.index.lora_adapters);
     this.index = this.createIndex(config, options.writer);
+    this.overlaps = new RouteOverlaps(this.index, config.route.lower_tiers);
     this.budget = new IndexBudget(
       this.index,
       config.index.memory_budget_bytes ?? defaultIndexBudgetBytes(),
@@ -336,17 +347,22 @@ export class KvedgeCore {
     return this.hasher.hash(tokens, this.blockSize, blockSeed(loraName, cacheSalt));
   }
 
-  /** Per-worker matched prefix length in blocks, sorted as `kvedge apply` sorts. */
+  /** Per-worker matched prefix length in blocks, and the lower tiers' after it, sorted as `kvedge apply` sorts. */
   match(local: Uint32Array, count: number, chain?: Uint32Array): MatchScore[] {
     this.index.findMatches(local, count, this.matches, chain);
+    const sequence = chain ?? this.chain.of(local, count);
+    const overlaps = this.overlaps.of(this.matches, sequence, count);
     const scores: MatchScore[] = [];
-    for (let i = 0; i < this.matches.count; i++) {
-      const slot = this.matches.workers[i]!;
+    for (let i = 0; i < overlaps.count; i++) {
+      const slot = overlaps.slots[i]!;
       scores.push({
         workerId: this.workerTable.workerIdOf(slot),
         dpRank: this.workerTable.dpRankOf(slot),
-        blocks: this.matches.blocks[i]!,
+        blocks: overlaps.blocks[i]!,
         kind: this.overlapKindOf(slot),
+        hostBlocks: overlaps.host?.[i] ?? 0,
+        diskBlocks: overlaps.disk?.[i] ?? 0,
+        externalBlocks: overlaps.external?.[i] ?? 0,
       });
     }
     return scores.sort(
@@ -391,7 +407,9 @@ export class KvedgeCore {
     const totals = this.routeTotals;
     totals.decisions++;
     totals.promptTokens += input.tokens.length;
-    totals.predictedCachedTokens += Math.min(decision.overlapBlocks, blockCount) * this.blockSize;
+    const held =
+      decision.overlapBlocks + decision.hostBlocks + decision.diskBlocks + decision.externalBlocks;
+    totals.predictedCachedTokens += Math.min(held, blockCount) * this.blockSize;
     return { decision, queryBlocks: blockCount };
   }
 
@@ -596,8 +614,8 @@ export class KvedgeCore {
     const matches = this.matches;
     if (input.matched !== undefined) this.currentMatches(input.matched, matches);
     else this.index.findMatches(prompt.local, prompt.blockCount, matches, prompt.chain);
-    // Index slots are router slots: the matches are the router's overlaps as they are.
-    const overlaps = { count: matches.count, slots: matches.workers, blocks: matches.blocks };
+    // Index slots are router slots: the matches (and lower tiers after them) are the overlaps.
+    const overlaps = this.overlaps.of(matches, prompt.chain, prompt.blockCount);
     const request = {
       chain: prompt.chain,
       blockCount: prompt.blockCount,
@@ -1113,6 +1131,8 @@ function routerOptionsOf(
       kvReadMsPerMillionTokens: route.kv_read_ms_per_million_tokens,
       maxBatchedTokens: route.max_batched_tokens,
       recomputeWeight: route.recompute_weight,
+      hostReloadMsPerMillionTokens: route.host_reload_ms_per_million_tokens,
+      diskReloadMsPerMillionTokens: route.disk_reload_ms_per_million_tokens,
     },
     weights: {
       overlapScoreCredit: route.overlap_score_credit,
@@ -1121,6 +1141,8 @@ function routerOptionsOf(
       decodeActiveRequestWeight: route.decode_active_request_weight,
       temperature: route.temperature,
       degradedOverlapWeight: route.degraded_overlap_weight,
+      hostCacheHitWeight: route.host_cache_hit_weight,
+      diskCacheHitWeight: route.disk_cache_hit_weight,
     },
     ...(random === undefined ? {} : { random }),
   };

@@ -5,10 +5,18 @@
  * (wrong block size, token count not matching its blocks) is counted as a rejection
  * instead, like any other rejected event. Used by the CLI, the tests and restore.
  */
-import { blockSeed, hashBlocks } from "../hash";
+import { blockSeed, chainHashes, hashBlocks } from "../hash";
 import { parseU64, putU64 } from "../util/u64";
 import type { MatchOutput, MatchScore, StatsOutput } from "./ops";
-import { type KvIndex, MatchResult, StoreStatus } from "./types";
+import {
+  type KvIndex,
+  MatchResult,
+  StoreStatus,
+  TIER_ANY,
+  TIER_DEVICE,
+  TIER_NAMES,
+  TierMatches,
+} from "./types";
 
 /** A malformed operation: the message names the field. */
 export class ApplyInputError extends Error {
@@ -29,6 +37,7 @@ class Scratch {
   local = new Uint32Array(256);
   tokens = new Uint32Array(1024);
   readonly match = new MatchResult();
+  readonly tierMatch = new TierMatches();
 
   externalFor(blocks: number): Uint32Array {
     if (this.external.length < 2 * blocks) this.external = new Uint32Array(4 * blocks);
@@ -65,12 +74,16 @@ export function applyOp(index: KvIndex, input: unknown): ApplyResult {
     case "removed": {
       const workerId = u64Field(op, "worker_id");
       const dpRank = dpRankField(op);
+      const tier = tierField(op, true);
       const count = hashArray(
         op,
         "block_hashes",
         scratch.externalFor(arrayLength(op, "block_hashes")),
       );
-      index.applyRemoved(workerId, dpRank, scratch.external, count);
+      if (tier !== TIER_DEVICE)
+        index.applyRemovedTier(workerId, dpRank, tier, scratch.external, count);
+      if (tier === TIER_DEVICE || tier === TIER_ANY)
+        index.applyRemoved(workerId, dpRank, scratch.external, count);
       return null;
     }
     case "cleared":
@@ -89,13 +102,13 @@ export function applyOp(index: KvIndex, input: unknown): ApplyResult {
 function applyStoredOp(index: KvIndex, op: Record<string, unknown>): void {
   const workerId = u64Field(op, "worker_id");
   const dpRank = dpRankField(op);
-  const parentValue = op.parent_block_hash;
-  let parent: bigint | null = null;
-  if (parentValue !== undefined && parentValue !== null) {
-    parent = parseU64(parentValue);
-    if (parent === null)
-      throw new ApplyInputError("parent_block_hash must be null or an unsigned 64-bit integer");
-  }
+  const tier = tierField(op, false);
+  const parent = optionalU64(op, "parent_block_hash");
+  const base = optionalU64(op, "parent_sequence_hash");
+  if (base !== null && (tier === TIER_DEVICE || parent !== null))
+    throw new ApplyInputError(
+      "parent_sequence_hash goes only with a lower tier and no parent_block_hash",
+    );
   const count = hashArray(op, "block_hashes", scratch.externalFor(arrayLength(op, "block_hashes")));
   const blockSize = op.block_size;
   if (blockSize !== undefined && (!Number.isSafeInteger(blockSize) || (blockSize as number) < 1)) {
@@ -112,18 +125,60 @@ function applyStoredOp(index: KvIndex, op: Record<string, unknown>): void {
   }
   const local = scratch.localFor(count);
   source.hash(index.blockSize, local);
-  const hasParent = parent !== null;
-  const parentHi = hasParent ? Number(parent! >> 32n) : 0;
-  const parentLo = hasParent ? Number(parent! & 0xffff_ffffn) : 0;
-  index.applyStored(
-    workerId,
-    dpRank,
-    hasParent,
-    parentHi,
-    parentLo,
-    scratch.external,
-    local,
-    count,
+  const [hasParent, hi, lo] = splitU64(base ?? parent);
+  if (tier === TIER_DEVICE)
+    index.applyStored(workerId, dpRank, hasParent, hi, lo, scratch.external, local, count);
+  else if (op.parent_sequence_hash !== undefined)
+    index.applyStoredTierUnder(
+      workerId,
+      dpRank,
+      tier,
+      hasParent,
+      hi,
+      lo,
+      scratch.external,
+      local,
+      count,
+    );
+  else
+    index.applyStoredTier(
+      workerId,
+      dpRank,
+      tier,
+      hasParent,
+      hi,
+      lo,
+      scratch.external,
+      local,
+      count,
+    );
+}
+
+/** (present, hi, lo) of an optional u64. */
+function splitU64(value: bigint | null): [boolean, number, number] {
+  if (value === null) return [false, 0, 0];
+  return [true, Number(value >> 32n), Number(value & 0xffff_ffffn)];
+}
+
+/** A null-or-u64 field (absent = null). */
+function optionalU64(op: Record<string, unknown>, name: string): bigint | null {
+  const value = op[name];
+  if (value === undefined || value === null) return null;
+  const parsed = parseU64(value);
+  if (parsed === null)
+    throw new ApplyInputError(`${name} must be null or an unsigned 64-bit integer`);
+  return parsed;
+}
+
+/** The `tier` field: a tier name (default device); "any" only where `any` allows it. */
+function tierField(op: Record<string, unknown>, any: boolean): number {
+  const value = op.tier;
+  if (value === undefined) return TIER_DEVICE;
+  const tier = (TIER_NAMES as readonly unknown[]).indexOf(value);
+  if (tier >= 0) return tier;
+  if (any && value === "any") return TIER_ANY;
+  throw new ApplyInputError(
+    `tier must be one of ${[...TIER_NAMES, ...(any ? ["any"] : [])].join(", ")}`,
   );
 }
 
@@ -165,17 +220,24 @@ function matchOp(index: KvIndex, op: Record<string, unknown>): MatchOutput {
   const result = scratch.match;
   index.findMatches(local, count, result);
   const order: { id: bigint; score: MatchScore }[] = [];
-  for (let i = 0; i < result.count; i++) {
-    const handle = result.workers[i]!;
-    const id = index.workerIdOf(handle);
-    order.push({
-      id,
-      score: {
-        worker_id: id.toString(),
-        dp_rank: index.dpRankOf(handle),
-        blocks: result.blocks[i]!,
-      },
-    });
+  const at: Record<number, number> = {};
+  const entry = (handle: number, blocks: number): MatchScore => {
+    if (at[handle] === undefined) {
+      at[handle] = order.length;
+      order.push({ id: index.workerIdOf(handle), score: scoreOf(index, handle, blocks) });
+    }
+    return order[at[handle]!]!.score;
+  };
+  for (let i = 0; i < result.count; i++) entry(result.workers[i]!, result.blocks[i]!);
+  const tiers = scratch.tierMatch;
+  const chain = new Uint32Array(2 * count);
+  chainHashes(local, count, chain);
+  index.tierMatches(chain, count, result, tiers);
+  for (let i = 0; i < tiers.count; i++) {
+    const score = entry(tiers.workers[i]!, 0);
+    score.host_pinned = tiers.host[i]!;
+    score.disk = tiers.disk[i]!;
+    score.external = tiers.external[i]!;
   }
   order.sort(
     (x, y) =>
@@ -184,6 +246,14 @@ function matchOp(index: KvIndex, op: Record<string, unknown>): MatchOutput {
       x.score.dp_rank - y.score.dp_rank,
   );
   return { op: "match", scores: order.map((entry) => entry.score) };
+}
+
+function scoreOf(index: KvIndex, handle: number, blocks: number): MatchScore {
+  return {
+    worker_id: index.workerIdOf(handle).toString(),
+    dp_rank: index.dpRankOf(handle),
+    blocks,
+  };
 }
 
 function statsOutput(index: KvIndex): StatsOutput {

@@ -14,7 +14,8 @@
  * worker). A worker present with no blocks is stored and emptied again.
  */
 import type { IndexOp, RemovedOp, StoredOp } from "./ops";
-import { type FrozenIndex, OP_STORED, packIndex } from "./pack";
+import { type FrozenIndex, OP_STORED, OP_TIER_STORED, packIndex } from "./pack";
+import { TIER_NAMES } from "./types";
 import { u64String } from "../util/u64";
 
 /** Longest stored event a dump writes; a longer chain continues in the next event. */
@@ -29,6 +30,10 @@ export function dumpEvents(frozen: FrozenIndex, blockSize: number): IndexOp[] {
   forEachEvent(words, (kind, at, piece, pieceBlocks) => {
     const workerId = ids[words[at + 1]!]!;
     const dpRank = words[at + 2]!;
+    if (kind === OP_TIER_STORED) {
+      events.push(tierEvent(words, at, workerId, blockSize));
+      return;
+    }
     if (kind === OP_STORED) {
       const n = words[at + 6]!;
       const ext = at + 7 + 2 * piece;
@@ -60,6 +65,22 @@ export function dumpEvents(frozen: FrozenIndex, blockSize: number): IndexOp[] {
   return events;
 }
 
+/** A lower tier's stored operation (one block, under its parent's sequence hash) as an event. */
+function tierEvent(words: Uint32Array, at: number, workerId: string, blockSize: number): StoredOp {
+  const hash = (word: number): string => u64String(words[word]!, words[word + 1]!);
+  return {
+    op: "stored",
+    worker_id: workerId,
+    dp_rank: words[at + 2]!,
+    tier: TIER_NAMES[words[at + 3]!]!,
+    parent_block_hash: null,
+    parent_sequence_hash: words[at + 4] === 1 ? hash(at + 5) : null,
+    block_hashes: [hash(at + 8)],
+    local_hashes: [hash(at + 10)],
+    block_size: blockSize,
+  };
+}
+
 /**
  * Calls `visit` for each event of the packed words: the operation at word `at`, and
  * the piece of it (first block, block count) that one event carries.
@@ -70,7 +91,7 @@ function forEachEvent(
 ): void {
   for (let at = 0; at < words.length; ) {
     const kind = words[at]!;
-    const n = kind === OP_STORED ? words[at + 6]! : words[at + 3]!;
+    const n = kind === OP_STORED ? words[at + 6]! : kind === OP_TIER_STORED ? 1 : words[at + 3]!;
     for (let piece = 0; piece < n || (piece === 0 && n === 0); piece += DUMP_CHAIN_BLOCKS_MAX) {
       visit(kind, at, piece, Math.min(DUMP_CHAIN_BLOCKS_MAX, n - piece));
     }
@@ -79,11 +100,14 @@ function forEachEvent(
 }
 
 function nextOp(words: Uint32Array, at: number): number {
+  if (words[at] === OP_TIER_STORED) return at + 8 + 4 * words[at + 7]!;
   return words[at] === OP_STORED ? at + 7 + 4 * words[at + 6]! : at + 4 + 2 * words[at + 3]!;
 }
 
 const ascii = (text: string): Uint8Array => new TextEncoder().encode(text);
 const STORED_AFTER_RANK = ascii(',"parent_block_hash":');
+const TIER_NAME = TIER_NAMES.map((name) => ascii(`,"tier":"${name}"`));
+const PARENT_SEQUENCE = ascii(',"parent_sequence_hash":');
 const NULL = ascii("null");
 const BLOCK_HASHES = ascii(',"block_hashes":[');
 const LOCAL_HASHES = ascii('],"local_hashes":[');
@@ -140,6 +164,10 @@ export class DumpText {
   private event(): void {
     const words = this.words;
     const at = this.at;
+    if (words[at] === OP_TIER_STORED) {
+      this.tierEvent(at);
+      return;
+    }
     const stored = words[at] === OP_STORED;
     const n = stored ? words[at + 6]! : words[at + 3]!;
     const piece = this.piece;
@@ -168,6 +196,25 @@ export class DumpText {
       this.piece = 0;
       this.at = nextOp(words, at);
     }
+  }
+
+  /** A lower tier's one-block store, as tierEvent() writes it. */
+  private tierEvent(at: number): void {
+    const words = this.words;
+    this.put(this.storedHead[words[at + 1]!]!);
+    this.number(words[at + 2]!);
+    this.put(TIER_NAME[words[at + 3]!]!);
+    this.put(STORED_AFTER_RANK);
+    this.put(NULL);
+    this.put(PARENT_SEQUENCE);
+    if (words[at + 4] === 1) this.hash(at + 5);
+    else this.put(NULL);
+    this.put(BLOCK_HASHES);
+    this.hash(at + 8);
+    this.put(LOCAL_HASHES);
+    this.hash(at + 10);
+    this.put(this.tail);
+    this.at = nextOp(words, at);
   }
 
   private hashes(from: number, count: number): void {

@@ -7,7 +7,11 @@ export interface StoredOp {
   op: "stored";
   worker_id: string;
   dp_rank: number;
+  /** The storage tier (default "device"): device, host_pinned, disk or external. */
+  tier?: string;
   parent_block_hash: string | null;
+  /** A lower tier's store under a sequence hash instead of a parent (what dump() emits for them). */
+  parent_sequence_hash?: string | null;
   block_hashes: string[];
   /** Either token_ids (hashed by kvedge) or local_hashes (what dump() emits). */
   token_ids?: number[];
@@ -21,6 +25,8 @@ export interface RemovedOp {
   op: "removed";
   worker_id: string;
   dp_rank: number;
+  /** The storage tier (default "device"), or "any": every tier (a medium kvedge does not know). */
+  tier?: string;
   block_hashes: string[];
 }
 
@@ -55,6 +61,10 @@ export interface MatchScore {
   worker_id: string;
   dp_rank: number;
   blocks: number;
+  /** Lower-tier blocks right after the device's (present when any tier has some). */
+  host_pinned?: number;
+  disk?: number;
+  external?: number;
 }
 
 export interface MatchOutput {

@@ -5,11 +5,16 @@
  *
  *   1 (stored) · worker ref · dp rank · has parent · parent hi · parent lo · n · n × (ext hi, ext lo) · n × (local hi, local lo)
  *   2 (removed) · worker ref · dp rank · n · n × (ext hi, ext lo)
+ *   4 (stored in a lower tier) · worker ref · dp rank · tier · has parent · parent sequence hi · lo · n · n × (ext hi, ext lo) · n × (local hi, local lo)
  *
  * Same events as dumpEvents (dump.ts): per worker its held blocks in depth-first order,
  * chained while each block's parent is the previous one; a block below blocks the
  * worker does not hold is stored through them under placeholder hashes that a removed
- * event then drops; a present worker with no blocks is stored and emptied again.
+ * event then drops; a present worker with no blocks is stored and emptied again. A block
+ * held in more than one copy is then stored again once per extra copy (a store of a held
+ * block is one more copy), so the words need no kind of their own for copies. After
+ * every worker, the lower tiers' blocks, one operation 4 each (and one more per extra
+ * copy), under their parent's sequence hash: no parent needs to be held to restore them.
  *
  * Two phases, so neither a dump nor a periodic snapshot stalls the event loop:
  *   freeze        `KvIndex.freeze()`: a FreezeJob that copies the index in slices of
@@ -32,6 +37,7 @@ export interface DumpSource {
   forEachBlock(visit: (key: number, parent: number, hi: number, lo: number) => void): void;
   /**
    * Visits every present worker with its held blocks: external hashes (pairs) and keys,
+   * and its blocks held in more than one copy as (key, copies beyond the first) pairs,
    * in arrays of its own that the index does not touch again.
    */
   forEachWorker(
@@ -41,12 +47,27 @@ export interface DumpSource {
       external: Uint32Array,
       keys: Uint32Array,
       count: number,
+      copies: Uint32Array,
     ) => void,
   ): void;
+  /** The lower tiers' held blocks, read now. */
+  readonly tiers: readonly FrozenTierBlocks[];
 }
 
+/** One (worker, lower tier)'s held blocks, as a dump packs them. */
+export interface FrozenTierBlocks {
+  readonly workerId: bigint;
+  readonly dpRank: number;
+  readonly tier: number;
+  /** TIER_BLOCK_WORDS words per block: ext hi, lo, local hi, lo, has parent, parent sequence hi, lo, extra copies. */
+  readonly words: Uint32Array;
+}
+
+export const TIER_BLOCK_WORDS = 8;
 export const OP_STORED = 1;
 export const OP_REMOVED = 2;
+/** 3 is a snapshot's active request (src/state/snapshot.ts). */
+export const OP_TIER_STORED = 4;
 const ROOT_KEY = -1;
 
 /**
@@ -65,6 +86,8 @@ export interface FrozenIndex {
   ): number;
   /** Present workers, each read out of the copy in slices. */
   readonly workers: readonly FrozenWorker[];
+  /** The lower tiers' held blocks (copied at the freeze). */
+  readonly tiers: readonly FrozenTierBlocks[];
 }
 
 export interface FrozenWorker {
@@ -72,6 +95,8 @@ export interface FrozenWorker {
   readonly dpRank: number;
   /** Blocks held. */
   readonly count: number;
+  /** Blocks held in more than one copy: (key, copies beyond the first) pairs, read at the freeze. */
+  readonly copies: Uint32Array;
   /**
    * Visits the held blocks (external hash, block key) found in units `from` to
    * `from + budget` of the worker's storage (crtc: its lookup table's slots); returns
@@ -159,11 +184,12 @@ export function freezeByWalk(source: DumpSource): FrozenIndex {
     present[key] = 1;
   });
   const workers: FrozenWorker[] = [];
-  source.forEachWorker((workerId, dpRank, external, keys, count) =>
+  source.forEachWorker((workerId, dpRank, external, keys, count, copies) =>
     workers.push({
       workerId,
       dpRank,
       count,
+      copies,
       readHeld(from, budget, visit) {
         const to = Math.min(count, from + budget);
         for (let i = from; i < to; i++) visit(external[2 * i]!, external[2 * i + 1]!, keys[i]!);
@@ -174,6 +200,7 @@ export function freezeByWalk(source: DumpSource): FrozenIndex {
   return {
     blockKeyLimit: limit,
     units: limit,
+    tiers: source.tiers,
     forEachBlockFrom(from, budget, visit) {
       const to = Math.min(limit, from + budget);
       for (let key = from; key < to; key++)
@@ -232,6 +259,13 @@ class Capture {
       this.workers.push({ ref, dpRank: frozen.dpRank, frozen });
     }
     return true;
+  }
+
+  /** The ref of a present worker's id. */
+  refOf(workerId: bigint): number {
+    const ref = this.refs.get(workerId);
+    if (ref === undefined) fail("a lower tier names a worker that is not present");
+    return ref;
   }
 }
 
@@ -309,6 +343,9 @@ export class IndexPacker {
   /** Arrays written at random keys, first touched in slices (page faults) before use. */
   private touching: PageToucher | null = null;
   private touched = false;
+  /** The lower tiers' progress: which frozen (worker, tier), and the next word in it. */
+  private tier = 0;
+  private tierAt = 0;
 
   constructor(private readonly frozen: FrozenIndex) {}
 
@@ -369,7 +406,38 @@ export class IndexPacker {
       this.next = end;
       if (this.next === order.length) this.finish(worker);
     }
-    return this.worker === workers.length;
+    if (this.worker < workers.length) return false;
+    return this.packTiers(Math.max(1, budget - done));
+  }
+
+  /** The lower tiers' blocks, about `budget` at a time (after every worker); true when all are in. */
+  private packTiers(budget: number): boolean {
+    const tiers = this.frozen.tiers;
+    const capture = this.capture!;
+    for (let done = 0; this.tier < tiers.length && done < budget; ) {
+      const { workerId, dpRank, tier, words } = tiers[this.tier]!;
+      const ref = capture.refOf(workerId);
+      const end = Math.min(words.length, this.tierAt + TIER_BLOCK_WORDS * (budget - done));
+      for (let at = this.tierAt; at < end; at += TIER_BLOCK_WORDS) {
+        for (let copy = words[at + 7]!; copy >= 0; copy--) {
+          this.reserve(12);
+          const out = this.out;
+          out.set(
+            [OP_TIER_STORED, ref, dpRank, tier, words[at + 4]!, words[at + 5]!, words[at + 6]!, 1],
+            this.at,
+          );
+          out.set(words.subarray(at, at + 4), this.at + 8);
+          this.at += 12;
+        }
+      }
+      done += (end - this.tierAt) / TIER_BLOCK_WORDS;
+      this.tierAt = end;
+      if (end === words.length) {
+        this.tier++;
+        this.tierAt = 0;
+      }
+    }
+    return this.tier === tiers.length;
   }
 
   private allocate(): void {
@@ -423,6 +491,12 @@ export class IndexPacker {
   };
 
   private finish(worker: CapturedWorker): void {
+    this.closeOpen();
+    // Extra copies: the block stored again, once per copy (a store of a held block counts one).
+    const copies = worker.frozen.copies;
+    for (let i = 0; i < copies.length; i += 2) {
+      for (let extra = copies[i + 1]!; extra > 0; extra--) this.emit(worker, copies[i]!);
+    }
     this.closeOpen();
     if (this.order!.length === 0) {
       // Present but empty: store one placeholder block and drop it again.

@@ -38,6 +38,35 @@ export abstract class SlotIndex {
   ): StoreStatus;
   abstract removeAt(slot: number, external: Uint32Array, count: number, first?: number): number;
   abstract clearAt(slot: number): void;
+  abstract storeTierAt(
+    tier: number,
+    slot: number,
+    hasParent: boolean,
+    parentHi: number,
+    parentLo: number,
+    external: Uint32Array,
+    local: Uint32Array,
+    count: number,
+    first?: number,
+  ): StoreStatus;
+  abstract storeTierUnder(
+    tier: number,
+    slot: number,
+    hasBase: boolean,
+    baseHi: number,
+    baseLo: number,
+    external: Uint32Array,
+    local: Uint32Array,
+    count: number,
+    first?: number,
+  ): StoreStatus;
+  abstract removeTierAt(
+    tier: number,
+    slot: number,
+    external: Uint32Array,
+    count: number,
+    first?: number,
+  ): number;
 
   applyStored(
     workerId: bigint,
@@ -63,6 +92,64 @@ export abstract class SlotIndex {
     first = 0,
   ): number {
     return this.removeAt(this.workerTable.find(workerId, dpRank), external, count, first);
+  }
+
+  /** A lower tier's stored event (TIER_HOST .. TIER_EXTERNAL), its parent by external hash. */
+  applyStoredTier(
+    workerId: bigint,
+    dpRank: number,
+    tier: number,
+    hasParent: boolean,
+    parentHi: number,
+    parentLo: number,
+    external: Uint32Array,
+    local: Uint32Array,
+    count: number,
+    first = 0,
+  ): StoreStatus {
+    let slot = this.workerTable.find(workerId, dpRank);
+    if (slot < 0 && !hasParent && count > 0) slot = this.workerTable.acquire(workerId, dpRank);
+    return this.storeTierAt(
+      tier,
+      slot,
+      hasParent,
+      parentHi,
+      parentLo,
+      external,
+      local,
+      count,
+      first,
+    );
+  }
+
+  /** A lower tier's stored event below a sequence hash (how a dump restores one). */
+  applyStoredTierUnder(
+    workerId: bigint,
+    dpRank: number,
+    tier: number,
+    hasBase: boolean,
+    baseHi: number,
+    baseLo: number,
+    external: Uint32Array,
+    local: Uint32Array,
+    count: number,
+    first = 0,
+  ): StoreStatus {
+    let slot = this.workerTable.find(workerId, dpRank);
+    if (slot < 0 && count > 0) slot = this.workerTable.acquire(workerId, dpRank);
+    return this.storeTierUnder(tier, slot, hasBase, baseHi, baseLo, external, local, count, first);
+  }
+
+  /** A lower tier's removed event, or every lower tier's (TIER_ANY). */
+  applyRemovedTier(
+    workerId: bigint,
+    dpRank: number,
+    tier: number,
+    external: Uint32Array,
+    count: number,
+    first = 0,
+  ): number {
+    return this.removeTierAt(tier, this.workerTable.find(workerId, dpRank), external, count, first);
   }
 
   applyCleared(workerId: bigint, dpRank: number): void {

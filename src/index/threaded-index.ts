@@ -21,6 +21,7 @@ import {
   type MatchResult,
   newCounters,
   type StoreStatus,
+  type TierMatches,
   type WorkerInfo,
 } from "./types";
 
@@ -55,6 +56,8 @@ export class ThreadedIndex implements KvIndex {
     this.statsNow = {
       workers: 0,
       blocks: 0,
+      copies: 0,
+      lowerTiers: { host_pinned: 0, disk: 0, external: 0, copies: 0 },
       nodes: 0,
       edgeWords: 0,
       lookupEntries: 0,
@@ -136,6 +139,38 @@ export class ThreadedIndex implements KvIndex {
 
   countRejected(): void {
     throw new Error(ON_WRITER);
+  }
+
+  applyStoredTier(): StoreStatus {
+    throw new Error(ON_WRITER);
+  }
+
+  applyStoredTierUnder(): StoreStatus {
+    throw new Error(ON_WRITER);
+  }
+
+  applyRemovedTier(): number {
+    throw new Error(ON_WRITER);
+  }
+
+  storeTierAt(): StoreStatus {
+    throw new Error(ON_WRITER);
+  }
+
+  storeTierUnder(): StoreStatus {
+    throw new Error(ON_WRITER);
+  }
+
+  removeTierAt(): number {
+    throw new Error(ON_WRITER);
+  }
+
+  /**
+   * The lower tiers live in the writer's private memory: this thread sees none, so routes
+   * with a writer thread count the device tier only (docs/decisions.md#lower-tiers).
+   */
+  tierMatches(_chain: Uint32Array, _count: number, _device: MatchResult, out: TierMatches): void {
+    out.reset(0);
   }
 
   dump(): IndexOp[] {

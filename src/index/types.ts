@@ -9,6 +9,19 @@ import type { FreezeJob } from "./pack";
 import type { IndexOp } from "./ops";
 
 export type BackendName = "crtc" | "positional" | "reference";
+
+/**
+ * Storage tiers (docs/decisions.md#lower-tiers): the device (GPU) and the lower tiers an
+ * engine offloads to. TIER_ANY names every tier at once: a removal whose medium kvedge
+ * does not know.
+ */
+export const TIER_DEVICE = 0;
+export const TIER_HOST = 1;
+export const TIER_DISK = 2;
+export const TIER_EXTERNAL = 3;
+export const TIER_ANY = 255;
+export const TIER_NAMES = ["device", "host_pinned", "disk", "external"] as const;
+export type TierName = (typeof TIER_NAMES)[number];
 export const BACKEND_NAMES: readonly BackendName[] = ["crtc", "positional", "reference"];
 
 /** What became of a stored event. Rejected events change nothing (and are counted). */
@@ -36,8 +49,13 @@ export interface IndexCounters {
   blocksStored: number;
   /** (block, worker) pairs that stopped being held (removed, cleared, remove_worker). */
   blocksRemoved: number;
-  /** Stored blocks the worker already held under the same hash (no-ops). */
+  /**
+   * Stored blocks the worker already held under the same hash: one more copy of the
+   * block (vLLM keeps several physical copies of one block and announces each).
+   */
   blocksDuplicate: number;
+  /** Removed hashes of blocks the worker held in more than one copy: one copy fewer, still held. */
+  copiesRemoved: number;
   /** Removed hashes the worker did not hold (skipped). */
   blocksUnknown: number;
   /**
@@ -50,6 +68,16 @@ export interface IndexCounters {
   rejectedBlockSizeMismatch: number;
   rejectedCapacity: number;
   rejectedInvalid: number;
+  /** The same for the lower tiers (host, disk, external), every tier together. */
+  tierStoredEvents: number;
+  tierRemovedEvents: number;
+  tierBlocksStored: number;
+  tierBlocksRemoved: number;
+  tierBlocksDuplicate: number;
+  tierCopiesRemoved: number;
+  tierBlocksUnknown: number;
+  tierHashConflicts: number;
+  tierRejectedParentNotFound: number;
 }
 
 export function newCounters(): IndexCounters {
@@ -61,12 +89,22 @@ export function newCounters(): IndexCounters {
     blocksStored: 0,
     blocksRemoved: 0,
     blocksDuplicate: 0,
+    copiesRemoved: 0,
     blocksUnknown: 0,
     hashConflicts: 0,
     rejectedParentNotFound: 0,
     rejectedBlockSizeMismatch: 0,
     rejectedCapacity: 0,
     rejectedInvalid: 0,
+    tierStoredEvents: 0,
+    tierRemovedEvents: 0,
+    tierBlocksStored: 0,
+    tierBlocksRemoved: 0,
+    tierBlocksDuplicate: 0,
+    tierCopiesRemoved: 0,
+    tierBlocksUnknown: 0,
+    tierHashConflicts: 0,
+    tierRejectedParentNotFound: 0,
   };
 }
 
@@ -118,6 +156,10 @@ export interface IndexStats {
   workers: number;
   /** Held (block, worker) pairs. */
   blocks: number;
+  /** Copies held beyond the first of each held pair (a block the engine holds twice counts 1). */
+  copies: number;
+  /** Held (block, worker) pairs of each lower tier, and their copies beyond the first. */
+  lowerTiers: { host_pinned: number; disk: number; external: number; copies: number };
   /** Tree nodes without the root (crtc), index entries (positional), distinct held blocks (reference). */
   nodes: number;
   /** u32 words of local hashes in live edges (crtc), in live entries (positional); 0 for reference. */
@@ -158,6 +200,59 @@ export class MatchResult {
     while (size < capacity) size *= 2;
     this.workers = new Uint32Array(size);
     this.blocks = new Uint32Array(size);
+  }
+}
+
+/**
+ * A reusable result for `tierMatches`: `count` entries of (worker handle, blocks held
+ * in the host, disk and external tiers right after what the tiers before matched), for
+ * workers with a lower-tier hit only; handles as in MatchResult.
+ */
+export class TierMatches {
+  count = 0;
+  workers = new Uint32Array(16);
+  host = new Uint32Array(16);
+  disk = new Uint32Array(16);
+  external = new Uint32Array(16);
+  private at = new Int32Array(16);
+  private stamp = new Uint32Array(16);
+  private tick = 0;
+
+  /** Empties the result and makes room for `slots` workers (allocates only when it grows). */
+  reset(slots: number): void {
+    this.count = 0;
+    if (this.workers.length < slots) {
+      const size = Math.max(slots, 2 * this.workers.length);
+      this.workers = new Uint32Array(size);
+      this.host = new Uint32Array(size);
+      this.disk = new Uint32Array(size);
+      this.external = new Uint32Array(size);
+      this.at = new Int32Array(size);
+      this.stamp = new Uint32Array(size);
+      this.tick = 0;
+    }
+    if (++this.tick === 0xffff_ffff) {
+      this.stamp.fill(0);
+      this.tick = 1;
+    }
+  }
+
+  /** The entry of worker `slot`, or -1. */
+  indexOf(slot: number): number {
+    return slot < this.stamp.length && this.stamp[slot] === this.tick ? this.at[slot]! : -1;
+  }
+
+  /** The entry of worker `slot`, made (all zeros) if it has none yet. */
+  entryOf(slot: number): number {
+    if (this.stamp[slot] === this.tick) return this.at[slot]!;
+    const at = this.count++;
+    this.stamp[slot] = this.tick;
+    this.at[slot] = at;
+    this.workers[at] = slot;
+    this.host[at] = 0;
+    this.disk[at] = 0;
+    this.external[at] = 0;
+    return at;
   }
 }
 
@@ -204,8 +299,41 @@ export interface KvIndex {
     count: number,
     first?: number,
   ): number;
-  /** The worker holds nothing (it stays present). */
+  /** The worker holds nothing, in no tier (it stays present). */
   applyCleared(workerId: bigint, dpRank: number): void;
+  /** The lower-tier events for a (worker_id, dp_rank): storeTierAt, storeTierUnder, removeTierAt. */
+  applyStoredTier(
+    workerId: bigint,
+    dpRank: number,
+    tier: number,
+    hasParent: boolean,
+    parentHi: number,
+    parentLo: number,
+    external: Uint32Array,
+    local: Uint32Array,
+    count: number,
+    first?: number,
+  ): StoreStatus;
+  applyStoredTierUnder(
+    workerId: bigint,
+    dpRank: number,
+    tier: number,
+    hasBase: boolean,
+    baseHi: number,
+    baseLo: number,
+    external: Uint32Array,
+    local: Uint32Array,
+    count: number,
+    first?: number,
+  ): StoreStatus;
+  applyRemovedTier(
+    workerId: bigint,
+    dpRank: number,
+    tier: number,
+    external: Uint32Array,
+    count: number,
+    first?: number,
+  ): number;
   /** Every dp rank of the worker goes, as if cleared, and its slots are freed. */
   removeWorker(workerId: bigint): void;
   /**
@@ -232,6 +360,48 @@ export interface KvIndex {
   clearAt(slot: number): void;
   /** Counts an event rejected before it reached the index (block size, invalid). */
   countRejected(status: StoreStatus): void;
+
+  /**
+   * A stored event of a lower tier (TIER_HOST, TIER_DISK, TIER_EXTERNAL): the parent is
+   * resolved by the worker's external hash in that tier, the device, the other lower
+   * tiers (README.md, "Lower tiers").
+   */
+  storeTierAt(
+    tier: number,
+    slot: number,
+    hasParent: boolean,
+    parentHi: number,
+    parentLo: number,
+    external: Uint32Array,
+    local: Uint32Array,
+    count: number,
+    first?: number,
+  ): StoreStatus;
+  /** The same below a given sequence hash (`hasBase` false: the root): how a dump restores one. */
+  storeTierUnder(
+    tier: number,
+    slot: number,
+    hasBase: boolean,
+    baseHi: number,
+    baseLo: number,
+    external: Uint32Array,
+    local: Uint32Array,
+    count: number,
+    first?: number,
+  ): StoreStatus;
+  /** A removed event of a lower tier, or of every lower tier (TIER_ANY); returns the unknown count. */
+  removeTierAt(
+    tier: number,
+    slot: number,
+    external: Uint32Array,
+    count: number,
+    first?: number,
+  ): number;
+  /**
+   * For a query whose device matches are `device` (this index's findMatches of it), each
+   * worker's lower-tier hits right after them. `chain`: the query's sequence hashes.
+   */
+  tierMatches(chain: Uint32Array, count: number, device: MatchResult, out: TierMatches): void;
 
   /**
    * For each worker, the largest k such that it holds every block of `local[0..k)`.

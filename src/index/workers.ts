@@ -1,6 +1,10 @@
 /**
  * Per-slot state of the typed-array backends over the shared worker numbering
- * (src/domain/worker-table.ts): each slot that stores gets its own external-hash lookup.
+ * (src/domain/worker-table.ts): each slot that stores gets its own external-hash lookup,
+ * and, only once it holds a block in more than one copy, a copies table (external hash
+ * -> copies beyond the first; vLLM keeps several physical copies of one block and
+ * announces each, docs/decisions.md#copies-counted). A slot whose blocks all have one
+ * copy has no table: the common case costs nothing.
  * A slot's lookup is dropped only by `release`, which callers invoke after every
  * coverage entry naming the slot is gone (remove_worker clears first), so a slot taken
  * again inherits nothing. An index built without a table owns one and frees the slot
@@ -10,6 +14,7 @@
 import { SLOT_LIMIT, type WorkerTable } from "../domain/worker-table";
 import { assert } from "./assert";
 import type { DumpSource } from "./pack";
+import { CopyCounts } from "./copies";
 import { ExternalLookup } from "./lookup";
 import type { WorkerInfo } from "./types";
 
@@ -19,6 +24,8 @@ export class WorkerSlots {
   /** Slots holding a lookup. */
   live = 0;
   readonly lookup: (ExternalLookup | null)[] = [];
+  /** Per slot: copies beyond the first of the blocks it holds (sparse: ./copies.ts). */
+  readonly copies = new CopyCounts();
 
   /** `ownsTable`: free a slot in the table too when its lookup goes. */
   constructor(
@@ -55,10 +62,14 @@ export class WorkerSlots {
     const lookup = this.lookup[slot];
     assert(lookup !== null && lookup !== undefined, "release of a free slot");
     assert(lookup.count === 0, "release of a slot that still holds blocks");
+    assert(this.copies.of(slot) === null, "release of a slot that still counts copies");
     this.lookup[slot] = null;
     this.live--;
     if (this.ownsTable) this.table.release(slot);
-    if (this.live === 0) this.lookup.length = 0;
+    if (this.live === 0) {
+      this.lookup.length = 0;
+      this.copies.reset();
+    }
   }
 
   isLive(slot: number): boolean {
@@ -82,11 +93,11 @@ export class WorkerSlots {
     return total;
   }
 
-  /** Bytes of the lookups (and of the table when this index owns it). */
+  /** Bytes of the lookups and copies tables (and of the worker table when this index owns it). */
   bytes(): number {
     let total = this.ownsTable ? this.table.bytes() : 0;
     for (let slot = 0; slot < this.lookup.length; slot++) total += this.lookup[slot]?.bytes() ?? 0;
-    return total;
+    return total + this.copies.bytes();
   }
 
   /** Every slot holding state, with its block count. */
@@ -104,15 +115,18 @@ export class WorkerSlots {
     return list;
   }
 
-  /** The dump's worker walk: each slot's (external hash, block key) pairs. */
+  /** The dump's worker walk: each slot's (external hash, block key) pairs and its copies. */
   readonly forEachWorker: DumpSource["forEachWorker"] = (visit) => {
-    for (const { workerId, dpRank, table, count } of this.presentLookups()) {
+    for (const { workerId, dpRank, table, count, copies } of this.presentLookups()) {
       const held = heldOf(table, count);
-      visit(workerId, dpRank, held.external, held.keys, held.count);
+      visit(workerId, dpRank, held.external, held.keys, held.count, copies);
     }
   };
 
-  /** Every present slot's lookup table (the live one: a freeze copies it) and block count. */
+  /**
+   * Every present slot's lookup table (the live one: a freeze copies it), block count
+   * and extra copies (read now: copies are few).
+   */
   presentLookups(): PresentLookup[] {
     const present: PresentLookup[] = [];
     for (let slot = 0; slot < this.lookup.length; slot++) {
@@ -123,6 +137,7 @@ export class WorkerSlots {
         dpRank: this.table.dpRankOf(slot),
         table: lookup.table,
         count: lookup.count,
+        copies: this.copies.byKey(slot, lookup),
       });
     }
     return present;
@@ -134,6 +149,8 @@ export interface PresentLookup {
   readonly dpRank: number;
   readonly table: Uint32Array;
   readonly count: number;
+  /** (block key, copies beyond the first) pairs. */
+  readonly copies: Uint32Array;
 }
 
 /** A lookup table's (external hash, block key) pairs. */

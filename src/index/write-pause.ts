@@ -20,6 +20,8 @@ import type { KvIndex } from "./types";
 const STORE = 1;
 const REMOVE = 2;
 const CLEAR = 3;
+const TIER_STORE = 4;
+const TIER_REMOVE = 5;
 
 export class WritePause {
   /** Held writes: kind, slot, then per kind (see `storeAt` and `removeAt`). */
@@ -103,6 +105,53 @@ export class WritePause {
     this.held();
   }
 
+  /** A lower tier's store: held as a store with its tier in the kind word. */
+  storeTierAt(
+    tier: number,
+    slot: number,
+    hasParent: boolean,
+    parentHi: number,
+    parentLo: number,
+    external: Uint32Array,
+    local: Uint32Array,
+    count: number,
+    first: number,
+  ): void {
+    if (!this.paused) {
+      this.index.storeTierAt(
+        tier,
+        slot,
+        hasParent,
+        parentHi,
+        parentLo,
+        external,
+        local,
+        count,
+        first,
+      );
+      return;
+    }
+    const at = this.at;
+    this.storeAt(slot, hasParent, parentHi, parentLo, external, local, count, first);
+    this.log[at] = TIER_STORE | (tier << 8);
+  }
+
+  removeTierAt(
+    tier: number,
+    slot: number,
+    external: Uint32Array,
+    count: number,
+    first: number,
+  ): void {
+    if (!this.paused) {
+      this.index.removeTierAt(tier, slot, external, count, first);
+      return;
+    }
+    const at = this.at;
+    this.removeAt(slot, external, count, first);
+    this.log[at] = TIER_REMOVE | (tier << 8);
+  }
+
   clearAt(slot: number): void {
     if (!this.paused) {
       this.index.clearAt(slot);
@@ -137,18 +186,23 @@ export class WritePause {
     const end = this.at;
     this.at = 0;
     for (let at = 0; at < end; ) {
-      const kind = log[at]!;
+      const kind = log[at]! & 0xff;
+      const tier = log[at]! >>> 8;
       const slot = log[at + 1]! | 0; // -1 (no slot) survives the round trip
-      if (kind === STORE) {
+      if (kind === STORE || kind === TIER_STORE) {
         const count = log[at + 5]!;
         const external = log.subarray(at + 6, at + 6 + 2 * count);
         const local = log.subarray(at + 6 + 2 * count, at + 6 + 4 * count);
         const hasParent = log[at + 2] === 1;
-        index.storeAt(slot, hasParent, log[at + 3]!, log[at + 4]!, external, local, count, 0);
+        const [hi, lo] = [log[at + 3]!, log[at + 4]!];
+        if (kind === STORE) index.storeAt(slot, hasParent, hi, lo, external, local, count, 0);
+        else index.storeTierAt(tier, slot, hasParent, hi, lo, external, local, count, 0);
         at += 6 + 4 * count;
-      } else if (kind === REMOVE) {
+      } else if (kind === REMOVE || kind === TIER_REMOVE) {
         const count = log[at + 2]!;
-        index.removeAt(slot, log.subarray(at + 3, at + 3 + 2 * count), count, 0);
+        const external = log.subarray(at + 3, at + 3 + 2 * count);
+        if (kind === REMOVE) index.removeAt(slot, external, count, 0);
+        else index.removeTierAt(tier, slot, external, count, 0);
         at += 3 + 2 * count;
       } else {
         index.clearAt(slot);

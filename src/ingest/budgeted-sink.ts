@@ -33,6 +33,24 @@ export interface IndexWrites {
   ): unknown;
   removeAt(slot: number, external: Uint32Array, count: number, first: number): unknown;
   clearAt(slot: number): void;
+  storeTierAt(
+    tier: number,
+    slot: number,
+    hasParent: boolean,
+    parentHi: number,
+    parentLo: number,
+    external: Uint32Array,
+    local: Uint32Array,
+    count: number,
+    first: number,
+  ): unknown;
+  removeTierAt(
+    tier: number,
+    slot: number,
+    external: Uint32Array,
+    count: number,
+    first: number,
+  ): unknown;
 }
 
 export function budgetedSink(
@@ -49,6 +67,13 @@ export function budgetedSink(
       else index.storeAt(slot, hasParent, parentHi, parentLo, external, local, count, first);
     },
     removeAt: (slot, external, count, first) => index.removeAt(slot, external, count, first),
+    storeTierAt: (tier, slot, hasParent, parentHi, parentLo, external, local, count, first) => {
+      if (slot >= 0 && !budget.admits()) events.refused(slot, count);
+      else
+        index.storeTierAt(tier, slot, hasParent, parentHi, parentLo, external, local, count, first);
+    },
+    removeTierAt: (tier, slot, external, count, first) =>
+      index.removeTierAt(tier, slot, external, count, first),
     clearAt: (slot) => {
       index.clearAt(slot);
       events.cleared(slot);

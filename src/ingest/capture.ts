@@ -8,6 +8,9 @@
  *    "block_hashes":[...],"token_ids":[...],"block_size":16,"lora_name":null,"cache_salt":null}
  *   {"op":"removed",...}  {"op":"cleared",...}
  *
+ * An operation of a lower tier carries its `tier` (host_pinned, disk, external; a
+ * removal of unknown or no medium, `any`), as `kvedge apply` reads it.
+ *
  * A capture is the wire: only what the engine sent. kvedge's own continuity decisions
  * (an engine restart proven, a rebuild from the replay ring, lost batches) clear its
  * index in `serve`; here they are log lines on stderr and counts in the summary, not
@@ -15,6 +18,7 @@
  */
 import { hashTokens, LoraAdapters } from "../hash";
 import { WorkerTable } from "../domain/worker-table";
+import { TIER_ANY, TIER_DEVICE, TIER_NAMES } from "../index/types";
 import type { Logger } from "../util/log";
 import { u64String } from "../util/u64";
 import { type DecodedBatch, FLAG_EAGLE, FLAG_LORA_ID, FLAG_PARENT } from "../wire/kv-events";
@@ -51,23 +55,20 @@ export class Capture {
     const worker = options.workerId.toString();
     const kinds = this.kinds;
     const tap: KvEventTap = {
-      stored(batch, event, count, rank, cacheSalt, lora) {
+      stored(batch, event, count, rank, cacheSalt, lora, tier) {
         kinds.stored++;
-        options.onOp(storedOp(batch, event, count, worker, rank, cacheSalt, lora));
+        const op = storedOp(batch, event, count, worker, rank, cacheSalt, lora);
+        options.onOp(withTier(op, tier));
       },
       cleared(_batch, _event, rank) {
         kinds.cleared++;
         options.onOp({ op: "cleared", worker_id: worker, dp_rank: rank });
       },
-      removed(batch, event, count, rank) {
+      removed(batch, event, count, rank, tier) {
         kinds.removed++;
         const blockHashes = hashList(batch, event, count);
-        options.onOp({
-          op: "removed",
-          worker_id: worker,
-          dp_rank: rank,
-          block_hashes: blockHashes,
-        });
+        const op = { op: "removed", worker_id: worker, dp_rank: rank, block_hashes: blockHashes };
+        options.onOp(withTier(op, tier));
       },
     };
     // The index is not needed: the tap sees what the wire said.
@@ -75,6 +76,8 @@ export class Capture {
       workerTable: new WorkerTable(),
       storeAt: () => {},
       removeAt: () => {},
+      storeTierAt: () => {},
+      removeTierAt: () => {},
       clearAt: () => {},
     };
     this.source = new EngineSource(
@@ -146,6 +149,12 @@ function hashList(batch: DecodedBatch, event: number, count: number): string[] {
     hashes.push(u64String(batch.hashes[2 * i]!, batch.hashes[2 * i + 1]!));
   }
   return hashes;
+}
+
+/** The op with its tier named when not the device's (`any`: every tier). */
+function withTier(op: CapturedOp, tier: number): CapturedOp {
+  if (tier === TIER_DEVICE) return op;
+  return { ...op, tier: tier === TIER_ANY ? "any" : TIER_NAMES[tier] };
 }
 
 function storedOp(

@@ -12,16 +12,21 @@
  * 1. ownership: an event that names an owner (`"kvcr"` or any other) is filtered;
  *    (Ignored events never get here: the decoder skips and counts unknown tags);
  * 2. locality: absent or `LOCAL` is kept, anything else filtered;
- * 3. medium -> tier: GPU/DEVICE (or none) = device; CPU, CPU_PINNED, CPU_TIER1 =
- *    host_pinned; CPU_TIER2, DISK, NVME, STORAGE = disk; EXTERNAL, NETWORK, REMOTE,
- *    SHARED = external; other = filtered. Only the device tier is applied for now;
- *    the others are counted (disk and external skip the steps below, as in Dynamo);
+ * 3. medium -> tier, case-insensitive: GPU/DEVICE (or none) = device; CPU,
+ *    CPU_PINNED, CPU_TIER1 = host_pinned; CPU_TIER2, DISK, NVME, STORAGE = disk;
+ *    EXTERNAL, NETWORK, REMOTE, SHARED = external. A store of another medium is
+ *    filtered (`unknown_medium`, logged once); a removal of another medium, or of
+ *    none, removes the blocks from every tier (`any`: it must not leave a block indexed
+ *    the engine may have dropped). Every tier is indexed (src/index/README.md, "Lower
+ *    tiers"); unlike Dynamo, disk and external go through the steps below too;
  * 4. attention group: learn (dp rank, group) -> kind from stores carrying both; keep
  *    only main attention (full, MLA, sink-full); an unlearned group only if 0;
- * 5. cache namespace: a store without a salt inherits its parent's (ambiguous parent
- *    -> filtered), a store with one records it for its blocks, an unsalted store of
- *    blocks recorded salted makes them ambiguous (as Dynamo does); removes and clears
- *    forget (NamespaceTable);
+ * 5. cache namespace, per tier: a store without a salt inherits its parent's (its
+ *    tier's record, else the device's, else another tier's; ambiguous parent ->
+ *    filtered), a store with one records it for its blocks in its tier, an unsalted
+ *    store of blocks recorded salted in its tier makes them ambiguous (as Dynamo
+ *    does); removes forget in their tier (every tier: `any`), clears in every tier
+ *    (NamespaceTable);
  * 6. conversion of a store: a hash repeated within the event (parent included) ->
  *    rejected whole (`self_reference`); block_size != the index block size -> rejected
  *    whole (`block_size_mismatch`; Dynamo stops at the first mismatching block, but
@@ -59,6 +64,7 @@ import {
   type DecodeErrorKind,
 } from "../wire/kv-events";
 import type { WorkerTable } from "../domain/worker-table";
+import { TIER_ANY, TIER_DEVICE, TIER_EXTERNAL } from "../index/types";
 import { capacityFor, mix, TABLE_CAPACITY_MIN } from "../util/tables";
 import { AMBIGUOUS, NamespaceTable } from "./namespace";
 import { RankSlots, type SlotAcquire } from "./rank-slots";
@@ -86,8 +92,27 @@ export interface KvEventSink {
     first: number,
   ): void;
   removeAt(slot: number, external: Uint32Array, count: number, first: number): void;
-  /** Every block of the slot's worker is gone. */
+  /** Every block of the slot's worker is gone, in every tier. */
   clearAt(slot: number): void;
+  /** The same in a lower tier (TIER_HOST .. TIER_EXTERNAL; removals also TIER_ANY: every lower tier). */
+  storeTierAt(
+    tier: number,
+    slot: number,
+    hasParent: boolean,
+    parentHi: number,
+    parentLo: number,
+    external: Uint32Array,
+    local: Uint32Array,
+    count: number,
+    first: number,
+  ): void;
+  removeTierAt(
+    tier: number,
+    slot: number,
+    external: Uint32Array,
+    count: number,
+    first: number,
+  ): void;
 }
 
 /**
@@ -105,16 +130,19 @@ export interface KvEventTap {
     dpRank: number,
     cacheSalt: string | null,
     lora: string | null,
+    tier: number,
   ): void;
-  removed(batch: DecodedBatch, event: number, count: number, dpRank: number): void;
+  /** `tier`: a TIERS index, or TIER_ANY (every tier: a removal of unknown or no medium). */
+  removed(batch: DecodedBatch, event: number, count: number, dpRank: number, tier: number): void;
   /** An AllBlocksCleared from the wire (not a clear kvedge decided on itself). */
   cleared(batch: DecodedBatch, event: number, dpRank: number): void;
 }
 
 export const TIERS = ["device", "host_pinned", "disk", "external"] as const;
 export type Tier = (typeof TIERS)[number];
-const DEVICE = 0;
-const HOST_PINNED = 1;
+/** The tiers events are counted by: TIERS, and `any` for removals of unknown or no medium. */
+const COUNTED_TIERS = [...TIERS, "any"] as const;
+const DEVICE = TIER_DEVICE;
 
 export const REJECT_REASONS = [
   "ownership",
@@ -142,8 +170,8 @@ export class NormalizeCounters {
   events = { stored: 0, removed: 0, cleared: 0 };
   unknownTags = 0;
   unknownFields = 0;
-  eventsByTier = zeros(TIERS);
-  blocksByTier = zeros(TIERS);
+  eventsByTier = zeros(COUNTED_TIERS);
+  blocksByTier = zeros(COUNTED_TIERS);
   /** Events with at least one block rejected for the reason (filtered events: all blocks). */
   rejectedEvents = zeros(REJECT_REASONS);
   rejectedBlocks = zeros(REJECT_REASONS);
@@ -219,7 +247,9 @@ export class KvEventNormalizer {
   private readonly lora: LoraAdapters;
   private readonly onceLog: OnceLog;
   private readonly decoded: DecodedBatch;
-  private readonly namespaces: NamespaceTable;
+  /** Per tier (the lower ones made at their first salted block). */
+  private readonly namespaces: (NamespaceTable | null)[];
+  private readonly namespaceEntriesMax: number;
   /** (dp rank, group) -> is main attention. */
   private readonly groups = new Map<number, boolean>();
   private readonly tierOfMedium = new Map<string, number>();
@@ -229,6 +259,8 @@ export class KvEventNormalizer {
   private opKind = new Uint8Array(64);
   private opEvent = new Uint32Array(64);
   private opCount = new Uint32Array(64);
+  /** The tier of each op: a TIERS index, or TIER_ANY (a removal of unknown medium). */
+  private opTier = new Uint8Array(64);
   /** The effective cache salt and LoRA identity of each stored op (for the tap). */
   private readonly opSalt: (string | null)[] = [];
   private readonly opLora: (string | null)[] = [];
@@ -257,16 +289,17 @@ export class KvEventNormalizer {
       (options.log ?? silentLogger).child({ component: "kv-normalize", worker: options.workerId }),
     );
     this.decoded = options.decoded ?? (sharedDecoded ??= new DecodedBatch());
-    this.namespaces = new NamespaceTable(options.namespaceEntriesMax ?? 1 << 20);
+    this.namespaceEntriesMax = options.namespaceEntriesMax ?? 1 << 20;
+    this.namespaces = [new NamespaceTable(this.namespaceEntriesMax), null, null, null];
   }
 
   /** Salted blocks remembered now, and bytes held for them. */
   get namespaceEntries(): number {
-    return this.namespaces.size;
+    return this.namespaces.reduce((sum, table) => sum + (table?.size ?? 0), 0);
   }
 
   get namespaceBytes(): number {
-    return this.namespaces.bytes;
+    return this.namespaces.reduce((sum, table) => sum + (table?.bytes ?? 0), 0);
   }
 
   /**
@@ -326,7 +359,7 @@ export class KvEventNormalizer {
 
   /** Forgets what was learned from the stream (call when the engine restarted). */
   reset(): void {
-    this.namespaces.clear();
+    for (const table of this.namespaces) table?.clear();
     this.groups.clear();
   }
 
@@ -342,33 +375,28 @@ export class KvEventNormalizer {
     if (locality !== NO_STRING && batch.strings.get(locality).toUpperCase() !== "LOCAL") {
       return this.reject("locality", blocks);
     }
-    const tier = kind === EVENT_CLEARED ? DEVICE : this.tierOf(batch.string(batch.medium[e]!));
+    const tier = this.tierOfEvent(batch, e, kind);
     if (tier === UNKNOWN_MEDIUM) {
-      this.onceLog.report("unknown_medium", "filtered KV events of an unknown medium", {
+      this.onceLog.report("unknown_medium", "filtered KV stores of an unknown medium", {
         medium: batch.string(batch.medium[e]!),
       });
       return this.reject("unknown_medium", blocks);
     }
-    this.counters.eventsByTier[TIERS[tier]!]++;
-    this.counters.blocksByTier[TIERS[tier]!] += blocks;
-    if (tier > HOST_PINNED) return;
+    this.counters.eventsByTier[COUNTED_TIERS[tier === TIER_ANY ? 4 : tier]!]++;
+    this.counters.blocksByTier[COUNTED_TIERS[tier === TIER_ANY ? 4 : tier]!] += blocks;
     if (kind !== EVENT_CLEARED && !this.mainAttention(batch, e, dpRank))
       return this.reject("attention_group", blocks);
     let namespace: string | null = null;
     if (kind === EVENT_STORED) {
-      namespace = this.propagateNamespace(batch, e, dpRank);
+      namespace = this.propagateNamespace(batch, e, dpRank, tier);
       if (namespace === AMBIGUOUS) return this.reject("namespace_ambiguous", blocks);
-    } else if (kind === EVENT_REMOVED) {
-      const start = batch.hashStart[e]!;
-      for (let i = start; i < start + blocks; i++)
-        this.namespaces.forget(dpRank, batch.hashes[2 * i]!, batch.hashes[2 * i + 1]!);
-    } else this.namespaces.forgetRank(dpRank);
-    if (tier !== DEVICE) return;
-    if (kind === EVENT_STORED) this.convertStored(batch, e, namespace);
+    } else if (kind === EVENT_REMOVED) this.forgetNamespaces(batch, e, dpRank, tier);
+    else for (const table of this.namespaces) table?.forgetRank(dpRank);
+    if (kind === EVENT_STORED) this.convertStored(batch, e, namespace, tier);
     else if (kind === EVENT_REMOVED) {
-      if (blocks > 0) this.pushOp(OP_REMOVED, e, blocks);
+      if (blocks > 0) this.pushOp(OP_REMOVED, e, blocks, tier);
     } else {
-      this.pushOp(OP_CLEARED, e, 0);
+      this.pushOp(OP_CLEARED, e, 0, DEVICE);
       this.incompleteNow = false; // what was skipped before it no longer matters
     }
   }
@@ -382,6 +410,39 @@ export class KvEventNormalizer {
       event: ["unreadable", "stored", "removed", "cleared"][batch.skipKind[e]!] ?? "unreadable",
       offset: batch.skipAt[e]!,
     });
+  }
+
+  /**
+   * The tier an event applies to: a clear, the device (and every tier, the index
+   * decides); a removal of no medium or one not known, TIER_ANY; a store of an unknown
+   * medium, UNKNOWN_MEDIUM (filtered).
+   */
+  private tierOfEvent(batch: DecodedBatch, e: number, kind: number): number {
+    if (kind === EVENT_CLEARED) return DEVICE;
+    const medium = batch.string(batch.medium[e]!);
+    if (kind !== EVENT_REMOVED) return this.tierOf(medium);
+    if (medium === null || medium === "") return TIER_ANY;
+    const tier = this.tierOf(medium);
+    if (tier !== UNKNOWN_MEDIUM) return tier;
+    this.onceLog.report(
+      "unknown_medium_removal",
+      "removed KV blocks of an unknown medium from every tier",
+      {
+        medium,
+      },
+    );
+    return TIER_ANY;
+  }
+
+  /** A removal's blocks leave its tier's namespace record (every tier's for TIER_ANY). */
+  private forgetNamespaces(batch: DecodedBatch, e: number, dpRank: number, tier: number): void {
+    const start = batch.hashStart[e]!;
+    for (let t = DEVICE; t <= TIER_EXTERNAL; t++) {
+      const table = this.namespaces[t];
+      if (table == null || (tier !== TIER_ANY && tier !== t)) continue;
+      for (let i = start; i < start + batch.hashLength[e]!; i++)
+        table.forget(dpRank, batch.hashes[2 * i]!, batch.hashes[2 * i + 1]!);
+    }
   }
 
   private reject(reason: RejectReason, blocks: number): void {
@@ -421,31 +482,57 @@ export class KvEventNormalizer {
   }
 
   /**
-   * The store's namespace (own salt, else the parent's), recorded for its blocks;
-   * AMBIGUOUS filters it. An unsalted store of blocks recorded under a salt makes them
-   * ambiguous (one hash, two namespaces: which one a child continues is unknown).
+   * The store's namespace (own salt, else the parent's: its tier's record, else the
+   * device's, else another tier's, as the index resolves the parent), recorded for its
+   * blocks in its tier; AMBIGUOUS filters it. An unsalted store of blocks recorded in its
+   * tier under a salt makes them ambiguous (one hash, two namespaces: which one a child
+   * continues is unknown).
    */
-  private propagateNamespace(batch: DecodedBatch, e: number, dpRank: number): string | null {
+  private propagateNamespace(
+    batch: DecodedBatch,
+    e: number,
+    dpRank: number,
+    tier: number,
+  ): string | null {
     const salt = batch.string(batch.cacheSalt[e]!);
     let namespace = salt === "" ? null : salt;
     if (namespace === null && (batch.flags[e]! & FLAG_PARENT) !== 0) {
-      namespace = this.namespaces.get(dpRank, batch.parentHi[e]!, batch.parentLo[e]!) ?? null;
+      namespace = this.parentNamespace(dpRank, tier, batch.parentHi[e]!, batch.parentLo[e]!);
       if (namespace === AMBIGUOUS) return AMBIGUOUS;
     }
     const start = batch.hashStart[e]!;
     const end = start + batch.hashLength[e]!;
     const hashes = batch.hashes;
     if (namespace !== null) {
+      const table = (this.namespaces[tier] ??= new NamespaceTable(this.namespaceEntriesMax));
       for (let i = start; i < end; i++)
-        this.namespaces.record(dpRank, hashes[2 * i]!, hashes[2 * i + 1]!, namespace);
-    } else if (this.namespaces.size > 0) {
+        table.record(dpRank, hashes[2 * i]!, hashes[2 * i + 1]!, namespace);
+    } else if ((this.namespaces[tier]?.size ?? 0) > 0) {
+      const table = this.namespaces[tier]!;
       for (let i = start; i < end; i++)
-        this.namespaces.markUnsalted(dpRank, hashes[2 * i]!, hashes[2 * i + 1]!);
+        table.markUnsalted(dpRank, hashes[2 * i]!, hashes[2 * i + 1]!);
     }
     return namespace;
   }
 
-  private convertStored(batch: DecodedBatch, e: number, namespace: string | null): void {
+  /** A parent's recorded namespace: in `tier`, then the device, then the other lower tiers. */
+  private parentNamespace(dpRank: number, tier: number, hi: number, lo: number): string | null {
+    const own = this.namespaces[tier]?.get(dpRank, hi, lo);
+    if (own !== undefined) return own;
+    for (let t = DEVICE; t <= TIER_EXTERNAL; t++) {
+      const found = t === tier ? undefined : this.namespaces[t]?.get(dpRank, hi, lo);
+      if (found !== undefined) return found;
+    }
+    return null;
+  }
+
+  /** Local hashes for a store's usable blocks; returns how many (0: none to apply). */
+  private convertStored(
+    batch: DecodedBatch,
+    e: number,
+    namespace: string | null,
+    tier: number,
+  ): void {
     const blocks = batch.hashLength[e]!;
     if (blocks === 0) return;
     if (this.repeatsHash(batch, e)) return this.reject("self_reference", blocks);
@@ -461,30 +548,8 @@ export class KvEventNormalizer {
       );
       return this.reject("block_size_mismatch", blocks);
     }
-    let usable = blocks;
-    const mmBlock = batch.mmBlock[e]!;
-    if (mmBlock >= 0 && mmBlock < usable) {
-      this.onceLog.report(
-        "multimodal_unsupported",
-        "rejected KV blocks with multimodal content (hashing does not include MM hashes yet)",
-        {
-          blocks: usable - mmBlock,
-        },
-      );
-      this.reject("multimodal_unsupported", usable - mmBlock);
-      usable = mmBlock;
-    }
     const eagle = (batch.flags[e]! & FLAG_EAGLE) !== 0;
-    const available = blockCount(batch.tokenLength[e]!, blockSize, eagle);
-    if (available < usable) {
-      this.onceLog.report("tokens_short", "rejected KV blocks whose token ids run short", {
-        blocks: usable,
-        tokens: batch.tokenLength[e]!,
-        block_size: blockSize,
-      });
-      this.reject("tokens_short", usable - available);
-      usable = available;
-    }
+    const usable = this.usableBlocks(batch, e, blocks, eagle);
     if (usable === 0) return;
     const tokenStart = batch.tokenStart[e]!;
     const tokenEnd = tokenStart + usable * blockSize + (eagle ? 1 : 0);
@@ -503,7 +568,36 @@ export class KvEventNormalizer {
     if (written !== usable) throw new Error(`hashed ${written} blocks, expected ${usable}`);
     this.opSalt[this.ops] = namespace;
     this.opLora[this.ops] = lora;
-    this.pushOp(OP_STORED, e, usable);
+    this.pushOp(OP_STORED, e, usable, tier);
+  }
+
+  /** Of a store's blocks, those it can hash: cut at multimodal content and where tokens run short (counted). */
+  private usableBlocks(batch: DecodedBatch, e: number, blocks: number, eagle: boolean): number {
+    let usable = blocks;
+    const blockSize = this.blockSize;
+    const mmBlock = batch.mmBlock[e]!;
+    if (mmBlock >= 0 && mmBlock < usable) {
+      this.onceLog.report(
+        "multimodal_unsupported",
+        "rejected KV blocks with multimodal content (hashing does not include MM hashes yet)",
+        {
+          blocks: usable - mmBlock,
+        },
+      );
+      this.reject("multimodal_unsupported", usable - mmBlock);
+      usable = mmBlock;
+    }
+    const available = blockCount(batch.tokenLength[e]!, blockSize, eagle);
+    if (available < usable) {
+      this.onceLog.report("tokens_short", "rejected KV blocks whose token ids run short", {
+        blocks: usable,
+        tokens: batch.tokenLength[e]!,
+        block_size: blockSize,
+      });
+      this.reject("tokens_short", usable - available);
+      usable = available;
+    }
+    return usable;
   }
 
   /** The LoRA identity of a store: its name, else its id (src/hash/lora.ts). */
@@ -533,17 +627,39 @@ export class KvEventNormalizer {
     return this.seen.repeats(hashes, start, count, hasParent, parentHi, parentLo);
   }
 
-  private pushOp(kind: number, event: number, count: number): void {
+  private pushOp(kind: number, event: number, count: number, tier: number): void {
     if (this.ops === this.opKind.length) {
       const capacity = this.ops * 2;
       this.opKind = copyInto(this.opKind, new Uint8Array(capacity));
       this.opEvent = copyInto(this.opEvent, new Uint32Array(capacity));
       this.opCount = copyInto(this.opCount, new Uint32Array(capacity));
+      this.opTier = copyInto(this.opTier, new Uint8Array(capacity));
     }
     this.opKind[this.ops] = kind;
     this.opEvent[this.ops] = event;
     this.opCount[this.ops] = count;
+    this.opTier[this.ops] = tier;
     this.ops++;
+  }
+
+  private storeTier(
+    batch: DecodedBatch,
+    e: number,
+    tier: number,
+    slot: number,
+    count: number,
+  ): void {
+    this.sink.storeTierAt(
+      tier,
+      slot,
+      (batch.flags[e]! & FLAG_PARENT) !== 0,
+      batch.parentHi[e]!,
+      batch.parentLo[e]!,
+      batch.hashes,
+      this.local,
+      count,
+      batch.hashStart[e]!,
+    );
   }
 
   private emit(batch: DecodedBatch, dpRank: number): void {
@@ -553,24 +669,30 @@ export class KvEventNormalizer {
     for (let op = 0; op < this.ops; op++) {
       const e = this.opEvent[op]!;
       const count = this.opCount[op]!;
+      const tier = this.opTier[op]!;
       switch (this.opKind[op]) {
         case OP_STORED:
-          sink.storeAt(
-            slot,
-            (batch.flags[e]! & FLAG_PARENT) !== 0,
-            batch.parentHi[e]!,
-            batch.parentLo[e]!,
-            batch.hashes,
-            this.local,
-            count,
-            batch.hashStart[e]!,
-          );
-          this.tap?.stored(batch, e, count, dpRank, this.opSalt[op]!, this.opLora[op]!);
+          if (tier === DEVICE)
+            sink.storeAt(
+              slot,
+              (batch.flags[e]! & FLAG_PARENT) !== 0,
+              batch.parentHi[e]!,
+              batch.parentLo[e]!,
+              batch.hashes,
+              this.local,
+              count,
+              batch.hashStart[e]!,
+            );
+          else this.storeTier(batch, e, tier, slot, count);
+          this.tap?.stored(batch, e, count, dpRank, this.opSalt[op]!, this.opLora[op]!, tier);
           counters.appliedStoredBlocks += count;
           break;
         case OP_REMOVED:
-          sink.removeAt(slot, batch.hashes, count, batch.hashStart[e]!);
-          this.tap?.removed(batch, e, count, dpRank);
+          if (tier !== DEVICE)
+            sink.removeTierAt(tier, slot, batch.hashes, count, batch.hashStart[e]!);
+          if (tier === DEVICE || tier === TIER_ANY)
+            sink.removeAt(slot, batch.hashes, count, batch.hashStart[e]!);
+          this.tap?.removed(batch, e, count, dpRank, tier);
           counters.appliedRemovedBlocks += count;
           break;
         default:

@@ -9,7 +9,10 @@
  *   decay        = 1 / (1 + d * ((active_prefill_tokens[w] - min_w') / bs) / ceil(isl / bs))
  *                  when overlap_score_credit_decay d > 0, else 1
  *   overlap      = device overlap blocks[w] * (degraded[w] ? degraded_overlap_weight : 1)
- *   prefill_cost = prefill_load_scale * max(0, raw_prefill - overlap_score_credit * decay * overlap)
+ *   lower        = (host_cache_hit_weight * host blocks[w] + disk_cache_hit_weight *
+ *                  (disk + external blocks[w])) * (degraded[w] ? degraded_overlap_weight : 1)
+ *                  (the lower tiers' blocks right after the device's; reference §5.1)
+ *   prefill_cost = prefill_load_scale * max(0, raw_prefill - overlap_score_credit * decay * overlap - lower)
  *   decode       = active_decode_blocks[w] + (n - blocks of the prompt already active on w)
  *   cost         = prefill_cost + decode + decode_active_request_weight * active_requests[w]
  *
@@ -32,6 +35,7 @@ import {
   kvReadMs,
   ownPrefillTokens,
   predictTtft,
+  reloadMsOf,
   type RoutePolicy,
   stepsUntilFirstToken,
   TtftParts,
@@ -51,6 +55,10 @@ export interface RouteWeights {
   readonly temperature: number;
   /** Factor on a degraded worker's overlap (0 = ignore it, 1 = trust it fully). */
   readonly degradedOverlapWeight: number;
+  /** Credit of a host-tier block beyond the device match, in device blocks. */
+  readonly hostCacheHitWeight: number;
+  /** Credit of a disk or external block beyond the host match, in device blocks. */
+  readonly diskCacheHitWeight: number;
 }
 
 /** Dynamo's defaults (reference §5.6), plus kvedge's degraded-worker discount. */
@@ -61,6 +69,8 @@ export const DEFAULT_ROUTE_WEIGHTS: RouteWeights = {
   decodeActiveRequestWeight: 0,
   temperature: 0,
   degradedOverlapWeight: 0.5,
+  hostCacheHitWeight: 0.75,
+  diskCacheHitWeight: 0.25,
 };
 
 /** An engine's two speed constants that calibration learns. */
@@ -104,6 +114,13 @@ export interface Overlaps {
   readonly count: number;
   readonly slots: ArrayLike<number>;
   readonly blocks: ArrayLike<number>;
+  /**
+   * The lower tiers' blocks right after the device's (src/index/tiers.ts), per entry;
+   * absent when no worker has any. An entry may then have 0 device blocks.
+   */
+  readonly host?: ArrayLike<number>;
+  readonly disk?: ArrayLike<number>;
+  readonly external?: ArrayLike<number>;
 }
 
 export const NO_OVERLAPS: Overlaps = { count: 0, slots: [], blocks: [] };
@@ -136,6 +153,10 @@ export interface Candidate {
   readonly overlapKind: OverlapKind;
   /** Blocks of the prompt the worker's active requests cover. */
   readonly pendingBlocks: number;
+  /** Lower-tier blocks right after them: host, disk, external. */
+  readonly hostBlocks: number;
+  readonly diskBlocks: number;
+  readonly externalBlocks: number;
   readonly cost: number;
   readonly degraded: boolean;
   readonly activePrefillTokens: number;
@@ -145,6 +166,8 @@ export interface Candidate {
   readonly predictedTtftMs: number;
   /** Prefill already routed to the worker, ahead of this request (ms). */
   readonly queueMs: number;
+  /** Copying the lower tiers' blocks back to the device (ms). */
+  readonly reloadMs: number;
   /** This request's uncached prefill (ms). */
   readonly prefillMs: number;
   /** Per-step overhead (weights and decode KV reads) over the steps until its first token (ms). */
@@ -161,6 +184,10 @@ export interface RouteDecision {
   readonly pendingBlocks: number;
   /** Blocks counted as cached on the chosen worker: the (trusted) overlap or the pending blocks. */
   readonly creditedBlocks: number;
+  /** Lower-tier blocks right after the device's on the chosen worker. */
+  readonly hostBlocks: number;
+  readonly diskBlocks: number;
+  readonly externalBlocks: number;
   readonly cost: number;
   /** The chosen worker's predicted time to first token (ms). */
   readonly predictedTtftMs: number;
@@ -203,6 +230,9 @@ export class CandidateList {
   /** Index in OVERLAP_KINDS. */
   overlapKinds = NO_U8;
   pendingBlocks = NO_F64;
+  hostBlocks = NO_F64;
+  diskBlocks = NO_F64;
+  externalBlocks = NO_F64;
   costs = NO_F64;
   degraded = NO_U8;
   activePrefillTokens = NO_F64;
@@ -210,6 +240,7 @@ export class CandidateList {
   activeRequests = NO_U32;
   predictedTtftMs = NO_F64;
   queueMs = NO_F64;
+  reloadMs = NO_F64;
   prefillMs = NO_F64;
   stepsMs = NO_F64;
 
@@ -224,6 +255,9 @@ export class CandidateList {
       overlapBlocks: this.overlapBlocks[i]!,
       overlapKind: OVERLAP_KINDS[this.overlapKinds[i]!]!,
       pendingBlocks: this.pendingBlocks[i]!,
+      hostBlocks: this.hostBlocks[i]!,
+      diskBlocks: this.diskBlocks[i]!,
+      externalBlocks: this.externalBlocks[i]!,
       cost: this.costs[i]!,
       degraded: this.degraded[i] === 1,
       activePrefillTokens: this.activePrefillTokens[i]!,
@@ -231,6 +265,7 @@ export class CandidateList {
       activeRequests: this.activeRequests[i]!,
       predictedTtftMs: this.predictedTtftMs[i]!,
       queueMs: this.queueMs[i]!,
+      reloadMs: this.reloadMs[i]!,
       prefillMs: this.prefillMs[i]!,
       stepsMs: this.stepsMs[i]!,
     };
@@ -249,6 +284,9 @@ export class CandidateList {
     this.overlapBlocks = new Float64Array(capacity);
     this.overlapKinds = new Uint8Array(capacity);
     this.pendingBlocks = new Float64Array(capacity);
+    this.hostBlocks = new Float64Array(capacity);
+    this.diskBlocks = new Float64Array(capacity);
+    this.externalBlocks = new Float64Array(capacity);
     this.costs = new Float64Array(capacity);
     this.degraded = new Uint8Array(capacity);
     this.activePrefillTokens = new Float64Array(capacity);
@@ -256,6 +294,7 @@ export class CandidateList {
     this.activeRequests = new Uint32Array(capacity);
     this.predictedTtftMs = new Float64Array(capacity);
     this.queueMs = new Float64Array(capacity);
+    this.reloadMs = new Float64Array(capacity);
     this.prefillMs = new Float64Array(capacity);
     this.stepsMs = new Float64Array(capacity);
   }
@@ -280,6 +319,12 @@ export class Router {
   private readonly random: () => number;
   // Scratch, by slot, reused by every decision.
   private overlapBySlot = new Float64Array(0);
+  /** Lower tiers' blocks by slot: filled (and used) only while a decision has any. */
+  private hostBySlot = new Float64Array(0);
+  private diskBySlot = new Float64Array(0);
+  private externalBySlot = new Float64Array(0);
+  /** Whether this decision's overlaps have lower-tier blocks (else the arrays above are 0). */
+  private tiered = false;
   private depthBySlot = new Uint32Array(0);
   private costBySlot = new Float64Array(0);
   private ttftBySlot = new Float64Array(0);
@@ -361,10 +406,43 @@ export class Router {
       overlapBlocks: overlap[best]!,
       pendingBlocks: this.depthBySlot[best]!,
       creditedBlocks: held,
+      hostBlocks: this.tiered ? this.hostBySlot[best]! : 0,
+      diskBlocks: this.tiered ? this.diskBySlot[best]! : 0,
+      externalBlocks: this.tiered ? this.externalBySlot[best]! : 0,
       cost: this.costBySlot[best]!,
       predictedTtftMs,
       candidates,
     };
+  }
+
+  /** Blocks `slot` holds of the request in every tier (the device's, then the lower tiers'). */
+  private heldBlocks(slot: number): number {
+    const device = this.overlapBySlot[slot]!;
+    if (!this.tiered) return device;
+    return device + this.hostBySlot[slot]! + this.diskBySlot[slot]! + this.externalBySlot[slot]!;
+  }
+
+  /** `blocks` as the router trusts them on `slot`: a degraded worker's discounted. */
+  private trusted(slot: number, blocks: number): number {
+    return this.load.degraded[slot] === 1 ? blocks * this.weights.degradedOverlapWeight : blocks;
+  }
+
+  /** The lower tiers' credit on `slot` in device blocks (reference §5.1), trusted. */
+  private lowerTrusted(slot: number): number {
+    const { hostCacheHitWeight, diskCacheHitWeight } = this.weights;
+    const lower = this.diskBySlot[slot]! + this.externalBySlot[slot]!;
+    return this.trusted(
+      slot,
+      hostCacheHitWeight * this.hostBySlot[slot]! + diskCacheHitWeight * lower,
+    );
+  }
+
+  /** Time to copy `slot`'s lower-tier blocks of the request back to the device (ms), trusted. */
+  private reloadMs(slot: number): number {
+    if (!this.tiered) return 0;
+    const lower = this.diskBySlot[slot]! + this.externalBySlot[slot]!;
+    const ms = reloadMsOf(this.ttft, this.hostBySlot[slot]!, lower, this.load.blockSize);
+    return this.trusted(slot, ms);
   }
 
   /**
@@ -373,9 +451,7 @@ export class Router {
    * cover if more (kvedge's own knowledge, whatever the engine's stream says).
    */
   private creditedBlocks(slot: number): number {
-    const overlap = this.overlapBySlot[slot]!;
-    const trusted =
-      this.load.degraded[slot] === 1 ? overlap * this.weights.degradedOverlapWeight : overlap;
+    const trusted = this.trusted(slot, this.heldBlocks(slot));
     return this.pendingCredit ? Math.max(trusted, this.depthBySlot[slot]!) : trusted;
   }
 
@@ -520,8 +596,8 @@ export class Router {
       const slotPrefill = prefill[slot]!;
       let held = degraded[slot] === 1 ? overlap[slot]! * degradedWeight : overlap[slot]!;
       if (decayScale > 0) held /= 1 + decayScale * (slotPrefill - minPrefill);
-      const prefillCost =
-        scale * Math.max(0, (slotPrefill + tokenCount) / blockSize - credit * held);
+      const raw = (slotPrefill + tokenCount) / blockSize - credit * held;
+      const prefillCost = scale * Math.max(0, this.tiered ? raw - this.lowerTrusted(slot) : raw);
       costs[slot] =
         prefillCost + decode[slot]! + (blockCount - depth[slot]!) + requestWeight * active[slot]!;
     }
@@ -559,13 +635,15 @@ export class Router {
     const stepBaseMs = times.stepBaseMs;
     const speedFactor = calibration?.speedFactor;
     const stepFactor = calibration?.stepFactor;
+    const tiered = this.tiered;
     // Blocks cached somewhere, and credited somewhere (cached or pending): recomputing
     // what is only pending elsewhere is charged at the pending weight (see below).
     const pendingRelief = pendingCredit ? weight - this.pendingRecomputeWeight : 0;
     const { cachedMax, creditedMax } = pendingRelief > 0 ? this.creditedMaxima() : NO_MAXIMA;
     for (let i = 0; i < load.liveCount; i++) {
       const slot = slots[i]!;
-      const trusted = degraded[slot] === 1 ? overlap[slot]! * degradedWeight : overlap[slot]!;
+      const blocks = tiered ? this.heldBlocks(slot) : overlap[slot]!;
+      const trusted = degraded[slot] === 1 ? blocks * degradedWeight : blocks;
       const held = pendingCredit && pending[slot]! > trusted ? pending[slot]! : trusted;
       const cached = Math.min(tokenCount, held * blockSize);
       const slotPrefillPerMs =
@@ -582,6 +660,7 @@ export class Router {
         blockSize,
         slotPrefillPerMs,
         calibration === null ? stepBaseMs : calibration.stepBaseMs * stepFactor![slot]!,
+        tiered ? this.reloadMs(slot) : 0,
       );
       costs[slot] = predicted[slot]! + weight * parts.prefillMs[slot]!;
       if (pendingRelief > 0) {
@@ -605,7 +684,8 @@ export class Router {
     let creditedMax = 0;
     for (let i = 0; i < load.liveCount; i++) {
       const slot = load.liveSlots[i]!;
-      const trusted = load.degraded[slot] === 1 ? overlap[slot]! * degradedWeight : overlap[slot]!;
+      const blocks = this.tiered ? this.heldBlocks(slot) : overlap[slot]!;
+      const trusted = load.degraded[slot] === 1 ? blocks * degradedWeight : blocks;
       if (trusted > cachedMax) cachedMax = trusted;
       const held = pending[slot]! > trusted ? pending[slot]! : trusted;
       if (held > creditedMax) creditedMax = held;
@@ -646,6 +726,7 @@ export class Router {
         : calibration === null
           ? ttft.stepBaseMs
           : calibration.stepBaseMs * calibration.stepFactor[slot]!,
+      this.reloadMs(slot),
     );
   }
 
@@ -686,7 +767,40 @@ export class Router {
       const blocks = Math.min(blockCount, overlaps.blocks[i]!);
       if (blocks > this.overlapBySlot[slot]!) this.overlapBySlot[slot] = blocks;
     }
+    if (this.tiered || overlaps.host !== undefined) this.prepareTiers(blockCount, overlaps);
     this.load.blocks.sharedDepths(chain, blockCount, this.depthBySlot);
+  }
+
+  /** The lower tiers' blocks by slot (zeroed again after a decision that had some). */
+  private prepareTiers(blockCount: number, overlaps: Overlaps): void {
+    const capacity = this.load.slotCapacity;
+    if (this.hostBySlot.length < capacity) {
+      this.hostBySlot = new Float64Array(capacity);
+      this.diskBySlot = new Float64Array(capacity);
+      this.externalBySlot = new Float64Array(capacity);
+    }
+    this.hostBySlot.fill(0, 0, capacity);
+    this.diskBySlot.fill(0, 0, capacity);
+    this.externalBySlot.fill(0, 0, capacity);
+    this.tiered = false;
+    const { host, disk, external } = overlaps;
+    if (host === undefined || disk === undefined || external === undefined) return;
+    const live = this.load.live;
+    for (let i = 0; i < overlaps.count; i++) {
+      const slot = overlaps.slots[i]!;
+      if (!(slot >= 0 && slot < capacity && live[slot] === 1)) continue;
+      // Never past the prompt: the device's blocks first, then each tier's.
+      let left = blockCount - Math.min(blockCount, overlaps.blocks[i]!);
+      const take = (blocks: number) => {
+        const taken = Math.min(left, blocks);
+        left -= taken;
+        return taken;
+      };
+      this.hostBySlot[slot] = take(host[i]!);
+      this.diskBySlot[slot] = take(disk[i]!);
+      this.externalBySlot[slot] = take(external[i]!);
+      if (host[i]! + disk[i]! + external[i]! > 0) this.tiered = true;
+    }
   }
 
   /** The lowest cost; exact ties broken uniformly (reservoir sampling: the k-th tie replaces the pick with probability 1/k). */
@@ -782,6 +896,9 @@ export class Router {
       list.overlapBlocks[i] = this.overlapBySlot[slot]!;
       list.overlapKinds[i] = overlapKindOf(load, slot);
       list.pendingBlocks[i] = this.depthBySlot[slot]!;
+      list.hostBlocks[i] = this.tiered ? this.hostBySlot[slot]! : 0;
+      list.diskBlocks[i] = this.tiered ? this.diskBySlot[slot]! : 0;
+      list.externalBlocks[i] = this.tiered ? this.externalBySlot[slot]! : 0;
       list.costs[i] = costs[slot]!;
       list.degraded[i] = load.degraded[slot]!;
       list.activePrefillTokens[i] = load.activePrefillTokens[slot]!;
@@ -789,6 +906,7 @@ export class Router {
       list.activeRequests[i] = load.activeRequests[slot]!;
       list.predictedTtftMs[i] = this.ttftBySlot[slot]!;
       list.queueMs[i] = this.parts.queueMs[slot]!;
+      list.reloadMs[i] = this.parts.reloadMs[slot]!;
       list.prefillMs[i] = this.parts.prefillMs[slot]!;
       list.stepsMs[i] = this.parts.stepsMs[slot]!;
     }

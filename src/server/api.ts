@@ -7,7 +7,6 @@
 import type { WorkerEntry } from "../config/workers";
 import { checkEndpoint } from "../config";
 import { CAPACITY_BLOCKS_MAX, checkHttpEndpoint } from "../config/workers";
-import { OVERLAP_KINDS } from "../route/router";
 import { KvedgeError } from "../domain/errors";
 import type { LifecycleResult } from "../route/load";
 import { REQUEST_ID_LENGTH_MAX } from "../route/load";
@@ -22,7 +21,7 @@ import {
 import type { Cluster } from "../cluster/cluster";
 import type { KvedgeCore, MatchScore, RouteCall, RouteInput, RouteOutcome } from "../core/core";
 import type { LoraAdapters } from "../hash";
-import { encodeMsgpack, type MsgpackEncoder } from "../wire/msgpack";
+import { routeAnswer } from "./route-answer";
 
 /** Most candidates a route response lists. */
 export const CANDIDATES_MAX = 64;
@@ -37,12 +36,18 @@ const OUTPUT_TOKENS_MAX = 1 << 24;
 const DP_RANK_MAX = 0xffff_ffff;
 const TOPIC_LENGTH_MAX = 1024;
 
-const scoreJson = (score: MatchScore) => ({
-  worker_id: score.workerId.toString(),
-  dp_rank: score.dpRank,
-  blocks: score.blocks,
-  kind: score.kind,
-});
+/** A match score; the lower tiers' blocks only for a worker that has some (as `kvedge apply`). */
+const scoreJson = (score: MatchScore) => {
+  const json = {
+    worker_id: score.workerId.toString(),
+    dp_rank: score.dpRank,
+    blocks: score.blocks,
+    kind: score.kind,
+  };
+  const { hostBlocks, diskBlocks, externalBlocks } = score;
+  if (hostBlocks + diskBlocks + externalBlocks === 0) return json;
+  return { ...json, host_pinned: hostBlocks, disk: diskBlocks, external: externalBlocks };
+};
 
 /** POST /v1/match: `{"token_ids":[…], "lora_name"? or "lora_id"?, "cache_salt"?}` or `{"local_hashes":["…"]}`. */
 export function matchOp(core: KvedgeCore, raw: unknown) {
@@ -137,40 +142,6 @@ export function submitRoute(
   const kept = core.mayHold ? { ...input, tokens: input.tokens.slice() } : input;
   const call: RouteCall = { input: kept, candidatesMax, answer, fail };
   return { handle: core.submitRoute(call), call };
-}
-
-/** The answer to a route, as the object JSON and generic MessagePack answers carry. */
-export function routeAnswer(core: KvedgeCore, { decision, queryBlocks }: RouteOutcome) {
-  const list = decision.candidates;
-  const candidates = [];
-  for (let i = 0; i < list.count; i++) {
-    candidates.push({
-      worker_id: core.workerIdTextOf(list.slots[i]!),
-      dp_rank: list.dpRanks[i]!,
-      overlap_blocks: list.overlapBlocks[i]!,
-      overlap_kind: OVERLAP_KINDS[list.overlapKinds[i]!]!,
-      pending_blocks: list.pendingBlocks[i]!,
-      cost: list.costs[i]!,
-      degraded: list.degraded[i] === 1,
-      active_prefill_tokens: list.activePrefillTokens[i]!,
-      active_decode_blocks: list.activeDecodeBlocks[i]!,
-      active_requests: list.activeRequests[i]!,
-      predicted_ttft_ms: list.predictedTtftMs[i]!,
-      queue_ms: list.queueMs[i]!,
-      prefill_ms: list.prefillMs[i]!,
-      steps_ms: list.stepsMs[i]!,
-    });
-  }
-  return {
-    request_id: decision.requestId,
-    worker_id: core.workerIdTextOf(decision.slot),
-    dp_rank: decision.dpRank,
-    query_blocks: queryBlocks,
-    overlap_blocks: decision.overlapBlocks,
-    cost: decision.cost,
-    predicted_ttft_ms: decision.predictedTtftMs,
-    candidates,
-  };
 }
 
 /** POST /v1/route: picks a worker and records the request as its load. */
@@ -331,90 +302,4 @@ export async function removeWorkerOp(core: KvedgeCore, id: string) {
   if (!(await core.removeWorker(workerId)))
     throw new KvedgeError("unknown_worker", `unknown worker ${id}`);
   return { worker_id: id, status: "removed" };
-}
-
-const key = (name: string) => encodeMsgpack(name);
-const K = {
-  request_id: key("request_id"),
-  worker_id: key("worker_id"),
-  dp_rank: key("dp_rank"),
-  query_blocks: key("query_blocks"),
-  overlap_blocks: key("overlap_blocks"),
-  cost: key("cost"),
-  candidates: key("candidates"),
-  degraded: key("degraded"),
-  active_prefill_tokens: key("active_prefill_tokens"),
-  active_decode_blocks: key("active_decode_blocks"),
-  active_requests: key("active_requests"),
-  predicted_ttft_ms: key("predicted_ttft_ms"),
-  overlap_kind: key("overlap_kind"),
-  pending_blocks: key("pending_blocks"),
-  queue_ms: key("queue_ms"),
-  prefill_ms: key("prefill_ms"),
-  steps_ms: key("steps_ms"),
-};
-
-/** The overlap kinds as encoded MessagePack strings (written as they are, no encoding per answer). */
-const KIND_NAMES = OVERLAP_KINDS.map((kind) => encodeMsgpack(kind));
-
-/**
- * A route answer as MessagePack, the same map `encoder.value(routeAnswer(...))` writes,
- * straight from the decision with keys encoded once: the answer of every binary
- * WebSocket route, where building the answer's objects and walking them were among the
- * largest costs (and most of the garbage) per route.
- */
-export function writeRouteAnswer(
-  encoder: MsgpackEncoder,
-  core: KvedgeCore,
-  { decision, queryBlocks }: RouteOutcome,
-): void {
-  encoder.mapHeader(8);
-  encoder.encoded(K.request_id);
-  encoder.string(decision.requestId);
-  encoder.encoded(K.worker_id);
-  encoder.string(core.workerIdTextOf(decision.slot));
-  encoder.encoded(K.dp_rank);
-  encoder.number(decision.dpRank);
-  encoder.encoded(K.query_blocks);
-  encoder.number(queryBlocks);
-  encoder.encoded(K.overlap_blocks);
-  encoder.number(decision.overlapBlocks);
-  encoder.encoded(K.cost);
-  encoder.number(decision.cost);
-  encoder.encoded(K.predicted_ttft_ms);
-  encoder.number(decision.predictedTtftMs);
-  encoder.encoded(K.candidates);
-  const list = decision.candidates;
-  encoder.arrayHeader(list.count);
-  for (let i = 0; i < list.count; i++) {
-    encoder.mapHeader(14);
-    encoder.encoded(K.worker_id);
-    encoder.string(core.workerIdTextOf(list.slots[i]!));
-    encoder.encoded(K.dp_rank);
-    encoder.number(list.dpRanks[i]!);
-    encoder.encoded(K.overlap_blocks);
-    encoder.number(list.overlapBlocks[i]!);
-    encoder.encoded(K.overlap_kind);
-    encoder.encoded(KIND_NAMES[list.overlapKinds[i]!]!);
-    encoder.encoded(K.pending_blocks);
-    encoder.number(list.pendingBlocks[i]!);
-    encoder.encoded(K.cost);
-    encoder.number(list.costs[i]!);
-    encoder.encoded(K.degraded);
-    encoder.bool(list.degraded[i] === 1);
-    encoder.encoded(K.active_prefill_tokens);
-    encoder.number(list.activePrefillTokens[i]!);
-    encoder.encoded(K.active_decode_blocks);
-    encoder.number(list.activeDecodeBlocks[i]!);
-    encoder.encoded(K.active_requests);
-    encoder.number(list.activeRequests[i]!);
-    encoder.encoded(K.predicted_ttft_ms);
-    encoder.number(list.predictedTtftMs[i]!);
-    encoder.encoded(K.queue_ms);
-    encoder.number(list.queueMs[i]!);
-    encoder.encoded(K.prefill_ms);
-    encoder.number(list.prefillMs[i]!);
-    encoder.encoded(K.steps_ms);
-    encoder.number(list.stepsMs[i]!);
-  }
 }

@@ -13,11 +13,10 @@ import {
   lifecycleOp,
   matchOp,
   removeWorkerOp,
-  routeAnswer,
   submitRoute,
   workersOp,
-  writeRouteAnswer,
 } from "./api";
+import { routeAnswer, writeRouteAnswer } from "./route-answer";
 import type { RouteOutcome } from "../core/core";
 import { DumpStreamer } from "./dump-stream";
 import { RequestGuard, requestPath } from "./guard";

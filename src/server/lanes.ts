@@ -9,7 +9,7 @@ import type { KvedgeCore, RouteCall } from "../core/core";
 import { type KvedgeThread, startThread } from "../runtime/threads";
 import type { SharedIndexDescriptor } from "../index/crtc/shared";
 import type { Logger } from "../util/log";
-import { routeAnswer } from "./api";
+import { routeAnswer } from "./route-answer";
 import { clientError, INTERNAL_ERROR, STATUS_OF } from "../http/errors";
 import type { LaneAnswer, LaneRoute, LaneStart, LaneToMain, MainToLane } from "./lane";
 import type { ServerMetrics } from "./metrics";

@@ -404,6 +404,37 @@ function registerPartMetrics(registry: MetricsRegistry, core: KvedgeCore): void 
   });
 }
 
+/** The index's size now: blocks by tier, copies, nodes, lookups, workers, bytes. */
+function registerIndexSize(registry: MetricsRegistry, index: KvedgeCore["index"]): void {
+  registerSamples(registry, {
+    name: "kvedge_index_size",
+    type: "gauge",
+    help:
+      "Index size now: held (block, worker) pairs (device; host_pinned, disk, external: the lower " +
+      "tiers), copies beyond the first (device; lower_tier_copies), nodes, lookup entries, workers.",
+    labelNames: ["what"],
+    collect: (emit) => {
+      const stats = index.stats();
+      emit(stats.blocks, { what: "blocks" });
+      emit(stats.copies, { what: "copies" });
+      emit(stats.lowerTiers.host_pinned, { what: "host_pinned" });
+      emit(stats.lowerTiers.disk, { what: "disk" });
+      emit(stats.lowerTiers.external, { what: "external" });
+      emit(stats.lowerTiers.copies, { what: "lower_tier_copies" });
+      emit(stats.nodes, { what: "nodes" });
+      emit(stats.lookupEntries, { what: "lookup_entries" });
+      emit(stats.workers, { what: "workers" });
+    },
+  });
+  registerSamples(registry, {
+    name: "kvedge_index_bytes",
+    type: "gauge",
+    help: "Bytes of typed arrays the index has reserved.",
+    labelNames: [],
+    collect: (emit) => emit(index.stats().bytes),
+  });
+}
+
 export function registerCoreMetrics(registry: MetricsRegistry, core: KvedgeCore): void {
   const index = core.index;
   const counter = (
@@ -438,33 +469,20 @@ export function registerCoreMetrics(registry: MetricsRegistry, core: KvedgeCore)
   );
   counter(
     "kvedge_index_blocks_total",
-    "(block, worker) pairs by what happened: stored, removed, duplicate (already held), " +
-      "unknown (removal of a block not held), hash_conflict (producer broke the one-hash-per-block rule).",
+    "(block, worker) pairs by what happened: stored, removed, duplicate (one more copy), copy_removed " +
+      "(one of several copies, still held), unknown, hash_conflict (producer broke one hash per block).",
     ["op"],
     (emit) => {
       const c = index.counters;
       emit(c.blocksStored, { op: "stored" });
       emit(c.blocksRemoved, { op: "removed" });
       emit(c.blocksDuplicate, { op: "duplicate" });
+      emit(c.copiesRemoved, { op: "copy_removed" });
       emit(c.blocksUnknown, { op: "unknown" });
       emit(c.hashConflicts, { op: "hash_conflict" });
     },
   );
-  gauge(
-    "kvedge_index_size",
-    "Index size now: held (block, worker) pairs, tree nodes, lookup entries, workers.",
-    ["what"],
-    (emit) => {
-      const stats = index.stats();
-      emit(stats.blocks, { what: "blocks" });
-      emit(stats.nodes, { what: "nodes" });
-      emit(stats.lookupEntries, { what: "lookup_entries" });
-      emit(stats.workers, { what: "workers" });
-    },
-  );
-  gauge("kvedge_index_bytes", "Bytes of typed arrays the index has reserved.", [], (emit) =>
-    emit(index.stats().bytes),
-  );
+  registerIndexSize(registry, index);
   gauge(
     "kvedge_buffered_bytes",
     "Bytes held for unfinished transfers (HTTP bodies, WebSocket send queues, large ZMQ frames), and the budget.",
@@ -618,7 +636,7 @@ function registerEventMetrics(perSource: PerSource): void {
   );
   perSource(
     "kvedge_ingest_tier_blocks_total",
-    "Blocks in stored/removed events by storage tier (only device is indexed).",
+    "Blocks in stored/removed events by storage tier (any: a removal of unknown or no medium, from every tier).",
     "counter",
     ["tier"],
     (source, emit) => {

@@ -30,15 +30,8 @@ import { Unpackr } from "msgpackr";
 import { bufferBudget } from "../util/buffer-budget";
 import type { Logger } from "../util/log";
 import { encodeMsgpack, MsgpackEncoder, type MsgpackValue } from "../wire/msgpack";
-import {
-  decideRoute,
-  lifecycleOp,
-  matchOp,
-  routeAnswer,
-  routeOp,
-  submitRoute,
-  writeRouteAnswer,
-} from "./api";
+import { decideRoute, lifecycleOp, matchOp, routeOp, submitRoute } from "./api";
+import { routeAnswer, writeRouteAnswer } from "./route-answer";
 import {
   clientError,
   type ErrorObject,

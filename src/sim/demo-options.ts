@@ -41,6 +41,8 @@ export interface DemoOptions {
   readonly trace: Trace;
   readonly workers: number;
   readonly capacityBlocks: number;
+  /** Each engine's CPU offload tier in blocks (0: none); with kv_aware, also a tier comparison. */
+  readonly cpuCapacityBlocks: number;
   readonly blockSize: number;
   readonly speedup: number;
   readonly policies: readonly DemoPolicy[];

@@ -17,6 +17,8 @@
  * from kvedge itself (/v1/workers, /metrics, and /v1/dump compared with the engines'
  * real cache contents at the end).
  */
+import type { IndexOp } from "../index";
+import { checkIndex, EventIndex, heldOf, type IndexCheck } from "./index-check";
 import { kvedgeRouter, KvedgeClient } from "./kvedge-client";
 import { NetworkedEngine } from "./networked-engine";
 import { type ProxyReport, runProxyReplay } from "./proxy-replay";
@@ -64,8 +66,13 @@ export interface RouterReport {
   /** Blocks kvedge's index holds / the engines cache, at the end. */
   readonly index_blocks: number;
   readonly engine_cached_blocks: number;
-  /** Every exact worker's indexed block hashes equal its engine's cached ones at the end. */
+  /**
+   * Every exact worker's indexed blocks equal its engine's cached ones at the end (both
+   * tiers, every copy).
+   */
   readonly index_matches_engines: boolean;
+  /** The check in detail, over the exact workers (./index-check.ts). */
+  readonly index: IndexCheck;
   /**
    * The approximate workers at the end: blocks kvedge predicted, how many of them the
    * engines really held, and how many the engines held.
@@ -116,10 +123,31 @@ export interface AdmissionReport {
   readonly dropped: number;
 }
 
+/** One kv_aware run of the tier comparison. */
+export interface TierRow {
+  readonly hit_rate: number;
+  /** Of the prompt tokens, those loaded back from the CPU tier. */
+  readonly host_hit_rate: number;
+  readonly prefill_tokens: number;
+  readonly ttft_p50_ms: number;
+  readonly ttft_p99_ms: number;
+}
+
+/** With a CPU tier: kv_aware routing on both tiers against the device tier only. */
+export interface TierComparison {
+  readonly cpu_capacity_blocks: number;
+  readonly tier_aware: TierRow;
+  readonly device_only: TierRow;
+}
+
 export interface DemoResult {
   readonly policies: Record<string, DemoPolicyResult>;
   readonly router: RouterReport | null;
   readonly admission: AdmissionReport | null;
+  /** In virtual time: kv_aware's engines against an index fed their events in this process. */
+  readonly index: IndexCheck | null;
+  /** With `cpuCapacityBlocks`: tier-aware against device-only routing. */
+  readonly tiers: TierComparison | null;
   /** With `proxy`: what the proxied run saw. */
   readonly proxy: ProxyReport | null;
   /** The kv-aware row against each baseline (negative TTFT change = faster). */
@@ -134,53 +162,45 @@ export async function runDemo(options: DemoOptions): Promise<DemoResult> {
   let router: RouterReport | null = null;
   let proxy: ProxyReport | null = null;
   let admission: AdmissionReport | null = null;
+  let index: IndexCheck | null = null;
   const mode = admissionModeOf(options);
   for (const policy of options.policies) {
     // Each run leaves ~100 MB of short-lived token arrays; collect them before the next
     // so peak memory is one run's, not the sum of all.
     Bun.gc(true);
     const phaseStarted = performance.now();
+    const timed = (report: PolicyReport, how: DemoPolicyResult["mode"]): DemoPolicyResult => ({
+      ...report,
+      mode: how,
+      wall_s: since(phaseStarted),
+    });
     if (options.virtual === true) {
-      const report = virtualRun(policy, options, (counts) => {
-        admission = { mode, ...counts };
-      });
-      policies[policy] = {
-        ...report,
-        policy,
-        mode: "in-process, virtual time",
-        wall_s: since(phaseStarted),
-      };
+      const run = virtualRun(policy, options);
+      policies[policy] = timed(run.report, "in-process, virtual time");
+      if (run.admission !== null) admission = { mode, ...run.admission };
+      index = run.index ?? index;
     } else if (policy === "kv_aware" && options.proxy === true) {
       const run = await runProxyReplay(options);
-      policies[policy] = {
-        ...run.report,
-        mode: "kvedge",
-        wall_s: (performance.now() - phaseStarted) / 1000,
-      };
+      policies[policy] = timed(run.report, "kvedge");
       proxy = run.proxy;
     } else if (policy === "kv_aware" || policy === "kv_aware_unsynced") {
       const run = await runKvedge(options, policy === "kv_aware");
-      policies[policy] = { ...run.report, mode: "kvedge", wall_s: since(phaseStarted) };
+      policies[policy] = timed(run.report, "kvedge");
       if (policy === "kv_aware" || router === null) router = run.router;
       if (mode !== "off" && policy === "kv_aware") admission = { mode, ...run.admission };
     } else if (options.realtimeBaselines) {
-      const report = await runInProcessRealtime(policy, options);
-      policies[policy] = {
-        ...report,
-        mode: "in-process, real time",
-        wall_s: (performance.now() - phaseStarted) / 1000,
-      };
+      policies[policy] = timed(
+        await runInProcessRealtime(policy, options),
+        "in-process, real time",
+      );
     } else {
-      const report = virtualRun(policy, options, () => {});
-      policies[policy] = {
-        ...report,
-        mode: "in-process, virtual time",
-        wall_s: since(phaseStarted),
-      };
+      policies[policy] = timed(virtualRun(policy, options).report, "in-process, virtual time");
     }
   }
+  const tiers = await compareTiers(options, policies.kv_aware);
   const wall = (performance.now() - started) / 1000;
-  return { policies, router, proxy, admission, gains: gainsOf(policies), wall_s: wall };
+  const gains = gainsOf(policies);
+  return { policies, router, index, tiers, proxy, admission, gains, wall_s: wall };
 }
 
 /**
@@ -204,36 +224,94 @@ const since = (startedMs: number): number => (performance.now() - startedMs) / 1
 
 /**
  * One policy replayed in virtual time: kvedge's router for kv_aware (as replicas, synced
- * or not, with `options.replicas`), else the baseline; `onAdmission` gets kv_aware's
- * admission counts when admission is on.
+ * or not, with `options.replicas`; predicting the engines that publish nothing;
+ * `lowerTiers` false: on their device tier only), else the baseline. kv_aware's exact
+ * engines also feed an index of this process through kvedge's ingest, checked against
+ * them at the end.
  */
 function virtualRun(
   policy: DemoPolicy,
   options: DemoOptions,
-  onAdmission: (counts: Omit<AdmissionReport, "mode">) => void,
-): PolicyReport {
+  lowerTiers = true,
+): {
+  report: PolicyReport;
+  admission: Omit<AdmissionReport, "mode"> | null;
+  index: IndexCheck | null;
+} {
   options.progress?.(`${policy}: replaying in virtual time…`);
   const kvedge = policy === "kv_aware" || policy === "kv_aware_unsynced";
   const kvAware = kvedge
     ? replicated(virtualKvAware("kv_aware", options), options, policy === "kv_aware")
     : virtualKvAware(policy, options);
+  const approximate = new Set(approximateOf(options));
+  const exact = Array.from({ length: options.workers }, (_, w) => w).filter(
+    (w) => !approximate.has(w),
+  );
+  const events =
+    policy === "kv_aware" && exact.length > 0
+      ? new EventIndex(options.workers, options.blockSize)
+      : null;
+  let admission: Omit<AdmissionReport, "mode"> | null = null;
+  let index: IndexCheck | null = null;
   const report = simulate(options.trace, {
     policy: kvedge ? "kv_aware_model" : (policy as PolicyName),
     workers: options.workers,
     capacityBlocks: options.capacityBlocks,
+    cpuCapacityBlocks: options.cpuCapacityBlocks,
     blockSize: options.blockSize,
     time: options.time,
     seed: options.seed,
     vocabSize: options.vocabSize,
     // A real-time demo's baselines run as they always did: without kvedge's settings.
-    ...(options.virtual === true ? { kvAware } : {}),
+    ...(options.virtual === true ? { kvAware: { ...kvAware, lowerTiers } } : {}),
+    ...(events === null
+      ? {}
+      : {
+          onBatch: (worker, batch) => {
+            if (!approximate.has(worker)) events.apply(worker, batch);
+          },
+          onEngines: (engines) => {
+            index = events.check(
+              engines.map((engine) => engine.cache),
+              exact,
+            );
+          },
+        }),
     onFinish: (finished) => {
-      const counts = policy === "kv_aware" ? admissionOf(finished) : null;
-      if (counts !== null) onAdmission(counts);
+      if (policy === "kv_aware") admission = admissionOf(finished);
     },
   });
   options.progress?.("");
-  return report;
+  return { report, admission, index };
+}
+
+/** With a CPU tier: kv_aware once more, routing on the device tier only, against the run above. */
+async function compareTiers(
+  options: DemoOptions,
+  tierAware: PolicyReport | undefined,
+): Promise<TierComparison | null> {
+  if (options.cpuCapacityBlocks === 0 || tierAware === undefined) return null;
+  Bun.gc(true);
+  let deviceOnly: PolicyReport;
+  if (options.virtual === true) deviceOnly = virtualRun("kv_aware", options, false).report;
+  else {
+    const serveArgs = [...options.serveArgs, "--no-lower-tiers"];
+    const name = "kv_aware (device tier only)";
+    deviceOnly = (await runKvedge({ ...options, serveArgs }, true, name)).report;
+  }
+  const row = (report: PolicyReport): TierRow => ({
+    hit_rate: report.hit_rate,
+    host_hit_rate:
+      report.prompt_tokens === 0 ? 0 : report.host_cached_tokens / report.prompt_tokens,
+    prefill_tokens: report.prefill_tokens,
+    ttft_p50_ms: report.ttft_p50_ms,
+    ttft_p99_ms: report.ttft_p99_ms,
+  });
+  return {
+    cpu_capacity_blocks: options.cpuCapacityBlocks,
+    tier_aware: row(tierAware),
+    device_only: row(deviceOnly),
+  };
 }
 
 /** kv_aware's router settings in virtual time, as `options.replicas` replicas, synced or not. */
@@ -311,6 +389,7 @@ async function startEngines(options: DemoOptions, withReplay: boolean): Promise<
           capacityBlocks: options.capacityBlocks,
           blockSize: options.blockSize,
           hashSeed: seeds[w]!,
+          cpuCapacityBlocks: options.cpuCapacityBlocks,
           time: options.time,
           endpoint: "tcp://127.0.0.1:0",
           replayEndpoint: withReplay ? "tcp://127.0.0.1:0" : null,
@@ -348,8 +427,11 @@ function clock(ms: number): string {
  * request i to replica i mod N; `synced`, they share their facts over a local
  * nats-server (bound to 127.0.0.1), else each decides on its own load.
  */
-async function runKvedge(options: DemoOptions, synced: boolean): Promise<KvedgeRun> {
-  const name = synced ? "kv_aware" : "kv_aware_unsynced";
+async function runKvedge(
+  options: DemoOptions,
+  synced: boolean,
+  name = synced ? "kv_aware" : "kv_aware_unsynced",
+): Promise<KvedgeRun> {
   const engines = await startEngines(options, true);
   const fleet: Replicas = { serves: [], nats: null };
   const clients: KvedgeClient[] = [];
@@ -550,17 +632,16 @@ async function routerSide(
   options: DemoOptions,
 ): Promise<Omit<RouterReport, "achieved_speedup" | "cluster">> {
   const approximate = new Set(approximateOf(options));
-  let first: { workers: WorkerJson[]; compared: ReturnType<typeof compareWithEngines> } | null =
+  let first: ({ workers: WorkerJson[] } & Awaited<ReturnType<typeof indexAgainstEngines>>) | null =
     null;
   let matches = true;
   for (const url of urls) {
     const workers = await caughtUp(url, engines, workerIds, approximate);
-    const dump = await (await fetch(`${url}/v1/dump`)).text();
-    const compared = compareWithEngines(heldByWorker(dump), engines, workerIds, approximate);
-    matches &&= compared.matches;
-    first ??= { workers, compared };
+    const compared = await indexAgainstEngines(url, engines, workerIds, approximate);
+    matches &&= compared.check.index_matches_engines;
+    first ??= { workers, ...compared };
   }
-  const { workers, compared } = first!;
+  const { workers, check, predicted } = first!;
   const metrics = await (await fetch(`${urls[0]}/metrics`)).text();
   let overlapTokens = 0;
   let promptTokens = 0;
@@ -591,9 +672,10 @@ async function routerSide(
       (sum, view) => sum + (approximate.has(Number(view.worker_id)) ? 0 : view.blocks),
       0,
     ),
-    engine_cached_blocks: compared.engineBlocks,
+    engine_cached_blocks: check.engine_cached_blocks,
     index_matches_engines: matches,
-    predicted: compared.predicted,
+    index: check,
+    predicted,
   };
 }
 
@@ -617,51 +699,48 @@ async function caughtUp(
   }
 }
 
-/**
- * kvedge's index at the end against the engines' caches: an exact worker's blocks must
- * be its engine's, by external hash; an approximate worker's predictions are counted
- * against what its engine really holds (they are named by their sequence hash, an
- * engine block's `path`).
- */
-function compareWithEngines(
-  held: Map<string, Set<string>>,
+/** kvedge's index (its dump) against the exact engines' caches, and its predictions of the others. */
+async function indexAgainstEngines(
+  url: string,
   engines: readonly NetworkedEngine[],
   workerIds: readonly string[],
   approximate: ReadonlySet<number>,
-) {
-  let matches = true;
-  let engineBlocks = 0;
-  const predicted = { workers: approximate.size, blocks: 0, held: 0, engine_blocks: 0 };
-  for (let w = 0; w < engines.length; w++) {
-    const snapshot = engines[w]!.engine.cache.snapshot();
-    const indexed = held.get(workerIds[w]!) ?? new Set<string>();
-    if (approximate.has(w)) {
-      const paths = new Set(snapshot.map((block) => block.path.toString()));
-      predicted.blocks += indexed.size;
-      predicted.engine_blocks += snapshot.length;
-      for (const hash of indexed) if (paths.has(hash)) predicted.held++;
-      continue;
-    }
-    engineBlocks += snapshot.length;
-    const same = snapshot.every((block) => indexed.has(block.hash.toString()));
-    if (indexed.size !== snapshot.length || !same) matches = false;
-  }
-  return { matches, engineBlocks, predicted };
+): Promise<{ check: IndexCheck; predicted: RouterReport["predicted"] }> {
+  const dump = await (await fetch(`${url}/v1/dump`)).text();
+  const ops = dump
+    .split("\n")
+    .filter((line) => line !== "")
+    .map((line) => JSON.parse(line) as IndexOp);
+  const exact = engines.map((_, w) => w).filter((w) => !approximate.has(w));
+  const check = checkIndex(
+    ops,
+    exact.map((w) => engines[w]!.engine.cache),
+    exact.map((w) => workerIds[w]!),
+  );
+  return { check, predicted: predictedAgainstEngines(ops, engines, workerIds, approximate) };
 }
 
-/** Per worker (decimal id), the external block hashes an index dump leaves held. */
-function heldByWorker(dump: string): Map<string, Set<string>> {
-  const held = new Map<string, Set<string>>();
-  for (const line of dump.split("\n")) {
-    if (line === "") continue;
-    const op = JSON.parse(line) as { op: string; worker_id: string; block_hashes?: string[] };
-    let set = held.get(op.worker_id);
-    if (set === undefined) held.set(op.worker_id, (set = new Set()));
-    if (op.op === "stored") for (const hash of op.block_hashes ?? []) set.add(hash);
-    else if (op.op === "removed") for (const hash of op.block_hashes ?? []) set.delete(hash);
-    else if (op.op === "cleared") set.clear();
+/**
+ * The approximate workers' predictions at the end against what their engines really
+ * hold (predicted blocks are named by their sequence hash, an engine block's `path`).
+ */
+function predictedAgainstEngines(
+  ops: readonly IndexOp[],
+  engines: readonly NetworkedEngine[],
+  workerIds: readonly string[],
+  approximate: ReadonlySet<number>,
+): RouterReport["predicted"] {
+  const held = heldOf(ops);
+  const predicted = { workers: approximate.size, blocks: 0, held: 0, engine_blocks: 0 };
+  for (const w of approximate) {
+    const snapshot = engines[w]!.engine.cache.snapshot();
+    const paths = new Set(snapshot.map((block) => `device ${block.path}`));
+    const indexed = held.get(workerIds[w]!) ?? new Map<string, number>();
+    predicted.blocks += indexed.size;
+    predicted.engine_blocks += snapshot.length;
+    for (const key of indexed.keys()) if (paths.has(key)) predicted.held++;
   }
-  return held;
+  return predicted;
 }
 
 async function runInProcessRealtime(

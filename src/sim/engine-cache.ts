@@ -15,20 +15,32 @@
  *   tail is evicted first (vLLM does the same). Allocation takes the head of the free
  *   queue — the least recently used block — and evicts it if it is cached.
  * - Newly computed full blocks are registered when `commit` says so (prompt blocks
- *   when the step computing them is scheduled, as vLLM V1 caches them; output blocks
- *   at the end of the step that fills them). If a block's hash is already cached (a concurrent sequence
- *   computed the same prefix first), the sequence adopts the cached copy and frees its
- *   own: each hash is cached at most once, so the event stream is a clean set history,
- *   and a sequence pins every block it has committed, so the parent of every
- *   BlockStored is cached when the event is emitted. (vLLM may instead keep and
- *   announce such duplicates; Dynamo's publisher dedups them.)
+ *   when the step computing them is scheduled, as vLLM V1's allocate_slots caches them;
+ *   output blocks at the end of the step that fills them). If a block's hash is already
+ *   cached (two sequences mid-chunked-prefill computing the same chunk, each having
+ *   looked the cache up only when it was first scheduled; or a fully cached
+ *   block-aligned prompt recomputing its last block), the block is kept as another
+ *   physical copy and announced again, as vLLM's prefix cache does (its
+ *   BlockHashToBlockMap keeps a block id -> block map per hash): hits use the oldest
+ *   copy, and each copy is evicted on its own, with a BlockRemoved of its own. With
+ *   `keepDuplicates: false` the sequence adopts the cached copy and frees its own instead
+ *   (each hash cached once: a set history). A sequence pins every block it has
+ *   committed, so the parent of every BlockStored is cached when the event is emitted.
+ * - With a CPU tier (`cpuCapacityBlocks`, ./cpu-tier.ts), evicting a block's last
+ *   device copy spills it there (vLLM's OffloadingConnector, offloading on eviction),
+ *   announced as a `BlockStored` of medium "CPU" with its tokens, unless no tier holds
+ *   its parent any more; the tier evicts its least recently used block when full
+ *   (`BlockRemoved`, "CPU"). A request's prefix that continues past its device hit in the
+ *   CPU tier is loaded back instead of computed (`loadedBlocks`; the engine charges the
+ *   copy's time).
  * - Events are plain objects in vLLM's field order. Like current vLLM, which caches a
  *   step's blocks when it schedules them but publishes the step's events after it ran
  *   (Scheduler.update_from_output), they are published by `publish()` (the engine calls
  *   it at every step's end) and `takeEvents()` returns what was published. What a
- *   consumer of the events knows until then is the *published view*: blocks cached
- *   since the last publish are hidden from it, and published blocks evicted since are
- *   still in it (ghosts). `visiblePrefixBlocks` and `snapshot` answer from that view.
+ *   consumer of the events knows until then is the *published view*, per tier: a copy
+ *   cached (or a block spilled to the CPU tier) since the last publish is hidden from
+ *   it, and a published copy (or CPU block) evicted since is still in it (a ghost).
+ *   `visiblePrefixBlocks`, `snapshot` and `hostSnapshot` answer from that view.
  *
  * Slots live in typed arrays allocated once in the constructor; cached slots are found
  * through a PairTable keyed by the full 64-bit hash, sized so it never grows.
@@ -36,6 +48,7 @@
 import { blockCount, chainHashes, DEFAULT_SEED, hashBlocks, type Seed } from "../hash";
 import { u64 } from "../util/u64";
 import { PairTable } from "../util/tables";
+import { CpuTier, type HostBlock } from "./cpu-tier";
 
 export interface BlockStoredEvent {
   readonly type: "BlockStored";
@@ -44,13 +57,13 @@ export interface BlockStoredEvent {
   readonly token_ids: number[];
   readonly block_size: number;
   readonly lora_name: null;
-  readonly medium: "GPU";
+  readonly medium: "GPU" | "CPU";
 }
 
 export interface BlockRemovedEvent {
   readonly type: "BlockRemoved";
   readonly block_hashes: bigint[];
-  readonly medium: "GPU";
+  readonly medium: "GPU" | "CPU";
 }
 
 export interface AllBlocksClearedEvent {
@@ -65,10 +78,12 @@ export interface KvEventBatch {
   readonly events: KvEvent[];
 }
 
-/** A cached block as introspection reports it. */
+/** A cached block as introspection reports it (once, however many copies it has). */
 export interface CachedBlock {
   /** The engine's external hash. */
   readonly hash: bigint;
+  /** Physical copies of the block in the cache (vLLM keeps duplicates; 1 usually). */
+  readonly copies: number;
   /** External hash of the block before it in its sequence (null at position 0). */
   readonly parent: bigint | null;
   /** Block index in its sequence (0 = first block of a prompt). */
@@ -93,6 +108,8 @@ export interface CacheSequence {
   slots: Int32Array | null;
   /** Leading blocks reused from the cache at allocation. */
   hitBlocks: number;
+  /** Blocks after those loaded back from the CPU tier at allocation. */
+  loadedBlocks: number;
   /** Blocks [0, committedBlocks) are cached (hit, registered or adopted) and pinned. */
   committedBlocks: number;
 }
@@ -105,6 +122,13 @@ export interface EngineCacheOptions {
   readonly hashSeed: bigint;
   /** Collect KV events (off in the fast virtual-time simulator when nobody listens). */
   readonly recordEvents?: boolean;
+  /**
+   * Keep a computed block whose hash is already cached as another copy and announce it
+   * (vLLM; the default), or adopt the cached copy (each hash cached once).
+   */
+  readonly keepDuplicates?: boolean;
+  /** Blocks of the CPU offload tier (0 or absent: none). */
+  readonly cpuCapacityBlocks?: number;
 }
 
 export const DEFAULT_BLOCK_SIZE = 16;
@@ -120,15 +144,20 @@ export interface EngineCacheCounters {
   hitBlocks: number;
   storedBlocks: number;
   evictedBlocks: number;
-  /** Computed blocks whose hash was already cached (the cached copy was adopted). */
+  /** Computed blocks whose hash was already cached (kept as another copy, or the cached one adopted). */
   duplicateBlocks: number;
   clears: number;
+  /** CPU tier: prompt blocks loaded back, blocks spilled there, blocks it evicted. */
+  hostHitBlocks: number;
+  spilledBlocks: number;
+  hostEvictedBlocks: number;
 }
 
 export class EngineCache {
   readonly capacityBlocks: number;
   readonly blockSize: number;
   readonly recordEvents: boolean;
+  readonly keepDuplicates: boolean;
   readonly counters: EngineCacheCounters = {
     lookupBlocks: 0,
     hitBlocks: 0,
@@ -136,7 +165,18 @@ export class EngineCache {
     evictedBlocks: 0,
     duplicateBlocks: 0,
     clears: 0,
+    hostHitBlocks: 0,
+    spilledBlocks: 0,
+    hostEvictedBlocks: 0,
   };
+  /** The CPU offload tier, or null. */
+  readonly cpu: CpuTier | null;
+  /**
+   * The CPU tier's blocks after the device hit in the last `cachedPrefixBlocks` call
+   * (the true cache), or `visiblePrefixBlocks` call (the published view).
+   */
+  lastHostBlocks = 0;
+  private readonly evictedHost = new Uint32Array(2);
 
   private readonly seed: Seed;
   // Per slot.
@@ -152,21 +192,27 @@ export class EngineCache {
   private readonly prev: Int32Array;
   private readonly next: Int32Array;
   private readonly queued: Uint8Array;
+  /** Other cached copies of the slot's hash: a list, oldest first (the table names the oldest). */
+  private readonly copyNext: Int32Array;
+  private readonly copyPrev: Int32Array;
   private readonly tokenPool: Uint32Array;
   // Free queue: refcount-0 slots, least recently used at the head.
   private head = NONE;
   private tail = NONE;
   private freeCount = 0;
   private cachedCount = 0;
-  /** Cached slots by external hash. */
+  /** Cached slots by external hash (the oldest copy of each). */
   private table: PairTable;
   private events: KvEvent[] = [];
   private published: KvEvent[] = [];
-  /** Per slot: 1 when cached since the last publish (not in the published view yet). */
+  /**
+   * Per slot: 1 when listed in `hiddenSlots` (its copy was cached since the last publish;
+   * a slot evicted meanwhile stays listed, so a slot is listed once).
+   */
   private readonly hidden: Uint8Array;
-  private hiddenSlots: number[] = [];
-  /** Published blocks evicted since the last publish: hash -> 1, and (with events) their data. */
-  private ghosts = new PairTable();
+  private readonly hiddenSlots: number[] = [];
+  /** Published copies evicted since the last publish, per hash; with events, each hash's data once. */
+  private readonly ghosts = new PairTable();
   private ghostBlocks: CachedBlock[] = [];
   private readonly scratch: { content: Uint32Array; ext: Uint32Array };
 
@@ -184,6 +230,9 @@ export class EngineCache {
     this.capacityBlocks = capacity;
     this.blockSize = blockSize;
     this.recordEvents = options.recordEvents ?? true;
+    this.keepDuplicates = options.keepDuplicates ?? true;
+    const cpuBlocks = options.cpuCapacityBlocks ?? 0;
+    this.cpu = cpuBlocks > 0 ? new CpuTier(cpuBlocks, this.recordEvents) : null;
     const seed = BigInt.asUintN(64, options.hashSeed);
     this.seed = { value: seed, hi: Number(seed >> 32n), lo: Number(seed & 0xffff_ffffn) };
     this.extHi = new Uint32Array(capacity);
@@ -198,6 +247,8 @@ export class EngineCache {
     this.prev = new Int32Array(capacity);
     this.next = new Int32Array(capacity);
     this.queued = new Uint8Array(capacity);
+    this.copyNext = new Int32Array(capacity).fill(NONE);
+    this.copyPrev = new Int32Array(capacity).fill(NONE);
     this.hidden = new Uint8Array(capacity);
     this.tokenPool = new Uint32Array(capacity * blockSize);
     for (let slot = 0; slot < capacity; slot++) this.enqueue(slot);
@@ -216,9 +267,14 @@ export class EngineCache {
     return this.capacityBlocks - this.freeCount;
   }
 
-  /** Blocks currently in the prefix cache (pinned or evictable). */
+  /** Blocks currently in the prefix cache (pinned or evictable), every copy counted. */
   get cachedBlocks(): number {
     return this.cachedCount;
+  }
+
+  /** Distinct blocks (hashes) in the prefix cache: what an index of this engine holds. */
+  get distinctBlocks(): number {
+    return this.table.size;
   }
 
   /** Blocks a sequence of `tokenCount` tokens occupies (its partial tail included). */
@@ -246,6 +302,7 @@ export class EngineCache {
       path,
       slots: null,
       hitBlocks: 0,
+      loadedBlocks: 0,
       committedBlocks: 0,
     };
   }
@@ -256,36 +313,34 @@ export class EngineCache {
    */
   cachedPrefixBlocks(tokens: Uint32Array, promptLength: number): number {
     const limit = this.reusableBlocks(promptLength);
+    this.lastHostBlocks = 0;
     if (limit === 0) return 0;
-    let { content, ext } = this.scratch;
-    if (ext.length < 2 * limit) {
-      content = new Uint32Array(4 * limit);
-      ext = new Uint32Array(4 * limit);
-      this.scratch.content = content;
-      this.scratch.ext = ext;
-    }
-    const prompt = tokens.subarray(0, limit * this.blockSize);
-    hashBlocks(prompt, this.blockSize, this.seed, content);
-    chainHashes(content, limit, ext);
-    return this.matchPrefix(ext, limit);
+    const ext = this.hashPrompt(tokens, limit);
+    const device = this.matchPrefix(ext, limit);
+    this.lastHostBlocks = this.hostContinuation(ext, device, limit);
+    return device;
   }
 
   /**
    * Longest prefix of a prompt the published view holds, in blocks (at most the blocks
-   * the engine may reuse): what an index fed by this engine's events can know now.
+   * the engine may reuse): what an index fed by this engine's events can know now. Sets
+   * `lastHostBlocks` to the published CPU tier's blocks after it.
    */
   visiblePrefixBlocks(tokens: Uint32Array, promptLength: number): number {
     const limit = this.reusableBlocks(promptLength);
+    this.lastHostBlocks = 0;
     if (limit === 0) return 0;
-    this.cachedPrefixBlocks(tokens, promptLength); // hashes the prompt into the scratch
-    const ext = this.scratch.ext;
-    for (let i = 0; i < limit; i++) {
-      const hi = ext[2 * i]!;
-      const lo = ext[2 * i + 1]!;
-      const slot = this.lookup(hi, lo);
-      if ((slot === NONE || this.hidden[slot] === 1) && !this.ghosts.has(hi, lo)) return i;
+    const ext = this.hashPrompt(tokens, limit);
+    let device = 0;
+    while (device < limit && this.publishedCopies(ext[2 * device]!, ext[2 * device + 1]!) > 0)
+      device++;
+    const cpu = this.cpu;
+    if (cpu !== null) {
+      let at = device;
+      while (at < limit && cpu.hasPublished(ext[2 * at]!, ext[2 * at + 1]!)) at++;
+      this.lastHostBlocks = at - device;
     }
-    return limit;
+    return device;
   }
 
   /** Everything cached and evicted so far becomes the published view; its events become takeable. */
@@ -293,7 +348,8 @@ export class EngineCache {
     for (const slot of this.hiddenSlots) this.hidden[slot] = 0;
     this.hiddenSlots.length = 0;
     if (this.ghosts.size > 0) this.ghosts.clear();
-    this.ghostBlocks.length = 0;
+    if (this.ghostBlocks.length > 0) this.ghostBlocks = [];
+    this.cpu?.publish();
     if (this.events.length === 0) return;
     if (this.published.length === 0) this.published = this.events;
     else for (const event of this.events) this.published.push(event);
@@ -303,6 +359,15 @@ export class EngineCache {
   /** Cached prefix of a prepared sequence, in blocks (no side effects). */
   sequencePrefixBlocks(sequence: CacheSequence): number {
     return this.matchPrefix(sequence.ext, this.reusableBlocks(sequence.promptLength));
+  }
+
+  /** Blocks from `from` on that the CPU tier holds, one after another (up to `limit`). */
+  private hostContinuation(ext: Uint32Array, from: number, limit: number): number {
+    const cpu = this.cpu;
+    if (cpu === null) return 0;
+    let at = from;
+    while (at < limit && cpu.has(ext[2 * at]!, ext[2 * at + 1]!)) at++;
+    return at - from;
   }
 
   /**
@@ -315,6 +380,11 @@ export class EngineCache {
     const total = this.blocksFor(sequence.tokens.length);
     if (total > this.capacityBlocks) return false;
     const hit = this.sequencePrefixBlocks(sequence);
+    const loaded = this.hostContinuation(
+      sequence.ext,
+      hit,
+      this.reusableBlocks(sequence.promptLength),
+    );
     let hitFree = 0;
     for (let i = 0; i < hit; i++) if (this.refs[this.slotOf(sequence.ext, i)]! === 0) hitFree++;
     if (this.freeCount - hitFree < total - hit) return false;
@@ -325,6 +395,10 @@ export class EngineCache {
       this.refs[slot]!++;
       slots[i] = slot;
     }
+    // Loaded blocks become the most recent in the CPU tier, a child before its parent
+    // (so the parent, more recent, outlives it there).
+    for (let i = hit + loaded - 1; i >= hit; i--)
+      this.cpu!.touch(sequence.ext[2 * i]!, sequence.ext[2 * i + 1]!);
     let removed: bigint[] | null = null;
     for (let i = hit; i < total; i++) {
       const slot = this.head;
@@ -340,8 +414,10 @@ export class EngineCache {
       this.events.push({ type: "BlockRemoved", block_hashes: removed, medium: "GPU" });
     this.counters.lookupBlocks += this.reusableBlocks(sequence.promptLength);
     this.counters.hitBlocks += hit;
+    this.counters.hostHitBlocks += loaded;
     sequence.slots = slots;
     sequence.hitBlocks = hit;
+    sequence.loadedBlocks = loaded;
     sequence.committedBlocks = hit;
     return true;
   }
@@ -387,7 +463,10 @@ export class EngineCache {
     if (this.freeCount !== this.capacityBlocks) return false;
     this.publish();
     for (let slot = this.head; slot !== NONE; slot = this.next[slot]!) this.cached[slot] = 0;
+    this.copyNext.fill(NONE);
+    this.copyPrev.fill(NONE);
     this.table = new PairTable(2 * this.capacityBlocks);
+    this.cpu?.clear();
     this.cachedCount = 0;
     this.counters.clears++;
     if (this.recordEvents) this.events.push({ type: "AllBlocksCleared" });
@@ -402,30 +481,51 @@ export class EngineCache {
     return events;
   }
 
+  /** Every block of the CPU tier's published view (introspection, as `snapshot`). */
+  hostSnapshot(): HostBlock[] {
+    return this.cpu?.snapshot() ?? [];
+  }
+
   /**
-   * Every block of the published view (introspection for tests and the demo, which
-   * compare a router's index with it): the cached blocks but those cached since the
-   * last publish, and the published ones evicted since (with events recorded).
+   * Every block of the published view, once with its published copies (introspection
+   * for tests and the demo, which compare a router's index with it): the cached copies
+   * but those cached since the last publish, and the published ones evicted since (whose
+   * data is kept only with events recorded).
    */
   snapshot(): CachedBlock[] {
-    const blocks: CachedBlock[] = [...this.ghostBlocks];
+    const blocks: CachedBlock[] = [];
     for (let slot = 0; slot < this.capacityBlocks; slot++) {
-      if (this.cached[slot] !== 1 || this.hidden[slot] === 1) continue;
-      blocks.push(this.blockAt(slot));
+      if (this.cached[slot] !== 1 || this.copyPrev[slot] !== NONE) continue;
+      const copies = this.publishedCopies(this.extHi[slot]!, this.extLo[slot]!);
+      if (copies > 0) blocks.push(this.blockAt(slot, copies));
+    }
+    for (const ghost of this.ghostBlocks) {
+      const hi = Number(ghost.hash >> 32n);
+      const lo = Number(ghost.hash & 0xffff_ffffn);
+      if (this.lookup(hi, lo) === NONE) blocks.push({ ...ghost, copies: this.ghosts.get(hi, lo) });
     }
     return blocks;
   }
 
-  private blockAt(slot: number): CachedBlock {
+  private blockAt(slot: number, copies: number): CachedBlock {
     const position = this.position[slot]!;
     const size = this.blockSize;
     return {
       hash: u64(this.extHi[slot]!, this.extLo[slot]!),
+      copies,
       parent: position === 0 ? null : u64(this.parentHi[slot]!, this.parentLo[slot]!),
       position,
       path: u64(this.pathHi[slot]!, this.pathLo[slot]!),
       tokens: this.tokenPool.slice(slot * size, (slot + 1) * size),
     };
+  }
+
+  /** Copies of (hi, lo) in the published view: cached ones not hidden, and ghosts. */
+  private publishedCopies(hi: number, lo: number): number {
+    let copies = Math.max(0, this.ghosts.get(hi, lo));
+    for (let copy = this.lookup(hi, lo); copy !== NONE; copy = this.copyNext[copy]!)
+      if (this.hidden[copy] === 0) copies++;
+    return copies;
   }
 
   /** O(capacity) consistency check of every invariant; throws on the first violation. */
@@ -446,20 +546,40 @@ export class EngineCache {
     for (let slot = 0; slot < this.capacityBlocks; slot++) {
       if ((this.refs[slot] === 0) !== (this.queued[slot] === 1))
         throw new Error(`slot ${slot}: refs vs queue`);
-      if (this.cached[slot] !== 1) continue;
+      if (this.cached[slot] !== 1) {
+        if (this.copyNext[slot] !== NONE || this.copyPrev[slot] !== NONE)
+          throw new Error(`uncached slot ${slot} is linked as a copy`);
+        continue;
+      }
       cached++;
-      if (this.lookup(this.extHi[slot]!, this.extLo[slot]!) !== slot) {
+      let oldest = slot;
+      while (this.copyPrev[oldest] !== NONE) oldest = this.copyPrev[oldest]!;
+      if (this.lookup(this.extHi[slot]!, this.extLo[slot]!) !== oldest) {
         throw new Error(`cached slot ${slot} missing from the hash table`);
       }
     }
+    let copies = 0;
     this.table.forEach((hi, lo, slot) => {
       if (this.cached[slot] !== 1) throw new Error(`hash table names uncached slot ${slot}`);
-      if (this.extHi[slot] !== hi || this.extLo[slot] !== lo)
-        throw new Error(`slot ${slot} holds another hash`);
+      if (this.copyPrev[slot] !== NONE) throw new Error(`hash table names a later copy ${slot}`);
+      for (let copy = slot; copy !== NONE; copy = this.copyNext[copy]!) {
+        if (this.extHi[copy] !== hi || this.extLo[copy] !== lo)
+          throw new Error(`slot ${copy} holds another hash`);
+        if (copy !== slot && this.copyPrev[this.copyPrev[copy]!] === copy)
+          throw new Error(`copy list of slot ${slot} loops`);
+        copies++;
+      }
     });
-    if (cached !== this.cachedCount || cached !== this.table.size) {
-      throw new Error(`cached ${cached}, count ${this.cachedCount}, table ${this.table.size}`);
+    if (!this.keepDuplicates && copies !== this.table.size)
+      throw new Error("a hash is cached twice although duplicates are adopted");
+    if (cached !== this.cachedCount || cached !== copies) {
+      throw new Error(`cached ${cached}, count ${this.cachedCount}, copies ${copies}`);
     }
+    let hidden = 0;
+    for (let slot = 0; slot < this.capacityBlocks; slot++) hidden += this.hidden[slot]!;
+    if (hidden !== this.hiddenSlots.length)
+      throw new Error(`${hidden} slots hidden, ${this.hiddenSlots.length} listed`);
+    this.cpu?.verify();
   }
 
   // ---- internals ----
@@ -467,6 +587,21 @@ export class EngineCache {
   /** Prompt blocks a sequence may reuse: vLLM always computes the last prompt token. */
   private reusableBlocks(promptLength: number): number {
     return Math.floor((promptLength - 1) / this.blockSize);
+  }
+
+  /** The external hashes of a prompt's first `limit` blocks, in the scratch (reused). */
+  private hashPrompt(tokens: Uint32Array, limit: number): Uint32Array {
+    let { content, ext } = this.scratch;
+    if (ext.length < 2 * limit) {
+      content = new Uint32Array(4 * limit);
+      ext = new Uint32Array(4 * limit);
+      this.scratch.content = content;
+      this.scratch.ext = ext;
+    }
+    const prompt = tokens.subarray(0, limit * this.blockSize);
+    hashBlocks(prompt, this.blockSize, this.seed, content);
+    chainHashes(content, limit, ext);
+    return ext;
   }
 
   private matchPrefix(ext: Uint32Array, limit: number): number {
@@ -487,9 +622,9 @@ export class EngineCache {
   }
 
   /**
-   * Caches block i of the sequence in its slot and returns true; or, if the hash is
-   * already cached, swaps the sequence onto that copy, frees its own slot and returns
-   * false (nothing to announce).
+   * Caches block i of the sequence in its slot and returns true (a hash already cached
+   * gets another copy, as in vLLM); or, with duplicates adopted, swaps the sequence onto
+   * the cached copy, frees its own slot and returns false (nothing to announce).
    */
   private register(sequence: CacheSequence, i: number, slots: Int32Array): boolean {
     const hi = sequence.ext[2 * i]!;
@@ -498,15 +633,21 @@ export class EngineCache {
     const existing = this.lookup(hi, lo);
     if (existing !== NONE) {
       this.counters.duplicateBlocks++;
-      if (this.refs[existing] === 0) this.dequeue(existing);
-      this.refs[existing]!++;
-      slots[i] = existing;
-      if (--this.refs[slot]! === 0) this.enqueue(slot);
-      return false;
-    }
+      if (this.keepDuplicates) {
+        let last = existing;
+        while (this.copyNext[last] !== NONE) last = this.copyNext[last]!;
+        this.copyNext[last] = slot;
+        this.copyPrev[slot] = last;
+      } else {
+        if (this.refs[existing] === 0) this.dequeue(existing);
+        this.refs[existing]!++;
+        slots[i] = existing;
+        if (--this.refs[slot]! === 0) this.enqueue(slot);
+        return false;
+      }
+    } else this.table.set(hi, lo, slot);
     this.extHi[slot] = hi;
     this.extLo[slot] = lo;
-    this.table.set(hi, lo, slot);
     this.cached[slot] = 1;
     this.cachedCount++;
     this.parentHi[slot] = i > 0 ? sequence.ext[2 * i - 2]! : 0;
@@ -514,8 +655,10 @@ export class EngineCache {
     this.pathHi[slot] = sequence.path[2 * i]!;
     this.pathLo[slot] = sequence.path[2 * i + 1]!;
     this.position[slot] = i;
-    this.hidden[slot] = 1;
-    this.hiddenSlots.push(slot);
+    if (this.hidden[slot] === 0) {
+      this.hidden[slot] = 1;
+      this.hiddenSlots.push(slot);
+    }
     const size = this.blockSize;
     const tokens = sequence.tokens;
     const pool = this.tokenPool;
@@ -542,21 +685,67 @@ export class EngineCache {
     });
   }
 
-  /** Drops a free slot's cached block; returns its hash (for BlockRemoved). */
+  /** Drops a free slot's cached block (this copy only); returns its hash (for BlockRemoved). */
   private evict(slot: number): bigint {
     const hi = this.extHi[slot]!;
     const lo = this.extLo[slot]!;
-    if (this.hidden[slot] === 1) {
-      this.hidden[slot] = 0; // never in the published view: nothing to keep
-    } else {
-      this.ghosts.set(hi, lo, 1);
-      if (this.recordEvents) this.ghostBlocks.push(this.blockAt(slot));
-    }
-    this.table.delete(hi, lo);
+    // A published copy stays in the published view until the next publish (a ghost);
+    // a copy cached since (hidden) was never in it.
+    if (this.hidden[slot] === 0 && this.ghosts.adjust(hi, lo, 1) === 1 && this.recordEvents)
+      this.ghostBlocks.push(this.blockAt(slot, 0));
+    const before = this.copyPrev[slot]!;
+    const after = this.copyNext[slot]!;
+    if (before !== NONE) this.copyNext[before] = after;
+    else if (after !== NONE) this.table.set(hi, lo, after);
+    else this.table.delete(hi, lo);
+    if (after !== NONE) this.copyPrev[after] = before;
+    this.copyPrev[slot] = NONE;
+    this.copyNext[slot] = NONE;
     this.cached[slot] = 0;
     this.cachedCount--;
     this.counters.evictedBlocks++;
+    if (before === NONE && after === NONE) this.spill(slot);
     return this.recordEvents ? u64(hi, lo) : 0n;
+  }
+
+  /**
+   * The last device copy of a block is going: it goes to the CPU tier, if there is one,
+   * unless the tier has it already or no tier holds its parent any more (an orphan is
+   * not offloaded). The tier's own eviction is announced first.
+   */
+  private spill(slot: number): void {
+    const cpu = this.cpu;
+    if (cpu === null) return;
+    const hi = this.extHi[slot]!;
+    const lo = this.extLo[slot]!;
+    if (cpu.has(hi, lo)) return cpu.touch(hi, lo);
+    if (cpu.makeRoom(this.evictedHost)) {
+      this.counters.hostEvictedBlocks++;
+      const [evictedHi, evictedLo] = this.evictedHost;
+      if (this.recordEvents)
+        this.events.push({
+          type: "BlockRemoved",
+          block_hashes: [u64(evictedHi!, evictedLo!)],
+          medium: "CPU",
+        });
+    }
+    const position = this.position[slot]!;
+    const [parentHi, parentLo] = [this.parentHi[slot]!, this.parentLo[slot]!];
+    if (position > 0 && this.lookup(parentHi, parentLo) === NONE && !cpu.has(parentHi, parentLo))
+      return;
+    cpu.store(hi, lo, parentHi, parentLo, this.pathHi[slot]!, this.pathLo[slot]!, position);
+    this.counters.spilledBlocks++;
+    if (!this.recordEvents) return;
+    const size = this.blockSize;
+    this.events.push({
+      type: "BlockStored",
+      block_hashes: [u64(hi, lo)],
+      parent_block_hash: position === 0 ? null : u64(parentHi, parentLo),
+      token_ids: Array.from(this.tokenPool.subarray(slot * size, (slot + 1) * size)),
+      block_size: size,
+      lora_name: null,
+      medium: "CPU",
+    });
   }
 
   private enqueue(slot: number): void {

@@ -14,8 +14,9 @@
  *     with usage.prompt_tokens_details.cached_tokens from the cache (./engine-openai.ts)
  *   POST /v1/reset   vLLM's reset_prefix_cache: AllBlocksCleared (409 while requests run)
  *   GET  /v1/stats   engine, cache and publisher counters
- *   GET  /v1/cache   every cached block's external hash (decimal), and the last published seq:
- *                    the truth a router's index is compared with
+ *   GET  /v1/cache   every cached block's external hash (decimal), the copies of those held
+ *                    more than once, the CPU tier's blocks, and the last published seq: the
+ *                    truth a router's index is compared with
  *   GET  /healthz
  *
  * Requests arrive at the engine's current model time (model ms = wall ms × speedup
@@ -198,12 +199,21 @@ export class EngineServer {
     };
   }
 
-  /** The cached blocks by external hash, with the seq of the batch that last changed them. */
+  /**
+   * The cached blocks by external hash, with the seq of the batch that last changed them,
+   * and the copies of those cached more than once (vLLM's duplicates).
+   */
   cache() {
     const { networked } = this.options;
+    const blocks = networked.engine.cache.snapshot();
+    const copies: Record<string, number> = {};
+    for (const block of blocks) if (block.copies > 1) copies[block.hash.toString()] = block.copies;
+    const host = networked.engine.cache.hostSnapshot();
     return {
       last_seq: networked.lastSeq,
-      block_hashes: networked.engine.cache.snapshot().map((block) => block.hash.toString()),
+      block_hashes: blocks.map((block) => block.hash.toString()),
+      copies,
+      host_block_hashes: host.map((block) => block.hash.toString()),
     };
   }
 

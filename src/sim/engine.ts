@@ -8,20 +8,23 @@
  * A step is planned when it starts and takes effect when it ends:
  *
  * - start: every running request gets its tokens in admission order (a decoding one
- *   1, a prefilling one the next chunk of its uncached prompt) until the step's budget
- *   is spent; then queued requests are admitted FCFS while budget and `maxRunning`
- *   allow. Admission looks up the longest cached prefix, pins it and allocates blocks
- *   for the rest of the prompt and the whole output (evicting LRU); if they do not fit,
- *   the head waits and blocks those behind it (vLLM's FCFS does the same). The full
- *   prompt blocks a step will compute are cached as it is planned, as vLLM V1's
- *   allocate_slots caches them: requests sharing a prefix that arrive while the first
- *   one's prefill runs, even those admitted into the same step, reuse it.
+ *   1, a prefilling one the next chunk of its uncached prompt, at most
+ *   `longPrefillTokens` when set) until the step's budget is spent; then queued requests
+ *   are admitted FCFS while budget and `maxRunning` allow. Admission looks up the
+ *   longest cached prefix (device, then CPU tier), pins it and allocates blocks for the
+ *   rest of the prompt and the whole output (evicting LRU); if they do not fit, the head
+ *   waits and blocks those behind it (vLLM's FCFS does the same). The full prompt blocks
+ *   a step will compute are cached as it is planned, as vLLM V1's allocate_slots caches
+ *   them: requests sharing a prefix that arrive while the first one's prefill runs, even
+ *   those admitted into the same step, reuse it. A running request does not look the
+ *   cache up again: a chunk another request computed first is computed again, and kept
+ *   as another copy.
  * - end (start + step_ms): the step's KV events are published (BlockStored of the
- *   blocks it cached, BlockRemoved of its evictions: vLLM publishes them after the step
- *   ran), requests whose prompt is complete get their first token (`prefillDone`),
- *   decoding requests
- *   get one token each, full output blocks are cached, finished requests release their
- *   blocks (`finished`); the next step starts at once if anything is left.
+ *   blocks it cached, BlockRemoved of its evictions, the CPU tier's too: vLLM publishes
+ *   them after the step ran), requests whose prompt is complete get their first token
+ *   (`prefillDone`), decoding requests get one token each, full output blocks are
+ *   cached, finished requests release their blocks (`finished`); the next step starts
+ *   at once if anything is left.
  *
  * See docs/decisions.md#engine-publishes-after-step.
  *
@@ -30,7 +33,7 @@
  * rejected at submit.
  */
 import type { EngineCache, CacheSequence, KvEventBatch } from "./engine-cache";
-import { stepMs, type TimeModel } from "./time-model";
+import { prefillChunkMax, reloadMs, stepMs, type TimeModel } from "./time-model";
 
 export interface EngineRequest {
   readonly id: number;
@@ -166,12 +169,14 @@ export class MockEngine {
     let budget = time.maxBatchedTokens;
     let prefillTokens = 0;
     let kvTokens = 0;
+    let loadedTokens = 0;
+    const chunkMax = prefillChunkMax(time);
     const running = this.running;
     for (let i = 0; i < running.length && budget > 0; i++) {
       const active = running[i]!;
       const left = active.request.promptLength - active.promptDone;
       if (left > 0) {
-        const chunk = Math.min(left, budget);
+        const chunk = Math.min(left, budget, chunkMax);
         this.schedulePrefill(active, chunk);
         prefillTokens += chunk;
         budget -= chunk;
@@ -184,12 +189,13 @@ export class MockEngine {
     while (budget > 0 && running.length < time.maxRunning && this.waitingCount > 0) {
       const active = this.admit();
       if (active === null) break;
-      const chunk = Math.min(active.request.promptLength - active.promptDone, budget);
+      loadedTokens += active.sequence.loadedBlocks * this.cache.blockSize;
+      const chunk = Math.min(active.request.promptLength - active.promptDone, budget, chunkMax);
       this.schedulePrefill(active, chunk);
       prefillTokens += chunk;
       budget -= chunk;
     }
-    const duration = stepMs(time, prefillTokens, kvTokens);
+    const duration = stepMs(time, prefillTokens, kvTokens) + reloadMs(time, loadedTokens);
     this.counters.steps++;
     this.counters.busyMs += duration;
     this.counters.computedTokens += prefillTokens;
@@ -219,7 +225,8 @@ export class MockEngine {
       return null;
     }
     this.shiftWaiting();
-    const cachedTokens = sequence.hitBlocks * this.cache.blockSize;
+    // Blocks loaded back from the CPU tier are not computed either.
+    const cachedTokens = (sequence.hitBlocks + sequence.loadedBlocks) * this.cache.blockSize;
     this.counters.cachedTokens += cachedTokens;
     const active: Active = {
       request,

@@ -15,6 +15,7 @@ const PENDING_MAX = 100_000;
 
 export interface RouteAnswer {
   readonly workerId: string;
+  /** Blocks of the prompt the worker holds: the device's and the lower tiers' after them. */
   readonly overlapBlocks: number;
   readonly queryBlocks: number;
 }
@@ -91,9 +92,12 @@ export class KvedgeClient {
       throw new RouteRefused(Number(result.status), message);
     }
     const body = result.result as Record<string, unknown>;
+    // Blocks the chosen worker holds in every tier (the lower tiers' after the device's).
+    const tiers = [body.host_pinned_blocks, body.disk_blocks, body.external_blocks];
+    const lower = tiers.reduce((sum: number, blocks) => sum + (Number(blocks) || 0), 0);
     return {
       workerId: String(body.worker_id),
-      overlapBlocks: Number(body.overlap_blocks),
+      overlapBlocks: Number(body.overlap_blocks) + lower,
       queryBlocks: Number(body.query_blocks),
     };
   }

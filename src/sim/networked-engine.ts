@@ -30,6 +30,8 @@ export interface NetworkedEngineOptions {
   readonly capacityBlocks: number;
   readonly blockSize?: number;
   readonly hashSeed: bigint;
+  /** The CPU offload tier's blocks (0 or absent: none). */
+  readonly cpuCapacityBlocks?: number;
   readonly time?: TimeModel;
   /** Where the PUB socket binds, e.g. `tcp://127.0.0.1:0` (port 0: any free port). */
   readonly endpoint: string;
@@ -139,6 +141,7 @@ export class NetworkedEngine {
       capacityBlocks: options.capacityBlocks,
       blockSize: options.blockSize,
       hashSeed: options.hashSeed,
+      cpuCapacityBlocks: options.cpuCapacityBlocks ?? 0,
     });
     // The engine reports to whatever `listener` is at the time.
     this.engine = new MockEngine(options.index, cache, options.time ?? DEFAULT_TIME_MODEL, {

@@ -28,6 +28,8 @@ export interface PolicyReport {
   readonly rejected: number;
   readonly prompt_tokens: number;
   readonly cached_tokens: number;
+  /** Of those, loaded back from a CPU offload tier (0 without one). */
+  readonly host_cached_tokens: number;
   readonly hit_rate: number;
   readonly prefill_tokens: number;
   readonly ttft_p50_ms: number;
@@ -99,28 +101,16 @@ export class RunRecorder {
   report(policy: string, engines: readonly MockEngine[], verify: boolean): PolicyReport {
     const { trace } = this;
     let promptTokens = 0;
-    let cachedTokens = 0;
-    let prefillTokens = 0;
-    let evicted = 0;
-    let blocked = 0;
-    const workerRequests: number[] = [];
-    const workerPrefill: number[] = [];
-    const workerCached: number[] = [];
-    for (const engine of engines) {
-      if (!engine.idle) throw new Error(`engine ${engine.index} still has work at the end`);
-      if (engine.cache.freeBlocks !== engine.cache.capacityBlocks) {
-        throw new Error(`engine ${engine.index} leaks ${engine.cache.usedBlocks} pinned blocks`);
-      }
-      if (verify) engine.cache.verify();
-      const c = engine.counters;
-      cachedTokens += c.cachedTokens;
-      prefillTokens += c.computedTokens;
-      evicted += engine.cache.counters.evictedBlocks;
-      blocked += c.blockedAdmissions;
-      workerRequests.push(c.submitted - c.rejected);
-      workerPrefill.push(c.computedTokens);
-      workerCached.push(engine.cache.cachedBlocks);
-    }
+    const {
+      cachedTokens,
+      hostTokens,
+      prefillTokens,
+      evicted,
+      blocked,
+      workerRequests,
+      workerPrefill,
+      workerCached,
+    } = engineTotals(engines, verify);
     const ttft: number[] = [];
     const tpot: number[] = [];
     for (let i = 0; i < trace.count; i++) {
@@ -154,6 +144,7 @@ export class RunRecorder {
       rejected: this.rejected,
       prompt_tokens: promptTokens,
       cached_tokens: cachedTokens,
+      host_cached_tokens: hostTokens,
       hit_rate: promptTokens === 0 ? 0 : cachedTokens / promptTokens,
       prefill_tokens: prefillTokens,
       ttft_p50_ms: percentile(sortedTtft, 0.5),
@@ -170,4 +161,42 @@ export class RunRecorder {
       makespan_ms: trace.count === 0 ? 0 : this.lastMs - trace.arrivalMs[0]!,
     };
   }
+}
+
+/** What the engines did, summed (and checked: idle, nothing pinned, consistent). */
+function engineTotals(engines: readonly MockEngine[], verify: boolean) {
+  let cachedTokens = 0;
+  let hostTokens = 0;
+  let prefillTokens = 0;
+  let evicted = 0;
+  let blocked = 0;
+  const workerRequests: number[] = [];
+  const workerPrefill: number[] = [];
+  const workerCached: number[] = [];
+  for (const engine of engines) {
+    if (!engine.idle) throw new Error(`engine ${engine.index} still has work at the end`);
+    if (engine.cache.freeBlocks !== engine.cache.capacityBlocks) {
+      throw new Error(`engine ${engine.index} leaks ${engine.cache.usedBlocks} pinned blocks`);
+    }
+    if (verify) engine.cache.verify();
+    const c = engine.counters;
+    cachedTokens += c.cachedTokens;
+    hostTokens += engine.cache.counters.hostHitBlocks * engine.cache.blockSize;
+    prefillTokens += c.computedTokens;
+    evicted += engine.cache.counters.evictedBlocks;
+    blocked += c.blockedAdmissions;
+    workerRequests.push(c.submitted - c.rejected);
+    workerPrefill.push(c.computedTokens);
+    workerCached.push(engine.cache.cachedBlocks);
+  }
+  return {
+    cachedTokens,
+    hostTokens,
+    prefillTokens,
+    evicted,
+    blocked,
+    workerRequests,
+    workerPrefill,
+    workerCached,
+  };
 }

@@ -7,15 +7,16 @@
  * - `approx_prefix`: SGLang / SMG `cache_aware`, which learns only from its own
  *   decisions (an approximate radix tree per worker, never told about evictions);
  *   defaults are SMG's command-line defaults (see ApproxPrefixConfig).
- * - `kv_aware_model`: kvedge's real router (src/route) told each engine's true cache
- *   contents (what an exact event-fed index holds, without event lag), deciding by its
- *   route policy (ttft by default, or Dynamo's cost) over its own load bookkeeping.
+ * - `kv_aware_model`: kvedge's real router (src/route) told each engine's published
+ *   cache contents, both tiers (what an exact event-fed index holds: a step's blocks once
+ *   the step has run, without network lag), or for engines without events its own
+ *   predictions, deciding by its route policy (ttft by default, or Dynamo's cost) over
+ *   its own load bookkeeping.
  *
  * The simulator calls `route` on arrival, `prefillDone` at the first token and
  * `finished` at the end, which is the request lifecycle a router is told about.
  */
 import {
-  type EngineTimeModel,
   type EngineTimes,
   type Overlaps,
   Router,
@@ -29,6 +30,7 @@ import { WorkerTable } from "../domain/worker-table";
 import { DEFAULT_FLEET_PREDICTIONS, PredictedFleet } from "./predicted-fleet";
 import { PairTable } from "../util/tables";
 import { createRng, randomInt, type Rng } from "./random";
+import type { TimeModel } from "./time-model";
 
 export const POLICY_NAMES = [
   "kv_aware_model",
@@ -75,8 +77,13 @@ export interface HeldAnswer {
   readonly worker: number;
 }
 
-/** A worker's true cached prefix of a prompt, in blocks (the simulator asks the engine). */
+/**
+ * A worker's cached prefix of a prompt, in blocks, as an index fed by its events knows it
+ * (the simulator asks the engine's published view).
+ */
 export type CacheProbe = (worker: number, query: RouteQuery) => number;
+/** The (published) CPU tier's blocks right after the device hit of the worker's last probe. */
+export type HostProbe = (worker: number) => number;
 
 /** In-flight requests per worker, as the router counts them. */
 class InFlight {
@@ -337,9 +344,10 @@ class ApproxPrefix implements RoutingPolicy {
 }
 
 /**
- * kvedge's router (src/route) in-process: the real `Router`, told each engine's true
- * cached prefix as the overlaps an exact, lag-free index would report, and the
- * request lifecycle at the engine's modeled moments, on the simulator's clock.
+ * kvedge's router (src/route) in-process: the real `Router`, told each engine's published
+ * cached prefix (both tiers) as the overlaps an exact index without network lag would
+ * report, and the request lifecycle at the engine's modeled moments, on the simulator's
+ * clock.
  */
 export interface KvAwareConfig {
   readonly policy: RoutePolicy;
@@ -371,6 +379,8 @@ export interface KvAwareConfig {
     /** Correct predictions by the cached tokens each engine reports at the first token (the proxy reads them from usage). */
     readonly correct?: boolean;
   };
+  /** Route on the engines' CPU tiers too (default true); false: the device tier only. */
+  readonly lowerTiers?: boolean;
   /**
    * Several routers deciding as replicas (./replicas.ts): request i goes to router
    * i mod replicas, its lifecycle calls too. Default 1.
@@ -384,6 +394,28 @@ export interface KvAwareConfig {
 
 export const DEFAULT_KV_AWARE: KvAwareConfig = { policy: "ttft" };
 
+/** What the router is told each decision: per worker, the blocks each tier holds. */
+interface ProbedOverlaps {
+  count: number;
+  slots: Int32Array;
+  blocks: Float64Array;
+  host?: Float64Array;
+  disk?: Float64Array;
+  external?: Float64Array;
+}
+
+/** Overlaps for the workers `slots`, with the lower tiers' arrays when they are probed. */
+function probedOverlaps(slots: Int32Array, tiers: boolean): ProbedOverlaps {
+  const n = slots.length;
+  const overlaps: ProbedOverlaps = { count: n, slots, blocks: new Float64Array(n) };
+  if (tiers) {
+    overlaps.host = new Float64Array(n);
+    overlaps.disk = new Float64Array(n);
+    overlaps.external = new Float64Array(n);
+  }
+  return overlaps;
+}
+
 /** Longer than any replay: requests end by `done`, never by expiry. */
 const SIM_REQUEST_TTL_MS = 1e15;
 
@@ -394,7 +426,8 @@ export class KvAwareModel implements RoutingPolicy {
   readonly admission: Admission<RouteQuery> | null;
   private nowMs = 0;
   private readonly slots: Int32Array;
-  private readonly overlaps: { count: number; slots: Int32Array; blocks: Float64Array };
+  private readonly overlaps: ProbedOverlaps;
+  private readonly hostProbe: HostProbe | null;
   private answers: HeldAnswer[] = [];
   private readonly reference: EngineTimes | null;
   /** Per decision (with `reference`): 1 if the pick is cheapest under the true constants too. */
@@ -408,6 +441,7 @@ export class KvAwareModel implements RoutingPolicy {
     private readonly probe: CacheProbe,
     config: KvAwareConfig,
     rng: Rng,
+    hostProbe: HostProbe | null = null,
   ) {
     const table = new WorkerTable();
     this.router = new Router({
@@ -428,7 +462,6 @@ export class KvAwareModel implements RoutingPolicy {
     this.reference = config.reference ?? null;
     this.slots = new Int32Array(workers);
     for (let w = 0; w < workers; w++) this.slots[w] = table.acquire(BigInt(w), 0);
-    this.overlaps = { count: workers, slots: this.slots, blocks: new Float64Array(workers) };
     const approximate = config.approximate ?? [];
     this.fleet =
       approximate.length === 0
@@ -441,6 +474,8 @@ export class KvAwareModel implements RoutingPolicy {
             slots: this.slots,
             now: () => this.nowMs,
           });
+    this.hostProbe = config.lowerTiers === false ? null : hostProbe;
+    this.overlaps = probedOverlaps(this.slots, this.hostProbe !== null);
     const admission =
       config.admission === undefined ||
       config.admission.mode === undefined ||
@@ -539,14 +574,19 @@ export class KvAwareModel implements RoutingPolicy {
   }
 
   /**
-   * Each exact engine's published cached prefix of the query, as an index fed by its
-   * events reports it (no network lag), and each approximate engine's predicted one.
+   * Each exact engine's published cached prefix of the query and its CPU tier's blocks
+   * after it, as an index fed by its events reports them (no network lag), and each
+   * approximate engine's predicted prefix (the device tier only).
    */
   private probed(query: RouteQuery): Overlaps {
-    const blocks = this.overlaps.blocks;
+    const { blocks, host } = this.overlaps;
+    const hostProbe = this.hostProbe;
     const fleet = this.fleet;
-    for (let w = 0; w < this.slots.length; w++)
-      if (fleet === null || !fleet.isApproximate(w)) blocks[w] = this.probe(w, query);
+    for (let w = 0; w < this.slots.length; w++) {
+      const exact = fleet === null || !fleet.isApproximate(w);
+      if (exact) blocks[w] = this.probe(w, query);
+      if (hostProbe !== null) host![w] = exact ? hostProbe(w) : 0;
+    }
     if (fleet !== null) {
       const local = fleet.localHashes(query.tokens, query.promptLength);
       fleet.overlaps(local, query.path, query.promptBlocks, blocks);
@@ -561,10 +601,12 @@ export interface PolicyOptions {
   readonly seed: number;
   /** Needed by kv_aware_model only. */
   readonly probe?: CacheProbe;
+  /** kv_aware_model: the engines' CPU tiers after each probe (none: the device only). */
+  readonly hostProbe?: HostProbe;
   readonly approxPrefix?: ApproxPrefixConfig;
   readonly kvAware?: KvAwareConfig;
   /** The engines' speed: what kv_aware_model's router assumes unless `kvAware.ttft` says otherwise. */
-  readonly time?: EngineTimeModel;
+  readonly time?: TimeModel;
 }
 
 export function createPolicy(name: PolicyName, options: PolicyOptions): RoutingPolicy {
@@ -583,14 +625,22 @@ export function createPolicy(name: PolicyName, options: PolicyOptions): RoutingP
       if (options.probe === undefined) throw new Error("kv_aware_model needs a cache probe");
       const config = options.kvAware ?? DEFAULT_KV_AWARE;
       const ttft = { ...engineConstants(options.time), ...config.ttft };
-      return new KvAwareModel(workers, blockSize, options.probe, { ...config, ttft }, rng);
+      const host = options.hostProbe ?? null;
+      return new KvAwareModel(workers, blockSize, options.probe, { ...config, ttft }, rng, host);
     }
   }
 }
 
 /** Only the constants a router's time model takes (a sim TimeModel has more). */
-function engineConstants(time: EngineTimeModel | undefined): Partial<EngineTimeModel> {
+function engineConstants(time: TimeModel | undefined): Partial<TtftSettings> {
   if (time === undefined) return {};
   const { prefillTokensPerSecond, stepBaseMs, kvReadMsPerMillionTokens, maxBatchedTokens } = time;
-  return { prefillTokensPerSecond, stepBaseMs, kvReadMsPerMillionTokens, maxBatchedTokens };
+  const hostReload = time.hostReloadMsPerMillionTokens;
+  return {
+    prefillTokensPerSecond,
+    stepBaseMs,
+    kvReadMsPerMillionTokens,
+    maxBatchedTokens,
+    ...(hostReload === undefined ? {} : { hostReloadMsPerMillionTokens: hostReload }),
+  };
 }

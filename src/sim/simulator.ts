@@ -33,6 +33,8 @@ export interface SimOptions {
   readonly workers?: number;
   /** KV capacity of each engine, in blocks of `blockSize` tokens. */
   readonly capacityBlocks?: number;
+  /** Each engine's CPU offload tier, in blocks (0 or absent: none). */
+  readonly cpuCapacityBlocks?: number;
   readonly blockSize?: number;
   readonly time?: TimeModel;
   readonly seed?: number;
@@ -45,6 +47,8 @@ export interface SimOptions {
   readonly onRouted?: (request: number, worker: number) => void;
   /** Called with the policy once the replay ends (to read what it learned). */
   readonly onFinish?: (policy: RoutingPolicy) => void;
+  /** Called with the engines once the replay ends (to compare their caches with an index). */
+  readonly onEngines?: (engines: readonly MockEngine[]) => void;
   /** Run the O(capacity) cache consistency checks at the end (default: KVEDGE_VERIFY=1). */
   readonly verify?: boolean;
 }
@@ -120,6 +124,7 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
   const vocabSize = options.vocabSize ?? DEFAULT_VOCAB_SIZE;
   const onBatch = options.onBatch;
   const engines: MockEngine[] = [];
+  const hostProbe = (worker: number) => engines[worker]!.cache.lastHostBlocks;
   const policy = createRouting(options.policy, {
     workers,
     blockSize,
@@ -129,22 +134,14 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
     time,
     probe: (worker, query) =>
       engines[worker]!.cache.visiblePrefixBlocks(query.tokens, query.promptLength),
+    ...((options.cpuCapacityBlocks ?? 0) > 0 ? { hostProbe } : {}),
   });
   const recorder = new RunRecorder(trace, {
     prefillDone: (request, nowMs, cachedTokens) =>
       policy.prefillDone(request.id, nowMs, cachedTokens),
     finished: (request, nowMs) => policy.finished(request.id, nowMs),
   });
-  const seeds = engineSeeds(seed, workers);
-  for (let w = 0; w < workers; w++) {
-    const cache = new EngineCache({
-      capacityBlocks: capacity,
-      blockSize,
-      hashSeed: seeds[w]!,
-      recordEvents: onBatch !== undefined,
-    });
-    engines.push(new MockEngine(w, cache, time, recorder.listener));
-  }
+  engines.push(...makeEngines(options, capacity, blockSize, seed, recorder));
   const flush = (worker: number, nowMs: number): void => {
     if (onBatch === undefined) return;
     const batch = engines[worker]!.takeBatch(nowMs);
@@ -185,6 +182,7 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
     }
   }
   options.onFinish?.(policy);
+  options.onEngines?.(engines);
   return recorder.report(options.policy, engines, options.verify ?? VERIFY);
 }
 
@@ -200,6 +198,28 @@ function nextEngine(engines: readonly MockEngine[]): number {
     }
   }
   return index;
+}
+
+/** The run's engines, their hash seeds from `seed` (the same for every run with it). */
+function makeEngines(
+  options: SimOptions,
+  capacity: number,
+  blockSize: number,
+  seed: number,
+  recorder: RunRecorder,
+): MockEngine[] {
+  const workers = options.workers ?? DEFAULT_WORKERS;
+  const seeds = engineSeeds(seed, workers);
+  return seeds.map((hashSeed, w) => {
+    const cache = new EngineCache({
+      capacityBlocks: capacity,
+      blockSize,
+      hashSeed,
+      recordEvents: options.onBatch !== undefined,
+      cpuCapacityBlocks: options.cpuCapacityBlocks ?? 0,
+    });
+    return new MockEngine(w, cache, options.time ?? DEFAULT_TIME_MODEL, recorder.listener);
+  });
 }
 
 /** Submits the held requests the policy answered (worker -1: refused) at `nowMs`. */

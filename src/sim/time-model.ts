@@ -23,6 +23,17 @@
  *   cache, about one 80 GB GPU's worth for this model, reads in ~20 ms.)
  * - maxBatchedTokens 8,192 and maxRunning 1,024: vLLM's defaults for the OpenAI server
  *   on large-memory GPUs (`max_num_batched_tokens`, `max_num_seqs`).
+ * - longPrefillTokens (off by default, as in vLLM unless set): the most prompt tokens one
+ *   request is given in a step (vLLM `long_prefill_token_threshold`), so several long
+ *   prompts prefill side by side. Requests sharing a prompt then leapfrog: one admitted
+ *   after another reuses the blocks the other has scheduled, computes the next chunk
+ *   first, and the earlier one, which looked the cache up only when it was admitted,
+ *   computes that chunk again: vLLM keeps both copies (./engine-cache.ts).
+ * - hostReloadMsPerMillionTokens (a CPU offload tier): a request whose prefix continues
+ *   in host memory has it copied back: 128 KiB a token, 1 M tokens = 131 GB, 2,600 ms
+ *   over PCIe Gen5 x16 at the ~50 GB/s pinned copies reach (64 GB/s raw); prefilling
+ *   them would take 66,700 ms. The copy adds to the step that admits the request (the
+ *   engine waits for it; the step's other requests wait too: a little pessimistic).
  *
  * TTFT = arrival → end of the step that computes the request's last prompt token.
  * Omitted (README.md lists them): compute/memory overlap inside a step (the terms add
@@ -41,6 +52,24 @@ export interface TimeModel {
   readonly maxBatchedTokens: number;
   /** Most requests running at once (vLLM `max_num_seqs`). */
   readonly maxRunning: number;
+  /** Most prompt tokens one request gets per step (vLLM `long_prefill_token_threshold`; 0 or absent: no cap). */
+  readonly longPrefillTokens?: number;
+  /** Time to copy the KV of one million tokens from the CPU tier back, ms (default 2,600). */
+  readonly hostReloadMsPerMillionTokens?: number;
+}
+
+/** Most prompt tokens one request may prefill in a step: the budget, or the long-prefill cap. */
+export function prefillChunkMax(model: TimeModel): number {
+  const cap = model.longPrefillTokens ?? 0;
+  return cap > 0 ? Math.min(cap, model.maxBatchedTokens) : model.maxBatchedTokens;
+}
+
+export const DEFAULT_HOST_RELOAD_MS_PER_MILLION_TOKENS = 2_600;
+
+/** Model ms to copy `tokens` of KV back from the CPU tier. */
+export function reloadMs(model: TimeModel, tokens: number): number {
+  const rate = model.hostReloadMsPerMillionTokens ?? DEFAULT_HOST_RELOAD_MS_PER_MILLION_TOKENS;
+  return (rate * tokens) / 1e6;
 }
 
 export const DEFAULT_TIME_MODEL: TimeModel = {
@@ -72,12 +101,9 @@ export function soloDurations(
   outputTokens: number,
 ): { ttftMs: number; decodeMs: number } {
   let ttftMs = 0;
-  for (
-    let left = Math.max(1, promptTokens - cachedTokens);
-    left > 0;
-    left -= model.maxBatchedTokens
-  ) {
-    ttftMs += stepMs(model, Math.min(left, model.maxBatchedTokens), 0);
+  const chunk = prefillChunkMax(model);
+  for (let left = Math.max(1, promptTokens - cachedTokens); left > 0; left -= chunk) {
+    ttftMs += stepMs(model, Math.min(left, chunk), 0);
   }
   // Decode steps j = 1 … n−1 each read the prompt and the j tokens generated so far.
   const steps = Math.max(0, outputTokens - 1);
@@ -105,6 +131,9 @@ export function checkTimeModel(model: TimeModel): void {
   if (!Number.isSafeInteger(model.maxRunning) || model.maxRunning < 1) {
     problems.push(`maxRunning must be an integer ≥ 1, got ${model.maxRunning}`);
   }
+  const cap = model.longPrefillTokens ?? 0;
+  if (!Number.isSafeInteger(cap) || cap < 0)
+    problems.push(`longPrefillTokens must be an integer ≥ 0, got ${model.longPrefillTokens}`);
   // A step of zero duration would let virtual time stand still.
   if (problems.length === 0 && model.stepBaseMs === 0 && model.kvReadMsPerMillionTokens === 0) {
     problems.push(

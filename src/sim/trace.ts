@@ -12,7 +12,8 @@
  * Transforms follow Dynamo's trace benchmark (reference §6.1): input clamped to
  * len(hash_ids) × block tokens; length factor F (id h → h·F … h·F+F−1, lengths × F);
  * duplication factor K (copy c shifts ids by c·(max_id+1), same arrival times);
- * then a time scale on arrivals and truncation to the first N requests.
+ * then a time scale on arrivals and truncation to the first N requests. Not Dynamo's:
+ * twins, a fraction of requests that arrive twice at once (the same prompt).
  *
  * The result is struct-of-arrays; prompts are synthesized on demand (./tokens.ts).
  */
@@ -237,16 +238,32 @@ export interface TraceTransform {
   readonly timeScale?: number;
   /** Skip the first N requests (after duplication); the rest arrive N requests' span earlier. */
   readonly start?: number;
-  /** Keep only the first N requests (after duplication and the skip). */
+  /** Keep only the first N requests (after duplication and the skip; twins count). */
   readonly requests?: number;
+  /**
+   * A fraction in [0, 1] of the requests arrive twice at the same moment, with the same
+   * prompt (parallel sampling with n = 2, a client's retry). On one engine the second
+   * reuses the blocks the first has scheduled (vLLM V1 caches them at scheduling); when
+   * both prefill side by side (a long-prefill cap, ./time-model.ts), each computes chunks
+   * the other computed first, and vLLM holds two copies of them. Which requests is fixed
+   * by their place, not drawn.
+   */
+  readonly twins?: number;
 }
 
-/** Applies Dynamo's trace transforms (F, then K, then time scale, then the skip and truncation). */
-export function transformTrace(trace: Trace, transform: TraceTransform): Trace {
+/** Whether kept request k gets a twin under fraction `twins` (a fixed scramble of k). */
+function twinned(k: number, twins: number): boolean {
+  return twins > 0 && (Math.imul(k + 1, 0x9e3779b1) >>> 0) / 2 ** 32 < twins;
+}
+
+/** The transform's numbers, checked against the trace. */
+function transformOf(trace: Trace, transform: TraceTransform) {
   const factor = transform.lengthFactor ?? 1;
   const copies = transform.duplicationFactor ?? 1;
   const timeScale = transform.timeScale ?? 1;
   const start = transform.start ?? 0;
+  const twins = transform.twins ?? 0;
+  if (!(twins >= 0 && twins <= 1)) throw new TraceError(0, `twins must be in [0, 1], got ${twins}`);
   if (!Number.isSafeInteger(start) || start < 0 || start >= trace.count * copies) {
     throw new TraceError(
       0,
@@ -265,6 +282,12 @@ export function transformTrace(trace: Trace, transform: TraceTransform): Trace {
   }
   if (!Number.isSafeInteger(limit) || limit < 1)
     throw new TraceError(0, `request count must be ≥ 1, got ${limit}`);
+  return { factor, copies, timeScale, start, twins, limit };
+}
+
+/** Applies Dynamo's trace transforms (F, then K, then time scale, then the skip and truncation). */
+export function transformTrace(trace: Trace, transform: TraceTransform): Trace {
+  const { factor, copies, timeScale, start, twins, limit } = transformOf(trace, transform);
   let maxId = 0;
   for (let i = 0; i < trace.hashIds.length; i++) maxId = Math.max(maxId, trace.hashIds[i]!);
   const span = (maxId + 1) * factor; // ids of one copy after the length factor: [0, span)
@@ -295,13 +318,15 @@ export function transformTrace(trace: Trace, transform: TraceTransform): Trace {
       }
       const session = trace.sessions?.[i] ?? null;
       if (requests.length === 0) offsetMs = trace.arrivalMs[i]! - trace.arrivalMs[0]!;
-      requests.push({
+      const request = {
         arrivalMs: (trace.arrivalMs[i]! - offsetMs) * timeScale,
         inputLength: trace.inputLength[i]! * factor,
         outputLength: trace.outputLength[i]!,
         ids: out,
         session: session === null ? null : copies > 1 ? `${session}:copy_${c}` : session,
-      });
+      };
+      requests.push(request);
+      if (requests.length < limit && twinned(requests.length - 1, twins)) requests.push(request);
     }
   }
   return build(requests, trace.blockTokens);

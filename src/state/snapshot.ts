@@ -12,10 +12,12 @@
  *     2 (removed) · worker ref · dp rank · n · n × (ext hi, ext lo)
  *     3 (active) · worker ref · dp rank · id length (UTF-16 units) · prefill tokens · output blocks · idle ms · n
  *       · id (two units per word) · n × (chain hi, chain lo)
+ *     4 (stored in a lower tier) · worker ref · dp rank · tier · has parent · parent sequence hi · lo · n
+ *       · n × (ext hi, ext lo) · n × (local hi, local lo)
  *   checksum (8 bytes): XXH3-64 of the XXH3-64s (u64 each) of the prefix with the header,
  *     then of each CHECK_CHUNK_BYTES of the words (the last piece shorter)
  *
- * Operations 1 and 2 are the events of the index's `dump()`, packed straight from the
+ * Operations 1, 2 and 4 are the events of the index's `dump()`, packed straight from the
  * backend by src/index/pack.ts, so any backend writes and reads the same file. Operation
  * 3 is one active request of the load tracker (src/route/load.ts `forEachActive`).
  * Worker refs index `header.worker_ids`.
@@ -30,7 +32,7 @@
 import { existsSync, readFileSync } from "node:fs";
 import { mkdir, open, rename } from "node:fs/promises";
 import { join } from "node:path";
-import { OP_REMOVED, OP_STORED } from "../index/pack";
+import { OP_REMOVED, OP_STORED, OP_TIER_STORED } from "../index/pack";
 import type { SourcePosition } from "../ingest/source";
 
 export const SNAPSHOT_VERSION = 2;
@@ -67,6 +69,18 @@ export interface SnapshotOpSink {
     count: number,
   ): void;
   removed(workerId: bigint, dpRank: number, external: Uint32Array, count: number): void;
+  /** A lower tier's blocks below a sequence hash (src/index/tiers.ts). */
+  tierStored?(
+    workerId: bigint,
+    dpRank: number,
+    tier: number,
+    hasBase: boolean,
+    baseHi: number,
+    baseLo: number,
+    external: Uint32Array,
+    local: Uint32Array,
+    count: number,
+  ): void;
   active?(
     workerId: bigint,
     dpRank: number,
@@ -122,6 +136,31 @@ export function putActive(
   }
   words.set(chain.subarray(0, 2 * count), at);
   return at + 2 * count;
+}
+
+/**
+ * A lower tier's stored operation at word `at` (to `sink`, if any); returns the next
+ * word. Any other operation is unknown here: SnapshotError.
+ */
+function tierStored(
+  words: Uint32Array,
+  at: number,
+  workerId: bigint,
+  dpRank: number,
+  sink: SnapshotOpSink | null,
+): number {
+  if (words[at] !== OP_TIER_STORED)
+    throw new SnapshotError(`unknown operation ${words[at]} at word ${at}`);
+  const [tier, hasBase, baseHi, baseLo, n] = words.subarray(at + 3, at + 8);
+  const end = at + 8 + 4 * (n ?? 0);
+  if (n === undefined || end > words.length)
+    throw new SnapshotError(`operation at word ${at} runs past the end`);
+  if (sink?.tierStored !== undefined) {
+    const pairs = words.slice(at + 8, end);
+    const [external, local] = [pairs.subarray(0, 2 * n), pairs.subarray(2 * n)];
+    sink.tierStored(workerId, dpRank, tier!, hasBase === 1, baseHi!, baseLo!, external, local, n);
+  }
+  return end;
 }
 
 /** Walks snapshot words; throws SnapshotError on any malformed operation (check before applying). */
@@ -193,7 +232,7 @@ export function forEachOp(snapshot: Snapshot, sink: SnapshotOpSink | null): void
       }
       at += idWords + 2 * n;
     } else {
-      throw new SnapshotError(`unknown operation ${kind} at word ${at}`);
+      at = tierStored(words, at, workerId, dpRank, sink); // or throws: an unknown operation
     }
   }
 }

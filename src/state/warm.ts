@@ -236,6 +236,10 @@ function applyServed(core: KvedgeCore, snapshot: Snapshot, served: Set<string>):
       removed: (workerId, dpRank, external, count) => {
         if (keep(workerId, dpRank, 0)) index.applyRemoved(workerId, dpRank, external, count);
       },
+      tierStored: (workerId, dpRank, ...op) => {
+        if (keep(workerId, dpRank, op[op.length - 1] as number))
+          index.applyStoredTierUnder(workerId, dpRank, ...op);
+      },
       active: (workerId, dpRank, id, prefillTokens, outputBlocks, idleMs, chain, blocks) => {
         if (!keep(workerId, dpRank, 0)) return;
         const idle = idleMs + sinceWritten;

@@ -302,6 +302,51 @@ describe("kvedge demo", () => {
     expect(table.stdout).toContain("Approximate workers (--events none): every engine");
   });
 
+  test("--cpu-capacity-blocks with --twins: both tiers and every copy exact, the tier table (virtual and real time)", async () => {
+    // Small engines and a small CPU tier so blocks spill, come back, and leave it; twins
+    // prefilling side by side (a long-prefill cap) leave duplicate copies on the engines.
+    const common = ["--requests", "400", "--workers", "4", "--capacity-blocks", "1024"];
+    const twins = ["--twins", "0.1", "--long-prefill-tokens", "1024"];
+    const tiered = [...common, "--cpu-capacity-blocks", "16384", ...twins];
+    const virtual = await runKvedge([
+      "demo",
+      "--virtual",
+      ...tiered,
+      "--policies",
+      "kv_aware",
+      "--json",
+    ]);
+    expect(virtual.code).toBe(0);
+    const v = JSON.parse(virtual.stdout) as Json;
+    expect(v.index.index_matches_engines).toBe(true);
+    expect(v.index.index_host_blocks).toBe(v.index.engine_host_blocks);
+    expect(v.index.index_host_blocks).toBeGreaterThan(0);
+    // Duplicate copies were computed, and those still held at the end are indexed one for one.
+    expect(v.index.engine_duplicates_computed).toBeGreaterThan(0);
+    expect(v.index.engine_extra_copies).toBeGreaterThan(0);
+    expect(v.index.index_extra_copies).toBe(v.index.engine_extra_copies);
+    expect(v.tiers.cpu_capacity_blocks).toBe(16_384);
+    // Seeing the CPU tier, routing loads more back from it than device-only routing does.
+    expect(v.tiers.tier_aware.host_hit_rate).toBeGreaterThan(v.tiers.device_only.host_hit_rate);
+    expect(v.tiers.tier_aware.hit_rate).toBeGreaterThan(v.tiers.device_only.hit_rate);
+    const real = await runKvedge([
+      "demo",
+      ...tiered,
+      "--policies",
+      "kv_aware",
+      "--speedup",
+      "40",
+      "--no-pin",
+    ]);
+    expect(real.code).toBe(0);
+    expect(real.stdout).toMatch(
+      /index vs engines at the end: identical \([\d,]+ blocks indexed, [\d,]+ cached; duplicate copies: [1-9][\d,]* computed in the run, ([\d,]+) indexed and \1 held at the end; CPU tier ([\d,]+) indexed, \2 held\)/i,
+    );
+    expect(real.stdout).toMatch(/kv_aware routing on +hit rate +of it CPU tier/);
+    expect(real.stdout).toMatch(/device and CPU tiers +[\d.]+%/);
+    expect(real.stdout).toMatch(/device tier only +[\d.]+%/);
+  });
+
   test("usage errors are one line, exit 2", async () => {
     for (const args of [
       ["--events", "some"],

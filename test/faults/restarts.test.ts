@@ -72,7 +72,11 @@ async function killServe(target: ServeProcess, signal: "SIGKILL" | "SIGTERM"): P
 async function publishPast(target: MockEngineProcess, seq: number, salt: number): Promise<void> {
   for (let round = 0; (await engineCache(target)).lastSeq <= seq; round++) {
     if (round > 50) throw new Error(`engine did not publish past seq ${seq}`);
-    await generate(target, prompts(6, 3, salt * 100 + round));
+    const batch = prompts(6, 3, salt * 100 + round);
+    await generate(target, batch);
+    // Again: a block-aligned prompt recomputes its cached last block (vLLM always computes
+    // the last prompt token), which the engine keeps as a second copy and announces.
+    if (round === 0) await generate(target, batch);
   }
 }
 
@@ -244,6 +248,8 @@ describe("kvedge restart with a snapshot (--state-dir)", () => {
     const second = await serveWithState(a, dir);
     await second.waitForLog((line) => line.msg === "snapshot loaded");
     await expectExactAndEqual(second, "1", a);
+    // Block-aligned prompts run again recomputed their last blocks (more copies): the snapshot kept them.
+    expect(Object.keys((await engineCache(a)).copies).length).toBeGreaterThan(0);
     expect(
       await metric(
         second.url,
@@ -255,6 +261,23 @@ describe("kvedge restart with a snapshot (--state-dir)", () => {
       200,
     );
     expect((await loadOf(second)).active_requests).toBe(1);
+  });
+
+  test("an engine with a CPU tier: the snapshot keeps both tiers; after the restart the index equals the engine on both", async () => {
+    const dir = stateDir();
+    // A small device cache: blocks keep spilling to the CPU tier (and its own evictions).
+    const a = await startMockEngine({ capacityBlocks: 24, cpuCapacityBlocks: 40 });
+    engines.push(a);
+    const first = await serveWithState(a, dir);
+    await subscribed(a);
+    for (let round = 0; round < 6; round++) await generate(a, prompts(4, 3, 40 + round));
+    await expectExactAndEqual(first, "1", a);
+    const truth = await engineCache(a);
+    expect(truth.host.size).toBeGreaterThan(0);
+    await killServe(first, "SIGTERM");
+    const second = await serveWithState(a, dir);
+    await second.waitForLog((line) => line.msg === "snapshot loaded");
+    await expectExactAndEqual(second, "1", a);
   });
 
   test("SIGKILL: the last periodic snapshot is loaded and caught up", async () => {

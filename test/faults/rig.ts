@@ -20,6 +20,8 @@ export interface MockEngineSpec {
   readonly httpPort?: number;
   readonly bufferSteps?: number;
   readonly capacityBlocks?: number;
+  /** A CPU offload tier of this many blocks. */
+  readonly cpuCapacityBlocks?: number;
 }
 
 export interface MockEngineProcess {
@@ -46,6 +48,9 @@ export async function startMockEngine(spec: MockEngineSpec = {}): Promise<MockEn
     String(spec.httpPort ?? 0),
     ...(replay === null ? [] : ["--replay-endpoint", replay]),
     ...(spec.bufferSteps === undefined ? [] : ["--buffer-steps", String(spec.bufferSteps)]),
+    ...(spec.cpuCapacityBlocks === undefined
+      ? []
+      : ["--cpu-capacity-blocks", String(spec.cpuCapacityBlocks)]),
   ];
   const { proc, info: line } = await spawnMockEngine(args, { PATH: process.env.PATH ?? "" });
   const httpPort = Number(new URL(line.http).port);
@@ -134,26 +139,50 @@ export async function generate(engine: MockEngineProcess, all: number[][]): Prom
   );
 }
 
-/** What the engine really caches now. */
-export async function engineCache(
-  engine: MockEngineProcess,
-): Promise<{ lastSeq: number; blocks: Set<string> }> {
+/** What the engine really caches now, the copies of blocks cached more than once, its CPU tier's. */
+export async function engineCache(engine: MockEngineProcess): Promise<{
+  lastSeq: number;
+  blocks: Set<string>;
+  copies: Record<string, number>;
+  host: Set<string>;
+}> {
   const body = (await (await fetch(`${engine.http}/v1/cache`)).json()) as Json;
-  return { lastSeq: body.last_seq, blocks: new Set(body.block_hashes as string[]) };
+  return {
+    lastSeq: body.last_seq,
+    blocks: new Set(body.block_hashes as string[]),
+    copies: body.copies as Record<string, number>,
+    host: new Set(body.host_block_hashes as string[]),
+  };
 }
 
 /** The blocks kvedge's index holds per worker, replaying its dump's stored/removed/cleared events. */
 export async function indexHeld(url: string): Promise<Map<string, Set<string>>> {
+  const copies = await indexCopies(url);
+  return new Map([...copies].map(([worker, held]) => [worker, new Set(held.keys())]));
+}
+
+/**
+ * Per worker, each held block's copies, replaying the dump (a dump stores a block once
+ * per copy the index counts); `tier`: the device's (default) or a lower tier's blocks.
+ */
+export async function indexCopies(
+  url: string,
+  tier = "device",
+): Promise<Map<string, Map<string, number>>> {
   const text = await (await fetch(`${url}/v1/dump`)).text();
-  const held = new Map<string, Set<string>>();
+  const held = new Map<string, Map<string, number>>();
   for (const line of text.split("\n")) {
     if (line.trim() === "") continue;
     const op = JSON.parse(line) as Json;
+    if ((op.tier ?? "device") !== tier && op.op !== "cleared") continue;
     let blocks = held.get(op.worker_id);
-    if (blocks === undefined) held.set(op.worker_id, (blocks = new Set()));
-    if (op.op === "stored") for (const hash of op.block_hashes) blocks.add(hash);
-    else if (op.op === "removed") for (const hash of op.block_hashes) blocks.delete(hash);
-    else if (op.op === "cleared") blocks.clear();
+    if (blocks === undefined) held.set(op.worker_id, (blocks = new Map()));
+    if (op.op === "cleared") blocks.clear();
+    for (const hash of (op.block_hashes ?? []) as string[]) {
+      const now = (blocks.get(hash) ?? 0) + (op.op === "stored" ? 1 : -1);
+      if (now > 0) blocks.set(hash, now);
+      else blocks.delete(hash);
+    }
   }
   return held;
 }
@@ -167,7 +196,7 @@ const sorted = (set: Set<string> | undefined) => [...(set ?? [])].sort();
 
 /**
  * Waits until the worker is connected, not degraded, and has applied the engine's last
- * batch, then asserts its indexed blocks equal the engine's cache exactly.
+ * batch, then asserts its indexed blocks equal the engine's cache exactly, copies included.
  */
 export async function expectExactAndEqual(
   serve: ServeProcess,
@@ -185,8 +214,13 @@ export async function expectExactAndEqual(
     15_000,
     `worker ${id} exact at seq ${truth.lastSeq}`,
   );
-  const held = await indexHeld(serve.url);
-  expect(sorted(held.get(id))).toEqual(sorted(truth.blocks));
+  const held = (await indexCopies(serve.url)).get(id) ?? new Map<string, number>();
+  expect(sorted(new Set(held.keys()))).toEqual(sorted(truth.blocks));
+  // And every block with as many copies as the engine holds (vLLM's duplicates).
+  const copies = Object.fromEntries([...held].filter(([, n]) => n > 1));
+  expect(copies).toEqual(truth.copies);
+  const host = (await indexCopies(serve.url, "host_pinned")).get(id) ?? new Map<string, number>();
+  expect(sorted(new Set(host.keys()))).toEqual(sorted(truth.host));
 }
 
 /**
@@ -229,9 +263,11 @@ export async function expectEqualOrDegraded(
       const worker = await settledView(serve.url, id);
       if (worker === undefined) return undefined;
       if (worker.degraded) return worker;
-      const held = await indexHeld(serve.url);
+      const held = (await indexCopies(serve.url)).get(id) ?? new Map<string, number>();
+      const copies = Object.fromEntries([...held].filter(([, n]) => n > 1));
       return worker.last_seq === truth.lastSeq &&
-        sorted(held.get(id)).join() === sorted(truth.blocks).join()
+        sorted(new Set(held.keys())).join() === sorted(truth.blocks).join() &&
+        JSON.stringify(copies) === JSON.stringify(truth.copies)
         ? worker
         : undefined;
     },

@@ -1,7 +1,7 @@
 /**
  * The differential harness: replays a stream into a backend and into the reference
  * model side by side and stops at the first difference in anything observable —
- * each event's outcome, every counter, stats (workers, held blocks, lookup entries,
+ * each event's outcome, every counter, stats (workers, held blocks, copies, lookup entries,
  * rejections), findMatches for the stream's queries (a rotating few after every step,
  * all at the end) — plus, at the end: dump() restores an equal index (checked through
  * a fresh reference and a fresh instance of the backend), and after every worker is
@@ -16,7 +16,7 @@
 import { chainHashes } from "../../src/hash";
 import { applyOp } from "../../src/index/apply";
 import { ReferenceIndex } from "../../src/index/reference/reference";
-import { type IndexOptions, type KvIndex, MatchResult } from "../../src/index/types";
+import { type IndexOptions, type KvIndex, MatchResult, TierMatches } from "../../src/index/types";
 import {
   applyHarnessOp,
   applyLine,
@@ -60,26 +60,53 @@ export const knobs = {
   verifyAll: env.KVEDGE_VERIFY === "1",
 };
 
-/** `sequence`: pass the query's sequence hashes, as a route does (else the index makes them). */
+const tierOut = new TierMatches();
+
+const chains = new WeakMap<readonly bigint[], Uint32Array>();
+
+/** The query's sequence hashes (cached per query: streams replay many times). */
+function chainOf(query: readonly bigint[]): Uint32Array {
+  let chain = chains.get(query);
+  if (chain === undefined) {
+    chain = new Uint32Array(2 * query.length);
+    chainHashes(pairs(query), query.length, chain);
+    chains.set(query, chain);
+  }
+  return chain;
+}
+
+/**
+ * The device scores and, with `tiers`, each worker's lower-tier hits after them.
+ * `sequence`: pass the query's sequence hashes, as a route does (else the index makes them).
+ */
 function matches(
   index: KvIndex,
   query: readonly bigint[],
   out: MatchResult,
   sequence = false,
+  tiers = false,
 ): string {
   const local = pairs(query);
-  if (sequence) {
-    const chain = new Uint32Array(local.length);
-    chainHashes(local, query.length, chain);
-    index.findMatches(local, query.length, out, chain);
-  } else index.findMatches(local, query.length, out);
+  if (sequence) index.findMatches(local, query.length, out, chainOf(query));
+  else index.findMatches(local, query.length, out);
+  const name = (handle: number) => `${index.workerIdOf(handle)}/${index.dpRankOf(handle)}`;
   const scores: string[] = [];
-  for (let i = 0; i < out.count; i++) {
-    scores.push(
-      `${index.workerIdOf(out.workers[i]!)}/${index.dpRankOf(out.workers[i]!)}=${out.blocks[i]}`,
-    );
+  for (let i = 0; i < out.count; i++) scores.push(`${name(out.workers[i]!)}=${out.blocks[i]}`);
+  if (!tiers) return scores.sort().join(" ");
+  index.tierMatches(chainOf(query), query.length, out, tierOut);
+  // Lower-tier handles are worker table slots (a shared reader names only its own answer's).
+  const table = index.workerTable;
+  for (let i = 0; i < tierOut.count; i++) {
+    const slot = tierOut.workers[i]!;
+    const hits = `${tierOut.host[i]},${tierOut.disk[i]},${tierOut.external[i]}`;
+    scores.push(`${table.workerIdOf(slot)}/${table.dpRankOf(slot)}+${hits}`);
   }
   return scores.sort().join(" ");
+}
+
+/** Whether a stream has lower-tier events (only then are tier matches compared: they cost). */
+function hasTiers(ops: readonly HarnessOp[]): boolean {
+  return ops.some((op) => op.kind === "tier_stored" || op.kind === "tier_removed");
 }
 
 function workerIds(ops: readonly HarnessOp[]): bigint[] {
@@ -106,10 +133,11 @@ export function replay(
   const out = new MatchResult();
   const perStep = options.queriesPerStep ?? 3;
   const queries = stream.queries;
+  const tiers = hasTiers(stream.ops);
   const compareQuery = (step: number, query: readonly bigint[]): Divergence | null => {
-    const want = matches(oracle, query, out);
-    const got = matches(subject, query, out);
-    const given = matches(subject, query, out, true);
+    const want = matches(oracle, query, out, false, tiers);
+    const got = matches(subject, query, out, false, tiers);
+    const given = matches(subject, query, out, true, tiers);
     if (options.trace) process.stderr.write(`  match ${query.join(",")}: ${got}\n`);
     const named = `findMatches(${query.join(",")})`;
     if (want !== got) return { step, message: `${named}: want [${want}] got [${got}]` };
@@ -133,7 +161,13 @@ export function replay(
       }
       const a = oracle.stats();
       const b = subject.stats();
-      if (a.workers !== b.workers || a.blocks !== b.blocks || a.lookupEntries !== b.lookupEntries) {
+      const same =
+        a.workers === b.workers &&
+        a.blocks === b.blocks &&
+        a.copies === b.copies &&
+        JSON.stringify(a.lowerTiers) === JSON.stringify(b.lowerTiers) &&
+        a.lookupEntries === b.lookupEntries;
+      if (!same) {
         return { step, message: `stats: want ${JSON.stringify(a)} got ${JSON.stringify(b)}` };
       }
       for (let k = 0; k < perStep && queries.length > 0; k++) {
@@ -179,13 +213,17 @@ function finalChecks(
   const again = backend.create(indexOptions);
   for (const event of dump) applyOp(again, event);
   const out = new MatchResult();
+  const tiers = hasTiers(stream.ops);
   for (const query of stream.queries) {
-    if (matches(again, query, out) !== matches(oracle, query, out)) {
+    if (matches(again, query, out, false, tiers) !== matches(oracle, query, out, false, tiers)) {
       return { step: end, message: `restored ${backend.name} differs on query ${query.join(",")}` };
     }
   }
-  if (again.stats().blocks !== oracle.stats().blocks)
-    return { step: end, message: "restored index holds other blocks" };
+  const [restoredStats, oracleStats] = [again.stats(), oracle.stats()];
+  const held = (stats: typeof restoredStats) =>
+    JSON.stringify([stats.blocks, stats.copies, stats.lowerTiers]);
+  if (held(restoredStats) !== held(oracleStats))
+    return { step: end, message: "restored index holds other blocks or copies" };
   // Removing every worker leaves nothing behind, down to the bytes of a fresh index.
   const fresh = backend.create(indexOptions).stats().bytes;
   for (const workerId of workerIds(stream.ops)) subject.removeWorker(workerId);
@@ -194,6 +232,9 @@ function finalChecks(
   if (
     stats.workers !== 0 ||
     stats.blocks !== 0 ||
+    stats.copies !== 0 ||
+    JSON.stringify(stats.lowerTiers) !==
+      JSON.stringify({ host_pinned: 0, disk: 0, external: 0, copies: 0 }) ||
     stats.nodes !== 0 ||
     stats.lookupEntries !== 0 ||
     stats.edgeWords !== 0

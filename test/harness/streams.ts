@@ -6,16 +6,18 @@
  * position after different prefixes), a pool of workers (ids small and huge, several
  * dp ranks, engine seeds shared by some workers), and a list of operations chosen
  * with the reference model's state in view: stores under held parents (including
- * blocks left unreachable by a mid-chain removal), re-stores of held blocks, unknown
- * parents, removals of tails, heads, middles and scattered sets (plus unknown and
- * repeated hashes), cleared, remove_worker and re-added workers. With `conflicts`,
- * a few stores break the engine-hash invariant on purpose.
+ * blocks left unreachable by a mid-chain removal), re-stores of held blocks (each one
+ * more copy, as vLLM announces a second physical copy of a chain), exact copies of a
+ * held run, unknown parents, removals of tails, heads, middles and scattered sets (plus
+ * unknown and repeated hashes; with copies, a removal may take one copy of several),
+ * cleared, remove_worker and re-added workers. With `conflicts`, a few stores break the
+ * engine-hash invariant on purpose.
  *
  * External hashes follow an engine: ext(block) = chain(engine seed, path), so one
  * local chain maps to one external chain per worker, as real engines guarantee.
  */
 import { ReferenceIndex } from "../../src/index/reference/reference";
-import type { KvIndex } from "../../src/index/types";
+import { type KvIndex, TIER_ANY, TIER_NAMES } from "../../src/index/types";
 
 export type HarnessOp =
   | {
@@ -28,7 +30,19 @@ export type HarnessOp =
     }
   | { kind: "removed"; worker: bigint; rank: number; external: bigint[] }
   | { kind: "cleared"; worker: bigint; rank: number }
-  | { kind: "remove_worker"; worker: bigint };
+  | { kind: "remove_worker"; worker: bigint }
+  /** A lower tier's store (tier 1..3), its parent named by external hash in any tier. */
+  | {
+      kind: "tier_stored";
+      worker: bigint;
+      rank: number;
+      tier: number;
+      parent: bigint | null;
+      external: bigint[];
+      local: bigint[];
+    }
+  /** A lower tier's removal; TIER_ANY: a removal of unknown medium (the device's and every lower tier's). */
+  | { kind: "tier_removed"; worker: bigint; rank: number; tier: number; external: bigint[] };
 
 export interface Stream {
   readonly seed: number;
@@ -45,6 +59,8 @@ export interface StreamOptions {
   maxWorkers?: number;
   /** 8..40 worker ids instead of 1..4 (long owner lists on shared blocks). */
   manyWorkers?: boolean;
+  /** Lower-tier stores and removals too (host, disk, external; removals of unknown medium). */
+  tiers?: boolean;
 }
 
 const MASK64 = (1n << 64n) - 1n;
@@ -136,13 +152,23 @@ export function generateStream(seed: number, options: StreamOptions): Stream {
     const worker = random.pick(workers);
     const roll = random.next();
     let op: HarnessOp;
-    if (roll < 0.5) op = storeOp(random, worker, docs, oracle, externalOf);
+    if (roll < 0.45) op = storeOp(random, worker, docs, oracle, externalOf);
+    else if (roll < 0.5) op = copyOp(random, worker, docs, oracle, externalOf);
     else if (roll < 0.84) op = removeOp(random, worker, docs, oracle, externalOf);
     else if (roll < 0.89) op = { kind: "cleared", worker: worker.id, rank: worker.rank };
     else if (roll < 0.93) op = { kind: "remove_worker", worker: worker.id };
     else if (options.conflicts && roll < 0.97)
       op = conflictOp(random, worker, docs, oracle, externalOf);
     else op = storeOp(random, worker, docs, oracle, externalOf);
+    if (options.tiers && random.chance(0.4)) {
+      op = tierOp(random, worker, docs, oracle, externalOf);
+      if (options.conflicts && op.kind === "tier_stored" && random.chance(0.15)) {
+        // A hash this tier already names another block with, or a renamed block.
+        const held = oracle.tierHashes(worker.id, worker.rank, op.tier);
+        const at = random.int(op.external.length);
+        op.external[at] = held.length > 0 && random.chance(0.5) ? random.pick(held) : random.u64();
+      }
+    }
     applyHarnessOp(oracle, op);
     ops.push(op);
   }
@@ -243,6 +269,94 @@ function removeOp(
   return { kind: "removed", worker: worker.id, rank: worker.rank, external };
 }
 
+/**
+ * A second copy of a run the worker holds, stored as vLLM announces it when two
+ * requests compute the same blocks: the same parent, the same blocks (a plain store when
+ * the worker holds nothing of the document).
+ */
+function copyOp(
+  random: Random,
+  worker: WorkerSpec,
+  docs: Doc[],
+  oracle: ReferenceIndex,
+  externalOf: ExternalOf,
+): HarnessOp {
+  const doc = random.pick(docs);
+  const held = oracle.heldPaths(worker.id, worker.rank);
+  // Starts: a held block whose parent (if any) is held too; the run goes on while held.
+  const starts: number[] = [];
+  for (let j = 0; j < doc.local.length; j++)
+    if (held.has(doc.keys[j]!) && (j === 0 || held.has(doc.keys[j - 1]!))) starts.push(j);
+  if (starts.length === 0) return storeOp(random, worker, docs, oracle, externalOf);
+  const start = random.pick(starts);
+  let end = start + 1;
+  while (end < doc.local.length && held.has(doc.keys[end]!) && random.chance(0.8)) end++;
+  const parent = start === 0 ? null : externalOf(worker, doc, start);
+  const external: bigint[] = [];
+  for (let j = start + 1; j <= end; j++) external.push(externalOf(worker, doc, j));
+  return {
+    kind: "stored",
+    worker: worker.id,
+    rank: worker.rank,
+    parent,
+    external,
+    local: doc.local.slice(start, end),
+  };
+}
+
+/**
+ * A lower tier's event: mostly a store below a block the worker holds in some tier
+ * (offloaded after its parent, which stays on the device or went down before it), or
+ * a removal of blocks a tier holds; a few removals of unknown medium (every tier).
+ */
+function tierOp(
+  random: Random,
+  worker: WorkerSpec,
+  docs: Doc[],
+  oracle: ReferenceIndex,
+  externalOf: ExternalOf,
+): HarnessOp {
+  const tier = 1 + random.int(3);
+  const doc = random.pick(docs);
+  const heldAnywhere = (j: number): boolean => {
+    const hash = externalOf(worker, doc, j);
+    if (oracle.heldPaths(worker.id, worker.rank).has(doc.keys[j - 1]!)) return true;
+    return [1, 2, 3].some((t) => oracle.tierHolds(worker.id, worker.rank, t, hash));
+  };
+  if (random.chance(0.6)) {
+    const starts = [0];
+    for (let j = 1; j < doc.local.length; j++) if (heldAnywhere(j)) starts.push(j);
+    const start = random.chance(0.9) ? random.pick(starts) : random.int(doc.local.length);
+    const end = start + 1 + random.int(Math.min(4, doc.local.length - start));
+    const external: bigint[] = [];
+    for (let j = start + 1; j <= end; j++) external.push(externalOf(worker, doc, j));
+    let parent: bigint | null = start === 0 ? null : externalOf(worker, doc, start);
+    if (parent !== null && random.chance(0.05)) parent = random.u64();
+    const local = doc.local.slice(start, end);
+    return {
+      kind: "tier_stored",
+      worker: worker.id,
+      rank: worker.rank,
+      tier,
+      parent,
+      external,
+      local,
+    };
+  }
+  const held = oracle.tierHashes(worker.id, worker.rank, tier);
+  const external: bigint[] = [];
+  for (let n = 1 + random.int(3); n > 0 && held.length > 0; n--) external.push(random.pick(held));
+  if (random.chance(0.3)) {
+    // Unknown medium: the device's blocks and the tiers' alike.
+    const device = [...oracle.heldPaths(worker.id, worker.rank).values()];
+    if (device.length > 0) external.push(random.pick(device));
+    if (external.length === 0 || random.chance(0.2)) external.push(random.u64());
+    return { kind: "tier_removed", worker: worker.id, rank: worker.rank, tier: TIER_ANY, external };
+  }
+  if (external.length === 0 || random.chance(0.15)) external.push(random.u64());
+  return { kind: "tier_removed", worker: worker.id, rank: worker.rank, tier, external };
+}
+
 /** A store that breaks the engine-hash invariant: a reused hash or a renamed block. */
 function conflictOp(
   random: Random,
@@ -310,6 +424,32 @@ export function applyHarnessOp(index: KvIndex, op: HarnessOp): number {
     case "remove_worker":
       index.removeWorker(op.worker);
       return 0;
+    case "tier_stored": {
+      const parent = op.parent ?? 0n;
+      return index.applyStoredTier(
+        op.worker,
+        op.rank,
+        op.tier,
+        op.parent !== null,
+        Number(parent >> 32n),
+        Number(parent & 0xffff_ffffn),
+        pairs(op.external),
+        pairs(op.local),
+        op.local.length,
+      );
+    }
+    case "tier_removed": {
+      const hashes = pairs(op.external);
+      const unknown = index.applyRemovedTier(
+        op.worker,
+        op.rank,
+        op.tier,
+        hashes,
+        op.external.length,
+      );
+      if (op.tier !== TIER_ANY) return unknown;
+      return index.applyRemoved(op.worker, op.rank, hashes, op.external.length);
+    }
   }
 }
 
@@ -337,6 +477,25 @@ export function applyLine(op: HarnessOp): string {
       return JSON.stringify({ op: "cleared", worker_id: String(op.worker), dp_rank: op.rank });
     case "remove_worker":
       return JSON.stringify({ op: "remove_worker", worker_id: String(op.worker) });
+    case "tier_stored":
+      return JSON.stringify({
+        op: "stored",
+        worker_id: String(op.worker),
+        dp_rank: op.rank,
+        tier: TIER_NAMES[op.tier],
+        parent_block_hash: op.parent === null ? null : String(op.parent),
+        block_hashes: op.external.map(String),
+        local_hashes: op.local.map(String),
+        block_size: 1,
+      });
+    case "tier_removed":
+      return JSON.stringify({
+        op: "removed",
+        worker_id: String(op.worker),
+        dp_rank: op.rank,
+        tier: op.tier === TIER_ANY ? "any" : TIER_NAMES[op.tier],
+        block_hashes: op.external.map(String),
+      });
   }
 }
 

@@ -4,6 +4,7 @@
 import { describe, expect, test } from "bun:test";
 import { ApplyInputError, applyOp } from "../../src/index/apply";
 import { createIndex } from "../../src/index/index";
+import { BACKEND_NAMES } from "../../src/index/types";
 import { hashTokens } from "../../src/hash";
 
 const stored = (extra: Record<string, unknown> = {}) => ({
@@ -49,6 +50,20 @@ describe("applyOp", () => {
     ["block_hashes is missing", { op: "removed", worker_id: "7" }],
     ["worker_id is missing", { op: "remove_worker" }],
     ["token_ids must be an array", { op: "match", token_ids: "1 2" }],
+    ["tier must be one of device, host_pinned, disk, external", { ...stored(), tier: "CPU" }],
+    ["tier must be one of device, host_pinned, disk, external", { ...stored(), tier: "any" }],
+    [
+      "tier must be one of device, host_pinned, disk, external, any",
+      { op: "removed", worker_id: "7", block_hashes: ["11"], tier: "gpu" },
+    ],
+    [
+      "parent_sequence_hash goes only with a lower tier and no parent_block_hash",
+      { ...stored(), parent_sequence_hash: "5" },
+    ],
+    [
+      "parent_sequence_hash goes only with a lower tier and no parent_block_hash",
+      { ...stored(), tier: "disk", parent_block_hash: "3", parent_sequence_hash: "5" },
+    ],
   ])("refused, naming the field: %s", (message, op) => {
     const index = createIndex("crtc", 4);
     let error: unknown;
@@ -136,6 +151,50 @@ describe("applyOp", () => {
       ],
     });
   });
+
+  test.each(BACKEND_NAMES)(
+    "%s: lower tiers continue the device match, count copies, and a removal of any tier clears them",
+    (backend) => {
+      const index = createIndex(backend, 4);
+      const host = (worker: string, parent: string | null, hash: string, tokens: number[]) =>
+        applyOp(index, {
+          ...stored({ worker_id: worker, parent_block_hash: parent }),
+          tier: "host_pinned",
+          block_hashes: [hash],
+          token_ids: tokens,
+        });
+      const match = () =>
+        applyOp(index, { op: "match", token_ids: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12] });
+      applyOp(index, stored()); // device: blocks 11, 12
+      host("7", "12", "13", [9, 10, 11, 12]); // the host tier continues it
+      host("7", "12", "13", [9, 10, 11, 12]); // a second copy
+      host("8", null, "21", [1, 2, 3, 4]); // a worker with the host tier only
+      const both = {
+        op: "match" as const,
+        scores: [
+          { worker_id: "7", dp_rank: 0, blocks: 2, host_pinned: 1, disk: 0, external: 0 },
+          { worker_id: "8", dp_rank: 0, blocks: 0, host_pinned: 1, disk: 0, external: 0 },
+        ],
+      };
+      expect(match()).toEqual(both);
+      applyOp(index, { op: "removed", worker_id: "7", block_hashes: ["13"], tier: "host_pinned" });
+      expect(match()).toEqual(both); // one copy left
+      applyOp(index, { op: "removed", worker_id: "7", block_hashes: ["13"], tier: "any" });
+      applyOp(index, { op: "removed", worker_id: "8", block_hashes: ["21"] }); // device only
+      expect(match()).toEqual({
+        op: "match",
+        scores: [
+          { worker_id: "7", dp_rank: 0, blocks: 2 },
+          { worker_id: "8", dp_rank: 0, blocks: 0, host_pinned: 1, disk: 0, external: 0 },
+        ],
+      });
+      applyOp(index, { op: "cleared", worker_id: "8", dp_rank: 0 });
+      expect(match()).toEqual({
+        op: "match",
+        scores: [{ worker_id: "7", dp_rank: 0, blocks: 2 }],
+      });
+    },
+  );
 
   test("numbers below 2^53 are accepted for ids and hashes", () => {
     const index = createIndex("crtc", 1);

@@ -43,14 +43,86 @@ describe("stored events", () => {
     expect(index.stats()).toMatchObject({ workers: 0, blocks: 0 });
   });
 
-  forEach("re-storing held blocks is a no-op, counted as duplicates", (backend) => {
+  forEach(
+    "re-storing held blocks is one more copy of each: counted, nothing else changes",
+    (backend) => {
+      const index = fresh(backend);
+      store(index, 1, null, [1, 2, 3]);
+      const before = index.stats();
+      store(index, 1, null, [1, 2]);
+      store(index, 1, ext(1, 1), [2, 3]);
+      expect(index.counters.blocksDuplicate).toBe(4);
+      expect(index.stats()).toEqual({ ...before, copies: 4, bytes: index.stats().bytes });
+      expect(scores(index, [1, 2, 3])).toEqual({ "1/0": 3 });
+    },
+  );
+
+  forEach(
+    "a block stored twice and removed once is still held (vLLM's duplicate copies)",
+    (backend) => {
+      const index = fresh(backend);
+      const bytes = index.stats().bytes;
+      store(index, 1, null, [1, 2]); // request A computes blocks 1, 2
+      store(index, 1, null, [1, 2]); // request B computed them too: two physical copies each
+      expect(remove(index, 1, [1, 2])).toBe(0); // A's copies evicted
+      expect(scores(index, [1, 2])).toEqual({ "1/0": 2 }); // B's copies still serve hits
+      expect(index.counters).toMatchObject({ copiesRemoved: 2, blocksRemoved: 0 });
+      expect(index.stats()).toMatchObject({ blocks: 2, copies: 0 });
+      expect(remove(index, 1, [2])).toBe(0); // the last copy of block 2
+      expect(scores(index, [1, 2])).toEqual({ "1/0": 1 });
+      // Copies in one event, a hash twice in one removal, a clear that drops every copy.
+      store(index, 1, ext(1, 1), [2]);
+      store(index, 1, ext(1, 1), [2]);
+      store(index, 1, ext(1, 1), [2]);
+      expect(index.stats().copies).toBe(2);
+      expect(remove(index, 1, [2, 2])).toBe(0);
+      expect(scores(index, [1, 2])).toEqual({ "1/0": 2 });
+      expect(remove(index, 1, [2, 2])).toBe(1); // the last copy, then unknown
+      store(index, 1, ext(1, 1), [2]);
+      store(index, 1, null, [1, 2]);
+      index.applyCleared(1n, 0);
+      expect(index.stats()).toMatchObject({ blocks: 0, copies: 0 });
+      expect(scores(index, [1, 2])).toEqual({});
+      index.removeWorker(1n);
+      expect(index.stats()).toMatchObject({ workers: 0, blocks: 0, copies: 0, bytes });
+    },
+  );
+
+  forEach(
+    "copies are counted per (worker, dp rank): another rank's removal takes none",
+    (backend) => {
+      const index = fresh(backend);
+      store(index, 1, null, [1], undefined, 0);
+      store(index, 1, null, [1], undefined, 0);
+      store(index, 1, null, [1], undefined, 2);
+      remove(index, 1, [1], 2);
+      expect(scores(index, [1])).toEqual({ "1/0": 1 });
+      remove(index, 1, [1], 0);
+      expect(scores(index, [1])).toEqual({ "1/0": 1 });
+      remove(index, 1, [1], 0);
+      expect(scores(index, [1])).toEqual({});
+    },
+  );
+
+  forEach("dump and restore keep every copy", (backend) => {
     const index = fresh(backend);
     store(index, 1, null, [1, 2, 3]);
-    const before = index.stats();
-    store(index, 1, null, [1, 2]);
     store(index, 1, ext(1, 1), [2, 3]);
-    expect(index.counters.blocksDuplicate).toBe(4);
-    expect(index.stats()).toEqual(before);
+    store(index, 1, ext(1, 2), [3]);
+    remove(index, 1, [1]); // block 1 goes; 2 and 3 stay below the hole, with their copies
+    store(index, 2, null, [1]);
+    const restored = createIndex(backend, 4, { verify: true });
+    for (const event of index.dump()) applyOp(restored, event);
+    expect(restored.stats()).toMatchObject({ blocks: 3, copies: 3 });
+    for (const [worker, copies] of [
+      [1, 3],
+      [2, 1],
+    ] as const) {
+      for (let n = 0; n < copies; n++) remove(restored, worker, [1, 2, 3]);
+    }
+    expect(restored.stats()).toMatchObject({ blocks: 0, copies: 0 });
+    // Unknown: worker 1s block 1 three times and block 2 once; worker 2s blocks 2 and 3.
+    expect(restored.counters.blocksUnknown).toBe(3 + 1 + 2);
   });
 
   forEach("dp ranks are separate workers; remove_worker takes them all", (backend) => {

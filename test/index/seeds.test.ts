@@ -155,6 +155,34 @@ describe("seed 001: release unowned radix branches after eviction", () => {
     expect(scores(index, [...prompt, 100])).toEqual({ "1/0": 16 });
     index.verify();
   });
+
+  forEach("churn of duplicate copies: memory returns to the fresh counts exactly", (backend) => {
+    const index = fresh(backend, { verify: false });
+    const freshStats = index.stats();
+    const prompt = Array.from({ length: 16 }, (_, i) => i + 1);
+    const cycle = (n: number): void => {
+      // Two requests compute the prompt and a suffix before either is cached (two copies
+      // of each block), a third computes the suffix again; then every copy is evicted,
+      // a few at a time and in another order than stored.
+      const suffix = Array.from({ length: 8 }, (_, i) => 1000 * n + i + 100);
+      store(index, 1, null, prompt);
+      store(index, 1, null, prompt);
+      for (let k = 0; k < 3; k++) store(index, 1, ext(1, 16), suffix);
+      expect(index.stats().copies).toBe(16 + 2 * 8);
+      for (let k = 0; k < 3; k++) expect(remove(index, 1, suffix.toReversed())).toBe(0);
+      expect(remove(index, 1, prompt.slice(8))).toBe(0);
+      expect(scores(index, [...prompt, 100])).toEqual({ "1/0": 16 });
+      expect(remove(index, 1, [...prompt.slice(0, 8), ...prompt])).toBe(0);
+      index.applyCleared(1n, 0); // holds nothing already: changes nothing
+      index.removeWorker(1n);
+    };
+    for (let n = 0; n < 1_000; n++) {
+      cycle(n);
+      if (n % 97 === 0) expect(index.stats()).toEqual(freshStats);
+    }
+    expect(index.stats()).toEqual(freshStats);
+    index.verify();
+  });
 });
 
 test("seed 001 churn retains no JS objects (crtc, 100,000 cycles)", () => {

@@ -7,6 +7,7 @@ import { describe, expect, test } from "bun:test";
 import { Packr } from "msgpackr";
 import { hashTokens, LoraAdapters } from "../../src/hash";
 import { WorkerTable } from "../../src/domain/worker-table";
+import { TIER_ANY, TIER_DISK, TIER_EXTERNAL, TIER_HOST } from "../../src/index/types";
 import {
   KvEventNormalizer,
   type KvEventSink,
@@ -34,8 +35,10 @@ type Op =
       parent: bigint | null;
       external: bigint[];
       local: bigint[];
+      /** A lower tier's store (absent: the device's). */
+      tier?: number;
     }
-  | { op: "removed"; worker: bigint; rank: number; external: bigint[] }
+  | { op: "removed"; worker: bigint; rank: number; external: bigint[]; tier?: number }
   | { op: "cleared"; worker: bigint; rank: number };
 
 function recorder(): KvEventSink & { ops: Op[] } {
@@ -66,6 +69,19 @@ function recorder(): KvEventSink & { ops: Op[] } {
     },
     clearAt(slot) {
       ops.push({ op: "cleared", ...worker(slot) });
+    },
+    storeTierAt(tier, slot, hasParent, parentHi, parentLo, external, local, count, start) {
+      ops.push({
+        op: "stored",
+        ...worker(slot),
+        parent: hasParent ? u64(parentHi, parentLo) : null,
+        external: pairs(external, start, count),
+        local: pairs(local, start, count),
+        tier,
+      });
+    },
+    removeTierAt(tier, slot, external, count, start) {
+      ops.push({ op: "removed", ...worker(slot), external: pairs(external, start, count), tier });
     },
   };
 }
@@ -302,7 +318,7 @@ describe("filters, in the reference's order", () => {
     expect(normalizer.counters.rejectedEvents.locality).toBe(1);
   });
 
-  test("medium -> tier: only the device tier is applied, the others counted", () => {
+  test("medium -> tier, any case: every tier applied; a store of an unknown medium filtered", () => {
     const { sink, normalizer, send } = setup();
     send([
       store([1n], null, { medium: "GPU" }),
@@ -314,20 +330,78 @@ describe("filters, in the reference's order", () => {
       store([8n], null, { medium: "FLOPPY" }),
       { type: "BlockRemoved", blockHashes: [4n], medium: "CPU" },
     ]);
-    expect(sink.ops.map((op) => op.op === "stored" && op.external)).toEqual([[1n], [2n], [3n]]);
+    const applied = sink.ops.map((op) => op.op !== "cleared" && [op.op, op.external, op.tier]);
+    expect(applied).toEqual([
+      ["stored", [1n], undefined],
+      ["stored", [2n], undefined],
+      ["stored", [3n], undefined],
+      ["stored", [4n], TIER_HOST],
+      ["stored", [5n, 6n], TIER_DISK],
+      ["stored", [7n], TIER_EXTERNAL],
+      ["removed", [4n], TIER_HOST],
+    ]);
     expect(normalizer.counters.eventsByTier).toEqual({
       device: 3,
       host_pinned: 2,
       disk: 1,
       external: 1,
+      any: 0,
     });
     expect(normalizer.counters.blocksByTier).toEqual({
       device: 3,
       host_pinned: 2,
       disk: 2,
       external: 1,
+      any: 0,
     });
     expect(normalizer.counters.rejectedEvents.unknown_medium).toBe(1);
+  });
+
+  test("a removal of an unknown medium, or of none, removes from every tier", () => {
+    const { sink, normalizer, send } = setup();
+    send([
+      { type: "BlockRemoved", blockHashes: [4n], medium: "FLOPPY" },
+      { type: "BlockRemoved", blockHashes: [5n], medium: null },
+      { type: "BlockRemoved", blockHashes: [6n], medium: "" },
+      { type: "BlockRemoved", blockHashes: [7n], medium: "gpu" },
+    ]);
+    // Every lower tier first, then the device; a known medium names its tier only.
+    expect(sink.ops.map((op) => op.op !== "cleared" && [op.op, op.external, op.tier])).toEqual([
+      ["removed", [4n], TIER_ANY],
+      ["removed", [4n], undefined],
+      ["removed", [5n], TIER_ANY],
+      ["removed", [5n], undefined],
+      ["removed", [6n], TIER_ANY],
+      ["removed", [6n], undefined],
+      ["removed", [7n], undefined],
+    ]);
+    expect(normalizer.counters.eventsByTier.any).toBe(3);
+    expect(normalizer.counters.rejectedEvents.unknown_medium).toBe(0);
+  });
+
+  test("salts are remembered per tier: a host removal leaves the device's salt (D4)", () => {
+    const { sink, normalizer, send } = setup();
+    const salted = (tokens: number[]) => hashTokens(tokens, 4, { cacheSalt: "tenant-a" }).local;
+    send([
+      store([1n], null, { extraKeys: [["tenant-a"]] }),
+      store([1n], null, { extraKeys: [["tenant-a"]], medium: "CPU" }),
+      { type: "BlockRemoved", blockHashes: [1n], medium: "CPU" },
+      // Offloaded below a device-held parent: the device's record gives the salt.
+      store([2n], 1n, { tokenIds: TOKENS.slice(4, 8), medium: "CPU" }),
+      store([3n], 1n, { tokenIds: TOKENS.slice(4, 8) }),
+    ]);
+    const stores = sink.ops.filter((op) => op.op === "stored");
+    expect(stores.map((op) => op.op === "stored" && op.local)).toEqual([
+      salted(TOKENS.slice(0, 4)),
+      salted(TOKENS.slice(0, 4)),
+      salted(TOKENS.slice(4, 8)),
+      salted(TOKENS.slice(4, 8)),
+    ]);
+    // An unknown-medium removal forgets in every tier; a clear too.
+    send([{ type: "BlockRemoved", blockHashes: [2n], medium: "FLOPPY" }]);
+    expect(normalizer.namespaceEntries).toBe(2); // 1 and 3 on the device
+    send([{ type: "AllBlocksCleared" }]);
+    expect(normalizer.namespaceEntries).toBe(0);
   });
 
   test("attention groups: learned kinds filter later events without a kind", () => {
@@ -336,8 +410,8 @@ describe("filters, in the reference's order", () => {
       [
         store([1n], null, { groupIdx: 1, kvCacheSpecKind: "sliding_window" }),
         store([2n], null, { groupIdx: 0, kvCacheSpecKind: "full_attention" }),
-        { type: "BlockRemoved", blockHashes: [1n], groupIdx: 1 },
-        { type: "BlockRemoved", blockHashes: [2n], groupIdx: 0 },
+        { type: "BlockRemoved", blockHashes: [1n], groupIdx: 1, medium: "GPU" },
+        { type: "BlockRemoved", blockHashes: [2n], groupIdx: 0, medium: "GPU" },
         store([3n], null, { groupIdx: 2 }),
         store([4n], null, { groupIdx: 0 }),
       ],

@@ -27,7 +27,11 @@ const list = (words: Uint32Array, first: number, count: number): bigint[] =>
   );
 
 /** A sink that records what predictions write, as harness ops, and applies them to `index` too. */
-function recorder(table: WorkerTable, ops: HarnessOp[], index?: ReferenceIndex): KvEventSink {
+function recorder(
+  table: WorkerTable,
+  ops: HarnessOp[],
+  index?: ReferenceIndex,
+): Pick<KvEventSink, "workerTable" | "storeAt" | "removeAt" | "clearAt"> {
   const at = (slot: number) => ({ worker: table.workerIdOf(slot), rank: table.dpRankOf(slot) });
   const push = (op: HarnessOp) => ops.push(op);
   return {
@@ -139,7 +143,12 @@ describe("prediction streams on every backend", () => {
       const seen = { stored: 0, removed: 0, cleared: 0, shortfalls: 0, expired: 0 };
       for (let seed = 1; seed <= 120; seed++) {
         const { ops, queries, predictions } = predictionStream(seed, 160);
-        for (const op of ops) if (op.kind !== "remove_worker") seen[op.kind]++;
+        // Predictions write the device tier only.
+        for (const op of ops) {
+          if (op.kind === "tier_stored" || op.kind === "tier_removed")
+            throw new Error(`predictions wrote a lower tier: ${op.kind}`);
+          if (op.kind !== "remove_worker") seen[op.kind]++;
+        }
         seen.shortfalls += predictions.counters.shortfalls;
         seen.expired += predictions.blocks.counters.expired;
         const divergence = replay(

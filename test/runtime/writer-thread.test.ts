@@ -51,6 +51,8 @@ async function setUp(ringBytes = 1 << 20, sharedReaders = 0) {
     storeAt: index.storeAt.bind(index),
     removeAt: index.removeAt.bind(index),
     clearAt: index.clearAt.bind(index),
+    storeTierAt: index.storeTierAt.bind(index),
+    removeTierAt: index.removeTierAt.bind(index),
   };
   const pairs: Pair[] = [];
   const add = async (config: SourceConfig): Promise<Pair> => {
@@ -261,7 +263,14 @@ describe("the writer thread", () => {
         blockSize: BS,
         log,
         input: writer.input(config(a, BigInt(cycle + 1))),
-        sink: { workerTable: new WorkerTable(), storeAt() {}, removeAt: () => 0, clearAt() {} },
+        sink: {
+          workerTable: new WorkerTable(),
+          storeAt() {},
+          removeAt: () => 0,
+          clearAt() {},
+          storeTierAt() {},
+          removeTierAt() {},
+        },
       });
       await source.start();
       await until(() => a.pub.subscribedPeers === 1, "the subscription");

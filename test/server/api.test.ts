@@ -6,10 +6,9 @@ import {
   CANDIDATES_MAX,
   decideRoute,
   matchOp,
-  routeAnswer,
   routeOp,
-  writeRouteAnswer,
 } from "../../src/server/api";
+import { routeAnswer, writeRouteAnswer } from "../../src/server/route-answer";
 import { KvedgeCore } from "../../src/core/core";
 import { hashTokens } from "../../src/hash";
 import { silentLogger } from "../../src/util/log";

@@ -75,6 +75,6 @@ describe("warmUp", () => {
     expect(answers(after.core, after.bodies)).toEqual(expected);
     // and the answers were not trivial: several workers chosen, overlaps found
     expect(new Set(expected.map((a) => a.worker_id)).size).toBeGreaterThan(2);
-    expect(expected.some((a) => a.overlap_blocks > 0)).toBe(true);
+    expect(expected.some((a) => (a.overlap_blocks as number) > 0)).toBe(true);
   });
 });

@@ -16,8 +16,8 @@ import { xxh3 } from "../../src/hash/xxh3";
 const SEED = 0x1234_5678_9abc_def0n;
 const BS = 4;
 
-function cacheOf(capacityBlocks: number, hashSeed = SEED): EngineCache {
-  return new EngineCache({ capacityBlocks, blockSize: BS, hashSeed });
+function cacheOf(capacityBlocks: number, hashSeed = SEED, keepDuplicates = true): EngineCache {
+  return new EngineCache({ capacityBlocks, blockSize: BS, hashSeed, keepDuplicates });
 }
 
 /** Publishes what the cache did since the last call (a step's end) and takes the events. */
@@ -180,10 +180,27 @@ describe("EngineCache prefix caching", () => {
     const seq = sequence(cache, range(1, 8));
     expect(cache.allocate(seq)).toBe(true);
     expect(seq.hitBlocks).toBe(1);
-    cache.commit(seq, 8); // block 1 recomputed: its hash is cached, the copy is adopted
-    expect(published(cache)).toEqual([]);
+    cache.commit(seq, 8); // block 1 recomputed: its hash is cached, so this is a second copy
+    const ext = externalHashes(range(1, 8));
+    expect(published(cache)).toEqual([stored([ext[1]!], ext[0]!, range(5, 4))]);
     expect(cache.counters.duplicateBlocks).toBe(1);
     expect(cache.usedBlocks).toBe(2);
+    cache.release(seq);
+    expect(cache.cachedBlocks).toBe(3);
+    expect(cache.distinctBlocks).toBe(2);
+    expect(cache.snapshot().map((block) => block.copies)).toEqual([1, 2].sort());
+    cache.verify();
+  });
+
+  test("with duplicates adopted, the recomputed last block is not announced", () => {
+    const cache = cacheOf(8, SEED, false);
+    serve(cache, range(1, 8));
+    published(cache);
+    const seq = sequence(cache, range(1, 8));
+    expect(cache.allocate(seq)).toBe(true);
+    cache.commit(seq, 8);
+    expect(published(cache)).toEqual([]);
+    expect(cache.counters.duplicateBlocks).toBe(1);
     cache.release(seq);
     expect(cache.cachedBlocks).toBe(2);
     cache.verify();
@@ -280,7 +297,7 @@ describe("EngineCache eviction and pinning", () => {
 });
 
 describe("EngineCache duplicates and reset", () => {
-  test("two concurrent sequences computing the same prefix: one BlockStored, shared copy", () => {
+  test("two concurrent sequences computing the same prefix: two copies, each stored and removed", () => {
     const cache = cacheOf(8);
     const tokens = range(1, 9);
     const first = sequence(cache, tokens);
@@ -291,10 +308,47 @@ describe("EngineCache duplicates and reset", () => {
     cache.commit(first, 9);
     cache.commit(second, 9);
     const ext = externalHashes(tokens);
-    expect(published(cache)).toEqual([stored([ext[0]!, ext[1]!], null, range(1, 8))]);
+    const both = stored([ext[0]!, ext[1]!], null, range(1, 8));
+    expect(published(cache)).toEqual([both, both]);
     expect(cache.counters.duplicateBlocks).toBe(2);
-    expect(cache.usedBlocks).toBe(4); // 2 shared + 2 partial tails
+    expect(cache.usedBlocks).toBe(6); // each keeps its own copy
+    expect(cache.cachedBlocks).toBe(4);
+    expect(cache.distinctBlocks).toBe(2);
     cache.verify();
+    cache.release(first);
+    cache.release(second);
+    expect(cache.snapshot().map((block) => block.copies)).toEqual([2, 2]);
+    // A new request hits the oldest copies; the other two go first, one removal each.
+    const third = sequence(cache, [...range(1, 8), 50]);
+    expect(cache.allocate(third)).toBe(true);
+    expect(third.hitBlocks).toBe(2);
+    published(cache);
+    const fill = sequence(cache, range(100, 20)); // 5 blocks: the free slots, then the second copies
+    expect(cache.allocate(fill)).toBe(true);
+    const events = published(cache);
+    expect(events.length).toBe(1);
+    expect(
+      (events[0] as BlockRemovedEvent).block_hashes
+        .filter((h) => h === ext[0] || h === ext[1])
+        .sort(),
+    ).toEqual([ext[0]!, ext[1]!].sort());
+    expect(cache.snapshot().map((block) => block.copies)).toEqual([1, 1]);
+    expect(cache.cachedPrefixBlocks(Uint32Array.from(tokens), 9)).toBe(2);
+    cache.verify();
+  });
+
+  test("with duplicates adopted: one BlockStored, a shared copy", () => {
+    const cache = cacheOf(8, SEED, false);
+    const tokens = range(1, 9);
+    const first = sequence(cache, tokens);
+    const second = sequence(cache, tokens);
+    expect(cache.allocate(first)).toBe(true);
+    expect(cache.allocate(second)).toBe(true);
+    cache.commit(first, 9);
+    cache.commit(second, 9);
+    const ext = externalHashes(tokens);
+    expect(published(cache)).toEqual([stored([ext[0]!, ext[1]!], null, range(1, 8))]);
+    expect(cache.usedBlocks).toBe(4); // 2 shared + 2 partial tails
     cache.release(first);
     cache.release(second);
     expect(cache.cachedBlocks).toBe(2);
@@ -344,5 +398,81 @@ describe("EngineCache duplicates and reset", () => {
     expect(() => cache.allocate(seq)).toThrow("already allocated");
     expect(() => cacheOf(0)).toThrow("capacityBlocks");
     expect(() => cache.prepare(Uint32Array.from([1, 2]), 3)).toThrow("promptLength");
+  });
+});
+
+describe("EngineCache CPU tier", () => {
+  const cpuCache = (capacity: number, cpu: number) =>
+    new EngineCache({
+      capacityBlocks: capacity,
+      blockSize: BS,
+      hashSeed: SEED,
+      cpuCapacityBlocks: cpu,
+    });
+
+  test("an evicted block spills to the CPU tier (a CPU store with its tokens) and loads back instead of a prefill", () => {
+    const cache = cpuCache(3, 8);
+    serve(cache, range(1, 8)); // blocks A0, A1
+    published(cache);
+    serve(cache, range(100, 12)); // 3 blocks: evicts A1 (the tail), then A0
+    const a = externalHashes(range(1, 8));
+    const events = published(cache);
+    // The spills come before the device removal of the same allocation, child first.
+    expect(events.slice(0, 2)).toEqual([
+      { ...stored([a[1]!], a[0]!, range(5, 4)), medium: "CPU" },
+      { ...stored([a[0]!], null, range(1, 4)), medium: "CPU" },
+    ]);
+    expect(events[2]).toEqual(removed([a[1]!, a[0]!]));
+    expect(
+      cache
+        .hostSnapshot()
+        .map((block) => block.hash)
+        .sort(),
+    ).toEqual([a[0]!, a[1]!].sort());
+    expect(cache.counters.spilledBlocks).toBe(2);
+    // A prompt continuing A: both blocks load back from the CPU tier (the last token computed).
+    const again = sequence(cache, range(1, 9));
+    expect(cache.allocate(again)).toBe(true);
+    expect([again.hitBlocks, again.loadedBlocks]).toEqual([0, 2]);
+    expect(cache.counters.hostHitBlocks).toBe(2);
+    cache.commit(again, 9);
+    // Loaded blocks are on the device again: stored there; the CPU tier keeps its copies
+    // (and gets the blocks this allocation evicted).
+    const onDevice = published(cache).filter((e) => e.type === "BlockStored" && e.medium === "GPU");
+    expect(onDevice).toEqual([stored([a[0]!, a[1]!], null, range(1, 8))]);
+    const held = cache.hostSnapshot().map((block) => block.hash);
+    expect(held).toContain(a[0]!);
+    expect(held).toContain(a[1]!);
+    cache.release(again);
+    cache.verify();
+  });
+
+  test("a full CPU tier evicts its least recently used block (a CPU removal)", () => {
+    const cache = cpuCache(2, 1);
+    serve(cache, range(1, 8)); // A0, A1
+    published(cache);
+    serve(cache, range(100, 8)); // evicts A1 (spilled), then A0: the tier is full, A1 goes
+    const a = externalHashes(range(1, 8));
+    const events = published(cache);
+    expect(events.slice(0, 3)).toEqual([
+      { ...stored([a[1]!], a[0]!, range(5, 4)), medium: "CPU" },
+      { type: "BlockRemoved", block_hashes: [a[1]!], medium: "CPU" },
+      { ...stored([a[0]!], null, range(1, 4)), medium: "CPU" },
+    ]);
+    expect(cache.counters.hostEvictedBlocks).toBe(1);
+    expect(cache.hostSnapshot().map((block) => block.hash)).toEqual([a[0]!]);
+    cache.verify();
+  });
+
+  test("reset empties the CPU tier too (AllBlocksCleared covers every tier)", () => {
+    const cache = cpuCache(2, 4);
+    serve(cache, range(1, 8));
+    serve(cache, range(100, 8));
+    published(cache);
+    expect(cache.hostSnapshot().length).toBeGreaterThan(0);
+    expect(cache.reset()).toBe(true);
+    expect(published(cache)).toEqual([{ type: "AllBlocksCleared" }]);
+    expect(cache.hostSnapshot()).toEqual([]);
+    cache.verify();
   });
 });

@@ -86,6 +86,8 @@ describe("time model", () => {
     expect(soloDurations(TIME, 16, 12, 1)).toEqual({ ttftMs: 5, decodeMs: 0 });
     const kv: TimeModel = { ...TIME, stepBaseMs: 0, kvReadMsPerMillionTokens: 1e6 };
     expect(soloDurations(kv, 4, 0, 3)).toEqual({ ttftMs: 4, decodeMs: 5 + 6 });
+    // A long-prefill cap of 4 tokens: four prefill steps of 1 + 4 ms.
+    expect(soloDurations({ ...TIME, longPrefillTokens: 4 }, 16, 0, 1).ttftMs).toBe(20);
   });
 
   test("bad constants are refused with the field named", () => {
@@ -93,6 +95,7 @@ describe("time model", () => {
       "prefillTokensPerSecond",
     );
     expect(() => checkTimeModel({ ...TIME, maxBatchedTokens: 0.5 })).toThrow("maxBatchedTokens");
+    expect(() => checkTimeModel({ ...TIME, longPrefillTokens: -1 })).toThrow("longPrefillTokens");
     expect(() => checkTimeModel({ ...TIME, stepBaseMs: 0, kvReadMsPerMillionTokens: 0 })).toThrow(
       "both be 0",
     );
@@ -224,6 +227,44 @@ describe("MockEngine timeline (continuous batching, chunked prefill)", () => {
     expect(log.cached.get(1)).toBe(0);
     expect(log.cached.get(2)).toBe(16);
   });
+
+  test("a long-prefill cap: twins prefill side by side, the earlier computes again what the later ran ahead with (two copies)", () => {
+    const twins = (cap: number) => {
+      const { engine, log } = engineOf(64, {
+        ...TIME,
+        maxBatchedTokens: 64,
+        longPrefillTokens: cap,
+      });
+      const prompt = [...range(1, 24), 50]; // 6 full prompt blocks
+      engine.submit(request(0, range(100, 104), 1), 0); // keeps the engine busy for a step
+      engine.submit(request(1, prompt, 1), 0.5);
+      engine.submit(request(2, prompt, 1), 0.5);
+      while (!engine.idle) engine.step();
+      engine.cache.verify();
+      return { engine, log };
+    };
+    // No cap: the first computes the whole prompt in one step, the second reuses it all.
+    const whole = twins(0);
+    expect(whole.log.cached.get(2)).toBe(24);
+    expect(whole.engine.cache.counters.duplicateBlocks).toBe(0);
+    // 8 tokens (2 blocks) per request per step: the second reuses the first's planned
+    // blocks 0-1, then runs a chunk ahead (2-3, 4-5); the first, which looked the cache up
+    // only when admitted, computes 2-3 and 4-5 again, and the engine keeps both copies.
+    const capped = twins(8);
+    expect(capped.log.cached.get(1)).toBe(0);
+    expect(capped.log.cached.get(2)).toBe(8);
+    expect(capped.engine.cache.counters.duplicateBlocks).toBe(4);
+    const copies = capped.engine.cache
+      .snapshot()
+      .filter((block) => block.copies > 1)
+      .map((block) => [block.position, block.copies]);
+    expect(copies.sort()).toEqual([
+      [2, 2],
+      [3, 2],
+      [4, 2],
+      [5, 2],
+    ]);
+  });
 });
 
 // ---- The event stream as a consumer sees it ----
@@ -234,20 +275,31 @@ interface ModelBlock {
   /** kvedge's path hash, derived by the consumer from the parent's path and the tokens. */
   path: bigint;
   position: number;
+  /** Physical copies announced and not yet removed. */
+  copies: number;
 }
 
-/** A clean-room consumer: applies events to a map of cached blocks, checking each against the stream so far. */
+/**
+ * A clean-room consumer: applies events to a map of cached blocks (and of the CPU tier's,
+ * each held once, its parent found in either tier), checking each against the stream so far.
+ */
 class ConsumerModel {
   readonly blocks = new Map<bigint, ModelBlock>();
+  readonly host = new Map<bigint, { parent: bigint | null; path: bigint }>();
+  declare applyHost: (event: KvEvent) => void;
 
   apply(event: KvEvent): void {
     if (event.type === "AllBlocksCleared") {
       this.blocks.clear();
+      this.host.clear();
       return;
     }
+    if (event.medium === "CPU") return this.applyHost(event);
     if (event.type === "BlockRemoved") {
       for (const hash of event.block_hashes) {
-        if (!this.blocks.delete(hash)) throw new Error(`removal of unknown block ${hash}`);
+        const block = this.blocks.get(hash);
+        if (block === undefined) throw new Error(`removal of unknown block ${hash}`);
+        if (--block.copies === 0) this.blocks.delete(hash);
       }
       return;
     }
@@ -260,16 +312,44 @@ class ConsumerModel {
     let path = parentBlock?.path ?? null;
     let position = parentBlock === null ? 0 : parentBlock.position + 1;
     event.block_hashes.forEach((hash, i) => {
-      if (this.blocks.has(hash)) throw new Error(`duplicate store of ${hash}`);
       const tokens = event.token_ids.slice(i * BS, (i + 1) * BS);
       const local = hashTokens(tokens, BS).local[0]!;
       path = path === null ? local : chain(path, local);
-      this.blocks.set(hash, { parent, tokens, path, position });
+      const known = this.blocks.get(hash);
+      if (known !== undefined) {
+        // Another copy of a cached block (vLLM's duplicates): the same block in every way.
+        expect([known.parent, known.tokens, known.path, known.position]).toEqual([
+          parent,
+          tokens,
+          path,
+          position,
+        ]);
+        known.copies++;
+      } else this.blocks.set(hash, { parent, tokens, path, position, copies: 1 });
       parent = hash;
       position++;
     });
   }
 }
+
+/** A CPU tier event: one block, held at most once, its parent in either tier. */
+ConsumerModel.prototype.applyHost = function (this: ConsumerModel, event: KvEvent): void {
+  if (event.type === "BlockRemoved") {
+    for (const hash of event.block_hashes)
+      if (!this.host.delete(hash)) throw new Error(`CPU removal of unknown block ${hash}`);
+    return;
+  }
+  if (event.type !== "BlockStored" || event.block_hashes.length !== 1)
+    throw new Error("a CPU store holds one block");
+  const [hash] = event.block_hashes as [bigint];
+  if (this.host.has(hash)) throw new Error(`CPU store of a block the tier holds: ${hash}`);
+  const parent = event.parent_block_hash;
+  const base =
+    parent === null ? null : (this.blocks.get(parent)?.path ?? this.host.get(parent)?.path);
+  if (base === undefined) throw new Error(`CPU store under a parent no tier holds: ${parent}`);
+  const local = hashTokens(event.token_ids, BS).local[0]!;
+  this.host.set(hash, { parent, path: base === null ? local : chain(base, local) });
+};
 
 function chain(previous: bigint, local: bigint): bigint {
   const pair = new DataView(new ArrayBuffer(16));
@@ -279,6 +359,10 @@ function chain(previous: bigint, local: bigint): bigint {
 }
 
 function expectModelEqualsEngine(model: ConsumerModel, cache: EngineCache): void {
+  const host = cache.hostSnapshot();
+  expect(model.host.size).toBe(host.length);
+  for (const block of host)
+    expect(model.host.get(block.hash)).toEqual({ parent: block.parent, path: block.path });
   const actual = cache.snapshot();
   expect(model.blocks.size).toBe(actual.length);
   for (const block of actual) {
@@ -289,17 +373,19 @@ function expectModelEqualsEngine(model: ConsumerModel, cache: EngineCache): void
     expect(seen.tokens).toEqual(Array.from(block.tokens));
     expect(seen.path).toBe(block.path);
     expect(seen.position).toBe(block.position);
+    expect(seen.copies).toBe(block.copies);
   }
 }
 
 describe("MockEngine event stream", () => {
-  test("randomized workload: after every batch the consumer's view equals the real cache", () => {
-    for (const seed of [1, 2, 3]) {
+  test("randomized workload: after every batch the consumer's view equals the real cache (seeds 4-6 with a CPU tier)", () => {
+    for (const seed of [1, 2, 3, 4, 5, 6]) {
       const rng = createRng(seed);
       const cache = new EngineCache({
         capacityBlocks: 48,
         blockSize: BS,
         hashSeed: BigInt(seed) * 0x9e37_79b9n,
+        cpuCapacityBlocks: seed > 3 ? 24 : 0,
       });
       const model = new ConsumerModel();
       let batches = 0;
@@ -343,6 +429,11 @@ describe("MockEngine event stream", () => {
       expect(cache.counters.hitBlocks).toBeGreaterThan(0);
       expect(cache.counters.duplicateBlocks).toBeGreaterThan(0);
       expect(cache.counters.clears).toBeGreaterThan(0);
+      if (seed > 3) {
+        expect(cache.counters.spilledBlocks).toBeGreaterThan(0);
+        expect(cache.counters.hostEvictedBlocks).toBeGreaterThan(0);
+        expect(cache.counters.hostHitBlocks).toBeGreaterThan(0);
+      }
     }
   });
 

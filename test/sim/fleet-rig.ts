@@ -1,10 +1,11 @@
 /**
  * Test helpers for networked mock engines: a virtual-time driver that publishes every
  * step's batch (so a test can stop at checkpoints), and comparison of an index dump with
- * the engines' real cache contents (external hash → kvedge path hash, per worker).
+ * the engines' real cache contents (external hash → kvedge path hash and copies, per worker).
  */
 import { expect } from "bun:test";
 import type { IndexOp } from "../../src/index/ops";
+import { checkIndex } from "../../src/sim/index-check";
 import type { NetworkedEngine } from "../../src/sim/networked-engine";
 import { createPolicy, type RoutingPolicy } from "../../src/sim/policies";
 import { requestTokens, routeQuery } from "../../src/sim/simulator";
@@ -27,6 +28,7 @@ export function indexedPaths(ops: readonly IndexOp[]): Map<string, Map<string, b
       workers.delete(op.worker_id);
       continue;
     }
+    if (op.op !== "cleared" && (op.tier ?? "device") !== "device") continue;
     let blocks = workers.get(op.worker_id);
     if (blocks === undefined) workers.set(op.worker_id, (blocks = new Map()));
     if (op.op === "cleared") {
@@ -47,6 +49,26 @@ export function indexedPaths(ops: readonly IndexOp[]): Map<string, Map<string, b
   return workers;
 }
 
+/**
+ * Per worker id (decimal): external hash (decimal) → copies held, from an index dump (a
+ * dump stores a block once per copy; its removals drop placeholders only).
+ */
+export function indexedCopies(ops: readonly IndexOp[]): Map<string, Map<string, number>> {
+  const workers = new Map<string, Map<string, number>>();
+  for (const op of ops) {
+    if (op.op !== "stored" && op.op !== "removed") continue;
+    if ((op.tier ?? "device") !== "device") continue;
+    let copies = workers.get(op.worker_id);
+    if (copies === undefined) workers.set(op.worker_id, (copies = new Map()));
+    for (const hash of op.block_hashes) {
+      const now = (copies.get(hash) ?? 0) + (op.op === "stored" ? 1 : -1);
+      if (now > 0) copies.set(hash, now);
+      else copies.delete(hash);
+    }
+  }
+  return workers;
+}
+
 /** The same view of an engine's real cache. */
 export function cachedPaths(engine: NetworkedEngine): Map<string, bigint> {
   return new Map(
@@ -54,13 +76,14 @@ export function cachedPaths(engine: NetworkedEngine): Map<string, bigint> {
   );
 }
 
-/** Asserts the dump holds exactly each engine's cached blocks, with their token paths. */
+/** Asserts the dump holds exactly each engine's cached blocks, with their token paths and copies. */
 export function expectIndexEqualsEngines(
   ops: readonly IndexOp[],
   engines: readonly NetworkedEngine[],
   ids: readonly string[],
 ): number {
   const indexed = indexedPaths(ops);
+  const copies = indexedCopies(ops);
   let blocks = 0;
   engines.forEach((engine, w) => {
     const actual = cachedPaths(engine);
@@ -72,9 +95,24 @@ export function expectIndexEqualsEngines(
           `worker ${ids[w]}: block ${hash} indexed as ${seen.get(hash)}, cached with path ${path}`,
         );
     }
+    // Every block with as many copies as the engine holds (vLLM's duplicates).
+    const held = copies.get(ids[w]!) ?? new Map<string, number>();
+    for (const block of engine.engine.cache.snapshot()) {
+      if (held.get(block.hash.toString()) !== block.copies)
+        throw new Error(
+          `worker ${ids[w]}: block ${block.hash} indexed with ${held.get(block.hash.toString())} copies, cached with ${block.copies}`,
+        );
+    }
     blocks += actual.size;
   });
-  return blocks;
+  // And the CPU tiers (src/sim/index-check.ts compares both tiers and every copy).
+  const check = checkIndex(
+    ops,
+    engines.map((engine) => engine.engine.cache),
+    ids,
+  );
+  expect(check.index_matches_engines).toBe(true);
+  return blocks + check.index_host_blocks;
 }
 
 /**

@@ -10,16 +10,26 @@ import { silentLogger } from "../../src/util/log";
 import { DealerSocket } from "../../src/wire/zmtp";
 import { loadConversationTrace } from "../../src/sim/embedded-trace";
 import { NetworkedEngine } from "../../src/sim/networked-engine";
+import { createPolicy } from "../../src/sim/policies";
 import { engineSeeds } from "../../src/sim/simulator";
+import { DEFAULT_TIME_MODEL, type TimeModel } from "../../src/sim/time-model";
 import { transformTrace, type Trace } from "../../src/sim/trace";
 import { until } from "../support/wait";
 import { expectIndexEqualsEngines, VirtualRig } from "./fleet-rig";
 
 let trace: Trace;
+/** vLLM's long_prefill_token_threshold: twins leapfrog through their shared prompt. */
+const TIME: TimeModel = { ...DEFAULT_TIME_MODEL, longPrefillTokens: 1024 };
 const cleanup: (() => Promise<unknown>)[] = [];
 
 beforeAll(async () => {
-  trace = transformTrace(await loadConversationTrace(), { requests: 150, timeScale: 0.5 });
+  // Twins: requests that arrive twice at once; with a long-prefill cap (TIME) they prefill
+  // side by side, so engines keep duplicate copies (as vLLM).
+  trace = transformTrace(await loadConversationTrace(), {
+    requests: 150,
+    timeScale: 0.5,
+    twins: 0.1,
+  });
 });
 
 afterEach(async () => {
@@ -29,6 +39,8 @@ afterEach(async () => {
 interface EngineSpec {
   readonly form: "array" | "map";
   readonly drop?: (seq: number) => boolean;
+  /** A CPU offload tier of this many blocks (vLLM's CPU events); none if absent. */
+  readonly cpu?: number;
 }
 
 async function startEngines(
@@ -41,7 +53,9 @@ async function startEngines(
     const engine = new NetworkedEngine({
       index: w,
       capacityBlocks,
+      cpuCapacityBlocks: spec.cpu ?? 0,
       hashSeed: seeds[w]!,
+      time: TIME,
       endpoint: "tcp://127.0.0.1:0",
       replayEndpoint: "tcp://127.0.0.1:0",
       form: spec.form,
@@ -76,11 +90,25 @@ function subscribe(engines: readonly NetworkedEngine[]) {
 describe("networked mock engine → our SUB socket → index", () => {
   for (const form of ["array", "map"] as const) {
     test(`${form} form: the index equals the engines' caches at every checkpoint`, async () => {
-      const engines = await startEngines([{ form }, { form }, { form }], 2048);
+      // A CPU tier on every engine: spills on eviction, loads back, vLLM's CPU events.
+      const engines = await startEngines(
+        [
+          { form, cpu: 4096 },
+          { form, cpu: 4096 },
+          { form, cpu: 4096 },
+        ],
+        1024,
+      );
       const { index, sources } = subscribe(engines);
       for (const source of sources) await source.start();
       for (const engine of engines) await engine.waitForSubscriber(10_000);
-      const rig = new VirtualRig(engines, trace);
+      // Prefix-aware routing sends twins to one engine: two copies of their blocks there.
+      const policy = createPolicy("approx_prefix", {
+        workers: engines.length,
+        blockSize: 16,
+        seed: 1,
+      });
+      const rig = new VirtualRig(engines, trace, policy);
       const ids = engines.map((_, w) => String(w));
       let checked = 0;
       for (const checkpoint of [40, 80, 120, 150, Infinity]) {
@@ -98,6 +126,19 @@ describe("networked mock engine → our SUB socket → index", () => {
         0,
       );
       expect(evicted).toBeGreaterThan(0); // removals were part of the stream
+      // vLLM's duplicate copies were part of it too (announced, and counted by the index).
+      const copies = engines.reduce(
+        (sum, engine) => sum + engine.engine.cache.counters.duplicateBlocks,
+        0,
+      );
+      expect(copies).toBeGreaterThan(0);
+      expect(index.counters.blocksDuplicate).toBeGreaterThan(0);
+      expect(index.counters.copiesRemoved).toBeGreaterThan(0);
+      // The CPU tier took spills and gave blocks back (checked above block for block).
+      const cpu = (key: "spilledBlocks" | "hostHitBlocks"): number =>
+        engines.reduce((sum, engine) => sum + engine.engine.cache.counters[key], 0);
+      expect(cpu("spilledBlocks")).toBeGreaterThan(0);
+      expect(cpu("hostHitBlocks")).toBeGreaterThan(0);
       for (const source of sources) {
         expect(source.sequencer.counters.gaps).toBe(0);
         expect(source.normalizer.counters.events.stored).toBeGreaterThan(0);

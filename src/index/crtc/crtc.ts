@@ -5,7 +5,14 @@
  */
 import { fail, VERIFY_BY_DEFAULT } from "../assert";
 import { dumpEvents } from "../dump";
-import { type FreezeJob, type FrozenIndex, freezeNow, SlicedCopy } from "../pack";
+import {
+  type FreezeJob,
+  type FrozenIndex,
+  type FrozenTierBlocks,
+  freezeNow,
+  SlicedCopy,
+} from "../pack";
+import type { ExternalLookup } from "../lookup";
 import type { IndexOp } from "../ops";
 import {
   countRejection,
@@ -17,7 +24,7 @@ import {
   StoreStatus,
   type WorkerInfo,
 } from "../types";
-import { SlotIndex } from "../slot-index";
+import { TieredIndex } from "../tiered";
 import { type PresentLookup, WorkerSlots } from "../workers";
 import { MatchScratch, TreeReads, walkMatches } from "./match";
 import { ROOT } from "./nodes";
@@ -36,7 +43,7 @@ export interface SharedParts {
   readonly slotIdentity: Uint32Array;
 }
 
-export class CrtcIndex extends SlotIndex implements KvIndex {
+export class CrtcIndex extends TieredIndex implements KvIndex {
   readonly backend = "crtc" as const;
   readonly blockSize: number;
   readonly tree: CrtcTree;
@@ -103,16 +110,43 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
     }
     if (lookup === null) {
       if (slot < 0) return this.reject(StoreStatus.CapacityExhausted);
-      lookup = this.slots.attach(slot);
-      if (this.shared !== null) this.publishSlot(slot);
+      lookup = this.attachSlot(slot);
     }
     // Any growth of the lookup now, before the first node opens: readers that meet an open
     // node wait for the event's end (see docs/decisions.md#reserve-before-open).
     lookup.reserve(count);
-    storeChain(this.tree, slot, lookup, node, pos, external, local, first, count, this.counters);
+    storeChain(
+      this.tree,
+      slot,
+      lookup,
+      node,
+      pos,
+      external,
+      local,
+      first,
+      count,
+      this.counters,
+      this.slots.copies,
+    );
     this.counters.storedEvents++;
     if (this.verifyEach) this.verify();
     return StoreStatus.Ok;
+  }
+
+  protected attachSlot(slot: number): ExternalLookup {
+    const lookup = this.slots.attach(slot);
+    if (this.shared !== null) this.publishSlot(slot);
+    return lookup;
+  }
+
+  /** The sequence hash of the block `slot` names (hi, lo): from its edge's last mark (tree.ts). */
+  protected sequenceOf(slot: number, hi: number, lo: number, out: Uint32Array): boolean {
+    const block = this.slots.lookupOf(slot)?.find(hi, lo) ?? 0;
+    if (block === 0) return false;
+    const tree = this.tree;
+    const node = tree.blocks.node[block]!;
+    tree.sequenceAt(node, block - tree.nodes.start[node]! + 1, out);
+    return true;
   }
 
   /**
@@ -144,12 +178,22 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
     if (external.length < 2 * (first + count)) fail("removed array too short");
     this.counters.removedEvents++;
     const lookup = this.slots.lookupOf(slot);
+    let hashes = external;
+    let from = first;
+    let going = count;
+    if (this.slots.copies.of(slot) !== null) {
+      // Blocks held in more than one copy lose a copy and stay; the rest go as usual.
+      hashes = this.removeScratch.ensureHashes(count);
+      going = this.slots.copies.take(slot, external, first, count, hashes);
+      from = 0;
+      this.counters.copiesRemoved += count - going;
+    }
     const unknown =
       lookup === null
-        ? count
-        : removeHashes(this.tree, slot, lookup, external, first, count, this.removeScratch);
+        ? going
+        : removeHashes(this.tree, slot, lookup, hashes, from, going, this.removeScratch);
     this.counters.blocksUnknown += unknown;
-    this.counters.blocksRemoved += count - unknown;
+    this.counters.blocksRemoved += going - unknown;
     if (this.verifyEach) this.verify();
     return unknown;
   }
@@ -158,6 +202,8 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
     this.counters.clearedEvents++;
     const lookup = this.slots.lookupOf(slot);
     if (lookup !== null) {
+      this.slots.copies.drop(slot);
+      this.tiers.clear(slot);
       this.counters.blocksRemoved += clearSlot(this.tree, slot, lookup, this.removeScratch);
       if (this.verifyEach) this.verify();
     }
@@ -178,7 +224,10 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
     if (this.verifyEach) this.verify();
   }
 
+  /** A present slot's blocks, copies and lower tiers go, then its lookup (one event's part). */
   private drop(slot: number): void {
+    this.slots.copies.drop(slot);
+    this.tiers.clear(slot);
     const lookup = this.slots.lookup[slot]!;
     this.counters.blocksRemoved += clearSlot(this.tree, slot, lookup, this.removeScratch);
     this.slots.release(slot);
@@ -207,11 +256,13 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
     return {
       workers: this.slots.live,
       blocks: entries,
+      copies: this.slots.copies.extra,
+      lowerTiers: this.tiers.stats(),
       nodes: this.tree.nodes.live,
       edgeWords: 2 * this.tree.edgeBlocks,
       lookupEntries: entries,
       rejected: rejectCounts(this.counters),
-      bytes: this.tree.bytes() + this.slots.bytes(),
+      bytes: this.tree.bytes() + this.slots.bytes() + this.tiers.bytes(),
     };
   }
 
@@ -225,6 +276,7 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
 
   verify(): void {
     verifyTree(this.tree, this.slots);
+    this.tiers.verify((slot) => this.slots.isLive(slot));
   }
 
   private reject(status: StoreStatus): StoreStatus {
@@ -242,10 +294,11 @@ export class CrtcIndex extends SlotIndex implements KvIndex {
       [nodes.parent, nodes.start, nodes.len, blocks.hi, blocks.lo, ...lookups.map((e) => e.table)],
       [top, top, top, blocks.hi.length, blocks.lo.length, ...lookups.map((e) => e.table.length)],
     );
+    const tiers = this.tiers.freeze(this.workerTable);
     let frozen: FrozenIndex | null = null;
     return {
       step: (words) => copy.step(words),
-      result: () => (frozen ??= frozenTree(top, copy.copies, lookups)),
+      result: () => (frozen ??= frozenTree(top, copy.copies, lookups, tiers)),
     };
   }
 }
@@ -255,6 +308,7 @@ function frozenTree(
   top: number,
   copies: readonly Uint32Array[],
   lookups: readonly PresentLookup[],
+  tiers: readonly FrozenTierBlocks[],
 ): FrozenIndex {
   const [parent, start, len, hi, lo] = copies as [
     Uint32Array,
@@ -266,6 +320,7 @@ function frozenTree(
   return {
     blockKeyLimit: hi.length,
     units: top,
+    tiers,
     forEachBlockFrom(from, budget, visit) {
       let node = Math.max(from, ROOT + 1);
       for (let visited = 0; node < top && visited < budget; node++) {
@@ -282,13 +337,14 @@ function frozenTree(
       }
       return node;
     },
-    workers: lookups.map(({ workerId, dpRank, count }, i) => {
+    workers: lookups.map(({ workerId, dpRank, count, copies: extra }, i) => {
       const table = copies[5 + i]!;
       const slots = table.length / 3;
       return {
         workerId,
         dpRank,
         count,
+        copies: extra,
         readHeld(from, budget, visit) {
           const to = Math.min(slots, from + budget);
           for (let at = 3 * from; at < 3 * to; at += 3) {

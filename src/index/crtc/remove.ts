@@ -15,6 +15,13 @@ export class RemoveScratch {
   positions = new Uint32Array(64);
   nodes = new Uint32Array(64);
   blocks = new Uint32Array(64);
+  /** A removal's hashes whose last copy goes (pairs), when some blocks have several copies. */
+  hashes = new Uint32Array(128);
+
+  ensureHashes(count: number): Uint32Array {
+    if (this.hashes.length < 2 * count) this.hashes = new Uint32Array(count * 4);
+    return this.hashes;
+  }
 
   ensurePositions(count: number): Uint32Array {
     if (this.positions.length < count) this.positions = new Uint32Array(count * 2);

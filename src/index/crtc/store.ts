@@ -10,6 +10,7 @@
 import { fail } from "../assert";
 import type { ExternalLookup } from "../lookup";
 import type { IndexCounters } from "../types";
+import type { CopyCounts } from "../copies";
 import { RUN_ORDER_MAX } from "./blocks";
 import { ROOT } from "./nodes";
 import type { CrtcTree } from "./tree";
@@ -37,7 +38,8 @@ function ceilLog2(n: number): number {
 /**
  * Places blocks first..first+count of (external, local) for `slot`, starting at edge
  * position `pos` of `node` (just after the parent block; the root with pos 0 for
- * none). Stops at the first block that breaks the engine-hash invariant.
+ * none). Stops at the first block that breaks the engine-hash invariant. A block the
+ * slot already holds under the same hash is one more copy of it (`copies`).
  *
  * No Math.min in here: each pass through one left the optimized code by an exit the JIT
  * does not count, and storeChain then ran unoptimized for the rest of a replay
@@ -54,13 +56,13 @@ export function storeChain(
   first: number,
   count: number,
   counters: IndexCounters,
+  copies: CopyCounts,
 ): void {
   const nodes = tree.nodes;
   const owners = tree.owners;
   let held = node === ROOT ? 0 : owners.get(node, slot);
   let heldBefore = held;
   let stored = 0;
-  let duplicate = 0;
   let conflict = false;
   let i = first;
   const end = first + count;
@@ -75,7 +77,8 @@ export function storeChain(
             conflict = true;
             break;
           }
-          duplicate++;
+          copies.add(slot, external[2 * i]!, external[2 * i + 1]!);
+          counters.blocksDuplicate++;
         } else {
           if (pos !== held) fail("store walk passed a block the worker does not hold");
           if (found !== 0) {
@@ -142,7 +145,6 @@ export function storeChain(
   }
   if (node !== ROOT && held !== heldBefore) owners.set(node, slot, held);
   counters.blocksStored += stored;
-  counters.blocksDuplicate += duplicate;
   if (conflict) counters.hashConflicts++;
 }
 

@@ -231,6 +231,13 @@ export class CrtcTree {
     this.foldAfter(nodes.parent[node]!, start, end);
   }
 
+  /** The sequence hash of `node`'s edge block at position `end - 1`, into out[0..1] (writer only). */
+  sequenceAt(node: number, end: number, out: Uint32Array): void {
+    this.chainThrough(node, end);
+    out[0] = this.foldHi;
+    out[1] = this.foldLo;
+  }
+
   /** fold() from the end of `node`'s edge (the root: from nothing). */
   private foldAfter(node: number, from: number, count: number): void {
     const chain = this.nodes.chain;

@@ -104,6 +104,7 @@ function verifyOwners(
 }
 
 function verifyLookups(tree: CrtcTree, slots: WorkerSlots, heldBySlot: Float64Array): void {
+  slots.copies.verify((slot) => slots.lookupOf(slot));
   const seen = new Uint32Array(tree.blocks.capacity);
   for (let slot = 0; slot < slots.highWater; slot++) {
     const lookup = slots.lookup[slot];

@@ -29,7 +29,7 @@ import {
   StoreStatus,
   type WorkerInfo,
 } from "../types";
-import { SlotIndex } from "../slot-index";
+import { TieredIndex } from "../tiered";
 import { WorkerSlots } from "../workers";
 
 const CAPACITY_MIN = 64;
@@ -131,7 +131,7 @@ class EntryPool {
   }
 }
 
-export class PositionalIndex extends SlotIndex implements KvIndex {
+export class PositionalIndex extends TieredIndex implements KvIndex {
   readonly backend = "positional" as const;
   readonly blockSize: number;
   readonly slots: WorkerSlots;
@@ -147,6 +147,8 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
   private stamp = new Uint32Array(64);
   private tick = 2;
   private touched = new Uint32Array(64);
+  /** A removal's hashes whose last copy goes, when some blocks have several copies. */
+  private going = new Uint32Array(128);
 
   constructor(blockSize: number, options: IndexOptions = {}) {
     super(options);
@@ -181,12 +183,25 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
     }
     if (lookup === null) {
       if (slot < 0) return this.reject(StoreStatus.CapacityExhausted);
-      lookup = this.slots.attach(slot);
+      lookup = this.attachSlot(slot);
     }
     this.counters.storedEvents++;
     this.storeChain(slot, lookup, parent, external, local, first, count);
     if (this.verifyEach) this.verify();
     return StoreStatus.Ok;
+  }
+
+  protected attachSlot(slot: number): ExternalLookup {
+    return this.slots.attach(slot);
+  }
+
+  /** An entry keeps its chain hash: the sequence hash of the block. */
+  protected sequenceOf(slot: number, hi: number, lo: number, out: Uint32Array): boolean {
+    const entry = this.slots.lookupOf(slot)?.find(hi, lo) ?? 0;
+    if (entry === 0) return false;
+    out[0] = this.entries.chainHi[entry]!;
+    out[1] = this.entries.chainLo[entry]!;
+    return true;
   }
 
   /** Chain hashes of the event's blocks, continuing the parent's chain. */
@@ -239,6 +254,7 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
           this.counters.hashConflicts++;
           return;
         }
+        this.slots.copies.add(slot, external[2 * i]!, external[2 * i + 1]!);
         this.counters.blocksDuplicate++;
         parent = entry;
         continue;
@@ -300,12 +316,23 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
     assert(external.length >= 2 * (first + count), "removed array too short");
     this.counters.removedEvents++;
     const lookup = this.slots.lookupOf(slot);
+    let hashes = external;
+    let from = first;
+    let going = count;
+    if (this.slots.copies.of(slot) !== null) {
+      // Blocks held in more than one copy lose a copy and stay; the rest go as usual.
+      if (this.going.length < 2 * count) this.going = new Uint32Array(4 * count);
+      hashes = this.going;
+      going = this.slots.copies.take(slot, external, first, count, hashes);
+      from = 0;
+      this.counters.copiesRemoved += count - going;
+    }
     let unknown = 0;
     if (lookup === null) {
-      unknown = count;
+      unknown = going;
     } else {
-      for (let i = first; i < first + count; i++) {
-        const entry = lookup.remove(external[2 * i]!, external[2 * i + 1]!);
+      for (let i = from; i < from + going; i++) {
+        const entry = lookup.remove(hashes[2 * i]!, hashes[2 * i + 1]!);
         if (entry === 0) {
           unknown++;
           continue;
@@ -315,12 +342,14 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
       }
     }
     this.counters.blocksUnknown += unknown;
-    this.counters.blocksRemoved += count - unknown;
+    this.counters.blocksRemoved += going - unknown;
     if (this.verifyEach) this.verify();
     return unknown;
   }
 
   private clearSlot(slot: number): void {
+    this.slots.copies.drop(slot);
+    this.tiers.clear(slot);
     const lookup = this.slots.lookup[slot]!;
     if (this.touched.length < lookup.count) this.touched = new Uint32Array(lookup.count * 2);
     const touched = this.touched;
@@ -468,11 +497,18 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
     return {
       workers: this.slots.live,
       blocks: entries,
+      copies: this.slots.copies.extra,
+      lowerTiers: this.tiers.stats(),
       nodes: this.entries.live,
       edgeWords: 2 * this.entries.live,
       lookupEntries: entries,
       rejected: rejectCounts(this.counters),
-      bytes: this.entries.bytes() + this.owners.bytes() + this.index.bytes() + this.slots.bytes(),
+      bytes:
+        this.entries.bytes() +
+        this.owners.bytes() +
+        this.index.bytes() +
+        this.slots.bytes() +
+        this.tiers.bytes(),
     };
   }
 
@@ -494,6 +530,7 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
     const slots = this.slots;
     return {
       blockKeyLimit: entries.highWater,
+      tiers: this.tiers.freeze(this.workerTable),
       forEachBlock(visit) {
         const live: number[] = [];
         for (let id = 1; id < entries.highWater; id++) if (entries.isLive(id)) live.push(id);
@@ -545,6 +582,8 @@ export class PositionalIndex extends SlotIndex implements KvIndex {
       assert(entries.kids[id]! > 0 || this.owners.count[id]! > 0, "verify: dead entry kept");
     }
     assert(live === entries.live && this.index.count === live, "verify: entry counts disagree");
+    this.slots.copies.verify((slot) => this.slots.lookupOf(slot));
+    this.tiers.verify((slot) => this.slots.isLive(slot));
     const seen = new Uint32Array(entries.highWater);
     for (let slot = 0; slot < this.slots.highWater; slot++) {
       const lookup = this.slots.lookup[slot];
