@@ -16,22 +16,48 @@ export function xorshift32(seed: number): () => number {
 const ID_RANDOM_BYTES = 16;
 const ID_POOL_BYTES = 4096;
 
+const BASE64URL = Uint8Array.from(
+  "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_",
+  (c) => c.charCodeAt(0),
+);
+/** Longest prefix an id may have. */
+const ID_PREFIX_MAX = 16;
+
 /**
  * Ids no one can guess from the ones they have seen (request ids kvedge makes: knowing
  * another client's id lets a caller end its request): 128 bits from the system's
- * cryptographic generator, drawn a pool at a time, as 22 base64url characters.
+ * cryptographic generator, drawn a pool at a time, as 22 base64url characters. Encoded
+ * here into one buffer and decoded once: a Buffer view and its toString took twice as
+ * long, a few percent of a route.
  */
 export class UnguessableIds {
   private readonly pool = new Uint8Array(ID_POOL_BYTES);
   private at = ID_POOL_BYTES;
+  private readonly text = new Uint8Array(ID_PREFIX_MAX + 22);
+  private readonly decoder = new TextDecoder("latin1");
 
   next(prefix: string): string {
+    if (prefix.length > ID_PREFIX_MAX) throw new RangeError(`id prefix over ${ID_PREFIX_MAX}`);
     if (this.at + ID_RANDOM_BYTES > this.pool.length) {
       crypto.getRandomValues(this.pool);
       this.at = 0;
     }
-    const bytes = Buffer.from(this.pool.buffer, this.at, ID_RANDOM_BYTES);
+    const { pool, text } = this;
+    let k = 0;
+    for (let i = 0; i < prefix.length; i++) text[k++] = prefix.charCodeAt(i);
+    // 16 bytes: five groups of 3 bytes = 4 characters each, then 1 byte = 2 characters.
+    const end = this.at + 15;
+    for (let i = this.at; i < end; i += 3) {
+      const v = (pool[i]! << 16) | (pool[i + 1]! << 8) | pool[i + 2]!;
+      text[k++] = BASE64URL[v >>> 18]!;
+      text[k++] = BASE64URL[(v >>> 12) & 63]!;
+      text[k++] = BASE64URL[(v >>> 6) & 63]!;
+      text[k++] = BASE64URL[v & 63]!;
+    }
+    const last = pool[end]!;
+    text[k++] = BASE64URL[last >>> 2]!;
+    text[k++] = BASE64URL[(last & 3) << 4]!;
     this.at += ID_RANDOM_BYTES;
-    return prefix + bytes.toString("base64url");
+    return this.decoder.decode(text.subarray(0, k));
   }
 }

@@ -186,7 +186,9 @@ describe("request lifecycle", () => {
     for (const id of list) expect(id).toMatch(/^r-[A-Za-z0-9_-]{22}$/);
     // Consecutive ids share nothing a caller could extrapolate: about half of the 128
     // bits differ between neighbours (a counter would differ in a few low bits).
+    // base64url as Buffer reads it: the characters carry the bits in order.
     const bits = (id: string) => Buffer.from(id.slice(2), "base64url");
+    for (const id of list) expect(bits(id).toString("base64url")).toBe(id.slice(2));
     let differing = 0;
     for (let i = 1; i < list.length; i++) {
       const [a, b] = [bits(list[i - 1]!), bits(list[i]!)];
