@@ -43,7 +43,7 @@ async function server(): Promise<void> {
     index.applyStored(BigInt(chain % WORKERS), 0, false, 0, 0, external, local, CHAIN, 0);
     block += CHAIN;
   }
-  for (let w = 0; w < WORKERS; w++) core.router.load.addWorker(BigInt(w), 0);
+  for (let w = 0; w < WORKERS; w++) core.workerTable.acquire(BigInt(w), 0);
   const app = startApp({
     host: "127.0.0.1",
     port: 0,

@@ -27,7 +27,7 @@ const WARMUP = 200_000;
 
 function measure(active: number): { medianUs: number; maxMs: number; over05Ms: number } {
   const load = new LoadTracker({ blockSize: 4 });
-  const slot = load.addWorker(1n, 0);
+  const slot = load.table.acquire(1n, 0);
   const chain = new Uint32Array(8).map((_, i) => i + 1);
   const ids = Array.from({ length: STEPS + WARMUP }, (_, i) => `gw-${i}`);
   const times = new Float64Array(STEPS);

@@ -93,7 +93,7 @@ for (let i = 0; i < POOL; i++) {
 
 function scenario(workers: number): () => void {
   const router = new Router({ blockSize: BLOCK_SIZE, policy, random: () => random() / 2 ** 32 });
-  for (let w = 0; w < workers; w++) router.load.addWorker(BigInt(1_000_000 + w), 0);
+  for (let w = 0; w < workers; w++) router.load.table.acquire(BigInt(1_000_000 + w), 0);
   if (bus !== null) {
     const nc = bus.nc;
     router.load.facts = new Outbox({

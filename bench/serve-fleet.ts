@@ -32,7 +32,7 @@ export function fleetCore(env: Record<string, string> = {}): {
   const seed = blockSeed(null, null);
   for (let w = 0; w < FLEET_WORKERS; w++) {
     const workerId = BigInt(w + 1);
-    core.router.load.addWorker(workerId, 0);
+    core.workerTable.acquire(workerId, 0);
     const systems = new Set<number>();
     for (const sequence of fleet.sequences[w]!) {
       const system = fleet.documentSystem[sequence.document]!;

@@ -560,7 +560,7 @@ export class PeerSet {
     const load = this.options.load;
     let applied = 0;
     for (const [id, held] of peer.held) {
-      const slot = load.slotOf(held.workerId, held.dpRank);
+      const slot = load.table.find(held.workerId, held.dpRank);
       if (slot >= 0) {
         load.peerRouted(
           peer.origin,
@@ -607,7 +607,7 @@ export class PeerSet {
     const kept: HeldPrediction[] = [];
     let bytes = 0;
     for (const held of peer.heldPredictions) {
-      const slot = this.options.load.slotOf(held.workerId, held.dpRank);
+      const slot = this.options.load.table.find(held.workerId, held.dpRank);
       if (slot >= 0) {
         this.counters.predictions.heldApplied++;
         const { anchored, anchorHi, anchorLo, local } = held;
@@ -667,7 +667,7 @@ class Applier implements FactVisitor {
     this.workers = workers;
     this.slots.length = 0;
     for (let i = 0; i < workers.ids.length; i++)
-      this.slots.push(this.load.slotOf(workers.ids[i]!, workers.ranks[i]!));
+      this.slots.push(this.load.table.find(workers.ids[i]!, workers.ranks[i]!));
   }
 
   routed(

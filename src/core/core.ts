@@ -3,8 +3,11 @@
  * that feed the index, behind the operations the HTTP and WebSocket APIs expose, with
  * no transport in it (README.md in this folder). Data flows one way: sources -> index;
  * requests -> (hash, index match, route) -> decision. Index and router share one
- * worker numbering (WorkerTable), so a match result is a router slot as it is.
- * Refusals are KvedgeErrors with codes; the server maps them to statuses.
+ * worker numbering (WorkerTable), so a match result is a router slot as it is; with a
+ * writer thread its index is in the same numbering (its table follows this one).
+ * Workers are named by slot throughout; the core gives slots and ends their lives
+ * (`endSlots`, the one place a slot leaves every per-slot state). Refusals are
+ * KvedgeErrors with codes; the server maps them to statuses.
  */
 import type { Config } from "../config";
 import { type WorkerEntry, wildcardProblem } from "../config/workers";
@@ -34,16 +37,16 @@ import { Admission } from "../route/admission";
 import { bufferBudget } from "../util/buffer-budget";
 import type { LifecycleResult } from "../route/load";
 import { type CachedReport, ObservedHits, type ObservedHitsView } from "./observed-hits";
-import { DegradedFallback } from "./fallback";
 import { DEFAULT_PREDICTED_MAX_BLOCKS, Predictions } from "../route/predictions";
 import { CAPACITY_FLOOR_BLOCKS } from "../route/predicted-blocks";
+import { DegradedFallback } from "./fallback";
 import { OVERLAP_KINDS, type OverlapKind, overlapKindOf } from "../route/router";
 import { RouteOverlaps } from "./overlaps";
 import type { Logger } from "../util/log";
 import type { ZmtpOptions } from "../wire/zmtp";
 import { BUDGET_REFUSAL, budgetedSink } from "../ingest/budgeted-sink";
 import { KvedgeError } from "../domain/errors";
-import { WorkerTable } from "../domain/worker-table";
+import { type SlotColumn, WorkerTable } from "../domain/worker-table";
 import { attach } from "../index/crtc/shared";
 import { ThreadedIndex } from "../index/threaded-index";
 import type { WriterThread } from "../runtime/writer-thread";
@@ -76,12 +79,31 @@ export interface RouteInput {
   readonly matched?: MatchedWorkers;
 }
 
-/** Matches by worker identity (another thread's lookup); this table's slots are found here. */
+/**
+ * Matches another thread looked up (a lane, on the writer's shared index): slots of this
+ * table with the generation stamp each had then (WorkerTable.stampOf), and blocks.
+ */
 export interface MatchedWorkers {
-  readonly ids: readonly bigint[];
-  readonly ranks: Uint32Array;
+  readonly slots: Uint32Array;
+  readonly stamps: Uint32Array;
   readonly blocks: Uint32Array;
 }
+
+/**
+ * An active request as a snapshot keeps it (warm restart): its worker, id, prompt tokens
+ * still in prefill, expected output blocks, time since its last lifecycle call, and its
+ * chain of `blocks` sequence hashes (valid during the call it is passed to).
+ */
+export type ActiveRequest = [
+  workerId: bigint,
+  dpRank: number,
+  id: string,
+  prefillTokens: number,
+  outputBlocks: number,
+  idleMs: number,
+  chain: Uint32Array,
+  blocks: number,
+];
 
 /** A route decision and its prompt's length in blocks; the candidates are valid until the next route. */
 export interface RouteOutcome {
@@ -176,18 +198,15 @@ function overBudget(): KvedgeError {
   );
 }
 
-/** Key of a (worker, dp rank) in `restoredPositions`. */
-export const positionKey = (workerId: bigint, dpRank: number): string => `${workerId}:${dpRank}`;
-
 export class KvedgeCore {
-  /** The one worker numbering, shared by the index and the router. */
-  readonly workerTable = new WorkerTable();
+  /** The one worker numbering, shared by the index (the writer thread's too) and the router. */
+  readonly workerTable: WorkerTable;
   readonly index: KvIndex;
   readonly router: Router;
   readonly blockSize: number;
   readonly budget: IndexBudget;
   /** Slots with stores refused at the budget: degraded until their worker's cache is cleared. */
-  private readonly incomplete = new Set<number>();
+  private readonly incomplete: SlotColumn<true>;
   /** Index writes, held while the index is copied in slices (GET /v1/dump, snapshots). */
   readonly writes: WritePause;
   /** What sources write to: the index, behind the memory budget. */
@@ -195,7 +214,7 @@ export class KvedgeCore {
   /** Every source, configured or added. */
   private readonly sources = new Set<EngineSource>();
   /** Per slot: the source configured for exactly that (worker, dp rank), if any. */
-  private ownSource: (EngineSource | undefined)[] = [];
+  private readonly ownSource: SlotColumn<EngineSource>;
   /** Predicted vs observed cached tokens per worker (fed by the proxy); a persistent gap is distrusted like lost events. */
   readonly observedHits: ObservedHits;
   /** What approximate workers (no event endpoint) are predicted to cache, in the index (src/route/predictions.ts). */
@@ -204,12 +223,12 @@ export class KvedgeCore {
   readonly fallback: DegradedFallback | null;
   /** Where requests' lifecycles go: the approximate workers' predictions, with the degraded ones' or not. */
   private readonly predictors: { readonly one: Predictions[]; readonly both: Predictions[] };
-  /** Per (worker, dp rank) key: the engine's OpenAI server, where the proxy forwards. */
-  private readonly httpEndpoints = new Map<string, string>();
+  /** Per slot: the engine's OpenAI server, where the proxy forwards. */
+  private readonly httpEndpoints: SlotColumn<string>;
   /** Over every decision: prompt tokens, and those the chosen worker was predicted to hold (the status page's hit rate). */
   readonly routeTotals = { decisions: 0, promptTokens: 0, predictedCachedTokens: 0 };
-  /** Saved source positions (warm restart) by positionKey, taken up by the sources as they are added. */
-  readonly restoredPositions = new Map<string, SourcePosition>();
+  /** Per slot: a saved source position (warm restart), taken up by its source as it is added. */
+  private readonly restoredPositions: SlotColumn<SourcePosition>;
   private readonly matches = new MatchResult(64);
   /** A /v1/match query's sequence hashes when it came as local hashes. */
   private readonly chain = new ChainBuffer();
@@ -247,6 +266,11 @@ export class KvedgeCore {
   constructor(private readonly options: CoreOptions) {
     const { config } = options;
     this.log = options.log;
+    const table = (this.workerTable = options.writer?.workers ?? new WorkerTable());
+    this.incomplete = table.column();
+    this.ownSource = table.column();
+    this.httpEndpoints = table.column();
+    this.restoredPositions = table.column();
     this.blockSize = config.index.block_size;
     this.lora = new LoraAdapters(config.index.lora_adapters);
     this.index = this.createIndex(config, options.writer);
@@ -282,7 +306,7 @@ export class KvedgeCore {
     this.predictions = predictionsOf(config, this.sink);
     this.fallback =
       config.route.degraded_fallback === "predictions"
-        ? new DegradedFallback(this.workerTable, this.blockSize, predictionSettingsOf(config), () =>
+        ? new DegradedFallback(table, this.blockSize, predictionSettingsOf(config), () =>
             performance.now(),
           )
         : null;
@@ -295,10 +319,8 @@ export class KvedgeCore {
       floor: config.proxy.observed_hit_floor,
       window: config.proxy.observed_window,
       log: this.log.child({ component: "observed-hits" }),
-      onChange: (workerId, dpRank) => {
-        const slot = this.router.load.slotOf(workerId, dpRank);
-        if (slot >= 0) this.setTrust(slot);
-      },
+      table,
+      onChange: (slot) => this.refreshDegraded(slot),
     });
   }
 
@@ -337,7 +359,6 @@ export class KvedgeCore {
     }
     await Promise.all([...this.sources].map((source) => source.stop()));
     this.sources.clear();
-    this.ownSource = [];
   }
 
   // ---- Matching and routing ----
@@ -349,8 +370,8 @@ export class KvedgeCore {
 
   /**
    * Per-worker matched prefix length in blocks, and the lower tiers' after it, sorted as
-   * `kvedge apply` sorts; a degraded worker routed on predictions has the overlap routing
-   * takes (./fallback.ts).
+   * `kvedge apply` sorts; a degraded worker routed on predictions has the larger of its
+   * indexed and predicted blocks (./fallback.ts).
    */
   match(local: Uint32Array, count: number, chain?: Uint32Array): MatchScore[] {
     this.index.findMatches(local, count, this.matches, chain);
@@ -577,7 +598,10 @@ export class KvedgeCore {
     predicted: number,
     report: CachedReport,
   ): void {
-    const observed = this.observedHits.record(workerId, dpRank, promptTokens, predicted, report);
+    // A worker removed since its request was routed: nothing to judge any more.
+    const slot = this.workerTable.find(workerId, dpRank);
+    if (slot < 0) return;
+    const observed = this.observedHits.record(slot, promptTokens, predicted, report);
     if (observed !== null)
       for (const predictions of this.predictorsNow()) predictions.observed(requestId, observed);
   }
@@ -618,7 +642,7 @@ export class KvedgeCore {
   private routeRequest(input: RouteInput, candidatesMax: number) {
     const prompt = input.prompt ?? this.hash(input.tokens, input.loraName, input.cacheSalt);
     const matches = this.matches;
-    if (input.matched !== undefined) this.slotsOf(input.matched, matches);
+    if (input.matched !== undefined) this.currentMatches(input.matched, matches);
     else this.index.findMatches(prompt.local, prompt.blockCount, matches, prompt.chain);
     // Index slots are router slots: the matches (and lower tiers after them) are the overlaps.
     const overlaps = this.overlapsOf(matches, prompt.local, prompt.blockCount, prompt.chain);
@@ -664,14 +688,15 @@ export class KvedgeCore {
     return fallback.withPredicted(this.overlaps.of(matches, chain, count), load);
   }
 
-  /** Matches by identity into this table's slots; workers not known here are left out. */
-  private slotsOf(matched: MatchedWorkers, out: MatchResult): void {
-    const count = matched.ids.length;
+  /** Another thread's matches whose slots still name the workers they named then. */
+  private currentMatches(matched: MatchedWorkers, out: MatchResult): void {
+    const table = this.workerTable;
+    const count = matched.slots.length;
     out.ensure(count);
     let n = 0;
     for (let i = 0; i < count; i++) {
-      const slot = this.workerTable.find(matched.ids[i]!, matched.ranks[i]!);
-      if (slot < 0) continue;
+      const slot = matched.slots[i]!;
+      if (!table.isCurrent(slot, matched.stamps[i]!)) continue;
       out.workers[n] = slot;
       out.blocks[n++] = matched.blocks[i]!;
     }
@@ -718,6 +743,68 @@ export class KvedgeCore {
     return this.workerTable.workerIdTextOf(slot);
   }
 
+  // ---- Warm restart and warm-up ----
+
+  /** Requests routed and not yet done, expired or dropped. */
+  get activeRequestCount(): number {
+    return this.router.load.activeRequestCount;
+  }
+
+  /** Every active request, least recently touched first (what a snapshot keeps). */
+  forEachActiveRequest(visit: (...request: ActiveRequest) => void): void {
+    const table = this.workerTable;
+    this.router.load.forEachActive((slot, id, prefill, output, idleMs, chain, blocks) =>
+      visit(
+        table.workerIdOf(slot),
+        table.dpRanks[slot]!,
+        id,
+        prefill,
+        output,
+        idleMs,
+        chain,
+        blocks,
+      ),
+    );
+  }
+
+  /**
+   * Takes back an active request a snapshot saved, idle for `idleMs` already: its load
+   * counts again until it finishes or the rest of its TTL runs out. False (nothing
+   * changed) when its worker is not here, its TTL has passed, or its id is active.
+   */
+  restoreRequest(...request: ActiveRequest): boolean {
+    const [workerId, dpRank, id, prefillTokens, outputBlocks, idleMs, chain, blocks] = request;
+    const slot = this.workerTable.find(workerId, dpRank);
+    if (slot < 0) return false;
+    return this.router.load.restore(id, slot, chain, blocks, prefillTokens, outputBlocks, idleMs);
+  }
+
+  /**
+   * A source position a snapshot saved, for the configured source of (workerId, dpRank)
+   * to start from when it is added (before `start`). Its worker takes its slot now.
+   */
+  restorePosition(position: SourcePosition): void {
+    const slot = this.addSlot(position.workerId, position.dpRank);
+    this.restoredPositions.set(slot, position);
+  }
+
+  /** The saved position waiting for (or taken up by) the source of (workerId, dpRank). */
+  restoredPositionOf(workerId: bigint, dpRank: number): SourcePosition | undefined {
+    return this.restoredPositions.get(this.workerTable.find(workerId, dpRank));
+  }
+
+  /**
+   * Warm-up (and tests): (workerId, dpRank), a routing candidate from now on, holds
+   * `tokens`' blocks as if its engine had stored them (their local hashes stand for the
+   * engine's own).
+   */
+  seedWorker(workerId: bigint, dpRank: number, tokens: Uint32Array): void {
+    const slot = this.addSlot(workerId, dpRank);
+    const { local, blockCount } = this.hash(tokens, null, null);
+    const external = local.slice(0, 2 * blockCount);
+    this.sink.storeAt(slot, false, 0, 0, external, local, blockCount, 0);
+  }
+
   // ---- Workers ----
 
   /** A worker endpoint naming a wildcard address: 403 unless ingest.allow_wildcard_endpoints. */
@@ -738,7 +825,7 @@ export class KvedgeCore {
     if (this.stopped) throw new KvedgeError("shutting_down", "kvedge is shutting down");
     const known = this.workerTable.find(entry.worker_id, entry.dp_rank);
     const approximate = known >= 0 && this.predictions.isApproximate(known);
-    const exact = known >= 0 && this.ownSource[known] !== undefined;
+    const exact = this.ownSource.get(known) !== undefined;
     if ((entry.endpoint === null && approximate) || (entry.endpoint !== null && exact)) {
       throw new KvedgeError(
         "worker_exists",
@@ -774,13 +861,12 @@ export class KvedgeCore {
 
   /** An engine without events: its slot's blocks are kvedge's predictions from now on. */
   private addApproximate(entry: WorkerEntry): void {
-    const slot = this.router.load.addWorker(entry.worker_id, entry.dp_rank);
+    const slot = this.addSlot(entry.worker_id, entry.dp_rank);
     // Nothing the slot held (a snapshot, its events as an exact worker) is known any more.
     this.sink.clearAt(slot);
     this.predictions.enable(slot, entry.capacity_blocks ?? null);
     this.router.load.setApproximate(slot, true);
-    if (entry.http_endpoint != null)
-      this.httpEndpoints.set(positionKey(entry.worker_id, entry.dp_rank), entry.http_endpoint);
+    if (entry.http_endpoint != null) this.httpEndpoints.set(slot, entry.http_endpoint);
     this.refreshDegraded(slot);
     this.log.info("approximate worker added", {
       worker_id: entry.worker_id,
@@ -797,9 +883,9 @@ export class KvedgeCore {
 
   /** Stops the source of exactly this slot (the worker becomes approximate); its index slot is cleared next. */
   private async stopOwnSource(slot: number): Promise<void> {
-    const source = this.ownSource[slot]!;
+    const source = this.ownSource.get(slot)!;
     this.sources.delete(source);
-    this.ownSource[slot] = undefined;
+    this.ownSource.delete(slot);
     this.incomplete.delete(slot);
     await source.stop();
   }
@@ -813,13 +899,12 @@ export class KvedgeCore {
       topic: entry.topic,
     };
     const source = new EngineSource(config, this.sourceOptions(config));
-    const saved = this.restoredPositions.get(positionKey(entry.worker_id, entry.dp_rank));
+    const saved = this.restoredPositions.get(known);
     if (saved !== undefined) source.restore(saved);
-    const slot = this.router.load.addWorker(entry.worker_id, entry.dp_rank);
+    const slot = this.addSlot(entry.worker_id, entry.dp_rank);
     this.sources.add(source);
-    this.ownSource[slot] = source;
-    if (entry.http_endpoint != null)
-      this.httpEndpoints.set(positionKey(entry.worker_id, entry.dp_rank), entry.http_endpoint);
+    this.ownSource.set(slot, source);
+    if (entry.http_endpoint != null) this.httpEndpoints.set(slot, entry.http_endpoint);
     this.sourceChanged(source);
     try {
       const endpoint = await source.start();
@@ -830,11 +915,11 @@ export class KvedgeCore {
       });
     } catch (error) {
       this.sources.delete(source);
-      this.ownSource[slot] = undefined;
-      this.httpEndpoints.delete(positionKey(entry.worker_id, entry.dp_rank));
-      // A slot this call took holds nothing yet; one that was there (another source's rank) stays.
-      if (known < 0) this.router.load.removeWorker(entry.worker_id, entry.dp_rank);
+      this.ownSource.delete(slot);
+      this.httpEndpoints.delete(slot);
       await source.stop();
+      // A slot this call took ends with it; one that was there (another source's rank) stays.
+      if (known < 0) this.endSlots(null, [slot]);
       throw new KvedgeError(
         "cannot_listen",
         `cannot listen to ${entry.endpoint}: ${(error as Error).message}`,
@@ -861,34 +946,50 @@ export class KvedgeCore {
     };
   }
 
-  /** Removes every dp rank of a worker: stops its sources, purges its blocks and load, frees its slots. */
+  /** Removes every dp rank of a worker: stops its sources, then ends its slots' lives. */
   async removeWorker(workerId: bigint): Promise<boolean> {
     const stopping: Promise<void>[] = [];
     for (const source of this.sources) {
       if (source.config.workerId !== workerId) continue;
       this.sources.delete(source);
-      this.httpEndpoints.delete(positionKey(workerId, source.config.dpRank));
       stopping.push(source.stop());
     }
     await Promise.all(stopping);
     const slots = this.workerTable.slotsOf(workerId);
-    for (const slot of slots) this.predictions.disable(slot);
-    this.fallback?.removeWorker(workerId, slots);
-    // The index lets go of the slots first: a slot is freed only once nothing names it.
-    this.writes.settle(); // a change that does not wait for a copy in progress
-    // (With a writer thread, its index and its own slots go when this record arrives;
-    // lookups meanwhile name no slot of this thread that is gone: they are left out.)
-    this.index.removeWorker(workerId);
-    this.options.writer?.removeWorker(workerId);
-    for (const slot of slots) {
-      this.ownSource[slot] = undefined;
-      this.incomplete.delete(slot);
-      this.router.load.removeWorker(workerId, this.workerTable.dpRankOf(slot));
-    }
-    this.observedHits.remove(workerId);
+    this.endSlots(workerId, slots);
     const found = slots.length > 0 || stopping.length > 0;
     if (found) this.log.info("worker removed", { worker_id: workerId });
     return found;
+  }
+
+  /**
+   * The one place a slot's life ends (a worker removed, `workerId`; or a slot an add took
+   * and gave back): its requests and load go, its predictions, its blocks in the index
+   * and, as the table retires it, every per-slot column. The slot is then free for the
+   * next worker at once, or, with a writer thread, once the writer's index let go of it
+   * too (WriterThread.release; lookups meanwhile leave a retired slot out).
+   */
+  private endSlots(workerId: bigint | null, slots: readonly number[]): void {
+    for (const slot of slots) {
+      this.router.load.dropSlot(slot);
+      this.predictions.disable(slot);
+    }
+    this.fallback?.dropSlots(slots);
+    const writer = this.options.writer;
+    if (writer !== undefined) return writer.release(workerId, slots);
+    this.writes.settle(); // a change that does not wait for a copy in progress
+    if (workerId !== null) this.index.removeWorker(workerId);
+    for (const slot of slots) {
+      this.index.dropSlot(slot);
+      this.workerTable.release(slot);
+    }
+  }
+
+  /** The slot of (workerId, dpRank), taken if it has none (a routing candidate from now on). */
+  private addSlot(workerId: bigint, dpRank: number): number {
+    const slot = this.workerTable.acquire(workerId, dpRank);
+    if (slot < 0) throw new RangeError(`more than ${this.workerTable.maxSlots} workers`);
+    return slot;
   }
 
   /** The engine time model the router uses for a worker: learned when calibrating, else configured. */
@@ -934,7 +1035,7 @@ export class KvedgeCore {
         httpEndpoint: this.httpEndpointOf(load.workerId, load.dpRank),
         mode: this.predictions.isApproximate(load.slot) ? "approximate" : "exact",
         predicted: this.predictedView(load.slot),
-        observed: this.observedHits.view(load.workerId, load.dpRank),
+        observed: this.observedHits.view(load.slot),
         times: this.timesOf(load.slot),
       });
     }
@@ -960,10 +1061,12 @@ export class KvedgeCore {
    * that of another rank of the same engine (one server fronts all its ranks).
    */
   httpEndpointOf(workerId: bigint, dpRank: number): string | null {
-    const own = this.httpEndpoints.get(positionKey(workerId, dpRank));
+    const own = this.httpEndpoints.get(this.workerTable.find(workerId, dpRank));
     if (own !== undefined) return own;
-    const prefix = `${workerId}:`;
-    for (const [key, endpoint] of this.httpEndpoints) if (key.startsWith(prefix)) return endpoint;
+    for (const slot of this.workerTable.slotsOf(workerId)) {
+      const endpoint = this.httpEndpoints.get(slot);
+      if (endpoint !== undefined) return endpoint;
+    }
     return null;
   }
 
@@ -991,13 +1094,9 @@ export class KvedgeCore {
   private distrusted(slot: number): boolean {
     return (
       this.sourceOf(slot)?.degraded === true ||
-      this.incomplete.has(slot) ||
+      this.incomplete.get(slot) === true ||
       // An approximate worker's shortfalls correct its predictions instead.
-      (!this.predictions.isApproximate(slot) &&
-        this.observedHits.isSuspect(
-          this.workerTable.workerIdOf(slot),
-          this.workerTable.dpRankOf(slot),
-        ))
+      (!this.predictions.isApproximate(slot) && this.observedHits.isSuspect(slot))
     );
   }
 
@@ -1008,11 +1107,8 @@ export class KvedgeCore {
       return `engine not connected (${source.state}): what it holds is unknown`;
     const sequenced = source?.sequencer.degradedReason ?? null;
     if (sequenced !== null) return sequenced;
-    if (this.incomplete.has(slot)) return BUDGET_REFUSAL;
-    const observed = this.observedHits.view(
-      this.workerTable.workerIdOf(slot),
-      this.workerTable.dpRankOf(slot),
-    );
+    if (this.incomplete.get(slot) === true) return BUDGET_REFUSAL;
+    const observed = this.observedHits.view(slot);
     if (observed.suspect) {
       const ratio =
         observed.recentRatio === null ? "" : ` (${Math.round(100 * observed.recentRatio)}%)`;
@@ -1023,7 +1119,7 @@ export class KvedgeCore {
 
   /** The source publishing a slot: its own, or the worker's source that reported that rank. */
   private sourceOf(slot: number): EngineSource | undefined {
-    const own = this.ownSource[slot];
+    const own = this.ownSource.get(slot);
     if (own !== undefined) return own;
     const workerId = this.workerTable.workerIdOf(slot);
     const dpRank = this.workerTable.dpRankOf(slot);
@@ -1040,8 +1136,7 @@ export class KvedgeCore {
    */
   private sourceChanged(source: EngineSource): void {
     for (const dpRank of source.ranks) {
-      const slot = this.router.load.addWorker(source.config.workerId, dpRank);
-      this.setTrust(slot);
+      this.setTrust(this.addSlot(source.config.workerId, dpRank));
     }
   }
 
@@ -1054,21 +1149,27 @@ export class KvedgeCore {
       refused: (slot, blocks) => this.refuseStore(slot, blocks),
       // Holding nothing is known exactly: refused stores no longer matter.
       cleared: (slot) => {
-        if (this.incomplete.delete(slot)) this.refreshDegraded(slot);
+        if (this.incomplete.get(slot) === undefined) return;
+        this.incomplete.delete(slot);
+        this.refreshDegraded(slot);
       },
     });
   }
 
   private refuseStore(slot: number, blocks: number): void {
     this.budget.refuse(blocks);
-    if (this.incomplete.has(slot)) return;
-    this.incomplete.add(slot);
+    if (this.incomplete.get(slot) === true) return;
+    this.incomplete.set(slot, true);
     this.log.warn("index memory budget reached: stores refused, worker degraded", {
       worker_id: this.workerTable.workerIdOf(slot),
       dp_rank: this.workerTable.dpRankOf(slot),
       budget_bytes: this.budget.budgetBytes,
     });
     this.refreshDegraded(slot);
+  }
+
+  private refreshDegraded(slot: number): void {
+    if (this.workerTable.isLive(slot)) this.setTrust(slot);
   }
 
   /**
@@ -1098,12 +1199,6 @@ export class KvedgeCore {
     return held === undefined || held.blocks === 0
       ? null
       : Math.max(CAPACITY_FLOOR_BLOCKS, held.blocks);
-  }
-
-  private refreshDegraded(slot: number): void {
-    const workerId = this.workerTable.workerIdOf(slot);
-    const loadSlot = this.router.load.slotOf(workerId, this.workerTable.dpRankOf(slot));
-    if (loadSlot >= 0) this.setTrust(loadSlot);
   }
 }
 

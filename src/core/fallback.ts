@@ -57,10 +57,12 @@ export class DegradedFallback {
     this.live += on ? 1 : -1;
   }
 
-  /** The worker is gone: its predictions and its slots' state here. */
-  removeWorker(workerId: bigint, slots: readonly number[]): void {
-    for (const slot of slots) this.set(slot, false, null);
-    this.index.removeWorker(workerId);
+  /** The slots' lives end (KvedgeCore.endSlots): their predictions and their state here go. */
+  dropSlots(slots: readonly number[]): void {
+    for (const slot of slots) {
+      this.set(slot, false, null);
+      this.index.dropSlot(slot);
+    }
   }
 
   /**

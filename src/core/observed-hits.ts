@@ -21,7 +21,11 @@
  * predicted (under half, over every answer) is what a tokenizer or chat-template
  * mismatch looks like: the index holds the engine's tokens, the router queries with
  * others. That is logged and shown (`underPredicted`); discounting would not help.
+ *
+ * Kept per worker slot, in a column of the core's worker table: a removed worker's
+ * record goes with its slot, and the next worker in the slot starts afresh.
  */
+import type { SlotColumn, WorkerTable } from "../domain/worker-table";
 import type { Logger } from "../util/log";
 
 export interface ObservedHitsOptions {
@@ -30,8 +34,10 @@ export interface ObservedHitsOptions {
   /** Answers the weighted sums span, and the fewest judged on. */
   readonly window: number;
   readonly log: Logger;
+  /** The worker numbering answers are recorded by (slots); it names them in log lines. */
+  readonly table: WorkerTable;
   /** Told when a worker's flag changes. */
-  readonly onChange: (workerId: bigint, dpRank: number, suspect: boolean) => void;
+  readonly onChange: (slot: number, suspect: boolean) => void;
 }
 
 /**
@@ -88,34 +94,27 @@ const EMPTY: ObservedHitsView = {
   underPredicted: false,
 };
 
-const keyOf = (workerId: bigint, dpRank: number): string => `${workerId}:${dpRank}`;
-
 export class ObservedHits {
-  private readonly workers = new Map<string, WorkerHits>();
+  private readonly workers: SlotColumn<WorkerHits>;
   private readonly decay: number;
 
   constructor(private readonly options: ObservedHitsOptions) {
     this.decay = 1 - 1 / options.window;
+    this.workers = options.table.column();
   }
 
   /**
    * One answer: its prompt's tokens, those predicted cached at routing, and what it
    * reported. Returns the cached count it judged by (null: none).
    */
-  record(
-    workerId: bigint,
-    dpRank: number,
-    prompt: number,
-    predicted: number,
-    report: CachedReport,
-  ): number | null {
-    const hits = this.hitsOf(workerId, dpRank);
+  record(slot: number, prompt: number, predicted: number, report: CachedReport): number | null {
+    const hits = this.hitsOf(slot);
     hits.answers++;
     if (report === "bad") {
       if (hits.bad++ === 0) {
         this.options.log.warn(
           "an answer's usage.prompt_tokens_details.cached_tokens is not an integer in [0, prompt tokens]: ignored",
-          { worker_id: workerId, dp_rank: dpRank },
+          this.named(slot),
         );
       }
       return null;
@@ -126,7 +125,7 @@ export class ObservedHits {
         this.options.log.warn(
           "an answer carries no usage.prompt_tokens_details.cached_tokens: observed hits unknown for this worker" +
             " (vLLM reports it with --enable-prompt-tokens-details)",
-          { worker_id: workerId, dp_rank: dpRank },
+          this.named(slot),
         );
       }
       return null;
@@ -138,18 +137,17 @@ export class ObservedHits {
     hits.observed += observed;
     hits.allPredicted = hits.allPredicted * this.decay + predicted;
     hits.allObserved = hits.allObserved * this.decay + observed;
-    this.checkUnderPredicted(workerId, dpRank, hits);
+    this.checkUnderPredicted(slot, hits);
     if (predicted <= 0) return observed;
     hits.judged++;
     hits.weightedPredicted = hits.weightedPredicted * this.decay + predicted;
     hits.weightedObserved = hits.weightedObserved * this.decay + Math.min(observed, predicted);
-    this.judge(workerId, dpRank, hits);
+    this.judge(slot, hits);
     return observed;
   }
 
-  private hitsOf(workerId: bigint, dpRank: number): WorkerHits {
-    const key = keyOf(workerId, dpRank);
-    let hits = this.workers.get(key);
+  private hitsOf(slot: number): WorkerHits {
+    let hits = this.workers.get(slot);
     if (hits === undefined) {
       hits = {
         answers: 0,
@@ -167,13 +165,13 @@ export class ObservedHits {
         allObserved: 0,
         underPredicted: false,
       };
-      this.workers.set(key, hits);
+      this.workers.set(slot, hits);
     }
     return hits;
   }
 
-  view(workerId: bigint, dpRank: number): ObservedHitsView {
-    const hits = this.workers.get(keyOf(workerId, dpRank));
+  view(slot: number): ObservedHitsView {
+    const hits = this.workers.get(slot);
     if (hits === undefined) return EMPTY;
     return {
       answers: hits.answers,
@@ -189,14 +187,8 @@ export class ObservedHits {
     };
   }
 
-  isSuspect(workerId: bigint, dpRank: number): boolean {
-    return this.workers.get(keyOf(workerId, dpRank))?.suspect === true;
-  }
-
-  /** Forgets a removed worker (every dp rank). */
-  remove(workerId: bigint): void {
-    const prefix = `${workerId}:`;
-    for (const key of this.workers.keys()) if (key.startsWith(prefix)) this.workers.delete(key);
+  isSuspect(slot: number): boolean {
+    return this.workers.get(slot)?.suspect === true;
   }
 
   /** Workers tracked (for tests of bounded state). */
@@ -204,7 +196,13 @@ export class ObservedHits {
     return this.workers.size;
   }
 
-  private checkUnderPredicted(workerId: bigint, dpRank: number, hits: WorkerHits): void {
+  /** A slot's worker, as log lines name it. */
+  private named(slot: number): { worker_id: bigint; dp_rank: number } {
+    const table = this.options.table;
+    return { worker_id: table.workerIdOf(slot), dp_rank: table.dpRankOf(slot) };
+  }
+
+  private checkUnderPredicted(slot: number, hits: WorkerHits): void {
     if (hits.answers - hits.withoutUsage - hits.bad < this.options.window) return;
     const under = hits.allObserved > 0 && hits.allPredicted < hits.allObserved / 2;
     if (under === hits.underPredicted) return;
@@ -213,16 +211,11 @@ export class ObservedHits {
     this.options.log.warn(
       "the engine serves far more from its cache than the router predicted: the router's tokens are likely not" +
         " the engine's (check proxy.tokenizer and the chat template against the engine's model)",
-      {
-        worker_id: workerId,
-        dp_rank: dpRank,
-        predicted_tokens: hits.predicted,
-        observed_tokens: hits.observed,
-      },
+      { ...this.named(slot), predicted_tokens: hits.predicted, observed_tokens: hits.observed },
     );
   }
 
-  private judge(workerId: bigint, dpRank: number, hits: WorkerHits): void {
+  private judge(slot: number, hits: WorkerHits): void {
     const { floor, window } = this.options;
     if (floor <= 0 || hits.judged < window) return;
     const ratio = hits.weightedObserved / hits.weightedPredicted;
@@ -230,8 +223,7 @@ export class ObservedHits {
     if (suspect === hits.suspect) return;
     hits.suspect = suspect;
     const fields = {
-      worker_id: workerId,
-      dp_rank: dpRank,
+      ...this.named(slot),
       observed_ratio: Number(ratio.toFixed(3)),
       floor,
       predicted_tokens: hits.predicted,
@@ -249,6 +241,6 @@ export class ObservedHits {
         fields,
       );
     }
-    this.options.onChange(workerId, dpRank, suspect);
+    this.options.onChange(slot, suspect);
   }
 }

@@ -1,11 +1,13 @@
 /**
  * The index as the main thread sees it when the writer thread owns it
  * (runtime.index_threads = 1): lookups read the writer's crtc in shared memory without
- * locks (src/index/crtc/shared.ts), and the answer's worker handles are turned into
- * this thread's worker slots (the router's numbering) by (worker id, dp rank); counts
- * and per-worker blocks are the writer's, as of its last drain (status messages).
- * Writes go through the event ring, never through here; a dump or a freeze of the
- * writer's index is not available on this thread (serve refuses state.dir with it).
+ * locks (src/index/crtc/shared.ts). The writer writes in this thread's slots (its table
+ * adopts the ones this table assigns: src/runtime/writer.ts), so an answer's slots are
+ * the router's as they are; only slots whose worker is gone here, or whose slot went to
+ * another worker since (a stale generation stamp), are left out. Counts and per-worker
+ * blocks are the writer's, as of its last drain (status messages). Writes go through the
+ * event ring, never through here; a dump or a freeze of the writer's index is not
+ * available on this thread (serve refuses state.dir with it).
  */
 import { KvedgeError } from "../domain/errors";
 import type { WorkerTable } from "../domain/worker-table";
@@ -16,7 +18,7 @@ import {
   type IndexCounters,
   type IndexStats,
   type KvIndex,
-  MatchResult,
+  type MatchResult,
   newCounters,
   type StoreStatus,
   type TierMatches,
@@ -30,6 +32,8 @@ export interface IndexStatus {
   readonly workers: WorkerInfo[];
   readonly refusedEvents: number;
   readonly refusedBlocks: number;
+  /** Slots the writer's table holds (it adopts them from this thread's, forgets them when told). */
+  readonly slots: number;
 }
 
 const ON_WRITER = "the index is written on the writer thread (runtime.index_threads = 1)";
@@ -39,18 +43,10 @@ export class ThreadedIndex implements KvIndex {
   readonly counters: IndexCounters = newCounters();
   private statsNow: IndexStats;
   private workersNow: WorkerInfo[] = [];
-  private readonly scratch = new MatchResult(64);
-  /**
-   * Per writer handle, the slot here it mapped to last, with what proves it still holds:
-   * the reader's id object for the handle (the same object while the handle names the
-   * same worker), the dp rank, and the slot's generation here (changed if recycled).
-   */
-  private handleIds: (bigint | undefined)[] = [];
-  private handleRanks = new Int32Array(64);
-  private handleSlots = new Int32Array(64);
-  private handleGenerations = new Float64Array(64);
   refusedEvents = 0;
   refusedBlocks = 0;
+  /** Slots the writer's table holds, as of its last drain. */
+  writerSlots = 0;
 
   constructor(
     readonly blockSize: number,
@@ -77,57 +73,22 @@ export class ThreadedIndex implements KvIndex {
     this.workersNow = status.workers;
     this.refusedEvents = status.refusedEvents;
     this.refusedBlocks = status.refusedBlocks;
+    this.writerSlots = status.slots;
   }
 
-  /** One event boundary's answer, in this thread's slots; workers not known here are left out. */
+  /** One event boundary's answer; slots no longer naming the worker they named then are left out. */
   findMatches(local: Uint32Array, count: number, out: MatchResult, chain?: Uint32Array): void {
     const reader = this.reader;
-    const found = this.scratch;
-    reader.findMatches(local, count, found, chain);
-    out.ensure(found.count);
+    const table = this.workerTable;
+    reader.findMatches(local, count, out, chain);
     let n = 0;
-    for (let i = 0; i < found.count; i++) {
-      const slot = this.slotOf(found.workers[i]!);
-      if (slot < 0) continue;
+    for (let i = 0; i < out.count; i++) {
+      const slot = out.workers[i]!;
+      if (!table.isCurrent(slot, reader.stampOf(slot))) continue;
       out.workers[n] = slot;
-      out.blocks[n] = found.blocks[i]!;
-      n++;
+      out.blocks[n++] = out.blocks[i]!;
     }
     out.count = n;
-  }
-
-  /** This thread's slot of a writer handle in the last answer, or -1 (a worker not known here). */
-  private slotOf(handle: number): number {
-    const reader = this.reader;
-    const table = this.workerTable;
-    const id = reader.workerIdOf(handle);
-    const rank = reader.dpRankOf(handle);
-    const known = handle < this.handleSlots.length && this.handleIds[handle] === id;
-    if (known && this.handleRanks[handle] === rank) {
-      const cached = this.handleSlots[handle]!;
-      if (cached >= 0 && table.generation[cached] === this.handleGenerations[handle]) return cached;
-    }
-    const slot = table.find(id, rank);
-    if (slot < 0) return -1;
-    if (handle >= this.handleSlots.length) this.growHandles(handle + 1);
-    this.handleIds[handle] = id;
-    this.handleRanks[handle] = rank;
-    this.handleSlots[handle] = slot;
-    this.handleGenerations[handle] = table.generation[slot]!;
-    return slot;
-  }
-
-  private growHandles(size: number): void {
-    let length = this.handleSlots.length;
-    while (length < size) length *= 2;
-    const grow = <T extends Int32Array | Float64Array>(old: T, make: (n: number) => T): T => {
-      const next = make(length);
-      next.set(old);
-      return next;
-    };
-    this.handleRanks = grow(this.handleRanks, (n) => new Int32Array(n));
-    this.handleSlots = grow(this.handleSlots, (n) => new Int32Array(n));
-    this.handleGenerations = grow(this.handleGenerations, (n) => new Float64Array(n));
   }
 
   workerIdOf(handle: number): bigint {
@@ -146,8 +107,11 @@ export class ThreadedIndex implements KvIndex {
     return this.workersNow;
   }
 
-  /** The writer removes the worker's blocks when its record arrives (WriterThread.removeWorker). */
+  /** The writer removes the worker's blocks when its record arrives (WriterThread.release). */
   removeWorker(): void {}
+
+  /** The writer drops the slot's blocks when its record arrives (WriterThread.release). */
+  dropSlot(): void {}
 
   applyStored(): StoreStatus {
     throw new Error(ON_WRITER);

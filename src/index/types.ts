@@ -337,6 +337,11 @@ export interface KvIndex {
   /** Every dp rank of the worker goes, as if cleared, and its slots are freed. */
   removeWorker(workerId: bigint): void;
   /**
+   * The slot's worker is gone: its blocks and per-slot state go, as `removeWorker` for
+   * one (worker, dp rank); a table the index does not own is left to its owner to free.
+   */
+  dropSlot(slot: number): void;
+  /**
    * The three events for a worker already resolved to its slot in `workerTable` (what
    * ingest writes): slot -1 means the worker has no slot and cannot get one (the table
    * is full). The methods above resolve the worker, then call these.

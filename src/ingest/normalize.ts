@@ -67,7 +67,7 @@ import type { WorkerTable } from "../domain/worker-table";
 import { TIER_ANY, TIER_DEVICE, TIER_EXTERNAL } from "../index/types";
 import { capacityFor, mix, TABLE_CAPACITY_MIN } from "../util/tables";
 import { AMBIGUOUS, NamespaceTable } from "./namespace";
-import { RankSlots } from "./rank-slots";
+import { RankSlots, type SlotAcquire } from "./rank-slots";
 
 /**
  * Where normalized operations go: the index's slot methods, in their argument order
@@ -78,6 +78,8 @@ import { RankSlots } from "./rank-slots";
  */
 export interface KvEventSink {
   readonly workerTable: WorkerTable;
+  /** How a dp rank new to the table gets its slot (default: `workerTable.acquire`). */
+  readonly acquire?: SlotAcquire;
   /** Blocks stored in chain order after the parent (`hasParent` false = the root). */
   storeAt(
     slot: number,
@@ -271,7 +273,13 @@ export class KvEventNormalizer {
 
   constructor(options: NormalizerOptions) {
     if (!(options.blockSize > 0)) throw new RangeError("blockSize must be positive");
-    this.rankSlots = new RankSlots(options.sink.workerTable, options.workerId, options.dpRank);
+    const sink = options.sink;
+    this.rankSlots = new RankSlots(
+      sink.workerTable,
+      options.workerId,
+      options.dpRank,
+      sink.acquire,
+    );
     this.dpRank = options.dpRank;
     this.blockSize = options.blockSize;
     this.sink = options.sink;

@@ -19,7 +19,6 @@ export {
   type LoadTrackerOptions,
   REQUEST_ID_LENGTH_MAX,
   type WorkerLoad,
-  WORKERS_MAX,
 } from "./load";
 export {
   type Candidate,

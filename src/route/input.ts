@@ -2,7 +2,7 @@
  * Adapters from what the server and the index have to what the router takes.
  */
 import { blockCount, chainHashes, hashBlocks, type Seed } from "../hash";
-import type { LoadTracker } from "./load";
+import type { WorkerTable } from "../domain/worker-table";
 import type { Overlaps } from "./router";
 
 /** One worker's overlap as an index reports it at the API edge. */
@@ -13,12 +13,12 @@ export interface WorkerOverlap {
 }
 
 /**
- * Overlaps keyed by router slot, from per-worker scores. Workers the router does not
+ * Overlaps keyed by router slot, from per-worker scores. Workers the table does not
  * know are skipped and counted in `unknown` (the index may still hold blocks of a
  * worker that was just removed).
  */
 export function overlapsOf(
-  load: LoadTracker,
+  table: WorkerTable,
   scores: readonly WorkerOverlap[],
 ): Overlaps & { unknown: number } {
   const slots = new Int32Array(scores.length);
@@ -26,7 +26,7 @@ export function overlapsOf(
   let count = 0;
   let unknown = 0;
   for (const score of scores) {
-    const slot = load.slotOf(score.workerId, score.dpRank);
+    const slot = table.find(score.workerId, score.dpRank);
     if (slot < 0) {
       unknown++;
       continue;

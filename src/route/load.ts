@@ -10,11 +10,12 @@
  * is on. A request never finished expires `requestTtlMs` after its last lifecycle call.
  *
  * Workers are the slots of a WorkerTable (src/domain/worker-table.ts; the core's, shared
- * with the index, or one of the tracker's own). Every live slot of the table is a
- * routing candidate. Load lives in per-slot typed arrays, read by the routing loop
- * without lookups, grown to the table's capacity by `syncSlots`. A slot is released
- * only after its requests are dropped and its arrays zeroed (`removeWorker`), so a
- * reused slot inherits nothing.
+ * with the index, or one of the tracker's own): whoever owns the table gives and frees
+ * slots, and every live slot is a routing candidate. The tracker knows workers by slot
+ * only. Load lives in per-slot typed arrays, read by the routing loop without lookups,
+ * grown to the table's capacity by `syncSlots`. A slot's owner frees it only after
+ * `dropSlot` dropped its requests and zeroed its arrays, so a reused slot inherits
+ * nothing.
  *
  * The requests themselves (ids, records, touch order) are kept by ./requests.ts; this
  * file decides what each lifecycle call does to a worker's load, and when a request
@@ -59,8 +60,6 @@ import { UnguessableIds } from "../util/random";
 
 export { FINISHED_REMEMBERED_MAX, INITIAL_RECORDS };
 
-/** Slots are u16 in the index; the router uses the same bound. */
-export const WORKERS_MAX = 65_535;
 /** Client-supplied request ids longer than this are refused. */
 export const REQUEST_ID_LENGTH_MAX = 256;
 export const DEFAULT_REQUEST_TTL_MS = 300_000;
@@ -333,45 +332,18 @@ export class LoadTracker {
     return this.table.dpRanks;
   }
 
-  /** The worker's slot, or -1. */
-  slotOf(workerId: bigint, dpRank: number): number {
-    return this.table.find(workerId, dpRank);
-  }
-
-  workerIdOf(slot: number): bigint {
-    return this.table.workerIdOf(slot);
-  }
-
-  /** `workerIdOf` as a decimal string. */
-  workerIdTextOf(slot: number): string {
-    return this.table.workerIdTextOf(slot);
-  }
-
-  /** Adds a worker (idempotent: a known one keeps its slot and load). Returns its slot. */
-  addWorker(workerId: bigint, dpRank: number): number {
-    if (workerId < 0n || workerId >= 1n << 64n)
-      throw new RangeError(`worker id ${workerId} is not a u64`);
-    if (!Number.isInteger(dpRank) || dpRank < 0 || dpRank > 0xffff_ffff)
-      throw new RangeError(`dp rank ${dpRank} is not a u32`);
-    const known = this.slotOf(workerId, dpRank);
-    if (known >= 0) return known;
-    if (this.liveCount >= WORKERS_MAX) throw new RangeError(`more than ${WORKERS_MAX} workers`);
-    const slot = this.table.acquire(workerId, dpRank);
-    if (slot < 0) throw new RangeError(`more than ${this.table.maxSlots} workers`);
-    this.syncSlots();
-    return slot;
-  }
-
   /**
-   * Removes a worker: drops its requests, zeroes its load and releases its slot in the
-   * table (whose other holders, the index, must hold nothing of it). False if unknown.
+   * A worker's life ends (src/core ends it): drops its requests, own and peers', and
+   * zeroes its load, so a slot given to another worker inherits nothing. The table's
+   * owner then frees the slot. Returns how many own requests were dropped.
    */
-  removeWorker(workerId: bigint, dpRank: number): boolean {
-    const slot = this.slotOf(workerId, dpRank);
-    if (slot < 0) return false;
+  dropSlot(slot: number): number {
+    this.assertLive(slot);
     this.syncSlots();
+    let dropped = 0;
     if (this.activeRequests[slot]! > 0) {
-      this.counters.droppedWithWorker += this.dropOnSlot(this.records, OWN, slot);
+      dropped = this.dropOnSlot(this.records, OWN, slot);
+      this.counters.droppedWithWorker += dropped;
       for (let origin = 1; origin < this.origins.length; origin++) {
         const peer = this.origins[origin];
         if (peer)
@@ -387,8 +359,7 @@ export class LoadTracker {
     this.approximate[slot] = 0;
     this.fallback[slot] = 0;
     this.routedTotal[slot] = 0;
-    this.table.release(slot);
-    return true;
+    return dropped;
   }
 
   /** Releases every request of one origin on `slot`; returns how many. */
@@ -766,6 +737,7 @@ export class LoadTracker {
     touched: number,
   ): number {
     const { chain, blocks, prefillTokens, outputBlocks } = load;
+    this.syncSlots(); // a slot the index or the core took since the last decision
     const added = this.blocks.add(slot, chain, blocks, this.holder);
     // After anything that can throw: a record is live once taken.
     const record = store.add(requestId, key, idCheck, slot, touched);

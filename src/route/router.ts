@@ -429,7 +429,7 @@ export class Router {
     return {
       requestId,
       slot: best,
-      workerId: load.workerIdOf(best),
+      workerId: load.table.workerIdOf(best),
       dpRank: load.dpRanks[best]!,
       overlapBlocks: this.reportedOverlap(best),
       pendingBlocks: this.depthBySlot[best]!,
@@ -954,7 +954,7 @@ export class Router {
       const slot = order[i]!;
       if (!predictedAll) this.ttftBySlot[slot] = this.predict(slot, tokenCount);
       list.slots[i] = slot;
-      list.workerIds[i] = load.workerIdOf(slot);
+      list.workerIds[i] = load.table.workerIdOf(slot);
       list.dpRanks[i] = load.dpRanks[slot]!;
       list.overlapBlocks[i] = this.reportedOverlap(slot);
       list.overlapKinds[i] = overlapKindOf(load, slot);

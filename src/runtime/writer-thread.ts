@@ -6,9 +6,14 @@
  * a stream (metrics, /v1/workers) is the mirror the writer's status messages keep: one
  * consistent view per stream, as of the writer's last drain.
  *
- * Control records (add, remove, restore) and connects must not be dropped like batches
- * at a full ring: they wait in a backlog, written before anything else, retried every
- * few ms.
+ * Control records (add, remove, restore, release) and connects must not be dropped like
+ * batches at a full ring: they wait in a backlog, written before anything else, retried
+ * every few ms.
+ *
+ * This thread's worker table (`workers`: the core's) numbers the writer's workers too:
+ * a stream's add record carries its configured rank's slot, a rank the writer first
+ * sees in a batch is asked here (`answerSlot`), and a slot whose life ended here is
+ * retired until the writer answers that its index let go (`release`), then freed.
  */
 import { NormalizeCounters } from "../ingest/normalize";
 import { SequencerCounters } from "../ingest/sequencer";
@@ -24,7 +29,14 @@ import { createRingBuffers, RecordKind, RING_MAX_STREAMS, RingProducer } from ".
 import { type KvedgeThread, startThread } from "./threads";
 import type { SharedIndexDescriptor } from "../index/crtc/shared";
 import type { IndexStatus } from "../index/threaded-index";
-import type { StreamStatus, WriterControl, WriterStart, WriterToMain } from "./writer";
+import { WorkerTable } from "../domain/worker-table";
+import {
+  SlotAnswer,
+  type StreamStatus,
+  type WriterControl,
+  type WriterStart,
+  type WriterToMain,
+} from "./writer";
 
 const encoder = new TextEncoder();
 const BACKLOG_RETRY_MS = 5;
@@ -49,6 +61,9 @@ export class RingStream implements StreamInput, StreamView {
   constructor(
     private readonly owner: WriterThread,
     readonly id: number,
+    /** Tells this stream from an earlier one of the same id (the writer's slot asks name it). */
+    readonly serial: number,
+    readonly workerId: bigint,
     dpRank: number,
     readonly transport: ReplayTransport,
     readonly changed: () => void,
@@ -127,15 +142,18 @@ export class RingStream implements StreamInput, StreamView {
   }
 }
 
-export interface WriterThreadOptions extends Omit<WriterStart, "ring"> {
+export interface WriterThreadOptions extends Omit<WriterStart, "ring" | "slotAnswers"> {
   readonly ringBytes: number;
   readonly cpus: readonly number[] | null;
+  /** The worker numbering the writer writes in (the core takes it); default: a new one. */
+  readonly workers?: WorkerTable;
 }
 
 export class WriterThread {
   readonly producer: RingProducer;
   private readonly streams = new Map<number, RingStream>();
   private nextId = 0;
+  private streamSerial = 0;
   /**
    * Ids of removed streams, reused (most recent first): safe, as the ring is in order,
    * so the writer sees the old stream's remove before the new one's add.
@@ -167,6 +185,9 @@ export class WriterThread {
   private constructor(
     private readonly thread: KvedgeThread,
     producer: RingProducer,
+    /** The one worker numbering: the writer's slots are this table's. */
+    readonly workers: WorkerTable,
+    private readonly slotAnswer: SlotAnswer,
   ) {
     this.producer = producer;
     thread.onMessage = (body) => this.message(body as WriterToMain);
@@ -174,11 +195,14 @@ export class WriterThread {
 
   static async start(options: WriterThreadOptions): Promise<WriterThread> {
     const ring = createRingBuffers(options.ringBytes);
-    const { ringBytes: _bytes, cpus, ...rest } = options;
-    const data: WriterStart = { ...rest, ring };
+    const slotAnswers = new SharedArrayBuffer(SlotAnswer.BYTES);
+    const { ringBytes: _bytes, cpus, workers, ...rest } = options;
+    const data: WriterStart = { ...rest, ring, slotAnswers };
     const thread = await startThread({ role: "writer", cpus, data });
     // One wake per socket read: the notify waits for the end of the task that wrote.
-    const writer = new WriterThread(thread, new RingProducer(ring, true));
+    const producer = new RingProducer(ring, true);
+    const table = workers ?? new WorkerTable();
+    const writer = new WriterThread(thread, producer, table, new SlotAnswer(slotAnswers));
     if (options.sharedReaders > 0) await writer.indexDescribed();
     return writer;
   }
@@ -188,14 +212,16 @@ export class WriterThread {
     return (transport, changed) => {
       const id = this.freeIds.pop() ?? this.nextId++;
       if (id >= WRITER_STREAM) throw new RangeError(`over ${WRITER_STREAM} engine streams at once`);
-      const stream = new RingStream(this, id, config.dpRank, transport, changed);
+      const { workerId, dpRank } = config;
+      const serial = ++this.streamSerial;
+      const stream = new RingStream(this, id, serial, workerId, dpRank, transport, changed);
       this.streams.set(id, stream);
-      this.control(id, {
-        op: "add",
-        workerId: config.workerId.toString(),
-        dpRank: config.dpRank,
-        replay: transport.requestReplay !== undefined,
-      });
+      // The configured rank's slot goes with the stream (a full table: -1, refused there).
+      const slot = this.workers.acquire(workerId, dpRank);
+      const generation = slot < 0 ? 0 : this.workers.generation[slot]!;
+      const replay = transport.requestReplay !== undefined;
+      const add = { workerId: workerId.toString(), dpRank, replay, serial, slot, generation };
+      this.control(id, { op: "add", ...add });
       return stream;
     };
   }
@@ -222,9 +248,31 @@ export class WriterThread {
     this.flush();
   }
 
-  /** The writer drops the worker's blocks and slots (after its streams' remove records). */
-  removeWorker(workerId: bigint): void {
-    this.control(WRITER_STREAM, { op: "removeWorker", workerId: workerId.toString() });
+  /**
+   * Ends the lives of live `slots` (nothing on this thread names them any more): they
+   * are retired now, their blocks leave the writer's index when the record arrives (with
+   * `workerId`, every rank of that worker's, after its streams' remove records), and
+   * they are freed for other workers once the writer answers.
+   */
+  release(workerId: bigint | null, slots: readonly number[]): void {
+    for (const slot of slots) this.workers.retire(slot);
+    const id = workerId === null ? null : workerId.toString();
+    this.control(WRITER_STREAM, { op: "release", workerId: id, slots: [...slots] });
+  }
+
+  /**
+   * The writer asks for the slot of a rank stream `stream` first saw: acquired here (so
+   * it is a routing candidate at once) unless that stream is gone, answered in shared
+   * memory, then the stream's source is told (the core gives the rank its trust).
+   */
+  private answerSlot(ask: Extract<WriterToMain, { t: "slot" }>): void {
+    const stream = this.streams.get(ask.stream);
+    const open = stream !== undefined && stream.serial === ask.serial;
+    const slot = open ? this.workers.acquire(stream.workerId, ask.dpRank) : -1;
+    this.slotAnswer.answer(ask.seq, slot, slot < 0 ? 0 : this.workers.generation[slot]!);
+    if (slot < 0 || stream!.ranks.includes(ask.dpRank)) return;
+    stream!.ranks = [...stream!.ranks, ask.dpRank];
+    stream!.changed();
   }
 
   forget(id: number): void {
@@ -257,7 +305,7 @@ export class WriterThread {
     await this.thread.stop();
   }
 
-  /** Writes the backlog, then the LOSS records owed; retries later what still does not fit. */
+  /** Resolves once the writer posted its shared index's descriptor. */
   private indexDescribed(): Promise<void> {
     return new Promise((resolve, reject) => {
       if (this.descriptor !== null) return resolve();
@@ -266,6 +314,7 @@ export class WriterThread {
     });
   }
 
+  /** Writes the backlog, then the LOSS records owed; retries later what still does not fit. */
   private flush(): void {
     while (this.backlog.length > 0) {
       const { kind, id, payload } = this.backlog[0]!;
@@ -295,6 +344,11 @@ export class WriterThread {
       }
       case "cancel":
         this.streams.get(message.stream)?.transport.cancelReplay();
+        return;
+      case "slot":
+        return this.answerSlot(message);
+      case "released":
+        for (const slot of message.slots) this.workers.free(slot);
         return;
       case "status":
         for (const status of message.streams) {

@@ -7,10 +7,19 @@
  * counters) it posts after each drain that changed it; replay requests go the same
  * way, tagged with a generation so that replies of an abandoned replay, still in the
  * ring, are recognized and dropped. ./writer-thread.ts is the other end.
+ *
+ * The writer numbers no worker: its table follows the main thread's. A stream's add
+ * record carries its configured rank's slot; a rank first seen in a batch is asked of
+ * the main thread (a message), and the writer waits for the answer in shared memory
+ * before it writes that rank's first operation (once per rank: the main thread answers
+ * within a turn of its event loop). A slot leaves this table only when the main thread
+ * says so (a release record), and the main thread gives it to another worker only once
+ * the writer answered that it let go. So every slot in the shared index is the main
+ * thread's slot for the same worker, and lookups on any thread need no translation.
  */
 import { type LoraAdapter, LoraAdapters } from "../hash";
 import { BUDGET_REFUSAL, budgetedSink } from "../ingest/budgeted-sink";
-import { WorkerTable } from "../domain/worker-table";
+import { SLOT_LIMIT, WorkerTable } from "../domain/worker-table";
 import { createIndex, type KvIndex } from "../index";
 import { IndexBudget } from "../index/budget";
 import {
@@ -51,7 +60,47 @@ export interface WriterStart {
    * 0 = a private index of `backend`.
    */
   readonly sharedReaders: number;
+  /** Where the main thread answers a slot asked for (`SlotAnswer`). */
+  readonly slotAnswers: SharedArrayBuffer;
 }
+
+/**
+ * The main thread's answer to the writer's last `slot` message, in shared memory (the
+ * writer waits on it): Int32 words [seq answered, slot], then the slot's generation as a
+ * float64 at byte 8.
+ */
+export class SlotAnswer {
+  static readonly BYTES = 16;
+  readonly words: Int32Array;
+  readonly generation: Float64Array;
+
+  constructor(readonly buffer: SharedArrayBuffer) {
+    this.words = new Int32Array(buffer, 0, 2);
+    this.generation = new Float64Array(buffer, 8, 1);
+  }
+
+  /** The main thread's side: the answer to ask `seq`, then a wake. */
+  answer(seq: number, slot: number, generation: number): void {
+    this.generation[0] = generation;
+    this.words[1] = slot;
+    Atomics.store(this.words, 0, seq);
+    Atomics.notify(this.words, 0);
+  }
+
+  /** The writer's side: waits up to `ms` for the answer to `seq`; false on a timeout. */
+  wait(seq: number, ms: number): boolean {
+    const deadline = performance.now() + ms;
+    for (;;) {
+      const answered = Atomics.load(this.words, 0);
+      if (answered === seq) return true;
+      const left = deadline - performance.now();
+      if (left <= 0 || Atomics.wait(this.words, 0, answered, left) === "timed-out") return false;
+    }
+  }
+}
+
+/** How long the writer waits for a slot (the main thread stuck this long is a fault). */
+const SLOT_WAIT_MS = 10_000;
 
 /** CONTROL records' payloads (JSON; ids as decimal text). */
 export type WriterControl =
@@ -60,6 +109,11 @@ export type WriterControl =
       readonly workerId: string;
       readonly dpRank: number;
       readonly replay: boolean;
+      /** Tells this stream from an earlier one of the same id (the main thread's count). */
+      readonly serial: number;
+      /** The configured rank's slot and generation in the main thread's table (-1: none). */
+      readonly slot: number;
+      readonly generation: number;
     }
   | { readonly op: "remove" }
   | {
@@ -70,8 +124,12 @@ export type WriterControl =
       readonly ranks: number[];
     }
   | { readonly op: "dump" }
-  /** Every dp rank of the worker goes from the index, and its slots from the writer's table. */
-  | { readonly op: "removeWorker"; readonly workerId: string }
+  /**
+   * The main thread ended these slots' lives: their blocks go from the index (with
+   * `workerId`, every dp rank of that worker's, as a removed worker's), they leave this
+   * table, and the answer (`released`) lets the main thread give them out again.
+   */
+  | { readonly op: "release"; readonly workerId: string | null; readonly slots: number[] }
   | { readonly op: "stop" };
 
 /** One stream as the main thread mirrors it. */
@@ -99,6 +157,15 @@ export type WriterToMain =
       readonly generation: number;
     }
   | { readonly t: "cancel"; readonly stream: number }
+  /** A rank first seen in stream `stream` (of `serial`) needs a slot: answered in `SlotAnswer`. */
+  | {
+      readonly t: "slot";
+      readonly stream: number;
+      readonly serial: number;
+      readonly dpRank: number;
+      readonly seq: number;
+    }
+  | { readonly t: "released"; readonly slots: number[] }
   | { readonly t: "status"; readonly streams: StreamStatus[]; readonly index: IndexStatus }
   | { readonly t: "dump"; readonly ops: IndexOp[] }
   | { readonly t: "stopped" }
@@ -116,7 +183,8 @@ interface Stream {
 const decoder = new TextDecoder();
 
 export class IndexWriter {
-  readonly table = new WorkerTable();
+  /** The main thread's numbering, as far as this thread's streams use it. */
+  readonly table = new WorkerTable(SLOT_LIMIT, "follower");
   readonly index: KvIndex;
   private readonly shared: SharedIndex | null;
   private readonly budget: IndexBudget;
@@ -131,6 +199,8 @@ export class IndexWriter {
   private stopped = false;
   /** Records that named no stream, or stale replay replies: skipped. */
   skipped = 0;
+  private readonly slotAnswer: SlotAnswer;
+  private slotAsks = 0;
 
   constructor(
     private readonly start: WriterStart,
@@ -150,6 +220,7 @@ export class IndexWriter {
       this.shared?.index ?? createIndex(start.backend, start.blockSize, { workers: this.table });
     this.budget = new IndexBudget(this.index, start.budgetBytes);
     this.consumer = new RingConsumer(start.ring);
+    this.slotAnswer = new SlotAnswer(start.slotAnswers);
   }
 
   /** Posts the shared index's descriptor (if shared), then drains and sleeps until stopped. */
@@ -231,14 +302,8 @@ export class IndexWriter {
         return;
       case "dump":
         return this.send({ t: "dump", ops: this.index.dump() });
-      case "removeWorker": {
-        const workerId = BigInt(control.workerId);
-        const slots = this.table.slotsOf(workerId);
-        this.index.removeWorker(workerId);
-        for (const slot of slots) this.table.release(slot);
-        this.indexChanged = true;
-        return;
-      }
+      case "release":
+        return this.release(control.workerId, control.slots);
       case "stop":
         for (const stream of this.streams) stream?.engine.close();
         this.stopped = true;
@@ -247,9 +312,46 @@ export class IndexWriter {
     }
   }
 
+  /** The main thread ended these slots' lives (see the `release` record). */
+  private release(workerId: string | null, slots: number[]): void {
+    if (workerId !== null) this.index.removeWorker(BigInt(workerId));
+    for (const slot of slots) {
+      if (!this.table.isLive(slot)) continue;
+      this.index.dropSlot(slot);
+      this.table.release(slot);
+    }
+    this.indexChanged = true;
+    this.send({ t: "released", slots });
+  }
+
+  /**
+   * The main thread's slot for a rank of stream `id` this table does not know: asked,
+   * then waited for (the rank's first operation is written in it). -1 when the main
+   * thread refuses (the stream was removed there) or does not answer in time.
+   */
+  private slotOf(id: number, serial: number, workerId: bigint, dpRank: number): number {
+    const known = this.table.find(workerId, dpRank);
+    if (known >= 0) return known;
+    const seq = ++this.slotAsks;
+    this.send({ t: "slot", stream: id, serial, dpRank, seq });
+    if (!this.slotAnswer.wait(seq, SLOT_WAIT_MS)) {
+      this.log.error("no slot from the main thread in time: the rank's operations are refused", {
+        worker_id: workerId,
+        dp_rank: dpRank,
+      });
+      return -1;
+    }
+    const slot = this.slotAnswer.words[1]!;
+    if (slot >= 0) this.table.adopt(slot, workerId, dpRank, this.slotAnswer.generation[0]!);
+    return slot;
+  }
+
   private add(id: number, control: Extract<WriterControl, { op: "add" }>): void {
+    const identity = { workerId: BigInt(control.workerId), dpRank: control.dpRank };
+    if (control.slot >= 0 && this.table.find(identity.workerId, identity.dpRank) < 0)
+      this.table.adopt(control.slot, identity.workerId, identity.dpRank, control.generation);
     const incomplete = new Set<number>();
-    const sink = budgetedSink(this.index, this.budget, this.table, {
+    const budgeted = budgetedSink(this.index, this.budget, this.table, {
       refused: (slot, blocks) => {
         this.budget.refuse(blocks);
         if (!incomplete.has(slot))
@@ -263,8 +365,10 @@ export class IndexWriter {
         if (incomplete.delete(slot)) this.touched.add(id);
       },
     });
+    const acquire = (workerId: bigint, dpRank: number) =>
+      this.slotOf(id, control.serial, workerId, dpRank);
+    const sink = { ...budgeted, acquire };
     let stream: Stream | null = null;
-    const identity = { workerId: BigInt(control.workerId), dpRank: control.dpRank };
     const engine = new EngineStream(
       identity,
       {
@@ -332,6 +436,7 @@ export class IndexWriter {
       workers: this.index.workers(),
       refusedEvents: this.budget.refusedEvents,
       refusedBlocks: this.budget.refusedBlocks,
+      slots: this.table.liveCount,
     };
     this.send({ t: "status", streams, index });
   }

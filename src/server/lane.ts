@@ -227,21 +227,19 @@ class LaneRoutes {
     this.batch.push({ id, input: copied, candidatesMax });
   }
 
-  /** The prompt's matches on the writer's index, by worker identity (slots are the main's). */
+  /**
+   * The prompt's matches on the writer's index: slots in the main thread's numbering,
+   * each with its generation stamp, for the main thread to check it still names the
+   * same worker when it decides.
+   */
   private match(local: Uint32Array, chain: Uint32Array, count: number): MatchedWorkers {
     const reader = this.reader!;
     const found = this.found;
     reader.findMatches(local, count, found, chain);
-    const ids: bigint[] = [];
-    const ranks = new Uint32Array(found.count);
-    const blocks = new Uint32Array(found.count);
-    for (let i = 0; i < found.count; i++) {
-      const handle = found.workers[i]!;
-      ids.push(reader.workerIdOf(handle));
-      ranks[i] = reader.dpRankOf(handle);
-      blocks[i] = found.blocks[i]!;
-    }
-    return { ids, ranks, blocks };
+    const slots = found.workers.slice(0, found.count);
+    const stamps = new Uint32Array(found.count);
+    for (let i = 0; i < found.count; i++) stamps[i] = reader.stampOf(slots[i]!);
+    return { slots, stamps, blocks: found.blocks.slice(0, found.count) };
   }
 
   /** A client gone before its answer: the main thread drops its route if held. */

@@ -57,23 +57,10 @@ export function warmUp(config: Config, routes: number): WarmupResult {
     Uint32Array.from({ length: PROMPT_TOKENS / 2 }, token),
   );
   for (let w = 0; w < WORKERS; w++) {
-    const workerId = BigInt(w + 1);
-    core.router.load.addWorker(workerId, 0);
     const held = new Uint32Array(system.length + documents[w]!.length);
     held.set(system);
     held.set(documents[w]!, system.length);
-    const { local, blockCount } = core.hash(held, null, null);
-    // The local hashes double as the engine's (external) ones.
-    core.index.applyStored(
-      workerId,
-      0,
-      false,
-      0,
-      0,
-      local.slice(0, 2 * blockCount),
-      local,
-      blockCount,
-    );
+    core.seedWorker(BigInt(w + 1), 0, held);
   }
   const prompt = (): Uint32Array => {
     const tokens = Uint32Array.from({ length: PROMPT_TOKENS }, token);
@@ -163,7 +150,7 @@ export function warmUp(config: Config, routes: number): WarmupResult {
     }
   }
   if (failed !== "") throw new Error(`warm-up request failed (${failed})`);
-  const active = core.router.load.activeRequestCount;
+  const active = core.activeRequestCount;
   if (active !== 0) throw new Error(`warm-up left ${active} requests active`);
   return { routes: routed, ms: performance.now() - started };
 }

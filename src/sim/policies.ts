@@ -477,7 +477,7 @@ export class KvAwareModel implements RoutingPolicy {
     });
     this.reference = config.reference ?? null;
     this.slots = new Int32Array(workers);
-    for (let w = 0; w < workers; w++) this.slots[w] = this.router.load.addWorker(BigInt(w), 0);
+    for (let w = 0; w < workers; w++) this.slots[w] = table.acquire(BigInt(w), 0);
     const approximate = config.approximate ?? [];
     const predictions = { ...DEFAULT_FLEET_PREDICTIONS, ...config.predictions, blockSize };
     const [now, slots] = [() => this.nowMs, this.slots];

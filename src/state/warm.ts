@@ -11,8 +11,7 @@
  * SLICE_MS between turns of the event loop (src/index/pack.ts), and the file is
  * written with asynchronous I/O. At shutdown it is done in one go.
  */
-import type { KvedgeCore } from "../core/core";
-import { positionKey } from "../core/core";
+import type { ActiveRequest, KvedgeCore } from "../core/core";
 import { PackJob } from "../index/write-pause";
 import type { Logger } from "../util/log";
 import {
@@ -27,6 +26,12 @@ import type { SourcePosition } from "../ingest/source";
 
 /** Work per turn of the event loop. */
 export const SLICE_MS = 1;
+
+/**
+ * A (worker, dp rank) as this file's sets of the snapshot's pairs key it (a load runs
+ * once, before any slot: the pairs it keeps then take their slots in the core).
+ */
+const pairKey = (workerId: bigint, dpRank: number): string => `${workerId}:${dpRank}`;
 
 /** A snapshot being taken: the consistent copy, packed on demand. */
 interface Taking {
@@ -44,17 +49,15 @@ function begin(core: KvedgeCore): Taking {
   // Refs of the active requests' workers follow the index's (known once packed).
   const activeIds: bigint[] = [];
   const refs = new Map<bigint, number>();
-  const load = core.router.load;
   const out = { words: new Uint32Array(1024) };
   let at = 0;
-  load.forEachActive((slot, id, prefill, output, idleMs, chain, blocks) => {
-    const workerId = load.workerIdOf(slot);
+  core.forEachActiveRequest((workerId, dpRank, id, prefill, output, idleMs, chain, blocks) => {
     let ref = refs.get(workerId);
     if (ref === undefined) {
       refs.set(workerId, (ref = activeIds.length));
       activeIds.push(workerId);
     }
-    at = putActive(out, at, ref, load.dpRanks[slot]!, id, prefill, output, idleMs, chain, blocks);
+    at = putActive(out, at, ref, dpRank, id, prefill, output, idleMs, chain, blocks);
   });
   return {
     job,
@@ -107,18 +110,11 @@ export async function takeSnapshotSliced(core: KvedgeCore, ms = SLICE_MS): Promi
   return finish(taking, core.blockSize);
 }
 
-/** An active request read from a snapshot, waiting for its worker's slot. */
-export interface SavedRequest {
-  readonly workerId: bigint;
-  readonly dpRank: number;
-  readonly id: string;
-  readonly prefillTokens: number;
-  readonly outputBlocks: number;
-  /** Idle at the snapshot plus the time since it was written. */
-  readonly idleMs: number;
-  readonly chain: Uint32Array;
-  readonly blocks: number;
-}
+/**
+ * An active request read from a snapshot, waiting for its worker's slot: idle for what
+ * it was at the snapshot plus the time since it was written, its chain a copy.
+ */
+export type SavedRequest = ActiveRequest;
 
 /** A (worker, dp rank) a configured source is for. */
 export interface ConfiguredSource {
@@ -151,9 +147,11 @@ export function loadSnapshot(
     log.warn("snapshot refused; starting empty", { dir, reason: loaded.message });
     return null;
   }
+  let positions = 0;
   for (const position of snapshot.positions) {
-    const key = positionKey(position.workerId, position.dpRank);
-    if (served.has(key)) core.restoredPositions.set(key, position);
+    if (!served.has(pairKey(position.workerId, position.dpRank))) continue;
+    core.restorePosition(position);
+    positions++;
   }
   if (loaded.dropped.size > 0)
     log.warn("snapshot blocks dropped: no configured source serves their worker and dp rank", {
@@ -165,7 +163,7 @@ export function loadSnapshot(
     dir,
     created_at: snapshot.createdAt,
     blocks: core.index.stats().blocks,
-    sources: core.restoredPositions.size,
+    sources: positions,
     active_requests: loaded.requests.length,
     ms: Math.round(performance.now() - started),
   });
@@ -194,11 +192,11 @@ function servedPairs(
   configured: readonly ConfiguredSource[],
   positions: readonly SourcePosition[],
 ): Set<string> {
-  const own = new Set(configured.map((entry) => positionKey(entry.worker_id, entry.dp_rank)));
+  const own = new Set(configured.map((entry) => pairKey(entry.worker_id, entry.dp_rank)));
   const served = new Set(own);
   for (const position of positions) {
-    if (!own.has(positionKey(position.workerId, position.dpRank))) continue;
-    for (const rank of position.ranks) served.add(positionKey(position.workerId, rank));
+    if (!own.has(pairKey(position.workerId, position.dpRank))) continue;
+    for (const rank of position.ranks) served.add(pairKey(position.workerId, rank));
   }
   return served;
 }
@@ -215,7 +213,7 @@ function applyServed(core: KvedgeCore, snapshot: Snapshot, served: Set<string>):
   const sinceWritten = Math.max(0, Date.now() - Date.parse(snapshot.createdAt)) || 0;
   const loaded: Loaded = { requests: [], dropped: new Map() };
   const keep = (workerId: bigint, dpRank: number, blocks: number): boolean => {
-    const key = positionKey(workerId, dpRank);
+    const key = pairKey(workerId, dpRank);
     if (served.has(key)) return true;
     loaded.dropped.set(key, (loaded.dropped.get(key) ?? 0) + blocks);
     return false;
@@ -245,8 +243,17 @@ function applyServed(core: KvedgeCore, snapshot: Snapshot, served: Set<string>):
       active: (workerId, dpRank, id, prefillTokens, outputBlocks, idleMs, chain, blocks) => {
         if (!keep(workerId, dpRank, 0)) return;
         const idle = idleMs + sinceWritten;
-        const saved = { prefillTokens, outputBlocks, idleMs: idle, chain: chain.slice(), blocks };
-        loaded.requests.push({ workerId, dpRank, id, ...saved });
+        const saved: SavedRequest = [
+          workerId,
+          dpRank,
+          id,
+          prefillTokens,
+          outputBlocks,
+          idle,
+          chain.slice(),
+          blocks,
+        ];
+        loaded.requests.push(saved);
       },
     });
   } catch (error) {
@@ -266,24 +273,8 @@ export function restoreRequests(
   requests: readonly SavedRequest[],
   log: Logger,
 ): number {
-  const load = core.router.load;
   let restored = 0;
-  for (const request of requests) {
-    const slot = load.slotOf(request.workerId, request.dpRank);
-    if (slot < 0 || load.live[slot] !== 1) continue;
-    if (
-      load.restore(
-        request.id,
-        slot,
-        request.chain,
-        request.blocks,
-        request.prefillTokens,
-        request.outputBlocks,
-        request.idleMs,
-      )
-    )
-      restored++;
-  }
+  for (const request of requests) if (core.restoreRequest(...request)) restored++;
   log.info("active requests restored", { restored, dropped: requests.length - restored });
   return restored;
 }

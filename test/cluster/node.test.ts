@@ -44,7 +44,7 @@ class Fleet {
 
   start(id: string, workers = this.workers): Replica {
     const load = new LoadTracker({ blockSize: BS, now: () => this.clock.nowMs });
-    for (const worker of workers) load.addWorker(worker, 0);
+    for (const worker of workers) load.table.acquire(worker, 0);
     const replica: Replica = { id, load, node: this.node(id, load), live: [] };
     const at = this.replicas.findIndex((r) => r.id === id);
     if (at >= 0) this.replicas[at] = replica;
@@ -247,7 +247,7 @@ describe("facts about workers not known here", () => {
     const b = fleet.start("b", [1n, 2n, 3n, 9n]);
     const [a] = fleet.replicas;
     const p = promptHashes(Uint32Array.of(1, 2, 3, 4, 5), BS, DEFAULT_SEED);
-    const nine = b.load.slotOf(9n, 0);
+    const nine = b.load.table.find(9n, 0);
     b.load.admit("x", nine, p.chain, 1, 5, 0, 0);
     b.load.admit("y", nine, p.chain, 1, 5, 0, 0);
     b.load.admit("z", nine, p.chain, 1, 5, 0, 0);
@@ -256,11 +256,11 @@ describe("facts about workers not known here", () => {
     fleet.settle();
     expect(a!.load.peerRequestCount).toBe(0);
     expect(a!.node.peers.peers.get("b")!.held.size).toBe(2);
-    a!.load.addWorker(9n, 0);
+    a!.load.table.acquire(9n, 0);
     fleet.heartbeats();
     expect(a!.node.peers.counters.heldApplied).toBe(2);
     expectOneView(fleet);
-    const ten = b.load.addWorker(10n, 0);
+    const ten = b.load.table.acquire(10n, 0);
     b.load.admit("w", ten, p.chain, 1, 5, 0, 0);
     fleet.settle();
     for (let t = 0; t <= 10_000; t += 1000) {

@@ -83,7 +83,7 @@ class Fleet {
     );
     const approximate = options.approximate ?? workers;
     for (const worker of workers) {
-      const slot = load.addWorker(worker, 0);
+      const slot = load.table.acquire(worker, 0);
       if (approximate.includes(worker)) predictions.enable(slot, options.capacity ?? null);
     }
     const node = new ClusterNode({
@@ -362,7 +362,7 @@ describe("predictions of workers not known here", () => {
     const fleet = new Fleet(["a"], {}, [1n]);
     const b = fleet.start("b", [1n, 9n]);
     const [a] = fleet.replicas;
-    const nine = b.load.slotOf(9n, 0);
+    const nine = b.load.table.find(9n, 0);
     const tokens = Uint32Array.from({ length: 6 * BS + 1 }, (_, i) => i + 1);
     fleet.route(b, "x", tokens.subarray(0, 3 * BS + 1), nine);
     b.predictions.prefillDone("x", null);
@@ -371,14 +371,14 @@ describe("predictions of workers not known here", () => {
     fleet.settle();
     const peer = a!.node.peers.peers.get("b")!;
     expect(peer.heldPredictions.length).toBe(2);
-    const slot = a!.load.addWorker(9n, 0);
+    const slot = a!.load.table.acquire(9n, 0);
     a!.predictions.enable(slot, null);
     fleet.heartbeats();
     expect(a!.node.peers.counters.predictions.heldApplied).toBe(2);
     expect(a!.predictions.blocks.heldBy(slot)).toBe(6);
     expect(held(a!.index)).toEqual(held(b.index));
     // A worker that never comes: dropped after the hold.
-    const ten = b.load.addWorker(10n, 0);
+    const ten = b.load.table.acquire(10n, 0);
     b.predictions.enable(ten, null);
     fleet.route(b, "z", tokens, ten);
     b.predictions.prefillDone("z", null);

@@ -12,24 +12,20 @@ import { STATUS_OF } from "../../src/http/errors";
 import { bufferBudget } from "../../src/util/buffer-budget";
 import { silentLogger } from "../../src/util/log";
 import { until } from "../support/wait";
+import { routeInput } from "../support/route-input";
 
-const input = (requestId: string, length: number): RouteInput => ({
-  tokens: Uint32Array.from({ length }, (_, i) => i + 1),
-  requestId,
-  loraName: null,
-  cacheSalt: null,
-  expectedOutputTokens: null,
-  overlapScoreCredit: null,
-  prefillLoadScale: null,
-  temperature: null,
-});
+const input = (requestId: string, length: number): RouteInput =>
+  routeInput(
+    Uint32Array.from({ length }, (_, i) => i + 1),
+    requestId,
+  );
 
 function setup(env: Record<string, string> = {}) {
   const config = loadConfig({
     env: { KVEDGE_ADMISSION: "hold", KVEDGE_ADMISSION_BOUND_MS: "200", ...env },
   }).config;
   const core = new KvedgeCore({ config, log: silentLogger, random: () => 0.5 });
-  core.router.load.addWorker(1n, 0);
+  core.workerTable.acquire(1n, 0);
   const answers: string[] = [];
   const call = (id: string, length: number): RouteCall => ({
     input: input(id, length),

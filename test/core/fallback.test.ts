@@ -66,7 +66,7 @@ function scores(core: KvedgeCore, tokens: Uint32Array) {
 describe("a degraded exact worker routed on predictions", () => {
   test("is predicted from when it degrades, never exact, and trusted again without them", () => {
     const core = coreWith("predictions");
-    const slot = core.router.load.addWorker(1n, 0);
+    const slot = core.workerTable.acquire(1n, 0);
     indexed(core, slot, prompt(41), 10);
     indexed(core, slot, other(5), 1);
     expect(scores(core, prompt(41))).toEqual([[1n, 10, "exact"]]);
@@ -103,8 +103,8 @@ describe("a degraded exact worker routed on predictions", () => {
 
   test("a removed worker takes its predictions with it", async () => {
     const core = coreWith("predictions");
-    const slot = core.router.load.addWorker(1n, 0);
-    core.router.load.addWorker(2n, 0);
+    const slot = core.workerTable.acquire(1n, 0);
+    core.workerTable.acquire(2n, 0);
     indexed(core, slot, prompt(41), 10);
     answers(core, 40, 0);
     core.route(input(prompt(41), "a"), 0);
@@ -119,7 +119,7 @@ describe("a degraded exact worker routed on predictions", () => {
 
   test("with discount nothing is predicted: the discounted overlap is all that counts", () => {
     const core = coreWith("discount");
-    const slot = core.router.load.addWorker(1n, 0);
+    const slot = core.workerTable.acquire(1n, 0);
     indexed(core, slot, prompt(41), 10);
     answers(core, 40, 0);
     expect(core.fallback).toBe(null);

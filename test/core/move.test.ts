@@ -26,7 +26,7 @@ describe("KvedgeCore.moveRequest", () => {
   test("the load leaves the first worker whole and lands on the second", () => {
     const { config } = loadConfig({ env: { KVEDGE_TRACK_OUTPUT_BLOCKS: "true" } });
     const core = new KvedgeCore({ config, log: silentLogger, random: () => 0.5 });
-    const slots = [core.router.load.addWorker(1n, 0), core.router.load.addWorker(2n, 0)];
+    const slots = [core.workerTable.acquire(1n, 0), core.workerTable.acquire(2n, 0)];
     const { decision } = core.route(input, 2);
     const to = slots.find((slot) => slot !== decision.slot)!;
     const routed = loadOf(core, decision.slot);

@@ -9,25 +9,17 @@ import { loadConfig } from "../../src/config";
 import { KvedgeCore, type RouteInput } from "../../src/core/core";
 import { TIER_HOST } from "../../src/index/types";
 import { silentLogger } from "../../src/util/log";
+import { routeInput } from "../support/route-input";
 
 const TOKENS = Uint32Array.from({ length: 16 * 40 }, (_, i) => i + 1);
 
-const input: RouteInput = {
-  tokens: TOKENS,
-  requestId: null,
-  loraName: null,
-  cacheSalt: null,
-  expectedOutputTokens: null,
-  overlapScoreCredit: null,
-  prefillLoadScale: null,
-  temperature: null,
-};
+const input: RouteInput = routeInput(TOKENS);
 
 /** A core with workers 1 and 2; worker 1 holds the prompt's first 8 blocks on the device and the next 24 in host memory. */
 function setUp(env: Record<string, string> = {}) {
   const { config } = loadConfig({ env });
   const core = new KvedgeCore({ config, log: silentLogger, random: () => 0.5 });
-  const slots = [core.router.load.addWorker(1n, 0), core.router.load.addWorker(2n, 0)];
+  const slots = [core.workerTable.acquire(1n, 0), core.workerTable.acquire(2n, 0)];
   const prompt = core.hash(TOKENS, null, null);
   const external = new Uint32Array(prompt.local.length);
   for (let i = 0; i < prompt.blockCount; i++) external[2 * i + 1] = 1000 + i;

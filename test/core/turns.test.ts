@@ -12,17 +12,9 @@ import { KvedgeError } from "../../src/domain/errors";
 import { bufferBudget } from "../../src/util/buffer-budget";
 import { silentLogger } from "../../src/util/log";
 import { until } from "../support/wait";
+import { routeInput } from "../support/route-input";
 
-const input = (requestId: string, tokens: Uint32Array): RouteInput => ({
-  tokens,
-  requestId,
-  loraName: null,
-  cacheSalt: null,
-  expectedOutputTokens: null,
-  overlapScoreCredit: null,
-  prefillLoadScale: null,
-  temperature: null,
-});
+const input = (requestId: string, tokens: Uint32Array): RouteInput => routeInput(tokens, requestId);
 
 const prompt = (first: number, length = 64) => Uint32Array.from({ length }, (_, i) => first + i);
 
@@ -36,8 +28,8 @@ function setup(rank: number, env: Record<string, string> = {}) {
     },
   }).config;
   const core = new KvedgeCore({ config, log: silentLogger, random: () => 0.5 });
-  core.router.load.addWorker(1n, 0);
-  core.router.load.addWorker(2n, 0);
+  core.workerTable.acquire(1n, 0);
+  core.workerTable.acquire(2n, 0);
   core.replicaRank = () => rank;
   const answers: string[] = [];
   const call = (id: string, tokens: Uint32Array): RouteCall => ({
@@ -62,7 +54,7 @@ describe("replicas taking turns", () => {
     expect(() => core.submitRoute(call("a", prompt(1)))).toThrow("already held");
     // A peer's decision lands meanwhile (its facts): worker 1 gets a long prefill.
     const origin = core.router.load.openOrigin();
-    const slot = core.router.load.slotOf(1n, 0);
+    const slot = core.workerTable.find(1n, 0);
     core.router.load.peerRouted(origin, "peer", slot, new Uint32Array(0), 0, 50_000, 0);
     await until(() => answers.length === 1, "the turn to come");
     expect(answers).toEqual(["a:2"]); // decided then: away from the loaded worker
@@ -76,7 +68,7 @@ describe("replicas taking turns", () => {
     const { core, answers, call } = setup(1);
     // Worker 1 is far behind: the decision is clear, nothing to wait for.
     const origin = core.router.load.openOrigin();
-    const slot = core.router.load.slotOf(1n, 0);
+    const slot = core.workerTable.find(1n, 0);
     core.router.load.peerRouted(origin, "peer", slot, new Uint32Array(0), 0, 50_000, 0);
     expect(core.submitRoute(call("y", prompt(1)))).toBe(-1);
     expect(answers).toEqual(["y:2"]);
@@ -104,7 +96,7 @@ describe("replicas taking turns", () => {
     const load = core.router.load;
     const origin = load.openOrigin();
     for (const id of [1n, 2n])
-      load.peerRouted(origin, `busy${id}`, load.slotOf(id, 0), new Uint32Array(0), 0, 6000, 0);
+      load.peerRouted(origin, `busy${id}`, load.table.find(id, 0), new Uint32Array(0), 0, 6000, 0);
     const held = call("h", prompt(1));
     const handle = core.submitRoute(held);
     await until(() => core.admission.held === 1, "admission to hold the call after its turn");

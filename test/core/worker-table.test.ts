@@ -4,6 +4,7 @@ import { describe, expect, test } from "bun:test";
 import { WorkerTable } from "../../src/domain/worker-table";
 import { BACKEND_NAMES, createIndex, MatchResult } from "../../src/index";
 import { LoadTracker } from "../../src/route";
+import { removeWorker } from "../support/workers";
 
 const pair = (hi: number, lo: number) => Uint32Array.of(hi, lo);
 
@@ -51,7 +52,7 @@ describe("index and router on one table", () => {
       const workers = new WorkerTable();
       const index = createIndex(backend, 4, { workers });
       const load = new LoadTracker({ blockSize: 4, workers });
-      const configured = load.addWorker(1n, 0);
+      const configured = load.table.acquire(1n, 0);
       // A worker first seen in events gets its slot from the index's store.
       expect(index.applyStored(2n, 0, false, 0, 0, pair(0, 10), pair(0, 20), 1)).toBe(0);
       const seen = workers.find(2n, 0);
@@ -67,7 +68,7 @@ describe("index and router on one table", () => {
       index.removeWorker(2n);
       expect(workers.isLive(seen)).toBe(true);
       expect(index.stats().workers).toBe(0);
-      expect(load.removeWorker(2n, 0)).toBe(true);
+      expect(removeWorker(load, 2n, 0)).toBe(true);
       expect(workers.isLive(seen)).toBe(false);
       expect(workers.liveCount).toBe(1);
       // The freed slot goes to the next new worker with nothing inherited.

@@ -73,7 +73,7 @@ async function runWriter(message: Extract<ToWorker, { role: "writer" }>): Promis
 }
 
 async function runReader(message: Extract<ToWorker, { role: "reader" }>): Promise<void> {
-  const reader = attach(message.descriptor as Parameters<typeof attach>[0]);
+  const reader = attach(message.descriptor as Parameters<typeof attach>[0], { identities: true });
   const queries = message.queries.map((query) => pairs(query));
   const lengths = message.queries.map((query) => query.length);
   postMessage({ ready: true });

@@ -14,7 +14,7 @@ differentialSuite({
   seedShare: 0.25,
   create: (options) => {
     const shared = createSharedIndex(1, { ...options, budgetBytes: 8 * 2 ** 20, maxReaders: 1 });
-    const reader = attach(shared.descriptor);
+    const reader = attach(shared.descriptor, { identities: true });
     const index = shared.index;
     index.findMatches = (local, count, out) => reader.findMatches(local, count, out);
     index.workerIdOf = (handle) => reader.workerIdOf(handle);
@@ -37,7 +37,7 @@ describe("shared crtc: the protocol's bookkeeping", () => {
     const shared = createSharedIndex(1, { budgetBytes: BUDGET, maxReaders: 2 });
     const fresh = shared.index.stats().bytes;
     const control = new Int32Array(shared.descriptor.control);
-    const reader = attach(shared.descriptor);
+    const reader = attach(shared.descriptor, { identities: true });
     for (let w = 1; w <= 40; w++) storeChain(shared.index, w, 3);
     const high = shared.index.tree.nodes.highWater;
     // Reader 0 parks inside a lookup at the current epoch (as if descheduled mid-walk).
@@ -102,7 +102,7 @@ describe("shared crtc: the protocol's bookkeeping", () => {
 
   test("shrinking pools give their pages back; the reader still reads the grown index", () => {
     const shared = createSharedIndex(1, { budgetBytes: BUDGET, maxReaders: 1 });
-    const reader = attach(structuredClone(shared.descriptor));
+    const reader = attach(structuredClone(shared.descriptor), { identities: true });
     for (let w = 1; w <= 8; w++) storeChain(shared.index, w, 20_000);
     const out = new MatchResult();
     const query = new Uint32Array(2 * 3);
@@ -115,6 +115,29 @@ describe("shared crtc: the protocol's bookkeeping", () => {
     reader.findMatches(query, 3, out);
     expect(out.count).toBe(0);
     reader.close();
+  });
+
+  test("every answer brings its slots' stamps; only a reader with identities names workers", () => {
+    const shared = createSharedIndex(1, { budgetBytes: BUDGET, maxReaders: 2 });
+    const table = shared.index.workerTable;
+    storeChain(shared.index, 3, 4);
+    storeChain(shared.index, 7, 4);
+    const named = attach(shared.descriptor, { identities: true });
+    const plain = attach(shared.descriptor);
+    const query = new Uint32Array(2 * 2);
+    for (let i = 0; i < 2; i++) query[2 * i + 1] = 7_000_000 + i + 1;
+    const out = new MatchResult();
+    for (const reader of [named, plain]) {
+      reader.findMatches(query, 2, out);
+      expect(out.count).toBe(1);
+      expect(reader.stampOf(out.workers[0]!)).toBe(table.stampOf(table.find(7n, 0)));
+    }
+    named.findMatches(query, 2, out);
+    expect([named.workerIdOf(out.workers[0]!), named.dpRankOf(out.workers[0]!)]).toEqual([7n, 0]);
+    expect(() => plain.workerIdOf(out.workers[0]!)).toThrow("without identities");
+    expect(() => plain.dpRankOf(out.workers[0]!)).toThrow("without identities");
+    named.close();
+    plain.close();
   });
 
   test("reader slots are bounded and given back; a bad descriptor is refused", () => {

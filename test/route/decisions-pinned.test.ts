@@ -37,7 +37,7 @@ function digestOf(run: Run): string {
     trackOutputBlocks: true,
     pendingCredit: run.pending === true,
   });
-  for (let w = 0; w < run.workers; w++) router.load.addWorker(BigInt(500 + w), w % 2);
+  for (let w = 0; w < run.workers; w++) router.load.table.acquire(BigInt(500 + w), w % 2);
   const prefixes = Array.from({ length: 6 }, (_, f) =>
     Uint32Array.from({ length: (4 + 6 * f) * BS }, () => next()),
   );

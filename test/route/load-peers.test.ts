@@ -10,6 +10,7 @@ import { DEFAULT_SEED } from "../../src/hash";
 import { INITIAL_RECORDS, LoadTracker, promptHashes } from "../../src/route";
 import type { EndReason, OwnFacts } from "../../src/route/load";
 import { xorshift32 } from "../../src/util/random";
+import { removeWorker } from "../support/workers";
 
 const BS = 4;
 
@@ -38,7 +39,8 @@ function tracker(options: { ttlMs?: number; maxActive?: number } = {}): LoadTrac
  * chains, or (`chains` false) with the decode blocks each added and freed.
  */
 function relay(from: LoadTracker, to: LoadTracker, origin: number, chains: boolean): void {
-  const slotThere = (slot: number) => to.slotOf(from.workerIdOf(slot), from.dpRanks[slot]!);
+  const slotThere = (slot: number) =>
+    to.table.find(from.table.workerIdOf(slot), from.dpRanks[slot]!);
   const key = (handle: number) => `h${handle}`;
   from.facts = {
     routed: (handle, slot, chain, blocks, prefill, output, added) =>
@@ -70,8 +72,8 @@ describe("own facts", () => {
       prefillDone: (handle) => seen.push(`prefill ${handle}`),
       ended: (handle, reason: EndReason, freed) => seen.push(`ended ${handle} ${reason} -${freed}`),
     } satisfies OwnFacts;
-    const w = load.addWorker(1n, 0);
-    const v = load.addWorker(2n, 0);
+    const w = load.table.acquire(1n, 0);
+    const v = load.table.acquire(2n, 0);
     const p = prompt(1, 2, 3, 4, 5, 6, 7, 8, 9);
     load.admit("a", w, p.chain, 2, 9, 4, 0);
     load.prefillDone("a");
@@ -83,7 +85,7 @@ describe("own facts", () => {
     clock.nowMs += 1000;
     load.sweep(); // c and d expire
     load.admit("e", v, p.chain, 2, 9, 0, 0);
-    load.removeWorker(2n, 0);
+    removeWorker(load, 2n, 0);
     expect(load.restore("f", w, p.chain, 2, 9, 0, 10)).toBe(true);
     // Handles count requests: a = 1, …, f = 6; blocks shared with an active request add nothing.
     expect(seen).toEqual([
@@ -106,7 +108,7 @@ describe("own facts", () => {
 describe("peers' requests", () => {
   test("are load like own ones, split out, and leave with their origin", () => {
     const load = tracker();
-    const w = load.addWorker(1n, 0);
+    const w = load.table.acquire(1n, 0);
     const origin = load.openOrigin();
     expect(origin).toBe(1);
     const p = prompt(1, 2, 3, 4, 5, 6, 7, 8);
@@ -135,7 +137,7 @@ describe("peers' requests", () => {
 
   test("a reused id replaces, the per-origin limit evicts, the TTL is a backstop", () => {
     const load = tracker({ ttlMs: 1000, maxActive: 2 });
-    const w = load.addWorker(1n, 0);
+    const w = load.table.acquire(1n, 0);
     const origin = load.openOrigin();
     const p = prompt(1, 2, 3, 4);
     load.peerRouted(origin, "a", w, p.chain, 1, 4, 0);
@@ -161,11 +163,11 @@ describe("peers' requests", () => {
 
   test("removing a worker drops peers' requests on it too", () => {
     const load = tracker();
-    const w = load.addWorker(1n, 0);
+    const w = load.table.acquire(1n, 0);
     const origin = load.openOrigin();
     const p = prompt(1, 2, 3, 4);
     load.peerRouted(origin, "x", w, p.chain, 1, 4, 0);
-    expect(load.removeWorker(1n, 0)).toBe(true);
+    expect(removeWorker(load, 1n, 0)).toBe(true);
     expect(load.peerCounters.droppedWithWorker).toBe(1);
     expect(load.originCount(origin)).toBe(0);
     load.verify();
@@ -173,7 +175,7 @@ describe("peers' requests", () => {
 
   test("facts for an origin not open are refused", () => {
     const load = tracker();
-    const w = load.addWorker(1n, 0);
+    const w = load.table.acquire(1n, 0);
     const p = prompt(1, 2, 3, 4);
     expect(() => load.peerRouted(3, "x", w, p.chain, 1, 4, 0)).toThrow(/origin/);
     expect(() => load.peerEnded(0, "x")).toThrow(/origin/);
@@ -181,7 +183,7 @@ describe("peers' requests", () => {
 
   test("without a chain: decode blocks as the origin counts them, the rest with its last request", () => {
     const load = tracker({ ttlMs: 1000 });
-    const w = load.addWorker(1n, 0);
+    const w = load.table.acquire(1n, 0);
     const origin = load.openOrigin();
     const none = new Uint32Array(0);
     load.peerRouted(origin, "a", w, none, 0, 8, 0, 5);
@@ -224,8 +226,8 @@ describe("two trackers relaying their facts", () => {
       const a = tracker({ ttlMs: 5000, maxActive: 40 });
       const b = tracker({ ttlMs: 5000, maxActive: 40 });
       // Different slot numbering on each side, as two processes may have.
-      for (const id of [3n, 1n, 2n]) a.addWorker(id, 0);
-      for (const id of [2n, 3n, 1n]) b.addWorker(id, 0);
+      for (const id of [3n, 1n, 2n]) a.table.acquire(id, 0);
+      for (const id of [2n, 3n, 1n]) b.table.acquire(id, 0);
       relay(a, b, b.openOrigin(), chains);
       relay(b, a, a.openOrigin(), chains);
       const live: [LoadTracker, string][] = [];

@@ -15,6 +15,7 @@ import {
   LoadTracker,
   promptHashes,
 } from "../../src/route";
+import { removeWorker } from "../support/workers";
 
 const BS = 4;
 
@@ -39,17 +40,17 @@ function tracker(
 describe("workers", () => {
   test("slots are dense, idempotent to add, reused after removal", () => {
     const { load } = tracker();
-    const a = load.addWorker(10n, 0);
-    const b = load.addWorker(10n, 1);
-    const c = load.addWorker(2n ** 64n - 1n, 0);
+    const a = load.table.acquire(10n, 0);
+    const b = load.table.acquire(10n, 1);
+    const c = load.table.acquire(2n ** 64n - 1n, 0);
     expect([a, b, c]).toEqual([0, 1, 2]);
-    expect(load.addWorker(10n, 1)).toBe(b);
-    expect(load.slotOf(2n ** 64n - 1n, 0)).toBe(c);
-    expect(load.slotOf(10n, 2)).toBe(-1);
-    expect(load.removeWorker(10n, 1)).toBe(true);
-    expect(load.removeWorker(10n, 1)).toBe(false);
+    expect(load.table.acquire(10n, 1)).toBe(b);
+    expect(load.table.find(2n ** 64n - 1n, 0)).toBe(c);
+    expect(load.table.find(10n, 2)).toBe(-1);
+    expect(removeWorker(load, 10n, 1)).toBe(true);
+    expect(removeWorker(load, 10n, 1)).toBe(false);
     expect(load.liveCount).toBe(2);
-    expect(load.addWorker(11n, 0)).toBe(b);
+    expect(load.table.acquire(11n, 0)).toBe(b);
     expect(load.workers().map((w) => [w.workerId, w.dpRank])).toEqual([
       [10n, 0],
       [2n ** 64n - 1n, 0],
@@ -59,15 +60,16 @@ describe("workers", () => {
 
   test("rejects ids that are not u64 and ranks that are not u32", () => {
     const { load } = tracker();
-    expect(() => load.addWorker(-1n, 0)).toThrow(/u64/);
-    expect(() => load.addWorker(2n ** 64n, 0)).toThrow(/u64/);
-    expect(() => load.addWorker(1n, -1)).toThrow(/u32/);
-    expect(() => load.addWorker(1n, 0.5)).toThrow(/u32/);
+    expect(() => load.table.acquire(-1n, 0)).toThrow(/u64/);
+    expect(() => load.table.acquire(2n ** 64n, 0)).toThrow(/u64/);
+    expect(() => load.table.acquire(1n, -1)).toThrow(/u32/);
+    expect(() => load.table.acquire(1n, 0.5)).toThrow(/u32/);
   });
 
-  test("grows past its initial slot capacity", () => {
+  test("its arrays follow the table past their initial capacity", () => {
     const { load } = tracker();
-    for (let i = 0; i < 300; i++) expect(load.addWorker(BigInt(i), 0)).toBe(i);
+    for (let i = 0; i < 300; i++) expect(load.table.acquire(BigInt(i), 0)).toBe(i);
+    load.syncSlots();
     expect(load.slotCapacity).toBeGreaterThanOrEqual(300);
     expect(load.liveCount).toBe(300);
   });
@@ -76,7 +78,7 @@ describe("workers", () => {
 describe("request lifecycle", () => {
   test("prefill tokens until prefill_done, blocks until done", () => {
     const { load } = tracker();
-    const w = load.addWorker(1n, 0);
+    const w = load.table.acquire(1n, 0);
     const p = prompt(1, 2, 3, 4, 5, 6, 7, 8, 9, 10); // 2 complete blocks, 10 tokens
     load.admit("a", w, p.chain, p.blockCount, 10, 4, 0); // 4 tokens cached
     expect(load.activePrefillTokens[w]).toBe(6);
@@ -95,7 +97,7 @@ describe("request lifecycle", () => {
 
   test("cached tokens beyond the prompt never make prefill load negative", () => {
     const { load } = tracker();
-    const w = load.addWorker(1n, 0);
+    const w = load.table.acquire(1n, 0);
     const p = prompt(1, 2, 3, 4);
     load.admit("a", w, p.chain, 1, 4, 400, 0);
     expect(load.activePrefillTokens[w]).toBe(0);
@@ -103,7 +105,7 @@ describe("request lifecycle", () => {
 
   test("shared prompt blocks count once per worker", () => {
     const { load } = tracker();
-    const w = load.addWorker(1n, 0);
+    const w = load.table.acquire(1n, 0);
     const p1 = prompt(1, 2, 3, 4, 5, 6, 7, 8);
     const p2 = prompt(1, 2, 3, 4, 9, 9, 9, 9, 7, 7, 7, 7);
     load.admit("a", w, p1.chain, 2, 8, 0, 0);
@@ -118,7 +120,7 @@ describe("request lifecycle", () => {
 
   test("repeated, late and unknown calls are told apart", () => {
     const { load } = tracker();
-    const w = load.addWorker(1n, 0);
+    const w = load.table.acquire(1n, 0);
     const p = prompt(1, 2, 3, 4);
     load.admit("a", w, p.chain, 1, 4, 0, 0);
     expect(load.done("a")).toBe("ok");
@@ -139,7 +141,7 @@ describe("request lifecycle", () => {
 
   test("a clock that goes back keeps the touch list in order (the simulator's model time)", () => {
     const { load, advance } = tracker();
-    const w = load.addWorker(1n, 0);
+    const w = load.table.acquire(1n, 0);
     const p = prompt(1, 2, 3, 4);
     load.admit("a", w, p.chain, 1, 4, 0, 0);
     advance(10);
@@ -155,7 +157,7 @@ describe("request lifecycle", () => {
 
   test("the chain is copied: the caller may reuse its buffer", () => {
     const { load } = tracker();
-    const w = load.addWorker(1n, 0);
+    const w = load.table.acquire(1n, 0);
     const p = prompt(1, 2, 3, 4, 5, 6, 7, 8);
     load.admit("a", w, p.chain, 2, 8, 0, 0);
     p.chain.fill(0);
@@ -167,7 +169,7 @@ describe("request lifecycle", () => {
   test("expected output blocks count as decode load only when tracking is on", () => {
     for (const trackOutputBlocks of [false, true]) {
       const { load } = tracker({ trackOutputBlocks });
-      const w = load.addWorker(1n, 0);
+      const w = load.table.acquire(1n, 0);
       const p = prompt(1, 2, 3, 4);
       load.admit("a", w, p.chain, 1, 4, 0, 9); // 9 tokens = 3 blocks of 4
       expect(load.activeDecodeBlocks[w]).toBe(trackOutputBlocks ? 4 : 1);
@@ -199,8 +201,8 @@ describe("request lifecycle", () => {
 
   test("request records are reused under churn and given back to the first size once none is active", () => {
     const { load } = tracker();
-    const w = load.addWorker(1n, 0);
-    const v = load.addWorker(2n, 0);
+    const w = load.table.acquire(1n, 0);
+    const v = load.table.acquire(2n, 0);
     const p = prompt(1, 2, 3, 4, 5, 6, 7, 8);
     expect(load.recordCapacity).toBe(0);
     for (let i = 0; i < 1000; i++) load.admit(`a${i}`, i % 2 === 0 ? w : v, p.chain, 2, 8, 0, 0);
@@ -213,7 +215,7 @@ describe("request lifecycle", () => {
     }
     expect(load.recordCapacity).toBe(burst);
     load.verify();
-    load.removeWorker(2n, 0); // half of them, through worker removal
+    removeWorker(load, 2n, 0); // half of them, through worker removal
     expect(load.activeRequestCount).toBe(500);
     for (let i = 5000; i < 6000; i += 2) expect(load.done(`a${i}`)).toBe("ok");
     expect(load.activeRequestCount).toBe(0);
@@ -226,8 +228,8 @@ describe("request lifecycle", () => {
 
   test("past the active-request limit the least recently touched request is evicted", () => {
     const { load, advance } = tracker({ maxActive: 3 });
-    const w = load.addWorker(1n, 0);
-    const v = load.addWorker(2n, 0);
+    const w = load.table.acquire(1n, 0);
+    const v = load.table.acquire(2n, 0);
     const p = prompt(1, 2, 3, 4, 5, 6, 7, 8);
     load.admit("a", w, p.chain, 2, 8, 0, 0);
     advance(1);
@@ -262,7 +264,7 @@ describe("request lifecycle", () => {
       blockSize: BS,
       idHash: (id) => ({ hi: 0, lo: (id.length % 2) << 11 }),
     });
-    const w = load.addWorker(1n, 0);
+    const w = load.table.acquire(1n, 0);
     const p = prompt(1, 2, 3, 4);
     const random = prng(11);
     const active = new Set<string>();
@@ -296,7 +298,7 @@ describe("request lifecycle", () => {
     // A gateway that calls done at once empties the tracker after each request; fresh
     // arrays each time made young collections several times slower.
     const { load } = tracker();
-    const w = load.addWorker(1n, 0);
+    const w = load.table.acquire(1n, 0);
     const p = prompt(1, 2, 3, 4, 5, 6, 7, 8);
     load.admit("first", w, p.chain, 2, 8, 0, 0);
     load.done("first");
@@ -326,7 +328,7 @@ describe("request lifecycle", () => {
 
   test("the memory of finished ids is bounded", () => {
     const { load } = tracker();
-    const w = load.addWorker(1n, 0);
+    const w = load.table.acquire(1n, 0);
     const p = prompt(1, 2, 3, 4);
     for (let i = 0; i < FINISHED_REMEMBERED_MAX + 10; i++) {
       load.admit(`r${i}`, w, p.chain, 1, 4, 0, 0);
@@ -339,7 +341,7 @@ describe("request lifecycle", () => {
 
   test("remembered finished ids (kept as 64-bit hashes) answer only for themselves", () => {
     const { load } = tracker();
-    const w = load.addWorker(1n, 0);
+    const w = load.table.acquire(1n, 0);
     const p = prompt(1, 2, 3, 4);
     // Ids a gateway might send: near-identical counters, UUIDs, and ids differing in one character.
     const ids = Array.from({ length: FINISHED_REMEMBERED_MAX }, (_, i) =>
@@ -352,7 +354,7 @@ describe("request lifecycle", () => {
     ids.forEach((id, i) => {
       load.admit(id, w, p.chain, 1, 4, 0, 0);
       if (i % 2 === 0) load.done(id);
-      else load.removeWorker(1n, 0) && load.addWorker(1n, 0);
+      else removeWorker(load, 1n, 0) && load.table.acquire(1n, 0);
     });
     for (const [i, id] of ids.entries())
       expect(load.done(id)).toBe(i % 2 === 0 ? "already_done" : "worker_removed");
@@ -364,7 +366,7 @@ describe("request lifecycle", () => {
     }
     expect(unknown).toBe(50_000);
     // Admitting a finished id again makes it active; its memory as finished is dropped.
-    load.addWorker(1n, 0);
+    load.table.acquire(1n, 0);
     load.admit(ids[0]!, w, p.chain, 1, 4, 0, 0);
     expect(load.prefillDone(ids[0]!)).toBe("ok");
     expect(load.done(ids[0]!)).toBe("ok");
@@ -376,7 +378,7 @@ describe("request lifecycle", () => {
 describe("expiry", () => {
   test("one sweep expires requests idle for the TTL; prefill_done keeps a request alive", () => {
     const { load, advance } = tracker({ ttlMs: 10_000 });
-    const w = load.addWorker(1n, 0);
+    const w = load.table.acquire(1n, 0);
     const p = prompt(1, 2, 3, 4);
     load.admit("old", w, p.chain, 1, 4, 0, 0);
     advance(4000);
@@ -401,7 +403,7 @@ describe("expiry", () => {
 
   test("randomized touches: a sweep expires exactly the requests idle for the TTL (against a plain model)", () => {
     const { load, advance } = tracker({ ttlMs: 1000 });
-    const w = load.addWorker(1n, 0);
+    const w = load.table.acquire(1n, 0);
     const p = prompt(1, 2, 3, 4, 5, 6, 7, 8);
     const touched = new Map<string, number>(); // the model: id -> last touch
     let now = 1000;
@@ -439,7 +441,7 @@ describe("expiry", () => {
 
   test("expireDue releases at most EXPIRE_PER_DECISION due requests per call, oldest first", () => {
     const { load, advance } = tracker({ ttlMs: 10_000 });
-    const w = load.addWorker(1n, 0);
+    const w = load.table.acquire(1n, 0);
     const p = prompt(1, 2, 3, 4);
     const total = 2 * EXPIRE_PER_DECISION + 5;
     for (let i = 0; i < total; i++) load.admit(`r${i}`, w, p.chain, 1, 4, 0, 0);
@@ -462,7 +464,7 @@ describe("expiry", () => {
 
   test("finished ids are forgotten after the TTL", () => {
     const { load, advance } = tracker({ ttlMs: 1000 });
-    const w = load.addWorker(1n, 0);
+    const w = load.table.acquire(1n, 0);
     const p = prompt(1, 2, 3, 4);
     load.admit("a", w, p.chain, 1, 4, 0, 0);
     load.done("a");
@@ -475,19 +477,19 @@ describe("expiry", () => {
 describe("worker removal", () => {
   test("drops the worker's requests and all their load, leaves others alone", () => {
     const { load } = tracker();
-    const a = load.addWorker(1n, 0);
-    const b = load.addWorker(2n, 0);
+    const a = load.table.acquire(1n, 0);
+    const b = load.table.acquire(2n, 0);
     const p = prompt(1, 2, 3, 4, 5, 6, 7, 8);
     load.admit("a1", a, p.chain, 2, 8, 0, 0);
     load.admit("a2", a, p.chain, 2, 8, 0, 0);
     load.admit("b1", b, p.chain, 2, 8, 0, 0);
-    expect(load.removeWorker(1n, 0)).toBe(true);
+    expect(removeWorker(load, 1n, 0)).toBe(true);
     expect(load.done("a1")).toBe("worker_removed");
     expect(load.counters.droppedWithWorker).toBe(2);
     expect(load.activeRequestCount).toBe(1);
     expect(load.blocks.blockCount).toBe(2);
     expect(load.activeDecodeBlocks[b]).toBe(2);
-    const again = load.addWorker(1n, 0);
+    const again = load.table.acquire(1n, 0);
     expect(again).toBe(a);
     expect(load.activeRequests[again]).toBe(0);
     expect(load.routedTotal[again]).toBe(0);

@@ -18,6 +18,7 @@ import {
   Router,
   type RouterOptions,
 } from "../../src/route";
+import { removeWorker } from "../support/workers";
 
 const BS = 4;
 
@@ -36,7 +37,7 @@ function overlaps(entries: [slot: number, blocks: number][]): Overlaps {
 
 function routerWith(workers: number, options: Partial<RouterOptions> = {}): Router {
   const router = new Router({ blockSize: BS, now: () => 0, ...options });
-  for (let i = 0; i < workers; i++) router.load.addWorker(BigInt(100 + i), 0);
+  for (let i = 0; i < workers; i++) router.load.table.acquire(BigInt(100 + i), 0);
   return router;
 }
 
@@ -190,8 +191,8 @@ describe("cost model", () => {
   test("overlapsOf maps (worker_id, dp_rank) scores to slots and skips unknown workers", () => {
     const router = routerWith(3);
     const big = 2n ** 64n - 1n;
-    router.load.addWorker(big, 5);
-    const input = overlapsOf(router.load, [
+    router.load.table.acquire(big, 5);
+    const input = overlapsOf(router.load.table, [
       { workerId: big, dpRank: 5, blocks: 3 },
       { workerId: 101n, dpRank: 0, blocks: 2 },
       { workerId: 101n, dpRank: 1, blocks: 4 },
@@ -207,7 +208,7 @@ describe("cost model", () => {
 
   test("overlaps of unknown slots are ignored and overlaps are clamped to the prompt", () => {
     const router = routerWith(2);
-    router.load.removeWorker(101n, 0);
+    removeWorker(router.load, 101n, 0);
     const decision = router.route(
       request(R, { candidatesMax: 5 }),
       overlaps([
@@ -407,14 +408,14 @@ describe("randomized run against a reference cost computation", () => {
     const addWorker = () => {
       const id = BigInt(next());
       workerIds.push(id);
-      router.load.addWorker(id, next() % 2);
+      router.load.table.acquire(id, next() % 2);
     };
     for (let i = 0; i < 12; i++) addWorker();
     for (let step = 0; step < 1500; step++) {
       const action = next() % 20;
       if (action === 0 && router.load.liveCount > 2) {
         const w = router.load.workers()[next() % router.load.liveCount]!;
-        router.load.removeWorker(w.workerId, w.dpRank);
+        removeWorker(router.load, w.workerId, w.dpRank);
         for (const [id, r] of refs) if (r.slot === w.slot) refs.delete(id);
         continue;
       }
@@ -485,7 +486,7 @@ describe("randomized run against a reference cost computation", () => {
       expect(decision.candidates.count).toBe(live.length);
       const bySlot = new Map(expected.map((e) => [e.slot, e]));
       for (const c of decision.candidates.toArray()) {
-        const slot = router.load.slotOf(c.workerId, c.dpRank);
+        const slot = router.load.table.find(c.workerId, c.dpRank);
         expect(c.cost).toBeCloseTo(bySlot.get(slot)!.cost, 9);
       }
       const minCost = Math.min(...expected.map((e) => e.cost));
@@ -520,8 +521,8 @@ describe("candidates", () => {
     // 40 workers with coarse loads, so many costs tie; a removed and re-added worker
     // makes the live-slot order differ from the slot order.
     const router = routerWith(40, { random });
-    router.load.removeWorker(105n, 0);
-    router.load.addWorker(205n, 0);
+    removeWorker(router.load, 105n, 0);
+    router.load.table.acquire(205n, 0);
     for (let step = 0; step < 300; step++) {
       const tokens = range(8 + 4 * Math.floor(random() * 6), 1000 * Math.floor(random() * 5));
       const hits = overlaps([[Math.floor(random() * 40), Math.floor(random() * 3)]]);
@@ -532,7 +533,7 @@ describe("candidates", () => {
       router.load.done(all.requestId);
       const liveOrder = Array.from(router.load.liveSlots.subarray(0, router.load.liveCount));
       const slotOf = (c: { workerId: bigint; dpRank: number }) =>
-        router.load.slotOf(c.workerId, c.dpRank);
+        router.load.table.find(c.workerId, c.dpRank);
       const expected = all.candidates
         .toArray()
         .sort(

@@ -14,6 +14,7 @@ import {
   Router,
   type RouterOptions,
 } from "../../src/route";
+import { removeWorker } from "../support/workers";
 
 const BS = 4;
 // Round numbers: 1 token per ms, 10 ms per step, no KV-read cost, 100 tokens per step.
@@ -57,7 +58,7 @@ function router(workers: number, options: Partial<RouterOptions> = {}): Router {
     random: () => 0.5,
     ...options,
   });
-  for (let i = 0; i < workers; i++) r.load.addWorker(BigInt(i), 0);
+  for (let i = 0; i < workers; i++) r.load.table.acquire(BigInt(i), 0);
   return r;
 }
 
@@ -95,7 +96,7 @@ describe("predicted TTFT", () => {
     ] as const) {
       const r = router(1); // slot 0 alone takes the queued work, then slot 1 joins
       if (ahead > 0) r.route(request(prompt(ahead)), overlaps([]));
-      expect(r.load.addWorker(1n, 0)).toBe(1);
+      expect(r.load.table.acquire(1n, 0)).toBe(1);
       expect(r.load.activePrefillTokens[0]).toBe(ahead);
       // 440 tokens, 400 (100 blocks) held by slot 0. Other: 440 + 5 steps = 490, + 440 recompute = 930.
       // Holder: 0 ahead: 40 + 10 + 40 = 90; 200 ahead: 240 + 30 + 40 = 310; 900 ahead: 940 + 100 + 40 = 1,080.
@@ -172,8 +173,8 @@ describe("calibration", () => {
     drive(r, clock, 50, 1000, () => 600); // twice as fast as configured
     expect(r.learnedTimes(0)!.prefillTokensPerSecond).toBeGreaterThan(1500);
     const fleet = r.learnedTimes(0)!.prefillTokensPerSecond;
-    r.load.removeWorker(0n, 0);
-    expect(r.load.addWorker(7n, 0)).toBe(0);
+    removeWorker(r.load, 0n, 0);
+    expect(r.load.table.acquire(7n, 0)).toBe(0);
     // A new worker starts from the fleet's values, with no samples of its own.
     const fresh = { prefillTokensPerSecond: fleet, stepBaseMs: 10, samples: 0 };
     expect(r.learnedTimes(0)).toEqual(fresh);

@@ -194,7 +194,7 @@ describe("the writer thread", () => {
     const pa = await add(config(a, 1n));
     const pb = await add(config(b, 2n));
     await until(() => a.pub.subscribedPeers === 2 && b.pub.subscribedPeers === 2, "subscriptions");
-    const reader = attach(writer.descriptor!);
+    const reader = attach(writer.descriptor!, { identities: true });
     const prompts = [1, 41, 81].map((first) =>
       promptHashes(new Uint32Array(tokens(first, 10)), BS, blockSeed()),
     );
@@ -278,10 +278,15 @@ describe("the writer thread", () => {
       await until(() => source.sequencer.lastSeq === seq, "applied");
       expect((await writer.dump()).length).toBeGreaterThan(0);
       await source.stop();
-      writer.removeWorker(BigInt(cycle + 1));
+      const workerId = BigInt(cycle + 1);
+      writer.release(workerId, writer.workers.slotsOf(workerId));
       await until(() => a.pub.subscribedPeers === 0, "the unsubscription");
     }
     expect(writer.streamIds).toBe(1);
     expect(await writer.dump()).toEqual([]);
+    // Every slot given back once the writer let go: the numbering is as new.
+    await until(() => writer.workers.retiredCount === 0, "the last slot freed");
+    expect(writer.workers.liveCount).toBe(0);
+    expect(writer.workers.highWater).toBe(0);
   }, 60_000);
 });

@@ -24,8 +24,8 @@ describe("writeRouteAnswer", () => {
     });
     const load = core.router.load;
     const ids = [1n, 7n, 300n, 70_000n, 2n ** 32n + 5n, 2n ** 64n - 1n];
-    for (const [i, id] of ids.entries()) load.addWorker(id, i % 3);
-    load.setDegraded(load.slotOf(300n, 2), true);
+    for (const [i, id] of ids.entries()) load.table.acquire(id, i % 3);
+    load.setDegraded(load.table.find(300n, 2), true);
     const random = xorshift32(11);
     const generic = new MsgpackEncoder();
     const special = new MsgpackEncoder();
@@ -61,7 +61,7 @@ describe("routeOp candidates", () => {
       random: () => 0.5,
     });
     const load = core.router.load;
-    for (let w = 1; w <= 70; w++) load.addWorker(BigInt(w), 0);
+    for (let w = 1; w <= 70; w++) load.table.acquire(BigInt(w), 0);
     const costsOf = (result: ReturnType<typeof routeOp>) => result.candidates.map((c) => c.cost);
     const sorted = (costs: number[]) => [...costs].sort((a, b) => a - b);
     // Load some workers first so that costs differ.
@@ -88,7 +88,7 @@ describe("routeOp explanation", () => {
       log: silentLogger,
       random: () => 0.5,
     });
-    for (let w = 1; w <= 4; w++) core.router.load.addWorker(BigInt(w), 0);
+    for (let w = 1; w <= 4; w++) core.workerTable.acquire(BigInt(w), 0);
     for (let i = 0; i < 6; i++)
       routeOp(core, {
         token_ids: Array.from({ length: 500 + 100 * i }, (_, t) => t + 1000 * i),

@@ -10,6 +10,7 @@ import { KvedgeCore } from "../../src/core/core";
 import { silentLogger } from "../../src/util/log";
 import { cleared, stored, TestEngine } from "../support/engine";
 import { eventually } from "../support/wait";
+import { routeInput } from "../support/route-input";
 
 const BS = 4;
 const BUDGET = 1 << 20;
@@ -76,19 +77,7 @@ test("past the budget, stores are refused and counted, the worker degraded; a cl
   expect(core.budget.refusedBlocks).toBe(32 * core.budget.refusedEvents);
   expect(view.blocks + core.budget.refusedBlocks).toBe(sent);
   // Still routing.
-  const route = core.route(
-    {
-      tokens: new Uint32Array([1, 2, 3, 4]),
-      requestId: null,
-      loraName: null,
-      cacheSalt: null,
-      expectedOutputTokens: null,
-      overlapScoreCredit: null,
-      prefillLoadScale: null,
-      temperature: null,
-    },
-    4,
-  );
+  const route = core.route(routeInput(new Uint32Array([1, 2, 3, 4])), 4);
   expect(route.decision.slot).toBeGreaterThanOrEqual(0);
   // The engine clears its cache: the index holds what the engine holds, exactly.
   engine.publish([cleared]);

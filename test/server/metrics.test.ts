@@ -16,6 +16,7 @@ import {
   ServerMetrics,
 } from "../../src/server/metrics";
 import { createMetricsRegistry, registerSamples } from "../../src/util/metrics";
+import { removeWorker } from "../support/workers";
 
 interface Sample {
   readonly name: string;
@@ -288,8 +289,8 @@ describe("router metrics", () => {
     const registry = createMetricsRegistry();
     const router = new Router({ blockSize: 4, random: () => 0.5 });
     const big = 2n ** 64n - 1n;
-    router.load.addWorker(big, 0);
-    router.load.addWorker(7n, 3);
+    router.load.table.acquire(big, 0);
+    router.load.table.acquire(7n, 3);
     registerRouterMetrics(registry, router);
     const p = promptHashes(
       Uint32Array.from({ length: 10 }, (_, i) => i),
@@ -318,7 +319,7 @@ describe("router metrics", () => {
     expect(value("kvedge_request_lifecycle_total", { event: "unknown" })).toBe(1);
     expect(value("kvedge_route_tracked_blocks", {})).toBe(2);
     expect(value("kvedge_route_tracker_bytes", {})).toBeGreaterThan(0);
-    router.load.removeWorker(big, 0);
+    removeWorker(router.load, big, 0);
     families = await scrape(registry);
     for (const name of [
       "kvedge_routed_requests_total",

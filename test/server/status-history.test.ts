@@ -84,7 +84,7 @@ test("the route totals and admission are sampled as they stand", () => {
     proxyCounters: null,
     decisions: () => ({ bounds: [1e-6], counts: new Float64Array(1) }),
   });
-  kvedge.router.load.addWorker(1n, 0);
+  kvedge.router.load.table.acquire(1n, 0);
   history.sample(1000);
   decideRoute(kvedge, { token_ids: new Array(40).fill(3), request_id: "a" });
   decideRoute(kvedge, { token_ids: new Array(40).fill(3), request_id: "b" });

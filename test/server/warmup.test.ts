@@ -18,7 +18,7 @@ function fleet() {
   const random = xorshift32(99);
   const shared = Array.from({ length: 64 }, () => random() % 1000);
   for (let w = 1; w <= 6; w++) {
-    core.router.load.addWorker(BigInt(w), 0);
+    core.workerTable.acquire(BigInt(w), 0);
     const held = Uint32Array.from([
       ...shared.slice(0, 16 * w),
       ...Array.from({ length: 32 }, () => random() % 1000),

@@ -282,8 +282,8 @@ describe("active requests", () => {
     let now = 1_000;
     const options = { blockSize: 4, requestTtlMs: 10_000, now: () => now };
     const source = new LoadTracker(options);
-    const a = source.addWorker(1n, 0);
-    const b = source.addWorker(2n, 3);
+    const a = source.table.acquire(1n, 0);
+    const b = source.table.acquire(2n, 3);
     const chain = new Uint32Array([1, 1, 1, 2, 1, 3]);
     source.admit("req-a", a, chain, 3, 20, 4, 8);
     source.admit("req-b", b, chain, 2, 12, 0, 0);
@@ -317,15 +317,15 @@ describe("active requests", () => {
     );
     const restore = (elapsed: number) => {
       const target = new LoadTracker(options);
-      target.addWorker(1n, 0);
-      target.addWorker(2n, 3);
+      target.table.acquire(1n, 0);
+      target.table.acquire(2n, 3);
       forEachOp(snapshot, {
         stored: () => {},
         removed: () => {},
         active: (workerId, dpRank, id, prefill, output, idle, c, blocks) => {
           target.restore(
             id,
-            target.slotOf(workerId, dpRank),
+            target.table.find(workerId, dpRank),
             c,
             blocks,
             prefill,

@@ -57,9 +57,16 @@ export class TestEngine {
     return this;
   }
 
-  /** Publishes one batch; `lose` skips the wire (a gap the router must notice). */
-  publish(events: readonly KvEvent[], lose = false): bigint {
-    const batch: KvBatch = { ts: Date.now() / 1000, events, dpRank: this.options.dpRank ?? null };
+  /**
+   * Publishes one batch; `lose` skips the wire (a gap the router must notice); `dpRank`
+   * names another rank of the engine than its own (a data-parallel engine's batch).
+   */
+  publish(
+    events: readonly KvEvent[],
+    lose = false,
+    dpRank: number | null = this.options.dpRank ?? null,
+  ): bigint {
+    const batch: KvBatch = { ts: Date.now() / 1000, events, dpRank };
     const payload = encodeKvBatch(
       batch,
       this.options.variant === undefined

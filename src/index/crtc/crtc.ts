@@ -32,7 +32,7 @@ import { clearSlot, RemoveScratch, removeHashes } from "./remove";
 import { storeChain } from "./store";
 import { CrtcTree } from "./tree";
 import type { PoolMemory } from "./shared-memory";
-import { CONTROL, type SharedWriter } from "./shared-writer";
+import { CONTROL, IDENTITY_WORDS, type SharedWriter } from "./shared-writer";
 import { verifyTree } from "./verify";
 
 /** What a shared index's writer is built on (shared.ts makes it). */
@@ -149,13 +149,20 @@ export class CrtcIndex extends TieredIndex implements KvIndex {
     return true;
   }
 
-  /** A new slot's identity, written before any coverage names it. */
+  /**
+   * A new slot's identity and generation stamp, written before any coverage names it:
+   * readers on other threads check with the stamp that a slot still names the worker
+   * it named when they looked it up.
+   */
   private publishSlot(slot: number): void {
     const { slotIdentity, writer } = this.shared!;
-    const id = this.workerTable.workerIdOf(slot);
-    slotIdentity[3 * slot] = Number(id >> 32n);
-    slotIdentity[3 * slot + 1] = Number(id & 0xffff_ffffn);
-    slotIdentity[3 * slot + 2] = this.workerTable.dpRankOf(slot);
+    const table = this.workerTable;
+    const id = table.workerIdOf(slot);
+    const at = IDENTITY_WORDS * slot;
+    slotIdentity[at] = table.stampOf(slot);
+    slotIdentity[at + 1] = Number(id >> 32n);
+    slotIdentity[at + 2] = Number(id & 0xffff_ffffn);
+    slotIdentity[at + 3] = table.dpRankOf(slot);
     if (slot >= Atomics.load(writer.control, CONTROL.slotHighWater)) {
       Atomics.store(writer.control, CONTROL.slotHighWater, slot + 1);
     }
@@ -205,19 +212,25 @@ export class CrtcIndex extends TieredIndex implements KvIndex {
 
   removeWorker(workerId: bigint): void {
     this.counters.workersRemoved++;
-    for (const slot of this.slots.slotsOf(workerId)) {
-      this.slots.copies.drop(slot);
-      this.tiers.clear(slot);
-      this.counters.blocksRemoved += clearSlot(
-        this.tree,
-        slot,
-        this.slots.lookup[slot]!,
-        this.removeScratch,
-      );
-      this.slots.release(slot);
-    }
+    for (const slot of this.slots.slotsOf(workerId)) this.drop(slot);
     this.tree.endEvent();
     if (this.verifyEach) this.verify();
+  }
+
+  dropSlot(slot: number): void {
+    if (this.slots.lookupOf(slot) === null) return;
+    this.drop(slot);
+    this.tree.endEvent();
+    if (this.verifyEach) this.verify();
+  }
+
+  /** A present slot's blocks, copies and lower tiers go, then its lookup (one event's part). */
+  private drop(slot: number): void {
+    this.slots.copies.drop(slot);
+    this.tiers.clear(slot);
+    const lookup = this.slots.lookup[slot]!;
+    this.counters.blocksRemoved += clearSlot(this.tree, slot, lookup, this.removeScratch);
+    this.slots.release(slot);
   }
 
   findMatches(local: Uint32Array, count: number, out: MatchResult, chain?: Uint32Array): void {

@@ -5,6 +5,13 @@
  * follow them. None of this exists in the private, single-threaded mode.
  */
 
+/**
+ * U32 words per worker slot in the "slots.identity" region: the slot's generation stamp
+ * (WorkerTable.stampOf), then the worker id's high and low words and the dp rank. Every
+ * answer copies the stamp; readers that name workers also copy the other three.
+ */
+export const IDENTITY_WORDS = 4;
+
 /** Int32 words of the control buffer. */
 export const CONTROL = {
   /** Events applied (wraps at 2^32); raised after an event's writes, before its versions close. */

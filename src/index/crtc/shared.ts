@@ -12,16 +12,19 @@
  * worker.postMessage(shared.descriptor);      // structured-cloneable: SABs + geometry
  *
  * // A reader's thread (a Worker), from the posted descriptor:
- * const reader = attach(descriptor);
+ * const reader = attach(descriptor, { identities: true });
  * const out = new MatchResult();
  * reader.findMatches(local, count, out);      // KvIndex.findMatches' signature
- * reader.workerIdOf(out.workers[0]!);          // handles name the writer's worker slots
+ * reader.stampOf(out.workers[0]!);             // handles are the worker table's slots
+ * reader.workerIdOf(out.workers[0]!);          // (with identities) who the slot was
  * reader.close();                              // gives the reader slot back
  * ```
  *
  * An answer is the index's answer at one event boundary between the call's start and
- * end. Handles (worker slots) and their workerIdOf / dpRankOf are those of that
- * boundary; they stay readable until the reader's next findMatches.
+ * end. Handles (worker slots) and their workerIdOf / dpRankOf / stampOf are those of
+ * that boundary; they stay readable until the reader's next findMatches. With a writer
+ * thread the slots are the main thread's (src/runtime/writer.ts adopts them), so an
+ * answer needs no translation, only the stamp check (src/index/threaded-index.ts).
  */
 import { LINK_STRIDE, probeSlot } from "../link-table";
 import { SLOT_LIMIT } from "../workers";
@@ -31,7 +34,13 @@ import { CrtcIndex } from "./crtc";
 import { MatchScratch, type ReadGuard, TreeReads, walkMatches } from "./match";
 import { RUN_ORDER_MAX } from "./blocks";
 import { SharedRegions } from "./shared-memory";
-import { CONTROL, controlWords, SharedWriter, type SharedWriterCounters } from "./shared-writer";
+import {
+  CONTROL,
+  controlWords,
+  IDENTITY_WORDS,
+  SharedWriter,
+  type SharedWriterCounters,
+} from "./shared-writer";
 
 export { MatchResult };
 
@@ -98,7 +107,7 @@ export function sharedRegionLimits(budgetBytes: number): Record<string, number> 
     "owners.words": 4 * words,
     "links.0": 4 * LINK_STRIDE * linkSlots,
     "links.1": 4 * LINK_STRIDE * linkSlots,
-    "slots.identity": 4 * 3 * SLOT_LIMIT,
+    "slots.identity": 4 * IDENTITY_WORDS * SLOT_LIMIT,
   };
   for (const name of ["parent", "start", "len", "spare", "kids", "version"]) {
     limits[`nodes.${name}`] = 4 * nodeIds;
@@ -155,9 +164,18 @@ const FAST_ATTEMPTS = 8;
  */
 const LOOKUP_LIMIT_NS = 2_000_000_000;
 
-export function attach(descriptor: SharedIndexDescriptor): SharedIndexReader {
+/**
+ * A reader of the shared index. Every answer comes with its slots' generation stamps
+ * (`stampOf`: what a later check of the slots needs); `identities` also copies each
+ * slot's worker id and dp rank with the answer (`workerIdOf`, `dpRankOf`: for readers
+ * that name workers themselves, tests and soaks; two more words per answer slot).
+ */
+export function attach(
+  descriptor: SharedIndexDescriptor,
+  options: { readonly identities?: boolean } = {},
+): SharedIndexReader {
   if (descriptor?.format !== FORMAT) throw new Error("not a shared crtc index descriptor");
-  return new SharedIndexReader(descriptor);
+  return new SharedIndexReader(descriptor, options.identities === true);
 }
 
 /** A read-only view of a shared crtc index for one thread. */
@@ -181,17 +199,21 @@ export class SharedIndexReader implements ReadGuard {
   private readCount = 0;
   /** The node whose odd version ended the last attempt (0: none). */
   private conflict = 0;
-  /** Identities of the last answer's slots, as read inside it. */
+  /** Identities and generation stamps of the last answer's slots, as read inside it. */
   private idHi = new Uint32Array(64);
   private idLo = new Uint32Array(64);
   private rank = new Uint32Array(64);
+  private stamp = new Uint32Array(64);
   /** workerIdOf's bigints, made once per slot identity seen. */
   private readonly ids: bigint[] = [];
   private cachedHi = new Uint32Array(64);
   private cachedLo = new Uint32Array(64);
   private closed = false;
 
-  constructor(descriptor: SharedIndexDescriptor) {
+  constructor(
+    descriptor: SharedIndexDescriptor,
+    private readonly identities: boolean,
+  ) {
     const r = descriptor.regions;
     const u32 = (name: string) => {
       const buffer = r[name];
@@ -252,6 +274,7 @@ export class SharedIndexReader implements ReadGuard {
   }
 
   workerIdOf(handle: number): bigint {
+    this.assertIdentities();
     const hi = this.idHi[handle]!;
     const lo = this.idLo[handle]!;
     const known = this.cachedHi[handle] === hi && this.cachedLo[handle] === lo;
@@ -264,7 +287,20 @@ export class SharedIndexReader implements ReadGuard {
   }
 
   dpRankOf(handle: number): number {
+    this.assertIdentities();
     return this.rank[handle]!;
+  }
+
+  private assertIdentities(): void {
+    if (!this.identities) throw new Error("a reader attached without identities names no workers");
+  }
+
+  /**
+   * The generation stamp (WorkerTable.stampOf) the slot had in the last answer: with it,
+   * a thread that uses the answer later checks the slot still names the same worker.
+   */
+  stampOf(handle: number): number {
+    return this.stamp[handle]!;
   }
 
   /** Gives the reader slot back; the reader cannot be used after. */
@@ -344,6 +380,7 @@ export class SharedIndexReader implements ReadGuard {
       this.idHi = new Uint32Array(size);
       this.idLo = new Uint32Array(size);
       this.rank = new Uint32Array(size);
+      this.stamp = new Uint32Array(size);
       this.cachedHi = new Uint32Array(size);
       this.cachedLo = new Uint32Array(size);
       this.ids.length = 0;
@@ -368,15 +405,27 @@ export class SharedIndexReader implements ReadGuard {
     out.ensure(slots);
     this.reads.slotLimit = slots;
     if (!walkMatches(this.reads, query, chain, count, out, this.scratch)) return false;
-    // Names of the slots while their coverage is still validated below.
+    // The slots' stamps (and names) while their coverage is still validated below.
+    const identity = this.identity;
+    const stamp = this.stamp;
+    const stride = IDENTITY_WORDS;
+    for (let k = 0; k < out.count; k++) {
+      const slot = out.workers[k]!;
+      stamp[slot] = identity[stride * slot]!;
+    }
+    if (this.identities) this.copyIdentities(out);
+    return this.validate();
+  }
+
+  private copyIdentities(out: MatchResult): void {
     const identity = this.identity;
     for (let k = 0; k < out.count; k++) {
       const slot = out.workers[k]!;
-      this.idHi[slot] = identity[3 * slot]!;
-      this.idLo[slot] = identity[3 * slot + 1]!;
-      this.rank[slot] = identity[3 * slot + 2]!;
+      const at = IDENTITY_WORDS * slot;
+      this.idHi[slot] = identity[at + 1]!;
+      this.idLo[slot] = identity[at + 2]!;
+      this.rank[slot] = identity[at + 3]!;
     }
-    return this.validate();
   }
 
   /** ReadGuard.open: records `node`'s version before it is read; -1 while it is being changed. */

@@ -380,6 +380,13 @@ export class PositionalIndex extends TieredIndex implements KvIndex {
     if (this.verifyEach) this.verify();
   }
 
+  dropSlot(slot: number): void {
+    if (this.slots.lookupOf(slot) === null) return;
+    this.clearSlot(slot);
+    this.slots.release(slot);
+    if (this.verifyEach) this.verify();
+  }
+
   findMatches(local: Uint32Array, count: number, out: MatchResult, given?: Uint32Array): void {
     const fits = local.length >= 2 * count && (given === undefined || given.length >= 2 * count);
     assert(fits, "query arrays too short");

@@ -314,15 +314,19 @@ export class ReferenceIndex extends SlotIndex implements KvIndex {
 
   removeWorker(workerId: bigint): void {
     this.counters.workersRemoved++;
-    for (const [key, worker] of this.byKey) {
-      if (worker.workerId !== workerId) continue;
-      this.counters.blocksRemoved += worker.held.size;
-      for (const path of worker.held.keys()) this.hold(path, -1);
-      this.tierModel.clear(worker.tiers);
-      this.byKey.delete(key);
-      this.byHandle[worker.handle] = undefined;
-      if (this.ownsWorkers) this.workerTable.release(worker.handle);
-    }
+    for (const worker of [...this.byKey.values()])
+      if (worker.workerId === workerId) this.dropSlot(worker.handle);
+  }
+
+  dropSlot(slot: number): void {
+    const worker = slot < 0 ? undefined : this.byHandle[slot];
+    if (worker === undefined) return;
+    this.counters.blocksRemoved += worker.held.size;
+    for (const path of worker.held.keys()) this.hold(path, -1);
+    this.tierModel.clear(worker.tiers);
+    this.byKey.delete(`${worker.workerId}/${worker.dpRank}`);
+    this.byHandle[slot] = undefined;
+    if (this.ownsWorkers) this.workerTable.release(slot);
   }
 
   findMatches(local: Uint32Array, count: number, out: MatchResult): void {
