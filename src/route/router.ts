@@ -457,8 +457,10 @@ export class Router {
    */
   private heldTrusted(slot: number): number {
     const device = this.overlapBySlot[slot]!;
-    if (!this.tiered) return this.deviceTrusted(slot);
-    return this.deviceTrusted(slot) + this.trusted(slot, this.heldBlocks(slot) - device);
+    const blocks = this.tiered ? this.heldBlocks(slot) : device;
+    // The common case first: a worker trusted as it is.
+    if (this.load.degraded[slot] !== 1) return blocks;
+    return this.deviceTrusted(slot) + this.trusted(slot, blocks - device);
   }
 
   /** The device overlap as trusted: discounted when degraded; routed on predictions, `fallbackOverlap`. */
@@ -645,7 +647,7 @@ export class Router {
     for (let i = 0; i < liveCount; i++) {
       const slot = slots[i]!;
       const slotPrefill = prefill[slot]!;
-      let held = this.deviceTrusted(slot);
+      let held = load.degraded[slot] === 1 ? this.deviceTrusted(slot) : this.overlapBySlot[slot]!;
       if (decayScale > 0) held /= 1 + decayScale * (slotPrefill - minPrefill);
       const raw = (slotPrefill + tokenCount) / blockSize - credit * held;
       const prefillCost = scale * Math.max(0, this.tiered ? raw - this.lowerTrusted(slot) : raw);
