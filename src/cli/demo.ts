@@ -1,6 +1,8 @@
 import { availableParallelism } from "node:os";
 import { ADMISSION_MODES, type AdmissionMode, DEFAULT_ADMISSION } from "../route/admission";
+import { DEGRADED_FALLBACKS } from "../route/router";
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES, type RoutePolicy } from "../route/ttft";
+import type { DegradedFallbackMode } from "../sim/degraded-fleet";
 import { getAffinity, pinProcess } from "../runtime/affinity";
 import {
   type AdmissionReport,
@@ -138,6 +140,10 @@ const flags = {
   "no-sync": { kind: "boolean" },
   "sync-delay-ms": { kind: "string" },
   "stagger-ms": { kind: "string" },
+  "cut-streams": { kind: "string" },
+  "cut-at": { kind: "string" },
+  "cut-ms": { kind: "string" },
+  "degraded-fallback": { kind: "string" },
 } as const;
 
 export const DEMO_DEFAULTS = {
@@ -149,6 +155,8 @@ export const DEMO_DEFAULTS = {
   timeScale: 0.5,
   seed: 42,
 } as const;
+
+const RECOMPUTE_WEIGHT = DEFAULT_TTFT_SETTINGS.recomputeWeight;
 
 export const demoCommand: Command = {
   name: "demo",
@@ -217,6 +225,12 @@ Options:
   --sync-delay-ms D      with --virtual --replicas: each replica applies its peers' facts D ms late (1)
   --stagger-ms S         with --replicas: the replicas' cluster.stagger_ms, replica k answering a
                          contested route k × S ms late (default: D with --virtual, else 1; 0 = off)
+  --cut-streams N        with --virtual: the first N engines' KV-event streams are cut (no replay):
+                         kvedge's index of them loses what they publish during the cut, and they
+                         are degraded from then on (0)
+  --cut-at F             the cut starts F of the way through the replay (0.25)
+  --cut-ms MS            the cut's length, model ms (10000)
+  --degraded-fallback M  kv_aware's route.degraded_fallback: predictions (default) or discount
   --json                 print one JSON object on stdout instead of the table
 ${TIME_MODEL_HELP}  -h, --help             show this help
 `,
@@ -226,13 +240,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       throw new UsageError(`unexpected argument '${parsed.positionals[0]}'`);
     const virtual = flagBool(parsed, "virtual");
     const routePolicy = routePolicyOf(flagString(parsed, "route-policy"));
-    const recomputeWeight = flagNumber(
-      parsed,
-      "recompute-weight",
-      DEFAULT_TTFT_SETTINGS.recomputeWeight,
-      0,
-      1e6,
-    );
+    const recomputeWeight = flagNumber(parsed, "recompute-weight", RECOMPUTE_WEIGHT, 0, 1e6);
     const admission = admissionOf(flagString(parsed, "admission"), flagBool(parsed, "proxy"));
     const workers = flagInt(parsed, "workers", DEMO_DEFAULTS.workers, 1, WORKERS_MAX);
     const capacityBlocks = flagInt(
@@ -251,17 +259,12 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     const replicated = replicaFlags(parsed, virtual);
     const policies = policiesOf(flagString(parsed, "policies"), replicated);
     const { trace, name, start, timeScale } = await demoTrace(parsed);
-
-    const serveArgs = serveArgsOf(
-      routePolicy,
-      recomputeWeight,
-      time,
-      admissionArgs(admission, speedup),
-    );
-    const kvedge = policies.includes("kv_aware") || policies.includes("kv_aware_unsynced");
-    if (!virtual && !flagBool(parsed, "no-pin") && kvedge) serveArgs.push(...pinning());
-    // Without correction kvedge serve ignores the cached tokens it hears (the proxy reads them anyway).
-    if (flagBool(parsed, "no-correct")) serveArgs.push("--no-predicted-correction");
+    const degraded = degradedFlags(parsed, virtual, trace, workers);
+    const serveArgs = [
+      ...serveArgsOf(routePolicy, recomputeWeight, time, admissionArgs(admission, speedup)),
+      ...localServeArgs(parsed, virtual, policies),
+      ...degraded.serveArgs,
+    ];
     const predictions = predictionOptions(parsed, capacityBlocks);
     const events = predictions.events;
     const result = await runDemo({
@@ -282,8 +285,14 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       virtual,
       proxy: flagBool(parsed, "proxy"),
       ...predictions,
-      kvAware: { policy: routePolicy, ttft: { recomputeWeight }, admission: { mode: admission } },
+      kvAware: {
+        policy: routePolicy,
+        ttft: { recomputeWeight },
+        admission: { mode: admission },
+        ...degraded.kvAware,
+      },
       ...replicated.options,
+      ...degraded.options,
     });
     const config = {
       trace: name,
@@ -305,6 +314,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       time_model: time,
       trace_span_s: traceStats(trace).spanMs / 1000,
       ...replicated.config,
+      ...degraded.config,
     };
     if (json) process.stdout.write(`${JSON.stringify({ ...result, config })}\n`);
     else process.stdout.write(renderDemo(result, config));
@@ -395,6 +405,60 @@ function admissionArgs(mode: AdmissionMode, speedup: number): string[] {
     "--admission-prefill-weight",
     String(DEFAULT_ADMISSION.prefillWeight / speedup),
   ];
+}
+
+/** Pinning, and without correction kvedge serve ignores the cached tokens it hears (the proxy reads them anyway). */
+function localServeArgs(parsed: Parsed, virtual: boolean, policies: readonly DemoPolicy[]) {
+  const args: string[] = [];
+  const kvedge = policies.includes("kv_aware") || policies.includes("kv_aware_unsynced");
+  if (!virtual && !flagBool(parsed, "no-pin") && kvedge) args.push(...pinning());
+  if (flagBool(parsed, "no-correct")) args.push("--no-predicted-correction");
+  return args;
+}
+
+/** --degraded-fallback and the stream cut (--cut-streams, --cut-at, --cut-ms), checked together. */
+function degradedFlags(parsed: Parsed, virtual: boolean, trace: Trace, workers: number) {
+  const text = flagString(parsed, "degraded-fallback");
+  const degradedFallback = degradedFallbackOf(text);
+  const cut = streamCutOf(parsed, virtual, trace, workers);
+  return {
+    kvAware: { degradedFallback },
+    options: cut.streamCut === null ? {} : { streamCut: cut.streamCut },
+    config: { degraded_fallback: degradedFallback, ...cut.config },
+    serveArgs: text === undefined ? [] : ["--degraded-fallback", degradedFallback],
+  };
+}
+
+function degradedFallbackOf(text: string | undefined): DegradedFallbackMode {
+  if (text === undefined) return "predictions";
+  if (!(DEGRADED_FALLBACKS as readonly string[]).includes(text)) {
+    throw new UsageError(
+      `--degraded-fallback: unknown mode '${text}' (known: ${DEGRADED_FALLBACKS.join(", ")})`,
+    );
+  }
+  return text as DegradedFallbackMode;
+}
+
+/** --cut-streams, --cut-at, --cut-ms: the first N engines' streams cut, F of the way through the replay. */
+function streamCutOf(parsed: Parsed, virtual: boolean, trace: Trace, workers: number) {
+  const count = flagInt(parsed, "cut-streams", 0, 0, workers);
+  const at = flagNumber(parsed, "cut-at", 0.25, 0, 1);
+  const ms = flagNumber(parsed, "cut-ms", 10_000, 0, 1e9);
+  const used = ["cut-streams", "cut-at", "cut-ms"].filter((flag) => parsed.flags.has(flag));
+  if (used.length > 0 && !virtual) throw new UsageError(`--${used[0]} needs --virtual`);
+  if (count === 0) {
+    if (used.length > 0 && used[0] !== "cut-streams")
+      throw new UsageError(`--${used[0]} needs --cut-streams 1 or more`);
+    return { streamCut: null, config: {} };
+  }
+  const first = trace.count > 0 ? trace.arrivalMs[0]! : 0;
+  const fromMs = first + at * traceStats(trace).spanMs;
+  const streamCut = {
+    workers: Array.from({ length: count }, (_, w) => w),
+    fromMs,
+    toMs: fromMs + ms,
+  };
+  return { streamCut, config: { cut_streams: count, cut_from_s: fromMs / 1000, cut_ms: ms } };
 }
 
 function eventsOf(text: string | undefined): DemoEvents {
@@ -533,6 +597,10 @@ interface DemoConfig {
   readonly time_scale: number;
   readonly speedup: number;
   readonly trace_span_s: number;
+  readonly degraded_fallback?: DegradedFallbackMode;
+  readonly cut_streams?: number;
+  readonly cut_from_s?: number;
+  readonly cut_ms?: number;
 }
 
 const int = (value: number): string => Math.round(value).toLocaleString("en-US");
@@ -657,7 +725,7 @@ export function renderDemo(result: DemoResult, config: DemoConfig): string {
   if (result.tiers !== null) out.push(...tierTable(result.tiers), "");
   if (result.admission !== null) out.push(admissionLine(result.admission), "");
   if (result.proxy !== null) out.push(...proxyLines(result.proxy), "");
-  if (config.approximate_workers.length > 0) out.push(approximateLine(config), "");
+  out.push(...workerNotes(config));
   const modes = new Set(Object.values(result.policies).map((r) => r.mode));
   out.push(
     `Times are modeled (engine schedule in model time, not wall clock); runs: ${[...modes].join("; ")}.`,
@@ -710,6 +778,27 @@ function routerLines(router: RouterReport, config: DemoConfig): string[] {
         ` facts applied by peers within ${cluster.lag_p50_ms} ms (p50), ${cluster.lag_p99_ms} ms (p99).`,
     );
   return lines;
+}
+
+/** The notes on engines without events and cut streams, each followed by a blank line. */
+function workerNotes(config: DemoConfig): string[] {
+  const notes: string[] = [];
+  if (config.approximate_workers.length > 0) notes.push(approximateLine(config), "");
+  if (config.cut_streams !== undefined) notes.push(cutLine(config), "");
+  return notes;
+}
+
+/** Whose streams were cut, when, and what kvedge routed them on (`--cut-streams`). */
+function cutLine(config: DemoConfig): string {
+  const fallback =
+    config.degraded_fallback === "discount"
+      ? "their indexed overlap discounted"
+      : "the larger of its predictions of them and their discounted indexed overlap";
+  return (
+    `Streams cut (--cut-streams ${config.cut_streams}): engines 0-${config.cut_streams! - 1} lost their KV events ` +
+    `for ${int(config.cut_ms!)} ms from ${config.cut_from_s!.toFixed(1)} s, without replay; kvedge held them ` +
+    `degraded from then on and routed them on ${fallback} (--degraded-fallback ${config.degraded_fallback}).`
+  );
 }
 
 /** Which engines published no events (`--events none|mixed`). */

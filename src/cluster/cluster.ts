@@ -104,6 +104,7 @@ export class Cluster {
       replicaId,
       epoch,
       load: core.router.load,
+      predictions: core.predictions,
       workers: core.workerTable,
       transport: this.transport(),
       leaseMs: config.lease_ms,

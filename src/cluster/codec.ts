@@ -15,7 +15,16 @@ export const VERSION = 1;
 
 export const KIND = { facts: 1, heartbeat: 2, snapshot: 3, sync: 4 } as const;
 export type Kind = (typeof KIND)[keyof typeof KIND];
-export const FACT = { routed: 1, prefillDone: 2, ended: 3, routedFlat: 4, decodeTotal: 5 } as const;
+export const FACT = {
+  routed: 1,
+  prefillDone: 2,
+  ended: 3,
+  routedFlat: 4,
+  decodeTotal: 5,
+  predicted: 6,
+  corrected: 7,
+  predictedOlder: 8,
+} as const;
 export const END_REASONS: readonly EndReason[] = ["done", "expired", "evicted", "worker_removed"];
 const REASON_CODES: Record<EndReason, number> = {
   done: 0,
@@ -27,11 +36,21 @@ const REASON_CODES: Record<EndReason, number> = {
 export const LAST_CHUNK = 1;
 /** HEARTBEAT flag: the sender is shutting down (drop its requests now, not after the lease). */
 export const LEAVING = 2;
+/** SYNC flag: the asker is joining and takes predictions (the first replica by id sends its own). */
+export const WITH_PREDICTIONS = 4;
 
 /** Largest message written or read (NATS's default max_payload). */
 export const MESSAGE_BYTES_MAX = 1024 * 1024;
-/** A routed fact carries at most this many blocks of its chain (its prefix: 128 KiB). */
+/**
+ * A routed fact carries at most this many blocks of its chain (its prefix: 128 KiB), a
+ * predicted fact at most this many new blocks (the first of them: 128 KiB).
+ */
 export const CHAIN_BLOCKS_MAX = 16_384;
+/** PREDICTED flag: the blocks follow an anchor (a block the sender held already). */
+const ANCHORED = 1;
+/** CORRECTED flags: a shortfall (else a surplus); the block its purge is bounded by follows. */
+const SHORTFALL = 1;
+const NAMED = 2;
 /** Replica ids: what a NATS client name and a log line can carry as they are. */
 export const REPLICA_ID = /^[A-Za-z0-9._-]{1,64}$/;
 const FIXED_HEADER = 25;
@@ -112,6 +131,34 @@ export interface FactVisitor {
   ended(handle: number, reason: EndReason, freed: number): void;
   /** All the decode blocks the origin's chainless requests add on `worker` now (snapshots). */
   decodeTotal(worker: number, blocks: number): void;
+  /**
+   * The origin predicted (or refreshed) blocks on the approximate `worker`: `count` blocks
+   * by their local hashes after the anchor block (by its sequence hash; `anchored`
+   * false: from the root). `local` valid during the call.
+   */
+  predicted(
+    worker: number,
+    anchored: boolean,
+    anchorHi: number,
+    anchorLo: number,
+    local: Uint32Array,
+    count: number,
+  ): void;
+  /** The origin corrected its predictions of `worker` (`PredictionShare.corrected`). */
+  corrected(worker: number, shortfall: boolean, named: boolean, hi: number, lo: number): void;
+  /**
+   * Snapshots for a joining replica: a run of the origin's predictions of `worker`, its
+   * set walked newest first, as `predicted` names blocks; its first block used `ageMs` ago.
+   */
+  predictedOlder(
+    worker: number,
+    anchored: boolean,
+    anchorHi: number,
+    anchorLo: number,
+    local: Uint32Array,
+    count: number,
+    ageMs: number,
+  ): void;
 }
 
 /** The workers a message's facts name, by dictionary index. */
@@ -136,6 +183,7 @@ function latin1(bytes: Uint8Array, at: number, length: number): string {
  */
 export class FactReader {
   private chain = new Uint32Array(256);
+  private local = new Uint32Array(256);
 
   read(
     bytes: Uint8Array,
@@ -163,7 +211,7 @@ export class FactReader {
     workers: WorkerDictionary,
     visitor: FactVisitor | null,
   ): number {
-    if (p + 5 > limit) throw new BadMessage("truncated");
+    if (p + 1 > limit) throw new BadMessage("truncated");
     const type = bytes[p]!;
     if (type === FACT.decodeTotal) {
       if (p + 7 > limit) throw new BadMessage("truncated");
@@ -172,6 +220,18 @@ export class FactReader {
       visitor?.decodeTotal(worker, view.getUint32(p + 3, true));
       return p + 7;
     }
+    if (type === FACT.predicted || type === FACT.predictedOlder)
+      return this.predicted(
+        bytes,
+        view,
+        p + 1,
+        limit,
+        workers,
+        visitor,
+        type === FACT.predictedOlder,
+      );
+    if (type === FACT.corrected) return corrected(bytes, view, p + 1, limit, workers, visitor);
+    if (p + 5 > limit) throw new BadMessage("truncated");
     const id = view.getUint32(p + 1, true);
     if (id === 0) throw new BadMessage("handle");
     p += 5;
@@ -214,9 +274,72 @@ export class FactReader {
     visitor.routed(id, worker, this.chain, blocks, prefill, output, null);
     return end;
   }
+
+  /**
+   * A predicted (or, `older`, predicted-older) fact after its type: worker, flags, count,
+   * (older: the age in ms), the anchor if any, the local hashes.
+   */
+  private predicted(
+    bytes: Uint8Array,
+    view: DataView,
+    p: number,
+    limit: number,
+    workers: WorkerDictionary,
+    visitor: FactVisitor | null,
+    older: boolean,
+  ): number {
+    const fixed = older ? 15 : 7;
+    if (p + fixed > limit) throw new BadMessage("truncated");
+    const worker = view.getUint16(p, true);
+    const flags = bytes[p + 2]!;
+    const count = view.getUint32(p + 3, true);
+    const ageMs = older ? view.getFloat64(p + 7, true) : 0;
+    if (worker >= workers.ids.length) throw new BadMessage("worker");
+    if (flags > ANCHORED || !(ageMs >= 0 && Number.isFinite(ageMs))) throw new BadMessage("flags");
+    if (count > CHAIN_BLOCKS_MAX) throw new BadMessage("chain");
+    const anchored = flags === ANCHORED;
+    const anchorAt = p + fixed;
+    const localAt = anchorAt + (anchored ? 8 : 0);
+    const end = localAt + 8 * count;
+    if (end > limit) throw new BadMessage("truncated");
+    if (count === 0 && (older || !anchored)) throw new BadMessage("empty_prediction");
+    if (visitor === null) return end;
+    const anchorHi = anchored ? view.getUint32(anchorAt, true) : 0;
+    const anchorLo = anchored ? view.getUint32(anchorAt + 4, true) : 0;
+    if (this.local.length < 2 * count) this.local = new Uint32Array(2 * count);
+    new Uint8Array(this.local.buffer).set(bytes.subarray(localAt, end));
+    if (older)
+      visitor.predictedOlder(worker, anchored, anchorHi, anchorLo, this.local, count, ageMs);
+    else visitor.predicted(worker, anchored, anchorHi, anchorLo, this.local, count);
+    return end;
+  }
 }
 
 const NO_CHAIN = new Uint32Array(0);
+
+/** A corrected fact after its type: worker, flags, the named block's sequence hash (when named). */
+function corrected(
+  bytes: Uint8Array,
+  view: DataView,
+  p: number,
+  limit: number,
+  workers: WorkerDictionary,
+  visitor: FactVisitor | null,
+): number {
+  if (p + 3 > limit) throw new BadMessage("truncated");
+  const worker = view.getUint16(p, true);
+  const flags = bytes[p + 2]!;
+  if (worker >= workers.ids.length) throw new BadMessage("worker");
+  // Only a shortfall purges: a surplus names no block.
+  if (flags > (SHORTFALL | NAMED) || flags === NAMED) throw new BadMessage("correction");
+  const named = (flags & NAMED) !== 0;
+  const end = p + 3 + (named ? 8 : 0);
+  if (end > limit) throw new BadMessage("truncated");
+  const hi = named ? view.getUint32(p + 3, true) : 0;
+  const lo = named ? view.getUint32(p + 7, true) : 0;
+  visitor?.corrected(worker, (flags & SHORTFALL) !== 0, named, hi, lo);
+  return end;
+}
 
 /** A routed fact without a chain: worker, prefill tokens, output blocks, decode blocks. */
 function routedFlat(
@@ -400,6 +523,94 @@ export class MessageEncoder {
     this.view.setUint16(this.length + 1, this.workerIndex(slot), true);
     this.view.setUint32(this.length + 3, clampU32(blocks), true);
     this.length += 7;
+    this.facts++;
+  }
+
+  /**
+   * A prediction (or refresh) on `slot`: blocks [held, count) of the chain by their local
+   * hashes, after block held − 1 by its sequence hash (the sender held [0, held) already).
+   * At most CHAIN_BLOCKS_MAX new blocks are written (a prediction's prefix is one too);
+   * returns how many were.
+   */
+  predicted(
+    slot: number,
+    local: Uint32Array,
+    chain: Uint32Array,
+    held: number,
+    count: number,
+  ): number {
+    const kept = Math.min(count - held, CHAIN_BLOCKS_MAX);
+    const anchored = held > 0;
+    this.ensure(8 + (anchored ? 8 : 0) + 8 * kept);
+    const at = this.length;
+    const worker = this.workerIndex(slot);
+    this.bytes[at] = FACT.predicted;
+    this.bytes[at + 1] = worker;
+    this.bytes[at + 2] = worker >>> 8;
+    this.bytes[at + 3] = anchored ? ANCHORED : 0;
+    this.put32(at + 4, kept);
+    let p = at + 8;
+    if (anchored) {
+      this.put32(p, chain[2 * held - 2]!);
+      this.put32(p + 4, chain[2 * held - 1]!);
+      p += 8;
+    }
+    this.bytes.set(new Uint8Array(local.buffer, local.byteOffset + 8 * held, 8 * kept), p);
+    this.length = p + 8 * kept;
+    this.facts++;
+    return kept;
+  }
+
+  /**
+   * A run of this replica's predictions on `slot` for a joining replica's snapshot:
+   * `count` blocks by their local hashes (at most CHAIN_BLOCKS_MAX) after the anchor,
+   * the first used `ageMs` ago.
+   */
+  predictedOlder(
+    slot: number,
+    anchored: boolean,
+    anchorHi: number,
+    anchorLo: number,
+    local: Uint32Array,
+    count: number,
+    ageMs: number,
+  ): void {
+    if (count < 1 || count > CHAIN_BLOCKS_MAX) throw new RangeError(`bad run of ${count} blocks`);
+    this.ensure(16 + (anchored ? 8 : 0) + 8 * count);
+    const at = this.length;
+    const worker = this.workerIndex(slot);
+    this.bytes[at] = FACT.predictedOlder;
+    this.bytes[at + 1] = worker;
+    this.bytes[at + 2] = worker >>> 8;
+    this.bytes[at + 3] = anchored ? ANCHORED : 0;
+    this.put32(at + 4, count);
+    this.view.setFloat64(at + 8, Math.max(0, ageMs), true);
+    let p = at + 16;
+    if (anchored) {
+      this.put32(p, anchorHi);
+      this.put32(p + 4, anchorLo);
+      p += 8;
+    }
+    this.bytes.set(new Uint8Array(local.buffer, local.byteOffset, 8 * count), p);
+    this.length = p + 8 * count;
+    this.facts++;
+  }
+
+  /** A correction of the predictions on `slot` (`PredictionShare.corrected`). */
+  corrected(slot: number, shortfall: boolean, named: boolean, hi: number, lo: number): void {
+    const block = shortfall && named;
+    this.ensure(12);
+    const at = this.length;
+    const worker = this.workerIndex(slot);
+    this.bytes[at] = FACT.corrected;
+    this.bytes[at + 1] = worker;
+    this.bytes[at + 2] = worker >>> 8;
+    this.bytes[at + 3] = (shortfall ? SHORTFALL : 0) | (block ? NAMED : 0);
+    if (block) {
+      this.put32(at + 4, hi);
+      this.put32(at + 8, lo);
+    }
+    this.length = at + 4 + (block ? 8 : 0);
     this.facts++;
   }
 

@@ -5,8 +5,17 @@
  * in-memory bus (src/sim); tests over a bus of their own.
  */
 import type { LoadTracker } from "../route/load";
+import type { Predictions } from "../route/predictions";
 import type { Logger } from "../util/log";
-import { BadMessage, bodyOffset, KIND, readHeader, REPLICA_ID, type WorkerIdentity } from "./codec";
+import {
+  BadMessage,
+  bodyOffset,
+  KIND,
+  readHeader,
+  REPLICA_ID,
+  WITH_PREDICTIONS,
+  type WorkerIdentity,
+} from "./codec";
 import { Outbox } from "./outbox";
 import { PeerSet } from "./peers";
 
@@ -28,6 +37,11 @@ export interface NodeOptions {
   /** This process's start: a random non-zero u32. */
   readonly epoch: number;
   readonly load: LoadTracker;
+  /**
+   * This process's predictions of approximate workers: what it predicts is shared, and
+   * what peers predict is applied to them (null: none here; peers' are dropped, counted).
+   */
+  readonly predictions?: Predictions | null;
   readonly workers: WorkerIdentity;
   readonly transport: NodeTransport;
   readonly leaseMs: number;
@@ -48,6 +62,9 @@ export interface NodeOptions {
 interface SyncAsked {
   readonly replyTo: string;
   readonly nonce: number;
+  /** The asker's replica id, and whether it is joining (takes predictions). */
+  readonly replicaId: string;
+  readonly withPredictions: boolean;
 }
 
 export class ClusterNode {
@@ -77,14 +94,17 @@ export class ClusterNode {
       syncTimeoutMs: options.syncTimeoutMs,
       holdMs: options.holdMs,
       load: options.load,
+      predictions: options.predictions ?? null,
       now: options.now,
       ...(options.wallNow === undefined ? {} : { wallNow: options.wallNow }),
-      requestSync: (target, nonce) => transport.ask(this.outbox.syncRequest(target, nonce)),
+      requestSync: (target, nonce, withPredictions) =>
+        transport.ask(this.outbox.syncRequest(target, nonce, withPredictions)),
       ...(options.onApplied === undefined ? {} : { onApplied: options.onApplied }),
       ...(options.onLag === undefined ? {} : { onLag: options.onLag }),
       log: options.log,
     });
     options.load.facts = this.outbox;
+    if (options.predictions != null) options.predictions.share = this.outbox;
   }
 
   get replicaId(): string {
@@ -118,6 +138,20 @@ export class ClusterNode {
     if (this.asked.length > 0) this.answerSyncs();
   }
 
+  /**
+   * This replica's predictions, when a joining replica asked and this replica is the
+   * first by id of those it knows besides the askers (one copy per join, not one per
+   * peer); else null.
+   */
+  private predictionsFor(asked: readonly SyncAsked[]): Predictions | null {
+    const predictions = this.options.predictions ?? null;
+    if (predictions === null || !asked.some((a) => a.withPredictions)) return null;
+    const askers = new Set(asked.map((a) => a.replicaId));
+    for (const id of this.peers.peers.keys())
+      if (!askers.has(id) && id < this.options.replicaId) return null;
+    return predictions;
+  }
+
   /** Shutting down: the last facts, a heartbeat that says so, and no more reports. */
   leave(): void {
     this.outbox.flush();
@@ -125,14 +159,16 @@ export class ClusterNode {
       this.outbox.heartbeat(this.options.load.activeRequestCount, true),
     );
     this.options.load.facts = null;
+    if (this.options.predictions != null) this.options.predictions.share = null;
     this.peers.clear();
   }
 
   private syncAsked(bytes: Uint8Array, replyTo: string | null): void {
     let target: string;
     let nonce: number;
+    let header: ReturnType<typeof readHeader>;
     try {
-      const header = readHeader(bytes);
+      header = readHeader(bytes);
       if (header.replicaId === this.options.replicaId) return;
       const at = header.bodyAt;
       if (bytes.length < at + 5 || at + 5 + bytes[at + 4]! > bytes.length)
@@ -145,7 +181,8 @@ export class ClusterNode {
       return;
     }
     if (replyTo === null || (target !== "" && target !== this.options.replicaId)) return;
-    this.asked.push({ replyTo, nonce });
+    const withPredictions = (header.flags & WITH_PREDICTIONS) !== 0;
+    this.asked.push({ replyTo, nonce, replicaId: header.replicaId, withPredictions });
     const schedule = this.options.schedule;
     if (schedule === null || this.answerArmed) return;
     this.answerArmed = true;
@@ -159,7 +196,9 @@ export class ClusterNode {
   private answerSyncs(): void {
     const asked = this.asked;
     this.asked = [];
-    const chunks = this.outbox.snapshot(this.options.load, 0, [...this.peers.peers.keys()]);
+    const predictions = this.predictionsFor(asked);
+    const peers = [...this.peers.peers.keys()];
+    const chunks = this.outbox.snapshot(this.options.load, 0, peers, predictions);
     this.counters.snapshotsBuilt++;
     const at = bodyOffset(this.options.replicaId);
     for (const { replyTo, nonce } of asked) {

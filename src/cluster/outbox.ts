@@ -12,7 +12,16 @@
  * and snapshots (every own active request, as of that seq), and sync requests.
  */
 import type { EndReason, LoadTracker, OwnFacts } from "../route/load";
-import { KIND, LAST_CHUNK, LEAVING, MessageEncoder, type WorkerIdentity } from "./codec";
+import type { PredictionShare, Predictions } from "../route/predictions";
+import {
+  CHAIN_BLOCKS_MAX,
+  KIND,
+  LAST_CHUNK,
+  LEAVING,
+  MessageEncoder,
+  WITH_PREDICTIONS,
+  type WorkerIdentity,
+} from "./codec";
 import { wallClockMs } from "./peers";
 
 /** A batch goes out at this many facts… */
@@ -23,6 +32,8 @@ export const BATCH_BYTES_MAX = 64 * 1024;
 export const BATCH_MS = 1;
 /** A snapshot chunk is closed past this many bytes. */
 export const CHUNK_BYTES = 256 * 1024;
+/** A joining replica is sent at most this many predicted blocks (8 MiB of local hashes). */
+export const SNAPSHOT_PREDICTED_BLOCKS_MAX = 1 << 20;
 
 export interface OutboxOptions {
   readonly replicaId: string;
@@ -44,10 +55,22 @@ export interface OutboxOptions {
   readonly chains?: boolean;
 }
 
-export class Outbox implements OwnFacts {
+export class Outbox implements OwnFacts, PredictionShare {
   /** The seq of the last batch (0: none yet). */
   seq = 0;
-  readonly counters = { batches: 0, facts: 0, unsent: 0, unsentFacts: 0, bytes: 0 };
+  readonly counters = {
+    batches: 0,
+    facts: 0,
+    unsent: 0,
+    unsentFacts: 0,
+    bytes: 0,
+    /** Predictions shared, and of them those cut to their first CHAIN_BLOCKS_MAX new blocks; corrections shared. */
+    predictions: 0,
+    predictionsTruncated: 0,
+    corrections: 0,
+    /** Predicted blocks sent to joining replicas. */
+    predictionsSnapshotted: 0,
+  };
   private readonly encoder: MessageEncoder;
   private readonly control: MessageEncoder;
   private armed = false;
@@ -91,6 +114,33 @@ export class Outbox implements OwnFacts {
     this.wrote();
   }
 
+  /**
+   * This replica predicted (or refreshed) blocks [0, count) of a chain on an approximate
+   * worker, [0, held) of them held already (`Predictions.onShare`): the new blocks go out
+   * after the deepest held one.
+   */
+  predicted(
+    slot: number,
+    local: Uint32Array,
+    chain: Uint32Array,
+    held: number,
+    count: number,
+  ): void {
+    this.open();
+    if (this.encoder.predicted(slot, local, chain, held, count) < count - held)
+      this.counters.predictionsTruncated++;
+    this.counters.predictions++;
+    this.wrote();
+  }
+
+  /** This replica corrected its predictions of an approximate worker (`Predictions.share`). */
+  corrected(slot: number, shortfall: boolean, named: boolean, hi: number, lo: number): void {
+    this.open();
+    this.encoder.corrected(slot, shortfall, named, hi, lo);
+    this.counters.corrections++;
+    this.wrote();
+  }
+
   /** Facts written and not yet sent. */
   get pending(): number {
     return this.encoder.facts;
@@ -120,10 +170,13 @@ export class Outbox implements OwnFacts {
     return w.finish(this.seq, this.wallNow());
   }
 
-  /** A request for `target`'s set (null: every replica's), answered under `nonce`. */
-  syncRequest(target: string | null, nonce: number): Uint8Array {
+  /**
+   * A request for `target`'s set (null: every replica's), answered under `nonce`;
+   * `withPredictions`: a joining replica, which takes predictions too.
+   */
+  syncRequest(target: string | null, nonce: number, withPredictions = false): Uint8Array {
     const w = this.control;
-    w.begin(KIND.sync);
+    w.begin(KIND.sync, withPredictions ? WITH_PREDICTIONS : 0);
     w.u32(nonce);
     w.shortText(target ?? "");
     return w.finish(this.seq, this.wallNow());
@@ -132,9 +185,15 @@ export class Outbox implements OwnFacts {
   /**
    * Every own active request as routed facts (with the prefill still to do), in chunks,
    * as of the seq after the pending batch is sent: the answer to a sync under `nonce`.
-   * The first chunk names the peers this replica knows.
+   * The first chunk names the peers this replica knows. With `predictions`, its
+   * predictions follow, newest first (at most SNAPSHOT_PREDICTED_BLOCKS_MAX blocks).
    */
-  snapshot(load: LoadTracker, nonce: number, peers: readonly string[]): Uint8Array[] {
+  snapshot(
+    load: LoadTracker,
+    nonce: number,
+    peers: readonly string[],
+    predictions: Predictions | null = null,
+  ): Uint8Array[] {
     this.flush();
     const w = this.control;
     const chunks: Uint8Array[] = [];
@@ -162,6 +221,18 @@ export class Outbox implements OwnFacts {
     });
     // Without chains, what the requests add per worker, as a whole (it is not a sum of each).
     if (!chains) for (const slot of slots) w.decodeTotal(slot, load.treeBlocksOf(slot));
+    predictions?.forEachRun(
+      SNAPSHOT_PREDICTED_BLOCKS_MAX,
+      CHAIN_BLOCKS_MAX,
+      (slot, anchored, hi, lo, local, count, ageMs) => {
+        if (w.length >= CHUNK_BYTES) {
+          chunks.push(w.finish(this.seq, this.wallNow()));
+          start();
+        }
+        w.predictedOlder(slot, anchored, hi, lo, local, count, ageMs);
+        this.counters.predictionsSnapshotted += count;
+      },
+    );
     chunks.push(w.finish(this.seq, this.wallNow()));
     chunks[chunks.length - 1]![3]! |= LAST_CHUNK;
     return chunks;

@@ -16,11 +16,15 @@
  *   is leaving, at once.
  * - Facts naming a worker this process does not know are held (bounded per peer, for
  *   `holdMs`) and applied when the worker appears, or dropped.
+ * - Predictions (what a peer predicted on an approximate worker) go to this process's
+ *   own predictions for that worker (src/route/predictions.ts), not per origin: they are
+ *   facts about the engine's cache, which every replica predicts alike.
  * - Nothing a peer sends can crash this process: bad messages are counted and dropped,
  *   and a bad facts message from a known peer is a gap (its facts are not half applied).
  */
 import type { LoadTracker } from "../route/load";
 import type { EndReason } from "../route/load";
+import type { Predictions } from "../route/predictions";
 import type { Logger } from "../util/log";
 import { OnceLog } from "../util/log";
 import {
@@ -40,6 +44,8 @@ import {
 export const BUFFERED_BYTES_MAX = 16 * 1024 * 1024;
 /** Requests held per peer for workers not known here. */
 export const HELD_MAX = 4096;
+/** Bytes of predictions held per peer for workers not known here. */
+export const HELD_PREDICTION_BYTES = 1024 * 1024;
 
 export interface PeerSetOptions {
   readonly replicaId: string;
@@ -50,12 +56,20 @@ export interface PeerSetOptions {
   /** How long facts for unknown workers are held. */
   readonly holdMs: number;
   readonly load: LoadTracker;
+  /** Where peers' predictions of approximate workers go (null: dropped, counted). */
+  readonly predictions?: Pick<
+    Predictions,
+    "isApproximate" | "apply" | "applyCorrection" | "applyOlder"
+  > | null;
   /** Monotonic ms (injectable: tests run on a fake clock). */
   readonly now: () => number;
   /** Wall-clock ms, to measure how late facts arrive (senders stamp them with theirs). */
   readonly wallNow?: () => number;
-  /** Asks `replicaId` (null: every replica) for its set, answered under `nonce`. */
-  readonly requestSync: (replicaId: string | null, nonce: number) => void;
+  /**
+   * Asks `replicaId` (null: every replica) for its set, answered under `nonce`;
+   * `withPredictions`: joining, this replica takes a peer's predictions too.
+   */
+  readonly requestSync: (replicaId: string | null, nonce: number, withPredictions: boolean) => void;
   /** Peers' facts were applied (load may have been freed: admission looks again). */
   readonly onApplied?: () => void;
   readonly onLag?: (ms: number) => void;
@@ -72,6 +86,17 @@ interface Held {
   readonly outputBlocks: number;
   /** Without a chain: the decode blocks its origin counted it adding. */
   readonly decodeBlocks: number | null;
+  readonly heldAtMs: number;
+}
+
+/** A prediction held until its worker is known here. */
+interface HeldPrediction {
+  readonly workerId: bigint;
+  readonly dpRank: number;
+  readonly anchored: boolean;
+  readonly anchorHi: number;
+  readonly anchorLo: number;
+  readonly local: Uint32Array;
   readonly heldAtMs: number;
 }
 
@@ -105,6 +130,9 @@ export class Peer {
   lagMs = 0;
   /** By handle: requests held for workers not known here. */
   readonly held = new Map<number, Held>();
+  /** Predictions held for workers not known here, in arrival order, and their bytes. */
+  heldPredictions: HeldPrediction[] = [];
+  heldPredictionBytes = 0;
 
   constructor(
     readonly replicaId: string,
@@ -137,6 +165,23 @@ export class PeerCounters {
   held = 0;
   heldApplied = 0;
   heldDropped = 0;
+  /**
+   * Peers' predictions: applied to this replica's own; not applied because this replica
+   * did not hold the block they follow (`unanchored`), the worker is not approximate
+   * here (or there are no predictions here), or they were held for a worker not known
+   * yet and applied later or dropped.
+   */
+  readonly predictions = {
+    applied: 0,
+    corrections: 0,
+    /** Blocks taken from a peer's snapshot when this replica joined. */
+    joined: 0,
+    unanchored: 0,
+    notApproximate: 0,
+    held: 0,
+    heldApplied: 0,
+    heldDropped: 0,
+  };
   /** Messages dropped unread (bad, stale, own id, too many peers), by reason. */
   readonly dropped = new Map<string, number>();
 }
@@ -162,8 +207,10 @@ export class PeerSet {
     this.bad = new OnceLog(options.log);
     this.applier = new Applier(
       options.load,
+      options.predictions ?? null,
       this.counters,
       (peer, handle, held) => this.hold(peer, handle, held),
+      (peer, held) => this.holdPrediction(peer, held),
       options.now,
     );
   }
@@ -194,7 +241,7 @@ export class PeerSet {
     const nonce = this.nextNonce();
     this.openSyncs.set(nonce, this.options.now() + this.options.syncTimeoutMs);
     this.counters.syncsAsked++;
-    this.options.requestSync(null, nonce);
+    this.options.requestSync(null, nonce, true);
     return nonce;
   }
 
@@ -227,6 +274,7 @@ export class PeerSet {
         this.endSync(peer);
       }
       if (peer.held.size > 0) this.retryHeld(peer, now);
+      if (peer.heldPredictions.length > 0) this.retryHeldPredictions(peer, now);
     }
     for (const [nonce, deadline] of this.openSyncs)
       if (now > deadline) this.openSyncs.delete(nonce);
@@ -338,6 +386,7 @@ export class PeerSet {
   private lose(peer: Peer, why: string | null): void {
     const dropped = this.options.load.closeOrigin(peer.origin);
     this.counters.heldDropped += peer.held.size;
+    this.counters.predictions.heldDropped += peer.heldPredictions.length;
     this.peers.delete(peer.replicaId);
     this.named.delete(peer.replicaId);
     if (why === null) return;
@@ -356,7 +405,7 @@ export class PeerSet {
     peer.syncNonce = this.nextNonce();
     peer.syncDeadlineMs = this.options.now() + this.options.syncTimeoutMs;
     this.counters.syncsAsked++;
-    this.options.requestSync(peer.replicaId, peer.syncNonce);
+    this.options.requestSync(peer.replicaId, peer.syncNonce, false);
   }
 
   private endSync(peer: Peer): void {
@@ -532,6 +581,47 @@ export class PeerSet {
     if (applied > 0) this.options.onApplied?.();
   }
 
+  private holdPrediction(peer: Peer, held: HeldPrediction): void {
+    const bytes = held.local.byteLength + 64;
+    if (peer.heldPredictionBytes + bytes > HELD_PREDICTION_BYTES) {
+      this.counters.predictions.heldDropped++;
+      this.bad.report(
+        "held_full",
+        "too many predictions held for workers not known here; dropped",
+        {
+          peer: peer.replicaId,
+        },
+      );
+      return;
+    }
+    this.counters.predictions.held++;
+    peer.heldPredictions.push(held);
+    peer.heldPredictionBytes += bytes;
+  }
+
+  /**
+   * Held predictions whose worker is now known are applied, in the order they came;
+   * those held too long are dropped; the rest stay.
+   */
+  private retryHeldPredictions(peer: Peer, now: number): void {
+    const kept: HeldPrediction[] = [];
+    let bytes = 0;
+    for (const held of peer.heldPredictions) {
+      const slot = this.options.load.table.find(held.workerId, held.dpRank);
+      if (slot >= 0) {
+        this.counters.predictions.heldApplied++;
+        const { anchored, anchorHi, anchorLo, local } = held;
+        this.applier.predict(slot, anchored, anchorHi, anchorLo, local, local.length >>> 1);
+      } else if (now - held.heldAtMs > this.options.holdMs) this.counters.predictions.heldDropped++;
+      else {
+        kept.push(held);
+        bytes += held.local.byteLength + 64;
+      }
+    }
+    peer.heldPredictions = kept;
+    peer.heldPredictionBytes = bytes;
+  }
+
   private nextNonce(): number {
     this.nonce = (this.nonce + 1) >>> 0 || 1;
     return this.nonce;
@@ -563,8 +653,13 @@ class Applier implements FactVisitor {
 
   constructor(
     private readonly load: LoadTracker,
+    private readonly predictions: Pick<
+      Predictions,
+      "isApproximate" | "apply" | "applyCorrection" | "applyOlder"
+    > | null,
     private readonly counters: PeerCounters,
     private readonly hold: (peer: Peer, handle: number, held: Held) => void,
+    private readonly holdPrediction: (peer: Peer, held: HeldPrediction) => void,
     private readonly now: () => number,
   ) {}
 
@@ -629,5 +724,77 @@ class Applier implements FactVisitor {
   decodeTotal(worker: number, blocks: number): void {
     const slot = this.slots[worker]!;
     if (slot >= 0) this.load.peerDecodeTotal(this.peer.origin, slot, blocks);
+  }
+
+  predicted(
+    worker: number,
+    anchored: boolean,
+    anchorHi: number,
+    anchorLo: number,
+    local: Uint32Array,
+    count: number,
+  ): void {
+    this.counters.facts++;
+    const slot = this.slots[worker]!;
+    if (slot >= 0) {
+      this.predict(slot, anchored, anchorHi, anchorLo, local, count);
+      return;
+    }
+    this.holdPrediction(this.peer, {
+      workerId: this.workers.ids[worker]!,
+      dpRank: this.workers.ranks[worker]!,
+      anchored,
+      anchorHi,
+      anchorLo,
+      local: local.slice(0, 2 * count),
+      heldAtMs: this.now(),
+    });
+  }
+
+  predictedOlder(
+    worker: number,
+    anchored: boolean,
+    anchorHi: number,
+    anchorLo: number,
+    local: Uint32Array,
+    count: number,
+    ageMs: number,
+  ): void {
+    this.counters.facts++;
+    const slot = this.slots[worker]!;
+    const counts = this.counters.predictions;
+    const predictions = this.predictions;
+    // A snapshot's predictions of a worker not known here are not held: the set comes once.
+    if (slot < 0 || predictions === null || !predictions.isApproximate(slot))
+      counts.notApproximate++;
+    else if (predictions.applyOlder(slot, anchored, anchorHi, anchorLo, local, count, ageMs))
+      counts.joined += count;
+    else counts.unanchored++;
+  }
+
+  corrected(worker: number, shortfall: boolean, named: boolean, hi: number, lo: number): void {
+    this.counters.facts++;
+    const slot = this.slots[worker]!;
+    const counts = this.counters.predictions;
+    // A worker not known here has no predictions to correct: not held.
+    if (slot >= 0 && this.predictions?.applyCorrection(slot, shortfall, named, hi, lo) === true)
+      counts.corrections++;
+    else counts.notApproximate++;
+  }
+
+  /** A peer's prediction on a slot known here: into this replica's predictions, counted by outcome. */
+  predict(
+    slot: number,
+    anchored: boolean,
+    anchorHi: number,
+    anchorLo: number,
+    local: Uint32Array,
+    count: number,
+  ): void {
+    const counts = this.counters.predictions;
+    const predictions = this.predictions;
+    if (predictions === null || !predictions.isApproximate(slot)) counts.notApproximate++;
+    else if (predictions.apply(slot, anchored, anchorHi, anchorLo, local, count)) counts.applied++;
+    else counts.unanchored++;
   }
 }

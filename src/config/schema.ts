@@ -11,7 +11,11 @@
 import { ADMISSION_MODES, DEFAULT_ADMISSION } from "../route/admission";
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES } from "../route/ttft";
 import { DEFAULT_PREDICTED_TTL_MS, PREDICT_AT } from "../route/predictions";
-import { DEFAULT_PENDING_RECOMPUTE_WEIGHT, DEFAULT_ROUTE_WEIGHTS } from "../route/router";
+import {
+  DEFAULT_PENDING_RECOMPUTE_WEIGHT,
+  DEFAULT_ROUTE_WEIGHTS,
+  DEGRADED_FALLBACKS,
+} from "../route/router";
 import type { WorkerEntry } from "./workers";
 import type { LoraAdapter } from "../hash";
 import {
@@ -77,6 +81,7 @@ export interface Config {
     readonly predicted_capacity_blocks: number | null;
     readonly predicted_ttl_secs: number;
     readonly predicted_correction: boolean;
+    readonly degraded_fallback: (typeof DEGRADED_FALLBACKS)[number];
     readonly admission: (typeof ADMISSION_MODES)[number];
     readonly admission_bound_ms: number;
     readonly admission_max_hold_ms: number;
@@ -460,6 +465,13 @@ export const SETTINGS: readonly Setting[] = [
     type: boolean,
     default: true,
     help: "Approximate workers: an engine that reports fewer cached tokens than predicted (the proxy's usage.prompt_tokens_details.cached_tokens, or prefill_done's cached_tokens) has what an LRU cache lost before that block dropped from its predictions and its capacity shrunk.",
+  }),
+  setting({
+    key: "route.degraded_fallback",
+    flag: "degraded-fallback",
+    type: oneOf(DEGRADED_FALLBACKS),
+    default: "predictions",
+    help: "An exact worker whose events were lost (degraded): predictions = from the moment it degrades kvedge also predicts its cache from its own decisions, as for an approximate worker, and routes it on the larger of those predictions and its indexed overlap times degraded_overlap_weight, until it is exact again; discount = on its indexed overlap times degraded_overlap_weight only.",
   }),
   setting({
     key: "route.admission",

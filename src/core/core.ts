@@ -26,6 +26,7 @@ import {
 } from "../ingest/source";
 import {
   CandidateList,
+  type Overlaps,
   PromptHasher,
   type RouteDecision,
   Router,
@@ -37,6 +38,8 @@ import { bufferBudget } from "../util/buffer-budget";
 import type { LifecycleResult } from "../route/load";
 import { type CachedReport, ObservedHits, type ObservedHitsView } from "./observed-hits";
 import { DEFAULT_PREDICTED_MAX_BLOCKS, Predictions } from "../route/predictions";
+import { CAPACITY_FLOOR_BLOCKS } from "../route/predicted-blocks";
+import { DegradedFallback } from "./fallback";
 import { OVERLAP_KINDS, type OverlapKind, overlapKindOf } from "../route/router";
 import { RouteOverlaps } from "./overlaps";
 import type { Logger } from "../util/log";
@@ -155,7 +158,10 @@ export interface WorkerView {
   readonly httpEndpoint: string | null;
   /** exact: known from its KV events; approximate: predicted from kvedge's own decisions. */
   readonly mode: "exact" | "approximate";
-  /** An approximate worker's predictions: blocks predicted and the capacity they are held to (null: unknown, TTL). */
+  /**
+   * An approximate worker's predictions, or a degraded one's routed on predictions
+   * (route.degraded_fallback): blocks predicted and the capacity they are held to (null: unknown, TTL).
+   */
   readonly predicted: { readonly blocks: number; readonly capacityBlocks: number | null } | null;
   readonly observed: ObservedHitsView;
   readonly times: WorkerTimes;
@@ -213,6 +219,10 @@ export class KvedgeCore {
   readonly observedHits: ObservedHits;
   /** What approximate workers (no event endpoint) are predicted to cache, in the index (src/route/predictions.ts). */
   readonly predictions: Predictions;
+  /** Degraded exact workers' predictions (route.degraded_fallback = predictions; ./fallback.ts), else null. */
+  readonly fallback: DegradedFallback | null;
+  /** Where requests' lifecycles go: the approximate workers' predictions, with the degraded ones' or not. */
+  private readonly predictors: { readonly one: Predictions[]; readonly both: Predictions[] };
   /** Per slot: the engine's OpenAI server, where the proxy forwards. */
   private readonly httpEndpoints: SlotColumn<string>;
   /** Over every decision: prompt tokens, and those the chosen worker was predicted to hold (the status page's hit rate). */
@@ -293,7 +303,18 @@ export class KvedgeCore {
       () => performance.now(),
     );
     this.zmtp = zmtpOptionsOf(config.ingest);
-    this.predictions = predictionsOf(config, this.sink, this.blockSize);
+    this.predictions = predictionsOf(config, this.sink);
+    this.fallback =
+      config.route.degraded_fallback === "predictions"
+        ? new DegradedFallback(table, this.blockSize, predictionSettingsOf(config), () =>
+            performance.now(),
+          )
+        : null;
+    this.predictors = {
+      one: [this.predictions],
+      both:
+        this.fallback === null ? [this.predictions] : [this.predictions, this.fallback.predictions],
+    };
     this.observedHits = new ObservedHits({
       floor: config.proxy.observed_hit_floor,
       window: config.proxy.observed_window,
@@ -347,18 +368,22 @@ export class KvedgeCore {
     return this.hasher.hash(tokens, this.blockSize, blockSeed(loraName, cacheSalt));
   }
 
-  /** Per-worker matched prefix length in blocks, and the lower tiers' after it, sorted as `kvedge apply` sorts. */
+  /**
+   * Per-worker matched prefix length in blocks, and the lower tiers' after it, sorted as
+   * `kvedge apply` sorts; a degraded worker routed on predictions has the larger of its
+   * indexed and predicted blocks (./fallback.ts).
+   */
   match(local: Uint32Array, count: number, chain?: Uint32Array): MatchScore[] {
     this.index.findMatches(local, count, this.matches, chain);
     const sequence = chain ?? this.chain.of(local, count);
-    const overlaps = this.overlaps.of(this.matches, sequence, count);
+    const overlaps = this.overlapsOf(this.matches, local, count, sequence);
     const scores: MatchScore[] = [];
     for (let i = 0; i < overlaps.count; i++) {
       const slot = overlaps.slots[i]!;
       scores.push({
         workerId: this.workerTable.workerIdOf(slot),
         dpRank: this.workerTable.dpRankOf(slot),
-        blocks: overlaps.blocks[i]!,
+        blocks: Math.max(overlaps.blocks[i]!, overlaps.predicted?.[i] ?? 0),
         kind: this.overlapKindOf(slot),
         hostBlocks: overlaps.host?.[i] ?? 0,
         diskBlocks: overlaps.disk?.[i] ?? 0,
@@ -394,16 +419,17 @@ export class KvedgeCore {
     const { request, overlaps, blockCount, prompt } = this.routeRequest(input, candidatesMax);
     const decision = this.router.route(request, overlaps, this.candidates);
     this.onDecision?.((performance.now() - started) / 1000);
-    this.predictions.routed(
-      decision.requestId,
-      decision.slot,
-      prompt.local,
-      prompt.chain,
-      blockCount,
-      input.tokens.length,
-      decision.overlapBlocks,
-      decision.creditedBlocks,
-    );
+    for (const predictions of this.predictorsNow())
+      predictions.routed(
+        decision.requestId,
+        decision.slot,
+        prompt.local,
+        prompt.chain,
+        blockCount,
+        input.tokens.length,
+        decision.overlapBlocks,
+        decision.creditedBlocks,
+      );
     const totals = this.routeTotals;
     totals.decisions++;
     totals.promptTokens += input.tokens.length;
@@ -538,14 +564,15 @@ export class KvedgeCore {
    */
   prefillDone(requestId: string, cachedTokens: number | null = null): LifecycleResult {
     const result = this.router.load.prefillDone(requestId);
-    this.predictions.prefillDone(requestId, cachedTokens);
+    for (const predictions of this.predictorsNow())
+      predictions.prefillDone(requestId, cachedTokens);
     this.admission.release();
     return result;
   }
 
   done(requestId: string): LifecycleResult {
     const result = this.router.load.done(requestId);
-    this.predictions.done(requestId);
+    for (const predictions of this.predictorsNow()) predictions.done(requestId);
     this.admission.release();
     return result;
   }
@@ -575,7 +602,8 @@ export class KvedgeCore {
     const slot = this.workerTable.find(workerId, dpRank);
     if (slot < 0) return;
     const observed = this.observedHits.record(slot, promptTokens, predicted, report);
-    if (observed !== null) this.predictions.observed(requestId, observed);
+    if (observed !== null)
+      for (const predictions of this.predictorsNow()) predictions.observed(requestId, observed);
   }
 
   /**
@@ -586,18 +614,20 @@ export class KvedgeCore {
   moveRequest(requestId: string, input: RouteInput, slot: number, overlapBlocks: number): void {
     const load = this.router.load;
     load.done(requestId);
-    this.predictions.done(requestId);
     const prompt = this.hash(input.tokens, input.loraName, input.cacheSalt);
-    this.predictions.routed(
-      requestId,
-      slot,
-      prompt.local,
-      prompt.chain,
-      prompt.blockCount,
-      input.tokens.length,
-      overlapBlocks,
-      overlapBlocks,
-    );
+    for (const predictions of this.predictorsNow()) {
+      predictions.done(requestId);
+      predictions.routed(
+        requestId,
+        slot,
+        prompt.local,
+        prompt.chain,
+        prompt.blockCount,
+        input.tokens.length,
+        overlapBlocks,
+        overlapBlocks,
+      );
+    }
     load.admit(
       requestId,
       slot,
@@ -615,7 +645,7 @@ export class KvedgeCore {
     if (input.matched !== undefined) this.currentMatches(input.matched, matches);
     else this.index.findMatches(prompt.local, prompt.blockCount, matches, prompt.chain);
     // Index slots are router slots: the matches (and lower tiers after them) are the overlaps.
-    const overlaps = this.overlaps.of(matches, prompt.chain, prompt.blockCount);
+    const overlaps = this.overlapsOf(matches, prompt.local, prompt.blockCount, prompt.chain);
     const request = {
       chain: prompt.chain,
       blockCount: prompt.blockCount,
@@ -628,6 +658,34 @@ export class KvedgeCore {
       candidatesMax,
     };
     return { request, overlaps, blockCount: prompt.blockCount, prompt };
+  }
+
+  /**
+   * The predictions told a request's lifecycle: the degraded workers' only while one is
+   * routed on them or a request routed there is not done (no hash per call otherwise).
+   */
+  private predictorsNow(): readonly Predictions[] {
+    const fallback = this.fallback;
+    const busy = fallback !== null && (fallback.active || fallback.predictions.records > 0);
+    return busy ? this.predictors.both : this.predictors.one;
+  }
+
+  /**
+   * The overlaps of a query whose index matches are `matches`: the lower tiers after
+   * them, and kvedge's predictions of degraded workers routed on them (./fallback.ts).
+   */
+  private overlapsOf(
+    matches: MatchResult,
+    local: Uint32Array,
+    count: number,
+    chain: Uint32Array,
+  ): Overlaps {
+    const fallback = this.fallback;
+    if (fallback === null || !fallback.active) return this.overlaps.of(matches, chain, count);
+    const load = this.router.load;
+    load.syncSlots();
+    fallback.lookUp(matches, local, count, chain, load);
+    return fallback.withPredicted(this.overlaps.of(matches, chain, count), load);
   }
 
   /** Another thread's matches whose slots still name the workers they named then. */
@@ -916,6 +974,7 @@ export class KvedgeCore {
       this.router.load.dropSlot(slot);
       this.predictions.disable(slot);
     }
+    this.fallback?.dropSlots(slots);
     const writer = this.options.writer;
     if (writer !== undefined) return writer.release(workerId, slots);
     this.writes.settle(); // a change that does not wait for a copy in progress
@@ -975,12 +1034,7 @@ export class KvedgeCore {
         eventLagMs: lagOf(source),
         httpEndpoint: this.httpEndpointOf(load.workerId, load.dpRank),
         mode: this.predictions.isApproximate(load.slot) ? "approximate" : "exact",
-        predicted: this.predictions.isApproximate(load.slot)
-          ? {
-              blocks: this.predictions.blocks.heldBy(load.slot),
-              capacityBlocks: this.predictions.blocks.capacityOf(load.slot),
-            }
-          : null,
+        predicted: this.predictedView(load.slot),
         observed: this.observedHits.view(load.slot),
         times: this.timesOf(load.slot),
       });
@@ -988,6 +1042,18 @@ export class KvedgeCore {
     return views.sort((a, b) =>
       a.workerId < b.workerId ? -1 : a.workerId > b.workerId ? 1 : a.dpRank - b.dpRank,
     );
+  }
+
+  /** The predictions a slot is routed on: an approximate worker's, a degraded one's (route.degraded_fallback), or none. */
+  private predictedView(slot: number): WorkerView["predicted"] {
+    const blocks = this.predictions.isApproximate(slot)
+      ? this.predictions.blocks
+      : this.fallback?.isOn(slot) === true
+        ? this.fallback.predictions.blocks
+        : null;
+    return blocks === null
+      ? null
+      : { blocks: blocks.heldBy(slot), capacityBlocks: blocks.capacityOf(slot) };
   }
 
   /**
@@ -1070,8 +1136,7 @@ export class KvedgeCore {
    */
   private sourceChanged(source: EngineSource): void {
     for (const dpRank of source.ranks) {
-      const slot = this.addSlot(source.config.workerId, dpRank);
-      this.router.load.setDegraded(slot, this.distrusted(slot));
+      this.setTrust(this.addSlot(source.config.workerId, dpRank));
     }
   }
 
@@ -1104,7 +1169,36 @@ export class KvedgeCore {
   }
 
   private refreshDegraded(slot: number): void {
-    if (this.workerTable.isLive(slot)) this.router.load.setDegraded(slot, this.distrusted(slot));
+    if (this.workerTable.isLive(slot)) this.setTrust(slot);
+  }
+
+  /**
+   * A slot's trust: degraded or not (`distrusted`); a degraded exact worker is routed on
+   * predictions with route.degraded_fallback (held to route.predicted_capacity_blocks,
+   * else to the blocks its index held when it degraded), and no longer once it is exact.
+   */
+  private setTrust(slot: number): void {
+    const degraded = this.distrusted(slot);
+    const load = this.router.load;
+    load.setDegraded(slot, degraded);
+    const fallback = this.fallback;
+    if (fallback === null) return;
+    const on = degraded && !this.predictions.isApproximate(slot);
+    if (on === fallback.isOn(slot)) return;
+    fallback.set(slot, on, on ? this.fallbackCapacity(slot) : null);
+    load.setFallback(slot, on);
+  }
+
+  /** What a degraded worker's predictions are held to: the fleet default, else what its index holds now. */
+  private fallbackCapacity(slot: number): number | null {
+    const configured = this.options.config.route.predicted_capacity_blocks;
+    if (configured !== null) return configured;
+    const workerId = this.workerTable.workerIdOf(slot);
+    const dpRank = this.workerTable.dpRankOf(slot);
+    const held = this.index.workers().find((w) => w.workerId === workerId && w.dpRank === dpRank);
+    return held === undefined || held.blocks === 0
+      ? null
+      : Math.max(CAPACITY_FLOOR_BLOCKS, held.blocks);
   }
 }
 
@@ -1149,22 +1243,23 @@ function routerOptionsOf(
 }
 
 /** Predictions for approximate workers, written through the core's budgeted sink. */
-function predictionsOf(config: Config, sink: KvEventSink, blockSize: number): Predictions {
+function predictionsOf(config: Config, sink: KvEventSink): Predictions {
+  return new Predictions(sink, predictionSettingsOf(config), () => performance.now());
+}
+
+/** How predictions are made, approximate workers' and degraded exact workers' alike. */
+function predictionSettingsOf(config: Config) {
   const route = config.route;
-  return new Predictions(
-    sink,
-    {
-      blockSize,
-      predictAt: route.predict_at,
-      capacityBlocks: route.predicted_capacity_blocks,
-      ttlMs: route.predicted_ttl_secs * 1000,
-      maxBlocks: DEFAULT_PREDICTED_MAX_BLOCKS,
-      requestTtlMs: route.request_ttl_secs * 1000,
-      maxPending: route.max_active_requests,
-      correct: route.predicted_correction,
-    },
-    () => performance.now(),
-  );
+  return {
+    blockSize: config.index.block_size,
+    predictAt: route.predict_at,
+    capacityBlocks: route.predicted_capacity_blocks,
+    ttlMs: route.predicted_ttl_secs * 1000,
+    maxBlocks: DEFAULT_PREDICTED_MAX_BLOCKS,
+    requestTtlMs: route.request_ttl_secs * 1000,
+    maxPending: route.max_active_requests,
+    correct: route.predicted_correction,
+  };
 }
 
 /** The ZMTP settings of every engine connection. */

@@ -262,6 +262,12 @@ export class LoadTracker {
   private treeBlocks = new Float64Array(0);
   /** 1 for an approximate worker: its overlap is kvedge's prediction, not the engine's events. */
   approximate = new Uint8Array(0);
+  /**
+   * 1 for a degraded exact worker routed on kvedge's predictions (route.degraded_fallback):
+   * the router trusts the larger of its predicted blocks and its discounted indexed ones
+   * (./router.ts fallbackOverlap).
+   */
+  fallback = new Uint8Array(0);
   /** The worker numbering: which slots are live, and who they are. */
   readonly table: WorkerTable;
   /** Told the first prefill_done of each request (its record, slot, and ms since admission): calibration. */
@@ -351,6 +357,7 @@ export class LoadTracker {
     assert(this.activeDecodeBlocks[slot] === 0, "blocks left on a removed worker");
     this.degraded[slot] = 0;
     this.approximate[slot] = 0;
+    this.fallback[slot] = 0;
     this.routedTotal[slot] = 0;
     return dropped;
   }
@@ -382,6 +389,13 @@ export class LoadTracker {
    */
   treeBlocksOf(slot: number): number {
     return this.treeBlocks[slot] ?? 0;
+  }
+
+  /** Marks a degraded worker as routed on predictions (its overlap not discounted again), or not. */
+  setFallback(slot: number, fallback: boolean): void {
+    this.assertLive(slot);
+    this.syncSlots();
+    this.fallback[slot] = fallback ? 1 : 0;
   }
 
   /** Marks a worker approximate (no event stream: its overlap is predicted) or exact. */
@@ -975,5 +989,6 @@ export class LoadTracker {
     this.treeBlocks = grow(this.treeBlocks, (n) => new Float64Array(n));
     for (const peer of this.origins) peer?.grow(capacity);
     this.approximate = grow(this.approximate, (n) => new Uint8Array(n));
+    this.fallback = grow(this.fallback, (n) => new Uint8Array(n));
   }
 }

@@ -72,13 +72,32 @@ export interface PredictionCounters {
   dropped: number;
 }
 
-type Insert = (slot: number, local: Uint32Array, chain: Uint32Array, count: number) => void;
+/** Told what this process predicts and corrects, to share with its peers (src/cluster). */
+export interface PredictionShare {
+  /**
+   * Blocks [0, count) of the chain were predicted or refreshed on `slot`, [0, held) of
+   * them predicted here already (a refresh: held = count). Arrays valid during the call.
+   */
+  predicted(
+    slot: number,
+    local: Uint32Array,
+    chain: Uint32Array,
+    held: number,
+    count: number,
+  ): void;
+  /**
+   * An answer corrected `slot`: a shortfall (the capacity shrunk and, `named`, every
+   * block older than the one named by its sequence hash purged) or a surplus (the
+   * capacity grown).
+   */
+  corrected(slot: number, shortfall: boolean, named: boolean, hi: number, lo: number): void;
+}
 
 export class Predictions {
   readonly blocks: PredictedBlocks;
   readonly counters: PredictionCounters = { shortfalls: 0, surpluses: 0, confirmed: 0, dropped: 0 };
-  /** Told every prediction this process makes (a cluster shares them as this replica's facts). */
-  onInsert: Insert | null = null;
+  /** Told every prediction, refresh and correction this process makes (a cluster shares them as this replica's facts). */
+  share: PredictionShare | null = null;
   private readonly keys = new KeyTable();
   private readonly words = new Arena(1024);
   // Per record.
@@ -194,7 +213,12 @@ export class Predictions {
     const at = this.hashesAt[record]!;
     if (this.inserted[record] === 1 && at !== NONE && this.current(record)) {
       const count = this.count[record]!;
-      this.blocks.refresh(this.slot[record]!, this.words.words.subarray(at + 2 * count), count);
+      const slot = this.slot[record]!;
+      const words = this.words.words;
+      const chain = words.subarray(at + 2 * count, at + 4 * count);
+      const held = this.blocks.refresh(slot, chain, count);
+      if (held > 0)
+        this.share?.predicted(slot, words.subarray(at, at + 2 * count), chain, held, held);
     }
     this.remove(record);
   }
@@ -211,9 +235,90 @@ export class Predictions {
     this.insert(this.slot[record]!, local, chain, count);
   }
 
-  /** A peer's prediction (several processes as one): applied as if made here, not reported again. */
-  apply(slot: number, local: Uint32Array, chain: Uint32Array, count: number): void {
-    this.blocks.insert(slot, local, chain, count);
+  /**
+   * A peer's prediction or refresh (several processes as one; `PredictedBlocks.extend`):
+   * applied as if made here, not shared again. False when the slot is not approximate
+   * here or does not hold the anchor.
+   */
+  apply(
+    slot: number,
+    anchored: boolean,
+    anchorHi: number,
+    anchorLo: number,
+    local: Uint32Array,
+    count: number,
+  ): boolean {
+    return this.blocks.extend(slot, anchored, anchorHi, anchorLo, local, count);
+  }
+
+  /**
+   * Every approximate worker's predictions, newest first, in runs (`PredictedBlocks.forEachRun`),
+   * at most `maxBlocks` in all (shared evenly between the workers): what a joining
+   * replica is sent. `ageMs`: how long ago a run's first block was used.
+   */
+  forEachRun(
+    maxBlocks: number,
+    runBlocksMax: number,
+    visit: (
+      slot: number,
+      anchored: boolean,
+      anchorHi: number,
+      anchorLo: number,
+      local: Uint32Array,
+      count: number,
+      ageMs: number,
+    ) => void,
+  ): void {
+    const slots = this.blocks.enabledSlots();
+    if (slots.length === 0) return;
+    const quota = Math.floor(maxBlocks / slots.length);
+    const now = this.now();
+    for (const slot of slots)
+      this.blocks.forEachRun(slot, quota, runBlocksMax, (anchored, hi, lo, local, count, usedMs) =>
+        visit(slot, anchored, hi, lo, local, count, Math.max(0, now - usedMs)),
+      );
+  }
+
+  /**
+   * A peer's older predictions, newest first (a joining replica takes a peer's set):
+   * added at the least recently used end, as `PredictedBlocks.prepend` says, last used
+   * `ageMs` ago. False when the slot is not approximate here or lacks the anchor.
+   */
+  applyOlder(
+    slot: number,
+    anchored: boolean,
+    anchorHi: number,
+    anchorLo: number,
+    local: Uint32Array,
+    count: number,
+    ageMs: number,
+  ): boolean {
+    const usedMs = this.now() - ageMs;
+    return this.blocks.prepend(slot, anchored, anchorHi, anchorLo, local, count, usedMs);
+  }
+
+  /**
+   * A peer's correction (`PredictionShare.corrected`): a shortfall purges every block
+   * older than the named one here (the peer purged those no newer than it was when the
+   * request was routed there; here it may have been used since, and what is older here
+   * is older there too) and shrinks the capacity; a surplus grows it. False when the
+   * slot is not approximate here.
+   */
+  applyCorrection(
+    slot: number,
+    shortfall: boolean,
+    named: boolean,
+    hi: number,
+    lo: number,
+  ): boolean {
+    if (!this.blocks.isEnabled(slot)) return false;
+    if (!shortfall) this.blocks.grow(slot);
+    else {
+      const stamp = named ? this.blocks.stampOf(slot, hi, lo) : NONE;
+      if (stamp >= 0) this.blocks.purge(slot, stamp - 1);
+      this.blocks.shrink(slot);
+    }
+    return true;
   }
 
   /** Drops records past the request TTL and expires predicted blocks past theirs (at most every 100 ms). */
@@ -230,8 +335,8 @@ export class Predictions {
   }
 
   private insert(slot: number, local: Uint32Array, chain: Uint32Array, count: number): void {
-    this.blocks.insert(slot, local, chain, count);
-    this.onInsert?.(slot, local, chain, count);
+    const held = this.blocks.insert(slot, local, chain, count);
+    if (count > 0) this.share?.predicted(slot, local, chain, held, count);
   }
 
   private correct(record: number, cachedTokens: number): void {
@@ -243,14 +348,37 @@ export class Predictions {
     const act = this.settings.correct !== false;
     if (observed < this.predicted[record]!) {
       this.counters.shortfalls++;
-      if (act && this.stamp[record]! >= 0) this.blocks.purge(slot, this.stamp[record]!);
-      if (act) this.blocks.shrink(slot);
+      if (!act) return;
+      const purge = this.stamp[record]! >= 0;
+      if (purge) this.blocks.purge(slot, this.stamp[record]!);
+      this.blocks.shrink(slot);
+      this.shareShortfall(record, purge);
     } else if (observed > this.credited[record]!) {
       this.counters.surpluses++;
-      if (act) this.blocks.grow(slot);
+      if (!act) return;
+      this.blocks.grow(slot);
+      this.share?.corrected(slot, false, false, 0, 0);
     } else {
       this.counters.confirmed++;
     }
+  }
+
+  /** Tells the peers of a shortfall: its purge named by the deepest block predicted at routing. */
+  private shareShortfall(record: number, purge: boolean): void {
+    const share = this.share;
+    if (share === null) return;
+    const at = this.hashesAt[record]!;
+    const deepest = this.predicted[record]! - 1;
+    const named = purge && at !== NONE && deepest >= 0;
+    const words = this.words.words;
+    const p = at + 2 * this.count[record]! + 2 * deepest;
+    share.corrected(
+      this.slot[record]!,
+      true,
+      named,
+      named ? words[p]! : 0,
+      named ? words[p + 1]! : 0,
+    );
   }
 
   /** Whether the record's slot is still the approximate worker it was routed to. */

@@ -9,6 +9,8 @@
  *   decay        = 1 / (1 + d * ((active_prefill_tokens[w] - min_w') / bs) / ceil(isl / bs))
  *                  when overlap_score_credit_decay d > 0, else 1
  *   overlap      = device overlap blocks[w] * (degraded[w] ? degraded_overlap_weight : 1)
+ *                  (a degraded worker routed on predictions: fallbackOverlap of its indexed
+ *                  and predicted blocks instead)
  *   lower        = (host_cache_hit_weight * host blocks[w] + disk_cache_hit_weight *
  *                  (disk + external blocks[w])) * (degraded[w] ? degraded_overlap_weight : 1)
  *                  (the lower tiers' blocks right after the device's; reference §5.1)
@@ -121,6 +123,12 @@ export interface Overlaps {
   readonly host?: ArrayLike<number>;
   readonly disk?: ArrayLike<number>;
   readonly external?: ArrayLike<number>;
+  /**
+   * Per entry, kvedge's predicted blocks of a degraded worker routed on predictions
+   * (LoadTracker.fallback; src/core/fallback.ts), beside its indexed `blocks`; absent
+   * when none is.
+   */
+  readonly predicted?: ArrayLike<number>;
 }
 
 export const NO_OVERLAPS: Overlaps = { count: 0, slots: [], blocks: [] };
@@ -197,6 +205,24 @@ export interface RouteDecision {
 /** What a worker's overlap rests on (route answers and /v1/match say it per worker). */
 export const OVERLAP_KINDS = ["exact", "approximate", "degraded"] as const;
 export type OverlapKind = (typeof OVERLAP_KINDS)[number];
+
+/** What a degraded exact worker is routed on (route.degraded_fallback). */
+export const DEGRADED_FALLBACKS = ["predictions", "discount"] as const;
+
+/**
+ * The overlap the router trusts of a degraded exact worker routed on predictions
+ * (route.degraded_fallback = predictions): the larger of what kvedge predicted it holds
+ * from its own decisions since it degraded and its indexed overlap discounted as any
+ * degraded worker's (the index keeps what the lost events did not change: after a short
+ * loss it is nearly right, and predictions start empty).
+ */
+export function fallbackOverlap(
+  indexed: number,
+  predicted: number,
+  degradedWeight: number,
+): number {
+  return Math.max(predicted, indexed * degradedWeight);
+}
 
 /** A slot's overlap kind as its index in OVERLAP_KINDS: degraded first, then approximate. */
 export function overlapKindOf(load: LoadTracker, slot: number): number {
@@ -319,6 +345,9 @@ export class Router {
   private readonly random: () => number;
   // Scratch, by slot, reused by every decision.
   private overlapBySlot = new Float64Array(0);
+  /** Degraded workers routed on predictions: their predicted blocks (Overlaps.predicted). */
+  private predictedBySlot = new Float64Array(0);
+  private predictedAny = false;
   /** Lower tiers' blocks by slot: filled (and used) only while a decision has any. */
   private hostBySlot = new Float64Array(0);
   private diskBySlot = new Float64Array(0);
@@ -370,7 +399,6 @@ export class Router {
     const requestId = this.requestIdOf(request.requestId);
     const load = this.load;
     const tokenCount = request.tokenCount;
-    const overlap = this.overlapBySlot;
     const held = this.creditedBlocks(best);
     const cachedTokens = Math.min(tokenCount, Math.round(held * load.blockSize));
     const max = request.candidatesMax ?? 0;
@@ -403,7 +431,7 @@ export class Router {
       slot: best,
       workerId: load.table.workerIdOf(best),
       dpRank: load.dpRanks[best]!,
-      overlapBlocks: overlap[best]!,
+      overlapBlocks: this.reportedOverlap(best),
       pendingBlocks: this.depthBySlot[best]!,
       creditedBlocks: held,
       hostBlocks: this.tiered ? this.hostBySlot[best]! : 0,
@@ -420,6 +448,34 @@ export class Router {
     const device = this.overlapBySlot[slot]!;
     if (!this.tiered) return device;
     return device + this.hostBySlot[slot]! + this.diskBySlot[slot]! + this.externalBySlot[slot]!;
+  }
+
+  /**
+   * Blocks `slot` holds of the request in every tier as the router trusts them: a
+   * degraded worker's discounted, but for the device overlap of one routed on
+   * predictions (`fallbackOverlap` of its indexed and predicted blocks).
+   */
+  private heldTrusted(slot: number): number {
+    const device = this.overlapBySlot[slot]!;
+    const blocks = this.tiered ? this.heldBlocks(slot) : device;
+    // The common case first: a worker trusted as it is.
+    if (this.load.degraded[slot] !== 1) return blocks;
+    return this.deviceTrusted(slot) + this.trusted(slot, blocks - device);
+  }
+
+  /** The device overlap as trusted: discounted when degraded; routed on predictions, `fallbackOverlap`. */
+  private deviceTrusted(slot: number): number {
+    const overlap = this.overlapBySlot[slot]!;
+    if (this.load.fallback[slot] !== 1) return this.trusted(slot, overlap);
+    const predicted = this.predictedAny ? this.predictedBySlot[slot]! : 0;
+    return fallbackOverlap(overlap, predicted, this.weights.degradedOverlapWeight);
+  }
+
+  /** The device blocks answers show: the indexed ones, or the predicted ones when more. */
+  private reportedOverlap(slot: number): number {
+    const overlap = this.overlapBySlot[slot]!;
+    if (!this.predictedAny || this.load.fallback[slot] !== 1) return overlap;
+    return Math.max(overlap, this.predictedBySlot[slot]!);
   }
 
   /** `blocks` as the router trusts them on `slot`: a degraded worker's discounted. */
@@ -451,7 +507,7 @@ export class Router {
    * cover if more (kvedge's own knowledge, whatever the engine's stream says).
    */
   private creditedBlocks(slot: number): number {
-    const trusted = this.trusted(slot, this.heldBlocks(slot));
+    const trusted = this.heldTrusted(slot);
     return this.pendingCredit ? Math.max(trusted, this.depthBySlot[slot]!) : trusted;
   }
 
@@ -571,13 +627,10 @@ export class Router {
     const prefill = load.activePrefillTokens;
     const decode = load.activeDecodeBlocks;
     const active = load.activeRequests;
-    const degraded = load.degraded;
-    const overlap = this.overlapBySlot;
     const depth = this.depthBySlot;
     const costs = this.costBySlot;
     const decay = this.weights.overlapScoreCreditDecay;
     const requestWeight = this.weights.decodeActiveRequestWeight;
-    const degradedWeight = this.weights.degradedOverlapWeight;
     // The decay term's constant part; 0 = no decay (the default).
     const decayScale =
       decay > 0 && tokenCount > 0 ? decay / (blockSize * Math.ceil(tokenCount / blockSize)) : 0;
@@ -594,7 +647,7 @@ export class Router {
     for (let i = 0; i < liveCount; i++) {
       const slot = slots[i]!;
       const slotPrefill = prefill[slot]!;
-      let held = degraded[slot] === 1 ? overlap[slot]! * degradedWeight : overlap[slot]!;
+      let held = load.degraded[slot] === 1 ? this.deviceTrusted(slot) : this.overlapBySlot[slot]!;
       if (decayScale > 0) held /= 1 + decayScale * (slotPrefill - minPrefill);
       const raw = (slotPrefill + tokenCount) / blockSize - credit * held;
       const prefillCost = scale * Math.max(0, this.tiered ? raw - this.lowerTrusted(slot) : raw);
@@ -617,12 +670,9 @@ export class Router {
     const prefill = load.activePrefillTokens;
     const active = load.activeRequests;
     const decode = load.activeDecodeBlocks;
-    const degraded = load.degraded;
     const blockSize = load.blockSize;
-    const overlap = this.overlapBySlot;
     const pending = this.depthBySlot;
     const pendingCredit = this.pendingCredit;
-    const degradedWeight = this.weights.degradedOverlapWeight;
     const costs = this.costBySlot;
     const predicted = this.ttftBySlot;
     const ttft = this.ttft;
@@ -642,8 +692,7 @@ export class Router {
     const { cachedMax, creditedMax } = pendingRelief > 0 ? this.creditedMaxima() : NO_MAXIMA;
     for (let i = 0; i < load.liveCount; i++) {
       const slot = slots[i]!;
-      const blocks = tiered ? this.heldBlocks(slot) : overlap[slot]!;
-      const trusted = degraded[slot] === 1 ? blocks * degradedWeight : blocks;
+      const trusted = this.heldTrusted(slot);
       const held = pendingCredit && pending[slot]! > trusted ? pending[slot]! : trusted;
       const cached = Math.min(tokenCount, held * blockSize);
       const slotPrefillPerMs =
@@ -677,15 +726,12 @@ export class Router {
    */
   private creditedMaxima(): { cachedMax: number; creditedMax: number } {
     const load = this.load;
-    const overlap = this.overlapBySlot;
     const pending = this.depthBySlot;
-    const degradedWeight = this.weights.degradedOverlapWeight;
     let cachedMax = 0;
     let creditedMax = 0;
     for (let i = 0; i < load.liveCount; i++) {
       const slot = load.liveSlots[i]!;
-      const blocks = this.tiered ? this.heldBlocks(slot) : overlap[slot]!;
-      const trusted = load.degraded[slot] === 1 ? blocks * degradedWeight : blocks;
+      const trusted = this.heldTrusted(slot);
       if (trusted > cachedMax) cachedMax = trusted;
       const held = pending[slot]! > trusted ? pending[slot]! : trusted;
       if (held > creditedMax) creditedMax = held;
@@ -768,7 +814,26 @@ export class Router {
       if (blocks > this.overlapBySlot[slot]!) this.overlapBySlot[slot] = blocks;
     }
     if (this.tiered || overlaps.host !== undefined) this.prepareTiers(blockCount, overlaps);
+    if (this.predictedAny || overlaps.predicted !== undefined)
+      this.preparePredicted(blockCount, overlaps);
     this.load.blocks.sharedDepths(chain, blockCount, this.depthBySlot);
+  }
+
+  /** Degraded workers' predicted blocks by slot (zeroed again after a decision that had some). */
+  private preparePredicted(blockCount: number, overlaps: Overlaps): void {
+    const capacity = this.load.slotCapacity;
+    if (this.predictedBySlot.length < capacity) this.predictedBySlot = new Float64Array(capacity);
+    this.predictedBySlot.fill(0, 0, capacity);
+    this.predictedAny = false;
+    const predicted = overlaps.predicted;
+    if (predicted === undefined) return;
+    const live = this.load.live;
+    for (let i = 0; i < overlaps.count; i++) {
+      const slot = overlaps.slots[i]!;
+      if (!(slot >= 0 && slot < capacity && live[slot] === 1) || !(predicted[i]! > 0)) continue;
+      this.predictedBySlot[slot] = Math.min(blockCount, predicted[i]!);
+      this.predictedAny = true;
+    }
   }
 
   /** The lower tiers' blocks by slot (zeroed again after a decision that had some). */
@@ -893,7 +958,7 @@ export class Router {
       list.slots[i] = slot;
       list.workerIds[i] = load.table.workerIdOf(slot);
       list.dpRanks[i] = load.dpRanks[slot]!;
-      list.overlapBlocks[i] = this.overlapBySlot[slot]!;
+      list.overlapBlocks[i] = this.reportedOverlap(slot);
       list.overlapKinds[i] = overlapKindOf(load, slot);
       list.pendingBlocks[i] = this.depthBySlot[slot]!;
       list.hostBlocks[i] = this.tiered ? this.hostBySlot[slot]! : 0;

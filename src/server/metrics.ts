@@ -7,6 +7,7 @@ import { bufferBudget } from "../util/buffer-budget";
 import type { Router } from "../route";
 import type { LoadTracker, WorkerLoad } from "../route/load";
 import type { Cluster } from "../cluster/cluster";
+import type { PeerCounters } from "../cluster/peers";
 import type { KvedgeCore } from "../core/core";
 import {
   type Labels,
@@ -334,35 +335,13 @@ export function registerRouterMetrics(registry: MetricsRegistry, router: Router)
  * series disappear with it.
  */
 /** Metrics of the core's parts: admission, and the writes held while the index is copied. */
-/** Approximate workers: their mode, predicted blocks and capacity, and what predictions did. */
+/**
+ * Approximate workers: their mode, predicted blocks and capacity, and what predictions
+ * did; degraded exact workers routed on predictions (route.degraded_fallback) too.
+ */
 function registerPredictionMetrics(registry: MetricsRegistry, core: KvedgeCore): void {
-  const { predictions, router } = core;
-  const perWorker = (name: string, help: string, read: (slot: number) => number) =>
-    registerSamples(registry, {
-      name,
-      help,
-      type: "gauge",
-      labelNames: ["worker_id", "dp_rank"],
-      collect(emit) {
-        for (const w of router.load.workers())
-          emit(read(w.slot), { worker_id: w.workerId.toString(), dp_rank: String(w.dpRank) });
-      },
-    });
-  perWorker(
-    "kvedge_worker_approximate",
-    "1 if the worker publishes no KV events: its cache is predicted from kvedge's own decisions.",
-    (slot) => (predictions.isApproximate(slot) ? 1 : 0),
-  );
-  perWorker(
-    "kvedge_worker_predicted_blocks",
-    "Blocks an approximate worker is predicted to cache.",
-    (slot) => predictions.blocks.heldBy(slot),
-  );
-  perWorker(
-    "kvedge_worker_predicted_capacity_blocks",
-    "The capacity an approximate worker's predictions are held to, learned or configured (0: unknown, TTL).",
-    (slot) => predictions.blocks.capacityOf(slot) ?? 0,
-  );
+  const { predictions } = core;
+  registerPredictedWorkers(registry, core);
   registerSamples(registry, {
     name: "kvedge_predicted_blocks_total",
     help: "Predicted blocks stored, refreshed by a later request, evicted at the capacity, expired (TTL), purged by a correction.",
@@ -385,6 +364,49 @@ function registerPredictionMetrics(registry: MetricsRegistry, core: KvedgeCore):
       emit(c.confirmed, { outcome: "confirmed" });
     },
   });
+}
+
+/** Per worker: approximate or not, routed on predictions while degraded or not, and those predictions. */
+function registerPredictedWorkers(registry: MetricsRegistry, core: KvedgeCore): void {
+  const { predictions, router, fallback } = core;
+  /** The predictions a slot is routed on: an approximate worker's, a degraded one's, or none. */
+  const blocksOf = (slot: number) =>
+    predictions.isApproximate(slot)
+      ? predictions.blocks
+      : fallback?.isOn(slot) === true
+        ? fallback.predictions.blocks
+        : null;
+  const perWorker = (name: string, help: string, read: (slot: number) => number) =>
+    registerSamples(registry, {
+      name,
+      help,
+      type: "gauge",
+      labelNames: ["worker_id", "dp_rank"],
+      collect(emit) {
+        for (const w of router.load.workers())
+          emit(read(w.slot), { worker_id: w.workerId.toString(), dp_rank: String(w.dpRank) });
+      },
+    });
+  perWorker(
+    "kvedge_worker_approximate",
+    "1 if the worker publishes no KV events: its cache is predicted from kvedge's own decisions.",
+    (slot) => (predictions.isApproximate(slot) ? 1 : 0),
+  );
+  perWorker(
+    "kvedge_worker_degraded_fallback",
+    "1 if the worker is degraded and routed on kvedge's predictions of it (route.degraded_fallback).",
+    (slot) => (fallback?.isOn(slot) === true ? 1 : 0),
+  );
+  perWorker(
+    "kvedge_worker_predicted_blocks",
+    "Blocks an approximate worker (or a degraded one routed on predictions) is predicted to cache.",
+    (slot) => blocksOf(slot)?.heldBy(slot) ?? 0,
+  );
+  perWorker(
+    "kvedge_worker_predicted_capacity_blocks",
+    "The capacity those predictions are held to, learned or configured (0: unknown, TTL).",
+    (slot) => blocksOf(slot)?.capacityOf(slot) ?? 0,
+  );
 }
 
 function registerPartMetrics(registry: MetricsRegistry, core: KvedgeCore): void {
@@ -832,6 +854,7 @@ export function registerClusterMetrics(
     });
   }
   registerClusterCounters(registry, cluster, load);
+  registerClusterPredictions(registry, cluster);
   const lag = new FastHistogram(
     "kvedge_cluster_fact_lag_seconds",
     "From a peer sending a batch of facts to its being applied here (the two processes' wall clocks).",
@@ -840,6 +863,38 @@ export function registerClusterMetrics(
   );
   const series = lag.series({});
   cluster.onLag = (ms) => lag.observe(series, ms / 1000);
+}
+
+/** Peers' predictions by what happened to them, as `kvedge_cluster_predictions_total` names it. */
+const PEER_PREDICTION_EVENTS: Record<keyof PeerCounters["predictions"], string> = {
+  applied: "applied",
+  corrections: "correction_applied",
+  joined: "joined",
+  unanchored: "unanchored",
+  notApproximate: "not_approximate",
+  held: "held",
+  heldApplied: "held_applied",
+  heldDropped: "held_dropped",
+};
+
+/** Predictions of approximate workers on the bus (src/cluster/README.md). */
+function registerClusterPredictions(registry: MetricsRegistry, cluster: Cluster): void {
+  const { outbox, peers } = cluster.node;
+  registerSamples(registry, {
+    name: "kvedge_cluster_predictions_total",
+    help: "Predictions of approximate workers on the bus: this replica's shared (sent; truncated: cut to their first 16,384 new blocks), its corrections shared, its blocks sent to joining replicas (snapshotted); peers' applied, corrections applied, blocks taken when joining (joined), dropped for a block not held here (unanchored) or a worker not approximate here, held for a worker not known yet, then applied or dropped.",
+    type: "counter",
+    labelNames: ["event"],
+    collect(emit) {
+      const own = outbox.counters;
+      emit(own.predictions, { event: "sent" });
+      emit(own.predictionsTruncated, { event: "truncated" });
+      emit(own.corrections, { event: "correction_sent" });
+      emit(own.predictionsSnapshotted, { event: "snapshotted" });
+      for (const [event, count] of Object.entries(peers.counters.predictions))
+        emit(count, { event: PEER_PREDICTION_EVENTS[event as keyof PeerCounters["predictions"]] });
+    },
+  });
 }
 
 function registerClusterCounters(registry: MetricsRegistry, cluster: Cluster, load: LoadTracker) {

@@ -1,4 +1,5 @@
 /** What `kvedge demo` runs: its options and the policies it can compare. */
+import type { StreamCut } from "./lost-streams";
 import type { KvAwareConfig } from "./policies";
 import type { TimeModel } from "./time-model";
 import type { Trace } from "./trace";
@@ -84,6 +85,11 @@ export interface DemoOptions {
   readonly syncDelayMs?: number;
   /** kv_aware with replicas: cluster.stagger_ms (model ms in virtual time, wall ms in real time). */
   readonly staggerMs?: number;
+  /**
+   * Virtual time: engines whose event streams are cut, kvedge's index of them losing
+   * what they published during the cut (./lost-streams.ts); degraded from then on.
+   */
+  readonly streamCut?: StreamCut;
 }
 
 /** The policies a replicated demo runs by default: synced, unsynced, then the baselines. */

@@ -277,6 +277,7 @@ function virtualRun(
             );
           },
         }),
+    ...(options.streamCut === undefined ? {} : { streamCut: options.streamCut }),
     onFinish: (finished) => {
       if (policy === "kv_aware") admission = admissionOf(finished);
     },

@@ -322,6 +322,25 @@ export class EngineCache {
   }
 
   /**
+   * Longest prefix of a prompt (at most the blocks the engine may reuse) whose every
+   * block `holds` says is held, by this engine's external hashes: what another view of
+   * this engine (an index that lost some of its events) knows; of the device only
+   * (`lastHostBlocks` 0).
+   */
+  prefixBlocksIn(
+    tokens: Uint32Array,
+    promptLength: number,
+    holds: (hi: number, lo: number) => boolean,
+  ): number {
+    const limit = this.reusableBlocks(promptLength);
+    this.lastHostBlocks = 0;
+    if (limit === 0) return 0;
+    const ext = this.hashPrompt(tokens, limit);
+    for (let i = 0; i < limit; i++) if (!holds(ext[2 * i]!, ext[2 * i + 1]!)) return i;
+    return limit;
+  }
+
+  /**
    * Longest prefix of a prompt the published view holds, in blocks (at most the blocks
    * the engine may reuse): what an index fed by this engine's events can know now. Sets
    * `lastHostBlocks` to the published CPU tier's blocks after it.

@@ -28,6 +28,7 @@ import { Admission, type AdmissionSettings } from "../route/admission";
 import type { PredictAt } from "../route/predictions";
 import { WorkerTable } from "../domain/worker-table";
 import { DEFAULT_FLEET_PREDICTIONS, PredictedFleet } from "./predicted-fleet";
+import { DegradedFleet, type DegradedFallbackMode } from "./degraded-fleet";
 import { PairTable } from "../util/tables";
 import { createRng, randomInt, type Rng } from "./random";
 import type { TimeModel } from "./time-model";
@@ -379,6 +380,11 @@ export interface KvAwareConfig {
     /** Correct predictions by the cached tokens each engine reports at the first token (the proxy reads them from usage). */
     readonly correct?: boolean;
   };
+  /**
+   * What a degraded engine (its event stream cut, ./lost-streams.ts) is routed on
+   * (route.degraded_fallback): predictions (default) or its discounted overlap only.
+   */
+  readonly degradedFallback?: DegradedFallbackMode;
   /** Route on the engines' CPU tiers too (default true); false: the device tier only. */
   readonly lowerTiers?: boolean;
   /**
@@ -419,6 +425,14 @@ function probedOverlaps(slots: Int32Array, tiers: boolean): ProbedOverlaps {
 /** Longer than any replay: requests end by `done`, never by expiry. */
 const SIM_REQUEST_TTL_MS = 1e15;
 
+/** What kv_aware_model is told of the engines besides their device caches. */
+export interface ModelProbes {
+  /** The CPU tiers after each probe (none: the device only). */
+  readonly host?: HostProbe;
+  /** Whether kvedge holds an engine degraded (its events lost) at a time (none: never). */
+  readonly degraded?: (worker: number, nowMs: number) => boolean;
+}
+
 export class KvAwareModel implements RoutingPolicy {
   readonly name = "kv_aware_model";
   readonly router: Router;
@@ -434,6 +448,8 @@ export class KvAwareModel implements RoutingPolicy {
   readonly agreed: number[] = [];
   /** The engines that publish no events, predicted (null: every engine is exact). */
   readonly fleet: PredictedFleet | null;
+  /** The engines kvedge holds degraded (null: none can be). */
+  readonly degraded: DegradedFleet | null;
 
   constructor(
     workers: number,
@@ -441,7 +457,7 @@ export class KvAwareModel implements RoutingPolicy {
     private readonly probe: CacheProbe,
     config: KvAwareConfig,
     rng: Rng,
-    hostProbe: HostProbe | null = null,
+    probes: ModelProbes = {},
   ) {
     const table = new WorkerTable();
     this.router = new Router({
@@ -463,18 +479,21 @@ export class KvAwareModel implements RoutingPolicy {
     this.slots = new Int32Array(workers);
     for (let w = 0; w < workers; w++) this.slots[w] = table.acquire(BigInt(w), 0);
     const approximate = config.approximate ?? [];
+    const predictions = { ...DEFAULT_FLEET_PREDICTIONS, ...config.predictions, blockSize };
+    const [now, slots] = [() => this.nowMs, this.slots];
+    const fleet = { ...predictions, approximate, slots, now };
     this.fleet =
-      approximate.length === 0
+      approximate.length === 0 ? null : new PredictedFleet(this.router.load, table, fleet);
+    this.degraded =
+      probes.degraded === undefined
         ? null
-        : new PredictedFleet(this.router.load, table, {
-            ...DEFAULT_FLEET_PREDICTIONS,
-            ...config.predictions,
-            blockSize,
-            approximate,
-            slots: this.slots,
-            now: () => this.nowMs,
+        : new DegradedFleet(this.router, table, slots, probes.degraded, {
+            ...predictions,
+            fallback: config.degradedFallback !== "discount",
+            approximate: (w) => this.fleet?.isApproximate(w) === true,
+            now,
           });
-    this.hostProbe = config.lowerTiers === false ? null : hostProbe;
+    this.hostProbe = config.lowerTiers === false ? null : (probes.host ?? null);
     this.overlaps = probedOverlaps(this.slots, this.hostProbe !== null);
     const admission =
       config.admission === undefined ||
@@ -512,6 +531,7 @@ export class KvAwareModel implements RoutingPolicy {
     if (this.router.load.prefillDone(String(id)) !== "ok")
       throw new Error(`prefill of request ${id} that was never routed`);
     this.fleet?.prefillDone(id, cachedTokens);
+    this.degraded?.prefillDone(id, cachedTokens);
     this.admission?.release();
   }
 
@@ -520,6 +540,7 @@ export class KvAwareModel implements RoutingPolicy {
     if (this.router.load.done(String(id)) !== "ok")
       throw new Error(`request ${id} finished but was never routed`);
     this.fleet?.done(id);
+    this.degraded?.done(id);
     this.admission?.release();
   }
 
@@ -561,6 +582,7 @@ export class KvAwareModel implements RoutingPolicy {
       const local = fleet.localHashes(query.tokens, query.promptLength);
       fleet.routed(query.id, decision, local, query.path, query.promptBlocks, query.promptLength);
     }
+    this.degraded?.routed(query, decision);
     return Number(decision.workerId);
   }
 
@@ -591,7 +613,7 @@ export class KvAwareModel implements RoutingPolicy {
       const local = fleet.localHashes(query.tokens, query.promptLength);
       fleet.overlaps(local, query.path, query.promptBlocks, blocks);
     }
-    return this.overlaps;
+    return this.degraded?.overlaps(query, this.nowMs, this.overlaps) ?? this.overlaps;
   }
 }
 
@@ -603,6 +625,8 @@ export interface PolicyOptions {
   readonly probe?: CacheProbe;
   /** kv_aware_model: the engines' CPU tiers after each probe (none: the device only). */
   readonly hostProbe?: HostProbe;
+  /** kv_aware_model: whether kvedge holds an engine degraded (its events lost) at a time; default never. */
+  readonly degraded?: (worker: number, nowMs: number) => boolean;
   readonly approxPrefix?: ApproxPrefixConfig;
   readonly kvAware?: KvAwareConfig;
   /** The engines' speed: what kv_aware_model's router assumes unless `kvAware.ttft` says otherwise. */
@@ -625,8 +649,11 @@ export function createPolicy(name: PolicyName, options: PolicyOptions): RoutingP
       if (options.probe === undefined) throw new Error("kv_aware_model needs a cache probe");
       const config = options.kvAware ?? DEFAULT_KV_AWARE;
       const ttft = { ...engineConstants(options.time), ...config.ttft };
-      const host = options.hostProbe ?? null;
-      return new KvAwareModel(workers, blockSize, options.probe, { ...config, ttft }, rng, host);
+      const probes: ModelProbes = {
+        ...(options.hostProbe === undefined ? {} : { host: options.hostProbe }),
+        ...(options.degraded === undefined ? {} : { degraded: options.degraded }),
+      };
+      return new KvAwareModel(workers, blockSize, options.probe, { ...config, ttft }, rng, probes);
     }
   }
 }

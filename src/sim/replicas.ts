@@ -53,6 +53,7 @@ export class ReplicatedKvAware implements RoutingPolicy {
         replicaId: `r${i}`,
         epoch: i + 1,
         load,
+        predictions: replica.fleet?.predictions ?? null,
         workers: load.table,
         transport: bus.transport(`r${i}`),
         leaseMs: FOREVER_MS,
@@ -96,9 +97,9 @@ export class ReplicatedKvAware implements RoutingPolicy {
     return worker;
   }
 
-  prefillDone(id: number, nowMs: number): void {
+  prefillDone(id: number, nowMs: number, cachedTokens?: number): void {
     this.sync(nowMs);
-    this.replicaOf(id).prefillDone(id, nowMs);
+    this.replicaOf(id).prefillDone(id, nowMs, cachedTokens);
     this.flush();
   }
 

@@ -20,6 +20,7 @@ import {
   type RouteQuery,
   type RoutingPolicy,
 } from "./policies";
+import { LostStreams, type StreamCut } from "./lost-streams";
 import { ReplicatedKvAware } from "./replicas";
 import { RunRecorder, percentile, type PolicyReport } from "./outcome";
 import { createRng, randomU64 } from "./random";
@@ -41,6 +42,8 @@ export interface SimOptions {
   readonly vocabSize?: number;
   readonly approxPrefix?: ApproxPrefixConfig;
   readonly kvAware?: KvAwareConfig;
+  /** Engines whose event streams are cut (kvedge's index of them loses a window; ./lost-streams.ts). */
+  readonly streamCut?: StreamCut;
   /** Receives every engine's KV event batches in order (off: events are not built). */
   readonly onBatch?: (worker: number, batch: KvEventBatch) => void;
   /** Told each decision: request index and worker (bench/burst.ts counts workers per prefix). */
@@ -124,6 +127,7 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
   const vocabSize = options.vocabSize ?? DEFAULT_VOCAB_SIZE;
   const onBatch = options.onBatch;
   const engines: MockEngine[] = [];
+  const lost = options.streamCut === undefined ? null : new LostStreams(options.streamCut, workers);
   const hostProbe = (worker: number) => engines[worker]!.cache.lastHostBlocks;
   const policy = createRouting(options.policy, {
     workers,
@@ -132,8 +136,7 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
     approxPrefix: options.approxPrefix,
     kvAware: options.kvAware,
     time,
-    probe: (worker, query) =>
-      engines[worker]!.cache.visiblePrefixBlocks(query.tokens, query.promptLength),
+    ...probesOf(engines, lost),
     ...((options.cpuCapacityBlocks ?? 0) > 0 ? { hostProbe } : {}),
   });
   const recorder = new RunRecorder(trace, {
@@ -141,12 +144,8 @@ export function simulate(trace: Trace, options: SimOptions): SimResult {
       policy.prefillDone(request.id, nowMs, cachedTokens),
     finished: (request, nowMs) => policy.finished(request.id, nowMs),
   });
-  engines.push(...makeEngines(options, capacity, blockSize, seed, recorder));
-  const flush = (worker: number, nowMs: number): void => {
-    if (onBatch === undefined) return;
-    const batch = engines[worker]!.takeBatch(nowMs);
-    if (batch !== null) onBatch(worker, batch);
-  };
+  engines.push(...makeEngines(options, capacity, blockSize, seed, recorder, lost));
+  const flush = flusher(engines, lost, onBatch);
 
   // Held requests (admission) answered by a step's lifecycle calls or by the longest hold.
   const dispatch = (nowMs: number): void =>
@@ -201,12 +200,43 @@ function nextEngine(engines: readonly MockEngine[]): number {
 }
 
 /** The run's engines, their hash seeds from `seed` (the same for every run with it). */
+/** Takes an engine's batch after a step to whoever wants it: the caller, a cut stream's model. */
+function flusher(
+  engines: readonly MockEngine[],
+  lost: LostStreams | null,
+  onBatch: SimOptions["onBatch"],
+): (worker: number, nowMs: number) => void {
+  return (worker, nowMs) => {
+    if (onBatch === undefined && lost?.isCut(worker) !== true) return;
+    const batch = engines[worker]!.takeBatch(nowMs);
+    if (batch === null) return;
+    lost?.batch(worker, nowMs, batch.events);
+    onBatch?.(worker, batch);
+  };
+}
+
+/**
+ * What kvedge's router is told of each engine: its published view, or for an engine
+ * whose stream is cut, what an index that lost the cut holds, and that it is degraded.
+ */
+function probesOf(engines: readonly MockEngine[], lost: LostStreams | null) {
+  const probe = (worker: number, query: RouteQuery): number => {
+    const cache = engines[worker]!.cache;
+    return lost?.isCut(worker) === true
+      ? lost.prefixBlocks(cache, worker, query.tokens, query.promptLength)
+      : cache.visiblePrefixBlocks(query.tokens, query.promptLength);
+  };
+  if (lost === null) return { probe };
+  return { probe, degraded: (worker: number, nowMs: number) => lost.isDegraded(worker, nowMs) };
+}
+
 function makeEngines(
   options: SimOptions,
   capacity: number,
   blockSize: number,
   seed: number,
   recorder: RunRecorder,
+  lost: LostStreams | null,
 ): MockEngine[] {
   const workers = options.workers ?? DEFAULT_WORKERS;
   const seeds = engineSeeds(seed, workers);
@@ -215,7 +245,7 @@ function makeEngines(
       capacityBlocks: capacity,
       blockSize,
       hashSeed,
-      recordEvents: options.onBatch !== undefined,
+      recordEvents: options.onBatch !== undefined || lost?.isCut(w) === true,
       cpuCapacityBlocks: options.cpuCapacityBlocks ?? 0,
     });
     return new MockEngine(w, cache, options.time ?? DEFAULT_TIME_MODEL, recorder.listener);

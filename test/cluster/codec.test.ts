@@ -1,6 +1,8 @@
 // Goal: the bus's messages read back exactly as written (every fact type, requests by
 // handle, workers by identity through the dictionary even when a slot changes hands within
-// a message, long chains cut to their first CHAIN_BLOCKS_MAX blocks), a encoder's
+// a message, long chains cut to their first CHAIN_BLOCKS_MAX blocks; predictions as an
+// anchor and the new blocks' local hashes, cut to their first CHAIN_BLOCKS_MAX new
+// blocks; corrections; a joining replica's runs of predictions), an encoder's
 // published array is never written again, and every malformed message is refused whole
 // with its reason before any fact is applied.
 // Method: MessageEncoder over a real WorkerTable; FactReader with a recording visitor;
@@ -31,6 +33,18 @@ function recorder(): { visitor: FactVisitor; seen: string[] } {
     prefillDone: (id) => seen.push(`prefill ${id}`),
     ended: (id, reason, freed) => seen.push(`ended ${id} ${reason} ${freed}`),
     decodeTotal: (worker, blocks) => seen.push(`total ${names[worker]} ${blocks}`),
+    predicted: (worker, anchored, hi, lo, local, count) =>
+      seen.push(
+        `predicted ${names[worker]} ${anchored ? `${hi}/${lo}` : "root"} ${count} ${count > 0 ? `${local[0]}/${local[2 * count - 1]}` : "-"}`,
+      ),
+    corrected: (worker, shortfall, named, hi, lo) =>
+      seen.push(
+        `corrected ${names[worker]} ${shortfall ? "shortfall" : "surplus"} ${named ? `${hi}/${lo}` : "-"}`,
+      ),
+    predictedOlder: (worker, anchored, hi, lo, local, count, age) =>
+      seen.push(
+        `older ${names[worker]} ${anchored ? `${hi}/${lo}` : "root"} ${count} ${local[0]}/${local[2 * count - 1]} ${age}`,
+      ),
   };
   return { visitor, seen };
 }
@@ -53,6 +67,19 @@ function facts(): { table: WorkerTable; message: Uint8Array } {
   const c = table.acquire(8n, 1);
   expect(c).toBe(b);
   encoder.routedFlat(5, c, 1, 0, 0);
+  // Predictions: (local, chain) of 5 blocks; 2 held already, then none held, then a
+  // refresh, then more new blocks than a fact carries.
+  const local = Uint32Array.from({ length: 10 }, (_, i) => 100 + i);
+  const hashes = Uint32Array.from({ length: 10 }, (_, i) => 200 + i);
+  expect(encoder.predicted(a, local, hashes, 2, 5)).toBe(3);
+  expect(encoder.predicted(c, local, hashes, 0, 5)).toBe(5);
+  expect(encoder.predicted(a, local, hashes, 5, 5)).toBe(0);
+  expect(encoder.predicted(a, chain, chain, 1, CHAIN_BLOCKS_MAX + 5)).toBe(CHAIN_BLOCKS_MAX);
+  encoder.corrected(a, true, true, 12, 0xffff_ffff);
+  encoder.corrected(a, true, false, 0, 0);
+  encoder.predictedOlder(c, true, 7, 8, local, 5, 3000);
+  encoder.predictedOlder(a, false, 0, 0, local, 1, 0);
+  encoder.corrected(c, false, true, 3, 4); // a surplus names no block; the last fact, 4 bytes
   return { table, message: encoder.finish(41, 1234.5) };
 }
 
@@ -79,6 +106,15 @@ describe("the bus's messages", () => {
       "ended 1 expired 4",
       "total 18446744073709551615:3 12",
       "routed 5 8:1 0 -/- 1 0 0",
+      "predicted 18446744073709551615:3 202/203 3 104/109",
+      "predicted 8:1 root 5 100/109",
+      "predicted 18446744073709551615:3 208/209 0 -",
+      `predicted 18446744073709551615:3 1/2 ${CHAIN_BLOCKS_MAX} 3/${2 * CHAIN_BLOCKS_MAX + 2}`,
+      "corrected 18446744073709551615:3 shortfall 12/4294967295",
+      "corrected 18446744073709551615:3 shortfall -",
+      "older 8:1 7/8 5 100/109 3000",
+      "older 18446744073709551615:3 root 1 100/101 0",
+      "corrected 8:1 surplus -",
     ]);
   });
 
@@ -113,6 +149,9 @@ describe("the bus's messages", () => {
           prefillDone: () => void applied++,
           ended: () => void applied++,
           decodeTotal: () => void applied++,
+          predicted: () => void applied++,
+          corrected: () => void applied++,
+          predictedOlder: () => void applied++,
         };
         new FactReader().read(bytes, header.bodyAt, null);
         new FactReader().read(bytes, header.bodyAt, counting);
@@ -122,7 +161,7 @@ describe("the bus's messages", () => {
         return (error as BadMessage).message;
       }
     };
-    expect(reasonOf(message)).toBe("ok 7");
+    expect(reasonOf(message)).toBe("ok 16");
     const changed = (at: number, value: number) => {
       const copy = message.slice();
       copy[at] = value;
@@ -135,6 +174,27 @@ describe("the bus's messages", () => {
     expect(changed(25, "*".charCodeAt(0))).toBe("replica_id");
     expect(reasonOf(message.subarray(0, 10))).toBe("truncated");
     expect(reasonOf(new Uint8Array(2 * 1024 * 1024))).toBe("oversized");
+    // A prediction without an anchor and without blocks, bad flags, a correction's age.
+    const one = (write: (encoder: MessageEncoder, slot: number) => void): Uint8Array => {
+      const table = new WorkerTable();
+      const slot = table.acquire(1n, 0);
+      const encoder = new MessageEncoder("r", 1, table);
+      encoder.begin(KIND.facts);
+      encoder.beginFacts();
+      write(encoder, slot);
+      return encoder.finish(1, 0);
+    };
+    const words = new Uint32Array(4);
+    const bodyAt = readHeader(one(() => {})).bodyAt + 8;
+    expect(reasonOf(one((w, slot) => w.predicted(slot, words, words, 0, 0)))).toBe(
+      "empty_prediction",
+    );
+    const flagged = one((w, slot) => w.predicted(slot, words, words, 1, 2));
+    flagged[bodyAt + 3] = 2;
+    expect(reasonOf(flagged)).toBe("flags");
+    const surplus = one((w, slot) => w.corrected(slot, false, false, 0, 0));
+    surplus[bodyAt + 3] = 2; // a surplus naming a block
+    expect(reasonOf(surplus)).toBe("correction");
     // Every cut short of the whole is refused, never half applied.
     for (let end = 0; end < message.length; end++)
       expect(reasonOf(message.subarray(0, end))).not.toMatch(/^ok/);

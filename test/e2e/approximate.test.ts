@@ -2,8 +2,9 @@
 // approximate in /v1/workers, the metrics and every answer; a routed request's blocks
 // become its predicted blocks at prefill_done (HTTP body and WebSocket field
 // `cached_tokens` accepted and checked); a shortfall shrinks its capacity; it becomes
-// exact when an endpoint is posted (its predictions gone, its events rebuilding it, its
-// load kept) and approximate again when posted without one, with no restart.
+// exact when an endpoint is posted (its predictions gone, degraded and predicted anew
+// until its first batch, then its events rebuilding it, its load kept) and approximate
+// again when posted without one, with no restart.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { stored, TestEngine } from "../support/engine";
 import { type ServeProcess, startServe } from "../support/serve";
@@ -112,7 +113,14 @@ describe("serve with an approximate worker", () => {
     expect([status, added.status, added.mode]).toEqual([201, "switched", "exact"]);
     await engine.waitForSubscriber();
     const exact = await worker("7");
-    expect([exact.mode, exact.blocks, exact.predicted_blocks]).toEqual(["exact", 0, null]);
+    // Its state is unknown until its first batch (no replay endpoint): degraded, and
+    // routed on predictions from its switch on (route.degraded_fallback), none yet.
+    expect([exact.mode, exact.blocks, exact.degraded, exact.predicted_blocks]).toEqual([
+      "exact",
+      0,
+      true,
+      0,
+    ]);
     expect(exact.active_requests).toBe(before.active_requests);
     engine.publish([stored([11n, 12n], TOKENS.slice(0, 8), BS)]);
     await eventually(
@@ -120,6 +128,8 @@ describe("serve with an approximate worker", () => {
       5_000,
       "events",
     );
+    const known = await worker("7");
+    expect([known.degraded, known.predicted_blocks]).toEqual([false, null]);
     const match = await post(`${serve.url}/v1/match`, { token_ids: TOKENS });
     expect(match[1].scores).toEqual([{ worker_id: "7", dp_rank: 0, blocks: 2, kind: "exact" }]);
     // Posting it again with an endpoint: it exists in that mode.
