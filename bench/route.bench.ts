@@ -15,15 +15,17 @@
  * building the overlap lists.
  *
  * With `--sync` (needs `--cpu`): the router reports its own facts as a replica of a
- * cluster does (src/cluster's outbox: encoded, batched, published to a real nats-server
- * on loopback through the NATS client), so the rate is that of a replica with sync on.
+ * cluster does (src/cluster's outbox: encoded, batched and paced on the event loop as a
+ * replica's, published to a real nats-server on loopback through the connection a
+ * replica makes, `connectNats`), so the rate is that of a replica with sync on.
  * Both modes yield to the event loop every 256 iterations (NATS writes its socket then).
  *
  *   bun bench/route.bench.ts [--policy dynamo|ttft] [--cpu N [--sync]] [--json]
  */
 import { bench, do_not_optimize, group, run } from "mitata";
-import { connect, type NatsConnection } from "@nats-io/transport-node";
-import { Outbox } from "../src/cluster/outbox";
+import type { NatsConnection } from "@nats-io/transport-node";
+import { Outbox, onTheLoop } from "../src/cluster/outbox";
+import { connectNats } from "../src/cluster/transport";
 import { NatsServer } from "../src/sim/nats-server";
 import { DEFAULT_SEED } from "../src/hash";
 import {
@@ -65,7 +67,7 @@ if (sync && cpuIterations === 0) throw new Error("--sync needs --cpu N");
 const bus: { server: NatsServer; nc: NatsConnection } | null = sync
   ? await (async () => {
       const server = await NatsServer.start();
-      return { server, nc: await connect({ servers: server.url, noEcho: true }) };
+      return { server, nc: await connectNats({ servers: server.url, noEcho: true }) };
     })()
   : null;
 const YIELD_EVERY = 256;
@@ -105,7 +107,7 @@ function scenario(workers: number): () => void {
         nc.publish("bench.facts", message);
         return true;
       },
-      schedule: (flush) => void setImmediate(flush),
+      schedule: onTheLoop,
     });
   }
   // Per family: the workers holding its prefix, and how deep.

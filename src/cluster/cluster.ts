@@ -18,7 +18,6 @@ import { readFileSync } from "node:fs";
 import { hostname } from "node:os";
 import {
   AuthorizationError,
-  connect,
   credsAuthenticator,
   type NatsConnection,
   type NodeConnectionOptions,
@@ -31,6 +30,8 @@ import type { KvedgeCore } from "../core/core";
 import type { Logger } from "../util/log";
 import { REPLICA_ID } from "./codec";
 import { ClusterNode, type NodeTransport } from "./node";
+import { onTheLoop } from "./outbox";
+import { connectNats } from "./transport";
 
 /** Unflushed bytes past which a flush is started. */
 const FLUSH_BYTES = 1024 * 1024;
@@ -111,7 +112,7 @@ export class Cluster {
       syncTimeoutMs: Math.max(1000, config.lease_ms),
       holdMs: Math.max(30_000, 10 * config.lease_ms),
       now: () => performance.now(),
-      schedule: (run, ms) => void (ms === 0 ? setImmediate(run) : setTimeout(run, ms)),
+      schedule: onTheLoop,
       log,
       chains: core.router.policy === "dynamo",
       onApplied: () => core.peerLoadChanged(),
@@ -193,7 +194,7 @@ export class Cluster {
   private async connectUntilUp(): Promise<NatsConnection | null> {
     for (let attempt = 1; !this.stopped; attempt++) {
       try {
-        return await connect(this.connectOptions());
+        return await connectNats(this.connectOptions());
       } catch (error) {
         if (error instanceof AuthorizationError || error instanceof UserAuthenticationExpiredError)
           throw error;
