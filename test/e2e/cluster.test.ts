@@ -8,8 +8,7 @@
 // Method: real processes on loopback (nats-server always with -a 127.0.0.1); load views
 // from GET /v1/workers compared by worker; every wait is on a condition.
 import { afterAll, afterEach, beforeAll, describe, expect, test } from "bun:test";
-import { execFileSync } from "node:child_process";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { KvedgeClient } from "../../src/sim/kvedge-client";
@@ -18,6 +17,7 @@ import { TestEngine } from "../support/engine";
 import { startMockEngines, stopMockEngines } from "../support/mock-fleet";
 import { type ServeProcess, startServe } from "../support/serve";
 import { TcpProxy } from "../support/tcp-proxy";
+import { makeTestCertificates } from "../support/tls";
 import { until } from "../support/wait";
 
 type Json = Record<string, any>;
@@ -408,62 +408,16 @@ describe("authentication and TLS", () => {
 
   beforeAll(async () => {
     dir = mkdtempSync(join(tmpdir(), "kvedge-tls-"));
-    const openssl = (...args: string[]) =>
-      execFileSync("openssl", args, { cwd: dir, stdio: "ignore" });
-    openssl(
-      "req",
-      "-x509",
-      "-newkey",
-      "rsa:2048",
-      "-nodes",
-      "-days",
-      "2",
-      "-keyout",
-      "ca-key.pem",
-      "-out",
-      "ca.pem",
-      "-subj",
-      "/CN=kvedge-test-ca",
-    );
-    openssl(
-      "req",
-      "-newkey",
-      "rsa:2048",
-      "-nodes",
-      "-keyout",
-      "server-key.pem",
-      "-out",
-      "server.csr",
-      "-subj",
-      "/CN=localhost",
-    );
-    writeFileSync(join(dir, "san.ext"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n");
-    openssl(
-      "x509",
-      "-req",
-      "-in",
-      "server.csr",
-      "-CA",
-      "ca.pem",
-      "-CAkey",
-      "ca-key.pem",
-      "-CAcreateserial",
-      "-out",
-      "server.pem",
-      "-days",
-      "2",
-      "-extfile",
-      "san.ext",
-    );
+    const certificates = makeTestCertificates(dir);
     secure = await NatsServer.start({
       args: [
         "--auth",
         "s3cret-token",
         "--tls",
         "--tlscert",
-        join(dir, "server.pem"),
+        certificates.cert,
         "--tlskey",
-        join(dir, "server-key.pem"),
+        certificates.key,
       ],
     });
   });
