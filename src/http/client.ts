@@ -125,6 +125,11 @@ export class Exchange {
   private state: ExchangePhase = "connecting";
   private socket: Socket<undefined> | null = null;
   private timer: ReturnType<typeof setTimeout> | null = null;
+  /** What the running timer fails the exchange with, after how long, from when. */
+  private timerFailure: UpstreamFailure = "connect_timeout";
+  private timerMessage = "";
+  private timerMs = 0;
+  private armedAt = 0;
   private headBytes = new Uint8Array(0);
   private readonly body = new BodyDecoder();
   private readonly queue: Uint8Array[] = [];
@@ -376,10 +381,28 @@ export class Exchange {
     }
   }
 
+  /**
+   * Starts the timer for `failure` from now. Re-arming the timer that runs (the idle
+   * timer, at every body read) only moves its start: it checks when it fires, and runs
+   * on for what is left, instead of a new timer per read.
+   */
   private arm(ms: number, failure: UpstreamFailure, message: string): void {
+    this.armedAt = performance.now();
+    if (this.timer !== null && this.timerFailure === failure) return;
     this.disarm();
-    if (ms > 0) this.timer = setTimeout(() => this.fail(failure, message), ms);
+    if (ms <= 0) return;
+    this.timerFailure = failure;
+    this.timerMessage = message;
+    this.timerMs = ms;
+    this.timer = setTimeout(this.expire, ms);
   }
+
+  private readonly expire = (): void => {
+    this.timer = null;
+    const left = this.armedAt + this.timerMs - performance.now();
+    if (left >= 1) this.timer = setTimeout(this.expire, left);
+    else this.fail(this.timerFailure, this.timerMessage);
+  };
 
   private disarm(): void {
     if (this.timer !== null) clearTimeout(this.timer);
