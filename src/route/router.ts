@@ -354,6 +354,8 @@ export class Router {
   private externalBySlot = new Float64Array(0);
   /** Whether this decision's overlaps have lower-tier blocks (else the arrays above are 0). */
   private tiered = false;
+  /** The clock as this decision's expiry read it (admission reuses it: a clock read less). */
+  private decidedMs = 0;
   private depthBySlot = new Uint32Array(0);
   private costBySlot = new Float64Array(0);
   private ttftBySlot = new Float64Array(0);
@@ -417,6 +419,7 @@ export class Router {
       tokenCount,
       cachedTokens,
       request.expectedOutputTokens ?? 0,
+      this.decidedMs,
     );
     if (calibration !== null)
       calibration.admitted(
@@ -617,7 +620,7 @@ export class Router {
     );
     const temperature = override(request.temperature, this.weights.temperature, "temperature");
 
-    load.expireDue();
+    this.decidedMs = load.expireDue();
     load.syncSlots();
     const liveCount = load.liveCount;
     if (liveCount === 0) throw new KvedgeError("no_workers", "no workers to route to");
@@ -644,13 +647,16 @@ export class Router {
       this.ttftCosts(tokenCount);
       return temperature;
     }
+    const degraded = load.degraded;
+    const overlap = this.overlapBySlot;
+    const tiered = this.tiered;
     for (let i = 0; i < liveCount; i++) {
       const slot = slots[i]!;
       const slotPrefill = prefill[slot]!;
-      let held = load.degraded[slot] === 1 ? this.deviceTrusted(slot) : this.overlapBySlot[slot]!;
+      let held = degraded[slot] === 1 ? this.deviceTrusted(slot) : overlap[slot]!;
       if (decayScale > 0) held /= 1 + decayScale * (slotPrefill - minPrefill);
       const raw = (slotPrefill + tokenCount) / blockSize - credit * held;
-      const prefillCost = scale * Math.max(0, this.tiered ? raw - this.lowerTrusted(slot) : raw);
+      const prefillCost = scale * Math.max(0, tiered ? raw - this.lowerTrusted(slot) : raw);
       costs[slot] =
         prefillCost + decode[slot]! + (blockCount - depth[slot]!) + requestWeight * active[slot]!;
     }
