@@ -1,7 +1,7 @@
 /**
  * kvedge's own HTTP/1.1 client, for the calls that must be bounded and cancellable:
- * the proxy's requests to engines, and a route lane's proxied completions to the main
- * thread. One TCP connection per exchange (`connection: close`): an abort is a closed
+ * the proxy's requests to engines (from the main thread, or from the route lane a
+ * client came to: src/proxy/lane-end.ts). One TCP connection per exchange (`connection: close`): an abort is a closed
  * connection the server sees at once, a request is never on a connection another one
  * used, and nothing is pooled. Not Bun's fetch, whose in-flight cap (256) is per
  * process, across origins and threads, and set only by an environment variable read at
@@ -17,8 +17,8 @@
  * (measured: 1,000 proxied streams in 2.0-2.7 s against 1.2 s). A connection still being
  * made cannot be cancelled, though: given up on (an abort, the connect timeout), it
  * stays with the kernel until the host answers or the kernel gives up (about two minutes
- * on Linux for a host that drops SYNs). At most ABANDONED_MAX such connects per origin:
- * past that, exchanges to it fail at once as refused (nothing sent; the proxy tries the
+ * on Linux for a host that drops SYNs). At most ABANDONED_MAX such connects per origin
+ * and thread: past that, exchanges to it fail at once as refused (nothing sent; the proxy tries the
  * next engine), so a dead host cannot pile up file descriptors.
  */
 

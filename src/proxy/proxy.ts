@@ -6,7 +6,10 @@
  *   real router, held or refused at saturation as /v1/route is; the request becomes the
  *   chosen worker's load) -> an engine connection slot (./upstream.ts) -> forward the
  *   client's bytes to the worker's http_endpoint (kvedge's own client,
- *   src/http/client.ts) -> relay the answer as it comes (./relay.ts).
+ *   src/http/client.ts) -> relay the answer as it comes (./relay.ts). The client's
+ *   connection, the engine's and the relay are the transport's (./transport.ts): this
+ *   thread's, or the route lane's the client came to (./remote.ts), which does the I/O
+ *   on order and reports; everything below is decided here either way.
  *
  * One `ProxiedRequest` owns each request's lifecycle and ends it exactly once, whatever
  * ends it: the answer's end, the client leaving in any phase (held, queued, connecting,
