@@ -97,8 +97,8 @@ export interface ProxyCounters {
 
 export type Outcome = Exclude<keyof ProxyCounters, "requests" | "failovers">;
 
+/** A candidate engine, by identity: a slot may be another worker's after an await. */
 interface Target {
-  readonly slot: number;
   readonly workerId: bigint;
   readonly dpRank: number;
   readonly overlapBlocks: number;
@@ -306,7 +306,11 @@ class ProxiedRequest implements RelayOwner {
       if (endpoint === null) continue;
       if (target !== admittedOn) {
         // The load goes from the worker the request was admitted on to this one.
-        core.moveRequest(this.requestId!, routeInput(prepared), target.slot, target.overlapBlocks);
+        const { workerId, dpRank, overlapBlocks } = target;
+        if (
+          !core.moveRequest(this.requestId!, routeInput(prepared), workerId, dpRank, overlapBlocks)
+        )
+          continue; // removed since the decision
         admittedOn = target;
       }
       this.target = target;
@@ -492,7 +496,6 @@ function routeInput(prepared: Prepared): RouteInput {
 function targetsOf(decision: RouteDecision): Target[] {
   const targets: Target[] = [
     {
-      slot: decision.slot,
       workerId: decision.workerId,
       dpRank: decision.dpRank,
       overlapBlocks: decision.overlapBlocks,
@@ -504,7 +507,6 @@ function targetsOf(decision: RouteDecision): Target[] {
     if (list.slots[i] === decision.slot) continue;
     const candidate = list.at(i);
     targets.push({
-      slot: candidate.slot,
       workerId: candidate.workerId,
       dpRank: candidate.dpRank,
       overlapBlocks: candidate.overlapBlocks,
