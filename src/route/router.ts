@@ -592,22 +592,7 @@ export class Router {
     const blockCount = request.blockCount;
     const tokenCount = request.tokenCount;
     const blockSize = load.blockSize;
-    if (!Number.isInteger(blockCount) || blockCount < 0 || request.chain.length < 2 * blockCount) {
-      throw new KvedgeError("bad_request", `block count ${blockCount} does not fit the chain`);
-    }
-    if (!Number.isInteger(tokenCount) || tokenCount < blockCount * blockSize) {
-      throw new KvedgeError(
-        "bad_request",
-        `token count ${tokenCount} is less than ${blockCount} blocks`,
-      );
-    }
-    const expected = request.expectedOutputTokens ?? 0;
-    if (!Number.isInteger(expected) || expected < 0 || expected > EXPECTED_OUTPUT_TOKENS_MAX) {
-      throw new KvedgeError(
-        "bad_request",
-        `expected_output_tokens must be an integer in [0, 2^31], got ${expected}`,
-      );
-    }
+    checkCounts(request, blockSize);
     const credit = override(
       request.overlapScoreCredit,
       this.weights.overlapScoreCredit,
@@ -1012,4 +997,25 @@ function checkWeights(weights: RouteWeights): void {
   }
   if (weights.degradedOverlapWeight > 1)
     throw new RangeError("route weight degradedOverlapWeight must be at most 1");
+}
+
+/** The request's counts, checked before anything is computed from them. */
+function checkCounts(request: RouteRequest, blockSize: number): void {
+  const { blockCount, tokenCount } = request;
+  if (!Number.isInteger(blockCount) || blockCount < 0 || request.chain.length < 2 * blockCount) {
+    throw new KvedgeError("bad_request", `block count ${blockCount} does not fit the chain`);
+  }
+  if (!Number.isInteger(tokenCount) || tokenCount < blockCount * blockSize) {
+    throw new KvedgeError(
+      "bad_request",
+      `token count ${tokenCount} is less than ${blockCount} blocks`,
+    );
+  }
+  const expected = request.expectedOutputTokens ?? 0;
+  if (!Number.isInteger(expected) || expected < 0 || expected > EXPECTED_OUTPUT_TOKENS_MAX) {
+    throw new KvedgeError(
+      "bad_request",
+      `expected_output_tokens must be an integer in [0, 2^31], got ${expected}`,
+    );
+  }
 }
