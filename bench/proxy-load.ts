@@ -10,7 +10,11 @@
  *   its first event until all N are in flight (a barrier), then finishes them, each after
  *   a random pause of up to --spread-ms (1,000; 0 = all in the same millisecond). /healthz
  *   is probed every 5 ms from the first request to the last answer. A run that does
- *   not get all N answered within 60 s is reported stalled.
+ *   not get all N answered within 60 s is reported stalled. CPU per stream: kvedge's CPU
+ *   time over the run (/proc schedstat; the whole process, and its main thread), less
+ *   what it spends idle and probed (measured for 2 s before), divided by N; far steadier
+ *   than latency on a shared machine. The idle probes' p99 and max are reported too:
+ *   the tail this machine gives an idle kvedge at the time.
  * - chats: four ~5 MB chats (32,768 messages each, Qwen3's tokenizer and template) sent
  *   at once; /healthz is probed every 5 ms until all four are answered.
  * - soak: streamed and plain completions from --clients closed-loop clients for
@@ -25,7 +29,7 @@
  * (kvedge's own HTTP client: fetch allows 256 in flight per process) run in this
  * process; everything is on loopback and every loop is bounded.
  */
-import { readFileSync } from "node:fs";
+import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { Exchange, originOf } from "../src/http/client";
 import { startServeChild, type ServeChild } from "../src/sim/serve-process";
@@ -33,6 +37,7 @@ import { xorshift32 } from "../src/util/random";
 import { TestEngine } from "../test/support/engine";
 import { FaultyEngine } from "../test/support/faulty-engine";
 import { soak } from "../test/support/proxy-soak";
+import { processCpuSeconds } from "./http-load";
 import { benchFlags, killWithBench, provenance } from "./lib";
 
 const flags = benchFlags(
@@ -92,7 +97,24 @@ async function start(binary: Binary, lanes: number, extra: string[]): Promise<Se
     `1=${events.endpoint};http=${engine.url}`,
     ...(binary.current ? extra : []),
   ];
-  return await startServeChild({ command: [...NICE, binary.path], args });
+  const serve = await startServeChild({ command: [...NICE, binary.path], args });
+  await quiet(serve.pid);
+  return serve;
+}
+
+/**
+ * Waits (at most 10 s) until kvedge is idle: its threads finish starting after it
+ * listens (a tokenizer thread loads the tokenizer, about 0.5 s of CPU), which would
+ * otherwise be counted in the run's CPU and compete with it.
+ */
+async function quiet(pid: number): Promise<void> {
+  let before = processCpuSeconds(pid);
+  for (let i = 0; i < 40; i++) {
+    await Bun.sleep(250);
+    const now = processCpuSeconds(pid);
+    if (now - before <= 0.01) return;
+    before = now;
+  }
 }
 
 /**
@@ -130,6 +152,29 @@ function probeHealth(url: string): { stop: () => Promise<number[]> } {
     },
   };
 }
+
+/**
+ * kvedge's CPU time so far, in seconds (/proc schedstat: nanoseconds on a CPU): the
+ * whole process (its threads now), and its main thread (the one that answers /healthz).
+ */
+function cpuOf(pid: number): { process: number; main: number } {
+  const ran = (tid: string | number): number => {
+    try {
+      return Number(readFileSync(`/proc/${pid}/task/${tid}/schedstat`, "utf8").split(" ")[0]) / 1e9;
+    } catch {
+      return 0; // the thread ended meanwhile
+    }
+  };
+  let process = 0;
+  for (const tid of readdirSync(`/proc/${pid}/task`)) process += ran(tid);
+  return { process, main: ran(pid) };
+}
+
+/**
+ * How long kvedge is probed idle before the streams: its CPU then (left out of theirs),
+ * and the /healthz latency of an idle kvedge on this machine now (the floor of the tail).
+ */
+const IDLE_MS = 2000;
 
 function percentile(values: number[], p: number): number {
   if (values.length === 0) return Number.NaN;
@@ -173,11 +218,22 @@ async function streamOnce(url: string, i: number): Promise<boolean> {
 async function streamsRun(binary: Binary, lanes: number) {
   const serve = await start(binary, lanes, []);
   try {
+    // kvedge's CPU while idle and probed, to leave out of the streams' share.
+    const idleProbe = probeHealth(serve.url);
+    const idleFrom = cpuOf(serve.pid);
+    await Bun.sleep(IDLE_MS);
+    const idleTo = cpuOf(serve.pid);
+    const idle = health(await idleProbe.stop());
+    const idleRate = {
+      process: (idleTo.process - idleFrom.process) / (IDLE_MS / 1000),
+      main: (idleTo.main - idleFrom.main) / (IDLE_MS / 1000),
+    };
     let open!: () => void;
     engine.hold = new Promise<void>((resolve) => {
       open = resolve;
     });
     engine.spreadMs = SPREAD_MS;
+    const cpuBefore = cpuOf(serve.pid);
     const started = performance.now();
     const barrier = setInterval(() => {
       if (engine.open >= STREAMS || performance.now() - started > STALL_MS) open();
@@ -190,6 +246,9 @@ async function streamsRun(binary: Binary, lanes: number) {
     clearInterval(barrier);
     engine.hold = null;
     const latencies = await probe.stop();
+    const cpu = cpuOf(serve.pid);
+    const perStream = (used: number, rate: number) =>
+      round((1e6 * (used - (rate * ms) / 1000)) / STREAMS);
     const answered = answers.filter(Boolean).length;
     return {
       binary: binary.name,
@@ -199,6 +258,10 @@ async function streamsRun(binary: Binary, lanes: number) {
       of: STREAMS,
       all_ms: Math.round(ms),
       ...health(latencies),
+      idle_p99_ms: idle.p99_ms,
+      idle_max_ms: idle.max_ms,
+      cpu_us_per_stream: perStream(cpu.process - cpuBefore.process, idleRate.process),
+      main_cpu_us_per_stream: perStream(cpu.main - cpuBefore.main, idleRate.main),
     };
   } finally {
     await serve.stop();

@@ -355,6 +355,7 @@ async function listen(
       cpus: plan.laneCpus,
       index: writer?.descriptor ?? null,
       surface: proxy === null ? "all" : "proxy",
+      proxy,
     });
   } catch (error) {
     await app.stop(0);

@@ -39,7 +39,11 @@ function runRole(start: ThreadStart): void {
     // Answers every message with itself: proves a thread runs (and where).
     listen(reply as (body: never) => void);
   } else if (start.role === "lane") {
-    runLane(start.data as LaneStart, reply, listen);
+    runLane(
+      start.data as LaneStart,
+      (body, transfer) => send({ kind: "role", body }, transfer),
+      listen,
+    );
   } else if (start.role === "tokenizer") {
     const answer = (body: unknown, transfer: ArrayBuffer[]) =>
       send({ kind: "role", body }, transfer);

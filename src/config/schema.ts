@@ -670,7 +670,7 @@ export const SETTINGS: readonly Setting[] = [
     flag: "upstream-connections",
     type: integer(1, 1_000_000),
     default: 4096,
-    help: "Engine connections open at once, over all engines (one per proxied request in flight; each client stream also holds one file descriptor, two behind route lanes). Past it requests wait in a queue as deep, up to proxy.upstream_queue_timeout_ms, then get 503 with Retry-After.",
+    help: "Engine connections open at once, over all engines (one per proxied request in flight, on the main thread or on the route lane the client came to; each client stream also holds one file descriptor). Past it requests wait in a queue as deep, up to proxy.upstream_queue_timeout_ms, then get 503 with Retry-After.",
   }),
   setting({
     key: "proxy.upstream_queue_timeout_ms",

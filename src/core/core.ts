@@ -607,11 +607,20 @@ export class KvedgeCore {
   }
 
   /**
-   * Moves an active request's load to the worker in `slot`, which holds
+   * Moves an active request's load to worker (`workerId`, `dpRank`), which holds
    * `overlapBlocks` of its prompt (the proxy's failover: the engine it was routed to
-   * could not be reached). An id no longer active is admitted on `slot` anew.
+   * could not be reached). An id no longer active is admitted there anew. Returns false,
+   * moving nothing, when that worker is gone (the caller held it across an await).
    */
-  moveRequest(requestId: string, input: RouteInput, slot: number, overlapBlocks: number): void {
+  moveRequest(
+    requestId: string,
+    input: RouteInput,
+    workerId: bigint,
+    dpRank: number,
+    overlapBlocks: number,
+  ): boolean {
+    const slot = this.workerTable.find(workerId, dpRank);
+    if (slot < 0) return false;
     const load = this.router.load;
     load.done(requestId);
     const prompt = this.hash(input.tokens, input.loraName, input.cacheSalt);
@@ -637,6 +646,7 @@ export class KvedgeCore {
       overlapBlocks * this.blockSize,
       input.expectedOutputTokens ?? 0,
     );
+    return true;
   }
 
   private routeRequest(input: RouteInput, candidatesMax: number) {

@@ -1,7 +1,7 @@
 /**
  * kvedge's own HTTP/1.1 client, for the calls that must be bounded and cancellable:
- * the proxy's requests to engines, and a route lane's proxied completions to the main
- * thread. One TCP connection per exchange (`connection: close`): an abort is a closed
+ * the proxy's requests to engines (from the main thread, or from the route lane a
+ * client came to: src/proxy/lane-end.ts). One TCP connection per exchange (`connection: close`): an abort is a closed
  * connection the server sees at once, a request is never on a connection another one
  * used, and nothing is pooled. Not Bun's fetch, whose in-flight cap (256) is per
  * process, across origins and threads, and set only by an environment variable read at
@@ -17,8 +17,8 @@
  * (measured: 1,000 proxied streams in 2.0-2.7 s against 1.2 s). A connection still being
  * made cannot be cancelled, though: given up on (an abort, the connect timeout), it
  * stays with the kernel until the host answers or the kernel gives up (about two minutes
- * on Linux for a host that drops SYNs). At most ABANDONED_MAX such connects per origin:
- * past that, exchanges to it fail at once as refused (nothing sent; the proxy tries the
+ * on Linux for a host that drops SYNs). At most ABANDONED_MAX such connects per origin
+ * and thread: past that, exchanges to it fail at once as refused (nothing sent; the proxy tries the
  * next engine), so a dead host cannot pile up file descriptors.
  */
 
@@ -125,6 +125,11 @@ export class Exchange {
   private state: ExchangePhase = "connecting";
   private socket: Socket<undefined> | null = null;
   private timer: ReturnType<typeof setTimeout> | null = null;
+  /** What the running timer fails the exchange with, after how long, from when. */
+  private timerFailure: UpstreamFailure = "connect_timeout";
+  private timerMessage = "";
+  private timerMs = 0;
+  private armedAt = 0;
   private headBytes = new Uint8Array(0);
   private readonly body = new BodyDecoder();
   private readonly queue: Uint8Array[] = [];
@@ -376,10 +381,28 @@ export class Exchange {
     }
   }
 
+  /**
+   * Starts the timer for `failure` from now. Re-arming the timer that runs (the idle
+   * timer, at every body read) only moves its start: it checks when it fires, and runs
+   * on for what is left, instead of a new timer per read.
+   */
   private arm(ms: number, failure: UpstreamFailure, message: string): void {
+    this.armedAt = performance.now();
+    if (this.timer !== null && this.timerFailure === failure) return;
     this.disarm();
-    if (ms > 0) this.timer = setTimeout(() => this.fail(failure, message), ms);
+    if (ms <= 0) return;
+    this.timerFailure = failure;
+    this.timerMessage = message;
+    this.timerMs = ms;
+    this.timer = setTimeout(this.expire, ms);
   }
+
+  private readonly expire = (): void => {
+    this.timer = null;
+    const left = this.armedAt + this.timerMs - performance.now();
+    if (left >= 1) this.timer = setTimeout(this.expire, left);
+    else this.fail(this.timerFailure, this.timerMessage);
+  };
 
   private disarm(): void {
     if (this.timer !== null) clearTimeout(this.timer);

@@ -5,6 +5,7 @@
  * official clients parse. docs/api.md lists every code (a test holds the two equal).
  */
 import { clip, type ErrorCode, KvedgeError } from "../domain/errors";
+import type { Logger } from "../util/log";
 
 /** The HTTP status of each code: the one place codes become statuses. */
 export const STATUS_OF: Readonly<Record<ErrorCode, number>> = {
@@ -70,3 +71,27 @@ export function clientError(error: unknown): KvedgeError | null {
 
 /** The error an unexpected failure is answered with (its details go to the log only). */
 export const INTERNAL_ERROR = new KvedgeError("internal", "internal error");
+
+/** A KvedgeError as it crosses threads (structured clone keeps plain objects only). */
+export interface WireError {
+  readonly code: ErrorCode;
+  readonly message: string;
+  readonly retryAfterSecs: number | null;
+  readonly param: string | null;
+}
+
+/** What a request failed with, to answer on another thread; a bug is logged here and sent as internal. */
+export function wireError(error: unknown, log: Logger): WireError {
+  const client = clientError(error);
+  if (client === null) {
+    const text = error instanceof Error ? (error.stack ?? error.message) : String(error);
+    log.error("request failed", { error: text });
+  }
+  const { code, message, retryAfterSecs, param } = client ?? INTERNAL_ERROR;
+  return { code, message, retryAfterSecs, param };
+}
+
+/** The KvedgeError a WireError stands for. */
+export function fromWire(wire: WireError): KvedgeError {
+  return new KvedgeError(wire.code, wire.message, wire);
+}

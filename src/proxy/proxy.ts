@@ -6,7 +6,10 @@
  *   real router, held or refused at saturation as /v1/route is; the request becomes the
  *   chosen worker's load) -> an engine connection slot (./upstream.ts) -> forward the
  *   client's bytes to the worker's http_endpoint (kvedge's own client,
- *   src/http/client.ts) -> relay the answer as it comes (./relay.ts).
+ *   src/http/client.ts) -> relay the answer as it comes (./relay.ts). The client's
+ *   connection, the engine's and the relay are the transport's (./transport.ts): this
+ *   thread's, or the route lane's the client came to (./remote.ts), which does the I/O
+ *   on order and reports; everything below is decided here either way.
  *
  * One `ProxiedRequest` owns each request's lifecycle and ends it exactly once, whatever
  * ends it: the answer's end, the client leaving in any phase (held, queued, connecting,
@@ -23,20 +26,22 @@
  */
 import { KvedgeError } from "../domain/errors";
 import {
-  Exchange,
+  type ExchangeRequest,
   type ExchangeTimeouts,
+  type Origin,
   originOf,
   type ResponseHead,
   type UpstreamError,
 } from "../http/client";
-import { receiveBytes, reply } from "../http/http";
+import { reply } from "../http/http";
 import type { KvedgeCore, RouteCall, RouteInput } from "../core/core";
 import type { RouteDecision } from "../route";
 import type { Logger } from "../util/log";
 import { cachedReport, type OpenAiPath } from "./openai";
 import type { Prepared } from "./prepare";
 import type { Preparer } from "./preparer";
-import { Relay, type RelayOwner } from "./relay";
+import type { RelayOwner } from "./relay";
+import { type AnswerSpec, type EngineLink, LocalTransport, type ProxyTransport } from "./transport";
 import { UpstreamSlots } from "./upstream";
 import { TurnGate } from "../util/turn-gate";
 
@@ -54,6 +59,9 @@ export interface ProxyOptions {
 
 /** Requests that start their costly part (parse, route, connect) per event-loop turn. */
 const REQUESTS_PER_TURN = 16;
+
+/** Engine endpoints whose origins are kept parsed. */
+const ORIGINS_MAX = 1024;
 
 /** Workers tried per request: the pick, then the next cheapest candidates. */
 const ATTEMPTS_MAX = 3;
@@ -89,8 +97,8 @@ export interface ProxyCounters {
 
 export type Outcome = Exclude<keyof ProxyCounters, "requests" | "failovers">;
 
+/** A candidate engine, by identity: a slot may be another worker's after an await. */
 interface Target {
-  readonly slot: number;
   readonly workerId: bigint;
   readonly dpRank: number;
   readonly overlapBlocks: number;
@@ -121,6 +129,8 @@ export class OpenAiProxy {
   readonly live = new Set<ProxiedRequest>();
   stopping = false;
   private readonly created = Math.floor(Date.now() / 1000);
+  /** Engine endpoints parsed (few: one per engine; cleared if workers come and go a lot). */
+  private readonly origins = new Map<string, Origin>();
 
   constructor(readonly options: ProxyOptions) {
     this.slots = new UpstreamSlots(options.upstreamConnections, options.upstreamQueueMs);
@@ -151,8 +161,27 @@ export class OpenAiProxy {
 
   /** POST /v1/completions and /v1/chat/completions. */
   handle(request: Request, path: OpenAiPath): Promise<Response> {
+    return this.carry(new LocalTransport(request), path) as Promise<Response>;
+  }
+
+  /**
+   * A request whose client and engine connection `transport` carries: the Response for
+   * the client, or null when the transport gives the client its answer (a route lane).
+   */
+  carry(transport: ProxyTransport, path: OpenAiPath): Promise<Response | null> {
     this.counters.requests++;
-    return new ProxiedRequest(this, request, path).run();
+    return new ProxiedRequest(this, transport, path).run();
+  }
+
+  /** An engine endpoint's origin, parsed once. */
+  originOf(endpoint: string): Origin {
+    let origin = this.origins.get(endpoint);
+    if (origin === undefined) {
+      if (this.origins.size >= ORIGINS_MAX) this.origins.clear();
+      origin = originOf(endpoint);
+      this.origins.set(endpoint, origin);
+    }
+    return origin;
   }
 
   /** Ends every request still running (kvedge stops): engine connections closed, streams cut. */
@@ -172,27 +201,26 @@ class ProxiedRequest implements RelayOwner {
   private requestId: string | null = null;
   private prefilled = false;
   private slotHeld = false;
-  private exchange: Exchange | null = null;
+  private link: EngineLink | null = null;
   /** Leaves the current wait (admission's queue, the slot queue) with an error. */
   private leave: ((error: KvedgeError) => void) | null = null;
   private target: Target | null = null;
   private prepared: Prepared | null = null;
   private status = 0;
-  private readonly onAbort = (): void => this.clientLeft();
 
   constructor(
     private readonly proxy: OpenAiProxy,
-    private readonly request: Request,
+    private readonly transport: ProxyTransport,
     private readonly path: OpenAiPath,
   ) {
     proxy.live.add(this);
-    request.signal.addEventListener("abort", this.onAbort, { once: true });
+    transport.watch(() => this.clientLeft());
   }
 
-  async run(): Promise<Response> {
+  async run(): Promise<Response | null> {
     try {
       const { preparer, bodyLimitBytes } = this.proxy.options;
-      const body = await receiveBytes(this.request, bodyLimitBytes);
+      const body = await this.transport.body(bodyLimitBytes);
       await this.proxy.gate.pass();
       this.checkGoing();
       const prepared = await preparer.prepare(body, this.path);
@@ -209,9 +237,9 @@ class ProxiedRequest implements RelayOwner {
       this.checkGoing();
       const head = await this.connect(prepared, targets);
       this.checkGoing(); // the client may have left as the answer's head came
-      return this.respond(head, prepared);
+      return this.respond(head);
     } catch (error) {
-      this.end(this.request.signal.aborted ? "clientAborts" : outcomeOf(error));
+      this.end(this.transport.gone ? "clientAborts" : outcomeOf(error));
       throw error;
     }
   }
@@ -219,7 +247,7 @@ class ProxiedRequest implements RelayOwner {
   /** The client went away: whatever the request waits for is let go. */
   private clientLeft(): void {
     if (this.phase === "streaming") this.end("clientAborts");
-    else if (this.phase === "connecting") this.exchange?.abort();
+    else if (this.phase === "connecting") this.link?.abort();
     else this.leave?.(closedError());
   }
 
@@ -232,7 +260,7 @@ class ProxiedRequest implements RelayOwner {
 
   /** Throws if the request ended or its client left while it was waiting. */
   private checkGoing(): void {
-    if (this.request.signal.aborted) throw closedError();
+    if (this.transport.gone) throw closedError();
     if (this.phase === "ended" || this.proxy.stopping) throw shuttingDown();
   }
 
@@ -278,14 +306,20 @@ class ProxiedRequest implements RelayOwner {
       if (endpoint === null) continue;
       if (target !== admittedOn) {
         // The load goes from the worker the request was admitted on to this one.
-        core.moveRequest(this.requestId!, routeInput(prepared), target.slot, target.overlapBlocks);
+        const { workerId, dpRank, overlapBlocks } = target;
+        if (
+          !core.moveRequest(this.requestId!, routeInput(prepared), workerId, dpRank, overlapBlocks)
+        )
+          continue; // removed since the decision
         admittedOn = target;
       }
       this.target = target;
       tried.push(target.workerId.toString());
-      this.exchange = new Exchange(forwardRequest(endpoint, this.path, prepared, target), timeouts);
+      const origin = this.proxy.originOf(endpoint);
+      const request = forwardRequest(origin, this.path, prepared, target);
+      this.link = this.transport.open(request, timeouts, this.answerSpec(prepared, target));
       try {
-        return await this.exchange.head;
+        return await this.link.head;
       } catch (error) {
         const failure = error as UpstreamError;
         this.checkGoing();
@@ -305,24 +339,20 @@ class ProxiedRequest implements RelayOwner {
     );
   }
 
-  private respond(head: ResponseHead, prepared: Prepared): Response {
-    const target = this.target!;
+  /** kvedge's headers on the answer, and whether it drops the usage chunk it asked for. */
+  private answerSpec(prepared: Prepared, target: Target): AnswerSpec {
+    const headers = {
+      "x-kvedge-worker-id": target.workerId.toString(),
+      "x-kvedge-dp-rank": String(target.dpRank),
+      "x-kvedge-request-id": this.requestId!,
+    };
+    return { headers, stripUsage: prepared.stripUsage };
+  }
+
+  private respond(head: ResponseHead): Response | null {
     this.status = head.status;
-    const type = head.headers.find(([name]) => name === "content-type")?.[1] ?? "application/json";
-    const ok = head.status >= 200 && head.status < 300;
-    const reading = !ok ? "none" : type.startsWith("text/event-stream") ? "sse" : "json";
-    const relay = new Relay(
-      this.exchange!,
-      reading,
-      prepared.stripUsage && reading === "sse",
-      this,
-    );
-    const headers = new Headers({ "content-type": type });
-    headers.set("x-kvedge-worker-id", target.workerId.toString());
-    headers.set("x-kvedge-dp-rank", String(target.dpRank));
-    headers.set("x-kvedge-request-id", this.requestId!);
     this.phase = "streaming";
-    return new Response(relay.body, { status: head.status, headers });
+    return this.link!.answer(head, this);
   }
 
   firstByte(): void {
@@ -339,7 +369,7 @@ class ProxiedRequest implements RelayOwner {
 
   broke(error: UpstreamError): void {
     if (this.phase !== "streaming") return; // ended already (the client left, kvedge stops)
-    if (this.request.signal.aborted) {
+    if (this.transport.gone) {
       this.end("clientAborts");
       return;
     }
@@ -372,8 +402,8 @@ class ProxiedRequest implements RelayOwner {
     const { proxy } = this;
     proxy.counters[outcome]++;
     proxy.live.delete(this);
-    this.request.signal.removeEventListener("abort", this.onAbort);
-    this.exchange?.abort();
+    this.transport.unwatch();
+    this.link?.abort();
     if (this.slotHeld) proxy.slots.release();
     this.slotHeld = false;
     if (this.requestId !== null) proxy.options.core.done(this.requestId);
@@ -427,7 +457,12 @@ function outcomeOf(error: unknown): Outcome {
 }
 
 /** The engine request: the client's bytes (with kvedge's additions), to the target's endpoint. */
-function forwardRequest(endpoint: string, path: OpenAiPath, prepared: Prepared, target: Target) {
+function forwardRequest(
+  origin: Origin,
+  path: OpenAiPath,
+  prepared: Prepared,
+  target: Target,
+): ExchangeRequest {
   const headers: [string, string][] = [
     ["content-type", "application/json"],
     ["accept", prepared.stream ? "text/event-stream" : "application/json"],
@@ -435,7 +470,7 @@ function forwardRequest(endpoint: string, path: OpenAiPath, prepared: Prepared, 
   // vLLM's data-parallel servers take the rank to run on from this header.
   if (target.dpRank !== 0) headers.push(["x-data-parallel-rank", String(target.dpRank)]);
   return {
-    origin: originOf(endpoint),
+    origin,
     method: "POST",
     path,
     headers,
@@ -461,7 +496,6 @@ function routeInput(prepared: Prepared): RouteInput {
 function targetsOf(decision: RouteDecision): Target[] {
   const targets: Target[] = [
     {
-      slot: decision.slot,
       workerId: decision.workerId,
       dpRank: decision.dpRank,
       overlapBlocks: decision.overlapBlocks,
@@ -473,7 +507,6 @@ function targetsOf(decision: RouteDecision): Target[] {
     if (list.slots[i] === decision.slot) continue;
     const candidate = list.at(i);
     targets.push({
-      slot: candidate.slot,
       workerId: candidate.workerId,
       dpRank: candidate.dpRank,
       overlapBlocks: candidate.overlapBlocks,

@@ -283,7 +283,7 @@ export class LoadTracker {
   private readonly finished = new FinishedRing();
   private readonly now: () => number;
   private readonly idHash: (id: string) => IdHash;
-  private readonly ids = new UnguessableIds();
+  private readonly ids = new UnguessableIds("r-");
 
   constructor(options: LoadTrackerOptions) {
     if (!Number.isInteger(options.blockSize) || options.blockSize < 1)
@@ -451,7 +451,7 @@ export class LoadTracker {
   /** A fresh request id, unique among active requests and unguessable (128 random bits). */
   newRequestId(): string {
     for (let attempts = 0; attempts < 16; attempts++) {
-      const id = this.ids.next("r-");
+      const id = this.ids.next();
       if (!this.isActive(id)) return id;
     }
     throw new Error("could not generate a free request id");
@@ -460,7 +460,7 @@ export class LoadTracker {
   /**
    * Records a request routed to `slot`. `chain` holds `blocks` sequence hashes (only
    * read here, the caller may reuse it). `cachedTokens` is what the worker is expected
-   * to hold of the prompt.
+   * to hold of the prompt; `nowMs`, when given, the clock as the decision read it.
    */
   admit(
     requestId: string,
@@ -470,6 +470,7 @@ export class LoadTracker {
     promptTokens: number,
     cachedTokens: number,
     expectedOutputTokens: number,
+    nowMs: number = this.now(),
   ): number {
     this.assertLive(slot);
     const hash = this.idHash(requestId);
@@ -487,7 +488,7 @@ export class LoadTracker {
       ? Math.ceil(expectedOutputTokens / this.blockSize)
       : 0;
     const load = { chain, blocks, prefillTokens, outputBlocks };
-    const record = this.insert(this.records, OWN, requestId, key, idCheck, slot, load, this.now());
+    const record = this.insert(this.records, OWN, requestId, key, idCheck, slot, load, nowMs);
     this.routedTotal[slot]!++;
     this.counters.admitted++;
     if (VERIFY) this.verify();
@@ -798,9 +799,14 @@ export class LoadTracker {
     return "ok";
   }
 
-  /** The routing path's expiry: the due requests at the front, at most EXPIRE_PER_DECISION. */
-  expireDue(): void {
-    this.sweep(this.now(), EXPIRE_PER_DECISION);
+  /**
+   * The routing path's expiry: the due requests at the front, at most EXPIRE_PER_DECISION.
+   * Returns the clock it read, for the decision to reuse.
+   */
+  expireDue(): number {
+    const now = this.now();
+    this.sweep(now, EXPIRE_PER_DECISION);
+    return now;
   }
 
   /**

@@ -354,6 +354,8 @@ export class Router {
   private externalBySlot = new Float64Array(0);
   /** Whether this decision's overlaps have lower-tier blocks (else the arrays above are 0). */
   private tiered = false;
+  /** The clock as this decision's expiry read it (admission reuses it: a clock read less). */
+  private decidedMs = 0;
   private depthBySlot = new Uint32Array(0);
   private costBySlot = new Float64Array(0);
   private ttftBySlot = new Float64Array(0);
@@ -417,6 +419,7 @@ export class Router {
       tokenCount,
       cachedTokens,
       request.expectedOutputTokens ?? 0,
+      this.decidedMs,
     );
     if (calibration !== null)
       calibration.admitted(
@@ -589,22 +592,7 @@ export class Router {
     const blockCount = request.blockCount;
     const tokenCount = request.tokenCount;
     const blockSize = load.blockSize;
-    if (!Number.isInteger(blockCount) || blockCount < 0 || request.chain.length < 2 * blockCount) {
-      throw new KvedgeError("bad_request", `block count ${blockCount} does not fit the chain`);
-    }
-    if (!Number.isInteger(tokenCount) || tokenCount < blockCount * blockSize) {
-      throw new KvedgeError(
-        "bad_request",
-        `token count ${tokenCount} is less than ${blockCount} blocks`,
-      );
-    }
-    const expected = request.expectedOutputTokens ?? 0;
-    if (!Number.isInteger(expected) || expected < 0 || expected > EXPECTED_OUTPUT_TOKENS_MAX) {
-      throw new KvedgeError(
-        "bad_request",
-        `expected_output_tokens must be an integer in [0, 2^31], got ${expected}`,
-      );
-    }
+    checkCounts(request, blockSize);
     const credit = override(
       request.overlapScoreCredit,
       this.weights.overlapScoreCredit,
@@ -617,7 +605,7 @@ export class Router {
     );
     const temperature = override(request.temperature, this.weights.temperature, "temperature");
 
-    load.expireDue();
+    this.decidedMs = load.expireDue();
     load.syncSlots();
     const liveCount = load.liveCount;
     if (liveCount === 0) throw new KvedgeError("no_workers", "no workers to route to");
@@ -644,13 +632,16 @@ export class Router {
       this.ttftCosts(tokenCount);
       return temperature;
     }
+    const degraded = load.degraded;
+    const overlap = this.overlapBySlot;
+    const tiered = this.tiered;
     for (let i = 0; i < liveCount; i++) {
       const slot = slots[i]!;
       const slotPrefill = prefill[slot]!;
-      let held = load.degraded[slot] === 1 ? this.deviceTrusted(slot) : this.overlapBySlot[slot]!;
+      let held = degraded[slot] === 1 ? this.deviceTrusted(slot) : overlap[slot]!;
       if (decayScale > 0) held /= 1 + decayScale * (slotPrefill - minPrefill);
       const raw = (slotPrefill + tokenCount) / blockSize - credit * held;
-      const prefillCost = scale * Math.max(0, this.tiered ? raw - this.lowerTrusted(slot) : raw);
+      const prefillCost = scale * Math.max(0, tiered ? raw - this.lowerTrusted(slot) : raw);
       costs[slot] =
         prefillCost + decode[slot]! + (blockCount - depth[slot]!) + requestWeight * active[slot]!;
     }
@@ -1006,4 +997,25 @@ function checkWeights(weights: RouteWeights): void {
   }
   if (weights.degradedOverlapWeight > 1)
     throw new RangeError("route weight degradedOverlapWeight must be at most 1");
+}
+
+/** The request's counts, checked before anything is computed from them. */
+function checkCounts(request: RouteRequest, blockSize: number): void {
+  const { blockCount, tokenCount } = request;
+  if (!Number.isInteger(blockCount) || blockCount < 0 || request.chain.length < 2 * blockCount) {
+    throw new KvedgeError("bad_request", `block count ${blockCount} does not fit the chain`);
+  }
+  if (!Number.isInteger(tokenCount) || tokenCount < blockCount * blockSize) {
+    throw new KvedgeError(
+      "bad_request",
+      `token count ${tokenCount} is less than ${blockCount} blocks`,
+    );
+  }
+  const expected = request.expectedOutputTokens ?? 0;
+  if (!Number.isInteger(expected) || expected < 0 || expected > EXPECTED_OUTPUT_TOKENS_MAX) {
+    throw new KvedgeError(
+      "bad_request",
+      `expected_output_tokens must be an integer in [0, 2^31], got ${expected}`,
+    );
+  }
 }

@@ -10,11 +10,12 @@
  * of one event-loop turn go in one message, like the main thread's turn batches; a
  * client that goes away unanswered is posted too, and the main thread drops its route
  * if admission holds it. With admission on a lane looks no matches up: a held route is
- * matched afresh each time it is looked at. Every other endpoint, WebSocket included,
- * is proxied to the main thread's own server on a loopback port.
- * See docs/decisions.md#route-lanes.
+ * matched afresh each time it is looked at. With `serve --proxy`, a lane carries its
+ * OpenAI requests' I/O (src/proxy/lane-end.ts): the main thread decides and accounts
+ * for each, the lane connects to the engine and relays the answer
+ * (docs/decisions.md#lane-relays). Every other endpoint, WebSocket included, is proxied
+ * to the main thread's own server on a loopback port. See docs/decisions.md#route-lanes.
  */
-import { type ErrorCode, KvedgeError } from "../domain/errors";
 import type { Server, ServerWebSocket } from "bun";
 import type { MatchedWorkers, RouteInput } from "../core/core";
 import { MatchResult } from "../index/types";
@@ -24,7 +25,9 @@ import { PromptHasher } from "../route/input";
 import { parseRoute } from "./api";
 import { RequestGuard, requestPath } from "./guard";
 import { controlRefusal, isControlPath, type Surface } from "./surface";
-import { Exchange, type Origin, originOf } from "../http/client";
+import { LaneEnd } from "../proxy/lane-end";
+import { CHAT_PATH, COMPLETIONS_PATH, type OpenAiPath } from "../proxy/openai";
+import type { ProxyEvent, ProxyOrder } from "../proxy/remote";
 import {
   errorReply,
   parseBody,
@@ -34,7 +37,7 @@ import {
   reply,
   UNLIMITED_BODY,
 } from "../http/http";
-import { clientError, INTERNAL_ERROR } from "../http/errors";
+import { clientError, fromWire, INTERNAL_ERROR, type WireError } from "../http/errors";
 import { TurnGate } from "../util/turn-gate";
 
 export interface LaneStart {
@@ -65,23 +68,18 @@ export type LaneToMain =
   | { readonly t: "routes"; readonly routes: LaneRoute[] }
   /** The client of route `id` went away unanswered: dropped if it is held. */
   | { readonly t: "abort"; readonly id: number }
+  /** News of the lane's proxied requests (src/proxy/remote.ts). */
+  | { readonly t: "proxy"; readonly events: ProxyEvent[] }
   | { readonly t: "stopped" };
 
 /** The answer to one route: its body, or the error the main thread refused it with. */
 export type LaneAnswer =
   | { readonly id: number; readonly body: unknown; readonly error: null }
-  | { readonly id: number; readonly body: null; readonly error: LaneError };
-
-/** A KvedgeError as it crosses threads (structured clone keeps plain objects only). */
-export interface LaneError {
-  readonly code: ErrorCode;
-  readonly message: string;
-  readonly retryAfterSecs: number | null;
-  readonly param: string | null;
-}
+  | { readonly id: number; readonly body: null; readonly error: WireError };
 
 export type MainToLane =
   | { readonly t: "answers"; readonly answers: LaneAnswer[] }
+  | { readonly t: "proxy"; readonly orders: ProxyOrder[] }
   | { readonly t: "stop"; readonly graceMs: number };
 
 interface Pending {
@@ -98,16 +96,19 @@ interface Piped {
   queuedBytes: number;
 }
 
-/** Runs a lane until told to stop; `send` posts to the main thread. */
+/** Runs a lane until told to stop; `send` posts to the main thread (`transfer` moved with it). */
 export function runLane(
   start: LaneStart,
-  send: (message: LaneToMain) => void,
+  send: (message: LaneToMain, transfer?: ArrayBuffer[]) => void,
   listen: (handler: (message: MainToLane) => void) => void,
 ): void {
   const guard = new RequestGuard(start.host);
   const routes = new LaneRoutes(start, send, guard);
-  const main = originOf(start.mainUrl);
   const gate = new TurnGate(REQUESTS_PER_TURN);
+  const proxied =
+    start.surface === "proxy"
+      ? new LaneEnd((events, transfer) => send({ t: "proxy", events }, transfer))
+      : null;
   const server: Server<Piped> = Bun.serve<Piped>({
     hostname: start.host,
     port: start.port,
@@ -139,15 +140,16 @@ export function runLane(
       // The main thread's server keeps its own timeouts (a proxied completion may pause
       // long); a dump keeps the lane's, which cut a client that stopped reading it.
       if (path !== "/v1/dump") server.timeout(request, 0);
-      if (request.method === "POST" && OPENAI_PATHS.has(path))
-        return relayToMain(request, main, start.bodyLimitBytes, guard, gate);
+      if (proxied !== null && request.method === "POST" && isOpenAiPath(path))
+        return carry(request, path, proxied, start.bodyLimitBytes, guard, gate);
       return proxy(request, start.mainUrl, start.bodyLimitBytes, guard);
     },
     websocket: pipeHandlers(start.mainUrl, start.bodyLimitBytes),
   });
   listen((message) => {
     if (message.t === "answers") routes.answer(message.answers);
-    else void stopLane(server, message.graceMs).then(() => send({ t: "stopped" }));
+    else if (message.t === "proxy") proxied?.orders(message.orders);
+    else void stopLane(server, message.graceMs, proxied).then(() => send({ t: "stopped" }));
   });
   send({ t: "listening", port: server.port! });
 }
@@ -196,7 +198,7 @@ class LaneRoutes {
       waiting.resolve(
         error === null
           ? reply(waiting.request, 200, answer.body)
-          : errorReply(waiting.request, new KvedgeError(error.code, error.message, error)),
+          : errorReply(waiting.request, fromWire(error)),
       );
     }
   }
@@ -292,61 +294,30 @@ function forwardedHeaders(request: Request): [string, string][] {
   return headers;
 }
 
-/**
- * A proxied OpenAI request, to the main thread over a connection of its own (kvedge's
- * client, not fetch: a long stream must not take one of fetch's 256 places, which the
- * whole process shares). The client leaving closes that connection, which the main
- * thread sees in any phase (held by admission, connecting, streaming).
- */
-async function relayToMain(
+/** A proxied OpenAI request: its body read here, its I/O carried here (src/proxy/lane-end.ts). */
+async function carry(
   request: Request,
-  main: Origin,
+  path: OpenAiPath,
+  proxied: LaneEnd,
   limitBytes: number,
   guard: RequestGuard,
   gate: TurnGate,
 ): Promise<Response> {
-  let exchange: Exchange | null = null;
-  const abort = () => exchange?.abort();
-  request.signal.addEventListener("abort", abort, { once: true });
   try {
     guard.check(request, true);
     const body = await receiveBytes(request, limitBytes);
     await gate.pass();
-    const url = new URL(request.url);
-    const path = `${url.pathname}${url.search}`;
-    const headers = forwardedHeaders(request).filter(([name]) => name !== "transfer-encoding");
-    exchange = new Exchange({ origin: main, method: "POST", path, headers, body }, TO_MAIN);
-    if (request.signal.aborted) exchange.abort();
-    const head = await exchange.head;
-    const answer = new Headers();
-    for (const [name, value] of head.headers) if (!HOP_BY_HOP.has(name)) answer.append(name, value);
-    return new Response(streamOf(exchange), { status: head.status, headers: answer });
+    return await proxied.handle(request, path, body);
   } catch (error) {
-    exchange?.abort();
     return failure(request, error);
   }
 }
 
-/** To the main thread on loopback: a connection at once, then as long as the request takes. */
-const TO_MAIN = { connectMs: 5_000, firstByteMs: 0, idleMs: 0 };
-const OPENAI_PATHS = new Set(["/v1/completions", "/v1/chat/completions"]);
 /** Proxied requests a lane starts per event-loop turn (src/util/turn-gate.ts says why). */
 const REQUESTS_PER_TURN = 16;
-const HOP_BY_HOP = new Set(["connection", "keep-alive", "transfer-encoding", "content-length"]);
 
-function streamOf(exchange: Exchange): ReadableStream<Uint8Array> {
-  return new ReadableStream<Uint8Array>({
-    async pull(controller) {
-      try {
-        const step = await exchange.read();
-        if (step.done) controller.close();
-        else controller.enqueue(step.value);
-      } catch (error) {
-        controller.error(error);
-      }
-    },
-    cancel: () => exchange.abort(),
-  });
+function isOpenAiPath(path: string): path is OpenAiPath {
+  return path === COMPLETIONS_PATH || path === CHAT_PATH;
 }
 
 /** WebSocket clients of a lane are piped, frame for frame, to the main thread's /v1/ws. */
@@ -395,10 +366,15 @@ function pipeHandlers(mainUrl: string, limitBytes: number) {
   };
 }
 
-async function stopLane(server: Server<Piped>, graceMs: number): Promise<void> {
+async function stopLane(
+  server: Server<Piped>,
+  graceMs: number,
+  proxied: LaneEnd | null,
+): Promise<void> {
   const closing = server.stop(false);
   const deadline = new Promise<void>((resolve) => setTimeout(resolve, graceMs).unref());
   await Promise.race([closing, deadline]);
+  proxied?.stop();
   await server.stop(true);
 }
 

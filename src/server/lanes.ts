@@ -9,8 +9,10 @@ import type { KvedgeCore, RouteCall } from "../core/core";
 import { type KvedgeThread, startThread } from "../runtime/threads";
 import type { SharedIndexDescriptor } from "../index/crtc/shared";
 import type { Logger } from "../util/log";
+import type { OpenAiProxy } from "../proxy/proxy";
+import { RemoteRequests } from "../proxy/remote";
 import { routeAnswer } from "./route-answer";
-import { clientError, INTERNAL_ERROR, STATUS_OF } from "../http/errors";
+import { STATUS_OF, wireError } from "../http/errors";
 import type { LaneAnswer, LaneRoute, LaneStart, LaneToMain, MainToLane } from "./lane";
 import type { ServerMetrics } from "./metrics";
 import type { Surface } from "./surface";
@@ -30,6 +32,8 @@ export interface LanesOptions {
   readonly index: SharedIndexDescriptor | null;
   /** `proxy`: the lanes serve `serve --proxy`'s port, where the control plane is refused. */
   readonly surface: Surface;
+  /** With `serve --proxy`: the proxy whose requests the lanes carry (src/proxy/remote.ts). */
+  readonly proxy: OpenAiProxy | null;
 }
 
 const ROUTE_LABEL = "/v1/route";
@@ -84,10 +88,17 @@ export class RouteLanes {
       this.threads.map(
         (thread) =>
           new Promise<void>((resolve) => {
+            // The lane's proxied requests go on being served while it stops.
+            const serving = thread.onMessage;
+            const failing = thread.onFailure;
             thread.onMessage = (body) => {
               if ((body as LaneToMain).t === "stopped") resolve();
+              else serving(body);
             };
-            thread.onFailure = () => resolve();
+            thread.onFailure = (error) => {
+              failing(error);
+              resolve();
+            };
             thread.post({ t: "stop", graceMs } satisfies MainToLane);
           }),
       ),
@@ -112,6 +123,7 @@ function laneListening(thread: KvedgeThread): Promise<number> {
  */
 function serveLane(thread: KvedgeThread, options: LanesOptions): void {
   const { core, metrics, log } = options;
+  const proxied = remoteRequests(thread, options);
   let batch: LaneAnswer[] | null = null;
   const held = new Map<number, { readonly handle: number; readonly call: RouteCall }>();
   const answer = (lane: LaneAnswer): void => {
@@ -151,6 +163,7 @@ function serveLane(thread: KvedgeThread, options: LanesOptions): void {
   thread.onMessage = (body) => {
     const message = body as LaneToMain;
     if (message.t === "abort") abort(message.id);
+    if (message.t === "proxy") proxied?.events(message.events);
     if (message.t !== "routes") return;
     batch = [];
     for (const route of message.routes) routeOne(route);
@@ -158,15 +171,23 @@ function serveLane(thread: KvedgeThread, options: LanesOptions): void {
     batch = null;
     if (answers.length > 0) thread.post({ t: "answers", answers } satisfies MainToLane);
   };
-  thread.onFailure = (error) => log.error("a route lane failed", { error });
+  thread.onFailure = (error) => {
+    log.error("a route lane failed", { error });
+    proxied?.laneGone();
+  };
+}
+
+/** With `serve --proxy`: the lane's proxied requests, on this thread (src/proxy/remote.ts). */
+function remoteRequests(thread: KvedgeThread, options: LanesOptions): RemoteRequests | null {
+  const { proxy, metrics } = options;
+  if (proxy === null) return null;
+  return new RemoteRequests(
+    proxy,
+    (orders) => thread.post({ t: "proxy", orders } satisfies MainToLane),
+    (path, status, seconds) => metrics.observeHttp(path, status, seconds),
+  );
 }
 
 function failed(id: number, error: unknown, log: Logger): LaneAnswer {
-  const client = clientError(error);
-  if (client === null) {
-    const text = error instanceof Error ? (error.stack ?? error.message) : String(error);
-    log.error("request failed", { error: text });
-  }
-  const { code, message, retryAfterSecs, param } = client ?? INTERNAL_ERROR;
-  return { id, body: null, error: { code, message, retryAfterSecs, param } };
+  return { id, body: null, error: wireError(error, log) };
 }

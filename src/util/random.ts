@@ -26,25 +26,30 @@ const ID_PREFIX_MAX = 16;
 /**
  * Ids no one can guess from the ones they have seen (request ids kvedge makes: knowing
  * another client's id lets a caller end its request): 128 bits from the system's
- * cryptographic generator, drawn a pool at a time, as 22 base64url characters. Encoded
- * here into one buffer and decoded once: a Buffer view and its toString took twice as
- * long, a few percent of a route.
+ * cryptographic generator, drawn a pool at a time, as 22 base64url characters after a
+ * fixed prefix. Encoded here into one buffer of the id's length and decoded whole: a
+ * Buffer view and its toString took twice as long, a subarray per id 1.7x.
  */
 export class UnguessableIds {
   private readonly pool = new Uint8Array(ID_POOL_BYTES);
   private at = ID_POOL_BYTES;
-  private readonly text = new Uint8Array(ID_PREFIX_MAX + 22);
+  /** The prefix, then 22 characters rewritten per id: decoded whole, no view per id. */
+  private readonly text: Uint8Array;
   private readonly decoder = new TextDecoder("latin1");
 
-  next(prefix: string): string {
+  constructor(private readonly prefix: string) {
     if (prefix.length > ID_PREFIX_MAX) throw new RangeError(`id prefix over ${ID_PREFIX_MAX}`);
+    this.text = new Uint8Array(prefix.length + 22);
+    for (let i = 0; i < prefix.length; i++) this.text[i] = prefix.charCodeAt(i) & 0xff;
+  }
+
+  next(): string {
     if (this.at + ID_RANDOM_BYTES > this.pool.length) {
       crypto.getRandomValues(this.pool);
       this.at = 0;
     }
     const { pool, text } = this;
-    let k = 0;
-    for (let i = 0; i < prefix.length; i++) text[k++] = prefix.charCodeAt(i);
+    let k = this.prefix.length;
     // 16 bytes: five groups of 3 bytes = 4 characters each, then 1 byte = 2 characters.
     const end = this.at + 15;
     for (let i = this.at; i < end; i += 3) {
@@ -56,8 +61,8 @@ export class UnguessableIds {
     }
     const last = pool[end]!;
     text[k++] = BASE64URL[last >>> 2]!;
-    text[k++] = BASE64URL[(last & 3) << 4]!;
+    text[k] = BASE64URL[(last & 3) << 4]!;
     this.at += ID_RANDOM_BYTES;
-    return this.decoder.decode(text.subarray(0, k));
+    return this.decoder.decode(text);
   }
 }

@@ -14,6 +14,7 @@ import { TestEngine } from "../support/engine";
 import { FaultyEngine } from "../support/faulty-engine";
 import { type ServeProcess, startServe } from "../support/serve";
 import { QWEN3_DIR } from "../support/tokenizers";
+import { until } from "../support/wait";
 
 type Json = Record<string, any>;
 let engine: FaultyEngine;
@@ -196,6 +197,8 @@ for (const lanes of [0, 2]) {
         expect((await ask(details(bad))).status).toBe(200);
       await ask(details(3));
       await ask({ prompt_tokens: 4 }); // cached_tokens left out: 0, now that the engine reports it
+      // An answer is counted as it ends on the main thread: behind lanes, a message later.
+      await until(async () => (await counts()).answers - before.answers >= 7, "7 answers seen");
       const after = await counts();
       expect(after.bad - before.bad).toBe(5);
       expect(after.answers - before.answers).toBe(7);
