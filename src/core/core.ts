@@ -185,6 +185,8 @@ export interface CoreOptions {
   readonly writer?: WriterThread;
   /** For tests: a fixed random source for tie-breaks and softmax. */
   readonly random?: () => number;
+  /** For tests: admission's clock (ms; default `performance.now`), so its order is not a race. */
+  readonly admissionClock?: () => number;
 }
 
 /** Index writes held during a sliced copy before the copy is finished at once. */
@@ -238,6 +240,7 @@ export class KvedgeCore {
   private readonly candidates = new CandidateList();
   /** Route calls held at saturation (route.admission; src/route/admission.ts). */
   readonly admission: Admission<RouteCall>;
+  private readonly admissionClock: () => number;
   /** How LoRA ids name adapters (`index.lora_adapters`), for streams and queries alike. */
   readonly lora: LoraAdapters;
   private heldTimer: ReturnType<typeof setTimeout> | null = null;
@@ -300,7 +303,7 @@ export class KvedgeCore {
           call.fail(new KvedgeError("overloaded", reason, { retryAfterSecs }));
         },
       },
-      () => performance.now(),
+      (this.admissionClock = options.admissionClock ?? (() => performance.now())),
     );
     this.zmtp = zmtpOptionsOf(config.ingest);
     this.predictions = predictionsOf(config, this.sink);
@@ -739,7 +742,7 @@ export class KvedgeCore {
     if (this.heldTimer !== null || this.admission.held === 0) return;
     const delay = Math.max(
       0,
-      Math.min(HELD_POLL_MS, this.admission.nextDueMs() - performance.now()),
+      Math.min(HELD_POLL_MS, this.admission.nextDueMs() - this.admissionClock()),
     );
     this.heldTimer = setTimeout(() => {
       this.heldTimer = null;

@@ -24,7 +24,14 @@ function setup(env: Record<string, string> = {}) {
   const config = loadConfig({
     env: { KVEDGE_ADMISSION: "hold", KVEDGE_ADMISSION_BOUND_MS: "200", ...env },
   }).config;
-  const core = new KvedgeCore({ config, log: silentLogger, random: () => 0.5 });
+  // Admission's clock stands still: its order does not depend on how long the machine
+  // took between two calls (a call's key is its arrival plus its weighted prefill).
+  const core = new KvedgeCore({
+    config,
+    log: silentLogger,
+    random: () => 0.5,
+    admissionClock: () => 0,
+  });
   core.workerTable.acquire(1n, 0);
   const answers: string[] = [];
   const call = (id: string, length: number): RouteCall => ({
