@@ -61,7 +61,7 @@ export class BunTransport implements Transport {
   async connect(server: Server, options: ConnectionOptions): Promise<void> {
     if (options.tls != null) return this.handOver(server, options);
     this.info.catch(() => {}); // a dial that fails rejects it unread
-    this.socket = await this.dial(server);
+    await this.dial(server);
     const info = await this.info;
     checkOptions(info, options);
     if (info.tls_required === true || (info.tls_available === true && options.tls !== null)) {
@@ -83,20 +83,25 @@ export class BunTransport implements Transport {
     await tls.connect(server, options as NodeConnectionOptions);
   }
 
-  private async dial(server: Server): Promise<Socket> {
+  private async dial(server: Server): Promise<void> {
     try {
       const socket = await Bun.connect({
         hostname: server.hostname,
         port: server.port,
         socket: {
+          // Before any data (the server's INFO may come in the same turn as the connect).
+          open: (socket) => {
+            if (this.done) socket.terminate();
+            else this.socket = socket;
+          },
           data: (socket, data) => {
             if (socket === this.socket) this.received(data);
           },
           drain: (socket) => {
             if (socket === this.socket) this.flushUnsent();
           },
-          error: (_socket, error) => {
-            this.closeError = error;
+          error: (socket, error) => {
+            if (socket === this.socket) this.closeError = error;
           },
           end: (socket) => {
             if (socket !== this.socket) return;
@@ -109,7 +114,6 @@ export class BunTransport implements Transport {
         },
       });
       socket.setNoDelay(true);
-      return socket;
     } catch (error) {
       const code = (error as { code?: string }).code;
       if (code === "ECONNREFUSED")
