@@ -14,7 +14,10 @@
  *   time over the run (/proc schedstat; the whole process, and its main thread), less
  *   what it spends idle and probed (measured for 2 s before), divided by N; far steadier
  *   than latency on a shared machine. The idle probes' p99 and max are reported too:
- *   the tail this machine gives an idle kvedge at the time.
+ *   the tail this machine gives an idle kvedge at the time. Each probe also reads how
+ *   long kvedge's main thread was runnable but not on a CPU while it waited (/proc
+ *   schedstat's run-queue time): `own_max_ms` is the worst probe less that, the part of
+ *   a stall that kvedge's own work made rather than a CPU taken by another process.
  * - chats: four ~5 MB chats (32,768 messages each, Qwen3's tokenizer and template) sent
  *   at once; /healthz is probed every 5 ms until all four are answered.
  * - soak: streamed and plain completions from --clients closed-loop clients for
@@ -117,22 +120,39 @@ async function quiet(pid: number): Promise<void> {
   }
 }
 
+/** One /healthz answer: its latency, and how long kvedge's main thread waited for a CPU meanwhile. */
+interface Probe {
+  readonly ms: number;
+  readonly queuedMs: number;
+}
+
 /**
  * /healthz every 5 ms until stopped, from a process of its own (this one is busy being
- * the engine and the clients): each answer's latency in ms (Infinity: none in 10 s).
+ * the engine and the clients): each answer's latency (Infinity: none in 10 s), with the
+ * run-queue time of kvedge's main thread (`pid`'s, the one that answers) over it.
  */
-function probeHealth(url: string): { stop: () => Promise<number[]> } {
+function probeHealth(url: string, pid: number): { stop: () => Promise<Probe[]> } {
   const script = `
+    const { readFileSync } = require("node:fs");
     const url = ${JSON.stringify(`${url}/healthz`)};
+    const queuedNs = () => {
+      try {
+        return Number(readFileSync("/proc/${pid}/task/${pid}/schedstat", "utf8").split(" ")[1]);
+      } catch {
+        return Number.NaN;
+      }
+    };
     for (;;) {
       const started = performance.now();
+      const queuedBefore = queuedNs();
       let ms = Infinity;
       try {
         const response = await fetch(url, { signal: AbortSignal.timeout(10_000) });
         await response.arrayBuffer();
         ms = performance.now() - started;
       } catch {}
-      process.stdout.write(ms + " " + Math.round(started) + "\\n");
+      const queuedMs = (queuedNs() - queuedBefore) / 1e6;
+      process.stdout.write(ms + " " + queuedMs + " " + Math.round(started) + "\\n");
       await Bun.sleep(5);
     }`;
   const child = killWithBench(
@@ -147,7 +167,8 @@ function probeHealth(url: string): { stop: () => Promise<number[]> } {
         .filter((line) => line !== "")
         .map((line) => {
           if (process.env.PROBE_TRACE) console.error("probe", line);
-          return Number(line.split(" ")[0]);
+          const [ms, queuedMs] = line.split(" ").map(Number);
+          return { ms: ms!, queuedMs: queuedMs! };
         });
     },
   };
@@ -182,12 +203,17 @@ function percentile(values: number[], p: number): number {
   return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
 }
 
-const health = (latencies: number[]) => ({
-  probes: latencies.length,
-  p50_ms: round(percentile(latencies, 50)),
-  p99_ms: round(percentile(latencies, 99)),
-  max_ms: round(Math.max(...latencies)),
-});
+const health = (probes: Probe[]) => {
+  const latencies = probes.map((probe) => probe.ms);
+  return {
+    probes: probes.length,
+    p50_ms: round(percentile(latencies, 50)),
+    p99_ms: round(percentile(latencies, 99)),
+    max_ms: round(Math.max(...latencies)),
+    // The worst probe less the time kvedge's main thread waited for a CPU during it.
+    own_max_ms: round(Math.max(...probes.map((probe) => probe.ms - probe.queuedMs))),
+  };
+};
 const round = (value: number) => (Number.isFinite(value) ? Number(value.toFixed(2)) : value);
 
 async function streamOnce(url: string, i: number): Promise<boolean> {
@@ -219,7 +245,7 @@ async function streamsRun(binary: Binary, lanes: number) {
   const serve = await start(binary, lanes, []);
   try {
     // kvedge's CPU while idle and probed, to leave out of the streams' share.
-    const idleProbe = probeHealth(serve.url);
+    const idleProbe = probeHealth(serve.url, serve.pid);
     const idleFrom = cpuOf(serve.pid);
     await Bun.sleep(IDLE_MS);
     const idleTo = cpuOf(serve.pid);
@@ -238,14 +264,14 @@ async function streamsRun(binary: Binary, lanes: number) {
     const barrier = setInterval(() => {
       if (engine.open >= STREAMS || performance.now() - started > STALL_MS) open();
     }, 5);
-    const probe = probeHealth(serve.url);
+    const probe = probeHealth(serve.url, serve.pid);
     const answers = await Promise.all(
       Array.from({ length: STREAMS }, (_, i) => streamOnce(serve.url, i)),
     );
     const ms = performance.now() - started;
     clearInterval(barrier);
     engine.hold = null;
-    const latencies = await probe.stop();
+    const probes = await probe.stop();
     const cpu = cpuOf(serve.pid);
     const perStream = (used: number, rate: number) =>
       round((1e6 * (used - (rate * ms) / 1000)) / STREAMS);
@@ -257,9 +283,10 @@ async function streamsRun(binary: Binary, lanes: number) {
       answered,
       of: STREAMS,
       all_ms: Math.round(ms),
-      ...health(latencies),
+      ...health(probes),
       idle_p99_ms: idle.p99_ms,
       idle_max_ms: idle.max_ms,
+      idle_own_max_ms: idle.own_max_ms,
       cpu_us_per_stream: perStream(cpu.process - cpuBefore.process, idleRate.process),
       main_cpu_us_per_stream: perStream(cpu.main - cpuBefore.main, idleRate.main),
     };
@@ -282,7 +309,7 @@ function chatBody(seed: number): string {
 async function chatsRun(binary: Binary, lanes: number, bodies: string[]) {
   const serve = await start(binary, lanes, ["--max-prompt-tokens", "4000000"]);
   try {
-    const probe = probeHealth(serve.url);
+    const probe = probeHealth(serve.url, serve.pid);
     const started = performance.now();
     const statuses = await Promise.all(
       bodies.map(async (body) => {
@@ -301,13 +328,13 @@ async function chatsRun(binary: Binary, lanes: number, bodies: string[]) {
       }),
     );
     const ms = performance.now() - started;
-    const latencies = await probe.stop();
+    const probes = await probe.stop();
     return {
       binary: binary.name,
       lanes,
       statuses: statuses.join(","),
       all_ms: Math.round(ms),
-      ...health(latencies),
+      ...health(probes),
     };
   } finally {
     await serve.stop();

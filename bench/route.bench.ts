@@ -19,9 +19,14 @@
  * replica's, published to a real nats-server on loopback through the connection a
  * replica makes, `connectNats`), so the rate is that of a replica with sync on.
  * Both modes yield to the event loop every 256 iterations (NATS writes its socket then).
+ * The nats-server runs on the CPUs this process is not pinned to, if there are any (in a
+ * deployment the bus is another process on another core; on the bench's own CPU its
+ * wake-up at every publish took a few points of the bench's rate, bench/JOURNAL.md);
+ * `--bus-on-own-cpu` keeps it on the bench's CPUs.
  *
- *   bun bench/route.bench.ts [--policy dynamo|ttft] [--cpu N [--sync]] [--json]
+ *   bun bench/route.bench.ts [--policy dynamo|ttft] [--cpu N [--sync [--bus-on-own-cpu]]] [--json]
  */
+import { readFileSync } from "node:fs";
 import { bench, do_not_optimize, group, run } from "mitata";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { Outbox, onTheLoop } from "../src/cluster/outbox";
@@ -42,12 +47,13 @@ const WORKER_COUNTS = [8, 64, 256];
 const POOL = 8192;
 const ACTIVE_PER_WORKER = 16;
 const flags = benchFlags(
-  "bun bench/route.bench.ts [--policy dynamo|ttft] [--cpu N [--sync]] [--json]",
+  "bun bench/route.bench.ts [--policy dynamo|ttft] [--cpu N [--sync [--bus-on-own-cpu]]] [--json]",
   {
     json: { type: "boolean" },
     policy: { type: "string" },
     cpu: { type: "string" },
     sync: { type: "boolean" },
+    "bus-on-own-cpu": { type: "boolean" },
   },
 );
 const json = flags.json === true;
@@ -63,13 +69,39 @@ if (!(Number.isInteger(cpuIterations) && cpuIterations >= 0)) {
 }
 const sync = flags.sync === true;
 if (sync && cpuIterations === 0) throw new Error("--sync needs --cpu N");
+/** The CPUs the bench's nats-server runs on ("shared": the bench's own). */
+let busCpus = "shared";
 /** With --sync: a nats-server on 127.0.0.1 and a connection to it, as a replica has. */
 const bus: { server: NatsServer; nc: NatsConnection } | null = sync
   ? await (async () => {
       const server = await NatsServer.start();
+      if (flags["bus-on-own-cpu"] !== true) busCpus = moveOffOwnCpus(server.pid);
       return { server, nc: await connectNats({ servers: server.url, noEcho: true }) };
     })()
   : null;
+
+/** Moves process `pid` (every thread) to the online CPUs this one may not run on; their list, or "shared". */
+function moveOffOwnCpus(pid: number): string {
+  const own = cpuList(
+    /Cpus_allowed_list:\s*(\S+)/.exec(readFileSync("/proc/self/status", "utf8"))![1]!,
+  );
+  const online = cpuList(readFileSync("/sys/devices/system/cpu/online", "utf8").trim());
+  const others = online.filter((cpu) => !own.includes(cpu)).join(",");
+  if (others === "") return "shared";
+  const moved = Bun.spawnSync(["taskset", "-a", "-p", "-c", others, String(pid)], {
+    stdout: "ignore",
+  });
+  if (moved.exitCode !== 0) throw new Error(`taskset could not move nats-server to CPUs ${others}`);
+  return others;
+}
+
+/** "0-2,5" as [0, 1, 2, 5]. */
+function cpuList(text: string): number[] {
+  return text.split(",").flatMap((range) => {
+    const [low, high = low] = range.split("-").map(Number);
+    return Array.from({ length: high! - low! + 1 }, (_, i) => low! + i);
+  });
+}
 const YIELD_EVERY = 256;
 
 const random = prng(42);
@@ -186,7 +218,16 @@ if (cpuIterations > 0) {
 
 if (json) {
   const clock = cpuIterations > 0 ? "cpu" : "wall";
-  const document = { bench: "route", policy, clock, sync, provenance: provenance(), rows };
+  const bus_cpus = sync ? busCpus : undefined;
+  const document = {
+    bench: "route",
+    policy,
+    clock,
+    sync,
+    bus_cpus,
+    provenance: provenance(),
+    rows,
+  };
   process.stdout.write(`${JSON.stringify(document)}\n`);
 } else {
   console.log("\nworkers | decisions/s (route + prefill_done + done) | p50     | p99");
