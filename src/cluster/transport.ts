@@ -63,7 +63,12 @@ export class BunTransport implements Transport {
     this.info.catch(() => {}); // a dial that fails rejects it unread
     await this.dial(server);
     const info = await this.info;
-    checkOptions(info, options);
+    try {
+      checkOptions(info, options);
+    } catch (error) {
+      this.discard(); // the client drops a transport whose connect failed: its socket too
+      throw error;
+    }
     if (info.tls_required === true || (info.tls_available === true && options.tls !== null)) {
       this.discard();
       return this.handOver(server, options);
