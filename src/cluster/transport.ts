@@ -134,7 +134,7 @@ export class BunTransport implements Transport {
       return;
     }
     // Before the handshake: the INFO line, once it is whole (it stays for the client's parser).
-    const line = extractProtocolMessage(concat(this.yields));
+    const line = extractProtocolMessage(Buffer.concat(this.yields));
     if (line === "") return;
     const match = INFO.exec(line);
     try {
@@ -237,17 +237,4 @@ export class BunTransport implements Transport {
     this.signal.resolve();
     this.closedNotification.resolve(this.closeError);
   }
-}
-
-function concat(parts: readonly Uint8Array[]): Uint8Array {
-  if (parts.length === 1) return parts[0]!;
-  let length = 0;
-  for (const part of parts) length += part.length;
-  const whole = new Uint8Array(length);
-  let at = 0;
-  for (const part of parts) {
-    whole.set(part, at);
-    at += part.length;
-  }
-  return whole;
 }
