@@ -31,6 +31,9 @@ import {
 } from "@nats-io/transport-node";
 import { NodeTransport, nodeResolveHost } from "@nats-io/transport-node/lib/node_transport";
 
+/** A server's first line (INFO) longer than this is not a NATS server's: refused, not buffered on. */
+const INFO_BYTES_MAX = 1024 * 1024;
+
 /** Connects to NATS with `BunTransport` (every connection of this process, reconnects included). */
 export function connectNats(options: NodeConnectionOptions): Promise<NatsConnection> {
   setTransportFactory({ factory: () => new BunTransport(), dnsResolveFn: nodeResolveHost });
@@ -134,8 +137,9 @@ export class BunTransport implements Transport {
       return;
     }
     // Before the handshake: the INFO line, once it is whole (it stays for the client's parser).
-    const line = extractProtocolMessage(Buffer.concat(this.yields));
-    if (line === "") return;
+    const received = Buffer.concat(this.yields);
+    const line = extractProtocolMessage(received);
+    if (line === "" && received.length <= INFO_BYTES_MAX) return;
     const match = INFO.exec(line);
     try {
       if (match === null) throw new Error("unexpected response from server");

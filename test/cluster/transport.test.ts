@@ -123,6 +123,31 @@ describe("connectNats over a plain connection", () => {
     );
   });
 
+  test("a server that is not NATS is refused, not read without end", async () => {
+    // A line of 2 MiB with no end (written on as the socket drains), then held open.
+    const line = new Uint8Array(2 * 1024 * 1024).fill(120);
+    let sent = 0;
+    const writeOn = (socket: { write: (data: Uint8Array) => number }) => {
+      sent += Math.max(0, socket.write(line.subarray(sent)));
+    };
+    const silent = Bun.listen({
+      hostname: "127.0.0.1",
+      port: 0,
+      socket: { open: writeOn, drain: writeOn, data: () => {} },
+    });
+    try {
+      await expect(
+        connectNats({
+          servers: `nats://127.0.0.1:${silent.port}`,
+          timeout: 20_000,
+          reconnect: false,
+        }),
+      ).rejects.toThrow(/unexpected response/);
+    } finally {
+      silent.stop(true);
+    }
+  });
+
   test("a server that is not there is refused at once", async () => {
     const port = await freePort();
     await expect(
