@@ -46,6 +46,7 @@ import type { Logger } from "../util/log";
 import type { ZmtpOptions } from "../wire/zmtp";
 import { BUDGET_REFUSAL, budgetedSink } from "../ingest/budgeted-sink";
 import { KvedgeError } from "../domain/errors";
+import { shuttingDown } from "../http/errors";
 import { type SlotColumn, WorkerTable } from "../domain/worker-table";
 import { attach } from "../index/crtc/shared";
 import { ThreadedIndex } from "../index/threaded-index";
@@ -358,7 +359,7 @@ export class KvedgeCore {
     for (const { timer } of waiting) clearTimeout(timer);
     for (const call of [...this.admission.takeAll(), ...waiting.map((entry) => entry.call)]) {
       this.unhold(call);
-      call.fail(new KvedgeError("shutting_down", "kvedge is shutting down"));
+      call.fail(shuttingDown());
     }
     await Promise.all([...this.sources].map((source) => source.stop()));
     this.sources.clear();
@@ -835,7 +836,7 @@ export class KvedgeCore {
    * `worker_exists` if it exists in this mode already.
    */
   async addWorker(entry: WorkerEntry): Promise<"added" | "switched"> {
-    if (this.stopped) throw new KvedgeError("shutting_down", "kvedge is shutting down");
+    if (this.stopped) throw shuttingDown();
     const known = this.workerTable.find(entry.worker_id, entry.dp_rank);
     const approximate = known >= 0 && this.predictions.isApproximate(known);
     const exact = this.ownSource.get(known) !== undefined;

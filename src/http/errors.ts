@@ -72,6 +72,16 @@ export function clientError(error: unknown): KvedgeError | null {
 /** The error an unexpected failure is answered with (its details go to the log only). */
 export const INTERNAL_ERROR = new KvedgeError("internal", "internal error");
 
+/** A request whose client went away before its answer. */
+export function clientClosed(): KvedgeError {
+  return new KvedgeError("client_closed", "the client closed the request");
+}
+
+/** A request refused or ended because kvedge stops. */
+export function shuttingDown(): KvedgeError {
+  return new KvedgeError("shutting_down", "kvedge is shutting down");
+}
+
 /** A KvedgeError as it crosses threads (structured clone keeps plain objects only). */
 export interface WireError {
   readonly code: ErrorCode;

@@ -6,14 +6,14 @@
  * nothing: not the engine, not a failover, not an outcome. A client that leaves is told
  * at once, in any phase; whatever the main thread orders for it afterwards is ignored.
  */
-import { KvedgeError } from "../domain/errors";
 import { Exchange, type ResponseHead, type UpstreamError } from "../http/client";
 import { errorReply } from "../http/http";
-import { fromWire } from "../http/errors";
+import { clientClosed, fromWire, shuttingDown } from "../http/errors";
 import type { OpenAiPath } from "./openai";
 import type { RelayOwner } from "./relay";
 import type { ProxyEvent, ProxyOrder } from "./remote";
 import { relayedAnswer } from "./transport";
+import { ownBuffer } from "../util/transfer";
 
 interface Entry {
   readonly request: Request;
@@ -41,9 +41,7 @@ export class LaneEnd {
   /** A client's request, its body read: answered when the main thread and the engine say. */
   handle(request: Request, path: OpenAiPath, body: Uint8Array): Promise<Response> {
     const id = this.nextId++;
-    // Transferred, not copied: a view of part of a buffer is copied into its own first.
-    const own =
-      body.byteOffset === 0 && body.byteLength === body.buffer.byteLength ? body : body.slice();
+    const own = ownBuffer(body); // transferred, not copied
     return new Promise<Response>((resolve) => {
       this.entries.set(id, { request, resolve, exchange: null });
       request.signal.addEventListener("abort", () => this.left(id), { once: true });
@@ -72,7 +70,7 @@ export class LaneEnd {
     for (const [id, entry] of this.entries) {
       entry.exchange?.abort();
       this.entries.delete(id);
-      entry.resolve(errorReply(entry.request, stopping()));
+      entry.resolve(errorReply(entry.request, shuttingDown()));
     }
   }
 
@@ -119,7 +117,7 @@ export class LaneEnd {
     this.entries.delete(id);
     entry.exchange?.abort();
     this.send({ e: "left", id });
-    entry.resolve(errorReply(entry.request, closed()));
+    entry.resolve(errorReply(entry.request, clientClosed()));
   }
 
   private send(event: ProxyEvent, transfer?: ArrayBuffer): void {
@@ -135,12 +133,4 @@ export class LaneEnd {
     this.transfer = [];
     this.post(events, transfer);
   };
-}
-
-function closed(): KvedgeError {
-  return new KvedgeError("client_closed", "the client closed the request");
-}
-
-function stopping(): KvedgeError {
-  return new KvedgeError("shutting_down", "kvedge is shutting down");
 }

@@ -13,6 +13,10 @@ export const COMPLETIONS_PATH = "/v1/completions";
 export const CHAT_PATH = "/v1/chat/completions";
 export type OpenAiPath = typeof COMPLETIONS_PATH | typeof CHAT_PATH;
 
+export function isOpenAiPath(path: string): path is OpenAiPath {
+  return path === COMPLETIONS_PATH || path === CHAT_PATH;
+}
+
 /** Most output tokens a request may ask for (the mock engines' bound too). */
 export const MAX_TOKENS_MAX = 1 << 20;
 /** Output tokens when a request does not say (vLLM's is "up to the context"; ours must be finite). */

@@ -8,6 +8,7 @@
 import { type ErrorCode, KvedgeError } from "../domain/errors";
 import { type KvedgeThread, startThread } from "../runtime/threads";
 import type { Logger } from "../util/log";
+import { ownBuffer } from "../util/transfer";
 import type { OpenAiPath } from "./openai";
 import { type PrepareOptions, type Prepared, prepareRequest } from "./prepare";
 import { loadTokenizer, type PromptTokenizer } from "./tokenizer";
@@ -91,11 +92,7 @@ export class Preparer {
     }
     this.counts.thread++;
     const id = this.nextId++;
-    // Transferred, not copied: a view of part of a buffer is copied into its own first.
-    const own =
-      bytes.byteOffset === 0 && bytes.byteLength === bytes.buffer.byteLength
-        ? bytes
-        : bytes.slice();
+    const own = ownBuffer(bytes); // transferred, not copied
     return new Promise<Prepared>((resolve, reject) => {
       worker.pending.set(id, (answer) => {
         if ("prepared" in answer) resolve(answer.prepared);

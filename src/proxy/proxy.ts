@@ -25,6 +25,7 @@
  * spliced in, and the usage chunk it then receives is not passed on.
  */
 import { KvedgeError } from "../domain/errors";
+import { clientClosed, shuttingDown } from "../http/errors";
 import {
   type ExchangeRequest,
   type ExchangeTimeouts,
@@ -248,7 +249,7 @@ class ProxiedRequest implements RelayOwner {
   private clientLeft(): void {
     if (this.phase === "streaming") this.end("clientAborts");
     else if (this.phase === "connecting") this.link?.abort();
-    else this.leave?.(closedError());
+    else this.leave?.(clientClosed());
   }
 
   /** kvedge stops: the request ends now, in whatever phase. */
@@ -260,7 +261,7 @@ class ProxiedRequest implements RelayOwner {
 
   /** Throws if the request ended or its client left while it was waiting. */
   private checkGoing(): void {
-    if (this.transport.gone) throw closedError();
+    if (this.transport.gone) throw clientClosed();
     if (this.phase === "ended" || this.proxy.stopping) throw shuttingDown();
   }
 
@@ -408,14 +409,6 @@ class ProxiedRequest implements RelayOwner {
     this.slotHeld = false;
     if (this.requestId !== null) proxy.options.core.done(this.requestId);
   }
-}
-
-function closedError(): KvedgeError {
-  return new KvedgeError("client_closed", "the client closed the request");
-}
-
-function shuttingDown(): KvedgeError {
-  return new KvedgeError("shutting_down", "kvedge is shutting down");
 }
 
 /** What went wrong with an engine that may have the request: never sent elsewhere. */

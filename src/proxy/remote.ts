@@ -25,6 +25,7 @@ import type { OpenAiPath } from "./openai";
 import type { OpenAiProxy } from "./proxy";
 import type { RelayOwner } from "./relay";
 import type { AnswerSpec, EngineLink, ProxyTransport } from "./transport";
+import { ownBuffer } from "../util/transfer";
 
 /** A lane's news of its proxied requests, in the order it happened. */
 export type ProxyEvent =
@@ -162,8 +163,7 @@ class RemoteTransport implements ProxyTransport {
     this.link = new LaneLink(this, (order) => this.requests.order(order));
     // A message copies a view's whole buffer: a part of a larger one goes as its own.
     const { body } = request;
-    const whole = body === null || body.byteLength === body.buffer.byteLength;
-    const sent = whole ? request : { ...request, body: body.slice() };
+    const sent = body === null ? request : { ...request, body: ownBuffer(body) };
     this.requests.order({ o: "send", id: this.id, request: sent, timeouts, answer });
     return this.link;
   }

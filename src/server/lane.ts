@@ -26,7 +26,7 @@ import { parseRoute } from "./api";
 import { RequestGuard, requestPath } from "./guard";
 import { controlRefusal, isControlPath, type Surface } from "./surface";
 import { LaneEnd } from "../proxy/lane-end";
-import { CHAT_PATH, COMPLETIONS_PATH, type OpenAiPath } from "../proxy/openai";
+import { isOpenAiPath, type OpenAiPath } from "../proxy/openai";
 import type { ProxyEvent, ProxyOrder } from "../proxy/remote";
 import {
   errorReply,
@@ -315,10 +315,6 @@ async function carry(
 
 /** Proxied requests a lane starts per event-loop turn (src/util/turn-gate.ts says why). */
 const REQUESTS_PER_TURN = 16;
-
-function isOpenAiPath(path: string): path is OpenAiPath {
-  return path === COMPLETIONS_PATH || path === CHAT_PATH;
-}
 
 /** WebSocket clients of a lane are piped, frame for frame, to the main thread's /v1/ws. */
 function pipeHandlers(mainUrl: string, limitBytes: number) {
