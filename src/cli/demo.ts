@@ -1,5 +1,6 @@
 import { availableParallelism } from "node:os";
 import { ADMISSION_MODES, type AdmissionMode, DEFAULT_ADMISSION } from "../route/admission";
+import { DEFAULT_PACING, PACING_MODES, type PacingMode } from "../route/pacing";
 import { DEGRADED_FALLBACKS } from "../route/router";
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES, type RoutePolicy } from "../route/ttft";
 import type { DegradedFallbackMode } from "../sim/degraded-fleet";
@@ -131,6 +132,7 @@ const flags = {
   "route-policy": { kind: "string" },
   "recompute-weight": { kind: "string" },
   admission: { kind: "string" },
+  pacing: { kind: "string" },
   "no-pin": { kind: "boolean" },
   proxy: { kind: "boolean" },
   events: { kind: "string" },
@@ -203,6 +205,8 @@ Options:
   --realtime-baselines   replay the baselines in real time too (same results, more wall time)
   --route-policy P       kv_aware's route policy: ttft (default) or dynamo
   --recompute-weight W   kv_aware's recompute weight under ttft (${DEFAULT_TTFT_SETTINGS.recomputeWeight})
+  --pacing MODE          kv_aware's pacing (route.pacing): off (default) or on: each engine is sent
+                         at most two requests still prefilling, the rest wait in kvedge
   --admission MODE       kv_aware's admission at saturation (route.admission): off (default), hold
                          or reject; the summary counts the calls held, released and refused
   --no-pin               do not pin kvedge serve and this process to separate CPUs
@@ -239,9 +243,6 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     if (parsed.positionals.length > 0)
       throw new UsageError(`unexpected argument '${parsed.positionals[0]}'`);
     const virtual = flagBool(parsed, "virtual");
-    const routePolicy = routePolicyOf(flagString(parsed, "route-policy"));
-    const recomputeWeight = flagNumber(parsed, "recompute-weight", RECOMPUTE_WEIGHT, 0, 1e6);
-    const admission = admissionOf(flagString(parsed, "admission"), flagBool(parsed, "proxy"));
     const workers = flagInt(parsed, "workers", DEMO_DEFAULTS.workers, 1, WORKERS_MAX);
     const capacityBlocks = flagInt(
       parsed,
@@ -255,13 +256,14 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
     const speedup = flagNumber(parsed, "speedup", DEMO_DEFAULTS.speedup, 0.01, 1e6);
     const seed = flagInt(parsed, "seed", DEMO_DEFAULTS.seed, 0, 0xffff_ffff);
     const time = timeModelOf(parsed);
+    const routing = routingFlags(parsed, time, speedup);
     const json = flagBool(parsed, "json");
     const replicated = replicaFlags(parsed, virtual);
     const policies = policiesOf(flagString(parsed, "policies"), replicated);
     const { trace, name, start, timeScale } = await demoTrace(parsed);
     const degraded = degradedFlags(parsed, virtual, trace, workers);
     const serveArgs = [
-      ...serveArgsOf(routePolicy, recomputeWeight, time, admissionArgs(admission, speedup)),
+      ...routing.serveArgs,
       ...localServeArgs(parsed, virtual, policies),
       ...degraded.serveArgs,
     ];
@@ -285,12 +287,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       virtual,
       proxy: flagBool(parsed, "proxy"),
       ...predictions,
-      kvAware: {
-        policy: routePolicy,
-        ttft: { recomputeWeight },
-        admission: { mode: admission },
-        ...degraded.kvAware,
-      },
+      kvAware: { ...routing.kvAware, ...degraded.kvAware },
       ...replicated.options,
       ...degraded.options,
     });
@@ -301,9 +298,7 @@ ${TIME_MODEL_HELP}  -h, --help             show this help
       start,
       requests: trace.count,
       virtual,
-      route_policy: routePolicy,
-      recompute_weight: recomputeWeight,
-      admission,
+      ...routing.config,
       workers,
       capacity_blocks: capacityBlocks,
       cpu_capacity_blocks: cpuCapacityBlocks,
@@ -388,6 +383,38 @@ function admissionOf(text: string | undefined, proxy: boolean): AdmissionMode {
   }
   if (text !== "off" && proxy) throw new UsageError("--admission does not go with --proxy yet");
   return text as AdmissionMode;
+}
+
+/** kv_aware's routing flags: its router's settings in-process, kvedge serve's flags, the summary's fields. */
+function routingFlags(parsed: Parsed, time: TimeModel, speedup: number) {
+  const routePolicy = routePolicyOf(flagString(parsed, "route-policy"));
+  const recomputeWeight = flagNumber(parsed, "recompute-weight", RECOMPUTE_WEIGHT, 0, 1e6);
+  const admission = admissionOf(flagString(parsed, "admission"), flagBool(parsed, "proxy"));
+  const pacing = pacingOf(flagString(parsed, "pacing"));
+  const held = [...admissionArgs(admission, speedup), ...pacingArgs(pacing, speedup)];
+  return {
+    serveArgs: serveArgsOf(routePolicy, recomputeWeight, time, held),
+    kvAware: {
+      policy: routePolicy,
+      ttft: { recomputeWeight },
+      admission: { mode: admission },
+      pacing: { mode: pacing },
+    },
+    config: { route_policy: routePolicy, recompute_weight: recomputeWeight, admission, pacing },
+  };
+}
+
+function pacingOf(text: string | undefined): PacingMode {
+  if (text === undefined) return DEFAULT_PACING.mode;
+  if (!(PACING_MODES as readonly string[]).includes(text))
+    throw new UsageError(`--pacing: unknown mode '${text}' (known: ${PACING_MODES.join(", ")})`);
+  return text as PacingMode;
+}
+
+/** kvedge serve's pacing flags: the longest hold scaled to mean in model time what its default says. */
+function pacingArgs(mode: PacingMode, speedup: number): string[] {
+  if (mode === "off") return [];
+  return ["--pacing", mode, "--pacing-max-hold-ms", String(DEFAULT_PACING.maxHoldMs / speedup)];
 }
 
 /**

@@ -9,6 +9,7 @@
  * a higher source replaces the whole list from a lower one.
  */
 import { ADMISSION_MODES, DEFAULT_ADMISSION } from "../route/admission";
+import { DEFAULT_PACING, PACING_MODES } from "../route/pacing";
 import { DEFAULT_TTFT_SETTINGS, ROUTE_POLICIES } from "../route/ttft";
 import { DEFAULT_PREDICTED_TTL_MS, PREDICT_AT } from "../route/predictions";
 import {
@@ -87,6 +88,9 @@ export interface Config {
     readonly admission_max_hold_ms: number;
     readonly admission_max_held: number;
     readonly admission_prefill_weight: number;
+    readonly pacing: (typeof PACING_MODES)[number];
+    readonly pacing_per_worker: number;
+    readonly pacing_max_hold_ms: number;
   };
   readonly ingest: {
     readonly max_message_bytes: number;
@@ -507,6 +511,27 @@ export const SETTINGS: readonly Setting[] = [
     type: decimal(0, 1e6),
     default: DEFAULT_ADMISSION.prefillWeight,
     help: "Admission order: ms of waiting one ms of predicted prefill is worth (0 = arrival order; higher = shorter prompts first).",
+  }),
+  setting({
+    key: "route.pacing",
+    flag: "pacing",
+    type: oneOf(PACING_MODES),
+    default: DEFAULT_PACING.mode,
+    help: "on: a routed request is sent to its engine only while fewer than route.pacing_per_worker sent there are still prefilling; the rest wait in kvedge in arrival order, so prompts that arrive together get their first tokens one after another instead of all at the end of one large step. Needs prefill_done (the proxy reports it itself).",
+  }),
+  setting({
+    key: "route.pacing_per_worker",
+    flag: "pacing-per-worker",
+    type: integer(1, 1_000_000),
+    default: DEFAULT_PACING.perWorker,
+    help: "Pacing: requests sent to one worker and still prefilling, at most.",
+  }),
+  setting({
+    key: "route.pacing_max_hold_ms",
+    flag: "pacing-max-hold-ms",
+    type: decimal(0, 3_600_000),
+    default: DEFAULT_PACING.maxHoldMs,
+    help: "Pacing: longest a request waits in kvedge, ms; then it is sent anyway (a client that never reports prefill_done).",
   }),
   setting({
     key: "ingest.max_message_bytes",

@@ -34,6 +34,7 @@ import {
 } from "../route";
 import type { PromptHashes } from "../route/input";
 import { Admission } from "../route/admission";
+import { Pacing } from "../route/pacing";
 import { bufferBudget } from "../util/buffer-budget";
 import type { LifecycleResult } from "../route/load";
 import { type CachedReport, ObservedHits, type ObservedHitsView } from "./observed-hits";
@@ -131,6 +132,8 @@ const HELD_POLL_MS = 100;
 export const CONTESTED_MARGIN = 0.05;
 /** Handles of calls waiting for their turn start here (admission's are slot numbers below it). */
 const TURN_HANDLES = 2 ** 31;
+/** The handle of a call pacing holds (found by the call itself: see dropHeld). */
+const PACED_HANDLE = TURN_HANDLES - 1;
 
 export interface WorkerView {
   readonly workerId: bigint;
@@ -242,6 +245,10 @@ export class KvedgeCore {
   /** Route calls held at saturation (route.admission; src/route/admission.ts). */
   readonly admission: Admission<RouteCall>;
   private readonly admissionClock: () => number;
+  /** Routed calls waiting for a place at their engine (route.pacing; src/route/pacing.ts). */
+  readonly pacing: Pacing<RouteCall>;
+  /** The decisions of calls that pacing holds, answered when they are sent. */
+  private readonly pacedOutcomes = new Map<RouteCall, RouteOutcome>();
   /** How LoRA ids name adapters (`index.lora_adapters`), for streams and queries alike. */
   readonly lora: LoraAdapters;
   private heldTimer: ReturnType<typeof setTimeout> | null = null;
@@ -285,27 +292,10 @@ export class KvedgeCore {
     );
     this.sink = this.budgetedSink((this.writes = new WritePause(this.index, HELD_WRITES_BYTES)));
     this.router = new Router(routerOptionsOf(config, this.workerTable, options.random));
-    this.admission = new Admission<RouteCall>(
-      {
-        mode: config.route.admission,
-        boundMs: config.route.admission_bound_ms,
-        maxHoldMs: config.route.admission_max_hold_ms,
-        maxHeld: config.route.admission_max_held,
-        prefillWeight: config.route.admission_prefill_weight,
-      },
-      {
-        waitMs: (call) => this.heldWaitMs(call),
-        route: (call) => {
-          this.unhold(call);
-          this.answerCall(call);
-        },
-        reject: (call, retryAfterSecs, reason) => {
-          this.unhold(call);
-          call.fail(new KvedgeError("overloaded", reason, { retryAfterSecs }));
-        },
-      },
-      (this.admissionClock = options.admissionClock ?? (() => performance.now())),
-    );
+    this.admissionClock = options.admissionClock ?? (() => performance.now());
+    this.admission = this.createAdmission(config);
+    this.pacing = this.createPacing(config);
+    if (this.pacing.enabled) this.router.paced = this.pacing;
     this.zmtp = zmtpOptionsOf(config.ingest);
     this.predictions = predictionsOf(config, this.sink);
     this.fallback =
@@ -357,6 +347,10 @@ export class KvedgeCore {
     const waiting = [...this.turns.values()];
     this.turns.clear();
     for (const { timer } of waiting) clearTimeout(timer);
+    for (const call of this.pacing.takeAll()) {
+      this.pacedOutcomes.delete(call);
+      call.fail(shuttingDown());
+    }
     for (const call of [...this.admission.takeAll(), ...waiting.map((entry) => entry.call)]) {
       this.unhold(call);
       call.fail(shuttingDown());
@@ -451,7 +445,7 @@ export class KvedgeCore {
 
   /** Whether a route call may be answered later (admission, or replicas taking turns). */
   get mayHold(): boolean {
-    return this.admission.enabled || this.staggerMs > 0;
+    return this.admission.enabled || this.pacing.enabled || this.staggerMs > 0;
   }
 
   /**
@@ -483,14 +477,12 @@ export class KvedgeCore {
 
   /** Through admission (if on): routed now, held (its handle), or refused. */
   private admit(call: RouteCall): number {
-    if (!this.admission.enabled) {
-      this.answerCall(call);
-      return -1;
-    }
+    if (!this.admission.enabled) return this.answerCall(call) ? PACED_HANDLE : -1;
     const { request, overlaps } = this.routeRequest(call.input, 0);
     const { waitMs, prefillMs } = this.router.assess(request, overlaps);
     const handle = this.admission.submit(call, waitMs, prefillMs);
-    if (handle < 0) return handle;
+    // Let through at once, it may wait for a place at its engine (pacing).
+    if (handle < 0) return this.pacedOutcomes.has(call) ? PACED_HANDLE : handle;
     if (!this.takeHeld(call)) {
       this.admission.drop(handle, call);
       throw overBudget();
@@ -539,6 +531,8 @@ export class KvedgeCore {
 
   /** A held call whose client went away: never answered. False if not held (answered already). */
   dropHeld(handle: number, call: RouteCall): boolean {
+    // Whichever held it first (admission, a turn), a call may be paced now.
+    if (this.dropPaced(call)) return true;
     if (handle >= TURN_HANDLES) {
       const waiting = this.turns.get(handle);
       if (waiting === undefined || waiting.call !== call) {
@@ -550,6 +544,15 @@ export class KvedgeCore {
       this.turns.delete(handle);
     } else if (!this.admission.drop(handle, call)) return false;
     this.unhold(call);
+    return true;
+  }
+
+  /** A paced call whose client went away: never sent, its request ended. */
+  private dropPaced(call: RouteCall): boolean {
+    const outcome = this.pacedOutcomes.get(call);
+    if (outcome === undefined || !this.pacing.drop(call)) return false;
+    this.pacedOutcomes.delete(call);
+    this.done(outcome.decision.requestId);
     return true;
   }
 
@@ -570,6 +573,7 @@ export class KvedgeCore {
     const result = this.router.load.prefillDone(requestId);
     for (const predictions of this.predictorsNow())
       predictions.prefillDone(requestId, cachedTokens);
+    this.pacing.release();
     this.admission.release();
     return result;
   }
@@ -577,6 +581,7 @@ export class KvedgeCore {
   done(requestId: string): LifecycleResult {
     const result = this.router.load.done(requestId);
     for (const predictions of this.predictorsNow()) predictions.done(requestId);
+    this.pacing.release();
     this.admission.release();
     return result;
   }
@@ -586,6 +591,7 @@ export class KvedgeCore {
    * peer's origin): held calls are looked at again, as after a local done.
    */
   peerLoadChanged(): void {
+    this.pacing.release();
     this.admission.release();
   }
 
@@ -717,15 +723,80 @@ export class KvedgeCore {
     out.count = n;
   }
 
-  private answerCall(call: RouteCall): void {
+  /**
+   * Routes the call and answers it now, or, when pacing holds its request back, keeps
+   * the decision to answer when it is sent (true).
+   */
+  private answerCall(call: RouteCall): boolean {
     let outcome: RouteOutcome;
     try {
       outcome = this.route(call.input, call.candidatesMax);
     } catch (error) {
       call.fail(error);
-      return;
+      return false;
     }
-    call.answer(outcome);
+    const { decision } = outcome;
+    if (this.pacing.submit(call, decision.requestId, decision.slot)) {
+      call.answer(outcome);
+      return false;
+    }
+    const kept = { ...decision, candidates: decision.candidates.copy() };
+    this.pacedOutcomes.set(call, { decision: kept, queryBlocks: outcome.queryBlocks });
+    this.pollHeld();
+    return true;
+  }
+
+  /** Route calls held at saturation: released through answerCall, refused with 429. */
+  private createAdmission(config: Config): Admission<RouteCall> {
+    const route = config.route;
+    const settings = {
+      mode: route.admission,
+      boundMs: route.admission_bound_ms,
+      maxHoldMs: route.admission_max_hold_ms,
+      maxHeld: route.admission_max_held,
+      prefillWeight: route.admission_prefill_weight,
+    };
+    const port = {
+      waitMs: (call: RouteCall) => this.heldWaitMs(call),
+      route: (call: RouteCall) => {
+        this.unhold(call);
+        this.answerCall(call);
+      },
+      reject: (call: RouteCall, retryAfterSecs: number, reason: string) => {
+        this.unhold(call);
+        call.fail(new KvedgeError("overloaded", reason, { retryAfterSecs }));
+      },
+    };
+    return new Admission<RouteCall>(settings, port, this.admissionClock);
+  }
+
+  /** Routed calls that wait for a place at their engine; the router spills by their backlog. */
+  private createPacing(config: Config): Pacing<RouteCall> {
+    const route = config.route;
+    const settings = {
+      mode: route.pacing,
+      perWorker: route.pacing_per_worker,
+      maxHoldMs: route.pacing_max_hold_ms,
+      maxHeld: route.admission_max_held,
+    };
+    const pacing = new Pacing<RouteCall>(
+      settings,
+      {
+        prefillTokens: (requestId) => this.router.load.prefillTokensOf(requestId),
+        send: (call) => this.sendPaced(call),
+      },
+      this.admissionClock,
+    );
+    if (pacing.enabled) this.router.paced = pacing;
+    return pacing;
+  }
+
+  /** A paced call's turn: its decision answered, or, if its request ended meanwhile (its worker removed), routed afresh. */
+  private sendPaced(call: RouteCall): void {
+    const outcome = this.pacedOutcomes.get(call)!;
+    this.pacedOutcomes.delete(call);
+    if (this.router.load.isActive(outcome.decision.requestId)) call.answer(outcome);
+    else this.answerCall(call);
   }
 
   /** A held call's shortest predicted wait now; one that cannot be assessed (no workers left) goes to be refused by its route. */
@@ -740,13 +811,12 @@ export class KvedgeCore {
 
   /** While calls are held, releases what is due at least every HELD_POLL_MS (longest hold, expiries). */
   private pollHeld(): void {
-    if (this.heldTimer !== null || this.admission.held === 0) return;
-    const delay = Math.max(
-      0,
-      Math.min(HELD_POLL_MS, this.admission.nextDueMs() - this.admissionClock()),
-    );
+    if (this.heldTimer !== null || this.admission.held + this.pacing.held === 0) return;
+    const due = Math.min(this.admission.nextDueMs(), this.pacing.nextDueMs());
+    const delay = Math.max(0, Math.min(HELD_POLL_MS, due - this.admissionClock()));
     this.heldTimer = setTimeout(() => {
       this.heldTimer = null;
+      this.pacing.release();
       this.admission.release();
       this.pollHeld();
     }, delay);

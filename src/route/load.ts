@@ -448,6 +448,12 @@ export class LoadTracker {
     return this.records.find(requestId, hashKey(this.idHash(requestId))) !== NO_RECORD;
   }
 
+  /** The request's prompt tokens still to prefill: 0 once its prefill is done or it is not active (route.pacing). */
+  prefillTokensOf(requestId: string): number {
+    const record = this.records.find(requestId, hashKey(this.idHash(requestId)));
+    return record === NO_RECORD ? 0 : this.records.prefill[record]!;
+  }
+
   /** A fresh request id, unique among active requests and unguessable (128 random bits). */
   newRequestId(): string {
     for (let attempts = 0; attempts < 16; attempts++) {

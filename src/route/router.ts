@@ -31,6 +31,7 @@
 import { KvedgeError } from "../domain/errors";
 import { LoadTracker, type LoadTrackerOptions, REQUEST_ID_LENGTH_MAX } from "./load";
 import { Calibration, type LearnedTimes } from "./calibration";
+import { SPILL_BACKLOG, SPILL_WEIGHT_FRACTION } from "./pacing";
 import {
   checkTtftSettings,
   DEFAULT_TTFT_SETTINGS,
@@ -301,6 +302,18 @@ export class CandidateList {
     return Array.from({ length: this.count }, (_, i) => this.at(i));
   }
 
+  /** A list of its own with the same candidates (a decision answered later keeps it). */
+  copy(): CandidateList {
+    const copy = new CandidateList();
+    const n = this.count;
+    copy.reset(n);
+    copy.count = n;
+    for (const name of CANDIDATE_COLUMNS)
+      (copy[name] as { set(values: ArrayLike<number>): void }).set(this[name].subarray(0, n));
+    for (let i = 0; i < n; i++) copy.workerIds[i] = this.workerIds[i]!;
+    return copy;
+  }
+
   /** Empties the list and makes room for `capacity` candidates. */
   reset(capacity: number): void {
     this.count = 0;
@@ -325,6 +338,28 @@ export class CandidateList {
     this.stepsMs = new Float64Array(capacity);
   }
 }
+
+/** CandidateList's typed columns (all but workerIds). */
+const CANDIDATE_COLUMNS = [
+  "slots",
+  "dpRanks",
+  "overlapBlocks",
+  "overlapKinds",
+  "pendingBlocks",
+  "hostBlocks",
+  "diskBlocks",
+  "externalBlocks",
+  "costs",
+  "degraded",
+  "activePrefillTokens",
+  "activeDecodeBlocks",
+  "activeRequests",
+  "predictedTtftMs",
+  "queueMs",
+  "reloadMs",
+  "prefillMs",
+  "stepsMs",
+] as const;
 
 const EXPECTED_OUTPUT_TOKENS_MAX = 2 ** 31;
 /** Never filled: listCandidates(0, ...) only sets its count to 0. */
@@ -362,6 +397,10 @@ export class Router {
   private readonly parts = new TtftParts();
   private readonly features = { tokens: 0, steps: 0, kvMs: 0 };
   private order = new Int32Array(0);
+  /** route.pacing's requests waiting per slot (./pacing.ts), for the spill; null without pacing. */
+  paced: { readonly backlog: Uint32Array } | null = null;
+  /** Set only inside `evaluate` while a spilled request is costed: the recompute weight then. */
+  private spillWeight: number | null = null;
   /** Set only inside `cheapestUnder`: constants that replace the configured and learned ones. */
   private uniformTimes: EngineTimes | null = null;
 
@@ -557,9 +596,22 @@ export class Router {
     return (second - first) / Math.max(Math.abs(first), 1e-9);
   }
 
-  /** Validates the request, fills every live worker's cost, and returns the chosen slot. */
+  /**
+   * Validates the request, fills every live worker's cost, and returns the chosen slot:
+   * with pacing, costed again at the spill weight when that slot's backlog is long
+   * (./pacing.ts says why).
+   */
   private evaluate(request: RouteRequest, overlaps: Overlaps): number {
-    return this.pick(this.fillCosts(request, overlaps));
+    const best = this.pick(this.fillCosts(request, overlaps));
+    const paced = this.paced;
+    if (paced === null || this.policy !== "ttft" || (paced.backlog[best] ?? 0) < SPILL_BACKLOG)
+      return best;
+    this.spillWeight = this.ttft.recomputeWeight * SPILL_WEIGHT_FRACTION;
+    try {
+      return this.pick(this.fillCosts(request, overlaps));
+    } finally {
+      this.spillWeight = null;
+    }
   }
 
   /**
@@ -668,7 +720,7 @@ export class Router {
     const predicted = this.ttftBySlot;
     const ttft = this.ttft;
     const parts = this.parts;
-    const weight = ttft.recomputeWeight;
+    const weight = this.spillWeight ?? ttft.recomputeWeight;
     // What `predict` uses, hoisted out of the loop (the same arithmetic, so the same bits).
     const times = this.uniformTimes ?? ttft;
     const calibration = this.uniformTimes === null ? this.calibration : null;

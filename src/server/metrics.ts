@@ -411,6 +411,7 @@ function registerPredictedWorkers(registry: MetricsRegistry, core: KvedgeCore): 
 
 function registerPartMetrics(registry: MetricsRegistry, core: KvedgeCore): void {
   registerAdmissionMetrics(registry, core.admission);
+  registerPacingMetrics(registry, core.pacing);
   registerPredictionMetrics(registry, core);
   registerSamples(registry, {
     name: "kvedge_index_held_writes_total",
@@ -793,6 +794,33 @@ function registerAdmissionMetrics(
       emit(c.released, { outcome: "released" });
       emit(c.overdue, { outcome: "overdue" });
       emit(c.rejected, { outcome: "rejected" });
+      emit(c.dropped, { outcome: "dropped" });
+    },
+  });
+}
+
+/** Pacing (route.pacing): requests waiting for a place at their engine now, and what happened to each. */
+function registerPacingMetrics(registry: MetricsRegistry, pacing: KvedgeCore["pacing"]): void {
+  registerSamples(registry, {
+    name: "kvedge_pacing_held",
+    help: "Routed requests waiting in kvedge for a place at their engine now (route.pacing).",
+    type: "gauge",
+    labelNames: [],
+    collect: (emit) => emit(pacing.held),
+  });
+  registerSamples(registry, {
+    name: "kvedge_pacing_total",
+    help:
+      "Routed requests under pacing: sent at once, made to wait, sent when a place freed, " +
+      "sent past the longest hold, dropped (client gone while waiting).",
+    type: "counter",
+    labelNames: ["outcome"],
+    collect(emit) {
+      const c = pacing.counts;
+      emit(c.immediate, { outcome: "immediate" });
+      emit(c.paced, { outcome: "paced" });
+      emit(c.released, { outcome: "released" });
+      emit(c.overdue, { outcome: "overdue" });
       emit(c.dropped, { outcome: "dropped" });
     },
   });

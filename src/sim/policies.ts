@@ -25,6 +25,7 @@ import {
   type TtftSettings,
 } from "../route";
 import { Admission, type AdmissionSettings } from "../route/admission";
+import { DEFAULT_PACING, Pacing, type PacingSettings } from "../route/pacing";
 import type { PredictAt } from "../route/predictions";
 import { WorkerTable } from "../domain/worker-table";
 import { DEFAULT_FLEET_PREDICTIONS, PredictedFleet } from "./predicted-fleet";
@@ -362,6 +363,8 @@ export interface KvAwareConfig {
   readonly pendingRecomputeWeight?: number;
   /** Hold or reject requests at saturation (src/route/admission.ts); off by default. */
   readonly admission?: Partial<AdmissionSettings>;
+  /** Send each engine few prefills at a time (src/route/pacing.ts); off by default. */
+  readonly pacing?: Partial<PacingSettings>;
   /**
    * The engines' true constants: when given, every decision is also checked against
    * the cheapest workers under them on the same state (`KvAwareModel.agreed`).
@@ -438,11 +441,14 @@ export class KvAwareModel implements RoutingPolicy {
   readonly router: Router;
   /** Null when admission is off. */
   readonly admission: Admission<RouteQuery> | null;
+  readonly pacing: Pacing<RouteQuery>;
   private nowMs = 0;
   private readonly slots: Int32Array;
   private readonly overlaps: ProbedOverlaps;
   private readonly hostProbe: HostProbe | null;
   private answers: HeldAnswer[] = [];
+  /** With pacing: each routed request's worker, until it finishes. */
+  private readonly workerOf = new Map<number, number>();
   private readonly reference: EngineTimes | null;
   /** Per decision (with `reference`): 1 if the pick is cheapest under the true constants too. */
   readonly agreed: number[] = [];
@@ -495,26 +501,13 @@ export class KvAwareModel implements RoutingPolicy {
           });
     this.hostProbe = config.lowerTiers === false ? null : (probes.host ?? null);
     this.overlaps = probedOverlaps(this.slots, this.hostProbe !== null);
-    const admission =
-      config.admission === undefined ||
-      config.admission.mode === undefined ||
-      config.admission.mode === "off"
-        ? null
-        : new Admission<RouteQuery>(
-            config.admission,
-            {
-              waitMs: (query) => this.router.assess(this.request(query), this.probed(query)).waitMs,
-              route: (query) => this.answer(query, this.decide(query)),
-              reject: (query) => this.answer(query, -1),
-            },
-            () => this.nowMs,
-          );
-    this.admission = admission;
+    this.admission = this.createAdmission(config.admission);
+    this.pacing = this.createPacing(config.pacing);
   }
 
   route(query: RouteQuery, nowMs: number): number {
     this.nowMs = nowMs;
-    if (this.admission === null) return this.decide(query);
+    if (this.admission === null) return this.place(query);
     const { waitMs, prefillMs } = this.router.assess(this.request(query), this.probed(query));
     this.admission.submit(query, waitMs, prefillMs);
     // Routed at once: its answer is this call's, not a held one's.
@@ -532,6 +525,7 @@ export class KvAwareModel implements RoutingPolicy {
       throw new Error(`prefill of request ${id} that was never routed`);
     this.fleet?.prefillDone(id, cachedTokens);
     this.degraded?.prefillDone(id, cachedTokens);
+    this.pacing.release();
     this.admission?.release();
   }
 
@@ -541,6 +535,8 @@ export class KvAwareModel implements RoutingPolicy {
       throw new Error(`request ${id} finished but was never routed`);
     this.fleet?.done(id);
     this.degraded?.done(id);
+    this.workerOf.delete(id);
+    this.pacing.release();
     this.admission?.release();
   }
 
@@ -557,12 +553,51 @@ export class KvAwareModel implements RoutingPolicy {
   }
 
   nextDueMs(): number {
-    return this.admission === null ? Infinity : this.admission.nextDueMs();
+    return Math.min(this.admission?.nextDueMs() ?? Infinity, this.pacing.nextDueMs());
   }
 
   advance(nowMs: number): void {
     this.nowMs = nowMs;
+    this.pacing.release();
     this.admission?.release();
+  }
+
+  /** Null when off: requests are routed at once. */
+  private createAdmission(
+    settings: Partial<AdmissionSettings> | undefined,
+  ): Admission<RouteQuery> | null {
+    if (settings?.mode === undefined || settings.mode === "off") return null;
+    const port = {
+      waitMs: (query: RouteQuery) =>
+        this.router.assess(this.request(query), this.probed(query)).waitMs,
+      route: (query: RouteQuery) => {
+        const worker = this.place(query);
+        if (worker >= 0) this.answer(query, worker);
+      },
+      reject: (query: RouteQuery) => this.answer(query, -1),
+    };
+    return new Admission<RouteQuery>(settings, port, () => this.nowMs);
+  }
+
+  private createPacing(settings: Partial<PacingSettings> | undefined): Pacing<RouteQuery> {
+    const pacing = new Pacing<RouteQuery>(
+      { ...DEFAULT_PACING, ...settings },
+      {
+        prefillTokens: (id) => this.router.load.prefillTokensOf(id),
+        send: (query) => this.answer(query, this.workerOf.get(query.id)!),
+      },
+      () => this.nowMs,
+    );
+    if (pacing.enabled) this.router.paced = pacing;
+    return pacing;
+  }
+
+  /** Decides now; the worker, or -1 while pacing holds the request back (answered when sent). */
+  private place(query: RouteQuery): number {
+    const worker = this.decide(query);
+    if (!this.pacing.enabled) return worker;
+    this.workerOf.set(query.id, worker);
+    return this.pacing.submit(query, String(query.id), this.slots[worker]!) ? worker : -1;
   }
 
   private answer(query: RouteQuery, worker: number): void {
