@@ -19,7 +19,7 @@ import { KvedgeCore } from "../core/core";
 import { Cluster } from "../cluster/cluster";
 import { registerObservedHitsMetrics, registerProxyMetrics } from "../proxy/metrics";
 import { Preparer } from "../proxy/preparer";
-import { OpenAiProxy } from "../proxy/proxy";
+import { OpenAiProxy, prepareOptionsOf, proxyOptionsOf, servedModel } from "../proxy/proxy";
 import { loadTokenizer, type PromptTokenizer, TokenizerError } from "../proxy/tokenizer";
 import { loadSnapshot, PeriodicSnapshots, restoreRequests, saveSnapshot } from "../state/warm";
 import { openStateDir, type StateDir, StateDirError } from "../state/dir";
@@ -178,30 +178,13 @@ async function startProxy(
   log: Logger,
 ): Promise<OpenAiProxy> {
   const settings = config.proxy;
-  const model = settings.model ?? tokenizer?.model ?? "default";
+  const model = servedModel(config, tokenizer);
   const proxyLog = log.child({ component: "proxy" });
-  const options = {
-    model,
-    adapters: core.lora.adapters.map((adapter) => adapter.name),
-    forwardTokenIds: settings.forward_token_ids,
-    limits: { bytes: settings.max_prompt_bytes, tokens: settings.max_prompt_tokens },
-  };
+  const adapters = core.lora.adapters.map((adapter) => adapter.name);
+  const options = prepareOptionsOf(config, model, adapters);
   const threads = settings.tokenizer === null ? 0 : settings.tokenizer_threads;
   const preparer = await Preparer.start(options, tokenizer, settings.tokenizer, threads, proxyLog);
-  const proxy = new OpenAiProxy({
-    core,
-    preparer,
-    model,
-    bodyLimitBytes: config.server.body_limit_bytes,
-    timeouts: {
-      connectMs: settings.connect_timeout_ms,
-      firstByteMs: settings.first_byte_timeout_ms,
-      idleMs: settings.idle_timeout_ms,
-    },
-    upstreamConnections: settings.upstream_connections,
-    upstreamQueueMs: settings.upstream_queue_timeout_ms,
-    log: proxyLog,
-  });
+  const proxy = new OpenAiProxy(proxyOptionsOf(config, core, preparer, proxyLog));
   const missing = config.workers
     .filter((worker) => worker.http_endpoint == null)
     .map((worker) => worker.worker_id.toString());
