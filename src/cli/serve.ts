@@ -9,6 +9,7 @@ import { defaultIndexBudgetBytes } from "../index/budget";
 import type { Config } from "../config";
 import { bufferBudget } from "../util/buffer-budget";
 import { warmUp } from "../server/warmup";
+import { warmUpProxy } from "../proxy/warmup";
 import {
   registerClusterMetrics,
   registerCoreMetrics,
@@ -107,15 +108,7 @@ Example:
     const stopping = new StopRequest(); // before anything opens (see there)
     const plan = pinAndPlan(config, log);
 
-    try {
-      const warm = warmUp(config, config.server.warmup_routes);
-      if (warm.routes > 0) log.info("warmed up", { routes: warm.routes, ms: Math.round(warm.ms) });
-    } catch (error) {
-      // Only an optimization: serve cold rather than not at all.
-      log.error("warm-up failed; serving without it", {
-        error: error instanceof Error ? error.message : String(error),
-      });
-    }
+    await warmUpBeforeListening(config, tokenizer, plan, log);
     bufferBudget.limitBytes = config.server.buffer_budget_bytes;
     const writer = plan.indexThreads === 0 ? null : await startWriter(config, plan);
     const core = new KvedgeCore({ config, log, ...(writer === null ? {} : { writer }) });
@@ -159,6 +152,43 @@ Example:
     return exitSoon(signal === "writer_failed" ? 1 : 0);
   },
 };
+
+/**
+ * The hot paths run on scratch pieces before listening, so the first real requests run
+ * compiled code (docs/decisions.md#warm-up): routes, and with the proxy its path as this
+ * thread carries it (a lane's I/O is each lane's: src/server/lane.ts warms that).
+ * Only an optimization: a failure is logged and kvedge serves cold rather than not at all.
+ */
+async function warmUpBeforeListening(
+  config: Config,
+  tokenizer: PromptTokenizer | null,
+  plan: ThreadPlan,
+  log: Logger,
+): Promise<void> {
+  const failed = (error: unknown) =>
+    log.error("warm-up failed; serving without it", {
+      error: error instanceof Error ? error.message : String(error),
+    });
+  try {
+    const warm = warmUp(config, config.server.warmup_routes);
+    if (warm.routes > 0) log.info("warmed up", { routes: warm.routes, ms: Math.round(warm.ms) });
+  } catch (error) {
+    failed(error);
+  }
+  if (!config.proxy.enabled) return;
+  try {
+    const warm = await warmUpProxy({
+      config,
+      requests: config.proxy.warmup_streams,
+      tokenizer,
+      paths: plan.routeThreads > 0 ? ["lane"] : ["local"],
+    });
+    if (warm.requests > 0)
+      log.info("warmed up", { proxy_requests: warm.requests, ms: Math.round(warm.ms) });
+  } catch (error) {
+    failed(error);
+  }
+}
 
 /**
  * `code`, and the process ends with it a moment later: connections to engines given up on
@@ -339,6 +369,7 @@ async function listen(
       index: writer?.descriptor ?? null,
       surface: proxy === null ? "all" : "proxy",
       proxy,
+      warmup: proxy === null ? null : laneWarmup(config),
     });
   } catch (error) {
     await app.stop(0);
@@ -353,6 +384,11 @@ async function listen(
       await app.stop(graceMs);
     },
   };
+}
+
+/** What each lane warms its proxied path with (its scratch core's settings, no workers). */
+function laneWarmup(config: Config) {
+  return { streams: config.proxy.warmup_streams, config: { ...config, workers: [] } };
 }
 
 /** Leaves the cluster, stops the core and the writer thread; returns `code`. */

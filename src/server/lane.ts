@@ -39,6 +39,8 @@ import {
 } from "../http/http";
 import { clientError, fromWire, INTERNAL_ERROR, type WireError } from "../http/errors";
 import { TurnGate } from "../util/turn-gate";
+import type { Config } from "../config";
+import { warmUpProxy } from "../proxy/warmup";
 
 export interface LaneStart {
   /** The public address, shared by every lane (port 0: this lane picks it). */
@@ -54,6 +56,15 @@ export interface LaneStart {
   readonly index: SharedIndexDescriptor | null;
   /** `proxy`: the port of `serve --proxy`, where the control plane is refused (./surface.ts). */
   readonly surface: Surface;
+  /** With `serve --proxy`: proxy.warmup_streams, and the settings the warm-up's scratch core takes. */
+  readonly warmup: { readonly streams: number; readonly config: Config } | null;
+}
+
+/** A lane's warm-up before it listened: what it ran, or why it failed. */
+export interface LaneWarmup {
+  readonly requests: number;
+  readonly ms: number;
+  readonly error: string | null;
 }
 
 /** One route, hashed, as the main thread routes it. */
@@ -64,7 +75,7 @@ export interface LaneRoute {
 }
 
 export type LaneToMain =
-  | { readonly t: "listening"; readonly port: number }
+  | { readonly t: "listening"; readonly port: number; readonly warmup: LaneWarmup | null }
   | { readonly t: "routes"; readonly routes: LaneRoute[] }
   /** The client of route `id` went away unanswered: dropped if it is held. */
   | { readonly t: "abort"; readonly id: number }
@@ -97,14 +108,14 @@ interface Piped {
 }
 
 /** Runs a lane until told to stop; `send` posts to the main thread (`transfer` moved with it). */
-export function runLane(
+export async function runLane(
   start: LaneStart,
   send: (message: LaneToMain, transfer?: ArrayBuffer[]) => void,
   listen: (handler: (message: MainToLane) => void) => void,
-): void {
+): Promise<void> {
   const guard = new RequestGuard(start.host);
+  const warmup = await warmUpLane(start, guard);
   const routes = new LaneRoutes(start, send, guard);
-  const gate = new TurnGate(REQUESTS_PER_TURN);
   const proxied =
     start.surface === "proxy"
       ? new LaneEnd((events, transfer) => send({ t: "proxy", events }, transfer))
@@ -119,31 +130,7 @@ export function runLane(
       start.surface === "all"
         ? { "/v1/route": { POST: (request: Request) => routes.route(request) } }
         : {},
-    fetch(request, server) {
-      let path: string;
-      try {
-        path = requestPath(request);
-        if (start.surface === "proxy" && isControlPath(path)) throw controlRefusal();
-      } catch (error) {
-        return failure(request, error);
-      }
-      if (path === "/v1/ws" && request.headers.get("upgrade") !== null) {
-        try {
-          guard.check(request, true);
-        } catch (error) {
-          return failure(request, error);
-        }
-        if (server.upgrade(request, { data: { upstream: null, queued: [], queuedBytes: 0 } })) {
-          return undefined as unknown as Response;
-        }
-      }
-      // The main thread's server keeps its own timeouts (a proxied completion may pause
-      // long); a dump keeps the lane's, which cut a client that stopped reading it.
-      if (path !== "/v1/dump") server.timeout(request, 0);
-      if (proxied !== null && request.method === "POST" && isOpenAiPath(path))
-        return carry(request, path, proxied, start.bodyLimitBytes, guard, gate);
-      return proxy(request, start.mainUrl, start.bodyLimitBytes, guard);
-    },
+    fetch: laneFetch(start, guard, proxied),
     websocket: pipeHandlers(start.mainUrl, start.bodyLimitBytes),
   });
   listen((message) => {
@@ -151,7 +138,64 @@ export function runLane(
     else if (message.t === "proxy") proxied?.orders(message.orders);
     else void stopLane(server, message.graceMs, proxied).then(() => send({ t: "stopped" }));
   });
-  send({ t: "listening", port: server.port! });
+  send({ t: "listening", port: server.port!, warmup });
+}
+
+/**
+ * A lane's handler of every request but a route: OpenAI requests carried on `proxied`
+ * (with `serve --proxy`), WebSocket upgrades piped, the rest passed to the main thread.
+ */
+function laneFetch(start: LaneStart, guard: RequestGuard, proxied: LaneEnd | null) {
+  const gate = new TurnGate(REQUESTS_PER_TURN);
+  return (request: Request, server: Server<Piped>): Response | Promise<Response> => {
+    let path: string;
+    try {
+      path = requestPath(request);
+      if (start.surface === "proxy" && isControlPath(path)) throw controlRefusal();
+    } catch (error) {
+      return failure(request, error);
+    }
+    if (path === "/v1/ws" && request.headers.get("upgrade") !== null) {
+      try {
+        guard.check(request, true);
+      } catch (error) {
+        return failure(request, error);
+      }
+      if (server.upgrade(request, { data: { upstream: null, queued: [], queuedBytes: 0 } })) {
+        return undefined as unknown as Response;
+      }
+    }
+    // The main thread's server keeps its own timeouts (a proxied completion may pause
+    // long); a dump keeps the lane's, which cut a client that stopped reading it.
+    if (path !== "/v1/dump") server.timeout(request, 0);
+    if (proxied !== null && request.method === "POST" && isOpenAiPath(path))
+      return carry(request, path, proxied, start.bodyLimitBytes, guard, gate);
+    return proxy(request, start.mainUrl, start.bodyLimitBytes, guard);
+  };
+}
+
+/**
+ * With `serve --proxy`, before the lane listens: its proxied requests' path warmed on
+ * scratch pieces through this lane's own handler (src/proxy/warmup.ts); what it did, or
+ * why it failed (the lane then serves cold), for the main thread to log.
+ */
+async function warmUpLane(start: LaneStart, guard: RequestGuard): Promise<LaneWarmup | null> {
+  if (start.surface !== "proxy" || start.warmup === null || start.warmup.streams <= 0) return null;
+  try {
+    const { requests, ms } = await warmUpProxy({
+      config: start.warmup.config,
+      requests: start.warmup.streams,
+      tokenizer: null,
+      paths: ["lane"],
+      laneFront: (end) => {
+        const fetch = laneFetch(start, guard, end);
+        return (request, server) => fetch(request, server as unknown as Server<Piped>);
+      },
+    });
+    return { requests, ms: Math.round(ms), error: null };
+  } catch (error) {
+    return { requests: 0, ms: 0, error: error instanceof Error ? error.message : String(error) };
+  }
 }
 
 /** A lane's routes: parsed and hashed here, posted one message per turn, answered when decided. */

@@ -13,7 +13,7 @@ import type { OpenAiProxy } from "../proxy/proxy";
 import { RemoteRequests } from "../proxy/remote";
 import { routeAnswer } from "./route-answer";
 import { STATUS_OF, wireError } from "../http/errors";
-import type { LaneAnswer, LaneRoute, LaneStart, LaneToMain, MainToLane } from "./lane";
+import type { LaneAnswer, LaneRoute, LaneStart, LaneToMain, LaneWarmup, MainToLane } from "./lane";
 import type { ServerMetrics } from "./metrics";
 import type { Surface } from "./surface";
 
@@ -34,6 +34,8 @@ export interface LanesOptions {
   readonly surface: Surface;
   /** With `serve --proxy`: the proxy whose requests the lanes carry (src/proxy/remote.ts). */
   readonly proxy: OpenAiProxy | null;
+  /** With `serve --proxy`: what each lane warms its path with before it listens (./lane.ts). */
+  readonly warmup: LaneStart["warmup"];
 }
 
 const ROUTE_LABEL = "/v1/route";
@@ -49,7 +51,7 @@ export class RouteLanes {
     const threads: KvedgeThread[] = [];
     let port = options.port;
     try {
-      for (const cpus of options.cpus) {
+      for (const [lane, cpus] of options.cpus.entries()) {
         const start: LaneStart = {
           host: options.host,
           port,
@@ -60,10 +62,13 @@ export class RouteLanes {
           // A call that may be held is matched afresh each time it is looked at, here.
           index: options.core.mayHold ? null : options.index,
           surface: options.surface,
+          warmup: options.warmup,
         };
         const thread = await startThread({ role: "lane", cpus, data: start });
         threads.push(thread);
-        port = await laneListening(thread);
+        const listening = await laneListening(thread);
+        port = listening.port;
+        logWarmup(options.log, lane, listening.warmup);
         serveLane(thread, options);
       }
     } catch (error) {
@@ -107,14 +112,24 @@ export class RouteLanes {
   }
 }
 
-function laneListening(thread: KvedgeThread): Promise<number> {
-  return new Promise<number>((resolve, reject) => {
+type Listening = Extract<LaneToMain, { t: "listening" }>;
+
+function laneListening(thread: KvedgeThread): Promise<Listening> {
+  return new Promise<Listening>((resolve, reject) => {
     thread.onMessage = (body) => {
       const message = body as LaneToMain;
-      if (message.t === "listening") resolve(message.port);
+      if (message.t === "listening") resolve(message);
     };
     thread.onFailure = (error) => reject(new Error(error));
   });
+}
+
+/** A lane's warm-up, as the main thread's own is logged (src/cli/serve.ts). */
+function logWarmup(log: Logger, lane: number, warmup: LaneWarmup | null): void {
+  if (warmup === null) return;
+  if (warmup.error !== null)
+    log.error("warm-up failed; serving without it", { lane, error: warmup.error });
+  else log.info("warmed up", { lane, proxy_requests: warmup.requests, ms: warmup.ms });
 }
 
 /**
