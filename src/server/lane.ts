@@ -43,9 +43,8 @@ import type { Config } from "../config";
 import { warmUpProxy } from "../proxy/warmup";
 
 export interface LaneStart {
-  /** The public address, shared by every lane (port 0: this lane picks it). */
+  /** The public host, shared by every lane (the port comes once the lane is warm). */
   readonly host: string;
-  readonly port: number;
   /** The main thread's own server, where everything but routes goes. */
   readonly mainUrl: string;
   readonly bodyLimitBytes: number;
@@ -75,7 +74,9 @@ export interface LaneRoute {
 }
 
 export type LaneToMain =
-  | { readonly t: "listening"; readonly port: number; readonly warmup: LaneWarmup | null }
+  /** Warmed up (or not: `warmup` null), ready to listen. */
+  | { readonly t: "warm"; readonly warmup: LaneWarmup | null }
+  | { readonly t: "listening"; readonly port: number }
   | { readonly t: "routes"; readonly routes: LaneRoute[] }
   /** The client of route `id` went away unanswered: dropped if it is held. */
   | { readonly t: "abort"; readonly id: number }
@@ -89,6 +90,8 @@ export type LaneAnswer =
   | { readonly id: number; readonly body: null; readonly error: WireError };
 
 export type MainToLane =
+  /** Listen on this port (0: pick one), shared with the other lanes. */
+  | { readonly t: "listen"; readonly port: number }
   | { readonly t: "answers"; readonly answers: LaneAnswer[] }
   | { readonly t: "proxy"; readonly orders: ProxyOrder[] }
   | { readonly t: "stop"; readonly graceMs: number };
@@ -115,6 +118,12 @@ export async function runLane(
 ): Promise<void> {
   const guard = new RequestGuard(start.host);
   const warmup = await warmUpLane(start, guard);
+  const port = await new Promise<number>((resolve) => {
+    listen((message) => {
+      if (message.t === "listen") resolve(message.port);
+    });
+    send({ t: "warm", warmup });
+  });
   const routes = new LaneRoutes(start, send, guard);
   const proxied =
     start.surface === "proxy"
@@ -122,7 +131,7 @@ export async function runLane(
       : null;
   const server: Server<Piped> = Bun.serve<Piped>({
     hostname: start.host,
-    port: start.port,
+    port,
     reusePort: true,
     development: false,
     maxRequestBodySize: UNLIMITED_BODY,
@@ -136,9 +145,10 @@ export async function runLane(
   listen((message) => {
     if (message.t === "answers") routes.answer(message.answers);
     else if (message.t === "proxy") proxied?.orders(message.orders);
-    else void stopLane(server, message.graceMs, proxied).then(() => send({ t: "stopped" }));
+    else if (message.t === "stop")
+      void stopLane(server, message.graceMs, proxied).then(() => send({ t: "stopped" }));
   });
-  send({ t: "listening", port: server.port!, warmup });
+  send({ t: "listening", port: server.port! });
 }
 
 /**

@@ -46,29 +46,32 @@ export class RouteLanes {
     private readonly threads: KvedgeThread[],
   ) {}
 
-  /** Starts every lane; the first picks the port when it is 0, the rest share it. */
+  /**
+   * Starts every lane, lets them warm up at once (each its own VM), then has them listen
+   * one after another: the first picks the port when it is 0, the rest share it.
+   */
   static async start(options: LanesOptions): Promise<RouteLanes> {
     const threads: KvedgeThread[] = [];
     let port = options.port;
+    const start: LaneStart = {
+      host: options.host,
+      mainUrl: options.mainUrl,
+      bodyLimitBytes: options.bodyLimitBytes,
+      blockSize: options.core.blockSize,
+      loraAdapters: options.core.lora.adapters,
+      // A call that may be held is matched afresh each time it is looked at, here.
+      index: options.core.mayHold ? null : options.index,
+      surface: options.surface,
+      warmup: options.warmup,
+    };
     try {
-      for (const [lane, cpus] of options.cpus.entries()) {
-        const start: LaneStart = {
-          host: options.host,
-          port,
-          mainUrl: options.mainUrl,
-          bodyLimitBytes: options.bodyLimitBytes,
-          blockSize: options.core.blockSize,
-          loraAdapters: options.core.lora.adapters,
-          // A call that may be held is matched afresh each time it is looked at, here.
-          index: options.core.mayHold ? null : options.index,
-          surface: options.surface,
-          warmup: options.warmup,
-        };
-        const thread = await startThread({ role: "lane", cpus, data: start });
-        threads.push(thread);
-        const listening = await laneListening(thread);
-        port = listening.port;
-        logWarmup(options.log, lane, listening.warmup);
+      for (const cpus of options.cpus)
+        threads.push(await startThread({ role: "lane", cpus, data: start }));
+      const warmups = await Promise.all(threads.map((thread) => laneMessage(thread, "warm")));
+      for (const [lane, { warmup }] of warmups.entries()) logWarmup(options.log, lane, warmup);
+      for (const thread of threads) {
+        thread.post({ t: "listen", port } satisfies MainToLane);
+        port = (await laneMessage(thread, "listening")).port;
         serveLane(thread, options);
       }
     } catch (error) {
@@ -112,13 +115,15 @@ export class RouteLanes {
   }
 }
 
-type Listening = Extract<LaneToMain, { t: "listening" }>;
-
-function laneListening(thread: KvedgeThread): Promise<Listening> {
-  return new Promise<Listening>((resolve, reject) => {
+/** The lane's next message of kind `t` (its start's: "warm", then "listening"). */
+function laneMessage<T extends "warm" | "listening">(
+  thread: KvedgeThread,
+  t: T,
+): Promise<Extract<LaneToMain, { t: T }>> {
+  return new Promise((resolve, reject) => {
     thread.onMessage = (body) => {
       const message = body as LaneToMain;
-      if (message.t === "listening") resolve(message);
+      if (message.t === t) resolve(message as Extract<LaneToMain, { t: T }>);
     };
     thread.onFailure = (error) => reject(new Error(error));
   });
