@@ -65,9 +65,14 @@ export class RouteLanes {
       warmup: options.warmup,
     };
     try {
-      for (const cpus of options.cpus)
-        threads.push(await startThread({ role: "lane", cpus, data: start }));
-      const warmups = await Promise.all(threads.map((thread) => laneMessage(thread, "warm")));
+      const warming: Promise<{ warmup: LaneWarmup | null }>[] = [];
+      for (const cpus of options.cpus) {
+        const thread = await startThread({ role: "lane", cpus, data: start });
+        threads.push(thread);
+        // At once: a lane with nothing to warm says so as soon as it is ready.
+        warming.push(laneMessage(thread, "warm"));
+      }
+      const warmups = await Promise.all(warming);
       for (const [lane, { warmup }] of warmups.entries()) logWarmup(options.log, lane, warmup);
       for (const thread of threads) {
         thread.post({ t: "listen", port } satisfies MainToLane);
