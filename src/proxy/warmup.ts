@@ -77,7 +77,7 @@ export interface ProxyWarmupResult {
 }
 
 /** Requests in flight at once (fewer if proxy.upstream_connections is lower). */
-const WAVE = 64;
+const WAVE = 256;
 const PROMPT_TOKENS_MAX = 1024;
 /** Token ids stay below this (any real vocabulary is larger). */
 const VOCABULARY = 32_000;
