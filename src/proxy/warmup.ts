@@ -138,7 +138,7 @@ class Scratch {
     tokenizer: PromptTokenizer | null,
     engineUrl: string,
   ): Promise<Scratch> {
-    // Admission off: a warm-up request is never held.
+    // Admission off and no cluster (no replicas' turns): a warm-up request is never held.
     const core = new KvedgeCore({
       config: {
         ...config,
@@ -153,6 +153,7 @@ class Scratch {
           },
         ],
         route: { ...config.route, admission: "off" },
+        cluster: { ...config.cluster, nats_url: null },
       },
       log: silentLogger,
     });
