@@ -15,6 +15,9 @@
  * for each, the lane connects to the engine and relays the answer
  * (docs/decisions.md#lane-relays). Every other endpoint, WebSocket included, is proxied
  * to the main thread's own server on a loopback port. See docs/decisions.md#route-lanes.
+ * Before it listens, a lane of `serve --proxy` warms its proxied path through its own
+ * handler (src/proxy/warmup.ts, docs/decisions.md#proxy-warm-up), every lane at once;
+ * then the main thread gives it the port, one lane after another.
  */
 import type { Server, ServerWebSocket } from "bun";
 import type { MatchedWorkers, RouteInput } from "../core/core";
