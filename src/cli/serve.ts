@@ -9,6 +9,7 @@ import { defaultIndexBudgetBytes } from "../index/budget";
 import type { Config } from "../config";
 import { bufferBudget } from "../util/buffer-budget";
 import { warmUp } from "../server/warmup";
+import { warmUpProxy } from "../proxy/warmup";
 import {
   registerClusterMetrics,
   registerCoreMetrics,
@@ -19,7 +20,7 @@ import { KvedgeCore } from "../core/core";
 import { Cluster } from "../cluster/cluster";
 import { registerObservedHitsMetrics, registerProxyMetrics } from "../proxy/metrics";
 import { Preparer } from "../proxy/preparer";
-import { OpenAiProxy } from "../proxy/proxy";
+import { OpenAiProxy, prepareOptionsOf, proxyOptionsOf, servedModel } from "../proxy/proxy";
 import { loadTokenizer, type PromptTokenizer, TokenizerError } from "../proxy/tokenizer";
 import { loadSnapshot, PeriodicSnapshots, restoreRequests, saveSnapshot } from "../state/warm";
 import { openStateDir, type StateDir, StateDirError } from "../state/dir";
@@ -107,15 +108,7 @@ Example:
     const stopping = new StopRequest(); // before anything opens (see there)
     const plan = pinAndPlan(config, log);
 
-    try {
-      const warm = warmUp(config, config.server.warmup_routes);
-      if (warm.routes > 0) log.info("warmed up", { routes: warm.routes, ms: Math.round(warm.ms) });
-    } catch (error) {
-      // Only an optimization: serve cold rather than not at all.
-      log.error("warm-up failed; serving without it", {
-        error: error instanceof Error ? error.message : String(error),
-      });
-    }
+    await warmUpBeforeListening(config, tokenizer, plan, log);
     bufferBudget.limitBytes = config.server.buffer_budget_bytes;
     const writer = plan.indexThreads === 0 ? null : await startWriter(config, plan);
     const core = new KvedgeCore({ config, log, ...(writer === null ? {} : { writer }) });
@@ -161,6 +154,43 @@ Example:
 };
 
 /**
+ * The hot paths run on scratch pieces before listening, so the first real requests run
+ * compiled code (docs/decisions.md#warm-up): routes, and with the proxy its path as this
+ * thread carries it (a lane's I/O is each lane's: src/server/lane.ts warms that).
+ * Only an optimization: a failure is logged and kvedge serves cold rather than not at all.
+ */
+async function warmUpBeforeListening(
+  config: Config,
+  tokenizer: PromptTokenizer | null,
+  plan: ThreadPlan,
+  log: Logger,
+): Promise<void> {
+  const failed = (error: unknown) =>
+    log.error("warm-up failed; serving without it", {
+      error: error instanceof Error ? error.message : String(error),
+    });
+  try {
+    const warm = warmUp(config, config.server.warmup_routes);
+    if (warm.routes > 0) log.info("warmed up", { routes: warm.routes, ms: Math.round(warm.ms) });
+  } catch (error) {
+    failed(error);
+  }
+  if (!config.proxy.enabled) return;
+  try {
+    const warm = await warmUpProxy({
+      config,
+      requests: config.proxy.warmup_streams,
+      tokenizer,
+      paths: plan.routeThreads > 0 ? ["lane"] : ["local"],
+    });
+    if (warm.requests > 0)
+      log.info("warmed up", { proxy_requests: warm.requests, ms: Math.round(warm.ms) });
+  } catch (error) {
+    failed(error);
+  }
+}
+
+/**
  * `code`, and the process ends with it a moment later: connections to engines given up on
  * may still be with the kernel (src/http/client.ts) and must not keep it. Not needed
  * otherwise: the timer does not hold the process.
@@ -178,30 +208,13 @@ async function startProxy(
   log: Logger,
 ): Promise<OpenAiProxy> {
   const settings = config.proxy;
-  const model = settings.model ?? tokenizer?.model ?? "default";
+  const model = servedModel(config, tokenizer);
   const proxyLog = log.child({ component: "proxy" });
-  const options = {
-    model,
-    adapters: core.lora.adapters.map((adapter) => adapter.name),
-    forwardTokenIds: settings.forward_token_ids,
-    limits: { bytes: settings.max_prompt_bytes, tokens: settings.max_prompt_tokens },
-  };
+  const adapters = core.lora.adapters.map((adapter) => adapter.name);
+  const options = prepareOptionsOf(config, model, adapters);
   const threads = settings.tokenizer === null ? 0 : settings.tokenizer_threads;
   const preparer = await Preparer.start(options, tokenizer, settings.tokenizer, threads, proxyLog);
-  const proxy = new OpenAiProxy({
-    core,
-    preparer,
-    model,
-    bodyLimitBytes: config.server.body_limit_bytes,
-    timeouts: {
-      connectMs: settings.connect_timeout_ms,
-      firstByteMs: settings.first_byte_timeout_ms,
-      idleMs: settings.idle_timeout_ms,
-    },
-    upstreamConnections: settings.upstream_connections,
-    upstreamQueueMs: settings.upstream_queue_timeout_ms,
-    log: proxyLog,
-  });
+  const proxy = new OpenAiProxy(proxyOptionsOf(config, core, preparer, proxyLog));
   const missing = config.workers
     .filter((worker) => worker.http_endpoint == null)
     .map((worker) => worker.worker_id.toString());
@@ -356,6 +369,7 @@ async function listen(
       index: writer?.descriptor ?? null,
       surface: proxy === null ? "all" : "proxy",
       proxy,
+      warmup: proxy === null ? null : laneWarmup(config),
     });
   } catch (error) {
     await app.stop(0);
@@ -370,6 +384,11 @@ async function listen(
       await app.stop(graceMs);
     },
   };
+}
+
+/** What each lane warms its proxied path with (its scratch core's settings, no workers). */
+function laneWarmup(config: Config) {
+  return { streams: config.proxy.warmup_streams, config: { ...config, workers: [] } };
 }
 
 /** Leaves the cluster, stops the core and the writer thread; returns `code`. */

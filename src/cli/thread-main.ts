@@ -43,7 +43,9 @@ function runRole(start: ThreadStart): void {
       start.data as LaneStart,
       (body, transfer) => send({ kind: "role", body }, transfer),
       listen,
-    );
+    ).catch((error: unknown) => {
+      send({ kind: "failed", error: error instanceof Error ? error.message : String(error) });
+    });
   } else if (start.role === "tokenizer") {
     const answer = (body: unknown, transfer: ArrayBuffer[]) =>
       send({ kind: "role", body }, transfer);

@@ -124,6 +124,7 @@ export interface Config {
     readonly max_prompt_tokens: number;
     readonly max_prompt_bytes: number;
     readonly tokenizer_threads: number;
+    readonly warmup_streams: number;
   };
   readonly cluster: {
     readonly nats_url: string | null;
@@ -724,6 +725,13 @@ export const SETTINGS: readonly Setting[] = [
     type: integer(0, 64),
     default: 1,
     help: "Threads that tokenize large prompts (bodies over 16 KiB) and render their chat templates, off the thread that answers routes and health checks; 0 = on that thread (a 4 MB chat then stalls it for about 0.4 s).",
+  }),
+  setting({
+    key: "proxy.warmup_streams",
+    flag: "warmup-streams",
+    type: integer(0, 100_000),
+    default: 1024,
+    help: "Proxied requests run against a scratch engine before listening, on the main thread and in each route lane, so the first real burst does not wait for the JIT (0 = none).",
   }),
   setting({
     key: "cluster.nats_url",

@@ -80,6 +80,11 @@ export class Preparer {
     return preparer;
   }
 
+  /** The model served (requests naming another are refused). */
+  get model(): string {
+    return this.options.model;
+  }
+
   get threads(): number {
     return this.workers.filter((worker) => worker.alive).length;
   }

@@ -35,12 +35,14 @@ import {
   type UpstreamError,
 } from "../http/client";
 import { reply } from "../http/http";
+import type { Config } from "../config";
 import type { KvedgeCore, RouteCall, RouteInput } from "../core/core";
 import type { RouteDecision } from "../route";
 import type { Logger } from "../util/log";
 import { cachedReport, type OpenAiPath } from "./openai";
-import type { Prepared } from "./prepare";
+import type { PrepareOptions, Prepared } from "./prepare";
 import type { Preparer } from "./preparer";
+import type { PromptTokenizer } from "./tokenizer";
 import type { RelayOwner } from "./relay";
 import { type AnswerSpec, type EngineLink, LocalTransport, type ProxyTransport } from "./transport";
 import { UpstreamSlots } from "./upstream";
@@ -56,6 +58,50 @@ export interface ProxyOptions {
   readonly upstreamConnections: number;
   readonly upstreamQueueMs: number;
   readonly log: Logger;
+}
+
+/** The model `serve --proxy` serves: proxy.model, else the tokenizer's, else "default". */
+export function servedModel(config: Config, tokenizer: PromptTokenizer | null): string {
+  return config.proxy.model ?? tokenizer?.model ?? "default";
+}
+
+/** How requests are prepared, from the settings: `model` and its LoRA adapters served. */
+export function prepareOptionsOf(
+  config: Config,
+  model: string,
+  adapters: readonly string[],
+): PrepareOptions {
+  const settings = config.proxy;
+  return {
+    model,
+    adapters,
+    forwardTokenIds: settings.forward_token_ids,
+    limits: { bytes: settings.max_prompt_bytes, tokens: settings.max_prompt_tokens },
+  };
+}
+
+/** The proxy's options on `core` with `preparer`, from the settings. */
+export function proxyOptionsOf(
+  config: Config,
+  core: KvedgeCore,
+  preparer: Preparer,
+  log: Logger,
+): ProxyOptions {
+  const settings = config.proxy;
+  return {
+    core,
+    preparer,
+    model: preparer.model,
+    bodyLimitBytes: config.server.body_limit_bytes,
+    timeouts: {
+      connectMs: settings.connect_timeout_ms,
+      firstByteMs: settings.first_byte_timeout_ms,
+      idleMs: settings.idle_timeout_ms,
+    },
+    upstreamConnections: settings.upstream_connections,
+    upstreamQueueMs: settings.upstream_queue_timeout_ms,
+    log,
+  };
 }
 
 /** Requests that start their costly part (parse, route, connect) per event-loop turn. */

@@ -15,6 +15,9 @@
  * for each, the lane connects to the engine and relays the answer
  * (docs/decisions.md#lane-relays). Every other endpoint, WebSocket included, is proxied
  * to the main thread's own server on a loopback port. See docs/decisions.md#route-lanes.
+ * Before it listens, a lane of `serve --proxy` warms its proxied path through its own
+ * handler (src/proxy/warmup.ts, docs/decisions.md#proxy-warm-up), every lane at once;
+ * then the main thread gives it the port, one lane after another.
  */
 import type { Server, ServerWebSocket } from "bun";
 import type { MatchedWorkers, RouteInput } from "../core/core";
@@ -39,11 +42,12 @@ import {
 } from "../http/http";
 import { clientError, fromWire, INTERNAL_ERROR, type WireError } from "../http/errors";
 import { TurnGate } from "../util/turn-gate";
+import type { Config } from "../config";
+import { warmUpProxy } from "../proxy/warmup";
 
 export interface LaneStart {
-  /** The public address, shared by every lane (port 0: this lane picks it). */
+  /** The public host, shared by every lane (the port comes once the lane is warm). */
   readonly host: string;
-  readonly port: number;
   /** The main thread's own server, where everything but routes goes. */
   readonly mainUrl: string;
   readonly bodyLimitBytes: number;
@@ -54,6 +58,15 @@ export interface LaneStart {
   readonly index: SharedIndexDescriptor | null;
   /** `proxy`: the port of `serve --proxy`, where the control plane is refused (./surface.ts). */
   readonly surface: Surface;
+  /** With `serve --proxy`: proxy.warmup_streams, and the settings the warm-up's scratch core takes. */
+  readonly warmup: { readonly streams: number; readonly config: Config } | null;
+}
+
+/** A lane's warm-up before it listened: what it ran, or why it failed. */
+export interface LaneWarmup {
+  readonly requests: number;
+  readonly ms: number;
+  readonly error: string | null;
 }
 
 /** One route, hashed, as the main thread routes it. */
@@ -64,6 +77,8 @@ export interface LaneRoute {
 }
 
 export type LaneToMain =
+  /** Warmed up (or not: `warmup` null), ready to listen. */
+  | { readonly t: "warm"; readonly warmup: LaneWarmup | null }
   | { readonly t: "listening"; readonly port: number }
   | { readonly t: "routes"; readonly routes: LaneRoute[] }
   /** The client of route `id` went away unanswered: dropped if it is held. */
@@ -78,6 +93,8 @@ export type LaneAnswer =
   | { readonly id: number; readonly body: null; readonly error: WireError };
 
 export type MainToLane =
+  /** Listen on this port (0: pick one), shared with the other lanes. */
+  | { readonly t: "listen"; readonly port: number }
   | { readonly t: "answers"; readonly answers: LaneAnswer[] }
   | { readonly t: "proxy"; readonly orders: ProxyOrder[] }
   | { readonly t: "stop"; readonly graceMs: number };
@@ -97,21 +114,27 @@ interface Piped {
 }
 
 /** Runs a lane until told to stop; `send` posts to the main thread (`transfer` moved with it). */
-export function runLane(
+export async function runLane(
   start: LaneStart,
   send: (message: LaneToMain, transfer?: ArrayBuffer[]) => void,
   listen: (handler: (message: MainToLane) => void) => void,
-): void {
+): Promise<void> {
   const guard = new RequestGuard(start.host);
+  const warmup = await warmUpLane(start, guard);
+  const port = await new Promise<number>((resolve) => {
+    listen((message) => {
+      if (message.t === "listen") resolve(message.port);
+    });
+    send({ t: "warm", warmup });
+  });
   const routes = new LaneRoutes(start, send, guard);
-  const gate = new TurnGate(REQUESTS_PER_TURN);
   const proxied =
     start.surface === "proxy"
       ? new LaneEnd((events, transfer) => send({ t: "proxy", events }, transfer))
       : null;
   const server: Server<Piped> = Bun.serve<Piped>({
     hostname: start.host,
-    port: start.port,
+    port,
     reusePort: true,
     development: false,
     maxRequestBodySize: UNLIMITED_BODY,
@@ -119,39 +142,73 @@ export function runLane(
       start.surface === "all"
         ? { "/v1/route": { POST: (request: Request) => routes.route(request) } }
         : {},
-    fetch(request, server) {
-      let path: string;
-      try {
-        path = requestPath(request);
-        if (start.surface === "proxy" && isControlPath(path)) throw controlRefusal();
-      } catch (error) {
-        return failure(request, error);
-      }
-      if (path === "/v1/ws" && request.headers.get("upgrade") !== null) {
-        try {
-          guard.check(request, true);
-        } catch (error) {
-          return failure(request, error);
-        }
-        if (server.upgrade(request, { data: { upstream: null, queued: [], queuedBytes: 0 } })) {
-          return undefined as unknown as Response;
-        }
-      }
-      // The main thread's server keeps its own timeouts (a proxied completion may pause
-      // long); a dump keeps the lane's, which cut a client that stopped reading it.
-      if (path !== "/v1/dump") server.timeout(request, 0);
-      if (proxied !== null && request.method === "POST" && isOpenAiPath(path))
-        return carry(request, path, proxied, start.bodyLimitBytes, guard, gate);
-      return proxy(request, start.mainUrl, start.bodyLimitBytes, guard);
-    },
+    fetch: laneFetch(start, guard, proxied),
     websocket: pipeHandlers(start.mainUrl, start.bodyLimitBytes),
   });
   listen((message) => {
     if (message.t === "answers") routes.answer(message.answers);
     else if (message.t === "proxy") proxied?.orders(message.orders);
-    else void stopLane(server, message.graceMs, proxied).then(() => send({ t: "stopped" }));
+    else if (message.t === "stop")
+      void stopLane(server, message.graceMs, proxied).then(() => send({ t: "stopped" }));
   });
   send({ t: "listening", port: server.port! });
+}
+
+/**
+ * A lane's handler of every request but a route: OpenAI requests carried on `proxied`
+ * (with `serve --proxy`), WebSocket upgrades piped, the rest passed to the main thread.
+ */
+function laneFetch(start: LaneStart, guard: RequestGuard, proxied: LaneEnd | null) {
+  const gate = new TurnGate(REQUESTS_PER_TURN);
+  return (request: Request, server: Server<Piped>): Response | Promise<Response> => {
+    let path: string;
+    try {
+      path = requestPath(request);
+      if (start.surface === "proxy" && isControlPath(path)) throw controlRefusal();
+    } catch (error) {
+      return failure(request, error);
+    }
+    if (path === "/v1/ws" && request.headers.get("upgrade") !== null) {
+      try {
+        guard.check(request, true);
+      } catch (error) {
+        return failure(request, error);
+      }
+      if (server.upgrade(request, { data: { upstream: null, queued: [], queuedBytes: 0 } })) {
+        return undefined as unknown as Response;
+      }
+    }
+    // The main thread's server keeps its own timeouts (a proxied completion may pause
+    // long); a dump keeps the lane's, which cut a client that stopped reading it.
+    if (path !== "/v1/dump") server.timeout(request, 0);
+    if (proxied !== null && request.method === "POST" && isOpenAiPath(path))
+      return carry(request, path, proxied, start.bodyLimitBytes, guard, gate);
+    return proxy(request, start.mainUrl, start.bodyLimitBytes, guard);
+  };
+}
+
+/**
+ * With `serve --proxy`, before the lane listens: its proxied requests' path warmed on
+ * scratch pieces through this lane's own handler (src/proxy/warmup.ts); what it did, or
+ * why it failed (the lane then serves cold), for the main thread to log.
+ */
+async function warmUpLane(start: LaneStart, guard: RequestGuard): Promise<LaneWarmup | null> {
+  if (start.surface !== "proxy" || start.warmup === null || start.warmup.streams <= 0) return null;
+  try {
+    const { requests, ms } = await warmUpProxy({
+      config: start.warmup.config,
+      requests: start.warmup.streams,
+      tokenizer: null,
+      paths: ["lane"],
+      laneFront: (end) => {
+        const fetch = laneFetch(start, guard, end);
+        return (request, server) => fetch(request, server as unknown as Server<Piped>);
+      },
+    });
+    return { requests, ms: Math.round(ms), error: null };
+  } catch (error) {
+    return { requests: 0, ms: 0, error: error instanceof Error ? error.message : String(error) };
+  }
 }
 
 /** A lane's routes: parsed and hashed here, posted one message per turn, answered when decided. */

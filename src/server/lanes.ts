@@ -13,7 +13,7 @@ import type { OpenAiProxy } from "../proxy/proxy";
 import { RemoteRequests } from "../proxy/remote";
 import { routeAnswer } from "./route-answer";
 import { STATUS_OF, wireError } from "../http/errors";
-import type { LaneAnswer, LaneRoute, LaneStart, LaneToMain, MainToLane } from "./lane";
+import type { LaneAnswer, LaneRoute, LaneStart, LaneToMain, LaneWarmup, MainToLane } from "./lane";
 import type { ServerMetrics } from "./metrics";
 import type { Surface } from "./surface";
 
@@ -34,6 +34,8 @@ export interface LanesOptions {
   readonly surface: Surface;
   /** With `serve --proxy`: the proxy whose requests the lanes carry (src/proxy/remote.ts). */
   readonly proxy: OpenAiProxy | null;
+  /** With `serve --proxy`: what each lane warms its path with before it listens (./lane.ts). */
+  readonly warmup: LaneStart["warmup"];
 }
 
 const ROUTE_LABEL = "/v1/route";
@@ -44,26 +46,37 @@ export class RouteLanes {
     private readonly threads: KvedgeThread[],
   ) {}
 
-  /** Starts every lane; the first picks the port when it is 0, the rest share it. */
+  /**
+   * Starts every lane, lets them warm up at once (each its own VM), then has them listen
+   * one after another: the first picks the port when it is 0, the rest share it.
+   */
   static async start(options: LanesOptions): Promise<RouteLanes> {
     const threads: KvedgeThread[] = [];
     let port = options.port;
+    const start: LaneStart = {
+      host: options.host,
+      mainUrl: options.mainUrl,
+      bodyLimitBytes: options.bodyLimitBytes,
+      blockSize: options.core.blockSize,
+      loraAdapters: options.core.lora.adapters,
+      // A call that may be held is matched afresh each time it is looked at, here.
+      index: options.core.mayHold ? null : options.index,
+      surface: options.surface,
+      warmup: options.warmup,
+    };
     try {
+      const warming: Promise<{ warmup: LaneWarmup | null }>[] = [];
       for (const cpus of options.cpus) {
-        const start: LaneStart = {
-          host: options.host,
-          port,
-          mainUrl: options.mainUrl,
-          bodyLimitBytes: options.bodyLimitBytes,
-          blockSize: options.core.blockSize,
-          loraAdapters: options.core.lora.adapters,
-          // A call that may be held is matched afresh each time it is looked at, here.
-          index: options.core.mayHold ? null : options.index,
-          surface: options.surface,
-        };
         const thread = await startThread({ role: "lane", cpus, data: start });
         threads.push(thread);
-        port = await laneListening(thread);
+        // At once: a lane with nothing to warm says so as soon as it is ready.
+        warming.push(laneMessage(thread, "warm"));
+      }
+      const warmups = await Promise.all(warming);
+      for (const [lane, { warmup }] of warmups.entries()) logWarmup(options.log, lane, warmup);
+      for (const thread of threads) {
+        thread.post({ t: "listen", port } satisfies MainToLane);
+        port = (await laneMessage(thread, "listening")).port;
         serveLane(thread, options);
       }
     } catch (error) {
@@ -107,14 +120,26 @@ export class RouteLanes {
   }
 }
 
-function laneListening(thread: KvedgeThread): Promise<number> {
-  return new Promise<number>((resolve, reject) => {
+/** The lane's next message of kind `t` (its start's: "warm", then "listening"). */
+function laneMessage<T extends "warm" | "listening">(
+  thread: KvedgeThread,
+  t: T,
+): Promise<Extract<LaneToMain, { t: T }>> {
+  return new Promise((resolve, reject) => {
     thread.onMessage = (body) => {
       const message = body as LaneToMain;
-      if (message.t === "listening") resolve(message.port);
+      if (message.t === t) resolve(message as Extract<LaneToMain, { t: T }>);
     };
     thread.onFailure = (error) => reject(new Error(error));
   });
+}
+
+/** A lane's warm-up, as the main thread's own is logged (src/cli/serve.ts). */
+function logWarmup(log: Logger, lane: number, warmup: LaneWarmup | null): void {
+  if (warmup === null) return;
+  if (warmup.error !== null)
+    log.error("warm-up failed; serving without it", { lane, error: warmup.error });
+  else log.info("warmed up", { lane, proxy_requests: warmup.requests, ms: warmup.ms });
 }
 
 /**

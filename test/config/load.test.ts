@@ -101,6 +101,7 @@ const DEFAULTS: Config = {
     max_prompt_tokens: 1_048_576,
     max_prompt_bytes: 8_388_608,
     tokenizer_threads: 1,
+    warmup_streams: 1024,
   },
   state: { dir: null, snapshot_interval_secs: 60 },
   cluster: {
@@ -308,6 +309,7 @@ describe("defaults and precedence", () => {
       "proxy.max_prompt_tokens": ["4096", "4096"],
       "proxy.max_prompt_bytes": ["65536", "65536"],
       "proxy.tokenizer_threads": ["2", "2"],
+      "proxy.warmup_streams": ["256", "256"],
       "cluster.nats_url": [
         '"nats://127.0.0.1:4222,tls://[::1]:4223"',
         "nats://127.0.0.1:4222,tls://[::1]:4223",

@@ -58,6 +58,8 @@ for (const lanes of [0, 2]) {
         "m",
         "--warmup-routes",
         "0",
+        "--warmup-streams",
+        "0",
         "--route-threads",
         String(lanes),
         "--max-prompt-tokens",

@@ -73,6 +73,8 @@ function serveArgs(lanes: number, extra: string[] = []): string[] {
     "m",
     "--warmup-routes",
     "0",
+    "--warmup-streams",
+    "0",
     "--route-threads",
     String(lanes),
     "--workers",

@@ -83,6 +83,8 @@ class Kvedge {
       "m",
       "--warmup-routes",
       "0",
+      "--warmup-streams",
+      "0",
       "--workers",
       workers,
       ...this.flags,

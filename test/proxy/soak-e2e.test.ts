@@ -26,6 +26,8 @@ beforeAll(async () => {
     "m",
     "--warmup-routes",
     "0",
+    "--warmup-streams",
+    "0",
     "--route-threads",
     "2",
     "--first-byte-timeout-ms",

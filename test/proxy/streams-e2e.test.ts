@@ -5,7 +5,9 @@
 // for is dropped); CRLF and CR line ends and events cut in two writes arrive as the
 // engine wrote them, usage chunk dropped or kept as the client asked. The engine is a
 // raw-TCP server writing vLLM's completions and chat streams one write per event
-// (test/support/faulty-engine.ts).
+// (test/support/faulty-engine.ts). Before listening, the main thread and each lane warm
+// the proxy's path on scratch pieces (src/proxy/warmup.ts), logged per thread, nothing of
+// it reaching the real engine, proxy or load; the streams after it are served as above.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { TestEngine } from "../support/engine";
 import { FaultyEngine, type Framing, vllmWrites } from "../support/faulty-engine";
@@ -37,7 +39,9 @@ function framed(writes: string[], framing: Framing): string {
 for (const lanes of [0, 2]) {
   describe(`streams through --route-threads ${lanes}`, () => {
     let serve: ServeProcess;
+    let engineRequests = 0;
     beforeAll(async () => {
+      engineRequests = engine.requests.length;
       serve = await startServe([
         "--proxy",
         "--tokenizer",
@@ -46,6 +50,8 @@ for (const lanes of [0, 2]) {
         "m",
         "--warmup-routes",
         "0",
+        "--warmup-streams",
+        "200",
         "--route-threads",
         String(lanes),
         "--workers",
@@ -74,6 +80,28 @@ for (const lanes of [0, 2]) {
       const found = text.split("\n").find((l) => l.startsWith(`${line} `));
       return Number(found?.slice(line.length + 1) ?? Number.NaN);
     };
+
+    test("the proxy's path was warmed on the main thread and in each lane before listening, on scratch pieces only", async () => {
+      const listening = serve.logs.findIndex((line) => line.msg === "listening");
+      const warmed = serve.logs
+        .slice(0, listening)
+        .filter((line) => line.msg === "warmed up" && line.proxy_requests !== undefined);
+      const lanesWarmed = Array.from({ length: lanes }, (_, lane) => ({
+        lane,
+        proxy_requests: 200,
+      }));
+      expect(warmed.map(({ lane, proxy_requests }) => ({ lane, proxy_requests }))).toEqual([
+        { lane: undefined, proxy_requests: 200 },
+        ...lanesWarmed,
+      ]);
+      expect(serve.logs.some((line) => line.msg === "warm-up failed; serving without it")).toBe(
+        false,
+      );
+      // Nothing of it reached the real engine, proxy or load.
+      expect(engine.requests.length).toBe(engineRequests);
+      expect(await metric('kvedge_proxy_requests_total{outcome="completed"}')).toBe(0);
+      expect(await metric('kvedge_worker_active_requests{worker_id="1",dp_rank="0"}')).toBe(0);
+    });
 
     test("40 of 40 streams end with [DONE] when the engine writes usage and [DONE] apart", async () => {
       const completed = await metric('kvedge_proxy_requests_total{outcome="completed"}');
