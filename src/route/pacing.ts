@@ -149,16 +149,18 @@ export class Pacing<T> {
     if (this.waiting.size === 0 || this.releasing) return;
     this.releasing = true;
     try {
-      this.releaseDue(this.now() - this.settings.maxHoldMs);
+      this.releaseDue(this.now());
     } finally {
       this.releasing = false;
     }
   }
 
-  private releaseDue(oldest: number): void {
+  private releaseDue(now: number): void {
+    const hold = this.settings.maxHoldMs;
     for (const [slot, queue] of [...this.queues]) {
       while (queue.length > 0) {
-        const overdue = queue[0]!.since <= oldest;
+        // The sum nextDueMs reports, so a release at that time finds it due (no rounding).
+        const overdue = queue[0]!.since + hold <= now;
         if (!overdue && !this.hasRoom(slot)) break;
         const entry = queue.shift()!;
         this.forget(entry);

@@ -40,6 +40,9 @@ function rig(settings: Partial<PacingSettings> = {}) {
     advance: (ms: number) => {
       now += ms;
     },
+    setNow: (ms: number) => {
+      now = ms;
+    },
   };
 }
 
@@ -132,6 +135,16 @@ describe("Pacing", () => {
     expect(sent).toEqual(["a", "b", "c", "d"]);
     expect(pacing.counts.overdue).toBe(2);
     expect(pacing.nextDueMs()).toBe(Infinity);
+  });
+
+  test("a release at the time nextDueMs reports sends the request, whatever the rounding", () => {
+    const { pacing, route, sent, setNow } = rig({ maxHoldMs: 2_000, perWorker: 1 });
+    route("a", 0);
+    setNow(0.1); // 0.1 + 2000 - 2000 is not 0.1 in binary floating point
+    route("b", 0);
+    setNow(pacing.nextDueMs()); // as the simulator advances to it
+    pacing.release();
+    expect(sent).toEqual(["a", "b"]);
   });
 
   test("past the most held, requests go at once", () => {
