@@ -390,7 +390,7 @@ function routingFlags(parsed: Parsed, time: TimeModel, speedup: number) {
   const routePolicy = routePolicyOf(flagString(parsed, "route-policy"));
   const recomputeWeight = flagNumber(parsed, "recompute-weight", RECOMPUTE_WEIGHT, 0, 1e6);
   const admission = admissionOf(flagString(parsed, "admission"), flagBool(parsed, "proxy"));
-  const pacing = pacingOf(flagString(parsed, "pacing"));
+  const pacing = pacingOf(flagString(parsed, "pacing"), flagBool(parsed, "proxy"));
   const held = [...admissionArgs(admission, speedup), ...pacingArgs(pacing, speedup)];
   return {
     serveArgs: serveArgsOf(routePolicy, recomputeWeight, time, held),
@@ -404,10 +404,12 @@ function routingFlags(parsed: Parsed, time: TimeModel, speedup: number) {
   };
 }
 
-function pacingOf(text: string | undefined): PacingMode {
+/** As admission's: the proxy's replay cannot see the time a request waited in kvedge. */
+function pacingOf(text: string | undefined, proxy: boolean): PacingMode {
   if (text === undefined) return DEFAULT_PACING.mode;
   if (!(PACING_MODES as readonly string[]).includes(text))
     throw new UsageError(`--pacing: unknown mode '${text}' (known: ${PACING_MODES.join(", ")})`);
+  if (text !== "off" && proxy) throw new UsageError("--pacing does not go with --proxy yet");
   return text as PacingMode;
 }
 

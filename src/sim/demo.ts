@@ -347,6 +347,11 @@ function admissionOf(finished: RoutingPolicy): Omit<AdmissionReport, "mode"> | n
   return sum as Omit<AdmissionReport, "mode"> | null;
 }
 
+/** Whether kvedge may answer a route later (admission, pacing): the replay then does not wait for it. */
+function mayHold(options: DemoOptions): boolean {
+  return admissionModeOf(options) !== "off" || options.kvAware?.pacing?.mode === "on";
+}
+
 function admissionModeOf(options: DemoOptions): AdmissionMode {
   return options.kvAware?.admission?.mode ?? "off";
 }
@@ -452,7 +457,7 @@ async function runKvedge(
       speedup: options.speedup,
       blockSize: options.blockSize,
       vocabSize: options.vocabSize,
-      ...(admissionModeOf(options) === "off" ? {} : { answerWaitMs: HELD_ANSWER_WAIT_MS }),
+      ...(mayHold(options) ? { answerWaitMs: HELD_ANSWER_WAIT_MS } : {}),
       ...(options.progress === null
         ? {}
         : {
