@@ -518,14 +518,14 @@ export const SETTINGS: readonly Setting[] = [
     flag: "pacing",
     type: oneOf(PACING_MODES),
     default: DEFAULT_PACING.mode,
-    help: "on: a routed request is sent to its engine only while fewer than route.pacing_per_worker sent there are still prefilling; the rest wait in kvedge in arrival order, so prompts that arrive together get their first tokens one after another instead of all at the end of one large step. Needs prefill_done (the proxy reports it itself).",
+    help: "on: a routed request is sent to its engine only while fewer than route.pacing_per_worker sent there are still prefilling, or while those have route.max_batched_tokens or more left to prefill; the rest wait in kvedge in arrival order, so prompts that arrive together get their first tokens one after another instead of all at the end of one large step. Needs prefill_done (the proxy reports it itself).",
   }),
   setting({
     key: "route.pacing_per_worker",
     flag: "pacing-per-worker",
     type: integer(1, 1_000_000),
     default: DEFAULT_PACING.perWorker,
-    help: "Pacing: requests sent to one worker and still prefilling, at most.",
+    help: "Pacing: requests sent to one worker and still prefilling, at most (unless they have a full step, route.max_batched_tokens, left to prefill).",
   }),
   setting({
     key: "route.pacing_max_hold_ms",

@@ -778,6 +778,7 @@ export class KvedgeCore {
       perWorker: route.pacing_per_worker,
       maxHoldMs: route.pacing_max_hold_ms,
       maxHeld: route.admission_max_held,
+      stepTokens: route.max_batched_tokens,
     };
     const pacing = new Pacing<RouteCall>(
       settings,

@@ -1,7 +1,8 @@
 /**
  * Pacing (`route.pacing`): a routed request reaches its engine only while fewer than
- * `perWorker` requests sent there are still prefilling; the rest wait here, in arrival
- * order per worker, and go one by one as those reach their first token.
+ * `perWorker` requests sent there are still prefilling, or while those have a full step
+ * or more left to prefill (then it would share none of their steps); the rest wait
+ * here, in arrival order per worker, and go one by one as those reach their first token.
  *
  * Why: an engine running vLLM V1's loop (FCFS, chunked prefill) plans every waiting
  * prompt into its next step, up to `max_num_batched_tokens`. Ten fan-out siblings of
@@ -37,6 +38,12 @@ export interface PacingSettings {
   readonly maxHoldMs: number;
   /** Most requests waiting here at once. */
   readonly maxHeld: number;
+  /**
+   * The engine's step budget (route.max_batched_tokens): when the requests sent to a
+   * worker still have this much to prefill, its next step is full with them and a
+   * newcomer would share none of theirs, so it is sent at once.
+   */
+  readonly stepTokens: number;
 }
 
 /**
@@ -51,6 +58,7 @@ export const DEFAULT_PACING: PacingSettings = {
   perWorker: 3,
   maxHoldMs: 2_000,
   maxHeld: 4096,
+  stepTokens: 8192,
 };
 
 /** Requests waiting for one worker from which its cheapest request is costed at the spill weight. */
@@ -67,6 +75,7 @@ export function checkPacingSettings(settings: PacingSettings): void {
     throw new RangeError("pacing maxHoldMs must be a finite number >= 0");
   if (!(Number.isInteger(settings.maxHeld) && settings.maxHeld >= 1))
     throw new RangeError("pacing maxHeld must be an integer >= 1");
+  if (!(settings.stepTokens >= 1)) throw new RangeError("pacing stepTokens must be >= 1");
 }
 
 /** What pacing needs from its owner. */
@@ -202,19 +211,21 @@ export class Pacing<T> {
     return calls;
   }
 
+  /** Fewer than perWorker still prefilling there, or so much that its next step is full anyway. */
   private hasRoom(slot: number): boolean {
-    return this.prune(slot) < this.settings.perWorker;
-  }
-
-  /** Forgets the slot's sent requests that are no longer prefilling; returns how many are. */
-  private prune(slot: number): number {
     const ids = this.sent.get(slot);
-    if (ids === undefined) return 0;
+    if (ids === undefined) return true;
     let kept = 0;
-    for (const id of ids) if (this.port.prefillTokens(id) > 0) ids[kept++] = id;
+    let ahead = 0;
+    for (const id of ids) {
+      const tokens = this.port.prefillTokens(id);
+      if (tokens === 0) continue;
+      ids[kept++] = id;
+      ahead += tokens;
+    }
     ids.length = kept;
     if (kept === 0) this.sent.delete(slot);
-    return kept;
+    return kept < this.settings.perWorker || ahead >= this.settings.stepTokens;
   }
 
   /**
@@ -223,7 +234,7 @@ export class Pacing<T> {
    * those that ended since); the periodic sweep and tests call it.
    */
   sweep(): void {
-    for (const slot of [...this.sent.keys()]) this.prune(slot);
+    for (const slot of [...this.sent.keys()]) this.hasRoom(slot);
   }
 
   private markSent(slot: number, requestId: string): void {

@@ -581,7 +581,7 @@ export class KvAwareModel implements RoutingPolicy {
 
   private createPacing(settings: Partial<PacingSettings> | undefined): Pacing<RouteQuery> {
     const pacing = new Pacing<RouteQuery>(
-      { ...DEFAULT_PACING, ...settings },
+      { ...DEFAULT_PACING, stepTokens: this.router.ttft.maxBatchedTokens, ...settings },
       {
         prefillTokens: (id) => this.router.load.prefillTokensOf(id),
         send: (query) => this.answer(query, this.workerOf.get(query.id)!),

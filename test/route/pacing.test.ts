@@ -16,7 +16,7 @@ function rig(settings: Partial<PacingSettings> = {}) {
   const prefilling = new Set<string>();
   const sent: string[] = [];
   const pacing = new Pacing<string>(
-    { mode: "on", perWorker: 2, maxHoldMs: 1_000, maxHeld: 8, ...settings },
+    { mode: "on", perWorker: 2, maxHoldMs: 1_000, maxHeld: 8, stepTokens: 8192, ...settings },
     { prefillTokens: (id) => (prefilling.has(id) ? 100 : 0), send: (call) => sent.push(call) },
     () => now,
   );
@@ -82,6 +82,30 @@ describe("Pacing", () => {
       overdue: 0,
       dropped: 0,
     });
+  });
+
+  test("when those sent have a full step or more left to prefill, a newcomer goes at once", () => {
+    const left = new Map<string, number>();
+    const sent: string[] = [];
+    const pacing = new Pacing<string>(
+      { mode: "on", perWorker: 2, maxHoldMs: 1_000, maxHeld: 8, stepTokens: 8192 },
+      { prefillTokens: (id) => left.get(id) ?? 0, send: (call) => sent.push(call) },
+      () => 0,
+    );
+    const route = (id: string, tokens: number) => {
+      left.set(id, tokens);
+      if (pacing.submit(id, id, 0)) sent.push(id);
+    };
+    route("long", 6000);
+    route("short", 900);
+    route("next", 2500); // 6,900 ahead: it would share their steps, so it waits
+    expect(sent).toEqual(["long", "short"]);
+    left.set("short", 0);
+    pacing.release();
+    expect(sent).toEqual(["long", "short", "next"]);
+    route("longer", 5000); // two prefilling, but 8,500 ahead: a full step, it goes
+    expect(sent).toEqual(["long", "short", "next", "longer"]);
+    expect(pacing.counts.paced).toBe(1);
   });
 
   test("a newcomer waits behind those already waiting, even when a place is free", () => {
@@ -175,7 +199,7 @@ describe("Pacing", () => {
     const prefilling = new Set<string>();
     const sent: string[] = [];
     const pacing: Pacing<string> = new Pacing<string>(
-      { mode: "on", perWorker: 1, maxHoldMs: 1_000, maxHeld: 8 },
+      { mode: "on", perWorker: 1, maxHoldMs: 1_000, maxHeld: 8, stepTokens: 8192 },
       {
         prefillTokens: (id) => (prefilling.has(id) ? 100 : 0),
         send: (call) => {
