@@ -6,7 +6,7 @@
 // sockets on loopback; no timing assertions: "held" is read from /metrics.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { TestEngine } from "../support/engine";
-import { type ServeProcess, startServe } from "../support/serve";
+import { metricValue, postJson, type ServeProcess, startServe } from "../support/serve";
 import { eventually, until } from "../support/wait";
 
 type Json = Record<string, any>;
@@ -19,17 +19,8 @@ describe("serve with admission hold", () => {
   let serve: ServeProcess;
 
   const post = (path: string, body: unknown, signal?: AbortSignal) =>
-    fetch(`${serve.url}${path}`, {
-      method: "POST",
-      body: JSON.stringify(body),
-      headers: { "content-type": "application/json" },
-      signal,
-    });
-  const metric = async (line: string): Promise<number> => {
-    const text = await (await fetch(`${serve.url}/metrics`)).text();
-    const found = text.split("\n").find((l) => l.startsWith(`${line} `));
-    return found === undefined ? Number.NaN : Number(found.slice(line.length + 1));
-  };
+    postJson(`${serve.url}${path}`, body, signal);
+  const metric = (sample: string) => metricValue(serve.url, sample);
   const heldIs = (count: number) =>
     until(async () => (await metric("kvedge_admission_held")) === count, `${count} held`);
 

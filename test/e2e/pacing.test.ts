@@ -10,7 +10,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { loadTokenizer } from "../../src/proxy/tokenizer";
 import { TestEngine } from "../support/engine";
 import { type MockEngine, startMockEngines, stopMockEngines } from "../support/mock-fleet";
-import { type ServeProcess, startServe } from "../support/serve";
+import { metricValue, postJson, type ServeProcess, startServe } from "../support/serve";
 import { QWEN3_DIR } from "../support/tokenizers";
 import { eventually, until } from "../support/wait";
 
@@ -19,24 +19,13 @@ let prompts = 0;
 /** A prompt nothing else shares: it takes a place of its own. */
 const prompt = () => Array.from({ length: 64 }, (_, i) => ++prompts * 1000 + i);
 
-async function metricOf(url: string, line: string): Promise<number> {
-  const text = await (await fetch(`${url}/metrics`)).text();
-  const found = text.split("\n").find((l) => l.startsWith(`${line} `));
-  return found === undefined ? Number.NaN : Number(found.slice(line.length + 1));
-}
-
 for (const lanes of [0, 2]) {
   describe(`serve with pacing on, ${lanes} route lanes`, () => {
     let engine: TestEngine;
     let serve: ServeProcess;
     const post = (path: string, body: unknown, signal?: AbortSignal) =>
-      fetch(`${serve.url}${path}`, {
-        method: "POST",
-        body: JSON.stringify(body),
-        headers: { "content-type": "application/json" },
-        signal,
-      });
-    const metric = (line: string) => metricOf(serve.url, line);
+      postJson(`${serve.url}${path}`, body, signal);
+    const metric = (sample: string) => metricValue(serve.url, sample);
     const waitingIs = (count: number) =>
       until(async () => (await metric("kvedge_pacing_held")) === count, `${count} waiting`);
     const route = (id: string, signal?: AbortSignal) =>
@@ -153,25 +142,20 @@ describe("the proxy with pacing on", () => {
   });
 
   test("a completion waits for a place and reaches the engine when one frees", async () => {
-    const control = (path: string, body: unknown) =>
-      fetch(`${serve.controlUrl}${path}`, {
-        method: "POST",
-        body: JSON.stringify(body),
-        headers: { "content-type": "application/json" },
-      });
+    const control = (path: string, body: unknown) => postJson(`${serve.controlUrl}${path}`, body);
     // Two routes through the decision API take the worker's places (not sent anywhere).
     for (const id of ["x", "y"])
       expect((await control("/v1/route", { request_id: id, token_ids: prompt() })).status).toBe(
         200,
       );
     const before = engines[0]!.server.counters.requests;
-    const completion = fetch(`${serve.url}/v1/completions`, {
-      method: "POST",
-      body: JSON.stringify({ model: "qwen3", prompt: "A request that waits.", max_tokens: 2 }),
-      headers: { "content-type": "application/json" },
+    const completion = postJson(`${serve.url}/v1/completions`, {
+      model: "qwen3",
+      prompt: "A request that waits.",
+      max_tokens: 2,
     });
     await until(
-      async () => (await metricOf(serve.controlUrl, "kvedge_pacing_held")) === 1,
+      async () => (await metricValue(serve.controlUrl, "kvedge_pacing_held")) === 1,
       "1 waiting",
     );
     expect(engines[0]!.server.counters.requests).toBe(before);

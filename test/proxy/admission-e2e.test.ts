@@ -12,7 +12,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { loadTokenizer, type PromptTokenizer } from "../../src/proxy/tokenizer";
 import { type MockEngine, startMockEngines, stopMockEngines } from "../support/mock-fleet";
-import { startServe, type ServeProcess } from "../support/serve";
+import { metricValue, postJson, startServe, type ServeProcess } from "../support/serve";
 import { QWEN3_DIR } from "../support/tokenizers";
 import { until } from "../support/wait";
 
@@ -34,22 +34,16 @@ afterAll(async () => {
 function proxied(flags: string[]) {
   let serve: ServeProcess;
   const engine = () => engines[0]!;
-  const headers = { "content-type": "application/json" };
   // The decision API and lifecycle calls are the control listener's, completions the proxy's.
   const post = (path: string, body: unknown, signal?: AbortSignal) =>
-    fetch(`${path.startsWith("/v1/completions") ? serve.url : serve.controlUrl}${path}`, {
-      method: "POST",
-      body: JSON.stringify(body),
-      headers,
+    postJson(
+      `${path.startsWith("/v1/completions") ? serve.url : serve.controlUrl}${path}`,
+      body,
       signal,
-    });
+    );
   const complete = (prompt: string, signal?: AbortSignal) =>
     post("/v1/completions", { model: "qwen3", prompt, max_tokens: 2 }, signal);
-  const metric = async (line: string): Promise<number> => {
-    const text = await (await fetch(`${serve.controlUrl}/metrics`)).text();
-    const found = text.split("\n").find((l) => l.startsWith(`${line} `));
-    return found === undefined ? Number.NaN : Number(found.slice(line.length + 1));
-  };
+  const metric = (sample: string) => metricValue(serve.controlUrl, sample);
   const heldIs = (count: number) =>
     until(async () => (await metric("kvedge_admission_held")) === count, `${count} held`);
   const engineRequests = () => engine().server.counters.requests;

@@ -83,3 +83,20 @@ export async function startServe(
     exited: child.exited,
   };
 }
+
+/** The value of one `/metrics` sample (`name` or `name{labels}` as printed) at `baseUrl`; NaN if absent. */
+export async function metricValue(baseUrl: string, sample: string): Promise<number> {
+  const text = await (await fetch(`${baseUrl}/metrics`)).text();
+  const found = text.split("\n").find((line) => line.startsWith(`${sample} `));
+  return found === undefined ? Number.NaN : Number(found.slice(sample.length + 1));
+}
+
+/** POSTs `body` as JSON to `url`. */
+export function postJson(url: string, body: unknown, signal?: AbortSignal): Promise<Response> {
+  return fetch(url, {
+    method: "POST",
+    body: JSON.stringify(body),
+    headers: { "content-type": "application/json" },
+    ...(signal === undefined ? {} : { signal }),
+  });
+}
