@@ -60,6 +60,11 @@ export function statusOp(
       held_now: core.admission.held,
       counts: { ...core.admission.counts },
     },
+    pacing: {
+      enabled: core.pacing.enabled,
+      held_now: core.pacing.held,
+      counts: { ...core.pacing.counts },
+    },
     proxy: proxyCounters === null ? null : numbersOf(proxyCounters),
     workers: workersOp(core).workers,
     history: { interval_ms: SAMPLE_MS, capacity: HISTORY_SAMPLES, samples: history.since(since) },

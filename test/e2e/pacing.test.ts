@@ -71,6 +71,9 @@ for (const lanes of [0, 2]) {
       expect((await response.json()) as Json).toMatchObject({ request_id: "c", worker_id: "1" });
       expect(await metric("kvedge_pacing_held")).toBe(0);
       expect(await metric('kvedge_pacing_total{outcome="released"}')).toBe(1);
+      const status = (await (await fetch(`${serve.url}/v1/status`)).json()) as Json;
+      expect(status.pacing).toMatchObject({ enabled: true, held_now: 0 });
+      expect(status.pacing.counts).toMatchObject({ immediate: 2, paced: 1, released: 1 });
       for (const id of ["a", "b", "c"])
         expect((await post(`/v1/requests/${id}/done`, {})).status).toBe(200);
     });
