@@ -15,6 +15,8 @@ import { QWEN3_DIR } from "../support/tokenizers";
 import { eventually, until } from "../support/wait";
 
 type Json = Record<string, any>;
+/** Two places per worker, and no longest hold a test could reach. */
+const PACING = ["--pacing", "on", "--pacing-per-worker", "2", "--pacing-max-hold-ms", "600000"];
 let prompts = 0;
 /** A prompt nothing else shares: it takes a place of its own. */
 const prompt = () => Array.from({ length: 64 }, (_, i) => ++prompts * 1000 + i);
@@ -38,12 +40,7 @@ for (const lanes of [0, 2]) {
         "4",
         "--workers",
         `1=${engine.endpoint}`,
-        "--pacing",
-        "on",
-        "--pacing-per-worker",
-        "2",
-        "--pacing-max-hold-ms",
-        "600000",
+        ...PACING,
         "--route-threads",
         String(lanes),
       ]);
@@ -131,12 +128,7 @@ describe("the proxy with pacing on", () => {
       "qwen3",
       "--workers",
       `1=${engine.networked.endpoint};http=${engine.http}`,
-      "--pacing",
-      "on",
-      "--pacing-per-worker",
-      "2",
-      "--pacing-max-hold-ms",
-      "600000",
+      ...PACING,
     ]);
   });
   afterAll(async () => {

@@ -13,7 +13,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { Exchange, originOf } from "../../src/http/client";
 import { TestEngine } from "../support/engine";
 import { FaultyEngine } from "../support/faulty-engine";
-import { type ServeProcess, startServe } from "../support/serve";
+import { metricsOf as metrics, type ServeProcess, startServe } from "../support/serve";
 import { until } from "../support/wait";
 
 const STREAMS = 1000;
@@ -53,17 +53,6 @@ async function stream(url: string, i: number): Promise<{ status: number; text: s
     parts.push(step.value);
   }
   return { status: head.status, text: Buffer.concat(parts).toString() };
-}
-
-async function metrics(url: string): Promise<Map<string, number>> {
-  const text = await (await fetch(`${url}/metrics`)).text();
-  const values = new Map<string, number>();
-  for (const line of text.split("\n")) {
-    if (line.startsWith("#") || line === "") continue;
-    const at = line.lastIndexOf(" ");
-    values.set(line.slice(0, at), Number(line.slice(at + 1)));
-  }
-  return values;
 }
 
 function serveArgs(lanes: number, extra: string[] = []): string[] {

@@ -15,7 +15,7 @@ import { loadTokenizer } from "../../src/proxy/tokenizer";
 import { type BlackHole, blackHole } from "../support/black-hole";
 import { stored, TestEngine } from "../support/engine";
 import { type Fault, FaultyEngine } from "../support/faulty-engine";
-import { type ServeProcess, startServe } from "../support/serve";
+import { metricsOf as metrics, type ServeProcess, startServe } from "../support/serve";
 import { QWEN3_DIR } from "../support/tokenizers";
 import { until } from "../support/wait";
 
@@ -49,17 +49,6 @@ afterAll(async () => {
   await events1?.stop();
   await events2?.stop();
 });
-
-async function metrics(url: string): Promise<Map<string, number>> {
-  const text = await (await fetch(`${url}/metrics`)).text();
-  const values = new Map<string, number>();
-  for (const line of text.split("\n")) {
-    if (line.startsWith("#") || line === "") continue;
-    const at = line.lastIndexOf(" ");
-    values.set(line.slice(0, at), Number(line.slice(at + 1)));
-  }
-  return values;
-}
 
 const sumOf = (values: Map<string, number>, prefix: string) =>
   [...values].filter(([key]) => key.startsWith(prefix)).reduce((sum, [, v]) => sum + v, 0);

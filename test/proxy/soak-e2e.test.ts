@@ -10,7 +10,7 @@ import { xorshift32 } from "../../src/util/random";
 import { TestEngine } from "../support/engine";
 import { FaultyEngine } from "../support/faulty-engine";
 import { soak } from "../support/proxy-soak";
-import { type ServeProcess, startServe } from "../support/serve";
+import { metricsOf, type ServeProcess, startServe } from "../support/serve";
 import { until } from "../support/wait";
 
 let engine: FaultyEngine;
@@ -45,16 +45,7 @@ afterAll(async () => {
   await events?.stop();
 });
 
-async function metrics(): Promise<Map<string, number>> {
-  const text = await (await fetch(`${serve.controlUrl}/metrics`)).text();
-  const values = new Map<string, number>();
-  for (const line of text.split("\n")) {
-    if (line.startsWith("#") || line === "") continue;
-    const at = line.lastIndexOf(" ");
-    values.set(line.slice(0, at), Number(line.slice(at + 1)));
-  }
-  return values;
-}
+const metrics = () => metricsOf(serve.controlUrl);
 
 test("400 requests ending every way: every read stream whole, nothing held after", async () => {
   const next = xorshift32(42);

@@ -84,11 +84,21 @@ export async function startServe(
   };
 }
 
+/** Every `/metrics` sample at `baseUrl`, by its name and labels as printed (`name{a="b"}`). */
+export async function metricsOf(baseUrl: string): Promise<Map<string, number>> {
+  const text = await (await fetch(`${baseUrl}/metrics`)).text();
+  const values = new Map<string, number>();
+  for (const line of text.split("\n")) {
+    if (line.startsWith("#") || line === "") continue;
+    const at = line.lastIndexOf(" ");
+    values.set(line.slice(0, at), Number(line.slice(at + 1)));
+  }
+  return values;
+}
+
 /** The value of one `/metrics` sample (`name` or `name{labels}` as printed) at `baseUrl`; NaN if absent. */
 export async function metricValue(baseUrl: string, sample: string): Promise<number> {
-  const text = await (await fetch(`${baseUrl}/metrics`)).text();
-  const found = text.split("\n").find((line) => line.startsWith(`${sample} `));
-  return found === undefined ? Number.NaN : Number(found.slice(sample.length + 1));
+  return (await metricsOf(baseUrl)).get(sample) ?? Number.NaN;
 }
 
 /** POSTs `body` as JSON to `url`. */
