@@ -42,6 +42,7 @@ import { xorshift32 } from "../src/util/random";
 import { TestEngine } from "../test/support/engine";
 import { FaultyEngine } from "../test/support/faulty-engine";
 import { soak } from "../test/support/proxy-soak";
+import { metricsOf } from "../test/support/serve";
 import { processCpuSeconds } from "./http-load";
 import { benchFlags, killWithBench, provenance } from "./lib";
 
@@ -358,17 +359,6 @@ function rssMiB(pid: number): number {
   const status = readFileSync(`/proc/${pid}/status`, "utf8");
   const match = /VmRSS:\s+(\d+) kB/.exec(status);
   return match === null ? Number.NaN : Math.round(Number(match[1]) / 1024);
-}
-
-async function metricsOf(url: string): Promise<Map<string, number>> {
-  const text = await (await fetch(`${url}/metrics`)).text();
-  const values = new Map<string, number>();
-  for (const line of text.split("\n")) {
-    if (line.startsWith("#") || line === "") continue;
-    const at = line.lastIndexOf(" ");
-    values.set(line.slice(0, at), Number(line.slice(at + 1)));
-  }
-  return values;
 }
 
 async function soakRun(binary: Binary, lanes: number) {
